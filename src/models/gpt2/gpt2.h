@@ -1,0 +1,112 @@
+// GPT-2: the model, its parameters and its forward and backward passes.
+//
+// Pre-LN transformer blocks (LayerNorm -> attention -> residual, LayerNorm -> MLP ->
+// residual), a final LayerNorm and an output projection tied to the token embedding, as
+// in Radford et al. 2019 and Hugging Face's GPT2LMHeadModel. The model knows nothing of
+// devices, ranks or parallelism: it calls the Backend interface only, and exposes
+// per-block hooks through which parallel wrappers (ZeRO-3 gathers, checkpointing) act.
+//
+// Parameters live in one flat buffer (one contiguous allocation, category Parameters)
+// in the order of params(); gradients in a second buffer of the same layout. Parameter
+// names are Hugging Face's (transformer.h.0.attn.c_attn.weight, ...) but every linear
+// weight is stored [out, in] like torch.nn.Linear (Hugging Face's Conv1D stores the
+// transpose; export transposes).
+#pragma once
+
+#include "backend/backend.h"
+#include "models/gpt2/config.h"
+
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kiln {
+
+/// One named parameter inside the flat buffer.
+struct ParamSpec {
+  std::string name;
+  Shape shape;
+  int64_t offset = 0;         // in elements, within the flat buffer
+  bool weight_decay = false;  // matrices (2-D) decay; biases and norm gains do not
+  int layer = -1;             // transformer block index, or -1 for embeddings / final norm
+};
+
+/// Callbacks around each block (layer = 0..n_layer-1) and the non-block parts
+/// (layer = -1: embeddings before the first block and the final norm + head after the
+/// last). Parallel wrappers implement them; the default does nothing.
+struct ModelHooks {
+  virtual ~ModelHooks() = default;
+  virtual void before_forward(int layer) {}
+  virtual void before_backward(int layer) {}
+  virtual void after_backward(int layer) {}
+};
+
+class GPT2 {
+ public:
+  /// Builds the parameter layout and allocates parameters and gradients on `backend`.
+  GPT2(const GPT2Config& config, Backend& backend);
+  ~GPT2();
+
+  const GPT2Config& config() const { return config_; }
+  const std::vector<ParamSpec>& params() const { return params_; }
+  /// Total elements of the flat parameter buffer (padded vocabulary rows included).
+  int64_t flat_size() const { return flat_size_; }
+  /// The flat parameter / gradient buffers, [flat_size()] of the model dtype (fp32 now).
+  const Tensor& param_buffer() const { return param_buffer_; }
+  const Tensor& grad_buffer() const { return grad_buffer_; }
+  /// A parameter (or its gradient) by name, as a view into the flat buffer.
+  /// Throws kiln::Error naming an unknown parameter.
+  Tensor param(std::string_view name) const;
+  Tensor grad(std::string_view name) const;
+  Tensor param(const ParamSpec& p) const;
+  Tensor grad(const ParamSpec& p) const;
+
+  /// GPT-2 initialisation, computed on the host from Philox(seed): weights N(0, 0.02),
+  /// residual projections (attn.c_proj, mlp.c_proj) N(0, 0.02 / sqrt(2 n_layer)),
+  /// biases 0, LayerNorm gains 1, padded vocabulary rows 0. Parameter i draws from
+  /// stream i, so weights do not depend on backend, rank or thread count.
+  void init_weights(uint64_t seed);
+  /// Sets all gradients to zero.
+  void zero_grad();
+
+  /// Training forward on tokens and targets (int32 [B,T], on the backend's device;
+  /// targets may hold ignore_index = -1). Returns the SUM of per-token losses (nats)
+  /// over non-ignored targets, and the number of such targets in *n_targets. When
+  /// grad_scale > 0 it also computes the loss gradient (scaled by grad_scale, e.g.
+  /// 1 / targets in the global batch) for the following backward(). B <= the B of the
+  /// last reserve() (reserve grows as needed), T <= block_size.
+  double forward(const Tensor& tokens, const Tensor& targets, float grad_scale,
+                 int64_t* n_targets = nullptr);
+  /// Accumulates (+=) parameter gradients of the last forward(grad_scale > 0).
+  void backward();
+
+  /// Inference forward: logits fp32 [B,T,Vp] for tokens int32 [B,T] (padded columns
+  /// included; callers use the first vocab_size). Allocates the logits as Temporaries.
+  void forward_logits(const Tensor& tokens, const Tensor& logits);
+
+  /// Dropout on or off (training vs eval); the seed keys the masks of each call.
+  void set_dropout(bool on, uint64_t seed, uint64_t call_index);
+  /// Hooks called around blocks; nullptr for none. Not owned.
+  void set_hooks(ModelHooks* hooks) { hooks_ = hooks; }
+
+ private:
+  struct Activations;
+  void reserve(int B, int T);
+  void run_forward(const Tensor& tokens, int B, int T);
+
+  GPT2Config config_;
+  Backend& backend_;
+  std::vector<ParamSpec> params_;
+  int64_t flat_size_ = 0;
+  Tensor param_buffer_;
+  Tensor grad_buffer_;
+  std::unique_ptr<Activations> acts_;
+  ModelHooks no_hooks_;
+  ModelHooks* hooks_ = &no_hooks_;
+  bool dropout_on_ = false;
+  uint64_t dropout_seed_ = 0;
+  uint64_t dropout_call_ = 0;
+};
+
+}  // namespace kiln
