@@ -1,0 +1,21 @@
+// Every backend compiled into this build and usable on this machine.
+#pragma once
+
+#include "backend/backend.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kiln {
+
+/// The CPU backend first, then each GPU backend whose device is present. Backends that
+/// are compiled in but cannot run here (no GPU) are absent; `skipped_backends` names
+/// them with the reason, for a visible skip message in tests.
+std::vector<std::unique_ptr<Backend>> available_backends();
+std::vector<std::string> skipped_backends();
+
+/// A backend by name ("cpu", "cuda"); throws kiln::Error when unknown or unavailable.
+std::unique_ptr<Backend> make_backend(const std::string& name);
+
+}  // namespace kiln
