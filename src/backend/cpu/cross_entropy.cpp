@@ -1,1 +1,49 @@
-// placeholder
+// Softmax cross-entropy with an ignore index over the first V of Vp columns, rows in
+// parallel. The gradient overwrites the logits row in place when dlogits aliases logits,
+// so the caller's chunk of [rows, Vp] logits is the only such buffer that exists.
+// Math: loss = logsumexp(x) - x_target; d loss / dx = softmax(x) - onehot(target).
+#include "backend/cpu/kernels.h"
+
+#include "core/error.h"
+
+#include <cmath>
+
+namespace kiln::cpu {
+
+void softmax_cross_entropy(float* losses, float* dlogits, const float* logits,
+                           const int32_t* targets, int64_t N, int64_t Vp, int V,
+                           int ignore_index, float grad_scale) {
+  bool bad = false;
+#pragma omp parallel for schedule(static) reduction(|| : bad)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* x = logits + n * Vp;
+    const int32_t t = targets[n];
+    const bool ignored = t == ignore_index;
+    if (!ignored && (t < 0 || t >= V)) {
+      bad = true;
+      continue;
+    }
+    float mx = -INFINITY;
+    for (int64_t v = 0; v < V; ++v) mx = std::max(mx, x[v]);
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(x[v] - mx);
+    const float lse = mx + std::log(sum);
+    losses[n] = ignored ? 0.f : lse - x[t];
+    if (dlogits == nullptr) continue;
+    float* d = dlogits + n * Vp;
+    if (ignored) {
+      for (int64_t v = 0; v < Vp; ++v) d[v] = 0.f;
+      continue;
+    }
+    const float inv = grad_scale / sum;
+#pragma omp simd
+    for (int64_t v = 0; v < V; ++v) d[v] = std::exp(x[v] - mx) * inv;
+    for (int64_t v = V; v < Vp; ++v) d[v] = 0.f;
+    d[t] -= grad_scale;
+  }
+  KILN_CHECK(!bad, "softmax_cross_entropy: a target is outside [0, {}) and not the ignore index {}",
+             V, ignore_index);
+}
+
+}  // namespace kiln::cpu

@@ -36,10 +36,11 @@ struct GPT2Config {
   /// minus the position table (a lookup, no FLOPs), with the tied embedding counted
   /// once as the output projection (its lookup is free), padded rows excluded.
   int64_t num_flop_parameters() const;
-  /// Training FLOPs per token at sequence length T: 6 N + 6 * n_layer * T * n_embd
-  /// (forward + backward = 3x forward; attention: QK^T and AV are 2 * 2 * T * C FLOPs
-  /// per token per layer forward, counted without the causal halving, as in PaLM's
-  /// MFU appendix B and nanoGPT's estimate_mfu).
+  /// Training FLOPs per token at sequence length T: 6 N + 12 * n_layer * T * n_embd.
+  /// 6 N: 2 N forward + 4 N backward for the matmuls with N = num_flop_parameters().
+  /// Attention: QK^T and AV are 2 * 2 * T * C FLOPs per token per layer forward, x3
+  /// for forward + backward, counted without the causal halving (PaLM, Chowdhery et
+  /// al. 2022, appendix B; nanoGPT's estimate_mfu).
   double flops_per_token(int T) const;
   std::string str() const;
 };

@@ -1,1 +1,299 @@
-// placeholder
+#include "models/gpt2/gpt2.h"
+
+#include "core/rng.h"
+#include "nn/classifier.h"
+
+#include <cmath>
+#include <vector>
+
+namespace kiln {
+
+namespace {
+// Dropout sites inside one block, for distinct Philox streams.
+enum DropoutSite : uint64_t { kEmbedding = 0, kAttnProbs = 1, kAttnResid = 2, kMlpResid = 3 };
+}  // namespace
+
+// Saved activations (what backward reads) and backward scratch, for one (B, T).
+struct GPT2::Activations {
+  int B = 0, T = 0;
+  struct Layer {
+    Tensor ln1, ln1_mean, ln1_rstd;  // [B,T,C], [B*T], [B*T]
+    Tensor qkv;                      // [B,T,3C]
+    Tensor atty, lse;                // [B,T,C], [B,NH,T]
+    Tensor residual2;                // [B,T,C]  x + attn
+    Tensor ln2, ln2_mean, ln2_rstd;  // [B,T,C], [B*T], [B*T]
+    Tensor fch, fch_gelu;            // [B,T,4C]
+    Tensor residual3;                // [B,T,C]  block output
+  };
+  Tensor encoded;  // [B,T,C] embeddings (after dropout): the residual stream's start
+  std::vector<Layer> layers;
+  Tensor lnf, lnf_mean, lnf_rstd;
+  Tensor logits_chunk, losses_chunk;  // [R,Vp], [R]
+  // Backward scratch.
+  Tensor dresidual, tmp, dtmp, datty;  // [B,T,C]
+  Tensor dbig;                         // [B,T,4C]; also holds dqkv [B,T,3C]
+  Tensor tokens, targets;              // the last forward's inputs (views)
+  bool have_grad = false;
+};
+
+GPT2::GPT2(const GPT2Config& config, Backend& backend) : config_(config), backend_(backend) {
+  config_.validate();
+  const int64_t C = config_.n_embd, Vp = config_.padded_vocab_size;
+  auto add = [&](std::string name, Shape shape, int layer) {
+    ParamSpec p;
+    p.name = std::move(name);
+    p.shape = shape;
+    p.offset = flat_size_;
+    p.weight_decay = shape.ndim() >= 2;
+    p.layer = layer;
+    flat_size_ += shape.numel();
+    params_.push_back(std::move(p));
+  };
+  add("transformer.wte.weight", {Vp, C}, -1);
+  add("transformer.wpe.weight", {config_.block_size, C}, -1);
+  for (int l = 0; l < config_.n_layer; ++l) {
+    const std::string h = "transformer.h." + std::to_string(l) + ".";
+    add(h + "ln_1.weight", {C}, l);
+    add(h + "ln_1.bias", {C}, l);
+    add(h + "attn.c_attn.weight", {3 * C, C}, l);
+    add(h + "attn.c_attn.bias", {3 * C}, l);
+    add(h + "attn.c_proj.weight", {C, C}, l);
+    add(h + "attn.c_proj.bias", {C}, l);
+    add(h + "ln_2.weight", {C}, l);
+    add(h + "ln_2.bias", {C}, l);
+    add(h + "mlp.c_fc.weight", {4 * C, C}, l);
+    add(h + "mlp.c_fc.bias", {4 * C}, l);
+    add(h + "mlp.c_proj.weight", {C, 4 * C}, l);
+    add(h + "mlp.c_proj.bias", {C}, l);
+  }
+  add("transformer.ln_f.weight", {C}, -1);
+  add("transformer.ln_f.bias", {C}, -1);
+  param_buffer_ = backend_.empty(Shape{flat_size_}, DType::F32, MemCategory::Parameters);
+  grad_buffer_ = backend_.empty(Shape{flat_size_}, DType::F32, MemCategory::Gradients);
+  backend_.fill(backend_.default_stream(), param_buffer_, 0.f);
+  zero_grad();
+}
+
+GPT2::~GPT2() = default;
+
+Tensor GPT2::param(const ParamSpec& p) const { return param_buffer_.view_at(p.offset, p.shape); }
+Tensor GPT2::grad(const ParamSpec& p) const { return grad_buffer_.view_at(p.offset, p.shape); }
+
+Tensor GPT2::param(std::string_view name) const {
+  for (const auto& p : params_)
+    if (p.name == name) return param(p);
+  KILN_FAIL("GPT-2 has no parameter named '{}'", name);
+}
+
+Tensor GPT2::grad(std::string_view name) const {
+  for (const auto& p : params_)
+    if (p.name == name) return grad(p);
+  KILN_FAIL("GPT-2 has no parameter named '{}'", name);
+}
+
+void GPT2::init_weights(uint64_t seed) {
+  const float std_residual = 0.02f / std::sqrt(2.f * static_cast<float>(config_.n_layer));
+  std::vector<float> host;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const ParamSpec& p = params_[i];
+    const int64_t n = p.shape.numel();
+    host.assign(static_cast<size_t>(n), 0.f);
+    const bool is_norm_gain = p.name.ends_with("ln_1.weight") || p.name.ends_with("ln_2.weight") ||
+                              p.name.ends_with("ln_f.weight");
+    if (is_norm_gain) {
+      std::fill(host.begin(), host.end(), 1.f);
+    } else if (p.shape.ndim() >= 2) {
+      const bool residual = p.name.ends_with("c_proj.weight");
+      fill_normal(host.data(), n, seed, i, 0.f, residual ? std_residual : 0.02f);
+      if (p.name == "transformer.wte.weight")  // padded vocabulary rows stay zero
+        std::fill(host.begin() + static_cast<int64_t>(config_.vocab_size) * config_.n_embd,
+                  host.end(), 0.f);
+    }
+    backend_.copy_from_host(backend_.default_stream(), param(p), host.data());
+  }
+}
+
+void GPT2::zero_grad() { backend_.fill(backend_.default_stream(), grad_buffer_, 0.f); }
+
+void GPT2::set_dropout(bool on, uint64_t seed, uint64_t call_index) {
+  dropout_on_ = on && config_.dropout > 0.f;
+  dropout_seed_ = seed;
+  dropout_call_ = call_index;
+}
+
+void GPT2::reserve(int B, int T) {
+  if (acts_ && acts_->B == B && acts_->T == T) return;
+  acts_.reset();  // free first so the peak is not doubled
+  auto a = std::make_unique<Activations>();
+  a->B = B;
+  a->T = T;
+  const int64_t C = config_.n_embd, NH = config_.n_head, N = static_cast<int64_t>(B) * T;
+  const int64_t Vp = config_.padded_vocab_size;
+  auto act = [&](Shape s) { return backend_.empty(s, DType::F32, MemCategory::Activations); };
+  a->encoded = act({B, T, C});
+  a->layers.resize(static_cast<size_t>(config_.n_layer));
+  for (auto& L : a->layers) {
+    L.ln1 = act({B, T, C});
+    L.ln1_mean = act({N});
+    L.ln1_rstd = act({N});
+    L.qkv = act({B, T, 3 * C});
+    L.atty = act({B, T, C});
+    L.lse = act({B, NH, T});
+    L.residual2 = act({B, T, C});
+    L.ln2 = act({B, T, C});
+    L.ln2_mean = act({N});
+    L.ln2_rstd = act({N});
+    L.fch = act({B, T, 4 * C});
+    L.fch_gelu = act({B, T, 4 * C});
+    L.residual3 = act({B, T, C});
+  }
+  a->lnf = act({B, T, C});
+  a->lnf_mean = act({N});
+  a->lnf_rstd = act({N});
+  const int64_t R = nn::classifier_chunk_rows(N, Vp);
+  a->logits_chunk = act({R, Vp});
+  a->losses_chunk = act({R});
+  a->dresidual = act({B, T, C});
+  a->tmp = act({B, T, C});
+  a->dtmp = act({B, T, C});
+  a->datty = act({B, T, C});
+  a->dbig = act({B, T, 4 * C});
+  acts_ = std::move(a);
+}
+
+void GPT2::run_forward(const Tensor& tokens, int B, int T) {
+  KILN_CHECK(T <= config_.block_size, "sequence length {} exceeds block_size {}", T,
+             config_.block_size);
+  reserve(B, T);
+  Activations& a = *acts_;
+  Backend& be = backend_;
+  const Stream s = be.default_stream();
+  const int64_t C = config_.n_embd;
+  const float eps = config_.layernorm_eps;
+  auto spec = [&](int layer, DropoutSite site) {
+    DropoutSpec d;
+    if (!dropout_on_) return d;
+    d.p = config_.dropout;
+    d.seed = dropout_seed_;
+    d.stream = ((dropout_call_ * static_cast<uint64_t>(config_.n_layer + 1) +
+                 static_cast<uint64_t>(layer + 1)) << 2) | site;
+    return d;
+  };
+
+  hooks_->before_forward(-1);
+  be.embedding_forward(s, a.encoded, tokens, param(params_[0]), param(params_[1]));
+  if (dropout_on_) be.dropout_forward(s, a.encoded, a.encoded, spec(-1, kEmbedding));
+  Tensor x = a.encoded;
+  for (int l = 0; l < config_.n_layer; ++l) {
+    hooks_->before_forward(l);
+    const ParamSpec* p = &params_[2 + 12 * static_cast<size_t>(l)];
+    auto& L = a.layers[static_cast<size_t>(l)];
+    be.layernorm_forward(s, L.ln1, L.ln1_mean, L.ln1_rstd, x, param(p[0]), param(p[1]), eps);
+    be.linear_forward(s, L.qkv, L.ln1, param(p[2]), param(p[3]));
+    be.attention_forward(s, L.atty, L.lse, L.qkv, config_.n_head, spec(l, kAttnProbs));
+    be.linear_forward(s, a.tmp, L.atty, param(p[4]), param(p[5]));
+    if (dropout_on_) be.dropout_forward(s, a.tmp, a.tmp, spec(l, kAttnResid));
+    be.add(s, L.residual2, x, a.tmp);
+    be.layernorm_forward(s, L.ln2, L.ln2_mean, L.ln2_rstd, L.residual2, param(p[6]), param(p[7]),
+                         eps);
+    be.linear_forward(s, L.fch, L.ln2, param(p[8]), param(p[9]));
+    be.gelu_forward(s, L.fch_gelu, L.fch);
+    be.linear_forward(s, a.tmp, L.fch_gelu, param(p[10]), param(p[11]));
+    if (dropout_on_) be.dropout_forward(s, a.tmp, a.tmp, spec(l, kMlpResid));
+    be.add(s, L.residual3, L.residual2, a.tmp);
+    x = L.residual3;
+  }
+  const ParamSpec* pf = &params_[params_.size() - 2];
+  be.layernorm_forward(s, a.lnf, a.lnf_mean, a.lnf_rstd, x, param(pf[0]), param(pf[1]), eps);
+  (void)C;
+}
+
+double GPT2::forward(const Tensor& tokens, const Tensor& targets, float grad_scale,
+                     int64_t* n_targets) {
+  KILN_CHECK(tokens.ndim() == 2 && targets.shape() == tokens.shape(),
+             "forward: tokens {} and targets {} must both be [B,T]", tokens.str(), targets.str());
+  const int B = static_cast<int>(tokens.size(0)), T = static_cast<int>(tokens.size(1));
+  run_forward(tokens, B, T);
+  Activations& a = *acts_;
+  const bool with_grad = grad_scale > 0.f;
+  const auto r = nn::classifier_cross_entropy(
+      backend_, backend_.default_stream(), a.lnf, param(params_[0]), targets, config_.vocab_size,
+      grad_scale, with_grad ? a.dtmp : Tensor(), with_grad ? grad(params_[0]) : Tensor(), a.logits_chunk,
+      a.losses_chunk);
+  a.tokens = tokens;
+  a.targets = targets;
+  a.have_grad = with_grad;
+  if (n_targets) *n_targets = r.n_targets;
+  return r.loss_sum;
+}
+
+void GPT2::backward() {
+  KILN_CHECK(acts_ && acts_->have_grad, "backward() needs a preceding forward() with grad_scale > 0");
+  Activations& a = *acts_;
+  a.have_grad = false;
+  Backend& be = backend_;
+  const Stream s = be.default_stream();
+  const int B = a.B, T = a.T;
+  const int64_t C = config_.n_embd;
+  auto spec = [&](int layer, DropoutSite site) {
+    DropoutSpec d;
+    if (!dropout_on_) return d;
+    d.p = config_.dropout;
+    d.seed = dropout_seed_;
+    d.stream = ((dropout_call_ * static_cast<uint64_t>(config_.n_layer + 1) +
+                 static_cast<uint64_t>(layer + 1)) << 2) | site;
+    return d;
+  };
+
+  // Final LayerNorm: dresidual = LN_f'(dlnf), dlnf was left in dtmp by forward().
+  const ParamSpec* pf = &params_[params_.size() - 2];
+  const Tensor x_last = config_.n_layer > 0 ? a.layers.back().residual3 : a.encoded;
+  be.fill(s, a.dresidual, 0.f);
+  be.layernorm_backward(s, a.dresidual, grad(pf[0]), grad(pf[1]), a.dtmp, x_last, param(pf[0]),
+                        a.lnf_mean, a.lnf_rstd);
+  const Tensor dqkv = a.dbig.view_at(0, Shape{B, T, 3 * C});
+  for (int l = config_.n_layer - 1; l >= 0; --l) {
+    hooks_->before_backward(l);
+    const ParamSpec* p = &params_[2 + 12 * static_cast<size_t>(l)];
+    auto& L = a.layers[static_cast<size_t>(l)];
+    const Tensor x_in = l == 0 ? a.encoded : a.layers[static_cast<size_t>(l - 1)].residual3;
+    // MLP: residual3 = residual2 + dropout(c_proj(gelu(c_fc(ln_2(residual2))))).
+    Tensor d_out = a.dresidual;
+    if (dropout_on_) {
+      be.dropout_backward(s, a.tmp, a.dresidual, spec(l, kMlpResid));
+      d_out = a.tmp;
+    }
+    be.linear_backward(s, a.dbig, grad(p[10]), grad(p[11]), d_out, L.fch_gelu, param(p[10]));
+    be.gelu_backward(s, a.dbig, a.dbig, L.fch);
+    be.linear_backward(s, a.dtmp, grad(p[8]), grad(p[9]), a.dbig, L.ln2, param(p[8]));
+    be.layernorm_backward(s, a.dresidual, grad(p[6]), grad(p[7]), a.dtmp, L.residual2,
+                          param(p[6]), L.ln2_mean, L.ln2_rstd);
+    // Attention: residual2 = x + dropout(c_proj(attn(c_attn(ln_1(x))))).
+    d_out = a.dresidual;
+    if (dropout_on_) {
+      be.dropout_backward(s, a.tmp, a.dresidual, spec(l, kAttnResid));
+      d_out = a.tmp;
+    }
+    be.linear_backward(s, a.datty, grad(p[4]), grad(p[5]), d_out, L.atty, param(p[4]));
+    be.attention_backward(s, dqkv, a.datty, L.qkv, L.atty, L.lse, config_.n_head,
+                          spec(l, kAttnProbs));
+    be.linear_backward(s, a.dtmp, grad(p[2]), grad(p[3]), dqkv, L.ln1, param(p[2]));
+    be.layernorm_backward(s, a.dresidual, grad(p[0]), grad(p[1]), a.dtmp, x_in, param(p[0]),
+                          L.ln1_mean, L.ln1_rstd);
+    hooks_->after_backward(l);
+  }
+  if (dropout_on_) be.dropout_backward(s, a.dresidual, a.dresidual, spec(-1, kEmbedding));
+  be.embedding_backward(s, grad(params_[0]), grad(params_[1]), a.dresidual, a.tokens);
+  hooks_->after_backward(-1);
+}
+
+void GPT2::forward_logits(const Tensor& tokens, const Tensor& logits) {
+  KILN_CHECK(tokens.ndim() == 2, "forward_logits: tokens must be [B,T], got {}", tokens.str());
+  const int B = static_cast<int>(tokens.size(0)), T = static_cast<int>(tokens.size(1));
+  check_shape(logits, Shape{B, T, config_.padded_vocab_size}, "forward_logits logits");
+  run_forward(tokens, B, T);
+  backend_.linear_forward(backend_.default_stream(), logits, acts_->lnf, param(params_[0]),
+                          Tensor());
+}
+
+}  // namespace kiln

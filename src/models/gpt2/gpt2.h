@@ -15,6 +15,7 @@
 
 #include "backend/backend.h"
 #include "models/gpt2/config.h"
+#include "nn/parameter.h"
 
 #include <functional>
 #include <string>
@@ -22,15 +23,6 @@
 #include <vector>
 
 namespace kiln {
-
-/// One named parameter inside the flat buffer.
-struct ParamSpec {
-  std::string name;
-  Shape shape;
-  int64_t offset = 0;         // in elements, within the flat buffer
-  bool weight_decay = false;  // matrices (2-D) decay; biases and norm gains do not
-  int layer = -1;             // transformer block index, or -1 for embeddings / final norm
-};
 
 /// Callbacks around each block (layer = 0..n_layer-1) and the non-block parts
 /// (layer = -1: embeddings before the first block and the final norm + head after the

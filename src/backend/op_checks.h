@@ -1,0 +1,34 @@
+// Shape and dtype validation shared by every backend, so that each op's contract is
+// checked in one place and every backend rejects bad arguments with the same message.
+// Each function throws kiln::Error naming the op and the argument at fault, and returns
+// the sizes the kernels need.
+#pragma once
+
+#include "backend/backend.h"
+
+namespace kiln::checks {
+
+struct EmbeddingDims { int64_t B, T, C, Vp, maxT; };
+EmbeddingDims embedding(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                        const Tensor& wpe);
+
+struct RowDims { int64_t N, C; };
+RowDims layernorm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& inp,
+                  const Tensor& weight, const Tensor& bias);
+
+struct LinearDims { int64_t N, IC, OC; };
+/// out/dout [N,OC], inp [N,IC], weight [OC,IC], bias [OC] or empty. Leading dims of
+/// out and inp are flattened into N.
+LinearDims linear(const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias);
+
+struct AttentionDims { int64_t B, T, C, NH, HD; };
+AttentionDims attention(const Tensor& out, const Tensor& lse, const Tensor& qkv, int n_head);
+
+struct CrossEntropyDims { int64_t N, Vp; };
+CrossEntropyDims cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
+                               const Tensor& targets, int vocab_size);
+
+/// Same number of elements and dtype.
+void same_size(const Tensor& a, const Tensor& b, const char* op);
+
+}  // namespace kiln::checks

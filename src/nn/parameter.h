@@ -1,0 +1,19 @@
+// ParamSpec: one named parameter inside a model's flat parameter buffer. Shared by
+// models (which define the layout), the optimizer, parallel wrappers and checkpoints.
+#pragma once
+
+#include "core/tensor.h"
+
+#include <string>
+
+namespace kiln {
+
+struct ParamSpec {
+  std::string name;           // Hugging Face-style name, e.g. transformer.h.0.ln_1.weight
+  Shape shape;                // global shape
+  int64_t offset = 0;         // in elements, within the flat buffer
+  bool weight_decay = false;  // matrices (2-D) decay; biases and norm gains do not
+  int layer = -1;             // transformer block index, or -1 for embeddings / final norm
+};
+
+}  // namespace kiln
