@@ -1,0 +1,687 @@
+// The training configuration: key table, TOML reading, --set overrides, preset
+// resolution, validation, to_toml()/hash() and the learning-rate schedule.
+//
+// Everything is driven by one table of keys (keys()): each entry knows its name, where
+// its value lives in TrainConfig, its allowed range or choices and its description. The
+// reader, the --set parser, to_toml() and config_keys() all walk that table, so adding a
+// key is one line here plus one field in config.h (and a row in docs/config.md).
+#include "train/config.h"
+
+#include <fmt/ranges.h>
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <numbers>
+#include <optional>
+#include <sstream>
+#include <variant>
+
+#include "core/error.h"
+
+namespace kiln {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Where a key's value lives in a TrainConfig.
+using Ref = std::variant<int*, int64_t*, double*, std::string*, std::vector<int64_t>*>;
+
+struct Key {
+  std::string name;               // "section.key"
+  Ref (*ref)(TrainConfig&) = nullptr;  // the field
+  std::string description;
+  double lo = -kInf, hi = kInf;   // allowed range for numbers
+  bool lo_open = false, hi_open = false;
+  std::vector<std::string> choices;  // allowed strings (empty = any)
+
+  std::string_view section() const { return std::string_view(name).substr(0, name.find('.')); }
+};
+
+Ref field(const Key& key, const TrainConfig& config) {
+  return key.ref(const_cast<TrainConfig&>(config));
+}
+
+bool is_int(const Ref& r) { return r.index() <= 1; }
+
+std::string_view type_name(const Ref& r) {
+  switch (r.index()) {
+    case 0:
+    case 1: return "integer";
+    case 2: return "float";
+    case 3: return "string";
+    default: return "array of integers";
+  }
+}
+
+std::string_view doc_type_name(const Ref& r) {
+  switch (r.index()) {
+    case 0:
+    case 1: return "int";
+    case 2: return "float";
+    case 3: return "string";
+    default: return "int array";
+  }
+}
+
+// Key table builders ---------------------------------------------------------------
+
+#define KILN_KEY(sec, k) #sec "." #k, [](TrainConfig& c) -> Ref { return &c.sec.k; }
+
+Key any(std::string name, Ref (*ref)(TrainConfig&), std::string doc) {
+  Key k;
+  k.name = std::move(name);
+  k.ref = ref;
+  k.description = std::move(doc);
+  return k;
+}
+Key range(std::string name, Ref (*ref)(TrainConfig&), double lo, double hi, std::string doc,
+          bool lo_open = false, bool hi_open = false) {
+  Key k = any(std::move(name), ref, std::move(doc));
+  k.lo = lo;
+  k.hi = hi;
+  k.lo_open = lo_open;
+  k.hi_open = hi_open;
+  return k;
+}
+Key positive(std::string name, Ref (*ref)(TrainConfig&), std::string doc) {
+  return range(std::move(name), ref, 0, kInf, std::move(doc), /*lo_open=*/true);
+}
+Key nonneg(std::string name, Ref (*ref)(TrainConfig&), std::string doc) {
+  return range(std::move(name), ref, 0, kInf, std::move(doc));
+}
+Key oneof(std::string name, Ref (*ref)(TrainConfig&), std::vector<std::string> choices,
+          std::string doc) {
+  Key k = any(std::move(name), ref, std::move(doc));
+  k.choices = std::move(choices);
+  return k;
+}
+
+const std::vector<Key>& keys() {
+  static const std::vector<Key> table = [] {
+    std::vector<std::string> presets{""};
+    for (const auto& p : model_presets()) presets.emplace_back(p.name);
+    return std::vector<Key>{
+        oneof(KILN_KEY(model, preset), presets,
+              "Model preset filling n_layer, n_head, n_embd, block_size and vocab_size: "
+              "gpt2, gpt2-medium, gpt2-large, gpt2-xl; \"\" = none. Keys given explicitly "
+              "override the preset."),
+        nonneg(KILN_KEY(model, n_layer), "Transformer blocks (required unless a preset gives it)."),
+        nonneg(KILN_KEY(model, n_head), "Attention heads; must divide n_embd."),
+        nonneg(KILN_KEY(model, n_embd), "Embedding (residual stream) width."),
+        nonneg(KILN_KEY(model, block_size), "Maximum sequence length (position-table rows)."),
+        nonneg(KILN_KEY(model, vocab_size), "Vocabulary size; 0 = take it from the data set's meta.json."),
+        range(KILN_KEY(model, dropout), 0, 1, "Dropout probability (embeddings, attention, residual).",
+              false, /*hi_open=*/true),
+        any(KILN_KEY(model, init_from),
+            "Initial weights: \"\" = random init; a kiln checkpoint dir, an llm.c .bin or a "
+            ".safetensors file."),
+        any(KILN_KEY(data, dir), "Directory of the tokenized data set (required for training)."),
+        nonneg(KILN_KEY(train, steps), "Optimizer updates to run (required, > 0, for training)."),
+        positive(KILN_KEY(train, micro_batch), "Sequences per rank per micro-step."),
+        nonneg(KILN_KEY(train, global_batch),
+               "Sequences per optimizer update over all ranks; 0 = micro_batch * dp (no "
+               "gradient accumulation). Must be a multiple of micro_batch * dp."),
+        nonneg(KILN_KEY(train, seq_len), "Tokens per sequence; 0 = model.block_size."),
+        nonneg(KILN_KEY(train, seed), "Random seed (init, data order, dropout, sampling)."),
+        oneof(KILN_KEY(train, dtype), {"fp32", "bf16", "fp16"}, "Compute dtype: fp32, bf16 or fp16."),
+        oneof(KILN_KEY(train, grad_dtype), {"fp32", "bf16"}, "Gradient dtype: fp32 or bf16."),
+        oneof(KILN_KEY(train, activation_checkpointing), {"none", "full", "selective"},
+              "Activation recomputation: none, full or selective."),
+        positive(KILN_KEY(optim, lr), "Peak learning rate."),
+        range(KILN_KEY(optim, beta1), 0, 1, "AdamW beta1.", false, true),
+        range(KILN_KEY(optim, beta2), 0, 1, "AdamW beta2.", false, true),
+        positive(KILN_KEY(optim, eps), "AdamW epsilon."),
+        nonneg(KILN_KEY(optim, weight_decay), "Decoupled (AdamW) weight decay."),
+        nonneg(KILN_KEY(optim, grad_clip), "Clip the global gradient norm to this; 0 disables."),
+        oneof(KILN_KEY(schedule, kind), {"cosine", "constant", "wsd"},
+              "Learning-rate schedule after warmup: cosine (to min_lr at train.steps), "
+              "constant, or wsd (warmup-stable-decay)."),
+        nonneg(KILN_KEY(schedule, warmup_steps),
+               "Linear warmup: lr * (step + 1) / warmup_steps for the first warmup_steps updates."),
+        nonneg(KILN_KEY(schedule, min_lr), "Final learning rate of cosine and wsd; at most optim.lr."),
+        range(KILN_KEY(schedule, decay_fraction), 0, 1,
+              "wsd: fraction of train.steps spent decaying linearly to min_lr at the end."),
+        nonneg(KILN_KEY(eval, every), "Evaluate the validation loss every this many updates; 0 = never."),
+        positive(KILN_KEY(eval, batches), "Validation micro-batches per evaluation."),
+        nonneg(KILN_KEY(sample, every), "Generate a sample every this many updates; 0 = never."),
+        positive(KILN_KEY(sample, tokens), "Tokens to generate per sample."),
+        any(KILN_KEY(sample, prompt), "Sample prompt text; \"\" = start from the end-of-text token."),
+        positive(KILN_KEY(sample, temperature), "Sampling temperature."),
+        nonneg(KILN_KEY(sample, top_k), "Sample from the k most likely tokens; 0 = all."),
+        nonneg(KILN_KEY(checkpoint, every), "Save a checkpoint every this many updates; 0 = no periodic checkpoints."),
+        nonneg(KILN_KEY(checkpoint, keep), "Newest checkpoints kept on disk; 0 = keep all."),
+        any(KILN_KEY(run, dir), "Run directory: logs, resolved config, checkpoints."),
+        positive(KILN_KEY(log, every), "Print a progress line every this many updates."),
+        nonneg(KILN_KEY(log, peak_tflops), "Peak TFLOP/s used for MFU; 0 = measure at start-up."),
+        nonneg(KILN_KEY(parallel, dp), "Data-parallel ranks; 0 = derive (world size / (tp * pp))."),
+        positive(KILN_KEY(parallel, tp), "Tensor-parallel ranks."),
+        positive(KILN_KEY(parallel, pp), "Pipeline-parallel stages."),
+        range(KILN_KEY(parallel, zero_stage), 0, 3,
+              "ZeRO stage: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters sharded."),
+        positive(KILN_KEY(parallel, bucket_mb), "Gradient all-reduce bucket size in MiB."),
+        positive(KILN_KEY(parallel, timeout_s), "Collective-communication timeout in seconds."),
+        any(KILN_KEY(profile, steps),
+            "Profile updates a <= step < b given as [a, b]; [] = off."),
+    };
+  }();
+  return table;
+}
+
+#undef KILN_KEY
+
+const Key* find_key(std::string_view name) {
+  for (const auto& k : keys())
+    if (k.name == name) return &k;
+  return nullptr;
+}
+
+std::vector<std::string> section_names() {
+  std::vector<std::string> out;
+  for (const auto& k : keys()) {
+    std::string s(k.section());
+    if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+  }
+  return out;
+}
+
+// Suggestions ----------------------------------------------------------------------
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string_view leaf(std::string_view name) {
+  auto dot = name.rfind('.');
+  return dot == std::string_view::npos ? name : name.substr(dot + 1);
+}
+
+// The closest valid name, or "" when nothing is close. A key whose last component is
+// a valid key of another section ("train.lr" -> "optim.lr") counts as close too.
+std::string suggest(std::string_view given, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_score = std::numeric_limits<size_t>::max(), best_full = best_score;
+  for (const auto& c : candidates) {
+    size_t full = edit_distance(given, c);
+    size_t score = std::min(full, edit_distance(leaf(given), leaf(c)) + 2);
+    if (score < best_score || (score == best_score && full < best_full)) {
+      best = c;
+      best_score = score;
+      best_full = full;
+    }
+  }
+  size_t limit = std::max<size_t>(2, given.size() / 3);
+  return best_score <= limit ? best : std::string();
+}
+
+std::string with_suggestion(std::string msg, std::string_view given,
+                            const std::vector<std::string>& candidates) {
+  std::string s = suggest(given, candidates);
+  if (!s.empty()) msg += fmt::format(" (did you mean '{}'?)", s);
+  return msg;
+}
+
+[[noreturn]] void unknown_key(std::string_view source, std::string_view name) {
+  std::vector<std::string> all;
+  for (const auto& k : keys()) all.push_back(k.name);
+  throw Error(with_suggestion(fmt::format("{}: unknown key '{}'", source, name), name, all));
+}
+
+// Values ---------------------------------------------------------------------------
+
+std::string toml_type_name(const toml::node& node) {
+  switch (node.type()) {
+    case toml::node_type::table: return "table";
+    case toml::node_type::array: return "array";
+    case toml::node_type::string: return "string";
+    case toml::node_type::integer: return "integer";
+    case toml::node_type::floating_point: return "float";
+    case toml::node_type::boolean: return "boolean";
+    case toml::node_type::date: return "date";
+    case toml::node_type::time: return "time";
+    case toml::node_type::date_time: return "date-time";
+    default: return "nothing";
+  }
+}
+
+std::string format_float(double v) {
+  std::string s = fmt::format("{}", v);
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // keep it a TOML float
+  return s;
+}
+
+std::string quote(std::string_view s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    auto c = static_cast<unsigned char>(ch);
+    switch (ch) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (c < 0x20 || c == 0x7f)
+          out += fmt::format("\\u{:04X}", c);
+        else
+          out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+// The value of `r` as TOML.
+std::string format_value(const Ref& r) {
+  return std::visit(
+      [](auto* p) -> std::string {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, double>)
+          return format_float(*p);
+        else if constexpr (std::is_same_v<T, std::string>)
+          return quote(*p);
+        else if constexpr (std::is_same_v<T, std::vector<int64_t>>)
+          return fmt::format("[{}]", fmt::join(*p, ", "));
+        else
+          return fmt::format("{}", *p);
+      },
+      r);
+}
+
+// Stores `node` into the key's field, checking its type. `source` names the file or
+// "--set" in errors.
+[[noreturn]] void wrong_type(std::string_view source, const Key& key, const Ref& r,
+                             const std::string& given) {
+  KILN_FAIL("{}: wrong type for key '{}': expected {}, got {}", source, key.name, type_name(r),
+            given);
+}
+
+void assign(const Key& key, const toml::node& node, TrainConfig& config, std::string_view source) {
+  Ref r = key.ref(config);
+  switch (r.index()) {
+    case 0:
+    case 1: {
+      if (!node.is_integer()) wrong_type(source, key, r, toml_type_name(node));
+      int64_t v = node.as_integer()->get();
+      if (auto* ip = std::get_if<int*>(&r)) {
+        KILN_CHECK(v >= std::numeric_limits<int>::min() && v <= std::numeric_limits<int>::max(),
+                   "{}: key '{}' is out of range, got {}", source, key.name, v);
+        **ip = static_cast<int>(v);
+      } else {
+        *std::get<int64_t*>(r) = v;
+      }
+      break;
+    }
+    case 2: {
+      double v;
+      if (node.is_floating_point())
+        v = node.as_floating_point()->get();
+      else if (node.is_integer())
+        v = static_cast<double>(node.as_integer()->get());
+      else
+        wrong_type(source, key, r, toml_type_name(node));
+      KILN_CHECK(std::isfinite(v), "{}: key '{}' must be finite, got {}", source, key.name, v);
+      *std::get<double*>(r) = v;
+      break;
+    }
+    case 3:
+      if (!node.is_string()) wrong_type(source, key, r, toml_type_name(node));
+      *std::get<std::string*>(r) = node.as_string()->get();
+      break;
+    default: {
+      if (!node.is_array()) wrong_type(source, key, r, toml_type_name(node));
+      std::vector<int64_t> values;
+      for (const auto& el : *node.as_array()) {
+        if (!el.is_integer()) wrong_type(source, key, r, "array containing " + toml_type_name(el));
+        values.push_back(el.as_integer()->get());
+      }
+      *std::get<std::vector<int64_t>*>(r) = std::move(values);
+    }
+  }
+}
+
+// Loading --------------------------------------------------------------------------
+
+// Which source set each key explicitly ("config.toml" or "--set").
+using Origins = std::map<std::string, std::string, std::less<>>;
+
+std::string one_line(std::string s) {
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  return s;
+}
+
+void apply_table(const toml::table& root, TrainConfig& config, Origins& origins,
+                 const std::string& source) {
+  std::vector<std::string> sections = section_names();
+  for (auto&& [k, v] : root) {
+    std::string sec(k.str());
+    bool known_section = std::find(sections.begin(), sections.end(), sec) != sections.end();
+    if (!v.is_table()) {
+      KILN_CHECK(!known_section, "{}: '{}' must be a section ([{}]), got {}", source, sec, sec,
+                 toml_type_name(v));
+      unknown_key(source, sec);
+    }
+    if (!known_section)
+      throw Error(with_suggestion(fmt::format("{}: unknown section '{}'", source, sec), sec,
+                                  sections));
+    for (auto&& [kk, vv] : *v.as_table()) {
+      std::string name = sec + "." + std::string(kk.str());
+      const Key* key = find_key(name);
+      if (!key) unknown_key(source, name);
+      assign(*key, vv, config, source);
+      origins[name] = source;
+    }
+  }
+}
+
+toml::table parse_toml(std::string_view text, const std::string& source) {
+  try {
+    return toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    KILN_FAIL("{}:{}:{}: {}", source, e.source().begin.line, e.source().begin.column,
+              one_line(std::string(e.description())));
+  }
+}
+
+std::string trim(std::string_view s) {
+  auto b = s.find_first_not_of(" \t");
+  if (b == std::string_view::npos) return {};
+  auto e = s.find_last_not_of(" \t");
+  return std::string(s.substr(b, e - b + 1));
+}
+
+// Parses `value` as TOML ("v = <value>"); nullopt when it is not valid TOML.
+std::optional<toml::table> parse_value(const std::string& value) {
+  try {
+    return toml::parse("v = " + value);
+  } catch (const toml::parse_error&) {
+    return std::nullopt;
+  }
+}
+
+void apply_override(const std::string& override_text, TrainConfig& config, Origins& origins) {
+  const std::string source = "--set";
+  auto eq = override_text.find('=');
+  KILN_CHECK(eq != std::string::npos && !trim(override_text.substr(0, eq)).empty(),
+             "--set '{}': expected section.key=value", override_text);
+  std::string name = trim(override_text.substr(0, eq));
+  std::string value = trim(override_text.substr(eq + 1));
+  const Key* key = find_key(name);
+  if (!key) unknown_key(source, name);
+  Ref r = key->ref(config);
+
+  auto cannot_parse = [&]() {
+    KILN_FAIL("--set: wrong type for key '{}': expected {}, got '{}'", name, type_name(r), value);
+  };
+  auto from_toml = [&](const std::string& text) {
+    auto t = parse_value(text);
+    if (!t) cannot_parse();
+    assign(*key, *t->get("v"), config, source);
+  };
+
+  const char* b = value.data();
+  const char* e = value.data() + value.size();
+  switch (r.index()) {
+    case 0:
+    case 1: {
+      int64_t v;
+      auto [p, ec] = std::from_chars(b, e, v);
+      if (!value.empty() && ec == std::errc() && p == e)
+        assign(*key, toml::value<int64_t>(v), config, source);
+      else
+        from_toml(value);  // 0x10, 1_000, or a float/string: a precise type error
+      break;
+    }
+    case 2: {
+      double v;
+      auto [p, ec] = std::from_chars(b, e, v);
+      if (!value.empty() && ec == std::errc() && p == e && std::isfinite(v))
+        assign(*key, toml::value<double>(v), config, source);
+      else
+        from_toml(value);
+      break;
+    }
+    case 3:
+      if (!value.empty() && (value.front() == '"' || value.front() == '\''))
+        from_toml(value);  // a quoted TOML string
+      else
+        assign(*key, toml::value<std::string>(value), config, source);
+      break;
+    default:
+      from_toml(value.empty() || value.front() != '[' ? "[" + value + "]" : value);
+  }
+  origins[name] = source;
+}
+
+const ModelPreset* find_preset(std::string_view name) {
+  for (const auto& p : model_presets())
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+// Fills the preset's values (for keys not given explicitly) and the derived defaults.
+void resolve(TrainConfig& c, const Origins& origins) {
+  if (const ModelPreset* p = find_preset(c.model.preset)) {
+    auto fill = [&](const char* name, int& field, int value) {
+      if (!origins.contains(name)) field = value;
+    };
+    fill("model.n_layer", c.model.n_layer, p->n_layer);
+    fill("model.n_head", c.model.n_head, p->n_head);
+    fill("model.n_embd", c.model.n_embd, p->n_embd);
+    fill("model.block_size", c.model.block_size, p->block_size);
+    fill("model.vocab_size", c.model.vocab_size, p->vocab_size);
+  }
+  if (c.train.seq_len == 0) c.train.seq_len = c.model.block_size;
+}
+
+std::string describe_range(const Key& k, bool integer) {
+  auto num = [&](double v) { return integer ? fmt::format("{}", static_cast<int64_t>(v)) : fmt::format("{}", v); };
+  if (k.hi == kInf) return fmt::format("{} {}", k.lo_open ? ">" : ">=", num(k.lo));
+  if (integer && !k.lo_open && !k.hi_open) return fmt::format("between {} and {}", num(k.lo), num(k.hi));
+  return fmt::format("in {}{}, {}{}", k.lo_open ? "(" : "[", num(k.lo), num(k.hi), k.hi_open ? ")" : "]");
+}
+
+void validate(const TrainConfig& c, const Origins& origins) {
+  auto src = [&](std::string_view name) -> std::string {
+    auto it = origins.find(name);
+    return it == origins.end() ? c.source : it->second;
+  };
+  // Per-key ranges and choices.
+  for (const Key& k : keys()) {
+    Ref r = field(k, c);
+    if (auto* s = std::get_if<std::string*>(&r); s && !k.choices.empty()) {
+      if (std::find(k.choices.begin(), k.choices.end(), **s) == k.choices.end()) {
+        std::vector<std::string> shown;
+        for (const auto& ch : k.choices) shown.push_back(quote(ch));
+        KILN_FAIL("{}: key '{}' must be one of {}, got {}", src(k.name), k.name,
+                  fmt::join(shown, ", "), quote(**s));
+      }
+    }
+    if (r.index() <= 2) {
+      double v = std::visit(
+          [](auto* p) -> double {
+            if constexpr (std::is_arithmetic_v<std::remove_pointer_t<decltype(p)>>)
+              return static_cast<double>(*p);
+            else
+              return 0.0;
+          },
+          r);
+      bool ok = (k.lo_open ? v > k.lo : v >= k.lo) && (k.hi_open ? v < k.hi : v <= k.hi);
+      KILN_CHECK(ok, "{}: key '{}' must be {}, got {}", src(k.name), k.name,
+                 describe_range(k, is_int(r)), format_value(r));
+    }
+  }
+  // Keys that relate to each other.
+  if (c.model.n_head > 0 && c.model.n_embd > 0)
+    KILN_CHECK(c.model.n_embd % c.model.n_head == 0,
+               "{}: key 'model.n_embd' ({}) must be divisible by model.n_head ({})",
+               src("model.n_embd"), c.model.n_embd, c.model.n_head);
+  if (c.model.block_size > 0)
+    KILN_CHECK(c.train.seq_len <= c.model.block_size,
+               "{}: key 'train.seq_len' ({}) must not exceed model.block_size ({})",
+               src("train.seq_len"), c.train.seq_len, c.model.block_size);
+  if (c.train.global_batch > 0)
+    KILN_CHECK(c.train.global_batch % c.train.micro_batch == 0,
+               "{}: key 'train.global_batch' ({}) must be a multiple of train.micro_batch ({})",
+               src("train.global_batch"), c.train.global_batch, c.train.micro_batch);
+  KILN_CHECK(c.schedule.min_lr <= c.optim.lr,
+             "{}: key 'schedule.min_lr' ({}) must not exceed optim.lr ({})", src("schedule.min_lr"),
+             c.schedule.min_lr, c.optim.lr);
+  if (c.train.steps > 0)
+    KILN_CHECK(c.schedule.warmup_steps <= c.train.steps,
+               "{}: key 'schedule.warmup_steps' ({}) must not exceed train.steps ({})",
+               src("schedule.warmup_steps"), c.schedule.warmup_steps, c.train.steps);
+  const auto& ps = c.profile.steps;
+  KILN_CHECK(ps.empty() || (ps.size() == 2 && ps[0] >= 0 && ps[0] < ps[1]),
+             "{}: key 'profile.steps' must be [] or [a, b] with 0 <= a < b, got [{}]",
+             src("profile.steps"), fmt::join(ps, ", "));
+}
+
+TrainConfig load(std::string_view text, const std::vector<std::string>& overrides,
+                 const std::string& name) {
+  TrainConfig config;
+  config.source = name;
+  Origins origins;
+  apply_table(parse_toml(text, name), config, origins, name);
+  for (const auto& o : overrides) apply_override(o, config, origins);
+  resolve(config, origins);
+  validate(config, origins);
+  return config;
+}
+
+}  // namespace
+
+// Public API -----------------------------------------------------------------------
+
+std::span<const ModelPreset> model_presets() {
+  static constexpr ModelPreset presets[] = {
+      {"gpt2", 12, 12, 768, 1024, 50257},
+      {"gpt2-medium", 24, 16, 1024, 1024, 50257},
+      {"gpt2-large", 36, 20, 1280, 1024, 50257},
+      {"gpt2-xl", 48, 25, 1600, 1024, 50257},
+  };
+  return presets;
+}
+
+std::span<const ConfigKeyInfo> config_keys() {
+  struct Store {
+    std::vector<std::string> defaults;
+    std::vector<ConfigKeyInfo> infos;
+  };
+  static const Store store = [] {
+    Store s;
+    const TrainConfig defaults;
+    for (const Key& k : keys()) s.defaults.push_back(format_value(field(k, defaults)));
+    for (size_t i = 0; i < keys().size(); ++i) {
+      const Key& k = keys()[i];
+      s.infos.push_back({k.name, doc_type_name(field(k, defaults)), s.defaults[i], k.description});
+    }
+    return s;
+  }();
+  return store.infos;
+}
+
+TrainConfig load_config_string(std::string_view text, const std::vector<std::string>& overrides,
+                               const std::string& name_for_errors) {
+  return load(text, overrides, name_for_errors);
+}
+
+TrainConfig load_config_file(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  KILN_CHECK(in.good(), "{}: cannot open the config file", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  KILN_CHECK(!in.bad(), "{}: cannot read the config file", path);
+  return load(ss.str(), overrides, path);
+}
+
+int TrainConfig::grad_accum_steps(int dp_size) const {
+  KILN_CHECK(dp_size >= 1, "{}: data-parallel size must be >= 1, got {}", source, dp_size);
+  if (train.global_batch == 0) return 1;
+  int64_t per_step = int64_t{train.micro_batch} * dp_size;
+  KILN_CHECK(per_step > 0 && train.global_batch % per_step == 0,
+             "{}: key 'train.global_batch' ({}) must be a multiple of train.micro_batch ({}) * "
+             "data-parallel size ({}) = {}",
+             source, train.global_batch, train.micro_batch, dp_size, per_step);
+  return static_cast<int>(train.global_batch / per_step);
+}
+
+std::string TrainConfig::to_toml() const {
+  std::string out = "# kiln training config, fully resolved\n";
+  std::string_view section;
+  for (const Key& k : keys()) {
+    if (k.section() != section) {
+      section = k.section();
+      out += fmt::format("\n[{}]\n", section);
+    }
+    out += fmt::format("{} = {}\n", leaf(k.name), format_value(field(k, *this)));
+  }
+  return out;
+}
+
+std::string TrainConfig::hash() const {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64
+  for (unsigned char ch : to_toml()) {
+    h ^= ch;
+    h *= 0x100000001b3ull;
+  }
+  return fmt::format("{:016x}", h);
+}
+
+void TrainConfig::validate_for_training() const {
+  KILN_CHECK(!data.dir.empty(), "{}: key 'data.dir' is required for training", source);
+  auto need = [&](const char* name, int64_t v) {
+    KILN_CHECK(v > 0, "{}: key '{}' is required for training (set it or model.preset)", source,
+               name);
+  };
+  need("model.n_layer", model.n_layer);
+  need("model.n_head", model.n_head);
+  need("model.n_embd", model.n_embd);
+  need("model.block_size", model.block_size);
+  KILN_CHECK(train.steps > 0, "{}: key 'train.steps' must be > 0 for training", source);
+}
+
+bool TrainConfig::operator==(const TrainConfig& o) const {
+  return model == o.model && data == o.data && train == o.train && optim == o.optim &&
+         schedule == o.schedule && eval == o.eval && sample == o.sample &&
+         checkpoint == o.checkpoint && run == o.run && log == o.log && parallel == o.parallel &&
+         profile == o.profile;
+}
+
+double learning_rate(const TrainConfig& c, int64_t step) {
+  KILN_CHECK(step >= 0, "learning_rate: step must be >= 0, got {}", step);
+  const double lr = c.optim.lr, min_lr = c.schedule.min_lr;
+  const int64_t warmup = c.schedule.warmup_steps, steps = c.train.steps;
+  if (step < warmup) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
+  const std::string& kind = c.schedule.kind;
+  if (kind == "constant") return lr;
+  if (step >= steps) return min_lr;
+  if (kind == "cosine") {
+    double t = static_cast<double>(step - warmup) / static_cast<double>(steps - warmup);
+    return min_lr + (lr - min_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * t));
+  }
+  if (kind == "wsd") {
+    auto decay = static_cast<int64_t>(std::llround(c.schedule.decay_fraction * static_cast<double>(steps)));
+    int64_t start = std::max(warmup, steps - decay);
+    if (step < start) return lr;
+    return lr + (min_lr - lr) * static_cast<double>(step - start) / static_cast<double>(steps - start);
+  }
+  KILN_FAIL("{}: key 'schedule.kind' must be one of \"cosine\", \"constant\", \"wsd\", got {}",
+            c.source, quote(kind));
+}
+
+}  // namespace kiln

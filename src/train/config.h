@@ -1,0 +1,213 @@
+// The training configuration: one TOML file plus `--set section.key=value` overrides.
+//
+// `kiln train CONFIG.toml [--set section.key=value]...` reads the file with toml++,
+// applies the overrides in order, fills in the model preset and the derived defaults
+// and validates every value. Any problem becomes a one-line kiln::Error naming the
+// file (or "--set") and the key at fault, e.g.
+//   config.toml: unknown key 'optim.lrr' (did you mean 'optim.lr'?)
+//
+// Every key, its type, default and meaning is listed in docs/config.md and, for
+// programs, by config_keys(). The learning-rate schedule lives here too, as the pure
+// function learning_rate().
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kiln {
+
+/// [model]: the network's shape and where its initial weights come from.
+struct ModelSection {
+  std::string preset;     // "" = none; "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"
+  int n_layer = 0;        // 0 = unset (required unless a preset gives it)
+  int n_head = 0;
+  int n_embd = 0;
+  int block_size = 0;     // maximum sequence length
+  int vocab_size = 0;     // 0 = take it from the data set's meta.json
+  double dropout = 0.0;
+  std::string init_from;  // "" = random init; a kiln checkpoint dir, an llm.c .bin or a .safetensors
+  bool operator==(const ModelSection&) const = default;
+};
+
+/// [data]: the tokenized data set.
+struct DataSection {
+  std::string dir;  // required for training
+  bool operator==(const DataSection&) const = default;
+};
+
+/// [train]: batch geometry, length of the run, precision.
+struct TrainSection {
+  int64_t steps = 0;        // optimizer updates; required (> 0) for training
+  int micro_batch = 4;      // sequences per rank per micro-step
+  int global_batch = 0;     // sequences per update over all ranks; 0 = micro_batch * dp
+  int seq_len = 0;          // 0 = model.block_size (filled in on load)
+  int64_t seed = 1337;
+  std::string dtype = "fp32";                     // "fp32" | "bf16" | "fp16"
+  std::string grad_dtype = "fp32";                // "fp32" | "bf16"
+  std::string activation_checkpointing = "none";  // "none" | "full" | "selective"
+  bool operator==(const TrainSection&) const = default;
+};
+
+/// [optim]: AdamW.
+struct OptimSection {
+  double lr = 6e-4;  // peak learning rate
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;  // global-norm clip; 0 disables
+  bool operator==(const OptimSection&) const = default;
+};
+
+/// [schedule]: the learning-rate schedule (see learning_rate()).
+struct ScheduleSection {
+  std::string kind = "cosine";  // "cosine" | "constant" | "wsd"
+  int64_t warmup_steps = 0;
+  double min_lr = 0.0;
+  double decay_fraction = 0.2;  // wsd: fraction of `steps` spent decaying at the end
+  bool operator==(const ScheduleSection&) const = default;
+};
+
+/// [eval]: held-out loss.
+struct EvalSection {
+  int64_t every = 0;  // 0 = never
+  int batches = 20;
+  bool operator==(const EvalSection&) const = default;
+};
+
+/// [sample]: text generation during training.
+struct SampleSection {
+  int64_t every = 0;  // 0 = never
+  int tokens = 64;
+  std::string prompt;  // "" = start from the end-of-text token
+  double temperature = 1.0;
+  int top_k = 0;  // 0 = no top-k filtering
+  bool operator==(const SampleSection&) const = default;
+};
+
+/// [checkpoint]: periodic checkpoints under run.dir.
+struct CheckpointSection {
+  int64_t every = 0;  // 0 = no periodic checkpoints
+  int keep = 2;       // newest checkpoints kept; 0 = keep all
+  bool operator==(const CheckpointSection&) const = default;
+};
+
+/// [run]: where the run writes its logs and checkpoints.
+struct RunSection {
+  std::string dir = "runs/default";
+  bool operator==(const RunSection&) const = default;
+};
+
+/// [log]: progress lines.
+struct LogSection {
+  int64_t every = 1;
+  double peak_tflops = 0.0;  // for MFU; 0 = measure at start-up
+  bool operator==(const LogSection&) const = default;
+};
+
+/// [parallel]: data, tensor and pipeline parallelism, ZeRO.
+struct ParallelSection {
+  int dp = 0;  // 0 = derive: world_size / (tp * pp)
+  int tp = 1;
+  int pp = 1;
+  int zero_stage = 0;  // 0..3
+  double bucket_mb = 25.0;  // gradient all-reduce bucket size
+  double timeout_s = 60.0;  // collective timeout
+  bool operator==(const ParallelSection&) const = default;
+};
+
+/// [profile]: a profiled window of optimizer updates.
+struct ProfileSection {
+  std::vector<int64_t> steps;  // [] = off; [a, b] = profile updates a <= step < b
+  /// True when a profiling window is configured.
+  bool enabled() const { return steps.size() == 2; }
+  bool operator==(const ProfileSection&) const = default;
+};
+
+/// The fully resolved training configuration (defaults, preset and overrides applied).
+struct TrainConfig {
+  ModelSection model;
+  DataSection data;
+  TrainSection train;
+  OptimSection optim;
+  ScheduleSection schedule;
+  EvalSection eval;
+  SampleSection sample;
+  CheckpointSection checkpoint;
+  RunSection run;
+  LogSection log;
+  ParallelSection parallel;
+  ProfileSection profile;
+
+  /// Where the config came from (file name or "<string>"), used in error messages.
+  /// Not part of the configuration: to_toml(), hash() and == ignore it.
+  std::string source = "config";
+
+  /// Micro-steps per optimizer update: global_batch / (micro_batch * dp_size), or 1
+  /// when global_batch is 0. Throws kiln::Error naming train.global_batch when it does
+  /// not divide (or dp_size < 1).
+  int grad_accum_steps(int dp_size) const;
+
+  /// The fully resolved config as TOML: every key of every section, defaults and
+  /// preset values filled in. Reading it back gives a config equal to this one.
+  std::string to_toml() const;
+
+  /// Stable hex digest (16 hex digits, FNV-1a 64) of to_toml(); equal configs give
+  /// equal hashes on every platform, so ranks can check they run the same config.
+  std::string hash() const;
+
+  /// Checks the keys a training run needs beyond what loading already validated:
+  /// data.dir set, model shape complete (n_layer, n_head, n_embd, block_size > 0),
+  /// train.steps > 0. Throws kiln::Error naming `source` and the missing key.
+  void validate_for_training() const;
+
+  /// Compares every key (not `source`).
+  bool operator==(const TrainConfig& other) const;
+};
+
+/// Reads the TOML file at `path`, applies `overrides` ("section.key=value", in order)
+/// and resolves and validates the result. Throws kiln::Error naming the file (or
+/// "--set") and the key at fault.
+TrainConfig load_config_file(const std::string& path,
+                             const std::vector<std::string>& overrides = {});
+
+/// As load_config_file(), from TOML text; `name_for_errors` stands for the file name in
+/// error messages.
+TrainConfig load_config_string(std::string_view text,
+                               const std::vector<std::string>& overrides = {},
+                               const std::string& name_for_errors = "<string>");
+
+/// The learning rate for optimizer update `step` (counted from 0):
+/// - warmup: lr * (step + 1) / warmup_steps while step < warmup_steps;
+/// - "constant": lr afterwards;
+/// - "cosine": min_lr + (lr - min_lr) * (1 + cos(pi * t)) / 2 with
+///   t = (step - warmup_steps) / (steps - warmup_steps), so min_lr is reached at
+///   step == steps (and held beyond);
+/// - "wsd" (warmup-stable-decay): lr until the last decay_fraction * steps updates,
+///   then linear from lr down to min_lr, reached at step == steps.
+double learning_rate(const TrainConfig& config, int64_t step);
+
+/// One model preset's shape.
+struct ModelPreset {
+  std::string_view name;
+  int n_layer, n_head, n_embd, block_size, vocab_size;
+};
+
+/// The model presets (gpt2, gpt2-medium, gpt2-large, gpt2-xl).
+std::span<const ModelPreset> model_presets();
+
+/// Description of one configuration key, for help text and documentation.
+struct ConfigKeyInfo {
+  std::string_view name;           // "section.key"
+  std::string_view type;           // "int", "float", "string" or "int array"
+  std::string_view default_value;  // as written in TOML
+  std::string_view description;
+};
+
+/// Every valid key, in the order to_toml() writes them.
+std::span<const ConfigKeyInfo> config_keys();
+
+}  // namespace kiln
