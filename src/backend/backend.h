@@ -144,6 +144,15 @@ class Backend {
                                   const Tensor& qkv, const Tensor& out, const Tensor& lse,
                                   int n_head, const DropoutSpec& dropout) = 0;
 
+  /// Inference attention over a KV cache. qkv [B,Tq,3C] holds the projections of Tq
+  /// new tokens at positions past .. past+Tq-1; their k and v are written into rows
+  /// past.. of k_cache and v_cache [B,Tmax,C] (heads interleaved as in qkv), then
+  /// out [B,Tq,C] = causal attention of each new query over cache rows [0, its
+  /// position]. No dropout, nothing saved for backward. Throws when past + Tq > Tmax.
+  virtual void attention_decode(Stream s, const Tensor& out, const Tensor& k_cache,
+                                const Tensor& v_cache, const Tensor& qkv, int64_t past,
+                                int n_head) = 0;
+
   /// GELU, tanh approximation (Hendrycks & Gimpel 2016): out = 0.5 x (1 + tanh(
   /// sqrt(2/pi) (x + 0.044715 x^3))). Any shape.
   virtual void gelu_forward(Stream s, const Tensor& out, const Tensor& inp) = 0;

@@ -58,6 +58,23 @@ AttentionDims attention(const Tensor& out, const Tensor& lse, const Tensor& qkv,
   return d;
 }
 
+DecodeDims attention_decode(const Tensor& out, const Tensor& k_cache, const Tensor& v_cache,
+                            const Tensor& qkv, int64_t past, int n_head) {
+  KILN_CHECK(qkv.ndim() == 3 && qkv.size(2) % 3 == 0,
+             "attention_decode: qkv must be [B,Tq,3C], got {}", qkv.str());
+  DecodeDims d{qkv.size(0), qkv.size(1), qkv.size(2) / 3, n_head, k_cache.size(1)};
+  KILN_CHECK(n_head > 0 && d.C % n_head == 0,
+             "attention_decode: C = {} not divisible by n_head = {}", d.C, n_head);
+  check_shape(out, Shape{d.B, d.T, d.C}, "attention_decode out");
+  KILN_CHECK(k_cache.ndim() == 3 && k_cache.size(0) == d.B && k_cache.size(2) == d.C,
+             "attention_decode: k_cache {} must be [{}, Tmax, {}]", k_cache.str(), d.B, d.C);
+  check_shape(v_cache, k_cache.shape(), "attention_decode v_cache");
+  KILN_CHECK(past >= 0 && past + d.T <= d.Tmax,
+             "attention_decode: positions {}..{} exceed the cache of {}", past, past + d.T - 1,
+             d.Tmax);
+  return d;
+}
+
 CrossEntropyDims cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
                                const Tensor& targets, int vocab_size) {
   CrossEntropyDims d{rows(logits), logits.size(-1)};

@@ -24,6 +24,10 @@ LinearDims linear(const Tensor& out, const Tensor& inp, const Tensor& weight, co
 struct AttentionDims { int64_t B, T, C, NH, HD; };
 AttentionDims attention(const Tensor& out, const Tensor& lse, const Tensor& qkv, int n_head);
 
+struct DecodeDims { int64_t B, T, C, NH, Tmax; };
+DecodeDims attention_decode(const Tensor& out, const Tensor& k_cache, const Tensor& v_cache,
+                            const Tensor& qkv, int64_t past, int n_head);
+
 struct CrossEntropyDims { int64_t N, Vp; };
 CrossEntropyDims cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
                                const Tensor& targets, int vocab_size);

@@ -160,3 +160,44 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 }
 
 }  // namespace kiln::cpu
+
+namespace kiln::cpu {
+
+void attention_decode(float* out, float* k_cache, float* v_cache, const float* qkv, int64_t B,
+                      int64_t Tq, int64_t Tmax, int64_t C, int64_t NH, int64_t past) {
+  const int64_t HD = C / NH;
+  const float scale = 1.f / std::sqrt(static_cast<float>(HD));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < Tq; ++t) {
+      const float* row = qkv + (b * Tq + t) * 3 * C;
+      std::copy(row + C, row + 2 * C, k_cache + (b * Tmax + past + t) * C);
+      std::copy(row + 2 * C, row + 3 * C, v_cache + (b * Tmax + past + t) * C);
+    }
+#pragma omp parallel
+  {
+    std::vector<float> s(static_cast<size_t>(past + Tq)), acc(static_cast<size_t>(HD));
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < NH; ++h)
+        for (int64_t t = 0; t < Tq; ++t) {
+          const float* q = qkv + (b * Tq + t) * 3 * C + h * HD;
+          const int64_t n = past + t + 1;
+          float mx = -std::numeric_limits<float>::infinity();
+          for (int64_t j = 0; j < n; ++j) {
+            s[j] = dot(q, k_cache + (b * Tmax + j) * C + h * HD, HD) * scale;
+            mx = std::max(mx, s[j]);
+          }
+          float sum = 0.f;
+          for (int64_t j = 0; j < n; ++j) sum += (s[j] = std::exp(s[j] - mx));
+          std::fill(acc.begin(), acc.end(), 0.f);
+          for (int64_t j = 0; j < n; ++j) {
+            const float p = s[j] / sum;
+            const float* v = v_cache + (b * Tmax + j) * C + h * HD;
+            for (int64_t d = 0; d < HD; ++d) acc[d] += p * v[d];
+          }
+          std::copy(acc.begin(), acc.end(), out + (b * Tq + t) * C + h * HD);
+        }
+  }
+}
+
+}  // namespace kiln::cpu

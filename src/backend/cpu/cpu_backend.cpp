@@ -112,6 +112,14 @@ class CpuBackend final : public Backend {
                             dropout);
   }
 
+  void attention_decode(Stream, const Tensor& out, const Tensor& k_cache, const Tensor& v_cache,
+                        const Tensor& qkv, int64_t past, int n_head) override {
+    const auto d = checks::attention_decode(out, k_cache, v_cache, qkv, past, n_head);
+    f32(qkv, "attention_decode");
+    cpu::attention_decode(f(out), f(k_cache), f(v_cache), f(qkv), d.B, d.T, d.Tmax, d.C, d.NH,
+                          past);
+  }
+
   void gelu_forward(Stream, const Tensor& out, const Tensor& inp) override {
     checks::same_size(out, inp, "gelu");
     f32(inp, "gelu");

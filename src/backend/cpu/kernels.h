@@ -54,3 +54,8 @@ void linear_forward(Gemm& gemm, float* out, const float* inp, const float* weigh
 void linear_backward(Gemm& gemm, float* dinp, float* dweight, float* dbias, const float* dout,
                      const float* inp, const float* weight, int64_t N, int64_t IC, int64_t OC);
 }  // namespace kiln::cpu
+
+namespace kiln::cpu {
+void attention_decode(float* out, float* k_cache, float* v_cache, const float* qkv, int64_t B,
+                      int64_t Tq, int64_t Tmax, int64_t C, int64_t NH, int64_t past);
+}  // namespace kiln::cpu

@@ -1,4 +1,5 @@
 #include "models/gpt2/gpt2.h"
+#include "models/gpt2/gpt2_state.h"
 
 #include "core/rng.h"
 #include "nn/classifier.h"
@@ -12,29 +13,6 @@ namespace {
 // Dropout sites inside one block, for distinct Philox streams.
 enum DropoutSite : uint64_t { kEmbedding = 0, kAttnProbs = 1, kAttnResid = 2, kMlpResid = 3 };
 }  // namespace
-
-// Saved activations (what backward reads) and backward scratch, for one (B, T).
-struct GPT2::Activations {
-  int B = 0, T = 0;
-  struct Layer {
-    Tensor ln1, ln1_mean, ln1_rstd;  // [B,T,C], [B*T], [B*T]
-    Tensor qkv;                      // [B,T,3C]
-    Tensor atty, lse;                // [B,T,C], [B,NH,T]
-    Tensor residual2;                // [B,T,C]  x + attn
-    Tensor ln2, ln2_mean, ln2_rstd;  // [B,T,C], [B*T], [B*T]
-    Tensor fch, fch_gelu;            // [B,T,4C]
-    Tensor residual3;                // [B,T,C]  block output
-  };
-  Tensor encoded;  // [B,T,C] embeddings (after dropout): the residual stream's start
-  std::vector<Layer> layers;
-  Tensor lnf, lnf_mean, lnf_rstd;
-  Tensor logits_chunk, losses_chunk;  // [R,Vp], [R]
-  // Backward scratch.
-  Tensor dresidual, tmp, dtmp, datty;  // [B,T,C]
-  Tensor dbig;                         // [B,T,4C]; also holds dqkv [B,T,3C]
-  Tensor tokens, targets;              // the last forward's inputs (views)
-  bool have_grad = false;
-};
 
 GPT2::GPT2(const GPT2Config& config, Backend& backend) : config_(config), backend_(backend) {
   config_.validate();

@@ -77,6 +77,17 @@ class GPT2 {
   /// included; callers use the first vocab_size). Allocates the logits as Temporaries.
   void forward_logits(const Tensor& tokens, const Tensor& logits);
 
+  /// Incremental inference with a KV cache (for sampling; Pope et al. 2022 call the two
+  /// phases prefill and decode). begin_decode allocates k/v caches of max_len <=
+  /// block_size positions for B sequences (Temporaries); each decode() runs the tokens
+  /// int32 [B,Tq] at the next Tq positions and writes the LAST position's logits fp32
+  /// [B,Vp] (padded columns included). Throws when the cache would overflow.
+  void begin_decode(int B, int max_len);
+  void decode(const Tensor& tokens, const Tensor& logits);
+  void end_decode();
+  /// Positions already in the cache.
+  int decoded_length() const;
+
   /// Dropout on or off (training vs eval); the seed keys the masks of each call.
   void set_dropout(bool on, uint64_t seed, uint64_t call_index);
   /// Hooks called around blocks; nullptr for none. Not owned.
@@ -84,6 +95,7 @@ class GPT2 {
 
  private:
   struct Activations;
+  struct DecodeState;
   void reserve(int B, int T);
   void run_forward(const Tensor& tokens, int B, int T);
 
@@ -94,6 +106,7 @@ class GPT2 {
   Tensor param_buffer_;
   Tensor grad_buffer_;
   std::unique_ptr<Activations> acts_;
+  std::unique_ptr<DecodeState> decode_;
   ModelHooks no_hooks_;
   ModelHooks* hooks_ = &no_hooks_;
   bool dropout_on_ = false;

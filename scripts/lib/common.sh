@@ -1,0 +1,41 @@
+# Shared by scripts/*.sh: repository root, Debian packages, build configuration.
+# Sourced, not run.
+
+KILN_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+KILN_BUILD="${KILN_BUILD_DIR:-$KILN_ROOT/build}"
+
+# Debian packages kiln builds and tests with (all from Debian 12).
+KILN_BUILD_PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config git rsync
+  libdnnl-dev libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libfmt-dev
+  libsentencepiece-dev libicu-dev zlib1g-dev libopenmpi-dev openmpi-bin
+  libgtest-dev libgmock-dev libbenchmark-dev
+)
+
+# Installs whatever of "$@" is missing, with apt-get (as root, or through sudo).
+kiln_apt_install() {
+  local missing=()
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "kiln: installing Debian packages: ${missing[*]}"
+  local sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# node + npm for the GPT-2 tokenizer reference test (the machine image may already
+# have them outside Debian's packages; only install Debian's when none is present).
+kiln_ensure_node() {
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    kiln_apt_install nodejs npm
+  fi
+}
+
+# Configures and builds kiln in $KILN_BUILD. Extra arguments go to cmake.
+kiln_build() {
+  cmake -S "$KILN_ROOT" -B "$KILN_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+  cmake --build "$KILN_BUILD" -j "$(nproc)"
+}
