@@ -1,0 +1,83 @@
+// DataLoader: fixed-length training samples from a prepared dataset (see prepare.h).
+//
+// The split's shards, in meta.json order, are one token stream of N tokens. Sample i is
+// tokens [i*T, i*T + T + 1): inputs = the first T, targets = the last T (shifted by one),
+// as in llm.c. samples_per_epoch = (N - 1) / T; a tail shorter than a sample is unused.
+//
+// Order: without shuffle, epoch e visits samples 0, 1, 2, ...; with shuffle, epoch e
+// visits a Fisher-Yates permutation of all samples driven by Philox(seed, stream = e), so
+// every sample is visited exactly once per epoch and the order depends only on (seed, e).
+//
+// Data parallelism: a global batch is micro_batch * dp_size consecutive positions of the
+// visiting order; rank r takes positions [r*micro_batch, (r+1)*micro_batch). All ranks
+// advance by the same global batch, so they stay in step and read disjoint samples, and
+// the position (epoch, index) is independent of dp_size.
+#pragma once
+
+#include "data/meta.h"
+#include "data/shard.h"
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace kiln::data {
+
+/// The loader's position: the next sample is visiting-order position `index` of `epoch`.
+struct LoaderState {
+  int64_t epoch = 0;
+  int64_t index = 0;
+  bool operator==(const LoaderState&) const = default;
+};
+
+class DataLoader {
+ public:
+  /// Opens split `split` ("train", "val") of the dataset in `dir`. Throws kiln::Error
+  /// naming the file when: dir or meta.json is missing/malformed; the split is absent; a
+  /// shard is missing, corrupt, holds a different token count than meta.json says, or a
+  /// different token dtype (a shard of another vocabulary); the split has fewer than
+  /// seq_len + 1 tokens (not even one sample); seq_len < 1.
+  DataLoader(const std::filesystem::path& dir, std::string split, int seq_len, uint64_t seed,
+             bool shuffle);
+
+  /// Fills inputs[micro_batch * T] and targets[micro_batch * T] (row-major [B, T], int32)
+  /// with this rank's micro_batch samples of the next global batch, then advances by
+  /// micro_batch * dp_size samples (crossing into the next epoch when needed). Throws
+  /// kiln::Error on bad arguments or a token id >= vocab_size (file and position named).
+  void next_batch(int32_t* inputs, int32_t* targets, int micro_batch, int dp_rank = 0, int dp_size = 1);
+
+  /// Tokens of sample `sample` (0 <= sample < samples_per_epoch()), T + 1 of them, into out.
+  void read_sample(int64_t sample, int32_t* out) const;
+  /// The sample visited at position `index` of epoch `epoch`.
+  int64_t sample_at(int64_t epoch, int64_t index);
+
+  LoaderState state() const { return state_; }
+  /// Resumes at `s`. Throws kiln::Error when s.index is outside [0, samples_per_epoch()).
+  void set_state(const LoaderState& s);
+
+  int64_t samples_per_epoch() const { return samples_; }
+  int64_t total_tokens() const { return total_; }
+  int seq_len() const { return T_; }
+  const std::string& split() const { return split_; }
+  /// The parsed meta.json of the dataset (vocab size, eot id, tokenizer, shards).
+  const DatasetMeta& meta() const { return meta_; }
+
+ private:
+  void ensure_permutation(int64_t epoch);
+
+  DatasetMeta meta_;
+  std::string split_;
+  int T_;
+  uint64_t seed_;
+  bool shuffle_;
+  std::vector<ShardReader> shards_;
+  std::vector<int64_t> starts_;  // stream offset of each shard, plus the total at the end
+  int64_t total_ = 0;
+  int64_t samples_ = 0;
+  LoaderState state_;
+  int64_t perm_epoch_ = -1;
+  std::vector<uint32_t> perm_;
+};
+
+}  // namespace kiln::data

@@ -1,0 +1,81 @@
+#include "data/meta.h"
+
+#include "core/error.h"
+#include "data/tokenizer.h"
+
+#include <nlohmann/json.hpp>
+
+namespace kiln::data {
+
+namespace fs = std::filesystem;
+
+namespace {
+constexpr const char* kFormat = "kiln-token-shards";
+constexpr int kFormatVersion = 1;
+}  // namespace
+
+void write_dataset_meta(const fs::path& dir, const DatasetMeta& meta) {
+  nlohmann::ordered_json j;
+  j["format"] = kFormat;
+  j["format_version"] = kFormatVersion;
+  j["tokenizer"] = {{"kind", meta.tokenizer_kind}, {"hash", meta.tokenizer_hash}};
+  j["vocab_size"] = meta.vocab_size;
+  j["eot_id"] = meta.eot_id;
+  j["token_dtype"] = token_dtype_name(meta.dtype);
+  j["shard_version"] = shard_version(meta.dtype);
+  j["documents"] = meta.documents;
+  nlohmann::ordered_json tokens = nlohmann::ordered_json::object();
+  nlohmann::ordered_json shards = nlohmann::ordered_json::object();
+  for (const auto& [name, split] : meta.splits) {
+    tokens[name] = split.tokens;
+    nlohmann::ordered_json list = nlohmann::ordered_json::array();
+    for (const auto& s : split.shards) list.push_back({{"file", s.file}, {"tokens", s.tokens}});
+    shards[name] = std::move(list);
+  }
+  j["tokens"] = std::move(tokens);
+  j["shards"] = std::move(shards);
+  write_file_atomic(dir / "meta.json", j.dump(2) + "\n");
+}
+
+DatasetMeta read_dataset_meta(const fs::path& dir) {
+  KILN_CHECK(fs::is_directory(dir), "dataset directory {} does not exist", dir.string());
+  const fs::path path = dir / "meta.json";
+  KILN_CHECK(fs::exists(path), "{}: missing (not a dataset prepared by `kiln prepare`?)", path.string());
+  DatasetMeta m;
+  try {
+    const auto j = nlohmann::json::parse(read_small_file(path));
+    KILN_CHECK(j.at("format").get<std::string>() == kFormat &&
+                   j.at("format_version").get<int>() == kFormatVersion,
+               "{}: not a {} v{} file", path.string(), kFormat, kFormatVersion);
+    m.tokenizer_kind = j.at("tokenizer").at("kind").get<std::string>();
+    m.tokenizer_hash = j.at("tokenizer").at("hash").get<std::string>();
+    m.vocab_size = j.at("vocab_size").get<int>();
+    m.eot_id = j.at("eot_id").get<int>();
+    m.dtype = parse_token_dtype(j.at("token_dtype").get<std::string>());
+    m.documents = j.at("documents").get<int64_t>();
+    for (const auto& [name, list] : j.at("shards").items()) {
+      SplitInfo s;
+      s.tokens = j.at("tokens").at(name).get<int64_t>();
+      int64_t sum = 0;
+      for (const auto& e : list) {
+        s.shards.push_back({e.at("file").get<std::string>(), e.at("tokens").get<int64_t>()});
+        sum += s.shards.back().tokens;
+      }
+      KILN_CHECK(sum == s.tokens, "{}: split '{}' lists shards of {} tokens but records {}",
+                 path.string(), name, sum, s.tokens);
+      m.splits[name] = std::move(s);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    KILN_FAIL("{}: malformed ({})", path.string(), e.what());
+  } catch (const kiln::Error& e) {
+    throw;
+  }
+  KILN_CHECK(m.vocab_size > 0 && m.eot_id >= 0 && m.eot_id < m.vocab_size,
+             "{}: bad vocab_size {} / eot_id {}", path.string(), m.vocab_size, m.eot_id);
+  KILN_CHECK(token_dtype_for_vocab(m.vocab_size) == m.dtype || m.dtype == TokenDType::U32,
+             "{}: token dtype {} cannot hold vocab_size {}", path.string(), token_dtype_name(m.dtype),
+             m.vocab_size);
+  return m;
+}
+
+}  // namespace kiln::data

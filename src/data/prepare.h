@@ -1,0 +1,75 @@
+// `kiln prepare`: text files -> tokenizer + llm.c-style token shards + meta.json.
+//
+// Pipeline (see docs/formats.md for the output layout):
+//   1. validate: every input exists, is a non-empty regular file and is valid UTF-8 (the
+//      error names the file and byte offset); the options make sense; out_dir can be
+//      created and written and does not already hold a dataset.
+//   2. tokenizer: "byte"; "gpt2" from tokenizer_files; "sentencepiece" trained on the
+//      inputs (or loaded from tokenizer_files).
+//   3. tokenize, streaming: files are read in 1 MiB chunks and cut only where a
+//      non-whitespace ASCII character is followed by whitespace (a boundary of every
+//      GPT-2 pre-token and sentencepiece piece) or at a document separator, so no
+//      character or pre-token is split (a single run of > 16 MiB without such a point is
+//      cut at a character boundary). Each document is preceded by the end-of-text id
+//      (llm.c's convention), so eot separates consecutive documents.
+//   4. split by tokens: val = the last ceil(val_fraction * total) tokens of the stream
+//      (at least one token, hence one val shard, when val_fraction > 0); train = the rest.
+//   5. shards of shard_tokens tokens each (the last one shorter) are staged in a hidden
+//      directory inside out_dir and moved into place only when everything succeeded;
+//      meta.json is written last. On any error the staging directory is removed, so no
+//      partial shard is left behind.
+#pragma once
+
+#include "data/meta.h"
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace kiln::data {
+
+struct PrepareOptions {
+  /// UTF-8 text files. One file = one document unless `separator` is set.
+  std::vector<std::filesystem::path> inputs;
+  /// Output directory (created if missing; must not already hold meta.json or shards).
+  std::filesystem::path out_dir;
+  /// "byte", "sentencepiece" or "gpt2".
+  std::string tokenizer = "gpt2";
+  /// sentencepiece: the vocabulary size to train (>= 260). byte/gpt2: 0, or a check that
+  /// must be >= the tokenizer's vocabulary size. meta.json records the tokenizer's size.
+  int vocab_size = 0;
+  /// Fraction of the tokens put in the val split, in [0, 1).
+  double val_fraction = 0.0;
+  /// gpt2: encoder.json + vocab.bpe or vocab.json + merges.txt (or their directory).
+  /// sentencepiece: optional `*.model` file to use instead of training. Any kind: a
+  /// directory written by Tokenizer::save (holding tokenizer.json).
+  std::vector<std::filesystem::path> tokenizer_files;
+  /// Tokens per shard (the last shard of each split may be shorter); 1 .. 2^31-1.
+  int64_t shard_tokens = 100'000'000;
+  /// If not empty: splits documents inside a file (the separator itself is dropped, empty
+  /// documents are skipped).
+  std::string separator;
+  /// sentencepiece training: at most this many lines are sampled.
+  int64_t sp_max_sentences = 1'000'000;
+};
+
+struct PrepareSummary {
+  DatasetMeta meta;         // what meta.json says
+  int64_t input_bytes = 0;  // bytes read from the inputs
+  double seconds = 0.0;     // wall time
+};
+
+/// Runs the pipeline above. Throws kiln::Error (one line naming the file at fault) on bad
+/// options or input; nothing is left in out_dir then except directories it created.
+PrepareSummary prepare_dataset(const PrepareOptions& options);
+
+/// Calls on_piece(text, starts_document) for the text of `path` in pieces cut as described
+/// in step 3 above; documents split at `separator` (if not empty), empty ones skipped.
+/// Exposed for tests. Throws kiln::Error naming the file on read errors.
+void stream_documents(const std::filesystem::path& path, const std::string& separator,
+                      const std::function<void(std::string_view, bool)>& on_piece,
+                      size_t chunk_bytes = 1 << 20);
+
+}  // namespace kiln::data

@@ -1,0 +1,187 @@
+#include "core/error.h"
+#include "data/loader.h"
+#include "data/meta.h"
+#include "data/shard.h"
+#include "test_util.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+
+using namespace kiln::data;
+using kiln::data::testing::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A dataset whose token at stream position p is p (vocab 65535), in shards of uneven sizes.
+DatasetMeta make_dataset(const fs::path& dir, const std::vector<int64_t>& sizes, int vocab = 65535,
+                         TokenDType dtype = TokenDType::U16) {
+  DatasetMeta m;
+  m.tokenizer_kind = "byte";
+  m.tokenizer_hash = "0123456789abcdef";
+  m.vocab_size = vocab;
+  m.eot_id = 0;
+  m.dtype = dtype;
+  m.documents = 1;
+  SplitInfo& s = m.splits["train"];
+  int32_t next = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    std::vector<int32_t> t(sizes[i]);
+    std::iota(t.begin(), t.end(), next);
+    next += static_cast<int32_t>(sizes[i]);
+    const std::string name = fmt::format("train_{:06d}.bin", i);
+    write_shard(dir / name, t, TokenDType::U16);
+    s.shards.push_back({name, sizes[i]});
+    s.tokens += sizes[i];
+  }
+  write_dataset_meta(dir, m);
+  return m;
+}
+
+const std::vector<int64_t> kSizes = {1000, 7, 2500, 1234, 1};  // 4742 tokens
+
+}  // namespace
+
+TEST(DataLoader, EveryTokenOncePerEpochAcrossDpSizes) {
+  TempDir dir;
+  make_dataset(dir.path(), kSizes);
+  const int T = 16;
+  for (bool shuffle : {false, true}) {
+    for (int dp : {1, 2, 3, 4}) {
+      const int B = 5;
+      std::vector<DataLoader> ranks;
+      for (int r = 0; r < dp; ++r) ranks.emplace_back(dir.path(), "train", T, 42, shuffle);
+      const int64_t S = ranks[0].samples_per_epoch();
+      ASSERT_EQ(S, (4742 - 1) / T);
+      std::vector<int64_t> order;  // samples in global visiting order
+      std::vector<int32_t> in(B * T), tg(B * T);
+      while (static_cast<int64_t>(order.size()) < S) {
+        for (int r = 0; r < dp; ++r) {
+          ranks[r].next_batch(in.data(), tg.data(), B, r, dp);
+          for (int b = 0; b < B; ++b) {
+            const int64_t sample = in[b * T] / T;
+            ASSERT_EQ(in[b * T] % T, 0);
+            for (int t = 0; t < T; ++t) {
+              ASSERT_EQ(in[b * T + t], sample * T + t);
+              ASSERT_EQ(tg[b * T + t], sample * T + t + 1);
+            }
+            order.push_back(sample);
+          }
+        }
+        for (int r = 1; r < dp; ++r) ASSERT_EQ(ranks[r].state(), ranks[0].state());
+      }
+      order.resize(S);
+      std::vector<int64_t> sorted = order;
+      std::sort(sorted.begin(), sorted.end());
+      for (int64_t i = 0; i < S; ++i) ASSERT_EQ(sorted[i], i) << "dp " << dp << " shuffle " << shuffle;
+      const bool in_order = std::is_sorted(order.begin(), order.end());
+      EXPECT_EQ(in_order, !shuffle);
+    }
+  }
+}
+
+TEST(DataLoader, ShuffleDependsOnSeedAndEpoch) {
+  TempDir dir;
+  make_dataset(dir.path(), kSizes);
+  DataLoader a(dir.path(), "train", 8, 1, true), b(dir.path(), "train", 8, 1, true), c(dir.path(), "train", 8, 2, true);
+  std::vector<int64_t> a0, a1, b0, c0;
+  for (int64_t i = 0; i < a.samples_per_epoch(); ++i) {
+    a0.push_back(a.sample_at(0, i));
+    a1.push_back(a.sample_at(1, i));
+    b0.push_back(b.sample_at(0, i));
+    c0.push_back(c.sample_at(0, i));
+  }
+  EXPECT_EQ(a0, b0);
+  EXPECT_NE(a0, a1);
+  EXPECT_NE(a0, c0);
+}
+
+TEST(DataLoader, StateRestoreContinuesIdentically) {
+  TempDir dir;
+  make_dataset(dir.path(), kSizes);
+  const int T = 32, steps = 40;  // 148 samples/epoch: crosses several epochs
+  // Reference: dp=1, micro_batch 8 (global batch 8).
+  DataLoader ref(dir.path(), "train", T, 7, true);
+  std::vector<int32_t> in(8 * T), tg(8 * T);
+  for (int s = 0; s < 13; ++s) ref.next_batch(in.data(), tg.data(), 8);
+  const LoaderState saved = ref.state();
+  std::vector<std::vector<int32_t>> expected;
+  for (int s = 0; s < steps; ++s) {
+    ref.next_batch(in.data(), tg.data(), 8);
+    expected.push_back(in);
+  }
+  EXPECT_GT(ref.state().epoch, saved.epoch);
+  // Resume with the same layout and with dp=4 x micro_batch 2 (same global batch).
+  for (int dp : {1, 2, 4}) {
+    const int B = 8 / dp;
+    std::vector<DataLoader> ranks;
+    for (int r = 0; r < dp; ++r) {
+      ranks.emplace_back(dir.path(), "train", T, 7, true);
+      ranks.back().set_state(saved);
+    }
+    std::vector<int32_t> rin(B * T), rtg(B * T);
+    for (int s = 0; s < steps; ++s) {
+      std::vector<int32_t> global;
+      for (int r = 0; r < dp; ++r) {
+        ranks[r].next_batch(rin.data(), rtg.data(), B, r, dp);
+        global.insert(global.end(), rin.begin(), rin.end());
+      }
+      ASSERT_EQ(global, expected[s]) << "dp " << dp << " step " << s;
+    }
+    EXPECT_EQ(ranks[0].state(), ref.state());
+  }
+  EXPECT_THROW(ref.set_state({0, ref.samples_per_epoch()}), kiln::Error);
+}
+
+TEST(DataLoader, Errors) {
+  TempDir dir;
+  EXPECT_THROW(DataLoader(dir / "nope", "train", 8, 0, false), kiln::Error);
+  try {
+    DataLoader(dir.path(), "train", 8, 0, false);
+    FAIL();
+  } catch (const kiln::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("meta.json"), std::string::npos) << e.what();
+  }
+  make_dataset(dir.path(), {100});
+  EXPECT_THROW(DataLoader(dir.path(), "val", 8, 0, false), kiln::Error);  // no such split
+  try {
+    DataLoader(dir.path(), "train", 100, 0, false);  // 100 tokens: no sample of 101
+    FAIL();
+  } catch (const kiln::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("too few"), std::string::npos) << e.what();
+  }
+  DataLoader ok(dir.path(), "train", 99, 0, false);
+  EXPECT_EQ(ok.samples_per_epoch(), 1);
+  EXPECT_EQ(ok.meta().vocab_size, 65535);
+  std::vector<int32_t> in(99), tg(99);
+  EXPECT_THROW(ok.next_batch(in.data(), tg.data(), 1, 1, 1), kiln::Error);
+
+  // Shards of another vocabulary: tokens beyond meta's vocab_size.
+  TempDir small;
+  make_dataset(small.path(), {300}, /*vocab=*/257);
+  DataLoader l(small.path(), "train", 16, 0, false);
+  std::vector<int32_t> a(16 * 18), b(16 * 18);
+  try {
+    l.next_batch(a.data(), b.data(), 18);
+    FAIL();
+  } catch (const kiln::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("train_000000.bin"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("vocab"), std::string::npos) << e.what();
+  }
+  // meta.json says uint32 but the shard holds uint16.
+  TempDir wide;
+  make_dataset(wide.path(), {300}, 100000, TokenDType::U32);
+  EXPECT_THROW(DataLoader(wide.path(), "train", 16, 0, false), kiln::Error);
+  // A shard whose size disagrees with meta.json.
+  TempDir shortd;
+  make_dataset(shortd.path(), {300, 200});
+  write_shard(shortd / "train_000001.bin", std::vector<int32_t>(150, 1), TokenDType::U16);
+  try {
+    DataLoader(shortd.path(), "train", 16, 0, false);
+    FAIL();
+  } catch (const kiln::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("train_000001.bin"), std::string::npos) << e.what();
+  }
+}

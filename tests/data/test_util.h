@@ -1,0 +1,78 @@
+// Helpers shared by the data tests.
+#pragma once
+
+#include "core/rng.h"
+#include "data/utf8.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace kiln::data::testing {
+
+/// A fresh directory under the system temp dir, removed on destruction.
+class TempDir {
+ public:
+  TempDir() {
+    static std::atomic<int> counter{0};
+    path_ = std::filesystem::temp_directory_path() /
+            ("kiln-data-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& s) const { return path_ / s; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+inline void write_text(const std::filesystem::path& p, const std::string& s) {
+  std::ofstream f(p, std::ios::binary);
+  f.write(s.data(), static_cast<std::streamsize>(s.size()));
+}
+
+inline std::string read_text(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+/// Random valid UTF-8 of about `n` code points, drawn with Philox: ASCII words, spaces,
+/// tabs, newlines, apostrophes (contractions), digits, punctuation, Latin-1, Greek,
+/// Cyrillic, CJK, emoji, U+2581, combining marks, Unicode spaces and any code point.
+inline std::string random_utf8(Philox& rng, int n) {
+  static const char32_t specials[] = {' ', ' ', ' ', '\n', '\t', '\r', '\'', '"', '.', ',', '!',
+                                      0x2581, 0x00A0, 0x3000, 0x2009, 0x0301, 0xFEFF, 0x0085,
+                                      0x200D, 0x1F600, 0x1F44D, 0x00E9, 0x00FC, 0x4E2D, 0x0416};
+  static const char* pieces[] = {"'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "the", " the", "  ",
+                                 "\n\n", " \n", "123", "3.14", "don't", "ö", "日本", "🙂"};
+  std::string s;
+  for (int i = 0; i < n; ++i) {
+    const uint32_t r = rng.next_u32();
+    switch (r % 8) {
+      case 0:
+      case 1: s.push_back(static_cast<char>('a' + (r >> 8) % 26)); break;
+      case 2: s.push_back(static_cast<char>(' ' + (r >> 8) % 95)); break;
+      case 3: utf8_append(s, specials[(r >> 8) % (sizeof(specials) / sizeof(specials[0]))]); break;
+      case 4: s += pieces[(r >> 8) % (sizeof(pieces) / sizeof(pieces[0]))]; break;
+      case 5: utf8_append(s, static_cast<char32_t>(0x80 + (r >> 8) % 0x780)); break;  // 2-byte
+      case 6: {
+        char32_t cp = 0x800 + (r >> 8) % (0x10000 - 0x800);                              // 3-byte
+        if (cp >= 0xD800 && cp <= 0xDFFF) cp = 0x4E00;
+        utf8_append(s, cp);
+        break;
+      }
+      default: utf8_append(s, static_cast<char32_t>(0x10000 + (r >> 8) % 0x100000)); break;  // 4-byte
+    }
+  }
+  return s;
+}
+
+}  // namespace kiln::data::testing
