@@ -13,7 +13,7 @@ struct ParamSpec {
   Shape shape;                // global shape
   int64_t offset = 0;         // in elements, within the flat buffer
   bool weight_decay = false;  // matrices (2-D) decay; biases and norm gains do not
-  int layer = -1;             // transformer block index, or -1 for embeddings / final norm
+  int layer = -1;             // part of the model (see ModelHooks): -1 embeddings, blocks, head
 };
 
 }  // namespace kiln

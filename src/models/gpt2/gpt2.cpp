@@ -44,8 +44,8 @@ GPT2::GPT2(const GPT2Config& config, Backend& backend) : config_(config), backen
     add(h + "mlp.c_proj.weight", {C, 4 * C}, l);
     add(h + "mlp.c_proj.bias", {C}, l);
   }
-  add("transformer.ln_f.weight", {C}, -1);
-  add("transformer.ln_f.bias", {C}, -1);
+  add("transformer.ln_f.weight", {C}, config_.n_layer);
+  add("transformer.ln_f.bias", {C}, config_.n_layer);
   param_buffer_ = backend_.empty(Shape{flat_size_}, DType::F32, MemCategory::Parameters);
   grad_buffer_ = backend_.empty(Shape{flat_size_}, DType::F32, MemCategory::Gradients);
   backend_.fill(backend_.default_stream(), param_buffer_, 0.f);
@@ -161,6 +161,7 @@ void GPT2::run_forward(const Tensor& tokens, int B, int T) {
   hooks_->before_forward(-1);
   be.embedding_forward(s, a.encoded, tokens, param(params_[0]), param(params_[1]));
   if (dropout_on_) be.dropout_forward(s, a.encoded, a.encoded, spec(-1, kEmbedding));
+  hooks_->after_forward(-1);
   Tensor x = a.encoded;
   for (int l = 0; l < config_.n_layer; ++l) {
     hooks_->before_forward(l);
@@ -179,8 +180,10 @@ void GPT2::run_forward(const Tensor& tokens, int B, int T) {
     be.linear_forward(s, a.tmp, L.fch_gelu, param(p[10]), param(p[11]));
     if (dropout_on_) be.dropout_forward(s, a.tmp, a.tmp, spec(l, kMlpResid));
     be.add(s, L.residual3, L.residual2, a.tmp);
+    hooks_->after_forward(l);
     x = L.residual3;
   }
+  hooks_->before_forward(config_.n_layer);
   const ParamSpec* pf = &params_[params_.size() - 2];
   be.layernorm_forward(s, a.lnf, a.lnf_mean, a.lnf_rstd, x, param(pf[0]), param(pf[1]), eps);
   (void)C;
@@ -198,6 +201,7 @@ double GPT2::forward(const Tensor& tokens, const Tensor& targets, float grad_sca
       backend_, backend_.default_stream(), a.lnf, param(params_[0]), targets, config_.vocab_size,
       grad_scale, with_grad ? a.dtmp : Tensor(), with_grad ? grad(params_[0]) : Tensor(), a.logits_chunk,
       a.losses_chunk);
+  hooks_->after_forward(config_.n_layer);
   a.tokens = tokens;
   a.targets = targets;
   a.have_grad = with_grad;
@@ -224,11 +228,13 @@ void GPT2::backward() {
   };
 
   // Final LayerNorm: dresidual = LN_f'(dlnf), dlnf was left in dtmp by forward().
+  hooks_->before_backward(config_.n_layer);
   const ParamSpec* pf = &params_[params_.size() - 2];
   const Tensor x_last = config_.n_layer > 0 ? a.layers.back().residual3 : a.encoded;
   be.fill(s, a.dresidual, 0.f);
   be.layernorm_backward(s, a.dresidual, grad(pf[0]), grad(pf[1]), a.dtmp, x_last, param(pf[0]),
                         a.lnf_mean, a.lnf_rstd);
+  hooks_->after_backward(config_.n_layer);
   const Tensor dqkv = a.dbig.view_at(0, Shape{B, T, 3 * C});
   for (int l = config_.n_layer - 1; l >= 0; --l) {
     hooks_->before_backward(l);
@@ -260,6 +266,7 @@ void GPT2::backward() {
                           L.ln1_mean, L.ln1_rstd);
     hooks_->after_backward(l);
   }
+  hooks_->before_backward(-1);
   if (dropout_on_) be.dropout_backward(s, a.dresidual, a.dresidual, spec(-1, kEmbedding));
   be.embedding_backward(s, grad(params_[0]), grad(params_[1]), a.dresidual, a.tokens);
   hooks_->after_backward(-1);
@@ -272,6 +279,7 @@ void GPT2::forward_logits(const Tensor& tokens, const Tensor& logits) {
   run_forward(tokens, B, T);
   backend_.linear_forward(backend_.default_stream(), logits, acts_->lnf, param(params_[0]),
                           Tensor());
+  hooks_->after_forward(config_.n_layer);
 }
 
 }  // namespace kiln

@@ -24,12 +24,15 @@
 
 namespace kiln {
 
-/// Callbacks around each block (layer = 0..n_layer-1) and the non-block parts
-/// (layer = -1: embeddings before the first block and the final norm + head after the
-/// last). Parallel wrappers implement them; the default does nothing.
+/// Callbacks around each part of the model, by ParamSpec::layer: -1 the embeddings
+/// (wte, wpe), 0..n_layer-1 the blocks, n_layer the head (final LayerNorm; the output
+/// projection is the tied wte). Forward visits -1, 0, .., n_layer; backward visits
+/// n_layer, .., 0, -1. Parallel wrappers implement them (ZeRO-3 gathers, gradient
+/// buckets); the default does nothing.
 struct ModelHooks {
   virtual ~ModelHooks() = default;
   virtual void before_forward(int layer) {}
+  virtual void after_forward(int layer) {}
   virtual void before_backward(int layer) {}
   virtual void after_backward(int layer) {}
 };
@@ -41,6 +44,7 @@ class GPT2 {
   ~GPT2();
 
   const GPT2Config& config() const { return config_; }
+  Backend& backend() const { return backend_; }
   const std::vector<ParamSpec>& params() const { return params_; }
   /// Total elements of the flat parameter buffer (padded vocabulary rows included).
   int64_t flat_size() const { return flat_size_; }
