@@ -1,0 +1,302 @@
+// Embedding, layernorm, linear, softmax cross-entropy and AdamW.
+#include "op_harness.h"
+
+#include <cmath>
+#include <sstream>
+
+namespace kiln::test {
+namespace {
+
+std::string sizes(std::initializer_list<std::pair<const char*, int64_t>> kv) {
+  std::ostringstream os;
+  for (auto& [k, v] : kv) os << k << "=" << v << " ";
+  return os.str();
+}
+
+// ---- embedding --------------------------------------------------------------------------
+
+TEST_P(OpTest, Embedding) {
+  struct Cfg { int B, T, C, Vp, maxT; };
+  for (const Cfg& c : {Cfg{1, 1, 1, 5, 1}, Cfg{2, 7, 13, 37, 9}, Cfg{1, 17, 33, 50, 20},
+                       Cfg{4, 64, 96, 301, 64}, Cfg{3, 5, 8, 4, 1024}}) {
+    const std::string what = sizes({{"B", c.B}, {"T", c.T}, {"C", c.C}, {"Vp", c.Vp}, {"maxT", c.maxT}});
+    const int N = c.B * c.T;
+    std::vector<int32_t> tok(N);
+    for (int i = 0; i < N; ++i)  // half from a tiny subset: repeated tokens collide in dwte
+      tok[i] = i % 2 ? randint(0, c.Vp - 1) : randint(0, std::min(2, c.Vp - 1));
+    tok[N - 1] = c.Vp - 1;  // the last (padded) row is a valid index
+    const std::vector<float> wte = randn(int64_t{c.Vp} * c.C), wpe = randn(int64_t{c.maxT} * c.C);
+    Tensor ttok = upload_i32(tok, {c.B, c.T});
+    Tensor twte = upload(wte, {c.Vp, c.C}, MemCategory::Parameters);
+    Tensor twpe = upload(wpe, {c.maxT, c.C}, MemCategory::Parameters);
+    Tensor out = poisoned({c.B, c.T, c.C});
+    be().embedding_forward(st(), out, ttok, twte, twpe);
+    const Vec want = ref::embedding_forward(tok, to_double(wte), to_double(wpe), c.B, c.T, c.C);
+    EXPECT_TRUE(near_by_norm("embedding_forward", download(out), want, 1e-6)) << what;
+
+    // Backward accumulates into pre-filled dwte/dwpe.
+    const std::vector<float> dout = randn(int64_t{N} * c.C);
+    const std::vector<float> dwte0 = randn(int64_t{c.Vp} * c.C), dwpe0 = randn(int64_t{c.maxT} * c.C);
+    Tensor dwte = upload(dwte0, {c.Vp, c.C}, MemCategory::Gradients);
+    Tensor dwpe = upload(dwpe0, {c.maxT, c.C}, MemCategory::Gradients);
+    be().embedding_backward(st(), dwte, dwpe, upload(dout, {c.B, c.T, c.C}), ttok);
+    Vec gwte, gwpe;
+    ref::embedding_backward(gwte, gwpe, to_double(dout), tok, c.B, c.T, c.C, c.Vp, c.maxT);
+    const std::vector<float> got_wte = download(dwte), got_wpe = download(dwpe);
+    EXPECT_TRUE(near_by_norm("embedding_backward dwte (+=)", got_wte,
+                             [&] { Vec v = gwte; for (size_t i = 0; i < v.size(); ++i) v[i] += dwte0[i]; return v; }(),
+                             1e-6)) << what;
+    EXPECT_TRUE(near_by_norm("embedding_backward dwte", to_float(minus(got_wte, dwte0)), gwte, 1e-5)) << what;
+    EXPECT_TRUE(near_by_norm("embedding_backward dwpe", to_float(minus(got_wpe, dwpe0)), gwpe, 1e-5)) << what;
+    // Rows t >= T of dwpe are not touched.
+    for (int64_t i = int64_t{c.T} * c.C; i < int64_t{c.maxT} * c.C; ++i)
+      ASSERT_EQ(got_wpe[i], dwpe0[i]) << "dwpe element " << i << " beyond T changed; " << what;
+
+    const Forward f = [&](const Inputs& in) {
+      return ref::embedding_forward(tok, in[0], in[1], c.B, c.T, c.C);
+    };
+    const Inputs x = {to_double(wte), to_double(wpe)};
+    EXPECT_TRUE(check_fd("embedding_backward dwte", f, x, to_double(dout), 0, gwte, minus(got_wte, dwte0), rng())) << what;
+    EXPECT_TRUE(check_fd("embedding_backward dwpe", f, x, to_double(dout), 1, gwpe, minus(got_wpe, dwpe0), rng())) << what;
+  }
+}
+
+// ---- layernorm --------------------------------------------------------------------------
+
+TEST_P(OpTest, LayerNorm) {
+  struct Cfg { int N, C; };
+  const float eps = 1e-5f;
+  for (const Cfg& c : {Cfg{1, 1}, Cfg{1, 7}, Cfg{5, 33}, Cfg{13, 64}, Cfg{64, 769}, Cfg{3, 1600}}) {
+    const std::string what = sizes({{"N", c.N}, {"C", c.C}});
+    const int64_t NC = int64_t{c.N} * c.C;
+    std::vector<float> x = randn(NC);
+    for (int n = 0; n < c.N; ++n) {  // per-row offset and scale, like a residual stream
+      const float off = randu(1, -2.f, 2.f)[0], sc = randu(1, 0.5f, 3.f)[0];
+      for (int i = 0; i < c.C; ++i) x[int64_t{n} * c.C + i] = off + sc * x[int64_t{n} * c.C + i];
+    }
+    const std::vector<float> w = randn(c.C, 0.5f, 1.f), bias = randn(c.C, 0.2f);
+    Tensor tx = upload(x, {c.N, c.C}), tw = upload(w, {c.C}, MemCategory::Parameters),
+           tb = upload(bias, {c.C}, MemCategory::Parameters);
+    Tensor out = poisoned({c.N, c.C}), mean = poisoned({c.N}), rstd = poisoned({c.N});
+    be().layernorm_forward(st(), out, mean, rstd, tx, tw, tb, eps);
+    Vec rout, rmean, rrstd;
+    ref::layernorm_forward(rout, rmean, rrstd, to_double(x), to_double(w), to_double(bias), c.N, c.C, eps);
+    EXPECT_TRUE(near_by_norm("layernorm_forward out", download(out), rout, 1e-5)) << what;
+    EXPECT_TRUE(near_by_norm("layernorm_forward mean", download(mean), rmean, 1e-5)) << what;
+    EXPECT_TRUE(near_by_norm("layernorm_forward rstd", download(rstd), rrstd, 1e-5)) << what;
+
+    // Backward: dinp, dweight and dbias all accumulate.
+    const std::vector<float> dout = randn(NC);
+    const std::vector<float> dinp0 = randn(NC), dw0 = randn(c.C), db0 = randn(c.C);
+    Tensor dinp = upload(dinp0, {c.N, c.C}), dw = upload(dw0, {c.C}, MemCategory::Gradients),
+           db = upload(db0, {c.C}, MemCategory::Gradients);
+    be().layernorm_backward(st(), dinp, dw, db, upload(dout, {c.N, c.C}), tx, tw,
+                            upload(to_float(rmean), {c.N}), upload(to_float(rrstd), {c.N}));
+    Vec gx, gw, gb;
+    ref::layernorm_backward(gx, gw, gb, to_double(dout), to_double(x), to_double(w), rmean, rrstd, c.N, c.C);
+    const std::vector<float> got_x = download(dinp), got_w = download(dw), got_b = download(db);
+    // dinp's natural size is ||rstd * dout * w||: at C = 1 the exact dinp is 0 while its
+    // fp32 rounding is amplified by rstd = 1/sqrt(eps).
+    double dx_scale = 0;
+    for (int n = 0; n < c.N; ++n)
+      for (int i = 0; i < c.C; ++i) {
+        const double t = rrstd[n] * dout[int64_t{n} * c.C + i] * w[i];
+        dx_scale += t * t;
+      }
+    dx_scale = std::sqrt(dx_scale);
+    EXPECT_TRUE(near_by_norm("layernorm_backward dinp (+=)", to_float(minus(got_x, dinp0)), gx, 1e-5, dx_scale)) << what;
+    EXPECT_TRUE(near_by_norm("layernorm_backward dweight (+=)", to_float(minus(got_w, dw0)), gw, 1e-5)) << what;
+    EXPECT_TRUE(near_by_norm("layernorm_backward dbias (+=)", to_float(minus(got_b, db0)), gb, 1e-5)) << what;
+
+    const Forward f = [&](const Inputs& in) {
+      Vec o, m, r;
+      ref::layernorm_forward(o, m, r, in[0], in[1], in[2], c.N, c.C, eps);
+      return o;
+    };
+    const Inputs in = {to_double(x), to_double(w), to_double(bias)};
+    EXPECT_TRUE(check_fd("layernorm_backward dinp", f, in, to_double(dout), 0, gx, minus(got_x, dinp0), rng(),
+                         8, 1e-4, dx_scale / std::sqrt(static_cast<double>(NC)))) << what;
+    EXPECT_TRUE(check_fd("layernorm_backward dweight", f, in, to_double(dout), 1, gw, minus(got_w, dw0), rng())) << what;
+    EXPECT_TRUE(check_fd("layernorm_backward dbias", f, in, to_double(dout), 2, gb, minus(got_b, db0), rng())) << what;
+  }
+}
+
+// ---- linear -----------------------------------------------------------------------------
+
+TEST_P(OpTest, Linear) {
+  struct Cfg { int N, IC, OC; bool bias; double tol; };
+  for (const Cfg& c : {Cfg{1, 1, 1, true, 1e-5}, Cfg{1, 7, 5, true, 1e-5}, Cfg{3, 13, 17, false, 1e-5},
+                       Cfg{37, 64, 96, true, 1e-5}, Cfg{130, 257, 191, true, 1e-5},
+                       Cfg{64, 768, 200, false, 1e-5}}) {
+    const std::string what = sizes({{"N", c.N}, {"IC", c.IC}, {"OC", c.OC}, {"bias", c.bias}});
+    const std::vector<float> x = randn(int64_t{c.N} * c.IC), w = randn(int64_t{c.OC} * c.IC, 0.2f),
+                             b = c.bias ? randn(c.OC) : std::vector<float>{};
+    Tensor tx = upload(x, {c.N, c.IC}), tw = upload(w, {c.OC, c.IC}, MemCategory::Parameters);
+    Tensor tb = c.bias ? upload(b, {c.OC}, MemCategory::Parameters) : Tensor();
+    Tensor out = poisoned({c.N, c.OC});
+    be().linear_forward(st(), out, tx, tw, tb);
+    const Vec want = ref::linear_forward(to_double(x), to_double(w), to_double(b), c.N, c.IC, c.OC);
+    EXPECT_TRUE(near_by_norm("linear_forward", download(out), want, c.tol)) << what;
+
+    const std::vector<float> dout = randn(int64_t{c.N} * c.OC);
+    const std::vector<float> dw0 = randn(int64_t{c.OC} * c.IC, 0.1f), db0 = randn(c.OC);
+    Tensor dinp = poisoned({c.N, c.IC});  // overwritten
+    Tensor dw = upload(dw0, {c.OC, c.IC}, MemCategory::Gradients);
+    Tensor db = c.bias ? upload(db0, {c.OC}, MemCategory::Gradients) : Tensor();
+    Tensor tdout = upload(dout, {c.N, c.OC});
+    be().linear_backward(st(), dinp, dw, db, tdout, tx, tw);
+    Vec gx, gw, gb;
+    ref::linear_backward(gx, gw, gb, to_double(dout), to_double(x), to_double(w), c.N, c.IC, c.OC);
+    const std::vector<float> got_x = download(dinp), got_w = download(dw);
+    EXPECT_TRUE(near_by_norm("linear_backward dinp", got_x, gx, c.tol)) << what;
+    EXPECT_TRUE(near_by_norm("linear_backward dweight (+=)", to_float(minus(got_w, dw0)), gw, c.tol)) << what;
+    std::vector<float> got_b;
+    if (c.bias) {
+      got_b = download(db);
+      EXPECT_TRUE(near_by_norm("linear_backward dbias (+=)", to_float(minus(got_b, db0)), gb, c.tol)) << what;
+    }
+
+    const Forward f = [&](const Inputs& in) {
+      return ref::linear_forward(in[0], in[1], c.bias ? in[2] : Vec{}, c.N, c.IC, c.OC);
+    };
+    const Inputs in = {to_double(x), to_double(w), to_double(b)};
+    EXPECT_TRUE(check_fd("linear_backward dinp", f, in, to_double(dout), 0, gx, to_double(got_x), rng())) << what;
+    EXPECT_TRUE(check_fd("linear_backward dweight", f, in, to_double(dout), 1, gw, minus(got_w, dw0), rng())) << what;
+    if (c.bias) {
+      EXPECT_TRUE(check_fd("linear_backward dbias", f, in, to_double(dout), 2, gb, minus(got_b, db0), rng())) << what;
+    }
+
+    // dinp empty: skipped; the parameter gradients still accumulate (a second time here).
+    be().linear_backward(st(), Tensor(), dw, db, tdout, tx, tw);
+    const std::vector<float> got_w2 = download(dw);
+    EXPECT_TRUE(near_by_norm("linear_backward dweight (dinp empty, 2nd +=)", to_float(minus(got_w2, got_w)), gw, c.tol)) << what;
+    if (c.bias) {
+      EXPECT_TRUE(near_by_norm("linear_backward dbias (dinp empty, 2nd +=)", to_float(minus(download(db), got_b)), gb, c.tol)) << what;
+    }
+  }
+}
+
+// ---- softmax cross-entropy --------------------------------------------------------------
+
+TEST_P(OpTest, SoftmaxCrossEntropy) {
+  struct Cfg { int N, V, Vp, ignore; };
+  for (const Cfg& c : {Cfg{1, 1, 3, -100}, Cfg{1, 5, 8, -100}, Cfg{7, 37, 40, -1}, Cfg{2, 13, 13, -100},
+                       Cfg{33, 1000, 1024, -100}, Cfg{5, 50257, 50304, -100}}) {
+    const std::string what = sizes({{"N", c.N}, {"V", c.V}, {"Vp", c.Vp}, {"ignore_index", c.ignore}});
+    const int64_t NV = int64_t{c.N} * c.Vp;
+    std::vector<float> logits = randn(NV, 2.f);
+    for (int n = 0; n < c.N; ++n)  // padding: huge values that must never enter the softmax
+      for (int v = c.V; v < c.Vp; ++v) logits[int64_t{n} * c.Vp + v] = 50.f + v;
+    std::vector<int32_t> tgt(c.N);
+    for (int n = 0; n < c.N; ++n) tgt[n] = randint(0, c.V - 1);
+    if (c.N > 1) tgt[c.N / 2] = c.ignore;           // at least one ignored row
+    for (int n = 0; n < c.N; ++n)
+      if (n > 0 && randint(0, 3) == 0) tgt[n] = c.ignore;
+    if (c.N > 2) tgt[c.N - 1] = c.V - 1;            // the last real column
+    const float grad_scale = randu(1, 0.1f, 2.f)[0];
+    Vec dref;
+    const Vec lref = ref::cross_entropy(to_double(logits), tgt, c.N, c.V, c.Vp, c.ignore, grad_scale, &dref);
+    Tensor tl = upload(logits, {c.N, c.Vp}), tt = upload_i32(tgt, {c.N});
+
+    // Losses only (dlogits empty).
+    Tensor losses = poisoned({c.N});
+    be().softmax_cross_entropy(st(), losses, Tensor(), tl, tt, c.V, c.ignore, grad_scale);
+    const std::vector<float> got_l = download(losses);
+    EXPECT_TRUE(near_by_norm("softmax_cross_entropy losses", got_l, lref, 1e-5)) << what;
+    for (int n = 0; n < c.N; ++n)
+      if (tgt[n] == c.ignore) {
+        EXPECT_EQ(got_l[n], 0.f) << "ignored row " << n << "; " << what;
+      }
+    EXPECT_TRUE(bitwise_equal("softmax_cross_entropy leaves logits", download(tl), logits));
+
+    // With a separate dlogits.
+    Tensor dl = poisoned({c.N, c.Vp});
+    poison(losses);
+    be().softmax_cross_entropy(st(), losses, dl, tl, tt, c.V, c.ignore, grad_scale);
+    EXPECT_TRUE(near_by_norm("softmax_cross_entropy losses (with dlogits)", download(losses), lref, 1e-5)) << what;
+    const std::vector<float> got_d = download(dl);
+    EXPECT_TRUE(near_by_norm("softmax_cross_entropy dlogits", got_d, dref, 1e-5)) << what;
+    int64_t nonzero_pad = 0;
+    for (int n = 0; n < c.N; ++n)
+      for (int v = 0; v < c.Vp; ++v)
+        if ((v >= c.V || tgt[n] == c.ignore) && got_d[int64_t{n} * c.Vp + v] != 0.f) ++nonzero_pad;
+    EXPECT_EQ(nonzero_pad, 0) << "dlogits not exactly 0 in padded columns / ignored rows; " << what;
+
+    // dlogits aliasing logits (in place).
+    be().softmax_cross_entropy(st(), losses, tl, tl, tt, c.V, c.ignore, grad_scale);
+    EXPECT_TRUE(near_by_norm("softmax_cross_entropy dlogits (in place)", download(tl), dref, 1e-5)) << what;
+    EXPECT_TRUE(near_by_norm("softmax_cross_entropy losses (in place)", download(losses), lref, 1e-5)) << what;
+
+    // Finite differences: L = grad_scale * sum(losses) has gradient dlogits.
+    if (NV <= 50000) {
+      const Forward f = [&](const Inputs& in) {
+        return ref::cross_entropy(in[0], tgt, c.N, c.V, c.Vp, c.ignore, 1.0, nullptr);
+      };
+      EXPECT_TRUE(check_fd("softmax_cross_entropy dlogits", f, {to_double(logits)}, Vec(c.N, grad_scale),
+                           0, dref, to_double(got_d), rng(), 12)) << what;
+    } else {  // one row's gradient only, on the big vocabulary
+      const int n = 0;
+      const Forward f = [&](const Inputs& in) {
+        return ref::cross_entropy(in[0], {tgt[n]}, 1, c.V, c.Vp, c.ignore, 1.0, nullptr);
+      };
+      const Vec row(logits.begin() + int64_t{n} * c.Vp, logits.begin() + int64_t{n + 1} * c.Vp);
+      const Vec drow(dref.begin() + int64_t{n} * c.Vp, dref.begin() + int64_t{n + 1} * c.Vp);
+      const Vec grow(got_d.begin() + int64_t{n} * c.Vp, got_d.begin() + int64_t{n + 1} * c.Vp);
+      EXPECT_TRUE(check_fd("softmax_cross_entropy dlogits", f, {row}, Vec(1, grad_scale), 0, drow, grow, rng(), 6)) << what;
+    }
+  }
+}
+
+// ---- adamw ------------------------------------------------------------------------------
+
+TEST_P(OpTest, AdamW) {
+  struct Cfg { int rows, cols; float wd, grad_scale; bool warm_state; };
+  for (const Cfg& c : {Cfg{1, 1, 0.1f, 1.f, false}, Cfg{13, 79, 0.1f, 0.5f, false},
+                       Cfg{1, 4099, 0.f, 1.f, true}, Cfg{7, 33, 0.3f, 2.f, true}}) {
+    const std::string what = sizes({{"rows", c.rows}, {"cols", c.cols}}) + "wd=" + std::to_string(c.wd) +
+                             " grad_scale=" + std::to_string(c.grad_scale);
+    const int64_t n = int64_t{c.rows} * c.cols;
+    const Shape shape{c.rows, c.cols};
+    std::vector<float> p = randu(n, -1.f, 1.f);
+    std::vector<float> m = c.warm_state ? randn(n, 1e-2f) : std::vector<float>(n, 0.f);
+    std::vector<float> v = c.warm_state ? randu(n, 0.f, 1e-3f) : std::vector<float>(n, 0.f);
+    Tensor tp = upload(p, shape, MemCategory::Parameters);
+    Tensor tm = upload(m, shape, MemCategory::OptimizerState);
+    Tensor tv = upload(v, shape, MemCategory::OptimizerState);
+    Vec rp = to_double(p), rm = to_double(m), rv = to_double(v);
+    for (int64_t step = 1; step <= 3; ++step) {
+      std::vector<float> g = randn(n, 1e-2f);
+      if (n > 3) g[1] = 0.f;
+      AdamWParams hp;
+      hp.lr = 0.05f;
+      hp.beta1 = 0.9f;
+      hp.beta2 = 0.95f;
+      hp.eps = 1e-8f;
+      hp.weight_decay = c.wd;
+      hp.grad_scale = c.grad_scale;
+      hp.step = step;
+      Tensor tg = upload(g, shape, MemCategory::Gradients);
+      const std::vector<float> p_before = download(tp);
+      be().adamw_step(st(), tp, tg, tm, tv, hp);
+      ref::adamw_step(rp, to_double(g), rm, rv,
+                      {hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, hp.grad_scale, hp.step});
+      const std::string at = what + " step " + std::to_string(step);
+      const std::vector<float> gp = download(tp);
+      EXPECT_TRUE(near_by_norm("adamw_step param", gp, rp, 1e-5)) << at;
+      EXPECT_TRUE(near_by_norm("adamw_step m", download(tm), rm, 1e-5)) << at;
+      EXPECT_TRUE(near_by_norm("adamw_step v", download(tv), rv, 1e-5)) << at;
+      // The update itself, relative to its own size (param rounding is ~1e-7 of |p|).
+      Vec upd(n);
+      for (int64_t i = 0; i < n; ++i) upd[i] = rp[i] - p_before[i];
+      EXPECT_TRUE(near_by_norm("adamw_step update", to_float(minus(gp, p_before)), upd, 1e-4)) << at;
+      EXPECT_TRUE(bitwise_equal("adamw_step leaves grad", download(tg), g)) << at;
+      // Continue from the backend's state so that the reference tracks the same inputs.
+      rp = to_double(gp);
+      rm = to_double(download(tm));
+      rv = to_double(download(tv));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln::test

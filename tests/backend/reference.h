@@ -1,0 +1,62 @@
+// Straightforward double-precision references of every op in backend/backend.h, written
+// from the interface's documented math (no blocking, no tricks), for the op tests.
+//
+// All arrays are row-major std::vector<double> with the shapes of the interface. Backward
+// functions return the plain gradient (no accumulation): the tests add the pre-filled
+// values themselves where the interface accumulates.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace kiln::ref {
+
+using Vec = std::vector<double>;
+
+// ---- embedding ------------------------------------------------------------------------
+// out [B,T,C] = wte[tokens] + wpe[t].
+Vec embedding_forward(const std::vector<int32_t>& tokens, const Vec& wte, const Vec& wpe, int B,
+                      int T, int C);
+// dwte [Vp,C], dwpe [maxT,C] (rows >= T zero).
+void embedding_backward(Vec& dwte, Vec& dwpe, const Vec& dout, const std::vector<int32_t>& tokens,
+                        int B, int T, int C, int Vp, int maxT);
+
+// ---- layernorm ------------------------------------------------------------------------
+void layernorm_forward(Vec& out, Vec& mean, Vec& rstd, const Vec& inp, const Vec& weight,
+                       const Vec& bias, int N, int C, double eps);
+// Uses the given mean/rstd (as the interface does).
+void layernorm_backward(Vec& dinp, Vec& dweight, Vec& dbias, const Vec& dout, const Vec& inp,
+                        const Vec& weight, const Vec& mean, const Vec& rstd, int N, int C);
+
+// ---- linear ---------------------------------------------------------------------------
+// out [N,OC] = inp [N,IC] @ weight [OC,IC]^T + bias (bias may be empty).
+Vec linear_forward(const Vec& inp, const Vec& weight, const Vec& bias, int N, int IC, int OC);
+void linear_backward(Vec& dinp, Vec& dweight, Vec& dbias, const Vec& dout, const Vec& inp,
+                     const Vec& weight, int N, int IC, int OC);
+
+// ---- attention ------------------------------------------------------------------------
+// keep: [B,NH,T,T] dropout multipliers keep[b,h,t,j] in {0, 1} (only j <= t read), or
+// empty for no dropout; p the dropout probability (kept probabilities scaled by 1/(1-p)).
+void attention_forward(Vec& out, Vec& lse, const Vec& qkv, int B, int T, int C, int NH,
+                       const std::vector<uint8_t>& keep, double p);
+Vec attention_backward(const Vec& dout, const Vec& qkv, int B, int T, int C, int NH,
+                       const std::vector<uint8_t>& keep, double p);
+
+// ---- gelu (tanh approximation) ----------------------------------------------------------
+double gelu(double x);
+double gelu_grad(double x);
+
+// ---- softmax cross-entropy --------------------------------------------------------------
+// losses [N]; dlogits [N,Vp] (when non-null) = grad_scale * (softmax - onehot), 0 in padding
+// and ignored rows.
+Vec cross_entropy(const Vec& logits, const std::vector<int32_t>& targets, int N, int V, int Vp,
+                  int ignore_index, double grad_scale, Vec* dlogits);
+
+// ---- adamw ------------------------------------------------------------------------------
+struct AdamW {
+  double lr, beta1, beta2, eps, weight_decay, grad_scale;
+  int64_t step;
+};
+void adamw_step(Vec& param, const Vec& grad, Vec& m, Vec& v, const AdamW& hp);
+
+}  // namespace kiln::ref
