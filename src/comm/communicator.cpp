@@ -1,0 +1,348 @@
+// The parts of the communicator every implementation shares: checks, statistics,
+// timeouts, abort_all, the config-hash check and the world factory.
+#include "comm/communicator.h"
+
+#include "comm/detail.h"
+#include "comm/local_communicator.h"
+#ifdef KILN_HAVE_MPI
+#include "comm/mpi_communicator.h"
+#endif
+
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+namespace kiln {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Max: return "max";
+  }
+  return "?";
+}
+
+const char* collective_name(Collective c) {
+  switch (c) {
+    case Collective::AllReduce: return "all_reduce";
+    case Collective::ReduceScatter: return "reduce_scatter";
+    case Collective::AllGather: return "all_gather";
+    case Collective::Broadcast: return "broadcast";
+    case Collective::Send: return "send";
+    case Collective::Recv: return "recv";
+    case Collective::Barrier: return "barrier";
+  }
+  return "?";
+}
+
+double bus_bandwidth_factor(Collective c, int n) {
+  if (n <= 0) return 0.0;
+  switch (c) {
+    case Collective::AllReduce: return 2.0 * (n - 1) / n;
+    case Collective::ReduceScatter:
+    case Collective::AllGather: return static_cast<double>(n - 1) / n;
+    case Collective::Broadcast:
+    case Collective::Send:
+    case Collective::Recv: return 1.0;
+    case Collective::Barrier: return 0.0;
+  }
+  return 0.0;
+}
+
+double algorithm_bandwidth(int64_t bytes, double seconds) {
+  return seconds > 0 ? static_cast<double>(bytes) / seconds : 0.0;
+}
+
+double bus_bandwidth(Collective c, int n, int64_t bytes, double seconds) {
+  return algorithm_bandwidth(bytes, seconds) * bus_bandwidth_factor(c, n);
+}
+
+// ---- Communicator base --------------------------------------------------------------
+
+Communicator::Communicator(std::string name)
+    : name_(std::move(name)), timeout_s_(default_comm_timeout()) {}
+
+void Communicator::set_timeout(double seconds) {
+  KILN_CHECK(std::isfinite(seconds) && seconds > 0,
+             "communicator '{}': timeout must be a positive number of seconds, got {}", name_,
+             seconds);
+  timeout_s_ = seconds;
+}
+
+CommStats Communicator::stats() const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return stats_;
+}
+
+void Communicator::reset_stats() {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_ = CommStats{};
+}
+
+void Communicator::record(Collective c, int64_t bytes, double seconds) {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  CollectiveStats& s = stats_.per[static_cast<int>(c)];
+  s.count += 1;
+  s.bytes += bytes;
+  s.seconds += seconds;
+}
+
+std::string Communicator::where() const {
+  return fmt::format("'{}' (rank {} of {})", name_, rank(), size());
+}
+
+std::unique_ptr<Communicator> Communicator::new_group(const std::vector<int>& ranks,
+                                                     std::string name) {
+  if (name.empty()) name = name_ + "/group";
+  KILN_CHECK(!ranks.empty(), "new_group '{}' on {}: no ranks given", name, where());
+  std::vector<bool> seen(static_cast<size_t>(size()), false);
+  bool member = false;
+  for (int r : ranks) {
+    KILN_CHECK(r >= 0 && r < size(), "new_group '{}' on {}: rank {} out of range [0, {})", name,
+               where(), r, size());
+    KILN_CHECK(!seen[static_cast<size_t>(r)], "new_group '{}' on {}: rank {} listed twice", name,
+               where(), r);
+    seen[static_cast<size_t>(r)] = true;
+    member = member || r == rank();
+  }
+  KILN_CHECK(member, "new_group '{}' on {}: called by rank {}, which is not in the group", name,
+             where(), rank());
+  auto group = make_group(ranks, name);
+  group->set_timeout(timeout());
+  return group;
+}
+
+std::unique_ptr<Communicator> Communicator::split(int color, int key, std::string name) {
+  if (name.empty()) name = name_ + "/split";
+  KILN_CHECK(color >= 0, "split '{}' on {}: color must be >= 0, got {}", name, where(), color);
+  auto group = make_split(color, key, name);
+  group->set_timeout(timeout());
+  return group;
+}
+
+void Communicator::check_buffer(const Tensor& t, const char* what) const {
+  KILN_CHECK(t.raw() != nullptr || t.numel() == 0, "{} on {}: buffer is empty", what, where());
+  DType d = t.dtype();
+  KILN_CHECK(d == DType::F32 || d == DType::BF16 || d == DType::F16 || d == DType::I32,
+             "{} on {}: unsupported dtype {}", what, where(), dtype_name(d));
+}
+
+void Communicator::check_reduce_scatter(const Tensor& output, const Tensor& input) const {
+  check_buffer(output, "reduce_scatter output");
+  check_buffer(input, "reduce_scatter input");
+  KILN_CHECK(output.dtype() == input.dtype(),
+             "reduce_scatter on {}: input is {} but output is {}", where(),
+             dtype_name(input.dtype()), dtype_name(output.dtype()));
+  KILN_CHECK(input.numel() == output.numel() * size(),
+             "reduce_scatter on {}: input has {} elements, expected size ({}) * output ({}) = {}",
+             where(), input.numel(), size(), output.numel(), output.numel() * size());
+}
+
+void Communicator::check_all_gather(const Tensor& output, const Tensor& input) const {
+  check_buffer(output, "all_gather output");
+  check_buffer(input, "all_gather input");
+  KILN_CHECK(output.dtype() == input.dtype(), "all_gather on {}: input is {} but output is {}",
+             where(), dtype_name(input.dtype()), dtype_name(output.dtype()));
+  KILN_CHECK(output.numel() == input.numel() * size(),
+             "all_gather on {}: output has {} elements, expected size ({}) * input ({}) = {}",
+             where(), output.numel(), size(), input.numel(), input.numel() * size());
+}
+
+void Communicator::check_peer(int peer, int tag, const char* what) const {
+  KILN_CHECK(peer >= 0 && peer < size(), "{} on {}: peer {} out of range [0, {})", what, where(),
+             peer, size());
+  KILN_CHECK(tag >= 0 && tag <= 32767, "{} on {}: tag {} out of range [0, 32767]", what, where(),
+             tag);
+}
+
+void Communicator::check_root(int root) const {
+  KILN_CHECK(root >= 0 && root < size(), "broadcast on {}: root {} out of range [0, {})", where(),
+             root, size());
+}
+
+// ---- Work ---------------------------------------------------------------------------
+
+namespace comm_detail {
+
+BasicWork::BasicWork(std::string description, double timeout_s, std::function<void()> progress)
+    : description_(std::move(description)), timeout_s_(timeout_s), progress_(std::move(progress)) {}
+
+void BasicWork::complete() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_.store(true, std::memory_order_release);
+  }
+  cv_.notify_all();
+}
+
+void BasicWork::wait() {
+  if (is_completed()) return;
+  const auto t0 = Clock::now();
+  const auto limit = std::chrono::duration<double>(timeout_s_);
+  if (progress_) {
+    // No communication thread: this thread drives MPI's progress.
+    int idle = 0;
+    while (!is_completed()) {
+      progress_();
+      if (is_completed()) break;
+      if (Clock::now() - t0 > limit) break;
+      if (++idle < 64) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
+    }
+  } else {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, limit, [&] { return done_.load(std::memory_order_acquire); });
+  }
+  if (!is_completed()) {
+    abort_all(fmt::format("timed out after {} s waiting for {} (KILN_COMM_TIMEOUT_S sets the "
+                          "limit); another rank failed, exited or called a different collective",
+                          timeout_s_, description_));
+  }
+}
+
+std::shared_ptr<Work> completed_work(std::string description) {
+  auto w = std::make_shared<BasicWork>(std::move(description), 1.0);
+  w->complete();
+  return w;
+}
+
+std::string describe(Collective c, const Tensor& t, const std::string& extra) {
+  std::string shape = fmt::format("{}[{}]", dtype_name(t.dtype()), t.numel());
+  if (extra.empty()) return fmt::format("{}({})", collective_name(c), shape);
+  return fmt::format("{}({}, {})", collective_name(c), extra, shape);
+}
+
+namespace {
+std::atomic<int> g_world_rank{0};
+std::atomic<AbortHook> g_abort_hook{nullptr};
+std::atomic<bool> g_aborting{false};
+}  // namespace
+
+void set_world_rank(int rank) { g_world_rank.store(rank); }
+int world_rank() { return g_world_rank.load(); }
+void set_abort_hook(AbortHook hook) { g_abort_hook.store(hook); }
+
+}  // namespace comm_detail
+
+[[noreturn]] void abort_all(std::string_view message) {
+  using namespace comm_detail;
+  std::fflush(stdout);
+  std::fprintf(stderr, "kiln: rank %d: %.*s\n", world_rank(), static_cast<int>(message.size()),
+               message.data());
+  std::fflush(stderr);
+  if (g_aborting.exchange(true)) {
+    // Another thread is already ending the job; give it time, then leave regardless.
+    std::this_thread::sleep_for(std::chrono::seconds(10));
+    std::_Exit(1);
+  }
+  if (AbortHook hook = g_abort_hook.load()) hook(1);
+  std::_Exit(1);
+}
+
+// ---- environment --------------------------------------------------------------------
+
+double default_comm_timeout() {
+  const char* env = std::getenv("KILN_COMM_TIMEOUT_S");
+  if (env == nullptr || *env == '\0') return 60.0;
+  char* end = nullptr;
+  double v = std::strtod(env, &end);
+  KILN_CHECK(end != env && *end == '\0' && std::isfinite(v) && v > 0,
+             "KILN_COMM_TIMEOUT_S must be a positive number of seconds, got '{}'", env);
+  return v;
+}
+
+namespace {
+int env_int(const char* name) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return 0;
+  char* end = nullptr;
+  long v = std::strtol(env, &end, 10);
+  KILN_CHECK(end != env && *end == '\0' && v > 0, "{} must be a positive integer, got '{}'", name,
+             env);
+  return static_cast<int>(v);
+}
+}  // namespace
+
+int launcher_world_size() {
+  if (int n = env_int("OMPI_COMM_WORLD_SIZE")) return n;  // Open MPI's mpirun
+  if (int n = env_int("PMI_SIZE")) return n;              // MPICH/Hydra, srun --mpi=pmi2
+  if (std::getenv("PMIX_RANK") != nullptr) return -1;     // srun --mpi=pmix, prte
+  return 0;
+}
+
+bool comm_built_with_mpi() {
+#ifdef KILN_HAVE_MPI
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::unique_ptr<Communicator> make_world_communicator() {
+  bool use_mpi = false;
+  const int launched = launcher_world_size();
+  const char* forced = std::getenv("KILN_COMM");
+  if (forced != nullptr && *forced != '\0') {
+    std::string f = forced;
+    KILN_CHECK(f == "local" || f == "mpi", "KILN_COMM must be 'local' or 'mpi', got '{}'", f);
+    use_mpi = f == "mpi";
+    KILN_CHECK(!use_mpi || comm_built_with_mpi(),
+               "KILN_COMM=mpi, but kiln was built without MPI (configure with -DKILN_MPI=ON)");
+    KILN_CHECK(use_mpi || launched == 0 || launched == 1,
+               "KILN_COMM=local, but the launcher started {} processes", launched);
+  } else {
+    use_mpi = launched != 0 && launched != 1;
+    if (use_mpi && !comm_built_with_mpi()) {
+      KILN_FAIL(
+          "launched by mpirun/srun with {} processes, but kiln was built without MPI "
+          "(configure with -DKILN_MPI=ON, or run a single process)",
+          launched < 0 ? std::string("several") : std::to_string(launched));
+    }
+  }
+#ifdef KILN_HAVE_MPI
+  if (use_mpi) return make_mpi_world_communicator();
+#endif
+  return std::make_unique<LocalCommunicator>("world");
+}
+
+// ---- consistency check ---------------------------------------------------------------
+
+void check_same_on_all_ranks(Communicator& comm, const std::string& what, const std::string& hash) {
+  KILN_CHECK(hash.size() < (1u << 30), "check_same_on_all_ranks({}): hash too long", what);
+  // Agree on a length, then gather [length, bytes...] packed into int32 words.
+  int32_t len = static_cast<int32_t>(hash.size());
+  int32_t max_len = len;
+  comm.all_reduce(Tensor::view(&max_len, {1}, DType::I32), ReduceOp::Max);
+  const int64_t words = 1 + (static_cast<int64_t>(max_len) + 3) / 4;
+  std::vector<int32_t> mine(static_cast<size_t>(words), 0);
+  mine[0] = len;
+  std::memcpy(mine.data() + 1, hash.data(), hash.size());
+  std::vector<int32_t> all(static_cast<size_t>(words * comm.size()), 0);
+  comm.all_gather(Tensor::view(all.data(), {words * comm.size()}, DType::I32),
+                  Tensor::view(mine.data(), {words}, DType::I32));
+  auto decode = [&](int r) {
+    const int32_t* p = all.data() + r * words;
+    std::string s(static_cast<size_t>(p[0]), '\0');
+    std::memcpy(s.data(), p + 1, s.size());
+    return s;
+  };
+  auto shown = [](const std::string& s) {
+    return s.size() <= 80 ? "'" + s + "'" : "'" + s.substr(0, 77) + "...'";
+  };
+  const std::string h0 = decode(0);
+  for (int r = 1; r < comm.size(); ++r) {
+    std::string hr = decode(r);
+    if (hr != h0) {
+      KILN_FAIL("{} differs between ranks: rank {} has {}, rank 0 has {}", what, r, shown(hr),
+                shown(h0));
+    }
+  }
+}
+
+}  // namespace kiln

@@ -1,0 +1,220 @@
+// Communicator: the one interface through which ranks exchange tensors.
+//
+// Shaped like PyTorch c10d's Backend and flashlight's communicator: every collective has
+// an asynchronous form that returns a Work handle, and a blocking form that is the
+// asynchronous one followed by wait(). Buffers are kiln Tensors (a device pointer plus a
+// dtype) and every call takes a Stream, so that an NCCL implementation (which enqueues on
+// a cudaStream_t) fits behind the same interface. The gradient-sync policy (buckets,
+// DDP, ZeRO) lives elsewhere (src/parallel/) and only calls this interface.
+//
+// Implementations:
+//   LocalCommunicator  world of one process: collectives are copies or no-ops.
+//   MpiCommunicator    MPI (built when KILN_MPI is ON). A communication thread starts the
+//                      queued collectives in order as MPI non-blocking operations and
+//                      drives their progress while the caller computes; Work handles
+//                      complete from that thread. See mpi_communicator.cpp.
+//
+// Rules shared by every implementation:
+// - All ranks of a communicator call the same collectives in the same order (as MPI and
+//   NCCL require). Point-to-point send/recv are matched by (peer, tag).
+// - Buffers must stay alive and untouched until the Work completes (a Tensor copy held
+//   by the Work keeps owned storage alive; borrowed views are the caller's to keep).
+// - dtypes: fp32, bf16, fp16, int32. Reductions of bf16/fp16 on the CPU convert to fp32,
+//   reduce in fp32 and round back to 16 bits once (round to nearest even): the result is
+//   the correctly rounded fp32 sum, never a chain of 16-bit roundings.
+// - Failures never hang: every wait has a timeout (default 60 s, KILN_COMM_TIMEOUT_S or
+//   set_timeout()); a wait that times out calls abort_all() naming the collective and rank.
+#pragma once
+
+#include "backend/backend.h"
+#include "core/tensor.h"
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kiln {
+
+enum class ReduceOp : uint8_t {
+  Sum,
+  Max,  // for agreeing on flags (found_inf, stop requested) across ranks
+};
+const char* reduce_op_name(ReduceOp op);
+
+enum class Collective : uint8_t {
+  AllReduce,
+  ReduceScatter,
+  AllGather,
+  Broadcast,
+  Send,
+  Recv,
+  Barrier,
+};
+inline constexpr int kNumCollectives = 7;
+/// "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv", "barrier".
+const char* collective_name(Collective c);
+
+/// Statistics of one kind of collective on one communicator.
+///   bytes: the nccl-tests "size" of each call, summed: the buffer for all_reduce and
+///          broadcast, the FULL buffer (size * n elements) for reduce_scatter and
+///          all_gather, the message for send/recv, 0 for barrier.
+///   seconds: time from the operation's start (on the communication thread) to its
+///          completion, summed. Overlapping operations are each counted in full.
+struct CollectiveStats {
+  int64_t count = 0;
+  int64_t bytes = 0;
+  double seconds = 0.0;
+};
+
+struct CommStats {
+  std::array<CollectiveStats, kNumCollectives> per{};
+  const CollectiveStats& of(Collective c) const { return per[static_cast<int>(c)]; }
+};
+
+/// nccl-tests bus-bandwidth factor for a collective over n ranks
+/// (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md):
+///   all_reduce                 2 (n - 1) / n
+///   reduce_scatter, all_gather (n - 1) / n
+///   broadcast, send, recv      1
+///   barrier                    0
+double bus_bandwidth_factor(Collective c, int n);
+/// algbw = bytes / seconds;  busbw = algbw * bus_bandwidth_factor(c, n). Bytes per second.
+double algorithm_bandwidth(int64_t bytes, double seconds);
+double bus_bandwidth(Collective c, int n, int64_t bytes, double seconds);
+
+/// A handle on an operation in flight.
+class Work {
+ public:
+  virtual ~Work() = default;
+  /// Blocks until the operation is done. When the communicator's timeout passes first,
+  /// calls abort_all() with a message naming the collective, the communicator and the
+  /// rank (the process exits; wait() never returns in that case).
+  virtual void wait() = 0;
+  /// Whether the operation is done (never blocks).
+  virtual bool is_completed() const = 0;
+  /// "all_reduce(sum, fp32[1024]) on 'world' (rank 1 of 4)"
+  virtual std::string description() const = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// "local" or "mpi".
+  virtual std::string backend_name() const = 0;
+  /// "world", or the name given to new_group().
+  const std::string& name() const { return name_; }
+
+  // ---- asynchronous forms ------------------------------------------------------------
+  /// In place: t <- op over ranks of t.
+  virtual std::shared_ptr<Work> all_reduce_async(const Tensor& t, ReduceOp op = ReduceOp::Sum,
+                                                 Stream s = {}) = 0;
+  /// input [size() * n] -> output [n] = sum over ranks of input[rank() * n, (rank()+1) * n).
+  virtual std::shared_ptr<Work> reduce_scatter_async(const Tensor& output, const Tensor& input,
+                                                     Stream s = {}) = 0;
+  /// input [n] -> output [size() * n], rank r's input at output[r * n, (r+1) * n).
+  virtual std::shared_ptr<Work> all_gather_async(const Tensor& output, const Tensor& input,
+                                                 Stream s = {}) = 0;
+  /// In place: t <- root's t.
+  virtual std::shared_ptr<Work> broadcast_async(const Tensor& t, int root, Stream s = {}) = 0;
+  /// Point to point, matched by (peer, tag); tag in [0, 32767].
+  virtual std::shared_ptr<Work> send_async(const Tensor& t, int peer, int tag, Stream s = {}) = 0;
+  virtual std::shared_ptr<Work> recv_async(const Tensor& t, int peer, int tag, Stream s = {}) = 0;
+  virtual std::shared_ptr<Work> barrier_async() = 0;
+
+  // ---- blocking forms: the asynchronous form, then wait() ----------------------------
+  void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::Sum, Stream s = {}) {
+    all_reduce_async(t, op, s)->wait();
+  }
+  void reduce_scatter(const Tensor& output, const Tensor& input, Stream s = {}) {
+    reduce_scatter_async(output, input, s)->wait();
+  }
+  void all_gather(const Tensor& output, const Tensor& input, Stream s = {}) {
+    all_gather_async(output, input, s)->wait();
+  }
+  void broadcast(const Tensor& t, int root, Stream s = {}) { broadcast_async(t, root, s)->wait(); }
+  void send(const Tensor& t, int peer, int tag, Stream s = {}) { send_async(t, peer, tag, s)->wait(); }
+  void recv(const Tensor& t, int peer, int tag, Stream s = {}) { recv_async(t, peer, tag, s)->wait(); }
+  void barrier() { barrier_async()->wait(); }
+
+  /// A communicator over `ranks` (ranks of THIS communicator, distinct, any order); the
+  /// new communicator's rank i is ranks[i]. Called by exactly the ranks in `ranks` (every
+  /// member, none else); a rank creating several groups creates them in the same order as
+  /// the other members. Blocking. `name` defaults to "<parent>/group".
+  std::unique_ptr<Communicator> new_group(const std::vector<int>& ranks, std::string name = {});
+  /// A communicator per color, as MPI_Comm_split: called by EVERY rank of this
+  /// communicator; ranks with the same color form a group, ordered by (key, rank).
+  /// Blocking. `name` defaults to "<parent>/split".
+  std::unique_ptr<Communicator> split(int color, int key, std::string name = {});
+
+  // ---- timeouts and statistics -------------------------------------------------------
+  /// Seconds a wait may take before abort_all(). Starts at default_comm_timeout();
+  /// sub-groups inherit their parent's value.
+  double timeout() const { return timeout_s_; }
+  void set_timeout(double seconds);
+
+  CommStats stats() const;
+  void reset_stats();
+
+ protected:
+  explicit Communicator(std::string name);
+  virtual std::unique_ptr<Communicator> make_group(const std::vector<int>& ranks,
+                                                   const std::string& name) = 0;
+  virtual std::unique_ptr<Communicator> make_split(int color, int key,
+                                                   const std::string& name) = 0;
+  /// Called by implementations when an operation completes.
+  void record(Collective c, int64_t bytes, double seconds);
+  /// Checks shared by every implementation (throw kiln::Error with a clear message).
+  void check_buffer(const Tensor& t, const char* what) const;
+  void check_reduce_scatter(const Tensor& output, const Tensor& input) const;
+  void check_all_gather(const Tensor& output, const Tensor& input) const;
+  void check_peer(int peer, int tag, const char* what) const;
+  void check_root(int root) const;
+  /// "'world' (rank 1 of 4)".
+  std::string where() const;
+
+ private:
+  std::string name_;
+  double timeout_s_;
+  mutable std::mutex stats_mu_;
+  CommStats stats_;
+};
+
+/// The communicator for every process of this job: MPI when launched by mpirun or srun
+/// (and kiln was built with KILN_MPI), otherwise a LocalCommunicator of size 1.
+/// Env: KILN_COMM=local|mpi forces the choice. The MPI world communicator is created
+/// once per process (MPI cannot be initialised twice). See docs/distributed.md.
+std::unique_ptr<Communicator> make_world_communicator();
+
+/// Whether this build has the MPI communicator.
+bool comm_built_with_mpi();
+
+/// The number of processes the launcher started, read from the environment
+/// (OMPI_COMM_WORLD_SIZE, PMI_SIZE; PMIX_RANK alone means a PMIx launch of unknown
+/// size, reported as -1). 0 when not launched by mpirun/srun.
+int launcher_world_size();
+
+/// Timeout for waits: KILN_COMM_TIMEOUT_S (seconds, > 0) when set, else 60.
+/// Throws kiln::Error when the variable is set but not a positive number.
+double default_comm_timeout();
+
+/// Prints "kiln: rank R: <message>" to stderr and ends every process of the job with a
+/// non-zero status (MPI_Abort under MPI; exit(1) for a single process). R is the world
+/// rank. Safe to call from any thread.
+[[noreturn]] void abort_all(std::string_view message);
+
+/// All ranks of `comm` compare `hash` (any string, e.g. a hex digest of the config);
+/// when any rank's differs from rank 0's, every rank throws kiln::Error:
+///   "<what> differs between ranks: rank 1 has <hash1>, rank 0 has <hash0>"
+/// (what = "config" gives "config differs between ranks: ..."). Collective.
+void check_same_on_all_ranks(Communicator& comm, const std::string& what, const std::string& hash);
+
+}  // namespace kiln

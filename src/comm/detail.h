@@ -1,0 +1,53 @@
+// Internals shared by the communicator implementations (not part of the public API).
+#pragma once
+
+#include "comm/communicator.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <string>
+
+namespace kiln::comm_detail {
+
+/// A Work that some other party completes. wait() blocks on a condition variable, or,
+/// when `progress` is given (MPI without a communication thread), calls it in a loop to
+/// drive the operation. Either way it aborts the job after `timeout_s`.
+class BasicWork final : public Work {
+ public:
+  BasicWork(std::string description, double timeout_s, std::function<void()> progress = {});
+  void wait() override;
+  bool is_completed() const override { return done_.load(std::memory_order_acquire); }
+  std::string description() const override { return description_; }
+  /// Marks the operation done and wakes waiters.
+  void complete();
+
+ private:
+  std::string description_;
+  double timeout_s_;
+  std::function<void()> progress_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<bool> done_{false};
+};
+
+/// A Work that is already done (local collectives).
+std::shared_ptr<Work> completed_work(std::string description);
+
+/// "all_reduce(sum, fp32[1024])".
+std::string describe(Collective c, const Tensor& t, const std::string& extra = {});
+
+/// The world rank abort_all() prints, and how it ends the job (MPI_Abort under MPI).
+void set_world_rank(int rank);
+int world_rank();
+using AbortHook = void (*)(int exit_code);
+void set_abort_hook(AbortHook hook);
+
+using Clock = std::chrono::steady_clock;
+inline double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+}  // namespace kiln::comm_detail

@@ -1,0 +1,131 @@
+#include "parallel/mesh.h"
+
+#include <fmt/format.h>
+
+namespace kiln {
+
+const char* axis_name(Axis a) {
+  switch (a) {
+    case Axis::DP: return "dp";
+    case Axis::TP: return "tp";
+    case Axis::PP: return "pp";
+  }
+  return "?";
+}
+
+std::string MeshCoord::str() const {
+  std::string s = "(";
+  for (size_t i = 0; i < kAllAxes.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += fmt::format("{}={}", axis_name(kAllAxes[i]), (*this)[kAllAxes[i]]);
+  }
+  return s + ")";
+}
+
+DeviceMesh::DeviceMesh(int world_size, int rank, int dp, int tp, int pp)
+    : world_size_(world_size), rank_(rank) {
+  KILN_CHECK(world_size >= 1, "parallel: world size must be >= 1, got {}", world_size);
+  KILN_CHECK(rank >= 0 && rank < world_size, "parallel: rank {} out of range [0, {})", rank,
+             world_size);
+  KILN_CHECK(tp >= 1, "parallel.tp must be >= 1, got {}", tp);
+  KILN_CHECK(pp >= 1, "parallel.pp must be >= 1, got {}", pp);
+  KILN_CHECK(dp >= 0, "parallel.dp must be >= 1 (or 0 to derive it), got {}", dp);
+  if (dp == 0) {
+    KILN_CHECK(world_size % (tp * pp) == 0,
+               "parallel: tp ({}) * pp ({}) = {} does not divide the world size {}, so dp cannot "
+               "be derived",
+               tp, pp, tp * pp, world_size);
+    dp = world_size / (tp * pp);
+  }
+  KILN_CHECK(static_cast<int64_t>(dp) * tp * pp == world_size,
+             "parallel: dp ({}) * tp ({}) * pp ({}) = {} must equal the world size {}", dp, tp, pp,
+             static_cast<int64_t>(dp) * tp * pp, world_size);
+  sizes_[static_cast<size_t>(Axis::DP)] = dp;
+  sizes_[static_cast<size_t>(Axis::TP)] = tp;
+  sizes_[static_cast<size_t>(Axis::PP)] = pp;
+}
+
+DeviceMesh::DeviceMesh(Communicator& world, int dp, int tp, int pp)
+    : DeviceMesh(world.size(), world.rank(), dp, tp, pp) {
+  build_comms(world);
+}
+
+DeviceMesh::DeviceMesh(DeviceMesh&&) noexcept = default;
+DeviceMesh& DeviceMesh::operator=(DeviceMesh&&) noexcept = default;
+DeviceMesh::~DeviceMesh() = default;
+
+MeshCoord DeviceMesh::coord(int rank) const {
+  KILN_CHECK(rank >= 0 && rank < world_size_, "mesh {}: rank {} out of range", str(), rank);
+  MeshCoord c;
+  int rest = rank;
+  for (auto it = kMeshLayout.rbegin(); it != kMeshLayout.rend(); ++it) {
+    c[*it] = rest % size(*it);
+    rest /= size(*it);
+  }
+  return c;
+}
+
+int DeviceMesh::rank_of(const MeshCoord& c) const {
+  int r = 0;
+  for (Axis a : kMeshLayout) {
+    KILN_CHECK(c[a] >= 0 && c[a] < size(a), "mesh {}: coordinate {} = {} out of range [0, {})",
+               str(), axis_name(a), c[a], size(a));
+    r = r * size(a) + c[a];
+  }
+  return r;
+}
+
+std::vector<int> DeviceMesh::group_ranks(Axis a, int rank) const {
+  MeshCoord c = coord(rank);
+  std::vector<int> ranks;
+  ranks.reserve(static_cast<size_t>(size(a)));
+  for (int i = 0; i < size(a); ++i) {
+    c[a] = i;
+    ranks.push_back(rank_of(c));
+  }
+  return ranks;
+}
+
+int DeviceMesh::group_index(Axis a, int rank) const {
+  const MeshCoord c = coord(rank);
+  int index = 0;
+  for (Axis b : kMeshLayout) {
+    if (b != a) index = index * size(b) + c[b];
+  }
+  return index;
+}
+
+std::vector<std::vector<int>> DeviceMesh::groups(Axis a) const {
+  std::vector<std::vector<int>> out(static_cast<size_t>(world_size_ / size(a)));
+  for (int r = 0; r < world_size_; ++r) {
+    if (coord(r)[a] == 0) out[static_cast<size_t>(group_index(a, r))] = group_ranks(a, r);
+  }
+  return out;
+}
+
+void DeviceMesh::build_comms(Communicator& world) {
+  KILN_CHECK(world.size() == world_size_ && world.rank() == rank_,
+             "mesh {} (rank {}) built from communicator '{}' of size {} at rank {}", str(), rank_,
+             world.name(), world.size(), world.rank());
+  const MeshCoord me = coord();
+  for (Axis a : kAllAxes) {
+    // Every rank calls split once per axis, in the same order: color = my group on a,
+    // key = my coordinate on a, so a group's ranks are ordered by that coordinate.
+    comms_[static_cast<size_t>(a)] = world.split(group_index(a, rank_), me[a], axis_name(a));
+    Communicator& c = *comms_[static_cast<size_t>(a)];
+    KILN_CHECK(c.size() == size(a) && c.rank() == me[a],
+               "mesh {}: the {} communicator has size {} and rank {}, expected {} and {}", str(),
+               axis_name(a), c.size(), c.rank(), size(a), me[a]);
+  }
+}
+
+Communicator& DeviceMesh::comm(Axis a) const {
+  KILN_CHECK(has_comms(), "mesh {}: comm({}) asked before build_comms()", str(), axis_name(a));
+  return *comms_[static_cast<size_t>(a)];
+}
+
+std::string DeviceMesh::str() const {
+  return fmt::format("dp={} tp={} pp={} (world {})", dp(), tp(), pp(), world_size_);
+}
+
+}  // namespace kiln

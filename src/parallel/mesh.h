@@ -1,0 +1,102 @@
+// DeviceMesh: how the ranks of a job are arranged into data-, tensor- and
+// pipeline-parallel groups, and the communicator of each group.
+//
+// One object validates dp * tp * pp == world_size and answers every question about
+// ranks and groups (the role of torchtitan's ParallelDims); everything else asks it.
+//
+// Layout (as Megatron-LM): ranks are numbered with pp outermost, then dp, then tp
+// innermost, so the tp ranks of one model replica are adjacent (on one node, where the
+// fast links are):
+//     rank = (pp_index * dp + dp_index) * tp + tp_index
+// Example, world 8 = dp 2 x tp 2 x pp 2:
+//     pp stage 0: dp 0 -> ranks {0, 1} (a tp group), dp 1 -> ranks {2, 3}
+//     pp stage 1: dp 0 -> ranks {4, 5},              dp 1 -> ranks {6, 7}
+//     dp groups {0,2} {1,3} {4,6} {5,7};  pp groups {0,4} {1,5} {2,6} {3,7}
+// The group of rank r on axis A is the set of ranks whose coordinates equal r's on every
+// axis but A, ordered by their coordinate on A; a rank's index in its group (and its
+// rank in the group's communicator) is its coordinate on A.
+//
+// Adding an axis (context parallel, cp): add it to Axis, bump kNumAxes, place it in
+// kMeshLayout (Megatron puts cp between dp and tp) and give the constructor its size;
+// every other function loops over the axes.
+#pragma once
+
+#include "comm/communicator.h"
+
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kiln {
+
+enum class Axis : uint8_t { DP, TP, PP };
+inline constexpr int kNumAxes = 3;
+/// Every axis, in the order sub-communicators are built.
+inline constexpr std::array<Axis, kNumAxes> kAllAxes = {Axis::DP, Axis::TP, Axis::PP};
+/// Rank layout, outermost axis first (the last one varies fastest).
+inline constexpr std::array<Axis, kNumAxes> kMeshLayout = {Axis::PP, Axis::DP, Axis::TP};
+/// "dp", "tp", "pp".
+const char* axis_name(Axis a);
+
+/// A rank's position on every axis.
+struct MeshCoord {
+  std::array<int, kNumAxes> index{};
+  int operator[](Axis a) const { return index[static_cast<size_t>(a)]; }
+  int& operator[](Axis a) { return index[static_cast<size_t>(a)]; }
+  bool operator==(const MeshCoord&) const = default;
+  std::string str() const;  // "(dp=1, tp=0, pp=1)"
+};
+
+class DeviceMesh {
+ public:
+  /// A mesh of `world_size` ranks seen from `rank`; dp = 0 derives world / (tp * pp).
+  /// Throws kiln::Error unless every size is >= 1 and dp * tp * pp == world_size.
+  /// No communicators (see build_comms); needs no MPI.
+  DeviceMesh(int world_size, int rank, int dp, int tp, int pp);
+  /// The mesh of `world` (its size and rank), with the sub-communicators built.
+  /// Collective: every rank of `world` calls it with the same sizes.
+  DeviceMesh(Communicator& world, int dp, int tp, int pp);
+  DeviceMesh(DeviceMesh&&) noexcept;
+  DeviceMesh& operator=(DeviceMesh&&) noexcept;
+  ~DeviceMesh();
+
+  int world_size() const { return world_size_; }
+  int rank() const { return rank_; }
+  int size(Axis a) const { return sizes_[static_cast<size_t>(a)]; }
+  int dp() const { return size(Axis::DP); }
+  int tp() const { return size(Axis::TP); }
+  int pp() const { return size(Axis::PP); }
+
+  /// Coordinates of `rank` (of this process when omitted).
+  MeshCoord coord(int rank) const;
+  MeshCoord coord() const { return coord(rank_); }
+  /// The rank at `c`; throws when a coordinate is out of range.
+  int rank_of(const MeshCoord& c) const;
+
+  /// The ranks of `rank`'s group on axis `a` (of this process's group when omitted),
+  /// ordered by their coordinate on `a`.
+  std::vector<int> group_ranks(Axis a, int rank) const;
+  std::vector<int> group_ranks(Axis a) const { return group_ranks(a, rank_); }
+  /// Which of the world_size / size(a) groups of axis `a` holds `rank`, in [0, count).
+  int group_index(Axis a, int rank) const;
+  /// Every group of axis `a`, by group_index.
+  std::vector<std::vector<int>> groups(Axis a) const;
+
+  /// Builds one communicator per axis with world.split (collective over `world`).
+  void build_comms(Communicator& world);
+  bool has_comms() const { return comms_[0] != nullptr; }
+  /// The communicator of this process's group on `a`; throws before build_comms.
+  Communicator& comm(Axis a) const;
+
+  /// "dp=2 tp=2 pp=1 (world 4)".
+  std::string str() const;
+
+ private:
+  int world_size_ = 1;
+  int rank_ = 0;
+  std::array<int, kNumAxes> sizes_{};
+  std::array<std::unique_ptr<Communicator>, kNumAxes> comms_{};
+};
+
+}  // namespace kiln

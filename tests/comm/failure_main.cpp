@@ -1,0 +1,37 @@
+// Jobs that must fail, and fail fast, for tests/comm/expect_failure.cmake:
+//   throw    the last rank throws an uncaught exception; the others wait in a collective.
+//   timeout  the last rank skips a collective (and sleeps); the others' wait times out.
+//   exit     the last rank calls exit(3) mid-job without shutting MPI down.
+//   exit0    the same with exit(0): mpirun still ends the job as a failure.
+// In every case each rank must end with a non-zero status well before the ctest limit.
+#include "comm/communicator.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+int main(int argc, char** argv) {
+  using namespace kiln;
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode != "throw" && mode != "timeout" && mode != "exit" && mode != "exit0") {
+    std::fprintf(stderr, "usage: %s throw|timeout|exit|exit0\n", argv[0]);
+    return 2;
+  }
+  std::unique_ptr<Communicator> world = make_world_communicator();
+  const bool last = world->rank() == world->size() - 1;
+  float x = 1.f;
+  world->all_reduce(Tensor::view(&x, {1}, DType::F32));  // everyone is up
+  if (last) {
+    if (mode == "throw") throw std::runtime_error("deliberate failure in the test");
+    if (mode == "exit") std::exit(3);
+    if (mode == "exit0") std::exit(0);  // "success" without shutting MPI down
+    std::this_thread::sleep_for(std::chrono::seconds(120));  // timeout: never joins
+  }
+  std::vector<float> y(1000, 1.f);
+  world->all_reduce(Tensor::view(y.data(), {1000}, DType::F32));
+  std::fprintf(stderr, "rank %d: the collective completed, which it must not\n", world->rank());
+  return 0;
+}

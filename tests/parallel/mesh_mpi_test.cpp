@@ -1,0 +1,41 @@
+// DeviceMesh over the real world communicator: for every (dp, tp, pp) whose product is
+// the world size, each axis communicator holds exactly the ranks group_ranks() names, in
+// that order. Runs under mpirun (4 ranks) and alone.
+#include "mpi_test_main.h"
+#include "parallel/mesh.h"
+
+#include <gtest/gtest.h>
+
+namespace kiln {
+namespace {
+
+TEST(DeviceMeshMpi, AxisCommunicatorsMatchGroups) {
+  Communicator& world = testing::world();
+  const int n = world.size();
+  for (int tp = 1; tp <= n; ++tp) {
+    for (int pp = 1; pp * tp <= n; ++pp) {
+      if (n % (tp * pp) != 0) continue;
+      DeviceMesh mesh(world, 0, tp, pp);
+      SCOPED_TRACE(mesh.str());
+      for (Axis a : kAllAxes) {
+        Communicator& c = mesh.comm(a);
+        const std::vector<int> expect = mesh.group_ranks(a);
+        ASSERT_EQ(c.size(), static_cast<int>(expect.size()));
+        EXPECT_EQ(c.rank(), mesh.coord()[a]);
+        int32_t me = world.rank();
+        std::vector<int32_t> got(expect.size());
+        c.all_gather(Tensor::view(got.data(), {static_cast<int64_t>(got.size())}, DType::I32),
+                     Tensor::view(&me, {1}, DType::I32));
+        for (size_t i = 0; i < expect.size(); ++i) EXPECT_EQ(got[i], expect[i]) << axis_name(a);
+        int32_t sum = me, want = 0;
+        c.all_reduce(Tensor::view(&sum, {1}, DType::I32));
+        for (int r : expect) want += r;
+        EXPECT_EQ(sum, want) << axis_name(a);
+      }
+      world.barrier();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln
