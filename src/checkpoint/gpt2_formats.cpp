@@ -1,0 +1,367 @@
+#include "checkpoint/gpt2_formats.h"
+
+#include "checkpoint/file_util.h"
+#include "checkpoint/safetensors.h"
+#include "core/error.h"
+
+#include <array>
+#include <cstring>
+#include <fstream>
+#include <set>
+
+namespace kiln {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Per-layer parameter suffixes, in kiln's (and llm.c's) order.
+constexpr std::array<const char*, 12> kLayerSuffixes = {
+    "ln_1.weight",        "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
+    "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",        "ln_2.bias",
+    "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias",
+};
+
+std::string layer_name(int l, const char* suffix) {
+  return fmt::format("transformer.h.{}.{}", l, suffix);
+}
+
+// Hugging Face's Conv1D weights, stored [in, out].
+bool is_conv1d_weight(std::string_view suffix) {
+  return suffix == "attn.c_attn.weight" || suffix == "attn.c_proj.weight" ||
+         suffix == "mlp.c_fc.weight" || suffix == "mlp.c_proj.weight";
+}
+
+// The part after "transformer.h.<l>." of a block parameter's name; "" for other names.
+std::string block_suffix(const std::string& name) {
+  constexpr std::string_view kPrefix = "transformer.h.";
+  if (!name.starts_with(kPrefix)) return "";
+  const size_t dot = name.find('.', kPrefix.size());
+  return dot == std::string::npos ? "" : name.substr(dot + 1);
+}
+
+// dst[c * rows + r] = src[r * cols + c]: [rows, cols] -> [cols, rows].
+void transpose(const float* src, float* dst, int64_t rows, int64_t cols) {
+  constexpr int64_t kB = 32;
+  for (int64_t r0 = 0; r0 < rows; r0 += kB)
+    for (int64_t c0 = 0; c0 < cols; c0 += kB)
+      for (int64_t r = r0; r < std::min(rows, r0 + kB); ++r)
+        for (int64_t c = c0; c < std::min(cols, c0 + kB); ++c) dst[c * rows + r] = src[r * cols + c];
+}
+
+std::vector<int64_t> dims_of(const Shape& s) {
+  std::vector<int64_t> d;
+  for (int i = 0; i < s.ndim(); ++i) d.push_back(s[i]);
+  return d;
+}
+
+const std::vector<float>& tensor_of(const GPT2Weights& w, const std::string& name) {
+  auto it = w.tensors.find(name);
+  KILN_CHECK(it != w.tensors.end(), "GPT-2 weights: missing tensor '{}'", name);
+  return it->second;
+}
+
+int parse_int_metadata(const safetensors::Reader& r, const std::string& key) {
+  const std::string& v = r.metadata(key);
+  try {
+    size_t pos = 0;
+    const int x = std::stoi(v, &pos);
+    if (pos == v.size()) return x;
+  } catch (const std::exception&) {
+  }
+  KILN_FAIL("{}: metadata '{}' is '{}', not an integer", r.path(), key, v);
+}
+
+}  // namespace
+
+std::vector<ParamSpec> gpt2_param_specs(const GPT2Config& config) {
+  config.validate();
+  const int64_t C = config.n_embd, Vp = config.padded_vocab_size;
+  std::vector<ParamSpec> out;
+  int64_t offset = 0;
+  auto add = [&](std::string name, Shape shape, int layer) {
+    ParamSpec p;
+    p.name = std::move(name);
+    p.shape = shape;
+    p.offset = offset;
+    p.weight_decay = shape.ndim() >= 2;
+    p.layer = layer;
+    offset += shape.numel();
+    out.push_back(std::move(p));
+  };
+  add("transformer.wte.weight", {Vp, C}, -1);
+  add("transformer.wpe.weight", {config.block_size, C}, -1);
+  for (int l = 0; l < config.n_layer; ++l) {
+    const Shape shapes[12] = {{C},         {C},     {3 * C, C}, {3 * C}, {C, C},     {C},
+                              {C},         {C},     {4 * C, C}, {4 * C}, {C, 4 * C}, {C}};
+    for (size_t i = 0; i < kLayerSuffixes.size(); ++i) add(layer_name(l, kLayerSuffixes[i]), shapes[i], l);
+  }
+  add("transformer.ln_f.weight", {C}, config.n_layer);  // the head is part n_layer
+  add("transformer.ln_f.bias", {C}, config.n_layer);
+  return out;
+}
+
+GPT2Weights gpt2_zero_weights(const GPT2Config& config) {
+  GPT2Weights w;
+  w.config = config;
+  for (const ParamSpec& p : gpt2_param_specs(config))
+    w.tensors[p.name].assign(static_cast<size_t>(p.shape.numel()), 0.f);
+  return w;
+}
+
+void check_gpt2_weights(const GPT2Weights& w) {
+  const auto specs = gpt2_param_specs(w.config);
+  std::set<std::string> known;
+  for (const ParamSpec& p : specs) {
+    known.insert(p.name);
+    const auto& t = tensor_of(w, p.name);
+    KILN_CHECK(static_cast<int64_t>(t.size()) == p.shape.numel(),
+               "GPT-2 weights: tensor '{}' has {} values, shape {} needs {}", p.name, t.size(),
+               p.shape.str(), p.shape.numel());
+  }
+  for (const auto& [name, t] : w.tensors)
+    KILN_CHECK(known.count(name), "GPT-2 weights: unknown tensor '{}' for config {}", name,
+               w.config.str());
+}
+
+// ---------------------------------------------------------------------------------------
+// llm.c
+
+namespace {
+constexpr int32_t kLlmcMagic = 20240326;
+constexpr int kLlmcHeaderInts = 256;
+
+// The 16 llm.c tensors as lists of kiln tensor names (stacked over layers).
+std::vector<std::vector<std::string>> llmc_groups(int n_layer) {
+  std::vector<std::vector<std::string>> g;
+  g.push_back({"transformer.wte.weight"});
+  g.push_back({"transformer.wpe.weight"});
+  for (const char* suffix : kLayerSuffixes) {
+    std::vector<std::string> names;
+    for (int l = 0; l < n_layer; ++l) names.push_back(layer_name(l, suffix));
+    g.push_back(std::move(names));
+  }
+  g.push_back({"transformer.ln_f.weight"});
+  g.push_back({"transformer.ln_f.bias"});
+  return g;
+}
+}  // namespace
+
+GPT2Weights load_llmc(const fs::path& path) {
+  const std::string file = path.string();
+  std::ifstream in(path, std::ios::binary);
+  KILN_CHECK(in.good(), "{}: cannot open llm.c checkpoint: {}", file, checkpoint::detail::errno_text());
+  std::array<int32_t, kLlmcHeaderInts> h{};
+  in.read(reinterpret_cast<char*>(h.data()), sizeof(h));
+  KILN_CHECK(in.gcount() == static_cast<std::streamsize>(sizeof(h)),
+             "{}: too short for an llm.c checkpoint header (1024 bytes)", file);
+  KILN_CHECK(h[0] == kLlmcMagic, "{}: bad magic {} (an llm.c model checkpoint has {})", file, h[0],
+             kLlmcMagic);
+  const int version = h[1];
+  KILN_CHECK(version == 1 || version == 3 || version == 5,
+             "{}: llm.c checkpoint version {} not supported (1 and 3: fp32, 5: bf16)", file, version);
+  GPT2Config c;
+  c.block_size = h[2];
+  c.vocab_size = h[3];
+  c.n_layer = h[4];
+  c.n_head = h[5];
+  c.n_embd = h[6];
+  const int file_vp = version == 1 ? h[3] : h[7];
+  c.padded_vocab_size = version == 1 ? GPT2Config::pad_vocab(c.vocab_size) : h[7];
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    KILN_FAIL("{}: bad llm.c header: {}", file, e.what());
+  }
+  KILN_CHECK(file_vp >= c.vocab_size, "{}: padded vocab {} < vocab {}", file, file_vp, c.vocab_size);
+
+  GPT2Weights w = gpt2_zero_weights(c);
+  const DType file_dtype = version == 5 ? DType::BF16 : DType::F32;
+  const size_t es = dtype_size(file_dtype);
+  int64_t total = 0;
+  for (const auto& [name, t] : w.tensors) total += static_cast<int64_t>(t.size());
+  total -= static_cast<int64_t>(c.padded_vocab_size - file_vp) * c.n_embd;
+  const uint64_t expected = sizeof(h) + static_cast<uint64_t>(total) * es;
+  std::error_code ec;
+  const uint64_t actual = fs::file_size(path, ec);
+  KILN_CHECK(!ec && actual == expected,
+             "{}: {} bytes, but an llm.c checkpoint of this header ({} parameters, {}) has {}",
+             file, actual, total, dtype_name(file_dtype), expected);
+
+  std::vector<char> buf;
+  for (const auto& group : llmc_groups(c.n_layer)) {
+    for (const std::string& name : group) {
+      std::vector<float>& t = w.tensors[name];
+      size_t n = t.size();
+      if (name == "transformer.wte.weight") n = static_cast<size_t>(file_vp) * c.n_embd;
+      buf.resize(n * es);
+      in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+      KILN_CHECK(in.gcount() == static_cast<std::streamsize>(buf.size()),
+                 "{}: truncated while reading '{}'", file, name);
+      convert(buf.data(), file_dtype, t.data(), DType::F32, n);
+    }
+  }
+  return w;
+}
+
+void save_llmc(const fs::path& path, const GPT2Weights& w, DType dtype) {
+  check_gpt2_weights(w);
+  KILN_CHECK(dtype == DType::F32 || dtype == DType::BF16,
+             "{}: llm.c checkpoints are fp32 (version 3) or bf16 (version 5), not {}", path.string(),
+             dtype_name(dtype));
+  const GPT2Config& c = w.config;
+  std::array<int32_t, kLlmcHeaderInts> h{};
+  h[0] = kLlmcMagic;
+  h[1] = dtype == DType::F32 ? 3 : 5;
+  h[2] = c.block_size;
+  h[3] = c.vocab_size;
+  h[4] = c.n_layer;
+  h[5] = c.n_head;
+  h[6] = c.n_embd;
+  h[7] = c.padded_vocab_size;
+  std::vector<std::string_view> pieces;
+  pieces.emplace_back(reinterpret_cast<const char*>(h.data()), sizeof(h));
+  std::vector<std::vector<uint16_t>> converted;  // bf16 copies, alive until written
+  for (const auto& group : llmc_groups(c.n_layer)) {
+    for (const std::string& name : group) {
+      const std::vector<float>& t = tensor_of(w, name);
+      if (dtype == DType::F32) {
+        pieces.emplace_back(reinterpret_cast<const char*>(t.data()), t.size() * sizeof(float));
+      } else {
+        converted.emplace_back(t.size());
+        convert(t.data(), DType::F32, converted.back().data(), DType::BF16, t.size());
+        pieces.emplace_back(reinterpret_cast<const char*>(converted.back().data()),
+                            t.size() * sizeof(uint16_t));
+      }
+    }
+  }
+  checkpoint::detail::atomic_write_pieces(path, pieces);
+}
+
+// ---------------------------------------------------------------------------------------
+// Hugging Face safetensors
+
+GPT2Weights load_hf_safetensors(const fs::path& path, int default_n_head) {
+  const safetensors::Reader r(path.string());
+  const std::string& file = r.path();
+  // Short (unprefixed) name -> name in the file.
+  std::map<std::string, std::string> names;
+  for (const auto& t : r.tensors()) {
+    std::string s = t.name;
+    if (s.starts_with("transformer.")) s = s.substr(12);
+    KILN_CHECK(names.emplace(s, t.name).second, "{}: tensor '{}' present with and without the "
+               "'transformer.' prefix", file, s);
+  }
+  auto shape_of = [&](const std::string& short_name) -> std::vector<int64_t> {
+    auto it = names.find(short_name);
+    KILN_CHECK(it != names.end(), "{}: no tensor '{}' (nor 'transformer.{}')", file, short_name,
+               short_name);
+    return r.info(it->second).shape;
+  };
+  const auto wte = shape_of("wte.weight");
+  const auto wpe = shape_of("wpe.weight");
+  KILN_CHECK(wte.size() == 2 && wpe.size() == 2 && wte[1] == wpe[1],
+             "{}: wte {} and wpe {} are not [V, C] and [T, C]", file, r.info(names["wte.weight"]).shape_str(),
+             r.info(names["wpe.weight"]).shape_str());
+  GPT2Config c;
+  c.vocab_size = static_cast<int>(wte[0]);
+  c.n_embd = static_cast<int>(wte[1]);
+  c.block_size = static_cast<int>(wpe[0]);
+  c.n_layer = 0;
+  while (names.count(fmt::format("h.{}.ln_1.weight", c.n_layer))) ++c.n_layer;
+  KILN_CHECK(c.n_layer > 0, "{}: no transformer blocks (no 'h.0.ln_1.weight')", file);
+  if (r.metadata().count("n_head")) {
+    c.n_head = parse_int_metadata(r, "n_head");
+  } else if (default_n_head > 0) {
+    c.n_head = default_n_head;
+  } else {
+    KILN_CHECK(c.n_embd % 64 == 0, "{}: n_head is not in the metadata and n_embd {} is not a "
+               "multiple of 64: pass the number of heads", file, c.n_embd);
+    c.n_head = c.n_embd / 64;
+  }
+  c.padded_vocab_size = r.metadata().count("padded_vocab_size")
+                            ? parse_int_metadata(r, "padded_vocab_size")
+                            : GPT2Config::pad_vocab(c.vocab_size);
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    KILN_FAIL("{}: inferred config {} is invalid: {}", file, c.str(), e.what());
+  }
+
+  GPT2Weights w = gpt2_zero_weights(c);
+  std::set<std::string> used;
+  for (const ParamSpec& p : gpt2_param_specs(c)) {
+    const std::string short_name = p.name.substr(12);  // strip "transformer."
+    const auto shape = shape_of(short_name);
+    const std::string& in_file = names[short_name];
+    used.insert(in_file);
+    const std::string suffix = block_suffix(p.name);
+    std::vector<int64_t> expect = dims_of(p.shape);
+    const bool conv = is_conv1d_weight(suffix);
+    if (conv) std::swap(expect[0], expect[1]);
+    if (p.name == "transformer.wte.weight") expect[0] = c.vocab_size;
+    KILN_CHECK(shape == expect, "{}: tensor '{}' has shape {}, expected [{}]{}", file, in_file,
+               r.info(in_file).shape_str(), fmt::join(expect, ", "),
+               conv ? " (Conv1D weights are stored [in, out])" : "");
+    std::vector<float> v = r.read_f32(in_file);
+    std::vector<float>& dst = w.tensors[p.name];
+    if (conv) {
+      transpose(v.data(), dst.data(), expect[0], expect[1]);
+    } else {
+      std::copy(v.begin(), v.end(), dst.begin());  // wte: padded rows stay zero
+    }
+  }
+  for (const auto& [short_name, in_file] : names) {
+    if (used.count(in_file)) continue;
+    const bool buffer = short_name.starts_with("h.") && (short_name.ends_with(".attn.bias") ||
+                                                         short_name.ends_with(".attn.masked_bias"));
+    if (buffer) continue;
+    if (in_file == "lm_head.weight") {
+      KILN_CHECK(r.info(in_file).shape == wte,
+                 "{}: lm_head.weight has shape {}, wte {}: kiln ties the output head to wte",
+                 file, r.info(in_file).shape_str(), r.info(names["wte.weight"]).shape_str());
+      const std::vector<float> head = r.read_f32(in_file);
+      const std::vector<float>& emb = w.tensors["transformer.wte.weight"];
+      KILN_CHECK(std::equal(head.begin(), head.end(), emb.begin()),
+                 "{}: lm_head.weight differs from wte.weight: untied output heads are not supported",
+                 file);
+      continue;
+    }
+    KILN_FAIL("{}: unexpected tensor '{}' for a GPT-2 of {} layers", file, in_file, c.n_layer);
+  }
+  return w;
+}
+
+void save_hf_safetensors(const fs::path& path, const GPT2Weights& w) {
+  check_gpt2_weights(w);
+  const GPT2Config& c = w.config;
+  safetensors::Writer wr(path.string());
+  wr.set_metadata("format", "pt");
+  wr.set_metadata("n_head", std::to_string(c.n_head));
+  wr.set_metadata("n_layer", std::to_string(c.n_layer));
+  wr.set_metadata("n_embd", std::to_string(c.n_embd));
+  wr.set_metadata("n_positions", std::to_string(c.block_size));
+  wr.set_metadata("vocab_size", std::to_string(c.vocab_size));
+  wr.set_metadata("padded_vocab_size", std::to_string(c.padded_vocab_size));
+  for (const ParamSpec& p : gpt2_param_specs(c)) {
+    const std::string short_name = p.name.substr(12);
+    const std::vector<float>& t = tensor_of(w, p.name);
+    std::vector<int64_t> shape = dims_of(p.shape);
+    const std::string suffix = block_suffix(p.name);
+    if (is_conv1d_weight(suffix)) {
+      const int64_t rows = shape[0], cols = shape[1];
+      std::swap(shape[0], shape[1]);
+      const float* src = t.data();
+      wr.add_produced(short_name, safetensors::StDType::F32, shape, [src, rows, cols](void* dst) {
+        transpose(src, static_cast<float*>(dst), rows, cols);
+      });
+    } else {
+      if (p.name == "transformer.wte.weight") shape[0] = c.vocab_size;  // strip padding
+      const size_t n = static_cast<size_t>(shape[0]) * (shape.size() > 1 ? shape[1] : 1);
+      wr.add_borrowed(short_name, safetensors::StDType::F32, shape, t.data(), n * sizeof(float));
+    }
+  }
+  wr.write();
+}
+
+}  // namespace kiln

@@ -1,0 +1,69 @@
+// GPT-2 weights in other programs' formats: llm.c's checkpoint and Hugging Face's
+// model.safetensors. Both work on a host-side GPT2Weights keyed by kiln's parameter names
+// and layouts (every linear weight [out, in]; the token embedding padded to Vp rows).
+#pragma once
+
+#include "core/dtype.h"
+#include "models/gpt2/config.h"
+#include "nn/parameter.h"
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace kiln {
+
+/// GPT-2 weights on the host: config plus one fp32 vector per kiln parameter name (row-major
+/// in kiln's layout; "transformer.wte.weight" has padded_vocab_size rows, the padded rows
+/// zero).
+struct GPT2Weights {
+  GPT2Config config;
+  std::map<std::string, std::vector<float>> tensors;
+};
+
+/// kiln's GPT-2 parameter list for `config`: names, shapes, flat offsets, weight decay and
+/// layer, in flat-buffer order — the same layout as kiln::GPT2's params() (a pure function
+/// so formats and checkpoints need no model or backend).
+std::vector<ParamSpec> gpt2_param_specs(const GPT2Config& config);
+
+/// Zero-filled weights of the right sizes for `config`.
+GPT2Weights gpt2_zero_weights(const GPT2Config& config);
+
+/// Throws kiln::Error naming the tensor when `w` lacks a parameter of its config, has one of
+/// the wrong size, or has an unknown name.
+void check_gpt2_weights(const GPT2Weights& w);
+
+/// Reads an llm.c GPT-2 checkpoint (gpt2_124M.bin): a header of 256 int32 — [0] magic
+/// 20240326, [1] version (3: fp32 with padded vocabulary, 5: bf16, converted to fp32; 1:
+/// the old fp32 file without [7], padded here to a multiple of 128), [2] max_seq_len, [3]
+/// vocab_size, [4] num_layers, [5] num_heads, [6] channels, [7] padded_vocab_size — then
+/// the 16 parameter tensors stacked over layers in llm.c's order (wte, wpe, ln1w, ln1b,
+/// qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb, lnfw, lnfb),
+/// weights [out, in] as kiln's. Throws kiln::Error naming the file on any mismatch
+/// (magic, version, size).
+GPT2Weights load_llmc(const std::filesystem::path& path);
+
+/// Writes `w` as an llm.c checkpoint, version 3 (fp32) or, with dtype BF16, version 5
+/// (round to nearest even). Atomic (temporary file, fsync, rename).
+void save_llmc(const std::filesystem::path& path, const GPT2Weights& w, DType dtype = DType::F32);
+
+/// Reads a Hugging Face GPT-2 model.safetensors (GPT2Model or GPT2LMHeadModel names: an
+/// optional "transformer." prefix; the attn.bias / attn.masked_bias buffers are ignored,
+/// as is lm_head.weight when it equals wte). F32, F16 and BF16 files are read as fp32.
+/// Conv1D weights (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj; stored [in, out]) are
+/// transposed to kiln's [out, in]; wte is padded with zero rows to
+/// GPT2Config::pad_vocab(V) (or to the "padded_vocab_size" metadata entry when present).
+/// The config comes from the shapes (n_layer, n_embd, vocab_size, block_size); n_head
+/// cannot be inferred from shapes, so it is taken from the "n_head" metadata entry when
+/// present, else from `default_n_head` when > 0, else n_embd / 64 (the head size of every
+/// released GPT-2). Throws kiln::Error naming the file and tensor at fault.
+GPT2Weights load_hf_safetensors(const std::filesystem::path& path, int default_n_head = 0);
+
+/// Writes `w` as a Hugging Face GPT-2 model.safetensors (GPT2Model names without prefix,
+/// as the released "gpt2" files; loads into GPT2LMHeadModel with the head tied): Conv1D
+/// weights transposed to [in, out], wte stripped to vocab_size rows, fp32. Metadata:
+/// format=pt, n_head, n_layer, n_embd, n_positions, vocab_size, padded_vocab_size. Atomic.
+void save_hf_safetensors(const std::filesystem::path& path, const GPT2Weights& w);
+
+}  // namespace kiln
