@@ -1,1 +1,33 @@
-int main() { return 0; }
+// kiln: the command-line entry point. Each sub-command lives in its own file
+// (cmd_*.cpp) and registers itself here; errors become one line and a non-zero exit.
+#include "apps/kiln/commands.h"
+#include "core/error.h"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cstdio>
+
+int main(int argc, char** argv) {
+  CLI::App app{"kiln: train transformer models (GPT-2 family) on CPUs and GPUs"};
+  app.require_subcommand(1);
+  kiln::app::register_prepare(app);
+  kiln::app::register_train(app);
+  kiln::app::register_sample(app);
+  kiln::app::register_export(app);
+  kiln::app::register_unigram(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const kiln::Error& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "kiln: error: {}\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "kiln: error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

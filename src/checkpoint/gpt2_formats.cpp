@@ -1,4 +1,5 @@
 #include "checkpoint/gpt2_formats.h"
+#include "models/gpt2/gpt2.h"
 
 #include "checkpoint/file_util.h"
 #include "checkpoint/safetensors.h"
@@ -73,33 +74,6 @@ int parse_int_metadata(const safetensors::Reader& r, const std::string& key) {
 }
 
 }  // namespace
-
-std::vector<ParamSpec> gpt2_param_specs(const GPT2Config& config) {
-  config.validate();
-  const int64_t C = config.n_embd, Vp = config.padded_vocab_size;
-  std::vector<ParamSpec> out;
-  int64_t offset = 0;
-  auto add = [&](std::string name, Shape shape, int layer) {
-    ParamSpec p;
-    p.name = std::move(name);
-    p.shape = shape;
-    p.offset = offset;
-    p.weight_decay = shape.ndim() >= 2;
-    p.layer = layer;
-    offset += shape.numel();
-    out.push_back(std::move(p));
-  };
-  add("transformer.wte.weight", {Vp, C}, -1);
-  add("transformer.wpe.weight", {config.block_size, C}, -1);
-  for (int l = 0; l < config.n_layer; ++l) {
-    const Shape shapes[12] = {{C},         {C},     {3 * C, C}, {3 * C}, {C, C},     {C},
-                              {C},         {C},     {4 * C, C}, {4 * C}, {C, 4 * C}, {C}};
-    for (size_t i = 0; i < kLayerSuffixes.size(); ++i) add(layer_name(l, kLayerSuffixes[i]), shapes[i], l);
-  }
-  add("transformer.ln_f.weight", {C}, config.n_layer);  // the head is part n_layer
-  add("transformer.ln_f.bias", {C}, config.n_layer);
-  return out;
-}
 
 GPT2Weights gpt2_zero_weights(const GPT2Config& config) {
   GPT2Weights w;

@@ -5,6 +5,7 @@
 
 #include "core/dtype.h"
 #include "models/gpt2/config.h"
+#include "models/gpt2/gpt2.h"  // gpt2_param_specs
 #include "nn/parameter.h"
 
 #include <filesystem>
@@ -21,11 +22,6 @@ struct GPT2Weights {
   GPT2Config config;
   std::map<std::string, std::vector<float>> tensors;
 };
-
-/// kiln's GPT-2 parameter list for `config`: names, shapes, flat offsets, weight decay and
-/// layer, in flat-buffer order — the same layout as kiln::GPT2's params() (a pure function
-/// so formats and checkpoints need no model or backend).
-std::vector<ParamSpec> gpt2_param_specs(const GPT2Config& config);
 
 /// Zero-filled weights of the right sizes for `config`.
 GPT2Weights gpt2_zero_weights(const GPT2Config& config);

@@ -14,22 +14,24 @@ namespace {
 enum DropoutSite : uint64_t { kEmbedding = 0, kAttnProbs = 1, kAttnResid = 2, kMlpResid = 3 };
 }  // namespace
 
-GPT2::GPT2(const GPT2Config& config, Backend& backend) : config_(config), backend_(backend) {
-  config_.validate();
-  const int64_t C = config_.n_embd, Vp = config_.padded_vocab_size;
+std::vector<ParamSpec> gpt2_param_specs(const GPT2Config& config) {
+  config.validate();
+  const int64_t C = config.n_embd, Vp = config.padded_vocab_size;
+  std::vector<ParamSpec> out;
+  int64_t offset = 0;
   auto add = [&](std::string name, Shape shape, int layer) {
     ParamSpec p;
     p.name = std::move(name);
     p.shape = shape;
-    p.offset = flat_size_;
+    p.offset = offset;
     p.weight_decay = shape.ndim() >= 2;
     p.layer = layer;
-    flat_size_ += shape.numel();
-    params_.push_back(std::move(p));
+    offset += shape.numel();
+    out.push_back(std::move(p));
   };
   add("transformer.wte.weight", {Vp, C}, -1);
-  add("transformer.wpe.weight", {config_.block_size, C}, -1);
-  for (int l = 0; l < config_.n_layer; ++l) {
+  add("transformer.wpe.weight", {config.block_size, C}, -1);
+  for (int l = 0; l < config.n_layer; ++l) {
     const std::string h = "transformer.h." + std::to_string(l) + ".";
     add(h + "ln_1.weight", {C}, l);
     add(h + "ln_1.bias", {C}, l);
@@ -44,8 +46,14 @@ GPT2::GPT2(const GPT2Config& config, Backend& backend) : config_(config), backen
     add(h + "mlp.c_proj.weight", {C, 4 * C}, l);
     add(h + "mlp.c_proj.bias", {C}, l);
   }
-  add("transformer.ln_f.weight", {C}, config_.n_layer);
-  add("transformer.ln_f.bias", {C}, config_.n_layer);
+  add("transformer.ln_f.weight", {C}, config.n_layer);  // the head is part n_layer
+  add("transformer.ln_f.bias", {C}, config.n_layer);
+  return out;
+}
+
+GPT2::GPT2(const GPT2Config& config, Backend& backend) : config_(config), backend_(backend) {
+  params_ = gpt2_param_specs(config_);
+  flat_size_ = params_.back().offset + params_.back().shape.numel();
   param_buffer_ = backend_.empty(Shape{flat_size_}, DType::F32, MemCategory::Parameters);
   grad_buffer_ = backend_.empty(Shape{flat_size_}, DType::F32, MemCategory::Gradients);
   backend_.fill(backend_.default_stream(), param_buffer_, 0.f);

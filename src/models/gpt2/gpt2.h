@@ -24,6 +24,12 @@
 
 namespace kiln {
 
+/// The parameter layout of a GPT-2: names, global shapes and offsets in the flat buffer,
+/// in Hugging Face's order (wte, wpe, per block ln_1, attn.c_attn, attn.c_proj, ln_2,
+/// mlp.c_fc, mlp.c_proj, then ln_f). Weight decay on 2-D tensors. Throws kiln::Error on
+/// an invalid config.
+std::vector<ParamSpec> gpt2_param_specs(const GPT2Config& config);
+
 /// Callbacks around each part of the model, by ParamSpec::layer: -1 the embeddings
 /// (wte, wpe), 0..n_layer-1 the blocks, n_layer the head (final LayerNorm; the output
 /// projection is the tied wte). Forward visits -1, 0, .., n_layer; backward visits

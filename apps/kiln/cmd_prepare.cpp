@@ -1,0 +1,40 @@
+#include "apps/kiln/commands.h"
+#include "data/prepare.h"
+
+#include <fmt/format.h>
+
+namespace kiln::app {
+
+void register_prepare(CLI::App& app) {
+  auto* cmd = app.add_subcommand("prepare", "Tokenize UTF-8 text into llm.c-format token shards");
+  auto opt = std::make_shared<data::PrepareOptions>();
+  std::vector<std::string> inputs, tok_files;
+  auto in = std::make_shared<std::vector<std::string>>();
+  auto tf = std::make_shared<std::vector<std::string>>();
+  cmd->add_option("--input", *in, "Input text files (one file = one document)")->required();
+  cmd->add_option("--out", opt->out_dir, "Output directory for shards, meta.json and tokenizer")
+      ->required();
+  cmd->add_option("--tokenizer", opt->tokenizer, "sentencepiece | gpt2 | byte")->required();
+  cmd->add_option("--vocab-size", opt->vocab_size, "Vocabulary size (sentencepiece)");
+  cmd->add_option("--val-fraction", opt->val_fraction, "Fraction held out for validation");
+  cmd->add_option("--tokenizer-files", *tf,
+                  "gpt2: encoder.json + vocab.bpe, or vocab.json + merges.txt");
+  cmd->add_option("--shard-tokens", opt->shard_tokens, "Tokens per shard");
+  cmd->add_option("--separator", opt->separator, "Split documents inside a file at this string");
+  cmd->callback([opt, in, tf] {
+    for (const auto& s : *in) opt->inputs.emplace_back(s);
+    for (const auto& s : *tf) opt->tokenizer_files.emplace_back(s);
+    const auto r = data::prepare_dataset(*opt);
+    int64_t total = 0;
+    std::string splits;
+    for (const auto& [name, info] : r.meta.splits) {
+      total += info.tokens;
+      splits += fmt::format(" {}={} tokens ({} shards)", name, info.tokens, info.shards.size());
+    }
+    fmt::print("kiln prepare: {} documents, {:.1f} MB -> {} tokens (vocab {}, {}){} in {:.1f} s -> {}\n",
+               r.meta.documents, r.input_bytes / 1e6, total, r.meta.vocab_size,
+               r.meta.tokenizer_kind, splits, r.seconds, opt->out_dir.string());
+  });
+}
+
+}  // namespace kiln::app

@@ -1,0 +1,42 @@
+#include "apps/kiln/commands.h"
+#include "backend/registry.h"
+#include "train/model_io.h"
+#include "train/sampler.h"
+
+#include <fmt/format.h>
+
+namespace kiln::app {
+
+void register_sample(CLI::App& app) {
+  auto* cmd = app.add_subcommand("sample", "Generate text from a checkpoint (KV cache)");
+  struct Args {
+    std::string checkpoint, prompt;
+    SampleOptions o;
+  };
+  auto a = std::make_shared<Args>();
+  a->o.max_new_tokens = 200;
+  cmd->add_option("--checkpoint", a->checkpoint, "A checkpoint directory (ckpt/step_XXXXXXXX)")
+      ->required();
+  cmd->add_option("--prompt", a->prompt, "Text to continue (default: start of a document)");
+  cmd->add_option("--max-new-tokens", a->o.max_new_tokens, "Tokens to generate");
+  cmd->add_option("--temperature", a->o.temperature, "Softmax temperature; 0 = greedy");
+  cmd->add_option("--top-k", a->o.top_k, "Sample among the k most likely tokens (0 = all)");
+  cmd->add_option("--seed", a->o.seed, "Random seed: same seed, same text");
+  cmd->callback([a] {
+    checkpoint::CheckpointReader reader(a->checkpoint);
+    const GPT2Config c = gpt2_config_from_json(reader.state().at("model"));
+    auto backend = make_backend("cpu");
+    GPT2 model(c, *backend);
+    load_model_from_checkpoint(reader, model, nullptr);
+    const auto tok = load_checkpoint_tokenizer(reader);
+    std::vector<int32_t> prompt{tok->eot_id()};
+    if (!a->prompt.empty()) {
+      const auto ids = tok->encode(a->prompt);
+      prompt.insert(prompt.end(), ids.begin(), ids.end());
+    }
+    const auto out = sample_tokens(model, prompt, a->o);
+    fmt::print("{}{}\n", a->prompt, tok->decode(out));
+  });
+}
+
+}  // namespace kiln::app

@@ -1,0 +1,30 @@
+#include "apps/kiln/commands.h"
+#include "train/config.h"
+#include "train/trainer.h"
+
+namespace kiln::app {
+
+void register_train(CLI::App& app) {
+  auto* cmd = app.add_subcommand("train", "Train a model from a TOML config");
+  struct Args {
+    std::string config;
+    std::vector<std::string> sets;
+    TrainerOptions options;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("config", a->config, "The TOML config (see configs/ and docs/config.md)")
+      ->required();
+  cmd->add_option("--set", a->sets, "Override a key: --set section.key=value (repeatable)");
+  cmd->add_option("--resume", a->options.resume,
+                  "auto (newest complete checkpoint of run.dir) or a checkpoint directory");
+  cmd->add_option("--exit-interval", a->options.exit_interval,
+                  "Checkpoint and stop after this many updates in total (as if preempted)");
+  cmd->callback([a] {
+    const TrainConfig config = load_config_file(a->config, a->sets);
+    install_preemption_handlers();
+    Trainer trainer(config, a->options);
+    trainer.run();
+  });
+}
+
+}  // namespace kiln::app

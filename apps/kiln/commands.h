@@ -1,0 +1,15 @@
+// Sub-commands of the `kiln` executable. Each register_* adds one CLI11 sub-command
+// whose callback does the work (and throws kiln::Error on bad input).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace kiln::app {
+
+void register_prepare(CLI::App& app);  // kiln prepare: text -> token shards
+void register_train(CLI::App& app);    // kiln train CONFIG.toml
+void register_sample(CLI::App& app);   // kiln sample --checkpoint DIR
+void register_export(CLI::App& app);   // kiln export --checkpoint DIR --format F --out FILE
+void register_unigram(CLI::App& app);  // kiln unigram --data DIR
+
+}  // namespace kiln::app

@@ -1,0 +1,219 @@
+#include "train/model_io.h"
+
+#include "core/error.h"
+
+#include <fstream>
+#include <random>
+#include <sstream>
+
+namespace kiln {
+
+namespace fs = std::filesystem;
+
+GPT2Config gpt2_config_from(const TrainConfig& config) {
+  GPT2Config c;
+  c.n_layer = config.model.n_layer;
+  c.n_head = config.model.n_head;
+  c.n_embd = config.model.n_embd;
+  c.block_size = config.model.block_size;
+  c.vocab_size = config.model.vocab_size;
+  c.padded_vocab_size = GPT2Config::pad_vocab(c.vocab_size);
+  c.dropout = static_cast<float>(config.model.dropout);
+  c.validate();
+  return c;
+}
+
+nlohmann::json gpt2_config_json(const GPT2Config& c) {
+  return {{"n_layer", c.n_layer},       {"n_head", c.n_head},
+          {"n_embd", c.n_embd},         {"vocab_size", c.vocab_size},
+          {"padded_vocab_size", c.padded_vocab_size}, {"block_size", c.block_size},
+          {"dropout", c.dropout}};
+}
+
+GPT2Config gpt2_config_from_json(const nlohmann::json& j) {
+  GPT2Config c;
+  c.n_layer = j.at("n_layer");
+  c.n_head = j.at("n_head");
+  c.n_embd = j.at("n_embd");
+  c.vocab_size = j.at("vocab_size");
+  c.padded_vocab_size = j.at("padded_vocab_size");
+  c.block_size = j.at("block_size");
+  c.dropout = j.value("dropout", 0.f);
+  c.validate();
+  return c;
+}
+
+namespace {
+std::vector<float> host_copy(Backend& be, const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  be.copy_to_host(be.default_stream(), v.data(), t);
+  return v;
+}
+}  // namespace
+
+void add_model_to_checkpoint(checkpoint::CheckpointWriter& writer, const GPT2& model,
+                             const AdamW* optimizer, std::vector<std::vector<float>>& keep) {
+  Backend& be = model.backend();
+  for (const ParamSpec& p : model.params()) {
+    keep.push_back(host_copy(be, model.param(p)));
+    writer.add_tensor(p.name, p.shape, DType::F32, keep.back().data());
+  }
+  if (!optimizer) return;
+  const auto m = host_copy(be, optimizer->m());
+  const auto v = host_copy(be, optimizer->v());
+  for (const ParamSpec& p : model.params()) {
+    const int64_t a = std::max(optimizer->begin(), p.offset);
+    const int64_t b = std::min(optimizer->end(), p.offset + p.shape.numel());
+    if (a >= b) continue;
+    const auto off = static_cast<size_t>(a - optimizer->begin());
+    const auto n = static_cast<size_t>(b - a);
+    keep.emplace_back(m.begin() + static_cast<std::ptrdiff_t>(off),
+                      m.begin() + static_cast<std::ptrdiff_t>(off + n));
+    writer.add_flat_range("optimizer.exp_avg." + p.name, p.shape, DType::F32, a - p.offset,
+                          b - p.offset, keep.back().data());
+    keep.emplace_back(v.begin() + static_cast<std::ptrdiff_t>(off),
+                      v.begin() + static_cast<std::ptrdiff_t>(off + n));
+    writer.add_flat_range("optimizer.exp_avg_sq." + p.name, p.shape, DType::F32, a - p.offset,
+                          b - p.offset, keep.back().data());
+  }
+}
+
+void load_model_from_checkpoint(const checkpoint::CheckpointReader& reader, GPT2& model,
+                                AdamW* optimizer) {
+  Backend& be = model.backend();
+  const Stream s = be.default_stream();
+  std::vector<float> buf;
+  for (const ParamSpec& p : model.params()) {
+    KILN_CHECK(reader.has(p.name), "{}: no tensor '{}'", reader.dir().string(), p.name);
+    KILN_CHECK(reader.global_shape(p.name) == p.shape,
+               "{}: tensor '{}' has shape {}, the model expects {}", reader.dir().string(), p.name,
+               reader.global_shape(p.name).str(), p.shape.str());
+    buf.resize(static_cast<size_t>(p.shape.numel()));
+    reader.read(p.name, buf.data(), DType::F32);
+    be.copy_from_host(s, model.param(p), buf.data());
+  }
+  if (!optimizer) return;
+  for (const char* which : {"optimizer.exp_avg.", "optimizer.exp_avg_sq."}) {
+    const Tensor& state = std::string(which) == "optimizer.exp_avg." ? optimizer->m() : optimizer->v();
+    for (const ParamSpec& p : model.params()) {
+      const int64_t a = std::max(optimizer->begin(), p.offset);
+      const int64_t b = std::min(optimizer->end(), p.offset + p.shape.numel());
+      if (a >= b) continue;
+      const std::string name = which + p.name;
+      KILN_CHECK(reader.has(name), "{}: no optimizer state '{}'", reader.dir().string(), name);
+      buf.resize(static_cast<size_t>(b - a));
+      reader.read_flat_range(name, a - p.offset, b - p.offset, buf.data(), DType::F32);
+      be.copy_from_host(s, state.view_at(a - optimizer->begin(), Shape{b - a}), buf.data());
+    }
+  }
+}
+
+std::map<std::string, std::string> tokenizer_files(const data::Tokenizer& tokenizer) {
+  const fs::path tmp = fs::temp_directory_path() /
+                       ("kiln-tok-" + std::to_string(std::random_device{}()));
+  fs::create_directories(tmp);
+  std::map<std::string, std::string> files;
+  try {
+    tokenizer.save(tmp);
+    for (const auto& e : fs::directory_iterator(tmp)) {
+      std::ifstream in(e.path(), std::ios::binary);
+      std::stringstream ss;
+      ss << in.rdbuf();
+      files["tokenizer/" + e.path().filename().string()] = ss.str();
+    }
+  } catch (...) {
+    fs::remove_all(tmp);
+    throw;
+  }
+  fs::remove_all(tmp);
+  return files;
+}
+
+std::unique_ptr<data::Tokenizer> load_checkpoint_tokenizer(const checkpoint::CheckpointReader& r) {
+  const fs::path tmp = fs::temp_directory_path() /
+                       ("kiln-tok-" + std::to_string(std::random_device{}()));
+  fs::create_directories(tmp);
+  bool any = false;
+  for (const auto& name : r.extra_file_names()) {
+    if (name.rfind("tokenizer/", 0) != 0) continue;
+    std::ofstream(tmp / name.substr(10), std::ios::binary) << r.extra_file(name);
+    any = true;
+  }
+  if (!any) {
+    fs::remove_all(tmp);
+    KILN_FAIL("{}: the checkpoint holds no tokenizer", r.dir().string());
+  }
+  auto tok = data::load_tokenizer(tmp);
+  fs::remove_all(tmp);
+  return tok;
+}
+
+}  // namespace kiln
+
+#include "checkpoint/gpt2_formats.h"
+
+namespace kiln {
+
+namespace {
+void check_same_model(const GPT2Config& want, const GPT2Config& got, const fs::path& path) {
+  KILN_CHECK(want.n_layer == got.n_layer && want.n_embd == got.n_embd &&
+                 want.block_size == got.block_size && want.vocab_size == got.vocab_size,
+             "{}: holds a model with n_layer={} n_embd={} block_size={} vocab_size={}, the config "
+             "asks for n_layer={} n_embd={} block_size={} vocab_size={}",
+             path.string(), got.n_layer, got.n_embd, got.block_size, got.vocab_size, want.n_layer,
+             want.n_embd, want.block_size, want.vocab_size);
+}
+
+GPT2Weights weights_of_checkpoint(const fs::path& dir) {
+  checkpoint::CheckpointReader reader(dir);
+  GPT2Weights w;
+  w.config = gpt2_config_from_json(reader.state().at("model"));
+  for (const ParamSpec& p : gpt2_param_specs(w.config)) w.tensors[p.name] = reader.read_f32(p.name);
+  return w;
+}
+}  // namespace
+
+void load_weights_into(GPT2& model, const fs::path& path) {
+  KILN_CHECK(fs::exists(path), "model.init_from: {} does not exist", path.string());
+  GPT2Weights w;
+  if (fs::is_directory(path)) {
+    w = weights_of_checkpoint(path);
+  } else if (path.extension() == ".safetensors") {
+    w = load_hf_safetensors(path, model.config().n_head);
+  } else {
+    w = load_llmc(path);
+  }
+  check_same_model(model.config(), w.config, path);
+  Backend& be = model.backend();
+  for (const ParamSpec& p : model.params()) {
+    auto it = w.tensors.find(p.name);
+    KILN_CHECK(it != w.tensors.end(), "{}: no tensor '{}'", path.string(), p.name);
+    std::vector<float>& v = it->second;
+    // Vocabulary padding may differ between files (llm.c pads to 50304, Hugging Face
+    // not at all): copy the real rows, keep the padded rows zero.
+    if (p.name == "transformer.wte.weight" && static_cast<int64_t>(v.size()) != p.shape.numel()) {
+      std::vector<float> padded(static_cast<size_t>(p.shape.numel()), 0.f);
+      const auto rows = static_cast<size_t>(model.config().vocab_size) * p.shape[1];
+      std::copy(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(rows), padded.begin());
+      v.swap(padded);
+    }
+    KILN_CHECK(static_cast<int64_t>(v.size()) == p.shape.numel(),
+               "{}: tensor '{}' has {} elements, the model expects {}", path.string(), p.name,
+               v.size(), p.shape.numel());
+    be.copy_from_host(be.default_stream(), model.param(p), v.data());
+  }
+}
+
+void export_checkpoint(const fs::path& checkpoint_dir, const std::string& format,
+                       const fs::path& out) {
+  const GPT2Weights w = weights_of_checkpoint(checkpoint_dir);
+  if (format == "llmc") {
+    save_llmc(out, w);
+  } else if (format == "safetensors") {
+    save_hf_safetensors(out, w);
+  } else {
+    KILN_FAIL("export: unknown format '{}' (expected llmc or safetensors)", format);
+  }
+}
+
+}  // namespace kiln

@@ -1,0 +1,50 @@
+// Moving GPT-2 weights and training state between the trainer, kiln checkpoints and
+// other formats (llm.c's .bin, Hugging Face's model.safetensors).
+#pragma once
+
+#include "checkpoint/checkpoint.h"
+#include "data/tokenizer.h"
+#include "models/gpt2/gpt2.h"
+#include "optim/adamw.h"
+#include "train/config.h"
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
+namespace kiln {
+
+/// The model of a training config (vocabulary padded to a multiple of 128).
+GPT2Config gpt2_config_from(const TrainConfig& config);
+
+/// Model hyper-parameters as stored in a checkpoint's state ("model" object).
+nlohmann::json gpt2_config_json(const GPT2Config& c);
+GPT2Config gpt2_config_from_json(const nlohmann::json& j);
+
+/// Adds every parameter of `model` (as a named global tensor) and, when given, the
+/// optimizer's moments ("optimizer.exp_avg.<name>", "optimizer.exp_avg_sq.<name>",
+/// over the optimizer's range) to `writer`. Host copies are kept alive by `keep`.
+void add_model_to_checkpoint(checkpoint::CheckpointWriter& writer, const GPT2& model,
+                             const AdamW* optimizer, std::vector<std::vector<float>>& keep);
+/// Reads parameters (and optimizer moments when `optimizer` is given) back. Throws when
+/// a tensor is missing or its global shape differs from the model's.
+void load_model_from_checkpoint(const checkpoint::CheckpointReader& reader, GPT2& model,
+                                AdamW* optimizer);
+
+/// Loads weights into `model` from a kiln checkpoint directory, an llm.c GPT-2 .bin
+/// (magic 20240326, fp32) or a Hugging Face GPT-2 .safetensors, chosen by what `path`
+/// is. Throws kiln::Error when the file's model shape differs from `model`'s.
+void load_weights_into(GPT2& model, const std::filesystem::path& path);
+
+/// Writes the model weights of a kiln checkpoint as an llm.c GPT-2 .bin ("llmc") or a
+/// Hugging Face model.safetensors ("safetensors"), atomically.
+void export_checkpoint(const std::filesystem::path& checkpoint_dir, const std::string& format,
+                       const std::filesystem::path& out);
+
+/// The tokenizer files (Tokenizer::save output) as name -> bytes, to store in a
+/// checkpoint under "tokenizer/<name>".
+std::map<std::string, std::string> tokenizer_files(const data::Tokenizer& tokenizer);
+/// The tokenizer stored in a checkpoint. Throws when the checkpoint has none.
+std::unique_ptr<data::Tokenizer> load_checkpoint_tokenizer(const checkpoint::CheckpointReader& r);
+
+}  // namespace kiln

@@ -1,0 +1,27 @@
+// Text generation from a GPT-2: prefill the prompt into the KV cache, then draw one
+// token at a time with temperature and top-k from a Philox stream, so that the same
+// seed gives the same text. Temperature 0 is greedy (argmax).
+#pragma once
+
+#include "models/gpt2/gpt2.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace kiln {
+
+struct SampleOptions {
+  int max_new_tokens = 64;
+  float temperature = 1.f;  // 0 = greedy
+  int top_k = 0;            // 0 = the whole vocabulary
+  uint64_t seed = 1337;
+  int stop_token = -1;  // stop after emitting this id (e.g. end-of-text); -1 = never
+};
+
+/// Continues `prompt` (ids, at least one; use the end-of-text id for "no prompt") and
+/// returns the new ids only. The context is capped at block_size: generation stops
+/// when the KV cache is full. Padded vocabulary columns are never sampled.
+std::vector<int32_t> sample_tokens(GPT2& model, const std::vector<int32_t>& prompt,
+                                   const SampleOptions& options);
+
+}  // namespace kiln

@@ -1,0 +1,87 @@
+// The training loop: micro-batches accumulated to the global batch, LR schedule, AdamW
+// with global-norm clipping, evaluation, samples, metrics, checkpoints, exact resume and
+// clean exit on SIGTERM / SIGUSR1 (cluster preemption).
+//
+// One update ("step") = grad_accum_steps micro-steps of micro_batch sequences on each
+// data-parallel rank. The loss is the mean over every target token of the global batch:
+// each micro-step's loss sum is scaled by 1 / (targets in the global batch), so the
+// gradient equals that of one big batch whatever the accumulation or world size.
+#pragma once
+
+#include "backend/backend.h"
+#include "data/loader.h"
+#include "models/gpt2/gpt2.h"
+#include "optim/adamw.h"
+#include "train/config.h"
+#include "train/metrics.h"
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace kiln {
+
+struct TrainerOptions {
+  /// "" = start fresh (refusing a run dir that already has checkpoints), "auto" = newest
+  /// complete checkpoint of the run dir if any, else a checkpoint directory.
+  std::string resume;
+  /// Stop (with a checkpoint) after this many updates in total, as if preempted; 0 =
+  /// run to train.steps. Megatron calls this --exit-interval.
+  int64_t exit_interval = 0;
+  /// Print one line per logged step to stdout.
+  bool verbose = true;
+};
+
+/// What a run did, for callers and tests.
+struct TrainResult {
+  int64_t first_step = 0;  // the update the run started from (0, or the resumed step)
+  int64_t last_step = 0;   // updates completed when the run ended
+  double last_loss = 0.0;
+  double last_val_loss = -1.0;  // -1 when never evaluated
+  double tokens_per_s = 0.0;    // mean over the run's steps after the first
+  bool preempted = false;       // stopped by a signal or exit_interval
+};
+
+class Trainer {
+ public:
+  /// Validates the config, opens the data, builds model and optimizer (random init,
+  /// init_from, or the resumed checkpoint). Throws kiln::Error on bad input.
+  Trainer(const TrainConfig& config, const TrainerOptions& options);
+  ~Trainer();
+
+  TrainResult run();
+
+  /// Mean validation loss over eval.batches micro-batches from the start of the val split.
+  double evaluate();
+  const GPT2& model() const { return *model_; }
+  int64_t step() const { return step_; }
+
+ private:
+  double train_step(double* grad_norm);
+  void save_checkpoint();
+  void load_checkpoint(const std::filesystem::path& dir);
+  void maybe_sample();
+  void init_weights();
+
+  TrainConfig config_;
+  TrainerOptions options_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<GPT2> model_;
+  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<data::DataLoader> train_loader_;
+  std::filesystem::path run_dir_;
+  int dp_rank_ = 0, dp_size_ = 1;
+  int accum_ = 1;
+  int seq_len_ = 0;
+  int64_t step_ = 0;
+  double peak_flops_ = 0.0;
+  Tensor tokens_, targets_;  // [micro_batch, T] int32 on the device
+};
+
+/// Installs SIGTERM / SIGUSR1 handlers that ask the running trainer to checkpoint and
+/// stop after the current update.
+void install_preemption_handlers();
+bool preemption_requested();
+
+}  // namespace kiln
