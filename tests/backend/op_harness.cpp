@@ -3,6 +3,7 @@
 #include "core/dtype.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -29,6 +30,13 @@ Backend& backend_by_name(const std::string& name) {
   for (auto& b : backends())
     if (b->name() == name) return *b;
   throw std::runtime_error("no backend " + name);
+}
+
+std::string param_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string s = info.param;
+  for (char& ch : s)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return s;
 }
 
 namespace {
@@ -262,8 +270,6 @@ std::vector<int32_t> OpTest::download_i32(const Tensor& t) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, OpTest, ::testing::ValuesIn(backend_names()),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           return info.param;
-                         });
+                         param_name);
 
 }  // namespace kiln::test

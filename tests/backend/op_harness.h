@@ -29,6 +29,8 @@ using ref::Vec;
 std::vector<std::unique_ptr<Backend>>& backends();
 std::vector<std::string> backend_names();
 Backend& backend_by_name(const std::string& name);
+/// A gtest-safe test name for a backend parameter ("cuda:0" -> "cuda_0").
+std::string param_name(const ::testing::TestParamInfo<std::string>& info);
 
 /// Keeps the worst errors seen per label, printed at the end of the run.
 void record_error(const std::string& label, double rel, double abs);

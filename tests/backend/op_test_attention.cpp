@@ -231,7 +231,7 @@ TEST_P(AttentionTest, Decode) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, AttentionTest, ::testing::ValuesIn(backend_names()),
-                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+                         param_name);
 
 }  // namespace
 }  // namespace kiln::test

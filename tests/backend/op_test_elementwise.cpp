@@ -260,8 +260,8 @@ TEST_P(OpTest, Dropout) {
       EXPECT_TRUE(bitwise_equal("dropout_forward replay", download(out2), y));
       be().dropout_forward(st(), tx, tx, spec);
       EXPECT_TRUE(bitwise_equal("dropout_forward in place", download(tx), y));
-      // Another seed is another mask.
-      if (n >= 33) {
+      // Another seed is another mask (n large enough that equal masks never happen).
+      if (n >= 4099) {
         Tensor out3 = poisoned(shape);
         be().dropout_forward(st(), out3, upload(x, shape), DropoutSpec{p, spec.seed + 1, spec.stream});
         EXPECT_FALSE(bitwise_equal("other seed", download(out3), y)) << "mask ignores the seed";
