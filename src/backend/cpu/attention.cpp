@@ -12,6 +12,7 @@
 // sum_j P_ij dP_ij = sum_j P~_ij dP~_ij where P~ is the dropped, rescaled P.
 #include "backend/cpu/kernels.h"
 
+#include "backend/cpu/vec_math.h"
 #include "core/rng.h"
 
 #include <cmath>
@@ -22,13 +23,15 @@ namespace kiln::cpu {
 
 namespace {
 
+// One head's operands, gathered contiguous: q (pre-multiplied by 1/sqrt(HD)), k, v as
+// [T,HD] rows, and k^T, v^T as [HD,T] so that the scores of query i against keys
+// 0..i are a vectorised loop over j (an axpy per channel) instead of i dot products.
 struct HeadScratch {
-  std::vector<float> q, k, v, s;  // q,k,v: [T, HD]; s: [T] scores of one query row
+  std::vector<float> q, k, v, kt, vt, s, p;
   void resize(int64_t T, int64_t HD) {
-    q.resize(T * HD);
-    k.resize(T * HD);
-    v.resize(T * HD);
-    s.resize(T);
+    for (auto* x : {&q, &k, &v, &kt, &vt}) x->resize(static_cast<size_t>(T * HD));
+    s.resize(static_cast<size_t>(T));
+    p.resize(static_cast<size_t>(T));
   }
 };
 
@@ -36,16 +39,29 @@ inline float keep_scale(const DropoutSpec& d, uint64_t index) {
   return uniform_at(d.seed, d.stream, index) >= d.p ? 1.f / (1.f - d.p) : 0.f;
 }
 
-// Gathers head h of batch b from qkv [B,T,3C] into contiguous [T,HD] rows.
 void gather_head(HeadScratch& hs, const float* qkv, int64_t b, int64_t h, int64_t T, int64_t C,
-                 int64_t HD) {
+                 int64_t HD, float scale) {
   for (int64_t t = 0; t < T; ++t) {
     const float* row = qkv + (b * T + t) * 3 * C + h * HD;
     for (int64_t d = 0; d < HD; ++d) {
-      hs.q[t * HD + d] = row[d];
+      hs.q[t * HD + d] = row[d] * scale;
       hs.k[t * HD + d] = row[C + d];
       hs.v[t * HD + d] = row[2 * C + d];
+      hs.kt[d * T + t] = row[C + d];
+      hs.vt[d * T + t] = row[2 * C + d];
     }
+  }
+}
+
+// out[j] = sum_d a[d] * bt[d * T + j] for j < n.
+inline void row_times_transposed(float* out, const float* a, const float* bt, int64_t n, int64_t T,
+                                 int64_t HD) {
+  std::fill(out, out + n, 0.f);
+  for (int64_t d = 0; d < HD; ++d) {
+    const float ad = a[d];
+    const float* col = bt + d * T;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) out[j] += ad * col[j];
   }
 }
 
@@ -66,36 +82,37 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
   {
     HeadScratch hs;
     hs.resize(T, HD);
-    std::vector<float> acc(HD);
+    std::vector<float> acc(static_cast<size_t>(HD));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < B * NH; ++bh) {
       const int64_t b = bh / NH, h = bh % NH;
-      gather_head(hs, qkv, b, h, T, C, HD);
+      gather_head(hs, qkv, b, h, T, C, HD, scale);
+      float* s = hs.s.data();
       for (int64_t i = 0; i < T; ++i) {
-        const float* qi = hs.q.data() + i * HD;
+        const int64_t n = i + 1;
+        row_times_transposed(s, hs.q.data() + i * HD, hs.kt.data(), n, T, HD);
         float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j <= i; ++j) {
-          const float sij = dot(qi, hs.k.data() + j * HD, HD) * scale;
-          hs.s[j] = sij;
-          mx = std::max(mx, sij);
-        }
+#pragma omp simd reduction(max : mx)
+        for (int64_t j = 0; j < n; ++j) mx = std::max(mx, s[j]);
         float sum = 0.f;
-        for (int64_t j = 0; j <= i; ++j) {
-          hs.s[j] = std::exp(hs.s[j] - mx);
-          sum += hs.s[j];
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < n; ++j) {
+          s[j] = exp_approx(s[j] - mx);
+          sum += s[j];
         }
         const float inv = 1.f / sum;
+        if (dropout.enabled()) {
+          const uint64_t row_index = static_cast<uint64_t>((bh * T + i) * T);
+          for (int64_t j = 0; j < n; ++j) s[j] *= keep_scale(dropout, row_index + j);
+        }
         std::fill(acc.begin(), acc.end(), 0.f);
-        const uint64_t row_index = static_cast<uint64_t>((bh * T + i) * T);
-        for (int64_t j = 0; j <= i; ++j) {
-          float p = hs.s[j] * inv;
-          if (dropout.enabled()) p *= keep_scale(dropout, row_index + j);
+        for (int64_t j = 0; j < n; ++j) {
+          const float p = s[j] * inv;
           const float* vj = hs.v.data() + j * HD;
 #pragma omp simd
           for (int64_t d = 0; d < HD; ++d) acc[d] += p * vj[d];
         }
-        float* o = out + (b * T + i) * C + h * HD;
-        for (int64_t d = 0; d < HD; ++d) o[d] = acc[d];
+        std::copy(acc.begin(), acc.end(), out + (b * T + i) * C + h * HD);
         lse[bh * T + i] = mx + std::log(sum);
       }
     }
@@ -111,37 +128,40 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   {
     HeadScratch hs;
     hs.resize(T, HD);
-    std::vector<float> dq(T * HD), dk(T * HD), dv(T * HD), p(T), dp(T);
+    const auto th = static_cast<size_t>(T * HD);
+    std::vector<float> dq(th), dk(th), dv(th), dp(static_cast<size_t>(T));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < B * NH; ++bh) {
       const int64_t b = bh / NH, h = bh % NH;
-      gather_head(hs, qkv, b, h, T, C, HD);
+      gather_head(hs, qkv, b, h, T, C, HD, scale);
       std::fill(dq.begin(), dq.end(), 0.f);
       std::fill(dk.begin(), dk.end(), 0.f);
       std::fill(dv.begin(), dv.end(), 0.f);
+      float* p = hs.p.data();
       for (int64_t i = 0; i < T; ++i) {
-        const float* qi = hs.q.data() + i * HD;
+        const int64_t n = i + 1;
+        const float* qi = hs.q.data() + i * HD;  // scaled
         const float* doi = dout + (b * T + i) * C + h * HD;
         const float* oi = out + (b * T + i) * C + h * HD;
         const float l = lse[bh * T + i];
         const float Di = dot(doi, oi, HD);
+        row_times_transposed(p, qi, hs.kt.data(), n, T, HD);  // scores
+#pragma omp simd
+        for (int64_t j = 0; j < n; ++j) p[j] = exp_approx(p[j] - l);
+        row_times_transposed(dp.data(), doi, hs.vt.data(), n, T, HD);  // dO_i . V_j
         const uint64_t row_index = static_cast<uint64_t>((bh * T + i) * T);
         float* dqi = dq.data() + i * HD;
-        for (int64_t j = 0; j <= i; ++j) {
-          const float* kj = hs.k.data() + j * HD;
-          const float* vj = hs.v.data() + j * HD;
-          const float pij = std::exp(dot(qi, kj, HD) * scale - l);
+        for (int64_t j = 0; j < n; ++j) {
           const float m = dropout.enabled() ? keep_scale(dropout, row_index + j) : 1.f;
-          // dV_j += P~_ij dO_i ; dP_ij = m * (dO_i . V_j) ; dS_ij = P_ij (dP_ij - D_i)
-          const float pt = pij * m;
+          // dV_j += P~_ij dO_i;  dS_ij = P_ij (m dP~_ij - D_i);  S = (q scale) . k
+          const float pt = p[j] * m;
+          const float ds = p[j] * (m * dp[j] - Di);
+          const float* kj = hs.k.data() + j * HD;
           float* dvj = dv.data() + j * HD;
-#pragma omp simd
-          for (int64_t d = 0; d < HD; ++d) dvj[d] += pt * doi[d];
-          const float dpij = m * dot(doi, vj, HD);
-          const float ds = pij * (dpij - Di) * scale;
           float* dkj = dk.data() + j * HD;
 #pragma omp simd
           for (int64_t d = 0; d < HD; ++d) {
+            dvj[d] += pt * doi[d];
             dqi[d] += ds * kj[d];
             dkj[d] += ds * qi[d];
           }
@@ -150,7 +170,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
       for (int64_t t = 0; t < T; ++t) {
         float* row = dqkv + (b * T + t) * 3 * C + h * HD;
         for (int64_t d = 0; d < HD; ++d) {
-          row[d] = dq[t * HD + d];
+          row[d] = dq[t * HD + d] * scale;
           row[C + d] = dk[t * HD + d];
           row[2 * C + d] = dv[t * HD + d];
         }

@@ -4,6 +4,7 @@
 // Math: loss = logsumexp(x) - x_target; d loss / dx = softmax(x) - onehot(target).
 #include "backend/cpu/kernels.h"
 
+#include "backend/cpu/vec_math.h"
 #include "core/error.h"
 
 #include <cmath>
@@ -24,10 +25,11 @@ void softmax_cross_entropy(float* losses, float* dlogits, const float* logits,
       continue;
     }
     float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
     for (int64_t v = 0; v < V; ++v) mx = std::max(mx, x[v]);
     float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t v = 0; v < V; ++v) sum += std::exp(x[v] - mx);
+    for (int64_t v = 0; v < V; ++v) sum += exp_approx(x[v] - mx);
     const float lse = mx + std::log(sum);
     losses[n] = ignored ? 0.f : lse - x[t];
     if (dlogits == nullptr) continue;
@@ -38,7 +40,7 @@ void softmax_cross_entropy(float* losses, float* dlogits, const float* logits,
     }
     const float inv = grad_scale / sum;
 #pragma omp simd
-    for (int64_t v = 0; v < V; ++v) d[v] = std::exp(x[v] - mx) * inv;
+    for (int64_t v = 0; v < V; ++v) d[v] = exp_approx(x[v] - mx) * inv;
     for (int64_t v = V; v < Vp; ++v) d[v] = 0.f;
     d[t] -= grad_scale;
   }

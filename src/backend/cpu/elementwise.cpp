@@ -3,6 +3,7 @@
 // fill, and the sum of squares (in double) used for gradient norms.
 #include "backend/cpu/kernels.h"
 
+#include "backend/cpu/vec_math.h"
 #include "core/rng.h"
 
 #include <algorithm>
@@ -20,7 +21,7 @@ void gelu_forward(float* out, const float* inp, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float x = inp[i];
     const float u = kSqrt2OverPi * (x + 0.044715f * x * x * x);
-    out[i] = 0.5f * x * (1.f + std::tanh(u));
+    out[i] = 0.5f * x * (1.f + tanh_approx(u));
   }
 }
 
@@ -29,8 +30,8 @@ void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n) 
   for (int64_t i = 0; i < n; ++i) {
     const float x = inp[i];
     const float u = kSqrt2OverPi * (x + 0.044715f * x * x * x);
-    const float th = std::tanh(u);
-    const float sech2 = 1.f - th * th;
+    const float th = tanh_approx(u);
+    const float sech2 = sech2_approx(u);
     const float du = kSqrt2OverPi * (1.f + 3.f * 0.044715f * x * x);
     dinp[i] = dout[i] * (0.5f * (1.f + th) + 0.5f * x * sech2 * du);
   }
