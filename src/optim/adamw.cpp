@@ -4,46 +4,56 @@
 
 namespace kiln {
 
-AdamW::AdamW(Backend& backend, const std::vector<ParamSpec>& params, const Tensor& param_buffer,
-             const Tensor& grad_buffer, const AdamWConfig& config, int64_t begin, int64_t end)
-    : backend_(backend), config_(config), params_(param_buffer), grads_(grad_buffer),
-      begin_(begin), end_(end < 0 ? param_buffer.numel() : end) {
-  KILN_CHECK(begin_ >= 0 && begin_ <= end_ && end_ <= param_buffer.numel() &&
-                 grad_buffer.numel() == param_buffer.numel(),
-             "AdamW: range [{}, {}) does not fit buffers {} / {}", begin_, end_, param_buffer.str(),
-             grad_buffer.str());
+std::vector<AdamWSegment> whole_segments(const std::vector<ParamSpec>& params,
+                                         const Tensor& param_buffer, const Tensor& grad_buffer) {
+  std::vector<AdamWSegment> out;
   for (const ParamSpec& p : params) {
-    const int64_t a = std::max(begin_, p.offset);
-    const int64_t b = std::min(end_, p.offset + p.shape.numel());
-    if (a < b) segments_.push_back({a, b - a, p.weight_decay});
+    const int64_t n = p.shape.numel();
+    out.push_back({p, 0, n, param_buffer.view_at(p.offset, Shape{n}),
+                   grad_buffer.view_at(p.offset, Shape{n})});
   }
-  m_ = backend_.empty(Shape{end_ - begin_}, DType::F32, MemCategory::OptimizerState);
-  v_ = backend_.empty(Shape{end_ - begin_}, DType::F32, MemCategory::OptimizerState);
+  return out;
+}
+
+AdamW::AdamW(Backend& backend, std::vector<AdamWSegment> segments, const AdamWConfig& config)
+    : backend_(backend), config_(config), segments_(std::move(segments)) {
+  int64_t total = 0;
+  for (const AdamWSegment& s : segments_) {
+    KILN_CHECK(s.begin >= 0 && s.begin <= s.end && s.end <= s.spec.shape.numel() &&
+                   s.param.numel() == s.size() && s.grad.numel() == s.size(),
+               "AdamW: bad segment [{}, {}) of {}", s.begin, s.end, s.spec.name);
+    state_offset_.push_back(total);
+    total += s.size();
+  }
+  m_ = backend_.empty(Shape{total}, DType::F32, MemCategory::OptimizerState);
+  v_ = backend_.empty(Shape{total}, DType::F32, MemCategory::OptimizerState);
   backend_.fill(backend_.default_stream(), m_, 0.f);
   backend_.fill(backend_.default_stream(), v_, 0.f);
 }
 
+AdamW::AdamW(Backend& backend, const std::vector<ParamSpec>& params, const Tensor& param_buffer,
+             const Tensor& grad_buffer, const AdamWConfig& config)
+    : AdamW(backend, whole_segments(params, param_buffer, grad_buffer), config) {}
+
+Tensor AdamW::m(size_t i) const { return m_.view_at(state_offset_[i], Shape{segments_[i].size()}); }
+Tensor AdamW::v(size_t i) const { return v_.view_at(state_offset_[i], Shape{segments_[i].size()}); }
+
 void AdamW::step(float lr, float grad_scale) {
   ++step_;
   const Stream s = backend_.default_stream();
-  for (const Segment& seg : segments_) {
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    const AdamWSegment& seg = segments_[i];
+    if (seg.size() == 0) continue;
     AdamWParams hp;
     hp.lr = lr;
     hp.beta1 = config_.beta1;
     hp.beta2 = config_.beta2;
     hp.eps = config_.eps;
-    hp.weight_decay = seg.decay ? config_.weight_decay : 0.f;
+    hp.weight_decay = seg.spec.weight_decay ? config_.weight_decay : 0.f;
     hp.grad_scale = grad_scale;
     hp.step = step_;
-    const Shape shape{seg.length};
-    backend_.adamw_step(s, params_.view_at(seg.offset, shape), grads_.view_at(seg.offset, shape),
-                        m_.view_at(seg.offset - begin_, shape),
-                        v_.view_at(seg.offset - begin_, shape), hp);
+    backend_.adamw_step(s, seg.param, seg.grad, m(i), v(i), hp);
   }
-}
-
-double grad_sum_squares(Backend& backend, const Tensor& grad_buffer) {
-  return backend.sum_squares(backend.default_stream(), grad_buffer);
 }
 
 float clip_scale(double norm, double max_norm) {

@@ -1,9 +1,9 @@
-// AdamW over a model's flat parameter buffer, with weight decay chosen per parameter.
+// AdamW over a list of parameter segments, with weight decay chosen per parameter.
 //
-// The optimizer state (first and second moments m and v, fp32) covers a contiguous
-// range [begin, end) of the flat buffer: the whole buffer for a single process or
-// ZeRO stage 0, one rank's shard under ZeRO-1/2/3. Parameters that straddle the range
-// are updated on their overlapping part. State is counted as OptimizerState.
+// A segment is a contiguous element range [begin, end) of one named parameter, with
+// views of its values and gradients wherever they live: the whole model's flat buffers
+// for a single process or ZeRO stage 0, one rank's shard under ZeRO-1/2/3. The first
+// and second moments m and v (fp32, OptimizerState) are stored for the segments only.
 // Math: Loshchilov & Hutter 2019 as torch.optim.AdamW (see AdamWParams in backend.h).
 #pragma once
 
@@ -22,45 +22,46 @@ struct AdamWConfig {
   float weight_decay = 0.1f;  // applied to parameters with ParamSpec::weight_decay
 };
 
+struct AdamWSegment {
+  ParamSpec spec;          // the parameter (name, global shape, decay)
+  int64_t begin = 0;       // first element of the parameter covered (row-major)
+  int64_t end = 0;         // one past the last
+  Tensor param, grad;      // [end - begin] views of its values and gradient
+  int64_t size() const { return end - begin; }
+};
+
+/// Segments covering every parameter whole, in flat buffers laid out by `params`.
+std::vector<AdamWSegment> whole_segments(const std::vector<ParamSpec>& params,
+                                         const Tensor& param_buffer, const Tensor& grad_buffer);
+
 class AdamW {
  public:
-  /// params: the layout of `param_buffer`/`grad_buffer` (flat, same length). The
-  /// optimizer updates elements [begin, end) (end = -1: to the end of the buffer);
-  /// `param_buffer` and `grad_buffer` must cover at least that range at the same offsets.
+  AdamW(Backend& backend, std::vector<AdamWSegment> segments, const AdamWConfig& config);
+  /// Every parameter of flat buffers laid out by `params` (single process, ZeRO-0).
   AdamW(Backend& backend, const std::vector<ParamSpec>& params, const Tensor& param_buffer,
-        const Tensor& grad_buffer, const AdamWConfig& config, int64_t begin = 0,
-        int64_t end = -1);
+        const Tensor& grad_buffer, const AdamWConfig& config);
 
   /// One update with learning rate `lr`; gradients are multiplied by grad_scale first
-  /// (gradient clipping). Increments step().
+  /// (gradient clipping). Increments step_count().
   void step(float lr, float grad_scale = 1.f);
 
   int64_t step_count() const { return step_; }
   void set_step_count(int64_t s) { step_ = s; }
   const AdamWConfig& config() const { return config_; }
-  /// First and second moments over [begin, end), fp32.
-  const Tensor& m() const { return m_; }
-  const Tensor& v() const { return v_; }
-  int64_t begin() const { return begin_; }
-  int64_t end() const { return end_; }
+  Backend& backend() const { return backend_; }
+  const std::vector<AdamWSegment>& segments() const { return segments_; }
+  /// Moments of segment i, fp32 [segments()[i].size()].
+  Tensor m(size_t i) const;
+  Tensor v(size_t i) const;
 
  private:
-  struct Segment {
-    int64_t offset, length;  // within the flat buffer
-    bool decay;
-  };
   Backend& backend_;
   AdamWConfig config_;
-  Tensor params_, grads_;
+  std::vector<AdamWSegment> segments_;
+  std::vector<int64_t> state_offset_;  // of each segment within m_ / v_
   Tensor m_, v_;
-  int64_t begin_, end_;
-  std::vector<Segment> segments_;
   int64_t step_ = 0;
 };
-
-/// The global L2 norm of the gradients in `grad_buffer` (sum of squares in double).
-/// The caller adds the shards of other ranks (see parallel/) before taking the root.
-double grad_sum_squares(Backend& backend, const Tensor& grad_buffer);
 
 /// Scale for clipping to max_norm (torch.nn.utils.clip_grad_norm_): min(1, max_norm /
 /// (norm + 1e-6)); 1 when max_norm <= 0 (clipping off).

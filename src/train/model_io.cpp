@@ -58,23 +58,21 @@ void add_model_to_checkpoint(checkpoint::CheckpointWriter& writer, const GPT2& m
     keep.push_back(host_copy(be, model.param(p)));
     writer.add_tensor(p.name, p.shape, DType::F32, keep.back().data());
   }
-  if (!optimizer) return;
-  const auto m = host_copy(be, optimizer->m());
-  const auto v = host_copy(be, optimizer->v());
-  for (const ParamSpec& p : model.params()) {
-    const int64_t a = std::max(optimizer->begin(), p.offset);
-    const int64_t b = std::min(optimizer->end(), p.offset + p.shape.numel());
-    if (a >= b) continue;
-    const auto off = static_cast<size_t>(a - optimizer->begin());
-    const auto n = static_cast<size_t>(b - a);
-    keep.emplace_back(m.begin() + static_cast<std::ptrdiff_t>(off),
-                      m.begin() + static_cast<std::ptrdiff_t>(off + n));
-    writer.add_flat_range("optimizer.exp_avg." + p.name, p.shape, DType::F32, a - p.offset,
-                          b - p.offset, keep.back().data());
-    keep.emplace_back(v.begin() + static_cast<std::ptrdiff_t>(off),
-                      v.begin() + static_cast<std::ptrdiff_t>(off + n));
-    writer.add_flat_range("optimizer.exp_avg_sq." + p.name, p.shape, DType::F32, a - p.offset,
-                          b - p.offset, keep.back().data());
+  if (optimizer) add_optimizer_to_checkpoint(writer, *optimizer, keep);
+}
+
+void add_optimizer_to_checkpoint(checkpoint::CheckpointWriter& writer, const AdamW& optimizer,
+                                 std::vector<std::vector<float>>& keep) {
+  Backend& be = optimizer.backend();
+  for (size_t i = 0; i < optimizer.segments().size(); ++i) {
+    const AdamWSegment& seg = optimizer.segments()[i];
+    if (seg.size() == 0) continue;
+    keep.push_back(host_copy(be, optimizer.m(i)));
+    writer.add_flat_range("optimizer.exp_avg." + seg.spec.name, seg.spec.shape, DType::F32,
+                          seg.begin, seg.end, keep.back().data());
+    keep.push_back(host_copy(be, optimizer.v(i)));
+    writer.add_flat_range("optimizer.exp_avg_sq." + seg.spec.name, seg.spec.shape, DType::F32,
+                          seg.begin, seg.end, keep.back().data());
   }
 }
 
@@ -92,18 +90,22 @@ void load_model_from_checkpoint(const checkpoint::CheckpointReader& reader, GPT2
     reader.read(p.name, buf.data(), DType::F32);
     be.copy_from_host(s, model.param(p), buf.data());
   }
-  if (!optimizer) return;
-  for (const char* which : {"optimizer.exp_avg.", "optimizer.exp_avg_sq."}) {
-    const Tensor& state = std::string(which) == "optimizer.exp_avg." ? optimizer->m() : optimizer->v();
-    for (const ParamSpec& p : model.params()) {
-      const int64_t a = std::max(optimizer->begin(), p.offset);
-      const int64_t b = std::min(optimizer->end(), p.offset + p.shape.numel());
-      if (a >= b) continue;
-      const std::string name = which + p.name;
+  if (optimizer) load_optimizer_from_checkpoint(reader, *optimizer);
+}
+
+void load_optimizer_from_checkpoint(const checkpoint::CheckpointReader& reader, AdamW& optimizer) {
+  std::vector<float> buf;
+  for (size_t i = 0; i < optimizer.segments().size(); ++i) {
+    const AdamWSegment& seg = optimizer.segments()[i];
+    if (seg.size() == 0) continue;
+    buf.resize(static_cast<size_t>(seg.size()));
+    for (const bool first : {true, false}) {
+      const std::string name =
+          (first ? "optimizer.exp_avg." : "optimizer.exp_avg_sq.") + seg.spec.name;
       KILN_CHECK(reader.has(name), "{}: no optimizer state '{}'", reader.dir().string(), name);
-      buf.resize(static_cast<size_t>(b - a));
-      reader.read_flat_range(name, a - p.offset, b - p.offset, buf.data(), DType::F32);
-      be.copy_from_host(s, state.view_at(a - optimizer->begin(), Shape{b - a}), buf.data());
+      reader.read_flat_range(name, seg.begin, seg.end, buf.data(), DType::F32);
+      Backend& be = optimizer.backend();
+      be.copy_from_host(be.default_stream(), first ? optimizer.m(i) : optimizer.v(i), buf.data());
     }
   }
 }

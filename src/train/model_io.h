@@ -26,6 +26,11 @@ GPT2Config gpt2_config_from_json(const nlohmann::json& j);
 /// over the optimizer's range) to `writer`. Host copies are kept alive by `keep`.
 void add_model_to_checkpoint(checkpoint::CheckpointWriter& writer, const GPT2& model,
                              const AdamW* optimizer, std::vector<std::vector<float>>& keep);
+/// The optimizer's moments over its segments, as flat ranges of named global tensors.
+void add_optimizer_to_checkpoint(checkpoint::CheckpointWriter& writer, const AdamW& optimizer,
+                                 std::vector<std::vector<float>>& keep);
+/// Reads the moments of the optimizer's segments, whatever layout wrote them.
+void load_optimizer_from_checkpoint(const checkpoint::CheckpointReader& reader, AdamW& optimizer);
 /// Reads parameters (and optimizer moments when `optimizer` is given) back. Throws when
 /// a tensor is missing or its global shape differs from the model's.
 void load_model_from_checkpoint(const checkpoint::CheckpointReader& reader, GPT2& model,

@@ -138,7 +138,7 @@ double Trainer::train_step(double* grad_norm) {
   const double loss = loss_sum / static_cast<double>(n_targets);
   KILN_CHECK(std::isfinite(loss), "step {}: the loss is {} (diverged); lower optim.lr or check "
              "the data", step_ + 1, loss);
-  const double norm = std::sqrt(grad_sum_squares(*backend_, model_->grad_buffer()));
+  const double norm = std::sqrt(backend_->sum_squares(backend_->default_stream(), model_->grad_buffer()));
   KILN_CHECK(std::isfinite(norm), "step {}: the gradient norm is {}", step_ + 1, norm);
   *grad_norm = norm;
   const float lr = static_cast<float>(learning_rate(config_, step_));

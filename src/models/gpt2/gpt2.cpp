@@ -14,12 +14,18 @@ namespace {
 enum DropoutSite : uint64_t { kEmbedding = 0, kAttnProbs = 1, kAttnResid = 2, kMlpResid = 3 };
 }  // namespace
 
-std::vector<ParamSpec> gpt2_param_specs(const GPT2Config& config) {
+std::vector<ParamSpec> gpt2_param_specs(const GPT2Config& config, int64_t unit_alignment) {
   config.validate();
+  KILN_CHECK(unit_alignment >= 1, "unit alignment must be >= 1, got {}", unit_alignment);
   const int64_t C = config.n_embd, Vp = config.padded_vocab_size;
   std::vector<ParamSpec> out;
   int64_t offset = 0;
+  int current = -1;
   auto add = [&](std::string name, Shape shape, int layer) {
+    if (layer != current) {  // a new unit starts aligned
+      offset = (offset + unit_alignment - 1) / unit_alignment * unit_alignment;
+      current = layer;
+    }
     ParamSpec p;
     p.name = std::move(name);
     p.shape = shape;
@@ -51,19 +57,61 @@ std::vector<ParamSpec> gpt2_param_specs(const GPT2Config& config) {
   return out;
 }
 
-GPT2::GPT2(const GPT2Config& config, Backend& backend) : config_(config), backend_(backend) {
-  params_ = gpt2_param_specs(config_);
-  flat_size_ = params_.back().offset + params_.back().shape.numel();
-  param_buffer_ = backend_.empty(Shape{flat_size_}, DType::F32, MemCategory::Parameters);
-  grad_buffer_ = backend_.empty(Shape{flat_size_}, DType::F32, MemCategory::Gradients);
-  backend_.fill(backend_.default_stream(), param_buffer_, 0.f);
-  zero_grad();
+std::vector<ParamUnit> gpt2_param_units(const GPT2Config& config, int64_t unit_alignment) {
+  std::vector<ParamUnit> units;
+  for (const ParamSpec& p : gpt2_param_specs(config, unit_alignment)) {
+    if (units.empty() || units.back().part != p.layer) units.push_back({p.layer, p.offset, p.offset, 0});
+    units.back().end = p.offset + p.shape.numel();
+  }
+  for (auto& u : units) u.padded_end = (u.end - u.begin + unit_alignment - 1) / unit_alignment * unit_alignment + u.begin;
+  return units;
+}
+
+GPT2::GPT2(const GPT2Config& config, Backend& backend, const GPT2Storage& storage)
+    : config_(config), backend_(backend) {
+  params_ = gpt2_param_specs(config_, storage.unit_alignment);
+  units_ = gpt2_param_units(config_, storage.unit_alignment);
+  flat_size_ = units_.back().padded_end;
+  unit_params_.resize(units_.size());
+  unit_grads_.resize(units_.size());
+  const Stream s = backend_.default_stream();
+  if (storage.allocate_params) {
+    param_buffer_ = backend_.empty(Shape{flat_size_}, DType::F32, MemCategory::Parameters);
+    backend_.fill(s, param_buffer_, 0.f);
+    for (const ParamUnit& u : units_) bind_params(u.part, param_buffer_.view_at(u.begin, Shape{u.padded_size()}));
+  }
+  if (storage.allocate_grads) {
+    grad_buffer_ = backend_.empty(Shape{flat_size_}, DType::F32, MemCategory::Gradients);
+    for (const ParamUnit& u : units_) bind_grads(u.part, grad_buffer_.view_at(u.begin, Shape{u.padded_size()}));
+    zero_grad();
+  }
+}
+
+void GPT2::bind_params(int part, const Tensor& storage) {
+  const ParamUnit& u = unit(part);
+  if (storage) check_shape(storage, Shape{u.padded_size()}, "bind_params storage");
+  unit_params_[static_cast<size_t>(part + 1)] = storage;
+}
+
+void GPT2::bind_grads(int part, const Tensor& storage) {
+  const ParamUnit& u = unit(part);
+  if (storage) check_shape(storage, Shape{u.padded_size()}, "bind_grads storage");
+  unit_grads_[static_cast<size_t>(part + 1)] = storage;
 }
 
 GPT2::~GPT2() = default;
 
-Tensor GPT2::param(const ParamSpec& p) const { return param_buffer_.view_at(p.offset, p.shape); }
-Tensor GPT2::grad(const ParamSpec& p) const { return grad_buffer_.view_at(p.offset, p.shape); }
+Tensor GPT2::param(const ParamSpec& p) const {
+  const Tensor& t = unit_params_[static_cast<size_t>(p.layer + 1)];
+  KILN_CHECK(t, "GPT-2: parameter {} is not bound (part {})", p.name, p.layer);
+  return t.view_at(p.offset - unit(p.layer).begin, p.shape);
+}
+
+Tensor GPT2::grad(const ParamSpec& p) const {
+  const Tensor& t = unit_grads_[static_cast<size_t>(p.layer + 1)];
+  KILN_CHECK(t, "GPT-2: gradient of {} is not bound (part {})", p.name, p.layer);
+  return t.view_at(p.offset - unit(p.layer).begin, p.shape);
+}
 
 Tensor GPT2::param(std::string_view name) const {
   for (const auto& p : params_)
@@ -77,29 +125,40 @@ Tensor GPT2::grad(std::string_view name) const {
   KILN_FAIL("GPT-2 has no parameter named '{}'", name);
 }
 
+std::vector<float> gpt2_init_values(const GPT2Config& config, const ParamSpec& p, size_t index,
+                                    uint64_t seed) {
+  const int64_t n = p.shape.numel();
+  std::vector<float> host(static_cast<size_t>(n), 0.f);
+  const bool is_norm_gain = p.name.ends_with("ln_1.weight") || p.name.ends_with("ln_2.weight") ||
+                            p.name.ends_with("ln_f.weight");
+  if (is_norm_gain) {
+    std::fill(host.begin(), host.end(), 1.f);
+  } else if (p.shape.ndim() >= 2) {
+    const float std_residual = 0.02f / std::sqrt(2.f * static_cast<float>(config.n_layer));
+    const bool residual = p.name.ends_with("c_proj.weight");
+    fill_normal(host.data(), n, seed, index, 0.f, residual ? std_residual : 0.02f);
+    if (p.name == "transformer.wte.weight")  // padded vocabulary rows stay zero
+      std::fill(host.begin() + static_cast<int64_t>(config.vocab_size) * config.n_embd,
+                host.end(), 0.f);
+  }
+  return host;
+}
+
 void GPT2::init_weights(uint64_t seed) {
-  const float std_residual = 0.02f / std::sqrt(2.f * static_cast<float>(config_.n_layer));
-  std::vector<float> host;
   for (size_t i = 0; i < params_.size(); ++i) {
-    const ParamSpec& p = params_[i];
-    const int64_t n = p.shape.numel();
-    host.assign(static_cast<size_t>(n), 0.f);
-    const bool is_norm_gain = p.name.ends_with("ln_1.weight") || p.name.ends_with("ln_2.weight") ||
-                              p.name.ends_with("ln_f.weight");
-    if (is_norm_gain) {
-      std::fill(host.begin(), host.end(), 1.f);
-    } else if (p.shape.ndim() >= 2) {
-      const bool residual = p.name.ends_with("c_proj.weight");
-      fill_normal(host.data(), n, seed, i, 0.f, residual ? std_residual : 0.02f);
-      if (p.name == "transformer.wte.weight")  // padded vocabulary rows stay zero
-        std::fill(host.begin() + static_cast<int64_t>(config_.vocab_size) * config_.n_embd,
-                  host.end(), 0.f);
-    }
-    backend_.copy_from_host(backend_.default_stream(), param(p), host.data());
+    const auto host = gpt2_init_values(config_, params_[i], i, seed);
+    backend_.copy_from_host(backend_.default_stream(), param(params_[i]), host.data());
   }
 }
 
-void GPT2::zero_grad() { backend_.fill(backend_.default_stream(), grad_buffer_, 0.f); }
+void GPT2::zero_grad() {
+  if (grad_buffer_) {
+    backend_.fill(backend_.default_stream(), grad_buffer_, 0.f);
+    return;
+  }
+  for (const Tensor& g : unit_grads_)
+    if (g) backend_.fill(backend_.default_stream(), g, 0.f);
+}
 
 void GPT2::set_dropout(bool on, uint64_t seed, uint64_t call_index) {
   dropout_on_ = on && config_.dropout > 0.f;

@@ -28,7 +28,32 @@ namespace kiln {
 /// in Hugging Face's order (wte, wpe, per block ln_1, attn.c_attn, attn.c_proj, ln_2,
 /// mlp.c_fc, mlp.c_proj, then ln_f). Weight decay on 2-D tensors. Throws kiln::Error on
 /// an invalid config.
-std::vector<ParamSpec> gpt2_param_specs(const GPT2Config& config);
+/// `unit_alignment` > 1 pads each unit (see ParamUnit) to a multiple of it, so that a
+/// unit splits evenly across that many data-parallel ranks; padding stays zero.
+std::vector<ParamSpec> gpt2_param_specs(const GPT2Config& config, int64_t unit_alignment = 1);
+
+/// The initial values of parameter `index` (its position in gpt2_param_specs) under
+/// GPT-2's initialisation (see GPT2::init_weights), computed on the host.
+std::vector<float> gpt2_init_values(const GPT2Config& config, const ParamSpec& p, size_t index,
+                                    uint64_t seed);
+
+/// A contiguous group of parameters that parallel wrappers handle as one: the
+/// embeddings (part -1), each block (0..n_layer-1), the head (n_layer). FSDP calls it a
+/// unit. [begin, end) in the flat buffer holds its parameters; [end, padded_end) is
+/// zero padding up to the unit alignment.
+struct ParamUnit {
+  int part = 0;
+  int64_t begin = 0, end = 0, padded_end = 0;
+  int64_t padded_size() const { return padded_end - begin; }
+};
+std::vector<ParamUnit> gpt2_param_units(const GPT2Config& config, int64_t unit_alignment = 1);
+
+/// How a GPT2 holds its parameters and gradients.
+struct GPT2Storage {
+  int64_t unit_alignment = 1;  // see gpt2_param_specs
+  bool allocate_params = true;  // one flat buffer; false: the owner binds per unit (ZeRO-3)
+  bool allocate_grads = true;   // likewise for gradients (ZeRO-2/3)
+};
 
 /// Callbacks around each part of the model, by ParamSpec::layer: -1 the embeddings
 /// (wte, wpe), 0..n_layer-1 the blocks, n_layer the head (final LayerNorm; the output
@@ -45,18 +70,27 @@ struct ModelHooks {
 
 class GPT2 {
  public:
-  /// Builds the parameter layout and allocates parameters and gradients on `backend`.
-  GPT2(const GPT2Config& config, Backend& backend);
+  /// Builds the parameter layout and allocates parameters and gradients on `backend`
+  /// (unless `storage` says that the caller binds them per unit).
+  GPT2(const GPT2Config& config, Backend& backend, const GPT2Storage& storage = {});
   ~GPT2();
 
   const GPT2Config& config() const { return config_; }
   Backend& backend() const { return backend_; }
   const std::vector<ParamSpec>& params() const { return params_; }
+  const std::vector<ParamUnit>& units() const { return units_; }
+  /// The unit of a part (-1 .. n_layer).
+  const ParamUnit& unit(int part) const { return units_[static_cast<size_t>(part + 1)]; }
   /// Total elements of the flat parameter buffer (padded vocabulary rows included).
   int64_t flat_size() const { return flat_size_; }
-  /// The flat parameter / gradient buffers, [flat_size()] of the model dtype (fp32 now).
+  /// The flat parameter / gradient buffers, [flat_size()] of the model dtype (fp32 now);
+  /// empty when not allocated (see GPT2Storage).
   const Tensor& param_buffer() const { return param_buffer_; }
   const Tensor& grad_buffer() const { return grad_buffer_; }
+  /// Points a unit's parameters (or gradients) at `storage` [padded_size] until the next
+  /// bind; an empty Tensor unbinds. Using an unbound unit throws.
+  void bind_params(int part, const Tensor& storage);
+  void bind_grads(int part, const Tensor& storage);
   /// A parameter (or its gradient) by name, as a view into the flat buffer.
   /// Throws kiln::Error naming an unknown parameter.
   Tensor param(std::string_view name) const;
@@ -69,7 +103,7 @@ class GPT2 {
   /// biases 0, LayerNorm gains 1, padded vocabulary rows 0. Parameter i draws from
   /// stream i, so weights do not depend on backend, rank or thread count.
   void init_weights(uint64_t seed);
-  /// Sets all gradients to zero.
+  /// Sets all (bound) gradients to zero.
   void zero_grad();
 
   /// Training forward on tokens and targets (int32 [B,T], on the backend's device;
@@ -112,6 +146,8 @@ class GPT2 {
   GPT2Config config_;
   Backend& backend_;
   std::vector<ParamSpec> params_;
+  std::vector<ParamUnit> units_;
+  std::vector<Tensor> unit_params_, unit_grads_;  // per unit, [padded_size]
   int64_t flat_size_ = 0;
   Tensor param_buffer_;
   Tensor grad_buffer_;
