@@ -3,21 +3,41 @@
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 
+#if defined(KILN_HAVE_CUDA)
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+#include <cstdlib>
+
 namespace kiln {
 
 std::vector<std::unique_ptr<Backend>> available_backends() {
   std::vector<std::unique_ptr<Backend>> v;
   v.push_back(make_cpu_backend());
+#if defined(KILN_HAVE_CUDA)
+  if (cuda_device_count() > 0) v.push_back(make_cuda_backend(0));
+#endif
   return v;
 }
 
 std::vector<std::string> skipped_backends() {
+#if defined(KILN_HAVE_CUDA)
+  if (cuda_device_count() > 0) return {};
+  return {"cuda: compiled, but " + cuda_unavailable_reason()};
+#else
   return {"cuda: not compiled into this build"};
+#endif
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& name) {
   if (name == "cpu") return make_cpu_backend();
+#if defined(KILN_HAVE_CUDA)
+  if (name == "cuda") return make_cuda_backend(0);
+  if (name.rfind("cuda:", 0) == 0) return make_cuda_backend(std::atoi(name.c_str() + 5));
+  KILN_FAIL("unknown or unavailable backend '{}' (available: cpu, cuda)", name);
+#else
   KILN_FAIL("unknown or unavailable backend '{}' (available: cpu)", name);
+#endif
 }
 
 }  // namespace kiln

@@ -1,0 +1,19 @@
+// AdamW over one tensor in one launch (torch.optim.AdamW's order of operations, as the
+// CPU backend). Parameters and gradients fp32 or bf16 (same type); m and v fp32.
+#pragma once
+
+#include "backend/cuda/common.h"
+
+namespace kiln::cuda {
+
+struct AdamWArgs {
+  float lr, beta1, beta2, eps, grad_scale;
+  float step_size;  // lr / (1 - beta1^step)
+  float bc2_sqrt;   // sqrt(1 - beta2^step)
+  float decay;      // 1 - lr * weight_decay
+};
+
+void adamw(cudaStream_t s, Elem e, void* param, const void* grad, float* m, float* v, int64_t n,
+           const AdamWArgs& a);
+
+}  // namespace kiln::cuda

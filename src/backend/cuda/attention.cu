@@ -1,0 +1,396 @@
+// Causal attention, FlashAttention style (Dao et al. 2022, "FlashAttention"; Dao 2023,
+// "FlashAttention-2" for the loop order), with fp32 arithmetic on the CUDA cores: q, k,
+// v tiles are staged in shared memory (as fp32, whatever the storage type), softmax is
+// computed online, the forward saves only lse = m + log(l) per row, and the backward
+// recomputes P = exp(S - lse). Nothing of size T x T is ever stored.
+//
+// Head size: the kernels are instantiated for D = 16, 32, 64, 128 and run any HD <= D
+// (shared tiles and registers zero-padded), so odd head sizes work at the cost of the
+// padding. GPT-2 (HD = 64) runs D = 64.
+//
+// Forward (attn_fwd): grid (ceil(T/64), B*NH), 64 threads; thread = one query row i,
+// holding q_i (pre-scaled by 1/sqrt(HD)) and its output accumulator in registers. Key and
+// value tiles of BK rows (64, or 32 for D = 128) go through shared memory; every thread
+// reads the same k_j/v_j element at once (a broadcast, no bank conflicts). Keys are
+// taken 8 at a time: 8 scores, one max update (rescaling the accumulator only when the
+// max grows), 8 exp, 8 axpys. Query tiles run heaviest (last) first.
+//   FLOPs: 4 T^2 HD / 2 per (b,h) (causal half of QK^T and PV). Bytes: q read once,
+//   k/v read once per query tile (T/64 times), out written once, lse 4 T.
+//
+// Backward: three launches, deterministic (no atomics):
+//   1. attn_bwd_rowdot: D_i = dO_i . O_i (the softmax backward's row term), one warp per
+//      row. Bytes 2 B T C size.
+//   2. attn_bwd_dkdv: grid (ceil(T/BKV), B*NH), thread = key row j owning dk_j, dv_j in
+//      registers, k_j/v_j in padded shared rows (stride D+1: conflict-free); loops over
+//      query tiles i >= j (q, dO, lse, D staged in shared, broadcast reads):
+//        p = exp(q.k - lse_i); dv_j += p~ dO_i; ds = p (keep dO_i.v_j - D_i); dk_j += ds q_i
+//   3. attn_bwd_dq: grid (ceil(T/BQ), B*NH), thread = query row i owning q_i and dq_i in
+//      registers, dO_i in padded shared rows; loops over key tiles j <= i:
+//        dq_i += ds k_j.
+//   FlashAttention-2 computes dq in the dk/dv loop with float atomics; recomputing S and
+//   dP in a separate pass costs 7 instead of 5 HD-long dot/axpy per (i,j) pair but makes
+//   dq reproducible bit for bit. FLOPs about 7 T^2 HD (causal half) per (b,h).
+//
+// Dropout on the probabilities: element ((b*NH+h)*T+i)*T+j of Philox stream (seed,
+// stream), kept iff its uniform >= p and then scaled by 1/(1-p): the CPU backend's mask.
+// The normaliser l uses the undropped probabilities, as the CPU does.
+//
+// Limits: HD <= 128 (kMaxHeadDim); CUDA cores only (a tensor-core version with
+// mma.sync/wgmma is the next step, see docs/cuda.md).
+#include "backend/cuda/attention.h"
+#include "backend/cuda/common.cuh"
+
+#include <cmath>
+
+namespace kiln::cuda {
+
+namespace {
+
+template <int D>
+struct Tiles {
+  static constexpr int kFwdQ = 64, kFwdK = D <= 64 ? 64 : 32;
+  static constexpr int kKvK = D <= 64 ? 64 : 32, kKvQ = D <= 64 ? 16 : 8;
+  static constexpr int kDqQ = D <= 64 ? 64 : 32, kDqK = D <= 64 ? 32 : 16;
+};
+
+struct Geo {
+  int T, C, NH, HD;
+  float scale;
+};
+
+// Keep factor of probability (i, j) of head bh: 0 or 1/(1-p).
+__device__ __forceinline__ float keep_factor(const AttnDropout& dr, int64_t bh, int T, int i, int j) {
+  const uint64_t idx = (static_cast<uint64_t>(bh) * T + i) * static_cast<uint64_t>(T) + j;
+  return uniform_at(dr.seed, dr.stream, idx) >= dr.p ? dr.scale : 0.f;
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(Tiles<D>::kFwdQ)
+    attn_fwd(T* out, float* lse, const T* qkv, Geo g, AttnDropout dr) {
+  constexpr int BQ = Tiles<D>::kFwdQ, BK = Tiles<D>::kFwdK;
+  __shared__ float Ks[BK][D];
+  __shared__ float Vs[BK][D];
+  const int64_t bh = blockIdx.y;
+  const int b = static_cast<int>(bh / g.NH), h = static_cast<int>(bh % g.NH);
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;
+  const int i = q0 + threadIdx.x;
+  const bool valid = i < g.T;
+  const int64_t row3 = 3 * static_cast<int64_t>(g.C);
+  const T* base = qkv + static_cast<int64_t>(b) * g.T * row3 + static_cast<int64_t>(h) * g.HD;
+
+  float q[D], acc[D];
+#pragma unroll
+  for (int d = 0; d < D; ++d) {
+    q[d] = (valid && d < g.HD) ? to_f(base[i * row3 + d]) * g.scale : 0.f;
+    acc[d] = 0.f;
+  }
+  float m = -INFINITY, l = 0.f;
+  const int q_last = min(g.T, q0 + BQ) - 1;
+  const uint64_t drop_row = (static_cast<uint64_t>(bh) * g.T + (valid ? i : 0)) * g.T;
+
+  for (int k0 = 0; k0 <= q_last; k0 += BK) {
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < BK * D; idx += BQ) {
+      const int j = idx / D, d = idx % D, kj = k0 + j;
+      float kv = 0.f, vv = 0.f;
+      if (kj < g.T && d < g.HD) {
+        kv = to_f(base[kj * row3 + g.C + d]);
+        vv = to_f(base[kj * row3 + 2 * g.C + d]);
+      }
+      Ks[j][d] = kv;
+      Vs[j][d] = vv;
+    }
+    __syncthreads();
+    const int jn = min(BK, q_last - k0 + 1);
+    for (int j0 = 0; j0 < jn; j0 += 8) {
+      float sc[8];
+      float mx = -INFINITY;
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int j = j0 + u;
+        float s = 0.f;
+#pragma unroll
+        for (int d = 0; d < D; ++d) s += q[d] * Ks[j][d];
+        sc[u] = (j < jn && k0 + j <= i) ? s : -INFINITY;
+        mx = fmaxf(mx, sc[u]);
+      }
+      if (mx > m) {
+        const float corr = expf(m - mx);
+        l *= corr;
+#pragma unroll
+        for (int d = 0; d < D; ++d) acc[d] *= corr;
+        m = mx;
+      }
+      float pw[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const float p = sc[u] == -INFINITY ? 0.f : expf(sc[u] - m);
+        l += p;
+        pw[u] = p;
+      }
+      if (dr.p > 0.f) {
+        uint64_t cached = ~uint64_t{0};
+        Philox4 r{};
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          if (pw[u] == 0.f) continue;
+          const uint64_t idx = drop_row + static_cast<uint64_t>(k0 + j0 + u);
+          if ((idx >> 2) != cached) {
+            cached = idx >> 2;
+            r = philox_block(dr.seed, dr.stream, cached);
+          }
+          pw[u] = u32_to_uniform(r[static_cast<int>(idx & 3)]) >= dr.p ? pw[u] * dr.scale : 0.f;
+        }
+      }
+#pragma unroll
+      for (int d = 0; d < D; ++d) {
+        float a = acc[d];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) a += pw[u] * Vs[j0 + u][d];
+        acc[d] = a;
+      }
+    }
+  }
+  if (!valid) return;
+  const float inv = 1.f / l;
+  T* o = out + (static_cast<int64_t>(b) * g.T + i) * g.C + static_cast<int64_t>(h) * g.HD;
+#pragma unroll
+  for (int d = 0; d < D; ++d)
+    if (d < g.HD) o[d] = from_f<T>(acc[d] * inv);
+  lse[bh * g.T + i] = m + logf(l);
+}
+
+// D_i = dO_i . O_i, one warp per (b, h, i) row.
+template <class T>
+__global__ void attn_bwd_rowdot(float* Dvec, const T* dout, const T* out, int64_t rows, Geo g) {
+  const int64_t r = blockIdx.x * int64_t{blockDim.x / 32} + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (r >= rows) return;
+  const int64_t bh = r / g.T, i = r % g.T;
+  const int64_t b = bh / g.NH, h = bh % g.NH;
+  const int64_t off = (b * g.T + i) * g.C + h * g.HD;
+  float s = 0.f;
+  for (int d = lane; d < g.HD; d += 32) s += to_f(dout[off + d]) * to_f(out[off + d]);
+  s = warp_sum(s);
+  if (lane == 0) Dvec[r] = s;
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(Tiles<D>::kKvK)
+    attn_bwd_dkdv(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* Dvec, Geo g,
+                  AttnDropout dr) {
+  constexpr int BK = Tiles<D>::kKvK, BQ = Tiles<D>::kKvQ;
+  __shared__ float Kown[BK][D + 1];
+  __shared__ float Vown[BK][D + 1];
+  __shared__ float Qs[BQ][D];
+  __shared__ float dOs[BQ][D];
+  __shared__ float Ls[BQ], Ds[BQ];
+  const int64_t bh = blockIdx.y;
+  const int b = static_cast<int>(bh / g.NH), h = static_cast<int>(bh % g.NH);
+  const int k0 = (gridDim.x - 1 - blockIdx.x) * BK;
+  const int tid = threadIdx.x;
+  const int j = k0 + tid;
+  const bool validk = j < g.T;
+  const int64_t row3 = 3 * static_cast<int64_t>(g.C);
+  const T* base = qkv + static_cast<int64_t>(b) * g.T * row3 + static_cast<int64_t>(h) * g.HD;
+  const T* dbase = dout + static_cast<int64_t>(b) * g.T * g.C + static_cast<int64_t>(h) * g.HD;
+
+  for (int idx = tid; idx < BK * D; idx += BK) {
+    const int r = idx / D, d = idx % D, kr = k0 + r;
+    const bool in = kr < g.T && d < g.HD;
+    Kown[r][d] = in ? to_f(base[kr * row3 + g.C + d]) : 0.f;
+    Vown[r][d] = in ? to_f(base[kr * row3 + 2 * g.C + d]) : 0.f;
+  }
+  float dk[D], dv[D];
+#pragma unroll
+  for (int d = 0; d < D; ++d) dk[d] = dv[d] = 0.f;
+
+  for (int q0 = (k0 / BQ) * BQ; q0 < g.T; q0 += BQ) {
+    __syncthreads();
+    for (int idx = tid; idx < BQ * D; idx += BK) {
+      const int r = idx / D, d = idx % D, qi = q0 + r;
+      const bool in = qi < g.T && d < g.HD;
+      Qs[r][d] = in ? to_f(base[qi * row3 + d]) * g.scale : 0.f;
+      dOs[r][d] = in ? to_f(dbase[static_cast<int64_t>(qi) * g.C + d]) : 0.f;
+    }
+    if (tid < BQ) {
+      const int qi = q0 + tid;
+      Ls[tid] = qi < g.T ? lse[bh * g.T + qi] : 0.f;
+      Ds[tid] = qi < g.T ? Dvec[bh * g.T + qi] : 0.f;
+    }
+    __syncthreads();
+#pragma unroll 1
+    for (int u = 0; u < BQ; ++u) {
+      const int i = q0 + u;
+      const bool ok = validk && i >= j && i < g.T;
+      float s = 0.f, dp = 0.f;
+#pragma unroll
+      for (int d = 0; d < D; ++d) {
+        s += Qs[u][d] * Kown[tid][d];
+        dp += dOs[u][d] * Vown[tid][d];
+      }
+      const float p = ok ? expf(s - Ls[u]) : 0.f;
+      const float keep = (ok && dr.p > 0.f) ? keep_factor(dr, bh, g.T, i, j) : 1.f;
+      const float pd = p * keep;
+      const float ds = p * (keep * dp - Ds[u]);
+#pragma unroll
+      for (int d = 0; d < D; ++d) {
+        dv[d] += pd * dOs[u][d];
+        dk[d] += ds * Qs[u][d];
+      }
+    }
+  }
+  if (!validk) return;
+  T* o = dqkv + (static_cast<int64_t>(b) * g.T + j) * row3 + static_cast<int64_t>(h) * g.HD;
+#pragma unroll
+  for (int d = 0; d < D; ++d)
+    if (d < g.HD) {
+      o[g.C + d] = from_f<T>(dk[d]);
+      o[2 * g.C + d] = from_f<T>(dv[d]);
+    }
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(Tiles<D>::kDqQ)
+    attn_bwd_dq(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* Dvec, Geo g,
+                AttnDropout dr) {
+  constexpr int BQ = Tiles<D>::kDqQ, BK = Tiles<D>::kDqK;
+  __shared__ float dOown[BQ][D + 1];
+  __shared__ float Ks[BK][D];
+  __shared__ float Vs[BK][D];
+  const int64_t bh = blockIdx.y;
+  const int b = static_cast<int>(bh / g.NH), h = static_cast<int>(bh % g.NH);
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;
+  const int tid = threadIdx.x;
+  const int i = q0 + tid;
+  const bool valid = i < g.T;
+  const int64_t row3 = 3 * static_cast<int64_t>(g.C);
+  const T* base = qkv + static_cast<int64_t>(b) * g.T * row3 + static_cast<int64_t>(h) * g.HD;
+  const T* dbase = dout + static_cast<int64_t>(b) * g.T * g.C + static_cast<int64_t>(h) * g.HD;
+
+  float q[D], dq[D];
+#pragma unroll
+  for (int d = 0; d < D; ++d) {
+    q[d] = (valid && d < g.HD) ? to_f(base[i * row3 + d]) * g.scale : 0.f;
+    dq[d] = 0.f;
+  }
+  for (int idx = tid; idx < BQ * D; idx += BQ) {
+    const int r = idx / D, d = idx % D, qi = q0 + r;
+    dOown[r][d] = (qi < g.T && d < g.HD) ? to_f(dbase[static_cast<int64_t>(qi) * g.C + d]) : 0.f;
+  }
+  const float L = valid ? lse[bh * g.T + i] : 0.f;
+  const float Di = valid ? Dvec[bh * g.T + i] : 0.f;
+  const int q_last = min(g.T, q0 + BQ) - 1;
+
+  for (int k0 = 0; k0 <= q_last; k0 += BK) {
+    __syncthreads();
+    for (int idx = tid; idx < BK * D; idx += BQ) {
+      const int r = idx / D, d = idx % D, kj = k0 + r;
+      const bool in = kj < g.T && d < g.HD;
+      Ks[r][d] = in ? to_f(base[kj * row3 + g.C + d]) : 0.f;
+      Vs[r][d] = in ? to_f(base[kj * row3 + 2 * g.C + d]) : 0.f;
+    }
+    __syncthreads();
+#pragma unroll 1
+    for (int u = 0; u < BK; ++u) {
+      const int jj = k0 + u;
+      if (jj > q_last) break;  // uniform over the block
+      const bool ok = valid && jj <= i;
+      float s = 0.f, dp = 0.f;
+#pragma unroll
+      for (int d = 0; d < D; ++d) {
+        s += q[d] * Ks[u][d];
+        dp += dOown[tid][d] * Vs[u][d];
+      }
+      const float p = ok ? expf(s - L) : 0.f;
+      const float keep = (ok && dr.p > 0.f) ? keep_factor(dr, bh, g.T, i, jj) : 1.f;
+      const float ds = p * (keep * dp - Di);
+#pragma unroll
+      for (int d = 0; d < D; ++d) dq[d] += ds * Ks[u][d];
+    }
+  }
+  if (!valid) return;
+  T* o = dqkv + (static_cast<int64_t>(b) * g.T + i) * row3 + static_cast<int64_t>(h) * g.HD;
+#pragma unroll
+  for (int d = 0; d < D; ++d)
+    if (d < g.HD) o[d] = from_f<T>(dq[d] * g.scale);
+}
+
+Geo geo_of(const AttnShape& d) {
+  return Geo{static_cast<int>(d.T), static_cast<int>(d.C), static_cast<int>(d.NH),
+             static_cast<int>(d.HD), 1.f / sqrtf(static_cast<float>(d.HD))};
+}
+
+void check_shape(const AttnShape& d) {
+  if (d.HD > kMaxHeadDim) fail("cuda: attention supports head sizes up to 128");
+  if (d.B * d.NH > 65535) fail("cuda: attention supports B * n_head <= 65535");
+  if (3 * d.C * d.T > (int64_t{1} << 31)) fail("cuda: attention: T * 3C must fit in 31 bits");
+}
+
+
+template <class Fn>
+void dispatch_d(int64_t hd, Fn&& fn) {
+  if (hd <= 16) fn.template operator()<16>();
+  else if (hd <= 32) fn.template operator()<32>();
+  else if (hd <= 64) fn.template operator()<64>();
+  else fn.template operator()<128>();
+}
+
+template <class T>
+void forward_t(cudaStream_t s, T* out, float* lse, const T* qkv, const AttnShape& d,
+               const AttnDropout& dr) {
+  const Geo g = geo_of(d);
+  dispatch_d(d.HD, [&]<int D>() {
+    const dim3 grid(static_cast<unsigned>((d.T + Tiles<D>::kFwdQ - 1) / Tiles<D>::kFwdQ),
+                    static_cast<unsigned>(d.B * d.NH));
+    attn_fwd<T, D><<<grid, Tiles<D>::kFwdQ, 0, s>>>(out, lse, qkv, g, dr);
+  });
+  KILN_CUDA_LAUNCHED("attention_forward");
+}
+
+template <class T>
+void backward_t(cudaStream_t s, T* dqkv, const T* dout, const T* qkv, const T* out,
+                const float* lse, const AttnShape& d, const AttnDropout& dr, float* Dvec) {
+  const Geo g = geo_of(d);
+  const int64_t rows = d.B * d.NH * d.T;
+  attn_bwd_rowdot<<<static_cast<unsigned>((rows + 3) / 4), 128, 0, s>>>(Dvec, dout, out, rows, g);
+  KILN_CUDA_LAUNCHED("attention_backward (D)");
+  dispatch_d(d.HD, [&]<int D>() {
+    const dim3 gkv(static_cast<unsigned>((d.T + Tiles<D>::kKvK - 1) / Tiles<D>::kKvK),
+                   static_cast<unsigned>(d.B * d.NH));
+    attn_bwd_dkdv<T, D><<<gkv, Tiles<D>::kKvK, 0, s>>>(dqkv, dout, qkv, lse, Dvec, g, dr);
+    KILN_CUDA_LAUNCHED("attention_backward (dk, dv)");
+    const dim3 gq(static_cast<unsigned>((d.T + Tiles<D>::kDqQ - 1) / Tiles<D>::kDqQ),
+                  static_cast<unsigned>(d.B * d.NH));
+    attn_bwd_dq<T, D><<<gq, Tiles<D>::kDqQ, 0, s>>>(dqkv, dout, qkv, lse, Dvec, g, dr);
+    KILN_CUDA_LAUNCHED("attention_backward (dq)");
+  });
+}
+
+}  // namespace
+
+void attention_forward(cudaStream_t s, Elem e, void* out, float* lse, const void* qkv,
+                       const AttnShape& d, const AttnDropout& drop) {
+  if (d.B * d.T * d.NH == 0) return;
+  check_shape(d);
+  KILN_DISPATCH_ELEM(e, forward_t<scalar_t>(s, static_cast<scalar_t*>(out), lse,
+                                            static_cast<const scalar_t*>(qkv), d, drop));
+}
+
+size_t attention_backward_scratch_bytes(const AttnShape& d) {
+  return sizeof(float) * static_cast<size_t>(d.B * d.NH * d.T);
+}
+
+void attention_backward(cudaStream_t s, Elem e, void* dqkv, const void* dout, const void* qkv,
+                        const void* out, const float* lse, const AttnShape& d,
+                        const AttnDropout& drop, void* scratch) {
+  if (d.B * d.T * d.NH == 0) return;
+  check_shape(d);
+  KILN_DISPATCH_ELEM(e, backward_t<scalar_t>(s, static_cast<scalar_t*>(dqkv),
+                                             static_cast<const scalar_t*>(dout),
+                                             static_cast<const scalar_t*>(qkv),
+                                             static_cast<const scalar_t*>(out), lse, d, drop,
+                                             static_cast<float*>(scratch)));
+}
+
+}  // namespace kiln::cuda

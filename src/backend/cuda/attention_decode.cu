@@ -1,0 +1,102 @@
+// attention_decode: the KV-cache step of sampling.
+//   1. cache write: one thread per element of the new k and v rows (bytes 4 B Tq C size).
+//   2. one block of 128 threads per (query t, head h, batch b): the scores of the n =
+//      past + t + 1 visible keys go to dynamic shared memory (n floats), then a block max
+//      and sum, then thread d of the head accumulates sum_j p_j v_j[d] (coalesced reads
+//      of each cache row). Bytes: 2 n HD size per (b, h, t) (k and v of the visible
+//      rows); FLOPs 4 n HD. Memory-bound, as decoding is; no T x T matrix.
+#include "backend/cuda/attention_decode.h"
+#include "backend/cuda/common.cuh"
+
+#include <cmath>
+
+namespace kiln::cuda {
+
+namespace {
+
+template <class T>
+__global__ void cache_write(T* kc, T* vc, const T* qkv, int64_t B, int64_t Tq, int64_t Tmax,
+                            int64_t C, int64_t past) {
+  const int64_t n = B * Tq * C;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t bt = e / C, c = e % C, b = bt / Tq, t = bt % Tq;
+    const int64_t dst = (b * Tmax + past + t) * C + c;
+    kc[dst] = qkv[bt * 3 * C + C + c];
+    vc[dst] = qkv[bt * 3 * C + 2 * C + c];
+  }
+}
+
+template <class T>
+__global__ void decode_kernel(T* out, const T* kc, const T* vc, const T* qkv, int64_t Tq,
+                              int64_t Tmax, int64_t C, int64_t HD, int64_t past, float scale) {
+  extern __shared__ float sc[];
+  __shared__ float red[32];
+  const int64_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int64_t n = past + t + 1;
+  const T* q = qkv + (b * Tq + t) * 3 * C + h * HD;
+  const T* kb = kc + b * Tmax * C + h * HD;
+  const T* vb = vc + b * Tmax * C + h * HD;
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    float s = 0.f;
+    for (int64_t d = 0; d < HD; ++d) s += to_f(q[d]) * to_f(kb[j * C + d]);
+    s *= scale;
+    sc[j] = s;
+    mx = fmaxf(mx, s);
+  }
+  // block max
+  mx = warp_max(mx);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  if (lane == 0) red[warp] = mx;
+  __syncthreads();
+  mx = lane < nw ? red[lane] : -INFINITY;
+  mx = warp_max(mx);
+  float sum = 0.f;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    const float p = expf(sc[j] - mx);
+    sc[j] = p;
+    sum += p;
+  }
+  sum = block_sum(sum, red);  // syncs before reusing red; also orders the sc writes
+  __syncthreads();
+  const float inv = 1.f / sum;
+  for (int64_t d = threadIdx.x; d < HD; d += blockDim.x) {
+    float acc = 0.f;
+    for (int64_t j = 0; j < n; ++j) acc += sc[j] * to_f(vb[j * C + d]);
+    out[(b * Tq + t) * C + h * HD + d] = from_f<T>(acc * inv);
+  }
+}
+
+}  // namespace
+
+void attention_decode(cudaStream_t s, Elem e, void* out, void* k_cache, void* v_cache,
+                      const void* qkv, int64_t B, int64_t Tq, int64_t Tmax, int64_t C, int64_t NH,
+                      int64_t past) {
+  if (B * Tq * C == 0) return;
+  const int64_t HD = C / NH;
+  const size_t smem = sizeof(float) * static_cast<size_t>(past + Tq);
+  int dev = 0, max_smem = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&dev));
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  if (smem + 32 * sizeof(float) > static_cast<size_t>(max_smem))
+    fail("cuda: attention_decode: the cache is too long for one block's shared memory");
+  const float scale = 1.f / sqrtf(static_cast<float>(HD));
+  const dim3 grid(static_cast<unsigned>(Tq), static_cast<unsigned>(NH), static_cast<unsigned>(B));
+  KILN_DISPATCH_ELEM(e, {
+    auto* kc = static_cast<scalar_t*>(k_cache);
+    auto* vc = static_cast<scalar_t*>(v_cache);
+    const auto* x = static_cast<const scalar_t*>(qkv);
+    cache_write<<<grid_for(B * Tq * C, 256), 256, 0, s>>>(kc, vc, x, B, Tq, Tmax, C, past);
+    KILN_CUDA_LAUNCHED("attention_decode (cache)");
+    if (smem > 48 * 1024)
+      KILN_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<scalar_t>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(smem)));
+    decode_kernel<<<grid, 128, smem, s>>>(static_cast<scalar_t*>(out), kc, vc, x, Tq, Tmax, C, HD,
+                                          past, scale);
+    KILN_CUDA_LAUNCHED("attention_decode");
+  });
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,94 @@
+// Softmax cross-entropy, one block of 512 threads per row of the caller's chunk (the
+// classifier passes row chunks, so only [chunk, Vp] logits ever exist; this kernel
+// writes nothing beyond the given rows).
+//   pass 1: each thread keeps an online (max, sum of exp) over its strided columns
+//           (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"),
+//           merged across the block -> lse; the target logit is read here, before any
+//           in-place write.
+//   pass 2: dlogits[v] = grad_scale * (exp(x_v - lse) - [v == target]), 0 for v >= V.
+// Bytes: 2 Vp size read + Vp size written per row (pass 2 re-reads the row, mostly from
+// L2 for chunk rows); ~5 Vp FLOPs + 2 Vp exp. As llm.c's fused classifier, without its
+// fused loss-averaging.
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/cross_entropy.h"
+
+#include <cmath>
+
+namespace kiln::cuda {
+
+namespace {
+
+constexpr int kThreads = 512;
+
+__device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
+  const float mx = fmaxf(m, m2);
+  if (mx == -INFINITY) return;  // both empty
+  s = s * expf(m - mx) + s2 * expf(m2 - mx);
+  m = mx;
+}
+
+template <class T>
+__global__ void xent_kernel(float* losses, T* dlogits, const T* logits, const int32_t* targets,
+                            int64_t Vp, int V, int ignore_index, float grad_scale) {
+  __shared__ float sm_m[kThreads / 32], sm_s[kThreads / 32];
+  __shared__ float s_lse, s_xt;
+  const int64_t row = blockIdx.x;
+  const T* x = logits + row * Vp;
+  const int32_t tgt = targets[row];
+  const bool ignored = tgt == ignore_index;
+  const bool bad = !ignored && (tgt < 0 || tgt >= V);
+  float m = -INFINITY, s = 0.f;
+  for (int v = threadIdx.x; v < V; v += kThreads) {
+    const float xv = to_f(x[v]);
+    if (xv > m) {
+      s = s * expf(m - xv) + 1.f;
+      m = xv;
+    } else {
+      s += expf(xv - m);
+    }
+  }
+  // Warp merge, then across warps (fixed order).
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+    const float s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    merge(m, s, m2, s2);
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) {
+    sm_m[warp] = m;
+    sm_s[warp] = s;
+  }
+  if (threadIdx.x == 0) s_xt = (ignored || bad) ? 0.f : to_f(x[tgt]);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float M = sm_m[0], S = sm_s[0];
+    for (int w = 1; w < kThreads / 32; ++w) merge(M, S, sm_m[w], sm_s[w]);
+    s_lse = M + logf(S);
+    losses[row] = ignored ? 0.f : bad ? NAN : s_lse - s_xt;
+  }
+  __syncthreads();
+  if (dlogits == nullptr) return;
+  T* d = dlogits + row * Vp;
+  const float lse = s_lse;
+  for (int64_t v = threadIdx.x; v < Vp; v += kThreads) {
+    float g = 0.f;
+    if (!ignored && v < V) g = expf(to_f(x[v]) - lse) * grad_scale - (v == tgt ? grad_scale : 0.f);
+    d[v] = from_f<T>(bad ? NAN : g);
+  }
+}
+
+}  // namespace
+
+void softmax_cross_entropy(cudaStream_t s, Elem e, float* losses, void* dlogits,
+                           const void* logits, const int32_t* targets, int64_t N, int64_t Vp,
+                           int V, int ignore_index, float grad_scale) {
+  if (N <= 0) return;
+  KILN_DISPATCH_ELEM(e, xent_kernel<<<static_cast<unsigned>(N), kThreads, 0, s>>>(
+                            losses, static_cast<scalar_t*>(dlogits),
+                            static_cast<const scalar_t*>(logits), targets, Vp, V, ignore_index,
+                            grad_scale));
+  KILN_CUDA_LAUNCHED("softmax_cross_entropy");
+}
+
+}  // namespace kiln::cuda

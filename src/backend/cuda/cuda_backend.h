@@ -1,0 +1,31 @@
+// The CUDA backend: kiln's Backend interface on one NVIDIA GPU (docs/cuda.md).
+//
+// - Stream: Stream::handle is a cudaStream_t; a null handle means the backend's own
+//   (non-blocking) stream, which default_stream() returns. Ops are asynchronous;
+//   copy_to_host and sum_squares synchronise.
+// - Memory: CudaAllocator (stream-ordered cudaMallocAsync from a pool that keeps freed
+//   memory), every byte accounted by MemCategory; op scratch is Temporaries.
+// - dtypes: every op runs fp32 and bf16 (reductions, softmax and GEMM accumulation in
+//   fp32); fp16 only for transfers, copy and fill.
+// - GEMMs: cuBLASLt, fp32 without TF32 unless KILN_CUDA_TF32=1 is set in the
+//   environment (then fp32 GEMMs use TF32 tensor cores: faster, ~1e-3 relative error).
+// - Out-of-range token ids or targets do not throw (that would need a host
+//   synchronisation per op): they produce NaN rows, which the loss then shows.
+#pragma once
+
+#include "backend/backend.h"
+
+#include <memory>
+#include <string>
+
+namespace kiln {
+
+/// Number of CUDA devices visible (0 when the driver is missing or reports none).
+int cuda_device_count();
+/// Why no CUDA device can be used, or "" when one can ("no GPU visible", a driver error).
+std::string cuda_unavailable_reason();
+
+/// A CUDA backend on device `device`. Throws kiln::Error when it cannot be created.
+std::unique_ptr<Backend> make_cuda_backend(int device = 0);
+
+}  // namespace kiln

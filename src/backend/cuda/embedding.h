@@ -1,0 +1,21 @@
+// Token + position embedding (GPT-2), forward and a deterministic backward.
+#pragma once
+
+#include "backend/cuda/common.h"
+
+namespace kiln::cuda {
+
+/// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]; rows with a token outside [0, Vp) are
+/// written as NaN (a device-side check cannot throw without a host synchronisation).
+void embedding_forward(cudaStream_t s, Elem e, void* out, const int32_t* tokens, const void* wte,
+                       const void* wpe, int64_t B, int64_t T, int64_t C, int64_t Vp);
+
+/// Device scratch bytes embedding_backward needs for B*T tokens.
+size_t embedding_backward_scratch_bytes(int64_t BT);
+/// dwte[tokens[b,t]] += dout[b,t];  dwpe[t] += sum_b dout[b,t]. Tokens outside [0, Vp)
+/// are skipped (as on the CPU).
+void embedding_backward(cudaStream_t s, Elem e, void* dwte, void* dwpe, const void* dout,
+                        const int32_t* tokens, int64_t B, int64_t T, int64_t C, int64_t Vp,
+                        void* scratch, size_t scratch_bytes);
+
+}  // namespace kiln::cuda

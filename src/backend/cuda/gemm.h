@@ -1,0 +1,70 @@
+// GEMMs through cuBLASLt, in cuBLAS's column-major terms:
+//   C[m,n] = alpha op(A)[m,k] op(B)[k,n] + beta C  (+ bias[m] per row, + GELU)
+// with fp32 accumulation (CUBLAS_COMPUTE_32F). fp32 operands run in full fp32 (no TF32)
+// unless allow_tf32 is set; bf16 operands use the tensor cores with fp32 accumulation.
+// Epilogues fuse the bias (and, for a future fused linear+GELU op, GELU with the
+// pre-activation saved for backward: cuBLASLt's GELU_AUX_BIAS) into the GEMM's stores.
+//
+// The algorithm for each (shape, layout, dtype, epilogue, alignment) is chosen once by
+// cublasLtMatmulAlgoGetHeuristic and cached. One 32 MiB workspace per backend.
+#pragma once
+
+#include "backend/cuda/common.h"
+
+#include <cublasLt.h>
+
+#include <map>
+#include <mutex>
+#include <tuple>
+
+namespace kiln::cuda {
+
+enum class Epilogue { None, Bias, GeluBias };
+
+struct GemmArgs {
+  bool trans_a = false, trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  const void* a = nullptr;
+  int64_t lda = 0;
+  const void* b = nullptr;
+  int64_t ldb = 0;
+  void* c = nullptr;
+  int64_t ldc = 0;
+  float beta = 0.f;               // 1 accumulates into C
+  Epilogue epilogue = Epilogue::None;
+  const void* bias = nullptr;     // [m], same dtype as C
+  void* gelu_aux = nullptr;       // GeluBias: pre-activation [m,n], ld = ldc
+  Elem elem = Elem::F32;
+};
+
+class Gemm {
+ public:
+  Gemm();
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  void set_workspace(void* ptr, size_t bytes) {
+    workspace_ = ptr;
+    workspace_bytes_ = bytes;
+  }
+  void set_allow_tf32(bool on) { allow_tf32_ = on; }
+  bool allow_tf32() const { return allow_tf32_; }
+
+  /// Runs the GEMM on stream s. Returns false (running nothing) when cuBLASLt has no
+  /// algorithm for this epilogue, so that the caller can fall back to Epilogue::None and
+  /// a separate bias kernel; throws kiln::Error on a cuBLAS failure.
+  bool run(cudaStream_t s, const GemmArgs& g);
+
+ private:
+  using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int,
+                         int, int, int>;
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  bool allow_tf32_ = false;
+  std::mutex mu_;
+  std::map<Key, std::pair<bool, cublasLtMatmulAlgo_t>> cache_;
+};
+
+}  // namespace kiln::cuda

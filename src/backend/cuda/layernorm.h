@@ -1,0 +1,20 @@
+// LayerNorm over the last dimension (Ba, Kiros, Hinton 2016), forward and backward.
+#pragma once
+
+#include "backend/cuda/common.h"
+
+namespace kiln::cuda {
+
+void layernorm_forward(cudaStream_t s, Elem e, void* out, float* mean, float* rstd,
+                       const void* inp, const void* weight, const void* bias, int64_t N,
+                       int64_t C, float eps);
+
+/// Device scratch bytes layernorm_backward needs.
+size_t layernorm_backward_scratch_bytes(int64_t N, int64_t C);
+/// dinp += d/dinp (the residual stream's gradient already holds the skip part);
+/// dweight += sum_n dout * norm; dbias += sum_n dout.
+void layernorm_backward(cudaStream_t s, Elem e, void* dinp, void* dweight, void* dbias,
+                        const void* dout, const void* inp, const void* weight, const float* mean,
+                        const float* rstd, int64_t N, int64_t C, void* scratch);
+
+}  // namespace kiln::cuda
