@@ -1,0 +1,315 @@
+// NcclCommunicator (see nccl_communicator.h).
+#include "comm/nccl/nccl_communicator.h"
+
+#include "comm/detail.h"
+#include "core/error.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#if defined(KILN_NCCL_NVTX)
+#include <nvtx3/nvToolsExt.h>
+#endif
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+namespace kiln {
+
+namespace {
+
+using comm_detail::Clock;
+
+void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    KILN_FAIL("nccl communicator: {} failed: {}", what, cudaGetErrorString(e));
+  }
+}
+
+void nccl_ok(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess && r != ncclInProgress)
+    KILN_FAIL("nccl communicator: {} failed: {} ({})", what, ncclGetErrorString(r),
+              static_cast<int>(r));
+}
+
+ncclDataType_t nccl_type(DType d) {
+  switch (d) {
+    case DType::F32: return ncclFloat32;
+    case DType::BF16: return ncclBfloat16;
+    case DType::F16: return ncclFloat16;
+    case DType::I32: return ncclInt32;
+  }
+  return ncclFloat32;
+}
+
+struct NvtxScope {
+#if defined(KILN_NCCL_NVTX)
+  explicit NvtxScope(const char* name) { nvtxRangePushA(name); }
+  ~NvtxScope() { nvtxRangePop(); }
+#else
+  explicit NvtxScope(const char*) {}
+#endif
+};
+
+class NcclCommunicator;
+
+// A collective in flight: start/end events on the communication stream.
+class NcclWork final : public Work {
+ public:
+  NcclWork(NcclCommunicator* comm, Collective c, int64_t bytes, std::string description,
+           cudaEvent_t start, cudaEvent_t end)
+      : comm_(comm), c_(c), bytes_(bytes), description_(std::move(description)), start_(start),
+        end_(end) {}
+  ~NcclWork() override {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(end_);
+  }
+  void wait() override;
+  bool is_completed() const override;
+  std::string description() const override { return description_; }
+
+ private:
+  void finish() const;
+  NcclCommunicator* comm_;
+  Collective c_;
+  int64_t bytes_;
+  std::string description_;
+  cudaEvent_t start_, end_;
+  mutable bool recorded_ = false;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(std::unique_ptr<Communicator> bootstrap, int device, std::string name)
+      : Communicator(std::move(name)), boot_(std::move(bootstrap)), device_(device) {
+    set_timeout(boot_->timeout());
+    if (device_ < 0) cuda_ok(cudaGetDevice(&device_), "cudaGetDevice");
+    cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
+    cuda_ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    cuda_ok(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
+    ncclUniqueId id;
+    std::memset(&id, 0, sizeof(id));
+    if (boot_->rank() == 0) nccl_ok(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    static_assert(sizeof(ncclUniqueId) % 4 == 0);
+    boot_->broadcast(Tensor::view(&id, {static_cast<int64_t>(sizeof(id) / 4)}, DType::I32), 0);
+    nccl_ok(ncclCommInitRank(&comm_, boot_->size(), id, boot_->rank()), "ncclCommInitRank");
+    int32_t one = 1;
+    cuda_ok(cudaMalloc(&barrier_buf_, sizeof(int32_t)), "cudaMalloc");
+    cuda_ok(cudaMemcpy(barrier_buf_, &one, sizeof(one), cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+
+  ~NcclCommunicator() override {
+    if (comm_) {
+      (void)cudaStreamSynchronize(stream_);
+      ncclCommDestroy(comm_);
+    }
+    cudaFree(barrier_buf_);
+    cudaEventDestroy(ready_);
+    cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return boot_->rank(); }
+  int size() const override { return boot_->size(); }
+  std::string backend_name() const override { return "nccl"; }
+
+  std::shared_ptr<Work> all_reduce_async(const Tensor& t, ReduceOp op, Stream s) override {
+    check_buffer(t, "all_reduce");
+    if (t.device().is_cpu()) return boot_->all_reduce_async(t, op, s);
+    const std::string what = comm_detail::describe(Collective::AllReduce, t, reduce_op_name(op));
+    return launch(Collective::AllReduce, static_cast<int64_t>(t.nbytes()), what, s, [&] {
+      return ncclAllReduce(t.raw(), t.raw(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()),
+                           op == ReduceOp::Sum ? ncclSum : ncclMax, comm_, stream_);
+    });
+  }
+  std::shared_ptr<Work> reduce_scatter_async(const Tensor& output, const Tensor& input,
+                                             Stream s) override {
+    check_reduce_scatter(output, input);
+    if (input.device().is_cpu()) return boot_->reduce_scatter_async(output, input, s);
+    const std::string what = comm_detail::describe(Collective::ReduceScatter, input);
+    return launch(Collective::ReduceScatter, static_cast<int64_t>(input.nbytes()), what, s, [&] {
+      return ncclReduceScatter(input.raw(), output.raw(), static_cast<size_t>(output.numel()),
+                               nccl_type(input.dtype()), ncclSum, comm_, stream_);
+    });
+  }
+  std::shared_ptr<Work> all_gather_async(const Tensor& output, const Tensor& input,
+                                         Stream s) override {
+    check_all_gather(output, input);
+    if (input.device().is_cpu()) return boot_->all_gather_async(output, input, s);
+    const std::string what = comm_detail::describe(Collective::AllGather, output);
+    return launch(Collective::AllGather, static_cast<int64_t>(output.nbytes()), what, s, [&] {
+      return ncclAllGather(input.raw(), output.raw(), static_cast<size_t>(input.numel()),
+                           nccl_type(input.dtype()), comm_, stream_);
+    });
+  }
+  std::shared_ptr<Work> broadcast_async(const Tensor& t, int root, Stream s) override {
+    check_buffer(t, "broadcast");
+    check_root(root);
+    if (t.device().is_cpu()) return boot_->broadcast_async(t, root, s);
+    const std::string what =
+        comm_detail::describe(Collective::Broadcast, t, "root " + std::to_string(root));
+    return launch(Collective::Broadcast, static_cast<int64_t>(t.nbytes()), what, s, [&] {
+      return ncclBroadcast(t.raw(), t.raw(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()),
+                           root, comm_, stream_);
+    });
+  }
+  std::shared_ptr<Work> send_async(const Tensor& t, int peer, int tag, Stream s) override {
+    check_buffer(t, "send");
+    check_peer(peer, tag, "send");
+    if (t.device().is_cpu()) return boot_->send_async(t, peer, tag, s);
+    const std::string what = comm_detail::describe(Collective::Send, t, "to " + std::to_string(peer));
+    return launch(Collective::Send, static_cast<int64_t>(t.nbytes()), what, s, [&] {
+      return ncclSend(t.raw(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()), peer, comm_,
+                      stream_);
+    });
+  }
+  std::shared_ptr<Work> recv_async(const Tensor& t, int peer, int tag, Stream s) override {
+    check_buffer(t, "recv");
+    check_peer(peer, tag, "recv");
+    if (t.device().is_cpu()) return boot_->recv_async(t, peer, tag, s);
+    const std::string what =
+        comm_detail::describe(Collective::Recv, t, "from " + std::to_string(peer));
+    return launch(Collective::Recv, static_cast<int64_t>(t.nbytes()), what, s, [&] {
+      return ncclRecv(t.raw(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()), peer, comm_,
+                      stream_);
+    });
+  }
+  std::shared_ptr<Work> barrier_async() override {
+    // An all-reduce of one device int: completes when every rank has reached it.
+    return launch(Collective::Barrier, 0, "barrier", Stream{}, [&] {
+      return ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclInt32, ncclMax, comm_, stream_);
+    });
+  }
+
+  // Polled by NcclWork::wait(): aborts the job on an NCCL error or a timeout.
+  void poll_failure(const std::string& what, Clock::time_point t0) {
+    ncclResult_t async = ncclSuccess;
+    if (ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess &&
+        async != ncclInProgress) {
+      const std::string msg =
+          fmt::format("nccl error during {} on {}: {}", what, where(), ncclGetErrorString(async));
+      abort_comm();
+      abort_all(msg);
+    }
+    const double waited = comm_detail::seconds_since(t0);
+    if (waited > timeout()) {
+      const std::string msg = fmt::format(
+          "timed out after {} s waiting for {} on {} (KILN_COMM_TIMEOUT_S sets the limit)",
+          timeout(), what, where());
+      abort_comm();
+      abort_all(msg);
+    }
+  }
+  void record_done(Collective c, int64_t bytes, double seconds) { record(c, bytes, seconds); }
+
+ protected:
+  std::unique_ptr<Communicator> make_group(const std::vector<int>& ranks,
+                                           const std::string& name) override {
+    return std::make_unique<NcclCommunicator>(boot_->new_group(ranks, name + "/bootstrap"),
+                                              device_, name);
+  }
+  std::unique_ptr<Communicator> make_split(int color, int key, const std::string& name) override {
+    return std::make_unique<NcclCommunicator>(boot_->split(color, key, name + "/bootstrap"),
+                                              device_, name);
+  }
+
+ private:
+  template <class F>
+  std::shared_ptr<Work> launch(Collective c, int64_t bytes, const std::string& what, Stream s,
+                               F&& call) {
+    NvtxScope range(collective_name(c));
+    cudaEvent_t start = nullptr, end = nullptr;
+    cuda_ok(cudaEventCreate(&start), "cudaEventCreate");
+    cuda_ok(cudaEventCreate(&end), "cudaEventCreate");
+    auto caller = static_cast<cudaStream_t>(s.handle);
+    // The collective sees everything queued before it on the caller's stream.
+    cuda_ok(cudaEventRecord(ready_, caller), "cudaEventRecord");
+    cuda_ok(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
+    cuda_ok(cudaEventRecord(start, stream_), "cudaEventRecord");
+    const ncclResult_t r = call();
+    if (r != ncclSuccess && r != ncclInProgress) {
+      cudaEventDestroy(start);
+      cudaEventDestroy(end);
+      KILN_FAIL("nccl communicator: {} on {} failed: {}", what, where(), ncclGetErrorString(r));
+    }
+    cuda_ok(cudaEventRecord(end, stream_), "cudaEventRecord");
+    return std::make_shared<NcclWork>(this, c, bytes, what + " on " + where(), start, end);
+  }
+
+  void abort_comm() {
+    if (comm_) {
+      ncclCommAbort(comm_);
+      comm_ = nullptr;
+    }
+  }
+
+  std::unique_ptr<Communicator> boot_;
+  int device_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr;
+  ncclComm_t comm_ = nullptr;
+  void* barrier_buf_ = nullptr;
+};
+
+bool NcclWork::is_completed() const {
+  if (cudaEventQuery(end_) != cudaSuccess) return false;
+  finish();
+  return true;
+}
+
+void NcclWork::wait() {
+  const auto t0 = Clock::now();
+  for (;;) {
+    const cudaError_t q = cudaEventQuery(end_);
+    if (q == cudaSuccess) break;
+    if (q != cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      abort_all(fmt::format("cuda error while waiting for {}: {}", description_,
+                            cudaGetErrorString(q)));
+    }
+    comm_->poll_failure(description_, t0);
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  finish();
+}
+
+void NcclWork::finish() const {
+  if (recorded_) return;
+  recorded_ = true;
+  float ms = 0.f;
+  if (cudaEventElapsedTime(&ms, start_, end_) != cudaSuccess) (void)cudaGetLastError();
+  comm_->record_done(c_, bytes_, ms / 1e3);
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(std::unique_ptr<Communicator> bootstrap,
+                                                     int device) {
+  KILN_CHECK(bootstrap != nullptr, "make_nccl_communicator: no bootstrap communicator");
+  std::string name = bootstrap->name();
+  return std::make_unique<NcclCommunicator>(std::move(bootstrap), device, std::move(name));
+}
+
+std::unique_ptr<Communicator> make_nccl_world_communicator() {
+  auto world = make_world_communicator();
+  int local = world->rank();
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"})
+    if (const char* v = std::getenv(var)) {
+      local = std::atoi(v);
+      break;
+    }
+  int n = 0;
+  cuda_ok(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
+  KILN_CHECK(n > 0, "nccl communicator: no GPU visible");
+  return make_nccl_communicator(std::move(world), local % n);
+}
+
+std::string nccl_version() {
+  int v = 0;
+  nccl_ok(ncclGetVersion(&v), "ncclGetVersion");
+  return fmt::format("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100);
+}
+
+}  // namespace kiln
