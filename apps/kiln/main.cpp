@@ -1,6 +1,7 @@
 // kiln: the command-line entry point. Each sub-command lives in its own file
 // (cmd_*.cpp) and registers itself here; errors become one line and a non-zero exit.
 #include "apps/kiln/commands.h"
+#include "comm/communicator.h"
 #include "core/error.h"
 
 #include <CLI/CLI.hpp>
@@ -16,16 +17,16 @@ int main(int argc, char** argv) {
   kiln::app::register_sample(app);
   kiln::app::register_export(app);
   kiln::app::register_unigram(app);
+  kiln::app::register_bench(app);
+  kiln::app::register_report(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
-  } catch (const kiln::Error& e) {
-    std::fflush(stdout);
-    fmt::print(stderr, "kiln: error: {}\n", e.what());
-    return 1;
   } catch (const std::exception& e) {
     std::fflush(stdout);
+    // Under mpirun/srun one rank's error ends every rank (no hang), naming the rank.
+    if (kiln::launcher_world_size() != 0) kiln::abort_all(fmt::format("error: {}", e.what()));
     fmt::print(stderr, "kiln: error: {}\n", e.what());
     return 1;
   }

@@ -240,7 +240,10 @@ class Runtime {
     comm_detail::set_abort_hook(nullptr);
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (owns_ && !finalized) MPI_Finalize();
+    // While an exception unwinds (a rank failing), MPI_Finalize would wait for the other
+    // ranks, which are blocked in a collective waiting for this one: skip it, so the
+    // error reaches the top level, which calls abort_all() and ends every rank.
+    if (owns_ && !finalized && std::uncaught_exceptions() == 0) MPI_Finalize();
   }
 
   Mode mode() const { return mode_; }

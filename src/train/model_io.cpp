@@ -175,35 +175,36 @@ GPT2Weights weights_of_checkpoint(const fs::path& dir) {
 }
 }  // namespace
 
-void load_weights_into(GPT2& model, const fs::path& path) {
+GPT2Weights read_gpt2_weights(const fs::path& path, const GPT2Config& expect) {
   KILN_CHECK(fs::exists(path), "model.init_from: {} does not exist", path.string());
   GPT2Weights w;
   if (fs::is_directory(path)) {
     w = weights_of_checkpoint(path);
   } else if (path.extension() == ".safetensors") {
-    w = load_hf_safetensors(path, model.config().n_head);
+    w = load_hf_safetensors(path, expect.n_head);
   } else {
     w = load_llmc(path);
   }
-  check_same_model(model.config(), w.config, path);
-  Backend& be = model.backend();
-  for (const ParamSpec& p : model.params()) {
-    auto it = w.tensors.find(p.name);
-    KILN_CHECK(it != w.tensors.end(), "{}: no tensor '{}'", path.string(), p.name);
-    std::vector<float>& v = it->second;
-    // Vocabulary padding may differ between files (llm.c pads to 50304, Hugging Face
-    // not at all): copy the real rows, keep the padded rows zero.
-    if (p.name == "transformer.wte.weight" && static_cast<int64_t>(v.size()) != p.shape.numel()) {
-      std::vector<float> padded(static_cast<size_t>(p.shape.numel()), 0.f);
-      const auto rows = static_cast<size_t>(model.config().vocab_size) * p.shape[1];
-      std::copy(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(rows), padded.begin());
-      v.swap(padded);
-    }
-    KILN_CHECK(static_cast<int64_t>(v.size()) == p.shape.numel(),
-               "{}: tensor '{}' has {} elements, the model expects {}", path.string(), p.name,
-               v.size(), p.shape.numel());
-    be.copy_from_host(be.default_stream(), model.param(p), v.data());
+  check_same_model(expect, w.config, path);
+  // Vocabulary padding may differ between files (llm.c pads to 50304, Hugging Face not
+  // at all): keep the real rows, pad with zero rows to this model's padded size.
+  auto& wte = w.tensors.at("transformer.wte.weight");
+  const auto want = static_cast<size_t>(expect.padded_vocab_size) * expect.n_embd;
+  if (wte.size() != want) {
+    std::vector<float> padded(want, 0.f);
+    const auto rows = static_cast<size_t>(expect.vocab_size) * expect.n_embd;
+    std::copy(wte.begin(), wte.begin() + static_cast<std::ptrdiff_t>(rows), padded.begin());
+    wte.swap(padded);
   }
+  w.config = expect;
+  return w;
+}
+
+void load_weights_into(GPT2& model, const fs::path& path) {
+  const GPT2Weights w = read_gpt2_weights(path, model.config());
+  Backend& be = model.backend();
+  for (const ParamSpec& p : model.params())
+    be.copy_from_host(be.default_stream(), model.param(p), w.tensors.at(p.name).data());
 }
 
 void export_checkpoint(const fs::path& checkpoint_dir, const std::string& format,

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/gpt2_formats.h"
 #include "data/tokenizer.h"
 #include "models/gpt2/gpt2.h"
 #include "optim/adamw.h"
@@ -35,6 +36,12 @@ void load_optimizer_from_checkpoint(const checkpoint::CheckpointReader& reader, 
 /// a tensor is missing or its global shape differs from the model's.
 void load_model_from_checkpoint(const checkpoint::CheckpointReader& reader, GPT2& model,
                                 AdamW* optimizer);
+
+/// GPT-2 weights (kiln names and layouts, vocabulary padded like `expect`) from a kiln
+/// checkpoint directory, an llm.c GPT-2 .bin (magic 20240326, fp32) or a Hugging Face
+/// GPT-2 .safetensors, chosen by what `path` is. Throws kiln::Error naming the file when
+/// it is missing, corrupt, or holds a model of another shape than `expect`.
+GPT2Weights read_gpt2_weights(const std::filesystem::path& path, const GPT2Config& expect);
 
 /// Loads weights into `model` from a kiln checkpoint directory, an llm.c GPT-2 .bin
 /// (magic 20240326, fp32) or a Hugging Face GPT-2 .safetensors, chosen by what `path`

@@ -14,7 +14,9 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <fstream>
+#include <optional>
 
 namespace kiln {
 
@@ -38,6 +40,21 @@ bool preemption_requested() { return g_preempt.load(); }
 
 Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     : config_(config), options_(options), run_dir_(config.run.dir) {
+  // The mesh first: every later choice (accumulation, data slice, ZeRO shards) depends
+  // on the data-parallel size.
+  world_ = make_world_communicator();
+  // parallel.timeout_s, unless KILN_COMM_TIMEOUT_S overrides it (tests, debugging).
+  if (std::getenv("KILN_COMM_TIMEOUT_S") == nullptr) world_->set_timeout(config_.parallel.timeout_s);
+  KILN_CHECK(config_.parallel.tp == 1 && config_.parallel.pp == 1,
+             "{}: parallel.tp and parallel.pp must be 1 (tensor and pipeline parallelism are not "
+             "implemented yet)", config_.source);
+  mesh_ = std::make_unique<DeviceMesh>(*world_, config_.parallel.dp, config_.parallel.tp,
+                                       config_.parallel.pp);
+  dp_size_ = mesh_->dp();
+  dp_rank_ = mesh_->coord()[Axis::DP];
+  is_rank0_ = world_->rank() == 0;
+  if (!is_rank0_) options_.verbose = false;
+  if (config_.train.global_batch == 0) config_.train.global_batch = config_.train.micro_batch * dp_size_;
   config_.validate_for_training();
   KILN_CHECK(!config_.data.dir.empty(), "{}: data.dir is required for training", config_.source);
   accum_ = config_.grad_accum_steps(dp_size_);
@@ -45,34 +62,40 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   train_loader_ = std::make_unique<data::DataLoader>(config_.data.dir, "train", seq_len_,
                                                      static_cast<uint64_t>(config_.train.seed),
                                                      /*shuffle=*/true);
-  const int data_vocab = train_loader_->meta().vocab_size;
-  if (config_.model.vocab_size == 0) config_.model.vocab_size = data_vocab;
-  KILN_CHECK(config_.model.vocab_size >= data_vocab,
+  const data::DatasetMeta& meta = train_loader_->meta();
+  if (config_.model.vocab_size == 0) config_.model.vocab_size = meta.vocab_size;
+  KILN_CHECK(config_.model.vocab_size >= meta.vocab_size,
              "{}: model.vocab_size {} is smaller than the data set's vocabulary ({} in {})",
-             config_.source, config_.model.vocab_size, data_vocab, config_.data.dir);
+             config_.source, config_.model.vocab_size, meta.vocab_size, config_.data.dir);
+  // Every rank must run the same config on the same data: compare hashes at start-up.
+  check_same_on_all_ranks(*world_, "config", config_.hash());
+  check_same_on_all_ranks(*world_, "data set " + config_.data.dir,
+                          fmt::format("{}/{}/{}", meta.tokenizer_hash, meta.vocab_size,
+                                      train_loader_->total_tokens()));
 
   backend_ = make_backend("cpu");
-  model_ = std::make_unique<GPT2>(gpt2_config_from(config_), *backend_);
+  model_ = std::make_unique<GPT2>(gpt2_config_from(config_), *backend_,
+                                  zero_model_storage(config_.parallel.zero_stage, dp_size_));
+  dp_ = std::make_unique<DataParallel>(*model_, mesh_->comm(Axis::DP), config_.parallel.zero_stage,
+                                       config_.parallel.bucket_mb);
   AdamWConfig oc;
   oc.lr = static_cast<float>(config_.optim.lr);
   oc.beta1 = static_cast<float>(config_.optim.beta1);
   oc.beta2 = static_cast<float>(config_.optim.beta2);
   oc.eps = static_cast<float>(config_.optim.eps);
   oc.weight_decay = static_cast<float>(config_.optim.weight_decay);
-  optimizer_ = std::make_unique<AdamW>(*backend_, model_->params(), model_->param_buffer(),
-                                       model_->grad_buffer(), oc);
+  optimizer_ = std::make_unique<AdamW>(*backend_, dp_->optimizer_segments(), oc);
   const int B = config_.train.micro_batch;
   tokens_ = backend_->empty(Shape{B, seq_len_}, DType::I32, MemCategory::Activations);
   targets_ = backend_->empty(Shape{B, seq_len_}, DType::I32, MemCategory::Activations);
 
   // Where to start: a checkpoint to resume, else init_from or a random init.
-  fs::create_directories(run_dir_);
   const fs::path ckpt_root = run_dir_ / "ckpt";
   std::optional<fs::path> resume_dir;
   if (options_.resume == "auto") {
     resume_dir = checkpoint::find_latest_checkpoint(ckpt_root);
-    if (!resume_dir) fmt::print("kiln: --resume auto: no checkpoint in {}, starting fresh\n",
-                                ckpt_root.string());
+    if (!resume_dir && options_.verbose)
+      fmt::print("kiln: --resume auto: no checkpoint in {}, starting fresh\n", ckpt_root.string());
   } else if (!options_.resume.empty()) {
     resume_dir = fs::path(options_.resume);
   }
@@ -84,16 +107,19 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
                "run.dir", ckpt_root.string());
     init_weights();
   }
-  std::ofstream(run_dir_ / "config.toml") << config_.to_toml();
+  if (is_rank0_) {
+    fs::create_directories(run_dir_);
+    std::ofstream(run_dir_ / "config.toml") << config_.to_toml();
+  }
 
   peak_flops_ = config_.log.peak_tflops > 0 ? config_.log.peak_tflops * 1e12
                                             : measure_gemm_flops(*backend_, DType::F32);
   if (options_.verbose) {
     fmt::print("kiln: {}\n", model_->config().str());
-    fmt::print("kiln: {} updates of {} sequences x {} tokens ({} micro-steps of {} per rank), "
-               "backend {}, peak {:.1f} GFLOP/s ({})\n",
-               config_.train.steps, config_.train.global_batch, seq_len_, accum_, B,
-               backend_->name(), peak_flops_ / 1e9,
+    fmt::print("kiln: {} updates of {} sequences x {} tokens ({} micro-steps of {} on each of {} "
+               "data-parallel ranks, ZeRO stage {}), backend {}, peak {:.1f} GFLOP/s per rank ({})\n",
+               config_.train.steps, config_.train.global_batch, seq_len_, accum_, B, dp_size_,
+               config_.parallel.zero_stage, backend_->name(), peak_flops_ / 1e9,
                config_.log.peak_tflops > 0 ? "log.peak_tflops" : "measured fp32 GEMM");
   }
 }
@@ -102,49 +128,92 @@ Trainer::~Trainer() = default;
 
 void Trainer::init_weights() {
   if (config_.model.init_from.empty()) {
-    model_->init_weights(static_cast<uint64_t>(config_.train.seed));
+    dp_->init_weights(static_cast<uint64_t>(config_.train.seed));
     return;
   }
-  load_weights_into(*model_, config_.model.init_from);
+  const GPT2Weights w = read_gpt2_weights(config_.model.init_from, model_->config());
+  for (const AdamWSegment& seg : dp_->load_segments())
+    backend_->copy_from_host(backend_->default_stream(), seg.param,
+                             w.tensors.at(seg.spec.name).data() + seg.begin);
   if (options_.verbose) fmt::print("kiln: initialised from {}\n", config_.model.init_from);
+}
+
+void Trainer::dp_sum(std::vector<float>& values) {
+  if (dp_size_ == 1) return;
+  Tensor t = Tensor::view(values.data(), Shape{static_cast<int64_t>(values.size())}, DType::F32);
+  mesh_->comm(Axis::DP).all_reduce(t);
+}
+
+std::vector<std::vector<int64_t>> Trainer::memory_by_rank() {
+  const MemoryStats mem = backend_->allocator().stats();
+  // Bytes as two int32 halves each, so that sizes past 2 GiB survive the int32 gather.
+  std::vector<int32_t> mine;
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    const int64_t v = c < kNumMemCategories ? mem.current[static_cast<size_t>(c)] : 0;
+    mine.push_back(static_cast<int32_t>(v >> 31));
+    mine.push_back(static_cast<int32_t>(v & 0x7fffffff));
+  }
+  mine.push_back(static_cast<int32_t>(mem.total_peak >> 31));
+  mine.push_back(static_cast<int32_t>(mem.total_peak & 0x7fffffff));
+  const auto n = static_cast<int64_t>(mine.size());
+  std::vector<int32_t> all(static_cast<size_t>(n * world_->size()));
+  if (world_->size() == 1) {
+    all = mine;
+  } else {
+    world_->all_gather(Tensor::view(all.data(), Shape{static_cast<int64_t>(all.size())}, DType::I32),
+                       Tensor::view(mine.data(), Shape{n}, DType::I32));
+  }
+  std::vector<std::vector<int64_t>> out(static_cast<size_t>(world_->size()));
+  for (size_t r = 0; r < out.size(); ++r)
+    for (int64_t i = 0; i < n; i += 2)
+      out[r].push_back((static_cast<int64_t>(all[r * n + i]) << 31) | all[r * n + i + 1]);
+  return out;
 }
 
 double Trainer::train_step(double* grad_norm) {
   const int B = config_.train.micro_batch, T = seq_len_;
-  // Fetch the whole global batch's share of this rank first: the loss is normalised by
-  // the number of target tokens in the global batch, known before the first backward.
+  // Fetch this rank's share of the whole global batch first: the loss is normalised by
+  // the number of target tokens in the global batch (over all ranks), known before the
+  // first backward.
   std::vector<int32_t> inputs(static_cast<size_t>(accum_) * B * T), targets(inputs.size());
-  int64_t n_targets = 0;
   for (int k = 0; k < accum_; ++k) {
     train_loader_->next_batch(inputs.data() + static_cast<size_t>(k) * B * T,
                               targets.data() + static_cast<size_t>(k) * B * T, B, dp_rank_,
                               dp_size_);
   }
-  for (int32_t t : targets) n_targets += t != -1;
+  std::vector<float> count{0.f};
+  for (int32_t t : targets) count[0] += t != -1 ? 1.f : 0.f;
+  dp_sum(count);
+  const auto n_targets = static_cast<int64_t>(count[0]);
   KILN_CHECK(n_targets > 0, "step {}: the global batch has no target tokens", step_ + 1);
   const float grad_scale = 1.f / static_cast<float>(n_targets);
 
-  model_->zero_grad();
+  dp_->begin_step(accum_);
   double loss_sum = 0.0;
   const Stream s = backend_->default_stream();
   for (int k = 0; k < accum_; ++k) {
+    dp_->begin_micro_step(k);
     backend_->copy_from_host(s, tokens_, inputs.data() + static_cast<size_t>(k) * B * T);
     backend_->copy_from_host(s, targets_, targets.data() + static_cast<size_t>(k) * B * T);
     model_->set_dropout(true, static_cast<uint64_t>(config_.train.seed),
-                        static_cast<uint64_t>(step_ * accum_ + k));
+                        static_cast<uint64_t>((step_ * accum_ + k) * dp_size_ + dp_rank_));
     loss_sum += model_->forward(tokens_, targets_, grad_scale);
     model_->backward();
   }
-  const double loss = loss_sum / static_cast<double>(n_targets);
-  KILN_CHECK(std::isfinite(loss), "step {}: the loss is {} (diverged); lower optim.lr or check "
-             "the data", step_ + 1, loss);
-  const double norm = std::sqrt(backend_->sum_squares(backend_->default_stream(), model_->grad_buffer()));
+  dp_->finish_gradients();
+  std::vector<float> loss{static_cast<float>(loss_sum)};
+  if (dp_size_ > 1) dp_sum(loss);
+  const double loss_mean = (dp_size_ > 1 ? loss[0] : loss_sum) / static_cast<double>(n_targets);
+  KILN_CHECK(std::isfinite(loss_mean), "step {}: the loss is {} (diverged); lower optim.lr or check "
+             "the data", step_ + 1, loss_mean);
+  const double norm = std::sqrt(dp_->grad_sum_squares());
   KILN_CHECK(std::isfinite(norm), "step {}: the gradient norm is {}", step_ + 1, norm);
   *grad_norm = norm;
   const float lr = static_cast<float>(learning_rate(config_, step_));
   optimizer_->step(lr, clip_scale(norm, config_.optim.grad_clip));
+  dp_->after_optimizer_step();
   ++step_;
-  return loss;
+  return loss_mean;
 }
 
 double Trainer::evaluate() {
@@ -153,19 +222,27 @@ double Trainer::evaluate() {
   std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
   const Stream s = backend_->default_stream();
   model_->set_dropout(false, 0, 0);
+  // eval.batches global batches (global_batch sequences each, from the start of the val
+  // split), whatever the world size: each rank scores its part in micro-batches.
+  const int64_t per_call = int64_t{B} * dp_size_;
+  const int64_t calls = std::max<int64_t>(
+      1, std::min<int64_t>(int64_t{config_.eval.batches} * accum_, val.samples_per_epoch() / per_call));
+  std::vector<float> sums{0.f, 0.f};
   double loss_sum = 0.0;
   int64_t n = 0;
-  const int64_t batches =
-      std::min<int64_t>(config_.eval.batches, std::max<int64_t>(1, val.samples_per_epoch() / B));
-  for (int64_t i = 0; i < batches; ++i) {
-    val.next_batch(inputs.data(), targets.data(), B, 0, 1);
+  for (int64_t i = 0; i < calls; ++i) {
+    val.next_batch(inputs.data(), targets.data(), B, dp_rank_, dp_size_);
     backend_->copy_from_host(s, tokens_, inputs.data());
     backend_->copy_from_host(s, targets_, targets.data());
     int64_t k = 0;
     loss_sum += model_->forward(tokens_, targets_, 0.f, &k);
+    dp_->end_forward_only();
     n += k;
   }
-  return n > 0 ? loss_sum / static_cast<double>(n) : 0.0;
+  if (dp_size_ == 1) return n > 0 ? loss_sum / static_cast<double>(n) : 0.0;
+  sums = {static_cast<float>(loss_sum), static_cast<float>(n)};
+  dp_sum(sums);
+  return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
 }
 
 void Trainer::maybe_sample() {
@@ -179,14 +256,23 @@ void Trainer::maybe_sample() {
   o.temperature = static_cast<float>(sc.temperature);
   o.top_k = sc.top_k;
   o.seed = static_cast<uint64_t>(config_.train.seed) + static_cast<uint64_t>(step_);
-  const auto ids = sample_tokens(*model_, prompt, o);
-  fmt::print("kiln: sample at step {}: {}{}\n", step_, sc.prompt, tok->decode(ids));
+  dp_->gather_full_params();  // collective under ZeRO-3: every rank takes part
+  if (is_rank0_) {
+    ModelHooks none;
+    model_->set_hooks(&none);
+    const auto ids = sample_tokens(*model_, prompt, o);
+    model_->set_hooks(dp_.get());
+    fmt::print("kiln: sample at step {}: {}{}\n", step_, sc.prompt, tok->decode(ids));
+  }
+  dp_->release_full_params();
 }
 
 TrainResult Trainer::run() {
   TrainResult r;
   r.first_step = step_;
-  MetricsLog metrics(run_dir_, step_);
+  std::optional<MetricsLog> metrics;
+  if (is_rank0_) metrics.emplace(run_dir_, step_);
+  const double world_peak = peak_flops_ * world_->size();
   const int64_t tokens_per_step =
       static_cast<int64_t>(config_.train.global_batch) * static_cast<int64_t>(seq_len_);
   const double flops_per_step =
@@ -215,12 +301,7 @@ TrainResult Trainer::run() {
     rec["tokens"] = step_ * tokens_per_step;
     rec["step_time_s"] = dt;
     rec["tokens_per_s"] = static_cast<double>(tokens_per_step) / dt;
-    rec["mfu"] = flops_per_step / dt / peak_flops_;
-    const MemoryStats mem = backend_->allocator().stats();
-    rec["peak_mem_bytes"] = mem.total_peak;
-    for (int c = 0; c < kNumMemCategories; ++c)
-      rec[fmt::format("mem_{}_bytes", mem_category_name(static_cast<MemCategory>(c)))] =
-          mem.current[static_cast<size_t>(c)];
+    rec["mfu"] = flops_per_step / dt / world_peak;
     const bool eval_now = config_.eval.every > 0 &&
                           (step_ % config_.eval.every == 0 || step_ == config_.train.steps);
     if (eval_now) {
@@ -230,27 +311,54 @@ TrainResult Trainer::run() {
     const bool log_now = config_.log.every > 0 &&
                          (step_ % config_.log.every == 0 || step_ == 1 || eval_now ||
                           step_ == stop_at);
-    if (log_now || eval_now) metrics.write(rec);
+    if (log_now || eval_now) {
+      // Memory by category: this rank's keys, and every rank's in mem_by_rank.
+      const auto mem = memory_by_rank();  // collective
+      const auto& mine = mem[static_cast<size_t>(world_->rank())];
+      rec["peak_mem_bytes"] = mine[kNumMemCategories];
+      for (int c = 0; c < kNumMemCategories; ++c)
+        rec[fmt::format("mem_{}_bytes", mem_category_name(static_cast<MemCategory>(c)))] =
+            mine[static_cast<size_t>(c)];
+      if (world_->size() > 1) {
+        nlohmann::json per_rank = nlohmann::json::array();
+        for (const auto& m : mem) {
+          nlohmann::json j;
+          for (int c = 0; c < kNumMemCategories; ++c)
+            j[std::string(mem_category_name(static_cast<MemCategory>(c)))] = m[static_cast<size_t>(c)];
+          j["peak"] = m[kNumMemCategories];
+          per_rank.push_back(j);
+        }
+        rec["mem_by_rank"] = per_rank;
+        rec["comm_wait_s"] = dp_->take_wait_seconds();
+      }
+      if (metrics) metrics->write(rec);
+    }
     if (options_.verbose && (log_now || eval_now)) {
       const double per_step = timed_steps > 0 ? timed_seconds / timed_steps : dt;
       fmt::print("step {:>6}/{} | loss {:.4f}{} | lr {:.2e} | norm {:.3f} | {:.0f} tok/s | "
                  "MFU {:.1f}% | {:.0f} ms | ETA {}\n",
                  step_, config_.train.steps, loss,
                  eval_now ? fmt::format(" | val {:.4f}", r.last_val_loss) : std::string(), lr,
-                 norm, static_cast<double>(tokens_per_step) / dt, 100.0 * flops_per_step / dt / peak_flops_,
+                 norm, static_cast<double>(tokens_per_step) / dt, 100.0 * flops_per_step / dt / world_peak,
                  dt * 1e3, format_duration(per_step * static_cast<double>(config_.train.steps - step_)));
       std::fflush(stdout);
     }
     maybe_sample();
-    const bool preempt =
-        preemption_requested() || (step_ == stop_at && stop_at < config_.train.steps);
+    // A signal may reach only some ranks: agree on stopping (any rank asked).
+    std::vector<float> asked{preemption_requested() ? 1.f : 0.f};
+    if (world_->size() > 1) {
+      Tensor t = Tensor::view(asked.data(), Shape{1}, DType::F32);
+      world_->all_reduce(t, ReduceOp::Max);
+    }
+    const bool signalled = asked[0] > 0.f;
+    const bool preempt = signalled || (step_ == stop_at && stop_at < config_.train.steps);
     const bool periodic = config_.checkpoint.every > 0 && step_ % config_.checkpoint.every == 0;
     if (periodic || preempt || step_ == config_.train.steps) save_checkpoint();
     if (preempt) {
       r.preempted = true;
       if (options_.verbose)
         fmt::print("kiln: stopping at step {} ({}); continue with --resume auto\n", step_,
-                   preemption_requested() ? "signal" : "exit interval");
+                   signalled ? "signal" : "exit interval");
       break;
     }
   }

@@ -6,12 +6,20 @@
 // data-parallel rank. The loss is the mean over every target token of the global batch:
 // each micro-step's loss sum is scaled by 1 / (targets in the global batch), so the
 // gradient equals that of one big batch whatever the accumulation or world size.
+//
+// Launched under mpirun/srun, the trainer builds the device mesh (parallel.dp x tp x pp
+// = world size; tp = pp = 1 for now) and trains data-parallel with the configured ZeRO
+// stage (parallel/data_parallel.h): each dp rank reads a disjoint part of every global
+// batch, and rank 0 writes metrics and the checkpoint manifest.
 #pragma once
 
 #include "backend/backend.h"
+#include "comm/communicator.h"
 #include "data/loader.h"
 #include "models/gpt2/gpt2.h"
 #include "optim/adamw.h"
+#include "parallel/data_parallel.h"
+#include "parallel/mesh.h"
 #include "train/config.h"
 #include "train/metrics.h"
 
@@ -55,6 +63,7 @@ class Trainer {
   /// Mean validation loss over eval.batches micro-batches from the start of the val split.
   double evaluate();
   const GPT2& model() const { return *model_; }
+  const DataParallel& data_parallel() const { return *dp_; }
   int64_t step() const { return step_; }
 
  private:
@@ -63,15 +72,23 @@ class Trainer {
   void load_checkpoint(const std::filesystem::path& dir);
   void maybe_sample();
   void init_weights();
+  /// Sums `values` over the data-parallel group (no-op for one rank).
+  void dp_sum(std::vector<float>& values);
+  /// Per-rank memory by category, gathered to every rank: [rank][category] bytes.
+  std::vector<std::vector<int64_t>> memory_by_rank();
 
   TrainConfig config_;
   TrainerOptions options_;
+  std::unique_ptr<Communicator> world_;
+  std::unique_ptr<DeviceMesh> mesh_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<GPT2> model_;
+  std::unique_ptr<DataParallel> dp_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<data::DataLoader> train_loader_;
   std::filesystem::path run_dir_;
   int dp_rank_ = 0, dp_size_ = 1;
+  bool is_rank0_ = true;
   int accum_ = 1;
   int seq_len_ = 0;
   int64_t step_ = 0;

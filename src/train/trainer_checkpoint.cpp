@@ -15,12 +15,26 @@ void Trainer::save_checkpoint() {
   const fs::path root = run_dir_ / "ckpt";
   const fs::path dir = root / checkpoint::checkpoint_dir_name(step_);
   if (fs::exists(dir / checkpoint::kManifestName)) return;  // already saved at this step
-  fs::create_directories(root);
-  checkpoint::CheckpointWriter writer(dir, dp_rank_, dp_size_);
+  if (is_rank0_) fs::create_directories(root);
+  if (dp_size_ > 1 && config_.parallel.zero_stage < 3)  // replicas must not have drifted
+    check_same_on_all_ranks(mesh_->comm(Axis::DP), "parameters (data-parallel replicas)",
+                            dp_->replica_hash());
+  world_->barrier();
+  // Every rank writes the slices it holds (named global tensors, any layout can read
+  // them back); rank 0 commits the manifest once all rank files are on disk.
+  checkpoint::CheckpointWriter writer(dir, world_->rank(), world_->size());
   std::vector<std::vector<float>> keep;
-  add_model_to_checkpoint(writer, *model_, optimizer_.get(), keep);
+  for (const AdamWSegment& seg : dp_->checkpoint_segments()) {
+    keep.emplace_back(static_cast<size_t>(seg.size()));
+    backend_->copy_to_host(backend_->default_stream(), keep.back().data(), seg.param);
+    writer.add_flat_range(seg.spec.name, seg.spec.shape, DType::F32, seg.begin, seg.end,
+                          keep.back().data());
+  }
+  if (config_.parallel.zero_stage > 0 || is_rank0_)  // stage 0 state is replicated
+    add_optimizer_to_checkpoint(writer, *optimizer_, keep);
   writer.write_rank_files();
-  if (dp_rank_ == 0) {
+  world_->barrier();
+  if (is_rank0_) {
     const data::LoaderState ls = train_loader_->state();
     nlohmann::json state = {
         {"step", step_},
@@ -31,14 +45,16 @@ void Trainer::save_checkpoint() {
         {"seq_len", seq_len_},
         {"config_hash", config_.hash()},
         {"model", gpt2_config_json(model_->config())},
+        {"layout", {{"world_size", world_->size()}, {"dp", dp_size_},
+                    {"zero_stage", config_.parallel.zero_stage}}},
     };
     auto extra = tokenizer_files(*data::load_tokenizer(config_.data.dir));
     extra["config.toml"] = config_.to_toml();
     writer.commit(state, extra);
-    const auto removed = checkpoint::prune_checkpoints(root, config_.checkpoint.keep);
+    checkpoint::prune_checkpoints(root, config_.checkpoint.keep);
     if (options_.verbose) fmt::print("kiln: saved checkpoint {}\n", dir.string());
-    (void)removed;
   }
+  world_->barrier();
 }
 
 void Trainer::load_checkpoint(const fs::path& dir) {
@@ -49,7 +65,18 @@ void Trainer::load_checkpoint(const fs::path& dir) {
              "{}: saved with global_batch {} and seq_len {}, this run has {} and {}; exact resume "
              "needs the same batch shape", dir.string(), st.at("global_batch").get<int>(),
              st.at("seq_len").get<int>(), config_.train.global_batch, seq_len_);
-  load_model_from_checkpoint(reader, *model_, optimizer_.get());
+  // Whatever layout wrote it: each rank reads the ranges it holds.
+  std::vector<float> buf;
+  for (const AdamWSegment& seg : dp_->load_segments()) {
+    KILN_CHECK(reader.has(seg.spec.name), "{}: no tensor '{}'", dir.string(), seg.spec.name);
+    KILN_CHECK(reader.global_shape(seg.spec.name) == seg.spec.shape,
+               "{}: tensor '{}' has shape {}, the model expects {}", dir.string(), seg.spec.name,
+               reader.global_shape(seg.spec.name).str(), seg.spec.shape.str());
+    buf.resize(static_cast<size_t>(seg.size()));
+    reader.read_flat_range(seg.spec.name, seg.begin, seg.end, buf.data(), DType::F32);
+    backend_->copy_from_host(backend_->default_stream(), seg.param, buf.data());
+  }
+  load_optimizer_from_checkpoint(reader, *optimizer_);
   optimizer_->set_step_count(st.at("optimizer_step").get<int64_t>());
   step_ = st.at("step").get<int64_t>();
   train_loader_->set_state({st.at("loader").at("epoch").get<int64_t>(),

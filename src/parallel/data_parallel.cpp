@@ -1,0 +1,339 @@
+#include "parallel/data_parallel.h"
+
+#include "core/error.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace kiln {
+
+GPT2Storage zero_model_storage(int zero_stage, int world) {
+  KILN_CHECK(zero_stage >= 0 && zero_stage <= 3, "parallel.zero_stage must be 0..3, got {}",
+             zero_stage);
+  GPT2Storage s;
+  s.unit_alignment = zero_stage == 0 ? 1 : world;
+  s.allocate_grads = zero_stage <= 1;
+  s.allocate_params = zero_stage <= 2;
+  return s;
+}
+
+namespace {
+using Clock = std::chrono::steady_clock;
+}
+
+DataParallel::DataParallel(GPT2& model, Communicator& comm, int zero_stage, double bucket_mb)
+    : model_(model), comm_(comm), backend_(model.backend()), stage_(zero_stage),
+      rank_(comm.rank()), world_(comm.size()),
+      bucket_elems_(std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1024 * 1024 / 4))) {
+  const GPT2Storage want = zero_model_storage(zero_stage, world_);
+  KILN_CHECK(static_cast<bool>(model.param_buffer()) == want.allocate_params &&
+                 static_cast<bool>(model.grad_buffer()) == want.allocate_grads,
+             "DataParallel: the model was not built with zero_model_storage({}, {})", zero_stage,
+             world_);
+  int64_t shard = 0;
+  for (const ParamUnit& pu : model.units()) {
+    Unit u;
+    u.part = pu.part;
+    u.begin = pu.begin;
+    u.end = pu.end;
+    u.padded = pu.padded_size();
+    KILN_CHECK(stage_ == 0 || u.padded % world_ == 0, "unit {} is not aligned to {} ranks",
+               pu.part, world_);
+    u.S = stage_ == 0 ? u.padded : u.padded / world_;
+    u.shard_offset = shard;
+    shard += u.S;
+    units_.push_back(u);
+  }
+  if (stage_ >= 2) {
+    grad_shard_ = backend_.empty(Shape{shard}, DType::F32, MemCategory::Gradients);
+    backend_.fill(backend_.default_stream(), grad_shard_, 0.f);
+  }
+  if (stage_ == 3) {
+    param_shard_ = backend_.empty(Shape{shard}, DType::F32, MemCategory::Parameters);
+    backend_.fill(backend_.default_stream(), param_shard_, 0.f);
+  }
+  if (stage_ == 0) {  // buckets of whole units in the order backward completes them
+    std::vector<int> current;
+    int64_t size = 0;
+    for (int part = model.config().n_layer; part >= -1; --part) {
+      current.push_back(part);
+      size += unit(part).padded;
+      if (size >= bucket_elems_ || part == -1) {
+        buckets_.push_back(current);
+        current.clear();
+        size = 0;
+      }
+    }
+  }
+  model_.set_hooks(this);
+}
+
+DataParallel::~DataParallel() {
+  try {
+    drain(true);
+  } catch (...) {
+  }
+  model_.set_hooks(nullptr);
+}
+
+std::vector<AdamWSegment> DataParallel::optimizer_segments() const {
+  if (stage_ == 0) return whole_segments(model_.params(), model_.param_buffer(), model_.grad_buffer());
+  std::vector<AdamWSegment> out;
+  for (const ParamSpec& p : model_.params()) {
+    const Unit& u = units_[static_cast<size_t>(p.layer + 1)];
+    const int64_t s0 = u.slice_begin(rank_), s1 = s0 + u.S;
+    const int64_t a = std::max(s0, p.offset), b = std::min(s1, p.offset + p.shape.numel());
+    if (a >= b) continue;
+    AdamWSegment seg;
+    seg.spec = p;
+    seg.begin = a - p.offset;
+    seg.end = b - p.offset;
+    const Shape n{b - a};
+    const int64_t in_shard = u.shard_offset + (a - s0);
+    seg.param = stage_ == 3 ? param_shard_.view_at(in_shard, n) : model_.param_buffer().view_at(a, n);
+    seg.grad = stage_ >= 2 ? grad_shard_.view_at(in_shard, n) : model_.grad_buffer().view_at(a, n);
+    out.push_back(seg);
+  }
+  return out;
+}
+
+std::vector<AdamWSegment> DataParallel::checkpoint_segments() const {
+  if (stage_ == 0) return rank_ == 0 ? optimizer_segments() : std::vector<AdamWSegment>{};
+  return optimizer_segments();
+}
+
+std::vector<AdamWSegment> DataParallel::load_segments() const {
+  if (stage_ == 3) return optimizer_segments();
+  std::vector<AdamWSegment> out;
+  for (const ParamSpec& p : model_.params()) {
+    const int64_t n = p.shape.numel();
+    out.push_back({p, 0, n, model_.param_buffer().view_at(p.offset, Shape{n}), Tensor()});
+  }
+  return out;
+}
+
+void DataParallel::init_weights(uint64_t seed) {
+  if (stage_ < 3) {
+    model_.init_weights(seed);
+    return;
+  }
+  const auto segs = optimizer_segments();
+  size_t k = 0;
+  for (size_t i = 0; i < model_.params().size(); ++i) {
+    const ParamSpec& p = model_.params()[i];
+    if (k >= segs.size() || segs[k].spec.name != p.name) continue;
+    const auto host = gpt2_init_values(model_.config(), p, i, seed);
+    for (; k < segs.size() && segs[k].spec.name == p.name; ++k)
+      backend_.copy_from_host(backend_.default_stream(), segs[k].param, host.data() + segs[k].begin);
+  }
+}
+
+void DataParallel::begin_step(int micro_steps) {
+  micro_steps_ = micro_steps;
+  if (stage_ <= 1) model_.zero_grad();
+  if (stage_ >= 2) backend_.fill(backend_.default_stream(), grad_shard_, 0.f);
+}
+
+void DataParallel::begin_micro_step(int k) {
+  micro_step_ = k;
+  last_micro_ = k == micro_steps_ - 1;
+  for (auto& u : units_) u.done = false;
+}
+
+// ---- stage 3 parameter gathering ----------------------------------------------------
+
+void DataParallel::gather(int part, bool wait) {
+  if (part < -1 || part > model_.config().n_layer) return;
+  Unit& u = unit(part);
+  if (!u.params) {
+    u.params = backend_.empty(Shape{u.padded}, DType::F32, MemCategory::Parameters);
+    u.gather_work = comm_.all_gather_async(u.params, param_shard_.view_at(u.shard_offset, Shape{u.S}));
+  }
+  if (wait && u.gather_work) {
+    const auto t0 = Clock::now();
+    u.gather_work->wait();
+    wait_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+    u.gather_work.reset();
+    model_.bind_params(part, u.params);
+  }
+}
+
+void DataParallel::release(int part) {
+  Unit& u = unit(part);
+  if (u.gather_work) u.gather_work->wait();
+  u.gather_work.reset();
+  model_.bind_params(part, Tensor());
+  u.params = Tensor();
+}
+
+void DataParallel::gather_full_params() {
+  if (stage_ < 3 || full_gathered_) return;
+  for (const auto& u : units_) gather(u.part, false);
+  for (const auto& u : units_) gather(u.part, true);
+  full_gathered_ = true;
+}
+
+void DataParallel::release_full_params() {
+  if (!full_gathered_) return;
+  for (const auto& u : units_) release(u.part);
+  full_gathered_ = false;
+}
+
+void DataParallel::end_forward_only() {
+  if (full_gathered_) return;
+  if (stage_ == 3) {
+    for (const auto& u : units_)
+      if (u.params) release(u.part);
+  }
+  if (stage_ >= 2) {
+    Unit& e = unit(-1);
+    model_.bind_grads(-1, Tensor());
+    e.grads = Tensor();
+  }
+}
+
+// ---- hooks ------------------------------------------------------------------------
+
+void DataParallel::before_forward(int part) {
+  if (stage_ >= 2 && part == -1) {
+    // The tied wte receives gradient from the head during forward: its unit's gradient
+    // must exist from the start of the micro-step.
+    Unit& e = unit(-1);
+    e.grads = backend_.empty(Shape{e.padded}, DType::F32, MemCategory::Gradients);
+    backend_.fill(backend_.default_stream(), e.grads, 0.f);
+    model_.bind_grads(-1, e.grads);
+  }
+  if (stage_ == 3 && !full_gathered_) {
+    gather(part, true);
+    gather(part + 1, false);  // prefetch the next unit
+  }
+  drain(false);
+}
+
+void DataParallel::after_forward(int part) {
+  if (stage_ == 3 && !full_gathered_ && part >= 0) release(part);
+}
+
+void DataParallel::before_backward(int part) {
+  if (stage_ >= 2 && part >= 0) {
+    Unit& u = unit(part);
+    u.grads = backend_.empty(Shape{u.padded}, DType::F32, MemCategory::Gradients);
+    backend_.fill(backend_.default_stream(), u.grads, 0.f);
+    model_.bind_grads(part, u.grads);
+  }
+  if (stage_ == 3 && !full_gathered_ && part >= 0) {
+    gather(part, true);
+    if (part - 1 >= 0) gather(part - 1, false);  // prefetch; the embedding is resident
+  }
+  drain(false);
+}
+
+void DataParallel::after_backward(int part) {
+  if (stage_ == 3 && !full_gathered_) release(part);
+  reduce_unit_grads(part);
+  drain(false);
+}
+
+void DataParallel::reduce_unit_grads(int part) {
+  Unit& u = unit(part);
+  if (stage_ >= 2) {
+    // Reduce-scatter in place; this rank's slice is then added to its gradient shard.
+    const Tensor whole = u.grads;
+    const Tensor mine = whole.view_at(static_cast<int64_t>(rank_) * u.S, Shape{u.S});
+    Pending p;
+    p.work = comm_.reduce_scatter_async(mine, whole);
+    p.keep = whole;
+    p.src = mine;
+    p.dst = grad_shard_.view_at(u.shard_offset, Shape{u.S});
+    pending_.push_back(std::move(p));
+    model_.bind_grads(part, Tensor());
+    u.grads = Tensor();
+    return;
+  }
+  if (!last_micro_ || world_ == 1) return;  // stages 0-1: only the last micro-step talks
+  const Tensor grads = model_.grad_buffer();
+  if (stage_ == 1) {
+    const Tensor whole = grads.view_at(u.begin, Shape{u.padded});
+    Pending p;
+    p.work = comm_.reduce_scatter_async(whole.view_at(static_cast<int64_t>(rank_) * u.S, Shape{u.S}),
+                                        whole);
+    pending_.push_back(std::move(p));
+    return;
+  }
+  u.done = true;  // stage 0: all-reduce a bucket once all of its units are done
+  for (const auto& bucket : buckets_) {
+    if (std::find(bucket.begin(), bucket.end(), part) == bucket.end()) continue;
+    for (int q : bucket)
+      if (!unit(q).done) return;
+    const Unit& first = unit(bucket.back());  // lowest flat offset
+    const Unit& last = unit(bucket.front());
+    Pending p;
+    p.work = comm_.all_reduce_async(
+        grads.view_at(first.begin, Shape{last.begin + last.padded - first.begin}));
+    pending_.push_back(std::move(p));
+    return;
+  }
+}
+
+void DataParallel::drain(bool all) {
+  while (!pending_.empty()) {
+    Pending& p = pending_.front();
+    if (!all && !p.work->is_completed()) return;
+    const auto t0 = Clock::now();
+    p.work->wait();
+    wait_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+    if (p.dst) backend_.add(backend_.default_stream(), p.dst, p.dst, p.src);
+    pending_.pop_front();
+  }
+}
+
+void DataParallel::finish_gradients() { drain(true); }
+
+double DataParallel::grad_sum_squares() {
+  const Stream s = backend_.default_stream();
+  double local = 0.0;
+  if (stage_ == 0) return backend_.sum_squares(s, model_.grad_buffer());  // replicated
+  if (stage_ == 1) {
+    for (const auto& u : units_)
+      local += backend_.sum_squares(
+          s, model_.grad_buffer().view_at(u.slice_begin(rank_), Shape{u.S}));
+  } else {
+    local = backend_.sum_squares(s, grad_shard_);
+  }
+  if (world_ == 1) return local;
+  Tensor t = Tensor::empty(host_allocator(), Shape{1}, DType::F32, MemCategory::CommBuffers);
+  *t.data<float>() = static_cast<float>(local);
+  comm_.all_reduce(t);
+  return *t.data<float>();
+}
+
+void DataParallel::after_optimizer_step() {
+  if (stage_ == 0 || stage_ == 3 || world_ == 1) return;
+  std::vector<std::shared_ptr<Work>> works;
+  for (const auto& u : units_) {
+    const Tensor whole = model_.param_buffer().view_at(u.begin, Shape{u.padded});
+    works.push_back(comm_.all_gather_async(
+        whole, whole.view_at(static_cast<int64_t>(rank_) * u.S, Shape{u.S})));
+  }
+  const auto t0 = Clock::now();
+  for (auto& w : works) w->wait();
+  wait_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string DataParallel::replica_hash() const {
+  if (stage_ == 3) return "";
+  const Tensor& p = model_.param_buffer();
+  std::vector<uint8_t> bytes(p.nbytes());
+  backend_.copy_to_host(backend_.default_stream(), bytes.data(), p);
+  uint64_t h = 1469598103934665603ull;  // FNV-1a 64
+  for (uint8_t b : bytes) h = (h ^ b) * 1099511628211ull;
+  return fmt::format("{:016x}", h);
+}
+
+double DataParallel::take_wait_seconds() {
+  const double w = wait_seconds_;
+  wait_seconds_ = 0.0;
+  return w;
+}
+
+}  // namespace kiln
