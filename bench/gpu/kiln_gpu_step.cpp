@@ -1,0 +1,129 @@
+// kiln_gpu_step: GPT-2 training steps (zero_grad, forward with loss, backward, AdamW) on
+// the CUDA backend, for scripts/gpu-check.sh. Prints one JSON line:
+//   {"impl":"kiln", "B":..., "T":..., "dtype":..., "ms_per_step":..., "tokens_per_s":...,
+//    "model_tflops":..., "peak_bf16_tflops":..., "mfu":..., "loss":..., "peak_gib":...}
+// MFU = B*T * flops_per_token(T) per second (6N + attention, GPT2Config) over the bf16
+// GEMM rate measured here through the backend's own linear_forward (8192^3).
+// The model runs in its dtype (fp32 today); KILN_CUDA_TF32=1 lets fp32 GEMMs use TF32.
+// Usage: kiln_gpu_step [--model gpt2] [--B 16] [--T 1024] [--steps 10] [--warmup 3]
+// When B does not fit, it halves B until it does (the B used is printed).
+#include "backend/probe.h"
+#include "backend/registry.h"
+#include "core/rng.h"
+#include "models/gpt2/config.h"
+#include "models/gpt2/gpt2.h"
+#include "optim/adamw.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+using namespace kiln;
+
+namespace {
+
+struct Args {
+  std::string model = "gpt2";
+  int B = 16, T = 1024, steps = 10, warmup = 3;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--model") a.model = v;
+    else if (k == "--B") a.B = std::atoi(v.c_str());
+    else if (k == "--T") a.T = std::atoi(v.c_str());
+    else if (k == "--steps") a.steps = std::atoi(v.c_str());
+    else if (k == "--warmup") a.warmup = std::atoi(v.c_str());
+    else {
+      std::fprintf(stderr, "kiln_gpu_step: unknown flag %s\n", k.c_str());
+      std::exit(2);
+    }
+  }
+  return a;
+}
+
+struct Result {
+  double ms = 0, loss = 0, peak_gib = 0;
+};
+
+Result run(Backend& be, const GPT2Config& cfg, int B, int T, int warmup, int steps) {
+  be.allocator().reset_peak();
+  GPT2 gpt(cfg, be);
+  gpt.init_weights(1337);
+  AdamW opt(be, gpt.params(), gpt.param_buffer(), gpt.grad_buffer(), AdamWConfig{});
+  std::vector<int32_t> tok(static_cast<size_t>(B) * T), tgt(tok.size());
+  Philox rng(20240601, 7);
+  for (auto& x : tok) x = static_cast<int32_t>(rng.next_u32() % cfg.vocab_size);
+  for (size_t i = 0; i < tok.size(); ++i) tgt[i] = tok[(i + 1) % tok.size()];
+  Tensor tokens = be.empty({B, T}, DType::I32, MemCategory::Activations);
+  Tensor targets = be.empty({B, T}, DType::I32, MemCategory::Activations);
+  const Stream s = be.default_stream();
+  be.copy_from_host(s, tokens, tok.data());
+  be.copy_from_host(s, targets, tgt.data());
+  const float grad_scale = 1.f / static_cast<float>(B * T);
+  double loss = 0;
+  auto step = [&] {
+    gpt.zero_grad();
+    int64_t n = 0;
+    loss = gpt.forward(tokens, targets, grad_scale, &n) / static_cast<double>(n);
+    gpt.backward();
+    opt.step(6e-4f);
+  };
+  for (int i = 0; i < warmup; ++i) step();
+  be.synchronize(s);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < steps; ++i) step();
+  be.synchronize(s);
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  Result r;
+  r.ms = 1e3 * sec / steps;
+  r.loss = loss;
+  r.peak_gib = static_cast<double>(be.allocator().stats().total_peak) / (1024.0 * 1024 * 1024);
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Args a = parse(argc, argv);
+    auto be = make_backend("cuda");
+    GPT2Config cfg = GPT2Config::preset(a.model);
+    const double peak = measure_gemm_flops(*be, DType::BF16, 8192, 1.0);
+    const double peak_fp32 = measure_gemm_flops(*be, DType::F32, 4096, 0.5);
+    std::fprintf(stderr, "kiln_gpu_step: GEMM peak bf16 %.1f TFLOP/s, fp32%s %.1f TFLOP/s\n",
+                 peak / 1e12, std::getenv("KILN_CUDA_TF32") ? " (TF32 allowed)" : "",
+                 peak_fp32 / 1e12);
+    int B = a.B;
+    Result r;
+    for (;;) {
+      try {
+        r = run(*be, cfg, B, a.T, a.warmup, a.steps);
+        break;
+      } catch (const Error& e) {
+        if (B == 1 || std::strstr(e.what(), "out of memory") == nullptr) throw;
+        std::fprintf(stderr, "kiln_gpu_step: B=%d does not fit (%s); trying B=%d\n", B, e.what(),
+                     B / 2);
+        B /= 2;
+      }
+    }
+    const double tps = static_cast<double>(B) * a.T / (r.ms / 1e3);
+    const double model_flops = tps * cfg.flops_per_token(a.T);
+    const char* tf32 = std::getenv("KILN_CUDA_TF32");
+    std::printf(
+        "{\"impl\": \"kiln\", \"B\": %d, \"T\": %d, \"dtype\": \"%s\", \"ms_per_step\": %.3f, "
+        "\"tokens_per_s\": %.1f, \"model_tflops\": %.2f, \"peak_bf16_tflops\": %.1f, "
+        "\"mfu\": %.4f, \"loss\": %.4f, \"peak_gib\": %.2f}\n",
+        B, a.T, (tf32 && std::strcmp(tf32, "1") == 0) ? "fp32 (tf32 GEMMs)" : "fp32", r.ms, tps,
+        model_flops / 1e12, peak / 1e12, model_flops / peak, r.loss, r.peak_gib);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kiln_gpu_step: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""GPT-2 training steps in PyTorch: the reference side of scripts/gpu-check.sh.
+
+The same model as kiln's GPT2 (pre-LN blocks, tanh GELU, tied output projection, vocab
+padded to 50304, biases everywhere), trained the way a PyTorch user would run it fast:
+torch.compile, bf16 autocast (fp32 master weights), scaled_dot_product_attention
+(FlashAttention kernels), fused AdamW, TF32 allowed for the fp32 parts. Prints one JSON
+line with the same fields as bench/gpu/kiln_gpu_step.cpp.
+
+Usage: torch_gpt2.py [--B 16] [--T 1024] [--steps 10] [--warmup 3] [--no-compile]
+"""
+import argparse
+import json
+import math
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, C, NH):
+        super().__init__()
+        self.NH = NH
+        self.ln_1 = nn.LayerNorm(C)
+        self.c_attn = nn.Linear(C, 3 * C)
+        self.c_proj = nn.Linear(C, C)
+        self.ln_2 = nn.LayerNorm(C)
+        self.c_fc = nn.Linear(C, 4 * C)
+        self.mlp_proj = nn.Linear(4 * C, C)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.NH, C // self.NH).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT2(nn.Module):
+    def __init__(self, n_layer=12, n_head=12, n_embd=768, vocab=50304, block=1024):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, n_embd)
+        self.wpe = nn.Embedding(block, n_embd)
+        self.h = nn.ModuleList(Block(n_embd, n_head) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd)
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                std = 0.02 / math.sqrt(2 * n_layer) if "proj" in name else 0.02
+                nn.init.normal_(p, 0.0, std)
+            elif "ln" in name and name.endswith("weight"):
+                nn.init.ones_(p)
+            else:
+                nn.init.zeros_(p)
+
+    def forward(self, idx, targets):
+        B, T = idx.shape
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
+        for blk in self.h:
+            x = blk(x)
+        logits = F.linear(self.ln_f(x), self.wte.weight)
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+
+
+def gemm_peak_bf16(n=8192, reps=20):
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    best = 0.0
+    for _ in range(3):
+        t0 = torch.cuda.Event(enable_timing=True)
+        t1 = torch.cuda.Event(enable_timing=True)
+        t0.record()
+        for _ in range(reps):
+            a @ b
+        t1.record()
+        torch.cuda.synchronize()
+        best = max(best, 2 * n**3 * reps / (t0.elapsed_time(t1) / 1e3))
+    return best
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--B", type=int, default=16)
+    ap.add_argument("--T", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--no-compile", action="store_true")
+    args = ap.parse_args()
+
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.manual_seed(1337)
+    peak = gemm_peak_bf16()
+    print(f"torch_gpt2: torch {torch.__version__}, bf16 GEMM peak {peak / 1e12:.1f} TFLOP/s",
+          file=sys.stderr, flush=True)
+
+    model = GPT2(block=max(1024, args.T)).cuda()
+    n_params = sum(p.numel() for p in model.parameters())
+    # Same count as kiln's GPT2Config::num_flop_parameters: without wpe and padded rows.
+    n_flop = n_params - model.wpe.weight.numel() - (50304 - 50257) * 768
+    flops_per_token = 6 * n_flop + 12 * 12 * args.T * 768
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), eps=1e-8,
+                            weight_decay=0.1, fused=True)
+    step_model = model if args.no_compile else torch.compile(model)
+
+    B = args.B
+    while True:
+        try:
+            idx = torch.randint(0, 50257, (B, args.T + 1), device="cuda")
+            x, y = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
+
+            def step():
+                opt.zero_grad(set_to_none=True)
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = step_model(x, y)
+                loss.backward()
+                opt.step()
+                return loss
+
+            t_compile = time.time()
+            for _ in range(args.warmup):
+                step()
+            torch.cuda.synchronize()
+            print(f"torch_gpt2: warm-up (compile) {time.time() - t_compile:.1f} s",
+                  file=sys.stderr, flush=True)
+            break
+        except torch.cuda.OutOfMemoryError:
+            if B == 1:
+                raise
+            print(f"torch_gpt2: B={B} does not fit; trying B={B // 2}", file=sys.stderr)
+            B //= 2
+            torch.cuda.empty_cache()
+
+    t0 = time.time()
+    for _ in range(args.steps):
+        loss = step()
+    torch.cuda.synchronize()
+    ms = 1e3 * (time.time() - t0) / args.steps
+    tps = B * args.T / (ms / 1e3)
+    print(json.dumps({
+        "impl": "pytorch", "B": B, "T": args.T, "dtype": "bf16 autocast",
+        "ms_per_step": round(ms, 3), "tokens_per_s": round(tps, 1),
+        "model_tflops": round(tps * flops_per_token / 1e12, 2),
+        "peak_bf16_tflops": round(peak / 1e12, 1), "mfu": round(tps * flops_per_token / peak, 4),
+        "loss": round(loss.item(), 4),
+        "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+    }), flush=True)
+
+
+if __name__ == "__main__":
+    main()

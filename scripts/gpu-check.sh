@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# gpu-check.sh: everything kiln checks on a GPU, as one prepared script for a machine
+# with one NVIDIA GPU, the CUDA toolkit, cmake, ninja, gcc and python3 with PyTorch, but
+# no apt, no MPI and no network. Within about 8 minutes it
+#   1. unpacks the build dependencies (Debian .debs fetched beforehand, here, by
+#      scripts/gpu/fetch-debs.sh into .deps/debs) with `dpkg -x` into .deps/prefix;
+#   2. builds kiln (KILN_CUDA=ON) through the wrapper project bench/gpu (kiln + the
+#      kiln_gpu_step benchmark) in build-gpu/;
+#   3. runs every GPU test with ctest (labels backend and gpu: the cross-backend op test,
+#      which now includes the cuda backend, and the NCCL communicator test);
+#   4. benchmarks one GPT-2 124M training step (T=1024, micro batch 16 or the largest
+#      that fits) in kiln (bench/gpu/kiln_gpu_step, the model's dtype: fp32 with TF32
+#      GEMMs) and in PyTorch (bench/gpu/torch_gpt2.py: torch.compile, bf16 autocast,
+#      fused AdamW), and prints tokens/s, MFU against a bf16 GEMM peak measured in the
+#      same run, and the kiln/PyTorch ratio, ending with a short table.
+#
+# On the device tool:  run(command="bash scripts/gpu-check.sh", carry=[".deps/debs"],
+#                          timeout_s=540)
+# Logs and the JSON results go to $OUT (or build-gpu/gpu-check/ when OUT is unset).
+# Env: GPU_CHECK_JOBS (build jobs, default nproc), GPU_CHECK_SKIP_TORCH=1,
+#      GPU_CHECK_ARCHS (default 90), GPU_CHECK_B (default 16), GPU_CHECK_STEPS (10),
+#      GPU_CHECK_DRY=1 (no GPU needed: unpack, configure and build only; for checking
+#      the script on the build machine before a device session).
+set -euo pipefail
+
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+out="${OUT:-$root/build-gpu/gpu-check}"
+mkdir -p "$out"
+log="$out/gpu-check.log"
+: >"$log"
+t_start=$(date +%s)
+jobs="${GPU_CHECK_JOBS:-$(nproc)}"
+archs="${GPU_CHECK_ARCHS:-90}"
+B="${GPU_CHECK_B:-16}"
+steps="${GPU_CHECK_STEPS:-10}"
+status_build=skipped status_tests=skipped status_kiln=skipped status_torch=skipped
+
+say() { echo "[gpu-check $(($(date +%s) - t_start))s] $*" | tee -a "$log"; }
+die() { say "FAILED: $*"; exit 1; }
+# phase NAME SECONDS CMD...: runs CMD with a time limit, output to the log and a file.
+phase() {
+  local name=$1 limit=$2
+  shift 2
+  say "phase $name (limit ${limit}s): $*"
+  local rc=0
+  timeout --kill-after=10 "$limit" "$@" >"$out/$name.log" 2>&1 || rc=$?
+  tail -n 25 "$out/$name.log" | sed "s/^/  [$name] /" | tee -a "$log"
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then say "phase $name TIMED OUT after ${limit}s"; fi
+  return "$rc"
+}
+
+# ---- 0. the machine --------------------------------------------------------------------
+dry="${GPU_CHECK_DRY:-0}"
+if [ "$dry" != 1 ]; then
+  command -v nvidia-smi >/dev/null || die "nvidia-smi not found: no GPU driver here"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$log"
+fi
+nvcc_bin="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
+[ -x "$nvcc_bin" ] || die "nvcc not found (PATH or /usr/local/cuda/bin)"
+"$nvcc_bin" --version | tail -n 2 | tee -a "$log"
+command -v cmake >/dev/null || die "cmake not found"
+command -v ninja >/dev/null || die "ninja not found"
+debs="$root/.deps/debs"
+ls "$debs"/*.deb >/dev/null 2>&1 ||
+  die "no .debs in $debs: run scripts/gpu/fetch-debs.sh on the build machine first and carry .deps/debs"
+
+# ---- 1. dependencies -------------------------------------------------------------------
+prefix="$root/.deps/prefix"
+if [ ! -f "$prefix/.unpacked" ]; then
+  say "unpacking $(ls "$debs"/*.deb | wc -l) .debs into $prefix"
+  rm -rf "$prefix" && mkdir -p "$prefix"
+  for f in "$debs"/*.deb; do dpkg -x "$f" "$prefix"; done
+  # pkg-config files name /usr: point them at the prefix.
+  find "$prefix" -name '*.pc' -exec sed -i "s|^prefix=/usr|prefix=$prefix/usr|" {} +
+  touch "$prefix/.unpacked"
+fi
+multi="$prefix/usr/lib/x86_64-linux-gnu"
+export CMAKE_PREFIX_PATH="$prefix/usr:$multi/cmake${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+export PKG_CONFIG_PATH="$multi/pkgconfig:$prefix/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+export LD_LIBRARY_PATH="$multi${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LIBRARY_PATH="$multi${LIBRARY_PATH:+:$LIBRARY_PATH}"
+export CPATH="$prefix/usr/include${CPATH:+:$CPATH}"
+
+# ---- 2. build ----------------------------------------------------------------------------
+build="$root/build-gpu"
+cfg=(cmake -S "$root/bench/gpu" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
+     -DKILN_BUILD_BENCH=OFF -DKILN_CUDA=ON "-DKILN_CUDA_ARCHS=$archs"
+     "-DCMAKE_CUDA_COMPILER=$nvcc_bin" -DICU_ROOT="$prefix/usr" -DZLIB_ROOT="$prefix/usr")
+# NCCL: the toolkit's when present, else the one inside PyTorch's nvidia-nccl wheel.
+if [ ! -e "$(dirname "$nvcc_bin")/../include/nccl.h" ]; then
+  nccl_home="$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)"
+  if [ -n "$nccl_home" ] && [ -f "$nccl_home/include/nccl.h" ] && ls "$nccl_home"/lib/libnccl.so* >/dev/null 2>&1; then
+    say "NCCL from $nccl_home"
+    cfg+=("-DKILN_NCCL_INCLUDE_DIR=$nccl_home/include" "-DKILN_NCCL_LIBRARY=$(ls "$nccl_home"/lib/libnccl.so* | head -n 1)")
+    export LD_LIBRARY_PATH="$nccl_home/lib:$LD_LIBRARY_PATH"
+  fi
+fi
+if phase configure 90 "${cfg[@]}"; then :; else die "configure (see $out/configure.log)"; fi
+targets=(backend_op_test kiln_gpu_step)
+if ninja -C "$build" -t targets all 2>/dev/null | grep -q '^nccl_communicator_test:'; then
+  targets+=(nccl_communicator_test)
+fi
+if phase build 300 ninja -C "$build" -j "$jobs" "${targets[@]}"; then
+  status_build=ok
+else
+  status_build=FAILED
+  die "build (see $out/build.log)"
+fi
+if [ "$dry" = 1 ]; then
+  say "dry run: built ${targets[*]}; stopping before the GPU phases"
+  exit 0
+fi
+
+# ---- 3. GPU tests ------------------------------------------------------------------------
+if phase tests 150 ctest --test-dir "$build" -L 'backend|gpu' --output-on-failure --timeout 120; then
+  status_tests=ok
+else
+  status_tests=FAILED
+fi
+grep -E "SKIPPED|BACKEND|Worst|cuda: " "$out/tests.log" | head -n 60 >>"$log" || true
+
+# ---- 4. benchmarks -----------------------------------------------------------------------
+kiln_json="" torch_json=""
+if KILN_CUDA_TF32=1 phase kiln_bench 120 "$build/kiln_gpu_step" --B "$B" --T 1024 --steps "$steps" --warmup 3; then
+  kiln_json="$(grep '^{' "$out/kiln_bench.log" | tail -n 1)"
+  status_kiln=ok
+else
+  status_kiln=FAILED
+fi
+if [ "${GPU_CHECK_SKIP_TORCH:-0}" != 1 ]; then
+  if PYTHONUNBUFFERED=1 phase torch_bench 200 python3 "$root/bench/gpu/torch_gpt2.py" --B "$B" --T 1024 --steps "$steps" --warmup 3; then
+    torch_json="$(grep '^{' "$out/torch_bench.log" | tail -n 1)"
+    status_torch=ok
+  else
+    status_torch=FAILED
+  fi
+fi
+echo "$kiln_json" >"$out/kiln.json"
+echo "$torch_json" >"$out/torch.json"
+
+# ---- 5. the table ------------------------------------------------------------------------
+python3 - "$kiln_json" "$torch_json" <<'PY' | tee -a "$log"
+import json, sys
+rows = [json.loads(s) for s in sys.argv[1:] if s.strip()]
+print()
+print("GPT-2 124M training step, T=1024 (MFU against the bf16 GEMM peak measured in the run)")
+print(f"{'impl':8} {'dtype':18} {'B':>3} {'ms/step':>9} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'peak bf16':>9} {'loss':>7} {'GiB':>6}")
+for r in rows:
+    print(f"{r['impl']:8} {r['dtype']:18} {r['B']:>3} {r['ms_per_step']:>9.1f} {r['tokens_per_s']:>10.0f} "
+          f"{r['model_tflops']:>8.1f} {100*r['mfu']:>5.1f}% {r['peak_bf16_tflops']:>9.0f} {r['loss']:>7.3f} {r['peak_gib']:>6.1f}")
+k = [r for r in rows if r["impl"] == "kiln"]
+t = [r for r in rows if r["impl"] == "pytorch"]
+if k and t:
+    print(f"kiln / PyTorch tokens/s: {k[0]['tokens_per_s'] / t[0]['tokens_per_s']:.3f}")
+PY
+say "build $status_build | tests $status_tests | kiln bench $status_kiln | torch bench $status_torch | total $(($(date +%s) - t_start))s"
+[ "$status_tests" = ok ] && [ "$status_kiln" = ok ] || exit 1
