@@ -219,13 +219,20 @@ std::string describe(Collective c, const Tensor& t, const std::string& extra) {
 }
 
 namespace {
-std::atomic<int> g_world_rank{0};
+std::atomic<int> g_world_rank{-1};  // -1: no world communicator yet
 std::atomic<AbortHook> g_abort_hook{nullptr};
 std::atomic<bool> g_aborting{false};
 }  // namespace
 
 void set_world_rank(int rank) { g_world_rank.store(rank); }
-int world_rank() { return g_world_rank.load(); }
+int world_rank() {
+  const int r = g_world_rank.load();
+  if (r >= 0) return r;
+  // Before MPI is up, the launcher's environment still names this process's rank.
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"})
+    if (const char* v = std::getenv(var)) return std::atoi(v);
+  return 0;
+}
 void set_abort_hook(AbortHook hook) { g_abort_hook.store(hook); }
 
 }  // namespace comm_detail

@@ -145,21 +145,21 @@ void Trainer::dp_sum(std::vector<float>& values) {
 }
 
 std::vector<std::vector<int64_t>> Trainer::memory_by_rank() {
+  // Per rank: current bytes of each category, then the peak of each, then the peak of
+  // the total; sent as two int32 halves each so that sizes past 2 GiB survive.
   const MemoryStats mem = backend_->allocator().stats();
-  // Bytes as two int32 halves each, so that sizes past 2 GiB survive the int32 gather.
+  std::vector<int64_t> values(mem.current.begin(), mem.current.end());
+  values.insert(values.end(), mem.peak.begin(), mem.peak.end());
+  values.push_back(mem.total_peak);
   std::vector<int32_t> mine;
-  for (int c = 0; c < kNumMemCategories; ++c) {
-    const int64_t v = c < kNumMemCategories ? mem.current[static_cast<size_t>(c)] : 0;
+  for (int64_t v : values) {
     mine.push_back(static_cast<int32_t>(v >> 31));
     mine.push_back(static_cast<int32_t>(v & 0x7fffffff));
   }
-  mine.push_back(static_cast<int32_t>(mem.total_peak >> 31));
-  mine.push_back(static_cast<int32_t>(mem.total_peak & 0x7fffffff));
   const auto n = static_cast<int64_t>(mine.size());
-  std::vector<int32_t> all(static_cast<size_t>(n * world_->size()));
-  if (world_->size() == 1) {
-    all = mine;
-  } else {
+  std::vector<int32_t> all = mine;
+  if (world_->size() > 1) {
+    all.resize(static_cast<size_t>(n * world_->size()));
     world_->all_gather(Tensor::view(all.data(), Shape{static_cast<int64_t>(all.size())}, DType::I32),
                        Tensor::view(mine.data(), Shape{n}, DType::I32));
   }
@@ -315,17 +315,21 @@ TrainResult Trainer::run() {
       // Memory by category: this rank's keys, and every rank's in mem_by_rank.
       const auto mem = memory_by_rank();  // collective
       const auto& mine = mem[static_cast<size_t>(world_->rank())];
-      rec["peak_mem_bytes"] = mine[kNumMemCategories];
-      for (int c = 0; c < kNumMemCategories; ++c)
-        rec[fmt::format("mem_{}_bytes", mem_category_name(static_cast<MemCategory>(c)))] =
-            mine[static_cast<size_t>(c)];
+      auto category = [](int c) { return std::string(mem_category_name(static_cast<MemCategory>(c))); };
+      rec["peak_mem_bytes"] = mine[2 * kNumMemCategories];
+      for (int c = 0; c < kNumMemCategories; ++c) {
+        rec["mem_" + category(c) + "_bytes"] = mine[static_cast<size_t>(c)];
+        rec["mem_peak_" + category(c) + "_bytes"] = mine[static_cast<size_t>(kNumMemCategories + c)];
+      }
       if (world_->size() > 1) {
         nlohmann::json per_rank = nlohmann::json::array();
         for (const auto& m : mem) {
           nlohmann::json j;
-          for (int c = 0; c < kNumMemCategories; ++c)
-            j[std::string(mem_category_name(static_cast<MemCategory>(c)))] = m[static_cast<size_t>(c)];
-          j["peak"] = m[kNumMemCategories];
+          for (int c = 0; c < kNumMemCategories; ++c) {
+            j[category(c)] = m[static_cast<size_t>(c)];
+            j["peak_" + category(c)] = m[static_cast<size_t>(kNumMemCategories + c)];
+          }
+          j["peak"] = m[2 * kNumMemCategories];
           per_rank.push_back(j);
         }
         rec["mem_by_rank"] = per_rank;

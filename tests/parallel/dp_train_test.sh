@@ -109,6 +109,30 @@ train reshard1 1 0 --resume auto
 echo -n "4 ranks zero 3 -> 1 process: "
 compare "$work/ref/metrics.jsonl" "$work/reshard1/metrics.jsonl" 11
 
+# Memory at stage 3 with 4 ranks (8 blocks, so that sharding shows): each rank's peak of
+# parameter bytes is its 1/4 shard plus at most the embedding unit, two gathered blocks
+# (current and prefetched) and the head; optimizer state is 2 fp32 moments of the shard.
+train mem_z3 4 3 --set model.n_layer=8 --set train.steps=3 --set schedule.warmup_steps=1 --set eval.every=0
+"$py" - "$work/mem_z3/metrics.jsonl" <<'PY'
+import json, sys
+rec = [json.loads(l) for l in open(sys.argv[1])][-1]
+C, L, T, V = 36, 8, 16, 257
+Vp = (V + 127) // 128 * 128
+W = 4
+pad = lambda n: (n + W - 1) // W * W
+emb, block, head = pad(Vp * C + T * C), pad(12 * C * C + 13 * C), pad(2 * C)
+shard = (emb + L * block + head) // W
+full = Vp * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
+bound = 4 * (shard + emb + 2 * block + head)
+for r, m in enumerate(rec["mem_by_rank"]):
+    p, o = m["peak_parameters"], m["optimizer_state"]
+    print(f"rank {r}: parameter peak {p} B (shard {4*shard} B, bound {bound} B, full model {4*full} B), optimizer state {o} B")
+    assert 4 * shard <= p <= bound, f"rank {r}: parameter peak {p} outside [{4*shard}, {bound}]"
+    assert p < 4 * full, "stage 3 should never hold the whole model"
+    assert o <= 2 * 4 * shard, f"rank {r}: optimizer state {o} above 2 x shard"
+print("stage 3 memory within the formula")
+PY
+
 # Failures: a config that differs between ranks, and a rank whose data is missing.
 expect_failure() {  # expect_failure NAME PATTERN cmd...
   local name=$1 pattern=$2
