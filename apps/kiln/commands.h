@@ -11,5 +11,7 @@ void register_train(CLI::App& app);    // kiln train CONFIG.toml
 void register_sample(CLI::App& app);   // kiln sample --checkpoint DIR
 void register_export(CLI::App& app);   // kiln export --checkpoint DIR --format F --out FILE
 void register_unigram(CLI::App& app);  // kiln unigram --data DIR
+void register_bench(CLI::App& app);    // kiln bench CONFIG.toml | kiln bench --peak
+void register_report(CLI::App& app);   // kiln report RUN_DIR
 
 }  // namespace kiln::app

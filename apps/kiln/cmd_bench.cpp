@@ -1,0 +1,420 @@
+// kiln bench: steady-state training throughput of a config, and the machine's peaks.
+//
+//   kiln bench CONFIG.toml [--set k=v]... [--steps N] [--warmup N] [--trace PATH]
+//              [--dump-init PATH]
+//   kiln bench --peak
+//
+// The step is the trainer's: zero_grad, then per micro-step forward (loss and its
+// gradient scaled by 1 / targets of the global batch) and backward, then the global
+// gradient norm, clipping and AdamW with the config's learning-rate schedule. Batches
+// come from data.dir (the train split, shuffled with train.seed) or, when data.dir is
+// empty or absent, from synthetic tokens: uniform ids in [0, vocab_size) drawn from
+// Philox(train.seed, stream 0x62656e6368 "bench"), each sample T + 1 tokens with the
+// targets the inputs shifted by one.
+//
+// Reported over the timed steps (after --warmup untimed ones):
+//   tokens/s = accum * micro_batch * T * steps / (summed step time)
+//   phases   data (batches fetched and copied to the device), forward, backward,
+//            optimizer (zero_grad, gradient norm, clipping, AdamW); each timed with the
+//            backend synchronised at its end
+//   MFU      = flops_per_token(T) * tokens/s / peak_flops, flops_per_token from
+//              GPT2Config::flops_per_token (6 N + 12 n_layer T C, models/gpt2/config.h)
+//              and peak_flops the best fp32 GEMM rate measured in the same run
+//              (measure_gemm_flops, backend/probe.h; before and after the timed steps,
+//              the higher of the two)
+//   memory   the allocator's peak bytes, in total and by category
+// The last line of output is one JSON object with these numbers (tokens_per_s, mfu,
+// peak_flops, step_ms, ..., and the loss of every step).
+#include "apps/kiln/commands.h"
+#include "backend/probe.h"
+#include "backend/registry.h"
+#include "checkpoint/safetensors.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "data/loader.h"
+#include "models/gpt2/gpt2.h"
+#include "optim/adamw.h"
+#include "profile/profiling_backend.h"
+#include "profile/summary.h"
+#include "profile/tracer.h"
+#include "train/config.h"
+#include "train/model_io.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+namespace kiln::app {
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+double seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+constexpr uint64_t kSyntheticStream = 0x62656e6368;  // "bench"
+
+struct Args {
+  std::string config;
+  std::vector<std::string> sets;
+  int steps = 10;
+  int warmup = 2;
+  std::string trace;
+  std::string dump_init;
+  bool peak = false;
+};
+
+void run_peak() {
+  auto be = make_backend("cpu");
+  nlohmann::json j;
+  fmt::print("kiln bench --peak: backend {}, {} OpenMP threads\n", be->name(), omp_get_max_threads());
+  fmt::print("{:<28} {:>12}\n", "measurement", "rate");
+  double best32 = 0.0;
+  for (int64_t n : {512, 1024, 2048}) {
+    const double f = measure_gemm_flops(*be, DType::F32, n, 0.4);
+    best32 = std::max(best32, f);
+    fmt::print("{:<28} {:>8.1f} GFLOP/s\n", fmt::format("GEMM fp32 n={}", n), f / 1e9);
+    j[fmt::format("gemm_fp32_n{}_flops", n)] = f;
+  }
+  j["gemm_fp32_flops"] = best32;
+  j["peak_flops"] = best32;
+  if (be->supports(Op::Linear, DType::BF16)) {
+    double best = 0.0;
+    for (int64_t n : {1024, 2048}) {
+      const double f = measure_gemm_flops(*be, DType::BF16, n, 0.4);
+      best = std::max(best, f);
+      fmt::print("{:<28} {:>8.1f} GFLOP/s\n", fmt::format("GEMM bf16 n={}", n), f / 1e9);
+    }
+    j["gemm_bf16_flops"] = best;
+  } else {
+    fmt::print("{:<28} {:>12}\n", "GEMM bf16", "unsupported");
+    j["gemm_bf16_flops"] = nullptr;
+  }
+  const double bw = measure_copy_bandwidth(*be, 256ll << 20, 0.4);
+  fmt::print("{:<28} {:>8.1f} GB/s (read + write)\n", "copy 256 MiB", bw / 1e9);
+  j["copy_bytes_per_s"] = bw;
+  j["threads"] = omp_get_max_threads();
+  j["backend"] = be->name();
+  fmt::print("{}\n", j.dump());
+}
+
+// The host batches of every step: inputs and targets [accum * B * T] each.
+struct Batches {
+  std::vector<std::vector<int32_t>> inputs, targets;
+};
+
+Batches make_batches(const TrainConfig& c, data::DataLoader* loader, int vocab, int steps,
+                     int accum) {
+  const int B = c.train.micro_batch, T = c.train.seq_len;
+  const size_t n = static_cast<size_t>(accum) * B * T;
+  Batches b;
+  Philox rng(static_cast<uint64_t>(c.train.seed), kSyntheticStream);
+  std::vector<int32_t> sample(static_cast<size_t>(T) + 1);
+  for (int s = 0; s < steps; ++s) {
+    std::vector<int32_t> in(n), tg(n);
+    if (loader) {
+      for (int k = 0; k < accum; ++k)
+        loader->next_batch(in.data() + static_cast<size_t>(k) * B * T,
+                           tg.data() + static_cast<size_t>(k) * B * T, B);
+    } else {
+      for (int r = 0; r < accum * B; ++r) {
+        for (auto& t : sample) t = static_cast<int32_t>(rng.next_u32() % static_cast<uint32_t>(vocab));
+        std::copy(sample.begin(), sample.begin() + T, in.begin() + static_cast<ptrdiff_t>(r) * T);
+        std::copy(sample.begin() + 1, sample.end(), tg.begin() + static_cast<ptrdiff_t>(r) * T);
+      }
+    }
+    b.inputs.push_back(std::move(in));
+    b.targets.push_back(std::move(tg));
+  }
+  return b;
+}
+
+// Initial weights, batches and per-step learning rates as one safetensors file, in
+// kiln's names and layouts (linear weights [out, in], wte with Vp rows), for the
+// PyTorch comparison (bench/pytorch/gpt2_train.py).
+void dump_init(const fs::path& path, const GPT2& model, const TrainConfig& c, const Batches& b,
+               int accum, int warmup, int steps) {
+  Backend& be = model.backend();
+  safetensors::Writer w(path.string());
+  for (const ParamSpec& p : model.params()) {
+    std::vector<float> host(static_cast<size_t>(p.shape.numel()));
+    be.copy_to_host(be.default_stream(), host.data(), model.param(p));
+    std::vector<int64_t> shape;
+    for (int i = 0; i < p.shape.ndim(); ++i) shape.push_back(p.shape[i]);
+    w.add_f32(p.name, shape, host);
+  }
+  const int S = static_cast<int>(b.inputs.size());
+  const int64_t rows = static_cast<int64_t>(accum) * c.train.micro_batch;
+  std::vector<int32_t> in, tg;
+  for (int s = 0; s < S; ++s) {
+    in.insert(in.end(), b.inputs[static_cast<size_t>(s)].begin(), b.inputs[static_cast<size_t>(s)].end());
+    tg.insert(tg.end(), b.targets[static_cast<size_t>(s)].begin(), b.targets[static_cast<size_t>(s)].end());
+  }
+  w.add_i32("bench.inputs", {S, rows, c.train.seq_len}, in);
+  w.add_i32("bench.targets", {S, rows, c.train.seq_len}, tg);
+  std::vector<float> lr;
+  for (int s = 0; s < S; ++s) lr.push_back(static_cast<float>(learning_rate(c, s)));
+  w.add_f32("bench.lr", {S}, lr);
+  const GPT2Config& m = model.config();
+  auto meta = [&](const char* k, auto v) { w.set_metadata(k, fmt::format("{}", v)); };
+  meta("n_layer", m.n_layer);
+  meta("n_head", m.n_head);
+  meta("n_embd", m.n_embd);
+  meta("vocab_size", m.vocab_size);
+  meta("padded_vocab_size", m.padded_vocab_size);
+  meta("block_size", m.block_size);
+  meta("layernorm_eps", m.layernorm_eps);
+  meta("micro_batch", c.train.micro_batch);
+  meta("accum", accum);
+  meta("seq_len", c.train.seq_len);
+  meta("warmup", warmup);
+  meta("steps", steps);
+  meta("beta1", c.optim.beta1);
+  meta("beta2", c.optim.beta2);
+  meta("eps", c.optim.eps);
+  meta("weight_decay", c.optim.weight_decay);
+  meta("grad_clip", c.optim.grad_clip);
+  meta("seed", c.train.seed);
+  w.write();
+}
+
+void run_bench(const Args& a) {
+  TrainConfig c = load_config_file(a.config, a.sets);
+  KILN_CHECK(a.steps >= 1, "bench: --steps must be >= 1");
+  KILN_CHECK(a.warmup >= 0, "bench: --warmup must be >= 0");
+  KILN_CHECK(c.model.n_layer > 0 && c.model.n_embd > 0 && c.model.n_head > 0 &&
+                 c.model.block_size > 0,
+             "{}: the model shape is incomplete (set model.preset or n_layer, n_head, n_embd, "
+             "block_size)", c.source);
+  const int accum = c.grad_accum_steps(1);
+  const int B = c.train.micro_batch, T = c.train.seq_len;
+
+  std::unique_ptr<data::DataLoader> loader;
+  std::string data_desc = "synthetic tokens";
+  if (!c.data.dir.empty() && fs::exists(fs::path(c.data.dir) / "meta.json")) {
+    loader = std::make_unique<data::DataLoader>(c.data.dir, "train", T,
+                                                static_cast<uint64_t>(c.train.seed), true);
+    if (c.model.vocab_size == 0) c.model.vocab_size = loader->meta().vocab_size;
+    data_desc = c.data.dir;
+  } else if (c.model.vocab_size == 0) {
+    c.model.vocab_size = 50257;  // the GPT-2 tokenizer's
+  }
+
+  auto raw = make_backend("cpu");
+  // Peaks first, on the raw backend, so that the model's memory peak is its own. The
+  // GEMM peak is measured again after the timed steps and the better of the two kept:
+  // on a shared machine one measurement can fall in a moment of load.
+  const double peak_before = measure_gemm_flops(*raw, DType::F32);
+  double peak_flops = peak_before;
+  const bool tracing = !a.trace.empty();
+  profile::Peaks peaks{peak_flops, tracing ? measure_copy_bandwidth(*raw) : 0.0};
+  raw->allocator().reset_peak();
+  std::unique_ptr<profile::ProfilingBackend> prof;
+  if (tracing) prof = std::make_unique<profile::ProfilingBackend>(*raw);
+  Backend& be = prof ? static_cast<Backend&>(*prof) : *raw;
+
+  GPT2 model(gpt2_config_from(c), be);
+  if (c.model.init_from.empty()) {
+    model.init_weights(static_cast<uint64_t>(c.train.seed));
+  } else {
+    load_weights_into(model, c.model.init_from);
+  }
+  AdamWConfig oc;
+  oc.lr = static_cast<float>(c.optim.lr);
+  oc.beta1 = static_cast<float>(c.optim.beta1);
+  oc.beta2 = static_cast<float>(c.optim.beta2);
+  oc.eps = static_cast<float>(c.optim.eps);
+  oc.weight_decay = static_cast<float>(c.optim.weight_decay);
+  AdamW opt(be, model.params(), model.param_buffer(), model.grad_buffer(), oc);
+  Tensor tokens = be.empty(Shape{B, T}, DType::I32, MemCategory::Activations);
+  Tensor targets = be.empty(Shape{B, T}, DType::I32, MemCategory::Activations);
+
+  const int total = a.warmup + a.steps;
+  const Batches batches = make_batches(c, loader.get(), c.model.vocab_size, total, accum);
+  if (!a.dump_init.empty()) {
+    dump_init(a.dump_init, model, c, batches, accum, a.warmup, a.steps);
+    fmt::print("kiln bench: initial weights and batches written to {}\n", a.dump_init);
+  }
+
+  const GPT2Config& mc = model.config();
+  const int64_t tokens_per_step = static_cast<int64_t>(accum) * B * T;
+  fmt::print("kiln bench: {} | {} | {} micro-step(s) of B={} T={} ({} tokens/step) | {} "
+             "warm-up + {} timed steps | backend {}, {} threads | fp32 GEMM {:.1f} GFLOP/s\n",
+             mc.str(), data_desc, accum, B, T, tokens_per_step, a.warmup, a.steps, be.name(),
+             omp_get_max_threads(), peak_flops / 1e9);
+  std::fflush(stdout);
+
+  profile::ProfileWindow window(tracing ? std::vector<int64_t>{a.warmup, total}
+                                        : std::vector<int64_t>{},
+                                a.trace, peaks);
+  window.set_allocator(&be.allocator());
+  const Stream s = be.default_stream();
+  double t_data = 0, t_fwd = 0, t_bwd = 0, t_opt = 0, t_step = 0, t_min = 1e30;
+  std::vector<double> losses;
+  for (int step = 0; step < total; ++step) {
+    window.begin_step(step);
+    const auto t0 = Clock::now();
+    double loss_sum = 0.0;
+    int64_t n_targets = 0;
+    for (int32_t t : batches.targets[static_cast<size_t>(step)]) n_targets += t != -1;
+    const float grad_scale = 1.f / static_cast<float>(n_targets);
+    double d_data = 0, d_fwd = 0, d_bwd = 0, d_opt = 0;
+    auto t = Clock::now();
+    {
+      auto sc = profile::trace_scope("optimizer");
+      model.zero_grad();
+      be.synchronize(s);
+    }
+    d_opt += seconds(t, Clock::now());
+    for (int k = 0; k < accum; ++k) {
+      t = Clock::now();
+      {
+        auto sc = profile::trace_scope("data");
+        const size_t off = static_cast<size_t>(k) * B * T;
+        be.copy_from_host(s, tokens, batches.inputs[static_cast<size_t>(step)].data() + off);
+        be.copy_from_host(s, targets, batches.targets[static_cast<size_t>(step)].data() + off);
+        model.set_dropout(true, static_cast<uint64_t>(c.train.seed),
+                          static_cast<uint64_t>(step * accum + k));
+        be.synchronize(s);
+      }
+      const auto t1 = Clock::now();
+      {
+        auto sc = profile::trace_scope("forward");
+        loss_sum += model.forward(tokens, targets, grad_scale);
+        be.synchronize(s);
+      }
+      const auto t2 = Clock::now();
+      {
+        auto sc = profile::trace_scope("backward");
+        model.backward();
+        be.synchronize(s);
+      }
+      const auto t3 = Clock::now();
+      d_data += seconds(t, t1);
+      d_fwd += seconds(t1, t2);
+      d_bwd += seconds(t2, t3);
+    }
+    t = Clock::now();
+    {
+      auto sc = profile::trace_scope("optimizer");
+      const double norm = std::sqrt(be.sum_squares(s, model.grad_buffer()));
+      opt.step(static_cast<float>(learning_rate(c, step)), clip_scale(norm, c.optim.grad_clip));
+      be.synchronize(s);
+    }
+    const auto t4 = Clock::now();
+    d_opt += seconds(t, t4);
+    window.end_step();
+    const double loss = loss_sum / static_cast<double>(n_targets);
+    KILN_CHECK(std::isfinite(loss), "bench: step {}: the loss is {}", step, loss);
+    losses.push_back(loss);
+    const double dt = seconds(t0, t4);
+    if (step >= a.warmup) {
+      t_data += d_data, t_fwd += d_fwd, t_bwd += d_bwd, t_opt += d_opt, t_step += dt;
+      t_min = std::min(t_min, dt);
+    }
+    fmt::print("step {:>3}{} | loss {:.6f} | {:.1f} ms (data {:.1f}, fwd {:.1f}, bwd {:.1f}, "
+               "opt {:.1f}) | {:.0f} tok/s\n",
+               step, step < a.warmup ? " (warm-up)" : "", loss, dt * 1e3, d_data * 1e3,
+               d_fwd * 1e3, d_bwd * 1e3, d_opt * 1e3, static_cast<double>(tokens_per_step) / dt);
+    std::fflush(stdout);
+  }
+  window.finish();
+  const MemoryStats mem = be.allocator().stats();  // before the GEMM probe's temporaries
+  const double peak_after = measure_gemm_flops(*raw, DType::F32);
+  peak_flops = std::max(peak_before, peak_after);
+
+  const double n = static_cast<double>(a.steps);
+  const double tok_s = static_cast<double>(tokens_per_step) * n / t_step;
+  const double fpt = mc.flops_per_token(T);
+  const double mfu = fpt * tok_s / peak_flops;
+  auto ms = [&](double x) { return x / n * 1e3; };
+  auto mib = [](int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); };
+  fmt::print("\n{:<34} {:>14}\n", "kiln bench (mean of timed steps)", "value");
+  fmt::print("{:<34} {:>14.1f}\n", "tokens/s", tok_s);
+  fmt::print("{:<34} {:>14.1f}\n", "step ms", ms(t_step));
+  fmt::print("{:<34} {:>14.1f}\n", "step ms (fastest)", t_min * 1e3);
+  fmt::print("{:<34} {:>14.1f}  {:>5.1f}%\n", "  data ms", ms(t_data), 100 * t_data / t_step);
+  fmt::print("{:<34} {:>14.1f}  {:>5.1f}%\n", "  forward ms", ms(t_fwd), 100 * t_fwd / t_step);
+  fmt::print("{:<34} {:>14.1f}  {:>5.1f}%\n", "  backward ms", ms(t_bwd), 100 * t_bwd / t_step);
+  fmt::print("{:<34} {:>14.1f}  {:>5.1f}%\n", "  optimizer ms", ms(t_opt), 100 * t_opt / t_step);
+  fmt::print("{:<34} {:>14.3e}\n", "model FLOPs per token", fpt);
+  fmt::print("{:<34} {:>14.1f}\n", "achieved GFLOP/s", fpt * tok_s / 1e9);
+  fmt::print("{:<34} {:>14.1f}  (before {:.1f}, after {:.1f})\n", "peak GFLOP/s (fp32 GEMM)",
+             peak_flops / 1e9, peak_before / 1e9, peak_after / 1e9);
+  fmt::print("{:<34} {:>13.1f}%\n", "MFU", 100 * mfu);
+  fmt::print("{:<34} {:>14.1f}\n", "peak memory MiB", mib(mem.total_peak));
+  for (int k = 0; k < kNumMemCategories; ++k) {
+    const auto cat = static_cast<MemCategory>(k);
+    fmt::print("{:<34} {:>14.1f}\n", fmt::format("  {} MiB (peak)", mem_category_name(cat)),
+               mib(mem.peak_of(cat)));
+  }
+  nlohmann::json j;
+  j["tokens_per_s"] = tok_s;
+  j["mfu"] = mfu;
+  j["peak_flops"] = peak_flops;
+  j["peak_flops_before"] = peak_before;
+  j["peak_flops_after"] = peak_after;
+  j["flops_per_token"] = fpt;
+  j["step_ms"] = ms(t_step);
+  j["step_ms_min"] = t_min * 1e3;
+  j["data_ms"] = ms(t_data);
+  j["forward_ms"] = ms(t_fwd);
+  j["backward_ms"] = ms(t_bwd);
+  j["optimizer_ms"] = ms(t_opt);
+  j["peak_mem_bytes"] = mem.total_peak;
+  for (int k = 0; k < kNumMemCategories; ++k) {
+    const auto cat = static_cast<MemCategory>(k);
+    j[fmt::format("peak_mem_{}_bytes", mem_category_name(cat))] = mem.peak_of(cat);
+  }
+  j["tokens_per_step"] = tokens_per_step;
+  j["micro_batch"] = B;
+  j["seq_len"] = T;
+  j["accum"] = accum;
+  j["steps"] = a.steps;
+  j["warmup"] = a.warmup;
+  j["threads"] = omp_get_max_threads();
+  j["backend"] = be.name();
+  j["model"] = mc.str();
+  j["num_parameters"] = mc.num_parameters();
+  j["data"] = data_desc;
+  j["profiled"] = tracing;
+  j["losses"] = losses;
+  fmt::print("{}\n", j.dump());
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "bench", "Measure training throughput (tokens/s, phases, MFU, memory) or, with --peak, "
+               "the machine's GEMM and copy peaks");
+  auto a = std::make_shared<Args>();
+  cmd->add_option("config", a->config, "The TOML config (required unless --peak)");
+  cmd->add_option("--set", a->sets, "Override a key: --set section.key=value (repeatable)");
+  cmd->add_option("--steps", a->steps, "Timed steps (default 10)");
+  cmd->add_option("--warmup", a->warmup, "Untimed warm-up steps first (default 2)");
+  cmd->add_option("--trace", a->trace,
+                  "Profile the timed steps: write a Chrome trace here and print the per-op summary");
+  cmd->add_option("--dump-init", a->dump_init,
+                  "Write the initial weights, the batches and learning rates as safetensors "
+                  "(for bench/compare_pytorch.sh)");
+  cmd->add_flag("--peak", a->peak, "Measure fp32 (and bf16) GEMM FLOP/s and copy bandwidth");
+  cmd->callback([a] {
+    if (a->peak) {
+      run_peak();
+      return;
+    }
+    KILN_CHECK(!a->config.empty(), "bench: a config file is required (or --peak)");
+    run_bench(*a);
+  });
+}
+
+}  // namespace kiln::app

@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# kiln vs PyTorch on the CPU: the same GPT-2 training step, same initial weights, same
+# data, batch, sequence length and thread count, timed in alternating runs
+# (kiln, torch, kiln, torch) so that a change in machine load hits both alike.
+#
+#   bench/compare_pytorch.sh [--quick] [--kiln PATH] [--out DIR] [--threads N]
+#
+# How the work is made identical: the first kiln run (`kiln bench --dump-init`) writes
+# its initial weights (kiln's names and [out, in] layouts), the token batches of every
+# step (synthetic: uniform ids from Philox(train.seed)) and the per-step learning rates
+# to a safetensors file; bench/pytorch/gpt2_train.py loads exactly these into a
+# PyTorch GPT-2 and trains with the same loss normalisation, gradient clipping and AdamW
+# (weight decay on 2-D parameters). The first losses of both are printed side by side:
+# they agree to ~1e-6 at step 0 and stay close after (fp32 rounding differs).
+#
+# Configs:
+#   gpt2-124m  GPT-2 small (12 layers, 768 wide, vocab 50257), B=4, T=64
+#   small      6 layers, 384 channels, 6 heads, vocab 8192, block 256, B=8, T=256
+#
+# Settings (the best measured on the 2-core AMD EPYC, Zen 5 with AVX-512, that this
+# project runs on):
+#   both:  OMP_NUM_THREADS=N (default 2); torch.set_num_threads(N)
+#   torch: Debian's PyTorch (/usr/bin/python3, torch 1.13) with OpenBLAS
+#          (apt-get install libopenblas0-openmp: without it torch falls back to the
+#          reference BLAS and runs ~20x slower), OPENBLAS_CORETYPE=SkylakeX (OpenBLAS
+#          does not recognise this CPU and would pick slower AVX2 kernels) and
+#          OMP_WAIT_POLICY=passive (threads sleep instead of spinning between ops).
+#   kiln:  the defaults (oneDNN GEMMs, OpenMP).
+# The whole script takes about 5 to 8 minutes on 2 cores (--quick: about 2 to 3).
+# Not part of ctest.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/.." && pwd)"
+kiln="${KILN:-}"
+out=""
+quick=0
+threads=2
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) quick=1 ;;
+    --kiln) kiln="$2"; shift ;;
+    --out) out="$2"; shift ;;
+    --threads) threads="$2"; shift ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    *) echo "compare_pytorch.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+if [ -z "$kiln" ]; then
+  for c in "$root/build/apps/kiln/kiln" "$root"/build*/apps/kiln/kiln; do
+    if [ -x "$c" ]; then kiln="$c"; break; fi
+  done
+fi
+[ -n "$kiln" ] && [ -x "$kiln" ] || { echo "compare_pytorch.sh: no kiln binary (build it, or pass --kiln PATH)" >&2; exit 1; }
+py=/usr/bin/python3
+"$py" -c "import torch" 2>/dev/null || { echo "compare_pytorch.sh: $py has no torch (apt-get install python3-torch)" >&2; exit 1; }
+if ! ldconfig -p | grep -q libopenblas; then
+  echo "compare_pytorch.sh: warning: OpenBLAS is not installed; PyTorch will use the reference BLAS" >&2
+  echo "  (apt-get install -y libopenblas0-openmp) and the comparison will be meaningless." >&2
+fi
+[ -n "$out" ] || out="$(mktemp -d /tmp/kiln_vs_torch.XXXXXX)"
+mkdir -p "$out"
+
+export OMP_NUM_THREADS="$threads"
+torch_env=(OPENBLAS_CORETYPE=SkylakeX OMP_WAIT_POLICY=passive)
+
+if [ $quick -eq 1 ]; then
+  warm_big=1; steps_big=2; warm_small=1; steps_small=3
+else
+  warm_big=2; steps_big=5; warm_small=2; steps_small=8
+fi
+
+echo "== kiln vs PyTorch, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), $threads threads"
+echo "== load average at start: $(cut -d' ' -f1-3 /proc/loadavg); kiln: $kiln; logs: $out"
+
+write_config() {  # name -> $out/name.toml
+  case "$1" in
+    gpt2-124m) cat > "$out/$1.toml" <<EOF
+[model]
+preset = "gpt2"
+[train]
+steps = 1000
+micro_batch = 4
+seq_len = 64
+seed = 1337
+[optim]
+lr = 6e-4
+weight_decay = 0.1
+grad_clip = 1.0
+[schedule]
+kind = "cosine"
+warmup_steps = 10
+EOF
+    ;;
+    small) cat > "$out/$1.toml" <<EOF
+[model]
+n_layer = 6
+n_head = 6
+n_embd = 384
+block_size = 256
+vocab_size = 8192
+[train]
+steps = 1000
+micro_batch = 8
+seq_len = 256
+seed = 1337
+[optim]
+lr = 1e-3
+weight_decay = 0.1
+grad_clip = 1.0
+[schedule]
+kind = "cosine"
+warmup_steps = 10
+EOF
+    ;;
+  esac
+}
+
+# One line about a run: its JSON result line (the last line starting with '{').
+describe() {
+  "$py" - "$1" <<'EOF'
+import json, sys
+j = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")][-1]
+mfu = f", MFU {100 * j['mfu']:.1f}%" if "mfu" in j else ""
+print(f"{j['tokens_per_s']:.0f} tokens/s, step {j['step_ms']:.0f} ms (fwd {j['forward_ms']:.0f}, "
+      f"bwd {j['backward_ms']:.0f}, opt {j['optimizer_ms']:.0f}){mfu}")
+EOF
+}
+
+summary=()
+for name in gpt2-124m small; do
+  if [ "$name" = gpt2-124m ]; then w=$warm_big; s=$steps_big; else w=$warm_small; s=$steps_small; fi
+  write_config "$name"
+  init="$out/$name.init.safetensors"
+  echo
+  echo "== $name: $w warm-up + $s timed steps per run, runs: kiln, torch, kiln, torch"
+  for run in 1 2; do
+    extra=()
+    [ $run -eq 1 ] && extra=(--dump-init "$init")
+    "$kiln" bench "$out/$name.toml" --warmup "$w" --steps "$s" "${extra[@]}" > "$out/$name.kiln$run.log" 2>&1 ||
+      { echo "kiln run failed:"; tail -20 "$out/$name.kiln$run.log"; exit 1; }
+    echo "   kiln  run $run: $(describe "$out/$name.kiln$run.log")"
+    env "${torch_env[@]}" "$py" "$here/pytorch/gpt2_train.py" "$init" --threads "$threads" > "$out/$name.torch$run.log" 2>&1 ||
+      { echo "torch run failed:"; tail -20 "$out/$name.torch$run.log"; exit 1; }
+    echo "   torch run $run: $(describe "$out/$name.torch$run.log")"
+  done
+  line="$("$py" - "$out" "$name" <<'EOF'
+import json, sys
+out, name = sys.argv[1], sys.argv[2]
+def load(k):
+    for l in reversed(open(f"{out}/{name}.{k}.log").read().splitlines()):
+        if l.startswith("{"):
+            return json.loads(l)
+k = [load("kiln1"), load("kiln2")]
+t = [load("torch1"), load("torch2")]
+kt = sum(j["tokens_per_s"] for j in k) / 2
+tt = sum(j["tokens_per_s"] for j in t) / 2
+n = min(4, len(k[0]["losses"]))
+kl = " ".join(f"{x:.6f}" for x in k[0]["losses"][:n])
+tl = " ".join(f"{x:.6f}" for x in t[0]["losses"][:n])
+d = max(abs(a - b) for a, b in zip(k[0]["losses"], t[0]["losses"]))
+print(f"   first losses  kiln  {kl}")
+print(f"                 torch {tl}   (max |diff| over {len(k[0]['losses'])} steps {d:.2e})")
+print(f"   mean tokens/s kiln {kt:.0f}, torch {tt:.0f}: kiln/torch = {kt / tt:.2f}")
+print(f"SUMMARY {name}: kiln {kt:.0f} tok/s, torch {tt:.0f} tok/s, ratio {kt / tt:.2f}, "
+      f"kiln MFU {100 * sum(j['mfu'] for j in k) / 2:.1f}% of {k[0]['peak_flops'] / 1e9:.0f} GFLOP/s")
+EOF
+)"
+  echo "$line" | grep -v '^SUMMARY'
+  summary+=("$(echo "$line" | grep '^SUMMARY' | sed 's/^SUMMARY //')")
+done
+echo
+echo "== load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
+for l in "${summary[@]}"; do echo "== $l"; done

@@ -1,0 +1,150 @@
+#include "profile/summary.h"
+
+#include "core/error.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <map>
+
+namespace kiln::profile {
+
+Summary summarize(const std::vector<TraceEvent>& events) {
+  Summary s;
+  std::map<std::string, OpStats> ops, phases;
+  int64_t first = std::numeric_limits<int64_t>::max(), last = std::numeric_limits<int64_t>::min();
+  for (const auto& e : events) {
+    if (e.phase != 'X') continue;
+    first = std::min(first, e.ts_ns);
+    last = std::max(last, e.ts_ns + e.dur_ns);
+    if (e.category == "step") {
+      ++s.steps;
+      s.step_ns += static_cast<double>(e.dur_ns);
+      continue;
+    }
+    auto& table = e.category == "phase" ? phases : ops;
+    OpStats& o = table[e.name];
+    if (o.calls == 0) o.name = e.name, o.category = e.category;
+    ++o.calls;
+    o.total_ns += static_cast<double>(e.dur_ns);
+    o.flops += e.flops;
+    o.bytes += e.bytes;
+    if (&table == &ops) s.op_ns += static_cast<double>(e.dur_ns);
+  }
+  if (s.steps == 0 && last > first) s.step_ns = static_cast<double>(last - first);
+  auto sorted = [](std::map<std::string, OpStats>& m) {
+    std::vector<OpStats> v;
+    for (auto& [k, o] : m) v.push_back(std::move(o));
+    std::stable_sort(v.begin(), v.end(),
+                     [](const OpStats& a, const OpStats& b) { return a.total_ns > b.total_ns; });
+    return v;
+  };
+  s.ops = sorted(ops);
+  s.phases = sorted(phases);
+  return s;
+}
+
+std::string format_summary(const Summary& s, const Peaks& peaks) {
+  std::string out;
+  const double step = s.step_ns > 0 ? s.step_ns : 1.0;
+  out += fmt::format("profile: {} step{}, {:.1f} ms per step; ops {:.1f} ms ({:.1f}% of the "
+                     "step); peaks {} GFLOP/s, {} GB/s\n",
+                     s.steps, s.steps == 1 ? "" : "s",
+                     s.steps > 0 ? s.step_ns / 1e6 / static_cast<double>(s.steps) : s.step_ns / 1e6,
+                     s.op_ns / 1e6, 100.0 * s.op_ns / step,
+                     peaks.flops > 0 ? fmt::format("{:.1f}", peaks.flops / 1e9) : "?",
+                     peaks.bandwidth > 0 ? fmt::format("{:.1f}", peaks.bandwidth / 1e9) : "?");
+  out += fmt::format("{:<24} {:>7} {:>10} {:>7} {:>9} {:>8} {:>7} {:>7}\n", "op", "calls",
+                     "total ms", "% step", "GFLOP/s", "GB/s", "bound", "% peak");
+  for (const auto& o : s.ops) {
+    const double sec = o.total_ns / 1e9;
+    const double gflops = sec > 0 ? o.flops / sec / 1e9 : 0.0;
+    const double gbs = sec > 0 ? o.bytes / sec / 1e9 : 0.0;
+    std::string bound = "-", pct = "-";
+    const double t_flops = peaks.flops > 0 ? o.flops / peaks.flops : 0.0;
+    const double t_bytes = peaks.bandwidth > 0 ? o.bytes / peaks.bandwidth : 0.0;
+    if ((t_flops > 0 || t_bytes > 0) && sec > 0) {
+      const bool compute = t_flops >= t_bytes;
+      bound = compute ? "flops" : "memory";
+      pct = fmt::format("{:.1f}%", 100.0 * std::max(t_flops, t_bytes) / sec);
+    }
+    out += fmt::format("{:<24} {:>7} {:>10.2f} {:>6.1f}% {:>9} {:>8} {:>7} {:>7}\n", o.name,
+                       o.calls, o.total_ns / 1e6, 100.0 * o.total_ns / step,
+                       o.flops > 0 ? fmt::format("{:.1f}", gflops) : "-",
+                       o.bytes > 0 ? fmt::format("{:.2f}", gbs) : "-", bound, pct);
+  }
+  if (!s.phases.empty()) {
+    out += fmt::format("{:<24} {:>7} {:>10} {:>7}\n", "phase", "calls", "total ms", "% step");
+    for (const auto& p : s.phases)
+      out += fmt::format("{:<24} {:>7} {:>10.2f} {:>6.1f}%\n", p.name, p.calls, p.total_ns / 1e6,
+                         100.0 * p.total_ns / step);
+  }
+  return out;
+}
+
+ProfileWindow::ProfileWindow(std::vector<int64_t> steps, std::filesystem::path trace_path,
+                             Peaks peaks, Tracer& tracer, bool print)
+    : steps_(std::move(steps)), trace_path_(std::move(trace_path)), peaks_(peaks),
+      tracer_(tracer), print_(print) {
+  KILN_CHECK(steps_.empty() || (steps_.size() == 2 && steps_[0] >= 0 && steps_[0] < steps_[1]),
+             "profile.steps must be [] or [a, b] with 0 <= a < b");
+}
+
+ProfileWindow::~ProfileWindow() {
+  try {
+    finish();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kiln: profile: %s\n", e.what());
+  }
+}
+
+void ProfileWindow::begin_step(int64_t step) {
+  if (!configured() || done_) return;
+  step_ = step;
+  if (!recording_ && step >= steps_[0] && step < steps_[1]) {
+    tracer_.clear();
+    tracer_.set_thread_name("main");
+    tracer_.enable();
+    recording_ = true;
+  }
+  if (recording_) step_start_ = Clock::now();
+}
+
+void ProfileWindow::end_step() {
+  if (!recording_) return;
+  tracer_.record_complete(fmt::format("step {}", step_), "step", step_start_, Clock::now());
+  if (allocator_) {
+    const MemoryStats m = allocator_->stats();
+    std::vector<std::pair<std::string, double>> v;
+    for (int c = 0; c < kNumMemCategories; ++c)
+      v.emplace_back(std::string(mem_category_name(static_cast<MemCategory>(c))),
+                     static_cast<double>(m.current[static_cast<size_t>(c)]));
+    tracer_.record_counter("memory_bytes", std::move(v));
+  }
+  if (step_ + 1 >= steps_[1]) finish();
+}
+
+void ProfileWindow::finish() {
+  if (!recording_) return;
+  tracer_.disable();
+  recording_ = false;
+  done_ = true;
+  const auto events = tracer_.events();
+  summary_text_ = format_summary(summarize(events), peaks_);
+  tracer_.write_trace(trace_path_);
+  std::filesystem::path txt = trace_path_;
+  txt.replace_extension(".summary.txt");
+  std::ofstream(txt) << summary_text_;
+  if (print_) {
+    std::fputs(summary_text_.c_str(), stdout);
+    std::printf("kiln: profile: trace %s (%zu events; open in https://ui.perfetto.dev), "
+                "summary %s\n",
+                trace_path_.string().c_str(), events.size(), txt.string().c_str());
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace kiln::profile

@@ -1,0 +1,80 @@
+// kiln report: one self-contained HTML page about a training run.
+//
+// Input, all from RUN_DIR:
+//   metrics.jsonl       one JSON object per logged step, as the trainer writes it (see
+//                       train/metrics.h): step, loss, lr, grad_norm, tokens_per_s, mfu,
+//                       step_time_s, peak_mem_bytes, mem_<category>_bytes, val_loss (on
+//                       evaluation steps), and optionally "rank".
+//   metrics*.jsonl      further files (e.g. metrics_rank1.jsonl): records without a
+//                       "rank" key take the number after "rank" in the file name, else 0.
+//   config.toml         the resolved config, shown verbatim.
+//   *.summary.txt       profiler summaries (profile/summary.h), shown verbatim; trace
+//                       files (*.json with "trace" in the name) are listed.
+// Output: report.html with no external resource (no script, font or stylesheet): inline
+// CSS and one inline SVG line chart per quantity, a series per rank (train and val
+// loss, learning rate, gradient norm, tokens/s, MFU, step time, memory by category),
+// a summary table and the config. Every series is an SVG <polyline> whose
+// data-series attribute names it (e.g. "train loss (rank 0)").
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace kiln::report {
+
+struct Point {
+  double x = 0.0, y = 0.0;
+};
+
+struct Series {
+  std::string name;
+  std::vector<Point> points;  // any order of x; drawn sorted by x
+  bool dashed = false;
+  bool markers = false;  // a dot at every point (always drawn for series of < 2 points)
+};
+
+struct ChartOptions {
+  std::string title;
+  std::string x_label = "step";
+  std::string y_label;
+  int width = 540;
+  int height = 300;  // of the plot area plus axes; the legend adds rows below
+  int max_points = 2000;  // longer series are thinned evenly (the last point is kept)
+};
+
+/// An SVG line chart (a complete <svg> element): axes with "nice" ticks, one polyline
+/// per non-empty series in a fixed palette, a legend. Non-finite points are dropped.
+/// An empty chart (no points at all) says "no data".
+std::string svg_line_chart(const std::vector<Series>& series, const ChartOptions& options);
+
+/// Escapes &, <, >, " and ' for HTML text and attribute values.
+std::string html_escape(const std::string& s);
+
+/// Everything the report shows, read from a run directory.
+struct RunData {
+  std::filesystem::path dir;
+  std::map<int, std::vector<nlohmann::json>> records;  // by rank, in file order
+  std::string config_toml;                              // "" when absent
+  std::vector<std::pair<std::string, std::string>> summaries;  // file name, text
+  std::vector<std::string> traces;                             // trace file names
+  std::vector<std::string> warnings;                           // e.g. unparsable lines
+};
+
+/// Reads RUN_DIR. Throws kiln::Error when the directory does not exist or has no
+/// metrics*.jsonl file. Malformed lines are skipped with a warning (a crash can leave a
+/// torn last line).
+RunData load_run(const std::filesystem::path& run_dir);
+
+/// The HTML page.
+std::string render_report(const RunData& run);
+
+/// load_run + render_report, written atomically to `out` (default RUN_DIR/report.html).
+/// Returns the path written.
+std::filesystem::path write_report(const std::filesystem::path& run_dir,
+                                   const std::filesystem::path& out = {});
+
+}  // namespace kiln::report

@@ -1,0 +1,283 @@
+// kiln report: the SVG chart generator, reading a run directory (ranks, torn lines),
+// the HTML (self-contained, expected polylines, escaped config) and, when Debian's
+// chromium is installed, a headless screenshot of the page that must not be blank.
+#include "report/report.h"
+
+#include "core/error.h"
+
+#include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <unistd.h>
+
+namespace kiln::report {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / fmt::format("kiln_report_{}_{}", name, ::getpid());
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+int count(const std::string& s, const std::string& what) {
+  int n = 0;
+  for (size_t i = s.find(what); i != std::string::npos; i = s.find(what, i + what.size())) ++n;
+  return n;
+}
+
+// The points attribute of the polyline whose data-series is `name` ("" when absent).
+std::string polyline_points(const std::string& html, const std::string& name) {
+  const std::string key = "<polyline class=\"series\" data-series=\"" + name + "\"";
+  const size_t at = html.find(key);
+  if (at == std::string::npos) return {};
+  const size_t end = html.find("/>", at);
+  const size_t p = html.find(" points=\"", at);
+  if (p == std::string::npos || p > end) return {};
+  const size_t b = p + 9;
+  return html.substr(b, html.find('"', b) - b);
+}
+
+// A synthetic run: 2 ranks, 60 steps, val loss every 20, memory by category, a torn
+// last line (as a crash leaves it), and a config with characters HTML must escape.
+fs::path make_run() {
+  const fs::path dir = temp_dir("run");
+  std::ofstream m(dir / "metrics.jsonl");
+  for (int rank = 0; rank < 2; ++rank)
+    for (int step = 1; step <= 60; ++step) {
+      nlohmann::json r;
+      r["step"] = step;
+      r["rank"] = rank;
+      r["loss"] = 10.8 * std::exp(-step / 30.0) + 2.0 + 0.05 * rank;
+      r["lr"] = 6e-4 * 0.5 * (1 + std::cos(M_PI * step / 60.0));
+      r["grad_norm"] = 1.0 + 3.0 / step;
+      r["tokens_per_s"] = 1500.0 + 10.0 * std::sin(step) - 100.0 * rank;
+      r["mfu"] = 0.30 + 0.01 * std::sin(step);
+      r["step_time_s"] = 1.3;
+      r["tokens"] = step * 2048;
+      r["peak_mem_bytes"] = 600 << 20;
+      r["mem_parameters_bytes"] = 53 << 20;
+      r["mem_gradients_bytes"] = 53 << 20;
+      r["mem_optimizer_state_bytes"] = 106 << 20;
+      r["mem_activations_bytes"] = (300 + step) << 20;
+      r["mem_comm_buffers_bytes"] = 0;
+      r["mem_temporaries_bytes"] = 2 << 20;
+      if (step % 20 == 0) r["val_loss"] = 10.8 * std::exp(-step / 30.0) + 2.2;
+      m << r.dump() << "\n";
+    }
+  m << "{\"step\": 61, \"loss\": 2.0, \"lr";  // torn
+  m.close();
+  std::ofstream(dir / "config.toml") << "# a < b & c\n[model]\nn_layer = 6\n[train]\nsteps = 60\n";
+  return dir;
+}
+
+TEST(SvgChart, SeriesAxesAndEdgeCases) {
+  Series a{"a", {{0, 1}, {1, 2}, {2, 1.5}}};
+  Series b{"b <&>", {{0, 0.5}, {1, NAN}, {2, 3}}};  // NaN dropped, name escaped
+  ChartOptions o;
+  o.title = "t";
+  const std::string svg = svg_line_chart({a, b}, o);
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_EQ(count(svg, "<polyline"), 2);
+  EXPECT_NE(svg.find("data-series=\"b &lt;&amp;&gt;\""), std::string::npos);
+  EXPECT_EQ(count(svg, "</svg>"), 1);
+
+  // One point: drawn as a marker too.
+  const std::string one = svg_line_chart({Series{"p", {{3, 4}}}}, o);
+  EXPECT_EQ(count(one, "<circle"), 1);
+  // Nothing: "no data", no polyline.
+  const std::string none = svg_line_chart({Series{"e", {}}}, o);
+  EXPECT_NE(none.find("no data"), std::string::npos);
+  EXPECT_EQ(count(none, "<polyline"), 0);
+  // Long series are thinned to max_points.
+  Series big{"big", {}};
+  for (int i = 0; i < 10000; ++i) big.points.push_back({double(i), std::sin(i * 0.01)});
+  o.max_points = 500;
+  const std::string thin = svg_line_chart({big}, o);
+  const std::string pts = polyline_points(thin, "big");
+  EXPECT_EQ(count(pts, ",") , 500);
+}
+
+TEST(Report, HtmlHasEveryChartAndTheConfig) {
+  const fs::path dir = make_run();
+  const RunData run = load_run(dir);
+  ASSERT_EQ(run.records.size(), 2u);
+  EXPECT_EQ(run.records.at(0).size(), 60u);
+  EXPECT_EQ(run.records.at(1).size(), 60u);
+  ASSERT_EQ(run.warnings.size(), 1u);  // the torn line
+  const fs::path out = write_report(dir);
+  EXPECT_EQ(out, dir / "report.html");
+  const std::string html = read_file(out);
+
+  for (int rank = 0; rank < 2; ++rank) {
+    for (const char* s : {"train loss", "val loss", "learning rate", "gradient norm", "tokens/s",
+                          "MFU", "step time", "parameters", "gradients", "optimizer_state",
+                          "activations", "temporaries", "peak total"}) {
+      const std::string name = fmt::format("{} (rank {})", s, rank);
+      EXPECT_FALSE(polyline_points(html, name).empty()) << name;
+    }
+    // comm_buffers is always 0 here: no series for it.
+    EXPECT_TRUE(polyline_points(html, fmt::format("comm_buffers (rank {})", rank)).empty());
+    EXPECT_EQ(count(polyline_points(html, fmt::format("train loss (rank {})", rank)), ","), 60);
+    EXPECT_EQ(count(polyline_points(html, fmt::format("val loss (rank {})", rank)), ","), 3);
+  }
+  // Self-contained: no script, no external stylesheet, image or font.
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  EXPECT_EQ(html.find("<link"), std::string::npos);
+  EXPECT_EQ(html.find("src="), std::string::npos);
+  EXPECT_EQ(html.find("url("), std::string::npos);
+  EXPECT_GE(count(html, "<svg"), 8);
+  EXPECT_NE(html.find("# a &lt; b &amp; c"), std::string::npos);  // the config, escaped
+  EXPECT_NE(html.find("n_layer = 6"), std::string::npos);
+  EXPECT_NE(html.find("skipped a malformed line"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST(Report, RankFromFileNameAndErrors) {
+  const fs::path dir = temp_dir("ranks");
+  std::ofstream(dir / "metrics.jsonl") << "{\"step\": 1, \"loss\": 3.0}\n";
+  std::ofstream(dir / "metrics_rank2.jsonl") << "{\"step\": 1, \"loss\": 3.5}\n";
+  const RunData run = load_run(dir);
+  EXPECT_EQ(run.records.size(), 2u);
+  EXPECT_TRUE(run.records.count(0));
+  EXPECT_TRUE(run.records.count(2));
+  const std::string html = render_report(run);
+  EXPECT_NE(html.find("no config.toml"), std::string::npos);
+  EXPECT_THROW(load_run(dir / "missing"), Error);
+  const fs::path empty = temp_dir("empty");
+  EXPECT_THROW(load_run(empty), Error);
+  fs::remove_all(dir);
+  fs::remove_all(empty);
+}
+
+// ---- a minimal PNG reader (8-bit RGB / RGBA, not interlaced: what chromium writes) ----
+struct Image {
+  int width = 0, height = 0, channels = 0;
+  std::vector<uint8_t> pixels;  // rows of width * channels bytes
+};
+
+uint32_t be32(const uint8_t* p) {
+  return (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | p[3];
+}
+
+bool decode_png(const std::string& file, Image* img, std::string* why) {
+  const auto* d = reinterpret_cast<const uint8_t*>(file.data());
+  static const uint8_t sig[8] = {137, 80, 78, 71, 13, 10, 26, 10};
+  if (file.size() < 8 || std::memcmp(d, sig, 8) != 0) return *why = "not a PNG", false;
+  size_t pos = 8;
+  std::string idat;
+  int depth = 0, color = 0, interlace = 0;
+  while (pos + 12 <= file.size()) {
+    const uint32_t len = be32(d + pos);
+    const std::string type(file.data() + pos + 4, 4);
+    if (pos + 12 + len > file.size()) return *why = "truncated chunk", false;
+    const uint8_t* body = d + pos + 8;
+    if (type == "IHDR") {
+      img->width = static_cast<int>(be32(body));
+      img->height = static_cast<int>(be32(body + 4));
+      depth = body[8], color = body[9], interlace = body[12];
+    } else if (type == "IDAT") {
+      idat.append(reinterpret_cast<const char*>(body), len);
+    } else if (type == "IEND") {
+      break;
+    }
+    pos += 12 + len;
+  }
+  if (depth != 8 || (color != 2 && color != 6) || interlace != 0)
+    return *why = fmt::format("unsupported PNG (depth {}, color {}, interlace {})", depth, color,
+                              interlace), false;
+  img->channels = color == 6 ? 4 : 3;
+  const size_t stride = static_cast<size_t>(img->width) * img->channels;
+  std::vector<uint8_t> raw((stride + 1) * img->height);
+  uLongf n = raw.size();
+  if (uncompress(raw.data(), &n, reinterpret_cast<const Bytef*>(idat.data()), idat.size()) != Z_OK ||
+      n != raw.size())
+    return *why = "zlib error", false;
+  img->pixels.assign(stride * img->height, 0);
+  const int bpp = img->channels;
+  for (int y = 0; y < img->height; ++y) {
+    const uint8_t filter = raw[y * (stride + 1)];
+    const uint8_t* src = &raw[y * (stride + 1) + 1];
+    uint8_t* row = &img->pixels[y * stride];
+    const uint8_t* up = y > 0 ? &img->pixels[(y - 1) * stride] : nullptr;
+    for (size_t x = 0; x < stride; ++x) {
+      const int a = x >= static_cast<size_t>(bpp) ? row[x - bpp] : 0;
+      const int b = up ? up[x] : 0;
+      const int c = (up && x >= static_cast<size_t>(bpp)) ? up[x - bpp] : 0;
+      int v = src[x];
+      switch (filter) {
+        case 0: break;
+        case 1: v += a; break;
+        case 2: v += b; break;
+        case 3: v += (a + b) / 2; break;
+        case 4: {
+          const int p = a + b - c, pa = std::abs(p - a), pb = std::abs(p - b), pc = std::abs(p - c);
+          v += (pa <= pb && pa <= pc) ? a : (pb <= pc ? b : c);
+          break;
+        }
+        default: return *why = "bad filter", false;
+      }
+      row[x] = static_cast<uint8_t>(v);
+    }
+  }
+  return true;
+}
+
+std::string find_chromium() {
+  if (const char* e = std::getenv("KILN_CHROMIUM"); e && *e) return e;
+  for (const char* p : {"/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"})
+    if (fs::exists(p)) return p;
+  return {};
+}
+
+TEST(Report, HeadlessChromiumScreenshotIsNotBlank) {
+  const std::string chromium = find_chromium();
+  if (chromium.empty())
+    GTEST_SKIP() << "chromium not installed (apt-get install -y chromium): screenshot check skipped";
+  const fs::path dir = make_run();
+  const fs::path html = write_report(dir);
+  const fs::path png = dir / "shot.png";
+  const std::string cmd = fmt::format(
+      "timeout 90 {} --headless --no-sandbox --disable-gpu --hide-scrollbars "
+      "--user-data-dir={} --screenshot={} --window-size=1200,2000 file://{} > {} 2>&1",
+      chromium, (dir / "profile").string(), png.string(), fs::absolute(html).string(),
+      (dir / "chromium.log").string());
+  const int rc = std::system(cmd.c_str());
+  ASSERT_TRUE(rc == 0 && fs::exists(png)) << "chromium failed (" << rc << "): " << cmd << "\n"
+                                          << read_file(dir / "chromium.log");
+  Image img;
+  std::string why;
+  ASSERT_TRUE(decode_png(read_file(png), &img, &why)) << why;
+  EXPECT_EQ(img.width, 1200);
+  EXPECT_EQ(img.height, 2000);
+  // Not blank: many non-white pixels (text, axes, lines), and coloured ones (the series:
+  // the palette's blue/orange/green, far from grey).
+  int64_t non_white = 0, colored = 0;
+  for (int64_t i = 0; i < int64_t(img.width) * img.height; ++i) {
+    const uint8_t* p = &img.pixels[i * img.channels];
+    const int mx = std::max({p[0], p[1], p[2]}), mn = std::min({p[0], p[1], p[2]});
+    non_white += mn < 235;
+    colored += mx - mn > 80;
+  }
+  const double total = double(img.width) * img.height;
+  EXPECT_GT(non_white / total, 0.01) << non_white << " non-white pixels";
+  EXPECT_GT(colored, 2000) << colored << " coloured pixels";
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kiln::report
