@@ -76,6 +76,8 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   backend_ = make_backend("cpu");
   model_ = std::make_unique<GPT2>(gpt2_config_from(config_), *backend_,
                                   zero_model_storage(config_.parallel.zero_stage, dp_size_));
+  model_->set_activation_checkpointing(
+      parse_activation_checkpointing(config_.train.activation_checkpointing));
   dp_ = std::make_unique<DataParallel>(*model_, mesh_->comm(Axis::DP), config_.parallel.zero_stage,
                                        config_.parallel.bucket_mb);
   AdamWConfig oc;

@@ -98,6 +98,13 @@ for np in 1 2 4; do
   done
 done
 
+# Activation checkpointing with ZeRO-3 (blocks gathered again for the recompute).
+for mode in selective full; do
+  train "np2_z3_$mode" 2 3 --set "train.activation_checkpointing=$mode"
+  echo -n "np=2 zero_stage=3 activation_checkpointing=$mode: "
+  compare "$work/ref/metrics.jsonl" "$work/np2_z3_$mode/metrics.jsonl"
+done
+
 # Resharding: 4 ranks at stage 3 stop after 10 updates; continue on 2 ranks at stage 1
 # and, separately, on 1 process.
 train reshard 4 3 --exit-interval 10

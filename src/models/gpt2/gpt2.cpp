@@ -125,6 +125,15 @@ Tensor GPT2::grad(std::string_view name) const {
   KILN_FAIL("GPT-2 has no parameter named '{}'", name);
 }
 
+ActivationCheckpointing parse_activation_checkpointing(std::string_view s) {
+  if (s == "none") return ActivationCheckpointing::None;
+  if (s == "selective") return ActivationCheckpointing::Selective;
+  if (s == "full") return ActivationCheckpointing::Full;
+  KILN_FAIL("activation_checkpointing must be none, selective or full, got '{}'", s);
+}
+
+void GPT2::set_activation_checkpointing(ActivationCheckpointing mode) { checkpointing_ = mode; }
+
 std::vector<float> gpt2_init_values(const GPT2Config& config, const ParamSpec& p, size_t index,
                                     uint64_t seed) {
   const int64_t n = p.shape.numel();
@@ -167,7 +176,7 @@ void GPT2::set_dropout(bool on, uint64_t seed, uint64_t call_index) {
 }
 
 void GPT2::reserve(int B, int T) {
-  if (acts_ && acts_->B == B && acts_->T == T) return;
+  if (acts_ && acts_->B == B && acts_->T == T && acts_->mode == checkpointing_) return;
   acts_.reset();  // free first so the peak is not doubled
   auto a = std::make_unique<Activations>();
   a->B = B;
@@ -176,8 +185,10 @@ void GPT2::reserve(int B, int T) {
   const int64_t Vp = config_.padded_vocab_size;
   auto act = [&](Shape s) { return backend_.empty(s, DType::F32, MemCategory::Activations); };
   a->encoded = act({B, T, C});
-  a->layers.resize(static_cast<size_t>(config_.n_layer));
-  for (auto& L : a->layers) {
+  a->mode = checkpointing_;
+  const bool full = checkpointing_ == ActivationCheckpointing::Full;
+  const bool selective = checkpointing_ == ActivationCheckpointing::Selective;
+  auto alloc_layer = [&](Activations::Layer& L, bool with_gelu_out) {
     L.ln1 = act({B, T, C});
     L.ln1_mean = act({N});
     L.ln1_rstd = act({N});
@@ -189,9 +200,18 @@ void GPT2::reserve(int B, int T) {
     L.ln2_mean = act({N});
     L.ln2_rstd = act({N});
     L.fch = act({B, T, 4 * C});
-    L.fch_gelu = act({B, T, 4 * C});
+    if (with_gelu_out) L.fch_gelu = act({B, T, 4 * C});
+  };
+  a->layers.resize(static_cast<size_t>(config_.n_layer));
+  for (auto& L : a->layers) {
+    if (!full) alloc_layer(L, !selective);
     L.residual3 = act({B, T, C});
   }
+  if (full) {
+    alloc_layer(a->work, true);
+    a->work.residual3 = act({B, T, C});  // the recomputed block's output (unused)
+  }
+  if (selective) a->work.fch_gelu = act({B, T, 4 * C});
   a->lnf = act({B, T, C});
   a->lnf_mean = act({N});
   a->lnf_rstd = act({N});
@@ -206,6 +226,39 @@ void GPT2::reserve(int B, int T) {
   acts_ = std::move(a);
 }
 
+DropoutSpec GPT2::dropout_spec(int layer, uint64_t site) const {
+  DropoutSpec d;
+  if (!dropout_on_) return d;
+  d.p = config_.dropout;
+  d.seed = dropout_seed_;
+  d.stream = ((dropout_call_ * static_cast<uint64_t>(config_.n_layer + 1) +
+               static_cast<uint64_t>(layer + 1)) << 2) | site;
+  return d;
+}
+
+void GPT2::block_forward(int l, const Tensor& x, const Tensor& out) {
+  Activations& a = *acts_;
+  Backend& be = backend_;
+  const Stream s = be.default_stream();
+  const float eps = config_.layernorm_eps;
+  const ParamSpec* p = &params_[2 + 12 * static_cast<size_t>(l)];
+  const bool full = a.mode == ActivationCheckpointing::Full;
+  auto& L = full ? a.work : a.layers[static_cast<size_t>(l)];
+  const Tensor fch_gelu = a.mode == ActivationCheckpointing::None ? L.fch_gelu : a.work.fch_gelu;
+  be.layernorm_forward(s, L.ln1, L.ln1_mean, L.ln1_rstd, x, param(p[0]), param(p[1]), eps);
+  be.linear_forward(s, L.qkv, L.ln1, param(p[2]), param(p[3]));
+  be.attention_forward(s, L.atty, L.lse, L.qkv, config_.n_head, dropout_spec(l, kAttnProbs));
+  be.linear_forward(s, a.tmp, L.atty, param(p[4]), param(p[5]));
+  if (dropout_on_) be.dropout_forward(s, a.tmp, a.tmp, dropout_spec(l, kAttnResid));
+  be.add(s, L.residual2, x, a.tmp);
+  be.layernorm_forward(s, L.ln2, L.ln2_mean, L.ln2_rstd, L.residual2, param(p[6]), param(p[7]), eps);
+  be.linear_forward(s, L.fch, L.ln2, param(p[8]), param(p[9]));
+  be.gelu_forward(s, fch_gelu, L.fch);
+  be.linear_forward(s, a.tmp, fch_gelu, param(p[10]), param(p[11]));
+  if (dropout_on_) be.dropout_forward(s, a.tmp, a.tmp, dropout_spec(l, kMlpResid));
+  be.add(s, out, L.residual2, a.tmp);
+}
+
 void GPT2::run_forward(const Tensor& tokens, int B, int T) {
   KILN_CHECK(T <= config_.block_size, "sequence length {} exceeds block_size {}", T,
              config_.block_size);
@@ -213,47 +266,22 @@ void GPT2::run_forward(const Tensor& tokens, int B, int T) {
   Activations& a = *acts_;
   Backend& be = backend_;
   const Stream s = be.default_stream();
-  const int64_t C = config_.n_embd;
   const float eps = config_.layernorm_eps;
-  auto spec = [&](int layer, DropoutSite site) {
-    DropoutSpec d;
-    if (!dropout_on_) return d;
-    d.p = config_.dropout;
-    d.seed = dropout_seed_;
-    d.stream = ((dropout_call_ * static_cast<uint64_t>(config_.n_layer + 1) +
-                 static_cast<uint64_t>(layer + 1)) << 2) | site;
-    return d;
-  };
-
   hooks_->before_forward(-1);
   be.embedding_forward(s, a.encoded, tokens, param(params_[0]), param(params_[1]));
-  if (dropout_on_) be.dropout_forward(s, a.encoded, a.encoded, spec(-1, kEmbedding));
+  if (dropout_on_) be.dropout_forward(s, a.encoded, a.encoded, dropout_spec(-1, kEmbedding));
   hooks_->after_forward(-1);
   Tensor x = a.encoded;
   for (int l = 0; l < config_.n_layer; ++l) {
     hooks_->before_forward(l);
-    const ParamSpec* p = &params_[2 + 12 * static_cast<size_t>(l)];
-    auto& L = a.layers[static_cast<size_t>(l)];
-    be.layernorm_forward(s, L.ln1, L.ln1_mean, L.ln1_rstd, x, param(p[0]), param(p[1]), eps);
-    be.linear_forward(s, L.qkv, L.ln1, param(p[2]), param(p[3]));
-    be.attention_forward(s, L.atty, L.lse, L.qkv, config_.n_head, spec(l, kAttnProbs));
-    be.linear_forward(s, a.tmp, L.atty, param(p[4]), param(p[5]));
-    if (dropout_on_) be.dropout_forward(s, a.tmp, a.tmp, spec(l, kAttnResid));
-    be.add(s, L.residual2, x, a.tmp);
-    be.layernorm_forward(s, L.ln2, L.ln2_mean, L.ln2_rstd, L.residual2, param(p[6]), param(p[7]),
-                         eps);
-    be.linear_forward(s, L.fch, L.ln2, param(p[8]), param(p[9]));
-    be.gelu_forward(s, L.fch_gelu, L.fch);
-    be.linear_forward(s, a.tmp, L.fch_gelu, param(p[10]), param(p[11]));
-    if (dropout_on_) be.dropout_forward(s, a.tmp, a.tmp, spec(l, kMlpResid));
-    be.add(s, L.residual3, L.residual2, a.tmp);
+    const Tensor out = a.layers[static_cast<size_t>(l)].residual3;
+    block_forward(l, x, out);
     hooks_->after_forward(l);
-    x = L.residual3;
+    x = out;
   }
   hooks_->before_forward(config_.n_layer);
   const ParamSpec* pf = &params_[params_.size() - 2];
   be.layernorm_forward(s, a.lnf, a.lnf_mean, a.lnf_rstd, x, param(pf[0]), param(pf[1]), eps);
-  (void)C;
 }
 
 double GPT2::forward(const Tensor& tokens, const Tensor& targets, float grad_scale,
@@ -284,15 +312,6 @@ void GPT2::backward() {
   const Stream s = be.default_stream();
   const int B = a.B, T = a.T;
   const int64_t C = config_.n_embd;
-  auto spec = [&](int layer, DropoutSite site) {
-    DropoutSpec d;
-    if (!dropout_on_) return d;
-    d.p = config_.dropout;
-    d.seed = dropout_seed_;
-    d.stream = ((dropout_call_ * static_cast<uint64_t>(config_.n_layer + 1) +
-                 static_cast<uint64_t>(layer + 1)) << 2) | site;
-    return d;
-  };
 
   // Final LayerNorm: dresidual = LN_f'(dlnf), dlnf was left in dtmp by forward().
   hooks_->before_backward(config_.n_layer);
@@ -306,15 +325,22 @@ void GPT2::backward() {
   for (int l = config_.n_layer - 1; l >= 0; --l) {
     hooks_->before_backward(l);
     const ParamSpec* p = &params_[2 + 12 * static_cast<size_t>(l)];
-    auto& L = a.layers[static_cast<size_t>(l)];
     const Tensor x_in = l == 0 ? a.encoded : a.layers[static_cast<size_t>(l - 1)].residual3;
+    // Recompute what forward did not keep: the whole block (full) into the work
+    // buffers, or the GELU output (selective). Same kernels, same inputs, same dropout
+    // masks: bitwise the activations of forward. The block output is written to the
+    // work buffer so that the kept residual stream is untouched.
+    if (a.mode == ActivationCheckpointing::Full) block_forward(l, x_in, a.work.residual3);
+    auto& L = a.mode == ActivationCheckpointing::Full ? a.work : a.layers[static_cast<size_t>(l)];
+    const Tensor fch_gelu = a.mode == ActivationCheckpointing::None ? L.fch_gelu : a.work.fch_gelu;
+    if (a.mode == ActivationCheckpointing::Selective) be.gelu_forward(s, fch_gelu, L.fch);
     // MLP: residual3 = residual2 + dropout(c_proj(gelu(c_fc(ln_2(residual2))))).
     Tensor d_out = a.dresidual;
     if (dropout_on_) {
-      be.dropout_backward(s, a.tmp, a.dresidual, spec(l, kMlpResid));
+      be.dropout_backward(s, a.tmp, a.dresidual, dropout_spec(l, kMlpResid));
       d_out = a.tmp;
     }
-    be.linear_backward(s, a.dbig, grad(p[10]), grad(p[11]), d_out, L.fch_gelu, param(p[10]));
+    be.linear_backward(s, a.dbig, grad(p[10]), grad(p[11]), d_out, fch_gelu, param(p[10]));
     be.gelu_backward(s, a.dbig, a.dbig, L.fch);
     be.linear_backward(s, a.dtmp, grad(p[8]), grad(p[9]), a.dbig, L.ln2, param(p[8]));
     be.layernorm_backward(s, a.dresidual, grad(p[6]), grad(p[7]), a.dtmp, L.residual2,
@@ -322,19 +348,19 @@ void GPT2::backward() {
     // Attention: residual2 = x + dropout(c_proj(attn(c_attn(ln_1(x))))).
     d_out = a.dresidual;
     if (dropout_on_) {
-      be.dropout_backward(s, a.tmp, a.dresidual, spec(l, kAttnResid));
+      be.dropout_backward(s, a.tmp, a.dresidual, dropout_spec(l, kAttnResid));
       d_out = a.tmp;
     }
     be.linear_backward(s, a.datty, grad(p[4]), grad(p[5]), d_out, L.atty, param(p[4]));
     be.attention_backward(s, dqkv, a.datty, L.qkv, L.atty, L.lse, config_.n_head,
-                          spec(l, kAttnProbs));
+                          dropout_spec(l, kAttnProbs));
     be.linear_backward(s, a.dtmp, grad(p[2]), grad(p[3]), dqkv, L.ln1, param(p[2]));
     be.layernorm_backward(s, a.dresidual, grad(p[0]), grad(p[1]), a.dtmp, x_in, param(p[0]),
                           L.ln1_mean, L.ln1_rstd);
     hooks_->after_backward(l);
   }
   hooks_->before_backward(-1);
-  if (dropout_on_) be.dropout_backward(s, a.dresidual, a.dresidual, spec(-1, kEmbedding));
+  if (dropout_on_) be.dropout_backward(s, a.dresidual, a.dresidual, dropout_spec(-1, kEmbedding));
   be.embedding_backward(s, grad(params_[0]), grad(params_[1]), a.dresidual, a.tokens);
   hooks_->after_backward(-1);
 }

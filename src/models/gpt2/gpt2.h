@@ -48,6 +48,19 @@ struct ParamUnit {
 };
 std::vector<ParamUnit> gpt2_param_units(const GPT2Config& config, int64_t unit_alignment = 1);
 
+/// What the forward pass keeps for backward (Korthikanti et al. 2022, "Reducing
+/// Activation Recomputation in Large Transformer Models").
+///   None       every block's activations.
+///   Selective  all but the GELU output (4C per token per block), recomputed from its
+///              input in backward. The attention scores and softmax are never kept in
+///              any mode: attention saves only the row log-sum-exp and its backward
+///              recomputes the probabilities (FlashAttention).
+///   Full       only each block's input; backward recomputes the whole block (its
+///              dropout masks replayed), one block's activations at a time.
+enum class ActivationCheckpointing { None, Selective, Full };
+/// Parses "none" | "selective" | "full"; throws kiln::Error otherwise.
+ActivationCheckpointing parse_activation_checkpointing(std::string_view s);
+
 /// How a GPT2 holds its parameters and gradients.
 struct GPT2Storage {
   int64_t unit_alignment = 1;  // see gpt2_param_specs
@@ -132,6 +145,10 @@ class GPT2 {
   /// Positions already in the cache.
   int decoded_length() const;
 
+  /// What forward keeps for backward (see ActivationCheckpointing). Gradients are equal
+  /// in every mode: the recomputation runs the same kernels on the same inputs.
+  void set_activation_checkpointing(ActivationCheckpointing mode);
+
   /// Dropout on or off (training vs eval); the seed keys the masks of each call.
   void set_dropout(bool on, uint64_t seed, uint64_t call_index);
   /// Hooks called around blocks; nullptr for none. Not owned.
@@ -142,6 +159,9 @@ class GPT2 {
   struct DecodeState;
   void reserve(int B, int T);
   void run_forward(const Tensor& tokens, int B, int T);
+  /// Block l from input x to out, keeping what the checkpointing mode keeps.
+  void block_forward(int l, const Tensor& x, const Tensor& out);
+  DropoutSpec dropout_spec(int layer, uint64_t site) const;
 
   GPT2Config config_;
   Backend& backend_;
@@ -156,6 +176,7 @@ class GPT2 {
   ModelHooks no_hooks_;
   ModelHooks* hooks_ = &no_hooks_;
   bool dropout_on_ = false;
+  ActivationCheckpointing checkpointing_ = ActivationCheckpointing::None;
   uint64_t dropout_seed_ = 0;
   uint64_t dropout_call_ = 0;
 };

@@ -21,7 +21,13 @@ struct GPT2::Activations {
     Tensor residual3;                // [B,T,C]  block output
   };
   Tensor encoded;  // [B,T,C] embeddings (after dropout): the residual stream's start
+  // Per block what backward reads. With full checkpointing only residual3 (the block's
+  // output, the next block's input) is kept per block; with selective, all but
+  // fch_gelu. What is not kept lives in `work`, one block's worth, recomputed in
+  // backward (Korthikanti et al. 2022).
   std::vector<Layer> layers;
+  Layer work;
+  ActivationCheckpointing mode = ActivationCheckpointing::None;
   Tensor lnf, lnf_mean, lnf_rstd;
   Tensor logits_chunk, losses_chunk;  // [R,Vp], [R]
   // Backward scratch.
