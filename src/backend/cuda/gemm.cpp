@@ -83,8 +83,10 @@ bool Gemm::run(cudaStream_t s, const GemmArgs& g) {
   LT(cublasLtMatrixLayoutCreate(&d.c, dt, static_cast<uint64_t>(g.m), static_cast<uint64_t>(g.n),
                                 g.ldc));
 
-  const int align = std::min({alignment_of(g.a), alignment_of(g.b), alignment_of(g.c),
-                              g.bias ? alignment_of(g.bias) : 256});
+  // A bias pointer below 16-byte alignment is left to the caller's fallback (GEMM, then
+  // a bias kernel): the epilogue's alignment needs are not part of the preference.
+  if (g.epilogue != Epilogue::None && alignment_of(g.bias) < 16) return false;
+  const int align = alignment_of(g.a) | alignment_of(g.b) << 9 | alignment_of(g.c) << 18;
   const Key key{static_cast<int>(g.trans_a) | static_cast<int>(g.trans_b) << 1,
                 static_cast<int>(g.elem), g.m, g.n, g.k, g.lda, g.ldb, g.ldc,
                 static_cast<int>(g.epilogue) | (g.gelu_aux ? 4 : 0), align,
@@ -102,6 +104,19 @@ bool Gemm::run(cudaStream_t s, const GemmArgs& g) {
       const uint64_t ws = workspace_bytes_;
       LT(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                               &ws, sizeof(ws)));
+      // The heuristic assumes 256-byte aligned pointers unless told otherwise; views into
+      // flat buffers can be less aligned, so state each operand's actual alignment.
+      const uint32_t al_a = static_cast<uint32_t>(alignment_of(g.a));
+      const uint32_t al_b = static_cast<uint32_t>(alignment_of(g.b));
+      const uint32_t al_c = static_cast<uint32_t>(alignment_of(g.c));
+      LT(cublasLtMatmulPreferenceSetAttribute(
+          d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
+      LT(cublasLtMatmulPreferenceSetAttribute(
+          d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
+      LT(cublasLtMatmulPreferenceSetAttribute(
+          d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
+      LT(cublasLtMatmulPreferenceSetAttribute(
+          d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
       cublasLtMatmulHeuristicResult_t res{};
       int count = 0;
       const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, d.op, d.a, d.b, d.c, d.c,
