@@ -55,7 +55,8 @@ fi
 [ -n "$kiln" ] && [ -x "$kiln" ] || { echo "compare_pytorch.sh: no kiln binary (build it, or pass --kiln PATH)" >&2; exit 1; }
 py=/usr/bin/python3
 "$py" -c "import torch" 2>/dev/null || { echo "compare_pytorch.sh: $py has no torch (apt-get install python3-torch)" >&2; exit 1; }
-if ! ldconfig -p | grep -q libopenblas; then
+# (grep without -q: with pipefail, -q's early exit would fail the pipeline on SIGPIPE)
+if ! ldconfig -p | grep libopenblas > /dev/null; then
   echo "compare_pytorch.sh: warning: OpenBLAS is not installed; PyTorch will use the reference BLAS" >&2
   echo "  (apt-get install -y libopenblas0-openmp) and the comparison will be meaningless." >&2
 fi

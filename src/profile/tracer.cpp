@@ -194,6 +194,15 @@ void trace_collective(std::string_view name, int64_t bytes, Clock::time_point st
                     t.track_id(track));
 }
 
+void trace_collective_done(std::string_view name, int64_t bytes, double seconds,
+                           std::string_view track) {
+  if (!Tracer::global().enabled()) return;
+  const auto end = Clock::now();
+  const auto start =
+      end - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  trace_collective(name, bytes, start, end, track);
+}
+
 void trace_counter(std::string_view name, std::vector<std::pair<std::string, double>> values) {
   Tracer& t = Tracer::global();
   if (!t.enabled()) return;

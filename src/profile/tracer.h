@@ -153,6 +153,12 @@ inline TraceScope trace_scope(std::string_view name, std::string_view category =
 void trace_collective(std::string_view name, int64_t bytes, Clock::time_point start,
                       Clock::time_point end, std::string_view track = "comm");
 
+/// As above, for a caller that knows the duration of an operation that just completed
+/// (e.g. Communicator::record(collective, bytes, seconds)): it ran from now - seconds
+/// to now.
+void trace_collective_done(std::string_view name, int64_t bytes, double seconds,
+                           std::string_view track = "comm");
+
 /// A counter sample on the global tracer (e.g. memory by category in bytes).
 void trace_counter(std::string_view name, std::vector<std::pair<std::string, double>> values);
 

@@ -361,35 +361,68 @@ std::string render_report(const RunData& run) {
   card(per_rank(run, "tokens_per_s", "tokens/s"), "Throughput", "tokens/s");
   card(per_rank(run, "mfu", "MFU", 100.0), "Model FLOPs utilisation", "% of peak");
   card(per_rank(run, "step_time_s", "step time", 1e3), "Step time", "ms");
+  if (auto w = per_rank(run, "comm_wait_s", "communication wait", 1e3); !w.empty())
+    card(w, "Time waiting for collectives", "ms per step");
   h += "</div>\n";
 
-  // Memory by category (MiB), one chart per rank.
-  h += "<h2>Memory by category</h2>\n<div class=\"grid\">\n";
-  for (const auto& [rank, recs] : run.records) {
-    std::set<std::string> keys;
-    for (const auto& r : recs)
-      for (const auto& [k, v] : r.items())
-        if (k.rfind("mem_", 0) == 0 && k.size() > 10 && k.substr(k.size() - 6) == "_bytes")
-          keys.insert(k);
-    std::vector<Series> s;
-    for (const auto& k : keys) {
-      const std::string cat = k.substr(4, k.size() - 10);
-      Series one;
+  // Memory by category (MiB), one chart per rank. Sources: the trainer's
+  // "mem_by_rank" array (every rank's bytes by category, logged by rank 0 in a
+  // data-parallel run) and, for ranks it does not cover, each record's own
+  // mem_<category>_bytes keys ("mem_peak_*" are peaks, not charted as categories).
+  constexpr double kMiB = 1024.0 * 1024.0;
+  std::map<int, std::map<std::string, Series>> mem;  // rank -> category -> series
+  auto add_point = [&](int rank, const std::string& cat, double step, double bytes) {
+    Series& one = mem[rank][cat];
+    if (one.name.empty()) {
       one.name = fmt::format("{} (rank {})", cat, rank);
-      for (const auto& r : recs)
-        if (r.contains("step") && r.contains(k) && r[k].is_number())
-          one.points.push_back({r["step"].get<double>(), r[k].get<double>() / (1024.0 * 1024.0)});
+      one.dashed = cat == "peak total";
+    }
+    one.points.push_back({step, bytes / kMiB});
+  };
+  std::set<int> from_array;
+  for (const auto& [rank, recs] : run.records)
+    for (const auto& r : recs) {
+      if (!r.contains("step") || !r["step"].is_number() || !r.contains("mem_by_rank") ||
+          !r["mem_by_rank"].is_array())
+        continue;
+      const double step = r["step"].get<double>();
+      const auto& arr = r["mem_by_rank"];
+      for (size_t i = 0; i < arr.size(); ++i) {
+        if (!arr[i].is_object()) continue;
+        from_array.insert(static_cast<int>(i));
+        for (const auto& [k, v] : arr[i].items()) {
+          if (!v.is_number()) continue;
+          if (k == "peak") add_point(static_cast<int>(i), "peak total", step, v.get<double>());
+          else if (k.rfind("peak", 0) != 0) add_point(static_cast<int>(i), k, step, v.get<double>());
+        }
+      }
+    }
+  for (const auto& [rank, recs] : run.records) {
+    if (from_array.count(rank)) continue;
+    for (const auto& r : recs) {
+      if (!r.contains("step") || !r["step"].is_number()) continue;
+      const double step = r["step"].get<double>();
+      for (const auto& [k, v] : r.items()) {
+        if (!v.is_number() || k.rfind("mem_", 0) != 0 || k.rfind("mem_peak_", 0) == 0 ||
+            k.size() <= 10 || k.substr(k.size() - 6) != "_bytes")
+          continue;
+        add_point(rank, k.substr(4, k.size() - 10), step, v.get<double>());
+      }
+      if (r.contains("peak_mem_bytes") && r["peak_mem_bytes"].is_number())
+        add_point(rank, "peak total", step, r["peak_mem_bytes"].get<double>());
+    }
+  }
+  h += "<h2>Memory by category</h2>\n<div class=\"grid\">\n";
+  if (mem.empty()) h += "<div>no memory keys (mem_&lt;category&gt;_bytes) in the metrics</div>\n";
+  for (auto& [rank, cats] : mem) {
+    std::vector<Series> s;
+    Series peak;
+    for (auto& [cat, one] : cats) {
       bool any = false;
       for (const auto& p : one.points) any |= p.y != 0.0;
-      if (any) s.push_back(std::move(one));
+      if (cat == "peak total") peak = std::move(one);
+      else if (any) s.push_back(std::move(one));
     }
-    Series peak;
-    peak.name = fmt::format("peak total (rank {})", rank);
-    peak.dashed = true;
-    for (const auto& r : recs)
-      if (r.contains("step") && r.contains("peak_mem_bytes") && r["peak_mem_bytes"].is_number())
-        peak.points.push_back({r["step"].get<double>(),
-                               r["peak_mem_bytes"].get<double>() / (1024.0 * 1024.0)});
     if (!peak.points.empty()) s.push_back(std::move(peak));
     card(s, fmt::format("Memory, rank {}", rank), "MiB");
   }

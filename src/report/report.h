@@ -4,7 +4,9 @@
 //   metrics.jsonl       one JSON object per logged step, as the trainer writes it (see
 //                       train/metrics.h): step, loss, lr, grad_norm, tokens_per_s, mfu,
 //                       step_time_s, peak_mem_bytes, mem_<category>_bytes, val_loss (on
-//                       evaluation steps), and optionally "rank".
+//                       evaluation steps), comm_wait_s, mem_by_rank (an array with
+//                       every rank's bytes by category, logged by rank 0 of a
+//                       data-parallel run), and optionally "rank".
 //   metrics*.jsonl      further files (e.g. metrics_rank1.jsonl): records without a
 //                       "rank" key take the number after "rank" in the file name, else 0.
 //   config.toml         the resolved config, shown verbatim.
@@ -12,7 +14,8 @@
 //                       files (*.json with "trace" in the name) are listed.
 // Output: report.html with no external resource (no script, font or stylesheet): inline
 // CSS and one inline SVG line chart per quantity, a series per rank (train and val
-// loss, learning rate, gradient norm, tokens/s, MFU, step time, memory by category),
+// loss, learning rate, gradient norm, tokens/s, MFU, step time, time waiting for
+// collectives, memory by category per rank),
 // a summary table and the config. Every series is an SVG <polyline> whose
 // data-series attribute names it (e.g. "train loss (rank 0)").
 #pragma once

@@ -394,9 +394,13 @@ TEST(Tracer, GlobalCollectiveHelper) {
     auto s = profile::trace_scope("optimizer");
     EXPECT_TRUE(s.active());
   }
+  profile::trace_collective_done("broadcast", 64, 0.001);
   g.disable();
   const auto ev = g.events();
-  ASSERT_EQ(ev.size(), 3u);
+  ASSERT_EQ(ev.size(), 4u);
+  EXPECT_EQ(ev[3].name, "broadcast");
+  EXPECT_NEAR(ev[3].dur_ns, 1e6, 1e3);
+  EXPECT_EQ(ev[3].tid, ev[0].tid);  // the default "comm" track
   EXPECT_EQ(ev[0].category, "comm");
   EXPECT_EQ(ev[0].bytes, double(1 << 20));
   EXPECT_NEAR(ev[0].dur_ns, 2e6, 1.0);

@@ -147,6 +147,42 @@ TEST(Report, HtmlHasEveryChartAndTheConfig) {
   fs::remove_all(dir);
 }
 
+// The trainer's data-parallel format: only rank 0 writes metrics.jsonl, with every
+// rank's memory in "mem_by_rank", peaks in mem_peak_* keys and comm_wait_s.
+TEST(Report, MemoryByRankFromTheTrainersArray) {
+  const fs::path dir = temp_dir("dp");
+  {
+    std::ofstream m(dir / "metrics.jsonl");
+    for (int step = 1; step <= 10; ++step) {
+      nlohmann::json r;
+      r["step"] = step;
+      r["loss"] = 5.0 - 0.1 * step;
+      r["comm_wait_s"] = 0.01 * step;
+      r["peak_mem_bytes"] = 900 << 20;
+      r["mem_parameters_bytes"] = 100 << 20;
+      r["mem_peak_parameters_bytes"] = 100 << 20;
+      nlohmann::json arr = nlohmann::json::array();
+      for (int rank = 0; rank < 4; ++rank)
+        arr.push_back({{"parameters", (100 - rank) << 20}, {"peak_parameters", 100 << 20},
+                       {"activations", (200 + step) << 20}, {"comm_buffers", 0},
+                       {"peak", (900 + rank) << 20}});
+      r["mem_by_rank"] = arr;
+      m << r.dump() << "\n";
+    }
+  }
+  const std::string html = render_report(load_run(dir));
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_EQ(count(polyline_points(html, fmt::format("parameters (rank {})", rank)), ","), 10);
+    EXPECT_EQ(count(polyline_points(html, fmt::format("activations (rank {})", rank)), ","), 10);
+    EXPECT_FALSE(polyline_points(html, fmt::format("peak total (rank {})", rank)).empty());
+    EXPECT_TRUE(polyline_points(html, fmt::format("peak_parameters (rank {})", rank)).empty());
+    EXPECT_NE(html.find(fmt::format("Memory, rank {}", rank)), std::string::npos);
+  }
+  EXPECT_TRUE(polyline_points(html, "peak_parameters (rank 0)").empty());
+  EXPECT_FALSE(polyline_points(html, "communication wait (rank 0)").empty());
+  fs::remove_all(dir);
+}
+
 TEST(Report, RankFromFileNameAndErrors) {
   const fs::path dir = temp_dir("ranks");
   std::ofstream(dir / "metrics.jsonl") << "{\"step\": 1, \"loss\": 3.0}\n";
