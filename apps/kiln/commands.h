@@ -13,5 +13,6 @@ void register_export(CLI::App& app);   // kiln export --checkpoint DIR --format 
 void register_unigram(CLI::App& app);  // kiln unigram --data DIR
 void register_bench(CLI::App& app);    // kiln bench CONFIG.toml | kiln bench --peak
 void register_report(CLI::App& app);   // kiln report RUN_DIR
+void register_memplan(CLI::App& app);  // kiln memplan CONFIG.toml --world-size N
 
 }  // namespace kiln::app

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   kiln::app::register_unigram(app);
   kiln::app::register_bench(app);
   kiln::app::register_report(app);
+  kiln::app::register_memplan(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

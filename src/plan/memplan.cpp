@@ -1,0 +1,303 @@
+#include "plan/memplan.h"
+
+#include "backend/meta/meta_backend.h"
+#include "core/error.h"
+#include "data/meta.h"
+#include "models/gpt2/gpt2.h"
+#include "optim/adamw.h"
+#include "parallel/data_parallel.h"
+#include "plan/scratch_models.h"
+#include "train/model_io.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <memory>
+
+namespace kiln::plan {
+
+namespace fs = std::filesystem;
+
+const RankMemory& MemPlan::max_rank() const {
+  return *std::max_element(ranks.begin(), ranks.end(), [](const RankMemory& a, const RankMemory& b) {
+    return a.peak_total < b.peak_total;
+  });
+}
+
+bool MemPlan::ranks_differ() const {
+  for (const auto& r : ranks)
+    if (r.peak != ranks.front().peak || r.peak_total != ranks.front().peak_total) return true;
+  return false;
+}
+
+TrainConfig resolve_for_planning(TrainConfig c, int world_size) {
+  KILN_CHECK(world_size >= 1, "memplan: --world-size must be >= 1, got {}", world_size);
+  KILN_CHECK(c.parallel.tp == 1 && c.parallel.pp == 1,
+             "{}: parallel.tp and parallel.pp must be 1 (tensor and pipeline parallelism are not "
+             "implemented yet)", c.source);
+  KILN_CHECK(c.parallel.dp == 0 || c.parallel.dp == world_size,
+             "{}: parallel.dp = {} but the world size is {}", c.source, c.parallel.dp, world_size);
+  KILN_CHECK(c.model.n_layer > 0 && c.model.n_head > 0 && c.model.n_embd > 0 && c.model.block_size > 0,
+             "{}: the model shape is incomplete (set model.preset or model.n_layer, n_head, n_embd, "
+             "block_size)", c.source);
+  if (c.model.vocab_size == 0) {
+    const fs::path dir = c.data.dir;
+    KILN_CHECK(!c.data.dir.empty() && fs::exists(dir / "meta.json"),
+               "{}: model.vocab_size is needed to plan without a data set (set it, use a "
+               "model.preset, or point data.dir at a prepared data set)", c.source);
+    c.model.vocab_size = data::read_dataset_meta(dir).vocab_size;
+  }
+  if (c.train.global_batch == 0) c.train.global_batch = c.train.micro_batch * world_size;
+  (void)c.grad_accum_steps(world_size);  // throws naming train.global_batch when it does not divide
+  return c;
+}
+
+namespace {
+
+DType parse_dtype(const TrainConfig& c) {
+  if (c.train.dtype == "fp32") return DType::F32;
+  if (c.train.dtype == "bf16") return DType::BF16;
+  if (c.train.dtype == "fp16") return DType::F16;
+  KILN_FAIL("{}: train.dtype must be fp32, bf16 or fp16, got '{}'", c.source, c.train.dtype);
+}
+
+// Mixed precision (train.dtype bf16/fp16 with fp32 master weights) is planned through
+// the model's storage dtype and the optimizer's master weights: GPT2Storage::dtype and
+// AdamWConfig::master_weights. Until both exist, only fp32 can be planned (and trained).
+template <class Storage>
+void set_storage_dtype(Storage& s, DType d, const TrainConfig& c) {
+  if constexpr (requires(Storage x) { x.dtype = DType::BF16; }) {
+    s.dtype = d;
+  } else {
+    KILN_CHECK(d == DType::F32,
+               "{}: train.dtype = {}: this build of kiln has no mixed precision yet (GPT2Storage "
+               "has no dtype), so neither `kiln train` nor the planner can run it", c.source,
+               c.train.dtype);
+  }
+}
+template <class OptConfig>
+void set_master_weights(OptConfig& o, DType d, const TrainConfig& c) {
+  if constexpr (requires(OptConfig x) { x.master_weights = true; }) {
+    o.master_weights = d != DType::F32;
+  } else {
+    KILN_CHECK(d == DType::F32,
+               "{}: train.dtype = {}: AdamW has no fp32 master weights in this build", c.source,
+               c.train.dtype);
+  }
+}
+
+RankMemory dry_run(const TrainConfig& c, const MemPlanOptions& o, int rank,
+                   std::shared_ptr<MetaScratchModel> scratch,
+                   std::vector<SimulatedCommunicator::Call>* calls) {
+  const int dp_size = o.world_size;
+  const DType dtype = parse_dtype(c);
+  MetaBackendOptions mo;
+  mo.device = o.backend == "cuda" ? Device::cuda(0) : Device::cpu();
+  mo.scratch = std::move(scratch);
+  auto be = make_meta_backend(mo);
+  SimulatedCommunicator comm(dp_size, rank, "world/dp", dp_size == 1 ? 0 : o.completion_polls);
+
+  // As Trainer::Trainer.
+  GPT2Storage storage = zero_model_storage(c.parallel.zero_stage, dp_size);
+  set_storage_dtype(storage, dtype, c);
+  GPT2 model(gpt2_config_from(c), *be, storage);
+  model.set_activation_checkpointing(parse_activation_checkpointing(c.train.activation_checkpointing));
+  DataParallel dp(model, comm, c.parallel.zero_stage, c.parallel.bucket_mb);
+  AdamWConfig oc;
+  oc.lr = static_cast<float>(c.optim.lr);
+  oc.weight_decay = static_cast<float>(c.optim.weight_decay);
+  set_master_weights(oc, dtype, c);
+  AdamW optimizer(*be, dp.optimizer_segments(), oc);
+  const int B = c.train.micro_batch, T = c.train.seq_len;
+  Tensor tokens = be->empty(Shape{B, T}, DType::I32, MemCategory::Activations);
+  Tensor targets = be->empty(Shape{B, T}, DType::I32, MemCategory::Activations);
+  // (Initial weights are copied from the host: nothing to allocate, nothing to plan.)
+  if (c.log.peak_tflops <= 0 && o.backend == "cpu") {
+    // The trainer measures the fp32 GEMM peak (backend/probe.cpp): three 1024x1024
+    // temporaries and one GEMM, whose oneDNN scratchpad the backend keeps.
+    const int64_t n = 1024;
+    Tensor a = be->empty(Shape{n, n}, DType::F32, MemCategory::Temporaries);
+    Tensor w = be->empty(Shape{n, n}, DType::F32, MemCategory::Temporaries);
+    Tensor out = be->empty(Shape{n, n}, DType::F32, MemCategory::Temporaries);
+    be->linear_forward(be->default_stream(), out, a, w, Tensor());
+  }
+
+  // As Trainer::train_step.
+  const int accum = c.grad_accum_steps(dp_size);
+  const Stream s = be->default_stream();
+  std::vector<int32_t> host(static_cast<size_t>(B) * T, 0);
+  comm.set_phase("optimizer");
+  dp.begin_step(accum);
+  for (int k = 0; k < accum; ++k) {
+    dp.begin_micro_step(k);
+    be->copy_from_host(s, tokens, host.data());
+    be->copy_from_host(s, targets, host.data());
+    model.set_dropout(true, static_cast<uint64_t>(c.train.seed), static_cast<uint64_t>(k));
+    comm.set_phase("forward");
+    model.forward(tokens, targets, 1.f / static_cast<float>(c.train.global_batch * T));
+    comm.set_phase("backward");
+    model.backward();
+  }
+  comm.set_phase("finish");
+  dp.finish_gradients();
+  comm.set_phase("optimizer");
+  (void)dp.grad_sum_squares();
+  optimizer.step(static_cast<float>(c.optim.lr), 1.f);
+  dp.after_optimizer_step();
+  if (calls) *calls = comm.calls();
+
+  const MemoryStats st = be->allocator().stats();
+  RankMemory r;
+  r.rank = rank;
+  for (int i = 0; i < kNumMemCategories; ++i) {
+    r.peak[static_cast<size_t>(i)] = st.peak[static_cast<size_t>(i)];
+    r.end[static_cast<size_t>(i)] = st.current[static_cast<size_t>(i)];
+  }
+  r.peak_total = st.total_peak;
+  return r;
+}
+
+std::shared_ptr<MetaScratchModel> make_scratch(const MemPlanOptions& o) {
+  if (o.backend == "cpu") return cpu_scratch_model(o.cpu_threads);
+  if (o.backend == "cuda") return cuda_scratch_model();
+  KILN_CHECK(o.backend == "none", "memplan: backend must be cpu, cuda or none, got '{}'", o.backend);
+  return nullptr;
+}
+
+}  // namespace
+
+MemPlan plan_memory(const TrainConfig& config, const MemPlanOptions& o) {
+  MemPlan p;
+  p.config = resolve_for_planning(config, o.world_size);
+  p.model = gpt2_config_from(p.config);
+  p.world_size = o.world_size;
+  p.dp = o.world_size;
+  p.accum = p.config.grad_accum_steps(p.dp);
+  std::vector<int> ranks = o.ranks;
+  const int W = o.world_size;
+  if (ranks.empty()) {
+    if (W <= 16) {
+      for (int r = 0; r < W; ++r) ranks.push_back(r);
+    } else {
+      ranks = {0, 1, W / 2, W - 2, W - 1};
+    }
+  }
+  auto scratch = make_scratch(o);
+  MemPlanOptions eff = o;
+  if (eff.completion_polls < 0)
+    eff.completion_polls = o.backend == "cpu" ? std::numeric_limits<int>::max() : 1;
+  p.comm_model = eff.completion_polls == std::numeric_limits<int>::max()
+                     ? "collectives complete only when waited for (communication falls behind)"
+                     : fmt::format("collectives complete {} hook(s) after they start (communication "
+                                   "keeps pace)", eff.completion_polls);
+  p.scratch_model = scratch ? scratch->name() : "none";
+  for (int r : ranks) {
+    KILN_CHECK(r >= 0 && r < W, "memplan: rank {} is not a rank of a world of {}", r, W);
+    p.ranks.push_back(dry_run(p.config, eff, r, scratch, r == ranks.front() ? &p.comm_calls : nullptr));
+  }
+  p.upper = p.ranks.front();
+  if (o.upper_bound && W > 1 && p.config.parallel.zero_stage >= 2 &&
+      eff.completion_polls != std::numeric_limits<int>::max()) {
+    MemPlanOptions never = eff;
+    never.completion_polls = std::numeric_limits<int>::max();
+    p.upper = dry_run(p.config, never, p.ranks.front().rank, scratch, nullptr);
+  }
+  return p;
+}
+
+// ---- the cost model ------------------------------------------------------------------
+
+StepTime estimate_step_time(const MemPlan& p, const CostModel& cost) {
+  const GPT2Config& m = p.model;
+  const double T = p.config.train.seq_len;
+  const double tokens = static_cast<double>(p.config.train.micro_batch) * p.accum * T;  // per rank
+  const double per_token = m.flops_per_token(static_cast<int>(T));                     // 6N + attn
+  const double C = m.n_embd, L = m.n_layer;
+  // Forward FLOPs of the blocks per token (what full recomputation repeats): the
+  // matmuls 2 * 12 C^2 and attention's QK^T and AV 2 * 2 T C, per block.
+  const double block_forward = L * (2.0 * 12.0 * C * C + 4.0 * T * C);
+  const std::string& mode = p.config.train.activation_checkpointing;
+  const double dsize = p.config.train.dtype == "fp32" ? 4.0 : 2.0;
+  StepTime t;
+  const double fwd = tokens * per_token / 3.0 / cost.peak_flops;
+  double bwd = tokens * per_token * 2.0 / 3.0 / cost.peak_flops;
+  if (mode == "full") t.recompute = tokens * block_forward / cost.peak_flops;
+  // Selective: GELU from its input again, memory-bound (read 4C, write 4C per token per
+  // block); its FLOPs are negligible.
+  if (mode == "selective" && cost.mem_bandwidth > 0)
+    t.recompute = tokens * L * 2.0 * 4.0 * C * dsize / cost.mem_bandwidth;
+  bwd += t.recompute;
+  t.compute = fwd + bwd;
+
+  // Communication, alpha-beta per collective with the ring factors of nccl-tests
+  // (bus_bandwidth_factor: 2(N-1)/N all-reduce, (N-1)/N reduce-scatter/all-gather).
+  const int N = p.dp;
+  double comm_fwd = 0, comm_bwd = 0, comm_rest = 0;
+  auto price = [&](Collective c, int64_t bytes) {
+    if (N <= 1) return 0.0;
+    return cost.link_latency + static_cast<double>(bytes) * bus_bandwidth_factor(c, N) /
+                                   cost.link_bandwidth;
+  };
+  for (const auto& call : p.comm_calls) {
+    const double x = price(call.kind, call.bytes);
+    if (call.phase == "forward") comm_fwd += x;
+    else if (call.phase == "backward") comm_bwd += x;
+    else comm_rest += x;
+  }
+  // The trainer's own small all-reduces per step: target count, loss, stop flag.
+  comm_rest += 3 * price(Collective::AllReduce, 4);
+  t.comm_total = comm_fwd + comm_bwd + comm_rest;
+  // kiln overlaps forward gathers (ZeRO-3) with forward and gradient reductions (and the
+  // backward gathers of ZeRO-3) with backward, on one communication thread: what does
+  // not fit under the phase's compute is exposed. The optimizer-phase collectives (norm,
+  // ZeRO-1/2 parameter all-gather) are exposed.
+  t.comm_exposed = std::max(0.0, comm_fwd - fwd) + std::max(0.0, comm_bwd - bwd) + comm_rest;
+  t.step = t.compute + t.comm_exposed;
+  t.tokens_per_s = t.step > 0 ? tokens * N / t.step : 0.0;
+  return t;
+}
+
+std::vector<Layout> search_layouts(const TrainConfig& config, const MemPlanOptions& options,
+                                   const CostModel& cost, int64_t usable_bytes) {
+  const TrainConfig base = resolve_for_planning(config, options.world_size);
+  std::vector<Layout> out;
+  MemPlanOptions o = options;
+  o.ranks = {0};  // rank 0 holds the most: later ranks' slices only lose padding
+  o.upper_bound = false;
+  for (int mb = base.train.micro_batch; mb >= 1; mb /= 2) {
+    if (base.train.global_batch % (mb * options.world_size) != 0) break;
+    for (int stage = 0; stage <= 3; ++stage) {
+      for (const char* ck : {"none", "selective", "full"}) {
+        TrainConfig c = base;
+        c.train.micro_batch = mb;
+        c.parallel.zero_stage = stage;
+        c.train.activation_checkpointing = ck;
+        const MemPlan p = plan_memory(c, o);
+        Layout l;
+        l.zero_stage = stage;
+        l.checkpointing = ck;
+        l.micro_batch = mb;
+        l.accum = p.accum;
+        l.peak_bytes = p.rank0().peak_total;
+        l.fits = l.peak_bytes <= usable_bytes;
+        l.time = estimate_step_time(p, cost);
+        out.push_back(l);
+      }
+    }
+    if (mb == 1) break;
+  }
+  // Fitting first; then the fastest; among equal times the one that communicates less,
+  // then the larger micro-batch (fewer, larger kernels), then the smaller peak.
+  std::stable_sort(out.begin(), out.end(), [](const Layout& a, const Layout& b) {
+    if (a.fits != b.fits) return a.fits;
+    const double ta = std::round(a.time.step * 1e6), tb = std::round(b.time.step * 1e6);
+    if (ta != tb) return ta < tb;
+    if (a.time.comm_total != b.time.comm_total) return a.time.comm_total < b.time.comm_total;
+    if (a.micro_batch != b.micro_batch) return a.micro_batch > b.micro_batch;
+    return a.peak_bytes < b.peak_bytes;
+  });
+  return out;
+}
+
+}  // namespace kiln::plan

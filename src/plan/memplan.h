@@ -1,0 +1,123 @@
+// The memory planner: what a training run will allocate on each rank, by category, and
+// which layouts of a config fit a device (`kiln memplan`, docs/memplan.md).
+//
+// Method: a dry run. The planner builds exactly what the trainer builds (train/trainer.cpp)
+// -- GPT2 with zero_model_storage(stage, dp), its activation checkpointing, DataParallel
+// over a SimulatedCommunicator of the dp world, AdamW over dp.optimizer_segments(), the
+// token and target tensors, and (when log.peak_tflops is 0 on the CPU) the start-up GEMM
+// probe -- on a MetaBackend, whose allocator counts bytes by category and whose ops do
+// nothing, and runs one training step's sequence of calls (begin_step; per micro-step
+// begin_micro_step, forward, backward; finish_gradients; grad_sum_squares; the AdamW
+// step; after_optimizer_step). The allocator's per-category and total peaks are the
+// prediction. What no backend call shows (library scratch space) comes from a
+// MetaScratchModel (plan/scratch_models.h). Evaluation, sampling and checkpoint writing
+// are not part of the step and not planned.
+#pragma once
+
+#include "comm/communicator.h"
+#include "comm/simulated_communicator.h"
+#include "core/allocator.h"
+#include "models/gpt2/config.h"
+#include "train/config.h"
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kiln::plan {
+
+struct MemPlanOptions {
+  int world_size = 1;
+  /// Whose scratch to add: "cpu" (oneDNN scratchpad; what `kiln train` runs today),
+  /// "cuda" (cuBLASLt workspace and op scratch) or "none".
+  std::string backend = "cpu";
+  /// OpenMP threads per rank for the oneDNN scratchpad query (0 = this process's).
+  int cpu_threads = 0;
+  /// SimulatedCommunicator completion: polls before a collective counts as done (see
+  /// comm/simulated_communicator.h): 1 = communication keeps pace with compute, INT_MAX =
+  /// only waits complete collectives. -1 = by backend: INT_MAX for "cpu" (what MPI's
+  /// communication thread does on CPU ranks whose compute threads own the cores: kiln's
+  /// tests measure exactly this), 1 for "cuda" and "none". A world of one always
+  /// completes at once (kiln uses the LocalCommunicator there).
+  int completion_polls = -1;
+  /// Also run rank 0 with collectives that complete only when waited for (MemPlan::upper).
+  bool upper_bound = true;
+  /// Ranks to simulate; empty = every rank when world_size <= 16, else 0, 1, the middle
+  /// rank and the last two (ranks differ only in the zero padding of the last slices).
+  std::vector<int> ranks;
+};
+
+/// Bytes of one rank: per-category peaks, the peak of the total, and what is left
+/// allocated at the end of the step.
+struct RankMemory {
+  int rank = 0;
+  std::array<int64_t, kNumMemCategories> peak{};
+  std::array<int64_t, kNumMemCategories> end{};
+  int64_t peak_total = 0;
+  int64_t peak_of(MemCategory c) const { return peak[static_cast<size_t>(c)]; }
+};
+
+struct MemPlan {
+  TrainConfig config;   // resolved (vocab_size, global_batch filled in)
+  GPT2Config model;
+  int world_size = 1, dp = 1, accum = 1;
+  std::string scratch_model;        // MetaScratchModel::name()
+  std::string comm_model;           // "keeps pace" or "falls behind" (completion_polls)
+  std::vector<RankMemory> ranks;    // the simulated ranks, rank 0 first
+  /// Rank 0 when no collective completes before it is waited for: the most that
+  /// ZeRO-2/3's gradient buffers (freed when their reduce-scatter completes) can pile up
+  /// when communication falls behind. Equal to rank0() for stages 0-1 and one rank.
+  RankMemory upper;
+  std::vector<SimulatedCommunicator::Call> comm_calls;  // rank 0's, in order
+  const RankMemory& rank0() const { return ranks.front(); }
+  /// The simulated rank with the highest total peak.
+  const RankMemory& max_rank() const;
+  bool ranks_differ() const;
+};
+
+/// Fills what a dry run needs that training would take from elsewhere: model.vocab_size
+/// (from data.dir's meta.json when it exists; an error naming the key otherwise),
+/// train.global_batch (micro_batch * dp when 0). Checks the model shape and that
+/// tp = pp = 1. Throws kiln::Error.
+TrainConfig resolve_for_planning(TrainConfig config, int world_size);
+
+/// The dry run of one training step of `config` on every rank in options.ranks.
+MemPlan plan_memory(const TrainConfig& config, const MemPlanOptions& options);
+
+// ---- layouts that fit, fastest first ---------------------------------------------------
+
+struct CostModel {
+  double peak_flops = 0;       // per rank, FLOP/s
+  double mem_bandwidth = 0;    // bytes/s, for the memory-bound recompute (GELU)
+  double link_bandwidth = 0;   // bus bandwidth, bytes/s (nccl-tests busbw)
+  double link_latency = 0;     // alpha: seconds per collective
+};
+
+/// Step time of a planned layout (seconds), by the model of docs/memplan.md.
+struct StepTime {
+  double compute = 0;        // forward + backward + recompute, FLOPs / peak
+  double recompute = 0;      // the part of `compute` that recomputes (and GELU's memory time)
+  double comm_total = 0;     // every collective of the step, alpha-beta
+  double comm_exposed = 0;   // what the step waits for (not hidden under compute)
+  double step = 0;           // compute + comm_exposed
+  double tokens_per_s = 0;   // global tokens per second
+};
+StepTime estimate_step_time(const MemPlan& plan, const CostModel& cost);
+
+struct Layout {
+  int zero_stage = 0;
+  std::string checkpointing;
+  int micro_batch = 1, accum = 1;
+  int64_t peak_bytes = 0;  // rank 0
+  bool fits = false;
+  StepTime time;
+};
+
+/// Every layout over zero stages 0-3, checkpointing none/selective/full and micro_batch
+/// halvings of config's (keeping the global batch), with its predicted peak (rank 0)
+/// and step time; `fits` when peak <= usable_bytes. Sorted: fitting first, fastest first.
+std::vector<Layout> search_layouts(const TrainConfig& config, const MemPlanOptions& options,
+                                   const CostModel& cost, int64_t usable_bytes);
+
+}  // namespace kiln::plan

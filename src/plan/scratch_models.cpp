@@ -1,0 +1,155 @@
+#include "plan/scratch_models.h"
+
+#include "core/error.h"
+
+#include <oneapi/dnnl/dnnl.hpp>
+#include <omp.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+namespace kiln::plan {
+
+namespace {
+using dt = dnnl::memory::data_type;
+
+dt to_dnnl(DType t) {
+  switch (t) {
+    case DType::F32: return dt::f32;
+    case DType::BF16: return dt::bf16;
+    case DType::F16: return dt::f16;
+    case DType::I32: return dt::s32;
+  }
+  return dt::undef;
+}
+
+// Restores the OpenMP thread count on scope exit.
+struct ThreadScope {
+  explicit ThreadScope(int threads) : saved(omp_get_max_threads()) {
+    if (threads > 0) omp_set_num_threads(threads);
+  }
+  ~ThreadScope() { omp_set_num_threads(saved); }
+  int saved;
+};
+}  // namespace
+
+int64_t onednn_matmul_scratchpad_bytes(const GemmProblem& g, int threads) {
+  if (g.m == 0 || g.n == 0 || g.k == 0) return 0;
+  // The same descriptors as src/backend/cpu/gemm.cpp (Gemm::Impl::get).
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  ThreadScope ts(threads);
+  using dims = dnnl::memory::dims;
+  const dnnl::memory::desc a(dims{g.m, g.k}, to_dnnl(g.dtype), g.trans_a ? dims{1, g.lda} : dims{g.lda, 1});
+  const dnnl::memory::desc b(dims{g.k, g.n}, to_dnnl(g.dtype), g.trans_b ? dims{1, g.ldb} : dims{g.ldb, 1});
+  // The CPU backend writes fp32 outputs for fp32 inputs; for 16-bit inputs the output
+  // dtype follows the activations, as in its linear ops.
+  const dnnl::memory::desc c(dims{g.m, g.n}, to_dnnl(g.dtype), dims{g.ldc, 1});
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (g.accumulate) {
+    dnnl::post_ops po;
+    po.append_sum(1.0f);
+    attr.set_post_ops(po);
+  }
+  try {
+    if (g.bias) {
+      const dnnl::memory::desc bias(dims{1, g.n}, to_dnnl(g.dtype), dims{g.n, 1});
+      auto pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, bias, c), attr, engine);
+      return static_cast<int64_t>(pd.scratchpad_desc().get_size());
+    }
+    auto pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine);
+    return static_cast<int64_t>(pd.scratchpad_desc().get_size());
+  } catch (const dnnl::error& e) {
+    KILN_FAIL("oneDNN matmul {}x{}x{}: no primitive for the scratchpad query: {}", g.m, g.n, g.k,
+              e.what());
+  }
+}
+
+std::vector<GemmProblem> cpu_linear_gemms(const MetaCallInfo& c) {
+  std::vector<GemmProblem> out;
+  const int64_t N = c.N, IC = c.IC, OC = c.OC;
+  if (c.call == MetaCall::LinearForward) {
+    GemmProblem g;
+    g.m = N, g.n = OC, g.k = IC, g.lda = IC, g.ldb = IC, g.trans_b = true, g.ldc = OC;
+    g.bias = c.has_bias;
+    g.dtype = c.dtype;
+    out.push_back(g);
+  } else if (c.call == MetaCall::LinearBackward) {
+    if (c.has_dinp) {
+      GemmProblem g;
+      g.m = N, g.n = IC, g.k = OC, g.lda = OC, g.ldb = IC, g.ldc = IC;
+      g.dtype = c.dtype;
+      out.push_back(g);
+    }
+    if (c.has_dweight) {
+      GemmProblem g;
+      g.m = OC, g.n = IC, g.k = N, g.lda = OC, g.trans_a = true, g.ldb = IC, g.ldc = IC;
+      g.accumulate = true;
+      g.dtype = c.dtype;
+      out.push_back(g);
+    }
+  }
+  return out;
+}
+
+namespace {
+
+class CpuScratch final : public MetaScratchModel {
+ public:
+  explicit CpuScratch(int threads) : threads_(threads > 0 ? threads : omp_get_max_threads()) {}
+  std::string name() const override {
+    return fmt::format("cpu (oneDNN scratchpad, {} thread{})", threads_, threads_ == 1 ? "" : "s");
+  }
+  int64_t growing_bytes(const MetaCallInfo& c) override {
+    int64_t most = 0;
+    for (const GemmProblem& g : cpu_linear_gemms(c)) {
+      const auto key = std::make_tuple(g.m, g.n, g.k, g.trans_a, g.trans_b, g.bias, g.accumulate,
+                                       static_cast<int>(g.dtype));
+      std::lock_guard lock(mu_);
+      auto it = cache_.find(key);
+      if (it == cache_.end()) it = cache_.emplace(key, onednn_matmul_scratchpad_bytes(g, threads_)).first;
+      most = std::max(most, it->second);
+    }
+    return most;
+  }
+
+ private:
+  int threads_;
+  std::mutex mu_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, bool, bool, int>, int64_t> cache_;
+};
+
+class CudaScratch final : public MetaScratchModel {
+ public:
+  std::string name() const override { return "cuda (32 MiB cuBLASLt workspace + op scratch)"; }
+  int64_t persistent_bytes() const override { return kCudaGemmWorkspaceBytes; }
+  int64_t transient_bytes(const MetaCallInfo& c) override {
+    auto chunks = [](int64_t n) { return (n + 63) / 64; };
+    auto up256 = [](int64_t b) { return (b + 255) / 256 * 256; };
+    switch (c.call) {
+      case MetaCall::LayerNormBackward: return 4 * 2 * chunks(c.N) * c.C;
+      case MetaCall::LinearBackward: return c.has_bias ? 4 * chunks(c.N) * c.OC : 0;
+      case MetaCall::AttentionBackward: return 4 * c.B * c.NH * c.T;
+      case MetaCall::EmbeddingBackward: {
+        const int64_t n = c.B * c.T;
+        return 4 * up256(4 * n) + up256(8 * n + (64 << 10));
+      }
+      case MetaCall::SumSquares: {
+        const int64_t blocks = std::clamp<int64_t>((c.numel + 2047) / 2048, 1, 1024);
+        return 8 * (blocks + 1);
+      }
+      default: return 0;
+    }
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<MetaScratchModel> cpu_scratch_model(int threads) {
+  return std::make_shared<CpuScratch>(threads);
+}
+std::shared_ptr<MetaScratchModel> cuda_scratch_model() { return std::make_shared<CudaScratch>(); }
+
+}  // namespace kiln::plan

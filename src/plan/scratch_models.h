@@ -1,0 +1,52 @@
+// What the concrete backends allocate inside their ops, for the MetaBackend's dry runs
+// (see backend/meta/meta_backend.h, MetaScratchModel).
+//
+//   cpu   the CPU backend's oneDNN user scratchpad: one buffer (Temporaries) kept at the
+//         largest scratchpad any matmul primitive asked for. For each linear call the
+//         model forms the same GEMM problems as src/backend/cpu/linear.cpp (forward
+//         [N,IC]x[OC,IC]^T + bias; backward dinp = dout @ W, dW += dout^T @ inp) and asks
+//         oneDNN (the same library and version the CPU backend links) for the
+//         scratchpad size of the primitive it would create, with `threads` OpenMP
+//         threads (oneDNN sizes per-thread buffers by the thread count at creation).
+//   cuda  the CUDA backend: its 32 MiB cuBLASLt workspace (kept) plus the scratch some
+//         ops hold for their duration (src/backend/cuda/cuda_backend.cpp, Scratch):
+//         layernorm backward 2 ceil(N/64) C fp32, bias gradient ceil(N/64) OC fp32,
+//         attention backward B NH T fp32, embedding backward a radix sort of the B T
+//         token ids (4 arrays of 4 B T bytes, each rounded to 256, plus CUB's temporary
+//         storage, estimated as 8 B T + 64 KiB: an upper bound for CUB's one-sweep radix
+//         sort of 32-bit keys), sum of squares 8 (blocks + 1) bytes.
+//   none  nothing beyond the tensors callers allocate.
+#pragma once
+
+#include "backend/meta/meta_backend.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace kiln::plan {
+
+/// One oneDNN matmul problem, as the CPU backend's Gemm builds it (see cpu/gemm.h).
+struct GemmProblem {
+  int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
+  bool trans_a = false, trans_b = false, bias = false, accumulate = false;
+  DType dtype = DType::F32;
+};
+
+/// Bytes of oneDNN scratchpad the CPU backend's matmul primitive for `g` asks for, with
+/// `threads` OpenMP threads (0 = this process's omp_get_max_threads()).
+int64_t onednn_matmul_scratchpad_bytes(const GemmProblem& g, int threads = 0);
+
+/// The GEMM problems the CPU backend runs for one linear call (forward, or backward
+/// with the requested outputs), as cpu/linear.cpp forms them.
+std::vector<GemmProblem> cpu_linear_gemms(const MetaCallInfo& c);
+
+/// The CPU backend's scratch (oneDNN scratchpad); `threads` as above.
+std::shared_ptr<MetaScratchModel> cpu_scratch_model(int threads = 0);
+/// The CUDA backend's workspace and op scratch.
+std::shared_ptr<MetaScratchModel> cuda_scratch_model();
+
+/// The 32 MiB cuBLASLt workspace of the CUDA backend.
+inline constexpr int64_t kCudaGemmWorkspaceBytes = int64_t{32} << 20;
+
+}  // namespace kiln::plan
