@@ -97,10 +97,14 @@ if [ ! -e "$(dirname "$nvcc_bin")/../include/nccl.h" ]; then
   fi
 fi
 if phase configure 90 "${cfg[@]}"; then :; else die "configure (see $out/configure.log)"; fi
-targets=(backend_op_test kiln_gpu_step)
-if ninja -C "$build" -t targets all 2>/dev/null | grep -q '^nccl_communicator_test:'; then
+targets=(backend_op_test kiln_gpu_step kiln_gpu_bf16)
+# (Not `ninja ... | grep -q`: grep exits at the first match, ninja gets SIGPIPE, and
+# pipefail turns the match into a failure.)
+all_targets="$(ninja -C "$build" -t targets all 2>/dev/null || true)"
+if grep -q '^nccl_communicator_test:' <<<"$all_targets"; then
   targets+=(nccl_communicator_test)
 fi
+cat "$out/configure.log" >>"$build/configure.log" && rm -f "$out/configure.log"  # 8-file limit
 if phase build 300 ninja -C "$build" -j "$jobs" "${targets[@]}"; then
   status_build=ok
 else
@@ -113,16 +117,20 @@ if [ "$dry" = 1 ]; then
 fi
 
 # ---- 3. GPU tests ------------------------------------------------------------------------
-if phase tests 150 ctest --test-dir "$build" -L 'backend|gpu' --output-on-failure --timeout 120; then
+# -V: every test's output (the per-op lines of the cuda backend), not only failures'.
+if phase tests 100 ctest --test-dir "$build" -L 'backend|gpu' -V --timeout 80; then
   status_tests=ok
 else
   status_tests=FAILED
 fi
-grep -E "SKIPPED|BACKEND|Worst|cuda: " "$out/tests.log" | head -n 60 >>"$log" || true
+grep -E "SKIPPED|FAILED|BACKEND|Worst|cuda: " "$out/tests.log" | head -n 80 >>"$log" || true
+# The bf16 paths (the op test checks fp32): bf16 against fp32 on the GPU.
+status_bf16=FAILED
+if phase bf16 60 "$build/kiln_gpu_bf16"; then status_bf16=ok; fi
 
 # ---- 4. benchmarks -----------------------------------------------------------------------
 kiln_json="" torch_json=""
-if KILN_CUDA_TF32=1 phase kiln_bench 120 "$build/kiln_gpu_step" --B "$B" --T 1024 --steps "$steps" --warmup 3; then
+if KILN_CUDA_TF32=1 phase kiln_bench 100 "$build/kiln_gpu_step" --B "$B" --T 1024 --steps "$steps" --warmup 3 --profile 2; then
   kiln_json="$(grep '^{' "$out/kiln_bench.log" | tail -n 1)"
   status_kiln=ok
 else
@@ -136,8 +144,48 @@ if [ "${GPU_CHECK_SKIP_TORCH:-0}" != 1 ]; then
     status_torch=FAILED
   fi
 fi
-echo "$kiln_json" >"$out/kiln.json"
-echo "$torch_json" >"$out/torch.json"
+# (No JSON files in $OUT: the device tool returns at most 8 files; the lines are in the logs.)
+echo "$kiln_json" >"$build/kiln.json"
+echo "$torch_json" >"$build/torch.json"
+
+# ---- 4b. memcheck of the cuda op tests (last: slow, and the benchmarks come first) ------
+status_sanitize=skipped
+sanitizer="$(command -v compute-sanitizer || echo "$(dirname "$nvcc_bin")/compute-sanitizer")"
+# memcheck of the op test (cuda cases) and of the bf16 check; racecheck and synccheck of
+# the op test. One log (the device tool returns at most 8 files).
+sanitize_all() {
+  local rc=0 r spec tool filter
+  # memcheck first (the cheapest, and the one that has found a bug); racecheck last and
+  # without the Linear cases (cuBLASLt's kernels, slow under racecheck, not kiln's).
+  for spec in 'memcheck:*cuda*' 'synccheck:*cuda*' 'racecheck:*cuda*:-*Linear*'; do
+    tool=${spec%%:*} filter=${spec#*:}
+    if [ "$tool" = synccheck ]; then  # (after memcheck, before racecheck: the bf16 check)
+      echo "=== memcheck: kiln_gpu_bf16"
+      r=0
+      "$sanitizer" --tool memcheck --error-exitcode 3 "$build/kiln_gpu_bf16" || r=$?
+      echo "=== memcheck (bf16) exit status $r"
+      [ "$r" = 0 ] || rc=1
+    fi
+    echo "=== $tool: backend_op_test --gtest_filter=$filter"
+    r=0
+    "$sanitizer" --tool "$tool" --error-exitcode 3 "$build/kiln/tests/backend/backend_op_test" \
+      "--gtest_filter=$filter" >"$build/san-$tool.txt" 2>&1 || r=$?
+    grep -vE '^\[ +(RUN|OK) +\]|^  cuda: ' "$build/san-$tool.txt" || true
+    echo "=== $tool exit status $r"
+    [ "$r" = 0 ] || rc=1
+  done
+  return "$rc"
+}
+export -f sanitize_all
+export sanitizer build
+if [ "${GPU_CHECK_SANITIZE:-1}" = 1 ] && [ -x "$sanitizer" ]; then
+  if phase sanitize 240 bash -c sanitize_all; then
+    status_sanitize=ok
+  else
+    status_sanitize=FAILED
+  fi
+  grep -E "^=== |ERROR SUMMARY|RACECHECK SUMMARY|Invalid|out of bounds|hazard|PASSED|FAILED|bf16 check" "$out/sanitize.log" | head -n 40 >>"$log" || true
+fi
 
 # ---- 5. the table ------------------------------------------------------------------------
 python3 - "$kiln_json" "$torch_json" <<'PY' | tee -a "$log"
@@ -154,5 +202,5 @@ t = [r for r in rows if r["impl"] == "pytorch"]
 if k and t:
     print(f"kiln / PyTorch tokens/s: {k[0]['tokens_per_s'] / t[0]['tokens_per_s']:.3f}")
 PY
-say "build $status_build | tests $status_tests | kiln bench $status_kiln | torch bench $status_torch | total $(($(date +%s) - t_start))s"
+say "build $status_build | tests $status_tests | bf16 $status_bf16 | kiln bench $status_kiln | torch bench $status_torch | memcheck $status_sanitize | total $(($(date +%s) - t_start))s"
 [ "$status_tests" = ok ] && [ "$status_kiln" = ok ] || exit 1

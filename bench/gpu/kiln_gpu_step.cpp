@@ -13,6 +13,9 @@
 #include "models/gpt2/config.h"
 #include "models/gpt2/gpt2.h"
 #include "optim/adamw.h"
+#include "profile/profiling_backend.h"
+#include "profile/summary.h"
+#include "profile/tracer.h"
 
 #include <chrono>
 #include <cstdio>
@@ -28,6 +31,7 @@ namespace {
 struct Args {
   std::string model = "gpt2";
   int B = 16, T = 1024, steps = 10, warmup = 3;
+  int profile = 0;  // > 0: that many more steps through a ProfilingBackend, per-op table
 };
 
 Args parse(int argc, char** argv) {
@@ -39,6 +43,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--T") a.T = std::atoi(v.c_str());
     else if (k == "--steps") a.steps = std::atoi(v.c_str());
     else if (k == "--warmup") a.warmup = std::atoi(v.c_str());
+    else if (k == "--profile") a.profile = std::atoi(v.c_str());
     else {
       std::fprintf(stderr, "kiln_gpu_step: unknown flag %s\n", k.c_str());
       std::exit(2);
@@ -51,7 +56,9 @@ struct Result {
   double ms = 0, loss = 0, peak_gib = 0;
 };
 
-Result run(Backend& be, const GPT2Config& cfg, int B, int T, int warmup, int steps) {
+// tracer: enabled after the warm-up (for a ProfilingBackend `be`), disabled at the end.
+Result run(Backend& be, const GPT2Config& cfg, int B, int T, int warmup, int steps,
+           profile::Tracer* tracer = nullptr) {
   be.allocator().reset_peak();
   GPT2 gpt(cfg, be);
   gpt.init_weights(1337);
@@ -76,9 +83,11 @@ Result run(Backend& be, const GPT2Config& cfg, int B, int T, int warmup, int ste
   };
   for (int i = 0; i < warmup; ++i) step();
   be.synchronize(s);
+  if (tracer) tracer->enable();
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; ++i) step();
   be.synchronize(s);
+  if (tracer) tracer->disable();
   const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   Result r;
   r.ms = 1e3 * sec / steps;
@@ -114,6 +123,18 @@ int main(int argc, char** argv) {
     }
     const double tps = static_cast<double>(B) * a.T / (r.ms / 1e3);
     const double model_flops = tps * cfg.flops_per_token(a.T);
+    if (a.profile > 0) {
+      // Per-op times: every op synchronised (so the sum exceeds the unprofiled step).
+      const double bw = measure_copy_bandwidth(*be);
+      profile::Tracer tracer;
+      profile::ProfilingBackend pb(*be, tracer, true);
+      const Result p = run(pb, cfg, B, a.T, 1, a.profile, &tracer);
+      std::fprintf(stderr, "kiln_gpu_step: profiled %d steps (ops synchronised): %.1f ms/step; "
+                   "copy bandwidth %.0f GB/s\n%s", a.profile, p.ms, bw / 1e9,
+                   profile::format_summary(profile::summarize(tracer.events()),
+                                           profile::Peaks{peak_fp32, bw})
+                       .c_str());
+    }
     const char* tf32 = std::getenv("KILN_CUDA_TF32");
     std::printf(
         "{\"impl\": \"kiln\", \"B\": %d, \"T\": %d, \"dtype\": \"%s\", \"ms_per_step\": %.3f, "

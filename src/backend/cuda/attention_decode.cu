@@ -75,7 +75,10 @@ void attention_decode(cudaStream_t s, Elem e, void* out, void* k_cache, void* v_
                       int64_t past) {
   if (B * Tq * C == 0) return;
   const int64_t HD = C / NH;
-  const size_t smem = sizeof(float) * static_cast<size_t>(past + Tq);
+  // Rounded up to whole groups of 4 floats: the compiler may load the 1-3 scores of the
+  // P V loop's remainder as one speculative group (compute-sanitizer's memcheck saw a
+  // 12-byte read past an unpadded array on an H200, 2026-11-30).
+  const size_t smem = sizeof(float) * static_cast<size_t>((past + Tq + 3) / 4 * 4);
   int dev = 0, max_smem = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&dev));
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
