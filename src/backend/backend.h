@@ -187,4 +187,11 @@ class Backend {
                           const Tensor& v, const AdamWParams& hp) = 0;
 };
 
+/// dst (any float dtype, on be's device) <- n = dst.numel() fp32 host values, converted
+/// (round to nearest even) on the host first.
+void upload_f32(Backend& be, const Tensor& dst, const float* src);
+/// fp32 host values <- src (any float dtype).
+void download_f32(Backend& be, float* dst, const Tensor& src);
+std::vector<float> download_f32(Backend& be, const Tensor& src);
+
 }  // namespace kiln

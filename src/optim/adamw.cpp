@@ -18,12 +18,18 @@ std::vector<AdamWSegment> whole_segments(const std::vector<ParamSpec>& params,
 AdamW::AdamW(Backend& backend, std::vector<AdamWSegment> segments, const AdamWConfig& config)
     : backend_(backend), config_(config), segments_(std::move(segments)) {
   int64_t total = 0;
+  bool low_precision = false;
   for (const AdamWSegment& s : segments_) {
     KILN_CHECK(s.begin >= 0 && s.begin <= s.end && s.end <= s.spec.shape.numel() &&
                    s.param.numel() == s.size() && s.grad.numel() == s.size(),
                "AdamW: bad segment [{}, {}) of {}", s.begin, s.end, s.spec.name);
     state_offset_.push_back(total);
     total += s.size();
+    low_precision |= s.param.dtype() != DType::F32;
+  }
+  if (low_precision) {
+    master_ = backend_.empty(Shape{total}, DType::F32, MemCategory::OptimizerState);
+    sync_master_from_params();
   }
   m_ = backend_.empty(Shape{total}, DType::F32, MemCategory::OptimizerState);
   v_ = backend_.empty(Shape{total}, DType::F32, MemCategory::OptimizerState);
@@ -34,6 +40,16 @@ AdamW::AdamW(Backend& backend, std::vector<AdamWSegment> segments, const AdamWCo
 AdamW::AdamW(Backend& backend, const std::vector<ParamSpec>& params, const Tensor& param_buffer,
              const Tensor& grad_buffer, const AdamWConfig& config)
     : AdamW(backend, whole_segments(params, param_buffer, grad_buffer), config) {}
+
+Tensor AdamW::master(size_t i) const {
+  if (!master_ || segments_[i].param.dtype() == DType::F32) return Tensor();
+  return master_.view_at(state_offset_[i], Shape{segments_[i].size()});
+}
+
+void AdamW::sync_master_from_params() {
+  for (size_t i = 0; i < segments_.size(); ++i)
+    if (Tensor mw = master(i)) backend_.copy(backend_.default_stream(), mw, segments_[i].param);
+}
 
 Tensor AdamW::m(size_t i) const { return m_.view_at(state_offset_[i], Shape{segments_[i].size()}); }
 Tensor AdamW::v(size_t i) const { return v_.view_at(state_offset_[i], Shape{segments_[i].size()}); }
@@ -52,7 +68,12 @@ void AdamW::step(float lr, float grad_scale) {
     hp.weight_decay = seg.spec.weight_decay ? config_.weight_decay : 0.f;
     hp.grad_scale = grad_scale;
     hp.step = step_;
-    backend_.adamw_step(s, seg.param, seg.grad, m(i), v(i), hp);
+    if (Tensor mw = master(i)) {
+      backend_.adamw_step(s, mw, seg.grad, m(i), v(i), hp);
+      backend_.copy(s, seg.param, mw);  // round the updated master to the parameter dtype
+    } else {
+      backend_.adamw_step(s, seg.param, seg.grad, m(i), v(i), hp);
+    }
   }
 }
 

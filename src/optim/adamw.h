@@ -4,6 +4,10 @@
 // views of its values and gradients wherever they live: the whole model's flat buffers
 // for a single process or ZeRO stage 0, one rank's shard under ZeRO-1/2/3. The first
 // and second moments m and v (fp32, OptimizerState) are stored for the segments only.
+// Mixed precision: when a segment's parameter is bf16/fp16, the optimizer keeps an fp32
+// master copy (counted as OptimizerState, as in the ZeRO paper's 16 bytes per parameter:
+// 2 + 2 + 4 master + 4 + 4), updates the master, and writes the parameter back rounded
+// to nearest even (Micikevicius et al. 2018, "Mixed Precision Training").
 // Math: Loshchilov & Hutter 2019 as torch.optim.AdamW (see AdamWParams in backend.h).
 #pragma once
 
@@ -42,8 +46,13 @@ class AdamW {
         const Tensor& grad_buffer, const AdamWConfig& config);
 
   /// One update with learning rate `lr`; gradients are multiplied by grad_scale first
-  /// (gradient clipping). Increments step_count().
+  /// (gradient clipping, loss unscaling). Increments step_count().
   void step(float lr, float grad_scale = 1.f);
+  /// Master weights <- the (low-precision) parameters, after they were initialised or
+  /// loaded without masters. No-op for fp32 parameters.
+  void sync_master_from_params();
+  /// Segment i's fp32 master weights, or an empty Tensor when its parameter is fp32.
+  Tensor master(size_t i) const;
 
   int64_t step_count() const { return step_; }
   void set_step_count(int64_t s) { step_ = s; }
@@ -60,6 +69,7 @@ class AdamW {
   std::vector<AdamWSegment> segments_;
   std::vector<int64_t> state_offset_;  // of each segment within m_ / v_
   Tensor m_, v_;
+  Tensor master_;  // fp32 masters of the low-precision segments (same offsets as m_)
   int64_t step_ = 0;
 };
 

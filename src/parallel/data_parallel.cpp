@@ -7,10 +7,12 @@
 
 namespace kiln {
 
-GPT2Storage zero_model_storage(int zero_stage, int world) {
+GPT2Storage zero_model_storage(int zero_stage, int world, DType dtype, DType grad_dtype) {
   KILN_CHECK(zero_stage >= 0 && zero_stage <= 3, "parallel.zero_stage must be 0..3, got {}",
              zero_stage);
   GPT2Storage s;
+  s.dtype = dtype;
+  s.grad_dtype = grad_dtype;
   s.unit_alignment = zero_stage == 0 ? 1 : world;
   s.allocate_grads = zero_stage <= 1;
   s.allocate_params = zero_stage <= 2;
@@ -25,7 +27,7 @@ DataParallel::DataParallel(GPT2& model, Communicator& comm, int zero_stage, doub
     : model_(model), comm_(comm), backend_(model.backend()), stage_(zero_stage),
       rank_(comm.rank()), world_(comm.size()),
       bucket_elems_(std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1024 * 1024 / 4))) {
-  const GPT2Storage want = zero_model_storage(zero_stage, world_);
+  const GPT2Storage want = zero_model_storage(zero_stage, world_, model.dtype(), model.grad_dtype());
   KILN_CHECK(static_cast<bool>(model.param_buffer()) == want.allocate_params &&
                  static_cast<bool>(model.grad_buffer()) == want.allocate_grads,
              "DataParallel: the model was not built with zero_model_storage({}, {})", zero_stage,
@@ -45,11 +47,11 @@ DataParallel::DataParallel(GPT2& model, Communicator& comm, int zero_stage, doub
     units_.push_back(u);
   }
   if (stage_ >= 2) {
-    grad_shard_ = backend_.empty(Shape{shard}, DType::F32, MemCategory::Gradients);
+    grad_shard_ = backend_.empty(Shape{shard}, model.grad_dtype(), MemCategory::Gradients);
     backend_.fill(backend_.default_stream(), grad_shard_, 0.f);
   }
   if (stage_ == 3) {
-    param_shard_ = backend_.empty(Shape{shard}, DType::F32, MemCategory::Parameters);
+    param_shard_ = backend_.empty(Shape{shard}, model.dtype(), MemCategory::Parameters);
     backend_.fill(backend_.default_stream(), param_shard_, 0.f);
   }
   if (stage_ == 0) {  // buckets of whole units in the order backward completes them
@@ -97,11 +99,6 @@ std::vector<AdamWSegment> DataParallel::optimizer_segments() const {
   return out;
 }
 
-std::vector<AdamWSegment> DataParallel::checkpoint_segments() const {
-  if (stage_ == 0) return rank_ == 0 ? optimizer_segments() : std::vector<AdamWSegment>{};
-  return optimizer_segments();
-}
-
 std::vector<AdamWSegment> DataParallel::load_segments() const {
   if (stage_ == 3) return optimizer_segments();
   std::vector<AdamWSegment> out;
@@ -124,7 +121,7 @@ void DataParallel::init_weights(uint64_t seed) {
     if (k >= segs.size() || segs[k].spec.name != p.name) continue;
     const auto host = gpt2_init_values(model_.config(), p, i, seed);
     for (; k < segs.size() && segs[k].spec.name == p.name; ++k)
-      backend_.copy_from_host(backend_.default_stream(), segs[k].param, host.data() + segs[k].begin);
+      upload_f32(backend_, segs[k].param, host.data() + segs[k].begin);
   }
 }
 
@@ -146,7 +143,7 @@ void DataParallel::gather(int part, bool wait) {
   if (part < -1 || part > model_.config().n_layer) return;
   Unit& u = unit(part);
   if (!u.params) {
-    u.params = backend_.empty(Shape{u.padded}, DType::F32, MemCategory::Parameters);
+    u.params = backend_.empty(Shape{u.padded}, model_.dtype(), MemCategory::Parameters);
     u.gather_work = comm_.all_gather_async(u.params, param_shard_.view_at(u.shard_offset, Shape{u.S}));
   }
   if (wait && u.gather_work) {
@@ -199,7 +196,7 @@ void DataParallel::before_forward(int part) {
     // The tied wte receives gradient from the head during forward: its unit's gradient
     // must exist from the start of the micro-step.
     Unit& e = unit(-1);
-    e.grads = backend_.empty(Shape{e.padded}, DType::F32, MemCategory::Gradients);
+    e.grads = backend_.empty(Shape{e.padded}, model_.grad_dtype(), MemCategory::Gradients);
     backend_.fill(backend_.default_stream(), e.grads, 0.f);
     model_.bind_grads(-1, e.grads);
   }
@@ -217,7 +214,7 @@ void DataParallel::after_forward(int part) {
 void DataParallel::before_backward(int part) {
   if (stage_ >= 2 && part >= 0) {
     Unit& u = unit(part);
-    u.grads = backend_.empty(Shape{u.padded}, DType::F32, MemCategory::Gradients);
+    u.grads = backend_.empty(Shape{u.padded}, model_.grad_dtype(), MemCategory::Gradients);
     backend_.fill(backend_.default_stream(), u.grads, 0.f);
     model_.bind_grads(part, u.grads);
   }
@@ -276,9 +273,13 @@ void DataParallel::reduce_unit_grads(int part) {
 }
 
 void DataParallel::drain(bool all) {
+  // At most kMaxPending reductions in flight: beyond that the oldest is waited for, so
+  // that transient gradient buffers (stages 2-3) cannot pile up when communication
+  // falls behind computation, and the peak memory stays bounded and predictable.
+  constexpr size_t kMaxPending = 2;
   while (!pending_.empty()) {
     Pending& p = pending_.front();
-    if (!all && !p.work->is_completed()) return;
+    if (!all && pending_.size() <= kMaxPending && !p.work->is_completed()) return;
     const auto t0 = Clock::now();
     p.work->wait();
     wait_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();

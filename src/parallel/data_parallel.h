@@ -34,12 +34,14 @@
 
 namespace kiln {
 
-/// How the model must store its parameters for a ZeRO stage over `world` ranks.
-GPT2Storage zero_model_storage(int zero_stage, int world);
+/// How the model must store its parameters for a ZeRO stage over `world` ranks, with
+/// parameters/activations in `dtype` and gradients in `grad_dtype`.
+GPT2Storage zero_model_storage(int zero_stage, int world, DType dtype = DType::F32,
+                               DType grad_dtype = DType::F32);
 
 class DataParallel final : public ModelHooks {
  public:
-  /// `model` must have been built with zero_model_storage(zero_stage, comm.size()).
+  /// `model` must have been built with zero_model_storage(zero_stage, comm.size(), ...).
   /// Installs itself as the model's hooks. Throws kiln::Error on a bad stage.
   DataParallel(GPT2& model, Communicator& comm, int zero_stage, double bucket_mb);
   ~DataParallel() override;
@@ -50,9 +52,6 @@ class DataParallel final : public ModelHooks {
 
   /// Optimizer segments for this rank (every parameter for stage 0, its slices else).
   std::vector<AdamWSegment> optimizer_segments() const;
-  /// Parameter segments this rank writes to a checkpoint (all on rank 0 for stage 0;
-  /// its own slices for stages 1-3). `param` views hold the values.
-  std::vector<AdamWSegment> checkpoint_segments() const;
   /// Parameter segments this rank loads (every parameter for stages 0-2, whose
   /// replicas are complete; its slices for stage 3).
   std::vector<AdamWSegment> load_segments() const;

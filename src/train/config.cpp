@@ -129,7 +129,13 @@ const std::vector<Key>& keys() {
         nonneg(KILN_KEY(train, seq_len), "Tokens per sequence; 0 = model.block_size."),
         nonneg(KILN_KEY(train, seed), "Random seed (init, data order, dropout, sampling)."),
         oneof(KILN_KEY(train, dtype), {"fp32", "bf16", "fp16"}, "Compute dtype: fp32, bf16 or fp16."),
-        oneof(KILN_KEY(train, grad_dtype), {"fp32", "bf16"}, "Gradient dtype: fp32 or bf16."),
+        oneof(KILN_KEY(train, grad_dtype), {"fp32", "bf16", "fp16"},
+              "Parameter-gradient dtype: fp32, or the low precision of train.dtype."),
+        positive(KILN_KEY(train, loss_scale),
+                 "fp16: initial dynamic loss scale (halved on overflow, doubled after "
+                 "loss_scale_growth_interval clean steps)."),
+        positive(KILN_KEY(train, loss_scale_growth_interval),
+                 "fp16: clean steps after which the loss scale doubles."),
         oneof(KILN_KEY(train, activation_checkpointing), {"none", "full", "selective"},
               "Activation recomputation: none, full or selective."),
         positive(KILN_KEY(optim, lr), "Peak learning rate."),
@@ -653,6 +659,9 @@ void TrainConfig::validate_for_training() const {
   need("model.n_embd", model.n_embd);
   need("model.block_size", model.block_size);
   KILN_CHECK(train.steps > 0, "{}: key 'train.steps' must be > 0 for training", source);
+  KILN_CHECK(train.grad_dtype == "fp32" || train.grad_dtype == train.dtype,
+             "{}: key 'train.grad_dtype' must be fp32 or train.dtype ({}), got {}", source,
+             train.dtype, train.grad_dtype);
 }
 
 bool TrainConfig::operator==(const TrainConfig& o) const {

@@ -44,11 +44,7 @@ GPT2Config gpt2_config_from_json(const nlohmann::json& j) {
 }
 
 namespace {
-std::vector<float> host_copy(Backend& be, const Tensor& t) {
-  std::vector<float> v(static_cast<size_t>(t.numel()));
-  be.copy_to_host(be.default_stream(), v.data(), t);
-  return v;
-}
+std::vector<float> host_copy(Backend& be, const Tensor& t) { return download_f32(be, t); }
 }  // namespace
 
 void add_model_to_checkpoint(checkpoint::CheckpointWriter& writer, const GPT2& model,
@@ -88,7 +84,7 @@ void load_model_from_checkpoint(const checkpoint::CheckpointReader& reader, GPT2
                reader.global_shape(p.name).str(), p.shape.str());
     buf.resize(static_cast<size_t>(p.shape.numel()));
     reader.read(p.name, buf.data(), DType::F32);
-    be.copy_from_host(s, model.param(p), buf.data());
+    upload_f32(be, model.param(p), buf.data());
   }
   if (optimizer) load_optimizer_from_checkpoint(reader, *optimizer);
 }
@@ -203,8 +199,7 @@ GPT2Weights read_gpt2_weights(const fs::path& path, const GPT2Config& expect) {
 void load_weights_into(GPT2& model, const fs::path& path) {
   const GPT2Weights w = read_gpt2_weights(path, model.config());
   Backend& be = model.backend();
-  for (const ParamSpec& p : model.params())
-    be.copy_from_host(be.default_stream(), model.param(p), w.tensors.at(p.name).data());
+  for (const ParamSpec& p : model.params()) upload_f32(be, model.param(p), w.tensors.at(p.name).data());
 }
 
 void export_checkpoint(const fs::path& checkpoint_dir, const std::string& format,

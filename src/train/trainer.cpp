@@ -16,6 +16,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <optional>
 
 namespace kiln {
@@ -75,7 +76,11 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
 
   backend_ = make_backend("cpu");
   model_ = std::make_unique<GPT2>(gpt2_config_from(config_), *backend_,
-                                  zero_model_storage(config_.parallel.zero_stage, dp_size_));
+                                  zero_model_storage(config_.parallel.zero_stage, dp_size_,
+                                                     parse_dtype(config_.train.dtype),
+                                                     parse_dtype(config_.train.grad_dtype)));
+  fp16_ = model_->dtype() == DType::F16;
+  loss_scale_ = fp16_ ? config_.train.loss_scale : 1.0;
   model_->set_activation_checkpointing(
       parse_activation_checkpointing(config_.train.activation_checkpointing));
   dp_ = std::make_unique<DataParallel>(*model_, mesh_->comm(Axis::DP), config_.parallel.zero_stage,
@@ -108,6 +113,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
                "{} already holds checkpoints: pass --resume auto to continue, or choose another "
                "run.dir", ckpt_root.string());
     init_weights();
+    optimizer_->sync_master_from_params();
   }
   if (is_rank0_) {
     fs::create_directories(run_dir_);
@@ -135,8 +141,7 @@ void Trainer::init_weights() {
   }
   const GPT2Weights w = read_gpt2_weights(config_.model.init_from, model_->config());
   for (const AdamWSegment& seg : dp_->load_segments())
-    backend_->copy_from_host(backend_->default_stream(), seg.param,
-                             w.tensors.at(seg.spec.name).data() + seg.begin);
+    upload_f32(*backend_, seg.param, w.tensors.at(seg.spec.name).data() + seg.begin);
   if (options_.verbose) fmt::print("kiln: initialised from {}\n", config_.model.init_from);
 }
 
@@ -188,8 +193,9 @@ double Trainer::train_step(double* grad_norm) {
   dp_sum(count);
   const auto n_targets = static_cast<int64_t>(count[0]);
   KILN_CHECK(n_targets > 0, "step {}: the global batch has no target tokens", step_ + 1);
-  const float grad_scale = 1.f / static_cast<float>(n_targets);
-
+  // fp16: the loss (and so every gradient) is multiplied by the dynamic loss scale, and
+  // the optimizer divides it out again (Micikevicius et al. 2018, section 3.2).
+  const float grad_scale = static_cast<float>(loss_scale_) / static_cast<float>(n_targets);
   dp_->begin_step(accum_);
   double loss_sum = 0.0;
   const Stream s = backend_->default_stream();
@@ -206,14 +212,37 @@ double Trainer::train_step(double* grad_norm) {
   std::vector<float> loss{static_cast<float>(loss_sum)};
   if (dp_size_ > 1) dp_sum(loss);
   const double loss_mean = (dp_size_ > 1 ? loss[0] : loss_sum) / static_cast<double>(n_targets);
+  // The squared norm is summed over all ranks, so every rank sees the same value and
+  // takes the same decision below.
+  const double sumsq = dp_->grad_sum_squares();
+  if (fp16_ && !(std::isfinite(sumsq) && std::isfinite(loss_mean))) {
+    // Overflow: skip the update on every rank alike, halve the scale; neither the
+    // schedule nor the optimizer's step count advances.
+    KILN_CHECK(loss_scale_ > 1.0, "step {}: fp16 gradients are not finite even with loss scale "
+               "1; the model diverged (lower optim.lr or use bf16)", step_ + 1);
+    loss_scale_ = std::max(loss_scale_ / 2.0, 1.0);
+    good_steps_ = 0;
+    ++skipped_steps_;
+    *grad_norm = std::numeric_limits<double>::infinity();
+    if (options_.verbose)
+      fmt::print("kiln: step {}: gradient overflow in fp16, update skipped, loss scale -> {}\n",
+                 step_ + 1, loss_scale_);
+    last_skipped_ = true;
+    return loss_mean;
+  }
+  last_skipped_ = false;
   KILN_CHECK(std::isfinite(loss_mean), "step {}: the loss is {} (diverged); lower optim.lr or check "
              "the data", step_ + 1, loss_mean);
-  const double norm = std::sqrt(dp_->grad_sum_squares());
+  const double norm = std::sqrt(sumsq) / loss_scale_;
   KILN_CHECK(std::isfinite(norm), "step {}: the gradient norm is {}", step_ + 1, norm);
   *grad_norm = norm;
   const float lr = static_cast<float>(learning_rate(config_, step_));
-  optimizer_->step(lr, clip_scale(norm, config_.optim.grad_clip));
+  optimizer_->step(lr, clip_scale(norm, config_.optim.grad_clip) / static_cast<float>(loss_scale_));
   dp_->after_optimizer_step();
+  if (fp16_ && ++good_steps_ >= config_.train.loss_scale_growth_interval) {
+    loss_scale_ *= 2.0;
+    good_steps_ = 0;
+  }
   ++step_;
   return loss_mean;
 }
@@ -291,6 +320,14 @@ TrainResult Trainer::run() {
     const float lr = static_cast<float>(learning_rate(config_, step_));
     const double loss = train_step(&norm);
     const double dt = seconds_since(t0);
+    if (last_skipped_) {  // fp16 overflow: the update was not applied, try the next batch
+      if (is_rank0_ && metrics) {
+        nlohmann::json rec{{"step", step_ + 1}, {"skipped", true}, {"loss", loss},
+                           {"loss_scale", loss_scale_}, {"skipped_steps", skipped_steps_}};
+        metrics->write(rec);
+      }
+      continue;
+    }
     if (step_ > r.first_step + 1) timed_seconds += dt, ++timed_steps;  // the first is warm-up
     r.last_step = step_;
     r.last_loss = loss;
@@ -304,6 +341,10 @@ TrainResult Trainer::run() {
     rec["step_time_s"] = dt;
     rec["tokens_per_s"] = static_cast<double>(tokens_per_step) / dt;
     rec["mfu"] = flops_per_step / dt / world_peak;
+    if (fp16_) {
+      rec["loss_scale"] = loss_scale_;
+      rec["skipped_steps"] = skipped_steps_;
+    }
     const bool eval_now = config_.eval.every > 0 &&
                           (step_ % config_.eval.every == 0 || step_ == config_.train.steps);
     if (eval_now) {

@@ -93,6 +93,11 @@ class Trainer {
   int seq_len_ = 0;
   int64_t step_ = 0;
   double peak_flops_ = 0.0;
+  // fp16 dynamic loss scaling (1 and unused for fp32/bf16).
+  bool fp16_ = false;
+  double loss_scale_ = 1.0;
+  int64_t good_steps_ = 0, skipped_steps_ = 0;
+  bool last_skipped_ = false;
   Tensor tokens_, targets_;  // [micro_batch, T] int32 on the device
 };
 

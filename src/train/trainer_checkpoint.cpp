@@ -24,14 +24,25 @@ void Trainer::save_checkpoint() {
   // them back); rank 0 commits the manifest once all rank files are on disk.
   checkpoint::CheckpointWriter writer(dir, world_->rank(), world_->size());
   std::vector<std::vector<float>> keep;
-  for (const AdamWSegment& seg : dp_->checkpoint_segments()) {
-    keep.emplace_back(static_cast<size_t>(seg.size()));
-    backend_->copy_to_host(backend_->default_stream(), keep.back().data(), seg.param);
+  // Parameters as fp32 global tensors (the master weights under mixed precision, so a
+  // resume, a reshard or an export loses nothing); the low-precision copies too, under
+  // "lowp.<name>", so that a resume is bitwise exact.
+  const bool writes = config_.parallel.zero_stage > 0 || is_rank0_;  // stage 0: replicated
+  const auto& segs = optimizer_->segments();
+  for (size_t i = 0; writes && i < segs.size(); ++i) {
+    const AdamWSegment& seg = segs[i];
+    const Tensor master = optimizer_->master(i);
+    keep.push_back(download_f32(*backend_, master ? master : seg.param));
     writer.add_flat_range(seg.spec.name, seg.spec.shape, DType::F32, seg.begin, seg.end,
                           keep.back().data());
+    if (master) {
+      keep.emplace_back(static_cast<size_t>((seg.param.nbytes() + 3) / 4));
+      backend_->copy_to_host(backend_->default_stream(), keep.back().data(), seg.param);
+      writer.add_flat_range("lowp." + seg.spec.name, seg.spec.shape, seg.param.dtype(),
+                            seg.begin, seg.end, keep.back().data());
+    }
   }
-  if (config_.parallel.zero_stage > 0 || is_rank0_)  // stage 0 state is replicated
-    add_optimizer_to_checkpoint(writer, *optimizer_, keep);
+  if (writes) add_optimizer_to_checkpoint(writer, *optimizer_, keep);
   writer.write_rank_files();
   world_->barrier();
   if (is_rank0_) {
@@ -47,6 +58,9 @@ void Trainer::save_checkpoint() {
         {"model", gpt2_config_json(model_->config())},
         {"layout", {{"world_size", world_->size()}, {"dp", dp_size_},
                     {"zero_stage", config_.parallel.zero_stage}}},
+        {"loss_scale", loss_scale_},
+        {"loss_scale_good_steps", good_steps_},
+        {"skipped_steps", skipped_steps_},
     };
     auto extra = tokenizer_files(*data::load_tokenizer(config_.data.dir));
     extra["config.toml"] = config_.to_toml();
@@ -65,20 +79,42 @@ void Trainer::load_checkpoint(const fs::path& dir) {
              "{}: saved with global_batch {} and seq_len {}, this run has {} and {}; exact resume "
              "needs the same batch shape", dir.string(), st.at("global_batch").get<int>(),
              st.at("seq_len").get<int>(), config_.train.global_batch, seq_len_);
-  // Whatever layout wrote it: each rank reads the ranges it holds.
+  // Whatever layout wrote it: each rank reads the ranges it holds. Low-precision
+  // parameters come from "lowp.<name>" when it was saved in this dtype (bitwise resume),
+  // else rounded from the fp32 values; fp32 masters from the fp32 values.
   std::vector<float> buf;
   for (const AdamWSegment& seg : dp_->load_segments()) {
     KILN_CHECK(reader.has(seg.spec.name), "{}: no tensor '{}'", dir.string(), seg.spec.name);
     KILN_CHECK(reader.global_shape(seg.spec.name) == seg.spec.shape,
                "{}: tensor '{}' has shape {}, the model expects {}", dir.string(), seg.spec.name,
                reader.global_shape(seg.spec.name).str(), seg.spec.shape.str());
+    const std::string lowp = "lowp." + seg.spec.name;
+    if (seg.param.dtype() != DType::F32 && reader.has(lowp) && reader.dtype(lowp) == seg.param.dtype()) {
+      std::vector<uint8_t> bytes(seg.param.nbytes());
+      reader.read_flat_range(lowp, seg.begin, seg.end, bytes.data(), seg.param.dtype());
+      backend_->copy_from_host(backend_->default_stream(), seg.param, bytes.data());
+    } else {
+      buf.resize(static_cast<size_t>(seg.size()));
+      reader.read_flat_range(seg.spec.name, seg.begin, seg.end, buf.data(), DType::F32);
+      upload_f32(*backend_, seg.param, buf.data());
+    }
+  }
+  for (size_t i = 0; i < optimizer_->segments().size(); ++i) {
+    const Tensor master = optimizer_->master(i);
+    if (!master) continue;
+    const AdamWSegment& seg = optimizer_->segments()[i];
     buf.resize(static_cast<size_t>(seg.size()));
     reader.read_flat_range(seg.spec.name, seg.begin, seg.end, buf.data(), DType::F32);
-    backend_->copy_from_host(backend_->default_stream(), seg.param, buf.data());
+    backend_->copy_from_host(backend_->default_stream(), master, buf.data());
   }
   load_optimizer_from_checkpoint(reader, *optimizer_);
   optimizer_->set_step_count(st.at("optimizer_step").get<int64_t>());
   step_ = st.at("step").get<int64_t>();
+  if (fp16_ && st.contains("loss_scale")) {
+    loss_scale_ = st.at("loss_scale").get<double>();
+    good_steps_ = st.value("loss_scale_good_steps", int64_t{0});
+    skipped_steps_ = st.value("skipped_steps", int64_t{0});
+  }
   train_loader_->set_state({st.at("loader").at("epoch").get<int64_t>(),
                             st.at("loader").at("index").get<int64_t>()});
   if (st.at("config_hash").get<std::string>() != config_.hash() && options_.verbose)

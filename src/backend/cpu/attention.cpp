@@ -39,18 +39,28 @@ inline float keep_scale(const DropoutSpec& d, uint64_t index) {
   return uniform_at(d.seed, d.stream, index) >= d.p ? 1.f / (1.f - d.p) : 0.f;
 }
 
-void gather_head(HeadScratch& hs, const float* qkv, int64_t b, int64_t h, int64_t T, int64_t C,
+template <class T>
+void gather_head(HeadScratch& hs, const T* qkv, int64_t b, int64_t h, int64_t T_, int64_t C,
                  int64_t HD, float scale) {
-  for (int64_t t = 0; t < T; ++t) {
-    const float* row = qkv + (b * T + t) * 3 * C + h * HD;
+  for (int64_t t = 0; t < T_; ++t) {
+    const T* row = qkv + (b * T_ + t) * 3 * C + h * HD;
     for (int64_t d = 0; d < HD; ++d) {
-      hs.q[t * HD + d] = row[d] * scale;
-      hs.k[t * HD + d] = row[C + d];
-      hs.v[t * HD + d] = row[2 * C + d];
-      hs.kt[d * T + t] = row[C + d];
-      hs.vt[d * T + t] = row[2 * C + d];
+      const float k = load(row[C + d]), v = load(row[2 * C + d]);
+      hs.q[t * HD + d] = load(row[d]) * scale;
+      hs.k[t * HD + d] = k;
+      hs.v[t * HD + d] = v;
+      hs.kt[d * T_ + t] = k;
+      hs.vt[d * T_ + t] = v;
     }
   }
+}
+
+template <class T>
+inline float dot_t(const T* a, const float* b, int64_t n) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += load(a[i]) * b[i];
+  return s;
 }
 
 // out[j] = sum_d a[d] * bt[d * T + j] for j < n.
@@ -74,7 +84,8 @@ inline float dot(const float* a, const float* b, int64_t n) {
 
 }  // namespace
 
-void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
+template <class T_>
+void attention_forward(T_* out, float* lse, const T_* qkv, int64_t B, int64_t T, int64_t C,
                        int64_t NH, const DropoutSpec& dropout) {
   const int64_t HD = C / NH;
   const float scale = 1.f / std::sqrt(static_cast<float>(HD));
@@ -112,16 +123,17 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
 #pragma omp simd
           for (int64_t d = 0; d < HD; ++d) acc[d] += p * vj[d];
         }
-        std::copy(acc.begin(), acc.end(), out + (b * T + i) * C + h * HD);
+        T_* o = out + (b * T + i) * C + h * HD;
+        for (int64_t d = 0; d < HD; ++d) o[d] = store<T_>(acc[d]);
         lse[bh * T + i] = mx + std::log(sum);
       }
     }
   }
 }
 
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH,
-                        const DropoutSpec& dropout) {
+template <class T_>
+void attention_backward(T_* dqkv, const T_* dout, const T_* qkv, const T_* out, const float* lse,
+                        int64_t B, int64_t T, int64_t C, int64_t NH, const DropoutSpec& dropout) {
   const int64_t HD = C / NH;
   const float scale = 1.f / std::sqrt(static_cast<float>(HD));
 #pragma omp parallel
@@ -129,7 +141,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     HeadScratch hs;
     hs.resize(T, HD);
     const auto th = static_cast<size_t>(T * HD);
-    std::vector<float> dq(th), dk(th), dv(th), dp(static_cast<size_t>(T));
+    std::vector<float> dq(th), dk(th), dv(th), dp(static_cast<size_t>(T)), doi_f(static_cast<size_t>(HD));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < B * NH; ++bh) {
       const int64_t b = bh / NH, h = bh % NH;
@@ -141,10 +153,11 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
       for (int64_t i = 0; i < T; ++i) {
         const int64_t n = i + 1;
         const float* qi = hs.q.data() + i * HD;  // scaled
-        const float* doi = dout + (b * T + i) * C + h * HD;
-        const float* oi = out + (b * T + i) * C + h * HD;
+        const T_* oi = out + (b * T + i) * C + h * HD;
+        float* doi = doi_f.data();
+        for (int64_t d = 0; d < HD; ++d) doi[d] = load(dout[(b * T + i) * C + h * HD + d]);
         const float l = lse[bh * T + i];
-        const float Di = dot(doi, oi, HD);
+        const float Di = dot_t(oi, doi, HD);
         row_times_transposed(p, qi, hs.kt.data(), n, T, HD);  // scores
 #pragma omp simd
         for (int64_t j = 0; j < n; ++j) p[j] = exp_approx(p[j] - l);
@@ -168,11 +181,11 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
         }
       }
       for (int64_t t = 0; t < T; ++t) {
-        float* row = dqkv + (b * T + t) * 3 * C + h * HD;
+        T_* row = dqkv + (b * T + t) * 3 * C + h * HD;
         for (int64_t d = 0; d < HD; ++d) {
-          row[d] = dq[t * HD + d] * scale;
-          row[C + d] = dk[t * HD + d];
-          row[2 * C + d] = dv[t * HD + d];
+          row[d] = store<T_>(dq[t * HD + d] * scale);
+          row[C + d] = store<T_>(dk[t * HD + d]);
+          row[2 * C + d] = store<T_>(dv[t * HD + d]);
         }
       }
     }
@@ -183,13 +196,14 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 
 namespace kiln::cpu {
 
-void attention_decode(float* out, float* k_cache, float* v_cache, const float* qkv, int64_t B,
-                      int64_t Tq, int64_t Tmax, int64_t C, int64_t NH, int64_t past) {
+template <class T>
+void attention_decode(T* out, T* k_cache, T* v_cache, const T* qkv, int64_t B, int64_t Tq,
+                      int64_t Tmax, int64_t C, int64_t NH, int64_t past) {
   const int64_t HD = C / NH;
   const float scale = 1.f / std::sqrt(static_cast<float>(HD));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < Tq; ++t) {
-      const float* row = qkv + (b * Tq + t) * 3 * C;
+      const T* row = qkv + (b * Tq + t) * 3 * C;
       std::copy(row + C, row + 2 * C, k_cache + (b * Tmax + past + t) * C);
       std::copy(row + 2 * C, row + 3 * C, v_cache + (b * Tmax + past + t) * C);
     }
@@ -200,11 +214,12 @@ void attention_decode(float* out, float* k_cache, float* v_cache, const float* q
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < NH; ++h)
         for (int64_t t = 0; t < Tq; ++t) {
-          const float* q = qkv + (b * Tq + t) * 3 * C + h * HD;
+          std::vector<float> qf(static_cast<size_t>(HD));
+          for (int64_t d = 0; d < HD; ++d) qf[static_cast<size_t>(d)] = load(qkv[(b * Tq + t) * 3 * C + h * HD + d]);
           const int64_t n = past + t + 1;
           float mx = -std::numeric_limits<float>::infinity();
           for (int64_t j = 0; j < n; ++j) {
-            s[j] = dot(q, k_cache + (b * Tmax + j) * C + h * HD, HD) * scale;
+            s[j] = dot_t(k_cache + (b * Tmax + j) * C + h * HD, qf.data(), HD) * scale;
             mx = std::max(mx, s[j]);
           }
           float sum = 0.f;
@@ -212,12 +227,21 @@ void attention_decode(float* out, float* k_cache, float* v_cache, const float* q
           std::fill(acc.begin(), acc.end(), 0.f);
           for (int64_t j = 0; j < n; ++j) {
             const float p = s[j] / sum;
-            const float* v = v_cache + (b * Tmax + j) * C + h * HD;
-            for (int64_t d = 0; d < HD; ++d) acc[d] += p * v[d];
+            const T* v = v_cache + (b * Tmax + j) * C + h * HD;
+            for (int64_t d = 0; d < HD; ++d) acc[d] += p * load(v[d]);
           }
-          std::copy(acc.begin(), acc.end(), out + (b * Tq + t) * C + h * HD);
+          for (int64_t d = 0; d < HD; ++d) out[(b * Tq + t) * C + h * HD + d] = store<T>(acc[d]);
         }
   }
 }
+
+#define INST_T(T)                                                                          \
+  template void attention_forward<T>(T*, float*, const T*, int64_t, int64_t, int64_t, int64_t, \
+                                     const DropoutSpec&);                                    \
+  template void attention_backward<T>(T*, const T*, const T*, const T*, const float*, int64_t, \
+                                      int64_t, int64_t, int64_t, const DropoutSpec&);        \
+  template void attention_decode<T>(T*, T*, T*, const T*, int64_t, int64_t, int64_t, int64_t,  \
+                                    int64_t, int64_t);
+KILN_CPU_FOR_EACH_T(INST_T)
 
 }  // namespace kiln::cpu

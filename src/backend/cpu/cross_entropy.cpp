@@ -11,13 +11,13 @@
 
 namespace kiln::cpu {
 
-void softmax_cross_entropy(float* losses, float* dlogits, const float* logits,
-                           const int32_t* targets, int64_t N, int64_t Vp, int V,
-                           int ignore_index, float grad_scale) {
+template <class T>
+void softmax_cross_entropy(float* losses, T* dlogits, const T* logits, const int32_t* targets,
+                           int64_t N, int64_t Vp, int V, int ignore_index, float grad_scale) {
   bool bad = false;
 #pragma omp parallel for schedule(static) reduction(|| : bad)
   for (int64_t n = 0; n < N; ++n) {
-    const float* x = logits + n * Vp;
+    const T* x = logits + n * Vp;
     const int32_t t = targets[n];
     const bool ignored = t == ignore_index;
     if (!ignored && (t < 0 || t >= V)) {
@@ -26,26 +26,33 @@ void softmax_cross_entropy(float* losses, float* dlogits, const float* logits,
     }
     float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
-    for (int64_t v = 0; v < V; ++v) mx = std::max(mx, x[v]);
+    for (int64_t v = 0; v < V; ++v) mx = std::max(mx, load(x[v]));
     float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t v = 0; v < V; ++v) sum += exp_approx(x[v] - mx);
+    for (int64_t v = 0; v < V; ++v) sum += exp_approx(load(x[v]) - mx);
     const float lse = mx + std::log(sum);
-    losses[n] = ignored ? 0.f : lse - x[t];
+    losses[n] = ignored ? 0.f : lse - load(x[t]);
     if (dlogits == nullptr) continue;
-    float* d = dlogits + n * Vp;
+    T* d = dlogits + n * Vp;
     if (ignored) {
-      for (int64_t v = 0; v < Vp; ++v) d[v] = 0.f;
+      for (int64_t v = 0; v < Vp; ++v) d[v] = store<T>(0.f);
       continue;
     }
+    // The target's gradient is formed in fp32 before the one rounding to T.
     const float inv = grad_scale / sum;
+    const float dt = exp_approx(load(x[t]) - mx) * inv - grad_scale;
 #pragma omp simd
-    for (int64_t v = 0; v < V; ++v) d[v] = exp_approx(x[v] - mx) * inv;
-    for (int64_t v = V; v < Vp; ++v) d[v] = 0.f;
-    d[t] -= grad_scale;
+    for (int64_t v = 0; v < V; ++v) d[v] = store<T>(exp_approx(load(x[v]) - mx) * inv);
+    for (int64_t v = V; v < Vp; ++v) d[v] = store<T>(0.f);
+    d[t] = store<T>(dt);
   }
   KILN_CHECK(!bad, "softmax_cross_entropy: a target is outside [0, {}) and not the ignore index {}",
              V, ignore_index);
 }
+
+#define INST_T(T)                                                                        \
+  template void softmax_cross_entropy<T>(float*, T*, const T*, const int32_t*, int64_t, int64_t, \
+                                         int, int, float);
+KILN_CPU_FOR_EACH_T(INST_T)
 
 }  // namespace kiln::cpu

@@ -16,33 +16,37 @@ namespace {
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 }
 
-void gelu_forward(float* out, const float* inp, int64_t n) {
+template <class T>
+void gelu_forward(T* out, const T* inp, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const float x = inp[i];
+    const float x = load(inp[i]);
     const float u = kSqrt2OverPi * (x + 0.044715f * x * x * x);
-    out[i] = 0.5f * x * (1.f + tanh_approx(u));
+    out[i] = store<T>(0.5f * x * (1.f + tanh_approx(u)));
   }
 }
 
-void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n) {
+template <class T>
+void gelu_backward(T* dinp, const T* dout, const T* inp, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const float x = inp[i];
+    const float x = load(inp[i]);
     const float u = kSqrt2OverPi * (x + 0.044715f * x * x * x);
     const float th = tanh_approx(u);
     const float sech2 = sech2_approx(u);
     const float du = kSqrt2OverPi * (1.f + 3.f * 0.044715f * x * x);
-    dinp[i] = dout[i] * (0.5f * (1.f + th) + 0.5f * x * sech2 * du);
+    dinp[i] = store<T>(load(dout[i]) * (0.5f * (1.f + th) + 0.5f * x * sech2 * du));
   }
 }
 
-void add(float* out, const float* a, const float* b, int64_t n) {
+template <class T>
+void add(T* out, const T* a, const T* b, int64_t n) {
 #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+  for (int64_t i = 0; i < n; ++i) out[i] = store<T>(load(a[i]) + load(b[i]));
 }
 
-void dropout(float* out, const float* inp, int64_t n, const DropoutSpec& spec) {
+template <class T>
+void dropout(T* out, const T* inp, int64_t n, const DropoutSpec& spec) {
   const float scale = 1.f / (1.f - spec.p);
   const int64_t blocks = (n + 3) / 4;
 #pragma omp parallel for schedule(static)
@@ -51,17 +55,26 @@ void dropout(float* out, const float* inp, int64_t n, const DropoutSpec& spec) {
     for (int64_t j = 0; j < 4; ++j) {
       const int64_t i = blk * 4 + j;
       if (i >= n) break;
-      out[i] = u32_to_uniform(r[j]) >= spec.p ? inp[i] * scale : 0.f;
+      out[i] = store<T>(u32_to_uniform(r[j]) >= spec.p ? load(inp[i]) * scale : 0.f);
     }
   }
 }
 
-void fill(float* out, float value, int64_t n) {
+template <class T>
+void fill(T* out, float value, int64_t n) {
+  const T v = store<T>(value);
 #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) out[i] = value;
+  for (int64_t i = 0; i < n; ++i) out[i] = v;
 }
 
-double sum_squares(const float* x, int64_t n) {
+template <class D, class S>
+void convert(D* dst, const S* src, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) dst[i] = store<D>(load(src[i]));
+}
+
+template <class T>
+double sum_squares(const T* x, int64_t n) {
   // Fixed chunks summed in chunk order: the result does not depend on the thread count
   // or on the order threads finish (an OpenMP reduction clause guarantees neither).
   constexpr int64_t kChunk = 1 << 14;
@@ -72,12 +85,27 @@ double sum_squares(const float* x, int64_t n) {
     const int64_t end = std::min(n, (c + 1) * kChunk);
     double s = 0.0;
 #pragma omp simd reduction(+ : s)
-    for (int64_t i = c * kChunk; i < end; ++i) s += static_cast<double>(x[i]) * x[i];
+    for (int64_t i = c * kChunk; i < end; ++i) {
+      const double v = load(x[i]);
+      s += v * v;
+    }
     partial[static_cast<size_t>(c)] = s;
   }
   double s = 0.0;
   for (double p : partial) s += p;
   return s;
 }
+
+#define INST_T(T)                                                        \
+  template void gelu_forward<T>(T*, const T*, int64_t);                   \
+  template void gelu_backward<T>(T*, const T*, const T*, int64_t);        \
+  template void add<T>(T*, const T*, const T*, int64_t);                  \
+  template void dropout<T>(T*, const T*, int64_t, const DropoutSpec&);    \
+  template void fill<T>(T*, float, int64_t);                              \
+  template double sum_squares<T>(const T*, int64_t);                      \
+  template void convert<T, float>(T*, const float*, int64_t);             \
+  template void convert<T, bf16>(T*, const bf16*, int64_t);               \
+  template void convert<T, f16>(T*, const f16*, int64_t);
+KILN_CPU_FOR_EACH_T(INST_T)
 
 }  // namespace kiln::cpu

@@ -3,56 +3,65 @@
 // element (deterministic, no atomics); wpe reduced over b, parallel over t.
 #include "backend/cpu/kernels.h"
 
-#include "core/error.h"
-
 #include <algorithm>
 
 namespace kiln::cpu {
 
-void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                       int64_t B, int64_t T, int64_t C, int64_t Vp) {
+template <class T>
+void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t B,
+                       int64_t T_, int64_t C, int64_t Vp) {
   bool bad = false;
 #pragma omp parallel for schedule(static) reduction(|| : bad)
-  for (int64_t bt = 0; bt < B * T; ++bt) {
-    const int64_t t = bt % T;
+  for (int64_t bt = 0; bt < B * T_; ++bt) {
+    const int64_t t = bt % T_;
     const int32_t tok = tokens[bt];
     if (tok < 0 || tok >= Vp) {
       bad = true;
       continue;
     }
-    const float* w = wte + static_cast<int64_t>(tok) * C;
-    const float* p = wpe + t * C;
-    float* o = out + bt * C;
+    const T* w = wte + static_cast<int64_t>(tok) * C;
+    const T* p = wpe + t * C;
+    T* o = out + bt * C;
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c) o[c] = w[c] + p[c];
+    for (int64_t c = 0; c < C; ++c) o[c] = store<T>(load(w[c]) + load(p[c]));
   }
   KILN_CHECK(!bad, "embedding: a token id is outside [0, {})", Vp);
 }
 
-void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                        int64_t B, int64_t T, int64_t C, int64_t Vp) {
+template <class T, class G>
+void embedding_backward(G* dwte, G* dwpe, const T* dout, const int32_t* tokens, int64_t B,
+                        int64_t T_, int64_t C, int64_t Vp) {
   constexpr int64_t kBlock = 64;
   const int64_t nblocks = (C + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static)
   for (int64_t blk = 0; blk < nblocks; ++blk) {
     const int64_t c0 = blk * kBlock, c1 = std::min(C, c0 + kBlock);
-    for (int64_t bt = 0; bt < B * T; ++bt) {
+    for (int64_t bt = 0; bt < B * T_; ++bt) {
       const int32_t tok = tokens[bt];
       if (tok < 0 || tok >= Vp) continue;
-      float* w = dwte + static_cast<int64_t>(tok) * C;
-      const float* d = dout + bt * C;
-      for (int64_t c = c0; c < c1; ++c) w[c] += d[c];
+      G* w = dwte + static_cast<int64_t>(tok) * C;
+      const T* d = dout + bt * C;
+      for (int64_t c = c0; c < c1; ++c) w[c] = store<G>(load(w[c]) + load(d[c]));
     }
   }
 #pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < T; ++t) {
-    float* p = dwpe + t * C;
+  for (int64_t t = 0; t < T_; ++t) {
+    G* p = dwpe + t * C;
     for (int64_t b = 0; b < B; ++b) {
-      const float* d = dout + (b * T + t) * C;
+      const T* d = dout + (b * T_ + t) * C;
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) p[c] += d[c];
+      for (int64_t c = 0; c < C; ++c) p[c] = store<G>(load(p[c]) + load(d[c]));
     }
   }
 }
+
+#define INST_T(T)                                                                          \
+  template void embedding_forward<T>(T*, const int32_t*, const T*, const T*, int64_t, int64_t, \
+                                     int64_t, int64_t);
+#define INST_TG(T, G)                                                                      \
+  template void embedding_backward<T, G>(G*, G*, const T*, const int32_t*, int64_t, int64_t, \
+                                         int64_t, int64_t);
+KILN_CPU_FOR_EACH_T(INST_T)
+KILN_CPU_FOR_EACH_TG(INST_TG)
 
 }  // namespace kiln::cpu

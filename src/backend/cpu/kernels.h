@@ -1,61 +1,89 @@
-// The CPU kernels behind CpuBackend, fp32. Arguments were validated by op_checks; sizes
-// are passed explicitly. Each kernel parallelises with OpenMP over independent rows,
-// heads or channels, so results do not depend on the thread count except where noted
-// (parameter-gradient reductions sum per-thread partials in thread order).
+// The CPU kernels behind CpuBackend. Arguments were validated by op_checks; sizes are
+// passed explicitly. Each kernel is a template over the storage type T of activations
+// and parameters (float, bf16, f16; see element.h) and, where it accumulates parameter
+// gradients, over their type G (float, or T when train.grad_dtype is the low precision).
+// Arithmetic is fp32 throughout. Each kernel parallelises with OpenMP over independent
+// rows, heads or channels; reductions sum fixed chunks in a fixed order, so results do
+// not depend on the thread count except where noted (parameter-gradient reductions sum
+// per-thread partials in thread order).
 #pragma once
 
 #include "backend/backend.h"
+#include "backend/cpu/element.h"
 
 #include <cstdint>
 
 namespace kiln::cpu {
 
-void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                       int64_t B, int64_t T, int64_t C, int64_t Vp);
-void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                        int64_t B, int64_t T, int64_t C, int64_t Vp);
+template <class T>
+void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t B,
+                       int64_t T_, int64_t C, int64_t Vp);
+template <class T, class G>
+void embedding_backward(G* dwte, G* dwpe, const T* dout, const int32_t* tokens, int64_t B,
+                        int64_t T_, int64_t C, int64_t Vp);
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
-                       const float* weight, const float* bias, int64_t N, int64_t C, float eps);
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean,
-                        const float* rstd, int64_t N, int64_t C);
+template <class T>
+void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight,
+                       const T* bias, int64_t N, int64_t C, float eps);
+template <class T, class G>
+void layernorm_backward(T* dinp, G* dweight, G* dbias, const T* dout, const T* inp,
+                        const T* weight, const float* mean, const float* rstd, int64_t N,
+                        int64_t C);
 
 /// db[OC] += sum over N rows of dout[N,OC].
-void bias_backward(float* dbias, const float* dout, int64_t N, int64_t OC);
+template <class T, class G>
+void bias_backward(G* dbias, const T* dout, int64_t N, int64_t OC);
 
-void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
+template <class T>
+void attention_forward(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, int64_t C,
                        int64_t NH, const DropoutSpec& dropout);
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH,
-                        const DropoutSpec& dropout);
+template <class T>
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
+                        int64_t B, int64_t T_, int64_t C, int64_t NH, const DropoutSpec& dropout);
+template <class T>
+void attention_decode(T* out, T* k_cache, T* v_cache, const T* qkv, int64_t B, int64_t Tq,
+                      int64_t Tmax, int64_t C, int64_t NH, int64_t past);
 
-void gelu_forward(float* out, const float* inp, int64_t n);
-void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n);
-void add(float* out, const float* a, const float* b, int64_t n);
+template <class T>
+void gelu_forward(T* out, const T* inp, int64_t n);
+template <class T>
+void gelu_backward(T* dinp, const T* dout, const T* inp, int64_t n);
+template <class T>
+void add(T* out, const T* a, const T* b, int64_t n);
 /// out = inp * keep(i) / (1-p); used for both directions (the mask is replayed).
-void dropout(float* out, const float* inp, int64_t n, const DropoutSpec& spec);
-void fill(float* out, float value, int64_t n);
-double sum_squares(const float* x, int64_t n);
+template <class T>
+void dropout(T* out, const T* inp, int64_t n, const DropoutSpec& spec);
+template <class T>
+void fill(T* out, float value, int64_t n);
+template <class T>
+double sum_squares(const T* x, int64_t n);
+/// dst = src converted (round to nearest even).
+template <class D, class S>
+void convert(D* dst, const S* src, int64_t n);
 
-void softmax_cross_entropy(float* losses, float* dlogits, const float* logits,
-                           const int32_t* targets, int64_t N, int64_t Vp, int vocab_size,
-                           int ignore_index, float grad_scale);
+template <class T>
+void softmax_cross_entropy(float* losses, T* dlogits, const T* logits, const int32_t* targets,
+                           int64_t N, int64_t Vp, int vocab_size, int ignore_index,
+                           float grad_scale);
 
-void adamw(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWParams& hp);
+/// param and moments fp32; the gradient in G.
+template <class G>
+void adamw(float* param, const G* grad, float* m, float* v, int64_t n, const AdamWParams& hp);
 
-}  // namespace kiln::cpu
-
-namespace kiln::cpu {
 class Gemm;
-void linear_forward(Gemm& gemm, float* out, const float* inp, const float* weight,
-                    const float* bias, int64_t N, int64_t IC, int64_t OC);
-/// dinp, dweight or dbias may be nullptr to skip that gradient.
-void linear_backward(Gemm& gemm, float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int64_t N, int64_t IC, int64_t OC);
+/// out[N,OC] = inp[N,IC] @ weight[OC,IC]^T + bias, all in T (fp32 accumulation).
+template <class T>
+void linear_forward(Gemm& gemm, T* out, const T* inp, const T* weight, const T* bias, int64_t N,
+                    int64_t IC, int64_t OC);
+/// dinp (T), dweight and dbias (G) may be nullptr to skip that gradient.
+template <class T, class G>
+void linear_backward(Gemm& gemm, T* dinp, G* dweight, G* dbias, const T* dout, const T* inp,
+                     const T* weight, int64_t N, int64_t IC, int64_t OC);
+
 }  // namespace kiln::cpu
 
-namespace kiln::cpu {
-void attention_decode(float* out, float* k_cache, float* v_cache, const float* qkv, int64_t B,
-                      int64_t Tq, int64_t Tmax, int64_t C, int64_t NH, int64_t past);
-}  // namespace kiln::cpu
+// Explicit instantiations, used by each kernel file.
+#define KILN_CPU_FOR_EACH_T(X) X(float) X(kiln::cpu::bf16) X(kiln::cpu::f16)
+#define KILN_CPU_FOR_EACH_TG(X)                                                           \
+  X(float, float) X(kiln::cpu::bf16, float) X(kiln::cpu::bf16, kiln::cpu::bf16)          \
+      X(kiln::cpu::f16, float) X(kiln::cpu::f16, kiln::cpu::f16)

@@ -1,7 +1,7 @@
 // LayerNorm (Ba, Kiros, Hinton 2016) over the last dimension, with the backward of
 // llm.c's layernorm_backward (dnorm, its mean and its projection on the normalised input).
-// Parameter gradients are summed per thread into a private row, then reduced in thread
-// order: deterministic for a fixed thread count.
+// Parameter gradients are summed per thread into a private fp32 row, then reduced in
+// thread order: deterministic for a fixed thread count.
 #include "backend/cpu/kernels.h"
 
 #include <omp.h>
@@ -11,30 +11,33 @@
 
 namespace kiln::cpu {
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
-                       const float* weight, const float* bias, int64_t N, int64_t C, float eps) {
+template <class T>
+void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight,
+                       const T* bias, int64_t N, int64_t C, float eps) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
-    const float* x = inp + n * C;
+    const T* x = inp + n * C;
     float s = 0.f;
 #pragma omp simd reduction(+ : s)
-    for (int64_t c = 0; c < C; ++c) s += x[c];
+    for (int64_t c = 0; c < C; ++c) s += load(x[c]);
     const float m = s / static_cast<float>(C);
     float v = 0.f;
 #pragma omp simd reduction(+ : v)
-    for (int64_t c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
+    for (int64_t c = 0; c < C; ++c) v += (load(x[c]) - m) * (load(x[c]) - m);
     const float r = 1.f / std::sqrt(v / static_cast<float>(C) + eps);
-    float* o = out + n * C;
+    T* o = out + n * C;
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c) o[c] = (x[c] - m) * r * weight[c] + bias[c];
+    for (int64_t c = 0; c < C; ++c)
+      o[c] = store<T>((load(x[c]) - m) * r * load(weight[c]) + load(bias[c]));
     mean[n] = m;
     rstd[n] = r;
   }
 }
 
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean,
-                        const float* rstd, int64_t N, int64_t C) {
+template <class T, class G>
+void layernorm_backward(T* dinp, G* dweight, G* dbias, const T* dout, const T* inp,
+                        const T* weight, const float* mean, const float* rstd, int64_t N,
+                        int64_t C) {
   const int nt = omp_get_max_threads();
   std::vector<float> partial(static_cast<size_t>(nt) * 2 * C, 0.f);
 #pragma omp parallel
@@ -43,40 +46,42 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
     float* db = dw + C;
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
-      const float* x = inp + n * C;
-      const float* dy = dout + n * C;
+      const T* x = inp + n * C;
+      const T* dy = dout + n * C;
       const float m = mean[n], r = rstd[n];
       float dnorm_mean = 0.f, dnorm_norm_mean = 0.f;
 #pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
       for (int64_t c = 0; c < C; ++c) {
-        const float norm = (x[c] - m) * r;
-        const float dnorm = dy[c] * weight[c];
+        const float norm = (load(x[c]) - m) * r;
+        const float dnorm = load(dy[c]) * load(weight[c]);
         dnorm_mean += dnorm;
         dnorm_norm_mean += dnorm * norm;
       }
       dnorm_mean /= static_cast<float>(C);
       dnorm_norm_mean /= static_cast<float>(C);
-      float* dx = dinp + n * C;
+      T* dx = dinp + n * C;
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) {
-        const float norm = (x[c] - m) * r;
-        const float dnorm = dy[c] * weight[c];
-        dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * r;
-        dw[c] += norm * dy[c];
-        db[c] += dy[c];
+        const float norm = (load(x[c]) - m) * r;
+        const float g = load(dy[c]);
+        const float dnorm = g * load(weight[c]);
+        dx[c] = store<T>(load(dx[c]) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * r);
+        dw[c] += norm * g;
+        db[c] += g;
       }
     }
   }
   for (int t = 0; t < nt; ++t) {
     const float* dw = partial.data() + static_cast<size_t>(t) * 2 * C;
     for (int64_t c = 0; c < C; ++c) {
-      dweight[c] += dw[c];
-      dbias[c] += dw[C + c];
+      dweight[c] = store<G>(load(dweight[c]) + dw[c]);
+      dbias[c] = store<G>(load(dbias[c]) + dw[C + c]);
     }
   }
 }
 
-void bias_backward(float* dbias, const float* dout, int64_t N, int64_t OC) {
+template <class T, class G>
+void bias_backward(G* dbias, const T* dout, int64_t N, int64_t OC) {
   const int nt = omp_get_max_threads();
   std::vector<float> partial(static_cast<size_t>(nt) * OC, 0.f);
 #pragma omp parallel
@@ -84,15 +89,25 @@ void bias_backward(float* dbias, const float* dout, int64_t N, int64_t OC) {
     float* p = partial.data() + static_cast<size_t>(omp_get_thread_num()) * OC;
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
-      const float* d = dout + n * OC;
+      const T* d = dout + n * OC;
 #pragma omp simd
-      for (int64_t o = 0; o < OC; ++o) p[o] += d[o];
+      for (int64_t o = 0; o < OC; ++o) p[o] += load(d[o]);
     }
   }
   for (int t = 0; t < nt; ++t) {
     const float* p = partial.data() + static_cast<size_t>(t) * OC;
-    for (int64_t o = 0; o < OC; ++o) dbias[o] += p[o];
+    for (int64_t o = 0; o < OC; ++o) dbias[o] = store<G>(load(dbias[o]) + p[o]);
   }
 }
+
+#define INST_T(T)                                                                          \
+  template void layernorm_forward<T>(T*, float*, float*, const T*, const T*, const T*, int64_t, \
+                                     int64_t, float);
+#define INST_TG(T, G)                                                                      \
+  template void layernorm_backward<T, G>(T*, G*, G*, const T*, const T*, const T*,          \
+                                         const float*, const float*, int64_t, int64_t);     \
+  template void bias_backward<T, G>(G*, const T*, int64_t, int64_t);
+KILN_CPU_FOR_EACH_T(INST_T)
+KILN_CPU_FOR_EACH_TG(INST_TG)
 
 }  // namespace kiln::cpu

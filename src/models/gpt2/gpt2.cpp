@@ -68,7 +68,14 @@ std::vector<ParamUnit> gpt2_param_units(const GPT2Config& config, int64_t unit_a
 }
 
 GPT2::GPT2(const GPT2Config& config, Backend& backend, const GPT2Storage& storage)
-    : config_(config), backend_(backend) {
+    : config_(config), backend_(backend), storage_(storage) {
+  KILN_CHECK(storage.grad_dtype == DType::F32 || storage.grad_dtype == storage.dtype,
+             "GPT-2: gradients in {} with parameters in {} are not supported",
+             dtype_name(storage.grad_dtype), dtype_name(storage.dtype));
+  for (Op op : {Op::Embedding, Op::LayerNorm, Op::Linear, Op::Attention, Op::Gelu, Op::Add,
+                Op::SoftmaxCrossEntropy})
+    KILN_CHECK(backend.supports(op, storage.dtype), "backend {} has no {} {}", backend.name(),
+               dtype_name(storage.dtype), op_name(op));
   params_ = gpt2_param_specs(config_, storage.unit_alignment);
   units_ = gpt2_param_units(config_, storage.unit_alignment);
   flat_size_ = units_.back().padded_end;
@@ -76,12 +83,12 @@ GPT2::GPT2(const GPT2Config& config, Backend& backend, const GPT2Storage& storag
   unit_grads_.resize(units_.size());
   const Stream s = backend_.default_stream();
   if (storage.allocate_params) {
-    param_buffer_ = backend_.empty(Shape{flat_size_}, DType::F32, MemCategory::Parameters);
+    param_buffer_ = backend_.empty(Shape{flat_size_}, storage.dtype, MemCategory::Parameters);
     backend_.fill(s, param_buffer_, 0.f);
     for (const ParamUnit& u : units_) bind_params(u.part, param_buffer_.view_at(u.begin, Shape{u.padded_size()}));
   }
   if (storage.allocate_grads) {
-    grad_buffer_ = backend_.empty(Shape{flat_size_}, DType::F32, MemCategory::Gradients);
+    grad_buffer_ = backend_.empty(Shape{flat_size_}, storage.grad_dtype, MemCategory::Gradients);
     for (const ParamUnit& u : units_) bind_grads(u.part, grad_buffer_.view_at(u.begin, Shape{u.padded_size()}));
     zero_grad();
   }
@@ -156,7 +163,7 @@ std::vector<float> gpt2_init_values(const GPT2Config& config, const ParamSpec& p
 void GPT2::init_weights(uint64_t seed) {
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto host = gpt2_init_values(config_, params_[i], i, seed);
-    backend_.copy_from_host(backend_.default_stream(), param(params_[i]), host.data());
+    upload_f32(backend_, param(params_[i]), host.data());
   }
 }
 
@@ -183,22 +190,24 @@ void GPT2::reserve(int B, int T) {
   a->T = T;
   const int64_t C = config_.n_embd, NH = config_.n_head, N = static_cast<int64_t>(B) * T;
   const int64_t Vp = config_.padded_vocab_size;
-  auto act = [&](Shape s) { return backend_.empty(s, DType::F32, MemCategory::Activations); };
+  // Activations in the model dtype; statistics (LayerNorm mean/rstd, lse, losses) fp32.
+  auto act = [&](Shape s) { return backend_.empty(s, storage_.dtype, MemCategory::Activations); };
+  auto stat = [&](Shape s) { return backend_.empty(s, DType::F32, MemCategory::Activations); };
   a->encoded = act({B, T, C});
   a->mode = checkpointing_;
   const bool full = checkpointing_ == ActivationCheckpointing::Full;
   const bool selective = checkpointing_ == ActivationCheckpointing::Selective;
   auto alloc_layer = [&](Activations::Layer& L, bool with_gelu_out) {
     L.ln1 = act({B, T, C});
-    L.ln1_mean = act({N});
-    L.ln1_rstd = act({N});
+    L.ln1_mean = stat({N});
+    L.ln1_rstd = stat({N});
     L.qkv = act({B, T, 3 * C});
     L.atty = act({B, T, C});
-    L.lse = act({B, NH, T});
+    L.lse = stat({B, NH, T});
     L.residual2 = act({B, T, C});
     L.ln2 = act({B, T, C});
-    L.ln2_mean = act({N});
-    L.ln2_rstd = act({N});
+    L.ln2_mean = stat({N});
+    L.ln2_rstd = stat({N});
     L.fch = act({B, T, 4 * C});
     if (with_gelu_out) L.fch_gelu = act({B, T, 4 * C});
   };
@@ -213,11 +222,11 @@ void GPT2::reserve(int B, int T) {
   }
   if (selective) a->work.fch_gelu = act({B, T, 4 * C});
   a->lnf = act({B, T, C});
-  a->lnf_mean = act({N});
-  a->lnf_rstd = act({N});
+  a->lnf_mean = stat({N});
+  a->lnf_rstd = stat({N});
   const int64_t R = nn::classifier_chunk_rows(N, Vp);
   a->logits_chunk = act({R, Vp});
-  a->losses_chunk = act({R});
+  a->losses_chunk = stat({R});
   a->dresidual = act({B, T, C});
   a->tmp = act({B, T, C});
   a->dtmp = act({B, T, C});
@@ -370,8 +379,14 @@ void GPT2::forward_logits(const Tensor& tokens, const Tensor& logits) {
   const int B = static_cast<int>(tokens.size(0)), T = static_cast<int>(tokens.size(1));
   check_shape(logits, Shape{B, T, config_.padded_vocab_size}, "forward_logits logits");
   run_forward(tokens, B, T);
-  backend_.linear_forward(backend_.default_stream(), logits, acts_->lnf, param(params_[0]),
-                          Tensor());
+  const Stream s = backend_.default_stream();
+  if (logits.dtype() == storage_.dtype) {
+    backend_.linear_forward(s, logits, acts_->lnf, param(params_[0]), Tensor());
+  } else {  // computed in the model dtype, converted for the caller
+    Tensor tmp = backend_.empty(logits.shape(), storage_.dtype, MemCategory::Temporaries);
+    backend_.linear_forward(s, tmp, acts_->lnf, param(params_[0]), Tensor());
+    backend_.copy(s, logits, tmp);
+  }
   hooks_->after_forward(config_.n_layer);
 }
 

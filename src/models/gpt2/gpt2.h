@@ -63,6 +63,8 @@ ActivationCheckpointing parse_activation_checkpointing(std::string_view s);
 
 /// How a GPT2 holds its parameters and gradients.
 struct GPT2Storage {
+  DType dtype = DType::F32;       // parameters and activations (mixed precision: bf16, fp16)
+  DType grad_dtype = DType::F32;  // parameter gradients (fp32, or dtype)
   int64_t unit_alignment = 1;  // see gpt2_param_specs
   bool allocate_params = true;  // one flat buffer; false: the owner binds per unit (ZeRO-3)
   bool allocate_grads = true;   // likewise for gradients (ZeRO-2/3)
@@ -96,7 +98,11 @@ class GPT2 {
   const ParamUnit& unit(int part) const { return units_[static_cast<size_t>(part + 1)]; }
   /// Total elements of the flat parameter buffer (padded vocabulary rows included).
   int64_t flat_size() const { return flat_size_; }
-  /// The flat parameter / gradient buffers, [flat_size()] of the model dtype (fp32 now);
+  /// Parameters and activations are in dtype(), parameter gradients in grad_dtype();
+  /// LayerNorm statistics, attention log-sum-exps and losses are always fp32.
+  DType dtype() const { return storage_.dtype; }
+  DType grad_dtype() const { return storage_.grad_dtype; }
+  /// The flat parameter / gradient buffers, [flat_size()] of dtype() / grad_dtype();
   /// empty when not allocated (see GPT2Storage).
   const Tensor& param_buffer() const { return param_buffer_; }
   const Tensor& grad_buffer() const { return grad_buffer_; }
@@ -130,8 +136,8 @@ class GPT2 {
   /// Accumulates (+=) parameter gradients of the last forward(grad_scale > 0).
   void backward();
 
-  /// Inference forward: logits fp32 [B,T,Vp] for tokens int32 [B,T] (padded columns
-  /// included; callers use the first vocab_size). Allocates the logits as Temporaries.
+  /// Inference forward: logits [B,T,Vp] (fp32, or the model dtype) for tokens int32
+  /// [B,T] (padded columns included; callers use the first vocab_size).
   void forward_logits(const Tensor& tokens, const Tensor& logits);
 
   /// Incremental inference with a KV cache (for sampling; Pope et al. 2022 call the two
@@ -165,6 +171,7 @@ class GPT2 {
 
   GPT2Config config_;
   Backend& backend_;
+  GPT2Storage storage_;
   std::vector<ParamSpec> params_;
   std::vector<ParamUnit> units_;
   std::vector<Tensor> unit_params_, unit_grads_;  // per unit, [padded_size]

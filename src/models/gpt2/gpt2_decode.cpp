@@ -17,10 +17,10 @@ void GPT2::begin_decode(int B, int max_len) {
   d->B = B;
   d->max_len = max_len;
   for (int l = 0; l < config_.n_layer; ++l) {
-    d->k_cache.push_back(
-        backend_.empty(Shape{B, max_len, config_.n_embd}, DType::F32, MemCategory::Temporaries));
-    d->v_cache.push_back(
-        backend_.empty(Shape{B, max_len, config_.n_embd}, DType::F32, MemCategory::Temporaries));
+    d->k_cache.push_back(backend_.empty(Shape{B, max_len, config_.n_embd}, storage_.dtype,
+                                        MemCategory::Temporaries));
+    d->v_cache.push_back(backend_.empty(Shape{B, max_len, config_.n_embd}, storage_.dtype,
+                                        MemCategory::Temporaries));
   }
   decode_ = std::move(d);
 }
@@ -42,10 +42,11 @@ void GPT2::decode(const Tensor& tokens, const Tensor& logits) {
   Backend& be = backend_;
   const Stream s = be.default_stream();
   const float eps = config_.layernorm_eps;
-  auto tmp = [&](Shape shape) { return be.empty(shape, DType::F32, MemCategory::Temporaries); };
+  auto tmp = [&](Shape shape) { return be.empty(shape, storage_.dtype, MemCategory::Temporaries); };
   Tensor x = tmp({B, Tq, C}), x2 = tmp({B, Tq, C}), ln = tmp({B, Tq, C}), y = tmp({B, Tq, C});
   Tensor qkv = tmp({B, Tq, 3 * C}), h = tmp({B, Tq, 4 * C}), hg = tmp({B, Tq, 4 * C});
-  Tensor mean = tmp({B * Tq}), rstd = tmp({B * Tq});
+  Tensor mean = be.empty(Shape{B * Tq}, DType::F32, MemCategory::Temporaries);
+  Tensor rstd = be.empty(Shape{B * Tq}, DType::F32, MemCategory::Temporaries);
 
   const Tensor wpe = param(params_[1]);
   const Tensor wpe_from = wpe.view_at(d.past * C, Shape{config_.block_size - d.past, C});
@@ -73,7 +74,13 @@ void GPT2::decode(const Tensor& tokens, const Tensor& logits) {
   Tensor lastn = tmp({B, C});
   be.layernorm_forward(s, lastn, mean.view_at(0, Shape{B}), rstd.view_at(0, Shape{B}), last,
                        param(pf[0]), param(pf[1]), eps);
-  be.linear_forward(s, logits, lastn, param(params_[0]), Tensor());
+  if (logits.dtype() == storage_.dtype) {
+    be.linear_forward(s, logits, lastn, param(params_[0]), Tensor());
+  } else {
+    Tensor l = tmp({B, Vp});
+    be.linear_forward(s, l, lastn, param(params_[0]), Tensor());
+    be.copy(s, logits, l);
+  }
 }
 
 }  // namespace kiln
