@@ -19,14 +19,20 @@
 #
 # Settings (the best measured on the 2-core AMD EPYC, Zen 5 with AVX-512, that this
 # project runs on):
-#   both:  OMP_NUM_THREADS=N (default 2); torch.set_num_threads(N)
+#   both:  OMP_NUM_THREADS=N (default 2; torch also calls torch.set_num_threads(N)) and
+#          OMP_WAIT_POLICY=passive: idle OpenMP threads sleep instead of spinning. Both
+#          use GNU OpenMP; on a machine shared with other work (builds, tests) spinning
+#          threads steal the cores the other thread of a parallel region needs, and each
+#          small op then waits a scheduler time slice at its barrier. Measured on this
+#          box under load ~5: kiln GPT-2 124M 40 -> 115 tokens/s, small model 624 ->
+#          1205 tokens/s with passive; torch gains too.
 #   torch: Debian's PyTorch (/usr/bin/python3, torch 1.13) with OpenBLAS
 #          (apt-get install libopenblas0-openmp: without it torch falls back to the
-#          reference BLAS and runs ~20x slower), OPENBLAS_CORETYPE=SkylakeX (OpenBLAS
-#          does not recognise this CPU and would pick slower AVX2 kernels) and
-#          OMP_WAIT_POLICY=passive (threads sleep instead of spinning between ops).
-#   kiln:  the defaults (oneDNN GEMMs, OpenMP).
-# The whole script takes about 5 to 8 minutes on 2 cores (--quick: about 2 to 3).
+#          reference BLAS and runs ~20x slower) and OPENBLAS_CORETYPE=SkylakeX (OpenBLAS
+#          does not recognise this CPU and would pick AVX2 kernels: half the speed).
+#   kiln:  oneDNN GEMMs (which detect AVX-512 themselves), OpenMP kernels.
+# The whole script takes 2 to 8 minutes on 2 cores, depending on the machine's load
+# (--quick: 1 to 3).
 # Not part of ctest.
 set -euo pipefail
 
@@ -64,7 +70,8 @@ fi
 mkdir -p "$out"
 
 export OMP_NUM_THREADS="$threads"
-torch_env=(OPENBLAS_CORETYPE=SkylakeX OMP_WAIT_POLICY=passive)
+export OMP_WAIT_POLICY=passive
+torch_env=(OPENBLAS_CORETYPE=SkylakeX)
 
 if [ $quick -eq 1 ]; then
   warm_big=1; steps_big=2; warm_small=1; steps_small=3
@@ -74,6 +81,7 @@ fi
 
 echo "== kiln vs PyTorch, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), $threads threads"
 echo "== load average at start: $(cut -d' ' -f1-3 /proc/loadavg); kiln: $kiln; logs: $out"
+echo "== both: OMP_NUM_THREADS=$OMP_NUM_THREADS OMP_WAIT_POLICY=$OMP_WAIT_POLICY; torch also: ${torch_env[*]}"
 
 write_config() {  # name -> $out/name.toml
   case "$1" in

@@ -20,8 +20,8 @@
 //   MFU      = flops_per_token(T) * tokens/s / peak_flops, flops_per_token from
 //              GPT2Config::flops_per_token (6 N + 12 n_layer T C, models/gpt2/config.h)
 //              and peak_flops the best fp32 GEMM rate measured in the same run
-//              (measure_gemm_flops, backend/probe.h; before and after the timed steps,
-//              the higher of the two)
+//              (measure_gemm_flops, backend/probe.h: n = 1024, best of 1 s of runs,
+//              before and after the timed steps, the higher of the two)
 //   memory   the allocator's peak bytes, in total and by category
 // The last line of output is one JSON object with these numbers (tokens_per_s, mfu,
 // peak_flops, step_ms, ..., and the loss of every step).
@@ -48,6 +48,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 
@@ -212,7 +213,7 @@ void run_bench(const Args& a) {
   // Peaks first, on the raw backend, so that the model's memory peak is its own. The
   // GEMM peak is measured again after the timed steps and the better of the two kept:
   // on a shared machine one measurement can fall in a moment of load.
-  const double peak_before = measure_gemm_flops(*raw, DType::F32);
+  const double peak_before = measure_gemm_flops(*raw, DType::F32, 1024, 1.0);
   double peak_flops = peak_before;
   const bool tracing = !a.trace.empty();
   profile::Peaks peaks{peak_flops, tracing ? measure_copy_bandwidth(*raw) : 0.0};
@@ -247,9 +248,11 @@ void run_bench(const Args& a) {
   const GPT2Config& mc = model.config();
   const int64_t tokens_per_step = static_cast<int64_t>(accum) * B * T;
   fmt::print("kiln bench: {} | {} | {} micro-step(s) of B={} T={} ({} tokens/step) | {} "
-             "warm-up + {} timed steps | backend {}, {} threads | fp32 GEMM {:.1f} GFLOP/s\n",
+             "warm-up + {} timed steps | backend {}, {} threads (OMP_WAIT_POLICY={}) | fp32 GEMM "
+             "{:.1f} GFLOP/s\n",
              mc.str(), data_desc, accum, B, T, tokens_per_step, a.warmup, a.steps, be.name(),
-             omp_get_max_threads(), peak_flops / 1e9);
+             omp_get_max_threads(), std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "unset",
+             peak_flops / 1e9);
   std::fflush(stdout);
 
   profile::ProfileWindow window(tracing ? std::vector<int64_t>{a.warmup, total}
@@ -328,7 +331,7 @@ void run_bench(const Args& a) {
   }
   window.finish();
   const MemoryStats mem = be.allocator().stats();  // before the GEMM probe's temporaries
-  const double peak_after = measure_gemm_flops(*raw, DType::F32);
+  const double peak_after = measure_gemm_flops(*raw, DType::F32, 1024, 1.0);
   peak_flops = std::max(peak_before, peak_after);
 
   const double n = static_cast<double>(a.steps);
@@ -381,6 +384,8 @@ void run_bench(const Args& a) {
   j["steps"] = a.steps;
   j["warmup"] = a.warmup;
   j["threads"] = omp_get_max_threads();
+  const char* wait = std::getenv("OMP_WAIT_POLICY");
+  j["omp_wait_policy"] = wait ? wait : "";
   j["backend"] = be.name();
   j["model"] = mc.str();
   j["num_parameters"] = mc.num_parameters();

@@ -18,8 +18,9 @@ Model: pre-LN GPT-2 (nanoGPT layout), tanh GELU, causal attention written out (t
 
 Run with Debian's PyTorch (/usr/bin/python3). Threads: --threads (torch.set_num_threads).
 Best settings found on the 2-core AMD EPYC (Zen 5, AVX-512) box, set by the wrapper script:
-OPENBLAS_CORETYPE=SkylakeX (OpenBLAS's AVX-512 kernels; it does not detect this CPU as
-such) and OMP_WAIT_POLICY=passive.
+OpenBLAS installed (libopenblas0-openmp; Debian's torch otherwise uses the reference
+BLAS), OPENBLAS_CORETYPE=SkylakeX (OpenBLAS's AVX-512 kernels; it does not detect this
+CPU as such) and OMP_WAIT_POLICY=passive (as for kiln).
 """
 import argparse
 import json
@@ -117,6 +118,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=-1, help="warm-up steps (default: as the file)")
     ap.add_argument("--foreach", choices=["auto", "on", "off"], default="auto",
                     help="AdamW multi-tensor implementation")
+    ap.add_argument("--profile", action="store_true",
+                    help="run the timed steps under torch.autograd.profiler and print its per-op "
+                         "table (compare with kiln bench --trace; the timings include its overhead)")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -147,7 +151,11 @@ def main():
           flush=True)
 
     losses, t_data, t_fwd, t_bwd, t_opt, t_step, t_min = [], 0.0, 0.0, 0.0, 0.0, 0.0, 1e30
+    prof = None
     for step in range(warmup + steps):
+        if args.profile and step == warmup:
+            prof = torch.autograd.profiler.profile()
+            prof.__enter__()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         t = time.perf_counter()
@@ -188,6 +196,9 @@ def main():
               f"{dt * 1e3:.1f} ms (data {d_data * 1e3:.1f}, fwd {d_fwd * 1e3:.1f}, bwd {d_bwd * 1e3:.1f}, "
               f"opt {d_opt * 1e3:.1f}) | {tokens_per_step / dt:.0f} tok/s", flush=True)
 
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), flush=True)
     n = float(steps)
     res = {
         "tokens_per_s": tokens_per_step * n / t_step,
