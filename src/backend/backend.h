@@ -94,7 +94,9 @@ class Backend {
   virtual void copy_from_host(Stream s, const Tensor& dst, const void* src) = 0;
   /// host bytes <- src (this device). Completes before returning.
   virtual void copy_to_host(Stream s, void* dst, const Tensor& src) = 0;
-  /// dst <- src, same shape and dtype, both on this device.
+  /// dst <- src, same number of elements, both on this device; converted (round to
+  /// nearest even, NaN/Inf kept) when the dtypes differ (e.g. fp32 master weights to
+  /// bf16 parameters).
   virtual void copy(Stream s, const Tensor& dst, const Tensor& src) = 0;
   /// Every element of t set to `value` (converted to t's dtype).
   virtual void fill(Stream s, const Tensor& t, float value) = 0;

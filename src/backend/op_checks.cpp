@@ -92,6 +92,13 @@ CrossEntropyDims cross_entropy(const Tensor& losses, const Tensor& dlogits, cons
   return d;
 }
 
+void grad_of(const Tensor& grad, const Tensor& param, const char* op) {
+  KILN_CHECK(grad.numel() == param.numel() &&
+                 (grad.dtype() == DType::F32 || grad.dtype() == param.dtype()),
+             "{}: gradient {} does not match parameter {} (same size, fp32 or its dtype)", op,
+             grad.str(), param.str());
+}
+
 void same_size(const Tensor& a, const Tensor& b, const char* op) {
   KILN_CHECK(a.numel() == b.numel() && a.dtype() == b.dtype(), "{}: {} and {} differ", op, a.str(),
              b.str());

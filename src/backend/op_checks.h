@@ -32,6 +32,9 @@ struct CrossEntropyDims { int64_t N, Vp; };
 CrossEntropyDims cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
                                const Tensor& targets, int vocab_size);
 
+/// A parameter gradient: as many elements as the parameter, in fp32 or its dtype.
+void grad_of(const Tensor& grad, const Tensor& param, const char* op);
+
 /// Same number of elements and dtype.
 void same_size(const Tensor& a, const Tensor& b, const char* op);
 

@@ -55,43 +55,12 @@ TrainConfig resolve_for_planning(TrainConfig c, int world_size) {
 
 namespace {
 
-DType parse_dtype(const TrainConfig& c) {
-  if (c.train.dtype == "fp32") return DType::F32;
-  if (c.train.dtype == "bf16") return DType::BF16;
-  if (c.train.dtype == "fp16") return DType::F16;
-  KILN_FAIL("{}: train.dtype must be fp32, bf16 or fp16, got '{}'", c.source, c.train.dtype);
-}
-
-// Mixed precision (train.dtype bf16/fp16 with fp32 master weights) is planned through
-// the model's storage dtype and the optimizer's master weights: GPT2Storage::dtype and
-// AdamWConfig::master_weights. Until both exist, only fp32 can be planned (and trained).
-template <class Storage>
-void set_storage_dtype(Storage& s, DType d, const TrainConfig& c) {
-  if constexpr (requires(Storage x) { x.dtype = DType::BF16; }) {
-    s.dtype = d;
-  } else {
-    KILN_CHECK(d == DType::F32,
-               "{}: train.dtype = {}: this build of kiln has no mixed precision yet (GPT2Storage "
-               "has no dtype), so neither `kiln train` nor the planner can run it", c.source,
-               c.train.dtype);
-  }
-}
-template <class OptConfig>
-void set_master_weights(OptConfig& o, DType d, const TrainConfig& c) {
-  if constexpr (requires(OptConfig x) { x.master_weights = true; }) {
-    o.master_weights = d != DType::F32;
-  } else {
-    KILN_CHECK(d == DType::F32,
-               "{}: train.dtype = {}: AdamW has no fp32 master weights in this build", c.source,
-               c.train.dtype);
-  }
-}
-
 RankMemory dry_run(const TrainConfig& c, const MemPlanOptions& o, int rank,
                    std::shared_ptr<MetaScratchModel> scratch,
                    std::vector<SimulatedCommunicator::Call>* calls) {
   const int dp_size = o.world_size;
-  const DType dtype = parse_dtype(c);
+  const DType dtype = kiln::parse_dtype(c.train.dtype);
+  const DType grad_dtype = kiln::parse_dtype(c.train.grad_dtype);
   MetaBackendOptions mo;
   mo.device = o.backend == "cuda" ? Device::cuda(0) : Device::cpu();
   mo.scratch = std::move(scratch);
@@ -99,15 +68,15 @@ RankMemory dry_run(const TrainConfig& c, const MemPlanOptions& o, int rank,
   SimulatedCommunicator comm(dp_size, rank, "world/dp", dp_size == 1 ? 0 : o.completion_polls);
 
   // As Trainer::Trainer.
-  GPT2Storage storage = zero_model_storage(c.parallel.zero_stage, dp_size);
-  set_storage_dtype(storage, dtype, c);
+  // Mixed precision: parameters/activations in train.dtype, gradients in grad_dtype, and
+  // AdamW keeps fp32 master weights for low-precision parameters by itself.
+  GPT2Storage storage = zero_model_storage(c.parallel.zero_stage, dp_size, dtype, grad_dtype);
   GPT2 model(gpt2_config_from(c), *be, storage);
   model.set_activation_checkpointing(parse_activation_checkpointing(c.train.activation_checkpointing));
   DataParallel dp(model, comm, c.parallel.zero_stage, c.parallel.bucket_mb);
   AdamWConfig oc;
   oc.lr = static_cast<float>(c.optim.lr);
   oc.weight_decay = static_cast<float>(c.optim.weight_decay);
-  set_master_weights(oc, dtype, c);
   AdamW optimizer(*be, dp.optimizer_segments(), oc);
   const int B = c.train.micro_batch, T = c.train.seq_len;
   Tensor tokens = be->empty(Shape{B, T}, DType::I32, MemCategory::Activations);

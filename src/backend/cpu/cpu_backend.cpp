@@ -118,8 +118,7 @@ class CpuBackend final : public Backend {
                           const Tensor& mean, const Tensor& rstd) override {
     const auto d = checks::layernorm(dout, mean, rstd, inp, weight, dbias);
     checks::same_size(dinp, inp, "layernorm_backward dinp");
-    KILN_CHECK(dweight.numel() == weight.numel(), "layernorm_backward: dweight {} vs weight {}",
-               dweight.str(), weight.str());
+    checks::grad_of(dweight, weight, "layernorm_backward dweight");
     dispatch_tg(inp.dtype(), dweight.dtype(), "layernorm_backward", [&](auto t, auto g) {
       using T = decltype(t);
       using G = decltype(g);
@@ -141,9 +140,7 @@ class CpuBackend final : public Backend {
                        const Tensor& dout, const Tensor& inp, const Tensor& weight) override {
     const auto d = checks::linear(dout, inp, weight, dbias);
     if (dinp) checks::same_size(dinp, inp, "linear_backward dinp");
-    if (dweight)
-      KILN_CHECK(dweight.numel() == weight.numel(), "linear_backward: dweight {} vs weight {}",
-                 dweight.str(), weight.str());
+    if (dweight) checks::grad_of(dweight, weight, "linear_backward dweight");
     const DType gdt = dweight ? dweight.dtype() : (dbias ? dbias.dtype() : DType::F32);
     dispatch_tg(inp.dtype(), gdt, "linear_backward", [&](auto t, auto g) {
       using T = decltype(t);
