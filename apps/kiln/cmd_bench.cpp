@@ -107,42 +107,49 @@ void run_peak() {
   fmt::print("{}\n", j.dump());
 }
 
-// The host batches of every step: inputs and targets [accum * B * T] each.
-struct Batches {
-  std::vector<std::vector<int32_t>> inputs, targets;
-};
-
-Batches make_batches(const TrainConfig& c, data::DataLoader* loader, int vocab, int steps,
-                     int accum) {
-  const int B = c.train.micro_batch, T = c.train.seq_len;
-  const size_t n = static_cast<size_t>(accum) * B * T;
-  Batches b;
-  Philox rng(static_cast<uint64_t>(c.train.seed), kSyntheticStream);
-  std::vector<int32_t> sample(static_cast<size_t>(T) + 1);
-  for (int s = 0; s < steps; ++s) {
-    std::vector<int32_t> in(n), tg(n);
-    if (loader) {
-      for (int k = 0; k < accum; ++k)
-        loader->next_batch(in.data() + static_cast<size_t>(k) * B * T,
-                           tg.data() + static_cast<size_t>(k) * B * T, B);
-    } else {
-      for (int r = 0; r < accum * B; ++r) {
-        for (auto& t : sample) t = static_cast<int32_t>(rng.next_u32() % static_cast<uint32_t>(vocab));
-        std::copy(sample.begin(), sample.begin() + T, in.begin() + static_cast<ptrdiff_t>(r) * T);
-        std::copy(sample.begin() + 1, sample.end(), tg.begin() + static_cast<ptrdiff_t>(r) * T);
-      }
-    }
-    b.inputs.push_back(std::move(in));
-    b.targets.push_back(std::move(tg));
+// The batches of successive steps: inputs and targets [accum * B * T] each, from the
+// train split of data.dir (shuffled with train.seed) or synthetic tokens. Two sources
+// made from the same config yield the same sequence (the dump uses a second one).
+class BatchSource {
+ public:
+  BatchSource(const TrainConfig& c, int accum) : c_(c), accum_(accum),
+      rng_(static_cast<uint64_t>(c.train.seed), kSyntheticStream) {
+    if (!c.data.dir.empty() && fs::exists(fs::path(c.data.dir) / "meta.json"))
+      loader_ = std::make_unique<data::DataLoader>(c.data.dir, "train", c.train.seq_len,
+                                                   static_cast<uint64_t>(c.train.seed), true);
   }
-  return b;
-}
+  const data::DataLoader* loader() const { return loader_.get(); }
+  void next(std::vector<int32_t>& in, std::vector<int32_t>& tg, int vocab) {
+    const int B = c_.train.micro_batch, T = c_.train.seq_len;
+    const size_t n = static_cast<size_t>(accum_) * B * T;
+    in.resize(n);
+    tg.resize(n);
+    if (loader_) {
+      for (int k = 0; k < accum_; ++k)
+        loader_->next_batch(in.data() + static_cast<size_t>(k) * B * T,
+                            tg.data() + static_cast<size_t>(k) * B * T, B);
+      return;
+    }
+    std::vector<int32_t> sample(static_cast<size_t>(T) + 1);
+    for (int r = 0; r < accum_ * B; ++r) {
+      for (auto& t : sample) t = static_cast<int32_t>(rng_.next_u32() % static_cast<uint32_t>(vocab));
+      std::copy(sample.begin(), sample.begin() + T, in.begin() + static_cast<ptrdiff_t>(r) * T);
+      std::copy(sample.begin() + 1, sample.end(), tg.begin() + static_cast<ptrdiff_t>(r) * T);
+    }
+  }
+
+ private:
+  const TrainConfig& c_;
+  int accum_;
+  Philox rng_;
+  std::unique_ptr<data::DataLoader> loader_;
+};
 
 // Initial weights, batches and per-step learning rates as one safetensors file, in
 // kiln's names and layouts (linear weights [out, in], wte with Vp rows), for the
 // PyTorch comparison (bench/pytorch/gpt2_train.py).
-void dump_init(const fs::path& path, const GPT2& model, const TrainConfig& c, const Batches& b,
-               int accum, int warmup, int steps) {
+void dump_init(const fs::path& path, const GPT2& model, const TrainConfig& c, int accum,
+               int warmup, int steps) {
   Backend& be = model.backend();
   safetensors::Writer w(path.string());
   for (const ParamSpec& p : model.params()) {
@@ -152,12 +159,14 @@ void dump_init(const fs::path& path, const GPT2& model, const TrainConfig& c, co
     for (int i = 0; i < p.shape.ndim(); ++i) shape.push_back(p.shape[i]);
     w.add_f32(p.name, shape, host);
   }
-  const int S = static_cast<int>(b.inputs.size());
+  const int S = warmup + steps;
   const int64_t rows = static_cast<int64_t>(accum) * c.train.micro_batch;
-  std::vector<int32_t> in, tg;
+  std::vector<int32_t> in, tg, bi, bt;
+  BatchSource source(c, accum);  // the same sequence as the timed run's own source
   for (int s = 0; s < S; ++s) {
-    in.insert(in.end(), b.inputs[static_cast<size_t>(s)].begin(), b.inputs[static_cast<size_t>(s)].end());
-    tg.insert(tg.end(), b.targets[static_cast<size_t>(s)].begin(), b.targets[static_cast<size_t>(s)].end());
+    source.next(bi, bt, model.config().vocab_size);
+    in.insert(in.end(), bi.begin(), bi.end());
+    tg.insert(tg.end(), bt.begin(), bt.end());
   }
   w.add_i32("bench.inputs", {S, rows, c.train.seq_len}, in);
   w.add_i32("bench.targets", {S, rows, c.train.seq_len}, tg);
@@ -198,12 +207,10 @@ void run_bench(const Args& a) {
   const int accum = c.grad_accum_steps(1);
   const int B = c.train.micro_batch, T = c.train.seq_len;
 
-  std::unique_ptr<data::DataLoader> loader;
+  BatchSource source(c, accum);
   std::string data_desc = "synthetic tokens";
-  if (!c.data.dir.empty() && fs::exists(fs::path(c.data.dir) / "meta.json")) {
-    loader = std::make_unique<data::DataLoader>(c.data.dir, "train", T,
-                                                static_cast<uint64_t>(c.train.seed), true);
-    if (c.model.vocab_size == 0) c.model.vocab_size = loader->meta().vocab_size;
+  if (source.loader()) {
+    if (c.model.vocab_size == 0) c.model.vocab_size = source.loader()->meta().vocab_size;
     data_desc = c.data.dir;
   } else if (c.model.vocab_size == 0) {
     c.model.vocab_size = 50257;  // the GPT-2 tokenizer's
@@ -239,9 +246,8 @@ void run_bench(const Args& a) {
   Tensor targets = be.empty(Shape{B, T}, DType::I32, MemCategory::Activations);
 
   const int total = a.warmup + a.steps;
-  const Batches batches = make_batches(c, loader.get(), c.model.vocab_size, total, accum);
   if (!a.dump_init.empty()) {
-    dump_init(a.dump_init, model, c, batches, accum, a.warmup, a.steps);
+    dump_init(a.dump_init, model, c, accum, a.warmup, a.steps);
     fmt::print("kiln bench: initial weights and batches written to {}\n", a.dump_init);
   }
 
@@ -260,6 +266,7 @@ void run_bench(const Args& a) {
                                 a.trace, peaks);
   window.set_allocator(&be.allocator());
   const Stream s = be.default_stream();
+  std::vector<int32_t> inputs, targets_host;
   double t_data = 0, t_fwd = 0, t_bwd = 0, t_opt = 0, t_step = 0, t_min = 1e30;
   std::vector<double> losses;
   for (int step = 0; step < total; ++step) {
@@ -267,9 +274,15 @@ void run_bench(const Args& a) {
     const auto t0 = Clock::now();
     double loss_sum = 0.0;
     int64_t n_targets = 0;
-    for (int32_t t : batches.targets[static_cast<size_t>(step)]) n_targets += t != -1;
+    {
+      // As the trainer: the whole step's batches first (the loss is normalised by the
+      // target tokens of the global batch).
+      auto sc = profile::trace_scope("data");
+      source.next(inputs, targets_host, c.model.vocab_size);
+      for (int32_t t : targets_host) n_targets += t != -1;
+    }
     const float grad_scale = 1.f / static_cast<float>(n_targets);
-    double d_data = 0, d_fwd = 0, d_bwd = 0, d_opt = 0;
+    double d_data = seconds(t0, Clock::now()), d_fwd = 0, d_bwd = 0, d_opt = 0;
     auto t = Clock::now();
     {
       auto sc = profile::trace_scope("optimizer");
@@ -282,8 +295,8 @@ void run_bench(const Args& a) {
       {
         auto sc = profile::trace_scope("data");
         const size_t off = static_cast<size_t>(k) * B * T;
-        be.copy_from_host(s, tokens, batches.inputs[static_cast<size_t>(step)].data() + off);
-        be.copy_from_host(s, targets, batches.targets[static_cast<size_t>(step)].data() + off);
+        be.copy_from_host(s, tokens, inputs.data() + off);
+        be.copy_from_host(s, targets, targets_host.data() + off);
         model.set_dropout(true, static_cast<uint64_t>(c.train.seed),
                           static_cast<uint64_t>(step * accum + k));
         be.synchronize(s);
@@ -318,7 +331,7 @@ void run_bench(const Args& a) {
     const double loss = loss_sum / static_cast<double>(n_targets);
     KILN_CHECK(std::isfinite(loss), "bench: step {}: the loss is {}", step, loss);
     losses.push_back(loss);
-    const double dt = seconds(t0, t4);
+    const double dt = seconds(t0, t4);  // data, forward, backward and optimizer
     if (step >= a.warmup) {
       t_data += d_data, t_fwd += d_fwd, t_bwd += d_bwd, t_opt += d_opt, t_step += dt;
       t_min = std::min(t_min, dt);
