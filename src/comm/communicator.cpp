@@ -4,6 +4,7 @@
 
 #include "comm/detail.h"
 #include "comm/local_communicator.h"
+#include "profile/tracer.h"
 #ifdef KILN_HAVE_MPI
 #include "comm/mpi_communicator.h"
 #endif
@@ -83,6 +84,7 @@ void Communicator::reset_stats() {
 }
 
 void Communicator::record(Collective c, int64_t bytes, double seconds) {
+  profile::trace_collective_done(collective_name(c), bytes, seconds, "comm " + name());
   std::lock_guard<std::mutex> lock(stats_mu_);
   CollectiveStats& s = stats_.per[static_cast<int>(c)];
   s.count += 1;

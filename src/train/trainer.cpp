@@ -5,6 +5,8 @@
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
 #include "data/tokenizer.h"
+#include "profile/profiling_backend.h"
+#include "profile/tracer.h"
 #include "train/model_io.h"
 #include "train/sampler.h"
 
@@ -75,6 +77,9 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
                                       train_loader_->total_tokens()));
 
   backend_ = make_backend("cpu");
+  // Profiling wraps the backend (one trace event per op); off, nothing is wrapped.
+  if (config_.profile.enabled())
+    backend_ = std::make_unique<profile::ProfilingBackend>(std::move(backend_));
   model_ = std::make_unique<GPT2>(gpt2_config_from(config_), *backend_,
                                   zero_model_storage(config_.parallel.zero_stage, dp_size_,
                                                      parse_dtype(config_.train.dtype),
@@ -122,6 +127,14 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
 
   peak_flops_ = config_.log.peak_tflops > 0 ? config_.log.peak_tflops * 1e12
                                             : measure_gemm_flops(*backend_, DType::F32);
+  if (config_.profile.enabled()) {
+    profile::Tracer::global().set_rank(world_->rank());
+    profile_ = std::make_unique<profile::ProfileWindow>(
+        config_.profile.steps, run_dir_ / fmt::format("trace_rank{}.json", world_->rank()),
+        profile::Peaks{peak_flops_, measure_copy_bandwidth(*backend_)}, profile::Tracer::global(),
+        /*print=*/is_rank0_);
+    profile_->set_allocator(&backend_->allocator());
+  }
   if (options_.verbose) {
     fmt::print("kiln: {}\n", model_->config().str());
     fmt::print("kiln: {} updates of {} sequences x {} tokens ({} micro-steps of {} on each of {} "
@@ -183,10 +196,13 @@ double Trainer::train_step(double* grad_norm) {
   // the number of target tokens in the global batch (over all ranks), known before the
   // first backward.
   std::vector<int32_t> inputs(static_cast<size_t>(accum_) * B * T), targets(inputs.size());
-  for (int k = 0; k < accum_; ++k) {
-    train_loader_->next_batch(inputs.data() + static_cast<size_t>(k) * B * T,
-                              targets.data() + static_cast<size_t>(k) * B * T, B, dp_rank_,
-                              dp_size_);
+  {
+    auto scope = profile::trace_scope("data");
+    for (int k = 0; k < accum_; ++k) {
+      train_loader_->next_batch(inputs.data() + static_cast<size_t>(k) * B * T,
+                                targets.data() + static_cast<size_t>(k) * B * T, B, dp_rank_,
+                                dp_size_);
+    }
   }
   std::vector<float> count{0.f};
   for (int32_t t : targets) count[0] += t != -1 ? 1.f : 0.f;
@@ -205,10 +221,18 @@ double Trainer::train_step(double* grad_norm) {
     backend_->copy_from_host(s, targets_, targets.data() + static_cast<size_t>(k) * B * T);
     model_->set_dropout(true, static_cast<uint64_t>(config_.train.seed),
                         static_cast<uint64_t>((step_ * accum_ + k) * dp_size_ + dp_rank_));
-    loss_sum += model_->forward(tokens_, targets_, grad_scale);
+    {
+      auto scope = profile::trace_scope("forward");
+      loss_sum += model_->forward(tokens_, targets_, grad_scale);
+    }
+    auto scope = profile::trace_scope("backward");
     model_->backward();
   }
-  dp_->finish_gradients();
+  {
+    auto scope = profile::trace_scope("grad_sync");
+    dp_->finish_gradients();
+  }
+  auto optimizer_scope = profile::trace_scope("optimizer");
   std::vector<float> loss{static_cast<float>(loss_sum)};
   if (dp_size_ > 1) dp_sum(loss);
   const double loss_mean = (dp_size_ > 1 ? loss[0] : loss_sum) / static_cast<double>(n_targets);
@@ -248,6 +272,7 @@ double Trainer::train_step(double* grad_norm) {
 }
 
 double Trainer::evaluate() {
+  auto scope = profile::trace_scope("eval");
   data::DataLoader val(config_.data.dir, "val", seq_len_, 0, /*shuffle=*/false);
   const int B = config_.train.micro_batch, T = seq_len_;
   std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
@@ -318,7 +343,9 @@ TrainResult Trainer::run() {
     const auto t0 = Clock::now();
     double norm = 0.0;
     const float lr = static_cast<float>(learning_rate(config_, step_));
+    if (profile_) profile_->begin_step(step_);
     const double loss = train_step(&norm);
+    if (profile_) profile_->end_step();
     const double dt = seconds_since(t0);
     if (last_skipped_) {  // fp16 overflow: the update was not applied, try the next batch
       if (is_rank0_ && metrics) {
@@ -409,6 +436,7 @@ TrainResult Trainer::run() {
       break;
     }
   }
+  if (profile_) profile_->finish();
   r.tokens_per_s = timed_steps > 0 ? static_cast<double>(tokens_per_step) * timed_steps / timed_seconds
                                    : 0.0;
   if (options_.verbose)

@@ -20,6 +20,7 @@
 #include "optim/adamw.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
+#include "profile/summary.h"
 #include "train/config.h"
 #include "train/metrics.h"
 
@@ -82,6 +83,7 @@ class Trainer {
   std::unique_ptr<Communicator> world_;
   std::unique_ptr<DeviceMesh> mesh_;
   std::unique_ptr<Backend> backend_;
+  std::unique_ptr<profile::ProfileWindow> profile_;  // [profile] steps = [a, b]
   std::unique_ptr<GPT2> model_;
   std::unique_ptr<DataParallel> dp_;
   std::unique_ptr<AdamW> optimizer_;

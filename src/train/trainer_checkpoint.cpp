@@ -4,6 +4,7 @@
 // and the update count), plus the resolved config and the tokenizer for `kiln sample`.
 #include "train/model_io.h"
 #include "train/trainer.h"
+#include "profile/tracer.h"
 
 #include <fmt/format.h>
 
@@ -12,6 +13,7 @@ namespace kiln {
 namespace fs = std::filesystem;
 
 void Trainer::save_checkpoint() {
+  auto scope = profile::trace_scope("checkpoint");
   const fs::path root = run_dir_ / "ckpt";
   const fs::path dir = root / checkpoint::checkpoint_dir_name(step_);
   if (fs::exists(dir / checkpoint::kManifestName)) return;  // already saved at this step
