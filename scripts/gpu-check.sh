@@ -9,8 +9,9 @@
 #   3. runs every GPU test with ctest (labels backend and gpu: the cross-backend op test,
 #      which now includes the cuda backend, and the NCCL communicator test);
 #   4. benchmarks one GPT-2 124M training step (T=1024, micro batch 16 or the largest
-#      that fits) in kiln (bench/gpu/kiln_gpu_step, the model's dtype: fp32 with TF32
-#      GEMMs) and in PyTorch (bench/gpu/torch_gpt2.py: torch.compile, bf16 autocast,
+#      that fits) in kiln (bench/gpu/kiln_gpu_step: bf16 parameters and activations,
+#      fp32 gradients and master weights; GPU_CHECK_KILN_FP32=1: the fp32 model with TF32
+#      GEMMs instead) and in PyTorch (bench/gpu/torch_gpt2.py: torch.compile, bf16 autocast,
 #      fused AdamW), and prints tokens/s, MFU against a bf16 GEMM peak measured in the
 #      same run, and the kiln/PyTorch ratio, ending with a short table.
 #
@@ -19,7 +20,7 @@
 # Logs and the JSON results go to $OUT (or build-gpu/gpu-check/ when OUT is unset).
 # Env: GPU_CHECK_JOBS (build jobs, default nproc), GPU_CHECK_SKIP_TORCH=1,
 #      GPU_CHECK_ARCHS (default 90), GPU_CHECK_B (default 16), GPU_CHECK_STEPS (10),
-#      GPU_CHECK_DRY=1 (no GPU needed: unpack, configure and build only; for checking
+#      GPU_CHECK_KILN_FP32=1 (kiln's fp32 model instead of bf16), GPU_CHECK_DRY=1 (no GPU needed: unpack, configure and build only; for checking
 #      the script on the build machine before a device session).
 set -euo pipefail
 
@@ -130,7 +131,10 @@ if phase bf16 60 "$build/kiln_gpu_bf16"; then status_bf16=ok; fi
 
 # ---- 4. benchmarks -----------------------------------------------------------------------
 kiln_json="" torch_json=""
-if KILN_CUDA_TF32=1 phase kiln_bench 100 "$build/kiln_gpu_step" --B "$B" --T 1024 --steps "$steps" --warmup 3 --profile 2; then
+kiln_dtype=()
+if [ "${GPU_CHECK_KILN_FP32:-0}" = 1 ]; then kiln_dtype=(--fp32); fi
+# (KILN_CUDA_TF32 only matters for fp32 GEMMs: the --fp32 model, the fp32 peak.)
+if KILN_CUDA_TF32=1 phase kiln_bench 100 "$build/kiln_gpu_step" --B "$B" --T 1024 --steps "$steps" --warmup 3 --profile 2 "${kiln_dtype[@]}"; then
   kiln_json="$(grep '^{' "$out/kiln_bench.log" | tail -n 1)"
   status_kiln=ok
 else

@@ -5,8 +5,11 @@
 // accumulated into (+=) start from the same rounded values in both. Reported per output:
 // rel = ||bf16 - fp32|| / ||fp32|| over all elements; it passes below 2e-2 (bf16 storage
 // of the outputs alone gives ~2e-3; intermediate activations stored in bf16 add more)
-// and fails on any NaN/Inf. Prints one line per output and a final "bf16 check: P
-// passed, F failed"; exit status 1 when anything failed.
+// and fails on any NaN/Inf. Mixed precision (the bf16 GPT-2): the layers' parameter
+// gradients in fp32 with bf16 activations, against the fp32 path; AdamW on fp32 master
+// weights with bf16 gradients; copy's conversions between fp32, bf16 and fp16 bit for bit
+// against core/dtype.h (NaN, Inf, ties, subnormals, fp16 overflow). Prints one line per
+// output and a final "bf16 check: P passed, F failed"; exit status 1 when anything failed.
 // Usage: kiln_gpu_bf16 [backend]   (default cuda; "cpu" checks the program itself)
 #include "backend/registry.h"
 #include "core/dtype.h"
@@ -83,6 +86,13 @@ void compare(const std::string& name, const Tensor& ref, const Tensor& got, floa
   (ok ? g_pass : g_fail)++;
   std::printf("  bf16 %-40s rel %.3e %s%s\n", name.c_str(), rel, ok ? "ok" : "FAIL",
               finite ? "" : " (NaN/Inf)");
+}
+
+// A new fp32 tensor holding t's values (the fp32 start of a mixed-precision accumulator).
+Tensor clone_f32(const Tensor& t) {
+  Tensor c = g_be->empty(t.shape(), DType::F32, MemCategory::Activations);
+  g_be->copy(g_be->default_stream(), c, t);
+  return c;
 }
 
 // Runs `body` and reports an exception as one failure named `what`.
@@ -217,7 +227,9 @@ int main(int argc, char** argv) {
       compare("embedding_backward dwpe (+=)", dwpe.f, dwpe.h);
     });
 
-    guarded("adamw", [&] {
+    // bf16 parameters updated in place (the CUDA backend's own path; the CPU backend
+    // updates fp32 parameters only: bf16 models go through fp32 master weights, below).
+    if (be.name() == "cuda") guarded("adamw", [&] {
       const int n = 1 << 20;
       Pair p = rand_pair({n}), g = rand_pair({n}, 0.1f);
       Pair m = rand_pair({n}, 0.01f), v = rand_pair({n}, 0.01f, 0.011f);
@@ -234,6 +246,144 @@ int main(int argc, char** argv) {
       compare("adamw param", p.f, p.h);
       compare("adamw m", m.f, mh, 1e-5f);
       compare("adamw v", v.f, vh, 1e-5f);
+    });
+
+    guarded("copy (convert)", [&] {
+      // Specials first, then random values over a wide exponent range.
+      std::vector<float> x = {0.f, -0.f, 1.f, -1.f, NAN, -NAN, INFINITY, -INFINITY, 65504.f,
+                              65520.f, 1e6f, -1e6f, 1e-8f, 6e-8f, 3e-5f, 1e-40f, 3.4e38f,
+                              bits_f32(0x3f808000u), bits_f32(0x3f818000u),  // bf16 ties
+                              bits_f32(0x3f801000u), bits_f32(0x3f803000u)};  // fp16 ties
+      while (x.size() < 100003) {
+        const float e = std::ldexp(1.f, static_cast<int>(g_rng.next_u32() % 60) - 30);
+        x.push_back(uniform_pm1() * e);
+      }
+      const int64_t n = static_cast<int64_t>(x.size());
+      auto bits_equal = [](uint32_t a, uint32_t b, bool nan_a, bool nan_b) {
+        return (nan_a && nan_b) || (!nan_a && !nan_b && a == b);
+      };
+      auto report = [&](const char* name, int64_t bad) {
+        (bad == 0 ? g_pass : g_fail)++;
+        std::printf("  bf16 %-40s %lld of %lld differ %s\n", name, static_cast<long long>(bad),
+                    static_cast<long long>(n), bad == 0 ? "ok" : "FAIL");
+      };
+      Tensor f = be.empty({n}, DType::F32, MemCategory::Activations);
+      Tensor h = be.empty({n}, DType::BF16, MemCategory::Activations);
+      Tensor q = be.empty({n}, DType::F16, MemCategory::Activations);
+      Tensor f2 = be.empty({n}, DType::F32, MemCategory::Activations);
+      be.copy_from_host(s, f, x.data());
+      std::vector<uint16_t> got16(x.size());
+      std::vector<float> got32(x.size());
+      int64_t bad = 0;
+      // fp32 -> bf16 and back.
+      be.copy(s, h, f);
+      be.copy_to_host(s, got16.data(), h);
+      for (size_t i = 0; i < x.size(); ++i) {
+        const uint16_t w = f32_to_bf16(x[i]);
+        bad += !bits_equal(got16[i], w, std::isnan(bf16_to_f32(got16[i])), std::isnan(x[i]));
+      }
+      report("copy fp32 -> bf16 (bitwise)", bad);
+      be.copy(s, f2, h);
+      be.copy_to_host(s, got32.data(), f2);
+      bad = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        const float w = bf16_to_f32(got16[i]);
+        bad += !bits_equal(f32_bits(got32[i]), f32_bits(w), std::isnan(got32[i]), std::isnan(w));
+      }
+      report("copy bf16 -> fp32 (bitwise)", bad);
+      // fp32 -> fp16 and back.
+      be.copy(s, q, f);
+      be.copy_to_host(s, got16.data(), q);
+      bad = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        const uint16_t w = f32_to_f16(x[i]);
+        bad += !bits_equal(got16[i], w, std::isnan(f16_to_f32(got16[i])), std::isnan(x[i]));
+      }
+      report("copy fp32 -> fp16 (bitwise)", bad);
+      std::vector<uint16_t> q_host = got16;
+      be.copy(s, f2, q);
+      be.copy_to_host(s, got32.data(), f2);
+      bad = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        const float w = f16_to_f32(q_host[i]);
+        bad += !bits_equal(f32_bits(got32[i]), f32_bits(w), std::isnan(got32[i]), std::isnan(w));
+      }
+      report("copy fp16 -> fp32 (bitwise)", bad);
+      // fp16 -> bf16 (through fp32, as the CPU backend).
+      be.copy(s, h, q);
+      be.copy_to_host(s, got16.data(), h);
+      bad = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        const uint16_t w = f32_to_bf16(f16_to_f32(q_host[i]));
+        bad += !bits_equal(got16[i], w, std::isnan(bf16_to_f32(got16[i])), std::isnan(bf16_to_f32(w)));
+      }
+      report("copy fp16 -> bf16 (bitwise)", bad);
+    });
+
+    guarded("mixed precision (fp32 grads)", [&] {
+      // bf16 activations and parameters, fp32 parameter gradients (GPT2Storage's default
+      // for a bf16 model), against the fp32 path on the same rounded values.
+      {
+        const int IC = C, OC = 3 * C;
+        Pair x = rand_pair({N, IC}), w = rand_pair({OC, IC}, 0.05f);
+        Pair dy = rand_pair({N, OC}), dx = rand_pair({N, IC}), dw = rand_pair({OC, IC}),
+             db = rand_pair({OC});
+        Tensor dwm = clone_f32(dw.f), dbm = clone_f32(db.f);
+        be.linear_backward(s, dx.f, dw.f, db.f, dy.f, x.f, w.f);
+        be.linear_backward(s, dx.h, dwm, dbm, dy.h, x.h, w.h);
+        compare("mixed linear_backward dinp", dx.f, dx.h);
+        compare("mixed linear_backward dweight fp32 (+=)", dw.f, dwm, 1e-4f);
+        compare("mixed linear_backward dbias fp32 (+=)", db.f, dbm, 1e-4f);
+        // dweight only (the tied output projection: no bias).
+        Tensor dwm2 = clone_f32(dw.f);
+        be.linear_backward(s, Tensor(), dw.f, Tensor(), dy.f, x.f, w.f);
+        be.linear_backward(s, Tensor(), dwm2, Tensor(), dy.h, x.h, w.h);
+        compare("mixed linear_backward dweight only", dw.f, dwm2, 1e-4f);
+      }
+      {
+        Pair x = rand_pair({N, C}, 1.f, 0.3f), w = rand_pair({C}, 0.5f, 1.f), b = rand_pair({C}, 0.1f);
+        Pair y = rand_pair({N, C});
+        Tensor mf = be.empty({N}, DType::F32, MemCategory::Activations);
+        Tensor rf = be.empty({N}, DType::F32, MemCategory::Activations);
+        be.layernorm_forward(s, y.f, mf, rf, x.f, w.f, b.f, 1e-5f);
+        Pair dy = rand_pair({N, C}), dx = rand_pair({N, C}), dw = rand_pair({C}), db = rand_pair({C});
+        Tensor dwm = clone_f32(dw.f), dbm = clone_f32(db.f);
+        be.layernorm_backward(s, dx.f, dw.f, db.f, dy.f, x.f, w.f, mf, rf);
+        be.layernorm_backward(s, dx.h, dwm, dbm, dy.h, x.h, w.h, mf, rf);
+        compare("mixed layernorm_backward dinp (+=)", dx.f, dx.h);
+        compare("mixed layernorm_backward dweight fp32", dw.f, dwm, 1e-4f);
+        compare("mixed layernorm_backward dbias fp32", db.f, dbm, 1e-4f);
+      }
+      {
+        std::vector<int32_t> tk(N);
+        for (auto& t : tk) t = static_cast<int32_t>(g_rng.next_u32() % 50);  // many repeats
+        Tensor tokens = be.empty({B, T}, DType::I32, MemCategory::Activations);
+        be.copy_from_host(s, tokens, tk.data());
+        Pair dout = rand_pair({B, T, C}), dwte = rand_pair({Vp, C}), dwpe = rand_pair({1024, C});
+        Tensor dwtem = clone_f32(dwte.f), dwpem = clone_f32(dwpe.f);
+        be.embedding_backward(s, dwte.f, dwpe.f, dout.f, tokens);
+        be.embedding_backward(s, dwtem, dwpem, dout.h, tokens);
+        compare("mixed embedding_backward dwte fp32", dwte.f, dwtem, 1e-5f);
+        compare("mixed embedding_backward dwpe fp32", dwpe.f, dwpem, 1e-5f);
+      }
+      {
+        // AdamW on fp32 master weights: bf16 gradients against the same values in fp32.
+        const int n = 1 << 20;
+        Pair p = rand_pair({n}), g = rand_pair({n}, 0.1f);
+        Tensor pm = clone_f32(p.f);
+        Pair m = rand_pair({n}, 0.01f), v = rand_pair({n}, 0.01f, 0.011f);
+        Tensor mm = clone_f32(m.f), vm = clone_f32(v.f);
+        AdamWParams hp;
+        hp.lr = 1e-2f;
+        hp.weight_decay = 0.1f;
+        hp.step = 3;
+        be.adamw_step(s, p.f, g.f, m.f, v.f, hp);
+        be.adamw_step(s, pm, g.h, mm, vm, hp);
+        compare("mixed adamw fp32 master, bf16 grad", p.f, pm, 1e-6f);
+        // The optimizer's master -> parameter copy (fp32 -> bf16) after the step.
+        be.copy(s, p.h, pm);
+        compare("mixed adamw master -> bf16 param", p.f, p.h);
+      }
     });
 
     guarded("sum_squares", [&] {

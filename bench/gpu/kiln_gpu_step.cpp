@@ -4,8 +4,11 @@
 //    "model_tflops":..., "peak_bf16_tflops":..., "mfu":..., "loss":..., "peak_gib":...}
 // MFU = B*T * flops_per_token(T) per second (6N + attention, GPT2Config) over the bf16
 // GEMM rate measured here through the backend's own linear_forward (8192^3).
-// The model runs in its dtype (fp32 today); KILN_CUDA_TF32=1 lets fp32 GEMMs use TF32.
+// The model runs in bf16 (GPT2Storage: bf16 parameters and activations, fp32 gradients;
+// AdamW keeps fp32 master weights), like PyTorch's bf16 autocast in torch_gpt2.py;
+// --fp32 runs the fp32 model instead (KILN_CUDA_TF32=1 lets its GEMMs use TF32).
 // Usage: kiln_gpu_step [--model gpt2] [--B 16] [--T 1024] [--steps 10] [--warmup 3]
+//                      [--profile N] [--fp32]
 // When B does not fit, it halves B until it does (the B used is printed).
 #include "backend/probe.h"
 #include "backend/registry.h"
@@ -32,12 +35,23 @@ struct Args {
   std::string model = "gpt2";
   int B = 16, T = 1024, steps = 10, warmup = 3;
   int profile = 0;  // > 0: that many more steps through a ProfilingBackend, per-op table
+  bool fp32 = false;  // the fp32 model instead of bf16 with fp32 gradients and masters
 };
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
+  for (int i = 1; i < argc; i += 2) {
+    const std::string k = argv[i];
+    if (k == "--fp32") {
+      a.fp32 = true;
+      --i;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "kiln_gpu_step: flag %s needs a value\n", k.c_str());
+      std::exit(2);
+    }
+    const std::string v = argv[i + 1];
     if (k == "--model") a.model = v;
     else if (k == "--B") a.B = std::atoi(v.c_str());
     else if (k == "--T") a.T = std::atoi(v.c_str());
@@ -57,10 +71,10 @@ struct Result {
 };
 
 // tracer: enabled after the warm-up (for a ProfilingBackend `be`), disabled at the end.
-Result run(Backend& be, const GPT2Config& cfg, int B, int T, int warmup, int steps,
-           profile::Tracer* tracer = nullptr) {
+Result run(Backend& be, const GPT2Config& cfg, const GPT2Storage& storage, int B, int T,
+           int warmup, int steps, profile::Tracer* tracer = nullptr) {
   be.allocator().reset_peak();
-  GPT2 gpt(cfg, be);
+  GPT2 gpt(cfg, be, storage);
   gpt.init_weights(1337);
   AdamW opt(be, gpt.params(), gpt.param_buffer(), gpt.grad_buffer(), AdamWConfig{});
   std::vector<int32_t> tok(static_cast<size_t>(B) * T), tgt(tok.size());
@@ -103,6 +117,9 @@ int main(int argc, char** argv) {
     const Args a = parse(argc, argv);
     auto be = make_backend("cuda");
     GPT2Config cfg = GPT2Config::preset(a.model);
+    GPT2Storage storage;
+    storage.dtype = a.fp32 ? DType::F32 : DType::BF16;
+    storage.grad_dtype = DType::F32;
     const double peak = measure_gemm_flops(*be, DType::BF16, 8192, 1.0);
     const double peak_fp32 = measure_gemm_flops(*be, DType::F32, 4096, 0.5);
     std::fprintf(stderr, "kiln_gpu_step: GEMM peak bf16 %.1f TFLOP/s, fp32%s %.1f TFLOP/s\n",
@@ -112,7 +129,7 @@ int main(int argc, char** argv) {
     Result r;
     for (;;) {
       try {
-        r = run(*be, cfg, B, a.T, a.warmup, a.steps);
+        r = run(*be, cfg, storage, B, a.T, a.warmup, a.steps);
         break;
       } catch (const Error& e) {
         if (B == 1 || std::strstr(e.what(), "out of memory") == nullptr) throw;
@@ -128,19 +145,22 @@ int main(int argc, char** argv) {
       const double bw = measure_copy_bandwidth(*be);
       profile::Tracer tracer;
       profile::ProfilingBackend pb(*be, tracer, true);
-      const Result p = run(pb, cfg, B, a.T, 1, a.profile, &tracer);
+      const Result p = run(pb, cfg, storage, B, a.T, 1, a.profile, &tracer);
       std::fprintf(stderr, "kiln_gpu_step: profiled %d steps (ops synchronised): %.1f ms/step; "
                    "copy bandwidth %.0f GB/s\n%s", a.profile, p.ms, bw / 1e9,
                    profile::format_summary(profile::summarize(tracer.events()),
-                                           profile::Peaks{peak_fp32, bw})
+                                           profile::Peaks{a.fp32 ? peak_fp32 : peak, bw})
                        .c_str());
     }
     const char* tf32 = std::getenv("KILN_CUDA_TF32");
+    const char* dtype = !a.fp32 ? "bf16 (fp32 grads)"
+                        : (tf32 && std::strcmp(tf32, "1") == 0) ? "fp32 (tf32 GEMMs)"
+                                                                : "fp32";
     std::printf(
         "{\"impl\": \"kiln\", \"B\": %d, \"T\": %d, \"dtype\": \"%s\", \"ms_per_step\": %.3f, "
         "\"tokens_per_s\": %.1f, \"model_tflops\": %.2f, \"peak_bf16_tflops\": %.1f, "
         "\"mfu\": %.4f, \"loss\": %.4f, \"peak_gib\": %.2f}\n",
-        B, a.T, (tf32 && std::strcmp(tf32, "1") == 0) ? "fp32 (tf32 GEMMs)" : "fp32", r.ms, tps,
+        B, a.T, dtype, r.ms, tps,
         model_flops / 1e12, peak / 1e12, model_flops / peak, r.loss, r.peak_gib);
     return 0;
   } catch (const std::exception& e) {

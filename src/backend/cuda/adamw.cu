@@ -1,6 +1,8 @@
 // AdamW (Loshchilov & Hutter 2019), fused: each element's p, g, m, v read once and p, m,
 // v written once. Launch: grid-stride, 256 threads. Bytes per element (p, g, m, v read;
-// p, m, v written): 28 with fp32 parameters, 22 with bf16; ~15 FLOPs + one sqrt + one division. Memory-bound. The bias corrections are computed
+// p, m, v written): 28 with fp32 parameters and gradients (a bf16 model's fp32 master
+// weights with fp32 gradients), 26 with bf16 gradients, 22 with both bf16; ~15 FLOPs +
+// one sqrt + one division. Memory-bound. The bias corrections are computed
 // on the host in double (as the CPU backend), so fp32 results match it to rounding.
 // As llm.c's adamw_kernel, without its stochastic rounding (bf16 params round to nearest).
 #include "backend/cuda/adamw.h"
@@ -9,8 +11,8 @@
 namespace kiln::cuda {
 
 namespace {
-template <class T>
-__global__ void adamw_kernel(T* param, const T* grad, float* m, float* v, int64_t n, AdamWArgs a) {
+template <class T, class G>
+__global__ void adamw_kernel(T* param, const G* grad, float* m, float* v, int64_t n, AdamWArgs a) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const float g = to_f(grad[i]) * a.grad_scale;
@@ -24,12 +26,12 @@ __global__ void adamw_kernel(T* param, const T* grad, float* m, float* v, int64_
 }
 }  // namespace
 
-void adamw(cudaStream_t s, Elem e, void* param, const void* grad, float* m, float* v, int64_t n,
+void adamw(cudaStream_t s, Elem e, Elem g, void* param, const void* grad, float* m, float* v, int64_t n,
            const AdamWArgs& a) {
   if (n <= 0) return;
-  KILN_DISPATCH_ELEM(e, adamw_kernel<<<grid_for(n, 256), 256, 0, s>>>(
-                            static_cast<scalar_t*>(param), static_cast<const scalar_t*>(grad), m,
-                            v, n, a));
+  KILN_DISPATCH_ELEM(e, KILN_DISPATCH_GRAD(g, adamw_kernel<<<grid_for(n, 256), 256, 0, s>>>(
+                            static_cast<scalar_t*>(param), static_cast<const grad_t*>(grad), m,
+                            v, n, a)));
   KILN_CUDA_LAUNCHED("adamw");
 }
 

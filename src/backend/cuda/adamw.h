@@ -1,5 +1,6 @@
 // AdamW over one tensor in one launch (torch.optim.AdamW's order of operations, as the
-// CPU backend). Parameters and gradients fp32 or bf16 (same type); m and v fp32.
+// CPU backend). Parameters fp32 (e.g. the optimizer's master weights) or bf16, gradients
+// fp32 or bf16, independently; m and v fp32.
 #pragma once
 
 #include "backend/cuda/common.h"
@@ -13,7 +14,7 @@ struct AdamWArgs {
   float decay;      // 1 - lr * weight_decay
 };
 
-void adamw(cudaStream_t s, Elem e, void* param, const void* grad, float* m, float* v, int64_t n,
+void adamw(cudaStream_t s, Elem e, Elem g, void* param, const void* grad, float* m, float* v, int64_t n,
            const AdamWArgs& a);
 
 }  // namespace kiln::cuda

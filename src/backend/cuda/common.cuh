@@ -106,3 +106,16 @@ __device__ __forceinline__ float uniform_at(uint64_t seed, uint64_t stream, uint
       __VA_ARGS__;                                            \
     }                                                         \
   } while (0)
+
+/// The same for a parameter gradient's element type, as `grad_t` (mixed precision: bf16
+/// activations with fp32 gradients). Nests inside KILN_DISPATCH_ELEM.
+#define KILN_DISPATCH_GRAD(elem, ...)                        \
+  do {                                                        \
+    if ((elem) == ::kiln::cuda::Elem::F32) {                  \
+      using grad_t = float;                                   \
+      __VA_ARGS__;                                            \
+    } else {                                                  \
+      using grad_t = ::kiln::cuda::bf16;                      \
+      __VA_ARGS__;                                            \
+    }                                                         \
+  } while (0)

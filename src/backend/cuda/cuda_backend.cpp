@@ -102,10 +102,20 @@ class CudaBackend final : public Backend {
     KILN_CUDA_CHECK(cudaStreamSynchronize(st(s)));
   }
   void copy(Stream s, const Tensor& dst, const Tensor& src) override {
-    checks::same_size(dst, src, "copy");
-    if (dst.raw() == src.raw() || !src.nbytes()) return;
-    KILN_CUDA_CHECK(
-        cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToDevice, st(s)));
+    KILN_CHECK(dst.numel() == src.numel(), "copy: {} and {} differ in size", dst.str(), src.str());
+    if (!src.numel()) return;
+    on_device(dst, "copy");
+    on_device(src, "copy");
+    if (dst.dtype() == src.dtype()) {
+      if (dst.raw() == src.raw()) return;
+      KILN_CUDA_CHECK(
+          cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToDevice, st(s)));
+      return;
+    }
+    // Different float dtypes: convert (round to nearest even, NaN/Inf kept), e.g. the
+    // optimizer's fp32 master weights into bf16 parameters.
+    cuda::convert(st(s), dst.raw(), float_kind(dst, "copy"), src.raw(), float_kind(src, "copy"),
+                  src.numel());
   }
   void fill(Stream s, const Tensor& t, float value) override {
     if (!t.numel()) return;
@@ -150,10 +160,11 @@ class CudaBackend final : public Backend {
                           const Tensor& tokens) override {
     cuda::NvtxRange r("embedding_backward");
     const auto d = checks::embedding(dout, tokens, dwte, dwpe);
-    const Elem e = elem(dout, "embedding_backward", {&dwte, &dwpe});
+    const Elem e = elem(dout, "embedding_backward");
+    const Elem g = grad_elem(dwte, e, "embedding_backward dwte", {&dwpe});
     const size_t bytes = cuda::embedding_backward_scratch_bytes(d.B * d.T);
     Scratch scratch(*this, st(s), bytes);
-    cuda::embedding_backward(st(s), e, dwte.raw(), dwpe.raw(), dout.raw(), tokens.data<int32_t>(),
+    cuda::embedding_backward(st(s), e, g, dwte.raw(), dwpe.raw(), dout.raw(), tokens.data<int32_t>(),
                              d.B, d.T, d.C, d.Vp, scratch.ptr(), bytes);
   }
 
@@ -172,10 +183,11 @@ class CudaBackend final : public Backend {
     cuda::NvtxRange r("layernorm_backward");
     const auto d = checks::layernorm(dout, mean, rstd, inp, weight, dbias);
     checks::same_size(dinp, inp, "layernorm_backward dinp");
-    checks::same_size(dweight, weight, "layernorm_backward dweight");
-    const Elem e = elem(inp, "layernorm_backward", {&dinp, &dout, &weight, &dweight, &dbias});
+    checks::grad_of(dweight, weight, "layernorm_backward dweight");
+    const Elem e = elem(inp, "layernorm_backward", {&dinp, &dout, &weight});
+    const Elem g = grad_elem(dweight, e, "layernorm_backward dweight", {&dbias});
     Scratch scratch(*this, st(s), cuda::layernorm_backward_scratch_bytes(d.N, d.C));
-    cuda::layernorm_backward(st(s), e, dinp.raw(), dweight.raw(), dbias.raw(), dout.raw(),
+    cuda::layernorm_backward(st(s), e, g, dinp.raw(), dweight.raw(), dbias.raw(), dout.raw(),
                              inp.raw(), weight.raw(), mean.data<float>(), rstd.data<float>(), d.N,
                              d.C, scratch.ptr());
   }
@@ -217,8 +229,12 @@ class CudaBackend final : public Backend {
     cuda::NvtxRange r("linear_backward");
     const auto d = checks::linear(dout, inp, weight, dbias);
     if (dinp) checks::same_size(dinp, inp, "linear_backward dinp");
-    if (dweight) checks::same_size(dweight, weight, "linear_backward dweight");
-    const Elem e = elem(inp, "linear_backward", {&dout, &weight, &dinp, &dweight, &dbias});
+    if (dweight) checks::grad_of(dweight, weight, "linear_backward dweight");
+    const Elem e = elem(inp, "linear_backward", {&dout, &weight, &dinp});
+    // Parameter gradients in fp32 (mixed precision) or the activations' dtype, as the CPU.
+    const Elem g = dweight ? grad_elem(dweight, e, "linear_backward dweight", {&dbias})
+                 : dbias   ? grad_elem(dbias, e, "linear_backward dbias")
+                           : e;
     if (d.N == 0) {
       if (dinp) fill(s, dinp, 0.f);
       return;
@@ -238,20 +254,22 @@ class CudaBackend final : public Backend {
       }
     }
     if (dweight && d.IC > 0 && d.OC > 0) {
-      // dW[OC,IC] += dout^T inp: column-major dW^T[IC,OC] += inp^T dout.
-      cuda::GemmArgs g;
-      g.trans_b = true;
-      g.m = d.IC, g.n = d.OC, g.k = d.N;
-      g.a = inp.raw(), g.lda = d.IC;
-      g.b = dout.raw(), g.ldb = d.OC;
-      g.c = dweight.raw(), g.ldc = d.IC;
-      g.beta = 1.f;
-      g.elem = e;
-      gemm_->run(st(s), g);
+      // dW[OC,IC] += dout^T inp: column-major dW^T[IC,OC] += inp^T dout. With bf16
+      // activations and fp32 gradients: bf16 A/B, fp32 C, accumulated with beta = 1.
+      cuda::GemmArgs gw;
+      gw.trans_b = true;
+      gw.m = d.IC, gw.n = d.OC, gw.k = d.N;
+      gw.a = inp.raw(), gw.lda = d.IC;
+      gw.b = dout.raw(), gw.ldb = d.OC;
+      gw.c = dweight.raw(), gw.ldc = d.IC;
+      gw.beta = 1.f;
+      gw.elem = e;
+      gw.c_elem = g;
+      gemm_->run(st(s), gw);
     }
     if (dbias) {
       Scratch scratch(*this, st(s), cuda::bias_backward_scratch_bytes(d.N, d.OC));
-      cuda::bias_backward(st(s), e, dbias.raw(), dout.raw(), d.N, d.OC, scratch.ptr());
+      cuda::bias_backward(st(s), e, g, dbias.raw(), dout.raw(), d.N, d.OC, scratch.ptr());
     }
   }
 
@@ -334,13 +352,16 @@ class CudaBackend final : public Backend {
   void adamw_step(Stream s, const Tensor& param, const Tensor& grad, const Tensor& m,
                   const Tensor& v, const AdamWParams& hp) override {
     cuda::NvtxRange r("adamw_step");
-    checks::same_size(grad, param, "adamw grad");
+    KILN_CHECK(grad.numel() == param.numel(), "adamw: grad {} vs param {}", grad.str(),
+               param.str());
     KILN_CHECK(m.numel() == param.numel() && v.numel() == param.numel(),
                "adamw: m {} and v {} must have the {} elements of param {}", m.str(), v.str(),
                param.numel(), param.str());
     check_dtype(m, DType::F32, "adamw m");
     check_dtype(v, DType::F32, "adamw v");
     const Elem e = elem(param, "adamw");
+    // fp32 master weights with fp32 or bf16 gradients, or parameter and gradient alike.
+    const Elem g = elem(grad, "adamw grad");
     const double bc1 = 1.0 - std::pow(static_cast<double>(hp.beta1), static_cast<double>(hp.step));
     const double bc2 = 1.0 - std::pow(static_cast<double>(hp.beta2), static_cast<double>(hp.step));
     cuda::AdamWArgs a{};
@@ -353,7 +374,7 @@ class CudaBackend final : public Backend {
     a.step_size = hp.lr / static_cast<float>(bc1);
     a.bc2_sqrt = std::sqrt(static_cast<float>(bc2));
     a.decay = 1.f - hp.lr * hp.weight_decay;
-    cuda::adamw(st(s), e, param.raw(), grad.raw(), m.data<float>(), v.data<float>(), param.numel(),
+    cuda::adamw(st(s), e, g, param.raw(), grad.raw(), m.data<float>(), v.data<float>(), param.numel(),
                 a);
   }
 
@@ -400,6 +421,32 @@ class CudaBackend final : public Backend {
         KILN_CHECK(o->dtype() == t.dtype(), "{}: tensor {} must be {} like {}", op, o->str(),
                    dtype_name(t.dtype()), t.str());
     return t.dtype() == DType::F32 ? Elem::F32 : Elem::BF16;
+  }
+
+  // The element type of a parameter gradient: fp32 (with bf16 activations e) or e itself
+  // (checks::grad_of's rule); `same` (empty ones skipped) must have the same dtype.
+  static Elem grad_elem(const Tensor& g, Elem e, const char* op,
+                        std::initializer_list<const Tensor*> same = {}) {
+    on_device(g, op);
+    const DType act = e == Elem::F32 ? DType::F32 : DType::BF16;
+    KILN_CHECK(g.dtype() == DType::F32 || g.dtype() == act,
+               "{}: gradients in {} with activations in {} are not supported", op,
+               dtype_name(g.dtype()), dtype_name(act));
+    for (const Tensor* o : same)
+      if (*o)
+        KILN_CHECK(o->dtype() == g.dtype(), "{}: tensor {} must be {} like {}", op, o->str(),
+                   dtype_name(g.dtype()), g.str());
+    return g.dtype() == DType::F32 ? Elem::F32 : Elem::BF16;
+  }
+
+  static cuda::FloatKind float_kind(const Tensor& t, const char* op) {
+    switch (t.dtype()) {
+      case DType::F32: return cuda::FloatKind::F32;
+      case DType::BF16: return cuda::FloatKind::BF16;
+      case DType::F16: return cuda::FloatKind::F16;
+      default: break;
+    }
+    KILN_FAIL("{}: cannot convert {} (float dtypes only)", op, t.str());
   }
 
   static void head_dim_ok(int64_t hd, const char* op) {

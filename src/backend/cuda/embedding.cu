@@ -35,14 +35,14 @@ __global__ void embed_fwd(T* out, const int32_t* tokens, const T* wte, const T* 
   }
 }
 
-template <class T>
-__global__ void embed_bwd_wpe(T* dwpe, const T* dout, int64_t B, int64_t T_, int64_t C) {
+template <class G, class T>
+__global__ void embed_bwd_wpe(G* dwpe, const T* dout, int64_t B, int64_t T_, int64_t C) {
   const int64_t n = T_ * C;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     float acc = 0.f;
     for (int64_t b = 0; b < B; ++b) acc += to_f(dout[b * n + i]);
-    dwpe[i] = from_f<T>(to_f(dwpe[i]) + acc);
+    dwpe[i] = from_f<G>(to_f(dwpe[i]) + acc);
   }
 }
 
@@ -56,8 +56,8 @@ __global__ void iota_keys(const int32_t* tokens, uint32_t* keys, int32_t* idx, i
 
 // Block (blockIdx.x = sorted position i, blockIdx.y = channel tile): when i starts a run
 // of equal tokens, sums that run's dout rows (in position order) into dwte[token].
-template <class T>
-__global__ void embed_bwd_wte(T* dwte, const T* dout, const uint32_t* keys, const int32_t* pos,
+template <class G, class T>
+__global__ void embed_bwd_wte(G* dwte, const T* dout, const uint32_t* keys, const int32_t* pos,
                               int64_t n, int64_t C, int64_t Vp) {
   const int64_t i = blockIdx.x;
   const uint32_t tok = keys[i];
@@ -67,8 +67,8 @@ __global__ void embed_bwd_wte(T* dwte, const T* dout, const uint32_t* keys, cons
   if (c >= C) return;
   float acc = 0.f;
   for (int64_t j = i; j < n && keys[j] == tok; ++j) acc += to_f(dout[pos[j] * C + c]);
-  T* w = dwte + static_cast<int64_t>(tok) * C + c;
-  *w = from_f<T>(to_f(*w) + acc);
+  G* w = dwte + static_cast<int64_t>(tok) * C + c;
+  *w = from_f<G>(to_f(*w) + acc);
 }
 
 struct SortLayout {
@@ -110,14 +110,14 @@ void embedding_forward(cudaStream_t s, Elem e, void* out, const int32_t* tokens,
 
 size_t embedding_backward_scratch_bytes(int64_t BT) { return sort_layout(BT).total; }
 
-void embedding_backward(cudaStream_t s, Elem e, void* dwte, void* dwpe, const void* dout,
+void embedding_backward(cudaStream_t s, Elem e, Elem g, void* dwte, void* dwpe, const void* dout,
                         const int32_t* tokens, int64_t B, int64_t T, int64_t C, int64_t Vp,
                         void* scratch, size_t scratch_bytes) {
   const int64_t n = B * T;
   if (n <= 0 || C <= 0) return;
-  KILN_DISPATCH_ELEM(e, embed_bwd_wpe<<<grid_for(T * C, 256), 256, 0, s>>>(
-                            static_cast<scalar_t*>(dwpe), static_cast<const scalar_t*>(dout), B, T,
-                            C));
+  KILN_DISPATCH_ELEM(e, KILN_DISPATCH_GRAD(g, embed_bwd_wpe<<<grid_for(T * C, 256), 256, 0, s>>>(
+                            static_cast<grad_t*>(dwpe), static_cast<const scalar_t*>(dout), B, T,
+                            C)));
   KILN_CUDA_LAUNCHED("embedding_backward (wpe)");
 
   const SortLayout l = sort_layout(n);
@@ -134,9 +134,9 @@ void embedding_backward(cudaStream_t s, Elem e, void* dwte, void* dwpe, const vo
                                                   idx_in, idx_out, static_cast<int>(n), 0, 32, s));
   const int threads = C >= 256 ? 256 : static_cast<int>((C + 31) / 32 * 32);
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((C + threads - 1) / threads));
-  KILN_DISPATCH_ELEM(e, embed_bwd_wte<<<grid, threads, 0, s>>>(
-                            static_cast<scalar_t*>(dwte), static_cast<const scalar_t*>(dout),
-                            keys_out, idx_out, n, C, Vp));
+  KILN_DISPATCH_ELEM(e, KILN_DISPATCH_GRAD(g, embed_bwd_wte<<<grid, threads, 0, s>>>(
+                            static_cast<grad_t*>(dwte), static_cast<const scalar_t*>(dout),
+                            keys_out, idx_out, n, C, Vp)));
   KILN_CUDA_LAUNCHED("embedding_backward (wte)");
 }
 

@@ -13,8 +13,9 @@ void embedding_forward(cudaStream_t s, Elem e, void* out, const int32_t* tokens,
 /// Device scratch bytes embedding_backward needs for B*T tokens.
 size_t embedding_backward_scratch_bytes(int64_t BT);
 /// dwte[tokens[b,t]] += dout[b,t];  dwpe[t] += sum_b dout[b,t]. Tokens outside [0, Vp)
-/// are skipped (as on the CPU).
-void embedding_backward(cudaStream_t s, Elem e, void* dwte, void* dwpe, const void* dout,
+/// are skipped (as on the CPU). dout is of element type e, dwte and dwpe of g (fp32
+/// gradients of bf16 parameters, or e).
+void embedding_backward(cudaStream_t s, Elem e, Elem g, void* dwte, void* dwpe, const void* dout,
                         const int32_t* tokens, int64_t B, int64_t T, int64_t C, int64_t Vp,
                         void* scratch, size_t scratch_bytes);
 

@@ -48,6 +48,8 @@ Gemm::~Gemm() {
 bool Gemm::run(cudaStream_t s, const GemmArgs& g) {
   if (g.m == 0 || g.n == 0) return true;
   const cudaDataType_t dt = g.elem == Elem::F32 ? CUDA_R_32F : CUDA_R_16BF;
+  const Elem c_elem = g.c_elem.value_or(g.elem);
+  const cudaDataType_t ct_c = c_elem == Elem::F32 ? CUDA_R_32F : CUDA_R_16BF;
   const cublasComputeType_t ct = (g.elem == Elem::F32 && allow_tf32_)
                                      ? CUBLAS_COMPUTE_32F_FAST_TF32
                                      : CUBLAS_COMPUTE_32F;
@@ -80,7 +82,7 @@ bool Gemm::run(cudaStream_t s, const GemmArgs& g) {
   const uint64_t b_cols = static_cast<uint64_t>(g.trans_b ? g.k : g.n);
   LT(cublasLtMatrixLayoutCreate(&d.a, dt, a_rows, a_cols, g.lda));
   LT(cublasLtMatrixLayoutCreate(&d.b, dt, b_rows, b_cols, g.ldb));
-  LT(cublasLtMatrixLayoutCreate(&d.c, dt, static_cast<uint64_t>(g.m), static_cast<uint64_t>(g.n),
+  LT(cublasLtMatrixLayoutCreate(&d.c, ct_c, static_cast<uint64_t>(g.m), static_cast<uint64_t>(g.n),
                                 g.ldc));
 
   // A bias pointer below 16-byte alignment is left to the caller's fallback (GEMM, then
@@ -90,7 +92,7 @@ bool Gemm::run(cudaStream_t s, const GemmArgs& g) {
   const Key key{static_cast<int>(g.trans_a) | static_cast<int>(g.trans_b) << 1,
                 static_cast<int>(g.elem), g.m, g.n, g.k, g.lda, g.ldb, g.ldc,
                 static_cast<int>(g.epilogue) | (g.gelu_aux ? 4 : 0), align,
-                g.beta != 0.f ? 1 : 0, allow_tf32_ ? 1 : 0};
+                g.beta != 0.f ? 1 : 0, allow_tf32_ ? 1 : 0, static_cast<int>(c_elem)};
   cublasLtMatmulAlgo_t algo{};
   bool found = false;
   {
@@ -128,8 +130,9 @@ bool Gemm::run(cudaStream_t s, const GemmArgs& g) {
   }
   if (!found) {
     if (g.epilogue != Epilogue::None) return false;
-    KILN_FAIL("cuda: cuBLASLt has no algorithm for a {} GEMM m={} n={} k={} (trans {}{})",
-              g.elem == Elem::F32 ? "fp32" : "bf16", g.m, g.n, g.k, g.trans_a ? 'T' : 'N',
+    KILN_FAIL("cuda: cuBLASLt has no algorithm for a {} GEMM{} m={} n={} k={} (trans {}{})",
+              g.elem == Elem::F32 ? "fp32" : "bf16",
+              c_elem != g.elem ? (c_elem == Elem::F32 ? " (fp32 C)" : " (bf16 C)") : "", g.m, g.n, g.k, g.trans_a ? 'T' : 'N',
               g.trans_b ? 'T' : 'N');
   }
   const float alpha = 1.f, beta = g.beta;

@@ -2,6 +2,8 @@
 //   C[m,n] = alpha op(A)[m,k] op(B)[k,n] + beta C  (+ bias[m] per row, + GELU)
 // with fp32 accumulation (CUBLAS_COMPUTE_32F). fp32 operands run in full fp32 (no TF32)
 // unless allow_tf32 is set; bf16 operands use the tensor cores with fp32 accumulation.
+// C may be fp32 while A and B are bf16 (mixed precision: weight gradients accumulate
+// with beta = 1 into fp32 gradients).
 // Epilogues fuse the bias (and, for a future fused linear+GELU op, GELU with the
 // pre-activation saved for backward: cuBLASLt's GELU_AUX_BIAS) into the GEMM's stores.
 //
@@ -15,6 +17,7 @@
 
 #include <map>
 #include <mutex>
+#include <optional>
 #include <tuple>
 
 namespace kiln::cuda {
@@ -34,7 +37,8 @@ struct GemmArgs {
   Epilogue epilogue = Epilogue::None;
   const void* bias = nullptr;     // [m], same dtype as C
   void* gelu_aux = nullptr;       // GeluBias: pre-activation [m,n], ld = ldc
-  Elem elem = Elem::F32;
+  Elem elem = Elem::F32;           // A and B (and C unless c_elem says otherwise)
+  std::optional<Elem> c_elem;     // C/D when it differs: bf16 A/B with fp32 C (dW += in fp32)
 };
 
 class Gemm {
@@ -58,7 +62,7 @@ class Gemm {
 
  private:
   using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int,
-                         int, int, int>;
+                         int, int, int, int>;
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;

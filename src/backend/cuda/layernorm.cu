@@ -12,7 +12,8 @@
 //   2. dweight/dbias partials: block (32 columns x 8 row lanes) per (column tile, chunk
 //      of 64 rows); writes partial[chunk][c] for both sums. Bytes: 2 N C size read.
 //   3. one thread per column sums the partials in chunk order and adds them into
-//      dweight / dbias. No atomics: the result is bitwise reproducible.
+//      dweight / dbias (fp32 or bf16, independent of the activations' type). No atomics:
+//      the result is bitwise reproducible.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/layernorm.h"
 
@@ -105,8 +106,8 @@ __global__ void ln_bwd_params_partial(float* pw, float* pb, const T* dout, const
   }
 }
 
-template <class T>
-__global__ void ln_bwd_params_final(T* dweight, T* dbias, const float* pw, const float* pb,
+template <class G>
+__global__ void ln_bwd_params_final(G* dweight, G* dbias, const float* pw, const float* pb,
                                     int64_t chunks, int64_t C) {
   const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (c >= C) return;
@@ -115,8 +116,8 @@ __global__ void ln_bwd_params_final(T* dweight, T* dbias, const float* pw, const
     w += pw[k * C + c];
     b += pb[k * C + c];
   }
-  dweight[c] = from_f<T>(to_f(dweight[c]) + w);
-  dbias[c] = from_f<T>(to_f(dbias[c]) + b);
+  dweight[c] = from_f<G>(to_f(dweight[c]) + w);
+  dbias[c] = from_f<G>(to_f(dbias[c]) + b);
 }
 
 int64_t chunks_of(int64_t N) { return (N + kRowsPerChunk - 1) / kRowsPerChunk; }
@@ -139,7 +140,7 @@ size_t layernorm_backward_scratch_bytes(int64_t N, int64_t C) {
   return sizeof(float) * 2 * static_cast<size_t>(chunks_of(N) * C);
 }
 
-void layernorm_backward(cudaStream_t s, Elem e, void* dinp, void* dweight, void* dbias,
+void layernorm_backward(cudaStream_t s, Elem e, Elem g, void* dinp, void* dweight, void* dbias,
                         const void* dout, const void* inp, const void* weight, const float* mean,
                         const float* rstd, int64_t N, int64_t C, void* scratch) {
   if (N <= 0 || C <= 0) return;
@@ -157,11 +158,11 @@ void layernorm_backward(cudaStream_t s, Elem e, void* dinp, void* dweight, void*
                                  static_cast<unsigned>(chunks)),
                             dim3(32, 8), 0, s>>>(pw, pb, dy, x, mean, rstd, N, C);
     KILN_CUDA_LAUNCHED("layernorm_backward (partials)");
-    ln_bwd_params_final<<<grid_for(C, 256), 256, 0, s>>>(static_cast<scalar_t*>(dweight),
-                                                         static_cast<scalar_t*>(dbias), pw, pb,
-                                                         chunks, C);
-    KILN_CUDA_LAUNCHED("layernorm_backward (params)");
   });
+  KILN_DISPATCH_GRAD(g, ln_bwd_params_final<<<grid_for(C, 256), 256, 0, s>>>(
+                            static_cast<grad_t*>(dweight), static_cast<grad_t*>(dbias), pw, pb,
+                            chunks, C));
+  KILN_CUDA_LAUNCHED("layernorm_backward (params)");
 }
 
 }  // namespace kiln::cuda

@@ -12,8 +12,9 @@ void layernorm_forward(cudaStream_t s, Elem e, void* out, float* mean, float* rs
 /// Device scratch bytes layernorm_backward needs.
 size_t layernorm_backward_scratch_bytes(int64_t N, int64_t C);
 /// dinp += d/dinp (the residual stream's gradient already holds the skip part);
-/// dweight += sum_n dout * norm; dbias += sum_n dout.
-void layernorm_backward(cudaStream_t s, Elem e, void* dinp, void* dweight, void* dbias,
+/// dweight += sum_n dout * norm; dbias += sum_n dout. dweight and dbias are of element
+/// type g (fp32 gradients of bf16 parameters, or e).
+void layernorm_backward(cudaStream_t s, Elem e, Elem g, void* dinp, void* dweight, void* dbias,
                         const void* dout, const void* inp, const void* weight, const float* mean,
                         const float* rstd, int64_t N, int64_t C, void* scratch);
 

@@ -1,6 +1,7 @@
 // Bias gradient: block (32 columns x 8 row lanes) per (column tile, chunk of 64 rows)
 // writes a partial column sum; one thread per column then adds the partials in chunk
-// order into dbias. Bytes: N OC size read; N OC FLOPs. No atomics, so reproducible.
+// order into dbias (fp32 or bf16, independent of dout's type). Bytes: N OC size read;
+// N OC FLOPs. No atomics, so reproducible.
 // (cuBLASLt's BGRADB epilogue would fuse this into the dweight GEMM, but it overwrites
 // rather than accumulates and is not available for fp32; see docs/cuda.md.)
 // Bias add: grid-stride over N OC elements, bytes 2 N OC size.
@@ -33,13 +34,13 @@ __global__ void colsum_partial(float* partial, const T* dout, int64_t N, int64_t
   }
 }
 
-template <class T>
-__global__ void colsum_final(T* dbias, const float* partial, int64_t chunks, int64_t OC) {
+template <class G>
+__global__ void colsum_final(G* dbias, const float* partial, int64_t chunks, int64_t OC) {
   const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (c >= OC) return;
   float s = 0.f;
   for (int64_t k = 0; k < chunks; ++k) s += partial[k * OC + c];
-  dbias[c] = from_f<T>(to_f(dbias[c]) + s);
+  dbias[c] = from_f<G>(to_f(dbias[c]) + s);
 }
 
 template <class T>
@@ -55,8 +56,8 @@ size_t bias_backward_scratch_bytes(int64_t N, int64_t OC) {
   return sizeof(float) * static_cast<size_t>(chunks_of(N) * OC);
 }
 
-void bias_backward(cudaStream_t s, Elem e, void* dbias, const void* dout, int64_t N, int64_t OC,
-                   void* scratch) {
+void bias_backward(cudaStream_t s, Elem e, Elem g, void* dbias, const void* dout, int64_t N,
+                   int64_t OC, void* scratch) {
   if (N <= 0 || OC <= 0) return;
   const int64_t chunks = chunks_of(N);
   float* partial = static_cast<float*>(scratch);
@@ -64,10 +65,10 @@ void bias_backward(cudaStream_t s, Elem e, void* dbias, const void* dout, int64_
     colsum_partial<<<dim3(static_cast<unsigned>((OC + 31) / 32), static_cast<unsigned>(chunks)),
                      dim3(32, 8), 0, s>>>(partial, static_cast<const scalar_t*>(dout), N, OC);
     KILN_CUDA_LAUNCHED("linear_backward (dbias partials)");
-    colsum_final<<<grid_for(OC, 256), 256, 0, s>>>(static_cast<scalar_t*>(dbias), partial, chunks,
-                                                   OC);
-    KILN_CUDA_LAUNCHED("linear_backward (dbias)");
   });
+  KILN_DISPATCH_GRAD(g, colsum_final<<<grid_for(OC, 256), 256, 0, s>>>(
+                            static_cast<grad_t*>(dbias), partial, chunks, OC));
+  KILN_CUDA_LAUNCHED("linear_backward (dbias)");
 }
 
 void add_bias(cudaStream_t s, Elem e, void* out, const void* bias, int64_t N, int64_t OC) {

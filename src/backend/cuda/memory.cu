@@ -1,9 +1,14 @@
 // fill: one grid-stride store per element (bytes: n * size written).
+// convert: one grid-stride load + store per element through fp32 (bytes: n * (src size +
+// dst size)); __float2bfloat16_rn / __float2half_rn round to nearest even and keep
+// NaN (as a quiet NaN) and Inf, like core/dtype.h's host conversions.
 // sum_squares: pass 1, grid of up to 1024 blocks x 256 threads, each thread accumulates
 // x^2 in double over a grid-stride range, block_sum -> partial[block]; pass 2, one block
 // sums the partials in order. Bytes: n * size read. FLOPs: 2n (double). Deterministic.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/memory.h"
+
+#include <cuda_fp16.h>
 
 namespace kiln::cuda {
 
@@ -14,6 +19,35 @@ __global__ void fill_kernel(U* p, U bits, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x)
     p[i] = bits;
+}
+
+__device__ __forceinline__ float load_f(const __half x) { return __half2float(x); }
+__device__ __forceinline__ float load_f(const bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float load_f(const float x) { return x; }
+template <class D>
+__device__ __forceinline__ D store_f(float x);
+template <>
+__device__ __forceinline__ float store_f<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ bf16 store_f<bf16>(float x) { return __float2bfloat16_rn(x); }
+template <>
+__device__ __forceinline__ __half store_f<__half>(float x) { return __float2half_rn(x); }
+
+template <class D, class S>
+__global__ void convert_kernel(D* dst, const S* src, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    dst[i] = store_f<D>(load_f(src[i]));
+}
+
+template <class D>
+void convert_from(cudaStream_t s, D* dst, const void* src, FloatKind k, int64_t n) {
+  const unsigned g = grid_for(n, 256);
+  switch (k) {
+    case FloatKind::F32: convert_kernel<<<g, 256, 0, s>>>(dst, static_cast<const float*>(src), n); break;
+    case FloatKind::BF16: convert_kernel<<<g, 256, 0, s>>>(dst, static_cast<const bf16*>(src), n); break;
+    case FloatKind::F16: convert_kernel<<<g, 256, 0, s>>>(dst, static_cast<const __half*>(src), n); break;
+  }
 }
 
 constexpr int kSumThreads = 256;
@@ -56,6 +90,17 @@ void fill_u16(cudaStream_t s, void* p, uint16_t bits, int64_t n) {
   if (n <= 0) return;
   fill_kernel<<<grid_for(n, 256), 256, 0, s>>>(static_cast<uint16_t*>(p), bits, n);
   KILN_CUDA_LAUNCHED("fill");
+}
+
+void convert(cudaStream_t s, void* dst, FloatKind dst_kind, const void* src, FloatKind src_kind,
+             int64_t n) {
+  if (n <= 0) return;
+  switch (dst_kind) {
+    case FloatKind::F32: convert_from(s, static_cast<float*>(dst), src, src_kind, n); break;
+    case FloatKind::BF16: convert_from(s, static_cast<bf16*>(dst), src, src_kind, n); break;
+    case FloatKind::F16: convert_from(s, static_cast<__half*>(dst), src, src_kind, n); break;
+  }
+  KILN_CUDA_LAUNCHED("copy (convert)");
 }
 
 size_t sum_squares_scratch_bytes(int64_t n) { return sizeof(double) * sum_blocks(n); }

@@ -1,5 +1,5 @@
-// Memory kernels: fill with a bit pattern (every dtype), and the sum of squares in
-// double (gradient norms).
+// Memory kernels: fill with a bit pattern (every dtype), conversion between float
+// dtypes (copy), and the sum of squares in double (gradient norms).
 #pragma once
 
 #include "backend/cuda/common.h"
@@ -9,6 +9,13 @@ namespace kiln::cuda {
 /// p[i] = bits for i < n, 32-bit or 16-bit elements.
 void fill_u32(cudaStream_t s, void* p, uint32_t bits, int64_t n);
 void fill_u16(cudaStream_t s, void* p, uint16_t bits, int64_t n);
+
+/// Storage formats convert() reads and writes.
+enum class FloatKind { F32, BF16, F16 };
+/// dst[i] = src[i] converted between fp32, bf16 and fp16 (different kinds), through
+/// fp32: round to nearest, ties to even; NaN stays NaN, Inf stays Inf (core/dtype.h).
+void convert(cudaStream_t s, void* dst, FloatKind dst_kind, const void* src, FloatKind src_kind,
+             int64_t n);
 
 /// Bytes of device scratch sum_squares needs for n elements.
 size_t sum_squares_scratch_bytes(int64_t n);
