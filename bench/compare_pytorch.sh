@@ -57,10 +57,19 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+# What a new user needs: the build packages, Debian's PyTorch and an OpenBLAS for it
+# (without one, torch falls back to the reference BLAS), and a kiln binary.
+source "$root/scripts/lib/common.sh"
+kiln_apt_install "${KILN_BUILD_PACKAGES[@]}" python3-torch libopenblas0-openmp
 if [ -z "$kiln" ]; then
   for c in "$root/build/apps/kiln/kiln" "$root"/build*/apps/kiln/kiln; do
     if [ -x "$c" ]; then kiln="$c"; break; fi
   done
+fi
+if [ -z "$kiln" ]; then
+  KILN_BUILD="$root/build-bench-cmp"
+  kiln_build -DKILN_BUILD_TESTS=OFF -DKILN_BUILD_BENCH=OFF -DKILN_CUDA=OFF >/dev/null
+  kiln="$KILN_BUILD/apps/kiln/kiln"
 fi
 [ -n "$kiln" ] && [ -x "$kiln" ] || { echo "compare_pytorch.sh: no kiln binary (build it, or pass --kiln PATH)" >&2; exit 1; }
 py=/usr/bin/python3

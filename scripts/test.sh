@@ -6,7 +6,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 
-kiln_apt_install "${KILN_BUILD_PACKAGES[@]}"
+kiln_apt_install "${KILN_BUILD_PACKAGES[@]}" "${KILN_TEST_PACKAGES[@]}"
 kiln_ensure_node
 kiln_build
 cd "$KILN_BUILD"

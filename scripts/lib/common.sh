@@ -11,6 +11,8 @@ KILN_BUILD_PACKAGES=(
   libsentencepiece-dev libicu-dev zlib1g-dev libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev libbenchmark-dev
 )
+# Only for the tests: headless Chromium renders `kiln report`'s page for a screenshot.
+KILN_TEST_PACKAGES=(chromium)
 
 # Installs whatever of "$@" is missing, with apt-get (as root, or through sudo).
 kiln_apt_install() {
