@@ -3,6 +3,7 @@
 //   kiln bench CONFIG.toml [--set k=v]... [--steps N] [--warmup N] [--trace PATH]
 //              [--dump-init PATH]
 //   kiln bench --peak
+//   mpirun -np N kiln bench CONFIG.toml ...   (data parallel: see run_distributed_bench)
 //
 // The step is the trainer's: zero_grad, then per micro-step forward (loss and its
 // gradient scaled by 1 / targets of the global batch) and backward, then the global
@@ -39,6 +40,10 @@
 #include "profile/tracer.h"
 #include "train/config.h"
 #include "train/model_io.h"
+#include "train/trainer.h"
+#include "comm/communicator.h"
+
+#include <unistd.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -196,7 +201,52 @@ void dump_init(const fs::path& path, const GPT2& model, const TrainConfig& c, in
   w.write();
 }
 
+// Under mpirun/srun: the trainer itself (data parallel with the configured ZeRO stage)
+// for warmup + steps updates in a scratch run directory, then step time, tokens/s and
+// the communication table (algbw/busbw per collective, nccl-tests convention) with the
+// fraction of communication hidden under computation. Needs data.dir.
+void run_distributed_bench(const Args& a) {
+  TrainConfig c = load_config_file(a.config, a.sets);
+  c.train.steps = a.warmup + a.steps;
+  c.schedule.warmup_steps = std::min<int64_t>(c.schedule.warmup_steps, c.train.steps);
+  c.eval.every = 0;
+  c.sample.every = 0;
+  c.checkpoint.every = 0;
+  c.checkpoint.keep = 1;
+  c.log.every = 0;
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  c.run.dir = (fs::temp_directory_path() /
+               fmt::format("kiln-bench-{}", std::getenv("OMPI_COMM_WORLD_JOBID")
+                                                ? std::getenv("OMPI_COMM_WORLD_JOBID")
+                                                : std::to_string(::getppid())))
+                  .string();
+  TrainerOptions o;
+  o.verbose = rank == nullptr || std::string(rank) == "0";
+  TrainResult r;
+  {
+    Trainer t(c, o);
+    r = t.run();
+  }
+  if (o.verbose) {
+    fs::remove_all(c.run.dir);
+    nlohmann::json j{{"world_size", launcher_world_size()},
+                     {"zero_stage", c.parallel.zero_stage},
+                     {"step_ms", 1e3 * r.step_time_s},
+                     {"tokens_per_s", r.tokens_per_s},
+                     {"timed_steps", r.timed_steps},
+                     {"comm_ms_per_step", 1e3 * r.comm_busy_s / std::max<int64_t>(r.timed_steps, 1)},
+                     {"comm_exposed_ms_per_step",
+                      1e3 * r.comm_exposed_s / std::max<int64_t>(r.timed_steps, 1)},
+                     {"comm_hidden_fraction", r.comm_hidden_fraction}};
+    fmt::print("{}\n", j.dump());
+  }
+}
+
 void run_bench(const Args& a) {
+  if (launcher_world_size() > 1) {
+    run_distributed_bench(a);
+    return;
+  }
   TrainConfig c = load_config_file(a.config, a.sets);
   KILN_CHECK(a.steps >= 1, "bench: --steps must be >= 1");
   KILN_CHECK(a.warmup >= 0, "bench: --warmup must be >= 0");

@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -323,6 +324,41 @@ void Trainer::maybe_sample() {
   dp_->release_full_params();
 }
 
+void Trainer::summarize_communication(TrainResult& r, int64_t timed_steps) {
+  // Statistics of the data-parallel communicator over the whole run, scaled to the timed
+  // steps (the first step is warm-up) by the share of steps they make.
+  const Communicator& dp = mesh_->comm(Axis::DP);
+  const CommStats st = dp.stats();
+  const int64_t steps = step_ - r.first_step;
+  const double share = steps > 0 ? static_cast<double>(timed_steps) / static_cast<double>(steps) : 0.0;
+  std::string table = fmt::format("{:<15} {:>7} {:>12} {:>10} {:>12} {:>12}\n", "collective",
+                                  "calls", "MB/step", "ms/step", "algbw GB/s", "busbw GB/s");
+  double busy = 0.0;
+  for (int c = 0; c < kNumCollectives; ++c) {
+    const CollectiveStats& s = st.per[static_cast<size_t>(c)];
+    if (s.count == 0) continue;
+    busy += s.seconds;
+    const auto coll = static_cast<Collective>(c);
+    table += fmt::format("{:<15} {:>7} {:>12.2f} {:>10.2f} {:>12.2f} {:>12.2f}\n",
+                         collective_name(coll), s.count, s.bytes / 1e6 / std::max<int64_t>(steps, 1),
+                         1e3 * s.seconds / std::max<int64_t>(steps, 1),
+                         algorithm_bandwidth(s.bytes, s.seconds) / 1e9,
+                         bus_bandwidth(coll, dp.size(), s.bytes, s.seconds) / 1e9);
+  }
+  r.comm_busy_s = busy * share;
+  r.comm_hidden_fraction =
+      r.comm_busy_s > 0 ? std::clamp(1.0 - r.comm_exposed_s / r.comm_busy_s, 0.0, 1.0) : 0.0;
+  r.comm_table = table;
+  if (options_.verbose)
+    fmt::print("kiln: data-parallel communication over {} ranks (ZeRO stage {}):\n{}"
+               "kiln: communication {:.1f} ms/step, exposed {:.1f} ms/step: {:.0f}% hidden under "
+               "computation\n",
+               dp_size_, config_.parallel.zero_stage, table,
+               1e3 * r.comm_busy_s / std::max<int64_t>(timed_steps, 1),
+               1e3 * r.comm_exposed_s / std::max<int64_t>(timed_steps, 1),
+               100.0 * r.comm_hidden_fraction);
+}
+
 TrainResult Trainer::run() {
   TrainResult r;
   r.first_step = step_;
@@ -347,6 +383,8 @@ TrainResult Trainer::run() {
     const double loss = train_step(&norm);
     if (profile_) profile_->end_step();
     const double dt = seconds_since(t0);
+    const double step_wait = dp_->take_wait_seconds();
+    if (step_ > r.first_step + 1) r.comm_exposed_s += step_wait;
     if (last_skipped_) {  // fp16 overflow: the update was not applied, try the next batch
       if (is_rank0_ && metrics) {
         nlohmann::json rec{{"step", step_ + 1}, {"skipped", true}, {"loss", loss},
@@ -403,7 +441,7 @@ TrainResult Trainer::run() {
           per_rank.push_back(j);
         }
         rec["mem_by_rank"] = per_rank;
-        rec["comm_wait_s"] = dp_->take_wait_seconds();
+        rec["comm_wait_s"] = step_wait;
       }
       if (metrics) metrics->write(rec);
     }
@@ -437,6 +475,9 @@ TrainResult Trainer::run() {
     }
   }
   if (profile_) profile_->finish();
+  if (dp_size_ > 1) summarize_communication(r, timed_steps);
+  r.step_time_s = timed_steps > 0 ? timed_seconds / static_cast<double>(timed_steps) : 0.0;
+  r.timed_steps = timed_steps;
   r.tokens_per_s = timed_steps > 0 ? static_cast<double>(tokens_per_step) * timed_steps / timed_seconds
                                    : 0.0;
   if (options_.verbose)

@@ -50,6 +50,14 @@ struct TrainResult {
   double last_val_loss = -1.0;  // -1 when never evaluated
   double tokens_per_s = 0.0;    // mean over the run's steps after the first
   bool preempted = false;       // stopped by a signal or exit_interval
+  double step_time_s = 0.0;     // mean step time over the run's steps after the first
+  int64_t timed_steps = 0;      // those steps
+  /// Data parallel only: the communication of the run. comm_busy_s is the time the
+  /// collectives took on the communication thread, comm_exposed_s the time the training
+  /// thread waited for them; hidden = 1 - exposed / busy is the fraction overlapped with
+  /// computation (backward).
+  double comm_busy_s = 0.0, comm_exposed_s = 0.0, comm_hidden_fraction = 0.0;
+  std::string comm_table;  // per collective: count, bytes, algbw and busbw (nccl-tests)
 };
 
 class Trainer {
@@ -72,6 +80,7 @@ class Trainer {
   void save_checkpoint();
   void load_checkpoint(const std::filesystem::path& dir);
   void maybe_sample();
+  void summarize_communication(TrainResult& r, int64_t timed_steps);
   void init_weights();
   /// Sums `values` over the data-parallel group (no-op for one rank).
   void dp_sum(std::vector<float>& values);
