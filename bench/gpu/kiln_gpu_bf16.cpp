@@ -88,6 +88,27 @@ void compare(const std::string& name, const Tensor& ref, const Tensor& got, floa
               finite ? "" : " (NaN/Inf)");
 }
 
+// compare() on each of the three parts (q, k, v) of a [.., 3C] tensor's rows.
+void compare_qkv(const std::string& name, const Tensor& ref, const Tensor& got, int C, float tol) {
+  const std::vector<float> r = download(ref), g = download(got);
+  for (int part = 0; part < 3; ++part) {
+    double num = 0, den = 0;
+    bool finite = true;
+    for (size_t i = 0; i < r.size(); ++i) {
+      if (static_cast<int>(i % (3 * static_cast<size_t>(C))) / C != part) continue;
+      if (!std::isfinite(g[i]) || !std::isfinite(r[i])) finite = false;
+      const double d = static_cast<double>(g[i]) - r[i];
+      num += d * d;
+      den += static_cast<double>(r[i]) * r[i];
+    }
+    const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+    const bool ok = finite && rel < tol;
+    (ok ? g_pass : g_fail)++;
+    std::printf("  bf16 %-40s rel %.3e %s%s\n", (name + " d" + "qkv"[part]).c_str(), rel,
+                ok ? "ok" : "FAIL", finite ? "" : " (NaN/Inf)");
+  }
+}
+
 // A new fp32 tensor holding t's values (the fp32 start of a mixed-precision accumulator).
 Tensor clone_f32(const Tensor& t) {
   Tensor c = g_be->empty(t.shape(), DType::F32, MemCategory::Activations);
@@ -176,6 +197,35 @@ int main(int argc, char** argv) {
       be.attention_forward(s, out.h, lh, qkv.h, NH, dr);
       compare("attention_forward out (dropout 0.1)", out.f, out.h);
     });
+
+    // The tensor-core kernels (bf16, no dropout, HD 32/64/128; attention_tc.cu) against
+    // the fp32 CUDA-core kernels (which backend_op_test checks against the CPU), with a
+    // tighter bound (1e-2): ragged T (partial tiles), each head size, peaky softmax.
+    struct AttnCase {
+      int B, T, NH, HD;
+      float scale;
+    };
+    for (const AttnCase& c : {AttnCase{2, 200, 12, 64, 1.f}, AttnCase{1, 1024, 2, 64, 3.f},
+                              AttnCase{2, 130, 8, 32, 2.f}, AttnCase{2, 160, 4, 128, 1.f},
+                              AttnCase{3, 64, 3, 64, 1.f}, AttnCase{1, 37, 2, 128, 2.f}}) {
+      const std::string tag = " B" + std::to_string(c.B) + " T" + std::to_string(c.T) + " HD" +
+                              std::to_string(c.HD);
+      guarded(("attention tc" + tag).c_str(), [&] {
+        const int Cc = c.NH * c.HD;
+        Pair qkv = rand_pair({c.B, c.T, 3 * Cc}, c.scale);
+        Pair out = rand_pair({c.B, c.T, Cc});
+        Tensor lf = be.empty({c.B, c.NH, c.T}, DType::F32, MemCategory::Activations);
+        Tensor lh = be.empty({c.B, c.NH, c.T}, DType::F32, MemCategory::Activations);
+        be.attention_forward(s, out.f, lf, qkv.f, c.NH, DropoutSpec{});
+        be.attention_forward(s, out.h, lh, qkv.h, c.NH, DropoutSpec{});
+        compare("attn tc fwd out" + tag, out.f, out.h, 1e-2f);
+        compare("attn tc fwd lse" + tag, lf, lh, 1e-2f);
+        Pair dout = rand_pair({c.B, c.T, Cc}), dqkv = rand_pair({c.B, c.T, 3 * Cc});
+        be.attention_backward(s, dqkv.f, dout.f, qkv.f, out.f, lf, c.NH, DropoutSpec{});
+        be.attention_backward(s, dqkv.h, dout.h, qkv.h, out.h, lh, c.NH, DropoutSpec{});
+        compare_qkv("attn tc bwd" + tag, dqkv.f, dqkv.h, Cc, 1e-2f);
+      });
+    }
 
     guarded("elementwise", [&] {
       Pair x = rand_pair({N, 4 * C}, 3.f), y = rand_pair({N, 4 * C});

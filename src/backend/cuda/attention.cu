@@ -35,9 +35,12 @@
 // stream), kept iff its uniform >= p and then scaled by 1/(1-p): the CPU backend's mask.
 // The normaliser l uses the undropped probabilities, as the CPU does.
 //
-// Limits: HD <= 128 (kMaxHeadDim); CUDA cores only (a tensor-core version with
-// mma.sync/wgmma is the next step, see docs/cuda.md).
+// Limits: HD <= 128 (kMaxHeadDim). These fp32 CUDA-core kernels run for fp32 inputs
+// (the golden tests need fp32 without TF32), for dropout > 0, for head sizes other than
+// 32/64/128, for unaligned pointers, and when KILN_CUDA_ATTN_SIMT=1; bf16 without
+// dropout goes to the tensor-core kernels of attention_tc.cu.
 #include "backend/cuda/attention.h"
+#include "backend/cuda/attention_tc.h"
 #include "backend/cuda/common.cuh"
 
 #include <cmath>
@@ -373,6 +376,10 @@ void attention_forward(cudaStream_t s, Elem e, void* out, float* lse, const void
                        const AttnShape& d, const AttnDropout& drop) {
   if (d.B * d.T * d.NH == 0) return;
   check_shape(d);
+  if (attention_tc_applies(e, d, drop, {out, qkv})) {
+    attention_tc_forward(s, out, lse, qkv, d);
+    return;
+  }
   KILN_DISPATCH_ELEM(e, forward_t<scalar_t>(s, static_cast<scalar_t*>(out), lse,
                                             static_cast<const scalar_t*>(qkv), d, drop));
 }
@@ -386,6 +393,10 @@ void attention_backward(cudaStream_t s, Elem e, void* dqkv, const void* dout, co
                         const AttnDropout& drop, void* scratch) {
   if (d.B * d.T * d.NH == 0) return;
   check_shape(d);
+  if (attention_tc_applies(e, d, drop, {dqkv, dout, qkv, out})) {
+    attention_tc_backward(s, dqkv, dout, qkv, out, lse, d, static_cast<float*>(scratch));
+    return;
+  }
   KILN_DISPATCH_ELEM(e, backward_t<scalar_t>(s, static_cast<scalar_t*>(dqkv),
                                              static_cast<const scalar_t*>(dout),
                                              static_cast<const scalar_t*>(qkv),
