@@ -193,6 +193,47 @@ TEST(Trainer, ExportImportRoundTrips) {
   }
 }
 
+// bf16 trains like fp32; fp16 with a loss scale far too large overflows, skips those
+// updates (neither the schedule nor the step count advances), halves the scale until the
+// gradients are finite, and then trains normally.
+TEST(Trainer, MixedPrecisionAndFp16OverflowRecovery) {
+  TempDir tmp;
+  const fs::path data = make_dataset(tmp.path);
+  TrainConfig c = tiny_config(data, tmp.path / "fp32", 30);
+  { Trainer(c, quiet()).run(); }
+  c = tiny_config(data, tmp.path / "bf16", 30);
+  c.train.dtype = "bf16";
+  { Trainer(c, quiet()).run(); }
+  c = tiny_config(data, tmp.path / "fp16", 30);
+  c.train.dtype = "fp16";
+  c.train.loss_scale = 1e9;
+  c.train.loss_scale_growth_interval = 10;
+  {
+    Trainer t(c, quiet());
+    const TrainResult r = t.run();
+    EXPECT_EQ(r.last_step, 30);
+  }
+  const auto f32 = read_metrics(tmp.path / "fp32"), b16 = read_metrics(tmp.path / "bf16"),
+             f16 = read_metrics(tmp.path / "fp16");
+  ASSERT_EQ(b16.size(), 30u);
+  EXPECT_NEAR(b16.back()["loss"].get<double>(), f32.back()["loss"].get<double>(),
+              0.02 * f32.back()["loss"].get<double>());
+  int skipped = 0;
+  std::vector<double> losses;
+  for (const auto& r : f16) {
+    if (r.value("skipped", false)) {
+      ++skipped;
+      continue;
+    }
+    losses.push_back(r["loss"].get<double>());
+    EXPECT_TRUE(r.contains("loss_scale") && r.contains("skipped_steps"));
+  }
+  EXPECT_GT(skipped, 0) << "the forced overflow was not detected";
+  ASSERT_EQ(losses.size(), 30u);  // every one of the 30 updates was applied eventually
+  EXPECT_LT(losses.back(), losses.front() - 1.0);
+  EXPECT_LT(f16.back()["loss_scale"].get<double>(), 1e9);
+}
+
 TEST(Trainer, BadInputIsAClearError) {
   TempDir tmp;
   const fs::path data = make_dataset(tmp.path);
