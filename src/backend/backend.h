@@ -98,6 +98,13 @@ class Backend {
   /// nearest even, NaN/Inf kept) when the dtypes differ (e.g. fp32 master weights to
   /// bf16 parameters).
   virtual void copy(Stream s, const Tensor& dst, const Tensor& src) = 0;
+  /// dst bf16 <- src fp32 with stochastic rounding: element i rounds up with probability
+  /// equal to the discarded fraction, using the low 16 bits of Philox word i of stream
+  /// `stream` under `seed` (added to the fp32 bits before truncation; NaN and Inf are
+  /// rounded to nearest instead). Unbiased in expectation (Gupta et al. 2015, "Deep
+  /// Learning with Limited Numerical Precision"); replayable from (seed, stream).
+  virtual void copy_stochastic_round(Stream s, const Tensor& dst, const Tensor& src,
+                                     uint64_t seed, uint64_t stream) = 0;
   /// Every element of t set to `value` (converted to t's dtype).
   virtual void fill(Stream s, const Tensor& t, float value) = 0;
   /// Sum of squares of all elements of t, in double, returned to the host (synchronises).

@@ -70,7 +70,12 @@ void AdamW::step(float lr, float grad_scale) {
     hp.step = step_;
     if (Tensor mw = master(i)) {
       backend_.adamw_step(s, mw, seg.grad, m(i), v(i), hp);
-      backend_.copy(s, seg.param, mw);  // round the updated master to the parameter dtype
+      // Round the updated master to the parameter dtype.
+      if (config_.stochastic_rounding && seg.param.dtype() == DType::BF16)
+        backend_.copy_stochastic_round(s, seg.param, mw, config_.seed,
+                                       (static_cast<uint64_t>(step_) << 16) + i);
+      else
+        backend_.copy(s, seg.param, mw);
     } else {
       backend_.adamw_step(s, seg.param, seg.grad, m(i), v(i), hp);
     }

@@ -24,6 +24,12 @@ struct AdamWConfig {
   float beta2 = 0.95f;
   float eps = 1e-8f;
   float weight_decay = 0.1f;  // applied to parameters with ParamSpec::weight_decay
+  /// bf16 parameters written back from the fp32 masters with stochastic rounding
+  /// (Backend::copy_stochastic_round) instead of round-to-nearest; the random bits of
+  /// update t and segment i come from Philox(seed, stream t * 2^16 + i), so a resumed
+  /// run replays them.
+  bool stochastic_rounding = false;
+  uint64_t seed = 0;
 };
 
 struct AdamWSegment {

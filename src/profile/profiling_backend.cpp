@@ -159,6 +159,13 @@ void ProfilingBackend::copy_from_host(Stream s, const Tensor& dst, const void* s
   KILN_PROFILED("copy_from_host", "memory", inner_.copy_from_host(s, dst, src),
                 cost::copy(dst.nbytes()));
 }
+void ProfilingBackend::copy_stochastic_round(Stream s, const Tensor& dst, const Tensor& src,
+                                             uint64_t seed, uint64_t stream) {
+  KILN_PROFILED("copy_stochastic_round", "memory",
+                inner_.copy_stochastic_round(s, dst, src, seed, stream),
+                cost::copy(src.nbytes()));
+}
+
 void ProfilingBackend::copy_to_host(Stream s, void* dst, const Tensor& src) {
   KILN_PROFILED("copy_to_host", "memory", inner_.copy_to_host(s, dst, src),
                 cost::copy(src.nbytes()));

@@ -86,6 +86,8 @@ class ProfilingBackend final : public Backend {
   void copy_from_host(Stream s, const Tensor& dst, const void* src) override;
   void copy_to_host(Stream s, void* dst, const Tensor& src) override;
   void copy(Stream s, const Tensor& dst, const Tensor& src) override;
+  void copy_stochastic_round(Stream s, const Tensor& dst, const Tensor& src, uint64_t seed,
+                             uint64_t stream) override;
   void fill(Stream s, const Tensor& t, float value) override;
   double sum_squares(Stream s, const Tensor& t) override;
 

@@ -131,6 +131,9 @@ const std::vector<Key>& keys() {
         oneof(KILN_KEY(train, dtype), {"fp32", "bf16", "fp16"}, "Compute dtype: fp32, bf16 or fp16."),
         oneof(KILN_KEY(train, grad_dtype), {"fp32", "bf16", "fp16"},
               "Parameter-gradient dtype: fp32, or the low precision of train.dtype."),
+        range(KILN_KEY(train, stochastic_rounding), 0, 1,
+              "bf16: 1 = write parameters from the fp32 master weights with stochastic "
+              "rounding (Philox, replayable), 0 = round to nearest even."),
         positive(KILN_KEY(train, loss_scale),
                  "fp16: initial dynamic loss scale (halved on overflow, doubled after "
                  "loss_scale_growth_interval clean steps)."),

@@ -47,6 +47,7 @@ struct TrainSection {
   int64_t seed = 1337;
   std::string dtype = "fp32";                     // "fp32" | "bf16" | "fp16"
   std::string grad_dtype = "fp32";                // "fp32" | the low precision of dtype
+  int stochastic_rounding = 0;                    // bf16: 1 = stochastic rounding of params
   double loss_scale = 65536.0;                    // fp16: initial dynamic loss scale
   int64_t loss_scale_growth_interval = 2000;      // fp16: clean steps before it doubles
   std::string activation_checkpointing = "none";  // "none" | "full" | "selective"

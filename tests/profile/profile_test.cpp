@@ -48,6 +48,7 @@ class CountingBackend final : public Backend {
   FWD(copy_from_host, (Stream s, const Tensor& d, const void* p), (s, d, p))
   FWD(copy_to_host, (Stream s, void* d, const Tensor& t), (s, d, t))
   FWD(copy, (Stream s, const Tensor& d, const Tensor& t), (s, d, t))
+  FWD(copy_stochastic_round, (Stream s, const Tensor& d, const Tensor& t, uint64_t seed, uint64_t stream), (s, d, t, seed, stream))
   FWD(fill, (Stream s, const Tensor& t, float v), (s, t, v))
   FWD(embedding_forward, (Stream s, const Tensor& o, const Tensor& t, const Tensor& a, const Tensor& b),
       (s, o, t, a, b))

@@ -416,7 +416,8 @@ TEST(ExampleConfigs, Load) {
   EXPECT_EQ(demo.model.n_layer, 6);
   EXPECT_EQ(demo.model.n_embd, 384);
   EXPECT_EQ(demo.data.dir, "data/kjv");
-  EXPECT_EQ(demo.grad_accum_steps(1), 2);
+  EXPECT_EQ(demo.grad_accum_steps(1), 4);
+  EXPECT_EQ(demo.grad_accum_steps(4), 1);  // mpirun -np 4 kiln train configs/demo.toml
   EXPECT_EQ(demo.run.dir, "runs/demo");
 
   TrainConfig gpt2 = load_config_file(source_dir() + "/configs/gpt2-124m.toml");

@@ -117,6 +117,16 @@ class CudaBackend final : public Backend {
     cuda::convert(st(s), dst.raw(), float_kind(dst, "copy"), src.raw(), float_kind(src, "copy"),
                   src.numel());
   }
+  void copy_stochastic_round(Stream s, const Tensor& dst, const Tensor& src, uint64_t seed,
+                             uint64_t stream) override {
+    KILN_CHECK(dst.numel() == src.numel() && dst.dtype() == DType::BF16 &&
+                   src.dtype() == DType::F32,
+               "copy_stochastic_round: {} <- {} (bf16 <- fp32 of one size)", dst.str(), src.str());
+    on_device(dst, "copy_stochastic_round");
+    on_device(src, "copy_stochastic_round");
+    cuda::stochastic_round_bf16(st(s), dst.raw(), static_cast<const float*>(src.raw()),
+                                src.numel(), seed, stream);
+  }
   void fill(Stream s, const Tensor& t, float value) override {
     if (!t.numel()) return;
     on_device(t, "fill");

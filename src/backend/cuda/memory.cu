@@ -10,6 +10,8 @@
 
 #include <cuda_fp16.h>
 
+#include <algorithm>
+
 namespace kiln::cuda {
 
 namespace {
