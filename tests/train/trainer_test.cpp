@@ -204,6 +204,10 @@ TEST(Trainer, MixedPrecisionAndFp16OverflowRecovery) {
   c = tiny_config(data, tmp.path / "bf16", 30);
   c.train.dtype = "bf16";
   { Trainer(c, quiet()).run(); }
+  c = tiny_config(data, tmp.path / "bf16sr", 30);
+  c.train.dtype = "bf16";
+  c.train.stochastic_rounding = 1;
+  { Trainer(c, quiet()).run(); }
   c = tiny_config(data, tmp.path / "fp16", 30);
   c.train.dtype = "fp16";
   c.train.loss_scale = 1e9;
@@ -214,10 +218,14 @@ TEST(Trainer, MixedPrecisionAndFp16OverflowRecovery) {
     EXPECT_EQ(r.last_step, 30);
   }
   const auto f32 = read_metrics(tmp.path / "fp32"), b16 = read_metrics(tmp.path / "bf16"),
-             f16 = read_metrics(tmp.path / "fp16");
+             b16sr = read_metrics(tmp.path / "bf16sr"), f16 = read_metrics(tmp.path / "fp16");
   ASSERT_EQ(b16.size(), 30u);
+  ASSERT_EQ(b16sr.size(), 30u);
   EXPECT_NEAR(b16.back()["loss"].get<double>(), f32.back()["loss"].get<double>(),
               0.02 * f32.back()["loss"].get<double>());
+  EXPECT_NEAR(b16sr.back()["loss"].get<double>(), f32.back()["loss"].get<double>(),
+              0.02 * f32.back()["loss"].get<double>());
+  EXPECT_NE(b16sr.back()["loss"].get<double>(), b16.back()["loss"].get<double>());
   int skipped = 0;
   std::vector<double> losses;
   for (const auto& r : f16) {
