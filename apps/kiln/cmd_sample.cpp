@@ -18,9 +18,12 @@ void register_sample(CLI::App& app) {
   cmd->add_option("--checkpoint", a->checkpoint, "A checkpoint directory (ckpt/step_XXXXXXXX)")
       ->required();
   cmd->add_option("--prompt", a->prompt, "Text to continue (default: start of a document)");
-  cmd->add_option("--max-new-tokens", a->o.max_new_tokens, "Tokens to generate");
-  cmd->add_option("--temperature", a->o.temperature, "Softmax temperature; 0 = greedy");
-  cmd->add_option("--top-k", a->o.top_k, "Sample among the k most likely tokens (0 = all)");
+  cmd->add_option("--max-new-tokens", a->o.max_new_tokens, "Tokens to generate")
+      ->check(CLI::Range(1, 1 << 30));
+  cmd->add_option("--temperature", a->o.temperature, "Softmax temperature; 0 = greedy")
+      ->check(CLI::Range(0.0f, 1e6f));
+  cmd->add_option("--top-k", a->o.top_k, "Sample among the k most likely tokens (0 = all)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", a->o.seed, "Random seed: same seed, same text");
   cmd->callback([a] {
     checkpoint::CheckpointReader reader(a->checkpoint);
@@ -34,8 +37,14 @@ void register_sample(CLI::App& app) {
       const auto ids = tok->encode(a->prompt);
       prompt.insert(prompt.end(), ids.begin(), ids.end());
     }
+    KILN_CHECK(static_cast<int>(prompt.size()) < c.block_size,
+               "sample: the prompt has {} tokens, the model's context is {}", prompt.size(),
+               c.block_size);
     const auto out = sample_tokens(model, prompt, a->o);
     fmt::print("{}{}\n", a->prompt, tok->decode(out));
+    if (static_cast<int>(out.size()) < a->o.max_new_tokens)
+      fmt::print(stderr, "kiln sample: stopped after {} tokens: the model's context ({} tokens) "
+                 "is full\n", out.size(), c.block_size);
   });
 }
 

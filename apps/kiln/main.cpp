@@ -10,11 +10,18 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include <unistd.h>
+
 int main(int argc, char** argv) {
   // OpenMP threads that sleep between parallel regions instead of spinning: no slower on
-  // an idle machine, and 2-3x faster when other processes share the cores (measured on
-  // 2-core machines, 2026-11-30). The user's own setting wins.
-  setenv("OMP_WAIT_POLICY", "passive", /*overwrite=*/0);
+  // an idle machine, and 2-100x faster when other processes share the cores (measured on
+  // 2-core machines, 2026-11-30). The OpenMP runtime reads its environment when it is
+  // loaded, before main(), so the variable is set and the program started again. The
+  // user's own setting wins.
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
+    setenv("OMP_WAIT_POLICY", "passive", 1);
+    execv("/proc/self/exe", argv);  // returns only on failure: carry on with the default
+  }
   CLI::App app{"kiln: train transformer models (GPT-2 family) on CPUs and GPUs"};
   app.require_subcommand(1);
   kiln::app::register_prepare(app);

@@ -75,7 +75,6 @@ void add_optimizer_to_checkpoint(checkpoint::CheckpointWriter& writer, const Ada
 void load_model_from_checkpoint(const checkpoint::CheckpointReader& reader, GPT2& model,
                                 AdamW* optimizer) {
   Backend& be = model.backend();
-  const Stream s = be.default_stream();
   std::vector<float> buf;
   for (const ParamSpec& p : model.params()) {
     KILN_CHECK(reader.has(p.name), "{}: no tensor '{}'", reader.dir().string(), p.name);
@@ -204,6 +203,7 @@ void load_weights_into(GPT2& model, const fs::path& path) {
 
 void export_checkpoint(const fs::path& checkpoint_dir, const std::string& format,
                        const fs::path& out) {
+  if (out.has_parent_path()) fs::create_directories(out.parent_path());
   const GPT2Weights w = weights_of_checkpoint(checkpoint_dir);
   if (format == "llmc") {
     save_llmc(out, w);

@@ -39,6 +39,7 @@ double seconds_since(Clock::time_point t) {
 void install_preemption_handlers() {
   std::signal(SIGTERM, on_preempt_signal);
   std::signal(SIGUSR1, on_preempt_signal);
+  std::signal(SIGINT, on_preempt_signal);  // Ctrl-C: checkpoint and stop too
 }
 bool preemption_requested() { return g_preempt.load(); }
 
@@ -67,6 +68,9 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
                                                      static_cast<uint64_t>(config_.train.seed),
                                                      /*shuffle=*/true);
   const data::DatasetMeta& meta = train_loader_->meta();
+  KILN_CHECK(config_.eval.every == 0 || meta.splits.count("val"),
+             "{}: eval.every = {} but {} has no val split (prepare it with --val-fraction, or "
+             "set eval.every = 0)", config_.source, config_.eval.every, config_.data.dir);
   if (config_.model.vocab_size == 0) config_.model.vocab_size = meta.vocab_size;
   KILN_CHECK(config_.model.vocab_size >= meta.vocab_size,
              "{}: model.vocab_size {} is smaller than the data set's vocabulary ({} in {})",
@@ -482,7 +486,9 @@ TrainResult Trainer::run() {
   r.timed_steps = timed_steps;
   r.tokens_per_s = timed_steps > 0 ? static_cast<double>(tokens_per_step) * timed_steps / timed_seconds
                                    : 0.0;
-  if (options_.verbose)
+  if (options_.verbose && step_ == r.first_step)
+    fmt::print("kiln: already at update {} of {}: nothing to do\n", step_, config_.train.steps);
+  else if (options_.verbose)
     fmt::print("kiln: done: {} updates in {}, last loss {:.4f}{}\n", step_ - r.first_step,
                format_duration(seconds_since(run_start)), r.last_loss,
                r.last_val_loss >= 0 ? fmt::format(", val loss {:.4f}", r.last_val_loss) : "");

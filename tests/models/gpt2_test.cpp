@@ -291,7 +291,9 @@ TEST(GPT2, FullCheckpointingKeepsAQuarterOfTheActivations) {
     if (mode == ActivationCheckpointing::None) none = acts;
     std::printf("mode %d: %.2f MB of activations (%.0f%% of none)\n", int(mode), acts / 1e6,
                 100.0 * acts / none);
-    if (mode == ActivationCheckpointing::Full) EXPECT_LE(acts * 4, none);
+    if (mode == ActivationCheckpointing::Full) {
+      EXPECT_LE(acts * 4, none);
+    }
   }
 }
 
