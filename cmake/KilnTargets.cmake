@@ -12,7 +12,7 @@ function(kiln_add_test)
   target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main)
   add_test(NAME ${T_NAME} COMMAND ${T_NAME} ${T_ARGS})
   set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT}
-    ENVIRONMENT "OMP_NUM_THREADS=2;KILN_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+    ENVIRONMENT "OMP_NUM_THREADS=2;OMP_WAIT_POLICY=passive;KILN_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
   if(T_LABELS)
     set_tests_properties(${T_NAME} PROPERTIES LABELS "${T_LABELS}")
   endif()

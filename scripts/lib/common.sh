@@ -2,6 +2,9 @@
 # Sourced, not run.
 
 KILN_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+# OpenMP threads that sleep between parallel regions: much faster when the cores are
+# shared (kiln sets this itself too; tests and tools built on its libraries need it here).
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 KILN_BUILD="${KILN_BUILD_DIR:-$KILN_ROOT/build}"
 
 # Debian packages kiln builds and tests with (all from Debian 12).
