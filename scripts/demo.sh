@@ -11,7 +11,7 @@ start=$(date +%s)
 
 kiln_apt_install "${KILN_BUILD_PACKAGES[@]}" bible-kjv
 KILN_BUILD="${KILN_DEMO_BUILD_DIR:-$KILN_ROOT/build-demo}"
-kiln_build -DKILN_BUILD_TESTS=OFF -DKILN_BUILD_BENCH=OFF >/dev/null
+kiln_build -DKILN_BUILD_TESTS=OFF -DKILN_BUILD_BENCH=OFF -DKILN_CUDA=OFF
 kiln="$KILN_BUILD/apps/kiln/kiln"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
 echo "demo: built kiln in $(( $(date +%s) - start )) s"

@@ -39,8 +39,15 @@ kiln_ensure_node() {
   fi
 }
 
-# Configures and builds kiln in $KILN_BUILD. Extra arguments go to cmake.
+# Configures and builds kiln in $KILN_BUILD. Extra arguments go to cmake. The output
+# goes to $KILN_BUILD/build.log; on failure its end is printed.
 kiln_build() {
-  cmake -S "$KILN_ROOT" -B "$KILN_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
-  cmake --build "$KILN_BUILD" -j "$(nproc)"
+  mkdir -p "$KILN_BUILD"
+  echo "kiln: building in $KILN_BUILD (log: $KILN_BUILD/build.log)"
+  if ! { cmake -S "$KILN_ROOT" -B "$KILN_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" &&
+         cmake --build "$KILN_BUILD" -j "$(nproc)"; } >"$KILN_BUILD/build.log" 2>&1; then
+    tail -n 40 "$KILN_BUILD/build.log" >&2
+    echo "kiln: the build failed (full log: $KILN_BUILD/build.log)" >&2
+    return 1
+  fi
 }

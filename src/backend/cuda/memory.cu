@@ -80,7 +80,36 @@ __global__ void sum_partials(const double* partial, int count, double* result) {
   if (threadIdx.x == 0) *result = acc;
 }
 
+// One thread per group of 4 elements: one Philox block gives their 4 random words.
+__global__ void stochastic_round_kernel(uint16_t* dst, const float* src, int64_t n,
+                                        uint64_t seed, uint64_t stream) {
+  const int64_t blocks = (n + 3) / 4;
+  for (int64_t b = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; b < blocks;
+       b += int64_t{gridDim.x} * blockDim.x) {
+    const Philox4 r = philox_block(seed, stream, static_cast<uint64_t>(b));
+    for (int j = 0; j < 4; ++j) {
+      const int64_t i = b * 4 + j;
+      if (i >= n) break;
+      const uint32_t u = __float_as_uint(src[i]);
+      if ((u & 0x7f800000u) == 0x7f800000u) {  // Inf or NaN: round to nearest
+        dst[i] = __bfloat16_as_ushort(__float2bfloat16_rn(src[i]));
+      } else {
+        dst[i] = static_cast<uint16_t>((u + (r[j] & 0xffffu)) >> 16);
+      }
+    }
+  }
+}
+
 }  // namespace
+
+void stochastic_round_bf16(cudaStream_t s, void* dst, const float* src, int64_t n, uint64_t seed,
+                           uint64_t stream) {
+  if (n == 0) return;
+  const int64_t blocks = (n + 3) / 4;
+  const int grid = static_cast<int>(std::min<int64_t>((blocks + 255) / 256, 4096));
+  stochastic_round_kernel<<<grid, 256, 0, s>>>(static_cast<uint16_t*>(dst), src, n, seed, stream);
+  KILN_CUDA_CHECK(cudaGetLastError());
+}
 
 void fill_u32(cudaStream_t s, void* p, uint32_t bits, int64_t n) {
   if (n <= 0) return;
