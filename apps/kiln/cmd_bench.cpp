@@ -285,13 +285,7 @@ void run_bench(const Args& a) {
   } else {
     load_weights_into(model, c.model.init_from);
   }
-  AdamWConfig oc;
-  oc.lr = static_cast<float>(c.optim.lr);
-  oc.beta1 = static_cast<float>(c.optim.beta1);
-  oc.beta2 = static_cast<float>(c.optim.beta2);
-  oc.eps = static_cast<float>(c.optim.eps);
-  oc.weight_decay = static_cast<float>(c.optim.weight_decay);
-  AdamW opt(be, model.params(), model.param_buffer(), model.grad_buffer(), oc);
+  AdamW opt(be, model.params(), model.param_buffer(), model.grad_buffer(), adamw_config_from(c));
   Tensor tokens = be.empty(Shape{B, T}, DType::I32, MemCategory::Activations);
   Tensor targets = be.empty(Shape{B, T}, DType::I32, MemCategory::Activations);
 

@@ -74,10 +74,7 @@ RankMemory dry_run(const TrainConfig& c, const MemPlanOptions& o, int rank,
   GPT2 model(gpt2_config_from(c), *be, storage);
   model.set_activation_checkpointing(parse_activation_checkpointing(c.train.activation_checkpointing));
   DataParallel dp(model, comm, c.parallel.zero_stage, c.parallel.bucket_mb);
-  AdamWConfig oc;
-  oc.lr = static_cast<float>(c.optim.lr);
-  oc.weight_decay = static_cast<float>(c.optim.weight_decay);
-  AdamW optimizer(*be, dp.optimizer_segments(), oc);
+  AdamW optimizer(*be, dp.optimizer_segments(), adamw_config_from(c));
   const int B = c.train.micro_batch, T = c.train.seq_len;
   Tensor tokens = be->empty(Shape{B, T}, DType::I32, MemCategory::Activations);
   Tensor targets = be->empty(Shape{B, T}, DType::I32, MemCategory::Activations);

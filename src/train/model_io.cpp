@@ -23,6 +23,18 @@ GPT2Config gpt2_config_from(const TrainConfig& config) {
   return c;
 }
 
+AdamWConfig adamw_config_from(const TrainConfig& config) {
+  AdamWConfig oc;
+  oc.lr = static_cast<float>(config.optim.lr);
+  oc.beta1 = static_cast<float>(config.optim.beta1);
+  oc.beta2 = static_cast<float>(config.optim.beta2);
+  oc.eps = static_cast<float>(config.optim.eps);
+  oc.weight_decay = static_cast<float>(config.optim.weight_decay);
+  oc.stochastic_rounding = config.train.stochastic_rounding != 0;
+  oc.seed = static_cast<uint64_t>(config.train.seed) ^ 0x5eed5eedull;
+  return oc;
+}
+
 nlohmann::json gpt2_config_json(const GPT2Config& c) {
   return {{"n_layer", c.n_layer},       {"n_head", c.n_head},
           {"n_embd", c.n_embd},         {"vocab_size", c.vocab_size},

@@ -18,6 +18,9 @@ namespace kiln {
 /// The model of a training config (vocabulary padded to a multiple of 128).
 GPT2Config gpt2_config_from(const TrainConfig& config);
 
+/// The optimizer settings of a training config ([optim] and train.stochastic_rounding).
+AdamWConfig adamw_config_from(const TrainConfig& config);
+
 /// Model hyper-parameters as stored in a checkpoint's state ("model" object).
 nlohmann::json gpt2_config_json(const GPT2Config& c);
 GPT2Config gpt2_config_from_json(const nlohmann::json& j);

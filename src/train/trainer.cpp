@@ -95,15 +95,8 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
       parse_activation_checkpointing(config_.train.activation_checkpointing));
   dp_ = std::make_unique<DataParallel>(*model_, mesh_->comm(Axis::DP), config_.parallel.zero_stage,
                                        config_.parallel.bucket_mb);
-  AdamWConfig oc;
-  oc.lr = static_cast<float>(config_.optim.lr);
-  oc.beta1 = static_cast<float>(config_.optim.beta1);
-  oc.beta2 = static_cast<float>(config_.optim.beta2);
-  oc.eps = static_cast<float>(config_.optim.eps);
-  oc.weight_decay = static_cast<float>(config_.optim.weight_decay);
-  oc.stochastic_rounding = config_.train.stochastic_rounding != 0;
-  oc.seed = static_cast<uint64_t>(config_.train.seed) ^ 0x5eed5eedull;
-  optimizer_ = std::make_unique<AdamW>(*backend_, dp_->optimizer_segments(), oc);
+  optimizer_ = std::make_unique<AdamW>(*backend_, dp_->optimizer_segments(),
+                                       adamw_config_from(config_));
   const int B = config_.train.micro_batch;
   tokens_ = backend_->empty(Shape{B, seq_len_}, DType::I32, MemCategory::Activations);
   targets_ = backend_->empty(Shape{B, seq_len_}, DType::I32, MemCategory::Activations);
