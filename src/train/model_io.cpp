@@ -55,30 +55,16 @@ GPT2Config gpt2_config_from_json(const nlohmann::json& j) {
   return c;
 }
 
-namespace {
-std::vector<float> host_copy(Backend& be, const Tensor& t) { return download_f32(be, t); }
-}  // namespace
-
-void add_model_to_checkpoint(checkpoint::CheckpointWriter& writer, const GPT2& model,
-                             const AdamW* optimizer, std::vector<std::vector<float>>& keep) {
-  Backend& be = model.backend();
-  for (const ParamSpec& p : model.params()) {
-    keep.push_back(host_copy(be, model.param(p)));
-    writer.add_tensor(p.name, p.shape, DType::F32, keep.back().data());
-  }
-  if (optimizer) add_optimizer_to_checkpoint(writer, *optimizer, keep);
-}
-
 void add_optimizer_to_checkpoint(checkpoint::CheckpointWriter& writer, const AdamW& optimizer,
                                  std::vector<std::vector<float>>& keep) {
   Backend& be = optimizer.backend();
   for (size_t i = 0; i < optimizer.segments().size(); ++i) {
     const AdamWSegment& seg = optimizer.segments()[i];
     if (seg.size() == 0) continue;
-    keep.push_back(host_copy(be, optimizer.m(i)));
+    keep.push_back(download_f32(be, optimizer.m(i)));
     writer.add_flat_range("optimizer.exp_avg." + seg.spec.name, seg.spec.shape, DType::F32,
                           seg.begin, seg.end, keep.back().data());
-    keep.push_back(host_copy(be, optimizer.v(i)));
+    keep.push_back(download_f32(be, optimizer.v(i)));
     writer.add_flat_range("optimizer.exp_avg_sq." + seg.spec.name, seg.spec.shape, DType::F32,
                           seg.begin, seg.end, keep.back().data());
   }

@@ -25,11 +25,6 @@ AdamWConfig adamw_config_from(const TrainConfig& config);
 nlohmann::json gpt2_config_json(const GPT2Config& c);
 GPT2Config gpt2_config_from_json(const nlohmann::json& j);
 
-/// Adds every parameter of `model` (as a named global tensor) and, when given, the
-/// optimizer's moments ("optimizer.exp_avg.<name>", "optimizer.exp_avg_sq.<name>",
-/// over the optimizer's range) to `writer`. Host copies are kept alive by `keep`.
-void add_model_to_checkpoint(checkpoint::CheckpointWriter& writer, const GPT2& model,
-                             const AdamW* optimizer, std::vector<std::vector<float>>& keep);
 /// The optimizer's moments over its segments, as flat ranges of named global tensors.
 void add_optimizer_to_checkpoint(checkpoint::CheckpointWriter& writer, const AdamW& optimizer,
                                  std::vector<std::vector<float>>& keep);
