@@ -63,18 +63,6 @@ inline float dot_t(const T* a, const float* b, int64_t n) {
   return s;
 }
 
-// out[j] = sum_d a[d] * bt[d * T + j] for j < n.
-inline void row_times_transposed(float* out, const float* a, const float* bt, int64_t n, int64_t T,
-                                 int64_t HD) {
-  std::fill(out, out + n, 0.f);
-  for (int64_t d = 0; d < HD; ++d) {
-    const float ad = a[d];
-    const float* col = bt + d * T;
-#pragma omp simd
-    for (int64_t j = 0; j < n; ++j) out[j] += ad * col[j];
-  }
-}
-
 inline float dot(const float* a, const float* b, int64_t n) {
   float s = 0.f;
 #pragma omp simd reduction(+ : s)
@@ -83,6 +71,26 @@ inline float dot(const float* a, const float* b, int64_t n) {
 }
 
 }  // namespace
+
+// Query rows are processed in blocks of kRows: each row of k^T, v^T, k and v (and each
+// accumulator row of dk, dv) is then read once per block instead of once per query, which
+// keeps the inner loops in L1 instead of streaming the head's keys from L2 per row.
+constexpr int64_t kRows = 8;
+
+// s[r * ld + j] = sum_d q[(i0 + r) * HD + d] * kt[d * T + j] for r < rows, j < n.
+inline void block_times_transposed(float* s, int64_t ld, const float* q, int64_t rows,
+                                   const float* kt, int64_t n, int64_t T, int64_t HD) {
+  for (int64_t r = 0; r < rows; ++r) std::fill(s + r * ld, s + r * ld + n, 0.f);
+  for (int64_t d = 0; d < HD; ++d) {
+    const float* col = kt + d * T;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float a = q[r * HD + d];
+      float* sr = s + r * ld;
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) sr[j] += a * col[j];
+    }
+  }
+}
 
 template <class T_>
 void attention_forward(T_* out, float* lse, const T_* qkv, int64_t B, int64_t T, int64_t C,
@@ -93,39 +101,50 @@ void attention_forward(T_* out, float* lse, const T_* qkv, int64_t B, int64_t T,
   {
     HeadScratch hs;
     hs.resize(T, HD);
-    std::vector<float> acc(static_cast<size_t>(HD));
+    std::vector<float> s(static_cast<size_t>(kRows * T)), acc(static_cast<size_t>(kRows * HD));
+    float inv[kRows];
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < B * NH; ++bh) {
       const int64_t b = bh / NH, h = bh % NH;
       gather_head(hs, qkv, b, h, T, C, HD, scale);
-      float* s = hs.s.data();
-      for (int64_t i = 0; i < T; ++i) {
-        const int64_t n = i + 1;
-        row_times_transposed(s, hs.q.data() + i * HD, hs.kt.data(), n, T, HD);
-        float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t i0 = 0; i0 < T; i0 += kRows) {
+        const int64_t rows = std::min(kRows, T - i0);
+        const int64_t n = i0 + rows;  // keys any row of the block sees
+        block_times_transposed(s.data(), T, hs.q.data() + i0 * HD, rows, hs.kt.data(), n, T, HD);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t i = i0 + r, ni = i + 1;
+          float* sr = s.data() + r * T;
+          float mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
-        for (int64_t j = 0; j < n; ++j) mx = std::max(mx, s[j]);
-        float sum = 0.f;
+          for (int64_t j = 0; j < ni; ++j) mx = std::max(mx, sr[j]);
+          float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < n; ++j) {
-          s[j] = exp_approx(s[j] - mx);
-          sum += s[j];
-        }
-        const float inv = 1.f / sum;
-        if (dropout.enabled()) {
-          const uint64_t row_index = static_cast<uint64_t>((bh * T + i) * T);
-          for (int64_t j = 0; j < n; ++j) s[j] *= keep_scale(dropout, row_index + j);
+          for (int64_t j = 0; j < ni; ++j) {
+            sr[j] = exp_approx(sr[j] - mx);
+            sum += sr[j];
+          }
+          for (int64_t j = ni; j < n; ++j) sr[j] = 0.f;  // causal mask
+          inv[r] = 1.f / sum;
+          if (dropout.enabled()) {
+            const uint64_t row_index = static_cast<uint64_t>((bh * T + i) * T);
+            for (int64_t j = 0; j < ni; ++j) sr[j] *= keep_scale(dropout, row_index + j);
+          }
+          lse[bh * T + i] = mx + std::log(sum);
         }
         std::fill(acc.begin(), acc.end(), 0.f);
         for (int64_t j = 0; j < n; ++j) {
-          const float p = s[j] * inv;
           const float* vj = hs.v.data() + j * HD;
+          for (int64_t r = 0; r < rows; ++r) {
+            const float p = s[static_cast<size_t>(r * T + j)];
+            float* ar = acc.data() + r * HD;
 #pragma omp simd
-          for (int64_t d = 0; d < HD; ++d) acc[d] += p * vj[d];
+            for (int64_t d = 0; d < HD; ++d) ar[d] += p * vj[d];
+          }
         }
-        T_* o = out + (b * T + i) * C + h * HD;
-        for (int64_t d = 0; d < HD; ++d) o[d] = store<T_>(acc[d]);
-        lse[bh * T + i] = mx + std::log(sum);
+        for (int64_t r = 0; r < rows; ++r) {
+          T_* o = out + (b * T + i0 + r) * C + h * HD;
+          for (int64_t d = 0; d < HD; ++d) o[d] = store<T_>(acc[static_cast<size_t>(r * HD + d)] * inv[r]);
+        }
       }
     }
   }
@@ -141,7 +160,10 @@ void attention_backward(T_* dqkv, const T_* dout, const T_* qkv, const T_* out, 
     HeadScratch hs;
     hs.resize(T, HD);
     const auto th = static_cast<size_t>(T * HD);
-    std::vector<float> dq(th), dk(th), dv(th), dp(static_cast<size_t>(T)), doi_f(static_cast<size_t>(HD));
+    std::vector<float> dq(th), dk(th), dv(th);
+    std::vector<float> p(static_cast<size_t>(kRows * T)), dp(static_cast<size_t>(kRows * T));
+    std::vector<float> dob(static_cast<size_t>(kRows * HD));
+    float Di[kRows];
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < B * NH; ++bh) {
       const int64_t b = bh / NH, h = bh % NH;
@@ -149,34 +171,58 @@ void attention_backward(T_* dqkv, const T_* dout, const T_* qkv, const T_* out, 
       std::fill(dq.begin(), dq.end(), 0.f);
       std::fill(dk.begin(), dk.end(), 0.f);
       std::fill(dv.begin(), dv.end(), 0.f);
-      float* p = hs.p.data();
-      for (int64_t i = 0; i < T; ++i) {
-        const int64_t n = i + 1;
-        const float* qi = hs.q.data() + i * HD;  // scaled
-        const T_* oi = out + (b * T + i) * C + h * HD;
-        float* doi = doi_f.data();
-        for (int64_t d = 0; d < HD; ++d) doi[d] = load(dout[(b * T + i) * C + h * HD + d]);
-        const float l = lse[bh * T + i];
-        const float Di = dot_t(oi, doi, HD);
-        row_times_transposed(p, qi, hs.kt.data(), n, T, HD);  // scores
+      for (int64_t i0 = 0; i0 < T; i0 += kRows) {
+        const int64_t rows = std::min(kRows, T - i0);
+        const int64_t n = i0 + rows;
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t i = i0 + r;
+          float* dor = dob.data() + r * HD;
+          for (int64_t d = 0; d < HD; ++d) dor[d] = load(dout[(b * T + i) * C + h * HD + d]);
+          Di[r] = dot_t(out + (b * T + i) * C + h * HD, dor, HD);
+        }
+        const float* qb = hs.q.data() + i0 * HD;  // scaled
+        block_times_transposed(p.data(), T, qb, rows, hs.kt.data(), n, T, HD);    // scores
+        block_times_transposed(dp.data(), T, dob.data(), rows, hs.vt.data(), n, T, HD);  // dO.V
+        // Per row: P = exp(S - lse) (0 past the diagonal); then p <- P~ (dropped, scaled)
+        // and dp <- dS = P (m dP~ - D), ready for the three accumulations below.
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t i = i0 + r, ni = i + 1;
+          float* pr = p.data() + r * T;
+          float* dpr = dp.data() + r * T;
+          const float l = lse[bh * T + i];
 #pragma omp simd
-        for (int64_t j = 0; j < n; ++j) p[j] = exp_approx(p[j] - l);
-        row_times_transposed(dp.data(), doi, hs.vt.data(), n, T, HD);  // dO_i . V_j
-        const uint64_t row_index = static_cast<uint64_t>((bh * T + i) * T);
-        float* dqi = dq.data() + i * HD;
+          for (int64_t j = 0; j < ni; ++j) pr[j] = exp_approx(pr[j] - l);
+          for (int64_t j = ni; j < n; ++j) pr[j] = 0.f, dpr[j] = 0.f;
+          if (dropout.enabled()) {
+            const uint64_t row_index = static_cast<uint64_t>((bh * T + i) * T);
+            for (int64_t j = 0; j < ni; ++j) {
+              const float m = keep_scale(dropout, row_index + j);
+              const float pij = pr[j];
+              dpr[j] = pij * (m * dpr[j] - Di[r]);
+              pr[j] = pij * m;
+            }
+          } else {
+#pragma omp simd
+            for (int64_t j = 0; j < ni; ++j) dpr[j] = pr[j] * (dpr[j] - Di[r]);
+          }
+        }
+        // dV_j += sum_r P~_rj dO_r;  dK_j += sum_r dS_rj q_r  (q scaled);  dQ_r += dS_rj K_j
         for (int64_t j = 0; j < n; ++j) {
-          const float m = dropout.enabled() ? keep_scale(dropout, row_index + j) : 1.f;
-          // dV_j += P~_ij dO_i;  dS_ij = P_ij (m dP~_ij - D_i);  S = (q scale) . k
-          const float pt = p[j] * m;
-          const float ds = p[j] * (m * dp[j] - Di);
           const float* kj = hs.k.data() + j * HD;
           float* dvj = dv.data() + j * HD;
           float* dkj = dk.data() + j * HD;
+          for (int64_t r = 0; r < rows; ++r) {
+            const float pt = p[static_cast<size_t>(r * T + j)];
+            const float ds = dp[static_cast<size_t>(r * T + j)];
+            const float* dor = dob.data() + r * HD;
+            const float* qr = qb + r * HD;
+            float* dqr = dq.data() + (i0 + r) * HD;
 #pragma omp simd
-          for (int64_t d = 0; d < HD; ++d) {
-            dvj[d] += pt * doi[d];
-            dqi[d] += ds * kj[d];
-            dkj[d] += ds * qi[d];
+            for (int64_t d = 0; d < HD; ++d) {
+              dvj[d] += pt * dor[d];
+              dkj[d] += ds * qr[d];
+              dqr[d] += ds * kj[d];
+            }
           }
         }
       }
