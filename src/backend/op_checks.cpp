@@ -34,6 +34,23 @@ RowDims layernorm(const Tensor& out, const Tensor& mean, const Tensor& rstd, con
   return d;
 }
 
+RowDims layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                           const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                           const Tensor& mean, const Tensor& rstd) {
+  const RowDims d = layernorm(dout, mean, rstd, inp, weight, dbias);
+  same_size(dinp, inp, "layernorm_backward dinp");
+  grad_of(dweight, weight, "layernorm_backward dweight");
+  return d;
+}
+
+LinearDims linear_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                           const Tensor& dout, const Tensor& inp, const Tensor& weight) {
+  const LinearDims d = linear(dout, inp, weight, dbias);
+  if (dinp) same_size(dinp, inp, "linear_backward dinp");
+  if (dweight) grad_of(dweight, weight, "linear_backward dweight");
+  return d;
+}
+
 LinearDims linear(const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias) {
   KILN_CHECK(weight.ndim() == 2, "linear: weight must be [OC,IC], got {}", weight.str());
   LinearDims d{rows(inp), weight.size(1), weight.size(0)};

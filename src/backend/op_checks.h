@@ -16,10 +16,20 @@ struct RowDims { int64_t N, C; };
 RowDims layernorm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& inp,
                   const Tensor& weight, const Tensor& bias);
 
+/// layernorm_backward's arguments (the forward's plus dinp like inp, dweight a gradient
+/// of weight).
+RowDims layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                           const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                           const Tensor& mean, const Tensor& rstd);
+
 struct LinearDims { int64_t N, IC, OC; };
 /// out/dout [N,OC], inp [N,IC], weight [OC,IC], bias [OC] or empty. Leading dims of
 /// out and inp are flattened into N.
 LinearDims linear(const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias);
+
+/// linear_backward's arguments; dinp, dweight and dbias may each be empty.
+LinearDims linear_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                           const Tensor& dout, const Tensor& inp, const Tensor& weight);
 
 struct AttentionDims { int64_t B, T, C, NH, HD; };
 AttentionDims attention(const Tensor& out, const Tensor& lse, const Tensor& qkv, int n_head);

@@ -1,8 +1,8 @@
 #include "plan/scratch_models.h"
 
+#include "backend/cpu/gemm.h"
 #include "core/error.h"
 
-#include <oneapi/dnnl/dnnl.hpp>
 #include <omp.h>
 
 #include <algorithm>
@@ -13,18 +13,6 @@
 namespace kiln::plan {
 
 namespace {
-using dt = dnnl::memory::data_type;
-
-dt to_dnnl(DType t) {
-  switch (t) {
-    case DType::F32: return dt::f32;
-    case DType::BF16: return dt::bf16;
-    case DType::F16: return dt::f16;
-    case DType::I32: return dt::s32;
-  }
-  return dt::undef;
-}
-
 // Restores the OpenMP thread count on scope exit.
 struct ThreadScope {
   explicit ThreadScope(int threads) : saved(omp_get_max_threads()) {
@@ -36,35 +24,14 @@ struct ThreadScope {
 }  // namespace
 
 int64_t onednn_matmul_scratchpad_bytes(const GemmProblem& g, int threads) {
-  if (g.m == 0 || g.n == 0 || g.k == 0) return 0;
-  // The same descriptors as src/backend/cpu/gemm.cpp (Gemm::Impl::get).
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   ThreadScope ts(threads);
-  using dims = dnnl::memory::dims;
-  const dnnl::memory::desc a(dims{g.m, g.k}, to_dnnl(g.dtype), g.trans_a ? dims{1, g.lda} : dims{g.lda, 1});
-  const dnnl::memory::desc b(dims{g.k, g.n}, to_dnnl(g.dtype), g.trans_b ? dims{1, g.ldb} : dims{g.ldb, 1});
-  // The CPU backend writes fp32 outputs for fp32 inputs; for 16-bit inputs the output
-  // dtype follows the activations, as in its linear ops.
-  const dnnl::memory::desc c(dims{g.m, g.n}, to_dnnl(g.dtype), dims{g.ldc, 1});
-  dnnl::primitive_attr attr;
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  if (g.accumulate) {
-    dnnl::post_ops po;
-    po.append_sum(1.0f);
-    attr.set_post_ops(po);
-  }
-  try {
-    if (g.bias) {
-      const dnnl::memory::desc bias(dims{1, g.n}, to_dnnl(g.dtype), dims{g.n, 1});
-      auto pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, bias, c), attr, engine);
-      return static_cast<int64_t>(pd.scratchpad_desc().get_size());
-    }
-    auto pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine);
-    return static_cast<int64_t>(pd.scratchpad_desc().get_size());
-  } catch (const dnnl::error& e) {
-    KILN_FAIL("oneDNN matmul {}x{}x{}: no primitive for the scratchpad query: {}", g.m, g.n, g.k,
-              e.what());
-  }
+  cpu::GemmArgs a;
+  a.m = g.m, a.n = g.n, a.k = g.k;
+  a.lda = g.lda, a.trans_a = g.trans_a, a.ldb = g.ldb, a.trans_b = g.trans_b, a.ldc = g.ldc;
+  a.accumulate = g.accumulate;
+  a.bias = g.bias ? &a : nullptr;  // any non-null pointer: only its presence matters
+  a.a_type = a.b_type = a.c_type = a.bias_type = g.dtype;
+  return static_cast<int64_t>(cpu::Gemm::scratchpad_bytes(a));
 }
 
 std::vector<GemmProblem> cpu_linear_gemms(const MetaCallInfo& c) {

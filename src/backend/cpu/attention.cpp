@@ -27,11 +27,9 @@ namespace {
 // [T,HD] rows, and k^T, v^T as [HD,T] so that the scores of query i against keys
 // 0..i are a vectorised loop over j (an axpy per channel) instead of i dot products.
 struct HeadScratch {
-  std::vector<float> q, k, v, kt, vt, s, p;
+  std::vector<float> q, k, v, kt, vt;
   void resize(int64_t T, int64_t HD) {
     for (auto* x : {&q, &k, &v, &kt, &vt}) x->resize(static_cast<size_t>(T * HD));
-    s.resize(static_cast<size_t>(T));
-    p.resize(static_cast<size_t>(T));
   }
 };
 
@@ -60,13 +58,6 @@ inline float dot_t(const T* a, const float* b, int64_t n) {
   float s = 0.f;
 #pragma omp simd reduction(+ : s)
   for (int64_t i = 0; i < n; ++i) s += load(a[i]) * b[i];
-  return s;
-}
-
-inline float dot(const float* a, const float* b, int64_t n) {
-  float s = 0.f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
   return s;
 }
 

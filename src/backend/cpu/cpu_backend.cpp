@@ -123,9 +123,8 @@ class CpuBackend final : public Backend {
   void layernorm_backward(Stream, const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
                           const Tensor& dout, const Tensor& inp, const Tensor& weight,
                           const Tensor& mean, const Tensor& rstd) override {
-    const auto d = checks::layernorm(dout, mean, rstd, inp, weight, dbias);
-    checks::same_size(dinp, inp, "layernorm_backward dinp");
-    checks::grad_of(dweight, weight, "layernorm_backward dweight");
+    const auto d =
+        checks::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd);
     dispatch_tg(inp.dtype(), dweight.dtype(), "layernorm_backward", [&](auto t, auto g) {
       using T = decltype(t);
       using G = decltype(g);
@@ -145,9 +144,7 @@ class CpuBackend final : public Backend {
   }
   void linear_backward(Stream, const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
                        const Tensor& dout, const Tensor& inp, const Tensor& weight) override {
-    const auto d = checks::linear(dout, inp, weight, dbias);
-    if (dinp) checks::same_size(dinp, inp, "linear_backward dinp");
-    if (dweight) checks::grad_of(dweight, weight, "linear_backward dweight");
+    const auto d = checks::linear_backward(dinp, dweight, dbias, dout, inp, weight);
     const DType gdt = dweight ? dweight.dtype() : (dbias ? dbias.dtype() : DType::F32);
     dispatch_tg(inp.dtype(), gdt, "linear_backward", [&](auto t, auto g) {
       using T = decltype(t);

@@ -24,6 +24,33 @@ dt to_dnnl(DType t) {
   return dt::undef;
 }
 
+// The matmul primitive of one problem (user scratchpad; sum post-op to accumulate). The
+// memory descriptors are returned through the pointers when given.
+dnnl::matmul::primitive_desc primitive_desc(const GemmArgs& g, const dnnl::engine& engine,
+                                            dnnl::memory::desc* a_md = nullptr,
+                                            dnnl::memory::desc* b_md = nullptr,
+                                            dnnl::memory::desc* c_md = nullptr,
+                                            dnnl::memory::desc* bias_md = nullptr) {
+  using dims = dnnl::memory::dims;
+  const dnnl::memory::desc a(dims{g.m, g.k}, to_dnnl(g.a_type),
+                             g.trans_a ? dims{1, g.lda} : dims{g.lda, 1});
+  const dnnl::memory::desc b(dims{g.k, g.n}, to_dnnl(g.b_type),
+                             g.trans_b ? dims{1, g.ldb} : dims{g.ldb, 1});
+  const dnnl::memory::desc c(dims{g.m, g.n}, to_dnnl(g.c_type), dims{g.ldc, 1});
+  dnnl::memory::desc bias;
+  if (g.bias) bias = dnnl::memory::desc(dims{1, g.n}, to_dnnl(g.bias_type), dims{g.n, 1});
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (g.accumulate) {
+    dnnl::post_ops po;
+    po.append_sum(1.0f);
+    attr.set_post_ops(po);
+  }
+  if (a_md) *a_md = a, *b_md = b, *c_md = c, *bias_md = bias;
+  auto desc = g.bias ? dnnl::matmul::desc(a, b, bias, c) : dnnl::matmul::desc(a, b, c);
+  return dnnl::matmul::primitive_desc(desc, attr, engine);
+}
+
 using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, bool, bool,
                        int, int, int, int>;
 
@@ -49,29 +76,24 @@ struct Gemm::Impl {
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
     Cached c;
-    using dims = dnnl::memory::dims;
-    c.a_md = dnnl::memory::desc(dims{g.m, g.k}, to_dnnl(g.a_type),
-                                g.trans_a ? dims{1, g.lda} : dims{g.lda, 1});
-    c.b_md = dnnl::memory::desc(dims{g.k, g.n}, to_dnnl(g.b_type),
-                                g.trans_b ? dims{1, g.ldb} : dims{g.ldb, 1});
-    c.c_md = dnnl::memory::desc(dims{g.m, g.n}, to_dnnl(g.c_type), dims{g.ldc, 1});
-    if (g.bias) c.bias_md = dnnl::memory::desc(dims{1, g.n}, to_dnnl(g.bias_type), dims{g.n, 1});
-    dnnl::primitive_attr attr;
-    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    if (g.accumulate) {
-      dnnl::post_ops po;
-      po.append_sum(1.0f);
-      attr.set_post_ops(po);
-    }
-    auto desc = g.bias ? dnnl::matmul::desc(c.a_md, c.b_md, c.bias_md, c.c_md)
-                       : dnnl::matmul::desc(c.a_md, c.b_md, c.c_md);
-    auto pd = dnnl::matmul::primitive_desc(desc, attr, engine);
+    const auto pd = primitive_desc(g, engine, &c.a_md, &c.b_md, &c.c_md, &c.bias_md);
     c.scratch_md = pd.scratchpad_desc();
     c.scratch_bytes = c.scratch_md.get_size();
     c.prim = dnnl::matmul(pd);
     return cache.emplace(key, std::move(c)).first->second;
   }
 };
+
+size_t Gemm::scratchpad_bytes(const GemmArgs& g) {
+  if (g.m == 0 || g.n == 0 || g.k == 0) return 0;
+  static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  try {
+    return primitive_desc(g, engine).scratchpad_desc().get_size();
+  } catch (const dnnl::error& e) {
+    KILN_FAIL("oneDNN matmul {}x{}x{}: no primitive for the scratchpad query: {}", g.m, g.n, g.k,
+              e.what());
+  }
+}
 
 Gemm::Gemm(Allocator& alloc) : impl_(std::make_unique<Impl>(alloc)) {}
 Gemm::~Gemm() = default;

@@ -41,6 +41,9 @@ class Gemm {
   ~Gemm();
   /// Throws kiln::Error on an invalid problem or a oneDNN failure.
   void run(const GemmArgs& args);
+  /// Bytes of oneDNN scratchpad run(args) would allocate, with the calling thread's
+  /// OpenMP thread count (the memory planner asks this without running anything).
+  static size_t scratchpad_bytes(const GemmArgs& args);
 
  private:
   struct Impl;

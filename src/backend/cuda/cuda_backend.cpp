@@ -191,9 +191,8 @@ class CudaBackend final : public Backend {
                           const Tensor& dout, const Tensor& inp, const Tensor& weight,
                           const Tensor& mean, const Tensor& rstd) override {
     cuda::NvtxRange r("layernorm_backward");
-    const auto d = checks::layernorm(dout, mean, rstd, inp, weight, dbias);
-    checks::same_size(dinp, inp, "layernorm_backward dinp");
-    checks::grad_of(dweight, weight, "layernorm_backward dweight");
+    const auto d =
+        checks::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd);
     const Elem e = elem(inp, "layernorm_backward", {&dinp, &dout, &weight});
     const Elem g = grad_elem(dweight, e, "layernorm_backward dweight", {&dbias});
     Scratch scratch(*this, st(s), cuda::layernorm_backward_scratch_bytes(d.N, d.C));
@@ -237,9 +236,7 @@ class CudaBackend final : public Backend {
   void linear_backward(Stream s, const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
                        const Tensor& dout, const Tensor& inp, const Tensor& weight) override {
     cuda::NvtxRange r("linear_backward");
-    const auto d = checks::linear(dout, inp, weight, dbias);
-    if (dinp) checks::same_size(dinp, inp, "linear_backward dinp");
-    if (dweight) checks::grad_of(dweight, weight, "linear_backward dweight");
+    const auto d = checks::linear_backward(dinp, dweight, dbias, dout, inp, weight);
     const Elem e = elem(inp, "linear_backward", {&dout, &weight, &dinp});
     // Parameter gradients in fp32 (mixed precision) or the activations' dtype, as the CPU.
     const Elem g = dweight ? grad_elem(dweight, e, "linear_backward dweight", {&dbias})

@@ -71,9 +71,8 @@ class MetaBackend final : public Backend {
   void layernorm_backward(Stream, const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
                           const Tensor& dout, const Tensor& inp, const Tensor& weight,
                           const Tensor& mean, const Tensor& rstd) override {
-    const auto d = checks::layernorm(dout, mean, rstd, inp, weight, dbias);
-    checks::same_size(dinp, inp, "layernorm_backward dinp");
-    checks::grad_of(dweight, weight, "layernorm_backward dweight");
+    const auto d =
+        checks::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd);
     MetaCallInfo c{MetaCall::LayerNormBackward, inp.dtype()};
     c.N = d.N, c.C = d.C;
     Scope sc(*this, c);
@@ -89,9 +88,7 @@ class MetaBackend final : public Backend {
   }
   void linear_backward(Stream, const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
                        const Tensor& dout, const Tensor& inp, const Tensor& weight) override {
-    const auto d = checks::linear(dout, inp, weight, dbias);
-    if (dinp) checks::same_size(dinp, inp, "linear_backward dinp");
-    if (dweight) checks::grad_of(dweight, weight, "linear_backward dweight");
+    const auto d = checks::linear_backward(dinp, dweight, dbias, dout, inp, weight);
     MetaCallInfo c{MetaCall::LinearBackward, inp.dtype()};
     c.N = d.N, c.IC = d.IC, c.OC = d.OC;
     c.has_bias = static_cast<bool>(dbias);
