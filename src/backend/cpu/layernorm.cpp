@@ -11,6 +11,16 @@
 
 namespace kiln::cpu {
 
+namespace {
+// Zeroed per-thread partial sums, reused across calls (no allocation per step once the
+// largest size was seen). Owned by the calling thread; the OpenMP team writes disjoint rows.
+std::vector<float>& partial_sums(size_t n) {
+  static thread_local std::vector<float> buf;
+  buf.assign(n, 0.f);
+  return buf;
+}
+}  // namespace
+
 template <class T>
 void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight,
                        const T* bias, int64_t N, int64_t C, float eps) {
@@ -39,7 +49,7 @@ void layernorm_backward(T* dinp, G* dweight, G* dbias, const T* dout, const T* i
                         const T* weight, const float* mean, const float* rstd, int64_t N,
                         int64_t C) {
   const int nt = omp_get_max_threads();
-  std::vector<float> partial(static_cast<size_t>(nt) * 2 * C, 0.f);
+  std::vector<float>& partial = partial_sums(static_cast<size_t>(nt) * 2 * C);
 #pragma omp parallel
   {
     float* dw = partial.data() + static_cast<size_t>(omp_get_thread_num()) * 2 * C;
@@ -83,7 +93,7 @@ void layernorm_backward(T* dinp, G* dweight, G* dbias, const T* dout, const T* i
 template <class T, class G>
 void bias_backward(G* dbias, const T* dout, int64_t N, int64_t OC) {
   const int nt = omp_get_max_threads();
-  std::vector<float> partial(static_cast<size_t>(nt) * OC, 0.f);
+  std::vector<float>& partial = partial_sums(static_cast<size_t>(nt) * OC);
 #pragma omp parallel
   {
     float* p = partial.data() + static_cast<size_t>(omp_get_thread_num()) * OC;
