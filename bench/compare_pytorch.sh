@@ -21,20 +21,24 @@
 #   gpt2-124m  GPT-2 small (12 layers, 768 wide, vocab 50257), B=4, T=64
 #   small      6 layers, 384 channels, 6 heads, vocab 8192, block 256, B=8, T=256
 #
-# Settings (the best measured on the 2-core AMD EPYC, Zen 5 with AVX-512, that this
-# project runs on):
+# Settings (each side's best on the CPU at hand; the CPU, kiln's oneDNN ISA and GEMM
+# path and OpenBLAS's core are printed with every result):
 #   both:  OMP_NUM_THREADS=N (default 2; torch also calls torch.set_num_threads(N)) and
 #          OMP_WAIT_POLICY=passive: idle OpenMP threads sleep instead of spinning. Both
 #          use GNU OpenMP; on a machine shared with other work (builds, tests) spinning
 #          threads steal the cores the other thread of a parallel region needs, and each
-#          small op then waits a scheduler time slice at its barrier. Measured on this
+#          small op then waits a scheduler time slice at its barrier. Measured on a 2-core
 #          box under load ~5: kiln GPT-2 124M 40 -> 115 tokens/s, small model 624 ->
 #          1205 tokens/s with passive; torch gains too.
 #   torch: Debian's PyTorch (/usr/bin/python3, torch 1.13) with OpenBLAS
 #          (apt-get install libopenblas0-openmp: without it torch falls back to the
-#          reference BLAS and runs ~20x slower) and OPENBLAS_CORETYPE=SkylakeX (OpenBLAS
-#          does not recognise this CPU and would pick AVX2 kernels: half the speed).
-#   kiln:  oneDNN GEMMs (which detect AVX-512 themselves), OpenMP kernels.
+#          reference BLAS and runs ~20x slower). OpenBLAS picks its kernels itself;
+#          OPENBLAS_CORETYPE is set only where it misdetects a CPU that has the
+#          instructions (bench/pytorch/openblas_core.py: SkylakeX for an AVX-512 CPU it
+#          does not know, e.g. AMD Zen 5 or a new Xeon; Haswell for an AVX2 CPU it takes
+#          for an older core). OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE from the caller's
+#          environment are dropped for torch's runs.
+#   kiln:  oneDNN GEMMs (which detect the ISA themselves), OpenMP kernels.
 # The whole script takes 2 to 8 minutes on 2 cores, depending on the machine's load
 # (--quick: 1 to 3).
 # Not part of ctest.
@@ -84,7 +88,19 @@ mkdir -p "$out"
 
 export OMP_NUM_THREADS="$threads"
 export OMP_WAIT_POLICY=passive
-torch_env=(OPENBLAS_CORETYPE=SkylakeX)
+# OpenBLAS's own choice first (without any inherited override), then ours.
+blas_clean=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE)
+blas_detected=$("${blas_clean[@]}" "$py" "$here/pytorch/openblas_core.py" detect)
+blas_force=$("${blas_clean[@]}" "$py" "$here/pytorch/openblas_core.py" choose)
+torch_env=("${blas_clean[@]}")
+if [ -n "$blas_force" ]; then
+  torch_env+=(OPENBLAS_CORETYPE="$blas_force")
+  blas_core="$("${torch_env[@]}" "$py" "$here/pytorch/openblas_core.py" detect) (OPENBLAS_CORETYPE=$blas_force; OpenBLAS alone picks $blas_detected)"
+else
+  blas_core="$blas_detected (OpenBLAS's own choice)"
+fi
+cpu_model="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | xargs) model $(grep -m1 '^model\s' /proc/cpuinfo | cut -d: -f2 | xargs)"
+kiln_isa="$("$kiln" bench --isa)"
 
 if [ $quick -eq 1 ]; then
   warm_big=1; steps_big=2; warm_small=1; steps_small=3
@@ -92,9 +108,12 @@ else
   warm_big=2; steps_big=5; warm_small=2; steps_small=8
 fi
 
-echo "== kiln vs PyTorch, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), $threads threads"
+echo "== kiln vs PyTorch, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs, $threads threads"
+echo "== CPU: $cpu_model"
+echo "== kiln: $kiln_isa"
+echo "== torch: OpenBLAS core $blas_core"
 echo "== load average at start: $(cut -d' ' -f1-3 /proc/loadavg); kiln: $kiln; logs: $out"
-echo "== both: OMP_NUM_THREADS=$OMP_NUM_THREADS OMP_WAIT_POLICY=$OMP_WAIT_POLICY; torch also: ${torch_env[*]}"
+echo "== both: OMP_NUM_THREADS=$OMP_NUM_THREADS OMP_WAIT_POLICY=$OMP_WAIT_POLICY; torch's environment: ${torch_env[*]}"
 
 write_config() {  # name -> $out/name.toml
   case "$1" in
@@ -163,7 +182,7 @@ for name in gpt2-124m small; do
     "$kiln" bench "$out/$name.toml" --warmup "$w" --steps "$s" "${extra[@]}" > "$out/$name.kiln$run.log" 2>&1 ||
       { echo "kiln run failed:"; tail -20 "$out/$name.kiln$run.log"; exit 1; }
     echo "   kiln  run $run: $(describe "$out/$name.kiln$run.log")"
-    env "${torch_env[@]}" "$py" "$here/pytorch/gpt2_train.py" "$init" --threads "$threads" > "$out/$name.torch$run.log" 2>&1 ||
+    "${torch_env[@]}" "$py" "$here/pytorch/gpt2_train.py" "$init" --threads "$threads" > "$out/$name.torch$run.log" 2>&1 ||
       { echo "torch run failed:"; tail -20 "$out/$name.torch$run.log"; exit 1; }
     echo "   torch run $run: $(describe "$out/$name.torch$run.log")"
   done
@@ -199,4 +218,5 @@ EOF
 done
 echo
 echo "== load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "== CPU: $cpu_model | kiln: $kiln_isa | torch: OpenBLAS $blas_core"
 for l in "${summary[@]}"; do echo "== $l"; done

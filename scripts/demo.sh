@@ -9,7 +9,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 start=$(date +%s)
 
-kiln_apt_install "${KILN_BUILD_PACKAGES[@]}" bible-kjv
+kiln_apt_install "${KILN_BUILD_PACKAGES[@]}" "${KILN_DEMO_PACKAGES[@]}"
 KILN_BUILD="${KILN_DEMO_BUILD_DIR:-$KILN_ROOT/build-demo}"
 kiln_build -DKILN_BUILD_TESTS=OFF -DKILN_BUILD_BENCH=OFF -DKILN_CUDA=OFF
 kiln="$KILN_BUILD/apps/kiln/kiln"

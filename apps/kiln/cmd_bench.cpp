@@ -76,12 +76,20 @@ struct Args {
   std::string trace;
   std::string dump_init;
   bool peak = false;
+  bool isa = false;
 };
+
+// One line: how GEMMs of each dtype run on this machine (instruction set, native or not).
+std::string gemm_paths(const Backend& be) {
+  return fmt::format("{}; {}; {}", be.gemm_path(DType::F32), be.gemm_path(DType::BF16),
+                     be.gemm_path(DType::F16));
+}
 
 void run_peak() {
   auto be = make_backend("cpu");
   nlohmann::json j;
   fmt::print("kiln bench --peak: backend {}, {} OpenMP threads\n", be->name(), omp_get_max_threads());
+  fmt::print("{}\n", gemm_paths(*be));
   fmt::print("{:<28} {:>12}\n", "measurement", "rate");
   double best32 = 0.0;
   for (int64_t n : {512, 1024, 2048}) {
@@ -303,6 +311,8 @@ void run_bench(const Args& a) {
              mc.str(), data_desc, accum, B, T, tokens_per_step, a.warmup, a.steps, be.name(),
              omp_get_max_threads(), std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "unset",
              peak_flops / 1e9);
+  const std::string gemm_path = be.gemm_path(parse_dtype(c.train.dtype));
+  fmt::print("kiln bench: {}\n", gemm_path);
   std::fflush(stdout);
 
   profile::ProfileWindow window(tracing ? std::vector<int64_t>{a.warmup, total}
@@ -418,6 +428,7 @@ void run_bench(const Args& a) {
   }
   nlohmann::json j;
   j["tokens_per_s"] = tok_s;
+  j["gemm_path"] = gemm_path;
   j["mfu"] = mfu;
   j["peak_flops"] = peak_flops;
   j["peak_flops_before"] = peak_before;
@@ -469,12 +480,17 @@ void register_bench(CLI::App& app) {
                   "Write the initial weights, the batches and learning rates as safetensors "
                   "(for bench/compare_pytorch.sh)");
   cmd->add_flag("--peak", a->peak, "Measure fp32 (and bf16) GEMM FLOP/s and copy bandwidth");
+  cmd->add_flag("--isa", a->isa, "Print how GEMMs of each dtype run here (oneDNN ISA, path)");
   cmd->callback([a] {
+    if (a->isa) {
+      fmt::print("{}\n", gemm_paths(*make_backend("cpu")));
+      return;
+    }
     if (a->peak) {
       run_peak();
       return;
     }
-    KILN_CHECK(!a->config.empty(), "bench: a config file is required (or --peak)");
+    KILN_CHECK(!a->config.empty(), "bench: a config file is required (or --peak or --isa)");
     run_bench(*a);
   });
 }

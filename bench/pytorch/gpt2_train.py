@@ -17,10 +17,10 @@ Model: pre-LN GPT-2 (nanoGPT layout), tanh GELU, causal attention written out (t
 1.13 has no scaled_dot_product_attention), output projection tied to wte.
 
 Run with Debian's PyTorch (/usr/bin/python3). Threads: --threads (torch.set_num_threads).
-Best settings found on the 2-core AMD EPYC (Zen 5, AVX-512) box, set by the wrapper script:
-OpenBLAS installed (libopenblas0-openmp; Debian's torch otherwise uses the reference
-BLAS), OPENBLAS_CORETYPE=SkylakeX (OpenBLAS's AVX-512 kernels; it does not detect this
-CPU as such) and OMP_WAIT_POLICY=passive (as for kiln).
+Settings, chosen per CPU by the wrapper script (bench/compare_pytorch.sh): OpenBLAS
+installed (libopenblas0-openmp; Debian's torch otherwise uses the reference BLAS), its
+kernels left to OpenBLAS except where it misdetects a CPU that has the instructions
+(bench/pytorch/openblas_core.py), and OMP_WAIT_POLICY=passive (as for kiln).
 """
 import argparse
 import json

@@ -10,12 +10,15 @@ KILN_BUILD="${KILN_BUILD_DIR:-$KILN_ROOT/build}"
 # Debian packages kiln builds and tests with (all from Debian 12).
 KILN_BUILD_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git rsync
-  libdnnl-dev libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libfmt-dev
+  libdnnl-dev ocl-icd-opencl-dev libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libfmt-dev
   libsentencepiece-dev libicu-dev zlib1g-dev libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev libbenchmark-dev
 )
-# Only for the tests: headless Chromium renders `kiln report`'s page for a screenshot.
-KILN_TEST_PACKAGES=(chromium)
+# Only for the tests: headless Chromium renders `kiln report`'s page for a screenshot;
+# python3 reads JSON in the shell tests and checks the golden file's header.
+KILN_TEST_PACKAGES=(chromium python3)
+# Only for the demo: the King James Bible (the `bible` program and its text).
+KILN_DEMO_PACKAGES=(bible-kjv)
 
 # Installs whatever of "$@" is missing, with apt-get (as root, or through sudo).
 kiln_apt_install() {

@@ -84,6 +84,11 @@ class Backend {
   virtual void synchronize(Stream stream) = 0;
   /// Whether `op` runs with activations/parameters of `dtype`.
   virtual bool supports(Op op, DType dtype) const = 0;
+  /// How linear layers' GEMMs with operands of `dtype` run here, one line for the
+  /// start-up log (e.g. "bf16 GEMMs: fp32 compute (...)" on a CPU without bf16 kernels).
+  virtual std::string gemm_path(DType dtype) const {
+    return fmt::format("{} GEMMs: {}", dtype_name(dtype), name());
+  }
 
   // ---- memory ---------------------------------------------------------------------
   /// Allocates a tensor on this backend's device (contents uninitialised).

@@ -1,5 +1,6 @@
 #include "plan/memplan.h"
 
+#include "backend/cpu/gemm.h"
 #include "backend/meta/meta_backend.h"
 #include "core/error.h"
 #include "data/meta.h"
@@ -158,6 +159,8 @@ MemPlan plan_memory(const TrainConfig& config, const MemPlanOptions& o) {
                      : fmt::format("collectives complete {} hook(s) after they start (communication "
                                    "keeps pace)", eff.completion_polls);
   p.scratch_model = scratch ? scratch->name() : "none";
+  if (o.backend == "cpu" && p.config.train.dtype != "fp32")
+    p.scratch_model += "; " + cpu::Gemm::path_description(parse_dtype(p.config.train.dtype));
   for (int r : ranks) {
     KILN_CHECK(r >= 0 && r < W, "memplan: rank {} is not a rank of a world of {}", r, W);
     p.ranks.push_back(dry_run(p.config, eff, r, scratch, r == ranks.front() ? &p.comm_calls : nullptr));

@@ -30,7 +30,8 @@ int64_t onednn_matmul_scratchpad_bytes(const GemmProblem& g, int threads) {
   a.lda = g.lda, a.trans_a = g.trans_a, a.ldb = g.ldb, a.trans_b = g.trans_b, a.ldc = g.ldc;
   a.accumulate = g.accumulate;
   a.bias = g.bias ? &a : nullptr;  // any non-null pointer: only its presence matters
-  a.a_type = a.b_type = a.c_type = a.bias_type = g.dtype;
+  a.a_type = a.b_type = a.bias_type = g.dtype;
+  a.c_type = g.c_dtype;
   return static_cast<int64_t>(cpu::Gemm::scratchpad_bytes(a));
 }
 
@@ -41,13 +42,13 @@ std::vector<GemmProblem> cpu_linear_gemms(const MetaCallInfo& c) {
     GemmProblem g;
     g.m = N, g.n = OC, g.k = IC, g.lda = IC, g.ldb = IC, g.trans_b = true, g.ldc = OC;
     g.bias = c.has_bias;
-    g.dtype = c.dtype;
+    g.dtype = g.c_dtype = c.dtype;
     out.push_back(g);
   } else if (c.call == MetaCall::LinearBackward) {
     if (c.has_dinp) {
       GemmProblem g;
       g.m = N, g.n = IC, g.k = OC, g.lda = OC, g.ldb = IC, g.ldc = IC;
-      g.dtype = c.dtype;
+      g.dtype = g.c_dtype = c.dtype;
       out.push_back(g);
     }
     if (c.has_dweight) {
@@ -55,6 +56,7 @@ std::vector<GemmProblem> cpu_linear_gemms(const MetaCallInfo& c) {
       g.m = OC, g.n = IC, g.k = N, g.lda = OC, g.trans_a = true, g.ldb = IC, g.ldc = IC;
       g.accumulate = true;
       g.dtype = c.dtype;
+      g.c_dtype = c.grad_dtype;
       out.push_back(g);
     }
   }
@@ -67,13 +69,13 @@ class CpuScratch final : public MetaScratchModel {
  public:
   explicit CpuScratch(int threads) : threads_(threads > 0 ? threads : omp_get_max_threads()) {}
   std::string name() const override {
-    return fmt::format("cpu (oneDNN scratchpad, {} thread{})", threads_, threads_ == 1 ? "" : "s");
+    return fmt::format("cpu (oneDNN scratchpad and widened operands, {} thread{})", threads_, threads_ == 1 ? "" : "s");
   }
   int64_t growing_bytes(const MetaCallInfo& c) override {
     int64_t most = 0;
     for (const GemmProblem& g : cpu_linear_gemms(c)) {
       const auto key = std::make_tuple(g.m, g.n, g.k, g.trans_a, g.trans_b, g.bias, g.accumulate,
-                                       static_cast<int>(g.dtype));
+                                       static_cast<int>(g.dtype), static_cast<int>(g.c_dtype));
       std::lock_guard lock(mu_);
       auto it = cache_.find(key);
       if (it == cache_.end()) it = cache_.emplace(key, onednn_matmul_scratchpad_bytes(g, threads_)).first;
@@ -85,7 +87,7 @@ class CpuScratch final : public MetaScratchModel {
  private:
   int threads_;
   std::mutex mu_;
-  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, bool, bool, int>, int64_t> cache_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, bool, bool, int, int>, int64_t> cache_;
 };
 
 class CudaScratch final : public MetaScratchModel {

@@ -1,8 +1,9 @@
 // What the concrete backends allocate inside their ops, for the MetaBackend's dry runs
 // (see backend/meta/meta_backend.h, MetaScratchModel).
 //
-//   cpu   the CPU backend's oneDNN user scratchpad: one buffer (Temporaries) kept at the
-//         largest scratchpad any matmul primitive asked for. For each linear call the
+//   cpu   the CPU backend's GEMM scratch: one buffer (Temporaries) kept at the largest
+//         oneDNN user scratchpad any matmul primitive asked for, plus, where bf16/fp16
+//         GEMMs run through fp32 compute on this CPU, their widened operands (cpu/gemm.h). For each linear call the
 //         model forms the same GEMM problems as src/backend/cpu/linear.cpp (forward
 //         [N,IC]x[OC,IC]^T + bias; backward dinp = dout @ W, dW += dout^T @ inp) and asks
 //         oneDNN (the same library and version the CPU backend links) for the
@@ -30,11 +31,13 @@ namespace kiln::plan {
 struct GemmProblem {
   int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
   bool trans_a = false, trans_b = false, bias = false, accumulate = false;
-  DType dtype = DType::F32;
+  DType dtype = DType::F32;    // of A, B and the bias
+  DType c_dtype = DType::F32;  // of C
 };
 
-/// Bytes of oneDNN scratchpad the CPU backend's matmul primitive for `g` asks for, with
-/// `threads` OpenMP threads (0 = this process's omp_get_max_threads()).
+/// Bytes of scratch the CPU backend's Gemm needs for `g` (oneDNN's scratchpad, plus the
+/// widened operands where bf16/fp16 run through fp32 compute), with `threads` OpenMP
+/// threads (0 = this process's omp_get_max_threads()).
 int64_t onednn_matmul_scratchpad_bytes(const GemmProblem& g, int threads = 0);
 
 /// The GEMM problems the CPU backend runs for one linear call (forward, or backward

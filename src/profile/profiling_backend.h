@@ -77,6 +77,7 @@ class ProfilingBackend final : public Backend {
 
   // ---- Backend: everything forwards to inner() --------------------------------------
   std::string name() const override { return inner_.name(); }
+  std::string gemm_path(DType dtype) const override { return inner_.gemm_path(dtype); }
   Device device() const override { return inner_.device(); }
   Allocator& allocator() override { return inner_.allocator(); }
   Stream default_stream() override { return inner_.default_stream(); }

@@ -142,6 +142,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
                config_.train.steps, config_.train.global_batch, seq_len_, accum_, B, dp_size_,
                config_.parallel.zero_stage, backend_->name(), peak_flops_ / 1e9,
                config_.log.peak_tflops > 0 ? "log.peak_tflops" : "measured fp32 GEMM");
+    fmt::print("kiln: {}\n", backend_->gemm_path(parse_dtype(config_.train.dtype)));
   }
 }
 

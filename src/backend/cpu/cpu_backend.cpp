@@ -45,6 +45,7 @@ class CpuBackend final : public Backend {
   bool supports(Op, DType dtype) const override {
     return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16;
   }
+  std::string gemm_path(DType dtype) const override { return cpu::Gemm::path_description(dtype); }
 
   void copy_from_host(Stream, const Tensor& dst, const void* src) override {
     if (dst.nbytes()) std::memcpy(dst.raw(), src, dst.nbytes());

@@ -81,6 +81,9 @@ class CudaBackend final : public Backend {
   }
 
   std::string name() const override { return "cuda"; }
+  std::string gemm_path(DType dtype) const override {
+    return fmt::format("{} GEMMs: cuBLASLt", dtype_name(dtype));
+  }
   Device device() const override { return Device::cuda(device_); }
   Allocator& allocator() override { return *alloc_; }
   Stream default_stream() override { return Stream{stream_}; }

@@ -94,6 +94,7 @@ class MetaBackend final : public Backend {
     c.has_bias = static_cast<bool>(dbias);
     c.has_dinp = static_cast<bool>(dinp);
     c.has_dweight = static_cast<bool>(dweight);
+    if (dweight) c.grad_dtype = dweight.dtype();
     Scope sc(*this, c);
   }
 

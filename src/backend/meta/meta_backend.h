@@ -58,6 +58,7 @@ struct MetaCallInfo {
   bool has_bias = false;   // linear forward: a bias; linear backward: dbias requested
   bool has_dinp = false;   // linear backward
   bool has_dweight = false;
+  DType grad_dtype = DType::F32;  // linear backward: of dweight (and dbias)
 };
 
 /// What a concrete backend would allocate as Temporaries beyond the tensors it is given.
