@@ -2,7 +2,8 @@
 //
 // Pre-LN transformer blocks (LayerNorm -> attention -> residual, LayerNorm -> MLP ->
 // residual), a final LayerNorm and an output projection tied to the token embedding, as
-// in Radford et al. 2019 and Hugging Face's GPT2LMHeadModel. The model knows nothing of
+// in Radford et al. 2019 and Hugging Face's GPT2LMHeadModel, composed from the layer
+// library (src/nn; gpt2_layers.h lists the layers). The model knows nothing of
 // devices, ranks or parallelism: it calls the Backend interface only, and exposes
 // per-block hooks through which parallel wrappers (ZeRO-3 gathers, checkpointing) act.
 //
@@ -16,13 +17,21 @@
 #include "backend/backend.h"
 #include "models/gpt2/config.h"
 #include "nn/parameter.h"
+#include "nn/saved.h"
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace kiln {
+
+struct GPT2Layers;
+namespace nn {
+struct BlockPass;
+struct Param;
+}
 
 /// The parameter layout of a GPT-2: names, global shapes and offsets in the flat buffer,
 /// in Hugging Face's order (wte, wpe, per block ln_1, attn.c_attn, attn.c_proj, ln_2,
@@ -48,18 +57,11 @@ struct ParamUnit {
 };
 std::vector<ParamUnit> gpt2_param_units(const GPT2Config& config, int64_t unit_alignment = 1);
 
-/// What the forward pass keeps for backward (Korthikanti et al. 2022, "Reducing
-/// Activation Recomputation in Large Transformer Models").
-///   None       every block's activations.
-///   Selective  all but the GELU output (4C per token per block), recomputed from its
-///              input in backward. The attention scores and softmax are never kept in
-///              any mode: attention saves only the row log-sum-exp and its backward
-///              recomputes the probabilities (FlashAttention).
-///   Full       only each block's input; backward recomputes the whole block (its
-///              dropout masks replayed), one block's activations at a time.
-enum class ActivationCheckpointing { None, Selective, Full };
-/// Parses "none" | "selective" | "full"; throws kiln::Error otherwise.
-ActivationCheckpointing parse_activation_checkpointing(std::string_view s);
+/// What forward keeps for backward: one policy over the blocks' declared saved tensors
+/// (nn/saved.h). None keeps all; Selective all but the GELU output (4C per token per
+/// block); Full only each block's input, re-running the block in backward.
+using nn::ActivationCheckpointing;
+using nn::parse_activation_checkpointing;
 
 /// How a GPT2 holds its parameters and gradients.
 struct GPT2Storage {
@@ -165,14 +167,16 @@ class GPT2 {
   struct DecodeState;
   void reserve(int B, int T);
   void run_forward(const Tensor& tokens, int B, int T);
-  /// Block l from input x to out, keeping what the checkpointing mode keeps.
-  void block_forward(int l, const Tensor& x, const Tensor& out);
   DropoutSpec dropout_spec(int layer, uint64_t site) const;
+  /// What block l's forward and backward need besides its input.
+  nn::BlockPass block_pass(int l) const;
 
   GPT2Config config_;
   Backend& backend_;
   GPT2Storage storage_;
+  std::unique_ptr<GPT2Layers> layers_;
   std::vector<ParamSpec> params_;
+  std::vector<nn::Param*> param_ptrs_;  // the layer's Param of params_[i]
   std::vector<ParamUnit> units_;
   std::vector<Tensor> unit_params_, unit_grads_;  // per unit, [padded_size]
   int64_t flat_size_ = 0;
