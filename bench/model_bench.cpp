@@ -56,7 +56,8 @@ void register_step(Backend& be, const GPT2Config& cfg, const std::string& model,
     auto step = [&] {
       gpt.zero_grad();
       int64_t n = 0;
-      loss = gpt.forward(tokens, targets, grad_scale, &n) / static_cast<double>(n);
+      const LossSum l = gpt.forward(Batch{tokens, targets, Tensor()}, grad_scale);
+      loss = l.sum / static_cast<double>(l.targets);
       gpt.backward();
       opt.step(6e-4f);
     };

@@ -4,7 +4,7 @@
 //    "model_tflops":..., "peak_bf16_tflops":..., "mfu":..., "loss":..., "peak_gib":...}
 // MFU = B*T * flops_per_token(T) per second (6N + attention, GPT2Config) over the bf16
 // GEMM rate measured here through the backend's own linear_forward (8192^3).
-// The model runs in bf16 (GPT2Storage: bf16 parameters and activations, fp32 gradients;
+// The model runs in bf16 (ModelStorage: bf16 parameters and activations, fp32 gradients;
 // AdamW keeps fp32 master weights), like PyTorch's bf16 autocast in torch_gpt2.py;
 // --fp32 runs the fp32 model instead (KILN_CUDA_TF32=1 lets its GEMMs use TF32).
 // Usage: kiln_gpu_step [--model gpt2] [--B 16] [--T 1024] [--steps 10] [--warmup 3]
@@ -71,7 +71,7 @@ struct Result {
 };
 
 // tracer: enabled after the warm-up (for a ProfilingBackend `be`), disabled at the end.
-Result run(Backend& be, const GPT2Config& cfg, const GPT2Storage& storage, int B, int T,
+Result run(Backend& be, const GPT2Config& cfg, const ModelStorage& storage, int B, int T,
            int warmup, int steps, profile::Tracer* tracer = nullptr) {
   be.allocator().reset_peak();
   GPT2 gpt(cfg, be, storage);
@@ -91,7 +91,8 @@ Result run(Backend& be, const GPT2Config& cfg, const GPT2Storage& storage, int B
   auto step = [&] {
     gpt.zero_grad();
     int64_t n = 0;
-    loss = gpt.forward(tokens, targets, grad_scale, &n) / static_cast<double>(n);
+    const LossSum l = gpt.forward(Batch{tokens, targets, Tensor()}, grad_scale);
+    loss = l.sum / static_cast<double>(l.targets);
     gpt.backward();
     opt.step(6e-4f);
   };
@@ -117,7 +118,7 @@ int main(int argc, char** argv) {
     const Args a = parse(argc, argv);
     auto be = make_backend("cuda");
     GPT2Config cfg = GPT2Config::preset(a.model);
-    GPT2Storage storage;
+    ModelStorage storage;
     storage.dtype = a.fp32 ? DType::F32 : DType::BF16;
     storage.grad_dtype = DType::F32;
     const double peak = measure_gemm_flops(*be, DType::BF16, 8192, 1.0);

@@ -3,7 +3,7 @@
 #include "backend/meta/meta_backend.h"
 #include "core/error.h"
 #include "data/meta.h"
-#include "models/gpt2/gpt2.h"
+#include "models/registry.h"
 #include "optim/adamw.h"
 #include "parallel/data_parallel.h"
 #include "plan/scratch_models.h"
@@ -70,9 +70,11 @@ RankMemory dry_run(const TrainConfig& c, const MemPlanOptions& o, int rank,
   // As Trainer::Trainer.
   // Mixed precision: parameters/activations in train.dtype, gradients in grad_dtype, and
   // AdamW keeps fp32 master weights for low-precision parameters by itself.
-  GPT2Storage storage = zero_model_storage(c.parallel.zero_stage, dp_size, dtype, grad_dtype);
-  GPT2 model(gpt2_config_from(c), *be, storage);
-  model.set_activation_checkpointing(parse_activation_checkpointing(c.train.activation_checkpointing));
+  const ModelStorage storage = zero_model_storage(c.parallel.zero_stage, dp_size, dtype, grad_dtype);
+  const auto owned = make_model(model_options_from(c), *be, storage);
+  Model& model = *owned;
+  model.set_activation_checkpointing(
+      nn::parse_activation_checkpointing(c.train.activation_checkpointing));
   DataParallel dp(model, comm, c.parallel.zero_stage, c.parallel.bucket_mb);
   AdamW optimizer(*be, dp.optimizer_segments(), adamw_config_from(c));
   const int B = c.train.micro_batch, T = c.train.seq_len;
@@ -101,7 +103,7 @@ RankMemory dry_run(const TrainConfig& c, const MemPlanOptions& o, int rank,
     be->copy_from_host(s, targets, host.data());
     model.set_dropout(true, static_cast<uint64_t>(c.train.seed), static_cast<uint64_t>(k));
     comm.set_phase("forward");
-    model.forward(tokens, targets, 1.f / static_cast<float>(c.train.global_batch * T));
+    model.forward(Batch{tokens, targets, Tensor()}, 1.f / static_cast<float>(c.train.global_batch * T));
     comm.set_phase("backward");
     model.backward();
   }

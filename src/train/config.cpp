@@ -106,6 +106,8 @@ const std::vector<Key>& keys() {
     std::vector<std::string> presets{""};
     for (const auto& p : model_presets()) presets.emplace_back(p.name);
     return std::vector<Key>{
+        any(KILN_KEY(model, arch),
+            "Model architecture (models/registry.h): gpt2; tests and extensions register more."),
         oneof(KILN_KEY(model, preset), presets,
               "Model preset filling n_layer, n_head, n_embd, block_size and vocab_size: "
               "gpt2, gpt2-medium, gpt2-large, gpt2-xl; \"\" = none. Keys given explicitly "

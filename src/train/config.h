@@ -21,6 +21,7 @@ namespace kiln {
 
 /// [model]: the network's shape and where its initial weights come from.
 struct ModelSection {
+  std::string arch = "gpt2";  // the architecture (models/registry.h)
   std::string preset;     // "" = none; "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"
   int n_layer = 0;        // 0 = unset (required unless a preset gives it)
   int n_head = 0;

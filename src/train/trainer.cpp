@@ -85,14 +85,14 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   // Profiling wraps the backend (one trace event per op); off, nothing is wrapped.
   if (config_.profile.enabled())
     backend_ = std::make_unique<profile::ProfilingBackend>(std::move(backend_));
-  model_ = std::make_unique<GPT2>(gpt2_config_from(config_), *backend_,
-                                  zero_model_storage(config_.parallel.zero_stage, dp_size_,
-                                                     parse_dtype(config_.train.dtype),
-                                                     parse_dtype(config_.train.grad_dtype)));
+  model_ = make_model(model_options_from(config_), *backend_,
+                      zero_model_storage(config_.parallel.zero_stage, dp_size_,
+                                         parse_dtype(config_.train.dtype),
+                                         parse_dtype(config_.train.grad_dtype)));
   fp16_ = model_->dtype() == DType::F16;
   loss_scale_ = fp16_ ? config_.train.loss_scale : 1.0;
   model_->set_activation_checkpointing(
-      parse_activation_checkpointing(config_.train.activation_checkpointing));
+      nn::parse_activation_checkpointing(config_.train.activation_checkpointing));
   dp_ = std::make_unique<DataParallel>(*model_, mesh_->comm(Axis::DP), config_.parallel.zero_stage,
                                        config_.parallel.bucket_mb);
   optimizer_ = std::make_unique<AdamW>(*backend_, dp_->optimizer_segments(),
@@ -136,7 +136,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     profile_->set_allocator(&backend_->allocator());
   }
   if (options_.verbose) {
-    fmt::print("kiln: {}\n", model_->config().str());
+    fmt::print("kiln: {}\n", model_->describe());
     fmt::print("kiln: {} updates of {} sequences x {} tokens ({} micro-steps of {} on each of {} "
                "data-parallel ranks, ZeRO stage {}), backend {}, peak {:.1f} GFLOP/s per rank ({})\n",
                config_.train.steps, config_.train.global_batch, seq_len_, accum_, B, dp_size_,
@@ -152,7 +152,9 @@ void Trainer::init_weights() {
     dp_->init_weights(static_cast<uint64_t>(config_.train.seed));
     return;
   }
-  const GPT2Weights w = read_gpt2_weights(config_.model.init_from, model_->config());
+  KILN_CHECK(model_->arch() == "gpt2", "{}: model.init_from reads GPT-2 weights only, not {}",
+             config_.source, model_->arch());
+  const GPT2Weights w = read_gpt2_weights(config_.model.init_from, gpt2_config_from(config_));
   for (const AdamWSegment& seg : dp_->load_segments())
     upload_f32(*backend_, seg.param, w.tensors.at(seg.spec.name).data() + seg.begin);
   if (options_.verbose) fmt::print("kiln: initialised from {}\n", config_.model.init_from);
@@ -223,7 +225,7 @@ double Trainer::train_step(double* grad_norm) {
                         static_cast<uint64_t>((step_ * accum_ + k) * dp_size_ + dp_rank_));
     {
       auto scope = profile::trace_scope("forward");
-      loss_sum += model_->forward(tokens_, targets_, grad_scale);
+      loss_sum += model_->forward(Batch{tokens_, targets_, Tensor()}, grad_scale).sum;
     }
     auto scope = profile::trace_scope("backward");
     model_->backward();
@@ -290,10 +292,10 @@ double Trainer::evaluate() {
     val.next_batch(inputs.data(), targets.data(), B, dp_rank_, dp_size_);
     backend_->copy_from_host(s, tokens_, inputs.data());
     backend_->copy_from_host(s, targets_, targets.data());
-    int64_t k = 0;
-    loss_sum += model_->forward(tokens_, targets_, 0.f, &k);
+    const LossSum l = model_->forward(Batch{tokens_, targets_, Tensor()}, 0.f);
     dp_->end_forward_only();
-    n += k;
+    loss_sum += l.sum;
+    n += l.targets;
   }
   if (dp_size_ == 1) return n > 0 ? loss_sum / static_cast<double>(n) : 0.0;
   sums = {static_cast<float>(loss_sum), static_cast<float>(n)};
@@ -367,7 +369,7 @@ TrainResult Trainer::run() {
   const int64_t tokens_per_step =
       static_cast<int64_t>(config_.train.global_batch) * static_cast<int64_t>(seq_len_);
   const double flops_per_step =
-      model_->config().flops_per_token(seq_len_) * static_cast<double>(tokens_per_step);
+      model_->flops_per_token(seq_len_) * static_cast<double>(tokens_per_step);
   const int64_t stop_at =
       options_.exit_interval > 0 ? std::min(options_.exit_interval, config_.train.steps)
                                  : config_.train.steps;

@@ -16,7 +16,7 @@
 #include "backend/backend.h"
 #include "comm/communicator.h"
 #include "data/loader.h"
-#include "models/gpt2/gpt2.h"
+#include "models/model.h"
 #include "optim/adamw.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
@@ -71,7 +71,7 @@ class Trainer {
 
   /// Mean validation loss over eval.batches micro-batches from the start of the val split.
   double evaluate();
-  const GPT2& model() const { return *model_; }
+  const Model& model() const { return *model_; }
   const DataParallel& data_parallel() const { return *dp_; }
   int64_t step() const { return step_; }
 
@@ -93,7 +93,7 @@ class Trainer {
   std::unique_ptr<DeviceMesh> mesh_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<profile::ProfileWindow> profile_;  // [profile] steps = [a, b]
-  std::unique_ptr<GPT2> model_;
+  std::unique_ptr<Model> model_;
   std::unique_ptr<DataParallel> dp_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<data::DataLoader> train_loader_;

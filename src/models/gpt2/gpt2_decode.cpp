@@ -18,9 +18,9 @@ void GPT2::begin_decode(int B, int max_len) {
   d->B = B;
   d->max_len = max_len;
   for (int l = 0; l < config_.n_layer; ++l) {
-    d->k_cache.push_back(backend_.empty(Shape{B, max_len, config_.n_embd}, storage_.dtype,
+    d->k_cache.push_back(backend().empty(Shape{B, max_len, config_.n_embd}, dtype(),
                                         MemCategory::Temporaries));
-    d->v_cache.push_back(backend_.empty(Shape{B, max_len, config_.n_embd}, storage_.dtype,
+    d->v_cache.push_back(backend().empty(Shape{B, max_len, config_.n_embd}, dtype(),
                                         MemCategory::Temporaries));
   }
   decode_ = std::move(d);
@@ -40,11 +40,11 @@ void GPT2::decode(const Tensor& tokens, const Tensor& logits) {
   KILN_CHECK(d.past + Tq <= d.max_len, "decode: {} positions exceed the cache of {}",
              d.past + Tq, d.max_len);
   check_shape(logits, Shape{B, Vp}, "decode logits");
-  Backend& be = backend_;
+  Backend& be = backend();
   const Stream s = be.default_stream();
   const auto& blocks = layers_->blocks;
-  Tensor x = be.empty(Shape{B, Tq, C}, storage_.dtype, MemCategory::Temporaries);
-  const auto w = blocks.front().make_decode_scratch(be, B, Tq, storage_.dtype);
+  Tensor x = be.empty(Shape{B, Tq, C}, dtype(), MemCategory::Temporaries);
+  const auto w = blocks.front().make_decode_scratch(be, B, Tq, dtype());
   layers_->embedding.forward(be, s, x, tokens, d.past);
   for (int l = 0; l < config_.n_layer; ++l) {
     const auto i = static_cast<size_t>(l);
@@ -52,7 +52,7 @@ void GPT2::decode(const Tensor& tokens, const Tensor& logits) {
   }
   d.past += static_cast<int>(Tq);
   // Final norm and logits for the last position of each sequence only.
-  auto tmp = [&](Shape shape) { return be.empty(shape, storage_.dtype, MemCategory::Temporaries); };
+  auto tmp = [&](Shape shape) { return be.empty(shape, dtype(), MemCategory::Temporaries); };
   Tensor last = tmp({B, C});
   for (int64_t b = 0; b < B; ++b)
     be.copy(s, last.view_at(b * C, Shape{C}), x.view_at((b * Tq + Tq - 1) * C, Shape{C}));
@@ -60,7 +60,7 @@ void GPT2::decode(const Tensor& tokens, const Tensor& logits) {
   layers_->ln_f.forward_into(be, s, lastn, w.mean.view_at(0, Shape{B}), w.rstd.view_at(0, Shape{B}),
                              last);
   const Tensor& wte = layers_->embedding.wte.v();
-  if (logits.dtype() == storage_.dtype) {
+  if (logits.dtype() == dtype()) {
     be.linear_forward(s, logits, lastn, wte, Tensor());
   } else {
     Tensor l = tmp({B, Vp});
