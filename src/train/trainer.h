@@ -23,6 +23,7 @@
 #include "profile/summary.h"
 #include "train/config.h"
 #include "train/metrics.h"
+#include "train/train_step.h"
 
 #include <filesystem>
 #include <memory>
@@ -76,7 +77,9 @@ class Trainer {
   int64_t step() const { return step_; }
 
  private:
+  /// Fetches this rank's share of the next global batch and runs the one training step.
   double train_step(double* grad_norm);
+  LossScaler& scaler() { return one_step_->scaler(); }
   void save_checkpoint();
   void load_checkpoint(const std::filesystem::path& dir);
   void maybe_sample();
@@ -93,9 +96,10 @@ class Trainer {
   std::unique_ptr<DeviceMesh> mesh_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<profile::ProfileWindow> profile_;  // [profile] steps = [a, b]
-  std::unique_ptr<Model> model_;
-  std::unique_ptr<DataParallel> dp_;
-  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<TrainStep> one_step_;  // owns model, data parallel and optimizer
+  Model* model_ = nullptr;
+  DataParallel* dp_ = nullptr;
+  AdamW* optimizer_ = nullptr;
   std::unique_ptr<data::DataLoader> train_loader_;
   std::filesystem::path run_dir_;
   int dp_rank_ = 0, dp_size_ = 1;
@@ -104,12 +108,9 @@ class Trainer {
   int seq_len_ = 0;
   int64_t step_ = 0;
   double peak_flops_ = 0.0;
-  // fp16 dynamic loss scaling (1 and unused for fp32/bf16).
-  bool fp16_ = false;
-  double loss_scale_ = 1.0;
-  int64_t good_steps_ = 0, skipped_steps_ = 0;
+  bool fp16_ = false;  // dynamic loss scaling (TrainStep's LossScaler)
   bool last_skipped_ = false;
-  Tensor tokens_, targets_;  // [micro_batch, T] int32 on the device
+  Tensor tokens_, targets_;  // [micro_batch, T] int32 on the device (evaluation)
 };
 
 /// Installs SIGTERM / SIGUSR1 handlers that ask the running trainer to checkpoint and
