@@ -85,6 +85,7 @@ RankMemory dry_run(const TrainConfig& c, const MemPlanOptions& o, int rank,
     SimulatedCommunicator& comm;
     explicit Phases(SimulatedCommunicator& c) : comm(c) {}
     void on_phase(StepPhase p) override {
+      if (p == StepPhase::Data) return;  // copies: the current label stays
       comm.set_phase(p == StepPhase::GradSync ? "finish" : p == StepPhase::Done ? "optimizer"
                                                                                : step_phase_name(p));
     }

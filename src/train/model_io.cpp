@@ -179,8 +179,9 @@ GPT2Weights read_gpt2_weights(const fs::path& path, const GPT2Config& expect) {
   return w;
 }
 
-void load_weights_into(GPT2& model, const fs::path& path) {
-  const GPT2Weights w = read_gpt2_weights(path, model.config());
+void load_weights_into(Model& model, const GPT2Config& expect, const fs::path& path) {
+  KILN_CHECK(model.arch() == "gpt2", "{}: GPT-2 weights for a {} model", path.string(), model.arch());
+  const GPT2Weights w = read_gpt2_weights(path, expect);
   Backend& be = model.backend();
   for (const ParamSpec& p : model.params()) upload_f32(be, model.param(p), w.tensors.at(p.name).data());
 }

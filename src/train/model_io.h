@@ -42,10 +42,11 @@ void load_model_from_checkpoint(const checkpoint::CheckpointReader& reader, Mode
 /// it is missing, corrupt, or holds a model of another shape than `expect`.
 GPT2Weights read_gpt2_weights(const std::filesystem::path& path, const GPT2Config& expect);
 
-/// Loads weights into `model` from a kiln checkpoint directory, an llm.c GPT-2 .bin
-/// (magic 20240326, fp32) or a Hugging Face GPT-2 .safetensors, chosen by what `path`
-/// is. Throws kiln::Error when the file's model shape differs from `model`'s.
-void load_weights_into(GPT2& model, const std::filesystem::path& path);
+/// Loads GPT-2 weights into `model` (a GPT-2 of shape `expect`) from a kiln checkpoint
+/// directory, an llm.c GPT-2 .bin (magic 20240326, fp32) or a Hugging Face GPT-2
+/// .safetensors, chosen by what `path` is. Throws kiln::Error when the model is not a
+/// GPT-2 or the file's model shape differs from `expect`.
+void load_weights_into(Model& model, const GPT2Config& expect, const std::filesystem::path& path);
 
 /// Writes the model weights of a kiln checkpoint as an llm.c GPT-2 .bin ("llmc") or a
 /// Hugging Face model.safetensors ("safetensors"), atomically.

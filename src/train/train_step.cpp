@@ -5,6 +5,8 @@
 #include "profile/tracer.h"
 #include "train/model_io.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -13,6 +15,7 @@ namespace kiln {
 
 const char* step_phase_name(StepPhase p) {
   switch (p) {
+    case StepPhase::Data: return "data";
     case StepPhase::Forward: return "forward";
     case StepPhase::Backward: return "backward";
     case StepPhase::GradSync: return "grad_sync";
@@ -20,6 +23,26 @@ const char* step_phase_name(StepPhase p) {
     case StepPhase::Done: return "done";
   }
   return "?";
+}
+
+TrainConfig step_config(const ModelOptions& m, int B, int T, const std::string& dtype) {
+  return load_config_string(fmt::format(R"([model]
+arch = "{}"
+n_layer = {}
+n_head = {}
+n_embd = {}
+block_size = {}
+vocab_size = {}
+[train]
+steps = 1000000000
+micro_batch = {}
+global_batch = {}
+seq_len = {}
+dtype = "{}"
+[schedule]
+kind = "constant"
+)", m.arch, m.n_layer, m.n_head, m.n_embd, m.block_size, m.vocab_size, B, B, T, dtype),
+                            {}, "step_config");
 }
 
 TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& dp_comm)
@@ -67,10 +90,12 @@ StepResult TrainStep::run(const int32_t* inputs, const int32_t* targets, int64_t
   const auto n_targets = static_cast<int64_t>(count[0]);
   KILN_CHECK(n_targets > 0, "step {}: the global batch has no target tokens", update + 1);
   const float grad_scale = static_cast<float>(scaler_.scale) / static_cast<float>(n_targets);
+  announce(StepPhase::Data);
   dp_->begin_step(accum_);
   double loss_sum = 0.0;
   const Stream s = backend_.default_stream();
   for (int k = 0; k < accum_; ++k) {
+    if (k > 0) announce(StepPhase::Data);
     dp_->begin_micro_step(k);
     backend_.copy_from_host(s, tokens_, inputs + static_cast<size_t>(k) * per_micro);
     backend_.copy_from_host(s, targets_, targets + static_cast<size_t>(k) * per_micro);

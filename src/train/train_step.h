@@ -21,6 +21,7 @@
 #include "models/model.h"
 #include "optim/adamw.h"
 #include "parallel/data_parallel.h"
+#include "models/registry.h"
 #include "train/config.h"
 
 #include <cstdint>
@@ -40,8 +41,9 @@ struct LossScaler {
 };
 
 /// Where a step is, for observers (profiling scopes, the planner's phase labels, bench
-/// timings). Each phase is announced when it begins; Done after the update.
-enum class StepPhase { Forward, Backward, GradSync, Optimizer, Done };
+/// timings). Each phase is announced when it begins; Done after the update. Data: a
+/// micro-batch is copied to the device (the first also zeroes the gradients).
+enum class StepPhase { Data, Forward, Backward, GradSync, Optimizer, Done };
 const char* step_phase_name(StepPhase p);
 struct StepObserver {
   virtual ~StepObserver() = default;
@@ -54,6 +56,11 @@ struct StepResult {
   bool skipped = false;    // fp16 overflow: no update was applied
   float lr = 0.f;          // the learning rate of the update
 };
+
+/// A training config for a step outside the trainer (benchmarks): the model `model`
+/// (vocab_size required), micro_batch = global_batch = B, seq_len T, train.dtype `dtype`,
+/// a constant learning rate, defaults elsewhere. Validated like a config file.
+TrainConfig step_config(const ModelOptions& model, int B, int T, const std::string& dtype = "fp32");
 
 class TrainStep {
  public:
