@@ -676,26 +676,17 @@ bool TrainConfig::operator==(const TrainConfig& o) const {
          profile == o.profile;
 }
 
-double learning_rate(const TrainConfig& c, int64_t step) {
-  KILN_CHECK(step >= 0, "learning_rate: step must be >= 0, got {}", step);
-  const double lr = c.optim.lr, min_lr = c.schedule.min_lr;
-  const int64_t warmup = c.schedule.warmup_steps, steps = c.train.steps;
-  if (step < warmup) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
-  const std::string& kind = c.schedule.kind;
-  if (kind == "constant") return lr;
-  if (step >= steps) return min_lr;
-  if (kind == "cosine") {
-    double t = static_cast<double>(step - warmup) / static_cast<double>(steps - warmup);
-    return min_lr + (lr - min_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * t));
-  }
-  if (kind == "wsd") {
-    auto decay = static_cast<int64_t>(std::llround(c.schedule.decay_fraction * static_cast<double>(steps)));
-    int64_t start = std::max(warmup, steps - decay);
-    if (step < start) return lr;
-    return lr + (min_lr - lr) * static_cast<double>(step - start) / static_cast<double>(steps - start);
-  }
-  KILN_FAIL("{}: key 'schedule.kind' must be one of \"cosine\", \"constant\", \"wsd\", got {}",
-            c.source, quote(kind));
+LrSchedule lr_schedule_of(const TrainConfig& c) {
+  LrSchedule s;
+  s.kind = parse_lr_schedule_kind(c.schedule.kind);
+  s.lr = c.optim.lr;
+  s.min_lr = c.schedule.min_lr;
+  s.warmup_steps = c.schedule.warmup_steps;
+  s.total_steps = c.train.steps;
+  s.decay_fraction = c.schedule.decay_fraction;
+  return s;
 }
+
+double learning_rate(const TrainConfig& c, int64_t step) { return learning_rate(lr_schedule_of(c), step); }
 
 }  // namespace kiln
