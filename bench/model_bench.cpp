@@ -1,5 +1,6 @@
-// kiln_bench_model: one full GPT-2 training step (zero_grad, forward with the loss and its
-// gradient, backward, AdamW step) on every backend of available_backends().
+// kiln_bench_model: one full GPT-2 training step (the trainer's TrainStep: forward with
+// the loss and its gradient, backward, norm, clipping, AdamW) on every backend of
+// available_backends().
 //
 // Counters (rates over real, wall-clock time):
 //   tokens/s      B*T tokens per step.
@@ -15,7 +16,9 @@
 
 #include "backend/registry.h"
 #include "models/gpt2/config.h"
-#include "models/gpt2/gpt2.h"
+#include "comm/local_communicator.h"
+#include "models/gpt2/config.h"
+#include "train/train_step.h"
 #include "optim/adamw.h"
 
 #include <cstdio>
@@ -33,9 +36,13 @@ void register_step(Backend& be, const GPT2Config& cfg, const std::string& model,
                            "/C:" + std::to_string(cfg.n_embd);
   auto* b = benchmark::RegisterBenchmark(name.c_str(), [&be = be, cfg, B, T](benchmark::State& st) {
     be.allocator().reset_peak();
-    GPT2 gpt(cfg, be);
-    gpt.init_weights(1337);
-    AdamW opt(be, gpt.params(), gpt.param_buffer(), gpt.grad_buffer(), AdamWConfig{});
+    // The trainer's own step (train/train_step.h) on one process.
+    ModelOptions mo;
+    mo.n_layer = cfg.n_layer, mo.n_head = cfg.n_head, mo.n_embd = cfg.n_embd;
+    mo.block_size = cfg.block_size, mo.vocab_size = cfg.vocab_size;
+    LocalCommunicator single;
+    TrainStep one_step(step_config(mo, B, T), be, single);
+    one_step.init_weights(1337);
     // Targets are the tokens shifted by one, as the data loader makes them.
     Tensor ids = random_ids(be, {B, T + 1}, cfg.vocab_size, 100);
     std::vector<int32_t> h(static_cast<size_t>(B) * (T + 1));
@@ -46,20 +53,9 @@ void register_step(Backend& be, const GPT2Config& cfg, const std::string& model,
         tok[static_cast<size_t>(b * T + t)] = h[static_cast<size_t>(b * (T + 1) + t)];
         tgt[static_cast<size_t>(b * T + t)] = h[static_cast<size_t>(b * (T + 1) + t + 1)];
       }
-    Tensor tokens = be.empty({B, T}, DType::I32, MemCategory::Activations);
-    Tensor targets = be.empty({B, T}, DType::I32, MemCategory::Activations);
-    be.copy_from_host(be.default_stream(), tokens, tok.data());
-    be.copy_from_host(be.default_stream(), targets, tgt.data());
-
-    const float grad_scale = 1.f / static_cast<float>(B * T);
     double loss = 0.0;
-    auto step = [&] {
-      gpt.zero_grad();
-      int64_t n = 0;
-      loss = gpt.forward(tokens, targets, grad_scale, &n) / static_cast<double>(n);
-      gpt.backward();
-      opt.step(6e-4f);
-    };
+    int64_t update = 0;
+    auto step = [&] { loss = one_step.run(tok.data(), tgt.data(), update++).loss; };
     // Untimed warm-up step: activation allocation, GEMM primitive creation, first touch.
     step();
     be.synchronize(be.default_stream());

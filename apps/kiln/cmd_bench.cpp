@@ -5,9 +5,10 @@
 //   kiln bench --peak
 //   mpirun -np N kiln bench CONFIG.toml ...   (data parallel: see run_distributed_bench)
 //
-// The step is the trainer's: zero_grad, then per micro-step forward (loss and its
-// gradient scaled by 1 / targets of the global batch) and backward, then the global
-// gradient norm, clipping and AdamW with the config's learning-rate schedule. Batches
+// The step is the trainer's own (TrainStep, train/train_step.h): zero_grad, then per
+// micro-step forward (loss and its gradient scaled by 1 / targets of the global batch)
+// and backward, then the global gradient norm, clipping and AdamW with the config's
+// learning-rate schedule. Batches
 // come from data.dir (the train split, shuffled with train.seed) or, when data.dir is
 // empty or absent, from synthetic tokens: uniform ids in [0, vocab_size) drawn from
 // Philox(train.seed, stream 0x62656e6368 "bench"), each sample T + 1 tokens with the
@@ -15,11 +16,11 @@
 //
 // Reported over the timed steps (after --warmup untimed ones):
 //   tokens/s = accum * micro_batch * T * steps / (summed step time)
-//   phases   data (batches fetched and copied to the device), forward, backward,
-//            optimizer (zero_grad, gradient norm, clipping, AdamW); each timed with the
-//            backend synchronised at its end
+//   phases   data (batches fetched and copied to the device, gradients zeroed),
+//            forward, backward, optimizer (gradient norm, clipping, AdamW); each timed
+//            with the backend synchronised at its end (TrainStep's phases)
 //   MFU      = flops_per_token(T) * tokens/s / peak_flops, flops_per_token from
-//              GPT2Config::flops_per_token (6 N + 12 n_layer T C, models/gpt2/config.h)
+//              Model::flops_per_token (GPT-2: 6 N + 12 n_layer T C, models/gpt2/config.h)
 //              and peak_flops the best fp32 GEMM rate measured in the same run
 //              (measure_gemm_flops, backend/probe.h: n = 1024, best of 1 s of runs,
 //              before and after the timed steps, the higher of the two)
@@ -33,15 +34,16 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/loader.h"
-#include "models/gpt2/gpt2.h"
 #include "optim/adamw.h"
 #include "profile/profiling_backend.h"
 #include "profile/summary.h"
 #include "profile/tracer.h"
 #include "train/config.h"
 #include "train/model_io.h"
+#include "train/train_step.h"
 #include "train/trainer.h"
 #include "comm/communicator.h"
+#include "comm/local_communicator.h"
 
 #include <unistd.h>
 
@@ -161,7 +163,7 @@ class BatchSource {
 // Initial weights, batches and per-step learning rates as one safetensors file, in
 // kiln's names and layouts (linear weights [out, in], wte with Vp rows), for the
 // PyTorch comparison (bench/pytorch/gpt2_train.py).
-void dump_init(const fs::path& path, const GPT2& model, const TrainConfig& c, int accum,
+void dump_init(const fs::path& path, const Model& model, const TrainConfig& c, int accum,
                int warmup, int steps) {
   Backend& be = model.backend();
   safetensors::Writer w(path.string());
@@ -177,7 +179,7 @@ void dump_init(const fs::path& path, const GPT2& model, const TrainConfig& c, in
   std::vector<int32_t> in, tg, bi, bt;
   BatchSource source(c, accum);  // the same sequence as the timed run's own source
   for (int s = 0; s < S; ++s) {
-    source.next(bi, bt, model.config().vocab_size);
+    source.next(bi, bt, model.vocab_size());
     in.insert(in.end(), bi.begin(), bi.end());
     tg.insert(tg.end(), bt.begin(), bt.end());
   }
@@ -186,7 +188,7 @@ void dump_init(const fs::path& path, const GPT2& model, const TrainConfig& c, in
   std::vector<float> lr;
   for (int s = 0; s < S; ++s) lr.push_back(static_cast<float>(learning_rate(c, s)));
   w.add_f32("bench.lr", {S}, lr);
-  const GPT2Config& m = model.config();
+  const GPT2Config m = gpt2_config_from(c);  // the PyTorch side builds a GPT-2
   auto meta = [&](const char* k, auto v) { w.set_metadata(k, fmt::format("{}", v)); };
   meta("n_layer", m.n_layer);
   meta("n_head", m.n_head);
@@ -287,15 +289,15 @@ void run_bench(const Args& a) {
   if (tracing) prof = std::make_unique<profile::ProfilingBackend>(*raw);
   Backend& be = prof ? static_cast<Backend&>(*prof) : *raw;
 
-  GPT2 model(gpt2_config_from(c), be);
+  LocalCommunicator single;
+  TrainStep one_step(c, be, single);
+  Model& model = one_step.model();
   if (c.model.init_from.empty()) {
-    model.init_weights(static_cast<uint64_t>(c.train.seed));
+    one_step.init_weights(static_cast<uint64_t>(c.train.seed));
   } else {
-    load_weights_into(model, c.model.init_from);
+    load_weights_into(model, gpt2_config_from(c), c.model.init_from);
+    one_step.optimizer().sync_master_from_params();
   }
-  AdamW opt(be, model.params(), model.param_buffer(), model.grad_buffer(), adamw_config_from(c));
-  Tensor tokens = be.empty(Shape{B, T}, DType::I32, MemCategory::Activations);
-  Tensor targets = be.empty(Shape{B, T}, DType::I32, MemCategory::Activations);
 
   const int total = a.warmup + a.steps;
   if (!a.dump_init.empty()) {
@@ -303,12 +305,11 @@ void run_bench(const Args& a) {
     fmt::print("kiln bench: initial weights and batches written to {}\n", a.dump_init);
   }
 
-  const GPT2Config& mc = model.config();
   const int64_t tokens_per_step = static_cast<int64_t>(accum) * B * T;
   fmt::print("kiln bench: {} | {} | {} micro-step(s) of B={} T={} ({} tokens/step) | {} "
              "warm-up + {} timed steps | backend {}, {} threads (OMP_WAIT_POLICY={}) | fp32 GEMM "
              "{:.1f} GFLOP/s\n",
-             mc.str(), data_desc, accum, B, T, tokens_per_step, a.warmup, a.steps, be.name(),
+             model.describe(), data_desc, accum, B, T, tokens_per_step, a.warmup, a.steps, be.name(),
              omp_get_max_threads(), std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "unset",
              peak_flops / 1e9);
   const std::string gemm_path = be.gemm_path(parse_dtype(c.train.dtype));
@@ -319,70 +320,49 @@ void run_bench(const Args& a) {
                                         : std::vector<int64_t>{},
                                 a.trace, peaks);
   window.set_allocator(&be.allocator());
-  const Stream s = be.default_stream();
+  // Phase times: each phase runs until the next is announced, the backend synchronised
+  // at every boundary. Gradient sync (nothing to do on one process) counts as backward.
+  struct PhaseClock final : StepObserver {
+    Backend& be;
+    Clock::time_point last = Clock::now();
+    int current = 0;               // 0 data, 1 forward, 2 backward, 3 optimizer
+    double sec[4] = {0, 0, 0, 0};
+    explicit PhaseClock(Backend& b) : be(b) {}
+    void on_phase(StepPhase p) override {
+      be.synchronize(be.default_stream());
+      const auto now = Clock::now();
+      sec[current] += seconds(last, now);
+      last = now;
+      switch (p) {
+        case StepPhase::Data: current = 0; break;
+        case StepPhase::Forward: current = 1; break;
+        case StepPhase::Backward:
+        case StepPhase::GradSync: current = 2; break;
+        case StepPhase::Optimizer:
+        case StepPhase::Done: current = 3; break;
+      }
+    }
+  } clock(be);
+  one_step.set_observer(&clock);
   std::vector<int32_t> inputs, targets_host;
   double t_data = 0, t_fwd = 0, t_bwd = 0, t_opt = 0, t_step = 0, t_min = 1e30;
   std::vector<double> losses;
   for (int step = 0; step < total; ++step) {
     window.begin_step(step);
     const auto t0 = Clock::now();
-    double loss_sum = 0.0;
-    int64_t n_targets = 0;
     {
-      // As the trainer: the whole step's batches first (the loss is normalised by the
-      // target tokens of the global batch).
       auto sc = profile::trace_scope("data");
       source.next(inputs, targets_host, c.model.vocab_size);
-      for (int32_t t : targets_host) n_targets += t != -1;
     }
-    const float grad_scale = 1.f / static_cast<float>(n_targets);
-    double d_data = seconds(t0, Clock::now()), d_fwd = 0, d_bwd = 0, d_opt = 0;
-    auto t = Clock::now();
-    {
-      auto sc = profile::trace_scope("optimizer");
-      model.zero_grad();
-      be.synchronize(s);
-    }
-    d_opt += seconds(t, Clock::now());
-    for (int k = 0; k < accum; ++k) {
-      t = Clock::now();
-      {
-        auto sc = profile::trace_scope("data");
-        const size_t off = static_cast<size_t>(k) * B * T;
-        be.copy_from_host(s, tokens, inputs.data() + off);
-        be.copy_from_host(s, targets, targets_host.data() + off);
-        model.set_dropout(true, static_cast<uint64_t>(c.train.seed),
-                          static_cast<uint64_t>(step * accum + k));
-        be.synchronize(s);
-      }
-      const auto t1 = Clock::now();
-      {
-        auto sc = profile::trace_scope("forward");
-        loss_sum += model.forward(tokens, targets, grad_scale);
-        be.synchronize(s);
-      }
-      const auto t2 = Clock::now();
-      {
-        auto sc = profile::trace_scope("backward");
-        model.backward();
-        be.synchronize(s);
-      }
-      const auto t3 = Clock::now();
-      d_data += seconds(t, t1);
-      d_fwd += seconds(t1, t2);
-      d_bwd += seconds(t2, t3);
-    }
-    t = Clock::now();
-    {
-      auto sc = profile::trace_scope("optimizer");
-      const double norm = std::sqrt(be.sum_squares(s, model.grad_buffer()));
-      opt.step(static_cast<float>(learning_rate(c, step)), clip_scale(norm, c.optim.grad_clip));
-      be.synchronize(s);
-    }
+    clock.last = Clock::now();
+    clock.current = 0;
+    for (double& x : clock.sec) x = 0;
+    const StepResult r = one_step.run(inputs.data(), targets_host.data(), step);
     const auto t4 = Clock::now();
-    d_opt += seconds(t, t4);
+    const double d_data = seconds(t0, t4) - clock.sec[1] - clock.sec[2] - clock.sec[3];
+    const double d_fwd = clock.sec[1], d_bwd = clock.sec[2], d_opt = clock.sec[3];
     window.end_step();
-    const double loss = loss_sum / static_cast<double>(n_targets);
+    const double loss = r.loss;
     KILN_CHECK(std::isfinite(loss), "bench: step {}: the loss is {}", step, loss);
     losses.push_back(loss);
     const double dt = seconds(t0, t4);  // data, forward, backward and optimizer
@@ -403,7 +383,7 @@ void run_bench(const Args& a) {
 
   const double n = static_cast<double>(a.steps);
   const double tok_s = static_cast<double>(tokens_per_step) * n / t_step;
-  const double fpt = mc.flops_per_token(T);
+  const double fpt = model.flops_per_token(T);
   const double mfu = fpt * tok_s / peak_flops;
   auto ms = [&](double x) { return x / n * 1e3; };
   auto mib = [](int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); };
@@ -455,8 +435,8 @@ void run_bench(const Args& a) {
   const char* wait = std::getenv("OMP_WAIT_POLICY");
   j["omp_wait_policy"] = wait ? wait : "";
   j["backend"] = be.name();
-  j["model"] = mc.str();
-  j["num_parameters"] = mc.num_parameters();
+  j["model"] = model.describe();
+  j["num_parameters"] = gpt2_config_from(c).num_parameters();
   j["data"] = data_desc;
   j["profiled"] = tracing;
   j["losses"] = losses;

@@ -371,7 +371,7 @@ int main(int argc, char** argv) {
     });
 
     guarded("mixed precision (fp32 grads)", [&] {
-      // bf16 activations and parameters, fp32 parameter gradients (GPT2Storage's default
+      // bf16 activations and parameters, fp32 parameter gradients (ModelStorage's default
       // for a bf16 model), against the fp32 path on the same rounded values.
       {
         const int IC = C, OC = 3 * C;

@@ -1,11 +1,11 @@
-// kiln_gpu_step: GPT-2 training steps (zero_grad, forward with loss, backward, AdamW) on
-// the CUDA backend, for scripts/gpu-check.sh. Prints one JSON line:
+// kiln_gpu_step: GPT-2 training steps (the trainer's TrainStep: forward with loss,
+// backward, norm, clipping, AdamW) on the CUDA backend, for scripts/gpu-check.sh. Prints one JSON line:
 //   {"impl":"kiln", "B":..., "T":..., "dtype":..., "ms_per_step":..., "tokens_per_s":...,
 //    "model_tflops":..., "peak_bf16_tflops":..., "mfu":..., "loss":..., "peak_gib":...}
 // MFU = B*T * flops_per_token(T) per second (6N + attention, GPT2Config) over the bf16
 // GEMM rate measured here through the backend's own linear_forward (8192^3).
-// The model runs in bf16 (GPT2Storage: bf16 parameters and activations, fp32 gradients;
-// AdamW keeps fp32 master weights), like PyTorch's bf16 autocast in torch_gpt2.py;
+// The model runs in bf16 (train.dtype = bf16: bf16 parameters and activations, fp32
+// gradients; AdamW keeps fp32 master weights), like PyTorch's bf16 autocast in torch_gpt2.py;
 // --fp32 runs the fp32 model instead (KILN_CUDA_TF32=1 lets its GEMMs use TF32).
 // Usage: kiln_gpu_step [--model gpt2] [--B 16] [--T 1024] [--steps 10] [--warmup 3]
 //                      [--profile N] [--fp32]
@@ -14,8 +14,8 @@
 #include "backend/registry.h"
 #include "core/rng.h"
 #include "models/gpt2/config.h"
-#include "models/gpt2/gpt2.h"
-#include "optim/adamw.h"
+#include "comm/local_communicator.h"
+#include "train/train_step.h"
 #include "profile/profiling_backend.h"
 #include "profile/summary.h"
 #include "profile/tracer.h"
@@ -71,30 +71,25 @@ struct Result {
 };
 
 // tracer: enabled after the warm-up (for a ProfilingBackend `be`), disabled at the end.
-Result run(Backend& be, const GPT2Config& cfg, const GPT2Storage& storage, int B, int T,
+Result run(Backend& be, const GPT2Config& cfg, const std::string& dtype, int B, int T,
            int warmup, int steps, profile::Tracer* tracer = nullptr) {
   be.allocator().reset_peak();
-  GPT2 gpt(cfg, be, storage);
-  gpt.init_weights(1337);
-  AdamW opt(be, gpt.params(), gpt.param_buffer(), gpt.grad_buffer(), AdamWConfig{});
+  // The trainer's own step (train/train_step.h) on one process: parameters and
+  // activations in `dtype`, fp32 gradients and master weights.
+  ModelOptions mo;
+  mo.n_layer = cfg.n_layer, mo.n_head = cfg.n_head, mo.n_embd = cfg.n_embd;
+  mo.block_size = cfg.block_size, mo.vocab_size = cfg.vocab_size;
+  LocalCommunicator single;
+  TrainStep one_step(step_config(mo, B, T, dtype), be, single);
+  one_step.init_weights(1337);
   std::vector<int32_t> tok(static_cast<size_t>(B) * T), tgt(tok.size());
   Philox rng(20240601, 7);
   for (auto& x : tok) x = static_cast<int32_t>(rng.next_u32() % cfg.vocab_size);
   for (size_t i = 0; i < tok.size(); ++i) tgt[i] = tok[(i + 1) % tok.size()];
-  Tensor tokens = be.empty({B, T}, DType::I32, MemCategory::Activations);
-  Tensor targets = be.empty({B, T}, DType::I32, MemCategory::Activations);
   const Stream s = be.default_stream();
-  be.copy_from_host(s, tokens, tok.data());
-  be.copy_from_host(s, targets, tgt.data());
-  const float grad_scale = 1.f / static_cast<float>(B * T);
   double loss = 0;
-  auto step = [&] {
-    gpt.zero_grad();
-    int64_t n = 0;
-    loss = gpt.forward(tokens, targets, grad_scale, &n) / static_cast<double>(n);
-    gpt.backward();
-    opt.step(6e-4f);
-  };
+  int64_t update = 0;
+  auto step = [&] { loss = one_step.run(tok.data(), tgt.data(), update++).loss; };
   for (int i = 0; i < warmup; ++i) step();
   be.synchronize(s);
   if (tracer) tracer->enable();
@@ -117,9 +112,7 @@ int main(int argc, char** argv) {
     const Args a = parse(argc, argv);
     auto be = make_backend("cuda");
     GPT2Config cfg = GPT2Config::preset(a.model);
-    GPT2Storage storage;
-    storage.dtype = a.fp32 ? DType::F32 : DType::BF16;
-    storage.grad_dtype = DType::F32;
+    const std::string dtype = a.fp32 ? "fp32" : "bf16";
     const double peak = measure_gemm_flops(*be, DType::BF16, 8192, 1.0);
     const double peak_fp32 = measure_gemm_flops(*be, DType::F32, 4096, 0.5);
     std::fprintf(stderr, "kiln_gpu_step: GEMM peak bf16 %.1f TFLOP/s, fp32%s %.1f TFLOP/s\n",
@@ -129,7 +122,7 @@ int main(int argc, char** argv) {
     Result r;
     for (;;) {
       try {
-        r = run(*be, cfg, storage, B, a.T, a.warmup, a.steps);
+        r = run(*be, cfg, dtype, B, a.T, a.warmup, a.steps);
         break;
       } catch (const Error& e) {
         if (B == 1 || std::strstr(e.what(), "out of memory") == nullptr) throw;
@@ -145,7 +138,7 @@ int main(int argc, char** argv) {
       const double bw = measure_copy_bandwidth(*be);
       profile::Tracer tracer;
       profile::ProfilingBackend pb(*be, tracer, true);
-      const Result p = run(pb, cfg, storage, B, a.T, 1, a.profile, &tracer);
+      const Result p = run(pb, cfg, dtype, B, a.T, 1, a.profile, &tracer);
       std::fprintf(stderr, "kiln_gpu_step: profiled %d steps (ops synchronised): %.1f ms/step; "
                    "copy bandwidth %.0f GB/s\n%s", a.profile, p.ms, bw / 1e9,
                    profile::format_summary(profile::summarize(tracer.events()),

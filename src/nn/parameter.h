@@ -13,7 +13,7 @@ struct ParamSpec {
   Shape shape;                // global shape
   int64_t offset = 0;         // in elements, within the flat buffer
   bool weight_decay = false;  // matrices (2-D) decay; biases and norm gains do not
-  int layer = -1;             // part of the model (see ModelHooks): -1 embeddings, blocks, head
+  int part = 0;               // the model part holding it (ModelPart::index)
 };
 
 }  // namespace kiln

@@ -7,13 +7,13 @@
 
 namespace kiln {
 
-GPT2Storage zero_model_storage(int zero_stage, int world, DType dtype, DType grad_dtype) {
+ModelStorage zero_model_storage(int zero_stage, int world, DType dtype, DType grad_dtype) {
   KILN_CHECK(zero_stage >= 0 && zero_stage <= 3, "parallel.zero_stage must be 0..3, got {}",
              zero_stage);
-  GPT2Storage s;
+  ModelStorage s;
   s.dtype = dtype;
   s.grad_dtype = grad_dtype;
-  s.unit_alignment = zero_stage == 0 ? 1 : world;
+  s.part_alignment = zero_stage == 0 ? 1 : world;
   s.allocate_grads = zero_stage <= 1;
   s.allocate_params = zero_stage <= 2;
   return s;
@@ -23,28 +23,29 @@ namespace {
 using Clock = std::chrono::steady_clock;
 }
 
-DataParallel::DataParallel(GPT2& model, Communicator& comm, int zero_stage, double bucket_mb)
+DataParallel::DataParallel(Model& model, Communicator& comm, int zero_stage, double bucket_mb)
     : model_(model), comm_(comm), backend_(model.backend()), stage_(zero_stage),
       rank_(comm.rank()), world_(comm.size()),
       bucket_elems_(std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1024 * 1024 / 4))) {
-  const GPT2Storage want = zero_model_storage(zero_stage, world_, model.dtype(), model.grad_dtype());
+  const ModelStorage want = zero_model_storage(zero_stage, world_, model.dtype(), model.grad_dtype());
   KILN_CHECK(static_cast<bool>(model.param_buffer()) == want.allocate_params &&
                  static_cast<bool>(model.grad_buffer()) == want.allocate_grads,
              "DataParallel: the model was not built with zero_model_storage({}, {})", zero_stage,
              world_);
   int64_t shard = 0;
-  for (const ParamUnit& pu : model.units()) {
-    Unit u;
-    u.part = pu.part;
-    u.begin = pu.begin;
-    u.end = pu.end;
-    u.padded = pu.padded_size();
-    KILN_CHECK(stage_ == 0 || u.padded % world_ == 0, "unit {} is not aligned to {} ranks",
-               pu.part, world_);
+  for (const ModelPart& mp : model.parts()) {
+    Part u;
+    u.index = mp.index;
+    u.resident = mp.resident;
+    u.begin = mp.begin;
+    u.end = mp.end;
+    u.padded = mp.padded_size();
+    KILN_CHECK(stage_ == 0 || u.padded % world_ == 0, "part {} ({}) is not aligned to {} ranks",
+               mp.index, mp.name, world_);
     u.S = stage_ == 0 ? u.padded : u.padded / world_;
     u.shard_offset = shard;
     shard += u.S;
-    units_.push_back(u);
+    parts_.push_back(u);
   }
   if (stage_ >= 2) {
     grad_shard_ = backend_.empty(Shape{shard}, model.grad_dtype(), MemCategory::Gradients);
@@ -54,13 +55,13 @@ DataParallel::DataParallel(GPT2& model, Communicator& comm, int zero_stage, doub
     param_shard_ = backend_.empty(Shape{shard}, model.dtype(), MemCategory::Parameters);
     backend_.fill(backend_.default_stream(), param_shard_, 0.f);
   }
-  if (stage_ == 0) {  // buckets of whole units in the order backward completes them
+  if (stage_ == 0) {  // buckets of whole parts in the order backward completes them
     std::vector<int> current;
     int64_t size = 0;
-    for (int part = model.config().n_layer; part >= -1; --part) {
-      current.push_back(part);
-      size += unit(part).padded;
-      if (size >= bucket_elems_ || part == -1) {
+    for (int p = static_cast<int>(parts_.size()) - 1; p >= 0; --p) {
+      current.push_back(p);
+      size += part(p).padded;
+      if (size >= bucket_elems_ || p == 0) {
         buckets_.push_back(current);
         current.clear();
         size = 0;
@@ -82,7 +83,7 @@ std::vector<AdamWSegment> DataParallel::optimizer_segments() const {
   if (stage_ == 0) return whole_segments(model_.params(), model_.param_buffer(), model_.grad_buffer());
   std::vector<AdamWSegment> out;
   for (const ParamSpec& p : model_.params()) {
-    const Unit& u = units_[static_cast<size_t>(p.layer + 1)];
+    const Part& u = parts_[static_cast<size_t>(p.part)];
     const int64_t s0 = u.slice_begin(rank_), s1 = s0 + u.S;
     const int64_t a = std::max(s0, p.offset), b = std::min(s1, p.offset + p.shape.numel());
     if (a >= b) continue;
@@ -114,14 +115,15 @@ void DataParallel::init_weights(uint64_t seed) {
     model_.init_weights(seed);
     return;
   }
+  // Only this rank's elements, by their global coordinates.
   const auto segs = optimizer_segments();
   size_t k = 0;
   for (size_t i = 0; i < model_.params().size(); ++i) {
     const ParamSpec& p = model_.params()[i];
-    if (k >= segs.size() || segs[k].spec.name != p.name) continue;
-    const auto host = gpt2_init_values(model_.config(), p, i, seed);
-    for (; k < segs.size() && segs[k].spec.name == p.name; ++k)
-      upload_f32(backend_, segs[k].param, host.data() + segs[k].begin);
+    for (; k < segs.size() && segs[k].spec.name == p.name; ++k) {
+      const auto host = model_.init_values(i, seed, segs[k].begin, segs[k].end);
+      upload_f32(backend_, segs[k].param, host.data());
+    }
   }
 }
 
@@ -134,14 +136,14 @@ void DataParallel::begin_step(int micro_steps) {
 void DataParallel::begin_micro_step(int k) {
   micro_step_ = k;
   last_micro_ = k == micro_steps_ - 1;
-  for (auto& u : units_) u.done = false;
+  for (auto& u : parts_) u.done = false;
 }
 
 // ---- stage 3 parameter gathering ----------------------------------------------------
 
 void DataParallel::gather(int part, bool wait) {
-  if (part < -1 || part > model_.config().n_layer) return;
-  Unit& u = unit(part);
+  if (part < 0 || part >= static_cast<int>(parts_.size())) return;
+  Part& u = this->part(part);
   if (!u.params) {
     u.params = backend_.empty(Shape{u.padded}, model_.dtype(), MemCategory::Parameters);
     u.gather_work = comm_.all_gather_async(u.params, param_shard_.view_at(u.shard_offset, Shape{u.S}));
@@ -156,7 +158,7 @@ void DataParallel::gather(int part, bool wait) {
 }
 
 void DataParallel::release(int part) {
-  Unit& u = unit(part);
+  Part& u = this->part(part);
   if (u.gather_work) u.gather_work->wait();
   u.gather_work.reset();
   model_.bind_params(part, Tensor());
@@ -165,74 +167,77 @@ void DataParallel::release(int part) {
 
 void DataParallel::gather_full_params() {
   if (stage_ < 3 || full_gathered_) return;
-  for (const auto& u : units_) gather(u.part, false);
-  for (const auto& u : units_) gather(u.part, true);
+  for (const auto& u : parts_) gather(u.index, false);
+  for (const auto& u : parts_) gather(u.index, true);
   full_gathered_ = true;
 }
 
 void DataParallel::release_full_params() {
   if (!full_gathered_) return;
-  for (const auto& u : units_) release(u.part);
+  for (const auto& u : parts_) release(u.index);
   full_gathered_ = false;
 }
 
 void DataParallel::end_forward_only() {
   if (full_gathered_) return;
   if (stage_ == 3) {
-    for (const auto& u : units_)
-      if (u.params) release(u.part);
+    for (const auto& u : parts_)
+      if (u.params) release(u.index);
   }
   if (stage_ >= 2) {
-    Unit& e = unit(-1);
-    model_.bind_grads(-1, Tensor());
-    e.grads = Tensor();
+    for (auto& u : parts_) {
+      if (!u.resident || !u.grads) continue;
+      model_.bind_grads(u.index, Tensor());
+      u.grads = Tensor();
+    }
   }
 }
 
 // ---- hooks ------------------------------------------------------------------------
 
 void DataParallel::before_forward(int part) {
-  if (stage_ >= 2 && part == -1) {
-    // The tied wte receives gradient from the head during forward: its unit's gradient
-    // must exist from the start of the micro-step.
-    Unit& e = unit(-1);
+  if (stage_ >= 2 && this->part(part).resident) {
+    // A resident parameter (GPT-2's wte) receives gradient from a later part during
+    // forward (the head's loss gradient): its part's gradient must exist from here.
+    Part& e = this->part(part);
     e.grads = backend_.empty(Shape{e.padded}, model_.grad_dtype(), MemCategory::Gradients);
     backend_.fill(backend_.default_stream(), e.grads, 0.f);
-    model_.bind_grads(-1, e.grads);
+    model_.bind_grads(part, e.grads);
   }
   if (stage_ == 3 && !full_gathered_) {
     gather(part, true);
-    gather(part + 1, false);  // prefetch the next unit
+    gather(part + 1, false);  // prefetch the next part
   }
   drain(false);
 }
 
 void DataParallel::after_forward(int part) {
-  if (stage_ == 3 && !full_gathered_ && part >= 0) release(part);
+  if (stage_ == 3 && !full_gathered_ && !this->part(part).resident) release(part);
 }
 
 void DataParallel::before_backward(int part) {
-  if (stage_ >= 2 && part >= 0) {
-    Unit& u = unit(part);
+  const bool resident = this->part(part).resident;
+  if (stage_ >= 2 && !resident) {
+    Part& u = this->part(part);
     u.grads = backend_.empty(Shape{u.padded}, model_.grad_dtype(), MemCategory::Gradients);
     backend_.fill(backend_.default_stream(), u.grads, 0.f);
     model_.bind_grads(part, u.grads);
   }
-  if (stage_ == 3 && !full_gathered_ && part >= 0) {
+  if (stage_ == 3 && !full_gathered_ && !resident) {
     gather(part, true);
-    if (part - 1 >= 0) gather(part - 1, false);  // prefetch; the embedding is resident
+    if (part - 1 >= 0 && !this->part(part - 1).resident) gather(part - 1, false);  // prefetch
   }
   drain(false);
 }
 
 void DataParallel::after_backward(int part) {
   if (stage_ == 3 && !full_gathered_) release(part);
-  reduce_unit_grads(part);
+  reduce_part_grads(part);
   drain(false);
 }
 
-void DataParallel::reduce_unit_grads(int part) {
-  Unit& u = unit(part);
+void DataParallel::reduce_part_grads(int part) {
+  Part& u = this->part(part);
   if (stage_ >= 2) {
     // Reduce-scatter in place; this rank's slice is then added to its gradient shard.
     const Tensor whole = u.grads;
@@ -257,13 +262,13 @@ void DataParallel::reduce_unit_grads(int part) {
     pending_.push_back(std::move(p));
     return;
   }
-  u.done = true;  // stage 0: all-reduce a bucket once all of its units are done
+  u.done = true;  // stage 0: all-reduce a bucket once all of its parts are done
   for (const auto& bucket : buckets_) {
     if (std::find(bucket.begin(), bucket.end(), part) == bucket.end()) continue;
     for (int q : bucket)
-      if (!unit(q).done) return;
-    const Unit& first = unit(bucket.back());  // lowest flat offset
-    const Unit& last = unit(bucket.front());
+      if (!this->part(q).done) return;
+    const Part& first = this->part(bucket.back());  // lowest flat offset
+    const Part& last = this->part(bucket.front());
     Pending p;
     p.work = comm_.all_reduce_async(
         grads.view_at(first.begin, Shape{last.begin + last.padded - first.begin}));
@@ -295,7 +300,7 @@ double DataParallel::grad_sum_squares() {
   double local = 0.0;
   if (stage_ == 0) return backend_.sum_squares(s, model_.grad_buffer());  // replicated
   if (stage_ == 1) {
-    for (const auto& u : units_)
+    for (const auto& u : parts_)
       local += backend_.sum_squares(
           s, model_.grad_buffer().view_at(u.slice_begin(rank_), Shape{u.S}));
   } else {
@@ -311,7 +316,7 @@ double DataParallel::grad_sum_squares() {
 void DataParallel::after_optimizer_step() {
   if (stage_ == 0 || stage_ == 3 || world_ == 1) return;
   std::vector<std::shared_ptr<Work>> works;
-  for (const auto& u : units_) {
+  for (const auto& u : parts_) {
     const Tensor whole = model_.param_buffer().view_at(u.begin, Shape{u.padded});
     works.push_back(comm_.all_gather_async(
         whole, whole.view_at(static_cast<int64_t>(rank_) * u.S, Shape{u.S})));

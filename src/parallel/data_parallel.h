@@ -1,31 +1,32 @@
 // Data parallelism with ZeRO stages 0-3 (Rajbhandari et al. 2020, "ZeRO: Memory
 // Optimizations Toward Training Trillion Parameter Models"; stage 3 as PyTorch FSDP).
 //
-// The model's parameters are grouped in units (GPT2's ParamUnit: the embeddings, each
-// block, the head), each padded to a multiple of the data-parallel world size W, so a
-// unit of padded size W*S splits into W equal slices; rank r owns slice r of EVERY unit
-// (FSDP's flat-parameter-per-unit layout). Padding is zero and never reaches norms,
-// updates or checkpoints (segments cover real elements only).
+// The model's parameters are grouped in parts (models/model.h; FSDP calls them units:
+// GPT-2's embeddings, each block, the head), each padded to a multiple of the
+// data-parallel world size W, so a part of padded size W*S splits into W equal slices;
+// rank r owns slice r of EVERY part (FSDP's flat-parameter-per-unit layout). Padding is
+// zero and never reaches norms, updates or checkpoints (segments cover real elements
+// only).
 //
-//   stage 0  gradients all-reduced in buckets of units (parallel.bucket_mb) as soon as
+//   stage 0  gradients all-reduced in buckets of parts (parallel.bucket_mb) as soon as
 //            the last micro-step's backward completes them; every rank updates all.
-//   stage 1  gradients reduce-scattered per unit on the last micro-step; each rank
+//   stage 1  gradients reduce-scattered per part on the last micro-step; each rank
 //            updates its slices (optimizer state 1/W), then parameters are all-gathered.
-//   stage 2  as 1, but gradients live only as slices: each unit's gradient exists whole
+//   stage 2  as 1, but gradients live only as slices: each part's gradient exists whole
 //            only from its backward until its reduce-scatter, done on EVERY micro-step
 //            (as DeepSpeed ZeRO-2 and FSDP; stages 0/1 communicate only on the last).
-//   stage 3  as 2, and parameters live only as slices: a unit is all-gathered before its
-//            forward and again before its backward and freed after, the next unit's
-//            gather prefetched. The embedding unit (wte, wpe) stays gathered from the
-//            start of forward to the end of backward, because the tied wte is also the
-//            output projection used by the head; its gradient likewise.
+//   stage 3  as 2, and parameters live only as slices: a part is all-gathered before its
+//            forward and again before its backward and freed after, the next part's
+//            gather prefetched. A resident part (ModelPart::resident: GPT-2's embeddings, whose
+//            wte is also the head's output projection) stays gathered from its forward
+//            to its backward, and its gradient exists from the start of forward.
 //
 // Communication runs on the communicator's own thread (MpiCommunicator), overlapping
 // the backward pass; the trainer waits in finish_gradients().
 #pragma once
 
 #include "comm/communicator.h"
-#include "models/gpt2/gpt2.h"
+#include "models/model.h"
 #include "optim/adamw.h"
 
 #include <deque>
@@ -36,14 +37,14 @@ namespace kiln {
 
 /// How the model must store its parameters for a ZeRO stage over `world` ranks, with
 /// parameters/activations in `dtype` and gradients in `grad_dtype`.
-GPT2Storage zero_model_storage(int zero_stage, int world, DType dtype = DType::F32,
+ModelStorage zero_model_storage(int zero_stage, int world, DType dtype = DType::F32,
                                DType grad_dtype = DType::F32);
 
 class DataParallel final : public ModelHooks {
  public:
   /// `model` must have been built with zero_model_storage(zero_stage, comm.size(), ...).
   /// Installs itself as the model's hooks. Throws kiln::Error on a bad stage.
-  DataParallel(GPT2& model, Communicator& comm, int zero_stage, double bucket_mb);
+  DataParallel(Model& model, Communicator& comm, int zero_stage, double bucket_mb);
   ~DataParallel() override;
 
   int zero_stage() const { return stage_; }
@@ -56,7 +57,8 @@ class DataParallel final : public ModelHooks {
   /// replicas are complete; its slices for stage 3).
   std::vector<AdamWSegment> load_segments() const;
 
-  /// GPT-2 initialisation, computed on the host for the elements this rank holds.
+  /// The model's initial values (Model::init_values), computed on the host for the
+  /// elements this rank holds.
   void init_weights(uint64_t seed);
 
   /// Before the micro-steps of an update: zero gradients. `micro_steps` = accumulation.
@@ -70,11 +72,11 @@ class DataParallel final : public ModelHooks {
   double grad_sum_squares();
   /// After the optimizer step: all-gather updated slices (stages 1-2).
   void after_optimizer_step();
-  /// Stage 3: gathers every unit into full storage (for sampling, export); undone by
+  /// Stage 3: gathers every part into full storage (for sampling, export); undone by
   /// release_full_params(). No-op for stages 0-2.
   void gather_full_params();
   void release_full_params();
-  /// Releases units a forward-only pass (evaluation) left gathered.
+  /// Releases parts a forward-only pass (evaluation) left gathered.
   void end_forward_only();
 
   /// Stages 0-2 keep a full replica of the parameters on every rank: a hash of its
@@ -91,14 +93,15 @@ class DataParallel final : public ModelHooks {
   void after_backward(int part) override;
 
  private:
-  struct Unit {
-    int part = 0;
+  struct Part {
+    int index = 0;
+    bool resident = false;
     int64_t begin = 0, end = 0, padded = 0;  // flat coordinates; padded = padded size
     int64_t S = 0;                           // slice length (padded / world)
     int64_t shard_offset = 0;                // of this rank's slice in the shard buffers
     Tensor params;                           // stage 3: gathered storage while resident
     std::shared_ptr<Work> gather_work;
-    Tensor grads;  // stages 2-3: the whole unit's gradient while it exists
+    Tensor grads;  // stages 2-3: the whole part's gradient while it exists
     bool done = false;
     int64_t slice_begin(int rank) const { return begin + rank * S; }  // flat
   };
@@ -107,18 +110,18 @@ class DataParallel final : public ModelHooks {
     Tensor keep;      // buffer the operation uses (freed on completion)
     Tensor src, dst;  // when dst is set: dst += src once the work completes
   };
-  Unit& unit(int part) { return units_[static_cast<size_t>(part + 1)]; }
+  Part& part(int index) { return parts_[static_cast<size_t>(index)]; }
   void gather(int part, bool wait);
   void release(int part);
-  void reduce_unit_grads(int part);
+  void reduce_part_grads(int part);
   void drain(bool all);
 
-  GPT2& model_;
+  Model& model_;
   Communicator& comm_;
   Backend& backend_;
   int stage_, rank_, world_;
   int64_t bucket_elems_;
-  std::vector<Unit> units_;
+  std::vector<Part> parts_;
   Tensor grad_shard_;   // stages 2-3: this rank's gradient slices, [sum of S]
   Tensor param_shard_;  // stage 3: this rank's parameter slices
   std::deque<Pending> pending_;

@@ -4,11 +4,12 @@
 #include "backend/meta/meta_backend.h"
 #include "core/error.h"
 #include "data/meta.h"
-#include "models/gpt2/gpt2.h"
+#include "models/registry.h"
 #include "optim/adamw.h"
 #include "parallel/data_parallel.h"
 #include "plan/scratch_models.h"
 #include "train/model_io.h"
+#include "train/train_step.h"
 
 #include <algorithm>
 #include <cmath>
@@ -60,26 +61,16 @@ RankMemory dry_run(const TrainConfig& c, const MemPlanOptions& o, int rank,
                    std::shared_ptr<MetaScratchModel> scratch,
                    std::vector<SimulatedCommunicator::Call>* calls) {
   const int dp_size = o.world_size;
-  const DType dtype = kiln::parse_dtype(c.train.dtype);
-  const DType grad_dtype = kiln::parse_dtype(c.train.grad_dtype);
   MetaBackendOptions mo;
   mo.device = o.backend == "cuda" ? Device::cuda(0) : Device::cpu();
   mo.scratch = std::move(scratch);
   auto be = make_meta_backend(mo);
   SimulatedCommunicator comm(dp_size, rank, "world/dp", dp_size == 1 ? 0 : o.completion_polls);
 
-  // As Trainer::Trainer.
-  // Mixed precision: parameters/activations in train.dtype, gradients in grad_dtype, and
-  // AdamW keeps fp32 master weights for low-precision parameters by itself.
-  GPT2Storage storage = zero_model_storage(c.parallel.zero_stage, dp_size, dtype, grad_dtype);
-  GPT2 model(gpt2_config_from(c), *be, storage);
-  model.set_activation_checkpointing(parse_activation_checkpointing(c.train.activation_checkpointing));
-  DataParallel dp(model, comm, c.parallel.zero_stage, c.parallel.bucket_mb);
-  AdamW optimizer(*be, dp.optimizer_segments(), adamw_config_from(c));
-  const int B = c.train.micro_batch, T = c.train.seq_len;
-  Tensor tokens = be->empty(Shape{B, T}, DType::I32, MemCategory::Activations);
-  Tensor targets = be->empty(Shape{B, T}, DType::I32, MemCategory::Activations);
-  // (Initial weights are copied from the host: nothing to allocate, nothing to plan.)
+  // The trainer's own step object: model, ZeRO wrapper and AdamW (fp32 master weights
+  // for low-precision parameters) as the trainer builds them. Initial weights are copied
+  // from the host: nothing to allocate, nothing to plan.
+  TrainStep step(c, *be, comm);
   if (c.log.peak_tflops <= 0 && o.backend == "cpu") {
     // The trainer measures the fp32 GEMM peak (backend/probe.cpp): three 1024x1024
     // temporaries and one GEMM, whose oneDNN scratchpad the backend keeps.
@@ -89,29 +80,22 @@ RankMemory dry_run(const TrainConfig& c, const MemPlanOptions& o, int rank,
     Tensor out = be->empty(Shape{n, n}, DType::F32, MemCategory::Temporaries);
     be->linear_forward(be->default_stream(), out, a, w, Tensor());
   }
-
-  // As Trainer::train_step.
-  const int accum = c.grad_accum_steps(dp_size);
-  const Stream s = be->default_stream();
-  std::vector<int32_t> host(static_cast<size_t>(B) * T, 0);
+  // One update on zero tokens (the Meta backend computes nothing); each collective is
+  // labelled with the phase it was issued in.
+  struct Phases final : StepObserver {
+    SimulatedCommunicator& comm;
+    explicit Phases(SimulatedCommunicator& c) : comm(c) {}
+    void on_phase(StepPhase p) override {
+      if (p == StepPhase::Data) return;  // copies: the current label stays
+      comm.set_phase(p == StepPhase::GradSync ? "finish" : p == StepPhase::Done ? "optimizer"
+                                                                               : step_phase_name(p));
+    }
+  } phases(comm);
+  step.set_observer(&phases);
+  const size_t n = static_cast<size_t>(step.grad_accum_steps()) * c.train.micro_batch * c.train.seq_len;
+  const std::vector<int32_t> host(n, 0);
   comm.set_phase("optimizer");
-  dp.begin_step(accum);
-  for (int k = 0; k < accum; ++k) {
-    dp.begin_micro_step(k);
-    be->copy_from_host(s, tokens, host.data());
-    be->copy_from_host(s, targets, host.data());
-    model.set_dropout(true, static_cast<uint64_t>(c.train.seed), static_cast<uint64_t>(k));
-    comm.set_phase("forward");
-    model.forward(tokens, targets, 1.f / static_cast<float>(c.train.global_batch * T));
-    comm.set_phase("backward");
-    model.backward();
-  }
-  comm.set_phase("finish");
-  dp.finish_gradients();
-  comm.set_phase("optimizer");
-  (void)dp.grad_sum_squares();
-  optimizer.step(static_cast<float>(c.optim.lr), 1.f);
-  dp.after_optimizer_step();
+  step.run(host.data(), host.data(), 0);
   if (calls) *calls = comm.calls();
 
   const MemoryStats st = be->allocator().stats();
@@ -214,8 +198,9 @@ StepTime estimate_step_time(const MemPlan& p, const CostModel& cost) {
     else if (call.phase == "backward") comm_bwd += x;
     else comm_rest += x;
   }
-  // The trainer's own small all-reduces per step: target count, loss, stop flag.
-  comm_rest += 3 * price(Collective::AllReduce, 4);
+  // The step's own small all-reduces (target count, loss) are in comm_calls; the
+  // trainer adds one per update, the stop flag.
+  comm_rest += price(Collective::AllReduce, 4);
   t.comm_total = comm_fwd + comm_bwd + comm_rest;
   // kiln overlaps forward gathers (ZeRO-3) with forward and gradient reductions (and the
   // backward gathers of ZeRO-3) with backward, on one communication thread: what does

@@ -1,14 +1,12 @@
 // The memory planner: what a training run will allocate on each rank, by category, and
 // which layouts of a config fit a device (`kiln memplan`, docs/memplan.md).
 //
-// Method: a dry run. The planner builds exactly what the trainer builds (train/trainer.cpp)
-// -- GPT2 with zero_model_storage(stage, dp), its activation checkpointing, DataParallel
-// over a SimulatedCommunicator of the dp world, AdamW over dp.optimizer_segments(), the
-// token and target tensors, and (when log.peak_tflops is 0 on the CPU) the start-up GEMM
-// probe -- on a MetaBackend, whose allocator counts bytes by category and whose ops do
-// nothing, and runs one training step's sequence of calls (begin_step; per micro-step
-// begin_micro_step, forward, backward; finish_gradients; grad_sum_squares; the AdamW
-// step; after_optimizer_step). The allocator's per-category and total peaks are the
+// Method: a dry run. The planner builds the trainer's own step object (TrainStep,
+// train/train_step.h: the model of model.arch with zero_model_storage(stage, dp), its
+// activation checkpointing, DataParallel over a SimulatedCommunicator of the dp world,
+// AdamW, the token and target tensors) and (when log.peak_tflops is 0 on the CPU) the
+// start-up GEMM probe on a MetaBackend, whose allocator counts bytes by category and
+// whose ops do nothing, and runs one TrainStep::run. The allocator's per-category and total peaks are the
 // prediction. What no backend call shows (library scratch space) comes from a
 // MetaScratchModel (plan/scratch_models.h). Evaluation, sampling and checkpoint writing
 // are not part of the step and not planned.

@@ -1,11 +1,8 @@
-// The training configuration: key table, TOML reading, --set overrides, preset
-// resolution, validation, to_toml()/hash() and the learning-rate schedule.
-//
-// Everything is driven by one table of keys (keys()): each entry knows its name, where
-// its value lives in TrainConfig, its allowed range or choices and its description. The
-// reader, the --set parser, to_toml() and config_keys() all walk that table, so adding a
-// key is one line here plus one field in config.h (and a row in docs/config.md).
+// The training configuration: TOML reading, --set overrides, preset resolution,
+// validation, to_toml()/hash() and the schedule's keys, all driven by the key table
+// (config_keys.h / config_keys.cpp).
 #include "train/config.h"
+#include "train/config_keys.h"
 
 #include <fmt/ranges.h>
 #include <toml++/toml.h>
@@ -26,27 +23,7 @@
 namespace kiln {
 namespace {
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
-// Where a key's value lives in a TrainConfig.
-using Ref = std::variant<int*, int64_t*, double*, std::string*, std::vector<int64_t>*>;
-
-struct Key {
-  std::string name;               // "section.key"
-  Ref (*ref)(TrainConfig&) = nullptr;  // the field
-  std::string description;
-  double lo = -kInf, hi = kInf;   // allowed range for numbers
-  bool lo_open = false, hi_open = false;
-  std::vector<std::string> choices;  // allowed strings (empty = any)
-
-  std::string_view section() const { return std::string_view(name).substr(0, name.find('.')); }
-};
-
-Ref field(const Key& key, const TrainConfig& config) {
-  return key.ref(const_cast<TrainConfig&>(config));
-}
-
-bool is_int(const Ref& r) { return r.index() <= 1; }
+using namespace config_detail;
 
 std::string_view type_name(const Ref& r) {
   switch (r.index()) {
@@ -66,136 +43,6 @@ std::string_view doc_type_name(const Ref& r) {
     case 3: return "string";
     default: return "int array";
   }
-}
-
-// Key table builders ---------------------------------------------------------------
-
-#define KILN_KEY(sec, k) #sec "." #k, [](TrainConfig& c) -> Ref { return &c.sec.k; }
-
-Key any(std::string name, Ref (*ref)(TrainConfig&), std::string doc) {
-  Key k;
-  k.name = std::move(name);
-  k.ref = ref;
-  k.description = std::move(doc);
-  return k;
-}
-Key range(std::string name, Ref (*ref)(TrainConfig&), double lo, double hi, std::string doc,
-          bool lo_open = false, bool hi_open = false) {
-  Key k = any(std::move(name), ref, std::move(doc));
-  k.lo = lo;
-  k.hi = hi;
-  k.lo_open = lo_open;
-  k.hi_open = hi_open;
-  return k;
-}
-Key positive(std::string name, Ref (*ref)(TrainConfig&), std::string doc) {
-  return range(std::move(name), ref, 0, kInf, std::move(doc), /*lo_open=*/true);
-}
-Key nonneg(std::string name, Ref (*ref)(TrainConfig&), std::string doc) {
-  return range(std::move(name), ref, 0, kInf, std::move(doc));
-}
-Key oneof(std::string name, Ref (*ref)(TrainConfig&), std::vector<std::string> choices,
-          std::string doc) {
-  Key k = any(std::move(name), ref, std::move(doc));
-  k.choices = std::move(choices);
-  return k;
-}
-
-const std::vector<Key>& keys() {
-  static const std::vector<Key> table = [] {
-    std::vector<std::string> presets{""};
-    for (const auto& p : model_presets()) presets.emplace_back(p.name);
-    return std::vector<Key>{
-        oneof(KILN_KEY(model, preset), presets,
-              "Model preset filling n_layer, n_head, n_embd, block_size and vocab_size: "
-              "gpt2, gpt2-medium, gpt2-large, gpt2-xl; \"\" = none. Keys given explicitly "
-              "override the preset."),
-        nonneg(KILN_KEY(model, n_layer), "Transformer blocks (required unless a preset gives it)."),
-        nonneg(KILN_KEY(model, n_head), "Attention heads; must divide n_embd."),
-        nonneg(KILN_KEY(model, n_embd), "Embedding (residual stream) width."),
-        nonneg(KILN_KEY(model, block_size), "Maximum sequence length (position-table rows)."),
-        nonneg(KILN_KEY(model, vocab_size), "Vocabulary size; 0 = take it from the data set's meta.json."),
-        range(KILN_KEY(model, dropout), 0, 1, "Dropout probability (embeddings, attention, residual).",
-              false, /*hi_open=*/true),
-        any(KILN_KEY(model, init_from),
-            "Initial weights: \"\" = random init; a kiln checkpoint dir, an llm.c .bin or a "
-            ".safetensors file."),
-        any(KILN_KEY(data, dir), "Directory of the tokenized data set (required for training)."),
-        nonneg(KILN_KEY(train, steps), "Optimizer updates to run (required, > 0, for training)."),
-        positive(KILN_KEY(train, micro_batch), "Sequences per rank per micro-step."),
-        nonneg(KILN_KEY(train, global_batch),
-               "Sequences per optimizer update over all ranks; 0 = micro_batch * dp (no "
-               "gradient accumulation). Must be a multiple of micro_batch * dp."),
-        nonneg(KILN_KEY(train, seq_len), "Tokens per sequence; 0 = model.block_size."),
-        nonneg(KILN_KEY(train, seed), "Random seed (init, data order, dropout, sampling)."),
-        oneof(KILN_KEY(train, dtype), {"fp32", "bf16", "fp16"}, "Compute dtype: fp32, bf16 or fp16."),
-        oneof(KILN_KEY(train, grad_dtype), {"fp32", "bf16", "fp16"},
-              "Parameter-gradient dtype: fp32, or the low precision of train.dtype."),
-        range(KILN_KEY(train, stochastic_rounding), 0, 1,
-              "bf16: 1 = write parameters from the fp32 master weights with stochastic "
-              "rounding (Philox, replayable), 0 = round to nearest even."),
-        positive(KILN_KEY(train, loss_scale),
-                 "fp16: initial dynamic loss scale (halved on overflow, doubled after "
-                 "loss_scale_growth_interval clean steps)."),
-        positive(KILN_KEY(train, loss_scale_growth_interval),
-                 "fp16: clean steps after which the loss scale doubles."),
-        oneof(KILN_KEY(train, activation_checkpointing), {"none", "full", "selective"},
-              "Activation recomputation: none, full or selective."),
-        positive(KILN_KEY(optim, lr), "Peak learning rate."),
-        range(KILN_KEY(optim, beta1), 0, 1, "AdamW beta1.", false, true),
-        range(KILN_KEY(optim, beta2), 0, 1, "AdamW beta2.", false, true),
-        positive(KILN_KEY(optim, eps), "AdamW epsilon."),
-        nonneg(KILN_KEY(optim, weight_decay), "Decoupled (AdamW) weight decay."),
-        nonneg(KILN_KEY(optim, grad_clip), "Clip the global gradient norm to this; 0 disables."),
-        oneof(KILN_KEY(schedule, kind), {"cosine", "constant", "wsd"},
-              "Learning-rate schedule after warmup: cosine (to min_lr at train.steps), "
-              "constant, or wsd (warmup-stable-decay)."),
-        nonneg(KILN_KEY(schedule, warmup_steps),
-               "Linear warmup: lr * (step + 1) / warmup_steps for the first warmup_steps updates."),
-        nonneg(KILN_KEY(schedule, min_lr), "Final learning rate of cosine and wsd; at most optim.lr."),
-        range(KILN_KEY(schedule, decay_fraction), 0, 1,
-              "wsd: fraction of train.steps spent decaying linearly to min_lr at the end."),
-        nonneg(KILN_KEY(eval, every), "Evaluate the validation loss every this many updates; 0 = never."),
-        positive(KILN_KEY(eval, batches), "Validation micro-batches per evaluation."),
-        nonneg(KILN_KEY(sample, every), "Generate a sample every this many updates; 0 = never."),
-        positive(KILN_KEY(sample, tokens), "Tokens to generate per sample."),
-        any(KILN_KEY(sample, prompt), "Sample prompt text; \"\" = start from the end-of-text token."),
-        positive(KILN_KEY(sample, temperature), "Sampling temperature."),
-        nonneg(KILN_KEY(sample, top_k), "Sample from the k most likely tokens; 0 = all."),
-        nonneg(KILN_KEY(checkpoint, every), "Save a checkpoint every this many updates; 0 = no periodic checkpoints."),
-        nonneg(KILN_KEY(checkpoint, keep), "Newest checkpoints kept on disk; 0 = keep all."),
-        any(KILN_KEY(run, dir), "Run directory: logs, resolved config, checkpoints."),
-        positive(KILN_KEY(log, every), "Print a progress line every this many updates."),
-        nonneg(KILN_KEY(log, peak_tflops), "Peak TFLOP/s used for MFU; 0 = measure at start-up."),
-        nonneg(KILN_KEY(parallel, dp), "Data-parallel ranks; 0 = derive (world size / (tp * pp))."),
-        positive(KILN_KEY(parallel, tp), "Tensor-parallel ranks."),
-        positive(KILN_KEY(parallel, pp), "Pipeline-parallel stages."),
-        range(KILN_KEY(parallel, zero_stage), 0, 3,
-              "ZeRO stage: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters sharded."),
-        positive(KILN_KEY(parallel, bucket_mb), "Gradient all-reduce bucket size in MiB."),
-        positive(KILN_KEY(parallel, timeout_s), "Collective-communication timeout in seconds."),
-        any(KILN_KEY(profile, steps),
-            "Profile updates a <= step < b given as [a, b]; [] = off."),
-    };
-  }();
-  return table;
-}
-
-#undef KILN_KEY
-
-const Key* find_key(std::string_view name) {
-  for (const auto& k : keys())
-    if (k.name == name) return &k;
-  return nullptr;
-}
-
-std::vector<std::string> section_names() {
-  std::vector<std::string> out;
-  for (const auto& k : keys()) {
-    std::string s(k.section());
-    if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
-  }
-  return out;
 }
 
 // Suggestions ----------------------------------------------------------------------
@@ -674,26 +521,17 @@ bool TrainConfig::operator==(const TrainConfig& o) const {
          profile == o.profile;
 }
 
-double learning_rate(const TrainConfig& c, int64_t step) {
-  KILN_CHECK(step >= 0, "learning_rate: step must be >= 0, got {}", step);
-  const double lr = c.optim.lr, min_lr = c.schedule.min_lr;
-  const int64_t warmup = c.schedule.warmup_steps, steps = c.train.steps;
-  if (step < warmup) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
-  const std::string& kind = c.schedule.kind;
-  if (kind == "constant") return lr;
-  if (step >= steps) return min_lr;
-  if (kind == "cosine") {
-    double t = static_cast<double>(step - warmup) / static_cast<double>(steps - warmup);
-    return min_lr + (lr - min_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * t));
-  }
-  if (kind == "wsd") {
-    auto decay = static_cast<int64_t>(std::llround(c.schedule.decay_fraction * static_cast<double>(steps)));
-    int64_t start = std::max(warmup, steps - decay);
-    if (step < start) return lr;
-    return lr + (min_lr - lr) * static_cast<double>(step - start) / static_cast<double>(steps - start);
-  }
-  KILN_FAIL("{}: key 'schedule.kind' must be one of \"cosine\", \"constant\", \"wsd\", got {}",
-            c.source, quote(kind));
+LrSchedule lr_schedule_of(const TrainConfig& c) {
+  LrSchedule s;
+  s.kind = parse_lr_schedule_kind(c.schedule.kind);
+  s.lr = c.optim.lr;
+  s.min_lr = c.schedule.min_lr;
+  s.warmup_steps = c.schedule.warmup_steps;
+  s.total_steps = c.train.steps;
+  s.decay_fraction = c.schedule.decay_fraction;
+  return s;
 }
+
+double learning_rate(const TrainConfig& c, int64_t step) { return learning_rate(lr_schedule_of(c), step); }
 
 }  // namespace kiln

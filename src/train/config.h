@@ -11,6 +11,8 @@
 // function learning_rate().
 #pragma once
 
+#include "optim/schedule.h"
+
 #include <cstdint>
 #include <span>
 #include <string>
@@ -21,6 +23,7 @@ namespace kiln {
 
 /// [model]: the network's shape and where its initial weights come from.
 struct ModelSection {
+  std::string arch = "gpt2";  // the architecture (models/registry.h)
   std::string preset;     // "" = none; "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"
   int n_layer = 0;        // 0 = unset (required unless a preset gives it)
   int n_head = 0;
@@ -183,14 +186,9 @@ TrainConfig load_config_string(std::string_view text,
                                const std::vector<std::string>& overrides = {},
                                const std::string& name_for_errors = "<string>");
 
-/// The learning rate for optimizer update `step` (counted from 0):
-/// - warmup: lr * (step + 1) / warmup_steps while step < warmup_steps;
-/// - "constant": lr afterwards;
-/// - "cosine": min_lr + (lr - min_lr) * (1 + cos(pi * t)) / 2 with
-///   t = (step - warmup_steps) / (steps - warmup_steps), so min_lr is reached at
-///   step == steps (and held beyond);
-/// - "wsd" (warmup-stable-decay): lr until the last decay_fraction * steps updates,
-///   then linear from lr down to min_lr, reached at step == steps.
+/// The [schedule] and [optim] keys as a learning-rate schedule (optim/schedule.h, where
+/// the formulas are), and the learning rate of update `step` (counted from 0) under it.
+LrSchedule lr_schedule_of(const TrainConfig& config);
 double learning_rate(const TrainConfig& config, int64_t step);
 
 /// One model preset's shape.

@@ -10,15 +10,20 @@ namespace kiln {
 
 namespace fs = std::filesystem;
 
+ModelOptions model_options_from(const TrainConfig& config) {
+  ModelOptions o;
+  o.arch = config.model.arch;
+  o.n_layer = config.model.n_layer;
+  o.n_head = config.model.n_head;
+  o.n_embd = config.model.n_embd;
+  o.block_size = config.model.block_size;
+  o.vocab_size = config.model.vocab_size;
+  o.dropout = static_cast<float>(config.model.dropout);
+  return o;
+}
+
 GPT2Config gpt2_config_from(const TrainConfig& config) {
-  GPT2Config c;
-  c.n_layer = config.model.n_layer;
-  c.n_head = config.model.n_head;
-  c.n_embd = config.model.n_embd;
-  c.block_size = config.model.block_size;
-  c.vocab_size = config.model.vocab_size;
-  c.padded_vocab_size = GPT2Config::pad_vocab(c.vocab_size);
-  c.dropout = static_cast<float>(config.model.dropout);
+  GPT2Config c = gpt2_config_of(model_options_from(config));
   c.validate();
   return c;
 }
@@ -35,25 +40,6 @@ AdamWConfig adamw_config_from(const TrainConfig& config) {
   return oc;
 }
 
-nlohmann::json gpt2_config_json(const GPT2Config& c) {
-  return {{"n_layer", c.n_layer},       {"n_head", c.n_head},
-          {"n_embd", c.n_embd},         {"vocab_size", c.vocab_size},
-          {"padded_vocab_size", c.padded_vocab_size}, {"block_size", c.block_size},
-          {"dropout", c.dropout}};
-}
-
-GPT2Config gpt2_config_from_json(const nlohmann::json& j) {
-  GPT2Config c;
-  c.n_layer = j.at("n_layer");
-  c.n_head = j.at("n_head");
-  c.n_embd = j.at("n_embd");
-  c.vocab_size = j.at("vocab_size");
-  c.padded_vocab_size = j.at("padded_vocab_size");
-  c.block_size = j.at("block_size");
-  c.dropout = j.value("dropout", 0.f);
-  c.validate();
-  return c;
-}
 
 void add_optimizer_to_checkpoint(checkpoint::CheckpointWriter& writer, const AdamW& optimizer,
                                  std::vector<std::vector<float>>& keep) {
@@ -70,7 +56,7 @@ void add_optimizer_to_checkpoint(checkpoint::CheckpointWriter& writer, const Ada
   }
 }
 
-void load_model_from_checkpoint(const checkpoint::CheckpointReader& reader, GPT2& model,
+void load_model_from_checkpoint(const checkpoint::CheckpointReader& reader, Model& model,
                                 AdamW* optimizer) {
   Backend& be = model.backend();
   std::vector<float> buf;
@@ -193,8 +179,9 @@ GPT2Weights read_gpt2_weights(const fs::path& path, const GPT2Config& expect) {
   return w;
 }
 
-void load_weights_into(GPT2& model, const fs::path& path) {
-  const GPT2Weights w = read_gpt2_weights(path, model.config());
+void load_weights_into(Model& model, const GPT2Config& expect, const fs::path& path) {
+  KILN_CHECK(model.arch() == "gpt2", "{}: GPT-2 weights for a {} model", path.string(), model.arch());
+  const GPT2Weights w = read_gpt2_weights(path, expect);
   Backend& be = model.backend();
   for (const ParamSpec& p : model.params()) upload_f32(be, model.param(p), w.tensors.at(p.name).data());
 }

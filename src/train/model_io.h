@@ -6,6 +6,7 @@
 #include "checkpoint/gpt2_formats.h"
 #include "data/tokenizer.h"
 #include "models/gpt2/gpt2.h"
+#include "models/registry.h"
 #include "optim/adamw.h"
 #include "train/config.h"
 
@@ -15,15 +16,15 @@
 
 namespace kiln {
 
-/// The model of a training config (vocabulary padded to a multiple of 128).
+/// The [model] section of a training config, for make_model (models/registry.h).
+ModelOptions model_options_from(const TrainConfig& config);
+/// The GPT-2 of a training config (vocabulary padded to a multiple of 128), for GPT-2's
+/// own file formats.
 GPT2Config gpt2_config_from(const TrainConfig& config);
 
 /// The optimizer settings of a training config ([optim] and train.stochastic_rounding).
 AdamWConfig adamw_config_from(const TrainConfig& config);
 
-/// Model hyper-parameters as stored in a checkpoint's state ("model" object).
-nlohmann::json gpt2_config_json(const GPT2Config& c);
-GPT2Config gpt2_config_from_json(const nlohmann::json& j);
 
 /// The optimizer's moments over its segments, as flat ranges of named global tensors.
 void add_optimizer_to_checkpoint(checkpoint::CheckpointWriter& writer, const AdamW& optimizer,
@@ -32,7 +33,7 @@ void add_optimizer_to_checkpoint(checkpoint::CheckpointWriter& writer, const Ada
 void load_optimizer_from_checkpoint(const checkpoint::CheckpointReader& reader, AdamW& optimizer);
 /// Reads parameters (and optimizer moments when `optimizer` is given) back. Throws when
 /// a tensor is missing or its global shape differs from the model's.
-void load_model_from_checkpoint(const checkpoint::CheckpointReader& reader, GPT2& model,
+void load_model_from_checkpoint(const checkpoint::CheckpointReader& reader, Model& model,
                                 AdamW* optimizer);
 
 /// GPT-2 weights (kiln names and layouts, vocabulary padded like `expect`) from a kiln
@@ -41,10 +42,11 @@ void load_model_from_checkpoint(const checkpoint::CheckpointReader& reader, GPT2
 /// it is missing, corrupt, or holds a model of another shape than `expect`.
 GPT2Weights read_gpt2_weights(const std::filesystem::path& path, const GPT2Config& expect);
 
-/// Loads weights into `model` from a kiln checkpoint directory, an llm.c GPT-2 .bin
-/// (magic 20240326, fp32) or a Hugging Face GPT-2 .safetensors, chosen by what `path`
-/// is. Throws kiln::Error when the file's model shape differs from `model`'s.
-void load_weights_into(GPT2& model, const std::filesystem::path& path);
+/// Loads GPT-2 weights into `model` (a GPT-2 of shape `expect`) from a kiln checkpoint
+/// directory, an llm.c GPT-2 .bin (magic 20240326, fp32) or a Hugging Face GPT-2
+/// .safetensors, chosen by what `path` is. Throws kiln::Error when the model is not a
+/// GPT-2 or the file's model shape differs from `expect`.
+void load_weights_into(Model& model, const GPT2Config& expect, const std::filesystem::path& path);
 
 /// Writes the model weights of a kiln checkpoint as an llm.c GPT-2 .bin ("llmc") or a
 /// Hugging Face model.safetensors ("safetensors"), atomically.

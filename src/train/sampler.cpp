@@ -39,18 +39,18 @@ int32_t pick(const float* logits, int V, const SampleOptions& o, Philox& rng) {
 
 }  // namespace
 
-std::vector<int32_t> sample_tokens(GPT2& model, const std::vector<int32_t>& prompt,
+std::vector<int32_t> sample_tokens(Model& model, const std::vector<int32_t>& prompt,
                                    const SampleOptions& o) {
   KILN_CHECK(!prompt.empty(), "sample: the prompt must hold at least one token");
-  const GPT2Config& c = model.config();
+  const int block_size = model.max_positions();
   Backend& be = model.backend();
   std::vector<int32_t> ctx = prompt;
-  if (static_cast<int>(ctx.size()) > c.block_size)  // keep the most recent block_size tokens
-    ctx.erase(ctx.begin(), ctx.end() - c.block_size);
-  const int total = std::min<int>(c.block_size, static_cast<int>(ctx.size()) + o.max_new_tokens);
+  if (static_cast<int>(ctx.size()) > block_size)  // keep the most recent block_size tokens
+    ctx.erase(ctx.begin(), ctx.end() - block_size);
+  const int total = std::min<int>(block_size, static_cast<int>(ctx.size()) + o.max_new_tokens);
   model.begin_decode(1, total);
-  Tensor logits = be.empty(Shape{1, c.padded_vocab_size}, DType::F32, MemCategory::Temporaries);
-  std::vector<float> host(static_cast<size_t>(c.padded_vocab_size));
+  Tensor logits = be.empty(Shape{1, model.padded_vocab_size()}, DType::F32, MemCategory::Temporaries);
+  std::vector<float> host(static_cast<size_t>(model.padded_vocab_size()));
   Philox rng(o.seed, /*stream=*/0x5a3d1e);
   std::vector<int32_t> out;
   std::vector<int32_t> next = ctx;
@@ -60,7 +60,7 @@ std::vector<int32_t> sample_tokens(GPT2& model, const std::vector<int32_t>& prom
     be.copy_from_host(be.default_stream(), tok, next.data());
     model.decode(tok, logits);
     be.copy_to_host(be.default_stream(), host.data(), logits);
-    const int32_t id = pick(host.data(), c.vocab_size, o, rng);
+    const int32_t id = pick(host.data(), model.vocab_size(), o, rng);
     out.push_back(id);
     if (id == o.stop_token || static_cast<int>(out.size()) >= o.max_new_tokens ||
         model.decoded_length() >= total)

@@ -1,9 +1,9 @@
-// Text generation from a GPT-2: prefill the prompt into the KV cache, then draw one
+// Text generation from a language model: prefill the prompt into the KV cache, then draw one
 // token at a time with temperature and top-k from a Philox stream, so that the same
 // seed gives the same text. Temperature 0 is greedy (argmax).
 #pragma once
 
-#include "models/gpt2/gpt2.h"
+#include "models/model.h"
 
 #include <cstdint>
 #include <vector>
@@ -21,7 +21,7 @@ struct SampleOptions {
 /// Continues `prompt` (ids, at least one; use the end-of-text id for "no prompt") and
 /// returns the new ids only. The context is capped at block_size: generation stops
 /// when the KV cache is full. Padded vocabulary columns are never sampled.
-std::vector<int32_t> sample_tokens(GPT2& model, const std::vector<int32_t>& prompt,
+std::vector<int32_t> sample_tokens(Model& model, const std::vector<int32_t>& prompt,
                                    const SampleOptions& options);
 
 }  // namespace kiln

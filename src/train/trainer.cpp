@@ -85,21 +85,14 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   // Profiling wraps the backend (one trace event per op); off, nothing is wrapped.
   if (config_.profile.enabled())
     backend_ = std::make_unique<profile::ProfilingBackend>(std::move(backend_));
-  model_ = std::make_unique<GPT2>(gpt2_config_from(config_), *backend_,
-                                  zero_model_storage(config_.parallel.zero_stage, dp_size_,
-                                                     parse_dtype(config_.train.dtype),
-                                                     parse_dtype(config_.train.grad_dtype)));
-  fp16_ = model_->dtype() == DType::F16;
-  loss_scale_ = fp16_ ? config_.train.loss_scale : 1.0;
-  model_->set_activation_checkpointing(
-      parse_activation_checkpointing(config_.train.activation_checkpointing));
-  dp_ = std::make_unique<DataParallel>(*model_, mesh_->comm(Axis::DP), config_.parallel.zero_stage,
-                                       config_.parallel.bucket_mb);
-  optimizer_ = std::make_unique<AdamW>(*backend_, dp_->optimizer_segments(),
-                                       adamw_config_from(config_));
+  one_step_ = std::make_unique<TrainStep>(config_, *backend_, mesh_->comm(Axis::DP));
+  model_ = &one_step_->model();
+  dp_ = &one_step_->data_parallel();
+  optimizer_ = &one_step_->optimizer();
+  fp16_ = one_step_->scaler().enabled;
   const int B = config_.train.micro_batch;
-  tokens_ = backend_->empty(Shape{B, seq_len_}, DType::I32, MemCategory::Activations);
-  targets_ = backend_->empty(Shape{B, seq_len_}, DType::I32, MemCategory::Activations);
+  tokens_ = one_step_->device_tokens();
+  targets_ = one_step_->device_targets();
 
   // Where to start: a checkpoint to resume, else init_from or a random init.
   const fs::path ckpt_root = run_dir_ / "ckpt";
@@ -118,7 +111,6 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
                "{} already holds checkpoints: pass --resume auto to continue, or choose another "
                "run.dir", ckpt_root.string());
     init_weights();
-    optimizer_->sync_master_from_params();
   }
   if (is_rank0_) {
     fs::create_directories(run_dir_);
@@ -136,7 +128,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     profile_->set_allocator(&backend_->allocator());
   }
   if (options_.verbose) {
-    fmt::print("kiln: {}\n", model_->config().str());
+    fmt::print("kiln: {}\n", model_->describe());
     fmt::print("kiln: {} updates of {} sequences x {} tokens ({} micro-steps of {} on each of {} "
                "data-parallel ranks, ZeRO stage {}), backend {}, peak {:.1f} GFLOP/s per rank ({})\n",
                config_.train.steps, config_.train.global_batch, seq_len_, accum_, B, dp_size_,
@@ -150,12 +142,15 @@ Trainer::~Trainer() = default;
 
 void Trainer::init_weights() {
   if (config_.model.init_from.empty()) {
-    dp_->init_weights(static_cast<uint64_t>(config_.train.seed));
+    one_step_->init_weights(static_cast<uint64_t>(config_.train.seed));
     return;
   }
-  const GPT2Weights w = read_gpt2_weights(config_.model.init_from, model_->config());
+  KILN_CHECK(model_->arch() == "gpt2", "{}: model.init_from reads GPT-2 weights only, not {}",
+             config_.source, model_->arch());
+  const GPT2Weights w = read_gpt2_weights(config_.model.init_from, gpt2_config_from(config_));
   for (const AdamWSegment& seg : dp_->load_segments())
     upload_f32(*backend_, seg.param, w.tensors.at(seg.spec.name).data() + seg.begin);
+  optimizer_->sync_master_from_params();
   if (options_.verbose) fmt::print("kiln: initialised from {}\n", config_.model.init_from);
 }
 
@@ -193,9 +188,8 @@ std::vector<std::vector<int64_t>> Trainer::memory_by_rank() {
 
 double Trainer::train_step(double* grad_norm) {
   const int B = config_.train.micro_batch, T = seq_len_;
-  // Fetch this rank's share of the whole global batch first: the loss is normalised by
-  // the number of target tokens in the global batch (over all ranks), known before the
-  // first backward.
+  // This rank's share of the whole global batch first: the step normalises the loss by
+  // the target tokens of the global batch, known before the first backward.
   std::vector<int32_t> inputs(static_cast<size_t>(accum_) * B * T), targets(inputs.size());
   {
     auto scope = profile::trace_scope("data");
@@ -205,71 +199,17 @@ double Trainer::train_step(double* grad_norm) {
                                 dp_size_);
     }
   }
-  std::vector<float> count{0.f};
-  for (int32_t t : targets) count[0] += t != -1 ? 1.f : 0.f;
-  dp_sum(count);
-  const auto n_targets = static_cast<int64_t>(count[0]);
-  KILN_CHECK(n_targets > 0, "step {}: the global batch has no target tokens", step_ + 1);
-  // fp16: the loss (and so every gradient) is multiplied by the dynamic loss scale, and
-  // the optimizer divides it out again (Micikevicius et al. 2018, section 3.2).
-  const float grad_scale = static_cast<float>(loss_scale_) / static_cast<float>(n_targets);
-  dp_->begin_step(accum_);
-  double loss_sum = 0.0;
-  const Stream s = backend_->default_stream();
-  for (int k = 0; k < accum_; ++k) {
-    dp_->begin_micro_step(k);
-    backend_->copy_from_host(s, tokens_, inputs.data() + static_cast<size_t>(k) * B * T);
-    backend_->copy_from_host(s, targets_, targets.data() + static_cast<size_t>(k) * B * T);
-    model_->set_dropout(true, static_cast<uint64_t>(config_.train.seed),
-                        static_cast<uint64_t>((step_ * accum_ + k) * dp_size_ + dp_rank_));
-    {
-      auto scope = profile::trace_scope("forward");
-      loss_sum += model_->forward(tokens_, targets_, grad_scale);
-    }
-    auto scope = profile::trace_scope("backward");
-    model_->backward();
-  }
-  {
-    auto scope = profile::trace_scope("grad_sync");
-    dp_->finish_gradients();
-  }
-  auto optimizer_scope = profile::trace_scope("optimizer");
-  std::vector<float> loss{static_cast<float>(loss_sum)};
-  if (dp_size_ > 1) dp_sum(loss);
-  const double loss_mean = (dp_size_ > 1 ? loss[0] : loss_sum) / static_cast<double>(n_targets);
-  // The squared norm is summed over all ranks, so every rank sees the same value and
-  // takes the same decision below.
-  const double sumsq = dp_->grad_sum_squares();
-  if (fp16_ && !(std::isfinite(sumsq) && std::isfinite(loss_mean))) {
-    // Overflow: skip the update on every rank alike, halve the scale; neither the
-    // schedule nor the optimizer's step count advances.
-    KILN_CHECK(loss_scale_ > 1.0, "step {}: fp16 gradients are not finite even with loss scale "
-               "1; the model diverged (lower optim.lr or use bf16)", step_ + 1);
-    loss_scale_ = std::max(loss_scale_ / 2.0, 1.0);
-    good_steps_ = 0;
-    ++skipped_steps_;
-    *grad_norm = std::numeric_limits<double>::infinity();
+  const StepResult r = one_step_->run(inputs.data(), targets.data(), step_);
+  *grad_norm = r.grad_norm;
+  last_skipped_ = r.skipped;
+  if (r.skipped) {
     if (options_.verbose)
       fmt::print("kiln: step {}: gradient overflow in fp16, update skipped, loss scale -> {}\n",
-                 step_ + 1, loss_scale_);
-    last_skipped_ = true;
-    return loss_mean;
-  }
-  last_skipped_ = false;
-  KILN_CHECK(std::isfinite(loss_mean), "step {}: the loss is {} (diverged); lower optim.lr or check "
-             "the data", step_ + 1, loss_mean);
-  const double norm = std::sqrt(sumsq) / loss_scale_;
-  KILN_CHECK(std::isfinite(norm), "step {}: the gradient norm is {}", step_ + 1, norm);
-  *grad_norm = norm;
-  const float lr = static_cast<float>(learning_rate(config_, step_));
-  optimizer_->step(lr, clip_scale(norm, config_.optim.grad_clip) / static_cast<float>(loss_scale_));
-  dp_->after_optimizer_step();
-  if (fp16_ && ++good_steps_ >= config_.train.loss_scale_growth_interval) {
-    loss_scale_ *= 2.0;
-    good_steps_ = 0;
+                 step_ + 1, scaler().scale);
+    return r.loss;
   }
   ++step_;
-  return loss_mean;
+  return r.loss;
 }
 
 double Trainer::evaluate() {
@@ -291,10 +231,10 @@ double Trainer::evaluate() {
     val.next_batch(inputs.data(), targets.data(), B, dp_rank_, dp_size_);
     backend_->copy_from_host(s, tokens_, inputs.data());
     backend_->copy_from_host(s, targets_, targets.data());
-    int64_t k = 0;
-    loss_sum += model_->forward(tokens_, targets_, 0.f, &k);
+    const LossSum l = model_->forward(Batch{tokens_, targets_, Tensor()}, 0.f);
     dp_->end_forward_only();
-    n += k;
+    loss_sum += l.sum;
+    n += l.targets;
   }
   if (dp_size_ == 1) return n > 0 ? loss_sum / static_cast<double>(n) : 0.0;
   sums = {static_cast<float>(loss_sum), static_cast<float>(n)};
@@ -318,7 +258,7 @@ void Trainer::maybe_sample() {
     ModelHooks none;
     model_->set_hooks(&none);
     const auto ids = sample_tokens(*model_, prompt, o);
-    model_->set_hooks(dp_.get());
+    model_->set_hooks(dp_);
     fmt::print("kiln: sample at step {}: {}{}\n", step_, sc.prompt, tok->decode(ids));
   }
   dp_->release_full_params();
@@ -368,7 +308,7 @@ TrainResult Trainer::run() {
   const int64_t tokens_per_step =
       static_cast<int64_t>(config_.train.global_batch) * static_cast<int64_t>(seq_len_);
   const double flops_per_step =
-      model_->config().flops_per_token(seq_len_) * static_cast<double>(tokens_per_step);
+      model_->flops_per_token(seq_len_) * static_cast<double>(tokens_per_step);
   const int64_t stop_at =
       options_.exit_interval > 0 ? std::min(options_.exit_interval, config_.train.steps)
                                  : config_.train.steps;
@@ -388,7 +328,7 @@ TrainResult Trainer::run() {
     if (last_skipped_) {  // fp16 overflow: the update was not applied, try the next batch
       if (is_rank0_ && metrics) {
         nlohmann::json rec{{"step", step_ + 1}, {"skipped", true}, {"loss", loss},
-                           {"loss_scale", loss_scale_}, {"skipped_steps", skipped_steps_}};
+                           {"loss_scale", scaler().scale}, {"skipped_steps", scaler().skipped_steps}};
         metrics->write(rec);
       }
       continue;
@@ -407,8 +347,8 @@ TrainResult Trainer::run() {
     rec["tokens_per_s"] = static_cast<double>(tokens_per_step) / dt;
     rec["mfu"] = flops_per_step / dt / world_peak;
     if (fp16_) {
-      rec["loss_scale"] = loss_scale_;
-      rec["skipped_steps"] = skipped_steps_;
+      rec["loss_scale"] = scaler().scale;
+      rec["skipped_steps"] = scaler().skipped_steps;
     }
     const bool eval_now = config_.eval.every > 0 &&
                           (step_ % config_.eval.every == 0 || step_ == config_.train.steps);

@@ -16,13 +16,14 @@
 #include "backend/backend.h"
 #include "comm/communicator.h"
 #include "data/loader.h"
-#include "models/gpt2/gpt2.h"
+#include "models/model.h"
 #include "optim/adamw.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
 #include "profile/summary.h"
 #include "train/config.h"
 #include "train/metrics.h"
+#include "train/train_step.h"
 
 #include <filesystem>
 #include <memory>
@@ -71,12 +72,14 @@ class Trainer {
 
   /// Mean validation loss over eval.batches micro-batches from the start of the val split.
   double evaluate();
-  const GPT2& model() const { return *model_; }
+  const Model& model() const { return *model_; }
   const DataParallel& data_parallel() const { return *dp_; }
   int64_t step() const { return step_; }
 
  private:
+  /// Fetches this rank's share of the next global batch and runs the one training step.
   double train_step(double* grad_norm);
+  LossScaler& scaler() { return one_step_->scaler(); }
   void save_checkpoint();
   void load_checkpoint(const std::filesystem::path& dir);
   void maybe_sample();
@@ -93,9 +96,10 @@ class Trainer {
   std::unique_ptr<DeviceMesh> mesh_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<profile::ProfileWindow> profile_;  // [profile] steps = [a, b]
-  std::unique_ptr<GPT2> model_;
-  std::unique_ptr<DataParallel> dp_;
-  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<TrainStep> one_step_;  // owns model, data parallel and optimizer
+  Model* model_ = nullptr;
+  DataParallel* dp_ = nullptr;
+  AdamW* optimizer_ = nullptr;
   std::unique_ptr<data::DataLoader> train_loader_;
   std::filesystem::path run_dir_;
   int dp_rank_ = 0, dp_size_ = 1;
@@ -104,12 +108,9 @@ class Trainer {
   int seq_len_ = 0;
   int64_t step_ = 0;
   double peak_flops_ = 0.0;
-  // fp16 dynamic loss scaling (1 and unused for fp32/bf16).
-  bool fp16_ = false;
-  double loss_scale_ = 1.0;
-  int64_t good_steps_ = 0, skipped_steps_ = 0;
+  bool fp16_ = false;  // dynamic loss scaling (TrainStep's LossScaler)
   bool last_skipped_ = false;
-  Tensor tokens_, targets_;  // [micro_batch, T] int32 on the device
+  Tensor tokens_, targets_;  // [micro_batch, T] int32 on the device (evaluation)
 };
 
 /// Installs SIGTERM / SIGUSR1 handlers that ask the running trainer to checkpoint and

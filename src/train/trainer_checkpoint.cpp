@@ -57,12 +57,13 @@ void Trainer::save_checkpoint() {
         {"global_batch", config_.train.global_batch},
         {"seq_len", seq_len_},
         {"config_hash", config_.hash()},
-        {"model", gpt2_config_json(model_->config())},
+        {"arch", model_->arch()},
+        {"model", model_->config_json()},
         {"layout", {{"world_size", world_->size()}, {"dp", dp_size_},
                     {"zero_stage", config_.parallel.zero_stage}}},
-        {"loss_scale", loss_scale_},
-        {"loss_scale_good_steps", good_steps_},
-        {"skipped_steps", skipped_steps_},
+        {"loss_scale", scaler().scale},
+        {"loss_scale_good_steps", scaler().good_steps},
+        {"skipped_steps", scaler().skipped_steps},
     };
     auto extra = tokenizer_files(*data::load_tokenizer(config_.data.dir));
     extra["config.toml"] = config_.to_toml();
@@ -113,9 +114,9 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   optimizer_->set_step_count(st.at("optimizer_step").get<int64_t>());
   step_ = st.at("step").get<int64_t>();
   if (fp16_ && st.contains("loss_scale")) {
-    loss_scale_ = st.at("loss_scale").get<double>();
-    good_steps_ = st.value("loss_scale_good_steps", int64_t{0});
-    skipped_steps_ = st.value("skipped_steps", int64_t{0});
+    scaler().scale = st.at("loss_scale").get<double>();
+    scaler().good_steps = st.value("loss_scale_good_steps", int64_t{0});
+    scaler().skipped_steps = st.value("skipped_steps", int64_t{0});
   }
   train_loader_->set_state({st.at("loader").at("epoch").get<int64_t>(),
                             st.at("loader").at("index").get<int64_t>()});

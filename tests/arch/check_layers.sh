@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The architecture, checked: model and layer code include only core/, backend/backend.h
-# and their own layer; only src/comm/ includes MPI or NCCL; only src/backend/cuda/ (and
-# the NCCL communicator in src/comm/nccl/, whose buffers live on the GPU) includes CUDA
-# headers. Fails listing each offending include.
+# and their own layer (nn/ never models/); only src/comm/ includes MPI or NCCL; only
+# src/backend/cuda/ (and the NCCL communicator in src/comm/nccl/, whose buffers live on
+# the GPU) includes CUDA headers; outside src/models/gpt2/ nothing in src/ or apps/
+# includes a GPT-2 header (everything sees models/model.h and models/registry.h), but
+# for the exceptions listed below. Fails listing each offending include.
 set -u
 src="$1/src"
 bad=0
@@ -17,5 +19,15 @@ while IFS= read -r line; do report "$line"; done < <(
     grep -v -e "^$src/backend/cuda/" -e "^$src/comm/nccl/")
 while IFS= read -r line; do report "$line"; done < <(
   grep -rnE '#\s*if(def)?\s.*(KILN_CUDA|__CUDACC__|KILN_MPI)' "$src/models" "$src/nn" 2>/dev/null)
+while IFS= read -r line; do report "$line"; done < <(
+  grep -rnE '#include\s+"models/' "$src/nn" 2>/dev/null)
+# Known exceptions, each with the work that removes it: the registry registers GPT-2;
+# GPT-2's file formats (llm.c, Hugging Face) in checkpoint/gpt2_formats.* and
+# train/model_io.h until they move under the model; memplan's cost model (GPT-2's FLOP
+# formula) in plan/memplan.h; kiln bench until it runs the one training step.
+allowed='^('"$src"'/models/registry\.cpp|'"$src"'/checkpoint/gpt2_formats\.(h|cpp)|'"$src"'/train/model_io\.h|'"$src"'/plan/memplan\.h):'
+while IFS= read -r line; do report "$line (only models/gpt2/ may name GPT-2)"; done < <(
+  grep -rnE '#include\s+"models/gpt2/' "$src" "$1/apps" 2>/dev/null | grep -v "^$src/models/gpt2/" |
+    grep -vE "$allowed")
 [ $bad -eq 0 ] && echo "layers ok: models/ and nn/ see only core/ and the backend interface"
 exit $bad

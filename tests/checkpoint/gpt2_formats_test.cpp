@@ -81,7 +81,7 @@ TEST(GPT2Formats, ParamSpecsMatchTheModel) {
       EXPECT_EQ(a.shape, b.shape) << a.name;
       EXPECT_EQ(a.offset, b.offset) << a.name;
       EXPECT_EQ(a.weight_decay, b.weight_decay) << a.name;
-      EXPECT_EQ(a.layer, b.layer) << a.name;
+      EXPECT_EQ(a.part, b.part) << a.name;
     }
     EXPECT_EQ(specs.back().offset + specs.back().shape.numel(), model.flat_size());
   }

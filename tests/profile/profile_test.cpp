@@ -130,8 +130,8 @@ double train_step(Backend& be, bool with_decode = false) {
   be.copy_from_host(be.default_stream(), y, tgt.data());
   m.zero_grad();
   m.set_dropout(true, 11, 0);
-  int64_t n = 0;
-  const double loss = m.forward(x, y, 1.f / (B * T), &n) / static_cast<double>(n);
+  const LossSum ls = m.forward(Batch{x, y, Tensor()}, 1.f / (B * T));
+  const double loss = ls.sum / static_cast<double>(ls.targets);
   m.backward();
   const double norm = std::sqrt(be.sum_squares(be.default_stream(), m.grad_buffer()));
   opt.step(1e-3f, clip_scale(norm, 1.0));

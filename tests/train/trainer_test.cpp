@@ -184,7 +184,7 @@ TEST(Trainer, ExportImportRoundTrips) {
     c.model.init_from = file.string();
     c.model.vocab_size = 257;
     Trainer trainer(c, quiet());
-    const GPT2& m = trainer.model();
+    const Model& m = trainer.model();
     for (const auto& p : m.params()) {
       std::vector<float> got(static_cast<size_t>(p.shape.numel()));
       m.backend().copy_to_host(m.backend().default_stream(), got.data(), m.param(p));

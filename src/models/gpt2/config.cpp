@@ -1,4 +1,5 @@
 #include "models/gpt2/config.h"
+#include "models/registry.h"
 
 #include "core/error.h"
 
@@ -59,6 +60,38 @@ std::string GPT2Config::str() const {
                      "dropout={} params={:.2f}M",
                      n_layer, n_head, n_embd, vocab_size, padded_vocab_size, block_size, dropout,
                      num_parameters() / 1e6);
+}
+
+nlohmann::json gpt2_config_json(const GPT2Config& c) {
+  return {{"n_layer", c.n_layer},       {"n_head", c.n_head},
+          {"n_embd", c.n_embd},         {"vocab_size", c.vocab_size},
+          {"padded_vocab_size", c.padded_vocab_size}, {"block_size", c.block_size},
+          {"dropout", c.dropout}};
+}
+
+GPT2Config gpt2_config_from_json(const nlohmann::json& j) {
+  GPT2Config c;
+  c.n_layer = j.at("n_layer");
+  c.n_head = j.at("n_head");
+  c.n_embd = j.at("n_embd");
+  c.vocab_size = j.at("vocab_size");
+  c.padded_vocab_size = j.at("padded_vocab_size");
+  c.block_size = j.at("block_size");
+  c.dropout = j.value("dropout", 0.f);
+  c.validate();
+  return c;
+}
+
+GPT2Config gpt2_config_of(const ModelOptions& o) {
+  GPT2Config c;
+  c.n_layer = o.n_layer;
+  c.n_head = o.n_head;
+  c.n_embd = o.n_embd;
+  c.block_size = o.block_size;
+  c.vocab_size = o.vocab_size;
+  c.padded_vocab_size = GPT2Config::pad_vocab(o.vocab_size);
+  c.dropout = o.dropout;
+  return c;
 }
 
 }  // namespace kiln

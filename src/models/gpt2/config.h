@@ -4,6 +4,8 @@
 // Learners", table 2) and Hugging Face's gpt2* configs.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -44,5 +46,15 @@ struct GPT2Config {
   double flops_per_token(int T) const;
   std::string str() const;
 };
+
+struct ModelOptions;
+/// GPT-2 of the [model] keys: the vocabulary padded to a multiple of 128, not validated
+/// (the model validates).
+GPT2Config gpt2_config_of(const ModelOptions& options);
+
+/// Hyper-parameters as stored in a checkpoint's state ("model" object); from_json
+/// validates.
+nlohmann::json gpt2_config_json(const GPT2Config& c);
+GPT2Config gpt2_config_from_json(const nlohmann::json& j);
 
 }  // namespace kiln

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "models/gpt2/gpt2.h"
+#include "nn/block.h"
 
 #include <vector>
 
@@ -11,29 +12,16 @@ namespace kiln {
 // Saved activations (what backward reads) and backward scratch, for one (B, T).
 struct GPT2::Activations {
   int B = 0, T = 0;
-  struct Layer {
-    Tensor ln1, ln1_mean, ln1_rstd;  // [B,T,C], [B*T], [B*T]
-    Tensor qkv;                      // [B,T,3C]
-    Tensor atty, lse;                // [B,T,C], [B,NH,T]
-    Tensor residual2;                // [B,T,C]  x + attn
-    Tensor ln2, ln2_mean, ln2_rstd;  // [B,T,C], [B*T], [B*T]
-    Tensor fch, fch_gelu;            // [B,T,4C]
-    Tensor residual3;                // [B,T,C]  block output
-  };
-  Tensor encoded;  // [B,T,C] embeddings (after dropout): the residual stream's start
-  // Per block what backward reads. With full checkpointing only residual3 (the block's
-  // output, the next block's input) is kept per block; with selective, all but
-  // fch_gelu. What is not kept lives in `work`, one block's worth, recomputed in
-  // backward (Korthikanti et al. 2022).
-  std::vector<Layer> layers;
-  Layer work;
-  ActivationCheckpointing mode = ActivationCheckpointing::None;
-  Tensor lnf, lnf_mean, lnf_rstd;
+  // The residual stream, always kept: [0] the embeddings (after dropout), [1 + l] block
+  // l's output (block l+1's input), each [B,T,C].
+  std::vector<Tensor> stream;
+  // The blocks' own saved tensors under the checkpointing policy (nn/saved.h).
+  nn::SavedActivations saved;
+  std::vector<Tensor> head;           // ln_f's saved out [B,T,C], mean, rstd [B*T]
   Tensor logits_chunk, losses_chunk;  // [R,Vp], [R]
-  // Backward scratch.
-  Tensor dresidual, tmp, dtmp, datty;  // [B,T,C]
-  Tensor dbig;                         // [B,T,4C]; also holds dqkv [B,T,3C]
-  Tensor tokens, targets;              // the last forward's inputs (views)
+  Tensor dresidual;                   // [B,T,C] backward's residual-stream gradient
+  nn::BlockScratch scratch;           // shared by the blocks; dtmp also holds dL/d(ln_f out)
+  Tensor tokens, targets;             // the last forward's inputs (views)
   bool have_grad = false;
 };
 

@@ -1,0 +1,132 @@
+#include "models/layered_model.h"
+
+#include "core/error.h"
+
+namespace kiln {
+
+const ParamSpec& Model::spec(std::string_view name) const {
+  for (const auto& p : params())
+    if (p.name == name) return p;
+  KILN_FAIL("{} has no parameter named '{}'", arch(), name);
+}
+
+void Model::init_weights(uint64_t seed) {
+  for (size_t i = 0; i < params().size(); ++i) {
+    const ParamSpec& p = params()[i];
+    const auto host = init_values(i, seed, 0, p.shape.numel());
+    upload_f32(backend(), param(p), host.data());
+  }
+}
+
+void lay_out(const std::vector<PartLayout>& parts, int64_t alignment, std::vector<ParamSpec>* params,
+             std::vector<ModelPart>* model_parts) {
+  KILN_CHECK(alignment >= 1, "part alignment must be >= 1, got {}", alignment);
+  auto align = [&](int64_t x) { return (x + alignment - 1) / alignment * alignment; };
+  int64_t offset = 0;
+  for (size_t k = 0; k < parts.size(); ++k) {
+    ModelPart mp;
+    mp.index = static_cast<int>(k);
+    mp.name = parts[k].name;
+    mp.cost = parts[k].cost;
+    mp.resident = parts[k].resident;
+    mp.begin = offset = align(offset);  // a part starts aligned
+    for (const nn::Param* prm : parts[k].params) {
+      ParamSpec p;
+      p.name = prm->name;
+      p.shape = prm->shape;
+      p.offset = offset;
+      p.weight_decay = prm->weight_decay;
+      p.part = mp.index;
+      offset += p.shape.numel();
+      if (params) params->push_back(std::move(p));
+    }
+    mp.end = offset;
+    mp.padded_end = mp.begin + align(mp.end - mp.begin);
+    if (model_parts) model_parts->push_back(mp);
+  }
+}
+
+LayeredModel::LayeredModel(Backend& backend, const ModelStorage& storage)
+    : backend_(backend), storage_(storage) {}
+
+void LayeredModel::build(const std::vector<PartLayout>& parts, const std::vector<Op>& ops) {
+  KILN_CHECK(storage_.grad_dtype == DType::F32 || storage_.grad_dtype == storage_.dtype,
+             "{}: gradients in {} with parameters in {} are not supported", arch(),
+             dtype_name(storage_.grad_dtype), dtype_name(storage_.dtype));
+  for (Op op : ops)
+    KILN_CHECK(backend_.supports(op, storage_.dtype), "backend {} has no {} {}", backend_.name(),
+               dtype_name(storage_.dtype), op_name(op));
+  lay_out(parts, storage_.part_alignment, &params_, &parts_);
+  for (const auto& part : parts)
+    for (nn::Param* p : part.params) layer_params_.push_back(p);
+  part_params_.resize(parts_.size());
+  part_grads_.resize(parts_.size());
+  const Stream s = backend_.default_stream();
+  if (storage_.allocate_params) {
+    param_buffer_ = backend_.empty(Shape{flat_size()}, storage_.dtype, MemCategory::Parameters);
+    backend_.fill(s, param_buffer_, 0.f);
+    for (const ModelPart& u : parts_)
+      bind_params(u.index, param_buffer_.view_at(u.begin, Shape{u.padded_size()}));
+  }
+  if (storage_.allocate_grads) {
+    grad_buffer_ = backend_.empty(Shape{flat_size()}, storage_.grad_dtype, MemCategory::Gradients);
+    for (const ModelPart& u : parts_)
+      bind_grads(u.index, grad_buffer_.view_at(u.begin, Shape{u.padded_size()}));
+    zero_grad();
+  }
+}
+
+const ModelPart& LayeredModel::part_of(int index) const {
+  KILN_CHECK(index >= 0 && index < static_cast<int>(parts_.size()), "{}: no part {}", arch(), index);
+  return parts_[static_cast<size_t>(index)];
+}
+
+void LayeredModel::bind_params(int part, const Tensor& storage) {
+  const ModelPart& u = part_of(part);
+  if (storage) check_shape(storage, Shape{u.padded_size()}, "bind_params storage");
+  part_params_[static_cast<size_t>(part)] = storage;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].part == part)
+      layer_params_[i]->value =
+          storage ? storage.view_at(params_[i].offset - u.begin, params_[i].shape) : Tensor();
+}
+
+void LayeredModel::bind_grads(int part, const Tensor& storage) {
+  const ModelPart& u = part_of(part);
+  if (storage) check_shape(storage, Shape{u.padded_size()}, "bind_grads storage");
+  part_grads_[static_cast<size_t>(part)] = storage;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].part == part)
+      layer_params_[i]->grad =
+          storage ? storage.view_at(params_[i].offset - u.begin, params_[i].shape) : Tensor();
+}
+
+Tensor LayeredModel::param(const ParamSpec& p) const {
+  const Tensor& t = part_params_[static_cast<size_t>(p.part)];
+  KILN_CHECK(t, "{}: parameter {} is not bound (part {})", arch(), p.name, p.part);
+  return t.view_at(p.offset - part_of(p.part).begin, p.shape);
+}
+
+Tensor LayeredModel::grad(const ParamSpec& p) const {
+  const Tensor& t = part_grads_[static_cast<size_t>(p.part)];
+  KILN_CHECK(t, "{}: gradient of {} is not bound (part {})", arch(), p.name, p.part);
+  return t.view_at(p.offset - part_of(p.part).begin, p.shape);
+}
+
+std::vector<float> LayeredModel::init_values(size_t index, uint64_t seed, int64_t begin,
+                                             int64_t end) const {
+  KILN_CHECK(index < layer_params_.size(), "{}: no parameter number {}", arch(), index);
+  return nn::init_values(*layer_params_[index], seed, index, begin, end);
+}
+
+void LayeredModel::zero_grad() {
+  const Stream s = backend_.default_stream();
+  if (grad_buffer_) {
+    backend_.fill(s, grad_buffer_, 0.f);
+    return;
+  }
+  for (const Tensor& g : part_grads_)
+    if (g) backend_.fill(s, g, 0.f);
+}
+
+}  // namespace kiln

@@ -1,0 +1,74 @@
+// LayeredModel: the part of the Model interface every model built from the layer library
+// shares, so that a model writes only its forward and backward: the flat layout of its
+// layers' parameters (part by part, each part aligned), the flat buffers or per-part
+// binding (ZeRO), look-ups by name, initial values and hooks.
+#pragma once
+
+#include "models/model.h"
+#include "nn/param.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kiln {
+
+/// A part as a model declares it: its layers' parameters in order.
+struct PartLayout {
+  std::string name;
+  std::vector<nn::Param*> params;
+  double cost = 1.0;
+  bool resident = false;
+};
+
+/// The flat layout of `parts` (parameters in order, each part starting at a multiple of
+/// `alignment` and padded to one): ParamSpecs and parts with their ranges.
+void lay_out(const std::vector<PartLayout>& parts, int64_t alignment, std::vector<ParamSpec>* params,
+             std::vector<ModelPart>* model_parts);
+
+class LayeredModel : public Model {
+ public:
+  Backend& backend() const override { return backend_; }
+  DType dtype() const override { return storage_.dtype; }
+  DType grad_dtype() const override { return storage_.grad_dtype; }
+  const std::vector<ParamSpec>& params() const override { return params_; }
+  const std::vector<ModelPart>& parts() const override { return parts_; }
+  int64_t flat_size() const override { return parts_.empty() ? 0 : parts_.back().padded_end; }
+  const Tensor& param_buffer() const override { return param_buffer_; }
+  const Tensor& grad_buffer() const override { return grad_buffer_; }
+  void bind_params(int part, const Tensor& storage) override;
+  void bind_grads(int part, const Tensor& storage) override;
+  Tensor param(const ParamSpec& p) const override;
+  Tensor grad(const ParamSpec& p) const override;
+  using Model::grad;
+  using Model::param;
+  /// Parameter i draws from Philox stream i, element j at global index j.
+  std::vector<float> init_values(size_t index, uint64_t seed, int64_t begin,
+                                 int64_t end) const override;
+  void zero_grad() override;
+  void set_hooks(ModelHooks* hooks) override { hooks_ = hooks ? hooks : &no_hooks_; }
+
+ protected:
+  LayeredModel(Backend& backend, const ModelStorage& storage);
+  /// Called once by the derived constructor after its layers exist: lays them out and
+  /// allocates (and binds) the flat buffers the storage asks for. Throws on a dtype the
+  /// backend cannot run `ops` in, or gradients in a dtype other than fp32 or dtype.
+  void build(const std::vector<PartLayout>& parts, const std::vector<Op>& ops);
+  ModelHooks& hooks() const { return *hooks_; }
+  const ModelStorage& storage() const { return storage_; }
+
+ private:
+  const ModelPart& part_of(int index) const;
+
+  Backend& backend_;
+  ModelStorage storage_;
+  std::vector<ParamSpec> params_;
+  std::vector<nn::Param*> layer_params_;  // the layer's Param of params_[i]
+  std::vector<ModelPart> parts_;
+  std::vector<Tensor> part_params_, part_grads_;  // bound storage per part
+  Tensor param_buffer_, grad_buffer_;
+  ModelHooks no_hooks_;
+  ModelHooks* hooks_ = &no_hooks_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,143 @@
+// Model: the one interface between a model and everything that trains, shards, saves or
+// samples it (data parallel and ZeRO, checkpoints, the memory planner, the sampler).
+//
+// A model is a sequence of parts (FSDP calls them units; a pipeline stage will hold a
+// range of them): part 0 is the input end (embeddings), the last part the output end.
+// Every parameter has a global name and a global shape and belongs to one part; a part's
+// parameters are contiguous in the model's flat layout, so a wrapper can hold, gather,
+// bind or reduce a part as one flat tensor. A parameter used by two parts (GPT-2's wte:
+// input embedding and output head) belongs to the first, and that part is `resident`:
+// its parameters are needed, and its gradient written, between its forward and its
+// backward (likewise a head that computes its loss gradient during forward).
+//
+// The model never calls a collective: parallel wrappers act through ModelHooks, called
+// before and after each part's forward and backward, and by binding storage to parts.
+#pragma once
+
+#include "backend/backend.h"
+#include "nn/parameter.h"
+#include "nn/saved.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kiln {
+
+/// One part: [begin, end) of the flat layout holds its parameters, [end, padded_end) is
+/// zero padding up to the part alignment (see ModelStorage).
+struct ModelPart {
+  int index = 0;        // 0 .. parts().size() - 1, in forward order
+  std::string name;     // e.g. "embeddings", "h.3", "head"
+  int64_t begin = 0, end = 0, padded_end = 0;
+  double cost = 1.0;    // relative compute per token (balancing pipeline stages)
+  bool resident = false;  // parameters used and gradient written from its forward to its
+                          // backward (tied parameters, a loss gradient made in forward)
+  int64_t padded_size() const { return padded_end - begin; }
+};
+
+/// How a model holds its parameters and gradients.
+struct ModelStorage {
+  DType dtype = DType::F32;       // parameters and activations (mixed precision: bf16, fp16)
+  DType grad_dtype = DType::F32;  // parameter gradients (fp32, or dtype)
+  int64_t part_alignment = 1;     // each part padded to a multiple (ZeRO: the dp size)
+  bool allocate_params = true;    // one flat buffer; false: the owner binds per part (ZeRO-3)
+  bool allocate_grads = true;     // likewise for gradients (ZeRO-2/3)
+};
+
+/// Callbacks around each part (by ModelPart::index): forward visits 0, 1, .., P-1;
+/// backward P-1, .., 0. The default does nothing.
+struct ModelHooks {
+  virtual ~ModelHooks() = default;
+  virtual void before_forward(int part) {}
+  virtual void after_forward(int part) {}
+  virtual void before_backward(int part) {}
+  virtual void after_backward(int part) {}
+};
+
+/// A training micro-batch on the backend's device: tokens and targets int32 [B,T]
+/// (targets may hold ignore_index = -1); positions int32 [B,T] or empty for 0..T-1.
+struct Batch {
+  Tensor tokens, targets, positions;
+};
+
+/// The SUM of per-token losses (nats) over non-ignored targets, and their number.
+struct LossSum {
+  double sum = 0.0;
+  int64_t targets = 0;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  virtual std::string arch() const = 0;
+  /// One line for logs (architecture, shape, parameter count).
+  virtual std::string describe() const = 0;
+  /// Hyper-parameters as stored in a checkpoint's state ("model").
+  virtual nlohmann::json config_json() const = 0;
+  virtual Backend& backend() const = 0;
+  /// Parameters and activations are in dtype(), parameter gradients in grad_dtype().
+  virtual DType dtype() const = 0;
+  virtual DType grad_dtype() const = 0;
+
+  // ---- parameters ---------------------------------------------------------------------
+  /// Every parameter in flat-layout order (ParamSpec::part says which part holds it).
+  virtual const std::vector<ParamSpec>& params() const = 0;
+  virtual const std::vector<ModelPart>& parts() const = 0;
+  /// Elements of the flat layout (padding included).
+  virtual int64_t flat_size() const = 0;
+  /// The flat parameter / gradient buffers; empty when not allocated (ModelStorage).
+  virtual const Tensor& param_buffer() const = 0;
+  virtual const Tensor& grad_buffer() const = 0;
+  /// Points a part's parameters (or gradients) at `storage` [padded_size] until the
+  /// next bind; an empty Tensor unbinds. Using an unbound part throws.
+  virtual void bind_params(int part, const Tensor& storage) = 0;
+  virtual void bind_grads(int part, const Tensor& storage) = 0;
+  /// A parameter (or its gradient) as a view of its part's storage. Throws kiln::Error
+  /// naming an unknown or unbound parameter.
+  virtual Tensor param(const ParamSpec& p) const = 0;
+  virtual Tensor grad(const ParamSpec& p) const = 0;
+  Tensor param(std::string_view name) const { return param(spec(name)); }
+  Tensor grad(std::string_view name) const { return grad(spec(name)); }
+  const ParamSpec& spec(std::string_view name) const;
+  /// Elements [begin, end) (row-major in the global tensor) of parameter `index`'s
+  /// initial values under `seed`: a function of (seed, index, element) only, so every
+  /// layout initialises identically.
+  virtual std::vector<float> init_values(size_t index, uint64_t seed, int64_t begin,
+                                         int64_t end) const = 0;
+  /// Every (bound) parameter from init_values.
+  void init_weights(uint64_t seed);
+  /// Sets all bound gradients to zero.
+  virtual void zero_grad() = 0;
+
+  // ---- training -----------------------------------------------------------------------
+  /// Forward of a micro-batch. When grad_scale > 0 it also prepares backward() for the
+  /// gradient of grad_scale * loss sum (e.g. 1 / targets in the global batch).
+  virtual LossSum forward(const Batch& batch, float grad_scale) = 0;
+  /// Accumulates (+=) parameter gradients of the last forward(grad_scale > 0).
+  virtual void backward() = 0;
+  virtual void set_activation_checkpointing(nn::ActivationCheckpointing mode) = 0;
+  /// Dropout on or off (training vs eval); (seed, call_index) key the masks.
+  virtual void set_dropout(bool on, uint64_t seed, uint64_t call_index) = 0;
+  /// Hooks called around parts; nullptr for none. Not owned.
+  virtual void set_hooks(ModelHooks* hooks) = 0;
+  /// Training FLOPs per token at sequence length T (for MFU).
+  virtual double flops_per_token(int T) const = 0;
+
+  // ---- language-model inference (sampling) ------------------------------------------
+  virtual int vocab_size() const = 0;
+  virtual int padded_vocab_size() const = 0;
+  virtual int max_positions() const = 0;
+  /// KV-cache decoding: begin_decode(B, max_len); each decode() runs tokens int32
+  /// [B,Tq] at the next positions and writes the last position's logits fp32 [B,Vp].
+  virtual void begin_decode(int B, int max_len) = 0;
+  virtual void decode(const Tensor& tokens, const Tensor& logits) = 0;
+  virtual void end_decode() = 0;
+  virtual int decoded_length() const = 0;
+};
+
+}  // namespace kiln

@@ -1,0 +1,60 @@
+#include "nn/attention.h"
+
+namespace kiln::nn {
+
+void AttentionSpec::check_supported() const {
+  KILN_CHECK(n_head > 0 && head_dim > 0, "attention: n_head {} and head_dim {} must be > 0",
+             n_head, head_dim);
+  KILN_CHECK(kv_heads() == n_head, "attention: {} key/value heads for {} query heads "
+             "(grouped-query attention) is not implemented by the backends yet", kv_heads(),
+             n_head);
+  KILN_CHECK(causal, "attention: bidirectional attention is not implemented by the backends yet");
+  KILN_CHECK(!rotary, "attention: rotary position embedding is not implemented by the backends yet");
+}
+
+SelfAttention::SelfAttention(const std::string& qkv_name, const std::string& out_name, int64_t C,
+                             const AttentionSpec& spec, bool bias, float init_std,
+                             float out_init_std)
+    : qkv(qkv_name, C, spec.qkv_width(), bias, init_std),
+      proj(out_name, spec.q_width(), C, bias, out_init_std), spec_(spec) {
+  spec.check_supported();
+}
+
+std::vector<SavedSpec> SelfAttention::saved_specs(int64_t B, int64_t T, DType dtype) const {
+  return {{qkv.weight.name + ":out", Shape{B, T, spec_.qkv_width()}, dtype, Recompute::WithBlock},
+          {proj.weight.name + ":in", Shape{B, T, spec_.q_width()}, dtype, Recompute::WithBlock},
+          {proj.weight.name + ":lse", Shape{B, spec_.n_head, T}, DType::F32, Recompute::WithBlock}};
+}
+
+void SelfAttention::forward(Backend& be, Stream s, std::span<const Tensor> saved,
+                            const Tensor& out, const Tensor& inp,
+                            const DropoutSpec& dropout) const {
+  qkv.forward(be, s, saved[kQkv], inp);
+  be.attention_forward(s, saved[kAttn], saved[kLse], saved[kQkv], spec_.n_head, dropout);
+  proj.forward(be, s, out, saved[kAttn]);
+}
+
+void SelfAttention::backward(Backend& be, Stream s, std::span<const Tensor> saved,
+                             const Tensor& dinp, const Tensor& dout, const Tensor& inp,
+                             const Tensor& dattn, const Tensor& dqkv,
+                             const DropoutSpec& dropout) const {
+  proj.backward(be, s, dattn, dout, saved[kAttn]);
+  be.attention_backward(s, dqkv, dattn, saved[kQkv], saved[kAttn], saved[kLse], spec_.n_head,
+                        dropout);
+  qkv.backward(be, s, dinp, dqkv, inp);
+}
+
+void SelfAttention::decode(Backend& be, Stream s, const Tensor& out, const Tensor& inp,
+                           const Tensor& qkv_buf, const Tensor& attn, const Tensor& k_cache,
+                           const Tensor& v_cache, int64_t past) const {
+  qkv.forward(be, s, qkv_buf, inp);
+  be.attention_decode(s, attn, k_cache, v_cache, qkv_buf, past, spec_.n_head);
+  proj.forward(be, s, out, attn);
+}
+
+void SelfAttention::collect(std::vector<Param*>& out) {
+  qkv.collect(out);
+  proj.collect(out);
+}
+
+}  // namespace kiln::nn

@@ -1,0 +1,62 @@
+// nn::Param: one named parameter of a layer, as the layer sees it.
+//
+// A layer owns its Params (named fields: `weight`, `bias`, never offsets into a table).
+// The model collects them part by part into its flat layout (ParamSpec, nn/parameter.h)
+// and binds `value` and `grad` to views of whatever storage holds the part now (the flat
+// buffer, or a ZeRO-3 gather); a layer reads them through value() and grad(), which
+// throw when the part is not bound. Initial values are drawn on the host from Philox by
+// global element coordinates (init_values), so every layout initialises identically.
+#pragma once
+
+#include "core/error.h"
+#include "core/tensor.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kiln::nn {
+
+/// How a parameter starts.
+///   Zeros, Ones   constant (biases, norm gains).
+///   Normal        N(0, std^2) (GPT-2: Radford et al. 2019, std 0.02; residual
+///                 projections 0.02 / sqrt(2 n_layer)).
+/// Rows >= zero_rows_from stay zero (GPT-2's padded vocabulary rows); -1 = none.
+struct Init {
+  enum class Kind { Zeros, Ones, Normal };
+  Kind kind = Kind::Zeros;
+  float std = 0.f;
+  int64_t zero_rows_from = -1;
+  static Init zeros() { return {}; }
+  static Init ones() { return {Kind::Ones, 0.f, -1}; }
+  static Init normal(float std) { return {Kind::Normal, std, -1}; }
+};
+
+struct Param {
+  std::string name;           // global name, e.g. transformer.h.0.attn.c_attn.weight
+  Shape shape;                // global shape
+  Init init;
+  bool weight_decay = false;  // matrices decay; biases and norm gains do not
+  Tensor value, grad;         // bound views (empty while the part is not bound)
+
+  Param() = default;
+  Param(std::string n, Shape s, Init i, bool decay)
+      : name(std::move(n)), shape(s), init(i), weight_decay(decay) {}
+  /// The bound value / gradient; throws kiln::Error naming the parameter when unbound.
+  const Tensor& v() const {
+    KILN_CHECK(value, "parameter {} is not bound", name);
+    return value;
+  }
+  const Tensor& g() const {
+    KILN_CHECK(grad, "gradient of {} is not bound", name);
+    return grad;
+  }
+};
+
+/// Elements [begin, end) (row-major, of the global tensor) of `p`'s initial values, for
+/// Philox `seed` and stream `stream` (the model gives each parameter its own stream):
+/// element i is a function of (seed, stream, i) only.
+std::vector<float> init_values(const Param& p, uint64_t seed, uint64_t stream, int64_t begin,
+                               int64_t end);
+
+}  // namespace kiln::nn

@@ -1,0 +1,142 @@
+#include "train/config_keys.h"
+
+#include <algorithm>
+
+namespace kiln::config_detail {
+namespace {
+
+// Key table builders ---------------------------------------------------------------
+
+#define KILN_KEY(sec, k) #sec "." #k, [](TrainConfig& c) -> Ref { return &c.sec.k; }
+
+Key any(std::string name, Ref (*ref)(TrainConfig&), std::string doc) {
+  Key k;
+  k.name = std::move(name);
+  k.ref = ref;
+  k.description = std::move(doc);
+  return k;
+}
+Key range(std::string name, Ref (*ref)(TrainConfig&), double lo, double hi, std::string doc,
+          bool lo_open = false, bool hi_open = false) {
+  Key k = any(std::move(name), ref, std::move(doc));
+  k.lo = lo;
+  k.hi = hi;
+  k.lo_open = lo_open;
+  k.hi_open = hi_open;
+  return k;
+}
+Key positive(std::string name, Ref (*ref)(TrainConfig&), std::string doc) {
+  return range(std::move(name), ref, 0, kInf, std::move(doc), /*lo_open=*/true);
+}
+Key nonneg(std::string name, Ref (*ref)(TrainConfig&), std::string doc) {
+  return range(std::move(name), ref, 0, kInf, std::move(doc));
+}
+Key oneof(std::string name, Ref (*ref)(TrainConfig&), std::vector<std::string> choices,
+          std::string doc) {
+  Key k = any(std::move(name), ref, std::move(doc));
+  k.choices = std::move(choices);
+  return k;
+}
+
+}  // namespace
+
+const std::vector<Key>& keys() {
+  static const std::vector<Key> table = [] {
+    std::vector<std::string> presets{""};
+    for (const auto& p : model_presets()) presets.emplace_back(p.name);
+    return std::vector<Key>{
+        any(KILN_KEY(model, arch),
+            "Model architecture (models/registry.h): gpt2; tests and extensions register more."),
+        oneof(KILN_KEY(model, preset), presets,
+              "Model preset filling n_layer, n_head, n_embd, block_size and vocab_size: "
+              "gpt2, gpt2-medium, gpt2-large, gpt2-xl; \"\" = none. Keys given explicitly "
+              "override the preset."),
+        nonneg(KILN_KEY(model, n_layer), "Transformer blocks (required unless a preset gives it)."),
+        nonneg(KILN_KEY(model, n_head), "Attention heads; must divide n_embd."),
+        nonneg(KILN_KEY(model, n_embd), "Embedding (residual stream) width."),
+        nonneg(KILN_KEY(model, block_size), "Maximum sequence length (position-table rows)."),
+        nonneg(KILN_KEY(model, vocab_size), "Vocabulary size; 0 = take it from the data set's meta.json."),
+        range(KILN_KEY(model, dropout), 0, 1, "Dropout probability (embeddings, attention, residual).",
+              false, /*hi_open=*/true),
+        any(KILN_KEY(model, init_from),
+            "Initial weights: \"\" = random init; a kiln checkpoint dir, an llm.c .bin or a "
+            ".safetensors file."),
+        any(KILN_KEY(data, dir), "Directory of the tokenized data set (required for training)."),
+        nonneg(KILN_KEY(train, steps), "Optimizer updates to run (required, > 0, for training)."),
+        positive(KILN_KEY(train, micro_batch), "Sequences per rank per micro-step."),
+        nonneg(KILN_KEY(train, global_batch),
+               "Sequences per optimizer update over all ranks; 0 = micro_batch * dp (no "
+               "gradient accumulation). Must be a multiple of micro_batch * dp."),
+        nonneg(KILN_KEY(train, seq_len), "Tokens per sequence; 0 = model.block_size."),
+        nonneg(KILN_KEY(train, seed), "Random seed (init, data order, dropout, sampling)."),
+        oneof(KILN_KEY(train, dtype), {"fp32", "bf16", "fp16"}, "Compute dtype: fp32, bf16 or fp16."),
+        oneof(KILN_KEY(train, grad_dtype), {"fp32", "bf16", "fp16"},
+              "Parameter-gradient dtype: fp32, or the low precision of train.dtype."),
+        range(KILN_KEY(train, stochastic_rounding), 0, 1,
+              "bf16: 1 = write parameters from the fp32 master weights with stochastic "
+              "rounding (Philox, replayable), 0 = round to nearest even."),
+        positive(KILN_KEY(train, loss_scale),
+                 "fp16: initial dynamic loss scale (halved on overflow, doubled after "
+                 "loss_scale_growth_interval clean steps)."),
+        positive(KILN_KEY(train, loss_scale_growth_interval),
+                 "fp16: clean steps after which the loss scale doubles."),
+        oneof(KILN_KEY(train, activation_checkpointing), {"none", "full", "selective"},
+              "Activation recomputation: none, full or selective."),
+        positive(KILN_KEY(optim, lr), "Peak learning rate."),
+        range(KILN_KEY(optim, beta1), 0, 1, "AdamW beta1.", false, true),
+        range(KILN_KEY(optim, beta2), 0, 1, "AdamW beta2.", false, true),
+        positive(KILN_KEY(optim, eps), "AdamW epsilon."),
+        nonneg(KILN_KEY(optim, weight_decay), "Decoupled (AdamW) weight decay."),
+        nonneg(KILN_KEY(optim, grad_clip), "Clip the global gradient norm to this; 0 disables."),
+        oneof(KILN_KEY(schedule, kind), {"cosine", "constant", "wsd"},
+              "Learning-rate schedule after warmup: cosine (to min_lr at train.steps), "
+              "constant, or wsd (warmup-stable-decay)."),
+        nonneg(KILN_KEY(schedule, warmup_steps),
+               "Linear warmup: lr * (step + 1) / warmup_steps for the first warmup_steps updates."),
+        nonneg(KILN_KEY(schedule, min_lr), "Final learning rate of cosine and wsd; at most optim.lr."),
+        range(KILN_KEY(schedule, decay_fraction), 0, 1,
+              "wsd: fraction of train.steps spent decaying linearly to min_lr at the end."),
+        nonneg(KILN_KEY(eval, every), "Evaluate the validation loss every this many updates; 0 = never."),
+        positive(KILN_KEY(eval, batches), "Validation micro-batches per evaluation."),
+        nonneg(KILN_KEY(sample, every), "Generate a sample every this many updates; 0 = never."),
+        positive(KILN_KEY(sample, tokens), "Tokens to generate per sample."),
+        any(KILN_KEY(sample, prompt), "Sample prompt text; \"\" = start from the end-of-text token."),
+        positive(KILN_KEY(sample, temperature), "Sampling temperature."),
+        nonneg(KILN_KEY(sample, top_k), "Sample from the k most likely tokens; 0 = all."),
+        nonneg(KILN_KEY(checkpoint, every), "Save a checkpoint every this many updates; 0 = no periodic checkpoints."),
+        nonneg(KILN_KEY(checkpoint, keep), "Newest checkpoints kept on disk; 0 = keep all."),
+        any(KILN_KEY(run, dir), "Run directory: logs, resolved config, checkpoints."),
+        positive(KILN_KEY(log, every), "Print a progress line every this many updates."),
+        nonneg(KILN_KEY(log, peak_tflops), "Peak TFLOP/s used for MFU; 0 = measure at start-up."),
+        nonneg(KILN_KEY(parallel, dp), "Data-parallel ranks; 0 = derive (world size / (tp * pp))."),
+        positive(KILN_KEY(parallel, tp), "Tensor-parallel ranks."),
+        positive(KILN_KEY(parallel, pp), "Pipeline-parallel stages."),
+        range(KILN_KEY(parallel, zero_stage), 0, 3,
+              "ZeRO stage: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters sharded."),
+        positive(KILN_KEY(parallel, bucket_mb), "Gradient all-reduce bucket size in MiB."),
+        positive(KILN_KEY(parallel, timeout_s), "Collective-communication timeout in seconds."),
+        any(KILN_KEY(profile, steps),
+            "Profile updates a <= step < b given as [a, b]; [] = off."),
+    };
+  }();
+  return table;
+}
+
+#undef KILN_KEY
+
+const Key* find_key(std::string_view name) {
+  for (const auto& k : keys())
+    if (k.name == name) return &k;
+  return nullptr;
+}
+
+std::vector<std::string> section_names() {
+  std::vector<std::string> out;
+  for (const auto& k : keys()) {
+    std::string s(k.section());
+    if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+  }
+  return out;
+}
+
+}  // namespace kiln::config_detail

@@ -1,0 +1,47 @@
+// The table of config keys (internal to src/train/config*.cpp): each entry knows its
+// name, where its value lives in TrainConfig, its allowed range or choices and its
+// description. The reader, the --set parser, to_toml() and config_keys() all walk it, so
+// adding a key is one line in config_keys.cpp plus one field in config.h (and a row in
+// docs/config.md).
+#pragma once
+
+#include "train/config.h"
+
+#include <limits>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace kiln::config_detail {
+
+inline constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Where a key's value lives in a TrainConfig.
+using Ref = std::variant<int*, int64_t*, double*, std::string*, std::vector<int64_t>*>;
+
+struct Key {
+  std::string name;               // "section.key"
+  Ref (*ref)(TrainConfig&) = nullptr;  // the field
+  std::string description;
+  double lo = -kInf, hi = kInf;   // allowed range for numbers
+  bool lo_open = false, hi_open = false;
+  std::vector<std::string> choices;  // allowed strings (empty = any)
+
+  std::string_view section() const { return std::string_view(name).substr(0, name.find('.')); }
+};
+
+inline Ref field(const Key& key, const TrainConfig& config) {
+  return key.ref(const_cast<TrainConfig&>(config));
+}
+
+inline bool is_int(const Ref& r) { return r.index() <= 1; }
+
+/// Every key, in to_toml() order.
+const std::vector<Key>& keys();
+/// The key named "section.key", or nullptr.
+const Key* find_key(std::string_view name);
+/// The sections, in table order.
+std::vector<std::string> section_names();
+
+}  // namespace kiln::config_detail

@@ -1,0 +1,114 @@
+// TrainStep: the one training step, from a rank's micro-batches to an applied update
+// (Megatron-LM's train_step, torchtitan's Trainer.train_step). The trainer, `kiln
+// memplan` (on the Meta backend with a simulated communicator), `kiln bench` and the
+// programs in bench/ all run it; nothing else calls the model's backward() or the
+// optimizer's step().
+//
+// It builds, from a TrainConfig, the model (models/registry.h, by model.arch), the data-
+// parallel wrapper (ZeRO stage parallel.zero_stage over the given communicator) and
+// AdamW over this rank's segments. One run():
+//   1. the global batch's target count, summed over the data-parallel ranks (the loss is
+//      the mean over every target of the global batch, whatever accumulation or world);
+//   2. grad_accum_steps micro-steps: forward with the gradient scaled by
+//      loss_scale / targets, backward (gradients accumulate; ZeRO reduces as it goes);
+//   3. the loss summed over ranks, the global gradient norm (every rank the same), the
+//      fp16 overflow check (skip and halve the scale on every rank alike: Micikevicius
+//      et al. 2018), global-norm clipping, the AdamW update at learning_rate(config,
+//      update) and the ZeRO-1/2 parameter all-gather.
+#pragma once
+
+#include "comm/communicator.h"
+#include "models/model.h"
+#include "optim/adamw.h"
+#include "parallel/data_parallel.h"
+#include "models/registry.h"
+#include "train/config.h"
+
+#include <cstdint>
+#include <memory>
+
+namespace kiln {
+
+/// fp16 dynamic loss scaling (Micikevicius et al. 2018, section 3.2): the loss, and so
+/// every gradient, is multiplied by `scale`; the optimizer divides it out. An overflow
+/// halves it (not below 1) and skips the update; growth_interval clean updates double it.
+/// For fp32 and bf16 the scale stays 1.
+struct LossScaler {
+  bool enabled = false;
+  double scale = 1.0;
+  int64_t good_steps = 0, skipped_steps = 0;
+  int64_t growth_interval = 2000;
+};
+
+/// Where a step is, for observers (profiling scopes, the planner's phase labels, bench
+/// timings). Each phase is announced when it begins; Done after the update. Data: a
+/// micro-batch is copied to the device (the first also zeroes the gradients).
+enum class StepPhase { Data, Forward, Backward, GradSync, Optimizer, Done };
+const char* step_phase_name(StepPhase p);
+struct StepObserver {
+  virtual ~StepObserver() = default;
+  virtual void on_phase(StepPhase phase) {}
+};
+
+struct StepResult {
+  double loss = 0.0;       // mean loss per target of the global batch (nats)
+  double grad_norm = 0.0;  // global norm before clipping; +inf when skipped
+  bool skipped = false;    // fp16 overflow: no update was applied
+  float lr = 0.f;          // the learning rate of the update
+};
+
+/// A training config for a step outside the trainer (benchmarks): the model `model`
+/// (vocab_size required), micro_batch = global_batch = B, seq_len T, train.dtype `dtype`,
+/// a constant learning rate, defaults elsewhere. Validated like a config file.
+TrainConfig step_config(const ModelOptions& model, int B, int T, const std::string& dtype = "fp32");
+
+class TrainStep {
+ public:
+  /// `config` resolved for training (global_batch set); `dp_comm` the data-parallel
+  /// group (one rank: a local communicator). Throws kiln::Error on a bad config.
+  TrainStep(const TrainConfig& config, Backend& backend, Communicator& dp_comm);
+  ~TrainStep();
+
+  Model& model() { return *model_; }
+  const Model& model() const { return *model_; }
+  DataParallel& data_parallel() { return *dp_; }
+  AdamW& optimizer() { return *optimizer_; }
+  LossScaler& scaler() { return scaler_; }
+  int grad_accum_steps() const { return accum_; }
+  /// The device micro-batch buffers run() fills, int32 [micro_batch, seq_len]; also
+  /// usable for forward-only passes (evaluation) between runs.
+  const Tensor& device_tokens() const { return tokens_; }
+  const Tensor& device_targets() const { return targets_; }
+
+  /// Random initial weights from the model (this rank's elements), then fp32 masters.
+  void init_weights(uint64_t seed);
+  /// Observer of the phases; nullptr for none. Not owned.
+  void set_observer(StepObserver* o) { observer_ = o; }
+
+  /// One update from this rank's grad_accum_steps micro-batches: inputs and targets
+  /// host int32 [accum, micro_batch, seq_len] (targets may hold -1). `update` counts the
+  /// updates applied before this one (learning rate, dropout masks). Collective over
+  /// the data-parallel group. Throws when the global batch has no target or the loss or
+  /// gradient norm is not finite (fp16 overflows are skipped instead, see LossScaler).
+  StepResult run(const int32_t* inputs, const int32_t* targets, int64_t update);
+
+ private:
+  void announce(StepPhase p) {
+    if (observer_) observer_->on_phase(p);
+  }
+  /// Sums `values` over the data-parallel group.
+  void dp_sum(std::vector<float>& values);
+
+  TrainConfig config_;
+  Backend& backend_;
+  Communicator& comm_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<DataParallel> dp_;
+  std::unique_ptr<AdamW> optimizer_;
+  LossScaler scaler_;
+  StepObserver* observer_ = nullptr;
+  int accum_ = 1;
+  Tensor tokens_, targets_;  // [micro_batch, seq_len] int32 on the device
+};
+
+}  // namespace kiln

@@ -1,0 +1,140 @@
+#include "tiny_lm.h"
+
+#include <fmt/format.h>
+
+namespace kiln::testing {
+
+namespace {
+nn::BlockSpec block_spec(const ModelOptions& o) {
+  nn::BlockSpec b;
+  b.n_embd = o.n_embd;
+  b.attention.n_head = o.n_head;
+  b.attention.head_dim = o.n_embd / o.n_head;
+  b.mlp_hidden = 3 * o.n_embd;
+  b.bias = false;
+  b.names = {"norm_1", "attn.qkv", "attn.out", "norm_2", "mlp.fc", "mlp.out"};
+  return b;
+}
+int64_t pad16(int64_t v) { return (v + 15) / 16 * 16; }
+}  // namespace
+
+TinyLM::TinyLM(const ModelOptions& o, Backend& be, const ModelStorage& storage)
+    : LayeredModel(be, storage), o_(o), vp_(pad16(o.vocab_size)),
+      embedding_("embed.tokens", "embed.positions", o.vocab_size, vp_, o.block_size, o.n_embd, 0.02f),
+      norm_("norm", o.n_embd, 1e-5f),
+      head_("lm_head", o.n_embd, vp_, /*bias=*/false, 0.02f) {
+  KILN_CHECK(o.n_layer > 0 && o.n_head > 0 && o.n_embd % o.n_head == 0 && o.vocab_size > 0,
+             "tiny_lm: bad shape");
+  head_.weight.init.zero_rows_from = o.vocab_size;
+  blocks_.reserve(static_cast<size_t>(o.n_layer));
+  for (int l = 0; l < o.n_layer; ++l)
+    blocks_.emplace_back(fmt::format("layers.{}.", l), block_spec(o));
+  std::vector<PartLayout> parts(blocks_.size() + 2);
+  parts.front().name = "embeddings";
+  embedding_.collect(parts.front().params);
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    parts[l + 1].name = fmt::format("layers.{}", l);
+    blocks_[l].collect(parts[l + 1].params);
+  }
+  parts.back().name = "head";
+  parts.back().resident = true;  // its loss gradient (lm_head) is made in forward
+  norm_.collect(parts.back().params);
+  head_.collect(parts.back().params);
+  build(parts, {Op::Embedding, Op::LayerNorm, Op::Linear, Op::Attention, Op::Gelu, Op::Add,
+                Op::SoftmaxCrossEntropy});
+}
+
+std::string TinyLM::describe() const {
+  return fmt::format("tiny_lm n_layer={} n_head={} n_embd={} vocab={} block={}", o_.n_layer,
+                     o_.n_head, o_.n_embd, o_.vocab_size, o_.block_size);
+}
+
+nlohmann::json TinyLM::config_json() const {
+  return {{"n_layer", o_.n_layer}, {"n_head", o_.n_head}, {"n_embd", o_.n_embd},
+          {"vocab_size", o_.vocab_size}, {"block_size", o_.block_size}};
+}
+
+double TinyLM::flops_per_token(int T) const {
+  const double C = o_.n_embd;
+  return 6.0 * (o_.n_layer * (4 * C * C + 6 * C * C) + vp_ * C) + 12.0 * o_.n_layer * T * C;
+}
+
+void TinyLM::reserve(int B, int T) {
+  if (B == B_ && T == T_ && saved_.mode() == mode_ && !stream_.empty()) return;
+  B_ = B, T_ = T;
+  Backend& be = backend();
+  const DType dt = dtype();
+  auto act = [&](Shape s) { return be.empty(s, dt, MemCategory::Activations); };
+  stream_.clear();
+  for (size_t i = 0; i <= blocks_.size(); ++i) stream_.push_back(act({B, T, o_.n_embd}));
+  saved_.reserve(be, blocks_.front().saved_specs(B, T, dt), o_.n_layer, mode_);
+  head_saved_.clear();
+  for (const auto& sp : norm_.saved_specs(B, T, dt)) head_saved_.push_back(be.empty(sp.shape, sp.dtype, MemCategory::Activations));
+  const int64_t R = nn::classifier_chunk_rows(int64_t{B} * T, vp_);
+  logits_chunk_ = act({R, vp_});
+  losses_chunk_ = be.empty(Shape{R}, DType::F32, MemCategory::Activations);
+  dres_ = act({B, T, o_.n_embd});
+  scratch_ = blocks_.front().make_scratch(be, B, T, dt);
+}
+
+nn::BlockPass TinyLM::pass(int l) const {
+  return {backend(), backend().default_stream(), saved_.block(l), scratch_, {}, {}, {},
+          saved_.rerun_block(), saved_.recompute_cheap()};
+}
+
+LossSum TinyLM::forward(const Batch& batch, float grad_scale) {
+  KILN_CHECK(!batch.positions, "tiny_lm: positions are 0..T-1");
+  const int B = static_cast<int>(batch.tokens.size(0)), T = static_cast<int>(batch.tokens.size(1));
+  reserve(B, T);
+  Backend& be = backend();
+  const Stream s = be.default_stream();
+  const int last = static_cast<int>(blocks_.size()) + 1;
+  hooks().before_forward(0);
+  embedding_.forward(be, s, stream_[0], batch.tokens);
+  hooks().after_forward(0);
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    hooks().before_forward(static_cast<int>(l) + 1);
+    blocks_[l].forward(pass(static_cast<int>(l)), stream_[l], stream_[l + 1]);
+    hooks().after_forward(static_cast<int>(l) + 1);
+  }
+  hooks().before_forward(last);
+  norm_.forward(be, s, head_saved_, stream_.back());
+  const bool with_grad = grad_scale > 0.f;
+  const auto r = nn::classifier_cross_entropy(
+      be, s, head_saved_[nn::LayerNorm::kOut], head_.weight.v(), batch.targets, o_.vocab_size,
+      grad_scale, with_grad ? scratch_.dtmp : Tensor(), with_grad ? head_.weight.g() : Tensor(),
+      logits_chunk_, losses_chunk_);
+  hooks().after_forward(last);
+  tokens_ = batch.tokens;
+  have_grad_ = with_grad;
+  return {r.loss_sum, r.n_targets};
+}
+
+void TinyLM::backward() {
+  KILN_CHECK(have_grad_, "tiny_lm: backward() needs forward() with grad_scale > 0");
+  have_grad_ = false;
+  Backend& be = backend();
+  const Stream s = be.default_stream();
+  const int last = static_cast<int>(blocks_.size()) + 1;
+  hooks().before_backward(last);
+  be.fill(s, dres_, 0.f);
+  norm_.backward(be, s, head_saved_, dres_, scratch_.dtmp, stream_.back());
+  hooks().after_backward(last);
+  for (int l = static_cast<int>(blocks_.size()) - 1; l >= 0; --l) {
+    const auto i = static_cast<size_t>(l);
+    hooks().before_backward(l + 1);
+    blocks_[i].backward(pass(l), dres_, stream_[i], stream_[i + 1]);
+    hooks().after_backward(l + 1);
+  }
+  hooks().before_backward(0);
+  embedding_.backward(be, s, dres_, tokens_);
+  hooks().after_backward(0);
+}
+
+void register_tiny_lm() {
+  register_model("tiny_lm", [](const ModelOptions& o, Backend& be, const ModelStorage& st) {
+    return std::make_unique<TinyLM>(o, be, st);
+  });
+}
+
+}  // namespace kiln::testing

@@ -1,0 +1,108 @@
+// TinyLM (tiny_lm.h), a second model from the layer library, through the Model
+// interface and the registry: its backward against central differences of its forward,
+// and gradients bitwise equal under every activation-checkpointing policy.
+#include "tiny_lm.h"
+
+#include "backend/registry.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+namespace kiln::testing {
+namespace {
+
+ModelOptions tiny() {
+  ModelOptions o;
+  o.arch = "tiny_lm";
+  o.n_layer = 2;
+  o.n_head = 2;
+  o.n_embd = 14;
+  o.block_size = 9;
+  o.vocab_size = 29;
+  return o;
+}
+
+struct Rig {
+  std::unique_ptr<Backend> be = make_backend("cpu");
+  std::unique_ptr<Model> m;
+  Tensor x, y;
+  std::vector<float> w;
+  Rig(nn::ActivationCheckpointing mode) {
+    register_tiny_lm();
+    m = make_model(tiny(), *be);
+    m->set_activation_checkpointing(mode);
+    m->init_weights(3);
+    w = download_f32(*be, m->param_buffer());
+    std::mt19937 rng(9);
+    std::normal_distribution<float> nd(0.f, 0.3f);
+    for (const ParamSpec& p : m->params())  // larger weights: a less flat function
+      if (p.shape.ndim() == 2)
+        for (int64_t i = 0; i < p.shape.numel(); ++i) w[static_cast<size_t>(p.offset + i)] += nd(rng);
+    upload_f32(*be, m->param_buffer(), w.data());
+    const int B = 2, T = 7;
+    std::vector<int32_t> tok(B * T), tgt(B * T);
+    for (int i = 0; i < B * T; ++i) tok[i] = (i * 7 + 3) % 29, tgt[i] = (i * 5 + 1) % 29;
+    tgt[4] = -1;
+    x = be->empty(Shape{B, T}, DType::I32, MemCategory::Activations);
+    y = be->empty(Shape{B, T}, DType::I32, MemCategory::Activations);
+    be->copy_from_host(be->default_stream(), x, tok.data());
+    be->copy_from_host(be->default_stream(), y, tgt.data());
+  }
+  double loss() { return m->forward(Batch{x, y, Tensor()}, 0.f).sum; }
+  std::vector<float> grads() {
+    m->zero_grad();
+    m->forward(Batch{x, y, Tensor()}, 1.f);
+    m->backward();
+    return download_f32(*be, m->grad_buffer());
+  }
+};
+
+TEST(TinyLM, BackwardMatchesFiniteDifferences) {
+  Rig r(nn::ActivationCheckpointing::None);
+  EXPECT_EQ(r.m->arch(), "tiny_lm");
+  EXPECT_EQ(r.m->parts().size(), 4u);
+  const auto g = r.grads();
+  int checked = 0;
+  for (const ParamSpec& p : r.m->params()) {
+    const int64_t n = p.shape.numel();
+    for (int64_t j : {int64_t{1}, n / 3, n - 1}) {
+      size_t i = static_cast<size_t>(p.offset + j);
+      if (p.name == "embed.tokens") i = static_cast<size_t>(p.offset + 3 * 14 + j % 14);  // a used row
+      auto at = [&](float h) {
+        std::vector<float> w2 = r.w;
+        w2[i] += h;
+        upload_f32(*r.be, r.m->param_buffer(), w2.data());
+        return r.loss();
+      };
+      const float h = 1e-2f;
+      const double fd = (at(h) - at(-h)) / (2 * h);
+      const double err = std::abs(fd - g[i]) / std::max(5e-2, std::abs(fd) + std::abs(g[i]));
+      EXPECT_LT(err, 2e-2) << p.name << "[" << j << "]: finite difference " << fd << ", backward " << g[i];
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 30);
+}
+
+TEST(TinyLM, CheckpointingPoliciesGiveBitwiseEqualGradients) {
+  const auto ref = Rig(nn::ActivationCheckpointing::None).grads();
+  EXPECT_EQ(Rig(nn::ActivationCheckpointing::Selective).grads(), ref);
+  EXPECT_EQ(Rig(nn::ActivationCheckpointing::Full).grads(), ref);
+}
+
+TEST(TinyLM, UnknownArchitectureNamesTheKnownOnes) {
+  auto be = make_backend("cpu");
+  ModelOptions o = tiny();
+  o.arch = "llama9";
+  try {
+    make_model(o, *be);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gpt2"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace kiln::testing
