@@ -31,7 +31,9 @@ fi
 rm -rf "$run"
 sets=(--set "data.dir=$data" --set "run.dir=$run")
 [ -n "${KILN_DEMO_STEPS:-}" ] && sets+=(--set "train.steps=$KILN_DEMO_STEPS")
+train_start=$(date +%s)
 "$kiln" train "$KILN_ROOT/configs/demo.toml" "${sets[@]}"
+train_s=$(( $(date +%s) - train_start ))
 
 echo
 echo "== summary =="
@@ -40,9 +42,10 @@ last=$(grep '"val_loss"' "$run/metrics.jsonl" | tail -1)
 val=$(echo "$last" | sed -E 's/.*"val_loss":([0-9.eE+-]+).*/\1/')
 tps=$(awk -F'"tokens_per_s":' 'NF>1{split($2,a,/[,}]/); s+=a[1]; n++} END{if(n) printf "%.0f", s/n}' "$run/metrics.jsonl")
 echo "val loss:          $val nats/token"
-echo "unigram val loss:  $unigram nats/token  (target: val loss at least 1 nat below)"
-awk -v v="$val" -v u="$unigram" 'BEGIN{printf "improvement:       %.3f nats/token %s\n", u-v, (u-v>=1)?"(met)":"(NOT met)"}'
+echo "unigram val loss:  $unigram nats/token  (target: val loss at least 1.5 nats below)"
+awk -v v="$val" -v u="$unigram" 'BEGIN{printf "improvement:       %.3f nats/token %s\n", u-v, (u-v>=1.5)?"(met)":"(NOT met)"}'
 echo "mean tokens/s:     $tps"
+echo "training time:     $train_s s on $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) (target: under 600 s on a quiet 2-core machine)"
 
 ckpt=$(ls -d "$run"/ckpt/step_* | tail -1)
 echo
