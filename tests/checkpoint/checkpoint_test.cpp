@@ -1,15 +1,20 @@
 // Sharded checkpoints: flat range -> boxes, writing under one layout and reading under
 // another, atomic commit, corruption detection with fallback, pruning.
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/fault.h"
 
 #include "core/dtype.h"
 #include "core/error.h"
 
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <fstream>
 #include <numeric>
 #include <random>
+#include <sstream>
 
 namespace kiln::checkpoint {
 namespace {
@@ -506,6 +511,241 @@ TEST(Checkpoint, Prune) {
   EXPECT_EQ(prune_checkpoints(tmp.path(), 0),
             (std::vector<fs::path>{tmp.path() / ".tmp_step_00000900"}));
   EXPECT_EQ(list_checkpoint_dirs(tmp.path()).size(), 2u);
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write_text(const fs::path& p, const std::string& text) {
+  fs::remove(p);
+  std::ofstream(p, std::ios::binary) << text;
+}
+
+// The manifest checks its own content: one changed digit of the state is caught.
+TEST(Checkpoint, ManifestChecksum) {
+  TempDir tmp;
+  FlatModel m;
+  write_sharded(m, tmp.path() / "step_00000001", 2, 1, {{"step", 1}, {"loader", {{"index", 1234}}}});
+  write_sharded(m, tmp.path() / "step_00000002", 2, 2, {{"step", 2}, {"loader", {{"index", 5678}}}});
+  const fs::path mpath = tmp.path() / "step_00000002" / "manifest.json";
+  const std::string good = read_text(mpath);
+  EXPECT_NE(good.find("\"manifest_crc32\""), std::string::npos);
+  std::string bad = good;
+  bad.replace(bad.find("5678"), 4, "5679");
+  write_text(mpath, bad);
+  std::string err = open_error(tmp.path() / "step_00000002");
+  EXPECT_NE(err.find("checksum mismatch"), std::string::npos) << err;
+  EXPECT_NE(err.find("manifest.json"), std::string::npos) << err;
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(find_latest_checkpoint(tmp.path()), tmp.path() / "step_00000001");
+  testing::internal::GetCapturedStderr();
+
+  // Version 2 without its checksum is refused; version 1 (written before it existed) loads.
+  nlohmann::json j = nlohmann::json::parse(good);
+  j.erase("manifest_crc32");
+  write_text(mpath, j.dump(1));
+  err = open_error(tmp.path() / "step_00000002");
+  EXPECT_NE(err.find("manifest_crc32"), std::string::npos) << err;
+  j["format_version"] = 1;
+  write_text(mpath, j.dump(1));
+  CheckpointReader r(tmp.path() / "step_00000002");
+  EXPECT_EQ(r.state()["loader"]["index"], 5678);
+  EXPECT_EQ(m.read_shard(r, 0, m.size), m.data);
+  j["format_version"] = 3;
+  write_text(mpath, j.dump(1));
+  err = open_error(tmp.path() / "step_00000002");
+  EXPECT_NE(err.find("format version 3"), std::string::npos) << err;
+}
+
+// A damaged checkpoint (right sizes, bad checksum) is not counted: keep = 2 keeps two
+// valid ones.
+TEST(Checkpoint, PruneKeepsOnlyVerifiedCheckpoints) {
+  TempDir tmp;
+  FlatModel m;
+  for (int s : {1, 2, 3}) write_sharded(m, tmp.path() / checkpoint_dir_name(s), 2, s);
+  flip_byte(tmp.path() / "step_00000003" / "rank_00001.safetensors");
+  testing::internal::CaptureStderr();
+  const auto removed = prune_checkpoints(tmp.path(), 2);
+  const std::string warnings = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(removed, (std::vector<fs::path>{tmp.path() / "step_00000003"}));
+  EXPECT_NE(warnings.find("step_00000003"), std::string::npos) << warnings;
+  EXPECT_NO_THROW(verify_checkpoint(tmp.path() / "step_00000002"));
+  EXPECT_NO_THROW(verify_checkpoint(tmp.path() / "step_00000001"));
+  // The newest valid one is never removed, whatever is newer.
+  fs::create_directories(tmp.path() / "step_00000009");
+  testing::internal::CaptureStderr();
+  prune_checkpoints(tmp.path(), 1);
+  testing::internal::GetCapturedStderr();
+  EXPECT_EQ(list_checkpoint_dirs(tmp.path()), (std::vector<fs::path>{tmp.path() / "step_00000002"}));
+}
+
+TEST(Checkpoint, MoveAsideKeepsAbandonedCheckpoints) {
+  TempDir tmp;
+  FlatModel m;
+  for (int s : {1, 2, 3}) write_sharded(m, tmp.path() / checkpoint_dir_name(s), 1, s);
+  auto moved = move_checkpoints_aside(tmp.path(), 1);
+  ASSERT_EQ(moved.size(), 2u);
+  const fs::path dest = tmp.path() / "abandoned" / "from_step_00000001";
+  EXPECT_EQ(moved[0], std::make_pair(tmp.path() / "step_00000003", dest / "step_00000003"));
+  EXPECT_NO_THROW(verify_checkpoint(dest / "step_00000002"));
+  EXPECT_EQ(list_checkpoint_dirs(tmp.path()), (std::vector<fs::path>{tmp.path() / "step_00000001"}));
+  EXPECT_TRUE(move_checkpoints_aside(tmp.path(), 1).empty());
+  // A second rollback to the same step goes to a new folder; pruning never touches them.
+  write_sharded(m, tmp.path() / checkpoint_dir_name(2), 1, 2);
+  moved = move_checkpoints_aside(tmp.path(), 1);
+  ASSERT_EQ(moved.size(), 1u);
+  EXPECT_EQ(moved[0].second, tmp.path() / "abandoned" / "from_step_00000001.1" / "step_00000002");
+  prune_checkpoints(tmp.path(), 1);
+  EXPECT_TRUE(fs::exists(dest / "step_00000003"));
+}
+
+// ---- crash safety: a 2-rank save, interrupted at every file operation -----------------
+
+// Rank 0 and rank 1 of a save as the trainer does it (both in this process): stale
+// temporary directory cleared, rank files of both ranks, commit, prune (keep 2).
+void save_two_ranks(const FlatModel& m, const fs::path& root, int64_t step, int tag) {
+  const fs::path dir = root / checkpoint_dir_name(step);
+  CheckpointWriter w0(dir, 0, 2), w1(dir, 1, 2);
+  w0.discard_stale_tmp_dir();
+  m.add_shard(w1, 40, m.size);
+  m.add_shard(w0, 0, 40);
+  w1.write_rank_files();
+  w0.write_rank_files();
+  w0.commit({{"step", step}, {"tag", tag}}, {{"config.toml", "x = 1\n"}});
+  prune_checkpoints(root, 2);
+}
+
+// Every step directory verifies (no partial checkpoint under a final name); returns the
+// tag of the newest one.
+int check_root(const FlatModel& m, const fs::path& root, const std::string& at) {
+  for (const fs::path& d : list_checkpoint_dirs(root)) {
+    EXPECT_NO_THROW(verify_checkpoint(d)) << at << ": " << d;
+  }
+  const auto latest = find_latest_checkpoint(root);
+  EXPECT_TRUE(latest.has_value()) << at;
+  if (!latest) return -1;
+  CheckpointReader r(*latest);
+  EXPECT_EQ(m.read_shard(r, 0, m.size), m.data) << at;
+  return r.state()["tag"].get<int>();
+}
+
+// Runs save_two_ranks in a child process under the fault plan `spec`; true when the child
+// was killed (false: it finished the save).
+bool save_in_child(const FlatModel& m, const fs::path& root, int64_t step, int tag,
+                   const std::string& spec) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    try {
+      set_fault_plan(spec);
+      save_two_ranks(m, root, step, tag);
+    } catch (...) {
+      ::_exit(3);
+    }
+    ::_exit(0);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) == 0)) << spec;
+  return WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+}
+
+TEST(CheckpointCrash, KillAtEveryFileOperationOfATwoRankSave) {
+  FlatModel m;
+  // Count the operations of one save: a new step, and the same step again (replacing).
+  int64_t ops_new = 0, ops_replace = 0;
+  {
+    TempDir tmp;
+    save_two_ranks(m, tmp.path(), 1, 1);
+    set_fault_plan("");
+    save_two_ranks(m, tmp.path(), 2, 2);
+    ops_new = file_op_count();
+    set_fault_plan("");
+    save_two_ranks(m, tmp.path(), 2, 3);
+    ops_replace = file_op_count();
+  }
+  ASSERT_GT(ops_new, 10);
+  int kills = 0, new_chosen = 0;
+  for (const bool replace : {false, true}) {
+    const int64_t n = replace ? ops_replace : ops_new;
+    for (const char* mode : {"kill", "kill_mid"}) {
+      for (int64_t k = 1; k <= n; ++k) {
+        TempDir tmp;
+        save_two_ranks(m, tmp.path(), 1, 1);
+        if (replace) save_two_ranks(m, tmp.path(), 2, 2);
+        const std::string spec = fmt::format("{}:{}", mode, k);
+        const std::string at = fmt::format("{} ({} save)", spec, replace ? "replacing" : "new");
+        ASSERT_TRUE(save_in_child(m, tmp.path(), 2, 9, spec)) << at << ": not killed";
+        ++kills;
+        // The newest complete checkpoint: the previous state or the new one, never a partial one.
+        const int tag = check_root(m, tmp.path(), at);
+        EXPECT_TRUE(tag == 9 || tag == (replace ? 2 : 1)) << at << ": tag " << tag;
+        if (replace) {
+          EXPECT_TRUE(fs::exists(tmp.path() / "step_00000002" / "manifest.json")) << at;
+        }
+        new_chosen += tag == 9;
+        // The next save (the resumed run saving that step) succeeds and is chosen.
+        save_two_ranks(m, tmp.path(), 2, 10);
+        EXPECT_EQ(check_root(m, tmp.path(), at + ", saved again"), 10);
+        EXPECT_EQ(list_checkpoint_dirs(tmp.path()).size(), 2u) << at;
+      }
+    }
+  }
+  EXPECT_GT(new_chosen, 0);
+  EXPECT_EQ(kills, 2 * (ops_new + ops_replace));
+  std::printf("killed %d saves (%lld file operations for a new step, %lld replacing one)\n", kills,
+              static_cast<long long>(ops_new), static_cast<long long>(ops_replace));
+}
+
+// An injected ENOSPC or EIO at any file operation: a one-line error naming a file; the
+// previous checkpoint stays intact and chosen unless the new one was already complete.
+TEST(CheckpointCrash, WriteErrorAtEveryFileOperation) {
+  FlatModel m;
+  int64_t ops = 0;
+  {
+    TempDir tmp;
+    save_two_ranks(m, tmp.path(), 1, 1);
+    set_fault_plan("");
+    save_two_ranks(m, tmp.path(), 2, 2);
+    ops = file_op_count();
+  }
+  int errors = 0;
+  for (const char* mode : {"enospc", "eio"}) {
+    for (int64_t k = 1; k <= ops; ++k) {
+      TempDir tmp;
+      save_two_ranks(m, tmp.path(), 1, 1);
+      const std::string spec = fmt::format("{}:{}", mode, k);
+      set_fault_plan(spec);
+      std::string err;
+      try {
+        save_two_ranks(m, tmp.path(), 2, 9);
+      } catch (const Error& e) {
+        err = e.what();
+      }
+      set_fault_plan("");
+      ASSERT_FALSE(err.empty()) << spec << ": no error";
+      ++errors;
+      EXPECT_EQ(err.find('\n'), std::string::npos) << spec << ": " << err;
+      EXPECT_NE(err.find(std::string(mode) == "eio" ? "Input/output error" : "No space left on device"),
+                std::string::npos) << spec << ": " << err;
+      EXPECT_NE(err.find(tmp.path().string()), std::string::npos) << spec << ": " << err;
+      const int tag = check_root(m, tmp.path(), spec);
+      EXPECT_TRUE(tag == 1 || tag == 9) << spec << ": tag " << tag;
+      EXPECT_NO_THROW(verify_checkpoint(tmp.path() / "step_00000001")) << spec;
+    }
+  }
+  EXPECT_EQ(errors, 2 * ops);
+}
+
+TEST(CheckpointCrash, BadFaultSpecIsAnError) {
+  EXPECT_THROW(set_fault_plan("kill"), Error);
+  EXPECT_THROW(set_fault_plan("kill:0"), Error);
+  EXPECT_THROW(set_fault_plan("explode:3"), Error);
+  EXPECT_THROW(set_fault_plan("kill:2:x"), Error);
+  set_fault_plan("");
 }
 
 }  // namespace
