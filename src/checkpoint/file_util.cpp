@@ -52,27 +52,48 @@ int create_file(const fs::path& path, bool exclusive) {
   return fd;
 }
 
-void write_all(int fd, const void* data, size_t n, const std::string& path) {
-  Op op(FileOp::Write, path);
-  KILN_CHECK(!op.fail(), "{}: write failed: {}", path, errno_text());
-  const auto* p = static_cast<const char*>(data);
-  if (kill_mid_write()) {  // fault injection: half the bytes reach the file, then death
-    n /= 2;
-    while (n > 0) {
-      const ssize_t w = ::write(fd, p, n);
-      if (w <= 0) break;
-      p += w;
-      n -= static_cast<size_t>(w);
-    }
-    kill_now();
+FileWrite::FileWrite(int fd, std::string path, uint64_t total_bytes)
+    : fd_(fd), path_(std::move(path)), total_(total_bytes) {
+  injected_ = begin_file_op(FileOp::Write, path_);
+  kill_mid_ = kill_mid_write();
+}
+
+FileWrite::~FileWrite() {
+  if (open_) end_file_op();
+}
+
+void FileWrite::append(const void* data, size_t n) {
+  if (injected_) {
+    errno = injected_;
+    KILN_FAIL("{}: write failed: {}", path_, errno_text());
   }
+  const auto* p = static_cast<const char*>(data);
   while (n > 0) {
-    const ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t{1} << 30));
+    size_t chunk = std::min<size_t>(n, size_t{1} << 30);
+    if (kill_mid_) {  // fault injection: half of the file reaches the disk, then death
+      if (written_ >= total_ / 2) kill_now();
+      chunk = std::min<size_t>(chunk, static_cast<size_t>(total_ / 2 - written_));
+    }
+    const ssize_t w = ::write(fd_, p, chunk);
     if (w < 0 && errno == EINTR) continue;
-    KILN_CHECK(w > 0, "{}: write failed: {}", path, w < 0 ? errno_text() : "no progress");
+    KILN_CHECK(w > 0, "{}: write failed: {}", path_, w < 0 ? errno_text() : "no progress");
     p += w;
     n -= static_cast<size_t>(w);
+    written_ += static_cast<uint64_t>(w);
   }
+  if (kill_mid_ && written_ >= total_ / 2) kill_now();
+}
+
+void FileWrite::finish() {
+  if (kill_mid_) kill_now();
+  open_ = false;
+  end_file_op();
+}
+
+void write_all(int fd, const void* data, size_t n, const std::string& path) {
+  FileWrite w(fd, path, n);
+  w.append(data, n);
+  w.finish();
 }
 
 void fsync_and_close(int fd, const std::string& path) {
@@ -139,7 +160,11 @@ void atomic_write_pieces(const fs::path& path, const std::vector<std::string_vie
   const std::string tmp = temp_name_for(path);
   const int fd = create_file(tmp, /*exclusive=*/true);
   try {
-    for (std::string_view p : pieces) write_all(fd, p.data(), p.size(), tmp);
+    uint64_t total = 0;
+    for (std::string_view p : pieces) total += p.size();
+    FileWrite w(fd, tmp, total);
+    for (std::string_view p : pieces) w.append(p.data(), p.size());
+    w.finish();
   } catch (...) {
     ::close(fd);
     ::unlink(tmp.c_str());

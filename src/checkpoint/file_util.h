@@ -17,7 +17,28 @@ namespace kiln::checkpoint::detail {
 
 /// Creates (truncates) `path` for writing: the file descriptor. `exclusive`: fail if it exists.
 int create_file(const std::filesystem::path& path, bool exclusive = false);
-/// Writes all `n` bytes (one file operation however many write(2) calls it takes).
+/// Writes a file's contents, in pieces, as ONE file operation (however many pieces and
+/// write(2) calls it takes): construct with the total size, append() every piece, finish().
+/// Under fault injection the operation fails at the first append() (ENOSPC/EIO), or, with
+/// kill_mid, stops after half of `total_bytes` and kills the process.
+class FileWrite {
+ public:
+  FileWrite(int fd, std::string path, uint64_t total_bytes);
+  ~FileWrite();
+  FileWrite(const FileWrite&) = delete;
+  FileWrite& operator=(const FileWrite&) = delete;
+  void append(const void* data, size_t n);
+  /// Ends the operation (a kill:K plan for it fires here).
+  void finish();
+
+ private:
+  int fd_;
+  std::string path_;
+  uint64_t total_, written_ = 0;
+  bool open_ = true, kill_mid_ = false;
+  int injected_ = 0;
+};
+/// One whole write: FileWrite(fd, path, n).append(data, n), finish().
 void write_all(int fd, const void* data, size_t n, const std::string& path);
 /// fsync(2), then close(2) (the descriptor is closed even when fsync fails).
 void fsync_and_close(int fd, const std::string& path);

@@ -633,9 +633,11 @@ void Writer::write() const {
     unsigned char len_bytes[8];
     uint64_t n = header.size();
     for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>(n >> (8 * i));
-    std::string head(reinterpret_cast<const char*>(len_bytes), 8);
-    head += header;
-    io::write_all(fd, head.data(), head.size(), tmp);
+    uint64_t total = 8 + header.size();
+    for (const auto& [e, off] : layout()) total += e->nbytes;
+    io::FileWrite out(fd, tmp, total);  // the whole file is one file operation
+    out.append(len_bytes, 8);
+    out.append(header.data(), header.size());
     std::vector<std::byte> buf;
     for (const auto& [e, off] : layout()) {
       if (e->nbytes == 0) continue;
@@ -649,8 +651,9 @@ void Writer::write() const {
       } else {
         src = e->owned.data();
       }
-      io::write_all(fd, src, e->nbytes, tmp);
+      out.append(src, e->nbytes);
     }
+    out.finish();
   } catch (...) {
     ::close(fd);
     ::unlink(tmp.c_str());
