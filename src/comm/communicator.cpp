@@ -204,10 +204,16 @@ void BasicWork::wait() {
     cv_.wait_for(lock, limit, [&] { return done_.load(std::memory_order_acquire); });
   }
   if (!is_completed()) {
-    abort_all(fmt::format("timed out after {} s waiting for {} (KILN_COMM_TIMEOUT_S sets the "
-                          "limit); another rank failed, exited or called a different collective",
-                          timeout_s_, description_));
+    abort_all(fmt::format("timed out after {} s waiting for {} (parallel.timeout_s or "
+                          "KILN_COMM_TIMEOUT_S sets the limit); another rank failed, exited, "
+                          "stopped or called a different collective",
+                          timeout_s_, timeout_description()));
   }
+}
+
+std::string BasicWork::timeout_description() const {
+  const std::string detail = detail_ ? detail_() : std::string();
+  return detail.empty() ? description_ : description_ + ": " + detail;
 }
 
 std::shared_ptr<Work> completed_work(std::string description) {
