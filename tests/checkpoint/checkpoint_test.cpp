@@ -1,15 +1,12 @@
 // Sharded checkpoints: flat range -> boxes, writing under one layout and reading under
 // another, atomic commit, corruption detection with fallback, pruning.
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/fault.h"
+#include "checkpoint_test_util.h"
 
 #include "core/dtype.h"
 #include "core/error.h"
 
 #include <gtest/gtest.h>
-
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <fstream>
 #include <numeric>
@@ -20,25 +17,7 @@ namespace kiln::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A fresh directory under the system temp dir, removed at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    static int counter = 0;
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() /
-            fmt::format("kiln_ckpt_{}_{}_{}_{}", ::getpid(), info ? info->name() : "x", counter++,
-                        std::random_device{}());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using namespace test;
 
 std::vector<int64_t> dims(const Shape& s) {
   std::vector<int64_t> d;
@@ -126,72 +105,6 @@ TEST(CheckpointNames, DirNames) {
   EXPECT_FALSE(parse_checkpoint_dir_name(".tmp_step_00000001"));
   EXPECT_EQ(rank_file_stem(3), "rank_00003");
   EXPECT_EQ(buffer_crc32("123456789", 9), 0xCBF43926u);  // the standard CRC-32 check value
-}
-
-// A model-like set of parameters in one flat fp32 buffer.
-struct FlatModel {
-  std::vector<std::pair<std::string, Shape>> params;
-  std::vector<int64_t> offsets;
-  std::vector<float> data;
-  int64_t size = 0;
-
-  FlatModel() {
-    params = {{"wte", Shape{13, 6}}, {"ln.w", Shape{6}},     {"qkv", Shape{2, 3, 6, 6}},
-              {"bias", Shape{18}},   {"scalar", Shape{}},    {"proj", Shape{6, 7}}};
-    for (const auto& [name, shape] : params) {
-      offsets.push_back(size);
-      size += shape.numel();
-    }
-    data.resize(static_cast<size_t>(size));
-    for (int64_t i = 0; i < size; ++i) data[static_cast<size_t>(i)] = 0.25f * static_cast<float>(i) - 7.f;
-  }
-
-  // Adds the part of every parameter inside the flat buffer range [lo, hi).
-  void add_shard(CheckpointWriter& w, int64_t lo, int64_t hi) const {
-    for (size_t p = 0; p < params.size(); ++p) {
-      const int64_t b = std::max(lo, offsets[p]);
-      const int64_t e = std::min(hi, offsets[p] + params[p].second.numel());
-      if (b >= e) continue;
-      w.add_flat_range(params[p].first, params[p].second, DType::F32, b - offsets[p],
-                       e - offsets[p], data.data() + b);
-    }
-  }
-
-  // Reads [lo, hi) of the flat buffer back through the reader, parameter by parameter.
-  std::vector<float> read_shard(const CheckpointReader& r, int64_t lo, int64_t hi) const {
-    std::vector<float> out(static_cast<size_t>(hi - lo), -999.f);
-    for (size_t p = 0; p < params.size(); ++p) {
-      const int64_t b = std::max(lo, offsets[p]);
-      const int64_t e = std::min(hi, offsets[p] + params[p].second.numel());
-      if (b >= e) continue;
-      r.read_flat_range(params[p].first, b - offsets[p], e - offsets[p], out.data() + (b - lo),
-                        DType::F32);
-    }
-    return out;
-  }
-};
-
-// Splits [0, n) into `parts` uneven chunks.
-std::vector<int64_t> split_points(int64_t n, int parts, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::vector<int64_t> pts = {0, n};
-  while (static_cast<int>(pts.size()) < parts + 1) pts.push_back(std::uniform_int_distribution<int64_t>(1, n - 1)(rng));
-  std::sort(pts.begin(), pts.end());
-  return pts;
-}
-
-// Writes a FlatModel as `world` simulated ranks (all in this process) and commits.
-void write_sharded(const FlatModel& m, const fs::path& dir, int world, unsigned seed,
-                   const nlohmann::json& state = {{"step", 1}},
-                   const std::map<std::string, std::string>& extra = {}) {
-  const auto pts = split_points(m.size, world, seed);
-  std::vector<std::unique_ptr<CheckpointWriter>> writers;
-  for (int r = 0; r < world; ++r) {
-    writers.push_back(std::make_unique<CheckpointWriter>(dir, r, world));
-    m.add_shard(*writers.back(), pts[r], pts[r + 1]);
-  }
-  for (int r = world - 1; r >= 0; --r) writers[r]->write_rank_files();
-  writers[0]->commit(state, extra);
 }
 
 TEST(Checkpoint, WorldSizeOneRoundTrip) {
@@ -409,27 +322,6 @@ TEST(Checkpoint, AtomicCommit) {
   EXPECT_EQ(m.read_shard(r, 0, m.size), m.data);
 }
 
-// Flips one byte in the middle of a file.
-void flip_byte(const fs::path& p) {
-  std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
-  const auto size = fs::file_size(p);
-  f.seekg(static_cast<std::streamoff>(size / 2));
-  char c;
-  f.read(&c, 1);
-  c ^= 0x10;
-  f.seekp(static_cast<std::streamoff>(size / 2));
-  f.write(&c, 1);
-}
-
-std::string open_error(const fs::path& dir) {
-  try {
-    CheckpointReader r(dir);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 TEST(Checkpoint, CorruptionRejectedWithFallback) {
   TempDir tmp;
   FlatModel m;
@@ -601,151 +493,6 @@ TEST(Checkpoint, MoveAsideKeepsAbandonedCheckpoints) {
   EXPECT_EQ(moved[0].second, tmp.path() / "abandoned" / "from_step_00000001.1" / "step_00000002");
   prune_checkpoints(tmp.path(), 1);
   EXPECT_TRUE(fs::exists(dest / "step_00000003"));
-}
-
-// ---- crash safety: a 2-rank save, interrupted at every file operation -----------------
-
-// Rank 0 and rank 1 of a save as the trainer does it (both in this process): stale
-// temporary directory cleared, rank files of both ranks, commit, prune (keep 2).
-void save_two_ranks(const FlatModel& m, const fs::path& root, int64_t step, int tag) {
-  const fs::path dir = root / checkpoint_dir_name(step);
-  CheckpointWriter w0(dir, 0, 2), w1(dir, 1, 2);
-  w0.discard_stale_tmp_dir();
-  m.add_shard(w1, 40, m.size);
-  m.add_shard(w0, 0, 40);
-  w1.write_rank_files();
-  w0.write_rank_files();
-  w0.commit({{"step", step}, {"tag", tag}}, {{"config.toml", "x = 1\n"}});
-  prune_checkpoints(root, 2);
-}
-
-// Every step directory verifies (no partial checkpoint under a final name); returns the
-// tag of the newest one.
-int check_root(const FlatModel& m, const fs::path& root, const std::string& at) {
-  for (const fs::path& d : list_checkpoint_dirs(root)) {
-    EXPECT_NO_THROW(verify_checkpoint(d)) << at << ": " << d;
-  }
-  const auto latest = find_latest_checkpoint(root);
-  EXPECT_TRUE(latest.has_value()) << at;
-  if (!latest) return -1;
-  CheckpointReader r(*latest);
-  EXPECT_EQ(m.read_shard(r, 0, m.size), m.data) << at;
-  return r.state()["tag"].get<int>();
-}
-
-// Runs save_two_ranks in a child process under the fault plan `spec`; true when the child
-// was killed (false: it finished the save).
-bool save_in_child(const FlatModel& m, const fs::path& root, int64_t step, int tag,
-                   const std::string& spec) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    try {
-      set_fault_plan(spec);
-      save_two_ranks(m, root, step, tag);
-    } catch (...) {
-      ::_exit(3);
-    }
-    ::_exit(0);
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  EXPECT_TRUE(WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) == 0)) << spec;
-  return WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
-}
-
-TEST(CheckpointCrash, KillAtEveryFileOperationOfATwoRankSave) {
-  FlatModel m;
-  // Count the operations of one save: a new step, and the same step again (replacing).
-  int64_t ops_new = 0, ops_replace = 0;
-  {
-    TempDir tmp;
-    save_two_ranks(m, tmp.path(), 1, 1);
-    set_fault_plan("");
-    save_two_ranks(m, tmp.path(), 2, 2);
-    ops_new = file_op_count();
-    set_fault_plan("");
-    save_two_ranks(m, tmp.path(), 2, 3);
-    ops_replace = file_op_count();
-  }
-  ASSERT_GT(ops_new, 10);
-  int kills = 0, new_chosen = 0;
-  for (const bool replace : {false, true}) {
-    const int64_t n = replace ? ops_replace : ops_new;
-    for (const char* mode : {"kill", "kill_mid"}) {
-      for (int64_t k = 1; k <= n; ++k) {
-        TempDir tmp;
-        save_two_ranks(m, tmp.path(), 1, 1);
-        if (replace) save_two_ranks(m, tmp.path(), 2, 2);
-        const std::string spec = fmt::format("{}:{}", mode, k);
-        const std::string at = fmt::format("{} ({} save)", spec, replace ? "replacing" : "new");
-        ASSERT_TRUE(save_in_child(m, tmp.path(), 2, 9, spec)) << at << ": not killed";
-        ++kills;
-        // The newest complete checkpoint: the previous state or the new one, never a partial one.
-        const int tag = check_root(m, tmp.path(), at);
-        EXPECT_TRUE(tag == 9 || tag == (replace ? 2 : 1)) << at << ": tag " << tag;
-        if (replace) {
-          EXPECT_TRUE(fs::exists(tmp.path() / "step_00000002" / "manifest.json")) << at;
-        }
-        new_chosen += tag == 9;
-        // The next save (the resumed run saving that step) succeeds and is chosen.
-        save_two_ranks(m, tmp.path(), 2, 10);
-        EXPECT_EQ(check_root(m, tmp.path(), at + ", saved again"), 10);
-        EXPECT_EQ(list_checkpoint_dirs(tmp.path()).size(), 2u) << at;
-      }
-    }
-  }
-  EXPECT_GT(new_chosen, 0);
-  EXPECT_EQ(kills, 2 * (ops_new + ops_replace));
-  std::printf("killed %d saves (%lld file operations for a new step, %lld replacing one)\n", kills,
-              static_cast<long long>(ops_new), static_cast<long long>(ops_replace));
-}
-
-// An injected ENOSPC or EIO at any file operation: a one-line error naming a file; the
-// previous checkpoint stays intact and chosen unless the new one was already complete.
-TEST(CheckpointCrash, WriteErrorAtEveryFileOperation) {
-  FlatModel m;
-  int64_t ops = 0;
-  {
-    TempDir tmp;
-    save_two_ranks(m, tmp.path(), 1, 1);
-    set_fault_plan("");
-    save_two_ranks(m, tmp.path(), 2, 2);
-    ops = file_op_count();
-  }
-  int errors = 0;
-  for (const char* mode : {"enospc", "eio"}) {
-    for (int64_t k = 1; k <= ops; ++k) {
-      TempDir tmp;
-      save_two_ranks(m, tmp.path(), 1, 1);
-      const std::string spec = fmt::format("{}:{}", mode, k);
-      set_fault_plan(spec);
-      std::string err;
-      try {
-        save_two_ranks(m, tmp.path(), 2, 9);
-      } catch (const Error& e) {
-        err = e.what();
-      }
-      set_fault_plan("");
-      ASSERT_FALSE(err.empty()) << spec << ": no error";
-      ++errors;
-      EXPECT_EQ(err.find('\n'), std::string::npos) << spec << ": " << err;
-      EXPECT_NE(err.find(std::string(mode) == "eio" ? "Input/output error" : "No space left on device"),
-                std::string::npos) << spec << ": " << err;
-      EXPECT_NE(err.find(tmp.path().string()), std::string::npos) << spec << ": " << err;
-      const int tag = check_root(m, tmp.path(), spec);
-      EXPECT_TRUE(tag == 1 || tag == 9) << spec << ": tag " << tag;
-      EXPECT_NO_THROW(verify_checkpoint(tmp.path() / "step_00000001")) << spec;
-    }
-  }
-  EXPECT_EQ(errors, 2 * ops);
-}
-
-TEST(CheckpointCrash, BadFaultSpecIsAnError) {
-  EXPECT_THROW(set_fault_plan("kill"), Error);
-  EXPECT_THROW(set_fault_plan("kill:0"), Error);
-  EXPECT_THROW(set_fault_plan("explode:3"), Error);
-  EXPECT_THROW(set_fault_plan("kill:2:x"), Error);
-  set_fault_plan("");
 }
 
 }  // namespace
