@@ -14,7 +14,6 @@ work="$2"
 rm -rf "$work" && mkdir -p "$work"
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export KILN_COMM_TIMEOUT_S=20
-py=/usr/bin/python3
 head -c 20000 /dev/urandom | base64 > "$work/corpus.txt"
 "$kiln" prepare --input "$work/corpus.txt" --out "$work/data" --tokenizer byte >/dev/null
 cat > "$work/tiny.toml" <<EOT
