@@ -51,9 +51,14 @@ while [ "$kills" -lt "$kills_wanted" ]; do
   sleep "$(awk -v r=$RANDOM 'BEGIN { printf "%.3f", 0.2 + 0.8 * r / 32768 }')"
   # The ranks are mpirun's children (named "exe" by Open MPI); $launcher is the subshell
   # running mpirun.
+  # Under load the ranks may start after the delay: wait for them while mpirun runs.
   ranks=""
-  for p in $(pgrep -P "$launcher" || true); do ranks="$ranks $(pgrep -P "$p" || true)"; done
-  ranks=$(echo $ranks)
+  for _ in $(seq 100); do
+    for p in $(pgrep -P "$launcher" || true); do ranks="$ranks $(pgrep -P "$p" || true)"; done
+    ranks=$(echo $ranks)
+    { [ -n "$ranks" ] || ! kill -0 "$launcher" 2>/dev/null; } && break
+    sleep 0.1
+  done
   if [ -z "$ranks" ]; then  # finished before the kill: start over for more kills
     wait "$launcher" || { echo "FAILED: run ended non-zero without a kill"; cat "$work/run.log"; exit 1; }
     grep -q "done:\|nothing to do" "$work/run.log" || { cat "$work/run.log"; exit 1; }
