@@ -62,10 +62,13 @@ struct DropoutSpec {
 ///   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
 ///   p -= lr * ( (m / (1 - beta1^step)) / (sqrt(v / (1 - beta2^step)) + eps) + weight_decay p )
 /// `step` counts from 1. grad_scale folds gradient clipping (and later loss scaling) in.
+/// As PyTorch: the betas are doubles; the bias corrections 1 - beta^step, lr / (1 -
+/// beta1^step) and sqrt(1 - beta2^step) are computed in double and rounded to fp32 once;
+/// the moments use beta and 1 - beta (computed in double) rounded to fp32.
 struct AdamWParams {
   float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.95f;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
   float eps = 1e-8f;
   float weight_decay = 0.f;
   float grad_scale = 1.f;

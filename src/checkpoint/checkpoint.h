@@ -40,12 +40,19 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kiln::checkpoint {
 
-/// Version written to (and the only one accepted from) manifest.json's "format_version".
-inline constexpr int kFormatVersion = 1;
+/// Version written to manifest.json's "format_version". Version rule: a build reads every
+/// version from kOldestFormatVersion to kFormatVersion; the version grows when a reader of
+/// the previous version would misread a new manifest or miss a check it must make.
+///   1  the original layout
+///   2  adds "manifest_crc32", the checksum of the manifest's own content (checked on
+///      every load; version 1 manifests load without that check)
+inline constexpr int kFormatVersion = 2;
+inline constexpr int kOldestFormatVersion = 1;
 /// Name of the manifest inside a checkpoint directory.
 inline constexpr const char* kManifestName = "manifest.json";
 
@@ -112,6 +119,10 @@ class CheckpointWriter {
   void add_tensor(const std::string& name, const Shape& global_shape, DType dtype,
                   const void* host_data);
 
+  /// Removes what an interrupted earlier save left in tmp_dir(). Rank 0 only, before the
+  /// barrier that precedes every rank's write_rank_files().
+  void discard_stale_tmp_dir();
+
   /// Writes and fsyncs this rank's data file `rank_XXXXX.safetensors` (skipped when the
   /// rank has no slices) and its part file `rank_XXXXX.json` (its slices, the data file's
   /// size and crc32) in tmp_dir(). Call once, on every rank, before the barrier.
@@ -124,8 +135,11 @@ class CheckpointWriter {
   /// better add replicated tensors on one rank only, the copies still cost disk space),
   /// writes the `extra_files` (relative path -> contents, e.g. "config.toml" or
   /// "tokenizer/vocab.json"; no ".", ".." or hidden components; not manifest.json or
-  /// rank_*) with their checksums, stores `state` in the manifest, fsyncs everything and renames tmp_dir()
-  /// to dir(). When dir() already exists (the same step saved again) it is replaced.
+  /// rank_*) with their checksums, stores `state` in the manifest (sealed with its own
+  /// checksum), fsyncs everything and renames tmp_dir() to dir(). When dir() already
+  /// exists (the same step saved again) the two are exchanged atomically
+  /// (renameat2 RENAME_EXCHANGE) and the old one removed: the name never lacks a complete
+  /// checkpoint.
   /// Throws kiln::Error naming the file, rank or tensor at fault; the temporary directory
   /// is left in place then (prune_checkpoints removes it).
   void commit(const nlohmann::json& state,
@@ -152,8 +166,8 @@ enum class Verify {
 /// A complete checkpoint opened for reading. Reads are const; the reader is movable.
 class CheckpointReader {
  public:
-  /// Opens `dir`: reads manifest.json (missing = incomplete checkpoint) and verifies every
-  /// file it lists. Throws kiln::Error naming the file at fault: missing, truncated (wrong
+  /// Opens `dir`: reads manifest.json (missing = incomplete checkpoint), checks the
+  /// manifest's own checksum (format version 2) and verifies every file it lists. Throws kiln::Error naming the file at fault: missing, truncated (wrong
   /// size) or checksum mismatch, or a bad manifest.
   explicit CheckpointReader(std::filesystem::path dir, Verify verify = Verify::Full);
   ~CheckpointReader();
@@ -213,12 +227,26 @@ std::vector<std::filesystem::path> list_checkpoint_dirs(const std::filesystem::p
 /// is skipped with one warning line on stderr naming it and the reason.
 std::optional<std::filesystem::path> find_latest_checkpoint(const std::filesystem::path& ckpt_root);
 
-/// Deletes every `step_XXXXXXXX` directory under ckpt_root except the newest `keep`
-/// complete ones (complete: manifest present and every file of the right size; keep <= 0
-/// keeps every complete one), and every stale `.tmp_*` directory. Incomplete or truncated
-/// step directories are deleted. Call when no save is in progress. Returns the removed
-/// paths.
+/// Keeps the newest `keep` checkpoints under ckpt_root that verify fully (every file
+/// present with its size and crc32, and the manifest's own checksum) and deletes every
+/// other `step_XXXXXXXX` directory: older ones, and damaged or incomplete ones newer than
+/// the oldest kept (each damaged one with a warning line on stderr); so the newest valid
+/// checkpoint is never removed. keep <= 0 keeps every step directory unverified. Stale
+/// `.tmp_*` directories (interrupted saves) are deleted in every case. Call when no save
+/// is in progress. Returns the removed paths.
 std::vector<std::filesystem::path> prune_checkpoints(const std::filesystem::path& ckpt_root,
                                                      int keep);
+
+/// Name of the folder under ckpt_root that holds abandoned checkpoints.
+inline constexpr const char* kAbandonedDirName = "abandoned";
+
+/// A rollback: every `step_XXXXXXXX` directory under ckpt_root newer than `resumed_step`
+/// (the abandoned trajectory, valid or not) moves, by rename, into
+/// `ckpt_root/abandoned/from_step_XXXXXXXX[.N]/` (XXXXXXXX = resumed_step, .N the first
+/// free suffix). Nothing is deleted, and nothing there is ever listed, chosen or pruned.
+/// Returns (old path, new path) per moved directory, newest first. Throws kiln::Error
+/// naming the path that cannot be moved.
+std::vector<std::pair<std::filesystem::path, std::filesystem::path>> move_checkpoints_aside(
+    const std::filesystem::path& ckpt_root, int64_t resumed_step);
 
 }  // namespace kiln::checkpoint

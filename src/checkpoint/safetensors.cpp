@@ -1,5 +1,7 @@
 #include "checkpoint/safetensors.h"
 
+#include "checkpoint/file_util.h"
+
 #include "core/error.h"
 
 #include <fcntl.h>
@@ -616,30 +618,6 @@ std::string Writer::header_json() const {
   return j.dump();
 }
 
-namespace {
-
-void write_all(int fd, const void* data, size_t n, const std::string& path) {
-  const auto* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t{1} << 30));
-    if (w < 0 && errno == EINTR) continue;
-    KILN_CHECK(w > 0, "{}: write failed: {}", path, w < 0 ? errno_text() : "no progress");
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-
-std::string parent_dir(const std::string& path) {
-  const auto slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-std::atomic<uint64_t> g_tmp_counter{0};
-
-}  // namespace
-
 void Writer::write() const {
   std::string header = header_json();
   // Pad with spaces so that the data section starts at a multiple of 8 bytes.
@@ -647,16 +625,19 @@ void Writer::write() const {
   KILN_CHECK(header.size() <= kMaxHeaderBytes, "{}: header of {} bytes exceeds the limit of {}",
              path_, header.size(), kMaxHeaderBytes);
 
-  const std::string tmp = fmt::format("{}.tmp.{}.{}", path_, static_cast<long>(::getpid()),
-                                      g_tmp_counter.fetch_add(1));
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  KILN_CHECK(fd >= 0, "{}: cannot create temporary file {}: {}", path_, tmp, errno_text());
+  // Through the checkpoint's durable file operations (numbered for fault injection).
+  namespace io = checkpoint::detail;
+  const std::string tmp = io::temp_name_for(path_);
+  const int fd = io::create_file(tmp, /*exclusive=*/true);
   try {
     unsigned char len_bytes[8];
     uint64_t n = header.size();
     for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>(n >> (8 * i));
-    write_all(fd, len_bytes, 8, tmp);
-    write_all(fd, header.data(), header.size(), tmp);
+    uint64_t total = 8 + header.size();
+    for (const auto& [e, off] : layout()) total += e->nbytes;
+    io::FileWrite out(fd, tmp, total);  // the whole file is one file operation
+    out.append(len_bytes, 8);
+    out.append(header.data(), header.size());
     std::vector<std::byte> buf;
     for (const auto& [e, off] : layout()) {
       if (e->nbytes == 0) continue;
@@ -670,28 +651,23 @@ void Writer::write() const {
       } else {
         src = e->owned.data();
       }
-      write_all(fd, src, e->nbytes, tmp);
+      out.append(src, e->nbytes);
     }
-    KILN_CHECK(::fsync(fd) == 0, "{}: fsync of {} failed: {}", path_, tmp, errno_text());
-    const int rc = ::close(fd);
-    fd = -1;
-    KILN_CHECK(rc == 0, "{}: close of {} failed: {}", path_, tmp, errno_text());
+    out.finish();
   } catch (...) {
-    if (fd >= 0) ::close(fd);
+    ::close(fd);
     ::unlink(tmp.c_str());
     throw;
   }
-  if (::rename(tmp.c_str(), path_.c_str()) != 0) {
-    const std::string why = errno_text();
+  try {
+    io::fsync_and_close(fd, tmp);
+    io::rename_path(tmp, path_);
+  } catch (...) {
     ::unlink(tmp.c_str());
-    KILN_FAIL("{}: cannot rename {} over it: {}", path_, tmp, why);
+    throw;
   }
-  // Make the rename itself durable.
-  const int dfd = ::open(parent_dir(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  const auto slash = path_.find_last_of('/');
+  io::fsync_dir(slash == std::string::npos ? std::string(".") : slash == 0 ? std::string("/") : path_.substr(0, slash));
 }
 
 }  // namespace kiln::safetensors

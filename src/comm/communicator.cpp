@@ -15,6 +15,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <type_traits>
+#include <vector>
 
 namespace kiln {
 
@@ -202,10 +204,16 @@ void BasicWork::wait() {
     cv_.wait_for(lock, limit, [&] { return done_.load(std::memory_order_acquire); });
   }
   if (!is_completed()) {
-    abort_all(fmt::format("timed out after {} s waiting for {} (KILN_COMM_TIMEOUT_S sets the "
-                          "limit); another rank failed, exited or called a different collective",
-                          timeout_s_, description_));
+    abort_all(fmt::format("timed out after {} s waiting for {} (parallel.timeout_s or "
+                          "KILN_COMM_TIMEOUT_S sets the limit); another rank failed, exited, "
+                          "stopped or called a different collective",
+                          timeout_s_, timeout_description()));
   }
+}
+
+std::string BasicWork::timeout_description() const {
+  const std::string detail = detail_ ? detail_() : std::string();
+  return detail.empty() ? description_ : description_ + ": " + detail;
 }
 
 std::shared_ptr<Work> completed_work(std::string description) {
@@ -321,6 +329,40 @@ std::unique_ptr<Communicator> make_world_communicator() {
 }
 
 // ---- consistency check ---------------------------------------------------------------
+
+namespace {
+// Sums 64-bit scalars over the ranks of `comm` via all_gather of their raw words, adding
+// in rank order (the same order, hence the same result, on every rank).
+template <class T>
+void sum_words_in_rank_order(Communicator& comm, std::span<T> values) {
+  static_assert(sizeof(T) == 8);
+  const auto n = static_cast<int64_t>(values.size());
+  if (comm.size() == 1 || n == 0) return;
+  std::vector<int32_t> mine(static_cast<size_t>(2 * n)), all(static_cast<size_t>(2 * n * comm.size()));
+  std::memcpy(mine.data(), values.data(), values.size_bytes());
+  // Every slot starts as this rank's values, so a communicator that moves no data (the
+  // simulated one of dry runs) yields size() x values rather than garbage.
+  for (int r = 0; r < comm.size(); ++r)
+    std::memcpy(all.data() + 2 * n * r, mine.data(), values.size_bytes());
+  comm.all_gather(Tensor::view(all.data(), {2 * n * comm.size()}, DType::I32),
+                  Tensor::view(mine.data(), {2 * n}, DType::I32));
+  for (int64_t i = 0; i < n; ++i) {
+    T sum{};
+    for (int r = 0; r < comm.size(); ++r) {
+      T v;
+      std::memcpy(&v, all.data() + 2 * (static_cast<int64_t>(r) * n + i), sizeof(T));
+      if constexpr (std::is_integral_v<T>)  // wrap around instead of overflowing
+        sum = static_cast<T>(static_cast<uint64_t>(sum) + static_cast<uint64_t>(v));
+      else
+        sum += v;
+    }
+    values[static_cast<size_t>(i)] = sum;
+  }
+}
+}  // namespace
+
+void Communicator::all_reduce_sum(std::span<int64_t> values) { sum_words_in_rank_order(*this, values); }
+void Communicator::all_reduce_sum(std::span<double> values) { sum_words_in_rank_order(*this, values); }
 
 void check_same_on_all_ranks(Communicator& comm, const std::string& what, const std::string& hash) {
   KILN_CHECK(hash.size() < (1u << 30), "check_same_on_all_ranks({}): hash too long", what);

@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -144,6 +145,16 @@ class Communicator {
   void send(const Tensor& t, int peer, int tag, Stream s = {}) { send_async(t, peer, tag, s)->wait(); }
   void recv(const Tensor& t, int peer, int tag, Stream s = {}) { recv_async(t, peer, tag, s)->wait(); }
   void barrier() { barrier_async()->wait(); }
+
+  // ---- exact scalar reductions -------------------------------------------------------
+  /// In place: values <- the sum over ranks of values (host memory, the same count on
+  /// every rank; meant for a few scalars: token counts, loss sums). Built once, on
+  /// all_gather of the raw 64-bit words (as int32 pairs), for every implementation: each
+  /// rank adds the gathered values in rank order, so every rank gets the same result;
+  /// int64 sums are exact (wrapping past 2^63), fp64 sums are the fp64 sum in rank order
+  /// (no fp32 rounding, exact for integers below 2^53). Collective, blocking.
+  void all_reduce_sum(std::span<int64_t> values);
+  void all_reduce_sum(std::span<double> values);
 
   /// A communicator over `ranks` (ranks of THIS communicator, distinct, any order); the
   /// new communicator's rank i is ranks[i]. Called by exactly the ranks in `ranks` (every

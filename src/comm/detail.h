@@ -23,11 +23,17 @@ class BasicWork final : public Work {
   std::string description() const override { return description_; }
   /// Marks the operation done and wakes waiters.
   void complete();
+  /// What the timeout message adds after the description, e.g. "rank 3 did not arrive
+  /// (...)" from the communicator's arrival record. Set before the Work is handed out.
+  void set_timeout_detail(std::function<std::string()> detail) { detail_ = std::move(detail); }
+  /// "<description>[: <detail>]": what a timeout reports.
+  std::string timeout_description() const;
 
  private:
   std::string description_;
   double timeout_s_;
   std::function<void()> progress_;
+  std::function<std::string()> detail_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<bool> done_{false};

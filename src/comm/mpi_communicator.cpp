@@ -1,8 +1,11 @@
 // MpiCommunicator: collectives over MPI, progressed by a communication thread.
-// The only file of kiln that includes mpi.h. Design notes: mpi_communicator.h.
+// With mpi_engine.h and mpi_arrivals.h, the only files of kiln that include mpi.h.
+// Design notes: mpi_communicator.h.
 #include "comm/mpi_communicator.h"
 
 #include "comm/detail.h"
+#include "comm/mpi_arrivals.h"
+#include "comm/mpi_engine.h"
 
 #include <mpi.h>
 
@@ -22,6 +25,11 @@ using comm_detail::BasicWork;
 using comm_detail::Clock;
 using comm_detail::describe;
 using comm_detail::seconds_since;
+using comm_detail::Arrivals;
+using comm_detail::Engine;
+using comm_detail::mpi_check;
+using comm_detail::mpi_error_string;
+using comm_detail::Op;
 
 enum class Mode { Multiple, Serialized, Inline };
 
@@ -32,18 +40,6 @@ const char* mode_name(Mode m) {
     case Mode::Inline: return "inline";
   }
   return "?";
-}
-
-std::string mpi_error_string(int code) {
-  char buf[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS) return fmt::format("MPI error {}", code);
-  return std::string(buf, static_cast<size_t>(len));
-}
-
-/// MPI calls report errors as return codes (MPI_ERRORS_RETURN); any error ends the job.
-void mpi_check(int rc, const char* call, const std::string& context) {
-  if (rc != MPI_SUCCESS) abort_all(fmt::format("{} failed in {}: {}", call, context, mpi_error_string(rc)));
 }
 
 bool is_16bit_float(DType d) { return d == DType::BF16 || d == DType::F16; }
@@ -59,161 +55,6 @@ MPI_Datatype wire_type(DType d) {
   return MPI_BYTE;
 }
 
-/// One queued operation. `start` posts the non-blocking MPI call (or, for control
-/// operations such as creating a communicator, does the whole job and leaves the request
-/// null); `finish` runs after completion (conversions back to 16 bits, count checks).
-struct Op {
-  Collective kind = Collective::Barrier;
-  int64_t bytes = 0;
-  bool control = false;  // not a collective: no statistics
-  std::function<void(MPI_Request*)> start;
-  std::function<void(const MPI_Status&)> finish;
-  std::function<void(Collective, int64_t, double)> record;
-  std::function<void()> done;  // after the Work completes (outstanding counter)
-  std::shared_ptr<BasicWork> work;
-  double timeout_s = 60.0;
-  MPI_Request request = MPI_REQUEST_NULL;
-  Clock::time_point t0;
-};
-
-/// Starts operations in submission order and drives them to completion: on its own
-/// thread (threaded), or from Work::wait() on the caller's thread (inline).
-class Engine {
- public:
-  explicit Engine(bool threaded) : threaded_(threaded) {
-    if (threaded_) thread_ = std::thread([this] { run(); });
-  }
-  ~Engine() {
-    if (threaded_) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        stop_ = true;
-      }
-      cv_.notify_all();
-      thread_.join();
-    }
-  }
-  Engine(const Engine&) = delete;
-  Engine& operator=(const Engine&) = delete;
-
-  bool threaded() const { return threaded_; }
-
-  void submit(std::unique_ptr<Op> op) {
-    if (!threaded_) {
-      std::lock_guard<std::mutex> lock(inline_mu_);
-      start(std::move(op));
-      return;
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(std::move(op));
-    }
-    cv_.notify_one();
-  }
-
-  /// Inline mode: tests the operations in flight once.
-  void progress() {
-    std::lock_guard<std::mutex> lock(inline_mu_);
-    poll();
-    check_stuck();
-  }
-
- private:
-  void run() {
-    int idle = 0;
-    for (;;) {
-      std::deque<std::unique_ptr<Op>> batch;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        if (inflight_.empty()) cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (stop_ && queue_.empty() && inflight_.empty()) return;
-        batch.swap(queue_);
-      }
-      for (auto& op : batch) start(std::move(op));
-      if (inflight_.empty()) {
-        idle = 0;
-        continue;
-      }
-      if (poll()) {
-        idle = 0;
-        continue;
-      }
-      ++idle;
-      if ((idle & 1023) == 0) check_stuck();
-      // Spin briefly for latency, then back off so that an idle wait costs little CPU.
-      if (idle < 64) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(idle < 4096 ? 5 : 50));
-      }
-    }
-  }
-
-  void start(std::unique_ptr<Op> op) {
-    op->t0 = Clock::now();
-    try {
-      op->start(&op->request);
-    } catch (const std::exception& e) {
-      abort_all(fmt::format("{}: {}", op->work->description(), e.what()));
-    }
-    if (op->request == MPI_REQUEST_NULL) {
-      MPI_Status status{};
-      complete(*op, status);
-    } else {
-      inflight_.push_back(std::move(op));
-    }
-  }
-
-  bool poll() {
-    bool any = false;
-    for (size_t i = 0; i < inflight_.size();) {
-      Op& op = *inflight_[i];
-      int flag = 0;
-      MPI_Status status{};
-      mpi_check(MPI_Test(&op.request, &flag, &status), "MPI_Test", op.work->description());
-      if (flag) {
-        complete(op, status);
-        inflight_.erase(inflight_.begin() + static_cast<std::ptrdiff_t>(i));
-        any = true;
-      } else {
-        ++i;
-      }
-    }
-    return any;
-  }
-
-  // The waiter normally times out first; this catches operations nobody waits for.
-  void check_stuck() {
-    for (const auto& op : inflight_) {
-      if (seconds_since(op->t0) > op->timeout_s + 5.0) {
-        abort_all(fmt::format("timed out after {} s: {} never completed (KILN_COMM_TIMEOUT_S sets "
-                              "the limit); another rank failed, exited or called a different "
-                              "collective",
-                              op->timeout_s, op->work->description()));
-      }
-    }
-  }
-
-  void complete(Op& op, const MPI_Status& status) {
-    try {
-      if (op.finish) op.finish(status);
-    } catch (const std::exception& e) {
-      abort_all(fmt::format("{}: {}", op.work->description(), e.what()));
-    }
-    if (!op.control && op.record) op.record(op.kind, op.bytes, seconds_since(op.t0));
-    op.work->complete();
-    if (op.done) op.done();
-  }
-
-  const bool threaded_;
-  std::thread thread_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::unique_ptr<Op>> queue_;
-  bool stop_ = false;
-  std::mutex inline_mu_;
-  std::vector<std::unique_ptr<Op>> inflight_;  // touched by one thread at a time
-};
 
 void on_terminate() {
   std::string message = "terminate called without an active exception";
@@ -354,7 +195,17 @@ class MpiCommunicator final : public Communicator {
         comm_(comm),
         owns_comm_(owns_comm),
         rank_(rank),
-        size_(size) {}
+        size_(size) {
+    // The arrival record (mpi_arrivals.h), so that a timeout names the ranks that never
+    // came; not for the transient bootstrap wrapper of MPI_COMM_WORLD.
+    if (owns_comm_ && size_ > 1 && size_ <= Arrivals::kMaxRanks) {
+      std::shared_ptr<Arrivals> a;
+      run_control([&] { a = std::make_shared<Arrivals>(comm_, rank_, size_, this->name()); },
+                  "MPI_Comm_dup (arrival record) on " + where());
+      arrivals_ = a;
+      engine_->add_poller(this, [a] { a->poll(); });
+    }
+  }
 
   ~MpiCommunicator() override {
     // Operations in flight still reference this communicator (statistics) and its MPI_Comm.
@@ -367,6 +218,11 @@ class MpiCommunicator final : public Communicator {
                               timeout(), where(), outstanding_.load()));
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    if (arrivals_) {
+      engine_->remove_poller(this);
+      std::shared_ptr<Arrivals> a = arrivals_;
+      run_control([a] { a->close(); }, "MPI_Comm_free (arrival record) on " + where());
     }
     if (owns_comm_) {
       MPI_Comm c = comm_;
@@ -595,6 +451,17 @@ class MpiCommunicator final : public Communicator {
   }
 
   std::shared_ptr<Work> submit(std::unique_ptr<Op> o) {
+    const bool collective = o->kind != Collective::Send && o->kind != Collective::Recv;
+    if (arrivals_ && collective && !o->control) {
+      // Number the collective; announce the arrival where (and when) it starts.
+      const int64_t seq = arrivals_->next();
+      std::shared_ptr<Arrivals> a = arrivals_;
+      o->start = [a, seq, inner = std::move(o->start)](MPI_Request* r) {
+        a->announce(seq);
+        inner(r);
+      };
+      o->work->set_timeout_detail([a, seq] { return a->missing(seq); });
+    }
     std::shared_ptr<Work> w = o->work;
     outstanding_.fetch_add(1);
     engine_->submit(std::move(o));
@@ -620,6 +487,7 @@ class MpiCommunicator final : public Communicator {
   int rank_;
   int size_;
   std::atomic<int> outstanding_{0};
+  std::shared_ptr<Arrivals> arrivals_;  // null: not kept (one rank, bootstrap, > kMaxRanks)
 };
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "data/shard.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 #include <fcntl.h>
@@ -7,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstdio>
@@ -166,16 +169,35 @@ ShardReader& ShardReader::operator=(ShardReader&& o) noexcept {
   return *this;
 }
 
-void ShardReader::read(int64_t start, int64_t n, int32_t* out) const {
+namespace {
+// Copies n tokens, widened without sign, stopping at the first >= limit: its index, or n.
+template <class T>
+int64_t copy_checked(const T* p, int64_t n, int32_t* out, uint64_t limit) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (static_cast<uint64_t>(p[i]) >= limit) return i;
+    out[i] = static_cast<int32_t>(p[i]);
+  }
+  return n;
+}
+}  // namespace
+
+void ShardReader::read(int64_t start, int64_t n, int32_t* out, int64_t vocab_size) const {
   KILN_CHECK(start >= 0 && n >= 0 && start + n <= count_, "shard {}: read [{}, {}) outside its {} tokens",
              path_.string(), start, start + n, count_);
+  const auto limit = static_cast<uint64_t>(std::clamp<int64_t>(vocab_size, 0, int64_t{INT32_MAX} + 1));
+  int64_t bad;
+  uint64_t id = 0;
   if (dtype_ == TokenDType::U16) {
     const auto* p = static_cast<const uint16_t*>(tokens_) + start;
-    for (int64_t i = 0; i < n; ++i) out[i] = p[i];
+    bad = copy_checked(p, n, out, limit);
+    if (bad < n) id = p[bad];
   } else {
     const auto* p = static_cast<const uint32_t*>(tokens_) + start;
-    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(p[i]);
+    bad = copy_checked(p, n, out, limit);
+    if (bad < n) id = p[bad];
   }
+  KILN_CHECK(bad == n, "{}: token {} at position {} is >= vocab_size {} (a shard of another "
+             "vocabulary?)", path_.string(), id, start + bad, vocab_size);
 }
 
 }  // namespace kiln::data

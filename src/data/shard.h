@@ -10,6 +10,7 @@
 // kiln uses version 1 when vocab_size <= 65535 and version 2 otherwise.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -90,9 +91,11 @@ class ShardReader {
     return dtype_ == TokenDType::U16 ? static_cast<int32_t>(static_cast<const uint16_t*>(tokens_)[i])
                                      : static_cast<int32_t>(static_cast<const uint32_t*>(tokens_)[i]);
   }
-  /// Copies tokens [start, start + n) to out as int32. Throws kiln::Error when the range
-  /// is outside the shard.
-  void read(int64_t start, int64_t n, int32_t* out) const;
+  /// Copies tokens [start, start + n) to out as int32, checking each (as unsigned, for
+  /// every width) against `vocab_size`. Throws kiln::Error when the range is outside the
+  /// shard, or for the first token >= vocab_size, naming the file, the token and its
+  /// position in the shard: "<file>: token 4294967295 at position 17 is >= vocab_size 257".
+  void read(int64_t start, int64_t n, int32_t* out, int64_t vocab_size = INT32_MAX) const;
 
  private:
   void close();

@@ -20,8 +20,8 @@ namespace kiln {
 
 struct AdamWConfig {
   float lr = 6e-4f;
-  float beta1 = 0.9f;
-  float beta2 = 0.95f;
+  double beta1 = 0.9;  // doubles, as PyTorch's (bias corrections are computed in double)
+  double beta2 = 0.95;
   float eps = 1e-8f;
   float weight_decay = 0.1f;  // applied to parameters with ParamSpec::weight_decay
   /// bf16 parameters written back from the fp32 masters with stochastic rounding

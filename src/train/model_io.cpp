@@ -31,8 +31,8 @@ GPT2Config gpt2_config_from(const TrainConfig& config) {
 AdamWConfig adamw_config_from(const TrainConfig& config) {
   AdamWConfig oc;
   oc.lr = static_cast<float>(config.optim.lr);
-  oc.beta1 = static_cast<float>(config.optim.beta1);
-  oc.beta2 = static_cast<float>(config.optim.beta2);
+  oc.beta1 = config.optim.beta1;
+  oc.beta2 = config.optim.beta2;
   oc.eps = static_cast<float>(config.optim.eps);
   oc.weight_decay = static_cast<float>(config.optim.weight_decay);
   oc.stochastic_rounding = config.train.stochastic_rounding != 0;

@@ -74,20 +74,21 @@ void TrainStep::init_weights(uint64_t seed) {
   optimizer_->sync_master_from_params();
 }
 
-void TrainStep::dp_sum(std::vector<float>& values) {
-  if (comm_.size() == 1) return;
-  Tensor t = Tensor::view(values.data(), Shape{static_cast<int64_t>(values.size())}, DType::F32);
-  comm_.all_reduce(t);
+void TrainStep::dp_sum(std::span<int64_t> values) {
+  if (comm_.size() > 1) comm_.all_reduce_sum(values);
+}
+void TrainStep::dp_sum(std::span<double> values) {
+  if (comm_.size() > 1) comm_.all_reduce_sum(values);
 }
 
 StepResult TrainStep::run(const int32_t* inputs, const int32_t* targets, int64_t update) {
   const int B = config_.train.micro_batch, T = config_.train.seq_len;
   const int dp_size = comm_.size(), dp_rank = comm_.rank();
   const size_t per_micro = static_cast<size_t>(B) * T;
-  std::vector<float> count{0.f};
-  for (size_t i = 0; i < per_micro * static_cast<size_t>(accum_); ++i) count[0] += targets[i] != -1 ? 1.f : 0.f;
-  dp_sum(count);
-  const auto n_targets = static_cast<int64_t>(count[0]);
+  // Target count and loss sum over the data-parallel group, exact in 64 bits.
+  int64_t n_targets = 0;
+  for (size_t i = 0; i < per_micro * static_cast<size_t>(accum_); ++i) n_targets += targets[i] != -1 ? 1 : 0;
+  dp_sum(std::span<int64_t>(&n_targets, 1));
   KILN_CHECK(n_targets > 0, "step {}: the global batch has no target tokens", update + 1);
   const float grad_scale = static_cast<float>(scaler_.scale) / static_cast<float>(n_targets);
   announce(StepPhase::Data);
@@ -118,9 +119,8 @@ StepResult TrainStep::run(const int32_t* inputs, const int32_t* targets, int64_t
   announce(StepPhase::Optimizer);
   auto optimizer_scope = profile::trace_scope("optimizer");
   StepResult r;
-  std::vector<float> loss{static_cast<float>(loss_sum)};
-  if (dp_size > 1) dp_sum(loss);
-  r.loss = (dp_size > 1 ? loss[0] : loss_sum) / static_cast<double>(n_targets);
+  dp_sum(std::span<double>(&loss_sum, 1));
+  r.loss = loss_sum / static_cast<double>(n_targets);
   // Summed over all ranks: every rank sees the same value and takes the same decision.
   const double sumsq = dp_->grad_sum_squares();
   r.lr = static_cast<float>(learning_rate(config_, update));

@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 
 namespace kiln {
 
@@ -96,8 +97,9 @@ class TrainStep {
   void announce(StepPhase p) {
     if (observer_) observer_->on_phase(p);
   }
-  /// Sums `values` over the data-parallel group.
-  void dp_sum(std::vector<float>& values);
+  /// Sums `values` over the data-parallel group, exactly in 64 bits.
+  void dp_sum(std::span<int64_t> values);
+  void dp_sum(std::span<double> values);
 
   TrainConfig config_;
   Backend& backend_;

@@ -21,6 +21,7 @@
 #include <fstream>
 #include <limits>
 #include <optional>
+#include <utility>
 
 namespace kiln {
 
@@ -106,6 +107,8 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   }
   if (resume_dir) {
     load_checkpoint(*resume_dir);
+    if (is_rank0_) abandon_newer_checkpoints(*resume_dir);
+    world_->barrier();
   } else {
     KILN_CHECK(checkpoint::list_checkpoint_dirs(ckpt_root).empty(),
                "{} already holds checkpoints: pass --resume auto to continue, or choose another "
@@ -154,10 +157,8 @@ void Trainer::init_weights() {
   if (options_.verbose) fmt::print("kiln: initialised from {}\n", config_.model.init_from);
 }
 
-void Trainer::dp_sum(std::vector<float>& values) {
-  if (dp_size_ == 1) return;
-  Tensor t = Tensor::view(values.data(), Shape{static_cast<int64_t>(values.size())}, DType::F32);
-  mesh_->comm(Axis::DP).all_reduce(t);
+void Trainer::dp_sum(std::span<double> values) {
+  if (dp_size_ > 1) mesh_->comm(Axis::DP).all_reduce_sum(values);
 }
 
 std::vector<std::vector<int64_t>> Trainer::memory_by_rank() {
@@ -224,7 +225,6 @@ double Trainer::evaluate() {
   const int64_t per_call = int64_t{B} * dp_size_;
   const int64_t calls = std::max<int64_t>(
       1, std::min<int64_t>(int64_t{config_.eval.batches} * accum_, val.samples_per_epoch() / per_call));
-  std::vector<float> sums{0.f, 0.f};
   double loss_sum = 0.0;
   int64_t n = 0;
   for (int64_t i = 0; i < calls; ++i) {
@@ -236,9 +236,8 @@ double Trainer::evaluate() {
     loss_sum += l.sum;
     n += l.targets;
   }
-  if (dp_size_ == 1) return n > 0 ? loss_sum / static_cast<double>(n) : 0.0;
-  sums = {static_cast<float>(loss_sum), static_cast<float>(n)};
-  dp_sum(sums);
+  double sums[2] = {loss_sum, static_cast<double>(n)};
+  dp_sum(std::span<double>(sums, 2));
   return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
 }
 
@@ -304,6 +303,7 @@ TrainResult Trainer::run() {
   r.first_step = step_;
   std::optional<MetricsLog> metrics;
   if (is_rank0_) metrics.emplace(run_dir_, step_);
+  if (metrics && !rollback_record_.is_null()) metrics->write(std::exchange(rollback_record_, nullptr));
   const double world_peak = peak_flops_ * world_->size();
   const int64_t tokens_per_step =
       static_cast<int64_t>(config_.train.global_batch) * static_cast<int64_t>(seq_len_);

@@ -28,6 +28,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 
 namespace kiln {
@@ -82,11 +83,18 @@ class Trainer {
   LossScaler& scaler() { return one_step_->scaler(); }
   void save_checkpoint();
   void load_checkpoint(const std::filesystem::path& dir);
+  /// Rank 0, after load_checkpoint(): a rollback (checkpoints newer than the resumed step
+  /// exist) moves them to ckpt/abandoned/ (checkpoint::move_checkpoints_aside), copies
+  /// metrics.jsonl beside them and prepares the "rollback" record for metrics.jsonl.
+  void abandon_newer_checkpoints(const std::filesystem::path& resumed_from);
+  /// What identifies the training data in a checkpoint: tokenizer hash, vocabulary size,
+  /// train tokens.
+  nlohmann::json data_fingerprint() const;
   void maybe_sample();
   void summarize_communication(TrainResult& r, int64_t timed_steps);
   void init_weights();
-  /// Sums `values` over the data-parallel group (no-op for one rank).
-  void dp_sum(std::vector<float>& values);
+  /// Sums `values` over the data-parallel group, exactly in 64 bits (no-op for one rank).
+  void dp_sum(std::span<double> values);
   /// Per-rank memory by category, gathered to every rank: [rank][category] bytes.
   std::vector<std::vector<int64_t>> memory_by_rank();
 
@@ -110,6 +118,7 @@ class Trainer {
   double peak_flops_ = 0.0;
   bool fp16_ = false;  // dynamic loss scaling (TrainStep's LossScaler)
   bool last_skipped_ = false;
+  nlohmann::json rollback_record_;  // written first to metrics.jsonl by run(); null: none
   Tensor tokens_, targets_;  // [micro_batch, T] int32 on the device (evaluation)
 };
 

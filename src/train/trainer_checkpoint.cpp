@@ -16,15 +16,19 @@ void Trainer::save_checkpoint() {
   auto scope = profile::trace_scope("checkpoint");
   const fs::path root = run_dir_ / "ckpt";
   const fs::path dir = root / checkpoint::checkpoint_dir_name(step_);
-  if (fs::exists(dir / checkpoint::kManifestName)) return;  // already saved at this step
-  if (is_rank0_) fs::create_directories(root);
+  // A checkpoint of this step may exist already (after a rollback, or a damaged one):
+  // commit() replaces it atomically.
   if (dp_size_ > 1 && config_.parallel.zero_stage < 3)  // replicas must not have drifted
     check_same_on_all_ranks(mesh_->comm(Axis::DP), "parameters (data-parallel replicas)",
                             dp_->replica_hash());
-  world_->barrier();
   // Every rank writes the slices it holds (named global tensors, any layout can read
   // them back); rank 0 commits the manifest once all rank files are on disk.
   checkpoint::CheckpointWriter writer(dir, world_->rank(), world_->size());
+  if (is_rank0_) {
+    fs::create_directories(root);
+    writer.discard_stale_tmp_dir();  // what an interrupted save of this step left
+  }
+  world_->barrier();
   std::vector<std::vector<float>> keep;
   // Parameters as fp32 global tensors (the master weights under mixed precision, so a
   // resume, a reshard or an export loses nothing); the low-precision copies too, under
@@ -54,6 +58,7 @@ void Trainer::save_checkpoint() {
         {"optimizer_step", optimizer_->step_count()},
         {"loader", {{"epoch", ls.epoch}, {"index", ls.index}}},
         {"seed", config_.train.seed},
+        {"data", data_fingerprint()},
         {"global_batch", config_.train.global_batch},
         {"seq_len", seq_len_},
         {"config_hash", config_.hash()},
@@ -74,9 +79,47 @@ void Trainer::save_checkpoint() {
   world_->barrier();
 }
 
+nlohmann::json Trainer::data_fingerprint() const {
+  const data::DatasetMeta& meta = train_loader_->meta();
+  return {{"tokenizer_hash", meta.tokenizer_hash}, {"vocab_size", meta.vocab_size},
+          {"train_tokens", train_loader_->total_tokens()}};
+}
+
+void Trainer::abandon_newer_checkpoints(const fs::path& resumed_from) {
+  const fs::path root = run_dir_ / "ckpt";
+  const auto moved = checkpoint::move_checkpoints_aside(root, step_);
+  if (moved.empty()) return;
+  // The abandoned run's metrics go with its checkpoints (the run's own metrics.jsonl
+  // drops the steps after step_ when it reopens).
+  const fs::path dest = moved.front().second.parent_path();
+  std::error_code ec;
+  if (fs::exists(run_dir_ / "metrics.jsonl", ec))
+    fs::copy_file(run_dir_ / "metrics.jsonl", dest / "metrics.jsonl", ec);
+  nlohmann::json steps = nlohmann::json::array();
+  for (const auto& [from, to] : moved)
+    steps.push_back(checkpoint::parse_checkpoint_dir_name(from.filename().string()).value_or(-1));
+  rollback_record_ = {{"step", step_}, {"event", "rollback"}, {"resumed_from", resumed_from.string()},
+                      {"abandoned_steps", steps}, {"moved_to", dest.string()}};
+  fmt::print(stderr, "kiln: rollback: resuming at step {} from {}; the {} newer checkpoint(s) (steps "
+             "{}) moved to {}\n", step_, resumed_from.string(), moved.size(), steps.dump(),
+             dest.string());
+}
+
 void Trainer::load_checkpoint(const fs::path& dir) {
   checkpoint::CheckpointReader reader(dir);
   const auto& st = reader.state();
+  // What fixes the data order must not change mid-run: the seed (the epoch's shuffle) and
+  // the data set (the token stream); batch shape below.
+  KILN_CHECK(st.at("seed").get<int64_t>() == config_.train.seed,
+             "{}: train.seed is {} but the checkpoint was saved with {}: the current epoch's data "
+             "order depends on it (resume with --set train.seed={}, or start a new run)",
+             dir.string(), config_.train.seed, st.at("seed").get<int64_t>(),
+             st.at("seed").get<int64_t>());
+  if (st.contains("data"))  // absent in checkpoints written before it was recorded
+    KILN_CHECK(st.at("data") == data_fingerprint(),
+               "{}: data.dir {} holds other data than the checkpoint's ({} vs {}): resuming would "
+               "read another token stream (use the same data, or start a new run)", dir.string(),
+               config_.data.dir, data_fingerprint().dump(), st.at("data").dump());
   KILN_CHECK(st.at("seq_len").get<int>() == seq_len_ &&
                  st.at("global_batch").get<int>() == config_.train.global_batch,
              "{}: saved with global_batch {} and seq_len {}, this run has {} and {}; exact resume "

@@ -1,6 +1,7 @@
 // Sharded checkpoints: flat range -> boxes, writing under one layout and reading under
 // another, atomic commit, corruption detection with fallback, pruning.
 #include "checkpoint/checkpoint.h"
+#include "checkpoint_test_util.h"
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -10,30 +11,13 @@
 #include <fstream>
 #include <numeric>
 #include <random>
+#include <sstream>
 
 namespace kiln::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A fresh directory under the system temp dir, removed at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    static int counter = 0;
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() /
-            fmt::format("kiln_ckpt_{}_{}_{}_{}", ::getpid(), info ? info->name() : "x", counter++,
-                        std::random_device{}());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using namespace test;
 
 std::vector<int64_t> dims(const Shape& s) {
   std::vector<int64_t> d;
@@ -121,72 +105,6 @@ TEST(CheckpointNames, DirNames) {
   EXPECT_FALSE(parse_checkpoint_dir_name(".tmp_step_00000001"));
   EXPECT_EQ(rank_file_stem(3), "rank_00003");
   EXPECT_EQ(buffer_crc32("123456789", 9), 0xCBF43926u);  // the standard CRC-32 check value
-}
-
-// A model-like set of parameters in one flat fp32 buffer.
-struct FlatModel {
-  std::vector<std::pair<std::string, Shape>> params;
-  std::vector<int64_t> offsets;
-  std::vector<float> data;
-  int64_t size = 0;
-
-  FlatModel() {
-    params = {{"wte", Shape{13, 6}}, {"ln.w", Shape{6}},     {"qkv", Shape{2, 3, 6, 6}},
-              {"bias", Shape{18}},   {"scalar", Shape{}},    {"proj", Shape{6, 7}}};
-    for (const auto& [name, shape] : params) {
-      offsets.push_back(size);
-      size += shape.numel();
-    }
-    data.resize(static_cast<size_t>(size));
-    for (int64_t i = 0; i < size; ++i) data[static_cast<size_t>(i)] = 0.25f * static_cast<float>(i) - 7.f;
-  }
-
-  // Adds the part of every parameter inside the flat buffer range [lo, hi).
-  void add_shard(CheckpointWriter& w, int64_t lo, int64_t hi) const {
-    for (size_t p = 0; p < params.size(); ++p) {
-      const int64_t b = std::max(lo, offsets[p]);
-      const int64_t e = std::min(hi, offsets[p] + params[p].second.numel());
-      if (b >= e) continue;
-      w.add_flat_range(params[p].first, params[p].second, DType::F32, b - offsets[p],
-                       e - offsets[p], data.data() + b);
-    }
-  }
-
-  // Reads [lo, hi) of the flat buffer back through the reader, parameter by parameter.
-  std::vector<float> read_shard(const CheckpointReader& r, int64_t lo, int64_t hi) const {
-    std::vector<float> out(static_cast<size_t>(hi - lo), -999.f);
-    for (size_t p = 0; p < params.size(); ++p) {
-      const int64_t b = std::max(lo, offsets[p]);
-      const int64_t e = std::min(hi, offsets[p] + params[p].second.numel());
-      if (b >= e) continue;
-      r.read_flat_range(params[p].first, b - offsets[p], e - offsets[p], out.data() + (b - lo),
-                        DType::F32);
-    }
-    return out;
-  }
-};
-
-// Splits [0, n) into `parts` uneven chunks.
-std::vector<int64_t> split_points(int64_t n, int parts, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::vector<int64_t> pts = {0, n};
-  while (static_cast<int>(pts.size()) < parts + 1) pts.push_back(std::uniform_int_distribution<int64_t>(1, n - 1)(rng));
-  std::sort(pts.begin(), pts.end());
-  return pts;
-}
-
-// Writes a FlatModel as `world` simulated ranks (all in this process) and commits.
-void write_sharded(const FlatModel& m, const fs::path& dir, int world, unsigned seed,
-                   const nlohmann::json& state = {{"step", 1}},
-                   const std::map<std::string, std::string>& extra = {}) {
-  const auto pts = split_points(m.size, world, seed);
-  std::vector<std::unique_ptr<CheckpointWriter>> writers;
-  for (int r = 0; r < world; ++r) {
-    writers.push_back(std::make_unique<CheckpointWriter>(dir, r, world));
-    m.add_shard(*writers.back(), pts[r], pts[r + 1]);
-  }
-  for (int r = world - 1; r >= 0; --r) writers[r]->write_rank_files();
-  writers[0]->commit(state, extra);
 }
 
 TEST(Checkpoint, WorldSizeOneRoundTrip) {
@@ -404,27 +322,6 @@ TEST(Checkpoint, AtomicCommit) {
   EXPECT_EQ(m.read_shard(r, 0, m.size), m.data);
 }
 
-// Flips one byte in the middle of a file.
-void flip_byte(const fs::path& p) {
-  std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
-  const auto size = fs::file_size(p);
-  f.seekg(static_cast<std::streamoff>(size / 2));
-  char c;
-  f.read(&c, 1);
-  c ^= 0x10;
-  f.seekp(static_cast<std::streamoff>(size / 2));
-  f.write(&c, 1);
-}
-
-std::string open_error(const fs::path& dir) {
-  try {
-    CheckpointReader r(dir);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 TEST(Checkpoint, CorruptionRejectedWithFallback) {
   TempDir tmp;
   FlatModel m;
@@ -506,6 +403,96 @@ TEST(Checkpoint, Prune) {
   EXPECT_EQ(prune_checkpoints(tmp.path(), 0),
             (std::vector<fs::path>{tmp.path() / ".tmp_step_00000900"}));
   EXPECT_EQ(list_checkpoint_dirs(tmp.path()).size(), 2u);
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write_text(const fs::path& p, const std::string& text) {
+  fs::remove(p);
+  std::ofstream(p, std::ios::binary) << text;
+}
+
+// The manifest checks its own content: one changed digit of the state is caught.
+TEST(Checkpoint, ManifestChecksum) {
+  TempDir tmp;
+  FlatModel m;
+  write_sharded(m, tmp.path() / "step_00000001", 2, 1, {{"step", 1}, {"loader", {{"index", 1234}}}});
+  write_sharded(m, tmp.path() / "step_00000002", 2, 2, {{"step", 2}, {"loader", {{"index", 5678}}}});
+  const fs::path mpath = tmp.path() / "step_00000002" / "manifest.json";
+  const std::string good = read_text(mpath);
+  EXPECT_NE(good.find("\"manifest_crc32\""), std::string::npos);
+  std::string bad = good;
+  bad.replace(bad.find("5678"), 4, "5679");
+  write_text(mpath, bad);
+  std::string err = open_error(tmp.path() / "step_00000002");
+  EXPECT_NE(err.find("checksum mismatch"), std::string::npos) << err;
+  EXPECT_NE(err.find("manifest.json"), std::string::npos) << err;
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(find_latest_checkpoint(tmp.path()), tmp.path() / "step_00000001");
+  testing::internal::GetCapturedStderr();
+
+  // Version 2 without its checksum is refused; version 1 (written before it existed) loads.
+  nlohmann::json j = nlohmann::json::parse(good);
+  j.erase("manifest_crc32");
+  write_text(mpath, j.dump(1));
+  err = open_error(tmp.path() / "step_00000002");
+  EXPECT_NE(err.find("manifest_crc32"), std::string::npos) << err;
+  j["format_version"] = 1;
+  write_text(mpath, j.dump(1));
+  CheckpointReader r(tmp.path() / "step_00000002");
+  EXPECT_EQ(r.state()["loader"]["index"], 5678);
+  EXPECT_EQ(m.read_shard(r, 0, m.size), m.data);
+  j["format_version"] = 3;
+  write_text(mpath, j.dump(1));
+  err = open_error(tmp.path() / "step_00000002");
+  EXPECT_NE(err.find("format version 3"), std::string::npos) << err;
+}
+
+// A damaged checkpoint (right sizes, bad checksum) is not counted: keep = 2 keeps two
+// valid ones.
+TEST(Checkpoint, PruneKeepsOnlyVerifiedCheckpoints) {
+  TempDir tmp;
+  FlatModel m;
+  for (int s : {1, 2, 3}) write_sharded(m, tmp.path() / checkpoint_dir_name(s), 2, s);
+  flip_byte(tmp.path() / "step_00000003" / "rank_00001.safetensors");
+  testing::internal::CaptureStderr();
+  const auto removed = prune_checkpoints(tmp.path(), 2);
+  const std::string warnings = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(removed, (std::vector<fs::path>{tmp.path() / "step_00000003"}));
+  EXPECT_NE(warnings.find("step_00000003"), std::string::npos) << warnings;
+  EXPECT_NO_THROW(verify_checkpoint(tmp.path() / "step_00000002"));
+  EXPECT_NO_THROW(verify_checkpoint(tmp.path() / "step_00000001"));
+  // The newest valid one is never removed, whatever is newer.
+  fs::create_directories(tmp.path() / "step_00000009");
+  testing::internal::CaptureStderr();
+  prune_checkpoints(tmp.path(), 1);
+  testing::internal::GetCapturedStderr();
+  EXPECT_EQ(list_checkpoint_dirs(tmp.path()), (std::vector<fs::path>{tmp.path() / "step_00000002"}));
+}
+
+TEST(Checkpoint, MoveAsideKeepsAbandonedCheckpoints) {
+  TempDir tmp;
+  FlatModel m;
+  for (int s : {1, 2, 3}) write_sharded(m, tmp.path() / checkpoint_dir_name(s), 1, s);
+  auto moved = move_checkpoints_aside(tmp.path(), 1);
+  ASSERT_EQ(moved.size(), 2u);
+  const fs::path dest = tmp.path() / "abandoned" / "from_step_00000001";
+  EXPECT_EQ(moved[0], std::make_pair(tmp.path() / "step_00000003", dest / "step_00000003"));
+  EXPECT_NO_THROW(verify_checkpoint(dest / "step_00000002"));
+  EXPECT_EQ(list_checkpoint_dirs(tmp.path()), (std::vector<fs::path>{tmp.path() / "step_00000001"}));
+  EXPECT_TRUE(move_checkpoints_aside(tmp.path(), 1).empty());
+  // A second rollback to the same step goes to a new folder; pruning never touches them.
+  write_sharded(m, tmp.path() / checkpoint_dir_name(2), 1, 2);
+  moved = move_checkpoints_aside(tmp.path(), 1);
+  ASSERT_EQ(moved.size(), 1u);
+  EXPECT_EQ(moved[0].second, tmp.path() / "abandoned" / "from_step_00000001.1" / "step_00000002");
+  prune_checkpoints(tmp.path(), 1);
+  EXPECT_TRUE(fs::exists(dest / "step_00000003"));
 }
 
 }  // namespace

@@ -3,10 +3,13 @@
 //   timeout  the last rank skips a collective (and sleeps); the others' wait times out.
 //   exit     the last rank calls exit(3) mid-job without shutting MPI down.
 //   exit0    the same with exit(0): mpirun still ends the job as a failure.
+//   stop     the last rank stops itself (SIGSTOP, as a hung or frozen process): the others
+//            time out naming it as the rank that did not arrive.
 // In every case each rank must end with a non-zero status well before the ctest limit.
 #include "comm/communicator.h"
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -16,8 +19,8 @@
 int main(int argc, char** argv) {
   using namespace kiln;
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (mode != "throw" && mode != "timeout" && mode != "exit" && mode != "exit0") {
-    std::fprintf(stderr, "usage: %s throw|timeout|exit|exit0\n", argv[0]);
+  if (mode != "throw" && mode != "timeout" && mode != "exit" && mode != "exit0" && mode != "stop") {
+    std::fprintf(stderr, "usage: %s throw|timeout|exit|exit0|stop\n", argv[0]);
     return 2;
   }
   std::unique_ptr<Communicator> world = make_world_communicator();
@@ -28,6 +31,7 @@ int main(int argc, char** argv) {
     if (mode == "throw") throw std::runtime_error("deliberate failure in the test");
     if (mode == "exit") std::exit(3);
     if (mode == "exit0") std::exit(0);  // "success" without shutting MPI down
+    if (mode == "stop") ::raise(SIGSTOP);
     std::this_thread::sleep_for(std::chrono::seconds(120));  // timeout: never joins
   }
   std::vector<float> y(1000, 1.f);

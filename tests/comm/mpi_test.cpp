@@ -66,6 +66,24 @@ TEST(Comm, AllReduceSumEveryDtypeAndSize) {
   }
 }
 
+// Token counts past 2^24 and 2^32 and loss sums that fp32 would round: exact in 64 bits.
+TEST(Comm, AllReduceSumInt64AndFp64Exact) {
+  Communicator& c = world();
+  const int n = c.size(), r = c.rank();
+  std::vector<int64_t> counts = {(int64_t{1} << 24) + 1 + r, (int64_t{1} << 40) + 3 * r, -r};
+  c.all_reduce_sum(counts);
+  const int64_t ranks_sum = int64_t{n} * (n - 1) / 2;
+  EXPECT_EQ(counts[0], n * ((int64_t{1} << 24) + 1) + ranks_sum);
+  EXPECT_EQ(counts[1], n * (int64_t{1} << 40) + 3 * ranks_sum);
+  EXPECT_EQ(counts[2], -ranks_sum);
+  std::vector<double> sums = {16777217.0 + r, 0.1 * (r + 1)};
+  c.all_reduce_sum(sums);
+  EXPECT_EQ(sums[0], 16777217.0 * n + static_cast<double>(ranks_sum));
+  double want = 0.0;  // the fp64 sum in rank order, bitwise
+  for (int k = 0; k < n; ++k) want += 0.1 * (k + 1);
+  EXPECT_EQ(sums[1], want);
+}
+
 TEST(Comm, AllReduceMax) {
   Communicator& c = world();
   for (DType d : kAllDtypes) {

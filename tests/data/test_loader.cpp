@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
 #include <numeric>
 
 using namespace kiln::data;
@@ -183,5 +184,41 @@ TEST(DataLoader, Errors) {
     FAIL();
   } catch (const kiln::Error& e) {
     EXPECT_NE(std::string(e.what()).find("train_000001.bin"), std::string::npos) << e.what();
+  }
+}
+
+// uint32 shards: ids at or above 2^31 are out of the vocabulary like any other (they used
+// to pass as negative int32), reported with file and position; the last token too.
+TEST(DataLoader, Uint32IdsAbove2To31AreRejectedWithFileAndPosition) {
+  for (const uint32_t bad : {0xFFFFFFFFu, 0x80000000u, 100000u}) {
+    for (const int64_t pos : {int64_t{20}, int64_t{39}}) {  // inside, and the stream's last token
+      TempDir dir;
+      DatasetMeta m;
+      m.tokenizer_kind = "byte";
+      m.tokenizer_hash = "0123456789abcdef";
+      m.vocab_size = 100000;
+      m.eot_id = 0;
+      m.dtype = TokenDType::U32;
+      m.documents = 1;
+      m.splits["train"].shards.push_back({"train_000000.bin", 40});
+      m.splits["train"].tokens = 40;
+      write_shard(dir / "train_000000.bin", std::vector<int32_t>(40, 99999), TokenDType::U32);
+      {
+        std::fstream f(dir / "train_000000.bin", std::ios::in | std::ios::out | std::ios::binary);
+        f.seekp(kShardHeaderBytes + 4 * pos);
+        f.write(reinterpret_cast<const char*>(&bad), 4);  // little-endian host
+      }
+      write_dataset_meta(dir.path(), m);
+      DataLoader l(dir.path(), "train", 13, 0, false);  // 3 samples of 14 tokens: 0..39
+      std::vector<int32_t> in(13), tg(13);
+      std::string err;
+      try {
+        for (int i = 0; i < 3; ++i) l.next_batch(in.data(), tg.data(), 1);
+      } catch (const kiln::Error& e) {
+        err = e.what();
+      }
+      EXPECT_NE(err.find("train_000000.bin"), std::string::npos) << bad << " at " << pos << ": " << err;
+      EXPECT_NE(err.find(fmt::format("token {} at position {}", bad, pos)), std::string::npos) << err;
+    }
   }
 }

@@ -271,5 +271,105 @@ TEST(Trainer, BadInputIsAClearError) {
   }
 }
 
+// A rollback: resume from step 5 while step 10 exists (lower lr after a loss spike), get
+// preempted at step 10 again. The abandoned step 10 is moved aside (not deleted, never
+// resumed), the rollback is in metrics.jsonl, and the new step 10 replaces it.
+TEST(Trainer, RollbackMovesNewerCheckpointsAsideAndSavesTheirStepsAgain) {
+  TempDir tmp;
+  const fs::path data = make_dataset(tmp.path);
+  TrainConfig c = tiny_config(data, tmp.path / "run", 12);
+  c.checkpoint.every = 5;
+  c.checkpoint.keep = 0;
+  c.eval.every = 0;
+  { Trainer(c, quiet("", 10)).run(); }
+  const fs::path root = tmp.path / "run" / "ckpt";
+  const auto old10 = checkpoint::CheckpointReader(root / "step_00000010").read_f32("transformer.wte.weight");
+  c.optim.lr = 1e-3;
+  {
+    Trainer t(c, quiet((root / "step_00000005").string(), 10));
+    EXPECT_EQ(t.step(), 5);
+    t.run();
+  }
+  const fs::path aside = root / "abandoned" / "from_step_00000005" / "step_00000010";
+  EXPECT_NO_THROW(checkpoint::verify_checkpoint(aside));
+  EXPECT_EQ(checkpoint::CheckpointReader(aside).read_f32("transformer.wte.weight"), old10);
+  EXPECT_TRUE(fs::exists(aside.parent_path() / "metrics.jsonl"));
+  const auto m = read_metrics(tmp.path / "run");
+  int rollbacks = 0;
+  for (const auto& r : m) {
+    if (r.value("event", "") != "rollback") continue;
+    ++rollbacks;
+    EXPECT_EQ(r["step"], 5);
+    EXPECT_EQ(r["abandoned_steps"], nlohmann::json::array({10}));
+  }
+  EXPECT_EQ(rollbacks, 1);
+  // --resume auto continues the new trajectory: its step 10, not the abandoned one.
+  Trainer t(c, quiet("auto"));
+  EXPECT_EQ(t.step(), 10);
+  const auto new10 = checkpoint::CheckpointReader(root / "step_00000010").read_f32("transformer.wte.weight");
+  EXPECT_NE(new10, old10);
+  EXPECT_EQ(checkpoint::find_latest_checkpoint(root), root / "step_00000010");
+}
+
+// A damaged newest checkpoint is skipped and, once the run gets there again, replaced:
+// a job preempted at that step makes progress.
+TEST(Trainer, DamagedNewestCheckpointIsReplaced) {
+  TempDir tmp;
+  const fs::path data = make_dataset(tmp.path);
+  TrainConfig c = tiny_config(data, tmp.path / "run", 12);
+  c.checkpoint.every = 5;
+  c.checkpoint.keep = 0;
+  c.eval.every = 0;
+  { Trainer(c, quiet("", 10)).run(); }
+  const fs::path root = tmp.path / "run" / "ckpt";
+  const fs::path f = root / "step_00000010" / "rank_00000.safetensors";
+  fs::resize_file(f, fs::file_size(f) - 10);
+  {
+    Trainer t(c, quiet("auto", 10));
+    EXPECT_EQ(t.step(), 5);
+    t.run();
+  }
+  Trainer t(c, quiet("auto"));
+  EXPECT_EQ(t.step(), 10);
+}
+
+// The seed fixes the epoch's shuffle: changing it on resume is refused, naming the key.
+TEST(Trainer, ResumeWithAnotherSeedIsRefused) {
+  TempDir tmp;
+  const fs::path data = make_dataset(tmp.path);
+  TrainConfig c = tiny_config(data, tmp.path / "run", 4);
+  { Trainer(c, quiet("", 2)).run(); }
+  c.train.seed = 7;
+  try {
+    Trainer t(c, quiet("auto"));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("train.seed"), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  }
+  // Other data (another corpus in data.dir) is refused too.
+  const fs::path other = tmp.path / "other";
+  fs::create_directories(other);
+  {
+    std::ofstream out(other / "corpus.txt");
+    for (int i = 0; i < 900; ++i) out << "let there be light ";
+  }
+  data::PrepareOptions o;
+  o.inputs = {other / "corpus.txt"};
+  o.out_dir = other / "data";
+  o.tokenizer = "byte";
+  o.val_fraction = 0.1;
+  data::prepare_dataset(o);
+  c.train.seed = tiny_config(data, tmp.path / "run", 4).train.seed;
+  c.data.dir = (other / "data").string();
+  try {
+    Trainer t(c, quiet("auto"));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("data.dir"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace kiln

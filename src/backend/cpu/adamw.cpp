@@ -8,17 +8,19 @@ namespace kiln::cpu {
 
 template <class G>
 void adamw(float* param, const G* grad, float* m, float* v, int64_t n, const AdamWParams& hp) {
-  const float b1 = hp.beta1, b2 = hp.beta2;
-  const float bc1 = 1.f - static_cast<float>(std::pow(static_cast<double>(b1), hp.step));
-  const float bc2 = 1.f - static_cast<float>(std::pow(static_cast<double>(b2), hp.step));
-  const float step_size = hp.lr / bc1;
-  const float bc2_sqrt = std::sqrt(bc2);
+  const float b1 = static_cast<float>(hp.beta1), b2 = static_cast<float>(hp.beta2);
+  const float omb1 = static_cast<float>(1.0 - hp.beta1), omb2 = static_cast<float>(1.0 - hp.beta2);
+  // Bias corrections in double (as torch.optim.AdamW), rounded to fp32 once.
+  const double bc1 = 1.0 - std::pow(hp.beta1, static_cast<double>(hp.step));
+  const double bc2 = 1.0 - std::pow(hp.beta2, static_cast<double>(hp.step));
+  const auto step_size = static_cast<float>(static_cast<double>(hp.lr) / bc1);
+  const auto bc2_sqrt = static_cast<float>(std::sqrt(bc2));
   const float decay = 1.f - hp.lr * hp.weight_decay;
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float g = load(grad[i]) * hp.grad_scale;
-    const float mi = b1 * m[i] + (1.f - b1) * g;
-    const float vi = b2 * v[i] + (1.f - b2) * g * g;
+    const float mi = b1 * m[i] + omb1 * g;
+    const float vi = b2 * v[i] + omb2 * g * g;
     m[i] = mi;
     v[i] = vi;
     param[i] = param[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + hp.eps);

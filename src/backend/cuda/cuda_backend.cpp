@@ -372,17 +372,17 @@ class CudaBackend final : public Backend {
     const Elem e = elem(param, "adamw");
     // fp32 master weights with fp32 or bf16 gradients, or parameter and gradient alike.
     const Elem g = elem(grad, "adamw grad");
-    const double bc1 = 1.0 - std::pow(static_cast<double>(hp.beta1), static_cast<double>(hp.step));
-    const double bc2 = 1.0 - std::pow(static_cast<double>(hp.beta2), static_cast<double>(hp.step));
+    const double bc1 = 1.0 - std::pow(hp.beta1, static_cast<double>(hp.step));
+    const double bc2 = 1.0 - std::pow(hp.beta2, static_cast<double>(hp.step));
     cuda::AdamWArgs a{};
     a.lr = hp.lr;
-    a.beta1 = hp.beta1;
-    a.beta2 = hp.beta2;
+    a.beta1 = static_cast<float>(hp.beta1);
+    a.beta2 = static_cast<float>(hp.beta2);
     a.eps = hp.eps;
     a.grad_scale = hp.grad_scale;
-    // The CPU backend's float arithmetic, so that the two agree to rounding.
-    a.step_size = hp.lr / static_cast<float>(bc1);
-    a.bc2_sqrt = std::sqrt(static_cast<float>(bc2));
+    // The CPU backend's arithmetic (bias corrections in double), so that the two agree.
+    a.step_size = static_cast<float>(static_cast<double>(hp.lr) / bc1);
+    a.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
     a.decay = 1.f - hp.lr * hp.weight_decay;
     cuda::adamw(st(s), e, g, param.raw(), grad.raw(), m.data<float>(), v.data<float>(), param.numel(),
                 a);

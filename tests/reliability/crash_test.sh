@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Crash safety of `kiln train` on 2 ranks, measured (docs/reliability.md):
+#   1. a checkpoint save at step 4 (resumed from step 3) is killed (SIGKILL, KILN_FAULT) after
+#      every one of its file operations on each rank, and in the middle of each rank's
+#      data-file write; after each kill `--resume auto` picks the newest complete checkpoint
+#      and continues: the step-4 checkpoint it ends with is byte for byte the uninterrupted
+#      run's, and no partial checkpoint is ever chosen;
+#   2. ENOSPC and EIO injected into a save: one-line error naming the file, non-zero exit,
+#      the previous checkpoint intact and chosen by the next resume.
+# Usage: crash_test.sh KILN_BINARY WORK_DIR
+set -euo pipefail
+kiln="$1"
+work="$2"
+rm -rf "$work" && mkdir -p "$work"
+export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export KILN_COMM_TIMEOUT_S=20
+head -c 20000 /dev/urandom | base64 > "$work/corpus.txt"
+"$kiln" prepare --input "$work/corpus.txt" --out "$work/data" --tokenizer byte >/dev/null
+cat > "$work/tiny.toml" <<EOT
+[model]
+n_layer = 1
+n_head = 2
+n_embd = 16
+block_size = 8
+[data]
+dir = "$work/data"
+[train]
+steps = 6
+micro_batch = 1
+global_batch = 2
+seq_len = 8
+[eval]
+every = 0
+[log]
+every = 1
+peak_tflops = 1.0
+[checkpoint]
+every = 1
+keep = 0
+[parallel]
+zero_stage = 1
+EOT
+train() {  # train RUN_DIR LOG [args...]: 2 ranks
+  local dir=$1 log=$2
+  shift 2
+  # sigkill_timeout 0: once a rank is killed, mpirun ends the others at once (not after 1 s).
+  mpirun --oversubscribe --bind-to none --mca odls_base_sigkill_timeout 0 -np 2 "$kiln" train "$work/tiny.toml" --set "run.dir=$dir" "$@" > "$log" 2>&1
+}
+train "$work/ref" "$work/ref.log" || { cat "$work/ref.log"; exit 1; }
+train "$work/base" "$work/base.log" --exit-interval 3 || { cat "$work/base.log"; exit 1; }
+same_as_ref() {  # same_as_ref RUN_DIR STEP: the step's data files are the uninterrupted run's
+  local d
+  d=$(printf "step_%08d" "$2")
+  for f in "$work/ref/ckpt/$d"/rank_*.safetensors; do
+    cmp -s "$f" "$1/ckpt/$d/$(basename "$f")" || return 1
+  done
+}
+# The file operations of the save at step 4, per rank.
+rm -rf "$work/run" && cp -r "$work/base" "$work/run"
+KILN_FAULT=trace train "$work/run" "$work/trace.log" --resume auto --exit-interval 4 || { cat "$work/trace.log"; exit 1; }
+n0=$(grep -c "kiln: file op .* (rank 0)" "$work/trace.log")
+n1=$(grep -c "kiln: file op .* (rank 1)" "$work/trace.log")
+mid0=$(grep "(rank 0): write .*rank_00000.safetensors" "$work/trace.log" | sed 's/kiln: file op \([0-9]*\).*/\1/' | tail -1)
+mid1=$(grep "(rank 1): write .*rank_00001.safetensors" "$work/trace.log" | sed 's/kiln: file op \([0-9]*\).*/\1/' | tail -1)
+same_as_ref "$work/run" 4 || { echo "FAILED: the traced run differs from the reference"; exit 1; }
+echo "save at step 4: $n0 file operations on rank 0, $n1 on rank 1"
+
+kills=0 resumed_new=0 resumed_old=0
+crash() {  # crash SPEC: a save killed as SPEC says, then resume and check
+  local spec=$1
+  rm -rf "$work/run" && cp -r "$work/base" "$work/run"
+  if KILN_FAULT=$spec train "$work/run" "$work/kill.log" --resume auto --exit-interval 4; then
+    echo "FAILED: $spec: the run was not killed"; cat "$work/kill.log"; exit 1
+  fi
+  kills=$((kills + 1))
+  # Whatever is under a final name is complete; the resume picks the newest of them.
+  train "$work/run" "$work/resume.log" --resume auto --exit-interval 4 ||
+    { echo "FAILED: $spec: resume"; cat "$work/kill.log" "$work/resume.log"; exit 1; }
+  if grep -q "resuming from .*step_00000004" "$work/resume.log"; then
+    resumed_new=$((resumed_new + 1))
+  elif grep -q "resuming from .*step_00000003" "$work/resume.log"; then
+    resumed_old=$((resumed_old + 1))
+  else
+    echo "FAILED: $spec: resumed from neither step 3 nor 4"; cat "$work/resume.log"; exit 1
+  fi
+  grep -q "skipping checkpoint" "$work/resume.log" && { echo "FAILED: $spec: a damaged checkpoint under a final name"; cat "$work/resume.log"; exit 1; }
+  same_as_ref "$work/run" 4 || { echo "FAILED: $spec: step 4 differs from the uninterrupted run"; exit 1; }
+}
+for k in $(seq 1 "$n0"); do crash "kill:$k:0"; done
+for k in $(seq 1 "$n1"); do crash "kill:$k:1"; done
+crash "kill_mid:$mid0:0"
+crash "kill_mid:$mid1:1"
+echo "killed $kills saves (every file operation of each rank, and mid-write on each): resumed $resumed_new times from the new step 4, $resumed_old times from step 3, every time bitwise like the uninterrupted run"
+
+# Write errors: the data file of rank 1 (ENOSPC) and the manifest of rank 0 (EIO).
+manifest=$(grep "(rank 0): write .*manifest.json" "$work/trace.log" | sed 's/kiln: file op \([0-9]*\).*/\1/' | tail -1)
+for spec in "enospc:$mid1:1" "eio:$manifest:0"; do
+  rm -rf "$work/run" && cp -r "$work/base" "$work/run"
+  if KILN_FAULT=$spec train "$work/run" "$work/err.log" --resume auto --exit-interval 4; then
+    echo "FAILED: $spec: exit 0"; cat "$work/err.log"; exit 1
+  fi
+  case $spec in enospc*) why="No space left on device";; *) why="Input/output error";; esac
+  line=$(grep -m1 "$why" "$work/err.log") || { echo "FAILED: $spec: no '$why'"; cat "$work/err.log"; exit 1; }
+  echo "$line" | grep -q "/run/ckpt/" || { echo "FAILED: $spec: no file named in: $line"; exit 1; }
+  [ -d "$work/run/ckpt/step_00000004" ] && { echo "FAILED: $spec: a step 4 directory after the failed save"; exit 1; }
+  train "$work/run" "$work/resume.log" --resume auto --exit-interval 4 || { cat "$work/resume.log"; exit 1; }
+  grep -q "resuming from .*step_00000003" "$work/resume.log" || { echo "FAILED: $spec: not resumed from step 3"; cat "$work/resume.log"; exit 1; }
+  same_as_ref "$work/run" 4 || { echo "FAILED: $spec: step 4 differs"; exit 1; }
+  echo "$spec: exit non-zero with '$line'; step 3 intact and resumed"
+done
+echo "crash tests passed"
