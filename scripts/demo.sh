@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job, end to end on this machine: the King James Bible (Debian's bible-kjv)
-# -> a SentencePiece BPE tokenizer and token shards -> a ~6M-parameter GPT trained on
+# -> a SentencePiece BPE tokenizer and token shards -> a ~4M-parameter GPT trained on
 # 2 CPU cores -> the loss summary against a unigram baseline, and a sample.
 # Installs missing Debian packages; idempotent (data is prepared once, the run starts
 # fresh each time); works from any directory.

@@ -413,7 +413,7 @@ TEST(GradAccum, DividesTheGlobalBatch) {
 TEST(ExampleConfigs, Load) {
   TrainConfig demo = load_config_file(source_dir() + "/configs/demo.toml");
   EXPECT_NO_THROW(demo.validate_for_training());
-  EXPECT_EQ(demo.model.n_layer, 6);
+  EXPECT_EQ(demo.model.n_layer, 4);
   EXPECT_EQ(demo.model.n_embd, 256);
   EXPECT_EQ(demo.data.dir, "data/kjv");
   EXPECT_EQ(demo.grad_accum_steps(1), 4);
