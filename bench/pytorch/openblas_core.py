@@ -14,7 +14,7 @@ import ctypes
 import sys
 
 AVX512_CORES = {"skylakex", "cooperlake", "sapphirerapids"}
-AVX2_CORES = AVX512_CORES | {"haswell", "zen", "skylake", "cooperlake"}
+AVX2_CORES = AVX512_CORES | {"haswell", "zen", "skylake"}
 
 
 def detect():

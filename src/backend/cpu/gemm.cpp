@@ -43,14 +43,9 @@ GemmArgs widened(const GemmArgs& g) {
   return w;
 }
 
-// The matmul primitive of one problem (user scratchpad; sum post-op to accumulate). The
-// memory descriptors are returned through the pointers when given. Throws dnnl::error
-// when oneDNN has no implementation.
-dnnl::matmul::primitive_desc primitive_desc(const GemmArgs& g, const dnnl::engine& engine,
-                                            dnnl::memory::desc* a_md = nullptr,
-                                            dnnl::memory::desc* b_md = nullptr,
-                                            dnnl::memory::desc* c_md = nullptr,
-                                            dnnl::memory::desc* bias_md = nullptr) {
+// The matmul primitive of one problem (user scratchpad; sum post-op to accumulate).
+// Throws dnnl::error when oneDNN has no implementation.
+dnnl::matmul::primitive_desc primitive_desc(const GemmArgs& g, const dnnl::engine& engine) {
   using dims = dnnl::memory::dims;
   const dnnl::memory::desc a(dims{g.m, g.k}, to_dnnl(g.a_type),
                              g.trans_a ? dims{1, g.lda} : dims{g.lda, 1});
@@ -66,7 +61,6 @@ dnnl::matmul::primitive_desc primitive_desc(const GemmArgs& g, const dnnl::engin
     po.append_sum(1.0f);
     attr.set_post_ops(po);
   }
-  if (a_md) *a_md = a, *b_md = b, *c_md = c, *bias_md = bias;
   auto desc = g.bias ? dnnl::matmul::desc(a, b, bias, c) : dnnl::matmul::desc(a, b, c);
   return dnnl::matmul::primitive_desc(desc, attr, engine);
 }
@@ -92,7 +86,6 @@ std::optional<dnnl::matmul::primitive_desc> native_desc(const GemmArgs& g) {
 // in the scratch buffer (byte offsets after oneDNN's scratchpad; -1 = not used).
 struct Layout {
   bool widen = false;
-  GemmArgs run;  // what oneDNN runs (g itself, or widened(g))
   size_t onednn_bytes = 0;
   int64_t a_off = -1, b_off = -1, c_off = -1, bias_off = -1;
   size_t total = 0;
@@ -103,7 +96,6 @@ size_t align64(size_t b) { return (b + 63) / 64 * 64; }
 Layout layout(const GemmArgs& g, size_t onednn_bytes, bool widen) {
   Layout l;
   l.widen = widen;
-  l.run = widen ? widened(g) : g;
   l.onednn_bytes = onednn_bytes;
   size_t off = align64(onednn_bytes);
   auto take = [&](int64_t elems) {
@@ -196,7 +188,8 @@ struct Gemm::Impl {
     Cached c;
     auto [pd, lay] = plan(g);
     // The descriptors of the problem oneDNN runs (the widened one on the fp32 path).
-    primitive_desc(lay.run, cpu_engine(), &c.a_md, &c.b_md, &c.c_md, &c.bias_md);
+    c.a_md = pd.src_desc(), c.b_md = pd.weights_desc(), c.c_md = pd.dst_desc();
+    c.bias_md = pd.bias_desc();
     c.scratch_md = pd.scratchpad_desc();
     c.prim = dnnl::matmul(pd);
     c.lay = lay;
@@ -223,6 +216,17 @@ size_t Gemm::scratchpad_bytes(const GemmArgs& g) {
   }
 }
 
+namespace {
+// The problem native() and path_description() ask oneDNN about: a shape of the kind a
+// transformer's linear layers run (weights transposed, a bias), all operands in `dtype`.
+GemmArgs probe(DType dtype) {
+  static float dummy;
+  GemmArgs g{64, 96, 64, &dummy, 64, false, &dummy, 64, true, &dummy, 96, &dummy, false};
+  g.a_type = g.b_type = g.c_type = g.bias_type = dtype;
+  return g;
+}
+}  // namespace
+
 bool Gemm::native(DType dtype) {
   if (dtype == DType::F32) return true;
   static std::mutex mu;
@@ -230,11 +234,7 @@ bool Gemm::native(DType dtype) {
   std::lock_guard lock(mu);
   auto it = known.find(dtype);
   if (it != known.end()) return it->second;
-  // A shape of the kind a transformer's linear layers run (weights transposed, a bias).
-  static float dummy;
-  GemmArgs g{64, 96, 64, &dummy, 64, false, &dummy, 64, true, &dummy, 96, &dummy, false};
-  g.a_type = g.b_type = g.c_type = g.bias_type = dtype;
-  return known[dtype] = native_desc(g).has_value();
+  return known[dtype] = native_desc(probe(dtype)).has_value();
 }
 
 std::string Gemm::isa() {
@@ -263,10 +263,7 @@ std::string Gemm::path_description(DType dtype) {
   if (!native(dtype))
     return fmt::format("{} GEMMs: fp32 compute (ISA {}: this CPU has no {} matrix instructions "
                        "that {} uses)", name, isa(), name, lib);
-  static float dummy;
-  GemmArgs g{64, 96, 64, &dummy, 64, false, &dummy, 64, true, &dummy, 96, &dummy, false};
-  g.a_type = g.b_type = g.c_type = g.bias_type = dtype;
-  return fmt::format("{} GEMMs: {} {}", name, lib, native_desc(g)->impl_info_str());
+  return fmt::format("{} GEMMs: {} {}", name, lib, native_desc(probe(dtype))->impl_info_str());
 }
 
 Gemm::Gemm(Allocator& alloc) : impl_(std::make_unique<Impl>(alloc)) {}
