@@ -83,7 +83,7 @@ void register_all(Backend& be, DType dt, const Dims& d) {
         Tensor wte = randn(be, {d.Vp, d.C}, dt, 0.02f, 2, MemCategory::Parameters);
         Tensor wpe = randn(be, {d.maxT, d.C}, dt, 0.02f, 3, MemCategory::Parameters);
         Tensor out = be.empty({d.B, d.T, d.C}, dt, MemCategory::Activations);
-        run(st, be, [&] { be.embedding_forward(be.default_stream(), out, tokens, wte, wpe); });
+        run(st, be, [&] { be.embedding_forward(be.default_stream(), out, tokens, Tensor(), wte, wpe); });
         set_bytes(st, 4.0 * d.N + s * (2.0 * d.N * d.C + 1.0 * d.T * d.C));
       });
   // backward bytes: tokens 4*N + dout s*N*C + dwte rows read+write 2*s*N*C + dwpe rows
@@ -94,7 +94,7 @@ void register_all(Backend& be, DType dt, const Dims& d) {
         Tensor dout = randn(be, {d.B, d.T, d.C}, dt, 1.f, 4);
         Tensor dwte = full(be, {d.Vp, d.C}, dt, 0.f, MemCategory::Gradients);
         Tensor dwpe = full(be, {d.maxT, d.C}, dt, 0.f, MemCategory::Gradients);
-        run(st, be, [&] { be.embedding_backward(be.default_stream(), dwte, dwpe, dout, tokens); });
+        run(st, be, [&] { be.embedding_backward(be.default_stream(), dwte, dwpe, dout, tokens, Tensor()); });
         set_bytes(st, 4.0 * d.N + s * (3.0 * d.N * d.C + 2.0 * d.T * d.C));
       });
 
@@ -189,7 +189,7 @@ void register_all(Backend& be, DType dt, const Dims& d) {
     Tensor out = be.empty({d.B, d.T, d.C}, dt, MemCategory::Activations);
     Tensor lse = be.empty({d.B, d.NH, d.T}, DType::F32, MemCategory::Activations);
     run(st, be, [&] {
-      be.attention_forward(be.default_stream(), out, lse, qkv, static_cast<int>(d.NH), {});
+      be.attention_forward(be.default_stream(), out, lse, qkv, AttentionShape::mha(static_cast<int>(d.NH), d.C), {});
     });
     set_flops(st, 4.0 * d.B * d.T * d.T * d.C);
   });
@@ -198,12 +198,12 @@ void register_all(Backend& be, DType dt, const Dims& d) {
     Tensor qkv = randn(be, {d.B, d.T, 3 * d.C}, dt, 1.f, 15);
     Tensor out = be.empty({d.B, d.T, d.C}, dt, MemCategory::Activations);
     Tensor lse = be.empty({d.B, d.NH, d.T}, DType::F32, MemCategory::Activations);
-    be.attention_forward(be.default_stream(), out, lse, qkv, static_cast<int>(d.NH), {});
+    be.attention_forward(be.default_stream(), out, lse, qkv, AttentionShape::mha(static_cast<int>(d.NH), d.C), {});
     Tensor dout = randn(be, {d.B, d.T, d.C}, dt, 1.f, 16);
     Tensor dqkv = be.empty({d.B, d.T, 3 * d.C}, dt, MemCategory::Activations);
     run(st, be, [&] {
       be.attention_backward(be.default_stream(), dqkv, dout, qkv, out, lse,
-                            static_cast<int>(d.NH), {});
+                            AttentionShape::mha(static_cast<int>(d.NH), d.C), {});
     });
     set_flops(st, 8.0 * d.B * d.T * d.T * d.C);
   });

@@ -89,13 +89,17 @@ void compare(const std::string& name, const Tensor& ref, const Tensor& got, floa
 }
 
 // compare() on each of the three parts (q, k, v) of a [.., 3C] tensor's rows.
-void compare_qkv(const std::string& name, const Tensor& ref, const Tensor& got, int C, float tol) {
+// qkv rows of qw query columns, then kvw key and kvw value columns (AttentionShape).
+void compare_qkv(const std::string& name, const Tensor& ref, const Tensor& got, int qw, int kvw,
+                 float tol) {
   const std::vector<float> r = download(ref), g = download(got);
+  const size_t W = static_cast<size_t>(qw) + 2 * static_cast<size_t>(kvw);
   for (int part = 0; part < 3; ++part) {
     double num = 0, den = 0;
     bool finite = true;
     for (size_t i = 0; i < r.size(); ++i) {
-      if (static_cast<int>(i % (3 * static_cast<size_t>(C))) / C != part) continue;
+      const int col = static_cast<int>(i % W);
+      if ((col < qw ? 0 : col < qw + kvw ? 1 : 2) != part) continue;
       if (!std::isfinite(g[i]) || !std::isfinite(r[i])) finite = false;
       const double d = static_cast<double>(g[i]) - r[i];
       num += d * d;
@@ -180,50 +184,59 @@ int main(int argc, char** argv) {
     });
 
     guarded("attention", [&] {
+      const AttentionShape mha = AttentionShape::mha(NH, C);
       Pair qkv = rand_pair({B, T, 3 * C});
       Pair out = rand_pair({B, T, C});
       Tensor lf = be.empty({B, NH, T}, DType::F32, MemCategory::Activations);
       Tensor lh = be.empty({B, NH, T}, DType::F32, MemCategory::Activations);
-      be.attention_forward(s, out.f, lf, qkv.f, NH, DropoutSpec{});
-      be.attention_forward(s, out.h, lh, qkv.h, NH, DropoutSpec{});
+      be.attention_forward(s, out.f, lf, qkv.f, mha, DropoutSpec{});
+      be.attention_forward(s, out.h, lh, qkv.h, mha, DropoutSpec{});
       compare("attention_forward out", out.f, out.h);
       compare("attention_forward lse", lf, lh);
       Pair dout = rand_pair({B, T, C}), dqkv = rand_pair({B, T, 3 * C});
-      be.attention_backward(s, dqkv.f, dout.f, qkv.f, out.f, lf, NH, DropoutSpec{});
-      be.attention_backward(s, dqkv.h, dout.h, qkv.h, out.h, lh, NH, DropoutSpec{});
+      be.attention_backward(s, dqkv.f, dout.f, qkv.f, out.f, lf, mha, DropoutSpec{});
+      be.attention_backward(s, dqkv.h, dout.h, qkv.h, out.h, lh, mha, DropoutSpec{});
       compare("attention_backward dqkv", dqkv.f, dqkv.h);
       DropoutSpec dr{0.1f, 99, 3};
-      be.attention_forward(s, out.f, lf, qkv.f, NH, dr);
-      be.attention_forward(s, out.h, lh, qkv.h, NH, dr);
+      be.attention_forward(s, out.f, lf, qkv.f, mha, dr);
+      be.attention_forward(s, out.h, lh, qkv.h, mha, dr);
       compare("attention_forward out (dropout 0.1)", out.f, out.h);
     });
 
     // The tensor-core kernels (bf16, no dropout, HD 32/64/128; attention_tc.cu) against
     // the fp32 CUDA-core kernels (which backend_op_test checks against the CPU), with a
-    // tighter bound (1e-2): ragged T (partial tiles), each head size, peaky softmax.
+    // tighter bound (1e-2): ragged T (partial tiles), each head size, peaky softmax,
+    // grouped-query (NKV < NH) and bidirectional shapes.
     struct AttnCase {
-      int B, T, NH, HD;
+      int B, T, NH, NKV, HD;
       float scale;
+      bool causal = true;
     };
-    for (const AttnCase& c : {AttnCase{2, 200, 12, 64, 1.f}, AttnCase{1, 1024, 2, 64, 3.f},
-                              AttnCase{2, 130, 8, 32, 2.f}, AttnCase{2, 160, 4, 128, 1.f},
-                              AttnCase{3, 64, 3, 64, 1.f}, AttnCase{1, 37, 2, 128, 2.f}}) {
+    for (const AttnCase& c :
+         {AttnCase{2, 200, 12, 12, 64, 1.f}, AttnCase{1, 1024, 2, 2, 64, 3.f},
+          AttnCase{2, 130, 8, 8, 32, 2.f}, AttnCase{2, 160, 4, 4, 128, 1.f},
+          AttnCase{3, 64, 3, 3, 64, 1.f}, AttnCase{1, 37, 2, 2, 128, 2.f},
+          AttnCase{2, 200, 12, 4, 64, 1.f}, AttnCase{1, 97, 6, 1, 64, 2.f},
+          AttnCase{2, 130, 8, 2, 32, 2.f, false}, AttnCase{1, 160, 4, 4, 128, 1.f, false},
+          AttnCase{2, 75, 4, 2, 64, 3.f, false}}) {
       const std::string tag = " B" + std::to_string(c.B) + " T" + std::to_string(c.T) + " HD" +
-                              std::to_string(c.HD);
+                              std::to_string(c.HD) + " NH" + std::to_string(c.NH) + " NKV" +
+                              std::to_string(c.NKV) + (c.causal ? "" : " bidir");
       guarded(("attention tc" + tag).c_str(), [&] {
-        const int Cc = c.NH * c.HD;
-        Pair qkv = rand_pair({c.B, c.T, 3 * Cc}, c.scale);
+        const AttentionShape shape{c.NH, c.NKV, c.HD, c.causal};
+        const int Cc = c.NH * c.HD, KVc = c.NKV * c.HD;
+        Pair qkv = rand_pair({c.B, c.T, Cc + 2 * KVc}, c.scale);
         Pair out = rand_pair({c.B, c.T, Cc});
         Tensor lf = be.empty({c.B, c.NH, c.T}, DType::F32, MemCategory::Activations);
         Tensor lh = be.empty({c.B, c.NH, c.T}, DType::F32, MemCategory::Activations);
-        be.attention_forward(s, out.f, lf, qkv.f, c.NH, DropoutSpec{});
-        be.attention_forward(s, out.h, lh, qkv.h, c.NH, DropoutSpec{});
+        be.attention_forward(s, out.f, lf, qkv.f, shape, DropoutSpec{});
+        be.attention_forward(s, out.h, lh, qkv.h, shape, DropoutSpec{});
         compare("attn tc fwd out" + tag, out.f, out.h, 1e-2f);
         compare("attn tc fwd lse" + tag, lf, lh, 1e-2f);
-        Pair dout = rand_pair({c.B, c.T, Cc}), dqkv = rand_pair({c.B, c.T, 3 * Cc});
-        be.attention_backward(s, dqkv.f, dout.f, qkv.f, out.f, lf, c.NH, DropoutSpec{});
-        be.attention_backward(s, dqkv.h, dout.h, qkv.h, out.h, lh, c.NH, DropoutSpec{});
-        compare_qkv("attn tc bwd" + tag, dqkv.f, dqkv.h, Cc, 1e-2f);
+        Pair dout = rand_pair({c.B, c.T, Cc}), dqkv = rand_pair({c.B, c.T, Cc + 2 * KVc});
+        be.attention_backward(s, dqkv.f, dout.f, qkv.f, out.f, lf, shape, DropoutSpec{});
+        be.attention_backward(s, dqkv.h, dout.h, qkv.h, out.h, lh, shape, DropoutSpec{});
+        compare_qkv("attn tc bwd" + tag, dqkv.f, dqkv.h, Cc, KVc, 1e-2f);
       });
     }
 
@@ -267,12 +280,12 @@ int main(int argc, char** argv) {
       Tensor tokens = be.empty({B, T}, DType::I32, MemCategory::Activations);
       be.copy_from_host(s, tokens, tk.data());
       Pair wte = rand_pair({Vp, C}), wpe = rand_pair({1024, C}), out = rand_pair({B, T, C});
-      be.embedding_forward(s, out.f, tokens, wte.f, wpe.f);
-      be.embedding_forward(s, out.h, tokens, wte.h, wpe.h);
+      be.embedding_forward(s, out.f, tokens, Tensor(), wte.f, wpe.f);
+      be.embedding_forward(s, out.h, tokens, Tensor(), wte.h, wpe.h);
       compare("embedding_forward", out.f, out.h);
       Pair dout = rand_pair({B, T, C}), dwte = rand_pair({Vp, C}), dwpe = rand_pair({1024, C});
-      be.embedding_backward(s, dwte.f, dwpe.f, dout.f, tokens);
-      be.embedding_backward(s, dwte.h, dwpe.h, dout.h, tokens);
+      be.embedding_backward(s, dwte.f, dwpe.f, dout.f, tokens, Tensor());
+      be.embedding_backward(s, dwte.h, dwpe.h, dout.h, tokens, Tensor());
       compare("embedding_backward dwte (+=)", dwte.f, dwte.h);
       compare("embedding_backward dwpe (+=)", dwpe.f, dwpe.h);
     });
@@ -411,8 +424,8 @@ int main(int argc, char** argv) {
         be.copy_from_host(s, tokens, tk.data());
         Pair dout = rand_pair({B, T, C}), dwte = rand_pair({Vp, C}), dwpe = rand_pair({1024, C});
         Tensor dwtem = clone_f32(dwte.f), dwpem = clone_f32(dwpe.f);
-        be.embedding_backward(s, dwte.f, dwpe.f, dout.f, tokens);
-        be.embedding_backward(s, dwtem, dwpem, dout.h, tokens);
+        be.embedding_backward(s, dwte.f, dwpe.f, dout.f, tokens, Tensor());
+        be.embedding_backward(s, dwtem, dwpem, dout.h, tokens, Tensor());
         compare("mixed embedding_backward dwte fp32", dwte.f, dwtem, 1e-5f);
         compare("mixed embedding_backward dwpe fp32", dwpe.f, dwpem, 1e-5f);
       }

@@ -146,14 +146,14 @@ int main(int argc, char** argv) {
                        .c_str());
     }
     const char* tf32 = std::getenv("KILN_CUDA_TF32");
-    const char* dtype = !a.fp32 ? "bf16 (fp32 grads)"
+    const char* precision = !a.fp32 ? "bf16 (fp32 grads)"
                         : (tf32 && std::strcmp(tf32, "1") == 0) ? "fp32 (tf32 GEMMs)"
                                                                 : "fp32";
     std::printf(
         "{\"impl\": \"kiln\", \"B\": %d, \"T\": %d, \"dtype\": \"%s\", \"ms_per_step\": %.3f, "
         "\"tokens_per_s\": %.1f, \"model_tflops\": %.2f, \"peak_bf16_tflops\": %.1f, "
         "\"mfu\": %.4f, \"loss\": %.4f, \"peak_gib\": %.2f}\n",
-        B, a.T, dtype, r.ms, tps,
+        B, a.T, precision, r.ms, tps,
         model_flops / 1e12, peak / 1e12, model_flops / peak, r.loss, r.peak_gib);
     return 0;
   } catch (const std::exception& e) {

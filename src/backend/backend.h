@@ -8,11 +8,14 @@
 // Conventions shared by every op:
 // - Tensors are contiguous, row-major, on this backend's device. Shapes are named in
 //   each op's comment: B batch, T sequence, C channels, NH heads, HD = C / NH head size,
-//   N rows (often B*T), V vocabulary (Vp padded), OC/IC output/input features.
+//   N rows (often B*T), V vocabulary (Vp padded), OC/IC output/input features, NKV
+//   key/value heads, H an MLP's hidden width.
 // - Backward ops ACCUMULATE (+=) into parameter gradients (dweight, dbias, dwte, ...),
 //   so micro-batches accumulate without extra copies, and OVERWRITE input gradients
 //   (dinp), except layernorm_backward, which adds into dinp because its input is the
-//   residual stream whose gradient already holds the skip connection's part.
+//   residual stream whose gradient already holds the skip connection's part (likewise
+//   rmsnorm_backward).
+// - An optional operand (a bias, a norm's weight, positions, ...) is an empty Tensor.
 // - Reductions and softmax run in fp32; GEMMs accumulate in fp32.
 // - An op given a dtype it does not support throws kiln::Error; `supports()` answers
 //   beforehand so that a caller can pick another path.
@@ -36,8 +39,11 @@ struct Stream {
 enum class Op {
   Embedding,
   LayerNorm,
+  RMSNorm,
   Linear,
   Attention,
+  Rope,
+  SwiGLU,
   Gelu,
   Add,
   Dropout,
@@ -65,6 +71,45 @@ struct DropoutSpec {
 /// As PyTorch: the betas are doubles; the bias corrections 1 - beta^step, lr / (1 -
 /// beta1^step) and sqrt(1 - beta2^step) are computed in double and rounded to fp32 once;
 /// the moments use beta and 1 - beta (computed in double) rounded to fp32.
+/// The shape of one self-attention over a packed buffer qkv [B, T, (NH + 2 NKV) * HD]:
+/// q heads in columns [0, NH*HD), k heads in [NH*HD, (NH+NKV)*HD), v heads after them,
+/// each head's HD columns contiguous (GPT-2's c_attn output is the case NKV = NH). Query
+/// head h reads key/value head h / (NH / NKV): grouped-query attention (Ainslie et al.
+/// 2023, "GQA"), multi-head when NKV = NH. Causal: query t sees keys 0..t; otherwise
+/// every key (a bidirectional encoder). Scores are scaled by 1/sqrt(HD).
+struct AttentionShape {
+  int n_head = 0;     // NH
+  int n_kv_head = 0;  // NKV; 0 means NH
+  int64_t head_dim = 0;
+  bool causal = true;
+
+  /// Multi-head attention with NH heads over C channels (HD = C / NH).
+  static AttentionShape mha(int n_head, int64_t C, bool causal = true) {
+    return {n_head, n_head, n_head > 0 ? C / n_head : 0, causal};
+  }
+  int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int64_t q_width() const { return n_head * head_dim; }
+  int64_t kv_width() const { return kv_heads() * head_dim; }
+  int64_t qkv_width() const { return q_width() + 2 * kv_width(); }
+};
+
+/// Rotary position embedding (Su et al. 2021, "RoFormer"), in the "rotate half" layout
+/// of Hugging Face's Llama: within each head, channel i < HD/2 pairs with i + HD/2 and
+/// the pair turns by the angle pos * inv_freq[i], inv_freq[i] = theta^(-2i/HD). With
+/// `scale_factor` > 0 the frequencies are rescaled as Llama 3.1 does (long wavelengths
+/// divided by the factor, a smooth blend between the two wavelength bounds; see
+/// rope_inv_freq).
+struct RopeSpec {
+  double theta = 10000.0;
+  double scale_factor = 0.0;  // 0: no rescaling
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;
+  double original_max_positions = 8192.0;
+};
+/// The HD/2 fp32 inverse frequencies of `rope` for head size HD, computed as Hugging Face
+/// transformers does (fp32 powers of theta, then the Llama 3 rescaling in double).
+/// Throws kiln::Error when HD is odd or not positive.
+std::vector<float> rope_inv_freq(const RopeSpec& rope, int64_t head_dim);
+
 struct AdamWParams {
   float lr = 1e-3f;
   double beta1 = 0.9;
@@ -119,16 +164,22 @@ class Backend {
   virtual double sum_squares(Stream s, const Tensor& t) = 0;
 
   // ---- ops --------------------------------------------------------------------------
-  /// out[B,T,C] = wte[tokens[b,t], :] + wpe[t, :].  tokens int32 [B,T] in [0, Vp);
-  /// wte [Vp,C]; wpe [maxT,C] with maxT >= T. (GPT-2: Radford et al. 2019.)
+  /// out[B,T,C] = wte[tokens[b,t], :] + wpe[pos[b,t], :].  tokens int32 [B,T] in
+  /// [0, Vp); positions int32 [B,T] in [0, maxT), or empty for pos[b,t] = t; wte [Vp,C];
+  /// wpe [maxT,C] (learned positions, GPT-2: Radford et al. 2019), or empty for none
+  /// (out = wte[tokens]: rotary models). Throws on a token or position out of range.
   virtual void embedding_forward(Stream s, const Tensor& out, const Tensor& tokens,
-                                 const Tensor& wte, const Tensor& wpe) = 0;
-  /// dwte[tokens[b,t]] += dout[b,t];  dwpe[t] += sum_b dout[b,t].
+                                 const Tensor& positions, const Tensor& wte,
+                                 const Tensor& wpe) = 0;
+  /// dwte[tokens[b,t]] += dout[b,t];  dwpe[pos[b,t]] += dout[b,t] (when dwpe is given).
   virtual void embedding_backward(Stream s, const Tensor& dwte, const Tensor& dwpe,
-                                  const Tensor& dout, const Tensor& tokens) = 0;
+                                  const Tensor& dout, const Tensor& tokens,
+                                  const Tensor& positions) = 0;
 
-  /// LayerNorm over the last dim (Ba, Kiros, Hinton 2016): inp [N,C] -> out [N,C];
-  /// mean, rstd fp32 [N] saved for backward; rstd = 1/sqrt(var + eps), biased variance.
+  /// LayerNorm over the last dim (Ba, Kiros, Hinton 2016): inp [N,C] -> out [N,C] =
+  /// (inp - mean) * rstd * weight + bias; mean, rstd fp32 [N] saved for backward; rstd
+  /// = 1/sqrt(var + eps), biased variance. weight and bias [C] may each be empty (no
+  /// scale / no shift); backward's dweight, dbias are then empty too.
   virtual void layernorm_forward(Stream s, const Tensor& out, const Tensor& mean,
                                  const Tensor& rstd, const Tensor& inp, const Tensor& weight,
                                  const Tensor& bias, float eps) = 0;
@@ -137,6 +188,16 @@ class Backend {
                                   const Tensor& dbias, const Tensor& dout, const Tensor& inp,
                                   const Tensor& weight, const Tensor& mean,
                                   const Tensor& rstd) = 0;
+
+  /// RMSNorm over the last dim (Zhang & Sennrich 2019): out [N,C] = inp * rstd * weight,
+  /// rstd fp32 [N] = 1/sqrt(mean(inp^2) + eps), saved for backward; weight [C] or empty.
+  virtual void rmsnorm_forward(Stream s, const Tensor& out, const Tensor& rstd,
+                               const Tensor& inp, const Tensor& weight, float eps) = 0;
+  /// dinp [N,C] += d/dinp (adds, as layernorm_backward); dweight [C] += sum_n dout *
+  /// inp * rstd (empty with weight).
+  virtual void rmsnorm_backward(Stream s, const Tensor& dinp, const Tensor& dweight,
+                                const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                                const Tensor& rstd) = 0;
 
   /// out [N,OC] = inp [N,IC] @ weight[OC,IC]^T + bias[OC] (bias may be empty), as
   /// torch.nn.functional.linear.
@@ -148,27 +209,42 @@ class Backend {
                                const Tensor& dbias, const Tensor& dout, const Tensor& inp,
                                const Tensor& weight) = 0;
 
-  /// Causal multi-head self-attention (Vaswani et al. 2017) on packed qkv [B,T,3C]
-  /// (q, k, v each [B,T,NH,HD], the layout of GPT-2's c_attn output):
-  ///   out[b,t,h] = sum_{j<=t} softmax_j(q_t.k_j / sqrt(HD)) v_j, with dropout on the
-  /// probabilities. lse fp32 [B,NH,T] stores each row's log-sum-exp so that backward
-  /// recomputes the probabilities (FlashAttention, Dao et al. 2022) and no [T,T] matrix
-  /// is kept between forward and backward.
+  /// Self-attention (Vaswani et al. 2017) on packed qkv [B,T,qkv_width] (see
+  /// AttentionShape): out [B,T,NH*HD], out[b,t,h] = sum_j softmax_j(q_t.k_j / sqrt(HD))
+  /// v_j over the keys j that query t sees, with dropout on the probabilities. lse fp32
+  /// [B,NH,T] stores each row's log-sum-exp so that backward recomputes the
+  /// probabilities (FlashAttention, Dao et al. 2022) and no [T,T] matrix is kept
+  /// between forward and backward.
   virtual void attention_forward(Stream s, const Tensor& out, const Tensor& lse,
-                                 const Tensor& qkv, int n_head, const DropoutSpec& dropout) = 0;
-  /// dqkv [B,T,3C] = gradient of out with respect to qkv.
+                                 const Tensor& qkv, const AttentionShape& shape,
+                                 const DropoutSpec& dropout) = 0;
+  /// dqkv [B,T,qkv_width] = gradient of out with respect to qkv (a key/value head's
+  /// gradient sums over the query heads of its group).
   virtual void attention_backward(Stream s, const Tensor& dqkv, const Tensor& dout,
                                   const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                                  int n_head, const DropoutSpec& dropout) = 0;
+                                  const AttentionShape& shape, const DropoutSpec& dropout) = 0;
 
-  /// Inference attention over a KV cache. qkv [B,Tq,3C] holds the projections of Tq
-  /// new tokens at positions past .. past+Tq-1; their k and v are written into rows
-  /// past.. of k_cache and v_cache [B,Tmax,C] (heads interleaved as in qkv), then
-  /// out [B,Tq,C] = causal attention of each new query over cache rows [0, its
-  /// position]. No dropout, nothing saved for backward. Throws when past + Tq > Tmax.
+  /// Inference attention over a KV cache (causal shapes only). qkv [B,Tq,qkv_width]
+  /// holds the projections of Tq new tokens at positions past .. past+Tq-1; their k and
+  /// v are written into rows past.. of k_cache and v_cache [B,Tmax,NKV*HD] (heads
+  /// interleaved as in qkv), then out [B,Tq,NH*HD] = attention of each new query over
+  /// cache rows [0, its position]. No dropout, nothing saved for backward. Throws when
+  /// past + Tq > Tmax.
   virtual void attention_decode(Stream s, const Tensor& out, const Tensor& k_cache,
                                 const Tensor& v_cache, const Tensor& qkv, int64_t past,
-                                int n_head) = 0;
+                                const AttentionShape& shape) = 0;
+
+  /// Rotary position embedding (RopeSpec) applied IN PLACE to the q and k heads of qkv
+  /// [B,T,qkv_width] (v untouched): for each pair (x1, x2) = (x[i], x[i + HD/2]) of a
+  /// head, angle a = pos[b,t] * inv_freq[i] (an fp32 product, as Hugging Face), x[i] =
+  /// x1 cos a - x2 sin a, x[i + HD/2] = x2 cos a + x1 sin a. positions int32 [B,T] or
+  /// empty for pos = t.
+  virtual void rope_forward(Stream s, const Tensor& qkv, const Tensor& positions,
+                            const AttentionShape& shape, const RopeSpec& rope) = 0;
+  /// The transpose: dqkv [B,T,qkv_width] turned by -a in place (the gradient with
+  /// respect to the un-rotated q and k).
+  virtual void rope_backward(Stream s, const Tensor& dqkv, const Tensor& positions,
+                             const AttentionShape& shape, const RopeSpec& rope) = 0;
 
   /// GELU, tanh approximation (Hendrycks & Gimpel 2016): out = 0.5 x (1 + tanh(
   /// sqrt(2/pi) (x + 0.044715 x^3))). Any shape.
@@ -176,6 +252,14 @@ class Backend {
   /// dinp = dout * gelu'(inp).
   virtual void gelu_backward(Stream s, const Tensor& dinp, const Tensor& dout,
                              const Tensor& inp) = 0;
+
+  /// SwiGLU (Shazeer 2020, "GLU Variants Improve Transformer"): inp [N,2H] holds the
+  /// gate in columns [0,H) and the up projection in [H,2H) (one fused Linear);
+  /// out [N,H] = silu(gate) * up, silu(x) = x / (1 + exp(-x)).
+  virtual void swiglu_forward(Stream s, const Tensor& out, const Tensor& inp) = 0;
+  /// dinp [N,2H] (overwritten) from dout [N,H] and forward's inp.
+  virtual void swiglu_backward(Stream s, const Tensor& dinp, const Tensor& dout,
+                               const Tensor& inp) = 0;
 
   /// out = a + b (the residual connection). Any shape; out may alias a or b.
   virtual void add(Stream s, const Tensor& out, const Tensor& a, const Tensor& b) = 0;

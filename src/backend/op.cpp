@@ -1,5 +1,9 @@
 #include "backend/backend.h"
 
+#include "core/error.h"
+
+#include <cmath>
+#include <numbers>
 #include <vector>
 
 namespace kiln {
@@ -8,8 +12,11 @@ const char* op_name(Op op) {
   switch (op) {
     case Op::Embedding: return "embedding";
     case Op::LayerNorm: return "layernorm";
+    case Op::RMSNorm: return "rmsnorm";
     case Op::Linear: return "linear";
     case Op::Attention: return "attention";
+    case Op::Rope: return "rope";
+    case Op::SwiGLU: return "swiglu";
     case Op::Gelu: return "gelu";
     case Op::Add: return "add";
     case Op::Dropout: return "dropout";
@@ -17,6 +24,40 @@ const char* op_name(Op op) {
     case Op::AdamW: return "adamw";
   }
   return "?";
+}
+
+std::vector<float> rope_inv_freq(const RopeSpec& rope, int64_t head_dim) {
+  KILN_CHECK(head_dim > 0 && head_dim % 2 == 0, "rope: head size {} must be even and positive",
+             head_dim);
+  KILN_CHECK(rope.theta > 0.0, "rope: theta {} must be positive", rope.theta);
+  std::vector<float> f(static_cast<size_t>(head_dim / 2));
+  for (size_t i = 0; i < f.size(); ++i) {
+    const float e = static_cast<float>(2 * i) / static_cast<float>(head_dim);
+    f[i] = 1.f / std::pow(static_cast<float>(rope.theta), e);
+  }
+  if (rope.scale_factor <= 0.0) return f;
+  // Llama 3.1's rescaling (as transformers' _compute_llama3_parameters): wavelengths
+  // longer than original / low_freq_factor are divided by the factor, shorter than
+  // original / high_freq_factor kept, and those between blended linearly in
+  // original / wavelength.
+  KILN_CHECK(rope.high_freq_factor > rope.low_freq_factor,
+             "rope: high_freq_factor {} must exceed low_freq_factor {}", rope.high_freq_factor,
+             rope.low_freq_factor);
+  const double low_wavelen = rope.original_max_positions / rope.low_freq_factor;
+  const double high_wavelen = rope.original_max_positions / rope.high_freq_factor;
+  for (float& x : f) {
+    const double inv = x, wavelen = 2.0 * std::numbers::pi / inv;
+    double out = inv;
+    if (wavelen > low_wavelen) {
+      out = inv / rope.scale_factor;
+    } else if (wavelen >= high_wavelen) {
+      const double smooth = (rope.original_max_positions / wavelen - rope.low_freq_factor) /
+                            (rope.high_freq_factor - rope.low_freq_factor);
+      out = (1.0 - smooth) * inv / rope.scale_factor + smooth * inv;
+    }
+    x = static_cast<float>(out);
+  }
+  return f;
 }
 
 void upload_f32(Backend& be, const Tensor& dst, const float* src) {

@@ -6,15 +6,26 @@ namespace {
 int64_t rows(const Tensor& t) { return t.ndim() == 0 ? 0 : t.numel() / t.size(-1); }
 }  // namespace
 
-EmbeddingDims embedding(const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                        const Tensor& wpe) {
+void positions(const Tensor& positions, int64_t B, int64_t T, const char* op) {
+  if (!positions) return;
+  check_dtype(positions, DType::I32, op);
+  check_shape(positions, Shape{B, T}, op);
+}
+
+EmbeddingDims embedding(const Tensor& out, const Tensor& tokens, const Tensor& pos,
+                        const Tensor& wte, const Tensor& wpe) {
   KILN_CHECK(tokens.ndim() == 2, "embedding: tokens must be [B,T], got {}", tokens.str());
   check_dtype(tokens, DType::I32, "embedding tokens");
-  EmbeddingDims d{tokens.size(0), tokens.size(1), wte.size(-1), wte.size(0), wpe.size(0)};
-  KILN_CHECK(wte.ndim() == 2 && wpe.ndim() == 2 && wpe.size(1) == d.C,
-             "embedding: wte {} and wpe {} must be [Vp,C] and [maxT,C]", wte.str(), wpe.str());
-  KILN_CHECK(d.T <= d.maxT, "embedding: sequence length {} exceeds the position table ({})", d.T,
-             d.maxT);
+  KILN_CHECK(wte.ndim() == 2, "embedding: wte {} must be [Vp,C]", wte.str());
+  EmbeddingDims d{tokens.size(0), tokens.size(1), wte.size(-1), wte.size(0),
+                  wpe ? wpe.size(0) : 0};
+  positions(pos, d.B, d.T, "embedding positions");
+  if (wpe) {
+    KILN_CHECK(wpe.ndim() == 2 && wpe.size(1) == d.C, "embedding: wpe {} must be [maxT,{}]",
+               wpe.str(), d.C);
+    KILN_CHECK(pos || d.T <= d.maxT,
+               "embedding: sequence length {} exceeds the position table ({})", d.T, d.maxT);
+  }
   check_shape(out, Shape{d.B, d.T, d.C}, "embedding out");
   return d;
 }
@@ -28,9 +39,9 @@ RowDims layernorm(const Tensor& out, const Tensor& mean, const Tensor& rstd, con
              "layernorm: mean {} / rstd {} must have {} elements", mean.str(), rstd.str(), d.N);
   check_dtype(mean, DType::F32, "layernorm mean");
   check_dtype(rstd, DType::F32, "layernorm rstd");
-  KILN_CHECK(weight.numel() == d.C && bias.numel() == d.C,
-             "layernorm: weight {} / bias {} must have C = {} elements", weight.str(), bias.str(),
-             d.C);
+  KILN_CHECK((!weight || weight.numel() == d.C) && (!bias || bias.numel() == d.C),
+             "layernorm: weight {} / bias {} must have C = {} elements (or be empty)",
+             weight.str(), bias.str(), d.C);
   return d;
 }
 
@@ -39,7 +50,40 @@ RowDims layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tens
                            const Tensor& mean, const Tensor& rstd) {
   const RowDims d = layernorm(dout, mean, rstd, inp, weight, dbias);
   same_size(dinp, inp, "layernorm_backward dinp");
-  grad_of(dweight, weight, "layernorm_backward dweight");
+  KILN_CHECK(static_cast<bool>(dweight) == static_cast<bool>(weight),
+             "layernorm_backward: dweight {} must be given exactly when weight {} is",
+             dweight.str(), weight.str());
+  if (weight) grad_of(dweight, weight, "layernorm_backward dweight");
+  return d;
+}
+
+RowDims rmsnorm(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight) {
+  RowDims d{rows(inp), inp.size(-1)};
+  same_size(out, inp, "rmsnorm out");
+  KILN_CHECK(rstd.numel() == d.N, "rmsnorm: rstd {} must have {} elements", rstd.str(), d.N);
+  check_dtype(rstd, DType::F32, "rmsnorm rstd");
+  KILN_CHECK(!weight || weight.numel() == d.C, "rmsnorm: weight {} must have C = {} elements",
+             weight.str(), d.C);
+  return d;
+}
+
+RowDims rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout,
+                         const Tensor& inp, const Tensor& weight, const Tensor& rstd) {
+  const RowDims d = rmsnorm(dout, rstd, inp, weight);
+  same_size(dinp, inp, "rmsnorm_backward dinp");
+  KILN_CHECK(static_cast<bool>(dweight) == static_cast<bool>(weight),
+             "rmsnorm_backward: dweight {} must be given exactly when weight {} is",
+             dweight.str(), weight.str());
+  if (weight) grad_of(dweight, weight, "rmsnorm_backward dweight");
+  return d;
+}
+
+GluDims swiglu(const Tensor& out, const Tensor& inp) {
+  KILN_CHECK(inp.ndim() >= 1 && inp.size(-1) % 2 == 0,
+             "swiglu: inp {} must be [N, 2H] (gate, then up)", inp.str());
+  GluDims d{rows(inp), inp.size(-1) / 2};
+  KILN_CHECK(out.size(-1) == d.H && rows(out) == d.N && out.dtype() == inp.dtype(),
+             "swiglu: out {} must be [{}, {}] of inp's dtype", out.str(), d.N, d.H);
   return d;
 }
 
@@ -62,29 +106,50 @@ LinearDims linear(const Tensor& out, const Tensor& inp, const Tensor& weight, co
   return d;
 }
 
-AttentionDims attention(const Tensor& out, const Tensor& lse, const Tensor& qkv, int n_head) {
-  KILN_CHECK(qkv.ndim() == 3 && qkv.size(2) % 3 == 0, "attention: qkv must be [B,T,3C], got {}",
+AttentionDims qkv(const Tensor& qkv, const AttentionShape& a, const char* op) {
+  KILN_CHECK(a.n_head > 0 && a.head_dim > 0 && a.kv_heads() > 0 && a.n_head % a.kv_heads() == 0,
+             "{}: {} query heads, {} key/value heads of size {}: need NH > 0, HD > 0 and NH a "
+             "multiple of NKV", op, a.n_head, a.kv_heads(), a.head_dim);
+  KILN_CHECK(qkv.ndim() == 3 && qkv.size(2) == a.qkv_width(),
+             "{}: qkv must be [B, T, (NH + 2 NKV) * HD = {}], got {}", op, a.qkv_width(),
              qkv.str());
-  AttentionDims d{qkv.size(0), qkv.size(1), qkv.size(2) / 3, n_head, 0};
-  KILN_CHECK(n_head > 0 && d.C % n_head == 0, "attention: C = {} not divisible by n_head = {}",
-             d.C, n_head);
-  d.HD = d.C / n_head;
-  check_shape(out, Shape{d.B, d.T, d.C}, "attention out");
+  return {qkv.size(0), qkv.size(1), a.n_head, a.kv_heads(), a.head_dim, a.qkv_width()};
+}
+
+AttentionDims attention(const Tensor& out, const Tensor& lse, const Tensor& qkv_,
+                        const AttentionShape& a) {
+  const AttentionDims d = qkv(qkv_, a, "attention");
+  check_shape(out, Shape{d.B, d.T, d.NH * d.HD}, "attention out");
+  KILN_CHECK(out.dtype() == qkv_.dtype(), "attention: out {} must have qkv's dtype", out.str());
   check_shape(lse, Shape{d.B, d.NH, d.T}, "attention lse");
   check_dtype(lse, DType::F32, "attention lse");
   return d;
 }
 
+AttentionDims attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv_,
+                                 const Tensor& out, const Tensor& lse, const AttentionShape& a) {
+  const AttentionDims d = attention(out, lse, qkv_, a);
+  same_size(dqkv, qkv_, "attention_backward dqkv");
+  same_size(dout, out, "attention_backward dout");
+  return d;
+}
+
+AttentionDims rope(const Tensor& qkv_, const Tensor& pos, const AttentionShape& a) {
+  const AttentionDims d = qkv(qkv_, a, "rope");
+  KILN_CHECK(d.HD % 2 == 0, "rope: head size {} must be even", d.HD);
+  positions(pos, d.B, d.T, "rope positions");
+  return d;
+}
+
 DecodeDims attention_decode(const Tensor& out, const Tensor& k_cache, const Tensor& v_cache,
-                            const Tensor& qkv, int64_t past, int n_head) {
-  KILN_CHECK(qkv.ndim() == 3 && qkv.size(2) % 3 == 0,
-             "attention_decode: qkv must be [B,Tq,3C], got {}", qkv.str());
-  DecodeDims d{qkv.size(0), qkv.size(1), qkv.size(2) / 3, n_head, k_cache.size(1)};
-  KILN_CHECK(n_head > 0 && d.C % n_head == 0,
-             "attention_decode: C = {} not divisible by n_head = {}", d.C, n_head);
-  check_shape(out, Shape{d.B, d.T, d.C}, "attention_decode out");
-  KILN_CHECK(k_cache.ndim() == 3 && k_cache.size(0) == d.B && k_cache.size(2) == d.C,
-             "attention_decode: k_cache {} must be [{}, Tmax, {}]", k_cache.str(), d.B, d.C);
+                            const Tensor& qkv_, int64_t past, const AttentionShape& a) {
+  const AttentionDims q = qkv(qkv_, a, "attention_decode");
+  KILN_CHECK(a.causal, "attention_decode: a KV cache needs causal attention");
+  DecodeDims d{q.B, q.T, q.NH, q.NKV, q.HD, q.W, k_cache.ndim() == 3 ? k_cache.size(1) : 0};
+  check_shape(out, Shape{d.B, d.T, d.NH * d.HD}, "attention_decode out");
+  KILN_CHECK(k_cache.ndim() == 3 && k_cache.size(0) == d.B && k_cache.size(2) == d.NKV * d.HD,
+             "attention_decode: k_cache {} must be [{}, Tmax, {}]", k_cache.str(), d.B,
+             d.NKV * d.HD);
   check_shape(v_cache, k_cache.shape(), "attention_decode v_cache");
   KILN_CHECK(past >= 0 && past + d.T <= d.Tmax,
              "attention_decode: positions {}..{} exceed the cache of {}", past, past + d.T - 1,

@@ -8,9 +8,13 @@
 
 namespace kiln::checks {
 
+/// maxT = 0 without a position table.
 struct EmbeddingDims { int64_t B, T, C, Vp, maxT; };
-EmbeddingDims embedding(const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                        const Tensor& wpe);
+EmbeddingDims embedding(const Tensor& out, const Tensor& tokens, const Tensor& positions,
+                        const Tensor& wte, const Tensor& wpe);
+
+/// positions: empty, or int32 [B,T].
+void positions(const Tensor& positions, int64_t B, int64_t T, const char* op);
 
 struct RowDims { int64_t N, C; };
 RowDims layernorm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& inp,
@@ -22,6 +26,14 @@ RowDims layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tens
                            const Tensor& dout, const Tensor& inp, const Tensor& weight,
                            const Tensor& mean, const Tensor& rstd);
 
+RowDims rmsnorm(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight);
+RowDims rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout,
+                         const Tensor& inp, const Tensor& weight, const Tensor& rstd);
+
+/// out/dout [N,H], inp/dinp [N,2H].
+struct GluDims { int64_t N, H; };
+GluDims swiglu(const Tensor& out, const Tensor& inp);
+
 struct LinearDims { int64_t N, IC, OC; };
 /// out/dout [N,OC], inp [N,IC], weight [OC,IC], bias [OC] or empty. Leading dims of
 /// out and inp are flattened into N.
@@ -31,12 +43,22 @@ LinearDims linear(const Tensor& out, const Tensor& inp, const Tensor& weight, co
 LinearDims linear_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
                            const Tensor& dout, const Tensor& inp, const Tensor& weight);
 
-struct AttentionDims { int64_t B, T, C, NH, HD; };
-AttentionDims attention(const Tensor& out, const Tensor& lse, const Tensor& qkv, int n_head);
+/// W = qkv_width; NH % NKV == 0.
+struct AttentionDims { int64_t B, T, NH, NKV, HD, W; };
+/// qkv [B,T,W] against `shape` (no outputs checked).
+AttentionDims qkv(const Tensor& qkv, const AttentionShape& shape, const char* op);
+AttentionDims attention(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                        const AttentionShape& shape);
+AttentionDims attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                 const Tensor& out, const Tensor& lse,
+                                 const AttentionShape& shape);
 
-struct DecodeDims { int64_t B, T, C, NH, Tmax; };
+struct DecodeDims { int64_t B, T, NH, NKV, HD, W, Tmax; };
 DecodeDims attention_decode(const Tensor& out, const Tensor& k_cache, const Tensor& v_cache,
-                            const Tensor& qkv, int64_t past, int n_head);
+                            const Tensor& qkv, int64_t past, const AttentionShape& shape);
+
+/// qkv [B,T,W], positions empty or [B,T], HD even.
+AttentionDims rope(const Tensor& qkv, const Tensor& positions, const AttentionShape& shape);
 
 struct CrossEntropyDims { int64_t N, Vp; };
 CrossEntropyDims cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,

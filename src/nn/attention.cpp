@@ -2,14 +2,12 @@
 
 namespace kiln::nn {
 
-void AttentionSpec::check_supported() const {
-  KILN_CHECK(n_head > 0 && head_dim > 0, "attention: n_head {} and head_dim {} must be > 0",
-             n_head, head_dim);
-  KILN_CHECK(kv_heads() == n_head, "attention: {} key/value heads for {} query heads "
-             "(grouped-query attention) is not implemented by the backends yet", kv_heads(),
-             n_head);
-  KILN_CHECK(causal, "attention: bidirectional attention is not implemented by the backends yet");
-  KILN_CHECK(!rotary, "attention: rotary position embedding is not implemented by the backends yet");
+void AttentionSpec::check() const {
+  KILN_CHECK(n_head > 0 && head_dim > 0 && kv_heads() > 0 && n_head % kv_heads() == 0,
+             "attention: {} query heads over {} key/value heads of size {}: need NH > 0, HD > 0 "
+             "and NH a multiple of NKV", n_head, kv_heads(), head_dim);
+  KILN_CHECK(!rotary || head_dim % 2 == 0, "attention: rotary needs an even head size, not {}",
+             head_dim);
 }
 
 SelfAttention::SelfAttention(const std::string& qkv_name, const std::string& out_name, int64_t C,
@@ -17,7 +15,7 @@ SelfAttention::SelfAttention(const std::string& qkv_name, const std::string& out
                              float out_init_std)
     : qkv(qkv_name, C, spec.qkv_width(), bias, init_std),
       proj(out_name, spec.q_width(), C, bias, out_init_std), spec_(spec) {
-  spec.check_supported();
+  spec.check();
 }
 
 std::vector<SavedSpec> SelfAttention::saved_specs(int64_t B, int64_t T, DType dtype) const {
@@ -27,28 +25,34 @@ std::vector<SavedSpec> SelfAttention::saved_specs(int64_t B, int64_t T, DType dt
 }
 
 void SelfAttention::forward(Backend& be, Stream s, std::span<const Tensor> saved,
-                            const Tensor& out, const Tensor& inp,
+                            const Tensor& out, const Tensor& inp, const Tensor& positions,
                             const DropoutSpec& dropout) const {
   qkv.forward(be, s, saved[kQkv], inp);
-  be.attention_forward(s, saved[kAttn], saved[kLse], saved[kQkv], spec_.n_head, dropout);
+  if (spec_.rotary) be.rope_forward(s, saved[kQkv], positions, spec_, spec_.rope);
+  be.attention_forward(s, saved[kAttn], saved[kLse], saved[kQkv], spec_, dropout);
   proj.forward(be, s, out, saved[kAttn]);
 }
 
 void SelfAttention::backward(Backend& be, Stream s, std::span<const Tensor> saved,
                              const Tensor& dinp, const Tensor& dout, const Tensor& inp,
-                             const Tensor& dattn, const Tensor& dqkv,
+                             const Tensor& dattn, const Tensor& dqkv, const Tensor& positions,
                              const DropoutSpec& dropout) const {
   proj.backward(be, s, dattn, dout, saved[kAttn]);
-  be.attention_backward(s, dqkv, dattn, saved[kQkv], saved[kAttn], saved[kLse], spec_.n_head,
-                        dropout);
+  be.attention_backward(s, dqkv, dattn, saved[kQkv], saved[kAttn], saved[kLse], spec_, dropout);
+  if (spec_.rotary) be.rope_backward(s, dqkv, positions, spec_, spec_.rope);
   qkv.backward(be, s, dinp, dqkv, inp);
 }
 
 void SelfAttention::decode(Backend& be, Stream s, const Tensor& out, const Tensor& inp,
                            const Tensor& qkv_buf, const Tensor& attn, const Tensor& k_cache,
-                           const Tensor& v_cache, int64_t past) const {
+                           const Tensor& v_cache, int64_t past, const Tensor& positions) const {
   qkv.forward(be, s, qkv_buf, inp);
-  be.attention_decode(s, attn, k_cache, v_cache, qkv_buf, past, spec_.n_head);
+  if (spec_.rotary) {
+    KILN_CHECK(positions || past == 0, "attention decode: rotary needs the positions of tokens "
+               "past {}", past);
+    be.rope_forward(s, qkv_buf, positions, spec_, spec_.rope);
+  }
+  be.attention_decode(s, attn, k_cache, v_cache, qkv_buf, past, spec_);
   proj.forward(be, s, out, attn);
 }
 

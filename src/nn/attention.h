@@ -4,9 +4,9 @@
 // q, k and v are column ranges of ONE buffer qkv [B, T, (NH + 2 NKV) * HD]: q in columns
 // [0, NH*HD), k in [NH*HD, (NH+NKV)*HD), v after, each head's HD columns contiguous (the
 // layout of GPT-2's c_attn output), so a fused projection needs no copy.
-// Saved (all recomputed with the block): qkv, the attention output [B,T,NH*HD] (the
-// output projection's input) and the row log-sum-exp fp32 [B,NH,T]; never the [T,T]
-// probabilities (FlashAttention: Dao et al. 2022).
+// Saved (all recomputed with the block): qkv (rotated, with rotary), the attention
+// output [B,T,NH*HD] (the output projection's input) and the row log-sum-exp fp32
+// [B,NH,T]; never the [T,T] probabilities (FlashAttention: Dao et al. 2022).
 #pragma once
 
 #include "backend/backend.h"
@@ -17,21 +17,15 @@
 
 namespace kiln::nn {
 
-/// The shape of an attention: NH query heads, NKV key/value heads (grouped-query
-/// attention when NKV < NH: Ainslie et al. 2023), head size HD, causal or bidirectional,
-/// rotary position embedding (Su et al. 2021) or none.
-struct AttentionSpec {
-  int n_head = 0;
-  int n_kv_head = 0;  // 0 = n_head
-  int64_t head_dim = 0;
-  bool causal = true;
+/// An attention layer's shape (AttentionShape: NH query heads over NKV key/value heads,
+/// head size HD, causal or bidirectional) and its position encoding: rotary (Su et al.
+/// 2021, applied to q and k after the projection, at the batch's positions) or none.
+struct AttentionSpec : AttentionShape {
   bool rotary = false;
-  int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
-  int64_t q_width() const { return n_head * head_dim; }
-  int64_t qkv_width() const { return (n_head + 2 * kv_heads()) * head_dim; }
-  /// Throws kiln::Error naming what the backend's attention op cannot do yet (today:
-  /// causal, NKV = NH, no rotary).
-  void check_supported() const;
+  RopeSpec rope;
+  /// Throws kiln::Error naming an impossible shape (NH not a multiple of NKV, odd HD
+  /// with rotary, ...).
+  void check() const;
 };
 
 class SelfAttention {
@@ -44,19 +38,21 @@ class SelfAttention {
 
   std::vector<SavedSpec> saved_specs(int64_t B, int64_t T, DType dtype) const;
   enum : size_t { kQkv, kAttn, kLse, kNumSaved };
-  /// out [B,T,C] = proj(attention(qkv(inp))), inp [B,T,C]; dropout on the probabilities.
+  /// out [B,T,C] = proj(attention(rope(qkv(inp)))), inp [B,T,C]; positions int32 [B,T]
+  /// or empty (0..T-1) for the rotary angles; dropout on the probabilities.
   void forward(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& out,
-               const Tensor& inp, const DropoutSpec& dropout) const;
+               const Tensor& inp, const Tensor& positions, const DropoutSpec& dropout) const;
   /// dinp [B,T,C] (overwritten) from dout [B,T,C]; parameter gradients accumulate.
   /// Scratch: dattn [B,T,NH*HD], dqkv [B,T,qkv_width].
   void backward(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& dinp,
                 const Tensor& dout, const Tensor& inp, const Tensor& dattn, const Tensor& dqkv,
-                const DropoutSpec& dropout) const;
+                const Tensor& positions, const DropoutSpec& dropout) const;
   /// Inference over a KV cache (see Backend::attention_decode): inp [B,Tq,C] at
-  /// positions past.., out [B,Tq,C]; scratch qkv [B,Tq,qkv_width], attn [B,Tq,NH*HD].
+  /// positions past.. (`positions` int32 [B,Tq] holds them when rotary; may be empty
+  /// otherwise), out [B,Tq,C]; scratch qkv [B,Tq,qkv_width], attn [B,Tq,NH*HD].
   void decode(Backend& be, Stream s, const Tensor& out, const Tensor& inp, const Tensor& qkv,
-              const Tensor& attn, const Tensor& k_cache, const Tensor& v_cache,
-              int64_t past) const;
+              const Tensor& attn, const Tensor& k_cache, const Tensor& v_cache, int64_t past,
+              const Tensor& positions) const;
   void collect(std::vector<Param*>& out);
 
   const AttentionSpec& spec() const { return spec_; }

@@ -6,12 +6,17 @@ namespace kiln::nn {
 
 TransformerBlock::TransformerBlock(const std::string& prefix, const BlockSpec& spec)
     : spec_(spec),
-      norm_1_(prefix + spec.names.norm_1, spec.n_embd, spec.norm_eps),
-      norm_2_(prefix + spec.names.norm_2, spec.n_embd, spec.norm_eps),
+      norm_1_(prefix + spec.names.norm_1, spec.n_embd, spec.norm),
+      norm_2_(prefix + spec.names.norm_2, spec.n_embd, spec.norm),
       attn_(prefix + spec.names.attn_qkv, prefix + spec.names.attn_out, spec.n_embd,
             spec.attention, spec.bias, spec.init_std, spec.residual_init_std),
-      mlp_(prefix + spec.names.mlp_fc, prefix + spec.names.mlp_proj, spec.n_embd,
+      mlp_(spec.mlp, prefix + spec.names.mlp_fc, prefix + spec.names.mlp_proj, spec.n_embd,
            spec.mlp_hidden, spec.bias, spec.init_std, spec.residual_init_std) {
+  kAttn = kNorm1 + norm_1_.num_saved();
+  kResidual = kAttn + SelfAttention::kNumSaved;
+  kNorm2 = kResidual + 1;
+  kMlp = kNorm2 + norm_2_.num_saved();
+  kNumSaved = kMlp + Mlp::kNumSaved;
   KILN_CHECK(spec.n_embd > 0 && spec.mlp_hidden > 0, "block: n_embd {} and mlp_hidden {} must be > 0",
              spec.n_embd, spec.mlp_hidden);
   KILN_CHECK(spec.attention.q_width() == spec.n_embd,
@@ -22,7 +27,7 @@ TransformerBlock::TransformerBlock(const std::string& prefix, const BlockSpec& s
 std::vector<SavedSpec> TransformerBlock::saved_specs(int64_t B, int64_t T, DType dtype) const {
   std::vector<SavedSpec> out = norm_1_.saved_specs(B, T, dtype);
   for (auto& sp : attn_.saved_specs(B, T, dtype)) out.push_back(sp);
-  out.push_back({norm_2_.weight.name + ":in", Shape{B, T, spec_.n_embd}, dtype, Recompute::WithBlock});
+  out.push_back({norm_2_.name() + ":in", Shape{B, T, spec_.n_embd}, dtype, Recompute::WithBlock});
   for (auto& sp : norm_2_.saved_specs(B, T, dtype)) out.push_back(sp);
   for (auto& sp : mlp_.saved_specs(B, T, dtype)) out.push_back(sp);
   KILN_CHECK(out.size() == kNumSaved, "block: {} saved tensors, expected {}", out.size(), kNumSaved);
@@ -31,25 +36,26 @@ std::vector<SavedSpec> TransformerBlock::saved_specs(int64_t B, int64_t T, DType
 
 BlockScratch TransformerBlock::make_scratch(Backend& be, int64_t B, int64_t T, DType dtype) const {
   const int64_t C = spec_.n_embd;
-  const int64_t big = std::max(spec_.mlp_hidden, spec_.attention.qkv_width());
+  const int64_t big = std::max(mlp_.fc_width(), spec_.attention.qkv_width());
   auto act = [&](Shape s) { return be.empty(s, dtype, MemCategory::Activations); };
-  return {act({B, T, C}), act({B, T, C}), act({B, T, C}), act({B, T, big})};
+  return {act({B, T, C}), act({B, T, C}), act({B, T, C}), act({B, T, big}),
+          spec_.mlp == MlpKind::SwiGLU ? act({B, T, mlp_.hidden()}) : Tensor()};
 }
 
 void TransformerBlock::forward(const BlockPass& p, const Tensor& x, const Tensor& out) const {
   Backend& be = p.be;
-  const auto n1 = part(p.saved, kNorm1, LayerNorm::kNumSaved);
+  const auto n1 = part(p.saved, kNorm1, norm_1_.num_saved());
   const auto at = part(p.saved, kAttn, SelfAttention::kNumSaved);
-  const auto n2 = part(p.saved, kNorm2, LayerNorm::kNumSaved);
-  const auto ml = part(p.saved, kMlp, GeluMlp::kNumSaved);
+  const auto n2 = part(p.saved, kNorm2, norm_2_.num_saved());
+  const auto ml = part(p.saved, kMlp, Mlp::kNumSaved);
   const Tensor& residual = p.saved[kResidual];
   const Tensor& tmp = p.scratch.tmp;
   norm_1_.forward(be, p.s, n1, x);
-  attn_.forward(be, p.s, at, tmp, n1[LayerNorm::kOut], p.attn_probs);
+  attn_.forward(be, p.s, at, tmp, n1[Norm::kOut], p.positions, p.attn_probs);
   if (p.attn_resid.enabled()) be.dropout_forward(p.s, tmp, tmp, p.attn_resid);
   be.add(p.s, residual, x, tmp);
   norm_2_.forward(be, p.s, n2, residual);
-  mlp_.forward(be, p.s, ml, tmp, n2[LayerNorm::kOut]);
+  mlp_.forward(be, p.s, ml, tmp, n2[Norm::kOut]);
   if (p.mlp_resid.enabled()) be.dropout_forward(p.s, tmp, tmp, p.mlp_resid);
   be.add(p.s, out, residual, tmp);
 }
@@ -57,10 +63,10 @@ void TransformerBlock::forward(const BlockPass& p, const Tensor& x, const Tensor
 void TransformerBlock::backward(const BlockPass& p, const Tensor& dres, const Tensor& x,
                                 const Tensor& out) const {
   Backend& be = p.be;
-  const auto n1 = part(p.saved, kNorm1, LayerNorm::kNumSaved);
+  const auto n1 = part(p.saved, kNorm1, norm_1_.num_saved());
   const auto at = part(p.saved, kAttn, SelfAttention::kNumSaved);
-  const auto n2 = part(p.saved, kNorm2, LayerNorm::kNumSaved);
-  const auto ml = part(p.saved, kMlp, GeluMlp::kNumSaved);
+  const auto n2 = part(p.saved, kNorm2, norm_2_.num_saved());
+  const auto ml = part(p.saved, kMlp, Mlp::kNumSaved);
   const Tensor& residual = p.saved[kResidual];
   const BlockScratch& w = p.scratch;
   // Recompute what forward did not keep: the same kernels on the same inputs with the
@@ -76,8 +82,8 @@ void TransformerBlock::backward(const BlockPass& p, const Tensor& dres, const Te
     be.dropout_backward(p.s, w.tmp, dres, p.mlp_resid);
     d_out = w.tmp;
   }
-  const Tensor dh = w.dbig.view_at(0, Shape{x.size(0), x.size(1), mlp_.hidden()});
-  mlp_.backward(be, p.s, ml, w.dtmp, d_out, n2[LayerNorm::kOut], dh);
+  const Tensor dh = w.dbig.view_at(0, Shape{x.size(0), x.size(1), mlp_.fc_width()});
+  mlp_.backward(be, p.s, ml, w.dtmp, d_out, n2[Norm::kOut], dh, w.dact);
   norm_2_.backward(be, p.s, n2, dres, w.dtmp, residual);
   // Attention: residual = x + dropout(attn(norm_1(x))).
   d_out = dres;
@@ -86,7 +92,8 @@ void TransformerBlock::backward(const BlockPass& p, const Tensor& dres, const Te
     d_out = w.tmp;
   }
   const Tensor dqkv = w.dbig.view_at(0, Shape{x.size(0), x.size(1), spec_.attention.qkv_width()});
-  attn_.backward(be, p.s, at, w.dtmp, d_out, n1[LayerNorm::kOut], w.dattn, dqkv, p.attn_probs);
+  attn_.backward(be, p.s, at, w.dtmp, d_out, n1[Norm::kOut], w.dattn, dqkv, p.positions,
+                 p.attn_probs);
   norm_1_.backward(be, p.s, n1, dres, w.dtmp, x);
 }
 
@@ -100,7 +107,7 @@ TransformerBlock::DecodeScratch TransformerBlock::make_decode_scratch(Backend& b
   w.norm = tmp({B, Tq, C});
   w.y = tmp({B, Tq, C});
   w.qkv = tmp({B, Tq, spec_.attention.qkv_width()});
-  w.hidden = tmp({B, Tq, H});
+  w.hidden = tmp({B, Tq, mlp_.fc_width()});
   w.act = tmp({B, Tq, H});
   w.mean = be.empty(Shape{B * Tq}, DType::F32, MemCategory::Temporaries);
   w.rstd = be.empty(Shape{B * Tq}, DType::F32, MemCategory::Temporaries);
@@ -108,9 +115,10 @@ TransformerBlock::DecodeScratch TransformerBlock::make_decode_scratch(Backend& b
 }
 
 void TransformerBlock::decode(Backend& be, Stream s, const Tensor& x, const DecodeScratch& w,
-                              const Tensor& k_cache, const Tensor& v_cache, int64_t past) const {
+                              const Tensor& k_cache, const Tensor& v_cache, int64_t past,
+                              const Tensor& positions) const {
   norm_1_.forward_into(be, s, w.norm, w.mean, w.rstd, x);
-  attn_.decode(be, s, w.norm, w.norm, w.qkv, w.y, k_cache, v_cache, past);
+  attn_.decode(be, s, w.norm, w.norm, w.qkv, w.y, k_cache, v_cache, past, positions);
   be.add(s, w.x2, x, w.norm);
   norm_2_.forward_into(be, s, w.norm, w.mean, w.rstd, w.x2);
   mlp_.decode(be, s, w.y, w.norm, w.hidden, w.act);

@@ -1,4 +1,5 @@
-// A pre-norm transformer block composed from a plain spec (GPT-2: Radford et al. 2019):
+// A pre-norm transformer block composed from a plain spec (GPT-2: Radford et al. 2019;
+// Llama: RMSNorm, rotary grouped-query attention, SwiGLU, no biases):
 //   r   = x + dropout(attn(norm_1(x)))
 //   out = r + dropout(mlp(norm_2(r)))
 // The block knows nothing of its position in a model, ranks or devices: the model gives
@@ -17,9 +18,6 @@
 
 namespace kiln::nn {
 
-enum class NormKind { LayerNorm };
-enum class MlpKind { GeluTanh };
-
 /// Parameter names inside a block (defaults: Hugging Face GPT-2's).
 struct BlockNames {
   std::string norm_1 = "ln_1", attn_qkv = "attn.c_attn", attn_out = "attn.c_proj";
@@ -28,8 +26,7 @@ struct BlockNames {
 
 struct BlockSpec {
   int64_t n_embd = 0;               // C, the residual stream's width
-  NormKind norm = NormKind::LayerNorm;
-  float norm_eps = 1e-5f;
+  NormSpec norm;                    // both norms (kind, eps, gain, shift)
   AttentionSpec attention;
   MlpKind mlp = MlpKind::GeluTanh;
   int64_t mlp_hidden = 0;           // H
@@ -42,10 +39,10 @@ struct BlockSpec {
 /// Dropout sites of a block: each a distinct Philox stream (see the model's streams).
 enum DropoutSite : uint64_t { kEmbeddingSite = 0, kAttnProbsSite = 1, kAttnResidSite = 2, kMlpResidSite = 3 };
 
-/// Backward scratch shared by all blocks: tmp, dtmp, dattn [B,T,C]; dbig [B,T,max(H,
-/// qkv width)].
+/// Backward scratch shared by all blocks: tmp, dtmp, dattn [B,T,C]; dbig [B,T,max(MLP fc
+/// width, qkv width)]; dact [B,T,H] (SwiGLU only, else empty).
 struct BlockScratch {
-  Tensor tmp, dtmp, dattn, dbig;
+  Tensor tmp, dtmp, dattn, dbig, dact;
 };
 
 /// Per-call inputs of a block besides x: saved tensors, scratch, dropout of each site.
@@ -57,6 +54,7 @@ struct BlockPass {
   DropoutSpec attn_probs, attn_resid, mlp_resid;
   bool rerun = false;           // backward re-runs forward first (full checkpointing)
   bool recompute_cheap = false;  // backward recomputes Cheap tensors first (selective)
+  Tensor positions;             // int32 [B,T] for rotary attention; empty: 0..T-1
 };
 
 class TransformerBlock {
@@ -79,9 +77,11 @@ class TransformerBlock {
     Tensor x2, norm, y, qkv, hidden, act, mean, rstd;
   };
   DecodeScratch make_decode_scratch(Backend& be, int64_t B, int64_t Tq, DType dtype) const;
-  /// x [B,Tq,C] <- block(x) over the KV caches [B,Tmax,C] at positions past..past+Tq-1.
+  /// x [B,Tq,C] <- block(x) over the KV caches [B,Tmax,NKV*HD] at positions
+  /// past..past+Tq-1 (`positions` int32 [B,Tq] holds them for rotary attention).
   void decode(Backend& be, Stream s, const Tensor& x, const DecodeScratch& w,
-              const Tensor& k_cache, const Tensor& v_cache, int64_t past) const;
+              const Tensor& k_cache, const Tensor& v_cache, int64_t past,
+              const Tensor& positions = Tensor()) const;
 
   void collect(std::vector<Param*>& out);
   const BlockSpec& spec() const { return spec_; }
@@ -91,16 +91,11 @@ class TransformerBlock {
     return saved.subspan(first, n);
   }
   BlockSpec spec_;
-  LayerNorm norm_1_, norm_2_;
+  Norm norm_1_, norm_2_;
   SelfAttention attn_;
-  GeluMlp mlp_;
-  // Offsets of each layer's saved tensors in BlockPass::saved.
-  static constexpr size_t kNorm1 = 0;
-  static constexpr size_t kAttn = kNorm1 + LayerNorm::kNumSaved;
-  static constexpr size_t kResidual = kAttn + SelfAttention::kNumSaved;
-  static constexpr size_t kNorm2 = kResidual + 1;
-  static constexpr size_t kMlp = kNorm2 + LayerNorm::kNumSaved;
-  static constexpr size_t kNumSaved = kMlp + GeluMlp::kNumSaved;
+  Mlp mlp_;
+  // Offsets of each layer's saved tensors in BlockPass::saved (set by the constructor).
+  size_t kNorm1 = 0, kAttn = 0, kResidual = 0, kNorm2 = 0, kMlp = 0, kNumSaved = 0;
 };
 
 }  // namespace kiln::nn

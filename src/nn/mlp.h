@@ -1,9 +1,12 @@
-// The transformer's MLP: y = proj(act(fc(x))).
+// The transformer's MLP: y = proj(act(fc(x))), hidden width H.
 //
-// GeluMlp (GPT-2): act = GELU with the tanh approximation (Hendrycks & Gimpel 2016),
-// hidden width H (4C in GPT-2). Saved: the hidden pre-activation h [B,T,H] (recomputed
-// with the block) and act(h) [B,T,H], which is Cheap: one elementwise op recomputes it
-// from h, so selective checkpointing drops it (Korthikanti et al. 2022, section 5).
+// GeluTanh (GPT-2): fc [H, C], act = GELU with the tanh approximation (Hendrycks &
+//   Gimpel 2016); H = 4C in GPT-2.
+// SwiGLU (Shazeer 2020; Llama): fc [2H, C] is the gate projection (rows [0, H)) and the
+//   up projection (rows [H, 2H)) fused into one Linear, act = silu(gate) * up.
+// Saved: fc's output [B,T,H or 2H] (recomputed with the block) and act's output [B,T,H],
+// which is Cheap: one elementwise op recomputes it from fc's output, so selective
+// checkpointing drops it (Korthikanti et al. 2022, section 5).
 #pragma once
 
 #include "backend/backend.h"
@@ -14,29 +17,40 @@
 
 namespace kiln::nn {
 
-class GeluMlp {
+enum class MlpKind { GeluTanh, SwiGLU };
+
+class Mlp {
  public:
-  /// <fc_name> [H, C] and <proj_name> [C, H] (init proj_init_std), biases when `bias`.
-  GeluMlp(const std::string& fc_name, const std::string& proj_name, int64_t C, int64_t H,
-          bool bias, float init_std, float proj_init_std);
+  /// <fc_name> [H or 2H, C] and <proj_name> [C, H] (init proj_init_std), biases when `bias`.
+  Mlp(MlpKind kind, const std::string& fc_name, const std::string& proj_name, int64_t C,
+      int64_t H, bool bias, float init_std, float proj_init_std);
 
   std::vector<SavedSpec> saved_specs(int64_t B, int64_t T, DType dtype) const;
   enum : size_t { kHidden, kAct, kNumSaved };
-  /// out [B,T,C] = proj(gelu(fc(inp))).
+  /// out [B,T,C] = proj(act(fc(inp))).
   void forward(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& out,
                const Tensor& inp) const;
-  /// Refills the Cheap saved tensor (the activation) from the hidden pre-activation.
+  /// Refills the Cheap saved tensor (the activation) from fc's output.
   void recompute(Backend& be, Stream s, std::span<const Tensor> saved) const;
-  /// dinp [B,T,C] (overwritten) from dout; scratch dhidden [B,T,H].
+  /// dinp [B,T,C] (overwritten) from dout. Scratch: dfc [B,T,fc_width()]; SwiGLU also
+  /// dact [B,T,H] (GeluTanh works in place in dfc and ignores it).
   void backward(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& dinp,
-                const Tensor& dout, const Tensor& inp, const Tensor& dhidden) const;
-  /// Inference: out = proj(gelu(fc(inp))) with scratch hidden, act [B,Tq,H].
+                const Tensor& dout, const Tensor& inp, const Tensor& dfc,
+                const Tensor& dact) const;
+  /// Inference: out = proj(act(fc(inp))) with scratch hidden [B,Tq,fc_width()], act
+  /// [B,Tq,H].
   void decode(Backend& be, Stream s, const Tensor& out, const Tensor& inp, const Tensor& hidden,
               const Tensor& act) const;
   void collect(std::vector<Param*>& out);
 
-  int64_t hidden() const { return fc.out(); }
+  MlpKind kind() const { return kind_; }
+  int64_t hidden() const { return proj.in(); }   // H
+  int64_t fc_width() const { return fc.out(); }  // H, or 2H for SwiGLU
   Linear fc, proj;
+
+ private:
+  void activate(Backend& be, Stream s, const Tensor& act, const Tensor& hidden) const;
+  MlpKind kind_;
 };
 
 }  // namespace kiln::nn

@@ -2,35 +2,51 @@
 
 namespace kiln::nn {
 
-LayerNorm::LayerNorm(const std::string& name, int64_t C, float eps)
-    : weight(name + ".weight", Shape{C}, Init::ones(), false),
-      bias(name + ".bias", Shape{C}, Init::zeros(), false), C_(C), eps_(eps) {}
-
-std::vector<SavedSpec> LayerNorm::saved_specs(int64_t B, int64_t T, DType dtype) const {
-  return {{weight.name + ":out", Shape{B, T, C_}, dtype, Recompute::WithBlock},
-          {weight.name + ":mean", Shape{B * T}, DType::F32, Recompute::WithBlock},
-          {weight.name + ":rstd", Shape{B * T}, DType::F32, Recompute::WithBlock}};
+Norm::Norm(const std::string& name, int64_t C, const NormSpec& spec) : C_(C), spec_(spec) {
+  KILN_CHECK(C > 0, "norm {}: width {} must be > 0", name, C);
+  KILN_CHECK(!(spec.kind == NormKind::RMSNorm && spec.bias), "norm {}: RMSNorm has no bias",
+             name);
+  weight.name = name + ".weight";
+  if (spec.weight) weight = Param(name + ".weight", Shape{C}, Init::ones(), false);
+  if (spec.bias) bias = Param(name + ".bias", Shape{C}, Init::zeros(), false);
 }
 
-void LayerNorm::forward(Backend& be, Stream s, std::span<const Tensor> saved,
-                        const Tensor& inp) const {
-  forward_into(be, s, saved[kOut], saved[kMean], saved[kRstd], inp);
+std::vector<SavedSpec> Norm::saved_specs(int64_t B, int64_t T, DType dtype) const {
+  std::vector<SavedSpec> v{{weight.name + ":out", Shape{B, T, C_}, dtype, Recompute::WithBlock}};
+  if (spec_.kind == NormKind::LayerNorm)
+    v.push_back({weight.name + ":mean", Shape{B * T}, DType::F32, Recompute::WithBlock});
+  v.push_back({weight.name + ":rstd", Shape{B * T}, DType::F32, Recompute::WithBlock});
+  return v;
 }
 
-void LayerNorm::forward_into(Backend& be, Stream s, const Tensor& out, const Tensor& mean,
-                             const Tensor& rstd, const Tensor& inp) const {
-  be.layernorm_forward(s, out, mean, rstd, inp, weight.v(), bias.v(), eps_);
+void Norm::forward(Backend& be, Stream s, std::span<const Tensor> saved,
+                   const Tensor& inp) const {
+  if (spec_.kind == NormKind::LayerNorm)
+    forward_into(be, s, saved[kOut], saved[1], saved[2], inp);
+  else
+    forward_into(be, s, saved[kOut], Tensor(), saved[1], inp);
 }
 
-void LayerNorm::backward(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& dinp,
-                         const Tensor& dout, const Tensor& inp) const {
-  be.layernorm_backward(s, dinp, weight.g(), bias.g(), dout, inp, weight.v(), saved[kMean],
-                        saved[kRstd]);
+void Norm::forward_into(Backend& be, Stream s, const Tensor& out, const Tensor& mean,
+                        const Tensor& rstd, const Tensor& inp) const {
+  if (spec_.kind == NormKind::LayerNorm)
+    be.layernorm_forward(s, out, mean, rstd, inp, opt_value(weight), opt_value(bias), spec_.eps);
+  else
+    be.rmsnorm_forward(s, out, rstd, inp, opt_value(weight), spec_.eps);
 }
 
-void LayerNorm::collect(std::vector<Param*>& out) {
-  out.push_back(&weight);
-  out.push_back(&bias);
+void Norm::backward(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& dinp,
+                    const Tensor& dout, const Tensor& inp) const {
+  if (spec_.kind == NormKind::LayerNorm)
+    be.layernorm_backward(s, dinp, opt_grad(weight), opt_grad(bias), dout, inp,
+                          opt_value(weight), saved[1], saved[2]);
+  else
+    be.rmsnorm_backward(s, dinp, opt_grad(weight), dout, inp, opt_value(weight), saved[1]);
+}
+
+void Norm::collect(std::vector<Param*>& out) {
+  if (spec_.weight) out.push_back(&weight);
+  if (spec_.bias) out.push_back(&bias);
 }
 
 }  // namespace kiln::nn

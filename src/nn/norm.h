@@ -1,8 +1,11 @@
-// Normalisation layers over the last dimension.
+// Normalisation over the last dimension, one layer for both kinds a block may use:
 //
-// LayerNorm (Ba, Kiros, Hinton 2016, as torch.nn.LayerNorm): y = (x - mean) * rstd * g + b
-// with rstd = 1 / sqrt(biased var + eps). It saves its output (the next Linear's input),
-// mean and rstd (fp32 [N]), all recomputed with the block.
+// LayerNorm (Ba, Kiros, Hinton 2016, as torch.nn.LayerNorm): y = (x - mean) * rstd * g + b,
+//   rstd = 1 / sqrt(biased var + eps). Saves out, mean and rstd (fp32 [N]).
+// RMSNorm (Zhang & Sennrich 2019, as Llama's): y = x * rstd * g, rstd = 1 / sqrt(mean(x^2)
+//   + eps). Saves out and rstd.
+// The gain g (<name>.weight, ones) and, for LayerNorm, the shift b (<name>.bias, zeros)
+// are optional (NormSpec). All saved tensors are recomputed with the block.
 #pragma once
 
 #include "backend/backend.h"
@@ -13,30 +16,46 @@
 
 namespace kiln::nn {
 
-class LayerNorm {
- public:
-  /// Parameters <name>.weight [C] (ones) and <name>.bias [C] (zeros). The backend's
-  /// LayerNorm op is affine with a bias, so both always exist for now.
-  LayerNorm(const std::string& name, int64_t C, float eps);
+enum class NormKind { LayerNorm, RMSNorm };
 
-  /// Saved: out [B,T,C] (model dtype), mean, rstd fp32 [B*T], in this order.
+struct NormSpec {
+  NormKind kind = NormKind::LayerNorm;
+  float eps = 1e-5f;
+  bool weight = true;  // a learned gain
+  bool bias = true;    // a learned shift (LayerNorm only)
+};
+
+class Norm {
+ public:
+  Norm(const std::string& name, int64_t C, const NormSpec& spec);
+
+  /// Saved, in order: out [B,T,C] (model dtype) first (kOut), then the fp32 [B*T]
+  /// statistics (LayerNorm: mean, rstd; RMSNorm: rstd).
   std::vector<SavedSpec> saved_specs(int64_t B, int64_t T, DType dtype) const;
-  enum : size_t { kOut, kMean, kRstd, kNumSaved };
-  /// saved[kOut] = LN(inp), inp [B,T,C]; fills mean and rstd.
+  static constexpr size_t kOut = 0;
+  size_t num_saved() const { return spec_.kind == NormKind::LayerNorm ? 3 : 2; }
+  /// saved[kOut] = norm(inp), inp [B,T,C]; fills the statistics.
   void forward(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& inp) const;
-  /// As forward, into explicit buffers (inference: nothing is saved).
+  /// As forward, into explicit buffers (inference: nothing is saved); mean is unused by
+  /// RMSNorm.
   void forward_into(Backend& be, Stream s, const Tensor& out, const Tensor& mean,
                     const Tensor& rstd, const Tensor& inp) const;
-  /// dinp [B,T,C] += dLN(dout) (adds: inp is the residual stream); dweight, dbias +=.
+  /// dinp [B,T,C] += dnorm(dout) (adds: inp is the residual stream); gain and shift
+  /// gradients +=.
   void backward(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& dinp,
                 const Tensor& dout, const Tensor& inp) const;
   void collect(std::vector<Param*>& out);
 
-  Param weight, bias;
+  const NormSpec& spec() const { return spec_; }
+  /// The gain's name: "<name>.weight" (even when there is no gain: for messages).
+  const std::string& name() const { return weight.name; }
+  Param weight, bias;  // empty name and shape when absent
 
  private:
+  Tensor opt_value(const Param& p) const { return p.shape.ndim() ? p.v() : Tensor(); }
+  Tensor opt_grad(const Param& p) const { return p.shape.ndim() ? p.g() : Tensor(); }
   int64_t C_;
-  float eps_;
+  NormSpec spec_;
 };
 
 }  // namespace kiln::nn

@@ -14,33 +14,51 @@ int64_t last(const Tensor& t) { return t.size(-1); }
 int64_t rows(const Tensor& t) { return t.numel() / last(t); }
 }  // namespace
 
-OpCost embedding_forward(const Tensor& out, const Tensor& tokens) {
+OpCost embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor&, const Tensor&,
+                         const Tensor& wpe) {
   const int64_t N = tokens.numel(), T = tokens.size(-1), C = last(out);
-  const double e = es(out);
-  return {d(N * C), 4.0 * d(N) + d(N * C) * e + d(T * C) * e + d(N * C) * e,
+  const double e = es(out), pos = wpe ? 1.0 : 0.0;
+  return {pos * d(N * C), 4.0 * d(N) + d(N * C) * e + pos * d(T * C) * e + d(N * C) * e,
           fmt::format("B={} T={} C={}", N / T, T, C)};
 }
 
-OpCost embedding_backward(const Tensor& dout, const Tensor& tokens) {
+OpCost embedding_backward(const Tensor&, const Tensor& dwpe, const Tensor& dout,
+                          const Tensor& tokens, const Tensor&) {
   const int64_t N = tokens.numel(), T = tokens.size(-1), C = last(dout);
-  const double e = es(dout);
-  return {2.0 * d(N * C), d(N * C) * e + 4.0 * d(N) + 2.0 * d(N * C) * e + 2.0 * d(T * C) * e,
+  const double e = es(dout), pos = dwpe ? 1.0 : 0.0;
+  return {(1.0 + pos) * d(N * C),
+          d(N * C) * e + 4.0 * d(N) + 2.0 * d(N * C) * e + pos * 2.0 * d(T * C) * e,
           fmt::format("B={} T={} C={}", N / T, T, C)};
 }
 
-OpCost layernorm_forward(const Tensor& inp) {
+OpCost layernorm_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor& inp,
+                         const Tensor&, const Tensor&, float) {
   const int64_t C = last(inp), N = rows(inp);
   return {8.0 * d(N * C), (2.0 * d(N * C) + 2.0 * d(C)) * es(inp) + 8.0 * d(N),
           fmt::format("N={} C={}", N, C)};
 }
 
-OpCost layernorm_backward(const Tensor& inp) {
+OpCost layernorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                          const Tensor& inp, const Tensor&, const Tensor&, const Tensor&) {
   const int64_t C = last(inp), N = rows(inp);
   return {14.0 * d(N * C), (4.0 * d(N * C) + 5.0 * d(C)) * es(inp) + 8.0 * d(N),
           fmt::format("N={} C={}", N, C)};
 }
 
-OpCost linear_forward(const Tensor& inp, const Tensor& weight, const Tensor& bias) {
+OpCost rmsnorm_forward(const Tensor&, const Tensor&, const Tensor& inp, const Tensor&, float) {
+  const int64_t C = last(inp), N = rows(inp);
+  return {4.0 * d(N * C), (2.0 * d(N * C) + d(C)) * es(inp) + 4.0 * d(N),
+          fmt::format("N={} C={}", N, C)};
+}
+
+OpCost rmsnorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor& inp,
+                        const Tensor&, const Tensor&) {
+  const int64_t C = last(inp), N = rows(inp);
+  return {8.0 * d(N * C), (4.0 * d(N * C) + 3.0 * d(C)) * es(inp) + 4.0 * d(N),
+          fmt::format("N={} C={}", N, C)};
+}
+
+OpCost linear_forward(const Tensor&, const Tensor& inp, const Tensor& weight, const Tensor& bias) {
   const int64_t IC = last(inp), N = rows(inp), OC = weight.size(0);
   const bool b = static_cast<bool>(bias);
   const double flops = 2.0 * d(N) * d(IC) * d(OC) + (b ? d(N * OC) : 0.0);
@@ -48,8 +66,8 @@ OpCost linear_forward(const Tensor& inp, const Tensor& weight, const Tensor& bia
   return {flops, bytes, fmt::format("N={} IC={} OC={}", N, IC, OC)};
 }
 
-OpCost linear_backward(const Tensor& dinp, const Tensor& dbias, const Tensor& inp,
-                       const Tensor& weight) {
+OpCost linear_backward(const Tensor& dinp, const Tensor&, const Tensor& dbias, const Tensor&,
+                       const Tensor& inp, const Tensor& weight) {
   const int64_t IC = last(inp), N = rows(inp), OC = weight.size(0);
   const bool di = static_cast<bool>(dinp), db = static_cast<bool>(dbias);
   const double mm = 2.0 * d(N) * d(IC) * d(OC);
@@ -62,46 +80,88 @@ OpCost linear_backward(const Tensor& dinp, const Tensor& dbias, const Tensor& in
 }
 
 namespace {
-OpCost attention(const Tensor& qkv, int n_head, double matmuls, double tensors_btc) {
-  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
-  // matmuls * (2 HD FLOPs per causal pair) * NH heads * T(T+1)/2 pairs * B
-  //   = matmuls * B * C * T * (T+1)
-  const double flops = matmuls * d(B) * d(C) * d(T) * d(T + 1);
-  const double bytes = tensors_btc * d(B * T * C) * es(qkv) + 4.0 * d(B * n_head * T);
-  return {flops, bytes, fmt::format("B={} T={} C={} NH={}", B, T, C, n_head)};
+// matmuls * (2 HD FLOPs per (query, key) pair) * NH heads * pairs * B; tensors of width
+// W (qkv) and C = NH*HD (out) read or written.
+OpCost attention(const Tensor& qkv, const AttentionShape& a, double matmuls, double w_tensors,
+                 double c_tensors) {
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = a.q_width(), W = a.qkv_width();
+  const double pairs = a.causal ? d(T) * d(T + 1) / 2.0 : d(T) * d(T);
+  const double flops = matmuls * 2.0 * d(B) * d(C) * pairs;
+  const double bytes =
+      (w_tensors * d(W) + c_tensors * d(C)) * d(B * T) * es(qkv) + 4.0 * d(B * a.n_head * T);
+  return {flops, bytes,
+          fmt::format("B={} T={} NH={} NKV={} HD={}{}", B, T, a.n_head, a.kv_heads(), a.head_dim,
+                      a.causal ? "" : " bidirectional")};
 }
 }  // namespace
 
-OpCost attention_forward(const Tensor& qkv, int n_head) { return attention(qkv, n_head, 2.0, 4.0); }
-OpCost attention_backward(const Tensor& qkv, int n_head) { return attention(qkv, n_head, 5.0, 8.0); }
+OpCost attention_forward(const Tensor&, const Tensor&, const Tensor& qkv,
+                         const AttentionShape& shape, const DropoutSpec&) {
+  return attention(qkv, shape, 2.0, 1.0, 1.0);
+}
+OpCost attention_backward(const Tensor&, const Tensor&, const Tensor& qkv, const Tensor&,
+                          const Tensor&, const AttentionShape& shape, const DropoutSpec&) {
+  return attention(qkv, shape, 5.0, 2.0, 2.0);
+}
 
-OpCost attention_decode(const Tensor& qkv, int64_t past) {
-  const int64_t B = qkv.size(0), Tq = qkv.size(1), C = qkv.size(2) / 3;
+OpCost attention_decode(const Tensor&, const Tensor&, const Tensor&, const Tensor& qkv,
+                        int64_t past, const AttentionShape& a) {
+  const int64_t B = qkv.size(0), Tq = qkv.size(1), C = a.q_width(), W = a.qkv_width();
+  const int64_t KV = a.kv_width();
   const double pairs = d(Tq) * d(past) + d(Tq) * d(Tq + 1) / 2.0;
   const double flops = 4.0 * d(B) * d(C) * pairs;
-  const double bytes = (3.0 * d(B * Tq * C) + 2.0 * d(B * (past + Tq) * C) + 2.0 * d(B * Tq * C) +
+  const double bytes = (d(W * B * Tq) + 2.0 * d(B * (past + Tq) * KV) + 2.0 * d(B * Tq * KV) +
                         d(B * Tq * C)) * es(qkv);
   return {flops, bytes, fmt::format("B={} Tq={} past={} C={}", B, Tq, past, C)};
 }
 
-OpCost gelu_forward(const Tensor& inp) {
+OpCost rope_forward(const Tensor& qkv, const Tensor& positions, const AttentionShape& a,
+                    const RopeSpec&) {
+  const int64_t B = qkv.size(0), T = qkv.size(1);
+  const double n = d(B * T) * d((a.n_head + a.kv_heads()) * a.head_dim);
+  return {3.0 * n, 2.0 * n * es(qkv) + (positions ? 4.0 * d(B * T) : 0.0),
+          fmt::format("B={} T={} NH={} NKV={} HD={}", B, T, a.n_head, a.kv_heads(), a.head_dim)};
+}
+OpCost rope_backward(const Tensor& dqkv, const Tensor& positions, const AttentionShape& a,
+                     const RopeSpec& rope) {
+  return rope_forward(dqkv, positions, a, rope);
+}
+
+OpCost gelu_forward(const Tensor&, const Tensor& inp) {
   const double n = d(inp.numel());
   return {8.0 * n, 2.0 * n * es(inp), fmt::format("n={}", inp.numel())};
 }
-OpCost gelu_backward(const Tensor& inp) {
+OpCost gelu_backward(const Tensor&, const Tensor&, const Tensor& inp) {
   const double n = d(inp.numel());
   return {16.0 * n, 3.0 * n * es(inp), fmt::format("n={}", inp.numel())};
 }
-OpCost add(const Tensor& out) {
+OpCost swiglu_forward(const Tensor& out, const Tensor& inp) {
+  const double n = d(out.numel());
+  return {5.0 * n, 3.0 * n * es(inp), fmt::format("N={} H={}", rows(out), last(out))};
+}
+OpCost swiglu_backward(const Tensor&, const Tensor& dout, const Tensor& inp) {
+  const double n = d(dout.numel());
+  return {10.0 * n, 5.0 * n * es(inp), fmt::format("N={} H={}", rows(dout), last(dout))};
+}
+OpCost add(const Tensor& out, const Tensor&, const Tensor&) {
   const double n = d(out.numel());
   return {n, 3.0 * n * es(out), fmt::format("n={}", out.numel())};
 }
+namespace {
 OpCost dropout(const Tensor& t) {
   const double n = d(t.numel());
   return {n, 2.0 * n * es(t), fmt::format("n={}", t.numel())};
 }
+}  // namespace
+OpCost dropout_forward(const Tensor&, const Tensor& inp, const DropoutSpec&) {
+  return dropout(inp);
+}
+OpCost dropout_backward(const Tensor&, const Tensor& dout, const DropoutSpec&) {
+  return dropout(dout);
+}
 
-OpCost softmax_cross_entropy(const Tensor& logits, const Tensor& dlogits, int vocab_size) {
+OpCost softmax_cross_entropy(const Tensor&, const Tensor& dlogits, const Tensor& logits,
+                             const Tensor&, int vocab_size, int, float) {
   const int64_t Vp = last(logits), N = rows(logits);
   const bool g = static_cast<bool>(dlogits);
   const double flops = (3.0 + (g ? 2.0 : 0.0)) * d(N) * d(vocab_size);
@@ -109,7 +169,8 @@ OpCost softmax_cross_entropy(const Tensor& logits, const Tensor& dlogits, int vo
   return {flops, bytes, fmt::format("N={} V={} Vp={}{}", N, vocab_size, Vp, g ? "" : " (no grad)")};
 }
 
-OpCost adamw_step(const Tensor& param, const Tensor& grad) {
+OpCost adamw_step(const Tensor& param, const Tensor& grad, const Tensor&, const Tensor&,
+                  const AdamWParams&) {
   const double n = d(param.numel());
   return {14.0 * n, 2.0 * n * es(param) + n * es(grad) + 16.0 * n,
           fmt::format("n={}", param.numel())};
@@ -184,102 +245,12 @@ double ProfilingBackend::sum_squares(Stream s, const Tensor& t) {
   return r;
 }
 
-void ProfilingBackend::embedding_forward(Stream s, const Tensor& out, const Tensor& tokens,
-                                         const Tensor& wte, const Tensor& wpe) {
-  KILN_PROFILED("embedding_forward", "forward", inner_.embedding_forward(s, out, tokens, wte, wpe),
-                cost::embedding_forward(out, tokens));
-}
-void ProfilingBackend::embedding_backward(Stream s, const Tensor& dwte, const Tensor& dwpe,
-                                          const Tensor& dout, const Tensor& tokens) {
-  KILN_PROFILED("embedding_backward", "backward",
-                inner_.embedding_backward(s, dwte, dwpe, dout, tokens),
-                cost::embedding_backward(dout, tokens));
-}
-void ProfilingBackend::layernorm_forward(Stream s, const Tensor& out, const Tensor& mean,
-                                         const Tensor& rstd, const Tensor& inp,
-                                         const Tensor& weight, const Tensor& bias, float eps) {
-  KILN_PROFILED("layernorm_forward", "forward",
-                inner_.layernorm_forward(s, out, mean, rstd, inp, weight, bias, eps),
-                cost::layernorm_forward(inp));
-}
-void ProfilingBackend::layernorm_backward(Stream s, const Tensor& dinp, const Tensor& dweight,
-                                          const Tensor& dbias, const Tensor& dout,
-                                          const Tensor& inp, const Tensor& weight,
-                                          const Tensor& mean, const Tensor& rstd) {
-  KILN_PROFILED("layernorm_backward", "backward",
-                inner_.layernorm_backward(s, dinp, dweight, dbias, dout, inp, weight, mean, rstd),
-                cost::layernorm_backward(inp));
-}
-void ProfilingBackend::linear_forward(Stream s, const Tensor& out, const Tensor& inp,
-                                      const Tensor& weight, const Tensor& bias) {
-  KILN_PROFILED("linear_forward", "forward", inner_.linear_forward(s, out, inp, weight, bias),
-                cost::linear_forward(inp, weight, bias));
-}
-void ProfilingBackend::linear_backward(Stream s, const Tensor& dinp, const Tensor& dweight,
-                                       const Tensor& dbias, const Tensor& dout,
-                                       const Tensor& inp, const Tensor& weight) {
-  KILN_PROFILED("linear_backward", "backward",
-                inner_.linear_backward(s, dinp, dweight, dbias, dout, inp, weight),
-                cost::linear_backward(dinp, dbias, inp, weight));
-}
-void ProfilingBackend::attention_forward(Stream s, const Tensor& out, const Tensor& lse,
-                                         const Tensor& qkv, int n_head,
-                                         const DropoutSpec& dropout) {
-  KILN_PROFILED("attention_forward", "forward",
-                inner_.attention_forward(s, out, lse, qkv, n_head, dropout),
-                cost::attention_forward(qkv, n_head));
-}
-void ProfilingBackend::attention_backward(Stream s, const Tensor& dqkv, const Tensor& dout,
-                                          const Tensor& qkv, const Tensor& out,
-                                          const Tensor& lse, int n_head,
-                                          const DropoutSpec& dropout) {
-  KILN_PROFILED("attention_backward", "backward",
-                inner_.attention_backward(s, dqkv, dout, qkv, out, lse, n_head, dropout),
-                cost::attention_backward(qkv, n_head));
-}
-void ProfilingBackend::attention_decode(Stream s, const Tensor& out, const Tensor& k_cache,
-                                        const Tensor& v_cache, const Tensor& qkv, int64_t past,
-                                        int n_head) {
-  KILN_PROFILED("attention_decode", "forward",
-                inner_.attention_decode(s, out, k_cache, v_cache, qkv, past, n_head),
-                cost::attention_decode(qkv, past));
-}
-void ProfilingBackend::gelu_forward(Stream s, const Tensor& out, const Tensor& inp) {
-  KILN_PROFILED("gelu_forward", "forward", inner_.gelu_forward(s, out, inp),
-                cost::gelu_forward(inp));
-}
-void ProfilingBackend::gelu_backward(Stream s, const Tensor& dinp, const Tensor& dout,
-                                     const Tensor& inp) {
-  KILN_PROFILED("gelu_backward", "backward", inner_.gelu_backward(s, dinp, dout, inp),
-                cost::gelu_backward(inp));
-}
-void ProfilingBackend::add(Stream s, const Tensor& out, const Tensor& a, const Tensor& b) {
-  KILN_PROFILED("add", "forward", inner_.add(s, out, a, b), cost::add(out));
-}
-void ProfilingBackend::dropout_forward(Stream s, const Tensor& out, const Tensor& inp,
-                                       const DropoutSpec& spec) {
-  KILN_PROFILED("dropout_forward", "forward", inner_.dropout_forward(s, out, inp, spec),
-                cost::dropout(inp));
-}
-void ProfilingBackend::dropout_backward(Stream s, const Tensor& dinp, const Tensor& dout,
-                                        const DropoutSpec& spec) {
-  KILN_PROFILED("dropout_backward", "backward", inner_.dropout_backward(s, dinp, dout, spec),
-                cost::dropout(dout));
-}
-void ProfilingBackend::softmax_cross_entropy(Stream s, const Tensor& losses,
-                                             const Tensor& dlogits, const Tensor& logits,
-                                             const Tensor& targets, int vocab_size,
-                                             int ignore_index, float grad_scale) {
-  KILN_PROFILED("softmax_cross_entropy", "loss",
-                inner_.softmax_cross_entropy(s, losses, dlogits, logits, targets, vocab_size,
-                                             ignore_index, grad_scale),
-                cost::softmax_cross_entropy(logits, dlogits, vocab_size));
-}
-void ProfilingBackend::adamw_step(Stream s, const Tensor& param, const Tensor& grad,
-                                  const Tensor& m, const Tensor& v, const AdamWParams& hp) {
-  KILN_PROFILED("adamw_step", "optimizer", inner_.adamw_step(s, param, grad, m, v, hp),
-                cost::adamw_step(param, grad));
-}
+#define KILN_PROFILE_OP(Call, method, category, params, args)                   \
+  void ProfilingBackend::method(Stream s, KILN_PARAMS params) {                 \
+    KILN_PROFILED(#method, category, inner_.method(s, KILN_PARAMS args), cost::method args); \
+  }
+KILN_BACKEND_OPS(KILN_PROFILE_OP)
+#undef KILN_PROFILE_OP
 
 #undef KILN_PROFILED
 

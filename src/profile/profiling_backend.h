@@ -23,17 +23,24 @@
 //   embedding_backward   flops 2*N*C                        bytes dout N*C*es + tokens 4N + dwte rows 2*N*C*es + dwpe 2*T*C*es
 //   layernorm_forward    flops 8*N*C                        bytes (2*N*C + 2*C)*es + mean, rstd 8N
 //   layernorm_backward   flops 14*N*C                       bytes (4*N*C + 5*C)*es + 8N  (dout, inp, dinp r+w, w, dw/db r+w)
+//   rmsnorm_forward      flops 4*N*C                        bytes (2*N*C + C)*es + 4N
+//   rmsnorm_backward     flops 8*N*C                        bytes (4*N*C + 3*C)*es + 4N
 //   linear_forward       flops 2*N*IC*OC (+ N*OC bias)      bytes (N*IC + OC*IC + N*OC (+ OC))*es
 //   linear_backward      flops 2*N*IC*OC dweight (+ 2*N*IC*OC dinp) (+ N*OC dbias)
 //                        bytes (N*OC + N*IC + 2*OC*IC (+ OC*IC + N*IC with dinp) (+ 2*OC))*es
-//   attention_forward    flops 2*B*C*T*(T+1): QK^T and PV over the T(T+1)/2 causal
-//                        (query, key) pairs per head, 2*HD FLOPs each, times NH heads
-//                        (softmax not counted)         bytes qkv 3*B*T*C*es + out B*T*C*es + lse 4*B*NH*T
-//   attention_backward   flops 5*B*C*T*(T+1): the recomputed QK^T plus dV, dP, dQ, dK
+//   attention_forward    flops 4*B*C*P: QK^T and PV over P (query, key) pairs per head,
+//                        P = T(T+1)/2 causal or T*T bidirectional, 2*HD FLOPs each, times
+//                        NH heads, C = NH*HD (softmax not counted)
+//                        bytes (qkv W + out C)*B*T*es + lse 4*B*NH*T, W = (NH+2NKV)*HD
+//   attention_backward   flops 10*B*C*P: the recomputed QK^T plus dV, dP, dQ, dK
 //                        (FlashAttention's 2.5x the forward matmuls)
-//                        bytes (qkv 3 + out 1 + dout 1 + dqkv 3)*B*T*C*es + lse 4*B*NH*T
+//                        bytes (qkv W + out C + dout C + dqkv W)*B*T*es + lse 4*B*NH*T
 //   attention_decode     flops 4*B*C*P, P = Tq*past + Tq*(Tq+1)/2 (query, key) pairs
-//                        bytes (3*B*Tq*C + 2*B*(past+Tq)*C + 2*B*Tq*C + B*Tq*C)*es
+//                        bytes (W*B*Tq + 2*B*(past+Tq)*KV + 2*B*Tq*KV + B*Tq*C)*es, KV = NKV*HD
+//   rope_forward/bwd     flops 3*B*T*(NH+NKV)*HD (6 per rotated pair)
+//                        bytes 2*B*T*(NH+NKV)*HD*es (+ positions 4*B*T)
+//   swiglu_forward       flops 5*N*H                        bytes 3*N*H*es
+//   swiglu_backward      flops 10*N*H                       bytes 5*N*H*es
 //   gelu_forward         flops 8n                           bytes 2n*es
 //   gelu_backward        flops 16n                          bytes 3n*es
 //   add                  flops n                            bytes 3n*es
@@ -49,6 +56,7 @@
 #pragma once
 
 #include "backend/backend.h"
+#include "backend/op_list.h"
 #include "profile/tracer.h"
 
 #include <memory>
@@ -92,40 +100,11 @@ class ProfilingBackend final : public Backend {
   void fill(Stream s, const Tensor& t, float value) override;
   double sum_squares(Stream s, const Tensor& t) override;
 
-  void embedding_forward(Stream s, const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                         const Tensor& wpe) override;
-  void embedding_backward(Stream s, const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                          const Tensor& tokens) override;
-  void layernorm_forward(Stream s, const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                         const Tensor& inp, const Tensor& weight, const Tensor& bias,
-                         float eps) override;
-  void layernorm_backward(Stream s, const Tensor& dinp, const Tensor& dweight,
-                          const Tensor& dbias, const Tensor& dout, const Tensor& inp,
-                          const Tensor& weight, const Tensor& mean, const Tensor& rstd) override;
-  void linear_forward(Stream s, const Tensor& out, const Tensor& inp, const Tensor& weight,
-                      const Tensor& bias) override;
-  void linear_backward(Stream s, const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
-                       const Tensor& dout, const Tensor& inp, const Tensor& weight) override;
-  void attention_forward(Stream s, const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                         int n_head, const DropoutSpec& dropout) override;
-  void attention_backward(Stream s, const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                          const Tensor& out, const Tensor& lse, int n_head,
-                          const DropoutSpec& dropout) override;
-  void attention_decode(Stream s, const Tensor& out, const Tensor& k_cache,
-                        const Tensor& v_cache, const Tensor& qkv, int64_t past,
-                        int n_head) override;
-  void gelu_forward(Stream s, const Tensor& out, const Tensor& inp) override;
-  void gelu_backward(Stream s, const Tensor& dinp, const Tensor& dout, const Tensor& inp) override;
-  void add(Stream s, const Tensor& out, const Tensor& a, const Tensor& b) override;
-  void dropout_forward(Stream s, const Tensor& out, const Tensor& inp,
-                       const DropoutSpec& spec) override;
-  void dropout_backward(Stream s, const Tensor& dinp, const Tensor& dout,
-                        const DropoutSpec& spec) override;
-  void softmax_cross_entropy(Stream s, const Tensor& losses, const Tensor& dlogits,
-                             const Tensor& logits, const Tensor& targets, int vocab_size,
-                             int ignore_index, float grad_scale) override;
-  void adamw_step(Stream s, const Tensor& param, const Tensor& grad, const Tensor& m,
-                  const Tensor& v, const AdamWParams& hp) override;
+  // Every op of backend/op_list.h: forwarded, and timed with its cost while enabled.
+#define KILN_PROFILE_DECLARE(Call, method, category, params, args) \
+  void method(Stream s, KILN_PARAMS params) override;
+  KILN_BACKEND_OPS(KILN_PROFILE_DECLARE)
+#undef KILN_PROFILE_DECLARE
 
  private:
   void finish(const char* name, const char* category, Stream s, Clock::time_point t0,
@@ -137,24 +116,13 @@ class ProfilingBackend final : public Backend {
   bool sync_;
 };
 
-// The cost formulas above, one function per op (exposed for tests and tools).
+// The cost formulas above, one function per op of backend/op_list.h with the op's
+// parameters (exposed for tests and tools), and for the hand-written calls.
 namespace cost {
-OpCost embedding_forward(const Tensor& out, const Tensor& tokens);
-OpCost embedding_backward(const Tensor& dout, const Tensor& tokens);
-OpCost layernorm_forward(const Tensor& inp);
-OpCost layernorm_backward(const Tensor& inp);
-OpCost linear_forward(const Tensor& inp, const Tensor& weight, const Tensor& bias);
-OpCost linear_backward(const Tensor& dinp, const Tensor& dbias, const Tensor& inp,
-                       const Tensor& weight);
-OpCost attention_forward(const Tensor& qkv, int n_head);
-OpCost attention_backward(const Tensor& qkv, int n_head);
-OpCost attention_decode(const Tensor& qkv, int64_t past);
-OpCost gelu_forward(const Tensor& inp);
-OpCost gelu_backward(const Tensor& inp);
-OpCost add(const Tensor& out);
-OpCost dropout(const Tensor& t);
-OpCost softmax_cross_entropy(const Tensor& logits, const Tensor& dlogits, int vocab_size);
-OpCost adamw_step(const Tensor& param, const Tensor& grad);
+#define KILN_COST_DECLARE(Call, method, category, params, args) \
+  OpCost method(KILN_PARAMS params);
+KILN_BACKEND_OPS(KILN_COST_DECLARE)
+#undef KILN_COST_DECLARE
 OpCost sum_squares(const Tensor& t);
 OpCost copy(size_t nbytes);
 OpCost fill(const Tensor& t);

@@ -1,4 +1,5 @@
-// Causal multi-head attention, with and without dropout on the probabilities.
+// Self-attention: causal and bidirectional, multi-head and grouped-query, with and
+// without dropout on the probabilities; and decoding over a KV cache.
 //
 // The interface fixes the dropout mask's source (Philox stream of the spec) but not which
 // element index each probability (b, h, t, j) uses, so the tests do not assume one: they
@@ -18,12 +19,20 @@ namespace {
 struct AttnCfg {
   int B, T, NH, HD;
   float p;
+  int NKV = 0;  // 0: NH
+  bool causal = true;
+  int kv() const { return NKV > 0 ? NKV : NH; }
+  int C() const { return NH * HD; }             // out width
+  int W() const { return (NH + 2 * kv()) * HD; }  // qkv width
+  AttentionShape shape() const { return {NH, kv(), HD, causal}; }
+  ref::Attn ref() const { return {B, T, NH, kv(), HD, causal}; }
+  int keys(int t) const { return causal ? t + 1 : T; }
 };
 
 std::string describe(const AttnCfg& c) {
   std::ostringstream os;
-  os << "B=" << c.B << " T=" << c.T << " NH=" << c.NH << " HD=" << c.HD << " C=" << c.NH * c.HD
-     << " p=" << c.p;
+  os << "B=" << c.B << " T=" << c.T << " NH=" << c.NH << " NKV=" << c.kv() << " HD=" << c.HD
+     << (c.causal ? " causal" : " bidirectional") << " p=" << c.p;
   return os.str();
 }
 
@@ -32,20 +41,21 @@ class AttentionTest : public OpTest {
   // Recovers keep[b,h,t,j] (j <= t) from the backend's forward; needs 8 * HD >= T.
   ::testing::AssertionResult recover_mask(const AttnCfg& c, const DropoutSpec& spec,
                                           std::vector<uint8_t>& keep) {
-    const int C = c.NH * c.HD;
-    std::vector<float> qkv(static_cast<size_t>(c.B) * c.T * 3 * C, 0.f);
+    const int C = c.C(), W = c.W();
+    std::vector<float> qkv(static_cast<size_t>(c.B) * c.T * W, 0.f);
     const std::vector<float> krand = randn(static_cast<int64_t>(qkv.size()));
     for (int b = 0; b < c.B; ++b)
       for (int t = 0; t < c.T; ++t)
-        for (int h = 0; h < c.NH; ++h)
+        for (int g = 0; g < c.kv(); ++g)
           for (int d = 0; d < c.HD; ++d) {
-            const size_t base = (static_cast<size_t>(b) * c.T + t) * 3 * C + h * c.HD + d;
-            qkv[base + C] = krand[base];  // k: anything, q = 0 makes scores 0
-            qkv[base + 2 * C] = d == t / 8 ? static_cast<float>(1 << (t % 8)) : 0.f;
+            const size_t row = (static_cast<size_t>(b) * c.T + t) * W;
+            const size_t k = row + (c.NH + g) * c.HD + d, v = row + (c.NH + c.kv() + g) * c.HD + d;
+            qkv[k] = krand[k];  // k: anything, q = 0 makes scores 0
+            qkv[v] = d == t / 8 ? static_cast<float>(1 << (t % 8)) : 0.f;
           }
-    Tensor tq = upload(qkv, {c.B, c.T, 3 * C});
+    Tensor tq = upload(qkv, {c.B, c.T, W});
     Tensor out = poisoned({c.B, c.T, C}), lse = poisoned({c.B, c.NH, c.T});
-    be().attention_forward(st(), out, lse, tq, c.NH, spec);
+    be().attention_forward(st(), out, lse, tq, c.shape(), spec);
     const std::vector<float> o = download(out);
     keep.assign(static_cast<size_t>(c.B) * c.NH * c.T * c.T, 0);
     for (int b = 0; b < c.B; ++b)
@@ -53,18 +63,18 @@ class AttentionTest : public OpTest {
         for (int t = 0; t < c.T; ++t)
           for (int d = 0; d < c.HD; ++d) {
             const double s = static_cast<double>(o[(static_cast<size_t>(b) * c.T + t) * C + h * c.HD + d]) *
-                             (t + 1) * (1.0 - spec.p);
+                             c.keys(t) * (1.0 - spec.p);
             const double r = std::nearbyint(s);
             if (!(std::fabs(s - r) < 1e-2) || r < 0 || r > 255)
               return ::testing::AssertionFailure()
-                     << "attention dropout: output " << s / (t + 1) / (1.0 - spec.p)
+                     << "attention dropout: output " << s / c.keys(t) / (1.0 - spec.p)
                      << " is not a sum of kept probabilities scaled by 1/(1-p) (b=" << b
                      << " h=" << h << " t=" << t << " d=" << d << ")";
             const int bits = static_cast<int>(r);
             for (int k = 0; k < 8; ++k) {
               const int j = d * 8 + k;
               if (!((bits >> k) & 1)) continue;
-              if (j > t)
+              if (j >= c.keys(t))
                 return ::testing::AssertionFailure() << "attention: row t=" << t << " uses key j=" << j
                                                      << " > t (not causal)";
               keep[((static_cast<size_t>(b) * c.NH + h) * c.T + t) * c.T + j] = 1;
@@ -79,9 +89,15 @@ TEST_P(AttentionTest, ForwardBackward) {
        {AttnCfg{1, 1, 1, 1, 0.f}, AttnCfg{1, 1, 2, 3, 0.f}, AttnCfg{2, 7, 1, 5, 0.f},
         AttnCfg{1, 13, 3, 8, 0.f}, AttnCfg{2, 33, 4, 16, 0.f}, AttnCfg{3, 64, 2, 32, 0.f},
         AttnCfg{1, 130, 1, 64, 0.f}, AttnCfg{1, 1, 1, 1, 0.2f}, AttnCfg{2, 9, 3, 4, 0.1f},
-        AttnCfg{1, 16, 2, 8, 0.3f}, AttnCfg{2, 33, 2, 5, 0.5f}}) {
+        AttnCfg{1, 16, 2, 8, 0.3f}, AttnCfg{2, 33, 2, 5, 0.5f},
+        // grouped-query (NKV < NH), bidirectional, and both, with and without dropout
+        AttnCfg{1, 5, 2, 3, 0.f, 1}, AttnCfg{2, 19, 4, 8, 0.f, 2}, AttnCfg{1, 40, 6, 16, 0.f, 3},
+        AttnCfg{2, 9, 4, 4, 0.2f, 1}, AttnCfg{1, 1, 1, 1, 0.f, 0, false},
+        AttnCfg{2, 11, 3, 5, 0.f, 0, false}, AttnCfg{1, 70, 2, 32, 0.f, 0, false},
+        AttnCfg{2, 13, 4, 8, 0.25f, 0, false}, AttnCfg{1, 21, 6, 4, 0.f, 2, false},
+        AttnCfg{2, 16, 4, 2, 0.1f, 2, false}}) {
     const std::string what = describe(c);
-    const int C = c.NH * c.HD;
+    const int C = c.C(), W = c.W();
     const DropoutSpec spec{c.p, rng()(), rng()() % 100};
     std::vector<uint8_t> keep;
     if (spec.enabled()) {
@@ -91,19 +107,19 @@ TEST_P(AttentionTest, ForwardBackward) {
         for (int b = 0; b < c.B; ++b)
           for (int h = 0; h < c.NH; ++h)
             for (int t = 0; t < c.T; ++t)
-              for (int j = 0; j <= t; ++j, ++total)
+              for (int j = 0; j < c.keys(t); ++j, ++total)
                 kept += keep[((static_cast<size_t>(b) * c.NH + h) * c.T + t) * c.T + j];
         const double rate = static_cast<double>(kept) / total;
         EXPECT_NEAR(rate, 1.0 - c.p, 6 * std::sqrt(c.p * (1 - c.p) / total)) << "keep rate; " << what;
       }
     }
-    const int64_t nqkv = int64_t{c.B} * c.T * 3 * C;
+    const int64_t nqkv = int64_t{c.B} * c.T * W;
     const std::vector<float> qkv = randn(nqkv, 1.3f);
-    Tensor tq = upload(qkv, {c.B, c.T, 3 * C});
+    Tensor tq = upload(qkv, {c.B, c.T, W});
     Tensor out = poisoned({c.B, c.T, C}), lse = poisoned({c.B, c.NH, c.T});
-    be().attention_forward(st(), out, lse, tq, c.NH, spec);
+    be().attention_forward(st(), out, lse, tq, c.shape(), spec);
     Vec rout, rlse;
-    ref::attention_forward(rout, rlse, to_double(qkv), c.B, c.T, C, c.NH, keep, c.p);
+    ref::attention_forward(rout, rlse, to_double(qkv), c.ref(), keep, c.p);
     const std::vector<float> got_out = download(out);
     EXPECT_TRUE(near_by_norm(spec.enabled() ? "attention_forward out (dropout)" : "attention_forward out",
                              got_out, rout, 1e-5)) << what;
@@ -112,28 +128,28 @@ TEST_P(AttentionTest, ForwardBackward) {
     if (spec.enabled()) {
       // Replay: the same spec, the same output, bit for bit.
       Tensor out2 = poisoned({c.B, c.T, C}), lse2 = poisoned({c.B, c.NH, c.T});
-      be().attention_forward(st(), out2, lse2, tq, c.NH, spec);
+      be().attention_forward(st(), out2, lse2, tq, c.shape(), spec);
       EXPECT_TRUE(bitwise_equal("attention_forward dropout replay", download(out2), got_out)) << what;
       if (c.T >= 9) {
-        be().attention_forward(st(), out2, lse2, tq, c.NH, DropoutSpec{c.p, spec.seed ^ 0x5555, spec.stream});
+        be().attention_forward(st(), out2, lse2, tq, c.shape(), DropoutSpec{c.p, spec.seed ^ 0x5555, spec.stream});
         EXPECT_FALSE(bitwise_equal("other seed", download(out2), got_out)) << "mask ignores the seed; " << what;
       }
     }
 
     // Backward from the reference's out and lse (so that it is tested on its own).
     const std::vector<float> dout = randn(int64_t{c.B} * c.T * C);
-    Tensor dqkv = poisoned({c.B, c.T, 3 * C});
+    Tensor dqkv = poisoned({c.B, c.T, W});
     be().attention_backward(st(), dqkv, upload(dout, {c.B, c.T, C}), tq,
                             upload(to_float(rout), {c.B, c.T, C}),
-                            upload(to_float(rlse), {c.B, c.NH, c.T}), c.NH, spec);
-    const Vec rd = ref::attention_backward(to_double(dout), to_double(qkv), c.B, c.T, C, c.NH, keep, c.p);
+                            upload(to_float(rlse), {c.B, c.NH, c.T}), c.shape(), spec);
+    const Vec rd = ref::attention_backward(to_double(dout), to_double(qkv), c.ref(), keep, c.p);
     const std::vector<float> got_d = download(dqkv);
     EXPECT_TRUE(near_by_norm(spec.enabled() ? "attention_backward dqkv (dropout)" : "attention_backward dqkv",
                              got_d, rd, 1e-5)) << what;
 
     const Forward f = [&](const Inputs& in) {
       Vec o, l;
-      ref::attention_forward(o, l, in[0], c.B, c.T, C, c.NH, keep, c.p);
+      ref::attention_forward(o, l, in[0], c.ref(), keep, c.p);
       return o;
     };
     EXPECT_TRUE(check_fd("attention_backward dqkv", f, {to_double(qkv)}, to_double(dout), 0, rd,
@@ -144,7 +160,7 @@ TEST_P(AttentionTest, ForwardBackward) {
       // same spec (h = 1e-2; loose bound for fp32 noise and truncation).
       auto backend_loss = [&](const std::vector<float>& x) {
         Tensor o = poisoned({c.B, c.T, C}), l = poisoned({c.B, c.NH, c.T});
-        be().attention_forward(st(), o, l, upload(x, {c.B, c.T, 3 * C}), c.NH, spec);
+        be().attention_forward(st(), o, l, upload(x, {c.B, c.T, W}), c.shape(), spec);
         const std::vector<float> y = download(o);
         double L = 0;
         for (size_t i = 0; i < y.size(); ++i) L += static_cast<double>(dout[i]) * y[i];
@@ -177,45 +193,51 @@ TEST_P(AttentionTest, ForwardBackward) {
 // untouched, and out equals causal attention over the whole sequence (reference run on
 // [cache rows 0..past) ++ new tokens], keeping the last Tq rows).
 TEST_P(AttentionTest, Decode) {
-  struct Cfg { int B, Tq, past, Tmax, NH, HD; };
+  struct Cfg { int B, Tq, past, Tmax, NH, HD, NKV = 0; };
   for (const Cfg& c : {Cfg{1, 1, 0, 1, 1, 1}, Cfg{2, 1, 5, 9, 3, 4}, Cfg{1, 4, 3, 16, 2, 8},
-                       Cfg{2, 7, 0, 7, 1, 5}, Cfg{3, 1, 63, 64, 4, 16}, Cfg{1, 13, 20, 40, 3, 7}}) {
+                       Cfg{2, 7, 0, 7, 1, 5}, Cfg{3, 1, 63, 64, 4, 16}, Cfg{1, 13, 20, 40, 3, 7},
+                       Cfg{2, 3, 6, 12, 4, 8, 2}, Cfg{1, 1, 9, 10, 6, 4, 1}}) {
+    const int NKV = c.NKV > 0 ? c.NKV : c.NH;
     std::ostringstream os;
     os << "B=" << c.B << " Tq=" << c.Tq << " past=" << c.past << " Tmax=" << c.Tmax
-       << " NH=" << c.NH << " HD=" << c.HD;
+       << " NH=" << c.NH << " NKV=" << NKV << " HD=" << c.HD;
     const std::string what = os.str();
-    const int C = c.NH * c.HD, T = c.past + c.Tq;
-    const std::vector<float> kc0 = randn(int64_t{c.B} * c.Tmax * C), vc0 = randn(int64_t{c.B} * c.Tmax * C);
-    const std::vector<float> qkv = randn(int64_t{c.B} * c.Tq * 3 * C, 1.3f);
-    Tensor kc = upload(kc0, {c.B, c.Tmax, C}), vc = upload(vc0, {c.B, c.Tmax, C});
+    const int C = c.NH * c.HD, KV = NKV * c.HD, W = C + 2 * KV, T = c.past + c.Tq;
+    const AttentionShape shape{c.NH, NKV, c.HD, true};
+    const std::vector<float> kc0 = randn(int64_t{c.B} * c.Tmax * KV), vc0 = randn(int64_t{c.B} * c.Tmax * KV);
+    const std::vector<float> qkv = randn(int64_t{c.B} * c.Tq * W, 1.3f);
+    Tensor kc = upload(kc0, {c.B, c.Tmax, KV}), vc = upload(vc0, {c.B, c.Tmax, KV});
     Tensor out = poisoned({c.B, c.Tq, C});
-    Tensor tq = upload(qkv, {c.B, c.Tq, 3 * C});
-    be().attention_decode(st(), out, kc, vc, tq, c.past, c.NH);
+    Tensor tq = upload(qkv, {c.B, c.Tq, W});
+    be().attention_decode(st(), out, kc, vc, tq, c.past, shape);
 
     // Expected caches and the full sequence for the reference.
     std::vector<float> kwant = kc0, vwant = vc0;
-    Vec full(static_cast<size_t>(c.B) * T * 3 * C, 0.0);
+    Vec full(static_cast<size_t>(c.B) * T * W, 0.0);
     for (int b = 0; b < c.B; ++b)
-      for (int t = 0; t < T; ++t)
-        for (int i = 0; i < C; ++i) {
-          const size_t f = (static_cast<size_t>(b) * T + t) * 3 * C + i;
-          const size_t cache = (static_cast<size_t>(b) * c.Tmax + t) * C + i;
+      for (int t = 0; t < T; ++t) {
+        const size_t f = (static_cast<size_t>(b) * T + t) * W;
+        for (int i = 0; i < KV; ++i) {
+          const size_t cache = (static_cast<size_t>(b) * c.Tmax + t) * KV + i;
           if (t < c.past) {
-            full[f + C] = kc0[cache];
-            full[f + 2 * C] = vc0[cache];
+            full[f + C + i] = kc0[cache];
+            full[f + C + KV + i] = vc0[cache];
           } else {
-            const size_t q = (static_cast<size_t>(b) * c.Tq + (t - c.past)) * 3 * C + i;
-            full[f] = qkv[q];
-            full[f + C] = qkv[q + C];
-            full[f + 2 * C] = qkv[q + 2 * C];
-            kwant[cache] = qkv[q + C];
-            vwant[cache] = qkv[q + 2 * C];
+            const size_t q = (static_cast<size_t>(b) * c.Tq + (t - c.past)) * W;
+            full[f + C + i] = qkv[q + C + i];
+            full[f + C + KV + i] = qkv[q + C + KV + i];
+            kwant[cache] = qkv[q + C + i];
+            vwant[cache] = qkv[q + C + KV + i];
           }
         }
+        if (t >= c.past)
+          for (int i = 0; i < C; ++i)
+            full[f + i] = qkv[(static_cast<size_t>(b) * c.Tq + (t - c.past)) * W + i];
+      }
     EXPECT_TRUE(bitwise_equal("attention_decode k_cache", download(kc), kwant)) << what;
     EXPECT_TRUE(bitwise_equal("attention_decode v_cache", download(vc), vwant)) << what;
     Vec rout, rlse;
-    ref::attention_forward(rout, rlse, full, c.B, T, C, c.NH, {}, 0.0);
+    ref::attention_forward(rout, rlse, full, ref::Attn{c.B, T, c.NH, NKV, c.HD, true}, {}, 0.0);
     Vec want(static_cast<size_t>(c.B) * c.Tq * C);
     for (int b = 0; b < c.B; ++b)
       for (int t = 0; t < c.Tq; ++t)
@@ -224,9 +246,11 @@ TEST_P(AttentionTest, Decode) {
               rout[(static_cast<size_t>(b) * T + c.past + t) * C + i];
     EXPECT_TRUE(near_by_norm("attention_decode out", download(out), want, 1e-5)) << what;
 
-    // Past the end of the cache: an error, not a write out of bounds.
+    // Past the end of the cache, or a bidirectional shape: an error, not a bad write.
     Tensor out2 = poisoned({c.B, c.Tq, C});
-    EXPECT_THROW(be().attention_decode(st(), out2, kc, vc, tq, c.Tmax - c.Tq + 1, c.NH), Error) << what;
+    EXPECT_THROW(be().attention_decode(st(), out2, kc, vc, tq, c.Tmax - c.Tq + 1, shape), Error) << what;
+    EXPECT_THROW(be().attention_decode(st(), out2, kc, vc, tq, 0, AttentionShape{c.NH, NKV, c.HD, false}),
+                 Error) << what;
   }
 }
 

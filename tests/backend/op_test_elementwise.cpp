@@ -312,8 +312,8 @@ TEST_P(OpTest, BadShapesThrow) {
   EXPECT_THROW(be().layernorm_forward(st(), t({3, 5}), t({3}), t({3}), t({3, 5}), t({6}), t({5}), 1e-5f), Error);
   EXPECT_THROW(be().add(st(), t({8}), t({8}), t({9})), Error);
   EXPECT_THROW(be().gelu_forward(st(), t({8}), t({7})), Error);
-  EXPECT_THROW(be().embedding_forward(st(), t({1, 9, 4}), tok(1, 9), t({10, 4}), t({8, 4})), Error);
-  EXPECT_THROW(be().attention_forward(st(), t({1, 3, 6}), t({1, 4, 3}), t({1, 3, 18}), 4, DropoutSpec{}), Error);
+  EXPECT_THROW(be().embedding_forward(st(), t({1, 9, 4}), tok(1, 9), Tensor(), t({10, 4}), t({8, 4})), Error);
+  EXPECT_THROW(be().attention_forward(st(), t({1, 3, 6}), t({1, 4, 3}), t({1, 3, 18}), AttentionShape::mha(4, 6), DropoutSpec{}), Error);
   EXPECT_THROW(be().softmax_cross_entropy(st(), t({2}), Tensor(), t({2, 8}), tok(1, 2), 9, -100, 1.f), Error);
   EXPECT_THROW(be().adamw_step(st(), t({10}), t({10}), t({11}), t({10}), AdamWParams{}), Error);
 }

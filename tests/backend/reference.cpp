@@ -7,28 +7,32 @@
 namespace kiln::ref {
 
 Vec embedding_forward(const std::vector<int32_t>& tokens, const Vec& wte, const Vec& wpe, int B,
-                      int T, int C) {
+                      int T, int C, const std::vector<int32_t>& positions) {
   Vec out(static_cast<size_t>(B) * T * C);
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
       const int64_t tok = tokens[b * T + t];
+      const int64_t pos = positions.empty() ? t : positions[b * T + t];
       for (int c = 0; c < C; ++c)
-        out[(static_cast<size_t>(b) * T + t) * C + c] = wte[tok * C + c] + wpe[t * C + c];
+        out[(static_cast<size_t>(b) * T + t) * C + c] =
+            wte[tok * C + c] + (wpe.empty() ? 0.0 : wpe[pos * C + c]);
     }
   return out;
 }
 
 void embedding_backward(Vec& dwte, Vec& dwpe, const Vec& dout, const std::vector<int32_t>& tokens,
-                        int B, int T, int C, int Vp, int maxT) {
+                        int B, int T, int C, int Vp, int maxT,
+                        const std::vector<int32_t>& positions) {
   dwte.assign(static_cast<size_t>(Vp) * C, 0.0);
   dwpe.assign(static_cast<size_t>(maxT) * C, 0.0);
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
       const int64_t tok = tokens[b * T + t];
+      const int64_t pos = positions.empty() ? t : positions[b * T + t];
       for (int c = 0; c < C; ++c) {
         const double g = dout[(static_cast<size_t>(b) * T + t) * C + c];
         dwte[tok * C + c] += g;
-        dwpe[t * C + c] += g;
+        if (maxT > 0) dwpe[pos * C + c] += g;
       }
     }
 }
@@ -112,68 +116,82 @@ void linear_backward(Vec& dinp, Vec& dweight, Vec& dbias, const Vec& dout, const
 
 namespace {
 struct AttnIdx {
-  int T, C, NH, HD;
-  // qkv [B,T,3C]: q at 0, k at C, v at 2C; head h at h*HD.
-  size_t q(int b, int t, int h) const { return (static_cast<size_t>(b) * T + t) * 3 * C + h * HD; }
-  size_t k(int b, int t, int h) const { return q(b, t, h) + C; }
-  size_t v(int b, int t, int h) const { return q(b, t, h) + 2 * C; }
-  size_t o(int b, int t, int h) const { return (static_cast<size_t>(b) * T + t) * C + h * HD; }
+  int T, NH, NKV, HD;
+  bool causal;
+  // qkv [B,T,W], W = (NH+2NKV)*HD: q head h at h*HD, k head g at (NH+g)*HD, v head g at
+  // (NH+NKV+g)*HD; query head h reads kv head h / (NH/NKV).
+  int W() const { return (NH + 2 * NKV) * HD; }
+  int kv(int h) const { return h / (NH / NKV); }
+  size_t row(int b, int t) const { return (static_cast<size_t>(b) * T + t) * W(); }
+  size_t q(int b, int t, int h) const { return row(b, t) + static_cast<size_t>(h) * HD; }
+  size_t k(int b, int t, int h) const { return row(b, t) + static_cast<size_t>(NH + kv(h)) * HD; }
+  size_t v(int b, int t, int h) const {
+    return row(b, t) + static_cast<size_t>(NH + NKV + kv(h)) * HD;
+  }
+  size_t o(int b, int t, int h) const {
+    return (static_cast<size_t>(b) * T + t) * NH * HD + static_cast<size_t>(h) * HD;
+  }
   size_t m(int b, int h, int t, int j) const {
     return ((static_cast<size_t>(b) * NH + h) * T + t) * T + j;
   }
+  int keys(int t) const { return causal ? t + 1 : T; }  // keys 0..keys(t)-1 are seen
 };
 
-// Probabilities P[t][j] (j <= t) and lse of row t, for (b, h).
+AttnIdx index(const Attn& a) { return {a.T, a.NH, a.NKV, a.HD, a.causal}; }
+
+// Probabilities P[j] (j < keys(t)) and lse of row t, for (b, h).
 void attn_probs(const Vec& qkv, const AttnIdx& ix, int b, int h, int t, Vec& P, double& lse) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(ix.HD));
-  P.assign(t + 1, 0.0);
+  const int n = ix.keys(t);
+  P.assign(n, 0.0);
   double mx = -std::numeric_limits<double>::infinity();
-  for (int j = 0; j <= t; ++j) {
+  for (int j = 0; j < n; ++j) {
     double s = 0;
     for (int d = 0; d < ix.HD; ++d) s += qkv[ix.q(b, t, h) + d] * qkv[ix.k(b, j, h) + d];
     P[j] = s * scale;
     mx = std::max(mx, P[j]);
   }
   double sum = 0;
-  for (int j = 0; j <= t; ++j) sum += std::exp(P[j] - mx);
+  for (int j = 0; j < n; ++j) sum += std::exp(P[j] - mx);
   lse = mx + std::log(sum);
-  for (int j = 0; j <= t; ++j) P[j] = std::exp(P[j] - lse);
+  for (int j = 0; j < n; ++j) P[j] = std::exp(P[j] - lse);
 }
 }  // namespace
 
-void attention_forward(Vec& out, Vec& lse, const Vec& qkv, int B, int T, int C, int NH,
+void attention_forward(Vec& out, Vec& lse, const Vec& qkv, const Attn& a,
                        const std::vector<uint8_t>& keep, double p) {
-  const AttnIdx ix{T, C, NH, C / NH};
-  out.assign(static_cast<size_t>(B) * T * C, 0.0);
-  lse.assign(static_cast<size_t>(B) * NH * T, 0.0);
+  const AttnIdx ix = index(a);
+  out.assign(static_cast<size_t>(a.B) * a.T * a.NH * a.HD, 0.0);
+  lse.assign(static_cast<size_t>(a.B) * a.NH * a.T, 0.0);
   Vec P;
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < NH; ++h)
-      for (int t = 0; t < T; ++t) {
+  for (int b = 0; b < a.B; ++b)
+    for (int h = 0; h < a.NH; ++h)
+      for (int t = 0; t < a.T; ++t) {
         double l;
         attn_probs(qkv, ix, b, h, t, P, l);
-        lse[(static_cast<size_t>(b) * NH + h) * T + t] = l;
-        for (int j = 0; j <= t; ++j) {
+        lse[(static_cast<size_t>(b) * a.NH + h) * a.T + t] = l;
+        for (int j = 0; j < ix.keys(t); ++j) {
           const double pd = keep.empty() ? P[j] : P[j] * keep[ix.m(b, h, t, j)] / (1.0 - p);
           for (int d = 0; d < ix.HD; ++d) out[ix.o(b, t, h) + d] += pd * qkv[ix.v(b, j, h) + d];
         }
       }
 }
 
-Vec attention_backward(const Vec& dout, const Vec& qkv, int B, int T, int C, int NH,
+Vec attention_backward(const Vec& dout, const Vec& qkv, const Attn& a,
                        const std::vector<uint8_t>& keep, double p) {
-  const AttnIdx ix{T, C, NH, C / NH};
+  const AttnIdx ix = index(a);
   const double scale = 1.0 / std::sqrt(static_cast<double>(ix.HD));
   Vec dqkv(qkv.size(), 0.0);
   Vec P, dP;
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < NH; ++h)
-      for (int t = 0; t < T; ++t) {
+  for (int b = 0; b < a.B; ++b)
+    for (int h = 0; h < a.NH; ++h)
+      for (int t = 0; t < a.T; ++t) {
         double l;
         attn_probs(qkv, ix, b, h, t, P, l);
-        dP.assign(t + 1, 0.0);
+        const int n = ix.keys(t);
+        dP.assign(n, 0.0);
         double D = 0;
-        for (int j = 0; j <= t; ++j) {
+        for (int j = 0; j < n; ++j) {
           const double mult = keep.empty() ? 1.0 : keep[ix.m(b, h, t, j)] / (1.0 - p);
           double dpd = 0;  // d out_t / d Pdrop_j . dout_t
           for (int d = 0; d < ix.HD; ++d) {
@@ -183,7 +201,7 @@ Vec attention_backward(const Vec& dout, const Vec& qkv, int B, int T, int C, int
           dP[j] = dpd * mult;
           D += P[j] * dP[j];
         }
-        for (int j = 0; j <= t; ++j) {
+        for (int j = 0; j < n; ++j) {
           const double dS = P[j] * (dP[j] - D) * scale;
           for (int d = 0; d < ix.HD; ++d) {
             dqkv[ix.q(b, t, h) + d] += dS * qkv[ix.k(b, j, h) + d];
@@ -192,6 +210,64 @@ Vec attention_backward(const Vec& dout, const Vec& qkv, int B, int T, int C, int
         }
       }
   return dqkv;
+}
+
+void rope(Vec& qkv, const std::vector<int32_t>& positions, const std::vector<float>& inv_freq,
+          const Attn& a, double sign) {
+  const int half = a.HD / 2, W = (a.NH + 2 * a.NKV) * a.HD;
+  for (int b = 0; b < a.B; ++b)
+    for (int t = 0; t < a.T; ++t) {
+      const size_t bt = static_cast<size_t>(b) * a.T + t;
+      const int pos = positions.empty() ? t : positions[bt];
+      for (int h = 0; h < a.NH + a.NKV; ++h)
+        for (int i = 0; i < half; ++i) {
+          // The angle as the interface defines it: an fp32 product, then exact trig.
+          const double ang = static_cast<double>(static_cast<float>(pos) * inv_freq[i]);
+          const double c = std::cos(ang), s = sign * std::sin(ang);
+          double* x = &qkv[bt * W + static_cast<size_t>(h) * a.HD];
+          const double x1 = x[i], x2 = x[i + half];
+          x[i] = x1 * c - x2 * s;
+          x[i + half] = x2 * c + x1 * s;
+        }
+    }
+}
+
+void rmsnorm_forward(Vec& out, Vec& rstd, const Vec& inp, const Vec& weight, int N, int C,
+                     double eps) {
+  out.assign(static_cast<size_t>(N) * C, 0.0);
+  rstd.assign(N, 0.0);
+  for (int n = 0; n < N; ++n) {
+    double ss = 0;
+    for (int c = 0; c < C; ++c) ss += inp[static_cast<size_t>(n) * C + c] * inp[static_cast<size_t>(n) * C + c];
+    rstd[n] = 1.0 / std::sqrt(ss / C + eps);
+    for (int c = 0; c < C; ++c)
+      out[static_cast<size_t>(n) * C + c] =
+          inp[static_cast<size_t>(n) * C + c] * rstd[n] * (weight.empty() ? 1.0 : weight[c]);
+  }
+}
+
+void rmsnorm_backward(Vec& dinp, Vec& dweight, const Vec& dout, const Vec& inp,
+                      const Vec& weight, const Vec& rstd, int N, int C) {
+  dinp.assign(static_cast<size_t>(N) * C, 0.0);
+  dweight.assign(C, 0.0);
+  for (int n = 0; n < N; ++n) {
+    const double* x = &inp[static_cast<size_t>(n) * C];
+    const double* g = &dout[static_cast<size_t>(n) * C];
+    const double r = rstd[n];
+    double wgx = 0;
+    for (int c = 0; c < C; ++c) wgx += (weight.empty() ? 1.0 : weight[c]) * g[c] * x[c];
+    for (int c = 0; c < C; ++c) {
+      const double w = weight.empty() ? 1.0 : weight[c];
+      dinp[static_cast<size_t>(n) * C + c] = r * (w * g[c] - x[c] * r * r * wgx / C);
+      dweight[c] += g[c] * x[c] * r;
+    }
+  }
+}
+
+double silu(double x) { return x / (1.0 + std::exp(-x)); }
+double silu_grad(double x) {
+  const double s = 1.0 / (1.0 + std::exp(-x));
+  return s * (1.0 + x * (1.0 - s));
 }
 
 double gelu(double x) {

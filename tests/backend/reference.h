@@ -14,12 +14,14 @@ namespace kiln::ref {
 using Vec = std::vector<double>;
 
 // ---- embedding ------------------------------------------------------------------------
-// out [B,T,C] = wte[tokens] + wpe[t].
+// out [B,T,C] = wte[tokens] + wpe[pos] (pos = positions, or t when empty; no wpe term
+// when wpe is empty).
 Vec embedding_forward(const std::vector<int32_t>& tokens, const Vec& wte, const Vec& wpe, int B,
-                      int T, int C);
-// dwte [Vp,C], dwpe [maxT,C] (rows >= T zero).
+                      int T, int C, const std::vector<int32_t>& positions = {});
+// dwte [Vp,C], dwpe [maxT,C] (rows never used zero).
 void embedding_backward(Vec& dwte, Vec& dwpe, const Vec& dout, const std::vector<int32_t>& tokens,
-                        int B, int T, int C, int Vp, int maxT);
+                        int B, int T, int C, int Vp, int maxT,
+                        const std::vector<int32_t>& positions = {});
 
 // ---- layernorm ------------------------------------------------------------------------
 void layernorm_forward(Vec& out, Vec& mean, Vec& rstd, const Vec& inp, const Vec& weight,
@@ -35,12 +37,33 @@ void linear_backward(Vec& dinp, Vec& dweight, Vec& dbias, const Vec& dout, const
                      const Vec& weight, int N, int IC, int OC);
 
 // ---- attention ------------------------------------------------------------------------
-// keep: [B,NH,T,T] dropout multipliers keep[b,h,t,j] in {0, 1} (only j <= t read), or
+// qkv [B,T,(NH+2NKV)*HD], out [B,T,NH*HD], lse [B,NH,T]; query head h reads kv head
+// h / (NH/NKV); causal rows see keys j <= t, else all.
+struct Attn {
+  int B, T, NH, NKV, HD;
+  bool causal = true;
+  static Attn mha(int B, int T, int C, int NH) { return {B, T, NH, NH, C / NH, true}; }
+};
+// keep: [B,NH,T,T] dropout multipliers keep[b,h,t,j] in {0, 1} (only seen keys read), or
 // empty for no dropout; p the dropout probability (kept probabilities scaled by 1/(1-p)).
-void attention_forward(Vec& out, Vec& lse, const Vec& qkv, int B, int T, int C, int NH,
+void attention_forward(Vec& out, Vec& lse, const Vec& qkv, const Attn& a,
                        const std::vector<uint8_t>& keep, double p);
-Vec attention_backward(const Vec& dout, const Vec& qkv, int B, int T, int C, int NH,
+Vec attention_backward(const Vec& dout, const Vec& qkv, const Attn& a,
                        const std::vector<uint8_t>& keep, double p);
+
+// ---- rotary (in place on q and k heads; sign -1 is the transpose) ----------------------
+void rope(Vec& qkv, const std::vector<int32_t>& positions, const std::vector<float>& inv_freq,
+          const Attn& a, double sign);
+
+// ---- rmsnorm (weight may be empty) ---------------------------------------------------------
+void rmsnorm_forward(Vec& out, Vec& rstd, const Vec& inp, const Vec& weight, int N, int C,
+                     double eps);
+void rmsnorm_backward(Vec& dinp, Vec& dweight, const Vec& dout, const Vec& inp,
+                      const Vec& weight, const Vec& rstd, int N, int C);
+
+// ---- silu (SwiGLU's gate) ---------------------------------------------------------------
+double silu(double x);
+double silu_grad(double x);
 
 // ---- gelu (tanh approximation) ----------------------------------------------------------
 double gelu(double x);

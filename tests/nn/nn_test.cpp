@@ -196,18 +196,21 @@ TEST(Param, InitialValuesDependOnGlobalCoordinatesOnly) {
   EXPECT_THROW(init_values(p, 3, 4, 10, 64), Error);
 }
 
-TEST(AttentionSpec, WhatTheBackendsCannotDoYetIsAClearError) {
+TEST(AttentionSpec, ImpossibleShapesAreAClearError) {
   AttentionSpec a;
   a.n_head = 4;
   a.head_dim = 8;
-  EXPECT_NO_THROW(a.check_supported());
+  EXPECT_NO_THROW(a.check());
   EXPECT_EQ(a.qkv_width(), 96);
-  a.n_kv_head = 2;
+  a.n_kv_head = 2;  // grouped-query attention
   EXPECT_EQ(a.qkv_width(), 64);
-  EXPECT_THROW(a.check_supported(), Error);
+  EXPECT_NO_THROW(a.check());
+  a.n_kv_head = 3;  // 4 query heads cannot share 3 key/value heads
+  EXPECT_THROW(a.check(), Error);
   a.n_kv_head = 0;
-  a.causal = false;
-  EXPECT_THROW(a.check_supported(), Error);
+  a.head_dim = 7;
+  a.rotary = true;  // rotary pairs channels: HD must be even
+  EXPECT_THROW(a.check(), Error);
 }
 
 }  // namespace

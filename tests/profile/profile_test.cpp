@@ -50,41 +50,13 @@ class CountingBackend final : public Backend {
   FWD(copy, (Stream s, const Tensor& d, const Tensor& t), (s, d, t))
   FWD(copy_stochastic_round, (Stream s, const Tensor& d, const Tensor& t, uint64_t seed, uint64_t stream), (s, d, t, seed, stream))
   FWD(fill, (Stream s, const Tensor& t, float v), (s, t, v))
-  FWD(embedding_forward, (Stream s, const Tensor& o, const Tensor& t, const Tensor& a, const Tensor& b),
-      (s, o, t, a, b))
-  FWD(embedding_backward, (Stream s, const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d),
-      (s, a, b, c, d))
-  FWD(layernorm_forward, (Stream s, const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d,
-                          const Tensor& e, const Tensor& f, float eps),
-      (s, a, b, c, d, e, f, eps))
-  FWD(layernorm_backward, (Stream s, const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d,
-                           const Tensor& e, const Tensor& f, const Tensor& g, const Tensor& h),
-      (s, a, b, c, d, e, f, g, h))
-  FWD(linear_forward, (Stream s, const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d),
-      (s, a, b, c, d))
-  FWD(linear_backward, (Stream s, const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d,
-                        const Tensor& e, const Tensor& f),
-      (s, a, b, c, d, e, f))
-  FWD(attention_forward, (Stream s, const Tensor& a, const Tensor& b, const Tensor& c, int nh,
-                          const DropoutSpec& dr),
-      (s, a, b, c, nh, dr))
-  FWD(attention_backward, (Stream s, const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d,
-                           const Tensor& e, int nh, const DropoutSpec& dr),
-      (s, a, b, c, d, e, nh, dr))
-  FWD(attention_decode, (Stream s, const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d,
-                         int64_t past, int nh),
-      (s, a, b, c, d, past, nh))
-  FWD(gelu_forward, (Stream s, const Tensor& a, const Tensor& b), (s, a, b))
-  FWD(gelu_backward, (Stream s, const Tensor& a, const Tensor& b, const Tensor& c), (s, a, b, c))
-  FWD(add, (Stream s, const Tensor& a, const Tensor& b, const Tensor& c), (s, a, b, c))
-  FWD(dropout_forward, (Stream s, const Tensor& a, const Tensor& b, const DropoutSpec& d), (s, a, b, d))
-  FWD(dropout_backward, (Stream s, const Tensor& a, const Tensor& b, const DropoutSpec& d), (s, a, b, d))
-  FWD(softmax_cross_entropy, (Stream s, const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d,
-                              int V, int ig, float gs),
-      (s, a, b, c, d, V, ig, gs))
-  FWD(adamw_step, (Stream s, const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d,
-                   const AdamWParams& hp),
-      (s, a, b, c, d, hp))
+#define KILN_COUNT_OP(Call, method, category, params, args) \
+  void method(Stream s, KILN_PARAMS params) override {       \
+    ++counts[#method];                                       \
+    in_.method(s, KILN_PARAMS args);                         \
+  }
+  KILN_BACKEND_OPS(KILN_COUNT_OP)
+#undef KILN_COUNT_OP
 #undef FWD
   double sum_squares(Stream s, const Tensor& t) override {
     ++counts["sum_squares"];
@@ -434,33 +406,42 @@ TEST(OpCost, Formulas) {
   auto T = [&](Shape s, DType dt = DType::F32) { return be->empty(s, dt, MemCategory::Temporaries); };
   // linear: N = 4*8 rows, IC 16, OC 32.
   const Tensor inp = T({4, 8, 16}), w = T({32, 16}), b = T({32});
-  auto lf = profile::cost::linear_forward(inp, w, b);
+  auto lf = profile::cost::linear_forward(T({4, 8, 32}), inp, w, b);
   EXPECT_DOUBLE_EQ(lf.flops, 2.0 * 32 * 16 * 32 + 32 * 32);
   EXPECT_DOUBLE_EQ(lf.bytes, (32.0 * 16 + 32 * 16 + 32 * 32 + 32) * 4);
   EXPECT_EQ(lf.shape, "N=32 IC=16 OC=32");
-  auto lb = profile::cost::linear_backward(inp, b, inp, w);
+  auto lb = profile::cost::linear_backward(inp, w, b, T({4, 8, 32}), inp, w);
   EXPECT_DOUBLE_EQ(lb.flops, 4.0 * 32 * 16 * 32 + 32 * 32);
-  auto lb_nodinp = profile::cost::linear_backward(Tensor(), Tensor(), inp, w);
+  auto lb_nodinp = profile::cost::linear_backward(Tensor(), w, Tensor(), T({4, 8, 32}), inp, w);
   EXPECT_DOUBLE_EQ(lb_nodinp.flops, 2.0 * 32 * 16 * 32);
   // attention: B 2, T 8, C 16 (qkv 48), 4 heads: 2 * B * C * T * (T + 1).
-  const Tensor qkv = T({2, 8, 48});
-  EXPECT_DOUBLE_EQ(profile::cost::attention_forward(qkv, 4).flops, 2.0 * 2 * 16 * 8 * 9);
-  EXPECT_DOUBLE_EQ(profile::cost::attention_backward(qkv, 4).flops, 5.0 * 2 * 16 * 8 * 9);
+  const Tensor qkv = T({2, 8, 48}), o = T({2, 8, 16}), l = T({2, 4, 8});
+  const AttentionShape mha = AttentionShape::mha(4, 16);
+  auto af = [&](const AttentionShape& a) {
+    return profile::cost::attention_forward(o, l, qkv, a, DropoutSpec{});
+  };
+  EXPECT_DOUBLE_EQ(af(mha).flops, 2.0 * 2 * 16 * 8 * 9);
+  EXPECT_DOUBLE_EQ(profile::cost::attention_backward(qkv, o, qkv, o, l, mha, DropoutSpec{}).flops,
+                   5.0 * 2 * 16 * 8 * 9);
+  // Bidirectional: every (query, key) pair, T*T per head.
+  EXPECT_DOUBLE_EQ(af(AttentionShape::mha(4, 16, false)).flops, 2.0 * 2 * 2 * 16 * 8 * 8);
   // Brute force over causal pairs: 2 matmuls x 2 FLOPs x HD per (query, key) pair per head.
   double pairs = 0;
   for (int q = 0; q < 8; ++q) pairs += q + 1;
-  EXPECT_DOUBLE_EQ(profile::cost::attention_forward(qkv, 4).flops, 2 * 2 * 4 * pairs * 2 * 4);
+  EXPECT_DOUBLE_EQ(af(mha).flops, 2 * 2 * 4 * pairs * 2 * 4);
   // decode: 2 new tokens after 3 cached: pairs 4 + 5.
   const Tensor q2 = T({1, 2, 48});
-  EXPECT_DOUBLE_EQ(profile::cost::attention_decode(q2, 3).flops, 4.0 * 16 * 9);
+  EXPECT_DOUBLE_EQ(profile::cost::attention_decode(o, o, o, q2, 3, mha).flops, 4.0 * 16 * 9);
   // adamw: 14 FLOPs and 7 fp32 words per element.
   const Tensor p = T({10});
-  EXPECT_DOUBLE_EQ(profile::cost::adamw_step(p, p).flops, 140.0);
-  EXPECT_DOUBLE_EQ(profile::cost::adamw_step(p, p).bytes, 7.0 * 4 * 10);
+  EXPECT_DOUBLE_EQ(profile::cost::adamw_step(p, p, p, p, AdamWParams{}).flops, 140.0);
+  EXPECT_DOUBLE_EQ(profile::cost::adamw_step(p, p, p, p, AdamWParams{}).bytes, 7.0 * 4 * 10);
   EXPECT_DOUBLE_EQ(profile::cost::copy(100).bytes, 200.0);
   // cross-entropy over V = 50 of Vp = 64 columns with the gradient.
   const Tensor logits = T({6, 64});
-  EXPECT_DOUBLE_EQ(profile::cost::softmax_cross_entropy(logits, logits, 50).flops, 5.0 * 6 * 50);
+  EXPECT_DOUBLE_EQ(
+      profile::cost::softmax_cross_entropy(T({6}), logits, logits, T({6}), 50, -1, 1.f).flops,
+      5.0 * 6 * 50);
 }
 
 TEST(Summary, TableAndShares) {

@@ -1,9 +1,12 @@
-// Causal multi-head self-attention on the CPU, FlashAttention-style in what is kept:
-// forward saves only the row log-sum-exp (lse), and backward recomputes the
-// probabilities P = exp(S - lse) (Dao et al. 2022, "FlashAttention", algorithm 2/4).
+// Self-attention on the CPU (causal or bidirectional, multi-head or grouped-query),
+// FlashAttention-style in what is kept: forward saves only the row log-sum-exp (lse),
+// and backward recomputes the probabilities P = exp(S - lse) (Dao et al. 2022,
+// "FlashAttention", algorithm 2/4).
 //
-// Work is split over (b, h) pairs. Each thread gathers its head's q, k, v into
-// contiguous [T, HD] scratch rows and works on one [T, T] score block at a time (lower
+// Forward splits work over (b, h) pairs; backward over (b, kv head) so that the query
+// heads sharing a key/value head (grouped-query attention) accumulate its dk, dv in one
+// thread, in head order. Each thread gathers a head's q, k, v into contiguous [T, HD]
+// scratch rows and works on one block of query rows at a time (causal: the lower
 // triangle only), so memory is O(T * T) per thread, not per layer.
 //
 // Dropout on the probabilities uses a Philox mask keyed by the element index
@@ -37,14 +40,17 @@ inline float keep_scale(const DropoutSpec& d, uint64_t index) {
   return uniform_at(d.seed, d.stream, index) >= d.p ? 1.f / (1.f - d.p) : 0.f;
 }
 
+// Query head h of sequence b and its key/value head h / (NH / NKV).
 template <class T>
-void gather_head(HeadScratch& hs, const T* qkv, int64_t b, int64_t h, int64_t T_, int64_t C,
-                 int64_t HD, float scale) {
+void gather_head(HeadScratch& hs, const T* qkv, int64_t b, int64_t h, const AttnDims& a,
+                 float scale) {
+  const int64_t T_ = a.T, HD = a.HD, W = a.W(), kvh = h / (a.NH / a.NKV);
+  const int64_t koff = (a.NH + kvh) * HD, voff = (a.NH + a.NKV + kvh) * HD;
   for (int64_t t = 0; t < T_; ++t) {
-    const T* row = qkv + (b * T_ + t) * 3 * C + h * HD;
+    const T* row = qkv + (b * T_ + t) * W;
     for (int64_t d = 0; d < HD; ++d) {
-      const float k = load(row[C + d]), v = load(row[2 * C + d]);
-      hs.q[t * HD + d] = load(row[d]) * scale;
+      const float k = load(row[koff + d]), v = load(row[voff + d]);
+      hs.q[t * HD + d] = load(row[h * HD + d]) * scale;
       hs.k[t * HD + d] = k;
       hs.v[t * HD + d] = v;
       hs.kt[d * T_ + t] = k;
@@ -84,9 +90,9 @@ inline void block_times_transposed(float* s, int64_t ld, const float* q, int64_t
 }
 
 template <class T_>
-void attention_forward(T_* out, float* lse, const T_* qkv, int64_t B, int64_t T, int64_t C,
-                       int64_t NH, const DropoutSpec& dropout) {
-  const int64_t HD = C / NH;
+void attention_forward(T_* out, float* lse, const T_* qkv, const AttnDims& a,
+                       const DropoutSpec& dropout) {
+  const int64_t B = a.B, T = a.T, NH = a.NH, HD = a.HD, C = NH * HD;
   const float scale = 1.f / std::sqrt(static_cast<float>(HD));
 #pragma omp parallel
   {
@@ -97,13 +103,13 @@ void attention_forward(T_* out, float* lse, const T_* qkv, int64_t B, int64_t T,
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < B * NH; ++bh) {
       const int64_t b = bh / NH, h = bh % NH;
-      gather_head(hs, qkv, b, h, T, C, HD, scale);
+      gather_head(hs, qkv, b, h, a, scale);
       for (int64_t i0 = 0; i0 < T; i0 += kRows) {
         const int64_t rows = std::min(kRows, T - i0);
-        const int64_t n = i0 + rows;  // keys any row of the block sees
+        const int64_t n = a.causal ? i0 + rows : T;  // keys any row of the block sees
         block_times_transposed(s.data(), T, hs.q.data() + i0 * HD, rows, hs.kt.data(), n, T, HD);
         for (int64_t r = 0; r < rows; ++r) {
-          const int64_t i = i0 + r, ni = i + 1;
+          const int64_t i = i0 + r, ni = a.causal ? i + 1 : T;
           float* sr = s.data() + r * T;
           float mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
@@ -143,8 +149,9 @@ void attention_forward(T_* out, float* lse, const T_* qkv, int64_t B, int64_t T,
 
 template <class T_>
 void attention_backward(T_* dqkv, const T_* dout, const T_* qkv, const T_* out, const float* lse,
-                        int64_t B, int64_t T, int64_t C, int64_t NH, const DropoutSpec& dropout) {
-  const int64_t HD = C / NH;
+                        const AttnDims& a, const DropoutSpec& dropout) {
+  const int64_t B = a.B, T = a.T, NH = a.NH, NKV = a.NKV, HD = a.HD, C = NH * HD, W = a.W();
+  const int64_t group = NH / NKV;
   const float scale = 1.f / std::sqrt(static_cast<float>(HD));
 #pragma omp parallel
   {
@@ -156,15 +163,17 @@ void attention_backward(T_* dqkv, const T_* dout, const T_* qkv, const T_* out, 
     std::vector<float> dob(static_cast<size_t>(kRows * HD));
     float Di[kRows];
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < B * NH; ++bh) {
-      const int64_t b = bh / NH, h = bh % NH;
-      gather_head(hs, qkv, b, h, T, C, HD, scale);
+    for (int64_t bk = 0; bk < B * NKV; ++bk) {
+     const int64_t b = bk / NKV, kvh = bk % NKV;
+     std::fill(dk.begin(), dk.end(), 0.f);
+     std::fill(dv.begin(), dv.end(), 0.f);
+     for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+      const int64_t bh = b * NH + h;
+      gather_head(hs, qkv, b, h, a, scale);
       std::fill(dq.begin(), dq.end(), 0.f);
-      std::fill(dk.begin(), dk.end(), 0.f);
-      std::fill(dv.begin(), dv.end(), 0.f);
       for (int64_t i0 = 0; i0 < T; i0 += kRows) {
         const int64_t rows = std::min(kRows, T - i0);
-        const int64_t n = i0 + rows;
+        const int64_t n = a.causal ? i0 + rows : T;
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t i = i0 + r;
           float* dor = dob.data() + r * HD;
@@ -177,7 +186,7 @@ void attention_backward(T_* dqkv, const T_* dout, const T_* qkv, const T_* out, 
         // Per row: P = exp(S - lse) (0 past the diagonal); then p <- P~ (dropped, scaled)
         // and dp <- dS = P (m dP~ - D), ready for the three accumulations below.
         for (int64_t r = 0; r < rows; ++r) {
-          const int64_t i = i0 + r, ni = i + 1;
+          const int64_t i = i0 + r, ni = a.causal ? i + 1 : T;
           float* pr = p.data() + r * T;
           float* dpr = dp.data() + r * T;
           const float l = lse[bh * T + i];
@@ -218,11 +227,15 @@ void attention_backward(T_* dqkv, const T_* dout, const T_* qkv, const T_* out, 
         }
       }
       for (int64_t t = 0; t < T; ++t) {
-        T_* row = dqkv + (b * T + t) * 3 * C + h * HD;
+        T_* row = dqkv + (b * T + t) * W + h * HD;
+        for (int64_t d = 0; d < HD; ++d) row[d] = store<T_>(dq[t * HD + d] * scale);
+      }
+     }
+      for (int64_t t = 0; t < T; ++t) {
+        T_* row = dqkv + (b * T + t) * W;
         for (int64_t d = 0; d < HD; ++d) {
-          row[d] = store<T_>(dq[t * HD + d] * scale);
-          row[C + d] = store<T_>(dk[t * HD + d]);
-          row[2 * C + d] = store<T_>(dv[t * HD + d]);
+          row[(NH + kvh) * HD + d] = store<T_>(dk[t * HD + d]);
+          row[(NH + NKV + kvh) * HD + d] = store<T_>(dv[t * HD + d]);
         }
       }
     }
@@ -234,15 +247,16 @@ void attention_backward(T_* dqkv, const T_* dout, const T_* qkv, const T_* out, 
 namespace kiln::cpu {
 
 template <class T>
-void attention_decode(T* out, T* k_cache, T* v_cache, const T* qkv, int64_t B, int64_t Tq,
-                      int64_t Tmax, int64_t C, int64_t NH, int64_t past) {
-  const int64_t HD = C / NH;
+void attention_decode(T* out, T* k_cache, T* v_cache, const T* qkv, const AttnDims& a,
+                      int64_t Tmax, int64_t past) {
+  const int64_t B = a.B, Tq = a.T, NH = a.NH, HD = a.HD, C = NH * HD, W = a.W();
+  const int64_t KV = a.NKV * HD, group = NH / a.NKV;
   const float scale = 1.f / std::sqrt(static_cast<float>(HD));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < Tq; ++t) {
-      const T* row = qkv + (b * Tq + t) * 3 * C;
-      std::copy(row + C, row + 2 * C, k_cache + (b * Tmax + past + t) * C);
-      std::copy(row + 2 * C, row + 3 * C, v_cache + (b * Tmax + past + t) * C);
+      const T* row = qkv + (b * Tq + t) * W;
+      std::copy(row + C, row + C + KV, k_cache + (b * Tmax + past + t) * KV);
+      std::copy(row + C + KV, row + C + 2 * KV, v_cache + (b * Tmax + past + t) * KV);
     }
 #pragma omp parallel
   {
@@ -252,11 +266,11 @@ void attention_decode(T* out, T* k_cache, T* v_cache, const T* qkv, int64_t B, i
       for (int64_t h = 0; h < NH; ++h)
         for (int64_t t = 0; t < Tq; ++t) {
           std::vector<float> qf(static_cast<size_t>(HD));
-          for (int64_t d = 0; d < HD; ++d) qf[static_cast<size_t>(d)] = load(qkv[(b * Tq + t) * 3 * C + h * HD + d]);
-          const int64_t n = past + t + 1;
+          for (int64_t d = 0; d < HD; ++d) qf[static_cast<size_t>(d)] = load(qkv[(b * Tq + t) * W + h * HD + d]);
+          const int64_t n = past + t + 1, kvoff = (h / group) * HD;
           float mx = -std::numeric_limits<float>::infinity();
           for (int64_t j = 0; j < n; ++j) {
-            s[j] = dot_t(k_cache + (b * Tmax + j) * C + h * HD, qf.data(), HD) * scale;
+            s[j] = dot_t(k_cache + (b * Tmax + j) * KV + kvoff, qf.data(), HD) * scale;
             mx = std::max(mx, s[j]);
           }
           float sum = 0.f;
@@ -264,7 +278,7 @@ void attention_decode(T* out, T* k_cache, T* v_cache, const T* qkv, int64_t B, i
           std::fill(acc.begin(), acc.end(), 0.f);
           for (int64_t j = 0; j < n; ++j) {
             const float p = s[j] / sum;
-            const T* v = v_cache + (b * Tmax + j) * C + h * HD;
+            const T* v = v_cache + (b * Tmax + j) * KV + kvoff;
             for (int64_t d = 0; d < HD; ++d) acc[d] += p * load(v[d]);
           }
           for (int64_t d = 0; d < HD; ++d) out[(b * Tq + t) * C + h * HD + d] = store<T>(acc[d]);
@@ -273,12 +287,11 @@ void attention_decode(T* out, T* k_cache, T* v_cache, const T* qkv, int64_t B, i
 }
 
 #define INST_T(T)                                                                          \
-  template void attention_forward<T>(T*, float*, const T*, int64_t, int64_t, int64_t, int64_t, \
+  template void attention_forward<T>(T*, float*, const T*, const AttnDims&,                 \
                                      const DropoutSpec&);                                    \
-  template void attention_backward<T>(T*, const T*, const T*, const T*, const float*, int64_t, \
-                                      int64_t, int64_t, int64_t, const DropoutSpec&);        \
-  template void attention_decode<T>(T*, T*, T*, const T*, int64_t, int64_t, int64_t, int64_t,  \
-                                    int64_t, int64_t);
+  template void attention_backward<T>(T*, const T*, const T*, const T*, const float*,        \
+                                      const AttnDims&, const DropoutSpec&);                  \
+  template void attention_decode<T>(T*, T*, T*, const T*, const AttnDims&, int64_t, int64_t);
 KILN_CPU_FOR_EACH_T(INST_T)
 
 }  // namespace kiln::cpu

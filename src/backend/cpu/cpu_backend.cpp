@@ -91,23 +91,23 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void embedding_forward(Stream, const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                         const Tensor& wpe) override {
-    const auto d = checks::embedding(out, tokens, wte, wpe);
+  void embedding_forward(Stream, const Tensor& out, const Tensor& tokens, const Tensor& positions,
+                         const Tensor& wte, const Tensor& wpe) override {
+    const auto d = checks::embedding(out, tokens, positions, wte, wpe);
     cpu::dispatch_float(out.dtype(), "embedding", [&](auto x) {
       using T = decltype(x);
-      cpu::embedding_forward(p<T>(out), tokens.data<int32_t>(), p<T>(wte), p<T>(wpe), d.B, d.T,
-                             d.C, d.Vp);
+      cpu::embedding_forward(p<T>(out), tokens.data<int32_t>(), p<int32_t>(positions), p<T>(wte),
+                             p<T>(wpe), d.B, d.T, d.C, d.Vp, d.maxT);
     });
   }
   void embedding_backward(Stream, const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                          const Tensor& tokens) override {
-    const auto d = checks::embedding(dout, tokens, dwte, dwpe);
+                          const Tensor& tokens, const Tensor& positions) override {
+    const auto d = checks::embedding(dout, tokens, positions, dwte, dwpe);
     dispatch_tg(dout.dtype(), dwte.dtype(), "embedding_backward", [&](auto t, auto g) {
       using T = decltype(t);
       using G = decltype(g);
-      cpu::embedding_backward(p<G>(dwte), p<G>(dwpe), p<T>(dout), tokens.data<int32_t>(), d.B,
-                              d.T, d.C, d.Vp);
+      cpu::embedding_backward(p<G>(dwte), p<G>(dwpe), p<T>(dout), tokens.data<int32_t>(),
+                              p<int32_t>(positions), d.B, d.T, d.C, d.Vp, d.maxT);
     });
   }
 
@@ -126,12 +126,33 @@ class CpuBackend final : public Backend {
                           const Tensor& mean, const Tensor& rstd) override {
     const auto d =
         checks::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd);
-    dispatch_tg(inp.dtype(), dweight.dtype(), "layernorm_backward", [&](auto t, auto g) {
+    const DType gdt = dweight ? dweight.dtype() : (dbias ? dbias.dtype() : DType::F32);
+    dispatch_tg(inp.dtype(), gdt, "layernorm_backward", [&](auto t, auto g) {
       using T = decltype(t);
       using G = decltype(g);
       cpu::layernorm_backward(p<T>(dinp), p<G>(dweight), p<G>(dbias), p<T>(dout), p<T>(inp),
                               p<T>(weight), p<float>(mean), p<float>(rstd), d.N, d.C);
     });
+  }
+
+  void rmsnorm_forward(Stream, const Tensor& out, const Tensor& rstd, const Tensor& inp,
+                       const Tensor& weight, float eps) override {
+    const auto d = checks::rmsnorm(out, rstd, inp, weight);
+    cpu::dispatch_float(inp.dtype(), "rmsnorm", [&](auto x) {
+      using T = decltype(x);
+      cpu::rmsnorm_forward(p<T>(out), p<float>(rstd), p<T>(inp), p<T>(weight), d.N, d.C, eps);
+    });
+  }
+  void rmsnorm_backward(Stream, const Tensor& dinp, const Tensor& dweight, const Tensor& dout,
+                        const Tensor& inp, const Tensor& weight, const Tensor& rstd) override {
+    const auto d = checks::rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd);
+    dispatch_tg(inp.dtype(), dweight ? dweight.dtype() : DType::F32, "rmsnorm_backward",
+                [&](auto t, auto g) {
+                  using T = decltype(t);
+                  using G = decltype(g);
+                  cpu::rmsnorm_backward(p<T>(dinp), p<G>(dweight), p<T>(dout), p<T>(inp),
+                                        p<T>(weight), p<float>(rstd), d.N, d.C);
+                });
   }
 
   void linear_forward(Stream, const Tensor& out, const Tensor& inp, const Tensor& weight,
@@ -156,32 +177,55 @@ class CpuBackend final : public Backend {
   }
 
   void attention_forward(Stream, const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                         int n_head, const DropoutSpec& dropout) override {
-    const auto d = checks::attention(out, lse, qkv, n_head);
+                         const AttentionShape& shape, const DropoutSpec& dropout) override {
+    const auto a = dims(checks::attention(out, lse, qkv, shape), shape);
     cpu::dispatch_float(qkv.dtype(), "attention", [&](auto x) {
       using T = decltype(x);
-      cpu::attention_forward(p<T>(out), p<float>(lse), p<T>(qkv), d.B, d.T, d.C, d.NH, dropout);
+      cpu::attention_forward(p<T>(out), p<float>(lse), p<T>(qkv), a, dropout);
     });
   }
   void attention_backward(Stream, const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                          const Tensor& out, const Tensor& lse, int n_head,
+                          const Tensor& out, const Tensor& lse, const AttentionShape& shape,
                           const DropoutSpec& dropout) override {
-    const auto d = checks::attention(out, lse, qkv, n_head);
-    checks::same_size(dqkv, qkv, "attention_backward dqkv");
-    checks::same_size(dout, out, "attention_backward dout");
+    const auto a = dims(checks::attention_backward(dqkv, dout, qkv, out, lse, shape), shape);
     cpu::dispatch_float(qkv.dtype(), "attention_backward", [&](auto x) {
       using T = decltype(x);
-      cpu::attention_backward(p<T>(dqkv), p<T>(dout), p<T>(qkv), p<T>(out), p<float>(lse), d.B,
-                              d.T, d.C, d.NH, dropout);
+      cpu::attention_backward(p<T>(dqkv), p<T>(dout), p<T>(qkv), p<T>(out), p<float>(lse), a,
+                              dropout);
     });
   }
   void attention_decode(Stream, const Tensor& out, const Tensor& k_cache, const Tensor& v_cache,
-                        const Tensor& qkv, int64_t past, int n_head) override {
-    const auto d = checks::attention_decode(out, k_cache, v_cache, qkv, past, n_head);
+                        const Tensor& qkv, int64_t past, const AttentionShape& shape) override {
+    const auto d = checks::attention_decode(out, k_cache, v_cache, qkv, past, shape);
+    const cpu::AttnDims a{d.B, d.T, d.NH, d.NKV, d.HD, true};
     cpu::dispatch_float(qkv.dtype(), "attention_decode", [&](auto x) {
       using T = decltype(x);
-      cpu::attention_decode(p<T>(out), p<T>(k_cache), p<T>(v_cache), p<T>(qkv), d.B, d.T, d.Tmax,
-                            d.C, d.NH, past);
+      cpu::attention_decode(p<T>(out), p<T>(k_cache), p<T>(v_cache), p<T>(qkv), a, d.Tmax, past);
+    });
+  }
+  void rope_forward(Stream, const Tensor& qkv, const Tensor& positions,
+                    const AttentionShape& shape, const RopeSpec& rope) override {
+    rope_apply(qkv, positions, shape, rope, 1.f, "rope");
+  }
+  void rope_backward(Stream, const Tensor& dqkv, const Tensor& positions,
+                     const AttentionShape& shape, const RopeSpec& rope) override {
+    rope_apply(dqkv, positions, shape, rope, -1.f, "rope_backward");
+  }
+
+  void swiglu_forward(Stream, const Tensor& out, const Tensor& inp) override {
+    const auto d = checks::swiglu(out, inp);
+    cpu::dispatch_float(inp.dtype(), "swiglu", [&](auto x) {
+      using T = decltype(x);
+      cpu::swiglu_forward(p<T>(out), p<T>(inp), d.N, d.H);
+    });
+  }
+  void swiglu_backward(Stream, const Tensor& dinp, const Tensor& dout,
+                       const Tensor& inp) override {
+    const auto d = checks::swiglu(dout, inp);
+    checks::same_size(dinp, inp, "swiglu_backward dinp");
+    cpu::dispatch_float(inp.dtype(), "swiglu_backward", [&](auto x) {
+      using T = decltype(x);
+      cpu::swiglu_backward(p<T>(dinp), p<T>(dout), p<T>(inp), d.N, d.H);
     });
   }
 
@@ -249,6 +293,20 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  static cpu::AttnDims dims(const checks::AttentionDims& d, const AttentionShape& shape) {
+    return {d.B, d.T, d.NH, d.NKV, d.HD, shape.causal};
+  }
+  void rope_apply(const Tensor& qkv, const Tensor& positions, const AttentionShape& shape,
+                  const RopeSpec& rope, float sign, const char* op) {
+    const auto d = checks::rope(qkv, positions, shape);
+    const std::vector<float> inv_freq = rope_inv_freq(rope, d.HD);
+    cpu::dispatch_float(qkv.dtype(), op, [&](auto x) {
+      using T = decltype(x);
+      cpu::rope(p<T>(qkv), p<int32_t>(positions), inv_freq.data(), d.B, d.T, d.NH, d.NKV, d.HD,
+                sign);
+    });
+  }
+
   HostAllocator alloc_;
   cpu::Gemm gemm_;
 };

@@ -56,6 +56,10 @@ template <>
 constexpr DType dtype_of<f16>() {
   return DType::F16;
 }
+template <>
+constexpr DType dtype_of<int32_t>() {
+  return DType::I32;
+}
 
 /// Calls f(T{}) with T the storage type of `dtype` (fp32, bf16 or fp16); throws for
 /// others, naming `op`.

@@ -1,4 +1,4 @@
-// Element-wise ops: GELU (tanh approximation, Hendrycks & Gimpel 2016, as GPT-2 and
+// Element-wise ops: SwiGLU (Shazeer 2020), GELU (tanh approximation, Hendrycks & Gimpel 2016, as GPT-2 and
 // torch's gelu(approximate="tanh")), residual add, dropout with a replayable Philox mask,
 // fill, and the sum of squares (in double) used for gradient norms.
 #include "backend/cpu/kernels.h"
@@ -36,6 +36,49 @@ void gelu_backward(T* dinp, const T* dout, const T* inp, int64_t n) {
     const float sech2 = sech2_approx(u);
     const float du = kSqrt2OverPi * (1.f + 3.f * 0.044715f * x * x);
     dinp[i] = store<T>(load(dout[i]) * (0.5f * (1.f + th) + 0.5f * x * sech2 * du));
+  }
+}
+
+namespace {
+/// sigmoid(x) from e = exp(-|x|) in (0, 1] (no overflow; clamped to exp_approx's range).
+inline float sigmoid(float x) {
+  const float e = exp_approx(std::max(-std::abs(x), -87.f));
+  return x >= 0.f ? 1.f / (1.f + e) : e / (1.f + e);
+}
+}  // namespace
+
+template <class T>
+void swiglu_forward(T* out, const T* inp, int64_t N, int64_t H) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* gate = inp + n * 2 * H;
+    const T* up = gate + H;
+    T* o = out + n * H;
+#pragma omp simd
+    for (int64_t i = 0; i < H; ++i) {
+      const float g = load(gate[i]);
+      o[i] = store<T>(g * sigmoid(g) * load(up[i]));
+    }
+  }
+}
+
+template <class T>
+void swiglu_backward(T* dinp, const T* dout, const T* inp, int64_t N, int64_t H) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* gate = inp + n * 2 * H;
+    const T* up = gate + H;
+    const T* dy = dout + n * H;
+    T* dgate = dinp + n * 2 * H;
+    T* dup = dgate + H;
+#pragma omp simd
+    for (int64_t i = 0; i < H; ++i) {
+      const float g = load(gate[i]), u = load(up[i]), d = load(dy[i]);
+      const float sg = sigmoid(g);
+      // d silu(g)/dg = sg (1 + g (1 - sg))
+      dgate[i] = store<T>(d * u * sg * (1.f + g * (1.f - sg)));
+      dup[i] = store<T>(d * g * sg);
+    }
   }
 }
 
@@ -121,6 +164,8 @@ double sum_squares(const T* x, int64_t n) {
   template void gelu_forward<T>(T*, const T*, int64_t);                   \
   template void gelu_backward<T>(T*, const T*, const T*, int64_t);        \
   template void add<T>(T*, const T*, const T*, int64_t);                  \
+  template void swiglu_forward<T>(T*, const T*, int64_t, int64_t);        \
+  template void swiglu_backward<T>(T*, const T*, const T*, int64_t, int64_t); \
   template void dropout<T>(T*, const T*, int64_t, const DropoutSpec&);    \
   template void fill<T>(T*, float, int64_t);                              \
   template double sum_squares<T>(const T*, int64_t);                      \

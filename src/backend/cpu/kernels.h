@@ -12,15 +12,18 @@
 #include "backend/cpu/element.h"
 
 #include <cstdint>
+#include <vector>
 
 namespace kiln::cpu {
 
+/// positions and wpe may be nullptr (positions 0..T-1; no position table).
 template <class T>
-void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t B,
-                       int64_t T_, int64_t C, int64_t Vp);
+void embedding_forward(T* out, const int32_t* tokens, const int32_t* positions, const T* wte,
+                       const T* wpe, int64_t B, int64_t T_, int64_t C, int64_t Vp, int64_t maxT);
 template <class T, class G>
-void embedding_backward(G* dwte, G* dwpe, const T* dout, const int32_t* tokens, int64_t B,
-                        int64_t T_, int64_t C, int64_t Vp);
+void embedding_backward(G* dwte, G* dwpe, const T* dout, const int32_t* tokens,
+                        const int32_t* positions, int64_t B, int64_t T_, int64_t C, int64_t Vp,
+                        int64_t maxT);
 
 template <class T>
 void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight,
@@ -30,24 +33,53 @@ void layernorm_backward(T* dinp, G* dweight, G* dbias, const T* dout, const T* i
                         const T* weight, const float* mean, const float* rstd, int64_t N,
                         int64_t C);
 
+/// weight may be nullptr (then dweight is too).
+template <class T>
+void rmsnorm_forward(T* out, float* rstd, const T* inp, const T* weight, int64_t N, int64_t C,
+                     float eps);
+template <class T, class G>
+void rmsnorm_backward(T* dinp, G* dweight, const T* dout, const T* inp, const T* weight,
+                      const float* rstd, int64_t N, int64_t C);
+
+/// Zeroed per-thread fp32 partial sums of n floats, reused across calls (no allocation
+/// per step once the largest size was seen). Owned by the calling thread; the OpenMP
+/// team writes disjoint rows.
+std::vector<float>& partial_sums(size_t n);
+
 /// db[OC] += sum over N rows of dout[N,OC].
 template <class T, class G>
 void bias_backward(G* dbias, const T* dout, int64_t N, int64_t OC);
 
+/// The sizes of one attention (see AttentionShape).
+struct AttnDims {
+  int64_t B, T, NH, NKV, HD;
+  bool causal;
+  int64_t W() const { return (NH + 2 * NKV) * HD; }
+};
 template <class T>
-void attention_forward(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, int64_t C,
-                       int64_t NH, const DropoutSpec& dropout);
+void attention_forward(T* out, float* lse, const T* qkv, const AttnDims& a,
+                       const DropoutSpec& dropout);
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
-                        int64_t B, int64_t T_, int64_t C, int64_t NH, const DropoutSpec& dropout);
+                        const AttnDims& a, const DropoutSpec& dropout);
+/// a.T = Tq new positions.
 template <class T>
-void attention_decode(T* out, T* k_cache, T* v_cache, const T* qkv, int64_t B, int64_t Tq,
-                      int64_t Tmax, int64_t C, int64_t NH, int64_t past);
+void attention_decode(T* out, T* k_cache, T* v_cache, const T* qkv, const AttnDims& a,
+                      int64_t Tmax, int64_t past);
+/// Rotates q and k heads of qkv [B,T,(NH+2NKV)*HD] in place by sign * pos * inv_freq.
+template <class T>
+void rope(T* qkv, const int32_t* positions, const float* inv_freq, int64_t B, int64_t T_,
+          int64_t NH, int64_t NKV, int64_t HD, float sign);
 
 template <class T>
 void gelu_forward(T* out, const T* inp, int64_t n);
 template <class T>
 void gelu_backward(T* dinp, const T* dout, const T* inp, int64_t n);
+/// out [N,H] = silu(inp[:, :H]) * inp[:, H:]; backward writes dinp [N,2H].
+template <class T>
+void swiglu_forward(T* out, const T* inp, int64_t N, int64_t H);
+template <class T>
+void swiglu_backward(T* dinp, const T* dout, const T* inp, int64_t N, int64_t H);
 template <class T>
 void add(T* out, const T* a, const T* b, int64_t n);
 /// out = inp * keep(i) / (1-p); used for both directions (the mask is replayed).

@@ -1,4 +1,4 @@
-// LayerNorm (Ba, Kiros, Hinton 2016) over the last dimension, with the backward of
+// LayerNorm (Ba, Kiros, Hinton 2016) over the last dimension (weight and bias optional), with the backward of
 // llm.c's layernorm_backward (dnorm, its mean and its projection on the normalised input).
 // Parameter gradients are summed per thread into a private fp32 row, then reduced in
 // thread order: deterministic for a fixed thread count.
@@ -11,15 +11,11 @@
 
 namespace kiln::cpu {
 
-namespace {
-// Zeroed per-thread partial sums, reused across calls (no allocation per step once the
-// largest size was seen). Owned by the calling thread; the OpenMP team writes disjoint rows.
 std::vector<float>& partial_sums(size_t n) {
   static thread_local std::vector<float> buf;
   buf.assign(n, 0.f);
   return buf;
 }
-}  // namespace
 
 template <class T>
 void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight,
@@ -36,9 +32,16 @@ void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* 
     for (int64_t c = 0; c < C; ++c) v += (load(x[c]) - m) * (load(x[c]) - m);
     const float r = 1.f / std::sqrt(v / static_cast<float>(C) + eps);
     T* o = out + n * C;
+    if (weight && bias) {
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c)
-      o[c] = store<T>((load(x[c]) - m) * r * load(weight[c]) + load(bias[c]));
+      for (int64_t c = 0; c < C; ++c)
+        o[c] = store<T>((load(x[c]) - m) * r * load(weight[c]) + load(bias[c]));
+    } else {
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c)
+        o[c] = store<T>((load(x[c]) - m) * r * (weight ? load(weight[c]) : 1.f) +
+                        (bias ? load(bias[c]) : 0.f));
+    }
     mean[n] = m;
     rstd[n] = r;
   }
@@ -63,7 +66,7 @@ void layernorm_backward(T* dinp, G* dweight, G* dbias, const T* dout, const T* i
 #pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
       for (int64_t c = 0; c < C; ++c) {
         const float norm = (load(x[c]) - m) * r;
-        const float dnorm = load(dy[c]) * load(weight[c]);
+        const float dnorm = load(dy[c]) * (weight ? load(weight[c]) : 1.f);
         dnorm_mean += dnorm;
         dnorm_norm_mean += dnorm * norm;
       }
@@ -74,7 +77,7 @@ void layernorm_backward(T* dinp, G* dweight, G* dbias, const T* dout, const T* i
       for (int64_t c = 0; c < C; ++c) {
         const float norm = (load(x[c]) - m) * r;
         const float g = load(dy[c]);
-        const float dnorm = g * load(weight[c]);
+        const float dnorm = g * (weight ? load(weight[c]) : 1.f);
         dx[c] = store<T>(load(dx[c]) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * r);
         dw[c] += norm * g;
         db[c] += g;
@@ -84,8 +87,8 @@ void layernorm_backward(T* dinp, G* dweight, G* dbias, const T* dout, const T* i
   for (int t = 0; t < nt; ++t) {
     const float* dw = partial.data() + static_cast<size_t>(t) * 2 * C;
     for (int64_t c = 0; c < C; ++c) {
-      dweight[c] = store<G>(load(dweight[c]) + dw[c]);
-      dbias[c] = store<G>(load(dbias[c]) + dw[C + c]);
+      if (dweight) dweight[c] = store<G>(load(dweight[c]) + dw[c]);
+      if (dbias) dbias[c] = store<G>(load(dbias[c]) + dw[C + c]);
     }
   }
 }

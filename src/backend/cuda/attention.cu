@@ -1,12 +1,17 @@
-// Causal attention, FlashAttention style (Dao et al. 2022, "FlashAttention"; Dao 2023,
-// "FlashAttention-2" for the loop order), with fp32 arithmetic on the CUDA cores: q, k,
-// v tiles are staged in shared memory (as fp32, whatever the storage type), softmax is
-// computed online, the forward saves only lse = m + log(l) per row, and the backward
-// recomputes P = exp(S - lse). Nothing of size T x T is ever stored.
+// Self-attention (causal or bidirectional, multi-head or grouped-query), FlashAttention
+// style (Dao et al. 2022, "FlashAttention"; Dao 2023, "FlashAttention-2" for the loop
+// order), with fp32 arithmetic on the CUDA cores: q, k, v tiles are staged in shared
+// memory (as fp32, whatever the storage type), softmax is computed online, the forward
+// saves only lse = m + log(l) per row, and the backward recomputes P = exp(S - lse).
+// Nothing of size T x T is ever stored.
 //
 // Head size: the kernels are instantiated for D = 16, 32, 64, 128 and run any HD <= D
 // (shared tiles and registers zero-padded), so odd head sizes work at the cost of the
 // padding. GPT-2 (HD = 64) runs D = 64.
+//
+// Layout (AttentionShape): qkv rows of W = (NH + 2 NKV) HD columns, q head h at h HD, k
+// and v heads of kv head kvh at (NH + kvh) HD and (NH + NKV + kvh) HD; query head h reads
+// kv head h / (NH / NKV). Causal: query i sees keys j <= i; bidirectional: every key.
 //
 // Forward (attn_fwd): grid (ceil(T/64), B*NH), 64 threads; thread = one query row i,
 // holding q_i (pre-scaled by 1/sqrt(HD)) and its output accumulator in registers. Key and
@@ -14,18 +19,23 @@
 // reads the same k_j/v_j element at once (a broadcast, no bank conflicts). Keys are
 // taken 8 at a time: 8 scores, one max update (rescaling the accumulator only when the
 // max grows), 8 exp, 8 axpys. Query tiles run heaviest (last) first.
-//   FLOPs: 4 T^2 HD / 2 per (b,h) (causal half of QK^T and PV). Bytes: q read once,
+//   FLOPs: 4 T^2 HD / 2 per (b,h) (causal half of QK^T and PV; 4 T^2 HD
+//   bidirectional). Bytes: q read once,
 //   k/v read once per query tile (T/64 times), out written once, lse 4 T.
 //
 // Backward: three launches, deterministic (no atomics):
 //   1. attn_bwd_rowdot: D_i = dO_i . O_i (the softmax backward's row term), one warp per
 //      row. Bytes 2 B T C size.
-//   2. attn_bwd_dkdv: grid (ceil(T/BKV), B*NH), thread = key row j owning dk_j, dv_j in
-//      registers, k_j/v_j in padded shared rows (stride D+1: conflict-free); loops over
-//      query tiles i >= j (q, dO, lse, D staged in shared, broadcast reads):
+//   2. attn_bwd_dkdv: grid (ceil(T/BKV), B*NKV), thread = key row j of a kv head owning
+//      dk_j, dv_j in registers, k_j/v_j in padded shared rows (stride D+1: conflict-free);
+//      loops over the query heads of the kv head's group in order (grouped-query: the
+//      kv head's gradient sums over them in registers, deterministically), and for each
+//      over the query tiles i >= j (all i bidirectional; q, dO, lse, D staged in shared,
+//      broadcast reads):
 //        p = exp(q.k - lse_i); dv_j += p~ dO_i; ds = p (keep dO_i.v_j - D_i); dk_j += ds q_i
 //   3. attn_bwd_dq: grid (ceil(T/BQ), B*NH), thread = query row i owning q_i and dq_i in
-//      registers, dO_i in padded shared rows; loops over key tiles j <= i:
+//      registers, dO_i in padded shared rows; loops over key tiles j <= i (all j
+//      bidirectional) of its kv head:
 //        dq_i += ds k_j.
 //   FlashAttention-2 computes dq in the dk/dv loop with float atomics; recomputing S and
 //   dP in a separate pass costs 7 instead of 5 HD-long dot/axpy per (i,j) pair but makes
@@ -38,7 +48,7 @@
 // Limits: HD <= 128 (kMaxHeadDim). These fp32 CUDA-core kernels run for fp32 inputs
 // (the golden tests need fp32 without TF32), for dropout > 0, for head sizes other than
 // 32/64/128, for unaligned pointers, and when KILN_CUDA_ATTN_SIMT=1; bf16 without
-// dropout goes to the tensor-core kernels of attention_tc.cu.
+// dropout goes to the tensor-core kernels of attention_tc.cu (see attention_tc_applies).
 #include "backend/cuda/attention.h"
 #include "backend/cuda/attention_tc.h"
 #include "backend/cuda/common.cuh"
@@ -56,8 +66,10 @@ struct Tiles {
   static constexpr int kDqQ = D <= 64 ? 64 : 32, kDqK = D <= 64 ? 32 : 16;
 };
 
+// CQ = NH HD (out's row width), W = (NH + 2 NKV) HD (qkv's), group = NH / NKV.
 struct Geo {
-  int T, C, NH, HD;
+  int T, CQ, NH, NKV, HD, W, group;
+  bool causal;
   float scale;
 };
 
@@ -74,12 +86,15 @@ __global__ void __launch_bounds__(Tiles<D>::kFwdQ)
   __shared__ float Ks[BK][D];
   __shared__ float Vs[BK][D];
   const int64_t bh = blockIdx.y;
-  const int b = static_cast<int>(bh / g.NH), h = static_cast<int>(bh % g.NH);
+  const int b = static_cast<int>(bh / g.NH), h = static_cast<int>(bh % g.NH), kvh = h / g.group;
   const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;
   const int i = q0 + threadIdx.x;
   const bool valid = i < g.T;
-  const int64_t row3 = 3 * static_cast<int64_t>(g.C);
-  const T* base = qkv + static_cast<int64_t>(b) * g.T * row3 + static_cast<int64_t>(h) * g.HD;
+  const int64_t row3 = g.W;
+  const T* rows = qkv + static_cast<int64_t>(b) * g.T * row3;
+  const T* base = rows + static_cast<int64_t>(h) * g.HD;
+  const T* kbase = rows + static_cast<int64_t>(g.NH + kvh) * g.HD;
+  const T* vbase = kbase + static_cast<int64_t>(g.NKV) * g.HD;
 
   float q[D], acc[D];
 #pragma unroll
@@ -89,22 +104,23 @@ __global__ void __launch_bounds__(Tiles<D>::kFwdQ)
   }
   float m = -INFINITY, l = 0.f;
   const int q_last = min(g.T, q0 + BQ) - 1;
+  const int k_last = g.causal ? q_last : g.T - 1;  // the last key any row of the tile sees
   const uint64_t drop_row = (static_cast<uint64_t>(bh) * g.T + (valid ? i : 0)) * g.T;
 
-  for (int k0 = 0; k0 <= q_last; k0 += BK) {
+  for (int k0 = 0; k0 <= k_last; k0 += BK) {
     __syncthreads();
     for (int idx = threadIdx.x; idx < BK * D; idx += BQ) {
       const int j = idx / D, d = idx % D, kj = k0 + j;
       float kv = 0.f, vv = 0.f;
       if (kj < g.T && d < g.HD) {
-        kv = to_f(base[kj * row3 + g.C + d]);
-        vv = to_f(base[kj * row3 + 2 * g.C + d]);
+        kv = to_f(kbase[kj * row3 + d]);
+        vv = to_f(vbase[kj * row3 + d]);
       }
       Ks[j][d] = kv;
       Vs[j][d] = vv;
     }
     __syncthreads();
-    const int jn = min(BK, q_last - k0 + 1);
+    const int jn = min(BK, k_last - k0 + 1);
     for (int j0 = 0; j0 < jn; j0 += 8) {
       float sc[8];
       float mx = -INFINITY;
@@ -114,7 +130,7 @@ __global__ void __launch_bounds__(Tiles<D>::kFwdQ)
         float s = 0.f;
 #pragma unroll
         for (int d = 0; d < D; ++d) s += q[d] * Ks[j][d];
-        sc[u] = (j < jn && k0 + j <= i) ? s : -INFINITY;
+        sc[u] = (j < jn && (!g.causal || k0 + j <= i)) ? s : -INFINITY;
         mx = fmaxf(mx, sc[u]);
       }
       if (mx > m) {
@@ -156,7 +172,7 @@ __global__ void __launch_bounds__(Tiles<D>::kFwdQ)
   }
   if (!valid) return;
   const float inv = 1.f / l;
-  T* o = out + (static_cast<int64_t>(b) * g.T + i) * g.C + static_cast<int64_t>(h) * g.HD;
+  T* o = out + (static_cast<int64_t>(b) * g.T + i) * g.CQ + static_cast<int64_t>(h) * g.HD;
 #pragma unroll
   for (int d = 0; d < D; ++d)
     if (d < g.HD) o[d] = from_f<T>(acc[d] * inv);
@@ -171,7 +187,7 @@ __global__ void attn_bwd_rowdot(float* Dvec, const T* dout, const T* out, int64_
   if (r >= rows) return;
   const int64_t bh = r / g.T, i = r % g.T;
   const int64_t b = bh / g.NH, h = bh % g.NH;
-  const int64_t off = (b * g.T + i) * g.C + h * g.HD;
+  const int64_t off = (b * g.T + i) * g.CQ + h * g.HD;
   float s = 0.f;
   for (int d = lane; d < g.HD; d += 32) s += to_f(dout[off + d]) * to_f(out[off + d]);
   s = warp_sum(s);
@@ -188,68 +204,76 @@ __global__ void __launch_bounds__(Tiles<D>::kKvK)
   __shared__ float Qs[BQ][D];
   __shared__ float dOs[BQ][D];
   __shared__ float Ls[BQ], Ds[BQ];
-  const int64_t bh = blockIdx.y;
-  const int b = static_cast<int>(bh / g.NH), h = static_cast<int>(bh % g.NH);
+  const int64_t bk = blockIdx.y;  // (b, kv head)
+  const int b = static_cast<int>(bk / g.NKV), kvh = static_cast<int>(bk % g.NKV);
   const int k0 = (gridDim.x - 1 - blockIdx.x) * BK;
   const int tid = threadIdx.x;
   const int j = k0 + tid;
   const bool validk = j < g.T;
-  const int64_t row3 = 3 * static_cast<int64_t>(g.C);
-  const T* base = qkv + static_cast<int64_t>(b) * g.T * row3 + static_cast<int64_t>(h) * g.HD;
-  const T* dbase = dout + static_cast<int64_t>(b) * g.T * g.C + static_cast<int64_t>(h) * g.HD;
+  const int64_t row3 = g.W;
+  const T* rows = qkv + static_cast<int64_t>(b) * g.T * row3;
+  const T* kbase = rows + static_cast<int64_t>(g.NH + kvh) * g.HD;
+  const T* vbase = kbase + static_cast<int64_t>(g.NKV) * g.HD;
 
   for (int idx = tid; idx < BK * D; idx += BK) {
     const int r = idx / D, d = idx % D, kr = k0 + r;
     const bool in = kr < g.T && d < g.HD;
-    Kown[r][d] = in ? to_f(base[kr * row3 + g.C + d]) : 0.f;
-    Vown[r][d] = in ? to_f(base[kr * row3 + 2 * g.C + d]) : 0.f;
+    Kown[r][d] = in ? to_f(kbase[kr * row3 + d]) : 0.f;
+    Vown[r][d] = in ? to_f(vbase[kr * row3 + d]) : 0.f;
   }
   float dk[D], dv[D];
 #pragma unroll
   for (int d = 0; d < D; ++d) dk[d] = dv[d] = 0.f;
 
-  for (int q0 = (k0 / BQ) * BQ; q0 < g.T; q0 += BQ) {
-    __syncthreads();
-    for (int idx = tid; idx < BQ * D; idx += BK) {
-      const int r = idx / D, d = idx % D, qi = q0 + r;
-      const bool in = qi < g.T && d < g.HD;
-      Qs[r][d] = in ? to_f(base[qi * row3 + d]) * g.scale : 0.f;
-      dOs[r][d] = in ? to_f(dbase[static_cast<int64_t>(qi) * g.C + d]) : 0.f;
-    }
-    if (tid < BQ) {
-      const int qi = q0 + tid;
-      Ls[tid] = qi < g.T ? lse[bh * g.T + qi] : 0.f;
-      Ds[tid] = qi < g.T ? Dvec[bh * g.T + qi] : 0.f;
-    }
-    __syncthreads();
-#pragma unroll 1
-    for (int u = 0; u < BQ; ++u) {
-      const int i = q0 + u;
-      const bool ok = validk && i >= j && i < g.T;
-      float s = 0.f, dp = 0.f;
-#pragma unroll
-      for (int d = 0; d < D; ++d) {
-        s += Qs[u][d] * Kown[tid][d];
-        dp += dOs[u][d] * Vown[tid][d];
+  // The query heads of this kv head's group, in order (one head when NKV = NH).
+  for (int h = kvh * g.group; h < (kvh + 1) * g.group; ++h) {
+    const int64_t bh = static_cast<int64_t>(b) * g.NH + h;
+    const T* base = rows + static_cast<int64_t>(h) * g.HD;
+    const T* dbase = dout + static_cast<int64_t>(b) * g.T * g.CQ + static_cast<int64_t>(h) * g.HD;
+    for (int q0 = g.causal ? (k0 / BQ) * BQ : 0; q0 < g.T; q0 += BQ) {
+      __syncthreads();
+      for (int idx = tid; idx < BQ * D; idx += BK) {
+        const int r = idx / D, d = idx % D, qi = q0 + r;
+        const bool in = qi < g.T && d < g.HD;
+        Qs[r][d] = in ? to_f(base[qi * row3 + d]) * g.scale : 0.f;
+        dOs[r][d] = in ? to_f(dbase[static_cast<int64_t>(qi) * g.CQ + d]) : 0.f;
       }
-      const float p = ok ? expf(s - Ls[u]) : 0.f;
-      const float keep = (ok && dr.p > 0.f) ? keep_factor(dr, bh, g.T, i, j) : 1.f;
-      const float pd = p * keep;
-      const float ds = p * (keep * dp - Ds[u]);
+      if (tid < BQ) {
+        const int qi = q0 + tid;
+        Ls[tid] = qi < g.T ? lse[bh * g.T + qi] : 0.f;
+        Ds[tid] = qi < g.T ? Dvec[bh * g.T + qi] : 0.f;
+      }
+      __syncthreads();
+#pragma unroll 1
+      for (int u = 0; u < BQ; ++u) {
+        const int i = q0 + u;
+        const bool ok = validk && (!g.causal || i >= j) && i < g.T;
+        float s = 0.f, dp = 0.f;
 #pragma unroll
-      for (int d = 0; d < D; ++d) {
-        dv[d] += pd * dOs[u][d];
-        dk[d] += ds * Qs[u][d];
+        for (int d = 0; d < D; ++d) {
+          s += Qs[u][d] * Kown[tid][d];
+          dp += dOs[u][d] * Vown[tid][d];
+        }
+        const float p = ok ? expf(s - Ls[u]) : 0.f;
+        const float keep = (ok && dr.p > 0.f) ? keep_factor(dr, bh, g.T, i, j) : 1.f;
+        const float pd = p * keep;
+        const float ds = p * (keep * dp - Ds[u]);
+#pragma unroll
+        for (int d = 0; d < D; ++d) {
+          dv[d] += pd * dOs[u][d];
+          dk[d] += ds * Qs[u][d];
+        }
       }
     }
   }
   if (!validk) return;
-  T* o = dqkv + (static_cast<int64_t>(b) * g.T + j) * row3 + static_cast<int64_t>(h) * g.HD;
+  T* o = dqkv + (static_cast<int64_t>(b) * g.T + j) * row3 +
+         static_cast<int64_t>(g.NH + kvh) * g.HD;  // dk; dv NKV heads further
 #pragma unroll
   for (int d = 0; d < D; ++d)
     if (d < g.HD) {
-      o[g.C + d] = from_f<T>(dk[d]);
-      o[2 * g.C + d] = from_f<T>(dv[d]);
+      o[d] = from_f<T>(dk[d]);
+      o[static_cast<int64_t>(g.NKV) * g.HD + d] = from_f<T>(dv[d]);
     }
 }
 
@@ -262,14 +286,17 @@ __global__ void __launch_bounds__(Tiles<D>::kDqQ)
   __shared__ float Ks[BK][D];
   __shared__ float Vs[BK][D];
   const int64_t bh = blockIdx.y;
-  const int b = static_cast<int>(bh / g.NH), h = static_cast<int>(bh % g.NH);
+  const int b = static_cast<int>(bh / g.NH), h = static_cast<int>(bh % g.NH), kvh = h / g.group;
   const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;
   const int tid = threadIdx.x;
   const int i = q0 + tid;
   const bool valid = i < g.T;
-  const int64_t row3 = 3 * static_cast<int64_t>(g.C);
-  const T* base = qkv + static_cast<int64_t>(b) * g.T * row3 + static_cast<int64_t>(h) * g.HD;
-  const T* dbase = dout + static_cast<int64_t>(b) * g.T * g.C + static_cast<int64_t>(h) * g.HD;
+  const int64_t row3 = g.W;
+  const T* rows = qkv + static_cast<int64_t>(b) * g.T * row3;
+  const T* base = rows + static_cast<int64_t>(h) * g.HD;
+  const T* kbase = rows + static_cast<int64_t>(g.NH + kvh) * g.HD;
+  const T* vbase = kbase + static_cast<int64_t>(g.NKV) * g.HD;
+  const T* dbase = dout + static_cast<int64_t>(b) * g.T * g.CQ + static_cast<int64_t>(h) * g.HD;
 
   float q[D], dq[D];
 #pragma unroll
@@ -279,26 +306,27 @@ __global__ void __launch_bounds__(Tiles<D>::kDqQ)
   }
   for (int idx = tid; idx < BQ * D; idx += BQ) {
     const int r = idx / D, d = idx % D, qi = q0 + r;
-    dOown[r][d] = (qi < g.T && d < g.HD) ? to_f(dbase[static_cast<int64_t>(qi) * g.C + d]) : 0.f;
+    dOown[r][d] = (qi < g.T && d < g.HD) ? to_f(dbase[static_cast<int64_t>(qi) * g.CQ + d]) : 0.f;
   }
   const float L = valid ? lse[bh * g.T + i] : 0.f;
   const float Di = valid ? Dvec[bh * g.T + i] : 0.f;
   const int q_last = min(g.T, q0 + BQ) - 1;
+  const int k_last = g.causal ? q_last : g.T - 1;  // the last key any row of the tile sees
 
-  for (int k0 = 0; k0 <= q_last; k0 += BK) {
+  for (int k0 = 0; k0 <= k_last; k0 += BK) {
     __syncthreads();
     for (int idx = tid; idx < BK * D; idx += BQ) {
       const int r = idx / D, d = idx % D, kj = k0 + r;
       const bool in = kj < g.T && d < g.HD;
-      Ks[r][d] = in ? to_f(base[kj * row3 + g.C + d]) : 0.f;
-      Vs[r][d] = in ? to_f(base[kj * row3 + 2 * g.C + d]) : 0.f;
+      Ks[r][d] = in ? to_f(kbase[kj * row3 + d]) : 0.f;
+      Vs[r][d] = in ? to_f(vbase[kj * row3 + d]) : 0.f;
     }
     __syncthreads();
 #pragma unroll 1
     for (int u = 0; u < BK; ++u) {
       const int jj = k0 + u;
-      if (jj > q_last) break;  // uniform over the block
-      const bool ok = valid && jj <= i;
+      if (jj > k_last) break;  // uniform over the block
+      const bool ok = valid && (!g.causal || jj <= i);
       float s = 0.f, dp = 0.f;
 #pragma unroll
       for (int d = 0; d < D; ++d) {
@@ -320,14 +348,17 @@ __global__ void __launch_bounds__(Tiles<D>::kDqQ)
 }
 
 Geo geo_of(const AttnShape& d) {
-  return Geo{static_cast<int>(d.T), static_cast<int>(d.C), static_cast<int>(d.NH),
-             static_cast<int>(d.HD), 1.f / sqrtf(static_cast<float>(d.HD))};
+  return Geo{static_cast<int>(d.T),   static_cast<int>(d.CQ()), static_cast<int>(d.NH),
+             static_cast<int>(d.NKV), static_cast<int>(d.HD),   static_cast<int>(d.W()),
+             static_cast<int>(d.NH / d.NKV), d.causal, 1.f / sqrtf(static_cast<float>(d.HD))};
 }
 
 void check_shape(const AttnShape& d) {
   if (d.HD > kMaxHeadDim) fail("cuda: attention supports head sizes up to 128");
+  if (d.NKV <= 0 || d.NH % d.NKV != 0) fail("cuda: attention: NH must be a multiple of NKV");
   if (d.B * d.NH > 65535) fail("cuda: attention supports B * n_head <= 65535");
-  if (3 * d.C * d.T > (int64_t{1} << 31)) fail("cuda: attention: T * 3C must fit in 31 bits");
+  if (d.W() * d.T > (int64_t{1} << 31))
+    fail("cuda: attention: T * (NH + 2 NKV) * HD must fit in 31 bits");
 }
 
 
@@ -360,7 +391,7 @@ void backward_t(cudaStream_t s, T* dqkv, const T* dout, const T* qkv, const T* o
   KILN_CUDA_LAUNCHED("attention_backward (D)");
   dispatch_d(d.HD, [&]<int D>() {
     const dim3 gkv(static_cast<unsigned>((d.T + Tiles<D>::kKvK - 1) / Tiles<D>::kKvK),
-                   static_cast<unsigned>(d.B * d.NH));
+                   static_cast<unsigned>(d.B * d.NKV));
     attn_bwd_dkdv<T, D><<<gkv, Tiles<D>::kKvK, 0, s>>>(dqkv, dout, qkv, lse, Dvec, g, dr);
     KILN_CUDA_LAUNCHED("attention_backward (dk, dv)");
     const dim3 gq(static_cast<unsigned>((d.T + Tiles<D>::kDqQ - 1) / Tiles<D>::kDqQ),

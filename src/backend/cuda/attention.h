@@ -1,14 +1,21 @@
-// Causal multi-head attention on packed qkv [B,T,3C], FlashAttention style: forward
-// keeps only the row log-sum-exp; backward recomputes the probabilities. No [T,T]
-// matrix is ever stored. Head size HD <= 128.
+// Self-attention on packed qkv [B,T,(NH+2NKV)*HD] (causal or bidirectional, multi-head
+// or grouped-query; see AttentionShape in backend/backend.h), FlashAttention style:
+// forward keeps only the row log-sum-exp; backward recomputes the probabilities. No
+// [T,T] matrix is ever stored. Head size HD <= 128.
 #pragma once
 
 #include "backend/cuda/common.h"
 
 namespace kiln::cuda {
 
+/// NH query heads, NKV key/value heads (NH % NKV == 0; query head h reads kv head
+/// h / (NH / NKV)), head size HD. qkv rows hold W() columns: q heads, k heads, v heads;
+/// out rows hold NH*HD.
 struct AttnShape {
-  int64_t B, T, C, NH, HD;
+  int64_t B, T, NH, NKV, HD;
+  bool causal = true;
+  int64_t W() const { return (NH + 2 * NKV) * HD; }
+  int64_t CQ() const { return NH * HD; }
 };
 struct AttnDropout {
   float p = 0.f;      // 0: off

@@ -1,6 +1,7 @@
-// Causal attention on the tensor cores for bf16 (FlashAttention-2, Dao 2023): the same
-// contract as attention.cu (packed qkv [B,T,3C], lse fp32 [B,NH,T] = row log-sum-exp,
-// nothing of size T x T in memory), with every matrix product on mma.sync.m16n8k16
+// Attention on the tensor cores for bf16 (FlashAttention-2, Dao 2023): the same
+// contract as attention.cu (packed qkv [B,T,(NH+2NKV)*HD], causal or bidirectional,
+// multi-head or grouped-query; lse fp32 [B,NH,T] = row log-sum-exp, nothing of size
+// T x T in memory), with every matrix product on mma.sync.m16n8k16
 // (bf16 operands, fp32 accumulation; sm_80+). Softmax, lse, D_i and all accumulators
 // are fp32; P and dS are rounded to bf16 only as mma operands (as FlashAttention).
 // No dropout here: attention.cu keeps its fp32 kernels for p > 0 (and for fp32 inputs).
@@ -16,15 +17,20 @@
 //
 // Tiles: 4 warps per block, each owning 16 rows of the block's 64.
 //   forward (grid T/64 x B*NH, heaviest query tiles first): Q fragments in registers; for
-//     each key tile k0 <= q0 (64 keys): S = Q K^T (16x64 per warp), scaled into log2
-//     units, causal mask on the diagonal tile only, online max/sum, O += P V.
+//     each key tile k0 <= q0 (64 keys; every tile bidirectional) of the query head's kv
+//     head: S = Q K^T (16x64 per warp), scaled into log2 units, causal mask on the
+//     diagonal tile only (and the T bound on the last), online max/sum, O += P V.
 //     lse = (m + log2 l) ln 2.
 //   backward: D_i = dO_i . O_i (one warp per row); then
-//     dK/dV (grid T/64 x B*NH, one block per 64 keys, heaviest first): loops over query
-//       tiles (64, or 32 for HD = 128) from the diagonal on: S^T = K Q^T, dP^T = V dO^T,
+//     dK/dV (grid T/64 x B*NKV, one block per 64 keys of a kv head, heaviest first):
+//       loops over the query heads of the kv head's group in order (grouped-query: their
+//       contributions sum in the accumulators, deterministically), and for each over
+//       query tiles (64, or 32 for HD = 128) from the diagonal on (from 0 bidirectional):
+//       S^T = K Q^T, dP^T = V dO^T,
 //       P^T = exp2(S^T - lse_i), dS^T = P^T (dP^T - D_i), dV += P^T dO, dK += dS^T Q;
 //     dQ (grid T/64 x B*NH, one block per 64 queries): loops over key tiles (64, or 32
-//       for HD = 128) up to the diagonal: recomputes S and dP, dQ += dS K.
+//       for HD = 128) up to the diagonal (all bidirectional) of its kv head: recomputes
+//       S and dP, dQ += dS K.
 //   A separate dQ pass (as attention.cu) instead of FlashAttention-2's float atomics:
 //   deterministic, at the cost of recomputing QK^T and dO V^T (7 instead of 5 products).
 // FLOPs per (b,h): forward 2 T^2 HD (causal half of two products), backward 3.5 T^2 HD.
@@ -43,8 +49,10 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kThreads = 128;  // 4 warps
 
+// CQ = NH HD (out's row width), W = (NH + 2 NKV) HD (qkv's), group = NH / NKV.
 struct TcGeo {
-  int T, C, NH;
+  int T, CQ, NH, NKV, W, group;
+  bool causal;
   float scale;    // 1/sqrt(HD)
   float scale2;   // scale * log2(e)
 };
@@ -135,11 +143,14 @@ __global__ void __launch_bounds__(kThreads)
   bf16* Ks = Qs + BQ * SD;
   bf16* Vt = Ks + BK * SD;
   const int64_t bh = blockIdx.y;
-  const int b = static_cast<int>(bh / g.NH), h = static_cast<int>(bh % g.NH);
+  const int b = static_cast<int>(bh / g.NH), h = static_cast<int>(bh % g.NH), kvh = h / g.group;
   const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
-  const int64_t row3 = 3 * static_cast<int64_t>(g.C);
-  const bf16* base = qkv + static_cast<int64_t>(b) * g.T * row3 + static_cast<int64_t>(h) * D;
+  const int64_t row3 = g.W;
+  const bf16* rows = qkv + static_cast<int64_t>(b) * g.T * row3;
+  const bf16* base = rows + static_cast<int64_t>(h) * D;
+  const bf16* kbase = rows + static_cast<int64_t>(g.NH + kvh) * D;
+  const bf16* vbase = kbase + static_cast<int64_t>(g.NKV) * D;
 
   stage<BQ, D>(Qs, nullptr, base, row3, q0, g.T);
   __syncthreads();
@@ -153,10 +164,11 @@ __global__ void __launch_bounds__(kThreads)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const int row_a = q0 + warp * 16 + gr;  // rows row_a (c0, c1) and row_a + 8 (c2, c3)
 
-  for (int k0 = 0; k0 <= q0; k0 += BK) {
+  const int k_end = g.causal ? q0 : g.T - 1;  // the last key tile starts at or before it
+  for (int k0 = 0; k0 <= k_end; k0 += BK) {
     __syncthreads();  // the previous tile is consumed
-    stage<BK, D>(Ks, nullptr, base + g.C, row3, k0, g.T);
-    stage<BK, D>(nullptr, Vt, base + 2 * g.C, row3, k0, g.T);
+    stage<BK, D>(Ks, nullptr, kbase, row3, k0, g.T);
+    stage<BK, D>(nullptr, Vt, vbase, row3, k0, g.T);
     __syncthreads();
     float s[BK / 8][4];
 #pragma unroll
@@ -168,7 +180,7 @@ __global__ void __launch_bounds__(kThreads)
         const bf16* kr = Ks + (nt * 8 + gr) * SD + ks * 16 + 2 * tq;
         mma16816(s[nt], qa[ks], ld32(kr), ld32(kr + 8));
       }
-    const bool need_mask = k0 + BK > q0 || k0 + BK > g.T;
+    const bool need_mask = (g.causal && k0 + BK > q0) || k0 + BK > g.T;
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < BK / 8; ++nt)
@@ -177,7 +189,7 @@ __global__ void __launch_bounds__(kThreads)
         float x = s[nt][e] * g.scale2;
         if (need_mask) {
           const int col = k0 + nt * 8 + 2 * tq + (e & 1), row = row_a + (e >> 1) * 8;
-          if (col > row || col >= g.T) x = -INFINITY;
+          if ((g.causal && col > row) || col >= g.T) x = -INFINITY;
         }
         s[nt][e] = x;
         mx[e >> 1] = fmaxf(mx[e >> 1], x);
@@ -224,7 +236,7 @@ __global__ void __launch_bounds__(kThreads)
     const int row = row_a + r * 8;
     if (row >= g.T) continue;
     const float inv = 1.f / l[r];
-    bf16* orow = out + (static_cast<int64_t>(b) * g.T + row) * g.C + static_cast<int64_t>(h) * D;
+    bf16* orow = out + (static_cast<int64_t>(b) * g.T + row) * g.CQ + static_cast<int64_t>(h) * D;
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt)
       *reinterpret_cast<uint32_t*>(orow + dt * 8 + 2 * tq) =
@@ -266,16 +278,17 @@ __global__ void __launch_bounds__(kThreads)
   bf16* dOsT = QsT + D * SQ;
   float* Ls = reinterpret_cast<float*>(dOsT + D * SQ);
   float* Ds = Ls + BQ;
-  const int64_t bh = blockIdx.y;
-  const int b = static_cast<int>(bh / g.NH), h = static_cast<int>(bh % g.NH);
+  const int64_t bk = blockIdx.y;  // (b, kv head)
+  const int b = static_cast<int>(bk / g.NKV), kvh = static_cast<int>(bk % g.NKV);
   const int k0 = blockIdx.x * BK;  // the lowest keys see the most queries: first
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
-  const int64_t row3 = 3 * static_cast<int64_t>(g.C);
-  const bf16* base = qkv + static_cast<int64_t>(b) * g.T * row3 + static_cast<int64_t>(h) * D;
-  const bf16* dbase = dout + static_cast<int64_t>(b) * g.T * g.C + static_cast<int64_t>(h) * D;
+  const int64_t row3 = g.W;
+  const bf16* rows = qkv + static_cast<int64_t>(b) * g.T * row3;
+  const bf16* kbase = rows + static_cast<int64_t>(g.NH + kvh) * D;
+  const bf16* vbase = kbase + static_cast<int64_t>(g.NKV) * D;
 
-  stage<BK, D>(Ks, nullptr, base + g.C, row3, k0, g.T);
-  stage<BK, D>(Vs, nullptr, base + 2 * g.C, row3, k0, g.T);
+  stage<BK, D>(Ks, nullptr, kbase, row3, k0, g.T);
+  stage<BK, D>(Vs, nullptr, vbase, row3, k0, g.T);
   float dk[D / 8][4], dv[D / 8][4];
 #pragma unroll
   for (int dt = 0; dt < D / 8; ++dt)
@@ -283,59 +296,65 @@ __global__ void __launch_bounds__(kThreads)
     for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
   const int key_a = k0 + warp * 16 + gr;  // keys key_a (c0, c1) and key_a + 8 (c2, c3)
 
-  for (int q0 = k0; q0 < g.T; q0 += BQ) {
-    __syncthreads();
-    stage<BQ, D>(Qs, QsT, base, row3, q0, g.T);
-    stage<BQ, D>(dOs, dOsT, dbase, g.C, q0, g.T);
-    for (int r = threadIdx.x; r < BQ; r += kThreads) {
-      const int qi = q0 + r;
-      Ls[r] = qi < g.T ? lse[bh * g.T + qi] * kLog2e : 0.f;
-      Ds[r] = qi < g.T ? Dvec[bh * g.T + qi] : 0.f;
-    }
-    __syncthreads();
-    float s[BQ / 8][4], dp[BQ / 8][4];
-#pragma unroll
-    for (int nt = 0; nt < BQ / 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      uint32_t ka[4], va[4];
-      load_a<SD>(ka, Ks, warp * 16, ks * 16, gr, tq);
-      load_a<SD>(va, Vs, warp * 16, ks * 16, gr, tq);
-#pragma unroll
-      for (int nt = 0; nt < BQ / 8; ++nt) {
-        const bf16* qr = Qs + (nt * 8 + gr) * SD + ks * 16 + 2 * tq;
-        mma16816(s[nt], ka, ld32(qr), ld32(qr + 8));
-        const bf16* dr = dOs + (nt * 8 + gr) * SD + ks * 16 + 2 * tq;
-        mma16816(dp[nt], va, ld32(dr), ld32(dr + 8));
+  // The query heads of this kv head's group, in order (one head when NKV = NH).
+  for (int h = kvh * g.group; h < (kvh + 1) * g.group; ++h) {
+    const int64_t bh = static_cast<int64_t>(b) * g.NH + h;
+    const bf16* base = rows + static_cast<int64_t>(h) * D;
+    const bf16* dbase = dout + static_cast<int64_t>(b) * g.T * g.CQ + static_cast<int64_t>(h) * D;
+    for (int q0 = g.causal ? k0 : 0; q0 < g.T; q0 += BQ) {
+      __syncthreads();
+      stage<BQ, D>(Qs, QsT, base, row3, q0, g.T);
+      stage<BQ, D>(dOs, dOsT, dbase, g.CQ, q0, g.T);
+      for (int r = threadIdx.x; r < BQ; r += kThreads) {
+        const int qi = q0 + r;
+        Ls[r] = qi < g.T ? lse[bh * g.T + qi] * kLog2e : 0.f;
+        Ds[r] = qi < g.T ? Dvec[bh * g.T + qi] : 0.f;
       }
-    }
-    const bool need_mask = q0 < k0 + BK || q0 + BQ > g.T;
+      __syncthreads();
+      float s[BQ / 8][4], dp[BQ / 8][4];
 #pragma unroll
-    for (int nt = 0; nt < BQ / 8; ++nt)
+      for (int nt = 0; nt < BQ / 8; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int ci = nt * 8 + 2 * tq + (e & 1);
-        float p = exp2f(s[nt][e] * g.scale2 - Ls[ci]);
-        if (need_mask) {
-          const int i = q0 + ci, j = key_a + (e >> 1) * 8;
-          if (i < j || i >= g.T) p = 0.f;
+        for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        uint32_t ka[4], va[4];
+        load_a<SD>(ka, Ks, warp * 16, ks * 16, gr, tq);
+        load_a<SD>(va, Vs, warp * 16, ks * 16, gr, tq);
+#pragma unroll
+        for (int nt = 0; nt < BQ / 8; ++nt) {
+          const bf16* qr = Qs + (nt * 8 + gr) * SD + ks * 16 + 2 * tq;
+          mma16816(s[nt], ka, ld32(qr), ld32(qr + 8));
+          const bf16* dr = dOs + (nt * 8 + gr) * SD + ks * 16 + 2 * tq;
+          mma16816(dp[nt], va, ld32(dr), ld32(dr + 8));
         }
-        s[nt][e] = p;
-        dp[nt][e] = p * (dp[nt][e] - Ds[ci]);
       }
+      const bool need_mask = (g.causal && q0 < k0 + BK) || q0 + BQ > g.T;
 #pragma unroll
-    for (int kq = 0; kq < BQ / 16; ++kq) {
-      uint32_t pa[4], da[4];
-      c_to_a(pa, s[2 * kq], s[2 * kq + 1]);
-      c_to_a(da, dp[2 * kq], dp[2 * kq + 1]);
+      for (int nt = 0; nt < BQ / 8; ++nt)
 #pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt) {
-        const bf16* orow = dOsT + (dt * 8 + gr) * SQ + kq * 16 + 2 * tq;
-        mma16816(dv[dt], pa, ld32(orow), ld32(orow + 8));
-        const bf16* qrow = QsT + (dt * 8 + gr) * SQ + kq * 16 + 2 * tq;
-        mma16816(dk[dt], da, ld32(qrow), ld32(qrow + 8));
+        for (int e = 0; e < 4; ++e) {
+          const int ci = nt * 8 + 2 * tq + (e & 1);
+          float p = exp2f(s[nt][e] * g.scale2 - Ls[ci]);
+          if (need_mask) {
+            const int i = q0 + ci, j = key_a + (e >> 1) * 8;
+            if ((g.causal && i < j) || i >= g.T) p = 0.f;
+          }
+          s[nt][e] = p;
+          dp[nt][e] = p * (dp[nt][e] - Ds[ci]);
+        }
+#pragma unroll
+      for (int kq = 0; kq < BQ / 16; ++kq) {
+        uint32_t pa[4], da[4];
+        c_to_a(pa, s[2 * kq], s[2 * kq + 1]);
+        c_to_a(da, dp[2 * kq], dp[2 * kq + 1]);
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+          const bf16* orow = dOsT + (dt * 8 + gr) * SQ + kq * 16 + 2 * tq;
+          mma16816(dv[dt], pa, ld32(orow), ld32(orow + 8));
+          const bf16* qrow = QsT + (dt * 8 + gr) * SQ + kq * 16 + 2 * tq;
+          mma16816(dk[dt], da, ld32(qrow), ld32(qrow + 8));
+        }
       }
     }
   }
@@ -343,12 +362,13 @@ __global__ void __launch_bounds__(kThreads)
   for (int r = 0; r < 2; ++r) {
     const int j = key_a + r * 8;
     if (j >= g.T) continue;
-    bf16* o = dqkv + (static_cast<int64_t>(b) * g.T + j) * row3 + static_cast<int64_t>(h) * D;
+    bf16* o = dqkv + (static_cast<int64_t>(b) * g.T + j) * row3 +
+              static_cast<int64_t>(g.NH + kvh) * D;  // dk; dv NKV heads further
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) {
-      *reinterpret_cast<uint32_t*>(o + g.C + dt * 8 + 2 * tq) =
+      *reinterpret_cast<uint32_t*>(o + dt * 8 + 2 * tq) =
           pack_bf16(dk[dt][2 * r] * g.scale, dk[dt][2 * r + 1] * g.scale);
-      *reinterpret_cast<uint32_t*>(o + 2 * g.C + dt * 8 + 2 * tq) =
+      *reinterpret_cast<uint32_t*>(o + static_cast<int64_t>(g.NKV) * D + dt * 8 + 2 * tq) =
           pack_bf16(dv[dt][2 * r], dv[dt][2 * r + 1]);
     }
   }
@@ -366,15 +386,18 @@ __global__ void __launch_bounds__(kThreads)
   bf16* Vs = Ks + BK * SD;
   bf16* KsT = Vs + BK * SD;
   const int64_t bh = blockIdx.y;
-  const int b = static_cast<int>(bh / g.NH), h = static_cast<int>(bh % g.NH);
+  const int b = static_cast<int>(bh / g.NH), h = static_cast<int>(bh % g.NH), kvh = h / g.group;
   const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
-  const int64_t row3 = 3 * static_cast<int64_t>(g.C);
-  const bf16* base = qkv + static_cast<int64_t>(b) * g.T * row3 + static_cast<int64_t>(h) * D;
-  const bf16* dbase = dout + static_cast<int64_t>(b) * g.T * g.C + static_cast<int64_t>(h) * D;
+  const int64_t row3 = g.W;
+  const bf16* rows = qkv + static_cast<int64_t>(b) * g.T * row3;
+  const bf16* base = rows + static_cast<int64_t>(h) * D;
+  const bf16* kbase = rows + static_cast<int64_t>(g.NH + kvh) * D;
+  const bf16* vbase = kbase + static_cast<int64_t>(g.NKV) * D;
+  const bf16* dbase = dout + static_cast<int64_t>(b) * g.T * g.CQ + static_cast<int64_t>(h) * D;
 
   stage<BQ, D>(Qs, nullptr, base, row3, q0, g.T);
-  stage<BQ, D>(dOs, nullptr, dbase, g.C, q0, g.T);
+  stage<BQ, D>(dOs, nullptr, dbase, g.CQ, q0, g.T);
   __syncthreads();
   uint32_t qa[D / 16][4], oa[D / 16][4];
 #pragma unroll
@@ -394,11 +417,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int dt = 0; dt < D / 8; ++dt) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.f;
   const int q_last = min(g.T, q0 + BQ) - 1;
+  const int k_last = g.causal ? q_last : g.T - 1;  // the last key any row of the tile sees
 
-  for (int k0 = 0; k0 <= q_last; k0 += BK) {
+  for (int k0 = 0; k0 <= k_last; k0 += BK) {
     __syncthreads();
-    stage<BK, D>(Ks, KsT, base + g.C, row3, k0, g.T);
-    stage<BK, D>(Vs, nullptr, base + 2 * g.C, row3, k0, g.T);
+    stage<BK, D>(Ks, KsT, kbase, row3, k0, g.T);
+    stage<BK, D>(Vs, nullptr, vbase, row3, k0, g.T);
     __syncthreads();
     float s[BK / 8][4], dp[BK / 8][4];
 #pragma unroll
@@ -414,7 +438,7 @@ __global__ void __launch_bounds__(kThreads)
         const bf16* vr = Vs + (nt * 8 + gr) * SD + ks * 16 + 2 * tq;
         mma16816(dp[nt], oa[ks], ld32(vr), ld32(vr + 8));
       }
-    const bool need_mask = k0 + BK > q0 || k0 + BK > g.T;
+    const bool need_mask = (g.causal && k0 + BK > q0) || k0 + BK > g.T;
 #pragma unroll
     for (int nt = 0; nt < BK / 8; ++nt)
 #pragma unroll
@@ -422,7 +446,7 @@ __global__ void __launch_bounds__(kThreads)
         float p = exp2f(s[nt][e] * g.scale2 - L[e >> 1]);
         if (need_mask) {
           const int j = k0 + nt * 8 + 2 * tq + (e & 1), i = row_a + (e >> 1) * 8;
-          if (j > i || j >= g.T) p = 0.f;
+          if ((g.causal && j > i) || j >= g.T) p = 0.f;
         }
         dp[nt][e] = p * (dp[nt][e] - Dr[e >> 1]);
       }
@@ -451,8 +475,9 @@ __global__ void __launch_bounds__(kThreads)
 
 TcGeo tc_geo(const AttnShape& d) {
   const float scale = 1.f / sqrtf(static_cast<float>(d.HD));
-  return TcGeo{static_cast<int>(d.T), static_cast<int>(d.C), static_cast<int>(d.NH), scale,
-               scale * kLog2e};
+  return TcGeo{static_cast<int>(d.T),   static_cast<int>(d.CQ()), static_cast<int>(d.NH),
+               static_cast<int>(d.NKV), static_cast<int>(d.W()),  static_cast<int>(d.NH / d.NKV),
+               d.causal,                scale,                    scale * kLog2e};
 }
 
 template <class Fn>
@@ -507,7 +532,7 @@ void attention_tc_backward(cudaStream_t s, void* dqkv, const void* dout, const v
   const TcGeo g = tc_geo(d);
   const int64_t rows = d.B * d.NH * d.T;
   attn_rowdot_tc<<<static_cast<unsigned>((rows + 3) / 4), 128, 0, s>>>(
-      Dvec, static_cast<const bf16*>(dout), static_cast<const bf16*>(out), rows, g.T, g.C, g.NH,
+      Dvec, static_cast<const bf16*>(dout), static_cast<const bf16*>(out), rows, g.T, g.CQ, g.NH,
       static_cast<int>(d.HD));
   KILN_CUDA_LAUNCHED("attention_backward (D)");
   auto* dq = static_cast<bf16*>(dqkv);
@@ -515,7 +540,7 @@ void attention_tc_backward(cudaStream_t s, void* dqkv, const void* dout, const v
   const auto* x = static_cast<const bf16*>(qkv);
   dispatch_hd(d.HD, [&]<int D>() {
     const dim3 gkv(static_cast<unsigned>((d.T + TcTiles<D>::kKvK - 1) / TcTiles<D>::kKvK),
-                   static_cast<unsigned>(d.B * d.NH));
+                   static_cast<unsigned>(d.B * d.NKV));
     launch(attn_bwd_dkdv_tc<D>, gkv, TcTiles<D>::kv_smem(), s,
            "attention_backward (dk, dv; tensor cores)", dq, dO, x, lse,
            static_cast<const float*>(Dvec), g);

@@ -1,6 +1,7 @@
-// Tensor-core causal attention for bf16 (FlashAttention-2 structure, mma.sync
-// m16n8k16 bf16 with fp32 accumulation; see attention_tc.cu). Used by attention.cu
-// when it applies; otherwise attention.cu's fp32 CUDA-core kernels run.
+// Tensor-core attention for bf16, causal or bidirectional, multi-head or grouped-query
+// (FlashAttention-2 structure, mma.sync m16n8k16 bf16 with fp32 accumulation; see
+// attention_tc.cu). Used by attention.cu when it applies; otherwise attention.cu's fp32
+// CUDA-core kernels run.
 #pragma once
 
 #include "backend/cuda/attention.h"

@@ -9,7 +9,7 @@
 //   fp32); fp16 only for transfers, copy and fill.
 // - GEMMs: cuBLASLt, fp32 without TF32 unless KILN_CUDA_TF32=1 is set in the
 //   environment (then fp32 GEMMs use TF32 tensor cores: faster, ~1e-3 relative error).
-// - Out-of-range token ids or targets do not throw (that would need a host
+// - Out-of-range token ids, positions or targets do not throw (that would need a host
 //   synchronisation per op): they produce NaN rows, which the loss then shows.
 #pragma once
 

@@ -14,6 +14,9 @@
 //   3. one thread per column sums the partials in chunk order and adds them into
 //      dweight / dbias (fp32 or bf16, independent of the activations' type). No atomics:
 //      the result is bitwise reproducible.
+// Without a weight (no scale) or a bias (no shift), the kernels take 1 and 0 instead
+// (template flags, so that the affine case compiles to the same code), and the missing
+// parameter's gradient is not written.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/layernorm.h"
 
@@ -23,7 +26,7 @@ namespace {
 
 constexpr int kRowsPerChunk = 64;
 
-template <class T>
+template <class T, bool kWeight, bool kBias>
 __global__ void ln_fwd(T* out, float* mean, float* rstd, const T* inp, const T* weight,
                        const T* bias, int64_t N, int64_t C, float eps) {
   const int64_t row = blockIdx.x * int64_t{blockDim.x / 32} + threadIdx.x / 32;
@@ -40,15 +43,23 @@ __global__ void ln_fwd(T* out, float* mean, float* rstd, const T* inp, const T* 
   }
   const float r = 1.f / sqrtf(warp_sum(v) / static_cast<float>(C) + eps);
   T* o = out + row * C;
-  for (int64_t c = lane; c < C; c += 32)
-    o[c] = from_f<T>((to_f(x[c]) - m) * r * to_f(weight[c]) + to_f(bias[c]));
+  for (int64_t c = lane; c < C; c += 32) {
+    float y = (to_f(x[c]) - m) * r;
+    if constexpr (kWeight && kBias) {
+      y = (to_f(x[c]) - m) * r * to_f(weight[c]) + to_f(bias[c]);
+    } else {
+      if constexpr (kWeight) y *= to_f(weight[c]);
+      if constexpr (kBias) y += to_f(bias[c]);
+    }
+    o[c] = from_f<T>(y);
+  }
   if (lane == 0) {
     mean[row] = m;
     rstd[row] = r;
   }
 }
 
-template <class T>
+template <class T, bool kWeight>
 __global__ void ln_bwd_dinp(T* dinp, const T* dout, const T* inp, const T* weight,
                             const float* mean, const float* rstd, int64_t N, int64_t C) {
   const int64_t row = blockIdx.x * int64_t{blockDim.x / 32} + threadIdx.x / 32;
@@ -60,7 +71,7 @@ __global__ void ln_bwd_dinp(T* dinp, const T* dout, const T* inp, const T* weigh
   float a = 0.f, b = 0.f;
   for (int64_t c = lane; c < C; c += 32) {
     const float norm = (to_f(x[c]) - m) * r;
-    const float dnorm = to_f(dy[c]) * to_f(weight[c]);
+    const float dnorm = kWeight ? to_f(dy[c]) * to_f(weight[c]) : to_f(dy[c]);
     a += dnorm;
     b += dnorm * norm;
   }
@@ -69,7 +80,7 @@ __global__ void ln_bwd_dinp(T* dinp, const T* dout, const T* inp, const T* weigh
   T* dx = dinp + row * C;
   for (int64_t c = lane; c < C; c += 32) {
     const float norm = (to_f(x[c]) - m) * r;
-    const float dnorm = to_f(dy[c]) * to_f(weight[c]);
+    const float dnorm = kWeight ? to_f(dy[c]) * to_f(weight[c]) : to_f(dy[c]);
     dx[c] = from_f<T>(to_f(dx[c]) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * r);
   }
 }
@@ -116,8 +127,8 @@ __global__ void ln_bwd_params_final(G* dweight, G* dbias, const float* pw, const
     w += pw[k * C + c];
     b += pb[k * C + c];
   }
-  dweight[c] = from_f<G>(to_f(dweight[c]) + w);
-  dbias[c] = from_f<G>(to_f(dbias[c]) + b);
+  if (dweight) dweight[c] = from_f<G>(to_f(dweight[c]) + w);
+  if (dbias) dbias[c] = from_f<G>(to_f(dbias[c]) + b);
 }
 
 int64_t chunks_of(int64_t N) { return (N + kRowsPerChunk - 1) / kRowsPerChunk; }
@@ -129,10 +140,20 @@ void layernorm_forward(cudaStream_t s, Elem e, void* out, float* mean, float* rs
                        int64_t C, float eps) {
   if (N <= 0) return;
   const unsigned blocks = static_cast<unsigned>((N + 3) / 4);
-  KILN_DISPATCH_ELEM(e, ln_fwd<<<blocks, 128, 0, s>>>(
-                            static_cast<scalar_t*>(out), mean, rstd,
-                            static_cast<const scalar_t*>(inp), static_cast<const scalar_t*>(weight),
-                            static_cast<const scalar_t*>(bias), N, C, eps));
+  KILN_DISPATCH_ELEM(e, {
+    auto* o = static_cast<scalar_t*>(out);
+    const auto* x = static_cast<const scalar_t*>(inp);
+    const auto* w = static_cast<const scalar_t*>(weight);
+    const auto* b = static_cast<const scalar_t*>(bias);
+    if (w && b)
+      ln_fwd<scalar_t, true, true><<<blocks, 128, 0, s>>>(o, mean, rstd, x, w, b, N, C, eps);
+    else if (w)
+      ln_fwd<scalar_t, true, false><<<blocks, 128, 0, s>>>(o, mean, rstd, x, w, b, N, C, eps);
+    else if (b)
+      ln_fwd<scalar_t, false, true><<<blocks, 128, 0, s>>>(o, mean, rstd, x, w, b, N, C, eps);
+    else
+      ln_fwd<scalar_t, false, false><<<blocks, 128, 0, s>>>(o, mean, rstd, x, w, b, N, C, eps);
+  });
   KILN_CUDA_LAUNCHED("layernorm_forward");
 }
 
@@ -150,10 +171,16 @@ void layernorm_backward(cudaStream_t s, Elem e, Elem g, void* dinp, void* dweigh
   KILN_DISPATCH_ELEM(e, {
     const auto* dy = static_cast<const scalar_t*>(dout);
     const auto* x = static_cast<const scalar_t*>(inp);
-    ln_bwd_dinp<<<static_cast<unsigned>((N + 3) / 4), 128, 0, s>>>(
-        static_cast<scalar_t*>(dinp), dy, x, static_cast<const scalar_t*>(weight), mean, rstd, N,
-        C);
+    const auto* w = static_cast<const scalar_t*>(weight);
+    const unsigned blocks = static_cast<unsigned>((N + 3) / 4);
+    if (w)
+      ln_bwd_dinp<scalar_t, true><<<blocks, 128, 0, s>>>(static_cast<scalar_t*>(dinp), dy, x, w,
+                                                         mean, rstd, N, C);
+    else
+      ln_bwd_dinp<scalar_t, false><<<blocks, 128, 0, s>>>(static_cast<scalar_t*>(dinp), dy, x, w,
+                                                          mean, rstd, N, C);
     KILN_CUDA_LAUNCHED("layernorm_backward (dinp)");
+    if (!dweight && !dbias) return;
     ln_bwd_params_partial<<<dim3(static_cast<unsigned>((C + 31) / 32),
                                  static_cast<unsigned>(chunks)),
                             dim3(32, 8), 0, s>>>(pw, pb, dy, x, mean, rstd, N, C);

@@ -24,6 +24,7 @@
 #pragma once
 
 #include "backend/backend.h"
+#include "backend/op_list.h"
 
 #include <cstdint>
 #include <memory>
@@ -31,20 +32,13 @@
 
 namespace kiln {
 
-/// Every call of the Backend interface that may need scratch memory.
+/// Every call of the Backend interface that may need scratch memory: sum_squares and
+/// the ops of backend/op_list.h.
 enum class MetaCall : uint8_t {
   SumSquares,
-  EmbeddingForward,
-  EmbeddingBackward,
-  LayerNormForward,
-  LayerNormBackward,
-  LinearForward,
-  LinearBackward,
-  AttentionForward,
-  AttentionBackward,
-  AttentionDecode,
-  SoftmaxCrossEntropy,
-  AdamW,
+#define KILN_META_CALL(Call, method, category, params, args) Call,
+  KILN_BACKEND_OPS(KILN_META_CALL)
+#undef KILN_META_CALL
 };
 
 /// One call's sizes (those that apply; the rest stay 0), as op_checks returns them.
@@ -53,7 +47,9 @@ struct MetaCallInfo {
   DType dtype = DType::F32;  // of the activations / the tensor
   int64_t numel = 0;         // sum_squares, adamw: elements
   int64_t N = 0;             // rows: B*T (layernorm, linear, cross-entropy)
-  int64_t B = 0, T = 0, C = 0, NH = 0, Vp = 0;
+  int64_t B = 0, T = 0, C = 0, NH = 0, Vp = 0;  // attention: C = NH * HD
+  int64_t NKV = 0, HD = 0;  // attention: key/value heads, head size
+  int64_t H = 0;            // swiglu: hidden width
   int64_t IC = 0, OC = 0;  // linear
   bool has_bias = false;   // linear forward: a bias; linear backward: dbias requested
   bool has_dinp = false;   // linear backward

@@ -147,7 +147,7 @@ LossSum GPT2::forward(const Batch& batch, float grad_scale) {
   // The tied output projection: its logits' gradient lands in wte's gradient here, and
   // dL/d(ln_f output) in scratch.dtmp for backward().
   const auto r = nn::classifier_cross_entropy(
-      backend(), backend().default_stream(), a.head[nn::LayerNorm::kOut], wte.v(), targets,
+      backend(), backend().default_stream(), a.head[nn::Norm::kOut], wte.v(), targets,
       config_.vocab_size, grad_scale, with_grad ? a.scratch.dtmp : Tensor(),
       with_grad ? wte.g() : Tensor(), a.logits_chunk, a.losses_chunk);
   hooks().after_forward(config_.n_layer + 1);
@@ -186,7 +186,7 @@ void GPT2::forward_logits(const Tensor& tokens, const Tensor& logits) {
   check_shape(logits, Shape{B, T, config_.padded_vocab_size}, "forward_logits logits");
   run_forward(tokens, B, T);
   const Stream s = backend().default_stream();
-  const Tensor& x = acts_->head[nn::LayerNorm::kOut];
+  const Tensor& x = acts_->head[nn::Norm::kOut];
   const Tensor& wte = layers_->embedding.wte.v();
   if (logits.dtype() == dtype()) {
     backend().linear_forward(s, logits, x, wte, Tensor());

@@ -45,7 +45,7 @@ void GPT2::decode(const Tensor& tokens, const Tensor& logits) {
   const auto& blocks = layers_->blocks;
   Tensor x = be.empty(Shape{B, Tq, C}, dtype(), MemCategory::Temporaries);
   const auto w = blocks.front().make_decode_scratch(be, B, Tq, dtype());
-  layers_->embedding.forward(be, s, x, tokens, d.past);
+  layers_->embedding.forward(be, s, x, tokens, Tensor(), d.past);
   for (int l = 0; l < config_.n_layer; ++l) {
     const auto i = static_cast<size_t>(l);
     blocks[i].decode(be, s, x, w, d.k_cache[i], d.v_cache[i], d.past);

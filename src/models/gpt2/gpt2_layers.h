@@ -18,7 +18,7 @@ namespace kiln {
 inline nn::BlockSpec gpt2_block_spec(const GPT2Config& c) {
   nn::BlockSpec b;
   b.n_embd = c.n_embd;
-  b.norm_eps = c.layernorm_eps;
+  b.norm.eps = c.layernorm_eps;
   b.attention.n_head = c.n_head;
   b.attention.head_dim = c.n_embd / c.n_head;
   b.attention.causal = true;
@@ -33,7 +33,7 @@ struct GPT2Layers {
   explicit GPT2Layers(const GPT2Config& c)
       : embedding("transformer.wte.weight", "transformer.wpe.weight", c.vocab_size,
                   c.padded_vocab_size, c.block_size, c.n_embd, 0.02f),
-        ln_f("transformer.ln_f", c.n_embd, c.layernorm_eps) {
+        ln_f("transformer.ln_f", c.n_embd, nn::NormSpec{nn::NormKind::LayerNorm, c.layernorm_eps}) {
     c.validate();
     const nn::BlockSpec spec = gpt2_block_spec(c);
     blocks.reserve(static_cast<size_t>(c.n_layer));
@@ -55,7 +55,7 @@ struct GPT2Layers {
 
   nn::TokenPositionEmbedding embedding;
   std::vector<nn::TransformerBlock> blocks;
-  nn::LayerNorm ln_f;
+  nn::Norm ln_f;
 };
 
 }  // namespace kiln

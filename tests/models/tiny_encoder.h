@@ -1,10 +1,15 @@
 // A second model built only from the layer library (src/nn) and the Model interface,
 // to prove the seams: nothing in trainer, parallel or checkpoint code knows it.
 //
-// TinyLM: token + learned-position embeddings, n_layer pre-norm blocks WITHOUT biases on
-// their Linears and with an MLP of width 3C, a final LayerNorm and an UNTIED output
-// projection (lm_head, no bias) fused with the chunked cross-entropy. Parts: 0 the
-// embeddings, 1 + l block l, n_layer + 1 the head; none is tied. No dropout, no decoding.
+// TinyEncoder: a bidirectional encoder, nothing like GPT-2: token embeddings only (no
+// position table), n_layer pre-norm blocks with RMSNorm, rotary grouped-query attention
+// (n_head query heads over max(1, n_head / 2) key/value heads) that is NOT causal, a
+// SwiGLU MLP of hidden width 2C and no biases anywhere, a final RMSNorm and an UNTIED
+// output projection (lm_head) fused with the chunked cross-entropy. Batches may carry
+// explicit positions (the rotary angles). Parts: 0 the embeddings, 1 + l block l,
+// n_layer + 1 the head; none is tied. No dropout, no decoding. Trained on next-token
+// targets it can see them (bidirectional), so its loss falls far below a causal model's:
+// the training test checks that too.
 #pragma once
 
 #include "models/layered_model.h"
@@ -20,12 +25,12 @@
 
 namespace kiln::testing {
 
-class TinyLM final : public LayeredModel {
+class TinyEncoder final : public LayeredModel {
  public:
   /// Vocabulary padded to a multiple of 16 (the head's rows).
-  TinyLM(const ModelOptions& o, Backend& be, const ModelStorage& storage);
+  TinyEncoder(const ModelOptions& o, Backend& be, const ModelStorage& storage);
 
-  std::string arch() const override { return "tiny_lm"; }
+  std::string arch() const override { return "tiny_encoder"; }
   std::string describe() const override;
   nlohmann::json config_json() const override;
   LossSum forward(const Batch& batch, float grad_scale) override;
@@ -36,20 +41,20 @@ class TinyLM final : public LayeredModel {
   int vocab_size() const override { return static_cast<int>(o_.vocab_size); }
   int padded_vocab_size() const override { return static_cast<int>(vp_); }
   int max_positions() const override { return o_.block_size; }
-  void begin_decode(int, int) override { KILN_FAIL("tiny_lm: no decoding"); }
-  void decode(const Tensor&, const Tensor&) override { KILN_FAIL("tiny_lm: no decoding"); }
+  void begin_decode(int, int) override { KILN_FAIL("tiny_encoder: no decoding"); }
+  void decode(const Tensor&, const Tensor&) override { KILN_FAIL("tiny_encoder: no decoding"); }
   void end_decode() override {}
   int decoded_length() const override { return 0; }
 
  private:
   void reserve(int B, int T);
-  nn::BlockPass pass(int l) const;
+  nn::BlockPass pass(int l, const Tensor& positions) const;
 
   ModelOptions o_;
   int64_t vp_;
   nn::TokenPositionEmbedding embedding_;
   std::vector<nn::TransformerBlock> blocks_;
-  nn::LayerNorm norm_;
+  nn::Norm norm_;
   nn::Linear head_;
   nn::ActivationCheckpointing mode_ = nn::ActivationCheckpointing::None;
   // Saved activations for one (B, T).
@@ -57,11 +62,11 @@ class TinyLM final : public LayeredModel {
   std::vector<Tensor> stream_, head_saved_;
   nn::SavedActivations saved_;
   nn::BlockScratch scratch_;
-  Tensor logits_chunk_, losses_chunk_, dres_, tokens_;
+  Tensor logits_chunk_, losses_chunk_, dres_, tokens_, positions_;
   bool have_grad_ = false;
 };
 
-/// Registers TinyLM as model.arch = "tiny_lm".
-void register_tiny_lm();
+/// Registers TinyEncoder as model.arch = "tiny_encoder".
+void register_tiny_encoder();
 
 }  // namespace kiln::testing

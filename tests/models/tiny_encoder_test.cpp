@@ -1,7 +1,7 @@
-// TinyLM (tiny_lm.h), a second model from the layer library, through the Model
+// TinyEncoder (tiny_encoder.h), a second model from the layer library, through the Model
 // interface and the registry: its backward against central differences of its forward,
 // and gradients bitwise equal under every activation-checkpointing policy.
-#include "tiny_lm.h"
+#include "tiny_encoder.h"
 
 #include "backend/registry.h"
 
@@ -15,10 +15,10 @@ namespace {
 
 ModelOptions tiny() {
   ModelOptions o;
-  o.arch = "tiny_lm";
+  o.arch = "tiny_encoder";
   o.n_layer = 2;
-  o.n_head = 2;
-  o.n_embd = 14;
+  o.n_head = 4;
+  o.n_embd = 16;
   o.block_size = 9;
   o.vocab_size = 29;
   return o;
@@ -27,10 +27,10 @@ ModelOptions tiny() {
 struct Rig {
   std::unique_ptr<Backend> be = make_backend("cpu");
   std::unique_ptr<Model> m;
-  Tensor x, y;
+  Tensor x, y, pos;
   std::vector<float> w;
   Rig(nn::ActivationCheckpointing mode) {
-    register_tiny_lm();
+    register_tiny_encoder();
     m = make_model(tiny(), *be);
     m->set_activation_checkpointing(mode);
     m->init_weights(3);
@@ -49,19 +49,24 @@ struct Rig {
     y = be->empty(Shape{B, T}, DType::I32, MemCategory::Activations);
     be->copy_from_host(be->default_stream(), x, tok.data());
     be->copy_from_host(be->default_stream(), y, tgt.data());
+    // Explicit positions (the rotary angles), not 0..T-1: packed or shifted sequences.
+    std::vector<int32_t> p(B * T);
+    for (int i = 0; i < B * T; ++i) p[i] = (i % T) * 3 + (i / T) * 5;
+    pos = be->empty(Shape{B, T}, DType::I32, MemCategory::Activations);
+    be->copy_from_host(be->default_stream(), pos, p.data());
   }
-  double loss() { return m->forward(Batch{x, y, Tensor()}, 0.f).sum; }
+  double loss() { return m->forward(Batch{x, y, pos}, 0.f).sum; }
   std::vector<float> grads() {
     m->zero_grad();
-    m->forward(Batch{x, y, Tensor()}, 1.f);
+    m->forward(Batch{x, y, pos}, 1.f);
     m->backward();
     return download_f32(*be, m->grad_buffer());
   }
 };
 
-TEST(TinyLM, BackwardMatchesFiniteDifferences) {
+TEST(TinyEncoder, BackwardMatchesFiniteDifferences) {
   Rig r(nn::ActivationCheckpointing::None);
-  EXPECT_EQ(r.m->arch(), "tiny_lm");
+  EXPECT_EQ(r.m->arch(), "tiny_encoder");
   EXPECT_EQ(r.m->parts().size(), 4u);
   const auto g = r.grads();
   int checked = 0;
@@ -69,7 +74,7 @@ TEST(TinyLM, BackwardMatchesFiniteDifferences) {
     const int64_t n = p.shape.numel();
     for (int64_t j : {int64_t{1}, n / 3, n - 1}) {
       size_t i = static_cast<size_t>(p.offset + j);
-      if (p.name == "embed.tokens") i = static_cast<size_t>(p.offset + 3 * 14 + j % 14);  // a used row
+      if (p.name == "embed.tokens") i = static_cast<size_t>(p.offset + 3 * 16 + j % 16);  // a used row
       auto at = [&](float h) {
         std::vector<float> w2 = r.w;
         w2[i] += h;
@@ -86,13 +91,31 @@ TEST(TinyLM, BackwardMatchesFiniteDifferences) {
   EXPECT_GT(checked, 30);
 }
 
-TEST(TinyLM, CheckpointingPoliciesGiveBitwiseEqualGradients) {
+TEST(TinyEncoder, CheckpointingPoliciesGiveBitwiseEqualGradients) {
   const auto ref = Rig(nn::ActivationCheckpointing::None).grads();
   EXPECT_EQ(Rig(nn::ActivationCheckpointing::Selective).grads(), ref);
   EXPECT_EQ(Rig(nn::ActivationCheckpointing::Full).grads(), ref);
 }
 
-TEST(TinyLM, UnknownArchitectureNamesTheKnownOnes) {
+// Bidirectional: the loss at position 0 depends on the token at the LAST position of its
+// own sequence (a causal model's would not), and on nothing of the other sequence.
+TEST(TinyEncoder, AttentionSeesTheWholeSequenceAndOnlyIt) {
+  Rig r(nn::ActivationCheckpointing::None);
+  std::vector<int32_t> tgt(14, -1);
+  tgt[0] = 5;
+  r.be->copy_from_host(r.be->default_stream(), r.y, tgt.data());
+  const auto g = r.grads();
+  const ParamSpec& wte = r.m->spec("embed.tokens");
+  auto row_norm = [&](int token) {
+    double s = 0;
+    for (int c = 0; c < 16; ++c) s += std::pow(g[static_cast<size_t>(wte.offset + token * 16 + c)], 2);
+    return std::sqrt(s);
+  };
+  EXPECT_GT(row_norm((6 * 7 + 3) % 29), 1e-6) << "token at b=0, t=6 does not reach t=0";
+  for (int i = 7; i < 14; ++i) EXPECT_EQ(row_norm((i * 7 + 3) % 29), 0.0) << "sequence 1 leaks into 0";
+}
+
+TEST(TinyEncoder, UnknownArchitectureNamesTheKnownOnes) {
   auto be = make_backend("cpu");
   ModelOptions o = tiny();
   o.arch = "llama9";

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# TinyLM, a model from the layer library that only the test knows, trained by kiln's
+# TinyEncoder, a model from the layer library that only the test knows, trained by kiln's
 # Trainer on 1 process and on 2 ranks (ZeRO 3; ZeRO 2 with full activation
 # checkpointing): the per-step losses agree within 1e-5 relative and the loss falls.
-# Usage: tiny_lm_train_test.sh KILN TINY_LM_TRAIN WORK_DIR
+# Usage: tiny_encoder_train_test.sh KILN TINY_LM_TRAIN WORK_DIR
 set -euo pipefail
 kiln="$1"
 prog="$2"
@@ -23,7 +23,7 @@ PY
 "$kiln" prepare --input "$work/corpus.txt" --out "$work/data" --tokenizer byte >/dev/null
 cat > "$work/tiny.toml" <<TOML
 [model]
-arch = "tiny_lm"
+arch = "tiny_encoder"
 n_layer = 2
 n_head = 2
 n_embd = 24
@@ -66,5 +66,5 @@ for n in ("np2_z3", "np2_z2_full"):
     worst = max(abs(a - b) / abs(a) for a, b in zip(ref, got))
     assert len(got) == len(ref) and worst <= 1e-5, f"{n}: worst relative difference {worst:.2e}"
     print(f"{n}: {len(got)} losses match 1 process, worst relative difference {worst:.2e}")
-print(f"tiny_lm trained: loss {ref[0]:.4f} -> {ref[-1]:.4f}")
+print(f"tiny_encoder trained: loss {ref[0]:.4f} -> {ref[-1]:.4f}")
 PY

@@ -1,16 +1,26 @@
-#include "tiny_lm.h"
+#include "tiny_encoder.h"
 
 #include <fmt/format.h>
+
+#include <algorithm>
 
 namespace kiln::testing {
 
 namespace {
+constexpr nn::NormSpec kRms{nn::NormKind::RMSNorm, 1e-6f, true, false};
+
 nn::BlockSpec block_spec(const ModelOptions& o) {
   nn::BlockSpec b;
   b.n_embd = o.n_embd;
+  b.norm = kRms;
   b.attention.n_head = o.n_head;
+  b.attention.n_kv_head = std::max(1, o.n_head / 2);
   b.attention.head_dim = o.n_embd / o.n_head;
-  b.mlp_hidden = 3 * o.n_embd;
+  b.attention.causal = false;
+  b.attention.rotary = true;
+  b.attention.rope.theta = 10000.0;
+  b.mlp = nn::MlpKind::SwiGLU;
+  b.mlp_hidden = 2 * o.n_embd;
   b.bias = false;
   b.names = {"norm_1", "attn.qkv", "attn.out", "norm_2", "mlp.fc", "mlp.out"};
   return b;
@@ -18,13 +28,13 @@ nn::BlockSpec block_spec(const ModelOptions& o) {
 int64_t pad16(int64_t v) { return (v + 15) / 16 * 16; }
 }  // namespace
 
-TinyLM::TinyLM(const ModelOptions& o, Backend& be, const ModelStorage& storage)
+TinyEncoder::TinyEncoder(const ModelOptions& o, Backend& be, const ModelStorage& storage)
     : LayeredModel(be, storage), o_(o), vp_(pad16(o.vocab_size)),
-      embedding_("embed.tokens", "embed.positions", o.vocab_size, vp_, o.block_size, o.n_embd, 0.02f),
-      norm_("norm", o.n_embd, 1e-5f),
+      embedding_("embed.tokens", "", o.vocab_size, vp_, /*max_positions=*/0, o.n_embd, 0.02f),
+      norm_("norm", o.n_embd, kRms),
       head_("lm_head", o.n_embd, vp_, /*bias=*/false, 0.02f) {
   KILN_CHECK(o.n_layer > 0 && o.n_head > 0 && o.n_embd % o.n_head == 0 && o.vocab_size > 0,
-             "tiny_lm: bad shape");
+             "tiny_encoder: bad shape");
   head_.weight.init.zero_rows_from = o.vocab_size;
   blocks_.reserve(static_cast<size_t>(o.n_layer));
   for (int l = 0; l < o.n_layer; ++l)
@@ -40,26 +50,30 @@ TinyLM::TinyLM(const ModelOptions& o, Backend& be, const ModelStorage& storage)
   parts.back().resident = true;  // its loss gradient (lm_head) is made in forward
   norm_.collect(parts.back().params);
   head_.collect(parts.back().params);
-  build(parts, {Op::Embedding, Op::LayerNorm, Op::Linear, Op::Attention, Op::Gelu, Op::Add,
-                Op::SoftmaxCrossEntropy});
+  build(parts, {Op::Embedding, Op::RMSNorm, Op::Linear, Op::Attention, Op::Rope, Op::SwiGLU,
+                Op::Add, Op::SoftmaxCrossEntropy});
 }
 
-std::string TinyLM::describe() const {
-  return fmt::format("tiny_lm n_layer={} n_head={} n_embd={} vocab={} block={}", o_.n_layer,
-                     o_.n_head, o_.n_embd, o_.vocab_size, o_.block_size);
+std::string TinyEncoder::describe() const {
+  return fmt::format("tiny_encoder (bidirectional, RMSNorm, rotary GQA, SwiGLU) n_layer={} "
+                     "n_head={} n_kv_head={} n_embd={} vocab={} block={}", o_.n_layer, o_.n_head,
+                     std::max(1, o_.n_head / 2), o_.n_embd, o_.vocab_size, o_.block_size);
 }
 
-nlohmann::json TinyLM::config_json() const {
+nlohmann::json TinyEncoder::config_json() const {
   return {{"n_layer", o_.n_layer}, {"n_head", o_.n_head}, {"n_embd", o_.n_embd},
           {"vocab_size", o_.vocab_size}, {"block_size", o_.block_size}};
 }
 
-double TinyLM::flops_per_token(int T) const {
-  const double C = o_.n_embd;
-  return 6.0 * (o_.n_layer * (4 * C * C + 6 * C * C) + vp_ * C) + 12.0 * o_.n_layer * T * C;
+double TinyEncoder::flops_per_token(int T) const {
+  // 6 FLOPs per weight per token (qkv C x (C + 2 KV), out C x C, fc 4C x C, proj C x 2C,
+  // head Vp x C) plus attention's 12 T C per layer (bidirectional: T keys per query).
+  const double C = o_.n_embd, KV = std::max(1, o_.n_head / 2) * (C / o_.n_head);
+  return 6.0 * (o_.n_layer * (C * (C + 2 * KV) + C * C + 6 * C * C) + vp_ * C) +
+         12.0 * o_.n_layer * T * C;
 }
 
-void TinyLM::reserve(int B, int T) {
+void TinyEncoder::reserve(int B, int T) {
   if (B == B_ && T == T_ && saved_.mode() == mode_ && !stream_.empty()) return;
   B_ = B, T_ = T;
   Backend& be = backend();
@@ -77,13 +91,12 @@ void TinyLM::reserve(int B, int T) {
   scratch_ = blocks_.front().make_scratch(be, B, T, dt);
 }
 
-nn::BlockPass TinyLM::pass(int l) const {
+nn::BlockPass TinyEncoder::pass(int l, const Tensor& positions) const {
   return {backend(), backend().default_stream(), saved_.block(l), scratch_, {}, {}, {},
-          saved_.rerun_block(), saved_.recompute_cheap()};
+          saved_.rerun_block(), saved_.recompute_cheap(), positions};
 }
 
-LossSum TinyLM::forward(const Batch& batch, float grad_scale) {
-  KILN_CHECK(!batch.positions, "tiny_lm: positions are 0..T-1");
+LossSum TinyEncoder::forward(const Batch& batch, float grad_scale) {
   const int B = static_cast<int>(batch.tokens.size(0)), T = static_cast<int>(batch.tokens.size(1));
   reserve(B, T);
   Backend& be = backend();
@@ -94,24 +107,25 @@ LossSum TinyLM::forward(const Batch& batch, float grad_scale) {
   hooks().after_forward(0);
   for (size_t l = 0; l < blocks_.size(); ++l) {
     hooks().before_forward(static_cast<int>(l) + 1);
-    blocks_[l].forward(pass(static_cast<int>(l)), stream_[l], stream_[l + 1]);
+    blocks_[l].forward(pass(static_cast<int>(l), batch.positions), stream_[l], stream_[l + 1]);
     hooks().after_forward(static_cast<int>(l) + 1);
   }
   hooks().before_forward(last);
   norm_.forward(be, s, head_saved_, stream_.back());
   const bool with_grad = grad_scale > 0.f;
   const auto r = nn::classifier_cross_entropy(
-      be, s, head_saved_[nn::LayerNorm::kOut], head_.weight.v(), batch.targets, o_.vocab_size,
+      be, s, head_saved_[nn::Norm::kOut], head_.weight.v(), batch.targets, o_.vocab_size,
       grad_scale, with_grad ? scratch_.dtmp : Tensor(), with_grad ? head_.weight.g() : Tensor(),
       logits_chunk_, losses_chunk_);
   hooks().after_forward(last);
   tokens_ = batch.tokens;
+  positions_ = batch.positions;
   have_grad_ = with_grad;
   return {r.loss_sum, r.n_targets};
 }
 
-void TinyLM::backward() {
-  KILN_CHECK(have_grad_, "tiny_lm: backward() needs forward() with grad_scale > 0");
+void TinyEncoder::backward() {
+  KILN_CHECK(have_grad_, "tiny_encoder: backward() needs forward() with grad_scale > 0");
   have_grad_ = false;
   Backend& be = backend();
   const Stream s = be.default_stream();
@@ -123,7 +137,7 @@ void TinyLM::backward() {
   for (int l = static_cast<int>(blocks_.size()) - 1; l >= 0; --l) {
     const auto i = static_cast<size_t>(l);
     hooks().before_backward(l + 1);
-    blocks_[i].backward(pass(l), dres_, stream_[i], stream_[i + 1]);
+    blocks_[i].backward(pass(l, positions_), dres_, stream_[i], stream_[i + 1]);
     hooks().after_backward(l + 1);
   }
   hooks().before_backward(0);
@@ -131,9 +145,9 @@ void TinyLM::backward() {
   hooks().after_backward(0);
 }
 
-void register_tiny_lm() {
-  register_model("tiny_lm", [](const ModelOptions& o, Backend& be, const ModelStorage& st) {
-    return std::make_unique<TinyLM>(o, be, st);
+void register_tiny_encoder() {
+  register_model("tiny_encoder", [](const ModelOptions& o, Backend& be, const ModelStorage& st) {
+    return std::make_unique<TinyEncoder>(o, be, st);
   });
 }
 

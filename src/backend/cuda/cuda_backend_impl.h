@@ -1,0 +1,147 @@
+// The CudaBackend class (see cuda_backend.h for its conventions), declared here so that
+// its methods can live in several files: cuda_backend.cpp (construction, memory, loss,
+// optimizer, shared helpers), cuda_ops.cpp (embedding, norms, linear, element-wise ops)
+// and cuda_attention_ops.cpp (attention, KV-cache decode, rotary embedding). Each op
+// validates its arguments with op_checks (the same messages as every backend), picks
+// the element type and launches the kernels of its .cu file on the caller's stream.
+// Private to this folder.
+#pragma once
+
+#include "backend/backend.h"
+#include "backend/cuda/allocator.h"
+#include "backend/cuda/attention.h"
+#include "backend/cuda/common.h"
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/memory.h"
+
+#include <initializer_list>
+#include <memory>
+#include <string>
+
+namespace kiln::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+
+  std::string name() const override { return "cuda"; }
+  std::string gemm_path(DType dtype) const override;
+  Device device() const override { return Device::cuda(device_); }
+  Allocator& allocator() override { return *alloc_; }
+  Stream default_stream() override { return Stream{stream_}; }
+  void synchronize(Stream s) override;
+  bool supports(Op op, DType dtype) const override;
+
+  // ---- memory (cuda_backend.cpp) --------------------------------------------------------
+  void copy_from_host(Stream s, const Tensor& dst, const void* src) override;
+  void copy_to_host(Stream s, void* dst, const Tensor& src) override;
+  void copy(Stream s, const Tensor& dst, const Tensor& src) override;
+  void copy_stochastic_round(Stream s, const Tensor& dst, const Tensor& src, uint64_t seed,
+                             uint64_t stream) override;
+  void fill(Stream s, const Tensor& t, float value) override;
+  double sum_squares(Stream s, const Tensor& t) override;
+
+  // ---- ops (cuda_ops.cpp) -----------------------------------------------------------------
+  void embedding_forward(Stream s, const Tensor& out, const Tensor& tokens,
+                         const Tensor& positions, const Tensor& wte, const Tensor& wpe) override;
+  void embedding_backward(Stream s, const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                          const Tensor& tokens, const Tensor& positions) override;
+  void layernorm_forward(Stream s, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                         const Tensor& inp, const Tensor& weight, const Tensor& bias,
+                         float eps) override;
+  void layernorm_backward(Stream s, const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                          const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                          const Tensor& mean, const Tensor& rstd) override;
+  void rmsnorm_forward(Stream s, const Tensor& out, const Tensor& rstd, const Tensor& inp,
+                       const Tensor& weight, float eps) override;
+  void rmsnorm_backward(Stream s, const Tensor& dinp, const Tensor& dweight, const Tensor& dout,
+                        const Tensor& inp, const Tensor& weight, const Tensor& rstd) override;
+  void linear_forward(Stream s, const Tensor& out, const Tensor& inp, const Tensor& weight,
+                      const Tensor& bias) override;
+  void linear_backward(Stream s, const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                       const Tensor& dout, const Tensor& inp, const Tensor& weight) override;
+  void gelu_forward(Stream s, const Tensor& out, const Tensor& inp) override;
+  void gelu_backward(Stream s, const Tensor& dinp, const Tensor& dout, const Tensor& inp) override;
+  void swiglu_forward(Stream s, const Tensor& out, const Tensor& inp) override;
+  void swiglu_backward(Stream s, const Tensor& dinp, const Tensor& dout,
+                       const Tensor& inp) override;
+  void add(Stream s, const Tensor& out, const Tensor& a, const Tensor& b) override;
+  void dropout_forward(Stream s, const Tensor& out, const Tensor& inp,
+                       const DropoutSpec& spec) override;
+  void dropout_backward(Stream s, const Tensor& dinp, const Tensor& dout,
+                        const DropoutSpec& spec) override;
+
+  // ---- attention (cuda_attention_ops.cpp) -------------------------------------------------
+  void attention_forward(Stream s, const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                         const AttentionShape& shape, const DropoutSpec& dropout) override;
+  void attention_backward(Stream s, const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                          const Tensor& out, const Tensor& lse, const AttentionShape& shape,
+                          const DropoutSpec& dropout) override;
+  void attention_decode(Stream s, const Tensor& out, const Tensor& k_cache, const Tensor& v_cache,
+                        const Tensor& qkv, int64_t past, const AttentionShape& shape) override;
+  void rope_forward(Stream s, const Tensor& qkv, const Tensor& positions,
+                    const AttentionShape& shape, const RopeSpec& rope) override;
+  void rope_backward(Stream s, const Tensor& dqkv, const Tensor& positions,
+                     const AttentionShape& shape, const RopeSpec& rope) override;
+
+  // ---- loss and optimizer (cuda_backend.cpp) ----------------------------------------------
+  void softmax_cross_entropy(Stream s, const Tensor& losses, const Tensor& dlogits,
+                             const Tensor& logits, const Tensor& targets, int vocab_size,
+                             int ignore_index, float grad_scale) override;
+  void adamw_step(Stream s, const Tensor& param, const Tensor& grad, const Tensor& m,
+                  const Tensor& v, const AdamWParams& hp) override;
+
+ private:
+  // Scratch memory for one op (Temporaries). Freed on the backend's stream; when the op
+  // ran on another stream, the backend's stream first waits for that stream's work.
+  class Scratch {
+   public:
+    Scratch(CudaBackend& be, cudaStream_t s, size_t bytes) : be_(be), s_(s) {
+      const int64_t words = static_cast<int64_t>((bytes + 3) / 4);
+      t_ = be.empty({words > 0 ? words : 1}, DType::I32, MemCategory::Temporaries);
+    }
+    ~Scratch() {
+      if (s_ != be_.stream_) {
+        (void)cudaEventRecord(be_.scratch_event_, s_);
+        (void)cudaStreamWaitEvent(be_.stream_, be_.scratch_event_, 0);
+      }
+    }
+    void* ptr() const { return t_.raw(); }
+
+   private:
+    CudaBackend& be_;
+    cudaStream_t s_;
+    Tensor t_;
+  };
+
+  cudaStream_t st(Stream s) const {
+    return s.handle ? static_cast<cudaStream_t>(s.handle) : stream_;
+  }
+
+  static void on_device(const Tensor& t, const char* op);
+  // The element type of `t` (fp32 or bf16; else kiln::Error), checking that the other
+  // floating tensors of the op (empty ones skipped) have the same dtype.
+  static Elem elem(const Tensor& t, const char* op, std::initializer_list<const Tensor*> same = {});
+  // The element type of a parameter gradient: fp32 (with bf16 activations e) or e itself
+  // (checks::grad_of's rule); `same` (empty ones skipped) must have the same dtype.
+  static Elem grad_elem(const Tensor& g, Elem e, const char* op,
+                        std::initializer_list<const Tensor*> same = {});
+  static FloatKind float_kind(const Tensor& t, const char* op);
+  static void head_dim_ok(int64_t hd, const char* op);
+  static AttnDropout drop(const DropoutSpec& d);
+  void run_dropout(Stream s, const Tensor& out, const Tensor& inp, const DropoutSpec& spec,
+                   const char* op);
+  void rope_apply(const Tensor& qkv, const Tensor& positions, const AttentionShape& shape,
+                  const RopeSpec& rope, Stream s, float sign, const char* op);
+
+  int device_;
+  std::string device_name_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t scratch_event_ = nullptr;
+  std::unique_ptr<CudaAllocator> alloc_;
+  std::unique_ptr<Gemm> gemm_;
+  Tensor workspace_;
+};
+
+}  // namespace kiln::cuda

@@ -1,0 +1,174 @@
+#include "backend/meta/meta_calls.h"
+
+#include "backend/op_checks.h"
+#include "core/error.h"
+
+namespace kiln::meta_calls {
+
+namespace {
+MetaCallInfo info(MetaCall call, DType dtype) {
+  MetaCallInfo c;
+  c.call = call;
+  c.dtype = dtype;
+  return c;
+}
+MetaCallInfo embedding(MetaCall call, const checks::EmbeddingDims& d, DType dt) {
+  MetaCallInfo c = info(call, dt);
+  c.B = d.B, c.T = d.T, c.C = d.C, c.Vp = d.Vp, c.N = d.B * d.T;
+  return c;
+}
+MetaCallInfo rows(MetaCall call, const checks::RowDims& d, DType dt) {
+  MetaCallInfo c = info(call, dt);
+  c.N = d.N, c.C = d.C;
+  return c;
+}
+MetaCallInfo attention(MetaCall call, const checks::AttentionDims& d, DType dt) {
+  MetaCallInfo c = info(call, dt);
+  c.B = d.B, c.T = d.T, c.NH = d.NH, c.NKV = d.NKV, c.HD = d.HD, c.C = d.NH * d.HD;
+  c.N = d.B * d.T;
+  return c;
+}
+MetaCallInfo elements(MetaCall call, const Tensor& t) {
+  MetaCallInfo c = info(call, t.dtype());
+  c.numel = t.numel();
+  return c;
+}
+}  // namespace
+
+MetaCallInfo embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& positions,
+                               const Tensor& wte, const Tensor& wpe) {
+  return embedding(MetaCall::EmbeddingForward,
+                   checks::embedding(out, tokens, positions, wte, wpe), out.dtype());
+}
+MetaCallInfo embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                const Tensor& tokens, const Tensor& positions) {
+  return embedding(MetaCall::EmbeddingBackward,
+                   checks::embedding(dout, tokens, positions, dwte, dwpe), dout.dtype());
+}
+
+MetaCallInfo layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                               const Tensor& inp, const Tensor& weight, const Tensor& bias,
+                               float) {
+  return rows(MetaCall::LayerNormForward, checks::layernorm(out, mean, rstd, inp, weight, bias),
+              inp.dtype());
+}
+MetaCallInfo layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                                const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                                const Tensor& mean, const Tensor& rstd) {
+  return rows(MetaCall::LayerNormBackward,
+              checks::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd),
+              inp.dtype());
+}
+MetaCallInfo rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp,
+                             const Tensor& weight, float) {
+  return rows(MetaCall::RMSNormForward, checks::rmsnorm(out, rstd, inp, weight), inp.dtype());
+}
+MetaCallInfo rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout,
+                              const Tensor& inp, const Tensor& weight, const Tensor& rstd) {
+  return rows(MetaCall::RMSNormBackward,
+              checks::rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd), inp.dtype());
+}
+
+MetaCallInfo linear_forward(const Tensor& out, const Tensor& inp, const Tensor& weight,
+                            const Tensor& bias) {
+  const auto d = checks::linear(out, inp, weight, bias);
+  MetaCallInfo c = info(MetaCall::LinearForward, inp.dtype());
+  c.N = d.N, c.IC = d.IC, c.OC = d.OC;
+  c.has_bias = static_cast<bool>(bias);
+  return c;
+}
+MetaCallInfo linear_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                             const Tensor& dout, const Tensor& inp, const Tensor& weight) {
+  const auto d = checks::linear_backward(dinp, dweight, dbias, dout, inp, weight);
+  MetaCallInfo c = info(MetaCall::LinearBackward, inp.dtype());
+  c.N = d.N, c.IC = d.IC, c.OC = d.OC;
+  c.has_bias = static_cast<bool>(dbias);
+  c.has_dinp = static_cast<bool>(dinp);
+  c.has_dweight = static_cast<bool>(dweight);
+  if (dweight) c.grad_dtype = dweight.dtype();
+  return c;
+}
+
+MetaCallInfo attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                               const AttentionShape& shape, const DropoutSpec&) {
+  return attention(MetaCall::AttentionForward, checks::attention(out, lse, qkv, shape),
+                   qkv.dtype());
+}
+MetaCallInfo attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                const Tensor& out, const Tensor& lse,
+                                const AttentionShape& shape, const DropoutSpec&) {
+  return attention(MetaCall::AttentionBackward,
+                   checks::attention_backward(dqkv, dout, qkv, out, lse, shape), qkv.dtype());
+}
+MetaCallInfo attention_decode(const Tensor& out, const Tensor& k_cache, const Tensor& v_cache,
+                              const Tensor& qkv, int64_t past, const AttentionShape& shape) {
+  const auto d = checks::attention_decode(out, k_cache, v_cache, qkv, past, shape);
+  MetaCallInfo c = info(MetaCall::AttentionDecode, qkv.dtype());
+  c.B = d.B, c.T = d.T, c.NH = d.NH, c.NKV = d.NKV, c.HD = d.HD, c.C = d.NH * d.HD;
+  return c;
+}
+MetaCallInfo rope_forward(const Tensor& qkv, const Tensor& positions,
+                          const AttentionShape& shape, const RopeSpec&) {
+  return attention(MetaCall::RopeForward, checks::rope(qkv, positions, shape), qkv.dtype());
+}
+MetaCallInfo rope_backward(const Tensor& dqkv, const Tensor& positions,
+                           const AttentionShape& shape, const RopeSpec&) {
+  return attention(MetaCall::RopeBackward, checks::rope(dqkv, positions, shape), dqkv.dtype());
+}
+
+MetaCallInfo gelu_forward(const Tensor& out, const Tensor& inp) {
+  checks::same_size(out, inp, "gelu");
+  return elements(MetaCall::GeluForward, inp);
+}
+MetaCallInfo gelu_backward(const Tensor& dinp, const Tensor& dout, const Tensor& inp) {
+  checks::same_size(dinp, inp, "gelu_backward");
+  checks::same_size(dout, inp, "gelu_backward");
+  return elements(MetaCall::GeluBackward, inp);
+}
+MetaCallInfo swiglu_forward(const Tensor& out, const Tensor& inp) {
+  const auto d = checks::swiglu(out, inp);
+  MetaCallInfo c = elements(MetaCall::SwiGluForward, inp);
+  c.N = d.N, c.H = d.H;
+  return c;
+}
+MetaCallInfo swiglu_backward(const Tensor& dinp, const Tensor& dout, const Tensor& inp) {
+  const auto d = checks::swiglu(dout, inp);
+  checks::same_size(dinp, inp, "swiglu_backward dinp");
+  MetaCallInfo c = elements(MetaCall::SwiGluBackward, inp);
+  c.N = d.N, c.H = d.H;
+  return c;
+}
+MetaCallInfo add(const Tensor& out, const Tensor& a, const Tensor& b) {
+  checks::same_size(out, a, "add");
+  checks::same_size(out, b, "add");
+  return elements(MetaCall::Add, out);
+}
+MetaCallInfo dropout_forward(const Tensor& out, const Tensor& inp, const DropoutSpec&) {
+  checks::same_size(out, inp, "dropout");
+  return elements(MetaCall::DropoutForward, inp);
+}
+MetaCallInfo dropout_backward(const Tensor& dinp, const Tensor& dout, const DropoutSpec&) {
+  checks::same_size(dinp, dout, "dropout_backward");
+  return elements(MetaCall::DropoutBackward, dout);
+}
+
+MetaCallInfo softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits,
+                                   const Tensor& logits, const Tensor& targets, int vocab_size,
+                                   int, float) {
+  const auto d = checks::cross_entropy(losses, dlogits, logits, targets, vocab_size);
+  MetaCallInfo c = info(MetaCall::SoftmaxCrossEntropy, logits.dtype());
+  c.N = d.N, c.Vp = d.Vp;
+  return c;
+}
+
+MetaCallInfo adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m,
+                        const Tensor& v, const AdamWParams&) {
+  // Element counts only: with mixed precision the dtypes of param, grad and m/v differ.
+  KILN_CHECK(grad.numel() == param.numel() && m.numel() == param.numel() &&
+                 v.numel() == param.numel(),
+             "adamw: grad {}, m {} and v {} must match param {}", grad.str(), m.str(), v.str(),
+             param.str());
+  return elements(MetaCall::AdamW, param);
+}
+
+}  // namespace kiln::meta_calls

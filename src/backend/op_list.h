@@ -1,0 +1,91 @@
+// The compute ops of the Backend interface, listed once, so that the backends that wrap
+// or imitate another (the Meta backend's dry run, the Profiling backend's timing) are
+// generated from this list instead of written op by op.
+//
+//   KILN_BACKEND_OPS(X) calls X(Call, method, category, (parameters), (arguments))
+//
+// per op: Call names it in enums (MetaCall), `method` is the Backend method, `category`
+// the Profiling backend's trace category, (parameters) the method's parameters after the
+// Stream and (arguments) their names. The signatures are those declared (and
+// documented) in backend/backend.h; a wrapper generated from this list overrides each
+// method, so a mismatch with backend.h, or an op missing here, fails to compile.
+// sum_squares (which returns a value) and the memory ops (copy*, fill) are not in the
+// list: each wrapper writes those by hand.
+#pragma once
+
+#define KILN_PARAMS(...) __VA_ARGS__
+
+// clang-format off
+#define KILN_BACKEND_OPS(X)                                                                   \
+  X(EmbeddingForward, embedding_forward, "forward",                                           \
+    (const Tensor& out, const Tensor& tokens, const Tensor& positions, const Tensor& wte,     \
+     const Tensor& wpe),                                                                      \
+    (out, tokens, positions, wte, wpe))                                                       \
+  X(EmbeddingBackward, embedding_backward, "backward",                                        \
+    (const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens,        \
+     const Tensor& positions),                                                                \
+    (dwte, dwpe, dout, tokens, positions))                                                    \
+  X(LayerNormForward, layernorm_forward, "forward",                                           \
+    (const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& inp,            \
+     const Tensor& weight, const Tensor& bias, float eps),                                    \
+    (out, mean, rstd, inp, weight, bias, eps))                                                \
+  X(LayerNormBackward, layernorm_backward, "backward",                                        \
+    (const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,      \
+     const Tensor& inp, const Tensor& weight, const Tensor& mean, const Tensor& rstd),        \
+    (dinp, dweight, dbias, dout, inp, weight, mean, rstd))                                    \
+  X(RMSNormForward, rmsnorm_forward, "forward",                                               \
+    (const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight,          \
+     float eps),                                                                              \
+    (out, rstd, inp, weight, eps))                                                            \
+  X(RMSNormBackward, rmsnorm_backward, "backward",                                            \
+    (const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,        \
+     const Tensor& weight, const Tensor& rstd),                                               \
+    (dinp, dweight, dout, inp, weight, rstd))                                                 \
+  X(LinearForward, linear_forward, "forward",                                                 \
+    (const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias),         \
+    (out, inp, weight, bias))                                                                 \
+  X(LinearBackward, linear_backward, "backward",                                              \
+    (const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,      \
+     const Tensor& inp, const Tensor& weight),                                                \
+    (dinp, dweight, dbias, dout, inp, weight))                                                \
+  X(AttentionForward, attention_forward, "forward",                                           \
+    (const Tensor& out, const Tensor& lse, const Tensor& qkv, const AttentionShape& shape,    \
+     const DropoutSpec& dropout),                                                             \
+    (out, lse, qkv, shape, dropout))                                                          \
+  X(AttentionBackward, attention_backward, "backward",                                        \
+    (const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,            \
+     const Tensor& lse, const AttentionShape& shape, const DropoutSpec& dropout),             \
+    (dqkv, dout, qkv, out, lse, shape, dropout))                                              \
+  X(AttentionDecode, attention_decode, "forward",                                             \
+    (const Tensor& out, const Tensor& k_cache, const Tensor& v_cache, const Tensor& qkv,      \
+     int64_t past, const AttentionShape& shape),                                              \
+    (out, k_cache, v_cache, qkv, past, shape))                                                \
+  X(RopeForward, rope_forward, "forward",                                                     \
+    (const Tensor& qkv, const Tensor& positions, const AttentionShape& shape,                 \
+     const RopeSpec& rope),                                                                   \
+    (qkv, positions, shape, rope))                                                            \
+  X(RopeBackward, rope_backward, "backward",                                                  \
+    (const Tensor& dqkv, const Tensor& positions, const AttentionShape& shape,                \
+     const RopeSpec& rope),                                                                   \
+    (dqkv, positions, shape, rope))                                                           \
+  X(GeluForward, gelu_forward, "forward", (const Tensor& out, const Tensor& inp), (out, inp)) \
+  X(GeluBackward, gelu_backward, "backward",                                                  \
+    (const Tensor& dinp, const Tensor& dout, const Tensor& inp), (dinp, dout, inp))           \
+  X(SwiGluForward, swiglu_forward, "forward", (const Tensor& out, const Tensor& inp),         \
+    (out, inp))                                                                               \
+  X(SwiGluBackward, swiglu_backward, "backward",                                              \
+    (const Tensor& dinp, const Tensor& dout, const Tensor& inp), (dinp, dout, inp))           \
+  X(Add, add, "forward", (const Tensor& out, const Tensor& a, const Tensor& b), (out, a, b))   \
+  X(DropoutForward, dropout_forward, "forward",                                               \
+    (const Tensor& out, const Tensor& inp, const DropoutSpec& spec), (out, inp, spec))        \
+  X(DropoutBackward, dropout_backward, "backward",                                            \
+    (const Tensor& dinp, const Tensor& dout, const DropoutSpec& spec), (dinp, dout, spec))    \
+  X(SoftmaxCrossEntropy, softmax_cross_entropy, "loss",                                       \
+    (const Tensor& losses, const Tensor& dlogits, const Tensor& logits,                       \
+     const Tensor& targets, int vocab_size, int ignore_index, float grad_scale),              \
+    (losses, dlogits, logits, targets, vocab_size, ignore_index, grad_scale))                 \
+  X(AdamW, adamw_step, "optimizer",                                                           \
+    (const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,               \
+     const AdamWParams& hp),                                                                  \
+    (param, grad, m, v, hp))
+// clang-format on
