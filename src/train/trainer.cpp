@@ -148,11 +148,10 @@ void Trainer::init_weights() {
     one_step_->init_weights(static_cast<uint64_t>(config_.train.seed));
     return;
   }
-  KILN_CHECK(model_->arch() == "gpt2", "{}: model.init_from reads GPT-2 weights only, not {}",
-             config_.source, model_->arch());
-  const GPT2Weights w = read_gpt2_weights(config_.model.init_from, gpt2_config_from(config_));
+  const HostWeights w =
+      read_model_weights(config_.model.init_from, model_options_from(config_), model_->params());
   for (const AdamWSegment& seg : dp_->load_segments())
-    upload_f32(*backend_, seg.param, w.tensors.at(seg.spec.name).data() + seg.begin);
+    upload_f32(*backend_, seg.param, w.at(seg.spec.name).data() + seg.begin);
   optimizer_->sync_master_from_params();
   if (options_.verbose) fmt::print("kiln: initialised from {}\n", config_.model.init_from);
 }

@@ -59,6 +59,14 @@ double TinyLM::flops_per_token(int T) const {
   return 6.0 * (o_.n_layer * (4 * C * C + 6 * C * C) + vp_ * C) + 12.0 * o_.n_layer * T * C;
 }
 
+int64_t TinyLM::num_parameters() const {
+  // Every stored element, the padded vocabulary rows included (a test model; nothing
+  // compares this count with a paper's).
+  int64_t n = 0;
+  for (const ParamSpec& p : params()) n += p.shape.numel();
+  return n;
+}
+
 void TinyLM::reserve(int B, int T) {
   if (B == B_ && T == T_ && saved_.mode() == mode_ && !stream_.empty()) return;
   B_ = B, T_ = T;
