@@ -188,15 +188,13 @@ void dump_init(const fs::path& path, const Model& model, const TrainConfig& c, i
   std::vector<float> lr;
   for (int s = 0; s < S; ++s) lr.push_back(static_cast<float>(learning_rate(c, s)));
   w.add_f32("bench.lr", {S}, lr);
-  const GPT2Config m = gpt2_config_from(c);  // the PyTorch side builds a GPT-2
+  KILN_CHECK(model.arch() == "gpt2", "--dump-init: the PyTorch side builds a GPT-2, not a {}",
+             model.arch());
+  const nlohmann::json m = model.config_json();
   auto meta = [&](const char* k, auto v) { w.set_metadata(k, fmt::format("{}", v)); };
-  meta("n_layer", m.n_layer);
-  meta("n_head", m.n_head);
-  meta("n_embd", m.n_embd);
-  meta("vocab_size", m.vocab_size);
-  meta("padded_vocab_size", m.padded_vocab_size);
-  meta("block_size", m.block_size);
-  meta("layernorm_eps", m.layernorm_eps);
+  for (const char* k : {"n_layer", "n_head", "n_embd", "vocab_size", "padded_vocab_size", "block_size"})
+    meta(k, m.at(k).get<int>());
+  meta("layernorm_eps", 1e-5f);  // GPT-2's, fixed (GPT2Config::layernorm_eps; not in its json)
   meta("micro_batch", c.train.micro_batch);
   meta("accum", accum);
   meta("seq_len", c.train.seq_len);
@@ -295,7 +293,7 @@ void run_bench(const Args& a) {
   if (c.model.init_from.empty()) {
     one_step.init_weights(static_cast<uint64_t>(c.train.seed));
   } else {
-    load_weights_into(model, gpt2_config_from(c), c.model.init_from);
+    load_weights_into(model, model_options_from(c), c.model.init_from);
     one_step.optimizer().sync_master_from_params();
   }
 
@@ -436,7 +434,7 @@ void run_bench(const Args& a) {
   j["omp_wait_policy"] = wait ? wait : "";
   j["backend"] = be.name();
   j["model"] = model.describe();
-  j["num_parameters"] = gpt2_config_from(c).num_parameters();
+  j["num_parameters"] = model.num_parameters();
   j["data"] = data_desc;
   j["profiled"] = tracing;
   j["losses"] = losses;

@@ -131,7 +131,7 @@ void run(const Args& a) {
     return;
   }
 
-  fmt::print("kiln memplan: {}\n", p.model.str());
+  fmt::print("kiln memplan: {}\n", p.model);
   fmt::print("  world {} (data-parallel {}), ZeRO stage {}, micro_batch {} x {} micro-step(s) "
              "(global batch {}), seq_len {}, {}, activation checkpointing {}\n",
              p.world_size, p.dp, c.parallel.zero_stage, c.train.micro_batch, p.accum,

@@ -27,9 +27,9 @@ void register_sample(CLI::App& app) {
   cmd->add_option("--seed", a->o.seed, "Random seed: same seed, same text");
   cmd->callback([a] {
     checkpoint::CheckpointReader reader(a->checkpoint);
-    const GPT2Config c = gpt2_config_from_json(reader.state().at("model"));
     auto backend = make_backend("cpu");
-    GPT2 model(c, *backend);
+    const auto model_ptr = make_model(checkpoint_model_options(reader), *backend);
+    Model& model = *model_ptr;
     load_model_from_checkpoint(reader, model, nullptr);
     const auto tok = load_checkpoint_tokenizer(reader);
     std::vector<int32_t> prompt{tok->eot_id()};
@@ -37,14 +37,14 @@ void register_sample(CLI::App& app) {
       const auto ids = tok->encode(a->prompt);
       prompt.insert(prompt.end(), ids.begin(), ids.end());
     }
-    KILN_CHECK(static_cast<int>(prompt.size()) < c.block_size,
+    KILN_CHECK(static_cast<int>(prompt.size()) < model.max_positions(),
                "sample: the prompt has {} tokens, the model's context is {}", prompt.size(),
-               c.block_size);
+               model.max_positions());
     const auto out = sample_tokens(model, prompt, a->o);
     fmt::print("{}{}\n", a->prompt, tok->decode(out));
     if (static_cast<int>(out.size()) < a->o.max_new_tokens)
       fmt::print(stderr, "kiln sample: stopped after {} tokens: the model's context ({} tokens) "
-                 "is full\n", out.size(), c.block_size);
+                 "is full\n", out.size(), model.max_positions());
   });
 }
 

@@ -1,4 +1,5 @@
-// Durable POSIX file operations for checkpoints (internal to kiln_checkpoint).
+// Durable POSIX file operations for checkpoints (internal to kiln_checkpoint, and used by
+// the models' own file formats, src/models/gpt2/formats.cpp).
 //
 // Every operation that changes the disk goes through one of these functions; each is one
 // numbered file operation for fault injection (checkpoint/fault.h). Every failure throws

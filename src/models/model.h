@@ -127,6 +127,9 @@ class Model {
   virtual void set_hooks(ModelHooks* hooks) = 0;
   /// Training FLOPs per token at sequence length T (for MFU).
   virtual double flops_per_token(int T) const = 0;
+  /// Trainable parameters as the model's paper counts them: a tied parameter once, padding
+  /// (e.g. padded vocabulary rows) excluded.
+  virtual int64_t num_parameters() const = 0;
 
   // ---- language-model inference (sampling) ------------------------------------------
   virtual int vocab_size() const = 0;

@@ -2,56 +2,93 @@
 #include "models/registry.h"
 
 #include "core/error.h"
+#include "models/gpt2/formats.h"
 #include "models/gpt2/gpt2.h"
 
-#include <map>
 #include <mutex>
 
 namespace kiln {
 
 namespace {
 
-std::unique_ptr<Model> make_gpt2(const ModelOptions& o, Backend& backend, const ModelStorage& storage) {
-  return std::make_unique<GPT2>(gpt2_config_of(o), backend, storage);
+ModelArch gpt2_arch() {
+  ModelArch a;
+  a.make = [](const ModelOptions& o, Backend& backend, const ModelStorage& storage) {
+    return std::make_unique<GPT2>(gpt2_config_of(o), backend, storage);
+  };
+  a.options_from_json = gpt2_options_from_json;
+  a.import_weights = gpt2_import_weights;
+  a.export_weights = gpt2_export_weights;
+  return a;
 }
 
 struct Registry {
   std::mutex mutex;
-  std::map<std::string, ModelFactory> factories{{"gpt2", make_gpt2}};
+  std::map<std::string, ModelArch> archs{{"gpt2", gpt2_arch()}};
 };
 Registry& registry() {
   static Registry r;
   return r;
 }
 
+// A copy of `arch`'s entry. Throws kiln::Error listing the known architectures.
+ModelArch entry_of(const std::string& arch) {
+  {
+    std::lock_guard<std::mutex> lock(registry().mutex);
+    auto it = registry().archs.find(arch);
+    if (it != registry().archs.end()) return it->second;
+  }
+  std::string known;
+  for (const auto& a : model_archs()) known += (known.empty() ? "" : ", ") + a;
+  KILN_FAIL("model.arch '{}' is not a known architecture (known: {})", arch, known);
+}
+
 }  // namespace
 
 std::unique_ptr<Model> make_model(const ModelOptions& options, Backend& backend,
                                   const ModelStorage& storage) {
-  ModelFactory f;
-  {
-    std::lock_guard<std::mutex> lock(registry().mutex);
-    auto it = registry().factories.find(options.arch);
-    if (it != registry().factories.end()) f = it->second;
-  }
-  if (!f) {
-    std::string known;
-    for (const auto& a : model_archs()) known += (known.empty() ? "" : ", ") + a;
-    KILN_FAIL("model.arch '{}' is not a known architecture (known: {})", options.arch, known);
-  }
-  return f(options, backend, storage);
+  return entry_of(options.arch).make(options, backend, storage);
 }
 
 void register_model(const std::string& arch, ModelFactory factory) {
+  ModelArch a;
+  a.make = std::move(factory);
+  register_arch(arch, std::move(a));
+}
+
+void register_arch(const std::string& arch, ModelArch entry) {
   std::lock_guard<std::mutex> lock(registry().mutex);
-  registry().factories[arch] = std::move(factory);
+  registry().archs[arch] = std::move(entry);
 }
 
 std::vector<std::string> model_archs() {
   std::lock_guard<std::mutex> lock(registry().mutex);
   std::vector<std::string> out;
-  for (const auto& [k, v] : registry().factories) out.push_back(k);
+  for (const auto& [k, v] : registry().archs) out.push_back(k);
   return out;
+}
+
+ModelOptions model_options_from_json(const std::string& arch, const nlohmann::json& config) {
+  const ModelArch a = entry_of(arch);
+  KILN_CHECK(a.options_from_json, "model.arch '{}' cannot read its config from a checkpoint", arch);
+  ModelOptions o = a.options_from_json(config);
+  o.arch = arch;
+  return o;
+}
+
+HostWeights import_model_weights(const std::filesystem::path& file, const ModelOptions& expect) {
+  const ModelArch a = entry_of(expect.arch);
+  KILN_CHECK(a.import_weights, "{}: model.arch '{}' has no file formats of its own to read (only "
+             "kiln checkpoints)", file.string(), expect.arch);
+  return a.import_weights(file, expect);
+}
+
+void export_model_weights(const std::string& arch, const nlohmann::json& config,
+                          const TensorSource& read, const std::string& format,
+                          const std::filesystem::path& out) {
+  const ModelArch a = entry_of(arch);
+  KILN_CHECK(a.export_weights, "export: model.arch '{}' has no file formats to export to", arch);
+  a.export_weights(config, read, format, out);
 }
 
 }  // namespace kiln

@@ -1,12 +1,18 @@
 // The model registry: a Model from the architecture named by model.arch.
 //
-// Built in: "gpt2" (models/gpt2). Tests and extensions add their own with
-// register_model(); nothing that trains, shards or saves a model names its class.
+// Built in: "gpt2" (models/gpt2), with its own file formats (llm.c .bin, Hugging Face
+// .safetensors). Tests and extensions add their own with register_model() or
+// register_arch(); nothing that trains, shards, saves, samples or exports a model names
+// its class.
 #pragma once
 
 #include "models/model.h"
 
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,12 +34,51 @@ struct ModelOptions {
 using ModelFactory =
     std::function<std::unique_ptr<Model>(const ModelOptions&, Backend&, const ModelStorage&)>;
 
+/// A model's parameters on the host: fp32 values by global parameter name (ParamSpec::name),
+/// row-major in the parameter's global shape.
+using HostWeights = std::map<std::string, std::vector<float>>;
+/// The fp32 values of a named global parameter (e.g. read from a kiln checkpoint).
+using TensorSource = std::function<std::vector<float>(const std::string& name)>;
+
+/// An architecture: its factory and, optionally (empty std::function: not supported), its
+/// checkpoint config and its own file formats.
+struct ModelArch {
+  ModelFactory make;
+  /// The options of a model from its Model::config_json() (a checkpoint's state "model").
+  /// Throws kiln::Error for an invalid config.
+  std::function<ModelOptions(const nlohmann::json& config)> options_from_json;
+  /// The parameters of a model of `expect` from a file in another program's format (GPT-2:
+  /// llm.c .bin, Hugging Face .safetensors), in the model's names, layouts and padding.
+  /// Throws kiln::Error naming the file when it is unreadable or holds another shape.
+  std::function<HostWeights(const std::filesystem::path& file, const ModelOptions& expect)>
+      import_weights;
+  /// Writes the parameters of the model that `config` (config_json) describes, each from
+  /// `read`, as `format` (GPT-2: "llmc" or "safetensors") to `out`, atomically. Throws
+  /// kiln::Error for an unknown format.
+  std::function<void(const nlohmann::json& config, const TensorSource& read,
+                     const std::string& format, const std::filesystem::path& out)>
+      export_weights;
+};
+
 /// Builds the model `options.arch` names. Throws kiln::Error listing the known
 /// architectures when it is unknown, or the factory's error for a bad shape.
 std::unique_ptr<Model> make_model(const ModelOptions& options, Backend& backend,
                                   const ModelStorage& storage = {});
-/// Adds (or replaces) an architecture.
+/// Adds (or replaces) an architecture with only a factory.
 void register_model(const std::string& arch, ModelFactory factory);
+/// Adds (or replaces) an architecture with its config reader and file formats.
+void register_arch(const std::string& arch, ModelArch entry);
+
+/// ModelArch::options_from_json of `arch` (options.arch set to `arch`). Throws kiln::Error
+/// when the architecture is unknown or cannot read its config.
+ModelOptions model_options_from_json(const std::string& arch, const nlohmann::json& config);
+/// ModelArch::import_weights of expect.arch. Throws kiln::Error (naming `file`) when the
+/// architecture has no file formats of its own.
+HostWeights import_model_weights(const std::filesystem::path& file, const ModelOptions& expect);
+/// ModelArch::export_weights of `arch`. Throws kiln::Error when it has none.
+void export_model_weights(const std::string& arch, const nlohmann::json& config,
+                          const TensorSource& read, const std::string& format,
+                          const std::filesystem::path& out);
 /// The registered architectures, sorted.
 std::vector<std::string> model_archs();
 

@@ -57,9 +57,11 @@ TrainConfig resolve_for_planning(TrainConfig c, int world_size) {
 
 namespace {
 
+// One rank's step. When `plan` is given, its model description and FLOPs per token are
+// set from the step's model.
 RankMemory dry_run(const TrainConfig& c, const MemPlanOptions& o, int rank,
                    std::shared_ptr<MetaScratchModel> scratch,
-                   std::vector<SimulatedCommunicator::Call>* calls) {
+                   std::vector<SimulatedCommunicator::Call>* calls, MemPlan* plan = nullptr) {
   const int dp_size = o.world_size;
   MetaBackendOptions mo;
   mo.device = o.backend == "cuda" ? Device::cuda(0) : Device::cpu();
@@ -71,6 +73,10 @@ RankMemory dry_run(const TrainConfig& c, const MemPlanOptions& o, int rank,
   // for low-precision parameters) as the trainer builds them. Initial weights are copied
   // from the host: nothing to allocate, nothing to plan.
   TrainStep step(c, *be, comm);
+  if (plan) {
+    plan->model = step.model().describe();
+    plan->flops_per_token = step.model().flops_per_token(c.train.seq_len);
+  }
   if (c.log.peak_tflops <= 0 && o.backend == "cpu") {
     // The trainer measures the fp32 GEMM peak (backend/probe.cpp): three 1024x1024
     // temporaries and one GEMM, whose oneDNN scratchpad the backend keeps.
@@ -121,7 +127,6 @@ std::shared_ptr<MetaScratchModel> make_scratch(const MemPlanOptions& o) {
 MemPlan plan_memory(const TrainConfig& config, const MemPlanOptions& o) {
   MemPlan p;
   p.config = resolve_for_planning(config, o.world_size);
-  p.model = gpt2_config_from(p.config);
   p.world_size = o.world_size;
   p.dp = o.world_size;
   p.accum = p.config.grad_accum_steps(p.dp);
@@ -147,7 +152,9 @@ MemPlan plan_memory(const TrainConfig& config, const MemPlanOptions& o) {
     p.scratch_model += "; " + cpu::Gemm::path_description(parse_dtype(p.config.train.dtype));
   for (int r : ranks) {
     KILN_CHECK(r >= 0 && r < W, "memplan: rank {} is not a rank of a world of {}", r, W);
-    p.ranks.push_back(dry_run(p.config, eff, r, scratch, r == ranks.front() ? &p.comm_calls : nullptr));
+    const bool first = r == ranks.front();
+    p.ranks.push_back(dry_run(p.config, eff, r, scratch, first ? &p.comm_calls : nullptr,
+                              first ? &p : nullptr));
   }
   p.upper = p.ranks.front();
   if (o.upper_bound && W > 1 && p.config.parallel.zero_stage >= 2 &&
@@ -162,11 +169,10 @@ MemPlan plan_memory(const TrainConfig& config, const MemPlanOptions& o) {
 // ---- the cost model ------------------------------------------------------------------
 
 StepTime estimate_step_time(const MemPlan& p, const CostModel& cost) {
-  const GPT2Config& m = p.model;
   const double T = p.config.train.seq_len;
   const double tokens = static_cast<double>(p.config.train.micro_batch) * p.accum * T;  // per rank
-  const double per_token = m.flops_per_token(static_cast<int>(T));                     // 6N + attn
-  const double C = m.n_embd, L = m.n_layer;
+  const double per_token = p.flops_per_token;                                          // 6N + attn
+  const double C = p.config.model.n_embd, L = p.config.model.n_layer;
   // Forward FLOPs of the blocks per token (what full recomputation repeats): the
   // matmuls 2 * 12 C^2 and attention's QK^T and AV 2 * 2 T C, per block.
   const double block_forward = L * (2.0 * 12.0 * C * C + 4.0 * T * C);

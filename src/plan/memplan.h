@@ -15,7 +15,6 @@
 #include "comm/communicator.h"
 #include "comm/simulated_communicator.h"
 #include "core/allocator.h"
-#include "models/gpt2/config.h"
 #include "train/config.h"
 
 #include <array>
@@ -58,7 +57,8 @@ struct RankMemory {
 
 struct MemPlan {
   TrainConfig config;   // resolved (vocab_size, global_batch filled in)
-  GPT2Config model;
+  std::string model;             // Model::describe() of the planned model
+  double flops_per_token = 0;    // Model::flops_per_token(train.seq_len): training FLOPs
   int world_size = 1, dp = 1, accum = 1;
   std::string scratch_model;        // MetaScratchModel::name()
   std::string comm_model;           // "keeps pace" or "falls behind" (completion_polls)

@@ -22,10 +22,10 @@ ModelOptions model_options_from(const TrainConfig& config) {
   return o;
 }
 
-GPT2Config gpt2_config_from(const TrainConfig& config) {
-  GPT2Config c = gpt2_config_of(model_options_from(config));
-  c.validate();
-  return c;
+std::string checkpoint_arch(const nlohmann::json& state) { return state.value("arch", "gpt2"); }
+
+ModelOptions checkpoint_model_options(const checkpoint::CheckpointReader& reader) {
+  return model_options_from_json(checkpoint_arch(reader.state()), reader.state().at("model"));
 }
 
 AdamWConfig adamw_config_from(const TrainConfig& config) {
@@ -129,74 +129,56 @@ std::unique_ptr<data::Tokenizer> load_checkpoint_tokenizer(const checkpoint::Che
   return tok;
 }
 
-}  // namespace kiln
-
-#include "checkpoint/gpt2_formats.h"
-
-namespace kiln {
-
 namespace {
-void check_same_model(const GPT2Config& want, const GPT2Config& got, const fs::path& path) {
-  KILN_CHECK(want.n_layer == got.n_layer && want.n_embd == got.n_embd &&
-                 want.block_size == got.block_size && want.vocab_size == got.vocab_size,
-             "{}: holds a model with n_layer={} n_embd={} block_size={} vocab_size={}, the config "
-             "asks for n_layer={} n_embd={} block_size={} vocab_size={}",
-             path.string(), got.n_layer, got.n_embd, got.block_size, got.vocab_size, want.n_layer,
-             want.n_embd, want.block_size, want.vocab_size);
-}
-
-GPT2Weights weights_of_checkpoint(const fs::path& dir) {
-  checkpoint::CheckpointReader reader(dir);
-  GPT2Weights w;
-  w.config = gpt2_config_from_json(reader.state().at("model"));
-  for (const ParamSpec& p : gpt2_param_specs(w.config)) w.tensors[p.name] = reader.read_f32(p.name);
-  return w;
+// Throws unless `w` holds every parameter of `params` at its global size.
+void check_weights(const HostWeights& w, const std::vector<ParamSpec>& params, const fs::path& path) {
+  for (const ParamSpec& p : params) {
+    auto it = w.find(p.name);
+    KILN_CHECK(it != w.end(), "{}: no tensor '{}'", path.string(), p.name);
+    KILN_CHECK(static_cast<int64_t>(it->second.size()) == p.shape.numel(),
+               "{}: tensor '{}' has {} values, the model's {} needs {}", path.string(), p.name,
+               it->second.size(), p.shape.str(), p.shape.numel());
+  }
 }
 }  // namespace
 
-GPT2Weights read_gpt2_weights(const fs::path& path, const GPT2Config& expect) {
+HostWeights read_model_weights(const fs::path& path, const ModelOptions& expect,
+                               const std::vector<ParamSpec>& params) {
   KILN_CHECK(fs::exists(path), "model.init_from: {} does not exist", path.string());
-  GPT2Weights w;
+  HostWeights w;
   if (fs::is_directory(path)) {
-    w = weights_of_checkpoint(path);
-  } else if (path.extension() == ".safetensors") {
-    w = load_hf_safetensors(path, expect.n_head);
+    checkpoint::CheckpointReader reader(path);
+    const ModelOptions got = checkpoint_model_options(reader);
+    KILN_CHECK(got.arch == expect.arch && got.n_layer == expect.n_layer &&
+                   got.n_embd == expect.n_embd && got.block_size == expect.block_size &&
+                   got.vocab_size == expect.vocab_size,
+               "{}: holds a {} with n_layer={} n_embd={} block_size={} vocab_size={}, the config "
+               "asks for a {} with n_layer={} n_embd={} block_size={} vocab_size={}",
+               path.string(), got.arch, got.n_layer, got.n_embd, got.block_size, got.vocab_size,
+               expect.arch, expect.n_layer, expect.n_embd, expect.block_size, expect.vocab_size);
+    for (const ParamSpec& p : params) {
+      KILN_CHECK(reader.has(p.name), "{}: no tensor '{}'", path.string(), p.name);
+      w[p.name] = reader.read_f32(p.name);
+    }
   } else {
-    w = load_llmc(path);
+    w = import_model_weights(path, expect);
   }
-  check_same_model(expect, w.config, path);
-  // Vocabulary padding may differ between files (llm.c pads to 50304, Hugging Face not
-  // at all): keep the real rows, pad with zero rows to this model's padded size.
-  auto& wte = w.tensors.at("transformer.wte.weight");
-  const auto want = static_cast<size_t>(expect.padded_vocab_size) * expect.n_embd;
-  if (wte.size() != want) {
-    std::vector<float> padded(want, 0.f);
-    const auto rows = static_cast<size_t>(expect.vocab_size) * expect.n_embd;
-    std::copy(wte.begin(), wte.begin() + static_cast<std::ptrdiff_t>(rows), padded.begin());
-    wte.swap(padded);
-  }
-  w.config = expect;
+  check_weights(w, params, path);
   return w;
 }
 
-void load_weights_into(Model& model, const GPT2Config& expect, const fs::path& path) {
-  KILN_CHECK(model.arch() == "gpt2", "{}: GPT-2 weights for a {} model", path.string(), model.arch());
-  const GPT2Weights w = read_gpt2_weights(path, expect);
+void load_weights_into(Model& model, const ModelOptions& expect, const fs::path& path) {
+  const HostWeights w = read_model_weights(path, expect, model.params());
   Backend& be = model.backend();
-  for (const ParamSpec& p : model.params()) upload_f32(be, model.param(p), w.tensors.at(p.name).data());
+  for (const ParamSpec& p : model.params()) upload_f32(be, model.param(p), w.at(p.name).data());
 }
 
 void export_checkpoint(const fs::path& checkpoint_dir, const std::string& format,
                        const fs::path& out) {
+  checkpoint::CheckpointReader reader(checkpoint_dir);
   if (out.has_parent_path()) fs::create_directories(out.parent_path());
-  const GPT2Weights w = weights_of_checkpoint(checkpoint_dir);
-  if (format == "llmc") {
-    save_llmc(out, w);
-  } else if (format == "safetensors") {
-    save_hf_safetensors(out, w);
-  } else {
-    KILN_FAIL("export: unknown format '{}' (expected llmc or safetensors)", format);
-  }
+  export_model_weights(checkpoint_arch(reader.state()), reader.state().at("model"),
+                       [&](const std::string& name) { return reader.read_f32(name); }, format, out);
 }
 
 }  // namespace kiln

@@ -1,11 +1,10 @@
-// Moving GPT-2 weights and training state between the trainer, kiln checkpoints and
-// other formats (llm.c's .bin, Hugging Face's model.safetensors).
+// Moving model weights and training state between the trainer, kiln checkpoints and a
+// model's own file formats (GPT-2: llm.c's .bin, Hugging Face's model.safetensors; through
+// the registry, models/registry.h).
 #pragma once
 
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/gpt2_formats.h"
 #include "data/tokenizer.h"
-#include "models/gpt2/gpt2.h"
 #include "models/registry.h"
 #include "optim/adamw.h"
 #include "train/config.h"
@@ -18,9 +17,12 @@ namespace kiln {
 
 /// The [model] section of a training config, for make_model (models/registry.h).
 ModelOptions model_options_from(const TrainConfig& config);
-/// The GPT-2 of a training config (vocabulary padded to a multiple of 128), for GPT-2's
-/// own file formats.
-GPT2Config gpt2_config_from(const TrainConfig& config);
+/// The architecture of a checkpoint's state: "arch", or "gpt2" for checkpoints written
+/// before it was recorded.
+std::string checkpoint_arch(const nlohmann::json& state);
+/// The options of the model a checkpoint holds (state "arch" and "model"), for make_model.
+/// Throws kiln::Error when the architecture is unknown or its config invalid.
+ModelOptions checkpoint_model_options(const checkpoint::CheckpointReader& reader);
 
 /// The optimizer settings of a training config ([optim] and train.stochastic_rounding).
 AdamWConfig adamw_config_from(const TrainConfig& config);
@@ -36,20 +38,22 @@ void load_optimizer_from_checkpoint(const checkpoint::CheckpointReader& reader, 
 void load_model_from_checkpoint(const checkpoint::CheckpointReader& reader, Model& model,
                                 AdamW* optimizer);
 
-/// GPT-2 weights (kiln names and layouts, vocabulary padded like `expect`) from a kiln
-/// checkpoint directory, an llm.c GPT-2 .bin (magic 20240326, fp32) or a Hugging Face
-/// GPT-2 .safetensors, chosen by what `path` is. Throws kiln::Error naming the file when
-/// it is missing, corrupt, or holds a model of another shape than `expect`.
-GPT2Weights read_gpt2_weights(const std::filesystem::path& path, const GPT2Config& expect);
+/// The parameters `params` (names, global shapes) of a model of `expect` (model.init_from):
+/// from a kiln checkpoint directory of expect.arch, or from a file in the architecture's
+/// own formats (registry import_model_weights; GPT-2: an llm.c .bin, magic 20240326, or a
+/// Hugging Face .safetensors), chosen by what `path` is. Throws kiln::Error naming the
+/// file when it is missing, corrupt, of another architecture, or holds a model of another
+/// shape than `expect` (a parameter missing or of another size).
+HostWeights read_model_weights(const std::filesystem::path& path, const ModelOptions& expect,
+                               const std::vector<ParamSpec>& params);
 
-/// Loads GPT-2 weights into `model` (a GPT-2 of shape `expect`) from a kiln checkpoint
-/// directory, an llm.c GPT-2 .bin (magic 20240326, fp32) or a Hugging Face GPT-2
-/// .safetensors, chosen by what `path` is. Throws kiln::Error when the model is not a
-/// GPT-2 or the file's model shape differs from `expect`.
-void load_weights_into(Model& model, const GPT2Config& expect, const std::filesystem::path& path);
+/// Loads read_model_weights(path, expect, model.params()) into every parameter of `model`
+/// (a model of `expect`, its parameters allocated).
+void load_weights_into(Model& model, const ModelOptions& expect, const std::filesystem::path& path);
 
-/// Writes the model weights of a kiln checkpoint as an llm.c GPT-2 .bin ("llmc") or a
-/// Hugging Face model.safetensors ("safetensors"), atomically.
+/// Writes the model weights of a kiln checkpoint in one of its architecture's own formats
+/// (GPT-2: an llm.c .bin, "llmc", or a Hugging Face model.safetensors, "safetensors"),
+/// atomically. Throws kiln::Error for an unknown format or an architecture without any.
 void export_checkpoint(const std::filesystem::path& checkpoint_dir, const std::string& format,
                        const std::filesystem::path& out);
 

@@ -7,6 +7,7 @@
 #include "data/tokenizer.h"
 #include "profile/profiling_backend.h"
 #include "profile/tracer.h"
+#include "train/metrics_record.h"
 #include "train/model_io.h"
 #include "train/sampler.h"
 
@@ -148,11 +149,10 @@ void Trainer::init_weights() {
     one_step_->init_weights(static_cast<uint64_t>(config_.train.seed));
     return;
   }
-  KILN_CHECK(model_->arch() == "gpt2", "{}: model.init_from reads GPT-2 weights only, not {}",
-             config_.source, model_->arch());
-  const GPT2Weights w = read_gpt2_weights(config_.model.init_from, gpt2_config_from(config_));
+  const HostWeights w =
+      read_model_weights(config_.model.init_from, model_options_from(config_), model_->params());
   for (const AdamWSegment& seg : dp_->load_segments())
-    upload_f32(*backend_, seg.param, w.tensors.at(seg.spec.name).data() + seg.begin);
+    upload_f32(*backend_, seg.param, w.at(seg.spec.name).data() + seg.begin);
   optimizer_->sync_master_from_params();
   if (options_.verbose) fmt::print("kiln: initialised from {}\n", config_.model.init_from);
 }
@@ -309,9 +309,8 @@ TrainResult Trainer::run() {
       static_cast<int64_t>(config_.train.global_batch) * static_cast<int64_t>(seq_len_);
   const double flops_per_step =
       model_->flops_per_token(seq_len_) * static_cast<double>(tokens_per_step);
-  const int64_t stop_at =
-      options_.exit_interval > 0 ? std::min(options_.exit_interval, config_.train.steps)
-                                 : config_.train.steps;
+  const CheckpointPolicy policy = checkpoint_policy();
+  const int64_t stop_at = policy.stop_at();
   const auto run_start = Clock::now();
   double timed_seconds = 0.0;
   int64_t timed_steps = 0;
@@ -326,30 +325,24 @@ TrainResult Trainer::run() {
     const double step_wait = dp_->take_wait_seconds();
     if (step_ > r.first_step + 1) r.comm_exposed_s += step_wait;
     if (last_skipped_) {  // fp16 overflow: the update was not applied, try the next batch
-      if (is_rank0_ && metrics) {
-        nlohmann::json rec{{"step", step_ + 1}, {"skipped", true}, {"loss", loss},
-                           {"loss_scale", scaler().scale}, {"skipped_steps", scaler().skipped_steps}};
-        metrics->write(rec);
-      }
+      if (is_rank0_ && metrics) metrics->write(skipped_step_record(step_ + 1, loss, scaler()));
       continue;
     }
     if (step_ > r.first_step + 1) timed_seconds += dt, ++timed_steps;  // the first is warm-up
     r.last_step = step_;
     r.last_loss = loss;
 
-    nlohmann::json rec;
-    rec["step"] = step_;
-    rec["loss"] = loss;
-    rec["lr"] = lr;
-    rec["grad_norm"] = norm;
-    rec["tokens"] = step_ * tokens_per_step;
-    rec["step_time_s"] = dt;
-    rec["tokens_per_s"] = static_cast<double>(tokens_per_step) / dt;
-    rec["mfu"] = flops_per_step / dt / world_peak;
-    if (fp16_) {
-      rec["loss_scale"] = scaler().scale;
-      rec["skipped_steps"] = scaler().skipped_steps;
-    }
+    StepMetrics sm;
+    sm.step = step_;
+    sm.loss = loss;
+    sm.lr = lr;
+    sm.grad_norm = norm;
+    sm.tokens_per_step = tokens_per_step;
+    sm.step_time_s = dt;
+    sm.flops_per_step = flops_per_step;
+    sm.world_peak_flops = world_peak;
+    sm.fp16_scaler = fp16_ ? &scaler() : nullptr;
+    nlohmann::json rec = step_record(sm);
     const bool eval_now = config_.eval.every > 0 &&
                           (step_ % config_.eval.every == 0 || step_ == config_.train.steps);
     if (eval_now) {
@@ -361,28 +354,7 @@ TrainResult Trainer::run() {
                           step_ == stop_at);
     if (log_now || eval_now) {
       // Memory by category: this rank's keys, and every rank's in mem_by_rank.
-      const auto mem = memory_by_rank();  // collective
-      const auto& mine = mem[static_cast<size_t>(world_->rank())];
-      auto category = [](int c) { return std::string(mem_category_name(static_cast<MemCategory>(c))); };
-      rec["peak_mem_bytes"] = mine[2 * kNumMemCategories];
-      for (int c = 0; c < kNumMemCategories; ++c) {
-        rec["mem_" + category(c) + "_bytes"] = mine[static_cast<size_t>(c)];
-        rec["mem_peak_" + category(c) + "_bytes"] = mine[static_cast<size_t>(kNumMemCategories + c)];
-      }
-      if (world_->size() > 1) {
-        nlohmann::json per_rank = nlohmann::json::array();
-        for (const auto& m : mem) {
-          nlohmann::json j;
-          for (int c = 0; c < kNumMemCategories; ++c) {
-            j[category(c)] = m[static_cast<size_t>(c)];
-            j["peak_" + category(c)] = m[static_cast<size_t>(kNumMemCategories + c)];
-          }
-          j["peak"] = m[2 * kNumMemCategories];
-          per_rank.push_back(j);
-        }
-        rec["mem_by_rank"] = per_rank;
-        rec["comm_wait_s"] = step_wait;
-      }
+      add_memory_record(rec, memory_by_rank() /* collective */, world_->rank(), step_wait);
       if (metrics) metrics->write(rec);
     }
     if (options_.verbose && (log_now || eval_now)) {
@@ -403,9 +375,8 @@ TrainResult Trainer::run() {
       world_->all_reduce(t, ReduceOp::Max);
     }
     const bool signalled = asked[0] > 0.f;
-    const bool preempt = signalled || (step_ == stop_at && stop_at < config_.train.steps);
-    const bool periodic = config_.checkpoint.every > 0 && step_ % config_.checkpoint.every == 0;
-    if (periodic || preempt || step_ == config_.train.steps) save_checkpoint();
+    const bool preempt = policy.preempt(step_, signalled);
+    if (policy.save_now(step_, preempt)) save_checkpoint();
     if (preempt) {
       r.preempted = true;
       if (options_.verbose)

@@ -21,6 +21,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
 #include "profile/summary.h"
+#include "train/checkpoint_policy.h"
 #include "train/config.h"
 #include "train/metrics.h"
 #include "train/train_step.h"
@@ -82,6 +83,8 @@ class Trainer {
   double train_step(double* grad_norm);
   LossScaler& scaler() { return one_step_->scaler(); }
   void save_checkpoint();
+  /// When to save, stop and prune (train.steps, [checkpoint], the exit interval).
+  CheckpointPolicy checkpoint_policy() const;
   void load_checkpoint(const std::filesystem::path& dir);
   /// Rank 0, after load_checkpoint(): a rollback (checkpoints newer than the resumed step
   /// exist) moves them to ckpt/abandoned/ (checkpoint::move_checkpoints_aside), copies

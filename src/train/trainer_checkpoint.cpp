@@ -73,10 +73,16 @@ void Trainer::save_checkpoint() {
     auto extra = tokenizer_files(*data::load_tokenizer(config_.data.dir));
     extra["config.toml"] = config_.to_toml();
     writer.commit(state, extra);
-    checkpoint::prune_checkpoints(root, config_.checkpoint.keep);
+    checkpoint_policy().prune(root);
     if (options_.verbose) fmt::print("kiln: saved checkpoint {}\n", dir.string());
   }
   world_->barrier();
+}
+
+CheckpointPolicy Trainer::checkpoint_policy() const {
+  const int64_t steps = config_.train.steps;
+  return CheckpointPolicy(config_.checkpoint, steps,
+                          options_.exit_interval > 0 ? std::min(options_.exit_interval, steps) : steps);
 }
 
 nlohmann::json Trainer::data_fingerprint() const {

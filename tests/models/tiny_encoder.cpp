@@ -73,6 +73,14 @@ double TinyEncoder::flops_per_token(int T) const {
          12.0 * o_.n_layer * T * C;
 }
 
+int64_t TinyEncoder::num_parameters() const {
+  // Every stored element, the padded vocabulary rows included (a test model; nothing
+  // compares this count with a paper's).
+  int64_t n = 0;
+  for (const ParamSpec& p : params()) n += p.shape.numel();
+  return n;
+}
+
 void TinyEncoder::reserve(int B, int T) {
   if (B == B_ && T == T_ && saved_.mode() == mode_ && !stream_.empty()) return;
   B_ = B, T_ = T;

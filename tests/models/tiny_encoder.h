@@ -38,6 +38,7 @@ class TinyEncoder final : public LayeredModel {
   void set_activation_checkpointing(nn::ActivationCheckpointing mode) override { mode_ = mode; }
   void set_dropout(bool, uint64_t, uint64_t) override {}
   double flops_per_token(int T) const override;
+  int64_t num_parameters() const override;
   int vocab_size() const override { return static_cast<int>(o_.vocab_size); }
   int padded_vocab_size() const override { return static_cast<int>(vp_); }
   int max_positions() const override { return o_.block_size; }

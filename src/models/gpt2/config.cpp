@@ -82,6 +82,19 @@ GPT2Config gpt2_config_from_json(const nlohmann::json& j) {
   return c;
 }
 
+ModelOptions gpt2_options_from_json(const nlohmann::json& j) {
+  const GPT2Config c = gpt2_config_from_json(j);
+  ModelOptions o;
+  o.arch = "gpt2";
+  o.n_layer = c.n_layer;
+  o.n_head = c.n_head;
+  o.n_embd = c.n_embd;
+  o.block_size = c.block_size;
+  o.vocab_size = c.vocab_size;
+  o.dropout = c.dropout;
+  return o;
+}
+
 GPT2Config gpt2_config_of(const ModelOptions& o) {
   GPT2Config c;
   c.n_layer = o.n_layer;

@@ -56,5 +56,8 @@ GPT2Config gpt2_config_of(const ModelOptions& options);
 /// validates.
 nlohmann::json gpt2_config_json(const GPT2Config& c);
 GPT2Config gpt2_config_from_json(const nlohmann::json& j);
+/// The [model] keys of a checkpoint's "model" object (validated as from_json; arch "gpt2").
+/// A model built from them has the vocabulary padded to a multiple of 128 again.
+ModelOptions gpt2_options_from_json(const nlohmann::json& j);
 
 }  // namespace kiln

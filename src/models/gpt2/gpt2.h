@@ -57,6 +57,7 @@ class GPT2 final : public LayeredModel {
   void set_activation_checkpointing(nn::ActivationCheckpointing mode) override;
   void set_dropout(bool on, uint64_t seed, uint64_t call_index) override;
   double flops_per_token(int T) const override { return config_.flops_per_token(T); }
+  int64_t num_parameters() const override { return config_.num_parameters(); }
   int vocab_size() const override { return config_.vocab_size; }
   int padded_vocab_size() const override { return config_.padded_vocab_size; }
   int max_positions() const override { return config_.block_size; }

@@ -1,5 +1,4 @@
-#include "checkpoint/gpt2_formats.h"
-#include "models/gpt2/gpt2.h"
+#include "models/gpt2/formats.h"
 
 #include "checkpoint/file_util.h"
 #include "checkpoint/safetensors.h"
@@ -336,6 +335,48 @@ void save_hf_safetensors(const fs::path& path, const GPT2Weights& w) {
     }
   }
   wr.write();
+}
+
+// ---------------------------------------------------------------------------------------
+// The registry's import and export
+
+HostWeights gpt2_import_weights(const fs::path& path, const ModelOptions& expect_options) {
+  KILN_CHECK(fs::exists(path), "model.init_from: {} does not exist", path.string());
+  const GPT2Config expect = gpt2_config_of(expect_options);
+  GPT2Weights w = path.extension() == ".safetensors" ? load_hf_safetensors(path, expect.n_head)
+                                                     : load_llmc(path);
+  const GPT2Config& got = w.config;
+  KILN_CHECK(expect.n_layer == got.n_layer && expect.n_embd == got.n_embd &&
+                 expect.block_size == got.block_size && expect.vocab_size == got.vocab_size,
+             "{}: holds a model with n_layer={} n_embd={} block_size={} vocab_size={}, the config "
+             "asks for n_layer={} n_embd={} block_size={} vocab_size={}",
+             path.string(), got.n_layer, got.n_embd, got.block_size, got.vocab_size,
+             expect.n_layer, expect.n_embd, expect.block_size, expect.vocab_size);
+  // Vocabulary padding may differ between files (llm.c pads to 50304, Hugging Face not
+  // at all): keep the real rows, pad with zero rows to this model's padded size.
+  auto& wte = w.tensors.at("transformer.wte.weight");
+  const auto want = static_cast<size_t>(expect.padded_vocab_size) * expect.n_embd;
+  if (wte.size() != want) {
+    std::vector<float> padded(want, 0.f);
+    const auto rows = static_cast<size_t>(expect.vocab_size) * expect.n_embd;
+    std::copy(wte.begin(), wte.begin() + static_cast<std::ptrdiff_t>(rows), padded.begin());
+    wte.swap(padded);
+  }
+  return std::move(w.tensors);
+}
+
+void gpt2_export_weights(const nlohmann::json& config, const TensorSource& read,
+                         const std::string& format, const fs::path& out) {
+  KILN_CHECK(format == "llmc" || format == "safetensors",
+             "export: unknown format '{}' (expected llmc or safetensors)", format);
+  GPT2Weights w;
+  w.config = gpt2_config_from_json(config);
+  for (const ParamSpec& p : gpt2_param_specs(w.config)) w.tensors[p.name] = read(p.name);
+  if (format == "llmc") {
+    save_llmc(out, w);
+  } else {
+    save_hf_safetensors(out, w);
+  }
 }
 
 }  // namespace kiln

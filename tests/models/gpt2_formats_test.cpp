@@ -1,6 +1,6 @@
 // GPT-2 interop formats: parameter specs vs the model, llm.c and Hugging Face round trips,
 // the file layouts (llm.c order, Conv1D transposes, vocabulary padding) and rejections.
-#include "checkpoint/gpt2_formats.h"
+#include "models/gpt2/formats.h"
 
 #include "backend/registry.h"
 #include "checkpoint/safetensors.h"

@@ -1,11 +1,14 @@
 // GPT-2 weights in other programs' formats: llm.c's checkpoint and Hugging Face's
 // model.safetensors. Both work on a host-side GPT2Weights keyed by kiln's parameter names
 // and layouts (every linear weight [out, in]; the token embedding padded to Vp rows).
+// The registry (models/registry.cpp) offers them to everything else as GPT-2's
+// ModelArch::import_weights and export_weights.
 #pragma once
 
 #include "core/dtype.h"
 #include "models/gpt2/config.h"
 #include "models/gpt2/gpt2.h"  // gpt2_param_specs
+#include "models/registry.h"
 #include "nn/parameter.h"
 
 #include <filesystem>
@@ -61,5 +64,17 @@ GPT2Weights load_hf_safetensors(const std::filesystem::path& path, int default_n
 /// weights transposed to [in, out], wte stripped to vocab_size rows, fp32. Metadata:
 /// format=pt, n_head, n_layer, n_embd, n_positions, vocab_size, padded_vocab_size. Atomic.
 void save_hf_safetensors(const std::filesystem::path& path, const GPT2Weights& w);
+
+/// GPT-2's ModelArch::import_weights: an llm.c .bin or (by extension) a Hugging Face
+/// .safetensors (n_head, when not in its metadata, from `expect`), holding a model of
+/// expect's n_layer, n_embd, block_size and vocab_size; wte re-padded with zero rows to
+/// the padded vocabulary of a model built from `expect`. Throws kiln::Error naming the
+/// file when it is missing, corrupt, or of another shape.
+HostWeights gpt2_import_weights(const std::filesystem::path& path, const ModelOptions& expect);
+/// GPT-2's ModelArch::export_weights: the GPT-2 of `config` (gpt2_config_json), tensors
+/// from `read`, as "llmc" (save_llmc, fp32) or "safetensors" (save_hf_safetensors).
+/// Throws kiln::Error for another format.
+void gpt2_export_weights(const nlohmann::json& config, const TensorSource& read,
+                         const std::string& format, const std::filesystem::path& out);
 
 }  // namespace kiln
