@@ -99,6 +99,7 @@ class CudaScratch final : public MetaScratchModel {
     auto up256 = [](int64_t b) { return (b + 255) / 256 * 256; };
     switch (c.call) {
       case MetaCall::LayerNormBackward: return 4 * 2 * chunks(c.N) * c.C;
+      case MetaCall::RMSNormBackward: return 4 * chunks(c.N) * c.C;
       case MetaCall::LinearBackward: return c.has_bias ? 4 * chunks(c.N) * c.OC : 0;
       case MetaCall::AttentionBackward: return 4 * c.B * c.NH * c.T;
       case MetaCall::EmbeddingBackward: {

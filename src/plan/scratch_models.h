@@ -10,8 +10,8 @@
 //         scratchpad size of the primitive it would create, with `threads` OpenMP
 //         threads (oneDNN sizes per-thread buffers by the thread count at creation).
 //   cuda  the CUDA backend: its 32 MiB cuBLASLt workspace (kept) plus the scratch some
-//         ops hold for their duration (src/backend/cuda/cuda_backend.cpp, Scratch):
-//         layernorm backward 2 ceil(N/64) C fp32, bias gradient ceil(N/64) OC fp32,
+//         ops hold for their duration (src/backend/cuda/cuda_backend_impl.h, Scratch):
+//         layernorm backward 2 ceil(N/64) C fp32, rmsnorm backward ceil(N/64) C fp32, bias gradient ceil(N/64) OC fp32,
 //         attention backward B NH T fp32, embedding backward a radix sort of the B T
 //         token ids (4 arrays of 4 B T bytes, each rounded to 256, plus CUB's temporary
 //         storage, estimated as 8 B T + 64 KiB: an upper bound for CUB's one-sweep radix

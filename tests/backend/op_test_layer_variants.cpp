@@ -59,9 +59,10 @@ TEST_P(OpTest, EmbeddingPositionsAndNoTable) {
     ref::embedding_backward(gwte, gwpe, to_double(dout), tok, c.B, c.T, c.C, c.Vp, c.maxT, rpos);
     EXPECT_TRUE(near_by_norm("embedding_backward dwte (+=)", download(dwte), plus(gwte, dwte0), 1e-6))
         << what;
-    if (c.table)
+    if (c.table) {
       EXPECT_TRUE(near_by_norm("embedding_backward dwpe at positions (+=)", download(dwpe),
                                plus(gwpe, dwpe0), 1e-6)) << what;
+    }
   }
 }
 
@@ -95,12 +96,14 @@ TEST_P(OpTest, LayerNormWithoutGainOrShift) {
       for (int i = 0; i < C; ++i) scale += std::pow(rrstd[n] * dout[int64_t{n} * C + i] * rw[i], 2);
     EXPECT_TRUE(near_by_norm("layernorm_backward dinp (+=)", to_float(minus(download(dinp), dinp0)),
                              gx, 1e-5, std::sqrt(scale))) << what;
-    if (gain)
+    if (gain) {
       EXPECT_TRUE(near_by_norm("layernorm_backward dweight", to_float(minus(download(dw), dw0)), gw, 1e-5))
           << what;
-    if (shift)
+    }
+    if (shift) {
       EXPECT_TRUE(near_by_norm("layernorm_backward dbias", to_float(minus(download(db), db0)), gb, 1e-5))
           << what;
+    }
   }
 }
 

@@ -87,7 +87,7 @@ struct BlockRig {
   }
   BlockPass pass() const {
     return {*be, be->default_stream(), saved.block(0), scratch, probs, resid_a, resid_m,
-            saved.rerun_block(), saved.recompute_cheap()};
+            saved.rerun_block(), saved.recompute_cheap(), Tensor()};
   }
   double loss() {
     block.forward(pass(), x, out);

@@ -109,7 +109,8 @@ nn::BlockPass GPT2::block_pass(int l) const {
                        dropout_spec(l, nn::kAttnResidSite),
                        dropout_spec(l, nn::kMlpResidSite),
                        a.saved.rerun_block(),
-                       a.saved.recompute_cheap()};
+                       a.saved.recompute_cheap(),
+                       Tensor()};  // positions 0..T-1 (learned positions, no rotary)
 }
 
 void GPT2::run_forward(const Tensor& tokens, int B, int T) {
