@@ -3,7 +3,8 @@
 # settings (fp32; fp16; fp32 on 2 ranks at ZeRO stage 3; fp32 with full activation
 # checkpointing; fp32 with dropout), recorded before the model was rebuilt on the layer
 # library (src/nn), and an old checkpoint (written by that code) that must still load and
-# resume with the losses recorded after it.
+# resume with the losses recorded after it. Also: dropout on 2 ranks equals dropout on
+# 1 process within the same bound (masks by global micro-batch index).
 #
 # The check is 1e-6 relative: a tolerance that holds on every CPU kind (oneDNN picks
 # different GEMM kernels per ISA). On the recording machine (fixtures/README.md names it)
@@ -75,6 +76,9 @@ run fp16 1 --set train.dtype=fp16
 run zero3_np2 2 --set parallel.zero_stage=3
 run ckpt_full 1 --set train.activation_checkpointing=full
 run dropout 1 --set model.dropout=0.1
+# Dropout masks are keyed by the global micro-batch index (update, micro-step, rank) and
+# the element within the micro-batch, so 2 ranks drop exactly what 1 process drops.
+[ "$record" = "" ] && run dropout_np2 2 --set model.dropout=0.1
 
 # The old checkpoint: a 1-layer model stopped after 3 of 6 updates.
 ckpt_args=(--set model.n_layer=1 --set model.n_embd=16 --set model.n_head=2 --set train.steps=6
@@ -120,5 +124,11 @@ for name, ref in want.items():
     bad += not ok
     print(f"{name}: {len(ref)} losses, worst relative difference {worst:.2e}"
           f"{' (bitwise equal)' if cur == ref else ''}{'' if ok else '  FAILED'}")
+drop1, drop2 = got["dropout"], losses(f"{work}/dropout_np2/metrics.jsonl")
+worst = max(abs(a - b) / abs(b) for a, b in zip(drop2, drop1))
+ok = len(drop2) == len(drop1) and worst <= 1e-6
+bad += not ok
+print(f"dropout_np2 vs dropout: {len(drop2)} losses, worst relative difference {worst:.2e}"
+      f"{'' if ok else '  FAILED'}")
 sys.exit(1 if bad else 0)
 PY
