@@ -32,6 +32,12 @@ Backend& backend_by_name(const std::string& name) {
   throw std::runtime_error("no backend " + name);
 }
 
+std::string sizes(std::initializer_list<std::pair<const char*, int64_t>> kv) {
+  std::ostringstream os;
+  for (auto& [k, v] : kv) os << k << "=" << v << " ";
+  return os.str();
+}
+
 std::string param_name(const ::testing::TestParamInfo<std::string>& info) {
   std::string s = info.param;
   for (char& ch : s)

@@ -32,6 +32,9 @@ Backend& backend_by_name(const std::string& name);
 /// A gtest-safe test name for a backend parameter ("cuda:0" -> "cuda_0").
 std::string param_name(const ::testing::TestParamInfo<std::string>& info);
 
+/// "k1=v1 k2=v2 ": the sizes of a case, for failure messages.
+std::string sizes(std::initializer_list<std::pair<const char*, int64_t>> kv);
+
 /// Keeps the worst errors seen per label, printed at the end of the run.
 void record_error(const std::string& label, double rel, double abs);
 

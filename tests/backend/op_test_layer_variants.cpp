@@ -10,12 +10,6 @@
 namespace kiln::test {
 namespace {
 
-std::string sizes(std::initializer_list<std::pair<const char*, int64_t>> kv) {
-  std::ostringstream os;
-  for (auto& [k, v] : kv) os << k << "=" << v << " ";
-  return os.str();
-}
-
 Vec plus(const Vec& a, const std::vector<float>& b) {
   Vec v = a;
   for (size_t i = 0; i < v.size(); ++i) v[i] += b[i];

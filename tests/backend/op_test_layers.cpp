@@ -7,12 +7,6 @@
 namespace kiln::test {
 namespace {
 
-std::string sizes(std::initializer_list<std::pair<const char*, int64_t>> kv) {
-  std::ostringstream os;
-  for (auto& [k, v] : kv) os << k << "=" << v << " ";
-  return os.str();
-}
-
 // ---- embedding --------------------------------------------------------------------------
 
 TEST_P(OpTest, Embedding) {
