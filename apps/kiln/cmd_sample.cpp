@@ -23,7 +23,7 @@ void register_sample(CLI::App& app) {
   cmd->add_option("--temperature", a->o.temperature, "Softmax temperature; 0 = greedy")
       ->check(CLI::Range(0.0f, 1e6f));
   cmd->add_option("--top-k", a->o.top_k, "Sample among the k most likely tokens (0 = all)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1 << 30));
   cmd->add_option("--seed", a->o.seed, "Random seed: same seed, same text");
   cmd->callback([a] {
     checkpoint::CheckpointReader reader(a->checkpoint);

@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
     setenv("OMP_WAIT_POLICY", "passive", 1);
     execv("/proc/self/exe", argv);  // returns only on failure: carry on with the default
   }
-  CLI::App app{"kiln: train transformer models (GPT-2 family) on CPUs and GPUs"};
+  CLI::App app{"kiln: train transformer models on CPUs and GPUs"};
   app.require_subcommand(1);
   kiln::app::register_prepare(app);
   kiln::app::register_train(app);
@@ -35,7 +35,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --help-all
+    // One line, like every other error of kiln, naming the command's help.
+    fmt::print(stderr, "kiln: error: {} (see kiln {}--help)\n", e.what(),
+               app.get_subcommands().empty() ? "" : app.get_subcommands().front()->get_name() + " ");
+    return e.get_exit_code();
   } catch (const std::exception& e) {
     std::fflush(stdout);
     // Under mpirun/srun one rank's error ends every rank (no hang), naming the rank.
