@@ -196,22 +196,29 @@ void register_memplan(CLI::App& app) {
   cmd->add_option("--set", a->sets, "Override a key: --set section.key=value (repeatable)");
   cmd->add_option("--world-size", a->world_size, "Ranks (data-parallel)")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--device-memory", a->device_gib,
-                  "GiB per rank: list the layouts that fit, fastest first");
+                  "GiB per rank: list the layouts that fit, fastest first")
+      ->check(CLI::Range(1e-3, 1e9));
   cmd->add_flag("--json", a->json, "Print one JSON object");
   cmd->add_option("--backend", a->backend,
                   "Whose op scratch to count: cpu (oneDNN, default: what kiln train runs), cuda, none")
       ->check(CLI::IsMember({"cpu", "cuda", "none"}));
   cmd->add_option("--threads", a->threads,
-                  "OpenMP threads per rank for the oneDNN scratchpad (default: this process's)");
+                  "OpenMP threads per rank for the oneDNN scratchpad (default: this process's)")
+      ->check(CLI::Range(1, 4096));
   cmd->add_option("--peak-tflops", a->peak_tflops,
                   "Per-rank peak for the cost model (default: cuda 989 bf16 / 67 fp32 (H100); "
-                  "cpu: measured)");
-  cmd->add_option("--link-gbps", a->link_gbps, "Bus bandwidth GB/s (default: cuda 400, cpu 10)");
-  cmd->add_option("--latency-us", a->latency_us, "Latency per collective (default: cuda 10, cpu 5)");
+                  "cpu: measured)")
+      ->check(CLI::Range(1e-6, 1e9));
+  cmd->add_option("--link-gbps", a->link_gbps, "Bus bandwidth GB/s (default: cuda 400, cpu 10)")
+      ->check(CLI::Range(1e-6, 1e9));
+  cmd->add_option("--latency-us", a->latency_us, "Latency per collective (default: cuda 10, cpu 5)")
+      ->check(CLI::Range(0.0, 1e9));
   cmd->add_option("--mem-bandwidth-gbps", a->mem_gbps,
-                  "Memory bandwidth GB/s for memory-bound recompute (default: cuda 3350, cpu 50)");
+                  "Memory bandwidth GB/s for memory-bound recompute (default: cuda 3350, cpu 50)")
+      ->check(CLI::Range(1e-6, 1e9));
   cmd->add_option("--reserve-gib", a->reserve_gib,
-                  "GiB of the device not for kiln (default: cuda 1 (context, NCCL), cpu 0)");
+                  "GiB of the device not for kiln (default: cuda 1 (context, NCCL), cpu 0)")
+      ->check(CLI::Range(0.0, 1e9));
   cmd->add_option("--completion-polls", a->polls,
                   "Simulated collectives complete after this many polls (default: cpu never (only waits), "
                   "cuda 1)");

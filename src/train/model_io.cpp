@@ -25,7 +25,12 @@ ModelOptions model_options_from(const TrainConfig& config) {
 std::string checkpoint_arch(const nlohmann::json& state) { return state.value("arch", "gpt2"); }
 
 ModelOptions checkpoint_model_options(const checkpoint::CheckpointReader& reader) {
-  return model_options_from_json(checkpoint_arch(reader.state()), reader.state().at("model"));
+  try {
+    return model_options_from_json(checkpoint_arch(reader.state()), reader.state().at("model"));
+  } catch (const nlohmann::json::exception& e) {
+    KILN_FAIL("{}: the manifest's state.model is malformed ({})",
+              (reader.dir() / "manifest.json").string(), e.what());
+  }
 }
 
 AdamWConfig adamw_config_from(const TrainConfig& config) {
@@ -150,12 +155,13 @@ HostWeights read_model_weights(const fs::path& path, const ModelOptions& expect,
     checkpoint::CheckpointReader reader(path);
     const ModelOptions got = checkpoint_model_options(reader);
     KILN_CHECK(got.arch == expect.arch && got.n_layer == expect.n_layer &&
-                   got.n_embd == expect.n_embd && got.block_size == expect.block_size &&
-                   got.vocab_size == expect.vocab_size,
-               "{}: holds a {} with n_layer={} n_embd={} block_size={} vocab_size={}, the config "
-               "asks for a {} with n_layer={} n_embd={} block_size={} vocab_size={}",
-               path.string(), got.arch, got.n_layer, got.n_embd, got.block_size, got.vocab_size,
-               expect.arch, expect.n_layer, expect.n_embd, expect.block_size, expect.vocab_size);
+                   got.n_head == expect.n_head && got.n_embd == expect.n_embd &&
+                   got.block_size == expect.block_size && got.vocab_size == expect.vocab_size,
+               "{}: holds a {} with n_layer={} n_head={} n_embd={} block_size={} vocab_size={}, "
+               "the config asks for a {} with n_layer={} n_head={} n_embd={} block_size={} "
+               "vocab_size={}", path.string(), got.arch, got.n_layer, got.n_head, got.n_embd,
+               got.block_size, got.vocab_size, expect.arch, expect.n_layer, expect.n_head,
+               expect.n_embd, expect.block_size, expect.vocab_size);
     for (const ParamSpec& p : params) {
       KILN_CHECK(reader.has(p.name), "{}: no tensor '{}'", path.string(), p.name);
       w[p.name] = reader.read_f32(p.name);

@@ -11,6 +11,8 @@ namespace kiln {
 namespace {
 
 int32_t pick(const float* logits, int V, const SampleOptions& o, Philox& rng) {
+  KILN_CHECK(std::isfinite(o.temperature) && o.temperature >= 0.f,
+             "sample: temperature {} must be a finite number >= 0", o.temperature);
   if (o.temperature <= 0.f) return static_cast<int32_t>(std::max_element(logits, logits + V) - logits);
   std::vector<int32_t> ids(static_cast<size_t>(V));
   std::iota(ids.begin(), ids.end(), 0);

@@ -34,6 +34,10 @@
 
 namespace kiln {
 
+namespace checkpoint {
+class CheckpointReader;
+}
+
 struct TrainerOptions {
   /// "" = start fresh (refusing a run dir that already has checkpoints), "auto" = newest
   /// complete checkpoint of the run dir if any, else a checkpoint directory.
@@ -85,7 +89,10 @@ class Trainer {
   void save_checkpoint();
   /// When to save, stop and prune (train.steps, [checkpoint], the exit interval).
   CheckpointPolicy checkpoint_policy() const;
+  /// Restores model, optimizer, step and loader from checkpoint `dir`; throws kiln::Error
+  /// naming the manifest when its state is malformed or does not fit this run.
   void load_checkpoint(const std::filesystem::path& dir);
+  void restore_from(const checkpoint::CheckpointReader& reader);
   /// Rank 0, after load_checkpoint(): a rollback (checkpoints newer than the resumed step
   /// exist) moves them to ckpt/abandoned/ (checkpoint::move_checkpoints_aside), copies
   /// metrics.jsonl beside them and prepares the "rollback" record for metrics.jsonl.

@@ -113,7 +113,25 @@ void Trainer::abandon_newer_checkpoints(const fs::path& resumed_from) {
 
 void Trainer::load_checkpoint(const fs::path& dir) {
   checkpoint::CheckpointReader reader(dir);
+  try {
+    restore_from(reader);
+  } catch (const nlohmann::json::exception& e) {
+    KILN_FAIL("{}: the manifest's state is malformed ({})", (dir / "manifest.json").string(),
+              e.what());
+  }
+}
+
+void Trainer::restore_from(const checkpoint::CheckpointReader& reader) {
+  const fs::path& dir = reader.dir();
   const auto& st = reader.state();
+  // The same model: every hyper-parameter the model records (n_head, say, changes no
+  // tensor shape but every result).
+  const nlohmann::json now = model_->config_json();
+  for (const auto& [key, value] : now.items())
+    KILN_CHECK(st.at("model").contains(key) ? st.at("model").at(key) == value : true,
+               "{}: saved with model.{} = {}, this run has {}; resume needs the same model "
+               "(start a new run with model.init_from to change it)", dir.string(), key,
+               st.at("model").at(key).dump(), value.dump());
   // What fixes the data order must not change mid-run: the seed (the epoch's shuffle) and
   // the data set (the token stream); batch shape below.
   KILN_CHECK(st.at("seed").get<int64_t>() == config_.train.seed,

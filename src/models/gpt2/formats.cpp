@@ -346,12 +346,14 @@ HostWeights gpt2_import_weights(const fs::path& path, const ModelOptions& expect
   GPT2Weights w = path.extension() == ".safetensors" ? load_hf_safetensors(path, expect.n_head)
                                                      : load_llmc(path);
   const GPT2Config& got = w.config;
-  KILN_CHECK(expect.n_layer == got.n_layer && expect.n_embd == got.n_embd &&
-                 expect.block_size == got.block_size && expect.vocab_size == got.vocab_size,
-             "{}: holds a model with n_layer={} n_embd={} block_size={} vocab_size={}, the config "
-             "asks for n_layer={} n_embd={} block_size={} vocab_size={}",
-             path.string(), got.n_layer, got.n_embd, got.block_size, got.vocab_size,
-             expect.n_layer, expect.n_embd, expect.block_size, expect.vocab_size);
+  // (A Hugging Face file does not record n_head: it was read with the config's.)
+  KILN_CHECK(expect.n_layer == got.n_layer && expect.n_head == got.n_head &&
+                 expect.n_embd == got.n_embd && expect.block_size == got.block_size &&
+                 expect.vocab_size == got.vocab_size,
+             "{}: holds a model with n_layer={} n_head={} n_embd={} block_size={} vocab_size={}, "
+             "the config asks for n_layer={} n_head={} n_embd={} block_size={} vocab_size={}",
+             path.string(), got.n_layer, got.n_head, got.n_embd, got.block_size, got.vocab_size,
+             expect.n_layer, expect.n_head, expect.n_embd, expect.block_size, expect.vocab_size);
   // Vocabulary padding may differ between files (llm.c pads to 50304, Hugging Face not
   // at all): keep the real rows, pad with zero rows to this model's padded size.
   auto& wte = w.tensors.at("transformer.wte.weight");
