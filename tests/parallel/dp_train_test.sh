@@ -6,8 +6,8 @@
 #      of stages 0-2 are bitwise identical);
 #   2. a checkpoint saved by 4 ranks at stage 3 resumes on 2 ranks at stage 1 and on 1
 #      process with the same losses (and the data position carries over);
-#   3. a tiny Llama (untied and tied) gives the same equalities on 2 and 4 ranks and
-#      resumes across layouts;
+#   3. a tiny Llama (untied and tied) gives the same equalities on 2 and 4 ranks,
+#      resumes across layouts and samples from its checkpoint;
 #   4. failures never hang: a config that differs between ranks and a rank that cannot
 #      read its data both end every rank non-zero with the reason in the log.
 # Usage: dp_train_test.sh KILN_BINARY WORK_DIR
@@ -145,7 +145,7 @@ PY
 # The same equalities for a tiny Llama (models/llama: RMSNorm, rotary GQA with one k/v
 # head and llama3 rope scaling, SwiGLU), untied and tied, few steps: 2 ranks ZeRO-3,
 # 4 ranks ZeRO-1, tied 2 ranks ZeRO-2 with full checkpointing, a ZeRO-3 checkpoint of 2
-# ranks resumed on 1 process.
+# ranks resumed on 1 process, and `kiln sample` from its checkpoint.
 llama=(--set model.arch=llama --set model.n_kv_head=1 --set model.ffn_hidden_size=48
        --set model.rope_theta=500000 --set model.rope_scaling.factor=8
        --set model.rope_scaling.original_max_position=8
@@ -166,6 +166,9 @@ train llama_reshard 2 3 "${llama[@]}" --exit-interval 4
 train llama_reshard 1 0 "${llama[@]}" --resume auto
 echo -n "llama 2 ranks zero 3 -> 1 process: "
 compare "$work/llama_ref/metrics.jsonl" "$work/llama_reshard/metrics.jsonl" 5
+"$kiln" sample --checkpoint "$(ls -d "$work"/llama_ref/ckpt/step_* | tail -1)" --max-new-tokens 8 \
+  --seed 1 > "$work/llama_sample.log" 2>&1 || { echo "FAILED: llama sample"; cat "$work/llama_sample.log"; exit 1; }
+echo "llama: kiln sample from its checkpoint ran (KV-cache decode)"
 
 # Failures: a config that differs between ranks, and a rank whose data is missing.
 expect_failure() {  # expect_failure NAME PATTERN cmd...
