@@ -373,8 +373,7 @@ void resolve(TrainConfig& c, const Origins& origins) {
     set("model.rope_scaling.factor", rs.factor, p->rope_factor);
     set("model.rope_scaling.low_freq_factor", rs.low_freq_factor, p->rope_low_freq_factor);
     set("model.rope_scaling.high_freq_factor", rs.high_freq_factor, p->rope_high_freq_factor);
-    set("model.rope_scaling.original_max_position", rs.original_max_position,
-        p->rope_original_max_position);
+    set("model.rope_scaling.original_max_position", rs.original_max_position, p->rope_original_max_position);
     set("model.tie_embeddings", c.model.tie_embeddings, p->tie_embeddings);
   }
   if (c.train.seq_len == 0) c.train.seq_len = c.model.block_size;
