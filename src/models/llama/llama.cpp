@@ -212,24 +212,12 @@ void Llama::backward() {
   hooks().after_backward(0);
 }
 
-void Llama::project(const Tensor& out, const Tensor& x) const {
-  Backend& be = backend();
-  const Stream s = be.default_stream();
-  if (out.dtype() == dtype()) {
-    be.linear_forward(s, out, x, head_weight(), Tensor());
-    return;
-  }
-  Tensor tmp = be.empty(out.shape(), dtype(), MemCategory::Temporaries);
-  be.linear_forward(s, tmp, x, head_weight(), Tensor());
-  be.copy(s, out, tmp);
-}
-
 void Llama::forward_logits(const Tensor& tokens, const Tensor& logits) {
   KILN_CHECK(tokens.ndim() == 2, "forward_logits: tokens must be [B,T], got {}", tokens.str());
   check_shape(logits, Shape{tokens.size(0), tokens.size(1), config_.padded_vocab_size},
               "forward_logits logits");
   run_forward(tokens, Tensor());
-  project(logits, state_->head[nn::Norm::kOut]);
+  project_logits(logits, state_->head[nn::Norm::kOut], head_weight());
   hooks().after_forward(config_.n_layer + 1);
 }
 
@@ -286,11 +274,10 @@ void Llama::decode(const Tensor& tokens, const Tensor& logits) {
   d.past += static_cast<int>(Tq);
   // The final norm and the logits of each sequence's last position only.
   Tensor last = tmp({B, C}), lastn = tmp({B, C});
-  for (int64_t b = 0; b < B; ++b)
-    be.copy(s, last.view_at(b * C, Shape{C}), x.view_at((b * Tq + Tq - 1) * C, Shape{C}));
+  last_positions(last, x);
   layers_->norm.forward_into(be, s, lastn, w.mean.view_at(0, Shape{B}),
                              w.rstd.view_at(0, Shape{B}), last);
-  project(logits, lastn);
+  project_logits(logits, lastn, head_weight());
   be.synchronize(s);  // pos_h is read by the copy
 }
 

@@ -75,8 +75,6 @@ class Llama final : public LayeredModel {
   /// The output projection's weight: lm_head, or the token embedding when tied.
   const Tensor& head_weight() const;
   const Tensor& head_grad() const;
-  /// out [N, Vp] = x [N, C] @ head^T, converted when out is not in the model dtype.
-  void project(const Tensor& out, const Tensor& x) const;
 
   LlamaConfig config_;
   std::unique_ptr<LlamaLayers> layers_;
