@@ -119,6 +119,25 @@ std::vector<float> LayeredModel::init_values(size_t index, uint64_t seed, int64_
   return nn::init_values(*layer_params_[index], seed, index, begin, end);
 }
 
+void LayeredModel::project_logits(const Tensor& out, const Tensor& x, const Tensor& weight) const {
+  const Stream s = backend_.default_stream();
+  if (out.dtype() == storage_.dtype) {
+    backend_.linear_forward(s, out, x, weight, Tensor());
+    return;
+  }
+  Tensor tmp = backend_.empty(out.shape(), storage_.dtype, MemCategory::Temporaries);
+  backend_.linear_forward(s, tmp, x, weight, Tensor());
+  backend_.copy(s, out, tmp);
+}
+
+void LayeredModel::last_positions(const Tensor& out, const Tensor& x) const {
+  const int64_t B = x.size(0), Tq = x.size(1), C = x.size(2);
+  check_shape(out, Shape{B, C}, "last_positions out");
+  const Stream s = backend_.default_stream();
+  for (int64_t b = 0; b < B; ++b)
+    backend_.copy(s, out.view_at(b * C, Shape{C}), x.view_at((b * Tq + Tq - 1) * C, Shape{C}));
+}
+
 void LayeredModel::zero_grad() {
   const Stream s = backend_.default_stream();
   if (grad_buffer_) {

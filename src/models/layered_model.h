@@ -55,6 +55,11 @@ class LayeredModel : public Model {
   /// backend cannot run `ops` in, or gradients in a dtype other than fp32 or dtype.
   void build(const std::vector<PartLayout>& parts, const std::vector<Op>& ops);
   ModelHooks& hooks() const { return *hooks_; }
+  /// Inference logits out [N.., Vp] = x [N.., C] @ weight [Vp, C]^T, computed in the model
+  /// dtype and converted when out is in another (fp32 for the caller).
+  void project_logits(const Tensor& out, const Tensor& x, const Tensor& weight) const;
+  /// out [B,C] = x[:, Tq-1, :] of x [B,Tq,C]: each sequence's last position (decoding).
+  void last_positions(const Tensor& out, const Tensor& x) const;
   const ModelStorage& storage() const { return storage_; }
 
  private:

@@ -1,9 +1,11 @@
-// The only file outside models/gpt2/ that names GPT-2: it registers the architecture.
+// The only file outside models/gpt2/ and models/llama/ that names GPT-2 or Llama: it
+// registers the built-in architectures.
 #include "models/registry.h"
 
 #include "core/error.h"
 #include "models/gpt2/formats.h"
 #include "models/gpt2/gpt2.h"
+#include "models/llama/llama.h"
 
 #include <mutex>
 
@@ -22,9 +24,18 @@ ModelArch gpt2_arch() {
   return a;
 }
 
+ModelArch llama_arch() {
+  ModelArch a;
+  a.make = [](const ModelOptions& o, Backend& backend, const ModelStorage& storage) {
+    return std::make_unique<Llama>(llama_config_of(o), backend, storage);
+  };
+  a.options_from_json = llama_options_from_json;
+  return a;
+}
+
 struct Registry {
   std::mutex mutex;
-  std::map<std::string, ModelArch> archs{{"gpt2", gpt2_arch()}};
+  std::map<std::string, ModelArch> archs{{"gpt2", gpt2_arch()}, {"llama", llama_arch()}};
 };
 Registry& registry() {
   static Registry r;

@@ -1,7 +1,7 @@
 // The model registry: a Model from the architecture named by model.arch.
 //
 // Built in: "gpt2" (models/gpt2), with its own file formats (llm.c .bin, Hugging Face
-// .safetensors). Tests and extensions add their own with register_model() or
+// .safetensors), and "llama" (models/llama: Llama 3, kiln checkpoints only). Tests and extensions add their own with register_model() or
 // register_arch(); nothing that trains, shards, saves, samples or exports a model names
 // its class.
 #pragma once
@@ -29,6 +29,13 @@ struct ModelOptions {
   int block_size = 0;  // maximum sequence length
   int vocab_size = 0;  // real vocabulary; the model pads it as it likes
   float dropout = 0.f;
+  // Rotary / grouped-query / SwiGLU architectures (llama); GPT-2 rejects n_kv_head, ffn_hidden_size
+  // and rope scaling other than its own.
+  int n_kv_head = 0;        // key/value heads; 0 = n_head
+  int ffn_hidden_size = 0;  // MLP hidden width; 0 = the architecture's default
+  float norm_eps = 1e-5f;   // RMSNorm epsilon (GPT-2: its LayerNorm eps is fixed, 1e-5)
+  RopeSpec rope;            // theta, Llama 3.1 rescaling (scale_factor 0: none)
+  bool tie_embeddings = false;  // output head = token embedding (GPT-2 ignores it: always tied)
 };
 
 using ModelFactory =

@@ -31,6 +31,7 @@ std::string_view type_name(const Ref& r) {
     case 1: return "integer";
     case 2: return "float";
     case 3: return "string";
+    case 5: return "boolean";
     default: return "array of integers";
   }
 }
@@ -41,6 +42,7 @@ std::string_view doc_type_name(const Ref& r) {
     case 1: return "int";
     case 2: return "float";
     case 3: return "string";
+    case 5: return "bool";
     default: return "int array";
   }
 }
@@ -198,6 +200,10 @@ void assign(const Key& key, const toml::node& node, TrainConfig& config, std::st
       if (!node.is_string()) wrong_type(source, key, r, toml_type_name(node));
       *std::get<std::string*>(r) = node.as_string()->get();
       break;
+    case 5:
+      if (!node.is_boolean()) wrong_type(source, key, r, toml_type_name(node));
+      *std::get<bool*>(r) = node.as_boolean()->get();
+      break;
     default: {
       if (!node.is_array()) wrong_type(source, key, r, toml_type_name(node));
       std::vector<int64_t> values;
@@ -220,6 +226,23 @@ std::string one_line(std::string s) {
   return s;
 }
 
+// The keys of `table` named `prefix`.<key>; a sub-table (e.g. [model.rope_scaling] or
+// rope_scaling.factor = ..) names prefix.<table>.<key>.
+void apply_keys(const toml::table& table, const std::string& prefix, TrainConfig& config,
+                Origins& origins, const std::string& source) {
+  for (auto&& [kk, vv] : table) {
+    std::string name = prefix + "." + std::string(kk.str());
+    const Key* key = find_key(name);
+    if (!key && vv.is_table()) {
+      apply_keys(*vv.as_table(), name, config, origins, source);
+      continue;
+    }
+    if (!key) unknown_key(source, name);
+    assign(*key, vv, config, source);
+    origins[name] = source;
+  }
+}
+
 void apply_table(const toml::table& root, TrainConfig& config, Origins& origins,
                  const std::string& source) {
   std::vector<std::string> sections = section_names();
@@ -234,13 +257,7 @@ void apply_table(const toml::table& root, TrainConfig& config, Origins& origins,
     if (!known_section)
       throw Error(with_suggestion(fmt::format("{}: unknown section '{}'", source, sec), sec,
                                   sections));
-    for (auto&& [kk, vv] : *v.as_table()) {
-      std::string name = sec + "." + std::string(kk.str());
-      const Key* key = find_key(name);
-      if (!key) unknown_key(source, name);
-      assign(*key, vv, config, source);
-      origins[name] = source;
-    }
+    apply_keys(*v.as_table(), sec, config, origins, source);
   }
 }
 
@@ -317,6 +334,9 @@ void apply_override(const std::string& override_text, TrainConfig& config, Origi
       else
         assign(*key, toml::value<std::string>(value), config, source);
       break;
+    case 5:
+      from_toml(value);  // true / false
+      break;
     default:
       from_toml(value.empty() || value.front() != '[' ? "[" + value + "]" : value);
   }
@@ -340,6 +360,21 @@ void resolve(TrainConfig& c, const Origins& origins) {
     fill("model.n_embd", c.model.n_embd, p->n_embd);
     fill("model.block_size", c.model.block_size, p->block_size);
     fill("model.vocab_size", c.model.vocab_size, p->vocab_size);
+    // The rest only where the preset sets them (0 / false: the key's default stays).
+    auto set = [&](const char* name, auto& field, auto value) {
+      if (value && !origins.contains(name)) field = value;
+    };
+    if (!origins.contains("model.arch")) c.model.arch = std::string(p->arch);
+    set("model.n_kv_head", c.model.n_kv_head, p->n_kv_head);
+    set("model.ffn_hidden_size", c.model.ffn_hidden_size, p->ffn_hidden_size);
+    set("model.norm_eps", c.model.norm_eps, p->norm_eps);
+    set("model.rope_theta", c.model.rope_theta, p->rope_theta);
+    auto& rs = c.model.rope_scaling;
+    set("model.rope_scaling.factor", rs.factor, p->rope_factor);
+    set("model.rope_scaling.low_freq_factor", rs.low_freq_factor, p->rope_low_freq_factor);
+    set("model.rope_scaling.high_freq_factor", rs.high_freq_factor, p->rope_high_freq_factor);
+    set("model.rope_scaling.original_max_position", rs.original_max_position, p->rope_original_max_position);
+    set("model.tie_embeddings", c.model.tie_embeddings, p->tie_embeddings);
   }
   if (c.train.seq_len == 0) c.train.seq_len = c.model.block_size;
 }
@@ -386,6 +421,15 @@ void validate(const TrainConfig& c, const Origins& origins) {
     KILN_CHECK(c.model.n_embd % c.model.n_head == 0,
                "{}: key 'model.n_embd' ({}) must be divisible by model.n_head ({})",
                src("model.n_embd"), c.model.n_embd, c.model.n_head);
+  if (c.model.n_kv_head > 0 && c.model.n_head > 0)
+    KILN_CHECK(c.model.n_head % c.model.n_kv_head == 0,
+               "{}: key 'model.n_kv_head' ({}) must divide model.n_head ({})",
+               src("model.n_kv_head"), c.model.n_kv_head, c.model.n_head);
+  if (c.model.rope_scaling.factor > 0)
+    KILN_CHECK(c.model.rope_scaling.high_freq_factor > c.model.rope_scaling.low_freq_factor,
+               "{}: key 'model.rope_scaling.high_freq_factor' ({}) must exceed "
+               "model.rope_scaling.low_freq_factor ({})", src("model.rope_scaling.high_freq_factor"),
+               c.model.rope_scaling.high_freq_factor, c.model.rope_scaling.low_freq_factor);
   if (c.model.block_size > 0)
     KILN_CHECK(c.train.seq_len <= c.model.block_size,
                "{}: key 'train.seq_len' ({}) must not exceed model.block_size ({})",
@@ -429,6 +473,24 @@ std::span<const ModelPreset> model_presets() {
       {"gpt2-medium", 24, 16, 1024, 1024, 50257},
       {"gpt2-large", 36, 20, 1280, 1024, 50257},
       {"gpt2-xl", 48, 25, 1600, 1024, 50257},
+      // Meta's published configs (Hugging Face meta-llama/Llama-3.x config.json): 128K
+      // context, rope_theta 500000, "llama3" rope scaling (factor 32 for 3.2, 8 for 3.1).
+      {.name = "llama3.2-1b", .n_layer = 16, .n_head = 32, .n_embd = 2048, .block_size = 131072,
+       .vocab_size = 128256, .arch = "llama", .n_kv_head = 8, .ffn_hidden_size = 8192,
+       .norm_eps = 1e-5, .rope_theta = 500000, .rope_factor = 32, .rope_low_freq_factor = 1,
+       .rope_high_freq_factor = 4, .rope_original_max_position = 8192, .tie_embeddings = true},
+      {.name = "llama3.2-3b", .n_layer = 28, .n_head = 24, .n_embd = 3072, .block_size = 131072,
+       .vocab_size = 128256, .arch = "llama", .n_kv_head = 8, .ffn_hidden_size = 8192,
+       .norm_eps = 1e-5, .rope_theta = 500000, .rope_factor = 32, .rope_low_freq_factor = 1,
+       .rope_high_freq_factor = 4, .rope_original_max_position = 8192, .tie_embeddings = true},
+      {.name = "llama3.1-8b", .n_layer = 32, .n_head = 32, .n_embd = 4096, .block_size = 131072,
+       .vocab_size = 128256, .arch = "llama", .n_kv_head = 8, .ffn_hidden_size = 14336,
+       .norm_eps = 1e-5, .rope_theta = 500000, .rope_factor = 8, .rope_low_freq_factor = 1,
+       .rope_high_freq_factor = 4, .rope_original_max_position = 8192},
+      {.name = "llama3.1-70b", .n_layer = 80, .n_head = 64, .n_embd = 8192, .block_size = 131072,
+       .vocab_size = 128256, .arch = "llama", .n_kv_head = 8, .ffn_hidden_size = 28672,
+       .norm_eps = 1e-5, .rope_theta = 500000, .rope_factor = 8, .rope_low_freq_factor = 1,
+       .rope_high_freq_factor = 4, .rope_original_max_position = 8192},
   };
   return presets;
 }
@@ -484,7 +546,7 @@ std::string TrainConfig::to_toml() const {
       section = k.section();
       out += fmt::format("\n[{}]\n", section);
     }
-    out += fmt::format("{} = {}\n", leaf(k.name), format_value(field(k, *this)));
+    out += fmt::format("{} = {}\n", k.in_section(), format_value(field(k, *this)));
   }
   return out;
 }

@@ -21,6 +21,16 @@
 
 namespace kiln {
 
+/// [model.rope_scaling]: Llama 3.1's rescaling of the rotary frequencies (RopeSpec,
+/// backend/backend.h); factor 0 = none.
+struct RopeScalingSection {
+  double factor = 0.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  double original_max_position = 8192.0;
+  bool operator==(const RopeScalingSection&) const = default;
+};
+
 /// [model]: the network's shape and where its initial weights come from.
 struct ModelSection {
   std::string arch = "gpt2";  // the architecture (models/registry.h)
@@ -31,6 +41,13 @@ struct ModelSection {
   int block_size = 0;     // maximum sequence length
   int vocab_size = 0;     // 0 = take it from the data set's meta.json
   double dropout = 0.0;
+  // Rotary / grouped-query / SwiGLU architectures (llama); GPT-2 rejects non-defaults.
+  int n_kv_head = 0;          // key/value heads; 0 = n_head
+  int ffn_hidden_size = 0;    // MLP hidden width; 0 = the architecture's default
+  double norm_eps = 1e-5;     // RMSNorm epsilon
+  double rope_theta = 10000.0;
+  RopeScalingSection rope_scaling;
+  bool tie_embeddings = false;  // output head shares the token embedding
   std::string init_from;  // "" = random init; a kiln checkpoint dir, an llm.c .bin or a .safetensors
   bool operator==(const ModelSection&) const = default;
 };
@@ -191,13 +208,21 @@ TrainConfig load_config_string(std::string_view text,
 LrSchedule lr_schedule_of(const TrainConfig& config);
 double learning_rate(const TrainConfig& config, int64_t step);
 
-/// One model preset's shape.
+/// One model preset's shape. Fields after vocab_size are 0 / false where the preset does
+/// not set them (the key's default stays).
 struct ModelPreset {
   std::string_view name;
-  int n_layer, n_head, n_embd, block_size, vocab_size;
+  int n_layer = 0, n_head = 0, n_embd = 0, block_size = 0, vocab_size = 0;
+  std::string_view arch = "gpt2";
+  int n_kv_head = 0, ffn_hidden_size = 0;
+  double norm_eps = 0, rope_theta = 0;
+  double rope_factor = 0, rope_low_freq_factor = 0, rope_high_freq_factor = 0,
+         rope_original_max_position = 0;
+  bool tie_embeddings = false;
 };
 
-/// The model presets (gpt2, gpt2-medium, gpt2-large, gpt2-xl).
+/// The model presets (gpt2, gpt2-medium, gpt2-large, gpt2-xl; llama3.2-1b, llama3.2-3b,
+/// llama3.1-8b, llama3.1-70b).
 std::span<const ModelPreset> model_presets();
 
 /// Description of one configuration key, for help text and documentation.

@@ -46,11 +46,13 @@ const std::vector<Key>& keys() {
     for (const auto& p : model_presets()) presets.emplace_back(p.name);
     return std::vector<Key>{
         any(KILN_KEY(model, arch),
-            "Model architecture (models/registry.h): gpt2; tests and extensions register more."),
+            "Model architecture (models/registry.h): gpt2 or llama; tests and extensions register more."),
         oneof(KILN_KEY(model, preset), presets,
-              "Model preset filling n_layer, n_head, n_embd, block_size and vocab_size: "
-              "gpt2, gpt2-medium, gpt2-large, gpt2-xl; \"\" = none. Keys given explicitly "
-              "override the preset."),
+              "Model preset filling arch, n_layer, n_head, n_embd, block_size and vocab_size "
+              "(llama presets also n_kv_head, ffn_hidden_size, norm_eps, rope_theta, "
+              "rope_scaling.*, tie_embeddings): gpt2, gpt2-medium, gpt2-large, gpt2-xl, "
+              "llama3.2-1b, llama3.2-3b, llama3.1-8b, llama3.1-70b; \"\" = none. Keys given "
+              "explicitly override the preset."),
         nonneg(KILN_KEY(model, n_layer), "Transformer blocks (required unless a preset gives it)."),
         nonneg(KILN_KEY(model, n_head), "Attention heads; must divide n_embd."),
         nonneg(KILN_KEY(model, n_embd), "Embedding (residual stream) width."),
@@ -58,6 +60,22 @@ const std::vector<Key>& keys() {
         nonneg(KILN_KEY(model, vocab_size), "Vocabulary size; 0 = take it from the data set's meta.json."),
         range(KILN_KEY(model, dropout), 0, 1, "Dropout probability (embeddings, attention, residual).",
               false, /*hi_open=*/true),
+        nonneg(KILN_KEY(model, n_kv_head),
+               "Key/value heads of grouped-query attention (llama); must divide n_head; 0 = n_head."),
+        nonneg(KILN_KEY(model, ffn_hidden_size),
+               "MLP hidden width (llama: SwiGLU gate/up width); 0 = the architecture's default."),
+        positive(KILN_KEY(model, norm_eps), "RMSNorm epsilon (llama)."),
+        positive(KILN_KEY(model, rope_theta), "Rotary base theta (llama; Llama 3: 500000)."),
+        nonneg(KILN_KEY(model, rope_scaling.factor),
+               "Llama 3.1 \"llama3\" rope scaling: long wavelengths divided by this; 0 = no scaling."),
+        positive(KILN_KEY(model, rope_scaling.low_freq_factor),
+                 "llama3 rope scaling: wavelengths above original_max_position / low_freq_factor are scaled."),
+        positive(KILN_KEY(model, rope_scaling.high_freq_factor),
+                 "llama3 rope scaling: wavelengths below original_max_position / high_freq_factor are kept."),
+        positive(KILN_KEY(model, rope_scaling.original_max_position),
+                 "llama3 rope scaling: the pre-training context length (HF original_max_position_embeddings)."),
+        any(KILN_KEY(model, tie_embeddings),
+            "The output head is the token embedding (llama; Llama 3.2 1B/3B tie). GPT-2 always ties."),
         any(KILN_KEY(model, init_from),
             "Initial weights: \"\" = random init; a kiln checkpoint dir, an llm.c .bin or a "
             ".safetensors file."),

@@ -18,10 +18,10 @@ namespace kiln::config_detail {
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // Where a key's value lives in a TrainConfig.
-using Ref = std::variant<int*, int64_t*, double*, std::string*, std::vector<int64_t>*>;
+using Ref = std::variant<int*, int64_t*, double*, std::string*, std::vector<int64_t>*, bool*>;
 
 struct Key {
-  std::string name;               // "section.key"
+  std::string name;               // "section.key" or "section.table.key"
   Ref (*ref)(TrainConfig&) = nullptr;  // the field
   std::string description;
   double lo = -kInf, hi = kInf;   // allowed range for numbers
@@ -29,6 +29,8 @@ struct Key {
   std::vector<std::string> choices;  // allowed strings (empty = any)
 
   std::string_view section() const { return std::string_view(name).substr(0, name.find('.')); }
+  /// The name within its section ("key" or "table.key", as to_toml() writes it).
+  std::string_view in_section() const { return std::string_view(name).substr(name.find('.') + 1); }
 };
 
 inline Ref field(const Key& key, const TrainConfig& config) {

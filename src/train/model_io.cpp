@@ -19,6 +19,15 @@ ModelOptions model_options_from(const TrainConfig& config) {
   o.block_size = config.model.block_size;
   o.vocab_size = config.model.vocab_size;
   o.dropout = static_cast<float>(config.model.dropout);
+  o.n_kv_head = config.model.n_kv_head;
+  o.ffn_hidden_size = config.model.ffn_hidden_size;
+  o.norm_eps = static_cast<float>(config.model.norm_eps);
+  o.rope.theta = config.model.rope_theta;
+  o.rope.scale_factor = config.model.rope_scaling.factor;
+  o.rope.low_freq_factor = config.model.rope_scaling.low_freq_factor;
+  o.rope.high_freq_factor = config.model.rope_scaling.high_freq_factor;
+  o.rope.original_max_positions = config.model.rope_scaling.original_max_position;
+  o.tie_embeddings = config.model.tie_embeddings;
   return o;
 }
 

@@ -3,9 +3,9 @@
 # and their own layer (nn/ never models/; a model's file formats also checkpoint/'s file
 # primitives); only src/comm/ includes MPI or NCCL; only
 # src/backend/cuda/ (and the NCCL communicator in src/comm/nccl/, whose buffers live on
-# the GPU) includes CUDA headers; outside src/models/gpt2/ nothing in src/ or apps/
-# includes a GPT-2 header (everything sees models/model.h and models/registry.h) but the
-# registry, which registers it. Fails listing each offending include.
+# the GPU) includes CUDA headers; outside src/models/gpt2/ (src/models/llama/) nothing in
+# src/ or apps/ includes a GPT-2 (Llama) header (everything sees models/model.h and
+# models/registry.h) but the registry, which registers them. Fails listing each offending include.
 set -u
 src="$1/src"
 bad=0
@@ -25,10 +25,13 @@ while IFS= read -r line; do report "$line"; done < <(
   grep -rnE '#\s*if(def)?\s.*(KILN_CUDA|__CUDACC__|KILN_MPI)' "$src/models" "$src/nn" 2>/dev/null)
 while IFS= read -r line; do report "$line"; done < <(
   grep -rnE '#include\s+"models/' "$src/nn" 2>/dev/null)
-# The one exception: the registry registers GPT-2.
+# Each built-in architecture is named only in its own folder and by the registry, which
+# registers it.
 allowed='^'"$src"'/models/registry\.cpp:'
-while IFS= read -r line; do report "$line (only models/gpt2/ may name GPT-2)"; done < <(
-  grep -rnE '#include\s+"models/gpt2/' "$src" "$1/apps" 2>/dev/null | grep -v "^$src/models/gpt2/" |
-    grep -vE "$allowed")
+for arch in gpt2 llama; do
+  while IFS= read -r line; do report "$line (only models/$arch/ may name it)"; done < <(
+    grep -rnE '#include\s+"models/'"$arch"'/' "$src" "$1/apps" 2>/dev/null |
+      grep -v "^$src/models/$arch/" | grep -vE "$allowed")
+done
 [ $bad -eq 0 ] && echo "layers ok: models/ and nn/ see only core/ and the backend interface"
 exit $bad

@@ -3,48 +3,22 @@
 //
 // For every backend of this build: the parameters of the file are copied into the
 // model, then logits, the mean loss, every parameter gradient and the losses of 10 AdamW
-// steps on the same batch are compared with the reference. Per tensor the test prints
-// the relative norm error ||a - b|| / ||b|| and the worst element; a summary line gives
-// the worst over tensors.
+// steps on the same batch are compared with the reference (golden_compare.h). Per tensor
+// the test prints the relative norm error ||a - b|| / ||b|| and the worst element; a
+// summary line gives the worst over tensors.
+#include "golden_compare.h"
+
 #include "backend/registry.h"
-#include "checkpoint/safetensors.h"
-#include "core/error.h"
 #include "models/gpt2/gpt2.h"
-#include "optim/adamw.h"
-
-#include <fmt/format.h>
-#include <gtest/gtest.h>
-
-#include <algorithm>
-#include <cmath>
-#include <cstdlib>
-#include <fstream>
-#include <iterator>
-#include <set>
-#include <string>
-#include <vector>
 
 using namespace kiln;
+using namespace kiln::golden;
 namespace st = kiln::safetensors;
 
 namespace {
 
-// Tolerances (fp32 kiln against the float64 reference; plain fp32 PyTorch reaches about
-// 3e-7 on logits, 7e-7 on gradients and 2e-7 on the AdamW losses).
-constexpr double kLogitsTol = 1e-5;  // relative norm
-constexpr double kLossTol = 1e-5;    // relative
-constexpr double kGradTol = 1e-4;    // relative norm, per tensor
-constexpr double kAdamTol = 1e-5;    // relative, per step
-
-std::string golden_dir() {
-  if (const char* src = std::getenv("KILN_SOURCE_DIR")) return std::string(src) + "/tests/golden";
-  return KILN_GOLDEN_DIR;
-}
-std::string golden_file() { return golden_dir() + "/gpt2_golden.safetensors"; }
-std::string generator_file() { return golden_dir() + "/make_gpt2_golden.py"; }
-
-int meta_int(const st::Reader& r, const char* key) { return std::stoi(r.metadata(key)); }
-double meta_double(const st::Reader& r, const char* key) { return std::stod(r.metadata(key)); }
+std::string golden_file() { return golden_path("gpt2_golden.safetensors"); }
+std::string generator_file() { return golden_path("make_gpt2_golden.py"); }
 
 GPT2Config config_of(const st::Reader& r) {
   GPT2Config c;
@@ -59,63 +33,6 @@ GPT2Config config_of(const st::Reader& r) {
   return c;
 }
 
-struct Cmp {
-  double rel = 0;        // ||a - b|| / ||b||
-  double max_abs = 0;    // worst |a_i - b_i|
-  int64_t worst = -1;    // its index
-  double worst_ref = 0;  // b at that index
-  double ref_max = 0;    // max |b_i|
-};
-
-Cmp compare(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  Cmp c;
-  double num = 0, den = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    const double d = static_cast<double>(a[i]) - b[i];
-    num += d * d;
-    den += static_cast<double>(b[i]) * b[i];
-    c.ref_max = std::max(c.ref_max, std::fabs(static_cast<double>(b[i])));
-    if (!(std::fabs(d) <= c.max_abs)) {  // also catches NaN
-      c.max_abs = std::isnan(d) ? INFINITY : std::fabs(d);
-      c.worst = static_cast<int64_t>(i);
-      c.worst_ref = b[i];
-    }
-  }
-  c.rel = den > 0 ? std::sqrt(num) / std::sqrt(den) : (num > 0 ? INFINITY : 0.0);
-  if (std::isnan(c.rel)) c.rel = INFINITY;
-  return c;
-}
-
-void print_cmp(const std::string& backend, const std::string& what, const Cmp& c, double tol) {
-  fmt::print("[{}] {:<40} rel {:.3e}  worst |diff| {:.3e} at [{}] (ref {:+.5e}, max|ref| {:.3e}){}\n",
-             backend, what, c.rel, c.max_abs, c.worst, c.worst_ref, c.ref_max,
-             c.rel <= tol ? "" : "  <-- FAIL");
-}
-
-std::vector<float> to_host(Backend& be, const Tensor& t) {
-  std::vector<float> v(static_cast<size_t>(t.numel()));
-  be.copy_to_host(be.default_stream(), v.data(), t);
-  return v;
-}
-
-Tensor device_i32(Backend& be, const std::vector<int32_t>& host, const Shape& shape) {
-  Tensor t = be.empty(shape, DType::I32, MemCategory::Activations);
-  be.copy_from_host(be.default_stream(), t, host.data());
-  return t;
-}
-
-uint64_t fnv1a64(const std::string& bytes) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char ch : bytes) {
-    h ^= ch;
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
-const char* kNonParam[] = {"input_tokens", "target_tokens", "logits", "loss", "adamw_losses"};
-
 }  // namespace
 
 // The committed file is what the committed generator writes: its metadata records the
@@ -123,157 +40,27 @@ const char* kNonParam[] = {"input_tokens", "target_tokens", "logits", "loss", "a
 // parameters, their gradients and the reference outputs, with consistent shapes.
 TEST(GPT2Golden, FileMatchesGeneratorAndModel) {
   const st::Reader r(golden_file());
-  std::ifstream f(generator_file(), std::ios::binary);
-  ASSERT_TRUE(f) << "cannot read " << generator_file();
-  const std::string script{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-  EXPECT_EQ(r.metadata("generator_fnv1a64"), fmt::format("{:016x}", fnv1a64(script)))
-      << golden_file() << " is stale: make_gpt2_golden.py changed since it was written. "
-      << "Regenerate it: /usr/bin/python3 tests/golden/make_gpt2_golden.py";
-  EXPECT_EQ(r.metadata("kiln.golden"), "gpt2");
-  EXPECT_EQ(r.metadata("reference_dtype"), "float64");
-
   const GPT2Config cfg = config_of(r);
-  const int B = meta_int(r, "batch_size"), T = meta_int(r, "seq_len");
-  const int V = cfg.vocab_size;
-  const int steps = meta_int(r, "adamw.steps");
-  EXPECT_EQ(meta_int(r, "ignore_index"), -1);
-  EXPECT_LE(T, cfg.block_size);
   EXPECT_EQ(cfg.dropout, 0.f);
-
   auto backend = make_backend("cpu");
   GPT2 model(cfg, *backend);
-  std::set<std::string> expected(std::begin(kNonParam), std::end(kNonParam));
-  for (const ParamSpec& p : model.params()) {
-    expected.insert(p.name);
-    expected.insert("grad." + p.name);
-    for (const std::string& name : {p.name, "grad." + p.name}) {
-      ASSERT_TRUE(r.contains(name)) << "the golden file lacks " << name;
-      EXPECT_EQ(r.info(name).dtype, st::StDType::F32) << name;
-      EXPECT_EQ(r.info(name).kiln_shape(), p.shape) << name;
-    }
-    // The generator decays exactly the 2-D parameters (both embeddings, linear weights).
-    EXPECT_EQ(p.weight_decay, p.shape.ndim() == 2) << p.name;
-  }
-  const auto names = r.names();
-  EXPECT_EQ(std::set<std::string>(names.begin(), names.end()), expected);
-  EXPECT_EQ(r.info("input_tokens").kiln_shape(), (Shape{B, T}));
-  EXPECT_EQ(r.info("input_tokens").dtype, st::StDType::I32);
-  EXPECT_EQ(r.info("target_tokens").kiln_shape(), (Shape{B, T}));
-  EXPECT_EQ(r.info("target_tokens").dtype, st::StDType::I32);
-  EXPECT_EQ(r.info("logits").kiln_shape(), (Shape{B, T, V}));
-  EXPECT_EQ(r.info("loss").kiln_shape(), (Shape{1}));
-  EXPECT_EQ(r.info("adamw_losses").kiln_shape(), (Shape{steps}));
-
-  // Inputs in range, the number of valid targets as recorded, padded rows of wte zero.
-  int64_t n_valid = 0;
-  for (int32_t t : r.read_i32("input_tokens")) EXPECT_TRUE(t >= 0 && t < V) << t;
-  for (int32_t t : r.read_i32("target_tokens")) {
-    EXPECT_TRUE(t == -1 || (t >= 0 && t < V)) << t;
-    n_valid += t != -1;
-  }
-  EXPECT_EQ(n_valid, meta_int(r, "n_targets"));
-  const auto wte = r.read_f32("transformer.wte.weight");
-  for (size_t i = static_cast<size_t>(V) * cfg.n_embd; i < wte.size(); ++i) ASSERT_EQ(wte[i], 0.f);
+  check_file_matches(r, golden_file(), generator_file(), "gpt2", model, {"transformer.wte.weight"});
 }
 
 TEST(GPT2Golden, MatchesReferenceOnEveryBackend) {
   const st::Reader r(golden_file());
   const GPT2Config cfg = config_of(r);
-  const int B = meta_int(r, "batch_size"), T = meta_int(r, "seq_len");
-  const int V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
-  const int steps = meta_int(r, "adamw.steps");
-  const AdamWConfig acfg{static_cast<float>(meta_double(r, "adamw.lr")),
-                         static_cast<float>(meta_double(r, "adamw.beta1")),
-                         static_cast<float>(meta_double(r, "adamw.beta2")),
-                         static_cast<float>(meta_double(r, "adamw.eps")),
-                         static_cast<float>(meta_double(r, "adamw.weight_decay"))};
-  const auto tokens_h = r.read_i32("input_tokens");
-  const auto targets_h = r.read_i32("target_tokens");
-  const auto ref_logits = r.read_f32("logits");
-  const double ref_loss = r.read_f32("loss")[0];
-  const auto ref_adam = r.read_f32("adamw_losses");
-  int64_t n_valid = 0;
-  for (int32_t t : targets_h) n_valid += t != -1;
-
   for (const auto& s : skipped_backends()) fmt::print("skipped backend: {}\n", s);
   auto backends = available_backends();
   ASSERT_FALSE(backends.empty());
   for (auto& bep : backends) {
     Backend& be = *bep;
-    const std::string bn = be.name();
-    SCOPED_TRACE("backend " + bn);
-    fmt::print("[{}] GPT-2 golden: {}, B={} T={}\n", bn, cfg.str(), B, T);
+    SCOPED_TRACE("backend " + be.name());
+    fmt::print("[{}] GPT-2 golden: {}, B={} T={}\n", be.name(), cfg.str(),
+               meta_int(r, "batch_size"), meta_int(r, "seq_len"));
     GPT2 model(cfg, be);
-    for (const ParamSpec& p : model.params()) {
-      const auto v = r.read_f32(p.name);
-      ASSERT_EQ(static_cast<int64_t>(v.size()), p.shape.numel()) << p.name;
-      be.copy_from_host(be.default_stream(), model.param(p), v.data());
-    }
-    const Tensor tokens = device_i32(be, tokens_h, Shape{B, T});
-    const Tensor targets = device_i32(be, targets_h, Shape{B, T});
-
-    // ---- logits ----
-    Tensor logits = be.empty(Shape{B, T, Vp}, DType::F32, MemCategory::Temporaries);
-    model.forward_logits(tokens, logits);
-    const auto lp = to_host(be, logits);
-    std::vector<float> lv(static_cast<size_t>(B) * T * V);
-    for (int64_t row = 0; row < static_cast<int64_t>(B) * T; ++row)
-      std::copy_n(lp.begin() + row * Vp, V, lv.begin() + row * V);
-    const Cmp cl = compare(lv, ref_logits);
-    print_cmp(bn, "logits", cl, kLogitsTol);
-    EXPECT_LE(cl.rel, kLogitsTol) << "logits";
-
-    // ---- loss and gradients ----
-    model.zero_grad();
-    const LossSum ls = model.forward(Batch{tokens, targets, Tensor()}, 1.f / static_cast<float>(n_valid));
-    const double sum = ls.sum;
-    const int64_t n = ls.targets;
-    model.backward();
-    be.synchronize(be.default_stream());
-    EXPECT_EQ(n, n_valid);
-    const double loss = sum / static_cast<double>(n);
-    const double loss_rel = std::fabs(loss - ref_loss) / ref_loss;
-    fmt::print("[{}] {:<40} {:.7f} vs {:.7f}, rel {:.3e}{}\n", bn, "loss", loss, ref_loss,
-               loss_rel, loss_rel <= kLossTol ? "" : "  <-- FAIL");
-    EXPECT_LE(loss_rel, kLossTol) << "loss " << loss << " vs " << ref_loss;
-
-    double worst_grad = 0;
-    std::string worst_grad_name;
-    for (const ParamSpec& p : model.params()) {
-      const Cmp cg = compare(to_host(be, model.grad(p)), r.read_f32("grad." + p.name));
-      print_cmp(bn, "grad." + p.name, cg, kGradTol);
-      EXPECT_LE(cg.rel, kGradTol) << "grad." << p.name;
-      if (!(cg.rel <= worst_grad)) {
-        worst_grad = cg.rel;
-        worst_grad_name = p.name;
-      }
-    }
-
-    // ---- AdamW steps on the same batch ----
-    AdamW opt(be, model.params(), model.param_buffer(), model.grad_buffer(), acfg);
-    double worst_adam = 0;
-    int worst_step = -1;
-    for (int i = 0; i < steps; ++i) {
-      model.zero_grad();
-      const double li =
-          model.forward(Batch{tokens, targets, Tensor()}, 1.f / static_cast<float>(n_valid)).sum /
-          static_cast<double>(n_valid);
-      model.backward();
-      opt.step(acfg.lr, 1.f);
-      be.synchronize(be.default_stream());
-      const double rel = std::fabs(li - ref_adam[i]) / ref_adam[i];
-      fmt::print("[{}] adamw step {:2d} loss {:.7f} vs {:.7f}, rel {:.3e}{}\n", bn, i + 1, li,
-                 ref_adam[i], rel, rel <= kAdamTol ? "" : "  <-- FAIL");
-      EXPECT_LE(rel, kAdamTol) << "AdamW step " << i + 1;
-      if (!(rel <= worst_adam)) {
-        worst_adam = rel;
-        worst_step = i + 1;
-      }
-    }
-    fmt::print(
-        "[{}] SUMMARY worst: logits rel {:.3e} (tol {:.0e}); loss rel {:.3e} (tol {:.0e}); "
-        "grad rel {:.3e} in {} (tol {:.0e}); adamw loss rel {:.3e} at step {} (tol {:.0e})\n",
-        bn, cl.rel, kLogitsTol, loss_rel, kLossTol, worst_grad, worst_grad_name, kGradTol,
-        worst_adam, worst_step, kAdamTol);
+    match_reference(r, be, model, [&](const Tensor& tokens, const Tensor& logits) {
+      model.forward_logits(tokens, logits);
+    });
   }
 }

@@ -6,7 +6,9 @@
 #      of stages 0-2 are bitwise identical);
 #   2. a checkpoint saved by 4 ranks at stage 3 resumes on 2 ranks at stage 1 and on 1
 #      process with the same losses (and the data position carries over);
-#   3. failures never hang: a config that differs between ranks and a rank that cannot
+#   3. a tiny Llama (untied and tied) gives the same equalities on 2 and 4 ranks,
+#      resumes across layouts and samples from its checkpoint;
+#   4. failures never hang: a config that differs between ranks and a rank that cannot
 #      read its data both end every rank non-zero with the reason in the log.
 # Usage: dp_train_test.sh KILN_BINARY WORK_DIR
 set -euo pipefail
@@ -139,6 +141,34 @@ for r, m in enumerate(rec["mem_by_rank"]):
     assert o <= 2 * 4 * shard, f"rank {r}: optimizer state {o} above 2 x shard"
 print("stage 3 memory within the formula")
 PY
+
+# The same equalities for a tiny Llama (models/llama: RMSNorm, rotary GQA with one k/v
+# head and llama3 rope scaling, SwiGLU), untied and tied, few steps: 2 ranks ZeRO-3,
+# 4 ranks ZeRO-1, tied 2 ranks ZeRO-2 with full checkpointing, a ZeRO-3 checkpoint of 2
+# ranks resumed on 1 process, and `kiln sample` from its checkpoint.
+llama=(--set model.arch=llama --set model.n_kv_head=1 --set model.ffn_hidden_size=48
+       --set model.rope_theta=500000 --set model.rope_scaling.factor=8
+       --set model.rope_scaling.original_max_position=8
+       --set train.steps=8 --set schedule.warmup_steps=2 --set eval.every=4)
+train llama_ref 1 0 "${llama[@]}"
+for run in "2 3" "4 1"; do
+  set -- $run
+  train "llama_np$1_z$2" "$1" "$2" "${llama[@]}"
+  echo -n "llama np=$1 zero_stage=$2: "
+  compare "$work/llama_ref/metrics.jsonl" "$work/llama_np$1_z$2/metrics.jsonl"
+done
+train llama_tied_ref 1 0 "${llama[@]}" --set model.tie_embeddings=true
+train llama_tied_np2_z2 2 2 "${llama[@]}" --set model.tie_embeddings=true \
+  --set train.activation_checkpointing=full
+echo -n "llama tied np=2 zero_stage=2 activation_checkpointing=full: "
+compare "$work/llama_tied_ref/metrics.jsonl" "$work/llama_tied_np2_z2/metrics.jsonl"
+train llama_reshard 2 3 "${llama[@]}" --exit-interval 4
+train llama_reshard 1 0 "${llama[@]}" --resume auto
+echo -n "llama 2 ranks zero 3 -> 1 process: "
+compare "$work/llama_ref/metrics.jsonl" "$work/llama_reshard/metrics.jsonl" 5
+"$kiln" sample --checkpoint "$(ls -d "$work"/llama_ref/ckpt/step_* | tail -1)" --max-new-tokens 8 \
+  --seed 1 > "$work/llama_sample.log" 2>&1 || { echo "FAILED: llama sample"; cat "$work/llama_sample.log"; exit 1; }
+echo "llama: kiln sample from its checkpoint ran (KV-cache decode)"
 
 # Failures: a config that differs between ranks, and a rank whose data is missing.
 expect_failure() {  # expect_failure NAME PATTERN cmd...

@@ -148,7 +148,8 @@ TEST(TrainConfigErrors, BadValueNamesTheKey) {
             "config.toml: key 'optim.beta2' must be in [0, 1), got 1.0");
   EXPECT_EQ(load_error("[model]\npreset = \"gpt3\"\n"),
             "config.toml: key 'model.preset' must be one of \"\", \"gpt2\", \"gpt2-medium\", "
-            "\"gpt2-large\", \"gpt2-xl\", got \"gpt3\"");
+            "\"gpt2-large\", \"gpt2-xl\", \"llama3.2-1b\", \"llama3.2-3b\", "
+            "\"llama3.1-8b\", \"llama3.1-70b\", got \"gpt3\"");
   // Keys that depend on each other.
   EXPECT_EQ(load_error("[model]\nn_head = 5\nn_embd = 64\n"),
             "config.toml: key 'model.n_embd' (64) must be divisible by model.n_head (5)");
@@ -241,7 +242,8 @@ TEST(TrainConfigSet, Errors) {
             "--set: key 'parallel.zero_stage' must be between 0 and 3, got 5");
   EXPECT_EQ(load_error(kMinimal, {"model.preset=gpt3"}),
             "--set: key 'model.preset' must be one of \"\", \"gpt2\", \"gpt2-medium\", "
-            "\"gpt2-large\", \"gpt2-xl\", got \"gpt3\"");
+            "\"gpt2-large\", \"gpt2-xl\", \"llama3.2-1b\", \"llama3.2-3b\", "
+            "\"llama3.1-8b\", \"llama3.1-70b\", got \"gpt3\"");
 }
 
 // --- presets -----------------------------------------------------------------------
@@ -278,11 +280,14 @@ TEST(TrainConfigPreset, FillsShapeAndExplicitKeysOverride) {
 
 TEST(TrainConfigPreset, TableIsComplete) {
   auto presets = model_presets();
-  ASSERT_EQ(presets.size(), 4u);
+  ASSERT_EQ(presets.size(), 8u);
   for (const auto& p : presets) {
     EXPECT_EQ(p.n_embd % p.n_head, 0) << p.name;
-    EXPECT_EQ(p.block_size, 1024);
-    EXPECT_EQ(p.vocab_size, 50257);
+    const bool llama = p.arch == "llama";
+    EXPECT_EQ(p.name.starts_with("llama3."), llama) << p.name;
+    EXPECT_EQ(p.block_size, llama ? 131072 : 1024) << p.name;
+    EXPECT_EQ(p.vocab_size, llama ? 128256 : 50257) << p.name;
+    if (llama) EXPECT_EQ(p.n_head % p.n_kv_head, 0) << p.name;
   }
 }
 

@@ -186,16 +186,7 @@ void GPT2::forward_logits(const Tensor& tokens, const Tensor& logits) {
   const int B = static_cast<int>(tokens.size(0)), T = static_cast<int>(tokens.size(1));
   check_shape(logits, Shape{B, T, config_.padded_vocab_size}, "forward_logits logits");
   run_forward(tokens, B, T);
-  const Stream s = backend().default_stream();
-  const Tensor& x = acts_->head[nn::Norm::kOut];
-  const Tensor& wte = layers_->embedding.wte.v();
-  if (logits.dtype() == dtype()) {
-    backend().linear_forward(s, logits, x, wte, Tensor());
-  } else {  // computed in the model dtype, converted for the caller
-    Tensor tmp = backend().empty(logits.shape(), dtype(), MemCategory::Temporaries);
-    backend().linear_forward(s, tmp, x, wte, Tensor());
-    backend().copy(s, logits, tmp);
-  }
+  project_logits(logits, acts_->head[nn::Norm::kOut], layers_->embedding.wte.v());
   hooks().after_forward(config_.n_layer + 1);
 }
 

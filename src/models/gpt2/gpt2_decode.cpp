@@ -53,20 +53,11 @@ void GPT2::decode(const Tensor& tokens, const Tensor& logits) {
   d.past += static_cast<int>(Tq);
   // Final norm and logits for the last position of each sequence only.
   auto tmp = [&](Shape shape) { return be.empty(shape, dtype(), MemCategory::Temporaries); };
-  Tensor last = tmp({B, C});
-  for (int64_t b = 0; b < B; ++b)
-    be.copy(s, last.view_at(b * C, Shape{C}), x.view_at((b * Tq + Tq - 1) * C, Shape{C}));
-  Tensor lastn = tmp({B, C});
+  Tensor last = tmp({B, C}), lastn = tmp({B, C});
+  last_positions(last, x);
   layers_->ln_f.forward_into(be, s, lastn, w.mean.view_at(0, Shape{B}), w.rstd.view_at(0, Shape{B}),
                              last);
-  const Tensor& wte = layers_->embedding.wte.v();
-  if (logits.dtype() == dtype()) {
-    be.linear_forward(s, logits, lastn, wte, Tensor());
-  } else {
-    Tensor l = tmp({B, Vp});
-    be.linear_forward(s, l, lastn, wte, Tensor());
-    be.copy(s, logits, l);
-  }
+  project_logits(logits, lastn, layers_->embedding.wte.v());
 }
 
 }  // namespace kiln

@@ -1,0 +1,60 @@
+// Llama 3 hyper-parameters, parameter count and training FLOPs.
+//
+// Shapes as Meta's Llama 3 (Grattafiori et al. 2024, "The Llama 3 Herd of Models",
+// table 3) and Hugging Face's LlamaConfig: hidden_size = n_embd, intermediate_size =
+// ffn_hidden_size, num_key_value_heads = n_kv_head, rms_norm_eps = norm_eps, rope_theta
+// and rope_scaling {"rope_type": "llama3", factor, low_freq_factor, high_freq_factor,
+// original_max_position_embeddings} = rope, tie_word_embeddings = tie_embeddings.
+// The presets (llama3.2-1b, ..) live with the other presets in train/config.cpp.
+#pragma once
+
+#include "backend/backend.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace kiln {
+
+struct ModelOptions;
+
+struct LlamaConfig {
+  int n_layer = 2;
+  int n_head = 4;
+  int n_kv_head = 2;         // grouped-query attention: n_head / n_kv_head queries per k/v head
+  int n_embd = 64;           // C; head size HD = C / n_head
+  int ffn_hidden_size = 0;   // F, the SwiGLU width (gate and up are [F, C] each)
+  int vocab_size = 256;      // real vocabulary V
+  int padded_vocab_size = 256;  // Vp >= V: rows of the embedding and the head
+  int block_size = 1024;     // maximum sequence length (positions 0..block_size-1)
+  float norm_eps = 1e-5f;
+  RopeSpec rope{500000.0};   // theta and the Llama 3.1 rescaling (scale_factor 0: none)
+  bool tie_embeddings = false;
+
+  int head_dim() const { return n_embd / n_head; }
+  /// The default SwiGLU width of a model of width C, as Meta's reference code: 2/3 of 4C
+  /// rounded up to a multiple of 256.
+  static int default_ffn_hidden_size(int n_embd);
+  /// Throws kiln::Error naming the [model] key of an impossible shape.
+  void validate() const;
+  /// Trainable parameters, the tied head counted once, padded rows excluded (Hugging
+  /// Face's count: 1,235,814,400 for llama3.2-1b, 8,030,261,248 for llama3.1-8b).
+  int64_t num_parameters() const;
+  /// Training FLOPs per token at length T: 6 N + 12 L T NH HD, N the matmul weights a
+  /// token meets (per block q/k/v (NH + 2 NKV) HD x C, o C x NH HD, gate, up and down
+  /// 3 F C; the head V x C; not the embedding look-up), the attention term as GPT-2's
+  /// (QK^T and AV, 2 x 2 T NH HD forward, x3 with backward, no causal halving).
+  double flops_per_token(int T) const;
+  std::string str() const;
+};
+
+/// The Llama of the [model] keys (vocabulary padded to a multiple of 128, ffn_hidden_size
+/// 0 -> default_ffn_hidden_size, n_kv_head 0 -> n_head), validated. Throws kiln::Error
+/// naming the key for an impossible shape or dropout > 0 (Llama has none).
+LlamaConfig llama_config_of(const ModelOptions& options);
+/// Hyper-parameters as stored in a checkpoint's state ("model" object), and back.
+nlohmann::json llama_config_json(const LlamaConfig& c);
+ModelOptions llama_options_from_json(const nlohmann::json& j);
+
+}  // namespace kiln

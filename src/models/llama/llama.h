@@ -1,0 +1,85 @@
+// Llama 3 (Grattafiori et al. 2024; Touvron et al. 2023): the model on the layer library.
+//
+// Token embedding (no position table), n_layer pre-norm blocks (RMSNorm -> rotary
+// grouped-query causal attention -> residual, RMSNorm -> SwiGLU MLP -> residual; no
+// biases), a final RMSNorm and the output head fused with the chunked cross-entropy
+// (nn/classifier.h): its own lm_head [Vp, C], or the token embedding when
+// tie_embeddings (Llama 3.2 1B/3B). Rotary in Hugging Face's rotate-half layout with
+// rope_theta and the "llama3" frequency rescaling (backend.h RopeSpec, rope_inv_freq).
+//
+// Parameters, named as Hugging Face's LlamaForCausalLM where the layout is the same:
+//   model.embed_tokens.weight                      [Vp, C] (rows >= V zero)
+//   model.layers.{l}.input_layernorm.weight        [C]
+//   model.layers.{l}.self_attn.qkv_proj.weight     [(NH + 2 NKV) HD, C]: HF's q_proj,
+//       k_proj and v_proj stacked (rows [0, NH HD), then NKV HD each), one fused matmul
+//   model.layers.{l}.self_attn.o_proj.weight       [C, NH HD]
+//   model.layers.{l}.post_attention_layernorm.weight [C]
+//   model.layers.{l}.mlp.gate_up_proj.weight       [2F, C]: HF's gate_proj (rows [0, F))
+//       then up_proj (rows [F, 2F))
+//   model.layers.{l}.mlp.down_proj.weight          [C, F]
+//   model.norm.weight                              [C]
+//   lm_head.weight                                 [Vp, C] (untied only; rows >= V zero)
+// Initialisation: every matrix N(0, 0.02^2) (HF's initializer_range), the two residual
+// projections (o_proj, down_proj) N(0, (0.02 / sqrt(2 n_layer))^2) as GPT-2 does; norm
+// gains 1. Parts: 0 the embeddings (resident when tied: it is also the head), 1 + l
+// block l, n_layer + 1 the head (final norm and lm_head; resident when untied: its loss
+// gradient is made in forward). No dropout.
+#pragma once
+
+#include "models/layered_model.h"
+#include "models/llama/config.h"
+
+#include <memory>
+
+namespace kiln {
+
+struct LlamaLayers;
+
+class Llama final : public LayeredModel {
+ public:
+  Llama(const LlamaConfig& config, Backend& backend, const ModelStorage& storage = {});
+  ~Llama() override;
+
+  const LlamaConfig& config() const { return config_; }
+
+  std::string arch() const override { return "llama"; }
+  std::string describe() const override { return config_.str(); }
+  nlohmann::json config_json() const override { return llama_config_json(config_); }
+  /// tokens, targets int32 [B,T] (T <= block_size); positions int32 [B,T] (the rotary
+  /// angles) or empty for 0..T-1. The loss gradient (x grad_scale) is made here.
+  LossSum forward(const Batch& batch, float grad_scale) override;
+  void backward() override;
+  void set_activation_checkpointing(nn::ActivationCheckpointing mode) override { mode_ = mode; }
+  void set_dropout(bool, uint64_t, uint64_t) override {}  // no dropout in Llama
+  double flops_per_token(int T) const override { return config_.flops_per_token(T); }
+  int64_t num_parameters() const override { return config_.num_parameters(); }
+  int vocab_size() const override { return config_.vocab_size; }
+  int padded_vocab_size() const override { return config_.padded_vocab_size; }
+  int max_positions() const override { return config_.block_size; }
+  /// KV-cache decoding (caches [B, max_len, NKV HD] per layer); each decode() runs
+  /// tokens [B,Tq] at positions past..past+Tq-1 and writes the last position's logits
+  /// fp32 [B,Vp].
+  void begin_decode(int B, int max_len) override;
+  void decode(const Tensor& tokens, const Tensor& logits) override;
+  void end_decode() override;
+  int decoded_length() const override;
+
+  /// Inference forward: logits [B,T,Vp] (fp32 or the model dtype) of tokens [B,T] at
+  /// positions 0..T-1.
+  void forward_logits(const Tensor& tokens, const Tensor& logits);
+
+ private:
+  struct State;
+  void reserve(int B, int T);
+  void run_forward(const Tensor& tokens, const Tensor& positions);
+  /// The output projection's weight: lm_head, or the token embedding when tied.
+  const Tensor& head_weight() const;
+  const Tensor& head_grad() const;
+
+  LlamaConfig config_;
+  std::unique_ptr<LlamaLayers> layers_;
+  std::unique_ptr<State> state_;
+  nn::ActivationCheckpointing mode_ = nn::ActivationCheckpointing::None;
+};
+
+}  // namespace kiln

@@ -1,0 +1,249 @@
+// Llama (src/models/llama) through the registry: parameter names and shapes (tied and
+// untied), the published presets' parameter counts, KV-cache decoding against the full
+// forward, gradients bitwise equal under every checkpointing policy and with explicit
+// positions 0..T-1, and one-line config errors. Numerical correctness against PyTorch
+// is tests/golden/llama_golden_test.cpp.
+#include "backend/registry.h"
+#include "models/llama/config.h"
+#include "models/llama/llama.h"
+#include "models/registry.h"
+#include "train/config.h"
+#include "train/model_io.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+namespace kiln {
+namespace {
+
+ModelOptions tiny(bool tie = false) {
+  ModelOptions o;
+  o.arch = "llama";
+  o.n_layer = 2;
+  o.n_head = 4;
+  o.n_kv_head = 2;
+  o.n_embd = 16;
+  o.ffn_hidden_size = 24;
+  o.block_size = 12;
+  o.vocab_size = 29;
+  o.rope.theta = 500000.0;
+  o.rope.scale_factor = 8.0;
+  o.rope.original_max_positions = 16.0;  // small: the rescaling changes some frequencies
+  o.tie_embeddings = tie;
+  return o;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+struct Rig {
+  std::unique_ptr<Backend> be = make_backend("cpu");
+  std::unique_ptr<Model> m;
+  Tensor x, y;
+  static constexpr int B = 2, T = 7;
+  explicit Rig(nn::ActivationCheckpointing mode, bool tie = false) {
+    m = make_model(tiny(tie), *be);
+    m->set_activation_checkpointing(mode);
+    m->init_weights(5);
+    std::vector<float> w = download_f32(*be, m->param_buffer());
+    std::mt19937 rng(9);
+    std::normal_distribution<float> nd(0.f, 0.3f);
+    for (const ParamSpec& p : m->params())  // larger weights: attention far from uniform
+      if (p.shape.ndim() == 2)
+        for (int64_t i = 0; i < p.shape.numel(); ++i) w[static_cast<size_t>(p.offset + i)] += nd(rng);
+    upload_f32(*be, m->param_buffer(), w.data());
+    std::vector<int32_t> tok(B * T), tgt(B * T);
+    for (int i = 0; i < B * T; ++i) tok[i] = (i * 7 + 3) % 29, tgt[i] = (i * 5 + 1) % 29;
+    tgt[4] = -1;
+    x = i32(tok, Shape{B, T});
+    y = i32(tgt, Shape{B, T});
+  }
+  Tensor i32(const std::vector<int32_t>& h, Shape s) {
+    Tensor t = be->empty(s, DType::I32, MemCategory::Activations);
+    be->copy_from_host(be->default_stream(), t, h.data());
+    return t;
+  }
+  std::vector<float> grads(const Tensor& pos = Tensor()) {
+    m->zero_grad();
+    m->forward(Batch{x, y, pos}, 1.f);
+    m->backward();
+    return download_f32(*be, m->grad_buffer());
+  }
+};
+
+TEST(Llama, ParameterNamesAndShapesAsHuggingFace) {
+  auto be = make_backend("cpu");
+  const auto m = make_model(tiny(), *be);
+  EXPECT_EQ(m->arch(), "llama");
+  const std::string l0 = "model.layers.0.";
+  const std::vector<std::pair<std::string, Shape>> expect = {
+      {"model.embed_tokens.weight", {128, 16}},
+      {l0 + "input_layernorm.weight", {16}},
+      {l0 + "self_attn.qkv_proj.weight", {(4 + 2 * 2) * 4, 16}},
+      {l0 + "self_attn.o_proj.weight", {16, 16}},
+      {l0 + "post_attention_layernorm.weight", {16}},
+      {l0 + "mlp.gate_up_proj.weight", {48, 16}},
+      {l0 + "mlp.down_proj.weight", {16, 24}},
+  };
+  for (size_t i = 0; i < expect.size(); ++i) {
+    EXPECT_EQ(m->params()[i].name, expect[i].first);
+    EXPECT_EQ(m->params()[i].shape, expect[i].second) << expect[i].first;
+  }
+  ASSERT_EQ(m->params().size(), 1 + 2 * 6 + 2u);
+  EXPECT_EQ(m->params()[13].name, "model.norm.weight");
+  EXPECT_EQ(m->params()[14].name, "lm_head.weight");
+  EXPECT_EQ(m->parts().size(), 4u);
+  EXPECT_FALSE(m->parts().front().resident);
+  EXPECT_TRUE(m->parts().back().resident);  // lm_head's gradient is made in forward
+
+  const auto tied = make_model(tiny(true), *be);
+  EXPECT_EQ(tied->params().size(), 1 + 2 * 6 + 1u);
+  EXPECT_EQ(tied->params().back().name, "model.norm.weight");
+  EXPECT_TRUE(tied->parts().front().resident);  // the embedding is also the head
+  EXPECT_FALSE(tied->parts().back().resident);
+  EXPECT_EQ(m->num_parameters() - tied->num_parameters(), 29 * 16);
+}
+
+TEST(Llama, PresetsHaveThePublishedShapes) {
+  struct Want {
+    const char* preset;
+    int64_t params;
+    double factor;
+    bool tie;
+  };
+  // Hugging Face's parameter counts of meta-llama/Llama-3.2-1B, -3.2-3B, -3.1-8B, -3.1-70B.
+  for (const Want& w : {Want{"llama3.2-1b", 1235814400, 32, true},
+                        Want{"llama3.2-3b", 3212749824, 32, true},
+                        Want{"llama3.1-8b", 8030261248, 8, false},
+                        Want{"llama3.1-70b", 70553706496, 8, false}}) {
+    SCOPED_TRACE(w.preset);
+    const TrainConfig c = load_config_string(fmt::format("[model]\npreset = \"{}\"\n", w.preset));
+    EXPECT_EQ(c.model.arch, "llama");
+    const LlamaConfig lc = llama_config_of(model_options_from(c));
+    EXPECT_EQ(lc.num_parameters(), w.params);
+    EXPECT_EQ(lc.vocab_size, 128256);
+    EXPECT_EQ(lc.padded_vocab_size, 128256);
+    EXPECT_EQ(lc.block_size, 131072);
+    EXPECT_EQ(lc.n_kv_head, 8);
+    EXPECT_EQ(lc.rope.theta, 500000.0);
+    EXPECT_EQ(lc.rope.scale_factor, w.factor);
+    EXPECT_EQ(lc.rope.low_freq_factor, 1.0);
+    EXPECT_EQ(lc.rope.high_freq_factor, 4.0);
+    EXPECT_EQ(lc.rope.original_max_positions, 8192.0);
+    EXPECT_EQ(lc.tie_embeddings, w.tie);
+  }
+  // 8B: 6 N (N without the embedding look-up: 8030261248 - 128256 * 4096) + 12 L T C.
+  const TrainConfig c = load_config_string("[model]\npreset = \"llama3.1-8b\"\n");
+  const LlamaConfig lc = llama_config_of(model_options_from(c));
+  EXPECT_DOUBLE_EQ(lc.flops_per_token(2048),
+                   6.0 * (8030261248.0 - 128256.0 * 4096 - 32 * 2 * 4096 - 4096) +
+                       12.0 * 32 * 2048 * 4096);
+}
+
+TEST(Llama, ConfigKeysReadFromTomlAndRoundTrip) {
+  const TrainConfig c = load_config_string(R"([model]
+arch = "llama"
+n_kv_head = 2
+n_head = 4
+ffn_hidden_size = 48
+tie_embeddings = true
+[model.rope_scaling]
+factor = 8.0
+original_max_position = 64
+)");
+  EXPECT_TRUE(c.model.tie_embeddings);
+  EXPECT_EQ(c.model.rope_scaling.factor, 8.0);
+  EXPECT_EQ(c.model.rope_scaling.original_max_position, 64.0);
+  EXPECT_EQ(load_config_string(c.to_toml()), c);
+  EXPECT_NE(c.to_toml().find("rope_scaling.factor = 8.0"), std::string::npos);
+  const TrainConfig s = load_config_string("", {"model.tie_embeddings=true", "model.rope_scaling.low_freq_factor=2"});
+  EXPECT_TRUE(s.model.tie_embeddings);
+  EXPECT_EQ(s.model.rope_scaling.low_freq_factor, 2.0);
+  EXPECT_NE(error_of([] { load_config_string("", {"model.n_head=4", "model.n_kv_head=3"}); })
+                .find("'model.n_kv_head'"), std::string::npos);
+  EXPECT_NE(error_of([] { load_config_string("", {"model.tie_embeddings=1"}); })
+                .find("model.tie_embeddings"), std::string::npos);
+  EXPECT_NE(error_of([] { load_config_string("", {"model.rope_scaling.factor=8",
+                                                  "model.rope_scaling.high_freq_factor=0.5"}); })
+                .find("'model.rope_scaling.high_freq_factor'"), std::string::npos);
+}
+
+TEST(Llama, FactoryErrorsNameTheKey) {
+  auto be = make_backend("cpu");
+  auto err = [&](auto edit) {
+    ModelOptions o = tiny();
+    edit(o);
+    return error_of([&] { make_model(o, *be); });
+  };
+  EXPECT_NE(err([](ModelOptions& o) { o.n_kv_head = 3; }).find("model.n_kv_head"), std::string::npos);
+  EXPECT_NE(err([](ModelOptions& o) { o.dropout = 0.1f; }).find("model.dropout"), std::string::npos);
+  EXPECT_NE(err([](ModelOptions& o) { o.n_embd = 12; o.n_head = 4; o.n_kv_head = 2; })
+                .find("even"), std::string::npos);  // head size 3
+  ModelOptions g = tiny();
+  g.arch = "gpt2";
+  EXPECT_NE(error_of([&] { make_model(g, *be); }).find("model.n_kv_head"), std::string::npos);
+}
+
+TEST(Llama, CheckpointingPoliciesAndExplicitPositionsGiveBitwiseEqualGradients) {
+  for (bool tie : {false, true}) {
+    Rig r(nn::ActivationCheckpointing::None, tie);
+    const auto ref = r.grads();
+    std::vector<int32_t> p(Rig::B * Rig::T);
+    for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<int32_t>(i % Rig::T);
+    EXPECT_EQ(r.grads(r.i32(p, Shape{Rig::B, Rig::T})), ref) << "positions 0..T-1";
+    EXPECT_EQ(Rig(nn::ActivationCheckpointing::Selective, tie).grads(), ref);
+    EXPECT_EQ(Rig(nn::ActivationCheckpointing::Full, tie).grads(), ref);
+  }
+}
+
+// Prefill 3 positions, then one at a time: each step's logits are the full forward's at
+// that position (rotary angles of the cached positions, grouped-query caches).
+TEST(Llama, DecodeMatchesTheFullForward) {
+  for (bool tie : {false, true}) {
+    Rig r(nn::ActivationCheckpointing::None, tie);
+    Backend& be = *r.be;
+    auto* llama = dynamic_cast<Llama*>(r.m.get());
+    ASSERT_NE(llama, nullptr);
+    const int B = Rig::B, T = Rig::T, Vp = r.m->padded_vocab_size();
+    Tensor full = be.empty(Shape{B, T, Vp}, DType::F32, MemCategory::Temporaries);
+    llama->forward_logits(r.x, full);
+    const auto ref = download_f32(be, full);
+    const auto tok = [&] {
+      std::vector<int32_t> h(B * T);
+      be.copy_to_host(be.default_stream(), h.data(), r.x);
+      return h;
+    }();
+    r.m->begin_decode(B, T);
+    Tensor logits = be.empty(Shape{B, Vp}, DType::F32, MemCategory::Temporaries);
+    int t0 = 0;
+    for (int n : {3, 1, 1, 1, 1}) {
+      std::vector<int32_t> chunk(static_cast<size_t>(B * n));
+      for (int b = 0; b < B; ++b)
+        for (int t = 0; t < n; ++t) chunk[b * n + t] = tok[b * T + t0 + t];
+      r.m->decode(r.i32(chunk, Shape{B, n}), logits);
+      t0 += n;
+      EXPECT_EQ(r.m->decoded_length(), t0);
+      const auto got = download_f32(be, logits);
+      double err = 0, den = 0;
+      for (int b = 0; b < B; ++b)
+        for (int v = 0; v < Vp; ++v) {
+          const double want = ref[(static_cast<size_t>(b) * T + t0 - 1) * Vp + v];
+          err = std::max(err, std::abs(got[b * Vp + v] - want));
+          den = std::max(den, std::abs(want));
+        }
+      EXPECT_LT(err, 1e-5 * std::max(1.0, den)) << "after " << t0 << " positions, tie " << tie;
+    }
+    r.m->end_decode();
+  }
+}
+
+}  // namespace
+}  // namespace kiln
