@@ -287,7 +287,9 @@ TEST(TrainConfigPreset, TableIsComplete) {
     EXPECT_EQ(p.name.starts_with("llama3."), llama) << p.name;
     EXPECT_EQ(p.block_size, llama ? 131072 : 1024) << p.name;
     EXPECT_EQ(p.vocab_size, llama ? 128256 : 50257) << p.name;
-    if (llama) EXPECT_EQ(p.n_head % p.n_kv_head, 0) << p.name;
+    if (llama) {
+      EXPECT_EQ(p.n_head % p.n_kv_head, 0) << p.name;
+    }
   }
 }
 
