@@ -4,10 +4,26 @@
 # 2 CPU cores -> the loss summary against a unigram baseline, and a sample.
 # Installs missing Debian packages; idempotent (data is prepared once, the run starts
 # fresh each time); works from any directory.
-#   KILN_DEMO_STEPS=N   override train.steps (default: configs/demo.toml)
+#   --arch gpt2|llama   which demo model (default gpt2: configs/demo.toml; llama:
+#                       configs/demo-llama.toml, the same budget with a Llama 3 block)
+#   KILN_DEMO_STEPS=N   override train.steps (default: the config's)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 start=$(date +%s)
+arch=gpt2
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --arch) arch="${2:-}"; shift ;;
+    --arch=*) arch="${1#--arch=}" ;;
+    *) echo "demo.sh: unknown argument '$1' (use --arch gpt2|llama)" >&2; exit 2 ;;
+  esac
+  shift
+done
+case "$arch" in
+  gpt2) config="$KILN_ROOT/configs/demo.toml" run="$KILN_ROOT/runs/demo" ;;
+  llama) config="$KILN_ROOT/configs/demo-llama.toml" run="$KILN_ROOT/runs/demo-llama" ;;
+  *) echo "demo.sh: --arch must be gpt2 or llama, not '$arch'" >&2; exit 2 ;;
+esac
 
 kiln_apt_install "${KILN_BUILD_PACKAGES[@]}" "${KILN_DEMO_PACKAGES[@]}"
 KILN_BUILD="${KILN_DEMO_BUILD_DIR:-$KILN_ROOT/build-demo}"
@@ -17,7 +33,6 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
 echo "demo: built kiln in $(( $(date +%s) - start )) s"
 
 data="$KILN_ROOT/data/kjv"
-run="$KILN_ROOT/runs/demo"
 mkdir -p "$KILN_ROOT/data"
 if [ ! -f "$KILN_ROOT/data/kjv.txt" ]; then
   bible gen1:1-rev22:21 > "$KILN_ROOT/data/kjv.txt.tmp"
@@ -32,7 +47,7 @@ rm -rf "$run"
 sets=(--set "data.dir=$data" --set "run.dir=$run")
 [ -n "${KILN_DEMO_STEPS:-}" ] && sets+=(--set "train.steps=$KILN_DEMO_STEPS")
 train_start=$(date +%s)
-"$kiln" train "$KILN_ROOT/configs/demo.toml" "${sets[@]}"
+"$kiln" train "$config" "${sets[@]}"
 train_s=$(( $(date +%s) - train_start ))
 
 echo
