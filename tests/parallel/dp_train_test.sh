@@ -143,7 +143,7 @@ print("stage 3 memory within the formula")
 PY
 
 # The same equalities for a tiny Llama (models/llama: RMSNorm, rotary GQA with one k/v
-# head and llama3 rope scaling, SwiGLU), untied and tied, few steps: 2 ranks ZeRO-3,
+# head and llama3 rope scaling, SwiGLU), untied and tied, few steps: 2 ranks ZeRO-0 and 3,
 # 4 ranks ZeRO-1, tied 2 ranks ZeRO-2 with full checkpointing, a ZeRO-3 checkpoint of 2
 # ranks resumed on 1 process, and `kiln sample` from its checkpoint.
 llama=(--set model.arch=llama --set model.n_kv_head=1 --set model.ffn_hidden_size=48
@@ -151,7 +151,7 @@ llama=(--set model.arch=llama --set model.n_kv_head=1 --set model.ffn_hidden_siz
        --set model.rope_scaling.original_max_position=8
        --set train.steps=8 --set schedule.warmup_steps=2 --set eval.every=4)
 train llama_ref 1 0 "${llama[@]}"
-for run in "2 3" "4 1"; do
+for run in "2 0" "2 3" "4 1"; do
   set -- $run
   train "llama_np$1_z$2" "$1" "$2" "${llama[@]}"
   echo -n "llama np=$1 zero_stage=$2: "
