@@ -71,9 +71,11 @@ def main(arch, build, doc):
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     w, meta = read_safetensors(args.init)
-    got = meta.get("arch", "gpt2")  # files from before the arch was recorded were GPT-2's
-    if got != arch:
-        raise SystemExit(f"{args.init} holds a {got} model; this peer builds a {arch}")
+    if "model" not in meta:
+        raise SystemExit(f"{args.init}: no model config in its metadata (written by an older "
+                         "kiln: write it again with kiln bench --dump-init)")
+    if meta["arch"] != arch:
+        raise SystemExit(f"{args.init} holds a {meta['arch']} model; this peer builds a {arch}")
     cfg = json.loads(meta["model"])
     m = lambda k, t=int: t(meta[k])
     accum, B, T = m("accum"), m("micro_batch"), m("seq_len")
