@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# kiln vs PyTorch on the CPU: the same GPT-2 training step, same initial weights, same
-# data, batch, sequence length and thread count, timed in alternating runs
+# kiln vs PyTorch on the CPU: the same GPT-2 or Llama training step, same initial
+# weights, same data, batch, sequence length and thread count, timed in alternating runs
 # (kiln, torch, kiln, torch) so that a change in machine load hits both alike.
 #
 #   bench/compare_pytorch.sh [--quick] [--kiln PATH] [--out DIR] [--threads N]
+#                            [--arch gpt2|llama|all] [--configs "NAME ..."]
+#
+# Default: the GPT-2 configs (gpt2-124m small); --arch llama runs llama-100m and
+# llama-small, --arch all both pairs; --configs names the configs to run, in order.
 #
 # How the work is made identical: the first kiln run (`kiln bench --dump-init`) writes
 # its initial weights (kiln's names and [out, in] layouts), the token batches of every
 # step (synthetic: uniform ids from Philox(train.seed)) and the per-step learning rates
-# to a safetensors file; bench/pytorch/gpt2_train.py loads exactly these into a
-# PyTorch GPT-2 and trains with the same loss normalisation, gradient clipping and AdamW
-# (weight decay on 2-D parameters). The first losses of both are printed side by side:
-# they agree to ~1e-6 at step 0 and stay close after (fp32 rounding differs).
+# to a safetensors file, with the model's arch and config in its metadata; the peer of
+# that arch (bench/pytorch/gpt2_train.py or llama_train.py, their loop shared in
+# peer.py) loads exactly these into a PyTorch model of the same shapes and trains with the
+# same loss normalisation, gradient clipping and AdamW (weight decay on 2-D parameters).
+# The first losses of both are printed side by side: they agree to ~1e-6 at step 0 and
+# stay close after (fp32 rounding differs).
 #
 # Reported per config: each run's tokens/s (mean over its timed steps) and phases, the
 # ratio kiln/torch of the means over both runs, and the ratio of the fastest single
@@ -20,6 +26,13 @@
 # Configs:
 #   gpt2-124m  GPT-2 small (12 layers, 768 wide, vocab 50257), B=4, T=64
 #   small      6 layers, 384 channels, 6 heads, vocab 8192, block 256, B=8, T=256
+#   llama-100m Llama 3 block (RMSNorm, rotary GQA, SwiGLU, no biases): 12 layers, 768
+#              wide, 12 query heads over 4 k/v heads, SwiGLU width 2048, vocab 32000,
+#              head tied to the embedding (100.1M parameters), rope_theta 500000, B=4, T=64
+#   llama-small as small, Llama-shaped: 6 layers, 384 wide, 6 heads over 2 k/v heads,
+#              SwiGLU width 1024, vocab 8192, untied head, block 256, B=8, T=256
+#   llama-tiny a check of the Llama peer in seconds (2 layers, 64 wide, 4 heads over 2,
+#              llama3 rope scaling, untied; B=2, T=32): not a speed comparison
 #
 # Settings (each side's best on the CPU at hand; the CPU, kiln's oneDNN ISA and GEMM
 # path and OpenBLAS's core are printed with every result):
@@ -39,8 +52,8 @@
 #          for an older core). OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE from the caller's
 #          environment are dropped for torch's runs.
 #   kiln:  oneDNN GEMMs (which detect the ISA themselves), OpenMP kernels.
-# The whole script takes 2 to 8 minutes on 2 cores, depending on the machine's load
-# (--quick: 1 to 3).
+# The default run (the GPT-2 configs) takes 2 to 8 minutes on 2 cores, depending on the
+# machine's load (--quick: 1 to 3); --arch llama is work of the same order (not timed yet).
 # Not part of ctest.
 set -euo pipefail
 
@@ -50,13 +63,23 @@ kiln="${KILN:-}"
 out=""
 quick=0
 threads=2
+configs="gpt2-124m small"
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
     --kiln) kiln="$2"; shift ;;
     --out) out="$2"; shift ;;
     --threads) threads="$2"; shift ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    --configs) configs="$2"; shift ;;
+    --arch)
+      case "$2" in
+        gpt2) configs="gpt2-124m small" ;;
+        llama) configs="llama-100m llama-small" ;;
+        all) configs="gpt2-124m small llama-100m llama-small" ;;
+        *) echo "compare_pytorch.sh: --arch gpt2, llama or all, not $2" >&2; exit 2 ;;
+      esac
+      shift ;;
+    -h|--help) sed -n '2,/^# Not part of ctest/p' "$0"; exit 0 ;;
     *) echo "compare_pytorch.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -155,6 +178,88 @@ kind = "cosine"
 warmup_steps = 10
 EOF
     ;;
+    llama-100m) cat > "$out/$1.toml" <<EOF
+[model]
+arch = "llama"
+n_layer = 12
+n_head = 12
+n_kv_head = 4
+n_embd = 768
+ffn_hidden_size = 2048
+block_size = 1024
+vocab_size = 32000
+rope_theta = 500000.0
+tie_embeddings = true
+[train]
+steps = 1000
+micro_batch = 4
+seq_len = 64
+seed = 1337
+[optim]
+lr = 6e-4
+weight_decay = 0.1
+grad_clip = 1.0
+[schedule]
+kind = "cosine"
+warmup_steps = 10
+EOF
+    ;;
+    llama-small) cat > "$out/$1.toml" <<EOF
+[model]
+arch = "llama"
+n_layer = 6
+n_head = 6
+n_kv_head = 2
+n_embd = 384
+ffn_hidden_size = 1024
+block_size = 256
+vocab_size = 8192
+rope_theta = 500000.0
+tie_embeddings = false
+[train]
+steps = 1000
+micro_batch = 8
+seq_len = 256
+seed = 1337
+[optim]
+lr = 1e-3
+weight_decay = 0.1
+grad_clip = 1.0
+[schedule]
+kind = "cosine"
+warmup_steps = 10
+EOF
+    ;;
+    llama-tiny) cat > "$out/$1.toml" <<EOF
+[model]
+arch = "llama"
+n_layer = 2
+n_head = 4
+n_kv_head = 2
+n_embd = 64
+ffn_hidden_size = 96
+block_size = 64
+vocab_size = 300
+rope_theta = 10000.0
+rope_scaling.factor = 8.0
+rope_scaling.original_max_position = 16
+tie_embeddings = false
+[train]
+steps = 1000
+micro_batch = 2
+seq_len = 32
+seed = 1337
+[optim]
+lr = 1e-3
+weight_decay = 0.1
+grad_clip = 1.0
+[schedule]
+kind = "cosine"
+warmup_steps = 10
+EOF
+    ;;
+    *) echo "compare_pytorch.sh: unknown config $1 (gpt2-124m, small, llama-100m, llama-small, llama-tiny)" >&2
+       exit 2 ;;
   esac
 }
 
@@ -170,8 +275,15 @@ EOF
 }
 
 summary=()
-for name in gpt2-124m small; do
-  if [ "$name" = gpt2-124m ]; then w=$warm_big; s=$steps_big; else w=$warm_small; s=$steps_small; fi
+for name in $configs; do
+  case "$name" in
+    gpt2-124m|llama-100m) w=$warm_big; s=$steps_big ;;
+    *) w=$warm_small; s=$steps_small ;;
+  esac
+  case "$name" in  # the PyTorch peer of the config's arch
+    llama-*) peer="$here/pytorch/llama_train.py" ;;
+    *) peer="$here/pytorch/gpt2_train.py" ;;
+  esac
   write_config "$name"
   init="$out/$name.init.safetensors"
   echo
@@ -182,7 +294,7 @@ for name in gpt2-124m small; do
     "$kiln" bench "$out/$name.toml" --warmup "$w" --steps "$s" "${extra[@]}" > "$out/$name.kiln$run.log" 2>&1 ||
       { echo "kiln run failed:"; tail -20 "$out/$name.kiln$run.log"; exit 1; }
     echo "   kiln  run $run: $(describe "$out/$name.kiln$run.log")"
-    "${torch_env[@]}" "$py" "$here/pytorch/gpt2_train.py" "$init" --threads "$threads" > "$out/$name.torch$run.log" 2>&1 ||
+    "${torch_env[@]}" "$py" "$peer" "$init" --threads "$threads" > "$out/$name.torch$run.log" 2>&1 ||
       { echo "torch run failed:"; tail -20 "$out/$name.torch$run.log"; exit 1; }
     echo "   torch run $run: $(describe "$out/$name.torch$run.log")"
   done

@@ -161,8 +161,9 @@ class BatchSource {
 };
 
 // Initial weights, batches and per-step learning rates as one safetensors file, in
-// kiln's names and layouts (linear weights [out, in], wte with Vp rows), for the
-// PyTorch comparison (bench/pytorch/gpt2_train.py).
+// kiln's names and layouts (linear weights [out, in], embeddings and heads with Vp
+// rows), for the PyTorch comparison (bench/compare_pytorch.sh; bench/pytorch/*_train.py
+// per arch). Any model: the metadata names its arch and holds its config_json().
 void dump_init(const fs::path& path, const Model& model, const TrainConfig& c, int accum,
                int warmup, int steps) {
   Backend& be = model.backend();
@@ -188,13 +189,11 @@ void dump_init(const fs::path& path, const Model& model, const TrainConfig& c, i
   std::vector<float> lr;
   for (int s = 0; s < S; ++s) lr.push_back(static_cast<float>(learning_rate(c, s)));
   w.add_f32("bench.lr", {S}, lr);
-  KILN_CHECK(model.arch() == "gpt2", "--dump-init: the PyTorch side builds a GPT-2, not a {}",
-             model.arch());
-  const nlohmann::json m = model.config_json();
+  // What the PyTorch side builds: the arch and the model's own hyper-parameters (as its
+  // checkpoints store them, Model::config_json), then the training step's settings.
+  w.set_metadata("arch", model.arch());
+  w.set_metadata("model", model.config_json().dump());
   auto meta = [&](const char* k, auto v) { w.set_metadata(k, fmt::format("{}", v)); };
-  for (const char* k : {"n_layer", "n_head", "n_embd", "vocab_size", "padded_vocab_size", "block_size"})
-    meta(k, m.at(k).get<int>());
-  meta("layernorm_eps", 1e-5f);  // GPT-2's, fixed (GPT2Config::layernorm_eps; not in its json)
   meta("micro_batch", c.train.micro_batch);
   meta("accum", accum);
   meta("seq_len", c.train.seq_len);
