@@ -13,7 +13,8 @@ start=$(date +%s)
 arch=gpt2
 while [ $# -gt 0 ]; do
   case "$1" in
-    --arch) arch="${2:-}"; shift ;;
+    --arch) [ $# -ge 2 ] || { echo "demo.sh: --arch needs a value: gpt2 or llama" >&2; exit 2; }
+            arch="$2"; shift ;;
     --arch=*) arch="${1#--arch=}" ;;
     *) echo "demo.sh: unknown argument '$1' (use --arch gpt2|llama)" >&2; exit 2 ;;
   esac

@@ -27,8 +27,9 @@ void LlamaConfig::validate() const {
   KILN_CHECK(block_size > 0, "model.block_size must be positive (got {})", block_size);
   KILN_CHECK(norm_eps > 0.f, "model.norm_eps must be positive (got {})", norm_eps);
   KILN_CHECK(rope.theta > 0.0, "model.rope_theta must be positive (got {})", rope.theta);
-  KILN_CHECK(rope.scale_factor >= 0.0, "model.rope_scaling.factor must be >= 0 (got {})",
-             rope.scale_factor);
+  KILN_CHECK(rope.scale_factor == 0.0 || rope.scale_factor >= 1.0,
+             "model.rope_scaling.factor must be 0 (no scaling) or >= 1 (got {}): it stretches "
+             "long wavelengths", rope.scale_factor);
   if (rope.scale_factor > 0.0) {
     KILN_CHECK(rope.low_freq_factor > 0.0 && rope.high_freq_factor > rope.low_freq_factor,
                "model.rope_scaling.high_freq_factor ({}) must exceed low_freq_factor ({}) > 0",
