@@ -39,6 +39,7 @@
 #include "profile/summary.h"
 #include "profile/tracer.h"
 #include "train/config.h"
+#include "train/device.h"
 #include "train/model_io.h"
 #include "train/train_step.h"
 #include "train/trainer.h"
@@ -88,7 +89,7 @@ std::string gemm_paths(const Backend& be) {
 }
 
 void run_peak() {
-  auto be = make_backend("cpu");
+  auto be = make_device_backend("cpu");
   nlohmann::json j;
   fmt::print("kiln bench --peak: backend {}, {} OpenMP threads\n", be->name(), omp_get_max_threads());
   fmt::print("{}\n", gemm_paths(*be));
@@ -273,7 +274,7 @@ void run_bench(const Args& a) {
     c.model.vocab_size = 50257;  // the GPT-2 tokenizer's
   }
 
-  auto raw = make_backend("cpu");
+  auto raw = make_device_backend(c.train.device);
   // Peaks first, on the raw backend, so that the model's memory peak is its own. The
   // GEMM peak is measured again after the timed steps and the better of the two kept:
   // on a shared machine one measurement can fall in a moment of load.
@@ -460,7 +461,7 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--isa", a->isa, "Print how GEMMs of each dtype run here (oneDNN ISA, path)");
   cmd->callback([a] {
     if (a->isa) {
-      fmt::print("{}\n", gemm_paths(*make_backend("cpu")));
+      fmt::print("{}\n", gemm_paths(*make_device_backend("cpu")));
       return;
     }
     if (a->peak) {

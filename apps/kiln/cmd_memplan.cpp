@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "plan/memplan.h"
 #include "train/config.h"
+#include "train/device.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -32,7 +33,7 @@ struct Args {
   int world_size = 1;
   double device_gib = 0;
   bool json = false;
-  std::string backend = "cpu";
+  std::string backend;  // "" = the config's train.device
   int threads = 0;
   double peak_tflops = 0;
   double link_gbps = 0;
@@ -60,14 +61,14 @@ void run(const Args& a) {
   const TrainConfig cfg = load_config_file(a.config, a.sets);
   plan::MemPlanOptions o;
   o.world_size = a.world_size;
-  o.backend = a.backend;
+  o.backend = a.backend.empty() ? cfg.train.device : a.backend;
   o.cpu_threads = a.threads;
   o.completion_polls = a.polls;
   const plan::MemPlan p = plan::plan_memory(cfg, o);
   const plan::RankMemory& r0 = p.rank0();
   const plan::RankMemory& rmax = p.max_rank();
   const TrainConfig& c = p.config;
-  const bool cuda = a.backend == "cuda";
+  const bool cuda = (a.backend.empty() ? cfg.train.device : a.backend) == "cuda";
 
   // The cost model's machine (defaults per backend; see docs/memplan.md).
   plan::CostModel cost;
@@ -78,7 +79,7 @@ void run(const Args& a) {
     cost.peak_flops = (c.train.dtype == "fp32" ? 67.0 : 989.0) * 1e12;  // H100 SXM dense
     peak_from = c.train.dtype == "fp32" ? "H100 fp32 (67 TFLOP/s)" : "H100 bf16 (989 TFLOP/s)";
   } else if (a.device_gib > 0) {
-    auto be = make_backend("cpu");
+    auto be = make_device_backend("cpu");
     const int saved = omp_get_max_threads();
     if (a.threads > 0) omp_set_num_threads(a.threads);
     cost.peak_flops = measure_gemm_flops(*be, DType::F32);
@@ -200,7 +201,7 @@ void register_memplan(CLI::App& app) {
       ->check(CLI::Range(1e-3, 1e9));
   cmd->add_flag("--json", a->json, "Print one JSON object");
   cmd->add_option("--backend", a->backend,
-                  "Whose op scratch to count: cpu (oneDNN, default: what kiln train runs), cuda, none")
+                  "Whose op scratch to count: cpu (oneDNN), cuda, none (default: the config's train.device)")
       ->check(CLI::IsMember({"cpu", "cuda", "none"}));
   cmd->add_option("--threads", a->threads,
                   "OpenMP threads per rank for the oneDNN scratchpad (default: this process's)")

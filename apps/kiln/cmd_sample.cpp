@@ -1,5 +1,6 @@
 #include "apps/kiln/commands.h"
 #include "backend/registry.h"
+#include "train/device.h"
 #include "train/model_io.h"
 #include "train/sampler.h"
 
@@ -10,7 +11,7 @@ namespace kiln::app {
 void register_sample(CLI::App& app) {
   auto* cmd = app.add_subcommand("sample", "Generate text from a checkpoint (KV cache)");
   struct Args {
-    std::string checkpoint, prompt;
+    std::string checkpoint, prompt, device = "cpu";
     SampleOptions o;
   };
   auto a = std::make_shared<Args>();
@@ -18,6 +19,8 @@ void register_sample(CLI::App& app) {
   cmd->add_option("--checkpoint", a->checkpoint, "A checkpoint directory (ckpt/step_XXXXXXXX)")
       ->required();
   cmd->add_option("--prompt", a->prompt, "Text to continue (default: start of a document)");
+  cmd->add_option("--device", a->device, "Where to run (as train.device): cpu or cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--max-new-tokens", a->o.max_new_tokens, "Tokens to generate")
       ->check(CLI::Range(1, 1 << 30));
   cmd->add_option("--temperature", a->o.temperature, "Softmax temperature; 0 = greedy")
@@ -27,7 +30,7 @@ void register_sample(CLI::App& app) {
   cmd->add_option("--seed", a->o.seed, "Random seed: same seed, same text");
   cmd->callback([a] {
     checkpoint::CheckpointReader reader(a->checkpoint);
-    auto backend = make_backend("cpu");
+    auto backend = make_device_backend(a->device);
     const auto model_ptr = make_model(checkpoint_model_options(reader), *backend);
     Model& model = *model_ptr;
     load_model_from_checkpoint(reader, model, nullptr);

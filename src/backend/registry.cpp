@@ -29,6 +29,14 @@ std::vector<std::string> skipped_backends() {
 #endif
 }
 
+int gpu_device_count(const std::string& kind) {
+#if defined(KILN_HAVE_CUDA)
+  if (kind == "cuda") return cuda_device_count();
+#endif
+  (void)kind;
+  return 0;
+}
+
 std::unique_ptr<Backend> make_backend(const std::string& name) {
   if (name == "cpu") return make_cpu_backend();
 #if defined(KILN_HAVE_CUDA)

@@ -15,7 +15,10 @@ namespace kiln {
 std::vector<std::unique_ptr<Backend>> available_backends();
 std::vector<std::string> skipped_backends();
 
-/// A backend by name ("cpu", "cuda"); throws kiln::Error when unknown or unavailable.
+/// GPUs of `kind` ("cuda") visible to this process; 0 when none or not compiled in.
+int gpu_device_count(const std::string& kind);
+
+/// A backend by name ("cpu", "cuda", "cuda:N"); throws kiln::Error when unknown or unavailable.
 std::unique_ptr<Backend> make_backend(const std::string& name);
 
 }  // namespace kiln

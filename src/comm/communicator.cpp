@@ -293,6 +293,18 @@ int launcher_world_size() {
   return 0;
 }
 
+int launcher_local_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"}) {
+    const char* env = std::getenv(name);
+    if (env == nullptr || *env == '\0') continue;
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    KILN_CHECK(end != env && *end == '\0' && v >= 0, "{} must be a rank >= 0, got '{}'", name, env);
+    return static_cast<int>(v);
+  }
+  return 0;
+}
+
 bool comm_built_with_mpi() {
 #ifdef KILN_HAVE_MPI
   return true;

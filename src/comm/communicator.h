@@ -212,6 +212,9 @@ bool comm_built_with_mpi();
 /// (OMPI_COMM_WORLD_SIZE, PMI_SIZE; PMIX_RANK alone means a PMIx launch of unknown
 /// size, reported as -1). 0 when not launched by mpirun/srun.
 int launcher_world_size();
+/// This process's rank among those of its node (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID,
+/// MPI_LOCALRANKID); 0 when not launched or unknown.
+int launcher_local_rank();
 
 /// Timeout for waits: KILN_COMM_TIMEOUT_S (seconds, > 0) when set, else 60.
 /// Throws kiln::Error when the variable is set but not a positive number.

@@ -65,6 +65,7 @@ struct TrainSection {
   int global_batch = 0;     // sequences per update over all ranks; 0 = micro_batch * dp
   int seq_len = 0;          // 0 = model.block_size (filled in on load)
   int64_t seed = 1337;
+  std::string device = "cpu";                     // "cpu" | "cuda" (train/device.h)
   std::string dtype = "fp32";                     // "fp32" | "bf16" | "fp16"
   std::string grad_dtype = "fp32";                // "fp32" | the low precision of dtype
   int stochastic_rounding = 0;                    // bf16: 1 = stochastic rounding of params

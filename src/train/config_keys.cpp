@@ -87,6 +87,9 @@ const std::vector<Key>& keys() {
                "gradient accumulation). Must be a multiple of micro_batch * dp."),
         nonneg(KILN_KEY(train, seq_len), "Tokens per sequence; 0 = model.block_size."),
         nonneg(KILN_KEY(train, seed), "Random seed (init, data order, dropout, sampling)."),
+        oneof(KILN_KEY(train, device), {"cpu", "cuda"},
+              "Where training, evaluation, sampling and kiln bench run: cpu, or cuda (GPU "
+              "local_rank % device_count; one process for now). kiln memplan plans for it."),
         oneof(KILN_KEY(train, dtype), {"fp32", "bf16", "fp16"}, "Compute dtype: fp32, bf16 or fp16."),
         oneof(KILN_KEY(train, grad_dtype), {"fp32", "bf16", "fp16"},
               "Parameter-gradient dtype: fp32, or the low precision of train.dtype."),

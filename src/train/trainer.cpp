@@ -8,6 +8,7 @@
 #include "profile/profiling_backend.h"
 #include "profile/tracer.h"
 #include "train/metrics_record.h"
+#include "train/device.h"
 #include "train/model_io.h"
 #include "train/sampler.h"
 
@@ -83,7 +84,10 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
                           fmt::format("{}/{}/{}", meta.tokenizer_hash, meta.vocab_size,
                                       train_loader_->total_tokens()));
 
-  backend_ = make_backend("cpu");
+  KILN_CHECK(config_.train.device == "cpu" || world_->size() == 1,
+             "train.device = cuda on {} ranks: the trainer's data-parallel groups do not run "
+             "over NCCL yet; use one process (or train.device = cpu)", world_->size());
+  backend_ = make_device_backend(config_.train.device);
   // Profiling wraps the backend (one trace event per op); off, nothing is wrapped.
   if (config_.profile.enabled())
     backend_ = std::make_unique<profile::ProfilingBackend>(std::move(backend_));

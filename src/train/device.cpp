@@ -1,0 +1,24 @@
+#include "train/device.h"
+
+#include "backend/registry.h"
+#include "comm/communicator.h"
+#include "core/error.h"
+
+#include <fmt/format.h>
+
+namespace kiln {
+
+std::unique_ptr<Backend> make_device_backend(const std::string& device) {
+  if (device == "cpu") return make_backend("cpu");
+  KILN_CHECK(device == "cuda", "train.device = '{}': expected cpu or cuda", device);
+  const int n = gpu_device_count("cuda");
+  if (n == 0) {
+    std::string why = "no GPU is visible";
+    for (const std::string& s : skipped_backends())
+      if (s.rfind("cuda:", 0) == 0) why = s.substr(6);
+    KILN_FAIL("train.device = cuda: {} (use train.device = cpu)", why);
+  }
+  return make_backend(fmt::format("cuda:{}", launcher_local_rank() % n));
+}
+
+}  // namespace kiln
