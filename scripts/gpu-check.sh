@@ -8,6 +8,10 @@
 #      kiln_gpu_step benchmark) in build-gpu/;
 #   3. runs every GPU test with ctest (labels backend and gpu: the cross-backend op test,
 #      which now includes the cuda backend, and the NCCL communicator test);
+#   3b. runs the trainer on the GPU (scripts/gpu/train-check.sh: `kiln train` with
+#      train.device = cuda on the demo config in bf16 and the KJV shards carried from the
+#      build machine, its val loss next to the CPU's for the same steps, the GPU
+#      checkpoint resumed on the CPU); skipped when data/kjv was not carried;
 #   4. benchmarks one GPT-2 124M training step (T=1024, micro batch 16 or the largest
 #      that fits) in kiln (bench/gpu/kiln_gpu_step: bf16 parameters and activations,
 #      fp32 gradients and master weights; GPU_CHECK_KILN_FP32=1: the fp32 model with TF32
@@ -15,11 +19,13 @@
 #      fused AdamW), and prints tokens/s, MFU against a bf16 GEMM peak measured in the
 #      same run, and the kiln/PyTorch ratio, ending with a short table.
 #
-# On the device tool:  run(command="bash scripts/gpu-check.sh", carry=[".deps/debs"],
+# On the device tool:  run(command="bash scripts/gpu-check.sh", carry=[".deps/debs", "data/kjv"],
 #                          timeout_s=540)
+# (data/kjv: prepared here by scripts/demo.sh, about 3 MB.)
 # Logs and the JSON results go to $OUT (or build-gpu/gpu-check/ when OUT is unset).
 # Env: GPU_CHECK_JOBS (build jobs, default nproc), GPU_CHECK_SKIP_TORCH=1,
 #      GPU_CHECK_ARCHS (default 90), GPU_CHECK_B (default 16), GPU_CHECK_STEPS (10),
+#      GPU_CHECK_TRAIN_STEPS (the trainer check's updates, default 100),
 #      GPU_CHECK_KILN_FP32=1 (kiln's fp32 model instead of bf16), GPU_CHECK_DRY=1 (no GPU needed: unpack, configure and build only; for checking
 #      the script on the build machine before a device session).
 set -euo pipefail
@@ -36,6 +42,7 @@ archs="${GPU_CHECK_ARCHS:-90}"
 B="${GPU_CHECK_B:-16}"
 steps="${GPU_CHECK_STEPS:-10}"
 status_build=skipped status_tests=skipped status_kiln=skipped status_torch=skipped
+status_trainer=skipped
 
 say() { echo "[gpu-check $(($(date +%s) - t_start))s] $*" | tee -a "$log"; }
 die() { say "FAILED: $*"; exit 1; }
@@ -98,7 +105,7 @@ if [ ! -e "$(dirname "$nvcc_bin")/../include/nccl.h" ]; then
   fi
 fi
 if phase configure 90 "${cfg[@]}"; then :; else die "configure (see $out/configure.log)"; fi
-targets=(backend_op_test kiln_gpu_step kiln_gpu_bf16)
+targets=(backend_op_test kiln_gpu_step kiln_gpu_bf16 kiln)
 # (Not `ninja ... | grep -q`: grep exits at the first match, ninja gets SIGPIPE, and
 # pipefail turns the match into a failure.)
 all_targets="$(ninja -C "$build" -t targets all 2>/dev/null || true)"
@@ -128,6 +135,19 @@ grep -E "SKIPPED|FAILED|BACKEND|Worst|cuda: " "$out/tests.log" | head -n 80 >>"$
 # The bf16 paths (the op test checks fp32): bf16 against fp32 on the GPU.
 status_bf16=FAILED
 if phase bf16 60 "$build/kiln_gpu_bf16"; then status_bf16=ok; fi
+
+# ---- 3b. the trainer on the GPU ----------------------------------------------------------
+if [ -f "$root/data/kjv/meta.json" ]; then
+  if phase trainer 200 bash "$root/scripts/gpu/train-check.sh" "$build/kiln/apps/kiln/kiln" \
+       "$build/train-check" "${GPU_CHECK_TRAIN_STEPS:-100}"; then
+    status_trainer=ok
+  else
+    status_trainer=FAILED
+  fi
+  grep "^train-check:" "$out/trainer.log" >>"$log" || true
+else
+  say "trainer check skipped: data/kjv was not carried (run scripts/demo.sh here first)"
+fi
 
 # ---- 4. benchmarks -----------------------------------------------------------------------
 kiln_json="" torch_json=""
@@ -206,5 +226,5 @@ t = [r for r in rows if r["impl"] == "pytorch"]
 if k and t:
     print(f"kiln / PyTorch tokens/s: {k[0]['tokens_per_s'] / t[0]['tokens_per_s']:.3f}")
 PY
-say "build $status_build | tests $status_tests | bf16 $status_bf16 | kiln bench $status_kiln | torch bench $status_torch | memcheck $status_sanitize | total $(($(date +%s) - t_start))s"
+say "build $status_build | tests $status_tests | bf16 $status_bf16 | trainer $status_trainer | kiln bench $status_kiln | torch bench $status_torch | memcheck $status_sanitize | total $(($(date +%s) - t_start))s"
 [ "$status_tests" = ok ] && [ "$status_kiln" = ok ] || exit 1
