@@ -21,4 +21,8 @@ std::unique_ptr<Backend> make_device_backend(const std::string& device) {
   return make_backend(fmt::format("cuda:{}", launcher_local_rank() % n));
 }
 
+DType mfu_peak_dtype(const TrainConfig& config) {
+  return config.train.device == "cuda" ? parse_dtype(config.train.dtype) : DType::F32;
+}
+
 }  // namespace kiln

@@ -126,7 +126,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   }
 
   peak_flops_ = config_.log.peak_tflops > 0 ? config_.log.peak_tflops * 1e12
-                                            : measure_gemm_flops(*backend_, DType::F32);
+                                            : measure_gemm_flops(*backend_, mfu_peak_dtype(config_));
   if (config_.profile.enabled()) {
     profile::Tracer::global().set_rank(world_->rank());
     profile_ = std::make_unique<profile::ProfileWindow>(
@@ -141,7 +141,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
                "data-parallel ranks, ZeRO stage {}), backend {}, peak {:.1f} GFLOP/s per rank ({})\n",
                config_.train.steps, config_.train.global_batch, seq_len_, accum_, B, dp_size_,
                config_.parallel.zero_stage, backend_->name(), peak_flops_ / 1e9,
-               config_.log.peak_tflops > 0 ? "log.peak_tflops" : "measured fp32 GEMM");
+               config_.log.peak_tflops > 0 ? std::string("log.peak_tflops") : fmt::format("measured {} GEMM", dtype_name(mfu_peak_dtype(config_))));
     fmt::print("kiln: {}\n", backend_->gemm_path(parse_dtype(config_.train.dtype)));
   }
 }

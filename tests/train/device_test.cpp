@@ -42,6 +42,15 @@ TEST(Device, CudaWithoutAGpuIsOneLineNamingTheKey) {
   }
 }
 
+TEST(Device, MfuPeakDtypeIsTheComputeDtypeOnTheGpuAndFp32OnTheCpu) {
+  TrainConfig c = load_config_string("[train]\ndtype = \"bf16\"\n", {}, "t.toml");
+  EXPECT_EQ(mfu_peak_dtype(c), DType::F32);
+  c.train.device = "cuda";
+  EXPECT_EQ(mfu_peak_dtype(c), DType::BF16);
+  c.train.dtype = "fp32";
+  EXPECT_EQ(mfu_peak_dtype(c), DType::F32);
+}
+
 TEST(Device, LocalRankFromTheLauncher) {
   unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
   unsetenv("SLURM_LOCALID");
