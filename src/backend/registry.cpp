@@ -20,13 +20,20 @@ std::vector<std::unique_ptr<Backend>> available_backends() {
   return v;
 }
 
-std::vector<std::string> skipped_backends() {
+std::string gpu_unavailable_reason(const std::string& kind) {
+  if (kind != "cuda") return "no such GPU kind (known: cuda)";
 #if defined(KILN_HAVE_CUDA)
-  if (cuda_device_count() > 0) return {};
-  return {"cuda: compiled, but " + cuda_unavailable_reason()};
+  if (cuda_device_count() > 0) return "";
+  return "compiled, but " + cuda_unavailable_reason();
 #else
-  return {"cuda: not compiled into this build"};
+  return "not compiled into this build";
 #endif
+}
+
+std::vector<std::string> skipped_backends() {
+  const std::string why = gpu_unavailable_reason("cuda");
+  if (why.empty()) return {};
+  return {"cuda: " + why};
 }
 
 int gpu_device_count(const std::string& kind) {

@@ -17,6 +17,9 @@ std::vector<std::string> skipped_backends();
 
 /// GPUs of `kind` ("cuda") visible to this process; 0 when none or not compiled in.
 int gpu_device_count(const std::string& kind);
+/// Why no GPU of `kind` can be used here ("not compiled into this build", "compiled, but
+/// no GPU visible (...)"); empty when one can.
+std::string gpu_unavailable_reason(const std::string& kind);
 
 /// A backend by name ("cpu", "cuda", "cuda:N"); throws kiln::Error when unknown or unavailable.
 std::unique_ptr<Backend> make_backend(const std::string& name);

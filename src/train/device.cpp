@@ -11,14 +11,9 @@ namespace kiln {
 std::unique_ptr<Backend> make_device_backend(const std::string& device) {
   if (device == "cpu") return make_backend("cpu");
   KILN_CHECK(device == "cuda", "train.device = '{}': expected cpu or cuda", device);
-  const int n = gpu_device_count("cuda");
-  if (n == 0) {
-    std::string why = "no GPU is visible";
-    for (const std::string& s : skipped_backends())
-      if (s.rfind("cuda:", 0) == 0) why = s.substr(6);
-    KILN_FAIL("train.device = cuda: {} (use train.device = cpu)", why);
-  }
-  return make_backend(fmt::format("cuda:{}", launcher_local_rank() % n));
+  const std::string why = gpu_unavailable_reason("cuda");
+  KILN_CHECK(why.empty(), "train.device = cuda: {} (use train.device = cpu)", why);
+  return make_backend(fmt::format("cuda:{}", launcher_local_rank() % gpu_device_count("cuda")));
 }
 
 DType mfu_peak_dtype(const TrainConfig& config) {

@@ -164,73 +164,73 @@ void attention_backward(T_* dqkv, const T_* dout, const T_* qkv, const T_* out, 
     float Di[kRows];
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bk = 0; bk < B * NKV; ++bk) {
-     const int64_t b = bk / NKV, kvh = bk % NKV;
-     std::fill(dk.begin(), dk.end(), 0.f);
-     std::fill(dv.begin(), dv.end(), 0.f);
-     for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-      const int64_t bh = b * NH + h;
-      gather_head(hs, qkv, b, h, a, scale);
-      std::fill(dq.begin(), dq.end(), 0.f);
-      for (int64_t i0 = 0; i0 < T; i0 += kRows) {
-        const int64_t rows = std::min(kRows, T - i0);
-        const int64_t n = a.causal ? i0 + rows : T;
-        for (int64_t r = 0; r < rows; ++r) {
-          const int64_t i = i0 + r;
-          float* dor = dob.data() + r * HD;
-          for (int64_t d = 0; d < HD; ++d) dor[d] = load(dout[(b * T + i) * C + h * HD + d]);
-          Di[r] = dot_t(out + (b * T + i) * C + h * HD, dor, HD);
-        }
-        const float* qb = hs.q.data() + i0 * HD;  // scaled
-        block_times_transposed(p.data(), T, qb, rows, hs.kt.data(), n, T, HD);    // scores
-        block_times_transposed(dp.data(), T, dob.data(), rows, hs.vt.data(), n, T, HD);  // dO.V
-        // Per row: P = exp(S - lse) (0 past the diagonal); then p <- P~ (dropped, scaled)
-        // and dp <- dS = P (m dP~ - D), ready for the three accumulations below.
-        for (int64_t r = 0; r < rows; ++r) {
-          const int64_t i = i0 + r, ni = a.causal ? i + 1 : T;
-          float* pr = p.data() + r * T;
-          float* dpr = dp.data() + r * T;
-          const float l = lse[bh * T + i];
-#pragma omp simd
-          for (int64_t j = 0; j < ni; ++j) pr[j] = exp_approx(pr[j] - l);
-          for (int64_t j = ni; j < n; ++j) pr[j] = 0.f, dpr[j] = 0.f;
-          if (dropout.enabled()) {
-            const uint64_t row_index = static_cast<uint64_t>((bh * T + i) * T);
-            for (int64_t j = 0; j < ni; ++j) {
-              const float m = keep_scale(dropout, row_index + j);
-              const float pij = pr[j];
-              dpr[j] = pij * (m * dpr[j] - Di[r]);
-              pr[j] = pij * m;
-            }
-          } else {
-#pragma omp simd
-            for (int64_t j = 0; j < ni; ++j) dpr[j] = pr[j] * (dpr[j] - Di[r]);
-          }
-        }
-        // dV_j += sum_r P~_rj dO_r;  dK_j += sum_r dS_rj q_r  (q scaled);  dQ_r += dS_rj K_j
-        for (int64_t j = 0; j < n; ++j) {
-          const float* kj = hs.k.data() + j * HD;
-          float* dvj = dv.data() + j * HD;
-          float* dkj = dk.data() + j * HD;
+      const int64_t b = bk / NKV, kvh = bk % NKV;
+      std::fill(dk.begin(), dk.end(), 0.f);
+      std::fill(dv.begin(), dv.end(), 0.f);
+      for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+        const int64_t bh = b * NH + h;
+        gather_head(hs, qkv, b, h, a, scale);
+        std::fill(dq.begin(), dq.end(), 0.f);
+        for (int64_t i0 = 0; i0 < T; i0 += kRows) {
+          const int64_t rows = std::min(kRows, T - i0);
+          const int64_t n = a.causal ? i0 + rows : T;
           for (int64_t r = 0; r < rows; ++r) {
-            const float pt = p[static_cast<size_t>(r * T + j)];
-            const float ds = dp[static_cast<size_t>(r * T + j)];
-            const float* dor = dob.data() + r * HD;
-            const float* qr = qb + r * HD;
-            float* dqr = dq.data() + (i0 + r) * HD;
-#pragma omp simd
-            for (int64_t d = 0; d < HD; ++d) {
-              dvj[d] += pt * dor[d];
-              dkj[d] += ds * qr[d];
-              dqr[d] += ds * kj[d];
+            const int64_t i = i0 + r;
+            float* dor = dob.data() + r * HD;
+            for (int64_t d = 0; d < HD; ++d) dor[d] = load(dout[(b * T + i) * C + h * HD + d]);
+            Di[r] = dot_t(out + (b * T + i) * C + h * HD, dor, HD);
+          }
+          const float* qb = hs.q.data() + i0 * HD;  // scaled
+          block_times_transposed(p.data(), T, qb, rows, hs.kt.data(), n, T, HD);    // scores
+          block_times_transposed(dp.data(), T, dob.data(), rows, hs.vt.data(), n, T, HD);  // dO.V
+          // Per row: P = exp(S - lse) (0 past the diagonal); then p <- P~ (dropped, scaled)
+          // and dp <- dS = P (m dP~ - D), ready for the three accumulations below.
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t i = i0 + r, ni = a.causal ? i + 1 : T;
+            float* pr = p.data() + r * T;
+            float* dpr = dp.data() + r * T;
+            const float l = lse[bh * T + i];
+  #pragma omp simd
+            for (int64_t j = 0; j < ni; ++j) pr[j] = exp_approx(pr[j] - l);
+            for (int64_t j = ni; j < n; ++j) pr[j] = 0.f, dpr[j] = 0.f;
+            if (dropout.enabled()) {
+              const uint64_t row_index = static_cast<uint64_t>((bh * T + i) * T);
+              for (int64_t j = 0; j < ni; ++j) {
+                const float m = keep_scale(dropout, row_index + j);
+                const float pij = pr[j];
+                dpr[j] = pij * (m * dpr[j] - Di[r]);
+                pr[j] = pij * m;
+              }
+            } else {
+  #pragma omp simd
+              for (int64_t j = 0; j < ni; ++j) dpr[j] = pr[j] * (dpr[j] - Di[r]);
+            }
+          }
+          // dV_j += sum_r P~_rj dO_r;  dK_j += sum_r dS_rj q_r  (q scaled);  dQ_r += dS_rj K_j
+          for (int64_t j = 0; j < n; ++j) {
+            const float* kj = hs.k.data() + j * HD;
+            float* dvj = dv.data() + j * HD;
+            float* dkj = dk.data() + j * HD;
+            for (int64_t r = 0; r < rows; ++r) {
+              const float pt = p[static_cast<size_t>(r * T + j)];
+              const float ds = dp[static_cast<size_t>(r * T + j)];
+              const float* dor = dob.data() + r * HD;
+              const float* qr = qb + r * HD;
+              float* dqr = dq.data() + (i0 + r) * HD;
+  #pragma omp simd
+              for (int64_t d = 0; d < HD; ++d) {
+                dvj[d] += pt * dor[d];
+                dkj[d] += ds * qr[d];
+                dqr[d] += ds * kj[d];
+              }
             }
           }
         }
+        for (int64_t t = 0; t < T; ++t) {
+          T_* row = dqkv + (b * T + t) * W + h * HD;
+          for (int64_t d = 0; d < HD; ++d) row[d] = store<T_>(dq[t * HD + d] * scale);
+        }
       }
-      for (int64_t t = 0; t < T; ++t) {
-        T_* row = dqkv + (b * T + t) * W + h * HD;
-        for (int64_t d = 0; d < HD; ++d) row[d] = store<T_>(dq[t * HD + d] * scale);
-      }
-     }
       for (int64_t t = 0; t < T; ++t) {
         T_* row = dqkv + (b * T + t) * W;
         for (int64_t d = 0; d < HD; ++d) {
@@ -260,12 +260,12 @@ void attention_decode(T* out, T* k_cache, T* v_cache, const T* qkv, const AttnDi
     }
 #pragma omp parallel
   {
-    std::vector<float> s(static_cast<size_t>(past + Tq)), acc(static_cast<size_t>(HD));
+    std::vector<float> s(static_cast<size_t>(past + Tq)), acc(static_cast<size_t>(HD)),
+        qf(static_cast<size_t>(HD));
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < NH; ++h)
         for (int64_t t = 0; t < Tq; ++t) {
-          std::vector<float> qf(static_cast<size_t>(HD));
           for (int64_t d = 0; d < HD; ++d) qf[static_cast<size_t>(d)] = load(qkv[(b * Tq + t) * W + h * HD + d]);
           const int64_t n = past + t + 1, kvoff = (h / group) * HD;
           float mx = -std::numeric_limits<float>::infinity();

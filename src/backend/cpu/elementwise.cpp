@@ -39,14 +39,6 @@ void gelu_backward(T* dinp, const T* dout, const T* inp, int64_t n) {
   }
 }
 
-namespace {
-/// sigmoid(x) from e = exp(-|x|) in (0, 1] (no overflow; clamped to exp_approx's range).
-inline float sigmoid(float x) {
-  const float e = exp_approx(std::max(-std::abs(x), -87.f));
-  return x >= 0.f ? 1.f / (1.f + e) : e / (1.f + e);
-}
-}  // namespace
-
 template <class T>
 void swiglu_forward(T* out, const T* inp, int64_t N, int64_t H) {
 #pragma omp parallel for schedule(static)
@@ -57,7 +49,7 @@ void swiglu_forward(T* out, const T* inp, int64_t N, int64_t H) {
 #pragma omp simd
     for (int64_t i = 0; i < H; ++i) {
       const float g = load(gate[i]);
-      o[i] = store<T>(g * sigmoid(g) * load(up[i]));
+      o[i] = store<T>(g * sigmoid_approx(g) * load(up[i]));
     }
   }
 }
@@ -74,7 +66,7 @@ void swiglu_backward(T* dinp, const T* dout, const T* inp, int64_t N, int64_t H)
 #pragma omp simd
     for (int64_t i = 0; i < H; ++i) {
       const float g = load(gate[i]), u = load(up[i]), d = load(dy[i]);
-      const float sg = sigmoid(g);
+      const float sg = sigmoid_approx(g);
       // d silu(g)/dg = sg (1 + g (1 - sg))
       dgate[i] = store<T>(d * u * sg * (1.f + g * (1.f - sg)));
       dup[i] = store<T>(d * g * sg);

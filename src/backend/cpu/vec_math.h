@@ -39,6 +39,14 @@ inline float tanh_approx(float x) {
   return x < 0.f ? -t : t;
 }
 
+/// sigmoid(x) = 1 / (1 + exp(-x)) from e = exp(-|x|) in (0, 1] (no overflow; clamped
+/// to exp_approx's range, where sigmoid is 0 or 1 in fp32 anyway).
+#pragma omp declare simd notinbranch
+inline float sigmoid_approx(float x) {
+  const float e = exp_approx(std::max(-std::abs(x), -87.f));
+  return x >= 0.f ? 1.f / (1.f + e) : e / (1.f + e);
+}
+
 /// sech^2(x) = 1 - tanh^2(x), computed as 4e / (1+e)^2 with e = exp(-2|x|), which keeps
 /// full relative accuracy where tanh is near +-1 (1 - tanh^2 would cancel).
 #pragma omp declare simd notinbranch
