@@ -127,6 +127,12 @@ class Backend {
   virtual std::string name() const = 0;
   virtual Device device() const = 0;
   virtual Allocator& allocator() = 0;
+  /// Host memory that copy_from_host reads fastest and asynchronously: page-locked
+  /// (pinned) on CUDA, so the copy runs on the DMA engine while the host goes on; the
+  /// process's host allocator on the CPU. Tensors from it are host tensors (device cpu).
+  /// A caller that stages through it must leave the bytes untouched until the stream
+  /// has passed the copy (synchronize, or a later blocking read on that stream).
+  virtual Allocator& staging_allocator() { return host_allocator(); }
   virtual Stream default_stream() = 0;
   /// Waits until all work queued on `stream` is done.
   virtual void synchronize(Stream stream) = 0;

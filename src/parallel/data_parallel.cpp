@@ -146,7 +146,8 @@ void DataParallel::gather(int part, bool wait) {
   Part& u = this->part(part);
   if (!u.params) {
     u.params = backend_.empty(Shape{u.padded}, model_.dtype(), MemCategory::Parameters);
-    u.gather_work = comm_.all_gather_async(u.params, param_shard_.view_at(u.shard_offset, Shape{u.S}));
+    u.gather_work = comm_.all_gather_async(u.params, param_shard_.view_at(u.shard_offset, Shape{u.S}),
+                                           backend_.default_stream());
   }
   if (wait && u.gather_work) {
     const auto t0 = Clock::now();
@@ -243,7 +244,7 @@ void DataParallel::reduce_part_grads(int part) {
     const Tensor whole = u.grads;
     const Tensor mine = whole.view_at(static_cast<int64_t>(rank_) * u.S, Shape{u.S});
     Pending p;
-    p.work = comm_.reduce_scatter_async(mine, whole);
+    p.work = comm_.reduce_scatter_async(mine, whole, backend_.default_stream());
     p.keep = whole;
     p.src = mine;
     p.dst = grad_shard_.view_at(u.shard_offset, Shape{u.S});
@@ -258,7 +259,7 @@ void DataParallel::reduce_part_grads(int part) {
     const Tensor whole = grads.view_at(u.begin, Shape{u.padded});
     Pending p;
     p.work = comm_.reduce_scatter_async(whole.view_at(static_cast<int64_t>(rank_) * u.S, Shape{u.S}),
-                                        whole);
+                                        whole, backend_.default_stream());
     pending_.push_back(std::move(p));
     return;
   }
@@ -271,7 +272,8 @@ void DataParallel::reduce_part_grads(int part) {
     const Part& last = this->part(bucket.front());
     Pending p;
     p.work = comm_.all_reduce_async(
-        grads.view_at(first.begin, Shape{last.begin + last.padded - first.begin}));
+        grads.view_at(first.begin, Shape{last.begin + last.padded - first.begin}), ReduceOp::Sum,
+        backend_.default_stream());
     pending_.push_back(std::move(p));
     return;
   }
@@ -315,11 +317,12 @@ double DataParallel::grad_sum_squares() {
 
 void DataParallel::after_optimizer_step() {
   if (stage_ == 0 || stage_ == 3 || world_ == 1) return;
+  const Stream s = backend_.default_stream();
   std::vector<std::shared_ptr<Work>> works;
   for (const auto& u : parts_) {
     const Tensor whole = model_.param_buffer().view_at(u.begin, Shape{u.padded});
     works.push_back(comm_.all_gather_async(
-        whole, whole.view_at(static_cast<int64_t>(rank_) * u.S, Shape{u.S})));
+        whole, whole.view_at(static_cast<int64_t>(rank_) * u.S, Shape{u.S}), s));
   }
   const auto t0 = Clock::now();
   for (auto& w : works) w->wait();

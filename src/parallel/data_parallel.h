@@ -21,8 +21,10 @@
 //            wte is also the head's output projection) stays gathered from its forward
 //            to its backward, and its gradient exists from the start of forward.
 //
-// Communication runs on the communicator's own thread (MpiCommunicator), overlapping
-// the backward pass; the trainer waits in finish_gradients().
+// Communication runs on the communicator's own thread (MpiCommunicator) or stream
+// (NcclCommunicator), overlapping the backward pass; the trainer waits in
+// finish_gradients(). Every collective is given the backend's default stream, so that
+// on a GPU it starts after the kernels that produced its buffer.
 #pragma once
 
 #include "comm/communicator.h"

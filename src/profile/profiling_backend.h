@@ -88,6 +88,7 @@ class ProfilingBackend final : public Backend {
   std::string gemm_path(DType dtype) const override { return inner_.gemm_path(dtype); }
   Device device() const override { return inner_.device(); }
   Allocator& allocator() override { return inner_.allocator(); }
+  Allocator& staging_allocator() override { return inner_.staging_allocator(); }
   Stream default_stream() override { return inner_.default_stream(); }
   void synchronize(Stream stream) override { inner_.synchronize(stream); }
   bool supports(Op op, DType dtype) const override { return inner_.supports(op, dtype); }

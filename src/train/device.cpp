@@ -4,16 +4,53 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 
+#if defined(KILN_HAVE_NCCL)
+#include "comm/nccl/nccl_communicator.h"
+#endif
+
 #include <fmt/format.h>
 
 namespace kiln {
 
-std::unique_ptr<Backend> make_device_backend(const std::string& device) {
-  if (device == "cpu") return make_backend("cpu");
-  KILN_CHECK(device == "cuda", "train.device = '{}': expected cpu or cuda", device);
+namespace {
+void check_device_name(const std::string& device) {
+  KILN_CHECK(device == "cpu" || device == "cuda", "train.device = '{}': expected cpu or cuda",
+             device);
+}
+
+/// The GPU this process takes: launcher local rank % visible GPUs.
+int cuda_device_index() {
   const std::string why = gpu_unavailable_reason("cuda");
   KILN_CHECK(why.empty(), "train.device = cuda: {} (use train.device = cpu)", why);
-  return make_backend(fmt::format("cuda:{}", launcher_local_rank() % gpu_device_count("cuda")));
+  return launcher_local_rank() % gpu_device_count("cuda");
+}
+}  // namespace
+
+std::unique_ptr<Backend> make_device_backend(const std::string& device) {
+  check_device_name(device);
+  if (device == "cpu") return make_backend("cpu");
+  return make_backend(fmt::format("cuda:{}", cuda_device_index()));
+}
+
+bool device_comm_built_with_nccl() {
+#if defined(KILN_HAVE_NCCL)
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::unique_ptr<Communicator> make_device_world_communicator(const std::string& device) {
+  check_device_name(device);
+  if (device == "cpu") return make_world_communicator();
+  const int gpu = cuda_device_index();
+#if defined(KILN_HAVE_NCCL)
+  return make_nccl_communicator(make_world_communicator(), gpu);
+#else
+  (void)gpu;
+  KILN_FAIL("train.device = cuda: this kiln was built without NCCL (KILN_NCCL=OFF; see "
+            "docs/cuda.md), which the trainer's groups need on the GPU");
+#endif
 }
 
 DType mfu_peak_dtype(const TrainConfig& config) {

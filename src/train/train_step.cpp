@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <optional>
 
@@ -65,6 +66,19 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& 
   const int B = config_.train.micro_batch, T = config_.train.seq_len;
   tokens_ = backend_.empty(Shape{B, T}, DType::I32, MemCategory::Activations);
   targets_ = backend_.empty(Shape{B, T}, DType::I32, MemCategory::Activations);
+  staging_ = Tensor::empty(backend_.staging_allocator(), Shape{2, B, T}, DType::I32,
+                           MemCategory::Activations);
+}
+
+void TrainStep::upload_micro_batch(const int32_t* tokens, const int32_t* targets) {
+  const Stream s = backend_.default_stream();
+  const auto n = static_cast<size_t>(tokens_.numel());
+  backend_.synchronize(s);
+  int32_t* host = staging_.data<int32_t>();
+  std::memcpy(host, tokens, n * sizeof(int32_t));
+  std::memcpy(host + n, targets, n * sizeof(int32_t));
+  backend_.copy_from_host(s, tokens_, host);
+  backend_.copy_from_host(s, targets_, host + n);
 }
 
 TrainStep::~TrainStep() = default;
@@ -98,8 +112,8 @@ StepResult TrainStep::run(const int32_t* inputs, const int32_t* targets, int64_t
   for (int k = 0; k < accum_; ++k) {
     if (k > 0) announce(StepPhase::Data);
     dp_->begin_micro_step(k);
-    backend_.copy_from_host(s, tokens_, inputs + static_cast<size_t>(k) * per_micro);
-    backend_.copy_from_host(s, targets_, targets + static_cast<size_t>(k) * per_micro);
+    upload_micro_batch(inputs + static_cast<size_t>(k) * per_micro,
+                       targets + static_cast<size_t>(k) * per_micro);
     model_->set_dropout(true, static_cast<uint64_t>(config_.train.seed),
                         static_cast<uint64_t>((update * accum_ + k) * dp_size + dp_rank));
     {

@@ -81,6 +81,15 @@ class TrainStep {
   const Tensor& device_tokens() const { return tokens_; }
   const Tensor& device_targets() const { return targets_; }
 
+  /// device_tokens() <- tokens, device_targets() <- targets (host int32 [micro_batch,
+  /// seq_len] each, read before returning) through the backend's staging buffer (pinned
+  /// host memory on CUDA, so the copies are asynchronous DMA; see
+  /// Backend::staging_allocator). Waits for the stream first: the previous micro-batch's
+  /// copies out of the staging buffer must be done before it is overwritten.
+  void upload_micro_batch(const int32_t* tokens, const int32_t* targets);
+  /// The staging buffer: host int32 [2, micro_batch, seq_len] (tokens, then targets).
+  const Tensor& staging() const { return staging_; }
+
   /// Random initial weights from the model (this rank's elements), then fp32 masters.
   void init_weights(uint64_t seed);
   /// Observer of the phases; nullptr for none. Not owned.
@@ -111,6 +120,7 @@ class TrainStep {
   StepObserver* observer_ = nullptr;
   int accum_ = 1;
   Tensor tokens_, targets_;  // [micro_batch, seq_len] int32 on the device
+  Tensor staging_;           // [2, micro_batch, seq_len] int32, backend's staging memory
 };
 
 }  // namespace kiln

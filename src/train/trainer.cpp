@@ -50,7 +50,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     : config_(config), options_(options), run_dir_(config.run.dir) {
   // The mesh first: every later choice (accumulation, data slice, ZeRO shards) depends
   // on the data-parallel size.
-  world_ = make_world_communicator();
+  world_ = make_device_world_communicator(config_.train.device);
   // parallel.timeout_s, unless KILN_COMM_TIMEOUT_S overrides it (tests, debugging).
   if (std::getenv("KILN_COMM_TIMEOUT_S") == nullptr) world_->set_timeout(config_.parallel.timeout_s);
   KILN_CHECK(config_.parallel.tp == 1 && config_.parallel.pp == 1,
@@ -84,9 +84,6 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
                           fmt::format("{}/{}/{}", meta.tokenizer_hash, meta.vocab_size,
                                       train_loader_->total_tokens()));
 
-  KILN_CHECK(config_.train.device == "cpu" || world_->size() == 1,
-             "train.device = cuda on {} ranks: the trainer's data-parallel groups do not run "
-             "over NCCL yet; use one process (or train.device = cpu)", world_->size());
   backend_ = make_device_backend(config_.train.device);
   // Profiling wraps the backend (one trace event per op); off, nothing is wrapped.
   if (config_.profile.enabled())
@@ -222,7 +219,6 @@ double Trainer::evaluate() {
   data::DataLoader val(config_.data.dir, "val", seq_len_, 0, /*shuffle=*/false);
   const int B = config_.train.micro_batch, T = seq_len_;
   std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
-  const Stream s = backend_->default_stream();
   model_->set_dropout(false, 0, 0);
   // eval.batches global batches (global_batch sequences each, from the start of the val
   // split), whatever the world size: each rank scores its part in micro-batches.
@@ -233,8 +229,7 @@ double Trainer::evaluate() {
   int64_t n = 0;
   for (int64_t i = 0; i < calls; ++i) {
     val.next_batch(inputs.data(), targets.data(), B, dp_rank_, dp_size_);
-    backend_->copy_from_host(s, tokens_, inputs.data());
-    backend_->copy_from_host(s, targets_, targets.data());
+    one_step_->upload_micro_batch(inputs.data(), targets.data());
     const LossSum l = model_->forward(Batch{tokens_, targets_, Tensor()}, 0.f);
     dp_->end_forward_only();
     loss_sum += l.sum;

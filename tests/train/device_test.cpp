@@ -1,14 +1,20 @@
-// train.device: the one mapping from the key to a backend, its errors, and the launcher's
-// local rank (which GPU a rank takes).
+// train.device: the one mapping from the key to a backend and a world communicator,
+// their errors, the launcher's local rank (which GPU a rank takes), and the batch staged
+// through the backend's staging (pinned on CUDA) memory, checked on the CPU through a
+// backend that records where each host-to-device copy reads from.
+#include "backend/op_list.h"
 #include "backend/registry.h"
 #include "comm/communicator.h"
+#include "comm/local_communicator.h"
 #include "train/config.h"
 #include "train/device.h"
+#include "train/train_step.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 namespace kiln {
 namespace {
@@ -40,6 +46,115 @@ TEST(Device, CudaWithoutAGpuIsOneLineNamingTheKey) {
     EXPECT_NE(m.find("train.device = cuda"), std::string::npos) << m;
     EXPECT_EQ(m.find('\n'), std::string::npos) << m;
   }
+}
+
+TEST(Device, TheWorldCommunicatorFollowsTheDevice) {
+  EXPECT_EQ(make_device_world_communicator("cpu")->size(), 1);
+  EXPECT_THROW(make_device_world_communicator("gpu"), Error);
+  if (gpu_device_count("cuda") > 0) GTEST_SKIP() << "a GPU is visible: nothing to refuse";
+  try {
+    make_device_world_communicator("cuda");
+    FAIL() << "an NCCL world without a GPU";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("train.device = cuda"), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  }
+}
+
+// A CPU backend whose staging allocator is its own and which records, for each
+// copy_from_host, whether it read from that allocator's memory, and each synchronize.
+class StagingProbe final : public Backend {
+ public:
+  struct Allocations final : public Allocator {
+    Device device() const override { return Device::cpu(); }
+    std::vector<std::pair<const char*, size_t>> blocks;
+    bool holds(const void* p, size_t n) const {
+      const auto* c = static_cast<const char*>(p);
+      for (const auto& [b, size] : blocks)
+        if (c >= b && c + n <= b + size) return true;
+      return false;
+    }
+
+   protected:
+    void* raw_allocate(size_t bytes) override {
+      void* p = host_allocator().allocate(bytes, MemCategory::Temporaries);
+      blocks.emplace_back(static_cast<const char*>(p), bytes);
+      return p;
+    }
+    void raw_deallocate(void*) override {}  // kept: the test reads the record afterwards
+  };
+  std::unique_ptr<Backend> cpu = make_backend("cpu");
+  Allocations staging;
+  std::vector<std::string> events;  // "sync", "staged", "pageable"
+
+  std::string name() const override { return "probe"; }
+  Device device() const override { return cpu->device(); }
+  Allocator& allocator() override { return cpu->allocator(); }
+  Allocator& staging_allocator() override { return staging; }
+  Stream default_stream() override { return cpu->default_stream(); }
+  void synchronize(Stream s) override {
+    events.push_back("sync");
+    cpu->synchronize(s);
+  }
+  bool supports(Op op, DType dtype) const override { return cpu->supports(op, dtype); }
+  void copy_from_host(Stream s, const Tensor& dst, const void* src) override {
+    events.push_back(staging.holds(src, dst.nbytes()) ? "staged" : "pageable");
+    cpu->copy_from_host(s, dst, src);
+  }
+  void copy_to_host(Stream s, void* dst, const Tensor& src) override { cpu->copy_to_host(s, dst, src); }
+  void copy(Stream s, const Tensor& dst, const Tensor& src) override { cpu->copy(s, dst, src); }
+  void copy_stochastic_round(Stream s, const Tensor& dst, const Tensor& src, uint64_t seed,
+                             uint64_t stream) override {
+    cpu->copy_stochastic_round(s, dst, src, seed, stream);
+  }
+  void fill(Stream s, const Tensor& t, float value) override { cpu->fill(s, t, value); }
+  double sum_squares(Stream s, const Tensor& t) override { return cpu->sum_squares(s, t); }
+#define KILN_PROBE_FORWARD(Call, method, category, params, args) \
+  void method(Stream s, KILN_PARAMS params) override { cpu->method(s, KILN_PARAMS args); }
+  KILN_BACKEND_OPS(KILN_PROBE_FORWARD)
+#undef KILN_PROBE_FORWARD
+};
+
+TEST(Device, TheBatchIsStagedThroughTheBackendsStagingMemory) {
+  ModelOptions mo;
+  mo.n_layer = 1, mo.n_head = 2, mo.n_embd = 16, mo.block_size = 8, mo.vocab_size = 37;
+  const int B = 2, T = 7;
+  TrainConfig config = step_config(mo, B, T);
+  config.train.global_batch = 2 * B;  // two micro-steps per update
+  std::vector<int32_t> tokens(2 * B * T), targets(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<int32_t>((i * 7 + 3) % 37);
+    targets[i] = static_cast<int32_t>((i * 5 + 1) % 37);
+  }
+  double losses[2];
+  StagingProbe probe;
+  for (int pass = 0; pass < 2; ++pass) {
+    std::unique_ptr<Backend> plain = make_backend("cpu");
+    Backend& be = pass == 0 ? static_cast<Backend&>(probe) : *plain;
+    LocalCommunicator single;
+    TrainStep step(config, be, single);
+    ASSERT_EQ(step.grad_accum_steps(), 2);
+    step.init_weights(5);
+    if (pass == 0) {
+      EXPECT_EQ(step.staging().device(), Device::cpu());
+      EXPECT_TRUE(probe.staging.holds(step.staging().raw(), 2u * B * T * sizeof(int32_t)));
+      probe.events.clear();
+    }
+    losses[pass] = step.run(tokens.data(), targets.data(), 0).loss;
+  }
+  // Per micro-step: wait for the stream, then tokens and targets from the staging buffer.
+  std::vector<std::string> copies;
+  for (size_t i = 0; i < probe.events.size(); ++i) {
+    if (probe.events[i] == "sync") continue;
+    copies.push_back(probe.events[i]);
+    if (copies.size() % 2 == 1) {
+      ASSERT_GT(i, 0u);
+      EXPECT_EQ(probe.events[i - 1], "sync") << "copy " << copies.size() << " without a wait before";
+    }
+  }
+  EXPECT_EQ(copies, (std::vector<std::string>{"staged", "staged", "staged", "staged"}));
+  EXPECT_EQ(losses[0], losses[1]) << "staging changed the step";
 }
 
 TEST(Device, MfuPeakDtypeIsTheComputeDtypeOnTheGpuAndFp32OnTheCpu) {

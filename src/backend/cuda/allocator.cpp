@@ -29,4 +29,19 @@ void CudaAllocator::raw_deallocate(void* ptr) {
   if (cudaFreeAsync(ptr, stream_) != cudaSuccess) (void)cudaGetLastError();
 }
 
+void* PinnedHostAllocator::raw_allocate(size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  KILN_CUDA_CHECK(e);
+  return p;
+}
+
+void PinnedHostAllocator::raw_deallocate(void* ptr) {
+  if (cudaFreeHost(ptr) != cudaSuccess) (void)cudaGetLastError();
+}
+
 }  // namespace kiln::cuda

@@ -8,6 +8,10 @@
 // stream that still reads a buffer must be made to finish (an event the backend's stream
 // waits on) before the buffer's last Tensor goes away; the backend does this for its
 // own scratch buffers.
+//
+// PinnedHostAllocator: page-locked host memory (cudaHostAlloc), the backend's staging
+// allocator: cudaMemcpyAsync from it is truly asynchronous (pageable memory is copied
+// through a driver bounce buffer first, with the host waiting).
 #pragma once
 
 #include "core/allocator.h"
@@ -29,6 +33,15 @@ class CudaAllocator final : public Allocator {
  private:
   int device_;
   cudaStream_t stream_;
+};
+
+class PinnedHostAllocator final : public Allocator {
+ public:
+  Device device() const override { return Device::cpu(); }
+
+ protected:
+  void* raw_allocate(size_t bytes) override;
+  void raw_deallocate(void* ptr) override;
 };
 
 }  // namespace kiln::cuda

@@ -29,6 +29,7 @@ class CudaBackend final : public Backend {
   std::string gemm_path(DType dtype) const override;
   Device device() const override { return Device::cuda(device_); }
   Allocator& allocator() override { return *alloc_; }
+  Allocator& staging_allocator() override { return pinned_; }
   Stream default_stream() override { return Stream{stream_}; }
   void synchronize(Stream s) override;
   bool supports(Op op, DType dtype) const override;
@@ -140,6 +141,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t scratch_event_ = nullptr;
   std::unique_ptr<CudaAllocator> alloc_;
+  PinnedHostAllocator pinned_;
   std::unique_ptr<Gemm> gemm_;
   Tensor workspace_;
 };

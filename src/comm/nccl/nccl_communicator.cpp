@@ -12,7 +12,6 @@
 #endif
 
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -294,16 +293,10 @@ std::unique_ptr<Communicator> make_nccl_communicator(std::unique_ptr<Communicato
 
 std::unique_ptr<Communicator> make_nccl_world_communicator() {
   auto world = make_world_communicator();
-  int local = world->rank();
-  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"})
-    if (const char* v = std::getenv(var)) {
-      local = std::atoi(v);
-      break;
-    }
   int n = 0;
   cuda_ok(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
   KILN_CHECK(n > 0, "nccl communicator: no GPU visible");
-  return make_nccl_communicator(std::move(world), local % n);
+  return make_nccl_communicator(std::move(world), launcher_local_rank() % n);
 }
 
 std::string nccl_version() {

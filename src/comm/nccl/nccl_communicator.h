@@ -41,8 +41,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(std::unique_ptr<Communicato
                                                      int device = -1);
 
 /// make_world_communicator() (MPI under mpirun, else local) wrapped in NCCL, on the
-/// device local_rank % visible devices (local rank from OMPI_COMM_WORLD_LOCAL_RANK or
-/// SLURM_LOCALID, else the world rank).
+/// device launcher_local_rank() % visible devices.
 std::unique_ptr<Communicator> make_nccl_world_communicator();
 
 /// NCCL's version, e.g. "2.27.7".
