@@ -36,10 +36,11 @@ TEST(Device, TheKeyTakesCpuOrCudaOnly) {
   EXPECT_THROW(make_device_backend("gpu"), Error);
 }
 
-TEST(Device, CudaWithoutAGpuIsOneLineNamingTheKey) {
-  if (gpu_device_count("cuda") > 0) GTEST_SKIP() << "a GPU is visible: nothing to refuse";
+// `make` with train.device = cuda on a machine without a GPU: one line naming the key.
+template <class F>
+void expect_cuda_refused(F make) {
   try {
-    make_device_backend("cuda");
+    make();
     FAIL() << "cuda without a GPU accepted";
   } catch (const Error& e) {
     const std::string m = e.what();
@@ -48,18 +49,16 @@ TEST(Device, CudaWithoutAGpuIsOneLineNamingTheKey) {
   }
 }
 
+TEST(Device, CudaWithoutAGpuIsOneLineNamingTheKey) {
+  if (gpu_device_count("cuda") > 0) GTEST_SKIP() << "a GPU is visible: nothing to refuse";
+  expect_cuda_refused([] { make_device_backend("cuda"); });
+}
+
 TEST(Device, TheWorldCommunicatorFollowsTheDevice) {
   EXPECT_EQ(make_device_world_communicator("cpu")->size(), 1);
   EXPECT_THROW(make_device_world_communicator("gpu"), Error);
   if (gpu_device_count("cuda") > 0) GTEST_SKIP() << "a GPU is visible: nothing to refuse";
-  try {
-    make_device_world_communicator("cuda");
-    FAIL() << "an NCCL world without a GPU";
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("train.device = cuda"), std::string::npos) << m;
-    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
-  }
+  expect_cuda_refused([] { make_device_world_communicator("cuda"); });
 }
 
 // A CPU backend whose staging allocator is its own and which records, for each
