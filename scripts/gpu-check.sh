@@ -10,8 +10,8 @@
 #      which now includes the cuda backend, and the NCCL communicator test);
 #   3b. runs the trainer on the GPU (scripts/gpu/train-check.sh: `kiln train` with
 #      train.device = cuda on the demo config in bf16 and the KJV shards carried from the
-#      build machine, its val loss next to the CPU's for the same steps, the GPU
-#      checkpoint resumed on the CPU); skipped when data/kjv was not carried;
+#      build machine, its val loss next to the CPU's for the same steps, each device's
+#      checkpoint resumed on both devices); skipped when data/kjv was not carried;
 #   4. benchmarks one GPT-2 124M training step (T=1024, micro batch 16 or the largest
 #      that fits) in kiln (bench/gpu/kiln_gpu_step: bf16 parameters and activations,
 #      fp32 gradients and master weights; GPU_CHECK_KILN_FP32=1: the fp32 model with TF32
@@ -138,7 +138,7 @@ if phase bf16 60 "$build/kiln_gpu_bf16"; then status_bf16=ok; fi
 
 # ---- 3b. the trainer on the GPU ----------------------------------------------------------
 if [ -f "$root/data/kjv/meta.json" ]; then
-  if phase trainer 200 bash "$root/scripts/gpu/train-check.sh" "$build/kiln/apps/kiln/kiln" \
+  if phase trainer 240 bash "$root/scripts/gpu/train-check.sh" "$build/kiln/apps/kiln/kiln" \
        "$build/train-check" "${GPU_CHECK_TRAIN_STEPS:-100}"; then
     status_trainer=ok
   else
