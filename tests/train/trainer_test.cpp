@@ -179,7 +179,7 @@ TEST(Trainer, ExportImportRoundTrips) {
   checkpoint::CheckpointReader reader(ckpt);
   for (const char* format : {"llmc", "safetensors"}) {
     const fs::path file = tmp.path / (std::string("model.") + (format[0] == 'l' ? "bin" : "safetensors"));
-    export_checkpoint(ckpt, format, file);
+    export_checkpoint(ckpt, ExportOptions{format}, file);
     TrainConfig c = tiny_config(data, tmp.path / (std::string("init-") + format), 1);
     c.model.init_from = file.string();
     c.model.vocab_size = 257;

@@ -2,6 +2,7 @@
 
 #include "checkpoint/file_util.h"
 #include "checkpoint/safetensors.h"
+#include "models/hf_formats.h"
 #include "core/error.h"
 
 #include <array>
@@ -38,15 +39,6 @@ std::string block_suffix(const std::string& name) {
   if (!name.starts_with(kPrefix)) return "";
   const size_t dot = name.find('.', kPrefix.size());
   return dot == std::string::npos ? "" : name.substr(dot + 1);
-}
-
-// dst[c * rows + r] = src[r * cols + c]: [rows, cols] -> [cols, rows].
-void transpose(const float* src, float* dst, int64_t rows, int64_t cols) {
-  constexpr int64_t kB = 32;
-  for (int64_t r0 = 0; r0 < rows; r0 += kB)
-    for (int64_t c0 = 0; c0 < cols; c0 += kB)
-      for (int64_t r = r0; r < std::min(rows, r0 + kB); ++r)
-        for (int64_t c = c0; c < std::min(cols, c0 + kB); ++c) dst[c * rows + r] = src[r * cols + c];
 }
 
 std::vector<int64_t> dims_of(const Shape& s) {
@@ -279,7 +271,7 @@ GPT2Weights load_hf_safetensors(const fs::path& path, int default_n_head) {
     std::vector<float> v = r.read_f32(in_file);
     std::vector<float>& dst = w.tensors[p.name];
     if (conv) {
-      transpose(v.data(), dst.data(), expect[0], expect[1]);
+      transpose_f32(v.data(), dst.data(), expect[0], expect[1]);
     } else {
       std::copy(v.begin(), v.end(), dst.begin());  // wte: padded rows stay zero
     }
@@ -326,7 +318,7 @@ void save_hf_safetensors(const fs::path& path, const GPT2Weights& w) {
       std::swap(shape[0], shape[1]);
       const float* src = t.data();
       wr.add_produced(short_name, safetensors::StDType::F32, shape, [src, rows, cols](void* dst) {
-        transpose(src, static_cast<float*>(dst), rows, cols);
+        transpose_f32(src, static_cast<float*>(dst), rows, cols);
       });
     } else {
       if (p.name == "transformer.wte.weight") shape[0] = c.vocab_size;  // strip padding
@@ -379,6 +371,83 @@ void gpt2_export_weights(const nlohmann::json& config, const TensorSource& read,
   } else {
     save_hf_safetensors(out, w);
   }
+}
+
+// ---------------------------------------------------------------------------------------
+// Hugging Face folders
+
+ModelOptions gpt2_options_from_hf(const nlohmann::json& cfg, const std::string& file) {
+  ModelOptions o;
+  o.arch = "gpt2";
+  o.n_embd = hf_int(cfg, "n_embd", file);
+  o.n_layer = hf_int(cfg, "n_layer", file);
+  o.n_head = hf_int(cfg, "n_head", file);
+  o.vocab_size = hf_int(cfg, "vocab_size", file);
+  o.block_size = hf_int(cfg, "n_positions", file);
+  const std::string act = hf_string(cfg, "activation_function", file, "gelu_new");
+  KILN_CHECK(act == "gelu_new" || act == "gelu_pytorch_tanh",
+             "{}: activation_function = '{}': kiln's GPT-2 computes gelu_new (the tanh GELU)",
+             file, act);
+  const int inner = hf_int(cfg, "n_inner", file, 4 * o.n_embd);
+  KILN_CHECK(inner == 4 * o.n_embd, "{}: n_inner = {}: kiln's GPT-2 MLP is 4 * n_embd = {} wide",
+             file, inner, 4 * o.n_embd);
+  const double eps = hf_double(cfg, "layer_norm_epsilon", file, 1e-5);
+  KILN_CHECK(static_cast<float>(eps) == 1e-5f,
+             "{}: layer_norm_epsilon = {}: kiln's GPT-2 LayerNorm epsilon is 1e-5", file, eps);
+  KILN_CHECK(hf_bool(cfg, "tie_word_embeddings", file, true),
+             "{}: tie_word_embeddings = false: kiln's GPT-2 ties its output head to wte", file);
+  KILN_CHECK(hf_bool(cfg, "scale_attn_weights", file, true),
+             "{}: scale_attn_weights = false: kiln scales attention by 1/sqrt(head size)", file);
+  KILN_CHECK(!hf_bool(cfg, "scale_attn_by_inverse_layer_idx", file, false),
+             "{}: scale_attn_by_inverse_layer_idx = true: not supported", file);
+  try {
+    gpt2_config_of(o).validate();
+  } catch (const Error& e) {
+    KILN_FAIL("{}: {}", file, e.what());
+  }
+  return o;
+}
+
+nlohmann::json gpt2_hf_config(const ModelOptions& options) {
+  const GPT2Config c = gpt2_config_of(options);
+  const double p = hf_float_value(c.dropout);
+  return {{"architectures", {"GPT2LMHeadModel"}},
+          {"model_type", "gpt2"},
+          {"vocab_size", c.vocab_size},
+          {"n_positions", c.block_size},
+          {"n_ctx", c.block_size},
+          {"n_embd", c.n_embd},
+          {"n_layer", c.n_layer},
+          {"n_head", c.n_head},
+          {"n_inner", nullptr},
+          {"activation_function", "gelu_new"},
+          {"resid_pdrop", p},
+          {"embd_pdrop", p},
+          {"attn_pdrop", p},
+          {"layer_norm_epsilon", hf_float_value(c.layernorm_eps)},
+          {"initializer_range", 0.02},
+          {"scale_attn_weights", true},
+          {"scale_attn_by_inverse_layer_idx", false},
+          {"reorder_and_upcast_attn", false},
+          {"tie_word_embeddings", true},
+          {"use_cache", true}};
+}
+
+HfLayout gpt2_hf_layout(const ModelOptions& options) {
+  const GPT2Config c = gpt2_config_of(options);
+  HfLayout layout;
+  for (const ParamSpec& p : gpt2_param_specs(c)) {
+    const bool conv = is_conv1d_weight(block_suffix(p.name));
+    const int64_t rows = p.name == "transformer.wte.weight" ? c.vocab_size : p.shape[0];
+    layout.params.push_back({p.name, p.shape, {{p.name, rows, conv}}});
+  }
+  layout.optional_prefix = "transformer.";
+  layout.ignored = [](const std::string& name) {
+    return name == "lm_head.weight" ||  // tied: transformers ties it to wte as kiln does
+           (name.starts_with("transformer.h.") &&
+            (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias")));
+  };
+  return layout;
 }
 
 }  // namespace kiln
