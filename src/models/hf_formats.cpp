@@ -115,32 +115,17 @@ std::vector<int64_t> piece_shape(const HfParam& p, const HfPiece& piece) {
 
 int64_t cols_of(const HfParam& p) { return p.shape.ndim() == 1 ? 1 : p.shape[1]; }
 
-// "model.n_layer = 2 (the folder) vs 4" for every [model] key where the two differ (0 for
-// n_kv_head / ffn_hidden_size means the architecture's default: not compared).
-std::vector<std::string> differences(const ModelOptions& got, const ModelOptions& want) {
+// "num_hidden_layers = 3 (the folder) vs 2" for every config.json field in which the two
+// models differ, both written out by the architecture (its defaults filled in). The
+// dropout is not compared: kiln's model.dropout applies, not Hugging Face's.
+std::vector<std::string> differences(const ModelArch& arch, ModelOptions got, const ModelOptions& want) {
+  got.dropout = want.dropout;
+  const nlohmann::json a = arch.hf_config(got), b = arch.hf_config(want);
   std::vector<std::string> out;
-  auto cmp = [&](const char* key, auto a, auto b, bool zero_is_default = false) {
-    if (zero_is_default && (a == decltype(a){} || b == decltype(b){})) return;
-    if (a != b) out.push_back(fmt::format("model.{} = {} (the folder) vs {}", key, a, b));
-  };
-  cmp("arch", got.arch, want.arch);
-  cmp("n_layer", got.n_layer, want.n_layer);
-  cmp("n_head", got.n_head, want.n_head);
-  cmp("n_embd", got.n_embd, want.n_embd);
-  cmp("block_size", got.block_size, want.block_size);
-  cmp("vocab_size", got.vocab_size, want.vocab_size);
-  cmp("n_kv_head", got.n_kv_head, want.n_kv_head, true);
-  cmp("ffn_hidden_size", got.ffn_hidden_size, want.ffn_hidden_size, true);
-  cmp("norm_eps", got.norm_eps, want.norm_eps);
-  cmp("rope_theta", got.rope.theta, want.rope.theta);
-  cmp("rope_scaling.factor", got.rope.scale_factor, want.rope.scale_factor);
-  if (got.rope.scale_factor > 0) {
-    cmp("rope_scaling.low_freq_factor", got.rope.low_freq_factor, want.rope.low_freq_factor);
-    cmp("rope_scaling.high_freq_factor", got.rope.high_freq_factor, want.rope.high_freq_factor);
-    cmp("rope_scaling.original_max_position", got.rope.original_max_positions,
-        want.rope.original_max_positions);
-  }
-  cmp("tie_embeddings", got.tie_embeddings, want.tie_embeddings);
+  for (const auto& [key, value] : a.items())
+    if (!b.contains(key) || b[key] != value)
+      out.push_back(fmt::format("{} = {} (the folder) vs {}", key, value.dump(),
+                                b.contains(key) ? b[key].dump() : "none"));
   return out;
 }
 
@@ -170,11 +155,15 @@ struct HfFolderReader::Impl {
 };
 
 HfFolderReader::HfFolderReader(const fs::path& dir, const ModelOptions& expect) {
+  const std::string file = (dir / "config.json").string();
   const ModelOptions got = hf_folder_options(dir);
-  const auto diff = differences(got, expect);
-  KILN_CHECK(diff.empty(), "{}: holds another model than the config asks for: {}",
-             (dir / "config.json").string(), fmt::join(diff, ", "));
-  const HfLayout layout = hf_arch(expect.arch, (dir / "config.json").string()).hf_layout(expect);
+  KILN_CHECK(got.arch == expect.arch, "{}: model_type = '{}', the config asks for model.arch '{}'",
+             file, got.arch, expect.arch);
+  const ModelArch arch = hf_arch(expect.arch, file);
+  const auto diff = differences(arch, got, expect);
+  KILN_CHECK(diff.empty(), "{}: holds another model than the config asks for: {}", file,
+             fmt::join(diff, ", "));
+  const HfLayout layout = arch.hf_layout(expect);
   impl_ = std::make_unique<Impl>(Impl{st::FolderReader(dir), {}, {}});
   const st::FolderReader& f = impl_->folder;
   std::set<std::string> wanted;
@@ -193,8 +182,7 @@ HfFolderReader::HfFolderReader(const fs::path& dir, const ModelOptions& expect) 
       continue;
     }
     const bool ignored = layout.ignored && (layout.ignored(name) || layout.ignored(prefix + name));
-    KILN_CHECK(ignored, "{}: unexpected tensor '{}' for {}", f.file_of(name).path(), name,
-               (dir / "config.json").string());
+    KILN_CHECK(ignored, "{}: unexpected tensor '{}' for {}", f.file_of(name).path(), name, file);
   }
   for (const HfParam& p : layout.params)
     for (const HfPiece& piece : p.pieces) {

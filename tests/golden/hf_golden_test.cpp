@@ -18,28 +18,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-ModelOptions options_of(const std::string& arch, const st::Reader& r) {
-  ModelOptions o;
-  o.arch = arch;
-  o.n_layer = meta_int(r, "n_layer");
-  o.n_head = meta_int(r, "n_head");
-  o.n_embd = meta_int(r, "n_embd");
-  o.vocab_size = meta_int(r, "vocab_size");
-  o.block_size = meta_int(r, "block_size");
-  if (arch == "llama") {
-    o.n_kv_head = meta_int(r, "n_kv_head");
-    o.ffn_hidden_size = meta_int(r, "ffn_hidden_size");
-    o.norm_eps = static_cast<float>(meta_double(r, "norm_eps"));
-    o.rope.theta = meta_double(r, "rope_theta");
-    o.rope.scale_factor = meta_double(r, "rope_scaling.factor");
-    o.rope.low_freq_factor = meta_double(r, "rope_scaling.low_freq_factor");
-    o.rope.high_freq_factor = meta_double(r, "rope_scaling.high_freq_factor");
-    o.rope.original_max_positions = meta_double(r, "rope_scaling.original_max_position");
-    o.tie_embeddings = r.metadata("tie_embeddings") == "True";
-  }
-  return o;
-}
-
 fs::path out_dir() {
   const char* env = std::getenv("KILN_HF_GOLDEN_OUT");
   return env ? fs::path(env) : fs::temp_directory_path() / "kiln_hf_golden";
@@ -51,7 +29,7 @@ TEST(HfGolden, ExportsTheGoldenParametersAsFolders) {
   for (const std::string arch : {"gpt2", "llama"}) {
     SCOPED_TRACE(arch);
     const st::Reader r(golden_path(arch + "_golden.safetensors"));
-    const ModelOptions o = options_of(arch, r);
+    const ModelOptions o = golden_options(arch, r);
     const fs::path dir = out_dir() / arch;
     const uint64_t shard = arch == "llama" ? 16384 : 5'000'000'000;
     write_hf_folder(o, [&](const std::string& name) { return r.read_f32(name); }, DType::F32,

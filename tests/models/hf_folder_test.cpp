@@ -333,13 +333,13 @@ TEST(HfFolder, CorruptOrUnsupportedFoldersAreOneLineErrors) {
   expect_error(d, "hidden_act = 'gelu'");
   d = fresh();
   edit_config(d, [](Json& j) { j["num_hidden_layers"] = 3; });
-  expect_error(d, "model.n_layer = 3 (the folder) vs 2");
+  expect_error(d, "holds another model than the config asks for: num_hidden_layers = 3 (the folder) vs 2");
   d = fresh();
   edit_config(d, [](Json& j) { j.erase("hidden_size"); });
   expect_error(d, "config.json: no \"hidden_size\"");
   d = fresh();
   edit_config(d, [](Json& j) { j["tie_word_embeddings"] = true; });  // lm_head.weight then unexpected
-  expect_error(d, "model.tie_embeddings = true (the folder) vs false");
+  expect_error(d, "tie_word_embeddings = true (the folder) vs false");
 
   d = fresh();
   fs::resize_file(d / "model.safetensors", fs::file_size(d / "model.safetensors") - 10);
