@@ -16,8 +16,9 @@ FolderReader::FolderReader(FolderReader&&) noexcept = default;
 FolderReader& FolderReader::operator=(FolderReader&&) noexcept = default;
 
 FolderReader::FolderReader(const fs::path& dir) {
-  const fs::path index = dir / kIndexFile, single = dir / kSingleFile;
-  if (!fs::exists(index)) {
+  const bool file = fs::is_regular_file(dir);
+  const fs::path index = dir / kIndexFile, single = file ? dir : dir / kSingleFile;
+  if (file || !fs::exists(index)) {
     KILN_CHECK(fs::exists(single), "{}: no {} nor {}", dir.string(), kIndexFile, kSingleFile);
     path_ = single.string();
     files_.push_back(std::make_unique<Reader>(path_));

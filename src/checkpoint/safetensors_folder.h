@@ -30,7 +30,7 @@ inline constexpr std::string_view kIndexFile = "model.safetensors.index.json";
 class FolderReader {
  public:
   /// Opens dir/model.safetensors.index.json and the shards it names, else
-  /// dir/model.safetensors. Throws kiln::Error naming the file at fault: neither present,
+  /// dir/model.safetensors (or, when `dir` is a file, that one safetensors file). Throws kiln::Error naming the file at fault: neither present,
   /// bad index JSON (no weight_map object, a non-string file name, a name with '/'), a
   /// missing or corrupt shard, a tensor the index maps to a shard that lacks it, or a
   /// tensor present in two shards.

@@ -16,6 +16,29 @@ namespace kiln {
 namespace fs = std::filesystem;
 namespace st = safetensors;
 
+std::vector<int64_t> hf_piece_shape(const HfParam& p, const HfPiece& piece) {
+  if (p.shape.ndim() == 1) return {piece.rows};
+  if (piece.transposed) return {p.shape[1], piece.rows};
+  return {piece.rows, p.shape[1]};
+}
+
+void hf_piece_bytes(const HfParam& p, const HfPiece& piece, int64_t row0,
+                    const std::vector<float>& values, DType dtype, void* dst) {
+  const int64_t cols = p.shape.ndim() == 1 ? 1 : p.shape[1], n = piece.rows * cols;
+  KILN_CHECK(static_cast<int64_t>(values.size()) == p.shape.numel() &&
+                 (row0 + piece.rows) * cols <= p.shape.numel(),
+             "export: tensor '{}' has {} values, {} needs {} (rows {}..{})", p.name, values.size(),
+             p.shape.str(), p.shape.numel(), row0, row0 + piece.rows);
+  const float* src = values.data() + row0 * cols;
+  std::vector<float> tmp;
+  if (piece.transposed) {
+    tmp.resize(static_cast<size_t>(n));
+    transpose_f32(src, tmp.data(), piece.rows, cols);
+    src = tmp.data();
+  }
+  convert(src, DType::F32, dst, dtype, static_cast<size_t>(n));
+}
+
 void transpose_f32(const float* src, float* dst, int64_t rows, int64_t cols) {
   constexpr int64_t kB = 32;
   for (int64_t r0 = 0; r0 < rows; r0 += kB)
@@ -106,13 +129,6 @@ ModelArch hf_arch(const std::string& arch, const std::string& what) {
   return model_arch(arch);
 }
 
-// The folder's shape of a 1-D or 2-D kiln parameter's piece.
-std::vector<int64_t> piece_shape(const HfParam& p, const HfPiece& piece) {
-  if (p.shape.ndim() == 1) return {piece.rows};
-  if (piece.transposed) return {p.shape[1], piece.rows};
-  return {piece.rows, p.shape[1]};
-}
-
 int64_t cols_of(const HfParam& p) { return p.shape.ndim() == 1 ? 1 : p.shape[1]; }
 
 // "num_hidden_layers = 3 (the folder) vs 2" for every config.json field in which the two
@@ -163,8 +179,15 @@ HfFolderReader::HfFolderReader(const fs::path& dir, const ModelOptions& expect) 
   const auto diff = differences(arch, got, expect);
   KILN_CHECK(diff.empty(), "{}: holds another model than the config asks for: {}", file,
              fmt::join(diff, ", "));
-  const HfLayout layout = arch.hf_layout(expect);
-  impl_ = std::make_unique<Impl>(Impl{st::FolderReader(dir), {}, {}});
+  open(dir, arch.hf_layout(expect), file);
+}
+
+HfFolderReader::HfFolderReader(const fs::path& path, const HfLayout& layout) {
+  open(path, layout, "this model");
+}
+
+void HfFolderReader::open(const fs::path& path, const HfLayout& layout, const std::string& what) {
+  impl_ = std::make_unique<Impl>(Impl{st::FolderReader(path), {}, {}});
   const st::FolderReader& f = impl_->folder;
   std::set<std::string> wanted;
   for (const HfParam& p : layout.params) {
@@ -182,7 +205,7 @@ HfFolderReader::HfFolderReader(const fs::path& dir, const ModelOptions& expect) 
       continue;
     }
     const bool ignored = layout.ignored && (layout.ignored(name) || layout.ignored(prefix + name));
-    KILN_CHECK(ignored, "{}: unexpected tensor '{}' for {}", f.file_of(name).path(), name, file);
+    KILN_CHECK(ignored, "{}: unexpected tensor '{}' for {}", f.file_of(name).path(), name, what);
   }
   for (const HfParam& p : layout.params)
     for (const HfPiece& piece : p.pieces) {
@@ -192,7 +215,7 @@ HfFolderReader::HfFolderReader(const fs::path& dir, const ModelOptions& expect) 
                      ? std::string()
                      : fmt::format(" (nor '{}')", piece.name.substr(prefix.size())));
       const st::TensorInfo& t = f.info(it->second);
-      const auto want = piece_shape(p, piece);
+      const auto want = hf_piece_shape(p, piece);
       KILN_CHECK(t.shape == want, "{}: tensor '{}' has shape {}, expected [{}]{}",
                  f.file_of(it->second).path(), it->second, t.shape_str(), fmt::join(want, ", "),
                  piece.transposed ? " (stored [in, out])" : "");
@@ -248,21 +271,9 @@ void write_hf_folder(const ModelOptions& options,
       st::FolderTensor t;
       t.name = piece.name;
       t.dtype = sdt;
-      t.shape = piece_shape(p, piece);
+      t.shape = hf_piece_shape(p, piece);
       t.produce = [&read, p, piece, row0, dtype](void* dst) {
-        const std::vector<float> full = read(p.name);
-        const int64_t cols = cols_of(p), n = piece.rows * cols;
-        KILN_CHECK(static_cast<int64_t>(full.size()) == p.shape.numel(),
-                   "export: tensor '{}' has {} values, {} needs {}", p.name, full.size(),
-                   p.shape.str(), p.shape.numel());
-        const float* src = full.data() + row0 * cols;
-        std::vector<float> tmp;
-        if (piece.transposed) {
-          tmp.resize(static_cast<size_t>(n));
-          transpose_f32(src, tmp.data(), piece.rows, cols);
-          src = tmp.data();
-        }
-        convert(src, DType::F32, dst, dtype, static_cast<size_t>(n));
+        hf_piece_bytes(p, piece, row0, read(p.name), dtype, dst);
       };
       tensors.push_back(std::move(t));
       row0 += piece.rows;

@@ -55,6 +55,16 @@ struct HfLayout {
   std::function<bool(const std::string& name)> ignored;
 };
 
+/// The shape in the folder of `piece` of `p`: [rows] (1-D), [rows, cols], or [cols, rows]
+/// when transposed.
+std::vector<int64_t> hf_piece_shape(const HfParam& p, const HfPiece& piece);
+/// The bytes of `piece` of `p` (its kiln rows [row0, row0 + piece.rows)) in `dtype` (F32,
+/// BF16, F16; rounded to nearest even) into dst, from the parameter's fp32 `values` (its
+/// whole global shape), transposed when the piece is. Throws kiln::Error naming the tensor
+/// when `values` has another size.
+void hf_piece_bytes(const HfParam& p, const HfPiece& piece, int64_t row0,
+                    const std::vector<float>& values, DType dtype, void* dst);
+
 /// dst[c * rows + r] = src[r * cols + c]: [rows, cols] -> [cols, rows] (fp32).
 void transpose_f32(const float* src, float* dst, int64_t rows, int64_t cols);
 
@@ -92,6 +102,9 @@ class HfFolderReader {
   /// present with its shape and no unknown tensor may be (errors name the shard file and
   /// tensor).
   HfFolderReader(const std::filesystem::path& dir, const ModelOptions& expect);
+  /// The tensors of `layout` in a folder's safetensors files, or in one safetensors file
+  /// `path`, with no config.json (the caller knows the shape); the same checks.
+  HfFolderReader(const std::filesystem::path& path, const HfLayout& layout);
   ~HfFolderReader();
   /// Elements [begin, end) of kiln parameter `name` (row-major in kiln's global shape)
   /// into dst (end - begin floats). Transposed pieces are read whole, the others only in
@@ -100,6 +113,7 @@ class HfFolderReader {
 
  private:
   struct Impl;
+  void open(const std::filesystem::path& path, const HfLayout& layout, const std::string& what);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -92,6 +92,12 @@ TrainerOptions quiet(std::string resume = "", int64_t exit_interval = 0) {
   return o;
 }
 
+ExportOptions export_as(std::string format) {
+  ExportOptions o;
+  o.format = std::move(format);
+  return o;
+}
+
 TEST(Trainer, LossDecreasesAndMetricsHaveTheDocumentedKeys) {
   TempDir tmp;
   const fs::path data = make_dataset(tmp.path);
@@ -179,7 +185,7 @@ TEST(Trainer, ExportImportRoundTrips) {
   checkpoint::CheckpointReader reader(ckpt);
   for (const std::string format : {"llmc", "safetensors", "hf"}) {
     const fs::path file = tmp.path / (format == "hf" ? "hf" : format == "llmc" ? "model.bin" : "model.safetensors");
-    export_checkpoint(ckpt, ExportOptions{format}, file);
+    export_checkpoint(ckpt, export_as(format), file);
     TrainConfig c = tiny_config(data, tmp.path / ("init-" + format), 1);
     c.model.init_from = file.string();
     c.model.vocab_size = 257;
@@ -214,7 +220,7 @@ TEST(Trainer, HuggingFaceFolderRoundTripsAndGivesTheShape) {
     { Trainer(c, quiet()).run(); }
     const fs::path ckpt = tmp.path / ("llama-" + dtype) / "ckpt" / "step_00000002";
     const fs::path out = tmp.path / ("hf-" + dtype);
-    export_checkpoint(ckpt, ExportOptions{"hf"}, out);
+    export_checkpoint(ckpt, export_as("hf"), out);
     const auto config = nlohmann::json::parse(std::ifstream(out / "config.json"));
     EXPECT_EQ(config["torch_dtype"], dtype == "fp32" ? "float32" : "bfloat16");
     EXPECT_EQ(config["eos_token_id"], 256);  // the byte tokenizer's end of text

@@ -41,12 +41,6 @@ std::string block_suffix(const std::string& name) {
   return dot == std::string::npos ? "" : name.substr(dot + 1);
 }
 
-std::vector<int64_t> dims_of(const Shape& s) {
-  std::vector<int64_t> d;
-  for (int i = 0; i < s.ndim(); ++i) d.push_back(s[i]);
-  return d;
-}
-
 const std::vector<float>& tensor_of(const GPT2Weights& w, const std::string& name) {
   auto it = w.tensors.find(name);
   KILN_CHECK(it != w.tensors.end(), "GPT-2 weights: missing tensor '{}'", name);
@@ -253,46 +247,27 @@ GPT2Weights load_hf_safetensors(const fs::path& path, int default_n_head) {
     KILN_FAIL("{}: inferred config {} is invalid: {}", file, c.str(), e.what());
   }
 
+  // The tensors as a folder's (names, Conv1D transposes, the buffers ignored).
+  ModelOptions o;
+  o.n_layer = c.n_layer, o.n_head = c.n_head, o.n_embd = c.n_embd, o.block_size = c.block_size;
+  o.vocab_size = c.vocab_size;
+  const HfFolderReader reader(path, gpt2_hf_layout(o));
   GPT2Weights w = gpt2_zero_weights(c);
-  std::set<std::string> used;
   for (const ParamSpec& p : gpt2_param_specs(c)) {
-    const std::string short_name = p.name.substr(12);  // strip "transformer."
-    const auto shape = shape_of(short_name);
-    const std::string& in_file = names[short_name];
-    used.insert(in_file);
-    const std::string suffix = block_suffix(p.name);
-    std::vector<int64_t> expect = dims_of(p.shape);
-    const bool conv = is_conv1d_weight(suffix);
-    if (conv) std::swap(expect[0], expect[1]);
-    if (p.name == "transformer.wte.weight") expect[0] = c.vocab_size;
-    KILN_CHECK(shape == expect, "{}: tensor '{}' has shape {}, expected [{}]{}", file, in_file,
-               r.info(in_file).shape_str(), fmt::join(expect, ", "),
-               conv ? " (Conv1D weights are stored [in, out])" : "");
-    std::vector<float> v = r.read_f32(in_file);
-    std::vector<float>& dst = w.tensors[p.name];
-    if (conv) {
-      transpose_f32(v.data(), dst.data(), expect[0], expect[1]);
-    } else {
-      std::copy(v.begin(), v.end(), dst.begin());  // wte: padded rows stay zero
-    }
+    const bool wte_rows = p.name == "transformer.wte.weight";  // the padded rows stay zero
+    reader.read(p.name, 0, wte_rows ? int64_t{c.vocab_size} * c.n_embd : p.shape.numel(),
+                w.tensors[p.name].data());
   }
-  for (const auto& [short_name, in_file] : names) {
-    if (used.count(in_file)) continue;
-    const bool buffer = short_name.starts_with("h.") && (short_name.ends_with(".attn.bias") ||
-                                                         short_name.ends_with(".attn.masked_bias"));
-    if (buffer) continue;
-    if (in_file == "lm_head.weight") {
-      KILN_CHECK(r.info(in_file).shape == wte,
-                 "{}: lm_head.weight has shape {}, wte {}: kiln ties the output head to wte",
-                 file, r.info(in_file).shape_str(), r.info(names["wte.weight"]).shape_str());
-      const std::vector<float> head = r.read_f32(in_file);
-      const std::vector<float>& emb = w.tensors["transformer.wte.weight"];
-      KILN_CHECK(std::equal(head.begin(), head.end(), emb.begin()),
-                 "{}: lm_head.weight differs from wte.weight: untied output heads are not supported",
-                 file);
-      continue;
-    }
-    KILN_FAIL("{}: unexpected tensor '{}' for a GPT-2 of {} layers", file, in_file, c.n_layer);
+  // Without a config.json that says it is tied, a head must be wte itself.
+  if (names.count("lm_head.weight")) {
+    KILN_CHECK(r.info("lm_head.weight").shape == wte,
+               "{}: lm_head.weight has shape {}, wte {}: kiln ties the output head to wte", file,
+               r.info("lm_head.weight").shape_str(), r.info(names["wte.weight"]).shape_str());
+    const std::vector<float> head = r.read_f32("lm_head.weight");
+    const std::vector<float>& emb = w.tensors["transformer.wte.weight"];
+    KILN_CHECK(std::equal(head.begin(), head.end(), emb.begin()),
+               "{}: lm_head.weight differs from wte.weight: untied output heads are not supported",
+               file);
   }
   return w;
 }
@@ -308,23 +283,16 @@ void save_hf_safetensors(const fs::path& path, const GPT2Weights& w) {
   wr.set_metadata("n_positions", std::to_string(c.block_size));
   wr.set_metadata("vocab_size", std::to_string(c.vocab_size));
   wr.set_metadata("padded_vocab_size", std::to_string(c.padded_vocab_size));
-  for (const ParamSpec& p : gpt2_param_specs(c)) {
-    const std::string short_name = p.name.substr(12);
+  // The folder's tensors (Conv1D transposes, wte's real rows), without the prefix.
+  ModelOptions o;
+  o.n_layer = c.n_layer, o.n_head = c.n_head, o.n_embd = c.n_embd, o.block_size = c.block_size;
+  o.vocab_size = c.vocab_size;
+  for (HfParam p : gpt2_hf_layout(o).params) {
+    if (p.name == "transformer.wte.weight") p.shape = Shape{c.padded_vocab_size, c.n_embd};
+    const HfPiece& piece = p.pieces.front();
     const std::vector<float>& t = tensor_of(w, p.name);
-    std::vector<int64_t> shape = dims_of(p.shape);
-    const std::string suffix = block_suffix(p.name);
-    if (is_conv1d_weight(suffix)) {
-      const int64_t rows = shape[0], cols = shape[1];
-      std::swap(shape[0], shape[1]);
-      const float* src = t.data();
-      wr.add_produced(short_name, safetensors::StDType::F32, shape, [src, rows, cols](void* dst) {
-        transpose_f32(src, static_cast<float*>(dst), rows, cols);
-      });
-    } else {
-      if (p.name == "transformer.wte.weight") shape[0] = c.vocab_size;  // strip padding
-      const size_t n = static_cast<size_t>(shape[0]) * (shape.size() > 1 ? shape[1] : 1);
-      wr.add_borrowed(short_name, safetensors::StDType::F32, shape, t.data(), n * sizeof(float));
-    }
+    wr.add_produced(piece.name.substr(12), safetensors::StDType::F32, hf_piece_shape(p, piece),
+                    [p, piece, &t](void* dst) { hf_piece_bytes(p, piece, 0, t, DType::F32, dst); });
   }
   wr.write();
 }
