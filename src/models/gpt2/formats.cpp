@@ -41,6 +41,14 @@ std::string block_suffix(const std::string& name) {
   return dot == std::string::npos ? "" : name.substr(dot + 1);
 }
 
+// The [model] options of `c` (its shape; arch gpt2).
+ModelOptions options_of(const GPT2Config& c) {
+  ModelOptions o;
+  o.n_layer = c.n_layer, o.n_head = c.n_head, o.n_embd = c.n_embd, o.block_size = c.block_size;
+  o.vocab_size = c.vocab_size;
+  return o;
+}
+
 const std::vector<float>& tensor_of(const GPT2Weights& w, const std::string& name) {
   auto it = w.tensors.find(name);
   KILN_CHECK(it != w.tensors.end(), "GPT-2 weights: missing tensor '{}'", name);
@@ -248,10 +256,7 @@ GPT2Weights load_hf_safetensors(const fs::path& path, int default_n_head) {
   }
 
   // The tensors as a folder's (names, Conv1D transposes, the buffers ignored).
-  ModelOptions o;
-  o.n_layer = c.n_layer, o.n_head = c.n_head, o.n_embd = c.n_embd, o.block_size = c.block_size;
-  o.vocab_size = c.vocab_size;
-  const HfFolderReader reader(path, gpt2_hf_layout(o));
+  const HfFolderReader reader(path, gpt2_hf_layout(options_of(c)));
   GPT2Weights w = gpt2_zero_weights(c);
   for (const ParamSpec& p : gpt2_param_specs(c)) {
     const bool wte_rows = p.name == "transformer.wte.weight";  // the padded rows stay zero
@@ -284,10 +289,7 @@ void save_hf_safetensors(const fs::path& path, const GPT2Weights& w) {
   wr.set_metadata("vocab_size", std::to_string(c.vocab_size));
   wr.set_metadata("padded_vocab_size", std::to_string(c.padded_vocab_size));
   // The folder's tensors (Conv1D transposes, wte's real rows), without the prefix.
-  ModelOptions o;
-  o.n_layer = c.n_layer, o.n_head = c.n_head, o.n_embd = c.n_embd, o.block_size = c.block_size;
-  o.vocab_size = c.vocab_size;
-  for (HfParam p : gpt2_hf_layout(o).params) {
+  for (HfParam p : gpt2_hf_layout(options_of(c)).params) {
     if (p.name == "transformer.wte.weight") p.shape = Shape{c.padded_vocab_size, c.n_embd};
     const HfPiece& piece = p.pieces.front();
     const std::vector<float>& t = tensor_of(w, p.name);
