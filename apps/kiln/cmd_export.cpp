@@ -1,24 +1,59 @@
 #include "apps/kiln/commands.h"
+#include "core/error.h"
 #include "train/model_io.h"
 
 #include <fmt/format.h>
 
+#include <cctype>
+
 namespace kiln::app {
+
+namespace {
+// "5GB" (10^9, as transformers), "500MB", "2GiB", "1048576": bytes. Throws kiln::Error.
+uint64_t parse_size(const std::string& s) {
+  size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &pos);
+  } catch (const std::exception&) {
+    KILN_FAIL("--shard-size '{}': expected a size such as 5GB, 500MB or 2GiB", s);
+  }
+  std::string unit = s.substr(pos);
+  for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  static const std::pair<const char*, double> units[] = {
+      {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+      {"KIB", 1024.0}, {"MIB", 1048576.0}, {"GIB", 1073741824.0}};
+  for (const auto& [name, scale] : units)
+    if (unit == name && v * scale >= 1) return static_cast<uint64_t>(v * scale);
+  KILN_FAIL("--shard-size '{}': expected a positive size such as 5GB, 500MB or 2GiB", s);
+}
+}  // namespace
 
 void register_export(CLI::App& app) {
   auto* cmd = app.add_subcommand(
-      "export", "Write a checkpoint's weights as an llm.c .bin or a Hugging Face .safetensors");
+      "export", "Write a checkpoint's weights as a Hugging Face model folder, an llm.c .bin or a "
+                "Hugging Face .safetensors");
   struct Args {
-    std::string checkpoint, format, out;
+    std::string checkpoint, format, out, dtype, shard_size = "5GB";
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--checkpoint", a->checkpoint, "A checkpoint directory")->required();
-  cmd->add_option("--format", a->format, "llmc | safetensors")
+  cmd->add_option("--format", a->format, "hf (a Hugging Face folder) | llmc | safetensors")
       ->required()
-      ->check(CLI::IsMember({"llmc", "safetensors"}));
-  cmd->add_option("--out", a->out, "Output file")->required();
+      ->check(CLI::IsMember({"hf", "llmc", "safetensors"}));
+  cmd->add_option("--out", a->out, "Output folder (hf) or file")->required();
+  cmd->add_option("--dtype", a->dtype, "hf: fp32 | bf16 | fp16 (default: the checkpoint's)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  cmd->add_option("--shard-size", a->shard_size,
+                  "hf: most bytes of tensor data per shard (default 5GB)");
   cmd->callback([a] {
-    export_checkpoint(a->checkpoint, a->format, a->out);
+    ExportOptions o;
+    o.format = a->format;
+    KILN_CHECK(a->format == "hf" || (a->dtype.empty() && a->shard_size == "5GB"),
+               "kiln export: --dtype and --shard-size are options of --format hf");
+    o.dtype = a->dtype;
+    o.shard_bytes = parse_size(a->shard_size);
+    export_checkpoint(a->checkpoint, o, a->out);
     fmt::print("kiln export: {} -> {} ({})\n", a->checkpoint, a->out, a->format);
   });
 }

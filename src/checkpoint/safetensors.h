@@ -130,6 +130,10 @@ class Reader {
   /// `name` converted to fp32: any floating dtype (F8 excluded) or integer dtype whose
   /// values fit (integers are converted exactly below 2^24).
   std::vector<float> read_f32(std::string_view name) const;
+  /// Elements [begin, end) of `name` (row-major, flat) converted to fp32 into `dst`
+  /// (end - begin floats): F32, F16, BF16 or F64 in the file. Reads only those bytes.
+  /// Throws kiln::Error naming the file and tensor for another dtype or a bad range.
+  void read_f32_range(std::string_view name, int64_t begin, int64_t end, float* dst) const;
   /// `name` as int32: I32, or I64/I16/I8/U8/U16/U32 whose values fit in int32.
   std::vector<int32_t> read_i32(std::string_view name) const;
 

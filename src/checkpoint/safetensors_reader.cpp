@@ -369,6 +369,30 @@ std::vector<float> Reader::read_f32(std::string_view name) const {
   return out;
 }
 
+void Reader::read_f32_range(std::string_view name, int64_t begin, int64_t end, float* dst) const {
+  const TensorInfo& t = info(name);
+  KILN_CHECK(0 <= begin && begin <= end && end <= t.numel(),
+             "{}: tensor '{}': range [{}, {}) outside its {} elements", path_, name, begin, end,
+             t.numel());
+  KILN_CHECK(is_float(t.dtype), "{}: tensor '{}' has dtype {}, not F32, F16, BF16 or F64", path_, name,
+             st_dtype_name(t.dtype));
+  const size_t n = static_cast<size_t>(end - begin), es = st_dtype_size(t.dtype);
+  if (n == 0) return;
+  const uint64_t at = data_offset_ + t.begin + static_cast<uint64_t>(begin) * es;
+  const std::string what = fmt::format("tensor '{}'", name);
+  if (t.dtype == StDType::F32) {
+    read_at(at, dst, n * es, what);
+    return;
+  }
+  std::vector<std::byte> raw(n * es);
+  read_at(at, raw.data(), raw.size(), what);
+  if (t.dtype == StDType::F64) {
+    widen<double>(raw, n, [&](size_t i, double x) { dst[i] = static_cast<float>(x); });
+  } else {
+    convert(raw.data(), *to_kiln_dtype(t.dtype), dst, DType::F32, n);
+  }
+}
+
 std::vector<int32_t> Reader::read_i32(std::string_view name) const {
   const TensorInfo& t = info(name);
   const size_t n = static_cast<size_t>(t.numel());

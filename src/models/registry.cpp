@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "models/gpt2/formats.h"
 #include "models/gpt2/gpt2.h"
+#include "models/llama/formats.h"
 #include "models/llama/llama.h"
 
 #include <mutex>
@@ -21,6 +22,9 @@ ModelArch gpt2_arch() {
   a.options_from_json = gpt2_options_from_json;
   a.import_weights = gpt2_import_weights;
   a.export_weights = gpt2_export_weights;
+  a.options_from_hf = gpt2_options_from_hf;
+  a.hf_config = gpt2_hf_config;
+  a.hf_layout = gpt2_hf_layout;
   return a;
 }
 
@@ -30,6 +34,9 @@ ModelArch llama_arch() {
     return std::make_unique<Llama>(llama_config_of(o), backend, storage);
   };
   a.options_from_json = llama_options_from_json;
+  a.options_from_hf = llama_options_from_hf;
+  a.hf_config = llama_hf_config;
+  a.hf_layout = llama_hf_layout;
   return a;
 }
 
@@ -71,6 +78,8 @@ void register_arch(const std::string& arch, ModelArch entry) {
   std::lock_guard<std::mutex> lock(registry().mutex);
   registry().archs[arch] = std::move(entry);
 }
+
+ModelArch model_arch(const std::string& arch) { return entry_of(arch); }
 
 std::vector<std::string> model_archs() {
   std::lock_guard<std::mutex> lock(registry().mutex);

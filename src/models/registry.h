@@ -1,11 +1,13 @@
 // The model registry: a Model from the architecture named by model.arch.
 //
 // Built in: "gpt2" (models/gpt2), with its own file formats (llm.c .bin, Hugging Face
-// .safetensors), and "llama" (models/llama: Llama 3, kiln checkpoints only). Tests and extensions add their own with register_model() or
+// .safetensors), and "llama" (models/llama: Llama 3); both read and write Hugging Face
+// model folders (models/hf_formats.h). Tests and extensions add their own with register_model() or
 // register_arch(); nothing that trains, shards, saves, samples or exports a model names
 // its class.
 #pragma once
 
+#include "models/hf_formats.h"
 #include "models/model.h"
 
 #include <nlohmann/json.hpp>
@@ -65,6 +67,15 @@ struct ModelArch {
   std::function<void(const nlohmann::json& config, const TensorSource& read,
                      const std::string& format, const std::filesystem::path& out)>
       export_weights;
+  /// Hugging Face folders (models/hf_formats.h). The options of a config.json whose
+  /// model_type is this architecture (`file` names it in errors); throws kiln::Error naming
+  /// the file and key for an unsupported option.
+  std::function<ModelOptions(const nlohmann::json& hf_config, const std::string& file)>
+      options_from_hf;
+  /// The config.json of a model of `options` (transformers' fields for the model type).
+  std::function<nlohmann::json(const ModelOptions& options)> hf_config;
+  /// Where the parameters of a model of `options` live in a folder.
+  std::function<HfLayout(const ModelOptions& options)> hf_layout;
 };
 
 /// Builds the model `options.arch` names. Throws kiln::Error listing the known
@@ -86,6 +97,8 @@ HostWeights import_model_weights(const std::filesystem::path& file, const ModelO
 void export_model_weights(const std::string& arch, const nlohmann::json& config,
                           const TensorSource& read, const std::string& format,
                           const std::filesystem::path& out);
+/// A copy of the entry of `arch`. Throws kiln::Error listing the known architectures.
+ModelArch model_arch(const std::string& arch);
 /// The registered architectures, sorted.
 std::vector<std::string> model_archs();
 

@@ -1,6 +1,6 @@
-// The training configuration: TOML reading, --set overrides, preset resolution,
-// validation, to_toml()/hash() and the schedule's keys, all driven by the key table
-// (config_keys.h / config_keys.cpp).
+// The training configuration: TOML reading, --set overrides, preset (and Hugging Face
+// folder: config_hf.cpp) resolution, validation, to_toml()/hash() and the schedule's keys,
+// all driven by the key table (config_keys.h / config_keys.cpp).
 #include "train/config.h"
 #include "train/config_keys.h"
 
@@ -17,7 +17,6 @@
 #include <optional>
 #include <sstream>
 #include <variant>
-
 #include "core/error.h"
 
 namespace kiln {
@@ -351,6 +350,7 @@ const ModelPreset* find_preset(std::string_view name) {
 
 // Fills the preset's values (for keys not given explicitly) and the derived defaults.
 void resolve(TrainConfig& c, const Origins& origins) {
+  fill_model_from_hf_folder(c, origins);
   if (const ModelPreset* p = find_preset(c.model.preset)) {
     auto fill = [&](const char* name, int& field, int value) {
       if (!origins.contains(name)) field = value;

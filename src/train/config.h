@@ -48,7 +48,7 @@ struct ModelSection {
   double rope_theta = 10000.0;
   RopeScalingSection rope_scaling;
   bool tie_embeddings = false;  // output head shares the token embedding
-  std::string init_from;  // "" = random init; a kiln checkpoint dir, an llm.c .bin or a .safetensors
+  std::string init_from;  // "" = random init; a kiln checkpoint dir, a Hugging Face folder, an llm.c .bin or a .safetensors
   bool operator==(const ModelSection&) const = default;
 };
 

@@ -77,8 +77,9 @@ const std::vector<Key>& keys() {
         any(KILN_KEY(model, tie_embeddings),
             "The output head is the token embedding (llama; Llama 3.2 1B/3B tie). GPT-2 always ties."),
         any(KILN_KEY(model, init_from),
-            "Initial weights: \"\" = random init; a kiln checkpoint dir, an llm.c .bin or a "
-            ".safetensors file."),
+            "Initial weights: \"\" = random init; a kiln checkpoint dir, a Hugging Face model "
+            "folder (config.json + safetensors; its config.json fills the model keys not set "
+            "explicitly), an llm.c .bin or a .safetensors file."),
         any(KILN_KEY(data, dir), "Directory of the tokenized data set (required for training)."),
         nonneg(KILN_KEY(train, steps), "Optimizer updates to run (required, > 0, for training)."),
         positive(KILN_KEY(train, micro_batch), "Sequences per rank per micro-step."),

@@ -8,6 +8,7 @@
 #include "train/config.h"
 
 #include <limits>
+#include <map>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -45,5 +46,12 @@ const std::vector<Key>& keys();
 const Key* find_key(std::string_view name);
 /// The sections, in table order.
 std::vector<std::string> section_names();
+
+/// When model.init_from is a Hugging Face model folder: every [model] shape key not in
+/// `origins` (the keys set explicitly: key -> "config.toml" or "--set") takes the value of
+/// the folder's config.json; an explicit key that differs is a kiln::Error naming both,
+/// as is model.preset (config_hf.cpp).
+void fill_model_from_hf_folder(TrainConfig& config,
+                               const std::map<std::string, std::string, std::less<>>& origins);
 
 }  // namespace kiln::config_detail

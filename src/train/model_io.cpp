@@ -144,25 +144,14 @@ std::unique_ptr<data::Tokenizer> load_checkpoint_tokenizer(const checkpoint::Che
 }
 
 namespace {
-// Throws unless `w` holds every parameter of `params` at its global size.
-void check_weights(const HostWeights& w, const std::vector<ParamSpec>& params, const fs::path& path) {
-  for (const ParamSpec& p : params) {
-    auto it = w.find(p.name);
-    KILN_CHECK(it != w.end(), "{}: no tensor '{}'", path.string(), p.name);
-    KILN_CHECK(static_cast<int64_t>(it->second.size()) == p.shape.numel(),
-               "{}: tensor '{}' has {} values, the model's {} needs {}", path.string(), p.name,
-               it->second.size(), p.shape.str(), p.shape.numel());
-  }
-}
-}  // namespace
 
-HostWeights read_model_weights(const fs::path& path, const ModelOptions& expect,
-                               const std::vector<ParamSpec>& params) {
-  KILN_CHECK(fs::exists(path), "model.init_from: {} does not exist", path.string());
-  HostWeights w;
-  if (fs::is_directory(path)) {
-    checkpoint::CheckpointReader reader(path);
-    const ModelOptions got = checkpoint_model_options(reader);
+// A kiln checkpoint: ranges read from whatever slices were written.
+class CheckpointSource final : public WeightSource {
+ public:
+  CheckpointSource(const fs::path& path, const ModelOptions& expect,
+                   const std::vector<ParamSpec>& params)
+      : reader_(path) {
+    const ModelOptions got = checkpoint_model_options(reader_);
     KILN_CHECK(got.arch == expect.arch && got.n_layer == expect.n_layer &&
                    got.n_head == expect.n_head && got.n_embd == expect.n_embd &&
                    got.block_size == expect.block_size && got.vocab_size == expect.vocab_size,
@@ -172,28 +161,121 @@ HostWeights read_model_weights(const fs::path& path, const ModelOptions& expect,
                got.block_size, got.vocab_size, expect.arch, expect.n_layer, expect.n_head,
                expect.n_embd, expect.block_size, expect.vocab_size);
     for (const ParamSpec& p : params) {
-      KILN_CHECK(reader.has(p.name), "{}: no tensor '{}'", path.string(), p.name);
-      w[p.name] = reader.read_f32(p.name);
+      KILN_CHECK(reader_.has(p.name), "{}: no tensor '{}'", path.string(), p.name);
+      KILN_CHECK(reader_.global_shape(p.name) == p.shape,
+                 "{}: tensor '{}' has shape {}, the model's is {}", path.string(), p.name,
+                 reader_.global_shape(p.name).str(), p.shape.str());
     }
-  } else {
-    w = import_model_weights(path, expect);
   }
-  check_weights(w, params, path);
-  return w;
+  void read(const ParamSpec& p, int64_t begin, int64_t end, float* dst) const override {
+    reader_.read_flat_range(p.name, begin, end, dst, DType::F32);
+  }
+
+ private:
+  checkpoint::CheckpointReader reader_;
+};
+
+// A Hugging Face folder: ranges read from its shards.
+class HfFolderSource final : public WeightSource {
+ public:
+  HfFolderSource(const fs::path& path, const ModelOptions& expect) : reader_(path, expect) {}
+  void read(const ParamSpec& p, int64_t begin, int64_t end, float* dst) const override {
+    reader_.read(p.name, begin, end, dst);
+  }
+
+ private:
+  HfFolderReader reader_;
+};
+
+// A file of the architecture's own formats, read whole.
+class HostSource final : public WeightSource {
+ public:
+  HostSource(HostWeights w, const std::vector<ParamSpec>& params, const fs::path& path)
+      : w_(std::move(w)) {
+    for (const ParamSpec& p : params) {
+      auto it = w_.find(p.name);
+      KILN_CHECK(it != w_.end(), "{}: no tensor '{}'", path.string(), p.name);
+      KILN_CHECK(static_cast<int64_t>(it->second.size()) == p.shape.numel(),
+                 "{}: tensor '{}' has {} values, the model's {} needs {}", path.string(), p.name,
+                 it->second.size(), p.shape.str(), p.shape.numel());
+    }
+  }
+  void read(const ParamSpec& p, int64_t begin, int64_t end, float* dst) const override {
+    const std::vector<float>& v = w_.at(p.name);
+    std::copy(v.begin() + begin, v.begin() + end, dst);
+  }
+
+ private:
+  HostWeights w_;
+};
+
+}  // namespace
+
+std::unique_ptr<WeightSource> open_model_weights(const fs::path& path, const ModelOptions& expect,
+                                                 const std::vector<ParamSpec>& params) {
+  KILN_CHECK(fs::exists(path), "model.init_from: {} does not exist", path.string());
+  if (is_hf_folder(path)) return std::make_unique<HfFolderSource>(path, expect);
+  if (fs::is_directory(path)) return std::make_unique<CheckpointSource>(path, expect, params);
+  return std::make_unique<HostSource>(import_model_weights(path, expect), params, path);
 }
 
 void load_weights_into(Model& model, const ModelOptions& expect, const fs::path& path) {
-  const HostWeights w = read_model_weights(path, expect, model.params());
+  const auto source = open_model_weights(path, expect, model.params());
   Backend& be = model.backend();
-  for (const ParamSpec& p : model.params()) upload_f32(be, model.param(p), w.at(p.name).data());
+  std::vector<float> buf;
+  for (const ParamSpec& p : model.params()) {
+    buf.resize(static_cast<size_t>(p.shape.numel()));
+    source->read(p, 0, p.shape.numel(), buf.data());
+    upload_f32(be, model.param(p), buf.data());
+  }
 }
 
-void export_checkpoint(const fs::path& checkpoint_dir, const std::string& format,
+std::map<std::string, std::string> hf_tokenizer_files(const checkpoint::CheckpointReader& reader,
+                                                      nlohmann::json& config_fields) {
+  bool any = false;
+  for (const auto& name : reader.extra_file_names()) any = any || name.starts_with("tokenizer/");
+  if (!any) return {};
+  const auto tok = load_checkpoint_tokenizer(reader);
+  config_fields["bos_token_id"] = tok->eot_id();
+  config_fields["eos_token_id"] = tok->eot_id();
+  // MERGE (issue 15, tokenizers): the tokenizer's Hugging Face files go here, e.g.
+  //   data::export_hf_tokenizer(*tok, tmp_dir), then each file of tmp_dir -> the map.
+  // Until then the folder has no tokenizer files.
+  return {};
+}
+
+namespace {
+// The dtype a checkpoint's parameters were trained in: that of its "lowp.<name>" copies.
+DType checkpoint_dtype(const checkpoint::CheckpointReader& reader) {
+  for (const std::string& name : reader.names())
+    if (name.starts_with("lowp.")) return reader.dtype(name);
+  return DType::F32;
+}
+}  // namespace
+
+void export_checkpoint(const fs::path& checkpoint_dir, const ExportOptions& options,
                        const fs::path& out) {
   checkpoint::CheckpointReader reader(checkpoint_dir);
-  if (out.has_parent_path()) fs::create_directories(out.parent_path());
-  export_model_weights(checkpoint_arch(reader.state()), reader.state().at("model"),
-                       [&](const std::string& name) { return reader.read_f32(name); }, format, out);
+  const std::string arch = checkpoint_arch(reader.state());
+  const nlohmann::json& config = reader.state().at("model");
+  if (options.format != "hf") {
+    if (out.has_parent_path()) fs::create_directories(out.parent_path());
+    export_model_weights(arch, config, [&](const std::string& name) { return reader.read_f32(name); },
+                         options.format, out);
+    return;
+  }
+  const DType dtype = options.dtype.empty() ? checkpoint_dtype(reader) : parse_dtype(options.dtype);
+  // In the checkpoint's low precision its "lowp." copies are the model (bitwise); else the
+  // fp32 values (rounded to `dtype` when lower).
+  auto read = [&](const std::string& name) {
+    const std::string lowp = "lowp." + name;
+    return dtype != DType::F32 && reader.has(lowp) && reader.dtype(lowp) == dtype
+               ? reader.read_f32(lowp) : reader.read_f32(name);
+  };
+  nlohmann::json fields = nlohmann::json::object();
+  const auto tokenizer = hf_tokenizer_files(reader, fields);
+  write_hf_folder(model_options_from_json(arch, config), read, dtype, options.shard_bytes, out,
+                  tokenizer, fields);
 }
 
 }  // namespace kiln

@@ -38,24 +38,55 @@ void load_optimizer_from_checkpoint(const checkpoint::CheckpointReader& reader, 
 void load_model_from_checkpoint(const checkpoint::CheckpointReader& reader, Model& model,
                                 AdamW* optimizer);
 
-/// The parameters `params` (names, global shapes) of a model of `expect` (model.init_from):
-/// from a kiln checkpoint directory of expect.arch, or from a file in the architecture's
-/// own formats (registry import_model_weights; GPT-2: an llm.c .bin, magic 20240326, or a
-/// Hugging Face .safetensors), chosen by what `path` is. Throws kiln::Error naming the
-/// file when it is missing, corrupt, of another architecture, or holds a model of another
-/// shape than `expect` (a parameter missing or of another size).
-HostWeights read_model_weights(const std::filesystem::path& path, const ModelOptions& expect,
-                               const std::vector<ParamSpec>& params);
+/// A model's initial parameters (model.init_from), read piecewise: each rank reads the
+/// element ranges it holds, one tensor at a time.
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  /// Elements [begin, end) of parameter `p` (row-major in its global shape) as fp32 into
+  /// dst (end - begin floats). Throws kiln::Error naming the file at fault.
+  virtual void read(const ParamSpec& p, int64_t begin, int64_t end, float* dst) const = 0;
+};
 
-/// Loads read_model_weights(path, expect, model.params()) into every parameter of `model`
+/// The parameters `params` (names, global shapes) of a model of `expect`, chosen by what
+/// `path` is: a Hugging Face model folder (a directory with config.json; ranges read from
+/// its shards, models/hf_formats.h), a kiln checkpoint directory of expect.arch (ranges
+/// read from its slices), or a file in the architecture's own formats (registry
+/// import_model_weights, read whole once; GPT-2: an llm.c .bin, magic 20240326, or a
+/// Hugging Face .safetensors). Throws kiln::Error naming the file when it is missing,
+/// corrupt, of another architecture, or holds a model of another shape than `expect` (a
+/// parameter missing or of another size).
+std::unique_ptr<WeightSource> open_model_weights(const std::filesystem::path& path,
+                                                 const ModelOptions& expect,
+                                                 const std::vector<ParamSpec>& params);
+
+/// Loads open_model_weights(path, expect, model.params()) into every parameter of `model`
 /// (a model of `expect`, its parameters allocated).
 void load_weights_into(Model& model, const ModelOptions& expect, const std::filesystem::path& path);
 
-/// Writes the model weights of a kiln checkpoint in one of its architecture's own formats
-/// (GPT-2: an llm.c .bin, "llmc", or a Hugging Face model.safetensors, "safetensors"),
-/// atomically. Throws kiln::Error for an unknown format or an architecture without any.
-void export_checkpoint(const std::filesystem::path& checkpoint_dir, const std::string& format,
+/// How `kiln export` writes a checkpoint.
+struct ExportOptions {
+  std::string format;  // "hf" (a Hugging Face folder), or the architecture's own file formats
+  /// "hf": "" = the checkpoint's dtype (its low-precision copies, bf16 / fp16, when it has
+  /// them, else fp32), or "fp32" | "bf16" | "fp16".
+  std::string dtype;
+  uint64_t shard_bytes = 5'000'000'000;  // "hf": most tensor bytes per shard (transformers' 5GB)
+};
+
+/// Writes the model weights of a kiln checkpoint atomically: as a Hugging Face folder
+/// ("hf": config.json, generation_config.json, model.safetensors or shards and their index,
+/// the tokenizer's files once wired: hf_tokenizer_files), or in one of its architecture's
+/// own formats (GPT-2: an llm.c .bin, "llmc", or a Hugging Face model.safetensors,
+/// "safetensors"). Throws kiln::Error for an unknown format or an architecture without it.
+void export_checkpoint(const std::filesystem::path& checkpoint_dir, const ExportOptions& options,
                        const std::filesystem::path& out);
+
+/// The tokenizer files of a Hugging Face folder for the checkpoint's tokenizer (name ->
+/// contents), and the token ids config.json names (bos_token_id, eos_token_id: the
+/// tokenizer's end-of-text id) in `config_fields`. Empty when the checkpoint has no
+/// tokenizer.
+std::map<std::string, std::string> hf_tokenizer_files(const checkpoint::CheckpointReader& reader,
+                                                      nlohmann::json& config_fields);
 
 /// The tokenizer files (Tokenizer::save output) as name -> bytes, to store in a
 /// checkpoint under "tokenizer/<name>".

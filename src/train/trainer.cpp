@@ -150,10 +150,15 @@ void Trainer::init_weights() {
     one_step_->init_weights(static_cast<uint64_t>(config_.train.seed));
     return;
   }
-  const HostWeights w =
-      read_model_weights(config_.model.init_from, model_options_from(config_), model_->params());
-  for (const AdamWSegment& seg : dp_->load_segments())
-    upload_f32(*backend_, seg.param, w.at(seg.spec.name).data() + seg.begin);
+  // Each rank reads only the ranges it holds (all of every parameter below ZeRO-3).
+  const auto source =
+      open_model_weights(config_.model.init_from, model_options_from(config_), model_->params());
+  std::vector<float> buf;
+  for (const AdamWSegment& seg : dp_->load_segments()) {
+    buf.resize(static_cast<size_t>(seg.size()));
+    source->read(seg.spec, seg.begin, seg.end, buf.data());
+    upload_f32(*backend_, seg.param, buf.data());
+  }
   optimizer_->sync_master_from_params();
   if (options_.verbose) fmt::print("kiln: initialised from {}\n", config_.model.init_from);
 }

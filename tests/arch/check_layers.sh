@@ -10,9 +10,10 @@ set -u
 src="$1/src"
 bad=0
 report() { echo "layer violation: $1"; bad=1; }
-# A model's own file formats (src/models/gpt2/formats.cpp: llm.c, Hugging Face) may write
-# with checkpoint/'s safetensors and durable-file primitives, and only those.
-formats='^'"$src"'/models/gpt2/formats\.cpp:[0-9]+:#include "checkpoint/(safetensors|file_util)\.h"'
+# A model's own file formats (src/models/gpt2/formats.cpp: llm.c, Hugging Face; the shared
+# Hugging Face folders, src/models/hf_formats.cpp) may write with checkpoint/'s
+# safetensors and durable-file primitives, and only those.
+formats='^'"$src"'/models/(gpt2/formats|hf_formats)\.cpp:[0-9]+:#include "checkpoint/(safetensors|safetensors_folder|file_util)\.h"'
 while IFS= read -r line; do report "$line"; done < <(
   grep -rnE '#include\s+"(backend/(cpu|cuda)/|comm/|parallel/|train/|data/|checkpoint/)' \
     "$src/models" "$src/nn" 2>/dev/null | grep -vE "$formats")

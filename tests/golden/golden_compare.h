@@ -8,6 +8,7 @@
 #include "backend/backend.h"
 #include "checkpoint/safetensors.h"
 #include "models/model.h"
+#include "models/registry.h"
 #include "optim/adamw.h"
 
 #include <fmt/format.h>
@@ -153,6 +154,30 @@ inline void check_file_matches(const safetensors::Reader& r, const std::string& 
     const size_t C = w.size() / static_cast<size_t>(model.padded_vocab_size());
     for (size_t i = static_cast<size_t>(V) * C; i < w.size(); ++i) ASSERT_EQ(w[i], 0.f) << name;
   }
+}
+
+/// The [model] options of golden file `r` of architecture `arch` ("gpt2": the shape;
+/// "llama": also n_kv_head, ffn_hidden_size, norm_eps, the rope and tie_embeddings).
+inline ModelOptions golden_options(const std::string& arch, const safetensors::Reader& r) {
+  ModelOptions o;
+  o.arch = arch;
+  o.n_layer = meta_int(r, "n_layer");
+  o.n_head = meta_int(r, "n_head");
+  o.n_embd = meta_int(r, "n_embd");
+  o.vocab_size = meta_int(r, "vocab_size");
+  o.block_size = meta_int(r, "block_size");
+  if (arch == "llama") {
+    o.n_kv_head = meta_int(r, "n_kv_head");
+    o.ffn_hidden_size = meta_int(r, "ffn_hidden_size");
+    o.norm_eps = static_cast<float>(meta_double(r, "norm_eps"));
+    o.rope.theta = meta_double(r, "rope_theta");
+    o.rope.scale_factor = meta_double(r, "rope_scaling.factor");
+    o.rope.low_freq_factor = meta_double(r, "rope_scaling.low_freq_factor");
+    o.rope.high_freq_factor = meta_double(r, "rope_scaling.high_freq_factor");
+    o.rope.original_max_positions = meta_double(r, "rope_scaling.original_max_position");
+    o.tie_embeddings = r.metadata("tie_embeddings") == "True";
+  }
+  return o;
 }
 
 /// logits [B,T,Vp] (fp32) of tokens int32 [B,T]: the model's inference forward.

@@ -21,23 +21,10 @@ namespace {
 std::string golden_file() { return golden_path("llama_golden.safetensors"); }
 std::string generator_file() { return golden_path("make_llama_golden.py"); }
 
+// The file's config; its padded vocabulary is the one kiln pads to.
 LlamaConfig config_of(const st::Reader& r) {
-  LlamaConfig c;
-  c.n_layer = meta_int(r, "n_layer");
-  c.n_head = meta_int(r, "n_head");
-  c.n_kv_head = meta_int(r, "n_kv_head");
-  c.n_embd = meta_int(r, "n_embd");
-  c.ffn_hidden_size = meta_int(r, "ffn_hidden_size");
-  c.vocab_size = meta_int(r, "vocab_size");
-  c.padded_vocab_size = meta_int(r, "padded_vocab_size");
-  c.block_size = meta_int(r, "block_size");
-  c.norm_eps = static_cast<float>(meta_double(r, "norm_eps"));
-  c.rope.theta = meta_double(r, "rope_theta");
-  c.rope.scale_factor = meta_double(r, "rope_scaling.factor");
-  c.rope.low_freq_factor = meta_double(r, "rope_scaling.low_freq_factor");
-  c.rope.high_freq_factor = meta_double(r, "rope_scaling.high_freq_factor");
-  c.rope.original_max_positions = meta_double(r, "rope_scaling.original_max_position");
-  c.tie_embeddings = r.metadata("tie_embeddings") == "True";
+  const LlamaConfig c = llama_config_of(golden_options("llama", r));
+  EXPECT_EQ(c.padded_vocab_size, meta_int(r, "padded_vocab_size"));
   return c;
 }
 

@@ -7,7 +7,8 @@
 #   2. a checkpoint saved by 4 ranks at stage 3 resumes on 2 ranks at stage 1 and on 1
 #      process with the same losses (and the data position carries over);
 #   3. a tiny Llama (untied and tied) gives the same equalities on 2 and 4 ranks,
-#      resumes across layouts and samples from its checkpoint;
+#      resumes across layouts and samples from its checkpoint; exported as a Hugging Face
+#      folder, it starts 2 ranks at ZeRO-3 (each reading its slices) as it starts 1;
 #   4. failures never hang: a config that differs between ranks and a rank that cannot
 #      read its data both end every rank non-zero with the reason in the log.
 # Usage: dp_train_test.sh KILN_BINARY WORK_DIR
@@ -169,6 +170,24 @@ compare "$work/llama_ref/metrics.jsonl" "$work/llama_reshard/metrics.jsonl" 5
 "$kiln" sample --checkpoint "$(ls -d "$work"/llama_ref/ckpt/step_* | tail -1)" --max-new-tokens 8 \
   --seed 1 > "$work/llama_sample.log" 2>&1 || { echo "FAILED: llama sample"; cat "$work/llama_sample.log"; exit 1; }
 echo "llama: kiln sample from its checkpoint ran (KV-cache decode)"
+
+# A Hugging Face folder (kiln export --format hf, in shards) as model.init_from: 2 ranks at
+# ZeRO-3, each reading only its slices of the shards, train as 1 process does.
+"$kiln" export --checkpoint "$(ls -d "$work"/llama_ref/ckpt/step_* | tail -1)" --format hf \
+  --out "$work/llama_hf" --shard-size 20KB > "$work/llama_export.log" 2>&1 ||
+  { echo "FAILED: llama export"; cat "$work/llama_export.log"; exit 1; }
+train llama_hf_np1 1 0 "${llama[@]}" --set "model.init_from=$work/llama_hf"
+train llama_hf_np2_z3 2 3 "${llama[@]}" --set "model.init_from=$work/llama_hf"
+echo -n "llama from a Hugging Face folder ($(ls "$work/llama_hf" | grep -c -- -of-) shards), np=2 zero_stage=3: "
+compare "$work/llama_hf_np1/metrics.jsonl" "$work/llama_hf_np2_z3/metrics.jsonl"
+"$py" - "$work/llama_ref/metrics.jsonl" "$work/llama_hf_np1/metrics.jsonl" <<'PY'
+import json, sys
+first = lambda p: next(r["loss"] for r in map(json.loads, open(p)) if "loss" in r)
+last = lambda p: [r["loss"] for r in map(json.loads, open(p)) if "loss" in r][-1]
+ref, hf = sys.argv[1], sys.argv[2]
+assert first(hf) < first(ref) - 0.1, f"init_from the folder starts at {first(hf)}, a random init at {first(ref)}"
+print(f"the folder's weights start at loss {first(hf):.4f} (random init {first(ref):.4f}, their last {last(ref):.4f})")
+PY
 
 # Failures: a config that differs between ranks, and a rank whose data is missing.
 expect_failure() {  # expect_failure NAME PATTERN cmd...

@@ -92,6 +92,12 @@ TrainerOptions quiet(std::string resume = "", int64_t exit_interval = 0) {
   return o;
 }
 
+ExportOptions export_as(std::string format) {
+  ExportOptions o;
+  o.format = std::move(format);
+  return o;
+}
+
 TEST(Trainer, LossDecreasesAndMetricsHaveTheDocumentedKeys) {
   TempDir tmp;
   const fs::path data = make_dataset(tmp.path);
@@ -177,10 +183,10 @@ TEST(Trainer, ExportImportRoundTrips) {
   { Trainer(tiny_config(data, tmp.path / "run", 3), quiet()).run(); }
   const fs::path ckpt = tmp.path / "run" / "ckpt" / "step_00000003";
   checkpoint::CheckpointReader reader(ckpt);
-  for (const char* format : {"llmc", "safetensors"}) {
-    const fs::path file = tmp.path / (std::string("model.") + (format[0] == 'l' ? "bin" : "safetensors"));
-    export_checkpoint(ckpt, format, file);
-    TrainConfig c = tiny_config(data, tmp.path / (std::string("init-") + format), 1);
+  for (const std::string format : {"llmc", "safetensors", "hf"}) {
+    const fs::path file = tmp.path / (format == "hf" ? "hf" : format == "llmc" ? "model.bin" : "model.safetensors");
+    export_checkpoint(ckpt, export_as(format), file);
+    TrainConfig c = tiny_config(data, tmp.path / ("init-" + format), 1);
     c.model.init_from = file.string();
     c.model.vocab_size = 257;
     Trainer trainer(c, quiet());
@@ -189,6 +195,65 @@ TEST(Trainer, ExportImportRoundTrips) {
       std::vector<float> got(static_cast<size_t>(p.shape.numel()));
       m.backend().copy_to_host(m.backend().default_stream(), got.data(), m.param(p));
       EXPECT_EQ(got, reader.read_f32(p.name)) << format << " " << p.name;
+    }
+  }
+}
+
+// A Llama (untied GQA, or tied, in fp32 or bf16) through a Hugging Face folder: the folder
+// alone gives the shape (no [model] keys but init_from), the weights come back bitwise
+// (bf16 checkpoints export bf16 by default, their bf16 parameters exactly), and an
+// explicit key that disagrees with config.json is an error naming both.
+TEST(Trainer, HuggingFaceFolderRoundTripsAndGivesTheShape) {
+  TempDir tmp;
+  const fs::path data = make_dataset(tmp.path);
+  for (const auto& [dtype, tied] : std::vector<std::pair<std::string, bool>>{
+           {"fp32", false}, {"bf16", true}}) {
+    SCOPED_TRACE(dtype);
+    TrainConfig c = tiny_config(data, tmp.path / ("llama-" + dtype), 2);
+    c.model.arch = "llama";
+    c.model.n_head = 4;
+    c.model.n_kv_head = tied ? 4 : 2;
+    c.model.dropout = 0.0;
+    c.model.tie_embeddings = tied;
+    c.model.ffn_hidden_size = 48;
+    c.train.dtype = dtype;
+    { Trainer(c, quiet()).run(); }
+    const fs::path ckpt = tmp.path / ("llama-" + dtype) / "ckpt" / "step_00000002";
+    const fs::path out = tmp.path / ("hf-" + dtype);
+    export_checkpoint(ckpt, export_as("hf"), out);
+    const auto config = nlohmann::json::parse(std::ifstream(out / "config.json"));
+    EXPECT_EQ(config["torch_dtype"], dtype == "fp32" ? "float32" : "bfloat16");
+    EXPECT_EQ(config["eos_token_id"], 256);  // the byte tokenizer's end of text
+    EXPECT_EQ(config["tie_word_embeddings"], tied);
+    const std::string toml = fmt::format(
+        "[model]\ninit_from = \"{}\"\n[data]\ndir = \"{}\"\n[run]\ndir = \"{}\"\n"
+        "[train]\nsteps = 1\nmicro_batch = 2\ndtype = \"{}\"\n[log]\npeak_tflops = 1.0\n",
+        out.string(), data.string(), (tmp.path / ("init-" + dtype)).string(), dtype);
+    const TrainConfig from = load_config_string(toml);
+    EXPECT_EQ(from.model.arch, "llama");
+    EXPECT_EQ(from.model.n_layer, 2);
+    EXPECT_EQ(from.model.n_kv_head, c.model.n_kv_head);
+    EXPECT_EQ(from.model.ffn_hidden_size, 48);
+    EXPECT_EQ(from.model.vocab_size, 257);
+    EXPECT_EQ(from.model.block_size, 16);
+    EXPECT_EQ(from.model.tie_embeddings, tied);
+    Trainer trainer(from, quiet());
+    checkpoint::CheckpointReader reader(ckpt);
+    const Model& m = trainer.model();
+    for (const auto& p : m.params()) {
+      const Tensor& t = m.param(p);
+      std::vector<uint8_t> got(t.nbytes()), want(t.nbytes());
+      m.backend().copy_to_host(m.backend().default_stream(), got.data(), t);
+      reader.read(dtype == "fp32" ? p.name : "lowp." + p.name, want.data(), t.dtype());
+      EXPECT_EQ(got, want) << p.name;
+    }
+    try {
+      load_config_string(toml, {"model.n_layer=3"});
+      ADD_FAILURE() << "expected a conflict";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("key 'model.n_layer' is 3, but model.init_from's " +
+                                           (out / "config.json").string() + " gives 2"),
+                std::string::npos) << e.what();
     }
   }
 }

@@ -2,6 +2,7 @@
 
 #include "checkpoint/file_util.h"
 #include "checkpoint/safetensors.h"
+#include "models/hf_formats.h"
 #include "core/error.h"
 
 #include <array>
@@ -40,19 +41,12 @@ std::string block_suffix(const std::string& name) {
   return dot == std::string::npos ? "" : name.substr(dot + 1);
 }
 
-// dst[c * rows + r] = src[r * cols + c]: [rows, cols] -> [cols, rows].
-void transpose(const float* src, float* dst, int64_t rows, int64_t cols) {
-  constexpr int64_t kB = 32;
-  for (int64_t r0 = 0; r0 < rows; r0 += kB)
-    for (int64_t c0 = 0; c0 < cols; c0 += kB)
-      for (int64_t r = r0; r < std::min(rows, r0 + kB); ++r)
-        for (int64_t c = c0; c < std::min(cols, c0 + kB); ++c) dst[c * rows + r] = src[r * cols + c];
-}
-
-std::vector<int64_t> dims_of(const Shape& s) {
-  std::vector<int64_t> d;
-  for (int i = 0; i < s.ndim(); ++i) d.push_back(s[i]);
-  return d;
+// The [model] options of `c` (its shape; arch gpt2).
+ModelOptions options_of(const GPT2Config& c) {
+  ModelOptions o;
+  o.n_layer = c.n_layer, o.n_head = c.n_head, o.n_embd = c.n_embd, o.block_size = c.block_size;
+  o.vocab_size = c.vocab_size;
+  return o;
 }
 
 const std::vector<float>& tensor_of(const GPT2Weights& w, const std::string& name) {
@@ -261,46 +255,24 @@ GPT2Weights load_hf_safetensors(const fs::path& path, int default_n_head) {
     KILN_FAIL("{}: inferred config {} is invalid: {}", file, c.str(), e.what());
   }
 
+  // The tensors as a folder's (names, Conv1D transposes, the buffers ignored).
+  const HfFolderReader reader(path, gpt2_hf_layout(options_of(c)));
   GPT2Weights w = gpt2_zero_weights(c);
-  std::set<std::string> used;
   for (const ParamSpec& p : gpt2_param_specs(c)) {
-    const std::string short_name = p.name.substr(12);  // strip "transformer."
-    const auto shape = shape_of(short_name);
-    const std::string& in_file = names[short_name];
-    used.insert(in_file);
-    const std::string suffix = block_suffix(p.name);
-    std::vector<int64_t> expect = dims_of(p.shape);
-    const bool conv = is_conv1d_weight(suffix);
-    if (conv) std::swap(expect[0], expect[1]);
-    if (p.name == "transformer.wte.weight") expect[0] = c.vocab_size;
-    KILN_CHECK(shape == expect, "{}: tensor '{}' has shape {}, expected [{}]{}", file, in_file,
-               r.info(in_file).shape_str(), fmt::join(expect, ", "),
-               conv ? " (Conv1D weights are stored [in, out])" : "");
-    std::vector<float> v = r.read_f32(in_file);
-    std::vector<float>& dst = w.tensors[p.name];
-    if (conv) {
-      transpose(v.data(), dst.data(), expect[0], expect[1]);
-    } else {
-      std::copy(v.begin(), v.end(), dst.begin());  // wte: padded rows stay zero
-    }
+    const bool wte_rows = p.name == "transformer.wte.weight";  // the padded rows stay zero
+    reader.read(p.name, 0, wte_rows ? int64_t{c.vocab_size} * c.n_embd : p.shape.numel(),
+                w.tensors[p.name].data());
   }
-  for (const auto& [short_name, in_file] : names) {
-    if (used.count(in_file)) continue;
-    const bool buffer = short_name.starts_with("h.") && (short_name.ends_with(".attn.bias") ||
-                                                         short_name.ends_with(".attn.masked_bias"));
-    if (buffer) continue;
-    if (in_file == "lm_head.weight") {
-      KILN_CHECK(r.info(in_file).shape == wte,
-                 "{}: lm_head.weight has shape {}, wte {}: kiln ties the output head to wte",
-                 file, r.info(in_file).shape_str(), r.info(names["wte.weight"]).shape_str());
-      const std::vector<float> head = r.read_f32(in_file);
-      const std::vector<float>& emb = w.tensors["transformer.wte.weight"];
-      KILN_CHECK(std::equal(head.begin(), head.end(), emb.begin()),
-                 "{}: lm_head.weight differs from wte.weight: untied output heads are not supported",
-                 file);
-      continue;
-    }
-    KILN_FAIL("{}: unexpected tensor '{}' for a GPT-2 of {} layers", file, in_file, c.n_layer);
+  // Without a config.json that says it is tied, a head must be wte itself.
+  if (names.count("lm_head.weight")) {
+    KILN_CHECK(r.info("lm_head.weight").shape == wte,
+               "{}: lm_head.weight has shape {}, wte {}: kiln ties the output head to wte", file,
+               r.info("lm_head.weight").shape_str(), r.info(names["wte.weight"]).shape_str());
+    const std::vector<float> head = r.read_f32("lm_head.weight");
+    const std::vector<float>& emb = w.tensors["transformer.wte.weight"];
+    KILN_CHECK(std::equal(head.begin(), head.end(), emb.begin()),
+               "{}: lm_head.weight differs from wte.weight: untied output heads are not supported",
+               file);
   }
   return w;
 }
@@ -316,23 +288,13 @@ void save_hf_safetensors(const fs::path& path, const GPT2Weights& w) {
   wr.set_metadata("n_positions", std::to_string(c.block_size));
   wr.set_metadata("vocab_size", std::to_string(c.vocab_size));
   wr.set_metadata("padded_vocab_size", std::to_string(c.padded_vocab_size));
-  for (const ParamSpec& p : gpt2_param_specs(c)) {
-    const std::string short_name = p.name.substr(12);
+  // The folder's tensors (Conv1D transposes, wte's real rows), without the prefix.
+  for (HfParam p : gpt2_hf_layout(options_of(c)).params) {
+    if (p.name == "transformer.wte.weight") p.shape = Shape{c.padded_vocab_size, c.n_embd};
+    const HfPiece& piece = p.pieces.front();
     const std::vector<float>& t = tensor_of(w, p.name);
-    std::vector<int64_t> shape = dims_of(p.shape);
-    const std::string suffix = block_suffix(p.name);
-    if (is_conv1d_weight(suffix)) {
-      const int64_t rows = shape[0], cols = shape[1];
-      std::swap(shape[0], shape[1]);
-      const float* src = t.data();
-      wr.add_produced(short_name, safetensors::StDType::F32, shape, [src, rows, cols](void* dst) {
-        transpose(src, static_cast<float*>(dst), rows, cols);
-      });
-    } else {
-      if (p.name == "transformer.wte.weight") shape[0] = c.vocab_size;  // strip padding
-      const size_t n = static_cast<size_t>(shape[0]) * (shape.size() > 1 ? shape[1] : 1);
-      wr.add_borrowed(short_name, safetensors::StDType::F32, shape, t.data(), n * sizeof(float));
-    }
+    wr.add_produced(piece.name.substr(12), safetensors::StDType::F32, hf_piece_shape(p, piece),
+                    [p, piece, &t](void* dst) { hf_piece_bytes(p, piece, 0, t, DType::F32, dst); });
   }
   wr.write();
 }
@@ -379,6 +341,83 @@ void gpt2_export_weights(const nlohmann::json& config, const TensorSource& read,
   } else {
     save_hf_safetensors(out, w);
   }
+}
+
+// ---------------------------------------------------------------------------------------
+// Hugging Face folders
+
+ModelOptions gpt2_options_from_hf(const nlohmann::json& cfg, const std::string& file) {
+  ModelOptions o;
+  o.arch = "gpt2";
+  o.n_embd = hf_int(cfg, "n_embd", file);
+  o.n_layer = hf_int(cfg, "n_layer", file);
+  o.n_head = hf_int(cfg, "n_head", file);
+  o.vocab_size = hf_int(cfg, "vocab_size", file);
+  o.block_size = hf_int(cfg, "n_positions", file);
+  const std::string act = hf_string(cfg, "activation_function", file, "gelu_new");
+  KILN_CHECK(act == "gelu_new" || act == "gelu_pytorch_tanh",
+             "{}: activation_function = '{}': kiln's GPT-2 computes gelu_new (the tanh GELU)",
+             file, act);
+  const int inner = hf_int(cfg, "n_inner", file, 4 * o.n_embd);
+  KILN_CHECK(inner == 4 * o.n_embd, "{}: n_inner = {}: kiln's GPT-2 MLP is 4 * n_embd = {} wide",
+             file, inner, 4 * o.n_embd);
+  const double eps = hf_double(cfg, "layer_norm_epsilon", file, 1e-5);
+  KILN_CHECK(static_cast<float>(eps) == 1e-5f,
+             "{}: layer_norm_epsilon = {}: kiln's GPT-2 LayerNorm epsilon is 1e-5", file, eps);
+  KILN_CHECK(hf_bool(cfg, "tie_word_embeddings", file, true),
+             "{}: tie_word_embeddings = false: kiln's GPT-2 ties its output head to wte", file);
+  KILN_CHECK(hf_bool(cfg, "scale_attn_weights", file, true),
+             "{}: scale_attn_weights = false: kiln scales attention by 1/sqrt(head size)", file);
+  KILN_CHECK(!hf_bool(cfg, "scale_attn_by_inverse_layer_idx", file, false),
+             "{}: scale_attn_by_inverse_layer_idx = true: not supported", file);
+  try {
+    gpt2_config_of(o).validate();
+  } catch (const Error& e) {
+    KILN_FAIL("{}: {}", file, e.what());
+  }
+  return o;
+}
+
+nlohmann::json gpt2_hf_config(const ModelOptions& options) {
+  const GPT2Config c = gpt2_config_of(options);
+  const double p = hf_float_value(c.dropout);
+  return {{"architectures", {"GPT2LMHeadModel"}},
+          {"model_type", "gpt2"},
+          {"vocab_size", c.vocab_size},
+          {"n_positions", c.block_size},
+          {"n_ctx", c.block_size},
+          {"n_embd", c.n_embd},
+          {"n_layer", c.n_layer},
+          {"n_head", c.n_head},
+          {"n_inner", nullptr},
+          {"activation_function", "gelu_new"},
+          {"resid_pdrop", p},
+          {"embd_pdrop", p},
+          {"attn_pdrop", p},
+          {"layer_norm_epsilon", hf_float_value(c.layernorm_eps)},
+          {"initializer_range", 0.02},
+          {"scale_attn_weights", true},
+          {"scale_attn_by_inverse_layer_idx", false},
+          {"reorder_and_upcast_attn", false},
+          {"tie_word_embeddings", true},
+          {"use_cache", true}};
+}
+
+HfLayout gpt2_hf_layout(const ModelOptions& options) {
+  const GPT2Config c = gpt2_config_of(options);
+  HfLayout layout;
+  for (const ParamSpec& p : gpt2_param_specs(c)) {
+    const bool conv = is_conv1d_weight(block_suffix(p.name));
+    const int64_t rows = p.name == "transformer.wte.weight" ? c.vocab_size : p.shape[0];
+    layout.params.push_back({p.name, p.shape, {{p.name, rows, conv}}});
+  }
+  layout.optional_prefix = "transformer.";
+  layout.ignored = [](const std::string& name) {
+    return name == "lm_head.weight" ||  // tied: transformers ties it to wte as kiln does
+           (name.starts_with("transformer.h.") &&
+            (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias")));
+  };
+  return layout;
 }
 
 }  // namespace kiln

@@ -77,4 +77,20 @@ HostWeights gpt2_import_weights(const std::filesystem::path& path, const ModelOp
 void gpt2_export_weights(const nlohmann::json& config, const TensorSource& read,
                          const std::string& format, const std::filesystem::path& out);
 
+/// GPT-2 in Hugging Face folders (models/hf_formats.h): the options of a GPT2Config
+/// config.json (n_embd, n_layer, n_head, vocab_size, n_positions), rejecting, with a
+/// kiln::Error naming the file and key, what kiln's GPT-2 does not compute
+/// (activation_function other than gelu_new / gelu_pytorch_tanh, n_inner != 4 n_embd,
+/// layer_norm_epsilon != 1e-5, tie_word_embeddings false, scale_attn_weights false,
+/// scale_attn_by_inverse_layer_idx true); HF's dropout fields are not read (kiln's
+/// model.dropout applies).
+ModelOptions gpt2_options_from_hf(const nlohmann::json& cfg, const std::string& file);
+/// The config.json of a GPT-2 of `options` (architectures GPT2LMHeadModel; the dropout
+/// fields = model.dropout).
+nlohmann::json gpt2_hf_config(const ModelOptions& options);
+/// GPT2LMHeadModel's names (the "transformer." prefix optional), Conv1D weights stored
+/// [in, out], wte vocab_size rows; attn.bias / attn.masked_bias buffers and the tied
+/// lm_head.weight ignored.
+HfLayout gpt2_hf_layout(const ModelOptions& options);
+
 }  // namespace kiln

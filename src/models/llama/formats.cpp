@@ -1,0 +1,118 @@
+#include "models/llama/formats.h"
+
+#include "core/error.h"
+#include "models/llama/config.h"
+
+#include <fmt/format.h>
+
+namespace kiln {
+
+ModelOptions llama_options_from_hf(const nlohmann::json& cfg, const std::string& file) {
+  ModelOptions o;
+  o.arch = "llama";
+  o.n_embd = hf_int(cfg, "hidden_size", file);
+  o.n_layer = hf_int(cfg, "num_hidden_layers", file);
+  o.n_head = hf_int(cfg, "num_attention_heads", file);
+  o.n_kv_head = hf_int(cfg, "num_key_value_heads", file, o.n_head);
+  o.ffn_hidden_size = hf_int(cfg, "intermediate_size", file);
+  o.vocab_size = hf_int(cfg, "vocab_size", file);
+  o.block_size = hf_int(cfg, "max_position_embeddings", file);
+  o.norm_eps = static_cast<float>(hf_double(cfg, "rms_norm_eps", file, 1e-6));
+  o.rope.theta = hf_double(cfg, "rope_theta", file, 10000.0);
+  o.tie_embeddings = hf_bool(cfg, "tie_word_embeddings", file, false);
+  const std::string act = hf_string(cfg, "hidden_act", file, "silu");
+  KILN_CHECK(act == "silu", "{}: hidden_act = '{}': kiln's Llama computes silu", file, act);
+  for (const char* key : {"attention_bias", "mlp_bias"})
+    KILN_CHECK(!hf_bool(cfg, key, file, false), "{}: {} = true: kiln's Llama has no biases", file, key);
+  KILN_CHECK(o.n_head > 0 && o.n_embd % o.n_head == 0,
+             "{}: hidden_size {} is not a multiple of num_attention_heads {}", file, o.n_embd, o.n_head);
+  const int head_dim = hf_int(cfg, "head_dim", file, o.n_embd / o.n_head);
+  KILN_CHECK(head_dim == o.n_embd / o.n_head,
+             "{}: head_dim = {}: kiln's Llama has head_dim = hidden_size / num_attention_heads = {}",
+             file, head_dim, o.n_embd / o.n_head);
+  if (cfg.contains("rope_scaling") && !cfg["rope_scaling"].is_null()) {
+    const nlohmann::json& rs = cfg["rope_scaling"];
+    KILN_CHECK(rs.is_object(), "{}: rope_scaling must be an object or null", file);
+    const std::string where = file + " rope_scaling";
+    const std::string type = hf_string(rs, "rope_type", where, hf_string(rs, "type", where, ""));
+    KILN_CHECK(type == "llama3", "{}: rope_scaling.rope_type = '{}': expected llama3 (or null)",
+               file, type);
+    o.rope.scale_factor = hf_double(rs, "factor", where);
+    o.rope.low_freq_factor = hf_double(rs, "low_freq_factor", where);
+    o.rope.high_freq_factor = hf_double(rs, "high_freq_factor", where);
+    o.rope.original_max_positions = hf_double(rs, "original_max_position_embeddings", where);
+  }
+  try {
+    llama_config_of(o);
+  } catch (const Error& e) {
+    KILN_FAIL("{}: {}", file, e.what());
+  }
+  return o;
+}
+
+nlohmann::json llama_hf_config(const ModelOptions& options) {
+  const LlamaConfig c = llama_config_of(options);
+  nlohmann::json rope_scaling = nullptr;
+  if (c.rope.scale_factor > 0.0)
+    rope_scaling = {{"rope_type", "llama3"},
+                    {"factor", c.rope.scale_factor},
+                    {"low_freq_factor", c.rope.low_freq_factor},
+                    {"high_freq_factor", c.rope.high_freq_factor},
+                    {"original_max_position_embeddings", c.rope.original_max_positions}};
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"vocab_size", c.vocab_size},
+          {"hidden_size", c.n_embd},
+          {"intermediate_size", c.ffn_hidden_size},
+          {"num_hidden_layers", c.n_layer},
+          {"num_attention_heads", c.n_head},
+          {"num_key_value_heads", c.n_kv_head},
+          {"head_dim", c.head_dim()},
+          {"max_position_embeddings", c.block_size},
+          {"rms_norm_eps", hf_float_value(c.norm_eps)},
+          {"rope_theta", c.rope.theta},
+          {"rope_scaling", rope_scaling},
+          {"tie_word_embeddings", c.tie_embeddings},
+          {"hidden_act", "silu"},
+          {"attention_bias", false},
+          {"attention_dropout", 0.0},
+          {"mlp_bias", false},
+          {"initializer_range", 0.02},
+          {"pretraining_tp", 1},
+          {"use_cache", true}};
+}
+
+HfLayout llama_hf_layout(const ModelOptions& options) {
+  const LlamaConfig c = llama_config_of(options);
+  const int64_t C = c.n_embd, V = c.vocab_size, Vp = c.padded_vocab_size, F = c.ffn_hidden_size;
+  const int64_t HD = c.head_dim(), NH = c.n_head, NKV = c.n_kv_head;
+  HfLayout layout;
+  auto one = [&](std::string name, Shape shape, int64_t rows) {
+    layout.params.push_back({name, shape, {{name, rows, false}}});
+  };
+  one("model.embed_tokens.weight", Shape{Vp, C}, V);
+  for (int l = 0; l < c.n_layer; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    one(p + "input_layernorm.weight", Shape{C}, C);
+    layout.params.push_back({p + "self_attn.qkv_proj.weight", Shape{(NH + 2 * NKV) * HD, C},
+                             {{p + "self_attn.q_proj.weight", NH * HD, false},
+                              {p + "self_attn.k_proj.weight", NKV * HD, false},
+                              {p + "self_attn.v_proj.weight", NKV * HD, false}}});
+    one(p + "self_attn.o_proj.weight", Shape{C, NH * HD}, C);
+    one(p + "post_attention_layernorm.weight", Shape{C}, C);
+    layout.params.push_back({p + "mlp.gate_up_proj.weight", Shape{2 * F, C},
+                             {{p + "mlp.gate_proj.weight", F, false},
+                              {p + "mlp.up_proj.weight", F, false}}});
+    one(p + "mlp.down_proj.weight", Shape{C, F}, C);
+  }
+  one("model.norm.weight", Shape{C}, C);
+  if (!c.tie_embeddings) one("lm_head.weight", Shape{Vp, C}, V);
+  layout.optional_prefix = "model.";
+  const bool tied = c.tie_embeddings;
+  layout.ignored = [tied](const std::string& name) {
+    return (tied && name == "lm_head.weight") || name.ends_with(".rotary_emb.inv_freq");
+  };
+  return layout;
+}
+
+}  // namespace kiln
