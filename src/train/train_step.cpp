@@ -108,7 +108,6 @@ StepResult TrainStep::run(const int32_t* inputs, const int32_t* targets, int64_t
   announce(StepPhase::Data);
   dp_->begin_step(accum_);
   double loss_sum = 0.0;
-  const Stream s = backend_.default_stream();
   for (int k = 0; k < accum_; ++k) {
     if (k > 0) announce(StepPhase::Data);
     dp_->begin_micro_step(k);
