@@ -36,6 +36,7 @@ class ByteTokenizer final : public Tokenizer {
     KILN_CHECK(!ec, "cannot create directory {}", dir.string());
     write_tokenizer_json(dir, *this, {});
   }
+  std::map<std::string, std::string> hf_files() const override { return {}; }  // none exists
 };
 
 }  // namespace

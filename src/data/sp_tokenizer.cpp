@@ -141,6 +141,12 @@ class SentencePieceTokenizer final : public Tokenizer {
     write_tokenizer_json(dir, *this, {{"model", "tokenizer.model"}});
   }
 
+  std::map<std::string, std::string> hf_files() const override {
+    // The same model file; no bos piece (kiln trains none), eos = the separator.
+    return {{"tokenizer.model", model_bytes_},
+            {"tokenizer_config.json", hf_tokenizer_config("LlamaTokenizer", "", sp_.IdToPiece(eot_))}};
+  }
+
  private:
   std::string model_bytes_;
   sentencepiece::SentencePieceProcessor sp_;

@@ -70,6 +70,16 @@ void write_tokenizer_json(const fs::path& dir, const Tokenizer& tok,
   write_file_atomic(dir / "tokenizer.json", j.dump(2) + "\n");
 }
 
+void export_hf_tokenizer(const Tokenizer& t, const fs::path& dir) {
+  const auto files = t.hf_files();
+  KILN_CHECK(!files.empty(), "{} tokenizer: Hugging Face has no file for it (export a gpt2, hf or "
+             "sentencepiece tokenizer)", t.kind());
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  KILN_CHECK(!ec && fs::is_directory(dir), "cannot create directory {}", dir.string());
+  for (const auto& [name, content] : files) write_file_atomic(dir / name, content);
+}
+
 std::unique_ptr<Tokenizer> load_tokenizer(const fs::path& dir) {
   const fs::path jpath = dir / "tokenizer.json";
   KILN_CHECK(fs::exists(jpath), "{}: no tokenizer.json (not a saved tokenizer)", dir.string());
@@ -95,8 +105,10 @@ std::unique_ptr<Tokenizer> load_tokenizer(const fs::path& dir) {
     } else if (kind == "gpt2") {
       tok = load_gpt2_tokenizer({dir / files.at("vocab").get<std::string>(),
                                  dir / files.at("merges").get<std::string>()});
+    } else if (kind == "hf") {
+      tok = load_hf_tokenizer(dir / files.at("tokenizer").get<std::string>());
     } else {
-      KILN_FAIL("{}: unknown tokenizer kind '{}' (expected byte, sentencepiece or gpt2)",
+      KILN_FAIL("{}: unknown tokenizer kind '{}' (expected byte, sentencepiece, gpt2 or hf)",
                 jpath.string(), kind);
     }
   } catch (const nlohmann::json::exception& e) {

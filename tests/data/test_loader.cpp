@@ -24,7 +24,7 @@ DatasetMeta make_dataset(const fs::path& dir, const std::vector<int64_t>& sizes,
   m.tokenizer_hash = "0123456789abcdef";
   m.vocab_size = vocab;
   m.eot_id = 0;
-  m.dtype = dtype;
+  m.format = dtype == TokenDType::U16 ? ShardFormat::U16 : ShardFormat::KilnU32;
   m.documents = 1;
   SplitInfo& s = m.splits["train"];
   int32_t next = 0;
@@ -198,7 +198,7 @@ TEST(DataLoader, Uint32IdsAbove2To31AreRejectedWithFileAndPosition) {
       m.tokenizer_hash = "0123456789abcdef";
       m.vocab_size = 100000;
       m.eot_id = 0;
-      m.dtype = TokenDType::U32;
+      m.format = ShardFormat::KilnU32;
       m.documents = 1;
       m.splits["train"].shards.push_back({"train_000000.bin", 40});
       m.splits["train"].tokens = 40;
