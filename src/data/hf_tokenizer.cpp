@@ -14,8 +14,8 @@
 //                  data/byte_level_bpe.h; add_prefix_space), Split (pattern {"Regex": ..}
 //                  evaluated with ICU's regex, or {"String": ..}; behavior Removed, Isolated,
 //                  MergedWithPrevious, MergedWithNext, Contiguous; invert), or a Sequence of
-//                  them ending in a ByteLevel. In a Regex, \s and \S mean Unicode White_Space
-//                  (as the Oniguruma engine of tokenizers), not ICU's narrower \s.
+//                  them ending in a ByteLevel. ICU's \s is Unicode White_Space (VT and
+//                  U+0085 included, U+FEFF not), as in Oniguruma, tokenizers' engine.
 //   decoder        ByteLevel: ids -> bytes through bytes_to_unicode; added tokens decode to
 //                  their content.
 //   post_processor, truncation, padding: ignored (kiln adds its own document separator).
@@ -63,23 +63,6 @@ struct Step {
   bool invert = false;
 };
 
-// \s -> \p{White_Space}, \S -> \P{White_Space}: Oniguruma's meaning (Unicode White_Space,
-// with VT and U+0085) instead of ICU's [\t\n\f\r\p{Z}]. Other escapes are kept as they are.
-std::string oniguruma_spaces(const std::string& p) {
-  std::string out;
-  for (size_t i = 0; i < p.size(); ++i) {
-    if (p[i] == '\\' && i + 1 < p.size()) {
-      const char c = p[++i];
-      if (c == 's') out += "\\p{White_Space}";
-      else if (c == 'S') out += "\\P{White_Space}";
-      else (out += '\\') += c;
-    } else {
-      out += p[i];
-    }
-  }
-  return out;
-}
-
 class HfTokenizer final : public Tokenizer {
  public:
   HfTokenizer(std::string file_bytes, const std::string& where) : file_(std::move(file_bytes)) {
@@ -102,23 +85,36 @@ class HfTokenizer final : public Tokenizer {
   int eot_id() const override { return eot_; }
 
   std::vector<int32_t> encode(std::string_view text) const override {
-    require_utf8(text, "hf tokenizer input");
     std::vector<int32_t> out;
     out.reserve(text.size() / 3 + 4);
-    size_t start = 0;  // text [start, i) is not yet encoded
+    pretokenize(text, [&](std::string_view piece, const Added* added) {
+      if (added != nullptr) out.push_back(added->id);
+      else bpe_->encode_piece(piece, out, ignore_merges_);
+    });
+    return out;
+  }
+
+  // Calls f(piece, added token or null) for the pre-tokens of text: added tokens matched
+  // first (leftmost, longest), the text between them through the pre_tokenizer steps.
+  template <class F>
+  void pretokenize(std::string_view text, F&& f) const {
+    require_utf8(text, "hf tokenizer input");
+    size_t start = 0;  // text [start, i) is not yet split
+    auto plain = [&](std::string_view t) {
+      for (const std::string& p : split_plain(t)) f(p, nullptr);
+    };
     for (size_t i = 0; i < text.size();) {
       const Added* hit = match_added(text, i);
       if (hit == nullptr) {
         ++i;
         continue;
       }
-      encode_plain(text.substr(start, i - start), out);
-      out.push_back(hit->id);
+      plain(text.substr(start, i - start));
+      f(std::string_view(hit->content), hit);
       i += hit->content.size();
       start = i;
     }
-    encode_plain(text.substr(start), out);
-    return out;
+    plain(text.substr(start));
   }
 
   std::string decode(std::span<const int32_t> ids) const override {
@@ -288,10 +284,9 @@ class HfTokenizer final : public Tokenizer {
     const bool is_regex = p.contains("Regex");
     KILN_CHECK(is_regex || p.contains("String"), "{}: {}.pattern has neither Regex nor String", where, path);
     const std::string text = p.at(is_regex ? "Regex" : "String").get<std::string>();
-    const std::string pattern = is_regex ? oniguruma_spaces(text) : text;
     UErrorCode st = U_ZERO_ERROR;
     UParseError pe;
-    step.regex.reset(icu::RegexPattern::compile(icu::UnicodeString::fromUTF8(pattern),
+    step.regex.reset(icu::RegexPattern::compile(icu::UnicodeString::fromUTF8(text),
                                                 is_regex ? 0 : UREGEX_LITERAL, pe, st));
     KILN_CHECK(U_SUCCESS(st), "{}: {}.pattern.{} = '{}': not a valid regex ({} at offset {})", where, path,
                is_regex ? "Regex" : "String", text, u_errorName(st), pe.offset);
@@ -316,9 +311,9 @@ class HfTokenizer final : public Tokenizer {
     return nullptr;
   }
 
-  // Pre-tokenizes text (no added tokens in it) step by step, then BPE on each piece.
-  void encode_plain(std::string_view text, std::vector<int32_t>& out) const {
-    if (text.empty()) return;
+  // Pre-tokenizes text (no added tokens in it) step by step.
+  std::vector<std::string> split_plain(std::string_view text) const {
+    if (text.empty()) return {};
     std::vector<std::string> pieces{std::string(text)}, next;
     for (const Step& s : steps_) {
       next.clear();
@@ -333,7 +328,7 @@ class HfTokenizer final : public Tokenizer {
       }
       pieces.swap(next);
     }
-    for (const std::string& p : pieces) bpe_->encode_piece(p, out, ignore_merges_);
+    return pieces;
   }
 
   // tokenizers' Split: the pattern's matches and the text between them, combined by behavior.
@@ -394,6 +389,14 @@ class HfTokenizer final : public Tokenizer {
 };
 
 }  // namespace
+
+std::vector<std::string> hf_pretokens(const Tokenizer& t, std::string_view text) {
+  const auto* hf = dynamic_cast<const HfTokenizer*>(&t);
+  KILN_CHECK(hf != nullptr, "hf_pretokens: a '{}' tokenizer is not of the hf kind", t.kind());
+  std::vector<std::string> out;
+  hf->pretokenize(text, [&](std::string_view p, const Added*) { out.emplace_back(p); });
+  return out;
+}
 
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const fs::path& path) {
   fs::path file = path;

@@ -144,7 +144,9 @@ void stream_documents(const fs::path& path, const std::string& separator,
       }
     }
     if (cut == 0 && limit - start > max_pending) {
-      cut = limit;  // no clean point in a huge run: cut at a character boundary
+      // No clean point in a huge run: cut at a character boundary (before a lead byte; the
+      // buffer's last character may be incomplete, so never after it).
+      cut = std::min(limit, buf.size() - 1);
       while (cut > start && (static_cast<unsigned char>(buf[cut]) & 0xC0) == 0x80) --cut;
     }
     if (cut > start) {

@@ -103,6 +103,12 @@ std::unique_ptr<Tokenizer> load_gpt2_tokenizer(const std::vector<std::filesystem
 /// "x/tokenizer.json: model.type = 'WordPiece': only BPE is supported".
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::filesystem::path& path);
 
+/// The pre-tokens of an hf tokenizer `t` for valid UTF-8 `text`, as raw bytes in order: added
+/// tokens whole, the rest split by its pre_tokenizer steps (before byte-level BPE). Their
+/// concatenation is `text` unless a Split removes text. Exposed for tests; throws
+/// kiln::Error when `t` is not of the hf kind.
+std::vector<std::string> hf_pretokens(const Tokenizer& t, std::string_view text);
+
 /// Writes Hugging Face's files for `t` into `dir` (created if needed), each atomically:
 ///   gpt2:          tokenizer.json converted from kiln's GPT-2 tables (BPE, ByteLevel,
 ///                  "<|endoftext|>" as a special added token);
