@@ -106,9 +106,7 @@ class Gpt2Tokenizer final : public Tokenizer {
   std::string hash() const override { return hash_; }
 
   void save(const fs::path& dir) const override {
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    KILN_CHECK(!ec, "cannot create directory {}", dir.string());
+    create_directory_for(dir);
     nlohmann::json j = nlohmann::json::object();
     const auto& tokens = bpe_->tokens();
     for (size_t id = 0; id < tokens.size(); ++id) j[tokens[id]] = id;

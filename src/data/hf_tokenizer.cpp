@@ -130,9 +130,7 @@ class HfTokenizer final : public Tokenizer {
   std::string hash() const override { return hash_; }
 
   void save(const fs::path& dir) const override {
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    KILN_CHECK(!ec, "cannot create directory {}", dir.string());
+    create_directory_for(dir);
     write_file_atomic(dir / kHfFileName, file_);
     write_tokenizer_json(dir, *this, {{"tokenizer", kHfFileName}});
   }

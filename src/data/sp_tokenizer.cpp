@@ -134,9 +134,7 @@ class SentencePieceTokenizer final : public Tokenizer {
   }
 
   void save(const fs::path& dir) const override {
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    KILN_CHECK(!ec, "cannot create directory {}", dir.string());
+    create_directory_for(dir);
     write_file_atomic(dir / "tokenizer.model", model_bytes_);
     write_tokenizer_json(dir, *this, {{"model", "tokenizer.model"}});
   }

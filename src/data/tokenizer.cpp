@@ -53,6 +53,12 @@ void require_utf8(std::string_view text, std::string_view what) {
              c.valid_len);
 }
 
+void create_directory_for(const fs::path& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  KILN_CHECK(!ec && fs::is_directory(dir), "cannot create directory {}", dir.string());
+}
+
 std::string hash_hex(uint64_t h) {
   char buf[17];
   return std::string(hex64(h, buf));
@@ -74,9 +80,7 @@ void export_hf_tokenizer(const Tokenizer& t, const fs::path& dir) {
   const auto files = t.hf_files();
   KILN_CHECK(!files.empty(), "{} tokenizer: Hugging Face has no file for it (export a gpt2, hf or "
              "sentencepiece tokenizer)", t.kind());
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  KILN_CHECK(!ec && fs::is_directory(dir), "cannot create directory {}", dir.string());
+  create_directory_for(dir);
   for (const auto& [name, content] : files) write_file_atomic(dir / name, content);
 }
 

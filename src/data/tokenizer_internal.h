@@ -20,6 +20,9 @@ void write_tokenizer_json(const std::filesystem::path& dir, const Tokenizer& tok
 std::string hf_tokenizer_config(const std::string& tokenizer_class, const std::string& bos,
                                 const std::string& eos);
 
+/// Creates `dir` and its parents if needed; throws kiln::Error naming it otherwise.
+void create_directory_for(const std::filesystem::path& dir);
+
 /// hex64 as a std::string.
 std::string hash_hex(uint64_t h);
 
