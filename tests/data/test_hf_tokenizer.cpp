@@ -309,3 +309,28 @@ TEST(HfTokenizer, PrepareCutPointsNeverChangeLlama3Tokens) {
   for (size_t chunk : {16u, 37u, 100u}) EXPECT_EQ(cut(chunk, true), whole) << "chunk " << chunk;
   EXPECT_NE(cut(37, false), whole);  // the test can fail: gpt2's cut points split ".\n"
 }
+
+TEST(HfTokenizer, PrepareFromHuggingFaceDirAndFromTheSavedDir) {
+  // Both directories hold a tokenizer.json: Hugging Face's, and kiln's own beside
+  // hf_tokenizer.json in a prepared data set. Each is recognised for what it is.
+  Fixture fx;
+  std::filesystem::create_directories(fx.dir / "llama3");
+  write_text(fx.dir / "llama3" / "tokenizer.json", fx.llama3().dump());
+  write_text(fx.dir / "doc.txt", "In the beginning God created the heaven and the earth.\n");
+  PrepareOptions o;
+  o.inputs = {fx.dir / "doc.txt"};
+  o.out_dir = fx.dir / "data1";
+  o.tokenizer = "hf";
+  o.tokenizer_files = {fx.dir / "llama3"};
+  const auto a = prepare_dataset(o).meta;
+  EXPECT_EQ(a.tokenizer_kind, "hf");
+  EXPECT_EQ(a.eot_id, fx.gpt2->vocab_size());  // <|begin_of_text|>
+  EXPECT_TRUE(std::filesystem::exists(o.out_dir / "hf_tokenizer.json"));
+  EXPECT_EQ(json::parse(read_text(o.out_dir / "tokenizer.json"))["kind"], "hf");
+  o.tokenizer_files = {o.out_dir};
+  o.out_dir = fx.dir / "data2";
+  const auto b = prepare_dataset(o).meta;
+  EXPECT_EQ(b.tokenizer_hash, a.tokenizer_hash);
+  EXPECT_EQ(b.splits.at("train").tokens, a.splits.at("train").tokens);
+  EXPECT_EQ(load_tokenizer(o.out_dir)->hash(), a.tokenizer_hash);
+}
