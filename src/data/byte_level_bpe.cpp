@@ -29,13 +29,14 @@ namespace {
 
 bool is_letter(char32_t c) { return (U_GET_GC_MASK(static_cast<UChar32>(c)) & U_GC_L_MASK) != 0; }
 bool is_number(char32_t c) { return (U_GET_GC_MASK(static_cast<UChar32>(c)) & U_GC_N_MASK) != 0; }
-bool is_space(char32_t c) {
+bool is_space(char32_t c, RegexSpace space) {
   if (c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r' || c == ' ') return true;
   if (c < 0x80) return false;
+  if (space == RegexSpace::WhiteSpace) return u_isUWhiteSpace(static_cast<UChar32>(c));
   return c == 0xFEFF || c == 0x2028 || c == 0x2029 || u_charType(static_cast<UChar32>(c)) == U_SPACE_SEPARATOR;
 }
 enum class Cls : uint8_t { Letter, Number, Space, Other };
-Cls classify(char32_t c) {
+Cls classify(char32_t c, RegexSpace space) {
   if (c < 0x80) {  // fast path
     if ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') return Cls::Letter;
     if (c >= '0' && c <= '9') return Cls::Number;
@@ -44,13 +45,13 @@ Cls classify(char32_t c) {
   }
   if (is_letter(c)) return Cls::Letter;
   if (is_number(c)) return Cls::Number;
-  if (is_space(c)) return Cls::Space;
+  if (is_space(c, space)) return Cls::Space;
   return Cls::Other;
 }
 
 }  // namespace
 
-void gpt2_pretokenize(std::string_view text, const std::function<void(std::string_view)>& f) {
+void gpt2_pretokenize(std::string_view text, const std::function<void(std::string_view)>& f, RegexSpace space) {
   // Decode once: code point classes with byte offsets.
   std::vector<Cls> cls;
   std::vector<uint32_t> off;
@@ -58,7 +59,7 @@ void gpt2_pretokenize(std::string_view text, const std::function<void(std::strin
   off.reserve(text.size() + 1);
   for (size_t i = 0; i < text.size();) {
     off.push_back(static_cast<uint32_t>(i));
-    cls.push_back(classify(utf8_next(text, i)));
+    cls.push_back(classify(utf8_next(text, i), space));
   }
   off.push_back(static_cast<uint32_t>(text.size()));
   const size_t n = cls.size();

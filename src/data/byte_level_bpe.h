@@ -26,12 +26,22 @@ namespace kiln::data {
 /// encoder.py's bytes_to_unicode(): the UTF-8 text of byte b's character.
 const std::array<std::string, 256>& bytes_to_unicode();
 
+/// Which characters GPT-2's regex calls \s.
+enum class RegexSpace {
+  /// ECMAScript's WhiteSpace + LineTerminator: TAB LF VT FF CR U+FEFF U+2028 U+2029 and
+  /// category Zs, as in the JavaScript port kiln's GPT-2 test compares against (gpt2 kind).
+  EcmaScript,
+  /// Unicode White_Space: the same without U+FEFF, with U+0085, as Oniguruma, the regex
+  /// engine of Hugging Face's tokenizers (hf kind's ByteLevel pre-tokenizer).
+  WhiteSpace,
+};
+
 /// Calls f(piece) for GPT-2's pre-tokens of valid UTF-8 `text`, in order:
 ///   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-/// \p{L} / \p{N} are ICU's general categories L* / N*; \s is ECMAScript's WhiteSpace +
-/// LineTerminator (TAB LF VT FF CR U+FEFF U+2028 U+2029 and category Zs), as in the
-/// JavaScript port kiln's GPT-2 test compares against. The pieces concatenate to `text`.
-void gpt2_pretokenize(std::string_view text, const std::function<void(std::string_view)>& f);
+/// \p{L} / \p{N} are ICU's general categories L* / N*; \s as `space` says. The pieces
+/// concatenate to `text`.
+void gpt2_pretokenize(std::string_view text, const std::function<void(std::string_view)>& f,
+                      RegexSpace space = RegexSpace::EcmaScript);
 
 class ByteLevelBpe {
  public:

@@ -11,7 +11,9 @@
 //                  Ids of model.vocab and added_tokens together must be dense 0..V-1.
 //   normalizer     null only.
 //   pre_tokenizer  ByteLevel (use_regex true = GPT-2's regex, kiln's hand-written splitter,
-//                  data/byte_level_bpe.h; add_prefix_space), Split (pattern {"Regex": ..}
+//                  data/byte_level_bpe.h, with \s = Unicode White_Space as tokenizers'
+//                  Oniguruma: unlike the gpt2 kind, U+0085 is a space and U+FEFF not;
+//                  add_prefix_space), Split (pattern {"Regex": ..}
 //                  evaluated with ICU's regex, or {"String": ..}; behavior Removed, Isolated,
 //                  MergedWithPrevious, MergedWithNext, Contiguous; invert), or a Sequence of
 //                  them ending in a ByteLevel. ICU's \s is Unicode White_Space (VT and
@@ -318,7 +320,8 @@ class HfTokenizer final : public Tokenizer {
       for (const std::string& p : pieces) {
         if (s.byte_level) {
           const std::string q = s.add_prefix_space && p[0] != ' ' ? " " + p : p;
-          if (s.use_regex) gpt2_pretokenize(q, [&](std::string_view x) { next.emplace_back(x); });
+          if (s.use_regex)
+            gpt2_pretokenize(q, [&](std::string_view x) { next.emplace_back(x); }, RegexSpace::WhiteSpace);
           else next.push_back(q);
         } else {
           split(s, p, next);
