@@ -74,10 +74,11 @@ class HfTokenizer final : public Tokenizer {
     } catch (const json::exception& e) {
       KILN_FAIL("{}: malformed JSON ({})", where, e.what());
     }
+    std::string reading = "the file";  // the field being read, for type errors
     try {
-      parse(j, where);
+      parse(j, where, reading);
     } catch (const json::exception& e) {
-      KILN_FAIL("{}: a field has the wrong type ({})", where, e.what());
+      KILN_FAIL("{}: {} has a field of the wrong type ({})", where, reading, e.what());
     }
     hash_ = hash_hex(fnv1a64(j.dump(), fnv1a64("hf\n")));
   }
@@ -144,7 +145,7 @@ class HfTokenizer final : public Tokenizer {
   static constexpr const char* kHfFileName = "hf_tokenizer.json";
 
  private:
-  void parse(const json& j, const std::string& where) {
+  void parse(const json& j, const std::string& where, std::string& reading) {
     KILN_CHECK(j.is_object(), "{}: expected a JSON object", where);
     auto field = [&](const json& obj, const char* key, const std::string& path) -> const json& {
       const auto it = obj.find(key);
@@ -162,6 +163,7 @@ class HfTokenizer final : public Tokenizer {
                norm->is_object() && norm->contains("type") ? "'" + norm->at("type").get<std::string>() + "'"
                                                            : norm->dump());
     // model
+    reading = "model";
     const json& model = field(j, "model", "tokenizer");
     KILN_CHECK(model.is_object(), "{}: model is not an object", where);
     const std::string type = model.value("type", "BPE");
@@ -199,9 +201,11 @@ class HfTokenizer final : public Tokenizer {
       for (size_t i = 0; i < at->size(); ++i) {
         const json& a = (*at)[i];
         const std::string path = fmt::format("added_tokens[{}]", i);
+        reading = path;
         KILN_CHECK(a.is_object(), "{}: {} is not an object", where, path);
-        Added t{field(a, "id", path).get<int32_t>(), field(a, "content", path).get<std::string>(),
-                a.value("special", false)};
+        const int64_t id = field(a, "id", path).get<int64_t>();
+        KILN_CHECK(id >= 0 && id < INT32_MAX, "{}: {}.id = {} out of range", where, path, id);
+        Added t{static_cast<int32_t>(id), field(a, "content", path).get<std::string>(), a.value("special", false)};
         KILN_CHECK(!t.content.empty() && utf8_valid(t.content), "{}: {}.content is empty or not UTF-8", where, path);
         for (const char* k : {"lstrip", "rstrip", "single_word"})
           KILN_CHECK(!a.value(k, false), "{}: {}.{} = true: not supported", where, path, k);
@@ -222,6 +226,7 @@ class HfTokenizer final : public Tokenizer {
               [](const Added& a, const Added& b) { return a.content.size() > b.content.size(); });
     for (size_t i = 0; i < added_.size(); ++i)
       added_first_[static_cast<unsigned char>(added_[i].content[0])].push_back(i);
+    reading = "model.merges";
     const json& merges = field(model, "merges", "model");
     KILN_CHECK(merges.is_array(), "{}: model.merges is not a list", where);
     std::vector<std::pair<std::string, std::string>> pairs;
@@ -242,6 +247,7 @@ class HfTokenizer final : public Tokenizer {
     }
     bpe_ = std::make_unique<ByteLevelBpe>(std::move(tokens), std::move(pairs), where + ": model");
     // pre_tokenizer
+    reading = "pre_tokenizer";
     const json& pre = field(j, "pre_tokenizer", "tokenizer");
     if (pre.is_object() && pre.value("type", "") == "Sequence") {
       const json& list = field(pre, "pretokenizers", "pre_tokenizer");
@@ -254,6 +260,7 @@ class HfTokenizer final : public Tokenizer {
     KILN_CHECK(!steps_.empty() && steps_.back().byte_level,
                "{}: pre_tokenizer: no ByteLevel step at its end (only byte-level BPE is supported)", where);
     // decoder
+    reading = "decoder";
     const json& dec = field(j, "decoder", "tokenizer");
     KILN_CHECK(dec.is_object() && dec.value("type", "") == "ByteLevel", "{}: decoder = {}: only ByteLevel is supported",
                where, dec.is_object() ? "'" + dec.value("type", "?") + "'" : dec.dump());

@@ -257,6 +257,8 @@ TEST(HfTokenizer, MalformedOrUnsupportedFilesGiveOneLineErrorsNamingTheField) {
       {[](json& j) { j["model"]["vocab"].erase("he"); }, "no token has id"},
       {[](json& j) { j["added_tokens"][0]["lstrip"] = true; }, "added_tokens[0].lstrip"},
       {[](json& j) { j["added_tokens"][0]["id"] = 3; }, "added_tokens[0]"},
+      {[](json& j) { j["added_tokens"][0]["special"] = "yes"; }, "added_tokens[0] has a field of the wrong type"},
+      {[](json& j) { j["added_tokens"][0]["id"] = -2; }, "added_tokens[0].id = -2"},
       {[](json& j) { j["pre_tokenizer"] = {{"type", "Whitespace"}}; }, "pre_tokenizer.type = 'Whitespace'"},
       {[](json& j) {
          j["pre_tokenizer"] = {{"type", "Sequence"},
