@@ -14,11 +14,16 @@ void register_prepare(CLI::App& app) {
   cmd->add_option("--input", *in, "Input text files (one file = one document)")->required();
   cmd->add_option("--out", opt->out_dir, "Output directory for shards, meta.json and tokenizer")
       ->required();
-  cmd->add_option("--tokenizer", opt->tokenizer, "sentencepiece | gpt2 | byte")->required();
+  cmd->add_option("--tokenizer", opt->tokenizer, "sentencepiece | gpt2 | hf | byte")->required();
   cmd->add_option("--vocab-size", opt->vocab_size, "Vocabulary size (sentencepiece)");
   cmd->add_option("--val-fraction", opt->val_fraction, "Fraction held out for validation");
   cmd->add_option("--tokenizer-files", *tf,
-                  "gpt2: encoder.json + vocab.bpe, or vocab.json + merges.txt");
+                  "gpt2: encoder.json + vocab.bpe, or vocab.json + merges.txt; hf: Hugging Face's "
+                  "tokenizer.json or its directory; sentencepiece: a .model file");
+  cmd->add_option("--shard-format", opt->shard_format,
+                  "kiln (default: uint16 v1, or kiln's uint32 v2 past 65,535 ids) | llmc (uint16 v1, "
+                  "or llm.c's uint32 v7) | llmc-u32 (llm.c's uint32 v7 always)")
+      ->check(CLI::IsMember({"kiln", "llmc", "llmc-u32"}));
   cmd->add_option("--shard-tokens", opt->shard_tokens, "Tokens per shard");
   cmd->add_option("--separator", opt->separator, "Split documents inside a file at this string");
   cmd->callback([opt, in, tf] {

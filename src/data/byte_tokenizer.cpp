@@ -31,11 +31,10 @@ class ByteTokenizer final : public Tokenizer {
   }
   std::string hash() const override { return hash_hex(fnv1a64("kiln byte tokenizer v1")); }
   void save(const std::filesystem::path& dir) const override {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    KILN_CHECK(!ec, "cannot create directory {}", dir.string());
+    create_directory_for(dir);
     write_tokenizer_json(dir, *this, {});
   }
+  std::map<std::string, std::string> hf_files() const override { return {}; }  // none exists
 };
 
 }  // namespace

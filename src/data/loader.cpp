@@ -20,9 +20,11 @@ DataLoader::DataLoader(const fs::path& dir, std::string split, int seq_len, uint
     KILN_CHECK(fs::exists(p), "{}: missing shard listed in meta.json", p.string());
     ShardReader r(p);
     KILN_CHECK(r.size() == s.tokens, "{}: {} tokens but meta.json says {}", p.string(), r.size(), s.tokens);
-    KILN_CHECK(r.dtype() == meta_.dtype,
+    KILN_CHECK(r.dtype() == meta_.dtype(),
                "{}: {} tokens but meta.json says {} (a shard of another vocabulary?)", p.string(),
-               token_dtype_name(r.dtype()), token_dtype_name(meta_.dtype));
+               token_dtype_name(r.dtype()), token_dtype_name(meta_.dtype()));
+    KILN_CHECK(r.format() == meta_.format, "{}: shard version {} but meta.json says shard_version {}", p.string(),
+               shard_version(r.format()), shard_version(meta_.format));
     starts_.push_back(total_);
     total_ += r.size();
     shards_.push_back(std::move(r));

@@ -21,8 +21,8 @@ void write_dataset_meta(const fs::path& dir, const DatasetMeta& meta) {
   j["tokenizer"] = {{"kind", meta.tokenizer_kind}, {"hash", meta.tokenizer_hash}};
   j["vocab_size"] = meta.vocab_size;
   j["eot_id"] = meta.eot_id;
-  j["token_dtype"] = token_dtype_name(meta.dtype);
-  j["shard_version"] = shard_version(meta.dtype);
+  j["token_dtype"] = token_dtype_name(meta.dtype());
+  j["shard_version"] = shard_version(meta.format);
   j["documents"] = meta.documents;
   nlohmann::ordered_json tokens = nlohmann::ordered_json::object();
   nlohmann::ordered_json shards = nlohmann::ordered_json::object();
@@ -51,7 +51,12 @@ DatasetMeta read_dataset_meta(const fs::path& dir) {
     m.tokenizer_hash = j.at("tokenizer").at("hash").get<std::string>();
     m.vocab_size = j.at("vocab_size").get<int>();
     m.eot_id = j.at("eot_id").get<int>();
-    m.dtype = parse_token_dtype(j.at("token_dtype").get<std::string>());
+    const TokenDType dtype = parse_token_dtype(j.at("token_dtype").get<std::string>());
+    m.format = dtype == TokenDType::U16 ? ShardFormat::U16 : ShardFormat::KilnU32;
+    if (j.contains("shard_version"))  // always written; 1 or 2 before llm.c's version 7 was
+      m.format = shard_format_of_version(j.at("shard_version").get<int64_t>(), path.string() + ": shard_version");
+    KILN_CHECK(m.dtype() == dtype, "{}: shard_version {} does not hold token_dtype {}", path.string(),
+               shard_version(m.format), token_dtype_name(dtype));
     m.documents = j.at("documents").get<int64_t>();
     for (const auto& [name, list] : j.at("shards").items()) {
       SplitInfo s;
@@ -72,8 +77,8 @@ DatasetMeta read_dataset_meta(const fs::path& dir) {
   }
   KILN_CHECK(m.vocab_size > 0 && m.eot_id >= 0 && m.eot_id < m.vocab_size,
              "{}: bad vocab_size {} / eot_id {}", path.string(), m.vocab_size, m.eot_id);
-  KILN_CHECK(token_dtype_for_vocab(m.vocab_size) == m.dtype || m.dtype == TokenDType::U32,
-             "{}: token dtype {} cannot hold vocab_size {}", path.string(), token_dtype_name(m.dtype),
+  KILN_CHECK(token_dtype_for_vocab(m.vocab_size) == m.dtype() || m.dtype() == TokenDType::U32,
+             "{}: token dtype {} cannot hold vocab_size {}", path.string(), token_dtype_name(m.dtype()),
              m.vocab_size);
   return m;
 }

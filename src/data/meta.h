@@ -27,7 +27,8 @@ struct DatasetMeta {
   std::string tokenizer_hash;  // Tokenizer::hash()
   int vocab_size = 0;          // number of token ids
   int eot_id = 0;              // end-of-text id (precedes every document)
-  TokenDType dtype = TokenDType::U16;
+  ShardFormat format = ShardFormat::U16;  // the shards' layout (meta.json's shard_version)
+  TokenDType dtype() const { return shard_dtype(format); }  // token_dtype
   int64_t documents = 0;       // documents in all splits together
   std::map<std::string, SplitInfo> splits;  // "train", "val" (val absent when empty)
 };

@@ -18,7 +18,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool is_cut_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+bool is_cut_space(char c, bool spaces_only) {
+  return c == ' ' || (!spaces_only && (c == '\n' || c == '\t' || c == '\r'));
+}
 bool is_cut_solid(char c) { return c >= 0x21 && c <= 0x7E; }
 
 // Streams `path` once, checking it is valid UTF-8. Returns its size in bytes.
@@ -49,7 +51,10 @@ std::string shard_name(const char* prefix, int64_t i) { return fmt::format("{}_{
 
 std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& o) {
   const auto& files = o.tokenizer_files;
-  if (files.size() == 1 && fs::is_directory(files[0]) && fs::exists(files[0] / "tokenizer.json")) {
+  // A kiln saved-tokenizer directory (for hf: one holding hf_tokenizer.json, since
+  // Hugging Face's own directories hold a tokenizer.json too).
+  if (files.size() == 1 && fs::is_directory(files[0]) && fs::exists(files[0] / "tokenizer.json") &&
+      (o.tokenizer != "hf" || fs::exists(files[0] / "hf_tokenizer.json"))) {
     auto tok = load_tokenizer(files[0]);
     KILN_CHECK(tok->kind() == o.tokenizer, "{}: holds a '{}' tokenizer but '{}' was asked for",
                files[0].string(), tok->kind(), o.tokenizer);
@@ -63,6 +68,11 @@ std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& o) {
     KILN_CHECK(!files.empty(),
                "the gpt2 tokenizer needs tokenizer files (encoder.json + vocab.bpe or vocab.json + merges.txt)");
     return load_gpt2_tokenizer(files);
+  }
+  if (o.tokenizer == "hf") {
+    KILN_CHECK(files.size() == 1, "the hf tokenizer needs one tokenizer file: Hugging Face's tokenizer.json "
+               "or its directory (got {})", files.size());
+    return load_hf_tokenizer(files[0]);
   }
   if (!files.empty()) {
     KILN_CHECK(files.size() == 1, "sentencepiece takes one .model file, got {} files", files.size());
@@ -91,7 +101,8 @@ struct Cleanup {
 }  // namespace
 
 void stream_documents(const fs::path& path, const std::string& separator,
-                      const std::function<void(std::string_view, bool)>& on_piece, size_t chunk_bytes) {
+                      const std::function<void(std::string_view, bool)>& on_piece, size_t chunk_bytes,
+                      bool cut_before_spaces_only) {
   std::ifstream f(path, std::ios::binary);
   KILN_CHECK(f.good(), "{}: cannot open for reading", path.string());
   chunk_bytes = std::max<size_t>(chunk_bytes, 16);
@@ -127,13 +138,15 @@ void stream_documents(const fs::path& path, const std::string& separator,
     const size_t limit = buf.size() - std::min(hold, buf.size() - start);
     size_t cut = 0;
     for (size_t p = std::min(limit, buf.size() - 1); p > start; --p) {
-      if (is_cut_space(buf[p]) && is_cut_solid(buf[p - 1])) {
+      if (is_cut_space(buf[p], cut_before_spaces_only) && is_cut_solid(buf[p - 1])) {
         cut = p;
         break;
       }
     }
     if (cut == 0 && limit - start > max_pending) {
-      cut = limit;  // no clean point in a huge run: cut at a character boundary
+      // No clean point in a huge run: cut at a character boundary (before a lead byte; the
+      // buffer's last character may be incomplete, so never after it).
+      cut = std::min(limit, buf.size() - 1);
       while (cut > start && (static_cast<unsigned char>(buf[cut]) & 0xC0) == 0x80) --cut;
     }
     if (cut > start) {
@@ -148,8 +161,8 @@ PrepareSummary prepare_dataset(const PrepareOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   // 1. options and inputs.
   KILN_CHECK(!o.inputs.empty(), "prepare: no input files");
-  KILN_CHECK(o.tokenizer == "byte" || o.tokenizer == "gpt2" || o.tokenizer == "sentencepiece",
-             "prepare: unknown tokenizer '{}' (expected byte, sentencepiece or gpt2)", o.tokenizer);
+  KILN_CHECK(o.tokenizer == "byte" || o.tokenizer == "gpt2" || o.tokenizer == "sentencepiece" || o.tokenizer == "hf",
+             "prepare: unknown tokenizer '{}' (expected byte, sentencepiece, gpt2 or hf)", o.tokenizer);
   KILN_CHECK(!o.out_dir.empty(), "prepare: no output directory");
   KILN_CHECK(o.shard_tokens >= 1 && o.shard_tokens <= INT32_MAX,
              "prepare: shard_tokens {} outside [1, 2^31-1]", o.shard_tokens);
@@ -167,6 +180,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& o) {
                o.vocab_size);
   }
   KILN_CHECK(utf8_valid(o.separator), "prepare: the separator is not valid UTF-8");
+  choose_shard_format(o.shard_format, 0);  // a bad name fails before any work
   PrepareSummary summary;
   for (const auto& in : o.inputs) {
     KILN_CHECK(fs::exists(in), "{}: no such input file", in.string());
@@ -201,7 +215,8 @@ PrepareSummary prepare_dataset(const PrepareOptions& o) {
   KILN_CHECK(o.vocab_size == 0 || o.tokenizer == "sentencepiece" || o.vocab_size >= tok->vocab_size(),
              "prepare: vocab_size {} too small for the {} tokenizer ({} ids)", o.vocab_size, tok->kind(),
              tok->vocab_size());
-  const TokenDType dtype = token_dtype_for_vocab(tok->vocab_size());
+  const ShardFormat format = choose_shard_format(o.shard_format, tok->vocab_size());
+  const TokenDType dtype = shard_dtype(format);
   const int32_t eot = tok->eot_id();
 
   // 3. tokenize into staging chunks of shard_tokens.
@@ -212,7 +227,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& o) {
   auto push = [&](std::span<const int32_t> ids) {
     while (!ids.empty()) {
       if (!writer) {
-        writer = std::make_unique<ShardWriter>(staging / shard_name("stage", static_cast<int64_t>(chunk_tokens.size())), dtype);
+        writer = std::make_unique<ShardWriter>(staging / shard_name("stage", static_cast<int64_t>(chunk_tokens.size())), format);
       }
       const size_t take = static_cast<size_t>(std::min<int64_t>(S - writer->count(), static_cast<int64_t>(ids.size())));
       writer->write(ids.first(take));
@@ -234,7 +249,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& o) {
       }
       const std::vector<int32_t> ids = tok->encode(piece);
       push(ids);
-    });
+    }, 1 << 20, /*cut_before_spaces_only=*/tok->kind() == "hf");
   }
   if (writer) {
     chunk_tokens.push_back(writer->count());
@@ -256,7 +271,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& o) {
   meta.tokenizer_hash = tok->hash();
   meta.vocab_size = tok->vocab_size();
   meta.eot_id = eot;
-  meta.dtype = dtype;
+  meta.format = format;
   meta.documents = documents;
   SplitInfo& train = meta.splits["train"];
   std::vector<int32_t> buf;
@@ -282,7 +297,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& o) {
     if (end - begin == chunk_tokens[k]) {
       fs::rename(staging / shard_name("stage", k), dst);
     } else {
-      ShardWriter w(dst, dtype);
+      ShardWriter w(dst, format);
       copy_range(begin, end, w);
       w.finish();
     }
@@ -294,7 +309,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& o) {
     for (int64_t v = 0, begin = split_at; begin < total; ++v, begin += S) {
       const int64_t end = std::min(total, begin + S);
       const fs::path dst = staging / shard_name("val", v);
-      ShardWriter w(dst, dtype);
+      ShardWriter w(dst, format);
       copy_range(begin, end, w);
       w.finish();
       val.shards.push_back({dst.filename().string(), end - begin});

@@ -4,13 +4,16 @@
 //   1. validate: every input exists, is a non-empty regular file and is valid UTF-8 (the
 //      error names the file and byte offset); the options make sense; out_dir can be
 //      created and written and does not already hold a dataset.
-//   2. tokenizer: "byte"; "gpt2" from tokenizer_files; "sentencepiece" trained on the
-//      inputs (or loaded from tokenizer_files).
+//   2. tokenizer: "byte"; "gpt2" from tokenizer_files; "hf" from Hugging Face's
+//      tokenizer.json (tokenizer_files: the file or its directory); "sentencepiece" trained
+//      on the inputs (or loaded from tokenizer_files).
 //   3. tokenize, streaming: files are read in 1 MiB chunks and cut only where a
 //      non-whitespace ASCII character is followed by whitespace (a boundary of every
 //      GPT-2 pre-token and sentencepiece piece) or at a document separator, so no
 //      character or pre-token is split (a single run of > 16 MiB without such a point is
-//      cut at a character boundary). Each document is preceded by the end-of-text id
+//      cut at a character boundary). For hf only before a space (' '): Llama 3's regex
+//      keeps punctuation and the newlines after it together (".\n"), but no pre-token of
+//      GPT-2's or Llama 3's regex holds a non-space followed by a space. Each document is preceded by the end-of-text id
 //      (llm.c's convention), so eot separates consecutive documents.
 //   4. split by tokens: val = the last ceil(val_fraction * total) tokens of the stream
 //      (at least one token, hence one val shard, when val_fraction > 0); train = the rest.
@@ -35,7 +38,7 @@ struct PrepareOptions {
   std::vector<std::filesystem::path> inputs;
   /// Output directory (created if missing; must not already hold meta.json or shards).
   std::filesystem::path out_dir;
-  /// "byte", "sentencepiece" or "gpt2".
+  /// "byte", "sentencepiece", "gpt2" or "hf".
   std::string tokenizer = "gpt2";
   /// sentencepiece: the vocabulary size to train (>= 260). byte/gpt2: 0, or a check that
   /// must be >= the tokenizer's vocabulary size. meta.json records the tokenizer's size.
@@ -43,9 +46,13 @@ struct PrepareOptions {
   /// Fraction of the tokens put in the val split, in [0, 1).
   double val_fraction = 0.0;
   /// gpt2: encoder.json + vocab.bpe or vocab.json + merges.txt (or their directory).
+  /// hf: Hugging Face's tokenizer.json, or the directory holding it.
   /// sentencepiece: optional `*.model` file to use instead of training. Any kind: a
   /// directory written by Tokenizer::save (holding tokenizer.json).
   std::vector<std::filesystem::path> tokenizer_files;
+  /// Shard layout (shard.h, choose_shard_format): "kiln" (uint16 v1 when the ids fit, else
+  /// kiln's uint32 v2), "llmc" (uint16 v1, else llm.c's uint32 v7) or "llmc-u32" (v7).
+  std::string shard_format = "kiln";
   /// Tokens per shard (the last shard of each split may be shorter); 1 .. 2^31-1.
   int64_t shard_tokens = 100'000'000;
   /// If not empty: splits documents inside a file (the separator itself is dropped, empty
@@ -66,10 +73,11 @@ struct PrepareSummary {
 PrepareSummary prepare_dataset(const PrepareOptions& options);
 
 /// Calls on_piece(text, starts_document) for the text of `path` in pieces cut as described
-/// in step 3 above; documents split at `separator` (if not empty), empty ones skipped.
-/// Exposed for tests. Throws kiln::Error naming the file on read errors.
+/// in step 3 above (only before ' ' with `cut_before_spaces_only`, as for hf); documents
+/// split at `separator` (if not empty), empty ones skipped. Exposed for tests. Throws
+/// kiln::Error naming the file on read errors.
 void stream_documents(const std::filesystem::path& path, const std::string& separator,
                       const std::function<void(std::string_view, bool)>& on_piece,
-                      size_t chunk_bytes = 1 << 20);
+                      size_t chunk_bytes = 1 << 20, bool cut_before_spaces_only = false);
 
 }  // namespace kiln::data

@@ -30,7 +30,24 @@ TokenDType parse_token_dtype(const std::string& name) {
   KILN_FAIL("unknown token dtype '{}' (expected uint16 or uint32)", name);
 }
 
-ShardWriter::ShardWriter(fs::path path, TokenDType dtype) : path_(std::move(path)), dtype_(dtype) {
+ShardFormat shard_format_of_version(int64_t version, const std::string& what) {
+  if (version == 1) return ShardFormat::U16;
+  if (version == 2) return ShardFormat::KilnU32;
+  if (version == 7) return ShardFormat::Llama3U32;
+  KILN_FAIL("{}: unsupported shard version {} (expected 1 = uint16, 2 = kiln uint32 or 7 = llm.c uint32)", what,
+            version);
+}
+
+ShardFormat choose_shard_format(const std::string& name, int64_t vocab_size) {
+  const bool fits = token_dtype_for_vocab(vocab_size) == TokenDType::U16;
+  if (name == "kiln") return fits ? ShardFormat::U16 : ShardFormat::KilnU32;
+  if (name == "llmc") return fits ? ShardFormat::U16 : ShardFormat::Llama3U32;
+  if (name == "llmc-u32") return ShardFormat::Llama3U32;
+  KILN_FAIL("unknown shard format '{}' (expected kiln, llmc or llmc-u32)", name);
+}
+
+ShardWriter::ShardWriter(fs::path path, ShardFormat format)
+    : path_(std::move(path)), format_(format), dtype_(shard_dtype(format)) {
   tmp_ = path_;
   tmp_ += ".tmp";
   f_ = std::fopen(tmp_.c_str(), "wb");
@@ -79,8 +96,8 @@ void ShardWriter::finish() {
   KILN_CHECK(count_ <= INT32_MAX, "shard {}: {} tokens exceed the int32 header count",
              path_.string(), count_);
   int32_t header[kShardHeaderInts] = {};
-  header[0] = kShardMagic;
-  header[1] = shard_version(dtype_);
+  header[0] = shard_magic(format_);
+  header[1] = shard_version(format_);
   header[2] = static_cast<int32_t>(count_);
   bool ok = std::fseek(f_, 0, SEEK_SET) == 0 &&
             std::fwrite(header, 4, kShardHeaderInts, f_) == static_cast<size_t>(kShardHeaderInts) &&
@@ -92,6 +109,12 @@ void ShardWriter::finish() {
     std::remove(tmp_.c_str());
     KILN_FAIL("cannot finish shard {}: {}", path_.string(), std::strerror(errno));
   }
+}
+
+void write_shard(const fs::path& path, std::span<const int32_t> tokens, ShardFormat format) {
+  ShardWriter w(path, format);
+  w.write(tokens);
+  w.finish();
 }
 
 void write_shard(const fs::path& path, std::span<const int32_t> tokens, TokenDType dtype) {
@@ -120,18 +143,19 @@ ShardReader::ShardReader(const fs::path& path) : path_(path) {
   map_ = m;
   map_bytes_ = static_cast<size_t>(file_bytes);
   const auto* h = static_cast<const int32_t*>(m);
-  if (h[0] != kShardMagic) {
-    const int32_t got = h[0];
+  const int32_t magic = h[0], version = h[1];
+  if (magic != kShardMagic && magic != kShardMagicLlama3) {
     close();
-    KILN_FAIL("shard {}: bad magic {} (expected {}; not an llm.c/kiln token shard)", path.string(),
-              got, kShardMagic);
+    KILN_FAIL("shard {}: bad magic {} (expected {} or {}; not an llm.c/kiln token shard)", path.string(), magic,
+              kShardMagic, kShardMagicLlama3);
   }
-  if (h[1] != 1 && h[1] != 2) {
-    const int32_t got = h[1];
+  if ((magic == kShardMagic) != (version == 1 || version == 2) || (magic == kShardMagicLlama3) != (version == 7)) {
     close();
-    KILN_FAIL("shard {}: unsupported version {} (expected 1 = uint16 or 2 = uint32)", path.string(), got);
+    KILN_FAIL("shard {}: unsupported version {} for magic {} (expected 1 = uint16 or 2 = uint32 with {}, 7 = "
+              "uint32 with {})", path.string(), version, magic, kShardMagic, kShardMagicLlama3);
   }
-  dtype_ = h[1] == 1 ? TokenDType::U16 : TokenDType::U32;
+  format_ = shard_format_of_version(version, path.string());
+  dtype_ = shard_dtype(format_);
   count_ = h[2];
   const int64_t expected = kShardHeaderBytes + count_ * token_width(dtype_);
   if (count_ < 0 || expected != file_bytes) {
@@ -165,6 +189,7 @@ ShardReader& ShardReader::operator=(ShardReader&& o) noexcept {
     tokens_ = std::exchange(o.tokens_, nullptr);
     count_ = std::exchange(o.count_, 0);
     dtype_ = o.dtype_;
+    format_ = o.format_;
   }
   return *this;
 }

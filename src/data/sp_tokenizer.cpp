@@ -134,11 +134,15 @@ class SentencePieceTokenizer final : public Tokenizer {
   }
 
   void save(const fs::path& dir) const override {
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    KILN_CHECK(!ec, "cannot create directory {}", dir.string());
+    create_directory_for(dir);
     write_file_atomic(dir / "tokenizer.model", model_bytes_);
     write_tokenizer_json(dir, *this, {{"model", "tokenizer.model"}});
+  }
+
+  std::map<std::string, std::string> hf_files() const override {
+    // The same model file; no bos piece (kiln trains none), eos = the separator.
+    return {{"tokenizer.model", model_bytes_},
+            {"tokenizer_config.json", hf_tokenizer_config("LlamaTokenizer", "", sp_.IdToPiece(eot_))}};
   }
 
  private:

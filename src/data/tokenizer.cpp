@@ -53,6 +53,12 @@ void require_utf8(std::string_view text, std::string_view what) {
              c.valid_len);
 }
 
+void create_directory_for(const fs::path& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  KILN_CHECK(!ec && fs::is_directory(dir), "cannot create directory {}", dir.string());
+}
+
 std::string hash_hex(uint64_t h) {
   char buf[17];
   return std::string(hex64(h, buf));
@@ -68,6 +74,14 @@ void write_tokenizer_json(const fs::path& dir, const Tokenizer& tok,
   j["eot_id"] = tok.eot_id();
   j["hash"] = tok.hash();
   write_file_atomic(dir / "tokenizer.json", j.dump(2) + "\n");
+}
+
+void export_hf_tokenizer(const Tokenizer& t, const fs::path& dir) {
+  const auto files = t.hf_files();
+  KILN_CHECK(!files.empty(), "{} tokenizer: Hugging Face has no file for it (export a gpt2, hf or "
+             "sentencepiece tokenizer)", t.kind());
+  create_directory_for(dir);
+  for (const auto& [name, content] : files) write_file_atomic(dir / name, content);
 }
 
 std::unique_ptr<Tokenizer> load_tokenizer(const fs::path& dir) {
@@ -95,8 +109,10 @@ std::unique_ptr<Tokenizer> load_tokenizer(const fs::path& dir) {
     } else if (kind == "gpt2") {
       tok = load_gpt2_tokenizer({dir / files.at("vocab").get<std::string>(),
                                  dir / files.at("merges").get<std::string>()});
+    } else if (kind == "hf") {
+      tok = load_hf_tokenizer(dir / files.at("tokenizer").get<std::string>());
     } else {
-      KILN_FAIL("{}: unknown tokenizer kind '{}' (expected byte, sentencepiece or gpt2)",
+      KILN_FAIL("{}: unknown tokenizer kind '{}' (expected byte, sentencepiece, gpt2 or hf)",
                 jpath.string(), kind);
     }
   } catch (const nlohmann::json::exception& e) {

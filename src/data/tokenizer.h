@@ -1,21 +1,29 @@
 // Tokenizers: text <-> token ids.
 //
-// Three kinds, all behind one interface and saved/loaded the same way:
+// Four kinds, all behind one interface and saved/loaded the same way:
 //   "byte"          ids 0..255 are the bytes, 256 is end-of-text (vocab 257).
 //   "sentencepiece" BPE trained on the corpus with libsentencepiece, configured so that
 //                   decode(encode(x)) == x for any valid UTF-8 x (see sp_tokenizer.cpp).
 //   "gpt2"          OpenAI's byte-level BPE (the algorithm of gpt-2/src/encoder.py),
 //                   implemented here; reads encoder.json + vocab.bpe (OpenAI) or
 //                   vocab.json + merges.txt (Hugging Face). end-of-text = "<|endoftext|>".
+//   "hf"            Hugging Face's tokenizer.json for byte-level BPE (GPT-2's, Llama 3's):
+//                   BPE model, added tokens, ByteLevel / Split regex pre-tokenizers (see
+//                   hf_tokenizer.cpp). Its separator is "<|begin_of_text|>" when present,
+//                   else "<|endoftext|>", else "<|end_of_text|>".
 //
-// Every kind decodes its end-of-text id to the text "<|endoftext|>"; no kind parses that
-// text back into the end-of-text id (it is encoded as ordinary text, as encoder.py does).
+// byte, sentencepiece and gpt2 decode their end-of-text id to the text "<|endoftext|>" and
+// never parse that text back into the id (it is encoded as ordinary text, as encoder.py
+// does). hf, as Hugging Face's tokenizers, matches every added token's content in the text
+// first (so "<|endoftext|>" in a GPT-2 text is id 50256) and decodes it to its content.
 // A saved tokenizer is a directory holding `tokenizer.json` ({"kind", "files", "vocab_size",
-// "eot_id", "hash"}) plus the kind's model files; see docs/formats.md.
+// "eot_id", "hash"}) plus the kind's model files (for hf: `hf_tokenizer.json`, Hugging
+// Face's file under a name that does not clash with kiln's); see docs/formats.md.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -28,11 +36,12 @@ class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
 
-  /// "byte", "sentencepiece" or "gpt2".
+  /// "byte", "sentencepiece", "gpt2" or "hf".
   virtual std::string kind() const = 0;
   /// Number of ids, end-of-text included; every id is in [0, vocab_size()).
   virtual int vocab_size() const = 0;
-  /// The end-of-text id (a separator placed before each document by `prepare`).
+  /// The document separator placed before each document by `prepare` (and the start of
+  /// `kiln sample`'s prompt): the end-of-text id, or hf's "<|begin_of_text|>".
   virtual int eot_id() const = 0;
   /// Token ids of `text`, which must be valid UTF-8 (throws kiln::Error otherwise).
   /// Thread-safe.
@@ -47,6 +56,9 @@ class Tokenizer {
   /// written to a temporary name and renamed. Throws kiln::Error naming the path on I/O
   /// failure.
   virtual void save(const std::filesystem::path& dir) const = 0;
+  /// Hugging Face's files for this tokenizer, file name -> content (see
+  /// export_hf_tokenizer); empty for a kind that has none (byte).
+  virtual std::map<std::string, std::string> hf_files() const = 0;
 };
 
 /// The byte tokenizer: id b = byte b, eot = 256, vocab 257.
@@ -83,6 +95,28 @@ std::unique_ptr<Tokenizer> load_sentencepiece_model(const std::filesystem::path&
 /// naming the file when one is missing or malformed, ids are not dense, a merge refers to
 /// an unknown token, or "<|endoftext|>" is absent.
 std::unique_ptr<Tokenizer> load_gpt2_tokenizer(const std::vector<std::filesystem::path>& files);
+
+/// Loads Hugging Face's tokenizer.json (the "hf" kind): `path` is the file, or a directory
+/// holding it (a kiln saved-tokenizer directory's hf_tokenizer.json is preferred there).
+/// Throws a one-line kiln::Error naming the file and the JSON field for anything malformed
+/// or unsupported (only byte-level BPE is), e.g.
+/// "x/tokenizer.json: model.type = 'WordPiece': only BPE is supported".
+std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::filesystem::path& path);
+
+/// The pre-tokens of an hf tokenizer `t` for valid UTF-8 `text`, as raw bytes in order: added
+/// tokens whole, the rest split by its pre_tokenizer steps (before byte-level BPE). Their
+/// concatenation is `text` unless a Split removes text. Exposed for tests; throws
+/// kiln::Error when `t` is not of the hf kind.
+std::vector<std::string> hf_pretokens(const Tokenizer& t, std::string_view text);
+
+/// Writes Hugging Face's files for `t` into `dir` (created if needed), each atomically:
+///   gpt2:          tokenizer.json converted from kiln's GPT-2 tables (BPE, ByteLevel,
+///                  "<|endoftext|>" as a special added token);
+///   hf:            the tokenizer.json it was loaded from, byte for byte;
+///   sentencepiece: its tokenizer.model (the serialized ModelProto);
+/// plus tokenizer_config.json with bos_token / eos_token. Throws kiln::Error for the byte
+/// kind ("byte tokenizer: Hugging Face has no file for it") or on I/O failure (path named).
+void export_hf_tokenizer(const Tokenizer& t, const std::filesystem::path& dir);
 
 /// Reads a tokenizer saved by Tokenizer::save (dir/tokenizer.json + model files). Checks
 /// the recorded hash against the loaded model. Throws kiln::Error naming the file at fault.

@@ -102,3 +102,41 @@ TEST_F(Gpt2Reference, ChunkedStreamingMatchesWholeText) {
     EXPECT_EQ(ids, whole) << "chunk " << chunk;
   }
 }
+
+TEST_F(Gpt2Reference, ExportedTokenizerJsonEncodesTheCommittedTextAsGpt2) {
+  // export_hf_tokenizer converts OpenAI's tables into Hugging Face's tokenizer.json; the hf
+  // kind reading it gives the gpt2 kind's ids (and so the reference's) on the committed text,
+  // except that it matches "<|endoftext|>" (in line 31) as the special token first, as
+  // Hugging Face's tokenizers does, and encodes the text on each side of it alone.
+  TempDir dir;
+  export_hf_tokenizer(*tok_, dir.path());
+  const auto hf = load_hf_tokenizer(dir / "tokenizer.json");
+  EXPECT_EQ(hf->kind(), "hf");
+  EXPECT_EQ(hf->vocab_size(), 50257);
+  EXPECT_EQ(hf->eot_id(), 50256);
+  const std::string text = read_text(KILN_GPT2_TEXT);
+  const std::string eot = "<|endoftext|>";
+  std::vector<std::filesystem::path> parts;
+  for (size_t start = 0;;) {
+    const size_t at = text.find(eot, start);
+    parts.push_back(dir / ("part" + std::to_string(parts.size()) + ".txt"));
+    write_text(parts.back(), text.substr(start, at == std::string::npos ? std::string::npos : at - start));
+    if (at == std::string::npos) break;
+    start = at + eot.size();
+  }
+  ASSERT_EQ(parts.size(), 2u);  // the committed text holds it once
+  const auto ref = reference(parts, dir);
+  std::vector<int32_t> expected = ref[0];
+  expected.push_back(50256);
+  expected.insert(expected.end(), ref[1].begin(), ref[1].end());
+  const auto ids = hf->encode(text);
+  EXPECT_EQ(ids, expected);
+  EXPECT_EQ(hf->decode(ids), text);
+  const auto whole = tok_->encode(text);
+  EXPECT_EQ(std::count(whole.begin(), whole.end(), 50256), 0);
+  // The special token in the text is its id with the hf kind, and decodes back.
+  const std::string with_eot = "Hello world<|endoftext|>Next document";
+  const auto e = hf->encode(with_eot);
+  EXPECT_EQ(e, (std::vector<int32_t>{15496, 995, 50256, 10019, 3188}));
+  EXPECT_EQ(hf->decode(e), with_eot);
+}

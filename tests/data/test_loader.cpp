@@ -1,10 +1,12 @@
 #include "core/error.h"
 #include "data/loader.h"
 #include "data/meta.h"
+#include "data/prepare.h"
 #include "data/shard.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <fstream>
@@ -24,7 +26,7 @@ DatasetMeta make_dataset(const fs::path& dir, const std::vector<int64_t>& sizes,
   m.tokenizer_hash = "0123456789abcdef";
   m.vocab_size = vocab;
   m.eot_id = 0;
-  m.dtype = dtype;
+  m.format = dtype == TokenDType::U16 ? ShardFormat::U16 : ShardFormat::KilnU32;
   m.documents = 1;
   SplitInfo& s = m.splits["train"];
   int32_t next = 0;
@@ -198,7 +200,7 @@ TEST(DataLoader, Uint32IdsAbove2To31AreRejectedWithFileAndPosition) {
       m.tokenizer_hash = "0123456789abcdef";
       m.vocab_size = 100000;
       m.eot_id = 0;
-      m.dtype = TokenDType::U32;
+      m.format = ShardFormat::KilnU32;
       m.documents = 1;
       m.splits["train"].shards.push_back({"train_000000.bin", 40});
       m.splits["train"].tokens = 40;
@@ -220,5 +222,42 @@ TEST(DataLoader, Uint32IdsAbove2To31AreRejectedWithFileAndPosition) {
       EXPECT_NE(err.find("train_000000.bin"), std::string::npos) << bad << " at " << pos << ": " << err;
       EXPECT_NE(err.find(fmt::format("token {} at position {}", bad, pos)), std::string::npos) << err;
     }
+  }
+}
+
+TEST(DataLoader, ReadsEachShardLayoutThatPrepareWrites) {
+  // kiln prepare --shard-format kiln | llmc | llmc-u32, then the loader: the same samples,
+  // meta.json's shard_version naming the layout (1, 7) and a mismatch refused.
+  TempDir dir;
+  kiln::data::testing::write_text(dir / "a.txt", "In the beginning God created the heaven and the earth.");
+  std::vector<std::vector<int32_t>> samples;
+  for (const char* f : {"kiln", "llmc", "llmc-u32"}) {
+    PrepareOptions o;
+    o.inputs = {dir / "a.txt"};
+    o.out_dir = dir / f;
+    o.tokenizer = "byte";
+    o.shard_format = f;
+    o.shard_tokens = 20;
+    const auto m = prepare_dataset(o).meta;
+    const auto j = nlohmann::json::parse(kiln::data::testing::read_text(dir / f / "meta.json"));
+    EXPECT_EQ(j["shard_version"], std::string(f) == "llmc-u32" ? 7 : 1) << f;
+    EXPECT_EQ(j["token_dtype"], std::string(f) == "llmc-u32" ? "uint32" : "uint16") << f;
+    DataLoader l(dir / f, "train", 8, 0, false);
+    std::vector<int32_t> s(9);
+    l.read_sample(2, s.data());
+    samples.push_back(s);
+  }
+  EXPECT_EQ(samples[0], samples[1]);
+  EXPECT_EQ(samples[0], samples[2]);
+  // A v7 shard under a meta.json that says kiln's v2 (same width) is refused.
+  auto j = nlohmann::json::parse(kiln::data::testing::read_text(dir / "llmc-u32" / "meta.json"));
+  j["shard_version"] = 2;
+  kiln::data::testing::write_text(dir / "llmc-u32" / "meta.json", j.dump());
+  try {
+    DataLoader l(dir / "llmc-u32", "train", 8, 0, false);
+    FAIL() << "no error";
+  } catch (const kiln::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("shard version 7 but meta.json says shard_version 2"), std::string::npos)
+        << e.what();
   }
 }

@@ -24,7 +24,8 @@ std::vector<int32_t> read_split(const fs::path& dir, const DatasetMeta& m, const
   for (const auto& s : m.splits.at(split).shards) {
     ShardReader r(dir / s.file);
     EXPECT_EQ(r.size(), s.tokens);
-    EXPECT_EQ(r.dtype(), m.dtype);
+    EXPECT_EQ(r.dtype(), m.dtype());
+    EXPECT_EQ(r.format(), m.format);
     const size_t at = all.size();
     all.resize(at + r.size());
     r.read(0, r.size(), all.data() + at);
@@ -72,7 +73,7 @@ TEST(Prepare, ByteDatasetRoundTripAndSplit) {
   EXPECT_EQ(m.documents, 3);
   EXPECT_EQ(m.vocab_size, 257);
   EXPECT_EQ(m.eot_id, 256);
-  EXPECT_EQ(m.dtype, TokenDType::U16);
+  EXPECT_EQ(m.dtype(), TokenDType::U16);
   std::vector<int32_t> expected;
   for (const auto& d : docs) {
     expected.push_back(256);

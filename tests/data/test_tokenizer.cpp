@@ -7,50 +7,11 @@
 
 using namespace kiln::data;
 using kiln::data::testing::random_utf8;
+using kiln::data::testing::TinyGpt2;
 using kiln::data::testing::TempDir;
 using kiln::data::testing::write_text;
 
 namespace {
-
-// Independent re-statement of encoder.py's bytes_to_unicode, for building test vocabularies.
-std::string byte_char(int b) {
-  std::vector<int> bs;
-  for (int c = '!'; c <= '~'; ++c) bs.push_back(c);
-  for (int c = 0xA1; c <= 0xAC; ++c) bs.push_back(c);
-  for (int c = 0xAE; c <= 0xFF; ++c) bs.push_back(c);
-  int n = 0;
-  char32_t cp = 0;
-  for (int c = 0; c < 256; ++c) {
-    const bool in = std::find(bs.begin(), bs.end(), c) != bs.end();
-    const char32_t m = in ? static_cast<char32_t>(c) : static_cast<char32_t>(256 + n++);
-    if (c == b) cp = m;
-  }
-  std::string s;
-  utf8_append(s, cp);
-  return s;
-}
-
-// A tiny GPT-2-format vocabulary: 256 byte tokens, a few merges, then <|endoftext|>.
-struct TinyGpt2 {
-  std::vector<std::pair<std::string, std::string>> merges = {
-      {"Ġ", "t"}, {"h", "e"}, {"Ġt", "he"}, {"i", "n"}, {"Ġ", "a"}, {"e", "r"}, {"Ġa", "n"},
-      {"Ġan", "d"}, {"o", "n"}, {"Ġ", "Ġ"}, {"ĠĠ", "ĠĠ"}, {"'", "s"}, {"l", "l"}, {"Ċ", "Ċ"}};
-  std::vector<std::string> tokens;
-  void write(const std::filesystem::path& vocab, const std::filesystem::path& merges_file) {
-    for (int b = 0; b < 256; ++b) tokens.push_back(byte_char(b));
-    for (const auto& [a, b] : merges) tokens.push_back(a + b);
-    tokens.push_back("<|endoftext|>");
-    nlohmann::json j;
-    for (size_t i = 0; i < tokens.size(); ++i) j[tokens[i]] = i;
-    write_text(vocab, j.dump());
-    std::string m = "#version: 0.2\n";
-    for (const auto& [a, b] : merges) m += a + " " + b + "\n";
-    write_text(merges_file, m);
-  }
-  int id(const std::string& t) const {
-    return static_cast<int>(std::find(tokens.begin(), tokens.end(), t) - tokens.begin());
-  }
-};
 
 void expect_round_trip(const Tokenizer& tok, const std::string& text) {
   const auto ids = tok.encode(text);
