@@ -216,7 +216,6 @@ PrepareSummary prepare_dataset(const PrepareOptions& o) {
              "prepare: vocab_size {} too small for the {} tokenizer ({} ids)", o.vocab_size, tok->kind(),
              tok->vocab_size());
   const ShardFormat format = choose_shard_format(o.shard_format, tok->vocab_size());
-  const TokenDType dtype = shard_dtype(format);
   const int32_t eot = tok->eot_id();
 
   // 3. tokenize into staging chunks of shard_tokens.

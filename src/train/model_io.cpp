@@ -236,12 +236,21 @@ std::map<std::string, std::string> hf_tokenizer_files(const checkpoint::Checkpoi
   for (const auto& name : reader.extra_file_names()) any = any || name.starts_with("tokenizer/");
   if (!any) return {};
   const auto tok = load_checkpoint_tokenizer(reader);
-  config_fields["bos_token_id"] = tok->eot_id();
-  config_fields["eos_token_id"] = tok->eot_id();
-  // MERGE (issue 15, tokenizers): the tokenizer's Hugging Face files go here, e.g.
-  //   data::export_hf_tokenizer(*tok, tmp_dir), then each file of tmp_dir -> the map.
-  // Until then the folder has no tokenizer files.
-  return {};
+  std::map<std::string, std::string> files = tok->hf_files();  // {} for the byte kind
+  // bos/eos ids: tokenizer_config.json's tokens where one encodes to a single id (the hf
+  // kind's special tokens, e.g. Llama 3's <|begin_of_text|> and <|end_of_text|>), else the
+  // document separator (GPT-2's <|endoftext|> is both).
+  auto id_of = [&](const char* key) {
+    if (!files.count("tokenizer_config.json")) return tok->eot_id();
+    const auto cfg = nlohmann::json::parse(files.at("tokenizer_config.json"));
+    if (!cfg.contains(key) || !cfg[key].is_string() || cfg[key].get<std::string>().empty())
+      return tok->eot_id();
+    const auto ids = tok->encode(cfg[key].get<std::string>());
+    return ids.size() == 1 ? ids[0] : tok->eot_id();
+  };
+  config_fields["bos_token_id"] = id_of("bos_token");
+  config_fields["eos_token_id"] = id_of("eos_token");
+  return files;
 }
 
 namespace {

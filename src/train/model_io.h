@@ -75,16 +75,18 @@ struct ExportOptions {
 
 /// Writes the model weights of a kiln checkpoint atomically: as a Hugging Face folder
 /// ("hf": config.json, generation_config.json, model.safetensors or shards and their index,
-/// the tokenizer's files once wired: hf_tokenizer_files), or in one of its architecture's
+/// the tokenizer's files: hf_tokenizer_files), or in one of its architecture's
 /// own formats (GPT-2: an llm.c .bin, "llmc", or a Hugging Face model.safetensors,
 /// "safetensors"). Throws kiln::Error for an unknown format or an architecture without it.
 void export_checkpoint(const std::filesystem::path& checkpoint_dir, const ExportOptions& options,
                        const std::filesystem::path& out);
 
 /// The tokenizer files of a Hugging Face folder for the checkpoint's tokenizer (name ->
-/// contents), and the token ids config.json names (bos_token_id, eos_token_id: the
-/// tokenizer's end-of-text id) in `config_fields`. Empty when the checkpoint has no
-/// tokenizer.
+/// contents: data::Tokenizer::hf_files, i.e. tokenizer.json or tokenizer.model, and
+/// tokenizer_config.json; none for the byte kind), and the token ids config.json names
+/// (bos_token_id, eos_token_id: tokenizer_config's bos/eos tokens where they are single
+/// ids, else the tokenizer's end-of-text id) in `config_fields`. Empty when the
+/// checkpoint has no tokenizer.
 std::map<std::string, std::string> hf_tokenizer_files(const checkpoint::CheckpointReader& reader,
                                                       nlohmann::json& config_fields);
 

@@ -142,4 +142,17 @@ case "$out" in
   "In the beginning "[a-zA-Z]*) ;;
   *) echo "FAILED: the sample does not continue the prompt with words"; exit 1 ;;
 esac
+# The checkpoint as a Hugging Face folder: the tokenizer's own file, its config, and
+# Llama 3's bos/eos ids in config.json.
+"$kiln" export --checkpoint "$work/run/ckpt/step_00000020" --format hf --out "$work/hf" > /dev/null
+cmp "$work/tok/tokenizer.json" "$work/hf/tokenizer.json" || { echo "FAILED: tokenizer.json differs"; exit 1; }
+"$py" - "$work/hf" <<'PY'
+import json, sys
+d = sys.argv[1]
+cfg, tcfg = json.load(open(f"{d}/config.json")), json.load(open(f"{d}/tokenizer_config.json"))
+assert (cfg["bos_token_id"], cfg["eos_token_id"]) == (128000, 128001), cfg
+assert (tcfg["bos_token"], tcfg["eos_token"]) == ("<|begin_of_text|>", "<|end_of_text|>"), tcfg
+assert cfg["vocab_size"] == 128256, cfg["vocab_size"]
+print("exported: tokenizer.json byte for byte, bos 128000, eos 128001")
+PY
 echo "hf_large_vocab_test: passed"
