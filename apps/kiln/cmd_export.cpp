@@ -4,28 +4,34 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 
 namespace kiln::app {
 
 namespace {
-// "5GB" (10^9, as transformers), "500MB", "2GiB", "1048576": bytes. Throws kiln::Error.
+// "5GB" (10^9, as transformers), "500MB", "1.5GB", "2GiB", "1048576": bytes, from 1 to
+// 10^18. A decimal number (digits, optionally one point and more digits) and a unit, no
+// spaces, signs, exponents or hex. Throws kiln::Error.
 uint64_t parse_size(const std::string& s) {
+  const std::string hint = fmt::format("--shard-size '{}': expected a size from 1 byte to 1EB "
+                                       "such as 5GB, 500MB or 2GiB", s);
   size_t pos = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &pos);
-  } catch (const std::exception&) {
-    KILN_FAIL("--shard-size '{}': expected a size such as 5GB, 500MB or 2GiB", s);
-  }
+  while (pos < s.size() && (std::isdigit(static_cast<unsigned char>(s[pos])) || s[pos] == '.')) ++pos;
+  const std::string number = s.substr(0, pos);
+  KILN_CHECK(!number.empty() && std::isdigit(static_cast<unsigned char>(number.front())) &&
+                 std::isdigit(static_cast<unsigned char>(number.back())) &&
+                 std::count(number.begin(), number.end(), '.') <= 1,
+             "{}", hint);
+  const double v = std::stod(number);
   std::string unit = s.substr(pos);
   for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   static const std::pair<const char*, double> units[] = {
       {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
-      {"KIB", 1024.0}, {"MIB", 1048576.0}, {"GIB", 1073741824.0}};
+      {"KIB", 1024.0}, {"MIB", 1048576.0}, {"GIB", 1073741824.0}, {"TIB", 1099511627776.0}};
   for (const auto& [name, scale] : units)
-    if (unit == name && v * scale >= 1) return static_cast<uint64_t>(v * scale);
-  KILN_FAIL("--shard-size '{}': expected a positive size such as 5GB, 500MB or 2GiB", s);
+    if (unit == name && v * scale >= 1 && v * scale <= 1e18) return static_cast<uint64_t>(v * scale);
+  KILN_FAIL("{}", hint);
 }
 }  // namespace
 
@@ -50,7 +56,7 @@ void register_export(CLI::App& app) {
     ExportOptions o;
     o.format = a->format;
     KILN_CHECK(a->format == "hf" || (a->dtype.empty() && a->shard_size == "5GB"),
-               "kiln export: --dtype and --shard-size are options of --format hf");
+               "--dtype and --shard-size are options of --format hf");
     o.dtype = a->dtype;
     o.shard_bytes = parse_size(a->shard_size);
     export_checkpoint(a->checkpoint, o, a->out);

@@ -7,6 +7,9 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <new>
+#include <string>
+
 #include <cstdio>
 #include <cstdlib>
 
@@ -42,9 +45,15 @@ int main(int argc, char** argv) {
     return e.get_exit_code();
   } catch (const std::exception& e) {
     std::fflush(stdout);
+    // Host memory exhausted (a model shape far too large, e.g. n_layer = 10^7): say so.
+    const std::string what =
+        dynamic_cast<const std::bad_alloc*>(&e) != nullptr
+            ? "out of host memory (std::bad_alloc): the model or batch is too large for this "
+              "machine (check model.n_layer, n_embd, vocab_size, block_size and train.micro_batch)"
+            : e.what();
     // Under mpirun/srun one rank's error ends every rank (no hang), naming the rank.
-    if (kiln::launcher_world_size() != 0) kiln::abort_all(fmt::format("error: {}", e.what()));
-    fmt::print(stderr, "kiln: error: {}\n", e.what());
+    if (kiln::launcher_world_size() != 0) kiln::abort_all(fmt::format("error: {}", what));
+    fmt::print(stderr, "kiln: error: {}\n", what);
     return 1;
   }
   return 0;

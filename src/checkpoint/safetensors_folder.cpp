@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <set>
+
 namespace kiln::safetensors {
 
 namespace fs = std::filesystem;
@@ -82,10 +84,21 @@ std::vector<std::string> shard_file_names(int n) {
 }
 
 namespace {
-// True when `dir` may be replaced: empty, or a model folder.
-bool replaceable(const fs::path& dir) {
-  return fs::is_empty(dir) || fs::exists(dir / "config.json") || fs::exists(dir / kSingleFile) ||
-         fs::exists(dir / kIndexFile);
+// The first entry of `dir` that a model folder's export would not have written (its
+// own names: shards, index, `files`, and every Hugging Face tokenizer/config file), or
+// "" when there is none: only then may the folder be replaced whole, so that a re-export
+// never deletes a user's own files.
+std::string foreign_entry(const fs::path& dir, const std::map<std::string, std::string>& files) {
+  static const std::set<std::string> known = {
+      "config.json", "generation_config.json", std::string(kSingleFile), std::string(kIndexFile),
+      "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
+      "vocab.json", "merges.txt"};
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    const bool shard = name.starts_with("model-") && name.ends_with(".safetensors");
+    if (!e.is_regular_file() || !(known.count(name) || files.count(name) || shard)) return name;
+  }
+  return "";
 }
 }  // namespace
 
@@ -94,9 +107,14 @@ void write_folder(const fs::path& dir, const std::vector<FolderTensor>& tensors,
                   const std::map<std::string, std::string>& files) {
   KILN_CHECK(shard_bytes > 0, "{}: the shard size must be positive", dir.string());
   const bool exists = fs::exists(dir);
-  KILN_CHECK(!exists || (fs::is_directory(dir) && replaceable(dir)),
-             "{}: exists and is not a model folder (no config.json): choose another output",
-             dir.string());
+  KILN_CHECK(!exists || fs::is_directory(dir), "{}: exists and is not a directory: choose another "
+             "output", dir.string());
+  if (exists) {
+    const std::string foreign = foreign_entry(dir, files);
+    KILN_CHECK(foreign.empty(), "{}: exists and holds '{}', which is not a model folder's file: "
+               "the export replaces the folder whole, so choose another output (or remove it)",
+               dir.string(), foreign);
+  }
   // Shards: consecutive tensors while they fit.
   std::vector<std::vector<const FolderTensor*>> shards;
   uint64_t in_shard = 0, total = 0;

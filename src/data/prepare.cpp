@@ -85,16 +85,19 @@ std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& o) {
   return train_sentencepiece(o.inputs, so);
 }
 
-// Removes the staging directory, and the files already moved out of it, unless disarmed.
+// Removes the staging directory, and the files already moved out of it, unless disarmed;
+// then the output directory too when this run created it and it is left empty.
 struct Cleanup {
   fs::path staging;
   std::vector<fs::path> moved;
+  fs::path created_out;
   bool armed = true;
   ~Cleanup() {
     if (!armed) return;
     std::error_code ec;
     for (const auto& p : moved) fs::remove(p, ec);
     if (!staging.empty()) fs::remove_all(staging, ec);
+    if (!created_out.empty() && fs::is_empty(created_out, ec)) fs::remove(created_out, ec);
   }
 };
 
@@ -190,13 +193,14 @@ PrepareSummary prepare_dataset(const PrepareOptions& o) {
   }
   // Output directory and staging area.
   std::error_code ec;
+  Cleanup cleanup;
+  if (!fs::exists(o.out_dir, ec)) cleanup.created_out = o.out_dir;
   fs::create_directories(o.out_dir, ec);
   KILN_CHECK(!ec && fs::is_directory(o.out_dir), "{}: cannot create output directory ({})",
              o.out_dir.string(), ec ? ec.message() : "not a directory");
   KILN_CHECK(!fs::exists(o.out_dir / "meta.json") && !fs::exists(o.out_dir / shard_name("train", 0)) &&
                  !fs::exists(o.out_dir / shard_name("val", 0)),
              "{}: already holds a prepared dataset (remove it first)", o.out_dir.string());
-  Cleanup cleanup;
   const fs::path staging = o.out_dir / fmt::format(".kiln-prepare-{}", ::getpid());
   fs::remove_all(staging, ec);
   KILN_CHECK(fs::create_directory(staging, ec) && !ec, "{}: output directory is not writable ({})",

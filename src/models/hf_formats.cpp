@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -75,7 +76,10 @@ int hf_int(const nlohmann::json& cfg, const char* key, const std::string& file,
     return *fallback;
   }
   KILN_CHECK(v->is_number_integer(), "{}: \"{}\" must be an integer, got {}", file, key, v->dump());
-  return v->get<int>();
+  const auto x = v->get<int64_t>();
+  KILN_CHECK(x >= std::numeric_limits<int>::min() && x <= std::numeric_limits<int>::max(),
+             "{}: \"{}\" = {} is out of range", file, key, x);
+  return static_cast<int>(x);
 }
 
 double hf_double(const nlohmann::json& cfg, const char* key, const std::string& file,

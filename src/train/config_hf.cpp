@@ -13,12 +13,22 @@ namespace kiln::config_detail {
 void fill_model_from_hf_folder(TrainConfig& c,
                                const std::map<std::string, std::string, std::less<>>& origins) {
   ModelSection& m = c.model;
-  if (m.init_from.empty() || !is_hf_folder(m.init_from)) return;
-  const std::string file = (std::filesystem::path(m.init_from) / "config.json").string();
+  if (m.init_from.empty()) return;
   auto origin = [&](const char* key) {
     auto it = origins.find(key);
     return it == origins.end() ? c.source : it->second;
   };
+  // A wrong path is named here, before a missing model key would be blamed instead.
+  const std::filesystem::path from(m.init_from);
+  std::error_code ec;
+  KILN_CHECK(std::filesystem::exists(from, ec), "{}: key 'model.init_from': {} does not exist",
+             origin("model.init_from"), m.init_from);
+  KILN_CHECK(!std::filesystem::is_directory(from, ec) || is_hf_folder(from) ||
+                 std::filesystem::exists(from / "manifest.json", ec),
+             "{}: key 'model.init_from': {} is neither a Hugging Face folder (config.json) nor a "
+             "kiln checkpoint (manifest.json)", origin("model.init_from"), m.init_from);
+  if (!is_hf_folder(m.init_from)) return;
+  const std::string file = (from / "config.json").string();
   KILN_CHECK(m.preset.empty(), "{}: key 'model.preset' ('{}') and model.init_from = {}, a "
              "Hugging Face folder whose config.json gives the shape: remove model.preset",
              origin("model.preset"), m.preset, m.init_from);

@@ -351,4 +351,21 @@ TEST(HfTokenizer, PrepareFromHuggingFaceDirAndFromTheSavedDir) {
   EXPECT_EQ(b.tokenizer_hash, a.tokenizer_hash);
   EXPECT_EQ(b.splits.at("train").tokens, a.splits.at("train").tokens);
   EXPECT_EQ(load_tokenizer(o.out_dir)->hash(), a.tokenizer_hash);
+  // A saved tokenizer of another kind given as hf: named for what it is, and a failed
+  // prepare leaves no output directory behind.
+  o.tokenizer = "byte";
+  o.tokenizer_files = {};
+  o.out_dir = fx.dir / "bytes";
+  prepare_dataset(o);
+  o.tokenizer = "hf";
+  o.tokenizer_files = {fx.dir / "bytes"};
+  o.out_dir = fx.dir / "data3";
+  try {
+    prepare_dataset(o);
+    ADD_FAILURE() << "a saved byte tokenizer read as Hugging Face's";
+  } catch (const kiln::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("kiln's description of a saved 'byte' tokenizer"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(o.out_dir));
 }

@@ -393,8 +393,22 @@ TEST(HfFolder, CorruptOrUnsupportedFoldersAreOneLineErrors) {
   d = tmp.path / "other";
   fs::create_directories(d);
   checkpoint::detail::atomic_write_file(d / "notes.txt", "mine");
-  EXPECT_NE(error_of([&] { write(o, w, d); }).find("is not a model folder"), std::string::npos);
+  EXPECT_NE(error_of([&] { write(o, w, d); }).find("holds 'notes.txt', which is not a model folder"),
+            std::string::npos);
   EXPECT_TRUE(fs::exists(d / "notes.txt"));
+  // Not even a model folder holding a user's own file (a re-export would delete it)...
+  write(o, w, d = tmp.path / "model");
+  checkpoint::detail::atomic_write_file(d / "README.md", "mine");
+  EXPECT_NE(error_of([&] { write(o, w, d); }).find("holds 'README.md'"), std::string::npos);
+  EXPECT_TRUE(fs::exists(d / "README.md"));
+  // ... while a folder of only a model's files is replaced.
+  fs::remove(d / "README.md");
+  write(o, w, d);
+  EXPECT_TRUE(fs::exists(d / "config.json"));
+  // config.json integers beyond int are refused, not cut to 32 bits.
+  edit_config(d, [&](Json& j) { j["hidden_size"] = int64_t{1} << 40; });
+  EXPECT_NE(error_of([&] { HfFolderReader r(d, o); }).find("\"hidden_size\" = 1099511627776 is out of range"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -256,6 +256,18 @@ TEST(Trainer, HuggingFaceFolderRoundTripsAndGivesTheShape) {
                 std::string::npos) << e.what();
     }
   }
+  // A wrong init_from is named as such, not as the model keys it would have given.
+  for (const auto& [path, why] : std::vector<std::pair<fs::path, std::string>>{
+           {tmp.path / "nope", "does not exist"},
+           {tmp.path, "is neither a Hugging Face folder (config.json) nor a kiln checkpoint"}}) {
+    try {
+      load_config_string(fmt::format("[model]\ninit_from = \"{}\"\n", path.string()), {}, "i.toml");
+      ADD_FAILURE() << path;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("i.toml: key 'model.init_from': " + path.string() + " " + why),
+                std::string::npos) << e.what();
+    }
+  }
 }
 
 // bf16 trains like fp32; fp16 with a loss scale far too large overflows, skips those
