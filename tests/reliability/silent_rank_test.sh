@@ -57,7 +57,10 @@ for np in 2 4; do
   elapsed=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')
   [ "$rc" != 0 ] || { echo "FAILED: np=$np exited 0"; cat "$run.log"; exit 1; }
   # Stopped before the collective: "did not arrive"; inside it: silent since (heartbeat).
-  line=$(grep -m1 -E "timed out after $timeout_s s waiting for .*(: rank $want did not arrive \(collective #|been silent since: rank $want \()" "$run.log") ||
+  # The stopped rank must be among those named. On 4 ranks the others may have moved on
+  # to the next collective of another group while one still waits inside the last (the
+  # stopped rank held its data), so a line may name a waiting rank beside the stopped one.
+  line=$(grep -m1 -E "timed out after $timeout_s s waiting for .*(: ranks? ([0-9]+, )*$want(, [0-9]+)* did not arrive \(collective #|been silent since: (rank [0-9]+ \([0-9.]+ s\), )*rank $want \()" "$run.log") ||
     { echo "FAILED: np=$np: no timeout naming rank $want"; cat "$run.log"; exit 1; }
   # Within the timeout (plus the time the others take to reach the next collective and
   # for mpirun to end the job).
