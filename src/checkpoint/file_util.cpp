@@ -5,6 +5,7 @@
 #include "core/error.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -154,6 +156,26 @@ void fsync_dir(const fs::path& dir) {
 std::string temp_name_for(const fs::path& path) {
   return fmt::format("{}.tmp.{}.{}", path.string(), static_cast<long>(::getpid()),
                      g_counter.fetch_add(1));
+}
+
+void remove_stale_temps(const fs::path& path) {
+  std::error_code ec;
+  const fs::path parent = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  const std::string prefix = path.filename().string() + ".tmp.";
+  for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with(prefix)) continue;
+    const std::string rest = name.substr(prefix.size());  // "<pid>.<n>"
+    const size_t dot = rest.find('.');
+    if (dot == 0 || dot == std::string::npos ||
+        !std::all_of(rest.begin(), rest.begin() + static_cast<std::ptrdiff_t>(dot), ::isdigit))
+      continue;
+    const long pid = std::atol(rest.substr(0, dot).c_str());
+    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+      std::error_code rm;
+      fs::remove_all(it->path(), rm);
+    }
+  }
 }
 
 void atomic_write_pieces(const fs::path& path, const std::vector<std::string_view>& pieces) {

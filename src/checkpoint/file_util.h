@@ -64,6 +64,10 @@ void atomic_write_pieces(const std::filesystem::path& path,
                          const std::vector<std::string_view>& pieces);
 /// A unique temporary name next to `path`: "<path>.tmp.<pid>.<counter>".
 std::string temp_name_for(const std::filesystem::path& path);
+/// Removes what an interrupted writer of `path` left beside it: entries named
+/// temp_name_for(path) of a process that no longer runs (a Ctrl-C'd export; a process
+/// that still runs keeps its own). Best effort: never throws, not a numbered operation.
+void remove_stale_temps(const std::filesystem::path& path);
 /// The whole file as a string. Throws kiln::Error naming the file.
 std::string read_file(const std::filesystem::path& path);
 /// strerror(errno) as a string.

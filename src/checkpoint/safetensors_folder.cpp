@@ -135,6 +135,7 @@ void write_folder(const fs::path& dir, const std::vector<FolderTensor>& tensors,
 
   const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
   io::make_dirs(parent);
+  io::remove_stale_temps(dir);  // an earlier export's, interrupted
   const fs::path tmp = io::temp_name_for(dir);
   io::make_dirs(tmp);
   try {

@@ -5,10 +5,13 @@
 #include "data/tokenizer.h"
 #include "data/utf8.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 
@@ -201,6 +204,14 @@ PrepareSummary prepare_dataset(const PrepareOptions& o) {
   KILN_CHECK(!fs::exists(o.out_dir / "meta.json") && !fs::exists(o.out_dir / shard_name("train", 0)) &&
                  !fs::exists(o.out_dir / shard_name("val", 0)),
              "{}: already holds a prepared dataset (remove it first)", o.out_dir.string());
+  // Staging areas of interrupted runs (their process gone) are removed; a live one's kept.
+  for (fs::directory_iterator it(o.out_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const long pid = name.starts_with(".kiln-prepare-") ? std::atol(name.c_str() + 14) : 0;
+    std::error_code rm;
+    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) fs::remove_all(it->path(), rm);
+  }
+  ec.clear();
   const fs::path staging = o.out_dir / fmt::format(".kiln-prepare-{}", ::getpid());
   fs::remove_all(staging, ec);
   KILN_CHECK(fs::create_directory(staging, ec) && !ec, "{}: output directory is not writable ({})",

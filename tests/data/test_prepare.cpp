@@ -192,6 +192,14 @@ TEST(Prepare, BadInputsLeaveNoShards) {
   expect_error(o, {"shard_tokens"});
   o.shard_tokens = 4;
 
+  // A staging area left by an interrupted run (its process gone) is removed.
+  o.inputs = {dir / "good.txt"};
+  o.out_dir = dir / "after_interrupt";
+  std::filesystem::create_directories(o.out_dir / ".kiln-prepare-999999999" / "chunks");
+  prepare_dataset(o);
+  EXPECT_FALSE(std::filesystem::exists(o.out_dir / ".kiln-prepare-999999999"));
+  EXPECT_TRUE(std::filesystem::exists(o.out_dir / "meta.json"));
+
   // Unwritable output: a path below a regular file.
   o.out_dir = dir / "good.txt" / "out";
   try {

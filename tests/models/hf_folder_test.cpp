@@ -12,6 +12,8 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <random>
 
 namespace kiln {
@@ -405,6 +407,16 @@ TEST(HfFolder, CorruptOrUnsupportedFoldersAreOneLineErrors) {
   fs::remove(d / "README.md");
   write(o, w, d);
   EXPECT_TRUE(fs::exists(d / "config.json"));
+  // An interrupted export's temporary folder (its process gone) is removed by the next
+  // export; one of a live process (this one) is kept.
+  const fs::path stale = d.string() + ".tmp.999999999.0", live = d.string() + ".tmp." +
+                         std::to_string(::getpid()) + ".999";
+  fs::create_directories(stale);
+  fs::create_directories(live);
+  write(o, w, d);
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(live));
+  fs::remove(live);
   // config.json integers beyond int are refused, not cut to 32 bits.
   edit_config(d, [&](Json& j) { j["hidden_size"] = int64_t{1} << 40; });
   EXPECT_NE(error_of([&] { HfFolderReader r(d, o); }).find("\"hidden_size\" = 1099511627776 is out of range"),
