@@ -14,7 +14,7 @@
 
 namespace kiln::fuzz {
 
-/// A scratch directory of this process, created once.
+/// A scratch directory of this process, created once and removed at exit.
 inline const std::filesystem::path& scratch_dir() {
   static const std::filesystem::path dir = [] {
     std::filesystem::path base = std::filesystem::exists("/dev/shm") ? "/dev/shm" : std::filesystem::temp_directory_path();
@@ -22,6 +22,14 @@ inline const std::filesystem::path& scratch_dir() {
     std::filesystem::create_directories(d);
     return d;
   }();
+  // Removed when the fuzzer exits normally (a crash leaves it, beside the crash's input).
+  static const bool cleanup = [] {
+    return std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }) == 0;
+  }();
+  (void)cleanup;
   return dir;
 }
 
