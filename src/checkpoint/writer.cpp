@@ -211,7 +211,7 @@ void CheckpointWriter::commit(const json& state, const std::map<std::string, std
     std::vector<const Box*> boxes;
     for (const Box& b : t.boxes) boxes.push_back(&b);
     validate_slices(fmt::format("checkpoint {}: tensor '{}'", dir_.string(), name), t.shape, boxes,
-                    [&](size_t i) { return fmt::format("rank {}", t.ranks[i]); });
+                    [&ranks = t.ranks](size_t i) { return fmt::format("rank {}", ranks[i]); });
     tensors[name] = {{"shape", t.shape}, {"dtype", t.dtype}, {"slices", std::move(t.slices)}};
   }
 

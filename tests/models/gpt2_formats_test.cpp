@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <fstream>
 #include <random>
 
@@ -204,6 +205,25 @@ TEST(GPT2Formats, LlmcRejectsBadFiles) {
   GPT2Weights bad = random_weights(tiny_config());
   bad.tensors["transformer.h.1.ln_2.bias"].pop_back();
   EXPECT_THROW(save_llmc(p, bad), Error);
+}
+
+// Found by fuzz/llmc_fuzz.cpp (fuzz/regressions/llmc/): a 1024-byte header claiming a
+// 50-billion-parameter model is refused by the file's size before any weight is allocated.
+TEST(GPT2Formats, LlmcHugeHeaderRefusedBeforeAllocation) {
+  TempDir tmp;
+  const fs::path p = tmp.path() / "huge.bin";
+  std::array<int32_t, 256> h{};
+  h[0] = 20240326;
+  h[1] = 3;
+  h[2] = 1024, h[3] = 50257, h[4] = 1000, h[5] = 64, h[6] = 65536, h[7] = 50304;
+  std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(h.data()), sizeof(h));
+  try {
+    load_llmc(p);
+    FAIL() << "no error for a huge header";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("1024 bytes, but an llm.c checkpoint"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(GPT2Formats, HfRoundTripTransposesAndPadding) {

@@ -142,18 +142,28 @@ GPT2Weights load_llmc(const fs::path& path) {
   }
   KILN_CHECK(file_vp >= c.vocab_size, "{}: padded vocab {} < vocab {}", file, file_vp, c.vocab_size);
 
-  GPT2Weights w = gpt2_zero_weights(c);
+  // The file's size is checked against the header before anything is allocated, so a
+  // header claiming a huge model is refused by its size (128-bit: no int32 header overflows).
   const DType file_dtype = version == 5 ? DType::BF16 : DType::F32;
   const size_t es = dtype_size(file_dtype);
+  const __int128 C = c.n_embd, L = c.n_layer;
+  const __int128 params = (__int128{file_vp} + c.block_size) * C + L * (12 * C * C + 13 * C) + 2 * C;
+  const __int128 expected = sizeof(h) + params * static_cast<__int128>(es);
+  auto count = [](__int128 n) {
+    return n <= INT64_MAX ? std::to_string(static_cast<int64_t>(n)) : std::string("over 2^63");
+  };
+  std::error_code ec;
+  const uint64_t actual = fs::file_size(path, ec);
+  KILN_CHECK(!ec && static_cast<__int128>(actual) == expected,
+             "{}: {} bytes, but an llm.c checkpoint of this header ({} parameters, {}) has {}",
+             file, actual, count(params), dtype_name(file_dtype), count(expected));
+
+  GPT2Weights w = gpt2_zero_weights(c);
   int64_t total = 0;
   for (const auto& [name, t] : w.tensors) total += static_cast<int64_t>(t.size());
   total -= static_cast<int64_t>(c.padded_vocab_size - file_vp) * c.n_embd;
-  const uint64_t expected = sizeof(h) + static_cast<uint64_t>(total) * es;
-  std::error_code ec;
-  const uint64_t actual = fs::file_size(path, ec);
-  KILN_CHECK(!ec && actual == expected,
-             "{}: {} bytes, but an llm.c checkpoint of this header ({} parameters, {}) has {}",
-             file, actual, total, dtype_name(file_dtype), expected);
+  KILN_CHECK(total == static_cast<int64_t>(params), "{}: {} parameters in the header's shapes, {} "
+             "in its tensors", file, static_cast<int64_t>(params), total);
 
   std::vector<char> buf;
   for (const auto& group : llmc_groups(c.n_layer)) {
