@@ -19,7 +19,7 @@ KILN_BUILD_PACKAGES=(
 KILN_TEST_PACKAGES=(chromium python3)
 # Only for the fuzzers (scripts/fuzz.sh): clang 14 and its libFuzzer and sanitizer runtimes
 # (libclang-rt-14-dev, which Debian only recommends beside clang-14).
-KILN_FUZZ_PACKAGES=(clang-14 libclang-rt-14-dev)
+KILN_FUZZ_PACKAGES=(clang-14 libclang-rt-14-dev libomp-14-dev)
 # Only for the demo: the King James Bible (the `bible` program and its text).
 KILN_DEMO_PACKAGES=(bible-kjv)
 
