@@ -17,8 +17,9 @@ KILN_BUILD_PACKAGES=(
 # Only for the tests: headless Chromium renders `kiln report`'s page for a screenshot;
 # python3 reads JSON in the shell tests and checks the golden file's header.
 KILN_TEST_PACKAGES=(chromium python3)
-# Only for the fuzzers (scripts/fuzz.sh): clang 14 and its libFuzzer and sanitizer runtimes
-# (libclang-rt-14-dev, which Debian only recommends beside clang-14).
+# Only for the fuzzers (scripts/fuzz.sh, run by test.sh): clang 14, its libFuzzer and
+# sanitizer runtimes (libclang-rt-14-dev, which Debian only recommends beside clang-14)
+# and its OpenMP (libomp-14-dev: the fuzz build compiles the OpenMP kernels with clang).
 KILN_FUZZ_PACKAGES=(clang-14 libclang-rt-14-dev libomp-14-dev)
 # Only for the demo: the King James Bible (the `bible` program and its text).
 KILN_DEMO_PACKAGES=(bible-kjv)
