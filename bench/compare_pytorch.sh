@@ -138,47 +138,24 @@ echo "== torch: OpenBLAS core $blas_core"
 echo "== load average at start: $(cut -d' ' -f1-3 /proc/loadavg); kiln: $kiln; logs: $out"
 echo "== both: OMP_NUM_THREADS=$OMP_NUM_THREADS OMP_WAIT_POLICY=$OMP_WAIT_POLICY; torch's environment: ${torch_env[*]}"
 
-write_config() {  # name -> $out/name.toml
+write_config() {  # name -> $out/name.toml: its model, then the training keys all share
+  local mb t lr
   case "$1" in
-    gpt2-124m) cat > "$out/$1.toml" <<EOF
+    gpt2-124m) mb=4 t=64 lr=6e-4; cat > "$out/$1.toml" <<EOF
 [model]
 preset = "gpt2"
-[train]
-steps = 1000
-micro_batch = 4
-seq_len = 64
-seed = 1337
-[optim]
-lr = 6e-4
-weight_decay = 0.1
-grad_clip = 1.0
-[schedule]
-kind = "cosine"
-warmup_steps = 10
 EOF
     ;;
-    small) cat > "$out/$1.toml" <<EOF
+    small) mb=8 t=256 lr=1e-3; cat > "$out/$1.toml" <<EOF
 [model]
 n_layer = 6
 n_head = 6
 n_embd = 384
 block_size = 256
 vocab_size = 8192
-[train]
-steps = 1000
-micro_batch = 8
-seq_len = 256
-seed = 1337
-[optim]
-lr = 1e-3
-weight_decay = 0.1
-grad_clip = 1.0
-[schedule]
-kind = "cosine"
-warmup_steps = 10
 EOF
     ;;
-    llama-100m) cat > "$out/$1.toml" <<EOF
+    llama-100m) mb=4 t=64 lr=6e-4; cat > "$out/$1.toml" <<EOF
 [model]
 arch = "llama"
 n_layer = 12
@@ -190,21 +167,9 @@ block_size = 1024
 vocab_size = 32000
 rope_theta = 500000.0
 tie_embeddings = true
-[train]
-steps = 1000
-micro_batch = 4
-seq_len = 64
-seed = 1337
-[optim]
-lr = 6e-4
-weight_decay = 0.1
-grad_clip = 1.0
-[schedule]
-kind = "cosine"
-warmup_steps = 10
 EOF
     ;;
-    llama-small) cat > "$out/$1.toml" <<EOF
+    llama-small) mb=8 t=256 lr=1e-3; cat > "$out/$1.toml" <<EOF
 [model]
 arch = "llama"
 n_layer = 6
@@ -216,21 +181,9 @@ block_size = 256
 vocab_size = 8192
 rope_theta = 500000.0
 tie_embeddings = false
-[train]
-steps = 1000
-micro_batch = 8
-seq_len = 256
-seed = 1337
-[optim]
-lr = 1e-3
-weight_decay = 0.1
-grad_clip = 1.0
-[schedule]
-kind = "cosine"
-warmup_steps = 10
 EOF
     ;;
-    llama-tiny) cat > "$out/$1.toml" <<EOF
+    llama-tiny) mb=2 t=32 lr=1e-3; cat > "$out/$1.toml" <<EOF
 [model]
 arch = "llama"
 n_layer = 2
@@ -244,23 +197,25 @@ rope_theta = 10000.0
 rope_scaling.factor = 8.0
 rope_scaling.original_max_position = 16
 tie_embeddings = false
+EOF
+    ;;
+    *) echo "compare_pytorch.sh: unknown config $1 (gpt2-124m, small, llama-100m, llama-small, llama-tiny)" >&2
+       exit 2 ;;
+  esac
+  cat >> "$out/$1.toml" <<EOF
 [train]
 steps = 1000
-micro_batch = 2
-seq_len = 32
+micro_batch = $mb
+seq_len = $t
 seed = 1337
 [optim]
-lr = 1e-3
+lr = $lr
 weight_decay = 0.1
 grad_clip = 1.0
 [schedule]
 kind = "cosine"
 warmup_steps = 10
 EOF
-    ;;
-    *) echo "compare_pytorch.sh: unknown config $1 (gpt2-124m, small, llama-100m, llama-small, llama-tiny)" >&2
-       exit 2 ;;
-  esac
 }
 
 # One line about a run: its JSON result line (the last line starting with '{').

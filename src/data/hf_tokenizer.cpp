@@ -74,6 +74,13 @@ class HfTokenizer final : public Tokenizer {
     } catch (const json::exception& e) {
       KILN_FAIL("{}: malformed JSON ({})", where, e.what());
     }
+    // kiln's own saved-tokenizer description has the same file name: say so instead of a
+    // missing field.
+    if (j.is_object() && j.contains("kind") && j["kind"].is_string() && !j.contains("model")) {
+      const std::string kind = j["kind"].get<std::string>();
+      KILN_FAIL("{}: is kiln's description of a saved '{}' tokenizer, not Hugging Face's "
+                "tokenizer.json (pass --tokenizer {})", where, kind, kind);
+    }
     std::string reading = "the file";  // the field being read, for type errors
     try {
       parse(j, where, reading);
@@ -412,15 +419,7 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer(const fs::path& path) {
     file = fs::exists(path / HfTokenizer::kHfFileName) ? path / HfTokenizer::kHfFileName : path / "tokenizer.json";
   }
   KILN_CHECK(fs::is_regular_file(file), "{}: no such file (expected Hugging Face's tokenizer.json)", file.string());
-  std::string text = read_small_file(file);
-  // kiln's own saved-tokenizer description has the same name: say so instead of a missing field.
-  const json head = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (head.is_object() && head.contains("kind") && head["kind"].is_string() && !head.contains("model")) {
-    const std::string kind = head["kind"].get<std::string>();
-    KILN_FAIL("{}: is kiln's description of a saved '{}' tokenizer, not Hugging Face's "
-              "tokenizer.json (pass --tokenizer {})", file.string(), kind, kind);
-  }
-  return std::make_unique<HfTokenizer>(std::move(text), file.string());
+  return std::make_unique<HfTokenizer>(read_small_file(file), file.string());
 }
 
 std::string hf_tokenizer_config(const std::string& tokenizer_class, const std::string& bos,
