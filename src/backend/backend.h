@@ -209,8 +209,8 @@ class Backend {
   /// torch.nn.functional.linear.
   virtual void linear_forward(Stream s, const Tensor& out, const Tensor& inp,
                               const Tensor& weight, const Tensor& bias) = 0;
-  /// dinp [N,IC] = dout @ weight (skipped when dinp is empty); dweight [OC,IC] +=
-  /// dout^T @ inp; dbias [OC] += sum over rows of dout (skipped when empty).
+  /// dinp [N,IC] = dout @ weight; dweight [OC,IC] += dout^T @ inp; dbias [OC] += sum over
+  /// rows of dout. Each output is skipped when empty; inp is read only for dweight.
   virtual void linear_backward(Stream s, const Tensor& dinp, const Tensor& dweight,
                                const Tensor& dbias, const Tensor& dout, const Tensor& inp,
                                const Tensor& weight) = 0;

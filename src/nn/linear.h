@@ -1,8 +1,25 @@
-// Linear: y = x W^T + b, the layer of torch.nn.Linear (weight stored [out, in]).
+// Linear: y = x W^T + b, the layer of torch.nn.Linear (weight stored [out, in]), and its
+// tensor-parallel styles (Megatron-LM's ColumnParallelLinear and RowParallelLinear,
+// Shoeybi et al. 2019, section 3), installed by the sharding plan with shard().
+//
+// N is the row count of the flattened [B*T, .] activations; with sequence parallelism a
+// rank holds rows [r N/tp, (r+1) N/tp) outside the split regions (nn/tensor_parallel.h).
+//   style       inp                  out                   communication (fwd / bwd)
+//   replicated  [N, in]              [N, out]              none
+//   column      [N, in]              [N, out/tp]           copy_to_tp: - / all_reduce dinp
+//     + SP      [N/tp, in]           [N, out/tp]           gather_from_sp: all_gather inp /
+//                                                          reduce_scatter dinp
+//   row         [N, in/tp]           [N, out]              reduce_from_tp: all_reduce out / -
+//     + SP      [N, in/tp]           [N/tp, out]           reduce_scatter_to_sp: reduce_scatter
+//                                                          out / all_gather dout
+// A row-parallel bias is replicated and added once: tp rank 0 adds it before the
+// reduction. Every gradient is complete on its rank (a row-parallel bias's is the column
+// sum of the whole dout, the same on every rank).
 #pragma once
 
 #include "backend/backend.h"
 #include "nn/param.h"
+#include "nn/tensor_parallel.h"
 
 #include <vector>
 
@@ -15,22 +32,37 @@ class Linear {
   /// <name>.bias [out] (zeros).
   Linear(const std::string& name, int64_t in, int64_t out, bool bias, float init_std);
 
-  /// out [N, out] = inp [N, in] @ weight^T (+ bias). Any leading dims flatten to N.
-  void forward(Backend& be, Stream s, const Tensor& out, const Tensor& inp) const;
-  /// dinp [N, in] = dout @ weight (overwritten; skipped when empty);
-  /// dweight += dout^T @ inp; dbias += column sums of dout.
+  /// Splits the layer over placement.group (Column or Row; Replicated undoes nothing and
+  /// is a no-op). Column splits each of `pieces` (consecutive output extents summing to
+  /// out: GPT-2's fused c_attn is {C, C, C}; empty = one piece) over tp separately, so a
+  /// rank holds its share of q, k and v. Call before the model lays out its parameters.
+  /// Throws kiln::Error naming the parameter when a split dimension does not divide.
+  void shard(const TpPlacement& placement, std::vector<int64_t> pieces = {});
+
+  /// out = inp @ weight^T (+ bias), shapes per the table above. Any leading dims flatten.
+  /// `work` [N, work_width()] is scratch for sequence parallelism (else unused).
+  void forward(Backend& be, Stream s, const Tensor& out, const Tensor& inp,
+               const Tensor& work = Tensor()) const;
+  /// dinp = d/dinp (overwritten; skipped when empty); dweight += dout^T @ inp; dbias +=
+  /// column sums of dout. inp is forward's; `work` as forward's.
   void backward(Backend& be, Stream s, const Tensor& dinp, const Tensor& dout,
-                const Tensor& inp) const;
+                const Tensor& inp, const Tensor& work = Tensor()) const;
   void collect(std::vector<Param*>& out);
 
-  int64_t in() const { return in_; }
+  int64_t in() const { return in_; }    // global sizes
   int64_t out() const { return out_; }
+  int64_t local_in() const { return weight.local_shape()[1]; }
+  int64_t local_out() const { return weight.local_shape()[0]; }
+  /// Columns of the sequence-parallel scratch: in (column) or out (row), 0 without SP.
+  int64_t work_width() const;
   bool has_bias() const { return has_bias_; }
+  const TpPlacement& placement() const { return placement_; }
   Param weight, bias;
 
  private:
   int64_t in_, out_;
   bool has_bias_;
+  TpPlacement placement_;
 };
 
 }  // namespace kiln::nn

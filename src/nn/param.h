@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "nn/tensor_parallel.h"
 
 #include <cstdint>
 #include <string>
@@ -37,11 +38,15 @@ struct Param {
   Shape shape;                // global shape
   Init init;
   bool weight_decay = false;  // matrices decay; biases and norm gains do not
-  Tensor value, grad;         // bound views (empty while the part is not bound)
+  TpSlice tp;                 // the elements this tp rank holds (whole when replicated)
+  bool tp_partial_grad = false;  // grad is this rank's partial sum: reduce over tp once
+  Tensor value, grad;         // bound views of local_shape() (empty while not bound)
 
   Param() = default;
   Param(std::string n, Shape s, Init i, bool decay)
       : name(std::move(n)), shape(s), init(i), weight_decay(decay) {}
+  /// The shape this rank holds: `shape`, or its tp slice.
+  Shape local_shape() const { return tp.local_shape(shape); }
   /// The bound value / gradient; throws kiln::Error naming the parameter when unbound.
   const Tensor& v() const {
     KILN_CHECK(value, "parameter {} is not bound", name);

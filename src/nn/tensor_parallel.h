@@ -1,0 +1,102 @@
+// Tensor parallelism as the layers see it: Megatron-LM's split of a layer over the ranks
+// of a tp group (Shoeybi et al. 2019, section 3) and sequence parallelism for the
+// activations between the split regions (Korthikanti et al. 2022, section 4.2.2).
+//
+// A sharded layer talks to the other ranks only through the four operations of TpComm,
+// which come in conjugate pairs: the backward of each is the forward of its conjugate.
+//
+//   op                 forward                               backward (= conjugate's fwd)
+//   CopyToTp           identity                              all_reduce over tp
+//   ReduceFromTp       all_reduce over tp                    identity
+//   GatherFromSp       all_gather rows [N/tp,C] -> [N,C]     reduce_scatter rows
+//   ReduceScatterToSp  reduce_scatter rows [N,C] -> [N/tp,C] all_gather rows
+//
+// Rows are those of the flattened [B*T, C] activations; tp rank r holds rows
+// [r N/tp, (r+1) N/tp). The group is an interface (TpGroup): src/parallel implements it
+// over a Communicator and the sharding plan installs it on the layers, so the layer
+// library includes no communication header.
+#pragma once
+
+#include "backend/backend.h"
+#include "core/tensor.h"
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kiln::nn {
+
+/// The collectives of one tensor-parallel group, on buffers of the layers' backend. Every
+/// rank of the group calls the same operations in the same order.
+class TpGroup {
+ public:
+  virtual ~TpGroup() = default;
+  virtual int size() const = 0;
+  virtual int rank() const = 0;
+  /// t <- sum over the group's ranks of t, in place (fp32, bf16, fp16).
+  virtual void all_reduce_sum(Stream s, const Tensor& t) = 0;
+  /// out [size() * n ...] <- every rank's in [n ...], rank r's at rows [r n, (r+1) n).
+  virtual void all_gather_rows(Stream s, const Tensor& out, const Tensor& in) = 0;
+  /// out [n ...] <- rows [rank() n, (rank()+1) n) of the sum over ranks of in [size() * n ...].
+  virtual void reduce_scatter_rows(Stream s, const Tensor& out, const Tensor& in) = 0;
+};
+
+enum class TpComm : uint8_t { CopyToTp, ReduceFromTp, GatherFromSp, ReduceScatterToSp };
+/// "copy_to_tp", "reduce_from_tp", "gather_from_sp", "reduce_scatter_to_sp".
+const char* tp_comm_name(TpComm c);
+/// CopyToTp <-> ReduceFromTp, GatherFromSp <-> ReduceScatterToSp.
+TpComm conjugate(TpComm c);
+
+/// out <- c(in) (the table above). CopyToTp and ReduceFromTp: out and in of one shape, out
+/// may alias in. GatherFromSp: in [n, ...], out [tp n, ...]. ReduceScatterToSp: in
+/// [tp n, ...], out [n, ...]. Throws kiln::Error naming the op on other shapes.
+void tp_forward(TpComm c, TpGroup& g, Backend& be, Stream s, const Tensor& out, const Tensor& in);
+/// din <- backward of c at dout, which is tp_forward(conjugate(c), .., din, dout).
+void tp_backward(TpComm c, TpGroup& g, Backend& be, Stream s, const Tensor& din,
+                 const Tensor& dout);
+
+/// The elements of a global tensor that one tp rank holds. Along dimension `dim`, each of
+/// `pieces` (consecutive extents summing to the global size of `dim`: the q, k and v rows
+/// of a fused projection, SwiGLU's gate and up; empty = one piece, the whole dim) is cut
+/// into `parts` equal ranges, and the rank holds range `index` of every piece,
+/// concatenated in piece order. parts == 1 is the whole tensor (replicated).
+struct TpSlice {
+  int dim = 0;
+  std::vector<int64_t> pieces;
+  int parts = 1, index = 0;
+
+  bool sharded() const { return parts > 1; }
+  /// The global shape with `dim` divided by parts.
+  Shape local_shape(const Shape& global) const;
+  /// The [begin, end) ranges of `dim` this rank holds, in local order.
+  std::vector<std::pair<int64_t, int64_t>> ranges(const Shape& global) const;
+  /// Throws kiln::Error naming `what` unless dim is in range, the pieces sum to the
+  /// global size of dim and each divides by parts.
+  void check(const Shape& global, const std::string& what) const;
+  /// The global row-major index of every local element, in local row-major order (the
+  /// map a checkpoint, an initialiser or a test uses to place the rank's elements).
+  std::vector<int64_t> global_indices(const Shape& global) const;
+};
+
+/// How the plan splits a layer over tp (torchtitan's ParallelStyle; Megatron's layers):
+///   Replicated  every rank holds and computes the whole layer.
+///   Column      a Linear's output features split (ColumnParallelLinear): weight rows
+///               (and bias) sharded, input replicated, output [N, out/tp].
+///   Row         a Linear's input features split (RowParallelLinear): weight columns
+///               sharded, input [N, in/tp], output partial sums reduced over tp; the
+///               bias is replicated and added once, after the reduction.
+///   Vocab       an embedding's (or tied head's) vocabulary rows split.
+enum class TpStyle : uint8_t { Replicated, Column, Row, Vocab };
+const char* tp_style_name(TpStyle s);
+
+/// A layer's placement: its style, the group (not owned; outlives the layer's use) and
+/// whether the activations outside the split regions are sequence parallel (rows split).
+struct TpPlacement {
+  TpStyle style = TpStyle::Replicated;
+  TpGroup* group = nullptr;
+  bool sequence_parallel = false;
+  bool active() const { return group != nullptr && group->size() > 1 && style != TpStyle::Replicated; }
+};
+
+}  // namespace kiln::nn

@@ -1,0 +1,236 @@
+// Tensor-parallel layers against their unsharded selves, on every rank of the job (run
+// under mpirun with 2 and 4 ranks; alone it is a world of one, where nothing is split).
+// Each rank computes the unsharded layer on the whole (seeded, identical) inputs, then
+// its shard, and compares its slice of every output and gradient (fp32, 1e-5 relative).
+// The conjugate pairs are checked against values computed from every rank's inputs.
+#include "backend/registry.h"
+#include "mpi_test_main.h"
+#include "nn/linear.h"
+#include "parallel/tensor_parallel.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+namespace kiln {
+namespace {
+
+using nn::TpComm;
+using nn::TpSlice;
+using nn::TpStyle;
+
+std::vector<float> randn(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(gen);
+  return v;
+}
+
+std::vector<float> pick(const std::vector<float>& global, const std::vector<int64_t>& idx) {
+  std::vector<float> out;
+  out.reserve(idx.size());
+  for (int64_t i : idx) out.push_back(global[static_cast<size_t>(i)]);
+  return out;
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want,
+                  const std::string& what, double rel = 1e-5) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double scale = 1e-30;
+  for (float w : want) scale = std::max(scale, std::fabs(static_cast<double>(w)));
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], rel * std::max(1.0, scale)) << what << " element " << i;
+  }
+}
+
+// One CPU backend for the process, never destroyed: the MPI communication thread may
+// release the last copy of a buffer (and so call its allocator) after a test returns.
+Backend* cpu_backend() {
+  static Backend* be = make_backend("cpu").release();
+  return be;
+}
+
+struct Fixture {
+  Backend* be = cpu_backend();
+  Stream s = be->default_stream();
+  Tensor upload(const std::vector<float>& v, const Shape& shape) {
+    Tensor t = be->empty(shape, DType::F32, MemCategory::Activations);
+    upload_f32(*be, t, v.data());
+    return t;
+  }
+  Tensor zeros(const Shape& shape) {
+    Tensor t = be->empty(shape, DType::F32, MemCategory::Activations);
+    be->fill(s, t, 0.f);
+    return t;
+  }
+  std::vector<float> down(const Tensor& t) { return download_f32(*be, t); }
+};
+
+TEST(TpComm, ConjugatePairs) {
+  EXPECT_EQ(nn::conjugate(TpComm::CopyToTp), TpComm::ReduceFromTp);
+  EXPECT_EQ(nn::conjugate(TpComm::ReduceFromTp), TpComm::CopyToTp);
+  EXPECT_EQ(nn::conjugate(TpComm::GatherFromSp), TpComm::ReduceScatterToSp);
+  EXPECT_EQ(nn::conjugate(TpComm::ReduceScatterToSp), TpComm::GatherFromSp);
+}
+
+TEST(TpComm, ForwardAndBackwardOfEachOp) {
+  Fixture f;
+  CommTpGroup g(testing::world());
+  const int n = g.size(), r = g.rank();
+  const int64_t rows = 3, C = 5;
+  // Every rank's input, known to all: rank q's is randn(.., 100 + q).
+  auto input = [&](int q, int64_t m) { return randn(static_cast<size_t>(m * C), 100 + q); };
+  std::vector<float> sum(rows * n * C, 0.f);
+  for (int q = 0; q < n; ++q) {
+    auto v = input(q, rows * n);
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += v[i];
+  }
+  // all_reduce: ReduceFromTp forward, CopyToTp backward.
+  for (TpComm c : {TpComm::ReduceFromTp, TpComm::CopyToTp}) {
+    Tensor x = f.upload(input(r, rows * n), Shape{rows * n, C});
+    Tensor y = f.zeros(Shape{rows * n, C});
+    if (c == TpComm::ReduceFromTp) {
+      nn::tp_forward(c, g, *f.be, f.s, y, x);
+    } else {
+      nn::tp_backward(c, g, *f.be, f.s, y, x);
+    }
+    expect_close(f.down(y), sum, nn::tp_comm_name(c));
+    // ... and the identity of the other direction.
+    Tensor z = f.zeros(Shape{rows * n, C});
+    if (c == TpComm::ReduceFromTp) {
+      nn::tp_backward(c, g, *f.be, f.s, z, x);
+    } else {
+      nn::tp_forward(c, g, *f.be, f.s, z, x);
+    }
+    expect_close(f.down(z), input(r, rows * n), std::string(nn::tp_comm_name(c)) + " identity");
+  }
+  // all_gather rows: GatherFromSp forward, ReduceScatterToSp backward.
+  std::vector<float> gathered;
+  for (int q = 0; q < n; ++q) {
+    auto v = input(q, rows);
+    gathered.insert(gathered.end(), v.begin(), v.end());
+  }
+  std::vector<float> my_rows(sum.begin() + r * rows * C, sum.begin() + (r + 1) * rows * C);
+  {
+    Tensor x = f.upload(input(r, rows), Shape{rows, C});
+    Tensor y = f.zeros(Shape{rows * n, C});
+    nn::tp_forward(TpComm::GatherFromSp, g, *f.be, f.s, y, x);
+    expect_close(f.down(y), gathered, "gather_from_sp forward");
+    Tensor x2 = f.zeros(Shape{rows, C});
+    nn::tp_backward(TpComm::ReduceScatterToSp, g, *f.be, f.s, y, x);
+    expect_close(f.down(y), gathered, "reduce_scatter_to_sp backward");
+    Tensor full = f.upload(input(r, rows * n), Shape{rows * n, C});
+    nn::tp_forward(TpComm::ReduceScatterToSp, g, *f.be, f.s, x2, full);
+    expect_close(f.down(x2), my_rows, "reduce_scatter_to_sp forward");
+    Tensor x3 = f.zeros(Shape{rows, C});
+    nn::tp_backward(TpComm::GatherFromSp, g, *f.be, f.s, x3, full);
+    expect_close(f.down(x3), my_rows, "gather_from_sp backward");
+  }
+  Tensor bad = f.zeros(Shape{rows, C});
+  if (n > 1) {
+    EXPECT_THROW(nn::tp_forward(TpComm::GatherFromSp, g, *f.be, f.s, bad, bad), Error);
+  }
+}
+
+TEST(TpSlice, RangesAndIndices) {
+  // A fused [q; k; v] of rows {4, 2, 2}, 3 columns, split over 2: rank 1 holds q rows 2-3,
+  // k row 5, v row 7.
+  TpSlice s{0, {4, 2, 2}, 2, 1};
+  const Shape g{8, 3};
+  EXPECT_EQ(s.local_shape(g), (Shape{4, 3}));
+  auto r = s.ranges(g);
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_EQ(r[0], (std::pair<int64_t, int64_t>{2, 4}));
+  EXPECT_EQ(r[1], (std::pair<int64_t, int64_t>{5, 6}));
+  EXPECT_EQ(r[2], (std::pair<int64_t, int64_t>{7, 8}));
+  auto idx = s.global_indices(g);
+  std::vector<int64_t> want = {6, 7, 8, 9, 10, 11, 15, 16, 17, 21, 22, 23};
+  EXPECT_EQ(idx, want);
+  TpSlice cols{1, {}, 3, 2};  // columns [4, 6) of [2, 6]
+  EXPECT_EQ(cols.global_indices(Shape{2, 6}), (std::vector<int64_t>{4, 5, 10, 11}));
+  EXPECT_THROW((TpSlice{0, {3, 5}, 2, 0}.check(g, "w")), Error);  // 3 rows over 2
+  EXPECT_THROW((TpSlice{0, {4, 2}, 2, 0}.check(g, "w")), Error);  // pieces sum to 6
+  EXPECT_NO_THROW(s.check(g, "w"));
+}
+
+// One Linear, unsharded and as `style`, compared slice by slice.
+void check_linear(TpStyle style, bool sp, std::vector<int64_t> pieces, bool bias) {
+  Fixture f;
+  CommTpGroup g(testing::world());
+  const int n = g.size(), r = g.rank();
+  const int64_t N = 4 * 3, in = 8, out = 16;  // N and the features divide by 1, 2, 4
+  SCOPED_TRACE(fmt::format("{} sp={} bias={} tp={}", nn::tp_style_name(style), sp, bias, n));
+  const auto W = randn(out * in, 1), b = randn(out, 2), x = randn(N * in, 3), dy = randn(N * out, 4);
+  // The unsharded layer.
+  nn::Linear full("l", in, out, bias, 0.02f);
+  full.weight.value = f.upload(W, Shape{out, in});
+  full.weight.grad = f.zeros(Shape{out, in});
+  if (bias) full.bias.value = f.upload(b, Shape{out}), full.bias.grad = f.zeros(Shape{out});
+  Tensor y = f.zeros(Shape{N, out}), dx = f.zeros(Shape{N, in});
+  full.forward(*f.be, f.s, y, f.upload(x, Shape{N, in}));
+  full.backward(*f.be, f.s, dx, f.upload(dy, Shape{N, out}), f.upload(x, Shape{N, in}));
+  const auto Y = f.down(y), DX = f.down(dx), DW = f.down(full.weight.grad);
+  const auto DB = bias ? f.down(full.bias.grad) : std::vector<float>();
+
+  // The shard.
+  nn::Linear part("l", in, out, bias, 0.02f);
+  part.shard(nn::TpPlacement{style, &g, sp}, pieces);
+  const Shape wl = part.weight.local_shape();
+  part.weight.value = f.upload(pick(W, part.weight.tp.global_indices(Shape{out, in})), wl);
+  part.weight.grad = f.zeros(wl);
+  if (bias) {
+    const Shape bl = part.bias.local_shape();
+    part.bias.value = f.upload(pick(b, part.bias.tp.global_indices(Shape{out})), bl);
+    part.bias.grad = f.zeros(bl);
+  }
+  const bool column = style == TpStyle::Column;
+  // Which rows and columns of x / y this rank sees.
+  const TpSlice rows{0, {}, sp ? n : 1, sp ? r : 0};
+  const TpSlice x_cols = column ? TpSlice{} : TpSlice{1, {}, n, r};
+  const TpSlice y_cols = column ? TpSlice{1, pieces, n, r} : TpSlice{};
+  auto sel = [&](const std::vector<float>& v, int64_t cols, const TpSlice& rs, const TpSlice& cs) {
+    auto by_col = pick(v, cs.global_indices(Shape{N, cols}));
+    return pick(by_col, rs.global_indices(Shape{N, cs.local_shape(Shape{N, cols})[1]}));
+  };
+  const TpSlice in_rows = column ? rows : TpSlice{};   // row-parallel input is never SP
+  const TpSlice out_rows = column ? TpSlice{} : rows;  // column-parallel output neither
+  const int64_t x_n = in_rows.local_shape(Shape{N, 1})[0], y_n = out_rows.local_shape(Shape{N, 1})[0];
+  const int64_t x_c = x_cols.local_shape(Shape{N, in})[1], y_c = y_cols.local_shape(Shape{N, out})[1];
+  Tensor xl = f.upload(sel(x, in, in_rows, x_cols), Shape{x_n, x_c});
+  Tensor yl = f.zeros(Shape{y_n, y_c}), dxl = f.zeros(Shape{x_n, x_c});
+  Tensor work = part.work_width() ? f.zeros(Shape{N, part.work_width()}) : Tensor();
+  EXPECT_EQ(part.work_width(), sp && n > 1 ? (column ? in : out) : 0);
+  part.forward(*f.be, f.s, yl, xl, work);
+  expect_close(f.down(yl), sel(Y, out, out_rows, y_cols), "forward");
+  part.backward(*f.be, f.s, dxl, f.upload(sel(dy, out, out_rows, y_cols), Shape{y_n, y_c}), xl, work);
+  expect_close(f.down(dxl), sel(DX, in, in_rows, x_cols), "dinp");
+  expect_close(f.down(part.weight.grad), pick(DW, part.weight.tp.global_indices(Shape{out, in})),
+               "dweight");
+  if (bias) {
+    expect_close(f.down(part.bias.grad), pick(DB, part.bias.tp.global_indices(Shape{out})),
+                 "dbias");
+  }
+}
+
+TEST(TpLinear, Column) { check_linear(TpStyle::Column, false, {}, true); }
+TEST(TpLinear, ColumnSequenceParallel) { check_linear(TpStyle::Column, true, {}, true); }
+TEST(TpLinear, ColumnFusedPieces) { check_linear(TpStyle::Column, false, {8, 4, 4}, true); }
+TEST(TpLinear, ColumnFusedPiecesSequenceParallel) { check_linear(TpStyle::Column, true, {8, 4, 4}, false); }
+TEST(TpLinear, Row) { check_linear(TpStyle::Row, false, {}, true); }
+TEST(TpLinear, RowSequenceParallel) { check_linear(TpStyle::Row, true, {}, true); }
+TEST(TpLinear, RowNoBias) { check_linear(TpStyle::Row, true, {}, false); }
+
+TEST(TpLinear, IndivisibleSplitIsAnError) {
+  CommTpGroup g(testing::world());
+  if (g.size() == 1) GTEST_SKIP() << "nothing is split on one rank";
+  nn::Linear l("h.0.attn.c_attn", 8, 3 * 5 * g.size() + 3, true, 0.02f);
+  EXPECT_THROW(l.shard(nn::TpPlacement{TpStyle::Column, &g, false}), Error);
+  nn::Linear ok("h.0.attn.c_attn", 8, 6 * g.size(), true, 0.02f);
+  EXPECT_THROW(ok.shard(nn::TpPlacement{TpStyle::Vocab, &g, false}), Error);
+}
+
+}  // namespace
+}  // namespace kiln
