@@ -171,13 +171,15 @@ class Backend {
 
   // ---- ops --------------------------------------------------------------------------
   /// out[B,T,C] = wte[tokens[b,t], :] + wpe[pos[b,t], :].  tokens int32 [B,T] in
-  /// [0, Vp); positions int32 [B,T] in [0, maxT), or empty for pos[b,t] = t; wte [Vp,C];
+  /// [0, Vp) or -1 (a zero wte row: the token lives on another vocab-parallel rank, see
+  /// shard_ids); positions int32 [B,T] in [0, maxT), or empty for pos[b,t] = t; wte [Vp,C];
   /// wpe [maxT,C] (learned positions, GPT-2: Radford et al. 2019), or empty for none
   /// (out = wte[tokens]: rotary models). Throws on a token or position out of range.
   virtual void embedding_forward(Stream s, const Tensor& out, const Tensor& tokens,
                                  const Tensor& positions, const Tensor& wte,
                                  const Tensor& wpe) = 0;
-  /// dwte[tokens[b,t]] += dout[b,t];  dwpe[pos[b,t]] += dout[b,t] (when dwpe is given).
+  /// dwte[tokens[b,t]] += dout[b,t] (tokens of -1 skipped);  dwpe[pos[b,t]] += dout[b,t]
+  /// (when dwpe is given).
   virtual void embedding_backward(Stream s, const Tensor& dwte, const Tensor& dwpe,
                                   const Tensor& dout, const Tensor& tokens,
                                   const Tensor& positions) = 0;
@@ -288,6 +290,32 @@ class Backend {
   virtual void softmax_cross_entropy(Stream s, const Tensor& losses, const Tensor& dlogits,
                                      const Tensor& logits, const Tensor& targets,
                                      int vocab_size, int ignore_index, float grad_scale) = 0;
+
+  /// Vocab-parallel softmax cross-entropy (Megatron-LM's vocab_parallel_cross_entropy),
+  /// part 1: per-row statistics of the logits [N,Vl] of one rank's vocabulary columns
+  /// [vocab_begin, vocab_begin + Vl), of which the first `valid` (0 <= valid <= Vl) are
+  /// real vocabulary and the rest padding. stats fp32 [N,3]:
+  ///   m = max_{j < valid} l[n,j]  (-inf when valid = 0),
+  ///   s = sum_{j < valid} exp(l[n,j] - m)  (0 when valid = 0),
+  ///   x = l[n, targets[n] - vocab_begin] when that column is one of the `valid`, else 0.
+  /// targets int32 [N] are global ids (ignore_index -1 among them). Combined over the tp
+  /// ranks: lse = M + log(sum_r s_r exp(m_r - M)), M = max_r m_r; loss = lse - sum_r x_r.
+  virtual void cross_entropy_shard_stats(Stream s, const Tensor& stats, const Tensor& logits,
+                                         const Tensor& targets, int64_t vocab_begin,
+                                         int valid) = 0;
+  /// Part 2: dlogits [N,Vl] (may alias logits) = grad_scale * (exp(l[n,j] - lse[n]) -
+  /// [j == targets[n] - vocab_begin]) for j < valid; 0 in padding columns and in rows
+  /// whose target is ignore_index. lse fp32 [N] is the combined log-sum-exp of part 1.
+  virtual void cross_entropy_shard_backward(Stream s, const Tensor& dlogits,
+                                            const Tensor& logits, const Tensor& targets,
+                                            const Tensor& lse, int64_t vocab_begin, int valid,
+                                            int ignore_index, float grad_scale) = 0;
+  /// Token ids as one vocab-parallel rank sees them (Megatron's VocabParallelEmbedding):
+  /// out[i] = ids[i] - begin when begin <= ids[i] < begin + count, else -1 (a row held by
+  /// another rank, which embedding_forward reads as zero). int32, one shape; out may
+  /// alias ids.
+  virtual void shard_ids(Stream s, const Tensor& out, const Tensor& ids, int64_t begin,
+                         int64_t count) = 0;
 
   /// One AdamW step on a parameter tensor (any shape); m and v fp32 of the same shape.
   virtual void adamw_step(Stream s, const Tensor& param, const Tensor& grad, const Tensor& m,

@@ -174,6 +174,37 @@ CrossEntropyDims cross_entropy(const Tensor& losses, const Tensor& dlogits, cons
   return d;
 }
 
+CrossEntropyDims cross_entropy_shard(const Tensor& stats, const Tensor& dlogits,
+                                     const Tensor& logits, const Tensor& targets,
+                                     const Tensor& lse, int64_t vocab_begin, int valid) {
+  const char* op = stats ? "cross_entropy_shard_stats" : "cross_entropy_shard_backward";
+  KILN_CHECK(logits.ndim() >= 1, "{}: logits {} must be [N, Vl]", op, logits.str());
+  CrossEntropyDims d{rows(logits), logits.size(-1)};
+  KILN_CHECK(0 <= valid && valid <= d.Vp && vocab_begin >= 0,
+             "{}: valid columns {} outside [0, {}] or vocab_begin {} < 0", op, valid, d.Vp,
+             vocab_begin);
+  KILN_CHECK(targets.numel() == d.N, "{}: targets {} must have {} elements", op, targets.str(), d.N);
+  check_dtype(targets, DType::I32, "cross_entropy_shard targets");
+  if (stats) {
+    check_shape(stats, Shape{d.N, 3}, "cross_entropy_shard_stats stats");
+    check_dtype(stats, DType::F32, "cross_entropy_shard_stats stats");
+  } else {
+    KILN_CHECK(dlogits.numel() == logits.numel() && dlogits.dtype() == logits.dtype(),
+               "{}: dlogits {} vs logits {}", op, dlogits.str(), logits.str());
+    KILN_CHECK(lse.numel() == d.N, "{}: lse {} must have {} elements", op, lse.str(), d.N);
+    check_dtype(lse, DType::F32, "cross_entropy_shard_backward lse");
+  }
+  return d;
+}
+
+void shard_ids(const Tensor& out, const Tensor& ids, int64_t begin, int64_t count) {
+  check_dtype(ids, DType::I32, "shard_ids ids");
+  check_dtype(out, DType::I32, "shard_ids out");
+  KILN_CHECK(out.numel() == ids.numel(), "shard_ids: out {} vs ids {}", out.str(), ids.str());
+  KILN_CHECK(begin >= 0 && count >= 0, "shard_ids: range [{}, {} + {}) is negative", begin, begin,
+             count);
+}
+
 void grad_of(const Tensor& grad, const Tensor& param, const char* op) {
   KILN_CHECK(grad.numel() == param.numel() &&
                  (grad.dtype() == DType::F32 || grad.dtype() == param.dtype()),

@@ -64,6 +64,15 @@ struct CrossEntropyDims { int64_t N, Vp; };
 CrossEntropyDims cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
                                const Tensor& targets, int vocab_size);
 
+/// The vocab-parallel cross-entropy ops: logits [N,Vl], targets int32 [N], 0 <= valid <= Vl,
+/// vocab_begin >= 0; `stats` fp32 [N,3] (part 1) or dlogits like logits and lse fp32 [N]
+/// (part 2; pass an empty stats). Vp of the result is Vl.
+CrossEntropyDims cross_entropy_shard(const Tensor& stats, const Tensor& dlogits,
+                                     const Tensor& logits, const Tensor& targets,
+                                     const Tensor& lse, int64_t vocab_begin, int valid);
+/// shard_ids: int32 out and ids of one size, 0 <= begin, 0 <= count.
+void shard_ids(const Tensor& out, const Tensor& ids, int64_t begin, int64_t count);
+
 /// A parameter gradient: as many elements as the parameter, in fp32 or its dtype.
 void grad_of(const Tensor& grad, const Tensor& param, const char* op);
 

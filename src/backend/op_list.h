@@ -84,6 +84,17 @@
     (const Tensor& losses, const Tensor& dlogits, const Tensor& logits,                       \
      const Tensor& targets, int vocab_size, int ignore_index, float grad_scale),              \
     (losses, dlogits, logits, targets, vocab_size, ignore_index, grad_scale))                 \
+  X(CrossEntropyShardStats, cross_entropy_shard_stats, "loss",                              \
+    (const Tensor& stats, const Tensor& logits, const Tensor& targets, int64_t vocab_begin,  \
+     int valid),                                                                              \
+    (stats, logits, targets, vocab_begin, valid))                                             \
+  X(CrossEntropyShardBackward, cross_entropy_shard_backward, "loss",                        \
+    (const Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse,   \
+     int64_t vocab_begin, int valid, int ignore_index, float grad_scale),                     \
+    (dlogits, logits, targets, lse, vocab_begin, valid, ignore_index, grad_scale))            \
+  X(ShardIds, shard_ids, "forward",                                                           \
+    (const Tensor& out, const Tensor& ids, int64_t begin, int64_t count),                     \
+    (out, ids, begin, count))                                                                 \
   X(AdamW, adamw_step, "optimizer",                                                           \
     (const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,               \
      const AdamWParams& hp),                                                                  \

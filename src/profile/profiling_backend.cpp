@@ -169,6 +169,24 @@ OpCost softmax_cross_entropy(const Tensor&, const Tensor& dlogits, const Tensor&
   return {flops, bytes, fmt::format("N={} V={} Vp={}{}", N, vocab_size, Vp, g ? "" : " (no grad)")};
 }
 
+OpCost cross_entropy_shard_stats(const Tensor&, const Tensor& logits, const Tensor&, int64_t,
+                                 int valid) {
+  const int64_t Vl = last(logits), N = rows(logits);
+  return {3.0 * d(N) * d(valid), d(N * Vl) * es(logits) + 16.0 * d(N),
+          fmt::format("N={} valid={} Vl={}", N, valid, Vl)};
+}
+
+OpCost cross_entropy_shard_backward(const Tensor&, const Tensor& logits, const Tensor&,
+                                    const Tensor&, int64_t, int valid, int, float) {
+  const int64_t Vl = last(logits), N = rows(logits);
+  return {3.0 * d(N) * d(valid), 2.0 * d(N * Vl) * es(logits) + 8.0 * d(N),
+          fmt::format("N={} valid={} Vl={}", N, valid, Vl)};
+}
+
+OpCost shard_ids(const Tensor&, const Tensor& ids, int64_t, int64_t) {
+  return {0.0, 8.0 * d(ids.numel()), fmt::format("n={}", ids.numel())};
+}
+
 OpCost adamw_step(const Tensor& param, const Tensor& grad, const Tensor&, const Tensor&,
                   const AdamWParams&) {
   const double n = d(param.numel());

@@ -281,6 +281,34 @@ class CpuBackend final : public Backend {
     });
   }
 
+  void cross_entropy_shard_stats(Stream, const Tensor& stats, const Tensor& logits,
+                                 const Tensor& targets, int64_t vocab_begin, int valid) override {
+    const auto d = checks::cross_entropy_shard(stats, Tensor(), logits, targets, Tensor(),
+                                               vocab_begin, valid);
+    cpu::dispatch_float(logits.dtype(), "cross_entropy_shard_stats", [&](auto x) {
+      using T = decltype(x);
+      cpu::cross_entropy_shard_stats(p<float>(stats), p<T>(logits), targets.data<int32_t>(), d.N,
+                                     d.Vp, vocab_begin, valid);
+    });
+  }
+  void cross_entropy_shard_backward(Stream, const Tensor& dlogits, const Tensor& logits,
+                                    const Tensor& targets, const Tensor& lse, int64_t vocab_begin,
+                                    int valid, int ignore_index, float grad_scale) override {
+    const auto d = checks::cross_entropy_shard(Tensor(), dlogits, logits, targets, lse,
+                                               vocab_begin, valid);
+    cpu::dispatch_float(logits.dtype(), "cross_entropy_shard_backward", [&](auto x) {
+      using T = decltype(x);
+      cpu::cross_entropy_shard_backward(p<T>(dlogits), p<T>(logits), targets.data<int32_t>(),
+                                        p<float>(lse), d.N, d.Vp, vocab_begin, valid,
+                                        ignore_index, grad_scale);
+    });
+  }
+  void shard_ids(Stream, const Tensor& out, const Tensor& ids, int64_t begin,
+                 int64_t count) override {
+    checks::shard_ids(out, ids, begin, count);
+    cpu::shard_ids(out.data<int32_t>(), ids.data<int32_t>(), ids.numel(), begin, count);
+  }
+
   void adamw_step(Stream, const Tensor& param, const Tensor& grad, const Tensor& m,
                   const Tensor& v, const AdamWParams& hp) override {
     KILN_CHECK(grad.numel() == param.numel(), "adamw: grad {} vs param {}", grad.str(), param.str());

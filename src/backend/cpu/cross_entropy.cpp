@@ -50,9 +50,62 @@ void softmax_cross_entropy(float* losses, T* dlogits, const T* logits, const int
              V, ignore_index);
 }
 
+// Vocab-parallel cross-entropy: statistics of one rank's columns, then the gradient
+// from the combined log-sum-exp (Megatron-LM's vocab_parallel_cross_entropy).
+template <class T>
+void cross_entropy_shard_stats(float* stats, const T* logits, const int32_t* targets, int64_t N,
+                               int64_t Vl, int64_t vocab_begin, int valid) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* x = logits + n * Vl;
+    float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int64_t v = 0; v < valid; ++v) mx = std::max(mx, load(x[v]));
+    float sum = 0.f;
+    if (valid > 0) {
+#pragma omp simd reduction(+ : sum)
+      for (int64_t v = 0; v < valid; ++v) sum += exp_approx(load(x[v]) - mx);
+    }
+    const int64_t t = static_cast<int64_t>(targets[n]) - vocab_begin;
+    stats[3 * n] = mx;
+    stats[3 * n + 1] = sum;
+    stats[3 * n + 2] = (t >= 0 && t < valid) ? load(x[t]) : 0.f;
+  }
+}
+
+template <class T>
+void cross_entropy_shard_backward(T* dlogits, const T* logits, const int32_t* targets,
+                                  const float* lse, int64_t N, int64_t Vl, int64_t vocab_begin,
+                                  int valid, int ignore_index, float grad_scale) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* x = logits + n * Vl;
+    T* d = dlogits + n * Vl;
+    if (targets[n] == ignore_index) {
+      for (int64_t v = 0; v < Vl; ++v) d[v] = store<T>(0.f);
+      continue;
+    }
+    const int64_t t = static_cast<int64_t>(targets[n]) - vocab_begin;
+    const float l = lse[n];
+    // The target's gradient is formed in fp32 (read before the in-place write).
+    const float dt = (t >= 0 && t < valid) ? exp_approx(load(x[t]) - l) * grad_scale - grad_scale : 0.f;
+#pragma omp simd
+    for (int64_t v = 0; v < valid; ++v) d[v] = store<T>(exp_approx(load(x[v]) - l) * grad_scale);
+    for (int64_t v = valid; v < Vl; ++v) d[v] = store<T>(0.f);
+    if (t >= 0 && t < valid) d[t] = store<T>(dt);
+  }
+}
+
 #define INST_T(T)                                                                        \
   template void softmax_cross_entropy<T>(float*, T*, const T*, const int32_t*, int64_t, int64_t, \
                                          int, int, float);
+KILN_CPU_FOR_EACH_T(INST_T)
+#undef INST_T
+#define INST_T(T)                                                                            \
+  template void cross_entropy_shard_stats<T>(float*, const T*, const int32_t*, int64_t, int64_t, \
+                                             int64_t, int);                                   \
+  template void cross_entropy_shard_backward<T>(T*, const T*, const int32_t*, const float*,     \
+                                                int64_t, int64_t, int64_t, int, int, float);
 KILN_CPU_FOR_EACH_T(INST_T)
 
 }  // namespace kiln::cpu

@@ -16,12 +16,16 @@ void embedding_forward(T* out, const int32_t* tokens, const int32_t* positions, 
   for (int64_t bt = 0; bt < B * T_; ++bt) {
     const int64_t t = positions ? positions[bt] : bt % T_;
     const int32_t tok = tokens[bt];
-    if (tok < 0 || tok >= Vp) {
+    if (tok < -1 || tok >= Vp) {
       bad_token = true;
       continue;
     }
-    const T* w = wte + static_cast<int64_t>(tok) * C;
     T* o = out + bt * C;
+    if (tok == -1 && !wpe) {  // held by another vocab-parallel rank
+      std::fill(o, o + C, store<T>(0.f));
+      continue;
+    }
+    const T* w = tok >= 0 ? wte + static_cast<int64_t>(tok) * C : nullptr;
     if (!wpe) {
       std::copy(w, w + C, o);
       continue;
@@ -31,10 +35,14 @@ void embedding_forward(T* out, const int32_t* tokens, const int32_t* positions, 
       continue;
     }
     const T* p = wpe + t * C;
+    if (!w) {
+      std::copy(p, p + C, o);
+      continue;
+    }
 #pragma omp simd
     for (int64_t c = 0; c < C; ++c) o[c] = store<T>(load(w[c]) + load(p[c]));
   }
-  KILN_CHECK(!bad_token, "embedding: a token id is outside [0, {})", Vp);
+  KILN_CHECK(!bad_token, "embedding: a token id is outside [0, {}) and not -1", Vp);
   KILN_CHECK(!bad_pos, "embedding: a position is outside the table [0, {})", maxT);
 }
 
@@ -49,10 +57,11 @@ void embedding_backward(G* dwte, G* dwpe, const T* dout, const int32_t* tokens,
     const int64_t c0 = blk * kBlock, c1 = std::min(C, c0 + kBlock);
     for (int64_t bt = 0; bt < B * T_; ++bt) {
       const int32_t tok = tokens[bt];
-      if (tok < 0 || tok >= Vp) continue;
-      G* w = dwte + static_cast<int64_t>(tok) * C;
       const T* d = dout + bt * C;
-      for (int64_t c = c0; c < c1; ++c) w[c] = store<G>(load(w[c]) + load(d[c]));
+      if (tok >= 0 && tok < Vp) {
+        G* w = dwte + static_cast<int64_t>(tok) * C;
+        for (int64_t c = c0; c < c1; ++c) w[c] = store<G>(load(w[c]) + load(d[c]));
+      }
       if (!dwpe || !positions) continue;
       const int32_t pos = positions[bt];
       if (pos < 0 || pos >= maxT) continue;
@@ -69,6 +78,14 @@ void embedding_backward(G* dwte, G* dwpe, const T* dout, const int32_t* tokens,
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) p[c] = store<G>(load(p[c]) + load(d[c]));
     }
+  }
+}
+
+void shard_ids(int32_t* out, const int32_t* ids, int64_t n, int64_t begin, int64_t count) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t id = ids[i];
+    out[i] = (id >= begin && id < begin + count) ? static_cast<int32_t>(id - begin) : -1;
   }
 }
 

@@ -95,6 +95,17 @@ void stochastic_round_bf16(bf16* dst, const float* src, int64_t n, uint64_t seed
 template <class D, class S>
 void convert(D* dst, const S* src, int64_t n);
 
+/// Vocab-parallel cross-entropy (Backend::cross_entropy_shard_stats / _backward).
+template <class T>
+void cross_entropy_shard_stats(float* stats, const T* logits, const int32_t* targets, int64_t N,
+                               int64_t Vl, int64_t vocab_begin, int valid);
+template <class T>
+void cross_entropy_shard_backward(T* dlogits, const T* logits, const int32_t* targets,
+                                  const float* lse, int64_t N, int64_t Vl, int64_t vocab_begin,
+                                  int valid, int ignore_index, float grad_scale);
+/// Backend::shard_ids.
+void shard_ids(int32_t* out, const int32_t* ids, int64_t n, int64_t begin, int64_t count);
+
 template <class T>
 void softmax_cross_entropy(float* losses, T* dlogits, const T* logits, const int32_t* targets,
                            int64_t N, int64_t Vp, int vocab_size, int ignore_index,

@@ -78,6 +78,65 @@ __global__ void xent_kernel(float* losses, T* dlogits, const T* logits, const in
   }
 }
 
+// Vocab-parallel part 1: one block per row, the same online (max, sum) merge over the
+// `valid` columns; the target's logit when this rank holds it.
+template <class T>
+__global__ void xent_shard_stats_kernel(float* stats, const T* logits, const int32_t* targets,
+                                        int64_t Vl, int64_t vocab_begin, int valid) {
+  __shared__ float sm_m[kThreads / 32], sm_s[kThreads / 32];
+  const int64_t row = blockIdx.x;
+  const T* x = logits + row * Vl;
+  float m = -INFINITY, s = 0.f;
+  for (int v = threadIdx.x; v < valid; v += kThreads) {
+    const float xv = to_f(x[v]);
+    if (xv > m) {
+      s = s * expf(m - xv) + 1.f;
+      m = xv;
+    } else {
+      s += expf(xv - m);
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+    const float s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    merge(m, s, m2, s2);
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) {
+    sm_m[warp] = m;
+    sm_s[warp] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float M = sm_m[0], S = sm_s[0];
+    for (int w = 1; w < kThreads / 32; ++w) merge(M, S, sm_m[w], sm_s[w]);
+    const int64_t t = int64_t{targets[row]} - vocab_begin;
+    stats[3 * row] = M;
+    stats[3 * row + 1] = S;
+    stats[3 * row + 2] = (t >= 0 && t < valid) ? to_f(x[t]) : 0.f;
+  }
+}
+
+// Part 2: the gradient from the combined lse; each thread reads and then writes only its
+// own columns, so dlogits may alias logits.
+template <class T>
+__global__ void xent_shard_backward_kernel(T* dlogits, const T* logits, const int32_t* targets,
+                                           const float* lse, int64_t Vl, int64_t vocab_begin,
+                                           int valid, int ignore_index, float grad_scale) {
+  const int64_t row = blockIdx.x;
+  const T* x = logits + row * Vl;
+  T* d = dlogits + row * Vl;
+  const bool ignored = targets[row] == ignore_index;
+  const int64_t t = int64_t{targets[row]} - vocab_begin;
+  const float l = lse[row];
+  for (int64_t v = threadIdx.x; v < Vl; v += kThreads) {
+    float g = 0.f;
+    if (!ignored && v < valid) g = expf(to_f(x[v]) - l) * grad_scale - (v == t ? grad_scale : 0.f);
+    d[v] = from_f<T>(g);
+  }
+}
+
 }  // namespace
 
 void softmax_cross_entropy(cudaStream_t s, Elem e, float* losses, void* dlogits,
@@ -89,6 +148,27 @@ void softmax_cross_entropy(cudaStream_t s, Elem e, float* losses, void* dlogits,
                             static_cast<const scalar_t*>(logits), targets, Vp, V, ignore_index,
                             grad_scale));
   KILN_CUDA_LAUNCHED("softmax_cross_entropy");
+}
+
+void cross_entropy_shard_stats(cudaStream_t s, Elem e, float* stats, const void* logits,
+                               const int32_t* targets, int64_t N, int64_t Vl,
+                               int64_t vocab_begin, int valid) {
+  if (N <= 0) return;
+  KILN_DISPATCH_ELEM(e, xent_shard_stats_kernel<<<static_cast<unsigned>(N), kThreads, 0, s>>>(
+                            stats, static_cast<const scalar_t*>(logits), targets, Vl, vocab_begin,
+                            valid));
+  KILN_CUDA_LAUNCHED("cross_entropy_shard_stats");
+}
+
+void cross_entropy_shard_backward(cudaStream_t s, Elem e, void* dlogits, const void* logits,
+                                  const int32_t* targets, const float* lse, int64_t N,
+                                  int64_t Vl, int64_t vocab_begin, int valid, int ignore_index,
+                                  float grad_scale) {
+  if (N <= 0) return;
+  KILN_DISPATCH_ELEM(e, xent_shard_backward_kernel<<<static_cast<unsigned>(N), kThreads, 0, s>>>(
+                            static_cast<scalar_t*>(dlogits), static_cast<const scalar_t*>(logits),
+                            targets, lse, Vl, vocab_begin, valid, ignore_index, grad_scale));
+  KILN_CUDA_LAUNCHED("cross_entropy_shard_backward");
 }
 
 }  // namespace kiln::cuda

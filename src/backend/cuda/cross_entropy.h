@@ -14,4 +14,14 @@ void softmax_cross_entropy(cudaStream_t s, Elem e, float* losses, void* dlogits,
                            const void* logits, const int32_t* targets, int64_t N, int64_t Vp,
                            int V, int ignore_index, float grad_scale);
 
+/// Vocab-parallel cross-entropy (Backend::cross_entropy_shard_stats / _backward): stats
+/// fp32 [N,3] per row of one rank's logits [N,Vl]; then dlogits from the combined lse.
+void cross_entropy_shard_stats(cudaStream_t s, Elem e, float* stats, const void* logits,
+                               const int32_t* targets, int64_t N, int64_t Vl,
+                               int64_t vocab_begin, int valid);
+void cross_entropy_shard_backward(cudaStream_t s, Elem e, void* dlogits, const void* logits,
+                                  const int32_t* targets, const float* lse, int64_t N,
+                                  int64_t Vl, int64_t vocab_begin, int valid, int ignore_index,
+                                  float grad_scale);
+
 }  // namespace kiln::cuda

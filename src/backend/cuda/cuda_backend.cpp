@@ -7,6 +7,7 @@
 #include "backend/cuda/cross_entropy.h"
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/dropout.h"
+#include "backend/cuda/embedding.h"
 #include "backend/cuda/nvtx.h"
 #include "backend/op_checks.h"
 #include "core/dtype.h"
@@ -159,6 +160,36 @@ void CudaBackend::softmax_cross_entropy(Stream s, const Tensor& losses, const Te
   cuda::softmax_cross_entropy(st(s), e, losses.data<float>(), dlogits ? dlogits.raw() : nullptr,
                               logits.raw(), targets.data<int32_t>(), d.N, d.Vp, vocab_size,
                               ignore_index, grad_scale);
+}
+
+void CudaBackend::cross_entropy_shard_stats(Stream s, const Tensor& stats, const Tensor& logits,
+                                            const Tensor& targets, int64_t vocab_begin,
+                                            int valid) {
+  cuda::NvtxRange r("cross_entropy_shard_stats");
+  const auto d = checks::cross_entropy_shard(stats, Tensor(), logits, targets, Tensor(),
+                                             vocab_begin, valid);
+  const Elem e = elem(logits, "cross_entropy_shard_stats");
+  cuda::cross_entropy_shard_stats(st(s), e, stats.data<float>(), logits.raw(),
+                                  targets.data<int32_t>(), d.N, d.Vp, vocab_begin, valid);
+}
+
+void CudaBackend::cross_entropy_shard_backward(Stream s, const Tensor& dlogits,
+                                               const Tensor& logits, const Tensor& targets,
+                                               const Tensor& lse, int64_t vocab_begin, int valid,
+                                               int ignore_index, float grad_scale) {
+  cuda::NvtxRange r("cross_entropy_shard_backward");
+  const auto d = checks::cross_entropy_shard(Tensor(), dlogits, logits, targets, lse,
+                                             vocab_begin, valid);
+  const Elem e = elem(logits, "cross_entropy_shard_backward", {&dlogits});
+  cuda::cross_entropy_shard_backward(st(s), e, dlogits.raw(), logits.raw(),
+                                     targets.data<int32_t>(), lse.data<float>(), d.N, d.Vp,
+                                     vocab_begin, valid, ignore_index, grad_scale);
+}
+
+void CudaBackend::shard_ids(Stream s, const Tensor& out, const Tensor& ids, int64_t begin,
+                            int64_t count) {
+  checks::shard_ids(out, ids, begin, count);
+  cuda::shard_ids(st(s), out.data<int32_t>(), ids.data<int32_t>(), ids.numel(), begin, count);
 }
 
 void CudaBackend::adamw_step(Stream s, const Tensor& param, const Tensor& grad, const Tensor& m,

@@ -90,6 +90,13 @@ class CudaBackend final : public Backend {
   void softmax_cross_entropy(Stream s, const Tensor& losses, const Tensor& dlogits,
                              const Tensor& logits, const Tensor& targets, int vocab_size,
                              int ignore_index, float grad_scale) override;
+  void cross_entropy_shard_stats(Stream s, const Tensor& stats, const Tensor& logits,
+                                 const Tensor& targets, int64_t vocab_begin, int valid) override;
+  void cross_entropy_shard_backward(Stream s, const Tensor& dlogits, const Tensor& logits,
+                                    const Tensor& targets, const Tensor& lse, int64_t vocab_begin,
+                                    int valid, int ignore_index, float grad_scale) override;
+  void shard_ids(Stream s, const Tensor& out, const Tensor& ids, int64_t begin,
+                 int64_t count) override;
   void adamw_step(Stream s, const Tensor& param, const Tensor& grad, const Tensor& m,
                   const Tensor& v, const AdamWParams& hp) override;
 

@@ -37,13 +37,14 @@ __global__ void embed_fwd(T* out, const int32_t* tokens, const int32_t* position
     const int64_t bt = i / C, c = i % C;
     const int64_t t = positions ? int64_t{positions[bt]} : bt % T_;
     const int32_t tok = tokens[bt];
-    if (tok < 0 || tok >= Vp) {
+    // tok == -1: a row held by another vocab-parallel rank, read as zero.
+    const float w = tok == -1 ? 0.f : to_f(wte[int64_t{tok} * C + c]);
+    if (tok < -1 || tok >= Vp) {
       out[i] = from_f<T>(NAN);
     } else if (!wpe) {
-      out[i] = wte[tok * C + c];
+      out[i] = from_f<T>(w);
     } else {
-      out[i] = (t < 0 || t >= maxT) ? from_f<T>(NAN)
-                                    : from_f<T>(to_f(wte[tok * C + c]) + to_f(wpe[t * C + c]));
+      out[i] = (t < 0 || t >= maxT) ? from_f<T>(NAN) : from_f<T>(w + to_f(wpe[t * C + c]));
     }
   }
 }
@@ -110,6 +111,15 @@ SortLayout sort_layout(int64_t n) {
   return l;
 }
 
+__global__ void shard_ids_kernel(int32_t* out, const int32_t* ids, int64_t n, int64_t begin,
+                                 int64_t count) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t id = ids[i];
+    out[i] = (id >= begin && id < begin + count) ? static_cast<int32_t>(id - begin) : -1;
+  }
+}
+
 }  // namespace
 
 void embedding_forward(cudaStream_t s, Elem e, void* out, const int32_t* tokens,
@@ -163,6 +173,13 @@ void embedding_backward(cudaStream_t s, Elem e, Elem g, void* dwte, void* dwpe, 
   };
   scatter(dwte, tokens, Vp, "embedding_backward (wte)");
   if (dwpe && positions) scatter(dwpe, positions, maxT, "embedding_backward (wpe, positions)");
+}
+
+void shard_ids(cudaStream_t s, int32_t* out, const int32_t* ids, int64_t n, int64_t begin,
+               int64_t count) {
+  if (n <= 0) return;
+  shard_ids_kernel<<<grid_for(n, 256), 256, 0, s>>>(out, ids, n, begin, count);
+  KILN_CUDA_LAUNCHED("shard_ids");
 }
 
 }  // namespace kiln::cuda

@@ -6,9 +6,10 @@
 namespace kiln::cuda {
 
 /// out[b,t,:] = wte[tokens[b,t],:] + wpe[pos[b,t],:], pos[b,t] = positions[b,t] when
-/// positions is given, else t; without wpe (null) out[b,t,:] = wte[tokens[b,t],:]. Rows
-/// with a token outside [0, Vp) or a position outside [0, maxT) are written as NaN (a
-/// device-side check cannot throw without a host synchronisation).
+/// positions is given, else t; without wpe (null) out[b,t,:] = wte[tokens[b,t],:]. A token
+/// of -1 reads a zero wte row (vocab-parallel: another rank holds it). Rows with a token
+/// outside [-1, Vp) or a position outside [0, maxT) are written as NaN (a device-side
+/// check cannot throw without a host synchronisation).
 void embedding_forward(cudaStream_t s, Elem e, void* out, const int32_t* tokens,
                        const int32_t* positions, const void* wte, const void* wpe, int64_t B,
                        int64_t T, int64_t C, int64_t Vp, int64_t maxT);
@@ -23,5 +24,9 @@ void embedding_backward(cudaStream_t s, Elem e, Elem g, void* dwte, void* dwpe, 
                         const int32_t* tokens, const int32_t* positions, int64_t B, int64_t T,
                         int64_t C, int64_t Vp, int64_t maxT, void* scratch,
                         size_t scratch_bytes);
+
+/// Backend::shard_ids: out[i] = ids[i] - begin inside [begin, begin + count), else -1.
+void shard_ids(cudaStream_t s, int32_t* out, const int32_t* ids, int64_t n, int64_t begin,
+               int64_t count);
 
 }  // namespace kiln::cuda

@@ -161,6 +161,32 @@ MetaCallInfo softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits,
   return c;
 }
 
+MetaCallInfo cross_entropy_shard_stats(const Tensor& stats, const Tensor& logits,
+                                       const Tensor& targets, int64_t vocab_begin, int valid) {
+  const auto d = checks::cross_entropy_shard(stats, Tensor(), logits, targets, Tensor(),
+                                             vocab_begin, valid);
+  MetaCallInfo c = info(MetaCall::CrossEntropyShardStats, logits.dtype());
+  c.N = d.N, c.Vp = d.Vp;
+  return c;
+}
+
+MetaCallInfo cross_entropy_shard_backward(const Tensor& dlogits, const Tensor& logits,
+                                          const Tensor& targets, const Tensor& lse,
+                                          int64_t vocab_begin, int valid, int, float) {
+  const auto d = checks::cross_entropy_shard(Tensor(), dlogits, logits, targets, lse, vocab_begin,
+                                             valid);
+  MetaCallInfo c = info(MetaCall::CrossEntropyShardBackward, logits.dtype());
+  c.N = d.N, c.Vp = d.Vp;
+  return c;
+}
+
+MetaCallInfo shard_ids(const Tensor& out, const Tensor& ids, int64_t begin, int64_t count) {
+  checks::shard_ids(out, ids, begin, count);
+  MetaCallInfo c = info(MetaCall::ShardIds, DType::I32);
+  c.numel = ids.numel();
+  return c;
+}
+
 MetaCallInfo adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m,
                         const Tensor& v, const AdamWParams&) {
   // Element counts only: with mixed precision the dtypes of param, grad and m/v differ.
