@@ -1,6 +1,7 @@
 #include "nn/classifier.h"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 namespace kiln::nn {
@@ -43,6 +44,66 @@ ClassifierLoss classifier_cross_entropy(Backend& be, Stream s, const Tensor& x, 
       result.loss_sum += losses[static_cast<size_t>(i)];
       ++result.n_targets;
     }
+  }
+  return result;
+}
+
+ClassifierLoss vocab_parallel_cross_entropy(Backend& be, Stream s, const TpPlacement& placement,
+                                            const Tensor& x, const Tensor& wte,
+                                            const Tensor& targets, int vocab_size,
+                                            float grad_scale, const Tensor& dx,
+                                            const Tensor& dwte, const Tensor& logits_chunk,
+                                            const Tensor& losses_chunk,
+                                            const VocabParallelScratch& scratch) {
+  TpGroup& g = *placement.group;
+  const int tp = g.size();
+  const int64_t C = x.size(-1), Vl = wte.size(0), R = logits_chunk.size(0);
+  const int64_t begin = g.rank() * Vl;
+  const int valid = static_cast<int>(std::clamp<int64_t>(vocab_size - begin, 0, Vl));
+  const bool sp = placement.sequence_parallel;
+  const int64_t N = targets.numel();
+  const Tensor x2 = sp ? scratch.x_full.reshape(Shape{N, C}) : x.reshape(Shape{N, C});
+  if (sp) tp_forward(TpComm::GatherFromSp, g, be, s, x2, x.reshape(Shape{N / tp, C}));
+  const Tensor dx2 = !dx ? Tensor() : sp ? scratch.dx_full.reshape(Shape{N, C}) : dx.reshape(Shape{N, C});
+  const Tensor t1 = targets.reshape(Shape{N});
+  ClassifierLoss result;
+  std::vector<float> all(static_cast<size_t>(tp * R * 3)), lse(static_cast<size_t>(R));
+  std::vector<int32_t> tgt(static_cast<size_t>(R));
+  for (int64_t r0 = 0; r0 < N; r0 += R) {
+    const int64_t rows = std::min(N, r0 + R) - r0;
+    const Tensor xs = x2.slice_rows(r0, r0 + rows), ts = t1.slice_rows(r0, r0 + rows);
+    const Tensor logits = logits_chunk.view_at(0, Shape{rows, Vl});
+    const Tensor mine = scratch.stats.view_at(0, Shape{rows, 3});
+    const Tensor every = scratch.stats.view_at(R * 3, Shape{tp * rows, 3});
+    be.linear_forward(s, logits, xs, wte, Tensor());
+    be.cross_entropy_shard_stats(s, mine, logits, ts, begin, valid);
+    g.all_gather_rows(s, every, mine);
+    be.copy_to_host(s, all.data(), every);
+    be.copy_to_host(s, tgt.data(), ts);
+    for (int64_t i = 0; i < rows; ++i) {
+      double M = -INFINITY, S = 0.0, X = 0.0;
+      for (int q = 0; q < tp; ++q) M = std::max(M, double(all[size_t((q * rows + i) * 3)]));
+      for (int q = 0; q < tp; ++q) {
+        const float* st = &all[size_t((q * rows + i) * 3)];
+        if (st[1] > 0.f) S += double(st[1]) * std::exp(double(st[0]) - M);
+        X += st[2];
+      }
+      lse[size_t(i)] = static_cast<float>(M + std::log(S));
+      if (tgt[size_t(i)] == -1) continue;
+      result.loss_sum += M + std::log(S) - X;
+      ++result.n_targets;
+    }
+    if (!dx) continue;
+    const Tensor ls = losses_chunk.view_at(0, Shape{rows});
+    be.copy_from_host(s, ls, lse.data());
+    be.cross_entropy_shard_backward(s, logits, logits, ts, ls, begin, valid, -1, grad_scale);
+    be.linear_backward(s, dx2.slice_rows(r0, r0 + rows), dwte, Tensor(), logits, xs, wte);
+  }
+  if (!dx) return result;
+  if (sp) {
+    tp_backward(TpComm::GatherFromSp, g, be, s, dx.reshape(Shape{N / tp, C}), dx2);  // reduce_scatter
+  } else {
+    tp_backward(TpComm::CopyToTp, g, be, s, dx2, dx2);  // all_reduce
   }
   return result;
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "backend/backend.h"
+#include "nn/tensor_parallel.h"
 
 namespace kiln::nn {
 
@@ -25,5 +26,30 @@ ClassifierLoss classifier_cross_entropy(Backend& be, Stream s, const Tensor& x, 
                                         const Tensor& targets, int vocab_size, float grad_scale,
                                         const Tensor& dx, const Tensor& dwte,
                                         const Tensor& logits_chunk, const Tensor& losses_chunk);
+
+/// Scratch of the vocab-parallel form: stats fp32 [(tp + 1) R, 3] (this rank's R rows of
+/// statistics, then every rank's); x_full and dx_full [N, C] in the model dtype with
+/// sequence parallelism (the gathered input and the partial input gradient), else empty.
+struct VocabParallelScratch {
+  Tensor stats, x_full, dx_full;
+};
+
+/// The vocab-parallel form (Megatron-LM's vocab_parallel_cross_entropy): wte [Vp/tp, C] is
+/// this tp rank's rows of the tied table (placement.group's rank r holds rows [r Vp/tp,
+/// (r+1) Vp/tp)), logits_chunk [R, Vp/tp]: no rank ever holds more than its share of the
+/// logits. x is [N, C] on every rank (copy_to_tp) or, with placement.sequence_parallel,
+/// the rank's [N/tp, C] rows, gathered into scratch.x_full (gather_from_sp); dx has x's
+/// shape and is complete on return (all_reduce, or reduce_scatter of scratch.dx_full).
+/// targets int32 [N] (global ids) are the same on every tp rank. Per chunk one all_gather
+/// of the [R, 3] statistics (max, sum of exp, target logit) combines the ranks; the loss
+/// sum (the same on every rank) is formed on the host in double, in row order, and the
+/// combined log-sum-exp goes back through losses_chunk for the gradient.
+ClassifierLoss vocab_parallel_cross_entropy(Backend& be, Stream s, const TpPlacement& placement,
+                                            const Tensor& x, const Tensor& wte,
+                                            const Tensor& targets, int vocab_size,
+                                            float grad_scale, const Tensor& dx,
+                                            const Tensor& dwte, const Tensor& logits_chunk,
+                                            const Tensor& losses_chunk,
+                                            const VocabParallelScratch& scratch);
 
 }  // namespace kiln::nn

@@ -12,9 +12,38 @@ TokenPositionEmbedding::TokenPositionEmbedding(const std::string& token_name,
     wpe = Param(position_name, Shape{max_positions, C}, Init::normal(init_std), true);
 }
 
+void TokenPositionEmbedding::shard(const TpPlacement& placement) {
+  KILN_CHECK(placement.style == TpStyle::Vocab || placement.style == TpStyle::Replicated,
+             "{}: an embedding is vocab-parallel or replicated, not {}", wte.name,
+             tp_style_name(placement.style));
+  placement_ = placement;
+  if (!placement.active()) return;
+  wte.tp = TpSlice{0, {}, placement.group->size(), placement.group->rank()};
+  wte.tp.check(wte.shape, wte.name);
+}
+
+Tensor TokenPositionEmbedding::local_tokens(Backend& be, Stream s, const Tensor& tokens) const {
+  const int64_t rows = wte.local_shape()[0];
+  Tensor local = be.empty(tokens.shape(), DType::I32, MemCategory::Temporaries);
+  be.shard_ids(s, local, tokens, placement_.group->rank() * rows, rows);
+  return local;
+}
+
 void TokenPositionEmbedding::forward(Backend& be, Stream s, const Tensor& out,
                                      const Tensor& tokens, const Tensor& positions,
-                                     int64_t first_position) const {
+                                     int64_t first_position, const Tensor& work) const {
+  if (placement_.active()) {
+    KILN_CHECK(first_position == 0, "{}: vocab-parallel decoding is not supported", wte.name);
+    TpGroup& g = *placement_.group;
+    const Tensor local = local_tokens(be, s, tokens);
+    const Tensor pos_table = learned_positions() && g.rank() == 0 ? wpe.v() : Tensor();
+    if (!placement_.sequence_parallel) {
+      be.embedding_forward(s, out, local, positions, wte.v(), pos_table);
+      return tp_forward(TpComm::ReduceFromTp, g, be, s, out, out);
+    }
+    be.embedding_forward(s, work, local, positions, wte.v(), pos_table);
+    return tp_forward(TpComm::ReduceScatterToSp, g, be, s, out, work);
+  }
   if (!learned_positions() || positions) {
     KILN_CHECK(first_position == 0, "embedding: explicit positions and a first position {}",
                first_position);
@@ -32,9 +61,16 @@ void TokenPositionEmbedding::forward(Backend& be, Stream s, const Tensor& out,
 }
 
 void TokenPositionEmbedding::backward(Backend& be, Stream s, const Tensor& dout,
-                                      const Tensor& tokens, const Tensor& positions) const {
-  be.embedding_backward(s, wte.g(), learned_positions() ? wpe.g() : Tensor(), dout, tokens,
-                        positions);
+                                      const Tensor& tokens, const Tensor& positions,
+                                      const Tensor& work) const {
+  const Tensor dwpe = learned_positions() ? wpe.g() : Tensor();
+  if (!placement_.active()) return be.embedding_backward(s, wte.g(), dwpe, dout, tokens, positions);
+  const Tensor local = local_tokens(be, s, tokens);
+  if (!placement_.sequence_parallel) {  // reduce_from_tp's backward: identity
+    return be.embedding_backward(s, wte.g(), dwpe, dout, local, positions);
+  }
+  tp_backward(TpComm::ReduceScatterToSp, *placement_.group, be, s, work, dout);  // all_gather
+  be.embedding_backward(s, wte.g(), dwpe, work, local, positions);
 }
 
 void TokenPositionEmbedding::collect(std::vector<Param*>& out) {

@@ -5,6 +5,8 @@
 // The conjugate pairs are checked against values computed from every rank's inputs.
 #include "backend/registry.h"
 #include "mpi_test_main.h"
+#include "nn/classifier.h"
+#include "nn/embedding.h"
 #include "nn/linear.h"
 #include "parallel/tensor_parallel.h"
 
@@ -231,6 +233,97 @@ TEST(TpLinear, IndivisibleSplitIsAnError) {
   nn::Linear ok("h.0.attn.c_attn", 8, 6 * g.size(), true, 0.02f);
   EXPECT_THROW(ok.shard(nn::TpPlacement{TpStyle::Vocab, &g, false}), Error);
 }
+
+// Rows of the flattened [N, C] a rank holds with sequence parallelism (all without).
+std::vector<float> my_rows(const std::vector<float>& v, int64_t N, int64_t C, bool sp, int n, int r) {
+  return pick(v, TpSlice{0, {}, sp ? n : 1, sp ? r : 0}.global_indices(Shape{N, C}));
+}
+
+void check_embedding(bool sp, bool explicit_positions) {
+  Fixture f;
+  CommTpGroup g(testing::world());
+  const int n = g.size(), r = g.rank();
+  const int64_t B = 2, T = 6, C = 5, V = 13, Vp = 16, maxT = 8, N = B * T;
+  SCOPED_TRACE(fmt::format("sp={} positions={} tp={}", sp, explicit_positions, n));
+  std::vector<int32_t> tok(N), pos(N);
+  std::mt19937 gen(7);
+  for (auto& t : tok) t = static_cast<int32_t>(gen() % V);
+  tok[0] = 0, tok[1] = static_cast<int32_t>(V - 1);
+  for (int64_t i = 0; i < N; ++i) pos[i] = static_cast<int32_t>((i * 5 + 3) % maxT);
+  const auto wte = randn(Vp * C, 11), wpe = randn(maxT * C, 12), dout = randn(N * C, 13);
+  auto upload_i32 = [&](const std::vector<int32_t>& v) {
+    Tensor t = f.be->empty(Shape{B, T}, DType::I32, MemCategory::Activations);
+    f.be->copy_from_host(f.s, t, v.data());
+    return t;
+  };
+  Tensor ttok = upload_i32(tok), tpos = explicit_positions ? upload_i32(pos) : Tensor();
+  nn::TokenPositionEmbedding full("wte", "wpe", V, Vp, maxT, C, 0.02f);
+  full.wte.value = f.upload(wte, Shape{Vp, C}), full.wte.grad = f.zeros(Shape{Vp, C});
+  full.wpe.value = f.upload(wpe, Shape{maxT, C}), full.wpe.grad = f.zeros(Shape{maxT, C});
+  Tensor y = f.zeros(Shape{B, T, C});
+  full.forward(*f.be, f.s, y, ttok, tpos);
+  full.backward(*f.be, f.s, f.upload(dout, Shape{B, T, C}), ttok, tpos);
+
+  nn::TokenPositionEmbedding part("wte", "wpe", V, Vp, maxT, C, 0.02f);
+  part.shard(nn::TpPlacement{TpStyle::Vocab, &g, sp});
+  const Shape wl = part.wte.local_shape();
+  part.wte.value = f.upload(pick(wte, part.wte.tp.global_indices(Shape{Vp, C})), wl);
+  part.wte.grad = f.zeros(wl);
+  part.wpe.value = f.upload(wpe, Shape{maxT, C}), part.wpe.grad = f.zeros(Shape{maxT, C});
+  const bool split = sp && n > 1;
+  const int64_t rows = split ? N / n : N;
+  Tensor yl = f.zeros(Shape{rows, C}), work = split ? f.zeros(Shape{B, T, C}) : Tensor();
+  part.forward(*f.be, f.s, split ? yl : yl.reshape(Shape{B, T, C}), ttok, tpos, 0, work);
+  expect_close(f.down(yl), my_rows(f.down(y), N, C, split, n, r), "forward");
+  part.backward(*f.be, f.s, f.upload(my_rows(dout, N, C, split, n, r), split ? Shape{rows, C} : Shape{B, T, C}),
+                ttok, tpos, work);
+  expect_close(f.down(part.wte.grad), pick(f.down(full.wte.grad), part.wte.tp.global_indices(Shape{Vp, C})),
+               "dwte");
+  expect_close(f.down(part.wpe.grad), f.down(full.wpe.grad), "dwpe");
+}
+
+TEST(TpEmbedding, Vocab) { check_embedding(false, false); }
+TEST(TpEmbedding, VocabSequenceParallel) { check_embedding(true, false); }
+TEST(TpEmbedding, VocabExplicitPositions) { check_embedding(false, true); }
+TEST(TpEmbedding, VocabSequenceParallelExplicitPositions) { check_embedding(true, true); }
+
+void check_cross_entropy(bool sp) {
+  Fixture f;
+  CommTpGroup g(testing::world());
+  const int n = g.size(), r = g.rank();
+  const int64_t N = 12, C = 6, V = 13, Vp = 16, R = 5;  // chunks of 5, 5 and 2 rows
+  SCOPED_TRACE(fmt::format("sp={} tp={}", sp, n));
+  const auto x = randn(N * C, 21), wte = randn(Vp * C, 22);
+  std::vector<int32_t> tgt(N);
+  for (int64_t i = 0; i < N; ++i) tgt[i] = static_cast<int32_t>((i * 7 + 1) % V);
+  tgt[3] = -1, tgt[10] = -1, tgt[11] = static_cast<int32_t>(V - 1);
+  Tensor tt = f.be->empty(Shape{N}, DType::I32, MemCategory::Activations);
+  f.be->copy_from_host(f.s, tt, tgt.data());
+  const float scale = 1.f / 10.f;
+  // Unsharded.
+  Tensor dx = f.zeros(Shape{N, C}), dwte = f.zeros(Shape{Vp, C});
+  const auto want = nn::classifier_cross_entropy(*f.be, f.s, f.upload(x, Shape{N, C}), f.upload(wte, Shape{Vp, C}), tt,
+                                                 static_cast<int>(V), scale, dx, dwte, f.zeros(Shape{R, Vp}),
+                                                 f.zeros(Shape{R}));
+  // Vocab-parallel.
+  const TpSlice rows_of_wte{0, {}, n, r};
+  const bool split = sp && n > 1;
+  const int64_t rows = split ? N / n : N;
+  nn::VocabParallelScratch scratch{f.zeros(Shape{(n + 1) * R, 3}), split ? f.zeros(Shape{N, C}) : Tensor(),
+                                   split ? f.zeros(Shape{N, C}) : Tensor()};
+  Tensor dxl = f.zeros(Shape{rows, C}), dwl = f.zeros(Shape{Vp / n, C});
+  const auto got = nn::vocab_parallel_cross_entropy(
+      *f.be, f.s, nn::TpPlacement{TpStyle::Vocab, &g, split}, f.upload(my_rows(x, N, C, split, n, r), Shape{rows, C}),
+      f.upload(pick(wte, rows_of_wte.global_indices(Shape{Vp, C})), Shape{Vp / n, C}), tt, static_cast<int>(V),
+      scale, dxl, dwl, f.zeros(Shape{R, Vp / n}), f.zeros(Shape{R}), scratch);
+  EXPECT_EQ(got.n_targets, want.n_targets);
+  EXPECT_NEAR(got.loss_sum, want.loss_sum, 1e-5 * std::fabs(want.loss_sum));
+  expect_close(f.down(dxl), my_rows(f.down(dx), N, C, split, n, r), "dx");
+  expect_close(f.down(dwl), pick(f.down(dwte), rows_of_wte.global_indices(Shape{Vp, C})), "dwte");
+}
+
+TEST(TpCrossEntropy, Vocab) { check_cross_entropy(false); }
+TEST(TpCrossEntropy, VocabSequenceParallel) { check_cross_entropy(true); }
 
 }  // namespace
 }  // namespace kiln
