@@ -14,33 +14,46 @@ SelfAttention::SelfAttention(const std::string& qkv_name, const std::string& out
                              const AttentionSpec& spec, bool bias, float init_std,
                              float out_init_std)
     : qkv(qkv_name, C, spec.qkv_width(), bias, init_std),
-      proj(out_name, spec.q_width(), C, bias, out_init_std), spec_(spec) {
+      proj(out_name, spec.q_width(), C, bias, out_init_std), spec_(spec), local_(spec) {
   spec.check();
 }
 
+void SelfAttention::shard(TpGroup& group, bool sequence_parallel) {
+  const int tp = group.size();
+  if (tp == 1) return;
+  KILN_CHECK(spec_.n_head % tp == 0 && spec_.kv_heads() % tp == 0,
+             "{}: {} query heads and {} key/value heads do not divide over tp = {}",
+             qkv.weight.name, spec_.n_head, spec_.kv_heads(), tp);
+  qkv.shard(TpPlacement{TpStyle::Column, &group, sequence_parallel},
+            {spec_.q_width(), spec_.kv_width(), spec_.kv_width()});
+  proj.shard(TpPlacement{TpStyle::Row, &group, sequence_parallel});
+  local_.n_head = spec_.n_head / tp;
+  local_.n_kv_head = spec_.kv_heads() / tp;
+}
+
 std::vector<SavedSpec> SelfAttention::saved_specs(int64_t B, int64_t T, DType dtype) const {
-  return {{qkv.weight.name + ":out", Shape{B, T, spec_.qkv_width()}, dtype, Recompute::WithBlock},
-          {proj.weight.name + ":in", Shape{B, T, spec_.q_width()}, dtype, Recompute::WithBlock},
-          {proj.weight.name + ":lse", Shape{B, spec_.n_head, T}, DType::F32, Recompute::WithBlock}};
+  return {{qkv.weight.name + ":out", Shape{B, T, local_.qkv_width()}, dtype, Recompute::WithBlock},
+          {proj.weight.name + ":in", Shape{B, T, local_.q_width()}, dtype, Recompute::WithBlock},
+          {proj.weight.name + ":lse", Shape{B, local_.n_head, T}, DType::F32, Recompute::WithBlock}};
 }
 
 void SelfAttention::forward(Backend& be, Stream s, std::span<const Tensor> saved,
                             const Tensor& out, const Tensor& inp, const Tensor& positions,
-                            const DropoutSpec& dropout) const {
-  qkv.forward(be, s, saved[kQkv], inp);
-  if (spec_.rotary) be.rope_forward(s, saved[kQkv], positions, spec_, spec_.rope);
-  be.attention_forward(s, saved[kAttn], saved[kLse], saved[kQkv], spec_, dropout);
-  proj.forward(be, s, out, saved[kAttn]);
+                            const DropoutSpec& dropout, const Tensor& work) const {
+  qkv.forward(be, s, saved[kQkv], inp, work);
+  if (spec_.rotary) be.rope_forward(s, saved[kQkv], positions, local_, spec_.rope);
+  be.attention_forward(s, saved[kAttn], saved[kLse], saved[kQkv], local_, dropout);
+  proj.forward(be, s, out, saved[kAttn], work);
 }
 
 void SelfAttention::backward(Backend& be, Stream s, std::span<const Tensor> saved,
                              const Tensor& dinp, const Tensor& dout, const Tensor& inp,
                              const Tensor& dattn, const Tensor& dqkv, const Tensor& positions,
-                             const DropoutSpec& dropout) const {
-  proj.backward(be, s, dattn, dout, saved[kAttn]);
-  be.attention_backward(s, dqkv, dattn, saved[kQkv], saved[kAttn], saved[kLse], spec_, dropout);
-  if (spec_.rotary) be.rope_backward(s, dqkv, positions, spec_, spec_.rope);
-  qkv.backward(be, s, dinp, dqkv, inp);
+                             const DropoutSpec& dropout, const Tensor& work) const {
+  proj.backward(be, s, dattn, dout, saved[kAttn], work);
+  be.attention_backward(s, dqkv, dattn, saved[kQkv], saved[kAttn], saved[kLse], local_, dropout);
+  if (spec_.rotary) be.rope_backward(s, dqkv, positions, local_, spec_.rope);
+  qkv.backward(be, s, dinp, dqkv, inp, work);
 }
 
 void SelfAttention::decode(Backend& be, Stream s, const Tensor& out, const Tensor& inp,

@@ -7,6 +7,10 @@
 // Saved (all recomputed with the block): qkv (rotated, with rotary), the attention
 // output [B,T,NH*HD] (the output projection's input) and the row log-sum-exp fp32
 // [B,NH,T]; never the [T,T] probabilities (FlashAttention: Dao et al. 2022).
+//
+// Tensor parallel (shard()): each tp rank computes NH/tp query heads over NKV/tp key/value
+// heads (Megatron-LM): the fused projection is column-parallel, each of q, k and v split
+// separately, and the output projection row-parallel; saved tensors are the rank's heads.
 #pragma once
 
 #include "backend/backend.h"
@@ -36,17 +40,25 @@ class SelfAttention {
   SelfAttention(const std::string& qkv_name, const std::string& out_name, int64_t C,
                 const AttentionSpec& spec, bool bias, float init_std, float out_init_std);
 
+  /// Splits the heads over `group` (qkv column-parallel, proj row-parallel; sequence
+  /// parallel as given). Throws kiln::Error naming the layer unless NH and NKV divide by
+  /// the group's size.
+  void shard(TpGroup& group, bool sequence_parallel);
   std::vector<SavedSpec> saved_specs(int64_t B, int64_t T, DType dtype) const;
   enum : size_t { kQkv, kAttn, kLse, kNumSaved };
   /// out [B,T,C] = proj(attention(rope(qkv(inp)))), inp [B,T,C]; positions int32 [B,T]
   /// or empty (0..T-1) for the rotary angles; dropout on the probabilities.
+  /// Sharded: inp and out are the rank's rows under sequence parallelism, `work` [B*T, C]
+  /// scratch (Linear).
   void forward(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& out,
-               const Tensor& inp, const Tensor& positions, const DropoutSpec& dropout) const;
+               const Tensor& inp, const Tensor& positions, const DropoutSpec& dropout,
+               const Tensor& work = Tensor()) const;
   /// dinp [B,T,C] (overwritten) from dout [B,T,C]; parameter gradients accumulate.
-  /// Scratch: dattn [B,T,NH*HD], dqkv [B,T,qkv_width].
+  /// Scratch: dattn [B,T,NH*HD], dqkv [B,T,qkv_width] (the rank's heads when sharded).
   void backward(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& dinp,
                 const Tensor& dout, const Tensor& inp, const Tensor& dattn, const Tensor& dqkv,
-                const Tensor& positions, const DropoutSpec& dropout) const;
+                const Tensor& positions, const DropoutSpec& dropout,
+                const Tensor& work = Tensor()) const;
   /// Inference over a KV cache (see Backend::attention_decode): inp [B,Tq,C] at
   /// positions past.. (`positions` int32 [B,Tq] holds them when rotary; may be empty
   /// otherwise), out [B,Tq,C]; scratch qkv [B,Tq,qkv_width], attn [B,Tq,NH*HD].
@@ -56,10 +68,12 @@ class SelfAttention {
   void collect(std::vector<Param*>& out);
 
   const AttentionSpec& spec() const { return spec_; }
+  /// The heads this rank computes (spec() unless sharded).
+  const AttentionSpec& local_spec() const { return local_; }
   Linear qkv, proj;
 
  private:
-  AttentionSpec spec_;
+  AttentionSpec spec_, local_;
 };
 
 }  // namespace kiln::nn

@@ -24,11 +24,29 @@ TransformerBlock::TransformerBlock(const std::string& prefix, const BlockSpec& s
              spec.attention.head_dim, spec.n_embd);
 }
 
+void TransformerBlock::shard(TpGroup& group, bool sequence_parallel) {
+  if (group.size() == 1) return;
+  attn_.shard(group, sequence_parallel);
+  mlp_.shard(group, sequence_parallel);
+  if (sequence_parallel) {
+    norm_1_.mark_sequence_parallel();
+    norm_2_.mark_sequence_parallel();
+  }
+  tp_ = &group;
+  sp_ = sequence_parallel;
+}
+
 std::vector<SavedSpec> TransformerBlock::saved_specs(int64_t B, int64_t T, DType dtype) const {
-  std::vector<SavedSpec> out = norm_1_.saved_specs(B, T, dtype);
+  // The residual stream's side: [B, T] rows, or this rank's [1, BT/tp] under SP.
+  const int64_t rb = sequence_parallel() ? 1 : B;
+  const int64_t rt = sequence_parallel() ? B * T / tp_->size() : T;
+  KILN_CHECK(!sequence_parallel() || (B * T) % tp_->size() == 0,
+             "block: {} rows of [B, T] do not divide over tp = {} (sequence parallelism)", B * T,
+             tp_->size());
+  std::vector<SavedSpec> out = norm_1_.saved_specs(rb, rt, dtype);
   for (auto& sp : attn_.saved_specs(B, T, dtype)) out.push_back(sp);
-  out.push_back({norm_2_.name() + ":in", Shape{B, T, spec_.n_embd}, dtype, Recompute::WithBlock});
-  for (auto& sp : norm_2_.saved_specs(B, T, dtype)) out.push_back(sp);
+  out.push_back({norm_2_.name() + ":in", Shape{rb, rt, spec_.n_embd}, dtype, Recompute::WithBlock});
+  for (auto& sp : norm_2_.saved_specs(rb, rt, dtype)) out.push_back(sp);
   for (auto& sp : mlp_.saved_specs(B, T, dtype)) out.push_back(sp);
   KILN_CHECK(out.size() == kNumSaved, "block: {} saved tensors, expected {}", out.size(), kNumSaved);
   return out;
@@ -36,10 +54,11 @@ std::vector<SavedSpec> TransformerBlock::saved_specs(int64_t B, int64_t T, DType
 
 BlockScratch TransformerBlock::make_scratch(Backend& be, int64_t B, int64_t T, DType dtype) const {
   const int64_t C = spec_.n_embd;
-  const int64_t big = std::max(mlp_.fc_width(), spec_.attention.qkv_width());
+  const int64_t big = std::max(mlp_.fc_width(), attn_.local_spec().qkv_width());
   auto act = [&](Shape s) { return be.empty(s, dtype, MemCategory::Activations); };
-  return {act({B, T, C}), act({B, T, C}), act({B, T, C}), act({B, T, big}),
-          spec_.mlp == MlpKind::SwiGLU ? act({B, T, mlp_.hidden()}) : Tensor()};
+  return {act({B, T, C}), act({B, T, C}), act({B, T, attn_.local_spec().q_width()}),
+          act({B, T, big}), spec_.mlp == MlpKind::SwiGLU ? act({B, T, mlp_.hidden()}) : Tensor(),
+          sequence_parallel() ? act({B * T, C}) : Tensor()};
 }
 
 void TransformerBlock::forward(const BlockPass& p, const Tensor& x, const Tensor& out) const {
@@ -49,13 +68,20 @@ void TransformerBlock::forward(const BlockPass& p, const Tensor& x, const Tensor
   const auto n2 = part(p.saved, kNorm2, norm_2_.num_saved());
   const auto ml = part(p.saved, kMlp, Mlp::kNumSaved);
   const Tensor& residual = p.saved[kResidual];
-  const Tensor& tmp = p.scratch.tmp;
+  const Tensor tmp = p.scratch.tmp.view_at(0, x.shape());
+  KILN_CHECK(!tp_ || !p.attn_probs.enabled(),
+             "{}: attention dropout under tensor parallelism is not supported yet",
+             norm_1_.name());
+  KILN_CHECK(!sequence_parallel() || (!p.attn_resid.enabled() && !p.mlp_resid.enabled()),
+             "{}: residual dropout under sequence parallelism is not supported yet",
+             norm_1_.name());
+  const Tensor& work = p.scratch.work;
   norm_1_.forward(be, p.s, n1, x);
-  attn_.forward(be, p.s, at, tmp, n1[Norm::kOut], p.positions, p.attn_probs);
+  attn_.forward(be, p.s, at, tmp, n1[Norm::kOut], p.positions, p.attn_probs, work);
   if (p.attn_resid.enabled()) be.dropout_forward(p.s, tmp, tmp, p.attn_resid);
   be.add(p.s, residual, x, tmp);
   norm_2_.forward(be, p.s, n2, residual);
-  mlp_.forward(be, p.s, ml, tmp, n2[Norm::kOut]);
+  mlp_.forward(be, p.s, ml, tmp, n2[Norm::kOut], work);
   if (p.mlp_resid.enabled()) be.dropout_forward(p.s, tmp, tmp, p.mlp_resid);
   be.add(p.s, out, residual, tmp);
 }
@@ -76,25 +102,27 @@ void TransformerBlock::backward(const BlockPass& p, const Tensor& dres, const Te
   } else if (p.recompute_cheap) {
     mlp_.recompute(be, p.s, ml);
   }
+  const int64_t B = w.tmp.size(0), T = w.tmp.size(1);
+  const Tensor tmp = w.tmp.view_at(0, x.shape()), dtmp = w.dtmp.view_at(0, x.shape());
   // MLP: out = residual + dropout(mlp(norm_2(residual))).
   Tensor d_out = dres;
   if (p.mlp_resid.enabled()) {
-    be.dropout_backward(p.s, w.tmp, dres, p.mlp_resid);
-    d_out = w.tmp;
+    be.dropout_backward(p.s, tmp, dres, p.mlp_resid);
+    d_out = tmp;
   }
-  const Tensor dh = w.dbig.view_at(0, Shape{x.size(0), x.size(1), mlp_.fc_width()});
-  mlp_.backward(be, p.s, ml, w.dtmp, d_out, n2[Norm::kOut], dh, w.dact);
-  norm_2_.backward(be, p.s, n2, dres, w.dtmp, residual);
+  const Tensor dh = w.dbig.view_at(0, Shape{B, T, mlp_.fc_width()});
+  mlp_.backward(be, p.s, ml, dtmp, d_out, n2[Norm::kOut], dh, w.dact, w.work);
+  norm_2_.backward(be, p.s, n2, dres, dtmp, residual);
   // Attention: residual = x + dropout(attn(norm_1(x))).
   d_out = dres;
   if (p.attn_resid.enabled()) {
-    be.dropout_backward(p.s, w.tmp, dres, p.attn_resid);
-    d_out = w.tmp;
+    be.dropout_backward(p.s, tmp, dres, p.attn_resid);
+    d_out = tmp;
   }
-  const Tensor dqkv = w.dbig.view_at(0, Shape{x.size(0), x.size(1), spec_.attention.qkv_width()});
-  attn_.backward(be, p.s, at, w.dtmp, d_out, n1[Norm::kOut], w.dattn, dqkv, p.positions,
-                 p.attn_probs);
-  norm_1_.backward(be, p.s, n1, dres, w.dtmp, x);
+  const Tensor dqkv = w.dbig.view_at(0, Shape{B, T, attn_.local_spec().qkv_width()});
+  attn_.backward(be, p.s, at, dtmp, d_out, n1[Norm::kOut], w.dattn, dqkv, p.positions,
+                 p.attn_probs, w.work);
+  norm_1_.backward(be, p.s, n1, dres, dtmp, x);
 }
 
 TransformerBlock::DecodeScratch TransformerBlock::make_decode_scratch(Backend& be, int64_t B,
@@ -117,6 +145,7 @@ TransformerBlock::DecodeScratch TransformerBlock::make_decode_scratch(Backend& b
 void TransformerBlock::decode(Backend& be, Stream s, const Tensor& x, const DecodeScratch& w,
                               const Tensor& k_cache, const Tensor& v_cache, int64_t past,
                               const Tensor& positions) const {
+  KILN_CHECK(!tp_, "{}: decoding a tensor-parallel block is not supported yet", norm_1_.name());
   norm_1_.forward_into(be, s, w.norm, w.mean, w.rstd, x);
   attn_.decode(be, s, w.norm, w.norm, w.qkv, w.y, k_cache, v_cache, past, positions);
   be.add(s, w.x2, x, w.norm);

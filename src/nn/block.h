@@ -5,6 +5,14 @@
 // The block knows nothing of its position in a model, ranks or devices: the model gives
 // it, per call, its saved tensors (SavedActivations::block), shared scratch and the
 // dropout masks of its three sites.
+//
+// Tensor parallel (shard(), Megatron-LM): attention heads and MLP hidden units split over
+// the tp group, each half a column-parallel Linear then a row-parallel one, so the block
+// makes two reductions forward and two backward. Without sequence parallelism the
+// residual stream x, out [B,T,C] is whole on every rank; with it (Korthikanti et al.
+// 2022) a rank holds rows [r BT/tp, (r+1) BT/tp) of the flattened stream, x and out are
+// [BT/tp, C], the norms run on those rows (their parameter gradients become partial sums
+// over tp) and the reductions become all_gather / reduce_scatter pairs.
 #pragma once
 
 #include "backend/backend.h"
@@ -39,10 +47,11 @@ struct BlockSpec {
 /// Dropout sites of a block: each a distinct Philox stream (see the model's streams).
 enum DropoutSite : uint64_t { kEmbeddingSite = 0, kAttnProbsSite = 1, kAttnResidSite = 2, kMlpResidSite = 3 };
 
-/// Backward scratch shared by all blocks: tmp, dtmp, dattn [B,T,C]; dbig [B,T,max(MLP fc
-/// width, qkv width)]; dact [B,T,H] (SwiGLU only, else empty).
+/// Backward scratch shared by all blocks: tmp, dtmp [B,T,C]; dattn [B,T,NH*HD]; dbig
+/// [B,T,max(MLP fc width, qkv width)]; dact [B,T,H] (SwiGLU only, else empty); work
+/// [B*T, C] under sequence parallelism (else empty). Widths are the rank's when sharded.
 struct BlockScratch {
-  Tensor tmp, dtmp, dattn, dbig, dact;
+  Tensor tmp, dtmp, dattn, dbig, dact, work;
 };
 
 /// Per-call inputs of a block besides x: saved tensors, scratch, dropout of each site.
@@ -62,11 +71,18 @@ class TransformerBlock {
   /// `prefix` names the block's parameters (e.g. "transformer.h.3.").
   TransformerBlock(const std::string& prefix, const BlockSpec& spec);
 
+  /// Splits the block over `group` (see the top of this file). Call before the model lays
+  /// out its parameters. Throws kiln::Error naming the layer when heads, key/value heads
+  /// or hidden units do not divide over the group.
+  void shard(TpGroup& group, bool sequence_parallel);
+  /// Whether the residual stream is split in rows (sequence parallel over tp > 1).
+  bool sequence_parallel() const { return tp_ && sp_; }
   /// What forward saves for backward, in the order BlockPass::saved holds it.
   std::vector<SavedSpec> saved_specs(int64_t B, int64_t T, DType dtype) const;
   /// Scratch this block needs, in the model dtype.
   BlockScratch make_scratch(Backend& be, int64_t B, int64_t T, DType dtype) const;
-  /// out [B,T,C] from x [B,T,C], filling the saved tensors. out must not alias x.
+  /// out [B,T,C] from x [B,T,C] ([BT/tp, C] each under sequence parallelism), filling the
+  /// saved tensors. out must not alias x.
   void forward(const BlockPass& p, const Tensor& x, const Tensor& out) const;
   /// dres [B,T,C] holds dL/dout on entry and dL/dx on return. x and out are forward's
   /// (out is rewritten, bitwise equal, when the block is re-run).
@@ -91,6 +107,8 @@ class TransformerBlock {
     return saved.subspan(first, n);
   }
   BlockSpec spec_;
+  TpGroup* tp_ = nullptr;  // set by shard() for a group of more than one rank
+  bool sp_ = false;
   Norm norm_1_, norm_2_;
   SelfAttention attn_;
   Mlp mlp_;

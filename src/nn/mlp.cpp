@@ -7,6 +7,14 @@ Mlp::Mlp(MlpKind kind, const std::string& fc_name, const std::string& proj_name,
     : fc(fc_name, C, kind == MlpKind::SwiGLU ? 2 * H : H, bias, init_std),
       proj(proj_name, H, C, bias, proj_init_std), kind_(kind) {}
 
+void Mlp::shard(TpGroup& group, bool sequence_parallel) {
+  if (group.size() == 1) return;
+  const int64_t H = proj.in();
+  fc.shard(TpPlacement{TpStyle::Column, &group, sequence_parallel},
+           kind_ == MlpKind::SwiGLU ? std::vector<int64_t>{H, H} : std::vector<int64_t>{});
+  proj.shard(TpPlacement{TpStyle::Row, &group, sequence_parallel});
+}
+
 std::vector<SavedSpec> Mlp::saved_specs(int64_t B, int64_t T, DType dtype) const {
   return {{fc.weight.name + ":out", Shape{B, T, fc_width()}, dtype, Recompute::WithBlock},
           {proj.weight.name + ":in", Shape{B, T, hidden()}, dtype, Recompute::Cheap}};
@@ -20,10 +28,10 @@ void Mlp::activate(Backend& be, Stream s, const Tensor& act, const Tensor& hidde
 }
 
 void Mlp::forward(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& out,
-                  const Tensor& inp) const {
-  fc.forward(be, s, saved[kHidden], inp);
+                  const Tensor& inp, const Tensor& work) const {
+  fc.forward(be, s, saved[kHidden], inp, work);
   activate(be, s, saved[kAct], saved[kHidden]);
-  proj.forward(be, s, out, saved[kAct]);
+  proj.forward(be, s, out, saved[kAct], work);
 }
 
 void Mlp::recompute(Backend& be, Stream s, std::span<const Tensor> saved) const {
@@ -32,15 +40,15 @@ void Mlp::recompute(Backend& be, Stream s, std::span<const Tensor> saved) const 
 
 void Mlp::backward(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& dinp,
                    const Tensor& dout, const Tensor& inp, const Tensor& dfc,
-                   const Tensor& dact) const {
+                   const Tensor& dact, const Tensor& work) const {
   if (kind_ == MlpKind::GeluTanh) {
-    proj.backward(be, s, dfc, dout, saved[kAct]);
+    proj.backward(be, s, dfc, dout, saved[kAct], work);
     be.gelu_backward(s, dfc, dfc, saved[kHidden]);
   } else {
-    proj.backward(be, s, dact, dout, saved[kAct]);
+    proj.backward(be, s, dact, dout, saved[kAct], work);
     be.swiglu_backward(s, dfc, dact, saved[kHidden]);
   }
-  fc.backward(be, s, dinp, dfc, inp);
+  fc.backward(be, s, dinp, dfc, inp, work);
 }
 
 void Mlp::decode(Backend& be, Stream s, const Tensor& out, const Tensor& inp,

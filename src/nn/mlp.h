@@ -7,6 +7,8 @@
 // Saved: fc's output [B,T,H or 2H] (recomputed with the block) and act's output [B,T,H],
 // which is Cheap: one elementwise op recomputes it from fc's output, so selective
 // checkpointing drops it (Korthikanti et al. 2022, section 5).
+// Tensor parallel (shard()): fc column-parallel (SwiGLU's gate and up split separately, so
+// a rank holds [gate_r; up_r]), proj row-parallel; each rank computes H/tp hidden units.
 #pragma once
 
 #include "backend/backend.h"
@@ -25,18 +27,21 @@ class Mlp {
   Mlp(MlpKind kind, const std::string& fc_name, const std::string& proj_name, int64_t C,
       int64_t H, bool bias, float init_std, float proj_init_std);
 
+  /// Splits the hidden units over `group`; throws kiln::Error unless H divides by its size.
+  void shard(TpGroup& group, bool sequence_parallel);
   std::vector<SavedSpec> saved_specs(int64_t B, int64_t T, DType dtype) const;
   enum : size_t { kHidden, kAct, kNumSaved };
-  /// out [B,T,C] = proj(act(fc(inp))).
+  /// out [B,T,C] = proj(act(fc(inp))). Sharded: inp and out are the rank's rows under
+  /// sequence parallelism, `work` [B*T, C] scratch (Linear).
   void forward(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& out,
-               const Tensor& inp) const;
+               const Tensor& inp, const Tensor& work = Tensor()) const;
   /// Refills the Cheap saved tensor (the activation) from fc's output.
   void recompute(Backend& be, Stream s, std::span<const Tensor> saved) const;
   /// dinp [B,T,C] (overwritten) from dout. Scratch: dfc [B,T,fc_width()]; SwiGLU also
   /// dact [B,T,H] (GeluTanh works in place in dfc and ignores it).
   void backward(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& dinp,
-                const Tensor& dout, const Tensor& inp, const Tensor& dfc,
-                const Tensor& dact) const;
+                const Tensor& dout, const Tensor& inp, const Tensor& dfc, const Tensor& dact,
+                const Tensor& work = Tensor()) const;
   /// Inference: out = proj(act(fc(inp))) with scratch hidden [B,Tq,fc_width()], act
   /// [B,Tq,H].
   void decode(Backend& be, Stream s, const Tensor& out, const Tensor& inp, const Tensor& hidden,
@@ -44,8 +49,8 @@ class Mlp {
   void collect(std::vector<Param*>& out);
 
   MlpKind kind() const { return kind_; }
-  int64_t hidden() const { return proj.in(); }   // H
-  int64_t fc_width() const { return fc.out(); }  // H, or 2H for SwiGLU
+  int64_t hidden() const { return proj.local_in(); }   // H (H/tp on a tp rank)
+  int64_t fc_width() const { return fc.local_out(); }  // H, or 2H for SwiGLU (per rank)
   Linear fc, proj;
 
  private:

@@ -44,6 +44,11 @@ void Norm::backward(Backend& be, Stream s, std::span<const Tensor> saved, const 
     be.rmsnorm_backward(s, dinp, opt_grad(weight), dout, inp, opt_value(weight), saved[1]);
 }
 
+void Norm::mark_sequence_parallel() {
+  weight.tp_partial_grad = spec_.weight;
+  bias.tp_partial_grad = spec_.bias;
+}
+
 void Norm::collect(std::vector<Param*>& out) {
   if (spec_.weight) out.push_back(&weight);
   if (spec_.bias) out.push_back(&bias);

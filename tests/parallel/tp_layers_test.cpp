@@ -5,6 +5,7 @@
 // The conjugate pairs are checked against values computed from every rank's inputs.
 #include "backend/registry.h"
 #include "mpi_test_main.h"
+#include "nn/block.h"
 #include "nn/classifier.h"
 #include "nn/embedding.h"
 #include "nn/linear.h"
@@ -324,6 +325,142 @@ void check_cross_entropy(bool sp) {
 
 TEST(TpCrossEntropy, Vocab) { check_cross_entropy(false); }
 TEST(TpCrossEntropy, VocabSequenceParallel) { check_cross_entropy(true); }
+
+// A whole transformer block, unsharded and split over tp (with and without sequence
+// parallelism, with and without re-running forward in backward), GPT-2's and Llama's
+// shapes. Every parameter gradient is compared by global element, partial ones (the
+// norms' under SP) after their one reduction over tp.
+struct BlockCase {
+  bool llama, sp, rerun;
+  float resid_dropout;
+};
+
+void check_block(const BlockCase& c) {
+  Fixture f;
+  CommTpGroup g(testing::world());
+  const int n = g.size(), r = g.rank();
+  const int64_t B = 2, T = 6, N = B * T;
+  nn::BlockSpec spec;
+  if (c.llama) {
+    spec.n_embd = 32;
+    spec.norm = nn::NormSpec{nn::NormKind::RMSNorm, 1e-5f, true, false};
+    spec.attention.n_head = 8, spec.attention.n_kv_head = 4, spec.attention.head_dim = 4;
+    spec.attention.rotary = true;
+    spec.mlp = nn::MlpKind::SwiGLU, spec.mlp_hidden = 24, spec.bias = false;
+  } else {
+    spec.n_embd = 16;
+    spec.attention.n_head = 4, spec.attention.n_kv_head = 4, spec.attention.head_dim = 4;
+    spec.mlp_hidden = 32;
+  }
+  const int64_t C = spec.n_embd;
+  SCOPED_TRACE(fmt::format("{} sp={} rerun={} dropout={} tp={}", c.llama ? "llama" : "gpt2", c.sp,
+                           c.rerun, c.resid_dropout, n));
+  const auto x = randn(N * C, 31), dy = randn(N * C, 32);
+  const DropoutSpec drop_a{c.resid_dropout, 5, 2}, drop_m{c.resid_dropout, 5, 3};
+  struct Run {
+    nn::TransformerBlock block;
+    std::vector<nn::Param*> params;
+    std::vector<Tensor> saved;
+    nn::BlockScratch scratch;
+  };
+  auto make = [&](bool shard) {
+    auto run = std::make_unique<Run>(Run{nn::TransformerBlock("h.0.", spec), {}, {}, {}});
+    if (shard) run->block.shard(g, c.sp);
+    run->block.collect(run->params);
+    for (size_t i = 0; i < run->params.size(); ++i) {
+      nn::Param* p = run->params[i];
+      const auto global = randn(static_cast<size_t>(p->shape.numel()), 200 + static_cast<uint32_t>(i));
+      p->value = f.upload(pick(global, p->tp.global_indices(p->shape)), p->local_shape());
+      p->grad = f.zeros(p->local_shape());
+    }
+    for (const auto& sp : run->block.saved_specs(B, T, DType::F32)) run->saved.push_back(f.zeros(sp.shape));
+    run->scratch = run->block.make_scratch(*f.be, B, T, DType::F32);
+    return run;
+  };
+  auto pass = [&](Run& run) {
+    return nn::BlockPass{*f.be, f.s, run.saved, run.scratch, DropoutSpec{}, drop_a, drop_m,
+                         c.rerun, false, Tensor()};
+  };
+  auto full = make(false);
+  Tensor xf = f.upload(x, Shape{B, T, C}), yf = f.zeros(Shape{B, T, C});
+  full->block.forward(pass(*full), xf, yf);
+  Tensor dres = f.upload(dy, Shape{B, T, C});
+  full->block.backward(pass(*full), dres, xf, yf);
+
+  auto part = make(true);
+  const bool split = c.sp && n > 1;
+  const Shape local = split ? Shape{N / n, C} : Shape{B, T, C};
+  Tensor xl = f.upload(my_rows(x, N, C, split, n, r), local), yl = f.zeros(local);
+  part->block.forward(pass(*part), xl, yl);
+  expect_close(f.down(yl), my_rows(f.down(yf), N, C, split, n, r), "block forward");
+  Tensor dl = f.upload(my_rows(dy, N, C, split, n, r), local);
+  part->block.backward(pass(*part), dl, xl, yl);
+  expect_close(f.down(dl), my_rows(f.down(dres), N, C, split, n, r), "block dx");
+  ASSERT_EQ(part->params.size(), full->params.size());
+  for (size_t i = 0; i < part->params.size(); ++i) {
+    nn::Param* p = part->params[i];
+    EXPECT_EQ(p->tp_partial_grad, split && p->name.find("ln_") != std::string::npos) << p->name;
+    if (p->tp_partial_grad) g.all_reduce_sum(f.s, p->grad);
+    expect_close(f.down(p->grad), pick(f.down(full->params[i]->grad), p->tp.global_indices(p->shape)),
+                 "d" + p->name);
+  }
+}
+
+TEST(TpBlock, Gpt2) { check_block({false, false, false, 0.f}); }
+TEST(TpBlock, Gpt2ResidualDropout) { check_block({false, false, false, 0.25f}); }
+TEST(TpBlock, Gpt2SequenceParallel) { check_block({false, true, false, 0.f}); }
+TEST(TpBlock, Gpt2SequenceParallelRerun) { check_block({false, true, true, 0.f}); }
+TEST(TpBlock, LlamaGqa) { check_block({true, false, false, 0.f}); }
+TEST(TpBlock, LlamaGqaSequenceParallel) { check_block({true, true, false, 0.f}); }
+TEST(TpBlock, LlamaGqaSequenceParallelRerun) { check_block({true, true, true, 0.f}); }
+
+TEST(TpBlock, IndivisibleHeadsAreAnError) {
+  CommTpGroup g(testing::world());
+  if (g.size() == 1) GTEST_SKIP() << "nothing is split on one rank";
+  nn::BlockSpec spec;
+  spec.n_embd = 12, spec.mlp_hidden = 8 * g.size();
+  spec.attention.n_head = 3, spec.attention.n_kv_head = 3, spec.attention.head_dim = 4;
+  nn::TransformerBlock b("h.0.", spec);
+  try {
+    b.shard(g, false);
+    FAIL() << "3 heads split over " << g.size();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("h.0.attn.c_attn.weight: 3 query heads"), std::string::npos) << e.what();
+  }
+}
+
+// Attention-probability dropout under tp, and residual dropout under sequence parallelism,
+// would need masks by global head / row; until then they are refused in one line.
+TEST(TpBlock, UnsupportedDropoutIsAnError) {
+  Fixture f;
+  CommTpGroup g(testing::world());
+  if (g.size() == 1) GTEST_SKIP() << "nothing is split on one rank";
+  nn::BlockSpec spec;
+  spec.n_embd = 16, spec.mlp_hidden = 32;
+  spec.attention.n_head = 4, spec.attention.n_kv_head = 4, spec.attention.head_dim = 4;
+  for (bool sp : {false, true}) {
+    nn::TransformerBlock b("h.0.", spec);
+    b.shard(g, sp);
+    std::vector<nn::Param*> params;
+    b.collect(params);
+    for (nn::Param* p : params) p->value = f.zeros(p->local_shape()), p->grad = f.zeros(p->local_shape());
+    std::vector<Tensor> saved;
+    for (const auto& s : b.saved_specs(2, 4, DType::F32)) saved.push_back(f.zeros(s.shape));
+    const auto scratch = b.make_scratch(*f.be, 2, 4, DType::F32);
+    const Shape x = sp ? Shape{8 / g.size(), 16} : Shape{2, 4, 16};
+    const DropoutSpec on{0.1f, 1, 1}, off{};
+    auto run = [&](const DropoutSpec& probs, const DropoutSpec& resid) {
+      b.forward(nn::BlockPass{*f.be, f.s, saved, scratch, probs, resid, off, false, false, Tensor()},
+                f.zeros(x), f.zeros(x));
+    };
+    EXPECT_THROW(run(on, off), Error) << "attention dropout, sp=" << sp;
+    if (sp) {
+      EXPECT_THROW(run(off, on), Error) << "residual dropout under sequence parallelism";
+    } else {
+      EXPECT_NO_THROW(run(off, on));
+    }
+  }
+}
 
 }  // namespace
 }  // namespace kiln
