@@ -13,7 +13,12 @@ const ParamSpec& Model::spec(std::string_view name) const {
 void Model::init_weights(uint64_t seed) {
   for (size_t i = 0; i < params().size(); ++i) {
     const ParamSpec& p = params()[i];
-    const auto host = init_values(i, seed, 0, p.shape.numel());
+    // Each run of the rank's elements is drawn at its global indices (nn/tensor_parallel.h).
+    std::vector<float> host;
+    for (const auto& [b, e] : p.tp.global_runs(p.shape)) {
+      const auto run = init_values(i, seed, b, e);
+      host.insert(host.end(), run.begin(), run.end());
+    }
     upload_f32(backend(), param(p), host.data());
   }
 }
@@ -34,10 +39,12 @@ void lay_out(const std::vector<PartLayout>& parts, int64_t alignment, std::vecto
       ParamSpec p;
       p.name = prm->name;
       p.shape = prm->shape;
+      p.tp = prm->tp;
+      p.tp_partial_grad = prm->tp_partial_grad;
       p.offset = offset;
       p.weight_decay = prm->weight_decay;
       p.part = mp.index;
-      offset += p.shape.numel();
+      offset += p.local_shape().numel();
       if (params) params->push_back(std::move(p));
     }
     mp.end = offset;
@@ -88,7 +95,7 @@ void LayeredModel::bind_params(int part, const Tensor& storage) {
   for (size_t i = 0; i < params_.size(); ++i)
     if (params_[i].part == part)
       layer_params_[i]->value =
-          storage ? storage.view_at(params_[i].offset - u.begin, params_[i].shape) : Tensor();
+          storage ? storage.view_at(params_[i].offset - u.begin, params_[i].local_shape()) : Tensor();
 }
 
 void LayeredModel::bind_grads(int part, const Tensor& storage) {
@@ -98,19 +105,19 @@ void LayeredModel::bind_grads(int part, const Tensor& storage) {
   for (size_t i = 0; i < params_.size(); ++i)
     if (params_[i].part == part)
       layer_params_[i]->grad =
-          storage ? storage.view_at(params_[i].offset - u.begin, params_[i].shape) : Tensor();
+          storage ? storage.view_at(params_[i].offset - u.begin, params_[i].local_shape()) : Tensor();
 }
 
 Tensor LayeredModel::param(const ParamSpec& p) const {
   const Tensor& t = part_params_[static_cast<size_t>(p.part)];
   KILN_CHECK(t, "{}: parameter {} is not bound (part {})", arch(), p.name, p.part);
-  return t.view_at(p.offset - part_of(p.part).begin, p.shape);
+  return t.view_at(p.offset - part_of(p.part).begin, p.local_shape());
 }
 
 Tensor LayeredModel::grad(const ParamSpec& p) const {
   const Tensor& t = part_grads_[static_cast<size_t>(p.part)];
   KILN_CHECK(t, "{}: gradient of {} is not bound (part {})", arch(), p.name, p.part);
-  return t.view_at(p.offset - part_of(p.part).begin, p.shape);
+  return t.view_at(p.offset - part_of(p.part).begin, p.local_shape());
 }
 
 std::vector<float> LayeredModel::init_values(size_t index, uint64_t seed, int64_t begin,

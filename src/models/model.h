@@ -26,6 +26,31 @@
 #include <vector>
 
 namespace kiln {
+namespace nn {
+class Linear;
+class Norm;
+class TokenPositionEmbedding;
+class TransformerBlock;
+}  // namespace nn
+
+/// A language model's layers by role, as a plan applied from outside sees them.
+struct LayerRoles {
+  std::string arch;                                  // "gpt2", "llama"
+  nn::TokenPositionEmbedding* embedding = nullptr;
+  std::vector<nn::TransformerBlock*> blocks;
+  nn::Norm* final_norm = nullptr;
+  nn::Linear* lm_head = nullptr;  // an untied output projection; nullptr when tied to wte
+};
+
+/// Changes a model's layers before it lays out its parameters: src/parallel's
+/// tensor-parallel plans install the styles (nn/tensor_parallel.h) on the layers this way,
+/// so no model names a style or calls a collective. Not owned by the model.
+class LayerPlan {
+ public:
+  virtual ~LayerPlan() = default;
+  /// Throws kiln::Error naming the layer when the model cannot take the plan.
+  virtual void apply(const LayerRoles& layers) const = 0;
+};
 
 /// One part: [begin, end) of the flat layout holds its parameters, [end, padded_end) is
 /// zero padding up to the part alignment (see ModelStorage).
@@ -46,6 +71,7 @@ struct ModelStorage {
   int64_t part_alignment = 1;     // each part padded to a multiple (ZeRO: the dp size)
   bool allocate_params = true;    // one flat buffer; false: the owner binds per part (ZeRO-3)
   bool allocate_grads = true;     // likewise for gradients (ZeRO-2/3)
+  const LayerPlan* plan = nullptr;  // applied to the layers before the layout (tensor parallel)
 };
 
 /// Callbacks around each part (by ModelPart::index): forward visits 0, 1, .., P-1;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "core/tensor.h"
+#include "nn/tensor_parallel.h"
 
 #include <string>
 
@@ -11,9 +12,13 @@ namespace kiln {
 struct ParamSpec {
   std::string name;           // Hugging Face-style name, e.g. transformer.h.0.ln_1.weight
   Shape shape;                // global shape
-  int64_t offset = 0;         // in elements, within the flat buffer
+  nn::TpSlice tp;             // the part of it this tp rank holds (whole unless sharded)
+  bool tp_partial_grad = false;  // the rank's gradient is a partial sum over tp
+  int64_t offset = 0;         // in elements, within the flat buffer (of local_shape())
   bool weight_decay = false;  // matrices (2-D) decay; biases and norm gains do not
   int part = 0;               // the model part holding it (ModelPart::index)
+  /// The shape this rank stores: `shape`, or its tp slice.
+  Shape local_shape() const { return tp.local_shape(shape); }
 };
 
 }  // namespace kiln

@@ -104,22 +104,31 @@ std::vector<std::pair<int64_t, int64_t>> TpSlice::ranges(const Shape& global) co
   return out;
 }
 
-std::vector<int64_t> TpSlice::global_indices(const Shape& global) const {
-  std::vector<int64_t> idx;
-  idx.reserve(static_cast<size_t>(local_shape(global).numel()));
-  if (parts == 1) {
-    for (int64_t i = 0; i < global.numel(); ++i) idx.push_back(i);
-    return idx;
-  }
-  // outer: dims before `dim`; inner: elements of the dims after it.
+std::vector<std::pair<int64_t, int64_t>> TpSlice::global_runs(const Shape& global) const {
+  if (parts == 1) return {{0, global.numel()}};
+  // outer: elements of the dims before `dim`; inner: of the dims after it.
   int64_t outer = 1, inner = 1;
   for (int i = 0; i < dim; ++i) outer *= global[i];
   for (int i = dim + 1; i < global.ndim(); ++i) inner *= global[i];
-  const auto rs = ranges(global);
-  for (int64_t o = 0; o < outer; ++o)
-    for (const auto& [b, e] : rs)
-      for (int64_t d = b; d < e; ++d)
-        for (int64_t i = 0; i < inner; ++i) idx.push_back((o * global[dim] + d) * inner + i);
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (int64_t o = 0; o < outer; ++o) {
+    for (const auto& [b, e] : ranges(global)) {
+      const int64_t from = (o * global[dim] + b) * inner, to = (o * global[dim] + e) * inner;
+      if (!runs.empty() && runs.back().second == from) {
+        runs.back().second = to;
+      } else {
+        runs.emplace_back(from, to);
+      }
+    }
+  }
+  return runs;
+}
+
+std::vector<int64_t> TpSlice::global_indices(const Shape& global) const {
+  std::vector<int64_t> idx;
+  idx.reserve(static_cast<size_t>(local_shape(global).numel()));
+  for (const auto& [b, e] : global_runs(global))
+    for (int64_t i = b; i < e; ++i) idx.push_back(i);
   return idx;
 }
 

@@ -77,6 +77,9 @@ struct TpSlice {
   /// The global row-major index of every local element, in local row-major order (the
   /// map a checkpoint, an initialiser or a test uses to place the rank's elements).
   std::vector<int64_t> global_indices(const Shape& global) const;
+  /// The same map as maximal runs: [begin, end) ranges of global row-major indices whose
+  /// concatenation, in order, is the rank's elements (one run when replicated).
+  std::vector<std::pair<int64_t, int64_t>> global_runs(const Shape& global) const;
 };
 
 /// How the plan splits a layer over tp (torchtitan's ParallelStyle; Megatron's layers):

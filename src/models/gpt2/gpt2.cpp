@@ -48,6 +48,7 @@ std::vector<ParamSpec> gpt2_param_specs(const GPT2Config& config, int64_t part_a
 GPT2::GPT2(const GPT2Config& config, Backend& backend, const ModelStorage& storage)
     : LayeredModel(backend, storage), config_(config) {
   layers_ = std::make_unique<GPT2Layers>(config_);
+  if (storage.plan) storage.plan->apply(layers_->roles());
   build(gpt2_parts(*layers_, config_), {Op::Embedding, Op::LayerNorm, Op::Linear, Op::Attention, Op::Gelu,
                                Op::Add, Op::SoftmaxCrossEntropy});
 }
@@ -71,20 +72,28 @@ void GPT2::reserve(int B, int T) {
   a->B = B;
   a->T = T;
   const int64_t C = config_.n_embd, N = static_cast<int64_t>(B) * T;
-  const int64_t Vp = config_.padded_vocab_size;
   const DType dt = dtype();
+  const auto& blocks = layers_->blocks;
+  const nn::TpPlacement& vocab = layers_->embedding.placement();
+  const int tp = vocab.active() ? vocab.group->size() : 1;
+  const bool sp = blocks.front().sequence_parallel();
+  // The residual stream's shape: [B,T,C], or this rank's rows under sequence parallelism.
+  const Shape stream = sp ? Shape{N / tp, C} : Shape{B, T, C};
   // Activations in the model dtype; statistics (LayerNorm mean/rstd, lse, losses) fp32.
   auto act = [&](Shape s) { return backend().empty(s, dt, MemCategory::Activations); };
-  a->stream.push_back(act({B, T, C}));
-  for (int l = 0; l < config_.n_layer; ++l) a->stream.push_back(act({B, T, C}));
-  const auto& blocks = layers_->blocks;
+  for (int l = 0; l <= config_.n_layer; ++l) a->stream.push_back(act(stream));
   a->saved.reserve(backend(), blocks.front().saved_specs(B, T, dt), config_.n_layer, checkpointing_);
-  for (const nn::SavedSpec& sp : layers_->ln_f.saved_specs(B, T, dt))
-    a->head.push_back(backend().empty(sp.shape, sp.dtype, MemCategory::Activations));
-  const int64_t R = nn::classifier_chunk_rows(N, Vp);
-  a->logits_chunk = act({R, Vp});
+  for (const nn::SavedSpec& s : layers_->ln_f.saved_specs(sp ? 1 : B, sp ? N / tp : T, dt))
+    a->head.push_back(backend().empty(s.shape, s.dtype, MemCategory::Activations));
+  const int64_t Vl = layers_->embedding.wte.local_shape()[0];  // Vp, or Vp/tp
+  const int64_t R = nn::classifier_chunk_rows(N, Vl);
+  a->logits_chunk = act({R, Vl});
   a->losses_chunk = backend().empty(Shape{R}, DType::F32, MemCategory::Activations);
-  a->dresidual = act({B, T, C});
+  if (vocab.active()) {
+    a->vocab.stats = backend().empty(Shape{(tp + 1) * R, 3}, DType::F32, MemCategory::Activations);
+    if (sp) a->vocab.x_full = act({N, C}), a->vocab.dx_full = act({N, C});
+  }
+  a->dresidual = act(stream);
   a->scratch = blocks.front().make_scratch(backend(), B, T, dt);
   acts_ = std::move(a);
 }
@@ -121,7 +130,9 @@ void GPT2::run_forward(const Tensor& tokens, int B, int T) {
   Backend& be = backend();
   const Stream s = be.default_stream();
   hooks().before_forward(0);
-  layers_->embedding.forward(be, s, a.stream[0], tokens);
+  const Tensor work = a.scratch.work ? a.scratch.work.reshape(Shape{B, T, config_.n_embd}) : Tensor();
+  KILN_CHECK(!dropout_on_ || !work, "GPT-2: dropout under sequence parallelism is not supported yet");
+  layers_->embedding.forward(be, s, a.stream[0], tokens, Tensor(), 0, work);
   if (dropout_on_) be.dropout_forward(s, a.stream[0], a.stream[0], dropout_spec(-1, nn::kEmbeddingSite));
   hooks().after_forward(0);
   for (int l = 0; l < config_.n_layer; ++l) {
@@ -146,11 +157,19 @@ LossSum GPT2::forward(const Batch& batch, float grad_scale) {
   const bool with_grad = grad_scale > 0.f;
   const nn::Param& wte = layers_->embedding.wte;
   // The tied output projection: its logits' gradient lands in wte's gradient here, and
-  // dL/d(ln_f output) in scratch.dtmp for backward().
-  const auto r = nn::classifier_cross_entropy(
-      backend(), backend().default_stream(), a.head[nn::Norm::kOut], wte.v(), targets,
-      config_.vocab_size, grad_scale, with_grad ? a.scratch.dtmp : Tensor(),
-      with_grad ? wte.g() : Tensor(), a.logits_chunk, a.losses_chunk);
+  // dL/d(ln_f output) in scratch.dtmp for backward(). Vocab-parallel when wte is split.
+  const Tensor& x = a.head[nn::Norm::kOut];
+  const Tensor dx = with_grad ? a.scratch.dtmp.view_at(0, x.shape()) : Tensor();
+  const Tensor dwte = with_grad ? wte.g() : Tensor();
+  const nn::TpPlacement& vocab = layers_->embedding.placement();
+  const Stream s = backend().default_stream();
+  const auto r = vocab.active()
+                     ? nn::vocab_parallel_cross_entropy(backend(), s, vocab, x, wte.v(), targets,
+                                                        config_.vocab_size, grad_scale, dx, dwte,
+                                                        a.logits_chunk, a.losses_chunk, a.vocab)
+                     : nn::classifier_cross_entropy(backend(), s, x, wte.v(), targets,
+                                                    config_.vocab_size, grad_scale, dx, dwte,
+                                                    a.logits_chunk, a.losses_chunk);
   hooks().after_forward(config_.n_layer + 1);
   a.tokens = tokens;
   a.targets = targets;
@@ -167,7 +186,8 @@ void GPT2::backward() {
   // Final LayerNorm: dresidual = LN_f'(dlnf), dlnf was left in scratch.dtmp by forward().
   hooks().before_backward(config_.n_layer + 1);
   be.fill(s, a.dresidual, 0.f);
-  layers_->ln_f.backward(be, s, a.head, a.dresidual, a.scratch.dtmp, a.stream.back());
+  layers_->ln_f.backward(be, s, a.head, a.dresidual, a.scratch.dtmp.view_at(0, a.dresidual.shape()),
+                         a.stream.back());
   hooks().after_backward(config_.n_layer + 1);
   for (int l = config_.n_layer - 1; l >= 0; --l) {
     hooks().before_backward(l + 1);
@@ -177,7 +197,9 @@ void GPT2::backward() {
   }
   hooks().before_backward(0);
   if (dropout_on_) be.dropout_backward(s, a.dresidual, a.dresidual, dropout_spec(-1, nn::kEmbeddingSite));
-  layers_->embedding.backward(be, s, a.dresidual, a.tokens);
+  const Tensor work =
+      a.scratch.work ? a.scratch.work.reshape(Shape{a.B, a.T, config_.n_embd}) : Tensor();
+  layers_->embedding.backward(be, s, a.dresidual, a.tokens, Tensor(), work);
   hooks().after_backward(0);
 }
 
@@ -185,6 +207,8 @@ void GPT2::forward_logits(const Tensor& tokens, const Tensor& logits) {
   KILN_CHECK(tokens.ndim() == 2, "forward_logits: tokens must be [B,T], got {}", tokens.str());
   const int B = static_cast<int>(tokens.size(0)), T = static_cast<int>(tokens.size(1));
   check_shape(logits, Shape{B, T, config_.padded_vocab_size}, "forward_logits logits");
+  KILN_CHECK(!layers_->embedding.placement().active(),
+             "GPT-2: logits of a tensor-parallel model are not supported yet");
   run_forward(tokens, B, T);
   project_logits(logits, acts_->head[nn::Norm::kOut], layers_->embedding.wte.v());
   hooks().after_forward(config_.n_layer + 1);

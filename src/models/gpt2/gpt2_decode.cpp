@@ -13,6 +13,8 @@ void GPT2::begin_decode(int B, int max_len) {
   KILN_CHECK(B > 0 && max_len > 0 && max_len <= config_.block_size,
              "begin_decode: {} positions for {} sequences (block_size {})", max_len, B,
              config_.block_size);
+  KILN_CHECK(!layers_->embedding.placement().active(),
+             "GPT-2: decoding a tensor-parallel model is not supported yet");
   decode_.reset();
   auto d = std::make_unique<DecodeState>();
   d->B = B;

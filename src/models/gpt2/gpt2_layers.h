@@ -5,6 +5,7 @@
 #pragma once
 
 #include "models/gpt2/config.h"
+#include "models/model.h"
 #include "nn/block.h"
 #include "nn/embedding.h"
 #include "nn/norm.h"
@@ -51,6 +52,16 @@ struct GPT2Layers {
     for (size_t l = 0; l < blocks.size(); ++l) blocks[l].collect(out[l + 1]);
     ln_f.collect(out.back());
     return out;
+  }
+
+  /// The layers by role, for a LayerPlan (the output projection is the tied wte).
+  LayerRoles roles() {
+    LayerRoles r;
+    r.arch = "gpt2";
+    r.embedding = &embedding;
+    for (auto& b : blocks) r.blocks.push_back(&b);
+    r.final_norm = &ln_f;
+    return r;
   }
 
   nn::TokenPositionEmbedding embedding;

@@ -4,6 +4,7 @@
 
 #include "models/gpt2/gpt2.h"
 #include "nn/block.h"
+#include "nn/classifier.h"
 
 #include <vector>
 
@@ -13,12 +14,14 @@ namespace kiln {
 struct GPT2::Activations {
   int B = 0, T = 0;
   // The residual stream, always kept: [0] the embeddings (after dropout), [1 + l] block
-  // l's output (block l+1's input), each [B,T,C].
+  // l's output (block l+1's input), each [B,T,C], or the rank's [B*T/tp, C] rows under
+  // sequence parallelism.
   std::vector<Tensor> stream;
   // The blocks' own saved tensors under the checkpointing policy (nn/saved.h).
   nn::SavedActivations saved;
   std::vector<Tensor> head;           // ln_f's saved out [B,T,C], mean, rstd [B*T]
-  Tensor logits_chunk, losses_chunk;  // [R,Vp], [R]
+  Tensor logits_chunk, losses_chunk;  // [R,Vp] ([R,Vp/tp] vocab-parallel), [R]
+  nn::VocabParallelScratch vocab;     // the vocab-parallel loss's (empty otherwise)
   Tensor dresidual;                   // [B,T,C] backward's residual-stream gradient
   nn::BlockScratch scratch;           // shared by the blocks; dtmp also holds dL/d(ln_f out)
   Tensor tokens, targets;             // the last forward's inputs (views)
