@@ -52,7 +52,7 @@ for h in "${harnesses[@]}"; do
     echo "kiln: fuzz $h: ok ($seconds s): ${stats:-no stats}"
   else
     echo "kiln: fuzz $h: FINDING" >&2
-    tail -n 40 "$log.replay" "$log" 2>/dev/null >&2 || true
+    tail -n 40 "$log.replay" "$log" >&2 2>/dev/null || true
     mkdir -p "$build/findings/$h"
     cp -r "$work/$h/artifacts/." "$build/findings/$h/" 2>/dev/null || true
     echo "kiln: the input is kept in $build/findings/$h/" >&2

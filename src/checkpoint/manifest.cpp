@@ -94,7 +94,7 @@ json load_manifest(const fs::path& dir) {
   } catch (const json::exception& e) {
     KILN_FAIL("{}: bad JSON: {}", mpath.string(), e.what());
   }
-  KILN_CHECK(m.is_object() && m.value("format", "") == "kiln-checkpoint",
+  KILN_CHECK(m.is_object() && m.contains("format") && m["format"] == "kiln-checkpoint",
              "{}: not a kiln checkpoint manifest", mpath.string());
   const json& v = m.contains("format_version") ? m["format_version"] : json();
   const int version = v.is_number_integer() ? v.get<int>() : -1;

@@ -5,6 +5,7 @@
 #include "checkpoint/file_util.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "core/json_util.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -132,7 +133,9 @@ CheckpointReader::CheckpointReader(fs::path dir, Verify verify)
     for (const auto& [name, f] : manifest_["files"].items()) {
       KILN_CHECK(valid_relative_path(name) && name != kManifestName, "{}: bad file name '{}'",
                  mpath, name);
-      impl_->files[name] = {f.at("size").get<uint64_t>(), f.at("crc32").get<uint32_t>()};
+      const std::string what = fmt::format("{}: file '{}'", mpath, name);
+      impl_->files[name] = {static_cast<uint64_t>(json_integer(f.at("size"), what, "size", 0)),
+                            static_cast<uint32_t>(json_integer(f.at("crc32"), what, "crc32", 0, UINT32_MAX))};
     }
     for (const json& n : manifest_["extra_files"]) {
       const std::string name = n.get<std::string>();

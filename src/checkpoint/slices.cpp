@@ -2,6 +2,7 @@
 #include "checkpoint/internal.h"
 
 #include "core/error.h"
+#include "core/json_util.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -153,15 +154,15 @@ Box box_from_json(const json& slice, const std::string& what) {
   KILN_CHECK(slice.is_object() && slice.contains("offset") && slice.contains("extent") &&
                  slice["offset"].is_array() && slice["extent"].is_array(),
              "{}: slice without offset/extent arrays", what);
-  b.offset = slice["offset"].get<std::vector<int64_t>>();
-  b.extent = slice["extent"].get<std::vector<int64_t>>();
+  b.offset = json_integers(slice["offset"], what, "offset");
+  b.extent = json_integers(slice["extent"], what, "extent");
   return b;
 }
 
 std::vector<int64_t> shape_from_json(const json& j, const std::string& what) {
   KILN_CHECK(j.is_array() && j.size() <= static_cast<size_t>(Shape::kMaxDims),
              "{}: bad shape (an array of at most {} sizes expected)", what, Shape::kMaxDims);
-  std::vector<int64_t> dims = j.get<std::vector<int64_t>>();
+  std::vector<int64_t> dims = json_integers(j, what, "shape");
   for (int64_t d : dims) KILN_CHECK(d >= 0, "{}: negative size in shape {}", what, vec_str(dims));
   return dims;
 }

@@ -29,6 +29,7 @@
 // "<|begin_of_text|>" when the vocabulary has it (Llama 3 begins every document with it),
 // else "<|endoftext|>" (GPT-2), else "<|end_of_text|>".
 #include "core/error.h"
+#include "core/json_util.h"
 #include "data/byte_level_bpe.h"
 #include "data/tokenizer.h"
 #include "data/tokenizer_internal.h"
@@ -184,8 +185,16 @@ class HfTokenizer final : public Tokenizer {
     KILN_CHECK(vocab.is_object() && !vocab.empty(), "{}: model.vocab is not a non-empty object {{text: id}}", where);
     std::vector<std::string> tokens;
     std::vector<char> seen;
+    // Ids cover 0..n-1 without holes (checked below), so none reaches the number of
+    // entries: bounding by it first keeps a huge id from sizing the table.
+    const auto added_list = j.find("added_tokens");
+    const int64_t entries = static_cast<int64_t>(vocab.size()) +
+                            (added_list != j.end() && added_list->is_array()
+                                 ? static_cast<int64_t>(added_list->size()) : 0);
     auto put = [&](int64_t id, const std::string& text, const std::string& path) {
-      KILN_CHECK(id >= 0 && id < (int64_t{1} << 31) - 1, "{}: {}: id {} out of range", where, path, id);
+      KILN_CHECK(id >= 0 && id < entries && id < INT32_MAX,
+                 "{}: {}: id {} out of range (model.vocab and added_tokens hold {} tokens, ids "
+                 "0..{})", where, path, id, entries, entries - 1);
       if (id >= static_cast<int64_t>(tokens.size())) {
         tokens.resize(static_cast<size_t>(id) + 1);
         seen.resize(static_cast<size_t>(id) + 1, 0);
@@ -210,7 +219,7 @@ class HfTokenizer final : public Tokenizer {
         const std::string path = fmt::format("added_tokens[{}]", i);
         reading = path;
         KILN_CHECK(a.is_object(), "{}: {} is not an object", where, path);
-        const int64_t id = field(a, "id", path).get<int64_t>();
+        const int64_t id = json_integer(field(a, "id", path), where, path + ".id");
         KILN_CHECK(id >= 0 && id < INT32_MAX, "{}: {}.id = {} out of range", where, path, id);
         Added t{static_cast<int32_t>(id), field(a, "content", path).get<std::string>(), a.value("special", false)};
         KILN_CHECK(!t.content.empty() && utf8_valid(t.content), "{}: {}.content is empty or not UTF-8", where, path);

@@ -1,6 +1,7 @@
 #include "data/meta.h"
 
 #include "core/error.h"
+#include "core/json_util.h"
 #include "data/tokenizer.h"
 
 #include <nlohmann/json.hpp>
@@ -37,6 +38,10 @@ void write_dataset_meta(const fs::path& dir, const DatasetMeta& meta) {
   write_file_atomic(dir / "meta.json", j.dump(2) + "\n");
 }
 
+namespace {
+constexpr int64_t kMaxTokens = int64_t{1} << 48;  // per count: sums of them cannot overflow
+}  // namespace
+
 DatasetMeta read_dataset_meta(const fs::path& dir) {
   KILN_CHECK(fs::is_directory(dir), "dataset directory {} does not exist", dir.string());
   const fs::path path = dir / "meta.json";
@@ -45,25 +50,29 @@ DatasetMeta read_dataset_meta(const fs::path& dir) {
   try {
     const auto j = nlohmann::json::parse(read_small_file(path));
     KILN_CHECK(j.at("format").get<std::string>() == kFormat &&
-                   j.at("format_version").get<int>() == kFormatVersion,
+                   json_integer(j.at("format_version"), path.string(), "format_version", INT32_MIN, INT32_MAX) ==
+                       kFormatVersion,
                "{}: not a {} v{} file", path.string(), kFormat, kFormatVersion);
     m.tokenizer_kind = j.at("tokenizer").at("kind").get<std::string>();
     m.tokenizer_hash = j.at("tokenizer").at("hash").get<std::string>();
-    m.vocab_size = j.at("vocab_size").get<int>();
-    m.eot_id = j.at("eot_id").get<int>();
+    m.vocab_size = static_cast<int>(json_integer(j.at("vocab_size"), path.string(), "vocab_size", 1, INT32_MAX));
+    m.eot_id = static_cast<int>(json_integer(j.at("eot_id"), path.string(), "eot_id", INT32_MIN, INT32_MAX));
     const TokenDType dtype = parse_token_dtype(j.at("token_dtype").get<std::string>());
     m.format = dtype == TokenDType::U16 ? ShardFormat::U16 : ShardFormat::KilnU32;
     if (j.contains("shard_version"))  // always written; 1 or 2 before llm.c's version 7 was
-      m.format = shard_format_of_version(j.at("shard_version").get<int64_t>(), path.string() + ": shard_version");
+      m.format = shard_format_of_version(
+          json_integer(j.at("shard_version"), path.string(), "shard_version", INT32_MIN, INT32_MAX),
+          path.string() + ": shard_version");
     KILN_CHECK(m.dtype() == dtype, "{}: shard_version {} does not hold token_dtype {}", path.string(),
                shard_version(m.format), token_dtype_name(dtype));
-    m.documents = j.at("documents").get<int64_t>();
+    m.documents = json_integer(j.at("documents"), path.string(), "documents", 0, kMaxTokens);
     for (const auto& [name, list] : j.at("shards").items()) {
       SplitInfo s;
-      s.tokens = j.at("tokens").at(name).get<int64_t>();
+      s.tokens = json_integer(j.at("tokens").at(name), path.string(), "tokens", 0, kMaxTokens);
       int64_t sum = 0;
       for (const auto& e : list) {
-        s.shards.push_back({e.at("file").get<std::string>(), e.at("tokens").get<int64_t>()});
+        s.shards.push_back({e.at("file").get<std::string>(),
+                            json_integer(e.at("tokens"), path.string(), "shards[].tokens", 0, kMaxTokens)});
         sum += s.shards.back().tokens;
       }
       KILN_CHECK(sum == s.tokens, "{}: split '{}' lists shards of {} tokens but records {}",

@@ -25,7 +25,11 @@ GPT2Config GPT2Config::preset(std::string_view name) {
 }
 
 int GPT2Config::pad_vocab(int vocab_size, int multiple) {
-  return (vocab_size + multiple - 1) / multiple * multiple;
+  KILN_CHECK(multiple > 0, "pad_vocab: multiple {} must be > 0", multiple);
+  const int64_t padded = (int64_t{vocab_size} + multiple - 1) / multiple * multiple;
+  KILN_CHECK(padded <= INT32_MAX, "vocab_size {} padded to a multiple of {} exceeds 2^31 - 1",
+             vocab_size, multiple);
+  return static_cast<int>(padded);
 }
 
 void GPT2Config::validate() const {
