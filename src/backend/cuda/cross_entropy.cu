@@ -27,16 +27,12 @@ __device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
   m = mx;
 }
 
+// The online (max, sum of exp) of columns [0, V) of one row x, merged over the block of
+// kThreads in a fixed order; the result is valid in thread 0 only. Every thread of the
+// block must call it (it synchronises the block).
 template <class T>
-__global__ void xent_kernel(float* losses, T* dlogits, const T* logits, const int32_t* targets,
-                            int64_t Vp, int V, int ignore_index, float grad_scale) {
+__device__ void row_max_sumexp(const T* x, int V, float& M, float& S) {
   __shared__ float sm_m[kThreads / 32], sm_s[kThreads / 32];
-  __shared__ float s_lse, s_xt;
-  const int64_t row = blockIdx.x;
-  const T* x = logits + row * Vp;
-  const int32_t tgt = targets[row];
-  const bool ignored = tgt == ignore_index;
-  const bool bad = !ignored && (tgt < 0 || tgt >= V);
   float m = -INFINITY, s = 0.f;
   for (int v = threadIdx.x; v < V; v += kThreads) {
     const float xv = to_f(x[v]);
@@ -59,13 +55,29 @@ __global__ void xent_kernel(float* losses, T* dlogits, const T* logits, const in
     sm_m[warp] = m;
     sm_s[warp] = s;
   }
-  if (threadIdx.x == 0) s_xt = (ignored || bad) ? 0.f : to_f(x[tgt]);
   __syncthreads();
   if (threadIdx.x == 0) {
-    float M = sm_m[0], S = sm_s[0];
+    M = sm_m[0], S = sm_s[0];
     for (int w = 1; w < kThreads / 32; ++w) merge(M, S, sm_m[w], sm_s[w]);
+  }
+}
+
+template <class T>
+__global__ void xent_kernel(float* losses, T* dlogits, const T* logits, const int32_t* targets,
+                            int64_t Vp, int V, int ignore_index, float grad_scale) {
+  __shared__ float s_lse;
+  const int64_t row = blockIdx.x;
+  const T* x = logits + row * Vp;
+  const int32_t tgt = targets[row];
+  const bool ignored = tgt == ignore_index;
+  const bool bad = !ignored && (tgt < 0 || tgt >= V);
+  // The target logit is read before any in-place write of the row.
+  const float xt = (ignored || bad) ? 0.f : to_f(x[tgt]);
+  float M, S;
+  row_max_sumexp(x, V, M, S);
+  if (threadIdx.x == 0) {
     s_lse = M + logf(S);
-    losses[row] = ignored ? 0.f : bad ? NAN : s_lse - s_xt;
+    losses[row] = ignored ? 0.f : bad ? NAN : s_lse - xt;
   }
   __syncthreads();
   if (dlogits == nullptr) return;
@@ -83,34 +95,11 @@ __global__ void xent_kernel(float* losses, T* dlogits, const T* logits, const in
 template <class T>
 __global__ void xent_shard_stats_kernel(float* stats, const T* logits, const int32_t* targets,
                                         int64_t Vl, int64_t vocab_begin, int valid) {
-  __shared__ float sm_m[kThreads / 32], sm_s[kThreads / 32];
   const int64_t row = blockIdx.x;
   const T* x = logits + row * Vl;
-  float m = -INFINITY, s = 0.f;
-  for (int v = threadIdx.x; v < valid; v += kThreads) {
-    const float xv = to_f(x[v]);
-    if (xv > m) {
-      s = s * expf(m - xv) + 1.f;
-      m = xv;
-    } else {
-      s += expf(xv - m);
-    }
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
-    const float s2 = __shfl_xor_sync(0xffffffffu, s, o);
-    merge(m, s, m2, s2);
-  }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) {
-    sm_m[warp] = m;
-    sm_s[warp] = s;
-  }
-  __syncthreads();
+  float M, S;
+  row_max_sumexp(x, valid, M, S);
   if (threadIdx.x == 0) {
-    float M = sm_m[0], S = sm_s[0];
-    for (int w = 1; w < kThreads / 32; ++w) merge(M, S, sm_m[w], sm_s[w]);
     const int64_t t = int64_t{targets[row]} - vocab_begin;
     stats[3 * row] = M;
     stats[3 * row + 1] = S;
