@@ -36,13 +36,21 @@ void TransformerBlock::shard(TpGroup& group, bool sequence_parallel) {
   sp_ = sequence_parallel;
 }
 
-std::vector<SavedSpec> TransformerBlock::saved_specs(int64_t B, int64_t T, DType dtype) const {
-  // The residual stream's side: [B, T] rows, or this rank's [1, BT/tp] under SP.
-  const int64_t rb = sequence_parallel() ? 1 : B;
-  const int64_t rt = sequence_parallel() ? B * T / tp_->size() : T;
-  KILN_CHECK(!sequence_parallel() || (B * T) % tp_->size() == 0,
+std::pair<int64_t, int64_t> TransformerBlock::residual_bt(int64_t B, int64_t T) const {
+  if (!sequence_parallel()) return {B, T};
+  KILN_CHECK((B * T) % tp_->size() == 0,
              "block: {} rows of [B, T] do not divide over tp = {} (sequence parallelism)", B * T,
              tp_->size());
+  return {1, B * T / tp_->size()};
+}
+
+Shape TransformerBlock::residual_shape(int64_t B, int64_t T) const {
+  const auto [rb, rt] = residual_bt(B, T);
+  return sequence_parallel() ? Shape{rt, spec_.n_embd} : Shape{rb, rt, spec_.n_embd};
+}
+
+std::vector<SavedSpec> TransformerBlock::saved_specs(int64_t B, int64_t T, DType dtype) const {
+  const auto [rb, rt] = residual_bt(B, T);  // the residual stream's side
   std::vector<SavedSpec> out = norm_1_.saved_specs(rb, rt, dtype);
   for (auto& sp : attn_.saved_specs(B, T, dtype)) out.push_back(sp);
   out.push_back({norm_2_.name() + ":in", Shape{rb, rt, spec_.n_embd}, dtype, Recompute::WithBlock});

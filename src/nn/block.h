@@ -22,6 +22,7 @@
 #include "nn/saved.h"
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kiln::nn {
@@ -77,6 +78,11 @@ class TransformerBlock {
   void shard(TpGroup& group, bool sequence_parallel);
   /// Whether the residual stream is split in rows (sequence parallel over tp > 1).
   bool sequence_parallel() const { return tp_ && sp_; }
+  /// The residual stream's shape for a [B, T] batch: [B,T,C], or this rank's [BT/tp, C]
+  /// rows under sequence parallelism; residual_bt() gives it as (B', T') = (B, T) or
+  /// (1, BT/tp), for the saved specs of a norm on the stream.
+  Shape residual_shape(int64_t B, int64_t T) const;
+  std::pair<int64_t, int64_t> residual_bt(int64_t B, int64_t T) const;
   /// What forward saves for backward, in the order BlockPass::saved holds it.
   std::vector<SavedSpec> saved_specs(int64_t B, int64_t T, DType dtype) const;
   /// Scratch this block needs, in the model dtype.

@@ -108,4 +108,29 @@ ClassifierLoss vocab_parallel_cross_entropy(Backend& be, Stream s, const TpPlace
   return result;
 }
 
+HeadScratch make_head_scratch(Backend& be, const TpPlacement& placement, int64_t N, int64_t C,
+                              int64_t Vl, DType dtype) {
+  auto act = [&](Shape s, DType d) { return be.empty(s, d, MemCategory::Activations); };
+  const int64_t R = classifier_chunk_rows(N, Vl);
+  HeadScratch h{act({R, Vl}, dtype), act({R}, DType::F32), {}};
+  if (placement.active()) {
+    h.vocab.stats = act({(placement.group->size() + 1) * R, 3}, DType::F32);
+    if (placement.sequence_parallel) h.vocab.x_full = act({N, C}, dtype), h.vocab.dx_full = act({N, C}, dtype);
+  }
+  return h;
+}
+
+ClassifierLoss head_cross_entropy(Backend& be, Stream s, const TpPlacement& placement,
+                                  const Tensor& x, const Tensor& weight, const Tensor& targets,
+                                  int vocab_size, float grad_scale, const Tensor& dx,
+                                  const Tensor& dweight, const HeadScratch& scratch) {
+  if (!placement.active()) {
+    return classifier_cross_entropy(be, s, x, weight, targets, vocab_size, grad_scale, dx, dweight,
+                                    scratch.logits_chunk, scratch.losses_chunk);
+  }
+  return vocab_parallel_cross_entropy(be, s, placement, x, weight, targets, vocab_size, grad_scale,
+                                      dx, dweight, scratch.logits_chunk, scratch.losses_chunk,
+                                      scratch.vocab);
+}
+
 }  // namespace kiln::nn

@@ -52,4 +52,19 @@ ClassifierLoss vocab_parallel_cross_entropy(Backend& be, Stream s, const TpPlace
                                             const Tensor& losses_chunk,
                                             const VocabParallelScratch& scratch);
 
+/// A language model's output end: the loss over its head weight's rows, plain (placement
+/// inactive) or vocab-parallel, with its scratch for N rows.
+struct HeadScratch {
+  Tensor logits_chunk, losses_chunk;  // [R, Vl] in the model dtype, fp32 [R]
+  VocabParallelScratch vocab;         // vocab-parallel only
+};
+/// Scratch for N = B*T rows of width C and a head of Vl (= its local rows) columns.
+HeadScratch make_head_scratch(Backend& be, const TpPlacement& placement, int64_t N, int64_t C,
+                              int64_t Vl, DType dtype);
+/// classifier_cross_entropy, or vocab_parallel_cross_entropy when placement is active.
+ClassifierLoss head_cross_entropy(Backend& be, Stream s, const TpPlacement& placement,
+                                  const Tensor& x, const Tensor& weight, const Tensor& targets,
+                                  int vocab_size, float grad_scale, const Tensor& dx,
+                                  const Tensor& dweight, const HeadScratch& scratch);
+
 }  // namespace kiln::nn

@@ -3,13 +3,15 @@
 // (torchtitan's parallelize_module; the layers are Megatron-LM's).
 //
 //   role        GPT-2                                   Llama
-//   embedding   vocab-parallel (also the tied head)      (not yet)
+//   embedding   vocab-parallel (also the tied head)      vocab-parallel (and the tied head)
 //   attention   heads split: c_attn column-parallel in q, k, v pieces, c_proj row-parallel
 //   mlp         hidden units split: c_fc column-parallel (SwiGLU: gate and up pieces),
 //               c_proj row-parallel
 //   norms       replicated; under sequence parallelism each rank normalises its rows and
 //               the gain and shift gradients are partial sums over tp
-//   loss        vocab-parallel cross-entropy over the tied wte's rows
+//   lm_head     (tied)                                  untied: column-parallel over the
+//                                                       vocabulary rows
+//   loss        vocab-parallel cross-entropy over the head weight's rows
 //
 // What the plan guarantees by construction: a partial sum never enters a norm (every
 // row-parallel output is reduced, or reduce-scattered, before the residual add), and the

@@ -5,6 +5,7 @@
 // parallelism) after their one reduction over tp.
 #include "backend/registry.h"
 #include "models/gpt2/gpt2.h"
+#include "models/llama/llama.h"
 #include "mpi_test_main.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/tp_plan.h"
@@ -36,28 +37,46 @@ Tensor upload_i32(const std::vector<int32_t>& v, const Shape& s) {
   return t;
 }
 
+// Llama with grouped-query attention (8 query heads over 4 key/value heads: n_kv_head =
+// tp on 4 ranks), tied or untied head.
+LlamaConfig tiny_llama(bool tied) {
+  LlamaConfig c;
+  c.n_layer = 2, c.n_head = 8, c.n_kv_head = 4, c.n_embd = 32, c.ffn_hidden_size = 24;
+  c.vocab_size = 61, c.padded_vocab_size = 64, c.block_size = 16, c.tie_embeddings = tied;
+  return c;
+}
+
 struct Case {
   bool sp;
   nn::ActivationCheckpointing ckpt;
+  int arch = 0;  // 0 GPT-2, 1 Llama untied, 2 Llama tied
 };
+
+std::unique_ptr<Model> build(const Case& k, Backend& be, const ModelStorage& st) {
+  if (k.arch == 0) return std::make_unique<GPT2>(tiny(), be, st);
+  return std::make_unique<Llama>(tiny_llama(k.arch == 2), be, st);
+}
 
 void check(const Case& k) {
   Backend& be = cpu();
   CommTpGroup g(testing::world());
-  SCOPED_TRACE(fmt::format("sp={} ckpt={} tp={}", k.sp, static_cast<int>(k.ckpt), g.size()));
-  const GPT2Config c = tiny();
-  const int B = 2, T = 8;
-  std::vector<int32_t> tok(B * T), tgt(B * T);
-  for (int i = 0; i < B * T; ++i) tok[i] = (i * 17 + 3) % c.vocab_size, tgt[i] = (i * 5 + 1) % c.vocab_size;
+  SCOPED_TRACE(fmt::format("arch={} sp={} ckpt={} tp={}", k.arch, k.sp, static_cast<int>(k.ckpt),
+                           g.size()));
+  const int V = 61, B = 2, T = 8;
+  std::vector<int32_t> tok(B * T), tgt(B * T), pos(B * T);
+  for (int i = 0; i < B * T; ++i) tok[i] = (i * 17 + 3) % V, tgt[i] = (i * 5 + 1) % V;
+  for (int i = 0; i < B * T; ++i) pos[i] = (i % T) + 2 * (i / T);  // Llama: shifted positions
   tgt[4] = -1;
-  const Batch batch{upload_i32(tok, {B, T}), upload_i32(tgt, {B, T}), Tensor()};
+  const Batch batch{upload_i32(tok, {B, T}), upload_i32(tgt, {B, T}),
+                    k.arch ? upload_i32(pos, {B, T}) : Tensor()};
 
-  GPT2 full(c, be);
   TensorParallelPlan plan(g, k.sp);
   ModelStorage st;
   st.plan = &plan;
-  GPT2 part(c, be, st);
-  for (Model* m : {static_cast<Model*>(&full), static_cast<Model*>(&part)}) {
+  auto full_model = build(k, be, {}), part_model = build(k, be, st);
+  Model& full = *full_model;
+  Model& part = *part_model;
+  for (Model* m : {&full, &part}) {
     m->init_weights(11);
     m->set_activation_checkpointing(k.ckpt);
     m->set_dropout(false, 0, 0);
@@ -92,6 +111,9 @@ TEST(TpModel, Gpt2) { check({false, nn::ActivationCheckpointing::None}); }
 TEST(TpModel, Gpt2SequenceParallel) { check({true, nn::ActivationCheckpointing::None}); }
 TEST(TpModel, Gpt2FullCheckpointing) { check({false, nn::ActivationCheckpointing::Full}); }
 TEST(TpModel, Gpt2SequenceParallelSelective) { check({true, nn::ActivationCheckpointing::Selective}); }
+TEST(TpModel, LlamaGqa) { check({false, nn::ActivationCheckpointing::None, 1}); }
+TEST(TpModel, LlamaGqaSequenceParallel) { check({true, nn::ActivationCheckpointing::None, 1}); }
+TEST(TpModel, LlamaTiedSequenceParallelFull) { check({true, nn::ActivationCheckpointing::Full, 2}); }
 
 TEST(TpModel, IndivisibleLayoutsAndDropoutAreOneLineErrors) {
   CommTpGroup g(testing::world());

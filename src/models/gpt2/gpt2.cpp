@@ -74,25 +74,17 @@ void GPT2::reserve(int B, int T) {
   const int64_t C = config_.n_embd, N = static_cast<int64_t>(B) * T;
   const DType dt = dtype();
   const auto& blocks = layers_->blocks;
-  const nn::TpPlacement& vocab = layers_->embedding.placement();
-  const int tp = vocab.active() ? vocab.group->size() : 1;
-  const bool sp = blocks.front().sequence_parallel();
-  // The residual stream's shape: [B,T,C], or this rank's rows under sequence parallelism.
-  const Shape stream = sp ? Shape{N / tp, C} : Shape{B, T, C};
+  // The residual stream: [B,T,C], or this rank's rows under sequence parallelism.
+  const Shape stream = blocks.front().residual_shape(B, T);
+  const auto [rb, rt] = blocks.front().residual_bt(B, T);
   // Activations in the model dtype; statistics (LayerNorm mean/rstd, lse, losses) fp32.
   auto act = [&](Shape s) { return backend().empty(s, dt, MemCategory::Activations); };
   for (int l = 0; l <= config_.n_layer; ++l) a->stream.push_back(act(stream));
   a->saved.reserve(backend(), blocks.front().saved_specs(B, T, dt), config_.n_layer, checkpointing_);
-  for (const nn::SavedSpec& s : layers_->ln_f.saved_specs(sp ? 1 : B, sp ? N / tp : T, dt))
+  for (const nn::SavedSpec& s : layers_->ln_f.saved_specs(rb, rt, dt))
     a->head.push_back(backend().empty(s.shape, s.dtype, MemCategory::Activations));
-  const int64_t Vl = layers_->embedding.wte.local_shape()[0];  // Vp, or Vp/tp
-  const int64_t R = nn::classifier_chunk_rows(N, Vl);
-  a->logits_chunk = act({R, Vl});
-  a->losses_chunk = backend().empty(Shape{R}, DType::F32, MemCategory::Activations);
-  if (vocab.active()) {
-    a->vocab.stats = backend().empty(Shape{(tp + 1) * R, 3}, DType::F32, MemCategory::Activations);
-    if (sp) a->vocab.x_full = act({N, C}), a->vocab.dx_full = act({N, C});
-  }
+  const nn::TokenPositionEmbedding& emb = layers_->embedding;
+  a->head_scratch = nn::make_head_scratch(backend(), emb.placement(), N, C, emb.wte.local_shape()[0], dt);
   a->dresidual = act(stream);
   a->scratch = blocks.front().make_scratch(backend(), B, T, dt);
   acts_ = std::move(a);
@@ -161,15 +153,9 @@ LossSum GPT2::forward(const Batch& batch, float grad_scale) {
   const Tensor& x = a.head[nn::Norm::kOut];
   const Tensor dx = with_grad ? a.scratch.dtmp.view_at(0, x.shape()) : Tensor();
   const Tensor dwte = with_grad ? wte.g() : Tensor();
-  const nn::TpPlacement& vocab = layers_->embedding.placement();
-  const Stream s = backend().default_stream();
-  const auto r = vocab.active()
-                     ? nn::vocab_parallel_cross_entropy(backend(), s, vocab, x, wte.v(), targets,
-                                                        config_.vocab_size, grad_scale, dx, dwte,
-                                                        a.logits_chunk, a.losses_chunk, a.vocab)
-                     : nn::classifier_cross_entropy(backend(), s, x, wte.v(), targets,
-                                                    config_.vocab_size, grad_scale, dx, dwte,
-                                                    a.logits_chunk, a.losses_chunk);
+  const auto r = nn::head_cross_entropy(backend(), backend().default_stream(),
+                                        layers_->embedding.placement(), x, wte.v(), targets,
+                                        config_.vocab_size, grad_scale, dx, dwte, a.head_scratch);
   hooks().after_forward(config_.n_layer + 1);
   a.tokens = tokens;
   a.targets = targets;

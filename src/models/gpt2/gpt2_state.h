@@ -20,8 +20,7 @@ struct GPT2::Activations {
   // The blocks' own saved tensors under the checkpointing policy (nn/saved.h).
   nn::SavedActivations saved;
   std::vector<Tensor> head;           // ln_f's saved out [B,T,C], mean, rstd [B*T]
-  Tensor logits_chunk, losses_chunk;  // [R,Vp] ([R,Vp/tp] vocab-parallel), [R]
-  nn::VocabParallelScratch vocab;     // the vocab-parallel loss's (empty otherwise)
+  nn::HeadScratch head_scratch;       // the loss's chunk buffers ([R,Vp], or [R,Vp/tp])
   Tensor dresidual;                   // [B,T,C] backward's residual-stream gradient
   nn::BlockScratch scratch;           // shared by the blocks; dtmp also holds dL/d(ln_f out)
   Tensor tokens, targets;             // the last forward's inputs (views)

@@ -83,6 +83,17 @@ struct LlamaLayers {
     return out;
   }
 
+  /// The layers by role, for a LayerPlan.
+  LayerRoles roles() {
+    LayerRoles r;
+    r.arch = "llama";
+    r.embedding = &embedding;
+    for (auto& b : blocks) r.blocks.push_back(&b);
+    r.final_norm = &norm;
+    r.lm_head = lm_head ? &*lm_head : nullptr;
+    return r;
+  }
+
   nn::TokenPositionEmbedding embedding;
   std::vector<nn::TransformerBlock> blocks;
   nn::Norm norm;
@@ -93,9 +104,11 @@ struct LlamaLayers {
 struct Llama::State {
   int B = 0, T = 0;
   std::vector<Tensor> stream;  // [0] embeddings, [1 + l] block l's output, each [B,T,C]
+                               // (the rank's [B*T/tp, C] rows under sequence parallelism)
   nn::SavedActivations saved;  // the blocks' saved tensors under the checkpointing mode
   std::vector<Tensor> head;    // the final norm's saved out [B,T,C] and rstd [B*T]
-  Tensor logits_chunk, losses_chunk, dresidual;
+  nn::HeadScratch head_scratch;
+  Tensor dresidual;
   nn::BlockScratch scratch;    // dtmp also holds dL/d(final norm out) from forward
   Tensor tokens, positions;    // the last forward's inputs (views)
   bool have_grad = false;
@@ -108,6 +121,7 @@ Llama::Llama(const LlamaConfig& config, Backend& backend, const ModelStorage& st
     : LayeredModel(backend, storage), config_(config) {
   config_.validate();
   layers_ = std::make_unique<LlamaLayers>(config_);
+  if (storage.plan) storage.plan->apply(layers_->roles());
   state_ = std::make_unique<State>();
   build(layers_->parts(config_), {Op::Embedding, Op::RMSNorm, Op::Linear, Op::Attention,
                                   Op::Rope, Op::SwiGLU, Op::Add, Op::SoftmaxCrossEntropy});
@@ -121,6 +135,16 @@ const Tensor& Llama::head_weight() const {
 const Tensor& Llama::head_grad() const {
   return layers_->lm_head ? layers_->lm_head->weight.g() : layers_->embedding.wte.g();
 }
+int64_t Llama::head_weight_rows() const {
+  return (layers_->lm_head ? layers_->lm_head->weight : layers_->embedding.wte).local_shape()[0];
+}
+const nn::TpPlacement& Llama::head_placement() const {
+  return layers_->lm_head ? layers_->lm_head->placement() : layers_->embedding.placement();
+}
+Tensor Llama::stream_work() const {
+  const State& a = *state_;
+  return a.scratch.work ? a.scratch.work.reshape(Shape{a.B, a.T, config_.n_embd}) : Tensor();
+}
 
 void Llama::reserve(int B, int T) {
   State& a = *state_;
@@ -130,17 +154,18 @@ void Llama::reserve(int B, int T) {
   a.B = B, a.T = T;
   Backend& be = backend();
   const DType dt = dtype();
-  const int64_t C = config_.n_embd, Vp = config_.padded_vocab_size;
+  const int64_t C = config_.n_embd;
   auto act = [&](Shape s) { return be.empty(s, dt, MemCategory::Activations); };
-  for (int l = 0; l <= config_.n_layer; ++l) a.stream.push_back(act({B, T, C}));
   const auto& blocks = layers_->blocks;
+  const Shape stream = blocks.front().residual_shape(B, T);
+  const auto [rb, rt] = blocks.front().residual_bt(B, T);
+  for (int l = 0; l <= config_.n_layer; ++l) a.stream.push_back(act(stream));
   a.saved.reserve(be, blocks.front().saved_specs(B, T, dt), config_.n_layer, mode_);
-  for (const nn::SavedSpec& sp : layers_->norm.saved_specs(B, T, dt))
+  for (const nn::SavedSpec& sp : layers_->norm.saved_specs(rb, rt, dt))
     a.head.push_back(be.empty(sp.shape, sp.dtype, MemCategory::Activations));
-  const int64_t R = nn::classifier_chunk_rows(int64_t{B} * T, Vp);
-  a.logits_chunk = act({R, Vp});
-  a.losses_chunk = be.empty(Shape{R}, DType::F32, MemCategory::Activations);
-  a.dresidual = act({B, T, C});
+  a.head_scratch = nn::make_head_scratch(be, head_placement(), int64_t{B} * T, C,
+                                         head_weight_rows(), dt);
+  a.dresidual = act(stream);
   a.scratch = blocks.front().make_scratch(be, B, T, dt);
 }
 
@@ -154,7 +179,7 @@ void Llama::run_forward(const Tensor& tokens, const Tensor& positions) {
   Backend& be = backend();
   const Stream s = be.default_stream();
   hooks().before_forward(0);
-  layers_->embedding.forward(be, s, a.stream[0], tokens);
+  layers_->embedding.forward(be, s, a.stream[0], tokens, Tensor(), 0, stream_work());
   hooks().after_forward(0);
   for (int l = 0; l < config_.n_layer; ++l) {
     const auto i = static_cast<size_t>(l);
@@ -177,10 +202,11 @@ LossSum Llama::forward(const Batch& batch, float grad_scale) {
   const bool with_grad = grad_scale > 0.f;
   // The output projection: its gradient lands in lm_head's (or the tied embedding's)
   // here, dL/d(final norm out) in scratch.dtmp for backward().
-  const auto r = nn::classifier_cross_entropy(
-      backend(), backend().default_stream(), a.head[nn::Norm::kOut], head_weight(),
-      batch.targets, config_.vocab_size, grad_scale, with_grad ? a.scratch.dtmp : Tensor(),
-      with_grad ? head_grad() : Tensor(), a.logits_chunk, a.losses_chunk);
+  const Tensor& x = a.head[nn::Norm::kOut];
+  const auto r = nn::head_cross_entropy(
+      backend(), backend().default_stream(), head_placement(), x, head_weight(), batch.targets,
+      config_.vocab_size, grad_scale, with_grad ? a.scratch.dtmp.view_at(0, x.shape()) : Tensor(),
+      with_grad ? head_grad() : Tensor(), a.head_scratch);
   hooks().after_forward(config_.n_layer + 1);
   a.tokens = batch.tokens;
   a.positions = batch.positions;
@@ -197,7 +223,8 @@ void Llama::backward() {
   const int last = config_.n_layer + 1;
   hooks().before_backward(last);
   be.fill(s, a.dresidual, 0.f);
-  layers_->norm.backward(be, s, a.head, a.dresidual, a.scratch.dtmp, a.stream.back());
+  layers_->norm.backward(be, s, a.head, a.dresidual, a.scratch.dtmp.view_at(0, a.dresidual.shape()),
+                         a.stream.back());
   hooks().after_backward(last);
   for (int l = config_.n_layer - 1; l >= 0; --l) {
     const auto i = static_cast<size_t>(l);
@@ -208,7 +235,7 @@ void Llama::backward() {
     hooks().after_backward(l + 1);
   }
   hooks().before_backward(0);
-  layers_->embedding.backward(be, s, a.dresidual, a.tokens);
+  layers_->embedding.backward(be, s, a.dresidual, a.tokens, Tensor(), stream_work());
   hooks().after_backward(0);
 }
 
@@ -216,6 +243,8 @@ void Llama::forward_logits(const Tensor& tokens, const Tensor& logits) {
   KILN_CHECK(tokens.ndim() == 2, "forward_logits: tokens must be [B,T], got {}", tokens.str());
   check_shape(logits, Shape{tokens.size(0), tokens.size(1), config_.padded_vocab_size},
               "forward_logits logits");
+  KILN_CHECK(!head_placement().active() && !layers_->embedding.placement().active(),
+             "llama: logits of a tensor-parallel model are not supported yet");
   run_forward(tokens, Tensor());
   project_logits(logits, state_->head[nn::Norm::kOut], head_weight());
   hooks().after_forward(config_.n_layer + 1);
@@ -227,6 +256,8 @@ void Llama::begin_decode(int B, int max_len) {
   KILN_CHECK(B > 0 && max_len > 0 && max_len <= config_.block_size,
              "begin_decode: {} positions for {} sequences (block_size {})", max_len, B,
              config_.block_size);
+  KILN_CHECK(!head_placement().active() && !layers_->embedding.placement().active(),
+             "llama: decoding a tensor-parallel model is not supported yet");
   end_decode();
   State& d = *state_;
   d.dec_B = B;

@@ -28,6 +28,7 @@
 
 #include "models/layered_model.h"
 #include "models/llama/config.h"
+#include "nn/tensor_parallel.h"
 
 #include <memory>
 
@@ -75,6 +76,12 @@ class Llama final : public LayeredModel {
   /// The output projection's weight: lm_head, or the token embedding when tied.
   const Tensor& head_weight() const;
   const Tensor& head_grad() const;
+  /// The output projection's placement (lm_head's, or the tied embedding's) and its rows on
+  /// this rank (Vp, or Vp/tp when vocab-parallel).
+  const nn::TpPlacement& head_placement() const;
+  int64_t head_weight_rows() const;
+  /// The sequence-parallel scratch as [B,T,C] for the embedding (empty without SP).
+  Tensor stream_work() const;
 
   LlamaConfig config_;
   std::unique_ptr<LlamaLayers> layers_;
