@@ -53,13 +53,26 @@ enum class Op {
 const char* op_name(Op op);
 
 /// Dropout with probability p (0 disables), its keep-mask drawn from Philox stream
-/// `stream` under `seed`: element i is kept when uniform_at(seed, stream, i) >= p, and
-/// kept values are scaled by 1/(1-p). The same spec replays the same mask.
+/// `stream` under `seed`: element i is kept when uniform_at(seed, stream, offset + i) >= p,
+/// and kept values are scaled by 1/(1-p). The same spec replays the same mask.
+/// A tensor split over ranks (tensor / sequence parallel) passes its global coordinates,
+/// so that every layout draws the single process's mask: `offset`, the global index of its
+/// first element (rows of the flattened activations); for attention probabilities, whose
+/// element ((b NH + h) T + i) T + j is numbered by head, `head_offset` and `total_heads`
+/// (0: the op's own NH) place the op's NH heads among the global ones.
 struct DropoutSpec {
   float p = 0.f;
   uint64_t seed = 0;
   uint64_t stream = 0;
+  uint64_t offset = 0;
+  int head_offset = 0, total_heads = 0;
   bool enabled() const { return p > 0.f; }
+  /// The global head-row index b * H + head_offset + h of local head h of sequence b,
+  /// from the local bh = b * NH + h.
+  uint64_t global_bh(uint64_t bh, int NH) const {
+    if (total_heads == 0) return bh;
+    return (bh / NH) * total_heads + head_offset + bh % NH;
+  }
 };
 
 /// One AdamW update (Loshchilov & Hutter, "Decoupled Weight Decay Regularization",

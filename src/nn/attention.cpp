@@ -29,6 +29,13 @@ void SelfAttention::shard(TpGroup& group, bool sequence_parallel) {
   proj.shard(TpPlacement{TpStyle::Row, &group, sequence_parallel});
   local_.n_head = spec_.n_head / tp;
   local_.n_kv_head = spec_.kv_heads() / tp;
+  first_head_ = group.rank() * local_.n_head;
+}
+
+DropoutSpec SelfAttention::at_heads(const DropoutSpec& d) const {
+  DropoutSpec g = d;
+  if (local_.n_head != spec_.n_head) g.head_offset = first_head_, g.total_heads = spec_.n_head;
+  return g;
 }
 
 std::vector<SavedSpec> SelfAttention::saved_specs(int64_t B, int64_t T, DType dtype) const {
@@ -42,7 +49,7 @@ void SelfAttention::forward(Backend& be, Stream s, std::span<const Tensor> saved
                             const DropoutSpec& dropout, const Tensor& work) const {
   qkv.forward(be, s, saved[kQkv], inp, work);
   if (spec_.rotary) be.rope_forward(s, saved[kQkv], positions, local_, spec_.rope);
-  be.attention_forward(s, saved[kAttn], saved[kLse], saved[kQkv], local_, dropout);
+  be.attention_forward(s, saved[kAttn], saved[kLse], saved[kQkv], local_, at_heads(dropout));
   proj.forward(be, s, out, saved[kAttn], work);
 }
 
@@ -51,7 +58,8 @@ void SelfAttention::backward(Backend& be, Stream s, std::span<const Tensor> save
                              const Tensor& dattn, const Tensor& dqkv, const Tensor& positions,
                              const DropoutSpec& dropout, const Tensor& work) const {
   proj.backward(be, s, dattn, dout, saved[kAttn], work);
-  be.attention_backward(s, dqkv, dattn, saved[kQkv], saved[kAttn], saved[kLse], local_, dropout);
+  be.attention_backward(s, dqkv, dattn, saved[kQkv], saved[kAttn], saved[kLse], local_,
+                        at_heads(dropout));
   if (spec_.rotary) be.rope_backward(s, dqkv, positions, local_, spec_.rope);
   qkv.backward(be, s, dinp, dqkv, inp, work);
 }

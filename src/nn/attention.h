@@ -73,7 +73,10 @@ class SelfAttention {
   Linear qkv, proj;
 
  private:
+  /// The probabilities' dropout at global heads (this rank's first head among NH).
+  DropoutSpec at_heads(const DropoutSpec& d) const;
   AttentionSpec spec_, local_;
+  int first_head_ = 0;  // this rank's first query head
 };
 
 }  // namespace kiln::nn

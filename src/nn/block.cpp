@@ -24,6 +24,10 @@ TransformerBlock::TransformerBlock(const std::string& prefix, const BlockSpec& s
              spec.attention.head_dim, spec.n_embd);
 }
 
+DropoutSpec TransformerBlock::rows(const DropoutSpec& d, const Tensor& x) const {
+  return tp_ ? rows_dropout(d, TpPlacement{TpStyle::Column, tp_, sp_}, x.numel()) : d;
+}
+
 void TransformerBlock::shard(TpGroup& group, bool sequence_parallel) {
   if (group.size() == 1) return;
   attn_.shard(group, sequence_parallel);
@@ -77,20 +81,14 @@ void TransformerBlock::forward(const BlockPass& p, const Tensor& x, const Tensor
   const auto ml = part(p.saved, kMlp, Mlp::kNumSaved);
   const Tensor& residual = p.saved[kResidual];
   const Tensor tmp = p.scratch.tmp.view_at(0, x.shape());
-  KILN_CHECK(!tp_ || !p.attn_probs.enabled(),
-             "{}: attention dropout under tensor parallelism is not supported yet",
-             norm_1_.name());
-  KILN_CHECK(!sequence_parallel() || (!p.attn_resid.enabled() && !p.mlp_resid.enabled()),
-             "{}: residual dropout under sequence parallelism is not supported yet",
-             norm_1_.name());
   const Tensor& work = p.scratch.work;
   norm_1_.forward(be, p.s, n1, x);
   attn_.forward(be, p.s, at, tmp, n1[Norm::kOut], p.positions, p.attn_probs, work);
-  if (p.attn_resid.enabled()) be.dropout_forward(p.s, tmp, tmp, p.attn_resid);
+  if (p.attn_resid.enabled()) be.dropout_forward(p.s, tmp, tmp, rows(p.attn_resid, x));
   be.add(p.s, residual, x, tmp);
   norm_2_.forward(be, p.s, n2, residual);
   mlp_.forward(be, p.s, ml, tmp, n2[Norm::kOut], work);
-  if (p.mlp_resid.enabled()) be.dropout_forward(p.s, tmp, tmp, p.mlp_resid);
+  if (p.mlp_resid.enabled()) be.dropout_forward(p.s, tmp, tmp, rows(p.mlp_resid, x));
   be.add(p.s, out, residual, tmp);
 }
 
@@ -115,7 +113,7 @@ void TransformerBlock::backward(const BlockPass& p, const Tensor& dres, const Te
   // MLP: out = residual + dropout(mlp(norm_2(residual))).
   Tensor d_out = dres;
   if (p.mlp_resid.enabled()) {
-    be.dropout_backward(p.s, tmp, dres, p.mlp_resid);
+    be.dropout_backward(p.s, tmp, dres, rows(p.mlp_resid, x));
     d_out = tmp;
   }
   const Tensor dh = w.dbig.view_at(0, Shape{B, T, mlp_.fc_width()});
@@ -124,7 +122,7 @@ void TransformerBlock::backward(const BlockPass& p, const Tensor& dres, const Te
   // Attention: residual = x + dropout(attn(norm_1(x))).
   d_out = dres;
   if (p.attn_resid.enabled()) {
-    be.dropout_backward(p.s, tmp, dres, p.attn_resid);
+    be.dropout_backward(p.s, tmp, dres, rows(p.attn_resid, x));
     d_out = tmp;
   }
   const Tensor dqkv = w.dbig.view_at(0, Shape{B, T, attn_.local_spec().qkv_width()});

@@ -109,6 +109,8 @@ class TransformerBlock {
   const BlockSpec& spec() const { return spec_; }
 
  private:
+  /// A residual-stream dropout spec at this rank's global rows (sequence parallel).
+  DropoutSpec rows(const DropoutSpec& d, const Tensor& x) const;
   std::span<const Tensor> part(std::span<const Tensor> saved, size_t first, size_t n) const {
     return saved.subspan(first, n);
   }

@@ -67,6 +67,12 @@ void tp_backward(TpComm c, TpGroup& g, Backend& be, Stream s, const Tensor& din,
   tp_forward(conjugate(c), g, be, s, din, dout);
 }
 
+DropoutSpec rows_dropout(DropoutSpec d, const TpPlacement& placement, int64_t local_numel) {
+  if (placement.active() && placement.sequence_parallel)
+    d.offset += static_cast<uint64_t>(placement.group->rank()) * static_cast<uint64_t>(local_numel);
+  return d;
+}
+
 void TpSlice::check(const Shape& global, const std::string& what) const {
   KILN_CHECK(parts >= 1 && 0 <= index && index < parts, "{}: tp slice {} of {} is out of range",
              what, index, parts);

@@ -102,4 +102,9 @@ struct TpPlacement {
   bool active() const { return group != nullptr && group->size() > 1 && style != TpStyle::Replicated; }
 };
 
+/// The dropout spec of this rank's rows of a sequence-parallel activation of `local_numel`
+/// elements per rank (rank r's rows start at global element r * local_numel), so that the
+/// rows draw the single process's mask; `d` unchanged without sequence parallelism.
+DropoutSpec rows_dropout(DropoutSpec d, const TpPlacement& placement, int64_t local_numel);
+
 }  // namespace kiln::nn

@@ -332,7 +332,7 @@ TEST(TpCrossEntropy, VocabSequenceParallel) { check_cross_entropy(true); }
 // norms' under SP) after their one reduction over tp.
 struct BlockCase {
   bool llama, sp, rerun;
-  float resid_dropout;
+  float resid_dropout, probs_dropout = 0.f;
 };
 
 void check_block(const BlockCase& c) {
@@ -353,10 +353,12 @@ void check_block(const BlockCase& c) {
     spec.mlp_hidden = 32;
   }
   const int64_t C = spec.n_embd;
-  SCOPED_TRACE(fmt::format("{} sp={} rerun={} dropout={} tp={}", c.llama ? "llama" : "gpt2", c.sp,
-                           c.rerun, c.resid_dropout, n));
+  SCOPED_TRACE(fmt::format("{} sp={} rerun={} dropout={}/{} tp={}", c.llama ? "llama" : "gpt2", c.sp,
+                           c.rerun, c.resid_dropout, c.probs_dropout, n));
   const auto x = randn(N * C, 31), dy = randn(N * C, 32);
-  const DropoutSpec drop_a{c.resid_dropout, 5, 2}, drop_m{c.resid_dropout, 5, 3};
+  // Masks by global element: the split heads and rows must draw the single process's.
+  const DropoutSpec drop_p{c.probs_dropout, 5, 1}, drop_a{c.resid_dropout, 5, 2},
+      drop_m{c.resid_dropout, 5, 3};
   struct Run {
     nn::TransformerBlock block;
     std::vector<nn::Param*> params;
@@ -378,7 +380,7 @@ void check_block(const BlockCase& c) {
     return run;
   };
   auto pass = [&](Run& run) {
-    return nn::BlockPass{*f.be, f.s, run.saved, run.scratch, DropoutSpec{}, drop_a, drop_m,
+    return nn::BlockPass{*f.be, f.s, run.saved, run.scratch, drop_p, drop_a, drop_m,
                          c.rerun, false, Tensor()};
   };
   auto full = make(false);
@@ -410,6 +412,10 @@ TEST(TpBlock, Gpt2) { check_block({false, false, false, 0.f}); }
 TEST(TpBlock, Gpt2ResidualDropout) { check_block({false, false, false, 0.25f}); }
 TEST(TpBlock, Gpt2SequenceParallel) { check_block({false, true, false, 0.f}); }
 TEST(TpBlock, Gpt2SequenceParallelRerun) { check_block({false, true, true, 0.f}); }
+TEST(TpBlock, Gpt2AttentionDropout) { check_block({false, false, false, 0.f, 0.3f}); }
+TEST(TpBlock, Gpt2SequenceParallelAllDropout) { check_block({false, true, false, 0.25f, 0.3f}); }
+TEST(TpBlock, Gpt2SequenceParallelAllDropoutRerun) { check_block({false, true, true, 0.25f, 0.3f}); }
+TEST(TpBlock, LlamaGqaSequenceParallelAllDropout) { check_block({true, true, false, 0.2f, 0.2f}); }
 TEST(TpBlock, LlamaGqa) { check_block({true, false, false, 0.f}); }
 TEST(TpBlock, LlamaGqaSequenceParallel) { check_block({true, true, false, 0.f}); }
 TEST(TpBlock, LlamaGqaSequenceParallelRerun) { check_block({true, true, true, 0.f}); }
@@ -426,39 +432,6 @@ TEST(TpBlock, IndivisibleHeadsAreAnError) {
     FAIL() << "3 heads split over " << g.size();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("h.0.attn.c_attn.weight: 3 query heads"), std::string::npos) << e.what();
-  }
-}
-
-// Attention-probability dropout under tp, and residual dropout under sequence parallelism,
-// would need masks by global head / row; until then they are refused in one line.
-TEST(TpBlock, UnsupportedDropoutIsAnError) {
-  Fixture f;
-  CommTpGroup g(testing::world());
-  if (g.size() == 1) GTEST_SKIP() << "nothing is split on one rank";
-  nn::BlockSpec spec;
-  spec.n_embd = 16, spec.mlp_hidden = 32;
-  spec.attention.n_head = 4, spec.attention.n_kv_head = 4, spec.attention.head_dim = 4;
-  for (bool sp : {false, true}) {
-    nn::TransformerBlock b("h.0.", spec);
-    b.shard(g, sp);
-    std::vector<nn::Param*> params;
-    b.collect(params);
-    for (nn::Param* p : params) p->value = f.zeros(p->local_shape()), p->grad = f.zeros(p->local_shape());
-    std::vector<Tensor> saved;
-    for (const auto& s : b.saved_specs(2, 4, DType::F32)) saved.push_back(f.zeros(s.shape));
-    const auto scratch = b.make_scratch(*f.be, 2, 4, DType::F32);
-    const Shape x = sp ? Shape{8 / g.size(), 16} : Shape{2, 4, 16};
-    const DropoutSpec on{0.1f, 1, 1}, off{};
-    auto run = [&](const DropoutSpec& probs, const DropoutSpec& resid) {
-      b.forward(nn::BlockPass{*f.be, f.s, saved, scratch, probs, resid, off, false, false, Tensor()},
-                f.zeros(x), f.zeros(x));
-    };
-    EXPECT_THROW(run(on, off), Error) << "attention dropout, sp=" << sp;
-    if (sp) {
-      EXPECT_THROW(run(off, on), Error) << "residual dropout under sequence parallelism";
-    } else {
-      EXPECT_NO_THROW(run(off, on));
-    }
   }
 }
 

@@ -123,7 +123,7 @@ void attention_forward(T_* out, float* lse, const T_* qkv, const AttnDims& a,
           for (int64_t j = ni; j < n; ++j) sr[j] = 0.f;  // causal mask
           inv[r] = 1.f / sum;
           if (dropout.enabled()) {
-            const uint64_t row_index = static_cast<uint64_t>((bh * T + i) * T);
+            const uint64_t row_index = (dropout.global_bh(static_cast<uint64_t>(bh), static_cast<int>(NH)) * T + i) * T;
             for (int64_t j = 0; j < ni; ++j) sr[j] *= keep_scale(dropout, row_index + j);
           }
           lse[bh * T + i] = mx + std::log(sum);
@@ -194,7 +194,7 @@ void attention_backward(T_* dqkv, const T_* dout, const T_* qkv, const T_* out, 
             for (int64_t j = 0; j < ni; ++j) pr[j] = exp_approx(pr[j] - l);
             for (int64_t j = ni; j < n; ++j) pr[j] = 0.f, dpr[j] = 0.f;
             if (dropout.enabled()) {
-              const uint64_t row_index = static_cast<uint64_t>((bh * T + i) * T);
+              const uint64_t row_index = (dropout.global_bh(static_cast<uint64_t>(bh), static_cast<int>(NH)) * T + i) * T;
               for (int64_t j = 0; j < ni; ++j) {
                 const float m = keep_scale(dropout, row_index + j);
                 const float pij = pr[j];

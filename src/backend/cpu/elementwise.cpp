@@ -83,13 +83,15 @@ void add(T* out, const T* a, const T* b, int64_t n) {
 template <class T>
 void dropout(T* out, const T* inp, int64_t n, const DropoutSpec& spec) {
   const float scale = 1.f / (1.f - spec.p);
-  const int64_t blocks = (n + 3) / 4;
+  // Philox blocks of 4 global elements covering [offset, offset + n).
+  const int64_t off = static_cast<int64_t>(spec.offset);
+  const int64_t first = off / 4, last = (off + n + 3) / 4;
 #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < blocks; ++blk) {
+  for (int64_t blk = first; blk < last; ++blk) {
     const PhiloxCounter r = philox_block(spec.seed, spec.stream, static_cast<uint64_t>(blk));
     for (int64_t j = 0; j < 4; ++j) {
-      const int64_t i = blk * 4 + j;
-      if (i >= n) break;
+      const int64_t i = blk * 4 + j - off;
+      if (i < 0 || i >= n) continue;
       out[i] = store<T>(u32_to_uniform(r[j]) >= spec.p ? load(inp[i]) * scale : 0.f);
     }
   }

@@ -73,9 +73,14 @@ struct Geo {
   float scale;
 };
 
-// Keep factor of probability (i, j) of head bh: 0 or 1/(1-p).
-__device__ __forceinline__ float keep_factor(const AttnDropout& dr, int64_t bh, int T, int i, int j) {
-  const uint64_t idx = (static_cast<uint64_t>(bh) * T + i) * static_cast<uint64_t>(T) + j;
+// Keep factor of probability (i, j) of local head row bh (of NH heads): 0 or 1/(1-p),
+// drawn at the global head row (DropoutSpec::global_bh).
+__device__ __forceinline__ float keep_factor(const AttnDropout& dr, int64_t bh, int NH, int T, int i,
+                                             int j) {
+  const uint64_t gbh = dr.total_heads == 0
+                           ? static_cast<uint64_t>(bh)
+                           : static_cast<uint64_t>(bh / NH) * dr.total_heads + dr.head_offset + bh % NH;
+  const uint64_t idx = (gbh * T + i) * static_cast<uint64_t>(T) + j;
   return uniform_at(dr.seed, dr.stream, idx) >= dr.p ? dr.scale : 0.f;
 }
 
@@ -255,7 +260,7 @@ __global__ void __launch_bounds__(Tiles<D>::kKvK)
           dp += dOs[u][d] * Vown[tid][d];
         }
         const float p = ok ? expf(s - Ls[u]) : 0.f;
-        const float keep = (ok && dr.p > 0.f) ? keep_factor(dr, bh, g.T, i, j) : 1.f;
+        const float keep = (ok && dr.p > 0.f) ? keep_factor(dr, bh, g.NH, g.T, i, j) : 1.f;
         const float pd = p * keep;
         const float ds = p * (keep * dp - Ds[u]);
 #pragma unroll
@@ -334,7 +339,7 @@ __global__ void __launch_bounds__(Tiles<D>::kDqQ)
         dp += dOown[tid][d] * Vs[u][d];
       }
       const float p = ok ? expf(s - L) : 0.f;
-      const float keep = (ok && dr.p > 0.f) ? keep_factor(dr, bh, g.T, i, jj) : 1.f;
+      const float keep = (ok && dr.p > 0.f) ? keep_factor(dr, bh, g.NH, g.T, i, jj) : 1.f;
       const float ds = p * (keep * dp - Di);
 #pragma unroll
       for (int d = 0; d < D; ++d) dq[d] += ds * Ks[u][d];

@@ -275,6 +275,8 @@ AttnDropout CudaBackend::drop(const DropoutSpec& d) {
     a.scale = 1.f / (1.f - d.p);
     a.seed = d.seed;
     a.stream = d.stream;
+    a.head_offset = d.head_offset;
+    a.total_heads = d.total_heads;
   }
   return a;
 }
@@ -287,7 +289,7 @@ void CudaBackend::run_dropout(Stream s, const Tensor& out, const Tensor& inp,
     return;
   }
   cuda::dropout(st(s), e, out.raw(), inp.raw(), inp.numel(), spec.p, 1.f / (1.f - spec.p),
-                spec.seed, spec.stream);
+                spec.seed, spec.stream, spec.offset);
 }
 
 }  // namespace cuda

@@ -100,6 +100,11 @@ DropoutSpec GPT2::dropout_spec(int block, uint64_t site) const {
   return d;
 }
 
+DropoutSpec GPT2::embedding_dropout() const {
+  return nn::rows_dropout(dropout_spec(-1, nn::kEmbeddingSite), layers_->embedding.placement(),
+                          acts_->stream[0].numel());
+}
+
 nn::BlockPass GPT2::block_pass(int l) const {
   const Activations& a = *acts_;
   return nn::BlockPass{backend(),
@@ -123,9 +128,8 @@ void GPT2::run_forward(const Tensor& tokens, int B, int T) {
   const Stream s = be.default_stream();
   hooks().before_forward(0);
   const Tensor work = a.scratch.work ? a.scratch.work.reshape(Shape{B, T, config_.n_embd}) : Tensor();
-  KILN_CHECK(!dropout_on_ || !work, "GPT-2: dropout under sequence parallelism is not supported yet");
   layers_->embedding.forward(be, s, a.stream[0], tokens, Tensor(), 0, work);
-  if (dropout_on_) be.dropout_forward(s, a.stream[0], a.stream[0], dropout_spec(-1, nn::kEmbeddingSite));
+  if (dropout_on_) be.dropout_forward(s, a.stream[0], a.stream[0], embedding_dropout());
   hooks().after_forward(0);
   for (int l = 0; l < config_.n_layer; ++l) {
     hooks().before_forward(l + 1);
@@ -182,7 +186,7 @@ void GPT2::backward() {
     hooks().after_backward(l + 1);
   }
   hooks().before_backward(0);
-  if (dropout_on_) be.dropout_backward(s, a.dresidual, a.dresidual, dropout_spec(-1, nn::kEmbeddingSite));
+  if (dropout_on_) be.dropout_backward(s, a.dresidual, a.dresidual, embedding_dropout());
   const Tensor work =
       a.scratch.work ? a.scratch.work.reshape(Shape{a.B, a.T, config_.n_embd}) : Tensor();
   layers_->embedding.backward(be, s, a.dresidual, a.tokens, Tensor(), work);

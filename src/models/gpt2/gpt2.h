@@ -82,6 +82,8 @@ class GPT2 final : public LayeredModel {
   void run_forward(const Tensor& tokens, int B, int T);
   /// The mask of dropout site `site` of block `block` (-1: the embeddings).
   DropoutSpec dropout_spec(int block, uint64_t site) const;
+  /// The embedding site's spec at this rank's rows (sequence parallel).
+  DropoutSpec embedding_dropout() const;
   /// What block l's forward and backward need besides its input.
   nn::BlockPass block_pass(int l) const;
 

@@ -1,6 +1,7 @@
-// The vocab-parallel ops: cross_entropy_shard_stats / _backward over tp column shards,
-// combined on the host as the layer combines them, against the double-precision
-// softmax cross-entropy of the whole row; shard_ids; embedding rows of token -1.
+// What tensor parallelism asks of the ops: cross_entropy_shard_stats / _backward over tp
+// column shards, combined on the host as the layer combines them, against the
+// double-precision softmax cross-entropy of the whole row; shard_ids; embedding rows of
+// token -1; dropout at a global offset (a shard of rows draws the whole tensor's mask).
 #include "op_harness.h"
 
 #include <cmath>
@@ -134,6 +135,30 @@ TEST_P(OpTest, EmbeddingOfForeignToken) {
     }
   EXPECT_TRUE(near_by_norm("embedding_backward dwte skips -1", download(dwte), gwte, 1e-6));
   EXPECT_TRUE(near_by_norm("embedding_backward dwpe counts -1 rows", download(dwpe), gwpe, 1e-6));
+}
+
+TEST_P(OpTest, DropoutAtGlobalOffset) {
+  const int64_t n = 1003;
+  const auto x = randn(n);
+  const DropoutSpec whole{0.3f, 17, 5};
+  Tensor all = poisoned({n});
+  be().dropout_forward(st(), all, upload(x, {n}), whole);
+  const auto want = download(all);
+  for (int64_t begin : {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{4}, int64_t{250}, int64_t{1001}}) {
+    for (int64_t len : {int64_t{1}, int64_t{2}, int64_t{5}, int64_t{2}}) {
+      if (begin + len > n) continue;
+      DropoutSpec part = whole;
+      part.offset = static_cast<uint64_t>(begin);
+      const std::vector<float> xs(x.begin() + begin, x.begin() + begin + len);
+      Tensor out = poisoned({len});
+      be().dropout_forward(st(), out, upload(xs, {len}), part);
+      const std::vector<float> ws(want.begin() + begin, want.begin() + begin + len);
+      EXPECT_TRUE(bitwise_equal("dropout at an offset", download(out), ws)) << begin << "+" << len;
+      Tensor back = poisoned({len});
+      be().dropout_backward(st(), back, upload(xs, {len}), part);
+      EXPECT_TRUE(bitwise_equal("dropout_backward at an offset", download(back), ws)) << begin;
+    }
+  }
 }
 
 }  // namespace
