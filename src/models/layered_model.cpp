@@ -1,6 +1,7 @@
 #include "models/layered_model.h"
 
 #include "core/error.h"
+#include "nn/block.h"
 
 namespace kiln {
 
@@ -21,6 +22,18 @@ void Model::init_weights(uint64_t seed) {
     }
     upload_f32(backend(), param(p), host.data());
   }
+}
+
+LayerRoles layer_roles(std::string arch, nn::TokenPositionEmbedding& embedding,
+                       std::vector<nn::TransformerBlock>& blocks, nn::Norm& final_norm,
+                       nn::Linear* lm_head) {
+  LayerRoles r;
+  r.arch = std::move(arch);
+  r.embedding = &embedding;
+  for (auto& b : blocks) r.blocks.push_back(&b);
+  r.final_norm = &final_norm;
+  r.lm_head = lm_head;
+  return r;
 }
 
 void lay_out(const std::vector<PartLayout>& parts, int64_t alignment, std::vector<ParamSpec>* params,

@@ -26,6 +26,12 @@ struct PartLayout {
 void lay_out(const std::vector<PartLayout>& parts, int64_t alignment, std::vector<ParamSpec>* params,
              std::vector<ModelPart>* model_parts);
 
+/// The roles (for a LayerPlan) of a model built as an embedding, blocks, a final norm and,
+/// when untied, an output projection (nullptr when tied).
+LayerRoles layer_roles(std::string arch, nn::TokenPositionEmbedding& embedding,
+                       std::vector<nn::TransformerBlock>& blocks, nn::Norm& final_norm,
+                       nn::Linear* lm_head);
+
 class LayeredModel : public Model {
  public:
   Backend& backend() const override { return backend_; }

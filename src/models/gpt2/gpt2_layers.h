@@ -5,7 +5,7 @@
 #pragma once
 
 #include "models/gpt2/config.h"
-#include "models/model.h"
+#include "models/layered_model.h"
 #include "nn/block.h"
 #include "nn/embedding.h"
 #include "nn/norm.h"
@@ -55,14 +55,7 @@ struct GPT2Layers {
   }
 
   /// The layers by role, for a LayerPlan (the output projection is the tied wte).
-  LayerRoles roles() {
-    LayerRoles r;
-    r.arch = "gpt2";
-    r.embedding = &embedding;
-    for (auto& b : blocks) r.blocks.push_back(&b);
-    r.final_norm = &ln_f;
-    return r;
-  }
+  LayerRoles roles() { return layer_roles("gpt2", embedding, blocks, ln_f, nullptr); }
 
   nn::TokenPositionEmbedding embedding;
   std::vector<nn::TransformerBlock> blocks;

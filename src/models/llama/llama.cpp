@@ -85,13 +85,7 @@ struct LlamaLayers {
 
   /// The layers by role, for a LayerPlan.
   LayerRoles roles() {
-    LayerRoles r;
-    r.arch = "llama";
-    r.embedding = &embedding;
-    for (auto& b : blocks) r.blocks.push_back(&b);
-    r.final_norm = &norm;
-    r.lm_head = lm_head ? &*lm_head : nullptr;
-    return r;
+    return layer_roles("llama", embedding, blocks, norm, lm_head ? &*lm_head : nullptr);
   }
 
   nn::TokenPositionEmbedding embedding;
