@@ -8,11 +8,13 @@
 #include "models/llama/llama.h"
 #include "mpi_test_main.h"
 #include "parallel/tensor_parallel.h"
+#include "parallel/tp_grads.h"
 #include "parallel/tp_plan.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace kiln {
@@ -93,15 +95,22 @@ void check(const Case& k) {
   part.backward();
   EXPECT_EQ(got.targets, want.targets);
   EXPECT_NEAR(got.sum, want.sum, 1e-5 * std::fabs(want.sum));
+  // The update's view: partial sums reduced once, the norm counting every element once.
+  reduce_partial_grads(part, testing::world());
+  const double want_sq = be.sum_squares(be.default_stream(), full.grad_buffer());
+  EXPECT_NEAR(tp_grad_sum_squares(part, testing::world()), want_sq, 1e-5 * want_sq);
   ASSERT_EQ(part.params().size(), full.params().size());
   for (size_t i = 0; i < part.params().size(); ++i) {
     const ParamSpec& p = part.params()[i];
     const auto idx = p.tp.global_indices(p.shape);
     const auto wv = download_f32(be, full.param(full.params()[i])), wg = download_f32(be, full.grad(full.params()[i]));
     const auto gv = download_f32(be, part.param(p));
-    Tensor grad = part.grad(p);
-    if (p.tp_partial_grad) g.all_reduce_sum(be.default_stream(), grad);
-    const auto gg = download_f32(be, grad);
+    const auto gg = download_f32(be, part.grad(p));
+    if (!p.tp.sharded()) {  // replicated: bitwise the same gradient on every tp rank
+      std::vector<float> rank0(gg);
+      testing::world().broadcast(Tensor::view(rank0.data(), {static_cast<int64_t>(rank0.size())}, DType::F32), 0);
+      EXPECT_EQ(std::memcmp(rank0.data(), gg.data(), gg.size() * sizeof(float)), 0) << p.name;
+    }
     ASSERT_EQ(gv.size(), idx.size()) << p.name;
     double scale = 1e-30;
     for (float x : wg) scale = std::max(scale, std::fabs(static_cast<double>(x)));
