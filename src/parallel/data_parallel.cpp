@@ -309,10 +309,9 @@ double DataParallel::grad_sum_squares() {
     local = backend_.sum_squares(s, grad_shard_);
   }
   if (world_ == 1) return local;
-  Tensor t = Tensor::empty(host_allocator(), Shape{1}, DType::F32, MemCategory::CommBuffers);
-  *t.data<float>() = static_cast<float>(local);
-  comm_.all_reduce(t);
-  return *t.data<float>();
+  std::vector<double> v{local};  // in double: an fp32 sum would round each shard's share
+  comm_.all_reduce_sum(v);
+  return v[0];
 }
 
 void DataParallel::after_optimizer_step() {
