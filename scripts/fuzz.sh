@@ -53,9 +53,13 @@ for h in "${harnesses[@]}"; do
   else
     echo "kiln: fuzz $h: FINDING" >&2
     tail -n 40 "$log.replay" "$log" >&2 2>/dev/null || true
-    mkdir -p "$build/findings/$h"
+    rm -rf "$build/findings/$h" && mkdir -p "$build/findings/$h"
     cp -r "$work/$h/artifacts/." "$build/findings/$h/" 2>/dev/null || true
-    echo "kiln: the input is kept in $build/findings/$h/" >&2
+    if [ -n "$(ls -A "$build/findings/$h")" ]; then
+      echo "kiln: the input is kept in $build/findings/$h/" >&2
+    else  # a replayed regression input: libFuzzer writes no artifact, the log names it
+      echo "kiln: a committed input of fuzz/regressions/$h/ fails again (its name is in the log above)" >&2
+    fi
     failed+=("$h")
   fi
 done

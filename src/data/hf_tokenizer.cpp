@@ -58,6 +58,9 @@ struct Added {
 enum class Behavior { Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous };
 
 // One pre-tokenizer step: a Split or a ByteLevel.
+// Steps of ICU's match engine one find() of a Split may take (RegexMatcher::setTimeLimit).
+constexpr int32_t kRegexTimeLimit = 2000;
+
 struct Step {
   bool byte_level = false;
   bool use_regex = true, add_prefix_space = false;  // ByteLevel
@@ -355,6 +358,12 @@ class HfTokenizer final : public Tokenizer {
     return pieces;
   }
 
+  static std::string icu_pattern(const Step& s) {
+    std::string out;
+    s.regex->pattern().toUTF8String(out);
+    return out;
+  }
+
   // tokenizers' Split: the pattern's matches and the text between them, combined by behavior.
   static void split(const Step& s, const std::string& text, std::vector<std::string>& out) {
     UErrorCode st = U_ZERO_ERROR;
@@ -362,6 +371,10 @@ class HfTokenizer final : public Tokenizer {
     std::unique_ptr<icu::RegexMatcher> m(s.regex->matcher(st));
     KILN_CHECK(U_SUCCESS(st), "hf tokenizer: cannot run the Split regex ({})", u_errorName(st));
     m->reset(ut);
+    // A pattern that backtracks catastrophically ((a*)*b on a run of a's) would run for
+    // ever: ICU stops a find() after kRegexTimeLimit steps of its engine (about a
+    // millisecond each), and that is a one-line error.
+    m->setTimeLimit(kRegexTimeLimit, st);
     std::vector<std::pair<std::string_view, bool>> parts;  // (text, is a match)
     const std::string_view v(text);
     size_t prev = 0;
@@ -374,6 +387,10 @@ class HfTokenizer final : public Tokenizer {
     }
     m.reset();
     utext_close(ut);
+    KILN_CHECK(st != U_REGEX_TIME_OUT,
+               "hf tokenizer: the Split regex /{}/ ran past its time limit on a piece of {} bytes "
+               "(catastrophic backtracking: fix the pattern in tokenizer.json)",
+               icu_pattern(s), text.size());
     KILN_CHECK(U_SUCCESS(st), "hf tokenizer: the Split regex failed ({})", u_errorName(st));
     if (prev < text.size()) parts.emplace_back(v.substr(prev), s.invert);
     std::string pending;  // MergedWithNext: matches waiting for the next part

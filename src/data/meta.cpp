@@ -39,7 +39,9 @@ void write_dataset_meta(const fs::path& dir, const DatasetMeta& meta) {
 }
 
 namespace {
-constexpr int64_t kMaxTokens = int64_t{1} << 48;  // per count: sums of them cannot overflow
+// Per count, and per split's running sum (checked before each addition, so it stays below
+// 2^49: no overflow whatever the number of shards).
+constexpr int64_t kMaxTokens = int64_t{1} << 48;
 }  // namespace
 
 DatasetMeta read_dataset_meta(const fs::path& dir) {
@@ -73,6 +75,7 @@ DatasetMeta read_dataset_meta(const fs::path& dir) {
       for (const auto& e : list) {
         s.shards.push_back({e.at("file").get<std::string>(),
                             json_integer(e.at("tokens"), path.string(), "shards[].tokens", 0, kMaxTokens)});
+        KILN_CHECK(sum <= kMaxTokens, "{}: split '{}' lists more than 2^48 tokens", path.string(), name);
         sum += s.shards.back().tokens;
       }
       KILN_CHECK(sum == s.tokens, "{}: split '{}' lists shards of {} tokens but records {}",

@@ -1,6 +1,7 @@
 #include "data/tokenizer.h"
 
 #include "core/error.h"
+#include "core/json_util.h"
 #include "data/tokenizer_internal.h"
 #include "data/utf8.h"
 
@@ -99,8 +100,8 @@ std::unique_ptr<Tokenizer> load_tokenizer(const fs::path& dir) {
   try {
     kind = j.at("kind").get<std::string>();
     hash = j.at("hash").get<std::string>();
-    vocab = j.at("vocab_size").get<int>();
-    eot = j.at("eot_id").get<int>();
+    vocab = static_cast<int>(json_integer(j.at("vocab_size"), jpath.string(), "vocab_size", 1, INT32_MAX));
+    eot = static_cast<int>(json_integer(j.at("eot_id"), jpath.string(), "eot_id", INT32_MIN, INT32_MAX));
     const auto& files = j.at("files");
     if (kind == "byte") {
       tok = make_byte_tokenizer();

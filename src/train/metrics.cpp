@@ -1,6 +1,7 @@
 #include "train/metrics.h"
 
 #include "core/error.h"
+#include "core/json_util.h"
 
 #include <fmt/format.h>
 
@@ -17,7 +18,9 @@ MetricsLog::MetricsLog(const std::filesystem::path& run_dir, int64_t resume_step
     for (std::string line; std::getline(in, line);) {
       if (line.empty()) continue;
       const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (j.is_object() && j.contains("step") && j["step"].get<int64_t>() > resume_step) continue;
+      if (j.is_object() && j.contains("step") &&
+          json_integer(j["step"], path_.string(), "step", 0) > resume_step)
+        continue;
       kept.push_back(line);
     }
     in.close();

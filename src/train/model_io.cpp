@@ -39,6 +39,8 @@ ModelOptions checkpoint_model_options(const checkpoint::CheckpointReader& reader
   } catch (const nlohmann::json::exception& e) {
     KILN_FAIL("{}: the manifest's state.model is malformed ({})",
               (reader.dir() / "manifest.json").string(), e.what());
+  } catch (const Error& e) {
+    KILN_FAIL("{}: {}", (reader.dir() / "manifest.json").string(), e.what());
   }
 }
 
@@ -265,6 +267,7 @@ DType checkpoint_dtype(const checkpoint::CheckpointReader& reader) {
 void export_checkpoint(const fs::path& checkpoint_dir, const ExportOptions& options,
                        const fs::path& out) {
   checkpoint::CheckpointReader reader(checkpoint_dir);
+  checkpoint_model_options(reader);  // a malformed state.model is one line naming the file
   const std::string arch = checkpoint_arch(reader.state());
   const nlohmann::json& config = reader.state().at("model");
   if (options.format != "hf") {

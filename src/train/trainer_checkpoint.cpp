@@ -2,6 +2,7 @@
 // moments and step count, the data loader's position, the update count and the seed
 // (every random draw — dropout masks, data order, samples — is a function of the seed
 // and the update count), plus the resolved config and the tokenizer for `kiln sample`.
+#include "core/json_util.h"
 #include "train/model_io.h"
 #include "train/trainer.h"
 #include "profile/tracer.h"
@@ -124,6 +125,20 @@ void Trainer::load_checkpoint(const fs::path& dir) {
 void Trainer::restore_from(const checkpoint::CheckpointReader& reader) {
   const fs::path& dir = reader.dir();
   const auto& st = reader.state();
+  // Integers of the state: in range or one line naming the key (json_util.h).
+  const std::string where = (dir / "manifest.json").string() + ": state";
+  auto integer = [&](const nlohmann::json& obj, const char* key, int64_t lo, int64_t hi) {
+    KILN_CHECK(obj.is_object() && obj.contains(key), "{}: no \"{}\"", where, key);
+    return json_integer(obj.at(key), where, key, lo, hi);
+  };
+  const int64_t saved_seed = integer(st, "seed", INT64_MIN, INT64_MAX);
+  const int64_t saved_seq_len = integer(st, "seq_len", 1, INT32_MAX);
+  const int64_t saved_batch = integer(st, "global_batch", 1, INT32_MAX);
+  const int64_t saved_step = integer(st, "step", 0, INT64_MAX);
+  const int64_t saved_optimizer_step = integer(st, "optimizer_step", 0, saved_step);
+  KILN_CHECK(st.contains("loader"), "{}: no \"loader\"", where);
+  const int64_t loader_epoch = integer(st.at("loader"), "epoch", 0, INT64_MAX);
+  const int64_t loader_index = integer(st.at("loader"), "index", 0, INT64_MAX);
   // The same model: every hyper-parameter the model records (n_head, say, changes no
   // tensor shape but every result).
   const nlohmann::json now = model_->config_json();
@@ -134,21 +149,19 @@ void Trainer::restore_from(const checkpoint::CheckpointReader& reader) {
                st.at("model").at(key).dump(), value.dump());
   // What fixes the data order must not change mid-run: the seed (the epoch's shuffle) and
   // the data set (the token stream); batch shape below.
-  KILN_CHECK(st.at("seed").get<int64_t>() == config_.train.seed,
+  KILN_CHECK(saved_seed == config_.train.seed,
              "{}: train.seed is {} but the checkpoint was saved with {}: the current epoch's data "
              "order depends on it (resume with --set train.seed={}, or start a new run)",
-             dir.string(), config_.train.seed, st.at("seed").get<int64_t>(),
-             st.at("seed").get<int64_t>());
+             dir.string(), config_.train.seed, saved_seed, saved_seed);
   if (st.contains("data"))  // absent in checkpoints written before it was recorded
     KILN_CHECK(st.at("data") == data_fingerprint(),
                "{}: data.dir {} holds other data than the checkpoint's ({} vs {}): resuming would "
                "read another token stream (use the same data, or start a new run)", dir.string(),
                config_.data.dir, data_fingerprint().dump(), st.at("data").dump());
-  KILN_CHECK(st.at("seq_len").get<int>() == seq_len_ &&
-                 st.at("global_batch").get<int>() == config_.train.global_batch,
+  KILN_CHECK(saved_seq_len == seq_len_ && saved_batch == config_.train.global_batch,
              "{}: saved with global_batch {} and seq_len {}, this run has {} and {}; exact resume "
-             "needs the same batch shape", dir.string(), st.at("global_batch").get<int>(),
-             st.at("seq_len").get<int>(), config_.train.global_batch, seq_len_);
+             "needs the same batch shape", dir.string(), saved_batch, saved_seq_len,
+             config_.train.global_batch, seq_len_);
   // Whatever layout wrote it: each rank reads the ranges it holds. Low-precision
   // parameters come from "lowp.<name>" when it was saved in this dtype (bitwise resume),
   // else rounded from the fp32 values; fp32 masters from the fp32 values.
@@ -178,15 +191,14 @@ void Trainer::restore_from(const checkpoint::CheckpointReader& reader) {
     backend_->copy_from_host(backend_->default_stream(), master, buf.data());
   }
   load_optimizer_from_checkpoint(reader, *optimizer_);
-  optimizer_->set_step_count(st.at("optimizer_step").get<int64_t>());
-  step_ = st.at("step").get<int64_t>();
+  optimizer_->set_step_count(saved_optimizer_step);
+  step_ = saved_step;
   if (fp16_ && st.contains("loss_scale")) {
     scaler().scale = st.at("loss_scale").get<double>();
     scaler().good_steps = st.value("loss_scale_good_steps", int64_t{0});
     scaler().skipped_steps = st.value("skipped_steps", int64_t{0});
   }
-  train_loader_->set_state({st.at("loader").at("epoch").get<int64_t>(),
-                            st.at("loader").at("index").get<int64_t>()});
+  train_loader_->set_state({loader_epoch, loader_index});
   if (st.at("config_hash").get<std::string>() != config_.hash() && options_.verbose)
     fmt::print("kiln: note: the config differs from the checkpoint's (see {}/config.toml)\n",
                dir.string());

@@ -241,6 +241,18 @@ fs.writeFileSync(out, JSON.stringify(JSON.parse(fs.readFileSync(inp, 'utf8')).ma
   }
 }
 
+// A Split pattern that backtracks catastrophically stops at ICU's time limit with one line
+// (a new user's finding: (a*)*b on 30,000 a's ran for ever).
+TEST(HfTokenizer, CatastrophicSplitRegexIsAnErrorNotAHang) {
+  Fixture fx;
+  json j = fx.llama3();
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(a*)*b";
+  auto t = fx.load(j, "redos.json");
+  const std::string err = error_of([&] { t->encode(std::string(30000, 'a')); });
+  EXPECT_NE(err.find("ran past its time limit"), std::string::npos) << err;
+  EXPECT_EQ(err.find('\n'), std::string::npos) << err;
+}
+
 TEST(HfTokenizer, MalformedOrUnsupportedFilesGiveOneLineErrorsNamingTheField) {
   Fixture fx;
   using Mutation = std::function<void(json&)>;

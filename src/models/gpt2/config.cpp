@@ -2,6 +2,7 @@
 #include "models/registry.h"
 
 #include "core/error.h"
+#include "core/json_util.h"
 
 #include <fmt/format.h>
 
@@ -75,12 +76,16 @@ nlohmann::json gpt2_config_json(const GPT2Config& c) {
 
 GPT2Config gpt2_config_from_json(const nlohmann::json& j) {
   GPT2Config c;
-  c.n_layer = j.at("n_layer");
-  c.n_head = j.at("n_head");
-  c.n_embd = j.at("n_embd");
-  c.vocab_size = j.at("vocab_size");
-  c.padded_vocab_size = j.at("padded_vocab_size");
-  c.block_size = j.at("block_size");
+  auto integer = [&](const char* key) {
+    KILN_CHECK(j.is_object() && j.contains(key), "state.model: no \"{}\"", key);
+    return static_cast<int>(json_integer(j.at(key), "state.model", key, INT32_MIN, INT32_MAX));
+  };
+  c.n_layer = integer("n_layer");
+  c.n_head = integer("n_head");
+  c.n_embd = integer("n_embd");
+  c.vocab_size = integer("vocab_size");
+  c.padded_vocab_size = integer("padded_vocab_size");
+  c.block_size = integer("block_size");
   c.dropout = j.value("dropout", 0.f);
   c.validate();
   return c;

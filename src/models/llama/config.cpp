@@ -2,6 +2,7 @@
 #include "models/registry.h"
 
 #include "core/error.h"
+#include "core/json_util.h"
 
 #include <fmt/format.h>
 
@@ -103,13 +104,17 @@ nlohmann::json llama_config_json(const LlamaConfig& c) {
 ModelOptions llama_options_from_json(const nlohmann::json& j) {
   ModelOptions o;
   o.arch = "llama";
-  o.n_layer = j.at("n_layer");
-  o.n_head = j.at("n_head");
-  o.n_kv_head = j.at("n_kv_head");
-  o.n_embd = j.at("n_embd");
-  o.ffn_hidden_size = j.at("ffn_hidden_size");
-  o.vocab_size = j.at("vocab_size");
-  o.block_size = j.at("block_size");
+  auto integer = [&](const char* key) {
+    KILN_CHECK(j.is_object() && j.contains(key), "state.model: no \"{}\"", key);
+    return static_cast<int>(json_integer(j.at(key), "state.model", key, INT32_MIN, INT32_MAX));
+  };
+  o.n_layer = integer("n_layer");
+  o.n_head = integer("n_head");
+  o.n_kv_head = integer("n_kv_head");
+  o.n_embd = integer("n_embd");
+  o.ffn_hidden_size = integer("ffn_hidden_size");
+  o.vocab_size = integer("vocab_size");
+  o.block_size = integer("block_size");
   o.norm_eps = j.at("norm_eps");
   o.rope.theta = j.at("rope_theta");
   const auto& rs = j.at("rope_scaling");
