@@ -164,6 +164,13 @@ std::vector<int64_t> shape_from_json(const json& j, const std::string& what) {
              "{}: bad shape (an array of at most {} sizes expected)", what, Shape::kMaxDims);
   std::vector<int64_t> dims = json_integers(j, what, "shape");
   for (int64_t d : dims) KILN_CHECK(d >= 0, "{}: negative size in shape {}", what, vec_str(dims));
+  // The element count must not wrap (2^40 x 2^40 would count 0 elements).
+  int64_t numel = 1;
+  for (int64_t d : dims) {
+    KILN_CHECK(d == 0 || numel <= (int64_t{1} << 62) / d, "{}: shape {} has more than 2^62 elements",
+               what, vec_str(dims));
+    numel *= d;
+  }
   return dims;
 }
 

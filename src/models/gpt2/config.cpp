@@ -38,6 +38,9 @@ void GPT2Config::validate() const {
              "positive (got {}, {}, {})", n_layer, n_head, n_embd);
   KILN_CHECK(n_embd % n_head == 0, "model: n_embd ({}) must be divisible by n_head ({})", n_embd,
              n_head);
+  // Widths are ints: the MLP's 4 n_embd must fit one.
+  KILN_CHECK(n_embd <= INT32_MAX / 4, "model.n_embd ({}) is too large: 4 * n_embd must be below 2^31",
+             n_embd);
   KILN_CHECK(vocab_size > 0 && padded_vocab_size >= vocab_size,
              "model: padded_vocab_size ({}) must be >= vocab_size ({}) > 0", padded_vocab_size,
              vocab_size);

@@ -22,6 +22,10 @@ void LlamaConfig::validate() const {
   KILN_CHECK(n_kv_head > 0 && n_head % n_kv_head == 0,
              "model.n_kv_head ({}) must divide model.n_head ({})", n_kv_head, n_head);
   KILN_CHECK(ffn_hidden_size > 0, "model.ffn_hidden_size must be positive (got {})", ffn_hidden_size);
+  // Widths are ints: the fused q/k/v (at most 3 n_embd) and gate/up (2 F) must fit one.
+  KILN_CHECK(n_embd <= INT32_MAX / 3 && ffn_hidden_size <= INT32_MAX / 2,
+             "model.n_embd ({}) or model.ffn_hidden_size ({}) is too large: 3 * n_embd and 2 * "
+             "ffn_hidden_size must be below 2^31", n_embd, ffn_hidden_size);
   KILN_CHECK(vocab_size > 0 && padded_vocab_size >= vocab_size,
              "model.vocab_size ({}) must be positive and at most the padded {}", vocab_size,
              padded_vocab_size);
