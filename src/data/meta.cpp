@@ -73,7 +73,14 @@ DatasetMeta read_dataset_meta(const fs::path& dir) {
       s.tokens = json_integer(j.at("tokens").at(name), path.string(), "tokens", 0, kMaxTokens);
       int64_t sum = 0;
       for (const auto& e : list) {
-        s.shards.push_back({e.at("file").get<std::string>(),
+        const std::string file = e.at("file").get<std::string>();
+        // A plain file name in the dataset directory: no path, no NUL (a name with one
+        // would be read as its prefix).
+        KILN_CHECK(!file.empty() && file.find('\0') == std::string::npos &&
+                       file.find('/') == std::string::npos && file != "." && file != "..",
+                   "{}: split '{}' lists the shard file {}: not a plain file name", path.string(),
+                   name, nlohmann::json(file).dump());
+        s.shards.push_back({file,
                             json_integer(e.at("tokens"), path.string(), "shards[].tokens", 0, kMaxTokens)});
         KILN_CHECK(sum <= kMaxTokens, "{}: split '{}' lists more than 2^48 tokens", path.string(), name);
         sum += s.shards.back().tokens;
