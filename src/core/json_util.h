@@ -26,6 +26,15 @@ inline int64_t json_integer(const nlohmann::json& v, std::string_view where, std
   return x;
 }
 
+/// obj[key] as an integer in [lo, hi]; throws kiln::Error when obj has no such key.
+inline int64_t json_integer_field(const nlohmann::json& obj, std::string_view key,
+                                  std::string_view where, int64_t lo = INT64_MIN,
+                                  int64_t hi = INT64_MAX) {
+  const auto it = obj.is_object() ? obj.find(key) : obj.end();
+  KILN_CHECK(obj.is_object() && it != obj.end(), "{}: no \"{}\"", where, key);
+  return json_integer(*it, where, key, lo, hi);
+}
+
 /// An array of integers in [lo, hi] (json_integer on each element).
 inline std::vector<int64_t> json_integers(const nlohmann::json& v, std::string_view where,
                                           std::string_view key, int64_t lo = INT64_MIN,

@@ -128,15 +128,14 @@ void Trainer::restore_from(const checkpoint::CheckpointReader& reader) {
   // Integers of the state: in range or one line naming the key (json_util.h).
   const std::string where = (dir / "manifest.json").string() + ": state";
   auto integer = [&](const nlohmann::json& obj, const char* key, int64_t lo, int64_t hi) {
-    KILN_CHECK(obj.is_object() && obj.contains(key), "{}: no \"{}\"", where, key);
-    return json_integer(obj.at(key), where, key, lo, hi);
+    return json_integer_field(obj, key, where, lo, hi);
   };
   const int64_t saved_seed = integer(st, "seed", INT64_MIN, INT64_MAX);
   const int64_t saved_seq_len = integer(st, "seq_len", 1, INT32_MAX);
   const int64_t saved_batch = integer(st, "global_batch", 1, INT32_MAX);
   const int64_t saved_step = integer(st, "step", 0, INT64_MAX);
   const int64_t saved_optimizer_step = integer(st, "optimizer_step", 0, saved_step);
-  KILN_CHECK(st.contains("loader"), "{}: no \"loader\"", where);
+  KILN_CHECK(st.is_object() && st.contains("loader"), "{}: no \"loader\"", where);
   const int64_t loader_epoch = integer(st.at("loader"), "epoch", 0, INT64_MAX);
   const int64_t loader_index = integer(st.at("loader"), "index", 0, INT64_MAX);
   // The same model: every hyper-parameter the model records (n_head, say, changes no

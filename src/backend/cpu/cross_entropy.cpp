@@ -11,6 +11,19 @@
 
 namespace kiln::cpu {
 
+namespace {
+// max and sum of exp(x - max) over x[0, V) (V = 0: -inf and 0), in fixed SIMD order.
+template <class T>
+inline void row_max_sumexp(const T* x, int64_t V, float& mx, float& sum) {
+  mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+  for (int64_t v = 0; v < V; ++v) mx = std::max(mx, load(x[v]));
+  sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t v = 0; v < V; ++v) sum += exp_approx(load(x[v]) - mx);
+}
+}  // namespace
+
 template <class T>
 void softmax_cross_entropy(float* losses, T* dlogits, const T* logits, const int32_t* targets,
                            int64_t N, int64_t Vp, int V, int ignore_index, float grad_scale) {
@@ -24,12 +37,8 @@ void softmax_cross_entropy(float* losses, T* dlogits, const T* logits, const int
       bad = true;
       continue;
     }
-    float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-    for (int64_t v = 0; v < V; ++v) mx = std::max(mx, load(x[v]));
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t v = 0; v < V; ++v) sum += exp_approx(load(x[v]) - mx);
+    float mx, sum;
+    row_max_sumexp(x, V, mx, sum);
     const float lse = mx + std::log(sum);
     losses[n] = ignored ? 0.f : lse - load(x[t]);
     if (dlogits == nullptr) continue;
@@ -58,14 +67,8 @@ void cross_entropy_shard_stats(float* stats, const T* logits, const int32_t* tar
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const T* x = logits + n * Vl;
-    float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-    for (int64_t v = 0; v < valid; ++v) mx = std::max(mx, load(x[v]));
-    float sum = 0.f;
-    if (valid > 0) {
-#pragma omp simd reduction(+ : sum)
-      for (int64_t v = 0; v < valid; ++v) sum += exp_approx(load(x[v]) - mx);
-    }
+    float mx, sum;
+    row_max_sumexp(x, valid, mx, sum);
     const int64_t t = static_cast<int64_t>(targets[n]) - vocab_begin;
     stats[3 * n] = mx;
     stats[3 * n + 1] = sum;

@@ -80,8 +80,7 @@ nlohmann::json gpt2_config_json(const GPT2Config& c) {
 GPT2Config gpt2_config_from_json(const nlohmann::json& j) {
   GPT2Config c;
   auto integer = [&](const char* key) {
-    KILN_CHECK(j.is_object() && j.contains(key), "state.model: no \"{}\"", key);
-    return static_cast<int>(json_integer(j.at(key), "state.model", key, INT32_MIN, INT32_MAX));
+    return static_cast<int>(json_integer_field(j, key, "state.model", INT32_MIN, INT32_MAX));
   };
   c.n_layer = integer("n_layer");
   c.n_head = integer("n_head");

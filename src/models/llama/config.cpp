@@ -109,8 +109,7 @@ ModelOptions llama_options_from_json(const nlohmann::json& j) {
   ModelOptions o;
   o.arch = "llama";
   auto integer = [&](const char* key) {
-    KILN_CHECK(j.is_object() && j.contains(key), "state.model: no \"{}\"", key);
-    return static_cast<int>(json_integer(j.at(key), "state.model", key, INT32_MIN, INT32_MAX));
+    return static_cast<int>(json_integer_field(j, key, "state.model", INT32_MIN, INT32_MAX));
   };
   o.n_layer = integer("n_layer");
   o.n_head = integer("n_head");
