@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 
+#include <algorithm>
 #include <numeric>
 
 namespace kiln::nn {
@@ -128,6 +129,23 @@ std::vector<std::pair<int64_t, int64_t>> TpSlice::global_runs(const Shape& globa
     }
   }
   return runs;
+}
+
+std::vector<TpSlice::Run> TpSlice::global_runs(const Shape& global, int64_t local_begin,
+                                              int64_t local_end) const {
+  KILN_CHECK(0 <= local_begin && local_begin <= local_end &&
+                 local_end <= local_shape(global).numel(),
+             "local range [{}, {}) outside a tp slice of {} elements", local_begin, local_end,
+             local_shape(global).numel());
+  std::vector<Run> out;
+  int64_t at = 0;  // local index of the current run's first element
+  for (const auto& [b, e] : global_runs(global)) {
+    const int64_t lo = std::max(local_begin, at), hi = std::min(local_end, at + (e - b));
+    if (lo < hi) out.push_back({b + (lo - at), b + (hi - at), lo});
+    at += e - b;
+    if (at >= local_end) break;
+  }
+  return out;
 }
 
 std::vector<int64_t> TpSlice::global_indices(const Shape& global) const {

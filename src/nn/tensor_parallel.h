@@ -80,6 +80,14 @@ struct TpSlice {
   /// The same map as maximal runs: [begin, end) ranges of global row-major indices whose
   /// concatenation, in order, is the rank's elements (one run when replicated).
   std::vector<std::pair<int64_t, int64_t>> global_runs(const Shape& global) const;
+  /// One run of local elements at consecutive global indices.
+  struct Run {
+    int64_t global_begin = 0, global_end = 0;  // global row-major indices
+    int64_t local_begin = 0;                   // the run's first local element
+  };
+  /// The local elements [local_begin, local_end) (a ZeRO slice of the rank's tensor) as
+  /// global runs, in local order. Throws kiln::Error for a range outside the local tensor.
+  std::vector<Run> global_runs(const Shape& global, int64_t local_begin, int64_t local_end) const;
 };
 
 /// How the plan splits a layer over tp (torchtitan's ParallelStyle; Megatron's layers):

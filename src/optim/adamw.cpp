@@ -8,7 +8,7 @@ std::vector<AdamWSegment> whole_segments(const std::vector<ParamSpec>& params,
                                          const Tensor& param_buffer, const Tensor& grad_buffer) {
   std::vector<AdamWSegment> out;
   for (const ParamSpec& p : params) {
-    const int64_t n = p.shape.numel();
+    const int64_t n = p.local_shape().numel();
     out.push_back({p, 0, n, param_buffer.view_at(p.offset, Shape{n}),
                    grad_buffer.view_at(p.offset, Shape{n})});
   }
@@ -20,7 +20,7 @@ AdamW::AdamW(Backend& backend, std::vector<AdamWSegment> segments, const AdamWCo
   int64_t total = 0;
   bool low_precision = false;
   for (const AdamWSegment& s : segments_) {
-    KILN_CHECK(s.begin >= 0 && s.begin <= s.end && s.end <= s.spec.shape.numel() &&
+    KILN_CHECK(s.begin >= 0 && s.begin <= s.end && s.end <= s.spec.local_shape().numel() &&
                    s.param.numel() == s.size() && s.grad.numel() == s.size(),
                "AdamW: bad segment [{}, {}) of {}", s.begin, s.end, s.spec.name);
     state_offset_.push_back(total);

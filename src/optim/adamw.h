@@ -33,8 +33,9 @@ struct AdamWConfig {
 };
 
 struct AdamWSegment {
-  ParamSpec spec;          // the parameter (name, global shape, decay)
-  int64_t begin = 0;       // first element of the parameter covered (row-major)
+  ParamSpec spec;          // the parameter (name, global shape, tp slice, decay)
+  int64_t begin = 0;       // first element covered, row-major in the rank's tensor (its
+                           // tp slice, spec.local_shape(); the global tensor unless sharded)
   int64_t end = 0;         // one past the last
   Tensor param, grad;      // [end - begin] views of its values and gradient
   int64_t size() const { return end - begin; }

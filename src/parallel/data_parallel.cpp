@@ -1,6 +1,7 @@
 #include "parallel/data_parallel.h"
 
 #include "core/error.h"
+#include "parallel/tp_grads.h"
 
 #include <algorithm>
 #include <chrono>
@@ -23,8 +24,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 }
 
-DataParallel::DataParallel(Model& model, Communicator& comm, int zero_stage, double bucket_mb)
-    : model_(model), comm_(comm), backend_(model.backend()), stage_(zero_stage),
+DataParallel::DataParallel(Model& model, Communicator& comm, int zero_stage, double bucket_mb,
+                           Communicator* tp)
+    : model_(model), comm_(comm), tp_(tp && tp->size() > 1 ? tp : nullptr),
+      backend_(model.backend()), stage_(zero_stage),
       rank_(comm.rank()), world_(comm.size()),
       bucket_elems_(std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1024 * 1024 / 4))) {
   const ModelStorage want = zero_model_storage(zero_stage, world_, model.dtype(), model.grad_dtype());
@@ -85,7 +88,7 @@ std::vector<AdamWSegment> DataParallel::optimizer_segments() const {
   for (const ParamSpec& p : model_.params()) {
     const Part& u = parts_[static_cast<size_t>(p.part)];
     const int64_t s0 = u.slice_begin(rank_), s1 = s0 + u.S;
-    const int64_t a = std::max(s0, p.offset), b = std::min(s1, p.offset + p.shape.numel());
+    const int64_t a = std::max(s0, p.offset), b = std::min(s1, p.offset + p.local_shape().numel());
     if (a >= b) continue;
     AdamWSegment seg;
     seg.spec = p;
@@ -104,7 +107,7 @@ std::vector<AdamWSegment> DataParallel::load_segments() const {
   if (stage_ == 3) return optimizer_segments();
   std::vector<AdamWSegment> out;
   for (const ParamSpec& p : model_.params()) {
-    const int64_t n = p.shape.numel();
+    const int64_t n = p.local_shape().numel();
     out.push_back({p, 0, n, model_.param_buffer().view_at(p.offset, Shape{n}), Tensor()});
   }
   return out;
@@ -115,13 +118,17 @@ void DataParallel::init_weights(uint64_t seed) {
     model_.init_weights(seed);
     return;
   }
-  // Only this rank's elements, by their global coordinates.
+  // Only this rank's elements, by their global coordinates (a tp slice's in runs).
   const auto segs = optimizer_segments();
   size_t k = 0;
   for (size_t i = 0; i < model_.params().size(); ++i) {
     const ParamSpec& p = model_.params()[i];
     for (; k < segs.size() && segs[k].spec.name == p.name; ++k) {
-      const auto host = model_.init_values(i, seed, segs[k].begin, segs[k].end);
+      std::vector<float> host;
+      for (const auto& run : p.tp.global_runs(p.shape, segs[k].begin, segs[k].end)) {
+        const auto values = model_.init_values(i, seed, run.global_begin, run.global_end);
+        host.insert(host.end(), values.begin(), values.end());
+      }
       upload_f32(backend_, segs[k].param, host.data());
     }
   }
@@ -295,11 +302,22 @@ void DataParallel::drain(bool all) {
   }
 }
 
-void DataParallel::finish_gradients() { drain(true); }
+void DataParallel::finish_gradients() {
+  drain(true);
+  if (tp_) reduce_partial_grads(optimizer_segments(), backend_, *tp_);
+}
 
 double DataParallel::grad_sum_squares() {
   const Stream s = backend_.default_stream();
   double local = 0.0;
+  if (tp_) {
+    // Each tp rank's share (replicated tensors on tp rank 0 only); below stage 1 every dp
+    // rank holds the whole reduced gradient, so the sum runs over tp alone.
+    std::vector<double> v{tp_share_sum_squares(optimizer_segments(), backend_, tp_->rank())};
+    if (stage_ > 0 && world_ > 1) comm_.all_reduce_sum(v);
+    tp_->all_reduce_sum(v);
+    return v[0];
+  }
   if (stage_ == 0) return backend_.sum_squares(s, model_.grad_buffer());  // replicated
   if (stage_ == 1) {
     for (const auto& u : parts_)
@@ -328,13 +346,25 @@ void DataParallel::after_optimizer_step() {
   wait_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+namespace {
+// FNV-1a 64 of a tensor's bytes, continuing from h.
+uint64_t hash_bytes(Backend& be, const Tensor& t, uint64_t h = 1469598103934665603ull) {
+  std::vector<uint8_t> bytes(t.nbytes());
+  be.copy_to_host(be.default_stream(), bytes.data(), t);
+  for (uint8_t b : bytes) h = (h ^ b) * 1099511628211ull;
+  return h;
+}
+}  // namespace
+
 std::string DataParallel::replica_hash() const {
   if (stage_ == 3) return "";
-  const Tensor& p = model_.param_buffer();
-  std::vector<uint8_t> bytes(p.nbytes());
-  backend_.copy_to_host(backend_.default_stream(), bytes.data(), p);
-  uint64_t h = 1469598103934665603ull;  // FNV-1a 64
-  for (uint8_t b : bytes) h = (h ^ b) * 1099511628211ull;
+  return fmt::format("{:016x}", hash_bytes(backend_, model_.param_buffer()));
+}
+
+std::string DataParallel::tp_replica_hash() const {
+  uint64_t h = 1469598103934665603ull;
+  for (const AdamWSegment& seg : optimizer_segments())
+    if (!seg.spec.tp.sharded() && seg.size() > 0) h = hash_bytes(backend_, seg.param, h);
   return fmt::format("{:016x}", h);
 }
 

@@ -21,6 +21,11 @@
 //            wte is also the head's output projection) stays gathered from its forward
 //            to its backward, and its gradient exists from the start of forward.
 //
+// Composed with tensor parallelism (parallel/tp_plan.h), the model holds one tp rank's
+// slices, laid out alike on every tp rank, and ZeRO shards that layout over the dp group
+// of the tp slice (Megatron-LM's distributed optimizer over its data-parallel group); the
+// tp communicator adds the partial-gradient reduction and the norm's sum over tp.
+//
 // Communication runs on the communicator's own thread (MpiCommunicator) or stream
 // (NcclCommunicator), overlapping the backward pass; the trainer waits in
 // finish_gradients(). Every collective is given the backend's default stream, so that
@@ -45,8 +50,11 @@ ModelStorage zero_model_storage(int zero_stage, int world, DType dtype = DType::
 class DataParallel final : public ModelHooks {
  public:
   /// `model` must have been built with zero_model_storage(zero_stage, comm.size(), ...).
-  /// Installs itself as the model's hooks. Throws kiln::Error on a bad stage.
-  DataParallel(Model& model, Communicator& comm, int zero_stage, double bucket_mb);
+  /// `tp`: the tensor-parallel group of a model split by the tp plan (nullptr, or one
+  /// rank, for none); not owned. Installs itself as the model's hooks. Throws
+  /// kiln::Error on a bad stage.
+  DataParallel(Model& model, Communicator& comm, int zero_stage, double bucket_mb,
+               Communicator* tp = nullptr);
   ~DataParallel() override;
 
   int zero_stage() const { return stage_; }
@@ -67,10 +75,11 @@ class DataParallel final : public ModelHooks {
   void begin_step(int micro_steps);
   /// Before micro-step k's forward (0-based).
   void begin_micro_step(int k);
-  /// After the last backward: waits for every reduction. Gradients are then final.
+  /// After the last backward: waits for every reduction, then reduces the tp-partial
+  /// gradients over tp (tp_grads.h). Gradients are then final.
   void finish_gradients();
   /// Sum of squares of the whole model's gradient, each element counted once over all
-  /// ranks (the clipping norm's square). Collective.
+  /// ranks of dp x tp (the clipping norm's square). Collective.
   double grad_sum_squares();
   /// After the optimizer step: all-gather updated slices (stages 1-2).
   void after_optimizer_step();
@@ -84,6 +93,9 @@ class DataParallel final : public ModelHooks {
   /// Stages 0-2 keep a full replica of the parameters on every rank: a hash of its
   /// bytes, to check that the replicas are bitwise identical. "" for stage 3.
   std::string replica_hash() const;
+  /// A hash of the parameters this rank updates that tensor parallelism replicates (not
+  /// tp-sharded): the same on every rank of a tp group while its replicas agree bitwise.
+  std::string tp_replica_hash() const;
 
   /// Seconds spent waiting for communication since the last call (exposed, not hidden).
   double take_wait_seconds();
@@ -120,6 +132,7 @@ class DataParallel final : public ModelHooks {
 
   Model& model_;
   Communicator& comm_;
+  Communicator* tp_;  // nullptr without tensor parallelism
   Backend& backend_;
   int stage_, rank_, world_;
   int64_t bucket_elems_;

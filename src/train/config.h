@@ -136,6 +136,7 @@ struct LogSection {
 struct ParallelSection {
   int dp = 0;  // 0 = derive: world_size / (tp * pp)
   int tp = 1;
+  bool sequence_parallel = false;  // split the norm/dropout regions' rows over tp
   int pp = 1;
   int zero_stage = 0;  // 0..3
   double bucket_mb = 25.0;  // gradient all-reduce bucket size

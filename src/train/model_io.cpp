@@ -57,19 +57,35 @@ AdamWConfig adamw_config_from(const TrainConfig& config) {
 }
 
 
-void add_optimizer_to_checkpoint(checkpoint::CheckpointWriter& writer, const AdamW& optimizer,
-                                 std::vector<std::vector<float>>& keep) {
+void add_param_range(checkpoint::CheckpointWriter& writer, const std::string& name,
+                     const ParamSpec& spec, DType dtype, int64_t begin, int64_t end,
+                     const void* data) {
+  const auto* bytes = static_cast<const uint8_t*>(data);
+  for (const auto& run : spec.tp.global_runs(spec.shape, begin, end))
+    writer.add_flat_range(name, spec.shape, dtype, run.global_begin, run.global_end,
+                          bytes + static_cast<size_t>(run.local_begin - begin) * dtype_size(dtype));
+}
+
+void read_param_range(const checkpoint::CheckpointReader& reader, const std::string& name,
+                      const ParamSpec& spec, int64_t begin, int64_t end, void* dst, DType dtype) {
+  auto* bytes = static_cast<uint8_t*>(dst);
+  for (const auto& run : spec.tp.global_runs(spec.shape, begin, end))
+    reader.read_flat_range(name, run.global_begin, run.global_end,
+                           bytes + static_cast<size_t>(run.local_begin - begin) * dtype_size(dtype),
+                           dtype);
+}
+
+void add_optimizer_segment(checkpoint::CheckpointWriter& writer, const AdamW& optimizer, size_t i,
+                           std::vector<std::vector<float>>& keep) {
   Backend& be = optimizer.backend();
-  for (size_t i = 0; i < optimizer.segments().size(); ++i) {
-    const AdamWSegment& seg = optimizer.segments()[i];
-    if (seg.size() == 0) continue;
-    keep.push_back(download_f32(be, optimizer.m(i)));
-    writer.add_flat_range("optimizer.exp_avg." + seg.spec.name, seg.spec.shape, DType::F32,
-                          seg.begin, seg.end, keep.back().data());
-    keep.push_back(download_f32(be, optimizer.v(i)));
-    writer.add_flat_range("optimizer.exp_avg_sq." + seg.spec.name, seg.spec.shape, DType::F32,
-                          seg.begin, seg.end, keep.back().data());
-  }
+  const AdamWSegment& seg = optimizer.segments()[i];
+  if (seg.size() == 0) return;
+  keep.push_back(download_f32(be, optimizer.m(i)));
+  add_param_range(writer, "optimizer.exp_avg." + seg.spec.name, seg.spec, DType::F32, seg.begin,
+                  seg.end, keep.back().data());
+  keep.push_back(download_f32(be, optimizer.v(i)));
+  add_param_range(writer, "optimizer.exp_avg_sq." + seg.spec.name, seg.spec, DType::F32,
+                  seg.begin, seg.end, keep.back().data());
 }
 
 void load_model_from_checkpoint(const checkpoint::CheckpointReader& reader, Model& model,
@@ -98,7 +114,7 @@ void load_optimizer_from_checkpoint(const checkpoint::CheckpointReader& reader, 
       const std::string name =
           (first ? "optimizer.exp_avg." : "optimizer.exp_avg_sq.") + seg.spec.name;
       KILN_CHECK(reader.has(name), "{}: no optimizer state '{}'", reader.dir().string(), name);
-      reader.read_flat_range(name, seg.begin, seg.end, buf.data(), DType::F32);
+      read_param_range(reader, name, seg.spec, seg.begin, seg.end, buf.data(), DType::F32);
       Backend& be = optimizer.backend();
       be.copy_from_host(be.default_stream(), first ? optimizer.m(i) : optimizer.v(i), buf.data());
     }

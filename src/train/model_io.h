@@ -28,9 +28,21 @@ ModelOptions checkpoint_model_options(const checkpoint::CheckpointReader& reader
 AdamWConfig adamw_config_from(const TrainConfig& config);
 
 
-/// The optimizer's moments over its segments, as flat ranges of named global tensors.
-void add_optimizer_to_checkpoint(checkpoint::CheckpointWriter& writer, const AdamW& optimizer,
-                                 std::vector<std::vector<float>>& keep);
+/// Elements [begin, end) of the rank's tensor of `spec` (its tp slice, row-major; host
+/// data of `dtype`, borrowed as CheckpointWriter::add_box) as the flat ranges of global
+/// tensor `name` they are: one range unless tp-sharded (TpSlice::global_runs).
+void add_param_range(checkpoint::CheckpointWriter& writer, const std::string& name,
+                     const ParamSpec& spec, DType dtype, int64_t begin, int64_t end,
+                     const void* data);
+/// The reverse: elements [begin, end) of the rank's tensor of `spec` from global tensor
+/// `name`, into dst (end - begin elements of `dtype`), whatever layout wrote them.
+void read_param_range(const checkpoint::CheckpointReader& reader, const std::string& name,
+                      const ParamSpec& spec, int64_t begin, int64_t end, void* dst, DType dtype);
+
+/// The optimizer's moments of segment i (add_param_range of "optimizer.exp_avg.<name>"
+/// and "optimizer.exp_avg_sq.<name>"); their host copies are appended to `keep`.
+void add_optimizer_segment(checkpoint::CheckpointWriter& writer, const AdamW& optimizer,
+                           size_t i, std::vector<std::vector<float>>& keep);
 /// Reads the moments of the optimizer's segments, whatever layout wrote them.
 void load_optimizer_from_checkpoint(const checkpoint::CheckpointReader& reader, AdamW& optimizer);
 /// Reads parameters (and optimizer moments when `optimizer` is given) back. Throws when

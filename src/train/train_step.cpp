@@ -46,18 +46,31 @@ kind = "constant"
                             {}, "step_config");
 }
 
-TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& dp_comm)
+TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& dp_comm,
+                     Communicator* tp_comm)
     : config_(config), backend_(backend), comm_(dp_comm) {
   const int dp = comm_.size();
+  const int tp = tp_comm ? tp_comm->size() : 1;
+  KILN_CHECK(tp == config_.parallel.tp, "{}: parallel.tp = {} but the tensor-parallel group has "
+             "{} ranks", config_.source, config_.parallel.tp, tp);
   accum_ = config_.grad_accum_steps(dp);
-  model_ = make_model(model_options_from(config_), backend_,
-                      zero_model_storage(config_.parallel.zero_stage, dp,
-                                         parse_dtype(config_.train.dtype),
-                                         parse_dtype(config_.train.grad_dtype)));
+  ModelStorage storage = zero_model_storage(config_.parallel.zero_stage, dp,
+                                            parse_dtype(config_.train.dtype),
+                                            parse_dtype(config_.train.grad_dtype));
+  if (tp > 1) {
+    const int64_t rows = int64_t{config_.train.micro_batch} * config_.train.seq_len;
+    KILN_CHECK(!config_.parallel.sequence_parallel || rows % tp == 0,
+               "{}: parallel.sequence_parallel splits the micro-batch's micro_batch x seq_len = {} "
+               "rows over parallel.tp = {}, which does not divide them", config_.source, rows, tp);
+    tp_group_ = std::make_unique<CommTpGroup>(*tp_comm);
+    tp_plan_ = std::make_unique<TensorParallelPlan>(*tp_group_, config_.parallel.sequence_parallel);
+    storage.plan = tp_plan_.get();
+  }
+  model_ = make_model(model_options_from(config_), backend_, storage);
   model_->set_activation_checkpointing(
       nn::parse_activation_checkpointing(config_.train.activation_checkpointing));
   dp_ = std::make_unique<DataParallel>(*model_, comm_, config_.parallel.zero_stage,
-                                       config_.parallel.bucket_mb);
+                                       config_.parallel.bucket_mb, tp > 1 ? tp_comm : nullptr);
   optimizer_ = std::make_unique<AdamW>(backend_, dp_->optimizer_segments(),
                                        adamw_config_from(config_));
   scaler_.enabled = model_->dtype() == DType::F16;

@@ -4,9 +4,11 @@
 // programs in bench/ all run it; nothing else calls the model's backward() or the
 // optimizer's step().
 //
-// It builds, from a TrainConfig, the model (models/registry.h, by model.arch), the data-
-// parallel wrapper (ZeRO stage parallel.zero_stage over the given communicator) and
-// AdamW over this rank's segments. One run():
+// It builds, from a TrainConfig, the model (models/registry.h, by model.arch; split by the
+// tensor-parallel plan over the tp group when parallel.tp > 1, parallel/tp_plan.h), the
+// data-parallel wrapper (ZeRO stage parallel.zero_stage over the dp group) and AdamW
+// over this rank's segments. The tp ranks of a dp rank run the same micro-batches and
+// see the same losses. One run():
 //   1. the global batch's target count, summed over the data-parallel ranks (the loss is
 //      the mean over every target of the global batch, whatever accumulation or world);
 //   2. grad_accum_steps micro-steps: forward with the gradient scaled by
@@ -21,6 +23,8 @@
 #include "models/model.h"
 #include "optim/adamw.h"
 #include "parallel/data_parallel.h"
+#include "parallel/tensor_parallel.h"
+#include "parallel/tp_plan.h"
 #include "models/registry.h"
 #include "train/config.h"
 
@@ -66,8 +70,11 @@ TrainConfig step_config(const ModelOptions& model, int B, int T, const std::stri
 class TrainStep {
  public:
   /// `config` resolved for training (global_batch set); `dp_comm` the data-parallel
-  /// group (one rank: a local communicator). Throws kiln::Error on a bad config.
-  TrainStep(const TrainConfig& config, Backend& backend, Communicator& dp_comm);
+  /// group (one rank: a local communicator); `tp_comm` the tensor-parallel group, of
+  /// parallel.tp ranks (nullptr when parallel.tp is 1). Not owned. Throws kiln::Error on
+  /// a bad config or a model the tp plan cannot split (naming the layer).
+  TrainStep(const TrainConfig& config, Backend& backend, Communicator& dp_comm,
+            Communicator* tp_comm = nullptr);
   ~TrainStep();
 
   Model& model() { return *model_; }
@@ -113,6 +120,8 @@ class TrainStep {
   TrainConfig config_;
   Backend& backend_;
   Communicator& comm_;
+  std::unique_ptr<CommTpGroup> tp_group_;   // with tp > 1; outlive the model
+  std::unique_ptr<TensorParallelPlan> tp_plan_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<DataParallel> dp_;
   std::unique_ptr<AdamW> optimizer_;

@@ -53,13 +53,18 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   world_ = make_device_world_communicator(config_.train.device);
   // parallel.timeout_s, unless KILN_COMM_TIMEOUT_S overrides it (tests, debugging).
   if (std::getenv("KILN_COMM_TIMEOUT_S") == nullptr) world_->set_timeout(config_.parallel.timeout_s);
-  KILN_CHECK(config_.parallel.tp == 1 && config_.parallel.pp == 1,
-             "{}: parallel.tp and parallel.pp must be 1 (tensor and pipeline parallelism are not "
-             "implemented yet)", config_.source);
+  KILN_CHECK(config_.parallel.pp == 1,
+             "{}: parallel.pp must be 1 (pipeline parallelism is not implemented yet)",
+             config_.source);
   mesh_ = std::make_unique<DeviceMesh>(*world_, config_.parallel.dp, config_.parallel.tp,
                                        config_.parallel.pp);
   dp_size_ = mesh_->dp();
   dp_rank_ = mesh_->coord()[Axis::DP];
+  tp_rank_ = mesh_->coord()[Axis::TP];
+  KILN_CHECK(mesh_->tp() == 1 || config_.sample.every == 0,
+             "{}: sample.every = {} needs parallel.tp = 1 (sampling a tensor-parallel model is "
+             "not implemented; sample from a checkpoint with `kiln sample`)", config_.source,
+             config_.sample.every);
   is_rank0_ = world_->rank() == 0;
   if (!is_rank0_) options_.verbose = false;
   if (config_.train.global_batch == 0) config_.train.global_batch = config_.train.micro_batch * dp_size_;
@@ -88,7 +93,8 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   // Profiling wraps the backend (one trace event per op); off, nothing is wrapped.
   if (config_.profile.enabled())
     backend_ = std::make_unique<profile::ProfilingBackend>(std::move(backend_));
-  one_step_ = std::make_unique<TrainStep>(config_, *backend_, mesh_->comm(Axis::DP));
+  one_step_ = std::make_unique<TrainStep>(config_, *backend_, mesh_->comm(Axis::DP),
+                                          mesh_->tp() > 1 ? &mesh_->comm(Axis::TP) : nullptr);
   model_ = &one_step_->model();
   dp_ = &one_step_->data_parallel();
   optimizer_ = &one_step_->optimizer();
@@ -135,9 +141,13 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   if (options_.verbose) {
     fmt::print("kiln: {}\n", model_->describe());
     fmt::print("kiln: {} updates of {} sequences x {} tokens ({} micro-steps of {} on each of {} "
-               "data-parallel ranks, ZeRO stage {}), backend {}, peak {:.1f} GFLOP/s per rank ({})\n",
+               "data-parallel ranks, ZeRO stage {}{}), backend {}, peak {:.1f} GFLOP/s per rank ({})\n",
                config_.train.steps, config_.train.global_batch, seq_len_, accum_, B, dp_size_,
-               config_.parallel.zero_stage, backend_->name(), peak_flops_ / 1e9,
+               config_.parallel.zero_stage,
+               mesh_->tp() > 1 ? fmt::format(", tensor parallel over {} ranks{}", mesh_->tp(),
+                                             config_.parallel.sequence_parallel ? " with sequence parallelism" : "")
+                               : std::string(),
+               backend_->name(), peak_flops_ / 1e9,
                config_.log.peak_tflops > 0 ? std::string("log.peak_tflops") : fmt::format("measured {} GEMM", dtype_name(mfu_peak_dtype(config_))));
     fmt::print("kiln: {}\n", backend_->gemm_path(parse_dtype(config_.train.dtype)));
   }
@@ -156,7 +166,9 @@ void Trainer::init_weights() {
   std::vector<float> buf;
   for (const AdamWSegment& seg : dp_->load_segments()) {
     buf.resize(static_cast<size_t>(seg.size()));
-    source->read(seg.spec, seg.begin, seg.end, buf.data());
+    for (const auto& run : seg.spec.tp.global_runs(seg.spec.shape, seg.begin, seg.end))
+      source->read(seg.spec, run.global_begin, run.global_end,
+                   buf.data() + (run.local_begin - seg.begin));
     upload_f32(*backend_, seg.param, buf.data());
   }
   optimizer_->sync_master_from_params();

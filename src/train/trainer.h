@@ -120,7 +120,7 @@ class Trainer {
   AdamW* optimizer_ = nullptr;
   std::unique_ptr<data::DataLoader> train_loader_;
   std::filesystem::path run_dir_;
-  int dp_rank_ = 0, dp_size_ = 1;
+  int dp_rank_ = 0, dp_size_ = 1, tp_rank_ = 0;
   bool is_rank0_ = true;
   int accum_ = 1;
   int seq_len_ = 0;

@@ -22,6 +22,9 @@ void Trainer::save_checkpoint() {
   if (dp_size_ > 1 && config_.parallel.zero_stage < 3)  // replicas must not have drifted
     check_same_on_all_ranks(mesh_->comm(Axis::DP), "parameters (data-parallel replicas)",
                             dp_->replica_hash());
+  if (mesh_->tp() > 1)
+    check_same_on_all_ranks(mesh_->comm(Axis::TP), "replicated parameters (tensor-parallel "
+                            "replicas)", dp_->tp_replica_hash());
   // Every rank writes the slices it holds (named global tensors, any layout can read
   // them back); rank 0 commits the manifest once all rank files are on disk.
   checkpoint::CheckpointWriter writer(dir, world_->rank(), world_->size());
@@ -34,22 +37,25 @@ void Trainer::save_checkpoint() {
   // Parameters as fp32 global tensors (the master weights under mixed precision, so a
   // resume, a reshard or an export loses nothing); the low-precision copies too, under
   // "lowp.<name>", so that a resume is bitwise exact.
-  const bool writes = config_.parallel.zero_stage > 0 || is_rank0_;  // stage 0: replicated
+  // Each element is written once: a replica (ZeRO stage 0 over dp, a replicated tensor
+  // over tp) by its first holder only.
+  const bool dp_writes = config_.parallel.zero_stage > 0 || dp_rank_ == 0;
   const auto& segs = optimizer_->segments();
-  for (size_t i = 0; writes && i < segs.size(); ++i) {
+  for (size_t i = 0; i < segs.size(); ++i) {
     const AdamWSegment& seg = segs[i];
+    if (!dp_writes || !(seg.spec.tp.sharded() || tp_rank_ == 0)) continue;
     const Tensor master = optimizer_->master(i);
     keep.push_back(download_f32(*backend_, master ? master : seg.param));
-    writer.add_flat_range(seg.spec.name, seg.spec.shape, DType::F32, seg.begin, seg.end,
-                          keep.back().data());
+    add_param_range(writer, seg.spec.name, seg.spec, DType::F32, seg.begin, seg.end,
+                    keep.back().data());
     if (master) {
       keep.emplace_back(static_cast<size_t>((seg.param.nbytes() + 3) / 4));
       backend_->copy_to_host(backend_->default_stream(), keep.back().data(), seg.param);
-      writer.add_flat_range("lowp." + seg.spec.name, seg.spec.shape, seg.param.dtype(),
-                            seg.begin, seg.end, keep.back().data());
+      add_param_range(writer, "lowp." + seg.spec.name, seg.spec, seg.param.dtype(), seg.begin,
+                      seg.end, keep.back().data());
     }
+    add_optimizer_segment(writer, *optimizer_, i, keep);
   }
-  if (writes) add_optimizer_to_checkpoint(writer, *optimizer_, keep);
   writer.write_rank_files();
   world_->barrier();
   if (is_rank0_) {
@@ -65,7 +71,8 @@ void Trainer::save_checkpoint() {
         {"config_hash", config_.hash()},
         {"arch", model_->arch()},
         {"model", model_->config_json()},
-        {"layout", {{"world_size", world_->size()}, {"dp", dp_size_},
+        {"layout", {{"world_size", world_->size()}, {"dp", dp_size_}, {"tp", mesh_->tp()},
+                    {"sequence_parallel", config_.parallel.sequence_parallel},
                     {"zero_stage", config_.parallel.zero_stage}}},
         {"loss_scale", scaler().scale},
         {"loss_scale_good_steps", scaler().good_steps},
@@ -173,11 +180,11 @@ void Trainer::restore_from(const checkpoint::CheckpointReader& reader) {
     const std::string lowp = "lowp." + seg.spec.name;
     if (seg.param.dtype() != DType::F32 && reader.has(lowp) && reader.dtype(lowp) == seg.param.dtype()) {
       std::vector<uint8_t> bytes(seg.param.nbytes());
-      reader.read_flat_range(lowp, seg.begin, seg.end, bytes.data(), seg.param.dtype());
+      read_param_range(reader, lowp, seg.spec, seg.begin, seg.end, bytes.data(), seg.param.dtype());
       backend_->copy_from_host(backend_->default_stream(), seg.param, bytes.data());
     } else {
       buf.resize(static_cast<size_t>(seg.size()));
-      reader.read_flat_range(seg.spec.name, seg.begin, seg.end, buf.data(), DType::F32);
+      read_param_range(reader, seg.spec.name, seg.spec, seg.begin, seg.end, buf.data(), DType::F32);
       upload_f32(*backend_, seg.param, buf.data());
     }
   }
@@ -186,7 +193,7 @@ void Trainer::restore_from(const checkpoint::CheckpointReader& reader) {
     if (!master) continue;
     const AdamWSegment& seg = optimizer_->segments()[i];
     buf.resize(static_cast<size_t>(seg.size()));
-    reader.read_flat_range(seg.spec.name, seg.begin, seg.end, buf.data(), DType::F32);
+    read_param_range(reader, seg.spec.name, seg.spec, seg.begin, seg.end, buf.data(), DType::F32);
     backend_->copy_from_host(backend_->default_stream(), master, buf.data());
   }
   load_optimizer_from_checkpoint(reader, *optimizer_);

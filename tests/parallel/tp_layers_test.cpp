@@ -157,6 +157,21 @@ TEST(TpSlice, RangesAndIndices) {
   EXPECT_THROW((TpSlice{0, {3, 5}, 2, 0}.check(g, "w")), Error);  // 3 rows over 2
   EXPECT_THROW((TpSlice{0, {4, 2}, 2, 0}.check(g, "w")), Error);  // pieces sum to 6
   EXPECT_NO_THROW(s.check(g, "w"));
+  // Every local sub-range maps to the global indices of its elements, run by run.
+  for (int64_t b = 0; b <= 12; ++b) {
+    for (int64_t e = b; e <= 12; ++e) {
+      std::vector<int64_t> got;
+      int64_t local = b;
+      for (const auto& run : s.global_runs(g, b, e)) {
+        EXPECT_EQ(run.local_begin, local);
+        EXPECT_LT(run.global_begin, run.global_end);
+        for (int64_t i = run.global_begin; i < run.global_end; ++i) got.push_back(i);
+        local += run.global_end - run.global_begin;
+      }
+      EXPECT_EQ(got, std::vector<int64_t>(want.begin() + b, want.begin() + e)) << b << ", " << e;
+    }
+  }
+  EXPECT_THROW(s.global_runs(g, 3, 13), Error);
 }
 
 // One Linear, unsharded and as `style`, compared slice by slice.
