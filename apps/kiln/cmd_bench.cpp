@@ -209,10 +209,12 @@ void dump_init(const fs::path& path, const Model& model, const TrainConfig& c, i
   w.write();
 }
 
-// Under mpirun/srun: the trainer itself (data parallel with the configured ZeRO stage)
-// for warmup + steps updates in a scratch run directory, then step time, tokens/s and
-// the communication table (algbw/busbw per collective, nccl-tests convention) with the
-// fraction of communication hidden under computation. Needs data.dir.
+// Under mpirun/srun: the trainer itself (data parallel with the configured ZeRO stage,
+// tensor parallel with parallel.tp) for warmup + steps updates in a scratch run
+// directory, then step time, tokens/s and the communication table (algbw/busbw per
+// collective, nccl-tests convention) with the fraction of communication hidden under
+// computation, and with tp > 1 the tensor-parallel traffic per update against the
+// formula (parallel/tp_traffic.h). Needs data.dir.
 void run_distributed_bench(const Args& a) {
   TrainConfig c = load_config_file(a.config, a.sets);
   c.train.steps = a.warmup + a.steps;
@@ -246,6 +248,24 @@ void run_distributed_bench(const Args& a) {
                      {"comm_exposed_ms_per_step",
                       1e3 * r.comm_exposed_s / std::max<int64_t>(r.timed_steps, 1)},
                      {"comm_hidden_fraction", r.comm_hidden_fraction}};
+    if (c.parallel.tp > 1) {
+      // The tensor-parallel traffic per update, measured against the formula.
+      nlohmann::json t = nlohmann::json::object();
+      int64_t measured = 0, formula = 0;
+      for (int k = 0; k < kNumCollectives; ++k) {
+        const auto i = static_cast<size_t>(k);
+        measured += r.tp_measured.bytes[i];
+        formula += r.tp_formula.bytes[i];
+        if (r.tp_measured.calls[i] == 0 && r.tp_formula.calls[i] == 0) continue;
+        t[collective_name(static_cast<Collective>(k))] = {
+            {"calls", r.tp_measured.calls[i]}, {"bytes", r.tp_measured.bytes[i]},
+            {"formula_calls", r.tp_formula.calls[i]}, {"formula_bytes", r.tp_formula.bytes[i]}};
+      }
+      j["tp"] = c.parallel.tp;
+      j["sequence_parallel"] = c.parallel.sequence_parallel;
+      j["tp_traffic_per_update"] = t;
+      j["tp_traffic_ratio"] = formula > 0 ? static_cast<double>(measured) / static_cast<double>(formula) : 0.0;
+    }
     fmt::print("{}\n", j.dump());
   }
 }

@@ -97,6 +97,9 @@ void run(const Args& a) {
   if (a.json) {
     nlohmann::json j = rank_json(r0);
     j["world_size"] = p.world_size;
+    j["dp"] = p.dp;
+    j["tp"] = p.tp;
+    j["sequence_parallel"] = c.parallel.sequence_parallel;
     j["zero_stage"] = c.parallel.zero_stage;
     j["activation_checkpointing"] = c.train.activation_checkpointing;
     j["dtype"] = c.train.dtype;
@@ -119,7 +122,8 @@ void run(const Args& a) {
       nlohmann::json ls = nlohmann::json::array();
       for (const auto& l : layouts) {
         if (!l.fits) continue;
-        ls.push_back({{"zero_stage", l.zero_stage}, {"activation_checkpointing", l.checkpointing},
+        ls.push_back({{"tp", l.tp}, {"sequence_parallel", l.sequence_parallel},
+                      {"zero_stage", l.zero_stage}, {"activation_checkpointing", l.checkpointing},
                       {"micro_batch", l.micro_batch}, {"grad_accum_steps", l.accum},
                       {"peak_bytes", l.peak_bytes}, {"step_s", l.time.step},
                       {"compute_s", l.time.compute}, {"comm_s", l.time.comm_total},
@@ -133,9 +137,13 @@ void run(const Args& a) {
   }
 
   fmt::print("kiln memplan: {}\n", p.model);
-  fmt::print("  world {} (data-parallel {}), ZeRO stage {}, micro_batch {} x {} micro-step(s) "
+  fmt::print("  world {} (data-parallel {}{}), ZeRO stage {}, micro_batch {} x {} micro-step(s) "
              "(global batch {}), seq_len {}, {}, activation checkpointing {}\n",
-             p.world_size, p.dp, c.parallel.zero_stage, c.train.micro_batch, p.accum,
+             p.world_size, p.dp,
+             p.tp > 1 ? fmt::format(" x tensor-parallel {}{}", p.tp,
+                                    c.parallel.sequence_parallel ? " with sequence parallelism" : "")
+                      : std::string(),
+             c.parallel.zero_stage, c.train.micro_batch, p.accum,
              c.train.global_batch, c.train.seq_len, c.train.dtype,
              c.train.activation_checkpointing);
   fmt::print("  scratch model: {}\n", p.scratch_model);
@@ -168,15 +176,15 @@ void run(const Args& a) {
              "{:.1f} TFLOP/s ({}), link {:.0f} GB/s busbw, {:.0f} us per collective:\n",
              a.device_gib, a.device_gib - reserve, cost.peak_flops / 1e12, peak_from,
              cost.link_bandwidth / 1e9, cost.link_latency * 1e6);
-  fmt::print("{:>4} {:>10} {:>6} {:>6} {:>10} {:>11} {:>9} {:>11} {:>9} {:>12}\n", "zero",
-             "ckpt", "micro", "accum", "peak GiB", "compute ms", "comm ms", "exposed ms",
-             "step ms", "tokens/s");
+  fmt::print("{:>3} {:>3} {:>4} {:>10} {:>6} {:>6} {:>10} {:>11} {:>9} {:>11} {:>9} {:>12}\n",
+             "tp", "sp", "zero", "ckpt", "micro", "accum", "peak GiB", "compute ms", "comm ms",
+             "exposed ms", "step ms", "tokens/s");
   int fitting = 0;
   for (const auto& l : layouts) {
     if (!l.fits) continue;
     ++fitting;
-    fmt::print("{:>4} {:>10} {:>6} {:>6} {:>10.2f} {:>11.1f} {:>9.1f} {:>11.1f} {:>9.1f} {:>12.0f}\n",
-               l.zero_stage, l.checkpointing, l.micro_batch, l.accum, gib(l.peak_bytes),
+    fmt::print("{:>3} {:>3} {:>4} {:>10} {:>6} {:>6} {:>10.2f} {:>11.1f} {:>9.1f} {:>11.1f} {:>9.1f} "
+               "{:>12.0f}\n", l.tp, l.sequence_parallel ? "on" : "-", l.zero_stage, l.checkpointing, l.micro_batch, l.accum, gib(l.peak_bytes),
                l.time.compute * 1e3, l.time.comm_total * 1e3, l.time.comm_exposed * 1e3,
                l.time.step * 1e3, l.time.tokens_per_s);
   }
@@ -195,7 +203,7 @@ void register_memplan(CLI::App& app) {
   auto a = std::make_shared<Args>();
   cmd->add_option("config", a->config, "The TOML config")->required();
   cmd->add_option("--set", a->sets, "Override a key: --set section.key=value (repeatable)");
-  cmd->add_option("--world-size", a->world_size, "Ranks (data-parallel)")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--world-size", a->world_size, "Ranks (dp x tp)")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--device-memory", a->device_gib,
                   "GiB per rank: list the layouts that fit, fastest first")
       ->check(CLI::Range(1e-3, 1e9));

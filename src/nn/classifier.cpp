@@ -88,6 +88,10 @@ ClassifierLoss vocab_parallel_cross_entropy(Backend& be, Stream s, const TpPlace
         if (st[1] > 0.f) S += double(st[1]) * std::exp(double(st[0]) - M);
         X += st[2];
       }
+      // S >= 1 whenever the logits were computed (the maximum's own term is exp(0)); the
+      // floor only matters on a backend that computes nothing (the planner's Meta
+      // backend, whose stats read as zeros), where it keeps the loss finite.
+      S = std::max(S, 1.0);
       lse[size_t(i)] = static_cast<float>(M + std::log(S));
       if (tgt[size_t(i)] == -1) continue;
       result.loss_sum += M + std::log(S) - X;

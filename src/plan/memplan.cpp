@@ -35,11 +35,15 @@ bool MemPlan::ranks_differ() const {
 
 TrainConfig resolve_for_planning(TrainConfig c, int world_size) {
   KILN_CHECK(world_size >= 1, "memplan: --world-size must be >= 1, got {}", world_size);
-  KILN_CHECK(c.parallel.tp == 1 && c.parallel.pp == 1,
-             "{}: parallel.tp and parallel.pp must be 1 (tensor and pipeline parallelism are not "
-             "implemented yet)", c.source);
-  KILN_CHECK(c.parallel.dp == 0 || c.parallel.dp == world_size,
-             "{}: parallel.dp = {} but the world size is {}", c.source, c.parallel.dp, world_size);
+  KILN_CHECK(c.parallel.pp == 1,
+             "{}: parallel.pp must be 1 (pipeline parallelism is not implemented yet)", c.source);
+  KILN_CHECK(world_size % c.parallel.tp == 0,
+             "{}: parallel.tp = {} does not divide the world size {}", c.source, c.parallel.tp,
+             world_size);
+  const int dp = world_size / c.parallel.tp;
+  KILN_CHECK(c.parallel.dp == 0 || c.parallel.dp == dp,
+             "{}: parallel.dp = {} but the world size {} over tp = {} leaves {}", c.source,
+             c.parallel.dp, world_size, c.parallel.tp, dp);
   KILN_CHECK(c.model.n_layer > 0 && c.model.n_head > 0 && c.model.n_embd > 0 && c.model.block_size > 0,
              "{}: the model shape is incomplete (set model.preset or model.n_layer, n_head, n_embd, "
              "block_size)", c.source);
@@ -50,29 +54,33 @@ TrainConfig resolve_for_planning(TrainConfig c, int world_size) {
                "model.preset, or point data.dir at a prepared data set)", c.source);
     c.model.vocab_size = data::read_dataset_meta(dir).vocab_size;
   }
-  if (c.train.global_batch == 0) c.train.global_batch = c.train.micro_batch * world_size;
-  (void)c.grad_accum_steps(world_size);  // throws naming train.global_batch when it does not divide
+  if (c.train.global_batch == 0) c.train.global_batch = c.train.micro_batch * dp;
+  (void)c.grad_accum_steps(dp);  // throws naming train.global_batch when it does not divide
   return c;
 }
 
 namespace {
 
-// One rank's step. When `plan` is given, its model description and FLOPs per token are
-// set from the step's model.
+// One rank's step. When `plan` is given, its model description, FLOPs per token and the
+// rank's collectives are set from the step.
 RankMemory dry_run(const TrainConfig& c, const MemPlanOptions& o, int rank,
-                   std::shared_ptr<MetaScratchModel> scratch,
-                   std::vector<SimulatedCommunicator::Call>* calls, MemPlan* plan = nullptr) {
-  const int dp_size = o.world_size;
+                   std::shared_ptr<MetaScratchModel> scratch, MemPlan* plan = nullptr) {
+  // The mesh with pp = 1: tp innermost (parallel/mesh.h).
+  const int tp_size = c.parallel.tp, dp_size = o.world_size / tp_size;
   MetaBackendOptions mo;
   mo.device = o.backend == "cuda" ? Device::cuda(0) : Device::cpu();
   mo.scratch = std::move(scratch);
   auto be = make_meta_backend(mo);
-  SimulatedCommunicator comm(dp_size, rank, "world/dp", dp_size == 1 ? 0 : o.completion_polls);
+  SimulatedCommunicator comm(dp_size, rank / tp_size, "world/dp",
+                             dp_size == 1 ? 0 : o.completion_polls);
+  // Tensor-parallel collectives are blocking (the layers wait for them): they complete
+  // when called.
+  SimulatedCommunicator tp_comm(tp_size, rank % tp_size, "world/tp", 0);
 
   // The trainer's own step object: model, ZeRO wrapper and AdamW (fp32 master weights
   // for low-precision parameters) as the trainer builds them. Initial weights are copied
   // from the host: nothing to allocate, nothing to plan.
-  TrainStep step(c, *be, comm);
+  TrainStep step(c, *be, comm, tp_size > 1 ? &tp_comm : nullptr);
   if (plan) {
     plan->model = step.model().describe();
     plan->flops_per_token = step.model().flops_per_token(c.train.seq_len);
@@ -90,19 +98,26 @@ RankMemory dry_run(const TrainConfig& c, const MemPlanOptions& o, int rank,
   // labelled with the phase it was issued in.
   struct Phases final : StepObserver {
     SimulatedCommunicator& comm;
-    explicit Phases(SimulatedCommunicator& c) : comm(c) {}
+    SimulatedCommunicator& tp;
+    Phases(SimulatedCommunicator& c, SimulatedCommunicator& t) : comm(c), tp(t) {}
     void on_phase(StepPhase p) override {
       if (p == StepPhase::Data) return;  // copies: the current label stays
-      comm.set_phase(p == StepPhase::GradSync ? "finish" : p == StepPhase::Done ? "optimizer"
-                                                                               : step_phase_name(p));
+      const char* label = p == StepPhase::GradSync ? "finish" : p == StepPhase::Done ? "optimizer"
+                                                                               : step_phase_name(p);
+      comm.set_phase(label);
+      tp.set_phase(label);
     }
-  } phases(comm);
+  } phases(comm, tp_comm);
   step.set_observer(&phases);
   const size_t n = static_cast<size_t>(step.grad_accum_steps()) * c.train.micro_batch * c.train.seq_len;
   const std::vector<int32_t> host(n, 0);
   comm.set_phase("optimizer");
+  tp_comm.set_phase("optimizer");
   step.run(host.data(), host.data(), 0);
-  if (calls) *calls = comm.calls();
+  if (plan) {
+    plan->comm_calls = comm.calls();
+    plan->tp_calls = tp_comm.calls();
+  }
 
   const MemoryStats st = be->allocator().stats();
   RankMemory r;
@@ -128,7 +143,8 @@ MemPlan plan_memory(const TrainConfig& config, const MemPlanOptions& o) {
   MemPlan p;
   p.config = resolve_for_planning(config, o.world_size);
   p.world_size = o.world_size;
-  p.dp = o.world_size;
+  p.tp = p.config.parallel.tp;
+  p.dp = o.world_size / p.tp;
   p.accum = p.config.grad_accum_steps(p.dp);
   std::vector<int> ranks = o.ranks;
   const int W = o.world_size;
@@ -153,15 +169,14 @@ MemPlan plan_memory(const TrainConfig& config, const MemPlanOptions& o) {
   for (int r : ranks) {
     KILN_CHECK(r >= 0 && r < W, "memplan: rank {} is not a rank of a world of {}", r, W);
     const bool first = r == ranks.front();
-    p.ranks.push_back(dry_run(p.config, eff, r, scratch, first ? &p.comm_calls : nullptr,
-                              first ? &p : nullptr));
+    p.ranks.push_back(dry_run(p.config, eff, r, scratch, first ? &p : nullptr));
   }
   p.upper = p.ranks.front();
-  if (o.upper_bound && W > 1 && p.config.parallel.zero_stage >= 2 &&
+  if (o.upper_bound && p.dp > 1 && p.config.parallel.zero_stage >= 2 &&
       eff.completion_polls != std::numeric_limits<int>::max()) {
     MemPlanOptions never = eff;
     never.completion_polls = std::numeric_limits<int>::max();
-    p.upper = dry_run(p.config, never, p.ranks.front().rank, scratch, nullptr);
+    p.upper = dry_run(p.config, never, p.ranks.front().rank, scratch);
   }
   return p;
 }
@@ -170,12 +185,13 @@ MemPlan plan_memory(const TrainConfig& config, const MemPlanOptions& o) {
 
 StepTime estimate_step_time(const MemPlan& p, const CostModel& cost) {
   const double T = p.config.train.seq_len;
-  const double tokens = static_cast<double>(p.config.train.micro_batch) * p.accum * T;  // per rank
-  const double per_token = p.flops_per_token;                                          // 6N + attn
+  // Per dp rank; its tp ranks split every matmul and attention head, so each computes 1/tp.
+  const double tokens = static_cast<double>(p.config.train.micro_batch) * p.accum * T;
+  const double per_token = p.flops_per_token / p.tp;                                   // 6N + attn
   const double C = p.config.model.n_embd, L = p.config.model.n_layer;
   // Forward FLOPs of the blocks per token (what full recomputation repeats): the
   // matmuls 2 * 12 C^2 and attention's QK^T and AV 2 * 2 T C, per block.
-  const double block_forward = L * (2.0 * 12.0 * C * C + 4.0 * T * C);
+  const double block_forward = L * (2.0 * 12.0 * C * C + 4.0 * T * C) / p.tp;
   const std::string& mode = p.config.train.activation_checkpointing;
   const double dsize = p.config.train.dtype == "fp32" ? 4.0 : 2.0;
   StepTime t;
@@ -185,7 +201,7 @@ StepTime estimate_step_time(const MemPlan& p, const CostModel& cost) {
   // Selective: GELU from its input again, memory-bound (read 4C, write 4C per token per
   // block); its FLOPs are negligible.
   if (mode == "selective" && cost.mem_bandwidth > 0)
-    t.recompute = tokens * L * 2.0 * 4.0 * C * dsize / cost.mem_bandwidth;
+    t.recompute = tokens * L * 2.0 * 4.0 * C * dsize / p.tp / cost.mem_bandwidth;
   bwd += t.recompute;
   t.compute = fwd + bwd;
 
@@ -193,26 +209,31 @@ StepTime estimate_step_time(const MemPlan& p, const CostModel& cost) {
   // (bus_bandwidth_factor: 2(N-1)/N all-reduce, (N-1)/N reduce-scatter/all-gather).
   const int N = p.dp;
   double comm_fwd = 0, comm_bwd = 0, comm_rest = 0;
-  auto price = [&](Collective c, int64_t bytes) {
-    if (N <= 1) return 0.0;
-    return cost.link_latency + static_cast<double>(bytes) * bus_bandwidth_factor(c, N) /
+  auto price = [&](Collective c, int64_t bytes, int ranks) {
+    if (ranks <= 1) return 0.0;
+    return cost.link_latency + static_cast<double>(bytes) * bus_bandwidth_factor(c, ranks) /
                                    cost.link_bandwidth;
   };
+  // Tensor-parallel collectives sit on the critical path (each layer waits for its
+  // reduction): all exposed.
+  double comm_tp = 0;
+  for (const auto& call : p.tp_calls) comm_tp += price(call.kind, call.bytes, p.tp);
   for (const auto& call : p.comm_calls) {
-    const double x = price(call.kind, call.bytes);
+    const double x = price(call.kind, call.bytes, N);
     if (call.phase == "forward") comm_fwd += x;
     else if (call.phase == "backward") comm_bwd += x;
     else comm_rest += x;
   }
   // The step's own small all-reduces (target count, loss) are in comm_calls; the
   // trainer adds one per update, the stop flag.
-  comm_rest += price(Collective::AllReduce, 4);
-  t.comm_total = comm_fwd + comm_bwd + comm_rest;
+  comm_rest += price(Collective::AllReduce, 4, p.world_size);
+  t.comm_total = comm_fwd + comm_bwd + comm_rest + comm_tp;
   // kiln overlaps forward gathers (ZeRO-3) with forward and gradient reductions (and the
   // backward gathers of ZeRO-3) with backward, on one communication thread: what does
   // not fit under the phase's compute is exposed. The optimizer-phase collectives (norm,
   // ZeRO-1/2 parameter all-gather) are exposed.
-  t.comm_exposed = std::max(0.0, comm_fwd - fwd) + std::max(0.0, comm_bwd - bwd) + comm_rest;
+  t.comm_exposed =
+      std::max(0.0, comm_fwd - fwd) + std::max(0.0, comm_bwd - bwd) + comm_rest + comm_tp;
   t.step = t.compute + t.comm_exposed;
   t.tokens_per_s = t.step > 0 ? tokens * N / t.step : 0.0;
   return t;
@@ -220,32 +241,48 @@ StepTime estimate_step_time(const MemPlan& p, const CostModel& cost) {
 
 std::vector<Layout> search_layouts(const TrainConfig& config, const MemPlanOptions& options,
                                    const CostModel& cost, int64_t usable_bytes) {
-  const TrainConfig base = resolve_for_planning(config, options.world_size);
+  TrainConfig base = resolve_for_planning(config, options.world_size);  // the global batch
+  base.parallel.dp = 0;  // derived per tp
+  const int W = options.world_size;
+  const int heads = base.model.n_head;
+  const int kv_heads = base.model.n_kv_head > 0 ? base.model.n_kv_head : heads;
   std::vector<Layout> out;
   MemPlanOptions o = options;
   o.ranks = {0};  // rank 0 holds the most: later ranks' slices only lose padding
   o.upper_bound = false;
-  for (int mb = base.train.micro_batch; mb >= 1; mb /= 2) {
-    if (base.train.global_batch % (mb * options.world_size) != 0) break;
-    for (int stage = 0; stage <= 3; ++stage) {
-      for (const char* ck : {"none", "selective", "full"}) {
-        TrainConfig c = base;
-        c.train.micro_batch = mb;
-        c.parallel.zero_stage = stage;
-        c.train.activation_checkpointing = ck;
-        const MemPlan p = plan_memory(c, o);
-        Layout l;
-        l.zero_stage = stage;
-        l.checkpointing = ck;
-        l.micro_batch = mb;
-        l.accum = p.accum;
-        l.peak_bytes = p.rank0().peak_total;
-        l.fits = l.peak_bytes <= usable_bytes;
-        l.time = estimate_step_time(p, cost);
-        out.push_back(l);
+  for (int tp = 1; tp <= W; tp *= 2) {
+    if (W % tp != 0 || heads % tp != 0 || kv_heads % tp != 0) continue;
+    const int dp = W / tp;
+    for (const bool sp : {false, true}) {
+      if (sp && tp == 1) continue;
+      for (int mb = base.train.micro_batch; mb >= 1; mb /= 2) {
+        if (base.train.global_batch % (mb * dp) != 0) break;
+        if (sp && (int64_t{mb} * base.train.seq_len) % tp != 0) break;
+        for (int stage = 0; stage <= 3; ++stage) {
+          for (const char* ck : {"none", "selective", "full"}) {
+            TrainConfig c = base;
+            c.parallel.tp = tp;
+            c.parallel.sequence_parallel = sp;
+            c.train.micro_batch = mb;
+            c.parallel.zero_stage = stage;
+            c.train.activation_checkpointing = ck;
+            const MemPlan p = plan_memory(c, o);
+            Layout l;
+            l.tp = tp;
+            l.sequence_parallel = sp;
+            l.zero_stage = stage;
+            l.checkpointing = ck;
+            l.micro_batch = mb;
+            l.accum = p.accum;
+            l.peak_bytes = p.rank0().peak_total;
+            l.fits = l.peak_bytes <= usable_bytes;
+            l.time = estimate_step_time(p, cost);
+            out.push_back(l);
+          }
+        }
+        if (mb == 1) break;
       }
     }
-    if (mb == 1) break;
   }
   // Fitting first; then the fastest; among equal times the one that communicates less,
   // then the larger micro-batch (fewer, larger kernels), then the smaller peak.

@@ -3,7 +3,8 @@
 //
 // Method: a dry run. The planner builds the trainer's own step object (TrainStep,
 // train/train_step.h: the model of model.arch with zero_model_storage(stage, dp), its
-// activation checkpointing, DataParallel over a SimulatedCommunicator of the dp world,
+// activation checkpointing, the tensor-parallel plan over a SimulatedCommunicator of the
+// tp group when parallel.tp > 1, DataParallel over a SimulatedCommunicator of the dp group,
 // AdamW, the token and target tensors) and (when log.peak_tflops is 0 on the CPU) the
 // start-up GEMM probe on a MetaBackend, whose allocator counts bytes by category and
 // whose ops do nothing, and runs one TrainStep::run. The allocator's per-category and total peaks are the
@@ -59,7 +60,7 @@ struct MemPlan {
   TrainConfig config;   // resolved (vocab_size, global_batch filled in)
   std::string model;             // Model::describe() of the planned model
   double flops_per_token = 0;    // Model::flops_per_token(train.seq_len): training FLOPs
-  int world_size = 1, dp = 1, accum = 1;
+  int world_size = 1, dp = 1, tp = 1, accum = 1;
   std::string scratch_model;        // MetaScratchModel::name()
   std::string comm_model;           // "keeps pace" or "falls behind" (completion_polls)
   std::vector<RankMemory> ranks;    // the simulated ranks, rank 0 first
@@ -67,7 +68,8 @@ struct MemPlan {
   /// ZeRO-2/3's gradient buffers (freed when their reduce-scatter completes) can pile up
   /// when communication falls behind. Equal to rank0() for stages 0-1 and one rank.
   RankMemory upper;
-  std::vector<SimulatedCommunicator::Call> comm_calls;  // rank 0's, in order
+  std::vector<SimulatedCommunicator::Call> comm_calls;  // rank 0's data-parallel ones, in order
+  std::vector<SimulatedCommunicator::Call> tp_calls;    // rank 0's tensor-parallel ones
   const RankMemory& rank0() const { return ranks.front(); }
   /// The simulated rank with the highest total peak.
   const RankMemory& max_rank() const;
@@ -76,8 +78,8 @@ struct MemPlan {
 
 /// Fills what a dry run needs that training would take from elsewhere: model.vocab_size
 /// (from data.dir's meta.json when it exists; an error naming the key otherwise),
-/// train.global_batch (micro_batch * dp when 0). Checks the model shape and that
-/// tp = pp = 1. Throws kiln::Error.
+/// train.global_batch (micro_batch * dp when 0). Checks the model shape, that pp = 1
+/// and that parallel.tp divides the world (dp = world / tp). Throws kiln::Error.
 TrainConfig resolve_for_planning(TrainConfig config, int world_size);
 
 /// The dry run of one training step of `config` on every rank in options.ranks.
@@ -104,6 +106,8 @@ struct StepTime {
 StepTime estimate_step_time(const MemPlan& plan, const CostModel& cost);
 
 struct Layout {
+  int tp = 1;
+  bool sequence_parallel = false;
   int zero_stage = 0;
   std::string checkpointing;
   int micro_batch = 1, accum = 1;
@@ -112,9 +116,11 @@ struct Layout {
   StepTime time;
 };
 
-/// Every layout over zero stages 0-3, checkpointing none/selective/full and micro_batch
-/// halvings of config's (keeping the global batch), with its predicted peak (rank 0)
-/// and step time; `fits` when peak <= usable_bytes. Sorted: fitting first, fastest first.
+/// Every layout over tp (the powers of two that divide the world size, the query and
+/// key/value heads; with sequence parallelism on and off when tp > 1), zero stages 0-3,
+/// checkpointing none/selective/full and micro_batch halvings of config's (keeping the
+/// global batch), with its predicted peak (rank 0) and step time; `fits` when peak <=
+/// usable_bytes. Sorted: fitting first, fastest first.
 std::vector<Layout> search_layouts(const TrainConfig& config, const MemPlanOptions& options,
                                    const CostModel& cost, int64_t usable_bytes);
 

@@ -314,6 +314,41 @@ void Trainer::summarize_communication(TrainResult& r, int64_t timed_steps) {
                100.0 * r.comm_hidden_fraction);
 }
 
+void Trainer::summarize_tp_traffic(TrainResult& r, int64_t updates) {
+  TpTrafficShape s;
+  s.n_layer = config_.model.n_layer;
+  s.rows = int64_t{config_.train.micro_batch} * seq_len_;
+  s.n_embd = config_.model.n_embd;
+  s.padded_vocab = model_->padded_vocab_size();
+  s.tp = mesh_->tp();
+  s.sequence_parallel = config_.parallel.sequence_parallel;
+  s.full_recompute = config_.train.activation_checkpointing == "full";
+  s.act_bytes = static_cast<int64_t>(dtype_size(model_->dtype()));
+  s.grad_bytes = static_cast<int64_t>(dtype_size(model_->grad_dtype()));
+  for (const AdamWSegment& seg : dp_->optimizer_segments()) {
+    if (!seg.spec.tp_partial_grad || seg.size() == 0) continue;
+    ++s.partial_grad_params;
+    s.partial_grad_elems += seg.size();
+  }
+  r.tp_formula = tp_update_traffic(s, accum_);
+  for (size_t c = 0; c < r.tp_measured.calls.size(); ++c) {
+    r.tp_measured.calls[c] /= std::max<int64_t>(updates, 1);
+    r.tp_measured.bytes[c] /= std::max<int64_t>(updates, 1);
+  }
+  if (!options_.verbose) return;
+  fmt::print("kiln: tensor-parallel traffic per update over {} ranks{} (rank 0; formula: "
+             "parallel/tp_traffic.h):\n{:<15} {:>7} {:>9} {:>12} {:>12}\n", s.tp,
+             s.sequence_parallel ? " with sequence parallelism" : "", "collective", "calls",
+             "formula", "MB", "formula MB");
+  for (int c = 0; c < kNumCollectives; ++c) {
+    const auto i = static_cast<size_t>(c);
+    if (r.tp_measured.calls[i] == 0 && r.tp_formula.calls[i] == 0) continue;
+    fmt::print("{:<15} {:>7} {:>9} {:>12.3f} {:>12.3f}\n", collective_name(static_cast<Collective>(c)),
+               r.tp_measured.calls[i], r.tp_formula.calls[i], r.tp_measured.bytes[i] / 1e6,
+               r.tp_formula.bytes[i] / 1e6);
+  }
+}
+
 TrainResult Trainer::run() {
   TrainResult r;
   r.first_step = step_;
@@ -335,7 +370,13 @@ TrainResult Trainer::run() {
     double norm = 0.0;
     const float lr = static_cast<float>(learning_rate(config_, step_));
     if (profile_) profile_->begin_step(step_);
+    const CommStats tp_before = mesh_->comm(Axis::TP).stats();
     const double loss = train_step(&norm);
+    const CommStats tp_after = mesh_->comm(Axis::TP).stats();
+    for (size_t c = 0; c < tp_after.per.size(); ++c) {  // summed here, per update at the end
+      r.tp_measured.calls[c] += tp_after.per[c].count - tp_before.per[c].count;
+      r.tp_measured.bytes[c] += tp_after.per[c].bytes - tp_before.per[c].bytes;
+    }
     if (profile_) profile_->end_step();
     const double dt = seconds_since(t0);
     const double step_wait = dp_->take_wait_seconds();
@@ -403,6 +444,7 @@ TrainResult Trainer::run() {
   }
   if (profile_) profile_->finish();
   if (dp_size_ > 1) summarize_communication(r, timed_steps);
+  if (mesh_->tp() > 1) summarize_tp_traffic(r, step_ - r.first_step);
   r.step_time_s = timed_steps > 0 ? timed_seconds / static_cast<double>(timed_steps) : 0.0;
   r.timed_steps = timed_steps;
   r.tokens_per_s = timed_steps > 0 ? static_cast<double>(tokens_per_step) * timed_steps / timed_seconds

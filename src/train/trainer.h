@@ -20,6 +20,7 @@
 #include "optim/adamw.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
+#include "parallel/tp_traffic.h"
 #include "profile/summary.h"
 #include "train/checkpoint_policy.h"
 #include "train/config.h"
@@ -65,6 +66,10 @@ struct TrainResult {
   /// computation (backward).
   double comm_busy_s = 0.0, comm_exposed_s = 0.0, comm_hidden_fraction = 0.0;
   std::string comm_table;  // per collective: count, bytes, algbw and busbw (nccl-tests)
+  /// Tensor parallel only: the tp communicator's traffic per update, measured over the
+  /// run's training steps (evaluation and checkpoints excluded) and by formula
+  /// (parallel/tp_traffic.h).
+  TpTraffic tp_measured, tp_formula;
 };
 
 class Trainer {
@@ -102,6 +107,8 @@ class Trainer {
   nlohmann::json data_fingerprint() const;
   void maybe_sample();
   void summarize_communication(TrainResult& r, int64_t timed_steps);
+  /// r.tp_formula, and r.tp_measured from the run's sum over `updates` updates; prints both.
+  void summarize_tp_traffic(TrainResult& r, int64_t updates);
   void init_weights();
   /// Sums `values` over the data-parallel group, exactly in 64 bits (no-op for one rank).
   void dp_sum(std::span<double> values);

@@ -16,19 +16,11 @@ set -euo pipefail
 kiln="$1"
 work="$2"
 rm -rf "$work" && mkdir -p "$work"
-export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export KILN_COMM_TIMEOUT_S=20
 mpirun_() { mpirun --oversubscribe --bind-to none -np "$@"; }
-py=/usr/bin/python3
+. "$(dirname "$0")/common.sh"
 
 # A small corpus with structure, byte-level tokens.
-"$py" - "$work/corpus.txt" <<'PY'
-import random, sys
-random.seed(3)
-words = ["in the beginning ", "and the earth ", "was without form ", "and void; ",
-         "and darkness ", "was upon the face ", "of the deep. "]
-open(sys.argv[1], "w").write("".join(random.choice(words) for _ in range(800)))
-PY
+make_corpus 3 "$work/corpus.txt"
 "$kiln" prepare --input "$work/corpus.txt" --out "$work/data" --tokenizer byte --val-fraction 0.1 >/dev/null
 
 cat > "$work/tiny.toml" <<EOF
@@ -57,29 +49,6 @@ peak_tflops = 1.0
 [parallel]
 bucket_mb = 0.004
 EOF
-
-# compare A B [first_step]: per-step losses (and val losses) within 1e-5 relative.
-compare() {
-  "$py" - "$1" "$2" "${3:-1}" <<'PY'
-import json, sys
-def load(p):
-    return {r["step"]: r for r in map(json.loads, open(p))}
-a, b, first = load(sys.argv[1]), load(sys.argv[2]), int(sys.argv[3])
-steps = [s for s in sorted(b) if s >= first]
-assert steps, "no steps to compare"
-worst = 0.0
-for s in steps:
-    for key in ("loss", "val_loss"):
-        if key not in a[s] and key not in b[s]:
-            continue
-        x, y = a[s][key], b[s][key]
-        rel = abs(x - y) / abs(x)
-        worst = max(worst, rel)
-        if rel > 1e-5:
-            sys.exit(f"step {s} {key}: {y} vs single process {x} (relative {rel:.2e})")
-print(f"{len(steps)} steps match, worst relative difference {worst:.2e}")
-PY
-}
 
 train() {  # train RUN_NAME NP STAGE [extra args...]
   local name=$1 np=$2 stage=$3

@@ -10,6 +10,7 @@
 #include "parallel/tensor_parallel.h"
 #include "parallel/tp_grads.h"
 #include "parallel/tp_plan.h"
+#include "parallel/tp_traffic.h"
 
 #include <gtest/gtest.h>
 
@@ -131,53 +132,46 @@ TEST(TpModel, LlamaGqa) { check({false, nn::ActivationCheckpointing::None, 1}); 
 TEST(TpModel, LlamaGqaSequenceParallel) { check({true, nn::ActivationCheckpointing::None, 1}); }
 TEST(TpModel, LlamaTiedSequenceParallelFull) { check({true, nn::ActivationCheckpointing::Full, 2}); }
 
-// The tensor-parallel traffic of one forward and backward against the formula (the
-// Megatron-LM counts: per layer and micro-batch two reductions forward and two backward
-// of B*T*C elements, as all_reduces, or with sequence parallelism as all_gather /
-// reduce_scatter pairs plus backward's re-gathers of the column-parallel inputs), plus
-// the vocab-parallel embedding and loss. Bytes as Communicator::stats counts them (the
-// whole buffer for all_gather and reduce_scatter).
-TEST(TpModel, Gpt2TrafficMatchesTheFormula) {
+// The tensor-parallel traffic of one forward and backward against the formula
+// (parallel/tp_traffic.h: Megatron-LM's per-layer counts, the vocab-parallel embedding
+// and loss, full recomputation's replay), exact in calls and bytes as Communicator::stats
+// counts them, for GPT-2 and Llama (untied and tied), with and without sequence
+// parallelism, under every checkpointing mode.
+TEST(TpModel, TrafficMatchesTheFormula) {
   CommTpGroup g(testing::world());
   const int n = g.size();
   if (n == 1) GTEST_SKIP() << "no traffic on one rank";
   Backend& be = cpu();
-  const GPT2Config c = tiny();
   const int B = 2, T = 8;
-  const int64_t L = c.n_layer, N = int64_t{B} * T, C = c.n_embd, act = N * C * 4;
-  const int64_t R = 16;  // one chunk of the 16 rows: classifier_chunk_rows(16, 64 / n)
-  const int64_t stats = n * R * 3 * 4;
   const Batch batch{upload_i32(std::vector<int32_t>(B * T, 5), {B, T}), upload_i32(std::vector<int32_t>(B * T, 7), {B, T}), Tensor()};
-  for (bool sp : {false, true}) {
-    SCOPED_TRACE(fmt::format("sp={} tp={}", sp, n));
-    TensorParallelPlan plan(g, sp);
-    ModelStorage st;
-    st.plan = &plan;
-    GPT2 m(c, be, st);
-    m.init_weights(1);
-    testing::world().reset_stats();
-    m.forward(batch, 1.f / 16.f);
-    m.backward();
-    const CommStats s = testing::world().stats();
-    const auto& ar = s.of(Collective::AllReduce);
-    const auto& ag = s.of(Collective::AllGather);
-    const auto& rs = s.of(Collective::ReduceScatter);
-    if (!sp) {
-      // embedding 1 + blocks 2L forward + the loss's dx 1 + blocks 2L backward.
-      EXPECT_EQ(ar.count, 4 * L + 2);
-      EXPECT_EQ(ar.bytes, (4 * L + 2) * act);
-      EXPECT_EQ(ag.count, 1);  // the loss statistics
-      EXPECT_EQ(ag.bytes, stats);
-      EXPECT_EQ(rs.count, 0);
-    } else {
-      EXPECT_EQ(ar.count, 0);
-      // reduce_scatter: embedding 1 + 2L forward, the loss's dx 1 + 2L backward.
-      EXPECT_EQ(rs.count, 4 * L + 2);
-      EXPECT_EQ(rs.bytes, (4 * L + 2) * act);
-      // all_gather: 2L forward + the head's input 1 + the statistics 1; backward 4L (each
-      // row-parallel dout and each re-gathered column-parallel input) + the embedding's dout.
-      EXPECT_EQ(ag.count, 6 * L + 3);
-      EXPECT_EQ(ag.bytes, (6 * L + 2) * act + stats);
+  for (int arch : {0, 1, 2}) {
+    for (bool sp : {false, true}) {
+      for (auto ckpt : {nn::ActivationCheckpointing::None, nn::ActivationCheckpointing::Selective,
+                        nn::ActivationCheckpointing::Full}) {
+        SCOPED_TRACE(fmt::format("arch={} sp={} ckpt={} tp={}", arch, sp, static_cast<int>(ckpt), n));
+        TensorParallelPlan plan(g, sp);
+        ModelStorage st;
+        st.plan = &plan;
+        auto m = build({sp, ckpt, arch}, be, st);
+        m->init_weights(1);
+        m->set_activation_checkpointing(ckpt);
+        TpTrafficShape shape;
+        shape.n_layer = 2, shape.rows = B * T, shape.tp = n, shape.sequence_parallel = sp;
+        shape.n_embd = arch == 0 ? tiny().n_embd : tiny_llama(false).n_embd;
+        shape.padded_vocab = 64;
+        shape.full_recompute = ckpt == nn::ActivationCheckpointing::Full;
+        const TpTraffic want = tp_micro_step_traffic(shape);
+        testing::world().reset_stats();
+        m->forward(batch, 1.f / 16.f);
+        m->backward();
+        const CommStats s = testing::world().stats();
+        for (int c = 0; c < kNumCollectives; ++c) {
+          EXPECT_EQ(s.per[static_cast<size_t>(c)].count, want.calls[static_cast<size_t>(c)])
+              << collective_name(static_cast<Collective>(c));
+          EXPECT_EQ(s.per[static_cast<size_t>(c)].bytes, want.bytes[static_cast<size_t>(c)])
+              << collective_name(static_cast<Collective>(c));
+        }
+      }
     }
   }
 }

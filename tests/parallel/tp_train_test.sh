@@ -15,17 +15,9 @@ set -euo pipefail
 kiln="$1"
 work="$2"
 rm -rf "$work" && mkdir -p "$work"
-export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export KILN_COMM_TIMEOUT_S=20
-py=/usr/bin/python3
+. "$(dirname "$0")/common.sh"
 
-"$py" - "$work/corpus.txt" <<'PY'
-import random, sys
-random.seed(5)
-words = ["in the beginning ", "and the earth ", "was without form ", "and void; ",
-         "and darkness ", "was upon the face ", "of the deep. "]
-open(sys.argv[1], "w").write("".join(random.choice(words) for _ in range(800)))
-PY
+make_corpus 5 "$work/corpus.txt"
 "$kiln" prepare --input "$work/corpus.txt" --out "$work/data" --tokenizer byte --val-fraction 0.1 >/dev/null
 
 cat > "$work/tiny.toml" <<EOF2
@@ -57,32 +49,6 @@ every = 0
 [parallel]
 bucket_mb = 0.004
 EOF2
-
-# compare A B [first_step [bound]]: per-step losses (and val losses) within bound (1e-5)
-# relative, from first_step on (or, with bound > 1e-5, the last step's loss only).
-compare() {
-  "$py" - "$1" "$2" "${3:-1}" "${4:-1e-5}" <<'PY'
-import json, sys
-def load(p):
-    return {r["step"]: r for r in map(json.loads, open(p)) if "loss" in r}
-a, b, first, bound = load(sys.argv[1]), load(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-steps = [s for s in sorted(b) if s >= first]
-assert steps, "no steps to compare"
-if bound > 1e-5:
-    steps = steps[-1:]
-worst = 0.0
-for s in steps:
-    for key in ("loss", "val_loss"):
-        if key not in a[s] and key not in b[s]:
-            continue
-        x, y = a[s][key], b[s][key]
-        rel = abs(x - y) / abs(x)
-        worst = max(worst, rel)
-        if rel > bound:
-            sys.exit(f"step {s} {key}: {y} vs single process {x} (relative {rel:.2e} > {bound})")
-print(f"{len(steps)} step(s) match, worst relative difference {worst:.2e}")
-PY
-}
 
 train() {  # train RUN_NAME NP [--set ...]
   local name=$1 np=$2
@@ -146,6 +112,20 @@ done
 train tp2_sp_bf16 2 --set parallel.tp=2 "${sp[@]}" --set train.dtype=bf16
 echo -n "bf16 tp=2 sequence_parallel after 20 updates, against fp32: "
 compare "$work/ref/metrics.jsonl" "$work/tp2_sp_bf16/metrics.jsonl" 20 0.02
+
+# kiln bench: the tp communicator's traffic per update equals the formula (calls and
+# bytes of every collective), with sequence parallelism, full recomputation, ZeRO 1.
+mpirun --oversubscribe --bind-to none -np 4 "$kiln" bench "$work/tiny.toml" --steps 2 --warmup 1 \
+  --set parallel.tp=2 "${sp[@]}" --set train.activation_checkpointing=full --set parallel.zero_stage=1 \
+  > "$work/bench.log" 2>&1 || { echo "FAILED: bench"; cat "$work/bench.log"; exit 1; }
+"$py" - "$work/bench.log" <<'PY'
+import json, sys
+j = json.loads([l for l in open(sys.argv[1]) if l.startswith("{")][-1])
+t = j["tp_traffic_per_update"]
+for name, c in t.items():
+    assert (c["calls"], c["bytes"]) == (c["formula_calls"], c["formula_bytes"]), f"{name}: {c}"
+print("kiln bench tp traffic per update = formula:", ", ".join(f"{k} {v['calls']} calls {v['bytes']} B" for k, v in t.items()))
+PY
 
 # Bad layouts: one line naming the cause, every rank non-zero, no hang.
 expect_failure() {  # expect_failure NAME PATTERN NP [--set ...]

@@ -40,6 +40,8 @@ struct Case {
   // than 10% apart: there only lower <= measured <= upper is required.
   bool bracket_only = false;
   const char* dtype = "fp32";
+  int tp = 1;  // dp = np / tp
+  bool sp = false;
 };
 
 // Per rank: measured total peak, and the gradients' peak.
@@ -109,7 +111,9 @@ peak_tflops = 1.0
             fmt::format("train.activation_checkpointing={}", c.ckpt),
             fmt::format("train.micro_batch={}", c.micro_batch),
             fmt::format("train.global_batch={}", c.global_batch),
-            fmt::format("train.dtype={}", c.dtype)};
+            fmt::format("train.dtype={}", c.dtype),
+            fmt::format("parallel.tp={}", c.tp),
+            fmt::format("parallel.sequence_parallel={}", c.sp)};
   }
 
   static Measured run_real(const Case& c, const fs::path& run_dir) {
@@ -147,10 +151,14 @@ TEST_F(MemPlanTest, PredictedPeakWithinTenPercentOfMeasured) {
       // Mixed precision: bf16 parameters/activations, fp32 gradients and master weights.
       {1, 0, "none", 2, 4, false, "bf16"},  {1, 3, "selective", 2, 4, false, "bf16"},
       {2, 1, "full", 2, 8, false, "bf16"},  {2, 3, "none", 2, 8, false, "bf16"},
+      // Tensor parallel (dp = np / tp), with and without sequence parallelism.
+      {2, 0, "none", 2, 4, false, "fp32", 2},         {2, 0, "selective", 2, 4, false, "fp32", 2, true},
+      {4, 1, "full", 2, 4, false, "fp32", 4, true},   {4, 1, "none", 2, 8, false, "fp32", 2, true},
+      {4, 3, "selective", 2, 8, false, "fp32", 2, true}, {2, 0, "none", 2, 4, false, "bf16", 2, true},
   };
-  fmt::print("{:<4} {:<5} {:<10} {:>5} {:>6} {:>5} {:>12} {:>12} {:>12} {:>8}  (bytes; instant = "
+  fmt::print("{:<4} {:<5} {:<10} {:>5} {:>6} {:>5} {:>5} {:>12} {:>12} {:>12} {:>8}  (bytes; instant = "
              "lower bound: collectives complete at once)\n",
-             "np", "zero", "ckpt", "micro", "global", "rank", "predicted", "instant", "measured",
+             "np", "zero", "ckpt", "micro", "global", "tp", "rank", "predicted", "instant", "measured",
              "error");
   double worst = 0;
   std::string worst_case;
@@ -175,15 +183,16 @@ TEST_F(MemPlanTest, PredictedPeakWithinTenPercentOfMeasured) {
       const int64_t low = lower.ranks[static_cast<size_t>(r)].peak_total;
       const int64_t meas = m.peak[static_cast<size_t>(r)];
       const double err = static_cast<double>(pred - meas) / static_cast<double>(meas);
-      fmt::print("{:<4} {:<5} {:<10} {:>5} {:>6} {:>5} {:>12} {:>12} {:>12} {:>+7.2f}%{}\n", c.np,
-                 c.stage, c.ckpt, c.micro_batch, c.global_batch, r, pred, low, meas, 100 * err,
+      fmt::print("{:<4} {:<5} {:<10} {:>5} {:>6} {:>5} {:>5} {:>12} {:>12} {:>12} {:>+7.2f}%{}\n", c.np,
+                 c.stage, c.ckpt, c.micro_batch, c.global_batch,
+                 fmt::format("{}{}", c.tp, c.sp ? "sp" : ""), r, pred, low, meas, 100 * err,
                  c.bracket_only ? "  (bracket only)" : "");
       // Never below what must be held when communication keeps pace. (DataParallel bounds
       // the reductions in flight, so the lagging prediction is within 10% of any timing.)
       EXPECT_GE(meas, low) << "np=" << c.np << " zero=" << c.stage << " rank " << r;
       if (std::abs(err) > worst) {
         worst = std::abs(err);
-        worst_case = fmt::format("np={} zero={} ckpt={} rank {}", c.np, c.stage, c.ckpt, r);
+        worst_case = fmt::format("np={} tp={} zero={} ckpt={} rank {}", c.np, c.tp, c.stage, c.ckpt, r);
       }
       EXPECT_LE(std::abs(err), 0.10) << "np=" << c.np << " zero=" << c.stage << " " << c.ckpt
                                      << " rank " << r << ": predicted " << pred << ", measured "

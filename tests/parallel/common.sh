@@ -1,0 +1,43 @@
+# Shared by the `kiln train` tests of this folder (source it after setting $work):
+#   make_corpus SEED OUT   a small corpus with structure (byte-level tokens later)
+#   compare A B [first_step [bound]]
+#                          per-step losses (and val losses) of metrics.jsonl B against
+#                          A within bound (default 1e-5) relative, from first_step on;
+#                          with a bound above 1e-5 the last step's loss only
+py=/usr/bin/python3
+export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export KILN_COMM_TIMEOUT_S=20
+
+make_corpus() {
+  "$py" - "$1" "$2" <<'PY'
+import random, sys
+random.seed(int(sys.argv[1]))
+words = ["in the beginning ", "and the earth ", "was without form ", "and void; ",
+         "and darkness ", "was upon the face ", "of the deep. "]
+open(sys.argv[2], "w").write("".join(random.choice(words) for _ in range(800)))
+PY
+}
+
+compare() {
+  "$py" - "$1" "$2" "${3:-1}" "${4:-1e-5}" <<'PY'
+import json, sys
+def load(p):
+    return {r["step"]: r for r in map(json.loads, open(p)) if "loss" in r}
+a, b, first, bound = load(sys.argv[1]), load(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+steps = [s for s in sorted(b) if s >= first]
+assert steps, "no steps to compare"
+if bound > 1e-5:
+    steps = steps[-1:]
+worst = 0.0
+for s in steps:
+    for key in ("loss", "val_loss"):
+        if key not in a[s] and key not in b[s]:
+            continue
+        x, y = a[s][key], b[s][key]
+        rel = abs(x - y) / abs(x)
+        worst = max(worst, rel)
+        if rel > bound:
+            sys.exit(f"step {s} {key}: {y} vs single process {x} (relative {rel:.2e} > {bound})")
+print(f"{len(steps)} step(s) match, worst relative difference {worst:.2e}")
+PY
+}
