@@ -7,9 +7,12 @@
 #      process;
 #   2. a checkpoint saved at dp2 x tp2 with ZeRO 1 resumes at tp1, at tp4 and at dp4 with
 #      ZeRO 3 with the uninterrupted run's next losses within 1e-5 (optimizer state
-#      included; the save also checks the tp replicas are bitwise identical);
-#   3. bf16 at tp2 with sequence parallelism ends within 2% of the fp32 single process;
-#   4. bad layouts are one-line errors at start-up on every rank.
+#      included; the save also checks the tp replicas are bitwise identical); `kiln
+#      sample` and `kiln export` read that checkpoint, and the export initialises
+#      dp2 x tp2 ZeRO 3 as it does one process;
+#   3. memory per rank about 1/tp; `kiln bench`'s tp traffic per update = the formula;
+#   4. bf16 at tp2 with sequence parallelism ends within 2% of the fp32 single process;
+#   5. bad layouts are one-line errors at start-up on every rank.
 # Usage: tp_train_test.sh KILN_BINARY WORK_DIR
 set -euo pipefail
 kiln="$1"
@@ -107,6 +110,19 @@ train reshard_dp4_z3 4 --set parallel.zero_stage=3 --resume auto
 for to in tp1 tp4 dp4_z3; do
   echo -n "dp2 x tp2 zero 1 -> $to: "; compare "$work/ref/metrics.jsonl" "$work/reshard_$to/metrics.jsonl" 11
 done
+
+# The split never reaches files: `kiln sample` reads the dp2 x tp2 checkpoint as one
+# model, and its Hugging Face export starts dp2 x tp2 at ZeRO 3 (each rank reading the
+# global runs of its slices) as it starts one process.
+"$kiln" sample --checkpoint "$work/reshard/ckpt/step_00000010" --max-new-tokens 8 --seed 1 \
+  > "$work/sample.log" 2>&1 || { echo "FAILED: sample"; cat "$work/sample.log"; exit 1; }
+"$kiln" export --checkpoint "$work/reshard/ckpt/step_00000010" --format hf --out "$work/hf" \
+  > "$work/export.log" 2>&1 || { echo "FAILED: export"; cat "$work/export.log"; exit 1; }
+train init_tp1 1 --set "model.init_from=$work/hf" --set train.steps=5 --set eval.every=5
+train init_dp2_tp2_z3 4 --set "model.init_from=$work/hf" --set train.steps=5 --set eval.every=5 \
+  --set parallel.tp=2 "${sp[@]}" --set parallel.zero_stage=3
+echo -n "kiln sample and export of a tp checkpoint; init_from its export at dp2 x tp2 zero 3: "
+compare "$work/init_tp1/metrics.jsonl" "$work/init_dp2_tp2_z3/metrics.jsonl"
 
 # bf16 with tp2 and sequence parallelism against the fp32 single process.
 train tp2_sp_bf16 2 --set parallel.tp=2 "${sp[@]}" --set train.dtype=bf16
