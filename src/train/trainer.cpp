@@ -314,7 +314,7 @@ void Trainer::summarize_communication(TrainResult& r, int64_t timed_steps) {
                100.0 * r.comm_hidden_fraction);
 }
 
-void Trainer::summarize_tp_traffic(TrainResult& r, int64_t updates) {
+void Trainer::summarize_tp_traffic(TrainResult& r, int64_t steps) {
   TpTrafficShape s;
   s.n_layer = config_.model.n_layer;
   s.rows = int64_t{config_.train.micro_batch} * seq_len_;
@@ -332,8 +332,8 @@ void Trainer::summarize_tp_traffic(TrainResult& r, int64_t updates) {
   }
   r.tp_formula = tp_update_traffic(s, accum_);
   for (size_t c = 0; c < r.tp_measured.calls.size(); ++c) {
-    r.tp_measured.calls[c] /= std::max<int64_t>(updates, 1);
-    r.tp_measured.bytes[c] /= std::max<int64_t>(updates, 1);
+    r.tp_measured.calls[c] /= std::max<int64_t>(steps, 1);
+    r.tp_measured.bytes[c] /= std::max<int64_t>(steps, 1);
   }
   if (!options_.verbose) return;
   fmt::print("kiln: tensor-parallel traffic per update over {} ranks{} (rank 0; formula: "
@@ -364,7 +364,7 @@ TrainResult Trainer::run() {
   const int64_t stop_at = policy.stop_at();
   const auto run_start = Clock::now();
   double timed_seconds = 0.0;
-  int64_t timed_steps = 0;
+  int64_t timed_steps = 0, tp_steps = 0;
   while (step_ < stop_at) {
     const auto t0 = Clock::now();
     double norm = 0.0;
@@ -373,7 +373,8 @@ TrainResult Trainer::run() {
     const CommStats tp_before = mesh_->comm(Axis::TP).stats();
     const double loss = train_step(&norm);
     const CommStats tp_after = mesh_->comm(Axis::TP).stats();
-    for (size_t c = 0; c < tp_after.per.size(); ++c) {  // summed here, per update at the end
+    ++tp_steps;  // every step moves tp traffic, a skipped fp16 one too
+    for (size_t c = 0; c < tp_after.per.size(); ++c) {  // summed here, per step at the end
       r.tp_measured.calls[c] += tp_after.per[c].count - tp_before.per[c].count;
       r.tp_measured.bytes[c] += tp_after.per[c].bytes - tp_before.per[c].bytes;
     }
@@ -444,7 +445,7 @@ TrainResult Trainer::run() {
   }
   if (profile_) profile_->finish();
   if (dp_size_ > 1) summarize_communication(r, timed_steps);
-  if (mesh_->tp() > 1) summarize_tp_traffic(r, step_ - r.first_step);
+  if (mesh_->tp() > 1) summarize_tp_traffic(r, tp_steps);
   r.step_time_s = timed_steps > 0 ? timed_seconds / static_cast<double>(timed_steps) : 0.0;
   r.timed_steps = timed_steps;
   r.tokens_per_s = timed_steps > 0 ? static_cast<double>(tokens_per_step) * timed_steps / timed_seconds

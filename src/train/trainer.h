@@ -107,8 +107,9 @@ class Trainer {
   nlohmann::json data_fingerprint() const;
   void maybe_sample();
   void summarize_communication(TrainResult& r, int64_t timed_steps);
-  /// r.tp_formula, and r.tp_measured from the run's sum over `updates` updates; prints both.
-  void summarize_tp_traffic(TrainResult& r, int64_t updates);
+  /// r.tp_formula, and r.tp_measured from the run's sum over its `steps` training steps
+  /// (skipped fp16 ones included); prints both.
+  void summarize_tp_traffic(TrainResult& r, int64_t steps);
   void init_weights();
   /// Sums `values` over the data-parallel group, exactly in 64 bits (no-op for one rank).
   void dp_sum(std::span<double> values);
