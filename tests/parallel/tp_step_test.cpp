@@ -3,7 +3,8 @@
 // one process running the same global batch; after the first update every gradient this
 // rank holds, placed by global name and element, within 1e-5 of the single process's;
 // after the last, the tp-replicated parameters bitwise identical over each tp group.
-// Run on 2 ranks (tp2 rows) and 4 ranks (tp4 and dp2 x tp2 rows); alone it has no row.
+// Run on 2 ranks (tp2 rows) and 4 ranks (tp4 and dp2 x tp2 rows); each row skips on other
+// world sizes (ctest runs no world of one: it has no row).
 #include "backend/registry.h"
 #include "comm/local_communicator.h"
 #include "mpi_test_main.h"
