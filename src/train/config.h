@@ -138,6 +138,9 @@ struct ParallelSection {
   int tp = 1;
   bool sequence_parallel = false;  // split the norm/dropout regions' rows over tp
   int pp = 1;
+  int virtual_stages = 1;            // model chunks per pipeline rank (interleaved: > 1)
+  std::string pp_schedule = "1f1b";  // gpipe | 1f1b | interleaved
+  std::vector<int64_t> pp_split;     // first part of each stage after the first; [] = balance
   int zero_stage = 0;  // 0..3
   double bucket_mb = 25.0;  // gradient all-reduce bucket size
   double timeout_s = 60.0;  // collective timeout

@@ -136,6 +136,13 @@ const std::vector<Key>& keys() {
             "Sequence parallelism with tp > 1: the rows of the norm, dropout and residual "
             "activations split over the tp ranks."),
         positive(KILN_KEY(parallel, pp), "Pipeline-parallel stages."),
+        positive(KILN_KEY(parallel, virtual_stages),
+                 "Model chunks per pipeline rank (virtual stages); > 1 needs the interleaved schedule."),
+        oneof(KILN_KEY(parallel, pp_schedule), {"gpipe", "1f1b", "interleaved"},
+              "Pipeline schedule: gpipe, 1f1b or interleaved (1F1B over virtual stages)."),
+        any(KILN_KEY(parallel, pp_split),
+            "The first model part of each pipeline stage after the first (pp x virtual_stages - 1 "
+            "increasing indices); [] = balanced by the parts' cost."),
         range(KILN_KEY(parallel, zero_stage), 0, 3,
               "ZeRO stage: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters sharded."),
         positive(KILN_KEY(parallel, bucket_mb), "Gradient all-reduce bucket size in MiB."),
