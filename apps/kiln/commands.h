@@ -14,5 +14,6 @@ void register_unigram(CLI::App& app);  // kiln unigram --data DIR
 void register_bench(CLI::App& app);    // kiln bench CONFIG.toml | kiln bench --peak
 void register_report(CLI::App& app);   // kiln report RUN_DIR
 void register_memplan(CLI::App& app);  // kiln memplan CONFIG.toml --world-size N
+void register_pp_schedule(CLI::App& app);  // kiln pp-schedule --pp P --micro-batches M
 
 }  // namespace kiln::app
