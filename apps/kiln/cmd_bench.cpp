@@ -232,6 +232,7 @@ void run_distributed_bench(const Args& a) {
                   .string();
   TrainerOptions o;
   o.verbose = rank == nullptr || std::string(rank) == "0";
+  o.untimed_steps = a.warmup;
   TrainResult r;
   {
     Trainer t(c, o);

@@ -131,7 +131,10 @@ const std::vector<Key>& keys() {
         positive(KILN_KEY(log, every), "Print a progress line every this many updates."),
         nonneg(KILN_KEY(log, peak_tflops), "Peak TFLOP/s used for MFU; 0 = measure at start-up."),
         nonneg(KILN_KEY(parallel, dp), "Data-parallel ranks; 0 = derive (world size / (tp * pp))."),
-        positive(KILN_KEY(parallel, tp), "Tensor-parallel ranks (innermost axis of the mesh)."),
+        positive(KILN_KEY(parallel, tp),
+                 "Tensor-parallel ranks (innermost axis of the mesh). The query and key/value "
+                 "heads, the padded vocabulary and the MLP width must divide by it (a start-up "
+                 "error names the tensor otherwise)."),
         any(KILN_KEY(parallel, sequence_parallel),
             "Sequence parallelism with tp > 1: the rows of the norm, dropout and residual "
             "activations split over the tp ranks."),

@@ -23,6 +23,7 @@
 #include <fstream>
 #include <limits>
 #include <optional>
+#include <sstream>
 #include <utility>
 
 namespace kiln {
@@ -39,6 +40,40 @@ double seconds_since(Clock::time_point t) {
 }
 }  // namespace
 
+void check_config_on_all_ranks(Communicator& world, const TrainConfig& config) {
+  if (world.size() == 1) return;
+  // One line of to_toml() per key ("name = value" under "[section]"): a 32-bit hash each,
+  // gathered from every rank, so that a mismatch names the first key that differs.
+  std::vector<std::string> names, lines;
+  std::string section;
+  std::istringstream toml(config.to_toml());
+  for (std::string line; std::getline(toml, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    if (line[0] == '[') {
+      section = line.substr(1, line.find(']') - 1);
+      continue;
+    }
+    names.push_back(section + "." + line.substr(0, line.find(" = ")));
+    lines.push_back(line);
+  }
+  check_same_on_all_ranks(world, "config (its number of keys)", std::to_string(lines.size()));
+  const auto n = static_cast<int64_t>(lines.size());
+  std::vector<int32_t> mine(lines.size()), all(lines.size() * static_cast<size_t>(world.size()));
+  for (size_t i = 0; i < lines.size(); ++i) {
+    uint32_t h = 2166136261u;  // FNV-1a 32
+    for (unsigned char ch : lines[i]) h = (h ^ ch) * 16777619u;
+    mine[i] = static_cast<int32_t>(h);
+  }
+  world.all_gather(Tensor::view(all.data(), Shape{n * world.size()}, DType::I32),
+                   Tensor::view(mine.data(), Shape{n}, DType::I32));
+  for (size_t i = 0; i < lines.size(); ++i)
+    for (int r = 0; r < world.size(); ++r)
+      KILN_CHECK(all[static_cast<size_t>(r) * lines.size() + i] == mine[i],
+                 "the config differs between ranks: {} is {} on rank {} but not on rank {} (every "
+                 "rank must run the same config)", names[i],
+                 lines[i].substr(lines[i].find(" = ") + 3), world.rank(), r);
+}
+
 void install_preemption_handlers() {
   std::signal(SIGTERM, on_preempt_signal);
   std::signal(SIGUSR1, on_preempt_signal);
@@ -53,6 +88,9 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   world_ = make_device_world_communicator(config_.train.device);
   // parallel.timeout_s, unless KILN_COMM_TIMEOUT_S overrides it (tests, debugging).
   if (std::getenv("KILN_COMM_TIMEOUT_S") == nullptr) world_->set_timeout(config_.parallel.timeout_s);
+  // Every rank must run the same config, the layout included: checked key by key before
+  // the mesh is built from it.
+  check_config_on_all_ranks(*world_, config_);
   KILN_CHECK(config_.parallel.pp == 1,
              "{}: parallel.pp must be 1 (pipeline parallelism is not implemented yet)",
              config_.source);
@@ -83,8 +121,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   KILN_CHECK(config_.model.vocab_size >= meta.vocab_size,
              "{}: model.vocab_size {} is smaller than the data set's vocabulary ({} in {})",
              config_.source, config_.model.vocab_size, meta.vocab_size, config_.data.dir);
-  // Every rank must run the same config on the same data: compare hashes at start-up.
-  check_same_on_all_ranks(*world_, "config", config_.hash());
+  // ... and the same data: compare hashes at start-up.
   check_same_on_all_ranks(*world_, "data set " + config_.data.dir,
                           fmt::format("{}/{}/{}", meta.tokenizer_hash, meta.vocab_size,
                                       train_loader_->total_tokens()));
@@ -108,6 +145,11 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   std::optional<fs::path> resume_dir;
   if (options_.resume == "auto") {
     resume_dir = checkpoint::find_latest_checkpoint(ckpt_root);
+    // Checkpoints that all fail verification are not a fresh start: training from scratch
+    // would bury them (find_latest_checkpoint has said what is wrong with each).
+    KILN_CHECK(resume_dir || checkpoint::list_checkpoint_dirs(ckpt_root).empty(),
+               "--resume auto: {} holds checkpoints but none is complete and intact (see the "
+               "warnings above); repair or move them, or choose another run.dir", ckpt_root.string());
     if (!resume_dir && options_.verbose)
       fmt::print("kiln: --resume auto: no checkpoint in {}, starting fresh\n", ckpt_root.string());
   } else if (!options_.resume.empty()) {
@@ -381,12 +423,12 @@ TrainResult Trainer::run() {
     if (profile_) profile_->end_step();
     const double dt = seconds_since(t0);
     const double step_wait = dp_->take_wait_seconds();
-    if (step_ > r.first_step + 1) r.comm_exposed_s += step_wait;
+    if (step_ > r.first_step + options_.untimed_steps) r.comm_exposed_s += step_wait;
     if (last_skipped_) {  // fp16 overflow: the update was not applied, try the next batch
       if (is_rank0_ && metrics) metrics->write(skipped_step_record(step_ + 1, loss, scaler()));
       continue;
     }
-    if (step_ > r.first_step + 1) timed_seconds += dt, ++timed_steps;  // the first is warm-up
+    if (step_ > r.first_step + options_.untimed_steps) timed_seconds += dt, ++timed_steps;  // the first ones are warm-up
     r.last_step = step_;
     r.last_loss = loss;
 

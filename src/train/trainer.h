@@ -48,6 +48,9 @@ struct TrainerOptions {
   int64_t exit_interval = 0;
   /// Print one line per logged step to stdout.
   bool verbose = true;
+  /// The first updates of the run that the timing (step_time_s, tokens/s, communication)
+  /// leaves out as warm-up.
+  int64_t untimed_steps = 1;
 };
 
 /// What a run did, for callers and tests.
@@ -139,6 +142,10 @@ class Trainer {
   nlohmann::json rollback_record_;  // written first to metrics.jsonl by run(); null: none
   Tensor tokens_, targets_;  // [micro_batch, T] int32 on the device (evaluation)
 };
+
+/// Throws kiln::Error, on every rank of `world`, naming the first key (and this rank's
+/// value) whose value differs between ranks. Collective.
+void check_config_on_all_ranks(Communicator& world, const TrainConfig& config);
 
 /// Installs SIGTERM / SIGUSR1 handlers that ask the running trainer to checkpoint and
 /// stop after the current update.

@@ -169,7 +169,7 @@ expect_failure() {  # expect_failure NAME PATTERN cmd...
   grep -q -- "$pattern" "$work/$name.log" || { echo "FAILED: $name: no '$pattern' in:"; cat "$work/$name.log"; exit 1; }
   echo "$name: every rank exited non-zero in $((SECONDS - start)) s with '$pattern'"
 }
-expect_failure config_mismatch "config differs between ranks" \
+expect_failure config_mismatch "config differs between ranks: train.seed is" \
   mpirun --oversubscribe -np 1 "$kiln" train "$work/tiny.toml" --set "run.dir=$work/mm" : \
                          -np 1 "$kiln" train "$work/tiny.toml" --set "run.dir=$work/mm" --set train.seed=7
 expect_failure missing_data "rank 1: error: .*nowhere" \

@@ -154,6 +154,14 @@ expect_failure() {  # expect_failure NAME PATTERN NP [--set ...]
   grep -q -- "$pattern" "$work/$name.log" || { echo "FAILED: $name: no '$pattern' in:"; cat "$work/$name.log"; exit 1; }
   echo "$name: $(grep -m1 -- "$pattern" "$work/$name.log")"
 }
+# A layout that differs between ranks is named before any mesh is built from it.
+if timeout 60 mpirun --oversubscribe --bind-to none -np 1 "$kiln" train "$work/tiny.toml" --set "run.dir=$work/mm" --set parallel.tp=2 : \
+     -np 1 "$kiln" train "$work/tiny.toml" --set "run.dir=$work/mm" > "$work/mismatch.log" 2>&1; then
+  echo "FAILED: a tp mismatch between ranks exited 0"; exit 1
+fi
+grep -q "config differs between ranks: parallel.tp is" "$work/mismatch.log" ||
+  { echo "FAILED: the tp mismatch does not name parallel.tp:"; cat "$work/mismatch.log"; exit 1; }
+echo "mismatch: $(grep -m1 "config differs" "$work/mismatch.log")"
 expect_failure heads "4 query heads and 4 key/value heads do not divide over tp = 8" 8 --set parallel.tp=8 --set parallel.dp=1
 expect_failure kv_heads "key/value heads do not divide over tp = 4" 4 "${llama[@]}" --set parallel.tp=4
 expect_failure world "dp (3) \* tp (2) \* pp (1) = 6 must equal the world size 4" 4 --set parallel.tp=2 --set parallel.dp=3
