@@ -2,6 +2,7 @@
 // export_hf_tokenizer: a tokenizer.json written from kiln's GPT-2 tables encodes as the gpt2
 // kind; added tokens; Llama 3's Split regex against pre-tokens worked out by hand and
 // against node's own regex engine; one-line errors naming the field.
+#include "support/error_of.h"
 #include "core/error.h"
 #include "data/prepare.h"
 #include "data/tokenizer.h"
@@ -73,14 +74,7 @@ std::string without(const std::string& s, std::initializer_list<char32_t> drop) 
   return out;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const kiln::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using kiln::testing::error_of;
 
 }  // namespace
 

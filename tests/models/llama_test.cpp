@@ -3,6 +3,7 @@
 // forward, gradients bitwise equal under every checkpointing policy and with explicit
 // positions 0..T-1, and one-line config errors. Numerical correctness against PyTorch
 // is tests/golden/llama_golden_test.cpp.
+#include "support/error_of.h"
 #include "backend/registry.h"
 #include "models/llama/config.h"
 #include "models/llama/llama.h"
@@ -35,14 +36,7 @@ ModelOptions tiny(bool tie = false) {
   return o;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using kiln::testing::error_of;
 
 struct Rig {
   std::unique_ptr<Backend> be = make_backend("cpu");

@@ -2,6 +2,7 @@
 // shapes: no deadlock, every message matched, every pass once, each micro-batch's forward
 // before its backward; the bubble against theory and the in-flight bound as documented;
 // broken schedules caught; stage splits balanced or as given.
+#include "support/error_of.h"
 #include "core/error.h"
 #include "parallel/pipeline_schedule.h"
 
@@ -16,14 +17,7 @@
 namespace kiln::pp {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using kiln::testing::error_of;
 
 TEST(PipelineSchedule, OneFOneBOrderOnTwoStages) {
   // pp 2, 3 micro-batches: stage 0 warms up with one forward, stage 1 with none.

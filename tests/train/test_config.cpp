@@ -1,5 +1,6 @@
 // Tests for the training configuration: errors, presets, overrides, round trip,
 // schedules, gradient accumulation and the shipped example configs.
+#include "support/error_of.h"
 #include "train/config.h"
 
 #include <fmt/format.h>
@@ -34,16 +35,7 @@ std::string source_dir() {
   return KILN_SOURCE_DIR_DEFAULT;
 }
 
-// The message of the kiln::Error that `f` throws ("" when it throws none).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using kiln::testing::error_of;
 
 std::string load_error(const std::string& text, const std::vector<std::string>& overrides = {}) {
   return error_of([&] { load_config_string(text, overrides, "config.toml"); });
