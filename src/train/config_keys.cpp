@@ -58,7 +58,7 @@ const std::vector<Key>& keys() {
         nonneg(KILN_KEY(model, n_embd), "Embedding (residual stream) width."),
         nonneg(KILN_KEY(model, block_size), "Maximum sequence length (position-table rows)."),
         nonneg(KILN_KEY(model, vocab_size), "Vocabulary size; 0 = take it from the data set's meta.json."),
-        range(KILN_KEY(model, dropout), 0, 1, "Dropout probability (embeddings, attention, residual).",
+        range(KILN_KEY(model, dropout), 0, 1, "Dropout probability (embeddings, attention, residual); gpt2 only (llama has none: 0).",
               false, /*hi_open=*/true),
         nonneg(KILN_KEY(model, n_kv_head),
                "Key/value heads of grouped-query attention (llama); must divide n_head; 0 = n_head."),
