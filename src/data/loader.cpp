@@ -1,7 +1,8 @@
 #include "data/loader.h"
 
 #include "core/error.h"
-#include "core/rng.h"
+
+#include <fmt/format.h>
 
 #include <algorithm>
 
@@ -10,7 +11,7 @@ namespace kiln::data {
 namespace fs = std::filesystem;
 
 DataLoader::DataLoader(const fs::path& dir, std::string split, int seq_len, uint64_t seed, bool shuffle)
-    : split_(std::move(split)), T_(seq_len), seed_(seed), shuffle_(shuffle) {
+    : split_(std::move(split)), T_(seq_len) {
   KILN_CHECK(seq_len >= 1, "data loader: seq_len {} < 1", seq_len);
   meta_ = read_dataset_meta(dir);
   const auto it = meta_.splits.find(split_);
@@ -33,30 +34,7 @@ DataLoader::DataLoader(const fs::path& dir, std::string split, int seq_len, uint
   samples_ = total_ > 0 ? (total_ - 1) / T_ : 0;
   KILN_CHECK(samples_ >= 1, "{}: split '{}' has {} tokens, too few for one sample of seq_len {} (needs {})",
              dir.string(), split_, total_, T_, static_cast<int64_t>(T_) + 1);
-  KILN_CHECK(samples_ <= static_cast<int64_t>(UINT32_MAX), "{}: {} samples per epoch exceed 2^32",
-             dir.string(), samples_);
-}
-
-void DataLoader::ensure_permutation(int64_t epoch) {
-  if (!shuffle_ || perm_epoch_ == epoch) return;
-  perm_.resize(static_cast<size_t>(samples_));
-  for (int64_t i = 0; i < samples_; ++i) perm_[i] = static_cast<uint32_t>(i);
-  // Fisher-Yates: for i = n-1 .. 1 swap i with j uniform in [0, i]. j comes from 64 random
-  // bits by multiply-high (bias < n / 2^64, negligible).
-  Philox rng(seed_, static_cast<uint64_t>(epoch));
-  for (int64_t i = samples_ - 1; i > 0; --i) {
-    const uint64_t r = (static_cast<uint64_t>(rng.next_u32()) << 32) | rng.next_u32();
-    const auto j = static_cast<int64_t>((static_cast<unsigned __int128>(r) * static_cast<uint64_t>(i + 1)) >> 64);
-    std::swap(perm_[i], perm_[j]);
-  }
-  perm_epoch_ = epoch;
-}
-
-int64_t DataLoader::sample_at(int64_t epoch, int64_t index) {
-  KILN_CHECK(index >= 0 && index < samples_, "data loader: index {} outside [0, {})", index, samples_);
-  if (!shuffle_) return index;
-  ensure_permutation(epoch);
-  return perm_[static_cast<size_t>(index)];
+  order_ = VisitOrder(samples_, seed, shuffle, fmt::format("{} split '{}'", dir.string(), split_));
 }
 
 void DataLoader::read_sample(int64_t sample, int32_t* out) const {
@@ -77,34 +55,14 @@ void DataLoader::read_sample(int64_t sample, int32_t* out) const {
 }
 
 void DataLoader::next_batch(int32_t* inputs, int32_t* targets, int micro_batch, int dp_rank, int dp_size) {
-  KILN_CHECK(micro_batch >= 1 && dp_size >= 1 && dp_rank >= 0 && dp_rank < dp_size,
-             "data loader: bad batch arguments micro_batch={} dp_rank={} dp_size={}", micro_batch, dp_rank,
-             dp_size);
   const int64_t T = T_;
   std::vector<int32_t> row(static_cast<size_t>(T + 1));
-  LoaderState s = state_;
-  const int64_t global = static_cast<int64_t>(micro_batch) * dp_size;
-  const int64_t first = static_cast<int64_t>(dp_rank) * micro_batch;
-  for (int64_t g = 0; g < global; ++g) {
-    if (g >= first && g < first + micro_batch) {
-      read_sample(sample_at(s.epoch, s.index), row.data());
-      const int64_t b = g - first;
-      std::copy(row.begin(), row.begin() + T, inputs + b * T);
-      std::copy(row.begin() + 1, row.end(), targets + b * T);
-    }
-    if (++s.index == samples_) {
-      s.index = 0;
-      ++s.epoch;
-    }
+  const std::vector<int64_t> mine = order_.next_batch(micro_batch, dp_rank, dp_size);
+  for (size_t b = 0; b < mine.size(); ++b) {
+    read_sample(mine[b], row.data());
+    std::copy(row.begin(), row.begin() + T, inputs + static_cast<int64_t>(b) * T);
+    std::copy(row.begin() + 1, row.end(), targets + static_cast<int64_t>(b) * T);
   }
-  state_ = s;
-}
-
-void DataLoader::set_state(const LoaderState& s) {
-  KILN_CHECK(s.epoch >= 0 && s.index >= 0 && s.index < samples_,
-             "data loader: state (epoch {}, index {}) outside [0, {}) samples of split '{}'", s.epoch, s.index,
-             samples_, split_);
-  state_ = s;
 }
 
 }  // namespace kiln::data

@@ -4,18 +4,14 @@
 // tokens [i*T, i*T + T + 1): inputs = the first T, targets = the last T (shifted by one),
 // as in llm.c. samples_per_epoch = (N - 1) / T; a tail shorter than a sample is unused.
 //
-// Order: without shuffle, epoch e visits samples 0, 1, 2, ...; with shuffle, epoch e
-// visits a Fisher-Yates permutation of all samples driven by Philox(seed, stream = e), so
-// every sample is visited exactly once per epoch and the order depends only on (seed, e).
-//
-// Data parallelism: a global batch is micro_batch * dp_size consecutive positions of the
-// visiting order; rank r takes positions [r*micro_batch, (r+1)*micro_batch). All ranks
-// advance by the same global batch, so they stay in step and read disjoint samples, and
-// the position (epoch, index) is independent of dp_size.
+// Order and data parallelism: data/visit_order.h (a per-epoch Philox permutation when
+// shuffling; rank r of dp takes its micro_batch of each global batch's positions; the
+// position (epoch, index) is independent of dp_size).
 #pragma once
 
 #include "data/meta.h"
 #include "data/shard.h"
+#include "data/visit_order.h"
 
 #include <cstdint>
 #include <filesystem>
@@ -23,13 +19,6 @@
 #include <vector>
 
 namespace kiln::data {
-
-/// The loader's position: the next sample is visiting-order position `index` of `epoch`.
-struct LoaderState {
-  int64_t epoch = 0;
-  int64_t index = 0;
-  bool operator==(const LoaderState&) const = default;
-};
 
 class DataLoader {
  public:
@@ -50,11 +39,11 @@ class DataLoader {
   /// Tokens of sample `sample` (0 <= sample < samples_per_epoch()), T + 1 of them, into out.
   void read_sample(int64_t sample, int32_t* out) const;
   /// The sample visited at position `index` of epoch `epoch`.
-  int64_t sample_at(int64_t epoch, int64_t index);
+  int64_t sample_at(int64_t epoch, int64_t index) { return order_.sample_at(epoch, index); }
 
-  LoaderState state() const { return state_; }
+  LoaderState state() const { return order_.state(); }
   /// Resumes at `s`. Throws kiln::Error when s.index is outside [0, samples_per_epoch()).
-  void set_state(const LoaderState& s);
+  void set_state(const LoaderState& s) { order_.set_state(s); }
 
   int64_t samples_per_epoch() const { return samples_; }
   int64_t total_tokens() const { return total_; }
@@ -64,20 +53,14 @@ class DataLoader {
   const DatasetMeta& meta() const { return meta_; }
 
  private:
-  void ensure_permutation(int64_t epoch);
-
   DatasetMeta meta_;
   std::string split_;
   int T_;
-  uint64_t seed_;
-  bool shuffle_;
   std::vector<ShardReader> shards_;
   std::vector<int64_t> starts_;  // stream offset of each shard, plus the total at the end
   int64_t total_ = 0;
   int64_t samples_ = 0;
-  LoaderState state_;
-  int64_t perm_epoch_ = -1;
-  std::vector<uint32_t> perm_;
+  VisitOrder order_;
 };
 
 }  // namespace kiln::data

@@ -1,0 +1,78 @@
+// Image shards: labelled images, fixed-size records after a 1024-byte header of 256
+// little-endian int32 (the token shards' header layout, data/shard.h):
+//
+//   [0] magic 20261201, [1] version 1, [2] images, [3] height, [4] width, [5] channels,
+//   [6] caption tokens per record (0: room for caption token ids later), [7..255] = 0;
+//   then `images` records: int32 label (little-endian), then height * width * channels
+//   uint8 pixels, row-major [H, W, C]. File size = 1024 + images * record_bytes().
+//
+// meta.json lists each shard with its image count and crc32 (zlib's), which the reader
+// checks when it opens the shard (docs/formats.md).
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <span>
+#include <vector>
+
+namespace kiln::data {
+
+inline constexpr int32_t kImageShardMagic = 20261201;
+inline constexpr int32_t kImageShardVersion = 1;
+
+struct ImageShape {
+  int height = 0, width = 0, channels = 1;
+  int64_t pixels() const { return int64_t{height} * width * channels; }
+  /// Bytes of one record: the int32 label and the pixels.
+  int64_t record_bytes() const { return 4 + pixels(); }
+  bool operator==(const ImageShape&) const = default;
+};
+
+/// Streams records into `<path>.tmp`; finish() writes the header, fsyncs and renames it to
+/// `path`. The destructor removes the temporary file when finish() was not reached.
+class ImageShardWriter {
+ public:
+  /// Throws kiln::Error naming the file when it cannot be created or the shape is empty.
+  ImageShardWriter(std::filesystem::path path, const ImageShape& shape);
+  ~ImageShardWriter();
+  ImageShardWriter(const ImageShardWriter&) = delete;
+  ImageShardWriter& operator=(const ImageShardWriter&) = delete;
+
+  /// Appends one image: `pixels` holds shape.pixels() bytes. Throws kiln::Error on a
+  /// wrong size or a failed write (file named).
+  void write(int32_t label, std::span<const uint8_t> pixels);
+  int64_t images() const { return count_; }
+  /// Completes the shard; returns the crc32 of the whole file.
+  uint32_t finish();
+
+ private:
+  std::filesystem::path path_, tmp_;
+  ImageShape shape_;
+  std::FILE* f_ = nullptr;
+  int64_t count_ = 0;
+  bool finished_ = false;
+};
+
+/// One shard read whole into memory and verified.
+class ImageShardReader {
+ public:
+  /// Throws kiln::Error naming the file when it is missing, shorter or longer than its
+  /// header says, has another magic or version, a shape other than `shape`, a count other
+  /// than `images`, or a crc32 other than `crc32`.
+  ImageShardReader(const std::filesystem::path& path, const ImageShape& shape, int64_t images,
+                   uint32_t crc32);
+  int64_t images() const { return count_; }
+  const std::filesystem::path& path() const { return path_; }
+  int32_t label(int64_t i) const;
+  /// The pixels of image i, shape.pixels() bytes.
+  std::span<const uint8_t> pixels(int64_t i) const;
+
+ private:
+  std::filesystem::path path_;
+  ImageShape shape_;
+  int64_t count_ = 0;
+  std::vector<uint8_t> bytes_;  // the whole file
+};
+
+}  // namespace kiln::data
