@@ -1,4 +1,6 @@
 #include "apps/kiln/commands.h"
+#include "core/error.h"
+#include "data/image_dataset.h"
 #include "data/prepare.h"
 
 #include <fmt/format.h>
@@ -6,15 +8,25 @@
 namespace kiln::app {
 
 void register_prepare(CLI::App& app) {
-  auto* cmd = app.add_subcommand("prepare", "Tokenize UTF-8 text into llm.c-format token shards");
+  auto* cmd = app.add_subcommand(
+      "prepare", "Tokenize UTF-8 text into llm.c-format token shards, or (--format idx) turn "
+                 "labelled images into image shards");
   auto opt = std::make_shared<data::PrepareOptions>();
   std::vector<std::string> inputs, tok_files;
   auto in = std::make_shared<std::vector<std::string>>();
   auto tf = std::make_shared<std::vector<std::string>>();
-  cmd->add_option("--input", *in, "Input text files (one file = one document)")->required();
+  auto format = std::make_shared<std::string>("text");
+  auto shard_images = std::make_shared<int64_t>(100000);
+  cmd->add_option("--input", *in, "Input text files (one file = one document); --format idx: the "
+                                  "directory of IDX files")->required();
+  cmd->add_option("--format", *format, "text (default) | idx (MNIST-format images and labels: "
+                                       "train-* and t10k-* [.gz])")
+      ->check(CLI::IsMember({"text", "idx"}));
+  cmd->add_option("--shard-images", *shard_images, "--format idx: images per shard (default 100000)");
   cmd->add_option("--out", opt->out_dir, "Output directory for shards, meta.json and tokenizer")
       ->required();
-  cmd->add_option("--tokenizer", opt->tokenizer, "sentencepiece | gpt2 | hf | byte")->required();
+  auto tokenizer = cmd->add_option("--tokenizer", opt->tokenizer,
+                                   "sentencepiece | gpt2 | hf | byte (text; required)");
   cmd->add_option("--vocab-size", opt->vocab_size, "Vocabulary size (sentencepiece)");
   cmd->add_option("--val-fraction", opt->val_fraction, "Fraction held out for validation");
   cmd->add_option("--tokenizer-files", *tf,
@@ -26,7 +38,20 @@ void register_prepare(CLI::App& app) {
       ->check(CLI::IsMember({"kiln", "llmc", "llmc-u32"}));
   cmd->add_option("--shard-tokens", opt->shard_tokens, "Tokens per shard");
   cmd->add_option("--separator", opt->separator, "Split documents inside a file at this string");
-  cmd->callback([opt, in, tf] {
+  cmd->callback([opt, in, tf, format, shard_images, tokenizer] {
+    if (*format == "idx") {
+      KILN_CHECK(in->size() == 1, "prepare --format idx: --input takes one directory, got {}", in->size());
+      KILN_CHECK(tokenizer->count() == 0, "prepare --format idx: images take no --tokenizer");
+      const auto m = data::prepare_images({(*in)[0], opt->out_dir, *shard_images});
+      std::string splits;
+      for (const auto& [name, shards] : m.splits)
+        splits += fmt::format(" {}={} images ({} shards)", name, m.images(name), shards.size());
+      fmt::print("kiln prepare: {}x{}x{} images, {} classes:{} -> {}\n", m.shape.height,
+                 m.shape.width, m.shape.channels, m.classes, splits, opt->out_dir.string());
+      return;
+    }
+    KILN_CHECK(tokenizer->count() > 0, "prepare: --tokenizer is required (sentencepiece | gpt2 | "
+               "hf | byte) for text");
     for (const auto& s : *in) opt->inputs.emplace_back(s);
     for (const auto& s : *tf) opt->tokenizer_files.emplace_back(s);
     const auto r = data::prepare_dataset(*opt);

@@ -3,12 +3,14 @@
 // header, crc32).
 #include "core/error.h"
 #include "data/idx.h"
+#include "data/image_dataset.h"
 #include "data/image_shard.h"
 #include "support/error_of.h"
 
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -133,6 +135,123 @@ TEST(ImageShard, WritesReadsAndVerifies) {
   }
   EXPECT_FALSE(fs::exists(scratch("gone.imgshard")));
   EXPECT_FALSE(fs::exists(scratch("gone.imgshard.tmp")));
+}
+
+// A small MNIST-like directory: n train and m t10k images of 4x3, label i % 7, pixel
+// values that identify the image (its index in the low byte of pixel 0, 1).
+fs::path idx_dir(const std::string& name, int n, int m) {
+  const fs::path d = scratch(name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  for (const auto& [prefix, count] : {std::pair<std::string, int>{"train", n}, {"t10k", m}}) {
+    if (count == 0) continue;
+    IdxArray im, lb;
+    im.dims = {count, 4, 3};
+    lb.dims = {count};
+    for (int i = 0; i < count; ++i) {
+      for (int k = 0; k < 12; ++k) im.data.push_back(static_cast<uint8_t>(k == 0 ? i & 255 : k == 1 ? i >> 8 : 7 * k + (prefix == "t10k")));
+      lb.data.push_back(static_cast<uint8_t>(i % 7));
+    }
+    write_idx(d / (prefix + "-images-idx3-ubyte"), im);
+    write_idx(d / (prefix + "-labels-idx1-ubyte"), lb);
+  }
+  return d;
+}
+
+TEST(ImageDataset, PreparesIdxAndLoadsEveryImageOncePerEpochAcrossRanks) {
+  const fs::path in = idx_dir("idx_in", 50, 10), out = scratch("idx_out");
+  fs::remove_all(out);
+  const ImageDatasetMeta m = prepare_images({in, out, 16});
+  EXPECT_EQ(m.shape, (ImageShape{4, 3, 1}));
+  EXPECT_EQ(m.classes, 7);
+  ASSERT_EQ(m.splits.at("train").size(), 4u);  // 16 + 16 + 16 + 2
+  EXPECT_EQ(m.images("train"), 50);
+  EXPECT_EQ(m.images("val"), 10);
+  EXPECT_TRUE(is_image_dataset(out));
+  const ImageDatasetMeta back = read_image_meta(out);
+  EXPECT_EQ(back.images("train"), 50);
+  EXPECT_EQ(back.splits.at("train")[3].crc32, m.splits.at("train")[3].crc32);
+  EXPECT_NE(error_of([&] { prepare_images({in, out, 16}); }).find("already holds"), std::string::npos);
+
+  // One process with micro-batch 4, and 2 ranks of 2: the same global batches, each image
+  // once per epoch (50 = 12 batches of 4 + 2 that open the next epoch), matching its label.
+  ImageLoader one(out, "train", 3, true);
+  std::vector<ImageLoader> ranks;
+  for (int r = 0; r < 2; ++r) ranks.emplace_back(out, "train", 3, true);
+  std::vector<int> seen(50, 0);
+  for (int step = 0; step < 12; ++step) {
+    std::vector<uint8_t> px(4 * 12), px_r(2 * 12);
+    std::vector<int32_t> lb(4), lb_r(2);
+    one.next_batch(px.data(), lb.data(), 4);
+    for (int b = 0; b < 4; ++b) {
+      const int id = px[static_cast<size_t>(b * 12)] | (px[static_cast<size_t>(b * 12 + 1)] << 8);
+      ASSERT_LT(id, 50);
+      ++seen[static_cast<size_t>(id)];
+      EXPECT_EQ(lb[static_cast<size_t>(b)], id % 7);
+      EXPECT_EQ(px[static_cast<size_t>(b * 12 + 5)], 35);
+    }
+    for (int r = 0; r < 2; ++r) {
+      ranks[static_cast<size_t>(r)].next_batch(px_r.data(), lb_r.data(), 2, r, 2);
+      EXPECT_TRUE(std::equal(px_r.begin(), px_r.end(), px.begin() + r * 24));
+      EXPECT_EQ(lb_r[0], lb[static_cast<size_t>(2 * r)]);
+    }
+  }
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), 48);  // 2 left for the epoch's tail
+  // Resume: a loader set to the saved position continues identically.
+  const LoaderState s = one.state();
+  ImageLoader resumed(out, "train", 3, true);
+  resumed.set_state(s);
+  std::vector<uint8_t> a(4 * 12), b(4 * 12);
+  std::vector<int32_t> la(4), lb2(4);
+  one.next_batch(a.data(), la.data(), 4);
+  resumed.next_batch(b.data(), lb2.data(), 4);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(one.state().epoch, 1);
+  // The val split is the t10k files.
+  ImageLoader val(out, "val", 0, false);
+  EXPECT_EQ(val.samples_per_epoch(), 10);
+  val.next_batch(a.data(), la.data(), 1);
+  EXPECT_EQ(a[5], 36);
+}
+
+TEST(ImageDataset, BadInputsAreOneLineErrorsNamingTheFile) {
+  const fs::path out = scratch("idx_bad_out");
+  fs::remove_all(out);
+  {  // labels missing
+    const fs::path in = idx_dir("idx_nolabels", 8, 0);
+    fs::remove(in / "train-labels-idx1-ubyte");
+    EXPECT_NE(error_of([&] { prepare_images({in, out, 16}); }).find("no train-labels-idx1-ubyte"), std::string::npos);
+    EXPECT_FALSE(fs::exists(out));  // nothing left behind
+  }
+  {  // counts differ
+    const fs::path in = idx_dir("idx_counts", 8, 0);
+    IdxArray lb;
+    lb.dims = {7};
+    lb.data.assign(7, 1);
+    write_idx(in / "train-labels-idx1-ubyte", lb);
+    EXPECT_NE(error_of([&] { prepare_images({in, out, 16}); }).find("holds 8 images but"), std::string::npos);
+  }
+  {  // a val split of another size; its train shards are removed again
+    const fs::path in = idx_dir("idx_shape", 8, 3);
+    IdxArray im;
+    im.dims = {3, 5, 5};
+    im.data.assign(75, 0);
+    write_idx(in / "t10k-images-idx3-ubyte", im);
+    EXPECT_NE(error_of([&] { prepare_images({in, out, 4}); }).find("the train split's are 4x3"), std::string::npos);
+    EXPECT_FALSE(fs::exists(out));
+  }
+  // A corrupt shard, and a token dataset's loader pointed at images.
+  const fs::path in = idx_dir("idx_ok", 8, 0);
+  prepare_images({in, out, 16});
+  auto bytes = file_bytes(out / "train_000000.imgshard");
+  bytes[1024 + 6] ^= 0x40;
+  put_bytes(out / "train_000000.imgshard", bytes);
+  const std::string e = error_of([&] { ImageLoader(out, "train", 0, false); });
+  EXPECT_NE(e.find("train_000000.imgshard: crc32"), std::string::npos) << e;
+  EXPECT_NE(error_of([&] { ImageLoader(out, "val", 0, false); }).find("no 'val' split"), std::string::npos);
+  std::ofstream(out / "meta.json") << R"({"format": "kiln-token-shards"})";
+  EXPECT_NE(error_of([&] { read_image_meta(out); }).find("not an image dataset"), std::string::npos);
+  EXPECT_FALSE(is_image_dataset(out));
 }
 
 }  // namespace

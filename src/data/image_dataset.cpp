@@ -1,0 +1,199 @@
+#include "data/image_dataset.h"
+
+#include "core/error.h"
+#include "core/json_util.h"
+#include "data/idx.h"
+#include "data/tokenizer.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+
+namespace kiln::data {
+
+namespace fs = std::filesystem;
+
+namespace {
+constexpr const char* kFormat = "kiln-image-shards";
+constexpr int kFormatVersion = 1;
+constexpr int64_t kMaxImages = int64_t{1} << 40;
+
+std::string image_shard_name(const std::string& split, int index) {
+  return fmt::format("{}_{:06d}.imgshard", split, index);
+}
+}  // namespace
+
+int64_t ImageDatasetMeta::images(const std::string& split) const {
+  const auto it = splits.find(split);
+  int64_t n = 0;
+  if (it != splits.end())
+    for (const auto& s : it->second) n += s.images;
+  return n;
+}
+
+void write_image_meta(const fs::path& dir, const ImageDatasetMeta& m) {
+  nlohmann::ordered_json j;
+  j["format"] = kFormat;
+  j["format_version"] = kFormatVersion;
+  j["image"] = {{"height", m.shape.height}, {"width", m.shape.width}, {"channels", m.shape.channels}};
+  j["classes"] = m.classes;
+  nlohmann::ordered_json splits = nlohmann::ordered_json::object();
+  for (const auto& [name, shards] : m.splits) {
+    nlohmann::ordered_json list = nlohmann::ordered_json::array();
+    for (const auto& s : shards)
+      list.push_back({{"file", s.file}, {"images", s.images}, {"crc32", fmt::format("{:08x}", s.crc32)}});
+    splits[name] = {{"images", m.images(name)}, {"shards", std::move(list)}};
+  }
+  j["splits"] = std::move(splits);
+  write_file_atomic(dir / "meta.json", j.dump(2) + "\n");
+}
+
+bool is_image_dataset(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_regular_file(dir / "meta.json", ec)) return false;
+  try {
+    const auto j = nlohmann::json::parse(read_small_file(dir / "meta.json"));
+    return j.is_object() && j.value("format", std::string()) == kFormat;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+ImageDatasetMeta read_image_meta(const fs::path& dir) {
+  KILN_CHECK(fs::is_directory(dir), "dataset directory {} does not exist", dir.string());
+  const fs::path path = dir / "meta.json";
+  const std::string where = path.string();
+  KILN_CHECK(fs::exists(path), "{}: missing (not a dataset prepared by `kiln prepare`?)", where);
+  ImageDatasetMeta m;
+  try {
+    const auto j = nlohmann::json::parse(read_small_file(path));
+    KILN_CHECK(j.is_object() && j.value("format", std::string()) == kFormat,
+               "{}: not an image dataset (format \"{}\"; `kiln prepare --format idx` writes \"{}\")",
+               where, j.is_object() ? j.value("format", std::string()) : std::string(), kFormat);
+    KILN_CHECK(json_integer_field(j, "format_version", where) == kFormatVersion,
+               "{}: format_version {} (this build reads {})", where, j.at("format_version").dump(),
+               kFormatVersion);
+    const auto& im = j.at("image");
+    m.shape.height = static_cast<int>(json_integer_field(im, "height", where, 1, 1 << 16));
+    m.shape.width = static_cast<int>(json_integer_field(im, "width", where, 1, 1 << 16));
+    m.shape.channels = static_cast<int>(json_integer_field(im, "channels", where, 1, 4));
+    m.classes = static_cast<int>(json_integer_field(j, "classes", where, 1, 1 << 20));
+    for (const auto& [name, split] : j.at("splits").items()) {
+      int64_t sum = 0;
+      for (const auto& s : split.at("shards")) {
+        ImageShardInfo info;
+        info.file = s.at("file").get<std::string>();
+        KILN_CHECK(!info.file.empty() && info.file.find('/') == std::string::npos &&
+                       info.file.find('\0') == std::string::npos && info.file != "..",
+                   "{}: shard file \"{}\" must be a plain file name", where, info.file);
+        info.images = json_integer_field(s, "images", where, 1, kMaxImages);
+        const std::string crc = s.at("crc32").get<std::string>();
+        KILN_CHECK(crc.size() == 8 && crc.find_first_not_of("0123456789abcdef") == std::string::npos,
+                   "{}: crc32 \"{}\" of {} is not 8 hex digits", where, crc, info.file);
+        info.crc32 = static_cast<uint32_t>(std::stoul(crc, nullptr, 16));
+        sum += info.images;
+        KILN_CHECK(sum <= kMaxImages, "{}: split '{}' holds too many images", where, name);
+        m.splits[name].push_back(info);
+      }
+      KILN_CHECK(json_integer_field(split, "images", where, 0, kMaxImages) == sum,
+                 "{}: split '{}' says {} images, its shards hold {}", where, name,
+                 split.at("images").dump(), sum);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    KILN_FAIL("{}: malformed ({})", where, e.what());
+  }
+  return m;
+}
+
+ImageDatasetMeta prepare_images(const PrepareImagesOptions& o) {
+  KILN_CHECK(fs::is_directory(o.input), "{}: not a directory of IDX files", o.input.string());
+  KILN_CHECK(o.shard_images >= 1, "prepare: --shard-images must be >= 1");
+  auto find = [&](const std::string& stem) -> fs::path {
+    for (const char* ext : {".gz", ""}) {
+      const fs::path p = o.input / (stem + ext);
+      if (fs::exists(p)) return p;
+    }
+    return {};
+  };
+  std::error_code ec;
+  const bool existed = fs::exists(o.out_dir, ec);
+  fs::create_directories(o.out_dir, ec);
+  KILN_CHECK(!ec && fs::is_directory(o.out_dir), "{}: cannot create output directory",
+             o.out_dir.string());
+  KILN_CHECK(!fs::exists(o.out_dir / "meta.json"), "{}: already holds a prepared dataset (remove "
+             "it first)", o.out_dir.string());
+  ImageDatasetMeta meta;
+  std::vector<fs::path> written;
+  try {
+    for (const auto& [prefix, split] : {std::pair<std::string, std::string>{"train", "train"}, {"t10k", "val"}}) {
+      const fs::path images_path = find(prefix + "-images-idx3-ubyte");
+      const fs::path labels_path = find(prefix + "-labels-idx1-ubyte");
+      if (split == "val" && images_path.empty() && labels_path.empty()) continue;  // optional
+      KILN_CHECK(!images_path.empty(), "{}: no {}-images-idx3-ubyte[.gz]", o.input.string(), prefix);
+      KILN_CHECK(!labels_path.empty(), "{}: no {}-labels-idx1-ubyte[.gz]", o.input.string(), prefix);
+      const IdxArray images = read_idx(images_path), labels = read_idx(labels_path);
+      KILN_CHECK(images.dims.size() == 3, "{}: {} dimensions; images are [count, rows, cols]",
+                 images_path.string(), images.dims.size());
+      KILN_CHECK(labels.dims.size() == 1, "{}: {} dimensions; labels are [count]",
+                 labels_path.string(), labels.dims.size());
+      KILN_CHECK(images.dims[0] == labels.dims[0], "{} holds {} images but {} holds {} labels",
+                 images_path.string(), images.dims[0], labels_path.string(), labels.dims[0]);
+      const ImageShape shape{static_cast<int>(images.dims[1]), static_cast<int>(images.dims[2]), 1};
+      KILN_CHECK(meta.splits.empty() || shape == meta.shape, "{}: images of {}x{}, the train split's "
+                 "are {}x{}", images_path.string(), shape.height, shape.width, meta.shape.height,
+                 meta.shape.width);
+      meta.shape = shape;
+      for (uint8_t l : labels.data) meta.classes = std::max(meta.classes, int{l} + 1);
+      const int64_t n = images.dims[0];
+      for (int64_t first = 0, k = 0; first < n; first += o.shard_images, ++k) {
+        const int64_t count = std::min(o.shard_images, n - first);
+        const std::string file = image_shard_name(split, static_cast<int>(k));
+        ImageShardWriter w(o.out_dir / file, shape);
+        for (int64_t i = first; i < first + count; ++i)
+          w.write(labels.data[static_cast<size_t>(i)],
+                  {images.data.data() + i * shape.pixels(), static_cast<size_t>(shape.pixels())});
+        const uint32_t crc = w.finish();
+        written.push_back(o.out_dir / file);
+        meta.splits[split].push_back({file, count, crc});
+      }
+    }
+    write_image_meta(o.out_dir, meta);  // last: a dataset exists once its meta.json does
+  } catch (...) {
+    for (const auto& p : written) fs::remove(p, ec);
+    if (!existed) fs::remove(o.out_dir, ec);
+    throw;
+  }
+  return meta;
+}
+
+ImageLoader::ImageLoader(const fs::path& dir, const std::string& split, uint64_t seed, bool shuffle)
+    : meta_(read_image_meta(dir)) {
+  const auto it = meta_.splits.find(split);
+  KILN_CHECK(it != meta_.splits.end(), "{}: no '{}' split", (dir / "meta.json").string(), split);
+  int64_t total = 0;
+  for (const auto& s : it->second) {
+    starts_.push_back(total);
+    shards_.emplace_back(dir / s.file, meta_.shape, s.images, s.crc32);
+    total += s.images;
+  }
+  starts_.push_back(total);
+  order_ = VisitOrder(total, seed, shuffle, fmt::format("{} split '{}'", dir.string(), split));
+}
+
+void ImageLoader::next_batch(uint8_t* pixels, int32_t* labels, int micro_batch, int dp_rank, int dp_size) {
+  const int64_t P = meta_.shape.pixels();
+  const std::vector<int64_t> mine = order_.next_batch(micro_batch, dp_rank, dp_size);
+  for (size_t b = 0; b < mine.size(); ++b) {
+    const auto k = static_cast<size_t>(
+        std::upper_bound(starts_.begin(), starts_.end(), mine[b]) - starts_.begin() - 1);
+    const int64_t i = mine[b] - starts_[k];
+    const int32_t label = shards_[k].label(i);
+    KILN_CHECK(label >= 0 && label < meta_.classes, "{}: image {} has label {}, outside the {} "
+               "classes of meta.json", shards_[k].path().string(), i, label, meta_.classes);
+    labels[b] = label;
+    std::copy_n(shards_[k].pixels(i).data(), P, pixels + static_cast<int64_t>(b) * P);
+  }
+}
+
+}  // namespace kiln::data

@@ -1,0 +1,80 @@
+// Image datasets: `kiln prepare --format idx` turns IDX files (data/idx.h) into image
+// shards (data/image_shard.h) with a meta.json, and ImageLoader deals them out as the text
+// loader deals token samples (data/visit_order.h: shuffled per epoch, disjoint across
+// data-parallel ranks, resumable at any (epoch, index)).
+//
+// meta.json (docs/formats.md):
+//   {"format": "kiln-image-shards", "format_version": 1,
+//    "image": {"height": H, "width": W, "channels": C}, "classes": K,
+//    "splits": {"train": {"images": N, "shards": [{"file": F, "images": n, "crc32": "8 hex"}]},
+//               "val": {...}}}
+#pragma once
+
+#include "data/image_shard.h"
+#include "data/visit_order.h"
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace kiln::data {
+
+struct ImageShardInfo {
+  std::string file;  // relative to the dataset directory
+  int64_t images = 0;
+  uint32_t crc32 = 0;
+};
+
+struct ImageDatasetMeta {
+  ImageShape shape;
+  int classes = 0;  // labels are 0 .. classes - 1
+  std::map<std::string, std::vector<ImageShardInfo>> splits;  // "train", "val"
+  int64_t images(const std::string& split) const;
+};
+
+/// Writes dir/meta.json atomically. Throws kiln::Error naming the file.
+void write_image_meta(const std::filesystem::path& dir, const ImageDatasetMeta& meta);
+/// Reads and validates dir/meta.json. Throws kiln::Error naming the file and key when it
+/// is missing, malformed, of another format (a token dataset) or inconsistent.
+ImageDatasetMeta read_image_meta(const std::filesystem::path& dir);
+/// True when dir/meta.json says "kiln-image-shards" (false when absent or another format).
+bool is_image_dataset(const std::filesystem::path& dir);
+
+struct PrepareImagesOptions {
+  std::filesystem::path input;     // a directory of IDX files
+  std::filesystem::path out_dir;
+  int64_t shard_images = 100000;   // images per shard
+};
+
+/// `kiln prepare --format idx`: in `input`, the images `<prefix>-images-idx3-ubyte[.gz]`
+/// and labels `<prefix>-labels-idx1-ubyte[.gz]` of prefix "train" (the train split) and
+/// "t10k" (the val split, when present): MNIST's and Fashion-MNIST's names. Throws
+/// kiln::Error naming the file when one is missing or malformed, the counts of images and
+/// labels differ, or out_dir already holds a dataset; nothing is left half-written.
+ImageDatasetMeta prepare_images(const PrepareImagesOptions& o);
+
+/// Labelled images of one split, in micro-batches.
+class ImageLoader {
+ public:
+  /// Opens split `split` of the image dataset in `dir`, verifying every shard (size,
+  /// header, crc32). Throws kiln::Error naming the file at fault.
+  ImageLoader(const std::filesystem::path& dir, const std::string& split, uint64_t seed, bool shuffle);
+
+  /// This rank's micro_batch images of the next global batch: pixels [micro_batch, H, W, C]
+  /// uint8 and labels [micro_batch] int32; then advances by micro_batch * dp_size.
+  void next_batch(uint8_t* pixels, int32_t* labels, int micro_batch, int dp_rank = 0, int dp_size = 1);
+  int64_t samples_per_epoch() const { return order_.samples(); }
+  LoaderState state() const { return order_.state(); }
+  void set_state(const LoaderState& s) { order_.set_state(s); }
+  const ImageDatasetMeta& meta() const { return meta_; }
+
+ private:
+  ImageDatasetMeta meta_;
+  std::vector<ImageShardReader> shards_;
+  std::vector<int64_t> starts_;  // first image of each shard, plus the total
+  VisitOrder order_;
+};
+
+}  // namespace kiln::data
