@@ -4,6 +4,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <fstream>
 #include <memory>
 
@@ -57,9 +58,14 @@ IdxArray read_idx(const std::filesystem::path& path) {
     KILN_CHECK(total <= (uint64_t{1} << 32), "{}: more than 4 GiB of elements", name);
     a.dims.push_back(static_cast<int64_t>(n));
   }
-  a.data.resize(total);
-  KILN_CHECK(read_exact(f.get(), a.data.data(), a.data.size()),
-             "{}: truncated: its header promises {} bytes of elements", name, total);
+  // Grown as the bytes arrive, so that a short file cannot make us allocate what its
+  // header promises.
+  while (a.data.size() < total) {
+    const size_t have = a.data.size(), chunk = static_cast<size_t>(std::min<uint64_t>(total - have, 1u << 24));
+    a.data.resize(have + chunk);
+    KILN_CHECK(read_exact(f.get(), a.data.data() + have, chunk),
+               "{}: truncated: its header promises {} bytes of elements", name, total);
+  }
   uint8_t extra;
   KILN_CHECK(gzread(f.get(), &extra, 1) == 0, "{}: bytes after the {} elements its header "
              "promises", name, total);
