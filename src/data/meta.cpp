@@ -51,6 +51,9 @@ DatasetMeta read_dataset_meta(const fs::path& dir) {
   DatasetMeta m;
   try {
     const auto j = nlohmann::json::parse(read_small_file(path));
+    KILN_CHECK(!j.is_object() || j.value("format", std::string()) != "kiln-image-shards",
+               "{}: an image dataset (kiln prepare --format idx); the language models read token "
+               "datasets (kiln prepare --tokenizer ...)", path.string());
     KILN_CHECK(j.at("format").get<std::string>() == kFormat &&
                    json_integer(j.at("format_version"), path.string(), "format_version", INT32_MIN, INT32_MAX) ==
                        kFormatVersion,

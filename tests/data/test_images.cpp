@@ -5,6 +5,7 @@
 #include "data/idx.h"
 #include "data/image_dataset.h"
 #include "data/image_shard.h"
+#include "data/meta.h"
 #include "support/error_of.h"
 
 #include <gtest/gtest.h>
@@ -249,6 +250,7 @@ TEST(ImageDataset, BadInputsAreOneLineErrorsNamingTheFile) {
   const std::string e = error_of([&] { ImageLoader(out, "train", 0, false); });
   EXPECT_NE(e.find("train_000000.imgshard: crc32"), std::string::npos) << e;
   EXPECT_NE(error_of([&] { ImageLoader(out, "val", 0, false); }).find("no 'val' split"), std::string::npos);
+  EXPECT_NE(error_of([&] { read_dataset_meta(out); }).find("an image dataset"), std::string::npos);
   std::ofstream(out / "meta.json") << R"({"format": "kiln-token-shards"})";
   EXPECT_NE(error_of([&] { read_image_meta(out); }).find("not an image dataset"), std::string::npos);
   EXPECT_FALSE(is_image_dataset(out));
