@@ -9,7 +9,7 @@ namespace kiln::app {
 
 void register_prepare(CLI::App& app) {
   auto* cmd = app.add_subcommand(
-      "prepare", "Tokenize UTF-8 text into llm.c-format token shards, or (--format idx) turn "
+      "prepare", "Tokenize UTF-8 text into llm.c-format token shards, or (--format idx | imagefolder) turn "
                  "labelled images into image shards");
   auto opt = std::make_shared<data::PrepareOptions>();
   std::vector<std::string> inputs, tok_files;
@@ -17,12 +17,13 @@ void register_prepare(CLI::App& app) {
   auto tf = std::make_shared<std::vector<std::string>>();
   auto format = std::make_shared<std::string>("text");
   auto shard_images = std::make_shared<int64_t>(100000);
-  cmd->add_option("--input", *in, "Input text files (one file = one document); --format idx: the "
-                                  "directory of IDX files")->required();
+  cmd->add_option("--input", *in, "Input text files (one file = one document); --format idx | imagefolder: the "
+                                  "directory of IDX files or the image folder")->required();
   cmd->add_option("--format", *format, "text (default) | idx (MNIST-format images and labels: "
-                                       "train-* and t10k-* [.gz])")
-      ->check(CLI::IsMember({"text", "idx"}));
-  cmd->add_option("--shard-images", *shard_images, "--format idx: images per shard (default 100000)");
+                                       "train-* and t10k-* [.gz]) | imagefolder ([train/, val/] "
+                                       "<class>/*.png)")
+      ->check(CLI::IsMember({"text", "idx", "imagefolder"}));
+  cmd->add_option("--shard-images", *shard_images, "--format idx | imagefolder: images per shard (default 100000)");
   cmd->add_option("--out", opt->out_dir, "Output directory for shards, meta.json and tokenizer")
       ->required();
   auto tokenizer = cmd->add_option("--tokenizer", opt->tokenizer,
@@ -39,10 +40,11 @@ void register_prepare(CLI::App& app) {
   cmd->add_option("--shard-tokens", opt->shard_tokens, "Tokens per shard");
   cmd->add_option("--separator", opt->separator, "Split documents inside a file at this string");
   cmd->callback([opt, in, tf, format, shard_images, tokenizer] {
-    if (*format == "idx") {
-      KILN_CHECK(in->size() == 1, "prepare --format idx: --input takes one directory, got {}", in->size());
-      KILN_CHECK(tokenizer->count() == 0, "prepare --format idx: images take no --tokenizer");
-      const auto m = data::prepare_images({(*in)[0], opt->out_dir, *shard_images});
+    if (*format != "text") {
+      KILN_CHECK(in->size() == 1, "prepare --format {}: --input takes one directory, got {}",
+                 *format, in->size());
+      KILN_CHECK(tokenizer->count() == 0, "prepare --format {}: images take no --tokenizer", *format);
+      const auto m = data::prepare_images({*format, (*in)[0], opt->out_dir, *shard_images});
       std::string splits;
       for (const auto& [name, shards] : m.splits)
         splits += fmt::format(" {}={} images ({} shards)", name, m.images(name), shards.size());

@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "core/json_util.h"
 #include "data/idx.h"
+#include "data/image_folder.h"
 #include "data/tokenizer.h"
 
 #include <fmt/format.h>
@@ -38,6 +39,7 @@ void write_image_meta(const fs::path& dir, const ImageDatasetMeta& m) {
   j["format_version"] = kFormatVersion;
   j["image"] = {{"height", m.shape.height}, {"width", m.shape.width}, {"channels", m.shape.channels}};
   j["classes"] = m.classes;
+  if (!m.class_names.empty()) j["class_names"] = m.class_names;
   nlohmann::ordered_json splits = nlohmann::ordered_json::object();
   for (const auto& [name, shards] : m.splits) {
     nlohmann::ordered_json list = nlohmann::ordered_json::array();
@@ -79,6 +81,11 @@ ImageDatasetMeta read_image_meta(const fs::path& dir) {
     m.shape.width = static_cast<int>(json_integer_field(im, "width", where, 1, 1 << 16));
     m.shape.channels = static_cast<int>(json_integer_field(im, "channels", where, 1, 4));
     m.classes = static_cast<int>(json_integer_field(j, "classes", where, 1, 1 << 20));
+    if (j.contains("class_names")) {
+      m.class_names = j.at("class_names").get<std::vector<std::string>>();
+      KILN_CHECK(static_cast<int>(m.class_names.size()) == m.classes, "{}: {} class_names for {} "
+                 "classes", where, m.class_names.size(), m.classes);
+    }
     for (const auto& [name, split] : j.at("splits").items()) {
       int64_t sum = 0;
       for (const auto& s : split.at("shards")) {
@@ -106,9 +113,30 @@ ImageDatasetMeta read_image_meta(const fs::path& dir) {
   return m;
 }
 
-ImageDatasetMeta prepare_images(const PrepareImagesOptions& o) {
-  KILN_CHECK(fs::is_directory(o.input), "{}: not a directory of IDX files", o.input.string());
-  KILN_CHECK(o.shard_images >= 1, "prepare: --shard-images must be >= 1");
+namespace {
+
+// The shards of one split: n images of `shape`, image i given by get(i, label, pixels).
+template <class Get>
+void write_split(const PrepareImagesOptions& o, ImageDatasetMeta& meta, const std::string& split,
+                 const ImageShape& shape, int64_t n, Get&& get, std::vector<fs::path>& written) {
+  std::vector<uint8_t> pixels;
+  for (int64_t first = 0, k = 0; first < n; first += o.shard_images, ++k) {
+    const int64_t count = std::min(o.shard_images, n - first);
+    const std::string file = image_shard_name(split, static_cast<int>(k));
+    ImageShardWriter w(o.out_dir / file, shape);
+    for (int64_t i = first; i < first + count; ++i) {
+      int32_t label = 0;
+      get(i, label, pixels);
+      meta.classes = std::max(meta.classes, label + 1);
+      w.write(label, pixels);
+    }
+    const uint32_t crc = w.finish();
+    written.push_back(o.out_dir / file);
+    meta.splits[split].push_back({file, count, crc});
+  }
+}
+
+void prepare_idx(const PrepareImagesOptions& o, ImageDatasetMeta& meta, std::vector<fs::path>& written) {
   auto find = [&](const std::string& stem) -> fs::path {
     for (const char* ext : {".gz", ""}) {
       const fs::path p = o.input / (stem + ext);
@@ -116,6 +144,72 @@ ImageDatasetMeta prepare_images(const PrepareImagesOptions& o) {
     }
     return {};
   };
+  for (const auto& [prefix, split] : {std::pair<std::string, std::string>{"train", "train"}, {"t10k", "val"}}) {
+    const fs::path images_path = find(prefix + "-images-idx3-ubyte");
+    const fs::path labels_path = find(prefix + "-labels-idx1-ubyte");
+    if (split == "val" && images_path.empty() && labels_path.empty()) continue;  // optional
+    KILN_CHECK(!images_path.empty(), "{}: no {}-images-idx3-ubyte[.gz]", o.input.string(), prefix);
+    KILN_CHECK(!labels_path.empty(), "{}: no {}-labels-idx1-ubyte[.gz]", o.input.string(), prefix);
+    const IdxArray images = read_idx(images_path), labels = read_idx(labels_path);
+    KILN_CHECK(images.dims.size() == 3, "{}: {} dimensions; images are [count, rows, cols]",
+               images_path.string(), images.dims.size());
+    KILN_CHECK(labels.dims.size() == 1, "{}: {} dimensions; labels are [count]",
+               labels_path.string(), labels.dims.size());
+    KILN_CHECK(images.dims[0] == labels.dims[0], "{} holds {} images but {} holds {} labels",
+               images_path.string(), images.dims[0], labels_path.string(), labels.dims[0]);
+    const ImageShape shape{static_cast<int>(images.dims[1]), static_cast<int>(images.dims[2]), 1};
+    KILN_CHECK(meta.splits.empty() || shape == meta.shape, "{}: images of {}x{}, the train split's "
+               "are {}x{}", images_path.string(), shape.height, shape.width, meta.shape.height,
+               meta.shape.width);
+    meta.shape = shape;
+    write_split(o, meta, split, shape, images.dims[0], [&](int64_t i, int32_t& label, std::vector<uint8_t>& px) {
+      label = labels.data[static_cast<size_t>(i)];
+      px.assign(images.data.begin() + i * shape.pixels(), images.data.begin() + (i + 1) * shape.pixels());
+    }, written);
+  }
+}
+
+void prepare_image_folder(const PrepareImagesOptions& o, ImageDatasetMeta& meta,
+                          std::vector<fs::path>& written) {
+  const bool nested = fs::is_directory(o.input / "train");
+  std::vector<std::pair<std::string, fs::path>> splits{{"train", nested ? o.input / "train" : o.input}};
+  if (nested && fs::is_directory(o.input / "val")) splits.emplace_back("val", o.input / "val");
+  for (const auto& [split, dir] : splits) {
+    const ImageFolderListing list = list_image_folder(dir);
+    if (split == "train") {
+      meta.class_names = list.classes;
+    } else {
+      KILN_CHECK(list.classes == meta.class_names, "{}: its class folders differ from the train "
+                 "split's", dir.string());
+    }
+    // The first image fixes the shape (and gray or RGB) of the whole dataset.
+    ImageShape first;
+    const int channels = meta.splits.empty() ? 0 : meta.shape.channels;
+    (void)read_png(list.files.front().first, channels, &first);
+    KILN_CHECK(meta.splits.empty() || first == meta.shape, "{}: {}x{}x{}, the train split's "
+               "images are {}x{}x{}", list.files.front().first.string(), first.height, first.width,
+               first.channels, meta.shape.height, meta.shape.width, meta.shape.channels);
+    meta.shape = first;
+    const auto n = static_cast<int64_t>(list.files.size());
+    write_split(o, meta, split, first, n, [&](int64_t i, int32_t& label, std::vector<uint8_t>& px) {
+      const auto& [path, l] = list.files[static_cast<size_t>(i)];
+      ImageShape got;
+      px = read_png(path, first.channels, &got);
+      KILN_CHECK(got == first, "{}: {}x{}, the dataset's images are {}x{} (resize them first)",
+                 path.string(), got.height, got.width, first.height, first.width);
+      label = l;
+    }, written);
+  }
+}
+
+}  // namespace
+
+ImageDatasetMeta prepare_images(const PrepareImagesOptions& o) {
+  KILN_CHECK(o.format == "idx" || o.format == "imagefolder",
+             "prepare: --format must be text, idx or imagefolder, got '{}'", o.format);
+  KILN_CHECK(fs::is_directory(o.input), "{}: not a directory ({})", o.input.string(),
+             o.format == "idx" ? "of IDX files" : "an image folder");
+  KILN_CHECK(o.shard_images >= 1, "prepare: --shard-images must be >= 1");
   std::error_code ec;
   const bool existed = fs::exists(o.out_dir, ec);
   fs::create_directories(o.out_dir, ec);
@@ -126,37 +220,10 @@ ImageDatasetMeta prepare_images(const PrepareImagesOptions& o) {
   ImageDatasetMeta meta;
   std::vector<fs::path> written;
   try {
-    for (const auto& [prefix, split] : {std::pair<std::string, std::string>{"train", "train"}, {"t10k", "val"}}) {
-      const fs::path images_path = find(prefix + "-images-idx3-ubyte");
-      const fs::path labels_path = find(prefix + "-labels-idx1-ubyte");
-      if (split == "val" && images_path.empty() && labels_path.empty()) continue;  // optional
-      KILN_CHECK(!images_path.empty(), "{}: no {}-images-idx3-ubyte[.gz]", o.input.string(), prefix);
-      KILN_CHECK(!labels_path.empty(), "{}: no {}-labels-idx1-ubyte[.gz]", o.input.string(), prefix);
-      const IdxArray images = read_idx(images_path), labels = read_idx(labels_path);
-      KILN_CHECK(images.dims.size() == 3, "{}: {} dimensions; images are [count, rows, cols]",
-                 images_path.string(), images.dims.size());
-      KILN_CHECK(labels.dims.size() == 1, "{}: {} dimensions; labels are [count]",
-                 labels_path.string(), labels.dims.size());
-      KILN_CHECK(images.dims[0] == labels.dims[0], "{} holds {} images but {} holds {} labels",
-                 images_path.string(), images.dims[0], labels_path.string(), labels.dims[0]);
-      const ImageShape shape{static_cast<int>(images.dims[1]), static_cast<int>(images.dims[2]), 1};
-      KILN_CHECK(meta.splits.empty() || shape == meta.shape, "{}: images of {}x{}, the train split's "
-                 "are {}x{}", images_path.string(), shape.height, shape.width, meta.shape.height,
-                 meta.shape.width);
-      meta.shape = shape;
-      for (uint8_t l : labels.data) meta.classes = std::max(meta.classes, int{l} + 1);
-      const int64_t n = images.dims[0];
-      for (int64_t first = 0, k = 0; first < n; first += o.shard_images, ++k) {
-        const int64_t count = std::min(o.shard_images, n - first);
-        const std::string file = image_shard_name(split, static_cast<int>(k));
-        ImageShardWriter w(o.out_dir / file, shape);
-        for (int64_t i = first; i < first + count; ++i)
-          w.write(labels.data[static_cast<size_t>(i)],
-                  {images.data.data() + i * shape.pixels(), static_cast<size_t>(shape.pixels())});
-        const uint32_t crc = w.finish();
-        written.push_back(o.out_dir / file);
-        meta.splits[split].push_back({file, count, crc});
-      }
+    if (o.format == "idx") {
+      prepare_idx(o, meta, written);
+    } else {
+      prepare_image_folder(o, meta, written);
     }
     write_image_meta(o.out_dir, meta);  // last: a dataset exists once its meta.json does
   } catch (...) {

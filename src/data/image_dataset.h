@@ -30,6 +30,7 @@ struct ImageShardInfo {
 struct ImageDatasetMeta {
   ImageShape shape;
   int classes = 0;  // labels are 0 .. classes - 1
+  std::vector<std::string> class_names;  // image folders: the class folders' names
   std::map<std::string, std::vector<ImageShardInfo>> splits;  // "train", "val"
   int64_t images(const std::string& split) const;
 };
@@ -43,16 +44,22 @@ ImageDatasetMeta read_image_meta(const std::filesystem::path& dir);
 bool is_image_dataset(const std::filesystem::path& dir);
 
 struct PrepareImagesOptions {
-  std::filesystem::path input;     // a directory of IDX files
+  std::string format = "idx";      // "idx" | "imagefolder"
+  std::filesystem::path input;     // a directory of IDX files, or an image folder
   std::filesystem::path out_dir;
   int64_t shard_images = 100000;   // images per shard
 };
 
 /// `kiln prepare --format idx`: in `input`, the images `<prefix>-images-idx3-ubyte[.gz]`
 /// and labels `<prefix>-labels-idx1-ubyte[.gz]` of prefix "train" (the train split) and
-/// "t10k" (the val split, when present): MNIST's and Fashion-MNIST's names. Throws
-/// kiln::Error naming the file when one is missing or malformed, the counts of images and
-/// labels differ, or out_dir already holds a dataset; nothing is left half-written.
+/// "t10k" (the val split, when present): MNIST's and Fashion-MNIST's names.
+/// `--format imagefolder`: torchvision's ImageFolder convention, `input/train/<class>/*.png`
+/// (and `input/val/<class>/*.png` when present; without a train/ folder, `input/<class>/`
+/// is the train split), classes numbered in sorted folder-name order, files in sorted
+/// order; every PNG (libpng) of one size, read as 8-bit gray or RGB as the first is.
+/// Throws kiln::Error naming the file when one is missing or malformed, the counts of
+/// images and labels differ, images differ in size, or out_dir already holds a dataset;
+/// nothing is left half-written.
 ImageDatasetMeta prepare_images(const PrepareImagesOptions& o);
 
 /// Labelled images of one split, in micro-batches.

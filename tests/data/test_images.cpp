@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "data/idx.h"
 #include "data/image_dataset.h"
+#include "data/image_folder.h"
 #include "data/image_shard.h"
 #include "data/meta.h"
 #include "support/error_of.h"
@@ -162,7 +163,7 @@ fs::path idx_dir(const std::string& name, int n, int m) {
 TEST(ImageDataset, PreparesIdxAndLoadsEveryImageOncePerEpochAcrossRanks) {
   const fs::path in = idx_dir("idx_in", 50, 10), out = scratch("idx_out");
   fs::remove_all(out);
-  const ImageDatasetMeta m = prepare_images({in, out, 16});
+  const ImageDatasetMeta m = prepare_images({"idx", in, out, 16});
   EXPECT_EQ(m.shape, (ImageShape{4, 3, 1}));
   EXPECT_EQ(m.classes, 7);
   ASSERT_EQ(m.splits.at("train").size(), 4u);  // 16 + 16 + 16 + 2
@@ -172,7 +173,7 @@ TEST(ImageDataset, PreparesIdxAndLoadsEveryImageOncePerEpochAcrossRanks) {
   const ImageDatasetMeta back = read_image_meta(out);
   EXPECT_EQ(back.images("train"), 50);
   EXPECT_EQ(back.splits.at("train")[3].crc32, m.splits.at("train")[3].crc32);
-  EXPECT_NE(error_of([&] { prepare_images({in, out, 16}); }).find("already holds"), std::string::npos);
+  EXPECT_NE(error_of([&] { prepare_images({"idx", in, out, 16}); }).find("already holds"), std::string::npos);
 
   // One process with micro-batch 4, and 2 ranks of 2: the same global batches, each image
   // once per epoch (50 = 12 batches of 4 + 2 that open the next epoch), matching its label.
@@ -221,7 +222,7 @@ TEST(ImageDataset, BadInputsAreOneLineErrorsNamingTheFile) {
   {  // labels missing
     const fs::path in = idx_dir("idx_nolabels", 8, 0);
     fs::remove(in / "train-labels-idx1-ubyte");
-    EXPECT_NE(error_of([&] { prepare_images({in, out, 16}); }).find("no train-labels-idx1-ubyte"), std::string::npos);
+    EXPECT_NE(error_of([&] { prepare_images({"idx", in, out, 16}); }).find("no train-labels-idx1-ubyte"), std::string::npos);
     EXPECT_FALSE(fs::exists(out));  // nothing left behind
   }
   {  // counts differ
@@ -230,7 +231,7 @@ TEST(ImageDataset, BadInputsAreOneLineErrorsNamingTheFile) {
     lb.dims = {7};
     lb.data.assign(7, 1);
     write_idx(in / "train-labels-idx1-ubyte", lb);
-    EXPECT_NE(error_of([&] { prepare_images({in, out, 16}); }).find("holds 8 images but"), std::string::npos);
+    EXPECT_NE(error_of([&] { prepare_images({"idx", in, out, 16}); }).find("holds 8 images but"), std::string::npos);
   }
   {  // a val split of another size; its train shards are removed again
     const fs::path in = idx_dir("idx_shape", 8, 3);
@@ -238,12 +239,12 @@ TEST(ImageDataset, BadInputsAreOneLineErrorsNamingTheFile) {
     im.dims = {3, 5, 5};
     im.data.assign(75, 0);
     write_idx(in / "t10k-images-idx3-ubyte", im);
-    EXPECT_NE(error_of([&] { prepare_images({in, out, 4}); }).find("the train split's are 4x3"), std::string::npos);
+    EXPECT_NE(error_of([&] { prepare_images({"idx", in, out, 4}); }).find("the train split's are 4x3"), std::string::npos);
     EXPECT_FALSE(fs::exists(out));
   }
   // A corrupt shard, and a token dataset's loader pointed at images.
   const fs::path in = idx_dir("idx_ok", 8, 0);
-  prepare_images({in, out, 16});
+  prepare_images({"idx", in, out, 16});
   auto bytes = file_bytes(out / "train_000000.imgshard");
   bytes[1024 + 6] ^= 0x40;
   put_bytes(out / "train_000000.imgshard", bytes);
@@ -254,6 +255,54 @@ TEST(ImageDataset, BadInputsAreOneLineErrorsNamingTheFile) {
   std::ofstream(out / "meta.json") << R"({"format": "kiln-token-shards"})";
   EXPECT_NE(error_of([&] { read_image_meta(out); }).find("not an image dataset"), std::string::npos);
   EXPECT_FALSE(is_image_dataset(out));
+}
+
+// An image folder: train/ and val/ with classes "boot" and "coat", 3x2 RGB PNGs whose
+// first pixel says which file they are.
+TEST(ImageDataset, PreparesAnImageFolderOfPngs) {
+  const fs::path in = scratch("folder_in"), out = scratch("folder_out");
+  fs::remove_all(in);
+  fs::remove_all(out);
+  const ImageShape shape{3, 2, 3};
+  int id = 0;
+  for (const char* split : {"train", "val"}) {
+    for (const char* cls : {"coat", "boot"}) {  // created out of order: labels sort by name
+      fs::create_directories(in / split / cls);
+      for (int k = 0; k < (split[0] == 't' ? 3 : 1); ++k, ++id) {
+        std::vector<uint8_t> px(static_cast<size_t>(shape.pixels()), 9);
+        px[0] = static_cast<uint8_t>(id);
+        write_png(in / split / cls / ("img" + std::to_string(k) + ".png"), shape, px);
+      }
+    }
+  }
+  std::ofstream(in / "train" / "coat" / "notes.txt") << "ignored";
+  const ImageDatasetMeta m = prepare_images({"imagefolder", in, out, 4});
+  EXPECT_EQ(m.shape, shape);
+  EXPECT_EQ(m.classes, 2);
+  EXPECT_EQ(m.class_names, (std::vector<std::string>{"boot", "coat"}));
+  EXPECT_EQ(m.images("train"), 6);
+  EXPECT_EQ(m.images("val"), 2);
+  EXPECT_EQ(read_image_meta(out).class_names, m.class_names);
+  ImageLoader train(out, "train", 0, false);
+  std::vector<uint8_t> px(static_cast<size_t>(6 * shape.pixels()));
+  std::vector<int32_t> labels(6);
+  train.next_batch(px.data(), labels.data(), 6);
+  // boot (label 0) first: files 3, 4, 5 were written for "boot", then coat's 0, 1, 2.
+  EXPECT_EQ(labels, (std::vector<int32_t>{0, 0, 0, 1, 1, 1}));
+  EXPECT_EQ(px[0], 3);
+  EXPECT_EQ(px[static_cast<size_t>(3 * shape.pixels())], 0);
+  EXPECT_EQ(px[1], 9);
+  // A PNG of another size, and a file that is not a PNG: errors naming the file.
+  fs::remove_all(out);
+  write_png(in / "val" / "boot" / "big.png", ImageShape{4, 2, 3}, std::vector<uint8_t>(24, 1));
+  std::string e = error_of([&] { prepare_images({"imagefolder", in, out, 4}); });
+  EXPECT_NE(e.find("big.png: 4x2"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(out));
+  fs::remove(in / "val" / "boot" / "big.png");
+  std::ofstream(in / "val" / "boot" / "broken.png") << "not a png";
+  e = error_of([&] { prepare_images({"imagefolder", in, out, 4}); });
+  EXPECT_NE(e.find("broken.png: not a readable PNG"), std::string::npos) << e;
+  EXPECT_NE(error_of([&] { list_image_folder(in / "train" / "coat"); }).find("no class folders"), std::string::npos);
 }
 
 }  // namespace
