@@ -185,7 +185,7 @@ void prepare_image_folder(const PrepareImagesOptions& o, ImageDatasetMeta& meta,
     // The first image fixes the shape (and gray or RGB) of the whole dataset.
     ImageShape first;
     const int channels = meta.splits.empty() ? 0 : meta.shape.channels;
-    (void)read_png(list.files.front().first, channels, &first);
+    std::vector<uint8_t> first_pixels = read_png(list.files.front().first, channels, &first);
     KILN_CHECK(meta.splits.empty() || first == meta.shape, "{}: {}x{}x{}, the train split's "
                "images are {}x{}x{}", list.files.front().first.string(), first.height, first.width,
                first.channels, meta.shape.height, meta.shape.width, meta.shape.channels);
@@ -193,11 +193,15 @@ void prepare_image_folder(const PrepareImagesOptions& o, ImageDatasetMeta& meta,
     const auto n = static_cast<int64_t>(list.files.size());
     write_split(o, meta, split, first, n, [&](int64_t i, int32_t& label, std::vector<uint8_t>& px) {
       const auto& [path, l] = list.files[static_cast<size_t>(i)];
+      label = l;
+      if (i == 0) {  // read above
+        px = std::move(first_pixels);
+        return;
+      }
       ImageShape got;
       px = read_png(path, first.channels, &got);
       KILN_CHECK(got == first, "{}: {}x{}, the dataset's images are {}x{} (resize them first)",
                  path.string(), got.height, got.width, first.height, first.width);
-      label = l;
     }, written);
   }
 }

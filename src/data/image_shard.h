@@ -51,6 +51,7 @@ class ImageShardWriter {
   ImageShape shape_;
   std::FILE* f_ = nullptr;
   int64_t count_ = 0;
+  uint32_t records_crc_ = 0;  // crc32 of the records so far
   bool finished_ = false;
 };
 
