@@ -48,6 +48,7 @@ enum class Op {
   Add,
   Dropout,
   SoftmaxCrossEntropy,
+  Patchify,
   AdamW,
 };
 const char* op_name(Op op);
@@ -329,6 +330,15 @@ class Backend {
   /// alias ids.
   virtual void shard_ids(Stream s, const Tensor& out, const Tensor& ids, int64_t begin,
                          int64_t count) = 0;
+
+  /// Images to rows of flattened patches (a vision transformer's patch embedding input,
+  /// Dosovitskiy et al. 2021): images fp32 [B,H,W,Ci] (channels last), P = `patch`
+  /// dividing H and W; out [B, T, Ci*P*P] in any float dtype with T >= N = (H/P)(W/P).
+  /// Row n = py*(W/P) + px of image b is the patch at (py, px), element c*P*P + dy*P + dx
+  /// = images[b, py*P + dy, px*P + dx, c] (the order of a [C_out, Ci, P, P] convolution
+  /// weight flattened, so such a weight is the patch projection). Rows N..T-1 are not
+  /// written (room for a class token).
+  virtual void patchify(Stream s, const Tensor& out, const Tensor& images, int patch) = 0;
 
   /// One AdamW step on a parameter tensor (any shape); m and v fp32 of the same shape.
   virtual void adamw_step(Stream s, const Tensor& param, const Tensor& grad, const Tensor& m,

@@ -21,6 +21,7 @@ const char* op_name(Op op) {
     case Op::Add: return "add";
     case Op::Dropout: return "dropout";
     case Op::SoftmaxCrossEntropy: return "softmax_cross_entropy";
+    case Op::Patchify: return "patchify";
     case Op::AdamW: return "adamw";
   }
   return "?";

@@ -205,6 +205,21 @@ void shard_ids(const Tensor& out, const Tensor& ids, int64_t begin, int64_t coun
              count);
 }
 
+int64_t patchify(const Tensor& out, const Tensor& images, int patch) {
+  check_dtype(images, DType::F32, "patchify images");
+  KILN_CHECK(images.ndim() == 4 && patch > 0 && images.size(1) % patch == 0 &&
+                 images.size(2) % patch == 0,
+             "patchify: images {} must be [B,H,W,C] with H and W multiples of the patch size {}",
+             images.str(), patch);
+  const int64_t n = (images.size(1) / patch) * (images.size(2) / patch);
+  const int64_t d = images.size(3) * patch * patch;
+  KILN_CHECK(out.ndim() == 3 && out.size(0) == images.size(0) && out.size(1) >= n &&
+                 out.size(2) == d,
+             "patchify: out {} must be [B, T >= {}, {}] for images {} and patch size {}",
+             out.str(), n, d, images.str(), patch);
+  return n;
+}
+
 void grad_of(const Tensor& grad, const Tensor& param, const char* op) {
   KILN_CHECK(grad.numel() == param.numel() &&
                  (grad.dtype() == DType::F32 || grad.dtype() == param.dtype()),

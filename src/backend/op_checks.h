@@ -73,6 +73,10 @@ CrossEntropyDims cross_entropy_shard(const Tensor& stats, const Tensor& dlogits,
 /// shard_ids: int32 out and ids of one size, 0 <= begin, 0 <= count.
 void shard_ids(const Tensor& out, const Tensor& ids, int64_t begin, int64_t count);
 
+/// patchify: images fp32 [B,H,W,Ci], H and W multiples of `patch`, out float
+/// [B, T, Ci*patch^2] with T >= (H/patch)(W/patch). Returns the number of patches N.
+int64_t patchify(const Tensor& out, const Tensor& images, int patch);
+
 /// A parameter gradient: as many elements as the parameter, in fp32 or its dtype.
 void grad_of(const Tensor& grad, const Tensor& param, const char* op);
 

@@ -95,6 +95,8 @@
   X(ShardIds, shard_ids, "forward",                                                           \
     (const Tensor& out, const Tensor& ids, int64_t begin, int64_t count),                     \
     (out, ids, begin, count))                                                                 \
+  X(Patchify, patchify, "forward",                                                            \
+    (const Tensor& out, const Tensor& images, int patch), (out, images, patch))               \
   X(AdamW, adamw_step, "optimizer",                                                           \
     (const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,               \
      const AdamWParams& hp),                                                                  \

@@ -187,6 +187,11 @@ OpCost shard_ids(const Tensor&, const Tensor& ids, int64_t, int64_t) {
   return {0.0, 8.0 * d(ids.numel()), fmt::format("n={}", ids.numel())};
 }
 
+OpCost patchify(const Tensor& out, const Tensor& images, int patch) {
+  return {0.0, d(images.numel()) * 4.0 + d(out.numel()) * es(out),
+          fmt::format("images={} patch={}", images.str(), patch)};
+}
+
 OpCost adamw_step(const Tensor& param, const Tensor& grad, const Tensor&, const Tensor&,
                   const AdamWParams&) {
   const double n = d(param.numel());

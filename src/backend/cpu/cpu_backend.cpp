@@ -309,6 +309,15 @@ class CpuBackend final : public Backend {
     cpu::shard_ids(out.data<int32_t>(), ids.data<int32_t>(), ids.numel(), begin, count);
   }
 
+  void patchify(Stream, const Tensor& out, const Tensor& images, int patch) override {
+    checks::patchify(out, images, patch);
+    cpu::dispatch_float(out.dtype(), "patchify", [&](auto x) {
+      using T = decltype(x);
+      cpu::patchify(p<T>(out), images.data<float>(), images.size(0), images.size(1),
+                    images.size(2), images.size(3), patch, out.size(1));
+    });
+  }
+
   void adamw_step(Stream, const Tensor& param, const Tensor& grad, const Tensor& m,
                   const Tensor& v, const AdamWParams& hp) override {
     KILN_CHECK(grad.numel() == param.numel(), "adamw: grad {} vs param {}", grad.str(), param.str());

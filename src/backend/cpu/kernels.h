@@ -105,6 +105,10 @@ void cross_entropy_shard_backward(T* dlogits, const T* logits, const int32_t* ta
                                   int valid, int ignore_index, float grad_scale);
 /// Backend::shard_ids.
 void shard_ids(int32_t* out, const int32_t* ids, int64_t n, int64_t begin, int64_t count);
+/// Backend::patchify: images [B,H,W,C], out rows of T >= (H/P)(W/P).
+template <class T>
+void patchify(T* out, const float* images, int64_t B, int64_t H, int64_t W, int64_t C, int64_t P,
+              int64_t T_rows);
 
 template <class T>
 void softmax_cross_entropy(float* losses, T* dlogits, const T* logits, const int32_t* targets,

@@ -8,6 +8,7 @@
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/dropout.h"
 #include "backend/cuda/embedding.h"
+#include "backend/cuda/image.h"
 #include "backend/cuda/nvtx.h"
 #include "backend/op_checks.h"
 #include "core/dtype.h"
@@ -190,6 +191,14 @@ void CudaBackend::shard_ids(Stream s, const Tensor& out, const Tensor& ids, int6
                             int64_t count) {
   checks::shard_ids(out, ids, begin, count);
   cuda::shard_ids(st(s), out.data<int32_t>(), ids.data<int32_t>(), ids.numel(), begin, count);
+}
+
+void CudaBackend::patchify(Stream s, const Tensor& out, const Tensor& images, int patch) {
+  checks::patchify(out, images, patch);
+  on_device(images, "patchify");
+  const Elem e = elem(out, "patchify");
+  cuda::patchify(st(s), e, out.raw(), images.data<float>(), images.size(0), images.size(1),
+                 images.size(2), images.size(3), patch, out.size(1));
 }
 
 void CudaBackend::adamw_step(Stream s, const Tensor& param, const Tensor& grad, const Tensor& m,

@@ -97,6 +97,7 @@ class CudaBackend final : public Backend {
                                     int valid, int ignore_index, float grad_scale) override;
   void shard_ids(Stream s, const Tensor& out, const Tensor& ids, int64_t begin,
                  int64_t count) override;
+  void patchify(Stream s, const Tensor& out, const Tensor& images, int patch) override;
   void adamw_step(Stream s, const Tensor& param, const Tensor& grad, const Tensor& m,
                   const Tensor& v, const AdamWParams& hp) override;
 

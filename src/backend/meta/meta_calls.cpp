@@ -187,6 +187,11 @@ MetaCallInfo shard_ids(const Tensor& out, const Tensor& ids, int64_t begin, int6
   return c;
 }
 
+MetaCallInfo patchify(const Tensor& out, const Tensor& images, int patch) {
+  checks::patchify(out, images, patch);
+  return elements(MetaCall::Patchify, out);
+}
+
 MetaCallInfo adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m,
                         const Tensor& v, const AdamWParams&) {
   // Element counts only: with mixed precision the dtypes of param, grad and m/v differ.
