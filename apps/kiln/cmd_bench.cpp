@@ -33,7 +33,7 @@
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "core/rng.h"
-#include "data/loader.h"
+#include "models/registry.h"
 #include "optim/adamw.h"
 #include "profile/profiling_backend.h"
 #include "profile/summary.h"
@@ -41,6 +41,7 @@
 #include "train/config.h"
 #include "train/device.h"
 #include "train/model_io.h"
+#include "train/train_data.h"
 #include "train/train_step.h"
 #include "train/trainer.h"
 #include "comm/communicator.h"
@@ -57,6 +58,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 
@@ -123,42 +125,57 @@ void run_peak() {
   fmt::print("{}\n", j.dump());
 }
 
-// The batches of successive steps: inputs and targets [accum * B * T] each, from the
-// train split of data.dir (shuffled with train.seed) or synthetic tokens. Two sources
+// The batches of successive steps: accum micro-batches of inputs and targets as the
+// model takes them (TrainStep::batch_shape), from the train split of data.dir (shuffled
+// with train.seed; token or image data, train/train_data.h) or synthetic: random tokens
+// (targets the next ones) or random pixels in [-1, 1] with random labels. Two sources
 // made from the same config yield the same sequence (the dump uses a second one).
 class BatchSource {
  public:
   BatchSource(const TrainConfig& c, int accum) : c_(c), accum_(accum),
       rng_(static_cast<uint64_t>(c.train.seed), kSyntheticStream) {
     if (!c.data.dir.empty() && fs::exists(fs::path(c.data.dir) / "meta.json"))
-      loader_ = std::make_unique<data::DataLoader>(c.data.dir, "train", c.train.seq_len,
-                                                   static_cast<uint64_t>(c.train.seed), true);
+      data_ = open_train_data(c.data.dir, "train", c.train.seq_len,
+                              static_cast<uint64_t>(c.train.seed), /*shuffle=*/true);
   }
-  const data::DataLoader* loader() const { return loader_.get(); }
-  void next(std::vector<int32_t>& in, std::vector<int32_t>& tg, int vocab) {
-    const int B = c_.train.micro_batch, T = c_.train.seq_len;
-    const size_t n = static_cast<size_t>(accum_) * B * T;
-    in.resize(n);
-    tg.resize(n);
-    if (loader_) {
+  const TrainData* data() const { return data_.get(); }
+  /// in: 4-byte elements (int32 tokens or fp32 pixels); `classes` is the vocabulary or
+  /// the number of classes of synthetic data.
+  void next(const BatchShape& shape, std::vector<std::byte>& in, std::vector<int32_t>& tg,
+            int classes) {
+    const int64_t n_in = shape.inputs.numel(), n_tg = shape.targets.numel();
+    in.resize(static_cast<size_t>(accum_ * n_in) * 4);
+    tg.resize(static_cast<size_t>(accum_ * n_tg));
+    if (data_) {
       for (int k = 0; k < accum_; ++k)
-        loader_->next_batch(in.data() + static_cast<size_t>(k) * B * T,
-                            tg.data() + static_cast<size_t>(k) * B * T, B);
+        data_->next_batch(in.data() + static_cast<size_t>(k * n_in) * 4, tg.data() + k * n_tg,
+                          c_.train.micro_batch, 0, 1);
       return;
     }
-    std::vector<int32_t> sample(static_cast<size_t>(T) + 1);
-    for (int r = 0; r < accum_ * B; ++r) {
-      for (auto& t : sample) t = static_cast<int32_t>(rng_.next_u32() % static_cast<uint32_t>(vocab));
-      std::copy(sample.begin(), sample.begin() + T, in.begin() + static_cast<ptrdiff_t>(r) * T);
-      std::copy(sample.begin() + 1, sample.end(), tg.begin() + static_cast<ptrdiff_t>(r) * T);
+    auto draw = [&] { return static_cast<int32_t>(rng_.next_u32() % static_cast<uint32_t>(classes)); };
+    if (shape.images()) {
+      std::vector<float> pixels(static_cast<size_t>(accum_ * n_in));
+      for (float& p : pixels) p = static_cast<float>(rng_.next_u32() % 256u) / 127.5f - 1.f;
+      std::memcpy(in.data(), pixels.data(), in.size());
+      for (int32_t& y : tg) y = draw();
+      return;
     }
+    const int T = c_.train.seq_len;
+    std::vector<int32_t> tokens(static_cast<size_t>(accum_ * n_in));
+    std::vector<int32_t> sample(static_cast<size_t>(T) + 1);
+    for (int64_t r = 0; r < accum_ * n_in / T; ++r) {
+      for (auto& t : sample) t = draw();
+      std::copy(sample.begin(), sample.begin() + T, tokens.begin() + r * T);
+      std::copy(sample.begin() + 1, sample.end(), tg.begin() + r * T);
+    }
+    std::memcpy(in.data(), tokens.data(), in.size());
   }
 
  private:
   const TrainConfig& c_;
   int accum_;
   Philox rng_;
-  std::unique_ptr<data::DataLoader> loader_;
+  std::unique_ptr<TrainData> data_;
 };
 
 // Initial weights, batches and per-step learning rates as one safetensors file, in
@@ -178,11 +195,15 @@ void dump_init(const fs::path& path, const Model& model, const TrainConfig& c, i
   }
   const int S = warmup + steps;
   const int64_t rows = static_cast<int64_t>(accum) * c.train.micro_batch;
-  std::vector<int32_t> in, tg, bi, bt;
+  const BatchShape shape = model.batch_shape(c.train.micro_batch, c.train.seq_len);
+  KILN_CHECK(!shape.images(), "bench: --dump-init (the PyTorch comparison) is for language "
+             "models; {} takes images", model.arch());
+  std::vector<int32_t> in(static_cast<size_t>(S * accum * shape.inputs.numel())), tg, bt;
+  std::vector<std::byte> bi;
   BatchSource source(c, accum);  // the same sequence as the timed run's own source
   for (int s = 0; s < S; ++s) {
-    source.next(bi, bt, model.vocab_size());
-    in.insert(in.end(), bi.begin(), bi.end());
+    source.next(shape, bi, bt, model.vocab_size());
+    std::memcpy(in.data() + static_cast<size_t>(s) * bi.size() / 4, bi.data(), bi.size());
     tg.insert(tg.end(), bt.begin(), bt.end());
   }
   w.add_i32("bench.inputs", {S, rows, c.train.seq_len}, in);
@@ -287,11 +308,13 @@ void run_bench(const Args& a) {
   const int B = c.train.micro_batch, T = c.train.seq_len;
 
   BatchSource source(c, accum);
-  std::string data_desc = "synthetic tokens";
-  if (source.loader()) {
-    if (c.model.vocab_size == 0) c.model.vocab_size = source.loader()->meta().vocab_size;
+  const bool images = model_arch(c.model.arch).takes_images;
+  std::string data_desc = images ? "synthetic images" : "synthetic tokens";
+  if (source.data()) {
+    source.data()->check_arch(c);
+    source.data()->fill_model_keys(c);
     data_desc = c.data.dir;
-  } else if (c.model.vocab_size == 0) {
+  } else if (c.model.vocab_size == 0 && !images) {
     c.model.vocab_size = 50257;  // the GPT-2 tokenizer's
   }
 
@@ -363,7 +386,8 @@ void run_bench(const Args& a) {
     }
   } clock(be);
   one_step.set_observer(&clock);
-  std::vector<int32_t> inputs, targets_host;
+  std::vector<std::byte> inputs;
+  std::vector<int32_t> targets_host;
   double t_data = 0, t_fwd = 0, t_bwd = 0, t_opt = 0, t_step = 0, t_min = 1e30;
   std::vector<double> losses;
   for (int step = 0; step < total; ++step) {
@@ -371,7 +395,7 @@ void run_bench(const Args& a) {
     const auto t0 = Clock::now();
     {
       auto sc = profile::trace_scope("data");
-      source.next(inputs, targets_host, c.model.vocab_size);
+      source.next(one_step.batch_shape(), inputs, targets_host, model.vocab_size());
     }
     clock.last = Clock::now();
     clock.current = 0;

@@ -24,6 +24,11 @@ void Model::init_weights(uint64_t seed) {
   }
 }
 
+void Model::classify(const Tensor&, const Tensor&) {
+  KILN_FAIL("{} is not an image classifier (kiln classify needs one, e.g. model.arch = \"vit\")",
+            arch());
+}
+
 LayerRoles layer_roles(std::string arch, nn::TokenPositionEmbedding& embedding,
                        std::vector<nn::TransformerBlock>& blocks, nn::Norm& final_norm,
                        nn::Linear* lm_head) {

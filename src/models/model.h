@@ -84,16 +84,31 @@ struct ModelHooks {
   virtual void after_backward(int part) {}
 };
 
-/// A training micro-batch on the backend's device: tokens and targets int32 [B,T]
-/// (targets may hold ignore_index = -1); positions int32 [B,T] or empty for 0..T-1.
+/// A training micro-batch on the backend's device. Language models: tokens and targets
+/// int32 [B,T] (targets may hold ignore_index = -1), positions int32 [B,T] or empty for
+/// 0..T-1. Image classifiers: images fp32 [B,H,W,C] (pixels scaled to [-1, 1]) and
+/// targets int32 [B], the class labels. Model::batch_shape says which a model takes.
 struct Batch {
   Tensor tokens, targets, positions;
+  Tensor images{};  // (a default, so that Batch{tokens, targets, positions} stays complete)
 };
 
-/// The SUM of per-token losses (nats) over non-ignored targets, and their number.
+/// The inputs and targets of one micro-batch as a model takes them (Batch): inputs int32
+/// [B,T] tokens (language models) or fp32 [B,H,W,C] images; targets int32, [B,T] or [B].
+struct BatchShape {
+  Shape inputs;
+  DType input_dtype = DType::I32;
+  Shape targets;
+  bool images() const { return input_dtype == DType::F32; }
+};
+
+/// The SUM of per-target losses (nats) over non-ignored targets, and their number; for a
+/// classifier's forward without gradient also how many targets were its top class
+/// (-1: not computed).
 struct LossSum {
   double sum = 0.0;
   int64_t targets = 0;
+  int64_t correct = -1;
 };
 
 class Model {
@@ -141,6 +156,12 @@ class Model {
   virtual void zero_grad() = 0;
 
   // ---- training -----------------------------------------------------------------------
+  /// The micro-batch a [micro_batch B, seq_len T] step feeds forward(). The default, a
+  /// language model's: tokens and targets int32 [B,T]. Throws kiln::Error when T does
+  /// not fit the model (e.g. a vision transformer's patch count).
+  virtual BatchShape batch_shape(int B, int T) const {
+    return {Shape{B, T}, DType::I32, Shape{B, T}};
+  }
   /// Forward of a micro-batch. When grad_scale > 0 it also prepares backward() for the
   /// gradient of grad_scale * loss sum (e.g. 1 / targets in the global batch).
   virtual LossSum forward(const Batch& batch, float grad_scale) = 0;
@@ -159,6 +180,11 @@ class Model {
   /// Trainable parameters as the model's paper counts them: a tied parameter once, padding
   /// (e.g. padded vocabulary rows) excluded.
   virtual int64_t num_parameters() const = 0;
+
+  // ---- image classification -----------------------------------------------------------
+  /// Class logits fp32 [B, K] of images fp32 [B,H,W,C] (as batch_shape's inputs).
+  /// Throws kiln::Error for a model that is not an image classifier.
+  virtual void classify(const Tensor& images, const Tensor& logits);
 
   // ---- language-model inference (sampling) ------------------------------------------
   virtual int vocab_size() const = 0;

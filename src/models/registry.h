@@ -2,7 +2,8 @@
 //
 // Built in: "gpt2" (models/gpt2), with its own file formats (llm.c .bin, Hugging Face
 // .safetensors), and "llama" (models/llama: Llama 3); both read and write Hugging Face
-// model folders (models/hf_formats.h). Tests and extensions add their own with register_model() or
+// model folders (models/hf_formats.h). "vit" (models/vit: a vision transformer classifier)
+// takes images instead of tokens (Model::batch_shape) and has no file formats of its own. Tests and extensions add their own with register_model() or
 // register_arch(); nothing that trains, shards, saves, samples or exports a model names
 // its class.
 #pragma once
@@ -38,6 +39,11 @@ struct ModelOptions {
   float norm_eps = 1e-5f;   // RMSNorm epsilon (GPT-2: its LayerNorm eps is fixed, 1e-5)
   RopeSpec rope;            // theta, Llama 3.1 rescaling (scale_factor 0: none)
   bool tie_embeddings = false;  // output head = token embedding (GPT-2 ignores it: always tied)
+  // Vision transformers (vit): square images, patches, classes.
+  int image_size = 0;
+  int num_channels = 0;
+  int patch_size = 0;
+  int num_classes = 0;
 };
 
 using ModelFactory =
@@ -53,6 +59,8 @@ using TensorSource = std::function<std::vector<float>(const std::string& name)>;
 /// checkpoint config and its own file formats.
 struct ModelArch {
   ModelFactory make;
+  /// What the model reads (Model::batch_shape): tokens (language models) or images.
+  bool takes_images = false;
   /// The options of a model from its Model::config_json() (a checkpoint's state "model").
   /// Throws kiln::Error for an invalid config.
   std::function<ModelOptions(const nlohmann::json& config)> options_from_json;

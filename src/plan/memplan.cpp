@@ -9,6 +9,7 @@
 #include "parallel/data_parallel.h"
 #include "plan/scratch_models.h"
 #include "train/model_io.h"
+#include "train/train_data.h"
 #include "train/train_step.h"
 
 #include <algorithm>
@@ -47,7 +48,11 @@ TrainConfig resolve_for_planning(TrainConfig c, int world_size) {
   KILN_CHECK(c.model.n_layer > 0 && c.model.n_head > 0 && c.model.n_embd > 0 && c.model.block_size > 0,
              "{}: the model shape is incomplete (set model.preset or model.n_layer, n_head, n_embd, "
              "block_size)", c.source);
-  if (c.model.vocab_size == 0) {
+  if (model_arch(c.model.arch).takes_images) {
+    // Image models: the image size, channels and classes from the data set when unset.
+    if (!c.data.dir.empty() && fs::exists(fs::path(c.data.dir) / "meta.json"))
+      open_train_data(c.data.dir, "train", 0, 0, /*shuffle=*/false)->fill_model_keys(c);
+  } else if (c.model.vocab_size == 0) {
     const fs::path dir = c.data.dir;
     KILN_CHECK(!c.data.dir.empty() && fs::exists(dir / "meta.json"),
                "{}: model.vocab_size is needed to plan without a data set (set it, use a "
@@ -109,7 +114,9 @@ RankMemory dry_run(const TrainConfig& c, const MemPlanOptions& o, int rank,
     }
   } phases(comm, tp_comm);
   step.set_observer(&phases);
-  const size_t n = static_cast<size_t>(step.grad_accum_steps()) * c.train.micro_batch * c.train.seq_len;
+  const BatchShape& shape = step.batch_shape();  // zeros: token 0, pixel 0.0, label 0
+  const size_t n = static_cast<size_t>(step.grad_accum_steps()) *
+                   static_cast<size_t>(std::max(shape.inputs.numel(), shape.targets.numel()));
   const std::vector<int32_t> host(n, 0);
   comm.set_phase("optimizer");
   tp_comm.set_phase("optimizer");

@@ -48,6 +48,12 @@ struct ModelSection {
   double rope_theta = 10000.0;
   RopeScalingSection rope_scaling;
   bool tie_embeddings = false;  // output head shares the token embedding
+  // Vision transformers (vit): square images of image_size pixels and num_channels
+  // channels cut into patch_size patches; num_classes labels. 0 = take it from the data.
+  int image_size = 0;
+  int num_channels = 0;
+  int patch_size = 0;
+  int num_classes = 0;
   std::string init_from;  // "" = random init; a kiln checkpoint dir, a Hugging Face folder, an llm.c .bin or a .safetensors
   bool operator==(const ModelSection&) const = default;
 };

@@ -46,7 +46,7 @@ const std::vector<Key>& keys() {
     for (const auto& p : model_presets()) presets.emplace_back(p.name);
     return std::vector<Key>{
         any(KILN_KEY(model, arch),
-            "Model architecture (models/registry.h): gpt2 or llama; tests and extensions register more."),
+            "Model architecture (models/registry.h): gpt2, llama or vit (images); tests and extensions register more."),
         oneof(KILN_KEY(model, preset), presets,
               "Model preset filling arch, n_layer, n_head, n_embd, block_size and vocab_size "
               "(llama presets also n_kv_head, ffn_hidden_size, norm_eps, rope_theta, "
@@ -76,6 +76,15 @@ const std::vector<Key>& keys() {
                  "llama3 rope scaling: the pre-training context length (HF original_max_position_embeddings)."),
         any(KILN_KEY(model, tie_embeddings),
             "The output head is the token embedding (llama; Llama 3.2 1B/3B tie). GPT-2 always ties."),
+        nonneg(KILN_KEY(model, image_size),
+               "Image height = width in pixels (vit); 0 = take it from the image data set."),
+        nonneg(KILN_KEY(model, num_channels),
+               "Image channels (vit: 1 gray, 3 RGB); 0 = take it from the image data set."),
+        nonneg(KILN_KEY(model, patch_size),
+               "Patch side in pixels (vit); must divide image_size; block_size = (image_size / "
+               "patch_size)^2 + 1 (the patches and the class token)."),
+        nonneg(KILN_KEY(model, num_classes),
+               "Classes of an image classifier (vit); 0 = take it from the image data set."),
         any(KILN_KEY(model, init_from),
             "Initial weights: \"\" = random init; a kiln checkpoint dir, a Hugging Face model "
             "folder (config.json + safetensors; its config.json fills the model keys not set "

@@ -28,6 +28,10 @@ ModelOptions model_options_from(const TrainConfig& config) {
   o.rope.high_freq_factor = config.model.rope_scaling.high_freq_factor;
   o.rope.original_max_positions = config.model.rope_scaling.original_max_position;
   o.tie_embeddings = config.model.tie_embeddings;
+  o.image_size = config.model.image_size;
+  o.num_channels = config.model.num_channels;
+  o.patch_size = config.model.patch_size;
+  o.num_classes = config.model.num_classes;
   return o;
 }
 

@@ -76,22 +76,29 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& 
   scaler_.enabled = model_->dtype() == DType::F16;
   scaler_.scale = scaler_.enabled ? config_.train.loss_scale : 1.0;
   scaler_.growth_interval = config_.train.loss_scale_growth_interval;
-  const int B = config_.train.micro_batch, T = config_.train.seq_len;
-  tokens_ = backend_.empty(Shape{B, T}, DType::I32, MemCategory::Activations);
-  targets_ = backend_.empty(Shape{B, T}, DType::I32, MemCategory::Activations);
-  staging_ = Tensor::empty(backend_.staging_allocator(), Shape{2, B, T}, DType::I32,
+  shape_ = model_->batch_shape(config_.train.micro_batch, config_.train.seq_len);
+  inputs_ = backend_.empty(shape_.inputs, shape_.input_dtype, MemCategory::Activations);
+  targets_ = backend_.empty(shape_.targets, DType::I32, MemCategory::Activations);
+  staging_ = Tensor::empty(backend_.staging_allocator(),
+                           Shape{shape_.inputs.numel() + shape_.targets.numel()}, DType::I32,
                            MemCategory::Activations);
 }
 
-void TrainStep::upload_micro_batch(const int32_t* tokens, const int32_t* targets) {
+Batch TrainStep::device_batch() const {
+  Batch b;
+  (shape_.images() ? b.images : b.tokens) = inputs_;
+  b.targets = targets_;
+  return b;
+}
+
+void TrainStep::upload_micro_batch(const void* inputs, const int32_t* targets) {
   const Stream s = backend_.default_stream();
-  const auto n = static_cast<size_t>(tokens_.numel());
   backend_.synchronize(s);
-  int32_t* host = staging_.data<int32_t>();
-  std::memcpy(host, tokens, n * sizeof(int32_t));
-  std::memcpy(host + n, targets, n * sizeof(int32_t));
-  backend_.copy_from_host(s, tokens_, host);
-  backend_.copy_from_host(s, targets_, host + n);
+  auto* host = staging_.data<int32_t>();
+  std::memcpy(host, inputs, inputs_.nbytes());
+  std::memcpy(host + inputs_.numel(), targets, targets_.nbytes());
+  backend_.copy_from_host(s, inputs_, host);
+  backend_.copy_from_host(s, targets_, host + inputs_.numel());
 }
 
 TrainStep::~TrainStep() = default;
@@ -108,10 +115,10 @@ void TrainStep::dp_sum(std::span<double> values) {
   if (comm_.size() > 1) comm_.all_reduce_sum(values);
 }
 
-StepResult TrainStep::run(const int32_t* inputs, const int32_t* targets, int64_t update) {
-  const int B = config_.train.micro_batch, T = config_.train.seq_len;
+StepResult TrainStep::run(const void* inputs, const int32_t* targets, int64_t update) {
   const int dp_size = comm_.size(), dp_rank = comm_.rank();
-  const size_t per_micro = static_cast<size_t>(B) * T;
+  const auto in_bytes = static_cast<size_t>(inputs_.nbytes());
+  const auto per_micro = static_cast<size_t>(targets_.numel());
   // Target count and loss sum over the data-parallel group, exact in 64 bits.
   int64_t n_targets = 0;
   for (size_t i = 0; i < per_micro * static_cast<size_t>(accum_); ++i) n_targets += targets[i] != -1 ? 1 : 0;
@@ -124,14 +131,14 @@ StepResult TrainStep::run(const int32_t* inputs, const int32_t* targets, int64_t
   for (int k = 0; k < accum_; ++k) {
     if (k > 0) announce(StepPhase::Data);
     dp_->begin_micro_step(k);
-    upload_micro_batch(inputs + static_cast<size_t>(k) * per_micro,
+    upload_micro_batch(static_cast<const char*>(inputs) + static_cast<size_t>(k) * in_bytes,
                        targets + static_cast<size_t>(k) * per_micro);
     model_->set_dropout(true, static_cast<uint64_t>(config_.train.seed),
                         static_cast<uint64_t>((update * accum_ + k) * dp_size + dp_rank));
     {
       announce(StepPhase::Forward);
       auto scope = profile::trace_scope("forward");
-      loss_sum += model_->forward(Batch{tokens_, targets_, Tensor()}, grad_scale).sum;
+      loss_sum += model_->forward(device_batch(), grad_scale).sum;
     }
     announce(StepPhase::Backward);
     auto scope = profile::trace_scope("backward");

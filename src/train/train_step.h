@@ -83,18 +83,21 @@ class TrainStep {
   AdamW& optimizer() { return *optimizer_; }
   LossScaler& scaler() { return scaler_; }
   int grad_accum_steps() const { return accum_; }
-  /// The device micro-batch buffers run() fills, int32 [micro_batch, seq_len]; also
-  /// usable for forward-only passes (evaluation) between runs.
-  const Tensor& device_tokens() const { return tokens_; }
-  const Tensor& device_targets() const { return targets_; }
+  /// One micro-batch's shapes (Model::batch_shape of micro_batch x seq_len): int32 tokens
+  /// and targets [micro_batch, seq_len] for a language model; fp32 images and int32
+  /// labels for an image classifier.
+  const BatchShape& batch_shape() const { return shape_; }
+  /// The device micro-batch run() fills, as the model's Batch; also usable for
+  /// forward-only passes (evaluation) between runs.
+  Batch device_batch() const;
 
-  /// device_tokens() <- tokens, device_targets() <- targets (host int32 [micro_batch,
-  /// seq_len] each, read before returning) through the backend's staging buffer (pinned
-  /// host memory on CUDA, so the copies are asynchronous DMA; see
-  /// Backend::staging_allocator). Waits for the stream first: the previous micro-batch's
-  /// copies out of the staging buffer must be done before it is overwritten.
-  void upload_micro_batch(const int32_t* tokens, const int32_t* targets);
-  /// The staging buffer: host int32 [2, micro_batch, seq_len] (tokens, then targets).
+  /// The device micro-batch <- inputs (host, batch_shape().inputs in its dtype) and
+  /// targets (host int32, batch_shape().targets), read before returning, through the
+  /// backend's staging buffer (pinned host memory on CUDA, so the copies are asynchronous
+  /// DMA; see Backend::staging_allocator). Waits for the stream first: the previous
+  /// micro-batch's copies out of the staging buffer must be done before it is overwritten.
+  void upload_micro_batch(const void* inputs, const int32_t* targets);
+  /// The staging buffer: host 4-byte elements, the inputs then the targets.
   const Tensor& staging() const { return staging_; }
 
   /// Random initial weights from the model (this rank's elements), then fp32 masters.
@@ -102,12 +105,12 @@ class TrainStep {
   /// Observer of the phases; nullptr for none. Not owned.
   void set_observer(StepObserver* o) { observer_ = o; }
 
-  /// One update from this rank's grad_accum_steps micro-batches: inputs and targets
-  /// host int32 [accum, micro_batch, seq_len] (targets may hold -1). `update` counts the
+  /// One update from this rank's grad_accum_steps micro-batches: inputs [accum, ...] and
+  /// targets int32 [accum, ...], each micro-batch as batch_shape() (targets may hold -1). `update` counts the
   /// updates applied before this one (learning rate, dropout masks). Collective over
   /// the data-parallel group. Throws when the global batch has no target or the loss or
   /// gradient norm is not finite (fp16 overflows are skipped instead, see LossScaler).
-  StepResult run(const int32_t* inputs, const int32_t* targets, int64_t update);
+  StepResult run(const void* inputs, const int32_t* targets, int64_t update);
 
  private:
   void announce(StepPhase p) {
@@ -128,8 +131,9 @@ class TrainStep {
   LossScaler scaler_;
   StepObserver* observer_ = nullptr;
   int accum_ = 1;
-  Tensor tokens_, targets_;  // [micro_batch, seq_len] int32 on the device
-  Tensor staging_;           // [2, micro_batch, seq_len] int32, backend's staging memory
+  BatchShape shape_;
+  Tensor inputs_, targets_;  // one micro-batch on the device (batch_shape())
+  Tensor staging_;           // inputs then targets, 4-byte elements, backend's staging memory
 };
 
 }  // namespace kiln

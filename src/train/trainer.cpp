@@ -110,21 +110,16 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   KILN_CHECK(!config_.data.dir.empty(), "{}: data.dir is required for training", config_.source);
   accum_ = config_.grad_accum_steps(dp_size_);
   seq_len_ = config_.train.seq_len;
-  train_loader_ = std::make_unique<data::DataLoader>(config_.data.dir, "train", seq_len_,
-                                                     static_cast<uint64_t>(config_.train.seed),
-                                                     /*shuffle=*/true);
-  const data::DatasetMeta& meta = train_loader_->meta();
-  KILN_CHECK(config_.eval.every == 0 || meta.splits.count("val"),
+  train_data_ = open_train_data(config_.data.dir, "train", seq_len_,
+                                static_cast<uint64_t>(config_.train.seed), /*shuffle=*/true);
+  KILN_CHECK(config_.eval.every == 0 || train_data_->has_split("val"),
              "{}: eval.every = {} but {} has no val split (prepare it with --val-fraction, or "
              "set eval.every = 0)", config_.source, config_.eval.every, config_.data.dir);
-  if (config_.model.vocab_size == 0) config_.model.vocab_size = meta.vocab_size;
-  KILN_CHECK(config_.model.vocab_size >= meta.vocab_size,
-             "{}: model.vocab_size {} is smaller than the data set's vocabulary ({} in {})",
-             config_.source, config_.model.vocab_size, meta.vocab_size, config_.data.dir);
-  // ... and the same data: compare hashes at start-up.
+  train_data_->check_arch(config_);
+  train_data_->fill_model_keys(config_);
+  // ... and the same data: compare fingerprints at start-up.
   check_same_on_all_ranks(*world_, "data set " + config_.data.dir,
-                          fmt::format("{}/{}/{}", meta.tokenizer_hash, meta.vocab_size,
-                                      train_loader_->total_tokens()));
+                          train_data_->fingerprint().dump());
 
   backend_ = make_device_backend(config_.train.device);
   // Profiling wraps the backend (one trace event per op); off, nothing is wrapped.
@@ -137,8 +132,10 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   optimizer_ = &one_step_->optimizer();
   fp16_ = one_step_->scaler().enabled;
   const int B = config_.train.micro_batch;
-  tokens_ = one_step_->device_tokens();
-  targets_ = one_step_->device_targets();
+  train_data_->check_shape(one_step_->batch_shape(), config_.source);
+  KILN_CHECK(!one_step_->batch_shape().images() || config_.sample.every == 0,
+             "{}: sample.every = {}: sampling is for language models (set sample.every = 0)",
+             config_.source, config_.sample.every);
 
   // Where to start: a checkpoint to resume, else init_from or a random init.
   const fs::path ckpt_root = run_dir_ / "ckpt";
@@ -248,16 +245,20 @@ std::vector<std::vector<int64_t>> Trainer::memory_by_rank() {
 }
 
 double Trainer::train_step(double* grad_norm) {
-  const int B = config_.train.micro_batch, T = seq_len_;
+  const int B = config_.train.micro_batch;
   // This rank's share of the whole global batch first: the step normalises the loss by
-  // the target tokens of the global batch, known before the first backward.
-  std::vector<int32_t> inputs(static_cast<size_t>(accum_) * B * T), targets(inputs.size());
+  // the targets of the global batch, known before the first backward.
+  const BatchShape& shape = one_step_->batch_shape();
+  const auto in_bytes = static_cast<size_t>(shape.inputs.numel()) * 4;  // int32 or fp32
+  const auto n_targets = static_cast<size_t>(shape.targets.numel());
+  std::vector<std::byte> inputs(static_cast<size_t>(accum_) * in_bytes);
+  std::vector<int32_t> targets(static_cast<size_t>(accum_) * n_targets);
   {
     auto scope = profile::trace_scope("data");
     for (int k = 0; k < accum_; ++k) {
-      train_loader_->next_batch(inputs.data() + static_cast<size_t>(k) * B * T,
-                                targets.data() + static_cast<size_t>(k) * B * T, B, dp_rank_,
-                                dp_size_);
+      train_data_->next_batch(inputs.data() + static_cast<size_t>(k) * in_bytes,
+                              targets.data() + static_cast<size_t>(k) * n_targets, B, dp_rank_,
+                              dp_size_);
     }
   }
   const StepResult r = one_step_->run(inputs.data(), targets.data(), step_);
@@ -273,30 +274,35 @@ double Trainer::train_step(double* grad_norm) {
   return r.loss;
 }
 
-double Trainer::evaluate() {
+Trainer::EvalResult Trainer::evaluate() {
   auto scope = profile::trace_scope("eval");
-  data::DataLoader val(config_.data.dir, "val", seq_len_, 0, /*shuffle=*/false);
-  const int B = config_.train.micro_batch, T = seq_len_;
-  std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
+  const std::unique_ptr<TrainData> val = train_data_->open_split("val");
+  const int B = config_.train.micro_batch;
+  const BatchShape& shape = one_step_->batch_shape();
+  std::vector<std::byte> inputs(static_cast<size_t>(shape.inputs.numel()) * 4);
+  std::vector<int32_t> targets(static_cast<size_t>(shape.targets.numel()));
   model_->set_dropout(false, 0, 0);
   // eval.batches global batches (global_batch sequences each, from the start of the val
   // split), whatever the world size: each rank scores its part in micro-batches.
   const int64_t per_call = int64_t{B} * dp_size_;
   const int64_t calls = std::max<int64_t>(
-      1, std::min<int64_t>(int64_t{config_.eval.batches} * accum_, val.samples_per_epoch() / per_call));
-  double loss_sum = 0.0;
-  int64_t n = 0;
+      1, std::min<int64_t>(int64_t{config_.eval.batches} * accum_, val->samples_per_epoch() / per_call));
+  double sums[3] = {0.0, 0.0, 0.0};  // loss sum, targets, correct (classifiers)
+  bool counted = false;
   for (int64_t i = 0; i < calls; ++i) {
-    val.next_batch(inputs.data(), targets.data(), B, dp_rank_, dp_size_);
+    val->next_batch(inputs.data(), targets.data(), B, dp_rank_, dp_size_);
     one_step_->upload_micro_batch(inputs.data(), targets.data());
-    const LossSum l = model_->forward(Batch{tokens_, targets_, Tensor()}, 0.f);
+    const LossSum l = model_->forward(one_step_->device_batch(), 0.f);
     dp_->end_forward_only();
-    loss_sum += l.sum;
-    n += l.targets;
+    sums[0] += l.sum;
+    sums[1] += static_cast<double>(l.targets);
+    if (l.correct >= 0) sums[2] += static_cast<double>(l.correct), counted = true;
   }
-  double sums[2] = {loss_sum, static_cast<double>(n)};
-  dp_sum(std::span<double>(sums, 2));
-  return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+  dp_sum(std::span<double>(sums, 3));
+  EvalResult r;
+  r.loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+  if (counted && sums[1] > 0) r.accuracy = sums[2] / sums[1];
+  return r;
 }
 
 void Trainer::maybe_sample() {
@@ -446,8 +452,11 @@ TrainResult Trainer::run() {
     const bool eval_now = config_.eval.every > 0 &&
                           (step_ % config_.eval.every == 0 || step_ == config_.train.steps);
     if (eval_now) {
-      r.last_val_loss = evaluate();
-      rec["val_loss"] = r.last_val_loss;
+      const EvalResult e = evaluate();
+      r.last_val_loss = e.loss;
+      r.last_val_accuracy = e.accuracy;
+      rec["val_loss"] = e.loss;
+      if (e.accuracy >= 0) rec["val_accuracy"] = e.accuracy;
     }
     const bool log_now = config_.log.every > 0 &&
                          (step_ % config_.log.every == 0 || step_ == 1 || eval_now ||
@@ -462,7 +471,11 @@ TrainResult Trainer::run() {
       fmt::print("step {:>6}/{} | loss {:.4f}{} | lr {:.2e} | norm {:.3f} | {:.0f} tok/s | "
                  "MFU {:.1f}% | {:.0f} ms | ETA {}\n",
                  step_, config_.train.steps, loss,
-                 eval_now ? fmt::format(" | val {:.4f}", r.last_val_loss) : std::string(), lr,
+                 eval_now ? fmt::format(" | val {:.4f}{}", r.last_val_loss,
+                                        r.last_val_accuracy >= 0
+                                            ? fmt::format(" acc {:.2f}%", 100.0 * r.last_val_accuracy)
+                                            : std::string())
+                          : std::string(), lr,
                  norm, static_cast<double>(tokens_per_step) / dt, 100.0 * flops_per_step / dt / world_peak,
                  dt * 1e3, format_duration(per_step * static_cast<double>(config_.train.steps - step_)));
       std::fflush(stdout);

@@ -25,6 +25,7 @@
 #include "train/checkpoint_policy.h"
 #include "train/config.h"
 #include "train/metrics.h"
+#include "train/train_data.h"
 #include "train/train_step.h"
 
 #include <filesystem>
@@ -59,6 +60,7 @@ struct TrainResult {
   int64_t last_step = 0;   // updates completed when the run ended
   double last_loss = 0.0;
   double last_val_loss = -1.0;  // -1 when never evaluated
+  double last_val_accuracy = -1.0;  // classifiers: top-1 accuracy on the val split; else -1
   double tokens_per_s = 0.0;    // mean over the run's steps after the first
   bool preempted = false;       // stopped by a signal or exit_interval
   double step_time_s = 0.0;     // mean step time over the run's steps after the first
@@ -84,8 +86,13 @@ class Trainer {
 
   TrainResult run();
 
-  /// Mean validation loss over eval.batches micro-batches from the start of the val split.
-  double evaluate();
+  /// Mean validation loss over eval.batches global batches from the start of the val
+  /// split, and a classifier's top-1 accuracy over the same samples (-1 for others).
+  struct EvalResult {
+    double loss = 0.0;
+    double accuracy = -1.0;
+  };
+  EvalResult evaluate();
   const Model& model() const { return *model_; }
   const DataParallel& data_parallel() const { return *dp_; }
   int64_t step() const { return step_; }
@@ -105,9 +112,6 @@ class Trainer {
   /// exist) moves them to ckpt/abandoned/ (checkpoint::move_checkpoints_aside), copies
   /// metrics.jsonl beside them and prepares the "rollback" record for metrics.jsonl.
   void abandon_newer_checkpoints(const std::filesystem::path& resumed_from);
-  /// What identifies the training data in a checkpoint: tokenizer hash, vocabulary size,
-  /// train tokens.
-  nlohmann::json data_fingerprint() const;
   void maybe_sample();
   void summarize_communication(TrainResult& r, int64_t timed_steps);
   /// r.tp_formula, and r.tp_measured from the run's sum over its `steps` training steps
@@ -129,7 +133,7 @@ class Trainer {
   Model* model_ = nullptr;
   DataParallel* dp_ = nullptr;
   AdamW* optimizer_ = nullptr;
-  std::unique_ptr<data::DataLoader> train_loader_;
+  std::unique_ptr<TrainData> train_data_;
   std::filesystem::path run_dir_;
   int dp_rank_ = 0, dp_size_ = 1, tp_rank_ = 0;
   bool is_rank0_ = true;
@@ -140,7 +144,6 @@ class Trainer {
   bool fp16_ = false;  // dynamic loss scaling (TrainStep's LossScaler)
   bool last_skipped_ = false;
   nlohmann::json rollback_record_;  // written first to metrics.jsonl by run(); null: none
-  Tensor tokens_, targets_;  // [micro_batch, T] int32 on the device (evaluation)
 };
 
 /// Throws kiln::Error, on every rank of `world`, naming the first key (and this rank's

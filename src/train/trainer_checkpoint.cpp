@@ -59,13 +59,13 @@ void Trainer::save_checkpoint() {
   writer.write_rank_files();
   world_->barrier();
   if (is_rank0_) {
-    const data::LoaderState ls = train_loader_->state();
+    const data::LoaderState ls = train_data_->state();
     nlohmann::json state = {
         {"step", step_},
         {"optimizer_step", optimizer_->step_count()},
         {"loader", {{"epoch", ls.epoch}, {"index", ls.index}}},
         {"seed", config_.train.seed},
-        {"data", data_fingerprint()},
+        {"data", train_data_->fingerprint()},
         {"global_batch", config_.train.global_batch},
         {"seq_len", seq_len_},
         {"config_hash", config_.hash()},
@@ -78,7 +78,7 @@ void Trainer::save_checkpoint() {
         {"loss_scale_good_steps", scaler().good_steps},
         {"skipped_steps", scaler().skipped_steps},
     };
-    auto extra = tokenizer_files(*data::load_tokenizer(config_.data.dir));
+    auto extra = train_data_->checkpoint_files();
     extra["config.toml"] = config_.to_toml();
     writer.commit(state, extra);
     checkpoint_policy().prune(root);
@@ -91,12 +91,6 @@ CheckpointPolicy Trainer::checkpoint_policy() const {
   const int64_t steps = config_.train.steps;
   return CheckpointPolicy(config_.checkpoint, steps,
                           options_.exit_interval > 0 ? std::min(options_.exit_interval, steps) : steps);
-}
-
-nlohmann::json Trainer::data_fingerprint() const {
-  const data::DatasetMeta& meta = train_loader_->meta();
-  return {{"tokenizer_hash", meta.tokenizer_hash}, {"vocab_size", meta.vocab_size},
-          {"train_tokens", train_loader_->total_tokens()}};
 }
 
 void Trainer::abandon_newer_checkpoints(const fs::path& resumed_from) {
@@ -160,10 +154,10 @@ void Trainer::restore_from(const checkpoint::CheckpointReader& reader) {
              "order depends on it (resume with --set train.seed={}, or start a new run)",
              dir.string(), config_.train.seed, saved_seed, saved_seed);
   if (st.contains("data"))  // absent in checkpoints written before it was recorded
-    KILN_CHECK(st.at("data") == data_fingerprint(),
+    KILN_CHECK(st.at("data") == train_data_->fingerprint(),
                "{}: data.dir {} holds other data than the checkpoint's ({} vs {}): resuming would "
-               "read another token stream (use the same data, or start a new run)", dir.string(),
-               config_.data.dir, data_fingerprint().dump(), st.at("data").dump());
+               "read other samples (use the same data, or start a new run)", dir.string(),
+               config_.data.dir, train_data_->fingerprint().dump(), st.at("data").dump());
   KILN_CHECK(saved_seq_len == seq_len_ && saved_batch == config_.train.global_batch,
              "{}: saved with global_batch {} and seq_len {}, this run has {} and {}; exact resume "
              "needs the same batch shape", dir.string(), saved_batch, saved_seq_len,
@@ -204,7 +198,7 @@ void Trainer::restore_from(const checkpoint::CheckpointReader& reader) {
     scaler().good_steps = st.value("loss_scale_good_steps", int64_t{0});
     scaler().skipped_steps = st.value("skipped_steps", int64_t{0});
   }
-  train_loader_->set_state({loader_epoch, loader_index});
+  train_data_->set_state({loader_epoch, loader_index});
   if (st.at("config_hash").get<std::string>() != config_.hash() && options_.verbose)
     fmt::print("kiln: note: the config differs from the checkpoint's (see {}/config.toml)\n",
                dir.string());

@@ -1,0 +1,142 @@
+#include "train/train_data.h"
+
+#include "core/error.h"
+#include "data/image_dataset.h"
+#include "data/loader.h"
+#include "data/tokenizer.h"
+#include "models/registry.h"
+#include "train/model_io.h"
+
+#include <fmt/format.h>
+
+#include <vector>
+
+namespace kiln {
+
+namespace {
+
+class TokenData final : public TrainData {
+ public:
+  TokenData(const std::filesystem::path& dir, const std::string& split, int seq_len,
+            uint64_t seed, bool shuffle)
+      : dir_(dir), seq_len_(seq_len), loader_(dir, split, seq_len, seed, shuffle) {}
+
+  bool has_split(const std::string& name) const override {
+    return loader_.meta().splits.count(name) > 0;
+  }
+  std::unique_ptr<TrainData> open_split(const std::string& name) const override {
+    return std::make_unique<TokenData>(dir_, name, seq_len_, 0, /*shuffle=*/false);
+  }
+  void fill_model_keys(TrainConfig& c) const override {
+    const int vocab = loader_.meta().vocab_size;
+    if (c.model.vocab_size == 0) c.model.vocab_size = vocab;
+    KILN_CHECK(c.model.vocab_size >= vocab,
+               "{}: model.vocab_size {} is smaller than the data set's vocabulary ({} in {})",
+               c.source, c.model.vocab_size, vocab, dir_.string());
+  }
+  void check_arch(const TrainConfig& c) const override {
+    KILN_CHECK(!model_arch(c.model.arch).takes_images,
+               "{}: model.arch = \"{}\" reads images but data.dir {} holds tokens (prepare "
+               "images with kiln prepare --format idx|imagefolder)", c.source, c.model.arch,
+               dir_.string());
+  }
+  void check_shape(const BatchShape& shape, const std::string& source) const override {
+    KILN_CHECK(!shape.images(), "{}: the model takes images but data.dir {} holds tokens",
+               source, dir_.string());
+  }
+  void next_batch(void* inputs, int32_t* targets, int B, int rank, int size) override {
+    loader_.next_batch(static_cast<int32_t*>(inputs), targets, B, rank, size);
+  }
+  int64_t samples_per_epoch() const override { return loader_.samples_per_epoch(); }
+  data::LoaderState state() const override { return loader_.state(); }
+  void set_state(const data::LoaderState& s) override { loader_.set_state(s); }
+  nlohmann::json fingerprint() const override {
+    const data::DatasetMeta& meta = loader_.meta();
+    return {{"tokenizer_hash", meta.tokenizer_hash}, {"vocab_size", meta.vocab_size},
+            {"train_tokens", loader_.total_tokens()}};
+  }
+  std::map<std::string, std::string> checkpoint_files() const override {
+    return tokenizer_files(*data::load_tokenizer(dir_));
+  }
+
+ private:
+  std::filesystem::path dir_;
+  int seq_len_;
+  data::DataLoader loader_;
+};
+
+class ImageData final : public TrainData {
+ public:
+  ImageData(const std::filesystem::path& dir, const std::string& split, uint64_t seed, bool shuffle)
+      : dir_(dir), loader_(dir, split, seed, shuffle) {}
+
+  bool has_split(const std::string& name) const override {
+    return loader_.meta().splits.count(name) > 0;
+  }
+  std::unique_ptr<TrainData> open_split(const std::string& name) const override {
+    return std::make_unique<ImageData>(dir_, name, 0, /*shuffle=*/false);
+  }
+  void fill_model_keys(TrainConfig& c) const override {
+    const data::ImageDatasetMeta& m = loader_.meta();
+    KILN_CHECK(m.shape.height == m.shape.width, "{}: data.dir {} holds {}x{} images; the "
+               "vision models take square images", c.source, dir_.string(), m.shape.height,
+               m.shape.width);
+    auto fill = [&](const char* key, int& value, int data_value) {
+      if (value == 0) value = data_value;
+      KILN_CHECK(value == data_value, "{}: {} is {} but the images in {} have {}", c.source,
+                 key, value, dir_.string(), data_value);
+    };
+    fill("model.image_size", c.model.image_size, m.shape.height);
+    fill("model.num_channels", c.model.num_channels, m.shape.channels);
+    fill("model.num_classes", c.model.num_classes, m.classes);
+  }
+  void check_arch(const TrainConfig& c) const override {
+    KILN_CHECK(model_arch(c.model.arch).takes_images,
+               "{}: model.arch = \"{}\" reads tokens but data.dir {} holds images (an image "
+               "model, e.g. model.arch = \"vit\", or a token data set)", c.source, c.model.arch,
+               dir_.string());
+  }
+  void check_shape(const BatchShape& shape, const std::string& source) const override {
+    const data::ImageShape& s = loader_.meta().shape;
+    KILN_CHECK(shape.images() && shape.inputs.ndim() == 4 && shape.inputs[1] == s.height &&
+                   shape.inputs[2] == s.width && shape.inputs[3] == s.channels,
+               "{}: data.dir {} holds {}x{}x{} images, which the model (inputs {}) does not take",
+               source, dir_.string(), s.height, s.width, s.channels, shape.inputs.str());
+  }
+  void next_batch(void* inputs, int32_t* targets, int B, int rank, int size) override {
+    const int64_t P = loader_.meta().shape.pixels();
+    pixels_.resize(static_cast<size_t>(B * P));
+    loader_.next_batch(pixels_.data(), targets, B, rank, size);
+    auto* out = static_cast<float*>(inputs);
+    for (size_t i = 0; i < pixels_.size(); ++i) out[i] = static_cast<float>(pixels_[i]) / 127.5f - 1.f;
+  }
+  int64_t samples_per_epoch() const override { return loader_.samples_per_epoch(); }
+  data::LoaderState state() const override { return loader_.state(); }
+  void set_state(const data::LoaderState& s) override { loader_.set_state(s); }
+  nlohmann::json fingerprint() const override {
+    const data::ImageDatasetMeta& m = loader_.meta();
+    nlohmann::json crcs = nlohmann::json::array();
+    for (const auto& shard : m.splits.at("train")) crcs.push_back(shard.crc32);
+    return {{"images", m.images("train")},
+            {"shape", {m.shape.height, m.shape.width, m.shape.channels}},
+            {"classes", m.classes},
+            {"train_crc32", crcs}};
+  }
+  std::map<std::string, std::string> checkpoint_files() const override { return {}; }
+
+ private:
+  std::filesystem::path dir_;
+  data::ImageLoader loader_;
+  std::vector<uint8_t> pixels_;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainData> open_train_data(const std::filesystem::path& dir,
+                                           const std::string& split, int seq_len, uint64_t seed,
+                                           bool shuffle) {
+  if (data::is_image_dataset(dir)) return std::make_unique<ImageData>(dir, split, seed, shuffle);
+  return std::make_unique<TokenData>(dir, split, seq_len, seed, shuffle);
+}
+
+}  // namespace kiln

@@ -1,0 +1,62 @@
+// TrainData: the trainer's view of its data set, whatever the kind: micro-batches shaped
+// as the model takes them (Model::batch_shape), a resumable position, the [model] keys the
+// data fixes, and what identifies it in a checkpoint.
+//
+// Two kinds, told apart by the data set's meta.json (docs/formats.md):
+//   token data sets (data/loader.h): inputs int32 [B,T] tokens, targets [B,T] (the next
+//     tokens); they fix model.vocab_size and carry their tokenizer into checkpoints;
+//   image data sets (data/image_dataset.h): inputs fp32 [B,H,W,C] pixels scaled to [-1, 1]
+//     (p / 127.5 - 1), targets int32 [B] labels; they fix model.image_size (square
+//     images), model.num_channels and model.num_classes.
+#pragma once
+
+#include "data/visit_order.h"
+#include "models/model.h"
+#include "train/config.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+
+namespace kiln {
+
+class TrainData {
+ public:
+  virtual ~TrainData() = default;
+  /// Whether the data set has split `name` ("val").
+  virtual bool has_split(const std::string& name) const = 0;
+  /// Split `name` of the same data set, unshuffled (evaluation).
+  virtual std::unique_ptr<TrainData> open_split(const std::string& name) const = 0;
+  /// Sets the [model] keys the data fixes when they are 0; throws kiln::Error naming the
+  /// key (and `config.source`) when one is set and does not fit the data.
+  virtual void fill_model_keys(TrainConfig& config) const = 0;
+  /// Throws kiln::Error (naming data.dir and `config.source`) when model.arch reads
+  /// another kind of data (ModelArch::takes_images). Before the model is built.
+  virtual void check_arch(const TrainConfig& config) const = 0;
+  /// Throws kiln::Error when `shape` (the model's micro-batch) is not this data's.
+  virtual void check_shape(const BatchShape& shape, const std::string& source) const = 0;
+  /// This rank's micro_batch samples of the next global batch into inputs and targets
+  /// (BatchShape layouts), then advances by micro_batch * dp_size samples.
+  virtual void next_batch(void* inputs, int32_t* targets, int micro_batch, int dp_rank,
+                          int dp_size) = 0;
+  virtual int64_t samples_per_epoch() const = 0;
+  virtual data::LoaderState state() const = 0;
+  virtual void set_state(const data::LoaderState& s) = 0;
+  /// What identifies the data (compared across ranks and with a resumed checkpoint).
+  virtual nlohmann::json fingerprint() const = 0;
+  /// Files a checkpoint stores beside the weights (name -> bytes): the tokenizer.
+  virtual std::map<std::string, std::string> checkpoint_files() const = 0;
+};
+
+/// Split `split` of the data set in `dir` (token or image, by its meta.json), in samples
+/// of seq_len tokens (token data), shuffled per epoch under `seed` when `shuffle`.
+/// Throws kiln::Error naming the file when the data set is missing or malformed.
+std::unique_ptr<TrainData> open_train_data(const std::filesystem::path& dir,
+                                           const std::string& split, int seq_len, uint64_t seed,
+                                           bool shuffle);
+
+}  // namespace kiln
