@@ -1,5 +1,5 @@
-// The only file outside models/gpt2/ and models/llama/ that names GPT-2 or Llama: it
-// registers the built-in architectures.
+// The only file outside models/<arch>/ that names GPT-2, Llama or ViT: it registers the
+// built-in architectures.
 #include "models/registry.h"
 
 #include "core/error.h"
@@ -7,6 +7,7 @@
 #include "models/gpt2/gpt2.h"
 #include "models/llama/formats.h"
 #include "models/llama/llama.h"
+#include "models/vit/vit.h"
 
 #include <mutex>
 
@@ -40,9 +41,20 @@ ModelArch llama_arch() {
   return a;
 }
 
+ModelArch vit_arch() {
+  ModelArch a;
+  a.make = [](const ModelOptions& o, Backend& backend, const ModelStorage& storage) {
+    return std::make_unique<ViT>(vit_config_of(o), backend, storage);
+  };
+  a.takes_images = true;
+  a.options_from_json = vit_options_from_json;
+  return a;
+}
+
 struct Registry {
   std::mutex mutex;
-  std::map<std::string, ModelArch> archs{{"gpt2", gpt2_arch()}, {"llama", llama_arch()}};
+  std::map<std::string, ModelArch> archs{
+      {"gpt2", gpt2_arch()}, {"llama", llama_arch()}, {"vit", vit_arch()}};
 };
 Registry& registry() {
   static Registry r;

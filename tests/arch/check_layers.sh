@@ -3,8 +3,8 @@
 # and their own layer (nn/ never models/; a model's file formats also checkpoint/'s file
 # primitives); only src/comm/ includes MPI or NCCL; only
 # src/backend/cuda/ (and the NCCL communicator in src/comm/nccl/, whose buffers live on
-# the GPU) includes CUDA headers; outside src/models/gpt2/ (src/models/llama/) nothing in
-# src/ or apps/ includes a GPT-2 (Llama) header (everything sees models/model.h and
+# the GPU) includes CUDA headers; outside src/models/gpt2/ (llama/, vit/) nothing in
+# src/ or apps/ includes a GPT-2 (Llama, ViT) header (everything sees models/model.h and
 # models/registry.h) but the registry, which registers them. Fails listing each offending include.
 set -u
 src="$1/src"
@@ -29,7 +29,7 @@ while IFS= read -r line; do report "$line"; done < <(
 # Each built-in architecture is named only in its own folder and by the registry, which
 # registers it.
 allowed='^'"$src"'/models/registry\.cpp:'
-for arch in gpt2 llama; do
+for arch in gpt2 llama vit; do
   while IFS= read -r line; do report "$line (only models/$arch/ may name it)"; done < <(
     grep -rnE '#include\s+"models/'"$arch"'/' "$src" "$1/apps" 2>/dev/null |
       grep -v "^$src/models/$arch/" | grep -vE "$allowed")

@@ -105,9 +105,12 @@ inline uint64_t fnv1a64(const std::string& bytes) {
 /// `kind`, and holds exactly `model`'s parameters and gradients (fp32, the model's global
 /// shapes; decay exactly on 2-D) and the reference tensors, with consistent shapes; the
 /// targets' count is as recorded and rows V.. of `padded_rows` parameters [Vp, C] are zero.
-inline void check_file_matches(const safetensors::Reader& r, const std::string& file,
-                               const std::string& generator, const std::string& kind,
-                               const Model& model, const std::vector<std::string>& padded_rows) {
+/// The file was written by `generator` (its FNV-1a 64 hash in the metadata) for model
+/// `kind` in float64, and holds exactly `model`'s parameters and gradients (fp32, the
+/// model's global shapes) besides `inputs`.
+inline void check_generator_and_params(const safetensors::Reader& r, const std::string& file,
+                                       const std::string& generator, const std::string& kind,
+                                       const Model& model, std::set<std::string> inputs) {
   namespace st = safetensors;
   std::ifstream f(generator, std::ios::binary);
   ASSERT_TRUE(f) << "cannot read " << generator;
@@ -117,24 +120,34 @@ inline void check_file_matches(const safetensors::Reader& r, const std::string& 
       << "Regenerate it: /usr/bin/python3 " << generator;
   EXPECT_EQ(r.metadata("kiln.golden"), kind);
   EXPECT_EQ(r.metadata("reference_dtype"), "float64");
-  const int B = meta_int(r, "batch_size"), T = meta_int(r, "seq_len");
-  const int V = model.vocab_size();
   EXPECT_EQ(meta_int(r, "ignore_index"), -1);
-  EXPECT_LE(T, model.max_positions());
-  std::set<std::string> expected{"input_tokens", "target_tokens", "logits", "loss", "adamw_losses"};
   for (const ParamSpec& p : model.params()) {
-    expected.insert(p.name);
-    expected.insert("grad." + p.name);
+    inputs.insert(p.name);
+    inputs.insert("grad." + p.name);
     for (const std::string& name : {p.name, "grad." + p.name}) {
       ASSERT_TRUE(r.contains(name)) << "the golden file lacks " << name;
       EXPECT_EQ(r.info(name).dtype, st::StDType::F32) << name;
       EXPECT_EQ(r.info(name).kiln_shape(), p.shape) << name;
     }
-    // The generators decay exactly the 2-D parameters (embeddings, linear weights).
-    EXPECT_EQ(p.weight_decay, p.shape.ndim() == 2) << p.name;
   }
   const auto names = r.names();
-  EXPECT_EQ(std::set<std::string>(names.begin(), names.end()), expected);
+  EXPECT_EQ(std::set<std::string>(names.begin(), names.end()), inputs);
+}
+
+/// check_generator_and_params for a language model's file (tokens, targets, logits [B,T,V],
+/// loss, AdamW losses), with consistent shapes; decay exactly on 2-D parameters; the
+/// targets' count is as recorded and rows V.. of `padded_rows` parameters [Vp, C] are zero.
+inline void check_file_matches(const safetensors::Reader& r, const std::string& file,
+                               const std::string& generator, const std::string& kind,
+                               const Model& model, const std::vector<std::string>& padded_rows) {
+  namespace st = safetensors;
+  check_generator_and_params(r, file, generator, kind, model,
+                             {"input_tokens", "target_tokens", "logits", "loss", "adamw_losses"});
+  const int B = meta_int(r, "batch_size"), T = meta_int(r, "seq_len");
+  const int V = model.vocab_size();
+  EXPECT_LE(T, model.max_positions());
+  // The generators decay exactly the 2-D parameters (embeddings, linear weights).
+  for (const ParamSpec& p : model.params()) EXPECT_EQ(p.weight_decay, p.shape.ndim() == 2) << p.name;
   EXPECT_EQ(r.info("input_tokens").kiln_shape(), (Shape{B, T}));
   EXPECT_EQ(r.info("input_tokens").dtype, st::StDType::I32);
   EXPECT_EQ(r.info("target_tokens").kiln_shape(), (Shape{B, T}));
@@ -183,49 +196,41 @@ inline ModelOptions golden_options(const std::string& arch, const safetensors::R
 /// logits [B,T,Vp] (fp32) of tokens int32 [B,T]: the model's inference forward.
 using ForwardLogits = std::function<void(const Tensor& tokens, const Tensor& logits)>;
 
-/// Copies the file's parameters into `model` (on `be`), then compares its logits, mean
-/// loss, gradients and the losses of the file's AdamW steps with the reference, printing
-/// each error and a SUMMARY line.
-inline void match_reference(const safetensors::Reader& r, Backend& be, Model& model,
-                            const ForwardLogits& forward_logits) {
+/// Copies the file's parameters into `model` (on `be`).
+inline void copy_reference_params(const safetensors::Reader& r, Backend& be, Model& model) {
+  for (const ParamSpec& p : model.params()) {
+    const auto v = r.read_f32(p.name);
+    ASSERT_EQ(static_cast<int64_t>(v.size()), p.shape.numel()) << p.name;
+    be.copy_from_host(be.default_stream(), model.param(p), v.data());
+  }
+}
+
+/// With the file's parameters in `model`: compares `logits()` (kiln's logits, laid out as
+/// the file's "logits"), the mean loss of `batch` (n_valid targets), every gradient and
+/// the losses of the file's AdamW steps with the reference, printing each error and a
+/// SUMMARY line.
+inline void match_reference_batch(const safetensors::Reader& r, Backend& be, Model& model,
+                                  const Batch& batch, int64_t n_valid,
+                                  const std::function<std::vector<float>()>& logits) {
   const std::string bn = be.name();
-  const int B = meta_int(r, "batch_size"), T = meta_int(r, "seq_len");
-  const int V = model.vocab_size(), Vp = model.padded_vocab_size();
   const int steps = meta_int(r, "adamw.steps");
   const AdamWConfig acfg{static_cast<float>(meta_double(r, "adamw.lr")),
                          static_cast<float>(meta_double(r, "adamw.beta1")),
                          static_cast<float>(meta_double(r, "adamw.beta2")),
                          static_cast<float>(meta_double(r, "adamw.eps")),
                          static_cast<float>(meta_double(r, "adamw.weight_decay"))};
-  const auto tokens_h = r.read_i32("input_tokens");
-  const auto targets_h = r.read_i32("target_tokens");
   const auto ref_logits = r.read_f32("logits");
   const double ref_loss = r.read_f32("loss")[0];
   const auto ref_adam = r.read_f32("adamw_losses");
-  int64_t n_valid = 0;
-  for (int32_t t : targets_h) n_valid += t != -1;
-  for (const ParamSpec& p : model.params()) {
-    const auto v = r.read_f32(p.name);
-    ASSERT_EQ(static_cast<int64_t>(v.size()), p.shape.numel()) << p.name;
-    be.copy_from_host(be.default_stream(), model.param(p), v.data());
-  }
-  const Tensor tokens = device_i32(be, tokens_h, Shape{B, T});
-  const Tensor targets = device_i32(be, targets_h, Shape{B, T});
 
   // ---- logits ----
-  Tensor logits = be.empty(Shape{B, T, Vp}, DType::F32, MemCategory::Temporaries);
-  forward_logits(tokens, logits);
-  const auto lp = to_host(be, logits);
-  std::vector<float> lv(static_cast<size_t>(B) * T * V);
-  for (int64_t row = 0; row < static_cast<int64_t>(B) * T; ++row)
-    std::copy_n(lp.begin() + row * Vp, V, lv.begin() + row * V);
-  const Cmp cl = compare(lv, ref_logits);
+  const Cmp cl = compare(logits(), ref_logits);
   print_cmp(bn, "logits", cl, kLogitsTol);
   EXPECT_LE(cl.rel, kLogitsTol) << "logits";
 
   // ---- loss and gradients ----
   model.zero_grad();
-  const LossSum ls = model.forward(Batch{tokens, targets, Tensor()}, 1.f / static_cast<float>(n_valid));
+  const LossSum ls = model.forward(batch, 1.f / static_cast<float>(n_valid));
   model.backward();
   be.synchronize(be.default_stream());
   EXPECT_EQ(ls.targets, n_valid);
@@ -253,7 +258,7 @@ inline void match_reference(const safetensors::Reader& r, Backend& be, Model& mo
   for (int i = 0; i < steps; ++i) {
     model.zero_grad();
     const double li =
-        model.forward(Batch{tokens, targets, Tensor()}, 1.f / static_cast<float>(n_valid)).sum /
+        model.forward(batch, 1.f / static_cast<float>(n_valid)).sum /
         static_cast<double>(n_valid);
     model.backward();
     opt.step(acfg.lr, 1.f);
@@ -272,6 +277,30 @@ inline void match_reference(const safetensors::Reader& r, Backend& be, Model& mo
       "grad rel {:.3e} in {} (tol {:.0e}); adamw loss rel {:.3e} at step {} (tol {:.0e})\n",
       bn, cl.rel, kLogitsTol, loss_rel, kLossTol, worst_grad, worst_grad_name, kGradTol,
       worst_adam, worst_step, kAdamTol);
+}
+
+/// A language model against the file: tokens and targets [B,T] from it, logits [B,T,V]
+/// (the padded columns dropped) from `forward_logits`.
+inline void match_reference(const safetensors::Reader& r, Backend& be, Model& model,
+                            const ForwardLogits& forward_logits) {
+  const int B = meta_int(r, "batch_size"), T = meta_int(r, "seq_len");
+  const int V = model.vocab_size(), Vp = model.padded_vocab_size();
+  const auto tokens_h = r.read_i32("input_tokens");
+  const auto targets_h = r.read_i32("target_tokens");
+  int64_t n_valid = 0;
+  for (int32_t t : targets_h) n_valid += t != -1;
+  copy_reference_params(r, be, model);
+  const Tensor tokens = device_i32(be, tokens_h, Shape{B, T});
+  const Tensor targets = device_i32(be, targets_h, Shape{B, T});
+  match_reference_batch(r, be, model, Batch{tokens, targets, Tensor()}, n_valid, [&] {
+    Tensor logits = be.empty(Shape{B, T, Vp}, DType::F32, MemCategory::Temporaries);
+    forward_logits(tokens, logits);
+    const auto lp = to_host(be, logits);
+    std::vector<float> lv(static_cast<size_t>(B) * T * V);
+    for (int64_t row = 0; row < static_cast<int64_t>(B) * T; ++row)
+      std::copy_n(lp.begin() + row * Vp, V, lv.begin() + row * V);
+    return lv;
+  });
 }
 
 }  // namespace kiln::golden

@@ -1,7 +1,8 @@
 # Shared by the `kiln train` tests of this folder (source it after setting $work):
 #   make_corpus SEED OUT   a small corpus with structure (byte-level tokens later)
+#   make_images SEED OUT   tiny IDX files (12x12 gray, 4 classes with a class pattern)
 #   compare A B [first_step [bound]]
-#                          per-step losses (and val losses) of metrics.jsonl B against
+#                          per-step losses (and val losses, val accuracies) of metrics.jsonl B against
 #                          A within bound (default 1e-5) relative, from first_step on;
 #                          with a bound above 1e-5 the last step's loss only
 py=/usr/bin/python3
@@ -18,6 +19,29 @@ open(sys.argv[2], "w").write("".join(random.choice(words) for _ in range(800)))
 PY
 }
 
+make_images() {
+  "$py" - "$1" "$2" <<'PY'
+import gzip, os, random, struct, sys
+random.seed(int(sys.argv[1]))
+out = sys.argv[2]
+os.makedirs(out, exist_ok=True)
+def write(prefix, n):
+    labels = [random.randrange(4) for _ in range(n)]
+    pixels = bytearray()
+    for y in labels:  # class y brightens quadrant y; noise everywhere
+        for r in range(12):
+            for c in range(12):
+                q = (r >= 6) * 2 + (c >= 6)
+                pixels.append(min(255, random.randrange(80) + (150 if q == y else 0)))
+    with gzip.open(f"{out}/{prefix}-images-idx3-ubyte.gz", "wb") as f:
+        f.write(struct.pack(">IIII", 0x803, n, 12, 12) + bytes(pixels))
+    with gzip.open(f"{out}/{prefix}-labels-idx1-ubyte.gz", "wb") as f:
+        f.write(struct.pack(">II", 0x801, n) + bytes(labels))
+write("train", 256)
+write("t10k", 64)
+PY
+}
+
 compare() {
   "$py" - "$1" "$2" "${3:-1}" "${4:-1e-5}" <<'PY'
 import json, sys
@@ -30,7 +54,7 @@ if bound > 1e-5:
     steps = steps[-1:]
 worst = 0.0
 for s in steps:
-    for key in ("loss", "val_loss"):
+    for key in ("loss", "val_loss", "val_accuracy"):
         if key not in a[s] and key not in b[s]:
             continue
         x, y = a[s][key], b[s][key]

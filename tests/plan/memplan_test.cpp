@@ -1,10 +1,12 @@
 // The memory planner against real runs: for a matrix of small configs (ZeRO stages 0-3,
-// 1/2/4 ranks, every checkpointing mode) the predicted per-rank peak (plan/memplan.h)
+// 1/2/4 ranks, every checkpointing mode, tensor parallel, bf16; a GPT-2 on tokens and a
+// ViT on images) the predicted per-rank peak (plan/memplan.h)
 // must be within 10% of the peak the trainer measured (metrics.jsonl: peak_mem_bytes,
 // mem_by_rank[*].peak). One rank: the real trainer in this process on the CPU backend.
 // 2 and 4 ranks: `mpirun kiln train` with OMP_NUM_THREADS=1. Prints the table.
 //
 // Env: KILN_BIN (the kiln executable), KILN_PLAN_WORK (a scratch directory).
+#include "data/idx.h"
 #include "plan/memplan.h"
 #include "train/config.h"
 #include "train/trainer.h"
@@ -42,6 +44,7 @@ struct Case {
   const char* dtype = "fp32";
   int tp = 1;  // dp = np / tp
   bool sp = false;
+  const char* config = "tiny.toml";  // vit.toml: the vision transformer on images
 };
 
 // Per rank: measured total peak, and the gradients' peak.
@@ -89,6 +92,34 @@ class MemPlanTest : public ::testing::Test {
                                         "--val-fraction 0.1 > /dev/null",
                                         kiln_, (work_ / "corpus.txt").string(), (work_ / "data").string());
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    // Images for the vision transformer: 64 train and 16 val 12x12 gray images.
+    fs::create_directories(work_ / "idx");
+    for (const auto& [prefix, n] : {std::pair<const char*, int64_t>{"train", 64}, {"t10k", 16}}) {
+      data::IdxArray images{{n, 12, 12}, std::vector<uint8_t>(static_cast<size_t>(n * 144))};
+      data::IdxArray labels{{n}, std::vector<uint8_t>(static_cast<size_t>(n))};
+      for (size_t i = 0; i < images.data.size(); ++i) images.data[i] = static_cast<uint8_t>(i * 7);
+      for (size_t i = 0; i < labels.data.size(); ++i) labels.data[i] = static_cast<uint8_t>(i % 4);
+      data::write_idx(work_ / "idx" / fmt::format("{}-images-idx3-ubyte", prefix), images);
+      data::write_idx(work_ / "idx" / fmt::format("{}-labels-idx1-ubyte", prefix), labels);
+    }
+    const std::string icmd = fmt::format("'{}' prepare --format idx --input '{}' --out '{}' > /dev/null",
+                                         kiln_, (work_ / "idx").string(), (work_ / "images").string());
+    ASSERT_EQ(std::system(icmd.c_str()), 0) << icmd;
+    std::ofstream(work_ / "vit.toml") << fmt::format(R"([model]
+arch = "vit"
+n_layer = 3
+n_head = 4
+n_embd = 64
+block_size = 10
+patch_size = 4
+[data]
+dir = "{}"
+[train]
+steps = 1
+[log]
+every = 1
+peak_tflops = 1.0
+)", (work_ / "images").string());
     std::ofstream(work_ / "tiny.toml") << fmt::format(R"([model]
 n_layer = 4
 n_head = 4
@@ -122,13 +153,13 @@ peak_tflops = 1.0
     if (c.np == 1) {
       TrainerOptions opt;
       opt.verbose = false;
-      Trainer t(load_config_file((work_ / "tiny.toml").string(), sets), opt);
+      Trainer t(load_config_file((work_ / c.config).string(), sets), opt);
       t.run();
     } else {
       std::string cmd = fmt::format(
           "OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
           "KILN_COMM_TIMEOUT_S=60 mpirun --oversubscribe --bind-to none -np {} '{}' train '{}'",
-          c.np, kiln_, (work_ / "tiny.toml").string());
+          c.np, kiln_, (work_ / c.config).string());
       for (const auto& s : sets) cmd += " --set " + s;
       cmd += fmt::format(" > '{}.log' 2>&1", run_dir.string());
       EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
@@ -155,6 +186,10 @@ TEST_F(MemPlanTest, PredictedPeakWithinTenPercentOfMeasured) {
       {2, 0, "none", 2, 4, false, "fp32", 2},         {2, 0, "selective", 2, 4, false, "fp32", 2, true},
       {4, 1, "full", 2, 4, false, "fp32", 4, true},   {4, 1, "none", 2, 8, false, "fp32", 2, true},
       {4, 3, "selective", 2, 8, false, "fp32", 2, true}, {2, 0, "none", 2, 4, false, "bf16", 2, true},
+      // The vision transformer (images in, one label per image).
+      {1, 0, "none", 8, 16, false, "fp32", 1, false, "vit.toml"},
+      {2, 3, "full", 8, 32, false, "fp32", 1, false, "vit.toml"},
+      {2, 1, "selective", 8, 16, false, "bf16", 1, false, "vit.toml"},
   };
   fmt::print("{:<4} {:<5} {:<10} {:>5} {:>6} {:>5} {:>5} {:>12} {:>12} {:>12} {:>8}  (bytes; instant = "
              "lower bound: collectives complete at once)\n",
@@ -172,27 +207,29 @@ TEST_F(MemPlanTest, PredictedPeakWithinTenPercentOfMeasured) {
     o.backend = "cpu";
     o.cpu_threads = c.np == 1 ? 0 : 1;  // the mpirun ranks run one OpenMP thread
     const plan::MemPlan p =
-        plan::plan_memory(load_config_file((work_ / "tiny.toml").string(), overrides(c, run_dir)), o);
+        plan::plan_memory(load_config_file((work_ / c.config).string(), overrides(c, run_dir)), o);
     ASSERT_EQ(static_cast<int>(p.ranks.size()), c.np);
     plan::MemPlanOptions pace = o;
     pace.completion_polls = 0;  // every collective done at once: the least that can be held
     const plan::MemPlan lower =
-        plan::plan_memory(load_config_file((work_ / "tiny.toml").string(), overrides(c, run_dir)), pace);
+        plan::plan_memory(load_config_file((work_ / c.config).string(), overrides(c, run_dir)), pace);
     for (int r = 0; r < c.np; ++r) {
       const int64_t pred = p.ranks[static_cast<size_t>(r)].peak_total;
       const int64_t low = lower.ranks[static_cast<size_t>(r)].peak_total;
       const int64_t meas = m.peak[static_cast<size_t>(r)];
       const double err = static_cast<double>(pred - meas) / static_cast<double>(meas);
-      fmt::print("{:<4} {:<5} {:<10} {:>5} {:>6} {:>5} {:>5} {:>12} {:>12} {:>12} {:>+7.2f}%{}\n", c.np,
+      fmt::print("{:<4} {:<5} {:<10} {:>5} {:>6} {:>5} {:>5} {:>12} {:>12} {:>12} {:>+7.2f}%{}{}\n", c.np,
                  c.stage, c.ckpt, c.micro_batch, c.global_batch,
                  fmt::format("{}{}", c.tp, c.sp ? "sp" : ""), r, pred, low, meas, 100 * err,
-                 c.bracket_only ? "  (bracket only)" : "");
+                 c.bracket_only ? "  (bracket only)" : "",
+                 std::string(c.config) == "tiny.toml" ? "" : fmt::format("  {} {}", c.config, c.dtype));
       // Never below what must be held when communication keeps pace. (DataParallel bounds
       // the reductions in flight, so the lagging prediction is within 10% of any timing.)
       EXPECT_GE(meas, low) << "np=" << c.np << " zero=" << c.stage << " rank " << r;
       if (std::abs(err) > worst) {
         worst = std::abs(err);
-        worst_case = fmt::format("np={} tp={} zero={} ckpt={} rank {}", c.np, c.tp, c.stage, c.ckpt, r);
+        worst_case = fmt::format("{} np={} tp={} zero={} ckpt={} rank {}", c.config, c.np, c.tp,
+                                 c.stage, c.ckpt, r);
       }
       EXPECT_LE(std::abs(err), 0.10) << "np=" << c.np << " zero=" << c.stage << " " << c.ckpt
                                      << " rank " << r << ": predicted " << pred << ", measured "

@@ -1,0 +1,99 @@
+#include "models/vit/config.h"
+#include "models/registry.h"
+
+#include "core/error.h"
+#include "core/json_util.h"
+
+#include <fmt/format.h>
+
+namespace kiln {
+
+void ViTConfig::validate() const {
+  KILN_CHECK(n_layer > 0, "model.n_layer must be positive for vit (got {})", n_layer);
+  KILN_CHECK(n_head > 0 && n_embd > 0 && n_embd % n_head == 0,
+             "model.n_embd ({}) must be a positive multiple of model.n_head ({})", n_embd, n_head);
+  KILN_CHECK(ffn_hidden_size > 0, "model.ffn_hidden_size must be positive (got {})", ffn_hidden_size);
+  KILN_CHECK(image_size > 0 && num_channels > 0,
+             "vit: model.image_size ({}) and model.num_channels ({}) must be positive (0 takes "
+             "them from the image data set)", image_size, num_channels);
+  KILN_CHECK(patch_size > 0 && image_size % patch_size == 0,
+             "model.patch_size ({}) must be positive and divide model.image_size ({})", patch_size,
+             image_size);
+  KILN_CHECK(num_classes > 1, "model.num_classes must be at least 2 for vit (got {})", num_classes);
+  KILN_CHECK(norm_eps > 0.f, "model.norm_eps must be positive (got {})", norm_eps);
+}
+
+int64_t ViTConfig::num_parameters() const {
+  const int64_t C = n_embd, L = n_layer, H = ffn_hidden_size, D = patch_dim();
+  const int64_t block = 4 * C + (3 * C * C + 3 * C) + (C * C + C) + (C * H + H) + (H * C + C);
+  return D * C + C + int64_t{tokens()} * C + L * block + 2 * C + int64_t{num_classes} * C;
+}
+
+double ViTConfig::flops_per_token(int T) const {
+  const double C = n_embd, L = n_layer, H = ffn_hidden_size;
+  const double matmul = patch_dim() * C + L * (4.0 * C * C + 2.0 * C * H) +
+                        static_cast<double>(num_classes) * C / T;
+  return 6.0 * matmul + 12.0 * L * static_cast<double>(T) * C;
+}
+
+std::string ViTConfig::str() const {
+  return fmt::format("ViT n_layer={} n_head={} n_embd={} ffn={} image={}x{}x{} patch={} ({} "
+                     "patches + class token) classes={} params={:.3f}M",
+                     n_layer, n_head, n_embd, ffn_hidden_size, image_size, image_size,
+                     num_channels, patch_size, patches(), num_classes, num_parameters() / 1e6);
+}
+
+ViTConfig vit_config_of(const ModelOptions& o) {
+  KILN_CHECK(o.dropout == 0.f, "model.dropout ({}): vit has no dropout yet (set 0)", o.dropout);
+  KILN_CHECK(o.n_kv_head == 0 || o.n_kv_head == o.n_head,
+             "model.n_kv_head ({}): vit uses multi-head attention (set 0)", o.n_kv_head);
+  KILN_CHECK(!o.tie_embeddings, "model.tie_embeddings: vit has no token embedding to tie");
+  ViTConfig c;
+  c.n_layer = o.n_layer;
+  c.n_head = o.n_head;
+  c.n_embd = o.n_embd;
+  c.ffn_hidden_size = o.ffn_hidden_size > 0 ? o.ffn_hidden_size : 4 * o.n_embd;
+  c.image_size = o.image_size;
+  c.num_channels = o.num_channels;
+  c.patch_size = o.patch_size;
+  c.num_classes = o.num_classes;
+  c.norm_eps = o.norm_eps;
+  c.validate();
+  KILN_CHECK(o.block_size == c.tokens(),
+             "model.block_size ({}) must be {} for vit: {} patches of {}x{} in a {}x{} image, "
+             "plus the class token", o.block_size, c.tokens(), c.patches(), c.patch_size,
+             c.patch_size, c.image_size, c.image_size);
+  KILN_CHECK(o.vocab_size == 0 || o.vocab_size == c.num_classes,
+             "model.vocab_size ({}): vit reads images, not tokens (leave it 0)", o.vocab_size);
+  return c;
+}
+
+nlohmann::json vit_config_json(const ViTConfig& c) {
+  return {{"n_layer", c.n_layer},           {"n_head", c.n_head},
+          {"n_embd", c.n_embd},             {"ffn_hidden_size", c.ffn_hidden_size},
+          {"image_size", c.image_size},     {"num_channels", c.num_channels},
+          {"patch_size", c.patch_size},     {"num_classes", c.num_classes},
+          {"block_size", c.tokens()},       {"norm_eps", c.norm_eps}};
+}
+
+ModelOptions vit_options_from_json(const nlohmann::json& j) {
+  ModelOptions o;
+  o.arch = "vit";
+  auto integer = [&](const char* key) {
+    return static_cast<int>(json_integer_field(j, key, "state.model", INT32_MIN, INT32_MAX));
+  };
+  o.n_layer = integer("n_layer");
+  o.n_head = integer("n_head");
+  o.n_embd = integer("n_embd");
+  o.ffn_hidden_size = integer("ffn_hidden_size");
+  o.image_size = integer("image_size");
+  o.num_channels = integer("num_channels");
+  o.patch_size = integer("patch_size");
+  o.num_classes = integer("num_classes");
+  o.block_size = integer("block_size");
+  o.norm_eps = j.at("norm_eps");
+  vit_config_of(o);  // validates
+  return o;
+}
+
+}  // namespace kiln
