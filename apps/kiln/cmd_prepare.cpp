@@ -24,6 +24,9 @@ void register_prepare(CLI::App& app) {
                                        "<class>/*.png)")
       ->check(CLI::IsMember({"text", "idx", "imagefolder"}));
   cmd->add_option("--shard-images", *shard_images, "--format idx | imagefolder: images per shard (default 100000)");
+  auto class_names = std::make_shared<std::vector<std::string>>();
+  cmd->add_option("--class-names", *class_names, "--format idx: the classes' names in label order, "
+                  "comma-separated (stored in meta.json)")->delimiter(',');
   cmd->add_option("--out", opt->out_dir, "Output directory for shards, meta.json and tokenizer")
       ->required();
   auto tokenizer = cmd->add_option("--tokenizer", opt->tokenizer,
@@ -39,12 +42,12 @@ void register_prepare(CLI::App& app) {
       ->check(CLI::IsMember({"kiln", "llmc", "llmc-u32"}));
   cmd->add_option("--shard-tokens", opt->shard_tokens, "Tokens per shard");
   cmd->add_option("--separator", opt->separator, "Split documents inside a file at this string");
-  cmd->callback([opt, in, tf, format, shard_images, tokenizer] {
+  cmd->callback([opt, in, tf, format, shard_images, tokenizer, class_names] {
     if (*format != "text") {
       KILN_CHECK(in->size() == 1, "prepare --format {}: --input takes one directory, got {}",
                  *format, in->size());
       KILN_CHECK(tokenizer->count() == 0, "prepare --format {}: images take no --tokenizer", *format);
-      const auto m = data::prepare_images({*format, (*in)[0], opt->out_dir, *shard_images});
+      const auto m = data::prepare_images({*format, (*in)[0], opt->out_dir, *shard_images, *class_names});
       std::string splits;
       for (const auto& [name, shards] : m.splits)
         splits += fmt::format(" {}={} images ({} shards)", name, m.images(name), shards.size());
@@ -54,6 +57,7 @@ void register_prepare(CLI::App& app) {
     }
     KILN_CHECK(tokenizer->count() > 0, "prepare: --tokenizer is required (sentencepiece | gpt2 | "
                "hf | byte) for text");
+    KILN_CHECK(class_names->empty(), "prepare: --class-names is for --format idx");
     for (const auto& s : *in) opt->inputs.emplace_back(s);
     for (const auto& s : *tf) opt->tokenizer_files.emplace_back(s);
     const auto r = data::prepare_dataset(*opt);

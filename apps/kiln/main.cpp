@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   kiln::app::register_report(app);
   kiln::app::register_memplan(app);
   kiln::app::register_pp_schedule(app);
+  kiln::app::register_classify(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

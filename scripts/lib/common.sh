@@ -23,6 +23,8 @@ KILN_TEST_PACKAGES=(chromium python3)
 KILN_FUZZ_PACKAGES=(clang-14 libclang-rt-14-dev libomp-14-dev)
 # Only for the demo: the King James Bible (the `bible` program and its text).
 KILN_DEMO_PACKAGES=(bible-kjv)
+# Only for the vision demo (demo.sh --arch vit): Fashion-MNIST's IDX files.
+KILN_VIT_DEMO_PACKAGES=(dataset-fashion-mnist)
 
 # Installs whatever of "$@" is missing, with apt-get (as root, or through sudo).
 kiln_apt_install() {

@@ -229,6 +229,14 @@ ImageDatasetMeta prepare_images(const PrepareImagesOptions& o) {
     } else {
       prepare_image_folder(o, meta, written);
     }
+    if (!o.class_names.empty()) {
+      KILN_CHECK(o.format == "idx", "prepare: --class-names is for --format idx (an image "
+                 "folder's classes are its folder names)");
+      KILN_CHECK(static_cast<int>(o.class_names.size()) == meta.classes, "prepare: "
+                 "--class-names gives {} names, the labels of {} have {} classes",
+                 o.class_names.size(), o.input.string(), meta.classes);
+      meta.class_names = o.class_names;
+    }
     write_image_meta(o.out_dir, meta);  // last: a dataset exists once its meta.json does
   } catch (...) {
     for (const auto& p : written) fs::remove(p, ec);

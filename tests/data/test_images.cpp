@@ -216,6 +216,20 @@ TEST(ImageDataset, PreparesIdxAndLoadsEveryImageOncePerEpochAcrossRanks) {
   EXPECT_EQ(a[5], 36);
 }
 
+TEST(ImageDataset, ClassNamesOfIdxFilesAreStoredWhenGiven) {
+  const fs::path in = idx_dir("idx_names_in", 14, 3), out = scratch("idx_names_out");
+  fs::remove_all(out);
+  const std::vector<std::string> names{"a", "b", "c", "d", "e", "f", "g"};
+  PrepareImagesOptions o{"idx", in, out, 16, names};
+  EXPECT_EQ(prepare_images(o).class_names, names);
+  EXPECT_EQ(read_image_meta(out).class_names, names);
+  // A count that is not the labels' is refused, and nothing is left behind.
+  fs::remove_all(out);
+  o.class_names.pop_back();
+  EXPECT_NE(error_of([&] { prepare_images(o); }).find("--class-names gives 6 names"), std::string::npos);
+  EXPECT_FALSE(fs::exists(out / "meta.json"));
+}
+
 TEST(ImageDataset, BadInputsAreOneLineErrorsNamingTheFile) {
   const fs::path out = scratch("idx_bad_out");
   fs::remove_all(out);

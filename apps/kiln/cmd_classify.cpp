@@ -1,0 +1,94 @@
+// kiln classify: an image classifier's accuracy over a split of an image data set, per
+// class, with the confusion matrix.
+#include "apps/kiln/commands.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/file_util.h"
+#include "core/error.h"
+#include "data/image_dataset.h"
+#include "models/registry.h"
+#include "train/device.h"
+#include "train/model_io.h"
+#include "train/train_data.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <vector>
+
+namespace kiln::app {
+
+void register_classify(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "classify", "An image classifier's top-1 accuracy over a split, per class");
+  struct Args {
+    std::string checkpoint, data, split = "val", device = "cpu", json;
+    int batch = 250;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("--checkpoint", a->checkpoint, "A checkpoint directory (ckpt/step_XXXXXXXX)")
+      ->required();
+  cmd->add_option("--data", a->data, "An image data set (kiln prepare --format idx|imagefolder)")
+      ->required();
+  cmd->add_option("--split", a->split, "The split to score")->check(CLI::IsMember({"train", "val"}));
+  cmd->add_option("--device", a->device, "Where to run (as train.device): cpu or cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--batch", a->batch, "Images per forward pass")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--json", a->json, "Also write the figures to this JSON file");
+  cmd->callback([a] {
+    const data::ImageDatasetMeta meta = data::read_image_meta(a->data);
+    KILN_CHECK(meta.splits.count(a->split), "{}: no {} split", a->data, a->split);
+    checkpoint::CheckpointReader reader(a->checkpoint);
+    auto backend = make_device_backend(a->device);
+    const auto model = make_model(checkpoint_model_options(reader), *backend);
+    load_model_from_checkpoint(reader, *model, nullptr);
+    KILN_CHECK(model_arch(model->arch()).takes_images, "{}: a {} checkpoint, not an image "
+               "classifier (e.g. model.arch = \"vit\")", a->checkpoint, model->arch());
+    const int K = model->vocab_size();
+    KILN_CHECK(K == meta.classes, "{} classifies {} classes, {} has {}", a->checkpoint, K,
+               a->data, meta.classes);
+    const auto source = open_train_data(a->data, a->split, 0, 0, /*shuffle=*/false);
+    const int64_t n = source->samples_per_epoch();
+    std::vector<std::vector<int64_t>> confusion(K, std::vector<int64_t>(K, 0));
+    for (int64_t done = 0; done < n;) {
+      const int B = static_cast<int>(std::min<int64_t>(a->batch, n - done));
+      const BatchShape shape = model->batch_shape(B, model->max_positions());
+      std::vector<float> pixels(static_cast<size_t>(shape.inputs.numel()));
+      std::vector<int32_t> labels(static_cast<size_t>(B));
+      source->next_batch(pixels.data(), labels.data(), B, 0, 1);
+      Backend& be = *backend;
+      const Tensor images = be.empty(shape.inputs, DType::F32, MemCategory::Activations);
+      const Tensor logits = be.empty(Shape{B, K}, DType::F32, MemCategory::Activations);
+      be.copy_from_host(be.default_stream(), images, pixels.data());
+      model->classify(images, logits);
+      std::vector<float> host(static_cast<size_t>(B) * K);
+      be.copy_to_host(be.default_stream(), host.data(), logits);
+      be.synchronize(be.default_stream());
+      for (int b = 0; b < B; ++b) {
+        const float* row = host.data() + static_cast<size_t>(b) * K;
+        ++confusion[labels[b]][std::max_element(row, row + K) - row];
+      }
+      done += B;
+    }
+    nlohmann::json out = {{"checkpoint", a->checkpoint}, {"data", a->data}, {"split", a->split},
+                          {"images", n}, {"confusion", confusion}};
+    int64_t correct = 0;
+    fmt::print("kiln classify: {} images of {} ({} split)\n", n, a->data, a->split);
+    fmt::print("{:>5}  {:<16} {:>7} {:>9}\n", "class", "name", "images", "accuracy");
+    for (int k = 0; k < K; ++k) {
+      int64_t total = 0;
+      for (int64_t c : confusion[k]) total += c;
+      correct += confusion[k][k];
+      const double acc = total ? static_cast<double>(confusion[k][k]) / total : 0.0;
+      const std::string name = k < static_cast<int>(meta.class_names.size()) ? meta.class_names[k] : "";
+      out["per_class"].push_back({{"class", k}, {"name", name}, {"images", total}, {"accuracy", acc}});
+      fmt::print("{:>5}  {:<16} {:>7} {:>8.2f}%\n", k, name, total, 100.0 * acc);
+    }
+    out["accuracy"] = n ? static_cast<double>(correct) / n : 0.0;
+    fmt::print("top-1 accuracy {:.2f}% ({} of {})\n", 100.0 * out["accuracy"].get<double>(),
+               correct, n);
+    if (!a->json.empty()) checkpoint::detail::atomic_write_file(a->json, out.dump(1) + "\n");
+  });
+}
+
+}  // namespace kiln::app
