@@ -192,7 +192,7 @@ def check(path):
             problems.append(f"metadata {k}: stored {sm.get(k)!r}, expected {em.get(k)!r}")
     if problems:
         print(f"{path} is stale: regenerate it with /usr/bin/python3 "
-              f"tests/golden/make_gpt2_golden.py (see tests/golden/README.md)", file=sys.stderr)
+              f"{em['generator']} (see tests/golden/README.md)", file=sys.stderr)
         for p in problems:
             print("  " + p, file=sys.stderr)
         return 1
@@ -354,16 +354,22 @@ def generate(out):
     print(f"wrote {out} ({os.path.getsize(out)} bytes)")
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=DEFAULT_OUT, help="file to write (default: %(default)s)")
-    ap.add_argument("--check", nargs="?", const=DEFAULT_OUT, metavar="FILE",
+def cli(doc, default_out, generate_fn, check_fn):
+    """The command line of every generator: write `--out` (default_out) then check it, or
+    with --check only check a file's header and metadata. The exit status."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--out", default=default_out, help="file to write (default: %(default)s)")
+    ap.add_argument("--check", nargs="?", const=default_out, metavar="FILE",
                     help="only check that FILE's header and metadata match this script")
     args = ap.parse_args()
     if args.check:
-        return check(args.check)
-    generate(args.out)
-    return check(args.out)
+        return check_fn(args.check)
+    generate_fn(args.out)
+    return check_fn(args.out)
+
+
+def main():
+    return cli(__doc__, DEFAULT_OUT, generate, check)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ The safetensors writer and --check are make_gpt2_golden.py's.
 Usage: /usr/bin/python3 tests/golden/make_vit_golden.py [--check]
 """
 
-import argparse
 import math
 import os
 import sys
@@ -246,15 +245,7 @@ def check(path):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=DEFAULT_OUT, help="file to write (default: %(default)s)")
-    ap.add_argument("--check", nargs="?", const=DEFAULT_OUT, metavar="FILE",
-                    help="only check that FILE's header and metadata match this script")
-    args = ap.parse_args()
-    if args.check:
-        return check(args.check)
-    generate(args.out)
-    return check(args.out)
+    return g.cli(__doc__, DEFAULT_OUT, generate, check)
 
 
 if __name__ == "__main__":
