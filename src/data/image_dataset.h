@@ -49,7 +49,7 @@ struct PrepareImagesOptions {
   std::filesystem::path out_dir;
   int64_t shard_images = 100000;   // images per shard
   /// --format idx: the classes' names, label order (IDX files carry none); empty: none.
-  std::vector<std::string> class_names;
+  std::vector<std::string> class_names{};
 };
 
 /// `kiln prepare --format idx`: in `input`, the images `<prefix>-images-idx3-ubyte[.gz]`

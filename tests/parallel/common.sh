@@ -1,6 +1,9 @@
 # Shared by the `kiln train` tests of this folder (source it after setting $work):
 #   make_corpus SEED OUT   a small corpus with structure (byte-level tokens later)
 #   make_images SEED OUT   tiny IDX files (12x12 gray, 4 classes with a class pattern)
+#   run_train TOML NAME NP [args...]
+#                          kiln train TOML (under mpirun for NP > 1) into $work/NAME,
+#                          its output in $work/NAME.log, shown when it fails (then exit 1)
 #   compare A B [first_step [bound]]
 #                          per-step losses (and val losses, val accuracies) of metrics.jsonl B against
 #                          A within bound (default 1e-5) relative, from first_step on;
@@ -17,6 +20,17 @@ words = ["in the beginning ", "and the earth ", "was without form ", "and void; 
          "and darkness ", "was upon the face ", "of the deep. "]
 open(sys.argv[2], "w").write("".join(random.choice(words) for _ in range(800)))
 PY
+}
+
+run_train() {
+  local toml=$1 name=$2 np=$3
+  shift 3
+  if [ "$np" = 1 ]; then
+    "$kiln" train "$toml" --set "run.dir=$work/$name" "$@" > "$work/$name.log" 2>&1
+  else
+    mpirun --oversubscribe --bind-to none -np "$np" "$kiln" train "$toml" \
+      --set "run.dir=$work/$name" "$@" > "$work/$name.log" 2>&1
+  fi || { echo "FAILED: $name"; cat "$work/$name.log"; exit 1; }
 }
 
 make_images() {

@@ -16,7 +16,6 @@ set -euo pipefail
 kiln="$1"
 work="$2"
 rm -rf "$work" && mkdir -p "$work"
-mpirun_() { mpirun --oversubscribe --bind-to none -np "$@"; }
 . "$(dirname "$0")/common.sh"
 
 # A small corpus with structure, byte-level tokens.
@@ -53,11 +52,7 @@ EOF
 train() {  # train RUN_NAME NP STAGE [extra args...]
   local name=$1 np=$2 stage=$3
   shift 3
-  if [ "$np" = 1 ]; then
-    "$kiln" train "$work/tiny.toml" --set "run.dir=$work/$name" --set "parallel.zero_stage=$stage" "$@" > "$work/$name.log" 2>&1
-  else
-    mpirun_ "$np" "$kiln" train "$work/tiny.toml" --set "run.dir=$work/$name" --set "parallel.zero_stage=$stage" "$@" > "$work/$name.log" 2>&1
-  fi || { echo "FAILED: $name"; cat "$work/$name.log"; exit 1; }
+  run_train "$work/tiny.toml" "$name" "$np" --set "parallel.zero_stage=$stage" "$@"
 }
 
 train ref 1 0

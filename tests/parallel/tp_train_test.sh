@@ -53,16 +53,7 @@ every = 0
 bucket_mb = 0.004
 EOF2
 
-train() {  # train RUN_NAME NP [--set ...]
-  local name=$1 np=$2
-  shift 2
-  if [ "$np" = 1 ]; then
-    "$kiln" train "$work/tiny.toml" --set "run.dir=$work/$name" "$@" > "$work/$name.log" 2>&1
-  else
-    mpirun --oversubscribe --bind-to none -np "$np" "$kiln" train "$work/tiny.toml" \
-      --set "run.dir=$work/$name" "$@" > "$work/$name.log" 2>&1
-  fi || { echo "FAILED: $name"; cat "$work/$name.log"; exit 1; }
-}
+train() { run_train "$work/tiny.toml" "$@"; }  # train RUN_NAME NP [--set ...]
 sp=(--set parallel.sequence_parallel=true)
 llama=(--set model.arch=llama --set model.n_kv_head=2 --set model.ffn_hidden_size=48
        --set model.dropout=0)

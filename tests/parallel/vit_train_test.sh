@@ -14,7 +14,6 @@ set -euo pipefail
 kiln="$1"
 work="$2"
 rm -rf "$work" && mkdir -p "$work"
-mpirun_() { mpirun --oversubscribe --bind-to none -np "$@"; }
 . "$(dirname "$0")/common.sh"
 
 make_images 5 "$work/idx"
@@ -51,11 +50,7 @@ EOF
 train() {  # train RUN_NAME NP STAGE [extra args...]
   local name=$1 np=$2 stage=$3
   shift 3
-  if [ "$np" = 1 ]; then
-    "$kiln" train "$work/vit.toml" --set "run.dir=$work/$name" --set "parallel.zero_stage=$stage" "$@" > "$work/$name.log" 2>&1
-  else
-    mpirun_ "$np" "$kiln" train "$work/vit.toml" --set "run.dir=$work/$name" --set "parallel.zero_stage=$stage" "$@" > "$work/$name.log" 2>&1
-  fi || { echo "FAILED: $name"; cat "$work/$name.log"; exit 1; }
+  run_train "$work/vit.toml" "$name" "$np" --set "parallel.zero_stage=$stage" "$@"
 }
 
 train ref 1 0
