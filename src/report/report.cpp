@@ -356,6 +356,8 @@ std::string render_report(const RunData& run) {
     for (auto& s : per_rank(run, "val_loss", "val loss", 1.0, true, true)) loss.push_back(std::move(s));
     card(loss, "Loss", "nats per token");
   }
+  if (auto acc = per_rank(run, "val_accuracy", "val accuracy", 100.0, true, true); !acc.empty())
+    card(acc, "Validation accuracy (classifiers)", "% top-1");
   card(per_rank(run, "lr", "learning rate"), "Learning rate", "lr");
   card(per_rank(run, "grad_norm", "gradient norm"), "Gradient norm (before clipping)", "L2 norm");
   card(per_rank(run, "tokens_per_s", "tokens/s"), "Throughput", "tokens/s");
