@@ -235,6 +235,12 @@ ImageDatasetMeta prepare_images(const PrepareImagesOptions& o) {
       KILN_CHECK(static_cast<int>(o.class_names.size()) == meta.classes, "prepare: "
                  "--class-names gives {} names, the labels of {} have {} classes",
                  o.class_names.size(), o.input.string(), meta.classes);
+      for (size_t k = 0; k < o.class_names.size(); ++k) {
+        KILN_CHECK(!o.class_names[k].empty(), "prepare: --class-names: name {} (label {}) is "
+                   "empty", k + 1, k);
+        KILN_CHECK(std::count(o.class_names.begin(), o.class_names.end(), o.class_names[k]) == 1,
+                   "prepare: --class-names: '{}' is given twice", o.class_names[k]);
+      }
       meta.class_names = o.class_names;
     }
     write_image_meta(o.out_dir, meta);  // last: a dataset exists once its meta.json does

@@ -108,6 +108,10 @@ ImageShardReader::ImageShardReader(const fs::path& path, const ImageShape& shape
              got.width, got.channels, shape.height, shape.width, shape.channels);
   KILN_CHECK(get_le32(h + 8) == images, "{}: holds {} images, meta.json says {}", name,
              get_le32(h + 8), images);
+  // Records of version 1 carry no caption tokens; a shard that says otherwise would be
+  // misread, record by record.
+  KILN_CHECK(get_le32(h + 24) == 0, "{}: {} caption tokens per record; this version of kiln "
+             "reads image shards without captions", name, get_le32(h + 24));
   const int64_t want = kShardHeaderBytes + images * shape.record_bytes();
   KILN_CHECK(static_cast<int64_t>(bytes_.size()) == want,
              "{}: {} bytes where {} images of {}x{}x{} need {} (truncated or padded)", name,

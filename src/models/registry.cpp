@@ -47,6 +47,7 @@ ModelArch vit_arch() {
     return std::make_unique<ViT>(vit_config_of(o), backend, storage);
   };
   a.takes_images = true;
+  a.tensor_parallel = false;
   a.options_from_json = vit_options_from_json;
   return a;
 }

@@ -61,6 +61,8 @@ struct ModelArch {
   ModelFactory make;
   /// What the model reads (Model::batch_shape): tokens (language models) or images.
   bool takes_images = false;
+  /// Whether the model takes a tensor-parallel plan (ModelStorage::plan).
+  bool tensor_parallel = true;
   /// The options of a model from its Model::config_json() (a checkpoint's state "model").
   /// Throws kiln::Error for an invalid config.
   std::function<ModelOptions(const nlohmann::json& config)> options_from_json;

@@ -50,8 +50,12 @@ TrainConfig resolve_for_planning(TrainConfig c, int world_size) {
              "block_size)", c.source);
   if (model_arch(c.model.arch).takes_images) {
     // Image models: the image size, channels and classes from the data set when unset.
-    if (!c.data.dir.empty() && fs::exists(fs::path(c.data.dir) / "meta.json"))
-      open_train_data(c.data.dir, "train", 0, 0, /*shuffle=*/false)->fill_model_keys(c);
+    if (!c.data.dir.empty() && fs::exists(fs::path(c.data.dir) / "meta.json")) {
+      const auto data = open_train_data(c.data.dir, "train", std::max(1, c.train.seq_len), 0,
+                                        /*shuffle=*/false);
+      data->check_arch(c);
+      data->fill_model_keys(c);
+    }
   } else if (c.model.vocab_size == 0) {
     const fs::path dir = c.data.dir;
     KILN_CHECK(!c.data.dir.empty() && fs::exists(dir / "meta.json"),
@@ -257,7 +261,8 @@ std::vector<Layout> search_layouts(const TrainConfig& config, const MemPlanOptio
   MemPlanOptions o = options;
   o.ranks = {0};  // rank 0 holds the most: later ranks' slices only lose padding
   o.upper_bound = false;
-  for (int tp = 1; tp <= W; tp *= 2) {
+  const bool tp_ok = model_arch(base.model.arch).tensor_parallel;
+  for (int tp = 1; tp <= (tp_ok ? W : 1); tp *= 2) {
     if (W % tp != 0 || heads % tp != 0 || kv_heads % tp != 0) continue;
     const int dp = W / tp;
     for (const bool sp : {false, true}) {

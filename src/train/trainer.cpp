@@ -113,8 +113,12 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   train_data_ = open_train_data(config_.data.dir, "train", seq_len_,
                                 static_cast<uint64_t>(config_.train.seed), /*shuffle=*/true);
   KILN_CHECK(config_.eval.every == 0 || train_data_->has_split("val"),
-             "{}: eval.every = {} but {} has no val split (prepare it with --val-fraction, or "
-             "set eval.every = 0)", config_.source, config_.eval.every, config_.data.dir);
+             "{}: eval.every = {} but {} has no val split (prepare text with --val-fraction, "
+             "images with t10k-* IDX files or a val/ folder; or set eval.every = 0)",
+             config_.source, config_.eval.every, config_.data.dir);
+  // The val split is opened (and verified: sizes, checksums) now, not at the first
+  // evaluation, so that a damaged one stops the run before any training.
+  if (config_.eval.every > 0) train_data_->open_split("val");
   train_data_->check_arch(config_);
   train_data_->fill_model_keys(config_);
   // ... and the same data: compare fingerprints at start-up.
@@ -282,15 +286,23 @@ Trainer::EvalResult Trainer::evaluate() {
   std::vector<std::byte> inputs(static_cast<size_t>(shape.inputs.numel()) * 4);
   std::vector<int32_t> targets(static_cast<size_t>(shape.targets.numel()));
   model_->set_dropout(false, 0, 0);
-  // eval.batches global batches (global_batch sequences each, from the start of the val
-  // split), whatever the world size: each rank scores its part in micro-batches.
-  const int64_t per_call = int64_t{B} * dp_size_;
-  const int64_t calls = std::max<int64_t>(
-      1, std::min<int64_t>(int64_t{config_.eval.batches} * accum_, val->samples_per_epoch() / per_call));
+  // The first eval.batches global batches of the val split (global_batch samples each),
+  // or the whole split when it has fewer, whatever the world size: each rank scores its
+  // part in micro-batches, and the samples past the split's end in the last of them (the
+  // loader wraps into the next epoch there) get ignored targets, so every sample counts
+  // once and every layout scores the same samples.
+  const int64_t per_call = int64_t{B} * dp_size_, n_val = val->samples_per_epoch();
+  const int64_t calls = std::min<int64_t>(int64_t{config_.eval.batches} * accum_,
+                                          (n_val + per_call - 1) / per_call);
+  const size_t targets_per_sample = targets.size() / static_cast<size_t>(B);
   double sums[3] = {0.0, 0.0, 0.0};  // loss sum, targets, correct (classifiers)
   bool counted = false;
   for (int64_t i = 0; i < calls; ++i) {
     val->next_batch(inputs.data(), targets.data(), B, dp_rank_, dp_size_);
+    for (int b = 0; b < B; ++b)
+      if (i * per_call + int64_t{dp_rank_} * B + b >= n_val)
+        std::fill_n(targets.begin() + static_cast<ptrdiff_t>(b * targets_per_sample),
+                    targets_per_sample, -1);
     one_step_->upload_micro_batch(inputs.data(), targets.data());
     const LossSum l = model_->forward(one_step_->device_batch(), 0.f);
     dp_->end_forward_only();

@@ -124,6 +124,13 @@ TEST(ImageShard, WritesReadsAndVerifies) {
   EXPECT_NE(error_of([&] { ImageShardReader(p, shape, 4, crc); }).find("holds 5 images, meta.json says 4"), std::string::npos);
   EXPECT_NE(error_of([&] { ImageShardReader(p, ImageShape{2, 3, 1}, 5, crc); }).find("images of 3x2x1"), std::string::npos);
   auto bytes = file_bytes(p);
+  {  // a header announcing caption tokens (a later version's records) is refused
+    auto captioned = bytes;
+    captioned[24] = 3;
+    put_bytes(p, captioned);
+    EXPECT_NE(error_of([&] { ImageShardReader(p, shape, 5, crc); }).find("3 caption tokens per record"),
+              std::string::npos);
+  }
   bytes[1030] ^= 1;
   put_bytes(p, bytes);
   EXPECT_NE(error_of([&] { ImageShardReader(p, shape, 5, crc); }).find("crc32"), std::string::npos);

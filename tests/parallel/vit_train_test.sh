@@ -77,6 +77,23 @@ train bf16 1 0 --set train.dtype=bf16
 echo -n "vit bf16 vs fp32 (last loss, 2%): "
 compare "$work/ref/metrics.jsonl" "$work/bf16/metrics.jsonl" 1 0.02
 
+# Evaluation over the whole val split (64 images; eval.batches past its end): every image
+# once, on 1 process and on 4 ranks alike (the last micro-batches' tail is ignored, not
+# repeated), and the same accuracy as kiln classify of the checkpoint.
+train evalall 1 0 --set eval.batches=100
+train evalall4 4 3 --set eval.batches=100
+echo -n "vit whole-split evaluation, 4 ranks zero 3 vs 1 process: "
+compare "$work/evalall/metrics.jsonl" "$work/evalall4/metrics.jsonl"
+"$kiln" classify --checkpoint "$(ls -d "$work"/evalall/ckpt/step_* | tail -1)" --data "$work/data" \
+  --json "$work/classify.json" > "$work/classify.log" 2>&1 || { cat "$work/classify.log"; exit 1; }
+"$py" - "$work/evalall/metrics.jsonl" "$work/classify.json" <<'PY'
+import json, sys
+last = [r for r in map(json.loads, open(sys.argv[1])) if "val_accuracy" in r][-1]
+c = json.load(open(sys.argv[2]))
+assert c["images"] == 64 and abs(c["accuracy"] - last["val_accuracy"]) < 1e-12, (c, last)
+print(f"kiln classify: {c['accuracy']:.4f} over {c['images']} images = the trainer's val_accuracy")
+PY
+
 # It learns: the last val accuracy beats chance (4 classes) clearly.
 "$py" - "$work/ref/metrics.jsonl" <<'PY'
 import json, sys
@@ -97,6 +114,8 @@ cp "$work/idx/t10k-"* "$work/idx/train-labels-idx1-ubyte.gz" "$work/trunc/"
 gzip -dc "$work/idx/train-images-idx3-ubyte.gz" > "$work/trunc/train-images-idx3-ubyte"
 truncate -s 2000 "$work/trunc/train-images-idx3-ubyte"
 fails truncated_idx "train-images-idx3-ubyte" "$kiln" prepare --format idx --input "$work/trunc" --out "$work/trunc_data"
+fails idx_val_fraction "--val-fraction is for text" "$kiln" prepare --format idx --input "$work/idx" --out "$work/vf_data" --val-fraction 0.1
+fails empty_class_name "name 2 (label 1) is empty" "$kiln" prepare --format idx --input "$work/idx" --out "$work/cn_data" --class-names "a,,c,d"
 cp -r "$work/data" "$work/corrupt"
 shard=$(find "$work/corrupt" -type f ! -name meta.json | sort | head -1)
 printf 'X' | dd of="$shard" bs=1 seek=100 conv=notrunc status=none

@@ -48,6 +48,9 @@ ViTConfig vit_config_of(const ModelOptions& o) {
   KILN_CHECK(o.n_kv_head == 0 || o.n_kv_head == o.n_head,
              "model.n_kv_head ({}): vit uses multi-head attention (set 0)", o.n_kv_head);
   KILN_CHECK(!o.tie_embeddings, "model.tie_embeddings: vit has no token embedding to tie");
+  KILN_CHECK(o.rope.scale_factor == 0.0 && o.rope.theta == RopeSpec{}.theta,
+             "model.rope_theta / model.rope_scaling: vit has learned positions, no rotary (leave "
+             "them unset)");
   ViTConfig c;
   c.n_layer = o.n_layer;
   c.n_head = o.n_head;
