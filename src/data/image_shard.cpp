@@ -112,10 +112,13 @@ ImageShardReader::ImageShardReader(const fs::path& path, const ImageShape& shape
   // misread, record by record.
   KILN_CHECK(get_le32(h + 24) == 0, "{}: {} caption tokens per record; this version of kiln "
              "reads image shards without captions", name, get_le32(h + 24));
-  const int64_t want = kShardHeaderBytes + images * shape.record_bytes();
-  KILN_CHECK(static_cast<int64_t>(bytes_.size()) == want,
-             "{}: {} bytes where {} images of {}x{}x{} need {} (truncated or padded)", name,
-             bytes_.size(), images, shape.height, shape.width, shape.channels, want);
+  // Divided, not multiplied: meta.json's bounds (2^40 images of up to 2^34 bytes) would
+  // overflow the product.
+  const int64_t body = static_cast<int64_t>(bytes_.size()) - kShardHeaderBytes;
+  const int64_t record = shape.record_bytes();
+  KILN_CHECK(body % record == 0 && body / record == images,
+             "{}: {} bytes where {} images of {}x{}x{} need 1024 + {} x {} (truncated or padded)",
+             name, bytes_.size(), images, shape.height, shape.width, shape.channels, images, record);
   const uint32_t c = crc_of(bytes_.data(), bytes_.size());
   KILN_CHECK(c == crc, "{}: crc32 {:08x}, meta.json says {:08x} (the file is corrupt)", name, c, crc);
 }
