@@ -1,5 +1,7 @@
 #include "apps/kiln/commands.h"
 #include "backend/registry.h"
+#include "core/error.h"
+#include "models/registry.h"
 #include "train/device.h"
 #include "train/model_io.h"
 #include "train/sampler.h"
@@ -30,8 +32,12 @@ void register_sample(CLI::App& app) {
   cmd->add_option("--seed", a->o.seed, "Random seed: same seed, same text");
   cmd->callback([a] {
     checkpoint::CheckpointReader reader(a->checkpoint);
+    const ModelOptions options = checkpoint_model_options(reader);
+    KILN_CHECK(!model_arch(options.arch).takes_images, "{}: a {} checkpoint, an image model: "
+               "kiln sample generates text (kiln classify scores an image classifier)",
+               a->checkpoint, options.arch);
     auto backend = make_device_backend(a->device);
-    const auto model_ptr = make_model(checkpoint_model_options(reader), *backend);
+    const auto model_ptr = make_model(options, *backend);
     Model& model = *model_ptr;
     load_model_from_checkpoint(reader, model, nullptr);
     const auto tok = load_checkpoint_tokenizer(reader);
