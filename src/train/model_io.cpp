@@ -291,9 +291,19 @@ void export_checkpoint(const fs::path& checkpoint_dir, const ExportOptions& opti
   const std::string arch = checkpoint_arch(reader.state());
   const nlohmann::json& config = reader.state().at("model");
   if (options.format != "hf") {
+    // The folders this export creates go again when it fails (an unknown format, a full
+    // disk): the output file itself is written atomically.
+    fs::path created;
+    for (fs::path p = out.parent_path(); !p.empty() && !fs::exists(p); p = p.parent_path()) created = p;
     if (out.has_parent_path()) fs::create_directories(out.parent_path());
-    export_model_weights(arch, config, [&](const std::string& name) { return reader.read_f32(name); },
-                         options.format, out);
+    try {
+      export_model_weights(arch, config, [&](const std::string& name) { return reader.read_f32(name); },
+                           options.format, out);
+    } catch (...) {
+      std::error_code ec;
+      if (!created.empty()) fs::remove_all(created, ec);
+      throw;
+    }
     return;
   }
   const DType dtype = options.dtype.empty() ? checkpoint_dtype(reader) : parse_dtype(options.dtype);

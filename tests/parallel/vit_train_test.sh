@@ -125,5 +125,7 @@ printf 'in the beginning was the word ' > "$work/words.txt"
 fails vit_on_tokens "holds tokens" "$kiln" train "$work/vit.toml" --set "run.dir=$work/tok_run" --set "data.dir=$work/tokens" --set eval.every=0
 fails gpt2_on_images "holds images" "$kiln" train "$work/vit.toml" --set "run.dir=$work/g_run" --set model.arch=gpt2
 fails sample_vit "an image model" "$kiln" sample --checkpoint "$(ls -d "$work"/ref/ckpt/step_* | tail -1)"
+fails export_vit "has no file formats" "$kiln" export --checkpoint "$(ls -d "$work"/ref/ckpt/step_* | tail -1)" --format safetensors --out "$work/exported/a/vit.safetensors"
+[ ! -e "$work/exported" ] || { echo "FAILED: a failed export left $work/exported behind"; exit 1; }
 fails block_size "model.block_size (17) must be 10" "$kiln" train "$work/vit.toml" --set "run.dir=$work/b_run" --set model.block_size=17
 echo "vit train test: all passed"
