@@ -50,18 +50,22 @@ void register_classify(CLI::App& app) {
     const auto source = open_train_data(a->data, a->split, 0, 0, /*shuffle=*/false);
     const int64_t n = source->samples_per_epoch();
     std::vector<std::vector<int64_t>> confusion(K, std::vector<int64_t>(K, 0));
+    // Buffers for the largest batch, allocated once; a shorter last batch uses their front.
+    Backend& be = *backend;
+    const int B_max = static_cast<int>(std::min<int64_t>(a->batch, n));
+    const BatchShape full = model->batch_shape(B_max, model->max_positions());
+    const Tensor images_buf = be.empty(full.inputs, DType::F32, MemCategory::Activations);
+    const Tensor logits_buf = be.empty(Shape{B_max, K}, DType::F32, MemCategory::Activations);
+    std::vector<float> pixels(static_cast<size_t>(full.inputs.numel())), host(static_cast<size_t>(B_max) * K);
+    std::vector<int32_t> labels(static_cast<size_t>(B_max));
     for (int64_t done = 0; done < n;) {
-      const int B = static_cast<int>(std::min<int64_t>(a->batch, n - done));
+      const int B = static_cast<int>(std::min<int64_t>(B_max, n - done));
       const BatchShape shape = model->batch_shape(B, model->max_positions());
-      std::vector<float> pixels(static_cast<size_t>(shape.inputs.numel()));
-      std::vector<int32_t> labels(static_cast<size_t>(B));
       source->next_batch(pixels.data(), labels.data(), B, 0, 1);
-      Backend& be = *backend;
-      const Tensor images = be.empty(shape.inputs, DType::F32, MemCategory::Activations);
-      const Tensor logits = be.empty(Shape{B, K}, DType::F32, MemCategory::Activations);
+      const Tensor images = images_buf.view_at(0, shape.inputs);
+      const Tensor logits = logits_buf.view_at(0, Shape{B, K});
       be.copy_from_host(be.default_stream(), images, pixels.data());
       model->classify(images, logits);
-      std::vector<float> host(static_cast<size_t>(B) * K);
       be.copy_to_host(be.default_stream(), host.data(), logits);
       be.synchronize(be.default_stream());
       for (int b = 0; b < B; ++b) {

@@ -40,10 +40,6 @@ class TokenData final : public TrainData {
                "images with kiln prepare --format idx|imagefolder)", c.source, c.model.arch,
                dir_.string());
   }
-  void check_shape(const BatchShape& shape, const std::string& source) const override {
-    KILN_CHECK(!shape.images(), "{}: the model takes images but data.dir {} holds tokens",
-               source, dir_.string());
-  }
   void next_batch(void* inputs, int32_t* targets, int B, int rank, int size) override {
     loader_.next_batch(static_cast<int32_t*>(inputs), targets, B, rank, size);
   }
@@ -95,13 +91,6 @@ class ImageData final : public TrainData {
                "{}: model.arch = \"{}\" reads tokens but data.dir {} holds images (an image "
                "model, e.g. model.arch = \"vit\", or a token data set)", c.source, c.model.arch,
                dir_.string());
-  }
-  void check_shape(const BatchShape& shape, const std::string& source) const override {
-    const data::ImageShape& s = loader_.meta().shape;
-    KILN_CHECK(shape.images() && shape.inputs.ndim() == 4 && shape.inputs[1] == s.height &&
-                   shape.inputs[2] == s.width && shape.inputs[3] == s.channels,
-               "{}: data.dir {} holds {}x{}x{} images, which the model (inputs {}) does not take",
-               source, dir_.string(), s.height, s.width, s.channels, shape.inputs.str());
   }
   void next_batch(void* inputs, int32_t* targets, int B, int rank, int size) override {
     const int64_t P = loader_.meta().shape.pixels();

@@ -37,8 +37,6 @@ class TrainData {
   /// Throws kiln::Error (naming data.dir and `config.source`) when model.arch reads
   /// another kind of data (ModelArch::takes_images). Before the model is built.
   virtual void check_arch(const TrainConfig& config) const = 0;
-  /// Throws kiln::Error when `shape` (the model's micro-batch) is not this data's.
-  virtual void check_shape(const BatchShape& shape, const std::string& source) const = 0;
   /// This rank's micro_batch samples of the next global batch into inputs and targets
   /// (BatchShape layouts), then advances by micro_batch * dp_size samples.
   virtual void next_batch(void* inputs, int32_t* targets, int micro_batch, int dp_rank,

@@ -116,9 +116,9 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
              "{}: eval.every = {} but {} has no val split (prepare text with --val-fraction, "
              "images with t10k-* IDX files or a val/ folder; or set eval.every = 0)",
              config_.source, config_.eval.every, config_.data.dir);
-  // The val split is opened (and verified: sizes, checksums) now, not at the first
+  // The val split is opened (and verified: sizes, checksums) once, now, not at the first
   // evaluation, so that a damaged one stops the run before any training.
-  if (config_.eval.every > 0) train_data_->open_split("val");
+  if (config_.eval.every > 0) val_data_ = train_data_->open_split("val");
   train_data_->check_arch(config_);
   train_data_->fill_model_keys(config_);
   // ... and the same data: compare fingerprints at start-up.
@@ -136,7 +136,6 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   optimizer_ = &one_step_->optimizer();
   fp16_ = one_step_->scaler().enabled;
   const int B = config_.train.micro_batch;
-  train_data_->check_shape(one_step_->batch_shape(), config_.source);
   KILN_CHECK(!one_step_->batch_shape().images() || config_.sample.every == 0,
              "{}: sample.every = {}: sampling is for language models (set sample.every = 0)",
              config_.source, config_.sample.every);
@@ -280,7 +279,9 @@ double Trainer::train_step(double* grad_norm) {
 
 Trainer::EvalResult Trainer::evaluate() {
   auto scope = profile::trace_scope("eval");
-  const std::unique_ptr<TrainData> val = train_data_->open_split("val");
+  if (!val_data_) val_data_ = train_data_->open_split("val");
+  TrainData* val = val_data_.get();
+  val->set_state({});  // from the start of the split, every evaluation
   const int B = config_.train.micro_batch;
   const BatchShape& shape = one_step_->batch_shape();
   std::vector<std::byte> inputs(static_cast<size_t>(shape.inputs.numel()) * 4);

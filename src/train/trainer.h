@@ -134,6 +134,7 @@ class Trainer {
   DataParallel* dp_ = nullptr;
   AdamW* optimizer_ = nullptr;
   std::unique_ptr<TrainData> train_data_;
+  std::unique_ptr<TrainData> val_data_;  // the val split, opened once (unshuffled)
   std::filesystem::path run_dir_;
   int dp_rank_ = 0, dp_size_ = 1, tp_rank_ = 0;
   bool is_rank0_ = true;
