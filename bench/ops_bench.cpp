@@ -372,7 +372,7 @@ int main(int argc, char** argv) {
   for (auto& be : backends) {
     for (DType dt : dtypes) {
       bool any = false;
-      for (int op = 0; op <= static_cast<int>(Op::AdamW); ++op) any |= be->supports(static_cast<Op>(op), dt);
+      for (int op = 0; op <= static_cast<int>(Op::Ema); ++op) any |= be->supports(static_cast<Op>(op), dt);
       if (any) bench::register_all(*be, dt, d);
     }
   }

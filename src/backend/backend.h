@@ -45,11 +45,16 @@ enum class Op {
   Rope,
   SwiGLU,
   Gelu,
+  Silu,
+  Modulate,
   Add,
   Dropout,
   SoftmaxCrossEntropy,
   Patchify,
+  Unpatchify,
+  FlowMatching,
   AdamW,
+  Ema,
 };
 const char* op_name(Op op);
 
@@ -275,6 +280,16 @@ class Backend {
   virtual void gelu_backward(Stream s, const Tensor& dinp, const Tensor& dout,
                              const Tensor& inp) = 0;
 
+  /// SiLU, the sigmoid-weighted linear unit (Elfwing et al. 2018; Hendrycks & Gimpel's
+  /// 2016 "SiLU"; also called swish): out = x * sigmoid(x) = x / (1 + exp(-x)), as
+  /// torch.nn.functional.silu (DiT's conditioning MLP and adaLN input). Any shape, any
+  /// float dtype; out may alias inp.
+  virtual void silu_forward(Stream s, const Tensor& out, const Tensor& inp) = 0;
+  /// dinp = dout * silu'(inp), silu'(x) = sigmoid(x) (1 + x (1 - sigmoid(x))); dinp
+  /// overwritten, may alias dout.
+  virtual void silu_backward(Stream s, const Tensor& dinp, const Tensor& dout,
+                             const Tensor& inp) = 0;
+
   /// SwiGLU (Shazeer 2020, "GLU Variants Improve Transformer"): inp [N,2H] holds the
   /// gate in columns [0,H) and the up projection in [H,2H) (one fused Linear);
   /// out [N,H] = silu(gate) * up, silu(x) = x / (1 + exp(-x)).
@@ -285,6 +300,29 @@ class Backend {
 
   /// out = a + b (the residual connection). Any shape; out may alias a or b.
   virtual void add(Stream s, const Tensor& out, const Tensor& a, const Tensor& b) = 0;
+
+  /// DiT's adaptive LayerNorm modulation and gate (Peebles & Xie 2023, "Scalable Diffusion
+  /// Models with Transformers", adaLN-Zero), one chunk of a per-sample conditioning
+  /// vector broadcast over the T positions: x, out [B,T,C], mod [B,M,C] (the M chunks of
+  /// width C of the adaLN linear's output), all of one float dtype;
+  ///   out[b,t,c] = x[b,t,c] * (scale_offset + mod[b,scale_index,c])
+  ///                + (shift_index >= 0 ? mod[b,shift_index,c] : 0).
+  /// modulate(h, shift, scale) = h (1 + scale) + shift is scale_offset 1; the gate g * y
+  /// is scale_offset 0 with no shift (shift_index -1). 0 <= scale_index < M; shift_index
+  /// is -1 or in [0, M) and differs from scale_index. out may alias x.
+  virtual void modulate(Stream s, const Tensor& out, const Tensor& x, const Tensor& mod,
+                        int scale_index, int shift_index, float scale_offset) = 0;
+  /// The gradients of modulate:
+  ///   dx[b,t,c] = dout[b,t,c] * (scale_offset + mod[b,scale_index,c])  (overwritten;
+  ///     dx may alias dout; an empty dx is skipped),
+  ///   dmod[b,scale_index,c] = sum_t dout[b,t,c] x[b,t,c],
+  ///   dmod[b,shift_index,c] = sum_t dout[b,t,c]  (when shift_index >= 0).
+  /// Those chunks of dmod [B,M,C] (mod's dtype) are OVERWRITTEN and the other chunks left
+  /// untouched, so that the M chunks of one adaLN output fill one dmod, each by its own
+  /// call. The sums accumulate in fp32 or better and are rounded once.
+  virtual void modulate_backward(Stream s, const Tensor& dx, const Tensor& dmod,
+                                 const Tensor& dout, const Tensor& x, const Tensor& mod,
+                                 int scale_index, int shift_index, float scale_offset) = 0;
 
   /// out = inp * keep / (1 - p), keep from `spec` (see DropoutSpec). out may alias inp.
   virtual void dropout_forward(Stream s, const Tensor& out, const Tensor& inp,
@@ -339,10 +377,44 @@ class Backend {
   /// weight flattened, so such a weight is the patch projection). Rows N..T-1 are not
   /// written (room for a class token).
   virtual void patchify(Stream s, const Tensor& out, const Tensor& images, int patch) = 0;
+  /// The exact inverse of patchify (a diffusion transformer's output back to images,
+  /// DiT's "unpatchify", Peebles & Xie 2023): images fp32 [B,H,W,Ci] from patches
+  /// [B, T, Ci*P*P] in any float dtype with T >= N = (H/P)(W/P), images[b, py*P + dy,
+  /// px*P + dx, c] = patches[b, py*(W/P) + px, c*P*P + dy*P + dx] (patchify's element
+  /// order). Rows N..T-1 are not read. Every element of images is written.
+  virtual void unpatchify(Stream s, const Tensor& images, const Tensor& patches, int patch) = 0;
+
+  /// Rectified flow / flow matching inputs (Liu et al. 2023, "Flow Straight and Fast";
+  /// Lipman et al. 2023; the form of Esser et al. 2024, "Scaling Rectified Flow
+  /// Transformers"): images, noise, xt and target fp32 of one shape [B, ...] (rank >= 1,
+  /// B = size(0)), t fp32 [B] (the time of each sample, in [0, 1]):
+  ///   xt = (1 - t_b) * images + t_b * noise,   target = noise - images  (the velocity).
+  /// xt and target are distinct tensors; each may alias images or noise (every element is
+  /// read before it is written).
+  virtual void rectified_flow_inputs(Stream s, const Tensor& xt, const Tensor& target,
+                                     const Tensor& images, const Tensor& noise,
+                                     const Tensor& t) = 0;
+  /// Per-sample mean squared error (the flow-matching loss): pred [B, ...] in any float
+  /// dtype, target fp32 of pred's shape, losses fp32 [B]:
+  ///   losses[b] = (1/n) sum over the n = numel/B elements i of sample b of
+  ///               (pred[b,i] - target[b,i])^2,
+  /// summed in fp32 or better (double on the CPU). When dpred is given (pred's dtype and
+  /// shape; may alias pred) it is overwritten with grad_scale * 2 (pred - target) / n, the
+  /// gradient of grad_scale * sum_b losses[b].
+  virtual void mse_loss(Stream s, const Tensor& losses, const Tensor& dpred, const Tensor& pred,
+                        const Tensor& target, float grad_scale) = 0;
 
   /// One AdamW step on a parameter tensor (any shape); m and v fp32 of the same shape.
   virtual void adamw_step(Stream s, const Tensor& param, const Tensor& grad, const Tensor& m,
                           const Tensor& v, const AdamWParams& hp) = 0;
+
+  /// An exponential moving average of the weights (Polyak & Juditsky 1992; as DiT's
+  /// update_ema, Peebles & Xie 2023): ema fp32 [n], param [n] in any float dtype (the
+  /// optimizer's fp32 master weights, or the parameters themselves), any shapes of n
+  /// elements; 0 <= decay <= 1:
+  ///   ema = decay * ema + (1 - decay) * param,
+  /// in fp32, 1 - decay computed in double and rounded once. param is only read.
+  virtual void ema_update(Stream s, const Tensor& ema, const Tensor& param, float decay) = 0;
 };
 
 /// dst (any float dtype, on be's device) <- n = dst.numel() fp32 host values, converted

@@ -18,11 +18,16 @@ const char* op_name(Op op) {
     case Op::Rope: return "rope";
     case Op::SwiGLU: return "swiglu";
     case Op::Gelu: return "gelu";
+    case Op::Silu: return "silu";
+    case Op::Modulate: return "modulate";
     case Op::Add: return "add";
     case Op::Dropout: return "dropout";
     case Op::SoftmaxCrossEntropy: return "softmax_cross_entropy";
     case Op::Patchify: return "patchify";
+    case Op::Unpatchify: return "unpatchify";
+    case Op::FlowMatching: return "flow_matching";
     case Op::AdamW: return "adamw";
+    case Op::Ema: return "ema";
   }
   return "?";
 }

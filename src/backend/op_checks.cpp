@@ -205,19 +205,96 @@ void shard_ids(const Tensor& out, const Tensor& ids, int64_t begin, int64_t coun
              count);
 }
 
-int64_t patchify(const Tensor& out, const Tensor& images, int patch) {
-  check_dtype(images, DType::F32, "patchify images");
+namespace {
+// images fp32 [B,H,W,C] and rows [B, T >= N, C*P*P] (`rows_name`) of any float dtype.
+int64_t patch_rows(const Tensor& rows, const Tensor& images, int patch, const char* op,
+                   const char* rows_name) {
+  KILN_CHECK(images.dtype() == DType::F32, "{}: images {} must be fp32", op, images.str());
   KILN_CHECK(images.ndim() == 4 && patch > 0 && images.size(1) % patch == 0 &&
                  images.size(2) % patch == 0,
-             "patchify: images {} must be [B,H,W,C] with H and W multiples of the patch size {}",
+             "{}: images {} must be [B,H,W,C] with H and W multiples of the patch size {}", op,
              images.str(), patch);
   const int64_t n = (images.size(1) / patch) * (images.size(2) / patch);
   const int64_t d = images.size(3) * patch * patch;
-  KILN_CHECK(out.ndim() == 3 && out.size(0) == images.size(0) && out.size(1) >= n &&
-                 out.size(2) == d,
-             "patchify: out {} must be [B, T >= {}, {}] for images {} and patch size {}",
-             out.str(), n, d, images.str(), patch);
+  KILN_CHECK(rows.ndim() == 3 && rows.size(0) == images.size(0) && rows.size(1) >= n &&
+                 rows.size(2) == d && rows.dtype() != DType::I32,
+             "{}: {} {} must be float [B, T >= {}, {}] for images {} and patch size {}", op,
+             rows_name, rows.str(), n, d, images.str(), patch);
   return n;
+}
+}  // namespace
+
+int64_t patchify(const Tensor& out, const Tensor& images, int patch) {
+  return patch_rows(out, images, patch, "patchify", "out");
+}
+
+int64_t unpatchify(const Tensor& images, const Tensor& patches, int patch) {
+  return patch_rows(patches, images, patch, "unpatchify", "patches");
+}
+
+ModulateDims modulate(const Tensor& out, const Tensor& x, const Tensor& mod, int scale_index,
+                      int shift_index) {
+  KILN_CHECK(x.ndim() == 3 && x.dtype() != DType::I32,
+             "modulate: x {} must be float [B,T,C]", x.str());
+  const ModulateDims d{x.size(0), x.size(1), x.size(2), mod.ndim() == 3 ? mod.size(1) : 0};
+  KILN_CHECK(out.shape() == x.shape() && out.dtype() == x.dtype(),
+             "modulate: out {} must have the shape and dtype of x {}", out.str(), x.str());
+  KILN_CHECK(mod.ndim() == 3 && mod.size(0) == d.B && mod.size(2) == d.C &&
+                 mod.dtype() == x.dtype(),
+             "modulate: mod {} must be [{}, M, {}] of x's dtype ({})", mod.str(), d.B, d.C,
+             x.str());
+  KILN_CHECK(scale_index >= 0 && scale_index < d.M &&
+                 (shift_index == -1 || (shift_index >= 0 && shift_index < d.M)) &&
+                 shift_index != scale_index,
+             "modulate: scale chunk {} must be in [0, {}) and shift chunk {} -1 or another "
+             "chunk of mod {}", scale_index, d.M, shift_index, mod.str());
+  return d;
+}
+
+ModulateDims modulate_backward(const Tensor& dx, const Tensor& dmod, const Tensor& dout,
+                               const Tensor& x, const Tensor& mod, int scale_index,
+                               int shift_index) {
+  const ModulateDims d = modulate(dout, x, mod, scale_index, shift_index);
+  if (dx)
+    KILN_CHECK(dx.shape() == x.shape() && dx.dtype() == x.dtype(),
+               "modulate_backward: dx {} must have the shape and dtype of x {}", dx.str(), x.str());
+  KILN_CHECK(dmod.shape() == mod.shape() && dmod.dtype() == mod.dtype(),
+             "modulate_backward: dmod {} must have the shape and dtype of mod {}", dmod.str(),
+             mod.str());
+  return d;
+}
+
+SampleDims rectified_flow_inputs(const Tensor& xt, const Tensor& target, const Tensor& images,
+                                 const Tensor& noise, const Tensor& t) {
+  KILN_CHECK(images.ndim() >= 1, "rectified_flow_inputs: images {} must be [B, ...]",
+             images.str());
+  for (const Tensor* a : {&xt, &target, &images, &noise})
+    KILN_CHECK(a->dtype() == DType::F32 && a->shape() == images.shape(),
+               "rectified_flow_inputs: {} must be fp32 of the shape of images {}", a->str(),
+               images.str());
+  const int64_t B = images.size(0);
+  KILN_CHECK(t.dtype() == DType::F32 && t.ndim() == 1 && t.size(0) == B,
+             "rectified_flow_inputs: t {} must be fp32 [{}]", t.str(), B);
+  KILN_CHECK(xt.raw() != target.raw() || xt.numel() == 0,
+             "rectified_flow_inputs: xt and target must be distinct tensors");
+  return {B, B > 0 ? images.numel() / B : 0};
+}
+
+SampleDims mse_loss(const Tensor& losses, const Tensor& dpred, const Tensor& pred,
+                    const Tensor& target) {
+  KILN_CHECK(pred.ndim() >= 1 && pred.dtype() != DType::I32,
+             "mse_loss: pred {} must be float [B, ...]", pred.str());
+  const int64_t B = pred.size(0), n = B > 0 ? pred.numel() / B : 0;
+  KILN_CHECK(B == 0 || n > 0, "mse_loss: pred {} has no elements per sample", pred.str());
+  KILN_CHECK(target.dtype() == DType::F32 && target.shape() == pred.shape(),
+             "mse_loss: target {} must be fp32 of pred's shape {}", target.str(), pred.str());
+  KILN_CHECK(losses.dtype() == DType::F32 && losses.ndim() == 1 && losses.size(0) == B,
+             "mse_loss: losses {} must be fp32 [{}]", losses.str(), B);
+  if (dpred)
+    KILN_CHECK(dpred.shape() == pred.shape() && dpred.dtype() == pred.dtype(),
+               "mse_loss: dpred {} must have the shape and dtype of pred {}", dpred.str(),
+               pred.str());
+  return {B, n};
 }
 
 void grad_of(const Tensor& grad, const Tensor& param, const char* op) {
@@ -230,6 +307,16 @@ void grad_of(const Tensor& grad, const Tensor& param, const char* op) {
 void same_size(const Tensor& a, const Tensor& b, const char* op) {
   KILN_CHECK(a.numel() == b.numel() && a.dtype() == b.dtype(), "{}: {} and {} differ", op, a.str(),
              b.str());
+}
+
+void ema_update(const Tensor& ema, const Tensor& param, float decay) {
+  check_dtype(ema, DType::F32, "ema_update ema");
+  KILN_CHECK(param.dtype() == DType::F32 || param.dtype() == DType::BF16 ||
+                 param.dtype() == DType::F16,
+             "ema_update: param {} must be fp32, bf16 or fp16", param.str());
+  KILN_CHECK(ema.numel() == param.numel(), "ema_update: ema {} and param {} differ in size",
+             ema.str(), param.str());
+  KILN_CHECK(decay >= 0.f && decay <= 1.f, "ema_update: decay {} must be in [0, 1]", decay);
 }
 
 }  // namespace kiln::checks

@@ -76,11 +76,37 @@ void shard_ids(const Tensor& out, const Tensor& ids, int64_t begin, int64_t coun
 /// patchify: images fp32 [B,H,W,Ci], H and W multiples of `patch`, out float
 /// [B, T, Ci*patch^2] with T >= (H/patch)(W/patch). Returns the number of patches N.
 int64_t patchify(const Tensor& out, const Tensor& images, int patch);
+/// unpatchify: the same shapes as patchify, images written from `patches`.
+int64_t unpatchify(const Tensor& images, const Tensor& patches, int patch);
+
+/// modulate: x and out [B,T,C], mod [B,M,C], all of x's float dtype; 0 <= scale_index < M,
+/// shift_index -1 or in [0, M) and != scale_index.
+struct ModulateDims { int64_t B, T, C, M; };
+ModulateDims modulate(const Tensor& out, const Tensor& x, const Tensor& mod, int scale_index,
+                      int shift_index);
+/// modulate_backward: dout like x, dx empty or like x, dmod like mod.
+ModulateDims modulate_backward(const Tensor& dx, const Tensor& dmod, const Tensor& dout,
+                               const Tensor& x, const Tensor& mod, int scale_index,
+                               int shift_index);
+
+/// Per-sample ops over [B, ...] tensors: B = size(0), n = numel / B elements per sample.
+struct SampleDims { int64_t B, n; };
+/// rectified_flow_inputs: xt, target, images, noise fp32 of one shape (rank >= 1), t fp32
+/// [B]; xt and target distinct.
+SampleDims rectified_flow_inputs(const Tensor& xt, const Tensor& target, const Tensor& images,
+                                 const Tensor& noise, const Tensor& t);
+/// mse_loss: pred float [B, ...] with n >= 1 elements per sample (when B > 0), target fp32
+/// of pred's shape, losses fp32 [B], dpred empty or pred's shape and dtype.
+SampleDims mse_loss(const Tensor& losses, const Tensor& dpred, const Tensor& pred,
+                    const Tensor& target);
 
 /// A parameter gradient: as many elements as the parameter, in fp32 or its dtype.
 void grad_of(const Tensor& grad, const Tensor& param, const char* op);
 
 /// Same number of elements and dtype.
 void same_size(const Tensor& a, const Tensor& b, const char* op);
+
+/// ema_update: ema fp32, param a float dtype with ema's element count, 0 <= decay <= 1.
+void ema_update(const Tensor& ema, const Tensor& param, float decay);
 
 }  // namespace kiln::checks

@@ -71,11 +71,22 @@
   X(GeluForward, gelu_forward, "forward", (const Tensor& out, const Tensor& inp), (out, inp)) \
   X(GeluBackward, gelu_backward, "backward",                                                  \
     (const Tensor& dinp, const Tensor& dout, const Tensor& inp), (dinp, dout, inp))           \
+  X(SiluForward, silu_forward, "forward", (const Tensor& out, const Tensor& inp), (out, inp)) \
+  X(SiluBackward, silu_backward, "backward",                                                  \
+    (const Tensor& dinp, const Tensor& dout, const Tensor& inp), (dinp, dout, inp))           \
   X(SwiGluForward, swiglu_forward, "forward", (const Tensor& out, const Tensor& inp),         \
     (out, inp))                                                                               \
   X(SwiGluBackward, swiglu_backward, "backward",                                              \
     (const Tensor& dinp, const Tensor& dout, const Tensor& inp), (dinp, dout, inp))           \
   X(Add, add, "forward", (const Tensor& out, const Tensor& a, const Tensor& b), (out, a, b))   \
+  X(Modulate, modulate, "forward",                                                            \
+    (const Tensor& out, const Tensor& x, const Tensor& mod, int scale_index, int shift_index, \
+     float scale_offset),                                                                     \
+    (out, x, mod, scale_index, shift_index, scale_offset))                                    \
+  X(ModulateBackward, modulate_backward, "backward",                                          \
+    (const Tensor& dx, const Tensor& dmod, const Tensor& dout, const Tensor& x,               \
+     const Tensor& mod, int scale_index, int shift_index, float scale_offset),                \
+    (dx, dmod, dout, x, mod, scale_index, shift_index, scale_offset))                         \
   X(DropoutForward, dropout_forward, "forward",                                               \
     (const Tensor& out, const Tensor& inp, const DropoutSpec& spec), (out, inp, spec))        \
   X(DropoutBackward, dropout_backward, "backward",                                            \
@@ -97,8 +108,20 @@
     (out, ids, begin, count))                                                                 \
   X(Patchify, patchify, "forward",                                                            \
     (const Tensor& out, const Tensor& images, int patch), (out, images, patch))               \
+  X(Unpatchify, unpatchify, "forward",                                                        \
+    (const Tensor& images, const Tensor& patches, int patch), (images, patches, patch))       \
+  X(RectifiedFlowInputs, rectified_flow_inputs, "loss",                                       \
+    (const Tensor& xt, const Tensor& target, const Tensor& images, const Tensor& noise,       \
+     const Tensor& t),                                                                        \
+    (xt, target, images, noise, t))                                                           \
+  X(MseLoss, mse_loss, "loss",                                                                \
+    (const Tensor& losses, const Tensor& dpred, const Tensor& pred, const Tensor& target,     \
+     float grad_scale),                                                                       \
+    (losses, dpred, pred, target, grad_scale))                                                \
   X(AdamW, adamw_step, "optimizer",                                                           \
     (const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,               \
      const AdamWParams& hp),                                                                  \
-    (param, grad, m, v, hp))
+    (param, grad, m, v, hp))                                                                  \
+  X(Ema, ema_update, "optimizer",                                                             \
+    (const Tensor& ema, const Tensor& param, float decay), (ema, param, decay))
 // clang-format on

@@ -135,6 +135,14 @@ OpCost gelu_backward(const Tensor&, const Tensor&, const Tensor& inp) {
   const double n = d(inp.numel());
   return {16.0 * n, 3.0 * n * es(inp), fmt::format("n={}", inp.numel())};
 }
+OpCost silu_forward(const Tensor&, const Tensor& inp) {
+  const double n = d(inp.numel());
+  return {5.0 * n, 2.0 * n * es(inp), fmt::format("n={}", inp.numel())};
+}
+OpCost silu_backward(const Tensor&, const Tensor&, const Tensor& inp) {
+  const double n = d(inp.numel());
+  return {9.0 * n, 3.0 * n * es(inp), fmt::format("n={}", inp.numel())};
+}
 OpCost swiglu_forward(const Tensor& out, const Tensor& inp) {
   const double n = d(out.numel());
   return {5.0 * n, 3.0 * n * es(inp), fmt::format("N={} H={}", rows(out), last(out))};
@@ -146,6 +154,23 @@ OpCost swiglu_backward(const Tensor&, const Tensor& dout, const Tensor& inp) {
 OpCost add(const Tensor& out, const Tensor&, const Tensor&) {
   const double n = d(out.numel());
   return {n, 3.0 * n * es(out), fmt::format("n={}", out.numel())};
+}
+// x * (offset + scale) + shift per element; mod's two chunks read once per sample.
+OpCost modulate(const Tensor&, const Tensor& x, const Tensor& mod, int, int shift_index, float) {
+  const double n = d(x.numel()), chunks = shift_index >= 0 ? 2.0 : 1.0;
+  const double row = d(mod.size(0)) * d(last(mod));
+  return {(shift_index >= 0 ? 3.0 : 2.0) * n, (2.0 * n + chunks * row) * es(x),
+          fmt::format("N={} C={}{}", rows(x), last(x), shift_index >= 0 ? "" : " (no shift)")};
+}
+// Reads dout and x, writes dx; two column sums (multiply-add, add) per element.
+OpCost modulate_backward(const Tensor& dx, const Tensor&, const Tensor&, const Tensor& x,
+                         const Tensor& mod, int, int shift_index, float) {
+  const double n = d(x.numel()), chunks = shift_index >= 0 ? 2.0 : 1.0;
+  const double row = d(mod.size(0)) * d(last(mod));
+  const bool w = static_cast<bool>(dx);
+  return {(2.0 + chunks + (w ? 1.0 : 0.0)) * n,
+          ((w ? 3.0 : 2.0) * n + (1.0 + chunks) * row) * es(x),
+          fmt::format("N={} C={}{}", rows(x), last(x), w ? "" : " (no dx)")};
 }
 namespace {
 OpCost dropout(const Tensor& t) {
@@ -192,11 +217,37 @@ OpCost patchify(const Tensor& out, const Tensor& images, int patch) {
           fmt::format("images={} patch={}", images.str(), patch)};
 }
 
+OpCost unpatchify(const Tensor& images, const Tensor& patches, int patch) {
+  return {0.0, d(images.numel()) * (4.0 + es(patches)),
+          fmt::format("images={} patch={}", images.str(), patch)};
+}
+
+OpCost rectified_flow_inputs(const Tensor&, const Tensor&, const Tensor& images, const Tensor&,
+                             const Tensor& t) {
+  const double n = d(images.numel());
+  return {4.0 * n, 16.0 * n + 4.0 * d(t.numel()), fmt::format("images={}", images.str())};
+}
+
+OpCost mse_loss(const Tensor& losses, const Tensor& dpred, const Tensor& pred, const Tensor&,
+                float) {
+  const double n = d(pred.numel());
+  const bool g = static_cast<bool>(dpred);
+  return {(3.0 + (g ? 2.0 : 0.0)) * n, n * es(pred) * (g ? 2.0 : 1.0) + 4.0 * n +
+                                           4.0 * d(losses.numel()),
+          fmt::format("pred={}{}", pred.str(), g ? "" : " (no grad)")};
+}
+
 OpCost adamw_step(const Tensor& param, const Tensor& grad, const Tensor&, const Tensor&,
                   const AdamWParams&) {
   const double n = d(param.numel());
   return {14.0 * n, 2.0 * n * es(param) + n * es(grad) + 16.0 * n,
           fmt::format("n={}", param.numel())};
+}
+
+OpCost ema_update(const Tensor& ema, const Tensor& param, float) {
+  // ema read and written (fp32), param read: 3 FLOPs per element.
+  const double n = d(ema.numel());
+  return {3.0 * n, 8.0 * n + n * es(param), fmt::format("n={}", ema.numel())};
 }
 
 OpCost sum_squares(const Tensor& t) {

@@ -1,4 +1,4 @@
-// Embedding, layernorm, linear, softmax cross-entropy and AdamW.
+// Embedding, layernorm, linear, softmax cross-entropy, AdamW and the weights' EMA.
 #include "op_harness.h"
 
 #include <cmath>
@@ -326,6 +326,57 @@ TEST_P(OpTest, AdamWBiasCorrectionsInDouble) {
   Vec upd(n);
   for (int64_t i = 0; i < n; ++i) upd[i] = rp[i] - p[i];
   EXPECT_TRUE(near_by_norm("adamw_step update at step 6, beta2 0.999", to_float(minus(gp, p)), upd, 1e-6));
+}
+
+// ---- ema_update ---------------------------------------------------------------------------
+
+// The weights' moving average over a few updates, at awkward sizes, fp32 and bf16 (and
+// fp16 where supported) parameters, against the same recurrence in double on the values
+// the parameters hold. decay 1 leaves the average bitwise; decay 0 copies the parameters.
+TEST_P(OpTest, EmaUpdate) {
+  for (const DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    if (!be().supports(Op::Ema, dt)) continue;
+    for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{4099}, int64_t{13 * 79}}) {
+      const std::string what = sizes({{"n", n}}) + "param " + std::string(dtype_name(dt));
+      const std::vector<float> e0 = randn(n);
+      Tensor ema = upload(e0, {n}, MemCategory::OptimizerState);
+      Tensor param = be().empty(Shape{n}, dt, MemCategory::Parameters);
+      Vec want = to_double(e0);
+      for (const float decay : {0.9f, 0.999f, 0.5f, 0.f, 1.f}) {
+        upload_f32(be(), param, randn(n).data());
+        const std::vector<float> held = download_f32(be(), param);  // as rounded to dt
+        const std::vector<float> before = download(ema);
+        be().ema_update(st(), ema, param, decay);
+        const std::vector<float> got = download(ema);
+        const std::string at = what + " decay " + std::to_string(decay);
+        if (decay == 1.f) {
+          EXPECT_TRUE(bitwise_equal("ema_update decay 1", got, before)) << at;
+        } else if (decay == 0.f) {
+          EXPECT_TRUE(bitwise_equal("ema_update decay 0", got, held)) << at;
+        }
+        for (int64_t i = 0; i < n; ++i)
+          want[i] = double{decay} * want[i] + (1.0 - double{decay}) * double{held[i]};
+        EXPECT_TRUE(near_by_norm("ema_update", got, want, 1e-6)) << at;
+        EXPECT_TRUE(bitwise_equal("ema_update leaves param", download_f32(be(), param), held)) << at;
+        want = to_double(got);  // continue from the backend's state
+      }
+    }
+  }
+}
+
+TEST_P(OpTest, EmaUpdateRejectsBadArguments) {
+  Tensor ema = poisoned({10}), param = poisoned({10});
+  EXPECT_THROW(be().ema_update(st(), poisoned({11}), param, 0.9f), Error);
+  EXPECT_THROW(be().ema_update(st(), ema, param, 1.5f), Error);
+  EXPECT_THROW(be().ema_update(st(), ema, param, -0.1f), Error);
+  EXPECT_THROW(be().ema_update(st(), ema, param, std::nanf("")), Error);
+  EXPECT_THROW(be().ema_update(st(), ema, upload_i32(std::vector<int32_t>(10, 0), {10}), 0.9f), Error);
+  Tensor lowp = be().empty(Shape{10}, DType::BF16, MemCategory::OptimizerState);
+  EXPECT_THROW(be().ema_update(st(), lowp, param, 0.9f), Error);  // the average is fp32
+  be().fill(st(), ema, 1.f);
+  be().fill(st(), param, 3.f);
+  be().ema_update(st(), ema, param, 0.75f);  // the valid call
+  EXPECT_EQ(download(ema), std::vector<float>(10, 1.5f));
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // AdamW (Loshchilov & Hutter 2019), one pass over the parameter: reads p, g, m, v once
-// and writes p, m, v once, with torch.optim.AdamW's order of operations.
+// and writes p, m, v once, with torch.optim.AdamW's order of operations. And the weights'
+// exponential moving average (Backend::ema_update).
 #include "backend/cpu/kernels.h"
 
 #include <cmath>
@@ -30,5 +31,17 @@ void adamw(float* param, const G* grad, float* m, float* v, int64_t n, const Ada
 template void adamw<float>(float*, const float*, float*, float*, int64_t, const AdamWParams&);
 template void adamw<bf16>(float*, const bf16*, float*, float*, int64_t, const AdamWParams&);
 template void adamw<f16>(float*, const f16*, float*, float*, int64_t, const AdamWParams&);
+
+// The weights' moving average, one pass: ema read and written once, param read once.
+template <class P>
+void ema_update(float* ema, const P* param, int64_t n, float decay) {
+  const auto take = static_cast<float>(1.0 - static_cast<double>(decay));
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) ema[i] = decay * ema[i] + take * load(param[i]);
+}
+
+template void ema_update<float>(float*, const float*, int64_t, float);
+template void ema_update<bf16>(float*, const bf16*, int64_t, float);
+template void ema_update<f16>(float*, const f16*, int64_t, float);
 
 }  // namespace kiln::cpu

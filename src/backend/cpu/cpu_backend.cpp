@@ -244,6 +244,40 @@ class CpuBackend final : public Backend {
       cpu::gelu_backward(p<T>(dinp), p<T>(dout), p<T>(inp), inp.numel());
     });
   }
+  void silu_forward(Stream, const Tensor& out, const Tensor& inp) override {
+    checks::same_size(out, inp, "silu");
+    cpu::dispatch_float(inp.dtype(), "silu", [&](auto x) {
+      using T = decltype(x);
+      cpu::silu_forward(p<T>(out), p<T>(inp), inp.numel());
+    });
+  }
+  void silu_backward(Stream, const Tensor& dinp, const Tensor& dout, const Tensor& inp) override {
+    checks::same_size(dinp, inp, "silu_backward");
+    checks::same_size(dout, inp, "silu_backward");
+    cpu::dispatch_float(inp.dtype(), "silu_backward", [&](auto x) {
+      using T = decltype(x);
+      cpu::silu_backward(p<T>(dinp), p<T>(dout), p<T>(inp), inp.numel());
+    });
+  }
+  void modulate(Stream, const Tensor& out, const Tensor& x, const Tensor& mod, int scale_index,
+                int shift_index, float scale_offset) override {
+    const auto d = checks::modulate(out, x, mod, scale_index, shift_index);
+    cpu::dispatch_float(x.dtype(), "modulate", [&](auto e) {
+      using T = decltype(e);
+      cpu::modulate(p<T>(out), p<T>(x), p<T>(mod), d.B, d.T, d.C, d.M, scale_index, shift_index,
+                    scale_offset);
+    });
+  }
+  void modulate_backward(Stream, const Tensor& dx, const Tensor& dmod, const Tensor& dout,
+                         const Tensor& x, const Tensor& mod, int scale_index, int shift_index,
+                         float scale_offset) override {
+    const auto d = checks::modulate_backward(dx, dmod, dout, x, mod, scale_index, shift_index);
+    cpu::dispatch_float(x.dtype(), "modulate_backward", [&](auto e) {
+      using T = decltype(e);
+      cpu::modulate_backward(p<T>(dx), p<T>(dmod), p<T>(dout), p<T>(x), p<T>(mod), d.B, d.T, d.C,
+                             d.M, scale_index, shift_index, scale_offset);
+    });
+  }
   void add(Stream, const Tensor& out, const Tensor& a, const Tensor& b) override {
     checks::same_size(out, a, "add");
     checks::same_size(out, b, "add");
@@ -318,6 +352,31 @@ class CpuBackend final : public Backend {
     });
   }
 
+  void unpatchify(Stream, const Tensor& images, const Tensor& patches, int patch) override {
+    checks::unpatchify(images, patches, patch);
+    cpu::dispatch_float(patches.dtype(), "unpatchify", [&](auto x) {
+      using T = decltype(x);
+      cpu::unpatchify(images.data<float>(), p<T>(patches), images.size(0), images.size(1),
+                      images.size(2), images.size(3), patch, patches.size(1));
+    });
+  }
+
+  void rectified_flow_inputs(Stream, const Tensor& xt, const Tensor& target, const Tensor& images,
+                             const Tensor& noise, const Tensor& t) override {
+    const auto d = checks::rectified_flow_inputs(xt, target, images, noise, t);
+    cpu::rectified_flow_inputs(xt.data<float>(), target.data<float>(), images.data<float>(),
+                               noise.data<float>(), t.data<float>(), d.B, d.n);
+  }
+  void mse_loss(Stream, const Tensor& losses, const Tensor& dpred, const Tensor& pred,
+                const Tensor& target, float grad_scale) override {
+    const auto d = checks::mse_loss(losses, dpred, pred, target);
+    cpu::dispatch_float(pred.dtype(), "mse_loss", [&](auto x) {
+      using T = decltype(x);
+      cpu::mse_loss(losses.data<float>(), p<T>(dpred), p<T>(pred), target.data<float>(), d.B, d.n,
+                    grad_scale);
+    });
+  }
+
   void adamw_step(Stream, const Tensor& param, const Tensor& grad, const Tensor& m,
                   const Tensor& v, const AdamWParams& hp) override {
     KILN_CHECK(grad.numel() == param.numel(), "adamw: grad {} vs param {}", grad.str(), param.str());
@@ -326,6 +385,14 @@ class CpuBackend final : public Backend {
     cpu::dispatch_float(grad.dtype(), "adamw", [&](auto x) {
       using G = decltype(x);
       cpu::adamw(p<float>(param), p<G>(grad), p<float>(m), p<float>(v), param.numel(), hp);
+    });
+  }
+
+  void ema_update(Stream, const Tensor& ema, const Tensor& param, float decay) override {
+    checks::ema_update(ema, param, decay);
+    cpu::dispatch_float(param.dtype(), "ema_update", [&](auto x) {
+      using P = decltype(x);
+      cpu::ema_update(p<float>(ema), p<P>(param), param.numel(), decay);
     });
   }
 

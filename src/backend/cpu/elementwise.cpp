@@ -1,6 +1,7 @@
-// Element-wise ops: SwiGLU (Shazeer 2020), GELU (tanh approximation, Hendrycks & Gimpel 2016, as GPT-2 and
-// torch's gelu(approximate="tanh")), residual add, dropout with a replayable Philox mask,
-// fill, and the sum of squares (in double) used for gradient norms.
+// Element-wise ops: SwiGLU (Shazeer 2020), SiLU (Elfwing et al. 2018), GELU (tanh
+// approximation, Hendrycks & Gimpel 2016, as GPT-2 and torch's gelu(approximate="tanh")),
+// residual add, dropout with a replayable Philox mask, fill, and the sum of squares (in
+// double) used for gradient norms.
 #include "backend/cpu/kernels.h"
 
 #include "backend/cpu/vec_math.h"
@@ -36,6 +37,25 @@ void gelu_backward(T* dinp, const T* dout, const T* inp, int64_t n) {
     const float sech2 = sech2_approx(u);
     const float du = kSqrt2OverPi * (1.f + 3.f * 0.044715f * x * x);
     dinp[i] = store<T>(load(dout[i]) * (0.5f * (1.f + th) + 0.5f * x * sech2 * du));
+  }
+}
+
+template <class T>
+void silu_forward(T* out, const T* inp, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = load(inp[i]);
+    out[i] = store<T>(x * sigmoid_approx(x));
+  }
+}
+
+template <class T>
+void silu_backward(T* dinp, const T* dout, const T* inp, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = load(inp[i]);
+    const float sg = sigmoid_approx(x);
+    dinp[i] = store<T>(load(dout[i]) * sg * (1.f + x * (1.f - sg)));
   }
 }
 
@@ -157,6 +177,8 @@ double sum_squares(const T* x, int64_t n) {
 #define INST_T(T)                                                        \
   template void gelu_forward<T>(T*, const T*, int64_t);                   \
   template void gelu_backward<T>(T*, const T*, const T*, int64_t);        \
+  template void silu_forward<T>(T*, const T*, int64_t);                   \
+  template void silu_backward<T>(T*, const T*, const T*, int64_t);        \
   template void add<T>(T*, const T*, const T*, int64_t);                  \
   template void swiglu_forward<T>(T*, const T*, int64_t, int64_t);        \
   template void swiglu_backward<T>(T*, const T*, const T*, int64_t, int64_t); \

@@ -75,6 +75,20 @@ template <class T>
 void gelu_forward(T* out, const T* inp, int64_t n);
 template <class T>
 void gelu_backward(T* dinp, const T* dout, const T* inp, int64_t n);
+/// out = x sigmoid(x); backward dinp = dout silu'(inp) (dinp may alias dout).
+template <class T>
+void silu_forward(T* out, const T* inp, int64_t n);
+template <class T>
+void silu_backward(T* dinp, const T* dout, const T* inp, int64_t n);
+/// Backend::modulate: x, out [B,T,C], mod [B,M,C]; shift < 0: no shift.
+template <class T>
+void modulate(T* out, const T* x, const T* mod, int64_t B, int64_t T_, int64_t C, int64_t M,
+              int64_t scale, int64_t shift, float scale_offset);
+/// Backend::modulate_backward: dx may be nullptr or alias dout.
+template <class T>
+void modulate_backward(T* dx, T* dmod, const T* dout, const T* x, const T* mod, int64_t B,
+                       int64_t T_, int64_t C, int64_t M, int64_t scale, int64_t shift,
+                       float scale_offset);
 /// out [N,H] = silu(inp[:, :H]) * inp[:, H:]; backward writes dinp [N,2H].
 template <class T>
 void swiglu_forward(T* out, const T* inp, int64_t N, int64_t H);
@@ -109,6 +123,17 @@ void shard_ids(int32_t* out, const int32_t* ids, int64_t n, int64_t begin, int64
 template <class T>
 void patchify(T* out, const float* images, int64_t B, int64_t H, int64_t W, int64_t C, int64_t P,
               int64_t T_rows);
+/// Backend::unpatchify: the inverse, rows [0, (H/P)(W/P)) of each image's T_rows read.
+template <class T>
+void unpatchify(float* images, const T* patches, int64_t B, int64_t H, int64_t W, int64_t C,
+                int64_t P, int64_t T_rows);
+/// Backend::rectified_flow_inputs over B samples of n elements.
+void rectified_flow_inputs(float* xt, float* target, const float* images, const float* noise,
+                           const float* t, int64_t B, int64_t n);
+/// Backend::mse_loss over B samples of n elements; dpred may be nullptr.
+template <class T>
+void mse_loss(float* losses, T* dpred, const T* pred, const float* target, int64_t B, int64_t n,
+              float grad_scale);
 
 template <class T>
 void softmax_cross_entropy(float* losses, T* dlogits, const T* logits, const int32_t* targets,
@@ -118,6 +143,9 @@ void softmax_cross_entropy(float* losses, T* dlogits, const T* logits, const int
 /// param and moments fp32; the gradient in G.
 template <class G>
 void adamw(float* param, const G* grad, float* m, float* v, int64_t n, const AdamWParams& hp);
+/// ema = decay * ema + (1 - decay) * param (Backend::ema_update); ema fp32, param in P.
+template <class P>
+void ema_update(float* ema, const P* param, int64_t n, float decay);
 
 class Gemm;
 /// out[N,OC] = inp[N,IC] @ weight[OC,IC]^T + bias, all in T (fp32 accumulation).

@@ -35,4 +35,22 @@ void adamw(cudaStream_t s, Elem e, Elem g, void* param, const void* grad, float*
   KILN_CUDA_LAUNCHED("adamw");
 }
 
+namespace {
+// The weights' moving average: 12 bytes per element with fp32 parameters (10 with bf16).
+template <class T>
+__global__ void ema_kernel(float* ema, const T* param, int64_t n, float decay, float take) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    ema[i] = decay * ema[i] + take * to_f(param[i]);
+}
+}  // namespace
+
+void ema_update(cudaStream_t s, Elem e, float* ema, const void* param, int64_t n, float decay,
+                float one_minus_decay) {
+  if (n <= 0) return;
+  KILN_DISPATCH_ELEM(e, ema_kernel<<<grid_for(n, 256), 256, 0, s>>>(
+                            ema, static_cast<const scalar_t*>(param), n, decay, one_minus_decay));
+  KILN_CUDA_LAUNCHED("ema_update");
+}
+
 }  // namespace kiln::cuda

@@ -17,4 +17,9 @@ struct AdamWArgs {
 void adamw(cudaStream_t s, Elem e, Elem g, void* param, const void* grad, float* m, float* v, int64_t n,
            const AdamWArgs& a);
 
+/// Backend::ema_update: ema fp32 [n] = decay * ema + one_minus_decay * param (param of
+/// element type e), one launch.
+void ema_update(cudaStream_t s, Elem e, float* ema, const void* param, int64_t n, float decay,
+                float one_minus_decay);
+
 }  // namespace kiln::cuda

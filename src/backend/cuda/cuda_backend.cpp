@@ -201,6 +201,14 @@ void CudaBackend::patchify(Stream s, const Tensor& out, const Tensor& images, in
                  images.size(2), images.size(3), patch, out.size(1));
 }
 
+void CudaBackend::unpatchify(Stream s, const Tensor& images, const Tensor& patches, int patch) {
+  checks::unpatchify(images, patches, patch);
+  on_device(images, "unpatchify");
+  const Elem e = elem(patches, "unpatchify");
+  cuda::unpatchify(st(s), e, images.data<float>(), patches.raw(), images.size(0), images.size(1),
+                   images.size(2), images.size(3), patch, patches.size(1));
+}
+
 void CudaBackend::adamw_step(Stream s, const Tensor& param, const Tensor& grad, const Tensor& m,
                              const Tensor& v, const AdamWParams& hp) {
   cuda::NvtxRange r("adamw_step");
@@ -228,6 +236,16 @@ void CudaBackend::adamw_step(Stream s, const Tensor& param, const Tensor& grad, 
   a.decay = 1.f - hp.lr * hp.weight_decay;
   cuda::adamw(st(s), e, g, param.raw(), grad.raw(), m.data<float>(), v.data<float>(), param.numel(),
               a);
+}
+
+void CudaBackend::ema_update(Stream s, const Tensor& ema, const Tensor& param, float decay) {
+  cuda::NvtxRange r("ema_update");
+  checks::ema_update(ema, param, decay);
+  on_device(ema, "ema_update");
+  const Elem e = elem(param, "ema_update");
+  // 1 - decay in double, rounded once (as the CPU backend).
+  cuda::ema_update(st(s), e, ema.data<float>(), param.raw(), param.numel(), decay,
+                   static_cast<float>(1.0 - static_cast<double>(decay)));
 }
 
 // ---- helpers shared by the op files -----------------------------------------------------

@@ -1,7 +1,8 @@
 // The CudaBackend class (see cuda_backend.h for its conventions), declared here so that
 // its methods can live in several files: cuda_backend.cpp (construction, memory, loss,
-// optimizer, shared helpers), cuda_ops.cpp (embedding, norms, linear, element-wise ops)
-// and cuda_attention_ops.cpp (attention, KV-cache decode, rotary embedding). Each op
+// optimizer, shared helpers), cuda_ops.cpp (embedding, norms, linear, element-wise ops),
+// cuda_dit_ops.cpp (adaLN modulation, rectified-flow inputs, the MSE loss) and
+// cuda_attention_ops.cpp (attention, KV-cache decode, rotary embedding). Each op
 // validates its arguments with op_checks (the same messages as every backend), picks
 // the element type and launches the kernels of its .cu file on the caller's stream.
 // Private to this folder.
@@ -64,6 +65,8 @@ class CudaBackend final : public Backend {
                        const Tensor& dout, const Tensor& inp, const Tensor& weight) override;
   void gelu_forward(Stream s, const Tensor& out, const Tensor& inp) override;
   void gelu_backward(Stream s, const Tensor& dinp, const Tensor& dout, const Tensor& inp) override;
+  void silu_forward(Stream s, const Tensor& out, const Tensor& inp) override;
+  void silu_backward(Stream s, const Tensor& dinp, const Tensor& dout, const Tensor& inp) override;
   void swiglu_forward(Stream s, const Tensor& out, const Tensor& inp) override;
   void swiglu_backward(Stream s, const Tensor& dinp, const Tensor& dout,
                        const Tensor& inp) override;
@@ -72,6 +75,17 @@ class CudaBackend final : public Backend {
                        const DropoutSpec& spec) override;
   void dropout_backward(Stream s, const Tensor& dinp, const Tensor& dout,
                         const DropoutSpec& spec) override;
+
+  // ---- DiT ops (cuda_dit_ops.cpp) ---------------------------------------------------------
+  void modulate(Stream s, const Tensor& out, const Tensor& x, const Tensor& mod, int scale_index,
+                int shift_index, float scale_offset) override;
+  void modulate_backward(Stream s, const Tensor& dx, const Tensor& dmod, const Tensor& dout,
+                         const Tensor& x, const Tensor& mod, int scale_index, int shift_index,
+                         float scale_offset) override;
+  void rectified_flow_inputs(Stream s, const Tensor& xt, const Tensor& target,
+                             const Tensor& images, const Tensor& noise, const Tensor& t) override;
+  void mse_loss(Stream s, const Tensor& losses, const Tensor& dpred, const Tensor& pred,
+                const Tensor& target, float grad_scale) override;
 
   // ---- attention (cuda_attention_ops.cpp) -------------------------------------------------
   void attention_forward(Stream s, const Tensor& out, const Tensor& lse, const Tensor& qkv,
@@ -98,8 +112,10 @@ class CudaBackend final : public Backend {
   void shard_ids(Stream s, const Tensor& out, const Tensor& ids, int64_t begin,
                  int64_t count) override;
   void patchify(Stream s, const Tensor& out, const Tensor& images, int patch) override;
+  void unpatchify(Stream s, const Tensor& images, const Tensor& patches, int patch) override;
   void adamw_step(Stream s, const Tensor& param, const Tensor& grad, const Tensor& m,
                   const Tensor& v, const AdamWParams& hp) override;
+  void ema_update(Stream s, const Tensor& ema, const Tensor& param, float decay) override;
 
  private:
   // Scratch memory for one op (Temporaries). Freed on the backend's stream; when the op

@@ -1,4 +1,4 @@
-// CudaBackend's ops outside attention: embedding, LayerNorm, RMSNorm, linear, GELU,
+// CudaBackend's ops outside attention: embedding, LayerNorm, RMSNorm, linear, GELU, SiLU,
 // SwiGLU, add, dropout. Each validates with op_checks, picks the element type (fp32 or
 // bf16; parameter gradients fp32 or the activations' type) and launches its .cu file's
 // kernels on the caller's stream.
@@ -11,6 +11,7 @@
 #include "backend/cuda/linear.h"
 #include "backend/cuda/nvtx.h"
 #include "backend/cuda/rmsnorm.h"
+#include "backend/cuda/silu.h"
 #include "backend/cuda/swiglu.h"
 #include "backend/op_checks.h"
 #include "core/error.h"
@@ -197,6 +198,19 @@ void CudaBackend::swiglu_backward(Stream s, const Tensor& dinp, const Tensor& do
   checks::same_size(dinp, inp, "swiglu_backward dinp");
   cuda::swiglu_backward(st(s), elem(inp, "swiglu_backward", {&dout, &dinp}), dinp.raw(),
                         dout.raw(), inp.raw(), d.N, d.H);
+}
+void CudaBackend::silu_forward(Stream s, const Tensor& out, const Tensor& inp) {
+  cuda::NvtxRange r("silu_forward");
+  checks::same_size(out, inp, "silu");
+  cuda::silu_forward(st(s), elem(inp, "silu"), out.raw(), inp.raw(), inp.numel());
+}
+void CudaBackend::silu_backward(Stream s, const Tensor& dinp, const Tensor& dout,
+                                const Tensor& inp) {
+  cuda::NvtxRange r("silu_backward");
+  checks::same_size(dinp, inp, "silu_backward");
+  checks::same_size(dout, inp, "silu_backward");
+  cuda::silu_backward(st(s), elem(inp, "silu_backward"), dinp.raw(), dout.raw(), inp.raw(),
+                      inp.numel());
 }
 void CudaBackend::add(Stream s, const Tensor& out, const Tensor& a, const Tensor& b) {
   cuda::NvtxRange r("add");

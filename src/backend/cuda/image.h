@@ -1,4 +1,4 @@
-// Image layout ops: patchify (images to rows of flattened patches).
+// Image layout ops: patchify (images to rows of flattened patches) and unpatchify.
 #pragma once
 
 #include "backend/cuda/common.h"
@@ -10,5 +10,9 @@ namespace kiln::cuda {
 /// of row py*(W/P) + px = images[b, py*P + dy, px*P + dx, c].
 void patchify(cudaStream_t s, Elem e, void* out, const float* images, int64_t B, int64_t H,
               int64_t W, int64_t C, int64_t P, int64_t T_rows);
+/// Backend::unpatchify: the inverse, images fp32 [B,H,W,C] from rows [0, (H/P)(W/P)) of
+/// patches [B, T_rows, C*P*P] of element type e.
+void unpatchify(cudaStream_t s, Elem e, float* images, const void* patches, int64_t B, int64_t H,
+                int64_t W, int64_t C, int64_t P, int64_t T_rows);
 
 }  // namespace kiln::cuda

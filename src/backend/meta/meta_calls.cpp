@@ -125,6 +125,15 @@ MetaCallInfo gelu_backward(const Tensor& dinp, const Tensor& dout, const Tensor&
   checks::same_size(dout, inp, "gelu_backward");
   return elements(MetaCall::GeluBackward, inp);
 }
+MetaCallInfo silu_forward(const Tensor& out, const Tensor& inp) {
+  checks::same_size(out, inp, "silu");
+  return elements(MetaCall::SiluForward, inp);
+}
+MetaCallInfo silu_backward(const Tensor& dinp, const Tensor& dout, const Tensor& inp) {
+  checks::same_size(dinp, inp, "silu_backward");
+  checks::same_size(dout, inp, "silu_backward");
+  return elements(MetaCall::SiluBackward, inp);
+}
 MetaCallInfo swiglu_forward(const Tensor& out, const Tensor& inp) {
   const auto d = checks::swiglu(out, inp);
   MetaCallInfo c = elements(MetaCall::SwiGluForward, inp);
@@ -142,6 +151,22 @@ MetaCallInfo add(const Tensor& out, const Tensor& a, const Tensor& b) {
   checks::same_size(out, a, "add");
   checks::same_size(out, b, "add");
   return elements(MetaCall::Add, out);
+}
+MetaCallInfo modulate(const Tensor& out, const Tensor& x, const Tensor& mod, int scale_index,
+                      int shift_index, float) {
+  const auto d = checks::modulate(out, x, mod, scale_index, shift_index);
+  MetaCallInfo c = elements(MetaCall::Modulate, x);
+  c.B = d.B, c.T = d.T, c.C = d.C, c.N = d.B * d.T;
+  return c;
+}
+MetaCallInfo modulate_backward(const Tensor& dx, const Tensor& dmod, const Tensor& dout,
+                               const Tensor& x, const Tensor& mod, int scale_index,
+                               int shift_index, float) {
+  const auto d = checks::modulate_backward(dx, dmod, dout, x, mod, scale_index, shift_index);
+  MetaCallInfo c = elements(MetaCall::ModulateBackward, x);
+  c.B = d.B, c.T = d.T, c.C = d.C, c.N = d.B * d.T;
+  c.has_dinp = static_cast<bool>(dx);
+  return c;
 }
 MetaCallInfo dropout_forward(const Tensor& out, const Tensor& inp, const DropoutSpec&) {
   checks::same_size(out, inp, "dropout");
@@ -192,6 +217,28 @@ MetaCallInfo patchify(const Tensor& out, const Tensor& images, int patch) {
   return elements(MetaCall::Patchify, out);
 }
 
+MetaCallInfo unpatchify(const Tensor& images, const Tensor& patches, int patch) {
+  checks::unpatchify(images, patches, patch);
+  MetaCallInfo c = info(MetaCall::Unpatchify, patches.dtype());
+  c.numel = images.numel();
+  return c;
+}
+
+MetaCallInfo rectified_flow_inputs(const Tensor& xt, const Tensor& target, const Tensor& images,
+                                   const Tensor& noise, const Tensor& t) {
+  const auto d = checks::rectified_flow_inputs(xt, target, images, noise, t);
+  MetaCallInfo c = elements(MetaCall::RectifiedFlowInputs, images);
+  c.B = d.B;
+  return c;
+}
+MetaCallInfo mse_loss(const Tensor& losses, const Tensor& dpred, const Tensor& pred,
+                      const Tensor& target, float) {
+  const auto d = checks::mse_loss(losses, dpred, pred, target);
+  MetaCallInfo c = elements(MetaCall::MseLoss, pred);
+  c.B = d.B;
+  return c;
+}
+
 MetaCallInfo adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m,
                         const Tensor& v, const AdamWParams&) {
   // Element counts only: with mixed precision the dtypes of param, grad and m/v differ.
@@ -200,6 +247,11 @@ MetaCallInfo adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m
              "adamw: grad {}, m {} and v {} must match param {}", grad.str(), m.str(), v.str(),
              param.str());
   return elements(MetaCall::AdamW, param);
+}
+
+MetaCallInfo ema_update(const Tensor& ema, const Tensor& param, float decay) {
+  checks::ema_update(ema, param, decay);
+  return elements(MetaCall::Ema, ema);
 }
 
 }  // namespace kiln::meta_calls
