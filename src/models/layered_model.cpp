@@ -29,6 +29,12 @@ void Model::classify(const Tensor&, const Tensor&) {
             arch());
 }
 
+void Model::predict_velocity(const Tensor&, std::span<const float>, std::span<const int32_t>,
+                             const Tensor&) {
+  KILN_FAIL("{} does not generate images (kiln sample-images needs a flow model, e.g. "
+            "model.arch = \"dit\")", arch());
+}
+
 LayerRoles layer_roles(std::string arch, nn::TokenPositionEmbedding& embedding,
                        std::vector<nn::TransformerBlock>& blocks, nn::Norm& final_norm,
                        nn::Linear* lm_head) {

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -185,6 +186,15 @@ class Model {
   /// Class logits fp32 [B, K] of images fp32 [B,H,W,C] (as batch_shape's inputs).
   /// Throws kiln::Error for a model that is not an image classifier.
   virtual void classify(const Tensor& images, const Tensor& logits);
+
+  // ---- image generation (flow models) -------------------------------------------------
+  /// The velocity fp32 [B,H,W,C] of the model's flow at noisy images xt fp32 [B,H,W,C]
+  /// (as batch_shape's inputs) at times t[b] in [0, 1] (1: pure noise), conditioned on
+  /// class labels[b] (-1: unconditional, the null class of classifier-free guidance); t
+  /// and labels are host arrays of B. Throws kiln::Error for a model that does not
+  /// generate images.
+  virtual void predict_velocity(const Tensor& xt, std::span<const float> t,
+                                std::span<const int32_t> labels, const Tensor& velocity);
 
   // ---- language-model inference (sampling) ------------------------------------------
   virtual int vocab_size() const = 0;

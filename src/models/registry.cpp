@@ -1,4 +1,4 @@
-// The only file outside models/<arch>/ that names GPT-2, Llama or ViT: it registers the
+// The only file outside models/<arch>/ that names GPT-2, Llama, ViT or DiT: it registers the
 // built-in architectures.
 #include "models/registry.h"
 
@@ -8,6 +8,7 @@
 #include "models/llama/formats.h"
 #include "models/llama/llama.h"
 #include "models/vit/vit.h"
+#include "models/dit/dit.h"
 
 #include <mutex>
 
@@ -52,10 +53,23 @@ ModelArch vit_arch() {
   return a;
 }
 
+ModelArch dit_arch() {
+  ModelArch a;
+  a.make = [](const ModelOptions& o, Backend& backend, const ModelStorage& storage) {
+    return std::make_unique<DiT>(dit_config_of(o), backend, storage);
+  };
+  a.takes_images = true;
+  a.generates_images = true;
+  a.tensor_parallel = false;
+  a.options_from_json = dit_options_from_json;
+  return a;
+}
+
 struct Registry {
   std::mutex mutex;
   std::map<std::string, ModelArch> archs{
-      {"gpt2", gpt2_arch()}, {"llama", llama_arch()}, {"vit", vit_arch()}};
+      {"gpt2", gpt2_arch()}, {"llama", llama_arch()}, {"vit", vit_arch()},
+      {"dit", dit_arch()}};
 };
 Registry& registry() {
   static Registry r;

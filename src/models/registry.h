@@ -44,6 +44,7 @@ struct ModelOptions {
   int num_channels = 0;
   int patch_size = 0;
   int num_classes = 0;
+  float class_dropout = 0.1f;  // dit: probability a training label becomes the null class
 };
 
 using ModelFactory =
@@ -61,6 +62,8 @@ struct ModelArch {
   ModelFactory make;
   /// What the model reads (Model::batch_shape): tokens (language models) or images.
   bool takes_images = false;
+  /// Whether the model generates images (Model::predict_velocity: kiln sample-images).
+  bool generates_images = false;
   /// Whether the model takes a tensor-parallel plan (ModelStorage::plan).
   bool tensor_parallel = true;
   /// The options of a model from its Model::config_json() (a checkpoint's state "model").

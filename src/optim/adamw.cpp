@@ -27,10 +27,13 @@ AdamW::AdamW(Backend& backend, std::vector<AdamWSegment> segments, const AdamWCo
     total += s.size();
     low_precision |= s.param.dtype() != DType::F32;
   }
-  if (low_precision) {
+  KILN_CHECK(config_.ema_decay >= 0.f && config_.ema_decay < 1.f,
+             "AdamW: ema_decay {} must be in [0, 1)", config_.ema_decay);
+  if (config_.ema_decay > 0.f)
+    ema_ = backend_.empty(Shape{total}, DType::F32, MemCategory::OptimizerState);
+  if (low_precision)
     master_ = backend_.empty(Shape{total}, DType::F32, MemCategory::OptimizerState);
-    sync_master_from_params();
-  }
+  sync_master_from_params();
   m_ = backend_.empty(Shape{total}, DType::F32, MemCategory::OptimizerState);
   v_ = backend_.empty(Shape{total}, DType::F32, MemCategory::OptimizerState);
   backend_.fill(backend_.default_stream(), m_, 0.f);
@@ -49,6 +52,20 @@ Tensor AdamW::master(size_t i) const {
 void AdamW::sync_master_from_params() {
   for (size_t i = 0; i < segments_.size(); ++i)
     if (Tensor mw = master(i)) backend_.copy(backend_.default_stream(), mw, segments_[i].param);
+  reset_ema();
+}
+
+Tensor AdamW::ema(size_t i) const {
+  if (!ema_) return Tensor();
+  return ema_.view_at(state_offset_[i], Shape{segments_[i].size()});
+}
+
+void AdamW::reset_ema() {
+  if (!ema_) return;
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    const Tensor mw = master(i);
+    backend_.copy(backend_.default_stream(), ema(i), mw ? mw : segments_[i].param);
+  }
 }
 
 Tensor AdamW::m(size_t i) const { return m_.view_at(state_offset_[i], Shape{segments_[i].size()}); }
@@ -78,6 +95,11 @@ void AdamW::step(float lr, float grad_scale) {
         backend_.copy(s, seg.param, mw);
     } else {
       backend_.adamw_step(s, seg.param, seg.grad, m(i), v(i), hp);
+    }
+    // The average follows the fp32 weights (the master, not its rounded copy).
+    if (ema_) {
+      const Tensor mw = master(i);
+      backend_.ema_update(s, ema(i), mw ? mw : seg.param, config_.ema_decay);
     }
   }
 }

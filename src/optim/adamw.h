@@ -8,6 +8,10 @@
 // master copy (counted as OptimizerState, as in the ZeRO paper's 16 bytes per parameter:
 // 2 + 2 + 4 master + 4 + 4), updates the master, and writes the parameter back rounded
 // to nearest even (Micikevicius et al. 2018, "Mixed Precision Training").
+// With ema_decay > 0 it also keeps an exponential moving average of the weights (fp32,
+// OptimizerState, same offsets as m and v), updated after every step from the master (or
+// fp32 parameter) values: kept for the segments only, so sharded like the masters under
+// ZeRO.
 // Math: Loshchilov & Hutter 2019 as torch.optim.AdamW (see AdamWParams in backend.h).
 #pragma once
 
@@ -30,6 +34,9 @@ struct AdamWConfig {
   /// run replays them.
   bool stochastic_rounding = false;
   uint64_t seed = 0;
+  /// Exponential moving average of the weights (train.ema_decay): after every step,
+  /// ema = ema_decay * ema + (1 - ema_decay) * weights (Backend::ema_update); 0 = none kept.
+  float ema_decay = 0.f;
 };
 
 struct AdamWSegment {
@@ -56,10 +63,17 @@ class AdamW {
   /// (gradient clipping, loss unscaling). Increments step_count().
   void step(float lr, float grad_scale = 1.f);
   /// Master weights <- the (low-precision) parameters, after they were initialised or
-  /// loaded without masters. No-op for fp32 parameters.
+  /// loaded without masters (no-op for fp32 parameters); then reset_ema().
   void sync_master_from_params();
   /// Segment i's fp32 master weights, or an empty Tensor when its parameter is fp32.
   Tensor master(size_t i) const;
+  /// The moving average <- the weights (the masters, or the fp32 parameters), as at the
+  /// start of training. No-op without an EMA. The constructor does it once (whatever the
+  /// parameters hold then); sync_master_from_params() again.
+  void reset_ema();
+  /// Segment i's moving average of the weights, fp32 [segments()[i].size()], or an empty
+  /// Tensor when config().ema_decay is 0.
+  Tensor ema(size_t i) const;
 
   int64_t step_count() const { return step_; }
   void set_step_count(int64_t s) { step_ = s; }
@@ -77,6 +91,7 @@ class AdamW {
   std::vector<int64_t> state_offset_;  // of each segment within m_ / v_
   Tensor m_, v_;
   Tensor master_;  // fp32 masters of the low-precision segments (same offsets as m_)
+  Tensor ema_;     // fp32 moving average of every segment's weights (same offsets as m_)
   int64_t step_ = 0;
 };
 

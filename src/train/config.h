@@ -54,6 +54,7 @@ struct ModelSection {
   int num_channels = 0;
   int patch_size = 0;
   int num_classes = 0;
+  double class_dropout = 0.1;  // dit: label dropout for classifier-free guidance
   std::string init_from;  // "" = random init; a kiln checkpoint dir, a Hugging Face folder, an llm.c .bin or a .safetensors
   bool operator==(const ModelSection&) const = default;
 };
@@ -78,6 +79,7 @@ struct TrainSection {
   double loss_scale = 65536.0;                    // fp16: initial dynamic loss scale
   int64_t loss_scale_growth_interval = 2000;      // fp16: clean steps before it doubles
   std::string activation_checkpointing = "none";  // "none" | "full" | "selective"
+  double ema_decay = 0.0;                         // weights' moving average; 0 = none
   bool operator==(const TrainSection&) const = default;
 };
 

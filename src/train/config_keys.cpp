@@ -77,14 +77,17 @@ const std::vector<Key>& keys() {
         any(KILN_KEY(model, tie_embeddings),
             "The output head is the token embedding (llama; Llama 3.2 1B/3B tie). GPT-2 always ties."),
         nonneg(KILN_KEY(model, image_size),
-               "Image height = width in pixels (vit); 0 = take it from the image data set."),
+               "Image height = width in pixels (vit, dit); 0 = take it from the image data set."),
         nonneg(KILN_KEY(model, num_channels),
-               "Image channels (vit: 1 gray, 3 RGB); 0 = take it from the image data set."),
+               "Image channels (vit, dit: 1 gray, 3 RGB); 0 = take it from the image data set."),
         nonneg(KILN_KEY(model, patch_size),
-               "Patch side in pixels (vit); must divide image_size; block_size = (image_size / "
-               "patch_size)^2 + 1 (the patches and the class token)."),
+               "Patch side in pixels (vit, dit); must divide image_size; block_size = (image_size / "
+               "patch_size)^2 + 1 for vit (the patches and the class token), (image_size / patch_size)^2 for dit."),
         nonneg(KILN_KEY(model, num_classes),
-               "Classes of an image classifier (vit); 0 = take it from the image data set."),
+               "Classes of an image classifier (vit) or class-conditional generator (dit); 0 = take it from the image data set."),
+        range(KILN_KEY(model, class_dropout), 0, 1,
+              "dit: probability that a training label is replaced by the null class (classifier-free guidance).",
+              false, /*hi_open=*/true),
         any(KILN_KEY(model, init_from),
             "Initial weights: \"\" = random init; a kiln checkpoint dir, a Hugging Face model "
             "folder (config.json + safetensors; its config.json fills the model keys not set "
@@ -113,6 +116,11 @@ const std::vector<Key>& keys() {
                  "fp16: clean steps after which the loss scale doubles."),
         oneof(KILN_KEY(train, activation_checkpointing), {"none", "full", "selective"},
               "Activation recomputation: none, full or selective."),
+        range(KILN_KEY(train, ema_decay), 0, 1,
+              "Exponential moving average of the weights, updated after every applied step: "
+              "ema = ema_decay * ema + (1 - ema_decay) * weights; sharded like the master "
+              "weights, saved in checkpoints (ema.<name>); 0 = none.",
+              false, /*hi_open=*/true),
         positive(KILN_KEY(optim, lr), "Peak learning rate."),
         range(KILN_KEY(optim, beta1), 0, 1, "AdamW beta1.", false, true),
         range(KILN_KEY(optim, beta2), 0, 1, "AdamW beta2.", false, true),

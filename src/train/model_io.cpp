@@ -32,6 +32,7 @@ ModelOptions model_options_from(const TrainConfig& config) {
   o.num_channels = config.model.num_channels;
   o.patch_size = config.model.patch_size;
   o.num_classes = config.model.num_classes;
+  o.class_dropout = static_cast<float>(config.model.class_dropout);
   return o;
 }
 
@@ -57,6 +58,9 @@ AdamWConfig adamw_config_from(const TrainConfig& config) {
   oc.weight_decay = static_cast<float>(config.optim.weight_decay);
   oc.stochastic_rounding = config.train.stochastic_rounding != 0;
   oc.seed = static_cast<uint64_t>(config.train.seed) ^ 0x5eed5eedull;
+  oc.ema_decay = static_cast<float>(config.train.ema_decay);
+  KILN_CHECK(oc.ema_decay < 1.f, "{}: key 'train.ema_decay' ({}) is 1 in fp32, where the "
+             "average is kept (at most 0.99999994)", config.source, config.train.ema_decay);
   return oc;
 }
 
@@ -90,39 +94,67 @@ void add_optimizer_segment(checkpoint::CheckpointWriter& writer, const AdamW& op
   keep.push_back(download_f32(be, optimizer.v(i)));
   add_param_range(writer, "optimizer.exp_avg_sq." + seg.spec.name, seg.spec, DType::F32,
                   seg.begin, seg.end, keep.back().data());
+  if (const Tensor ema = optimizer.ema(i)) {
+    keep.push_back(download_f32(be, ema));
+    add_param_range(writer, "ema." + seg.spec.name, seg.spec, DType::F32, seg.begin, seg.end,
+                    keep.back().data());
+  }
+}
+
+bool checkpoint_has_ema(const checkpoint::CheckpointReader& reader) {
+  for (const std::string& name : reader.names())
+    if (name.starts_with("ema.")) return true;
+  return false;
+}
+
+void load_model_weights(const checkpoint::CheckpointReader& reader, Model& model, bool use_ema) {
+  KILN_CHECK(!use_ema || checkpoint_has_ema(reader),
+             "{}: the checkpoint holds no moving average of the weights (no 'ema.' tensors: it "
+             "was trained with train.ema_decay = 0)", reader.dir().string());
+  Backend& be = model.backend();
+  std::vector<float> buf;
+  for (const ParamSpec& p : model.params()) {
+    const std::string name = use_ema ? "ema." + p.name : p.name;
+    KILN_CHECK(reader.has(name), "{}: no tensor '{}'", reader.dir().string(), name);
+    KILN_CHECK(reader.global_shape(name) == p.shape,
+               "{}: tensor '{}' has shape {}, the model expects {}", reader.dir().string(), name,
+               reader.global_shape(name).str(), p.shape.str());
+    buf.resize(static_cast<size_t>(p.shape.numel()));
+    reader.read(name, buf.data(), DType::F32);
+    upload_f32(be, model.param(p), buf.data());
+  }
 }
 
 void load_model_from_checkpoint(const checkpoint::CheckpointReader& reader, Model& model,
                                 AdamW* optimizer) {
-  Backend& be = model.backend();
-  std::vector<float> buf;
-  for (const ParamSpec& p : model.params()) {
-    KILN_CHECK(reader.has(p.name), "{}: no tensor '{}'", reader.dir().string(), p.name);
-    KILN_CHECK(reader.global_shape(p.name) == p.shape,
-               "{}: tensor '{}' has shape {}, the model expects {}", reader.dir().string(), p.name,
-               reader.global_shape(p.name).str(), p.shape.str());
-    buf.resize(static_cast<size_t>(p.shape.numel()));
-    reader.read(p.name, buf.data(), DType::F32);
-    upload_f32(be, model.param(p), buf.data());
-  }
+  load_model_weights(reader, model, /*use_ema=*/false);
   if (optimizer) load_optimizer_from_checkpoint(reader, *optimizer);
 }
 
-void load_optimizer_from_checkpoint(const checkpoint::CheckpointReader& reader, AdamW& optimizer) {
+bool load_optimizer_from_checkpoint(const checkpoint::CheckpointReader& reader, AdamW& optimizer) {
+  Backend& be = optimizer.backend();
+  const bool want_ema = optimizer.config().ema_decay > 0.f;
+  const bool has_ema = want_ema && checkpoint_has_ema(reader);
   std::vector<float> buf;
   for (size_t i = 0; i < optimizer.segments().size(); ++i) {
     const AdamWSegment& seg = optimizer.segments()[i];
     if (seg.size() == 0) continue;
     buf.resize(static_cast<size_t>(seg.size()));
-    for (const bool first : {true, false}) {
-      const std::string name =
-          (first ? "optimizer.exp_avg." : "optimizer.exp_avg_sq.") + seg.spec.name;
+    const std::pair<const char*, Tensor> states[] = {
+        {"optimizer.exp_avg.", optimizer.m(i)},
+        {"optimizer.exp_avg_sq.", optimizer.v(i)},
+        {"ema.", has_ema ? optimizer.ema(i) : Tensor()}};
+    for (const auto& [prefix, dst] : states) {
+      if (!dst) continue;
+      const std::string name = prefix + seg.spec.name;
       KILN_CHECK(reader.has(name), "{}: no optimizer state '{}'", reader.dir().string(), name);
       read_param_range(reader, name, seg.spec, seg.begin, seg.end, buf.data(), DType::F32);
-      Backend& be = optimizer.backend();
-      be.copy_from_host(be.default_stream(), first ? optimizer.m(i) : optimizer.v(i), buf.data());
+      be.copy_from_host(be.default_stream(), dst, buf.data());
     }
   }
+  // No EMA saved (trained without one): it starts from the weights loaded.
+  if (want_ema && !has_ema) optimizer.reset_ema();
+  return !want_ema || has_ema;
 }
 
 std::map<std::string, std::string> tokenizer_files(const data::Tokenizer& tokenizer) {

@@ -24,7 +24,8 @@ std::string checkpoint_arch(const nlohmann::json& state);
 /// Throws kiln::Error when the architecture is unknown or its config invalid.
 ModelOptions checkpoint_model_options(const checkpoint::CheckpointReader& reader);
 
-/// The optimizer settings of a training config ([optim] and train.stochastic_rounding).
+/// The optimizer settings of a training config ([optim], train.stochastic_rounding and
+/// train.ema_decay).
 AdamWConfig adamw_config_from(const TrainConfig& config);
 
 
@@ -40,15 +41,29 @@ void read_param_range(const checkpoint::CheckpointReader& reader, const std::str
                       const ParamSpec& spec, int64_t begin, int64_t end, void* dst, DType dtype);
 
 /// The optimizer's moments of segment i (add_param_range of "optimizer.exp_avg.<name>"
-/// and "optimizer.exp_avg_sq.<name>"); their host copies are appended to `keep`.
+/// and "optimizer.exp_avg_sq.<name>") and, when it keeps one, its moving average of the
+/// weights ("ema.<name>", fp32); their host copies are appended to `keep`.
 void add_optimizer_segment(checkpoint::CheckpointWriter& writer, const AdamW& optimizer,
                            size_t i, std::vector<std::vector<float>>& keep);
-/// Reads the moments of the optimizer's segments, whatever layout wrote them.
-void load_optimizer_from_checkpoint(const checkpoint::CheckpointReader& reader, AdamW& optimizer);
+/// Reads the moments of the optimizer's segments, whatever layout wrote them, and its
+/// moving average when it keeps one: from "ema.<name>", or, when the checkpoint has no
+/// "ema." tensors, from the weights already loaded (AdamW::reset_ema; returns false then).
+/// A checkpoint's EMA is ignored by an optimizer without one. Returns true otherwise.
+bool load_optimizer_from_checkpoint(const checkpoint::CheckpointReader& reader, AdamW& optimizer);
 /// Reads parameters (and optimizer moments when `optimizer` is given) back. Throws when
 /// a tensor is missing or its global shape differs from the model's.
 void load_model_from_checkpoint(const checkpoint::CheckpointReader& reader, Model& model,
                                 AdamW* optimizer);
+/// Whether a checkpoint holds a moving average of the weights ("ema.<name>" tensors,
+/// saved by a run with train.ema_decay > 0).
+bool checkpoint_has_ema(const checkpoint::CheckpointReader& reader);
+/// Reads a checkpoint's model weights into every parameter of `model` (for sampling,
+/// classifying, exporting): the trained parameters "<name>" (fp32, the master weights
+/// under mixed precision), or with `use_ema` their moving average "ema.<name>" instead.
+/// Throws kiln::Error naming the checkpoint directory when use_ema and the checkpoint has
+/// no EMA (trained with train.ema_decay = 0), or when a tensor is missing or its global
+/// shape differs from the model's.
+void load_model_weights(const checkpoint::CheckpointReader& reader, Model& model, bool use_ema);
 
 /// A model's initial parameters (model.init_from), read piecewise: each rank reads the
 /// element ranges it holds, one tensor at a time.

@@ -286,7 +286,6 @@ Trainer::EvalResult Trainer::evaluate() {
   const BatchShape& shape = one_step_->batch_shape();
   std::vector<std::byte> inputs(static_cast<size_t>(shape.inputs.numel()) * 4);
   std::vector<int32_t> targets(static_cast<size_t>(shape.targets.numel()));
-  model_->set_dropout(false, 0, 0);
   // The first eval.batches global batches of the val split (global_batch samples each),
   // or the whole split when it has fewer, whatever the world size: each rank scores its
   // part in micro-batches, and the samples past the split's end in the last of them (the
@@ -305,6 +304,10 @@ Trainer::EvalResult Trainer::evaluate() {
         std::fill_n(targets.begin() + static_cast<ptrdiff_t>(b * targets_per_sample),
                     targets_per_sample, -1);
     one_step_->upload_micro_batch(inputs.data(), targets.data());
+    // Dropout off; the evaluation draws of models that draw per sample (a flow model's
+    // noise) keyed by the call as in training, so each val sample draws alike every time.
+    model_->set_dropout(false, static_cast<uint64_t>(config_.train.seed),
+                        static_cast<uint64_t>(i * dp_size_ + dp_rank_));
     const LossSum l = model_->forward(one_step_->device_batch(), 0.f);
     dp_->end_forward_only();
     sums[0] += l.sum;

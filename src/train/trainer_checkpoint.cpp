@@ -1,7 +1,8 @@
 // Trainer checkpoints: what exact resume needs, nothing more. The model, the optimizer's
-// moments and step count, the data loader's position, the update count and the seed
-// (every random draw — dropout masks, data order, samples — is a function of the seed
-// and the update count), plus the resolved config and the tokenizer for `kiln sample`.
+// moments, moving average of the weights (train.ema_decay) and step count, the data
+// loader's position, the update count and the seed (every random draw — dropout masks,
+// data order, samples — is a function of the seed and the update count), plus the
+// resolved config and the tokenizer for `kiln sample`.
 #include "core/json_util.h"
 #include "train/model_io.h"
 #include "train/trainer.h"
@@ -36,7 +37,8 @@ void Trainer::save_checkpoint() {
   std::vector<std::vector<float>> keep;
   // Parameters as fp32 global tensors (the master weights under mixed precision, so a
   // resume, a reshard or an export loses nothing); the low-precision copies too, under
-  // "lowp.<name>", so that a resume is bitwise exact.
+  // "lowp.<name>", so that a resume is bitwise exact; the optimizer's state
+  // (add_optimizer_segment: its moments and, with train.ema_decay, "ema.<name>").
   // Each element is written once: a replica (ZeRO stage 0 over dp, a replicated tensor
   // over tp) by its first holder only.
   const bool dp_writes = config_.parallel.zero_stage > 0 || dp_rank_ == 0;
@@ -190,7 +192,10 @@ void Trainer::restore_from(const checkpoint::CheckpointReader& reader) {
     read_param_range(reader, seg.spec.name, seg.spec, seg.begin, seg.end, buf.data(), DType::F32);
     backend_->copy_from_host(backend_->default_stream(), master, buf.data());
   }
-  load_optimizer_from_checkpoint(reader, *optimizer_);
+  if (!load_optimizer_from_checkpoint(reader, *optimizer_) && options_.verbose)
+    fmt::print("kiln: {} holds no moving average of the weights (no 'ema.' tensors): "
+               "train.ema_decay = {} starts it from the checkpoint's weights\n", dir.string(),
+               config_.train.ema_decay);
   optimizer_->set_step_count(saved_optimizer_step);
   step_ = saved_step;
   if (fp16_ && st.contains("loss_scale")) {

@@ -8,6 +8,12 @@
 #                          per-step losses (and val losses, val accuracies) of metrics.jsonl B against
 #                          A within bound (default 1e-5) relative, from first_step on;
 #                          with a bound above 1e-5 the last step's loss only
+#   compare_tensors A B PREFIX [bound]
+#                          the tensors named PREFIX* of checkpoint dir B against A's
+#                          (assembled from their slices, whatever layout wrote them): the
+#                          same names, ||b - a|| / ||a|| over all of them together within
+#                          bound (default 1e-5; per tensor, one whose gradient is rounding
+#                          noise, such as attention's key bias, drifts further under AdamW)
 py=/usr/bin/python3
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export KILN_COMM_TIMEOUT_S=20
@@ -77,5 +83,55 @@ for s in steps:
         if rel > bound:
             sys.exit(f"step {s} {key}: {y} vs single process {x} (relative {rel:.2e} > {bound})")
 print(f"{len(steps)} step(s) match, worst relative difference {worst:.2e}")
+PY
+}
+
+compare_tensors() {
+  "$py" - "$1" "$2" "$3" "${4:-1e-5}" <<'PY'
+import json, math, os, struct, sys
+from array import array
+def tensors(d, prefix):
+    m = json.load(open(os.path.join(d, "manifest.json")))
+    headers, out = {}, {}
+    def header(f):
+        if f not in headers:
+            raw = open(os.path.join(d, f), "rb").read()
+            n = struct.unpack("<Q", raw[:8])[0]
+            headers[f] = (json.loads(raw[8:8 + n]), raw[8 + n:])
+        return headers[f]
+    for name, t in m["tensors"].items():
+        if not name.startswith(prefix):
+            continue
+        assert t["dtype"] == "fp32", f"{name}: {t['dtype']}"
+        shape = t["shape"]
+        strides = [1] * len(shape)
+        for i in range(len(shape) - 2, -1, -1):
+            strides[i] = strides[i + 1] * shape[i + 1]
+        v = [math.nan] * math.prod(shape)
+        for s in t["slices"]:
+            h, data = header(s["file"])
+            b, e = h[s["key"]]["data_offsets"]
+            box = array("f", data[b:e])
+            ext, off = s["extent"], s["offset"]
+            for j, x in enumerate(box):  # row-major within the box
+                flat, rem = 0, j
+                for dim in range(len(ext) - 1, -1, -1):
+                    flat += (off[dim] + rem % ext[dim]) * strides[dim]
+                    rem //= ext[dim]
+                v[flat] = x
+        assert not any(map(math.isnan, v)), f"{d}: {name} not covered by its slices"
+        out[name] = v
+    return out
+a, b = tensors(sys.argv[1], sys.argv[3]), tensors(sys.argv[2], sys.argv[3])
+bound = float(sys.argv[4])
+assert a, f"{sys.argv[1]}: no tensor named {sys.argv[3]}*"
+assert sorted(a) == sorted(b), f"tensors differ: {sorted(set(a) ^ set(b))}"
+diff = {n: sum((x - y) ** 2 for x, y in zip(a[n], b[n])) for n in a}
+norm = {n: sum(x * x for x in a[n]) for n in a}
+rel = math.sqrt(sum(diff.values()) / max(sum(norm.values()), 1e-30))
+worst = max(a, key=lambda n: diff[n] / max(norm[n], 1e-30))
+worst_rel = math.sqrt(diff[worst] / max(norm[worst], 1e-30))
+assert rel <= bound, f"{sys.argv[3]}*: relative difference {rel:.2e} > {bound} (worst {worst}: {worst_rel:.2e})"
+print(f"{len(a)} {sys.argv[3]}* tensors match, relative difference {rel:.2e} (worst tensor {worst_rel:.2e})")
 PY
 }

@@ -9,7 +9,9 @@
 #   3. a tiny Llama (untied and tied) gives the same equalities on 2 and 4 ranks,
 #      resumes across layouts and samples from its checkpoint; exported as a Hugging Face
 #      folder, it starts 2 ranks at ZeRO-3 (each reading its slices) as it starts 1;
-#   4. failures never hang: a config that differs between ranks and a rank that cannot
+#   4. with train.ema_decay, 2 ranks at ZeRO 1-3 save the single process's moving average
+#      of the weights ("ema." tensors), and it reshards from 2 ranks to 1;
+#   5. failures never hang: a config that differs between ranks and a rank that cannot
 #      read its data both end every rank non-zero with the reason in the log.
 # Usage: dp_train_test.sh KILN_BINARY WORK_DIR
 set -euo pipefail
@@ -82,6 +84,23 @@ compare "$work/ref/metrics.jsonl" "$work/reshard/metrics.jsonl" 11
 train reshard1 1 0 --resume auto
 echo -n "4 ranks zero 3 -> 1 process: "
 compare "$work/ref/metrics.jsonl" "$work/reshard1/metrics.jsonl" 11
+
+# train.ema_decay: the moving average of the weights is sharded like the master weights:
+# 2 ranks at ZeRO 1, 2 and 3 save the single process's "ema." tensors (each element once,
+# from its shard), and a ZeRO-3 checkpoint of 2 ranks resumes on 1 process with them.
+ema=(--set train.ema_decay=0.9 --set train.steps=6 --set schedule.warmup_steps=2 --set eval.every=0)
+train ema_ref 1 0 "${ema[@]}"
+for stage in 1 2 3; do
+  train "ema_np2_z$stage" 2 "$stage" "${ema[@]}"
+  echo -n "ema np=2 zero_stage=$stage: "
+  compare_tensors "$work/ema_ref/ckpt/step_00000006" "$work/ema_np2_z$stage/ckpt/step_00000006" ema.
+done
+train ema_reshard 2 3 "${ema[@]}" --exit-interval 3
+train ema_reshard 1 0 "${ema[@]}" --resume auto
+echo -n "ema 2 ranks zero 3 -> 1 process: "
+compare "$work/ema_ref/metrics.jsonl" "$work/ema_reshard/metrics.jsonl" 4
+echo -n "ema 2 ranks zero 3 -> 1 process: "
+compare_tensors "$work/ema_ref/ckpt/step_00000006" "$work/ema_reshard/ckpt/step_00000006" ema.
 
 # Memory at stage 3 with 4 ranks (8 blocks, so that sharding shows): each rank's peak of
 # parameter bytes is its 1/4 shard plus at most the embedding unit, two gathered blocks

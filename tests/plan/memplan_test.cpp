@@ -44,7 +44,7 @@ struct Case {
   const char* dtype = "fp32";
   int tp = 1;  // dp = np / tp
   bool sp = false;
-  const char* config = "tiny.toml";  // vit.toml: the vision transformer on images
+  const char* config = "tiny.toml";  // vit.toml, dit.toml: the image models
 };
 
 // Per rank: measured total peak, and the gradients' peak.
@@ -120,6 +120,23 @@ steps = 1
 every = 1
 peak_tflops = 1.0
 )", (work_ / "images").string());
+    // The diffusion transformer on the same images, with an EMA of the weights (optimizer state).
+    std::ofstream(work_ / "dit.toml") << fmt::format(R"([model]
+arch = "dit"
+n_layer = 3
+n_head = 4
+n_embd = 64
+block_size = 9
+patch_size = 4
+[data]
+dir = "{}"
+[train]
+steps = 1
+ema_decay = 0.99
+[log]
+every = 1
+peak_tflops = 1.0
+)", (work_ / "images").string());
     std::ofstream(work_ / "tiny.toml") << fmt::format(R"([model]
 n_layer = 4
 n_head = 4
@@ -190,6 +207,10 @@ TEST_F(MemPlanTest, PredictedPeakWithinTenPercentOfMeasured) {
       {1, 0, "none", 8, 16, false, "fp32", 1, false, "vit.toml"},
       {2, 3, "full", 8, 32, false, "fp32", 1, false, "vit.toml"},
       {2, 1, "selective", 8, 16, false, "bf16", 1, false, "vit.toml"},
+      // The diffusion transformer (adaLN-Zero blocks, per-image conditioning, an EMA).
+      {1, 0, "none", 8, 16, false, "fp32", 1, false, "dit.toml"},
+      {2, 3, "full", 8, 32, false, "fp32", 1, false, "dit.toml"},
+      {2, 2, "selective", 8, 16, false, "bf16", 1, false, "dit.toml"},
   };
   fmt::print("{:<4} {:<5} {:<10} {:>5} {:>6} {:>5} {:>5} {:>12} {:>12} {:>12} {:>8}  (bytes; instant = "
              "lower bound: collectives complete at once)\n",

@@ -138,6 +138,10 @@ TEST(TrainConfigErrors, BadValueNamesTheKey) {
   EXPECT_EQ(load_error("[optim]\nlr = 0\n"), "config.toml: key 'optim.lr' must be > 0, got 0.0");
   EXPECT_EQ(load_error("[optim]\nbeta2 = 1.0\n"),
             "config.toml: key 'optim.beta2' must be in [0, 1), got 1.0");
+  EXPECT_EQ(load_error("[train]\nema_decay = 1.0\n"),
+            "config.toml: key 'train.ema_decay' must be in [0, 1), got 1.0");
+  EXPECT_EQ(load_error("[train]\nema_decay = -0.1\n"),
+            "config.toml: key 'train.ema_decay' must be in [0, 1), got -0.1");
   EXPECT_EQ(load_error("[model]\npreset = \"gpt3\"\n"),
             "config.toml: key 'model.preset' must be one of \"\", \"gpt2\", \"gpt2-medium\", "
             "\"gpt2-large\", \"gpt2-xl\", \"llama3.2-1b\", \"llama3.2-3b\", "

@@ -1,0 +1,57 @@
+// Diffusion transformer (DiT, Peebles & Xie 2023, "Scalable Diffusion Models with
+// Transformers") hyper-parameters, parameter count and training FLOPs.
+//
+// Square images of image_size pixels and num_channels channels are cut into patch_size
+// patches: T = N = (image_size / patch_size)^2 positions (block_size), no class token. The
+// timestep enters as a frequency_dim-wide sinusoidal embedding (DiT's 256) through a
+// 2-layer MLP; the class label through an embedding of num_classes + 1 rows (the last one
+// the "null" class of classifier-free guidance, Ho & Salimans 2022, which a training
+// label becomes with probability class_dropout). The MLP is 4 C wide unless
+// ffn_hidden_size says otherwise. The model predicts the velocity of a rectified flow.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace kiln {
+
+struct ModelOptions;
+
+struct DiTConfig {
+  int n_layer = 2;
+  int n_head = 4;
+  int n_embd = 64;            // C; head size C / n_head
+  int ffn_hidden_size = 256;  // H
+  int image_size = 28;        // pixels (height = width)
+  int num_channels = 1;
+  int patch_size = 4;         // P
+  int num_classes = 10;       // K (the label embedding has K + 1 rows)
+  int frequency_dim = 256;    // F, the sinusoidal timestep embedding's width (even)
+  float class_dropout = 0.1f;  // probability that a training label becomes the null class
+  float norm_eps = 1e-6f;     // LayerNorm epsilon (DiT's)
+
+  int patches() const { return (image_size / patch_size) * (image_size / patch_size); }
+  int tokens() const { return patches(); }
+  /// Elements of one flattened patch: num_channels * patch_size^2.
+  int patch_dim() const { return num_channels * patch_size * patch_size; }
+  /// Throws kiln::Error naming the [model] key of an impossible shape.
+  void validate() const;
+  int64_t num_parameters() const;
+  /// Training FLOPs per position at length T: 6 N + 12 L T C, N the matmul weights a
+  /// position meets (patch projection D x C and the final D x C, per block 4 C^2 + 2 C H),
+  /// plus the per-image matmuls (timestep MLP F C + C^2, adaLN 6 C^2 per block and 2 C^2
+  /// final) spread over the T positions.
+  double flops_per_token(int T) const;
+  std::string str() const;
+};
+
+/// The DiT of the [model] keys (ffn_hidden_size 0 -> 4 n_embd, norm_eps taken as given),
+/// validated. Throws kiln::Error naming the key for an impossible shape, block_size other
+/// than the patch count, a vocabulary, dropout or rotary settings.
+DiTConfig dit_config_of(const ModelOptions& options);
+nlohmann::json dit_config_json(const DiTConfig& c);
+ModelOptions dit_options_from_json(const nlohmann::json& j);
+
+}  // namespace kiln

@@ -1,0 +1,103 @@
+// Diffusion transformer (DiT, Peebles & Xie 2023) trained as a rectified flow (Liu et al.
+// 2023; Lipman et al. 2023's flow matching; Esser et al. 2024's logit-normal times):
+//
+//   t ~ sigmoid(N(0, 1)),  noise ~ N(0, I)   per sample, from Philox by global sample index
+//   xt        = (1 - t) x0 + t noise        target v = noise - x0   (Backend::rectified_flow_inputs)
+//   patches   = patchify(xt) [B,N,D]                                  D = Cin P^2
+//   x [B,N,C] = x_embedder(patches) + pos_embed
+//   c [B,C]   = t_embedder(t) + y_embedder(y)   t_embedder = Linear, SiLU, Linear on the
+//               sinusoidal embedding of 1000 t (DiT's TimestepEmbedder, F = 256: cos half,
+//               then sin half, frequencies 10000^(-i/(F/2)))
+//               y = the label, or the null class K with probability class_dropout (training)
+//   x_{l+1}   = adaLN-Zero block_l(x_l, c)        (nn/adaln_block.h)
+//   shift, scale = final_layer.adaLN_modulation(silu(c)) [B,2,C]
+//   pred      = final_layer.linear(modulate(norm(x_L), shift, scale)) [B,N,D]
+//   loss      = mean over pixels of (pred - patchify(v))^2, per image; the mean over images
+// Times, noise and label dropout of sample b of a micro-batch are drawn at global sample
+// index call_index * B + b (set_dropout), so every data-parallel layout draws alike.
+// Evaluation (set_dropout off) draws from streams of its own: the same noise for a
+// validation sample at every evaluation, no label dropout.
+//
+// Parameters (facebookresearch/DiT's names; pos_embed is learned here, not fixed sin-cos):
+//   x_embedder.proj.{weight [C, D], bias [C]}, pos_embed [N, C],
+//   t_embedder.mlp.0.{weight [C, F], bias}, t_embedder.mlp.2.{weight [C, C], bias},
+//   y_embedder.embedding_table.weight [K + 1, C],
+//   blocks.{l}.attn.qkv, attn.proj, mlp.fc1, mlp.fc2, adaLN_modulation.1 (weight, bias),
+//   final_layer.adaLN_modulation.1.{weight [2C, C], bias}, final_layer.linear.{weight [D, C], bias}
+// Initialisation: matrices, pos_embed and the label table N(0, 0.02^2), biases 0; every
+// adaLN_modulation and final_layer.linear zero (adaLN-Zero). Parts: 0 the embeddings, 1 + l
+// block l, L + 1 the final layer. No tensor parallelism yet.
+#pragma once
+
+#include "models/dit/config.h"
+#include "models/layered_model.h"
+
+#include <memory>
+
+namespace kiln {
+
+struct DiTLayers;
+
+class DiT final : public LayeredModel {
+ public:
+  DiT(const DiTConfig& config, Backend& backend, const ModelStorage& storage = {});
+  ~DiT() override;
+
+  const DiTConfig& config() const { return config_; }
+
+  std::string arch() const override { return "dit"; }
+  std::string describe() const override { return config_.str(); }
+  nlohmann::json config_json() const override { return dit_config_json(config_); }
+  /// images fp32 [B, image_size, image_size, num_channels] in [-1, 1], labels int32 [B]
+  /// (T must be block_size, the patch count).
+  BatchShape batch_shape(int B, int T) const override;
+  /// The flow-matching loss of batch.images (x0) under batch.targets (labels; -1: not
+  /// counted) at the times and noise of the current call index (set_dropout).
+  LossSum forward(const Batch& batch, float grad_scale) override;
+  void backward() override;
+  /// forward() at given draws (the golden test's): x0 fp32 [B,H,W,C] on the device; host
+  /// labels [B] (-1: not counted), the labels the model is conditioned on [B] (-1: the
+  /// null class), noise [B*H*W*C] and times t [B].
+  LossSum flow_loss(const Tensor& x0, std::span<const int32_t> labels,
+                    std::span<const int32_t> conditioning, std::span<const float> noise,
+                    std::span<const float> t, float grad_scale);
+  void set_activation_checkpointing(nn::ActivationCheckpointing mode) override { mode_ = mode; }
+  /// on: training draws (label dropout); off: evaluation draws. (seed, call_index) key
+  /// every draw.
+  void set_dropout(bool on, uint64_t seed, uint64_t call_index) override;
+  double flops_per_token(int T) const override { return config_.flops_per_token(T); }
+  int64_t num_parameters() const override { return config_.num_parameters(); }
+
+  void predict_velocity(const Tensor& xt, std::span<const float> t,
+                        std::span<const int32_t> labels, const Tensor& velocity) override;
+
+  // Not a language model: no vocabulary, no decoding.
+  int vocab_size() const override { return config_.num_classes; }
+  int padded_vocab_size() const override { return config_.num_classes; }
+  int max_positions() const override { return config_.tokens(); }
+  void begin_decode(int, int) override;
+  void decode(const Tensor&, const Tensor&) override;
+  void end_decode() override {}
+  int decoded_length() const override { return 0; }
+
+  /// The sinusoidal timestep embedding (DiT's TimestepEmbedder.timestep_embedding) of
+  /// 1000 t: out[j] = cos(1000 t f_j), out[F/2 + j] = sin(1000 t f_j), f_j = 10000^(-j/(F/2)).
+  static void timestep_frequencies(float t, int F, float* out);
+
+ private:
+  struct State;
+  void reserve(int B);
+  /// Everything from the device inputs (State's xt, temb, labels) to the prediction.
+  void run_forward();
+  /// Uploads the host inputs of State (times' embeddings, labels).
+  void upload_conditioning(std::span<const float> t, std::span<const int32_t> labels);
+
+  DiTConfig config_;
+  std::unique_ptr<DiTLayers> layers_;
+  std::unique_ptr<State> state_;
+  nn::ActivationCheckpointing mode_ = nn::ActivationCheckpointing::None;
+  bool training_draws_ = false;
+  uint64_t seed_ = 0, call_index_ = 0;
+};
+
+}  // namespace kiln

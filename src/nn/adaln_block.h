@@ -1,0 +1,90 @@
+// A transformer block conditioned by adaptive layer norm with zero-initialised gates
+// (adaLN-Zero, Peebles & Xie 2023, "Scalable Diffusion Models with Transformers", 3.2):
+//
+//   mod [B,6,C]  = adaLN_modulation(silu(c))        c [B,C], the conditioning vector
+//                  = shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp
+//   r   = x + gate_msa * attn(modulate(norm_1(x), shift_msa, scale_msa))
+//   out = r + gate_mlp * mlp(modulate(norm_2(r), shift_mlp, scale_mlp))
+//   modulate(h, shift, scale) = h * (1 + scale) + shift, broadcast over the T positions
+// The norms have no gain or shift of their own (the modulation is their affine part);
+// adaLN_modulation's weight and bias start at zero, so every block starts as the
+// identity. The caller computes silu(c) once for all blocks (BlockInputs).
+//
+// Like TransformerBlock it knows nothing of its position in a model, ranks or devices: the
+// model gives it its saved tensors (SavedActivations::block) and shared scratch per call.
+// Attention is bidirectional unless the spec says otherwise; no dropout; no tensor
+// parallelism yet.
+#pragma once
+
+#include "backend/backend.h"
+#include "nn/attention.h"
+#include "nn/linear.h"
+#include "nn/mlp.h"
+#include "nn/norm.h"
+#include "nn/saved.h"
+
+#include <string>
+#include <vector>
+
+namespace kiln::nn {
+
+struct AdaLNBlockSpec {
+  int64_t n_embd = 0;  // C
+  float norm_eps = 1e-6f;
+  AttentionSpec attention;
+  MlpKind mlp = MlpKind::GeluTanh;
+  int64_t mlp_hidden = 0;  // H
+  float init_std = 0.02f;  // attention and MLP weights N(0, init_std^2), biases 0
+};
+
+/// The chunks of an adaLN modulation [B, M, C], in DiT's order.
+enum AdaLNChunk : int { kShiftMsa = 0, kScaleMsa, kGateMsa, kShiftMlp, kScaleMlp, kGateMlp };
+
+/// Backward scratch shared by all blocks: tmp, dtmp, dtmp2 [B,T,C]; dattn [B,T,C];
+/// dbig [B,T,max(H, 3C)]; dmod [B,6,C]; dcond [B,C].
+struct AdaLNScratch {
+  Tensor tmp, dtmp, dtmp2, dattn, dbig, dmod, dcond;
+};
+
+/// Per call: saved tensors, scratch, the shared conditioning silu(c) [B,C] and its
+/// gradient accumulator dcond_silu [B,C] (+= by backward), checkpointing flags.
+struct AdaLNPass {
+  Backend& be;
+  Stream s;
+  std::span<const Tensor> saved;
+  const AdaLNScratch& scratch;
+  Tensor cond_silu, dcond_silu;
+  bool rerun = false;            // backward re-runs forward first (full checkpointing)
+  bool recompute_cheap = false;  // backward recomputes Cheap tensors first (selective)
+};
+
+class AdaLNBlock {
+ public:
+  /// `prefix` names the parameters (e.g. "blocks.3."): attn.qkv, attn.proj, mlp.fc1,
+  /// mlp.fc2 (each .weight, .bias) and adaLN_modulation.1.{weight [6C, C], bias [6C]},
+  /// as facebookresearch/DiT's DiTBlock.
+  AdaLNBlock(const std::string& prefix, const AdaLNBlockSpec& spec);
+
+  std::vector<SavedSpec> saved_specs(int64_t B, int64_t T, DType dtype) const;
+  AdaLNScratch make_scratch(Backend& be, int64_t B, int64_t T, DType dtype) const;
+  /// out [B,T,C] from x [B,T,C] (out must not alias x), filling the saved tensors.
+  void forward(const AdaLNPass& p, const Tensor& x, const Tensor& out) const;
+  /// dres [B,T,C] holds dL/dout on entry and dL/dx on return; p.dcond_silu += dL/dsilu(c).
+  void backward(const AdaLNPass& p, const Tensor& dres, const Tensor& x, const Tensor& out) const;
+  void collect(std::vector<Param*>& out);
+
+  /// Cost of the matmuls per position, for part balancing (weights a position meets).
+  double matmul_weights() const;
+
+ private:
+  AdaLNBlockSpec spec_;
+  Norm norm_1_, norm_2_;
+  SelfAttention attn_;
+  Mlp mlp_;
+  Linear adaln_;
+  // Offsets in AdaLNPass::saved (set by the constructor).
+  size_t kMod = 0, kNorm1 = 0, kMod1 = 0, kAttn = 0, kAttnOut = 0, kResidual = 0, kNorm2 = 0,
+         kMod2 = 0, kMlp = 0, kMlpOut = 0, kNumSaved = 0;
+};
+
+}  // namespace kiln::nn
