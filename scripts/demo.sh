@@ -4,10 +4,14 @@
 # 2 CPU cores -> the loss summary against a unigram baseline, and a sample.
 # Installs missing Debian packages; idempotent (data is prepared once, the run starts
 # fresh each time); works from any directory.
-#   --arch gpt2|llama|vit  which demo model (default gpt2: configs/demo.toml; llama:
+#   --arch gpt2|llama|vit|dit  which demo model (default gpt2: configs/demo.toml; llama:
 #                       configs/demo-llama.toml, the same budget with a Llama 3 block;
 #                       vit: a ViT classifier on Debian's Fashion-MNIST,
-#                       configs/vit-fashion-mnist.toml, then its per-class test accuracy)
+#                       configs/vit-fashion-mnist.toml, then its per-class test accuracy;
+#                       dit: a class-conditional DiT on Fashion-MNIST,
+#                       configs/dit-fashion-mnist.toml, then sample grids with and
+#                       without guidance, scored by the vit demo's classifier when
+#                       runs/vit-fashion-mnist holds one)
 #   KILN_DEMO_STEPS=N   override train.steps (default: the config's)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
@@ -15,10 +19,10 @@ start=$(date +%s)
 arch=gpt2
 while [ $# -gt 0 ]; do
   case "$1" in
-    --arch) [ $# -ge 2 ] || { echo "demo.sh: --arch needs a value: gpt2, llama or vit" >&2; exit 2; }
+    --arch) [ $# -ge 2 ] || { echo "demo.sh: --arch needs a value: gpt2, llama, vit or dit" >&2; exit 2; }
             arch="$2"; shift ;;
     --arch=*) arch="${1#--arch=}" ;;
-    *) echo "demo.sh: unknown argument '$1' (use --arch gpt2|llama|vit)" >&2; exit 2 ;;
+    *) echo "demo.sh: unknown argument '$1' (use --arch gpt2|llama|vit|dit)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -26,10 +30,13 @@ case "$arch" in
   gpt2) config="$KILN_ROOT/configs/demo.toml" run="$KILN_ROOT/runs/demo" ;;
   llama) config="$KILN_ROOT/configs/demo-llama.toml" run="$KILN_ROOT/runs/demo-llama" ;;
   vit) config="$KILN_ROOT/configs/vit-fashion-mnist.toml" run="$KILN_ROOT/runs/vit-fashion-mnist" ;;
-  *) echo "demo.sh: --arch must be gpt2, llama or vit, not '$arch'" >&2; exit 2 ;;
+  dit) config="$KILN_ROOT/configs/dit-fashion-mnist.toml" run="$KILN_ROOT/runs/dit-fashion-mnist" ;;
+  *) echo "demo.sh: --arch must be gpt2, llama, vit or dit, not '$arch'" >&2; exit 2 ;;
 esac
 
-if [ "$arch" = vit ]; then
+images=false
+[ "$arch" = vit ] || [ "$arch" = dit ] && images=true
+if $images; then
   kiln_apt_install "${KILN_BUILD_PACKAGES[@]}" "${KILN_VIT_DEMO_PACKAGES[@]}"
 else
   kiln_apt_install "${KILN_BUILD_PACKAGES[@]}" "${KILN_DEMO_PACKAGES[@]}"
@@ -41,7 +48,7 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
 echo "demo: built kiln in $(( $(date +%s) - start )) s"
 
 mkdir -p "$KILN_ROOT/data"
-if [ "$arch" = vit ]; then
+if $images; then
   data="$KILN_ROOT/data/fashion-mnist"
   if [ ! -f "$data/meta.json" ]; then
     "$kiln" prepare --format idx --input /usr/share/datasets/fashion-mnist --out "$data" \
@@ -72,6 +79,33 @@ if [ "$arch" = vit ]; then
   echo "== test accuracy ($ckpt, the 10,000 test images) =="
   "$kiln" classify --checkpoint "$ckpt" --data "$data" --json "$run/classify.json"
   awk -F'"accuracy": ' '/^ "accuracy"/{split($2,a,/[,}]/); printf "top-1 accuracy:    %.2f%% %s\n", 100*a[1], (a[1]>=0.88)?"(target 88%: met)":"(target 88%: NOT met)"}' "$run/classify.json"
+  echo "training time:     $train_s s on $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) (target: about 15 minutes on a quiet 2-core machine)"
+  echo "demo: total wall time $(( $(date +%s) - start )) s"
+  exit 0
+fi
+
+if [ "$arch" = dit ]; then
+  echo
+  echo "== samples ($ckpt, EMA weights, 10 per class, 50 Euler steps) =="
+  for cfg in 1 3; do
+    "$kiln" sample-images --checkpoint "$ckpt" --out "$run/samples_cfg$cfg.png" --classes 0-9 \
+      --per-class 10 --steps 50 --cfg-scale "$cfg" --samples "$run/samples_cfg$cfg"
+  done
+  vit=$(ls -d "$KILN_ROOT"/runs/vit-fashion-mnist/ckpt/step_* 2>/dev/null | tail -1 || true)
+  if [ -n "$vit" ]; then
+    echo
+    echo "== the ViT classifier ($vit) on the samples, relative to the real test images =="
+    "$kiln" classify --checkpoint "$vit" --data "$data" --json "$run/classify_real.json" > /dev/null
+    for cfg in 1 3; do
+      echo "-- guidance scale $cfg:"
+      "$kiln" classify --checkpoint "$vit" --data "$run/samples_cfg$cfg" \
+        --relative-to "$run/classify_real.json" --json "$run/classify_cfg$cfg.json" | tail -12
+    done
+  else
+    echo "(no ViT checkpoint in runs/vit-fashion-mnist: run scripts/demo.sh --arch vit to score the samples)"
+  fi
+  "$kiln" report "$run" > /dev/null
+  echo "grids:             $run/samples_cfg1.png (no guidance), $run/samples_cfg3.png (scale 3); report $run/report.html"
   echo "training time:     $train_s s on $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) (target: about 15 minutes on a quiet 2-core machine)"
   echo "demo: total wall time $(( $(date +%s) - start )) s"
   exit 0

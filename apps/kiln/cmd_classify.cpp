@@ -14,15 +14,50 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 namespace kiln::app {
+
+namespace {
+
+// Each class's accuracy in `now` over its accuracy in the classify --json file `path`
+// (classes with images in both), and the smallest such ratio, stored in now too.
+void print_relative(nlohmann::json& now, const std::string& path) {
+  nlohmann::json ref;
+  try {
+    ref = nlohmann::json::parse(checkpoint::detail::read_file(path));
+    (void)ref.at("per_class").at(0).at("accuracy");
+  } catch (const std::exception& e) {
+    KILN_FAIL("{}: not a kiln classify --json file ({})", path, e.what());
+  }
+  KILN_CHECK(ref["per_class"].size() == now["per_class"].size(), "{}: {} classes, this model has {}",
+             path, ref["per_class"].size(), now["per_class"].size());
+  fmt::print("relative to {}:\n{:>5}  {:<16} {:>9} {:>9} {:>7}\n", path, "class", "name", "accuracy",
+             "reference", "ratio");
+  double worst = std::numeric_limits<double>::infinity();
+  for (size_t k = 0; k < now["per_class"].size(); ++k) {
+    const auto& c = now["per_class"][k];
+    const auto& r = ref["per_class"][k];
+    if (c["images"].get<int64_t>() == 0 || r["images"].get<int64_t>() == 0) continue;
+    const double acc = c["accuracy"], racc = r["accuracy"];
+    const double ratio = racc > 0 ? acc / racc : 0.0;
+    worst = std::min(worst, ratio);
+    now["per_class"][k]["ratio"] = ratio;
+    fmt::print("{:>5}  {:<16} {:>8.2f}% {:>8.2f}% {:>7.3f}\n", k, c["name"].get<std::string>(),
+               100 * acc, 100 * racc, ratio);
+  }
+  now["min_ratio"] = worst;
+  fmt::print("smallest ratio {:.3f}\n", worst);
+}
+
+}  // namespace
 
 void register_classify(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "classify", "An image classifier's top-1 accuracy over a split, per class");
   struct Args {
-    std::string checkpoint, data, split = "val", device = "cpu", json;
+    std::string checkpoint, data, split = "val", device = "cpu", json, relative_to;
     int batch = 250;
   };
   auto a = std::make_shared<Args>();
@@ -35,6 +70,9 @@ void register_classify(CLI::App& app) {
       ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--batch", a->batch, "Images per forward pass")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--json", a->json, "Also write the figures to this JSON file");
+  cmd->add_option("--relative-to", a->relative_to,
+                  "A --json file of another run (e.g. on real test images): also print each "
+                  "class's accuracy as a ratio of that file's, and the smallest ratio");
   cmd->callback([a] {
     const data::ImageDatasetMeta meta = data::read_image_meta(a->data);
     KILN_CHECK(meta.splits.count(a->split), "{}: no {} split", a->data, a->split);
@@ -91,6 +129,7 @@ void register_classify(CLI::App& app) {
     out["accuracy"] = n ? static_cast<double>(correct) / n : 0.0;
     fmt::print("top-1 accuracy {:.2f}% ({} of {})\n", 100.0 * out["accuracy"].get<double>(),
                correct, n);
+    if (!a->relative_to.empty()) print_relative(out, a->relative_to);
     if (!a->json.empty()) checkpoint::detail::atomic_write_file(a->json, out.dump(1) + "\n");
   });
 }

@@ -34,7 +34,8 @@ void register_sample(CLI::App& app) {
     checkpoint::CheckpointReader reader(a->checkpoint);
     const ModelOptions options = checkpoint_model_options(reader);
     KILN_CHECK(!model_arch(options.arch).takes_images, "{}: a {} checkpoint, an image model: "
-               "kiln sample generates text (kiln classify scores an image classifier)",
+               "kiln sample generates text (kiln sample-images samples an image generator, "
+               "kiln classify scores an image classifier)",
                a->checkpoint, options.arch);
     auto backend = make_device_backend(a->device);
     const auto model_ptr = make_model(options, *backend);

@@ -16,5 +16,6 @@ void register_report(CLI::App& app);   // kiln report RUN_DIR
 void register_memplan(CLI::App& app);  // kiln memplan CONFIG.toml --world-size N
 void register_pp_schedule(CLI::App& app);  // kiln pp-schedule --pp P --micro-batches M
 void register_classify(CLI::App& app);  // kiln classify --checkpoint DIR --data DIR
+void register_sample_images(CLI::App& app);  // kiln sample-images --checkpoint DIR --out FILE.png
 
 }  // namespace kiln::app

@@ -240,10 +240,38 @@ RunData load_run(const fs::path& run_dir) {
   if (fs::exists(run_dir / "config.toml")) run.config_toml = read_text(run_dir / "config.toml");
   for (const auto& p : summaries) run.summaries.emplace_back(p.filename().string(), read_text(p));
   for (const auto& p : traces) run.traces.push_back(p.filename().string());
+  if (fs::is_directory(run_dir / "samples")) {
+    std::vector<fs::path> pngs;
+    for (const auto& entry : fs::directory_iterator(run_dir / "samples"))
+      if (entry.is_regular_file() && entry.path().extension() == ".png") pngs.push_back(entry.path());
+    if (!pngs.empty()) {
+      const fs::path newest = *std::max_element(pngs.begin(), pngs.end());
+      run.sample_name = "samples/" + newest.filename().string();
+      run.sample_png = read_text(newest);
+    }
+  }
   return run;
 }
 
 namespace {
+
+// RFC 4648 base64 (for an inline data: URI).
+std::string base64(const std::string& bytes) {
+  static constexpr char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    uint32_t v = static_cast<uint8_t>(bytes[i]) << 16;
+    if (i + 1 < bytes.size()) v |= static_cast<uint8_t>(bytes[i + 1]) << 8;
+    if (i + 2 < bytes.size()) v |= static_cast<uint8_t>(bytes[i + 2]);
+    out += kAlphabet[(v >> 18) & 63];
+    out += kAlphabet[(v >> 12) & 63];
+    out += i + 1 < bytes.size() ? kAlphabet[(v >> 6) & 63] : '=';
+    out += i + 2 < bytes.size() ? kAlphabet[v & 63] : '=';
+  }
+  return out;
+}
 
 // The series of `key` (times `scale`) per rank, named "<label> (rank r)".
 std::vector<Series> per_rank(const RunData& run, const std::string& key, const std::string& label,
@@ -437,6 +465,13 @@ std::string render_report(const RunData& run) {
                        "chrome://tracing.</div>\n", html_escape(t));
     for (const auto& [name, text] : run.summaries)
       h += fmt::format("<h3>{}</h3>\n<pre>{}</pre>\n", html_escape(name), html_escape(text));
+  }
+
+  if (!run.sample_png.empty()) {
+    h += "<h2>Samples</h2>\n";
+    h += fmt::format("<div class=\"card\"><img alt=\"{0}\" src=\"data:image/png;base64,{1}\" "
+                     "style=\"image-rendering:pixelated;width:min(100%,{2}px)\"><div class=\"sub\">"
+                     "{0}</div></div>\n", html_escape(run.sample_name), base64(run.sample_png), 640);
   }
 
   h += "<h2>Configuration</h2>\n";

@@ -12,6 +12,9 @@
 //   config.toml         the resolved config, shown verbatim.
 //   *.summary.txt       profiler summaries (profile/summary.h), shown verbatim; trace
 //                       files (*.json with "trace" in the name) are listed.
+//   samples/*.png       image samples (an image generator's grids, `kiln report` renders
+//                       the latest checkpoint's there): the newest by name is shown,
+//                       inline (a data: URI).
 // Output: report.html with no external resource (no script, font or stylesheet): inline
 // CSS and one inline SVG line chart per quantity, a series per rank (train and val
 // loss, learning rate, gradient norm, tokens/s, MFU, step time, time waiting for
@@ -64,6 +67,7 @@ struct RunData {
   std::string config_toml;                              // "" when absent
   std::vector<std::pair<std::string, std::string>> summaries;  // file name, text
   std::vector<std::string> traces;                             // trace file names
+  std::string sample_name, sample_png;  // the newest samples/*.png: its name and bytes
   std::vector<std::string> warnings;                           // e.g. unparsable lines
 };
 

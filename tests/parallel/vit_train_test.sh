@@ -94,6 +94,11 @@ assert c["images"] == 64 and abs(c["accuracy"] - last["val_accuracy"]) < 1e-12, 
 print(f"kiln classify: {c['accuracy']:.4f} over {c['images']} images = the trainer's val_accuracy")
 PY
 
+# Relative to itself every class scores a ratio of 1.
+"$kiln" classify --checkpoint "$(ls -d "$work"/evalall/ckpt/step_* | tail -1)" --data "$work/data" \
+  --relative-to "$work/classify.json" > "$work/relative.log" 2>&1 || { cat "$work/relative.log"; exit 1; }
+grep -q "smallest ratio 1.000" "$work/relative.log" || { echo "FAILED: --relative-to"; cat "$work/relative.log"; exit 1; }
+
 # It learns: the last val accuracy beats chance (4 classes) clearly.
 "$py" - "$work/ref/metrics.jsonl" <<'PY'
 import json, sys
@@ -127,5 +132,6 @@ fails gpt2_on_images "holds images" "$kiln" train "$work/vit.toml" --set "run.di
 fails sample_vit "an image model" "$kiln" sample --checkpoint "$(ls -d "$work"/ref/ckpt/step_* | tail -1)"
 fails export_vit "has no file formats" "$kiln" export --checkpoint "$(ls -d "$work"/ref/ckpt/step_* | tail -1)" --format safetensors --out "$work/exported/a/vit.safetensors"
 [ ! -e "$work/exported" ] || { echo "FAILED: a failed export left $work/exported behind"; exit 1; }
+fails bad_relative "not a kiln classify --json file" "$kiln" classify --checkpoint "$(ls -d "$work"/ref/ckpt/step_* | tail -1)" --data "$work/data" --relative-to "$work/vit.toml"
 fails block_size "model.block_size (17) must be 10" "$kiln" train "$work/vit.toml" --set "run.dir=$work/b_run" --set model.block_size=17
 echo "vit train test: all passed"

@@ -1,0 +1,154 @@
+#include "train/image_sampler.h"
+
+#include "checkpoint/file_util.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "data/image_dataset.h"
+#include "data/image_folder.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace kiln {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr uint64_t kSampleNoiseStream = (uint64_t{0xD17} << 32) + 64;
+
+uint8_t to_pixel(float x) {
+  const float v = std::round((std::clamp(x, -1.f, 1.f) + 1.f) * 127.5f);
+  return static_cast<uint8_t>(v);
+}
+
+}  // namespace
+
+SampledImages sample_images(Model& model, const ImageSampleOptions& o) {
+  KILN_CHECK(o.steps >= 1, "sample-images: --steps must be at least 1 (got {})", o.steps);
+  KILN_CHECK(o.per_class >= 1, "sample-images: --per-class must be at least 1 (got {})", o.per_class);
+  KILN_CHECK(!o.classes.empty(), "sample-images: no classes to sample");
+  for (int c : o.classes)
+    KILN_CHECK(c >= 0 && c < model.vocab_size(), "sample-images: class {} is outside the "
+               "model's [0, {})", c, model.vocab_size());
+  const BatchShape one = model.batch_shape(1, model.max_positions());
+  KILN_CHECK(one.images(), "sample-images: {} does not generate images", model.arch());
+  SampledImages out;
+  out.shape = {static_cast<int>(one.inputs[1]), static_cast<int>(one.inputs[2]),
+               static_cast<int>(one.inputs[3])};
+  const int64_t P = out.shape.pixels();
+  const int64_t n = static_cast<int64_t>(o.classes.size()) * o.per_class;
+  for (int c : o.classes) out.labels.insert(out.labels.end(), static_cast<size_t>(o.per_class), c);
+  out.pixels.resize(static_cast<size_t>(n * P));
+  const bool guided = o.cfg_scale != 1.0;
+  const int B_max = static_cast<int>(std::min<int64_t>(std::max(o.batch, 1), n));
+  const int rows_max = guided ? 2 * B_max : B_max;
+  Backend& be = model.backend();
+  const Stream s = be.default_stream();
+  const BatchShape full = model.batch_shape(rows_max, model.max_positions());
+  const Tensor x_buf = be.empty(full.inputs, DType::F32, MemCategory::Activations);
+  const Tensor v_buf = be.empty(full.inputs, DType::F32, MemCategory::Activations);
+  std::vector<float> x, v(static_cast<size_t>(rows_max * P)), t;
+  std::vector<int32_t> y;
+  for (int64_t first = 0; first < n; first += B_max) {
+    const int B = static_cast<int>(std::min<int64_t>(B_max, n - first));
+    const int rows = guided ? 2 * B : B;
+    x.assign(static_cast<size_t>(B * P), 0.f);
+    for (int b = 0; b < B; ++b)
+      fill_normal(x.data() + static_cast<size_t>(b) * P, P, o.seed, kSampleNoiseStream, 0.f, 1.f,
+                  static_cast<uint64_t>(first + b) * static_cast<uint64_t>(P));
+    y.assign(static_cast<size_t>(rows), -1);  // rows B.. (guidance): the null class
+    for (int b = 0; b < B; ++b) y[b] = out.labels[static_cast<size_t>(first + b)];
+    const Shape shape = model.batch_shape(rows, model.max_positions()).inputs;
+    const Tensor xt = x_buf.view_at(0, shape), vt = v_buf.view_at(0, shape);
+    for (int k = 0; k < o.steps; ++k) {
+      const float t_now = 1.f - static_cast<float>(k) / o.steps;
+      const float dt = -1.f / static_cast<float>(o.steps);
+      t.assign(static_cast<size_t>(rows), t_now);
+      be.copy_from_host(s, xt.view_at(0, model.batch_shape(B, model.max_positions()).inputs), x.data());
+      if (guided)
+        be.copy_from_host(s, xt.view_at(B * P, model.batch_shape(B, model.max_positions()).inputs),
+                          x.data());
+      model.predict_velocity(xt, t, y, vt);
+      be.copy_to_host(s, v.data(), vt);
+      be.synchronize(s);
+      const auto g = static_cast<float>(o.cfg_scale);
+      for (int64_t i = 0; i < B * P; ++i) {
+        const float vel = guided ? v[i + B * P] + g * (v[i] - v[i + B * P]) : v[i];
+        x[i] += dt * vel;
+      }
+    }
+    for (int64_t i = 0; i < B * P; ++i) out.pixels[static_cast<size_t>(first * P + i)] = to_pixel(x[i]);
+  }
+  return out;
+}
+
+void write_image_grid(const fs::path& path, const SampledImages& im, int columns) {
+  KILN_CHECK(columns >= 1 && im.count() > 0, "{}: nothing to draw", path.string());
+  constexpr int kGap = 2;
+  const int h = im.shape.height, w = im.shape.width, c = im.shape.channels;
+  const int64_t rows = (im.count() + columns - 1) / columns;
+  data::ImageShape grid{static_cast<int>(rows * (h + kGap) + kGap),
+                        columns * (w + kGap) + kGap, c};
+  std::vector<uint8_t> px(static_cast<size_t>(grid.pixels()), 255);  // white gaps
+  for (int64_t i = 0; i < im.count(); ++i) {
+    const int64_t r0 = kGap + (i / columns) * (h + kGap), c0 = kGap + (i % columns) * (w + kGap);
+    for (int y = 0; y < h; ++y)
+      std::copy_n(im.pixels.begin() + static_cast<ptrdiff_t>(((i * h + y) * w) * c), w * c,
+                  px.begin() + static_cast<ptrdiff_t>(((r0 + y) * grid.width + c0) * c));
+  }
+  // write_png writes in place: go through a temporary and rename, so no half file remains.
+  const fs::path tmp = path.string() + ".tmp";
+  data::write_png(tmp, grid, px);
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  KILN_CHECK(!ec, "{}: cannot rename into place ({})", path.string(), ec.message());
+}
+
+void write_sample_dataset(const fs::path& dir, const SampledImages& im, int classes,
+                          const std::vector<std::string>& class_names) {
+  KILN_CHECK(!data::is_image_dataset(dir), "{}: holds a data set already (choose another "
+             "--samples folder)", dir.string());
+  fs::create_directories(dir);
+  const std::string file = "val_000000.imgshard";  // prepare's naming
+  data::ImageShardWriter w(dir / file, im.shape);
+  for (int64_t i = 0; i < im.count(); ++i)
+    w.write(im.labels[static_cast<size_t>(i)],
+            std::span<const uint8_t>(im.pixels.data() + i * im.shape.pixels(),
+                                     static_cast<size_t>(im.shape.pixels())));
+  const uint32_t crc = w.finish();
+  data::ImageDatasetMeta meta;
+  meta.shape = im.shape;
+  meta.classes = classes;
+  meta.class_names = class_names;
+  meta.splits["val"].push_back({file, im.count(), crc});
+  data::write_image_meta(dir, meta);
+}
+
+std::vector<int> parse_class_list(const std::string& spec, const std::string& what) {
+  std::vector<int> out;
+  size_t pos = 0;
+  auto number = [&](const std::string& s) {
+    KILN_CHECK(!s.empty() && s.size() < 9 && std::all_of(s.begin(), s.end(), ::isdigit),
+               "{} '{}': expected class numbers like 0-9 or 1,4,7", what, spec);
+    return std::stoi(s);
+  };
+  while (pos <= spec.size()) {
+    const size_t comma = std::min(spec.find(',', pos), spec.size());
+    const std::string item = spec.substr(pos, comma - pos);
+    const size_t dash = item.find('-');
+    if (dash == std::string::npos) {
+      out.push_back(number(item));
+    } else {
+      const int lo = number(item.substr(0, dash)), hi = number(item.substr(dash + 1));
+      KILN_CHECK(lo <= hi, "{} '{}': range {} is empty", what, spec, item);
+      for (int k = lo; k <= hi; ++k) out.push_back(k);
+    }
+    pos = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace kiln

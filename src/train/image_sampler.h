@@ -1,0 +1,55 @@
+// Sampling a flow model's images (kiln sample-images, kiln report): Euler steps of the
+// probability-flow ODE from noise at t = 1 to an image at t = 0 (rectified flow: Liu et
+// al. 2023), with classifier-free guidance (Ho & Salimans 2022):
+//   v = v(x, t, null) + cfg_scale * (v(x, t, y) - v(x, t, null))   (cfg_scale 1: v(x, t, y))
+//   x <- x + (t_{k+1} - t_k) v,   t_k = 1 - k / steps
+// Sample i of a request starts from Philox noise of (seed, i) alone, so a sample is the
+// same whatever the batch size or the other classes asked for.
+#pragma once
+
+#include "data/image_shard.h"
+#include "models/model.h"
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace kiln {
+
+struct ImageSampleOptions {
+  std::vector<int> classes;  // one row of the grid per class, in this order
+  int per_class = 8;
+  double cfg_scale = 1.0;
+  int steps = 50;
+  uint64_t seed = 0;
+  int batch = 100;           // images per model call (twice that with guidance)
+};
+
+/// Generated images: pixels uint8 [n, H, W, C] (x in [-1, 1] mapped to round(127.5 (x+1))),
+/// labels [n] (class-major: classes[0]'s per_class images first).
+struct SampledImages {
+  data::ImageShape shape;
+  std::vector<uint8_t> pixels;
+  std::vector<int32_t> labels;
+  int64_t count() const { return static_cast<int64_t>(labels.size()); }
+};
+
+/// Runs the sampler above on `model` (its Model::predict_velocity). Throws kiln::Error for
+/// a model that does not generate images, a class outside [0, vocab_size()) or steps < 1.
+SampledImages sample_images(Model& model, const ImageSampleOptions& options);
+
+/// A PNG of the images in a grid, `columns` per row (per_class: a class per row), with a
+/// 2-pixel gap; written atomically. Throws kiln::Error naming the file.
+void write_image_grid(const std::filesystem::path& path, const SampledImages& images, int columns);
+
+/// The images as a one-split ("val") image data set in `dir` (meta.json + a shard), so that
+/// `kiln classify --data dir` scores them; `classes` as the model's. Throws kiln::Error when
+/// dir holds a data set already.
+void write_sample_dataset(const std::filesystem::path& dir, const SampledImages& images,
+                          int classes, const std::vector<std::string>& class_names);
+
+/// "0-9", "3", "1,4,7", "0-2,5" to class numbers. Throws kiln::Error naming `what`.
+std::vector<int> parse_class_list(const std::string& spec, const std::string& what);
+
+}  // namespace kiln
