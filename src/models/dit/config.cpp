@@ -1,5 +1,6 @@
 #include "models/dit/config.h"
 #include "models/registry.h"
+#include "models/vision_config.h"
 
 #include "core/error.h"
 #include "core/json_util.h"
@@ -55,60 +56,32 @@ std::string DiTConfig::str() const {
 DiTConfig dit_config_of(const ModelOptions& o) {
   KILN_CHECK(o.dropout == 0.f, "model.dropout ({}): dit has no dropout (its label dropout is "
              "model.class_dropout)", o.dropout);
-  KILN_CHECK(o.n_kv_head == 0 || o.n_kv_head == o.n_head,
-             "model.n_kv_head ({}): dit uses multi-head attention (set 0)", o.n_kv_head);
-  KILN_CHECK(!o.tie_embeddings, "model.tie_embeddings: dit has no token embedding to tie");
-  KILN_CHECK(o.rope.scale_factor == 0.0 && o.rope.theta == RopeSpec{}.theta,
-             "model.rope_theta / model.rope_scaling: dit has learned positions, no rotary (leave "
-             "them unset)");
+  check_vision_options(o, "dit");
   DiTConfig c;
-  c.n_layer = o.n_layer;
-  c.n_head = o.n_head;
-  c.n_embd = o.n_embd;
-  c.ffn_hidden_size = o.ffn_hidden_size > 0 ? o.ffn_hidden_size : 4 * o.n_embd;
-  c.image_size = o.image_size;
-  c.num_channels = o.num_channels;
-  c.patch_size = o.patch_size;
-  c.num_classes = o.num_classes;
+  copy_vision_options(o, c);
   c.class_dropout = o.class_dropout;
-  c.norm_eps = o.norm_eps;
   c.validate();
   KILN_CHECK(o.block_size == c.tokens(),
              "model.block_size ({}) must be {} for dit: {} patches of {}x{} in a {}x{} image",
              o.block_size, c.tokens(), c.patches(), c.patch_size, c.patch_size, c.image_size,
              c.image_size);
-  KILN_CHECK(o.vocab_size == 0 || o.vocab_size == c.num_classes,
-             "model.vocab_size ({}): dit reads images, not tokens (leave it 0)", o.vocab_size);
   return c;
 }
 
 nlohmann::json dit_config_json(const DiTConfig& c) {
-  return {{"n_layer", c.n_layer},           {"n_head", c.n_head},
-          {"n_embd", c.n_embd},             {"ffn_hidden_size", c.ffn_hidden_size},
-          {"image_size", c.image_size},     {"num_channels", c.num_channels},
-          {"patch_size", c.patch_size},     {"num_classes", c.num_classes},
-          {"block_size", c.tokens()},       {"norm_eps", c.norm_eps},
-          {"class_dropout", c.class_dropout}, {"frequency_dim", c.frequency_dim}};
+  nlohmann::json j = vision_json(c);
+  j["class_dropout"] = c.class_dropout;
+  j["frequency_dim"] = c.frequency_dim;
+  return j;
 }
 
 ModelOptions dit_options_from_json(const nlohmann::json& j) {
   ModelOptions o;
   o.arch = "dit";
-  auto integer = [&](const char* key) {
-    return static_cast<int>(json_integer_field(j, key, "state.model", INT32_MIN, INT32_MAX));
-  };
-  o.n_layer = integer("n_layer");
-  o.n_head = integer("n_head");
-  o.n_embd = integer("n_embd");
-  o.ffn_hidden_size = integer("ffn_hidden_size");
-  o.image_size = integer("image_size");
-  o.num_channels = integer("num_channels");
-  o.patch_size = integer("patch_size");
-  o.num_classes = integer("num_classes");
-  o.block_size = integer("block_size");
-  KILN_CHECK(integer("frequency_dim") == DiTConfig{}.frequency_dim,
+  read_vision_json(j, o);
+  KILN_CHECK(json_integer_field(j, "frequency_dim", "state.model", 0, INT32_MAX) ==
+                 DiTConfig{}.frequency_dim,
              "state.model.frequency_dim must be {}", DiTConfig{}.frequency_dim);
-  o.norm_eps = j.at("norm_eps");
   o.class_dropout = j.at("class_dropout");
   dit_config_of(o);  // validates
   return o;

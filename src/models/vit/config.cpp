@@ -1,5 +1,6 @@
 #include "models/vit/config.h"
 #include "models/registry.h"
+#include "models/vision_config.h"
 
 #include "core/error.h"
 #include "core/json_util.h"
@@ -45,56 +46,23 @@ std::string ViTConfig::str() const {
 
 ViTConfig vit_config_of(const ModelOptions& o) {
   KILN_CHECK(o.dropout == 0.f, "model.dropout ({}): vit has no dropout yet (set 0)", o.dropout);
-  KILN_CHECK(o.n_kv_head == 0 || o.n_kv_head == o.n_head,
-             "model.n_kv_head ({}): vit uses multi-head attention (set 0)", o.n_kv_head);
-  KILN_CHECK(!o.tie_embeddings, "model.tie_embeddings: vit has no token embedding to tie");
-  KILN_CHECK(o.rope.scale_factor == 0.0 && o.rope.theta == RopeSpec{}.theta,
-             "model.rope_theta / model.rope_scaling: vit has learned positions, no rotary (leave "
-             "them unset)");
+  check_vision_options(o, "vit");
   ViTConfig c;
-  c.n_layer = o.n_layer;
-  c.n_head = o.n_head;
-  c.n_embd = o.n_embd;
-  c.ffn_hidden_size = o.ffn_hidden_size > 0 ? o.ffn_hidden_size : 4 * o.n_embd;
-  c.image_size = o.image_size;
-  c.num_channels = o.num_channels;
-  c.patch_size = o.patch_size;
-  c.num_classes = o.num_classes;
-  c.norm_eps = o.norm_eps;
+  copy_vision_options(o, c);
   c.validate();
   KILN_CHECK(o.block_size == c.tokens(),
              "model.block_size ({}) must be {} for vit: {} patches of {}x{} in a {}x{} image, "
              "plus the class token", o.block_size, c.tokens(), c.patches(), c.patch_size,
              c.patch_size, c.image_size, c.image_size);
-  KILN_CHECK(o.vocab_size == 0 || o.vocab_size == c.num_classes,
-             "model.vocab_size ({}): vit reads images, not tokens (leave it 0)", o.vocab_size);
   return c;
 }
 
-nlohmann::json vit_config_json(const ViTConfig& c) {
-  return {{"n_layer", c.n_layer},           {"n_head", c.n_head},
-          {"n_embd", c.n_embd},             {"ffn_hidden_size", c.ffn_hidden_size},
-          {"image_size", c.image_size},     {"num_channels", c.num_channels},
-          {"patch_size", c.patch_size},     {"num_classes", c.num_classes},
-          {"block_size", c.tokens()},       {"norm_eps", c.norm_eps}};
-}
+nlohmann::json vit_config_json(const ViTConfig& c) { return vision_json(c); }
 
 ModelOptions vit_options_from_json(const nlohmann::json& j) {
   ModelOptions o;
   o.arch = "vit";
-  auto integer = [&](const char* key) {
-    return static_cast<int>(json_integer_field(j, key, "state.model", INT32_MIN, INT32_MAX));
-  };
-  o.n_layer = integer("n_layer");
-  o.n_head = integer("n_head");
-  o.n_embd = integer("n_embd");
-  o.ffn_hidden_size = integer("ffn_hidden_size");
-  o.image_size = integer("image_size");
-  o.num_channels = integer("num_channels");
-  o.patch_size = integer("patch_size");
-  o.num_classes = integer("num_classes");
-  o.block_size = integer("block_size");
-  o.norm_eps = j.at("norm_eps");
+  read_vision_json(j, o);
   vit_config_of(o);  // validates
   return o;
 }
