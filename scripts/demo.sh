@@ -87,7 +87,7 @@ fi
 if [ "$arch" = dit ]; then
   echo
   echo "== samples ($ckpt, EMA weights, 10 per class, 50 Euler steps) =="
-  for cfg in 1 3; do
+  for cfg in 1 5; do
     "$kiln" sample-images --checkpoint "$ckpt" --out "$run/samples_cfg$cfg.png" --classes 0-9 \
       --per-class 10 --steps 50 --cfg-scale "$cfg" --samples "$run/samples_cfg$cfg"
   done
@@ -96,7 +96,7 @@ if [ "$arch" = dit ]; then
     echo
     echo "== the ViT classifier ($vit) on the samples, relative to the real test images =="
     "$kiln" classify --checkpoint "$vit" --data "$data" --json "$run/classify_real.json" > /dev/null
-    for cfg in 1 3; do
+    for cfg in 1 5; do
       echo "-- guidance scale $cfg:"
       "$kiln" classify --checkpoint "$vit" --data "$run/samples_cfg$cfg" \
         --relative-to "$run/classify_real.json" --json "$run/classify_cfg$cfg.json" | tail -12
@@ -105,7 +105,7 @@ if [ "$arch" = dit ]; then
     echo "(no ViT checkpoint in runs/vit-fashion-mnist: run scripts/demo.sh --arch vit to score the samples)"
   fi
   "$kiln" report "$run" > /dev/null
-  echo "grids:             $run/samples_cfg1.png (no guidance), $run/samples_cfg3.png (scale 3); report $run/report.html"
+  echo "grids:             $run/samples_cfg1.png (no guidance), $run/samples_cfg5.png (scale 5); report $run/report.html"
   echo "training time:     $train_s s on $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) (target: about 15 minutes on a quiet 2-core machine)"
   echo "demo: total wall time $(( $(date +%s) - start )) s"
   exit 0

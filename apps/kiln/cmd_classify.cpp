@@ -21,16 +21,28 @@ namespace kiln::app {
 
 namespace {
 
-// Each class's accuracy in `now` over its accuracy in the classify --json file `path`
-// (classes with images in both), and the smallest such ratio, stored in now too.
-void print_relative(nlohmann::json& now, const std::string& path) {
+// A kiln classify --json file, checked: per_class entries with images and an accuracy in
+// [0, 1]. Throws kiln::Error naming the file.
+nlohmann::json read_classify_json(const std::string& path) {
   nlohmann::json ref;
   try {
     ref = nlohmann::json::parse(checkpoint::detail::read_file(path));
-    (void)ref.at("per_class").at(0).at("accuracy");
+    for (const auto& c : ref.at("per_class")) {
+      const double acc = c.at("accuracy").get<double>();
+      KILN_CHECK(acc >= 0.0 && acc <= 1.0 && c.at("images").get<int64_t>() >= 0,
+                 "an accuracy outside [0, 1]");
+    }
+    KILN_CHECK(!ref["per_class"].empty(), "no classes");
   } catch (const std::exception& e) {
     KILN_FAIL("{}: not a kiln classify --json file ({})", path, e.what());
   }
+  return ref;
+}
+
+// Each class's accuracy in `now` over its accuracy in `ref` (read from `path`; classes
+// with images and a non-zero accuracy in both), and the smallest such ratio, stored in
+// now too.
+void print_relative(nlohmann::json& now, const nlohmann::json& ref, const std::string& path) {
   KILN_CHECK(ref["per_class"].size() == now["per_class"].size(), "{}: {} classes, this model has {}",
              path, ref["per_class"].size(), now["per_class"].size());
   fmt::print("relative to {}:\n{:>5}  {:<16} {:>9} {:>9} {:>7}\n", path, "class", "name", "accuracy",
@@ -41,7 +53,12 @@ void print_relative(nlohmann::json& now, const std::string& path) {
     const auto& r = ref["per_class"][k];
     if (c["images"].get<int64_t>() == 0 || r["images"].get<int64_t>() == 0) continue;
     const double acc = c["accuracy"], racc = r["accuracy"];
-    const double ratio = racc > 0 ? acc / racc : 0.0;
+    if (racc <= 0) {
+      fmt::print("{:>5}  {:<16} {:>8.2f}% {:>8.2f}% {:>7}\n", k, c["name"].get<std::string>(),
+                 100 * acc, 100 * racc, "n/a");
+      continue;
+    }
+    const double ratio = acc / racc;
     worst = std::min(worst, ratio);
     now["per_class"][k]["ratio"] = ratio;
     fmt::print("{:>5}  {:<16} {:>8.2f}% {:>8.2f}% {:>7.3f}\n", k, c["name"].get<std::string>(),
@@ -74,6 +91,8 @@ void register_classify(CLI::App& app) {
                   "A --json file of another run (e.g. on real test images): also print each "
                   "class's accuracy as a ratio of that file's, and the smallest ratio");
   cmd->callback([a] {
+    const nlohmann::json reference =
+        a->relative_to.empty() ? nlohmann::json() : read_classify_json(a->relative_to);
     const data::ImageDatasetMeta meta = data::read_image_meta(a->data);
     KILN_CHECK(meta.splits.count(a->split), "{}: no {} split", a->data, a->split);
     checkpoint::CheckpointReader reader(a->checkpoint);
@@ -129,7 +148,7 @@ void register_classify(CLI::App& app) {
     out["accuracy"] = n ? static_cast<double>(correct) / n : 0.0;
     fmt::print("top-1 accuracy {:.2f}% ({} of {})\n", 100.0 * out["accuracy"].get<double>(),
                correct, n);
-    if (!a->relative_to.empty()) print_relative(out, a->relative_to);
+    if (!a->relative_to.empty()) print_relative(out, reference, a->relative_to);
     if (!a->json.empty()) checkpoint::detail::atomic_write_file(a->json, out.dump(1) + "\n");
   });
 }

@@ -4,6 +4,7 @@
 // docs/profiling.md.
 #include "apps/kiln/commands.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/file_util.h"
 #include "models/registry.h"
 #include "report/report.h"
 #include "train/device.h"
@@ -12,31 +13,42 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 namespace kiln::app {
 
 namespace {
 
-// An image generator's run: RUN_DIR/samples/<checkpoint>.png, a grid of its latest
-// checkpoint's samples (every class a row of 8, 25 Euler steps, guidance scale 2, the EMA
-// weights when saved), unless it is there already.
-void render_latest_samples(const std::filesystem::path& run_dir) {
-  const auto latest = checkpoint::find_latest_checkpoint(run_dir / "ckpt");
-  if (!latest) return;
-  checkpoint::CheckpointReader reader(*latest);
-  if (!model_arch(checkpoint_arch(reader.state())).generates_images) return;
-  const auto png = run_dir / "samples" / (latest->filename().string() + ".png");
-  if (std::filesystem::exists(png)) return;
-  auto backend = make_device_backend("cpu");
-  const auto model = make_model(checkpoint_model_options(reader), *backend);
-  load_model_weights(reader, *model, checkpoint_has_ema(reader));
-  ImageSampleOptions o;
-  for (int k = 0; k < model->vocab_size(); ++k) o.classes.push_back(k);
-  o.per_class = 8;
-  o.steps = 25;
-  o.cfg_scale = 2.0;
-  std::filesystem::create_directories(png.parent_path());
-  write_image_grid(png, sample_images(*model, o), o.per_class);
-  fmt::print("kiln report: sampled {}\n", png.string());
+// An image generator's run: a grid of its latest checkpoint's samples (every class a row
+// of 8, 25 Euler steps, guidance scale 2, the EMA weights when saved), sampled afresh
+// (nothing is written to the run directory). A failure is a warning in the report.
+void sample_latest(report::RunData& run) {
+  namespace fs = std::filesystem;
+  try {
+    const auto latest = checkpoint::find_latest_checkpoint(run.dir / "ckpt");
+    if (!latest) return;
+    checkpoint::CheckpointReader reader(*latest);
+    if (!model_arch(checkpoint_arch(reader.state())).generates_images) return;
+    auto backend = make_device_backend("cpu");
+    const auto model = make_model(checkpoint_model_options(reader), *backend);
+    const bool ema = checkpoint_has_ema(reader);
+    load_model_weights(reader, *model, ema);
+    ImageSampleOptions o;
+    for (int k = 0; k < model->vocab_size(); ++k) o.classes.push_back(k);
+    o.per_class = 8;
+    o.steps = 25;
+    o.cfg_scale = 2.0;
+    const fs::path png = fs::temp_directory_path() /
+                         fmt::format("kiln-report-{}.png", static_cast<long>(::getpid()));
+    write_image_grid(png, sample_images(*model, o), o.per_class);
+    run.sample_png = checkpoint::detail::read_file(png);
+    fs::remove(png);
+    run.sample_name = fmt::format("{}: {} weights, a row of 8 per class, 25 Euler steps, "
+                                  "guidance scale 2 (kiln sample-images)",
+                                  latest->filename().string(), ema ? "EMA" : "raw");
+  } catch (const std::exception& e) {
+    run.warnings.push_back(fmt::format("samples of the latest checkpoint: {}", e.what()));
+  }
 }
 
 }  // namespace
@@ -52,8 +64,11 @@ void register_report(CLI::App& app) {
       ->required();
   cmd->add_option("--out", a->out, "Output file (default RUN_DIR/report.html)");
   cmd->callback([a] {
-    render_latest_samples(a->run_dir);
-    const auto path = report::write_report(a->run_dir, a->out);
+    report::RunData run = report::load_run(a->run_dir);
+    sample_latest(run);
+    const std::filesystem::path path =
+        a->out.empty() ? std::filesystem::path(a->run_dir) / "report.html" : std::filesystem::path(a->out);
+    checkpoint::detail::atomic_write_file(path, report::render_report(run));
     fmt::print("kiln report: {}\n", path.string());
   });
 }

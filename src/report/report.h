@@ -12,9 +12,9 @@
 //   config.toml         the resolved config, shown verbatim.
 //   *.summary.txt       profiler summaries (profile/summary.h), shown verbatim; trace
 //                       files (*.json with "trace" in the name) are listed.
-//   samples/*.png       image samples (an image generator's grids, `kiln report` renders
-//                       the latest checkpoint's there): the newest by name is shown,
-//                       inline (a data: URI).
+//   samples/*.png       image samples: the newest by name is shown, inline (a data: URI);
+//                       `kiln report` shows an image generator's latest checkpoint's
+//                       samples instead, sampled afresh (RunData::sample_png).
 // Output: report.html with no external resource (no script, font or stylesheet): inline
 // CSS and one inline SVG line chart per quantity, a series per rank (train and val
 // loss, learning rate, gradient norm, tokens/s, MFU, step time, time waiting for

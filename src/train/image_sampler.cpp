@@ -30,6 +30,8 @@ SampledImages sample_images(Model& model, const ImageSampleOptions& o) {
   KILN_CHECK(o.steps >= 1, "sample-images: --steps must be at least 1 (got {})", o.steps);
   KILN_CHECK(o.per_class >= 1, "sample-images: --per-class must be at least 1 (got {})", o.per_class);
   KILN_CHECK(!o.classes.empty(), "sample-images: no classes to sample");
+  KILN_CHECK(std::isfinite(o.cfg_scale), "sample-images: --cfg-scale must be finite (got {})",
+             o.cfg_scale);
   for (int c : o.classes)
     KILN_CHECK(c >= 0 && c < model.vocab_size(), "sample-images: class {} is outside the "
                "model's [0, {})", c, model.vocab_size());
@@ -144,6 +146,8 @@ std::vector<int> parse_class_list(const std::string& spec, const std::string& wh
     } else {
       const int lo = number(item.substr(0, dash)), hi = number(item.substr(dash + 1));
       KILN_CHECK(lo <= hi, "{} '{}': range {} is empty", what, spec, item);
+      KILN_CHECK(out.size() + static_cast<size_t>(hi - lo) < 100000,
+                 "{} '{}': more than 100000 classes", what, spec);
       for (int k = lo; k <= hi; ++k) out.push_back(k);
     }
     pos = comma + 1;

@@ -120,6 +120,13 @@ assert m["splits"]["val"]["images"] == 12 and m["classes"] == 4, m
 print(f"sample-images: {w}x{h} grid, 12 samples as a data set")
 PY
 
+# kiln report shows the latest checkpoint's samples, inline, and writes nothing else.
+"$kiln" report "$work/ref" --out "$work/report.html" > "$work/report.log" 2>&1 || { cat "$work/report.log"; exit 1; }
+grep -q 'src="data:image/png;base64,' "$work/report.html" || { echo "FAILED: no samples in the report"; exit 1; }
+grep -q "step_00000012: EMA weights" "$work/report.html" || { echo "FAILED: the report's samples are not named"; exit 1; }
+[ ! -e "$work/ref/samples" ] || { echo "FAILED: kiln report wrote into the run directory"; exit 1; }
+echo "kiln report: the latest checkpoint's samples inline"
+
 fails() {  # fails NAME EXPECTED_TEXT command...: non-zero exit, a line naming the cause
   local name=$1 want=$2
   shift 2
@@ -129,7 +136,11 @@ fails() {  # fails NAME EXPECTED_TEXT command...: non-zero exit, a line naming t
 }
 fails bad_class "class 4 is outside the model's \[0, 4)" "$kiln" sample-images --checkpoint "$ckpt" --out "$work/x.png" --classes 3-7
 fails bad_classes "expected class numbers" "$kiln" sample-images --checkpoint "$ckpt" --out "$work/x.png" --classes a-b
-fails samples_exist "holds a data set already" "$kiln" sample-images --checkpoint "$ckpt" --out "$work/grid.png" --classes 0
+fails samples_exist "exists and is not an empty folder" "$kiln" sample-images --checkpoint "$ckpt" --out "$work/grid.png" --classes 0
+[ ! -e "$work/grid.png.tmp" ] || { echo "FAILED: a temporary PNG was left"; exit 1; }
+fails out_is_dir "is not a regular file" "$kiln" sample-images --checkpoint "$ckpt" --out "$work/data" --classes 0
+fails cfg_nan "must be finite" "$kiln" sample-images --checkpoint "$ckpt" --out "$work/n.png" --classes 0 --cfg-scale nan
+fails huge_classes "more than 100000 classes" "$kiln" sample-images --checkpoint "$ckpt" --out "$work/h.png" --classes 0-99999999
 fails block_size "model.block_size (10) must be 9" "$kiln" train "$work/dit.toml" --set "run.dir=$work/b_run" --set model.block_size=10
 fails sample_dit "sample-images" "$kiln" sample --checkpoint "$ckpt"
 echo "dit train test: all passed"
