@@ -145,7 +145,6 @@ TEST(DiTGolden, MatchesReferenceOnEveryBackend) {
   const auto labels_h = r.read_i32("labels"), cond_h = r.read_i32("conditioning");
   const auto ref_pred = r.read_f32("pred");
   const double ref_loss = r.read_f32("loss")[0];
-  const auto ref_adam = r.read_f32("adamw_losses");
   std::vector<size_t> counted;
   for (size_t b = 0; b < labels_h.size(); ++b)
     if (labels_h[b] >= 0) counted.push_back(b);
@@ -157,12 +156,6 @@ TEST(DiTGolden, MatchesReferenceOnEveryBackend) {
     const float t = t_h[i / pixels];
     xt_h[i] = (1.f - t) * x0_h[i] + t * noise_h[i];
   }
-  const int steps = meta_int(r, "adamw.steps");
-  const AdamWConfig acfg{static_cast<float>(meta_double(r, "adamw.lr")),
-                         static_cast<float>(meta_double(r, "adamw.beta1")),
-                         static_cast<float>(meta_double(r, "adamw.beta2")),
-                         static_cast<float>(meta_double(r, "adamw.eps")),
-                         static_cast<float>(meta_double(r, "adamw.weight_decay"))};
   for (auto& bep : backends) {
     Backend& be = *bep;
     const std::string bn = be.name();
@@ -195,54 +188,14 @@ TEST(DiTGolden, MatchesReferenceOnEveryBackend) {
     const auto noise_c = samples(noise_h, pixels, counted);
     const auto t_c = samples(t_h, 1, counted);
     const auto labels_c = samples(labels_h, 1, counted), cond_c = samples(cond_h, 1, counted);
-    const float grad_scale = 1.f / static_cast<float>(n_valid);
-    model.zero_grad();
-    const LossSum ls = model.flow_loss(x0c, labels_c, cond_c, noise_c, t_c, grad_scale);
-    model.backward();
-    be.synchronize(be.default_stream());
-    EXPECT_EQ(ls.targets, n_valid);
-    const double loss = ls.sum / static_cast<double>(ls.targets);
-    const double loss_rel = std::fabs(loss - ref_loss) / ref_loss;
-    fmt::print("[{}] {:<40} {:.7f} vs {:.7f}, rel {:.3e}{}\n", bn, "loss", loss, ref_loss,
-               loss_rel, loss_rel <= kLossTol ? "" : "  <-- FAIL");
-    EXPECT_LE(loss_rel, kLossTol) << "loss " << loss << " vs " << ref_loss;
-    double worst_grad = 0;
-    std::string worst_grad_name;
-    for (const ParamSpec& p : model.params()) {
-      const Cmp cg = compare(to_host(be, model.grad(p)), r.read_f32("grad." + p.name));
-      print_cmp(bn, "grad." + p.name, cg, kGradTol);
-      EXPECT_LE(cg.rel, kGradTol) << "grad." << p.name;
-      if (!(cg.rel <= worst_grad)) {
-        worst_grad = cg.rel;
-        worst_grad_name = p.name;
-      }
-    }
-
-    // ---- AdamW steps at the same draws ----
-    AdamW opt(be, model.params(), model.param_buffer(), model.grad_buffer(), acfg);
-    double worst_adam = 0;
-    int worst_step = -1;
-    for (int i = 0; i < steps; ++i) {
-      model.zero_grad();
-      const double li = model.flow_loss(x0c, labels_c, cond_c, noise_c, t_c, grad_scale).sum /
-                        static_cast<double>(n_valid);
-      model.backward();
-      opt.step(acfg.lr, 1.f);
-      be.synchronize(be.default_stream());
-      const double rel = std::fabs(li - ref_adam[i]) / ref_adam[i];
-      fmt::print("[{}] adamw step {:2d} loss {:.7f} vs {:.7f}, rel {:.3e}{}\n", bn, i + 1, li,
-                 ref_adam[i], rel, rel <= kAdamTol ? "" : "  <-- FAIL");
-      EXPECT_LE(rel, kAdamTol) << "AdamW step " << i + 1;
-      if (!(rel <= worst_adam)) {
-        worst_adam = rel;
-        worst_step = i + 1;
-      }
-    }
+    const TrainingMatch m = match_training(r, be, model, n_valid, [&](float grad_scale) {
+      return model.flow_loss(x0c, labels_c, cond_c, noise_c, t_c, grad_scale);
+    });
     fmt::print(
         "[{}] SUMMARY worst: pred rel {:.3e} (tol {:.0e}); loss rel {:.3e}, evaluation {:.3e} "
         "(tol {:.0e}); grad rel {:.3e} in {} (tol {:.0e}); adamw loss rel {:.3e} at step {} "
         "(tol {:.0e})\n",
-        bn, cp.rel, kLogitsTol, loss_rel, eval_rel, kLossTol, worst_grad, worst_grad_name,
-        kGradTol, worst_adam, worst_step, kAdamTol);
+        bn, cp.rel, kLogitsTol, m.loss_rel, eval_rel, kLossTol, m.worst_grad, m.worst_grad_name,
+        kGradTol, m.worst_adam, m.worst_step, kAdamTol);
   }
 }

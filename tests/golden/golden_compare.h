@@ -205,13 +205,20 @@ inline void copy_reference_params(const safetensors::Reader& r, Backend& be, Mod
   }
 }
 
-/// With the file's parameters in `model`: compares `logits()` (kiln's logits, laid out as
-/// the file's "logits"), the mean loss of `batch` (n_valid targets), every gradient and
-/// the losses of the file's AdamW steps with the reference, printing each error and a
-/// SUMMARY line.
-inline void match_reference_batch(const safetensors::Reader& r, Backend& be, Model& model,
-                                  const Batch& batch, int64_t n_valid,
-                                  const std::function<std::vector<float>()>& logits) {
+/// The worst errors of match_training.
+struct TrainingMatch {
+  double loss_rel = 0, worst_grad = 0, worst_adam = 0;
+  std::string worst_grad_name;
+  int worst_step = -1;
+};
+
+/// With the file's parameters in `model`: `forward(grad_scale)` (one forward with
+/// gradient of the file's batch, n_valid targets) against the file's loss, every
+/// gradient after backward() against "grad.<name>", and the file's AdamW steps' losses,
+/// printing each error.
+inline TrainingMatch match_training(const safetensors::Reader& r, Backend& be, Model& model,
+                                    int64_t n_valid,
+                                    const std::function<LossSum(float grad_scale)>& forward) {
   const std::string bn = be.name();
   const int steps = meta_int(r, "adamw.steps");
   const AdamWConfig acfg{static_cast<float>(meta_double(r, "adamw.lr")),
@@ -219,18 +226,11 @@ inline void match_reference_batch(const safetensors::Reader& r, Backend& be, Mod
                          static_cast<float>(meta_double(r, "adamw.beta2")),
                          static_cast<float>(meta_double(r, "adamw.eps")),
                          static_cast<float>(meta_double(r, "adamw.weight_decay"))};
-  const auto ref_logits = r.read_f32("logits");
   const double ref_loss = r.read_f32("loss")[0];
   const auto ref_adam = r.read_f32("adamw_losses");
-
-  // ---- logits ----
-  const Cmp cl = compare(logits(), ref_logits);
-  print_cmp(bn, "logits", cl, kLogitsTol);
-  EXPECT_LE(cl.rel, kLogitsTol) << "logits";
-
   // ---- loss and gradients ----
   model.zero_grad();
-  const LossSum ls = model.forward(batch, 1.f / static_cast<float>(n_valid));
+  const LossSum ls = forward(1.f / static_cast<float>(n_valid));
   model.backward();
   be.synchronize(be.default_stream());
   EXPECT_EQ(ls.targets, n_valid);
@@ -239,26 +239,24 @@ inline void match_reference_batch(const safetensors::Reader& r, Backend& be, Mod
   fmt::print("[{}] {:<40} {:.7f} vs {:.7f}, rel {:.3e}{}\n", bn, "loss", loss, ref_loss, loss_rel,
              loss_rel <= kLossTol ? "" : "  <-- FAIL");
   EXPECT_LE(loss_rel, kLossTol) << "loss " << loss << " vs " << ref_loss;
-  double worst_grad = 0;
-  std::string worst_grad_name;
+  TrainingMatch m;
+  m.loss_rel = loss_rel;
   for (const ParamSpec& p : model.params()) {
     const Cmp cg = compare(to_host(be, model.grad(p)), r.read_f32("grad." + p.name));
     print_cmp(bn, "grad." + p.name, cg, kGradTol);
     EXPECT_LE(cg.rel, kGradTol) << "grad." << p.name;
-    if (!(cg.rel <= worst_grad)) {
-      worst_grad = cg.rel;
-      worst_grad_name = p.name;
+    if (!(cg.rel <= m.worst_grad)) {
+      m.worst_grad = cg.rel;
+      m.worst_grad_name = p.name;
     }
   }
 
   // ---- AdamW steps on the same batch ----
   AdamW opt(be, model.params(), model.param_buffer(), model.grad_buffer(), acfg);
-  double worst_adam = 0;
-  int worst_step = -1;
   for (int i = 0; i < steps; ++i) {
     model.zero_grad();
     const double li =
-        model.forward(batch, 1.f / static_cast<float>(n_valid)).sum /
+        forward(1.f / static_cast<float>(n_valid)).sum /
         static_cast<double>(n_valid);
     model.backward();
     opt.step(acfg.lr, 1.f);
@@ -267,16 +265,37 @@ inline void match_reference_batch(const safetensors::Reader& r, Backend& be, Mod
     fmt::print("[{}] adamw step {:2d} loss {:.7f} vs {:.7f}, rel {:.3e}{}\n", bn, i + 1, li,
                ref_adam[i], rel, rel <= kAdamTol ? "" : "  <-- FAIL");
     EXPECT_LE(rel, kAdamTol) << "AdamW step " << i + 1;
-    if (!(rel <= worst_adam)) {
-      worst_adam = rel;
-      worst_step = i + 1;
+    if (!(rel <= m.worst_adam)) {
+      m.worst_adam = rel;
+      m.worst_step = i + 1;
     }
   }
+  return m;
+}
+
+/// With the file's parameters in `model`: compares `logits()` (kiln's logits, laid out as
+/// the file's "logits"), the mean loss of `batch` (n_valid targets), every gradient and
+/// the losses of the file's AdamW steps with the reference, printing each error and a
+/// SUMMARY line.
+inline void match_reference_batch(const safetensors::Reader& r, Backend& be, Model& model,
+                                  const Batch& batch, int64_t n_valid,
+                                  const std::function<std::vector<float>()>& logits) {
+  const std::string bn = be.name();
+  const auto ref_logits = r.read_f32("logits");
+
+  // ---- logits ----
+  const Cmp cl = compare(logits(), ref_logits);
+  print_cmp(bn, "logits", cl, kLogitsTol);
+  EXPECT_LE(cl.rel, kLogitsTol) << "logits";
+
+  const TrainingMatch m = match_training(r, be, model, n_valid, [&](float g) {
+    return model.forward(batch, g);
+  });
   fmt::print(
       "[{}] SUMMARY worst: logits rel {:.3e} (tol {:.0e}); loss rel {:.3e} (tol {:.0e}); "
       "grad rel {:.3e} in {} (tol {:.0e}); adamw loss rel {:.3e} at step {} (tol {:.0e})\n",
-      bn, cl.rel, kLogitsTol, loss_rel, kLossTol, worst_grad, worst_grad_name, kGradTol,
-      worst_adam, worst_step, kAdamTol);
+      bn, cl.rel, kLogitsTol, m.loss_rel, kLossTol, m.worst_grad, m.worst_grad_name, kGradTol,
+      m.worst_adam, m.worst_step, kAdamTol);
 }
 
 /// A language model against the file: tokens and targets [B,T] from it, logits [B,T,V]
