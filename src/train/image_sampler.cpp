@@ -64,15 +64,14 @@ SampledImages sample_images(Model& model, const ImageSampleOptions& o) {
     y.assign(static_cast<size_t>(rows), -1);  // rows B.. (guidance): the null class
     for (int b = 0; b < B; ++b) y[b] = out.labels[static_cast<size_t>(first + b)];
     const Shape shape = model.batch_shape(rows, model.max_positions()).inputs;
+    const Shape half = model.batch_shape(B, model.max_positions()).inputs;
     const Tensor xt = x_buf.view_at(0, shape), vt = v_buf.view_at(0, shape);
+    const float dt = -1.f / static_cast<float>(o.steps);
     for (int k = 0; k < o.steps; ++k) {
-      const float t_now = 1.f - static_cast<float>(k) / o.steps;
-      const float dt = -1.f / static_cast<float>(o.steps);
-      t.assign(static_cast<size_t>(rows), t_now);
-      be.copy_from_host(s, xt.view_at(0, model.batch_shape(B, model.max_positions()).inputs), x.data());
-      if (guided)
-        be.copy_from_host(s, xt.view_at(B * P, model.batch_shape(B, model.max_positions()).inputs),
-                          x.data());
+      t.assign(static_cast<size_t>(rows), 1.f - static_cast<float>(k) / o.steps);
+      // The conditional rows, and with guidance the same images again as the null rows.
+      be.copy_from_host(s, xt.view_at(0, half), x.data());
+      if (guided) be.copy_from_host(s, xt.view_at(B * P, half), x.data());
       model.predict_velocity(xt, t, y, vt);
       be.copy_to_host(s, v.data(), vt);
       be.synchronize(s);

@@ -8,6 +8,7 @@
 #                          per-step losses (and val losses, val accuracies) of metrics.jsonl B against
 #                          A within bound (default 1e-5) relative, from first_step on;
 #                          with a bound above 1e-5 the last step's loss only
+#   fails NAME TEXT cmd... cmd must exit non-zero with TEXT in its output ($work/NAME.log)
 #   compare_tensors A B PREFIX [bound]
 #                          the tensors named PREFIX* of checkpoint dir B against A's
 #                          (assembled from their slices, whatever layout wrote them): the
@@ -134,4 +135,12 @@ worst_rel = math.sqrt(diff[worst] / max(norm[worst], 1e-30))
 assert rel <= bound, f"{sys.argv[3]}*: relative difference {rel:.2e} > {bound} (worst {worst}: {worst_rel:.2e})"
 print(f"{len(a)} {sys.argv[3]}* tensors match, relative difference {rel:.2e} (worst tensor {worst_rel:.2e})")
 PY
+}
+
+fails() {  # fails NAME EXPECTED_TEXT command...: non-zero exit, a line naming the cause
+  local name=$1 want=$2
+  shift 2
+  if "$@" > "$work/$name.log" 2>&1; then echo "FAILED: $name succeeded"; cat "$work/$name.log"; exit 1; fi
+  grep -q -- "$want" "$work/$name.log" || { echo "FAILED: $name: no '$want' in"; cat "$work/$name.log"; exit 1; }
+  echo "$name: $(grep -m1 -- "$want" "$work/$name.log")"
 }

@@ -127,13 +127,6 @@ grep -q "step_00000012: EMA weights" "$work/report.html" || { echo "FAILED: the 
 [ ! -e "$work/ref/samples" ] || { echo "FAILED: kiln report wrote into the run directory"; exit 1; }
 echo "kiln report: the latest checkpoint's samples inline"
 
-fails() {  # fails NAME EXPECTED_TEXT command...: non-zero exit, a line naming the cause
-  local name=$1 want=$2
-  shift 2
-  if "$@" > "$work/$name.log" 2>&1; then echo "FAILED: $name succeeded"; cat "$work/$name.log"; exit 1; fi
-  grep -q -- "$want" "$work/$name.log" || { echo "FAILED: $name: no '$want' in"; cat "$work/$name.log"; exit 1; }
-  echo "$name: $(grep -m1 -- "$want" "$work/$name.log")"
-}
 fails bad_class "class 4 is outside the model's \[0, 4)" "$kiln" sample-images --checkpoint "$ckpt" --out "$work/x.png" --classes 3-7
 fails bad_classes "expected class numbers" "$kiln" sample-images --checkpoint "$ckpt" --out "$work/x.png" --classes a-b
 fails samples_exist "exists and is not an empty folder" "$kiln" sample-images --checkpoint "$ckpt" --out "$work/grid.png" --classes 0

@@ -107,13 +107,6 @@ assert acc and acc[-1] > 0.5, f"val accuracy {acc} does not beat chance (0.25) c
 print(f"vit val accuracy {acc[-1]:.3f} after 20 updates (chance 0.25)")
 PY
 
-fails() {  # fails NAME EXPECTED_TEXT command...: non-zero exit, a line naming the cause
-  local name=$1 want=$2
-  shift 2
-  if "$@" > "$work/$name.log" 2>&1; then echo "FAILED: $name succeeded"; cat "$work/$name.log"; exit 1; fi
-  grep -q -- "$want" "$work/$name.log" || { echo "FAILED: $name: no '$want' in"; cat "$work/$name.log"; exit 1; }
-  echo "$name: $(grep -m1 -- "$want" "$work/$name.log")"
-}
 mkdir -p "$work/trunc"
 cp "$work/idx/t10k-"* "$work/idx/train-labels-idx1-ubyte.gz" "$work/trunc/"
 gzip -dc "$work/idx/train-images-idx3-ubyte.gz" > "$work/trunc/train-images-idx3-ubyte"

@@ -93,8 +93,8 @@ struct DiTLayers {
 /// Host draws, device inputs, saved activations and scratch for one micro_batch B.
 struct DiT::State {
   int B = 0;
-  std::vector<float> host_noise, host_t;
-  std::vector<int32_t> host_labels;
+  std::vector<float> host_noise, host_t, host_freq;  // host_freq [B,F]: temb_in's values
+  std::vector<int32_t> host_labels, host_conditioning;  // host_conditioning: labels' rows
   Tensor noise, t, xt, target;  // fp32 [B,H,W,Cin], t [B]
   Tensor patches;               // [B,N,D] model dtype: patchify(xt)
   Tensor target_patches;        // fp32 [B,N,D]: patchify(noise - x0)
@@ -207,17 +207,18 @@ void DiT::upload_conditioning(std::span<const float> t, std::span<const int32_t>
   Backend& be = backend();
   const Stream s = be.default_stream();
   const int F = config_.frequency_dim;
-  std::vector<float> freq(static_cast<size_t>(a.B) * F);
-  for (int b = 0; b < a.B; ++b) timestep_frequencies(t[b], F, freq.data() + static_cast<size_t>(b) * F);
-  upload_f32(be, a.temb_in, freq.data());
-  std::vector<int32_t> y(labels.begin(), labels.end());
-  for (int32_t& v : y) {
+  // Host buffers of the State, so the copies need not be waited for here.
+  a.host_freq.resize(static_cast<size_t>(a.B) * F);
+  for (int b = 0; b < a.B; ++b)
+    timestep_frequencies(t[b], F, a.host_freq.data() + static_cast<size_t>(b) * F);
+  upload_f32(be, a.temb_in, a.host_freq.data());
+  a.host_conditioning.assign(labels.begin(), labels.end());
+  for (int32_t& v : a.host_conditioning) {
     KILN_CHECK(v >= -1 && v < config_.num_classes, "dit: label {} is outside [0, {})", v,
                config_.num_classes);
     if (v < 0) v = config_.num_classes;  // the null class
   }
-  be.copy_from_host(s, a.labels, y.data());
-  be.synchronize(s);  // freq and y are host temporaries
+  be.copy_from_host(s, a.labels, a.host_conditioning.data());
 }
 
 void DiT::run_forward() {
