@@ -235,7 +235,8 @@ void dump_init(const fs::path& path, const Model& model, const TrainConfig& c, i
 // directory, then step time, tokens/s and the communication table (algbw/busbw per
 // collective, nccl-tests convention) with the fraction of communication hidden under
 // computation, and with tp > 1 the tensor-parallel traffic per update against the
-// formula (parallel/tp_traffic.h). Needs data.dir.
+// formula (parallel/tp_traffic.h), with pp > 1 each stage's measured bubble against the
+// schedule's (simulated, theory). Needs data.dir.
 void run_distributed_bench(const Args& a) {
   TrainConfig c = load_config_file(a.config, a.sets);
   c.train.steps = a.warmup + a.steps;
@@ -270,6 +271,14 @@ void run_distributed_bench(const Args& a) {
                      {"comm_exposed_ms_per_step",
                       1e3 * r.comm_exposed_s / std::max<int64_t>(r.timed_steps, 1)},
                      {"comm_hidden_fraction", r.comm_hidden_fraction}};
+    if (c.parallel.pp > 1) {
+      j["pp"] = c.parallel.pp;
+      j["pp_schedule"] = c.parallel.pp_schedule;
+      j["virtual_stages"] = c.parallel.virtual_stages;
+      j["pp_bubble_measured"] = r.pp_bubble_measured;  // per stage
+      j["pp_bubble_simulated"] = r.pp_bubble_simulated;
+      j["pp_bubble_theory"] = r.pp_bubble_theory;
+    }
     if (c.parallel.tp > 1) {
       // The tensor-parallel traffic per update, measured against the formula.
       nlohmann::json t = nlohmann::json::object();

@@ -99,6 +99,7 @@ void run(const Args& a) {
     j["world_size"] = p.world_size;
     j["dp"] = p.dp;
     j["tp"] = p.tp;
+    j["pp"] = p.pp;
     j["sequence_parallel"] = c.parallel.sequence_parallel;
     j["zero_stage"] = c.parallel.zero_stage;
     j["activation_checkpointing"] = c.train.activation_checkpointing;
@@ -137,11 +138,14 @@ void run(const Args& a) {
   }
 
   fmt::print("kiln memplan: {}\n", p.model);
-  fmt::print("  world {} (data-parallel {}{}), ZeRO stage {}, micro_batch {} x {} micro-step(s) "
+  fmt::print("  world {} (data-parallel {}{}{}), ZeRO stage {}, micro_batch {} x {} micro-step(s) "
              "(global batch {}), seq_len {}, {}, activation checkpointing {}\n",
              p.world_size, p.dp,
              p.tp > 1 ? fmt::format(" x tensor-parallel {}{}", p.tp,
                                     c.parallel.sequence_parallel ? " with sequence parallelism" : "")
+                      : std::string(),
+             p.pp > 1 ? fmt::format(" x pipeline {} ({}, {} virtual stage(s))", p.pp,
+                                    c.parallel.pp_schedule, c.parallel.virtual_stages)
                       : std::string(),
              c.parallel.zero_stage, c.train.micro_batch, p.accum,
              c.train.global_batch, c.train.seq_len, c.train.dtype,
@@ -203,7 +207,7 @@ void register_memplan(CLI::App& app) {
   auto a = std::make_shared<Args>();
   cmd->add_option("config", a->config, "The TOML config")->required();
   cmd->add_option("--set", a->sets, "Override a key: --set section.key=value (repeatable)");
-  cmd->add_option("--world-size", a->world_size, "Ranks (dp x tp)")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--world-size", a->world_size, "Ranks (dp x tp x pp)")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--device-memory", a->device_gib,
                   "GiB per rank: list the layouts that fit, fastest first")
       ->check(CLI::Range(1e-3, 1e9));

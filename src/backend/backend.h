@@ -423,5 +423,8 @@ void upload_f32(Backend& be, const Tensor& dst, const float* src);
 /// fp32 host values <- src (any float dtype).
 void download_f32(Backend& be, float* dst, const Tensor& src);
 std::vector<float> download_f32(Backend& be, const Tensor& src);
+/// FNV-1a 64 of a tensor's bytes (copied to the host), continuing from h: to compare
+/// replicas bitwise across ranks.
+uint64_t hash_bytes(Backend& be, const Tensor& t, uint64_t h = 1469598103934665603ull);
 
 }  // namespace kiln

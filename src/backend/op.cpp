@@ -86,6 +86,13 @@ void download_f32(Backend& be, float* dst, const Tensor& src) {
   convert(bytes.data(), src.dtype(), dst, DType::F32, static_cast<size_t>(src.numel()));
 }
 
+uint64_t hash_bytes(Backend& be, const Tensor& t, uint64_t h) {
+  std::vector<uint8_t> bytes(static_cast<size_t>(t.nbytes()));
+  be.copy_to_host(be.default_stream(), bytes.data(), t);
+  for (uint8_t b : bytes) h = (h ^ b) * 1099511628211ull;
+  return h;
+}
+
 std::vector<float> download_f32(Backend& be, const Tensor& src) {
   std::vector<float> v(static_cast<size_t>(src.numel()));
   download_f32(be, v.data(), src);

@@ -188,6 +188,11 @@ class Engine {
       abort_all(fmt::format("{}: {}", op.work->description(), e.what()));
     }
     if (!op.control && op.record) op.record(op.kind, op.bytes, seconds_since(op.t0));
+    // The closures hold Tensor copies: drop them before the waiter wakes, so that the
+    // caller's reference is the last and a buffer is freed on the caller's thread (the
+    // allocators are not thread-safe), never on this one.
+    op.start = nullptr;
+    op.finish = nullptr;
     op.work->complete();
     if (op.done) op.done();
   }

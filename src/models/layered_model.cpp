@@ -3,6 +3,8 @@
 #include "core/error.h"
 #include "nn/block.h"
 
+#include <map>
+
 namespace kiln {
 
 const ParamSpec& Model::spec(std::string_view name) const {
@@ -22,6 +24,21 @@ void Model::init_weights(uint64_t seed) {
     }
     upload_f32(backend(), param(p), host.data());
   }
+}
+
+Shape Model::stage_activation_shape(int, int) const {
+  KILN_FAIL("{} does not run as pipeline stages (parallel.pp > 1 needs gpt2 or llama)", arch());
+}
+// Without stages, the one chunk is the whole model: forward() and backward().
+LossSum Model::forward_stage(const StagePass& p, float grad_scale) {
+  if (p.first != 0 || p.end != static_cast<int>(parts().size()) || p.slot != 0)
+    stage_activation_shape(0, 0);  // throws
+  return forward(p.batch, grad_scale);
+}
+void Model::backward_stage(const StagePass& p) {
+  if (p.first != 0 || p.end != static_cast<int>(parts().size()) || p.slot != 0)
+    stage_activation_shape(0, 0);
+  backward();
 }
 
 void Model::classify(const Tensor&, const Tensor&) {
@@ -47,19 +64,42 @@ LayerRoles layer_roles(std::string arch, nn::TokenPositionEmbedding& embedding,
   return r;
 }
 
-void lay_out(const std::vector<PartLayout>& parts, int64_t alignment, std::vector<ParamSpec>* params,
-             std::vector<ModelPart>* model_parts) {
+FlatLayout lay_out(const std::vector<PartLayout>& parts, int64_t alignment,
+                   const std::vector<int>& held) {
   KILN_CHECK(alignment >= 1, "part alignment must be >= 1, got {}", alignment);
+  const auto n_parts = static_cast<int>(parts.size());
+  std::vector<bool> is_held(parts.size(), held.empty());
+  for (int k : held) {
+    KILN_CHECK(k >= 0 && k < n_parts, "held part {} outside the model's {} parts", k, n_parts);
+    is_held[static_cast<size_t>(k)] = true;
+  }
+  // Every parameter's owner (the first part listing it) and init stream (its number).
+  std::map<const nn::Param*, std::pair<int, uint64_t>> owner;
+  for (int k = 0; k < n_parts; ++k)
+    for (const nn::Param* prm : parts[static_cast<size_t>(k)].params)
+      owner.try_emplace(prm, k, owner.size());
+  std::vector<bool> lends(parts.size(), false);  // owns a parameter a later held part uses
+  for (int k = 0; k < n_parts; ++k)
+    for (const nn::Param* prm : parts[static_cast<size_t>(k)].params)
+      if (const int o = owner.at(prm).first; o != k && is_held[static_cast<size_t>(k)])
+        lends[static_cast<size_t>(o)] = true;
   auto align = [&](int64_t x) { return (x + alignment - 1) / alignment * alignment; };
+  FlatLayout out;
   int64_t offset = 0;
-  for (size_t k = 0; k < parts.size(); ++k) {
+  for (int k = 0; k < n_parts; ++k) {
+    if (!is_held[static_cast<size_t>(k)]) continue;
+    const PartLayout& part = parts[static_cast<size_t>(k)];
     ModelPart mp;
-    mp.index = static_cast<int>(k);
-    mp.name = parts[k].name;
-    mp.cost = parts[k].cost;
-    mp.resident = parts[k].resident;
+    mp.index = static_cast<int>(out.parts.size());
+    mp.global_index = k;
+    mp.name = part.name;
+    mp.cost = part.cost;
+    mp.resident = part.resident || lends[static_cast<size_t>(k)];
     mp.begin = offset = align(offset);  // a part starts aligned
-    for (const nn::Param* prm : parts[k].params) {
+    for (nn::Param* prm : part.params) {
+      const auto [o, stream] = owner.at(prm);
+      const bool copy = o != k;
+      if (copy && is_held[static_cast<size_t>(o)]) continue;  // laid out in its owner
       ParamSpec p;
       p.name = prm->name;
       p.shape = prm->shape;
@@ -68,13 +108,22 @@ void lay_out(const std::vector<PartLayout>& parts, int64_t alignment, std::vecto
       p.offset = offset;
       p.weight_decay = prm->weight_decay;
       p.part = mp.index;
+      p.init_stream = stream;
+      p.tied_copy = copy;
+      mp.resident = mp.resident || copy;
       offset += p.local_shape().numel();
-      if (params) params->push_back(std::move(p));
+      out.params.push_back(std::move(p));
+      out.layer_params.push_back(prm);
     }
     mp.end = offset;
     mp.padded_end = mp.begin + align(mp.end - mp.begin);
-    if (model_parts) model_parts->push_back(mp);
+    out.parts.push_back(mp);
   }
+  return out;
+}
+
+int LayeredModel::local_part(int global) const {
+  return global >= 0 && global < global_parts_ ? local_of_global_[static_cast<size_t>(global)] : -1;
 }
 
 LayeredModel::LayeredModel(Backend& backend, const ModelStorage& storage)
@@ -87,9 +136,13 @@ void LayeredModel::build(const std::vector<PartLayout>& parts, const std::vector
   for (Op op : ops)
     KILN_CHECK(backend_.supports(op, storage_.dtype), "backend {} has no {} {}", backend_.name(),
                dtype_name(storage_.dtype), op_name(op));
-  lay_out(parts, storage_.part_alignment, &params_, &parts_);
-  for (const auto& part : parts)
-    for (nn::Param* p : part.params) layer_params_.push_back(p);
+  FlatLayout layout = lay_out(parts, storage_.part_alignment, storage_.held_parts);
+  params_ = std::move(layout.params);
+  layer_params_ = std::move(layout.layer_params);
+  parts_ = std::move(layout.parts);
+  global_parts_ = static_cast<int>(parts.size());
+  local_of_global_.assign(parts.size(), -1);
+  for (const ModelPart& u : parts_) local_of_global_[static_cast<size_t>(u.global_index)] = u.index;
   part_params_.resize(parts_.size());
   part_grads_.resize(parts_.size());
   const Stream s = backend_.default_stream();
@@ -147,7 +200,7 @@ Tensor LayeredModel::grad(const ParamSpec& p) const {
 std::vector<float> LayeredModel::init_values(size_t index, uint64_t seed, int64_t begin,
                                              int64_t end) const {
   KILN_CHECK(index < layer_params_.size(), "{}: no parameter number {}", arch(), index);
-  return nn::init_values(*layer_params_[index], seed, index, begin, end);
+  return nn::init_values(*layer_params_[index], seed, params_[index].init_stream, begin, end);
 }
 
 void LayeredModel::project_logits(const Tensor& out, const Tensor& x, const Tensor& weight) const {

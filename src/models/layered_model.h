@@ -13,18 +13,29 @@
 
 namespace kiln {
 
-/// A part as a model declares it: its layers' parameters in order.
+/// A part as a model declares it: its layers' parameters in order. A parameter listed
+/// again by a later part (a tied one: GPT-2's wte in the head) belongs to the first part
+/// that lists it; the later part only uses it.
 struct PartLayout {
   std::string name;
   std::vector<nn::Param*> params;
   double cost = 1.0;
-  bool resident = false;
+  bool resident = false;  // for its own reasons (a loss gradient made in forward)
 };
 
-/// The flat layout of `parts` (parameters in order, each part starting at a multiple of
-/// `alignment` and padded to one): ParamSpecs and parts with their ranges.
-void lay_out(const std::vector<PartLayout>& parts, int64_t alignment, std::vector<ParamSpec>* params,
-             std::vector<ModelPart>* model_parts);
+/// The flat layout of the parts `held` (global indices, increasing; empty: every part) of
+/// a model declared as `parts`: parameters in order, each part starting at a multiple of
+/// `alignment` and padded to one. A tied parameter is laid out once, in its owner part;
+/// when the owner is not held but a user is, the user holds a copy (ParamSpec::tied_copy).
+/// A part is resident when it says so, owns a parameter a later held part uses, or holds
+/// a copy. Init streams number the whole model's parameters, whatever is held.
+struct FlatLayout {
+  std::vector<ParamSpec> params;
+  std::vector<nn::Param*> layer_params;  // the layer's Param of params[i]
+  std::vector<ModelPart> parts;
+};
+FlatLayout lay_out(const std::vector<PartLayout>& parts, int64_t alignment,
+                   const std::vector<int>& held = {});
 
 /// The roles (for a LayerPlan) of a model built as an embedding, blocks, a final norm and,
 /// when untied, an output projection (nullptr when tied).
@@ -48,7 +59,8 @@ class LayeredModel : public Model {
   Tensor grad(const ParamSpec& p) const override;
   using Model::grad;
   using Model::param;
-  /// Parameter i draws from Philox stream i, element j at global index j.
+  /// Parameter i draws from Philox stream params()[i].init_stream (its number in the whole
+  /// model), element j at global index j.
   std::vector<float> init_values(size_t index, uint64_t seed, int64_t begin,
                                  int64_t end) const override;
   void zero_grad() override;
@@ -61,6 +73,10 @@ class LayeredModel : public Model {
   /// backend cannot run `ops` in, or gradients in a dtype other than fp32 or dtype.
   void build(const std::vector<PartLayout>& parts, const std::vector<Op>& ops);
   ModelHooks& hooks() const { return *hooks_; }
+  /// The local index (ModelPart::index) of global part `global`; -1 when not held.
+  int local_part(int global) const;
+  /// Parts of the whole model (held or not).
+  int global_parts() const { return global_parts_; }
   /// Inference logits out [N.., Vp] = x [N.., C] @ weight [Vp, C]^T, computed in the model
   /// dtype and converted when out is in another (fp32 for the caller).
   void project_logits(const Tensor& out, const Tensor& x, const Tensor& weight) const;
@@ -78,6 +94,8 @@ class LayeredModel : public Model {
   std::vector<ModelPart> parts_;
   std::vector<Tensor> part_params_, part_grads_;  // bound storage per part
   Tensor param_buffer_, grad_buffer_;
+  std::vector<int> local_of_global_;
+  int global_parts_ = 0;
   ModelHooks no_hooks_;
   ModelHooks* hooks_ = &no_hooks_;
 };

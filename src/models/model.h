@@ -57,6 +57,7 @@ class LayerPlan {
 /// zero padding up to the part alignment (see ModelStorage).
 struct ModelPart {
   int index = 0;        // 0 .. parts().size() - 1, in forward order
+  int global_index = 0; // in the whole model (differs from index on a pipeline stage)
   std::string name;     // e.g. "embeddings", "h.3", "head"
   int64_t begin = 0, end = 0, padded_end = 0;
   double cost = 1.0;    // relative compute per token (balancing pipeline stages)
@@ -73,6 +74,9 @@ struct ModelStorage {
   bool allocate_params = true;    // one flat buffer; false: the owner binds per part (ZeRO-3)
   bool allocate_grads = true;     // likewise for gradients (ZeRO-2/3)
   const LayerPlan* plan = nullptr;  // applied to the layers before the layout (tensor parallel)
+  /// The parts this model builds, by global index (a pipeline stage's chunks); empty: all.
+  /// Parameter names, initial values and layer numbers stay those of the whole model.
+  std::vector<int> held_parts;
 };
 
 /// Callbacks around each part (by ModelPart::index): forward visits 0, 1, .., P-1;
@@ -101,6 +105,20 @@ struct BatchShape {
   DType input_dtype = DType::I32;
   Shape targets;
   bool images() const { return input_dtype == DType::F32; }
+};
+
+/// One pipeline chunk's pass (parallel/pipeline.h): parts [first, end) by global index,
+/// all held by the model, on micro-batch slot `slot` (one per micro-batch in flight on
+/// the chunk; a slot's forward is followed by its backward before the slot is reused).
+/// `batch` is the whole micro-batch (tokens read by part 0, targets by the last part),
+/// kept valid by the caller until the slot's backward. Activations between chunks are
+/// Model::stage_activation_shape, in the model dtype.
+struct StagePass {
+  int first = 0, end = 0;
+  int slot = 0;
+  Batch batch;
+  Tensor input, output;    // forward: the activation in (first > 0) and out (end < parts)
+  Tensor dinput, doutput;  // backward: dL/d(input) out (first > 0), dL/d(output) in (end < parts)
 };
 
 /// The SUM of per-target losses (nats) over non-ignored targets, and their number; for a
@@ -176,6 +194,18 @@ class Model {
   virtual void set_dropout(bool on, uint64_t seed, uint64_t call_index) = 0;
   /// Hooks called around parts; nullptr for none. Not owned.
   virtual void set_hooks(ModelHooks* hooks) = 0;
+  // ---- pipeline stages (parallel/pipeline.h) --------------------------------------------
+  /// Whether forward_stage / backward_stage run (pipeline parallelism needs them).
+  virtual bool runs_stages() const { return false; }
+  /// The activation between two chunks of a [B,T] micro-batch. Throws without stages.
+  virtual Shape stage_activation_shape(int B, int T) const;
+  /// Forward of one chunk; returns the loss sum on the chunk holding the last part (else
+  /// zero) and, when grad_scale > 0, prepares the slot's backward_stage. A model without
+  /// stages runs the whole model as slot 0 (forward(), backward()). Throws kiln::Error
+  /// for a range or slot the model cannot run.
+  virtual LossSum forward_stage(const StagePass& pass, float grad_scale);
+  /// Backward of the slot's last forward_stage: accumulates (+=) parameter gradients.
+  virtual void backward_stage(const StagePass& pass);
   /// Training FLOPs per token at sequence length T (for MFU).
   virtual double flops_per_token(int T) const = 0;
   /// Trainable parameters as the model's paper counts them: a tied parameter once, padding

@@ -17,6 +17,11 @@ struct ParamSpec {
   int64_t offset = 0;         // in elements, within the flat buffer (of local_shape())
   bool weight_decay = false;  // matrices (2-D) decay; biases and norm gains do not
   int part = 0;               // the model part holding it (ModelPart::index)
+  uint64_t init_stream = 0;   // the Philox stream of its initial values: its number in the
+                              // whole model's layout, whatever parts this model holds
+  bool tied_copy = false;     // a copy of a tied parameter whose owner part lives on another
+                              // pipeline stage (GPT-2's wte beside the head): kept bitwise
+                              // equal to the owner, saved and counted in norms by the owner
   /// The shape this rank stores: `shape`, or its tp slice.
   Shape local_shape() const { return tp.local_shape(shape); }
 };

@@ -136,14 +136,28 @@ void DataParallel::init_weights(uint64_t seed) {
 
 void DataParallel::begin_step(int micro_steps) {
   micro_steps_ = micro_steps;
+  for (auto& u : parts_) u.done = false;
   if (stage_ <= 1) model_.zero_grad();
   if (stage_ >= 2) backend_.fill(backend_.default_stream(), grad_shard_, 0.f);
+  if (stage_ == 2)
+    for (auto& u : parts_)
+      if (u.deferred) bind_whole_grads(u);
 }
 
 void DataParallel::begin_micro_step(int k) {
   micro_step_ = k;
   last_micro_ = k == micro_steps_ - 1;
-  for (auto& u : parts_) u.done = false;
+}
+
+void DataParallel::defer_reduction(const std::vector<int>& parts) {
+  KILN_CHECK(stage_ <= 2, "DataParallel: deferred reductions need ZeRO stage 0-2, not {}", stage_);
+  for (int p : parts) part(p).deferred = true;
+}
+
+void DataParallel::bind_whole_grads(Part& u) {
+  u.grads = backend_.empty(Shape{u.padded}, model_.grad_dtype(), MemCategory::Gradients);
+  backend_.fill(backend_.default_stream(), u.grads, 0.f);
+  model_.bind_grads(u.index, u.grads);
 }
 
 // ---- stage 3 parameter gathering ----------------------------------------------------
@@ -204,13 +218,10 @@ void DataParallel::end_forward_only() {
 // ---- hooks ------------------------------------------------------------------------
 
 void DataParallel::before_forward(int part) {
-  if (stage_ >= 2 && this->part(part).resident) {
+  if (stage_ >= 2 && this->part(part).resident && !this->part(part).deferred) {
     // A resident parameter (GPT-2's wte) receives gradient from a later part during
     // forward (the head's loss gradient): its part's gradient must exist from here.
-    Part& e = this->part(part);
-    e.grads = backend_.empty(Shape{e.padded}, model_.grad_dtype(), MemCategory::Gradients);
-    backend_.fill(backend_.default_stream(), e.grads, 0.f);
-    model_.bind_grads(part, e.grads);
+    bind_whole_grads(this->part(part));
   }
   if (stage_ == 3 && !full_gathered_) {
     gather(part, true);
@@ -225,12 +236,7 @@ void DataParallel::after_forward(int part) {
 
 void DataParallel::before_backward(int part) {
   const bool resident = this->part(part).resident;
-  if (stage_ >= 2 && !resident) {
-    Part& u = this->part(part);
-    u.grads = backend_.empty(Shape{u.padded}, model_.grad_dtype(), MemCategory::Gradients);
-    backend_.fill(backend_.default_stream(), u.grads, 0.f);
-    model_.bind_grads(part, u.grads);
-  }
+  if (stage_ >= 2 && !resident && !this->part(part).deferred) bind_whole_grads(this->part(part));
   if (stage_ == 3 && !full_gathered_ && !resident) {
     gather(part, true);
     if (part - 1 >= 0 && !this->part(part - 1).resident) gather(part - 1, false);  // prefetch
@@ -240,7 +246,7 @@ void DataParallel::before_backward(int part) {
 
 void DataParallel::after_backward(int part) {
   if (stage_ == 3 && !full_gathered_) release(part);
-  reduce_part_grads(part);
+  if (!this->part(part).deferred) reduce_part_grads(part);
   drain(false);
 }
 
@@ -302,7 +308,12 @@ void DataParallel::drain(bool all) {
   }
 }
 
-void DataParallel::finish_gradients() {
+void DataParallel::finish_gradients(const std::function<void()>& before_deferred) {
+  drain(true);
+  if (before_deferred) before_deferred();
+  last_micro_ = true;
+  for (const auto& u : parts_)
+    if (u.deferred) reduce_part_grads(u.index);
   drain(true);
   if (tp_) reduce_partial_grads(optimizer_segments(), backend_, *tp_);
 }
@@ -310,21 +321,28 @@ void DataParallel::finish_gradients() {
 double DataParallel::grad_sum_squares() {
   const Stream s = backend_.default_stream();
   double local = 0.0;
+  // A tied copy (its owner on another pipeline stage counts it) is left out.
+  std::vector<AdamWSegment> segs = optimizer_segments();
+  double copies = 0.0;
+  for (const AdamWSegment& seg : segs)
+    if (seg.spec.tied_copy) copies += backend_.sum_squares(s, seg.grad);
   if (tp_) {
     // Each tp rank's share (replicated tensors on tp rank 0 only); below stage 1 every dp
     // rank holds the whole reduced gradient, so the sum runs over tp alone.
-    std::vector<double> v{tp_share_sum_squares(optimizer_segments(), backend_, tp_->rank())};
+    std::erase_if(segs, [](const AdamWSegment& seg) { return seg.spec.tied_copy; });
+    std::vector<double> v{tp_share_sum_squares(segs, backend_, tp_->rank())};
     if (stage_ > 0 && world_ > 1) comm_.all_reduce_sum(v);
     tp_->all_reduce_sum(v);
     return v[0];
   }
-  if (stage_ == 0) return backend_.sum_squares(s, model_.grad_buffer());  // replicated
+  if (stage_ == 0) return backend_.sum_squares(s, model_.grad_buffer()) - copies;  // replicated
+  local = -copies;
   if (stage_ == 1) {
     for (const auto& u : parts_)
       local += backend_.sum_squares(
           s, model_.grad_buffer().view_at(u.slice_begin(rank_), Shape{u.S}));
   } else {
-    local = backend_.sum_squares(s, grad_shard_);
+    local += backend_.sum_squares(s, grad_shard_);
   }
   if (world_ == 1) return local;
   std::vector<double> v{local};  // in double: an fp32 sum would round each shard's share
@@ -345,16 +363,6 @@ void DataParallel::after_optimizer_step() {
   for (auto& w : works) w->wait();
   wait_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
 }
-
-namespace {
-// FNV-1a 64 of a tensor's bytes, continuing from h.
-uint64_t hash_bytes(Backend& be, const Tensor& t, uint64_t h = 1469598103934665603ull) {
-  std::vector<uint8_t> bytes(t.nbytes());
-  be.copy_to_host(be.default_stream(), bytes.data(), t);
-  for (uint8_t b : bytes) h = (h ^ b) * 1099511628211ull;
-  return h;
-}
-}  // namespace
 
 std::string DataParallel::replica_hash() const {
   if (stage_ == 3) return "";

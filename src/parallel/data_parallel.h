@@ -37,6 +37,7 @@
 #include "optim/adamw.h"
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -73,11 +74,19 @@ class DataParallel final : public ModelHooks {
 
   /// Before the micro-steps of an update: zero gradients. `micro_steps` = accumulation.
   void begin_step(int micro_steps);
-  /// Before micro-step k's forward (0-based).
+  /// Before micro-step k's forward (0-based), and (pipeline schedules, whose forwards
+  /// and backwards of several micro-batches interleave) before micro-batch k's backward
+  /// too: a part's reduction starts after its backward of the last micro-batch.
   void begin_micro_step(int k);
-  /// After the last backward: waits for every reduction, then reduces the tp-partial
-  /// gradients over tp (tp_grads.h). Gradients are then final.
-  void finish_gradients();
+  /// Parts (local indices) whose gradient stays whole on this rank for the whole step
+  /// and is reduced only in finish_gradients (pipeline stages: a tied parameter's
+  /// gradient, summed over its stages first; a resident part's, written by several
+  /// micro-batches in flight). Stages 0-2; throws kiln::Error for stage 3.
+  void defer_reduction(const std::vector<int>& parts);
+  /// After the last backward: waits for every reduction, calls `before_deferred` (the
+  /// gradients of deferred parts are then complete on this rank), reduces the deferred
+  /// parts, then the tp-partial gradients over tp (tp_grads.h). Gradients are then final.
+  void finish_gradients(const std::function<void()>& before_deferred = {});
   /// Sum of squares of the whole model's gradient, each element counted once over all
   /// ranks of dp x tp (the clipping norm's square). Collective.
   double grad_sum_squares();
@@ -117,6 +126,7 @@ class DataParallel final : public ModelHooks {
     std::shared_ptr<Work> gather_work;
     Tensor grads;  // stages 2-3: the whole part's gradient while it exists
     bool done = false;
+    bool deferred = false;  // reduced in finish_gradients (defer_reduction)
     int64_t slice_begin(int rank) const { return begin + rank * S; }  // flat
   };
   struct Pending {
@@ -128,6 +138,8 @@ class DataParallel final : public ModelHooks {
   void gather(int part, bool wait);
   void release(int part);
   void reduce_part_grads(int part);
+  /// Stages 2-3: a zeroed whole-part gradient, bound to the model.
+  void bind_whole_grads(Part& u);
   void drain(bool all);
 
   Model& model_;

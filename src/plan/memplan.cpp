@@ -7,6 +7,7 @@
 #include "models/registry.h"
 #include "optim/adamw.h"
 #include "parallel/data_parallel.h"
+#include "parallel/pipeline_schedule.h"
 #include "plan/scratch_models.h"
 #include "train/model_io.h"
 #include "train/train_data.h"
@@ -36,15 +37,14 @@ bool MemPlan::ranks_differ() const {
 
 TrainConfig resolve_for_planning(TrainConfig c, int world_size) {
   KILN_CHECK(world_size >= 1, "memplan: --world-size must be >= 1, got {}", world_size);
-  KILN_CHECK(c.parallel.pp == 1,
-             "{}: parallel.pp must be 1 (pipeline parallelism is not implemented yet)", c.source);
-  KILN_CHECK(world_size % c.parallel.tp == 0,
-             "{}: parallel.tp = {} does not divide the world size {}", c.source, c.parallel.tp,
-             world_size);
-  const int dp = world_size / c.parallel.tp;
+  const int tp_pp = c.parallel.tp * c.parallel.pp;
+  KILN_CHECK(world_size % tp_pp == 0,
+             "{}: parallel.tp x parallel.pp = {} does not divide the world size {}", c.source,
+             tp_pp, world_size);
+  const int dp = world_size / tp_pp;
   KILN_CHECK(c.parallel.dp == 0 || c.parallel.dp == dp,
-             "{}: parallel.dp = {} but the world size {} over tp = {} leaves {}", c.source,
-             c.parallel.dp, world_size, c.parallel.tp, dp);
+             "{}: parallel.dp = {} but the world size {} over tp x pp = {} leaves {}", c.source,
+             c.parallel.dp, world_size, tp_pp, dp);
   KILN_CHECK(c.model.n_layer > 0 && c.model.n_head > 0 && c.model.n_embd > 0 && c.model.block_size > 0,
              "{}: the model shape is incomplete (set model.preset or model.n_layer, n_head, n_embd, "
              "block_size)", c.source);
@@ -74,22 +74,27 @@ namespace {
 // rank's collectives are set from the step.
 RankMemory dry_run(const TrainConfig& c, const MemPlanOptions& o, int rank,
                    std::shared_ptr<MetaScratchModel> scratch, MemPlan* plan = nullptr) {
-  // The mesh with pp = 1: tp innermost (parallel/mesh.h).
-  const int tp_size = c.parallel.tp, dp_size = o.world_size / tp_size;
+  // The mesh: pp outermost, tp innermost (parallel/mesh.h).
+  const int tp_size = c.parallel.tp, pp_size = c.parallel.pp;
+  const int dp_size = o.world_size / (tp_size * pp_size);
   MetaBackendOptions mo;
   mo.device = o.backend == "cuda" ? Device::cuda(0) : Device::cpu();
   mo.scratch = std::move(scratch);
   auto be = make_meta_backend(mo);
-  SimulatedCommunicator comm(dp_size, rank / tp_size, "world/dp",
+  SimulatedCommunicator comm(dp_size, (rank / tp_size) % dp_size, "world/dp",
                              dp_size == 1 ? 0 : o.completion_polls);
   // Tensor-parallel collectives are blocking (the layers wait for them): they complete
   // when called.
   SimulatedCommunicator tp_comm(tp_size, rank % tp_size, "world/tp", 0);
+  // Pipeline messages complete when posted: each stage's activations in flight are the
+  // schedule's, not a neighbour's pace.
+  SimulatedCommunicator pp_comm(pp_size, rank / (tp_size * dp_size), "world/pp", 0);
 
   // The trainer's own step object: model, ZeRO wrapper and AdamW (fp32 master weights
   // for low-precision parameters) as the trainer builds them. Initial weights are copied
   // from the host: nothing to allocate, nothing to plan.
-  TrainStep step(c, *be, comm, tp_size > 1 ? &tp_comm : nullptr);
+  TrainStep step(c, *be, comm, tp_size > 1 ? &tp_comm : nullptr,
+                 pp_size > 1 ? &pp_comm : nullptr);
   if (plan) {
     plan->model = step.model().describe();
     plan->flops_per_token = step.model().flops_per_token(c.train.seq_len);
@@ -155,7 +160,8 @@ MemPlan plan_memory(const TrainConfig& config, const MemPlanOptions& o) {
   p.config = resolve_for_planning(config, o.world_size);
   p.world_size = o.world_size;
   p.tp = p.config.parallel.tp;
-  p.dp = o.world_size / p.tp;
+  p.pp = p.config.parallel.pp;
+  p.dp = o.world_size / (p.tp * p.pp);
   p.accum = p.config.grad_accum_steps(p.dp);
   std::vector<int> ranks = o.ranks;
   const int W = o.world_size;
@@ -206,13 +212,17 @@ StepTime estimate_step_time(const MemPlan& p, const CostModel& cost) {
   const std::string& mode = p.config.train.activation_checkpointing;
   const double dsize = p.config.train.dtype == "fp32" ? 4.0 : 2.0;
   StepTime t;
-  const double fwd = tokens * per_token / 3.0 / cost.peak_flops;
-  double bwd = tokens * per_token * 2.0 / 3.0 / cost.peak_flops;
-  if (mode == "full") t.recompute = tokens * block_forward / cost.peak_flops;
+  // A pipeline stage computes 1/pp of the model, idle for the schedule's bubble.
+  const double stage = p.pp * (1.0 - pp::theoretical_bubble(
+                                         pp::parse_schedule_kind(p.config.parallel.pp_schedule),
+                                         p.pp, p.config.parallel.virtual_stages, p.accum));
+  const double fwd = tokens * per_token / 3.0 / cost.peak_flops / stage;
+  double bwd = tokens * per_token * 2.0 / 3.0 / cost.peak_flops / stage;
+  if (mode == "full") t.recompute = tokens * block_forward / cost.peak_flops / stage;
   // Selective: GELU from its input again, memory-bound (read 4C, write 4C per token per
   // block); its FLOPs are negligible.
   if (mode == "selective" && cost.mem_bandwidth > 0)
-    t.recompute = tokens * L * 2.0 * 4.0 * C * dsize / p.tp / cost.mem_bandwidth;
+    t.recompute = tokens * L * 2.0 * 4.0 * C * dsize / p.tp / cost.mem_bandwidth / stage;
   bwd += t.recompute;
   t.compute = fwd + bwd;
 
@@ -262,15 +272,16 @@ std::vector<Layout> search_layouts(const TrainConfig& config, const MemPlanOptio
   o.ranks = {0};  // rank 0 holds the most: later ranks' slices only lose padding
   o.upper_bound = false;
   const bool tp_ok = model_arch(base.model.arch).tensor_parallel;
+  const int pp = base.parallel.pp;  // as configured: the search covers tp, not pp
   for (int tp = 1; tp <= (tp_ok ? W : 1); tp *= 2) {
-    if (W % tp != 0 || heads % tp != 0 || kv_heads % tp != 0) continue;
-    const int dp = W / tp;
+    if (W % (tp * pp) != 0 || heads % tp != 0 || kv_heads % tp != 0) continue;
+    const int dp = W / (tp * pp);
     for (const bool sp : {false, true}) {
       if (sp && tp == 1) continue;
       for (int mb = base.train.micro_batch; mb >= 1; mb /= 2) {
         if (base.train.global_batch % (mb * dp) != 0) break;
         if (sp && (int64_t{mb} * base.train.seq_len) % tp != 0) break;
-        for (int stage = 0; stage <= 3; ++stage) {
+        for (int stage = 0; stage <= (pp > 1 ? 2 : 3); ++stage) {
           for (const char* ck : {"none", "selective", "full"}) {
             TrainConfig c = base;
             c.parallel.tp = tp;

@@ -60,7 +60,7 @@ struct MemPlan {
   TrainConfig config;   // resolved (vocab_size, global_batch filled in)
   std::string model;             // Model::describe() of the planned model
   double flops_per_token = 0;    // Model::flops_per_token(train.seq_len): training FLOPs
-  int world_size = 1, dp = 1, tp = 1, accum = 1;
+  int world_size = 1, dp = 1, tp = 1, pp = 1, accum = 1;
   std::string scratch_model;        // MetaScratchModel::name()
   std::string comm_model;           // "keeps pace" or "falls behind" (completion_polls)
   std::vector<RankMemory> ranks;    // the simulated ranks, rank 0 first
@@ -116,7 +116,8 @@ struct Layout {
   StepTime time;
 };
 
-/// Every layout over tp (the powers of two that divide the world size, the query and
+/// Every layout over tp at the configured parallel.pp (the powers of two that divide the
+/// world size over pp, the query and
 /// key/value heads; with sequence parallelism on and off when tp > 1), zero stages 0-3,
 /// checkpointing none/selective/full and micro_batch halvings of config's (keeping the
 /// global batch), with its predicted peak (rank 0) and step time; `fits` when peak <=

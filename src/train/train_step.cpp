@@ -47,12 +47,15 @@ kind = "constant"
 }
 
 TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& dp_comm,
-                     Communicator* tp_comm)
-    : config_(config), backend_(backend), comm_(dp_comm) {
+                     Communicator* tp_comm, Communicator* pp_comm)
+    : config_(config), backend_(backend), comm_(dp_comm), pp_comm_(pp_comm) {
   const int dp = comm_.size();
   const int tp = tp_comm ? tp_comm->size() : 1;
+  const int pp = pp_comm ? pp_comm->size() : 1;
   KILN_CHECK(tp == config_.parallel.tp, "{}: parallel.tp = {} but the tensor-parallel group has "
              "{} ranks", config_.source, config_.parallel.tp, tp);
+  KILN_CHECK(pp == config_.parallel.pp, "{}: parallel.pp = {} but the pipeline group has {} ranks",
+             config_.source, config_.parallel.pp, pp);
   accum_ = config_.grad_accum_steps(dp);
   ModelStorage storage = zero_model_storage(config_.parallel.zero_stage, dp,
                                             parse_dtype(config_.train.dtype),
@@ -66,40 +69,183 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& 
     tp_plan_ = std::make_unique<TensorParallelPlan>(*tp_group_, config_.parallel.sequence_parallel);
     storage.plan = tp_plan_.get();
   }
-  model_ = make_model(model_options_from(config_), backend_, storage);
+  const ModelOptions options = model_options_from(config_);
+  storage.held_parts = plan_stages(options, storage);
+  model_ = make_model(options, backend_, storage);
   model_->set_activation_checkpointing(
       nn::parse_activation_checkpointing(config_.train.activation_checkpointing));
   dp_ = std::make_unique<DataParallel>(*model_, comm_, config_.parallel.zero_stage,
                                        config_.parallel.bucket_mb, tp > 1 ? tp_comm : nullptr);
+  if (!storage.held_parts.empty()) {
+    // Several micro-batches in flight: a resident part's gradient and a tied parameter's
+    // (summed over its stages first) are reduced over dp once the schedule is done.
+    std::vector<int> deferred;
+    for (const ModelPart& u : model_->parts()) {
+      bool tied = u.resident;
+      for (const ParamSpec& s : model_->params())
+        if (s.part == u.index && std::count(tied_names_.begin(), tied_names_.end(), s.name)) tied = true;
+      if (tied) deferred.push_back(u.index);
+    }
+    dp_->defer_reduction(deferred);
+  }
   optimizer_ = std::make_unique<AdamW>(backend_, dp_->optimizer_segments(),
                                        adamw_config_from(config_));
   scaler_.enabled = model_->dtype() == DType::F16;
   scaler_.scale = scaler_.enabled ? config_.train.loss_scale : 1.0;
   scaler_.growth_interval = config_.train.loss_scale_growth_interval;
   shape_ = model_->batch_shape(config_.train.micro_batch, config_.train.seq_len);
-  inputs_ = backend_.empty(shape_.inputs, shape_.input_dtype, MemCategory::Activations);
-  targets_ = backend_.empty(shape_.targets, DType::I32, MemCategory::Activations);
+  // A pipeline keeps every micro-batch of the step on the device (several are in flight,
+  // on several chunks); one buffer serves the trivial schedule.
+  batch_buffers_ = storage.held_parts.empty() ? 1 : accum_;
+  for (int k = 0; k < batch_buffers_; ++k) {
+    inputs_.push_back(backend_.empty(shape_.inputs, shape_.input_dtype, MemCategory::Activations));
+    targets_.push_back(backend_.empty(shape_.targets, DType::I32, MemCategory::Activations));
+  }
   staging_ = Tensor::empty(backend_.staging_allocator(),
                            Shape{shape_.inputs.numel() + shape_.targets.numel()}, DType::I32,
                            MemCategory::Activations);
+  const pp::ScheduleKind kind = pp::parse_schedule_kind(config_.parallel.pp_schedule);
+  pp::Schedule schedule = pp::make_schedule(kind, pp, config_.parallel.virtual_stages, accum_);
+  pp::simulate(schedule);  // throws on a deadlock or an unmatched message
+  pipeline_ = std::make_unique<pp::PipelineExecutor>(*model_, pp_comm_, std::move(schedule),
+                                                     boundaries_, config_.train.micro_batch,
+                                                     config_.train.seq_len);
 }
 
-Batch TrainStep::device_batch() const {
+std::vector<int> TrainStep::plan_stages(const ModelOptions& options, ModelStorage storage) {
+  const int pp = pp_comm_ ? pp_comm_->size() : 1;
+  const int chunks = pp * config_.parallel.virtual_stages;
+  // The whole model's parts and costs, from a model that allocates nothing (and takes no
+  // tensor-parallel plan: the costs do not depend on it).
+  storage.allocate_params = storage.allocate_grads = false;
+  storage.plan = nullptr;
+  const auto probe = make_model(options, backend_, storage);
+  const auto n_parts = static_cast<int>(probe->parts().size());
+  std::vector<double> costs;
+  for (const ModelPart& u : probe->parts()) costs.push_back(u.cost);
+  boundaries_ = chunks == 1 ? std::vector<int>{0}
+                            : pp::split_stages(costs, chunks, config_.parallel.pp_split);
+  boundaries_.push_back(n_parts);
+  if (chunks == 1) return {};
+  KILN_CHECK(probe->runs_stages(), "{}: parallel.pp = {}, virtual_stages = {}: model.arch = \"{}\" "
+             "does not run as pipeline stages (gpt2 and llama do)", config_.source, pp,
+             config_.parallel.virtual_stages, probe->arch());
+  KILN_CHECK(config_.parallel.zero_stage <= 2, "{}: parallel.zero_stage = 3 with parallel.pp = {}: "
+             "ZeRO-3 gathers each part for every pass, which several micro-batches in flight "
+             "would repeat per micro-batch; use zero_stage 0-2 with pipeline parallelism",
+             config_.source, pp);
+  std::vector<int> held;
+  const int rank = pp_comm_ ? pp_comm_->rank() : 0;
+  for (int c = 0; c < chunks; ++c)
+    if (pp::Schedule::rank_of_chunk(c, pp) == rank)
+      for (int k = boundaries_[static_cast<size_t>(c)]; k < boundaries_[static_cast<size_t>(c) + 1]; ++k)
+        held.push_back(k);
+  // Tied parameters: what the last part holds as copies when it is alone.
+  storage.held_parts = {n_parts - 1};
+  const auto last_alone = make_model(options, backend_, storage);
+  for (const ParamSpec& s : last_alone->params())
+    if (s.tied_copy) tied_names_.push_back(s.name);
+  const int first = 0, last = pp::Schedule::rank_of_chunk(chunks - 1, pp);
+  if (!tied_names_.empty() && first != last && (rank == first || rank == last))
+    tied_comm_ = pp_comm_->new_group({first, last}, "tied");
+  return held;
+}
+
+void TrainStep::reduce_tied_grads() {
+  if (!tied_comm_) return;
+  for (const std::string& name : tied_names_)
+    tied_comm_->all_reduce(model_->grad(name), ReduceOp::Sum, backend_.default_stream());
+}
+
+void TrainStep::check_tied_copies() {
+  if (!tied_comm_) return;
+  uint64_t h = 1469598103934665603ull;
+  for (const std::string& name : tied_names_) h = hash_bytes(backend_, model_->param(name), h);
+  const auto& segs = optimizer_->segments();
+  for (size_t i = 0; i < segs.size(); ++i)
+    if (optimizer_->master(i) &&
+        std::count(tied_names_.begin(), tied_names_.end(), segs[i].spec.name))
+      h = hash_bytes(backend_, optimizer_->master(i), h);
+  check_same_on_all_ranks(*tied_comm_, "tied parameters (the first and last pipeline stage's "
+                          "copies)", fmt::format("{:016x}", h));
+}
+
+Batch TrainStep::device_batch(int k) const {
   Batch b;
-  (shape_.images() ? b.images : b.tokens) = inputs_;
-  b.targets = targets_;
+  (shape_.images() ? b.images : b.tokens) = inputs_[static_cast<size_t>(k)];
+  b.targets = targets_[static_cast<size_t>(k)];
   return b;
 }
 
-void TrainStep::upload_micro_batch(const void* inputs, const int32_t* targets) {
+void TrainStep::upload_micro_batch(const void* inputs, const int32_t* targets, int k) {
   const Stream s = backend_.default_stream();
   backend_.synchronize(s);
+  const Tensor& in = inputs_[static_cast<size_t>(k)];
+  const Tensor& tg = targets_[static_cast<size_t>(k)];
   auto* host = staging_.data<int32_t>();
-  std::memcpy(host, inputs, inputs_.nbytes());
-  std::memcpy(host + inputs_.numel(), targets, targets_.nbytes());
-  backend_.copy_from_host(s, inputs_, host);
-  backend_.copy_from_host(s, targets_, host + inputs_.numel());
+  std::memcpy(host, inputs, in.nbytes());
+  std::memcpy(host + in.numel(), targets, tg.nbytes());
+  backend_.copy_from_host(s, in, host);
+  backend_.copy_from_host(s, tg, host + in.numel());
 }
+
+namespace {
+// Micro-batch 0 as uploaded (evaluation).
+class OneBatch final : public pp::MicroBatches {
+ public:
+  explicit OneBatch(Batch b) : b_(std::move(b)) {}
+  Batch batch(int) override { return b_; }
+  void before_pass(int, bool) override {}
+
+ private:
+  Batch b_;
+};
+}  // namespace
+
+LossSum TrainStep::forward_only() {
+  OneBatch one(device_batch());
+  LossSum l = pipeline_->forward_only(one);
+  if (!pp_comm_ || pp_comm_->size() == 1) return l;
+  // Only the last stage computed the loss: the sums over pp reach every rank.
+  std::vector<double> v{l.sum, static_cast<double>(l.targets), static_cast<double>(l.correct)};
+  pp_sum(v);
+  return {v[0], static_cast<int64_t>(v[1]), l.correct < 0 ? -1 : static_cast<int64_t>(v[2])};
+}
+
+// The step's micro-batches for the executor: uploaded at their first use, dropout keyed
+// by the global micro-batch index, the data-parallel micro-step announced.
+class TrainStep::StepBatches final : public pp::MicroBatches {
+ public:
+  StepBatches(TrainStep& step, const void* inputs, const int32_t* targets, int64_t update)
+      : step_(step), inputs_(static_cast<const char*>(inputs)), targets_(targets), update_(update),
+        uploaded_(static_cast<size_t>(step.accum_), false) {}
+  Batch batch(int j) override {
+    const int k = j % step_.batch_buffers_;
+    if (!uploaded_[static_cast<size_t>(j)]) {
+      uploaded_[static_cast<size_t>(j)] = true;
+      step_.announce(StepPhase::Data);
+      const auto in_bytes = static_cast<size_t>(step_.inputs_[0].nbytes());
+      const auto per_micro = static_cast<size_t>(step_.targets_[0].numel());
+      step_.upload_micro_batch(inputs_ + static_cast<size_t>(j) * in_bytes,
+                               targets_ + static_cast<size_t>(j) * per_micro, k);
+    }
+    return step_.device_batch(k);
+  }
+  void before_pass(int j, bool forward) override {
+    step_.dp_->begin_micro_step(j);
+    const int dp = step_.comm_.size(), rank = step_.comm_.rank();
+    step_.model_->set_dropout(true, static_cast<uint64_t>(step_.config_.train.seed),
+                              static_cast<uint64_t>((update_ * step_.accum_ + j) * dp + rank));
+    step_.announce(forward ? StepPhase::Forward : StepPhase::Backward);
+  }
+
+ private:
+  TrainStep& step_;
+  const char* inputs_;
+  const int32_t* targets_;
+  int64_t update_;
+  std::vector<bool> uploaded_;
+};
 
 TrainStep::~TrainStep() = default;
 
@@ -114,48 +260,35 @@ void TrainStep::dp_sum(std::span<int64_t> values) {
 void TrainStep::dp_sum(std::span<double> values) {
   if (comm_.size() > 1) comm_.all_reduce_sum(values);
 }
+void TrainStep::pp_sum(std::span<double> values) {
+  if (pp_comm_ && pp_comm_->size() > 1) pp_comm_->all_reduce_sum(values);
+}
 
 StepResult TrainStep::run(const void* inputs, const int32_t* targets, int64_t update) {
-  const int dp_size = comm_.size(), dp_rank = comm_.rank();
-  const auto in_bytes = static_cast<size_t>(inputs_.nbytes());
-  const auto per_micro = static_cast<size_t>(targets_.numel());
+  const auto per_micro = static_cast<size_t>(targets_[0].numel());
   // Target count and loss sum over the data-parallel group, exact in 64 bits.
   int64_t n_targets = 0;
   for (size_t i = 0; i < per_micro * static_cast<size_t>(accum_); ++i) n_targets += targets[i] != -1 ? 1 : 0;
   dp_sum(std::span<int64_t>(&n_targets, 1));
   KILN_CHECK(n_targets > 0, "step {}: the global batch has no target tokens", update + 1);
   const float grad_scale = static_cast<float>(scaler_.scale) / static_cast<float>(n_targets);
-  announce(StepPhase::Data);
   dp_->begin_step(accum_);
-  double loss_sum = 0.0;
-  for (int k = 0; k < accum_; ++k) {
-    if (k > 0) announce(StepPhase::Data);
-    dp_->begin_micro_step(k);
-    upload_micro_batch(static_cast<const char*>(inputs) + static_cast<size_t>(k) * in_bytes,
-                       targets + static_cast<size_t>(k) * per_micro);
-    model_->set_dropout(true, static_cast<uint64_t>(config_.train.seed),
-                        static_cast<uint64_t>((update * accum_ + k) * dp_size + dp_rank));
-    {
-      announce(StepPhase::Forward);
-      auto scope = profile::trace_scope("forward");
-      loss_sum += model_->forward(device_batch(), grad_scale).sum;
-    }
-    announce(StepPhase::Backward);
-    auto scope = profile::trace_scope("backward");
-    model_->backward();
-  }
+  StepBatches batches(*this, inputs, targets, update);
+  double loss_sum = pipeline_->run(batches, grad_scale).sum;
   {
     announce(StepPhase::GradSync);
     auto scope = profile::trace_scope("grad_sync");
-    dp_->finish_gradients();
+    dp_->finish_gradients([this] { reduce_tied_grads(); });
   }
   announce(StepPhase::Optimizer);
   auto optimizer_scope = profile::trace_scope("optimizer");
   StepResult r;
   dp_sum(std::span<double>(&loss_sum, 1));
+  pp_sum(std::span<double>(&loss_sum, 1));  // the last stage's
   r.loss = loss_sum / static_cast<double>(n_targets);
   // Summed over all ranks: every rank sees the same value and takes the same decision.
-  const double sumsq = dp_->grad_sum_squares();
+  double sumsq = dp_->grad_sum_squares();
+  pp_sum(std::span<double>(&sumsq, 1));
   r.lr = static_cast<float>(learning_rate(config_, update));
   if (scaler_.enabled && !(std::isfinite(sumsq) && std::isfinite(r.loss))) {
     // Overflow: skip the update on every rank alike, halve the scale; neither the

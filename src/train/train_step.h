@@ -5,24 +5,30 @@
 // optimizer's step().
 //
 // It builds, from a TrainConfig, the model (models/registry.h, by model.arch; split by the
-// tensor-parallel plan over the tp group when parallel.tp > 1, parallel/tp_plan.h), the
-// data-parallel wrapper (ZeRO stage parallel.zero_stage over the dp group) and AdamW
-// over this rank's segments. The tp ranks of a dp rank run the same micro-batches and
-// see the same losses. One run():
+// tensor-parallel plan over the tp group when parallel.tp > 1, parallel/tp_plan.h; only
+// this pipeline rank's chunks when parallel.pp x virtual_stages > 1), the data-parallel
+// wrapper (ZeRO stage parallel.zero_stage over the dp group), AdamW over this rank's
+// segments and the pipeline schedule with its executor (parallel/pipeline.h; pp = 1 is
+// the trivial schedule F0 B0 F1 B1 ...). The tp and pp ranks of a dp rank run the same
+// micro-batches and see the same losses. One run():
 //   1. the global batch's target count, summed over the data-parallel ranks (the loss is
 //      the mean over every target of the global batch, whatever accumulation or world);
-//   2. grad_accum_steps micro-steps: forward with the gradient scaled by
-//      loss_scale / targets, backward (gradients accumulate; ZeRO reduces as it goes);
-//   3. the loss summed over ranks, the global gradient norm (every rank the same), the
-//      fp16 overflow check (skip and halve the scale on every rank alike: Micikevicius
-//      et al. 2018), global-norm clipping, the AdamW update at learning_rate(config,
-//      update) and the ZeRO-1/2 parameter all-gather.
+//   2. the schedule over grad_accum_steps micro-batches: forwards with the gradient
+//      scaled by loss_scale / targets, backwards (gradients accumulate; ZeRO reduces as
+//      it goes); a tied parameter split over the first and last stage (GPT-2's wte) has
+//      its two gradients summed, so both copies take the same update;
+//   3. the loss summed over ranks (computed on the last stage), the global gradient norm
+//      (every element once over dp x tp x pp; every rank the same), the fp16 overflow
+//      check (skip and halve the scale on every rank alike: Micikevicius et al. 2018),
+//      global-norm clipping, the AdamW update at learning_rate(config, update) and the
+//      ZeRO-1/2 parameter all-gather.
 #pragma once
 
 #include "comm/communicator.h"
 #include "models/model.h"
 #include "optim/adamw.h"
 #include "parallel/data_parallel.h"
+#include "parallel/pipeline.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/tp_plan.h"
 #include "models/registry.h"
@@ -71,10 +77,12 @@ class TrainStep {
  public:
   /// `config` resolved for training (global_batch set); `dp_comm` the data-parallel
   /// group (one rank: a local communicator); `tp_comm` the tensor-parallel group, of
-  /// parallel.tp ranks (nullptr when parallel.tp is 1). Not owned. Throws kiln::Error on
-  /// a bad config or a model the tp plan cannot split (naming the layer).
+  /// parallel.tp ranks (nullptr when parallel.tp is 1); `pp_comm` the pipeline group, of
+  /// parallel.pp ranks (nullptr when parallel.pp is 1). Not owned. Throws kiln::Error on
+  /// a bad config, a model the tp plan cannot split (naming the layer) or a pipeline
+  /// schedule that deadlocks (pipeline_schedule.h's simulator, run here).
   TrainStep(const TrainConfig& config, Backend& backend, Communicator& dp_comm,
-            Communicator* tp_comm = nullptr);
+            Communicator* tp_comm = nullptr, Communicator* pp_comm = nullptr);
   ~TrainStep();
 
   Model& model() { return *model_; }
@@ -83,20 +91,28 @@ class TrainStep {
   AdamW& optimizer() { return *optimizer_; }
   LossScaler& scaler() { return scaler_; }
   int grad_accum_steps() const { return accum_; }
+  pp::PipelineExecutor& pipeline() { return *pipeline_; }
+  /// Throws kiln::Error, on the first and the last pipeline stage, unless their copies of
+  /// the tied parameters (GPT-2's wte) are bitwise equal (parameters and master weights).
+  /// Collective over those two stages; no-op elsewhere and without a split tie.
+  void check_tied_copies();
   /// One micro-batch's shapes (Model::batch_shape of micro_batch x seq_len): int32 tokens
   /// and targets [micro_batch, seq_len] for a language model; fp32 images and int32
   /// labels for an image classifier.
   const BatchShape& batch_shape() const { return shape_; }
-  /// The device micro-batch run() fills, as the model's Batch; also usable for
-  /// forward-only passes (evaluation) between runs.
-  Batch device_batch() const;
+  /// Device micro-batch buffer k (0 .. the micro-batches a step keeps at once - 1) as the
+  /// model's Batch; upload_micro_batch fills buffer 0.
+  Batch device_batch(int k = 0) const;
+  /// The loss of device_batch() without gradient (evaluation), through every pipeline
+  /// stage: the sums over the pp group (every rank gets them). Collective over pp.
+  LossSum forward_only();
 
   /// The device micro-batch <- inputs (host, batch_shape().inputs in its dtype) and
   /// targets (host int32, batch_shape().targets), read before returning, through the
   /// backend's staging buffer (pinned host memory on CUDA, so the copies are asynchronous
   /// DMA; see Backend::staging_allocator). Waits for the stream first: the previous
   /// micro-batch's copies out of the staging buffer must be done before it is overwritten.
-  void upload_micro_batch(const void* inputs, const int32_t* targets);
+  void upload_micro_batch(const void* inputs, const int32_t* targets, int k = 0);
   /// The staging buffer: host 4-byte elements, the inputs then the targets.
   const Tensor& staging() const { return staging_; }
 
@@ -116,9 +132,16 @@ class TrainStep {
   void announce(StepPhase p) {
     if (observer_) observer_->on_phase(p);
   }
-  /// Sums `values` over the data-parallel group, exactly in 64 bits.
+  class StepBatches;
+  /// Sums `values` over the data-parallel (pipeline) group, exactly in 64 bits.
   void dp_sum(std::span<int64_t> values);
   void dp_sum(std::span<double> values);
+  void pp_sum(std::span<double> values);
+  /// Cuts the model into the schedule's chunks; returns the global parts this rank holds
+  /// (empty: all) and the names of the tied parameters split over stages.
+  std::vector<int> plan_stages(const ModelOptions& options, ModelStorage storage);
+  /// Sums the gradients of the tied parameters over their stages (tied_comm_).
+  void reduce_tied_grads();
 
   TrainConfig config_;
   Backend& backend_;
@@ -127,12 +150,18 @@ class TrainStep {
   std::unique_ptr<TensorParallelPlan> tp_plan_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<DataParallel> dp_;
+  Communicator* pp_comm_ = nullptr;
+  std::unique_ptr<pp::PipelineExecutor> pipeline_;
+  std::vector<int> boundaries_;           // chunk c: parts [b[c], b[c+1])
+  std::vector<std::string> tied_names_;   // tied parameters whose users sit on other stages
+  std::unique_ptr<Communicator> tied_comm_;  // the first and last pipeline stage
+  int batch_buffers_ = 1;
   std::unique_ptr<AdamW> optimizer_;
   LossScaler scaler_;
   StepObserver* observer_ = nullptr;
   int accum_ = 1;
   BatchShape shape_;
-  Tensor inputs_, targets_;  // one micro-batch on the device (batch_shape())
+  std::vector<Tensor> inputs_, targets_;  // micro-batches on the device (batch_shape())
   Tensor staging_;           // inputs then targets, 4-byte elements, backend's staging memory
 };
 

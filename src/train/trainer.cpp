@@ -91,18 +91,15 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   // Every rank must run the same config, the layout included: checked key by key before
   // the mesh is built from it.
   check_config_on_all_ranks(*world_, config_);
-  KILN_CHECK(config_.parallel.pp == 1,
-             "{}: parallel.pp must be 1 (pipeline parallelism is not implemented yet)",
-             config_.source);
   mesh_ = std::make_unique<DeviceMesh>(*world_, config_.parallel.dp, config_.parallel.tp,
                                        config_.parallel.pp);
   dp_size_ = mesh_->dp();
   dp_rank_ = mesh_->coord()[Axis::DP];
   tp_rank_ = mesh_->coord()[Axis::TP];
-  KILN_CHECK(mesh_->tp() == 1 || config_.sample.every == 0,
-             "{}: sample.every = {} needs parallel.tp = 1 (sampling a tensor-parallel model is "
-             "not implemented; sample from a checkpoint with `kiln sample`)", config_.source,
-             config_.sample.every);
+  KILN_CHECK((mesh_->tp() == 1 && mesh_->pp() == 1) || config_.sample.every == 0,
+             "{}: sample.every = {} needs parallel.tp = 1 and parallel.pp = 1 (sampling a "
+             "tensor- or pipeline-parallel model is not implemented; sample from a checkpoint "
+             "with `kiln sample`)", config_.source, config_.sample.every);
   is_rank0_ = world_->rank() == 0;
   if (!is_rank0_) options_.verbose = false;
   if (config_.train.global_batch == 0) config_.train.global_batch = config_.train.micro_batch * dp_size_;
@@ -130,7 +127,8 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   if (config_.profile.enabled())
     backend_ = std::make_unique<profile::ProfilingBackend>(std::move(backend_));
   one_step_ = std::make_unique<TrainStep>(config_, *backend_, mesh_->comm(Axis::DP),
-                                          mesh_->tp() > 1 ? &mesh_->comm(Axis::TP) : nullptr);
+                                          mesh_->tp() > 1 ? &mesh_->comm(Axis::TP) : nullptr,
+                                          mesh_->pp() > 1 ? &mesh_->comm(Axis::PP) : nullptr);
   model_ = &one_step_->model();
   dp_ = &one_step_->data_parallel();
   optimizer_ = &one_step_->optimizer();
@@ -183,12 +181,13 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   if (options_.verbose) {
     fmt::print("kiln: {}\n", model_->describe());
     fmt::print("kiln: {} updates of {} sequences x {} tokens ({} micro-steps of {} on each of {} "
-               "data-parallel ranks, ZeRO stage {}{}), backend {}, peak {:.1f} GFLOP/s per rank ({})\n",
+               "data-parallel ranks, ZeRO stage {}{}{}), backend {}, peak {:.1f} GFLOP/s per rank ({})\n",
                config_.train.steps, config_.train.global_batch, seq_len_, accum_, B, dp_size_,
                config_.parallel.zero_stage,
                mesh_->tp() > 1 ? fmt::format(", tensor parallel over {} ranks{}", mesh_->tp(),
                                              config_.parallel.sequence_parallel ? " with sequence parallelism" : "")
                                : std::string(),
+               pipeline_description(),
                backend_->name(), peak_flops_ / 1e9,
                config_.log.peak_tflops > 0 ? std::string("log.peak_tflops") : fmt::format("measured {} GEMM", dtype_name(mfu_peak_dtype(config_))));
     fmt::print("kiln: {}\n", backend_->gemm_path(parse_dtype(config_.train.dtype)));
@@ -196,6 +195,19 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
 }
 
 Trainer::~Trainer() = default;
+
+std::string Trainer::pipeline_description() const {
+  if (mesh_->pp() == 1) return {};
+  const pp::Schedule& s = one_step_->pipeline().schedule();
+  std::string parts;  // this rank's (the printing rank's)
+  for (const ModelPart& u : model_->parts()) parts += (parts.empty() ? "" : " ") + u.name;
+  const pp::SimResult sim = pp::simulate(s);
+  return fmt::format(", pipeline over {} stages ({}, {} virtual stage(s), simulated bubble {:.1f}% "
+                     "vs theory {:.1f}%; rank 0 holds {})", s.pp, pp::schedule_kind_name(s.kind),
+                     s.virtual_stages, 100.0 * sim.bubble_fraction,
+                     100.0 * pp::theoretical_bubble(s.kind, s.pp, s.virtual_stages, s.micro_batches),
+                     parts);
+}
 
 void Trainer::init_weights() {
   if (config_.model.init_from.empty()) {
@@ -308,7 +320,7 @@ Trainer::EvalResult Trainer::evaluate() {
     // noise) keyed by the call as in training, so each val sample draws alike every time.
     model_->set_dropout(false, static_cast<uint64_t>(config_.train.seed),
                         static_cast<uint64_t>(i * dp_size_ + dp_rank_));
-    const LossSum l = model_->forward(one_step_->device_batch(), 0.f);
+    const LossSum l = one_step_->forward_only();
     dp_->end_forward_only();
     sums[0] += l.sum;
     sums[1] += static_cast<double>(l.targets);
@@ -413,6 +425,36 @@ void Trainer::summarize_tp_traffic(TrainResult& r, int64_t steps) {
   }
 }
 
+void Trainer::summarize_pipeline(TrainResult& r, double busy, double span) {
+  const pp::Schedule& s = one_step_->pipeline().schedule();
+  r.pp_bubble_simulated = pp::simulate(s).bubble_fraction;
+  r.pp_bubble_theory = pp::theoretical_bubble(s.kind, s.pp, s.virtual_stages, s.micro_batches);
+  const int W = world_->size();
+  std::vector<double> v(static_cast<size_t>(2 * W), 0.0);  // [busy, span] per rank
+  v[static_cast<size_t>(2 * world_->rank())] = busy;
+  v[static_cast<size_t>(2 * world_->rank() + 1)] = span;
+  world_->all_reduce_sum(v);
+  double longest = 0.0;
+  for (int k = 0; k < W; ++k) longest = std::max(longest, v[static_cast<size_t>(2 * k + 1)]);
+  std::vector<double> sum(static_cast<size_t>(s.pp), 0.0);
+  std::vector<int> n(static_cast<size_t>(s.pp), 0);
+  for (int k = 0; k < W; ++k) {
+    const auto stage = static_cast<size_t>(mesh_->coord(k)[Axis::PP]);
+    sum[stage] += longest > 0 ? 1.0 - v[static_cast<size_t>(2 * k)] / longest : 0.0;
+    ++n[stage];
+  }
+  r.pp_bubble_measured.clear();
+  std::string per;
+  for (size_t stage = 0; stage < sum.size(); ++stage) {
+    r.pp_bubble_measured.push_back(sum[stage] / std::max(n[stage], 1));
+    per += fmt::format("{}{:.1f}%", per.empty() ? "" : ", ", 100.0 * r.pp_bubble_measured.back());
+  }
+  if (options_.verbose)
+    fmt::print("kiln: pipeline bubble per stage (measured, host clock): {}; schedule {:.1f}% "
+               "(simulated), {:.1f}% (theory)\n", per, 100.0 * r.pp_bubble_simulated,
+               100.0 * r.pp_bubble_theory);
+}
+
 TrainResult Trainer::run() {
   TrainResult r;
   r.first_step = step_;
@@ -429,6 +471,7 @@ TrainResult Trainer::run() {
   const auto run_start = Clock::now();
   double timed_seconds = 0.0;
   int64_t timed_steps = 0, tp_steps = 0;
+  double pp_busy = 0.0, pp_span = 0.0;  // over the timed steps
   while (step_ < stop_at) {
     const auto t0 = Clock::now();
     double norm = 0.0;
@@ -450,7 +493,11 @@ TrainResult Trainer::run() {
       if (is_rank0_ && metrics) metrics->write(skipped_step_record(step_ + 1, loss, scaler()));
       continue;
     }
-    if (step_ > r.first_step + options_.untimed_steps) timed_seconds += dt, ++timed_steps;  // the first ones are warm-up
+    const pp::PipelineExecutor::Timing pt = one_step_->pipeline().take_timing();
+    if (step_ > r.first_step + options_.untimed_steps) {  // the first ones are warm-up
+      timed_seconds += dt, ++timed_steps;
+      pp_busy += pt.busy, pp_span += pt.span;
+    }
     r.last_step = step_;
     r.last_loss = loss;
 
@@ -517,6 +564,7 @@ TrainResult Trainer::run() {
   if (profile_) profile_->finish();
   if (dp_size_ > 1) summarize_communication(r, timed_steps);
   if (mesh_->tp() > 1) summarize_tp_traffic(r, tp_steps);
+  if (mesh_->pp() > 1) summarize_pipeline(r, pp_busy, pp_span);
   r.step_time_s = timed_steps > 0 ? timed_seconds / static_cast<double>(timed_steps) : 0.0;
   r.timed_steps = timed_steps;
   r.tokens_per_s = timed_steps > 0 ? static_cast<double>(tokens_per_step) * timed_steps / timed_seconds

@@ -75,6 +75,11 @@ struct TrainResult {
   /// run's training steps (evaluation and checkpoints excluded) and by formula
   /// (parallel/tp_traffic.h).
   TpTraffic tp_measured, tp_formula;
+  /// Pipeline parallel only: each stage's idle fraction over the timed steps, 1 - its
+  /// compute time / the longest schedule time of any stage (host clock: meaningful where
+  /// every rank has its own core), and the schedule's by the simulator and by theory.
+  std::vector<double> pp_bubble_measured;
+  double pp_bubble_simulated = 0.0, pp_bubble_theory = 0.0;
 };
 
 class Trainer {
@@ -117,7 +122,12 @@ class Trainer {
   /// r.tp_formula, and r.tp_measured from the run's sum over its `steps` training steps
   /// (skipped fp16 ones included); prints both.
   void summarize_tp_traffic(TrainResult& r, int64_t steps);
+  /// r.pp_bubble_*: from this rank's compute (busy) and schedule (span) seconds over the
+  /// timed steps, gathered from every rank. Collective over the world.
+  void summarize_pipeline(TrainResult& r, double busy, double span);
   void init_weights();
+  /// ", pipeline over N stages (...)" for the start-up line; "" for pp = 1.
+  std::string pipeline_description() const;
   /// Sums `values` over the data-parallel group, exactly in 64 bits (no-op for one rank).
   void dp_sum(std::span<double> values);
   /// Per-rank memory by category, gathered to every rank: [rank][category] bytes.

@@ -26,6 +26,7 @@ void Trainer::save_checkpoint() {
   if (mesh_->tp() > 1)
     check_same_on_all_ranks(mesh_->comm(Axis::TP), "replicated parameters (tensor-parallel "
                             "replicas)", dp_->tp_replica_hash());
+  one_step_->check_tied_copies();  // GPT-2's wte on the first and last pipeline stage
   // Every rank writes the slices it holds (named global tensors, any layout can read
   // them back); rank 0 commits the manifest once all rank files are on disk.
   checkpoint::CheckpointWriter writer(dir, world_->rank(), world_->size());
@@ -46,6 +47,7 @@ void Trainer::save_checkpoint() {
   for (size_t i = 0; i < segs.size(); ++i) {
     const AdamWSegment& seg = segs[i];
     if (!dp_writes || !(seg.spec.tp.sharded() || tp_rank_ == 0)) continue;
+    if (seg.spec.tied_copy) continue;  // written by its owner's stage, the same bits
     const Tensor master = optimizer_->master(i);
     keep.push_back(download_f32(*backend_, master ? master : seg.param));
     add_param_range(writer, seg.spec.name, seg.spec, DType::F32, seg.begin, seg.end,
@@ -74,6 +76,7 @@ void Trainer::save_checkpoint() {
         {"arch", model_->arch()},
         {"model", model_->config_json()},
         {"layout", {{"world_size", world_->size()}, {"dp", dp_size_}, {"tp", mesh_->tp()},
+                    {"pp", mesh_->pp()}, {"virtual_stages", config_.parallel.virtual_stages},
                     {"sequence_parallel", config_.parallel.sequence_parallel},
                     {"zero_stage", config_.parallel.zero_stage}}},
         {"loss_scale", scaler().scale},

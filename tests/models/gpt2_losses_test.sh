@@ -6,7 +6,9 @@
 # resume with the losses recorded after it. Also: dropout on 2 ranks equals dropout on
 # 1 process within the same bound (masks by global micro-batch index).
 #
-# The check is 1e-6 relative: a tolerance that holds on every CPU kind (oneDNN picks
+# The check is 1e-6 relative (fp16: 5e-5, its activations round to 11 bits, so a GEMM
+# kernel's other summation order shows: 1.2e-5 on an Intel Xeon with AVX512-BF16
+# against the recording machine): a tolerance that holds on every CPU kind (oneDNN picks
 # different GEMM kernels per ISA). On the recording machine (fixtures/README.md names it)
 # the losses are bitwise equal; KILN_LOSSES_EXACT=1 checks that (metrics.jsonl holds
 # round-trip doubles).
@@ -120,7 +122,7 @@ for name, ref in want.items():
     if len(cur) != len(ref):
         print(f"{name}: {len(cur)} losses, the fixture has {len(ref)}  FAILED"); bad += 1; continue
     worst = max(abs(a - b) / abs(b) for a, b in zip(cur, ref))
-    ok = cur == ref if exact else worst <= 1e-6
+    ok = cur == ref if exact else worst <= (5e-5 if name == "fp16" else 1e-6)
     bad += not ok
     print(f"{name}: {len(ref)} losses, worst relative difference {worst:.2e}"
           f"{' (bitwise equal)' if cur == ref else ''}{'' if ok else '  FAILED'}")

@@ -106,6 +106,64 @@ TEST(Llama, ParameterNamesAndShapesAsHuggingFace) {
   EXPECT_EQ(m->num_parameters() - tied->num_parameters(), 29 * 16);
 }
 
+// Two pipeline stages of a tied Llama (parts {0, 1}: embeddings and layer 0; {2, 3}:
+// layer 1 and the head, with a copy of the tied embedding): the same parameters by name
+// and init as the whole model, the loss of the two chunks chained equals the whole
+// model's bitwise, every gradient too, and the tied embedding's two gradients sum to the
+// whole model's.
+TEST(Llama, PipelineStagesChainToTheWholeModel) {
+  Rig whole(nn::ActivationCheckpointing::None, /*tie=*/true);
+  Backend& be = *whole.be;
+  ModelStorage first_s, last_s;
+  first_s.held_parts = {0, 1};
+  last_s.held_parts = {2, 3};
+  const auto first = make_model(tiny(true), be, first_s);
+  const auto last = make_model(tiny(true), be, last_s);
+  const std::string wte = "model.embed_tokens.weight";
+  EXPECT_FALSE(first->spec(wte).tied_copy);
+  EXPECT_TRUE(last->spec(wte).tied_copy);
+  EXPECT_FALSE(first->parts().front().resident);  // its head is on the other stage
+  EXPECT_TRUE(last->parts().back().resident);     // holds the copy, written in forward
+  EXPECT_EQ(last->parts().front().global_index, 2);
+  EXPECT_EQ(first->params().size() + last->params().size(), whole.m->params().size() + 1);
+  // Initial values by global parameter number, whatever the stage holds.
+  whole.m->init_weights(5);
+  first->init_weights(5);
+  last->init_weights(5);
+  for (const Model* stage : {first.get(), last.get()})
+    for (const ParamSpec& p : stage->params())
+      EXPECT_EQ(download_f32(be, stage->param(p)), download_f32(be, whole.m->param(p.name))) << p.name;
+
+  const Batch batch{whole.x, whole.y, Tensor()};
+  whole.m->zero_grad();
+  const LossSum want = whole.m->forward(batch, 0.25f);
+  whole.m->backward();
+  first->zero_grad();
+  last->zero_grad();
+  const Shape act = first->stage_activation_shape(Rig::B, Rig::T);
+  Tensor out = be.empty(act, DType::F32, MemCategory::Activations);
+  Tensor dout = be.empty(act, DType::F32, MemCategory::Activations);
+  first->forward_stage(StagePass{0, 2, 0, batch, {}, out, {}, {}}, 0.25f);
+  const LossSum got = last->forward_stage(StagePass{2, 4, 0, batch, out, {}, {}, {}}, 0.25f);
+  EXPECT_EQ(got.sum, want.sum);
+  EXPECT_EQ(got.targets, want.targets);
+  last->backward_stage(StagePass{2, 4, 0, batch, {}, {}, dout, {}});
+  first->backward_stage(StagePass{0, 2, 0, batch, {}, {}, {}, dout});
+  for (const Model* stage : {first.get(), last.get()})
+    for (const ParamSpec& p : stage->params())
+      if (p.name != wte)
+        EXPECT_EQ(download_f32(be, stage->grad(p)), download_f32(be, whole.m->grad(p.name))) << p.name;
+  const auto g0 = download_f32(be, first->grad(wte)), g1 = download_f32(be, last->grad(wte));
+  const auto g = download_f32(be, whole.m->grad(wte));
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < g.size(); ++i)
+    err = std::max(err, std::abs(double{g0[i]} + g1[i] - g[i])), norm = std::max(norm, std::abs(double{g[i]}));
+  EXPECT_LE(err, 1e-6 * norm);
+  EXPECT_NE(error_of([&] { first->forward_stage(StagePass{0, 4, 0, batch, {}, {}, {}, {}}, 1.f); }).find(
+                "part 2 is not held by this pipeline stage"),
+            std::string::npos);
+}
+
 TEST(Llama, PresetsHaveThePublishedShapes) {
   struct Want {
     const char* preset;

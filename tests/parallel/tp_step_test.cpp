@@ -98,7 +98,11 @@ void check(const Row& row) {
     const StepResult want = ref.run(ti.data(), tt.data(), u);
     const StepResult have = got.run(mi.data(), mt.data(), u);
     ASSERT_NEAR(have.loss, want.loss, 1e-5 * std::fabs(want.loss)) << "update " << u + 1;
-    ASSERT_NEAR(have.grad_norm, want.grad_norm, 1e-5 * want.grad_norm) << "update " << u + 1;
+    // The first update's norm within 1e-5; later ones follow weights that AdamW moved
+    // apart by rounding (the tp split sums its GEMMs in another order): within 1e-4
+    // (1.3e-5 seen at update 10 on an Intel Xeon with AVX512-BF16).
+    ASSERT_NEAR(have.grad_norm, want.grad_norm, (u == 0 ? 1e-5 : 1e-4) * want.grad_norm)
+        << "update " << u + 1;
     if (u > 0) continue;
     // The first update's gradients (still in place after the update), by global element.
     int64_t compared = 0;

@@ -1,6 +1,6 @@
 // The memory planner against real runs: for a matrix of small configs (ZeRO stages 0-3,
-// 1/2/4 ranks, every checkpointing mode, tensor parallel, bf16; a GPT-2 on tokens and a
-// ViT on images) the predicted per-rank peak (plan/memplan.h)
+// 1/2/4 ranks, every checkpointing mode, tensor and pipeline parallel, bf16; a GPT-2 on
+// tokens, a ViT and a DiT on images) the predicted per-rank peak (plan/memplan.h)
 // must be within 10% of the peak the trainer measured (metrics.jsonl: peak_mem_bytes,
 // mem_by_rank[*].peak). One rank: the real trainer in this process on the CPU backend.
 // 2 and 4 ranks: `mpirun kiln train` with OMP_NUM_THREADS=1. Prints the table.
@@ -45,6 +45,9 @@ struct Case {
   int tp = 1;  // dp = np / tp
   bool sp = false;
   const char* config = "tiny.toml";  // vit.toml, dit.toml: the image models
+  int pp = 1;                        // dp = np / (tp x pp)
+  const char* schedule = "1f1b";     // parallel.pp_schedule
+  int virtual_stages = 1;
 };
 
 // Per rank: measured total peak, and the gradients' peak.
@@ -161,7 +164,10 @@ peak_tflops = 1.0
             fmt::format("train.global_batch={}", c.global_batch),
             fmt::format("train.dtype={}", c.dtype),
             fmt::format("parallel.tp={}", c.tp),
-            fmt::format("parallel.sequence_parallel={}", c.sp)};
+            fmt::format("parallel.sequence_parallel={}", c.sp),
+            fmt::format("parallel.pp={}", c.pp),
+            fmt::format("parallel.pp_schedule={}", c.schedule),
+            fmt::format("parallel.virtual_stages={}", c.virtual_stages)};
   }
 
   static Measured run_real(const Case& c, const fs::path& run_dir) {
@@ -211,6 +217,12 @@ TEST_F(MemPlanTest, PredictedPeakWithinTenPercentOfMeasured) {
       {1, 0, "none", 8, 16, false, "fp32", 1, false, "dit.toml"},
       {2, 3, "full", 8, 32, false, "fp32", 1, false, "dit.toml"},
       {2, 2, "selective", 8, 16, false, "bf16", 1, false, "dit.toml"},
+      // Pipeline parallel (each stage's parts, the schedule's micro-batches in flight).
+      {2, 0, "none", 1, 8, false, "fp32", 1, false, "tiny.toml", 2},
+      {2, 1, "selective", 1, 8, false, "fp32", 1, false, "tiny.toml", 2, "interleaved", 2},
+      {2, 0, "full", 2, 8, false, "bf16", 1, false, "tiny.toml", 2, "gpipe"},
+      {4, 2, "none", 1, 8, false, "fp32", 1, false, "tiny.toml", 2},
+      {4, 1, "selective", 2, 8, false, "fp32", 2, true, "tiny.toml", 2},
   };
   fmt::print("{:<4} {:<5} {:<10} {:>5} {:>6} {:>5} {:>5} {:>12} {:>12} {:>12} {:>8}  (bytes; instant = "
              "lower bound: collectives complete at once)\n",
@@ -243,14 +255,17 @@ TEST_F(MemPlanTest, PredictedPeakWithinTenPercentOfMeasured) {
                  c.stage, c.ckpt, c.micro_batch, c.global_batch,
                  fmt::format("{}{}", c.tp, c.sp ? "sp" : ""), r, pred, low, meas, 100 * err,
                  c.bracket_only ? "  (bracket only)" : "",
-                 std::string(c.config) == "tiny.toml" ? "" : fmt::format("  {} {}", c.config, c.dtype));
+                 std::string(c.config) == "tiny.toml" && c.pp == 1 ? ""
+                     : fmt::format("  {} {}{}", c.config, c.dtype,
+                                   c.pp > 1 ? fmt::format(" pp{} {} v{}", c.pp, c.schedule,
+                                                          c.virtual_stages) : ""));
       // Never below what must be held when communication keeps pace. (DataParallel bounds
       // the reductions in flight, so the lagging prediction is within 10% of any timing.)
       EXPECT_GE(meas, low) << "np=" << c.np << " zero=" << c.stage << " rank " << r;
       if (std::abs(err) > worst) {
         worst = std::abs(err);
-        worst_case = fmt::format("{} np={} tp={} zero={} ckpt={} rank {}", c.config, c.np, c.tp,
-                                 c.stage, c.ckpt, r);
+        worst_case = fmt::format("{} np={} tp={} pp={} zero={} ckpt={} rank {}", c.config, c.np,
+                                 c.tp, c.pp, c.stage, c.ckpt, r);
       }
       EXPECT_LE(std::abs(err), 0.10) << "np=" << c.np << " zero=" << c.stage << " " << c.ckpt
                                      << " rank " << r << ": predicted " << pred << ", measured "

@@ -13,8 +13,8 @@
 #pragma once
 
 #include "backend/backend.h"
+#include "models/decoder_model.h"
 #include "models/gpt2/config.h"
-#include "models/layered_model.h"
 
 #include <memory>
 #include <string>
@@ -23,9 +23,6 @@
 namespace kiln {
 
 struct GPT2Layers;
-namespace nn {
-struct BlockPass;
-}
 
 /// The parameter layout of a GPT-2: names, global shapes and offsets in the flat buffer,
 /// in Hugging Face's order (wte, wpe, per block ln_1, attn.c_attn, attn.c_proj, ln_2,
@@ -33,7 +30,7 @@ struct BlockPass;
 /// each part as ModelStorage says. Throws kiln::Error on an invalid config.
 std::vector<ParamSpec> gpt2_param_specs(const GPT2Config& config, int64_t part_alignment = 1);
 
-class GPT2 final : public LayeredModel {
+class GPT2 final : public DecoderModel {
  public:
   /// Builds the layers and allocates parameters and gradients on `backend` (unless
   /// `storage` says that the caller binds them per part).
@@ -46,15 +43,8 @@ class GPT2 final : public LayeredModel {
   std::string arch() const override { return "gpt2"; }
   std::string describe() const override { return config_.str(); }
   nlohmann::json config_json() const override;
-  /// tokens and targets int32 [B,T] (B may change between calls, T <= block_size);
-  /// positions must be empty (0..T-1: the backend's embedding op has no explicit
-  /// positions yet). The loss gradient (scaled by grad_scale) is computed here, in the
-  /// tied output projection, for the following backward().
-  LossSum forward(const Batch& batch, float grad_scale) override;
-  void backward() override;
-  /// What forward keeps for backward (nn/saved.h). Gradients are bitwise equal in every
-  /// mode: the recomputation runs the same kernels on the same inputs.
-  void set_activation_checkpointing(nn::ActivationCheckpointing mode) override;
+  // forward (DecoderModel): positions must be empty (0..T-1: learned positions); the
+  // loss gradient is made in the tied output projection (wte).
   void set_dropout(bool on, uint64_t seed, uint64_t call_index) override;
   double flops_per_token(int T) const override { return config_.flops_per_token(T); }
   int64_t num_parameters() const override { return config_.num_parameters(); }
@@ -71,28 +61,18 @@ class GPT2 final : public LayeredModel {
   void end_decode() override;
   int decoded_length() const override;
 
-  /// Inference forward: logits [B,T,Vp] (fp32, or the model dtype) for tokens int32
-  /// [B,T] (padded columns included; callers use the first vocab_size).
-  void forward_logits(const Tensor& tokens, const Tensor& logits);
+ protected:
+  /// The mask of dropout site `site` of block `block` (-1: the embeddings), keyed by the
+  /// micro-batch's call index (set_dropout).
+  DropoutSpec dropout_spec(int block, uint64_t site) const override;
 
  private:
-  struct Activations;
   struct DecodeState;
-  void reserve(int B, int T);
-  void run_forward(const Tensor& tokens, int B, int T);
-  /// The mask of dropout site `site` of block `block` (-1: the embeddings).
-  DropoutSpec dropout_spec(int block, uint64_t site) const;
-  /// The embedding site's spec at this rank's rows (sequence parallel).
-  DropoutSpec embedding_dropout() const;
-  /// What block l's forward and backward need besides its input.
-  nn::BlockPass block_pass(int l) const;
 
   GPT2Config config_;
   std::unique_ptr<GPT2Layers> layers_;
-  std::unique_ptr<Activations> acts_;
   std::unique_ptr<DecodeState> decode_;
   bool dropout_on_ = false;
-  nn::ActivationCheckpointing checkpointing_ = nn::ActivationCheckpointing::None;
   uint64_t dropout_seed_ = 0;
   uint64_t dropout_call_ = 0;
 };

@@ -1,4 +1,4 @@
-// GPT-2 inference with a KV cache: the same blocks as GPT2::run_forward, but each
+// GPT-2 inference with a KV cache: the same blocks as the training forward (DecoderModel), but each
 // attention reads the keys and values of earlier positions from a cache instead of
 // recomputing them, so generating n tokens costs O(n) block passes, not O(n^2).
 #include "models/gpt2/gpt2.h"

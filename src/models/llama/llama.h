@@ -26,7 +26,7 @@
 // gradient is made in forward). No dropout.
 #pragma once
 
-#include "models/layered_model.h"
+#include "models/decoder_model.h"
 #include "models/llama/config.h"
 #include "nn/tensor_parallel.h"
 
@@ -36,7 +36,7 @@ namespace kiln {
 
 struct LlamaLayers;
 
-class Llama final : public LayeredModel {
+class Llama final : public DecoderModel {
  public:
   Llama(const LlamaConfig& config, Backend& backend, const ModelStorage& storage = {});
   ~Llama() override;
@@ -46,11 +46,7 @@ class Llama final : public LayeredModel {
   std::string arch() const override { return "llama"; }
   std::string describe() const override { return config_.str(); }
   nlohmann::json config_json() const override { return llama_config_json(config_); }
-  /// tokens, targets int32 [B,T] (T <= block_size); positions int32 [B,T] (the rotary
-  /// angles) or empty for 0..T-1. The loss gradient (x grad_scale) is made here.
-  LossSum forward(const Batch& batch, float grad_scale) override;
-  void backward() override;
-  void set_activation_checkpointing(nn::ActivationCheckpointing mode) override { mode_ = mode; }
+  // forward (DecoderModel): positions int32 [B,T] are the rotary angles (empty: 0..T-1).
   void set_dropout(bool, uint64_t, uint64_t) override {}  // no dropout in Llama
   double flops_per_token(int T) const override { return config_.flops_per_token(T); }
   int64_t num_parameters() const override { return config_.num_parameters(); }
@@ -65,28 +61,16 @@ class Llama final : public LayeredModel {
   void end_decode() override;
   int decoded_length() const override;
 
-  /// Inference forward: logits [B,T,Vp] (fp32 or the model dtype) of tokens [B,T] at
-  /// positions 0..T-1.
-  void forward_logits(const Tensor& tokens, const Tensor& logits);
-
- private:
+  private:
   struct State;
-  void reserve(int B, int T);
-  void run_forward(const Tensor& tokens, const Tensor& positions);
   /// The output projection's weight: lm_head, or the token embedding when tied.
   const Tensor& head_weight() const;
-  const Tensor& head_grad() const;
-  /// The output projection's placement (lm_head's, or the tied embedding's) and its rows on
-  /// this rank (Vp, or Vp/tp when vocab-parallel).
+  /// The output projection's placement (lm_head's, or the tied embedding's).
   const nn::TpPlacement& head_placement() const;
-  int64_t head_weight_rows() const;
-  /// The sequence-parallel scratch as [B,T,C] for the embedding (empty without SP).
-  Tensor stream_work() const;
 
   LlamaConfig config_;
   std::unique_ptr<LlamaLayers> layers_;
-  std::unique_ptr<State> state_;
-  nn::ActivationCheckpointing mode_ = nn::ActivationCheckpointing::None;
+  std::unique_ptr<State> state_;  // decoding
 };
 
 }  // namespace kiln

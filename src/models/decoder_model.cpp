@@ -1,0 +1,252 @@
+#include "models/decoder_model.h"
+
+#include "core/error.h"
+#include "nn/block.h"
+#include "nn/classifier.h"
+#include "nn/embedding.h"
+#include "nn/norm.h"
+#include "nn/tensor_parallel.h"
+
+namespace kiln {
+
+// Backward scratch shared by every slot, for one (B, T).
+struct DecoderModel::Shared {
+  int B = 0, T = 0;
+  nn::ActivationCheckpointing mode = nn::ActivationCheckpointing::None;
+  nn::HeadScratch head_scratch;  // the loss's chunk buffers ([R,Vp], or [R,Vp/tp])
+  Tensor dresidual;              // the residual stream's gradient
+  nn::BlockScratch scratch;      // shared by the blocks; dtmp also holds dL/d(norm out)
+                                 // between a whole-model forward and its backward
+};
+
+// One micro-batch in flight on one chunk: what its forward saved for its backward.
+struct DecoderModel::Slot {
+  int b0 = 0, b1 = 0;              // the chunk's blocks [b0, b1)
+  bool embeds = false, head = false;
+  std::vector<Tensor> stream;      // [l - b0]: block l's input, l in [b0, b1] (b1: the output)
+  nn::SavedActivations saved;      // the blocks' own tensors under the checkpointing mode
+  std::vector<Tensor> head_saved;  // the final norm's saved out [B,T,C] and statistics
+  Tensor dhead;                    // dL/d(norm out): scratch.dtmp for the whole model, else own
+  Batch batch;                     // the forward's micro-batch (views)
+  bool have_grad = false;
+};
+
+DecoderModel::DecoderModel(Backend& backend, const ModelStorage& storage)
+    : LayeredModel(backend, storage) {}
+
+DecoderModel::~DecoderModel() = default;
+
+DropoutSpec DecoderModel::dropout_spec(int, uint64_t) const { return {}; }
+
+int DecoderModel::n_layer() const { return static_cast<int>(layers_.blocks->size()); }
+
+void DecoderModel::set_activation_checkpointing(nn::ActivationCheckpointing mode) { mode_ = mode; }
+
+Shape DecoderModel::stage_activation_shape(int B, int T) const {
+  return layers_.blocks->front().residual_shape(B, T);
+}
+
+void DecoderModel::reserve(int B, int T) {
+  if (shared_ && shared_->B == B && shared_->T == T && shared_->mode == mode_) return;
+  slots_.clear();  // free first so that the peak is not doubled
+  shared_.reset();
+  auto a = std::make_unique<Shared>();
+  a->B = B, a->T = T, a->mode = mode_;
+  Backend& be = backend();
+  const auto& block = layers_.blocks->front();
+  if (local_part(global_parts() - 1) >= 0)
+    a->head_scratch = nn::make_head_scratch(be, *layers_.head_placement, int64_t{B} * T,
+                                            layers_.n_embd,
+                                            layers_.head_weight->local_shape()[0], dtype());
+  a->dresidual = be.empty(block.residual_shape(B, T), dtype(), MemCategory::Activations);
+  a->scratch = block.make_scratch(be, B, T, dtype());
+  shared_ = std::move(a);
+}
+
+DecoderModel::Slot& DecoderModel::slot(int first, int end, int index) {
+  auto& owned = slots_[{first, index}];
+  if (owned) return *owned;
+  const int L = n_layer(), B = shared_->B, T = shared_->T;
+  auto a = std::make_unique<Slot>();
+  a->embeds = first == 0;
+  a->head = end == L + 2;
+  a->b0 = std::max(first, 1) - 1;
+  a->b1 = std::min(end, L + 1) - 1;
+  Backend& be = backend();
+  const DType dt = dtype();
+  const auto& block = layers_.blocks->front();
+  for (int l = a->b0; l <= a->b1; ++l)
+    a->stream.push_back(be.empty(block.residual_shape(B, T), dt, MemCategory::Activations));
+  if (a->b1 > a->b0) a->saved.reserve(be, block.saved_specs(B, T, dt), a->b1 - a->b0, mode_);
+  if (a->head) {
+    const auto [rb, rt] = block.residual_bt(B, T);
+    for (const nn::SavedSpec& s : layers_.norm->saved_specs(rb, rt, dt))
+      a->head_saved.push_back(be.empty(s.shape, s.dtype, MemCategory::Activations));
+    const Tensor& out = a->head_saved[nn::Norm::kOut];
+    a->dhead = a->embeds ? shared_->scratch.dtmp.view_at(0, out.shape())
+                         : be.empty(out.shape(), dt, MemCategory::Activations);
+  }
+  owned = std::move(a);
+  return *owned;
+}
+
+Tensor DecoderModel::stream_work() const {
+  const Shared& a = *shared_;
+  return a.scratch.work ? a.scratch.work.reshape(Shape{a.B, a.T, layers_.n_embd}) : Tensor();
+}
+
+nn::BlockPass DecoderModel::block_pass(const Slot& a, int l) const {
+  return nn::BlockPass{backend(),
+                       backend().default_stream(),
+                       a.saved.block(l - a.b0),
+                       shared_->scratch,
+                       dropout_spec(l, nn::kAttnProbsSite),
+                       dropout_spec(l, nn::kAttnResidSite),
+                       dropout_spec(l, nn::kMlpResidSite),
+                       a.saved.rerun_block(),
+                       a.saved.recompute_cheap(),
+                       a.batch.positions};
+}
+
+void DecoderModel::embed(Slot& a, const Tensor& tokens) {
+  Backend& be = backend();
+  const Stream s = be.default_stream();
+  hooks().before_forward(local_part(0));
+  layers_.embedding->forward(be, s, a.stream[0], tokens, Tensor(), 0, stream_work());
+  const DropoutSpec d = nn::rows_dropout(dropout_spec(-1, nn::kEmbeddingSite),
+                                         layers_.embedding->placement(), a.stream[0].numel());
+  if (d.p > 0.f) be.dropout_forward(s, a.stream[0], a.stream[0], d);
+  hooks().after_forward(local_part(0));
+}
+
+LossSum DecoderModel::forward(const Batch& batch, float grad_scale) {
+  return forward_stage(StagePass{0, global_parts(), 0, batch, {}, {}, {}, {}}, grad_scale);
+}
+
+void DecoderModel::backward() {
+  backward_stage(StagePass{0, global_parts(), 0, {}, {}, {}, {}, {}});
+}
+
+LossSum DecoderModel::forward_stage(const StagePass& p, float grad_scale) {
+  const Tensor& tokens = p.batch.tokens;
+  KILN_CHECK(tokens.ndim() == 2 && p.batch.targets.shape() == tokens.shape(),
+             "{}: tokens {} and targets {} must both be [B,T]", arch(), tokens.str(),
+             p.batch.targets.str());
+  KILN_CHECK(layers_.takes_positions || !p.batch.positions,
+             "{}: explicit positions are not supported (0..T-1 only)", arch());
+  const int B = static_cast<int>(tokens.size(0)), T = static_cast<int>(tokens.size(1));
+  KILN_CHECK(T <= max_positions(), "{}: sequence length {} exceeds block_size {}", arch(), T,
+             max_positions());
+  KILN_CHECK(p.first >= 0 && p.first < p.end && p.end <= global_parts(),
+             "{}: no part range [{}, {})", arch(), p.first, p.end);
+  for (int k = p.first; k < p.end; ++k)
+    KILN_CHECK(local_part(k) >= 0, "{}: part {} is not held by this pipeline stage", arch(), k);
+  reserve(B, T);
+  Slot& a = slot(p.first, p.end, p.slot);
+  a.batch = p.batch;
+  Backend& be = backend();
+  const Stream s = be.default_stream();
+  if (a.embeds) {
+    embed(a, tokens);
+  } else {
+    check_shape(p.input, a.stream[0].shape(), "stage input");
+    be.copy(s, a.stream[0], p.input);
+  }
+  for (int l = a.b0; l < a.b1; ++l) {
+    hooks().before_forward(local_part(l + 1));
+    (*layers_.blocks)[static_cast<size_t>(l)].forward(block_pass(a, l), a.stream[l - a.b0],
+                                                      a.stream[l - a.b0 + 1]);
+    hooks().after_forward(local_part(l + 1));
+  }
+  const bool with_grad = grad_scale > 0.f;
+  a.have_grad = with_grad;
+  if (!a.head) {
+    check_shape(p.output, a.stream.back().shape(), "stage output");
+    be.copy(s, p.output, a.stream.back());
+    return {};
+  }
+  // The output projection: its gradient lands in its weight's (lm_head, or the tied
+  // embedding's) here, dL/d(norm out) in the slot's dhead for backward.
+  const int head = local_part(global_parts() - 1);
+  hooks().before_forward(head);
+  layers_.norm->forward(be, s, a.head_saved, a.stream.back());
+  const Tensor& x = a.head_saved[nn::Norm::kOut];
+  const auto r = nn::head_cross_entropy(be, s, *layers_.head_placement, x,
+                                        layers_.head_weight->v(), p.batch.targets,
+                                        layers_.vocab_size, grad_scale,
+                                        with_grad ? a.dhead : Tensor(),
+                                        with_grad ? layers_.head_weight->g() : Tensor(),
+                                        shared_->head_scratch);
+  hooks().after_forward(head);
+  return {r.loss_sum, r.n_targets};
+}
+
+void DecoderModel::backward_stage(const StagePass& p) {
+  const auto it = slots_.find({p.first, p.slot});
+  KILN_CHECK(it != slots_.end() && it->second->have_grad,
+             "{}: backward needs a preceding forward with grad_scale > 0 (parts [{}, {}), slot {})",
+             arch(), p.first, p.end, p.slot);
+  Slot& a = *it->second;
+  a.have_grad = false;
+  Backend& be = backend();
+  const Stream s = be.default_stream();
+  const Tensor& dres = shared_->dresidual;
+  if (a.head) {
+    // Final norm: dresidual = norm'(dhead), dhead left by forward.
+    const int head = local_part(global_parts() - 1);
+    hooks().before_backward(head);
+    be.fill(s, dres, 0.f);
+    layers_.norm->backward(be, s, a.head_saved, dres, a.dhead, a.stream.back());
+    hooks().after_backward(head);
+  } else {
+    check_shape(p.doutput, dres.shape(), "stage output gradient");
+    be.copy(s, dres, p.doutput);
+  }
+  for (int l = a.b1 - 1; l >= a.b0; --l) {
+    hooks().before_backward(local_part(l + 1));
+    (*layers_.blocks)[static_cast<size_t>(l)].backward(block_pass(a, l), dres, a.stream[l - a.b0],
+                                                       a.stream[l - a.b0 + 1]);
+    hooks().after_backward(local_part(l + 1));
+  }
+  if (!a.embeds) {
+    check_shape(p.dinput, dres.shape(), "stage input gradient");
+    be.copy(s, p.dinput, dres);
+    return;
+  }
+  hooks().before_backward(local_part(0));
+  const DropoutSpec d = nn::rows_dropout(dropout_spec(-1, nn::kEmbeddingSite),
+                                         layers_.embedding->placement(), dres.numel());
+  if (d.p > 0.f) be.dropout_backward(s, dres, dres, d);
+  layers_.embedding->backward(be, s, dres, a.batch.tokens, Tensor(), stream_work());
+  hooks().after_backward(local_part(0));
+}
+
+void DecoderModel::forward_logits(const Tensor& tokens, const Tensor& logits) {
+  KILN_CHECK(tokens.ndim() == 2, "forward_logits: tokens must be [B,T], got {}", tokens.str());
+  const int B = static_cast<int>(tokens.size(0)), T = static_cast<int>(tokens.size(1));
+  check_shape(logits, Shape{B, T, padded_vocab_size()}, "forward_logits logits");
+  KILN_CHECK(!layers_.head_placement->active() && !layers_.embedding->placement().active(),
+             "{}: logits of a tensor-parallel model are not supported yet", arch());
+  KILN_CHECK(static_cast<int>(parts().size()) == global_parts(),
+             "{}: logits of a pipeline stage are not supported", arch());
+  // The forward up to the final norm, without a loss: slot 0 of the whole model.
+  reserve(B, T);
+  Slot& a = slot(0, global_parts(), 0);
+  a.batch = Batch{tokens, Tensor(), Tensor()};
+  Backend& be = backend();
+  const Stream s = be.default_stream();
+  embed(a, tokens);
+  for (int l = 0; l < n_layer(); ++l) {
+    hooks().before_forward(l + 1);
+    (*layers_.blocks)[static_cast<size_t>(l)].forward(block_pass(a, l), a.stream[l], a.stream[l + 1]);
+    hooks().after_forward(l + 1);
+  }
+  const int head = n_layer() + 1;
+  hooks().before_forward(head);
+  layers_.norm->forward(be, s, a.head_saved, a.stream.back());
+  a.have_grad = false;
+  project_logits(logits, a.head_saved[nn::Norm::kOut], layers_.head_weight->v());
+  hooks().after_forward(head);
+}
+
+}  // namespace kiln

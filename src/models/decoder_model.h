@@ -1,0 +1,95 @@
+// DecoderModel: the training passes shared by the decoder-only language models (GPT-2,
+// Llama): token embedding -> n_layer transformer blocks -> final norm -> output head
+// fused with the chunked cross-entropy (nn/classifier.h), the head's weight its own
+// (lm_head) or the tied token embedding.
+//
+// Parts (ModelPart, by global index): 0 the embeddings, 1 + l block l, n_layer + 1 the
+// head. A pass runs a contiguous range of them (a pipeline chunk; the whole model for
+// forward()/backward()) on one of several micro-batches in flight ("slots"): each slot
+// keeps its own saved activations for the range's blocks (nn/saved.h) from its forward to
+// its backward; backward scratch is shared. Between chunks flows the residual stream
+// [B,T,C] in the model dtype ([B*T/tp, C] rows under sequence parallelism).
+//
+// A derived model declares its layers (set_layers) and, when it has dropout, its masks
+// (dropout_spec); everything else here is the same code for both.
+#pragma once
+
+#include "models/layered_model.h"
+#include "nn/saved.h"
+
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+namespace kiln {
+
+namespace nn {
+struct BlockPass;
+struct TpPlacement;
+class Param;
+}  // namespace nn
+
+/// The layers a decoder model trains through, owned by the derived model.
+struct DecoderLayers {
+  nn::TokenPositionEmbedding* embedding = nullptr;
+  std::vector<nn::TransformerBlock>* blocks = nullptr;
+  nn::Norm* norm = nullptr;
+  nn::Param* head_weight = nullptr;  // lm_head.weight [Vp, C], or the tied wte
+  const nn::TpPlacement* head_placement = nullptr;
+  int vocab_size = 0;
+  int64_t n_embd = 0;
+  bool takes_positions = false;  // rotary models take batch.positions; GPT-2 does not
+};
+
+class DecoderModel : public LayeredModel {
+ public:
+  ~DecoderModel() override;
+
+  /// tokens and targets int32 [B,T] (targets may hold -1); positions int32 [B,T] (rotary
+  /// models) or empty for 0..T-1. The loss gradient (x grad_scale) is made here, in the
+  /// output head, for the following backward(). The whole model, slot 0.
+  LossSum forward(const Batch& batch, float grad_scale) override;
+  void backward() override;
+  void set_activation_checkpointing(nn::ActivationCheckpointing mode) override;
+
+  bool runs_stages() const override { return true; }
+  Shape stage_activation_shape(int B, int T) const override;
+  LossSum forward_stage(const StagePass& pass, float grad_scale) override;
+  void backward_stage(const StagePass& pass) override;
+
+  /// Inference forward: logits [B,T,Vp] (fp32, or the model dtype) for tokens int32
+  /// [B,T] at positions 0..T-1 (padded columns included; callers use the first
+  /// vocab_size). Throws kiln::Error for a tensor-parallel or pipeline-stage model.
+  void forward_logits(const Tensor& tokens, const Tensor& logits);
+
+ protected:
+  DecoderModel(Backend& backend, const ModelStorage& storage);
+  /// Called by the derived constructor, before build().
+  void set_layers(const DecoderLayers& layers) { layers_ = layers; }
+  /// The mask of dropout site `site` (nn::DropoutSite) of block `block` (-1: the
+  /// embeddings) for the current micro-batch; p = 0 (the default) for none.
+  virtual DropoutSpec dropout_spec(int block, uint64_t site) const;
+  int n_layer() const;
+
+ private:
+  struct Shared;
+  struct Slot;
+  /// Shared scratch for [B,T] (reallocated when B, T or the checkpointing mode change,
+  /// which drops every slot).
+  void reserve(int B, int T);
+  /// The slot of chunk [first, end), allocated on first use.
+  Slot& slot(int first, int end, int index);
+  nn::BlockPass block_pass(const Slot& a, int l) const;
+  /// Part 0's forward into the slot's stream[0] (embeddings, their dropout).
+  void embed(Slot& a, const Tensor& tokens);
+  /// The sequence-parallel scratch as [B,T,C] for the embedding (empty without SP).
+  Tensor stream_work() const;
+
+  DecoderLayers layers_;
+  nn::ActivationCheckpointing mode_ = nn::ActivationCheckpointing::None;
+  std::unique_ptr<Shared> shared_;
+  std::map<std::pair<int, int>, std::unique_ptr<Slot>> slots_;  // by (first part, slot)
+};
+
+}  // namespace kiln
