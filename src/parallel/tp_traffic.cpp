@@ -9,16 +9,18 @@ TpTraffic tp_micro_step_traffic(const TpTrafficShape& s) {
   if (s.tp <= 1) return t;
   const int64_t L = s.n_layer, act = s.rows * s.n_embd * s.act_bytes;
   const int64_t replay = s.full_recompute ? 2 * L : 0;  // the blocks' forward, again
+  const int64_t ends = int64_t{s.has_embedding} + int64_t{s.has_head};
   auto add = [&](Collective c, int64_t calls, int64_t bytes_each) {
     t.calls_of(c) += calls;
     t.bytes_of(c) += calls * bytes_each;
   };
   if (s.sequence_parallel) {
-    add(Collective::ReduceScatter, 4 * L + 2 + replay, act);
-    add(Collective::AllGather, 6 * L + 2 + replay, act);
+    add(Collective::ReduceScatter, 4 * L + ends + replay, act);
+    add(Collective::AllGather, 6 * L + ends + replay, act);
   } else {
-    add(Collective::AllReduce, 4 * L + 2 + replay, act);
+    add(Collective::AllReduce, 4 * L + ends + replay, act);
   }
+  if (!s.has_head) return t;
   // The loss statistics: per chunk of R rows, every rank's [R, 3] fp32.
   const int64_t R = nn::classifier_chunk_rows(s.rows, s.padded_vocab / s.tp);
   t.calls_of(Collective::AllGather) += (s.rows + R - 1) / R;

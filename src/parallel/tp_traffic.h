@@ -34,6 +34,9 @@ namespace kiln {
 
 struct TpTrafficShape {
   int64_t n_layer = 0, rows = 0, n_embd = 0;  // L, N = micro_batch * seq_len, C
+  // A pipeline stage: L counts its blocks; the "+ 2" terms are one for the embedding and
+  // one for the head (the loss statistics too), each where the stage holds it.
+  bool has_embedding = true, has_head = true;
   int64_t padded_vocab = 0;                   // Vp (the loss's chunking)
   int tp = 1;
   bool sequence_parallel = false;

@@ -392,7 +392,15 @@ void Trainer::summarize_communication(TrainResult& r, int64_t timed_steps) {
 
 void Trainer::summarize_tp_traffic(TrainResult& r, int64_t steps) {
   TpTrafficShape s;
-  s.n_layer = config_.model.n_layer;
+  // This rank's parts (a pipeline stage holds some): blocks, and whether the two ends.
+  const int n_parts = config_.model.n_layer + 2;
+  s.has_embedding = s.has_head = false;
+  s.n_layer = 0;
+  for (const ModelPart& u : model_->parts()) {
+    if (u.global_index == 0) s.has_embedding = true;
+    else if (u.global_index == n_parts - 1) s.has_head = true;
+    else ++s.n_layer;
+  }
   s.rows = int64_t{config_.train.micro_batch} * seq_len_;
   s.n_embd = config_.model.n_embd;
   s.padded_vocab = model_->padded_vocab_size();

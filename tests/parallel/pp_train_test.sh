@@ -108,6 +108,21 @@ train ref3 1 "${short[@]}"
 train dp2_tp2_pp2 8 "${short[@]}" "${pp2[@]}" --set parallel.tp=2 --set parallel.zero_stage=1
 check ref3 dp2_tp2_pp2 "gpt2 dp=2 x tp=2 x pp=2 (8 ranks) zero 1"
 
+# kiln bench at tp2 x pp2: each stage's tp traffic equals the formula for the parts it
+# holds; the bubble per stage is reported beside the schedule's.
+mpirun --oversubscribe --bind-to none -np 4 "$kiln" bench "$work/tiny.toml" --steps 2 --warmup 1 \
+  "${pp2[@]}" "${inter[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true \
+  > "$work/bench.log" 2>&1 || { echo "FAILED: bench"; cat "$work/bench.log"; exit 1; }
+"$py" - "$work/bench.log" <<'PY'
+import json, sys
+j = json.loads([l for l in open(sys.argv[1]) if l.startswith("{")][-1])
+for name, c in j["tp_traffic_per_update"].items():
+    assert (c["calls"], c["bytes"]) == (c["formula_calls"], c["formula_bytes"]), f"{name}: {c}"
+assert len(j["pp_bubble_measured"]) == 2 and abs(j["pp_bubble_simulated"] - j["pp_bubble_theory"]) < 1e-12, j
+print(f"kiln bench tp2 x pp2: tp traffic of stage 0 = formula; bubble per stage {j['pp_bubble_measured']}, "
+      f"theory {j['pp_bubble_theory']:.3f}")
+PY
+
 # Checkpoints: the pp2 run saved at 10 and 20 (each save compares the tied copies
 # bitwise). Its step-10 checkpoint resumes at pp2 (saving again at 20), at pp1 and at dp2.
 "$py" -c 'import json, sys; l = json.load(open(sys.argv[1]))["state"]["layout"]; assert (l["pp"], l["world_size"]) == (2, 2), l' \
