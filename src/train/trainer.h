@@ -8,9 +8,10 @@
 // gradient equals that of one big batch whatever the accumulation or world size.
 //
 // Launched under mpirun/srun, the trainer builds the device mesh (parallel.dp x tp x pp
-// = world size; tp = pp = 1 for now) and trains data-parallel with the configured ZeRO
-// stage (parallel/data_parallel.h): each dp rank reads a disjoint part of every global
-// batch, and rank 0 writes metrics and the checkpoint manifest.
+// = world size) and trains with the configured ZeRO stage (parallel/data_parallel.h),
+// tensor-parallel plan and pipeline schedule (train/train_step.h): each dp rank reads a
+// disjoint part of every global batch (its tp and pp ranks the same part), and rank 0
+// writes metrics and the checkpoint manifest.
 #pragma once
 
 #include "backend/backend.h"
