@@ -72,6 +72,7 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& 
   const ModelOptions options = model_options_from(config_);
   storage.held_parts = plan_stages(options, storage);
   model_ = make_model(options, backend_, storage);
+  if (boundaries_.empty()) boundaries_ = {0, static_cast<int>(model_->parts().size())};
   model_->set_activation_checkpointing(
       nn::parse_activation_checkpointing(config_.train.activation_checkpointing));
   dp_ = std::make_unique<DataParallel>(*model_, comm_, config_.parallel.zero_stage,
@@ -115,6 +116,7 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& 
 std::vector<int> TrainStep::plan_stages(const ModelOptions& options, ModelStorage storage) {
   const int pp = pp_comm_ ? pp_comm_->size() : 1;
   const int chunks = pp * config_.parallel.virtual_stages;
+  if (chunks == 1) return {};  // one chunk, the whole model (boundaries set once it exists)
   // The whole model's parts and costs, from a model that allocates nothing (and takes no
   // tensor-parallel plan: the costs do not depend on it).
   storage.allocate_params = storage.allocate_grads = false;
@@ -123,10 +125,8 @@ std::vector<int> TrainStep::plan_stages(const ModelOptions& options, ModelStorag
   const auto n_parts = static_cast<int>(probe->parts().size());
   std::vector<double> costs;
   for (const ModelPart& u : probe->parts()) costs.push_back(u.cost);
-  boundaries_ = chunks == 1 ? std::vector<int>{0}
-                            : pp::split_stages(costs, chunks, config_.parallel.pp_split);
+  boundaries_ = pp::split_stages(costs, chunks, config_.parallel.pp_split);
   boundaries_.push_back(n_parts);
-  if (chunks == 1) return {};
   KILN_CHECK(probe->runs_stages(), "{}: parallel.pp = {}, virtual_stages = {}: model.arch = \"{}\" "
              "does not run as pipeline stages (gpt2 and llama do)", config_.source, pp,
              config_.parallel.virtual_stages, probe->arch());

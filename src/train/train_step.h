@@ -137,8 +137,9 @@ class TrainStep {
   void dp_sum(std::span<int64_t> values);
   void dp_sum(std::span<double> values);
   void pp_sum(std::span<double> values);
-  /// Cuts the model into the schedule's chunks; returns the global parts this rank holds
-  /// (empty: all) and the names of the tied parameters split over stages.
+  /// Cuts the model into the schedule's chunks (boundaries_) and finds the tied
+  /// parameters split over stages (tied_names_); returns the global parts this rank
+  /// holds (empty: all, one chunk; boundaries_ then stay empty until the model exists).
   std::vector<int> plan_stages(const ModelOptions& options, ModelStorage storage);
   /// Sums the gradients of the tied parameters over their stages (tied_comm_).
   void reduce_tied_grads();

@@ -3,13 +3,17 @@
 # their simulator: tests/parallel/pipeline_schedule_test.cpp):
 #   1. 20 updates of a tiny GPT-2 (tied wte, dropout) over 8 micro-batches at pp2 with
 #      gpipe, 1f1b and interleaved (2 virtual stages), at pp4, at dp2 x pp2 with ZeRO 1
-#      and 2, at tp2 x pp2 with sequence parallelism; a tiny Llama (untied, and tied) at
-#      pp2 1f1b and interleaved: every loss and validation loss within 1e-5 relative of
-#      the single process;
+#      and 2, at tp2 x pp2 with sequence parallelism, with full activation checkpointing;
+#      a tiny Llama at pp2 1f1b and interleaved, pp4, dp2 x pp2, tp2 x pp2 (and tied at
+#      pp2); dp2 x tp2 x pp2 on 8 ranks (3 updates): every loss and validation loss
+#      within 1e-5 relative of the single process; bf16 and fp16 (overflow skips agreed by
+#      every stage) against their single process; kiln bench's tp traffic per stage =
+#      the formula;
 #   2. the tied wte's two copies (first and last stage) are bitwise equal at every save
 #      (the trainer checks it), also after a resume; a checkpoint saved at pp2 resumes at
 #      pp1 and at dp2 with the uninterrupted run's next losses;
-#   3. bad layouts are one-line errors at start-up on every rank.
+#   3. a failing stage ends every rank with its message; bad layouts are one-line errors
+#      at start-up on every rank.
 # Usage: pp_train_test.sh KILN_BINARY WORK_DIR
 set -euo pipefail
 kiln="$1"
@@ -80,6 +84,12 @@ train llama_pp2 2 "${llama[@]}" "${pp2[@]}"
 check llama_ref llama_pp2 "llama pp=2 1f1b"
 train llama_pp2_inter 2 "${llama[@]}" "${pp2[@]}" "${inter[@]}"
 check llama_ref llama_pp2_inter "llama pp=2 interleaved v=2"
+train llama_pp4 4 "${llama[@]}" --set parallel.pp=4
+check llama_ref llama_pp4 "llama pp=4 1f1b"
+train llama_dp2_pp2 4 "${llama[@]}" "${pp2[@]}" --set parallel.zero_stage=1
+check llama_ref llama_dp2_pp2 "llama dp=2 x pp=2 zero 1"
+train llama_tp2_pp2 4 "${llama[@]}" "${pp2[@]}" "${inter[@]}" --set parallel.tp=2
+check llama_ref llama_tp2_pp2 "llama tp=2 x pp=2 interleaved"
 train llama_tied_ref 1 "${llama[@]}" --set model.tie_embeddings=true
 train llama_tied_pp2 2 "${llama[@]}" --set model.tie_embeddings=true "${pp2[@]}"
 check llama_tied_ref llama_tied_pp2 "llama (tied) pp=2 1f1b"
