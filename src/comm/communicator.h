@@ -130,6 +130,11 @@ class Communicator {
   virtual std::shared_ptr<Work> send_async(const Tensor& t, int peer, int tag, Stream s = {}) = 0;
   virtual std::shared_ptr<Work> recv_async(const Tensor& t, int peer, int tag, Stream s = {}) = 0;
   virtual std::shared_ptr<Work> barrier_async() = 0;
+  /// Sends and receives posted between group_start() and group_end() are issued together
+  /// (NCCL group calls: a send and a receive between the same two ranks cannot then
+  /// deadlock on one stream). The default does nothing: MPI's are non-blocking already.
+  virtual void group_start() {}
+  virtual void group_end() {}
 
   // ---- blocking forms: the asynchronous form, then wait() ----------------------------
   void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::Sum, Stream s = {}) {

@@ -72,12 +72,6 @@ void PipelineExecutor::post_recv(const Action& a) {
   inbox_.emplace(key, std::move(in));
 }
 
-void PipelineExecutor::post_next_recvs(const std::vector<Action>& list, size_t i) {
-  for (size_t k = i + 1; k < list.size() && !is_compute(list[k].kind); ++k)
-    if (list[k].kind == ActionKind::RecvActivation || list[k].kind == ActionKind::RecvGradient)
-      post_recv(list[k]);
-}
-
 Tensor PipelineExecutor::take(Kind kind, int chunk, int mb) {
   const auto it = inbox_.find({kind, chunk, mb});
   KILN_CHECK(it != inbox_.end(), "pipeline rank {}: the {} of chunk {}, micro-batch {} was never "
@@ -155,34 +149,39 @@ void PipelineExecutor::finish_sends() {
              outbox_.size());
 }
 
+void PipelineExecutor::post_messages(const std::vector<Action>& list, size_t& i) {
+  if (!comm_) return;
+  comm_->group_start();
+  for (; i < list.size() && !is_compute(list[i].kind); ++i) {
+    const Action& a = list[i];
+    if (a.kind == ActionKind::RecvActivation || a.kind == ActionKind::RecvGradient) {
+      post_recv(a);
+      continue;
+    }
+    const Kind kind = a.kind == ActionKind::SendActivation ? kActivation : kGradient;
+    const auto it = outbox_.find({kind, a.chunk, a.micro_batch});
+    KILN_CHECK(it != outbox_.end(), "pipeline rank {}: {} before its pass", rank_, a.str());
+    send(kind, a.chunk, a.micro_batch, std::move(it->second), a.peer);
+    outbox_.erase(it);
+  }
+  comm_->group_end();
+}
+
 LossSum PipelineExecutor::run(MicroBatches& mbs, float grad_scale) {
   const auto& list = schedule_.ranks[static_cast<size_t>(rank_)];
   const auto t0 = Clock::now();
   LossSum loss;
-  post_next_recvs(list, static_cast<size_t>(-1));
-  for (size_t i = 0; i < list.size(); ++i) {
-    const Action& a = list[i];
-    switch (a.kind) {
-      case ActionKind::RecvActivation:
-      case ActionKind::RecvGradient: post_recv(a); break;
-      case ActionKind::Forward:
-        post_next_recvs(list, i);
-        forward(a, mbs, grad_scale, loss);
-        break;
-      case ActionKind::Backward:
-        post_next_recvs(list, i);
-        backward(a, mbs);
-        break;
-      case ActionKind::SendActivation:
-      case ActionKind::SendGradient: {
-        const Kind kind = a.kind == ActionKind::SendActivation ? kActivation : kGradient;
-        const auto it = outbox_.find({kind, a.chunk, a.micro_batch});
-        KILN_CHECK(it != outbox_.end(), "pipeline rank {}: {} before its pass", rank_, a.str());
-        send(kind, a.chunk, a.micro_batch, std::move(it->second), a.peer);
-        outbox_.erase(it);
-        break;
-      }
-    }
+  // Each pass, then its sends and the next pass's receives as one group (Megatron's
+  // send_forward_recv_backward): the receives are posted before the pass that needs them
+  // starts, and a send and a receive between two ranks are never ordered against each
+  // other on a stream.
+  size_t i = 0;
+  post_messages(list, i);
+  while (i < list.size()) {
+    const Action& a = list[i++];
+    if (a.kind == ActionKind::Forward) forward(a, mbs, grad_scale, loss);
+    else backward(a, mbs);
+    post_messages(list, i);
   }
   finish_sends();
   timing_.span += std::chrono::duration<double>(Clock::now() - t0).count();

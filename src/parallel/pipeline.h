@@ -11,10 +11,13 @@
 //
 // Messages: the activation out of F(c, j) goes to rank (c+1) % pp, the gradient out of
 // B(c, j) to (c-1) % pp, each in a buffer of its own (Model::stage_activation_shape, the
-// model dtype), tagged by (kind, chunk, micro-batch). Sends are posted, their buffers
-// freed once matched, and the rest waited for at the end of the step; the receives of the next pass are posted before the current pass
-// computes, so a message arriving during it is not waited for. Between chunks on the same
-// rank nothing is sent: the tensor is handed over in memory.
+// model dtype), tagged by (kind, chunk, micro-batch). After each pass its sends and the
+// receives of the next pass are posted together, as one group (Communicator::group_start:
+// NCCL group calls, as Megatron-LM's batched send_forward_recv_backward), so a receive is
+// posted before the pass that needs it starts and never ordered against a send to the
+// same peer; send buffers are freed once matched, the rest waited for at the end of the
+// step. Between chunks on the same rank nothing is sent: the tensor is handed over in
+// memory.
 #pragma once
 
 #include "comm/communicator.h"
@@ -80,8 +83,9 @@ class PipelineExecutor {
   int tag(Kind kind, int chunk, int mb) const;
   Tensor message_buffer() const;
   void post_recv(const Action& a);
-  /// The receives of the next pass after list index i (posted before pass i computes).
-  void post_next_recvs(const std::vector<Action>& list, size_t i);
+  /// The sends and receives from list index i up to the next pass, as one group; i ends
+  /// at that pass.
+  void post_messages(const std::vector<Action>& list, size_t& i);
   Tensor take(Kind kind, int chunk, int mb);
   void send(Kind kind, int chunk, int mb, Tensor data, int peer);
   void forward(const Action& a, MicroBatches& mbs, float grad_scale, LossSum& loss);

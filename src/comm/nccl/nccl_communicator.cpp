@@ -233,9 +233,27 @@ class NcclCommunicator final : public Communicator {
       cudaEventDestroy(end);
       KILN_FAIL("nccl communicator: {} on {} failed: {}", what, where(), ncclGetErrorString(r));
     }
-    cuda_ok(cudaEventRecord(end, stream_), "cudaEventRecord");
+    // In a group the operation is enqueued at ncclGroupEnd: its end event is recorded there.
+    if (in_group_) group_ends_.push_back(end);
+    else cuda_ok(cudaEventRecord(end, stream_), "cudaEventRecord");
     return std::make_shared<NcclWork>(this, c, bytes, what + " on " + where(), start, end);
   }
+
+ public:
+  void group_start() override {
+    KILN_CHECK(!in_group_, "nccl communicator: group_start() inside a group on {}", where());
+    nccl_ok(ncclGroupStart(), "ncclGroupStart");
+    in_group_ = true;
+  }
+  void group_end() override {
+    KILN_CHECK(in_group_, "nccl communicator: group_end() without group_start() on {}", where());
+    in_group_ = false;
+    nccl_ok(ncclGroupEnd(), "ncclGroupEnd");
+    for (cudaEvent_t e : group_ends_) cuda_ok(cudaEventRecord(e, stream_), "cudaEventRecord");
+    group_ends_.clear();
+  }
+
+ private:
 
   void abort_comm() {
     if (comm_) {
@@ -248,6 +266,8 @@ class NcclCommunicator final : public Communicator {
   int device_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;
+  bool in_group_ = false;
+  std::vector<cudaEvent_t> group_ends_;  // of the operations posted in the open group
   ncclComm_t comm_ = nullptr;
   void* barrier_buf_ = nullptr;
 };
