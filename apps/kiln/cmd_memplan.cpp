@@ -161,8 +161,10 @@ void run(const Args& a) {
   }
   fmt::print("{:<18} {:>12.3f} {:>18}\n", "PEAK (total)", gib(r0.peak_total), r0.peak_total);
   if (p.ranks_differ()) {
-    fmt::print("ranks differ (zero padding of the last slices): highest peak {:.3f} GiB on rank "
-               "{} of the {} simulated\n", gib(rmax.peak_total), rmax.rank, p.ranks.size());
+    fmt::print("ranks differ ({}): highest peak {:.3f} GiB on rank {} of the {} simulated\n",
+               p.pp > 1 ? "pipeline stages hold different parts and micro-batches in flight"
+                        : "zero padding of the last slices",
+               gib(rmax.peak_total), rmax.rank, p.ranks.size());
   } else {
     fmt::print("all {} simulated ranks have the same bytes\n", p.ranks.size());
   }
