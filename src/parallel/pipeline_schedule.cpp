@@ -86,7 +86,7 @@ std::vector<Pass> passes_of(ScheduleKind kind, int pp, int v, int m, int r) {
 Schedule make_schedule(ScheduleKind kind, int pp, int v, int m) {
   KILN_CHECK(pp >= 1, "parallel.pp must be >= 1, got {}", pp);
   KILN_CHECK(v >= 1, "parallel.virtual_stages must be >= 1, got {}", v);
-  KILN_CHECK(m >= 1, "a pipeline needs at least one micro-batch per update (train.grad_accum_steps), got {}", m);
+  KILN_CHECK(m >= 1, "a pipeline needs at least one micro-batch per update (grad_accum_steps = train.global_batch / (train.micro_batch x dp)), got {}", m);
   KILN_CHECK(kind == ScheduleKind::Interleaved || v == 1,
              "parallel.pp_schedule = \"{}\" runs one stage per rank: parallel.virtual_stages must "
              "be 1 (got {}; use \"interleaved\" for more)", schedule_kind_name(kind), v);
@@ -94,7 +94,7 @@ Schedule make_schedule(ScheduleKind kind, int pp, int v, int m) {
              "parallel.pp_schedule = \"interleaved\" needs parallel.virtual_stages > 1");
   KILN_CHECK(kind != ScheduleKind::Interleaved || m % pp == 0,
              "parallel.pp_schedule = \"interleaved\" needs the micro-batches per update "
-             "(train.grad_accum_steps = {}) to be a multiple of parallel.pp = {}", m, pp);
+             "(grad_accum_steps = train.global_batch / (train.micro_batch x dp) = {}) to be a multiple of parallel.pp = {}", m, pp);
   Schedule s;
   s.kind = kind;
   s.pp = pp;

@@ -116,6 +116,9 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& 
 std::vector<int> TrainStep::plan_stages(const ModelOptions& options, ModelStorage storage) {
   const int pp = pp_comm_ ? pp_comm_->size() : 1;
   const int chunks = pp * config_.parallel.virtual_stages;
+  KILN_CHECK(chunks > 1 || config_.parallel.pp_split.empty(), "{}: parallel.pp_split is set but "
+             "parallel.pp x parallel.virtual_stages = 1: there is nothing to split",
+             config_.source);
   if (chunks == 1) return {};  // one chunk, the whole model (boundaries set once it exists)
   // The whole model's parts and costs, from a model that allocates nothing (and takes no
   // tensor-parallel plan: the costs do not depend on it).
@@ -123,13 +126,14 @@ std::vector<int> TrainStep::plan_stages(const ModelOptions& options, ModelStorag
   storage.plan = nullptr;
   const auto probe = make_model(options, backend_, storage);
   const auto n_parts = static_cast<int>(probe->parts().size());
+  KILN_CHECK(probe->runs_stages(), "{}: parallel.pp = {}, virtual_stages = {}: model.arch = \"{}\" "
+             "does not run as pipeline stages (gpt2 and llama do)", config_.source, pp,
+             config_.parallel.virtual_stages, probe->arch());
   std::vector<double> costs;
   for (const ModelPart& u : probe->parts()) costs.push_back(u.cost);
   boundaries_ = pp::split_stages(costs, chunks, config_.parallel.pp_split);
   boundaries_.push_back(n_parts);
-  KILN_CHECK(probe->runs_stages(), "{}: parallel.pp = {}, virtual_stages = {}: model.arch = \"{}\" "
-             "does not run as pipeline stages (gpt2 and llama do)", config_.source, pp,
-             config_.parallel.virtual_stages, probe->arch());
+
   KILN_CHECK(config_.parallel.zero_stage <= 2, "{}: parallel.zero_stage = 3 with parallel.pp = {}: "
              "ZeRO-3 gathers each part for every pass, which several micro-batches in flight "
              "would repeat per micro-batch; use zero_stage 0-2 with pipeline parallelism",

@@ -156,7 +156,7 @@ fails zero3 "ZeRO-3 gathers each part for every pass" \
 fails stages "6 model parts cannot fill 8 stages" \
   timeout 60 mpirun --oversubscribe --bind-to none -np 4 "$kiln" train "$work/tiny.toml" \
   --set "run.dir=$work/stages" --set parallel.pp=4 "${inter[@]}"
-fails interleaved_m "train.grad_accum_steps" \
+fails interleaved_m "grad_accum_steps = train.global_batch" \
   timeout 60 mpirun --oversubscribe --bind-to none -np 2 "$kiln" train "$work/tiny.toml" \
   --set "run.dir=$work/inter_m" "${pp2[@]}" "${inter[@]}" --set train.global_batch=7
 fails sample "needs parallel.tp = 1 and parallel.pp = 1" \
@@ -167,4 +167,6 @@ fails sample "needs parallel.tp = 1 and parallel.pp = 1" \
 fails failing_stage "Input/output error" env KILN_FAULT=eio:1:1 \
   timeout 60 mpirun --oversubscribe --bind-to none -np 2 "$kiln" train "$work/tiny.toml" \
   --set "run.dir=$work/failing" "${pp2[@]}"
+fails pp_split_one "parallel.pp_split is set but parallel.pp x parallel.virtual_stages = 1" \
+  "$kiln" train "$work/tiny.toml" --set "run.dir=$work/split1" --set "parallel.pp_split=[2]"
 echo "pipeline-parallel tests passed"
