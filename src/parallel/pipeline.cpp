@@ -25,6 +25,7 @@ PipelineExecutor::PipelineExecutor(Model& model, Communicator* comm, Schedule sc
              "pipeline: chunk boundaries must be {} increasing part indices from 0", C + 1);
   KILN_CHECK(pp == 1 || model_.runs_stages(), "{} does not run as pipeline stages (parallel.pp "
              "> 1 needs gpt2 or llama)", model_.arch());
+  sim_ = simulate(schedule_);  // throws on a deadlock or an unmatched message
   for (int c = 0; c < C; ++c)
     if (Schedule::rank_of_chunk(c, pp) == rank_) local_chunks_.push_back(c);
   // Slots: the most micro-batches in flight per chunk; passes in micro-batch order.
@@ -83,7 +84,12 @@ Tensor PipelineExecutor::take(Kind kind, int chunk, int mb) {
   return in.data;
 }
 
-void PipelineExecutor::send(Kind kind, int chunk, int mb, Tensor data, int peer) {
+void PipelineExecutor::send(Kind kind, int chunk, int mb, int peer) {
+  const auto it = outbox_.find({kind, chunk, mb});
+  KILN_CHECK(it != outbox_.end(), "pipeline rank {}: the {} of chunk {}, micro-batch {} is sent "
+             "before its pass", rank_, kind == kActivation ? "activation" : "gradient", chunk, mb);
+  Tensor data = std::move(it->second);
+  outbox_.erase(it);
   // Buffers of the sends already matched go now (the rest at the end of the step).
   std::erase_if(sends_, [](const auto& s) { return s.first->is_completed(); });
   auto work = comm_->send_async(data, peer, tag(kind, chunk, mb), model_.backend().default_stream());
@@ -158,11 +164,8 @@ void PipelineExecutor::post_messages(const std::vector<Action>& list, size_t& i)
       post_recv(a);
       continue;
     }
-    const Kind kind = a.kind == ActionKind::SendActivation ? kActivation : kGradient;
-    const auto it = outbox_.find({kind, a.chunk, a.micro_batch});
-    KILN_CHECK(it != outbox_.end(), "pipeline rank {}: {} before its pass", rank_, a.str());
-    send(kind, a.chunk, a.micro_batch, std::move(it->second), a.peer);
-    outbox_.erase(it);
+    send(a.kind == ActionKind::SendActivation ? kActivation : kGradient, a.chunk, a.micro_batch,
+         a.peer);
   }
   comm_->group_end();
 }
@@ -195,11 +198,8 @@ LossSum PipelineExecutor::forward_only(MicroBatches& mbs) {
     if (c > 0 && Schedule::rank_of_chunk(c - 1, pp) != rank_)
       post_recv(Action{ActionKind::RecvActivation, c - 1, 0, Schedule::rank_of_chunk(c - 1, pp)});
     forward(Action{ActionKind::Forward, c, 0, -1}, mbs, 0.f, loss);
-    if (c < C - 1 && Schedule::rank_of_chunk(c + 1, pp) != rank_) {
-      const auto it = outbox_.find({kActivation, c, 0});
-      send(kActivation, c, 0, std::move(it->second), Schedule::rank_of_chunk(c + 1, pp));
-      outbox_.erase(it);
-    }
+    if (c < C - 1 && Schedule::rank_of_chunk(c + 1, pp) != rank_)
+      send(kActivation, c, 0, Schedule::rank_of_chunk(c + 1, pp));
   }
   finish_sends();
   return loss;

@@ -48,7 +48,8 @@ class PipelineExecutor {
   /// when pp = 1). `boundaries`: the first part (global index) of each of the
   /// schedule's chunks (split_stages), then the whole model's part count. Micro-batches are B x T. Not
   /// owned. Throws kiln::Error when the model does not run as stages (and pp > 1), the
-  /// boundaries do not fit, or a chunk's passes are not in micro-batch order.
+  /// boundaries do not fit, the schedule's simulation fails, or a chunk's passes are not
+  /// in micro-batch order.
   PipelineExecutor(Model& model, Communicator* comm, Schedule schedule, std::vector<int> boundaries,
                    int B, int T);
 
@@ -59,6 +60,8 @@ class PipelineExecutor {
   LossSum forward_only(MicroBatches& micro_batches);
 
   const Schedule& schedule() const { return schedule_; }
+  /// The schedule's simulation (run by the constructor: no deadlock, every message matched).
+  const SimResult& simulated() const { return sim_; }
   int rank() const { return rank_; }
   /// This rank's chunks, increasing, and the global parts [first, end) of chunk c.
   const std::vector<int>& local_chunks() const { return local_chunks_; }
@@ -87,7 +90,8 @@ class PipelineExecutor {
   /// at that pass.
   void post_messages(const std::vector<Action>& list, size_t& i);
   Tensor take(Kind kind, int chunk, int mb);
-  void send(Kind kind, int chunk, int mb, Tensor data, int peer);
+  /// Posts the send of the outbox's (kind, chunk, mb) to peer.
+  void send(Kind kind, int chunk, int mb, int peer);
   void forward(const Action& a, MicroBatches& mbs, float grad_scale, LossSum& loss);
   void backward(const Action& a, MicroBatches& mbs);
   void finish_sends();
@@ -95,6 +99,7 @@ class PipelineExecutor {
   Model& model_;
   Communicator* comm_;
   Schedule schedule_;
+  SimResult sim_;
   std::vector<int> boundaries_;  // [chunks + 1]: chunk c is parts [b[c], b[c+1])
   int rank_ = 0, B_ = 0, T_ = 0;
   std::vector<int> local_chunks_;

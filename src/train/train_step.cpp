@@ -81,12 +81,10 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& 
     // Several micro-batches in flight: a resident part's gradient and a tied parameter's
     // (summed over its stages first) are reduced over dp once the schedule is done.
     std::vector<int> deferred;
-    for (const ModelPart& u : model_->parts()) {
-      bool tied = u.resident;
-      for (const ParamSpec& s : model_->params())
-        if (s.part == u.index && std::count(tied_names_.begin(), tied_names_.end(), s.name)) tied = true;
-      if (tied) deferred.push_back(u.index);
-    }
+    for (const ModelPart& u : model_->parts())
+      if (u.resident) deferred.push_back(u.index);
+    for (const ParamSpec& s : model_->params())  // a tied parameter, where this stage holds it
+      if (std::count(tied_names_.begin(), tied_names_.end(), s.name)) deferred.push_back(s.part);
     dp_->defer_reduction(deferred);
   }
   optimizer_ = std::make_unique<AdamW>(backend_, dp_->optimizer_segments(),
@@ -107,7 +105,6 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& 
                            MemCategory::Activations);
   const pp::ScheduleKind kind = pp::parse_schedule_kind(config_.parallel.pp_schedule);
   pp::Schedule schedule = pp::make_schedule(kind, pp, config_.parallel.virtual_stages, accum_);
-  pp::simulate(schedule);  // throws on a deadlock or an unmatched message
   pipeline_ = std::make_unique<pp::PipelineExecutor>(*model_, pp_comm_, std::move(schedule),
                                                      boundaries_, config_.train.micro_batch,
                                                      config_.train.seq_len);

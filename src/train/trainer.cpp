@@ -201,7 +201,7 @@ std::string Trainer::pipeline_description() const {
   const pp::Schedule& s = one_step_->pipeline().schedule();
   std::string parts;  // this rank's (the printing rank's)
   for (const ModelPart& u : model_->parts()) parts += (parts.empty() ? "" : " ") + u.name;
-  const pp::SimResult sim = pp::simulate(s);
+  const pp::SimResult& sim = one_step_->pipeline().simulated();
   return fmt::format(", pipeline over {} stages ({}, {} virtual stage(s), simulated bubble {:.1f}% "
                      "vs theory {:.1f}%; rank 0 holds {})", s.pp, pp::schedule_kind_name(s.kind),
                      s.virtual_stages, 100.0 * sim.bubble_fraction,
@@ -435,7 +435,7 @@ void Trainer::summarize_tp_traffic(TrainResult& r, int64_t steps) {
 
 void Trainer::summarize_pipeline(TrainResult& r, double busy, double span) {
   const pp::Schedule& s = one_step_->pipeline().schedule();
-  r.pp_bubble_simulated = pp::simulate(s).bubble_fraction;
+  r.pp_bubble_simulated = one_step_->pipeline().simulated().bubble_fraction;
   r.pp_bubble_theory = pp::theoretical_bubble(s.kind, s.pp, s.virtual_stages, s.micro_batches);
   const int W = world_->size();
   std::vector<double> v(static_cast<size_t>(2 * W), 0.0);  // [busy, span] per rank
