@@ -271,6 +271,7 @@ void run_distributed_bench(const Args& a) {
                      {"comm_exposed_ms_per_step",
                       1e3 * r.comm_exposed_s / std::max<int64_t>(r.timed_steps, 1)},
                      {"comm_hidden_fraction", r.comm_hidden_fraction}};
+    if (c.parallel.cp > 1) j["cp"] = c.parallel.cp;
     if (c.parallel.pp > 1) {
       j["pp"] = c.parallel.pp;
       j["pp_schedule"] = c.parallel.pp_schedule;

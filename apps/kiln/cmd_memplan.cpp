@@ -98,6 +98,7 @@ void run(const Args& a) {
     nlohmann::json j = rank_json(r0);
     j["world_size"] = p.world_size;
     j["dp"] = p.dp;
+    j["cp"] = p.cp;
     j["tp"] = p.tp;
     j["pp"] = p.pp;
     j["sequence_parallel"] = c.parallel.sequence_parallel;
@@ -123,7 +124,7 @@ void run(const Args& a) {
       nlohmann::json ls = nlohmann::json::array();
       for (const auto& l : layouts) {
         if (!l.fits) continue;
-        ls.push_back({{"tp", l.tp}, {"sequence_parallel", l.sequence_parallel},
+        ls.push_back({{"cp", l.cp}, {"tp", l.tp}, {"sequence_parallel", l.sequence_parallel},
                       {"zero_stage", l.zero_stage}, {"activation_checkpointing", l.checkpointing},
                       {"micro_batch", l.micro_batch}, {"grad_accum_steps", l.accum},
                       {"peak_bytes", l.peak_bytes}, {"step_s", l.time.step},
@@ -138,9 +139,12 @@ void run(const Args& a) {
   }
 
   fmt::print("kiln memplan: {}\n", p.model);
-  fmt::print("  world {} (data-parallel {}{}{}), ZeRO stage {}, micro_batch {} x {} micro-step(s) "
+  fmt::print("  world {} (data-parallel {}{}{}{}), ZeRO stage {}, micro_batch {} x {} micro-step(s) "
              "(global batch {}), seq_len {}, {}, activation checkpointing {}\n",
              p.world_size, p.dp,
+             p.cp > 1 ? fmt::format(" x context-parallel {} ({} tokens per rank)", p.cp,
+                                    c.train.seq_len / p.cp)
+                      : std::string(),
              p.tp > 1 ? fmt::format(" x tensor-parallel {}{}", p.tp,
                                     c.parallel.sequence_parallel ? " with sequence parallelism" : "")
                       : std::string(),
@@ -182,15 +186,15 @@ void run(const Args& a) {
              "{:.1f} TFLOP/s ({}), link {:.0f} GB/s busbw, {:.0f} us per collective:\n",
              a.device_gib, a.device_gib - reserve, cost.peak_flops / 1e12, peak_from,
              cost.link_bandwidth / 1e9, cost.link_latency * 1e6);
-  fmt::print("{:>3} {:>3} {:>4} {:>10} {:>6} {:>6} {:>10} {:>11} {:>9} {:>11} {:>9} {:>12}\n",
-             "tp", "sp", "zero", "ckpt", "micro", "accum", "peak GiB", "compute ms", "comm ms",
+  fmt::print("{:>3} {:>3} {:>3} {:>4} {:>10} {:>6} {:>6} {:>10} {:>11} {:>9} {:>11} {:>9} {:>12}\n",
+             "cp", "tp", "sp", "zero", "ckpt", "micro", "accum", "peak GiB", "compute ms", "comm ms",
              "exposed ms", "step ms", "tokens/s");
   int fitting = 0;
   for (const auto& l : layouts) {
     if (!l.fits) continue;
     ++fitting;
-    fmt::print("{:>3} {:>3} {:>4} {:>10} {:>6} {:>6} {:>10.2f} {:>11.1f} {:>9.1f} {:>11.1f} {:>9.1f} "
-               "{:>12.0f}\n", l.tp, l.sequence_parallel ? "on" : "-", l.zero_stage, l.checkpointing, l.micro_batch, l.accum, gib(l.peak_bytes),
+    fmt::print("{:>3} {:>3} {:>3} {:>4} {:>10} {:>6} {:>6} {:>10.2f} {:>11.1f} {:>9.1f} {:>11.1f} {:>9.1f} "
+               "{:>12.0f}\n", l.cp, l.tp, l.sequence_parallel ? "on" : "-", l.zero_stage, l.checkpointing, l.micro_batch, l.accum, gib(l.peak_bytes),
                l.time.compute * 1e3, l.time.comm_total * 1e3, l.time.comm_exposed * 1e3,
                l.time.step * 1e3, l.time.tokens_per_s);
   }

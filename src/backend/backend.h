@@ -112,6 +112,15 @@ struct AttentionShape {
   int64_t qkv_width() const { return q_width() + 2 * kv_width(); }
 };
 
+/// One tile of a blockwise attention (ring attention, Liu et al. 2023): the query rows
+/// [q_begin, q_begin + q_len) of a qkv buffer against the key/value rows [k_begin,
+/// k_begin + k_len) of a kv buffer. causal: a diagonal tile (q_len == k_len, rows aligned:
+/// the tile's query i sees its keys 0..i); otherwise every key of the tile.
+struct AttentionTile {
+  int64_t q_begin = 0, q_len = 0, k_begin = 0, k_len = 0;
+  bool causal = false;
+};
+
 /// Rotary position embedding (Su et al. 2021, "RoFormer"), in the "rotate half" layout
 /// of Hugging Face's Llama: within each head, channel i < HD/2 pairs with i + HD/2 and
 /// the pair turns by the angle pos * inv_freq[i], inv_freq[i] = theta^(-2i/HD). With
@@ -250,6 +259,32 @@ class Backend {
   virtual void attention_backward(Stream s, const Tensor& dqkv, const Tensor& dout,
                                   const Tensor& qkv, const Tensor& out, const Tensor& lse,
                                   const AttentionShape& shape, const DropoutSpec& dropout) = 0;
+
+  /// One tile of a blockwise attention merged into a running result (ring attention: Liu
+  /// et al. 2023; the merge is FlashAttention's online softmax, Dao et al. 2022): queries
+  /// from qkv [B,T,qkv_width] (its q columns), keys and values from kv [B,Tk,2*NKV*HD]
+  /// (k heads then v heads: qkv's columns from NH*HD on, see copy_columns). out_acc fp32
+  /// [B,T,NH*HD] and lse fp32 [B,NH,T] hold the attention over the keys merged so far
+  /// (start at 0 and -inf); the tile's query rows become
+  ///   out <- (e^lse out + e^l' o') / (e^lse + e^l'),  lse <- log(e^lse + e^l'),
+  /// o' and l' the tile's own softmax output and log-sum-exp. No dropout; the tile, not
+  /// shape.causal, says which keys a query sees. Throws on a tile outside the buffers.
+  virtual void attention_tile_forward(Stream s, const Tensor& out_acc, const Tensor& lse,
+                                      const Tensor& qkv, const Tensor& kv,
+                                      const AttentionShape& shape, const AttentionTile& tile) = 0;
+  /// The tile's gradients, accumulated: rows of dq fp32 [B,T,NH*HD] += dL/dq, rows of dkv
+  /// fp32 [B,Tk,2*NKV*HD] += dL/dk, dL/dv, from dout and out [B,T,NH*HD] (qkv's dtype) and
+  /// lse fp32 [B,NH,T]: the FINAL output and log-sum-exp over every key (FlashAttention-2's
+  /// backward, Dao 2023: P = exp(S - lse), dS = P o (dO V^T - rowsum(dO o O))).
+  virtual void attention_tile_backward(Stream s, const Tensor& dq, const Tensor& dkv,
+                                       const Tensor& dout, const Tensor& qkv, const Tensor& kv,
+                                       const Tensor& out, const Tensor& lse,
+                                       const AttentionShape& shape, const AttentionTile& tile) = 0;
+  /// dst[n, dst_col + j] <- src[n, src_col + j] for j < ncols and every row n, dst [N, Wd]
+  /// and src [N, Ws] seen as rows of their last dimension (the same N), converted as
+  /// copy() does when the dtypes differ. Throws when a column range leaves its tensor.
+  virtual void copy_columns(Stream s, const Tensor& dst, const Tensor& src, int64_t dst_col,
+                            int64_t src_col, int64_t ncols) = 0;
 
   /// Inference attention over a KV cache (causal shapes only). qkv [B,Tq,qkv_width]
   /// holds the projections of Tq new tokens at positions past .. past+Tq-1; their k and

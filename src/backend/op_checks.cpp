@@ -134,6 +134,54 @@ AttentionDims attention_backward(const Tensor& dqkv, const Tensor& dout, const T
   return d;
 }
 
+TileDims attention_tile(const Tensor& out_acc, const Tensor& lse, const Tensor& qkv_,
+                        const Tensor& kv, const AttentionShape& a, const AttentionTile& t) {
+  const AttentionDims d = qkv(qkv_, a, "attention_tile");
+  check_shape(out_acc, Shape{d.B, d.T, d.NH * d.HD}, "attention_tile out_acc");
+  check_dtype(out_acc, DType::F32, "attention_tile out_acc");
+  check_shape(lse, Shape{d.B, d.NH, d.T}, "attention_tile lse");
+  check_dtype(lse, DType::F32, "attention_tile lse");
+  KILN_CHECK(kv.ndim() == 3 && kv.size(0) == d.B && kv.size(2) == 2 * d.NKV * d.HD,
+             "attention_tile: kv {} must be [{}, Tk, 2 NKV HD = {}]", kv.str(), d.B,
+             2 * d.NKV * d.HD);
+  const int64_t Tk = kv.size(1);
+  KILN_CHECK(t.q_begin >= 0 && t.q_len >= 0 && t.q_begin + t.q_len <= d.T && t.k_begin >= 0 &&
+                 t.k_len >= 0 && t.k_begin + t.k_len <= Tk && (!t.causal || t.q_len == t.k_len),
+             "attention_tile: tile q [{}, +{}) k [{}, +{}){} outside q rows {} and kv rows {}",
+             t.q_begin, t.q_len, t.k_begin, t.k_len, t.causal ? " causal" : "", d.T, Tk);
+  return {d, Tk};
+}
+
+TileDims attention_tile_backward(const Tensor& dq, const Tensor& dkv, const Tensor& dout,
+                                 const Tensor& qkv_, const Tensor& kv, const Tensor& out,
+                                 const Tensor& lse, const AttentionShape& a,
+                                 const AttentionTile& t) {
+  const TileDims d = attention_tile(dq, lse, qkv_, kv, a, t);
+  check_shape(dkv, kv.shape(), "attention_tile_backward dkv");
+  check_dtype(dkv, DType::F32, "attention_tile_backward dkv");
+  KILN_CHECK(kv.dtype() == qkv_.dtype(), "attention_tile: kv {} must have qkv's dtype", kv.str());
+  for (const Tensor* x : {&dout, &out}) {
+    check_shape(*x, dq.shape(), "attention_tile_backward dout/out");
+    KILN_CHECK(x->dtype() == qkv_.dtype(), "attention_tile_backward: {} must have qkv's dtype",
+               x->str());
+  }
+  return d;
+}
+
+ColumnDims copy_columns(const Tensor& dst, const Tensor& src, int64_t dst_col, int64_t src_col,
+                        int64_t ncols) {
+  KILN_CHECK(dst.ndim() >= 1 && src.ndim() >= 1, "copy_columns: dst {} and src {} need a last "
+             "dimension", dst.str(), src.str());
+  const ColumnDims d{rows(dst), dst.size(-1), src.size(-1)};
+  KILN_CHECK(rows(src) == d.N, "copy_columns: dst {} and src {} have different row counts",
+             dst.str(), src.str());
+  KILN_CHECK(ncols >= 0 && dst_col >= 0 && src_col >= 0 && dst_col + ncols <= d.Wd &&
+                 src_col + ncols <= d.Ws,
+             "copy_columns: columns [{}, +{}) of dst {} or [{}, +{}) of src {} out of range",
+             dst_col, ncols, dst.str(), src_col, ncols, src.str());
+  return d;
+}
+
 AttentionDims rope(const Tensor& qkv_, const Tensor& pos, const AttentionShape& a) {
   const AttentionDims d = qkv(qkv_, a, "rope");
   KILN_CHECK(d.HD % 2 == 0, "rope: head size {} must be even", d.HD);

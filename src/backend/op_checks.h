@@ -53,6 +53,21 @@ AttentionDims attention_backward(const Tensor& dqkv, const Tensor& dout, const T
                                  const Tensor& out, const Tensor& lse,
                                  const AttentionShape& shape);
 
+/// An attention tile's buffers (see Backend::attention_tile_forward): dims of qkv, Tk the
+/// rows of kv [B,Tk,2*NKV*HD]; the tile inside both.
+struct TileDims { AttentionDims a; int64_t Tk; };
+TileDims attention_tile(const Tensor& out_acc, const Tensor& lse, const Tensor& qkv,
+                        const Tensor& kv, const AttentionShape& shape, const AttentionTile& tile);
+/// The backward's: dq like out_acc, dkv like kv but fp32, dout and out [B,T,NH*HD] in qkv's dtype.
+TileDims attention_tile_backward(const Tensor& dq, const Tensor& dkv, const Tensor& dout,
+                                 const Tensor& qkv, const Tensor& kv, const Tensor& out,
+                                 const Tensor& lse, const AttentionShape& shape,
+                                 const AttentionTile& tile);
+/// copy_columns: rows N and the widths; throws when a range leaves its tensor.
+struct ColumnDims { int64_t N, Wd, Ws; };
+ColumnDims copy_columns(const Tensor& dst, const Tensor& src, int64_t dst_col, int64_t src_col,
+                        int64_t ncols);
+
 struct DecodeDims { int64_t B, T, NH, NKV, HD, W, Tmax; };
 DecodeDims attention_decode(const Tensor& out, const Tensor& k_cache, const Tensor& v_cache,
                             const Tensor& qkv, int64_t past, const AttentionShape& shape);

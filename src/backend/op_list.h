@@ -56,6 +56,18 @@
     (const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,            \
      const Tensor& lse, const AttentionShape& shape, const DropoutSpec& dropout),             \
     (dqkv, dout, qkv, out, lse, shape, dropout))                                              \
+  X(AttentionTileForward, attention_tile_forward, "forward",                                 \
+    (const Tensor& out_acc, const Tensor& lse, const Tensor& qkv, const Tensor& kv,           \
+     const AttentionShape& shape, const AttentionTile& tile),                                 \
+    (out_acc, lse, qkv, kv, shape, tile))                                                     \
+  X(AttentionTileBackward, attention_tile_backward, "backward",                               \
+    (const Tensor& dq, const Tensor& dkv, const Tensor& dout, const Tensor& qkv,              \
+     const Tensor& kv, const Tensor& out, const Tensor& lse, const AttentionShape& shape,     \
+     const AttentionTile& tile),                                                              \
+    (dq, dkv, dout, qkv, kv, out, lse, shape, tile))                                          \
+  X(CopyColumns, copy_columns, "copy",                                                        \
+    (const Tensor& dst, const Tensor& src, int64_t dst_col, int64_t src_col, int64_t ncols),  \
+    (dst, src, dst_col, src_col, ncols))                                                      \
   X(AttentionDecode, attention_decode, "forward",                                             \
     (const Tensor& out, const Tensor& k_cache, const Tensor& v_cache, const Tensor& qkv,      \
      int64_t past, const AttentionShape& shape),                                              \

@@ -112,7 +112,7 @@ void DecoderModel::embed(Slot& a, const Tensor& tokens) {
   Backend& be = backend();
   const Stream s = be.default_stream();
   hooks().before_forward(local_part(0));
-  layers_.embedding->forward(be, s, a.stream[0], tokens, Tensor(), 0, stream_work());
+  layers_.embedding->forward(be, s, a.stream[0], tokens, a.batch.positions, 0, stream_work());
   const DropoutSpec d = nn::rows_dropout(dropout_spec(-1, nn::kEmbeddingSite),
                                          layers_.embedding->placement(), a.stream[0].numel());
   if (d.p > 0.f) be.dropout_forward(s, a.stream[0], a.stream[0], d);
@@ -132,8 +132,9 @@ LossSum DecoderModel::forward_stage(const StagePass& p, float grad_scale) {
   KILN_CHECK(tokens.ndim() == 2 && p.batch.targets.shape() == tokens.shape(),
              "{}: tokens {} and targets {} must both be [B,T]", arch(), tokens.str(),
              p.batch.targets.str());
-  KILN_CHECK(layers_.takes_positions || !p.batch.positions,
-             "{}: explicit positions are not supported (0..T-1 only)", arch());
+  KILN_CHECK(!p.batch.positions || p.batch.positions.shape() == tokens.shape(),
+             "{}: positions {} must be [B,T] like tokens {}", arch(), p.batch.positions.str(),
+             tokens.str());
   const int B = static_cast<int>(tokens.size(0)), T = static_cast<int>(tokens.size(1));
   KILN_CHECK(T <= max_positions(), "{}: sequence length {} exceeds block_size {}", arch(), T,
              max_positions());
@@ -217,7 +218,7 @@ void DecoderModel::backward_stage(const StagePass& p) {
   const DropoutSpec d = nn::rows_dropout(dropout_spec(-1, nn::kEmbeddingSite),
                                          layers_.embedding->placement(), dres.numel());
   if (d.p > 0.f) be.dropout_backward(s, dres, dres, d);
-  layers_.embedding->backward(be, s, dres, a.batch.tokens, Tensor(), stream_work());
+  layers_.embedding->backward(be, s, dres, a.batch.tokens, a.batch.positions, stream_work());
   hooks().after_backward(local_part(0));
 }
 

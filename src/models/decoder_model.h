@@ -39,15 +39,15 @@ struct DecoderLayers {
   const nn::TpPlacement* head_placement = nullptr;
   int vocab_size = 0;
   int64_t n_embd = 0;
-  bool takes_positions = false;  // rotary models take batch.positions; GPT-2 does not
 };
 
 class DecoderModel : public LayeredModel {
  public:
   ~DecoderModel() override;
 
-  /// tokens and targets int32 [B,T] (targets may hold -1); positions int32 [B,T] (rotary
-  /// models) or empty for 0..T-1. The loss gradient (x grad_scale) is made here, in the
+  /// tokens and targets int32 [B,T] (targets may hold -1); positions int32 [B,T] (the
+  /// rotary angles, or the rows of learned position embeddings; context parallelism's
+  /// chunks) or empty for 0..T-1. The loss gradient (x grad_scale) is made here, in the
   /// output head, for the following backward(). The whole model, slot 0.
   LossSum forward(const Batch& batch, float grad_scale) override;
   void backward() override;

@@ -44,11 +44,15 @@ struct LayerRoles {
 };
 
 /// Changes a model's layers before it lays out its parameters: src/parallel's
-/// tensor-parallel plans install the styles (nn/tensor_parallel.h) on the layers this way,
-/// so no model names a style or calls a collective. Not owned by the model.
+/// tensor-parallel plan installs the styles (nn/tensor_parallel.h) on the layers this way
+/// and the context-parallel plan the ring (nn/context_parallel.h), so no model names a
+/// style or calls a collective. Not owned by the model.
 class LayerPlan {
  public:
   virtual ~LayerPlan() = default;
+  /// What the plan does, for a model that cannot take it: "tensor parallelism (parallel.tp
+  /// = 2)".
+  virtual std::string what() const = 0;
   /// Throws kiln::Error naming the layer when the model cannot take the plan.
   virtual void apply(const LayerRoles& layers) const = 0;
 };
@@ -73,7 +77,8 @@ struct ModelStorage {
   int64_t part_alignment = 1;     // each part padded to a multiple (ZeRO: the dp size)
   bool allocate_params = true;    // one flat buffer; false: the owner binds per part (ZeRO-3)
   bool allocate_grads = true;     // likewise for gradients (ZeRO-2/3)
-  const LayerPlan* plan = nullptr;  // applied to the layers before the layout (tensor parallel)
+  /// Applied to the layers, in order, before the layout (tensor, context parallel).
+  std::vector<const LayerPlan*> plans;
   /// The parts this model builds, by global index (a pipeline stage's chunks); empty: all.
   /// Parameter names, initial values and layer numbers stay those of the whole model.
   std::vector<int> held_parts;

@@ -64,7 +64,7 @@ struct ModelArch {
   bool takes_images = false;
   /// Whether the model generates images (Model::predict_velocity: kiln sample-images).
   bool generates_images = false;
-  /// Whether the model takes a tensor-parallel plan (ModelStorage::plan).
+  /// Whether the model takes the tensor- and context-parallel plans (ModelStorage::plans).
   bool tensor_parallel = true;
   /// The options of a model from its Model::config_json() (a checkpoint's state "model").
   /// Throws kiln::Error for an invalid config.

@@ -49,7 +49,13 @@ void SelfAttention::forward(Backend& be, Stream s, std::span<const Tensor> saved
                             const DropoutSpec& dropout, const Tensor& work) const {
   qkv.forward(be, s, saved[kQkv], inp, work);
   if (spec_.rotary) be.rope_forward(s, saved[kQkv], positions, local_, spec_.rope);
-  be.attention_forward(s, saved[kAttn], saved[kLse], saved[kQkv], local_, at_heads(dropout));
+  if (cp_) {
+    KILN_CHECK(!dropout.enabled(), "{}: attention dropout with context parallelism is not "
+               "supported (set model.dropout = 0 or parallel.cp = 1)", qkv.weight.name);
+    ring_attention_forward(be, s, *cp_, saved[kAttn], saved[kLse], saved[kQkv], local_);
+  } else {
+    be.attention_forward(s, saved[kAttn], saved[kLse], saved[kQkv], local_, at_heads(dropout));
+  }
   proj.forward(be, s, out, saved[kAttn], work);
 }
 
@@ -58,8 +64,13 @@ void SelfAttention::backward(Backend& be, Stream s, std::span<const Tensor> save
                              const Tensor& dattn, const Tensor& dqkv, const Tensor& positions,
                              const DropoutSpec& dropout, const Tensor& work) const {
   proj.backward(be, s, dattn, dout, saved[kAttn], work);
-  be.attention_backward(s, dqkv, dattn, saved[kQkv], saved[kAttn], saved[kLse], local_,
-                        at_heads(dropout));
+  if (cp_) {
+    ring_attention_backward(be, s, *cp_, dqkv, dattn, saved[kQkv], saved[kAttn], saved[kLse],
+                            local_);
+  } else {
+    be.attention_backward(s, dqkv, dattn, saved[kQkv], saved[kAttn], saved[kLse], local_,
+                          at_heads(dropout));
+  }
   if (spec_.rotary) be.rope_backward(s, dqkv, positions, local_, spec_.rope);
   qkv.backward(be, s, dinp, dqkv, inp, work);
 }
@@ -73,6 +84,7 @@ void SelfAttention::decode(Backend& be, Stream s, const Tensor& out, const Tenso
                "past {}", past);
     be.rope_forward(s, qkv_buf, positions, spec_, spec_.rope);
   }
+  KILN_CHECK(!cp_, "{}: decoding with context parallelism is not supported", qkv.weight.name);
   be.attention_decode(s, attn, k_cache, v_cache, qkv_buf, past, spec_);
   proj.forward(be, s, out, attn);
 }

@@ -11,9 +11,13 @@
 // Tensor parallel (shard()): each tp rank computes NH/tp query heads over NKV/tp key/value
 // heads (Megatron-LM): the fused projection is column-parallel, each of q, k and v split
 // separately, and the output projection row-parallel; saved tensors are the rank's heads.
+// Context parallel (set_context_parallel()): the rank's rows of every sequence attend to
+// the whole sequence by ring attention (nn/context_parallel.h); saved tensors stay the
+// rank's rows, so they shrink as 1/cp.
 #pragma once
 
 #include "backend/backend.h"
+#include "nn/context_parallel.h"
 #include "nn/linear.h"
 #include "nn/saved.h"
 
@@ -44,6 +48,9 @@ class SelfAttention {
   /// parallel as given). Throws kiln::Error naming the layer unless NH and NKV divide by
   /// the group's size.
   void shard(TpGroup& group, bool sequence_parallel);
+  /// Attends over the sequences split across `group` (ring attention). Forward then
+  /// refuses attention dropout with a kiln::Error.
+  void set_context_parallel(CpGroup& group) { cp_ = group.size() > 1 ? &group : nullptr; }
   std::vector<SavedSpec> saved_specs(int64_t B, int64_t T, DType dtype) const;
   enum : size_t { kQkv, kAttn, kLse, kNumSaved };
   /// out [B,T,C] = proj(attention(rope(qkv(inp)))), inp [B,T,C]; positions int32 [B,T]
@@ -77,6 +84,7 @@ class SelfAttention {
   DropoutSpec at_heads(const DropoutSpec& d) const;
   AttentionSpec spec_, local_;
   int first_head_ = 0;  // this rank's first query head
+  CpGroup* cp_ = nullptr;  // a context-parallel group of more than one rank
 };
 
 }  // namespace kiln::nn

@@ -76,6 +76,8 @@ class TransformerBlock {
   /// out its parameters. Throws kiln::Error naming the layer when heads, key/value heads
   /// or hidden units do not divide over the group.
   void shard(TpGroup& group, bool sequence_parallel);
+  /// Runs the block's attention as ring attention over `group` (nn/context_parallel.h).
+  void set_context_parallel(CpGroup& group) { attn_.set_context_parallel(group); }
   /// Whether the residual stream is split in rows (sequence parallel over tp > 1).
   bool sequence_parallel() const { return tp_ && sp_; }
   /// The residual stream's shape for a [B, T] batch: [B,T,C], or this rank's [BT/tp, C]

@@ -7,6 +7,7 @@ namespace kiln {
 const char* axis_name(Axis a) {
   switch (a) {
     case Axis::DP: return "dp";
+    case Axis::CP: return "cp";
     case Axis::TP: return "tp";
     case Axis::PP: return "pp";
   }
@@ -22,31 +23,35 @@ std::string MeshCoord::str() const {
   return s + ")";
 }
 
-DeviceMesh::DeviceMesh(int world_size, int rank, int dp, int tp, int pp)
+DeviceMesh::DeviceMesh(int world_size, int rank, int dp, int tp, int pp, int cp)
     : world_size_(world_size), rank_(rank) {
   KILN_CHECK(world_size >= 1, "parallel: world size must be >= 1, got {}", world_size);
   KILN_CHECK(rank >= 0 && rank < world_size, "parallel: rank {} out of range [0, {})", rank,
              world_size);
   KILN_CHECK(tp >= 1, "parallel.tp must be >= 1, got {}", tp);
   KILN_CHECK(pp >= 1, "parallel.pp must be >= 1, got {}", pp);
+  KILN_CHECK(cp >= 1, "parallel.cp must be >= 1, got {}", cp);
   KILN_CHECK(dp >= 0, "parallel.dp must be >= 1 (or 0 to derive it), got {}", dp);
+  // Messages name cp only when it is used, so that dp x tp x pp ones read as before.
+  const std::string cps = cp > 1 ? fmt::format("cp ({}) * ", cp) : "";
   if (dp == 0) {
-    KILN_CHECK(world_size % (tp * pp) == 0,
-               "parallel: tp ({}) * pp ({}) = {} does not divide the world size {}, so dp cannot "
-               "be derived",
-               tp, pp, tp * pp, world_size);
-    dp = world_size / (tp * pp);
+    KILN_CHECK(world_size % (cp * tp * pp) == 0,
+               "parallel: {}tp ({}) * pp ({}) = {} does not divide the world size {}, so dp "
+               "cannot be derived",
+               cps, tp, pp, cp * tp * pp, world_size);
+    dp = world_size / (cp * tp * pp);
   }
-  KILN_CHECK(static_cast<int64_t>(dp) * tp * pp == world_size,
-             "parallel: dp ({}) * tp ({}) * pp ({}) = {} must equal the world size {}", dp, tp, pp,
-             static_cast<int64_t>(dp) * tp * pp, world_size);
+  KILN_CHECK(static_cast<int64_t>(dp) * cp * tp * pp == world_size,
+             "parallel: dp ({}) * {}tp ({}) * pp ({}) = {} must equal the world size {}", dp, cps,
+             tp, pp, static_cast<int64_t>(dp) * cp * tp * pp, world_size);
   sizes_[static_cast<size_t>(Axis::DP)] = dp;
+  sizes_[static_cast<size_t>(Axis::CP)] = cp;
   sizes_[static_cast<size_t>(Axis::TP)] = tp;
   sizes_[static_cast<size_t>(Axis::PP)] = pp;
 }
 
-DeviceMesh::DeviceMesh(Communicator& world, int dp, int tp, int pp)
-    : DeviceMesh(world.size(), world.rank(), dp, tp, pp) {
+DeviceMesh::DeviceMesh(Communicator& world, int dp, int tp, int pp, int cp)
+    : DeviceMesh(world.size(), world.rank(), dp, tp, pp, cp) {
   build_comms(world);
 }
 
@@ -103,6 +108,17 @@ std::vector<std::vector<int>> DeviceMesh::groups(Axis a) const {
   return out;
 }
 
+std::vector<int> DeviceMesh::dp_cp_ranks(int rank) const {
+  MeshCoord c = coord(rank);
+  std::vector<int> ranks;
+  for (int d = 0; d < dp(); ++d)
+    for (int k = 0; k < cp(); ++k) {
+      c[Axis::DP] = d, c[Axis::CP] = k;
+      ranks.push_back(rank_of(c));
+    }
+  return ranks;
+}
+
 void DeviceMesh::build_comms(Communicator& world) {
   KILN_CHECK(world.size() == world_size_ && world.rank() == rank_,
              "mesh {} (rank {}) built from communicator '{}' of size {} at rank {}", str(), rank_,
@@ -117,6 +133,18 @@ void DeviceMesh::build_comms(Communicator& world) {
                "mesh {}: the {} communicator has size {} and rank {}, expected {} and {}", str(),
                axis_name(a), c.size(), c.rank(), size(a), me[a]);
   }
+  if (cp() > 1) {  // color: the coordinates on tp and pp; key: the rank in the group
+    dp_cp_ = world.split(me[Axis::PP] * tp() + me[Axis::TP], me[Axis::DP] * cp() + me[Axis::CP],
+                         "dp_cp");
+    KILN_CHECK(dp_cp_->size() == dp() * cp(), "mesh {}: the dp x cp communicator has size {}",
+               str(), dp_cp_->size());
+  }
+}
+
+Communicator& DeviceMesh::dp_cp_comm() const {
+  if (cp() == 1) return comm(Axis::DP);
+  KILN_CHECK(dp_cp_ != nullptr, "mesh {}: dp_cp_comm() asked before build_comms()", str());
+  return *dp_cp_;
 }
 
 Communicator& DeviceMesh::comm(Axis a) const {
@@ -125,7 +153,8 @@ Communicator& DeviceMesh::comm(Axis a) const {
 }
 
 std::string DeviceMesh::str() const {
-  return fmt::format("dp={} tp={} pp={} (world {})", dp(), tp(), pp(), world_size_);
+  const std::string cps = cp() > 1 ? fmt::format(" cp={}", cp()) : "";
+  return fmt::format("dp={}{} tp={} pp={} (world {})", dp(), cps, tp(), pp(), world_size_);
 }
 
 }  // namespace kiln

@@ -1,24 +1,25 @@
-// DeviceMesh: how the ranks of a job are arranged into data-, tensor- and
+// DeviceMesh: how the ranks of a job are arranged into data-, context-, tensor- and
 // pipeline-parallel groups, and the communicator of each group.
 //
-// One object validates dp * tp * pp == world_size and answers every question about
+// One object validates dp * cp * tp * pp == world_size and answers every question about
 // ranks and groups (the role of torchtitan's ParallelDims); everything else asks it.
 //
-// Layout (as Megatron-LM): ranks are numbered with pp outermost, then dp, then tp
-// innermost, so the tp ranks of one model replica are adjacent (on one node, where the
-// fast links are):
-//     rank = (pp_index * dp + dp_index) * tp + tp_index
-// Example, world 8 = dp 2 x tp 2 x pp 2:
+// Layout (as Megatron-LM's order tp-cp-dp-pp): ranks are numbered with pp outermost, then
+// dp, then cp, then tp innermost, so the tp ranks of one model replica are adjacent (on
+// one node, where the fast links are) and the cp ranks of one sequence next to them:
+//     rank = ((pp_index * dp + dp_index) * cp + cp_index) * tp + tp_index
+// Example, world 8 = dp 2 x tp 2 x pp 2 (cp 1):
 //     pp stage 0: dp 0 -> ranks {0, 1} (a tp group), dp 1 -> ranks {2, 3}
 //     pp stage 1: dp 0 -> ranks {4, 5},              dp 1 -> ranks {6, 7}
 //     dp groups {0,2} {1,3} {4,6} {5,7};  pp groups {0,4} {1,5} {2,6} {3,7}
+// Example, world 8 = dp 2 x cp 2 x tp 2: cp groups {0,2} {1,3} {4,6} {5,7}, dp groups
+// {0,4} {1,5} {2,6} {3,7}, dp x cp groups {0,2,4,6} {1,3,5,7}.
 // The group of rank r on axis A is the set of ranks whose coordinates equal r's on every
 // axis but A, ordered by their coordinate on A; a rank's index in its group (and its
 // rank in the group's communicator) is its coordinate on A.
 //
-// Adding an axis (context parallel, cp): add it to Axis, bump kNumAxes, place it in
-// kMeshLayout (Megatron puts cp between dp and tp) and give the constructor its size;
-// every other function loops over the axes.
+// The cp ranks hold replicas of the same parameters (each a part of every sequence), so
+// gradients are reduced, and ZeRO shards, over the combined dp x cp group (dp_cp_comm()).
 #pragma once
 
 #include "comm/communicator.h"
@@ -30,13 +31,14 @@
 
 namespace kiln {
 
-enum class Axis : uint8_t { DP, TP, PP };
-inline constexpr int kNumAxes = 3;
+enum class Axis : uint8_t { DP, CP, TP, PP };
+inline constexpr int kNumAxes = 4;
 /// Every axis, in the order sub-communicators are built.
-inline constexpr std::array<Axis, kNumAxes> kAllAxes = {Axis::DP, Axis::TP, Axis::PP};
+inline constexpr std::array<Axis, kNumAxes> kAllAxes = {Axis::DP, Axis::CP, Axis::TP, Axis::PP};
 /// Rank layout, outermost axis first (the last one varies fastest).
-inline constexpr std::array<Axis, kNumAxes> kMeshLayout = {Axis::PP, Axis::DP, Axis::TP};
-/// "dp", "tp", "pp".
+inline constexpr std::array<Axis, kNumAxes> kMeshLayout = {Axis::PP, Axis::DP, Axis::CP,
+                                                           Axis::TP};
+/// "dp", "cp", "tp", "pp".
 const char* axis_name(Axis a);
 
 /// A rank's position on every axis.
@@ -45,18 +47,18 @@ struct MeshCoord {
   int operator[](Axis a) const { return index[static_cast<size_t>(a)]; }
   int& operator[](Axis a) { return index[static_cast<size_t>(a)]; }
   bool operator==(const MeshCoord&) const = default;
-  std::string str() const;  // "(dp=1, tp=0, pp=1)"
+  std::string str() const;  // "(dp=1, cp=0, tp=0, pp=1)"
 };
 
 class DeviceMesh {
  public:
-  /// A mesh of `world_size` ranks seen from `rank`; dp = 0 derives world / (tp * pp).
-  /// Throws kiln::Error unless every size is >= 1 and dp * tp * pp == world_size.
+  /// A mesh of `world_size` ranks seen from `rank`; dp = 0 derives world / (cp * tp * pp).
+  /// Throws kiln::Error unless every size is >= 1 and dp * cp * tp * pp == world_size.
   /// No communicators (see build_comms); needs no MPI.
-  DeviceMesh(int world_size, int rank, int dp, int tp, int pp);
+  DeviceMesh(int world_size, int rank, int dp, int tp, int pp, int cp = 1);
   /// The mesh of `world` (its size and rank), with the sub-communicators built.
   /// Collective: every rank of `world` calls it with the same sizes.
-  DeviceMesh(Communicator& world, int dp, int tp, int pp);
+  DeviceMesh(Communicator& world, int dp, int tp, int pp, int cp = 1);
   DeviceMesh(DeviceMesh&&) noexcept;
   DeviceMesh& operator=(DeviceMesh&&) noexcept;
   ~DeviceMesh();
@@ -67,6 +69,7 @@ class DeviceMesh {
   int dp() const { return size(Axis::DP); }
   int tp() const { return size(Axis::TP); }
   int pp() const { return size(Axis::PP); }
+  int cp() const { return size(Axis::CP); }
 
   /// Coordinates of `rank` (of this process when omitted).
   MeshCoord coord(int rank) const;
@@ -83,13 +86,21 @@ class DeviceMesh {
   /// Every group of axis `a`, by group_index.
   std::vector<std::vector<int>> groups(Axis a) const;
 
-  /// Builds one communicator per axis with world.split (collective over `world`).
+  /// The ranks of `rank`'s dp x cp group (those that differ from it on dp and cp only),
+  /// ordered by dp_index * cp + cp_index.
+  std::vector<int> dp_cp_ranks(int rank) const;
+
+  /// Builds one communicator per axis, and the dp x cp one when cp > 1, with world.split
+  /// (collective over `world`).
   void build_comms(Communicator& world);
   bool has_comms() const { return comms_[0] != nullptr; }
   /// The communicator of this process's group on `a`; throws before build_comms.
   Communicator& comm(Axis a) const;
+  /// The dp x cp group's communicator, rank dp_index * cp + cp_index: the gradient
+  /// reduction (and ZeRO) group. comm(Axis::DP) when cp is 1.
+  Communicator& dp_cp_comm() const;
 
-  /// "dp=2 tp=2 pp=1 (world 4)".
+  /// "dp=2 tp=2 pp=1 (world 4)"; " cp=2" after dp when cp > 1.
   std::string str() const;
 
  private:
@@ -97,6 +108,7 @@ class DeviceMesh {
   int rank_ = 0;
   std::array<int, kNumAxes> sizes_{};
   std::array<std::unique_ptr<Communicator>, kNumAxes> comms_{};
+  std::unique_ptr<Communicator> dp_cp_;  // cp > 1 only
 };
 
 }  // namespace kiln

@@ -5,7 +5,13 @@
 #include "nn/embedding.h"
 #include "nn/norm.h"
 
+#include <fmt/format.h>
+
 namespace kiln {
+
+std::string TensorParallelPlan::what() const {
+  return fmt::format("tensor parallelism (parallel.tp = {})", group_.size());
+}
 
 void TensorParallelPlan::apply(const LayerRoles& layers) const {
   if (group_.size() == 1) return;

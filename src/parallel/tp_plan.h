@@ -32,6 +32,7 @@ class TensorParallelPlan final : public LayerPlan {
   /// Throws kiln::Error for an architecture without a plan, or naming the layer whose
   /// heads, key/value heads, hidden units or vocabulary rows do not divide over tp.
   void apply(const LayerRoles& layers) const override;
+  std::string what() const override;
 
  private:
   nn::TpGroup& group_;

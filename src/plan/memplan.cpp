@@ -37,14 +37,14 @@ bool MemPlan::ranks_differ() const {
 
 TrainConfig resolve_for_planning(TrainConfig c, int world_size) {
   KILN_CHECK(world_size >= 1, "memplan: --world-size must be >= 1, got {}", world_size);
-  const int tp_pp = c.parallel.tp * c.parallel.pp;
+  const int tp_pp = c.parallel.cp * c.parallel.tp * c.parallel.pp;
   KILN_CHECK(world_size % tp_pp == 0,
-             "{}: parallel.tp x parallel.pp = {} does not divide the world size {}", c.source,
-             tp_pp, world_size);
+             "{}: parallel.cp x parallel.tp x parallel.pp = {} does not divide the world size {}",
+             c.source, tp_pp, world_size);
   const int dp = world_size / tp_pp;
   KILN_CHECK(c.parallel.dp == 0 || c.parallel.dp == dp,
-             "{}: parallel.dp = {} but the world size {} over tp x pp = {} leaves {}", c.source,
-             c.parallel.dp, world_size, tp_pp, dp);
+             "{}: parallel.dp = {} but the world size {} over cp x tp x pp = {} leaves {}",
+             c.source, c.parallel.dp, world_size, tp_pp, dp);
   KILN_CHECK(c.model.n_layer > 0 && c.model.n_head > 0 && c.model.n_embd > 0 && c.model.block_size > 0,
              "{}: the model shape is incomplete (set model.preset or model.n_layer, n_head, n_embd, "
              "block_size)", c.source);
@@ -74,27 +74,33 @@ namespace {
 // rank's collectives are set from the step.
 RankMemory dry_run(const TrainConfig& c, const MemPlanOptions& o, int rank,
                    std::shared_ptr<MetaScratchModel> scratch, MemPlan* plan = nullptr) {
-  // The mesh: pp outermost, tp innermost (parallel/mesh.h).
-  const int tp_size = c.parallel.tp, pp_size = c.parallel.pp;
-  const int dp_size = o.world_size / (tp_size * pp_size);
+  // The mesh (parallel/mesh.h): rank = ((pp * dp + d) * cp + c) * tp + t.
+  const int tp_size = c.parallel.tp, pp_size = c.parallel.pp, cp_size = c.parallel.cp;
+  const int dp_size = o.world_size / (cp_size * tp_size * pp_size);
+  const int cp_rank = (rank / tp_size) % cp_size, dp_rank = (rank / (tp_size * cp_size)) % dp_size;
   MetaBackendOptions mo;
   mo.device = o.backend == "cuda" ? Device::cuda(0) : Device::cpu();
   mo.scratch = std::move(scratch);
   auto be = make_meta_backend(mo);
-  SimulatedCommunicator comm(dp_size, (rank / tp_size) % dp_size, "world/dp",
-                             dp_size == 1 ? 0 : o.completion_polls);
+  // The gradient reduction group: dp, or dp x cp.
+  const int red_size = dp_size * cp_size;
+  SimulatedCommunicator comm(red_size, dp_rank * cp_size + cp_rank,
+                             cp_size > 1 ? "world/dp_cp" : "world/dp",
+                             red_size == 1 ? 0 : o.completion_polls);
   // Tensor-parallel collectives are blocking (the layers wait for them): they complete
   // when called.
   SimulatedCommunicator tp_comm(tp_size, rank % tp_size, "world/tp", 0);
   // Pipeline messages complete when posted: each stage's activations in flight are the
   // schedule's, not a neighbour's pace.
-  SimulatedCommunicator pp_comm(pp_size, rank / (tp_size * dp_size), "world/pp", 0);
+  SimulatedCommunicator pp_comm(pp_size, rank / (tp_size * cp_size * dp_size), "world/pp", 0);
+  // Ring attention's shifts likewise (the layers wait for each hop).
+  SimulatedCommunicator cp_comm(cp_size, cp_rank, "world/cp", 0);
 
   // The trainer's own step object: model, ZeRO wrapper and AdamW (fp32 master weights
   // for low-precision parameters) as the trainer builds them. Initial weights are copied
   // from the host: nothing to allocate, nothing to plan.
   TrainStep step(c, *be, comm, tp_size > 1 ? &tp_comm : nullptr,
-                 pp_size > 1 ? &pp_comm : nullptr);
+                 pp_size > 1 ? &pp_comm : nullptr, cp_size > 1 ? &cp_comm : nullptr);
   if (plan) {
     plan->model = step.model().describe();
     plan->flops_per_token = step.model().flops_per_token(c.train.seq_len);
@@ -113,26 +119,27 @@ RankMemory dry_run(const TrainConfig& c, const MemPlanOptions& o, int rank,
   struct Phases final : StepObserver {
     SimulatedCommunicator& comm;
     SimulatedCommunicator& tp;
-    Phases(SimulatedCommunicator& c, SimulatedCommunicator& t) : comm(c), tp(t) {}
+    SimulatedCommunicator& cp;
+    Phases(SimulatedCommunicator& c, SimulatedCommunicator& t, SimulatedCommunicator& r)
+        : comm(c), tp(t), cp(r) {}
     void on_phase(StepPhase p) override {
       if (p == StepPhase::Data) return;  // copies: the current label stays
       const char* label = p == StepPhase::GradSync ? "finish" : p == StepPhase::Done ? "optimizer"
                                                                                : step_phase_name(p);
-      comm.set_phase(label);
-      tp.set_phase(label);
+      for (SimulatedCommunicator* x : {&comm, &tp, &cp}) x->set_phase(label);
     }
-  } phases(comm, tp_comm);
+  } phases(comm, tp_comm, cp_comm);
   step.set_observer(&phases);
   const BatchShape& shape = step.batch_shape();  // zeros: token 0, pixel 0.0, label 0
   const size_t n = static_cast<size_t>(step.grad_accum_steps()) *
                    static_cast<size_t>(std::max(shape.inputs.numel(), shape.targets.numel()));
   const std::vector<int32_t> host(n, 0);
-  comm.set_phase("optimizer");
-  tp_comm.set_phase("optimizer");
+  for (SimulatedCommunicator* x : {&comm, &tp_comm, &cp_comm}) x->set_phase("optimizer");
   step.run(host.data(), host.data(), 0);
   if (plan) {
     plan->comm_calls = comm.calls();
     plan->tp_calls = tp_comm.calls();
+    plan->cp_calls = cp_comm.calls();
   }
 
   const MemoryStats st = be->allocator().stats();
@@ -161,7 +168,8 @@ MemPlan plan_memory(const TrainConfig& config, const MemPlanOptions& o) {
   p.world_size = o.world_size;
   p.tp = p.config.parallel.tp;
   p.pp = p.config.parallel.pp;
-  p.dp = o.world_size / (p.tp * p.pp);
+  p.cp = p.config.parallel.cp;
+  p.dp = o.world_size / (p.cp * p.tp * p.pp);
   p.accum = p.config.grad_accum_steps(p.dp);
   std::vector<int> ranks = o.ranks;
   const int W = o.world_size;
@@ -189,7 +197,7 @@ MemPlan plan_memory(const TrainConfig& config, const MemPlanOptions& o) {
     p.ranks.push_back(dry_run(p.config, eff, r, scratch, first ? &p : nullptr));
   }
   p.upper = p.ranks.front();
-  if (o.upper_bound && p.dp > 1 && p.config.parallel.zero_stage >= 2 &&
+  if (o.upper_bound && p.dp * p.cp > 1 && p.config.parallel.zero_stage >= 2 &&
       eff.completion_polls != std::numeric_limits<int>::max()) {
     MemPlanOptions never = eff;
     never.completion_polls = std::numeric_limits<int>::max();
@@ -202,13 +210,15 @@ MemPlan plan_memory(const TrainConfig& config, const MemPlanOptions& o) {
 
 StepTime estimate_step_time(const MemPlan& p, const CostModel& cost) {
   const double T = p.config.train.seq_len;
-  // Per dp rank; its tp ranks split every matmul and attention head, so each computes 1/tp.
+  // Per dp rank; its tp ranks split every matmul and attention head and its cp ranks the
+  // tokens (the causal work balanced by the chunk split), so each computes 1/(tp cp).
   const double tokens = static_cast<double>(p.config.train.micro_batch) * p.accum * T;
-  const double per_token = p.flops_per_token / p.tp;                                   // 6N + attn
+  const double split = static_cast<double>(p.tp) * p.cp;
+  const double per_token = p.flops_per_token / split;                                  // 6N + attn
   const double C = p.config.model.n_embd, L = p.config.model.n_layer;
   // Forward FLOPs of the blocks per token (what full recomputation repeats): the
   // matmuls 2 * 12 C^2 and attention's QK^T and AV 2 * 2 T C, per block.
-  const double block_forward = L * (2.0 * 12.0 * C * C + 4.0 * T * C) / p.tp;
+  const double block_forward = L * (2.0 * 12.0 * C * C + 4.0 * T * C) / split;
   const std::string& mode = p.config.train.activation_checkpointing;
   const double dsize = p.config.train.dtype == "fp32" ? 4.0 : 2.0;
   StepTime t;
@@ -222,13 +232,13 @@ StepTime estimate_step_time(const MemPlan& p, const CostModel& cost) {
   // Selective: GELU from its input again, memory-bound (read 4C, write 4C per token per
   // block); its FLOPs are negligible.
   if (mode == "selective" && cost.mem_bandwidth > 0)
-    t.recompute = tokens * L * 2.0 * 4.0 * C * dsize / p.tp / cost.mem_bandwidth / stage;
+    t.recompute = tokens * L * 2.0 * 4.0 * C * dsize / split / cost.mem_bandwidth / stage;
   bwd += t.recompute;
   t.compute = fwd + bwd;
 
   // Communication, alpha-beta per collective with the ring factors of nccl-tests
   // (bus_bandwidth_factor: 2(N-1)/N all-reduce, (N-1)/N reduce-scatter/all-gather).
-  const int N = p.dp;
+  const int N = p.dp * p.cp;  // the gradient reduction group
   double comm_fwd = 0, comm_bwd = 0, comm_rest = 0;
   auto price = [&](Collective c, int64_t bytes, int ranks) {
     if (ranks <= 1) return 0.0;
@@ -245,18 +255,26 @@ StepTime estimate_step_time(const MemPlan& p, const CostModel& cost) {
     else if (call.phase == "backward") comm_bwd += x;
     else comm_rest += x;
   }
+  // Ring attention: each hop's send runs under that hop's attention tile (the rest of
+  // the layer waits for none of it), so it is exposed only past the step's attention
+  // time: the attention share of the FLOPs (4 T C per token per block, of 6N + attention).
+  double comm_cp = 0;
+  for (const auto& call : p.cp_calls)
+    if (call.kind == Collective::Send) comm_cp += price(call.kind, call.bytes, 2);
+  const double attention_share =
+      p.flops_per_token > 0 ? std::min(1.0, 3.0 * L * 4.0 * T * C / p.flops_per_token) : 0.0;
   // The step's own small all-reduces (target count, loss) are in comm_calls; the
   // trainer adds one per update, the stop flag.
   comm_rest += price(Collective::AllReduce, 4, p.world_size);
-  t.comm_total = comm_fwd + comm_bwd + comm_rest + comm_tp;
+  t.comm_total = comm_fwd + comm_bwd + comm_rest + comm_tp + comm_cp;
   // kiln overlaps forward gathers (ZeRO-3) with forward and gradient reductions (and the
   // backward gathers of ZeRO-3) with backward, on one communication thread: what does
   // not fit under the phase's compute is exposed. The optimizer-phase collectives (norm,
   // ZeRO-1/2 parameter all-gather) are exposed.
-  t.comm_exposed =
-      std::max(0.0, comm_fwd - fwd) + std::max(0.0, comm_bwd - bwd) + comm_rest + comm_tp;
+  t.comm_exposed = std::max(0.0, comm_fwd - fwd) + std::max(0.0, comm_bwd - bwd) + comm_rest +
+                   comm_tp + std::max(0.0, comm_cp - attention_share * (fwd + bwd));
   t.step = t.compute + t.comm_exposed;
-  t.tokens_per_s = t.step > 0 ? tokens * N / t.step : 0.0;
+  t.tokens_per_s = t.step > 0 ? tokens * p.dp / t.step : 0.0;
   return t;
 }
 
@@ -272,18 +290,22 @@ std::vector<Layout> search_layouts(const TrainConfig& config, const MemPlanOptio
   o.ranks = {0};  // rank 0 holds the most: later ranks' slices only lose padding
   o.upper_bound = false;
   const bool tp_ok = model_arch(base.model.arch).tensor_parallel;
-  const int pp = base.parallel.pp;  // as configured: the search covers tp, not pp
-  for (int tp = 1; tp <= (tp_ok ? W : 1); tp *= 2) {
-    if (W % (tp * pp) != 0 || heads % tp != 0 || kv_heads % tp != 0) continue;
-    const int dp = W / (tp * pp);
+  const bool cp_ok = tp_ok && base.model.dropout == 0.0;  // ring attention has no dropout
+  const int pp = base.parallel.pp;  // as configured: the search covers cp and tp, not pp
+  for (int cp = 1; cp <= (cp_ok ? W : 1); cp *= 2)
+  for (int tp = 1; tp * cp <= (tp_ok ? W : 1); tp *= 2) {
+    if (W % (cp * tp * pp) != 0 || heads % tp != 0 || kv_heads % tp != 0) continue;
+    if (base.train.seq_len % (2 * cp) != 0 && cp > 1) continue;
+    const int dp = W / (cp * tp * pp);
     for (const bool sp : {false, true}) {
       if (sp && tp == 1) continue;
       for (int mb = base.train.micro_batch; mb >= 1; mb /= 2) {
         if (base.train.global_batch % (mb * dp) != 0) break;
-        if (sp && (int64_t{mb} * base.train.seq_len) % tp != 0) break;
+        if (sp && (int64_t{mb} * base.train.seq_len / cp) % tp != 0) break;
         for (int stage = 0; stage <= (pp > 1 ? 2 : 3); ++stage) {
           for (const char* ck : {"none", "selective", "full"}) {
             TrainConfig c = base;
+            c.parallel.cp = cp;
             c.parallel.tp = tp;
             c.parallel.sequence_parallel = sp;
             c.train.micro_batch = mb;
@@ -291,6 +313,7 @@ std::vector<Layout> search_layouts(const TrainConfig& config, const MemPlanOptio
             c.train.activation_checkpointing = ck;
             const MemPlan p = plan_memory(c, o);
             Layout l;
+            l.cp = cp;
             l.tp = tp;
             l.sequence_parallel = sp;
             l.zero_stage = stage;

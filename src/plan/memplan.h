@@ -60,7 +60,7 @@ struct MemPlan {
   TrainConfig config;   // resolved (vocab_size, global_batch filled in)
   std::string model;             // Model::describe() of the planned model
   double flops_per_token = 0;    // Model::flops_per_token(train.seq_len): training FLOPs
-  int world_size = 1, dp = 1, tp = 1, pp = 1, accum = 1;
+  int world_size = 1, dp = 1, tp = 1, pp = 1, cp = 1, accum = 1;
   std::string scratch_model;        // MetaScratchModel::name()
   std::string comm_model;           // "keeps pace" or "falls behind" (completion_polls)
   std::vector<RankMemory> ranks;    // the simulated ranks, rank 0 first
@@ -70,6 +70,7 @@ struct MemPlan {
   RankMemory upper;
   std::vector<SimulatedCommunicator::Call> comm_calls;  // rank 0's data-parallel ones, in order
   std::vector<SimulatedCommunicator::Call> tp_calls;    // rank 0's tensor-parallel ones
+  std::vector<SimulatedCommunicator::Call> cp_calls;    // rank 0's ring-attention shifts
   const RankMemory& rank0() const { return ranks.front(); }
   /// The simulated rank with the highest total peak.
   const RankMemory& max_rank() const;
@@ -78,8 +79,8 @@ struct MemPlan {
 
 /// Fills what a dry run needs that training would take from elsewhere: model.vocab_size
 /// (from data.dir's meta.json when it exists; an error naming the key otherwise),
-/// train.global_batch (micro_batch * dp when 0). Checks the model shape, that pp = 1
-/// and that parallel.tp divides the world (dp = world / tp). Throws kiln::Error.
+/// train.global_batch (micro_batch * dp when 0). Checks the model shape and that cp x tp
+/// x pp divides the world (dp = world / (cp tp pp)). Throws kiln::Error.
 TrainConfig resolve_for_planning(TrainConfig config, int world_size);
 
 /// The dry run of one training step of `config` on every rank in options.ranks.
@@ -106,6 +107,7 @@ struct StepTime {
 StepTime estimate_step_time(const MemPlan& plan, const CostModel& cost);
 
 struct Layout {
+  int cp = 1;
   int tp = 1;
   bool sequence_parallel = false;
   int zero_stage = 0;
@@ -116,9 +118,10 @@ struct Layout {
   StepTime time;
 };
 
-/// Every layout over tp at the configured parallel.pp (the powers of two that divide the
-/// world size over pp, the query and
-/// key/value heads; with sequence parallelism on and off when tp > 1), zero stages 0-3,
+/// Every layout over cp and tp at the configured parallel.pp (the powers of two that
+/// divide the world size over pp, tp also the query and key/value heads, 2 cp also
+/// train.seq_len; cp > 1 only for models with ring attention and without dropout; with
+/// sequence parallelism on and off when tp > 1), zero stages 0-3 (0-2 with pp),
 /// checkpointing none/selective/full and micro_batch halvings of config's (keeping the
 /// global batch), with its predicted peak (rank 0) and step time; `fits` when peak <=
 /// usable_bytes. Sorted: fitting first, fastest first.

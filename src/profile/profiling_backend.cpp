@@ -104,6 +104,36 @@ OpCost attention_backward(const Tensor&, const Tensor&, const Tensor& qkv, const
   return attention(qkv, shape, 5.0, 2.0, 2.0);
 }
 
+namespace {
+// A tile: matmuls * 2 HD FLOPs per (query, key) pair of the tile, NH heads, B sequences;
+// its q rows and k/v rows read, `outs` fp32 [q_len, C] tensors read and written.
+OpCost attention_tile(const Tensor& qkv, const AttentionShape& a, const AttentionTile& t,
+                      double matmuls, double outs) {
+  const int64_t B = qkv.size(0), C = a.q_width(), KV = a.kv_width();
+  const double pairs = t.causal ? d(t.q_len) * d(t.q_len + 1) / 2.0 : d(t.q_len) * d(t.k_len);
+  const double flops = matmuls * 2.0 * d(B) * d(C) * pairs;
+  const double bytes = (d(t.q_len * C) + 2.0 * d(t.k_len * KV)) * d(B) * es(qkv) +
+                       outs * 2.0 * 4.0 * d(B * t.q_len * C);
+  return {flops, bytes, fmt::format("B={} q={}+{} k={}+{}{} NH={} NKV={} HD={}", B, t.q_begin,
+                                    t.q_len, t.k_begin, t.k_len, t.causal ? " causal" : "",
+                                    a.n_head, a.kv_heads(), a.head_dim)};
+}
+}  // namespace
+
+OpCost attention_tile_forward(const Tensor&, const Tensor&, const Tensor& qkv, const Tensor&,
+                              const AttentionShape& shape, const AttentionTile& tile) {
+  return attention_tile(qkv, shape, tile, 2.0, 1.0);
+}
+OpCost attention_tile_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor& qkv,
+                               const Tensor&, const Tensor&, const Tensor&,
+                               const AttentionShape& shape, const AttentionTile& tile) {
+  return attention_tile(qkv, shape, tile, 5.0, 3.0);
+}
+OpCost copy_columns(const Tensor& dst, const Tensor& src, int64_t, int64_t, int64_t ncols) {
+  const int64_t N = dst.numel() / std::max<int64_t>(dst.size(-1), 1);
+  return {0.0, d(N * ncols) * (es(dst) + es(src)), fmt::format("N={} cols={}", N, ncols)};
+}
+
 OpCost attention_decode(const Tensor&, const Tensor&, const Tensor&, const Tensor& qkv,
                         int64_t past, const AttentionShape& a) {
   const int64_t B = qkv.size(0), Tq = qkv.size(1), C = a.q_width(), W = a.qkv_width();

@@ -140,9 +140,10 @@ struct LogSection {
   bool operator==(const LogSection&) const = default;
 };
 
-/// [parallel]: data, tensor and pipeline parallelism, ZeRO.
+/// [parallel]: data, context, tensor and pipeline parallelism, ZeRO.
 struct ParallelSection {
-  int dp = 0;  // 0 = derive: world_size / (tp * pp)
+  int dp = 0;  // 0 = derive: world_size / (cp * tp * pp)
+  int cp = 1;  // context parallel: each sequence split over cp ranks (ring attention)
   int tp = 1;
   bool sequence_parallel = false;  // split the norm/dropout regions' rows over tp
   int pp = 1;

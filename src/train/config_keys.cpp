@@ -149,7 +149,12 @@ const std::vector<Key>& keys() {
         any(KILN_KEY(run, dir), "Run directory: logs, resolved config, checkpoints."),
         positive(KILN_KEY(log, every), "Print a progress line every this many updates."),
         nonneg(KILN_KEY(log, peak_tflops), "Peak TFLOP/s used for MFU; 0 = measure at start-up."),
-        nonneg(KILN_KEY(parallel, dp), "Data-parallel ranks; 0 = derive (world size / (tp * pp))."),
+        nonneg(KILN_KEY(parallel, dp), "Data-parallel ranks; 0 = derive (world size / (cp * tp * pp))."),
+        positive(KILN_KEY(parallel, cp),
+                 "Context-parallel ranks (between dp and tp on the mesh): each sequence is cut "
+                 "into 2 x cp chunks, rank r holding chunks r and 2cp-1-r, and attention runs as "
+                 "ring attention; train.seq_len must divide by 2 x cp. Gradients are reduced "
+                 "(and ZeRO shards) over dp x cp."),
         positive(KILN_KEY(parallel, tp),
                  "Tensor-parallel ranks (innermost axis of the mesh). The query and key/value "
                  "heads, the padded vocabulary and the MLP width must divide by it (a start-up "

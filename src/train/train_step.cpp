@@ -47,11 +47,17 @@ kind = "constant"
 }
 
 TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& dp_comm,
-                     Communicator* tp_comm, Communicator* pp_comm)
+                     Communicator* tp_comm, Communicator* pp_comm, Communicator* cp_comm)
     : config_(config), backend_(backend), comm_(dp_comm), pp_comm_(pp_comm) {
-  const int dp = comm_.size();
   const int tp = tp_comm ? tp_comm->size() : 1;
   const int pp = pp_comm ? pp_comm->size() : 1;
+  const int cp = cp_comm ? cp_comm->size() : 1;
+  KILN_CHECK(cp == config_.parallel.cp, "{}: parallel.cp = {} but the context-parallel group has "
+             "{} ranks", config_.source, config_.parallel.cp, cp);
+  KILN_CHECK(comm_.size() % cp == 0, "{}: the reduction group of {} ranks is not dp x cp with cp "
+             "= {}", config_.source, comm_.size(), cp);
+  const int dp = comm_.size() / cp;
+  const int64_t T = config_.train.seq_len, T_local = T / cp;
   KILN_CHECK(tp == config_.parallel.tp, "{}: parallel.tp = {} but the tensor-parallel group has "
              "{} ranks", config_.source, config_.parallel.tp, tp);
   KILN_CHECK(pp == config_.parallel.pp, "{}: parallel.pp = {} but the pipeline group has {} ranks",
@@ -60,18 +66,30 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& 
   ModelStorage storage = zero_model_storage(config_.parallel.zero_stage, dp,
                                             parse_dtype(config_.train.dtype),
                                             parse_dtype(config_.train.grad_dtype));
+  if (cp > 1) {
+    KILN_CHECK(config_.model.dropout == 0.0, "{}: model.dropout = {} with parallel.cp = {}: "
+               "dropout under context parallelism is not supported yet (set model.dropout = 0)",
+               config_.source, config_.model.dropout, cp);
+    cp_group_ = std::make_unique<CommCpGroup>(*cp_comm);
+    cp_plan_ = std::make_unique<ContextParallelPlan>(*cp_group_);
+    storage.plans.push_back(cp_plan_.get());
+  }
   if (tp > 1) {
-    const int64_t rows = int64_t{config_.train.micro_batch} * config_.train.seq_len;
+    const int64_t rows = int64_t{config_.train.micro_batch} * T_local;
     KILN_CHECK(!config_.parallel.sequence_parallel || rows % tp == 0,
-               "{}: parallel.sequence_parallel splits the micro-batch's micro_batch x seq_len = {} "
-               "rows over parallel.tp = {}, which does not divide them", config_.source, rows, tp);
+               "{}: parallel.sequence_parallel splits the micro-batch's micro_batch x seq_len{} = "
+               "{} rows over parallel.tp = {}, which does not divide them", config_.source,
+               cp > 1 ? " / cp" : "", rows, tp);
     tp_group_ = std::make_unique<CommTpGroup>(*tp_comm);
     tp_plan_ = std::make_unique<TensorParallelPlan>(*tp_group_, config_.parallel.sequence_parallel);
-    storage.plan = tp_plan_.get();
+    storage.plans.push_back(tp_plan_.get());
   }
   const ModelOptions options = model_options_from(config_);
   storage.held_parts = plan_stages(options, storage);
-  model_ = make_model(options, backend_, storage);
+  model_ = make_model(options, backend_, storage);  // a model without ring attention throws
+  KILN_CHECK(cp == 1 || T % (2 * cp) == 0, "{}: train.seq_len = {} is not a multiple of 2 x "
+             "parallel.cp = {} (context parallelism cuts each sequence into 2 x cp equal chunks)",
+             config_.source, T, 2 * cp);
   if (boundaries_.empty()) boundaries_ = {0, static_cast<int>(model_->parts().size())};
   model_->set_activation_checkpointing(
       nn::parse_activation_checkpointing(config_.train.activation_checkpointing));
@@ -93,21 +111,31 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& 
   scaler_.scale = scaler_.enabled ? config_.train.loss_scale : 1.0;
   scaler_.growth_interval = config_.train.loss_scale_growth_interval;
   shape_ = model_->batch_shape(config_.train.micro_batch, config_.train.seq_len);
+  local_shape_ = model_->batch_shape(config_.train.micro_batch, static_cast<int>(T_local));
   // A pipeline keeps every micro-batch of the step on the device (several are in flight,
   // on several chunks); one buffer serves the trivial schedule.
   batch_buffers_ = storage.held_parts.empty() ? 1 : accum_;
   for (int k = 0; k < batch_buffers_; ++k) {
-    inputs_.push_back(backend_.empty(shape_.inputs, shape_.input_dtype, MemCategory::Activations));
-    targets_.push_back(backend_.empty(shape_.targets, DType::I32, MemCategory::Activations));
+    inputs_.push_back(backend_.empty(local_shape_.inputs, local_shape_.input_dtype,
+                                     MemCategory::Activations));
+    targets_.push_back(backend_.empty(local_shape_.targets, DType::I32, MemCategory::Activations));
   }
   staging_ = Tensor::empty(backend_.staging_allocator(),
-                           Shape{shape_.inputs.numel() + shape_.targets.numel()}, DType::I32,
-                           MemCategory::Activations);
+                           Shape{local_shape_.inputs.numel() + local_shape_.targets.numel()},
+                           DType::I32, MemCategory::Activations);
+  if (cp > 1) {  // every micro-batch's rows hold the same positions
+    const std::vector<int32_t> pos = nn::cp_positions(T, cp, cp_group_->rank());
+    std::vector<int32_t> rows;
+    for (int b = 0; b < config_.train.micro_batch; ++b) rows.insert(rows.end(), pos.begin(), pos.end());
+    positions_ = backend_.empty(local_shape_.targets, DType::I32, MemCategory::Activations);
+    backend_.copy_from_host(backend_.default_stream(), positions_, rows.data());
+    backend_.synchronize(backend_.default_stream());
+  }
   const pp::ScheduleKind kind = pp::parse_schedule_kind(config_.parallel.pp_schedule);
   pp::Schedule schedule = pp::make_schedule(kind, pp, config_.parallel.virtual_stages, accum_);
   pipeline_ = std::make_unique<pp::PipelineExecutor>(*model_, pp_comm_, std::move(schedule),
                                                      boundaries_, config_.train.micro_batch,
-                                                     config_.train.seq_len);
+                                                     static_cast<int>(T_local));
 }
 
 std::vector<int> TrainStep::plan_stages(const ModelOptions& options, ModelStorage storage) {
@@ -120,7 +148,7 @@ std::vector<int> TrainStep::plan_stages(const ModelOptions& options, ModelStorag
   // The whole model's parts and costs, from a model that allocates nothing (and takes no
   // tensor-parallel plan: the costs do not depend on it).
   storage.allocate_params = storage.allocate_grads = false;
-  storage.plan = nullptr;
+  storage.plans.clear();
   const auto probe = make_model(options, backend_, storage);
   const auto n_parts = static_cast<int>(probe->parts().size());
   KILN_CHECK(probe->runs_stages(), "{}: parallel.pp = {}, virtual_stages = {}: model.arch = \"{}\" "
@@ -175,7 +203,21 @@ Batch TrainStep::device_batch(int k) const {
   Batch b;
   (shape_.images() ? b.images : b.tokens) = inputs_[static_cast<size_t>(k)];
   b.targets = targets_[static_cast<size_t>(k)];
+  b.positions = positions_;
   return b;
+}
+
+int64_t TrainStep::count_targets(const int32_t* targets) const {
+  const int64_t n = shape_.targets.numel();
+  int64_t count = 0;
+  if (cp() == 1) {
+    for (int64_t i = 0; i < n; ++i) count += targets[i] != -1 ? 1 : 0;
+    return count;
+  }
+  const int64_t T = config_.train.seq_len;
+  for (const int32_t t : nn::cp_positions(T, cp(), cp_group_->rank()))
+    for (int64_t b = 0; b < n / T; ++b) count += targets[b * T + t] != -1 ? 1 : 0;
+  return count;
 }
 
 void TrainStep::upload_micro_batch(const void* inputs, const int32_t* targets, int k) {
@@ -184,8 +226,14 @@ void TrainStep::upload_micro_batch(const void* inputs, const int32_t* targets, i
   const Tensor& in = inputs_[static_cast<size_t>(k)];
   const Tensor& tg = targets_[static_cast<size_t>(k)];
   auto* host = staging_.data<int32_t>();
-  std::memcpy(host, inputs, in.nbytes());
-  std::memcpy(host + in.numel(), targets, tg.nbytes());
+  if (cp() > 1) {  // this rank's chunks of each sequence (tokens are int32)
+    const int64_t B = config_.train.micro_batch, T = config_.train.seq_len;
+    cp_split_rows(host, static_cast<const int32_t*>(inputs), B, T, cp(), cp_group_->rank());
+    cp_split_rows(host + in.numel(), targets, B, T, cp(), cp_group_->rank());
+  } else {
+    std::memcpy(host, inputs, in.nbytes());
+    std::memcpy(host + in.numel(), targets, tg.nbytes());
+  }
   backend_.copy_from_host(s, in, host);
   backend_.copy_from_host(s, tg, host + in.numel());
 }
@@ -225,8 +273,8 @@ class TrainStep::StepBatches final : public pp::MicroBatches {
     if (!uploaded_[static_cast<size_t>(j)]) {
       uploaded_[static_cast<size_t>(j)] = true;
       step_.announce(StepPhase::Data);
-      const auto in_bytes = static_cast<size_t>(step_.inputs_[0].nbytes());
-      const auto per_micro = static_cast<size_t>(step_.targets_[0].numel());
+      const auto in_bytes = static_cast<size_t>(step_.shape_.inputs.numel()) * 4;  // int32, fp32
+      const auto per_micro = static_cast<size_t>(step_.shape_.targets.numel());
       step_.upload_micro_batch(inputs_ + static_cast<size_t>(j) * in_bytes,
                                targets_ + static_cast<size_t>(j) * per_micro, k);
     }
@@ -266,10 +314,11 @@ void TrainStep::pp_sum(std::span<double> values) {
 }
 
 StepResult TrainStep::run(const void* inputs, const int32_t* targets, int64_t update) {
-  const auto per_micro = static_cast<size_t>(targets_[0].numel());
-  // Target count and loss sum over the data-parallel group, exact in 64 bits.
+  const auto per_micro = static_cast<size_t>(shape_.targets.numel());
+  // Target count and loss sum over the reduction group (this rank's chunks under cp),
+  // exact in 64 bits.
   int64_t n_targets = 0;
-  for (size_t i = 0; i < per_micro * static_cast<size_t>(accum_); ++i) n_targets += targets[i] != -1 ? 1 : 0;
+  for (int j = 0; j < accum_; ++j) n_targets += count_targets(targets + static_cast<size_t>(j) * per_micro);
   dp_sum(std::span<int64_t>(&n_targets, 1));
   KILN_CHECK(n_targets > 0, "step {}: the global batch has no target tokens", update + 1);
   const float grad_scale = static_cast<float>(scaler_.scale) / static_cast<float>(n_targets);

@@ -10,8 +10,11 @@
 // wrapper (ZeRO stage parallel.zero_stage over the dp group), AdamW over this rank's
 // segments and the pipeline schedule with its executor (parallel/pipeline.h; pp = 1 is
 // the trivial schedule F0 B0 F1 B1 ...). The tp and pp ranks of a dp rank run the same
-// micro-batches and see the same losses. One run():
-//   1. the global batch's target count, summed over the data-parallel ranks (the loss is
+// micro-batches and see the same losses. With parallel.cp > 1 the cp ranks of a dp rank
+// get the same micro-batches and each keeps its chunks of every sequence (tokens,
+// targets and positions: parallel/context_parallel.h); the reduction group is then dp x
+// cp. One run():
+//   1. the global batch's target count, summed over the reduction group (the loss is
 //      the mean over every target of the global batch, whatever accumulation or world);
 //   2. the schedule over grad_accum_steps micro-batches: forwards with the gradient
 //      scaled by loss_scale / targets, backwards (gradients accumulate; ZeRO reduces as
@@ -27,6 +30,7 @@
 #include "comm/communicator.h"
 #include "models/model.h"
 #include "optim/adamw.h"
+#include "parallel/context_parallel.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline.h"
 #include "parallel/tensor_parallel.h"
@@ -75,14 +79,18 @@ TrainConfig step_config(const ModelOptions& model, int B, int T, const std::stri
 
 class TrainStep {
  public:
-  /// `config` resolved for training (global_batch set); `dp_comm` the data-parallel
-  /// group (one rank: a local communicator); `tp_comm` the tensor-parallel group, of
+  /// `config` resolved for training (global_batch set); `dp_comm` the gradient reduction
+  /// group: the data-parallel group, or with cp > 1 the dp x cp one (DeviceMesh::
+  /// dp_cp_comm; one rank: a local communicator); `tp_comm` the tensor-parallel group, of
   /// parallel.tp ranks (nullptr when parallel.tp is 1); `pp_comm` the pipeline group, of
-  /// parallel.pp ranks (nullptr when parallel.pp is 1). Not owned. Throws kiln::Error on
-  /// a bad config, a model the tp plan cannot split (naming the layer) or a pipeline
-  /// schedule that deadlocks (pipeline_schedule.h's simulator, run here).
+  /// parallel.pp ranks (nullptr when parallel.pp is 1); `cp_comm` the context-parallel
+  /// ring, of parallel.cp ranks (nullptr when 1). Not owned. Throws kiln::Error on a bad
+  /// config (a seq_len that 2 x cp does not divide, dropout with cp), a model the tp plan
+  /// cannot split (naming the layer) or a pipeline schedule that deadlocks
+  /// (pipeline_schedule.h's simulator, run here).
   TrainStep(const TrainConfig& config, Backend& backend, Communicator& dp_comm,
-            Communicator* tp_comm = nullptr, Communicator* pp_comm = nullptr);
+            Communicator* tp_comm = nullptr, Communicator* pp_comm = nullptr,
+            Communicator* cp_comm = nullptr);
   ~TrainStep();
 
   Model& model() { return *model_; }
@@ -96,19 +104,23 @@ class TrainStep {
   /// the tied parameters (GPT-2's wte) are bitwise equal (parameters and master weights).
   /// Collective over those two stages; no-op elsewhere and without a split tie.
   void check_tied_copies();
-  /// One micro-batch's shapes (Model::batch_shape of micro_batch x seq_len): int32 tokens
-  /// and targets [micro_batch, seq_len] for a language model; fp32 images and int32
-  /// labels for an image classifier.
+  /// One micro-batch's shapes as the caller gives it (Model::batch_shape of micro_batch x
+  /// seq_len): int32 tokens and targets [micro_batch, seq_len] for a language model; fp32
+  /// images and int32 labels for an image classifier. Whole sequences, also under cp.
   const BatchShape& batch_shape() const { return shape_; }
+  /// The context-parallel size (1 without).
+  int cp() const { return cp_group_ ? cp_group_->size() : 1; }
   /// Device micro-batch buffer k (0 .. the micro-batches a step keeps at once - 1) as the
-  /// model's Batch; upload_micro_batch fills buffer 0.
+  /// model's Batch, [micro_batch, seq_len / cp] with the positions under cp;
+  /// upload_micro_batch fills buffer 0.
   Batch device_batch(int k = 0) const;
   /// The loss of device_batch() without gradient (evaluation), through every pipeline
   /// stage: the sums over the pp group (every rank gets them). Collective over pp.
   LossSum forward_only();
 
   /// The device micro-batch <- inputs (host, batch_shape().inputs in its dtype) and
-  /// targets (host int32, batch_shape().targets), read before returning, through the
+  /// targets (host int32, batch_shape().targets; this rank's chunks of them under cp),
+  /// read before returning, through the
   /// backend's staging buffer (pinned host memory on CUDA, so the copies are asynchronous
   /// DMA; see Backend::staging_allocator). Waits for the stream first: the previous
   /// micro-batch's copies out of the staging buffer must be done before it is overwritten.
@@ -149,6 +161,8 @@ class TrainStep {
   Communicator& comm_;
   std::unique_ptr<CommTpGroup> tp_group_;   // with tp > 1; outlive the model
   std::unique_ptr<TensorParallelPlan> tp_plan_;
+  std::unique_ptr<CommCpGroup> cp_group_;   // with cp > 1; outlive the model
+  std::unique_ptr<ContextParallelPlan> cp_plan_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<DataParallel> dp_;
   Communicator* pp_comm_ = nullptr;
@@ -161,8 +175,12 @@ class TrainStep {
   LossScaler scaler_;
   StepObserver* observer_ = nullptr;
   int accum_ = 1;
-  BatchShape shape_;
-  std::vector<Tensor> inputs_, targets_;  // micro-batches on the device (batch_shape())
+  BatchShape shape_;        // the caller's micro-batch (whole sequences)
+  BatchShape local_shape_;  // the model's: [B, T/cp] under cp, else shape_
+  /// This rank's targets of a host micro-batch (batch_shape().targets) not ignored.
+  int64_t count_targets(const int32_t* targets) const;
+  std::vector<Tensor> inputs_, targets_;  // micro-batches on the device (local_shape_)
+  Tensor positions_;        // int32 [B, T/cp] under cp: this rank's global positions
   Tensor staging_;           // inputs then targets, 4-byte elements, backend's staging memory
 };
 

@@ -92,14 +92,15 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   // the mesh is built from it.
   check_config_on_all_ranks(*world_, config_);
   mesh_ = std::make_unique<DeviceMesh>(*world_, config_.parallel.dp, config_.parallel.tp,
-                                       config_.parallel.pp);
+                                       config_.parallel.pp, config_.parallel.cp);
   dp_size_ = mesh_->dp();
   dp_rank_ = mesh_->coord()[Axis::DP];
   tp_rank_ = mesh_->coord()[Axis::TP];
-  KILN_CHECK((mesh_->tp() == 1 && mesh_->pp() == 1) || config_.sample.every == 0,
-             "{}: sample.every = {} needs parallel.tp = 1 and parallel.pp = 1 (sampling a "
-             "tensor- or pipeline-parallel model is not implemented; sample from a checkpoint "
-             "with `kiln sample`)", config_.source, config_.sample.every);
+  KILN_CHECK((mesh_->tp() == 1 && mesh_->pp() == 1 && mesh_->cp() == 1) ||
+                 config_.sample.every == 0,
+             "{}: sample.every = {} needs parallel.tp, parallel.pp and parallel.cp = 1 (sampling "
+             "a tensor-, pipeline- or context-parallel model is not implemented; sample from a "
+             "checkpoint with `kiln sample`)", config_.source, config_.sample.every);
   is_rank0_ = world_->rank() == 0;
   if (!is_rank0_) options_.verbose = false;
   if (config_.train.global_batch == 0) config_.train.global_batch = config_.train.micro_batch * dp_size_;
@@ -123,12 +124,18 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
                           train_data_->fingerprint().dump());
 
   backend_ = make_device_backend(config_.train.device);
+  KILN_CHECK(mesh_->cp() == 1 || backend_->device().is_cpu(), "{}: parallel.cp = {} on {}: "
+             "context parallelism runs on the CPU backend only so far (the CUDA ring-attention "
+             "kernels are not written yet)", config_.source, mesh_->cp(), backend_->device().str());
   // Profiling wraps the backend (one trace event per op); off, nothing is wrapped.
   if (config_.profile.enabled())
     backend_ = std::make_unique<profile::ProfilingBackend>(std::move(backend_));
-  one_step_ = std::make_unique<TrainStep>(config_, *backend_, mesh_->comm(Axis::DP),
+  // Gradients are reduced over dp x cp (the cp ranks hold replicas, each a part of
+  // every sequence); the data comes by dp rank, the same to every cp rank.
+  one_step_ = std::make_unique<TrainStep>(config_, *backend_, mesh_->dp_cp_comm(),
                                           mesh_->tp() > 1 ? &mesh_->comm(Axis::TP) : nullptr,
-                                          mesh_->pp() > 1 ? &mesh_->comm(Axis::PP) : nullptr);
+                                          mesh_->pp() > 1 ? &mesh_->comm(Axis::PP) : nullptr,
+                                          mesh_->cp() > 1 ? &mesh_->comm(Axis::CP) : nullptr);
   model_ = &one_step_->model();
   dp_ = &one_step_->data_parallel();
   optimizer_ = &one_step_->optimizer();
@@ -184,9 +191,12 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
                "data-parallel ranks, ZeRO stage {}{}{}), backend {}, peak {:.1f} GFLOP/s per rank ({})\n",
                config_.train.steps, config_.train.global_batch, seq_len_, accum_, B, dp_size_,
                config_.parallel.zero_stage,
-               mesh_->tp() > 1 ? fmt::format(", tensor parallel over {} ranks{}", mesh_->tp(),
+               (mesh_->cp() > 1 ? fmt::format(", context parallel over {} ranks ({} tokens each)",
+                                              mesh_->cp(), seq_len_ / mesh_->cp())
+                                : std::string()) +
+               (mesh_->tp() > 1 ? fmt::format(", tensor parallel over {} ranks{}", mesh_->tp(),
                                              config_.parallel.sequence_parallel ? " with sequence parallelism" : "")
-                               : std::string(),
+                                : std::string()),
                pipeline_description(),
                backend_->name(), peak_flops_ / 1e9,
                config_.log.peak_tflops > 0 ? std::string("log.peak_tflops") : fmt::format("measured {} GEMM", dtype_name(mfu_peak_dtype(config_))));
@@ -230,7 +240,8 @@ void Trainer::init_weights() {
 }
 
 void Trainer::dp_sum(std::span<double> values) {
-  if (dp_size_ > 1) mesh_->comm(Axis::DP).all_reduce_sum(values);
+  Communicator& c = mesh_->dp_cp_comm();
+  if (c.size() > 1) c.all_reduce_sum(values);
 }
 
 std::vector<std::vector<int64_t>> Trainer::memory_by_rank() {
@@ -356,9 +367,9 @@ void Trainer::maybe_sample() {
 }
 
 void Trainer::summarize_communication(TrainResult& r, int64_t timed_steps) {
-  // Statistics of the data-parallel communicator over the whole run, scaled to the timed
-  // steps (the first step is warm-up) by the share of steps they make.
-  const Communicator& dp = mesh_->comm(Axis::DP);
+  // Statistics of the gradient reduction's communicator (dp, or dp x cp) over the whole
+  // run, scaled to the timed steps (the first step is warm-up) by the share they make.
+  const Communicator& dp = mesh_->dp_cp_comm();
   const CommStats st = dp.stats();
   const int64_t steps = step_ - r.first_step;
   const double share = steps > 0 ? static_cast<double>(timed_steps) / static_cast<double>(steps) : 0.0;
@@ -381,10 +392,10 @@ void Trainer::summarize_communication(TrainResult& r, int64_t timed_steps) {
       r.comm_busy_s > 0 ? std::clamp(1.0 - r.comm_exposed_s / r.comm_busy_s, 0.0, 1.0) : 0.0;
   r.comm_table = table;
   if (options_.verbose)
-    fmt::print("kiln: data-parallel communication over {} ranks (ZeRO stage {}):\n{}"
+    fmt::print("kiln: data-parallel communication over {} ranks{} (ZeRO stage {}):\n{}"
                "kiln: communication {:.1f} ms/step, exposed {:.1f} ms/step: {:.0f}% hidden under "
                "computation\n",
-               dp_size_, config_.parallel.zero_stage, table,
+               dp.size(), mesh_->cp() > 1 ? " (dp x cp)" : "", config_.parallel.zero_stage, table,
                1e3 * r.comm_busy_s / std::max<int64_t>(timed_steps, 1),
                1e3 * r.comm_exposed_s / std::max<int64_t>(timed_steps, 1),
                100.0 * r.comm_hidden_fraction);
@@ -401,7 +412,7 @@ void Trainer::summarize_tp_traffic(TrainResult& r, int64_t steps) {
     else if (u.global_index == n_parts - 1) s.has_head = true;
     else ++s.n_layer;
   }
-  s.rows = int64_t{config_.train.micro_batch} * seq_len_;
+  s.rows = int64_t{config_.train.micro_batch} * seq_len_ / mesh_->cp();  // this rank's tokens
   s.n_embd = config_.model.n_embd;
   s.padded_vocab = model_->padded_vocab_size();
   s.tp = mesh_->tp();
@@ -570,7 +581,7 @@ TrainResult Trainer::run() {
     }
   }
   if (profile_) profile_->finish();
-  if (dp_size_ > 1) summarize_communication(r, timed_steps);
+  if (mesh_->dp_cp_comm().size() > 1) summarize_communication(r, timed_steps);
   if (mesh_->tp() > 1) summarize_tp_traffic(r, tp_steps);
   if (mesh_->pp() > 1) summarize_pipeline(r, pp_busy, pp_span);
   r.step_time_s = timed_steps > 0 ? timed_seconds / static_cast<double>(timed_steps) : 0.0;

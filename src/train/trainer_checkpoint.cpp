@@ -20,8 +20,9 @@ void Trainer::save_checkpoint() {
   const fs::path dir = root / checkpoint::checkpoint_dir_name(step_);
   // A checkpoint of this step may exist already (after a rollback, or a damaged one):
   // commit() replaces it atomically.
-  if (dp_size_ > 1 && config_.parallel.zero_stage < 3)  // replicas must not have drifted
-    check_same_on_all_ranks(mesh_->comm(Axis::DP), "parameters (data-parallel replicas)",
+  Communicator& replicas = mesh_->dp_cp_comm();  // dp, or dp x cp
+  if (replicas.size() > 1 && config_.parallel.zero_stage < 3)  // replicas must not have drifted
+    check_same_on_all_ranks(replicas, "parameters (data-parallel replicas)",
                             dp_->replica_hash());
   if (mesh_->tp() > 1)
     check_same_on_all_ranks(mesh_->comm(Axis::TP), "replicated parameters (tensor-parallel "
@@ -42,7 +43,7 @@ void Trainer::save_checkpoint() {
   // (add_optimizer_segment: its moments and, with train.ema_decay, "ema.<name>").
   // Each element is written once: a replica (ZeRO stage 0 over dp, a replicated tensor
   // over tp) by its first holder only.
-  const bool dp_writes = config_.parallel.zero_stage > 0 || dp_rank_ == 0;
+  const bool dp_writes = config_.parallel.zero_stage > 0 || replicas.rank() == 0;
   const auto& segs = optimizer_->segments();
   for (size_t i = 0; i < segs.size(); ++i) {
     const AdamWSegment& seg = segs[i];
@@ -75,7 +76,7 @@ void Trainer::save_checkpoint() {
         {"config_hash", config_.hash()},
         {"arch", model_->arch()},
         {"model", model_->config_json()},
-        {"layout", {{"world_size", world_->size()}, {"dp", dp_size_}, {"tp", mesh_->tp()},
+        {"layout", {{"world_size", world_->size()}, {"dp", dp_size_}, {"cp", mesh_->cp()}, {"tp", mesh_->tp()},
                     {"pp", mesh_->pp()}, {"virtual_stages", config_.parallel.virtual_stages},
                     {"sequence_parallel", config_.parallel.sequence_parallel},
                     {"zero_stage", config_.parallel.zero_stage}}},

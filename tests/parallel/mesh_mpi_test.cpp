@@ -1,6 +1,6 @@
-// DeviceMesh over the real world communicator: for every (dp, tp, pp) whose product is
+// DeviceMesh over the real world communicator: for every (dp, cp, tp, pp) whose product is
 // the world size, each axis communicator holds exactly the ranks group_ranks() names, in
-// that order. Runs under mpirun (4 ranks) and alone.
+// that order (and the dp x cp one too). Runs under mpirun (4 ranks) and alone.
 #include "mpi_test_main.h"
 #include "parallel/mesh.h"
 
@@ -12,11 +12,22 @@ namespace {
 TEST(DeviceMeshMpi, AxisCommunicatorsMatchGroups) {
   Communicator& world = testing::world();
   const int n = world.size();
-  for (int tp = 1; tp <= n; ++tp) {
-    for (int pp = 1; pp * tp <= n; ++pp) {
-      if (n % (tp * pp) != 0) continue;
-      DeviceMesh mesh(world, 0, tp, pp);
+  for (int cp = 1; cp <= n; ++cp)
+  for (int tp = 1; tp * cp <= n; ++tp) {
+    for (int pp = 1; pp * tp * cp <= n; ++pp) {
+      if (n % (cp * tp * pp) != 0) continue;
+      DeviceMesh mesh(world, 0, tp, pp, cp);
       SCOPED_TRACE(mesh.str());
+      {  // the dp x cp group: its members, in order
+        Communicator& c = mesh.dp_cp_comm();
+        const std::vector<int> expect = mesh.dp_cp_ranks(world.rank());
+        ASSERT_EQ(c.size(), static_cast<int>(expect.size()));
+        int32_t me = world.rank();
+        std::vector<int32_t> got(expect.size());
+        c.all_gather(Tensor::view(got.data(), {static_cast<int64_t>(got.size())}, DType::I32),
+                     Tensor::view(&me, {1}, DType::I32));
+        for (size_t i = 0; i < expect.size(); ++i) EXPECT_EQ(got[i], expect[i]) << "dp_cp";
+      }
       for (Axis a : kAllAxes) {
         Communicator& c = mesh.comm(a);
         const std::vector<int> expect = mesh.group_ranks(a);

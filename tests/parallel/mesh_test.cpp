@@ -10,18 +10,19 @@
 namespace kiln {
 namespace {
 
-struct Shape3 {
-  int dp, tp, pp;
+struct Shape4 {
+  int dp, tp, pp, cp = 1;
 };
 
-const Shape3 kShapes[] = {{1, 1, 1}, {4, 1, 1}, {1, 4, 1}, {1, 1, 4}, {2, 2, 1}, {2, 1, 2},
-                          {1, 2, 2}, {2, 2, 2}, {3, 1, 2}, {1, 4, 2}, {3, 2, 2}, {2, 3, 4}};
+const Shape4 kShapes[] = {{1, 1, 1}, {4, 1, 1}, {1, 4, 1}, {1, 1, 4}, {2, 2, 1}, {2, 1, 2},
+                          {1, 2, 2}, {2, 2, 2}, {3, 1, 2}, {1, 4, 2}, {3, 2, 2}, {2, 3, 4},
+                          {1, 1, 1, 4}, {2, 1, 1, 2}, {2, 2, 2, 2}, {1, 2, 3, 2}, {3, 1, 2, 3}};
 
 TEST(DeviceMesh, GroupsPartitionTheRanksConsistently) {
-  for (const Shape3& s : kShapes) {
-    const int world = s.dp * s.tp * s.pp;
+  for (const Shape4& s : kShapes) {
+    const int world = s.dp * s.tp * s.pp * s.cp;
     for (int me = 0; me < world; ++me) {
-      DeviceMesh mesh(world, me, s.dp, s.tp, s.pp);
+      DeviceMesh mesh(world, me, s.dp, s.tp, s.pp, s.cp);
       SCOPED_TRACE(mesh.str() + " rank " + std::to_string(me));
       EXPECT_EQ(mesh.dp(), s.dp);
       EXPECT_EQ(mesh.coord(), mesh.coord(me));
@@ -72,7 +73,7 @@ TEST(DeviceMesh, MegatronLayoutTpInnermostPpOutermost) {
   EXPECT_EQ(m.coord(5)[Axis::PP], 1);
   EXPECT_EQ(m.coord(5)[Axis::DP], 0);
   EXPECT_EQ(m.coord(5)[Axis::TP], 1);
-  EXPECT_EQ(m.coord(5).str(), "(dp=0, tp=1, pp=1)");
+  EXPECT_EQ(m.coord(5).str(), "(dp=0, cp=0, tp=1, pp=1)");
   EXPECT_EQ(m.group_ranks(Axis::TP, 0), (std::vector<int>{0, 1}));
   EXPECT_EQ(m.group_ranks(Axis::TP, 2), (std::vector<int>{2, 3}));
   EXPECT_EQ(m.groups(Axis::DP), (std::vector<std::vector<int>>{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
@@ -87,6 +88,22 @@ TEST(DeviceMesh, MegatronLayoutTpInnermostPpOutermost) {
   EXPECT_EQ(d.group_ranks(Axis::DP), (std::vector<int>{3, 4, 5}));
   EXPECT_EQ(d.group_ranks(Axis::PP), (std::vector<int>{1, 4}));
   EXPECT_EQ(d.str(), "dp=3 tp=1 pp=2 (world 6)");
+}
+
+TEST(DeviceMesh, ContextParallelSitsBetweenDpAndTp) {
+  // rank = ((pp * dp_size + dp) * cp_size + cp) * tp_size + tp; world 8 = dp2 cp2 tp2.
+  DeviceMesh m(8, 5, 2, 2, 1, 2);
+  EXPECT_EQ(m.coord(5).str(), "(dp=1, cp=0, tp=1, pp=0)");
+  EXPECT_EQ(m.groups(Axis::CP), (std::vector<std::vector<int>>{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(m.groups(Axis::DP), (std::vector<std::vector<int>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  EXPECT_EQ(m.groups(Axis::TP), (std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(m.dp_cp_ranks(5), (std::vector<int>{1, 3, 5, 7}));
+  EXPECT_EQ(m.str(), "dp=2 cp=2 tp=2 pp=1 (world 8)");
+  // cp x pp: a pipeline stage's cp ranks are adjacent.
+  DeviceMesh p(8, 6, 1, 1, 2, 4);
+  EXPECT_EQ(p.group_ranks(Axis::CP), (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(p.group_ranks(Axis::PP), (std::vector<int>{2, 6}));
+  EXPECT_EQ(p.dp_cp_ranks(6), (std::vector<int>{4, 5, 6, 7}));
 }
 
 TEST(DeviceMesh, DerivesDpAndExplainsBadShapes) {
@@ -109,6 +126,11 @@ TEST(DeviceMesh, DerivesDpAndExplainsBadShapes) {
   EXPECT_EQ(message([] { DeviceMesh(4, 0, -2, 1, 1); }), "parallel.dp must be >= 1 (or 0 to derive it), got -2");
   EXPECT_EQ(message([] { DeviceMesh(4, 4, 4, 1, 1); }), "parallel: rank 4 out of range [0, 4)");
   EXPECT_EQ(message([] { DeviceMesh(0, 0, 0, 1, 1); }), "parallel: world size must be >= 1, got 0");
+  EXPECT_EQ(message([] { DeviceMesh(4, 0, 1, 1, 1, 0); }), "parallel.cp must be >= 1, got 0");
+  EXPECT_EQ(message([] { DeviceMesh(8, 0, 0, 1, 1, 3); }),
+            "parallel: cp (3) * tp (1) * pp (1) = 3 does not divide the world size 8, so dp cannot "
+            "be derived");
+  EXPECT_EQ(DeviceMesh(8, 0, 0, 2, 1, 2).dp(), 2);
   DeviceMesh m(4, 0, 2, 2, 1);
   MeshCoord bad;
   bad[Axis::TP] = 2;

@@ -80,7 +80,7 @@ void check(const Case& k) {
 
   TensorParallelPlan plan(g, k.sp);
   ModelStorage st;
-  st.plan = &plan;
+  st.plans = {&plan};
   auto full_model = build(k, be, {}), part_model = build(k, be, st);
   Model& full = *full_model;
   Model& part = *part_model;
@@ -151,7 +151,7 @@ TEST(TpModel, TrafficMatchesTheFormula) {
         SCOPED_TRACE(fmt::format("arch={} sp={} ckpt={} tp={}", arch, sp, static_cast<int>(ckpt), n));
         TensorParallelPlan plan(g, sp);
         ModelStorage st;
-        st.plan = &plan;
+        st.plans = {&plan};
         auto m = build({sp, ckpt, arch}, be, st);
         m->init_weights(1);
         m->set_activation_checkpointing(ckpt);
@@ -181,7 +181,7 @@ TEST(TpModel, IndivisibleLayoutsAreOneLineErrors) {
   if (g.size() == 1) GTEST_SKIP() << "nothing is split on one rank";
   TensorParallelPlan plan(g, false);
   ModelStorage st;
-  st.plan = &plan;
+  st.plans = {&plan};
   GPT2Config c = tiny();
   c.n_head = 2, c.n_embd = 12;  // 2 heads over 4 ranks
   if (g.size() == 4) {

@@ -40,23 +40,37 @@ inline float keep_scale(const DropoutSpec& d, uint64_t index) {
   return uniform_at(d.seed, d.stream, index) >= d.p ? 1.f / (1.f - d.p) : 0.f;
 }
 
+// n rows of HD columns from `rows` (row stride W, first column `col`), times scale.
+template <class T>
+void gather_q(float* q, const T* rows, int64_t n, int64_t W, int64_t col, int64_t HD,
+              float scale) {
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t d = 0; d < HD; ++d) q[t * HD + d] = load(rows[t * W + col + d]) * scale;
+}
+
+// n key and value rows (row stride W; k at column koff, v at voff) into k, v [n,HD] and
+// k^T, v^T [HD,n].
+template <class T>
+void gather_kv(HeadScratch& hs, const T* rows, int64_t n, int64_t W, int64_t koff, int64_t voff,
+               int64_t HD) {
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t d = 0; d < HD; ++d) {
+      const float k = load(rows[t * W + koff + d]), v = load(rows[t * W + voff + d]);
+      hs.k[t * HD + d] = k;
+      hs.v[t * HD + d] = v;
+      hs.kt[d * n + t] = k;
+      hs.vt[d * n + t] = v;
+    }
+}
+
 // Query head h of sequence b and its key/value head h / (NH / NKV).
 template <class T>
 void gather_head(HeadScratch& hs, const T* qkv, int64_t b, int64_t h, const AttnDims& a,
                  float scale) {
-  const int64_t T_ = a.T, HD = a.HD, W = a.W(), kvh = h / (a.NH / a.NKV);
-  const int64_t koff = (a.NH + kvh) * HD, voff = (a.NH + a.NKV + kvh) * HD;
-  for (int64_t t = 0; t < T_; ++t) {
-    const T* row = qkv + (b * T_ + t) * W;
-    for (int64_t d = 0; d < HD; ++d) {
-      const float k = load(row[koff + d]), v = load(row[voff + d]);
-      hs.q[t * HD + d] = load(row[h * HD + d]) * scale;
-      hs.k[t * HD + d] = k;
-      hs.v[t * HD + d] = v;
-      hs.kt[d * T_ + t] = k;
-      hs.vt[d * T_ + t] = v;
-    }
-  }
+  const int64_t HD = a.HD, W = a.W(), kvh = h / (a.NH / a.NKV);
+  const T* rows = qkv + b * a.T * W;
+  gather_q(hs.q.data(), rows, a.T, W, h * HD, HD, scale);
+  gather_kv(hs, rows, a.T, W, (a.NH + kvh) * HD, (a.NH + a.NKV + kvh) * HD, HD);
 }
 
 template <class T>
@@ -242,6 +256,164 @@ void attention_backward(T_* dqkv, const T_* dout, const T_* qkv, const T_* out, 
   }
 }
 
+// ---- tiles of a blockwise (ring) attention --------------------------------------------
+// The same loops on a q range of qkv against a k range of a separate kv buffer; forward
+// merges the tile into fp32 running results by log-sum-exp, backward accumulates fp32
+// gradients with the final lse (see Backend::attention_tile_forward).
+
+template <class T_>
+void attention_tile_forward(float* out, float* lse, const T_* qkv, const T_* kv,
+                            const AttnDims& a, int64_t Tk, const AttentionTile& t) {
+  const int64_t B = a.B, T = a.T, NH = a.NH, NKV = a.NKV, HD = a.HD, C = NH * HD, W = a.W();
+  const int64_t KW = 2 * NKV * HD, nq = t.q_len, nk = t.k_len;
+  const float scale = 1.f / std::sqrt(static_cast<float>(HD));
+  if (nq == 0 || nk == 0) return;
+#pragma omp parallel
+  {
+    HeadScratch hs;
+    hs.resize(std::max(nq, nk), HD);
+    std::vector<float> s(static_cast<size_t>(kRows * nk)), acc(static_cast<size_t>(kRows * HD));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bh = 0; bh < B * NH; ++bh) {
+      const int64_t b = bh / NH, h = bh % NH, kvh = h / (NH / NKV);
+      gather_q(hs.q.data(), qkv + (b * T + t.q_begin) * W, nq, W, h * HD, HD, scale);
+      gather_kv(hs, kv + (b * Tk + t.k_begin) * KW, nk, KW, kvh * HD, (NKV + kvh) * HD, HD);
+      for (int64_t i0 = 0; i0 < nq; i0 += kRows) {
+        const int64_t rows = std::min(kRows, nq - i0);
+        const int64_t n = t.causal ? i0 + rows : nk;
+        block_times_transposed(s.data(), nk, hs.q.data() + i0 * HD, rows, hs.kt.data(), n, nk, HD);
+        std::fill(acc.begin(), acc.end(), 0.f);
+        float tile_lse[kRows];
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t ni = t.causal ? i0 + r + 1 : nk;
+          float* sr = s.data() + r * nk;
+          float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
+          for (int64_t j = 0; j < ni; ++j) mx = std::max(mx, sr[j]);
+          float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+          for (int64_t j = 0; j < ni; ++j) {
+            sr[j] = exp_approx(sr[j] - mx);
+            sum += sr[j];
+          }
+          for (int64_t j = ni; j < n; ++j) sr[j] = 0.f;
+          tile_lse[r] = mx + std::log(sum);
+          const float inv = 1.f / sum;
+          for (int64_t j = 0; j < ni; ++j) sr[j] *= inv;
+        }
+        for (int64_t j = 0; j < n; ++j) {
+          const float* vj = hs.v.data() + j * HD;
+          for (int64_t r = 0; r < rows; ++r) {
+            const float p = s[static_cast<size_t>(r * nk + j)];
+            float* ar = acc.data() + r * HD;
+#pragma omp simd
+            for (int64_t d = 0; d < HD; ++d) ar[d] += p * vj[d];
+          }
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t i = t.q_begin + i0 + r;
+          float& l = lse[bh * T + i];
+          const float lt = tile_lse[r];
+          const float lnew = l == -std::numeric_limits<float>::infinity()
+                                 ? lt
+                                 : std::max(l, lt) + std::log1p(std::exp(-std::abs(l - lt)));
+          const float wo = std::exp(l - lnew), wt = std::exp(lt - lnew);
+          float* o = out + (b * T + i) * C + h * HD;
+          const float* ar = acc.data() + r * HD;
+          for (int64_t d = 0; d < HD; ++d) o[d] = wo * o[d] + wt * ar[d];
+          l = lnew;
+        }
+      }
+    }
+  }
+}
+
+template <class T_>
+void attention_tile_backward(float* dq_acc, float* dkv, const T_* dout, const T_* qkv,
+                             const T_* kv, const T_* out, const float* lse, const AttnDims& a,
+                             int64_t Tk, const AttentionTile& t) {
+  const int64_t B = a.B, T = a.T, NH = a.NH, NKV = a.NKV, HD = a.HD, C = NH * HD, W = a.W();
+  const int64_t KW = 2 * NKV * HD, nq = t.q_len, nk = t.k_len, group = NH / NKV;
+  const float scale = 1.f / std::sqrt(static_cast<float>(HD));
+  if (nq == 0 || nk == 0) return;
+#pragma omp parallel
+  {
+    HeadScratch hs;
+    hs.resize(std::max(nq, nk), HD);
+    std::vector<float> dq(static_cast<size_t>(nq * HD)), dk(static_cast<size_t>(nk * HD)),
+        dv(static_cast<size_t>(nk * HD));
+    std::vector<float> p(static_cast<size_t>(kRows * nk)), dp(static_cast<size_t>(kRows * nk));
+    std::vector<float> dob(static_cast<size_t>(kRows * HD));
+    float Di[kRows];
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bk = 0; bk < B * NKV; ++bk) {
+      const int64_t b = bk / NKV, kvh = bk % NKV;
+      gather_kv(hs, kv + (b * Tk + t.k_begin) * KW, nk, KW, kvh * HD, (NKV + kvh) * HD, HD);
+      std::fill(dk.begin(), dk.end(), 0.f);
+      std::fill(dv.begin(), dv.end(), 0.f);
+      for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+        const int64_t bh = b * NH + h;
+        gather_q(hs.q.data(), qkv + (b * T + t.q_begin) * W, nq, W, h * HD, HD, scale);
+        std::fill(dq.begin(), dq.end(), 0.f);
+        for (int64_t i0 = 0; i0 < nq; i0 += kRows) {
+          const int64_t rows = std::min(kRows, nq - i0);
+          const int64_t n = t.causal ? i0 + rows : nk;
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t row = (b * T + t.q_begin + i0 + r) * C + h * HD;
+            float* dor = dob.data() + r * HD;
+            for (int64_t d = 0; d < HD; ++d) dor[d] = load(dout[row + d]);
+            Di[r] = dot_t(out + row, dor, HD);
+          }
+          const float* qb = hs.q.data() + i0 * HD;  // scaled
+          block_times_transposed(p.data(), nk, qb, rows, hs.kt.data(), n, nk, HD);
+          block_times_transposed(dp.data(), nk, dob.data(), rows, hs.vt.data(), n, nk, HD);
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t ni = t.causal ? i0 + r + 1 : nk;
+            float* pr = p.data() + r * nk;
+            float* dpr = dp.data() + r * nk;
+            const float l = lse[bh * T + t.q_begin + i0 + r];
+#pragma omp simd
+            for (int64_t j = 0; j < ni; ++j) {
+              pr[j] = exp_approx(pr[j] - l);
+              dpr[j] = pr[j] * (dpr[j] - Di[r]);
+            }
+            for (int64_t j = ni; j < n; ++j) pr[j] = 0.f, dpr[j] = 0.f;
+          }
+          for (int64_t j = 0; j < n; ++j) {
+            const float* kj = hs.k.data() + j * HD;
+            float* dvj = dv.data() + j * HD;
+            float* dkj = dk.data() + j * HD;
+            for (int64_t r = 0; r < rows; ++r) {
+              const float pt = p[static_cast<size_t>(r * nk + j)];
+              const float ds = dp[static_cast<size_t>(r * nk + j)];
+              const float* dor = dob.data() + r * HD;
+              const float* qr = qb + r * HD;
+              float* dqr = dq.data() + (i0 + r) * HD;
+#pragma omp simd
+              for (int64_t d = 0; d < HD; ++d) {
+                dvj[d] += pt * dor[d];
+                dkj[d] += ds * qr[d];
+                dqr[d] += ds * kj[d];
+              }
+            }
+          }
+        }
+        for (int64_t i = 0; i < nq; ++i) {
+          float* row = dq_acc + (b * T + t.q_begin + i) * C + h * HD;
+          for (int64_t d = 0; d < HD; ++d) row[d] += dq[static_cast<size_t>(i * HD + d)] * scale;
+        }
+      }
+      for (int64_t j = 0; j < nk; ++j) {
+        float* row = dkv + (b * Tk + t.k_begin + j) * KW;
+        for (int64_t d = 0; d < HD; ++d) {
+          row[kvh * HD + d] += dk[static_cast<size_t>(j * HD + d)];
+          row[(NKV + kvh) * HD + d] += dv[static_cast<size_t>(j * HD + d)];
+        }
+      }
+    }
+  }
+}
+
 }  // namespace kiln::cpu
 
 namespace kiln::cpu {
@@ -291,7 +463,12 @@ void attention_decode(T* out, T* k_cache, T* v_cache, const T* qkv, const AttnDi
                                      const DropoutSpec&);                                    \
   template void attention_backward<T>(T*, const T*, const T*, const T*, const float*,        \
                                       const AttnDims&, const DropoutSpec&);                  \
-  template void attention_decode<T>(T*, T*, T*, const T*, const AttnDims&, int64_t, int64_t);
+  template void attention_decode<T>(T*, T*, T*, const T*, const AttnDims&, int64_t, int64_t); \
+  template void attention_tile_forward<T>(float*, float*, const T*, const T*, const AttnDims&, \
+                                          int64_t, const AttentionTile&);                     \
+  template void attention_tile_backward<T>(float*, float*, const T*, const T*, const T*,       \
+                                           const T*, const float*, const AttnDims&, int64_t,   \
+                                           const AttentionTile&);
 KILN_CPU_FOR_EACH_T(INST_T)
 
 }  // namespace kiln::cpu

@@ -194,6 +194,45 @@ class CpuBackend final : public Backend {
                               dropout);
     });
   }
+  void attention_tile_forward(Stream, const Tensor& out_acc, const Tensor& lse, const Tensor& qkv,
+                              const Tensor& kv, const AttentionShape& shape,
+                              const AttentionTile& tile) override {
+    const auto d = checks::attention_tile(out_acc, lse, qkv, kv, shape, tile);
+    KILN_CHECK(kv.dtype() == qkv.dtype(), "attention_tile: kv {} must have qkv's dtype", kv.str());
+    const auto a = dims(d.a, shape);
+    cpu::dispatch_float(qkv.dtype(), "attention_tile", [&](auto x) {
+      using T = decltype(x);
+      cpu::attention_tile_forward(p<float>(out_acc), p<float>(lse), p<T>(qkv), p<T>(kv), a, d.Tk,
+                                  tile);
+    });
+  }
+  void attention_tile_backward(Stream, const Tensor& dq, const Tensor& dkv, const Tensor& dout,
+                               const Tensor& qkv, const Tensor& kv, const Tensor& out,
+                               const Tensor& lse, const AttentionShape& shape,
+                               const AttentionTile& tile) override {
+    const auto d = checks::attention_tile_backward(dq, dkv, dout, qkv, kv, out, lse, shape, tile);
+    const auto a = dims(d.a, shape);
+    cpu::dispatch_float(qkv.dtype(), "attention_tile_backward", [&](auto x) {
+      using T = decltype(x);
+      cpu::attention_tile_backward(p<float>(dq), p<float>(dkv), p<T>(dout), p<T>(qkv), p<T>(kv),
+                                   p<T>(out), p<float>(lse), a, d.Tk, tile);
+    });
+  }
+  void copy_columns(Stream, const Tensor& dst, const Tensor& src, int64_t dst_col, int64_t src_col,
+                    int64_t ncols) override {
+    const auto d = checks::copy_columns(dst, src, dst_col, src_col, ncols);
+    cpu::dispatch_float(dst.dtype(), "copy_columns", [&](auto x) {
+      using D = decltype(x);
+      cpu::dispatch_float(src.dtype(), "copy_columns", [&](auto y) {
+        using S = decltype(y);
+        D* o = p<D>(dst);
+        const S* in = p<S>(src);
+#pragma omp parallel for schedule(static)
+        for (int64_t n = 0; n < d.N; ++n)
+          cpu::convert(o + n * d.Wd + dst_col, in + n * d.Ws + src_col, ncols);
+      });
+    });
+  }
   void attention_decode(Stream, const Tensor& out, const Tensor& k_cache, const Tensor& v_cache,
                         const Tensor& qkv, int64_t past, const AttentionShape& shape) override {
     const auto d = checks::attention_decode(out, k_cache, v_cache, qkv, past, shape);

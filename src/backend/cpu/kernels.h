@@ -62,6 +62,16 @@ void attention_forward(T* out, float* lse, const T* qkv, const AttnDims& a,
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
                         const AttnDims& a, const DropoutSpec& dropout);
+/// A tile of a blockwise attention (Backend::attention_tile_forward): a.T = qkv's rows,
+/// Tk = kv's rows [B,Tk,2*NKV*HD]; out and lse fp32, merged into.
+template <class T>
+void attention_tile_forward(float* out, float* lse, const T* qkv, const T* kv, const AttnDims& a,
+                            int64_t Tk, const AttentionTile& tile);
+/// Its gradients, accumulated into fp32 dq [B,T,NH*HD] and dkv [B,Tk,2*NKV*HD].
+template <class T>
+void attention_tile_backward(float* dq, float* dkv, const T* dout, const T* qkv, const T* kv,
+                             const T* out, const float* lse, const AttnDims& a, int64_t Tk,
+                             const AttentionTile& tile);
 /// a.T = Tq new positions.
 template <class T>
 void attention_decode(T* out, T* k_cache, T* v_cache, const T* qkv, const AttnDims& a,

@@ -54,6 +54,28 @@ void CudaBackend::attention_decode(Stream s, const Tensor& out, const Tensor& k_
                          d.Tmax, d.NH, d.NKV, d.HD, past);
 }
 
+namespace {
+[[noreturn]] void no_ring_ops(const char* op) {
+  throw Error(fmt::format("{}: context parallelism (parallel.cp > 1) is not implemented on the "
+                          "CUDA backend yet; run it on the CPU backend", op));
+}
+}  // namespace
+
+void CudaBackend::attention_tile_forward(Stream, const Tensor&, const Tensor&, const Tensor&,
+                                         const Tensor&, const AttentionShape&,
+                                         const AttentionTile&) {
+  no_ring_ops("attention_tile_forward");
+}
+void CudaBackend::attention_tile_backward(Stream, const Tensor&, const Tensor&, const Tensor&,
+                                          const Tensor&, const Tensor&, const Tensor&,
+                                          const Tensor&, const AttentionShape&,
+                                          const AttentionTile&) {
+  no_ring_ops("attention_tile_backward");
+}
+void CudaBackend::copy_columns(Stream, const Tensor&, const Tensor&, int64_t, int64_t, int64_t) {
+  no_ring_ops("copy_columns");
+}
+
 void CudaBackend::rope_forward(Stream s, const Tensor& qkv, const Tensor& positions,
                                const AttentionShape& shape, const RopeSpec& rope) {
   cuda::NvtxRange r("rope_forward");

@@ -107,6 +107,27 @@ MetaCallInfo attention_decode(const Tensor& out, const Tensor& k_cache, const Te
   c.B = d.B, c.T = d.T, c.NH = d.NH, c.NKV = d.NKV, c.HD = d.HD, c.C = d.NH * d.HD;
   return c;
 }
+MetaCallInfo attention_tile_forward(const Tensor& out_acc, const Tensor& lse, const Tensor& qkv,
+                                    const Tensor& kv, const AttentionShape& shape,
+                                    const AttentionTile& tile) {
+  return attention(MetaCall::AttentionTileForward,
+                   checks::attention_tile(out_acc, lse, qkv, kv, shape, tile).a, qkv.dtype());
+}
+MetaCallInfo attention_tile_backward(const Tensor& dq, const Tensor& dkv, const Tensor& dout,
+                                     const Tensor& qkv, const Tensor& kv, const Tensor& out,
+                                     const Tensor& lse, const AttentionShape& shape,
+                                     const AttentionTile& tile) {
+  return attention(MetaCall::AttentionTileBackward,
+                   checks::attention_tile_backward(dq, dkv, dout, qkv, kv, out, lse, shape, tile).a,
+                   qkv.dtype());
+}
+MetaCallInfo copy_columns(const Tensor& dst, const Tensor& src, int64_t dst_col, int64_t src_col,
+                          int64_t ncols) {
+  const auto d = checks::copy_columns(dst, src, dst_col, src_col, ncols);
+  MetaCallInfo c = info(MetaCall::CopyColumns, dst.dtype());
+  c.N = d.N, c.numel = d.N * ncols;
+  return c;
+}
 MetaCallInfo rope_forward(const Tensor& qkv, const Tensor& positions,
                           const AttentionShape& shape, const RopeSpec&) {
   return attention(MetaCall::RopeForward, checks::rope(qkv, positions, shape), qkv.dtype());

@@ -119,8 +119,8 @@ struct DiT::State {
 DiT::DiT(const DiTConfig& config, Backend& backend, const ModelStorage& storage)
     : LayeredModel(backend, storage), config_(config) {
   config_.validate();
-  KILN_CHECK(!storage.plan, "dit: tensor parallelism is not implemented for dit (set "
-             "parallel.tp = 1)");
+  KILN_CHECK(storage.plans.empty(), "dit: {} is not implemented for dit yet",
+             storage.plans.empty() ? "" : storage.plans.front()->what());
   layers_ = std::make_unique<DiTLayers>(config_);
   state_ = std::make_unique<State>();
   build(layers_->parts(config_),

@@ -46,10 +46,10 @@ std::vector<ParamSpec> gpt2_param_specs(const GPT2Config& config, int64_t part_a
 GPT2::GPT2(const GPT2Config& config, Backend& backend, const ModelStorage& storage)
     : DecoderModel(backend, storage), config_(config) {
   layers_ = std::make_unique<GPT2Layers>(config_);
-  if (storage.plan) storage.plan->apply(layers_->roles());
+  for (const LayerPlan* plan : storage.plans) plan->apply(layers_->roles());
   nn::TokenPositionEmbedding& emb = layers_->embedding;
   set_layers(DecoderLayers{&emb, &layers_->blocks, &layers_->ln_f, &emb.wte, &emb.placement(),
-                           config_.vocab_size, config_.n_embd, /*takes_positions=*/false});
+                           config_.vocab_size, config_.n_embd});
   build(gpt2_parts(*layers_, config_), {Op::Embedding, Op::LayerNorm, Op::Linear, Op::Attention, Op::Gelu,
                                Op::Add, Op::SoftmaxCrossEntropy});
 }

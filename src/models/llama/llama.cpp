@@ -104,12 +104,11 @@ Llama::Llama(const LlamaConfig& config, Backend& backend, const ModelStorage& st
     : DecoderModel(backend, storage), config_(config) {
   config_.validate();
   layers_ = std::make_unique<LlamaLayers>(config_);
-  if (storage.plan) storage.plan->apply(layers_->roles());
+  for (const LayerPlan* plan : storage.plans) plan->apply(layers_->roles());
   state_ = std::make_unique<State>();
   nn::Param& head = layers_->lm_head ? layers_->lm_head->weight : layers_->embedding.wte;
   set_layers(DecoderLayers{&layers_->embedding, &layers_->blocks, &layers_->norm, &head,
-                           &head_placement(), config_.vocab_size, config_.n_embd,
-                           /*takes_positions=*/true});
+                           &head_placement(), config_.vocab_size, config_.n_embd});
   build(layers_->parts(config_), {Op::Embedding, Op::RMSNorm, Op::Linear, Op::Attention,
                                   Op::Rope, Op::SwiGLU, Op::Add, Op::SoftmaxCrossEntropy});
 }

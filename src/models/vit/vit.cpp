@@ -102,8 +102,8 @@ struct ViT::State {
 ViT::ViT(const ViTConfig& config, Backend& backend, const ModelStorage& storage)
     : LayeredModel(backend, storage), config_(config) {
   config_.validate();
-  KILN_CHECK(!storage.plan, "vit: tensor parallelism is not implemented for vit (set "
-             "parallel.tp = 1)");
+  KILN_CHECK(storage.plans.empty(), "vit: {} is not implemented for vit yet",
+             storage.plans.empty() ? "" : storage.plans.front()->what());
   layers_ = std::make_unique<ViTLayers>(config_);
   state_ = std::make_unique<State>();
   build(layers_->parts(config_), {Op::Patchify, Op::Embedding, Op::LayerNorm, Op::Linear,

@@ -1,0 +1,56 @@
+#include "parallel/context_parallel.h"
+
+#include "core/error.h"
+#include "nn/block.h"
+
+#include <fmt/format.h>
+
+namespace kiln {
+
+namespace {
+class CommTransfer final : public nn::CpGroup::Transfer {
+ public:
+  CommTransfer(std::shared_ptr<Work> send, std::shared_ptr<Work> recv)
+      : send_(std::move(send)), recv_(std::move(recv)) {}
+  void wait() override {
+    send_->wait();
+    recv_->wait();
+  }
+
+ private:
+  std::shared_ptr<Work> send_, recv_;
+};
+}  // namespace
+
+std::unique_ptr<nn::CpGroup::Transfer> CommCpGroup::shift(Stream s, const Tensor& send,
+                                                          const Tensor& recv, int tag) {
+  KILN_CHECK(send.shape() == recv.shape() && send.dtype() == recv.dtype(),
+             "ring shift: send {} and receive {} buffers differ", send.str(), recv.str());
+  const int n = comm_.size(), r = comm_.rank();
+  comm_.group_start();
+  auto sw = comm_.send_async(send, (r + 1) % n, tag, s);
+  auto rw = comm_.recv_async(recv, (r + n - 1) % n, tag, s);
+  comm_.group_end();
+  return std::make_unique<CommTransfer>(std::move(sw), std::move(rw));
+}
+
+void ContextParallelPlan::apply(const LayerRoles& layers) const {
+  if (group_.size() == 1) return;
+  KILN_CHECK(layers.arch == "gpt2" || layers.arch == "llama",
+             "context parallelism (parallel.cp = {}) is not supported for {} yet", group_.size(),
+             layers.arch);
+  for (nn::TransformerBlock* b : layers.blocks) b->set_context_parallel(group_);
+}
+
+std::string ContextParallelPlan::what() const {
+  return fmt::format("context parallelism (parallel.cp = {})", group_.size());
+}
+
+void cp_split_rows(int32_t* local, const int32_t* full, int64_t B, int64_t T, int cp, int rank) {
+  const std::vector<int32_t> pos = nn::cp_positions(T, cp, rank);
+  const auto Tl = static_cast<int64_t>(pos.size());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < Tl; ++t) local[b * Tl + t] = full[b * T + pos[static_cast<size_t>(t)]];
+}
+
+}  // namespace kiln

@@ -1,0 +1,51 @@
+// Context parallelism from outside the model: the layers' ring (nn::CpGroup) over a
+// Communicator, the plan that installs it on a model's attention layers, and the split
+// of a micro-batch's host tokens into a rank's chunks (nn/context_parallel.h has the
+// split and the ring attention itself).
+#pragma once
+
+#include "comm/communicator.h"
+#include "models/model.h"
+#include "nn/context_parallel.h"
+
+#include <cstdint>
+#include <memory>
+
+namespace kiln {
+
+/// nn::CpGroup over `comm` (the DeviceMesh's cp communicator): a shift is a send to rank
+/// + 1 and a receive from rank - 1 posted as one group (Communicator::group_start), so
+/// that it runs while the caller computes.
+class CommCpGroup final : public nn::CpGroup {
+ public:
+  /// `comm` is not owned and must outlive the group.
+  explicit CommCpGroup(Communicator& comm) : comm_(comm) {}
+  int size() const override { return comm_.size(); }
+  int rank() const override { return comm_.rank(); }
+  std::unique_ptr<Transfer> shift(Stream s, const Tensor& send, const Tensor& recv,
+                                  int tag) override;
+  Communicator& comm() const { return comm_; }
+
+ private:
+  Communicator& comm_;
+};
+
+/// Installs the ring on every attention layer of a GPT-2 or Llama model.
+class ContextParallelPlan final : public LayerPlan {
+ public:
+  /// `group` is not owned and must outlive the model.
+  explicit ContextParallelPlan(nn::CpGroup& group) : group_(group) {}
+  /// Throws kiln::Error for an architecture without ring attention.
+  void apply(const LayerRoles& layers) const override;
+  std::string what() const override;
+
+ private:
+  nn::CpGroup& group_;
+};
+
+/// local [B, T/cp] <- the columns of full [B, T] (row-major, 4-byte elements: tokens or
+/// targets) that cp rank `rank` holds: nn::cp_positions(T, cp, rank). Throws kiln::Error
+/// unless 2 cp divides T.
+void cp_split_rows(int32_t* local, const int32_t* full, int64_t B, int64_t T, int cp, int rank);
+
+}  // namespace kiln
