@@ -48,6 +48,7 @@ struct Case {
   int pp = 1;                        // dp = np / (tp x pp)
   const char* schedule = "1f1b";     // parallel.pp_schedule
   int virtual_stages = 1;
+  int cp = 1;                        // dp = np / (cp x tp x pp)
 };
 
 // Per rank: measured total peak, and the gradients' peak.
@@ -167,7 +168,8 @@ peak_tflops = 1.0
             fmt::format("parallel.sequence_parallel={}", c.sp),
             fmt::format("parallel.pp={}", c.pp),
             fmt::format("parallel.pp_schedule={}", c.schedule),
-            fmt::format("parallel.virtual_stages={}", c.virtual_stages)};
+            fmt::format("parallel.virtual_stages={}", c.virtual_stages),
+            fmt::format("parallel.cp={}", c.cp)};
   }
 
   static Measured run_real(const Case& c, const fs::path& run_dir) {
@@ -223,6 +225,12 @@ TEST_F(MemPlanTest, PredictedPeakWithinTenPercentOfMeasured) {
       {2, 0, "full", 2, 8, false, "bf16", 1, false, "tiny.toml", 2, "gpipe"},
       {4, 2, "none", 1, 8, false, "fp32", 1, false, "tiny.toml", 2},
       {4, 1, "selective", 2, 8, false, "fp32", 2, true, "tiny.toml", 2},
+      // Context parallel (each rank T/cp tokens; the ring's buffers are temporaries).
+      {2, 0, "none", 2, 4, false, "fp32", 1, false, "tiny.toml", 1, "1f1b", 1, 2},
+      {4, 2, "selective", 2, 8, false, "fp32", 1, false, "tiny.toml", 1, "1f1b", 1, 2},
+      {4, 3, "full", 2, 4, false, "bf16", 1, false, "tiny.toml", 1, "1f1b", 1, 4},
+      {4, 1, "none", 2, 4, false, "fp32", 2, true, "tiny.toml", 1, "1f1b", 1, 2},
+      {4, 0, "selective", 1, 4, false, "fp32", 1, false, "tiny.toml", 2, "1f1b", 1, 2},
   };
   fmt::print("{:<4} {:<5} {:<10} {:>5} {:>6} {:>5} {:>5} {:>12} {:>12} {:>12} {:>8}  (bytes; instant = "
              "lower bound: collectives complete at once)\n",
@@ -255,17 +263,18 @@ TEST_F(MemPlanTest, PredictedPeakWithinTenPercentOfMeasured) {
                  c.stage, c.ckpt, c.micro_batch, c.global_batch,
                  fmt::format("{}{}", c.tp, c.sp ? "sp" : ""), r, pred, low, meas, 100 * err,
                  c.bracket_only ? "  (bracket only)" : "",
-                 std::string(c.config) == "tiny.toml" && c.pp == 1 ? ""
-                     : fmt::format("  {} {}{}", c.config, c.dtype,
+                 std::string(c.config) == "tiny.toml" && c.pp == 1 && c.cp == 1 ? ""
+                     : fmt::format("  {} {}{}{}", c.config, c.dtype,
                                    c.pp > 1 ? fmt::format(" pp{} {} v{}", c.pp, c.schedule,
-                                                          c.virtual_stages) : ""));
+                                                          c.virtual_stages) : "",
+                                   c.cp > 1 ? fmt::format(" cp{}", c.cp) : ""));
       // Never below what must be held when communication keeps pace. (DataParallel bounds
       // the reductions in flight, so the lagging prediction is within 10% of any timing.)
       EXPECT_GE(meas, low) << "np=" << c.np << " zero=" << c.stage << " rank " << r;
       if (std::abs(err) > worst) {
         worst = std::abs(err);
-        worst_case = fmt::format("{} np={} tp={} pp={} zero={} ckpt={} rank {}", c.config, c.np,
-                                 c.tp, c.pp, c.stage, c.ckpt, r);
+        worst_case = fmt::format("{} np={} cp={} tp={} pp={} zero={} ckpt={} rank {}", c.config,
+                                 c.np, c.cp, c.tp, c.pp, c.stage, c.ckpt, r);
       }
       EXPECT_LE(std::abs(err), 0.10) << "np=" << c.np << " zero=" << c.stage << " " << c.ckpt
                                      << " rank " << r << ": predicted " << pred << ", measured "
@@ -273,6 +282,30 @@ TEST_F(MemPlanTest, PredictedPeakWithinTenPercentOfMeasured) {
     }
   }
   fmt::print("worst |error| {:.2f}% ({})\n", 100 * worst, worst_case);
+}
+
+TEST_F(MemPlanTest, ContextParallelActivationsFallAsOneOverCp) {
+  // A long sequence (the attention's lse and the logits grow with T too): the activations
+  // per rank at cp = 2 and 4 are within 1/cp .. 1.1/cp of one rank's.
+  plan::MemPlanOptions o;
+  o.backend = "none";
+  const std::vector<std::string> sets = {"model.block_size=1024", "train.seq_len=1024",
+                                         "train.micro_batch=1"};
+  o.world_size = 1;
+  const double one = static_cast<double>(
+      plan::plan_memory(load_config_file((work_ / "tiny.toml").string(), sets), o)
+          .rank0().peak_of(MemCategory::Activations));
+  for (const int cp : {2, 4}) {
+    auto s = sets;
+    s.push_back(fmt::format("parallel.cp={}", cp));
+    o.world_size = cp;
+    const plan::MemPlan p = plan::plan_memory(load_config_file((work_ / "tiny.toml").string(), s), o);
+    const double ratio = static_cast<double>(p.rank0().peak_of(MemCategory::Activations)) / one;
+    fmt::print("cp={}: activations per rank {:.3f} of one rank's (1/cp = {:.3f})\n", cp, ratio,
+               1.0 / cp);
+    EXPECT_GE(ratio, 0.999 / cp);
+    EXPECT_LE(ratio, 1.1 / cp);
+  }
 }
 
 TEST_F(MemPlanTest, MixedPrecisionIsPassedThroughOrRefused) {
