@@ -103,6 +103,59 @@ inline void block_times_transposed(float* s, int64_t ld, const float* q, int64_t
   }
 }
 
+// s[j] <- exp(s[j] - max) for j < n (n >= 1); returns the sum, the max in `mx`.
+inline float exp_row(float* s, int64_t n, float& mx) {
+  mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
+  for (int64_t j = 0; j < n; ++j) mx = std::max(mx, s[j]);
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] = exp_approx(s[j] - mx);
+    sum += s[j];
+  }
+  return sum;
+}
+
+// acc[r * HD + d] = sum_j p[r * ld + j] v[j * HD + d] for r < rows, j < n (acc overwritten).
+inline void probs_times_values(float* acc, const float* p, int64_t ld, const float* v,
+                               int64_t rows, int64_t n, int64_t HD) {
+  std::fill(acc, acc + rows * HD, 0.f);
+  for (int64_t j = 0; j < n; ++j) {
+    const float* vj = v + j * HD;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float pr = p[r * ld + j];
+      float* ar = acc + r * HD;
+#pragma omp simd
+      for (int64_t d = 0; d < HD; ++d) ar[d] += pr * vj[d];
+    }
+  }
+}
+
+// One block of query rows' gradient contributions (p = P~, ds = dS, rows of stride ld):
+// dV_j += sum_r P~_rj dO_r;  dK_j += sum_r dS_rj q_r (q scaled);  dQ_r += dS_rj K_j.
+inline void accumulate_grads(float* dq, float* dk, float* dv, const float* p, const float* ds,
+                             int64_t ld, const float* q, const float* dout, const float* k,
+                             int64_t rows, int64_t n, int64_t HD) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float* kj = k + j * HD;
+    float* dvj = dv + j * HD;
+    float* dkj = dk + j * HD;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float pt = p[r * ld + j], dsr = ds[r * ld + j];
+      const float* dor = dout + r * HD;
+      const float* qr = q + r * HD;
+      float* dqr = dq + r * HD;
+#pragma omp simd
+      for (int64_t d = 0; d < HD; ++d) {
+        dvj[d] += pt * dor[d];
+        dkj[d] += dsr * qr[d];
+        dqr[d] += dsr * kj[d];
+      }
+    }
+  }
+}
+
 template <class T_>
 void attention_forward(T_* out, float* lse, const T_* qkv, const AttnDims& a,
                        const DropoutSpec& dropout) {
@@ -125,15 +178,8 @@ void attention_forward(T_* out, float* lse, const T_* qkv, const AttnDims& a,
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t i = i0 + r, ni = a.causal ? i + 1 : T;
           float* sr = s.data() + r * T;
-          float mx = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : mx)
-          for (int64_t j = 0; j < ni; ++j) mx = std::max(mx, sr[j]);
-          float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-          for (int64_t j = 0; j < ni; ++j) {
-            sr[j] = exp_approx(sr[j] - mx);
-            sum += sr[j];
-          }
+          float mx = 0.f;
+          const float sum = exp_row(sr, ni, mx);
           for (int64_t j = ni; j < n; ++j) sr[j] = 0.f;  // causal mask
           inv[r] = 1.f / sum;
           if (dropout.enabled()) {
@@ -142,16 +188,7 @@ void attention_forward(T_* out, float* lse, const T_* qkv, const AttnDims& a,
           }
           lse[bh * T + i] = mx + std::log(sum);
         }
-        std::fill(acc.begin(), acc.end(), 0.f);
-        for (int64_t j = 0; j < n; ++j) {
-          const float* vj = hs.v.data() + j * HD;
-          for (int64_t r = 0; r < rows; ++r) {
-            const float p = s[static_cast<size_t>(r * T + j)];
-            float* ar = acc.data() + r * HD;
-#pragma omp simd
-            for (int64_t d = 0; d < HD; ++d) ar[d] += p * vj[d];
-          }
-        }
+        probs_times_values(acc.data(), s.data(), T, hs.v.data(), rows, n, HD);
         for (int64_t r = 0; r < rows; ++r) {
           T_* o = out + (b * T + i0 + r) * C + h * HD;
           for (int64_t d = 0; d < HD; ++d) o[d] = store<T_>(acc[static_cast<size_t>(r * HD + d)] * inv[r]);
@@ -220,25 +257,8 @@ void attention_backward(T_* dqkv, const T_* dout, const T_* qkv, const T_* out, 
               for (int64_t j = 0; j < ni; ++j) dpr[j] = pr[j] * (dpr[j] - Di[r]);
             }
           }
-          // dV_j += sum_r P~_rj dO_r;  dK_j += sum_r dS_rj q_r  (q scaled);  dQ_r += dS_rj K_j
-          for (int64_t j = 0; j < n; ++j) {
-            const float* kj = hs.k.data() + j * HD;
-            float* dvj = dv.data() + j * HD;
-            float* dkj = dk.data() + j * HD;
-            for (int64_t r = 0; r < rows; ++r) {
-              const float pt = p[static_cast<size_t>(r * T + j)];
-              const float ds = dp[static_cast<size_t>(r * T + j)];
-              const float* dor = dob.data() + r * HD;
-              const float* qr = qb + r * HD;
-              float* dqr = dq.data() + (i0 + r) * HD;
-  #pragma omp simd
-              for (int64_t d = 0; d < HD; ++d) {
-                dvj[d] += pt * dor[d];
-                dkj[d] += ds * qr[d];
-                dqr[d] += ds * kj[d];
-              }
-            }
-          }
+          accumulate_grads(dq.data() + i0 * HD, dk.data(), dv.data(), p.data(), dp.data(), T,
+                           qb, dob.data(), hs.k.data(), rows, n, HD);
         }
         for (int64_t t = 0; t < T; ++t) {
           T_* row = dqkv + (b * T + t) * W + h * HD;
@@ -282,34 +302,18 @@ void attention_tile_forward(float* out, float* lse, const T_* qkv, const T_* kv,
         const int64_t rows = std::min(kRows, nq - i0);
         const int64_t n = t.causal ? i0 + rows : nk;
         block_times_transposed(s.data(), nk, hs.q.data() + i0 * HD, rows, hs.kt.data(), n, nk, HD);
-        std::fill(acc.begin(), acc.end(), 0.f);
         float tile_lse[kRows];
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t ni = t.causal ? i0 + r + 1 : nk;
           float* sr = s.data() + r * nk;
-          float mx = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : mx)
-          for (int64_t j = 0; j < ni; ++j) mx = std::max(mx, sr[j]);
-          float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-          for (int64_t j = 0; j < ni; ++j) {
-            sr[j] = exp_approx(sr[j] - mx);
-            sum += sr[j];
-          }
+          float mx = 0.f;
+          const float sum = exp_row(sr, ni, mx);
           for (int64_t j = ni; j < n; ++j) sr[j] = 0.f;
           tile_lse[r] = mx + std::log(sum);
           const float inv = 1.f / sum;
           for (int64_t j = 0; j < ni; ++j) sr[j] *= inv;
         }
-        for (int64_t j = 0; j < n; ++j) {
-          const float* vj = hs.v.data() + j * HD;
-          for (int64_t r = 0; r < rows; ++r) {
-            const float p = s[static_cast<size_t>(r * nk + j)];
-            float* ar = acc.data() + r * HD;
-#pragma omp simd
-            for (int64_t d = 0; d < HD; ++d) ar[d] += p * vj[d];
-          }
-        }
+        probs_times_values(acc.data(), s.data(), nk, hs.v.data(), rows, n, HD);
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t i = t.q_begin + i0 + r;
           float& l = lse[bh * T + i];
@@ -379,24 +383,8 @@ void attention_tile_backward(float* dq_acc, float* dkv, const T_* dout, const T_
             }
             for (int64_t j = ni; j < n; ++j) pr[j] = 0.f, dpr[j] = 0.f;
           }
-          for (int64_t j = 0; j < n; ++j) {
-            const float* kj = hs.k.data() + j * HD;
-            float* dvj = dv.data() + j * HD;
-            float* dkj = dk.data() + j * HD;
-            for (int64_t r = 0; r < rows; ++r) {
-              const float pt = p[static_cast<size_t>(r * nk + j)];
-              const float ds = dp[static_cast<size_t>(r * nk + j)];
-              const float* dor = dob.data() + r * HD;
-              const float* qr = qb + r * HD;
-              float* dqr = dq.data() + (i0 + r) * HD;
-#pragma omp simd
-              for (int64_t d = 0; d < HD; ++d) {
-                dvj[d] += pt * dor[d];
-                dkj[d] += ds * qr[d];
-                dqr[d] += ds * kj[d];
-              }
-            }
-          }
+          accumulate_grads(dq.data() + i0 * HD, dk.data(), dv.data(), p.data(), dp.data(), nk,
+                           qb, dob.data(), hs.k.data(), rows, n, HD);
         }
         for (int64_t i = 0; i < nq; ++i) {
           float* row = dq_acc + (b * T + t.q_begin + i) * C + h * HD;
