@@ -63,7 +63,8 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& 
   KILN_CHECK(pp == config_.parallel.pp, "{}: parallel.pp = {} but the pipeline group has {} ranks",
              config_.source, config_.parallel.pp, pp);
   accum_ = config_.grad_accum_steps(dp);
-  ModelStorage storage = zero_model_storage(config_.parallel.zero_stage, dp,
+  // ZeRO shards over the whole reduction group (dp x cp), so parts align to its size.
+  ModelStorage storage = zero_model_storage(config_.parallel.zero_stage, comm_.size(),
                                             parse_dtype(config_.train.dtype),
                                             parse_dtype(config_.train.grad_dtype));
   if (cp > 1) {

@@ -2,7 +2,8 @@
 # Context parallelism (ring attention), end to end through `kiln train` under mpirun (the
 # ring against full attention: tests/parallel/ring_attention_test.cpp):
 #   1. 20 updates of a tiny GPT-2 (learned positions) and a tiny Llama (rotary, GQA) at
-#      cp2, cp4, dp2 x cp2 (ZeRO 1 and 3), cp2 x tp2 (sequence parallel), cp2 x pp2,
+#      cp2, cp4, dp2 x cp2 (ZeRO 1 and 3; parts that 4 does not divide), cp2 x tp2
+#      (sequence parallel), cp2 x pp2,
 #      cp2 with full activation checkpointing: every loss and validation loss within 1e-5
 #      relative of the single process; bf16 at cp2 against bf16 in one process;
 #   2. a checkpoint saved at cp2 resumes at cp1 (and at dp2 x cp2) with the
@@ -65,6 +66,11 @@ train dp2_cp2_z1 4 "${cp2[@]}" --set parallel.zero_stage=1
 check ref dp2_cp2_z1 "gpt2 dp=2 x cp=2 zero 1"
 train dp2_cp2_z3 4 "${cp2[@]}" --set parallel.zero_stage=3 --set train.activation_checkpointing=full
 check ref dp2_cp2_z3 "gpt2 dp=2 x cp=2 zero 3, full activation checkpointing"
+# ZeRO shards over dp x cp = 4: parts of a C = 30 model are even but not multiples of 4.
+odd=(--set model.n_embd=30 --set model.n_head=3)
+train odd_ref 1 "${odd[@]}"
+train odd_dp2_cp2_z1 4 "${odd[@]}" "${cp2[@]}" --set parallel.zero_stage=1
+check odd_ref odd_dp2_cp2_z1 "gpt2 C=30 dp=2 x cp=2 zero 1"
 train cp2_tp2 4 "${cp2[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true
 check ref cp2_tp2 "gpt2 cp=2 x tp=2 (sequence parallel)"
 train cp2_pp2 4 "${cp2[@]}" --set parallel.pp=2
