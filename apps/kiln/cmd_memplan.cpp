@@ -213,7 +213,7 @@ void register_memplan(CLI::App& app) {
   auto a = std::make_shared<Args>();
   cmd->add_option("config", a->config, "The TOML config")->required();
   cmd->add_option("--set", a->sets, "Override a key: --set section.key=value (repeatable)");
-  cmd->add_option("--world-size", a->world_size, "Ranks (dp x tp x pp)")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--world-size", a->world_size, "Ranks (dp x cp x tp x pp)")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--device-memory", a->device_gib,
                   "GiB per rank: list the layouts that fit, fastest first")
       ->check(CLI::Range(1e-3, 1e9));

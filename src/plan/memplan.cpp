@@ -300,7 +300,7 @@ std::vector<Layout> search_layouts(const TrainConfig& config, const MemPlanOptio
     for (const bool sp : {false, true}) {
       if (sp && tp == 1) continue;
       for (int mb = base.train.micro_batch; mb >= 1; mb /= 2) {
-        if (base.train.global_batch % (mb * dp) != 0) break;
+        if (base.train.global_batch % (mb * dp) != 0) continue;  // a smaller one may divide
         if (sp && (int64_t{mb} * base.train.seq_len / cp) % tp != 0) break;
         for (int stage = 0; stage <= (pp > 1 ? 2 : 3); ++stage) {
           for (const char* ck : {"none", "selective", "full"}) {
