@@ -144,6 +144,7 @@ TileDims attention_tile(const Tensor& out_acc, const Tensor& lse, const Tensor& 
   KILN_CHECK(kv.ndim() == 3 && kv.size(0) == d.B && kv.size(2) == 2 * d.NKV * d.HD,
              "attention_tile: kv {} must be [{}, Tk, 2 NKV HD = {}]", kv.str(), d.B,
              2 * d.NKV * d.HD);
+  KILN_CHECK(kv.dtype() == qkv_.dtype(), "attention_tile: kv {} must have qkv's dtype", kv.str());
   const int64_t Tk = kv.size(1);
   KILN_CHECK(t.q_begin >= 0 && t.q_len >= 0 && t.q_begin + t.q_len <= d.T && t.k_begin >= 0 &&
                  t.k_len >= 0 && t.k_begin + t.k_len <= Tk && (!t.causal || t.q_len == t.k_len),
@@ -159,7 +160,6 @@ TileDims attention_tile_backward(const Tensor& dq, const Tensor& dkv, const Tens
   const TileDims d = attention_tile(dq, lse, qkv_, kv, a, t);
   check_shape(dkv, kv.shape(), "attention_tile_backward dkv");
   check_dtype(dkv, DType::F32, "attention_tile_backward dkv");
-  KILN_CHECK(kv.dtype() == qkv_.dtype(), "attention_tile: kv {} must have qkv's dtype", kv.str());
   for (const Tensor* x : {&dout, &out}) {
     check_shape(*x, dq.shape(), "attention_tile_backward dout/out");
     KILN_CHECK(x->dtype() == qkv_.dtype(), "attention_tile_backward: {} must have qkv's dtype",

@@ -19,12 +19,11 @@ std::vector<int32_t> cp_positions(int64_t T, int cp, int rank) {
   return pos;
 }
 
-std::vector<AttentionTile> ring_tiles(int rank, int source, int cp, int64_t T_local, bool causal) {
+std::vector<AttentionTile> ring_tiles(int rank, int source, int64_t T_local, bool causal) {
   const int64_t Tc = T_local / 2;
   if (!causal) return {{0, T_local, 0, T_local, false}};
   if (source == rank) return {{0, T_local, 0, T_local, true}};
   if (source < rank) return {{0, T_local, 0, Tc, false}};
-  (void)cp;
   return {{Tc, T_local - Tc, 0, T_local, false}};
 }
 
@@ -59,7 +58,7 @@ void ring_attention_forward(Backend& be, Stream s, CpGroup& group, const Tensor&
     // The next hop's keys travel while this hop's tile is computed.
     std::unique_ptr<CpGroup::Transfer> t = i + 1 < cp ? group.shift(s, cur, next, kKeys) : nullptr;
     const int source = ((r - i) % cp + cp) % cp;
-    for (const AttentionTile& tile : ring_tiles(r, source, cp, T, shape.causal))
+    for (const AttentionTile& tile : ring_tiles(r, source, T, shape.causal))
       be.attention_tile_forward(s, acc, lse, qkv, cur, shape, tile);
     if (t) {
       t->wait();
@@ -90,7 +89,7 @@ void ring_attention_backward(Backend& be, Stream s, CpGroup& group, const Tensor
     const int source = ((r - i) % cp + cp) % cp;
     const Tensor& dkv = part[i % 2];
     be.fill(s, dkv, 0.f);
-    for (const AttentionTile& tile : ring_tiles(r, source, cp, T, shape.causal))
+    for (const AttentionTile& tile : ring_tiles(r, source, T, shape.causal))
       be.attention_tile_backward(s, dq, dkv, dout, qkv, cur, out, lse, shape, tile);
     if (grads) {  // the sums of the ranks before this one over `source`'s keys
       grads->wait();

@@ -60,7 +60,7 @@ std::vector<int32_t> cp_positions(int64_t T, int cp, int rank);
 
 /// The tiles of the queries of rank `rank` over the keys of rank `source`, T_local rows
 /// each (the table above); empty when the causal mask hides them all.
-std::vector<AttentionTile> ring_tiles(int rank, int source, int cp, int64_t T_local, bool causal);
+std::vector<AttentionTile> ring_tiles(int rank, int source, int64_t T_local, bool causal);
 
 /// Attention of this rank's queries over the keys of the whole group: out [B,T,NH*HD] in
 /// qkv's dtype and lse fp32 [B,NH,T] as Backend::attention_forward would give for the

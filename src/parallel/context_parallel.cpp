@@ -46,11 +46,11 @@ std::string ContextParallelPlan::what() const {
   return fmt::format("context parallelism (parallel.cp = {})", group_.size());
 }
 
-void cp_split_rows(int32_t* local, const int32_t* full, int64_t B, int64_t T, int cp, int rank) {
-  const std::vector<int32_t> pos = nn::cp_positions(T, cp, rank);
-  const auto Tl = static_cast<int64_t>(pos.size());
+void cp_split_rows(int32_t* local, const int32_t* full, int64_t B, int64_t T,
+                   std::span<const int32_t> positions) {
+  const auto P = static_cast<int64_t>(positions.size());
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < Tl; ++t) local[b * Tl + t] = full[b * T + pos[static_cast<size_t>(t)]];
+    for (int64_t t = 0; t < P; ++t) local[b * P + t] = full[b * T + positions[static_cast<size_t>(t)]];
 }
 
 }  // namespace kiln

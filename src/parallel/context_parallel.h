@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 
 namespace kiln {
 
@@ -24,8 +25,6 @@ class CommCpGroup final : public nn::CpGroup {
   int rank() const override { return comm_.rank(); }
   std::unique_ptr<Transfer> shift(Stream s, const Tensor& send, const Tensor& recv,
                                   int tag) override;
-  Communicator& comm() const { return comm_; }
-
  private:
   Communicator& comm_;
 };
@@ -43,9 +42,9 @@ class ContextParallelPlan final : public LayerPlan {
   nn::CpGroup& group_;
 };
 
-/// local [B, T/cp] <- the columns of full [B, T] (row-major, 4-byte elements: tokens or
-/// targets) that cp rank `rank` holds: nn::cp_positions(T, cp, rank). Throws kiln::Error
-/// unless 2 cp divides T.
-void cp_split_rows(int32_t* local, const int32_t* full, int64_t B, int64_t T, int cp, int rank);
+/// local [B, P] <- the columns `positions` (P of them, a cp rank's: nn::cp_positions) of
+/// full [B, T] (row-major, 4-byte elements: tokens or targets).
+void cp_split_rows(int32_t* local, const int32_t* full, int64_t B, int64_t T,
+                   std::span<const int32_t> positions);
 
 }  // namespace kiln

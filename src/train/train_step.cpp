@@ -125,9 +125,10 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& 
                            Shape{local_shape_.inputs.numel() + local_shape_.targets.numel()},
                            DType::I32, MemCategory::Activations);
   if (cp > 1) {  // every micro-batch's rows hold the same positions
-    const std::vector<int32_t> pos = nn::cp_positions(T, cp, cp_group_->rank());
+    cp_positions_ = nn::cp_positions(T, cp, cp_group_->rank());
     std::vector<int32_t> rows;
-    for (int b = 0; b < config_.train.micro_batch; ++b) rows.insert(rows.end(), pos.begin(), pos.end());
+    for (int b = 0; b < config_.train.micro_batch; ++b)
+      rows.insert(rows.end(), cp_positions_.begin(), cp_positions_.end());
     positions_ = backend_.empty(local_shape_.targets, DType::I32, MemCategory::Activations);
     backend_.copy_from_host(backend_.default_stream(), positions_, rows.data());
     backend_.synchronize(backend_.default_stream());
@@ -216,7 +217,7 @@ int64_t TrainStep::count_targets(const int32_t* targets) const {
     return count;
   }
   const int64_t T = config_.train.seq_len;
-  for (const int32_t t : nn::cp_positions(T, cp(), cp_group_->rank()))
+  for (const int32_t t : cp_positions_)
     for (int64_t b = 0; b < n / T; ++b) count += targets[b * T + t] != -1 ? 1 : 0;
   return count;
 }
@@ -229,8 +230,8 @@ void TrainStep::upload_micro_batch(const void* inputs, const int32_t* targets, i
   auto* host = staging_.data<int32_t>();
   if (cp() > 1) {  // this rank's chunks of each sequence (tokens are int32)
     const int64_t B = config_.train.micro_batch, T = config_.train.seq_len;
-    cp_split_rows(host, static_cast<const int32_t*>(inputs), B, T, cp(), cp_group_->rank());
-    cp_split_rows(host + in.numel(), targets, B, T, cp(), cp_group_->rank());
+    cp_split_rows(host, static_cast<const int32_t*>(inputs), B, T, cp_positions_);
+    cp_split_rows(host + in.numel(), targets, B, T, cp_positions_);
   } else {
     std::memcpy(host, inputs, in.nbytes());
     std::memcpy(host + in.numel(), targets, tg.nbytes());

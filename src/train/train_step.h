@@ -180,7 +180,8 @@ class TrainStep {
   /// This rank's targets of a host micro-batch (batch_shape().targets) not ignored.
   int64_t count_targets(const int32_t* targets) const;
   std::vector<Tensor> inputs_, targets_;  // micro-batches on the device (local_shape_)
-  Tensor positions_;        // int32 [B, T/cp] under cp: this rank's global positions
+  std::vector<int32_t> cp_positions_;  // under cp: this rank's global positions, [T/cp]
+  Tensor positions_;        // int32 [B, T/cp] under cp: cp_positions_ for every row
   Tensor staging_;           // inputs then targets, 4-byte elements, backend's staging memory
 };
 

@@ -6,6 +6,7 @@
 // grouped-query, several chunk sizes.
 #include "backend/registry.h"
 #include "mpi_test_main.h"
+#include "world_test_util.h"
 #include "parallel/context_parallel.h"
 
 #include <gtest/gtest.h>
@@ -18,20 +19,9 @@
 namespace kiln {
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(gen);
-  return v;
-}
+using testing::randn;
 
-// One CPU backend for the process, never destroyed: the MPI communication thread may
-// release the last copy of a buffer (and so call its allocator) after a test returns.
-Backend* cpu_backend() {
-  static Backend* be = make_backend("cpu").release();
-  return be;
-}
+using testing::cpu_backend;
 
 // rows [b, t, w] of `full` [B, T, W] at the positions `pos` (in local order).
 std::vector<float> rows_at(const std::vector<float>& full, int64_t B, int64_t T, int64_t W,

@@ -5,6 +5,7 @@
 // The conjugate pairs are checked against values computed from every rank's inputs.
 #include "backend/registry.h"
 #include "mpi_test_main.h"
+#include "world_test_util.h"
 #include "nn/block.h"
 #include "nn/classifier.h"
 #include "nn/embedding.h"
@@ -24,13 +25,7 @@ using nn::TpComm;
 using nn::TpSlice;
 using nn::TpStyle;
 
-std::vector<float> randn(size_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(gen);
-  return v;
-}
+using testing::randn;
 
 std::vector<float> pick(const std::vector<float>& global, const std::vector<int64_t>& idx) {
   std::vector<float> out;
@@ -49,12 +44,7 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
   }
 }
 
-// One CPU backend for the process, never destroyed: the MPI communication thread may
-// release the last copy of a buffer (and so call its allocator) after a test returns.
-Backend* cpu_backend() {
-  static Backend* be = make_backend("cpu").release();
-  return be;
-}
+using testing::cpu_backend;
 
 struct Fixture {
   Backend* be = cpu_backend();
