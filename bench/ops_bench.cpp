@@ -282,7 +282,7 @@ void register_all(Backend& be, DType dt, const Dims& d) {
 
   // ---- the fused classifier + cross-entropy of nn/classifier.h over all N rows -----
   // (not a Backend op: the sum of the lm_head and softmax_cross_entropy ops above over
-  // ceil(N/R) chunks, with its host-side loss sum). FLOPs: 6*N*C*Vp.
+  // ceil(N/R) chunks, with its loss sums on the device). FLOPs: 6*N*C*Vp.
   add(Op::SoftmaxCrossEntropy, "classifier_cross_entropy_fwd_bwd",
       dim("N", N) + "/" + dim("C", C) + "/" + dim("Vp", Vp), [&be = be, dt, d](State& st) {
         Tensor x = randn(be, {d.N, d.C}, dt, 1.f, 13);
@@ -292,10 +292,11 @@ void register_all(Backend& be, DType dt, const Dims& d) {
         Tensor dwte = full(be, {d.Vp, d.C}, dt, 0.f, MemCategory::Gradients);
         Tensor logits = be.empty({d.R, d.Vp}, dt, MemCategory::Activations);
         Tensor losses = be.empty({d.R}, DType::F32, MemCategory::Activations);
+        Tensor loss = full(be, {2}, DType::F64, 0.f, MemCategory::Activations);
         run(st, be, [&] {
           nn::classifier_cross_entropy(be, be.default_stream(), x, wte, targets,
                                        static_cast<int>(d.V), 1.f / static_cast<float>(d.N), dx,
-                                       dwte, logits, losses);
+                                       dwte, logits, losses, loss);
         });
         set_flops(st, 6.0 * d.N * d.C * d.Vp);
       });
@@ -312,7 +313,7 @@ void register_all(Backend& be, DType dt, const Dims& d) {
     hp.lr = 6e-4f;
     hp.weight_decay = 0.1f;
     run(st, be, [&] {
-      be.adamw_step(be.default_stream(), p, g, m, v, hp);
+      be.adamw_step(be.default_stream(), p, g, m, v, Tensor(), hp);
       ++hp.step;
     });
     set_bytes(st, (3.0 * s + 16.0) * static_cast<double>(d.adamw_n));

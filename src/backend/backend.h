@@ -194,8 +194,10 @@ class Backend {
                                      uint64_t seed, uint64_t stream) = 0;
   /// Every element of t set to `value` (converted to t's dtype).
   virtual void fill(Stream s, const Tensor& t, float value) = 0;
-  /// Sum of squares of all elements of t, in double, returned to the host (synchronises).
-  virtual double sum_squares(Stream s, const Tensor& t) = 0;
+  /// acc fp64 [1] += the sum of squares of all elements of x (any float dtype), summed in
+  /// double in an order fixed by x's size (bitwise reproducible); stays on the device, so
+  /// a step's gradient norm needs no host read (read_sum_squares() reads one).
+  virtual void sum_squares(Stream s, const Tensor& acc, const Tensor& x) = 0;
 
   // ---- ops --------------------------------------------------------------------------
   /// out[B,T,C] = wte[tokens[b,t], :] + wpe[pos[b,t], :].  tokens int32 [B,T] in
@@ -439,9 +441,38 @@ class Backend {
   virtual void mse_loss(Stream s, const Tensor& losses, const Tensor& dpred, const Tensor& pred,
                         const Tensor& target, float grad_scale) = 0;
 
+  /// A language model's loss sums on the device (no host read per micro-batch): losses
+  /// fp32 [N], targets int32 [N], acc fp64 [2]:
+  ///   acc[0] += sum of losses[i] over the i with targets[i] != -1 (nats; in double, in
+  ///             an order fixed by N: bitwise reproducible),
+  ///   acc[1] += the number of those i.
+  virtual void accumulate_loss(Stream s, const Tensor& acc, const Tensor& losses,
+                               const Tensor& targets) = 0;
+  /// Vocab-parallel cross-entropy, between parts 1 and 2: the tp ranks' statistics of N
+  /// rows, stats fp32 [tp*N, 3] (rank q's rows q*N .. q*N + N-1, as all_gather_rows leaves
+  /// them), combined in double in rank order:
+  ///   M = max_q m_q,  S = max(1, sum_{q: s_q > 0} s_q exp(m_q - M)),  lse[n] = M + log S
+  /// (fp32 [N], rounded once), and, over the rows whose target is not -1,
+  ///   acc[0] += M + log S - sum_q x_q,  acc[1] += 1    (acc fp64 [2], targets int32 [N]).
+  virtual void cross_entropy_shard_combine(Stream s, const Tensor& lse, const Tensor& acc,
+                                           const Tensor& stats, const Tensor& targets) = 0;
+  /// The optimizer's gradient multiplier for global-norm clipping with loss scaling,
+  /// computed on the device (the update reads it there): sumsq fp64 [1] the gradients'
+  /// global sum of squares (loss-scaled), check fp64 [1] any value that must be finite
+  /// (the loss sum) or empty, coef fp32 [1]:
+  ///   norm = sqrt(sumsq) / loss_scale,
+  ///   coef = min(1, max_norm / (norm + 1e-6)) / loss_scale   (1 / loss_scale when
+  ///          max_norm <= 0; torch.nn.utils.clip_grad_norm_, clip_scale() on the host),
+  /// in double, rounded to fp32 before the division by loss_scale, as clip_scale() then
+  /// the division in float; NaN when sumsq or check is not finite (adamw_step then skips).
+  virtual void clip_coefficient(Stream s, const Tensor& coef, const Tensor& sumsq,
+                                const Tensor& check, double max_norm, float loss_scale) = 0;
   /// One AdamW step on a parameter tensor (any shape); m and v fp32 of the same shape.
+  /// The gradient is multiplied by hp.grad_scale and, when `scale` (fp32 [1], on the
+  /// device) is given, by scale[0]; a scale[0] that is not finite skips the update
+  /// (param, m and v unchanged).
   virtual void adamw_step(Stream s, const Tensor& param, const Tensor& grad, const Tensor& m,
-                          const Tensor& v, const AdamWParams& hp) = 0;
+                          const Tensor& v, const Tensor& scale, const AdamWParams& hp) = 0;
 
   /// An exponential moving average of the weights (Polyak & Juditsky 1992; as DiT's
   /// update_ema, Peebles & Xie 2023): ema fp32 [n], param [n] in any float dtype (the
@@ -458,6 +489,9 @@ void upload_f32(Backend& be, const Tensor& dst, const float* src);
 /// fp32 host values <- src (any float dtype).
 void download_f32(Backend& be, float* dst, const Tensor& src);
 std::vector<float> download_f32(Backend& be, const Tensor& src);
+/// The sum of squares of x's elements in double, read back to the host (synchronises):
+/// Backend::sum_squares into a fresh accumulator.
+double read_sum_squares(Backend& be, const Tensor& x);
 /// FNV-1a 64 of a tensor's bytes (copied to the host), continuing from h: to compare
 /// replicas bitwise across ranks.
 uint64_t hash_bytes(Backend& be, const Tensor& t, uint64_t h = 1469598103934665603ull);

@@ -86,6 +86,16 @@ void download_f32(Backend& be, float* dst, const Tensor& src) {
   convert(bytes.data(), src.dtype(), dst, DType::F32, static_cast<size_t>(src.numel()));
 }
 
+double read_sum_squares(Backend& be, const Tensor& x) {
+  const Stream s = be.default_stream();
+  const Tensor acc = be.empty({1}, DType::F64, MemCategory::Temporaries);
+  be.fill(s, acc, 0.f);
+  be.sum_squares(s, acc, x);
+  double host = 0.0;
+  be.copy_to_host(s, &host, acc);
+  return host;
+}
+
 uint64_t hash_bytes(Backend& be, const Tensor& t, uint64_t h) {
   std::vector<uint8_t> bytes(static_cast<size_t>(t.nbytes()));
   be.copy_to_host(be.default_stream(), bytes.data(), t);

@@ -367,4 +367,55 @@ void ema_update(const Tensor& ema, const Tensor& param, float decay) {
   KILN_CHECK(decay >= 0.f && decay <= 1.f, "ema_update: decay {} must be in [0, 1]", decay);
 }
 
+int64_t accumulate_loss(const Tensor& acc, const Tensor& losses, const Tensor& targets) {
+  check_dtype(acc, DType::F64, "accumulate_loss acc");
+  check_dtype(losses, DType::F32, "accumulate_loss losses");
+  check_dtype(targets, DType::I32, "accumulate_loss targets");
+  KILN_CHECK(acc.numel() == 2, "accumulate_loss: acc {} must be [2] (sum, count)", acc.str());
+  KILN_CHECK(losses.numel() == targets.numel(), "accumulate_loss: losses {} and targets {} "
+             "differ in size", losses.str(), targets.str());
+  return losses.numel();
+}
+
+CrossEntropyDims cross_entropy_shard_combine(const Tensor& lse, const Tensor& acc,
+                                             const Tensor& stats, const Tensor& targets) {
+  check_dtype(lse, DType::F32, "cross_entropy_shard_combine lse");
+  check_dtype(acc, DType::F64, "cross_entropy_shard_combine acc");
+  check_dtype(stats, DType::F32, "cross_entropy_shard_combine stats");
+  check_dtype(targets, DType::I32, "cross_entropy_shard_combine targets");
+  const int64_t N = targets.numel();
+  KILN_CHECK(acc.numel() == 2, "cross_entropy_shard_combine: acc {} must be [2]", acc.str());
+  KILN_CHECK(lse.numel() == N, "cross_entropy_shard_combine: lse {} must have the {} elements "
+             "of targets", lse.str(), N);
+  KILN_CHECK(N > 0 && stats.numel() % (3 * N) == 0 && stats.numel() >= 3 * N,
+             "cross_entropy_shard_combine: stats {} must be [tp*{}, 3]", stats.str(), N);
+  return {N, stats.numel() / (3 * N)};
+}
+
+void sum_squares(const Tensor& acc, const Tensor& x) {
+  check_dtype(acc, DType::F64, "sum_squares acc");
+  KILN_CHECK(acc.numel() == 1, "sum_squares: acc {} must be [1]", acc.str());
+  KILN_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::BF16 || x.dtype() == DType::F16,
+             "sum_squares: x {} must be fp32, bf16 or fp16", x.str());
+}
+
+void clip_coefficient(const Tensor& coef, const Tensor& sumsq, const Tensor& check,
+                      float loss_scale) {
+  check_dtype(coef, DType::F32, "clip_coefficient coef");
+  check_dtype(sumsq, DType::F64, "clip_coefficient sumsq");
+  KILN_CHECK(coef.numel() == 1 && sumsq.numel() == 1, "clip_coefficient: coef {} and sumsq {} "
+             "must be [1]", coef.str(), sumsq.str());
+  if (check) {
+    check_dtype(check, DType::F64, "clip_coefficient check");
+    KILN_CHECK(check.numel() == 1, "clip_coefficient: check {} must be [1]", check.str());
+  }
+  KILN_CHECK(loss_scale > 0.f, "clip_coefficient: loss_scale {} must be > 0", loss_scale);
+}
+
+void adamw_scale(const Tensor& scale) {
+  if (!scale) return;
+  check_dtype(scale, DType::F32, "adamw scale");
+  KILN_CHECK(scale.numel() == 1, "adamw: scale {} must be [1]", scale.str());
+}
+
 }  // namespace kiln::checks

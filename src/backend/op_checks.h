@@ -121,6 +121,19 @@ void grad_of(const Tensor& grad, const Tensor& param, const char* op);
 /// Same number of elements and dtype.
 void same_size(const Tensor& a, const Tensor& b, const char* op);
 
+/// accumulate_loss: acc fp64 [2], losses fp32 [N], targets int32 [N]. Returns N.
+int64_t accumulate_loss(const Tensor& acc, const Tensor& losses, const Tensor& targets);
+/// cross_entropy_shard_combine: stats fp32 [tp*N, 3], lse fp32 [N], targets int32 [N],
+/// acc fp64 [2]. Returns {N, tp} as {N, Vp}.
+CrossEntropyDims cross_entropy_shard_combine(const Tensor& lse, const Tensor& acc,
+                                             const Tensor& stats, const Tensor& targets);
+/// sum_squares: acc fp64 [1], x any float dtype.
+void sum_squares(const Tensor& acc, const Tensor& x);
+/// clip_coefficient: coef fp32 [1], sumsq fp64 [1], check fp64 [1] or empty, loss_scale > 0.
+void clip_coefficient(const Tensor& coef, const Tensor& sumsq, const Tensor& check,
+                      float loss_scale);
+/// adamw_step's scale: empty, or fp32 [1].
+void adamw_scale(const Tensor& scale);
 /// ema_update: ema fp32, param a float dtype with ema's element count, 0 <= decay <= 1.
 void ema_update(const Tensor& ema, const Tensor& param, float decay);
 

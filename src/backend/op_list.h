@@ -9,8 +9,7 @@
 // Stream and (arguments) their names. The signatures are those declared (and
 // documented) in backend/backend.h; a wrapper generated from this list overrides each
 // method, so a mismatch with backend.h, or an op missing here, fails to compile.
-// sum_squares (which returns a value) and the memory ops (copy*, fill) are not in the
-// list: each wrapper writes those by hand.
+// The memory ops (copy*, fill) are not in the list: each wrapper writes those by hand.
 #pragma once
 
 #define KILN_PARAMS(...) __VA_ARGS__
@@ -130,10 +129,20 @@
     (const Tensor& losses, const Tensor& dpred, const Tensor& pred, const Tensor& target,     \
      float grad_scale),                                                                       \
     (losses, dpred, pred, target, grad_scale))                                                \
+  X(AccumulateLoss, accumulate_loss, "loss",                                                  \
+    (const Tensor& acc, const Tensor& losses, const Tensor& targets), (acc, losses, targets)) \
+  X(CrossEntropyShardCombine, cross_entropy_shard_combine, "loss",                            \
+    (const Tensor& lse, const Tensor& acc, const Tensor& stats, const Tensor& targets),       \
+    (lse, acc, stats, targets))                                                               \
+  X(SumSquares, sum_squares, "optimizer", (const Tensor& acc, const Tensor& x), (acc, x))      \
+  X(ClipCoefficient, clip_coefficient, "optimizer",                                           \
+    (const Tensor& coef, const Tensor& sumsq, const Tensor& check, double max_norm,           \
+     float loss_scale),                                                                       \
+    (coef, sumsq, check, max_norm, loss_scale))                                               \
   X(AdamW, adamw_step, "optimizer",                                                           \
     (const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,               \
-     const AdamWParams& hp),                                                                  \
-    (param, grad, m, v, hp))                                                                  \
+     const Tensor& scale, const AdamWParams& hp),                                             \
+    (param, grad, m, v, scale, hp))                                                           \
   X(Ema, ema_update, "optimizer",                                                             \
     (const Tensor& ema, const Tensor& param, float decay), (ema, param, decay))
 // clang-format on

@@ -82,6 +82,7 @@ StDType to_st_dtype(DType t) {
     case DType::BF16: return StDType::BF16;
     case DType::F16: return StDType::F16;
     case DType::I32: return StDType::I32;
+    case DType::F64: break;  // device statistics only: never stored
   }
   KILN_FAIL("safetensors: no file dtype for kiln dtype {}", static_cast<int>(t));
 }

@@ -130,7 +130,8 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key, std::strin
 void Communicator::check_buffer(const Tensor& t, const char* what) const {
   KILN_CHECK(t.raw() != nullptr || t.numel() == 0, "{} on {}: buffer is empty", what, where());
   DType d = t.dtype();
-  KILN_CHECK(d == DType::F32 || d == DType::BF16 || d == DType::F16 || d == DType::I32,
+  KILN_CHECK(d == DType::F32 || d == DType::BF16 || d == DType::F16 || d == DType::I32 ||
+                 d == DType::F64,
              "{} on {}: unsupported dtype {}", what, where(), dtype_name(d));
 }
 

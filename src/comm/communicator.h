@@ -115,7 +115,9 @@ class Communicator {
   const std::string& name() const { return name_; }
 
   // ---- asynchronous forms ------------------------------------------------------------
-  /// In place: t <- op over ranks of t.
+  /// In place: t <- op over ranks of t; the same bits on every rank (an fp64 sum, e.g. a
+  /// step's loss and gradient norm, is added in rank order on MPI; NCCL's reductions
+  /// give every rank the same result).
   virtual std::shared_ptr<Work> all_reduce_async(const Tensor& t, ReduceOp op = ReduceOp::Sum,
                                                  Stream s = {}) = 0;
   /// input [size() * n] -> output [n] = sum over ranks of input[rank() * n, (rank()+1) * n).

@@ -51,6 +51,7 @@ MPI_Datatype wire_type(DType d) {
     case DType::BF16:
     case DType::F16: return MPI_UINT16_T;
     case DType::I32: return MPI_INT32_T;
+    case DType::F64: return MPI_DOUBLE;
   }
   return MPI_BYTE;
 }
@@ -251,6 +252,24 @@ class MpiCommunicator final : public Communicator {
       };
       o->finish = [t, f, n](const MPI_Status&) {
         convert(f.raw(), DType::F32, t.raw(), t.dtype(), static_cast<size_t>(n));
+      };
+    } else if (t.dtype() == DType::F64 && op == ReduceOp::Sum) {
+      // A step's statistics (loss and gradient sums): gathered and added in rank order,
+      // so that every rank gets the same bits (MPI_SUM's order is the library's).
+      Tensor all = scratch(DType::F64, int64_t{n} * size_);
+      const int ranks = size_;
+      o->start = [t, all, n, comm, desc](MPI_Request* r) {
+        mpi_check(MPI_Iallgather(t.raw(), n, MPI_DOUBLE, all.raw(), n, MPI_DOUBLE, comm, r),
+                  "MPI_Iallgather", desc);
+      };
+      o->finish = [t, all, n, ranks](const MPI_Status&) {
+        const auto* v = all.data<double>();
+        auto* out = t.data<double>();
+        for (int i = 0; i < n; ++i) {
+          double sum = 0.0;
+          for (int q = 0; q < ranks; ++q) sum += v[static_cast<size_t>(q) * n + i];
+          out[i] = sum;
+        }
       };
     } else {
       o->start = [t, n, mop, comm, desc](MPI_Request* r) {

@@ -29,6 +29,7 @@ void* Allocator::allocate(size_t bytes, MemCategory category) {
   if (stats_.current[c] > stats_.peak[c]) stats_.peak[c] = stats_.current[c];
   stats_.total_current += static_cast<int64_t>(bytes);
   if (stats_.total_current > stats_.total_peak) stats_.total_peak = stats_.total_current;
+  ++stats_.allocations;
   return p;
 }
 

@@ -29,12 +29,14 @@ inline constexpr int kNumMemCategories = 6;
 /// "parameters", "gradients", "optimizer_state", "activations", "comm_buffers", "temporaries".
 std::string_view mem_category_name(MemCategory c);
 
-/// Bytes in use and peak bytes, per category and in total. All values in bytes.
+/// Bytes in use and peak bytes, per category and in total (bytes), and how many
+/// allocations were made (a training step should make none after its first update).
 struct MemoryStats {
   std::array<int64_t, kNumMemCategories> current{};
   std::array<int64_t, kNumMemCategories> peak{};
   int64_t total_current = 0;
   int64_t total_peak = 0;  // peak of the sum, not the sum of per-category peaks
+  int64_t allocations = 0;  // allocate() calls of non-zero size, ever
 
   int64_t current_of(MemCategory c) const { return current[static_cast<int>(c)]; }
   int64_t peak_of(MemCategory c) const { return peak[static_cast<int>(c)]; }

@@ -10,6 +10,7 @@ std::string_view dtype_name(DType t) {
     case DType::BF16: return "bf16";
     case DType::F16: return "fp16";
     case DType::I32: return "int32";
+    case DType::F64: return "fp64";
   }
   return "?";
 }
@@ -19,7 +20,8 @@ DType parse_dtype(std::string_view name) {
   if (name == "bf16" || name == "bfloat16") return DType::BF16;
   if (name == "fp16" || name == "float16") return DType::F16;
   if (name == "int32") return DType::I32;
-  KILN_FAIL("unknown dtype '{}' (expected fp32, bf16, fp16 or int32)", name);
+  if (name == "fp64" || name == "float64") return DType::F64;
+  KILN_FAIL("unknown dtype '{}' (expected fp32, bf16, fp16, int32 or fp64)", name);
 }
 
 uint16_t f32_to_f16(float f) {
@@ -66,6 +68,7 @@ float load(const void* p, DType t, size_t i) {
     case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
     case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
     case DType::I32: return static_cast<float>(static_cast<const int32_t*>(p)[i]);
+    case DType::F64: return static_cast<float>(static_cast<const double*>(p)[i]);
   }
   return 0.f;
 }
@@ -75,6 +78,7 @@ void store(void* p, DType t, size_t i, float v) {
     case DType::BF16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(v); break;
     case DType::F16: static_cast<uint16_t*>(p)[i] = f32_to_f16(v); break;
     case DType::I32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
+    case DType::F64: static_cast<double*>(p)[i] = v; break;
   }
 }
 }  // namespace

@@ -14,7 +14,9 @@
 
 namespace kiln {
 
-enum class DType : uint8_t { F32, BF16, F16, I32 };
+/// F64 holds the step's device-side statistics (loss and gradient-norm sums, kept in
+/// double as their host sums were); no layer computes in it.
+enum class DType : uint8_t { F32, BF16, F16, I32, F64 };
 
 /// Bytes per element.
 constexpr size_t dtype_size(DType t) {
@@ -23,11 +25,12 @@ constexpr size_t dtype_size(DType t) {
     case DType::BF16: return 2;
     case DType::F16: return 2;
     case DType::I32: return 4;
+    case DType::F64: return 8;
   }
   return 0;
 }
 
-/// "fp32", "bf16", "fp16", "int32".
+/// "fp32", "bf16", "fp16", "int32", "fp64".
 std::string_view dtype_name(DType t);
 /// Parses "fp32"/"float32", "bf16"/"bfloat16", "fp16"/"float16", "int32". Throws kiln::Error.
 DType parse_dtype(std::string_view name);

@@ -106,6 +106,8 @@ T* Tensor::data() const {
     KILN_CHECK(dtype_ == DType::F32, "tensor {} accessed as fp32", str());
   } else if constexpr (std::is_same_v<T, int32_t>) {
     KILN_CHECK(dtype_ == DType::I32, "tensor {} accessed as int32", str());
+  } else if constexpr (std::is_same_v<T, double>) {
+    KILN_CHECK(dtype_ == DType::F64, "tensor {} accessed as fp64", str());
   } else if constexpr (std::is_same_v<T, uint16_t>) {
     KILN_CHECK(dtype_ == DType::BF16 || dtype_ == DType::F16, "tensor {} accessed as 16-bit", str());
   }

@@ -172,14 +172,13 @@ LossSum DecoderModel::forward_stage(const StagePass& p, float grad_scale) {
   hooks().before_forward(head);
   layers_.norm->forward(be, s, a.head_saved, a.stream.back());
   const Tensor& x = a.head_saved[nn::Norm::kOut];
-  const auto r = nn::head_cross_entropy(be, s, *layers_.head_placement, x,
-                                        layers_.head_weight->v(), p.batch.targets,
-                                        layers_.vocab_size, grad_scale,
-                                        with_grad ? a.dhead : Tensor(),
-                                        with_grad ? layers_.head_weight->g() : Tensor(),
-                                        shared_->head_scratch);
+  nn::head_cross_entropy(be, s, *layers_.head_placement, x, layers_.head_weight->v(),
+                         p.batch.targets, layers_.vocab_size, grad_scale,
+                         with_grad ? a.dhead : Tensor(),
+                         with_grad ? layers_.head_weight->g() : Tensor(), shared_->head_scratch,
+                         loss_.target(be, p.batch));
   hooks().after_forward(head);
-  return {r.loss_sum, r.n_targets};
+  return loss_.result(be, p.batch);
 }
 
 void DecoderModel::backward_stage(const StagePass& p) {

@@ -89,6 +89,7 @@ class DecoderModel : public LayeredModel {
   DecoderLayers layers_;
   nn::ActivationCheckpointing mode_ = nn::ActivationCheckpointing::None;
   std::unique_ptr<Shared> shared_;
+  LossAccumulator loss_;
   std::map<std::pair<int, int>, std::unique_ptr<Slot>> slots_;  // by (first part, slot)
 };
 

@@ -26,6 +26,24 @@ void Model::init_weights(uint64_t seed) {
   }
 }
 
+Tensor LossAccumulator::target(Backend& be, const Batch& batch) {
+  if (batch.loss) {
+    KILN_CHECK(batch.loss.dtype() == DType::F64 && batch.loss.numel() == 2,
+               "batch loss accumulator must be fp64 [2], got {}", batch.loss.str());
+    return batch.loss;
+  }
+  if (!own_) own_ = be.empty(Shape{2}, DType::F64, MemCategory::Activations);
+  be.fill(be.default_stream(), own_, 0.f);
+  return own_;
+}
+
+LossSum LossAccumulator::result(Backend& be, const Batch& batch) const {
+  if (batch.loss) return {};
+  double v[2] = {0.0, 0.0};
+  be.copy_to_host(be.default_stream(), v, own_);  // completes before returning
+  return {v[0], static_cast<int64_t>(v[1])};
+}
+
 Shape Model::stage_activation_shape(int, int) const {
   KILN_FAIL("{} does not run as pipeline stages (parallel.pp > 1 needs gpt2 or llama)", arch());
 }

@@ -98,9 +98,13 @@ struct ModelHooks {
 /// int32 [B,T] (targets may hold ignore_index = -1), positions int32 [B,T] or empty for
 /// 0..T-1. Image classifiers: images fp32 [B,H,W,C] (pixels scaled to [-1, 1]) and
 /// targets int32 [B], the class labels. Model::batch_shape says which a model takes.
+/// `loss`, when given, is an fp64 [2] accumulator on the device: forward adds (+=) the
+/// loss sum (nats) and the target count there and reads nothing back to the host (a
+/// training step's losses stay on the device); without it, forward returns them.
 struct Batch {
   Tensor tokens, targets, positions;
-  Tensor images{};  // (a default, so that Batch{tokens, targets, positions} stays complete)
+  Tensor images{};  // (defaults, so that Batch{tokens, targets, positions} stays complete)
+  Tensor loss{};
 };
 
 /// The inputs and targets of one micro-batch as a model takes them (Batch): inputs int32
@@ -128,11 +132,24 @@ struct StagePass {
 
 /// The SUM of per-target losses (nats) over non-ignored targets, and their number; for a
 /// classifier's forward without gradient also how many targets were its top class
-/// (-1: not computed).
+/// (-1: not computed). Zero when the batch brought its accumulator (Batch::loss).
 struct LossSum {
   double sum = 0.0;
   int64_t targets = 0;
   int64_t correct = -1;
+};
+
+/// Where a model's forward adds its loss (Batch::loss): the batch's accumulator, or
+/// without one the model's own, zeroed by target() and read back by result().
+class LossAccumulator {
+ public:
+  /// The fp64 [2] accumulator for `batch`'s loss.
+  Tensor target(Backend& be, const Batch& batch);
+  /// The sums, read back (one host wait) from the own accumulator; {} with the batch's.
+  LossSum result(Backend& be, const Batch& batch) const;
+
+ private:
+  Tensor own_;
 };
 
 class Model {

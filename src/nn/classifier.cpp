@@ -1,21 +1,30 @@
 #include "nn/classifier.h"
 
+#include "core/error.h"
+
 #include <algorithm>
 #include <cmath>
-#include <vector>
+#include <cstdlib>
 
 namespace kiln::nn {
 
 int64_t classifier_chunk_rows(int64_t n_rows, int64_t padded_vocab) {
-  constexpr int64_t kChunkBytes = 16ll << 20;
-  const int64_t rows = std::max<int64_t>(1, kChunkBytes / (padded_vocab * 4));
+  double mb = 16.0;
+  if (const char* v = std::getenv("KILN_CLASSIFIER_CHUNK_MB")) {
+    char* end = nullptr;
+    mb = std::strtod(v, &end);
+    KILN_CHECK(end != v && *end == '\0' && mb > 0.0 && std::isfinite(mb),
+               "KILN_CLASSIFIER_CHUNK_MB = '{}': expected a positive number of MiB", v);
+  }
+  const auto chunk_bytes = static_cast<int64_t>(std::min(mb, 1e9) * 1048576.0);
+  const int64_t rows = std::max<int64_t>(1, chunk_bytes / (padded_vocab * 4));
   return std::max<int64_t>(1, std::min(rows, n_rows));
 }
 
-ClassifierLoss classifier_cross_entropy(Backend& be, Stream s, const Tensor& x, const Tensor& wte,
-                                        const Tensor& targets, int vocab_size, float grad_scale,
-                                        const Tensor& dx, const Tensor& dwte,
-                                        const Tensor& logits_chunk, const Tensor& losses_chunk) {
+void classifier_cross_entropy(Backend& be, Stream s, const Tensor& x, const Tensor& wte,
+                              const Tensor& targets, int vocab_size, float grad_scale,
+                              const Tensor& dx, const Tensor& dwte, const Tensor& logits_chunk,
+                              const Tensor& losses_chunk, const Tensor& loss) {
   const int64_t N = x.numel() / x.size(-1);
   const int64_t C = x.size(-1);
   const int64_t Vp = wte.size(0);
@@ -23,9 +32,6 @@ ClassifierLoss classifier_cross_entropy(Backend& be, Stream s, const Tensor& x, 
   const Tensor x2 = x.reshape(Shape{N, C});
   const Tensor t1 = targets.reshape(Shape{N});
   const Tensor dx2 = dx ? dx.reshape(Shape{N, C}) : Tensor();
-  ClassifierLoss result;
-  std::vector<float> losses(static_cast<size_t>(R));
-  std::vector<int32_t> tgt(static_cast<size_t>(R));
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t r1 = std::min(N, r0 + R);
     const int64_t rows = r1 - r0;
@@ -37,24 +43,16 @@ ClassifierLoss classifier_cross_entropy(Backend& be, Stream s, const Tensor& x, 
     be.softmax_cross_entropy(s, ls, dx ? logits : Tensor(), logits, ts, vocab_size, -1,
                              grad_scale);
     if (dx) be.linear_backward(s, dx2.slice_rows(r0, r1), dwte, Tensor(), logits, xs, wte);
-    be.copy_to_host(s, losses.data(), ls);
-    be.copy_to_host(s, tgt.data(), ts);
-    for (int64_t i = 0; i < rows; ++i) {
-      if (tgt[static_cast<size_t>(i)] == -1) continue;
-      result.loss_sum += losses[static_cast<size_t>(i)];
-      ++result.n_targets;
-    }
+    be.accumulate_loss(s, loss, ls, ts);
   }
-  return result;
 }
 
-ClassifierLoss vocab_parallel_cross_entropy(Backend& be, Stream s, const TpPlacement& placement,
-                                            const Tensor& x, const Tensor& wte,
-                                            const Tensor& targets, int vocab_size,
-                                            float grad_scale, const Tensor& dx,
-                                            const Tensor& dwte, const Tensor& logits_chunk,
-                                            const Tensor& losses_chunk,
-                                            const VocabParallelScratch& scratch) {
+void vocab_parallel_cross_entropy(Backend& be, Stream s, const TpPlacement& placement,
+                                  const Tensor& x, const Tensor& wte, const Tensor& targets,
+                                  int vocab_size, float grad_scale, const Tensor& dx,
+                                  const Tensor& dwte, const Tensor& logits_chunk,
+                                  const Tensor& losses_chunk, const VocabParallelScratch& scratch,
+                                  const Tensor& loss) {
   TpGroup& g = *placement.group;
   const int tp = g.size();
   const int64_t C = x.size(-1), Vl = wte.size(0), R = logits_chunk.size(0);
@@ -66,50 +64,27 @@ ClassifierLoss vocab_parallel_cross_entropy(Backend& be, Stream s, const TpPlace
   if (sp) tp_forward(TpComm::GatherFromSp, g, be, s, x2, x.reshape(Shape{N / tp, C}));
   const Tensor dx2 = !dx ? Tensor() : sp ? scratch.dx_full.reshape(Shape{N, C}) : dx.reshape(Shape{N, C});
   const Tensor t1 = targets.reshape(Shape{N});
-  ClassifierLoss result;
-  std::vector<float> all(static_cast<size_t>(tp * R * 3)), lse(static_cast<size_t>(R));
-  std::vector<int32_t> tgt(static_cast<size_t>(R));
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t rows = std::min(N, r0 + R) - r0;
     const Tensor xs = x2.slice_rows(r0, r0 + rows), ts = t1.slice_rows(r0, r0 + rows);
     const Tensor logits = logits_chunk.view_at(0, Shape{rows, Vl});
     const Tensor mine = scratch.stats.view_at(0, Shape{rows, 3});
     const Tensor every = scratch.stats.view_at(R * 3, Shape{tp * rows, 3});
+    const Tensor lse = losses_chunk.view_at(0, Shape{rows});
     be.linear_forward(s, logits, xs, wte, Tensor());
     be.cross_entropy_shard_stats(s, mine, logits, ts, begin, valid);
     g.all_gather_rows(s, every, mine);
-    be.copy_to_host(s, all.data(), every);
-    be.copy_to_host(s, tgt.data(), ts);
-    for (int64_t i = 0; i < rows; ++i) {
-      double M = -INFINITY, S = 0.0, X = 0.0;
-      for (int q = 0; q < tp; ++q) M = std::max(M, double(all[size_t((q * rows + i) * 3)]));
-      for (int q = 0; q < tp; ++q) {
-        const float* st = &all[size_t((q * rows + i) * 3)];
-        if (st[1] > 0.f) S += double(st[1]) * std::exp(double(st[0]) - M);
-        X += st[2];
-      }
-      // S >= 1 whenever the logits were computed (the maximum's own term is exp(0)); the
-      // floor only matters on a backend that computes nothing (the planner's Meta
-      // backend, whose stats read as zeros), where it keeps the loss finite.
-      S = std::max(S, 1.0);
-      lse[size_t(i)] = static_cast<float>(M + std::log(S));
-      if (tgt[size_t(i)] == -1) continue;
-      result.loss_sum += M + std::log(S) - X;
-      ++result.n_targets;
-    }
+    be.cross_entropy_shard_combine(s, lse, loss, every, ts);
     if (!dx) continue;
-    const Tensor ls = losses_chunk.view_at(0, Shape{rows});
-    be.copy_from_host(s, ls, lse.data());
-    be.cross_entropy_shard_backward(s, logits, logits, ts, ls, begin, valid, -1, grad_scale);
+    be.cross_entropy_shard_backward(s, logits, logits, ts, lse, begin, valid, -1, grad_scale);
     be.linear_backward(s, dx2.slice_rows(r0, r0 + rows), dwte, Tensor(), logits, xs, wte);
   }
-  if (!dx) return result;
+  if (!dx) return;
   if (sp) {
     tp_backward(TpComm::GatherFromSp, g, be, s, dx.reshape(Shape{N / tp, C}), dx2);  // reduce_scatter
   } else {
     tp_backward(TpComm::CopyToTp, g, be, s, dx2, dx2);  // all_reduce
   }
-  return result;
 }
 
 HeadScratch make_head_scratch(Backend& be, const TpPlacement& placement, int64_t N, int64_t C,
@@ -124,17 +99,18 @@ HeadScratch make_head_scratch(Backend& be, const TpPlacement& placement, int64_t
   return h;
 }
 
-ClassifierLoss head_cross_entropy(Backend& be, Stream s, const TpPlacement& placement,
-                                  const Tensor& x, const Tensor& weight, const Tensor& targets,
-                                  int vocab_size, float grad_scale, const Tensor& dx,
-                                  const Tensor& dweight, const HeadScratch& scratch) {
+void head_cross_entropy(Backend& be, Stream s, const TpPlacement& placement, const Tensor& x,
+                        const Tensor& weight, const Tensor& targets, int vocab_size,
+                        float grad_scale, const Tensor& dx, const Tensor& dweight,
+                        const HeadScratch& scratch, const Tensor& loss) {
   if (!placement.active()) {
-    return classifier_cross_entropy(be, s, x, weight, targets, vocab_size, grad_scale, dx, dweight,
-                                    scratch.logits_chunk, scratch.losses_chunk);
+    classifier_cross_entropy(be, s, x, weight, targets, vocab_size, grad_scale, dx, dweight,
+                             scratch.logits_chunk, scratch.losses_chunk, loss);
+  } else {
+    vocab_parallel_cross_entropy(be, s, placement, x, weight, targets, vocab_size, grad_scale, dx,
+                                 dweight, scratch.logits_chunk, scratch.losses_chunk,
+                                 scratch.vocab, loss);
   }
-  return vocab_parallel_cross_entropy(be, s, placement, x, weight, targets, vocab_size, grad_scale,
-                                      dx, dweight, scratch.logits_chunk, scratch.losses_chunk,
-                                      scratch.vocab);
 }
 
 }  // namespace kiln::nn

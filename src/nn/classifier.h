@@ -9,23 +9,23 @@
 
 namespace kiln::nn {
 
-/// Rows per chunk such that one chunk of fp32 logits is at most ~16 MiB (>= 1).
+/// Rows per chunk such that one chunk of fp32 logits is at most ~16 MiB (>= 1), or the
+/// MiB given by the environment's KILN_CLASSIFIER_CHUNK_MB (larger chunks: fewer passes
+/// over the head's weight and its gradient, more activation memory; `kiln memplan` reads
+/// it too). Throws kiln::Error when that is not a positive number.
 int64_t classifier_chunk_rows(int64_t n_rows, int64_t padded_vocab);
-
-struct ClassifierLoss {
-  double loss_sum = 0.0;  // sum over non-ignored rows of the per-row loss, nats
-  int64_t n_targets = 0;  // rows whose target is not ignore_index
-};
 
 /// x [N,C] hidden states, wte [Vp,C], targets int32 [N] (ignore_index = -1 ignored),
 /// logits_chunk [R,Vp] and losses_chunk fp32 [R] scratch with R = classifier_chunk_rows.
-/// When dx is given: dx [N,C] = d(grad_scale * loss_sum)/dx (overwritten) and
-/// dwte [Vp,C] += d(grad_scale * loss_sum)/dwte. The loss sum is added on the host in
-/// row order (deterministic).
-ClassifierLoss classifier_cross_entropy(Backend& be, Stream s, const Tensor& x, const Tensor& wte,
-                                        const Tensor& targets, int vocab_size, float grad_scale,
-                                        const Tensor& dx, const Tensor& dwte,
-                                        const Tensor& logits_chunk, const Tensor& losses_chunk);
+/// loss fp64 [2] on the device: loss[0] += the sum over non-ignored rows of the per-row
+/// loss (nats), loss[1] += their number (Backend::accumulate_loss per chunk, in chunk
+/// order: deterministic); nothing is read back to the host. When dx is given: dx [N,C] =
+/// d(grad_scale * loss_sum)/dx (overwritten) and dwte [Vp,C] += d(grad_scale *
+/// loss_sum)/dwte.
+void classifier_cross_entropy(Backend& be, Stream s, const Tensor& x, const Tensor& wte,
+                              const Tensor& targets, int vocab_size, float grad_scale,
+                              const Tensor& dx, const Tensor& dwte, const Tensor& logits_chunk,
+                              const Tensor& losses_chunk, const Tensor& loss);
 
 /// Scratch of the vocab-parallel form: stats fp32 [(tp + 1) R, 3] (this rank's R rows of
 /// statistics, then every rank's); x_full and dx_full [N, C] in the model dtype with
@@ -41,16 +41,16 @@ struct VocabParallelScratch {
 /// the rank's [N/tp, C] rows, gathered into scratch.x_full (gather_from_sp); dx has x's
 /// shape and is complete on return (all_reduce, or reduce_scatter of scratch.dx_full).
 /// targets int32 [N] (global ids) are the same on every tp rank. Per chunk one all_gather
-/// of the [R, 3] statistics (max, sum of exp, target logit) combines the ranks; the loss
-/// sum (the same on every rank) is formed on the host in double, in row order, and the
-/// combined log-sum-exp goes back through losses_chunk for the gradient.
-ClassifierLoss vocab_parallel_cross_entropy(Backend& be, Stream s, const TpPlacement& placement,
-                                            const Tensor& x, const Tensor& wte,
-                                            const Tensor& targets, int vocab_size,
-                                            float grad_scale, const Tensor& dx,
-                                            const Tensor& dwte, const Tensor& logits_chunk,
-                                            const Tensor& losses_chunk,
-                                            const VocabParallelScratch& scratch);
+/// of the [R, 3] statistics (max, sum of exp, target logit) combines the ranks on the
+/// device (Backend::cross_entropy_shard_combine, in double, in rank order): the combined
+/// log-sum-exp lands in losses_chunk for the gradient, the loss sum (the same on every
+/// rank) and target count in `loss` as classifier_cross_entropy's.
+void vocab_parallel_cross_entropy(Backend& be, Stream s, const TpPlacement& placement,
+                                  const Tensor& x, const Tensor& wte, const Tensor& targets,
+                                  int vocab_size, float grad_scale, const Tensor& dx,
+                                  const Tensor& dwte, const Tensor& logits_chunk,
+                                  const Tensor& losses_chunk, const VocabParallelScratch& scratch,
+                                  const Tensor& loss);
 
 /// A language model's output end: the loss over its head weight's rows, plain (placement
 /// inactive) or vocab-parallel, with its scratch for N rows.
@@ -61,10 +61,11 @@ struct HeadScratch {
 /// Scratch for N = B*T rows of width C and a head of Vl (= its local rows) columns.
 HeadScratch make_head_scratch(Backend& be, const TpPlacement& placement, int64_t N, int64_t C,
                               int64_t Vl, DType dtype);
-/// classifier_cross_entropy, or vocab_parallel_cross_entropy when placement is active.
-ClassifierLoss head_cross_entropy(Backend& be, Stream s, const TpPlacement& placement,
-                                  const Tensor& x, const Tensor& weight, const Tensor& targets,
-                                  int vocab_size, float grad_scale, const Tensor& dx,
-                                  const Tensor& dweight, const HeadScratch& scratch);
+/// classifier_cross_entropy, or vocab_parallel_cross_entropy when placement is active;
+/// the loss sum and target count are added to `loss` (fp64 [2], on the device).
+void head_cross_entropy(Backend& be, Stream s, const TpPlacement& placement, const Tensor& x,
+                        const Tensor& weight, const Tensor& targets, int vocab_size,
+                        float grad_scale, const Tensor& dx, const Tensor& dweight,
+                        const HeadScratch& scratch, const Tensor& loss);
 
 }  // namespace kiln::nn

@@ -71,7 +71,7 @@ void AdamW::reset_ema() {
 Tensor AdamW::m(size_t i) const { return m_.view_at(state_offset_[i], Shape{segments_[i].size()}); }
 Tensor AdamW::v(size_t i) const { return v_.view_at(state_offset_[i], Shape{segments_[i].size()}); }
 
-void AdamW::step(float lr, float grad_scale) {
+void AdamW::step(float lr, float grad_scale, const Tensor& scale) {
   ++step_;
   const Stream s = backend_.default_stream();
   for (size_t i = 0; i < segments_.size(); ++i) {
@@ -86,7 +86,7 @@ void AdamW::step(float lr, float grad_scale) {
     hp.grad_scale = grad_scale;
     hp.step = step_;
     if (Tensor mw = master(i)) {
-      backend_.adamw_step(s, mw, seg.grad, m(i), v(i), hp);
+      backend_.adamw_step(s, mw, seg.grad, m(i), v(i), scale, hp);
       // Round the updated master to the parameter dtype.
       if (config_.stochastic_rounding && seg.param.dtype() == DType::BF16)
         backend_.copy_stochastic_round(s, seg.param, mw, config_.seed,
@@ -94,7 +94,7 @@ void AdamW::step(float lr, float grad_scale) {
       else
         backend_.copy(s, seg.param, mw);
     } else {
-      backend_.adamw_step(s, seg.param, seg.grad, m(i), v(i), hp);
+      backend_.adamw_step(s, seg.param, seg.grad, m(i), v(i), scale, hp);
     }
     // The average follows the fp32 weights (the master, not its rounded copy).
     if (ema_) {

@@ -60,8 +60,11 @@ class AdamW {
         const Tensor& grad_buffer, const AdamWConfig& config);
 
   /// One update with learning rate `lr`; gradients are multiplied by grad_scale first
-  /// (gradient clipping, loss unscaling). Increments step_count().
-  void step(float lr, float grad_scale = 1.f);
+  /// (gradient clipping, loss unscaling) and, when `scale` (fp32 [1] on the backend's
+  /// device, e.g. Backend::clip_coefficient's) is given, by scale[0], read there: a
+  /// non-finite scale[0] leaves every parameter and moment unchanged (Backend::
+  /// adamw_step). Increments step_count() either way.
+  void step(float lr, float grad_scale = 1.f, const Tensor& scale = {});
   /// Master weights <- the (low-precision) parameters, after they were initialised or
   /// loaded without masters (no-op for fp32 parameters); then reset_ema().
   void sync_master_from_params();

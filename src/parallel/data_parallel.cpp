@@ -318,36 +318,31 @@ void DataParallel::finish_gradients(const std::function<void()>& before_deferred
   if (tp_) reduce_partial_grads(optimizer_segments(), backend_, *tp_);
 }
 
-double DataParallel::grad_sum_squares() {
+void DataParallel::grad_sum_squares(const Tensor& acc) {
   const Stream s = backend_.default_stream();
-  double local = 0.0;
+  backend_.fill(s, acc, 0.f);
   // A tied copy (its owner on another pipeline stage counts it) is left out.
   std::vector<AdamWSegment> segs = optimizer_segments();
-  double copies = 0.0;
-  for (const AdamWSegment& seg : segs)
-    if (seg.spec.tied_copy) copies += backend_.sum_squares(s, seg.grad);
+  const bool copies = std::any_of(segs.begin(), segs.end(),
+                                  [](const AdamWSegment& seg) { return seg.spec.tied_copy; });
+  std::erase_if(segs, [](const AdamWSegment& seg) { return seg.spec.tied_copy; });
   if (tp_) {
-    // Each tp rank's share (replicated tensors on tp rank 0 only); below stage 1 every dp
-    // rank holds the whole reduced gradient, so the sum runs over tp alone.
-    std::erase_if(segs, [](const AdamWSegment& seg) { return seg.spec.tied_copy; });
-    std::vector<double> v{tp_share_sum_squares(segs, backend_, tp_->rank())};
-    if (stage_ > 0 && world_ > 1) comm_.all_reduce_sum(v);
-    tp_->all_reduce_sum(v);
-    return v[0];
-  }
-  if (stage_ == 0) return backend_.sum_squares(s, model_.grad_buffer()) - copies;  // replicated
-  local = -copies;
-  if (stage_ == 1) {
+    // Each tp rank's share (replicated tensors on tp rank 0 only).
+    tp_share_sum_squares(segs, backend_, tp_->rank(), acc);
+  } else if (copies) {
+    add_sum_squares(segs, backend_, acc);
+  } else if (stage_ == 0) {
+    backend_.sum_squares(s, acc, model_.grad_buffer());  // the whole buffer in one call
+  } else if (stage_ == 1) {
     for (const auto& u : parts_)
-      local += backend_.sum_squares(
-          s, model_.grad_buffer().view_at(u.slice_begin(rank_), Shape{u.S}));
+      backend_.sum_squares(s, acc, model_.grad_buffer().view_at(u.slice_begin(rank_), Shape{u.S}));
   } else {
-    local += backend_.sum_squares(s, grad_shard_);
+    backend_.sum_squares(s, acc, grad_shard_);
   }
-  if (world_ == 1) return local;
-  std::vector<double> v{local};  // in double: an fp32 sum would round each shard's share
-  comm_.all_reduce_sum(v);
-  return v[0];
+  // Below stage 1 every dp rank holds the whole reduced gradient: the sum runs over tp
+  // alone. Summed in double on the device (rank order on MPI): every rank the same bits.
+  if (stage_ > 0 && world_ > 1) comm_.all_reduce(acc, ReduceOp::Sum, s);
+  if (tp_) tp_->all_reduce(acc, ReduceOp::Sum, s);
 }
 
 void DataParallel::after_optimizer_step() {

@@ -87,9 +87,10 @@ class DataParallel final : public ModelHooks {
   /// gradients of deferred parts are then complete on this rank), reduces the deferred
   /// parts, then the tp-partial gradients over tp (tp_grads.h). Gradients are then final.
   void finish_gradients(const std::function<void()>& before_deferred = {});
-  /// Sum of squares of the whole model's gradient, each element counted once over all
-  /// ranks of dp x tp (the clipping norm's square). Collective.
-  double grad_sum_squares();
+  /// acc fp64 [1] (on the device) <- the sum of squares of the whole model's gradient,
+  /// each element counted once over all ranks of dp x tp (the clipping norm's square),
+  /// the same on every rank; nothing is read back. Collective.
+  void grad_sum_squares(const Tensor& acc);
   /// After the optimizer step: all-gather updated slices (stages 1-2).
   void after_optimizer_step();
   /// Stage 3: gathers every part into full storage (for sampling, export); undone by

@@ -15,22 +15,53 @@ void reduce_partial_grads(Model& model, Communicator& tp) {
                        model.backend(), tp);
 }
 
-double tp_share_sum_squares(const std::vector<AdamWSegment>& segments, Backend& backend,
-                            int tp_rank) {
+void add_sum_squares(const std::vector<AdamWSegment>& segments, Backend& backend,
+                     const Tensor& acc) {
   const Stream s = backend.default_stream();
-  double local = 0.0;
+  // Runs of segments adjacent in memory (a buffer's consecutive parameters) in one call.
+  const char* run = nullptr;
+  int64_t run_size = 0;
+  Tensor first;
+  auto flush = [&] {
+    if (run_size > 0)
+      backend.sum_squares(s, acc, Tensor::view(first.raw(), Shape{run_size}, first.dtype(),
+                                               first.device()));
+    run_size = 0;
+  };
+  for (const AdamWSegment& seg : segments) {
+    if (seg.size() == 0) continue;
+    const auto* p = static_cast<const char*>(seg.grad.raw());
+    if (run_size > 0 && seg.grad.dtype() == first.dtype() &&
+        p == run + run_size * static_cast<int64_t>(dtype_size(first.dtype()))) {
+      run_size += seg.size();
+      continue;
+    }
+    flush();
+    first = seg.grad;
+    run = p;
+    run_size = seg.size();
+  }
+  flush();
+}
+
+void tp_share_sum_squares(const std::vector<AdamWSegment>& segments, Backend& backend,
+                          int tp_rank, const Tensor& acc) {
+  std::vector<AdamWSegment> mine;
   for (const AdamWSegment& seg : segments)
-    if (seg.size() > 0 && (seg.spec.tp.sharded() || tp_rank == 0))
-      local += backend.sum_squares(s, seg.grad);
-  return local;
+    if (seg.spec.tp.sharded() || tp_rank == 0) mine.push_back(seg);
+  add_sum_squares(mine, backend, acc);
 }
 
 double tp_grad_sum_squares(Model& model, Communicator& tp) {
-  std::vector<double> v{tp_share_sum_squares(
-      whole_segments(model.params(), model.param_buffer(), model.grad_buffer()), model.backend(),
-      tp.rank())};
-  tp.all_reduce_sum(v);
-  return v[0];
+  Backend& be = model.backend();
+  const Tensor acc = be.empty(Shape{1}, DType::F64, MemCategory::Temporaries);
+  be.fill(be.default_stream(), acc, 0.f);
+  tp_share_sum_squares(whole_segments(model.params(), model.param_buffer(), model.grad_buffer()),
+                       be, tp.rank(), acc);
+  tp.all_reduce(acc, ReduceOp::Sum, be.default_stream());
+  double v = 0.0;
+  be.copy_to_host(be.default_stream(), &v, acc);
+  return v;
 }
 
 }  // namespace kiln

@@ -21,13 +21,17 @@ void reduce_partial_grads(const std::vector<AdamWSegment>& segments, Backend& ba
                           Communicator& tp);
 void reduce_partial_grads(Model& model, Communicator& tp);
 
-/// This tp rank's share of the sum of squares of the segments' gradients: a tp-sharded
-/// tensor's elements on every rank, a replicated tensor's on tp rank 0 only, so that the
-/// sum over tp counts each element of the single process once. Not collective.
-double tp_share_sum_squares(const std::vector<AdamWSegment>& segments, Backend& backend,
-                            int tp_rank);
-/// The whole model's: tp_share_sum_squares over its buffers, summed over `tp` in double
-/// (Communicator::all_reduce_sum). Collective over `tp`; call after reduce_partial_grads.
+/// acc fp64 [1] (on the device) += the sum of squares of the segments' gradients
+/// (Backend::sum_squares; segments adjacent in memory in one call). Not collective.
+void add_sum_squares(const std::vector<AdamWSegment>& segments, Backend& backend,
+                     const Tensor& acc);
+/// acc += this tp rank's share of it: a tp-sharded tensor's elements on every rank, a
+/// replicated tensor's on tp rank 0 only, so that the sum over tp counts each element of
+/// the single process once. Not collective.
+void tp_share_sum_squares(const std::vector<AdamWSegment>& segments, Backend& backend,
+                          int tp_rank, const Tensor& acc);
+/// The whole model's, read back to the host: tp_share_sum_squares over its buffers,
+/// all_reduced over `tp` in double. Collective over `tp`; call after reduce_partial_grads.
 double tp_grad_sum_squares(Model& model, Communicator& tp);
 
 }  // namespace kiln

@@ -38,10 +38,9 @@ TpTraffic tp_update_traffic(const TpTrafficShape& s, int micro_steps) {
   }
   t.calls_of(Collective::AllReduce) += s.partial_grad_params;
   t.bytes_of(Collective::AllReduce) += s.partial_grad_elems * s.grad_bytes;
-  // The norm's share, a double summed exactly in rank order (Communicator::all_reduce_sum:
-  // an all_gather of every rank's 8 bytes).
-  t.calls_of(Collective::AllGather) += 1;
-  t.bytes_of(Collective::AllGather) += 8 * s.tp;
+  // The norm's square, an fp64 [1] on the device (DataParallel::grad_sum_squares).
+  t.calls_of(Collective::AllReduce) += 1;
+  t.bytes_of(Collective::AllReduce) += 8;
   return t;
 }
 

@@ -21,7 +21,7 @@
 //
 // Per update, once: the partial gradients of the norms under sequence parallelism (one
 // all_reduce per parameter slice the rank updates, grad dtype) and the gradient norm's
-// share (a double, summed in rank order: an all_gather of 8 bytes per rank).
+// square (an all_reduce of one fp64 on the device).
 #pragma once
 
 #include "comm/communicator.h"

@@ -108,7 +108,7 @@ class CudaScratch final : public MetaScratchModel {
       }
       case MetaCall::SumSquares: {
         const int64_t blocks = std::clamp<int64_t>((c.numel + 2047) / 2048, 1, 1024);
-        return 8 * (blocks + 1);
+        return 8 * blocks;  // the per-block partial sums
       }
       default: return 0;
     }

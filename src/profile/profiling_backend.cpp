@@ -2,6 +2,7 @@
 
 #include "core/dtype.h"
 
+#include <algorithm>
 #include <fmt/format.h>
 
 namespace kiln::profile {
@@ -267,8 +268,28 @@ OpCost mse_loss(const Tensor& losses, const Tensor& dpred, const Tensor& pred, c
           fmt::format("pred={}{}", pred.str(), g ? "" : " (no grad)")};
 }
 
+OpCost accumulate_loss(const Tensor&, const Tensor& losses, const Tensor&) {
+  const double n = d(losses.numel());
+  return {n, 8.0 * n, fmt::format("N={}", losses.numel())};
+}
+
+OpCost cross_entropy_shard_combine(const Tensor& lse, const Tensor&, const Tensor& stats,
+                                   const Tensor&) {
+  const double n = d(lse.numel()), s = d(stats.numel());
+  return {s, 4.0 * s + 12.0 * n, fmt::format("N={} tp={}", lse.numel(), stats.numel() / (3 * std::max<int64_t>(1, lse.numel())))};
+}
+
+OpCost sum_squares(const Tensor&, const Tensor& x) {
+  const double n = d(x.numel());
+  return {2.0 * n, n * es(x), fmt::format("n={}", x.numel())};
+}
+
+OpCost clip_coefficient(const Tensor&, const Tensor&, const Tensor&, double, float) {
+  return {4.0, 20.0, "n=1"};
+}
+
 OpCost adamw_step(const Tensor& param, const Tensor& grad, const Tensor&, const Tensor&,
-                  const AdamWParams&) {
+                  const Tensor&, const AdamWParams&) {
   const double n = d(param.numel());
   return {14.0 * n, 2.0 * n * es(param) + n * es(grad) + 16.0 * n,
           fmt::format("n={}", param.numel())};
@@ -278,11 +299,6 @@ OpCost ema_update(const Tensor& ema, const Tensor& param, float) {
   // ema read and written (fp32), param read: 3 FLOPs per element.
   const double n = d(ema.numel());
   return {3.0 * n, 8.0 * n + n * es(param), fmt::format("n={}", ema.numel())};
-}
-
-OpCost sum_squares(const Tensor& t) {
-  const double n = d(t.numel());
-  return {2.0 * n, n * es(t), fmt::format("n={}", t.numel())};
 }
 
 OpCost copy(size_t nbytes) {
@@ -340,13 +356,6 @@ void ProfilingBackend::copy(Stream s, const Tensor& dst, const Tensor& src) {
 }
 void ProfilingBackend::fill(Stream s, const Tensor& t, float value) {
   KILN_PROFILED("fill", "memory", inner_.fill(s, t, value), cost::fill(t));
-}
-double ProfilingBackend::sum_squares(Stream s, const Tensor& t) {
-  if (!tracer_.enabled()) return inner_.sum_squares(s, t);
-  const auto t0 = Clock::now();
-  const double r = inner_.sum_squares(s, t);
-  finish("sum_squares", "optimizer", s, t0, cost::sum_squares(t));
-  return r;
 }
 
 #define KILN_PROFILE_OP(Call, method, category, params, args)                   \

@@ -49,6 +49,9 @@
 //                        bytes N*Vp*es (+ N*Vp*es dlogits) + 8N (targets, losses)
 //   adamw_step           flops 14n                          bytes 2n*es (param r+w) + n*es_grad + 16n (m, v r+w fp32)
 //   sum_squares          flops 2n                           bytes n*es
+//   accumulate_loss      flops N                            bytes 8N (losses, targets)
+//   cross_entropy_shard_combine flops 3*tp*N               bytes 12*tp*N + 12N
+//   clip_coefficient     flops 4                            bytes 20
 //   copy, copy_from_host, copy_to_host  bytes 2 * nbytes (read + write, as measure_copy_bandwidth)
 //   fill                 bytes nbytes
 // These are the FLOPs the kernels execute (causal attention halved), not the model
@@ -99,7 +102,6 @@ class ProfilingBackend final : public Backend {
   void copy_stochastic_round(Stream s, const Tensor& dst, const Tensor& src, uint64_t seed,
                              uint64_t stream) override;
   void fill(Stream s, const Tensor& t, float value) override;
-  double sum_squares(Stream s, const Tensor& t) override;
 
   // Every op of backend/op_list.h: forwarded, and timed with its cost while enabled.
 #define KILN_PROFILE_DECLARE(Call, method, category, params, args) \
@@ -124,7 +126,6 @@ namespace cost {
   OpCost method(KILN_PARAMS params);
 KILN_BACKEND_OPS(KILN_COST_DECLARE)
 #undef KILN_COST_DECLARE
-OpCost sum_squares(const Tensor& t);
 OpCost copy(size_t nbytes);
 OpCost fill(const Tensor& t);
 }  // namespace cost

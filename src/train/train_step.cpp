@@ -121,9 +121,12 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& 
                                      MemCategory::Activations));
     targets_.push_back(backend_.empty(local_shape_.targets, DType::I32, MemCategory::Activations));
   }
+  // Room for every micro-batch of a step, so that none waits for the one before.
   staging_ = Tensor::empty(backend_.staging_allocator(),
-                           Shape{local_shape_.inputs.numel() + local_shape_.targets.numel()},
+                           Shape{accum_ * (local_shape_.inputs.numel() + local_shape_.targets.numel())},
                            DType::I32, MemCategory::Activations);
+  stats_ = backend_.empty(Shape{3}, DType::F64, MemCategory::Activations);
+  coef_ = backend_.empty(Shape{1}, DType::F32, MemCategory::Activations);
   if (cp > 1) {  // every micro-batch's rows hold the same positions
     cp_positions_ = nn::cp_positions(T, cp, cp_group_->rank());
     std::vector<int32_t> rows;
@@ -223,11 +226,15 @@ int64_t TrainStep::count_targets(const int32_t* targets) const {
 }
 
 void TrainStep::upload_micro_batch(const void* inputs, const int32_t* targets, int k) {
+  backend_.synchronize(backend_.default_stream());
+  stage_micro_batch(inputs, targets, k, 0);
+}
+
+void TrainStep::stage_micro_batch(const void* inputs, const int32_t* targets, int k, int slot) {
   const Stream s = backend_.default_stream();
-  backend_.synchronize(s);
   const Tensor& in = inputs_[static_cast<size_t>(k)];
   const Tensor& tg = targets_[static_cast<size_t>(k)];
-  auto* host = staging_.data<int32_t>();
+  auto* host = staging_.data<int32_t>() + static_cast<int64_t>(slot) * (in.numel() + tg.numel());
   if (cp() > 1) {  // this rank's chunks of each sequence (tokens are int32)
     const int64_t B = config_.train.micro_batch, T = config_.train.seq_len;
     cp_split_rows(host, static_cast<const int32_t*>(inputs), B, T, cp_positions_);
@@ -277,10 +284,13 @@ class TrainStep::StepBatches final : public pp::MicroBatches {
       step_.announce(StepPhase::Data);
       const auto in_bytes = static_cast<size_t>(step_.shape_.inputs.numel()) * 4;  // int32, fp32
       const auto per_micro = static_cast<size_t>(step_.shape_.targets.numel());
-      step_.upload_micro_batch(inputs_ + static_cast<size_t>(j) * in_bytes,
-                               targets_ + static_cast<size_t>(j) * per_micro, k);
+      // Staging slot j is free: the last step ended with a host read (the stream idle).
+      step_.stage_micro_batch(inputs_ + static_cast<size_t>(j) * in_bytes,
+                              targets_ + static_cast<size_t>(j) * per_micro, k, j);
     }
-    return step_.device_batch(k);
+    Batch b = step_.device_batch(k);
+    b.loss = step_.stats_.view_at(0, Shape{2});  // the loss stays on the device
+    return b;
   }
   void before_pass(int j, bool forward) override {
     step_.dp_->begin_micro_step(j);
@@ -308,25 +318,24 @@ void TrainStep::init_weights(uint64_t seed) {
 void TrainStep::dp_sum(std::span<int64_t> values) {
   if (comm_.size() > 1) comm_.all_reduce_sum(values);
 }
-void TrainStep::dp_sum(std::span<double> values) {
-  if (comm_.size() > 1) comm_.all_reduce_sum(values);
-}
 void TrainStep::pp_sum(std::span<double> values) {
   if (pp_comm_ && pp_comm_->size() > 1) pp_comm_->all_reduce_sum(values);
 }
 
 StepResult TrainStep::run(const void* inputs, const int32_t* targets, int64_t update) {
   const auto per_micro = static_cast<size_t>(shape_.targets.numel());
-  // Target count and loss sum over the reduction group (this rank's chunks under cp),
-  // exact in 64 bits.
+  // Target count over the reduction group (this rank's chunks under cp), exact in 64
+  // bits, from the host's targets.
   int64_t n_targets = 0;
   for (int j = 0; j < accum_; ++j) n_targets += count_targets(targets + static_cast<size_t>(j) * per_micro);
   dp_sum(std::span<int64_t>(&n_targets, 1));
   KILN_CHECK(n_targets > 0, "step {}: the global batch has no target tokens", update + 1);
   const float grad_scale = static_cast<float>(scaler_.scale) / static_cast<float>(n_targets);
+  const Stream s = backend_.default_stream();
+  backend_.fill(s, stats_, 0.f);
   dp_->begin_step(accum_);
   StepBatches batches(*this, inputs, targets, update);
-  double loss_sum = pipeline_->run(batches, grad_scale).sum;
+  pipeline_->run(batches, grad_scale);  // the loss sums land in stats_[0:2]
   {
     announce(StepPhase::GradSync);
     auto scope = profile::trace_scope("grad_sync");
@@ -334,34 +343,50 @@ StepResult TrainStep::run(const void* inputs, const int32_t* targets, int64_t up
   }
   announce(StepPhase::Optimizer);
   auto optimizer_scope = profile::trace_scope("optimizer");
+  // stats_ = {loss sum, local target count, gradient sum of squares}, summed over ranks
+  // on the device: every rank gets the same bits and takes the same decision.
+  const Tensor loss_sum = stats_.view_at(0, Shape{1}), sumsq = stats_.view_at(2, Shape{1});
+  if (comm_.size() > 1) comm_.all_reduce(loss_sum, ReduceOp::Sum, s);
+  dp_->grad_sum_squares(sumsq);
+  if (pp_comm_ && pp_comm_->size() > 1) pp_comm_->all_reduce(stats_, ReduceOp::Sum, s);  // the last stage's loss
+  // The clipping coefficient (and the loss scale's division) stays on the device too:
+  // NaN, so that the update is skipped, when the norm or the loss is not finite.
+  backend_.clip_coefficient(s, coef_, sumsq, loss_sum, config_.optim.grad_clip,
+                            static_cast<float>(scaler_.scale));
   StepResult r;
-  dp_sum(std::span<double>(&loss_sum, 1));
-  pp_sum(std::span<double>(&loss_sum, 1));  // the last stage's
-  r.loss = loss_sum / static_cast<double>(n_targets);
-  // Summed over all ranks: every rank sees the same value and takes the same decision.
-  double sumsq = dp_->grad_sum_squares();
-  pp_sum(std::span<double>(&sumsq, 1));
   r.lr = static_cast<float>(learning_rate(config_, update));
-  if (scaler_.enabled && !(std::isfinite(sumsq) && std::isfinite(r.loss))) {
-    // Overflow: skip the update on every rank alike, halve the scale; neither the
-    // schedule nor the optimizer's step count advances.
-    KILN_CHECK(scaler_.scale > 1.0, "step {}: fp16 gradients are not finite even with loss scale "
-               "1; the model diverged (lower optim.lr or use bf16)", update + 1);
-    scaler_.scale = std::max(scaler_.scale / 2.0, 1.0);
-    scaler_.good_steps = 0;
-    ++scaler_.skipped_steps;
-    r.grad_norm = std::numeric_limits<double>::infinity();
-    r.skipped = true;
-    announce(StepPhase::Done);
-    return r;
+  double host[3] = {0.0, 0.0, 0.0};  // the step's one host read (stats_)
+  auto finish = [&] {
+    r.loss = host[0] / static_cast<double>(n_targets);
+    r.grad_norm = std::sqrt(host[2]) / scaler_.scale;
+  };
+  if (scaler_.enabled) {
+    backend_.copy_to_host(s, host, stats_);  // fp16: the skip decision precedes the update
+    finish();
+    if (!(std::isfinite(host[2]) && std::isfinite(r.loss))) {
+      // Overflow: skip the update on every rank alike, halve the scale; neither the
+      // schedule nor the optimizer's step count advances.
+      KILN_CHECK(scaler_.scale > 1.0, "step {}: fp16 gradients are not finite even with loss "
+                 "scale 1; the model diverged (lower optim.lr or use bf16)", update + 1);
+      scaler_.scale = std::max(scaler_.scale / 2.0, 1.0);
+      scaler_.good_steps = 0;
+      ++scaler_.skipped_steps;
+      r.grad_norm = std::numeric_limits<double>::infinity();
+      r.skipped = true;
+      announce(StepPhase::Done);
+      return r;
+    }
   }
+  optimizer_->step(r.lr, 1.f, coef_);
+  dp_->after_optimizer_step();
+  if (!scaler_.enabled) {
+    backend_.copy_to_host(s, host, stats_);  // after the update is queued: the stream stays busy
+    finish();
+  }
+  // A non-finite loss or norm skipped the update on the device (coef_ NaN); stop here.
   KILN_CHECK(std::isfinite(r.loss), "step {}: the loss is {} (diverged); lower optim.lr or check "
              "the data", update + 1, r.loss);
-  r.grad_norm = std::sqrt(sumsq) / scaler_.scale;
   KILN_CHECK(std::isfinite(r.grad_norm), "step {}: the gradient norm is {}", update + 1, r.grad_norm);
-  optimizer_->step(r.lr, clip_scale(r.grad_norm, config_.optim.grad_clip) /
-                             static_cast<float>(scaler_.scale));
-  dp_->after_optimizer_step();
   if (scaler_.enabled && ++scaler_.good_steps >= scaler_.growth_interval) {
     scaler_.scale *= 2.0;
     scaler_.good_steps = 0;

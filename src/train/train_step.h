@@ -25,6 +25,9 @@
 //      check (skip and halve the scale on every rank alike: Micikevicius et al. 2018),
 //      global-norm clipping, the AdamW update at learning_rate(config, update) and the
 //      ZeRO-1/2 parameter all-gather.
+// The losses, the norm and the clipping coefficient stay on the device until the one
+// host read of a step (its last act; before the update with fp16, whose skip decision
+// the host takes): nothing inside the step waits for the device (docs/cuda.md).
 #pragma once
 
 #include "comm/communicator.h"
@@ -124,8 +127,10 @@ class TrainStep {
   /// backend's staging buffer (pinned host memory on CUDA, so the copies are asynchronous
   /// DMA; see Backend::staging_allocator). Waits for the stream first: the previous
   /// micro-batch's copies out of the staging buffer must be done before it is overwritten.
+  /// (run() does not wait: each of its micro-batches has its own staging slot.)
   void upload_micro_batch(const void* inputs, const int32_t* targets, int k = 0);
-  /// The staging buffer: host 4-byte elements, the inputs then the targets.
+  /// The staging buffer: host 4-byte elements, per micro-batch of a step (slot) the
+  /// inputs then the targets.
   const Tensor& staging() const { return staging_; }
 
   /// Random initial weights from the model (this rank's elements), then fp32 masters.
@@ -145,9 +150,10 @@ class TrainStep {
     if (observer_) observer_->on_phase(p);
   }
   class StepBatches;
+  /// upload_micro_batch's copy through staging slot `slot`, without waiting.
+  void stage_micro_batch(const void* inputs, const int32_t* targets, int k, int slot);
   /// Sums `values` over the data-parallel (pipeline) group, exactly in 64 bits.
   void dp_sum(std::span<int64_t> values);
-  void dp_sum(std::span<double> values);
   void pp_sum(std::span<double> values);
   /// Cuts the model into the schedule's chunks (boundaries_) and finds the tied
   /// parameters split over stages (tied_names_); returns the global parts this rank
@@ -183,6 +189,8 @@ class TrainStep {
   std::vector<int32_t> cp_positions_;  // under cp: this rank's global positions, [T/cp]
   Tensor positions_;        // int32 [B, T/cp] under cp: cp_positions_ for every row
   Tensor staging_;           // inputs then targets, 4-byte elements, backend's staging memory
+  Tensor stats_;  // fp64 [3] on the device: loss sum, target count, gradient sum of squares
+  Tensor coef_;   // fp32 [1] on the device: the optimizer's gradient multiplier (clipping)
 };
 
 }  // namespace kiln

@@ -1,4 +1,4 @@
-// Memory ops (transfers, copy, fill, sum_squares), add, gelu and dropout.
+// Memory ops (transfers, copy, fill), add, gelu and dropout (sum_squares: op_test_step_stats).
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "op_harness.h"
@@ -143,24 +143,6 @@ TEST_P(OpTest, FillOtherDtypes) {
     }
   }
   if (!refused.empty()) GTEST_SKIP() << "fill refused: " << refused.front() << " (and " << refused.size() - 1 << " more)";
-}
-
-TEST_P(OpTest, SumSquares) {
-  for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{8}, int64_t{13}, int64_t{1025},
-                    int64_t{100003}, int64_t{(1 << 20) + 5}}) {
-    const std::vector<float> f = randn(n, 2.f, 0.3f);
-    double want = 0;
-    for (float x : f) want += static_cast<double>(x) * x;
-    const double got = be().sum_squares(st(), upload(f, {n}));
-    const double rel = std::fabs(got - want) / want;
-    record_error("sum_squares", rel, std::fabs(got - want));
-    // Documented as a double-precision reduction.
-    EXPECT_LE(rel, 1e-9) << "sum_squares n=" << n << ": got " << got << ", want " << want;
-  }
-  const std::vector<float> one = {-3.f};
-  EXPECT_EQ(be().sum_squares(st(), upload(one, {1})), 9.0);
-  Tensor z = upload(std::vector<float>(77, 0.f), {7, 11});
-  EXPECT_EQ(be().sum_squares(st(), z), 0.0);
 }
 
 TEST_P(OpTest, Add) {
@@ -315,7 +297,7 @@ TEST_P(OpTest, BadShapesThrow) {
   EXPECT_THROW(be().embedding_forward(st(), t({1, 9, 4}), tok(1, 9), Tensor(), t({10, 4}), t({8, 4})), Error);
   EXPECT_THROW(be().attention_forward(st(), t({1, 3, 6}), t({1, 4, 3}), t({1, 3, 18}), AttentionShape::mha(4, 6), DropoutSpec{}), Error);
   EXPECT_THROW(be().softmax_cross_entropy(st(), t({2}), Tensor(), t({2, 8}), tok(1, 2), 9, -100, 1.f), Error);
-  EXPECT_THROW(be().adamw_step(st(), t({10}), t({10}), t({11}), t({10}), AdamWParams{}), Error);
+  EXPECT_THROW(be().adamw_step(st(), t({10}), t({10}), t({11}), t({10}), Tensor(), AdamWParams{}), Error);
 }
 
 }  // namespace

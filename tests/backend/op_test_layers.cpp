@@ -271,7 +271,7 @@ TEST_P(OpTest, AdamW) {
       hp.step = step;
       Tensor tg = upload(g, shape, MemCategory::Gradients);
       const std::vector<float> p_before = download(tp);
-      be().adamw_step(st(), tp, tg, tm, tv, hp);
+      be().adamw_step(st(), tp, tg, tm, tv, Tensor(), hp);
       ref::adamw_step(rp, to_double(g), rm, rv,
                       {hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, hp.grad_scale, hp.step});
       const std::string at = what + " step " + std::to_string(step);
@@ -318,7 +318,7 @@ TEST_P(OpTest, AdamWBiasCorrectionsInDouble) {
   hp.beta2 = 0.999;
   hp.eps = 1e-8f;
   hp.step = 6;
-  be().adamw_step(st(), tp, upload(g, shape, MemCategory::Gradients), tm, tv, hp);
+  be().adamw_step(st(), tp, upload(g, shape, MemCategory::Gradients), tm, tv, Tensor(), hp);
   Vec rp = to_double(p), rm = to_double(m), rv = to_double(v);
   ref::adamw_step(rp, to_double(g), rm, rv,
                   {hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, hp.grad_scale, hp.step});

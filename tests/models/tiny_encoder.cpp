@@ -121,15 +121,15 @@ LossSum TinyEncoder::forward(const Batch& batch, float grad_scale) {
   hooks().before_forward(last);
   norm_.forward(be, s, head_saved_, stream_.back());
   const bool with_grad = grad_scale > 0.f;
-  const auto r = nn::classifier_cross_entropy(
+  nn::classifier_cross_entropy(
       be, s, head_saved_[nn::Norm::kOut], head_.weight.v(), batch.targets, o_.vocab_size,
       grad_scale, with_grad ? scratch_.dtmp : Tensor(), with_grad ? head_.weight.g() : Tensor(),
-      logits_chunk_, losses_chunk_);
+      logits_chunk_, losses_chunk_, loss_.target(be, batch));
   hooks().after_forward(last);
   tokens_ = batch.tokens;
   positions_ = batch.positions;
   have_grad_ = with_grad;
-  return {r.loss_sum, r.n_targets};
+  return loss_.result(be, batch);
 }
 
 void TinyEncoder::backward() {

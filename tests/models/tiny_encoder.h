@@ -64,6 +64,7 @@ class TinyEncoder final : public LayeredModel {
   nn::SavedActivations saved_;
   nn::BlockScratch scratch_;
   Tensor logits_chunk_, losses_chunk_, dres_, tokens_, positions_;
+  LossAccumulator loss_;
   bool have_grad_ = false;
 };
 

@@ -1,13 +1,16 @@
 // The layer library on the CPU backend: a transformer block's backward against central
 // differences of its forward (fp32, awkward sizes, dropout on), the three checkpointing
 // policies giving bitwise the same gradients, the recompute classes, initial values by
-// global element coordinates, and clear errors for what the backends cannot do yet.
+// global element coordinates, the classifier's chunking (KILN_CLASSIFIER_CHUNK_MB) not
+// changing its result, and clear errors for what the backends cannot do yet.
 #include "backend/registry.h"
 #include "nn/block.h"
+#include "nn/classifier.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -211,6 +214,71 @@ TEST(AttentionSpec, ImpossibleShapesAreAClearError) {
   a.head_dim = 7;
   a.rotary = true;  // rotary pairs channels: HD must be even
   EXPECT_THROW(a.check(), Error);
+}
+
+// The fused classifier over 1-row, 3-row and whole chunks: the same loss sums (added on
+// the device, one accumulator) and gradients up to rounding; the chunk size from the
+// environment (a bad value a one-line error naming the variable).
+TEST(Classifier, ChunkSizeDoesNotChangeTheResult) {
+  auto be = make_backend("cpu");
+  const Stream s = be->default_stream();
+  const int64_t N = 11, C = 6, V = 29, Vp = 32;
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> x(N * C), w(Vp * C);
+  for (float& v : x) v = nd(rng);
+  for (float& v : w) v = nd(rng);
+  std::vector<int32_t> tgt(N);
+  for (int64_t i = 0; i < N; ++i) tgt[i] = static_cast<int32_t>((i * 5 + 2) % V);
+  tgt[4] = -1;
+  auto f32 = [&](const std::vector<float>& h, Shape sh) {
+    Tensor t = be->empty(sh, DType::F32, MemCategory::Activations);
+    upload_f32(*be, t, h.data());
+    return t;
+  };
+  Tensor tt = be->empty(Shape{N}, DType::I32, MemCategory::Activations);
+  be->copy_from_host(s, tt, tgt.data());
+  struct Out { double sum, count; std::vector<float> dx, dw; };
+  auto run = [&](int64_t R) {
+    Tensor dx = f32(std::vector<float>(N * C, 0.f), Shape{N, C});
+    Tensor dw = f32(std::vector<float>(Vp * C, 0.f), Shape{Vp, C});
+    Tensor acc = be->empty(Shape{2}, DType::F64, MemCategory::Activations);
+    be->fill(s, acc, 0.f);
+    classifier_cross_entropy(*be, s, f32(x, Shape{N, C}), f32(w, Shape{Vp, C}), tt,
+                             static_cast<int>(V), 0.1f, dx, dw,
+                             be->empty(Shape{R, Vp}, DType::F32, MemCategory::Activations),
+                             be->empty(Shape{R}, DType::F32, MemCategory::Activations), acc);
+    double h[2];
+    be->copy_to_host(s, h, acc);
+    return Out{h[0], h[1], host(*be, dx), host(*be, dw)};
+  };
+  const Out whole = run(N);
+  EXPECT_EQ(whole.count, 10.0);
+  EXPECT_GT(whole.sum, 0.0);
+  for (int64_t R : {int64_t{1}, int64_t{3}}) {
+    const Out o = run(R);
+    EXPECT_EQ(o.count, whole.count);
+    EXPECT_NEAR(o.sum, whole.sum, 1e-6 * whole.sum) << "R=" << R;
+    EXPECT_EQ(o.dx, whole.dx) << "R=" << R;  // row by row: no cross-chunk sums
+    for (size_t i = 0; i < o.dw.size(); ++i)
+      EXPECT_NEAR(o.dw[i], whole.dw[i], 1e-5) << "R=" << R << " dwte " << i;
+  }
+  EXPECT_EQ(classifier_chunk_rows(100000, 50304), 83);  // 16 MiB by default
+  setenv("KILN_CLASSIFIER_CHUNK_MB", "256", 1);
+  EXPECT_EQ(classifier_chunk_rows(100000, 50304), 1334);
+  EXPECT_EQ(classifier_chunk_rows(500, 50304), 500);
+  setenv("KILN_CLASSIFIER_CHUNK_MB", "0.001", 1);
+  EXPECT_EQ(classifier_chunk_rows(100, 50304), 1);
+  for (const char* bad : {"0", "-3", "x", "16MB"}) {
+    setenv("KILN_CLASSIFIER_CHUNK_MB", bad, 1);
+    try {
+      classifier_chunk_rows(10, 64);
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("KILN_CLASSIFIER_CHUNK_MB"), std::string::npos);
+    }
+  }
+  unsetenv("KILN_CLASSIFIER_CHUNK_MB");
 }
 
 }  // namespace

@@ -308,9 +308,20 @@ void check_cross_entropy(bool sp) {
   const float scale = 1.f / 10.f;
   // Unsharded.
   Tensor dx = f.zeros(Shape{N, C}), dwte = f.zeros(Shape{Vp, C});
-  const auto want = nn::classifier_cross_entropy(*f.be, f.s, f.upload(x, Shape{N, C}), f.upload(wte, Shape{Vp, C}), tt,
-                                                 static_cast<int>(V), scale, dx, dwte, f.zeros(Shape{R, Vp}),
-                                                 f.zeros(Shape{R}));
+  auto sums = [&] {
+    Tensor t = f.be->empty(Shape{2}, DType::F64, MemCategory::Activations);
+    f.be->fill(f.s, t, 0.f);
+    return t;
+  };
+  auto read = [&](const Tensor& t) {
+    double v[2];
+    f.be->copy_to_host(f.s, v, t);
+    return std::pair<double, double>{v[0], v[1]};
+  };
+  const Tensor want_acc = sums(), got_acc = sums();
+  nn::classifier_cross_entropy(*f.be, f.s, f.upload(x, Shape{N, C}), f.upload(wte, Shape{Vp, C}), tt,
+                               static_cast<int>(V), scale, dx, dwte, f.zeros(Shape{R, Vp}),
+                               f.zeros(Shape{R}), want_acc);
   // Vocab-parallel.
   const TpSlice rows_of_wte{0, {}, n, r};
   const bool split = sp && n > 1;
@@ -318,12 +329,15 @@ void check_cross_entropy(bool sp) {
   nn::VocabParallelScratch scratch{f.zeros(Shape{(n + 1) * R, 3}), split ? f.zeros(Shape{N, C}) : Tensor(),
                                    split ? f.zeros(Shape{N, C}) : Tensor()};
   Tensor dxl = f.zeros(Shape{rows, C}), dwl = f.zeros(Shape{Vp / n, C});
-  const auto got = nn::vocab_parallel_cross_entropy(
+  nn::vocab_parallel_cross_entropy(
       *f.be, f.s, nn::TpPlacement{TpStyle::Vocab, &g, split}, f.upload(my_rows(x, N, C, split, n, r), Shape{rows, C}),
       f.upload(pick(wte, rows_of_wte.global_indices(Shape{Vp, C})), Shape{Vp / n, C}), tt, static_cast<int>(V),
-      scale, dxl, dwl, f.zeros(Shape{R, Vp / n}), f.zeros(Shape{R}), scratch);
-  EXPECT_EQ(got.n_targets, want.n_targets);
-  EXPECT_NEAR(got.loss_sum, want.loss_sum, 1e-5 * std::fabs(want.loss_sum));
+      scale, dxl, dwl, f.zeros(Shape{R, Vp / n}), f.zeros(Shape{R}), scratch, got_acc);
+  const auto [want_sum, want_n] = read(want_acc);
+  const auto [got_sum, got_n] = read(got_acc);
+  EXPECT_EQ(want_n, 10.0);  // 12 rows, 2 ignored
+  EXPECT_EQ(got_n, want_n);
+  EXPECT_NEAR(got_sum, want_sum, 1e-5 * std::fabs(want_sum));
   expect_close(f.down(dxl), my_rows(f.down(dx), N, C, split, n, r), "dx");
   expect_close(f.down(dwl), pick(f.down(dwte), rows_of_wte.global_indices(Shape{Vp, C})), "dwte");
 }

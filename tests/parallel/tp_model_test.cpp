@@ -98,7 +98,7 @@ void check(const Case& k) {
   EXPECT_NEAR(got.sum, want.sum, 1e-5 * std::fabs(want.sum));
   // The update's view: partial sums reduced once, the norm counting every element once.
   reduce_partial_grads(part, testing::world());
-  const double want_sq = be.sum_squares(be.default_stream(), full.grad_buffer());
+  const double want_sq = read_sum_squares(be, full.grad_buffer());
   EXPECT_NEAR(tp_grad_sum_squares(part, testing::world()), want_sq, 1e-5 * want_sq);
   ASSERT_EQ(part.params().size(), full.params().size());
   for (size_t i = 0; i < part.params().size(); ++i) {

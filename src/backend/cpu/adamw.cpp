@@ -3,6 +3,7 @@
 // exponential moving average (Backend::ema_update).
 #include "backend/cpu/kernels.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace kiln::cpu {
@@ -31,6 +32,13 @@ void adamw(float* param, const G* grad, float* m, float* v, int64_t n, const Ada
 template void adamw<float>(float*, const float*, float*, float*, int64_t, const AdamWParams&);
 template void adamw<bf16>(float*, const bf16*, float*, float*, int64_t, const AdamWParams&);
 template void adamw<f16>(float*, const f16*, float*, float*, int64_t, const AdamWParams&);
+
+float clip_coefficient(double sumsq, double check, double max_norm, float loss_scale) {
+  if (!std::isfinite(sumsq) || !std::isfinite(check)) return NAN;
+  const double norm = std::sqrt(sumsq) / loss_scale;
+  const float clip = max_norm <= 0.0 ? 1.f : static_cast<float>(std::min(1.0, max_norm / (norm + 1e-6)));
+  return clip / loss_scale;
+}
 
 // The weights' moving average, one pass: ema read and written once, param read once.
 template <class P>

@@ -7,6 +7,7 @@
 #include "backend/cpu/kernels.h"
 #include "backend/op_checks.h"
 
+#include <cmath>
 #include <cstring>
 
 namespace kiln {
@@ -79,15 +80,20 @@ class CpuBackend final : public Backend {
       std::fill_n(t.data<int32_t>(), t.numel(), static_cast<int32_t>(value));
       return;
     }
+    if (t.dtype() == DType::F64) {
+      std::fill_n(t.data<double>(), t.numel(), static_cast<double>(value));
+      return;
+    }
     cpu::dispatch_float(t.dtype(), "fill", [&](auto x) {
       using T = decltype(x);
       cpu::fill(p<T>(t), value, t.numel());
     });
   }
-  double sum_squares(Stream, const Tensor& t) override {
-    return cpu::dispatch_float(t.dtype(), "sum_squares", [&](auto x) {
-      using T = decltype(x);
-      return cpu::sum_squares(p<T>(t), t.numel());
+  void sum_squares(Stream, const Tensor& acc, const Tensor& x) override {
+    checks::sum_squares(acc, x);
+    acc.data<double>()[0] += cpu::dispatch_float(x.dtype(), "sum_squares", [&](auto e) {
+      using T = decltype(e);
+      return cpu::sum_squares(p<T>(x), x.numel());
     });
   }
 
@@ -415,14 +421,39 @@ class CpuBackend final : public Backend {
     });
   }
 
+  void accumulate_loss(Stream, const Tensor& acc, const Tensor& losses,
+                       const Tensor& targets) override {
+    const int64_t n = checks::accumulate_loss(acc, losses, targets);
+    cpu::accumulate_loss(acc.data<double>(), losses.data<float>(), targets.data<int32_t>(), n);
+  }
+  void cross_entropy_shard_combine(Stream, const Tensor& lse, const Tensor& acc,
+                                   const Tensor& stats, const Tensor& targets) override {
+    const auto d = checks::cross_entropy_shard_combine(lse, acc, stats, targets);
+    cpu::cross_entropy_shard_combine(lse.data<float>(), acc.data<double>(), stats.data<float>(),
+                                     targets.data<int32_t>(), d.N, d.Vp);
+  }
+  void clip_coefficient(Stream, const Tensor& coef, const Tensor& sumsq, const Tensor& check,
+                        double max_norm, float loss_scale) override {
+    checks::clip_coefficient(coef, sumsq, check, loss_scale);
+    coef.data<float>()[0] = cpu::clip_coefficient(sumsq.data<double>()[0],
+                                                  check ? check.data<double>()[0] : 0.0,
+                                                  max_norm, loss_scale);
+  }
   void adamw_step(Stream, const Tensor& param, const Tensor& grad, const Tensor& m,
-                  const Tensor& v, const AdamWParams& hp) override {
+                  const Tensor& v, const Tensor& scale, const AdamWParams& hp) override {
     KILN_CHECK(grad.numel() == param.numel(), "adamw: grad {} vs param {}", grad.str(), param.str());
     checks::same_size(m, param, "adamw m");
     checks::same_size(v, param, "adamw v");
+    checks::adamw_scale(scale);
+    AdamWParams h = hp;
+    if (scale) {
+      const float c = scale.data<float>()[0];
+      if (!std::isfinite(c)) return;  // a skipped update
+      h.grad_scale = hp.grad_scale * c;
+    }
     cpu::dispatch_float(grad.dtype(), "adamw", [&](auto x) {
       using G = decltype(x);
-      cpu::adamw(p<float>(param), p<G>(grad), p<float>(m), p<float>(v), param.numel(), hp);
+      cpu::adamw(p<float>(param), p<G>(grad), p<float>(m), p<float>(v), param.numel(), h);
     });
   }
 

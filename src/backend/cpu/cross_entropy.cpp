@@ -7,6 +7,7 @@
 #include "backend/cpu/vec_math.h"
 #include "core/error.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace kiln::cpu {
@@ -110,5 +111,39 @@ KILN_CPU_FOR_EACH_T(INST_T)
   template void cross_entropy_shard_backward<T>(T*, const T*, const int32_t*, const float*,     \
                                                 int64_t, int64_t, int64_t, int, int, float);
 KILN_CPU_FOR_EACH_T(INST_T)
+
+void accumulate_loss(double* acc, const float* losses, const int32_t* targets, int64_t n) {
+  double sum = 0.0;
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (targets[i] == -1) continue;
+    sum += losses[i];
+    ++count;
+  }
+  acc[0] += sum;
+  acc[1] += static_cast<double>(count);
+}
+
+void cross_entropy_shard_combine(float* lse, double* acc, const float* stats,
+                                 const int32_t* targets, int64_t N, int64_t tp) {
+  double sum = 0.0;
+  int64_t count = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    double M = -INFINITY, S = 0.0, X = 0.0;
+    for (int64_t q = 0; q < tp; ++q) M = std::max(M, double(stats[(q * N + i) * 3]));
+    for (int64_t q = 0; q < tp; ++q) {
+      const float* st = stats + (q * N + i) * 3;
+      if (st[1] > 0.f) S += double(st[1]) * std::exp(double(st[0]) - M);
+      X += st[2];
+    }
+    S = std::max(S, 1.0);  // >= 1 whenever computed: the maximum's own term is exp(0)
+    lse[i] = static_cast<float>(M + std::log(S));
+    if (targets[i] == -1) continue;
+    sum += M + std::log(S) - X;
+    ++count;
+  }
+  acc[0] += sum;
+  acc[1] += static_cast<double>(count);
+}
 
 }  // namespace kiln::cpu

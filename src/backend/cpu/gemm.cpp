@@ -23,6 +23,7 @@ dt to_dnnl(DType t) {
     case DType::BF16: return dt::bf16;
     case DType::F16: return dt::f16;
     case DType::I32: return dt::s32;
+    case DType::F64: return dt::undef;
   }
   return dt::undef;
 }
@@ -125,7 +126,8 @@ void widen(float* dst, const void* src, DType t, int64_t rows, int64_t cols, int
     case DType::F32: return widen_t(dst, static_cast<const float*>(src), rows, cols, ld);
     case DType::BF16: return widen_t(dst, static_cast<const bf16*>(src), rows, cols, ld);
     case DType::F16: return widen_t(dst, static_cast<const f16*>(src), rows, cols, ld);
-    case DType::I32: break;
+    case DType::I32:
+    case DType::F64: break;
   }
   KILN_FAIL("gemm: no fp32 widening for {}", dtype_name(t));
 }
@@ -142,7 +144,8 @@ void narrow(void* dst, DType t, const float* src, int64_t rows, int64_t cols, in
     case DType::BF16: return narrow_t(static_cast<bf16*>(dst), src, rows, cols, ld);
     case DType::F16: return narrow_t(static_cast<f16*>(dst), src, rows, cols, ld);
     case DType::F32:
-    case DType::I32: break;
+    case DType::I32:
+    case DType::F64: break;
   }
   KILN_FAIL("gemm: no narrowing to {}", dtype_name(t));
 }

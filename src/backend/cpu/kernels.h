@@ -127,6 +127,13 @@ template <class T>
 void cross_entropy_shard_backward(T* dlogits, const T* logits, const int32_t* targets,
                                   const float* lse, int64_t N, int64_t Vl, int64_t vocab_begin,
                                   int valid, int ignore_index, float grad_scale);
+/// Backend::accumulate_loss: acc[0] += sum of losses[i] with targets[i] != -1, acc[1] += count.
+void accumulate_loss(double* acc, const float* losses, const int32_t* targets, int64_t n);
+/// Backend::cross_entropy_shard_combine over N rows of tp ranks' stats.
+void cross_entropy_shard_combine(float* lse, double* acc, const float* stats,
+                                 const int32_t* targets, int64_t N, int64_t tp);
+/// Backend::clip_coefficient.
+float clip_coefficient(double sumsq, double check, double max_norm, float loss_scale);
 /// Backend::shard_ids.
 void shard_ids(int32_t* out, const int32_t* ids, int64_t n, int64_t begin, int64_t count);
 /// Backend::patchify: images [B,H,W,C], out rows of T >= (H/P)(W/P).

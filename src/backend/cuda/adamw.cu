@@ -13,6 +13,11 @@ namespace kiln::cuda {
 namespace {
 template <class T, class G>
 __global__ void adamw_kernel(T* param, const G* grad, float* m, float* v, int64_t n, AdamWArgs a) {
+  if (a.scale) {  // read on the device: the clipping coefficient needs no host round trip
+    const float c = *a.scale;
+    if (!isfinite(c)) return;  // a skipped update
+    a.grad_scale *= c;
+  }
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const float g = to_f(grad[i]) * a.grad_scale;

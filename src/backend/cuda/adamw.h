@@ -12,6 +12,7 @@ struct AdamWArgs {
   float step_size;  // lr / (1 - beta1^step)
   float bc2_sqrt;   // sqrt(1 - beta2^step)
   float decay;      // 1 - lr * weight_decay
+  const float* scale;  // device fp32 [1] multiplying grad_scale, or nullptr; not finite: skip
 };
 
 void adamw(cudaStream_t s, Elem e, Elem g, void* param, const void* grad, float* m, float* v, int64_t n,

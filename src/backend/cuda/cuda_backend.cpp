@@ -10,6 +10,7 @@
 #include "backend/cuda/embedding.h"
 #include "backend/cuda/image.h"
 #include "backend/cuda/nvtx.h"
+#include "backend/cuda/step_stats.h"
 #include "backend/op_checks.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -64,6 +65,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
 CudaBackend::~CudaBackend() {
   (void)cudaStreamSynchronize(stream_);
   workspace_ = Tensor();
+  arena_ = Tensor();
   gemm_.reset();
   (void)cudaStreamSynchronize(stream_);
   alloc_.reset();
@@ -134,20 +136,48 @@ void CudaBackend::fill(Stream s, const Tensor& t, float value) {
     }
     case DType::BF16: cuda::fill_u16(st(s), t.raw(), f32_to_bf16(value), t.numel()); break;
     case DType::F16: cuda::fill_u16(st(s), t.raw(), f32_to_f16(value), t.numel()); break;
+    case DType::F64: {
+      const double d = value;
+      uint64_t u;
+      std::memcpy(&u, &d, 8);
+      cuda::fill_u64(st(s), t.raw(), u, t.numel());
+      break;
+    }
   }
 }
-double CudaBackend::sum_squares(Stream s, const Tensor& t) {
-  if (!t.numel()) return 0.0;
-  const Elem e = elem(t, "sum_squares");
-  Scratch scratch(*this, st(s), cuda::sum_squares_scratch_bytes(t.numel()) + sizeof(double));
-  auto* partial = scratch.ptr();
-  auto* result = reinterpret_cast<double*>(static_cast<char*>(partial) +
-                                           cuda::sum_squares_scratch_bytes(t.numel()));
-  cuda::sum_squares(st(s), e, t.raw(), t.numel(), partial, result);
-  double host = 0.0;
-  KILN_CUDA_CHECK(cudaMemcpyAsync(&host, result, sizeof(double), cudaMemcpyDeviceToHost, st(s)));
-  KILN_CUDA_CHECK(cudaStreamSynchronize(st(s)));
-  return host;
+void CudaBackend::sum_squares(Stream s, const Tensor& acc, const Tensor& x) {
+  checks::sum_squares(acc, x);
+  on_device(acc, "sum_squares");
+  if (!x.numel()) return;
+  const Elem e = elem(x, "sum_squares");
+  Scratch scratch(*this, st(s), cuda::sum_squares_scratch_bytes(x.numel()));
+  cuda::sum_squares(st(s), e, x.raw(), x.numel(), scratch.ptr(), static_cast<double*>(acc.raw()));
+}
+
+void CudaBackend::accumulate_loss(Stream s, const Tensor& acc, const Tensor& losses,
+                                  const Tensor& targets) {
+  const int64_t n = checks::accumulate_loss(acc, losses, targets);
+  on_device(acc, "accumulate_loss");
+  if (n == 0) return;
+  cuda::accumulate_loss(st(s), static_cast<double*>(acc.raw()), losses.data<float>(),
+                        targets.data<int32_t>(), n);
+}
+
+void CudaBackend::cross_entropy_shard_combine(Stream s, const Tensor& lse, const Tensor& acc,
+                                              const Tensor& stats, const Tensor& targets) {
+  const auto d = checks::cross_entropy_shard_combine(lse, acc, stats, targets);
+  on_device(acc, "cross_entropy_shard_combine");
+  cuda::cross_entropy_shard_combine(st(s), lse.data<float>(), static_cast<double*>(acc.raw()),
+                                    stats.data<float>(), targets.data<int32_t>(), d.N, d.Vp);
+}
+
+void CudaBackend::clip_coefficient(Stream s, const Tensor& coef, const Tensor& sumsq,
+                                   const Tensor& check, double max_norm, float loss_scale) {
+  checks::clip_coefficient(coef, sumsq, check, loss_scale);
+  on_device(coef, "clip_coefficient");
+  cuda::clip_coefficient(st(s), coef.data<float>(), static_cast<const double*>(sumsq.raw()),
+                         check ? static_cast<const double*>(check.raw()) : nullptr, max_norm,
+                         loss_scale);
 }
 
 // ---- loss and optimizer -----------------------------------------------------------------
@@ -210,7 +240,7 @@ void CudaBackend::unpatchify(Stream s, const Tensor& images, const Tensor& patch
 }
 
 void CudaBackend::adamw_step(Stream s, const Tensor& param, const Tensor& grad, const Tensor& m,
-                             const Tensor& v, const AdamWParams& hp) {
+                             const Tensor& v, const Tensor& scale, const AdamWParams& hp) {
   cuda::NvtxRange r("adamw_step");
   KILN_CHECK(grad.numel() == param.numel(), "adamw: grad {} vs param {}", grad.str(),
              param.str());
@@ -230,6 +260,9 @@ void CudaBackend::adamw_step(Stream s, const Tensor& param, const Tensor& grad, 
   a.beta2 = static_cast<float>(hp.beta2);
   a.eps = hp.eps;
   a.grad_scale = hp.grad_scale;
+  checks::adamw_scale(scale);
+  if (scale) on_device(scale, "adamw scale");
+  a.scale = scale ? scale.data<float>() : nullptr;
   // The CPU backend's arithmetic (bias corrections in double), so that the two agree.
   a.step_size = static_cast<float>(static_cast<double>(hp.lr) / bc1);
   a.bc2_sqrt = static_cast<float>(std::sqrt(bc2));

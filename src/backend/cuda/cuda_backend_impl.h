@@ -15,6 +15,7 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/memory.h"
 
+#include <algorithm>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -42,7 +43,6 @@ class CudaBackend final : public Backend {
   void copy_stochastic_round(Stream s, const Tensor& dst, const Tensor& src, uint64_t seed,
                              uint64_t stream) override;
   void fill(Stream s, const Tensor& t, float value) override;
-  double sum_squares(Stream s, const Tensor& t) override;
 
   // ---- ops (cuda_ops.cpp) -----------------------------------------------------------------
   void embedding_forward(Stream s, const Tensor& out, const Tensor& tokens,
@@ -123,31 +123,57 @@ class CudaBackend final : public Backend {
                  int64_t count) override;
   void patchify(Stream s, const Tensor& out, const Tensor& images, int patch) override;
   void unpatchify(Stream s, const Tensor& images, const Tensor& patches, int patch) override;
+  void accumulate_loss(Stream s, const Tensor& acc, const Tensor& losses,
+                       const Tensor& targets) override;
+  void cross_entropy_shard_combine(Stream s, const Tensor& lse, const Tensor& acc,
+                                   const Tensor& stats, const Tensor& targets) override;
+  void sum_squares(Stream s, const Tensor& acc, const Tensor& x) override;
+  void clip_coefficient(Stream s, const Tensor& coef, const Tensor& sumsq, const Tensor& check,
+                        double max_norm, float loss_scale) override;
   void adamw_step(Stream s, const Tensor& param, const Tensor& grad, const Tensor& m,
-                  const Tensor& v, const AdamWParams& hp) override;
+                  const Tensor& v, const Tensor& scale, const AdamWParams& hp) override;
   void ema_update(Stream s, const Tensor& ema, const Tensor& param, float decay) override;
 
  private:
-  // Scratch memory for one op (Temporaries). Freed on the backend's stream; when the op
-  // ran on another stream, the backend's stream first waits for that stream's work.
+  // Scratch memory for one op (Temporaries). On the backend's stream it is the scratch
+  // arena: one buffer every op reuses (ops on one stream run in order, so the next op's
+  // use follows this one's), grown to the largest request and then kept, so that a
+  // step allocates nothing once the first has run. A second Scratch alive at once, or
+  // an op on another stream, gets its own allocation, freed on the backend's stream
+  // after that stream waits for the other's work.
   class Scratch {
    public:
     Scratch(CudaBackend& be, cudaStream_t s, size_t bytes) : be_(be), s_(s) {
-      const int64_t words = static_cast<int64_t>((bytes + 3) / 4);
-      t_ = be.empty({words > 0 ? words : 1}, DType::I32, MemCategory::Temporaries);
+      const int64_t words = std::max<int64_t>(1, static_cast<int64_t>((bytes + 3) / 4));
+      if (s == be.stream_ && !be.arena_in_use_) {
+        if (be.arena_.numel() < words) {
+          be.arena_ = Tensor();  // freed in stream order: earlier ops' uses come first
+          be.arena_ = be.empty({words}, DType::I32, MemCategory::Temporaries);
+        }
+        be.arena_in_use_ = arena_ = true;
+        ptr_ = be.arena_.raw();
+        return;
+      }
+      t_ = be.empty({words}, DType::I32, MemCategory::Temporaries);
+      ptr_ = t_.raw();
     }
     ~Scratch() {
+      if (arena_) be_.arena_in_use_ = false;
       if (s_ != be_.stream_) {
         (void)cudaEventRecord(be_.scratch_event_, s_);
         (void)cudaStreamWaitEvent(be_.stream_, be_.scratch_event_, 0);
       }
     }
-    void* ptr() const { return t_.raw(); }
+    Scratch(const Scratch&) = delete;
+    Scratch& operator=(const Scratch&) = delete;
+    void* ptr() const { return ptr_; }
 
    private:
     CudaBackend& be_;
     cudaStream_t s_;
     Tensor t_;
+    bool arena_ = false;
+    void* ptr_ = nullptr;
   };
 
   cudaStream_t st(Stream s) const {
@@ -175,6 +201,8 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t scratch_event_ = nullptr;
   std::unique_ptr<CudaAllocator> alloc_;
+  Tensor arena_;  // Scratch's on the backend's stream (released in ~CudaBackend)
+  bool arena_in_use_ = false;
   PinnedHostAllocator pinned_;
   std::unique_ptr<Gemm> gemm_;
   Tensor workspace_;

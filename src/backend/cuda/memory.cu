@@ -4,7 +4,7 @@
 // NaN (as a quiet NaN) and Inf, like core/dtype.h's host conversions.
 // sum_squares: pass 1, grid of up to 1024 blocks x 256 threads, each thread accumulates
 // x^2 in double over a grid-stride range, block_sum -> partial[block]; pass 2, one block
-// sums the partials in order. Bytes: n * size read. FLOPs: 2n (double). Deterministic.
+// sums the partials in order and adds the total to the accumulator. Bytes: n * size read. FLOPs: 2n (double). Deterministic.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/memory.h"
 
@@ -77,7 +77,7 @@ __global__ void sum_partials(const double* partial, int count, double* result) {
   double acc = 0.0;
   for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partial[i];
   acc = block_sum(acc, scratch);
-  if (threadIdx.x == 0) *result = acc;
+  if (threadIdx.x == 0) *result += acc;
 }
 
 // One thread per group of 4 elements: one Philox block gives their 4 random words.
@@ -114,6 +114,12 @@ void stochastic_round_bf16(cudaStream_t s, void* dst, const float* src, int64_t 
 void fill_u32(cudaStream_t s, void* p, uint32_t bits, int64_t n) {
   if (n <= 0) return;
   fill_kernel<<<grid_for(n, 256), 256, 0, s>>>(static_cast<uint32_t*>(p), bits, n);
+  KILN_CUDA_LAUNCHED("fill");
+}
+
+void fill_u64(cudaStream_t s, void* p, uint64_t bits, int64_t n) {
+  if (n <= 0) return;
+  fill_kernel<<<grid_for(n, 256), 256, 0, s>>>(static_cast<uint64_t*>(p), bits, n);
   KILN_CUDA_LAUNCHED("fill");
 }
 

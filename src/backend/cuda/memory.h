@@ -9,6 +9,7 @@ namespace kiln::cuda {
 /// p[i] = bits for i < n, 32-bit or 16-bit elements.
 void fill_u32(cudaStream_t s, void* p, uint32_t bits, int64_t n);
 void fill_u16(cudaStream_t s, void* p, uint16_t bits, int64_t n);
+void fill_u64(cudaStream_t s, void* p, uint64_t bits, int64_t n);
 
 /// Storage formats convert() reads and writes.
 enum class FloatKind { F32, BF16, F16 };
@@ -24,7 +25,7 @@ void stochastic_round_bf16(cudaStream_t s, void* dst, const float* src, int64_t 
 
 /// Bytes of device scratch sum_squares needs for n elements.
 size_t sum_squares_scratch_bytes(int64_t n);
-/// *result (device double) = sum of x[i]^2 in double. Two passes: per-block partials,
+/// *result (device double) += sum of x[i]^2 in double. Two passes: per-block partials,
 /// then one block sums them in block order, so the result does not depend on timing.
 void sum_squares(cudaStream_t s, Elem e, const void* x, int64_t n, void* scratch, double* result);
 

@@ -43,13 +43,6 @@ class MetaBackend final : public Backend {
                dst.str(), src.str());
   }
   void fill(Stream, const Tensor&, float) override {}
-  double sum_squares(Stream, const Tensor& t) override {
-    MetaCallInfo c;
-    c.dtype = t.dtype();
-    c.numel = t.numel();
-    Scope sc(*this, c);
-    return 0.0;
-  }
 
   // Every op of backend/op_list.h: checked and sized by meta_calls, its scratch held
   // while the (empty) op runs.

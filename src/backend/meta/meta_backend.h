@@ -6,8 +6,8 @@
 // GPT-2 XL "allocates" tens of GiB in microseconds and touches no memory. Its ops check
 // their arguments with the same op_checks as every backend (so a dry run fails where a
 // real run would on a shape error) and then do nothing, except:
-//   copy_to_host   fills the host buffer with zeros (callers reading losses get 0)
-//   sum_squares    returns 0
+//   copy_to_host   fills the host buffer with zeros (callers reading losses and
+//                  gradient norms get 0)
 // supports() is true for every op and dtype.
 //
 // What a concrete backend allocates INSIDE its ops (library scratch space, counted as
@@ -32,10 +32,9 @@
 
 namespace kiln {
 
-/// Every call of the Backend interface that may need scratch memory: sum_squares and
-/// the ops of backend/op_list.h.
+/// Every call of the Backend interface that may need scratch memory: the ops of
+/// backend/op_list.h.
 enum class MetaCall : uint8_t {
-  SumSquares,
 #define KILN_META_CALL(Call, method, category, params, args) Call,
   KILN_BACKEND_OPS(KILN_META_CALL)
 #undef KILN_META_CALL
@@ -43,7 +42,7 @@ enum class MetaCall : uint8_t {
 
 /// One call's sizes (those that apply; the rest stay 0), as op_checks returns them.
 struct MetaCallInfo {
-  MetaCall call = MetaCall::SumSquares;
+  MetaCall call = MetaCall::EmbeddingForward;
   DType dtype = DType::F32;  // of the activations / the tensor
   int64_t numel = 0;         // sum_squares, adamw: elements
   int64_t N = 0;             // rows: B*T (layernorm, linear, cross-entropy)

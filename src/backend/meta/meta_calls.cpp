@@ -260,8 +260,30 @@ MetaCallInfo mse_loss(const Tensor& losses, const Tensor& dpred, const Tensor& p
   return c;
 }
 
+MetaCallInfo accumulate_loss(const Tensor& acc, const Tensor& losses, const Tensor& targets) {
+  MetaCallInfo c = info(MetaCall::AccumulateLoss, DType::F32);
+  c.N = checks::accumulate_loss(acc, losses, targets);
+  return c;
+}
+MetaCallInfo cross_entropy_shard_combine(const Tensor& lse, const Tensor& acc,
+                                         const Tensor& stats, const Tensor& targets) {
+  MetaCallInfo c = info(MetaCall::CrossEntropyShardCombine, DType::F32);
+  c.N = checks::cross_entropy_shard_combine(lse, acc, stats, targets).N;
+  return c;
+}
+MetaCallInfo sum_squares(const Tensor& acc, const Tensor& x) {
+  checks::sum_squares(acc, x);
+  return elements(MetaCall::SumSquares, x);
+}
+MetaCallInfo clip_coefficient(const Tensor& coef, const Tensor& sumsq, const Tensor& check,
+                              double, float loss_scale) {
+  checks::clip_coefficient(coef, sumsq, check, loss_scale);
+  return info(MetaCall::ClipCoefficient, DType::F32);
+}
+
 MetaCallInfo adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m,
-                        const Tensor& v, const AdamWParams&) {
+                        const Tensor& v, const Tensor& scale, const AdamWParams&) {
+  checks::adamw_scale(scale);
   // Element counts only: with mixed precision the dtypes of param, grad and m/v differ.
   KILN_CHECK(grad.numel() == param.numel() && m.numel() == param.numel() &&
                  v.numel() == param.numel(),

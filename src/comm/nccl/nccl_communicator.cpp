@@ -40,6 +40,7 @@ ncclDataType_t nccl_type(DType d) {
     case DType::BF16: return ncclBfloat16;
     case DType::F16: return ncclFloat16;
     case DType::I32: return ncclInt32;
+    case DType::F64: return ncclFloat64;
   }
   return ncclFloat32;
 }

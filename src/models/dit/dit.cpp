@@ -109,6 +109,7 @@ struct DiT::State {
   Tensor fmodulated;            // [B,N,C]
   Tensor pred, dpred;           // [B,N,D]
   Tensor losses;                // fp32 [B]
+  Tensor counted;               // int32 [B]: the labels, -1 where an image is not counted
   Tensor dcond_silu, dcond, dt_act;  // [B,C]
   Tensor dfmod;                 // [B,2,C]
   Tensor dresidual;             // [B,N,C]
@@ -194,6 +195,7 @@ void DiT::reserve(int B) {
   a.pred = act(Shape{B, N, D});
   a.dpred = act(Shape{B, N, D});
   a.losses = f32(Shape{B});
+  a.counted = be.empty(Shape{B}, DType::I32, MemCategory::Activations);
   a.dcond_silu = act(Shape{B, C});
   a.dcond = act(Shape{B, C});
   a.dt_act = act(Shape{B, C});
@@ -291,12 +293,13 @@ LossSum DiT::forward(const Batch& batch, float grad_scale) {
     if (training_draws_ && uniform_at(seed_, kLabelStream, g) < config_.class_dropout)
       conditioning[static_cast<size_t>(b)] = -1;
   }
-  return flow_loss(x0, a.host_labels, conditioning, a.host_noise, a.host_t, grad_scale);
+  return flow_loss(x0, a.host_labels, conditioning, a.host_noise, a.host_t, grad_scale,
+                   batch.loss);
 }
 
 LossSum DiT::flow_loss(const Tensor& x0, std::span<const int32_t> labels,
                        std::span<const int32_t> conditioning, std::span<const float> noise,
-                       std::span<const float> t, float grad_scale) {
+                       std::span<const float> t, float grad_scale, const Tensor& loss) {
   const int B = static_cast<int>(x0.size(0));
   KILN_CHECK(labels.size() == static_cast<size_t>(B) && conditioning.size() == labels.size() &&
                  t.size() == labels.size() && noise.size() == static_cast<size_t>(x0.numel()),
@@ -307,11 +310,9 @@ LossSum DiT::flow_loss(const Tensor& x0, std::span<const int32_t> labels,
   Backend& be = backend();
   const Stream s = be.default_stream();
   const bool with_grad = grad_scale > 0.f;
-  int64_t counted = 0;
-  for (int b = 0; b < B; ++b) {
+  for (int b = 0; b < B; ++b)
     KILN_CHECK(!(with_grad && labels[b] < 0), "dit: a training image has no label (sample {})", b);
-    counted += labels[b] >= 0 ? 1 : 0;
-  }
+  be.copy_from_host(s, a.counted, labels.data());
   be.copy_from_host(s, a.noise, noise.data());
   be.copy_from_host(s, a.t, t.data());
   be.rectified_flow_inputs(s, a.xt, a.target, x0, a.noise, a.t);
@@ -319,12 +320,10 @@ LossSum DiT::flow_loss(const Tensor& x0, std::span<const int32_t> labels,
   upload_conditioning(t, conditioning);
   run_forward();
   be.mse_loss(s, a.losses, with_grad ? a.dpred : Tensor(), a.pred, a.target_patches, grad_scale);
-  std::vector<float> losses(static_cast<size_t>(B));
-  be.copy_to_host(s, losses.data(), a.losses);
-  be.synchronize(s);
-  LossSum out{0.0, counted};
-  for (int b = 0; b < B; ++b)
-    if (labels[b] >= 0) out.sum += losses[b];
+  Batch sums;  // where the loss goes: `loss`, or the model's own accumulator
+  sums.loss = loss;
+  be.accumulate_loss(s, loss_.target(be, sums), a.losses, a.counted);
+  const LossSum out = loss_.result(be, sums);
   hooks().after_forward(config_.n_layer + 1);
   a.have_grad = with_grad;
   return out;

@@ -57,10 +57,11 @@ class DiT final : public LayeredModel {
   void backward() override;
   /// forward() at given draws (the golden test's): x0 fp32 [B,H,W,C] on the device; host
   /// labels [B] (-1: not counted), the labels the model is conditioned on [B] (-1: the
-  /// null class), noise [B*H*W*C] and times t [B].
+  /// null class), noise [B*H*W*C] and times t [B]; `loss` as Batch::loss (the sums are
+  /// added there, {} returned) or empty (the sums returned).
   LossSum flow_loss(const Tensor& x0, std::span<const int32_t> labels,
                     std::span<const int32_t> conditioning, std::span<const float> noise,
-                    std::span<const float> t, float grad_scale);
+                    std::span<const float> t, float grad_scale, const Tensor& loss = {});
   void set_activation_checkpointing(nn::ActivationCheckpointing mode) override { mode_ = mode; }
   /// on: training draws (label dropout); off: evaluation draws. (seed, call_index) key
   /// every draw.
@@ -95,6 +96,7 @@ class DiT final : public LayeredModel {
   DiTConfig config_;
   std::unique_ptr<DiTLayers> layers_;
   std::unique_ptr<State> state_;
+  LossAccumulator loss_;
   nn::ActivationCheckpointing mode_ = nn::ActivationCheckpointing::None;
   bool training_draws_ = false;
   uint64_t seed_ = 0, call_index_ = 0;

@@ -196,11 +196,11 @@ LossSum ViT::forward(const Batch& batch, float grad_scale) {
   const bool with_grad = grad_scale > 0.f;
   const Tensor x = a.head[nn::Norm::kOut].reshape(Shape{a.B, config_.n_embd});
   const nn::Param& head = layers_->head;
-  const auto r = nn::head_cross_entropy(be, s, nn::TpPlacement{}, x, head.v(), labels,
-                                        config_.num_classes, grad_scale,
-                                        with_grad ? a.dhead.reshape(x.shape()) : Tensor(),
-                                        with_grad ? head.g() : Tensor(), a.head_scratch);
-  LossSum out{r.loss_sum, r.n_targets};
+  nn::head_cross_entropy(be, s, nn::TpPlacement{}, x, head.v(), labels, config_.num_classes,
+                         grad_scale, with_grad ? a.dhead.reshape(x.shape()) : Tensor(),
+                         with_grad ? head.g() : Tensor(), a.head_scratch,
+                         loss_.target(be, batch));
+  LossSum out = loss_.result(be, batch);
   if (!with_grad) {
     // Top-1 accuracy: the first largest logit of each image against its label.
     project_logits(a.logits, x, head.v());

@@ -78,6 +78,7 @@ class ViT final : public LayeredModel {
   ViTConfig config_;
   std::unique_ptr<ViTLayers> layers_;
   std::unique_ptr<State> state_;
+  LossAccumulator loss_;
   nn::ActivationCheckpointing mode_ = nn::ActivationCheckpointing::None;
 };
 
