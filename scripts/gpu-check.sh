@@ -24,7 +24,7 @@
 # (data/kjv: prepared here by scripts/demo.sh, about 3 MB.)
 # Logs and the JSON results go to $OUT (or build-gpu/gpu-check/ when OUT is unset).
 # Env: GPU_CHECK_JOBS (build jobs, default nproc), GPU_CHECK_SKIP_TORCH=1,
-#      GPU_CHECK_ARCHS (default 90), GPU_CHECK_B (default 16), GPU_CHECK_STEPS (10),
+#      GPU_CHECK_ARCHS (default 90), GPU_CHECK_B (default 16), GPU_CHECK_STEPS (30: the median of that many steps),
 #      GPU_CHECK_TRAIN_STEPS (the trainer check's updates, default 100),
 #      GPU_CHECK_KILN_FP32=1 (kiln's fp32 model instead of bf16), GPU_CHECK_DRY=1 (no GPU needed: unpack, configure and build only; for checking
 #      the script on the build machine before a device session).
@@ -40,7 +40,7 @@ t_start=$(date +%s)
 jobs="${GPU_CHECK_JOBS:-$(nproc)}"
 archs="${GPU_CHECK_ARCHS:-90}"
 B="${GPU_CHECK_B:-16}"
-steps="${GPU_CHECK_STEPS:-10}"
+steps="${GPU_CHECK_STEPS:-30}"
 status_build=skipped status_tests=skipped status_kiln=skipped status_torch=skipped
 status_trainer=skipped
 

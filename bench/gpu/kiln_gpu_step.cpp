@@ -3,11 +3,12 @@
 //   {"impl":"kiln", "B":..., "T":..., "dtype":..., "ms_per_step":..., "tokens_per_s":...,
 //    "model_tflops":..., "peak_bf16_tflops":..., "mfu":..., "loss":..., "peak_gib":...}
 // MFU = B*T * flops_per_token(T) per second (6N + attention, GPT2Config) over the bf16
-// GEMM rate measured here through the backend's own linear_forward (8192^3).
+// GEMM rate measured here through the backend's own linear_forward (8192^3); ms_per_step
+// is the median of --steps steps after --warmup.
 // The model runs in bf16 (train.dtype = bf16: bf16 parameters and activations, fp32
 // gradients; AdamW keeps fp32 master weights), like PyTorch's bf16 autocast in torch_gpt2.py;
 // --fp32 runs the fp32 model instead (KILN_CUDA_TF32=1 lets its GEMMs use TF32).
-// Usage: kiln_gpu_step [--model gpt2] [--B 16] [--T 1024] [--steps 10] [--warmup 3]
+// Usage: kiln_gpu_step [--model gpt2] [--B 16] [--T 1024] [--steps 30] [--warmup 3]
 //                      [--profile N] [--fp32]
 // When B does not fit, it halves B until it does (the B used is printed).
 #include "backend/probe.h"
@@ -20,6 +21,7 @@
 #include "profile/summary.h"
 #include "profile/tracer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -33,7 +35,7 @@ namespace {
 
 struct Args {
   std::string model = "gpt2";
-  int B = 16, T = 1024, steps = 10, warmup = 3;
+  int B = 16, T = 1024, steps = 30, warmup = 3;
   int profile = 0;  // > 0: that many more steps through a ProfilingBackend, per-op table
   bool fp32 = false;  // the fp32 model instead of bf16 with fp32 gradients and masters
 };
@@ -93,13 +95,19 @@ Result run(Backend& be, const GPT2Config& cfg, const std::string& dtype, int B, 
   for (int i = 0; i < warmup; ++i) step();
   be.synchronize(s);
   if (tracer) tracer->enable();
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < steps; ++i) step();
+  // Each step ends with its one host read (the loss), so the GPU is idle between two
+  // steps and the host clock around one step is its time; the median of the steps.
+  std::vector<double> ms;
+  for (int i = 0; i < steps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    ms.push_back(1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
   be.synchronize(s);
   if (tracer) tracer->disable();
-  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::sort(ms.begin(), ms.end());
   Result r;
-  r.ms = 1e3 * sec / steps;
+  r.ms = ms[ms.size() / 2];
   r.loss = loss;
   r.peak_gib = static_cast<double>(be.allocator().stats().total_peak) / (1024.0 * 1024 * 1024);
   return r;

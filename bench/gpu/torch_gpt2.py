@@ -7,7 +7,7 @@ torch.compile, bf16 autocast (fp32 master weights), scaled_dot_product_attention
 (FlashAttention kernels), fused AdamW, TF32 allowed for the fp32 parts. Prints one JSON
 line with the same fields as bench/gpu/kiln_gpu_step.cpp.
 
-Usage: torch_gpt2.py [--B 16] [--T 1024] [--steps 10] [--warmup 3] [--no-compile]
+Usage: torch_gpt2.py [--B 16] [--T 1024] [--steps 30] [--warmup 3] [--no-compile]
 """
 import argparse
 import json
@@ -88,7 +88,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--B", type=int, default=16)
     ap.add_argument("--T", type=int, default=1024)
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--no-compile", action="store_true")
     args = ap.parse_args()
@@ -137,11 +137,16 @@ def main():
             B //= 2
             torch.cuda.empty_cache()
 
-    t0 = time.time()
-    for _ in range(args.steps):
+    # Median of event-timed steps (as kiln_gpu_step's median of its steps).
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(args.steps)]
+    for e0, e1 in events:
+        e0.record()
         loss = step()
+        e1.record()
     torch.cuda.synchronize()
-    ms = 1e3 * (time.time() - t0) / args.steps
+    times = sorted(e0.elapsed_time(e1) for e0, e1 in events)
+    ms = times[len(times) // 2]
     tps = B * args.T / (ms / 1e3)
     print(json.dumps({
         "impl": "pytorch", "B": B, "T": args.T, "dtype": "bf16 autocast",

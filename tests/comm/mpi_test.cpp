@@ -18,15 +18,15 @@ namespace {
 
 using testing::world;
 
-const DType kAllDtypes[] = {DType::F32, DType::BF16, DType::F16, DType::I32};
+const DType kAllDtypes[] = {DType::F32, DType::BF16, DType::F16, DType::I32, DType::F64};
 const int64_t kSizes[] = {1, 7, 1000, 4099};
 
 /// A host buffer of n elements of `dtype` holding `values` (exactly representable).
 struct Buffer {
   DType dtype;
-  std::vector<uint32_t> words;  // enough room for n 4-byte elements
+  std::vector<uint32_t> words;  // enough room for n elements of up to 8 bytes
   int64_t n;
-  Buffer(DType d, int64_t count) : dtype(d), words(static_cast<size_t>(std::max<int64_t>(count, 1))), n(count) {}
+  Buffer(DType d, int64_t count) : dtype(d), words(2 * static_cast<size_t>(std::max<int64_t>(count, 1))), n(count) {}
   Tensor tensor() { return Tensor::view(words.data(), {n}, dtype); }
   Tensor slice(int64_t offset, int64_t count) { return tensor().view_at(offset, {count}); }
   void set(int64_t i, double v) {
@@ -35,6 +35,7 @@ struct Buffer {
       case DType::I32: reinterpret_cast<int32_t*>(words.data())[i] = static_cast<int32_t>(v); break;
       case DType::BF16: reinterpret_cast<uint16_t*>(words.data())[i] = f32_to_bf16(static_cast<float>(v)); break;
       case DType::F16: reinterpret_cast<uint16_t*>(words.data())[i] = f32_to_f16(static_cast<float>(v)); break;
+      case DType::F64: reinterpret_cast<double*>(words.data())[i] = v; break;
     }
   }
   double get(int64_t i) const {
@@ -43,6 +44,7 @@ struct Buffer {
       case DType::I32: return reinterpret_cast<const int32_t*>(words.data())[i];
       case DType::BF16: return bf16_to_f32(reinterpret_cast<const uint16_t*>(words.data())[i]);
       case DType::F16: return f16_to_f32(reinterpret_cast<const uint16_t*>(words.data())[i]);
+      case DType::F64: return reinterpret_cast<const double*>(words.data())[i];
     }
     return 0;
   }
