@@ -217,8 +217,10 @@ TEST(AttentionSpec, ImpossibleShapesAreAClearError) {
 }
 
 // The fused classifier over 1-row, 3-row and whole chunks: the same loss sums (added on
-// the device, one accumulator) and gradients up to rounding; the chunk size from the
-// environment (a bad value a one-line error naming the variable).
+// the device, one accumulator) and gradients up to rounding (oneDNN picks its GEMM
+// kernel by the row count, so even dx, row by row, may differ in the last bit: seen on
+// an AMD EPYC Zen 3); the chunk size from the environment (a bad value a one-line error
+// naming the variable).
 TEST(Classifier, ChunkSizeDoesNotChangeTheResult) {
   auto be = make_backend("cpu");
   const Stream s = be->default_stream();
@@ -259,7 +261,8 @@ TEST(Classifier, ChunkSizeDoesNotChangeTheResult) {
     const Out o = run(R);
     EXPECT_EQ(o.count, whole.count);
     EXPECT_NEAR(o.sum, whole.sum, 1e-6 * whole.sum) << "R=" << R;
-    EXPECT_EQ(o.dx, whole.dx) << "R=" << R;  // row by row: no cross-chunk sums
+    for (size_t i = 0; i < o.dx.size(); ++i)  // row by row: no cross-chunk sums
+      EXPECT_NEAR(o.dx[i], whole.dx[i], 1e-6f * (1.f + std::fabs(whole.dx[i]))) << "R=" << R << " dx " << i;
     for (size_t i = 0; i < o.dw.size(); ++i)
       EXPECT_NEAR(o.dw[i], whole.dw[i], 1e-5) << "R=" << R << " dwte " << i;
   }
