@@ -19,7 +19,6 @@ void add_sum_squares(const std::vector<AdamWSegment>& segments, Backend& backend
                      const Tensor& acc) {
   const Stream s = backend.default_stream();
   // Runs of segments adjacent in memory (a buffer's consecutive parameters) in one call.
-  const char* run = nullptr;
   int64_t run_size = 0;
   Tensor first;
   auto flush = [&] {
@@ -32,13 +31,13 @@ void add_sum_squares(const std::vector<AdamWSegment>& segments, Backend& backend
     if (seg.size() == 0) continue;
     const auto* p = static_cast<const char*>(seg.grad.raw());
     if (run_size > 0 && seg.grad.dtype() == first.dtype() &&
-        p == run + run_size * static_cast<int64_t>(dtype_size(first.dtype()))) {
+        p == static_cast<const char*>(first.raw()) +
+                 run_size * static_cast<int64_t>(dtype_size(first.dtype()))) {
       run_size += seg.size();
       continue;
     }
     flush();
     first = seg.grad;
-    run = p;
     run_size = seg.size();
   }
   flush();
