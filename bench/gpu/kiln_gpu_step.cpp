@@ -8,8 +8,14 @@
 // The model runs in bf16 (train.dtype = bf16: bf16 parameters and activations, fp32
 // gradients; AdamW keeps fp32 master weights), like PyTorch's bf16 autocast in torch_gpt2.py;
 // --fp32 runs the fp32 model instead (KILN_CUDA_TF32=1 lets its GEMMs use TF32).
+// --profile N: N more steps through a ProfilingBackend timing each op with CUDA events
+// (OpTiming::DeviceEvents: no synchronisation per op, read after each step), printing the
+// per-op and per-kind tables (gemm, attention, norms, elementwise, classifier, optimizer,
+// memory, idle) in ms per step; --profile-sync times them with a synchronize per op.
+// --repeat: the measured run again from the same seed; "deterministic" in the JSON says
+// whether every step's loss was bitwise the same (issue 19, item 5).
 // Usage: kiln_gpu_step [--model gpt2] [--B 16] [--T 1024] [--steps 30] [--warmup 3]
-//                      [--profile N] [--fp32]
+//                      [--profile N] [--profile-sync] [--repeat] [--fp32]
 // When B does not fit, it halves B until it does (the B used is printed).
 #include "backend/probe.h"
 #include "backend/registry.h"
@@ -37,6 +43,8 @@ struct Args {
   std::string model = "gpt2";
   int B = 16, T = 1024, steps = 30, warmup = 3;
   int profile = 0;  // > 0: that many more steps through a ProfilingBackend, per-op table
+  bool profile_sync = false;  // profile with a synchronize per op instead of CUDA events
+  bool repeat = false;        // run again from the same seed: losses bitwise the same?
   bool fp32 = false;  // the fp32 model instead of bf16 with fp32 gradients and masters
 };
 
@@ -44,8 +52,8 @@ Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; i += 2) {
     const std::string k = argv[i];
-    if (k == "--fp32") {
-      a.fp32 = true;
+    if (k == "--fp32" || k == "--repeat" || k == "--profile-sync") {
+      (k == "--fp32" ? a.fp32 : k == "--repeat" ? a.repeat : a.profile_sync) = true;
       --i;
       continue;
     }
@@ -70,11 +78,13 @@ Args parse(int argc, char** argv) {
 
 struct Result {
   double ms = 0, loss = 0, peak_gib = 0;
+  std::vector<double> losses;  // every step's, warm-up included
 };
 
-// tracer: enabled after the warm-up (for a ProfilingBackend `be`), disabled at the end.
+// prof: `be` itself when profiling: its tracer is enabled after the warm-up, each step
+// recorded as a "step" event and its ops flushed, and disabled at the end.
 Result run(Backend& be, const GPT2Config& cfg, const std::string& dtype, int B, int T,
-           int warmup, int steps, profile::Tracer* tracer = nullptr) {
+           int warmup, int steps, profile::ProfilingBackend* prof = nullptr) {
   be.allocator().reset_peak();
   // The trainer's own step (train/train_step.h) on one process: parameters and
   // activations in `dtype`, fp32 gradients and master weights.
@@ -91,22 +101,30 @@ Result run(Backend& be, const GPT2Config& cfg, const std::string& dtype, int B, 
   const Stream s = be.default_stream();
   double loss = 0;
   int64_t update = 0;
-  auto step = [&] { loss = one_step.run(tok.data(), tgt.data(), update++).loss; };
+  Result r;
+  auto step = [&] {
+    loss = one_step.run(tok.data(), tgt.data(), update++).loss;
+    r.losses.push_back(loss);
+  };
   for (int i = 0; i < warmup; ++i) step();
   be.synchronize(s);
-  if (tracer) tracer->enable();
+  if (prof) prof->tracer().enable();
   // Each step ends with its one host read (the loss), so the GPU is idle between two
   // steps and the host clock around one step is its time; the median of the steps.
   std::vector<double> ms;
   for (int i = 0; i < steps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     step();
-    ms.push_back(1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    const auto t1 = std::chrono::steady_clock::now();
+    ms.push_back(1e3 * std::chrono::duration<double>(t1 - t0).count());
+    if (prof) {
+      prof->tracer().record_complete("step", "step", t0, t1);
+      prof->flush();
+    }
   }
   be.synchronize(s);
-  if (tracer) tracer->disable();
+  if (prof) prof->tracer().disable();
   std::sort(ms.begin(), ms.end());
-  Result r;
   r.ms = ms[ms.size() / 2];
   r.loss = loss;
   r.peak_gib = static_cast<double>(be.allocator().stats().total_peak) / (1024.0 * 1024 * 1024);
@@ -141,14 +159,33 @@ int main(int argc, char** argv) {
     }
     const double tps = static_cast<double>(B) * a.T / (r.ms / 1e3);
     const double model_flops = tps * cfg.flops_per_token(a.T);
+    // Item 5: the same steps from the same seed, bitwise the same losses?
+    int deterministic = -1;  // -1: not checked
+    if (a.repeat) {
+      const Result again = run(*be, cfg, dtype, B, a.T, a.warmup, a.steps);
+      deterministic = again.losses == r.losses ? 1 : 0;
+      for (size_t i = 0; deterministic == 0 && i < r.losses.size(); ++i)
+        if (again.losses[i] != r.losses[i]) {
+          std::fprintf(stderr, "kiln_gpu_step: NOT deterministic: step %zu loss %.17g, then %.17g\n",
+                       i, r.losses[i], again.losses[i]);
+          break;
+        }
+      if (deterministic == 1)
+        std::fprintf(stderr, "kiln_gpu_step: deterministic: %zu steps' losses bitwise the same in a "
+                     "second run\n", r.losses.size());
+    }
     if (a.profile > 0) {
-      // Per-op times: every op synchronised (so the sum exceeds the unprofiled step).
+      // Per-op device times from CUDA events around each op (or, --profile-sync, every op
+      // synchronised: then the sum exceeds the unprofiled step).
       const double bw = measure_copy_bandwidth(*be);
       profile::Tracer tracer;
-      profile::ProfilingBackend pb(*be, tracer, true);
-      const Result p = run(pb, cfg, dtype, B, a.T, 1, a.profile, &tracer);
-      std::fprintf(stderr, "kiln_gpu_step: profiled %d steps (ops synchronised): %.1f ms/step; "
-                   "copy bandwidth %.0f GB/s\n%s", a.profile, p.ms, bw / 1e9,
+      profile::ProfilingBackend pb(*be, tracer,
+                                   a.profile_sync ? profile::OpTiming::Synchronize
+                                                  : profile::OpTiming::DeviceEvents);
+      const Result p = run(pb, cfg, dtype, B, a.T, 1, a.profile, &pb);
+      std::fprintf(stderr, "kiln_gpu_step: profiled %d steps (%s): %.1f ms/step; "
+                   "copy bandwidth %.0f GB/s\n%s", a.profile,
+                   a.profile_sync ? "ops synchronised" : "CUDA events per op", p.ms, bw / 1e9,
                    profile::format_summary(profile::summarize(tracer.events()),
                                            profile::Peaks{a.fp32 ? peak_fp32 : peak, bw})
                        .c_str());
@@ -160,9 +197,10 @@ int main(int argc, char** argv) {
     std::printf(
         "{\"impl\": \"kiln\", \"B\": %d, \"T\": %d, \"dtype\": \"%s\", \"ms_per_step\": %.3f, "
         "\"tokens_per_s\": %.1f, \"model_tflops\": %.2f, \"peak_bf16_tflops\": %.1f, "
-        "\"mfu\": %.4f, \"loss\": %.4f, \"peak_gib\": %.2f}\n",
+        "\"mfu\": %.4f, \"loss\": %.4f, \"loss_exact\": %.17g, \"peak_gib\": %.2f, \"deterministic\": %s}\n",
         B, a.T, precision, r.ms, tps,
-        model_flops / 1e12, peak / 1e12, model_flops / peak, r.loss, r.peak_gib);
+        model_flops / 1e12, peak / 1e12, model_flops / peak, r.loss, r.loss, r.peak_gib,
+        deterministic < 0 ? "null" : deterministic ? "true" : "false");
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kiln_gpu_step: error: %s\n", e.what());

@@ -7,7 +7,15 @@ torch.compile, bf16 autocast (fp32 master weights), scaled_dot_product_attention
 (FlashAttention kernels), fused AdamW, TF32 allowed for the fp32 parts. Prints one JSON
 line with the same fields as bench/gpu/kiln_gpu_step.cpp.
 
+--profile N: N more steps under torch.profiler, their CUDA kernels' self time summed per
+kind by kernel name (kind_of: gemm, attention, norms, elementwise, classifier, optimizer,
+memory) in ms per step, and idle = the event-timed step minus the kernels' sum: the side
+of kiln_gpu_step --profile's kind table. torch.compile fuses the loss into Triton
+kernels ("elementwise" here) and the tied output projection is a GEMM like the others,
+so "classifier" holds only what kept a loss-like name.
+
 Usage: torch_gpt2.py [--B 16] [--T 1024] [--steps 30] [--warmup 3] [--no-compile]
+                     [--profile N]
 """
 import argparse
 import json
@@ -84,6 +92,48 @@ def gemm_peak_bf16(n=8192, reps=20):
     return best
 
 
+KINDS = [  # (kind, substrings of kernel names), first match wins
+    ("attention", ("flash", "fmha", "attention", "sdpa", "attn")),
+    ("classifier", ("cross_entropy", "log_softmax", "nll_loss", "softmax")),
+    ("norms", ("layer_norm", "layernorm", "rms_norm")),
+    ("optimizer", ("adam", "multi_tensor", "foreach")),
+    ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "matmul", "cublas", "sm90_", "sm80_")),
+    ("memory", ("memcpy", "memset", "copy_")),
+]
+
+
+def kind_of(name):
+    n = name.lower()
+    for kind, keys in KINDS:
+        if any(k in n for k in keys):
+            return kind
+    return "elementwise"
+
+
+def profile_kinds(step, steps, step_ms):
+    """Per-kind kernel time (ms per step) of `steps` steps under torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    kinds = {}
+    for a in prof.key_averages():
+        us = getattr(a, "self_device_time_total", None)
+        if us is None:
+            us = getattr(a, "self_cuda_time_total", 0)
+        if us > 0:
+            kinds[kind_of(a.key)] = kinds.get(kind_of(a.key), 0.0) + us / 1e3 / steps
+    total = sum(kinds.values())
+    print(f"torch_gpt2: profiled {steps} steps (torch.profiler, kernels' self time):",
+          file=sys.stderr)
+    print(f"{'kind':24} {'ms/step':>10} {'% step':>7}", file=sys.stderr)
+    for kind, ms in sorted(kinds.items(), key=lambda kv: -kv[1]):
+        print(f"{kind:24} {ms:>10.2f} {100 * ms / step_ms:>6.1f}%", file=sys.stderr)
+    idle = max(0.0, step_ms - total)
+    print(f"{'idle':24} {idle:>10.2f} {100 * idle / step_ms:>6.1f}%", file=sys.stderr, flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--B", type=int, default=16)
@@ -91,6 +141,7 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--profile", type=int, default=0)
     args = ap.parse_args()
 
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -156,6 +207,11 @@ def main():
         "loss": round(loss.item(), 4),
         "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
     }), flush=True)
+    if args.profile > 0:
+        try:
+            profile_kinds(step, args.profile, ms)
+        except Exception as e:  # the measurement above stands without the profile
+            print(f"torch_gpt2: profile failed: {e!r}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

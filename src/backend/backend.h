@@ -25,6 +25,7 @@
 #include "core/tensor.h"
 
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -148,6 +149,15 @@ struct AdamWParams {
   int64_t step = 1;
 };
 
+/// One tensor of Backend::adamw_multi_step: n elements each (any shapes).
+struct AdamWTensor {
+  Tensor param;   // the parameters (updated, or rounded from the master)
+  Tensor master;  // fp32 master weights, or empty: param itself is updated
+  Tensor grad;    // fp32 or the parameters' dtype
+  Tensor m, v;    // fp32 moments
+  float weight_decay = 0.f;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -171,6 +181,20 @@ class Backend {
   virtual std::string gemm_path(DType dtype) const {
     return fmt::format("{} GEMMs: {}", dtype_name(dtype), name());
   }
+
+  // ---- device timing (profiling without synchronising each op) ----------------------
+  /// Records a timing marker on stream s (on CUDA an event) and returns its id, or -1
+  /// where ops complete before they return (the CPU): the host clock times those.
+  /// Markers live until release_markers().
+  virtual int64_t record_marker(Stream s) {
+    (void)s;
+    return -1;
+  }
+  /// Device milliseconds from marker `from` to marker `to` (waits for `to` to complete).
+  /// kiln::Error for an id this backend did not return.
+  virtual double marker_elapsed_ms(int64_t from, int64_t to);
+  /// Forgets every marker (their ids become invalid); they are reused.
+  virtual void release_markers() {}
 
   // ---- memory ---------------------------------------------------------------------
   /// Allocates a tensor on this backend's device (contents uninitialised).
@@ -473,6 +497,14 @@ class Backend {
   /// (param, m and v unchanged).
   virtual void adamw_step(Stream s, const Tensor& param, const Tensor& grad, const Tensor& m,
                           const Tensor& v, const Tensor& scale, const AdamWParams& hp) = 0;
+  /// AdamW over many tensors in a few launches (a multi-tensor update, as apex's and
+  /// torch's fused AdamW): for each t, the update of adamw_step(master or param, t.grad,
+  /// t.m, t.v, scale, hp with weight_decay = t.weight_decay) and, with a master, param =
+  /// the master rounded to param's dtype (to nearest even, as copy) in the same pass.
+  /// Bitwise equal to those adamw_step and copy calls; a scale[0] that is not finite
+  /// skips every update. hp.weight_decay is not used.
+  virtual void adamw_multi_step(Stream s, std::span<const AdamWTensor> tensors,
+                                const Tensor& scale, const AdamWParams& hp) = 0;
 
   /// An exponential moving average of the weights (Polyak & Juditsky 1992; as DiT's
   /// update_ema, Peebles & Xie 2023): ema fp32 [n], param [n] in any float dtype (the

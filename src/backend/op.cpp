@@ -86,6 +86,11 @@ void download_f32(Backend& be, float* dst, const Tensor& src) {
   convert(bytes.data(), src.dtype(), dst, DType::F32, static_cast<size_t>(src.numel()));
 }
 
+double Backend::marker_elapsed_ms(int64_t from, int64_t to) {
+  KILN_FAIL("{}: no timing markers (ids {} and {}): record_marker returned -1 here", name(),
+            from, to);
+}
+
 double read_sum_squares(Backend& be, const Tensor& x) {
   const Stream s = be.default_stream();
   const Tensor acc = be.empty({1}, DType::F64, MemCategory::Temporaries);

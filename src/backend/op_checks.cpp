@@ -418,4 +418,19 @@ void adamw_scale(const Tensor& scale) {
   KILN_CHECK(scale.numel() == 1, "adamw: scale {} must be [1]", scale.str());
 }
 
+void adamw_multi(std::span<const AdamWTensor> tensors, const Tensor& scale) {
+  adamw_scale(scale);
+  for (const AdamWTensor& t : tensors) {
+    const int64_t n = t.param.numel();
+    KILN_CHECK(t.grad.numel() == n && t.m.numel() == n && t.v.numel() == n &&
+                   (!t.master || t.master.numel() == n),
+               "adamw_multi_step: grad {}, m {}, v {} and master {} must have the {} elements "
+               "of param {}", t.grad.str(), t.m.str(), t.v.str(),
+               t.master ? t.master.str() : "(none)", n, t.param.str());
+    check_dtype(t.m, DType::F32, "adamw m");
+    check_dtype(t.v, DType::F32, "adamw v");
+    if (t.master) check_dtype(t.master, DType::F32, "adamw master");
+  }
+}
+
 }  // namespace kiln::checks

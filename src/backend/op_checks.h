@@ -134,6 +134,9 @@ void clip_coefficient(const Tensor& coef, const Tensor& sumsq, const Tensor& che
                       float loss_scale);
 /// adamw_step's scale: empty, or fp32 [1].
 void adamw_scale(const Tensor& scale);
+/// adamw_multi_step: every tensor's grad, m, v (and master) with param's element count;
+/// m, v and master fp32; scale as adamw_scale.
+void adamw_multi(std::span<const AdamWTensor> tensors, const Tensor& scale);
 /// ema_update: ema fp32, param a float dtype with ema's element count, 0 <= decay <= 1.
 void ema_update(const Tensor& ema, const Tensor& param, float decay);
 

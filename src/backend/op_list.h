@@ -143,6 +143,9 @@
     (const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,               \
      const Tensor& scale, const AdamWParams& hp),                                             \
     (param, grad, m, v, scale, hp))                                                           \
+  X(AdamWMulti, adamw_multi_step, "optimizer",                                                \
+    (std::span<const AdamWTensor> tensors, const Tensor& scale, const AdamWParams& hp),       \
+    (tensors, scale, hp))                                                                     \
   X(Ema, ema_update, "optimizer",                                                             \
     (const Tensor& ema, const Tensor& param, float decay), (ema, param, decay))
 // clang-format on

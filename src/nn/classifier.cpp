@@ -1,6 +1,7 @@
 #include "nn/classifier.h"
 
 #include "core/error.h"
+#include "core/op_region.h"
 
 #include <algorithm>
 #include <cmath>
@@ -103,6 +104,7 @@ void head_cross_entropy(Backend& be, Stream s, const TpPlacement& placement, con
                         const Tensor& weight, const Tensor& targets, int vocab_size,
                         float grad_scale, const Tensor& dx, const Tensor& dweight,
                         const HeadScratch& scratch, const Tensor& loss) {
+  const OpRegion region("classifier");
   if (!placement.active()) {
     classifier_cross_entropy(be, s, x, weight, targets, vocab_size, grad_scale, dx, dweight,
                              scratch.logits_chunk, scratch.losses_chunk, loss);

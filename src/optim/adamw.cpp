@@ -1,6 +1,8 @@
 #include "optim/adamw.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 namespace kiln {
 
@@ -38,6 +40,16 @@ AdamW::AdamW(Backend& backend, std::vector<AdamWSegment> segments, const AdamWCo
   v_ = backend_.empty(Shape{total}, DType::F32, MemCategory::OptimizerState);
   backend_.fill(backend_.default_stream(), m_, 0.f);
   backend_.fill(backend_.default_stream(), v_, 0.f);
+  const char* env = std::getenv("KILN_ADAMW_MULTI_TENSOR");
+  bool multi = !(env && std::strcmp(env, "0") == 0);
+  for (const AdamWSegment& s : segments_)
+    multi &= !(config_.stochastic_rounding && s.param.dtype() == DType::BF16);
+  for (size_t i = 0; multi && i < segments_.size(); ++i) {
+    const AdamWSegment& s = segments_[i];
+    if (s.size() == 0) continue;
+    multi_.push_back({s.param, master(i), s.grad, m(i), v(i),
+                      s.spec.weight_decay ? config_.weight_decay : 0.f});
+  }
 }
 
 AdamW::AdamW(Backend& backend, const std::vector<ParamSpec>& params, const Tensor& param_buffer,
@@ -74,17 +86,18 @@ Tensor AdamW::v(size_t i) const { return v_.view_at(state_offset_[i], Shape{segm
 void AdamW::step(float lr, float grad_scale, const Tensor& scale) {
   ++step_;
   const Stream s = backend_.default_stream();
-  for (size_t i = 0; i < segments_.size(); ++i) {
+  AdamWParams hp;
+  hp.lr = lr;
+  hp.beta1 = config_.beta1;
+  hp.beta2 = config_.beta2;
+  hp.eps = config_.eps;
+  hp.grad_scale = grad_scale;
+  hp.step = step_;
+  if (!multi_.empty()) backend_.adamw_multi_step(s, multi_, scale, hp);
+  for (size_t i = 0; multi_.empty() && i < segments_.size(); ++i) {
     const AdamWSegment& seg = segments_[i];
     if (seg.size() == 0) continue;
-    AdamWParams hp;
-    hp.lr = lr;
-    hp.beta1 = config_.beta1;
-    hp.beta2 = config_.beta2;
-    hp.eps = config_.eps;
     hp.weight_decay = seg.spec.weight_decay ? config_.weight_decay : 0.f;
-    hp.grad_scale = grad_scale;
-    hp.step = step_;
     if (Tensor mw = master(i)) {
       backend_.adamw_step(s, mw, seg.grad, m(i), v(i), scale, hp);
       // Round the updated master to the parameter dtype.
@@ -96,11 +109,12 @@ void AdamW::step(float lr, float grad_scale, const Tensor& scale) {
     } else {
       backend_.adamw_step(s, seg.param, seg.grad, m(i), v(i), scale, hp);
     }
-    // The average follows the fp32 weights (the master, not its rounded copy).
-    if (ema_) {
-      const Tensor mw = master(i);
-      backend_.ema_update(s, ema(i), mw ? mw : seg.param, config_.ema_decay);
-    }
+  }
+  // The average follows the fp32 weights (the master, not its rounded copy).
+  for (size_t i = 0; ema_ && i < segments_.size(); ++i) {
+    if (segments_[i].size() == 0) continue;
+    const Tensor mw = master(i);
+    backend_.ema_update(s, ema(i), mw ? mw : segments_[i].param, config_.ema_decay);
   }
 }
 

@@ -12,6 +12,10 @@
 // OptimizerState, same offsets as m and v), updated after every step from the master (or
 // fp32 parameter) values: kept for the segments only, so sharded like the masters under
 // ZeRO.
+// An update is one Backend::adamw_multi_step over every segment (the masters' rounding
+// to the parameters in the same pass), unless bf16 parameters take stochastic rounding
+// or KILN_ADAMW_MULTI_TENSOR=0 is set: then adamw_step and a copy per segment, bitwise
+// the same results in more launches.
 // Math: Loshchilov & Hutter 2019 as torch.optim.AdamW (see AdamWParams in backend.h).
 #pragma once
 
@@ -95,6 +99,8 @@ class AdamW {
   Tensor m_, v_;
   Tensor master_;  // fp32 masters of the low-precision segments (same offsets as m_)
   Tensor ema_;     // fp32 moving average of every segment's weights (same offsets as m_)
+  std::vector<AdamWTensor> multi_;  // every non-empty segment, for adamw_multi_step; empty
+                                    // when each segment is updated by itself
   int64_t step_ = 0;
 };
 

@@ -1,6 +1,7 @@
 #include "profile/profiling_backend.h"
 
 #include "core/dtype.h"
+#include "core/op_region.h"
 
 #include <algorithm>
 #include <fmt/format.h>
@@ -295,6 +296,21 @@ OpCost adamw_step(const Tensor& param, const Tensor& grad, const Tensor&, const 
           fmt::format("n={}", param.numel())};
 }
 
+OpCost adamw_multi_step(std::span<const AdamWTensor> tensors, const Tensor&,
+                        const AdamWParams&) {
+  // adamw_step's per tensor, plus, with a master, the rounded parameters written.
+  OpCost c{0.0, 0.0, fmt::format("tensors={}", tensors.size())};
+  int64_t total = 0;
+  for (const AdamWTensor& t : tensors) {
+    const double n = d(t.param.numel());
+    c.flops += 14.0 * n;
+    c.bytes += n * es(t.grad) + 16.0 * n + (t.master ? 8.0 * n + n * es(t.param) : 2.0 * n * es(t.param));
+    total += t.param.numel();
+  }
+  c.shape += fmt::format(" n={}", total);
+  return c;
+}
+
 OpCost ema_update(const Tensor& ema, const Tensor& param, float) {
   // ema read and written (fp32), param read: 3 FLOPs per element.
   const double n = d(ema.numel());
@@ -310,17 +326,44 @@ OpCost fill(const Tensor& t) {
 }
 }  // namespace cost
 
-ProfilingBackend::ProfilingBackend(Backend& inner, Tracer& tracer, bool synchronize_ops)
-    : inner_(inner), tracer_(tracer), sync_(synchronize_ops) {}
+ProfilingBackend::ProfilingBackend(Backend& inner, Tracer& tracer, OpTiming timing)
+    : inner_(inner), tracer_(tracer), timing_(timing) {}
 
 ProfilingBackend::ProfilingBackend(std::unique_ptr<Backend> inner, Tracer& tracer,
-                                   bool synchronize_ops)
-    : owned_(std::move(inner)), inner_(*owned_), tracer_(tracer), sync_(synchronize_ops) {}
+                                   OpTiming timing)
+    : owned_(std::move(inner)), inner_(*owned_), tracer_(tracer), timing_(timing) {}
 
 void ProfilingBackend::finish(const char* name, const char* category, Stream s,
-                              Clock::time_point t0, const OpCost& c) {
-  if (sync_) inner_.synchronize(s);
-  tracer_.record_complete(name, category, t0, Clock::now(), c.flops, c.bytes, c.shape);
+                              Clock::time_point t0, int64_t marker, const OpCost& c) {
+  const std::string full =
+      current_op_region ? fmt::format("{} [{}]", name, current_op_region) : std::string(name);
+  if (marker >= 0) {
+    pending_.push_back({full, category, c, t0, marker, inner_.record_marker(s),
+                        tracer_.thread_id()});
+    return;
+  }
+  if (timing_ == OpTiming::Synchronize) inner_.synchronize(s);
+  tracer_.record_complete(full, category, t0, Clock::now(), c.flops, c.bytes, c.shape);
+}
+
+void ProfilingBackend::flush() {
+  if (pending_.empty()) return;
+  const Pending& first = pending_.front();
+  const int64_t base_ns = tracer_.to_ns(first.launched);
+  for (Pending& p : pending_) {
+    TraceEvent e;
+    e.name = std::move(p.name);
+    e.category = p.category;
+    e.ts_ns = base_ns + static_cast<int64_t>(inner_.marker_elapsed_ms(first.begin, p.begin) * 1e6);
+    e.dur_ns = static_cast<int64_t>(inner_.marker_elapsed_ms(p.begin, p.end) * 1e6);
+    e.tid = p.tid;
+    e.flops = p.cost.flops;
+    e.bytes = p.cost.bytes;
+    e.detail = std::move(p.cost.shape);
+    tracer_.record(std::move(e));
+  }
+  pending_.clear();
+  inner_.release_markers();
 }
 
 // Disabled: forward and return after one relaxed load. Enabled: time the call, then
@@ -332,8 +375,9 @@ void ProfilingBackend::finish(const char* name, const char* category, Stream s,
       return;                                     \
     }                                             \
     const auto t0_ = Clock::now();                \
+    const int64_t m0_ = start_marker(s);          \
     CALL;                                         \
-    finish(NAME, CATEGORY, s, t0_, COST);         \
+    finish(NAME, CATEGORY, s, t0_, m0_, COST);    \
   } while (0)
 
 void ProfilingBackend::copy_from_host(Stream s, const Tensor& dst, const void* src) {

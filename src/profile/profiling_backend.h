@@ -9,9 +9,13 @@
 // "copy_from_host", ...), category "forward" (*_forward, attention_decode, add),
 // "backward" (*_backward), "loss" (softmax_cross_entropy, which also writes the
 // gradient), "optimizer" (adamw_step, sum_squares) or "memory" (copy*, fill), args
-// flops, bytes and shape. On an asynchronous backend (CUDA) each op is followed by a
-// synchronize() of its stream when `synchronize_ops` is true (the default), so that
-// durations are the op's own; on the CPU ops complete before returning anyway.
+// flops, bytes and shape; ops issued inside an OpRegion (core/op_region.h) carry
+// its name: "linear_forward [classifier]". Timing (OpTiming): on an asynchronous backend
+// (CUDA) each op is by default followed by a synchronize() of its stream, so that
+// durations are the op's own but the device idles between ops; DeviceEvents instead
+// records a device marker (Backend::record_marker, a CUDA event) before and after each
+// op and reads them in flush() after the step, so the step runs as unprofiled and each
+// op's duration is its device time. On the CPU ops complete before returning anyway.
 //
 // FLOPs and bytes (op_cost()): FLOPs count a multiply-add as 2; element-wise
 // transcendental functions (exp, tanh, sqrt) count as 1. Bytes count every operand
@@ -48,6 +52,8 @@
 //   softmax_cross_entropy flops 3*N*V (max, exp, sum) + 2*N*V with dlogits
 //                        bytes N*Vp*es (+ N*Vp*es dlogits) + 8N (targets, losses)
 //   adamw_step           flops 14n                          bytes 2n*es (param r+w) + n*es_grad + 16n (m, v r+w fp32)
+//   adamw_multi_step     adamw_step's per tensor; with a master, param written (n*es)
+//                        and the master read and written (8n) instead of param r+w
 //   sum_squares          flops 2n                           bytes n*es
 //   accumulate_loss      flops N                            bytes 8N (losses, targets)
 //   cross_entropy_shard_combine flops 3*tp*N               bytes 12*tp*N + 12N
@@ -64,6 +70,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace kiln::profile {
 
@@ -74,14 +81,28 @@ struct OpCost {
   std::string shape;  // "N=256 IC=768 OC=2304"
 };
 
+/// How ProfilingBackend times an op.
+enum class OpTiming {
+  Synchronize,   // host clock around the op and a synchronize() of its stream
+  Launch,        // host clock around the call only (on CUDA: the launch)
+  DeviceEvents,  // device markers around the op, read by flush(); where the backend has
+                 // none (record_marker() = -1, the CPU), as Launch
+};
+
 class ProfilingBackend final : public Backend {
  public:
   /// Wraps `inner` (not owned; must outlive this backend).
   explicit ProfilingBackend(Backend& inner, Tracer& tracer = Tracer::global(),
-                            bool synchronize_ops = true);
+                            OpTiming timing = OpTiming::Synchronize);
   /// Wraps and owns `inner`.
   explicit ProfilingBackend(std::unique_ptr<Backend> inner, Tracer& tracer = Tracer::global(),
-                            bool synchronize_ops = true);
+                            OpTiming timing = OpTiming::Synchronize);
+
+  /// DeviceEvents: waits for the ops marked since the last flush and records them, each
+  /// at its device start placed on the host clock from the first one's launch, then
+  /// releases the markers. Call between steps (every few hundred ops at least: each
+  /// op holds two markers until then). No-op in the other modes.
+  void flush();
 
   Backend& inner() const { return inner_; }
   Tracer& tracer() const { return tracer_; }
@@ -94,6 +115,11 @@ class ProfilingBackend final : public Backend {
   Allocator& staging_allocator() override { return inner_.staging_allocator(); }
   Stream default_stream() override { return inner_.default_stream(); }
   void synchronize(Stream stream) override { inner_.synchronize(stream); }
+  int64_t record_marker(Stream s) override { return inner_.record_marker(s); }
+  double marker_elapsed_ms(int64_t from, int64_t to) override {
+    return inner_.marker_elapsed_ms(from, to);
+  }
+  void release_markers() override { inner_.release_markers(); }
   bool supports(Op op, DType dtype) const override { return inner_.supports(op, dtype); }
 
   void copy_from_host(Stream s, const Tensor& dst, const void* src) override;
@@ -110,13 +136,26 @@ class ProfilingBackend final : public Backend {
 #undef KILN_PROFILE_DECLARE
 
  private:
+  // An op marked on the device, waiting for flush().
+  struct Pending {
+    std::string name;
+    const char* category;
+    OpCost cost;
+    Clock::time_point launched;
+    int64_t begin, end;  // markers
+    uint32_t tid;
+  };
+  int64_t start_marker(Stream s) {
+    return timing_ == OpTiming::DeviceEvents ? inner_.record_marker(s) : -1;
+  }
   void finish(const char* name, const char* category, Stream s, Clock::time_point t0,
-              const OpCost& cost);
+              int64_t marker, const OpCost& cost);
 
   std::unique_ptr<Backend> owned_;
   Backend& inner_;
   Tracer& tracer_;
-  bool sync_;
+  OpTiming timing_;
+  std::vector<Pending> pending_;
 };
 
 // The cost formulas above, one function per op of backend/op_list.h with the op's

@@ -12,9 +12,25 @@
 
 namespace kiln::profile {
 
+std::string op_kind(std::string_view name, std::string_view category) {
+  auto starts = [&](std::string_view p) { return name.substr(0, p.size()) == p; };
+  if (name.find("[classifier]") != std::string_view::npos || starts("softmax_cross_entropy") ||
+      starts("cross_entropy") || starts("accumulate_loss") || starts("mse_loss"))
+    return "classifier";
+  if (category == "comm") return "communication";
+  if (starts("linear_")) return "gemm";
+  if (starts("attention_")) return "attention";
+  if (starts("layernorm_") || starts("rmsnorm_")) return "norms";
+  if (starts("adamw") || starts("ema_update") || starts("sum_squares") ||
+      starts("clip_coefficient"))
+    return "optimizer";
+  if (starts("copy") || starts("fill")) return "memory";
+  return "elementwise";
+}
+
 Summary summarize(const std::vector<TraceEvent>& events) {
   Summary s;
-  std::map<std::string, OpStats> ops, phases;
+  std::map<std::string, OpStats> ops, phases, kinds;
   int64_t first = std::numeric_limits<int64_t>::max(), last = std::numeric_limits<int64_t>::min();
   for (const auto& e : events) {
     if (e.phase != 'X') continue;
@@ -32,7 +48,15 @@ Summary summarize(const std::vector<TraceEvent>& events) {
     o.total_ns += static_cast<double>(e.dur_ns);
     o.flops += e.flops;
     o.bytes += e.bytes;
-    if (&table == &ops) s.op_ns += static_cast<double>(e.dur_ns);
+    if (&table != &ops) continue;
+    s.op_ns += static_cast<double>(e.dur_ns);
+    const std::string kind = op_kind(e.name, e.category);
+    OpStats& k = kinds[kind];
+    k.name = kind;
+    ++k.calls;
+    k.total_ns += static_cast<double>(e.dur_ns);
+    k.flops += e.flops;
+    k.bytes += e.bytes;
   }
   if (s.steps == 0 && last > first) s.step_ns = static_cast<double>(last - first);
   auto sorted = [](std::map<std::string, OpStats>& m) {
@@ -43,6 +67,7 @@ Summary summarize(const std::vector<TraceEvent>& events) {
     return v;
   };
   s.ops = sorted(ops);
+  s.kinds = sorted(kinds);
   s.phases = sorted(phases);
   return s;
 }
@@ -75,6 +100,21 @@ std::string format_summary(const Summary& s, const Peaks& peaks) {
                        o.calls, o.total_ns / 1e6, 100.0 * o.total_ns / step,
                        o.flops > 0 ? fmt::format("{:.1f}", gflops) : "-",
                        o.bytes > 0 ? fmt::format("{:.2f}", gbs) : "-", bound, pct);
+  }
+  if (!s.kinds.empty()) {
+    const double per = s.steps > 0 ? static_cast<double>(s.steps) : 1.0;
+    out += fmt::format("{:<24} {:>7} {:>10} {:>7} {:>9} {:>8}\n", "kind", "calls", "ms/step",
+                       "% step", "GFLOP/s", "GB/s");
+    for (const auto& k : s.kinds) {
+      const double sec = k.total_ns / 1e9;
+      out += fmt::format("{:<24} {:>7} {:>10.2f} {:>6.1f}% {:>9} {:>8}\n", k.name, k.calls,
+                         k.total_ns / 1e6 / per, 100.0 * k.total_ns / step,
+                         k.flops > 0 && sec > 0 ? fmt::format("{:.1f}", k.flops / sec / 1e9) : "-",
+                         k.bytes > 0 && sec > 0 ? fmt::format("{:.2f}", k.bytes / sec / 1e9) : "-");
+    }
+    const double idle = std::max(0.0, s.step_ns - s.op_ns);
+    out += fmt::format("{:<24} {:>7} {:>10.2f} {:>6.1f}%\n", "idle", "-", idle / 1e6 / per,
+                       100.0 * idle / step);
   }
   if (!s.phases.empty()) {
     out += fmt::format("{:<24} {:>7} {:>10} {:>7}\n", "phase", "calls", "total ms", "% step");

@@ -12,8 +12,11 @@
 //              bytes/peak_bandwidth (the op cannot beat the FLOP peak), else "memory"
 //   % peak     achieved rate of the bound resource / its peak (GFLOP/s / peak GFLOP/s or
 //              GB/s / peak GB/s): 100% = on the roofline
-// followed by the phases ("data", "forward", "backward", "optimizer", ... scopes) with
-// their total time and share of the step.
+// then the same by kind (op_kind: gemm, attention, norms, elementwise, classifier,
+// optimizer, communication, memory) in ms per step, with "idle" = the step's time not
+// covered by ops (on a GPU timed with device events: the device idle), and the phases
+// ("data", "forward", "backward", "optimizer", ... scopes) with their total time and
+// share of the step.
 #pragma once
 
 #include "core/allocator.h"
@@ -21,6 +24,7 @@
 
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace kiln::profile {
@@ -42,12 +46,19 @@ struct OpStats {
 
 struct Summary {
   std::vector<OpStats> ops;     // by total time, largest first
+  std::vector<OpStats> kinds;   // the ops grouped by op_kind (name = the kind), largest first
   std::vector<OpStats> phases;  // "phase" scopes, by total time
   int64_t steps = 0;            // "step" events in the window
   double step_ns = 0.0;         // their summed duration (or the window span)
   double op_ns = 0.0;           // summed duration of all ops
 };
 
+/// The kind of an op event for the per-kind table: "classifier" for ops of the
+/// classifier's OpRegion ("... [classifier]") and the losses, "communication" for
+/// collectives (category "comm"), "gemm" (linear_*), "attention" (attention_*),
+/// "norms" (layernorm_*, rmsnorm_*), "optimizer" (adamw*, ema_update, sum_squares,
+/// clip_coefficient), "memory" (copy*, fill), else "elementwise".
+std::string op_kind(std::string_view name, std::string_view category);
 /// Aggregates complete events.
 Summary summarize(const std::vector<TraceEvent>& events);
 /// The table described above (lines end with '\n').

@@ -328,6 +328,80 @@ TEST_P(OpTest, AdamWBiasCorrectionsInDouble) {
   EXPECT_TRUE(near_by_norm("adamw_step update at step 6, beta2 0.999", to_float(minus(gp, p)), upd, 1e-6));
 }
 
+// adamw_multi_step against the per-tensor calls it replaces (adamw_step on the master or
+// the parameter, then the master's copy to the parameter), bitwise: 47 tensors (more than
+// one CUDA launch takes) of awkward sizes, some longer than a block's chunk, mixing fp32
+// parameters, bf16 parameters with fp32 masters, bf16 gradients, weight decay on and off,
+// and a device scale; then a non-finite scale, which must change nothing.
+TEST_P(OpTest, AdamWMultiTensorMatchesPerTensor) {
+  struct Spec { int64_t n; bool bf16, bf16_grad; float wd; };
+  std::vector<Spec> specs;
+  for (int i = 0; i < 45; ++i)
+    specs.push_back({i % 7 == 3 ? 1 : 1 + (i * 977) % 5003, i % 3 != 0, i % 3 == 1, i % 2 ? 0.1f : 0.f});
+  specs.push_back({9001, true, false, 0.1f});
+  specs.push_back({8192, false, false, 0.f});
+  struct Copy { std::vector<AdamWTensor> t; };
+  Copy a, b;
+  for (const Spec& s : specs) {
+    const std::vector<float> p = randu(s.n, -1.f, 1.f), m = randn(s.n, 1e-2f),
+                             v = randu(s.n, 0.f, 1e-3f);
+    for (Copy* c : {&a, &b}) {
+      AdamWTensor t;
+      t.param = be().empty(Shape{s.n}, s.bf16 ? DType::BF16 : DType::F32, MemCategory::Parameters);
+      upload_f32(be(), t.param, p.data());
+      if (s.bf16) {
+        t.master = be().empty(Shape{s.n}, DType::F32, MemCategory::OptimizerState);
+        be().copy(st(), t.master, t.param);
+      }
+      t.grad = be().empty(Shape{s.n}, s.bf16_grad ? DType::BF16 : DType::F32, MemCategory::Gradients);
+      t.m = upload(m, {s.n}, MemCategory::OptimizerState);
+      t.v = upload(v, {s.n}, MemCategory::OptimizerState);
+      t.weight_decay = s.wd;
+      c->t.push_back(t);
+    }
+  }
+  auto state = [&](const Copy& c) {
+    std::vector<float> all;
+    for (const AdamWTensor& t : c.t)
+      for (const Tensor& x : {t.param, t.master, t.m, t.v})
+        if (x) {
+          const std::vector<float> h = download_f32(be(), x);
+          all.insert(all.end(), h.begin(), h.end());
+        }
+    return all;
+  };
+  Tensor scale = upload({0.7f}, {1}, MemCategory::OptimizerState);
+  for (int64_t step = 1; step <= 3; ++step) {
+    AdamWParams hp;
+    hp.lr = 0.05f;
+    hp.beta1 = 0.9;
+    hp.beta2 = 0.95;
+    hp.grad_scale = step == 2 ? 0.5f : 1.f;
+    hp.step = step;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const std::vector<float> g = randn(specs[i].n, 1e-2f);
+      upload_f32(be(), a.t[i].grad, g.data());
+      upload_f32(be(), b.t[i].grad, g.data());
+    }
+    const Tensor sc = step == 3 ? Tensor() : scale;
+    be().adamw_multi_step(st(), a.t, sc, hp);
+    for (const AdamWTensor& t : b.t) {
+      AdamWParams h = hp;
+      h.weight_decay = t.weight_decay;
+      be().adamw_step(st(), t.master ? t.master : t.param, t.grad, t.m, t.v, sc, h);
+      if (t.master) be().copy(st(), t.param, t.master);
+    }
+    EXPECT_TRUE(bitwise_equal("adamw_multi_step against adamw_step + copy", state(a), state(b)))
+        << "step " << step;
+  }
+  const std::vector<float> before = state(a);
+  set(scale, {std::nanf("")});
+  be().adamw_multi_step(st(), a.t, scale, AdamWParams{});
+  EXPECT_TRUE(bitwise_equal("adamw_multi_step with a NaN scale", state(a), before));
+  a.t[3].m = be().empty(Shape{a.t[3].param.numel() + 1}, DType::F32, MemCategory::OptimizerState);
+  EXPECT_THROW(be().adamw_multi_step(st(), a.t, Tensor(), AdamWParams{}), Error);
+}
+
 // ---- ema_update ---------------------------------------------------------------------------
 
 // The weights' moving average over a few updates, at awkward sizes, fp32 and bf16 (and

@@ -27,6 +27,11 @@ class ForwardingBackend : public Backend {
   Stream default_stream() override { return in_.default_stream(); }
   bool supports(Op op, DType dt) const override { return in_.supports(op, dt); }
   std::string gemm_path(DType dt) const override { return in_.gemm_path(dt); }
+  int64_t record_marker(Stream s) override { return in_.record_marker(s); }
+  double marker_elapsed_ms(int64_t from, int64_t to) override {
+    return in_.marker_elapsed_ms(from, to);
+  }
+  void release_markers() override { in_.release_markers(); }
   void synchronize(Stream s) override {
     on_call("synchronize");
     in_.synchronize(s);

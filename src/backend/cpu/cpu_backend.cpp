@@ -457,6 +457,19 @@ class CpuBackend final : public Backend {
     });
   }
 
+  // One tensor after another (the CPU has no launches to save).
+  void adamw_multi_step(Stream s, std::span<const AdamWTensor> tensors, const Tensor& scale,
+                        const AdamWParams& hp) override {
+    checks::adamw_multi(tensors, scale);
+    if (scale && !std::isfinite(scale.data<float>()[0])) return;  // a skipped update
+    for (const AdamWTensor& t : tensors) {
+      AdamWParams h = hp;
+      h.weight_decay = t.weight_decay;
+      adamw_step(s, t.master ? t.master : t.param, t.grad, t.m, t.v, scale, h);
+      if (t.master) copy(s, t.param, t.master);
+    }
+  }
+
   void ema_update(Stream, const Tensor& ema, const Tensor& param, float decay) override {
     checks::ema_update(ema, param, decay);
     cpu::dispatch_float(param.dtype(), "ema_update", [&](auto x) {

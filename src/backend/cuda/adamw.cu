@@ -41,6 +41,75 @@ void adamw(cudaStream_t s, Elem e, Elem g, void* param, const void* grad, float*
 }
 
 namespace {
+// Multi-tensor AdamW: block b works on kChunk elements of segment s, the s with
+// block_start[s] <= b < block_start[s + 1]; the segment table travels as a kernel
+// parameter (no device copy to keep).
+constexpr int kChunk = 4096;
+struct MultiArgs {
+  AdamWSegment seg[kAdamWMultiMax];
+  int64_t block_start[kAdamWMultiMax + 1];
+  int count;
+  AdamWArgs a;
+};
+
+template <class T, class G, bool kMaster>
+__global__ void adamw_multi_kernel(const __grid_constant__ MultiArgs args) {
+  AdamWArgs a = args.a;
+  if (a.scale) {
+    const float c = *a.scale;
+    if (!isfinite(c)) return;
+    a.grad_scale *= c;
+  }
+  const int64_t b = blockIdx.x;
+  int s = 0;
+  while (s + 1 < args.count && args.block_start[s + 1] <= b) ++s;
+  const AdamWSegment& sg = args.seg[s];
+  T* param = static_cast<T*>(sg.param);
+  const G* grad = static_cast<const G*>(sg.grad);
+  const int64_t begin = (b - args.block_start[s]) * kChunk;
+  const int64_t end = begin + kChunk < sg.n ? begin + kChunk : sg.n;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    // adamw_kernel's expressions, term for term (bitwise the same results).
+    const float g = to_f(grad[i]) * a.grad_scale;
+    const float mi = a.beta1 * sg.m[i] + (1.f - a.beta1) * g;
+    const float vi = a.beta2 * sg.v[i] + (1.f - a.beta2) * g * g;
+    sg.m[i] = mi;
+    sg.v[i] = vi;
+    const float p = kMaster ? sg.master[i] : to_f(param[i]);
+    const float q = p * sg.decay - a.step_size * mi / (sqrtf(vi) / a.bc2_sqrt + a.eps);
+    if (kMaster) sg.master[i] = q;
+    param[i] = from_f<T>(q);
+  }
+}
+}  // namespace
+
+void adamw_multi(cudaStream_t s, Elem e, Elem g, bool with_master, const AdamWSegment* segs,
+                 int count, const AdamWArgs& a) {
+  for (int i = 0; i < count;) {
+    MultiArgs args{};
+    args.a = a;
+    args.count = 0;
+    int64_t blocks = 0;
+    for (; i < count && args.count < kAdamWMultiMax; ++i) {
+      if (segs[i].n <= 0) continue;
+      args.block_start[args.count] = blocks;
+      args.seg[args.count++] = segs[i];
+      blocks += (segs[i].n + kChunk - 1) / kChunk;
+    }
+    if (args.count == 0) continue;
+    args.block_start[args.count] = blocks;
+    const dim3 grid(static_cast<unsigned>(blocks));
+    KILN_DISPATCH_ELEM(e, KILN_DISPATCH_GRAD(g, {
+      if (with_master)
+        adamw_multi_kernel<scalar_t, grad_t, true><<<grid, 256, 0, s>>>(args);
+      else
+        adamw_multi_kernel<scalar_t, grad_t, false><<<grid, 256, 0, s>>>(args);
+    }));
+    KILN_CUDA_LAUNCHED("adamw_multi");
+  }
+}
+
+namespace {
 // The weights' moving average: 12 bytes per element with fp32 parameters (10 with bf16).
 template <class T>
 __global__ void ema_kernel(float* ema, const T* param, int64_t n, float decay, float take) {

@@ -16,8 +16,12 @@
 #include "core/error.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <tuple>
+#include <vector>
 
 namespace kiln {
 
@@ -60,6 +64,15 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   cudaDeviceProp prop{};
   KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   device_name_ = prop.name;
+  if (const char* v = std::getenv("KILN_CUDA_GEMM_TUNE"); v && std::strcmp(v, "1") == 0) {
+    gemm_->set_tuning(true);
+    const char* path = std::getenv("KILN_CUDA_GEMM_CACHE");
+    if (path && *path) gemm_->set_cache_file(path, fmt::format("{} sm_{}{}", device_name_, prop.major, prop.minor));
+    std::fprintf(stderr, "kiln: cuda: GEMM algorithms chosen by timing (KILN_CUDA_GEMM_TUNE=1); %s%s\n",
+                 path && *path ? "choices kept in " : "choices not persisted (set KILN_CUDA_GEMM_CACHE "
+                                                      "for bitwise identical runs)",
+                 path && *path ? path : "");
+  }
 }
 
 CudaBackend::~CudaBackend() {
@@ -70,6 +83,7 @@ CudaBackend::~CudaBackend() {
   (void)cudaStreamSynchronize(stream_);
   alloc_.reset();
   cudaEventDestroy(scratch_event_);
+  for (cudaEvent_t e : markers_) cudaEventDestroy(e);
   cudaStreamDestroy(stream_);
 }
 
@@ -78,6 +92,27 @@ std::string CudaBackend::gemm_path(DType dtype) const {
 }
 
 void CudaBackend::synchronize(Stream s) { KILN_CUDA_CHECK(cudaStreamSynchronize(st(s))); }
+
+int64_t CudaBackend::record_marker(Stream s) {
+  if (markers_used_ == markers_.size()) {
+    cudaEvent_t e = nullptr;
+    KILN_CUDA_CHECK(cudaEventCreate(&e));
+    markers_.push_back(e);
+  }
+  KILN_CUDA_CHECK(cudaEventRecord(markers_[markers_used_], st(s)));
+  return static_cast<int64_t>(markers_used_++);
+}
+
+double CudaBackend::marker_elapsed_ms(int64_t from, int64_t to) {
+  const auto valid = [&](int64_t id) { return id >= 0 && static_cast<size_t>(id) < markers_used_; };
+  KILN_CHECK(valid(from) && valid(to), "cuda: timing markers {} and {}: only {} recorded", from,
+             to, markers_used_);
+  KILN_CUDA_CHECK(cudaEventSynchronize(markers_[static_cast<size_t>(to)]));
+  float ms = 0.f;
+  KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, markers_[static_cast<size_t>(from)],
+                                       markers_[static_cast<size_t>(to)]));
+  return ms;
+}
 
 // Every op runs fp32 and bf16 (fp16 only for transfers, copy and fill).
 bool CudaBackend::supports(Op, DType dtype) const {
@@ -252,6 +287,12 @@ void CudaBackend::adamw_step(Stream s, const Tensor& param, const Tensor& grad, 
   const Elem e = elem(param, "adamw");
   // fp32 master weights with fp32 or bf16 gradients, or parameter and gradient alike.
   const Elem g = elem(grad, "adamw grad");
+  checks::adamw_scale(scale);
+  cuda::adamw(st(s), e, g, param.raw(), grad.raw(), m.data<float>(), v.data<float>(), param.numel(),
+              adamw_args(scale, hp));
+}
+
+cuda::AdamWArgs CudaBackend::adamw_args(const Tensor& scale, const AdamWParams& hp) const {
   const double bc1 = 1.0 - std::pow(hp.beta1, static_cast<double>(hp.step));
   const double bc2 = 1.0 - std::pow(hp.beta2, static_cast<double>(hp.step));
   cuda::AdamWArgs a{};
@@ -260,15 +301,42 @@ void CudaBackend::adamw_step(Stream s, const Tensor& param, const Tensor& grad, 
   a.beta2 = static_cast<float>(hp.beta2);
   a.eps = hp.eps;
   a.grad_scale = hp.grad_scale;
-  checks::adamw_scale(scale);
   if (scale) on_device(scale, "adamw scale");
   a.scale = scale ? scale.data<float>() : nullptr;
   // The CPU backend's arithmetic (bias corrections in double), so that the two agree.
   a.step_size = static_cast<float>(static_cast<double>(hp.lr) / bc1);
   a.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
   a.decay = 1.f - hp.lr * hp.weight_decay;
-  cuda::adamw(st(s), e, g, param.raw(), grad.raw(), m.data<float>(), v.data<float>(), param.numel(),
-              a);
+  return a;
+}
+
+// Groups the tensors by (parameter type, gradient type, master or not), each group one
+// cuda::adamw_multi; fp16 parameters (no fp16 kernel) take adamw_step and copy.
+void CudaBackend::adamw_multi_step(Stream s, std::span<const AdamWTensor> tensors,
+                                   const Tensor& scale, const AdamWParams& hp) {
+  cuda::NvtxRange r("adamw_multi_step");
+  checks::adamw_multi(tensors, scale);
+  const cuda::AdamWArgs a = adamw_args(scale, hp);
+  std::map<std::tuple<Elem, Elem, bool>, std::vector<cuda::AdamWSegment>> groups;
+  for (const AdamWTensor& t : tensors) {
+    if (t.param.numel() == 0) continue;
+    on_device(t.param, "adamw param");
+    if (t.param.dtype() != DType::F32 && t.param.dtype() != DType::BF16) {
+      AdamWParams h = hp;
+      h.weight_decay = t.weight_decay;
+      adamw_step(s, t.master ? t.master : t.param, t.grad, t.m, t.v, scale, h);
+      if (t.master) copy(s, t.param, t.master);
+      continue;
+    }
+    const Elem e = elem(t.param, "adamw");
+    const Elem g = elem(t.grad, "adamw grad");
+    groups[{e, g, static_cast<bool>(t.master)}].push_back(
+        {t.param.raw(), t.master ? t.master.data<float>() : nullptr, t.grad.raw(),
+         t.m.data<float>(), t.v.data<float>(), t.param.numel(), 1.f - hp.lr * t.weight_decay});
+  }
+  for (const auto& [key, segs] : groups)
+    cuda::adamw_multi(st(s), std::get<0>(key), std::get<1>(key), std::get<2>(key), segs.data(),
+                      static_cast<int>(segs.size()), a);
 }
 
 void CudaBackend::ema_update(Stream s, const Tensor& ema, const Tensor& param, float decay) {

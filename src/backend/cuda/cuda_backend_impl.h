@@ -9,6 +9,7 @@
 #pragma once
 
 #include "backend/backend.h"
+#include "backend/cuda/adamw.h"
 #include "backend/cuda/allocator.h"
 #include "backend/cuda/attention.h"
 #include "backend/cuda/common.h"
@@ -19,6 +20,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace kiln::cuda {
 
@@ -34,6 +36,9 @@ class CudaBackend final : public Backend {
   Allocator& staging_allocator() override { return pinned_; }
   Stream default_stream() override { return Stream{stream_}; }
   void synchronize(Stream s) override;
+  int64_t record_marker(Stream s) override;
+  double marker_elapsed_ms(int64_t from, int64_t to) override;
+  void release_markers() override { markers_used_ = 0; }
   bool supports(Op op, DType dtype) const override;
 
   // ---- memory (cuda_backend.cpp) --------------------------------------------------------
@@ -132,6 +137,8 @@ class CudaBackend final : public Backend {
                         double max_norm, float loss_scale) override;
   void adamw_step(Stream s, const Tensor& param, const Tensor& grad, const Tensor& m,
                   const Tensor& v, const Tensor& scale, const AdamWParams& hp) override;
+  void adamw_multi_step(Stream s, std::span<const AdamWTensor> tensors, const Tensor& scale,
+                        const AdamWParams& hp) override;
   void ema_update(Stream s, const Tensor& ema, const Tensor& param, float decay) override;
 
  private:
@@ -181,6 +188,8 @@ class CudaBackend final : public Backend {
   }
 
   static void on_device(const Tensor& t, const char* op);
+  // The kernels' AdamW arguments (bias corrections in double, as the CPU backend).
+  cuda::AdamWArgs adamw_args(const Tensor& scale, const AdamWParams& hp) const;
   // The element type of `t` (fp32 or bf16; else kiln::Error), checking that the other
   // floating tensors of the op (empty ones skipped) have the same dtype.
   static Elem elem(const Tensor& t, const char* op, std::initializer_list<const Tensor*> same = {});
@@ -200,6 +209,8 @@ class CudaBackend final : public Backend {
   std::string device_name_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t scratch_event_ = nullptr;
+  std::vector<cudaEvent_t> markers_;  // timing events, created on demand and reused
+  size_t markers_used_ = 0;
   std::unique_ptr<CudaAllocator> alloc_;
   Tensor arena_;  // Scratch's on the backend's stream (released in ~CudaBackend)
   bool arena_in_use_ = false;

@@ -2,8 +2,13 @@
 
 #include "core/error.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <fstream>
+#include <limits>
+#include <sstream>
 
 namespace kiln::cuda {
 
@@ -23,37 +28,63 @@ int alignment_of(const void* p) {
   return 2;
 }
 
-// RAII for the per-call descriptors (host objects; creating them costs microseconds).
-struct Desc {
+size_t elem_bytes(Elem e) { return e == Elem::F32 ? 4 : 2; }
+
+// "t e m n k lda ldb ldc epilogue align beta tf32 c_elem": the key's 13 integers.
+template <class Key>
+std::string key_text(const Key& k) {
+  std::ostringstream o;
+  std::apply([&](const auto&... v) { ((o << v << ' '), ...); }, k);
+  return o.str();
+}
+template <class Key>
+bool parse_key(std::istream& in, Key& k) {
+  bool ok = true;
+  std::apply([&](auto&... v) { ((ok = ok && static_cast<bool>(in >> v)), ...); }, k);
+  return ok;
+}
+
+}  // namespace
+
+// The descriptors of one shape (host objects; creating them costs microseconds, so they
+// are built once) and its algorithm.
+struct Gemm::Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  ~Desc() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  bool found = false;
+  cublasLtMatmulAlgo_t algo{};
+  ~Plan() {
     if (c) cublasLtMatrixLayoutDestroy(c);
     if (b) cublasLtMatrixLayoutDestroy(b);
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (op) cublasLtMatmulDescDestroy(op);
   }
+  // The per-call pointers: the bias and the GELU pre-activation.
+  void set_pointers(const void* bias, void* aux, Epilogue ep) const {
+    if (ep == Epilogue::None) return;
+    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    if (aux)
+      LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                        sizeof(aux)));
+  }
 };
-
-}  // namespace
 
 Gemm::Gemm() { LT(cublasLtCreate(&handle_)); }
 
 Gemm::~Gemm() {
+  plans_.clear();
   if (handle_) cublasLtDestroy(handle_);
 }
 
-bool Gemm::run(cudaStream_t s, const GemmArgs& g) {
-  if (g.m == 0 || g.n == 0) return true;
+std::unique_ptr<Gemm::Plan> Gemm::make_plan(cudaStream_t s, const GemmArgs& g, const Key& key) {
   const cudaDataType_t dt = g.elem == Elem::F32 ? CUDA_R_32F : CUDA_R_16BF;
   const Elem c_elem = g.c_elem.value_or(g.elem);
   const cudaDataType_t ct_c = c_elem == Elem::F32 ? CUDA_R_32F : CUDA_R_16BF;
   const cublasComputeType_t ct = (g.elem == Elem::F32 && allow_tf32_)
                                      ? CUBLAS_COMPUTE_32F_FAST_TF32
                                      : CUBLAS_COMPUTE_32F;
-  Desc d;
+  auto plan = std::make_unique<Plan>();
+  Plan& d = *plan;
   LT(cublasLtMatmulDescCreate(&d.op, ct, CUDA_R_32F));
   const cublasOperation_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t tb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -64,17 +95,12 @@ bool Gemm::run(cudaStream_t s, const GemmArgs& g) {
   if (g.epilogue == Epilogue::GeluBias)
     ep = g.gelu_aux ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS;
   LT(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
-  if (g.epilogue != Epilogue::None) {
-    LT(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias,
-                                      sizeof(g.bias)));
-    if (g.epilogue == Epilogue::GeluBias && g.gelu_aux) {
-      const int64_t ld = g.ldc;
-      LT(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-                                        &g.gelu_aux, sizeof(g.gelu_aux)));
-      LT(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld,
-                                        sizeof(ld)));
-    }
+  if (g.epilogue == Epilogue::GeluBias && g.gelu_aux) {
+    const int64_t ld = g.ldc;
+    LT(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld,
+                                      sizeof(ld)));
   }
+  d.set_pointers(g.bias, g.gelu_aux, g.epilogue);
   // Column-major layouts of the stored matrices: A is [m,k] (or [k,m] when transposed).
   const uint64_t a_rows = static_cast<uint64_t>(g.trans_a ? g.k : g.m);
   const uint64_t a_cols = static_cast<uint64_t>(g.trans_a ? g.m : g.k);
@@ -85,59 +111,171 @@ bool Gemm::run(cudaStream_t s, const GemmArgs& g) {
   LT(cublasLtMatrixLayoutCreate(&d.c, ct_c, static_cast<uint64_t>(g.m), static_cast<uint64_t>(g.n),
                                 g.ldc));
 
+  cublasLtMatmulPreference_t pref = nullptr;
+  LT(cublasLtMatmulPreferenceCreate(&pref));
+  struct PrefGuard {
+    cublasLtMatmulPreference_t p;
+    ~PrefGuard() { cublasLtMatmulPreferenceDestroy(p); }
+  } guard{pref};
+  const uint64_t ws = workspace_bytes_;
+  LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                          sizeof(ws)));
+  // The heuristic assumes 256-byte aligned pointers unless told otherwise; views into
+  // flat buffers can be less aligned, so state each operand's actual alignment.
+  const uint32_t al_a = static_cast<uint32_t>(alignment_of(g.a));
+  const uint32_t al_b = static_cast<uint32_t>(alignment_of(g.b));
+  const uint32_t al_c = static_cast<uint32_t>(alignment_of(g.c));
+  LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
+                                          sizeof(al_a)));
+  LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
+                                          sizeof(al_b)));
+  LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
+                                          sizeof(al_c)));
+  LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
+                                          sizeof(al_c)));
+  cublasLtMatmulHeuristicResult_t res[kTuneCandidates]{};
+  int count = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+      handle_, d.op, d.a, d.b, d.c, d.c, pref, tune_ ? kTuneCandidates : 1, res, &count);
+  d.found = st == CUBLAS_STATUS_SUCCESS && count > 0;
+  if (!d.found) return plan;
+  d.algo = res[0].algo;
+  if (!tune_ || count == 1) return plan;
+  if (auto it = persisted_.find(key); it != persisted_.end()) {
+    cublasLtMatmulHeuristicResult_t check{};
+    if (cublasLtMatmulAlgoCheck(handle_, d.op, d.a, d.b, d.c, d.c, &it->second, &check) ==
+            CUBLAS_STATUS_SUCCESS &&
+        check.workspaceSize <= workspace_bytes_) {
+      d.algo = it->second;
+      return plan;
+    }
+  }
+  if (time_candidates(s, g, d, res, count)) {
+    persisted_[key] = d.algo;
+    save_cache();
+  }
+  return plan;
+}
+
+// Times each candidate (one warm-up, then kReps launches between two events) writing to
+// scratch outputs, so that C (which beta = 1 accumulates into) is untouched; the fastest
+// becomes the plan's algorithm. false (keeping the heuristic's first) when the scratch
+// cannot be allocated or no candidate runs.
+bool Gemm::time_candidates(cudaStream_t s, const GemmArgs& g, Plan& plan,
+                           const cublasLtMatmulHeuristicResult_t* res, int count) {
+  constexpr int kReps = 3;
+  const size_t c_bytes = static_cast<size_t>(g.ldc) * static_cast<size_t>(g.n) *
+                         elem_bytes(g.c_elem.value_or(g.elem));
+  const size_t aux_offset = (c_bytes + 255) / 256 * 256;
+  const size_t aux_bytes = g.gelu_aux ? static_cast<size_t>(g.ldc) * g.n * 4 : 0;
+  void* scratch = nullptr;
+  if (cudaMalloc(&scratch, aux_offset + aux_bytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  KILN_CUDA_CHECK(cudaMemsetAsync(scratch, 0, aux_offset + aux_bytes, s));
+  void* aux = g.gelu_aux ? static_cast<char*>(scratch) + aux_offset : nullptr;
+  plan.set_pointers(g.bias, aux, g.epilogue);
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  KILN_CUDA_CHECK(cudaEventCreate(&e0));
+  KILN_CUDA_CHECK(cudaEventCreate(&e1));
+  const float alpha = 1.f, beta = g.beta;
+  int best = -1;
+  float best_ms = std::numeric_limits<float>::infinity();
+  for (int i = 0; i < count; ++i) {
+    if (res[i].state != CUBLAS_STATUS_SUCCESS || res[i].workspaceSize > workspace_bytes_) continue;
+    auto launch = [&] {
+      return cublasLtMatmul(handle_, plan.op, &alpha, g.a, plan.a, g.b, plan.b, &beta, scratch,
+                            plan.c, scratch, plan.c, &res[i].algo, workspace_, workspace_bytes_, s);
+    };
+    bool ok = launch() == CUBLAS_STATUS_SUCCESS;
+    KILN_CUDA_CHECK(cudaEventRecord(e0, s));
+    for (int r = 0; ok && r < kReps; ++r) ok = launch() == CUBLAS_STATUS_SUCCESS;
+    KILN_CUDA_CHECK(cudaEventRecord(e1, s));
+    KILN_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0.f;
+    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    if (ok && ms < best_ms) best = i, best_ms = ms;
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  KILN_CUDA_CHECK(cudaFree(scratch));  // (synchronises the device)
+  plan.set_pointers(g.bias, g.gelu_aux, g.epilogue);
+  if (best < 0) return false;
+  plan.algo = res[best].algo;
+  return true;
+}
+
+void Gemm::set_cache_file(const std::filesystem::path& path, const std::string& device_name) {
+  std::lock_guard lock(mu_);
+  cache_path_ = path;
+  cache_header_ = fmt::format("# kiln cuBLASLt algorithm cache v1; cublasLt {}; device {}",
+                              cublasLtGetVersion(), device_name);
+  std::ifstream in(path);
+  if (!in) return;  // none yet: written at the first tuned shape
+  std::string line;
+  if (!std::getline(in, line) || line != cache_header_) return;  // another device: replaced
+  for (int lineno = 2; std::getline(in, line); ++lineno) {
+    std::istringstream fields(line);
+    Key key;
+    cublasLtMatmulAlgo_t algo{};
+    bool ok = parse_key(fields, key);
+    for (uint64_t& w : algo.data) ok = ok && static_cast<bool>(fields >> std::hex >> w);
+    KILN_CHECK(ok, "{}:{}: not a GEMM cache line (13 integers and 8 hex words expected); delete "
+               "the file to re-tune", path.string(), lineno);
+    persisted_[key] = algo;
+  }
+}
+
+void Gemm::save_cache() const {
+  if (cache_path_.empty()) return;
+  std::ostringstream o;
+  o << cache_header_ << '\n';
+  for (const auto& [key, algo] : persisted_) {
+    o << key_text(key) << std::hex;
+    for (uint64_t w : algo.data) o << ' ' << w;
+    o << std::dec << '\n';
+  }
+  // Atomically: a temporary file in the same folder, renamed over the cache.
+  const std::filesystem::path tmp =
+      cache_path_.string() + fmt::format(".tmp.{}", static_cast<long>(::getpid()));
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << o.str();
+    out.close();
+    KILN_CHECK(out.good(), "{}: cannot write the GEMM cache", tmp.string());
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, cache_path_, ec);
+  KILN_CHECK(!ec, "{}: cannot replace the GEMM cache: {}", cache_path_.string(), ec.message());
+}
+
+bool Gemm::run(cudaStream_t s, const GemmArgs& g) {
+  if (g.m == 0 || g.n == 0) return true;
   // A bias pointer below 16-byte alignment is left to the caller's fallback (GEMM, then
   // a bias kernel): the epilogue's alignment needs are not part of the preference.
   if (g.epilogue != Epilogue::None && alignment_of(g.bias) < 16) return false;
+  const Elem c_elem = g.c_elem.value_or(g.elem);
   const int align = alignment_of(g.a) | alignment_of(g.b) << 9 | alignment_of(g.c) << 18;
   const Key key{static_cast<int>(g.trans_a) | static_cast<int>(g.trans_b) << 1,
                 static_cast<int>(g.elem), g.m, g.n, g.k, g.lda, g.ldb, g.ldc,
                 static_cast<int>(g.epilogue) | (g.gelu_aux ? 4 : 0), align,
                 g.beta != 0.f ? 1 : 0, allow_tf32_ ? 1 : 0, static_cast<int>(c_elem)};
-  cublasLtMatmulAlgo_t algo{};
-  bool found = false;
-  {
-    std::lock_guard lock(mu_);
-    auto it = cache_.find(key);
-    if (it != cache_.end()) {
-      found = it->second.first;
-      algo = it->second.second;
-    } else {
-      LT(cublasLtMatmulPreferenceCreate(&d.pref));
-      const uint64_t ws = workspace_bytes_;
-      LT(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                              &ws, sizeof(ws)));
-      // The heuristic assumes 256-byte aligned pointers unless told otherwise; views into
-      // flat buffers can be less aligned, so state each operand's actual alignment.
-      const uint32_t al_a = static_cast<uint32_t>(alignment_of(g.a));
-      const uint32_t al_b = static_cast<uint32_t>(alignment_of(g.b));
-      const uint32_t al_c = static_cast<uint32_t>(alignment_of(g.c));
-      LT(cublasLtMatmulPreferenceSetAttribute(
-          d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
-      LT(cublasLtMatmulPreferenceSetAttribute(
-          d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
-      LT(cublasLtMatmulPreferenceSetAttribute(
-          d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
-      LT(cublasLtMatmulPreferenceSetAttribute(
-          d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
-      cublasLtMatmulHeuristicResult_t res{};
-      int count = 0;
-      const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, d.op, d.a, d.b, d.c, d.c,
-                                                               d.pref, 1, &res, &count);
-      found = st == CUBLAS_STATUS_SUCCESS && count > 0;
-      if (found) algo = res.algo;
-      cache_.emplace(key, std::make_pair(found, algo));
-    }
-  }
-  if (!found) {
+  // Held across the pointer update and the launch: the plan's descriptor is shared.
+  std::lock_guard lock(mu_);
+  std::unique_ptr<Plan>& plan = plans_[key];
+  if (!plan) plan = make_plan(s, g, key);
+  if (!plan->found) {
     if (g.epilogue != Epilogue::None) return false;
     KILN_FAIL("cuda: cuBLASLt has no algorithm for a {} GEMM{} m={} n={} k={} (trans {}{})",
               g.elem == Elem::F32 ? "fp32" : "bf16",
-              c_elem != g.elem ? (c_elem == Elem::F32 ? " (fp32 C)" : " (bf16 C)") : "", g.m, g.n, g.k, g.trans_a ? 'T' : 'N',
-              g.trans_b ? 'T' : 'N');
+              c_elem != g.elem ? (c_elem == Elem::F32 ? " (fp32 C)" : " (bf16 C)") : "", g.m,
+              g.n, g.k, g.trans_a ? 'T' : 'N', g.trans_b ? 'T' : 'N');
   }
+  plan->set_pointers(g.bias, g.gelu_aux, g.epilogue);
   const float alpha = 1.f, beta = g.beta;
-  LT(cublasLtMatmul(handle_, d.op, &alpha, g.a, d.a, g.b, d.b, &beta, g.c, d.c, g.c, d.c, &algo,
-                    workspace_, workspace_bytes_, s));
+  LT(cublasLtMatmul(handle_, plan->op, &alpha, g.a, plan->a, g.b, plan->b, &beta, g.c, plan->c,
+                    g.c, plan->c, &plan->algo, workspace_, workspace_bytes_, s));
   return true;
 }
 

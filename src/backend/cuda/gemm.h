@@ -7,17 +7,28 @@
 // Epilogues fuse the bias (and, for a future fused linear+GELU op, GELU with the
 // pre-activation saved for backward: cuBLASLt's GELU_AUX_BIAS) into the GEMM's stores.
 //
-// The algorithm for each (shape, layout, dtype, epilogue, alignment) is chosen once by
-// cublasLtMatmulAlgoGetHeuristic and cached. One 32 MiB workspace per backend.
+// Plans: for each (shape, layout, dtype, epilogue, alignment) the descriptors are built
+// once and kept with the chosen algorithm for the process; a call only sets the bias and
+// GELU pointers and launches. The algorithm is cublasLtMatmulAlgoGetHeuristic's first
+// result, or, with set_tuning(true) (the backend's KILN_CUDA_GEMM_TUNE=1), the fastest
+// of its first kTuneCandidates results timed with CUDA events on scratch outputs the
+// first time the shape is seen (a host synchronisation, once per shape). Different
+// algorithms may round differently, so tuned choices are persisted (set_cache_file, the
+// backend's KILN_CUDA_GEMM_CACHE) for this device and cuBLASLt version and reused by
+// later runs: two runs with the same cache file give bitwise identical results.
+// One 32 MiB workspace per backend.
 #pragma once
 
 #include "backend/cuda/common.h"
 
 #include <cublasLt.h>
 
+#include <filesystem>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <tuple>
 
 namespace kiln::cuda {
@@ -43,6 +54,9 @@ struct GemmArgs {
 
 class Gemm {
  public:
+  /// Candidates timed per shape when tuning.
+  static constexpr int kTuneCandidates = 8;
+
   Gemm();
   ~Gemm();
   Gemm(const Gemm&) = delete;
@@ -54,6 +68,13 @@ class Gemm {
   }
   void set_allow_tf32(bool on) { allow_tf32_ = on; }
   bool allow_tf32() const { return allow_tf32_; }
+  /// Chooses each new shape's algorithm by timing (see the header comment).
+  void set_tuning(bool on) { tune_ = on; }
+  /// Reads the tuned choices of `path` for `device_name` (a missing file is an empty
+  /// cache; one for another device or cuBLASLt version is ignored and later replaced),
+  /// and rewrites it atomically whenever a new shape is tuned. Throws kiln::Error naming
+  /// the file when it exists but cannot be parsed.
+  void set_cache_file(const std::filesystem::path& path, const std::string& device_name);
 
   /// Runs the GEMM on stream s. Returns false (running nothing) when cuBLASLt has no
   /// algorithm for this epilogue, so that the caller can fall back to Epilogue::None and
@@ -63,12 +84,22 @@ class Gemm {
  private:
   using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int,
                          int, int, int, int>;
+  struct Plan;
+  std::unique_ptr<Plan> make_plan(cudaStream_t s, const GemmArgs& g, const Key& key);
+  bool time_candidates(cudaStream_t s, const GemmArgs& g, Plan& plan,
+                       const cublasLtMatmulHeuristicResult_t* res, int count);
+  void save_cache() const;
+
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   bool allow_tf32_ = false;
+  bool tune_ = false;
   std::mutex mu_;
-  std::map<Key, std::pair<bool, cublasLtMatmulAlgo_t>> cache_;
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+  std::filesystem::path cache_path_;
+  std::string cache_header_;                        // device and cuBLASLt version
+  std::map<Key, cublasLtMatmulAlgo_t> persisted_;  // tuned choices (file and this run)
 };
 
 }  // namespace kiln::cuda

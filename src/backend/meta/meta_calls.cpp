@@ -292,6 +292,14 @@ MetaCallInfo adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m
   return elements(MetaCall::AdamW, param);
 }
 
+MetaCallInfo adamw_multi_step(std::span<const AdamWTensor> tensors, const Tensor& scale,
+                              const AdamWParams&) {
+  checks::adamw_multi(tensors, scale);
+  MetaCallInfo c = info(MetaCall::AdamWMulti, DType::F32);
+  for (const AdamWTensor& t : tensors) c.numel += t.param.numel();
+  return c;
+}
+
 MetaCallInfo ema_update(const Tensor& ema, const Tensor& param, float decay) {
   checks::ema_update(ema, param, decay);
   return elements(MetaCall::Ema, ema);
