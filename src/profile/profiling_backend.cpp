@@ -1,6 +1,7 @@
 #include "profile/profiling_backend.h"
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "core/op_region.h"
 
 #include <algorithm>
@@ -344,6 +345,15 @@ void ProfilingBackend::finish(const char* name, const char* category, Stream s,
   }
   if (timing_ == OpTiming::Synchronize) inner_.synchronize(s);
   tracer_.record_complete(full, category, t0, Clock::now(), c.flops, c.bytes, c.shape);
+}
+
+std::unique_ptr<ProfilingBackend> profiled(std::unique_ptr<Backend> inner,
+                                           std::string_view timing) {
+  KILN_CHECK(timing == "sync" || timing == "events",
+             "profile.timing = '{}': expected sync or events", timing);
+  return std::make_unique<ProfilingBackend>(
+      std::move(inner), Tracer::global(),
+      timing == "events" ? OpTiming::DeviceEvents : OpTiming::Synchronize);
 }
 
 void ProfilingBackend::flush() {

@@ -70,6 +70,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace kiln::profile {
@@ -157,6 +158,12 @@ class ProfilingBackend final : public Backend {
   OpTiming timing_;
   std::vector<Pending> pending_;
 };
+
+/// `inner` wrapped in a ProfilingBackend on the global tracer, timed as the [profile]
+/// timing key says: "sync" (OpTiming::Synchronize) or "events" (DeviceEvents); else
+/// kiln::Error.
+std::unique_ptr<ProfilingBackend> profiled(std::unique_ptr<Backend> inner,
+                                           std::string_view timing);
 
 // The cost formulas above, one function per op of backend/op_list.h with the op's
 // parameters (exposed for tests and tools), and for the hand-written calls.

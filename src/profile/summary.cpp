@@ -1,6 +1,7 @@
 #include "profile/summary.h"
 
 #include "core/error.h"
+#include "profile/profiling_backend.h"
 
 #include <fmt/format.h>
 
@@ -153,8 +154,14 @@ void ProfileWindow::begin_step(int64_t step) {
   if (recording_) step_start_ = Clock::now();
 }
 
+void ProfileWindow::set_backend(ProfilingBackend* backend) {
+  backend_ = backend;
+  allocator_ = backend ? &backend->allocator() : nullptr;
+}
+
 void ProfileWindow::end_step() {
   if (!recording_) return;
+  if (backend_) backend_->flush();
   tracer_.record_complete(fmt::format("step {}", step_), "step", step_start_, Clock::now());
   if (allocator_) {
     const MemoryStats m = allocator_->stats();

@@ -29,6 +29,8 @@
 
 namespace kiln::profile {
 
+class ProfilingBackend;
+
 /// Peak rates to compare against (0 = unknown: the "% peak" column shows "-").
 struct Peaks {
   double flops = 0.0;      // FLOP/s, e.g. measure_gemm_flops()
@@ -82,6 +84,9 @@ class ProfileWindow {
 
   /// Memory counters (bytes per category) are sampled at the end of each profiled step.
   void set_allocator(Allocator* allocator) { allocator_ = allocator; }
+  /// The profiling backend: end_step() flushes its device-timed ops (OpTiming::
+  /// DeviceEvents) and samples its allocator's memory counters (as set_allocator).
+  void set_backend(ProfilingBackend* backend);
   bool configured() const { return steps_.size() == 2; }
   /// True between begin_step(a) and the end of the window.
   bool recording() const { return recording_; }
@@ -100,6 +105,7 @@ class ProfileWindow {
   Tracer& tracer_;
   bool print_;
   Allocator* allocator_ = nullptr;
+  ProfilingBackend* backend_ = nullptr;
   bool recording_ = false;
   bool done_ = false;
   int64_t step_ = -1;

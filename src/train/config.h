@@ -159,6 +159,7 @@ struct ParallelSection {
 /// [profile]: a profiled window of optimizer updates.
 struct ProfileSection {
   std::vector<int64_t> steps;  // [] = off; [a, b] = profile updates a <= step < b
+  std::string timing = "sync";  // "sync": each op synchronised; "events": device events
   /// True when a profiling window is configured.
   bool enabled() const { return steps.size() == 2; }
   bool operator==(const ProfileSection&) const = default;

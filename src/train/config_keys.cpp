@@ -176,6 +176,10 @@ const std::vector<Key>& keys() {
         positive(KILN_KEY(parallel, timeout_s), "Collective-communication timeout in seconds."),
         any(KILN_KEY(profile, steps),
             "Profile updates a <= step < b given as [a, b]; [] = off."),
+        oneof(KILN_KEY(profile, timing), {"sync", "events"},
+              "How ops are timed: sync = a synchronise after each op (its own time; the device "
+              "idles between ops); events = device events around each op, read after the step "
+              "(CUDA; the CPU times on the host either way)."),
     };
   }();
   return table;

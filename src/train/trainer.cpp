@@ -129,7 +129,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
              "kernels are not written yet)", config_.source, mesh_->cp(), backend_->device().str());
   // Profiling wraps the backend (one trace event per op); off, nothing is wrapped.
   if (config_.profile.enabled())
-    backend_ = std::make_unique<profile::ProfilingBackend>(std::move(backend_));
+    backend_ = profile::profiled(std::move(backend_), config_.profile.timing);
   // Gradients are reduced over dp x cp (the cp ranks hold replicas, each a part of
   // every sequence); the data comes by dp rank, the same to every cp rank.
   one_step_ = std::make_unique<TrainStep>(config_, *backend_, mesh_->dp_cp_comm(),
@@ -183,7 +183,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
         config_.profile.steps, run_dir_ / fmt::format("trace_rank{}.json", world_->rank()),
         profile::Peaks{peak_flops_, measure_copy_bandwidth(*backend_)}, profile::Tracer::global(),
         /*print=*/is_rank0_);
-    profile_->set_allocator(&backend_->allocator());
+    profile_->set_backend(static_cast<profile::ProfilingBackend*>(backend_.get()));
   }
   if (options_.verbose) {
     fmt::print("kiln: {}\n", model_->describe());

@@ -271,27 +271,43 @@ TEST_P(OpTest, AdamW) {
       hp.step = step;
       Tensor tg = upload(g, shape, MemCategory::Gradients);
       const std::vector<float> p_before = download(tp);
+      // The moments' natural size: their two terms, beta m and (1 - beta) g (g^2), so that a
+      // new moment that nearly cancels (one element, a gradient against the old moment)
+      // is held to fp32 rounding of the terms, not of the small difference.
+      double m_terms = 0.0, v_terms = 0.0;
+      for (int64_t i = 0; i < n; ++i) {
+        const double gi = double{g[i]} * c.grad_scale;
+        m_terms += std::pow(hp.beta1 * std::fabs(rm[i]) + (1.0 - hp.beta1) * std::fabs(gi), 2);
+        v_terms += std::pow(hp.beta2 * std::fabs(rv[i]) + (1.0 - hp.beta2) * gi * gi, 2);
+      }
       be().adamw_step(st(), tp, tg, tm, tv, Tensor(), hp);
       ref::adamw_step(rp, to_double(g), rm, rv,
                       {hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, hp.grad_scale, hp.step});
       const std::string at = what + " step " + std::to_string(step);
       const std::vector<float> gp = download(tp);
       EXPECT_TRUE(near_by_norm("adamw_step param", gp, rp, 1e-5)) << at;
-      EXPECT_TRUE(near_by_norm("adamw_step m", download(tm), rm, 1e-5)) << at;
-      EXPECT_TRUE(near_by_norm("adamw_step v", download(tv), rv, 1e-5)) << at;
-      // The update itself, relative to its own size, allowing for the fp32 rounding of the
-      // parameter (half an ulp of |p|, which is large next to a tiny update of one element).
+      EXPECT_TRUE(near_by_norm("adamw_step m", download(tm), rm, 1e-5, std::sqrt(m_terms))) << at;
+      EXPECT_TRUE(near_by_norm("adamw_step v", download(tv), rv, 1e-5, std::sqrt(v_terms))) << at;
+      // The update itself, relative to the size of its two terms (the Adam step and the
+      // weight decay, which can nearly cancel for one element), allowing for the fp32
+      // rounding of the parameter (half an ulp of |p|, large next to a tiny update).
       Vec upd(n);
-      double upd_sq = 0.0, round_sq = 0.0;
+      double terms_sq = 0.0, round_sq = 0.0;
+      const double bc1 = 1.0 - std::pow(hp.beta1, static_cast<double>(step));
+      const double bc2 = 1.0 - std::pow(hp.beta2, static_cast<double>(step));
       for (int64_t i = 0; i < n; ++i) {
         upd[i] = rp[i] - p_before[i];
         const float a = std::fabs(gp[i]);
         const double half_ulp = 0.5 * (std::nextafter(a, INFINITY) - a);
-        upd_sq += upd[i] * upd[i];
+        const double adam = hp.lr * std::fabs(rm[i] / bc1) / (std::sqrt(rv[i] / bc2) + hp.eps);
+        const double decay = double{hp.lr} * c.wd * std::fabs(p_before[i]);
+        terms_sq += (adam + decay) * (adam + decay);
         round_sq += half_ulp * half_ulp;
       }
-      const double upd_tol = 1e-4 + (upd_sq > 0 ? std::sqrt(round_sq / upd_sq) : 0.0);
-      EXPECT_TRUE(near_by_norm("adamw_step update", to_float(minus(gp, p_before)), upd, upd_tol)) << at;
+      const double terms = std::sqrt(terms_sq);
+      const double upd_tol = 1e-4 + (terms > 0 ? std::sqrt(round_sq) / terms : 0.0);
+      EXPECT_TRUE(near_by_norm("adamw_step update", to_float(minus(gp, p_before)), upd, upd_tol,
+                               terms)) << at;
       EXPECT_TRUE(bitwise_equal("adamw_step leaves grad", download(tg), g)) << at;
       // Continue from the backend's state so that the reference tracks the same inputs.
       rp = to_double(gp);

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
 #include <cmath>
 #include <set>
 #include <thread>
@@ -108,6 +109,37 @@ TEST(DeviceEvents, OpsRecordedAtFlushWithMarkerTimes) {
   EXPECT_TRUE(names.count("adamw_multi_step"));
   pb.flush();  // nothing pending: a no-op
   EXPECT_EQ(marked.releases, 1);
+}
+
+// The trainer's [profile] timing = "events": profile::profiled wraps the backend, and
+// the window flushes it at the end of each profiled step, so the ops are in the summary
+// and the trace; a bad timing is a one-line error naming the key.
+TEST(DeviceEvents, ProfileWindowFlushesEachStep) {
+  auto cpu = make_backend("cpu");
+  auto marked = std::make_unique<MarkerBackend>(*cpu);
+  MarkerBackend* raw = marked.get();
+  auto pb = profile::profiled(std::move(marked), "events");
+  Tracer& tracer = Tracer::global();
+  const auto dir = std::filesystem::temp_directory_path() / "kiln_profile_events_window";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  {
+    profile::ProfileWindow w({0, 2}, dir / "trace_rank0.json", profile::Peaks{}, tracer, false);
+    w.set_backend(pb.get());
+    for (int64_t s = 0; s < 2; ++s) {
+      w.begin_step(s);
+      step(*pb);
+      EXPECT_GT(raw->marks.size(), 0u);
+      w.end_step();
+      EXPECT_EQ(raw->marks.size(), 0u) << "flushed at the step's end";
+    }
+    EXPECT_NE(w.summary_text().find("linear_forward [classifier]"), std::string::npos)
+        << w.summary_text();
+    EXPECT_NE(w.summary_text().find("idle"), std::string::npos);
+  }
+  EXPECT_EQ(raw->releases, 2);
+  std::filesystem::remove_all(dir);
+  EXPECT_THROW(profile::profiled(make_backend("cpu"), "gpu"), Error);
 }
 
 // On a backend without markers (the CPU), DeviceEvents times on the host at once.

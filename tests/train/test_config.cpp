@@ -157,6 +157,8 @@ TEST(TrainConfigErrors, BadValueNamesTheKey) {
             "config.toml: key 'schedule.min_lr' (1) must not exceed optim.lr (0.0006)");
   EXPECT_EQ(load_error("[train]\nsteps = 10\n[schedule]\nwarmup_steps = 11\n"),
             "config.toml: key 'schedule.warmup_steps' (11) must not exceed train.steps (10)");
+  EXPECT_EQ(load_error("[profile]\ntiming = \"gpu\"\n"),
+            "config.toml: key 'profile.timing' must be one of \"sync\", \"events\", got \"gpu\"");
   EXPECT_EQ(load_error("[profile]\nsteps = [5, 3]\n"),
             "config.toml: key 'profile.steps' must be [] or [a, b] with 0 <= a < b, got [5, 3]");
   EXPECT_EQ(load_error("[profile]\nsteps = [1, 2, 3]\n"),
