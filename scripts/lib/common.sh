@@ -52,6 +52,9 @@ kiln_ensure_node() {
 # goes to $KILN_BUILD/build.log; on failure its end is printed.
 kiln_build() {
   mkdir -p "$KILN_BUILD"
+  # ccache hashes paths below the checkout relative to the build folder, so that another
+  # clone (CI's fresh one, a user's second) hits the same cache.
+  export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$KILN_ROOT}"
   echo "kiln: building in $KILN_BUILD (log: $KILN_BUILD/build.log)"
   if ! { cmake -S "$KILN_ROOT" -B "$KILN_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" &&
          cmake --build "$KILN_BUILD" -j "$(nproc)"; } >"$KILN_BUILD/build.log" 2>&1; then
