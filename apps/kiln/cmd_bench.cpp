@@ -338,7 +338,9 @@ void run_bench(const Args& a) {
   profile::Peaks peaks{peak_flops, tracing ? measure_copy_bandwidth(*raw) : 0.0};
   raw->allocator().reset_peak();
   std::unique_ptr<profile::ProfilingBackend> prof;
-  if (tracing) prof = std::make_unique<profile::ProfilingBackend>(*raw);
+  if (tracing)
+    prof = std::make_unique<profile::ProfilingBackend>(*raw, profile::Tracer::global(),
+                                                       profile::op_timing(c.profile.timing));
   Backend& be = prof ? static_cast<Backend&>(*prof) : *raw;
 
   LocalCommunicator single;
@@ -371,7 +373,10 @@ void run_bench(const Args& a) {
   profile::ProfileWindow window(tracing ? std::vector<int64_t>{a.warmup, total}
                                         : std::vector<int64_t>{},
                                 a.trace, peaks);
-  window.set_allocator(&be.allocator());
+  if (prof)
+    window.set_backend(prof.get());  // flushes device-timed ops (profile.timing = "events")
+  else
+    window.set_allocator(&be.allocator());
   // Phase times: each phase runs until the next is announced, the backend synchronised
   // at every boundary. Gradient sync (nothing to do on one process) counts as backward.
   struct PhaseClock final : StepObserver {

@@ -48,30 +48,40 @@ struct Args {
   bool fp32 = false;  // the fp32 model instead of bf16 with fp32 gradients and masters
 };
 
+[[noreturn]] void usage_error(const std::string& what) {
+  std::fprintf(stderr, "kiln_gpu_step: %s (flags: --model NAME --B N --T N --steps N "
+               "--warmup N --profile N --profile-sync --repeat --fp32)\n", what.c_str());
+  std::exit(2);
+}
+
+// A whole number >= lo, else a usage error naming the flag.
+int number(const std::string& flag, const std::string& v, int lo) {
+  char* end = nullptr;
+  const long x = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || x < lo || x > 1 << 20)
+    usage_error("flag " + flag + " = '" + v + "': expected a whole number >= " + std::to_string(lo));
+  return static_cast<int>(x);
+}
+
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; i += 2) {
+  for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     if (k == "--fp32" || k == "--repeat" || k == "--profile-sync") {
       (k == "--fp32" ? a.fp32 : k == "--repeat" ? a.repeat : a.profile_sync) = true;
-      --i;
       continue;
     }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "kiln_gpu_step: flag %s needs a value\n", k.c_str());
-      std::exit(2);
-    }
-    const std::string v = argv[i + 1];
+    if (k != "--model" && k != "--B" && k != "--T" && k != "--steps" && k != "--warmup" &&
+        k != "--profile")
+      usage_error("unknown flag " + k);
+    if (i + 1 >= argc) usage_error("flag " + k + " needs a value");
+    const std::string v = argv[++i];
     if (k == "--model") a.model = v;
-    else if (k == "--B") a.B = std::atoi(v.c_str());
-    else if (k == "--T") a.T = std::atoi(v.c_str());
-    else if (k == "--steps") a.steps = std::atoi(v.c_str());
-    else if (k == "--warmup") a.warmup = std::atoi(v.c_str());
-    else if (k == "--profile") a.profile = std::atoi(v.c_str());
-    else {
-      std::fprintf(stderr, "kiln_gpu_step: unknown flag %s\n", k.c_str());
-      std::exit(2);
-    }
+    else if (k == "--B") a.B = number(k, v, 1);
+    else if (k == "--T") a.T = number(k, v, 1);
+    else if (k == "--steps") a.steps = number(k, v, 1);
+    else if (k == "--warmup") a.warmup = number(k, v, 0);
+    else a.profile = number(k, v, 0);
   }
   return a;
 }

@@ -347,13 +347,16 @@ void ProfilingBackend::finish(const char* name, const char* category, Stream s,
   tracer_.record_complete(full, category, t0, Clock::now(), c.flops, c.bytes, c.shape);
 }
 
-std::unique_ptr<ProfilingBackend> profiled(std::unique_ptr<Backend> inner,
-                                           std::string_view timing) {
+OpTiming op_timing(std::string_view timing) {
   KILN_CHECK(timing == "sync" || timing == "events",
              "profile.timing = '{}': expected sync or events", timing);
-  return std::make_unique<ProfilingBackend>(
-      std::move(inner), Tracer::global(),
-      timing == "events" ? OpTiming::DeviceEvents : OpTiming::Synchronize);
+  return timing == "events" ? OpTiming::DeviceEvents : OpTiming::Synchronize;
+}
+
+std::unique_ptr<ProfilingBackend> profiled(std::unique_ptr<Backend> inner,
+                                           std::string_view timing) {
+  return std::make_unique<ProfilingBackend>(std::move(inner), Tracer::global(),
+                                            op_timing(timing));
 }
 
 void ProfilingBackend::flush() {

@@ -159,9 +159,10 @@ class ProfilingBackend final : public Backend {
   std::vector<Pending> pending_;
 };
 
-/// `inner` wrapped in a ProfilingBackend on the global tracer, timed as the [profile]
-/// timing key says: "sync" (OpTiming::Synchronize) or "events" (DeviceEvents); else
-/// kiln::Error.
+/// The [profile] timing key's value: "sync" (OpTiming::Synchronize) or "events"
+/// (DeviceEvents); else kiln::Error naming the key.
+OpTiming op_timing(std::string_view timing);
+/// `inner` wrapped in a ProfilingBackend on the global tracer, timed by op_timing(timing).
 std::unique_ptr<ProfilingBackend> profiled(std::unique_ptr<Backend> inner,
                                            std::string_view timing);
 

@@ -29,9 +29,30 @@ std::string op_kind(std::string_view name, std::string_view category) {
   return "elementwise";
 }
 
+namespace {
+// The time inside the step intervals that no op interval covers (ops clipped to each
+// step, overlapping ops counted once).
+double uncovered_ns(std::vector<std::pair<int64_t, int64_t>> steps,
+                    std::vector<std::pair<int64_t, int64_t>> ops) {
+  std::sort(ops.begin(), ops.end());
+  double idle = 0.0;
+  for (const auto& [a, b] : steps) {
+    int64_t t = a;  // covered up to t
+    for (const auto& [s, e] : ops) {
+      if (e <= t || s >= b) continue;
+      if (s > t) idle += static_cast<double>(s - t);
+      t = std::max(t, std::min(e, b));
+    }
+    if (b > t) idle += static_cast<double>(b - t);
+  }
+  return idle;
+}
+}  // namespace
+
 Summary summarize(const std::vector<TraceEvent>& events) {
   Summary s;
   std::map<std::string, OpStats> ops, phases, kinds;
+  std::vector<std::pair<int64_t, int64_t>> step_spans, op_spans;
   int64_t first = std::numeric_limits<int64_t>::max(), last = std::numeric_limits<int64_t>::min();
   for (const auto& e : events) {
     if (e.phase != 'X') continue;
@@ -40,6 +61,7 @@ Summary summarize(const std::vector<TraceEvent>& events) {
     if (e.category == "step") {
       ++s.steps;
       s.step_ns += static_cast<double>(e.dur_ns);
+      step_spans.emplace_back(e.ts_ns, e.ts_ns + e.dur_ns);
       continue;
     }
     auto& table = e.category == "phase" ? phases : ops;
@@ -51,6 +73,7 @@ Summary summarize(const std::vector<TraceEvent>& events) {
     o.bytes += e.bytes;
     if (&table != &ops) continue;
     s.op_ns += static_cast<double>(e.dur_ns);
+    op_spans.emplace_back(e.ts_ns, e.ts_ns + e.dur_ns);
     const std::string kind = op_kind(e.name, e.category);
     OpStats& k = kinds[kind];
     k.name = kind;
@@ -59,7 +82,11 @@ Summary summarize(const std::vector<TraceEvent>& events) {
     k.flops += e.flops;
     k.bytes += e.bytes;
   }
-  if (s.steps == 0 && last > first) s.step_ns = static_cast<double>(last - first);
+  if (s.steps == 0 && last > first) {
+    s.step_ns = static_cast<double>(last - first);
+    step_spans.emplace_back(first, last);
+  }
+  s.idle_ns = uncovered_ns(std::move(step_spans), std::move(op_spans));
   auto sorted = [](std::map<std::string, OpStats>& m) {
     std::vector<OpStats> v;
     for (auto& [k, o] : m) v.push_back(std::move(o));
@@ -83,7 +110,9 @@ std::string format_summary(const Summary& s, const Peaks& peaks) {
                      s.op_ns / 1e6, 100.0 * s.op_ns / step,
                      peaks.flops > 0 ? fmt::format("{:.1f}", peaks.flops / 1e9) : "?",
                      peaks.bandwidth > 0 ? fmt::format("{:.1f}", peaks.bandwidth / 1e9) : "?");
-  out += fmt::format("{:<24} {:>7} {:>10} {:>7} {:>9} {:>8} {:>7} {:>7}\n", "op", "calls",
+  size_t w = 24;  // the name column: as wide as the longest op name
+  for (const auto& o : s.ops) w = std::max(w, o.name.size());
+  out += fmt::format("{:<{}} {:>7} {:>10} {:>7} {:>9} {:>8} {:>7} {:>7}\n", "op", w, "calls",
                      "total ms", "% step", "GFLOP/s", "GB/s", "bound", "% peak");
   for (const auto& o : s.ops) {
     const double sec = o.total_ns / 1e9;
@@ -97,30 +126,30 @@ std::string format_summary(const Summary& s, const Peaks& peaks) {
       bound = compute ? "flops" : "memory";
       pct = fmt::format("{:.1f}%", 100.0 * std::max(t_flops, t_bytes) / sec);
     }
-    out += fmt::format("{:<24} {:>7} {:>10.2f} {:>6.1f}% {:>9} {:>8} {:>7} {:>7}\n", o.name,
+    out += fmt::format("{:<{}} {:>7} {:>10.2f} {:>6.1f}% {:>9} {:>8} {:>7} {:>7}\n", o.name, w,
                        o.calls, o.total_ns / 1e6, 100.0 * o.total_ns / step,
                        o.flops > 0 ? fmt::format("{:.1f}", gflops) : "-",
                        o.bytes > 0 ? fmt::format("{:.2f}", gbs) : "-", bound, pct);
   }
   if (!s.kinds.empty()) {
     const double per = s.steps > 0 ? static_cast<double>(s.steps) : 1.0;
-    out += fmt::format("{:<24} {:>7} {:>10} {:>7} {:>9} {:>8}\n", "kind", "calls", "ms/step",
+    out += fmt::format("{:<{}} {:>7} {:>10} {:>7} {:>9} {:>8}\n", "kind", w, "calls", "ms/step",
                        "% step", "GFLOP/s", "GB/s");
     for (const auto& k : s.kinds) {
       const double sec = k.total_ns / 1e9;
-      out += fmt::format("{:<24} {:>7} {:>10.2f} {:>6.1f}% {:>9} {:>8}\n", k.name, k.calls,
+      out += fmt::format("{:<{}} {:>7} {:>10.2f} {:>6.1f}% {:>9} {:>8}\n", k.name, w, k.calls,
                          k.total_ns / 1e6 / per, 100.0 * k.total_ns / step,
                          k.flops > 0 && sec > 0 ? fmt::format("{:.1f}", k.flops / sec / 1e9) : "-",
                          k.bytes > 0 && sec > 0 ? fmt::format("{:.2f}", k.bytes / sec / 1e9) : "-");
     }
-    const double idle = std::max(0.0, s.step_ns - s.op_ns);
-    out += fmt::format("{:<24} {:>7} {:>10.2f} {:>6.1f}%\n", "idle", "-", idle / 1e6 / per,
+    const double idle = s.idle_ns;
+    out += fmt::format("{:<{}} {:>7} {:>10.2f} {:>6.1f}%\n", "idle", w, "-", idle / 1e6 / per,
                        100.0 * idle / step);
   }
   if (!s.phases.empty()) {
-    out += fmt::format("{:<24} {:>7} {:>10} {:>7}\n", "phase", "calls", "total ms", "% step");
+    out += fmt::format("{:<{}} {:>7} {:>10} {:>7}\n", "phase", w, "calls", "total ms", "% step");
     for (const auto& p : s.phases)
-      out += fmt::format("{:<24} {:>7} {:>10.2f} {:>6.1f}%\n", p.name, p.calls, p.total_ns / 1e6,
+      out += fmt::format("{:<{}} {:>7} {:>10.2f} {:>6.1f}%\n", p.name, w, p.calls, p.total_ns / 1e6,
                          100.0 * p.total_ns / step);
   }
   return out;

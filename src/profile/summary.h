@@ -13,8 +13,9 @@
 //   % peak     achieved rate of the bound resource / its peak (GFLOP/s / peak GFLOP/s or
 //              GB/s / peak GB/s): 100% = on the roofline
 // then the same by kind (op_kind: gemm, attention, norms, elementwise, classifier,
-// optimizer, communication, memory) in ms per step, with "idle" = the step's time not
-// covered by ops (on a GPU timed with device events: the device idle), and the phases
+// optimizer, communication, memory) in ms per step, with "idle" = the time inside the
+// "step" events that no op covers (each op clipped to its step, overlapping ops once;
+// on a GPU timed with device events: the device idle), and the phases
 // ("data", "forward", "backward", "optimizer", ... scopes) with their total time and
 // share of the step.
 #pragma once
@@ -53,6 +54,8 @@ struct Summary {
   int64_t steps = 0;            // "step" events in the window
   double step_ns = 0.0;         // their summed duration (or the window span)
   double op_ns = 0.0;           // summed duration of all ops
+  double idle_ns = 0.0;         // time inside the steps that no op covers (each op clipped
+                                // to the step, overlaps counted once)
 };
 
 /// The kind of an op event for the per-kind table: "classifier" for ops of the

@@ -4,6 +4,7 @@
 // masters), whole parameters and ZeRO-like partial segments, with an EMA and a device
 // clipping scale; a stochastic-rounding bf16 optimizer keeps the per-segment path.
 #include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
 #include "optim/adamw.h"
 #include "support/forwarding_backend.h"
 
@@ -105,6 +106,21 @@ TEST(AdamWMultiTensor, BothPathsGiveTheSameBits) {
       EXPECT_EQ(count(per, "adamw_step"), 4 * live) << at;
       EXPECT_EQ(count(per, "copy"), dt == DType::BF16 ? 4 * live : 0) << at;
     }
+}
+
+TEST(AdamWMultiTensor, BadSwitchValueIsAnError) {
+  std::unique_ptr<Backend> be = make_cpu_backend();
+  Tensor p = be->empty(Shape{34}, DType::F32, MemCategory::Parameters);
+  Tensor g = be->empty(Shape{34}, DType::F32, MemCategory::Gradients);
+  setenv("KILN_ADAMW_MULTI_TENSOR", "off", 1);
+  try {
+    AdamW opt(*be, specs(), p, g, AdamWConfig{});
+    ADD_FAILURE() << "KILN_ADAMW_MULTI_TENSOR=off accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KILN_ADAMW_MULTI_TENSOR = 'off'"), std::string::npos)
+        << e.what();
+  }
+  unsetenv("KILN_ADAMW_MULTI_TENSOR");
 }
 
 TEST(AdamWMultiTensor, StochasticRoundingKeepsThePerSegmentPath) {

@@ -179,9 +179,9 @@ TEST(Summary, KindTableAndIdle) {
   };
   X("step 0", "step", 0, 10'000'000, 0);
   X("linear_forward", "forward", 0, 3'500'000, 3.5e9);             // 1000 GFLOP/s
-  X("linear_forward [classifier]", "forward", 3'000'000, 2'000'000, 0);
-  X("softmax_cross_entropy [classifier]", "loss", 5'000'000, 1'000'000, 0);
-  X("all_reduce", "comm", 6'000'000, 1'000'000, 0);
+  X("linear_forward [classifier]", "forward", 3'500'000, 2'000'000, 0);
+  X("softmax_cross_entropy [classifier]", "loss", 5'500'000, 1'000'000, 0);
+  X("all_reduce", "comm", 6'500'000, 1'000'000, 0);
   const auto s = profile::summarize(ev);
   ASSERT_EQ(s.kinds.size(), 3u);
   EXPECT_EQ(s.kinds[0].name, "gemm");
@@ -193,6 +193,26 @@ TEST(Summary, KindTableAndIdle) {
   EXPECT_NE(table.find("idle"), std::string::npos) << table;
   EXPECT_NE(table.find("2.50"), std::string::npos) << table;   // idle ms/step: 10 - 7.5
   EXPECT_NE(table.find("1000.0"), std::string::npos) << table;  // gemm GFLOP/s
+}
+
+// idle is the steps' time no op covers: overlapping ops (a collective on its own track
+// beside a GEMM) count once, ops outside every step (an evaluation) not at all.
+TEST(Summary, IdleCountsCoveredTimeOnce) {
+  std::vector<profile::TraceEvent> ev;
+  auto X = [&](const char* name, const char* cat, int64_t ts, int64_t dur) {
+    profile::TraceEvent e;
+    e.name = name, e.category = cat, e.ts_ns = ts, e.dur_ns = dur;
+    ev.push_back(e);
+  };
+  X("step 0", "step", 0, 10'000'000);
+  X("linear_forward", "forward", 1'000'000, 4'000'000);   // [1, 5) ms
+  X("all_reduce", "comm", 2'000'000, 6'000'000);          // [2, 8) ms, overlapping
+  X("linear_forward", "forward", 9'000'000, 3'000'000);   // [9, 12): 1 ms inside
+  X("linear_forward", "forward", 20'000'000, 5'000'000);  // after the step (evaluation)
+  const auto s = profile::summarize(ev);
+  EXPECT_DOUBLE_EQ(s.idle_ns, 2'000'000.0);  // [0, 1) and [8, 9)
+  const std::string table = profile::format_summary(s, profile::Peaks{});
+  EXPECT_NE(table.find("2.00"), std::string::npos) << table;
 }
 
 }  // namespace
