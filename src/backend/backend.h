@@ -521,6 +521,11 @@ void upload_f32(Backend& be, const Tensor& dst, const float* src);
 /// fp32 host values <- src (any float dtype).
 void download_f32(Backend& be, float* dst, const Tensor& src);
 std::vector<float> download_f32(Backend& be, const Tensor& src);
+/// adamw_multi_step's update of one tensor through be's adamw_step and copy (the
+/// per-tensor path: the CPU backend's whole implementation, the CUDA backend's for fp16
+/// parameters).
+void adamw_tensor_step(Backend& be, Stream s, const AdamWTensor& t, const Tensor& scale,
+                       const AdamWParams& hp);
 /// The sum of squares of x's elements in double, read back to the host (synchronises):
 /// Backend::sum_squares into a fresh accumulator.
 double read_sum_squares(Backend& be, const Tensor& x);

@@ -91,6 +91,14 @@ double Backend::marker_elapsed_ms(int64_t from, int64_t to) {
             from, to);
 }
 
+void adamw_tensor_step(Backend& be, Stream s, const AdamWTensor& t, const Tensor& scale,
+                       const AdamWParams& hp) {
+  AdamWParams h = hp;
+  h.weight_decay = t.weight_decay;
+  be.adamw_step(s, t.master ? t.master : t.param, t.grad, t.m, t.v, scale, h);
+  if (t.master) be.copy(s, t.param, t.master);
+}
+
 double read_sum_squares(Backend& be, const Tensor& x) {
   const Stream s = be.default_stream();
   const Tensor acc = be.empty({1}, DType::F64, MemCategory::Temporaries);

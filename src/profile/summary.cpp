@@ -64,23 +64,23 @@ Summary summarize(const std::vector<TraceEvent>& events) {
       step_spans.emplace_back(e.ts_ns, e.ts_ns + e.dur_ns);
       continue;
     }
-    auto& table = e.category == "phase" ? phases : ops;
-    OpStats& o = table[e.name];
-    if (o.calls == 0) o.name = e.name, o.category = e.category;
-    ++o.calls;
-    o.total_ns += static_cast<double>(e.dur_ns);
-    o.flops += e.flops;
-    o.bytes += e.bytes;
-    if (&table != &ops) continue;
+    // Adds e to the row `name` of `table`.
+    auto add = [&e](std::map<std::string, OpStats>& table, const std::string& name) {
+      OpStats& o = table[name];
+      if (o.calls == 0) o.name = name, o.category = e.category;
+      ++o.calls;
+      o.total_ns += static_cast<double>(e.dur_ns);
+      o.flops += e.flops;
+      o.bytes += e.bytes;
+    };
+    if (e.category == "phase") {
+      add(phases, e.name);
+      continue;
+    }
+    add(ops, e.name);
+    add(kinds, op_kind(e.name, e.category));
     s.op_ns += static_cast<double>(e.dur_ns);
     op_spans.emplace_back(e.ts_ns, e.ts_ns + e.dur_ns);
-    const std::string kind = op_kind(e.name, e.category);
-    OpStats& k = kinds[kind];
-    k.name = kind;
-    ++k.calls;
-    k.total_ns += static_cast<double>(e.dur_ns);
-    k.flops += e.flops;
-    k.bytes += e.bytes;
   }
   if (s.steps == 0 && last > first) {
     s.step_ns = static_cast<double>(last - first);

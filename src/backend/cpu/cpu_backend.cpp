@@ -462,12 +462,7 @@ class CpuBackend final : public Backend {
                         const AdamWParams& hp) override {
     checks::adamw_multi(tensors, scale);
     if (scale && !std::isfinite(scale.data<float>()[0])) return;  // a skipped update
-    for (const AdamWTensor& t : tensors) {
-      AdamWParams h = hp;
-      h.weight_decay = t.weight_decay;
-      adamw_step(s, t.master ? t.master : t.param, t.grad, t.m, t.v, scale, h);
-      if (t.master) copy(s, t.param, t.master);
-    }
+    for (const AdamWTensor& t : tensors) adamw_tensor_step(*this, s, t, scale, hp);
   }
 
   void ema_update(Stream, const Tensor& ema, const Tensor& param, float decay) override {

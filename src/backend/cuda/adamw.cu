@@ -11,6 +11,15 @@
 namespace kiln::cuda {
 
 namespace {
+// One element's update, shared by the per-tensor and the multi-tensor kernels (so that
+// the two give the same bits): m and v in place; returns the new parameter value.
+__device__ __forceinline__ float adamw_element(float p, float g, float& m, float& v,
+                                               float decay, const AdamWArgs& a) {
+  m = a.beta1 * m + (1.f - a.beta1) * g;
+  v = a.beta2 * v + (1.f - a.beta2) * g * g;
+  return p * decay - a.step_size * m / (sqrtf(v) / a.bc2_sqrt + a.eps);
+}
+
 template <class T, class G>
 __global__ void adamw_kernel(T* param, const G* grad, float* m, float* v, int64_t n, AdamWArgs a) {
   if (a.scale) {  // read on the device: the clipping coefficient needs no host round trip
@@ -20,13 +29,11 @@ __global__ void adamw_kernel(T* param, const G* grad, float* m, float* v, int64_
   }
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const float g = to_f(grad[i]) * a.grad_scale;
-    const float mi = a.beta1 * m[i] + (1.f - a.beta1) * g;
-    const float vi = a.beta2 * v[i] + (1.f - a.beta2) * g * g;
+    float mi = m[i], vi = v[i];
+    param[i] = from_f<T>(adamw_element(to_f(param[i]), to_f(grad[i]) * a.grad_scale, mi, vi,
+                                       a.decay, a));
     m[i] = mi;
     v[i] = vi;
-    const float p = to_f(param[i]);
-    param[i] = from_f<T>(p * a.decay - a.step_size * mi / (sqrtf(vi) / a.bc2_sqrt + a.eps));
   }
 }
 }  // namespace
@@ -69,14 +76,11 @@ __global__ void adamw_multi_kernel(const __grid_constant__ MultiArgs args) {
   const int64_t begin = (b - args.block_start[s]) * kChunk;
   const int64_t end = begin + kChunk < sg.n ? begin + kChunk : sg.n;
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    // adamw_kernel's expressions, term for term (bitwise the same results).
-    const float g = to_f(grad[i]) * a.grad_scale;
-    const float mi = a.beta1 * sg.m[i] + (1.f - a.beta1) * g;
-    const float vi = a.beta2 * sg.v[i] + (1.f - a.beta2) * g * g;
+    float mi = sg.m[i], vi = sg.v[i];
+    const float q = adamw_element(kMaster ? sg.master[i] : to_f(param[i]),
+                                  to_f(grad[i]) * a.grad_scale, mi, vi, sg.decay, a);
     sg.m[i] = mi;
     sg.v[i] = vi;
-    const float p = kMaster ? sg.master[i] : to_f(param[i]);
-    const float q = p * sg.decay - a.step_size * mi / (sqrtf(vi) / a.bc2_sqrt + a.eps);
     if (kMaster) sg.master[i] = q;
     param[i] = from_f<T>(q);
   }

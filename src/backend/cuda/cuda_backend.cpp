@@ -322,10 +322,7 @@ void CudaBackend::adamw_multi_step(Stream s, std::span<const AdamWTensor> tensor
     if (t.param.numel() == 0) continue;
     on_device(t.param, "adamw param");
     if (t.param.dtype() != DType::F32 && t.param.dtype() != DType::BF16) {
-      AdamWParams h = hp;
-      h.weight_decay = t.weight_decay;
-      adamw_step(s, t.master ? t.master : t.param, t.grad, t.m, t.v, scale, h);
-      if (t.master) copy(s, t.param, t.master);
+      adamw_tensor_step(*this, s, t, scale, hp);
       continue;
     }
     const Elem e = elem(t.param, "adamw");
