@@ -139,39 +139,68 @@ class BatchSource {
                               static_cast<uint64_t>(c.train.seed), /*shuffle=*/true);
   }
   const TrainData* data() const { return data_.get(); }
-  /// in: 4-byte elements (int32 tokens or fp32 pixels); `classes` is the vocabulary or
-  /// the number of classes of synthetic data.
-  void next(const BatchShape& shape, std::vector<std::byte>& in, std::vector<int32_t>& tg,
-            int classes) {
-    const int64_t n_in = shape.inputs.numel(), n_tg = shape.targets.numel();
-    in.resize(static_cast<size_t>(accum_ * n_in) * 4);
+  /// in: each micro-batch's required inputs (BatchShape's host layout), tg: its targets.
+  /// Synthetic data: a language model's tokens as sequences of T + 1 random tokens (the
+  /// targets the next ones); otherwise random pixels for fp32 inputs and random ids in
+  /// each int32 input's range, the targets in shape.target_range.
+  void next(const BatchShape& shape, std::vector<std::byte>& in, std::vector<int32_t>& tg) {
+    const int64_t in_bytes = shape.required_bytes(), n_tg = shape.targets.numel();
+    in.resize(static_cast<size_t>(accum_ * in_bytes));
     tg.resize(static_cast<size_t>(accum_ * n_tg));
     if (data_) {
       for (int k = 0; k < accum_; ++k)
-        data_->next_batch(in.data() + static_cast<size_t>(k * n_in) * 4, tg.data() + k * n_tg,
+        data_->next_batch(in.data() + static_cast<size_t>(k * in_bytes), tg.data() + k * n_tg,
                           c_.train.micro_batch, 0, 1);
       return;
     }
-    auto draw = [&] { return static_cast<int32_t>(rng_.next_u32() % static_cast<uint32_t>(classes)); };
-    if (shape.images()) {
-      std::vector<float> pixels(static_cast<size_t>(accum_ * n_in));
-      for (float& p : pixels) p = static_cast<float>(rng_.next_u32() % 256u) / 127.5f - 1.f;
-      std::memcpy(in.data(), pixels.data(), in.size());
-      for (int32_t& y : tg) y = draw();
-      return;
-    }
-    const int T = c_.train.seq_len;
-    std::vector<int32_t> tokens(static_cast<size_t>(accum_ * n_in));
-    std::vector<int32_t> sample(static_cast<size_t>(T) + 1);
-    for (int64_t r = 0; r < accum_ * n_in / T; ++r) {
-      for (auto& t : sample) t = draw();
-      std::copy(sample.begin(), sample.begin() + T, tokens.begin() + r * T);
-      std::copy(sample.begin() + 1, sample.end(), tg.begin() + r * T);
-    }
-    std::memcpy(in.data(), tokens.data(), in.size());
+    const BatchInput* tokens = shape.find("tokens");
+    if (tokens && shape.required().size() == 1 && tokens->shape == shape.targets)
+      next_sequences(tokens->range, in, tg);
+    else
+      next_random(shape, in, tg);
   }
 
  private:
+  int32_t draw(int64_t range) {
+    return static_cast<int32_t>(rng_.next_u32() % static_cast<uint32_t>(range));
+  }
+  // Token sequences: tg is in shifted by one.
+  void next_sequences(int64_t vocab, std::vector<std::byte>& in, std::vector<int32_t>& tg) {
+    const int T = c_.train.seq_len;
+    std::vector<int32_t> tokens(in.size() / 4);
+    std::vector<int32_t> sample(static_cast<size_t>(T) + 1);
+    for (size_t r = 0; r < tokens.size() / static_cast<size_t>(T); ++r) {
+      for (auto& t : sample) t = draw(vocab);
+      std::copy(sample.begin(), sample.begin() + T, tokens.begin() + static_cast<ptrdiff_t>(r * T));
+      std::copy(sample.begin() + 1, sample.end(), tg.begin() + static_cast<ptrdiff_t>(r * T));
+    }
+    std::memcpy(in.data(), tokens.data(), in.size());
+  }
+  // Every input at random (pixels in [-1, 1], ids in range), then the targets.
+  void next_random(const BatchShape& shape, std::vector<std::byte>& in, std::vector<int32_t>& tg) {
+    std::byte* out = in.data();
+    for (int k = 0; k < accum_; ++k) {
+      for (const BatchInput& x : shape.required()) {
+        KILN_CHECK(x.dtype == DType::F32 || (x.dtype == DType::I32 && x.range > 0), "bench: no "
+                   "synthetic data for the batch input '{}' ({}); give data.dir", x.name,
+                   dtype_name(x.dtype));
+        std::vector<int32_t> v(static_cast<size_t>(x.shape.numel()));
+        for (int32_t& e : v) {
+          if (x.dtype == DType::F32) {
+            const float p = static_cast<float>(rng_.next_u32() % 256u) / 127.5f - 1.f;
+            std::memcpy(&e, &p, 4);
+          } else {
+            e = draw(x.range);
+          }
+        }
+        std::memcpy(out, v.data(), static_cast<size_t>(x.nbytes()));
+        out += x.nbytes();
+      }
+    }
+    KILN_CHECK(shape.target_range > 0, "bench: no synthetic targets for this model; give data.dir");
+    for (int32_t& y : tg) y = draw(shape.target_range);
+  }
+
   const TrainConfig& c_;
   int accum_;
   Philox rng_;
@@ -196,13 +225,14 @@ void dump_init(const fs::path& path, const Model& model, const TrainConfig& c, i
   const int S = warmup + steps;
   const int64_t rows = static_cast<int64_t>(accum) * c.train.micro_batch;
   const BatchShape shape = model.batch_shape(c.train.micro_batch, c.train.seq_len);
-  KILN_CHECK(!shape.images(), "bench: --dump-init (the PyTorch comparison) is for language "
-             "models; {} takes images", model.arch());
-  std::vector<int32_t> in(static_cast<size_t>(S * accum * shape.inputs.numel())), tg, bt;
+  const BatchInput* tokens = shape.find("tokens");
+  KILN_CHECK(tokens && shape.required().size() == 1, "bench: --dump-init (the PyTorch "
+             "comparison) is for language models; {} takes other inputs", model.arch());
+  std::vector<int32_t> in(static_cast<size_t>(S * accum * tokens->shape.numel())), tg, bt;
   std::vector<std::byte> bi;
   BatchSource source(c, accum);  // the same sequence as the timed run's own source
   for (int s = 0; s < S; ++s) {
-    source.next(shape, bi, bt, model.vocab_size());
+    source.next(shape, bi, bt);
     std::memcpy(in.data() + static_cast<size_t>(s) * bi.size() / 4, bi.data(), bi.size());
     tg.insert(tg.end(), bt.begin(), bt.end());
   }
@@ -410,7 +440,7 @@ void run_bench(const Args& a) {
     const auto t0 = Clock::now();
     {
       auto sc = profile::trace_scope("data");
-      source.next(one_step.batch_shape(), inputs, targets_host, model.vocab_size());
+      source.next(one_step.batch_shape(), inputs, targets_host);
     }
     clock.last = Clock::now();
     clock.current = 0;

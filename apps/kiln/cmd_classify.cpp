@@ -99,9 +99,8 @@ void register_classify(CLI::App& app) {
     auto backend = make_device_backend(a->device);
     const auto model = make_model(checkpoint_model_options(reader), *backend);
     load_model_from_checkpoint(reader, *model, nullptr);
-    KILN_CHECK(model_arch(model->arch()).takes_images, "{}: a {} checkpoint, not an image "
-               "classifier (e.g. model.arch = \"vit\")", a->checkpoint, model->arch());
-    const int K = model->vocab_size();
+    ImageClassifier& classifier = as_image_classifier(*model, a->checkpoint);
+    const int K = classifier.num_classes();
     KILN_CHECK(K == meta.classes, "{} classifies {} classes, {} has {}", a->checkpoint, K,
                a->data, meta.classes);
     const auto source = open_train_data(a->data, a->split, 0, 0, /*shuffle=*/false);
@@ -110,19 +109,19 @@ void register_classify(CLI::App& app) {
     // Buffers for the largest batch, allocated once; a shorter last batch uses their front.
     Backend& be = *backend;
     const int B_max = static_cast<int>(std::min<int64_t>(a->batch, n));
-    const BatchShape full = model->batch_shape(B_max, model->max_positions());
-    const Tensor images_buf = be.empty(full.inputs, DType::F32, MemCategory::Activations);
+    const Shape image = classifier.image_shape();
+    const Tensor images_buf = be.empty(batched(B_max, image), DType::F32, MemCategory::Activations);
     const Tensor logits_buf = be.empty(Shape{B_max, K}, DType::F32, MemCategory::Activations);
-    std::vector<float> pixels(static_cast<size_t>(full.inputs.numel())), host(static_cast<size_t>(B_max) * K);
+    std::vector<float> pixels(static_cast<size_t>(B_max * image.numel())),
+        host(static_cast<size_t>(B_max) * K);
     std::vector<int32_t> labels(static_cast<size_t>(B_max));
     for (int64_t done = 0; done < n;) {
       const int B = static_cast<int>(std::min<int64_t>(B_max, n - done));
-      const BatchShape shape = model->batch_shape(B, model->max_positions());
       source->next_batch(pixels.data(), labels.data(), B, 0, 1);
-      const Tensor images = images_buf.view_at(0, shape.inputs);
+      const Tensor images = images_buf.view_at(0, batched(B, image));
       const Tensor logits = logits_buf.view_at(0, Shape{B, K});
       be.copy_from_host(be.default_stream(), images, pixels.data());
-      model->classify(images, logits);
+      classifier.classify(images, logits);
       be.copy_to_host(be.default_stream(), host.data(), logits);
       be.synchronize(be.default_stream());
       for (int b = 0; b < B; ++b) {

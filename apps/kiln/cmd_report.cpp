@@ -34,7 +34,8 @@ void sample_latest(report::RunData& run) {
     const bool ema = checkpoint_has_ema(reader);
     load_model_weights(reader, *model, ema);
     ImageSampleOptions o;
-    for (int k = 0; k < model->vocab_size(); ++k) o.classes.push_back(k);
+    for (int k = 0; k < as_flow_model(*model, latest->string()).num_classes(); ++k)
+      o.classes.push_back(k);
     o.per_class = 8;
     o.steps = 25;
     o.cfg_scale = 2.0;

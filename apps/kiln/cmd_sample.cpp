@@ -33,13 +33,15 @@ void register_sample(CLI::App& app) {
   cmd->callback([a] {
     checkpoint::CheckpointReader reader(a->checkpoint);
     const ModelOptions options = checkpoint_model_options(reader);
-    KILN_CHECK(!model_arch(options.arch).takes_images, "{}: a {} checkpoint, an image model: "
-               "kiln sample generates text (kiln sample-images samples an image generator, "
-               "kiln classify scores an image classifier)",
-               a->checkpoint, options.arch);
+    const ModelArch arch = model_arch(options.arch);
+    KILN_CHECK(arch.decodes, "{}: a {} checkpoint, {}: kiln sample generates text (kiln "
+               "sample-images samples an image generator, kiln classify scores an image "
+               "classifier)", a->checkpoint, options.arch,
+               arch.takes_images ? "an image model" : "not a language model");
     auto backend = make_device_backend(a->device);
     const auto model_ptr = make_model(options, *backend);
     Model& model = *model_ptr;
+    const LanguageModel& lm = as_language_model(model, a->checkpoint);
     load_model_from_checkpoint(reader, model, nullptr);
     const auto tok = load_checkpoint_tokenizer(reader);
     std::vector<int32_t> prompt{tok->eot_id()};
@@ -47,14 +49,14 @@ void register_sample(CLI::App& app) {
       const auto ids = tok->encode(a->prompt);
       prompt.insert(prompt.end(), ids.begin(), ids.end());
     }
-    KILN_CHECK(static_cast<int>(prompt.size()) < model.max_positions(),
+    KILN_CHECK(static_cast<int>(prompt.size()) < lm.max_positions(),
                "sample: the prompt has {} tokens, the model's context is {}", prompt.size(),
-               model.max_positions());
+               lm.max_positions());
     const auto out = sample_tokens(model, prompt, a->o);
     fmt::print("{}{}\n", a->prompt, tok->decode(out));
     if (static_cast<int>(out.size()) < a->o.max_new_tokens)
       fmt::print(stderr, "kiln sample: stopped after {} tokens: the model's context ({} tokens) "
-                 "is full\n", out.size(), model.max_positions());
+                 "is full\n", out.size(), lm.max_positions());
   });
 }
 

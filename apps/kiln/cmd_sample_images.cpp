@@ -82,7 +82,7 @@ void register_sample_images(CLI::App& app) {
     load_model_weights(reader, *model, ema);
     const SampledImages images = sample_images(*model, o);
     write_image_grid(a->out, images, o.per_class);
-    write_sample_dataset(samples, images, model->vocab_size(), {});
+    write_sample_dataset(samples, images, as_flow_model(*model, a->checkpoint).num_classes(), {});
     fmt::print("kiln sample-images: {} images ({} classes x {}), {} steps, cfg scale {}, {} "
                "weights -> {} and {}\n", images.count(), o.classes.size(), o.per_class, o.steps,
                o.cfg_scale, ema ? "EMA" : "raw", a->out, samples);

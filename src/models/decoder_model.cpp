@@ -27,7 +27,8 @@ struct DecoderModel::Slot {
   nn::SavedActivations saved;      // the blocks' own tensors under the checkpointing mode
   std::vector<Tensor> head_saved;  // the final norm's saved out [B,T,C] and statistics
   Tensor dhead;                    // dL/d(norm out): scratch.dtmp for the whole model, else own
-  Batch batch;                     // the forward's micro-batch (views)
+  Tensor tokens, positions;        // the forward's micro-batch inputs (views; positions may
+                                   // be empty: 0..T-1)
   bool have_grad = false;
 };
 
@@ -42,7 +43,18 @@ int DecoderModel::n_layer() const { return static_cast<int>(layers_.blocks->size
 
 void DecoderModel::set_activation_checkpointing(nn::ActivationCheckpointing mode) { mode_ = mode; }
 
-Shape DecoderModel::stage_activation_shape(int B, int T) const {
+BatchShape DecoderModel::batch_shape(int B, int T) const {
+  BatchShape s;
+  s.inputs.push_back({.name = "tokens", .shape = Shape{B, T}, .dtype = DType::I32,
+                      .range = vocab_size(), .per_token = true});
+  s.inputs.push_back({.name = "positions", .shape = Shape{B, T}, .dtype = DType::I32,
+                      .range = max_positions(), .per_token = true, .optional = true});
+  s.targets = Shape{B, T};
+  s.target_range = vocab_size();
+  return s;
+}
+
+std::optional<Shape> DecoderModel::stage_activation_shape(int B, int T) const {
   return layers_.blocks->front().residual_shape(B, T);
 }
 
@@ -105,14 +117,14 @@ nn::BlockPass DecoderModel::block_pass(const Slot& a, int l) const {
                        dropout_spec(l, nn::kMlpResidSite),
                        a.saved.rerun_block(),
                        a.saved.recompute_cheap(),
-                       a.batch.positions};
+                       a.positions};
 }
 
 void DecoderModel::embed(Slot& a, const Tensor& tokens) {
   Backend& be = backend();
   const Stream s = be.default_stream();
   hooks().before_forward(local_part(0));
-  layers_.embedding->forward(be, s, a.stream[0], tokens, a.batch.positions, 0, stream_work());
+  layers_.embedding->forward(be, s, a.stream[0], tokens, a.positions, 0, stream_work());
   const DropoutSpec d = nn::rows_dropout(dropout_spec(-1, nn::kEmbeddingSite),
                                          layers_.embedding->placement(), a.stream[0].numel());
   if (d.p > 0.f) be.dropout_forward(s, a.stream[0], a.stream[0], d);
@@ -128,12 +140,13 @@ void DecoderModel::backward() {
 }
 
 LossSum DecoderModel::forward_stage(const StagePass& p, float grad_scale) {
-  const Tensor& tokens = p.batch.tokens;
+  const Tensor& tokens = p.batch.require("tokens", arch());
+  const Tensor positions = p.batch.input("positions");
   KILN_CHECK(tokens.ndim() == 2 && p.batch.targets.shape() == tokens.shape(),
              "{}: tokens {} and targets {} must both be [B,T]", arch(), tokens.str(),
              p.batch.targets.str());
-  KILN_CHECK(!p.batch.positions || p.batch.positions.shape() == tokens.shape(),
-             "{}: positions {} must be [B,T] like tokens {}", arch(), p.batch.positions.str(),
+  KILN_CHECK(!positions || positions.shape() == tokens.shape(),
+             "{}: positions {} must be [B,T] like tokens {}", arch(), positions.str(),
              tokens.str());
   const int B = static_cast<int>(tokens.size(0)), T = static_cast<int>(tokens.size(1));
   KILN_CHECK(T <= max_positions(), "{}: sequence length {} exceeds block_size {}", arch(), T,
@@ -144,7 +157,8 @@ LossSum DecoderModel::forward_stage(const StagePass& p, float grad_scale) {
     KILN_CHECK(local_part(k) >= 0, "{}: part {} is not held by this pipeline stage", arch(), k);
   reserve(B, T);
   Slot& a = slot(p.first, p.end, p.slot);
-  a.batch = p.batch;
+  a.tokens = tokens;
+  a.positions = positions;
   Backend& be = backend();
   const Stream s = be.default_stream();
   if (a.embeds) {
@@ -217,7 +231,7 @@ void DecoderModel::backward_stage(const StagePass& p) {
   const DropoutSpec d = nn::rows_dropout(dropout_spec(-1, nn::kEmbeddingSite),
                                          layers_.embedding->placement(), dres.numel());
   if (d.p > 0.f) be.dropout_backward(s, dres, dres, d);
-  layers_.embedding->backward(be, s, dres, a.batch.tokens, a.batch.positions, stream_work());
+  layers_.embedding->backward(be, s, dres, a.tokens, a.positions, stream_work());
   hooks().after_backward(local_part(0));
 }
 
@@ -232,7 +246,8 @@ void DecoderModel::forward_logits(const Tensor& tokens, const Tensor& logits) {
   // The forward up to the final norm, without a loss: slot 0 of the whole model.
   reserve(B, T);
   Slot& a = slot(0, global_parts(), 0);
-  a.batch = Batch{tokens, Tensor(), Tensor()};
+  a.tokens = tokens;
+  a.positions = Tensor();
   Backend& be = backend();
   const Stream s = be.default_stream();
   embed(a, tokens);

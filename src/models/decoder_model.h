@@ -41,20 +41,22 @@ struct DecoderLayers {
   int64_t n_embd = 0;
 };
 
-class DecoderModel : public LayeredModel {
+class DecoderModel : public LayeredModel, public LanguageModel {
  public:
   ~DecoderModel() override;
 
-  /// tokens and targets int32 [B,T] (targets may hold -1); positions int32 [B,T] (the
-  /// rotary angles, or the rows of learned position embeddings; context parallelism's
-  /// chunks) or empty for 0..T-1. The loss gradient (x grad_scale) is made here, in the
-  /// output head, for the following backward(). The whole model, slot 0.
+  /// Inputs "tokens" int32 [B,T] and the optional "positions" int32 [B,T] (the rotary
+  /// angles, or the rows of learned position embeddings; context parallelism's chunks;
+  /// absent: 0..T-1); targets int32 [B,T] (may hold -1).
+  BatchShape batch_shape(int B, int T) const override;
+  /// The loss gradient (x grad_scale) is made here, in the output head, for the following
+  /// backward(). The whole model, slot 0.
   LossSum forward(const Batch& batch, float grad_scale) override;
   void backward() override;
   void set_activation_checkpointing(nn::ActivationCheckpointing mode) override;
+  LanguageModel* language_model() override { return this; }
 
-  bool runs_stages() const override { return true; }
-  Shape stage_activation_shape(int B, int T) const override;
+  std::optional<Shape> stage_activation_shape(int B, int T) const override;
   LossSum forward_stage(const StagePass& pass, float grad_scale) override;
   void backward_stage(const StagePass& pass) override;
 

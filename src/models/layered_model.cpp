@@ -7,69 +7,6 @@
 
 namespace kiln {
 
-const ParamSpec& Model::spec(std::string_view name) const {
-  for (const auto& p : params())
-    if (p.name == name) return p;
-  KILN_FAIL("{} has no parameter named '{}'", arch(), name);
-}
-
-void Model::init_weights(uint64_t seed) {
-  for (size_t i = 0; i < params().size(); ++i) {
-    const ParamSpec& p = params()[i];
-    // Each run of the rank's elements is drawn at its global indices (nn/tensor_parallel.h).
-    std::vector<float> host;
-    for (const auto& [b, e] : p.tp.global_runs(p.shape)) {
-      const auto run = init_values(i, seed, b, e);
-      host.insert(host.end(), run.begin(), run.end());
-    }
-    upload_f32(backend(), param(p), host.data());
-  }
-}
-
-Tensor LossAccumulator::target(Backend& be, const Batch& batch) {
-  if (batch.loss) {
-    KILN_CHECK(batch.loss.dtype() == DType::F64 && batch.loss.numel() == 2,
-               "batch loss accumulator must be fp64 [2], got {}", batch.loss.str());
-    return batch.loss;
-  }
-  if (!own_) own_ = be.empty(Shape{2}, DType::F64, MemCategory::Activations);
-  be.fill(be.default_stream(), own_, 0.f);
-  return own_;
-}
-
-LossSum LossAccumulator::result(Backend& be, const Batch& batch) const {
-  if (batch.loss) return {};
-  double v[2] = {0.0, 0.0};
-  be.copy_to_host(be.default_stream(), v, own_);  // completes before returning
-  return {v[0], static_cast<int64_t>(v[1])};
-}
-
-Shape Model::stage_activation_shape(int, int) const {
-  KILN_FAIL("{} does not run as pipeline stages (parallel.pp > 1 needs gpt2 or llama)", arch());
-}
-// Without stages, the one chunk is the whole model: forward() and backward().
-LossSum Model::forward_stage(const StagePass& p, float grad_scale) {
-  if (p.first != 0 || p.end != static_cast<int>(parts().size()) || p.slot != 0)
-    stage_activation_shape(0, 0);  // throws
-  return forward(p.batch, grad_scale);
-}
-void Model::backward_stage(const StagePass& p) {
-  if (p.first != 0 || p.end != static_cast<int>(parts().size()) || p.slot != 0)
-    stage_activation_shape(0, 0);
-  backward();
-}
-
-void Model::classify(const Tensor&, const Tensor&) {
-  KILN_FAIL("{} is not an image classifier (kiln classify needs one, e.g. model.arch = \"vit\")",
-            arch());
-}
-
-void Model::predict_velocity(const Tensor&, std::span<const float>, std::span<const int32_t>,
-                             const Tensor&) {
-  KILN_FAIL("{} does not generate images (kiln sample-images needs a flow model, e.g. "
-            "model.arch = \"dit\")", arch());
-}
-
 LayerRoles layer_roles(std::string arch, nn::TokenPositionEmbedding& embedding,
                        std::vector<nn::TransformerBlock>& blocks, nn::Norm& final_norm,
                        nn::Linear* lm_head) {

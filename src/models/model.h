@@ -1,8 +1,12 @@
-// Model: the one interface between a model and everything that trains, shards, saves or
-// samples it (data parallel and ZeRO, checkpoints, the memory planner, the sampler).
+// Model: the one core interface between a model and everything that trains, shards,
+// saves or samples it (data parallel and ZeRO, pipeline stages, checkpoints, the memory
+// planner): its layout and binding, its training passes, its stages, the batch it takes
+// and its FLOPs. What a model can do beyond training (decode text, classify images,
+// generate images) are capability interfaces of their own (models/capabilities.h),
+// reached through language_model(), image_classifier() and flow_model().
 //
-// A model is a sequence of parts (FSDP calls them units; a pipeline stage will hold a
-// range of them): part 0 is the input end (embeddings), the last part the output end.
+// A model is a sequence of parts (FSDP calls them units; a pipeline stage holds a range
+// of them): part 0 is the input end (embeddings), the last part the output end.
 // Every parameter has a global name and a global shape and belongs to one part; a part's
 // parameters are contiguous in the model's flat layout, so a wrapper can hold, gather,
 // bind or reduce a part as one flat tensor. A parameter used by two parts (GPT-2's wte:
@@ -15,6 +19,8 @@
 #pragma once
 
 #include "backend/backend.h"
+#include "models/batch.h"
+#include "models/capabilities.h"
 #include "models/layer_plan.h"
 #include "nn/parameter.h"
 #include "nn/saved.h"
@@ -22,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -63,28 +70,6 @@ struct ModelHooks {
   virtual void after_forward(int part) {}
   virtual void before_backward(int part) {}
   virtual void after_backward(int part) {}
-};
-
-/// A training micro-batch on the backend's device. Language models: tokens and targets
-/// int32 [B,T] (targets may hold ignore_index = -1), positions int32 [B,T] or empty for
-/// 0..T-1. Image classifiers: images fp32 [B,H,W,C] (pixels scaled to [-1, 1]) and
-/// targets int32 [B], the class labels. Model::batch_shape says which a model takes.
-/// `loss`, when given, is an fp64 [2] accumulator on the device: forward adds (+=) the
-/// loss sum (nats) and the target count there and reads nothing back to the host (a
-/// training step's losses stay on the device); without it, forward returns them.
-struct Batch {
-  Tensor tokens, targets, positions;
-  Tensor images{};  // (defaults, so that Batch{tokens, targets, positions} stays complete)
-  Tensor loss{};
-};
-
-/// The inputs and targets of one micro-batch as a model takes them (Batch): inputs int32
-/// [B,T] tokens (language models) or fp32 [B,H,W,C] images; targets int32, [B,T] or [B].
-struct BatchShape {
-  Shape inputs;
-  DType input_dtype = DType::I32;
-  Shape targets;
-  bool images() const { return input_dtype == DType::F32; }
 };
 
 /// One pipeline chunk's pass (parallel/pipeline.h): parts [first, end) by global index,
@@ -168,14 +153,13 @@ class Model {
   virtual void zero_grad() = 0;
 
   // ---- training -----------------------------------------------------------------------
-  /// The micro-batch a [micro_batch B, seq_len T] step feeds forward(). The default, a
-  /// language model's: tokens and targets int32 [B,T]. Throws kiln::Error when T does
-  /// not fit the model (e.g. a vision transformer's patch count).
-  virtual BatchShape batch_shape(int B, int T) const {
-    return {Shape{B, T}, DType::I32, Shape{B, T}};
-  }
-  /// Forward of a micro-batch. When grad_scale > 0 it also prepares backward() for the
-  /// gradient of grad_scale * loss sum (e.g. 1 / targets in the global batch).
+  /// The micro-batch a [micro_batch B, seq_len T] step feeds forward(): the inputs by
+  /// name, shape and dtype (models/batch.h) and the targets. Throws kiln::Error when T
+  /// does not fit the model (e.g. a vision transformer's patch count).
+  virtual BatchShape batch_shape(int B, int T) const = 0;
+  /// Forward of a micro-batch (its inputs as batch_shape declares them). When grad_scale
+  /// > 0 it also prepares backward() for the gradient of grad_scale * loss sum (e.g. 1 /
+  /// targets in the global batch).
   virtual LossSum forward(const Batch& batch, float grad_scale) = 0;
   /// Accumulates (+=) parameter gradients of the last forward(grad_scale > 0).
   virtual void backward() = 0;
@@ -187,48 +171,30 @@ class Model {
   virtual void set_dropout(bool on, uint64_t seed, uint64_t call_index) = 0;
   /// Hooks called around parts; nullptr for none. Not owned.
   virtual void set_hooks(ModelHooks* hooks) = 0;
-  // ---- pipeline stages (parallel/pipeline.h) --------------------------------------------
-  /// Whether forward_stage / backward_stage run (pipeline parallelism needs them).
-  virtual bool runs_stages() const { return false; }
-  /// The activation between two chunks of a [B,T] micro-batch. Throws without stages.
-  virtual Shape stage_activation_shape(int B, int T) const;
-  /// Forward of one chunk; returns the loss sum on the chunk holding the last part (else
-  /// zero) and, when grad_scale > 0, prepares the slot's backward_stage. A model without
-  /// stages runs the whole model as slot 0 (forward(), backward()). Throws kiln::Error
-  /// for a range or slot the model cannot run.
-  virtual LossSum forward_stage(const StagePass& pass, float grad_scale);
-  /// Backward of the slot's last forward_stage: accumulates (+=) parameter gradients.
-  virtual void backward_stage(const StagePass& pass);
   /// Training FLOPs per token at sequence length T (for MFU).
   virtual double flops_per_token(int T) const = 0;
   /// Trainable parameters as the model's paper counts them: a tied parameter once, padding
   /// (e.g. padded vocabulary rows) excluded.
   virtual int64_t num_parameters() const = 0;
 
-  // ---- image classification -----------------------------------------------------------
-  /// Class logits fp32 [B, K] of images fp32 [B,H,W,C] (as batch_shape's inputs).
-  /// Throws kiln::Error for a model that is not an image classifier.
-  virtual void classify(const Tensor& images, const Tensor& logits);
+  // ---- pipeline stages (parallel/pipeline.h) --------------------------------------------
+  /// The activation between two chunks of a [B,T] micro-batch, in the model dtype; nullopt
+  /// for a model that runs only as one chunk (no pipeline parallelism).
+  virtual std::optional<Shape> stage_activation_shape(int B, int T) const { return std::nullopt; }
+  /// Forward of one chunk; returns the loss sum on the chunk holding the last part (else
+  /// zero) and, when grad_scale > 0, prepares the slot's backward_stage. The default runs
+  /// the whole model as slot 0 (forward(), backward()). Throws kiln::Error for a range or
+  /// slot the model cannot run.
+  virtual LossSum forward_stage(const StagePass& pass, float grad_scale);
+  /// Backward of the slot's last forward_stage: accumulates (+=) parameter gradients.
+  virtual void backward_stage(const StagePass& pass);
 
-  // ---- image generation (flow models) -------------------------------------------------
-  /// The velocity fp32 [B,H,W,C] of the model's flow at noisy images xt fp32 [B,H,W,C]
-  /// (as batch_shape's inputs) at times t[b] in [0, 1] (1: pure noise), conditioned on
-  /// class labels[b] (-1: unconditional, the null class of classifier-free guidance); t
-  /// and labels are host arrays of B. Throws kiln::Error for a model that does not
-  /// generate images.
-  virtual void predict_velocity(const Tensor& xt, std::span<const float> t,
-                                std::span<const int32_t> labels, const Tensor& velocity);
-
-  // ---- language-model inference (sampling) ------------------------------------------
-  virtual int vocab_size() const = 0;
-  virtual int padded_vocab_size() const = 0;
-  virtual int max_positions() const = 0;
-  /// KV-cache decoding: begin_decode(B, max_len); each decode() runs tokens int32
-  /// [B,Tq] at the next positions and writes the last position's logits fp32 [B,Vp].
-  virtual void begin_decode(int B, int max_len) = 0;
-  virtual void decode(const Tensor& tokens, const Tensor& logits) = 0;
-  virtual void end_decode() = 0;
-  virtual int decoded_length() const = 0;
+  // ---- capabilities (models/capabilities.h) ---------------------------------------------
+  /// This model as a language model, image classifier or flow model; nullptr when it is
+  /// not one (as_language_model() etc. turn that into an error naming the arch).
+  virtual LanguageModel* language_model() { return nullptr; }
+  virtual ImageClassifier* image_classifier() { return nullptr; }
+  virtual FlowModel* flow_model() { return nullptr; }
 };
 
 }  // namespace kiln

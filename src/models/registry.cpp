@@ -1,14 +1,12 @@
-// The only file outside models/<arch>/ that names GPT-2, Llama, ViT or DiT: it registers the
-// built-in architectures.
+// The registry: the built-in families, one line each (each states its entry in its own
+// folder, models/<arch>/arch.cpp), and whatever tests and extensions register.
 #include "models/registry.h"
 
 #include "core/error.h"
-#include "models/gpt2/formats.h"
-#include "models/gpt2/gpt2.h"
-#include "models/llama/formats.h"
-#include "models/llama/llama.h"
-#include "models/vit/vit.h"
-#include "models/dit/dit.h"
+#include "models/dit/arch.h"
+#include "models/gpt2/arch.h"
+#include "models/llama/arch.h"
+#include "models/vit/arch.h"
 
 #include <mutex>
 
@@ -16,60 +14,14 @@ namespace kiln {
 
 namespace {
 
-ModelArch gpt2_arch() {
-  ModelArch a;
-  a.make = [](const ModelOptions& o, Backend& backend, const ModelStorage& storage) {
-    return std::make_unique<GPT2>(gpt2_config_of(o), backend, storage);
-  };
-  a.options_from_json = gpt2_options_from_json;
-  a.import_weights = gpt2_import_weights;
-  a.export_weights = gpt2_export_weights;
-  a.options_from_hf = gpt2_options_from_hf;
-  a.hf_config = gpt2_hf_config;
-  a.hf_layout = gpt2_hf_layout;
-  return a;
-}
-
-ModelArch llama_arch() {
-  ModelArch a;
-  a.make = [](const ModelOptions& o, Backend& backend, const ModelStorage& storage) {
-    return std::make_unique<Llama>(llama_config_of(o), backend, storage);
-  };
-  a.options_from_json = llama_options_from_json;
-  a.options_from_hf = llama_options_from_hf;
-  a.hf_config = llama_hf_config;
-  a.hf_layout = llama_hf_layout;
-  return a;
-}
-
-ModelArch vit_arch() {
-  ModelArch a;
-  a.make = [](const ModelOptions& o, Backend& backend, const ModelStorage& storage) {
-    return std::make_unique<ViT>(vit_config_of(o), backend, storage);
-  };
-  a.takes_images = true;
-  a.tensor_parallel = false;
-  a.options_from_json = vit_options_from_json;
-  return a;
-}
-
-ModelArch dit_arch() {
-  ModelArch a;
-  a.make = [](const ModelOptions& o, Backend& backend, const ModelStorage& storage) {
-    return std::make_unique<DiT>(dit_config_of(o), backend, storage);
-  };
-  a.takes_images = true;
-  a.generates_images = true;
-  a.tensor_parallel = false;
-  a.options_from_json = dit_options_from_json;
-  return a;
-}
-
 struct Registry {
   std::mutex mutex;
   std::map<std::string, ModelArch> archs{
-      {"gpt2", gpt2_arch()}, {"llama", llama_arch()}, {"vit", vit_arch()},
-      {"dit", dit_arch()}};
+      {"gpt2", gpt2_arch()},
+      {"llama", llama_arch()},
+      {"vit", vit_arch()},
+      {"dit", dit_arch()},
+  };
 };
 Registry& registry() {
   static Registry r;
@@ -113,6 +65,29 @@ std::vector<std::string> model_archs() {
   std::vector<std::string> out;
   for (const auto& [k, v] : registry().archs) out.push_back(k);
   return out;
+}
+
+std::vector<std::string> model_archs_with(bool ModelArch::*flag) {
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  std::vector<std::string> out;
+  for (const auto& [k, v] : registry().archs)
+    if (v.*flag) out.push_back(k);
+  return out;
+}
+
+std::vector<ModelPreset> model_presets() {
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  std::vector<ModelPreset> out;
+  for (const auto& [k, v] : registry().archs) out.insert(out.end(), v.presets.begin(), v.presets.end());
+  return out;
+}
+
+std::optional<ModelPreset> find_model_preset(std::string_view name) {
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  for (const auto& [k, v] : registry().archs)
+    for (const ModelPreset& p : v.presets)
+      if (p.name == name) return p;
+  return std::nullopt;
 }
 
 ModelOptions model_options_from_json(const std::string& arch, const nlohmann::json& config) {

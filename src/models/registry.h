@@ -10,6 +10,7 @@
 
 #include "models/hf_formats.h"
 #include "models/model.h"
+#include "models/model_options.h"
 
 #include <nlohmann/json.hpp>
 
@@ -17,35 +18,12 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace kiln {
-
-/// The [model] keys every architecture reads (docs/config.md); each factory checks the
-/// ones it needs and ignores none silently.
-struct ModelOptions {
-  std::string arch = "gpt2";
-  int n_layer = 0;
-  int n_head = 0;
-  int n_embd = 0;
-  int block_size = 0;  // maximum sequence length
-  int vocab_size = 0;  // real vocabulary; the model pads it as it likes
-  float dropout = 0.f;
-  // Rotary / grouped-query / SwiGLU architectures (llama); GPT-2 rejects n_kv_head, ffn_hidden_size
-  // and rope scaling other than its own.
-  int n_kv_head = 0;        // key/value heads; 0 = n_head
-  int ffn_hidden_size = 0;  // MLP hidden width; 0 = the architecture's default
-  float norm_eps = 1e-5f;   // RMSNorm epsilon (GPT-2: its LayerNorm eps is fixed, 1e-5)
-  RopeSpec rope;            // theta, Llama 3.1 rescaling (scale_factor 0: none)
-  bool tie_embeddings = false;  // output head = token embedding (GPT-2 ignores it: always tied)
-  // Vision transformers (vit): square images, patches, classes.
-  int image_size = 0;
-  int num_channels = 0;
-  int patch_size = 0;
-  int num_classes = 0;
-  float class_dropout = 0.1f;  // dit: probability a training label becomes the null class
-};
 
 using ModelFactory =
     std::function<std::unique_ptr<Model>(const ModelOptions&, Backend&, const ModelStorage&)>;
@@ -56,16 +34,27 @@ using HostWeights = std::map<std::string, std::vector<float>>;
 /// The fp32 values of a named global parameter (e.g. read from a kiln checkpoint).
 using TensorSource = std::function<std::vector<float>(const std::string& name)>;
 
-/// An architecture: its factory and, optionally (empty std::function: not supported), its
-/// checkpoint config and its own file formats.
+/// An architecture: its factory, what it supports and, optionally (empty std::function:
+/// not supported), its checkpoint config, presets and its own file formats. Each family
+/// states its entry in its own folder (e.g. models/gpt2/arch.cpp); the registry lists them.
+/// What the entry says it supports is what its models do (tests/models/registry_test.cpp
+/// builds one of each and checks).
 struct ModelArch {
   ModelFactory make;
   /// What the model reads (Model::batch_shape): tokens (language models) or images.
   bool takes_images = false;
-  /// Whether the model generates images (Model::predict_velocity: kiln sample-images).
+  /// Its models are language models (Model::language_model: kiln sample).
+  bool decodes = false;
+  /// Its models classify images (Model::image_classifier: kiln classify).
+  bool classifies_images = false;
+  /// Its models generate images (Model::flow_model: kiln sample-images).
   bool generates_images = false;
+  /// Its models run as pipeline stages (Model::stage_activation_shape: parallel.pp > 1).
+  bool stages = false;
   /// Whether the model takes the tensor- and context-parallel plans (ModelStorage::plans).
-  bool tensor_parallel = true;
+  bool tensor_parallel = false;
+  /// The model presets of the family (model.preset), each a shape of its [model] keys.
+  std::vector<ModelPreset> presets;
   /// The options of a model from its Model::config_json() (a checkpoint's state "model").
   /// Throws kiln::Error for an invalid config.
   std::function<ModelOptions(const nlohmann::json& config)> options_from_json;
@@ -114,5 +103,11 @@ void export_model_weights(const std::string& arch, const nlohmann::json& config,
 ModelArch model_arch(const std::string& arch);
 /// The registered architectures, sorted.
 std::vector<std::string> model_archs();
+/// The registered architectures whose entry has `flag` set (e.g. &ModelArch::stages), sorted.
+std::vector<std::string> model_archs_with(bool ModelArch::*flag);
+/// Every registered preset, by architecture then in the family's order.
+std::vector<ModelPreset> model_presets();
+/// The preset called `name`, if any family lists one.
+std::optional<ModelPreset> find_model_preset(std::string_view name);
 
 }  // namespace kiln

@@ -35,7 +35,7 @@ void copy_vision_options(const ModelOptions& o, Config& c);
 
 }  // namespace kiln
 
-#include "models/registry.h"
+#include "models/model_options.h"
 
 namespace kiln {
 

@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
+
 namespace kiln {
 
 namespace {
@@ -46,11 +48,14 @@ std::string ContextParallelPlan::what() const {
   return fmt::format("context parallelism (parallel.cp = {})", group_.size());
 }
 
-void cp_split_rows(int32_t* local, const int32_t* full, int64_t B, int64_t T,
-                   std::span<const int32_t> positions) {
+void cp_split_rows(std::byte* local, const std::byte* full, int64_t B, int64_t T,
+                   int64_t token_bytes, std::span<const int32_t> positions) {
   const auto P = static_cast<int64_t>(positions.size());
+  const auto n = static_cast<size_t>(token_bytes);
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < P; ++t) local[b * P + t] = full[b * T + positions[static_cast<size_t>(t)]];
+    for (int64_t t = 0; t < P; ++t)
+      std::memcpy(local + (b * P + t) * token_bytes,
+                  full + (b * T + positions[static_cast<size_t>(t)]) * token_bytes, n);
 }
 
 }  // namespace kiln

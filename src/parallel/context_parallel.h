@@ -8,6 +8,7 @@
 #include "models/model.h"
 #include "nn/context_parallel.h"
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -42,9 +43,10 @@ class ContextParallelPlan final : public LayerPlan {
   nn::CpGroup& group_;
 };
 
-/// local [B, P] <- the columns `positions` (P of them, a cp rank's: nn::cp_positions) of
-/// full [B, T] (row-major, 4-byte elements: tokens or targets).
-void cp_split_rows(int32_t* local, const int32_t* full, int64_t B, int64_t T,
-                   std::span<const int32_t> positions);
+/// local [B, P, ...] <- the columns `positions` (P of them, a cp rank's: nn::cp_positions)
+/// of full [B, T, ...] (row-major; each token's entry `token_bytes` long: tokens, targets,
+/// or any per-token batch input).
+void cp_split_rows(std::byte* local, const std::byte* full, int64_t B, int64_t T,
+                   int64_t token_bytes, std::span<const int32_t> positions);
 
 }  // namespace kiln

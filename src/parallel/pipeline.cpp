@@ -23,8 +23,8 @@ PipelineExecutor::PipelineExecutor(Model& model, Communicator* comm, Schedule sc
   KILN_CHECK(static_cast<int>(boundaries_.size()) == C + 1 && boundaries_.front() == 0 &&
                  std::is_sorted(boundaries_.begin(), boundaries_.end()),
              "pipeline: chunk boundaries must be {} increasing part indices from 0", C + 1);
-  KILN_CHECK(pp == 1 || model_.runs_stages(), "{} does not run as pipeline stages (parallel.pp "
-             "> 1 needs gpt2 or llama)", model_.arch());
+  KILN_CHECK(pp == 1 || model_.stage_activation_shape(B_, T_), "{} does not run as pipeline "
+             "stages (parallel.pp = {} needs a model that does)", model_.arch(), pp);
   sim_ = simulate(schedule_);  // throws on a deadlock or an unmatched message
   for (int c = 0; c < C; ++c)
     if (Schedule::rank_of_chunk(c, pp) == rank_) local_chunks_.push_back(c);
@@ -58,7 +58,7 @@ int PipelineExecutor::tag(Kind kind, int chunk, int mb) const {
 }
 
 Tensor PipelineExecutor::message_buffer() const {
-  return model_.backend().empty(model_.stage_activation_shape(B_, T_), model_.dtype(),
+  return model_.backend().empty(*model_.stage_activation_shape(B_, T_), model_.dtype(),
                                 MemCategory::Activations);
 }
 

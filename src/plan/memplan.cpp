@@ -131,9 +131,8 @@ RankMemory dry_run(const TrainConfig& c, const MemPlanOptions& o, int rank,
   } phases(comm, tp_comm, cp_comm);
   step.set_observer(&phases);
   const BatchShape& shape = step.batch_shape();  // zeros: token 0, pixel 0.0, label 0
-  const size_t n = static_cast<size_t>(step.grad_accum_steps()) *
-                   static_cast<size_t>(std::max(shape.inputs.numel(), shape.targets.numel()));
-  const std::vector<int32_t> host(n, 0);
+  const int64_t per_micro = std::max(shape.required_bytes(), shape.targets.numel() * 4);
+  const std::vector<int32_t> host(static_cast<size_t>(step.grad_accum_steps() * per_micro / 4 + 1), 0);
   for (SimulatedCommunicator* x : {&comm, &tp_comm, &cp_comm}) x->set_phase("optimizer");
   step.run(host.data(), host.data(), 0);
   if (plan) {

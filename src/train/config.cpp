@@ -4,6 +4,8 @@
 #include "train/config.h"
 #include "train/config_keys.h"
 
+#include "models/registry.h"
+
 #include <fmt/ranges.h>
 #include <toml++/toml.h>
 
@@ -342,16 +344,10 @@ void apply_override(const std::string& override_text, TrainConfig& config, Origi
   origins[name] = source;
 }
 
-const ModelPreset* find_preset(std::string_view name) {
-  for (const auto& p : model_presets())
-    if (p.name == name) return &p;
-  return nullptr;
-}
-
 // Fills the preset's values (for keys not given explicitly) and the derived defaults.
 void resolve(TrainConfig& c, const Origins& origins) {
   fill_model_from_hf_folder(c, origins);
-  if (const ModelPreset* p = find_preset(c.model.preset)) {
+  if (const std::optional<ModelPreset> p = find_model_preset(c.model.preset)) {
     auto fill = [&](const char* name, int& field, int value) {
       if (!origins.contains(name)) field = value;
     };
@@ -466,34 +462,6 @@ TrainConfig load(std::string_view text, const std::vector<std::string>& override
 }  // namespace
 
 // Public API -----------------------------------------------------------------------
-
-std::span<const ModelPreset> model_presets() {
-  static constexpr ModelPreset presets[] = {
-      {"gpt2", 12, 12, 768, 1024, 50257},
-      {"gpt2-medium", 24, 16, 1024, 1024, 50257},
-      {"gpt2-large", 36, 20, 1280, 1024, 50257},
-      {"gpt2-xl", 48, 25, 1600, 1024, 50257},
-      // Meta's published configs (Hugging Face meta-llama/Llama-3.x config.json): 128K
-      // context, rope_theta 500000, "llama3" rope scaling (factor 32 for 3.2, 8 for 3.1).
-      {.name = "llama3.2-1b", .n_layer = 16, .n_head = 32, .n_embd = 2048, .block_size = 131072,
-       .vocab_size = 128256, .arch = "llama", .n_kv_head = 8, .ffn_hidden_size = 8192,
-       .norm_eps = 1e-5, .rope_theta = 500000, .rope_factor = 32, .rope_low_freq_factor = 1,
-       .rope_high_freq_factor = 4, .rope_original_max_position = 8192, .tie_embeddings = true},
-      {.name = "llama3.2-3b", .n_layer = 28, .n_head = 24, .n_embd = 3072, .block_size = 131072,
-       .vocab_size = 128256, .arch = "llama", .n_kv_head = 8, .ffn_hidden_size = 8192,
-       .norm_eps = 1e-5, .rope_theta = 500000, .rope_factor = 32, .rope_low_freq_factor = 1,
-       .rope_high_freq_factor = 4, .rope_original_max_position = 8192, .tie_embeddings = true},
-      {.name = "llama3.1-8b", .n_layer = 32, .n_head = 32, .n_embd = 4096, .block_size = 131072,
-       .vocab_size = 128256, .arch = "llama", .n_kv_head = 8, .ffn_hidden_size = 14336,
-       .norm_eps = 1e-5, .rope_theta = 500000, .rope_factor = 8, .rope_low_freq_factor = 1,
-       .rope_high_freq_factor = 4, .rope_original_max_position = 8192},
-      {.name = "llama3.1-70b", .n_layer = 80, .n_head = 64, .n_embd = 8192, .block_size = 131072,
-       .vocab_size = 128256, .arch = "llama", .n_kv_head = 8, .ffn_hidden_size = 28672,
-       .norm_eps = 1e-5, .rope_theta = 500000, .rope_factor = 8, .rope_low_freq_factor = 1,
-       .rope_high_freq_factor = 4, .rope_original_max_position = 8192},
-  };
-  return presets;
-}
 
 std::span<const ConfigKeyInfo> config_keys() {
   struct Store {

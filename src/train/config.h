@@ -223,23 +223,6 @@ TrainConfig load_config_string(std::string_view text,
 LrSchedule lr_schedule_of(const TrainConfig& config);
 double learning_rate(const TrainConfig& config, int64_t step);
 
-/// One model preset's shape. Fields after vocab_size are 0 / false where the preset does
-/// not set them (the key's default stays).
-struct ModelPreset {
-  std::string_view name;
-  int n_layer = 0, n_head = 0, n_embd = 0, block_size = 0, vocab_size = 0;
-  std::string_view arch = "gpt2";
-  int n_kv_head = 0, ffn_hidden_size = 0;
-  double norm_eps = 0, rope_theta = 0;
-  double rope_factor = 0, rope_low_freq_factor = 0, rope_high_freq_factor = 0,
-         rope_original_max_position = 0;
-  bool tie_embeddings = false;
-};
-
-/// The model presets (gpt2, gpt2-medium, gpt2-large, gpt2-xl; llama3.2-1b, llama3.2-3b,
-/// llama3.1-8b, llama3.1-70b).
-std::span<const ModelPreset> model_presets();
-
 /// Description of one configuration key, for help text and documentation.
 struct ConfigKeyInfo {
   std::string_view name;           // "section.key"

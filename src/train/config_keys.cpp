@@ -1,5 +1,7 @@
 #include "train/config_keys.h"
 
+#include "models/registry.h"
+
 #include <algorithm>
 
 namespace kiln::config_detail {

@@ -32,14 +32,13 @@ SampledImages sample_images(Model& model, const ImageSampleOptions& o) {
   KILN_CHECK(!o.classes.empty(), "sample-images: no classes to sample");
   KILN_CHECK(std::isfinite(o.cfg_scale), "sample-images: --cfg-scale must be finite (got {})",
              o.cfg_scale);
+  FlowModel& flow = as_flow_model(model, "sample-images");
   for (int c : o.classes)
-    KILN_CHECK(c >= 0 && c < model.vocab_size(), "sample-images: class {} is outside the "
-               "model's [0, {})", c, model.vocab_size());
-  const BatchShape one = model.batch_shape(1, model.max_positions());
-  KILN_CHECK(one.images(), "sample-images: {} does not generate images", model.arch());
+    KILN_CHECK(c >= 0 && c < flow.num_classes(), "sample-images: class {} is outside the "
+               "model's [0, {})", c, flow.num_classes());
+  const Shape image = flow.image_shape();
   SampledImages out;
-  out.shape = {static_cast<int>(one.inputs[1]), static_cast<int>(one.inputs[2]),
-               static_cast<int>(one.inputs[3])};
+  out.shape = {static_cast<int>(image[0]), static_cast<int>(image[1]), static_cast<int>(image[2])};
   const int64_t P = out.shape.pixels();
   const int64_t n = static_cast<int64_t>(o.classes.size()) * o.per_class;
   for (int c : o.classes) out.labels.insert(out.labels.end(), static_cast<size_t>(o.per_class), c);
@@ -49,9 +48,8 @@ SampledImages sample_images(Model& model, const ImageSampleOptions& o) {
   const int rows_max = guided ? 2 * B_max : B_max;
   Backend& be = model.backend();
   const Stream s = be.default_stream();
-  const BatchShape full = model.batch_shape(rows_max, model.max_positions());
-  const Tensor x_buf = be.empty(full.inputs, DType::F32, MemCategory::Activations);
-  const Tensor v_buf = be.empty(full.inputs, DType::F32, MemCategory::Activations);
+  const Tensor x_buf = be.empty(batched(rows_max, image), DType::F32, MemCategory::Activations);
+  const Tensor v_buf = be.empty(batched(rows_max, image), DType::F32, MemCategory::Activations);
   std::vector<float> x, v(static_cast<size_t>(rows_max * P)), t;
   std::vector<int32_t> y;
   for (int64_t first = 0; first < n; first += B_max) {
@@ -63,8 +61,7 @@ SampledImages sample_images(Model& model, const ImageSampleOptions& o) {
                   static_cast<uint64_t>(first + b) * static_cast<uint64_t>(P));
     y.assign(static_cast<size_t>(rows), -1);  // rows B.. (guidance): the null class
     for (int b = 0; b < B; ++b) y[b] = out.labels[static_cast<size_t>(first + b)];
-    const Shape shape = model.batch_shape(rows, model.max_positions()).inputs;
-    const Shape half = model.batch_shape(B, model.max_positions()).inputs;
+    const Shape shape = batched(rows, image), half = batched(B, image);
     const Tensor xt = x_buf.view_at(0, shape), vt = v_buf.view_at(0, shape);
     const float dt = -1.f / static_cast<float>(o.steps);
     for (int k = 0; k < o.steps; ++k) {
@@ -72,7 +69,7 @@ SampledImages sample_images(Model& model, const ImageSampleOptions& o) {
       // The conditional rows, and with guidance the same images again as the null rows.
       be.copy_from_host(s, xt.view_at(0, half), x.data());
       if (guided) be.copy_from_host(s, xt.view_at(B * P, half), x.data());
-      model.predict_velocity(xt, t, y, vt);
+      flow.predict_velocity(xt, t, FlowConditioning{y}, vt);
       be.copy_to_host(s, v.data(), vt);
       be.synchronize(s);
       const auto g = static_cast<float>(o.cfg_scale);

@@ -35,8 +35,8 @@ struct SampledImages {
   int64_t count() const { return static_cast<int64_t>(labels.size()); }
 };
 
-/// Runs the sampler above on `model` (its Model::predict_velocity). Throws kiln::Error for
-/// a model that does not generate images, a class outside [0, vocab_size()) or steps < 1.
+/// Runs the sampler above on `model` (its FlowModel::predict_velocity). Throws kiln::Error
+/// for a model that is not a flow model, a class outside [0, num_classes()) or steps < 1.
 SampledImages sample_images(Model& model, const ImageSampleOptions& options);
 
 /// A PNG of the images in a grid, `columns` per row (per_class: a class per row), with a

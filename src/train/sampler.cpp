@@ -44,15 +44,16 @@ int32_t pick(const float* logits, int V, const SampleOptions& o, Philox& rng) {
 std::vector<int32_t> sample_tokens(Model& model, const std::vector<int32_t>& prompt,
                                    const SampleOptions& o) {
   KILN_CHECK(!prompt.empty(), "sample: the prompt must hold at least one token");
-  const int block_size = model.max_positions();
+  LanguageModel& lm = as_language_model(model, "sample");
+  const int block_size = lm.max_positions();
   Backend& be = model.backend();
   std::vector<int32_t> ctx = prompt;
   if (static_cast<int>(ctx.size()) > block_size)  // keep the most recent block_size tokens
     ctx.erase(ctx.begin(), ctx.end() - block_size);
   const int total = std::min<int>(block_size, static_cast<int>(ctx.size()) + o.max_new_tokens);
-  model.begin_decode(1, total);
-  Tensor logits = be.empty(Shape{1, model.padded_vocab_size()}, DType::F32, MemCategory::Temporaries);
-  std::vector<float> host(static_cast<size_t>(model.padded_vocab_size()));
+  lm.begin_decode(1, total);
+  Tensor logits = be.empty(Shape{1, lm.padded_vocab_size()}, DType::F32, MemCategory::Temporaries);
+  std::vector<float> host(static_cast<size_t>(lm.padded_vocab_size()));
   Philox rng(o.seed, /*stream=*/0x5a3d1e);
   std::vector<int32_t> out;
   std::vector<int32_t> next = ctx;
@@ -60,16 +61,16 @@ std::vector<int32_t> sample_tokens(Model& model, const std::vector<int32_t>& pro
     Tensor tok = be.empty(Shape{1, static_cast<int64_t>(next.size())}, DType::I32,
                           MemCategory::Temporaries);
     be.copy_from_host(be.default_stream(), tok, next.data());
-    model.decode(tok, logits);
+    lm.decode(tok, logits);
     be.copy_to_host(be.default_stream(), host.data(), logits);
-    const int32_t id = pick(host.data(), model.vocab_size(), o, rng);
+    const int32_t id = pick(host.data(), lm.vocab_size(), o, rng);
     out.push_back(id);
     if (id == o.stop_token || static_cast<int>(out.size()) >= o.max_new_tokens ||
-        model.decoded_length() >= total)
+        lm.decoded_length() >= total)
       break;
     next.assign(1, id);
   }
-  model.end_decode();
+  lm.end_decode();
   return out;
 }
 

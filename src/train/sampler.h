@@ -19,7 +19,8 @@ struct SampleOptions {
 };
 
 /// Continues `prompt` (ids, at least one; use the end-of-text id for "no prompt") and
-/// returns the new ids only. The context is capped at block_size: generation stops
+/// returns the new ids only. Throws kiln::Error naming the arch for a model that is not a
+/// language model (models/capabilities.h). The context is capped at block_size: generation stops
 /// when the KV cache is full. Padded vocabulary columns are never sampled.
 std::vector<int32_t> sample_tokens(Model& model, const std::vector<int32_t>& prompt,
                                    const SampleOptions& options);

@@ -6,6 +6,7 @@
 #include "train/model_io.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
 #include <cstring>
@@ -113,17 +114,20 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& 
   scaler_.growth_interval = config_.train.loss_scale_growth_interval;
   shape_ = model_->batch_shape(config_.train.micro_batch, config_.train.seq_len);
   local_shape_ = model_->batch_shape(config_.train.micro_batch, static_cast<int>(T_local));
+  KILN_CHECK(cp == 1 || local_shape_.find("positions"), "{}: parallel.cp = {}: model.arch = "
+             "\"{}\" takes no \"positions\" input, which context parallelism needs (each rank "
+             "holds chunks of the sequence)", config_.source, cp, model_->arch());
   // A pipeline keeps every micro-batch of the step on the device (several are in flight,
   // on several chunks); one buffer serves the trivial schedule.
   batch_buffers_ = storage.held_parts.empty() ? 1 : accum_;
   for (int k = 0; k < batch_buffers_; ++k) {
-    inputs_.push_back(backend_.empty(local_shape_.inputs, local_shape_.input_dtype,
-                                     MemCategory::Activations));
-    targets_.push_back(backend_.empty(local_shape_.targets, DType::I32, MemCategory::Activations));
+    DeviceBatch& b = device_batches_.emplace_back();
+    for (const BatchInput& in : local_shape_.required())
+      b.inputs.push_back(backend_.empty(in.shape, in.dtype, MemCategory::Activations));
+    b.targets = backend_.empty(local_shape_.targets, DType::I32, MemCategory::Activations);
   }
   // Room for every micro-batch of a step, so that none waits for the one before.
-  staging_ = Tensor::empty(backend_.staging_allocator(),
-                           Shape{accum_ * (local_shape_.inputs.numel() + local_shape_.targets.numel())},
+  staging_ = Tensor::empty(backend_.staging_allocator(), Shape{accum_ * staged_bytes() / 4},
                            DType::I32, MemCategory::Activations);
   stats_ = backend_.empty(Shape{3}, DType::F64, MemCategory::Activations);
   coef_ = backend_.empty(Shape{1}, DType::F32, MemCategory::Activations);
@@ -156,9 +160,10 @@ std::vector<int> TrainStep::plan_stages(const ModelOptions& options, ModelStorag
   storage.plans.clear();
   const auto probe = make_model(options, backend_, storage);
   const auto n_parts = static_cast<int>(probe->parts().size());
-  KILN_CHECK(probe->runs_stages(), "{}: parallel.pp = {}, virtual_stages = {}: model.arch = \"{}\" "
-             "does not run as pipeline stages (gpt2 and llama do)", config_.source, pp,
-             config_.parallel.virtual_stages, probe->arch());
+  KILN_CHECK(model_arch(options.arch).stages, "{}: parallel.pp = {}, virtual_stages = {}: "
+             "model.arch = \"{}\" does not run as pipeline stages ({} do)", config_.source, pp,
+             config_.parallel.virtual_stages, options.arch,
+             fmt::join(model_archs_with(&ModelArch::stages), ", "));
   std::vector<double> costs;
   for (const ModelPart& u : probe->parts()) costs.push_back(u.cost);
   boundaries_ = pp::split_stages(costs, chunks, config_.parallel.pp_split);
@@ -205,11 +210,18 @@ void TrainStep::check_tied_copies() {
 }
 
 Batch TrainStep::device_batch(int k) const {
+  const DeviceBatch& d = device_batches_[static_cast<size_t>(k)];
+  const std::vector<BatchInput> required = local_shape_.required();
   Batch b;
-  (shape_.images() ? b.images : b.tokens) = inputs_[static_cast<size_t>(k)];
-  b.targets = targets_[static_cast<size_t>(k)];
-  b.positions = positions_;
+  for (size_t i = 0; i < required.size(); ++i) b.set(required[i].name, d.inputs[i]);
+  if (positions_) b.set("positions", positions_);
+  b.targets = d.targets;
   return b;
+}
+
+int64_t TrainStep::staged_bytes() const {
+  const int64_t bytes = local_shape_.required_bytes() + local_shape_.targets.numel() * 4;
+  return (bytes + 3) / 4 * 4;  // each slot 4-byte aligned
 }
 
 int64_t TrainStep::count_targets(const int32_t* targets) const {
@@ -232,19 +244,33 @@ void TrainStep::upload_micro_batch(const void* inputs, const int32_t* targets, i
 
 void TrainStep::stage_micro_batch(const void* inputs, const int32_t* targets, int k, int slot) {
   const Stream s = backend_.default_stream();
-  const Tensor& in = inputs_[static_cast<size_t>(k)];
-  const Tensor& tg = targets_[static_cast<size_t>(k)];
-  auto* host = staging_.data<int32_t>() + static_cast<int64_t>(slot) * (in.numel() + tg.numel());
-  if (cp() > 1) {  // this rank's chunks of each sequence (tokens are int32)
-    const int64_t B = config_.train.micro_batch, T = config_.train.seq_len;
-    cp_split_rows(host, static_cast<const int32_t*>(inputs), B, T, cp_positions_);
-    cp_split_rows(host + in.numel(), targets, B, T, cp_positions_);
-  } else {
-    std::memcpy(host, inputs, in.nbytes());
-    std::memcpy(host + in.numel(), targets, tg.nbytes());
+  const DeviceBatch& d = device_batches_[static_cast<size_t>(k)];
+  std::byte* host = static_cast<std::byte*>(staging_.raw()) + static_cast<int64_t>(slot) * staged_bytes();
+  const auto* in = static_cast<const std::byte*>(inputs);
+  const std::vector<BatchInput> required = shape_.required();
+  for (size_t i = 0; i < required.size(); ++i) {
+    stage_rows(host, in, required[i]);
+    backend_.copy_from_host(s, d.inputs[i], host);
+    host += d.inputs[i].nbytes();
+    in += required[i].nbytes();
   }
-  backend_.copy_from_host(s, in, host);
-  backend_.copy_from_host(s, tg, host + in.numel());
+  stage_rows(host, reinterpret_cast<const std::byte*>(targets),
+             BatchInput{.name = "targets", .shape = shape_.targets, .per_token = shape_.targets.ndim() == 2});
+  backend_.copy_from_host(s, d.targets, host);
+}
+
+void TrainStep::stage_rows(std::byte* local, const std::byte* whole, const BatchInput& in) const {
+  if (cp() == 1) {
+    std::memcpy(local, whole, static_cast<size_t>(in.nbytes()));
+    return;
+  }
+  // Under cp, this rank's chunks of each sequence: the columns cp_positions_ of [B, T, ...].
+  KILN_CHECK(in.per_token, "{}: parallel.cp = {}: the batch input '{}' {} is not laid out per "
+             "token, so context parallelism cannot split it", config_.source, cp(), in.name,
+             in.shape.str());
+  const int64_t B = in.shape[0], T = in.shape[1];
+  const int64_t token_bytes = in.nbytes() / (B * T);
+  cp_split_rows(local, whole, B, T, token_bytes, cp_positions_);
 }
 
 namespace {
@@ -282,7 +308,7 @@ class TrainStep::StepBatches final : public pp::MicroBatches {
     if (!uploaded_[static_cast<size_t>(j)]) {
       uploaded_[static_cast<size_t>(j)] = true;
       step_.announce(StepPhase::Data);
-      const auto in_bytes = static_cast<size_t>(step_.shape_.inputs.numel()) * 4;  // int32, fp32
+      const auto in_bytes = static_cast<size_t>(step_.shape_.required_bytes());
       const auto per_micro = static_cast<size_t>(step_.shape_.targets.numel());
       // Staging slot j is free: the last step ended with a host read (the stream idle).
       step_.stage_micro_batch(inputs_ + static_cast<size_t>(j) * in_bytes,

@@ -108,29 +108,30 @@ class TrainStep {
   /// Collective over those two stages; no-op elsewhere and without a split tie.
   void check_tied_copies();
   /// One micro-batch's shapes as the caller gives it (Model::batch_shape of micro_batch x
-  /// seq_len): int32 tokens and targets [micro_batch, seq_len] for a language model; fp32
-  /// images and int32 labels for an image classifier. Whole sequences, also under cp.
+  /// seq_len): the model's named inputs (e.g. int32 tokens [micro_batch, seq_len], or fp32
+  /// images) and int32 targets. Whole sequences, also under cp.
   const BatchShape& batch_shape() const { return shape_; }
   /// The context-parallel size (1 without).
   int cp() const { return cp_group_ ? cp_group_->size() : 1; }
   /// Device micro-batch buffer k (0 .. the micro-batches a step keeps at once - 1) as the
-  /// model's Batch, [micro_batch, seq_len / cp] with the positions under cp;
-  /// upload_micro_batch fills buffer 0.
+  /// model's Batch: its required inputs, [micro_batch, seq_len / cp] per-token ones under
+  /// cp, with "positions" added under cp; upload_micro_batch fills buffer 0.
   Batch device_batch(int k = 0) const;
   /// The loss of device_batch() without gradient (evaluation), through every pipeline
   /// stage: the sums over the pp group (every rank gets them). Collective over pp.
   LossSum forward_only();
 
-  /// The device micro-batch <- inputs (host, batch_shape().inputs in its dtype) and
-  /// targets (host int32, batch_shape().targets; this rank's chunks of them under cp),
+  /// The device micro-batch <- inputs (host: batch_shape()'s required inputs, each in its
+  /// dtype, concatenated in declaration order) and targets (host int32,
+  /// batch_shape().targets); this rank's chunks of the per-token ones under cp,
   /// read before returning, through the
   /// backend's staging buffer (pinned host memory on CUDA, so the copies are asynchronous
   /// DMA; see Backend::staging_allocator). Waits for the stream first: the previous
   /// micro-batch's copies out of the staging buffer must be done before it is overwritten.
   /// (run() does not wait: each of its micro-batches has its own staging slot.)
   void upload_micro_batch(const void* inputs, const int32_t* targets, int k = 0);
-  /// The staging buffer: host 4-byte elements, per micro-batch of a step (slot) the
-  /// inputs then the targets.
+  /// The staging buffer: host memory, per micro-batch of a step (slot) the inputs then
+  /// the targets as they go to the device (staged_bytes() each).
   const Tensor& staging() const { return staging_; }
 
   /// Random initial weights from the model (this rank's elements), then fp32 masters.
@@ -138,8 +139,9 @@ class TrainStep {
   /// Observer of the phases; nullptr for none. Not owned.
   void set_observer(StepObserver* o) { observer_ = o; }
 
-  /// One update from this rank's grad_accum_steps micro-batches: inputs [accum, ...] and
-  /// targets int32 [accum, ...], each micro-batch as batch_shape() (targets may hold -1). `update` counts the
+  /// One update from this rank's grad_accum_steps micro-batches: inputs and targets int32,
+  /// each micro-batch laid out as upload_micro_batch takes it, one after another (targets
+  /// may hold -1). `update` counts the
   /// updates applied before this one (learning rate, dropout masks). Collective over
   /// the data-parallel group. Throws when the global batch has no target or the loss or
   /// gradient norm is not finite (fp16 overflows are skipped instead, see LossScaler).
@@ -152,6 +154,11 @@ class TrainStep {
   class StepBatches;
   /// upload_micro_batch's copy through staging slot `slot`, without waiting.
   void stage_micro_batch(const void* inputs, const int32_t* targets, int k, int slot);
+  /// local <- the whole host input `in` (whole sequences), or this rank's chunks of each
+  /// sequence under cp (throws kiln::Error naming an input that is not per token).
+  void stage_rows(std::byte* local, const std::byte* whole, const BatchInput& in) const;
+  /// Bytes of one staging slot (a local micro-batch's inputs and targets, 4-byte aligned).
+  int64_t staged_bytes() const;
   /// Sums `values` over the data-parallel (pipeline) group, exactly in 64 bits.
   void dp_sum(std::span<int64_t> values);
   void pp_sum(std::span<double> values);
@@ -185,10 +192,14 @@ class TrainStep {
   BatchShape local_shape_;  // the model's: [B, T/cp] under cp, else shape_
   /// This rank's targets of a host micro-batch (batch_shape().targets) not ignored.
   int64_t count_targets(const int32_t* targets) const;
-  std::vector<Tensor> inputs_, targets_;  // micro-batches on the device (local_shape_)
+  struct DeviceBatch {
+    std::vector<Tensor> inputs;  // local_shape_'s required inputs, in order
+    Tensor targets;
+  };
+  std::vector<DeviceBatch> device_batches_;  // micro-batches on the device (local_shape_)
   std::vector<int32_t> cp_positions_;  // under cp: this rank's global positions, [T/cp]
   Tensor positions_;        // int32 [B, T/cp] under cp: cp_positions_ for every row
-  Tensor staging_;           // inputs then targets, 4-byte elements, backend's staging memory
+  Tensor staging_;           // per slot: inputs then targets, backend's staging memory
   Tensor stats_;  // fp64 [3] on the device: loss sum, target count, gradient sum of squares
   Tensor coef_;   // fp32 [1] on the device: the optimizer's gradient multiplier (clipping)
 };

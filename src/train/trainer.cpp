@@ -141,7 +141,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   optimizer_ = &one_step_->optimizer();
   fp16_ = one_step_->scaler().enabled;
   const int B = config_.train.micro_batch;
-  KILN_CHECK(!one_step_->batch_shape().images() || config_.sample.every == 0,
+  KILN_CHECK(model_->language_model() || config_.sample.every == 0,
              "{}: sample.every = {}: sampling is for language models (set sample.every = 0)",
              config_.source, config_.sample.every);
 
@@ -275,7 +275,7 @@ double Trainer::train_step(double* grad_norm) {
   // This rank's share of the whole global batch first: the step normalises the loss by
   // the targets of the global batch, known before the first backward.
   const BatchShape& shape = one_step_->batch_shape();
-  const auto in_bytes = static_cast<size_t>(shape.inputs.numel()) * 4;  // int32 or fp32
+  const auto in_bytes = static_cast<size_t>(shape.required_bytes());
   const auto n_targets = static_cast<size_t>(shape.targets.numel());
   std::vector<std::byte> inputs(static_cast<size_t>(accum_) * in_bytes);
   std::vector<int32_t> targets(static_cast<size_t>(accum_) * n_targets);
@@ -307,7 +307,7 @@ Trainer::EvalResult Trainer::evaluate() {
   val->set_state({});  // from the start of the split, every evaluation
   const int B = config_.train.micro_batch;
   const BatchShape& shape = one_step_->batch_shape();
-  std::vector<std::byte> inputs(static_cast<size_t>(shape.inputs.numel()) * 4);
+  std::vector<std::byte> inputs(static_cast<size_t>(shape.required_bytes()));
   std::vector<int32_t> targets(static_cast<size_t>(shape.targets.numel()));
   // The first eval.batches global batches of the val split (global_batch samples each),
   // or the whole split when it has fewer, whatever the world size: each rank scores its
@@ -402,6 +402,9 @@ void Trainer::summarize_communication(TrainResult& r, int64_t timed_steps) {
 }
 
 void Trainer::summarize_tp_traffic(TrainResult& r, int64_t steps) {
+  // The formula (parallel/tp_traffic.h) is a decoder language model's.
+  const LanguageModel* lm = model_->language_model();
+  if (!lm) return;
   TpTrafficShape s;
   // This rank's parts (a pipeline stage holds some): blocks, and whether the two ends.
   const int n_parts = config_.model.n_layer + 2;
@@ -414,7 +417,7 @@ void Trainer::summarize_tp_traffic(TrainResult& r, int64_t steps) {
   }
   s.rows = int64_t{config_.train.micro_batch} * seq_len_ / mesh_->cp();  // this rank's tokens
   s.n_embd = config_.model.n_embd;
-  s.padded_vocab = model_->padded_vocab_size();
+  s.padded_vocab = lm->padded_vocab_size();
   s.tp = mesh_->tp();
   s.sequence_parallel = config_.parallel.sequence_parallel;
   s.full_recompute = config_.train.activation_checkpointing == "full";

@@ -178,7 +178,7 @@ TEST(DiTGolden, MatchesReferenceOnEveryBackend) {
     // ---- pred of every image (the uncounted one too): predict_velocity on xt ----
     const Tensor xt = device_f32(be, xt_h, image);
     const Tensor velocity = be.empty(image, DType::F32, MemCategory::Activations);
-    model.predict_velocity(xt, t_h, cond_h, velocity);
+    model.predict_velocity(xt, t_h, FlowConditioning{cond_h}, velocity);
     const Cmp cp = compare(patchify_host(to_host(be, velocity), cfg), ref_pred);
     print_cmp(bn, "pred", cp, kLogitsTol);
     EXPECT_LE(cp.rel, kLogitsTol) << "pred";

@@ -139,13 +139,14 @@ inline void check_generator_and_params(const safetensors::Reader& r, const std::
 /// targets' count is as recorded and rows V.. of `padded_rows` parameters [Vp, C] are zero.
 inline void check_file_matches(const safetensors::Reader& r, const std::string& file,
                                const std::string& generator, const std::string& kind,
-                               const Model& model, const std::vector<std::string>& padded_rows) {
+                               Model& model, const std::vector<std::string>& padded_rows) {
   namespace st = safetensors;
   check_generator_and_params(r, file, generator, kind, model,
                              {"input_tokens", "target_tokens", "logits", "loss", "adamw_losses"});
   const int B = meta_int(r, "batch_size"), T = meta_int(r, "seq_len");
-  const int V = model.vocab_size();
-  EXPECT_LE(T, model.max_positions());
+  const LanguageModel& lm = as_language_model(model, file);
+  const int V = lm.vocab_size();
+  EXPECT_LE(T, lm.max_positions());
   // The generators decay exactly the 2-D parameters (embeddings, linear weights).
   for (const ParamSpec& p : model.params()) EXPECT_EQ(p.weight_decay, p.shape.ndim() == 2) << p.name;
   EXPECT_EQ(r.info("input_tokens").kiln_shape(), (Shape{B, T}));
@@ -164,7 +165,7 @@ inline void check_file_matches(const safetensors::Reader& r, const std::string& 
   EXPECT_EQ(n_valid, meta_int(r, "n_targets"));
   for (const std::string& name : padded_rows) {
     const auto w = r.read_f32(name);
-    const size_t C = w.size() / static_cast<size_t>(model.padded_vocab_size());
+    const size_t C = w.size() / static_cast<size_t>(lm.padded_vocab_size());
     for (size_t i = static_cast<size_t>(V) * C; i < w.size(); ++i) ASSERT_EQ(w[i], 0.f) << name;
   }
 }
@@ -303,7 +304,8 @@ inline void match_reference_batch(const safetensors::Reader& r, Backend& be, Mod
 inline void match_reference(const safetensors::Reader& r, Backend& be, Model& model,
                             const ForwardLogits& forward_logits) {
   const int B = meta_int(r, "batch_size"), T = meta_int(r, "seq_len");
-  const int V = model.vocab_size(), Vp = model.padded_vocab_size();
+  const LanguageModel& lm = as_language_model(model, "golden");
+  const int V = lm.vocab_size(), Vp = lm.padded_vocab_size();
   const auto tokens_h = r.read_i32("input_tokens");
   const auto targets_h = r.read_i32("target_tokens");
   int64_t n_valid = 0;
@@ -311,7 +313,7 @@ inline void match_reference(const safetensors::Reader& r, Backend& be, Model& mo
   copy_reference_params(r, be, model);
   const Tensor tokens = device_i32(be, tokens_h, Shape{B, T});
   const Tensor targets = device_i32(be, targets_h, Shape{B, T});
-  match_reference_batch(r, be, model, Batch{tokens, targets, Tensor()}, n_valid, [&] {
+  match_reference_batch(r, be, model, Batch::of_tokens(tokens, targets), n_valid, [&] {
     Tensor logits = be.empty(Shape{B, T, Vp}, DType::F32, MemCategory::Temporaries);
     forward_logits(tokens, logits);
     const auto lp = to_host(be, logits);

@@ -89,9 +89,7 @@ TEST(ViTGolden, MatchesReferenceOnEveryBackend) {
     Tensor images = be.empty(Shape{B, S, S, cfg.num_channels}, DType::F32, MemCategory::Activations);
     be.copy_from_host(be.default_stream(), images, r.read_f32("images").data());
     const Tensor labels = device_i32(be, labels_h, Shape{B});
-    Batch batch;
-    batch.images = images;
-    batch.targets = labels;
+    const Batch batch = Batch::of_images(images, labels);
     match_reference_batch(r, be, model, batch, n_valid, [&] {
       Tensor logits = be.empty(Shape{B, cfg.num_classes}, DType::F32, MemCategory::Temporaries);
       model.classify(images, logits);

@@ -112,12 +112,12 @@ TEST(GPT2, DropoutMasksReplayAndChangeWithTheCall) {
   for (int i = 0; i < B * T; ++i) tok[i] = (i * 5) % 37, tgt[i] = (i * 11 + 1) % 37;
   const Tensor x = tokens_tensor(*be, tok, B, T), y = tokens_tensor(*be, tgt, B, T);
   m.set_dropout(true, 99, 5);
-  const double a = m.forward(Batch{x, y, Tensor()}, 0.f).sum;
-  const double b = m.forward(Batch{x, y, Tensor()}, 0.f).sum;
+  const double a = m.forward(Batch::of_tokens(x, y), 0.f).sum;
+  const double b = m.forward(Batch::of_tokens(x, y), 0.f).sum;
   m.set_dropout(true, 99, 6);
-  const double c = m.forward(Batch{x, y, Tensor()}, 0.f).sum;
+  const double c = m.forward(Batch::of_tokens(x, y), 0.f).sum;
   m.set_dropout(false, 0, 0);
-  const double d = m.forward(Batch{x, y, Tensor()}, 0.f).sum;
+  const double d = m.forward(Batch::of_tokens(x, y), 0.f).sum;
   EXPECT_EQ(a, b);
   EXPECT_NE(a, c);
   EXPECT_NE(a, d);
@@ -147,14 +147,14 @@ TEST(GPT2, BackwardMatchesFiniteDifferences) {
     const Tensor x = tokens_tensor(*be, tok, B, T), y = tokens_tensor(*be, tgt, B, T);
     m.set_dropout(true, 1234, 0);
     m.zero_grad();
-    m.forward(Batch{x, y, Tensor()}, 1.f).sum;
+    m.forward(Batch::of_tokens(x, y), 1.f).sum;
     m.backward();
     const auto g = to_host(*be, m.grad_buffer());
     auto loss_at = [&](size_t i, float h) {
       std::vector<float> w2 = w;
       w2[i] += h;
       be->copy_from_host(be->default_stream(), m.param_buffer(), w2.data());
-      return m.forward(Batch{x, y, Tensor()}, 0.f).sum;
+      return m.forward(Batch::of_tokens(x, y), 0.f).sum;
     };
     std::uniform_int_distribution<size_t> pick(0, w.size() - 1);
     int checked = 0;
@@ -245,7 +245,7 @@ TEST(GPT2, ActivationCheckpointingGivesIdenticalGradientsWithLessMemory) {
     m.set_dropout(true, 77, 3);
     const Tensor x = tokens_tensor(*be, tok, B, T), y = tokens_tensor(*be, tgt, B, T);
     be->allocator().reset_peak();
-    const double loss = m.forward(Batch{x, y, Tensor()}, 1.f / (B * T)).sum;
+    const double loss = m.forward(Batch::of_tokens(x, y), 1.f / (B * T)).sum;
     m.backward();
     const int64_t acts = be->allocator().stats().peak_of(MemCategory::Activations);
     const auto g = to_host(*be, m.grad_buffer());
@@ -286,7 +286,7 @@ TEST(GPT2, FullCheckpointingKeepsAQuarterOfTheActivations) {
     GPT2 m(c, *be);
     m.set_activation_checkpointing(mode);
     const Tensor x = tokens_tensor(*be, tok, B, T);
-    m.forward(Batch{x, x, Tensor()}, 0.f).sum;  // allocates what a training step keeps
+    m.forward(Batch::of_tokens(x, x), 0.f).sum;  // allocates what a training step keeps
     const int64_t acts = be->allocator().stats().peak_of(MemCategory::Activations);
     if (mode == nn::ActivationCheckpointing::None) none = acts;
     std::printf("mode %d: %.2f MB of activations (%.0f%% of none)\n", int(mode), acts / 1e6,

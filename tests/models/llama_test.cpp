@@ -67,7 +67,7 @@ struct Rig {
   }
   std::vector<float> grads(const Tensor& pos = Tensor()) {
     m->zero_grad();
-    m->forward(Batch{x, y, pos}, 1.f);
+    m->forward(Batch::of_tokens(x, y, pos), 1.f);
     m->backward();
     return download_f32(*be, m->grad_buffer());
   }
@@ -134,13 +134,13 @@ TEST(Llama, PipelineStagesChainToTheWholeModel) {
     for (const ParamSpec& p : stage->params())
       EXPECT_EQ(download_f32(be, stage->param(p)), download_f32(be, whole.m->param(p.name))) << p.name;
 
-  const Batch batch{whole.x, whole.y, Tensor()};
+  const Batch batch = Batch::of_tokens(whole.x, whole.y);
   whole.m->zero_grad();
   const LossSum want = whole.m->forward(batch, 0.25f);
   whole.m->backward();
   first->zero_grad();
   last->zero_grad();
-  const Shape act = first->stage_activation_shape(Rig::B, Rig::T);
+  const Shape act = first->stage_activation_shape(Rig::B, Rig::T).value();
   Tensor out = be.empty(act, DType::F32, MemCategory::Activations);
   Tensor dout = be.empty(act, DType::F32, MemCategory::Activations);
   first->forward_stage(StagePass{0, 2, 0, batch, {}, out, {}, {}}, 0.25f);
@@ -264,7 +264,7 @@ TEST(Llama, DecodeMatchesTheFullForward) {
     Backend& be = *r.be;
     auto* llama = dynamic_cast<Llama*>(r.m.get());
     ASSERT_NE(llama, nullptr);
-    const int B = Rig::B, T = Rig::T, Vp = r.m->padded_vocab_size();
+    const int B = Rig::B, T = Rig::T, Vp = llama->padded_vocab_size();
     Tensor full = be.empty(Shape{B, T, Vp}, DType::F32, MemCategory::Temporaries);
     llama->forward_logits(r.x, full);
     const auto ref = download_f32(be, full);
@@ -273,16 +273,16 @@ TEST(Llama, DecodeMatchesTheFullForward) {
       be.copy_to_host(be.default_stream(), h.data(), r.x);
       return h;
     }();
-    r.m->begin_decode(B, T);
+    llama->begin_decode(B, T);
     Tensor logits = be.empty(Shape{B, Vp}, DType::F32, MemCategory::Temporaries);
     int t0 = 0;
     for (int n : {3, 1, 1, 1, 1}) {
       std::vector<int32_t> chunk(static_cast<size_t>(B * n));
       for (int b = 0; b < B; ++b)
         for (int t = 0; t < n; ++t) chunk[b * n + t] = tok[b * T + t0 + t];
-      r.m->decode(r.i32(chunk, Shape{B, n}), logits);
+      llama->decode(r.i32(chunk, Shape{B, n}), logits);
       t0 += n;
-      EXPECT_EQ(r.m->decoded_length(), t0);
+      EXPECT_EQ(llama->decoded_length(), t0);
       const auto got = download_f32(be, logits);
       double err = 0, den = 0;
       for (int b = 0; b < B; ++b)
@@ -293,7 +293,7 @@ TEST(Llama, DecodeMatchesTheFullForward) {
         }
       EXPECT_LT(err, 1e-5 * std::max(1.0, den)) << "after " << t0 << " positions, tie " << tie;
     }
-    r.m->end_decode();
+    llama->end_decode();
   }
 }
 

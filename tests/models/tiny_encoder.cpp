@@ -104,18 +104,31 @@ nn::BlockPass TinyEncoder::pass(int l, const Tensor& positions) const {
           saved_.rerun_block(), saved_.recompute_cheap(), positions};
 }
 
+BatchShape TinyEncoder::batch_shape(int B, int T) const {
+  BatchShape s;
+  s.inputs.push_back({.name = "tokens", .shape = Shape{B, T}, .dtype = DType::I32,
+                      .range = o_.vocab_size, .per_token = true});
+  s.inputs.push_back({.name = "positions", .shape = Shape{B, T}, .dtype = DType::I32,
+                      .range = o_.block_size, .per_token = true, .optional = true});
+  s.targets = Shape{B, T};
+  s.target_range = o_.vocab_size;
+  return s;
+}
+
 LossSum TinyEncoder::forward(const Batch& batch, float grad_scale) {
-  const int B = static_cast<int>(batch.tokens.size(0)), T = static_cast<int>(batch.tokens.size(1));
+  const Tensor& tokens = batch.require("tokens", arch());
+  const Tensor positions = batch.input("positions");
+  const int B = static_cast<int>(tokens.size(0)), T = static_cast<int>(tokens.size(1));
   reserve(B, T);
   Backend& be = backend();
   const Stream s = be.default_stream();
   const int last = static_cast<int>(blocks_.size()) + 1;
   hooks().before_forward(0);
-  embedding_.forward(be, s, stream_[0], batch.tokens);
+  embedding_.forward(be, s, stream_[0], tokens);
   hooks().after_forward(0);
   for (size_t l = 0; l < blocks_.size(); ++l) {
     hooks().before_forward(static_cast<int>(l) + 1);
-    blocks_[l].forward(pass(static_cast<int>(l), batch.positions), stream_[l], stream_[l + 1]);
+    blocks_[l].forward(pass(static_cast<int>(l), positions), stream_[l], stream_[l + 1]);
     hooks().after_forward(static_cast<int>(l) + 1);
   }
   hooks().before_forward(last);
@@ -126,8 +139,8 @@ LossSum TinyEncoder::forward(const Batch& batch, float grad_scale) {
       grad_scale, with_grad ? scratch_.dtmp : Tensor(), with_grad ? head_.weight.g() : Tensor(),
       logits_chunk_, losses_chunk_, loss_.target(be, batch));
   hooks().after_forward(last);
-  tokens_ = batch.tokens;
-  positions_ = batch.positions;
+  tokens_ = tokens;
+  positions_ = positions;
   have_grad_ = with_grad;
   return loss_.result(be, batch);
 }

@@ -33,19 +33,15 @@ class TinyEncoder final : public LayeredModel {
   std::string arch() const override { return "tiny_encoder"; }
   std::string describe() const override;
   nlohmann::json config_json() const override;
+  /// Inputs "tokens" int32 [B,T] and the optional "positions" int32 [B,T].
+  BatchShape batch_shape(int B, int T) const override;
   LossSum forward(const Batch& batch, float grad_scale) override;
   void backward() override;
   void set_activation_checkpointing(nn::ActivationCheckpointing mode) override { mode_ = mode; }
   void set_dropout(bool, uint64_t, uint64_t) override {}
   double flops_per_token(int T) const override;
   int64_t num_parameters() const override;
-  int vocab_size() const override { return static_cast<int>(o_.vocab_size); }
-  int padded_vocab_size() const override { return static_cast<int>(vp_); }
-  int max_positions() const override { return o_.block_size; }
-  void begin_decode(int, int) override { KILN_FAIL("tiny_encoder: no decoding"); }
-  void decode(const Tensor&, const Tensor&) override { KILN_FAIL("tiny_encoder: no decoding"); }
-  void end_decode() override {}
-  int decoded_length() const override { return 0; }
+  int padded_vocab_size() const { return static_cast<int>(vp_); }
 
  private:
   void reserve(int B, int T);

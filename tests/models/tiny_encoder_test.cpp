@@ -55,10 +55,10 @@ struct Rig {
     pos = be->empty(Shape{B, T}, DType::I32, MemCategory::Activations);
     be->copy_from_host(be->default_stream(), pos, p.data());
   }
-  double loss() { return m->forward(Batch{x, y, pos}, 0.f).sum; }
+  double loss() { return m->forward(Batch::of_tokens(x, y, pos), 0.f).sum; }
   std::vector<float> grads() {
     m->zero_grad();
-    m->forward(Batch{x, y, pos}, 1.f);
+    m->forward(Batch::of_tokens(x, y, pos), 1.f);
     m->backward();
     return download_f32(*be, m->grad_buffer());
   }

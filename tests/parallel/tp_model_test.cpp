@@ -75,8 +75,8 @@ void check(const Case& k) {
   for (int i = 0; i < B * T; ++i) tok[i] = (i * 17 + 3) % V, tgt[i] = (i * 5 + 1) % V;
   for (int i = 0; i < B * T; ++i) pos[i] = (i % T) + 2 * (i / T);  // Llama: shifted positions
   tgt[4] = -1;
-  const Batch batch{upload_i32(tok, {B, T}), upload_i32(tgt, {B, T}),
-                    k.arch ? upload_i32(pos, {B, T}) : Tensor()};
+  const Batch batch = Batch::of_tokens(upload_i32(tok, {B, T}), upload_i32(tgt, {B, T}),
+                                       k.arch ? upload_i32(pos, {B, T}) : Tensor());
 
   TensorParallelPlan plan(g, k.sp);
   ModelStorage st;
@@ -143,7 +143,8 @@ TEST(TpModel, TrafficMatchesTheFormula) {
   if (n == 1) GTEST_SKIP() << "no traffic on one rank";
   Backend& be = cpu();
   const int B = 2, T = 8;
-  const Batch batch{upload_i32(std::vector<int32_t>(B * T, 5), {B, T}), upload_i32(std::vector<int32_t>(B * T, 7), {B, T}), Tensor()};
+  const Batch batch = Batch::of_tokens(upload_i32(std::vector<int32_t>(B * T, 5), {B, T}),
+                                       upload_i32(std::vector<int32_t>(B * T, 7), {B, T}));
   for (int arch : {0, 1, 2}) {
     for (bool sp : {false, true}) {
       for (auto ckpt : {nn::ActivationCheckpointing::None, nn::ActivationCheckpointing::Selective,

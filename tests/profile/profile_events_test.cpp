@@ -65,7 +65,7 @@ double step(Backend& be) {
   be.copy_from_host(be.default_stream(), x, tok.data());
   be.copy_from_host(be.default_stream(), y, tgt.data());
   m.zero_grad();
-  const LossSum ls = m.forward(Batch{x, y, Tensor()}, 1.f / 16);
+  const LossSum ls = m.forward(Batch::of_tokens(x, y), 1.f / 16);
   m.backward();
   opt.step(1e-3f);
   return ls.sum;

@@ -64,7 +64,7 @@ double train_step(Backend& be, bool with_decode = false) {
   be.copy_from_host(be.default_stream(), y, tgt.data());
   m.zero_grad();
   m.set_dropout(true, 11, 0);
-  const LossSum ls = m.forward(Batch{x, y, Tensor()}, 1.f / (B * T));
+  const LossSum ls = m.forward(Batch::of_tokens(x, y), 1.f / (B * T));
   const double loss = ls.sum / static_cast<double>(ls.targets);
   m.backward();
   const double norm = std::sqrt(read_sum_squares(be, m.grad_buffer()));

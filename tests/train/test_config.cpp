@@ -2,6 +2,7 @@
 // schedules, gradient accumulation and the shipped example configs.
 #include "support/error_of.h"
 #include "train/config.h"
+#include "models/registry.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 #include "models/dit/config.h"
-#include "models/registry.h"
+#include "models/model_options.h"
 #include "models/vision_config.h"
 
 #include "core/error.h"

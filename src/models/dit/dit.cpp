@@ -134,8 +134,15 @@ DiT::~DiT() = default;
 BatchShape DiT::batch_shape(int B, int T) const {
   KILN_CHECK(T == config_.tokens(), "dit: train.seq_len ({}) must be {}, the patch count",
              T, config_.tokens());
-  const int S = config_.image_size;
-  return {Shape{B, S, S, config_.num_channels}, DType::F32, Shape{B}};
+  BatchShape shape;
+  shape.inputs.push_back({.name = "images", .shape = batched(B, image_shape()), .dtype = DType::F32});
+  shape.targets = Shape{B};
+  shape.target_range = config_.num_classes;
+  return shape;
+}
+
+Shape DiT::image_shape() const {
+  return Shape{config_.image_size, config_.image_size, config_.num_channels};
 }
 
 void DiT::set_dropout(bool on, uint64_t seed, uint64_t call_index) {
@@ -260,12 +267,11 @@ void DiT::run_forward() {
 
 LossSum DiT::forward(const Batch& batch, float grad_scale) {
   const Tensor& labels = batch.targets;
-  KILN_CHECK(batch.images && labels.ndim() == 1 && labels.size(0) == batch.images.size(0) &&
-                 labels.dtype() == DType::I32,
-             "dit: needs images [B,H,W,C] and int32 labels [B], got {} and {}",
-             batch.images ? batch.images.str() : std::string("no images"), labels.str());
+  const Tensor& x0 = batch.require("images", arch());
+  KILN_CHECK(labels.ndim() == 1 && labels.size(0) == x0.size(0) && labels.dtype() == DType::I32,
+             "dit: needs images [B,H,W,C] and int32 labels [B], got {} and {}", x0.str(),
+             labels.str());
   const int S = config_.image_size;
-  const Tensor& x0 = batch.images;
   KILN_CHECK(x0.ndim() == 4 && x0.size(1) == S && x0.size(2) == S &&
                  x0.size(3) == config_.num_channels && x0.dtype() == DType::F32,
              "dit: images must be fp32 [B,{},{},{}], got {}", S, S, config_.num_channels, x0.str());
@@ -369,7 +375,8 @@ void DiT::backward() {
 }
 
 void DiT::predict_velocity(const Tensor& xt, std::span<const float> t,
-                           std::span<const int32_t> labels, const Tensor& velocity) {
+                           const FlowConditioning& conditioning, const Tensor& velocity) {
+  const std::span<const int32_t> labels = conditioning.labels;
   const int S = config_.image_size;
   KILN_CHECK(xt.ndim() == 4 && xt.size(1) == S && xt.size(2) == S &&
                  xt.size(3) == config_.num_channels && xt.dtype() == DType::F32,
@@ -388,10 +395,5 @@ void DiT::predict_velocity(const Tensor& xt, std::span<const float> t,
   be.unpatchify(be.default_stream(), velocity, a.pred, config_.patch_size);
   hooks().after_forward(config_.n_layer + 1);
 }
-
-void DiT::begin_decode(int, int) {
-  KILN_FAIL("dit generates images: it has no token decoding (kiln sample-images samples it)");
-}
-void DiT::decode(const Tensor&, const Tensor&) { begin_decode(0, 0); }
 
 }  // namespace kiln

@@ -38,7 +38,7 @@ namespace kiln {
 
 struct DiTLayers;
 
-class DiT final : public LayeredModel {
+class DiT final : public LayeredModel, public FlowModel {
  public:
   DiT(const DiTConfig& config, Backend& backend, const ModelStorage& storage = {});
   ~DiT() override;
@@ -48,10 +48,10 @@ class DiT final : public LayeredModel {
   std::string arch() const override { return "dit"; }
   std::string describe() const override { return config_.str(); }
   nlohmann::json config_json() const override { return dit_config_json(config_); }
-  /// images fp32 [B, image_size, image_size, num_channels] in [-1, 1], labels int32 [B]
-  /// (T must be block_size, the patch count).
+  /// Input "images" fp32 [B, image_size, image_size, num_channels] in [-1, 1], targets the
+  /// labels int32 [B] (T must be block_size, the patch count).
   BatchShape batch_shape(int B, int T) const override;
-  /// The flow-matching loss of batch.images (x0) under batch.targets (labels; -1: not
+  /// The flow-matching loss of the batch's images (x0) under its targets (labels; -1: not
   /// counted) at the times and noise of the current call index (set_dropout).
   LossSum forward(const Batch& batch, float grad_scale) override;
   void backward() override;
@@ -69,17 +69,13 @@ class DiT final : public LayeredModel {
   double flops_per_token(int T) const override { return config_.flops_per_token(T); }
   int64_t num_parameters() const override { return config_.num_parameters(); }
 
+  // FlowModel: class-conditional (conditioning.labels; -1 the null class)
+  FlowModel* flow_model() override { return this; }
+  int num_classes() const override { return config_.num_classes; }
+  /// [image_size, image_size, num_channels].
+  Shape image_shape() const override;
   void predict_velocity(const Tensor& xt, std::span<const float> t,
-                        std::span<const int32_t> labels, const Tensor& velocity) override;
-
-  // Not a language model: no vocabulary, no decoding.
-  int vocab_size() const override { return config_.num_classes; }
-  int padded_vocab_size() const override { return config_.num_classes; }
-  int max_positions() const override { return config_.tokens(); }
-  void begin_decode(int, int) override;
-  void decode(const Tensor&, const Tensor&) override;
-  void end_decode() override {}
-  int decoded_length() const override { return 0; }
+                        const FlowConditioning& conditioning, const Tensor& velocity) override;
 
   /// The sinusoidal timestep embedding (DiT's TimestepEmbedder.timestep_embedding) of
   /// 1000 t: out[j] = cos(1000 t f_j), out[F/2 + j] = sin(1000 t f_j), f_j = 10000^(-j/(F/2)).

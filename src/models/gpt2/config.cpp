@@ -1,5 +1,5 @@
 #include "models/gpt2/config.h"
-#include "models/registry.h"
+#include "models/model_options.h"
 
 #include "core/error.h"
 #include "core/json_util.h"

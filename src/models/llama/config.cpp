@@ -1,5 +1,5 @@
 #include "models/llama/config.h"
-#include "models/registry.h"
+#include "models/model_options.h"
 
 #include "core/error.h"
 #include "core/json_util.h"

@@ -115,8 +115,15 @@ ViT::~ViT() = default;
 BatchShape ViT::batch_shape(int B, int T) const {
   KILN_CHECK(T == config_.tokens(), "vit: train.seq_len ({}) must be {}: {} patches and the "
              "class token", T, config_.tokens(), config_.patches());
-  const int S = config_.image_size;
-  return {Shape{B, S, S, config_.num_channels}, DType::F32, Shape{B}};
+  BatchShape shape;
+  shape.inputs.push_back({.name = "images", .shape = batched(B, image_shape()), .dtype = DType::F32});
+  shape.targets = Shape{B};
+  shape.target_range = config_.num_classes;
+  return shape;
+}
+
+Shape ViT::image_shape() const {
+  return Shape{config_.image_size, config_.image_size, config_.num_channels};
 }
 
 void ViT::reserve(int B) {
@@ -185,11 +192,11 @@ void ViT::run_forward(const Tensor& images) {
 
 LossSum ViT::forward(const Batch& batch, float grad_scale) {
   const Tensor& labels = batch.targets;
-  KILN_CHECK(batch.images && labels.ndim() == 1 && labels.size(0) == batch.images.size(0) &&
-                 labels.dtype() == DType::I32,
-             "vit: needs images [B,H,W,C] and int32 labels [B], got {} and {}",
-             batch.images ? batch.images.str() : std::string("no images"), labels.str());
-  run_forward(batch.images);
+  const Tensor& images = batch.require("images", arch());
+  KILN_CHECK(labels.ndim() == 1 && labels.size(0) == images.size(0) && labels.dtype() == DType::I32,
+             "vit: needs images [B,H,W,C] and int32 labels [B], got {} and {}", images.str(),
+             labels.str());
+  run_forward(images);
   State& a = *state_;
   Backend& be = backend();
   const Stream s = be.default_stream();
@@ -262,11 +269,5 @@ void ViT::classify(const Tensor& images, const Tensor& logits) {
                  layers_->head.v());
   hooks().after_forward(config_.n_layer + 1);
 }
-
-void ViT::begin_decode(int, int) {
-  KILN_FAIL("vit is an image classifier: it has no token decoding (kiln sample is for "
-            "language models)");
-}
-void ViT::decode(const Tensor&, const Tensor&) { begin_decode(0, 0); }
 
 }  // namespace kiln

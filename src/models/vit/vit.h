@@ -35,7 +35,7 @@ namespace kiln {
 
 struct ViTLayers;
 
-class ViT final : public LayeredModel {
+class ViT final : public LayeredModel, public ImageClassifier {
  public:
   ViT(const ViTConfig& config, Backend& backend, const ModelStorage& storage = {});
   ~ViT() override;
@@ -45,10 +45,10 @@ class ViT final : public LayeredModel {
   std::string arch() const override { return "vit"; }
   std::string describe() const override { return config_.str(); }
   nlohmann::json config_json() const override { return vit_config_json(config_); }
-  /// images fp32 [B, image_size, image_size, num_channels], labels int32 [B] (T must be
-  /// block_size, the patches and the class token).
+  /// Input "images" fp32 [B, image_size, image_size, num_channels], targets the labels
+  /// int32 [B] (T must be block_size, the patches and the class token).
   BatchShape batch_shape(int B, int T) const override;
-  /// batch.images and batch.targets (labels; -1 ignored). Without gradient (grad_scale
+  /// The batch's images and targets (labels; -1 ignored). Without gradient (grad_scale
   /// 0) it also counts the images whose top class is the label (LossSum::correct).
   LossSum forward(const Batch& batch, float grad_scale) override;
   void backward() override;
@@ -57,17 +57,13 @@ class ViT final : public LayeredModel {
   double flops_per_token(int T) const override { return config_.flops_per_token(T); }
   int64_t num_parameters() const override { return config_.num_parameters(); }
 
+  // ImageClassifier
+  ImageClassifier* image_classifier() override { return this; }
+  int num_classes() const override { return config_.num_classes; }
+  /// [image_size, image_size, num_channels].
+  Shape image_shape() const override;
   /// Class logits fp32 [B, K] of images [B,H,W,Cin] (inference).
   void classify(const Tensor& images, const Tensor& logits) override;
-
-  // Not a language model: the classes stand for the vocabulary, there is no decoding.
-  int vocab_size() const override { return config_.num_classes; }
-  int padded_vocab_size() const override { return config_.num_classes; }
-  int max_positions() const override { return config_.tokens(); }
-  void begin_decode(int, int) override;
-  void decode(const Tensor&, const Tensor&) override;
-  void end_decode() override {}
-  int decoded_length() const override { return 0; }
 
  private:
   struct State;
