@@ -2,8 +2,40 @@
 
 #include "core/error.h"
 #include "core/json_util.h"
+#include "models/model_options.h"
+
+#include <fmt/format.h>
 
 namespace kiln {
+
+void VisionShape::validate_shape(const std::string& arch, int min_classes) const {
+  KILN_CHECK(n_layer > 0, "model.n_layer must be positive for {} (got {})", arch, n_layer);
+  KILN_CHECK(n_head > 0 && n_embd > 0 && n_embd % n_head == 0,
+             "model.n_embd ({}) must be a positive multiple of model.n_head ({})", n_embd, n_head);
+  KILN_CHECK(ffn_hidden_size > 0, "model.ffn_hidden_size must be positive (got {})", ffn_hidden_size);
+  KILN_CHECK(image_size > 0 && num_channels > 0,
+             "{}: model.image_size ({}) and model.num_channels ({}) must be positive (0 takes "
+             "them from the image data set)", arch, image_size, num_channels);
+  KILN_CHECK(patch_size > 0 && image_size % patch_size == 0,
+             "model.patch_size ({}) must be positive and divide model.image_size ({})", patch_size,
+             image_size);
+  KILN_CHECK(num_classes >= min_classes, "model.num_classes must be {} for {} (got {})",
+             min_classes == 1 ? "positive" : fmt::format("at least {}", min_classes), arch,
+             num_classes);
+  KILN_CHECK(norm_eps > 0.f, "model.norm_eps must be positive (got {})", norm_eps);
+}
+
+void copy_vision_options(const ModelOptions& o, VisionShape& c) {
+  c.n_layer = o.n_layer;
+  c.n_head = o.n_head;
+  c.n_embd = o.n_embd;
+  c.ffn_hidden_size = o.ffn_hidden_size > 0 ? o.ffn_hidden_size : 4 * o.n_embd;
+  c.image_size = o.image_size;
+  c.num_channels = o.num_channels;
+  c.patch_size = o.patch_size;
+  c.num_classes = o.num_classes;
+  c.norm_eps = o.norm_eps;
+}
 
 void check_vision_options(const ModelOptions& o, const std::string& arch) {
   KILN_CHECK(o.n_kv_head == 0 || o.n_kv_head == o.n_head,

@@ -4,11 +4,34 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <string>
 
 namespace kiln {
 
 struct ModelOptions;
+
+/// The shape a vision transformer on square images cut into patches has, whatever it
+/// predicts (ViTConfig, DiTConfig derive from it and set their own defaults).
+struct VisionShape {
+  int n_layer = 2;
+  int n_head = 4;
+  int n_embd = 64;            // C; head size C / n_head
+  int ffn_hidden_size = 256;  // H
+  int image_size = 28;        // pixels (height = width)
+  int num_channels = 1;
+  int patch_size = 7;         // P
+  int num_classes = 10;       // K
+  float norm_eps = 1e-5f;     // LayerNorm epsilon
+
+  /// N = (image_size / patch_size)^2.
+  int patches() const { return (image_size / patch_size) * (image_size / patch_size); }
+  /// Elements of one flattened patch: num_channels * patch_size^2.
+  int patch_dim() const { return num_channels * patch_size * patch_size; }
+  /// Throws kiln::Error naming the [model] key (and `arch`) of an impossible shape;
+  /// num_classes must be at least `min_classes`.
+  void validate_shape(const std::string& arch, int min_classes) const;
+};
 
 /// Refuses the language-model keys an image model has no use for (grouped-query
 /// attention, tied embeddings, rotary settings, a vocabulary), naming the key and `arch`.
@@ -30,26 +53,7 @@ nlohmann::json vision_json(const Config& c) {
 }
 
 /// Copies the shape keys of `o` into `c` (ffn_hidden_size 0 -> 4 n_embd).
-template <class Config>
-void copy_vision_options(const ModelOptions& o, Config& c);
+void copy_vision_options(const ModelOptions& o, VisionShape& c);
 
 }  // namespace kiln
 
-#include "models/model_options.h"
-
-namespace kiln {
-
-template <class Config>
-void copy_vision_options(const ModelOptions& o, Config& c) {
-  c.n_layer = o.n_layer;
-  c.n_head = o.n_head;
-  c.n_embd = o.n_embd;
-  c.ffn_hidden_size = o.ffn_hidden_size > 0 ? o.ffn_hidden_size : 4 * o.n_embd;
-  c.image_size = o.image_size;
-  c.num_channels = o.num_channels;
-  c.patch_size = o.patch_size;
-  c.num_classes = o.num_classes;
-  c.norm_eps = o.norm_eps;
-}
-
-}  // namespace kiln

@@ -10,22 +10,11 @@
 namespace kiln {
 
 void DiTConfig::validate() const {
-  KILN_CHECK(n_layer > 0, "model.n_layer must be positive for dit (got {})", n_layer);
-  KILN_CHECK(n_head > 0 && n_embd > 0 && n_embd % n_head == 0,
-             "model.n_embd ({}) must be a positive multiple of model.n_head ({})", n_embd, n_head);
-  KILN_CHECK(ffn_hidden_size > 0, "model.ffn_hidden_size must be positive (got {})", ffn_hidden_size);
-  KILN_CHECK(image_size > 0 && num_channels > 0,
-             "dit: model.image_size ({}) and model.num_channels ({}) must be positive (0 takes "
-             "them from the image data set)", image_size, num_channels);
-  KILN_CHECK(patch_size > 0 && image_size % patch_size == 0,
-             "model.patch_size ({}) must be positive and divide model.image_size ({})", patch_size,
-             image_size);
-  KILN_CHECK(num_classes > 0, "model.num_classes must be positive for dit (got {})", num_classes);
+  validate_shape("dit", /*min_classes=*/1);
   KILN_CHECK(frequency_dim > 0 && frequency_dim % 2 == 0,
              "dit: the timestep frequency width ({}) must be positive and even", frequency_dim);
   KILN_CHECK(class_dropout >= 0.f && class_dropout < 1.f,
              "model.class_dropout ({}) must be in [0, 1)", class_dropout);
-  KILN_CHECK(norm_eps > 0.f, "model.norm_eps must be positive (got {})", norm_eps);
 }
 
 int64_t DiTConfig::num_parameters() const {

@@ -10,6 +10,8 @@
 // ffn_hidden_size says otherwise. The model predicts the velocity of a rectified flow.
 #pragma once
 
+#include "models/vision_config.h"
+
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -17,25 +19,17 @@
 
 namespace kiln {
 
-struct ModelOptions;
-
-struct DiTConfig {
-  int n_layer = 2;
-  int n_head = 4;
-  int n_embd = 64;            // C; head size C / n_head
-  int ffn_hidden_size = 256;  // H
-  int image_size = 28;        // pixels (height = width)
-  int num_channels = 1;
-  int patch_size = 4;         // P
-  int num_classes = 10;       // K (the label embedding has K + 1 rows)
+/// VisionShape's keys (patch_size 4 and norm_eps 1e-6 by default, DiT's), and the
+/// timestep and label conditioning.
+struct DiTConfig : VisionShape {
+  DiTConfig() {
+    patch_size = 4;
+    norm_eps = 1e-6f;  // DiT's LayerNorm epsilon
+  }
   int frequency_dim = 256;    // F, the sinusoidal timestep embedding's width (even)
   float class_dropout = 0.1f;  // probability that a training label becomes the null class
-  float norm_eps = 1e-6f;     // LayerNorm epsilon (DiT's)
 
-  int patches() const { return (image_size / patch_size) * (image_size / patch_size); }
   int tokens() const { return patches(); }
-  /// Elements of one flattened patch: num_channels * patch_size^2.
-  int patch_dim() const { return num_channels * patch_size * patch_size; }
   /// Throws kiln::Error naming the [model] key of an impossible shape.
   void validate() const;
   int64_t num_parameters() const;

@@ -9,20 +9,7 @@
 
 namespace kiln {
 
-void ViTConfig::validate() const {
-  KILN_CHECK(n_layer > 0, "model.n_layer must be positive for vit (got {})", n_layer);
-  KILN_CHECK(n_head > 0 && n_embd > 0 && n_embd % n_head == 0,
-             "model.n_embd ({}) must be a positive multiple of model.n_head ({})", n_embd, n_head);
-  KILN_CHECK(ffn_hidden_size > 0, "model.ffn_hidden_size must be positive (got {})", ffn_hidden_size);
-  KILN_CHECK(image_size > 0 && num_channels > 0,
-             "vit: model.image_size ({}) and model.num_channels ({}) must be positive (0 takes "
-             "them from the image data set)", image_size, num_channels);
-  KILN_CHECK(patch_size > 0 && image_size % patch_size == 0,
-             "model.patch_size ({}) must be positive and divide model.image_size ({})", patch_size,
-             image_size);
-  KILN_CHECK(num_classes > 1, "model.num_classes must be at least 2 for vit (got {})", num_classes);
-  KILN_CHECK(norm_eps > 0.f, "model.norm_eps must be positive (got {})", norm_eps);
-}
+void ViTConfig::validate() const { validate_shape("vit", /*min_classes=*/2); }
 
 int64_t ViTConfig::num_parameters() const {
   const int64_t C = n_embd, L = n_layer, H = ffn_hidden_size, D = patch_dim();

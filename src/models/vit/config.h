@@ -7,6 +7,8 @@
 // otherwise; num_classes output classes.
 #pragma once
 
+#include "models/vision_config.h"
+
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -14,24 +16,10 @@
 
 namespace kiln {
 
-struct ModelOptions;
-
-struct ViTConfig {
-  int n_layer = 2;
-  int n_head = 4;
-  int n_embd = 64;           // C; head size C / n_head
-  int ffn_hidden_size = 256;  // H
-  int image_size = 28;       // pixels (height = width)
-  int num_channels = 1;
-  int patch_size = 7;        // P
-  int num_classes = 10;      // K
-  float norm_eps = 1e-5f;    // LayerNorm epsilon
-
-  int patches() const { return (image_size / patch_size) * (image_size / patch_size); }
+/// VisionShape's keys (patch_size 7, norm_eps 1e-5 by default), and a class token.
+struct ViTConfig : VisionShape {
   /// Positions of a sequence: the patches, then the class token.
   int tokens() const { return patches() + 1; }
-  /// Elements of one flattened patch: num_channels * patch_size^2.
-  int patch_dim() const { return num_channels * patch_size * patch_size; }
   /// Throws kiln::Error naming the [model] key of an impossible shape.
   void validate() const;
   /// Trainable parameters (every tensor of the model; nothing is padded or tied).
