@@ -45,7 +45,6 @@ class SimulatedCommunicator final : public Communicator {
   void set_phase(std::string phase) { phase_ = std::move(phase); }
   /// Every call so far, in order.
   const std::vector<Call>& calls() const { return calls_; }
-  void clear_calls() { calls_.clear(); }
 
   std::shared_ptr<Work> all_reduce_async(const Tensor& t, ReduceOp op = ReduceOp::Sum,
                                          Stream s = {}) override;
