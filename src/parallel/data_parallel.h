@@ -111,10 +111,10 @@ class DataParallel final : public ModelHooks {
   double take_wait_seconds();
 
   // ModelHooks
-  void before_forward(int part) override;
-  void after_forward(int part) override;
-  void before_backward(int part) override;
-  void after_backward(int part) override;
+  void before_forward(int index) override;
+  void after_forward(int index) override;
+  void before_backward(int index) override;
+  void after_backward(int index) override;
 
  private:
   struct Part {
@@ -135,12 +135,12 @@ class DataParallel final : public ModelHooks {
     Tensor keep;      // buffer the operation uses (freed on completion)
     Tensor src, dst;  // when dst is set: dst += src once the work completes
   };
-  Part& part(int index) { return parts_[static_cast<size_t>(index)]; }
-  void gather(int part, bool wait);
-  void release(int part);
-  void reduce_part_grads(int part);
+  Part& part_at(int index) { return parts_[static_cast<size_t>(index)]; }
+  void gather(int index, bool wait);
+  void release(int index);
+  void reduce_part_grads(int index);
   /// Stages 2-3: a zeroed whole-part gradient, bound to the model.
-  void bind_whole_grads(Part& u);
+  void bind_whole_grads(Part& part);
   void drain(bool all);
 
   Model& model_;

@@ -100,8 +100,8 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& 
     // Several micro-batches in flight: a resident part's gradient and a tied parameter's
     // (summed over its stages first) are reduced over dp once the schedule is done.
     std::vector<int> deferred;
-    for (const ModelPart& u : model_->parts())
-      if (u.resident) deferred.push_back(u.index);
+    for (const ModelPart& part : model_->parts())
+      if (part.resident) deferred.push_back(part.index);
     for (const ParamSpec& s : model_->params())  // a tied parameter, where this stage holds it
       if (std::count(tied_names_.begin(), tied_names_.end(), s.name)) deferred.push_back(s.part);
     dp_->defer_reduction(deferred);
@@ -160,7 +160,7 @@ std::vector<int> TrainStep::plan_stages(const ModelOptions& options, ModelStorag
              "does not run as pipeline stages (gpt2 and llama do)", config_.source, pp,
              config_.parallel.virtual_stages, probe->arch());
   std::vector<double> costs;
-  for (const ModelPart& u : probe->parts()) costs.push_back(u.cost);
+  for (const ModelPart& part : probe->parts()) costs.push_back(part.cost);
   boundaries_ = pp::split_stages(costs, chunks, config_.parallel.pp_split);
   boundaries_.push_back(n_parts);
 

@@ -210,7 +210,7 @@ std::string Trainer::pipeline_description() const {
   if (mesh_->pp() == 1) return {};
   const pp::Schedule& s = one_step_->pipeline().schedule();
   std::string parts;  // this rank's (the printing rank's)
-  for (const ModelPart& u : model_->parts()) parts += (parts.empty() ? "" : " ") + u.name;
+  for (const ModelPart& part : model_->parts()) parts += (parts.empty() ? "" : " ") + part.name;
   const pp::SimResult& sim = one_step_->pipeline().simulated();
   return fmt::format(", pipeline over {} stages ({}, {} virtual stage(s), simulated bubble {:.1f}% "
                      "vs theory {:.1f}%; rank 0 holds {})", s.pp, pp::schedule_kind_name(s.kind),
@@ -407,9 +407,9 @@ void Trainer::summarize_tp_traffic(TrainResult& r, int64_t steps) {
   const int n_parts = config_.model.n_layer + 2;
   s.has_embedding = s.has_head = false;
   s.n_layer = 0;
-  for (const ModelPart& u : model_->parts()) {
-    if (u.global_index == 0) s.has_embedding = true;
-    else if (u.global_index == n_parts - 1) s.has_head = true;
+  for (const ModelPart& part : model_->parts()) {
+    if (part.global_index == 0) s.has_embedding = true;
+    else if (part.global_index == n_parts - 1) s.has_head = true;
     else ++s.n_layer;
   }
   s.rows = int64_t{config_.train.micro_batch} * seq_len_ / mesh_->cp();  // this rank's tokens
