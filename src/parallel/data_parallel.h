@@ -22,9 +22,10 @@
 //            to its backward, and its gradient exists from the start of forward.
 //
 // Composed with tensor parallelism (parallel/tp_plan.h), the model holds one tp rank's
-// slices, laid out alike on every tp rank, and ZeRO shards that layout over the dp group
-// of the tp slice (Megatron-LM's distributed optimizer over its data-parallel group); the
-// tp communicator adds the partial-gradient reduction and the norm's sum over tp.
+// slices, laid out alike on every tp rank, and ZeRO shards that layout over the dp x cp
+// group of the tp slice (Megatron-LM's distributed optimizer over its data-parallel group
+// with context parallel; parallel/mesh.h); the tp communicator adds the partial-gradient
+// reduction and the norm's sum over tp.
 //
 // Communication runs on the communicator's own thread (MpiCommunicator) or stream
 // (NcclCommunicator), overlapping the backward pass; the trainer waits in
@@ -50,7 +51,8 @@ ModelStorage zero_model_storage(int zero_stage, int world, DType dtype = DType::
 
 class DataParallel final : public ModelHooks {
  public:
-  /// `model` must have been built with zero_model_storage(zero_stage, comm.size(), ...).
+  /// `comm`: the dp x cp group (DeviceMesh::dp_cp_comm). `model` must have been built with
+  /// zero_model_storage(zero_stage, comm.size(), ...).
   /// `tp`: the tensor-parallel group of a model split by the tp plan (nullptr, or one
   /// rank, for none); not owned. Installs itself as the model's hooks. Throws
   /// kiln::Error on a bad stage.

@@ -19,7 +19,9 @@
 // rank in the group's communicator) is its coordinate on A.
 //
 // The cp ranks hold replicas of the same parameters (each a part of every sequence), so
-// gradients are reduced, and ZeRO shards, over the combined dp x cp group (dp_cp_comm()).
+// gradients are reduced, and ZeRO shards, over the combined dp x cp group (dp_cp_comm();
+// Megatron-LM's data-parallel group "with context parallel"); with cp = 1 it is the dp
+// group. kiln calls it "the dp x cp group" (dp_cp in code) everywhere.
 #pragma once
 
 #include "comm/communicator.h"
@@ -96,8 +98,8 @@ class DeviceMesh {
   bool has_comms() const { return comms_[0] != nullptr; }
   /// The communicator of this process's group on `a`; throws before build_comms.
   Communicator& comm(Axis a) const;
-  /// The dp x cp group's communicator, rank dp_index * cp + cp_index: the gradient
-  /// reduction (and ZeRO) group. comm(Axis::DP) when cp is 1.
+  /// The dp x cp group's communicator, rank dp_index * cp + cp_index: gradients are
+  /// reduced, and ZeRO shards, over it. comm(Axis::DP) when cp is 1.
   Communicator& dp_cp_comm() const;
 
   /// "dp=2 tp=2 pp=1 (world 4)"; " cp=2" after dp when cp > 1.

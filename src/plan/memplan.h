@@ -4,7 +4,7 @@
 // Method: a dry run. The planner builds the trainer's own step object (TrainStep,
 // train/train_step.h: the model of model.arch with zero_model_storage(stage, dp), its
 // activation checkpointing, the tensor-parallel plan over a SimulatedCommunicator of the
-// tp group when parallel.tp > 1, DataParallel over a SimulatedCommunicator of the dp group,
+// tp group when parallel.tp > 1, DataParallel over a SimulatedCommunicator of the dp x cp group,
 // AdamW, the token and target tensors) and (when log.peak_tflops is 0 on the CPU) the
 // start-up GEMM probe on a MetaBackend, whose allocator counts bytes by category and
 // whose ops do nothing, and runs one TrainStep::run. The allocator's per-category and total peaks are the

@@ -239,7 +239,7 @@ void Trainer::init_weights() {
   if (options_.verbose) fmt::print("kiln: initialised from {}\n", config_.model.init_from);
 }
 
-void Trainer::dp_sum(std::span<double> values) {
+void Trainer::dp_cp_sum(std::span<double> values) {
   Communicator& c = mesh_->dp_cp_comm();
   if (c.size() > 1) c.all_reduce_sum(values);
 }
@@ -337,7 +337,7 @@ Trainer::EvalResult Trainer::evaluate() {
     sums[1] += static_cast<double>(l.targets);
     if (l.correct >= 0) sums[2] += static_cast<double>(l.correct), counted = true;
   }
-  dp_sum(std::span<double>(sums, 3));
+  dp_cp_sum(std::span<double>(sums, 3));
   EvalResult r;
   r.loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0;
   if (counted && sums[1] > 0) r.accuracy = sums[2] / sums[1];
@@ -367,10 +367,10 @@ void Trainer::maybe_sample() {
 }
 
 void Trainer::summarize_communication(TrainResult& r, int64_t timed_steps) {
-  // Statistics of the gradient reduction's communicator (dp, or dp x cp) over the whole
-  // run, scaled to the timed steps (the first step is warm-up) by the share they make.
-  const Communicator& dp = mesh_->dp_cp_comm();
-  const CommStats st = dp.stats();
+  // Statistics of the dp x cp group's communicator over the whole run, scaled to the
+  // timed steps (the first step is warm-up) by the share they make.
+  const Communicator& dp_cp = mesh_->dp_cp_comm();
+  const CommStats st = dp_cp.stats();
   const int64_t steps = step_ - r.first_step;
   const double share = steps > 0 ? static_cast<double>(timed_steps) / static_cast<double>(steps) : 0.0;
   std::string table = fmt::format("{:<15} {:>7} {:>12} {:>10} {:>12} {:>12}\n", "collective",
@@ -385,7 +385,7 @@ void Trainer::summarize_communication(TrainResult& r, int64_t timed_steps) {
                          collective_name(coll), s.count, s.bytes / 1e6 / std::max<int64_t>(steps, 1),
                          1e3 * s.seconds / std::max<int64_t>(steps, 1),
                          algorithm_bandwidth(s.bytes, s.seconds) / 1e9,
-                         bus_bandwidth(coll, dp.size(), s.bytes, s.seconds) / 1e9);
+                         bus_bandwidth(coll, dp_cp.size(), s.bytes, s.seconds) / 1e9);
   }
   r.comm_busy_s = busy * share;
   r.comm_hidden_fraction =
@@ -395,7 +395,8 @@ void Trainer::summarize_communication(TrainResult& r, int64_t timed_steps) {
     fmt::print("kiln: data-parallel communication over {} ranks{} (ZeRO stage {}):\n{}"
                "kiln: communication {:.1f} ms/step, exposed {:.1f} ms/step: {:.0f}% hidden under "
                "computation\n",
-               dp.size(), mesh_->cp() > 1 ? " (dp x cp)" : "", config_.parallel.zero_stage, table,
+               dp_cp.size(), mesh_->cp() > 1 ? " (dp x cp)" : "", config_.parallel.zero_stage,
+               table,
                1e3 * r.comm_busy_s / std::max<int64_t>(timed_steps, 1),
                1e3 * r.comm_exposed_s / std::max<int64_t>(timed_steps, 1),
                100.0 * r.comm_hidden_fraction);
