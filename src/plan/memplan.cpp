@@ -37,14 +37,14 @@ bool MemPlan::ranks_differ() const {
 
 TrainConfig resolve_for_planning(TrainConfig c, int world_size) {
   KILN_CHECK(world_size >= 1, "memplan: --world-size must be >= 1, got {}", world_size);
-  const int tp_pp = c.parallel.cp * c.parallel.tp * c.parallel.pp;
-  KILN_CHECK(world_size % tp_pp == 0,
+  const int cp_tp_pp = c.parallel.cp * c.parallel.tp * c.parallel.pp;
+  KILN_CHECK(world_size % cp_tp_pp == 0,
              "{}: parallel.cp x parallel.tp x parallel.pp = {} does not divide the world size {}",
-             c.source, tp_pp, world_size);
-  const int dp = world_size / tp_pp;
+             c.source, cp_tp_pp, world_size);
+  const int dp = world_size / cp_tp_pp;
   KILN_CHECK(c.parallel.dp == 0 || c.parallel.dp == dp,
              "{}: parallel.dp = {} but the world size {} over cp x tp x pp = {} leaves {}",
-             c.source, c.parallel.dp, world_size, tp_pp, dp);
+             c.source, c.parallel.dp, world_size, cp_tp_pp, dp);
   KILN_CHECK(c.model.n_layer > 0 && c.model.n_head > 0 && c.model.n_embd > 0 && c.model.block_size > 0,
              "{}: the model shape is incomplete (set model.preset or model.n_layer, n_head, n_embd, "
              "block_size)", c.source);

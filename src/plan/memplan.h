@@ -60,7 +60,7 @@ struct MemPlan {
   TrainConfig config;   // resolved (vocab_size, global_batch filled in)
   std::string model;             // Model::describe() of the planned model
   double flops_per_token = 0;    // Model::flops_per_token(train.seq_len): training FLOPs
-  int world_size = 1, dp = 1, tp = 1, pp = 1, cp = 1, accum = 1;
+  int world_size = 1, dp = 1, cp = 1, tp = 1, pp = 1, accum = 1;
   std::string scratch_model;        // MetaScratchModel::name()
   std::string comm_model;           // "keeps pace" or "falls behind" (completion_polls)
   std::vector<RankMemory> ranks;    // the simulated ranks, rank 0 first

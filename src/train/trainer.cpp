@@ -91,8 +91,10 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   // Every rank must run the same config, the layout included: checked key by key before
   // the mesh is built from it.
   check_config_on_all_ranks(*world_, config_);
-  mesh_ = std::make_unique<DeviceMesh>(*world_, config_.parallel.dp, config_.parallel.tp,
-                                       config_.parallel.pp, config_.parallel.cp);
+  mesh_ = std::make_unique<DeviceMesh>(*world_, MeshSizes{.dp = config_.parallel.dp,
+                                                           .cp = config_.parallel.cp,
+                                                           .tp = config_.parallel.tp,
+                                                           .pp = config_.parallel.pp});
   dp_size_ = mesh_->dp();
   dp_rank_ = mesh_->coord()[Axis::DP];
   tp_rank_ = mesh_->coord()[Axis::TP];
