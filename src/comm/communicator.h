@@ -9,6 +9,10 @@
 //
 // Implementations:
 //   LocalCommunicator  world of one process: collectives are copies or no-ops.
+//   SimulatedCommunicator  one rank of a world that does not exist (dry runs): calls are
+//                      checked and recorded, no memory is touched. It and the local one
+//                      share their checks, descriptions and statistics through
+//                      InProcessCommunicator.
 //   MpiCommunicator    MPI (built when KILN_MPI is ON). A communication thread starts the
 //                      queued collectives in order as MPI non-blocking operations and
 //                      drives their progress while the caller computes; Work handles

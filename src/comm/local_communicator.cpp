@@ -8,10 +8,9 @@ namespace kiln {
 
 using comm_detail::BasicWork;
 using comm_detail::completed_work;
-using comm_detail::describe;
 
 LocalCommunicator::LocalCommunicator(std::string name, Backend* backend)
-    : Communicator(std::move(name)), backend_(backend) {}
+    : InProcessCommunicator(std::move(name)), backend_(backend) {}
 
 void LocalCommunicator::copy(Stream s, const Tensor& dst, const Tensor& src) {
   if (dst.raw() == src.raw() || dst.nbytes() == 0) return;
@@ -25,82 +24,57 @@ void LocalCommunicator::copy(Stream s, const Tensor& dst, const Tensor& src) {
   std::memmove(dst.raw(), src.raw(), dst.nbytes());
 }
 
-std::shared_ptr<Work> LocalCommunicator::all_reduce_async(const Tensor& t, ReduceOp op, Stream) {
-  check_buffer(t, "all_reduce");
-  record(Collective::AllReduce, static_cast<int64_t>(t.nbytes()), 0.0);
-  return completed_work(describe(Collective::AllReduce, t, reduce_op_name(op)));
+std::shared_ptr<Work> LocalCommunicator::issue(const CheckedCall& call, Stream s) {
+  switch (call.kind) {
+    case Collective::ReduceScatter:
+    case Collective::AllGather: copy(s, call.buffer, call.input); break;
+    case Collective::Send: return send_to_self(call);
+    case Collective::Recv: return recv_from_self(call);
+    case Collective::AllReduce:  // over one rank the buffer is the result already
+    case Collective::Broadcast:
+    case Collective::Barrier: break;
+  }
+  return completed_work(call.description);
 }
 
-std::shared_ptr<Work> LocalCommunicator::reduce_scatter_async(const Tensor& output,
-                                                              const Tensor& input, Stream s) {
-  check_reduce_scatter(output, input);
-  copy(s, output, input);
-  record(Collective::ReduceScatter, static_cast<int64_t>(input.nbytes()), 0.0);
-  return completed_work(describe(Collective::ReduceScatter, input));
-}
-
-std::shared_ptr<Work> LocalCommunicator::all_gather_async(const Tensor& output,
-                                                          const Tensor& input, Stream s) {
-  check_all_gather(output, input);
-  copy(s, output, input);
-  record(Collective::AllGather, static_cast<int64_t>(output.nbytes()), 0.0);
-  return completed_work(describe(Collective::AllGather, output));
-}
-
-std::shared_ptr<Work> LocalCommunicator::broadcast_async(const Tensor& t, int root, Stream) {
-  check_buffer(t, "broadcast");
-  check_root(root);
-  record(Collective::Broadcast, static_cast<int64_t>(t.nbytes()), 0.0);
-  return completed_work(describe(Collective::Broadcast, t));
-}
-
-std::shared_ptr<Work> LocalCommunicator::send_async(const Tensor& t, int peer, int tag, Stream) {
-  check_buffer(t, "send");
-  check_peer(peer, tag, "send");
+std::shared_ptr<Work> LocalCommunicator::send_to_self(const CheckedCall& call) {
+  const Tensor& t = call.buffer;
   KILN_CHECK(t.device().is_cpu(), "send on {}: LocalCommunicator needs a host tensor, got {}",
              where(), t.str());
-  record(Collective::Send, static_cast<int64_t>(t.nbytes()), 0.0);
   std::lock_guard<std::mutex> lock(mailbox_mu_);
   for (auto it = recvs_.begin(); it != recvs_.end(); ++it) {
-    if (it->tag != tag) continue;
+    if (it->tag != call.tag) continue;
     KILN_CHECK(it->buffer.nbytes() == t.nbytes(),
                "send on {}: {} bytes sent with tag {}, but the matching recv expects {}", where(),
-               t.nbytes(), tag, it->buffer.nbytes());
+               t.nbytes(), call.tag, it->buffer.nbytes());
     std::memcpy(it->buffer.raw(), t.raw(), t.nbytes());
     static_cast<BasicWork&>(*it->work).complete();
     recvs_.erase(it);
-    return completed_work(describe(Collective::Send, t, fmt::format("tag {}", tag)));
+    return completed_work(call.description);
   }
   const auto* p = static_cast<const unsigned char*>(t.raw());
-  messages_.push_back({tag, std::vector<unsigned char>(p, p + t.nbytes())});
-  return completed_work(describe(Collective::Send, t, fmt::format("tag {}", tag)));
+  messages_.push_back({call.tag, std::vector<unsigned char>(p, p + t.nbytes())});
+  return completed_work(call.description);
 }
 
-std::shared_ptr<Work> LocalCommunicator::recv_async(const Tensor& t, int peer, int tag, Stream) {
-  check_buffer(t, "recv");
-  check_peer(peer, tag, "recv");
+std::shared_ptr<Work> LocalCommunicator::recv_from_self(const CheckedCall& call) {
+  const Tensor& t = call.buffer;
   KILN_CHECK(t.device().is_cpu(), "recv on {}: LocalCommunicator needs a host tensor, got {}",
              where(), t.str());
-  record(Collective::Recv, static_cast<int64_t>(t.nbytes()), 0.0);
-  std::string desc = describe(Collective::Recv, t, fmt::format("tag {}", tag)) + " on " + where();
+  std::string desc = call.description + " on " + where();
   std::lock_guard<std::mutex> lock(mailbox_mu_);
   for (auto it = messages_.begin(); it != messages_.end(); ++it) {
-    if (it->tag != tag) continue;
+    if (it->tag != call.tag) continue;
     KILN_CHECK(it->bytes.size() == t.nbytes(),
                "recv on {}: expects {} bytes with tag {}, but {} were sent", where(), t.nbytes(),
-               tag, it->bytes.size());
+               call.tag, it->bytes.size());
     std::memcpy(t.raw(), it->bytes.data(), t.nbytes());
     messages_.erase(it);
     return completed_work(desc);
   }
   auto work = std::make_shared<BasicWork>(desc, timeout());
-  recvs_.push_back({tag, t, work});
+  recvs_.push_back({call.tag, t, work});
   return work;
-}
-
-std::shared_ptr<Work> LocalCommunicator::barrier_async() {
-  record(Collective::Barrier, 0, 0.0);
-  return completed_work("barrier");
 }
 
 std::unique_ptr<Communicator> LocalCommunicator::make_group(const std::vector<int>&,

@@ -4,18 +4,20 @@
 // reduce_scatter and all_gather copy input to output, barrier returns at once, and
 // send/recv to oneself (peer 0) pair up through an in-process mailbox matched by tag in
 // order. Every call is checked exactly as the MPI communicator checks it, so a single
-// process catches shape and dtype errors that a multi-rank run would hit.
+// process catches shape and dtype errors that a multi-rank run would hit (the checks,
+// descriptions and statistics are InProcessCommunicator's).
 //
 // Copies run on the CPU; for device tensors pass the Backend whose copy() should be used.
 #pragma once
 
-#include "comm/communicator.h"
+#include "comm/in_process_communicator.h"
 
 #include <deque>
+#include <mutex>
 
 namespace kiln {
 
-class LocalCommunicator final : public Communicator {
+class LocalCommunicator final : public InProcessCommunicator {
  public:
   explicit LocalCommunicator(std::string name = "world", Backend* backend = nullptr);
 
@@ -23,26 +25,17 @@ class LocalCommunicator final : public Communicator {
   int size() const override { return 1; }
   std::string backend_name() const override { return "local"; }
 
-  std::shared_ptr<Work> all_reduce_async(const Tensor& t, ReduceOp op = ReduceOp::Sum,
-                                         Stream s = {}) override;
-  std::shared_ptr<Work> reduce_scatter_async(const Tensor& output, const Tensor& input,
-                                             Stream s = {}) override;
-  std::shared_ptr<Work> all_gather_async(const Tensor& output, const Tensor& input,
-                                         Stream s = {}) override;
-  std::shared_ptr<Work> broadcast_async(const Tensor& t, int root, Stream s = {}) override;
-  std::shared_ptr<Work> send_async(const Tensor& t, int peer, int tag, Stream s = {}) override;
-  std::shared_ptr<Work> recv_async(const Tensor& t, int peer, int tag, Stream s = {}) override;
-  std::shared_ptr<Work> barrier_async() override;
-  // (Default arguments repeat the base class's, so that calls on a LocalCommunicator
-  // read the same as calls on a Communicator.)
-
  protected:
+  std::shared_ptr<Work> issue(const CheckedCall& call, Stream s) override;
   std::unique_ptr<Communicator> make_group(const std::vector<int>& ranks,
                                            const std::string& name) override;
   std::unique_ptr<Communicator> make_split(int color, int key, const std::string& name) override;
 
  private:
   void copy(Stream s, const Tensor& dst, const Tensor& src);
+  /// Send and recv to oneself, through the mailbox (host tensors only).
+  std::shared_ptr<Work> send_to_self(const CheckedCall& call);
+  std::shared_ptr<Work> recv_from_self(const CheckedCall& call);
 
   Backend* backend_;
   struct Message {

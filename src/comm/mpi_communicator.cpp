@@ -88,7 +88,6 @@ class Runtime {
     if (owns_ && !finalized && std::uncaught_exceptions() == 0) MPI_Finalize();
   }
 
-  Mode mode() const { return mode_; }
   int world_rank() const { return world_rank_; }
   int world_size() const { return world_size_; }
 
@@ -519,12 +518,6 @@ std::unique_ptr<Communicator> make_mpi_world_communicator() {
   // that nothing else using MPI_COMM_WORLD can match kiln's messages.
   MpiCommunicator bootstrap(std::move(rt), MPI_COMM_WORLD, false, "world", rank, size);
   return bootstrap.split(0, rank, "world");
-}
-
-std::string mpi_thread_mode() {
-  std::lock_guard<std::mutex> lock(g_runtime_mu);
-  if (auto rt = g_runtime.lock()) return mode_name(rt->mode());
-  return "";
 }
 
 }  // namespace kiln

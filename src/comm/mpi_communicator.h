@@ -31,7 +31,4 @@ namespace kiln {
 /// abort_all(), so that one rank's failure ends every rank.
 std::unique_ptr<Communicator> make_mpi_world_communicator();
 
-/// "multiple", "serialized" or "inline" after MPI has been initialised, else "".
-std::string mpi_thread_mode();
-
 }  // namespace kiln

@@ -37,66 +37,17 @@ class PolledWork final : public Work {
 
 }  // namespace
 
-using comm_detail::describe;
-
 SimulatedCommunicator::SimulatedCommunicator(int size, int rank, std::string name, int completion_polls)
-    : Communicator(std::move(name)), size_(size), rank_(rank), polls_(completion_polls) {
+    : InProcessCommunicator(std::move(name)), size_(size), rank_(rank), polls_(completion_polls) {
   KILN_CHECK(size >= 1 && rank >= 0 && rank < size,
              "SimulatedCommunicator: rank {} of {} is not a rank of the world", rank, size);
   KILN_CHECK(completion_polls >= 0, "SimulatedCommunicator: completion_polls must be >= 0");
 }
 
-std::shared_ptr<Work> SimulatedCommunicator::finish(Collective c, int64_t bytes,
-                                                    std::string description) {
-  record(c, bytes, 0.0);
-  calls_.push_back({c, bytes, phase_});
-  if (polls_ == 0) return comm_detail::completed_work(std::move(description));
-  return std::make_shared<PolledWork>(std::move(description), polls_, ++issued_, waited_);
-}
-
-std::shared_ptr<Work> SimulatedCommunicator::all_reduce_async(const Tensor& t, ReduceOp op, Stream) {
-  check_buffer(t, "all_reduce");
-  return finish(Collective::AllReduce, static_cast<int64_t>(t.nbytes()),
-                describe(Collective::AllReduce, t, reduce_op_name(op)));
-}
-
-std::shared_ptr<Work> SimulatedCommunicator::reduce_scatter_async(const Tensor& output,
-                                                                  const Tensor& input, Stream) {
-  check_reduce_scatter(output, input);
-  return finish(Collective::ReduceScatter, static_cast<int64_t>(input.nbytes()),
-                describe(Collective::ReduceScatter, input));
-}
-
-std::shared_ptr<Work> SimulatedCommunicator::all_gather_async(const Tensor& output,
-                                                              const Tensor& input, Stream) {
-  check_all_gather(output, input);
-  return finish(Collective::AllGather, static_cast<int64_t>(output.nbytes()),
-                describe(Collective::AllGather, output));
-}
-
-std::shared_ptr<Work> SimulatedCommunicator::broadcast_async(const Tensor& t, int root, Stream) {
-  check_buffer(t, "broadcast");
-  check_root(root);
-  return finish(Collective::Broadcast, static_cast<int64_t>(t.nbytes()),
-                describe(Collective::Broadcast, t));
-}
-
-std::shared_ptr<Work> SimulatedCommunicator::send_async(const Tensor& t, int peer, int tag, Stream) {
-  check_buffer(t, "send");
-  check_peer(peer, tag, "send");
-  return finish(Collective::Send, static_cast<int64_t>(t.nbytes()),
-                describe(Collective::Send, t, fmt::format("tag {}", tag)));
-}
-
-std::shared_ptr<Work> SimulatedCommunicator::recv_async(const Tensor& t, int peer, int tag, Stream) {
-  check_buffer(t, "recv");
-  check_peer(peer, tag, "recv");
-  return finish(Collective::Recv, static_cast<int64_t>(t.nbytes()),
-                describe(Collective::Recv, t, fmt::format("tag {}", tag)));
-}
-
-std::shared_ptr<Work> SimulatedCommunicator::barrier_async() {
-  return finish(Collective::Barrier, 0, "barrier");
+std::shared_ptr<Work> SimulatedCommunicator::issue(const CheckedCall& call, Stream) {
+  calls_.push_back({call.kind, call.bytes, phase_});
+  if (polls_ == 0) return comm_detail::completed_work(call.description);
+  return std::make_shared<PolledWork>(call.description, polls_, ++issued_, waited_);
 }
 
 std::unique_ptr<Communicator> SimulatedCommunicator::make_group(const std::vector<int>& ranks,

@@ -1,8 +1,9 @@
 // SimulatedCommunicator: one rank of a world that does not exist, for dry runs.
 //
 // rank() and size() are whatever it was built with; every collective checks its
-// arguments exactly as the real communicators do (shapes, dtypes, peers) and then
-// completes without touching any memory (buffers may be a MetaBackend's fake addresses).
+// arguments exactly as the real communicators do (shapes, dtypes, peers: the checks,
+// descriptions and statistics are InProcessCommunicator's) and then completes without
+// touching any memory (buffers may be a MetaBackend's fake addresses).
 // Each call is recorded (kind, nccl-tests "size" in bytes as Communicator::stats()
 // counts it, and the caller's current phase label), so that a planner can price the
 // communication of a step afterwards.
@@ -18,7 +19,7 @@
 // Ranks never exchange anything: received values are left as they are.
 #pragma once
 
-#include "comm/communicator.h"
+#include "comm/in_process_communicator.h"
 
 #include <atomic>
 #include <memory>
@@ -27,7 +28,7 @@
 
 namespace kiln {
 
-class SimulatedCommunicator final : public Communicator {
+class SimulatedCommunicator final : public InProcessCommunicator {
  public:
   struct Call {
     Collective kind;
@@ -45,20 +46,11 @@ class SimulatedCommunicator final : public Communicator {
   void set_phase(std::string phase) { phase_ = std::move(phase); }
   /// Every call so far, in order.
   const std::vector<Call>& calls() const { return calls_; }
-  void clear_calls() { calls_.clear(); }
 
-  std::shared_ptr<Work> all_reduce_async(const Tensor& t, ReduceOp op = ReduceOp::Sum,
-                                         Stream s = {}) override;
-  std::shared_ptr<Work> reduce_scatter_async(const Tensor& output, const Tensor& input,
-                                             Stream s = {}) override;
-  std::shared_ptr<Work> all_gather_async(const Tensor& output, const Tensor& input,
-                                         Stream s = {}) override;
-  std::shared_ptr<Work> broadcast_async(const Tensor& t, int root, Stream s = {}) override;
-  std::shared_ptr<Work> send_async(const Tensor& t, int peer, int tag, Stream s = {}) override;
-  std::shared_ptr<Work> recv_async(const Tensor& t, int peer, int tag, Stream s = {}) override;
-  std::shared_ptr<Work> barrier_async() override;
 
  protected:
+  /// Records the call with the current phase; touches no memory.
+  std::shared_ptr<Work> issue(const CheckedCall& call, Stream s) override;
   /// Groups and splits are simulated too: rank i of a group is ranks[i]; a split puts
   /// this rank alone with the ranks of the same color, which the simulation cannot know,
   /// so it makes a group of size 1.
@@ -67,7 +59,6 @@ class SimulatedCommunicator final : public Communicator {
   std::unique_ptr<Communicator> make_split(int color, int key, const std::string& name) override;
 
  private:
-  std::shared_ptr<Work> finish(Collective c, int64_t bytes, std::string description);
 
   int size_, rank_, polls_;
   int64_t issued_ = 0;  // sequence number of the last operation

@@ -37,18 +37,18 @@ DataParallel::DataParallel(Model& model, Communicator& comm, int zero_stage, dou
              world_);
   int64_t shard = 0;
   for (const ModelPart& mp : model.parts()) {
-    Part u;
-    u.index = mp.index;
-    u.resident = mp.resident;
-    u.begin = mp.begin;
-    u.end = mp.end;
-    u.padded = mp.padded_size();
-    KILN_CHECK(stage_ == 0 || u.padded % world_ == 0, "part {} ({}) is not aligned to {} ranks",
+    Part part;
+    part.index = mp.index;
+    part.resident = mp.resident;
+    part.begin = mp.begin;
+    part.end = mp.end;
+    part.padded = mp.padded_size();
+    KILN_CHECK(stage_ == 0 || part.padded % world_ == 0, "part {} ({}) is not aligned to {} ranks",
                mp.index, mp.name, world_);
-    u.S = stage_ == 0 ? u.padded : u.padded / world_;
-    u.shard_offset = shard;
-    shard += u.S;
-    parts_.push_back(u);
+    part.S = stage_ == 0 ? part.padded : part.padded / world_;
+    part.shard_offset = shard;
+    shard += part.S;
+    parts_.push_back(part);
   }
   if (stage_ >= 2) {
     grad_shard_ = backend_.empty(Shape{shard}, model.grad_dtype(), MemCategory::Gradients);
@@ -63,7 +63,7 @@ DataParallel::DataParallel(Model& model, Communicator& comm, int zero_stage, dou
     int64_t size = 0;
     for (int p = static_cast<int>(parts_.size()) - 1; p >= 0; --p) {
       current.push_back(p);
-      size += part(p).padded;
+      size += part_at(p).padded;
       if (size >= bucket_elems_ || p == 0) {
         buckets_.push_back(current);
         current.clear();
@@ -86,8 +86,8 @@ std::vector<AdamWSegment> DataParallel::optimizer_segments() const {
   if (stage_ == 0) return whole_segments(model_.params(), model_.param_buffer(), model_.grad_buffer());
   std::vector<AdamWSegment> out;
   for (const ParamSpec& p : model_.params()) {
-    const Part& u = parts_[static_cast<size_t>(p.part)];
-    const int64_t s0 = u.slice_begin(rank_), s1 = s0 + u.S;
+    const Part& part = parts_[static_cast<size_t>(p.part)];
+    const int64_t s0 = part.slice_begin(rank_), s1 = s0 + part.S;
     const int64_t a = std::max(s0, p.offset), b = std::min(s1, p.offset + p.local_shape().numel());
     if (a >= b) continue;
     AdamWSegment seg;
@@ -95,7 +95,7 @@ std::vector<AdamWSegment> DataParallel::optimizer_segments() const {
     seg.begin = a - p.offset;
     seg.end = b - p.offset;
     const Shape n{b - a};
-    const int64_t in_shard = u.shard_offset + (a - s0);
+    const int64_t in_shard = part.shard_offset + (a - s0);
     seg.param = stage_ == 3 ? param_shard_.view_at(in_shard, n) : model_.param_buffer().view_at(a, n);
     seg.grad = stage_ >= 2 ? grad_shard_.view_at(in_shard, n) : model_.grad_buffer().view_at(a, n);
     out.push_back(seg);
@@ -136,12 +136,12 @@ void DataParallel::init_weights(uint64_t seed) {
 
 void DataParallel::begin_step(int micro_steps) {
   micro_steps_ = micro_steps;
-  for (auto& u : parts_) u.done = false;
+  for (auto& part : parts_) part.done = false;
   if (stage_ <= 1) model_.zero_grad();
   if (stage_ >= 2) backend_.fill(backend_.default_stream(), grad_shard_, 0.f);
   if (stage_ == 2)
-    for (auto& u : parts_)
-      if (u.deferred) bind_whole_grads(u);
+    for (auto& part : parts_)
+      if (part.deferred) bind_whole_grads(part);
 }
 
 void DataParallel::begin_micro_step(int k) {
@@ -151,138 +151,141 @@ void DataParallel::begin_micro_step(int k) {
 
 void DataParallel::defer_reduction(const std::vector<int>& parts) {
   KILN_CHECK(stage_ <= 2, "DataParallel: deferred reductions need ZeRO stage 0-2, not {}", stage_);
-  for (int p : parts) part(p).deferred = true;
+  for (int p : parts) part_at(p).deferred = true;
 }
 
-void DataParallel::bind_whole_grads(Part& u) {
-  u.grads = backend_.empty(Shape{u.padded}, model_.grad_dtype(), MemCategory::Gradients);
-  backend_.fill(backend_.default_stream(), u.grads, 0.f);
-  model_.bind_grads(u.index, u.grads);
+void DataParallel::bind_whole_grads(Part& part) {
+  part.grads = backend_.empty(Shape{part.padded}, model_.grad_dtype(), MemCategory::Gradients);
+  backend_.fill(backend_.default_stream(), part.grads, 0.f);
+  model_.bind_grads(part.index, part.grads);
 }
 
 // ---- stage 3 parameter gathering ----------------------------------------------------
 
-void DataParallel::gather(int part, bool wait) {
-  if (part < 0 || part >= static_cast<int>(parts_.size())) return;
-  Part& u = this->part(part);
-  if (!u.params) {
-    u.params = backend_.empty(Shape{u.padded}, model_.dtype(), MemCategory::Parameters);
-    u.gather_work = comm_.all_gather_async(u.params, param_shard_.view_at(u.shard_offset, Shape{u.S}),
-                                           backend_.default_stream());
+void DataParallel::gather(int index, bool wait) {
+  if (index < 0 || index >= static_cast<int>(parts_.size())) return;
+  Part& part = part_at(index);
+  if (!part.params) {
+    part.params = backend_.empty(Shape{part.padded}, model_.dtype(), MemCategory::Parameters);
+    part.gather_work = comm_.all_gather_async(
+        part.params, param_shard_.view_at(part.shard_offset, Shape{part.S}),
+        backend_.default_stream());
   }
-  if (wait && u.gather_work) {
+  if (wait && part.gather_work) {
     const auto t0 = Clock::now();
-    u.gather_work->wait();
+    part.gather_work->wait();
     wait_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
-    u.gather_work.reset();
-    model_.bind_params(part, u.params);
+    part.gather_work.reset();
+    model_.bind_params(index, part.params);
   }
 }
 
-void DataParallel::release(int part) {
-  Part& u = this->part(part);
-  if (u.gather_work) u.gather_work->wait();
-  u.gather_work.reset();
-  model_.bind_params(part, Tensor());
-  u.params = Tensor();
+void DataParallel::release(int index) {
+  Part& part = part_at(index);
+  if (part.gather_work) part.gather_work->wait();
+  part.gather_work.reset();
+  model_.bind_params(index, Tensor());
+  part.params = Tensor();
 }
 
 void DataParallel::gather_full_params() {
   if (stage_ < 3 || full_gathered_) return;
-  for (const auto& u : parts_) gather(u.index, false);
-  for (const auto& u : parts_) gather(u.index, true);
+  for (const auto& part : parts_) gather(part.index, false);
+  for (const auto& part : parts_) gather(part.index, true);
   full_gathered_ = true;
 }
 
 void DataParallel::release_full_params() {
   if (!full_gathered_) return;
-  for (const auto& u : parts_) release(u.index);
+  for (const auto& part : parts_) release(part.index);
   full_gathered_ = false;
 }
 
 void DataParallel::end_forward_only() {
   if (full_gathered_) return;
   if (stage_ == 3) {
-    for (const auto& u : parts_)
-      if (u.params) release(u.index);
+    for (const auto& part : parts_)
+      if (part.params) release(part.index);
   }
   if (stage_ >= 2) {
-    for (auto& u : parts_) {
-      if (!u.resident || !u.grads) continue;
-      model_.bind_grads(u.index, Tensor());
-      u.grads = Tensor();
+    for (auto& part : parts_) {
+      if (!part.resident || !part.grads) continue;
+      model_.bind_grads(part.index, Tensor());
+      part.grads = Tensor();
     }
   }
 }
 
 // ---- hooks ------------------------------------------------------------------------
 
-void DataParallel::before_forward(int part) {
-  if (stage_ >= 2 && this->part(part).resident && !this->part(part).deferred) {
+void DataParallel::before_forward(int index) {
+  Part& part = part_at(index);
+  if (stage_ >= 2 && part.resident && !part.deferred) {
     // A resident parameter (GPT-2's wte) receives gradient from a later part during
     // forward (the head's loss gradient): its part's gradient must exist from here.
-    bind_whole_grads(this->part(part));
+    bind_whole_grads(part);
   }
   if (stage_ == 3 && !full_gathered_) {
-    gather(part, true);
-    gather(part + 1, false);  // prefetch the next part
+    gather(index, true);
+    gather(index + 1, false);  // prefetch the next part
   }
   drain(false);
 }
 
-void DataParallel::after_forward(int part) {
-  if (stage_ == 3 && !full_gathered_ && !this->part(part).resident) release(part);
+void DataParallel::after_forward(int index) {
+  if (stage_ == 3 && !full_gathered_ && !part_at(index).resident) release(index);
 }
 
-void DataParallel::before_backward(int part) {
-  const bool resident = this->part(part).resident;
-  if (stage_ >= 2 && !resident && !this->part(part).deferred) bind_whole_grads(this->part(part));
-  if (stage_ == 3 && !full_gathered_ && !resident) {
-    gather(part, true);
-    if (part - 1 >= 0 && !this->part(part - 1).resident) gather(part - 1, false);  // prefetch
+void DataParallel::before_backward(int index) {
+  Part& part = part_at(index);
+  if (stage_ >= 2 && !part.resident && !part.deferred) bind_whole_grads(part);
+  if (stage_ == 3 && !full_gathered_ && !part.resident) {
+    gather(index, true);
+    if (index - 1 >= 0 && !part_at(index - 1).resident) gather(index - 1, false);  // prefetch
   }
   drain(false);
 }
 
-void DataParallel::after_backward(int part) {
-  if (stage_ == 3 && !full_gathered_) release(part);
-  if (!this->part(part).deferred) reduce_part_grads(part);
+void DataParallel::after_backward(int index) {
+  if (stage_ == 3 && !full_gathered_) release(index);
+  if (!part_at(index).deferred) reduce_part_grads(index);
   drain(false);
 }
 
-void DataParallel::reduce_part_grads(int part) {
-  Part& u = this->part(part);
+void DataParallel::reduce_part_grads(int index) {
+  Part& part = part_at(index);
   if (stage_ >= 2) {
     // Reduce-scatter in place; this rank's slice is then added to its gradient shard.
-    const Tensor whole = u.grads;
-    const Tensor mine = whole.view_at(static_cast<int64_t>(rank_) * u.S, Shape{u.S});
+    const Tensor whole = part.grads;
+    const Tensor mine = whole.view_at(static_cast<int64_t>(rank_) * part.S, Shape{part.S});
     Pending p;
     p.work = comm_.reduce_scatter_async(mine, whole, backend_.default_stream());
     p.keep = whole;
     p.src = mine;
-    p.dst = grad_shard_.view_at(u.shard_offset, Shape{u.S});
+    p.dst = grad_shard_.view_at(part.shard_offset, Shape{part.S});
     pending_.push_back(std::move(p));
-    model_.bind_grads(part, Tensor());
-    u.grads = Tensor();
+    model_.bind_grads(index, Tensor());
+    part.grads = Tensor();
     return;
   }
   if (!last_micro_ || world_ == 1) return;  // stages 0-1: only the last micro-step talks
   const Tensor grads = model_.grad_buffer();
   if (stage_ == 1) {
-    const Tensor whole = grads.view_at(u.begin, Shape{u.padded});
+    const Tensor whole = grads.view_at(part.begin, Shape{part.padded});
     Pending p;
-    p.work = comm_.reduce_scatter_async(whole.view_at(static_cast<int64_t>(rank_) * u.S, Shape{u.S}),
-                                        whole, backend_.default_stream());
+    p.work = comm_.reduce_scatter_async(
+        whole.view_at(static_cast<int64_t>(rank_) * part.S, Shape{part.S}), whole,
+        backend_.default_stream());
     pending_.push_back(std::move(p));
     return;
   }
-  u.done = true;  // stage 0: all-reduce a bucket once all of its parts are done
+  part.done = true;  // stage 0: all-reduce a bucket once all of its parts are done
   for (const auto& bucket : buckets_) {
-    if (std::find(bucket.begin(), bucket.end(), part) == bucket.end()) continue;
+    if (std::find(bucket.begin(), bucket.end(), index) == bucket.end()) continue;
     for (int q : bucket)
-      if (!this->part(q).done) return;
-    const Part& first = this->part(bucket.back());  // lowest flat offset
-    const Part& last = this->part(bucket.front());
+      if (!part_at(q).done) return;
+    const Part& first = part_at(bucket.back());  // lowest flat offset
+    const Part& last = part_at(bucket.front());
     Pending p;
     p.work = comm_.all_reduce_async(
         grads.view_at(first.begin, Shape{last.begin + last.padded - first.begin}), ReduceOp::Sum,
@@ -312,8 +315,8 @@ void DataParallel::finish_gradients(const std::function<void()>& before_deferred
   drain(true);
   if (before_deferred) before_deferred();
   last_micro_ = true;
-  for (const auto& u : parts_)
-    if (u.deferred) reduce_part_grads(u.index);
+  for (const auto& part : parts_)
+    if (part.deferred) reduce_part_grads(part.index);
   drain(true);
   if (tp_) reduce_partial_grads(optimizer_segments(), backend_, *tp_);
 }
@@ -334,8 +337,9 @@ void DataParallel::grad_sum_squares(const Tensor& acc) {
   } else if (stage_ == 0) {
     backend_.sum_squares(s, acc, model_.grad_buffer());  // the whole buffer in one call
   } else if (stage_ == 1) {
-    for (const auto& u : parts_)
-      backend_.sum_squares(s, acc, model_.grad_buffer().view_at(u.slice_begin(rank_), Shape{u.S}));
+    for (const auto& part : parts_)
+      backend_.sum_squares(s, acc,
+                           model_.grad_buffer().view_at(part.slice_begin(rank_), Shape{part.S}));
   } else {
     backend_.sum_squares(s, acc, grad_shard_);
   }
@@ -349,10 +353,10 @@ void DataParallel::after_optimizer_step() {
   if (stage_ == 0 || stage_ == 3 || world_ == 1) return;
   const Stream s = backend_.default_stream();
   std::vector<std::shared_ptr<Work>> works;
-  for (const auto& u : parts_) {
-    const Tensor whole = model_.param_buffer().view_at(u.begin, Shape{u.padded});
+  for (const auto& part : parts_) {
+    const Tensor whole = model_.param_buffer().view_at(part.begin, Shape{part.padded});
     works.push_back(comm_.all_gather_async(
-        whole, whole.view_at(static_cast<int64_t>(rank_) * u.S, Shape{u.S}), s));
+        whole, whole.view_at(static_cast<int64_t>(rank_) * part.S, Shape{part.S}), s));
   }
   const auto t0 = Clock::now();
   for (auto& w : works) w->wait();

@@ -22,9 +22,10 @@
 //            to its backward, and its gradient exists from the start of forward.
 //
 // Composed with tensor parallelism (parallel/tp_plan.h), the model holds one tp rank's
-// slices, laid out alike on every tp rank, and ZeRO shards that layout over the dp group
-// of the tp slice (Megatron-LM's distributed optimizer over its data-parallel group); the
-// tp communicator adds the partial-gradient reduction and the norm's sum over tp.
+// slices, laid out alike on every tp rank, and ZeRO shards that layout over the dp x cp
+// group of the tp slice (Megatron-LM's distributed optimizer over its data-parallel group
+// with context parallel; parallel/mesh.h); the tp communicator adds the partial-gradient
+// reduction and the norm's sum over tp.
 //
 // Communication runs on the communicator's own thread (MpiCommunicator) or stream
 // (NcclCommunicator), overlapping the backward pass; the trainer waits in
@@ -50,7 +51,8 @@ ModelStorage zero_model_storage(int zero_stage, int world, DType dtype = DType::
 
 class DataParallel final : public ModelHooks {
  public:
-  /// `model` must have been built with zero_model_storage(zero_stage, comm.size(), ...).
+  /// `comm`: the dp x cp group (DeviceMesh::dp_cp_comm). `model` must have been built with
+  /// zero_model_storage(zero_stage, comm.size(), ...).
   /// `tp`: the tensor-parallel group of a model split by the tp plan (nullptr, or one
   /// rank, for none); not owned. Installs itself as the model's hooks. Throws
   /// kiln::Error on a bad stage.
@@ -111,10 +113,10 @@ class DataParallel final : public ModelHooks {
   double take_wait_seconds();
 
   // ModelHooks
-  void before_forward(int part) override;
-  void after_forward(int part) override;
-  void before_backward(int part) override;
-  void after_backward(int part) override;
+  void before_forward(int index) override;
+  void after_forward(int index) override;
+  void before_backward(int index) override;
+  void after_backward(int index) override;
 
  private:
   struct Part {
@@ -135,12 +137,12 @@ class DataParallel final : public ModelHooks {
     Tensor keep;      // buffer the operation uses (freed on completion)
     Tensor src, dst;  // when dst is set: dst += src once the work completes
   };
-  Part& part(int index) { return parts_[static_cast<size_t>(index)]; }
-  void gather(int part, bool wait);
-  void release(int part);
-  void reduce_part_grads(int part);
+  Part& part_at(int index) { return parts_[static_cast<size_t>(index)]; }
+  void gather(int index, bool wait);
+  void release(int index);
+  void reduce_part_grads(int index);
   /// Stages 2-3: a zeroed whole-part gradient, bound to the model.
-  void bind_whole_grads(Part& u);
+  void bind_whole_grads(Part& part);
   void drain(bool all);
 
   Model& model_;

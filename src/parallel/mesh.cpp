@@ -23,8 +23,10 @@ std::string MeshCoord::str() const {
   return s + ")";
 }
 
-DeviceMesh::DeviceMesh(int world_size, int rank, int dp, int tp, int pp, int cp)
+DeviceMesh::DeviceMesh(int world_size, int rank, MeshSizes sizes)
     : world_size_(world_size), rank_(rank) {
+  const int cp = sizes.cp, tp = sizes.tp, pp = sizes.pp;
+  int dp = sizes.dp;
   KILN_CHECK(world_size >= 1, "parallel: world size must be >= 1, got {}", world_size);
   KILN_CHECK(rank >= 0 && rank < world_size, "parallel: rank {} out of range [0, {})", rank,
              world_size);
@@ -50,8 +52,8 @@ DeviceMesh::DeviceMesh(int world_size, int rank, int dp, int tp, int pp, int cp)
   sizes_[static_cast<size_t>(Axis::PP)] = pp;
 }
 
-DeviceMesh::DeviceMesh(Communicator& world, int dp, int tp, int pp, int cp)
-    : DeviceMesh(world.size(), world.rank(), dp, tp, pp, cp) {
+DeviceMesh::DeviceMesh(Communicator& world, MeshSizes sizes)
+    : DeviceMesh(world.size(), world.rank(), sizes) {
   build_comms(world);
 }
 

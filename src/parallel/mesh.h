@@ -4,8 +4,11 @@
 // One object validates dp * cp * tp * pp == world_size and answers every question about
 // ranks and groups (the role of torchtitan's ParallelDims); everything else asks it.
 //
-// Layout (as Megatron-LM's order tp-cp-dp-pp): ranks are numbered with pp outermost, then
-// dp, then cp, then tp innermost, so the tp ranks of one model replica are adjacent (on
+// The axes are always listed in one order, dp x cp x tp x pp: Axis, kAllAxes, MeshSizes,
+// the messages, str(), MeshCoord::str(), the config keys and the docs.
+//
+// Layout (Megatron-LM's default): ranks are numbered with pp outermost, then dp, then cp,
+// then tp innermost (kMeshLayout), so the tp ranks of one model replica are adjacent (on
 // one node, where the fast links are) and the cp ranks of one sequence next to them:
 //     rank = ((pp_index * dp + dp_index) * cp + cp_index) * tp + tp_index
 // Example, world 8 = dp 2 x tp 2 x pp 2 (cp 1):
@@ -19,7 +22,9 @@
 // rank in the group's communicator) is its coordinate on A.
 //
 // The cp ranks hold replicas of the same parameters (each a part of every sequence), so
-// gradients are reduced, and ZeRO shards, over the combined dp x cp group (dp_cp_comm()).
+// gradients are reduced, and ZeRO shards, over the combined dp x cp group (dp_cp_comm();
+// Megatron-LM's data-parallel group "with context parallel"); with cp = 1 it is the dp
+// group. kiln calls it "the dp x cp group" (dp_cp in code) everywhere.
 #pragma once
 
 #include "comm/communicator.h"
@@ -33,9 +38,9 @@ namespace kiln {
 
 enum class Axis : uint8_t { DP, CP, TP, PP };
 inline constexpr int kNumAxes = 4;
-/// Every axis, in the order sub-communicators are built.
+/// Every axis, in the mesh's order (the order sub-communicators are built in).
 inline constexpr std::array<Axis, kNumAxes> kAllAxes = {Axis::DP, Axis::CP, Axis::TP, Axis::PP};
-/// Rank layout, outermost axis first (the last one varies fastest).
+/// Rank layout, outermost axis first (the last one varies fastest): not a listing order.
 inline constexpr std::array<Axis, kNumAxes> kMeshLayout = {Axis::PP, Axis::DP, Axis::CP,
                                                            Axis::TP};
 /// "dp", "cp", "tp", "pp".
@@ -50,15 +55,25 @@ struct MeshCoord {
   std::string str() const;  // "(dp=1, cp=0, tp=0, pp=1)"
 };
 
+/// The size of each axis, in the mesh's order; written with designated initializers,
+/// which C++ keeps in that order: {.dp = 2, .tp = 2} (cp and pp 1). dp = 0 derives
+/// world_size / (cp * tp * pp).
+struct MeshSizes {
+  int dp = 0;
+  int cp = 1;
+  int tp = 1;
+  int pp = 1;
+};
+
 class DeviceMesh {
  public:
-  /// A mesh of `world_size` ranks seen from `rank`; dp = 0 derives world / (cp * tp * pp).
-  /// Throws kiln::Error unless every size is >= 1 and dp * cp * tp * pp == world_size.
-  /// No communicators (see build_comms); needs no MPI.
-  DeviceMesh(int world_size, int rank, int dp, int tp, int pp, int cp = 1);
+  /// A mesh of `world_size` ranks seen from `rank`. Throws kiln::Error unless every size
+  /// is >= 1 (dp: or 0) and dp * cp * tp * pp == world_size. No communicators (see
+  /// build_comms); needs no MPI.
+  DeviceMesh(int world_size, int rank, MeshSizes sizes);
   /// The mesh of `world` (its size and rank), with the sub-communicators built.
   /// Collective: every rank of `world` calls it with the same sizes.
-  DeviceMesh(Communicator& world, int dp, int tp, int pp, int cp = 1);
+  DeviceMesh(Communicator& world, MeshSizes sizes);
   DeviceMesh(DeviceMesh&&) noexcept;
   DeviceMesh& operator=(DeviceMesh&&) noexcept;
   ~DeviceMesh();
@@ -67,9 +82,9 @@ class DeviceMesh {
   int rank() const { return rank_; }
   int size(Axis a) const { return sizes_[static_cast<size_t>(a)]; }
   int dp() const { return size(Axis::DP); }
+  int cp() const { return size(Axis::CP); }
   int tp() const { return size(Axis::TP); }
   int pp() const { return size(Axis::PP); }
-  int cp() const { return size(Axis::CP); }
 
   /// Coordinates of `rank` (of this process when omitted).
   MeshCoord coord(int rank) const;
@@ -96,8 +111,8 @@ class DeviceMesh {
   bool has_comms() const { return comms_[0] != nullptr; }
   /// The communicator of this process's group on `a`; throws before build_comms.
   Communicator& comm(Axis a) const;
-  /// The dp x cp group's communicator, rank dp_index * cp + cp_index: the gradient
-  /// reduction (and ZeRO) group. comm(Axis::DP) when cp is 1.
+  /// The dp x cp group's communicator, rank dp_index * cp + cp_index: gradients are
+  /// reduced, and ZeRO shards, over it. comm(Axis::DP) when cp is 1.
   Communicator& dp_cp_comm() const;
 
   /// "dp=2 tp=2 pp=1 (world 4)"; " cp=2" after dp when cp > 1.

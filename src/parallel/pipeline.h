@@ -63,8 +63,7 @@ class PipelineExecutor {
   /// The schedule's simulation (run by the constructor: no deadlock, every message matched).
   const SimResult& simulated() const { return sim_; }
   int rank() const { return rank_; }
-  /// This rank's chunks, increasing, and the global parts [first, end) of chunk c.
-  const std::vector<int>& local_chunks() const { return local_chunks_; }
+  /// The global parts [first, end) of chunk c.
   std::pair<int, int> chunk_parts(int chunk) const;
   /// Micro-batches in flight at most on this rank for chunk c (its slots).
   int slots(int chunk) const;

@@ -37,14 +37,14 @@ bool MemPlan::ranks_differ() const {
 
 TrainConfig resolve_for_planning(TrainConfig c, int world_size) {
   KILN_CHECK(world_size >= 1, "memplan: --world-size must be >= 1, got {}", world_size);
-  const int tp_pp = c.parallel.cp * c.parallel.tp * c.parallel.pp;
-  KILN_CHECK(world_size % tp_pp == 0,
+  const int cp_tp_pp = c.parallel.cp * c.parallel.tp * c.parallel.pp;
+  KILN_CHECK(world_size % cp_tp_pp == 0,
              "{}: parallel.cp x parallel.tp x parallel.pp = {} does not divide the world size {}",
-             c.source, tp_pp, world_size);
-  const int dp = world_size / tp_pp;
+             c.source, cp_tp_pp, world_size);
+  const int dp = world_size / cp_tp_pp;
   KILN_CHECK(c.parallel.dp == 0 || c.parallel.dp == dp,
              "{}: parallel.dp = {} but the world size {} over cp x tp x pp = {} leaves {}",
-             c.source, c.parallel.dp, world_size, tp_pp, dp);
+             c.source, c.parallel.dp, world_size, cp_tp_pp, dp);
   KILN_CHECK(c.model.n_layer > 0 && c.model.n_head > 0 && c.model.n_embd > 0 && c.model.block_size > 0,
              "{}: the model shape is incomplete (set model.preset or model.n_layer, n_head, n_embd, "
              "block_size)", c.source);
@@ -82,11 +82,11 @@ RankMemory dry_run(const TrainConfig& c, const MemPlanOptions& o, int rank,
   mo.device = o.backend == "cuda" ? Device::cuda(0) : Device::cpu();
   mo.scratch = std::move(scratch);
   auto be = make_meta_backend(mo);
-  // The gradient reduction group: dp, or dp x cp.
-  const int red_size = dp_size * cp_size;
-  SimulatedCommunicator comm(red_size, dp_rank * cp_size + cp_rank,
+  // The dp x cp group (the dp group when cp = 1).
+  const int dp_cp_size = dp_size * cp_size;
+  SimulatedCommunicator comm(dp_cp_size, dp_rank * cp_size + cp_rank,
                              cp_size > 1 ? "world/dp_cp" : "world/dp",
-                             red_size == 1 ? 0 : o.completion_polls);
+                             dp_cp_size == 1 ? 0 : o.completion_polls);
   // Tensor-parallel collectives are blocking (the layers wait for them): they complete
   // when called.
   SimulatedCommunicator tp_comm(tp_size, rank % tp_size, "world/tp", 0);
@@ -237,7 +237,7 @@ StepTime estimate_step_time(const MemPlan& p, const CostModel& cost) {
 
   // Communication, alpha-beta per collective with the ring factors of nccl-tests
   // (bus_bandwidth_factor: 2(N-1)/N all-reduce, (N-1)/N reduce-scatter/all-gather).
-  const int N = p.dp * p.cp;  // the gradient reduction group
+  const int N = p.dp * p.cp;  // the dp x cp group
   double comm_fwd = 0, comm_bwd = 0, comm_rest = 0;
   auto price = [&](Collective c, int64_t bytes, int ranks) {
     if (ranks <= 1) return 0.0;

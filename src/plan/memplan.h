@@ -4,7 +4,7 @@
 // Method: a dry run. The planner builds the trainer's own step object (TrainStep,
 // train/train_step.h: the model of model.arch with zero_model_storage(stage, dp), its
 // activation checkpointing, the tensor-parallel plan over a SimulatedCommunicator of the
-// tp group when parallel.tp > 1, DataParallel over a SimulatedCommunicator of the dp group,
+// tp group when parallel.tp > 1, DataParallel over a SimulatedCommunicator of the dp x cp group,
 // AdamW, the token and target tensors) and (when log.peak_tflops is 0 on the CPU) the
 // start-up GEMM probe on a MetaBackend, whose allocator counts bytes by category and
 // whose ops do nothing, and runs one TrainStep::run. The allocator's per-category and total peaks are the
@@ -60,7 +60,7 @@ struct MemPlan {
   TrainConfig config;   // resolved (vocab_size, global_batch filled in)
   std::string model;             // Model::describe() of the planned model
   double flops_per_token = 0;    // Model::flops_per_token(train.seq_len): training FLOPs
-  int world_size = 1, dp = 1, tp = 1, pp = 1, cp = 1, accum = 1;
+  int world_size = 1, dp = 1, cp = 1, tp = 1, pp = 1, accum = 1;
   std::string scratch_model;        // MetaScratchModel::name()
   std::string comm_model;           // "keeps pace" or "falls behind" (completion_polls)
   std::vector<RankMemory> ranks;    // the simulated ranks, rank 0 first

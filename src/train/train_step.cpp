@@ -47,15 +47,15 @@ kind = "constant"
                             {}, "step_config");
 }
 
-TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& dp_comm,
+TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& dp_cp_comm,
                      Communicator* tp_comm, Communicator* pp_comm, Communicator* cp_comm)
-    : config_(config), backend_(backend), comm_(dp_comm), pp_comm_(pp_comm) {
+    : config_(config), backend_(backend), comm_(dp_cp_comm), pp_comm_(pp_comm) {
   const int tp = tp_comm ? tp_comm->size() : 1;
   const int pp = pp_comm ? pp_comm->size() : 1;
   const int cp = cp_comm ? cp_comm->size() : 1;
   KILN_CHECK(cp == config_.parallel.cp, "{}: parallel.cp = {} but the context-parallel group has "
              "{} ranks", config_.source, config_.parallel.cp, cp);
-  KILN_CHECK(comm_.size() % cp == 0, "{}: the reduction group of {} ranks is not dp x cp with cp "
+  KILN_CHECK(comm_.size() % cp == 0, "{}: the dp x cp group has {} ranks, not a multiple of cp "
              "= {}", config_.source, comm_.size(), cp);
   const int dp = comm_.size() / cp;
   const int64_t T = config_.train.seq_len, T_local = T / cp;
@@ -64,7 +64,7 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& 
   KILN_CHECK(pp == config_.parallel.pp, "{}: parallel.pp = {} but the pipeline group has {} ranks",
              config_.source, config_.parallel.pp, pp);
   accum_ = config_.grad_accum_steps(dp);
-  // ZeRO shards over the whole reduction group (dp x cp), so parts align to its size.
+  // ZeRO shards over the whole dp x cp group, so parts align to its size.
   ModelStorage storage = zero_model_storage(config_.parallel.zero_stage, comm_.size(),
                                             parse_dtype(config_.train.dtype),
                                             parse_dtype(config_.train.grad_dtype));
@@ -101,8 +101,8 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& 
     // Several micro-batches in flight: a resident part's gradient and a tied parameter's
     // (summed over its stages first) are reduced over dp once the schedule is done.
     std::vector<int> deferred;
-    for (const ModelPart& u : model_->parts())
-      if (u.resident) deferred.push_back(u.index);
+    for (const ModelPart& part : model_->parts())
+      if (part.resident) deferred.push_back(part.index);
     for (const ParamSpec& s : model_->params())  // a tied parameter, where this stage holds it
       if (std::count(tied_names_.begin(), tied_names_.end(), s.name)) deferred.push_back(s.part);
     dp_->defer_reduction(deferred);
@@ -165,7 +165,7 @@ std::vector<int> TrainStep::plan_stages(const ModelOptions& options, ModelStorag
              config_.parallel.virtual_stages, options.arch,
              fmt::join(model_archs_with(&ModelArch::stages), ", "));
   std::vector<double> costs;
-  for (const ModelPart& u : probe->parts()) costs.push_back(u.cost);
+  for (const ModelPart& part : probe->parts()) costs.push_back(part.cost);
   boundaries_ = pp::split_stages(costs, chunks, config_.parallel.pp_split);
   boundaries_.push_back(n_parts);
 
@@ -341,7 +341,7 @@ void TrainStep::init_weights(uint64_t seed) {
   optimizer_->sync_master_from_params();
 }
 
-void TrainStep::dp_sum(std::span<int64_t> values) {
+void TrainStep::dp_cp_sum(std::span<int64_t> values) {
   if (comm_.size() > 1) comm_.all_reduce_sum(values);
 }
 void TrainStep::pp_sum(std::span<double> values) {
@@ -350,11 +350,11 @@ void TrainStep::pp_sum(std::span<double> values) {
 
 StepResult TrainStep::run(const void* inputs, const int32_t* targets, int64_t update) {
   const auto per_micro = static_cast<size_t>(shape_.targets.numel());
-  // Target count over the reduction group (this rank's chunks under cp), exact in 64
+  // Target count over the dp x cp group (this rank's chunks under cp), exact in 64
   // bits, from the host's targets.
   int64_t n_targets = 0;
   for (int j = 0; j < accum_; ++j) n_targets += count_targets(targets + static_cast<size_t>(j) * per_micro);
-  dp_sum(std::span<int64_t>(&n_targets, 1));
+  dp_cp_sum(std::span<int64_t>(&n_targets, 1));
   KILN_CHECK(n_targets > 0, "step {}: the global batch has no target tokens", update + 1);
   const float grad_scale = static_cast<float>(scaler_.scale) / static_cast<float>(n_targets);
   const Stream s = backend_.default_stream();

@@ -7,14 +7,14 @@
 // It builds, from a TrainConfig, the model (models/registry.h, by model.arch; split by the
 // tensor-parallel plan over the tp group when parallel.tp > 1, parallel/tp_plan.h; only
 // this pipeline rank's chunks when parallel.pp x virtual_stages > 1), the data-parallel
-// wrapper (ZeRO stage parallel.zero_stage over the dp group), AdamW over this rank's
+// wrapper (ZeRO stage parallel.zero_stage over the dp x cp group), AdamW over this rank's
 // segments and the pipeline schedule with its executor (parallel/pipeline.h; pp = 1 is
 // the trivial schedule F0 B0 F1 B1 ...). The tp and pp ranks of a dp rank run the same
 // micro-batches and see the same losses. With parallel.cp > 1 the cp ranks of a dp rank
 // get the same micro-batches and each keeps its chunks of every sequence (tokens,
-// targets and positions: parallel/context_parallel.h); the reduction group is then dp x
-// cp. One run():
-//   1. the global batch's target count, summed over the reduction group (the loss is
+// targets and positions: parallel/context_parallel.h); gradients are then reduced over
+// the dp x cp group. One run():
+//   1. the global batch's target count, summed over the dp x cp group (the loss is
 //      the mean over every target of the global batch, whatever accumulation or world);
 //   2. the schedule over grad_accum_steps micro-batches: forwards with the gradient
 //      scaled by loss_scale / targets, backwards (gradients accumulate; ZeRO reduces as
@@ -82,16 +82,16 @@ TrainConfig step_config(const ModelOptions& model, int B, int T, const std::stri
 
 class TrainStep {
  public:
-  /// `config` resolved for training (global_batch set); `dp_comm` the gradient reduction
-  /// group: the data-parallel group, or with cp > 1 the dp x cp one (DeviceMesh::
-  /// dp_cp_comm; one rank: a local communicator); `tp_comm` the tensor-parallel group, of
-  /// parallel.tp ranks (nullptr when parallel.tp is 1); `pp_comm` the pipeline group, of
-  /// parallel.pp ranks (nullptr when parallel.pp is 1); `cp_comm` the context-parallel
-  /// ring, of parallel.cp ranks (nullptr when 1). Not owned. Throws kiln::Error on a bad
-  /// config (a seq_len that 2 x cp does not divide, dropout with cp), a model the tp plan
-  /// cannot split (naming the layer) or a pipeline schedule that deadlocks
-  /// (pipeline_schedule.h's simulator, run here).
-  TrainStep(const TrainConfig& config, Backend& backend, Communicator& dp_comm,
+  /// `config` resolved for training (global_batch set); `dp_cp_comm` the dp x cp group,
+  /// over which gradients are reduced and ZeRO shards (DeviceMesh::dp_cp_comm: the dp
+  /// group when cp is 1; one rank: a local communicator); `tp_comm` the tensor-parallel
+  /// group, of parallel.tp ranks (nullptr when parallel.tp is 1); `pp_comm` the pipeline
+  /// group, of parallel.pp ranks (nullptr when parallel.pp is 1); `cp_comm` the
+  /// context-parallel ring, of parallel.cp ranks (nullptr when 1). Not owned. Throws
+  /// kiln::Error on a bad config (a seq_len that 2 x cp does not divide, dropout with cp),
+  /// a model the tp plan cannot split (naming the layer) or a pipeline schedule that
+  /// deadlocks (pipeline_schedule.h's simulator, run here).
+  TrainStep(const TrainConfig& config, Backend& backend, Communicator& dp_cp_comm,
             Communicator* tp_comm = nullptr, Communicator* pp_comm = nullptr,
             Communicator* cp_comm = nullptr);
   ~TrainStep();
@@ -143,7 +143,7 @@ class TrainStep {
   /// each micro-batch laid out as upload_micro_batch takes it, one after another (targets
   /// may hold -1). `update` counts the
   /// updates applied before this one (learning rate, dropout masks). Collective over
-  /// the data-parallel group. Throws when the global batch has no target or the loss or
+  /// the dp x cp group. Throws when the global batch has no target or the loss or
   /// gradient norm is not finite (fp16 overflows are skipped instead, see LossScaler).
   StepResult run(const void* inputs, const int32_t* targets, int64_t update);
 
@@ -159,8 +159,8 @@ class TrainStep {
   void stage_rows(std::byte* local, const std::byte* whole, const BatchInput& in) const;
   /// Bytes of one staging slot (a local micro-batch's inputs and targets, 4-byte aligned).
   int64_t staged_bytes() const;
-  /// Sums `values` over the data-parallel (pipeline) group, exactly in 64 bits.
-  void dp_sum(std::span<int64_t> values);
+  /// Sums `values` over the dp x cp (pipeline) group, exactly in 64 bits.
+  void dp_cp_sum(std::span<int64_t> values);
   void pp_sum(std::span<double> values);
   /// Cuts the model into the schedule's chunks (boundaries_) and finds the tied
   /// parameters split over stages (tied_names_); returns the global parts this rank

@@ -91,8 +91,10 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   // Every rank must run the same config, the layout included: checked key by key before
   // the mesh is built from it.
   check_config_on_all_ranks(*world_, config_);
-  mesh_ = std::make_unique<DeviceMesh>(*world_, config_.parallel.dp, config_.parallel.tp,
-                                       config_.parallel.pp, config_.parallel.cp);
+  mesh_ = std::make_unique<DeviceMesh>(*world_, MeshSizes{.dp = config_.parallel.dp,
+                                                           .cp = config_.parallel.cp,
+                                                           .tp = config_.parallel.tp,
+                                                           .pp = config_.parallel.pp});
   dp_size_ = mesh_->dp();
   dp_rank_ = mesh_->coord()[Axis::DP];
   tp_rank_ = mesh_->coord()[Axis::TP];
@@ -210,7 +212,7 @@ std::string Trainer::pipeline_description() const {
   if (mesh_->pp() == 1) return {};
   const pp::Schedule& s = one_step_->pipeline().schedule();
   std::string parts;  // this rank's (the printing rank's)
-  for (const ModelPart& u : model_->parts()) parts += (parts.empty() ? "" : " ") + u.name;
+  for (const ModelPart& part : model_->parts()) parts += (parts.empty() ? "" : " ") + part.name;
   const pp::SimResult& sim = one_step_->pipeline().simulated();
   return fmt::format(", pipeline over {} stages ({}, {} virtual stage(s), simulated bubble {:.1f}% "
                      "vs theory {:.1f}%; rank 0 holds {})", s.pp, pp::schedule_kind_name(s.kind),
@@ -239,7 +241,7 @@ void Trainer::init_weights() {
   if (options_.verbose) fmt::print("kiln: initialised from {}\n", config_.model.init_from);
 }
 
-void Trainer::dp_sum(std::span<double> values) {
+void Trainer::dp_cp_sum(std::span<double> values) {
   Communicator& c = mesh_->dp_cp_comm();
   if (c.size() > 1) c.all_reduce_sum(values);
 }
@@ -337,7 +339,7 @@ Trainer::EvalResult Trainer::evaluate() {
     sums[1] += static_cast<double>(l.targets);
     if (l.correct >= 0) sums[2] += static_cast<double>(l.correct), counted = true;
   }
-  dp_sum(std::span<double>(sums, 3));
+  dp_cp_sum(std::span<double>(sums, 3));
   EvalResult r;
   r.loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0;
   if (counted && sums[1] > 0) r.accuracy = sums[2] / sums[1];
@@ -367,10 +369,10 @@ void Trainer::maybe_sample() {
 }
 
 void Trainer::summarize_communication(TrainResult& r, int64_t timed_steps) {
-  // Statistics of the gradient reduction's communicator (dp, or dp x cp) over the whole
-  // run, scaled to the timed steps (the first step is warm-up) by the share they make.
-  const Communicator& dp = mesh_->dp_cp_comm();
-  const CommStats st = dp.stats();
+  // Statistics of the dp x cp group's communicator over the whole run, scaled to the
+  // timed steps (the first step is warm-up) by the share they make.
+  const Communicator& dp_cp = mesh_->dp_cp_comm();
+  const CommStats st = dp_cp.stats();
   const int64_t steps = step_ - r.first_step;
   const double share = steps > 0 ? static_cast<double>(timed_steps) / static_cast<double>(steps) : 0.0;
   std::string table = fmt::format("{:<15} {:>7} {:>12} {:>10} {:>12} {:>12}\n", "collective",
@@ -385,7 +387,7 @@ void Trainer::summarize_communication(TrainResult& r, int64_t timed_steps) {
                          collective_name(coll), s.count, s.bytes / 1e6 / std::max<int64_t>(steps, 1),
                          1e3 * s.seconds / std::max<int64_t>(steps, 1),
                          algorithm_bandwidth(s.bytes, s.seconds) / 1e9,
-                         bus_bandwidth(coll, dp.size(), s.bytes, s.seconds) / 1e9);
+                         bus_bandwidth(coll, dp_cp.size(), s.bytes, s.seconds) / 1e9);
   }
   r.comm_busy_s = busy * share;
   r.comm_hidden_fraction =
@@ -395,7 +397,8 @@ void Trainer::summarize_communication(TrainResult& r, int64_t timed_steps) {
     fmt::print("kiln: data-parallel communication over {} ranks{} (ZeRO stage {}):\n{}"
                "kiln: communication {:.1f} ms/step, exposed {:.1f} ms/step: {:.0f}% hidden under "
                "computation\n",
-               dp.size(), mesh_->cp() > 1 ? " (dp x cp)" : "", config_.parallel.zero_stage, table,
+               dp_cp.size(), mesh_->cp() > 1 ? " (dp x cp)" : "", config_.parallel.zero_stage,
+               table,
                1e3 * r.comm_busy_s / std::max<int64_t>(timed_steps, 1),
                1e3 * r.comm_exposed_s / std::max<int64_t>(timed_steps, 1),
                100.0 * r.comm_hidden_fraction);
@@ -410,9 +413,9 @@ void Trainer::summarize_tp_traffic(TrainResult& r, int64_t steps) {
   const int n_parts = config_.model.n_layer + 2;
   s.has_embedding = s.has_head = false;
   s.n_layer = 0;
-  for (const ModelPart& u : model_->parts()) {
-    if (u.global_index == 0) s.has_embedding = true;
-    else if (u.global_index == n_parts - 1) s.has_head = true;
+  for (const ModelPart& part : model_->parts()) {
+    if (part.global_index == 0) s.has_embedding = true;
+    else if (part.global_index == n_parts - 1) s.has_head = true;
     else ++s.n_layer;
   }
   s.rows = int64_t{config_.train.micro_batch} * seq_len_ / mesh_->cp();  // this rank's tokens

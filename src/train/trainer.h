@@ -129,8 +129,8 @@ class Trainer {
   void init_weights();
   /// ", pipeline over N stages (...)" for the start-up line; "" for pp = 1.
   std::string pipeline_description() const;
-  /// Sums `values` over the data-parallel group, exactly in 64 bits (no-op for one rank).
-  void dp_sum(std::span<double> values);
+  /// Sums `values` over the dp x cp group, exactly in 64 bits (no-op for one rank).
+  void dp_cp_sum(std::span<double> values);
   /// Per-rank memory by category, gathered to every rank: [rank][category] bytes.
   std::vector<std::vector<int64_t>> memory_by_rank();
 

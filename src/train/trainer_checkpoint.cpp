@@ -20,7 +20,7 @@ void Trainer::save_checkpoint() {
   const fs::path dir = root / checkpoint::checkpoint_dir_name(step_);
   // A checkpoint of this step may exist already (after a rollback, or a damaged one):
   // commit() replaces it atomically.
-  Communicator& replicas = mesh_->dp_cp_comm();  // dp, or dp x cp
+  Communicator& replicas = mesh_->dp_cp_comm();  // the dp x cp group
   if (replicas.size() > 1 && config_.parallel.zero_stage < 3)  // replicas must not have drifted
     check_same_on_all_ranks(replicas, "parameters (data-parallel replicas)",
                             dp_->replica_hash());

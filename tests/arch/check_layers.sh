@@ -3,9 +3,10 @@
 # and their own layer (nn/ never models/; a model's file formats also checkpoint/'s file
 # primitives); only src/comm/ includes MPI or NCCL; only
 # src/backend/cuda/ (and the NCCL communicator in src/comm/nccl/, whose buffers live on
-# the GPU) includes CUDA headers; outside src/models/gpt2/ (llama/, vit/) nothing in
-# src/ or apps/ includes a GPT-2 (Llama, ViT) header (everything sees models/model.h and
-# models/registry.h) but the registry, which registers them. Fails listing each offending include.
+# the GPU) includes CUDA headers; outside a model's own folder (every folder of
+# src/models/: gpt2/, llama/, vit/, dit/, ...) nothing in src/ or apps/ includes one of its
+# headers (everything sees models/model.h and models/registry.h) but the registry, which
+# registers them. Fails listing each offending include.
 set -u
 src="$1/src"
 bad=0
@@ -26,10 +27,11 @@ while IFS= read -r line; do report "$line"; done < <(
   grep -rnE '#\s*if(def)?\s.*(KILN_CUDA|__CUDACC__|KILN_MPI)' "$src/models" "$src/nn" 2>/dev/null)
 while IFS= read -r line; do report "$line"; done < <(
   grep -rnE '#include\s+"models/' "$src/nn" 2>/dev/null)
-# Each built-in architecture is named only in its own folder and by the registry, which
-# registers it.
+# Each built-in architecture (each folder of src/models/) is named only in its own folder
+# and by the registry, which registers it.
 allowed='^'"$src"'/models/registry\.cpp:'
-for arch in gpt2 llama vit; do
+for dir in "$src"/models/*/; do
+  arch=$(basename "$dir")
   while IFS= read -r line; do report "$line (only models/$arch/ may name it)"; done < <(
     grep -rnE '#include\s+"models/'"$arch"'/' "$src" "$1/apps" 2>/dev/null |
       grep -v "^$src/models/$arch/" | grep -vE "$allowed")

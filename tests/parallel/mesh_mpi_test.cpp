@@ -16,7 +16,7 @@ TEST(DeviceMeshMpi, AxisCommunicatorsMatchGroups) {
   for (int tp = 1; tp * cp <= n; ++tp) {
     for (int pp = 1; pp * tp * cp <= n; ++pp) {
       if (n % (cp * tp * pp) != 0) continue;
-      DeviceMesh mesh(world, 0, tp, pp, cp);
+      DeviceMesh mesh(world, {.dp = 0, .cp = cp, .tp = tp, .pp = pp});
       SCOPED_TRACE(mesh.str());
       {  // the dp x cp group: its members, in order
         Communicator& c = mesh.dp_cp_comm();

@@ -10,19 +10,19 @@
 namespace kiln {
 namespace {
 
-struct Shape4 {
-  int dp, tp, pp, cp = 1;
-};
-
-const Shape4 kShapes[] = {{1, 1, 1}, {4, 1, 1}, {1, 4, 1}, {1, 1, 4}, {2, 2, 1}, {2, 1, 2},
-                          {1, 2, 2}, {2, 2, 2}, {3, 1, 2}, {1, 4, 2}, {3, 2, 2}, {2, 3, 4},
-                          {1, 1, 1, 4}, {2, 1, 1, 2}, {2, 2, 2, 2}, {1, 2, 3, 2}, {3, 1, 2, 3}};
+const MeshSizes kShapes[] = {{.dp = 1}, {.dp = 4}, {.dp = 1, .tp = 4}, {.dp = 1, .pp = 4},
+                             {.dp = 2, .tp = 2}, {.dp = 2, .pp = 2}, {.dp = 1, .tp = 2, .pp = 2},
+                             {.dp = 2, .tp = 2, .pp = 2}, {.dp = 3, .pp = 2},
+                             {.dp = 1, .tp = 4, .pp = 2}, {.dp = 3, .tp = 2, .pp = 2},
+                             {.dp = 2, .tp = 3, .pp = 4}, {.dp = 1, .cp = 4}, {.dp = 2, .cp = 2},
+                             {.dp = 2, .cp = 2, .tp = 2, .pp = 2},
+                             {.dp = 1, .cp = 2, .tp = 2, .pp = 3}, {.dp = 3, .cp = 3, .pp = 2}};
 
 TEST(DeviceMesh, GroupsPartitionTheRanksConsistently) {
-  for (const Shape4& s : kShapes) {
+  for (const MeshSizes& s : kShapes) {
     const int world = s.dp * s.tp * s.pp * s.cp;
     for (int me = 0; me < world; ++me) {
-      DeviceMesh mesh(world, me, s.dp, s.tp, s.pp, s.cp);
+      DeviceMesh mesh(world, me, s);
       SCOPED_TRACE(mesh.str() + " rank " + std::to_string(me));
       EXPECT_EQ(mesh.dp(), s.dp);
       EXPECT_EQ(mesh.coord(), mesh.coord(me));
@@ -68,7 +68,7 @@ TEST(DeviceMesh, GroupsPartitionTheRanksConsistently) {
 }
 
 TEST(DeviceMesh, MegatronLayoutTpInnermostPpOutermost) {
-  DeviceMesh m(8, 5, 2, 2, 2);
+  DeviceMesh m(8, 5, {.dp = 2, .tp = 2, .pp = 2});
   // rank = (pp * dp_size + dp) * tp_size + tp
   EXPECT_EQ(m.coord(5)[Axis::PP], 1);
   EXPECT_EQ(m.coord(5)[Axis::DP], 0);
@@ -80,11 +80,11 @@ TEST(DeviceMesh, MegatronLayoutTpInnermostPpOutermost) {
   EXPECT_EQ(m.groups(Axis::PP), (std::vector<std::vector<int>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
   EXPECT_EQ(m.group_ranks(Axis::DP), (std::vector<int>{5, 7}));
   // 1 x 4 x 2: tp groups are runs of 4 adjacent ranks.
-  DeviceMesh t(8, 0, 1, 4, 2);
+  DeviceMesh t(8, 0, {.dp = 1, .tp = 4, .pp = 2});
   EXPECT_EQ(t.groups(Axis::TP), (std::vector<std::vector<int>>{{0, 1, 2, 3}, {4, 5, 6, 7}}));
   EXPECT_EQ(t.groups(Axis::DP).size(), 8u);
   // 3 x 1 x 2: dp runs over adjacent ranks within a pipeline stage.
-  DeviceMesh d(6, 4, 3, 1, 2);
+  DeviceMesh d(6, 4, {.dp = 3, .pp = 2});
   EXPECT_EQ(d.group_ranks(Axis::DP), (std::vector<int>{3, 4, 5}));
   EXPECT_EQ(d.group_ranks(Axis::PP), (std::vector<int>{1, 4}));
   EXPECT_EQ(d.str(), "dp=3 tp=1 pp=2 (world 6)");
@@ -92,7 +92,7 @@ TEST(DeviceMesh, MegatronLayoutTpInnermostPpOutermost) {
 
 TEST(DeviceMesh, ContextParallelSitsBetweenDpAndTp) {
   // rank = ((pp * dp_size + dp) * cp_size + cp) * tp_size + tp; world 8 = dp2 cp2 tp2.
-  DeviceMesh m(8, 5, 2, 2, 1, 2);
+  DeviceMesh m(8, 5, {.dp = 2, .cp = 2, .tp = 2});
   EXPECT_EQ(m.coord(5).str(), "(dp=1, cp=0, tp=1, pp=0)");
   EXPECT_EQ(m.groups(Axis::CP), (std::vector<std::vector<int>>{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
   EXPECT_EQ(m.groups(Axis::DP), (std::vector<std::vector<int>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
@@ -100,15 +100,15 @@ TEST(DeviceMesh, ContextParallelSitsBetweenDpAndTp) {
   EXPECT_EQ(m.dp_cp_ranks(5), (std::vector<int>{1, 3, 5, 7}));
   EXPECT_EQ(m.str(), "dp=2 cp=2 tp=2 pp=1 (world 8)");
   // cp x pp: a pipeline stage's cp ranks are adjacent.
-  DeviceMesh p(8, 6, 1, 1, 2, 4);
+  DeviceMesh p(8, 6, {.dp = 1, .cp = 4, .pp = 2});
   EXPECT_EQ(p.group_ranks(Axis::CP), (std::vector<int>{4, 5, 6, 7}));
   EXPECT_EQ(p.group_ranks(Axis::PP), (std::vector<int>{2, 6}));
   EXPECT_EQ(p.dp_cp_ranks(6), (std::vector<int>{4, 5, 6, 7}));
 }
 
 TEST(DeviceMesh, DerivesDpAndExplainsBadShapes) {
-  EXPECT_EQ(DeviceMesh(8, 0, 0, 2, 2).dp(), 2);
-  EXPECT_EQ(DeviceMesh(6, 0, 0, 1, 1).dp(), 6);
+  EXPECT_EQ(DeviceMesh(8, 0, {.dp = 0, .tp = 2, .pp = 2}).dp(), 2);
+  EXPECT_EQ(DeviceMesh(6, 0, {.dp = 0}).dp(), 6);
   auto message = [](auto&& f) {
     try {
       f();
@@ -117,21 +117,21 @@ TEST(DeviceMesh, DerivesDpAndExplainsBadShapes) {
     }
     return std::string("no error");
   };
-  EXPECT_EQ(message([] { DeviceMesh(4, 0, 2, 2, 2); }),
+  EXPECT_EQ(message([] { DeviceMesh(4, 0, {.dp = 2, .tp = 2, .pp = 2}); }),
             "parallel: dp (2) * tp (2) * pp (2) = 8 must equal the world size 4");
-  EXPECT_EQ(message([] { DeviceMesh(4, 0, 0, 3, 1); }),
+  EXPECT_EQ(message([] { DeviceMesh(4, 0, {.dp = 0, .tp = 3}); }),
             "parallel: tp (3) * pp (1) = 3 does not divide the world size 4, so dp cannot be derived");
-  EXPECT_EQ(message([] { DeviceMesh(4, 0, 4, 0, 1); }), "parallel.tp must be >= 1, got 0");
-  EXPECT_EQ(message([] { DeviceMesh(4, 0, 4, 1, -1); }), "parallel.pp must be >= 1, got -1");
-  EXPECT_EQ(message([] { DeviceMesh(4, 0, -2, 1, 1); }), "parallel.dp must be >= 1 (or 0 to derive it), got -2");
-  EXPECT_EQ(message([] { DeviceMesh(4, 4, 4, 1, 1); }), "parallel: rank 4 out of range [0, 4)");
-  EXPECT_EQ(message([] { DeviceMesh(0, 0, 0, 1, 1); }), "parallel: world size must be >= 1, got 0");
-  EXPECT_EQ(message([] { DeviceMesh(4, 0, 1, 1, 1, 0); }), "parallel.cp must be >= 1, got 0");
-  EXPECT_EQ(message([] { DeviceMesh(8, 0, 0, 1, 1, 3); }),
+  EXPECT_EQ(message([] { DeviceMesh(4, 0, {.dp = 4, .tp = 0}); }), "parallel.tp must be >= 1, got 0");
+  EXPECT_EQ(message([] { DeviceMesh(4, 0, {.dp = 4, .pp = -1}); }), "parallel.pp must be >= 1, got -1");
+  EXPECT_EQ(message([] { DeviceMesh(4, 0, {.dp = -2}); }), "parallel.dp must be >= 1 (or 0 to derive it), got -2");
+  EXPECT_EQ(message([] { DeviceMesh(4, 4, {.dp = 4}); }), "parallel: rank 4 out of range [0, 4)");
+  EXPECT_EQ(message([] { DeviceMesh(0, 0, {.dp = 0}); }), "parallel: world size must be >= 1, got 0");
+  EXPECT_EQ(message([] { DeviceMesh(4, 0, {.dp = 1, .cp = 0}); }), "parallel.cp must be >= 1, got 0");
+  EXPECT_EQ(message([] { DeviceMesh(8, 0, {.dp = 0, .cp = 3}); }),
             "parallel: cp (3) * tp (1) * pp (1) = 3 does not divide the world size 8, so dp cannot "
             "be derived");
-  EXPECT_EQ(DeviceMesh(8, 0, 0, 2, 1, 2).dp(), 2);
-  DeviceMesh m(4, 0, 2, 2, 1);
+  EXPECT_EQ(DeviceMesh(8, 0, {.dp = 0, .cp = 2, .tp = 2}).dp(), 2);
+  DeviceMesh m(4, 0, {.dp = 2, .tp = 2});
   MeshCoord bad;
   bad[Axis::TP] = 2;
   EXPECT_THROW(m.rank_of(bad), Error);
@@ -140,16 +140,16 @@ TEST(DeviceMesh, DerivesDpAndExplainsBadShapes) {
 
 TEST(DeviceMesh, CommunicatorsOfAWorldOfOne) {
   LocalCommunicator world;
-  DeviceMesh unbuilt(1, 0, 1, 1, 1);
+  DeviceMesh unbuilt(1, 0, {.dp = 1});
   EXPECT_FALSE(unbuilt.has_comms());
   EXPECT_THROW(unbuilt.comm(Axis::DP), Error);
-  DeviceMesh m(world, 0, 1, 1);
+  DeviceMesh m(world, {.dp = 0});
   ASSERT_TRUE(m.has_comms());
   for (Axis a : kAllAxes) {
     EXPECT_EQ(m.comm(a).size(), 1);
     EXPECT_EQ(m.comm(a).name(), axis_name(a));
   }
-  EXPECT_THROW(DeviceMesh(world, 2, 1, 1), Error);
+  EXPECT_THROW(DeviceMesh(world, {.dp = 2}), Error);
   DeviceMesh moved = std::move(m);
   EXPECT_TRUE(moved.has_comms());
 }

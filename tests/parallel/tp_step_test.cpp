@@ -80,7 +80,7 @@ void check(const Row& row) {
   if (world.size() != row.dp * row.tp) GTEST_SKIP() << row.name << " runs on " << row.dp * row.tp << " ranks";
   SCOPED_TRACE(row.name);
   Backend& be = cpu();
-  DeviceMesh mesh(world, row.dp, row.tp, 1);
+  DeviceMesh mesh(world, {.dp = row.dp, .tp = row.tp});
   const int dp_rank = mesh.coord()[Axis::DP];
   LocalCommunicator alone("single");
   TrainStep ref(config_of(row, true), be, alone);
