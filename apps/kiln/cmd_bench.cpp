@@ -105,7 +105,7 @@ void run_peak() {
   }
   j["gemm_fp32_flops"] = best32;
   j["peak_flops"] = best32;
-  if (be->supports(Op::Linear, DType::BF16)) {
+  if (be->supports(OpFamily::Linear, DType::BF16)) {
     double best = 0.0;
     for (int64_t n : {1024, 2048}) {
       const double f = measure_gemm_flops(*be, DType::BF16, n, 0.4);

@@ -124,9 +124,9 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
                           train_data_->fingerprint().dump());
 
   backend_ = make_device_backend(config_.train.device);
-  KILN_CHECK(mesh_->cp() == 1 || backend_->device().is_cpu(), "{}: parallel.cp = {} on {}: "
-             "context parallelism runs on the CPU backend only so far (the CUDA ring-attention "
-             "kernels are not written yet)", config_.source, mesh_->cp(), backend_->device().str());
+  if (mesh_->cp() > 1)  // ring attention's tile ops
+    require_ops(*backend_, OpFamily::RingAttention, parse_dtype(config_.train.dtype),
+                fmt::format("{}: parallel.cp = {}", config_.source, mesh_->cp()));
   // Profiling wraps the backend (one trace event per op); off, nothing is wrapped.
   if (config_.profile.enabled())
     backend_ = profile::profiled(std::move(backend_), config_.profile.timing);
