@@ -124,20 +124,16 @@ class TraceScope {
     if (tracer_) start_ = Clock::now();
   }
   ~TraceScope() {
-    if (tracer_) tracer_->record_complete(name_, category_, start_, Clock::now(), flops_, bytes_);
+    if (tracer_) tracer_->record_complete(name_, category_, start_, Clock::now());
   }
   TraceScope(const TraceScope&) = delete;
   TraceScope& operator=(const TraceScope&) = delete;
-  /// Adds work done inside the scope (shown as args; used by the summary).
-  void add_flops(double f) { flops_ += f; }
-  void add_bytes(double b) { bytes_ += b; }
   bool active() const { return tracer_ != nullptr; }
 
  private:
   Tracer* tracer_;
   std::string_view name_, category_;
   Clock::time_point start_{};
-  double flops_ = 0.0, bytes_ = 0.0;
 };
 
 /// A scope on the global tracer: `auto t = profile::trace_scope("optimizer");`.
