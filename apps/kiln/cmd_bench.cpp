@@ -344,7 +344,9 @@ void run_bench(const Args& a) {
   Backend& be = prof ? static_cast<Backend&>(*prof) : *raw;
 
   LocalCommunicator single;
+  single.set_tracer(&profile::Tracer::global());
   TrainStep one_step(c, be, single);
+  one_step.set_tracer(&profile::Tracer::global());
   Model& model = one_step.model();
   if (c.model.init_from.empty()) {
     one_step.init_weights(static_cast<uint64_t>(c.train.seed));

@@ -86,6 +86,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   // The mesh first: every later choice (accumulation, data slice, ZeRO shards) depends
   // on the data-parallel size.
   world_ = make_device_world_communicator(config_.train.device);
+  world_->set_tracer(&profile::Tracer::global());  // the groups built from it inherit it
   // parallel.timeout_s, unless KILN_COMM_TIMEOUT_S overrides it (tests, debugging).
   if (std::getenv("KILN_COMM_TIMEOUT_S") == nullptr) world_->set_timeout(config_.parallel.timeout_s);
   // Every rank must run the same config, the layout included: checked key by key before
@@ -136,6 +137,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
                                           mesh_->tp() > 1 ? &mesh_->comm(Axis::TP) : nullptr,
                                           mesh_->pp() > 1 ? &mesh_->comm(Axis::PP) : nullptr,
                                           mesh_->cp() > 1 ? &mesh_->comm(Axis::CP) : nullptr);
+  one_step_->set_tracer(&profile::Tracer::global());
   model_ = &one_step_->model();
   dp_ = &one_step_->data_parallel();
   optimizer_ = &one_step_->optimizer();
