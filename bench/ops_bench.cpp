@@ -64,7 +64,7 @@ void register_all(Backend& be, DType dt, const Dims& d) {
   const std::string nc = dim("N", N) + "/" + dim("C", C);
   std::vector<std::string> skipped;
 
-  auto add = [&](Op op, const std::string& opname, const std::string& shape, auto fn) {
+  auto add = [&](OpFamily op, const std::string& opname, const std::string& shape, auto fn) {
     if (!be.supports(op, dt)) {
       skipped.push_back(opname);
       return;
@@ -77,7 +77,8 @@ void register_all(Backend& be, DType dt, const Dims& d) {
 
   // ---- embedding -------------------------------------------------------------------
   // forward bytes: tokens 4*N + wte rows s*N*C + wpe rows s*T*C + out s*N*C.
-  add(Op::Embedding, "embedding_forward", dim("B", B) + "/" + dim("T", T) + "/" + dim("C", C),
+  add(OpFamily::Embedding, "embedding_forward",
+      dim("B", B) + "/" + dim("T", T) + "/" + dim("C", C),
       [&be = be, dt, d, s](State& st) {
         Tensor tokens = random_ids(be, {d.B, d.T}, static_cast<int>(d.V), 1);
         Tensor wte = randn(be, {d.Vp, d.C}, dt, 0.02f, 2, MemCategory::Parameters);
@@ -88,7 +89,8 @@ void register_all(Backend& be, DType dt, const Dims& d) {
       });
   // backward bytes: tokens 4*N + dout s*N*C + dwte rows read+write 2*s*N*C + dwpe rows
   // read+write 2*s*T*C.
-  add(Op::Embedding, "embedding_backward", dim("B", B) + "/" + dim("T", T) + "/" + dim("C", C),
+  add(OpFamily::Embedding, "embedding_backward",
+      dim("B", B) + "/" + dim("T", T) + "/" + dim("C", C),
       [&be = be, dt, d, s](State& st) {
         Tensor tokens = random_ids(be, {d.B, d.T}, static_cast<int>(d.V), 1);
         Tensor dout = randn(be, {d.B, d.T, d.C}, dt, 1.f, 4);
@@ -100,7 +102,7 @@ void register_all(Backend& be, DType dt, const Dims& d) {
 
   // ---- layernorm -------------------------------------------------------------------
   // forward bytes: inp s*N*C + weight, bias 2*s*C + out s*N*C + mean, rstd 2*4*N.
-  add(Op::LayerNorm, "layernorm_forward", nc, [&be = be, dt, d, s](State& st) {
+  add(OpFamily::LayerNorm, "layernorm_forward", nc, [&be = be, dt, d, s](State& st) {
     Tensor inp = randn(be, {d.N, d.C}, dt, 1.f, 5);
     Tensor w = randn(be, {d.C}, dt, 0.1f, 6, MemCategory::Parameters);
     Tensor b = randn(be, {d.C}, dt, 0.1f, 7, MemCategory::Parameters);
@@ -114,7 +116,7 @@ void register_all(Backend& be, DType dt, const Dims& d) {
   });
   // backward bytes: dout, inp s*N*C each + dinp read+write 2*s*N*C + weight s*C +
   // dweight, dbias read+write 4*s*C + mean, rstd 2*4*N.
-  add(Op::LayerNorm, "layernorm_backward", nc, [&be = be, dt, d, s](State& st) {
+  add(OpFamily::LayerNorm, "layernorm_backward", nc, [&be = be, dt, d, s](State& st) {
     Tensor inp = randn(be, {d.N, d.C}, dt, 1.f, 5);
     Tensor w = randn(be, {d.C}, dt, 0.1f, 6, MemCategory::Parameters);
     Tensor b = randn(be, {d.C}, dt, 0.1f, 7, MemCategory::Parameters);
@@ -139,7 +141,7 @@ void register_all(Backend& be, DType dt, const Dims& d) {
     const std::string shape =
         std::string(L.name) + "/" + dim("N", N) + "/" + dim("IC", L.IC) + "/" + dim("OC", L.OC);
     // FLOPs: 2*N*IC*OC.
-    add(Op::Linear, "linear_forward", shape, [&be = be, dt, d, L](State& st) {
+    add(OpFamily::Linear, "linear_forward", shape, [&be = be, dt, d, L](State& st) {
       Tensor inp = randn(be, {d.N, L.IC}, dt, 1.f, 9);
       Tensor w = randn(be, {L.OC, L.IC}, dt, 0.02f, 10, MemCategory::Parameters);
       Tensor b = randn(be, {L.OC}, dt, 0.02f, 11, MemCategory::Parameters);
@@ -148,7 +150,7 @@ void register_all(Backend& be, DType dt, const Dims& d) {
       set_flops(st, 2.0 * d.N * L.IC * L.OC);
     });
     // FLOPs: 4*N*IC*OC (dinp and dweight GEMMs).
-    add(Op::Linear, "linear_backward", shape, [&be = be, dt, d, L](State& st) {
+    add(OpFamily::Linear, "linear_backward", shape, [&be = be, dt, d, L](State& st) {
       Tensor inp = randn(be, {d.N, L.IC}, dt, 1.f, 9);
       Tensor w = randn(be, {L.OC, L.IC}, dt, 0.02f, 10, MemCategory::Parameters);
       Tensor dout = randn(be, {d.N, L.OC}, dt, 1.f, 12);
@@ -161,14 +163,14 @@ void register_all(Backend& be, DType dt, const Dims& d) {
   }
   // The tied output projection over one classifier chunk: [R,C] x [Vp,C]^T, no bias.
   const std::string head = "lm_head/" + dim("N", R) + "/" + dim("IC", C) + "/" + dim("OC", Vp);
-  add(Op::Linear, "linear_forward", head, [&be = be, dt, d](State& st) {
+  add(OpFamily::Linear, "linear_forward", head, [&be = be, dt, d](State& st) {
     Tensor x = randn(be, {d.R, d.C}, dt, 1.f, 13);
     Tensor wte = randn(be, {d.Vp, d.C}, dt, 0.02f, 2, MemCategory::Parameters);
     Tensor logits = be.empty({d.R, d.Vp}, dt, MemCategory::Activations);
     run(st, be, [&] { be.linear_forward(be.default_stream(), logits, x, wte, Tensor()); });
     set_flops(st, 2.0 * d.R * d.C * d.Vp);
   });
-  add(Op::Linear, "linear_backward", head, [&be = be, dt, d](State& st) {
+  add(OpFamily::Linear, "linear_backward", head, [&be = be, dt, d](State& st) {
     Tensor x = randn(be, {d.R, d.C}, dt, 1.f, 13);
     Tensor wte = randn(be, {d.Vp, d.C}, dt, 0.02f, 2, MemCategory::Parameters);
     Tensor dlogits = randn(be, {d.R, d.Vp}, dt, 1e-4f, 14);
@@ -184,7 +186,7 @@ void register_all(Backend& be, DType dt, const Dims& d) {
   const std::string bthc =
       dim("B", B) + "/" + dim("T", T) + "/" + dim("NH", NH) + "/" + dim("C", C);
   // FLOPs: 4*B*T*T*C (no causal halving).
-  add(Op::Attention, "attention_forward", bthc, [&be = be, dt, d](State& st) {
+  add(OpFamily::Attention, "attention_forward", bthc, [&be = be, dt, d](State& st) {
     Tensor qkv = randn(be, {d.B, d.T, 3 * d.C}, dt, 1.f, 15);
     Tensor out = be.empty({d.B, d.T, d.C}, dt, MemCategory::Activations);
     Tensor lse = be.empty({d.B, d.NH, d.T}, DType::F32, MemCategory::Activations);
@@ -194,7 +196,7 @@ void register_all(Backend& be, DType dt, const Dims& d) {
     set_flops(st, 4.0 * d.B * d.T * d.T * d.C);
   });
   // FLOPs: 8*B*T*T*C (no causal halving, recomputation of Q K^T not counted).
-  add(Op::Attention, "attention_backward", bthc, [&be = be, dt, d](State& st) {
+  add(OpFamily::Attention, "attention_backward", bthc, [&be = be, dt, d](State& st) {
     Tensor qkv = randn(be, {d.B, d.T, 3 * d.C}, dt, 1.f, 15);
     Tensor out = be.empty({d.B, d.T, d.C}, dt, MemCategory::Activations);
     Tensor lse = be.empty({d.B, d.NH, d.T}, DType::F32, MemCategory::Activations);
@@ -211,14 +213,14 @@ void register_all(Backend& be, DType dt, const Dims& d) {
   // ---- gelu (on the MLP hidden [N, 4C]) --------------------------------------------
   const std::string n4c = dim("N", N) + "/" + dim("C", 4 * C);
   // forward bytes: inp + out, s*N*4C each.
-  add(Op::Gelu, "gelu_forward", n4c, [&be = be, dt, d, s](State& st) {
+  add(OpFamily::Gelu, "gelu_forward", n4c, [&be = be, dt, d, s](State& st) {
     Tensor inp = randn(be, {d.N, 4 * d.C}, dt, 1.f, 17);
     Tensor out = be.empty({d.N, 4 * d.C}, dt, MemCategory::Activations);
     run(st, be, [&] { be.gelu_forward(be.default_stream(), out, inp); });
     set_bytes(st, s * 2.0 * d.N * 4 * d.C);
   });
   // backward bytes: dout + inp + dinp, s*N*4C each.
-  add(Op::Gelu, "gelu_backward", n4c, [&be = be, dt, d, s](State& st) {
+  add(OpFamily::Gelu, "gelu_backward", n4c, [&be = be, dt, d, s](State& st) {
     Tensor inp = randn(be, {d.N, 4 * d.C}, dt, 1.f, 17);
     Tensor dout = randn(be, {d.N, 4 * d.C}, dt, 1.f, 18);
     Tensor dinp = be.empty({d.N, 4 * d.C}, dt, MemCategory::Activations);
@@ -229,7 +231,7 @@ void register_all(Backend& be, DType dt, const Dims& d) {
   // ---- residual add (its backward is a copy of dout into both branches, which the
   // model does without an op: no separate benchmark) ---------------------------------
   // bytes: a + b + out, s*N*C each.
-  add(Op::Add, "add_forward", nc, [&be = be, dt, d, s](State& st) {
+  add(OpFamily::Add, "add_forward", nc, [&be = be, dt, d, s](State& st) {
     Tensor a = randn(be, {d.N, d.C}, dt, 1.f, 19);
     Tensor b = randn(be, {d.N, d.C}, dt, 1.f, 20);
     Tensor out = be.empty({d.N, d.C}, dt, MemCategory::Activations);
@@ -240,13 +242,13 @@ void register_all(Backend& be, DType dt, const Dims& d) {
   // ---- dropout (p = 0.1; GPT-2's default config trains with p = 0) -----------------
   // bytes: inp + out, s*N*C each (the mask is recomputed from Philox, not read).
   const DropoutSpec spec{0.1f, 1234, 7};
-  add(Op::Dropout, "dropout_forward", nc + "/p:0.1", [&be = be, dt, d, s, spec](State& st) {
+  add(OpFamily::Dropout, "dropout_forward", nc + "/p:0.1", [&be = be, dt, d, s, spec](State& st) {
     Tensor inp = randn(be, {d.N, d.C}, dt, 1.f, 21);
     Tensor out = be.empty({d.N, d.C}, dt, MemCategory::Activations);
     run(st, be, [&] { be.dropout_forward(be.default_stream(), out, inp, spec); });
     set_bytes(st, s * 2.0 * d.N * d.C);
   });
-  add(Op::Dropout, "dropout_backward", nc + "/p:0.1", [&be = be, dt, d, s, spec](State& st) {
+  add(OpFamily::Dropout, "dropout_backward", nc + "/p:0.1", [&be = be, dt, d, s, spec](State& st) {
     Tensor dout = randn(be, {d.N, d.C}, dt, 1.f, 22);
     Tensor dinp = be.empty({d.N, d.C}, dt, MemCategory::Activations);
     run(st, be, [&] { be.dropout_backward(be.default_stream(), dinp, dout, spec); });
@@ -256,7 +258,7 @@ void register_all(Backend& be, DType dt, const Dims& d) {
   // ---- softmax cross-entropy over one classifier chunk [R, Vp] ---------------------
   const std::string rv = dim("N", R) + "/" + dim("Vp", Vp);
   // forward (losses only) bytes: logits s*R*Vp + targets 4*R + losses 4*R.
-  add(Op::SoftmaxCrossEntropy, "softmax_cross_entropy_forward", rv, [&be = be, dt, d, s](State& st) {
+  add(OpFamily::SoftmaxCrossEntropy, "softmax_cross_entropy_forward", rv, [&be = be, dt, d, s](State& st) {
     Tensor logits = randn(be, {d.R, d.Vp}, dt, 2.f, 23);
     Tensor targets = random_ids(be, {d.R}, static_cast<int>(d.V), 24);
     Tensor losses = be.empty({d.R}, DType::F32, MemCategory::Activations);
@@ -269,7 +271,7 @@ void register_all(Backend& be, DType dt, const Dims& d) {
   // backward (losses and dlogits, in place over the logits as the model does) bytes:
   // logits read s*R*Vp + dlogits written s*R*Vp + targets, losses 8*R. In place, later
   // iterations run on the previous gradient: the same work, other values.
-  add(Op::SoftmaxCrossEntropy, "softmax_cross_entropy_backward", rv, [&be = be, dt, d, s](State& st) {
+  add(OpFamily::SoftmaxCrossEntropy, "softmax_cross_entropy_backward", rv, [&be = be, dt, d, s](State& st) {
     Tensor logits = randn(be, {d.R, d.Vp}, dt, 2.f, 23);
     Tensor targets = random_ids(be, {d.R}, static_cast<int>(d.V), 24);
     Tensor losses = be.empty({d.R}, DType::F32, MemCategory::Activations);
@@ -283,7 +285,7 @@ void register_all(Backend& be, DType dt, const Dims& d) {
   // ---- the fused classifier + cross-entropy of nn/classifier.h over all N rows -----
   // (not a Backend op: the sum of the lm_head and softmax_cross_entropy ops above over
   // ceil(N/R) chunks, with its loss sums on the device). FLOPs: 6*N*C*Vp.
-  add(Op::SoftmaxCrossEntropy, "classifier_cross_entropy_fwd_bwd",
+  add(OpFamily::SoftmaxCrossEntropy, "classifier_cross_entropy_fwd_bwd",
       dim("N", N) + "/" + dim("C", C) + "/" + dim("Vp", Vp), [&be = be, dt, d](State& st) {
         Tensor x = randn(be, {d.N, d.C}, dt, 1.f, 13);
         Tensor wte = randn(be, {d.Vp, d.C}, dt, 0.02f, 2, MemCategory::Parameters);
@@ -303,7 +305,7 @@ void register_all(Backend& be, DType dt, const Dims& d) {
 
   // ---- AdamW over the whole model's parameters (one flat tensor) -------------------
   // bytes: param read+write 2*s*n + grad s*n + m, v read+write 16*n (28 bytes/param fp32).
-  add(Op::AdamW, "adamw_step", dim("params", d.adamw_n), [&be = be, dt, d, s](State& st) {
+  add(OpFamily::AdamW, "adamw_step", dim("params", d.adamw_n), [&be = be, dt, d, s](State& st) {
     const Shape shape{d.adamw_n};
     Tensor p = full(be, shape, dt, 0.02f, MemCategory::Parameters);
     Tensor g = full(be, shape, dt, 1e-3f, MemCategory::Gradients);
@@ -373,7 +375,7 @@ int main(int argc, char** argv) {
   for (auto& be : backends) {
     for (DType dt : dtypes) {
       bool any = false;
-      for (int op = 0; op <= static_cast<int>(Op::Ema); ++op) any |= be->supports(static_cast<Op>(op), dt);
+      for (Op op : kAllOps) any |= be->supports(op, dt);
       if (any) bench::register_all(*be, dt, d);
     }
   }

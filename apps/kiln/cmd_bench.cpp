@@ -105,7 +105,7 @@ void run_peak() {
   }
   j["gemm_fp32_flops"] = best32;
   j["peak_flops"] = best32;
-  if (be->supports(Op::Linear, DType::BF16)) {
+  if (be->supports(OpFamily::Linear, DType::BF16)) {
     double best = 0.0;
     for (int64_t n : {1024, 2048}) {
       const double f = measure_gemm_flops(*be, DType::BF16, n, 0.4);
@@ -374,7 +374,9 @@ void run_bench(const Args& a) {
   Backend& be = prof ? static_cast<Backend&>(*prof) : *raw;
 
   LocalCommunicator single;
+  single.set_tracer(&profile::Tracer::global());
   TrainStep one_step(c, be, single);
+  one_step.set_tracer(&profile::Tracer::global());
   Model& model = one_step.model();
   if (c.model.init_from.empty()) {
     one_step.init_weights(static_cast<uint64_t>(c.train.seed));

@@ -17,16 +17,21 @@
 //   rmsnorm_backward).
 // - An optional operand (a bias, a norm's weight, positions, ...) is an empty Tensor.
 // - Reductions and softmax run in fp32; GEMMs accumulate in fp32.
-// - An op given a dtype it does not support throws kiln::Error; `supports()` answers
-//   beforehand so that a caller can pick another path.
+// - An op given a dtype it does not support, or not implemented on a backend, throws
+//   kiln::Error; `supports()` answers per op and dtype beforehand, so that a caller can
+//   pick another path or refuse a configuration with a one-line error.
 #pragma once
 
+#include "backend/op_list.h"
 #include "core/allocator.h"
 #include "core/tensor.h"
 
+#include <array>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace kiln {
@@ -36,13 +41,18 @@ struct Stream {
   void* handle = nullptr;
 };
 
-/// Every op of the interface, for `Backend::supports`.
-enum class Op {
+/// A group of ops that a feature needs together, each op's `family` in backend/op_list.h:
+/// a layer's forward and backward (Linear: linear_forward, linear_backward), ring
+/// attention's tile ops (RingAttention), the vocab-parallel loss (VocabParallel), the
+/// step's statistics (StepStats: accumulate_loss, sum_squares, clip_coefficient), ...
+enum class OpFamily : uint8_t {
   Embedding,
   LayerNorm,
   RMSNorm,
   Linear,
   Attention,
+  RingAttention,
+  Decode,
   Rope,
   SwiGLU,
   Gelu,
@@ -51,13 +61,43 @@ enum class Op {
   Add,
   Dropout,
   SoftmaxCrossEntropy,
+  VocabParallel,
   Patchify,
   Unpatchify,
   FlowMatching,
+  StepStats,
   AdamW,
   Ema,
 };
+/// "linear", "ring_attention", ...
+const char* family_name(OpFamily family);
+
+/// Every compute op of the interface (backend/op_list.h: the memory ops copy*, fill are
+/// not among them), for `Backend::supports`.
+enum class Op : uint8_t {
+#define KILN_OP_VALUE(Call, method, family, category, params, args) Call,
+  KILN_BACKEND_OPS(KILN_OP_VALUE)
+#undef KILN_OP_VALUE
+};
+/// Every Op, in the list's order.
+inline constexpr std::array kAllOps = {
+#define KILN_OP_ITEM(Call, method, family, category, params, args) Op::Call,
+    KILN_BACKEND_OPS(KILN_OP_ITEM)
+#undef KILN_OP_ITEM
+};
+/// The Backend method's name: "linear_forward", "attention_tile_backward", ...
 const char* op_name(Op op);
+/// The family `op` belongs to.
+constexpr OpFamily op_family(Op op) {
+  switch (op) {
+#define KILN_OP_FAMILY(Call, method, family, category, params, args) \
+  case Op::Call:                                                     \
+    return OpFamily::family;
+    KILN_BACKEND_OPS(KILN_OP_FAMILY)
+#undef KILN_OP_FAMILY
+  }
+  return OpFamily::Add;  // not reached: every Op has a case
+}
 
 /// Dropout with probability p (0 disables), its keep-mask drawn from Philox stream
 /// `stream` under `seed`: element i is kept when uniform_at(seed, stream, offset + i) >= p,
@@ -174,8 +214,18 @@ class Backend {
   virtual Stream default_stream() = 0;
   /// Waits until all work queued on `stream` is done.
   virtual void synchronize(Stream stream) = 0;
-  /// Whether `op` runs with activations/parameters of `dtype`.
-  virtual bool supports(Op op, DType dtype) const = 0;
+  /// Whether `op` runs here with activations (the optimizer's ops: parameters, with fp32
+  /// master weights for low-precision ones where the op takes them) of `dtype`: true
+  /// exactly where calling it on valid arguments of that dtype does not throw kiln::Error
+  /// for the dtype or for the op being unimplemented on this backend. An op whose tensors
+  /// have fixed dtypes (accumulate_loss, shard_ids, ...) answers for the runs of every
+  /// float dtype. Only fp32, bf16 and fp16 can answer true.
+  bool supports(Op op, DType dtype) const { return runs(op, dtype); }
+  /// Whether every op of `family` runs here with `dtype`.
+  bool supports(OpFamily family, DType dtype) const { return !unsupported_op(family, dtype); }
+  /// The first op of `family` (in backend/op_list.h's order) that does not run here with
+  /// `dtype`, for an error message naming it; nullopt when all do.
+  std::optional<Op> unsupported_op(OpFamily family, DType dtype) const;
   /// How linear layers' GEMMs with operands of `dtype` run here, one line for the
   /// start-up log (e.g. "bf16 GEMMs: fp32 compute (...)" on a CPU without bf16 kernels).
   virtual std::string gemm_path(DType dtype) const {
@@ -513,7 +563,16 @@ class Backend {
   ///   ema = decay * ema + (1 - decay) * param,
   /// in fp32, 1 - decay computed in double and rounded once. param is only read.
   virtual void ema_update(Stream s, const Tensor& ema, const Tensor& param, float decay) = 0;
+
+ protected:
+  /// supports(op, dtype), as this backend answers it.
+  virtual bool runs(Op op, DType dtype) const = 0;
 };
+
+/// Refuses a feature that needs the ops of `family` on a backend that does not run one of
+/// them with `dtype`: kiln::Error "<feature> needs <op>, which the <backend> backend does
+/// not run with <dtype>", `feature` naming the config key that asked for it.
+void require_ops(const Backend& be, OpFamily family, DType dtype, std::string_view feature);
 
 /// dst (any float dtype, on be's device) <- n = dst.numel() fp32 host values, converted
 /// (round to nearest even) on the host first.

@@ -8,28 +8,55 @@
 
 namespace kiln {
 
-const char* op_name(Op op) {
-  switch (op) {
-    case Op::Embedding: return "embedding";
-    case Op::LayerNorm: return "layernorm";
-    case Op::RMSNorm: return "rmsnorm";
-    case Op::Linear: return "linear";
-    case Op::Attention: return "attention";
-    case Op::Rope: return "rope";
-    case Op::SwiGLU: return "swiglu";
-    case Op::Gelu: return "gelu";
-    case Op::Silu: return "silu";
-    case Op::Modulate: return "modulate";
-    case Op::Add: return "add";
-    case Op::Dropout: return "dropout";
-    case Op::SoftmaxCrossEntropy: return "softmax_cross_entropy";
-    case Op::Patchify: return "patchify";
-    case Op::Unpatchify: return "unpatchify";
-    case Op::FlowMatching: return "flow_matching";
-    case Op::AdamW: return "adamw";
-    case Op::Ema: return "ema";
+const char* family_name(OpFamily family) {
+  switch (family) {
+    case OpFamily::Embedding: return "embedding";
+    case OpFamily::LayerNorm: return "layernorm";
+    case OpFamily::RMSNorm: return "rmsnorm";
+    case OpFamily::Linear: return "linear";
+    case OpFamily::Attention: return "attention";
+    case OpFamily::RingAttention: return "ring_attention";
+    case OpFamily::Decode: return "decode";
+    case OpFamily::Rope: return "rope";
+    case OpFamily::SwiGLU: return "swiglu";
+    case OpFamily::Gelu: return "gelu";
+    case OpFamily::Silu: return "silu";
+    case OpFamily::Modulate: return "modulate";
+    case OpFamily::Add: return "add";
+    case OpFamily::Dropout: return "dropout";
+    case OpFamily::SoftmaxCrossEntropy: return "softmax_cross_entropy";
+    case OpFamily::VocabParallel: return "vocab_parallel";
+    case OpFamily::Patchify: return "patchify";
+    case OpFamily::Unpatchify: return "unpatchify";
+    case OpFamily::FlowMatching: return "flow_matching";
+    case OpFamily::StepStats: return "step_stats";
+    case OpFamily::AdamW: return "adamw";
+    case OpFamily::Ema: return "ema";
   }
   return "?";
+}
+
+const char* op_name(Op op) {
+  switch (op) {
+#define KILN_OP_NAME(Call, method, family, category, params, args) \
+  case Op::Call:                                                   \
+    return #method;
+    KILN_BACKEND_OPS(KILN_OP_NAME)
+#undef KILN_OP_NAME
+  }
+  return "?";
+}
+
+std::optional<Op> Backend::unsupported_op(OpFamily family, DType dtype) const {
+  for (Op op : kAllOps)
+    if (op_family(op) == family && !supports(op, dtype)) return op;
+  return std::nullopt;
+}
+
+void require_ops(const Backend& be, OpFamily family, DType dtype, std::string_view feature) {
+  if (const std::optional<Op> op = be.unsupported_op(family, dtype))
+    KILN_FAIL("{} needs {}, which the {} backend does not run with {}", feature, op_name(*op),
+              be.name(), dtype_name(dtype));
 }
 
 std::vector<float> rope_inv_freq(const RopeSpec& rope, int64_t head_dim) {

@@ -1,151 +1,157 @@
 // The compute ops of the Backend interface, listed once, so that the backends that wrap
-// or imitate another (the Meta backend's dry run, the Profiling backend's timing) are
+// or imitate another (the Meta backend's dry run, the Profiling backend's timing), the
+// `Op` enum that `Backend::supports` answers for, and the tests that walk every op are
 // generated from this list instead of written op by op.
 //
-//   KILN_BACKEND_OPS(X) calls X(Call, method, category, (parameters), (arguments))
+//   KILN_BACKEND_OPS(X) calls X(Call, method, family, category, (parameters), (arguments))
 //
-// per op: Call names it in enums (MetaCall), `method` is the Backend method, `category`
-// the Profiling backend's trace category, (parameters) the method's parameters after the
-// Stream and (arguments) their names. The signatures are those declared (and
-// documented) in backend/backend.h; a wrapper generated from this list overrides each
-// method, so a mismatch with backend.h, or an op missing here, fails to compile.
-// The memory ops (copy*, fill) are not in the list: each wrapper writes those by hand.
+// per op: Call names it in the `Op` enum (backend.h), `method` is the Backend method,
+// `family` the `OpFamily` it belongs to (a layer's forward and backward, ring attention's
+// tile ops, ...), `category` the Profiling backend's trace category, (parameters) the
+// method's parameters after the Stream and (arguments) their names. The signatures are
+// those declared (and documented) in backend/backend.h; a wrapper generated from this list
+// overrides each method, so a mismatch with backend.h, or an op missing here, fails to
+// compile. The memory ops (copy*, fill) are not in the list: each wrapper writes those by
+// hand.
 #pragma once
 
 #define KILN_PARAMS(...) __VA_ARGS__
 
 // clang-format off
-#define KILN_BACKEND_OPS(X)                                                                   \
-  X(EmbeddingForward, embedding_forward, "forward",                                           \
-    (const Tensor& out, const Tensor& tokens, const Tensor& positions, const Tensor& wte,     \
-     const Tensor& wpe),                                                                      \
-    (out, tokens, positions, wte, wpe))                                                       \
-  X(EmbeddingBackward, embedding_backward, "backward",                                        \
-    (const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens,        \
-     const Tensor& positions),                                                                \
-    (dwte, dwpe, dout, tokens, positions))                                                    \
-  X(LayerNormForward, layernorm_forward, "forward",                                           \
-    (const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& inp,            \
-     const Tensor& weight, const Tensor& bias, float eps),                                    \
-    (out, mean, rstd, inp, weight, bias, eps))                                                \
-  X(LayerNormBackward, layernorm_backward, "backward",                                        \
-    (const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,      \
-     const Tensor& inp, const Tensor& weight, const Tensor& mean, const Tensor& rstd),        \
-    (dinp, dweight, dbias, dout, inp, weight, mean, rstd))                                    \
-  X(RMSNormForward, rmsnorm_forward, "forward",                                               \
-    (const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight,          \
-     float eps),                                                                              \
-    (out, rstd, inp, weight, eps))                                                            \
-  X(RMSNormBackward, rmsnorm_backward, "backward",                                            \
-    (const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,        \
-     const Tensor& weight, const Tensor& rstd),                                               \
-    (dinp, dweight, dout, inp, weight, rstd))                                                 \
-  X(LinearForward, linear_forward, "forward",                                                 \
-    (const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias),         \
-    (out, inp, weight, bias))                                                                 \
-  X(LinearBackward, linear_backward, "backward",                                              \
-    (const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,      \
-     const Tensor& inp, const Tensor& weight),                                                \
-    (dinp, dweight, dbias, dout, inp, weight))                                                \
-  X(AttentionForward, attention_forward, "forward",                                           \
-    (const Tensor& out, const Tensor& lse, const Tensor& qkv, const AttentionShape& shape,    \
-     const DropoutSpec& dropout),                                                             \
-    (out, lse, qkv, shape, dropout))                                                          \
-  X(AttentionBackward, attention_backward, "backward",                                        \
-    (const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,            \
-     const Tensor& lse, const AttentionShape& shape, const DropoutSpec& dropout),             \
-    (dqkv, dout, qkv, out, lse, shape, dropout))                                              \
-  X(AttentionTileForward, attention_tile_forward, "forward",                                 \
-    (const Tensor& out_acc, const Tensor& lse, const Tensor& qkv, const Tensor& kv,           \
-     const AttentionShape& shape, const AttentionTile& tile),                                 \
-    (out_acc, lse, qkv, kv, shape, tile))                                                     \
-  X(AttentionTileBackward, attention_tile_backward, "backward",                               \
-    (const Tensor& dq, const Tensor& dkv, const Tensor& dout, const Tensor& qkv,              \
-     const Tensor& kv, const Tensor& out, const Tensor& lse, const AttentionShape& shape,     \
-     const AttentionTile& tile),                                                              \
-    (dq, dkv, dout, qkv, kv, out, lse, shape, tile))                                          \
-  X(CopyColumns, copy_columns, "copy",                                                        \
-    (const Tensor& dst, const Tensor& src, int64_t dst_col, int64_t src_col, int64_t ncols),  \
-    (dst, src, dst_col, src_col, ncols))                                                      \
-  X(AttentionDecode, attention_decode, "forward",                                             \
-    (const Tensor& out, const Tensor& k_cache, const Tensor& v_cache, const Tensor& qkv,      \
-     int64_t past, const AttentionShape& shape),                                              \
-    (out, k_cache, v_cache, qkv, past, shape))                                                \
-  X(RopeForward, rope_forward, "forward",                                                     \
-    (const Tensor& qkv, const Tensor& positions, const AttentionShape& shape,                 \
-     const RopeSpec& rope),                                                                   \
-    (qkv, positions, shape, rope))                                                            \
-  X(RopeBackward, rope_backward, "backward",                                                  \
-    (const Tensor& dqkv, const Tensor& positions, const AttentionShape& shape,                \
-     const RopeSpec& rope),                                                                   \
-    (dqkv, positions, shape, rope))                                                           \
-  X(GeluForward, gelu_forward, "forward", (const Tensor& out, const Tensor& inp), (out, inp)) \
-  X(GeluBackward, gelu_backward, "backward",                                                  \
-    (const Tensor& dinp, const Tensor& dout, const Tensor& inp), (dinp, dout, inp))           \
-  X(SiluForward, silu_forward, "forward", (const Tensor& out, const Tensor& inp), (out, inp)) \
-  X(SiluBackward, silu_backward, "backward",                                                  \
-    (const Tensor& dinp, const Tensor& dout, const Tensor& inp), (dinp, dout, inp))           \
-  X(SwiGluForward, swiglu_forward, "forward", (const Tensor& out, const Tensor& inp),         \
-    (out, inp))                                                                               \
-  X(SwiGluBackward, swiglu_backward, "backward",                                              \
-    (const Tensor& dinp, const Tensor& dout, const Tensor& inp), (dinp, dout, inp))           \
-  X(Add, add, "forward", (const Tensor& out, const Tensor& a, const Tensor& b), (out, a, b))   \
-  X(Modulate, modulate, "forward",                                                            \
-    (const Tensor& out, const Tensor& x, const Tensor& mod, int scale_index, int shift_index, \
-     float scale_offset),                                                                     \
-    (out, x, mod, scale_index, shift_index, scale_offset))                                    \
-  X(ModulateBackward, modulate_backward, "backward",                                          \
-    (const Tensor& dx, const Tensor& dmod, const Tensor& dout, const Tensor& x,               \
-     const Tensor& mod, int scale_index, int shift_index, float scale_offset),                \
-    (dx, dmod, dout, x, mod, scale_index, shift_index, scale_offset))                         \
-  X(DropoutForward, dropout_forward, "forward",                                               \
-    (const Tensor& out, const Tensor& inp, const DropoutSpec& spec), (out, inp, spec))        \
-  X(DropoutBackward, dropout_backward, "backward",                                            \
-    (const Tensor& dinp, const Tensor& dout, const DropoutSpec& spec), (dinp, dout, spec))    \
-  X(SoftmaxCrossEntropy, softmax_cross_entropy, "loss",                                       \
-    (const Tensor& losses, const Tensor& dlogits, const Tensor& logits,                       \
-     const Tensor& targets, int vocab_size, int ignore_index, float grad_scale),              \
-    (losses, dlogits, logits, targets, vocab_size, ignore_index, grad_scale))                 \
-  X(CrossEntropyShardStats, cross_entropy_shard_stats, "loss",                              \
-    (const Tensor& stats, const Tensor& logits, const Tensor& targets, int64_t vocab_begin,  \
-     int valid),                                                                              \
-    (stats, logits, targets, vocab_begin, valid))                                             \
-  X(CrossEntropyShardBackward, cross_entropy_shard_backward, "loss",                        \
-    (const Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse,   \
-     int64_t vocab_begin, int valid, int ignore_index, float grad_scale),                     \
-    (dlogits, logits, targets, lse, vocab_begin, valid, ignore_index, grad_scale))            \
-  X(ShardIds, shard_ids, "forward",                                                           \
-    (const Tensor& out, const Tensor& ids, int64_t begin, int64_t count),                     \
-    (out, ids, begin, count))                                                                 \
-  X(Patchify, patchify, "forward",                                                            \
-    (const Tensor& out, const Tensor& images, int patch), (out, images, patch))               \
-  X(Unpatchify, unpatchify, "forward",                                                        \
-    (const Tensor& images, const Tensor& patches, int patch), (images, patches, patch))       \
-  X(RectifiedFlowInputs, rectified_flow_inputs, "loss",                                       \
-    (const Tensor& xt, const Tensor& target, const Tensor& images, const Tensor& noise,       \
-     const Tensor& t),                                                                        \
-    (xt, target, images, noise, t))                                                           \
-  X(MseLoss, mse_loss, "loss",                                                                \
-    (const Tensor& losses, const Tensor& dpred, const Tensor& pred, const Tensor& target,     \
-     float grad_scale),                                                                       \
-    (losses, dpred, pred, target, grad_scale))                                                \
-  X(AccumulateLoss, accumulate_loss, "loss",                                                  \
-    (const Tensor& acc, const Tensor& losses, const Tensor& targets), (acc, losses, targets)) \
-  X(CrossEntropyShardCombine, cross_entropy_shard_combine, "loss",                            \
-    (const Tensor& lse, const Tensor& acc, const Tensor& stats, const Tensor& targets),       \
-    (lse, acc, stats, targets))                                                               \
-  X(SumSquares, sum_squares, "optimizer", (const Tensor& acc, const Tensor& x), (acc, x))      \
-  X(ClipCoefficient, clip_coefficient, "optimizer",                                           \
-    (const Tensor& coef, const Tensor& sumsq, const Tensor& check, double max_norm,           \
-     float loss_scale),                                                                       \
-    (coef, sumsq, check, max_norm, loss_scale))                                               \
-  X(AdamW, adamw_step, "optimizer",                                                           \
-    (const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,               \
-     const Tensor& scale, const AdamWParams& hp),                                             \
-    (param, grad, m, v, scale, hp))                                                           \
-  X(AdamWMulti, adamw_multi_step, "optimizer",                                                \
-    (std::span<const AdamWTensor> tensors, const Tensor& scale, const AdamWParams& hp),       \
-    (tensors, scale, hp))                                                                     \
-  X(Ema, ema_update, "optimizer",                                                             \
+#define KILN_BACKEND_OPS(X)                                                                        \
+  X(EmbeddingForward, embedding_forward, Embedding, "forward",                                     \
+    (const Tensor& out, const Tensor& tokens, const Tensor& positions, const Tensor& wte,          \
+     const Tensor& wpe),                                                                           \
+    (out, tokens, positions, wte, wpe))                                                            \
+  X(EmbeddingBackward, embedding_backward, Embedding, "backward",                                  \
+    (const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens,             \
+     const Tensor& positions),                                                                     \
+    (dwte, dwpe, dout, tokens, positions))                                                         \
+  X(LayerNormForward, layernorm_forward, LayerNorm, "forward",                                     \
+    (const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& inp,                 \
+     const Tensor& weight, const Tensor& bias, float eps),                                         \
+    (out, mean, rstd, inp, weight, bias, eps))                                                     \
+  X(LayerNormBackward, layernorm_backward, LayerNorm, "backward",                                  \
+    (const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,           \
+     const Tensor& inp, const Tensor& weight, const Tensor& mean, const Tensor& rstd),             \
+    (dinp, dweight, dbias, dout, inp, weight, mean, rstd))                                         \
+  X(RMSNormForward, rmsnorm_forward, RMSNorm, "forward",                                           \
+    (const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight,               \
+     float eps),                                                                                   \
+    (out, rstd, inp, weight, eps))                                                                 \
+  X(RMSNormBackward, rmsnorm_backward, RMSNorm, "backward",                                        \
+    (const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,             \
+     const Tensor& weight, const Tensor& rstd),                                                    \
+    (dinp, dweight, dout, inp, weight, rstd))                                                      \
+  X(LinearForward, linear_forward, Linear, "forward",                                              \
+    (const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias),              \
+    (out, inp, weight, bias))                                                                      \
+  X(LinearBackward, linear_backward, Linear, "backward",                                           \
+    (const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,           \
+     const Tensor& inp, const Tensor& weight),                                                     \
+    (dinp, dweight, dbias, dout, inp, weight))                                                     \
+  X(AttentionForward, attention_forward, Attention, "forward",                                     \
+    (const Tensor& out, const Tensor& lse, const Tensor& qkv, const AttentionShape& shape,         \
+     const DropoutSpec& dropout),                                                                  \
+    (out, lse, qkv, shape, dropout))                                                               \
+  X(AttentionBackward, attention_backward, Attention, "backward",                                  \
+    (const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,                 \
+     const Tensor& lse, const AttentionShape& shape, const DropoutSpec& dropout),                  \
+    (dqkv, dout, qkv, out, lse, shape, dropout))                                                   \
+  X(AttentionTileForward, attention_tile_forward, RingAttention, "forward",                        \
+    (const Tensor& out_acc, const Tensor& lse, const Tensor& qkv, const Tensor& kv,                \
+     const AttentionShape& shape, const AttentionTile& tile),                                      \
+    (out_acc, lse, qkv, kv, shape, tile))                                                          \
+  X(AttentionTileBackward, attention_tile_backward, RingAttention, "backward",                     \
+    (const Tensor& dq, const Tensor& dkv, const Tensor& dout, const Tensor& qkv,                   \
+     const Tensor& kv, const Tensor& out, const Tensor& lse, const AttentionShape& shape,          \
+     const AttentionTile& tile),                                                                   \
+    (dq, dkv, dout, qkv, kv, out, lse, shape, tile))                                               \
+  X(CopyColumns, copy_columns, RingAttention, "copy",                                              \
+    (const Tensor& dst, const Tensor& src, int64_t dst_col, int64_t src_col, int64_t ncols),       \
+    (dst, src, dst_col, src_col, ncols))                                                           \
+  X(AttentionDecode, attention_decode, Decode, "forward",                                          \
+    (const Tensor& out, const Tensor& k_cache, const Tensor& v_cache, const Tensor& qkv,           \
+     int64_t past, const AttentionShape& shape),                                                   \
+    (out, k_cache, v_cache, qkv, past, shape))                                                     \
+  X(RopeForward, rope_forward, Rope, "forward",                                                    \
+    (const Tensor& qkv, const Tensor& positions, const AttentionShape& shape,                      \
+     const RopeSpec& rope),                                                                        \
+    (qkv, positions, shape, rope))                                                                 \
+  X(RopeBackward, rope_backward, Rope, "backward",                                                 \
+    (const Tensor& dqkv, const Tensor& positions, const AttentionShape& shape,                     \
+     const RopeSpec& rope),                                                                        \
+    (dqkv, positions, shape, rope))                                                                \
+  X(GeluForward, gelu_forward, Gelu, "forward",                                                    \
+    (const Tensor& out, const Tensor& inp), (out, inp))                                            \
+  X(GeluBackward, gelu_backward, Gelu, "backward",                                                 \
+    (const Tensor& dinp, const Tensor& dout, const Tensor& inp), (dinp, dout, inp))                \
+  X(SiluForward, silu_forward, Silu, "forward",                                                    \
+    (const Tensor& out, const Tensor& inp), (out, inp))                                            \
+  X(SiluBackward, silu_backward, Silu, "backward",                                                 \
+    (const Tensor& dinp, const Tensor& dout, const Tensor& inp), (dinp, dout, inp))                \
+  X(SwiGluForward, swiglu_forward, SwiGLU, "forward", (const Tensor& out, const Tensor& inp),      \
+    (out, inp))                                                                                    \
+  X(SwiGluBackward, swiglu_backward, SwiGLU, "backward",                                           \
+    (const Tensor& dinp, const Tensor& dout, const Tensor& inp), (dinp, dout, inp))                \
+  X(Add, add, Add, "forward", (const Tensor& out, const Tensor& a, const Tensor& b), (out, a, b))  \
+  X(Modulate, modulate, Modulate, "forward",                                                       \
+    (const Tensor& out, const Tensor& x, const Tensor& mod, int scale_index, int shift_index,      \
+     float scale_offset),                                                                          \
+    (out, x, mod, scale_index, shift_index, scale_offset))                                         \
+  X(ModulateBackward, modulate_backward, Modulate, "backward",                                     \
+    (const Tensor& dx, const Tensor& dmod, const Tensor& dout, const Tensor& x,                    \
+     const Tensor& mod, int scale_index, int shift_index, float scale_offset),                     \
+    (dx, dmod, dout, x, mod, scale_index, shift_index, scale_offset))                              \
+  X(DropoutForward, dropout_forward, Dropout, "forward",                                           \
+    (const Tensor& out, const Tensor& inp, const DropoutSpec& spec), (out, inp, spec))             \
+  X(DropoutBackward, dropout_backward, Dropout, "backward",                                        \
+    (const Tensor& dinp, const Tensor& dout, const DropoutSpec& spec), (dinp, dout, spec))         \
+  X(SoftmaxCrossEntropy, softmax_cross_entropy, SoftmaxCrossEntropy, "loss",                       \
+    (const Tensor& losses, const Tensor& dlogits, const Tensor& logits,                            \
+     const Tensor& targets, int vocab_size, int ignore_index, float grad_scale),                   \
+    (losses, dlogits, logits, targets, vocab_size, ignore_index, grad_scale))                      \
+  X(CrossEntropyShardStats, cross_entropy_shard_stats, VocabParallel, "loss",                      \
+    (const Tensor& stats, const Tensor& logits, const Tensor& targets, int64_t vocab_begin,        \
+     int valid),                                                                                   \
+    (stats, logits, targets, vocab_begin, valid))                                                  \
+  X(CrossEntropyShardBackward, cross_entropy_shard_backward, VocabParallel, "loss",                \
+    (const Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse,        \
+     int64_t vocab_begin, int valid, int ignore_index, float grad_scale),                          \
+    (dlogits, logits, targets, lse, vocab_begin, valid, ignore_index, grad_scale))                 \
+  X(ShardIds, shard_ids, VocabParallel, "forward",                                                 \
+    (const Tensor& out, const Tensor& ids, int64_t begin, int64_t count),                          \
+    (out, ids, begin, count))                                                                      \
+  X(Patchify, patchify, Patchify, "forward",                                                       \
+    (const Tensor& out, const Tensor& images, int patch), (out, images, patch))                    \
+  X(Unpatchify, unpatchify, Unpatchify, "forward",                                                 \
+    (const Tensor& images, const Tensor& patches, int patch), (images, patches, patch))            \
+  X(RectifiedFlowInputs, rectified_flow_inputs, FlowMatching, "loss",                              \
+    (const Tensor& xt, const Tensor& target, const Tensor& images, const Tensor& noise,            \
+     const Tensor& t),                                                                             \
+    (xt, target, images, noise, t))                                                                \
+  X(MseLoss, mse_loss, FlowMatching, "loss",                                                       \
+    (const Tensor& losses, const Tensor& dpred, const Tensor& pred, const Tensor& target,          \
+     float grad_scale),                                                                            \
+    (losses, dpred, pred, target, grad_scale))                                                     \
+  X(AccumulateLoss, accumulate_loss, StepStats, "loss",                                            \
+    (const Tensor& acc, const Tensor& losses, const Tensor& targets), (acc, losses, targets))      \
+  X(CrossEntropyShardCombine, cross_entropy_shard_combine, VocabParallel, "loss",                  \
+    (const Tensor& lse, const Tensor& acc, const Tensor& stats, const Tensor& targets),            \
+    (lse, acc, stats, targets))                                                                    \
+  X(SumSquares, sum_squares, StepStats, "optimizer",                                               \
+    (const Tensor& acc, const Tensor& x), (acc, x))                                                \
+  X(ClipCoefficient, clip_coefficient, StepStats, "optimizer",                                     \
+    (const Tensor& coef, const Tensor& sumsq, const Tensor& check, double max_norm,                \
+     float loss_scale),                                                                            \
+    (coef, sumsq, check, max_norm, loss_scale))                                                    \
+  X(AdamW, adamw_step, AdamW, "optimizer",                                                         \
+    (const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,                    \
+     const Tensor& scale, const AdamWParams& hp),                                                  \
+    (param, grad, m, v, scale, hp))                                                                \
+  X(AdamWMulti, adamw_multi_step, AdamW, "optimizer",                                              \
+    (std::span<const AdamWTensor> tensors, const Tensor& scale, const AdamWParams& hp),            \
+    (tensors, scale, hp))                                                                          \
+  X(Ema, ema_update, Ema, "optimizer",                                                             \
     (const Tensor& ema, const Tensor& param, float decay), (ema, param, decay))
 // clang-format on

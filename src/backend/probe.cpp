@@ -27,7 +27,7 @@ double best_rate(double work, double seconds, Backend& be, F&& run) {
 }  // namespace
 
 double measure_gemm_flops(Backend& be, DType dtype, int64_t n, double seconds) {
-  KILN_CHECK(be.supports(Op::Linear, dtype), "{} backend: no {} GEMM to measure", be.name(),
+  KILN_CHECK(be.supports(OpFamily::Linear, dtype), "{} backend: no {} GEMM to measure", be.name(),
              dtype_name(dtype));
   Tensor a = be.empty(Shape{n, n}, dtype, MemCategory::Temporaries);
   Tensor w = be.empty(Shape{n, n}, dtype, MemCategory::Temporaries);

@@ -4,7 +4,6 @@
 
 #include "comm/detail.h"
 #include "comm/local_communicator.h"
-#include "profile/tracer.h"
 #ifdef KILN_HAVE_MPI
 #include "comm/mpi_communicator.h"
 #endif
@@ -86,7 +85,8 @@ void Communicator::reset_stats() {
 }
 
 void Communicator::record(Collective c, int64_t bytes, double seconds) {
-  profile::trace_collective_done(collective_name(c), bytes, seconds, "comm " + name());
+  if (TraceSink* t = tracer(); t != nullptr && t->enabled())
+    t->record_collective_done(collective_name(c), bytes, seconds, "comm " + name());
   std::lock_guard<std::mutex> lock(stats_mu_);
   CollectiveStats& s = stats_.per[static_cast<int>(c)];
   s.count += 1;
@@ -116,6 +116,7 @@ std::unique_ptr<Communicator> Communicator::new_group(const std::vector<int>& ra
              where(), rank());
   auto group = make_group(ranks, name);
   group->set_timeout(timeout());
+  group->set_tracer(tracer());
   return group;
 }
 
@@ -124,6 +125,7 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key, std::strin
   KILN_CHECK(color >= 0, "split '{}' on {}: color must be >= 0, got {}", name, where(), color);
   auto group = make_split(color, key, name);
   group->set_timeout(timeout());
+  group->set_tracer(tracer());
   return group;
 }
 

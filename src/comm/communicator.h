@@ -32,8 +32,10 @@
 
 #include "backend/backend.h"
 #include "core/tensor.h"
+#include "core/trace_sink.h"
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -186,6 +188,14 @@ class Communicator {
   CommStats stats() const;
   void reset_stats();
 
+  /// Where each completed operation is reported for a trace (category "comm", on the
+  /// virtual track "comm <name>"); nullptr (the default): nowhere. Not owned; install it
+  /// before the operations to trace. Sub-groups (new_group, split) inherit their parent's.
+  virtual void set_tracer(TraceSink* tracer) {
+    tracer_.store(tracer, std::memory_order_relaxed);
+  }
+  TraceSink* tracer() const { return tracer_.load(std::memory_order_relaxed); }
+
  protected:
   explicit Communicator(std::string name);
   virtual std::unique_ptr<Communicator> make_group(const std::vector<int>& ranks,
@@ -206,6 +216,7 @@ class Communicator {
  private:
   std::string name_;
   double timeout_s_;
+  std::atomic<TraceSink*> tracer_{nullptr};
   mutable std::mutex stats_mu_;
   CommStats stats_;
 };

@@ -84,13 +84,14 @@ int LayeredModel::local_part(int global) const {
 LayeredModel::LayeredModel(Backend& backend, const ModelStorage& storage)
     : backend_(backend), storage_(storage) {}
 
-void LayeredModel::build(const std::vector<PartLayout>& parts, const std::vector<Op>& ops) {
+void LayeredModel::build(const std::vector<PartLayout>& parts,
+                         const std::vector<OpFamily>& ops) {
   KILN_CHECK(storage_.grad_dtype == DType::F32 || storage_.grad_dtype == storage_.dtype,
              "{}: gradients in {} with parameters in {} are not supported", arch(),
              dtype_name(storage_.grad_dtype), dtype_name(storage_.dtype));
-  for (Op op : ops)
+  for (OpFamily op : ops)
     KILN_CHECK(backend_.supports(op, storage_.dtype), "backend {} has no {} {}", backend_.name(),
-               dtype_name(storage_.dtype), op_name(op));
+               dtype_name(storage_.dtype), family_name(op));
   FlatLayout layout = lay_out(parts, storage_.part_alignment, storage_.held_parts);
   params_ = std::move(layout.params);
   layer_params_ = std::move(layout.layer_params);

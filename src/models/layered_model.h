@@ -71,7 +71,7 @@ class LayeredModel : public Model {
   /// Called once by the derived constructor after its layers exist: lays them out and
   /// allocates (and binds) the flat buffers the storage asks for. Throws on a dtype the
   /// backend cannot run `ops` in, or gradients in a dtype other than fp32 or dtype.
-  void build(const std::vector<PartLayout>& parts, const std::vector<Op>& ops);
+  void build(const std::vector<PartLayout>& parts, const std::vector<OpFamily>& ops);
   ModelHooks& hooks() const { return *hooks_; }
   /// The local index (ModelPart::index) of global part `global`; -1 when not held.
   int local_part(int global) const;

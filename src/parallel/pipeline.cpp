@@ -1,7 +1,6 @@
 #include "parallel/pipeline.h"
 
 #include "core/error.h"
-#include "profile/tracer.h"
 
 #include <algorithm>
 #include <chrono>
@@ -108,7 +107,7 @@ void PipelineExecutor::forward(const Action& a, MicroBatches& mbs, float grad_sc
   if (c < C - 1) p.output = message_buffer();
   mbs.before_pass(j, true);
   {
-    auto scope = profile::trace_scope("forward");
+    TraceScope scope(tracer_, "forward");
     const auto t0 = Clock::now();
     const LossSum l = model_.forward_stage(p, grad_scale);
     timing_.busy += std::chrono::duration<double>(Clock::now() - t0).count();
@@ -135,7 +134,7 @@ void PipelineExecutor::backward(const Action& a, MicroBatches& mbs) {
   if (c > 0) p.dinput = message_buffer();
   mbs.before_pass(j, false);
   {
-    auto scope = profile::trace_scope("backward");
+    TraceScope scope(tracer_, "backward");
     const auto t0 = Clock::now();
     model_.backward_stage(p);
     timing_.busy += std::chrono::duration<double>(Clock::now() - t0).count();

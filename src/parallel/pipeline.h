@@ -21,6 +21,7 @@
 #pragma once
 
 #include "comm/communicator.h"
+#include "core/trace_sink.h"
 #include "models/model.h"
 #include "parallel/pipeline_schedule.h"
 
@@ -74,6 +75,9 @@ class PipelineExecutor {
     double busy = 0.0, span = 0.0;
   };
   Timing take_timing();
+  /// Where the passes are reported for a trace (spans "forward" and "backward");
+  /// nullptr: nowhere. Not owned.
+  void set_tracer(TraceSink* tracer) { tracer_ = tracer; }
 
  private:
   enum Kind { kActivation = 0, kGradient = 1 };
@@ -107,6 +111,7 @@ class PipelineExecutor {
   std::map<Key, Tensor> outbox_;  // computed, its send not yet posted
   std::vector<std::pair<std::shared_ptr<Work>, Tensor>> sends_;
   Timing timing_;
+  TraceSink* tracer_ = nullptr;
 };
 
 }  // namespace kiln::pp

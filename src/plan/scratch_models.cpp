@@ -38,13 +38,13 @@ int64_t onednn_matmul_scratchpad_bytes(const GemmProblem& g, int threads) {
 std::vector<GemmProblem> cpu_linear_gemms(const MetaCallInfo& c) {
   std::vector<GemmProblem> out;
   const int64_t N = c.N, IC = c.IC, OC = c.OC;
-  if (c.call == MetaCall::LinearForward) {
+  if (c.call == Op::LinearForward) {
     GemmProblem g;
     g.m = N, g.n = OC, g.k = IC, g.lda = IC, g.ldb = IC, g.trans_b = true, g.ldc = OC;
     g.bias = c.has_bias;
     g.dtype = g.c_dtype = c.dtype;
     out.push_back(g);
-  } else if (c.call == MetaCall::LinearBackward) {
+  } else if (c.call == Op::LinearBackward) {
     if (c.has_dinp) {
       GemmProblem g;
       g.m = N, g.n = IC, g.k = OC, g.lda = OC, g.ldb = IC, g.ldc = IC;
@@ -98,15 +98,15 @@ class CudaScratch final : public MetaScratchModel {
     auto chunks = [](int64_t n) { return (n + 63) / 64; };
     auto up256 = [](int64_t b) { return (b + 255) / 256 * 256; };
     switch (c.call) {
-      case MetaCall::LayerNormBackward: return 4 * 2 * chunks(c.N) * c.C;
-      case MetaCall::RMSNormBackward: return 4 * chunks(c.N) * c.C;
-      case MetaCall::LinearBackward: return c.has_bias ? 4 * chunks(c.N) * c.OC : 0;
-      case MetaCall::AttentionBackward: return 4 * c.B * c.NH * c.T;
-      case MetaCall::EmbeddingBackward: {
+      case Op::LayerNormBackward: return 4 * 2 * chunks(c.N) * c.C;
+      case Op::RMSNormBackward: return 4 * chunks(c.N) * c.C;
+      case Op::LinearBackward: return c.has_bias ? 4 * chunks(c.N) * c.OC : 0;
+      case Op::AttentionBackward: return 4 * c.B * c.NH * c.T;
+      case Op::EmbeddingBackward: {
         const int64_t n = c.B * c.T;
         return 4 * up256(4 * n) + up256(8 * n + (64 << 10));
       }
-      case MetaCall::SumSquares: {
+      case Op::SumSquares: {
         const int64_t blocks = std::clamp<int64_t>((c.numel + 2047) / 2048, 1, 1024);
         return 8 * blocks;  // the per-block partial sums
       }

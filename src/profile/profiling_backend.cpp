@@ -415,7 +415,7 @@ void ProfilingBackend::fill(Stream s, const Tensor& t, float value) {
   KILN_PROFILED("fill", "memory", inner_.fill(s, t, value), cost::fill(t));
 }
 
-#define KILN_PROFILE_OP(Call, method, category, params, args)                   \
+#define KILN_PROFILE_OP(Call, method, family, category, params, args)           \
   void ProfilingBackend::method(Stream s, KILN_PARAMS params) {                 \
     KILN_PROFILED(#method, category, inner_.method(s, KILN_PARAMS args), cost::method args); \
   }

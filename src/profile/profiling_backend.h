@@ -121,7 +121,6 @@ class ProfilingBackend final : public Backend {
     return inner_.marker_elapsed_ms(from, to);
   }
   void release_markers() override { inner_.release_markers(); }
-  bool supports(Op op, DType dtype) const override { return inner_.supports(op, dtype); }
 
   void copy_from_host(Stream s, const Tensor& dst, const void* src) override;
   void copy_to_host(Stream s, void* dst, const Tensor& src) override;
@@ -131,10 +130,14 @@ class ProfilingBackend final : public Backend {
   void fill(Stream s, const Tensor& t, float value) override;
 
   // Every op of backend/op_list.h: forwarded, and timed with its cost while enabled.
-#define KILN_PROFILE_DECLARE(Call, method, category, params, args) \
+#define KILN_PROFILE_DECLARE(Call, method, family, category, params, args) \
   void method(Stream s, KILN_PARAMS params) override;
   KILN_BACKEND_OPS(KILN_PROFILE_DECLARE)
 #undef KILN_PROFILE_DECLARE
+
+ protected:
+  /// As the wrapped backend answers.
+  bool runs(Op op, DType dtype) const override { return inner_.supports(op, dtype); }
 
  private:
   // An op marked on the device, waiting for flush().
@@ -169,7 +172,7 @@ std::unique_ptr<ProfilingBackend> profiled(std::unique_ptr<Backend> inner,
 // The cost formulas above, one function per op of backend/op_list.h with the op's
 // parameters (exposed for tests and tools), and for the hand-written calls.
 namespace cost {
-#define KILN_COST_DECLARE(Call, method, category, params, args) \
+#define KILN_COST_DECLARE(Call, method, family, category, params, args) \
   OpCost method(KILN_PARAMS params);
 KILN_BACKEND_OPS(KILN_COST_DECLARE)
 #undef KILN_COST_DECLARE

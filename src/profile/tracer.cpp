@@ -186,21 +186,22 @@ std::string Tracer::to_json() const {
 
 void Tracer::write_trace(const fs::path& path) const { write_file_atomically(path, to_json()); }
 
+void Tracer::record_collective(std::string_view name, int64_t bytes, Clock::time_point start,
+                               Clock::time_point end, std::string_view track) {
+  if (!enabled()) return;
+  record_complete(name, "comm", start, end, 0.0, static_cast<double>(bytes), {},
+                  track_id(track));
+}
+
 void trace_collective(std::string_view name, int64_t bytes, Clock::time_point start,
                       Clock::time_point end, std::string_view track) {
-  Tracer& t = Tracer::global();
-  if (!t.enabled()) return;
-  t.record_complete(name, "comm", start, end, 0.0, static_cast<double>(bytes), {},
-                    t.track_id(track));
+  Tracer::global().record_collective(name, bytes, start, end, track);
 }
 
 void trace_collective_done(std::string_view name, int64_t bytes, double seconds,
                            std::string_view track) {
-  if (!Tracer::global().enabled()) return;
-  const auto end = Clock::now();
-  const auto start =
-      end - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-  trace_collective(name, bytes, start, end, track);
+  Tracer& t = Tracer::global();
+  if (t.enabled()) t.record_collective_done(name, bytes, seconds, track);
 }
 
 void trace_counter(std::string_view name, std::vector<std::pair<std::string, double>> values) {

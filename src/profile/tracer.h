@@ -21,6 +21,8 @@
 // (track_id("comm")), which write_trace labels like a thread.
 #pragma once
 
+#include "core/trace_sink.h"
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -52,7 +54,9 @@ struct TraceEvent {
   std::vector<std::pair<std::string, double>> args;  // further numeric args / counter values
 };
 
-class Tracer {
+/// The TraceSink that the trainer, `kiln bench` and the tests install in the layers
+/// below (communicators, the pipeline executor, the step).
+class Tracer final : public TraceSink {
  public:
   Tracer();
   Tracer(const Tracer&) = delete;
@@ -62,7 +66,7 @@ class Tracer {
   static Tracer& global();
 
   /// Whether events are recorded: one relaxed atomic load.
-  bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
+  bool enabled() const override { return enabled_.load(std::memory_order_relaxed); }
   void enable() { enabled_.store(true, std::memory_order_relaxed); }
   void disable() { enabled_.store(false, std::memory_order_relaxed); }
 
@@ -88,6 +92,15 @@ class Tracer {
   void record_complete(std::string_view name, std::string_view category, Clock::time_point start,
                        Clock::time_point end, double flops = 0.0, double bytes = 0.0,
                        std::string detail = {}, uint32_t tid = 0);
+  /// TraceSink: a complete event on the calling thread's track.
+  void record_span(std::string_view name, std::string_view category, Clock::time_point start,
+                   Clock::time_point end) override {
+    record_complete(name, category, start, end);
+  }
+  /// TraceSink: a complete event of category "comm" with args.bytes on the virtual track
+  /// `track`.
+  void record_collective(std::string_view name, int64_t bytes, Clock::time_point start,
+                         Clock::time_point end, std::string_view track) override;
   /// A counter event: each (series, value) becomes one line of the counter track `name`.
   void record_counter(std::string_view name,
                       std::vector<std::pair<std::string, double>> values);
@@ -114,31 +127,9 @@ class Tracer {
   std::map<std::string, uint32_t, std::less<>> virtual_tracks_;
 };
 
-/// RAII: records one complete event from construction to destruction when the tracer
-/// is enabled at construction. `name` and `category` must outlive the scope (string
-/// literals). Disabled: one relaxed atomic load, nothing else.
-class TraceScope {
- public:
-  TraceScope(Tracer& tracer, std::string_view name, std::string_view category = "phase")
-      : tracer_(tracer.enabled() ? &tracer : nullptr), name_(name), category_(category) {
-    if (tracer_) start_ = Clock::now();
-  }
-  ~TraceScope() {
-    if (tracer_) tracer_->record_complete(name_, category_, start_, Clock::now(), flops_, bytes_);
-  }
-  TraceScope(const TraceScope&) = delete;
-  TraceScope& operator=(const TraceScope&) = delete;
-  /// Adds work done inside the scope (shown as args; used by the summary).
-  void add_flops(double f) { flops_ += f; }
-  void add_bytes(double b) { bytes_ += b; }
-  bool active() const { return tracer_ != nullptr; }
-
- private:
-  Tracer* tracer_;
-  std::string_view name_, category_;
-  Clock::time_point start_{};
-  double flops_ = 0.0, bytes_ = 0.0;
-};
+/// The RAII span of core/trace_sink.h, here for the profiler's users:
+/// `profile::TraceScope s(tracer, "forward");`.
+using kiln::TraceScope;
 
 /// A scope on the global tracer: `auto t = profile::trace_scope("optimizer");`.
 /// The trainer uses "data", "forward", "backward", "optimizer", "checkpoint", "eval".
@@ -146,16 +137,15 @@ inline TraceScope trace_scope(std::string_view name, std::string_view category =
   return TraceScope(Tracer::global(), name, category);
 }
 
-/// For the communication layer: one collective (or send/recv) that ran from `start` to
-/// `end` and moved `bytes` (the nccl-tests size, see comm/communicator.h), on the
-/// virtual track `track` of the global tracer (category "comm", args.bytes). Callable
-/// from any thread, e.g. the communication thread when the operation completes.
+/// One collective (or send/recv) that ran from `start` to `end` and moved `bytes` (the
+/// nccl-tests size, see comm/communicator.h), on the virtual track `track` of the global
+/// tracer (Tracer::record_collective). Callable from any thread. (The communicators
+/// report to the TraceSink installed in them instead, Communicator::set_tracer.)
 void trace_collective(std::string_view name, int64_t bytes, Clock::time_point start,
                       Clock::time_point end, std::string_view track = "comm");
 
-/// As above, for a caller that knows the duration of an operation that just completed
-/// (e.g. Communicator::record(collective, bytes, seconds)): it ran from now - seconds
-/// to now.
+/// As above, for a caller that knows the duration of an operation that just completed:
+/// it ran from now - seconds to now.
 void trace_collective_done(std::string_view name, int64_t bytes, double seconds,
                            std::string_view track = "comm");
 

@@ -2,7 +2,6 @@
 
 #include "core/error.h"
 #include "models/registry.h"
-#include "profile/tracer.h"
 #include "train/model_io.h"
 
 #include <fmt/format.h>
@@ -364,11 +363,11 @@ StepResult TrainStep::run(const void* inputs, const int32_t* targets, int64_t up
   pipeline_->run(batches, grad_scale);  // the loss sums land in stats_[0:2]
   {
     announce(StepPhase::GradSync);
-    auto scope = profile::trace_scope("grad_sync");
+    TraceScope scope(tracer_, "grad_sync");
     dp_->finish_gradients([this] { reduce_tied_grads(); });
   }
   announce(StepPhase::Optimizer);
-  auto optimizer_scope = profile::trace_scope("optimizer");
+  TraceScope optimizer_scope(tracer_, "optimizer");
   // stats_ = {loss sum, local target count, gradient sum of squares}, summed over ranks
   // on the device: every rank gets the same bits and takes the same decision.
   const Tensor loss_sum = stats_.view_at(0, Shape{1}), sumsq = stats_.view_at(2, Shape{1});

@@ -31,6 +31,7 @@
 #pragma once
 
 #include "comm/communicator.h"
+#include "core/trace_sink.h"
 #include "models/model.h"
 #include "optim/adamw.h"
 #include "parallel/context_parallel.h"
@@ -138,6 +139,12 @@ class TrainStep {
   void init_weights(uint64_t seed);
   /// Observer of the phases; nullptr for none. Not owned.
   void set_observer(StepObserver* o) { observer_ = o; }
+  /// Where the phases are reported for a trace (spans "forward" and "backward" from the
+  /// pipeline, "grad_sync", "optimizer"); nullptr (the default): nowhere. Not owned.
+  void set_tracer(TraceSink* tracer) {
+    tracer_ = tracer;
+    pipeline_->set_tracer(tracer);
+  }
 
   /// One update from this rank's grad_accum_steps micro-batches: inputs and targets int32,
   /// each micro-batch laid out as upload_micro_batch takes it, one after another (targets
@@ -187,6 +194,7 @@ class TrainStep {
   std::unique_ptr<AdamW> optimizer_;
   LossScaler scaler_;
   StepObserver* observer_ = nullptr;
+  TraceSink* tracer_ = nullptr;
   int accum_ = 1;
   BatchShape shape_;        // the caller's micro-batch (whole sequences)
   BatchShape local_shape_;  // the model's: [B, T/cp] under cp, else shape_

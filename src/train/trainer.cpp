@@ -86,6 +86,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   // The mesh first: every later choice (accumulation, data slice, ZeRO shards) depends
   // on the data-parallel size.
   world_ = make_device_world_communicator(config_.train.device);
+  world_->set_tracer(&profile::Tracer::global());  // the groups built from it inherit it
   // parallel.timeout_s, unless KILN_COMM_TIMEOUT_S overrides it (tests, debugging).
   if (std::getenv("KILN_COMM_TIMEOUT_S") == nullptr) world_->set_timeout(config_.parallel.timeout_s);
   // Every rank must run the same config, the layout included: checked key by key before
@@ -126,9 +127,9 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
                           train_data_->fingerprint().dump());
 
   backend_ = make_device_backend(config_.train.device);
-  KILN_CHECK(mesh_->cp() == 1 || backend_->device().is_cpu(), "{}: parallel.cp = {} on {}: "
-             "context parallelism runs on the CPU backend only so far (the CUDA ring-attention "
-             "kernels are not written yet)", config_.source, mesh_->cp(), backend_->device().str());
+  if (mesh_->cp() > 1)  // ring attention's tile ops
+    require_ops(*backend_, OpFamily::RingAttention, parse_dtype(config_.train.dtype),
+                fmt::format("{}: parallel.cp = {}", config_.source, mesh_->cp()));
   // Profiling wraps the backend (one trace event per op); off, nothing is wrapped.
   if (config_.profile.enabled())
     backend_ = profile::profiled(std::move(backend_), config_.profile.timing);
@@ -138,6 +139,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
                                           mesh_->tp() > 1 ? &mesh_->comm(Axis::TP) : nullptr,
                                           mesh_->pp() > 1 ? &mesh_->comm(Axis::PP) : nullptr,
                                           mesh_->cp() > 1 ? &mesh_->comm(Axis::CP) : nullptr);
+  one_step_->set_tracer(&profile::Tracer::global());
   model_ = &one_step_->model();
   dp_ = &one_step_->data_parallel();
   optimizer_ = &one_step_->optimizer();

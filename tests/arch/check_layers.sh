@@ -6,7 +6,8 @@
 # the GPU) includes CUDA headers; outside a model's own folder (every folder of
 # src/models/: gpt2/, llama/, vit/, dit/, ...) nothing in src/ or apps/ includes one of its
 # headers (everything sees models/model.h and models/registry.h) but the registry, which
-# registers them. Fails listing each offending include.
+# registers them; src/comm/ and src/parallel/ include nothing of src/profile/ (the tracer
+# is passed in as a core TraceSink). Fails listing each offending include.
 set -u
 src="$1/src"
 bad=0
@@ -27,6 +28,10 @@ while IFS= read -r line; do report "$line"; done < <(
   grep -rnE '#\s*if(def)?\s.*(KILN_CUDA|__CUDACC__|KILN_MPI)' "$src/models" "$src/nn" 2>/dev/null)
 while IFS= read -r line; do report "$line"; done < <(
   grep -rnE '#include\s+"models/' "$src/nn" 2>/dev/null)
+# The communication and parallel layers report to a TraceSink they are given
+# (core/trace_sink.h); the profiler, which implements it, sits above them.
+while IFS= read -r line; do report "$line (comm/ and parallel/ take a TraceSink, see core/trace_sink.h)"; done < <(
+  grep -rnE '#include\s+"profile/' "$src/comm" "$src/parallel" 2>/dev/null)
 # Each built-in architecture (each folder of src/models/) is named only in its own folder
 # and by the registry, which registers it.
 allowed='^'"$src"'/models/registry\.cpp:'

@@ -86,7 +86,7 @@ TEST_P(AttentionTileTest, TilesMergeToTheWholeAttention) {
                              want_dkv, 1e-5)) << what;
 
     // Back into a qkv-shaped gradient at a column offset, converted to bf16 and back.
-    if (be().supports(Op::Attention, DType::BF16)) {
+    if (be().supports(OpFamily::Attention, DType::BF16)) {
       Tensor d16 = be().empty({c.B, c.T, W}, DType::BF16, MemCategory::Activations);
       be().fill(st(), d16, 0.f);
       be().copy_columns(st(), d16, kv, C, 0, KW);

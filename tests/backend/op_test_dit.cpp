@@ -11,7 +11,7 @@
 namespace kiln::test {
 namespace {
 
-std::vector<DType> dtypes_of(Backend& be, Op op) {
+std::vector<DType> dtypes_of(Backend& be, OpFamily op) {
   std::vector<DType> v = {DType::F32};
   for (DType dt : {DType::BF16, DType::F16})
     if (be.supports(op, dt)) v.push_back(dt);
@@ -48,8 +48,9 @@ Tensor nan_as(Backend& be, const Shape& shape, DType dt) {
 }
 
 TEST_P(OpTest, DitOpsSupportFp32) {
-  for (Op op : {Op::Silu, Op::Modulate, Op::Unpatchify, Op::FlowMatching})
-    EXPECT_TRUE(be().supports(op, DType::F32)) << op_name(op);
+  for (OpFamily f : {OpFamily::Silu, OpFamily::Modulate, OpFamily::Unpatchify,
+                     OpFamily::FlowMatching})
+    EXPECT_TRUE(be().supports(f, DType::F32)) << family_name(f);
 }
 
 TEST_P(OpTest, Silu) {
@@ -61,7 +62,7 @@ TEST_P(OpTest, Silu) {
       x[(i * 7919) % n] = specials[i];
     const std::vector<float> dout = randn(n);
     const Shape shape = n % 3 == 0 ? Shape{3, n / 3} : Shape{n};
-    for (DType dt : dtypes_of(be(), Op::Silu)) {
+    for (DType dt : dtypes_of(be(), OpFamily::Silu)) {
       const std::vector<float> xr = rounded(x, dt), dr = rounded(dout, dt);
       Vec want(n), dwant(n);
       for (int64_t i = 0; i < n; ++i) {
@@ -151,7 +152,7 @@ TEST_P(OpTest, Modulate) {
     const int64_t nx = xs.numel(), nm = ms.numel();
     const std::vector<float> x = randn(nx), mod = randn(nm, 0.5f), dout = randn(nx),
                              dmod0 = randn(nm);
-    for (DType dt : dtypes_of(be(), Op::Modulate)) {
+    for (DType dt : dtypes_of(be(), OpFamily::Modulate)) {
       const std::vector<float> xr = rounded(x, dt), mr = rounded(mod, dt), dr = rounded(dout, dt),
                                d0 = rounded(dmod0, dt);
       // Forward, then in place (out aliases x).
@@ -310,7 +311,7 @@ TEST_P(OpTest, MseLoss) {
     const int64_t B = shape[0], n = shape.numel() / B, N = shape.numel();
     const float grad_scale = B % 2 ? 1.f : 0.37f;
     const std::vector<float> pred = randn(N), target = randn(N, 1.5f, 0.1f);
-    for (DType dt : dtypes_of(be(), Op::FlowMatching)) {
+    for (DType dt : dtypes_of(be(), OpFamily::FlowMatching)) {
       const std::vector<float> pr = rounded(pred, dt);
       Vec want(B, 0.0), dwant(N);
       for (int64_t i = 0; i < N; ++i) {

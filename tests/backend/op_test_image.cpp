@@ -50,7 +50,7 @@ TEST_P(OpTest, Patchify) {
       }
     }
     // bf16 out: each value rounded once (round to nearest even).
-    if (be().supports(Op::Patchify, DType::BF16)) {
+    if (be().supports(OpFamily::Patchify, DType::BF16)) {
       Tensor ob = be().empty(Shape{c.B, T, D}, DType::BF16, MemCategory::Activations);
       be().fill(st(), ob, 0.f);
       be().patchify(st(), ob, ti, c.P);
@@ -138,7 +138,7 @@ TEST_P(OpTest, Unpatchify) {
 
     // Low-precision patches: each value converted exactly to fp32.
     for (DType dt : {DType::BF16, DType::F16}) {
-      if (!be().supports(Op::Unpatchify, dt)) continue;
+      if (!be().supports(OpFamily::Unpatchify, dt)) continue;
       Tensor pl = be().empty(rows_shape, dt, MemCategory::Activations);
       upload_f32(be(), pl, patches.data());
       Tensor il = poisoned(img_shape);
@@ -147,7 +147,7 @@ TEST_P(OpTest, Unpatchify) {
       EXPECT_TRUE(bitwise_equal(std::string("unpatchify ") + std::string(dtype_name(dt)) + " " +
                                     what, download(il), want_l));
       // The round trip through low-precision rows gives the rounded images.
-      if (be().supports(Op::Patchify, dt)) {
+      if (be().supports(OpFamily::Patchify, dt)) {
         Tensor rl = be().empty(rows_shape, dt, MemCategory::Activations);
         be().fill(st(), rl, 0.f);
         be().patchify(st(), rl, upload(img, img_shape), c.P);

@@ -425,7 +425,7 @@ TEST_P(OpTest, AdamWMultiTensorMatchesPerTensor) {
 // the parameters hold. decay 1 leaves the average bitwise; decay 0 copies the parameters.
 TEST_P(OpTest, EmaUpdate) {
   for (const DType dt : {DType::F32, DType::BF16, DType::F16}) {
-    if (!be().supports(Op::Ema, dt)) continue;
+    if (!be().supports(OpFamily::Ema, dt)) continue;
     for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{4099}, int64_t{13 * 79}}) {
       const std::string what = sizes({{"n", n}}) + "param " + std::string(dtype_name(dt));
       const std::vector<float> e0 = randn(n);

@@ -2,11 +2,15 @@
 // the world factory reads. No MPI needed.
 #include "comm/communicator.h"
 #include "comm/local_communicator.h"
+#include "core/trace_sink.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <optional>
+#include <string>
+#include <vector>
 
 namespace kiln {
 namespace {
@@ -129,6 +133,39 @@ TEST(LocalComm, GroupsAndConsistencyCheck) {
   EXPECT_THROW(c.split(-1, 0), Error);
   EXPECT_NO_THROW(check_same_on_all_ranks(c, "config", "abc"));
   EXPECT_NO_THROW(check_same_on_all_ranks(c, "config", ""));
+}
+
+// The TraceSink installed in a communicator hears of each completed operation (name,
+// bytes, the track "comm <group>"), its groups inherit it, and none installed or a
+// disabled one hears nothing.
+struct RecordingSink final : TraceSink {
+  bool on = true;
+  std::vector<std::string> heard;  // "all_reduce 12 comm world"
+  bool enabled() const override { return on; }
+  void record_span(std::string_view, std::string_view, Clock::time_point,
+                   Clock::time_point) override {}
+  void record_collective(std::string_view name, int64_t bytes, Clock::time_point start,
+                         Clock::time_point end, std::string_view track) override {
+    EXPECT_LE(start, end);
+    heard.push_back(fmt::format("{} {} {}", name, bytes, track));
+  }
+};
+
+TEST(LocalComm, ReportsToTheInstalledTracer) {
+  LocalCommunicator c;
+  std::vector<float> x = {1.f, 2.f, 3.f};
+  c.all_reduce(Tensor::view(x.data(), {3}, DType::F32));  // nothing installed
+  RecordingSink sink;
+  c.set_tracer(&sink);
+  c.all_reduce(Tensor::view(x.data(), {3}, DType::F32));
+  auto tp = c.new_group({0}, "tp");
+  EXPECT_EQ(tp->tracer(), &sink);
+  tp->broadcast(Tensor::view(x.data(), {3}, DType::F32), 0);
+  c.split(0, 0, "dp")->barrier();
+  sink.on = false;
+  c.all_reduce(Tensor::view(x.data(), {3}, DType::F32));
+  EXPECT_EQ(sink.heard, (std::vector<std::string>{"all_reduce 12 comm world",
+                                                  "broadcast 12 comm tp", "barrier 0 comm dp"}));
 }
 
 TEST(CommEnv, Timeout) {

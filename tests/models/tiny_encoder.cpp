@@ -50,8 +50,8 @@ TinyEncoder::TinyEncoder(const ModelOptions& o, Backend& be, const ModelStorage&
   parts.back().resident = true;  // its loss gradient (lm_head) is made in forward
   norm_.collect(parts.back().params);
   head_.collect(parts.back().params);
-  build(parts, {Op::Embedding, Op::RMSNorm, Op::Linear, Op::Attention, Op::Rope, Op::SwiGLU,
-                Op::Add, Op::SoftmaxCrossEntropy});
+  build(parts, {OpFamily::Embedding, OpFamily::RMSNorm, OpFamily::Linear, OpFamily::Attention,
+                OpFamily::Rope, OpFamily::SwiGLU, OpFamily::Add, OpFamily::SoftmaxCrossEntropy});
 }
 
 std::string TinyEncoder::describe() const {

@@ -25,7 +25,6 @@ class ForwardingBackend : public Backend {
   Allocator& allocator() override { return in_.allocator(); }
   Allocator& staging_allocator() override { return in_.staging_allocator(); }
   Stream default_stream() override { return in_.default_stream(); }
-  bool supports(Op op, DType dt) const override { return in_.supports(op, dt); }
   std::string gemm_path(DType dt) const override { return in_.gemm_path(dt); }
   int64_t record_marker(Stream s) override { return in_.record_marker(s); }
   double marker_elapsed_ms(int64_t from, int64_t to) override {
@@ -57,13 +56,16 @@ class ForwardingBackend : public Backend {
     on_call("fill");
     in_.fill(s, t, v);
   }
-#define KILN_FORWARD_OP(Call, method, category, params, args) \
+#define KILN_FORWARD_OP(Call, method, family, category, params, args) \
   void method(Stream s, KILN_PARAMS params) override {         \
     on_call(#method);                                          \
     in_.method(s, KILN_PARAMS args);                           \
   }
   KILN_BACKEND_OPS(KILN_FORWARD_OP)
 #undef KILN_FORWARD_OP
+
+ protected:
+  bool runs(Op op, DType dt) const override { return in_.supports(op, dt); }
 
  private:
   Backend& in_;

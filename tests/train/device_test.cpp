@@ -96,7 +96,6 @@ class StagingProbe final : public Backend {
     events.push_back("sync");
     cpu->synchronize(s);
   }
-  bool supports(Op op, DType dtype) const override { return cpu->supports(op, dtype); }
   void copy_from_host(Stream s, const Tensor& dst, const void* src) override {
     events.push_back(staging.holds(src, dst.nbytes()) ? "staged" : "pageable");
     cpu->copy_from_host(s, dst, src);
@@ -108,10 +107,13 @@ class StagingProbe final : public Backend {
     cpu->copy_stochastic_round(s, dst, src, seed, stream);
   }
   void fill(Stream s, const Tensor& t, float value) override { cpu->fill(s, t, value); }
-#define KILN_PROBE_FORWARD(Call, method, category, params, args) \
+#define KILN_PROBE_FORWARD(Call, method, family, category, params, args) \
   void method(Stream s, KILN_PARAMS params) override { cpu->method(s, KILN_PARAMS args); }
   KILN_BACKEND_OPS(KILN_PROBE_FORWARD)
 #undef KILN_PROBE_FORWARD
+
+ protected:
+  bool runs(Op op, DType dtype) const override { return cpu->supports(op, dtype); }
 };
 
 TEST(Device, TheBatchIsStagedThroughTheBackendsStagingMemory) {

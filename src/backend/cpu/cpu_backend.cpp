@@ -43,9 +43,6 @@ class CpuBackend final : public Backend {
   Allocator& allocator() override { return alloc_; }
   Stream default_stream() override { return {}; }
   void synchronize(Stream) override {}
-  bool supports(Op, DType dtype) const override {
-    return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16;
-  }
   std::string gemm_path(DType dtype) const override { return cpu::Gemm::path_description(dtype); }
 
   void copy_from_host(Stream, const Tensor& dst, const void* src) override {
@@ -472,6 +469,9 @@ class CpuBackend final : public Backend {
       cpu::ema_update(p<float>(ema), p<P>(param), param.numel(), decay);
     });
   }
+
+ protected:
+  bool runs(Op op, DType dtype) const override { return cpu_supports(op, dtype); }
 
  private:
   static cpu::AttnDims dims(const checks::AttentionDims& d, const AttentionShape& shape) {

@@ -14,10 +14,4 @@ void check(cudaError_t status, const char* what, const char* file, int line) {
 
 void fail(const char* message) { throw Error(message); }
 
-Elem elem_of(DType t) {
-  if (t == DType::F32) return Elem::F32;
-  if (t == DType::BF16) return Elem::BF16;
-  KILN_FAIL("cuda: no kernel for {}", dtype_name(t));
-}
-
 }  // namespace kiln::cuda

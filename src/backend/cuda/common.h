@@ -25,8 +25,6 @@ inline unsigned grid_for(int64_t n, int threads, int64_t cap = 1 << 20) {
 
 /// Stable names for the element types the kernels instantiate.
 enum class Elem { F32, BF16 };
-/// F32 or BF16 for a tensor dtype; throws for the others (the backend checks first).
-Elem elem_of(DType t);
 
 }  // namespace kiln::cuda
 

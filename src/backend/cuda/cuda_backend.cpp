@@ -114,11 +114,6 @@ double CudaBackend::marker_elapsed_ms(int64_t from, int64_t to) {
   return ms;
 }
 
-// Every op runs fp32 and bf16 (fp16 only for transfers, copy and fill).
-bool CudaBackend::supports(Op, DType dtype) const {
-  return dtype == DType::F32 || dtype == DType::BF16;
-}
-
 // ---- memory -----------------------------------------------------------------------------
 void CudaBackend::copy_from_host(Stream s, const Tensor& dst, const void* src) {
   if (!dst.nbytes()) return;

@@ -20,6 +20,24 @@
 
 namespace kiln {
 
+/// The CUDA backend's `supports` answers, known without a GPU (the Meta backend's when it
+/// stands for CUDA, the tests): fp32 and bf16 (fp16 only for transfers, copy and fill,
+/// which are not ops of the list); the ops whose tensors have fixed dtypes (int32 ids,
+/// fp32 or fp64 statistics) for every float dtype; nothing for ring attention's tile ops
+/// (parallel.cp > 1), whose kernels are not written yet.
+constexpr bool cuda_supports(Op op, DType dtype) {
+  const bool fp32_or_bf16 = dtype == DType::F32 || dtype == DType::BF16;
+  if (op_family(op) == OpFamily::RingAttention) return false;
+  switch (op) {
+    case Op::ShardIds:
+    case Op::CrossEntropyShardCombine:
+    case Op::AccumulateLoss:
+    case Op::ClipCoefficient:
+    case Op::RectifiedFlowInputs: return fp32_or_bf16 || dtype == DType::F16;
+    default: return fp32_or_bf16;
+  }
+}
+
 /// Number of CUDA devices visible (0 when the driver is missing or reports none).
 int cuda_device_count();
 /// Why no CUDA device can be used, or "" when one can ("no GPU visible", a driver error).

@@ -9,6 +9,7 @@
 #pragma once
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/adamw.h"
 #include "backend/cuda/allocator.h"
 #include "backend/cuda/attention.h"
@@ -39,7 +40,6 @@ class CudaBackend final : public Backend {
   int64_t record_marker(Stream s) override;
   double marker_elapsed_ms(int64_t from, int64_t to) override;
   void release_markers() override { markers_used_ = 0; }
-  bool supports(Op op, DType dtype) const override;
 
   // ---- memory (cuda_backend.cpp) --------------------------------------------------------
   void copy_from_host(Stream s, const Tensor& dst, const void* src) override;
@@ -140,6 +140,9 @@ class CudaBackend final : public Backend {
   void adamw_multi_step(Stream s, std::span<const AdamWTensor> tensors, const Tensor& scale,
                         const AdamWParams& hp) override;
   void ema_update(Stream s, const Tensor& ema, const Tensor& param, float decay) override;
+
+ protected:
+  bool runs(Op op, DType dtype) const override { return cuda_supports(op, dtype); }
 
  private:
   // Scratch memory for one op (Temporaries). On the backend's stream it is the scratch

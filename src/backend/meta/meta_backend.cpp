@@ -1,5 +1,7 @@
 #include "backend/meta/meta_backend.h"
 
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
 #include "backend/meta/meta_calls.h"
 #include "core/error.h"
 
@@ -28,7 +30,6 @@ class MetaBackend final : public Backend {
   Allocator& allocator() override { return alloc_; }
   Stream default_stream() override { return {}; }
   void synchronize(Stream) override {}
-  bool supports(Op, DType) const override { return true; }
 
   void copy_from_host(Stream, const Tensor&, const void*) override {}
   void copy_to_host(Stream, void* dst, const Tensor& src) override {
@@ -46,10 +47,16 @@ class MetaBackend final : public Backend {
 
   // Every op of backend/op_list.h: checked and sized by meta_calls, its scratch held
   // while the (empty) op runs.
-#define KILN_META_OP(Call, method, category, params, args) \
+#define KILN_META_OP(Call, method, family, category, params, args) \
   void method(Stream, KILN_PARAMS params) override { Scope sc(*this, meta_calls::method args); }
   KILN_BACKEND_OPS(KILN_META_OP)
 #undef KILN_META_OP
+
+ protected:
+  bool runs(Op op, DType dtype) const override {
+    return opt_.device.type == DeviceType::CUDA ? cuda_supports(op, dtype)
+                                                : cpu_supports(op, dtype);
+  }
 
  private:
   Tensor bytes(int64_t n) {

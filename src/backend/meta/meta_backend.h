@@ -8,7 +8,10 @@
 // real run would on a shape error) and then do nothing, except:
 //   copy_to_host   fills the host buffer with zeros (callers reading losses and
 //                  gradient norms get 0)
-// supports() is true for every op and dtype.
+// supports() answers as the backend it stands for: that of `device` (the CUDA backend's
+// answers for a CUDA device, the CPU backend's otherwise), so that a plan meets the
+// capability checks the real run meets. Its ops themselves accept every dtype op_checks
+// accepts.
 //
 // What a concrete backend allocates INSIDE its ops (library scratch space, counted as
 // Temporaries there) is invisible to a backend that computes nothing; a MetaScratchModel
@@ -24,7 +27,6 @@
 #pragma once
 
 #include "backend/backend.h"
-#include "backend/op_list.h"
 
 #include <cstdint>
 #include <memory>
@@ -32,17 +34,11 @@
 
 namespace kiln {
 
-/// Every call of the Backend interface that may need scratch memory: the ops of
+/// One call's sizes (those that apply; the rest stay 0), as op_checks returns them. Every
+/// call of the Backend interface that may need scratch memory is an op of
 /// backend/op_list.h.
-enum class MetaCall : uint8_t {
-#define KILN_META_CALL(Call, method, category, params, args) Call,
-  KILN_BACKEND_OPS(KILN_META_CALL)
-#undef KILN_META_CALL
-};
-
-/// One call's sizes (those that apply; the rest stay 0), as op_checks returns them.
 struct MetaCallInfo {
-  MetaCall call = MetaCall::EmbeddingForward;
+  Op call = Op::EmbeddingForward;
   DType dtype = DType::F32;  // of the activations / the tensor
   int64_t numel = 0;         // sum_squares, adamw: elements
   int64_t N = 0;             // rows: B*T (layernorm, linear, cross-entropy)
@@ -71,7 +67,8 @@ class MetaScratchModel {
 
 struct MetaBackendOptions {
   std::string name = "meta";
-  /// The device the planned run would use (tensors report it; nothing lives there).
+  /// The device the planned run would use (tensors report it; nothing lives there); its
+  /// backend's `supports` answers are this backend's.
   Device device = Device::cpu();
   /// Scratch model; nullptr = none (only the tensors callers allocate are counted).
   std::shared_ptr<MetaScratchModel> scratch;

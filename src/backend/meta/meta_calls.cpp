@@ -6,29 +6,29 @@
 namespace kiln::meta_calls {
 
 namespace {
-MetaCallInfo info(MetaCall call, DType dtype) {
+MetaCallInfo info(Op call, DType dtype) {
   MetaCallInfo c;
   c.call = call;
   c.dtype = dtype;
   return c;
 }
-MetaCallInfo embedding(MetaCall call, const checks::EmbeddingDims& d, DType dt) {
+MetaCallInfo embedding(Op call, const checks::EmbeddingDims& d, DType dt) {
   MetaCallInfo c = info(call, dt);
   c.B = d.B, c.T = d.T, c.C = d.C, c.Vp = d.Vp, c.N = d.B * d.T;
   return c;
 }
-MetaCallInfo rows(MetaCall call, const checks::RowDims& d, DType dt) {
+MetaCallInfo rows(Op call, const checks::RowDims& d, DType dt) {
   MetaCallInfo c = info(call, dt);
   c.N = d.N, c.C = d.C;
   return c;
 }
-MetaCallInfo attention(MetaCall call, const checks::AttentionDims& d, DType dt) {
+MetaCallInfo attention(Op call, const checks::AttentionDims& d, DType dt) {
   MetaCallInfo c = info(call, dt);
   c.B = d.B, c.T = d.T, c.NH = d.NH, c.NKV = d.NKV, c.HD = d.HD, c.C = d.NH * d.HD;
   c.N = d.B * d.T;
   return c;
 }
-MetaCallInfo elements(MetaCall call, const Tensor& t) {
+MetaCallInfo elements(Op call, const Tensor& t) {
   MetaCallInfo c = info(call, t.dtype());
   c.numel = t.numel();
   return c;
@@ -37,42 +37,42 @@ MetaCallInfo elements(MetaCall call, const Tensor& t) {
 
 MetaCallInfo embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& positions,
                                const Tensor& wte, const Tensor& wpe) {
-  return embedding(MetaCall::EmbeddingForward,
+  return embedding(Op::EmbeddingForward,
                    checks::embedding(out, tokens, positions, wte, wpe), out.dtype());
 }
 MetaCallInfo embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
                                 const Tensor& tokens, const Tensor& positions) {
-  return embedding(MetaCall::EmbeddingBackward,
+  return embedding(Op::EmbeddingBackward,
                    checks::embedding(dout, tokens, positions, dwte, dwpe), dout.dtype());
 }
 
 MetaCallInfo layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
                                const Tensor& inp, const Tensor& weight, const Tensor& bias,
                                float) {
-  return rows(MetaCall::LayerNormForward, checks::layernorm(out, mean, rstd, inp, weight, bias),
+  return rows(Op::LayerNormForward, checks::layernorm(out, mean, rstd, inp, weight, bias),
               inp.dtype());
 }
 MetaCallInfo layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
                                 const Tensor& dout, const Tensor& inp, const Tensor& weight,
                                 const Tensor& mean, const Tensor& rstd) {
-  return rows(MetaCall::LayerNormBackward,
+  return rows(Op::LayerNormBackward,
               checks::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd),
               inp.dtype());
 }
 MetaCallInfo rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp,
                              const Tensor& weight, float) {
-  return rows(MetaCall::RMSNormForward, checks::rmsnorm(out, rstd, inp, weight), inp.dtype());
+  return rows(Op::RMSNormForward, checks::rmsnorm(out, rstd, inp, weight), inp.dtype());
 }
 MetaCallInfo rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout,
                               const Tensor& inp, const Tensor& weight, const Tensor& rstd) {
-  return rows(MetaCall::RMSNormBackward,
+  return rows(Op::RMSNormBackward,
               checks::rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd), inp.dtype());
 }
 
 MetaCallInfo linear_forward(const Tensor& out, const Tensor& inp, const Tensor& weight,
                             const Tensor& bias) {
   const auto d = checks::linear(out, inp, weight, bias);
-  MetaCallInfo c = info(MetaCall::LinearForward, inp.dtype());
+  MetaCallInfo c = info(Op::LinearForward, inp.dtype());
   c.N = d.N, c.IC = d.IC, c.OC = d.OC;
   c.has_bias = static_cast<bool>(bias);
   return c;
@@ -80,7 +80,7 @@ MetaCallInfo linear_forward(const Tensor& out, const Tensor& inp, const Tensor& 
 MetaCallInfo linear_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
                              const Tensor& dout, const Tensor& inp, const Tensor& weight) {
   const auto d = checks::linear_backward(dinp, dweight, dbias, dout, inp, weight);
-  MetaCallInfo c = info(MetaCall::LinearBackward, inp.dtype());
+  MetaCallInfo c = info(Op::LinearBackward, inp.dtype());
   c.N = d.N, c.IC = d.IC, c.OC = d.OC;
   c.has_bias = static_cast<bool>(dbias);
   c.has_dinp = static_cast<bool>(dinp);
@@ -91,92 +91,92 @@ MetaCallInfo linear_backward(const Tensor& dinp, const Tensor& dweight, const Te
 
 MetaCallInfo attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                                const AttentionShape& shape, const DropoutSpec&) {
-  return attention(MetaCall::AttentionForward, checks::attention(out, lse, qkv, shape),
+  return attention(Op::AttentionForward, checks::attention(out, lse, qkv, shape),
                    qkv.dtype());
 }
 MetaCallInfo attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                                 const Tensor& out, const Tensor& lse,
                                 const AttentionShape& shape, const DropoutSpec&) {
-  return attention(MetaCall::AttentionBackward,
+  return attention(Op::AttentionBackward,
                    checks::attention_backward(dqkv, dout, qkv, out, lse, shape), qkv.dtype());
 }
 MetaCallInfo attention_decode(const Tensor& out, const Tensor& k_cache, const Tensor& v_cache,
                               const Tensor& qkv, int64_t past, const AttentionShape& shape) {
   const auto d = checks::attention_decode(out, k_cache, v_cache, qkv, past, shape);
-  MetaCallInfo c = info(MetaCall::AttentionDecode, qkv.dtype());
+  MetaCallInfo c = info(Op::AttentionDecode, qkv.dtype());
   c.B = d.B, c.T = d.T, c.NH = d.NH, c.NKV = d.NKV, c.HD = d.HD, c.C = d.NH * d.HD;
   return c;
 }
 MetaCallInfo attention_tile_forward(const Tensor& out_acc, const Tensor& lse, const Tensor& qkv,
                                     const Tensor& kv, const AttentionShape& shape,
                                     const AttentionTile& tile) {
-  return attention(MetaCall::AttentionTileForward,
+  return attention(Op::AttentionTileForward,
                    checks::attention_tile(out_acc, lse, qkv, kv, shape, tile).a, qkv.dtype());
 }
 MetaCallInfo attention_tile_backward(const Tensor& dq, const Tensor& dkv, const Tensor& dout,
                                      const Tensor& qkv, const Tensor& kv, const Tensor& out,
                                      const Tensor& lse, const AttentionShape& shape,
                                      const AttentionTile& tile) {
-  return attention(MetaCall::AttentionTileBackward,
+  return attention(Op::AttentionTileBackward,
                    checks::attention_tile_backward(dq, dkv, dout, qkv, kv, out, lse, shape, tile).a,
                    qkv.dtype());
 }
 MetaCallInfo copy_columns(const Tensor& dst, const Tensor& src, int64_t dst_col, int64_t src_col,
                           int64_t ncols) {
   const auto d = checks::copy_columns(dst, src, dst_col, src_col, ncols);
-  MetaCallInfo c = info(MetaCall::CopyColumns, dst.dtype());
+  MetaCallInfo c = info(Op::CopyColumns, dst.dtype());
   c.N = d.N, c.numel = d.N * ncols;
   return c;
 }
 MetaCallInfo rope_forward(const Tensor& qkv, const Tensor& positions,
                           const AttentionShape& shape, const RopeSpec&) {
-  return attention(MetaCall::RopeForward, checks::rope(qkv, positions, shape), qkv.dtype());
+  return attention(Op::RopeForward, checks::rope(qkv, positions, shape), qkv.dtype());
 }
 MetaCallInfo rope_backward(const Tensor& dqkv, const Tensor& positions,
                            const AttentionShape& shape, const RopeSpec&) {
-  return attention(MetaCall::RopeBackward, checks::rope(dqkv, positions, shape), dqkv.dtype());
+  return attention(Op::RopeBackward, checks::rope(dqkv, positions, shape), dqkv.dtype());
 }
 
 MetaCallInfo gelu_forward(const Tensor& out, const Tensor& inp) {
   checks::same_size(out, inp, "gelu");
-  return elements(MetaCall::GeluForward, inp);
+  return elements(Op::GeluForward, inp);
 }
 MetaCallInfo gelu_backward(const Tensor& dinp, const Tensor& dout, const Tensor& inp) {
   checks::same_size(dinp, inp, "gelu_backward");
   checks::same_size(dout, inp, "gelu_backward");
-  return elements(MetaCall::GeluBackward, inp);
+  return elements(Op::GeluBackward, inp);
 }
 MetaCallInfo silu_forward(const Tensor& out, const Tensor& inp) {
   checks::same_size(out, inp, "silu");
-  return elements(MetaCall::SiluForward, inp);
+  return elements(Op::SiluForward, inp);
 }
 MetaCallInfo silu_backward(const Tensor& dinp, const Tensor& dout, const Tensor& inp) {
   checks::same_size(dinp, inp, "silu_backward");
   checks::same_size(dout, inp, "silu_backward");
-  return elements(MetaCall::SiluBackward, inp);
+  return elements(Op::SiluBackward, inp);
 }
 MetaCallInfo swiglu_forward(const Tensor& out, const Tensor& inp) {
   const auto d = checks::swiglu(out, inp);
-  MetaCallInfo c = elements(MetaCall::SwiGluForward, inp);
+  MetaCallInfo c = elements(Op::SwiGluForward, inp);
   c.N = d.N, c.H = d.H;
   return c;
 }
 MetaCallInfo swiglu_backward(const Tensor& dinp, const Tensor& dout, const Tensor& inp) {
   const auto d = checks::swiglu(dout, inp);
   checks::same_size(dinp, inp, "swiglu_backward dinp");
-  MetaCallInfo c = elements(MetaCall::SwiGluBackward, inp);
+  MetaCallInfo c = elements(Op::SwiGluBackward, inp);
   c.N = d.N, c.H = d.H;
   return c;
 }
 MetaCallInfo add(const Tensor& out, const Tensor& a, const Tensor& b) {
   checks::same_size(out, a, "add");
   checks::same_size(out, b, "add");
-  return elements(MetaCall::Add, out);
+  return elements(Op::Add, out);
 }
 MetaCallInfo modulate(const Tensor& out, const Tensor& x, const Tensor& mod, int scale_index,
                       int shift_index, float) {
   const auto d = checks::modulate(out, x, mod, scale_index, shift_index);
-  MetaCallInfo c = elements(MetaCall::Modulate, x);
+  MetaCallInfo c = elements(Op::Modulate, x);
   c.B = d.B, c.T = d.T, c.C = d.C, c.N = d.B * d.T;
   return c;
 }
@@ -184,25 +184,25 @@ MetaCallInfo modulate_backward(const Tensor& dx, const Tensor& dmod, const Tenso
                                const Tensor& x, const Tensor& mod, int scale_index,
                                int shift_index, float) {
   const auto d = checks::modulate_backward(dx, dmod, dout, x, mod, scale_index, shift_index);
-  MetaCallInfo c = elements(MetaCall::ModulateBackward, x);
+  MetaCallInfo c = elements(Op::ModulateBackward, x);
   c.B = d.B, c.T = d.T, c.C = d.C, c.N = d.B * d.T;
   c.has_dinp = static_cast<bool>(dx);
   return c;
 }
 MetaCallInfo dropout_forward(const Tensor& out, const Tensor& inp, const DropoutSpec&) {
   checks::same_size(out, inp, "dropout");
-  return elements(MetaCall::DropoutForward, inp);
+  return elements(Op::DropoutForward, inp);
 }
 MetaCallInfo dropout_backward(const Tensor& dinp, const Tensor& dout, const DropoutSpec&) {
   checks::same_size(dinp, dout, "dropout_backward");
-  return elements(MetaCall::DropoutBackward, dout);
+  return elements(Op::DropoutBackward, dout);
 }
 
 MetaCallInfo softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits,
                                    const Tensor& logits, const Tensor& targets, int vocab_size,
                                    int, float) {
   const auto d = checks::cross_entropy(losses, dlogits, logits, targets, vocab_size);
-  MetaCallInfo c = info(MetaCall::SoftmaxCrossEntropy, logits.dtype());
+  MetaCallInfo c = info(Op::SoftmaxCrossEntropy, logits.dtype());
   c.N = d.N, c.Vp = d.Vp;
   return c;
 }
@@ -211,7 +211,7 @@ MetaCallInfo cross_entropy_shard_stats(const Tensor& stats, const Tensor& logits
                                        const Tensor& targets, int64_t vocab_begin, int valid) {
   const auto d = checks::cross_entropy_shard(stats, Tensor(), logits, targets, Tensor(),
                                              vocab_begin, valid);
-  MetaCallInfo c = info(MetaCall::CrossEntropyShardStats, logits.dtype());
+  MetaCallInfo c = info(Op::CrossEntropyShardStats, logits.dtype());
   c.N = d.N, c.Vp = d.Vp;
   return c;
 }
@@ -221,26 +221,26 @@ MetaCallInfo cross_entropy_shard_backward(const Tensor& dlogits, const Tensor& l
                                           int64_t vocab_begin, int valid, int, float) {
   const auto d = checks::cross_entropy_shard(Tensor(), dlogits, logits, targets, lse, vocab_begin,
                                              valid);
-  MetaCallInfo c = info(MetaCall::CrossEntropyShardBackward, logits.dtype());
+  MetaCallInfo c = info(Op::CrossEntropyShardBackward, logits.dtype());
   c.N = d.N, c.Vp = d.Vp;
   return c;
 }
 
 MetaCallInfo shard_ids(const Tensor& out, const Tensor& ids, int64_t begin, int64_t count) {
   checks::shard_ids(out, ids, begin, count);
-  MetaCallInfo c = info(MetaCall::ShardIds, DType::I32);
+  MetaCallInfo c = info(Op::ShardIds, DType::I32);
   c.numel = ids.numel();
   return c;
 }
 
 MetaCallInfo patchify(const Tensor& out, const Tensor& images, int patch) {
   checks::patchify(out, images, patch);
-  return elements(MetaCall::Patchify, out);
+  return elements(Op::Patchify, out);
 }
 
 MetaCallInfo unpatchify(const Tensor& images, const Tensor& patches, int patch) {
   checks::unpatchify(images, patches, patch);
-  MetaCallInfo c = info(MetaCall::Unpatchify, patches.dtype());
+  MetaCallInfo c = info(Op::Unpatchify, patches.dtype());
   c.numel = images.numel();
   return c;
 }
@@ -248,37 +248,37 @@ MetaCallInfo unpatchify(const Tensor& images, const Tensor& patches, int patch) 
 MetaCallInfo rectified_flow_inputs(const Tensor& xt, const Tensor& target, const Tensor& images,
                                    const Tensor& noise, const Tensor& t) {
   const auto d = checks::rectified_flow_inputs(xt, target, images, noise, t);
-  MetaCallInfo c = elements(MetaCall::RectifiedFlowInputs, images);
+  MetaCallInfo c = elements(Op::RectifiedFlowInputs, images);
   c.B = d.B;
   return c;
 }
 MetaCallInfo mse_loss(const Tensor& losses, const Tensor& dpred, const Tensor& pred,
                       const Tensor& target, float) {
   const auto d = checks::mse_loss(losses, dpred, pred, target);
-  MetaCallInfo c = elements(MetaCall::MseLoss, pred);
+  MetaCallInfo c = elements(Op::MseLoss, pred);
   c.B = d.B;
   return c;
 }
 
 MetaCallInfo accumulate_loss(const Tensor& acc, const Tensor& losses, const Tensor& targets) {
-  MetaCallInfo c = info(MetaCall::AccumulateLoss, DType::F32);
+  MetaCallInfo c = info(Op::AccumulateLoss, DType::F32);
   c.N = checks::accumulate_loss(acc, losses, targets);
   return c;
 }
 MetaCallInfo cross_entropy_shard_combine(const Tensor& lse, const Tensor& acc,
                                          const Tensor& stats, const Tensor& targets) {
-  MetaCallInfo c = info(MetaCall::CrossEntropyShardCombine, DType::F32);
+  MetaCallInfo c = info(Op::CrossEntropyShardCombine, DType::F32);
   c.N = checks::cross_entropy_shard_combine(lse, acc, stats, targets).N;
   return c;
 }
 MetaCallInfo sum_squares(const Tensor& acc, const Tensor& x) {
   checks::sum_squares(acc, x);
-  return elements(MetaCall::SumSquares, x);
+  return elements(Op::SumSquares, x);
 }
 MetaCallInfo clip_coefficient(const Tensor& coef, const Tensor& sumsq, const Tensor& check,
                               double, float loss_scale) {
   checks::clip_coefficient(coef, sumsq, check, loss_scale);
-  return info(MetaCall::ClipCoefficient, DType::F32);
+  return info(Op::ClipCoefficient, DType::F32);
 }
 
 MetaCallInfo adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m,
@@ -289,20 +289,20 @@ MetaCallInfo adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m
                  v.numel() == param.numel(),
              "adamw: grad {}, m {} and v {} must match param {}", grad.str(), m.str(), v.str(),
              param.str());
-  return elements(MetaCall::AdamW, param);
+  return elements(Op::AdamW, param);
 }
 
 MetaCallInfo adamw_multi_step(std::span<const AdamWTensor> tensors, const Tensor& scale,
                               const AdamWParams&) {
   checks::adamw_multi(tensors, scale);
-  MetaCallInfo c = info(MetaCall::AdamWMulti, DType::F32);
+  MetaCallInfo c = info(Op::AdamWMulti, DType::F32);
   for (const AdamWTensor& t : tensors) c.numel += t.param.numel();
   return c;
 }
 
 MetaCallInfo ema_update(const Tensor& ema, const Tensor& param, float decay) {
   checks::ema_update(ema, param, decay);
-  return elements(MetaCall::Ema, ema);
+  return elements(Op::Ema, ema);
 }
 
 }  // namespace kiln::meta_calls

@@ -6,7 +6,7 @@
 
 namespace kiln::meta_calls {
 
-#define KILN_META_DECLARE(Call, method, category, params, args) \
+#define KILN_META_DECLARE(Call, method, family, category, params, args) \
   MetaCallInfo method(KILN_PARAMS params);
 KILN_BACKEND_OPS(KILN_META_DECLARE)
 #undef KILN_META_DECLARE

@@ -111,6 +111,11 @@ class NcclCommunicator final : public Communicator {
     cudaStreamDestroy(stream_);
   }
 
+  // Host tensors travel over the bootstrap communicator, which reports them itself.
+  void set_tracer(TraceSink* tracer) override {
+    Communicator::set_tracer(tracer);
+    boot_->set_tracer(tracer);
+  }
   int rank() const override { return boot_->rank(); }
   int size() const override { return boot_->size(); }
   std::string backend_name() const override { return "nccl"; }

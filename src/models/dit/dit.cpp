@@ -125,8 +125,9 @@ DiT::DiT(const DiTConfig& config, Backend& backend, const ModelStorage& storage)
   layers_ = std::make_unique<DiTLayers>(config_);
   state_ = std::make_unique<State>();
   build(layers_->parts(config_),
-        {Op::Patchify, Op::Unpatchify, Op::Embedding, Op::LayerNorm, Op::Linear, Op::Attention,
-         Op::Gelu, Op::Silu, Op::Modulate, Op::Add, Op::FlowMatching});
+        {OpFamily::Patchify, OpFamily::Unpatchify, OpFamily::Embedding, OpFamily::LayerNorm,
+         OpFamily::Linear, OpFamily::Attention, OpFamily::Gelu, OpFamily::Silu,
+         OpFamily::Modulate, OpFamily::Add, OpFamily::FlowMatching});
 }
 
 DiT::~DiT() = default;

@@ -50,8 +50,9 @@ GPT2::GPT2(const GPT2Config& config, Backend& backend, const ModelStorage& stora
   nn::TokenPositionEmbedding& emb = layers_->embedding;
   set_layers(DecoderLayers{&emb, &layers_->blocks, &layers_->ln_f, &emb.wte, &emb.placement(),
                            config_.vocab_size, config_.n_embd});
-  build(gpt2_parts(*layers_, config_), {Op::Embedding, Op::LayerNorm, Op::Linear, Op::Attention, Op::Gelu,
-                               Op::Add, Op::SoftmaxCrossEntropy});
+  build(gpt2_parts(*layers_, config_),
+        {OpFamily::Embedding, OpFamily::LayerNorm, OpFamily::Linear, OpFamily::Attention,
+         OpFamily::Gelu, OpFamily::Add, OpFamily::SoftmaxCrossEntropy});
 }
 
 GPT2::~GPT2() = default;

@@ -109,8 +109,9 @@ Llama::Llama(const LlamaConfig& config, Backend& backend, const ModelStorage& st
   nn::Param& head = layers_->lm_head ? layers_->lm_head->weight : layers_->embedding.wte;
   set_layers(DecoderLayers{&layers_->embedding, &layers_->blocks, &layers_->norm, &head,
                            &head_placement(), config_.vocab_size, config_.n_embd});
-  build(layers_->parts(config_), {Op::Embedding, Op::RMSNorm, Op::Linear, Op::Attention,
-                                  Op::Rope, Op::SwiGLU, Op::Add, Op::SoftmaxCrossEntropy});
+  build(layers_->parts(config_),
+        {OpFamily::Embedding, OpFamily::RMSNorm, OpFamily::Linear, OpFamily::Attention,
+         OpFamily::Rope, OpFamily::SwiGLU, OpFamily::Add, OpFamily::SoftmaxCrossEntropy});
 }
 
 Llama::~Llama() = default;

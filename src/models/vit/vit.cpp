@@ -106,8 +106,9 @@ ViT::ViT(const ViTConfig& config, Backend& backend, const ModelStorage& storage)
              storage.plans.empty() ? "" : storage.plans.front()->what());
   layers_ = std::make_unique<ViTLayers>(config_);
   state_ = std::make_unique<State>();
-  build(layers_->parts(config_), {Op::Patchify, Op::Embedding, Op::LayerNorm, Op::Linear,
-                                  Op::Attention, Op::Gelu, Op::Add, Op::SoftmaxCrossEntropy});
+  build(layers_->parts(config_),
+        {OpFamily::Patchify, OpFamily::Embedding, OpFamily::LayerNorm, OpFamily::Linear,
+         OpFamily::Attention, OpFamily::Gelu, OpFamily::Add, OpFamily::SoftmaxCrossEntropy});
 }
 
 ViT::~ViT() = default;
