@@ -49,6 +49,7 @@ ModelArch vit_arch() {
   };
   a.takes_images = true;
   a.tensor_parallel = false;
+  a.context_parallel = false;
   a.options_from_json = vit_options_from_json;
   return a;
 }
@@ -61,6 +62,7 @@ ModelArch dit_arch() {
   a.takes_images = true;
   a.generates_images = true;
   a.tensor_parallel = false;
+  a.context_parallel = false;
   a.options_from_json = dit_options_from_json;
   return a;
 }

@@ -64,8 +64,11 @@ struct ModelArch {
   bool takes_images = false;
   /// Whether the model generates images (Model::predict_velocity: kiln sample-images).
   bool generates_images = false;
-  /// Whether the model takes the tensor- and context-parallel plans (ModelStorage::plans).
+  /// Whether the model takes the tensor-parallel plan (parallel.tp > 1; ModelStorage::plans)
+  /// and the context-parallel plan (parallel.cp > 1). src/parallel's plans ask these, then
+  /// apply the tables the model states (models/layer_plan.h LayerRoles).
   bool tensor_parallel = true;
+  bool context_parallel = true;
   /// The options of a model from its Model::config_json() (a checkpoint's state "model").
   /// Throws kiln::Error for an invalid config.
   std::function<ModelOptions(const nlohmann::json& config)> options_from_json;
