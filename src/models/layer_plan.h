@@ -1,9 +1,9 @@
 // The parallel plans as data: a model family's tables from layer role to placement
 // (TensorParallelTable, ContextParallelTable: its ParallelTables), stated beside the
-// family's code (the decoders' in models/decoder_model.h), and LayerRoles, the model's layers by role with
-// the family's tables, which src/parallel's plans (LayerPlan) apply before the model lays
-// out its parameters (torchtitan's parallelize_module over a plan dict; Megatron-LM's
-// layer specs).
+// family's code (the decoders' in models/decoder_model.h), and LayerRoles, the model's
+// layers by role with the family's tables, which src/parallel's plans (LayerPlan) apply
+// before the model lays out its parameters (torchtitan's parallelize_module over a plan
+// dict; Megatron-LM's layer specs).
 #pragma once
 
 #include "nn/tensor_parallel.h"
@@ -34,7 +34,7 @@ struct TensorParallelTable {
   nn::TpStyle mlp_proj = nn::TpStyle::Replicated;        // each block's MLP output projection
   nn::TpStyle norms = nn::TpStyle::Replicated;           // each block's two norms
   nn::TpStyle final_norm = nn::TpStyle::Replicated;
-  nn::TpStyle lm_head = nn::TpStyle::Replicated;  // an untied output projection (tied: the embedding's)
+  nn::TpStyle lm_head = nn::TpStyle::Replicated;  // untied output projection (tied: embedding)
 
   /// (role, style) in the order above; roles named "embedding", "attention.qkv",
   /// "attention.proj", "mlp.fc", "mlp.proj", "norms", "final_norm", "lm_head".
