@@ -30,6 +30,33 @@ struct TpPlacement;
 class Param;
 }  // namespace nn
 
+/// The decoders' parallel plans, as GPT-2 and Llama state them (GPT2Layers::roles,
+/// LlamaLayers::roles; a family may state another), applied by parallel/tp_plan.h and
+/// parallel/context_parallel.h. Tensor parallel, Megatron-LM's:
+///   embedding       vocab      wte's rows split (and the tied head's: the loss
+///                              vocab-parallel over them)
+///   attention.qkv   column     heads split, each of q, k and v separately
+///   attention.proj  row
+///   mlp.fc          column     hidden units split (SwiGLU: gate and up separately)
+///   mlp.proj        row
+///   norms           sequence   the rank's rows under sequence parallelism
+///   final_norm      sequence
+///   lm_head         column     untied: the vocabulary rows, the loss vocab-parallel
+/// A partial sum never enters a norm: every row-parallel output is reduced (or
+/// reduce-scattered) before the residual add. Context parallel: every block's
+/// self-attention takes the ring.
+inline constexpr ParallelTables kDecoderParallelTables{
+    .tp = TensorParallelTable{.embedding = nn::TpStyle::Vocab,
+                              .attention_qkv = nn::TpStyle::Column,
+                              .attention_proj = nn::TpStyle::Row,
+                              .mlp_fc = nn::TpStyle::Column,
+                              .mlp_proj = nn::TpStyle::Row,
+                              .norms = nn::TpStyle::Sequence,
+                              .final_norm = nn::TpStyle::Sequence,
+                              .lm_head = nn::TpStyle::Column},
+    .cp = ContextParallelTable{.attention = true},
+};
+
 /// The layers a decoder model trains through, owned by the derived model.
 struct DecoderLayers {
   nn::TokenPositionEmbedding* embedding = nullptr;

@@ -7,11 +7,13 @@
 
 namespace kiln {
 
-LayerRoles layer_roles(std::string arch, nn::TokenPositionEmbedding& embedding,
+LayerRoles layer_roles(std::string arch, const ParallelTables& tables,
+                       nn::TokenPositionEmbedding& embedding,
                        std::vector<nn::TransformerBlock>& blocks, nn::Norm& final_norm,
                        nn::Linear* lm_head) {
   LayerRoles r;
   r.arch = std::move(arch);
+  r.tables = tables;
   r.embedding = &embedding;
   for (auto& b : blocks) r.blocks.push_back(&b);
   r.final_norm = &final_norm;

@@ -38,8 +38,9 @@ FlatLayout lay_out(const std::vector<PartLayout>& parts, int64_t alignment,
                    const std::vector<int>& held = {});
 
 /// The roles (for a LayerPlan) of a model built as an embedding, blocks, a final norm and,
-/// when untied, an output projection (nullptr when tied).
-LayerRoles layer_roles(std::string arch, nn::TokenPositionEmbedding& embedding,
+/// when untied, an output projection (nullptr when tied), with its family's plan tables.
+LayerRoles layer_roles(std::string arch, const ParallelTables& tables,
+                       nn::TokenPositionEmbedding& embedding,
                        std::vector<nn::TransformerBlock>& blocks, nn::Norm& final_norm,
                        nn::Linear* lm_head);
 

@@ -51,8 +51,11 @@ struct ModelArch {
   bool generates_images = false;
   /// Its models run as pipeline stages (Model::stage_activation_shape: parallel.pp > 1).
   bool stages = false;
-  /// Whether the model takes the tensor- and context-parallel plans (ModelStorage::plans).
+  /// Whether the model takes the tensor-parallel plan (parallel.tp > 1; ModelStorage::plans)
+  /// and the context-parallel plan (parallel.cp > 1). src/parallel's plans ask these, then
+  /// apply the tables the model states (models/layer_plan.h LayerRoles).
   bool tensor_parallel = false;
+  bool context_parallel = false;
   /// The model presets of the family (model.preset), each a shape of its [model] keys.
   std::vector<ModelPreset> presets;
   /// The options of a model from its Model::config_json() (a checkpoint's state "model").

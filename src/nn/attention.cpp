@@ -18,15 +18,16 @@ SelfAttention::SelfAttention(const std::string& qkv_name, const std::string& out
   spec.check();
 }
 
-void SelfAttention::shard(TpGroup& group, bool sequence_parallel) {
+void SelfAttention::shard(const AttentionPlacement& placement) {
+  if (!column_row_split(placement.qkv, placement.proj, qkv.weight.name)) return;
+  TpGroup& group = *placement.qkv.group;
   const int tp = group.size();
-  if (tp == 1) return;
   KILN_CHECK(spec_.n_head % tp == 0 && spec_.kv_heads() % tp == 0,
              "{}: {} query heads and {} key/value heads do not divide over tp = {}",
              qkv.weight.name, spec_.n_head, spec_.kv_heads(), tp);
-  qkv.shard(TpPlacement{TpStyle::Column, &group, sequence_parallel},
-            {spec_.q_width(), spec_.kv_width(), spec_.kv_width()});
-  proj.shard(TpPlacement{TpStyle::Row, &group, sequence_parallel});
+  // q, k and v split separately, so that a rank holds its heads of each.
+  qkv.shard(placement.qkv, {spec_.q_width(), spec_.kv_width(), spec_.kv_width()});
+  proj.shard(placement.proj);
   local_.n_head = spec_.n_head / tp;
   local_.n_kv_head = spec_.kv_heads() / tp;
   first_head_ = group.rank() * local_.n_head;

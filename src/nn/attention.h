@@ -8,12 +8,17 @@
 // output [B,T,NH*HD] (the output projection's input) and the row log-sum-exp fp32
 // [B,NH,T]; never the [T,T] probabilities (FlashAttention: Dao et al. 2022).
 //
-// Tensor parallel (shard()): each tp rank computes NH/tp query heads over NKV/tp key/value
-// heads (Megatron-LM): the fused projection is column-parallel, each of q, k and v split
-// separately, and the output projection row-parallel; saved tensors are the rank's heads.
-// Context parallel (set_context_parallel()): the rank's rows of every sequence attend to
-// the whole sequence by ring attention (nn/context_parallel.h); saved tensors stay the
-// rank's rows, so they shrink as 1/cp.
+// Tensor parallel (shard()): the layer takes the placements of its two Linears from the
+// model's plan table (models/layer_plan.h, applied by parallel/tp_plan.h) and chooses none
+// itself. Column then row (the decoders' plan, Megatron-LM): each tp rank computes NH/tp
+// query heads over NKV/tp key/value heads, the fused projection split in its q, k and v
+// pieces separately (a layout fact of this layer) and the output projection's input
+// features split; saved tensors are the rank's heads. Both replicated: the whole layer on
+// every rank.
+// Context parallel (set_context_parallel(), installed by parallel/context_parallel.h where
+// the model's context-parallel table puts attention on the ring): the rank's rows of every
+// sequence attend to the whole sequence by ring attention (nn/context_parallel.h); saved
+// tensors stay the rank's rows, so they shrink as 1/cp.
 #pragma once
 
 #include "backend/backend.h"
@@ -36,6 +41,12 @@ struct AttentionSpec : AttentionShape {
   void check() const;
 };
 
+/// Where the tensor-parallel plan puts the layer's two Linears: qkv Column and proj Row
+/// (heads split), or both Replicated.
+struct AttentionPlacement {
+  TpPlacement qkv, proj;
+};
+
 class SelfAttention {
  public:
   /// Parameters <qkv_name>.{weight,bias} [qkv_width, C] and <out_name>.{weight,bias}
@@ -44,10 +55,11 @@ class SelfAttention {
   SelfAttention(const std::string& qkv_name, const std::string& out_name, int64_t C,
                 const AttentionSpec& spec, bool bias, float init_std, float out_init_std);
 
-  /// Splits the heads over `group` (qkv column-parallel, proj row-parallel; sequence
-  /// parallel as given). Throws kiln::Error naming the layer unless NH and NKV divide by
-  /// the group's size.
-  void shard(TpGroup& group, bool sequence_parallel);
+  /// Installs the plan's placements. qkv Column and proj Row split the heads over their
+  /// group (sequence parallel as the placements say); both Replicated leave the layer
+  /// whole. Throws kiln::Error naming the layer for another pair of styles, or unless NH
+  /// and NKV divide by the group's size.
+  void shard(const AttentionPlacement& placement);
   /// Attends over the sequences split across `group` (ring attention). Forward then
   /// refuses attention dropout with a kiln::Error.
   void set_context_parallel(CpGroup& group) { cp_ = group.size() > 1 ? &group : nullptr; }

@@ -25,19 +25,24 @@ TransformerBlock::TransformerBlock(const std::string& prefix, const BlockSpec& s
 }
 
 DropoutSpec TransformerBlock::rows(const DropoutSpec& d, const Tensor& x) const {
-  return tp_ ? rows_dropout(d, TpPlacement{TpStyle::Column, tp_, sp_}, x.numel()) : d;
+  return tp_ ? rows_dropout(d, TpPlacement{TpStyle::Sequence, tp_, sp_}, x.numel()) : d;
 }
 
-void TransformerBlock::shard(TpGroup& group, bool sequence_parallel) {
-  if (group.size() == 1) return;
-  attn_.shard(group, sequence_parallel);
-  mlp_.shard(group, sequence_parallel);
-  if (sequence_parallel) {
-    norm_1_.mark_sequence_parallel();
-    norm_2_.mark_sequence_parallel();
+void TransformerBlock::shard(const BlockPlacement& placement) {
+  attn_.shard(placement.attention);
+  mlp_.shard(placement.mlp);
+  norm_1_.shard(placement.norms);
+  norm_2_.shard(placement.norms);
+  for (const TpPlacement* p : {&placement.norms, &placement.attention.qkv,
+                               &placement.attention.proj, &placement.mlp.fc, &placement.mlp.proj}) {
+    if (!p->active()) continue;
+    tp_ = p->group;
+    sp_ = sp_ || p->sequence_parallel;
   }
-  tp_ = &group;
-  sp_ = sequence_parallel;
+  KILN_CHECK(!sp_ || (placement.norms.style == TpStyle::Sequence &&
+                      attn_.proj.placement().active() && mlp_.proj.placement().active()),
+             "{}: sequence parallelism needs the norms sequence-parallel and the attention and "
+             "MLP split (column then row)", norm_1_.name());
 }
 
 std::pair<int64_t, int64_t> TransformerBlock::residual_bt(int64_t B, int64_t T) const {

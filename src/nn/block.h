@@ -6,13 +6,17 @@
 // it, per call, its saved tensors (SavedActivations::block), shared scratch and the
 // dropout masks of its three sites.
 //
-// Tensor parallel (shard(), Megatron-LM): attention heads and MLP hidden units split over
-// the tp group, each half a column-parallel Linear then a row-parallel one, so the block
-// makes two reductions forward and two backward. Without sequence parallelism the
-// residual stream x, out [B,T,C] is whole on every rank; with it (Korthikanti et al.
-// 2022) a rank holds rows [r BT/tp, (r+1) BT/tp) of the flattened stream, x and out are
-// [BT/tp, C], the norms run on those rows (their parameter gradients become partial sums
-// over tp) and the reductions become all_gather / reduce_scatter pairs.
+// Tensor parallel (shard()): the block installs the placements the model's plan table
+// gives it (BlockPlacement: models/layer_plan.h's table, made into placements by
+// parallel/tp_plan.h) on its norms, attention and MLP, and chooses none itself. Under the
+// decoders' plan (Megatron-LM) attention heads and MLP hidden units split over the tp
+// group, each half a column-parallel Linear then a row-parallel one, so the block makes
+// two reductions forward and two backward. Without sequence parallelism the residual
+// stream x, out [B,T,C] is whole on every rank; with it (Korthikanti et al. 2022; the
+// norms' style Sequence) a rank holds rows [r BT/tp, (r+1) BT/tp) of the flattened
+// stream, x and out are [BT/tp, C], the norms run on those rows (their parameter
+// gradients become partial sums over tp) and the reductions become all_gather /
+// reduce_scatter pairs.
 #pragma once
 
 #include "backend/backend.h"
@@ -45,6 +49,15 @@ struct BlockSpec {
   BlockNames names;
 };
 
+/// Where the tensor-parallel plan puts a block's layers: both norms (Sequence or
+/// Replicated), the attention's and the MLP's Linears (each pair Column then Row, or both
+/// Replicated). One group for all.
+struct BlockPlacement {
+  TpPlacement norms;
+  AttentionPlacement attention;
+  MlpPlacement mlp;
+};
+
 /// Dropout sites of a block: each a distinct Philox stream (see the model's streams).
 enum DropoutSite : uint64_t { kEmbeddingSite = 0, kAttnProbsSite = 1, kAttnResidSite = 2, kMlpResidSite = 3 };
 
@@ -72,10 +85,12 @@ class TransformerBlock {
   /// `prefix` names the block's parameters (e.g. "transformer.h.3.").
   TransformerBlock(const std::string& prefix, const BlockSpec& spec);
 
-  /// Splits the block over `group` (see the top of this file). Call before the model lays
-  /// out its parameters. Throws kiln::Error naming the layer when heads, key/value heads
-  /// or hidden units do not divide over the group.
-  void shard(TpGroup& group, bool sequence_parallel);
+  /// Installs the plan's placements on the block's layers (see the top of this file).
+  /// Call before the model lays out its parameters. Throws kiln::Error naming the layer
+  /// for a style it cannot take, when heads, key/value heads or hidden units do not divide
+  /// over the group, or for sequence parallelism without sequence-parallel norms and a
+  /// split attention and MLP.
+  void shard(const BlockPlacement& placement);
   /// Runs the block's attention as ring attention over `group` (nn/context_parallel.h).
   void set_context_parallel(CpGroup& group) { attn_.set_context_parallel(group); }
   /// Whether the residual stream is split in rows (sequence parallel over tp > 1).
@@ -117,8 +132,8 @@ class TransformerBlock {
     return saved.subspan(first, n);
   }
   BlockSpec spec_;
-  TpGroup* tp_ = nullptr;  // set by shard() for a group of more than one rank
-  bool sp_ = false;
+  TpGroup* tp_ = nullptr;  // set by shard() when a placement is active (tp > 1)
+  bool sp_ = false;        // the residual stream split in rows (sequence parallel)
   Norm norm_1_, norm_2_;
   SelfAttention attn_;
   Mlp mlp_;

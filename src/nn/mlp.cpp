@@ -7,12 +7,13 @@ Mlp::Mlp(MlpKind kind, const std::string& fc_name, const std::string& proj_name,
     : fc(fc_name, C, kind == MlpKind::SwiGLU ? 2 * H : H, bias, init_std),
       proj(proj_name, H, C, bias, proj_init_std), kind_(kind) {}
 
-void Mlp::shard(TpGroup& group, bool sequence_parallel) {
-  if (group.size() == 1) return;
+void Mlp::shard(const MlpPlacement& placement) {
+  if (!column_row_split(placement.fc, placement.proj, fc.weight.name)) return;
+  // SwiGLU's gate and up split separately, so that a rank holds its units of each.
   const int64_t H = proj.in();
-  fc.shard(TpPlacement{TpStyle::Column, &group, sequence_parallel},
+  fc.shard(placement.fc,
            kind_ == MlpKind::SwiGLU ? std::vector<int64_t>{H, H} : std::vector<int64_t>{});
-  proj.shard(TpPlacement{TpStyle::Row, &group, sequence_parallel});
+  proj.shard(placement.proj);
 }
 
 std::vector<SavedSpec> Mlp::saved_specs(int64_t B, int64_t T, DType dtype) const {

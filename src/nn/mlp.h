@@ -7,8 +7,12 @@
 // Saved: fc's output [B,T,H or 2H] (recomputed with the block) and act's output [B,T,H],
 // which is Cheap: one elementwise op recomputes it from fc's output, so selective
 // checkpointing drops it (Korthikanti et al. 2022, section 5).
-// Tensor parallel (shard()): fc column-parallel (SwiGLU's gate and up split separately, so
-// a rank holds [gate_r; up_r]), proj row-parallel; each rank computes H/tp hidden units.
+// Tensor parallel (shard()): the layer takes the placements of its two Linears from the
+// model's plan table (models/layer_plan.h, applied by parallel/tp_plan.h) and chooses none
+// itself. fc column- then proj row-parallel (the decoders' plan, Megatron-LM): each rank
+// computes H/tp hidden units, SwiGLU's gate and up pieces split separately (a layout fact
+// of this layer), so a rank holds [gate_r; up_r]. Both replicated: the whole layer on
+// every rank.
 #pragma once
 
 #include "backend/backend.h"
@@ -21,14 +25,22 @@ namespace kiln::nn {
 
 enum class MlpKind { GeluTanh, SwiGLU };
 
+/// Where the tensor-parallel plan puts the layer's two Linears: fc Column and proj Row
+/// (hidden units split), or both Replicated.
+struct MlpPlacement {
+  TpPlacement fc, proj;
+};
+
 class Mlp {
  public:
   /// <fc_name> [H or 2H, C] and <proj_name> [C, H] (init proj_init_std), biases when `bias`.
   Mlp(MlpKind kind, const std::string& fc_name, const std::string& proj_name, int64_t C,
       int64_t H, bool bias, float init_std, float proj_init_std);
 
-  /// Splits the hidden units over `group`; throws kiln::Error unless H divides by its size.
-  void shard(TpGroup& group, bool sequence_parallel);
+  /// Installs the plan's placements: fc Column and proj Row split the hidden units over
+  /// their group; both Replicated leave the layer whole. Throws kiln::Error naming the
+  /// layer for another pair of styles, or unless H divides by the group's size.
+  void shard(const MlpPlacement& placement);
   std::vector<SavedSpec> saved_specs(int64_t B, int64_t T, DType dtype) const;
   enum : size_t { kHidden, kAct, kNumSaved };
   /// out [B,T,C] = proj(act(fc(inp))). Sharded: inp and out are the rank's rows under

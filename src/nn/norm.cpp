@@ -44,7 +44,11 @@ void Norm::backward(Backend& be, Stream s, std::span<const Tensor> saved, const 
     be.rmsnorm_backward(s, dinp, opt_grad(weight), dout, inp, opt_value(weight), saved[1]);
 }
 
-void Norm::mark_sequence_parallel() {
+void Norm::shard(const TpPlacement& placement) {
+  KILN_CHECK(placement.style == TpStyle::Sequence || placement.style == TpStyle::Replicated,
+             "{}: a norm is sequence-parallel or replicated, not {}", weight.name,
+             tp_style_name(placement.style));
+  if (!placement.active() || !placement.sequence_parallel) return;
   weight.tp_partial_grad = spec_.weight;
   bias.tp_partial_grad = spec_.bias;
 }

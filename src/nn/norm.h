@@ -45,9 +45,11 @@ class Norm {
   void backward(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& dinp,
                 const Tensor& dout, const Tensor& inp) const;
   void collect(std::vector<Param*>& out);
-  /// Under sequence parallelism a rank normalises only its rows, so its gain and shift
-  /// gradients are partial sums over tp (Param::tp_partial_grad).
-  void mark_sequence_parallel();
+  /// Installs the plan's placement: Replicated, or Sequence (TpStyle), under which with
+  /// sequence parallelism (placement.sequence_parallel, tp > 1) a rank normalises only its
+  /// rows, so its gain and shift gradients are partial sums over tp
+  /// (Param::tp_partial_grad). Throws kiln::Error naming the gain for another style.
+  void shard(const TpPlacement& placement);
 
   const NormSpec& spec() const { return spec_; }
   /// The gain's name: "<name>.weight" (even when there is no gain: for messages).

@@ -33,6 +33,7 @@ const char* tp_style_name(TpStyle s) {
     case TpStyle::Column: return "column";
     case TpStyle::Row: return "row";
     case TpStyle::Vocab: return "vocab";
+    case TpStyle::Sequence: return "sequence";
   }
   return "?";
 }
@@ -66,6 +67,15 @@ void tp_forward(TpComm c, TpGroup& g, Backend& be, Stream s, const Tensor& out, 
 void tp_backward(TpComm c, TpGroup& g, Backend& be, Stream s, const Tensor& din,
                  const Tensor& dout) {
   tp_forward(conjugate(c), g, be, s, din, dout);
+}
+
+bool column_row_split(const TpPlacement& first, const TpPlacement& second,
+                      const std::string& layer) {
+  const bool split = first.style == TpStyle::Column && second.style == TpStyle::Row;
+  KILN_CHECK(split || (first.style == TpStyle::Replicated && second.style == TpStyle::Replicated),
+             "{}: a pair of Linears is split (column then row) or replicated, not {} then {}",
+             layer, tp_style_name(first.style), tp_style_name(second.style));
+  return split && first.active() && second.active();
 }
 
 DropoutSpec rows_dropout(DropoutSpec d, const TpPlacement& placement, int64_t local_numel) {

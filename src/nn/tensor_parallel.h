@@ -98,17 +98,34 @@ struct TpSlice {
 ///               sharded, input [N, in/tp], output partial sums reduced over tp; the
 ///               bias is replicated and added once, after the reduction.
 ///   Vocab       an embedding's (or tied head's) vocabulary rows split.
-enum class TpStyle : uint8_t { Replicated, Column, Row, Vocab };
+///   Sequence    a norm on the residual stream between the split regions: under sequence
+///               parallelism each rank normalises its rows [N/tp, C] and the gain and
+///               shift gradients are partial sums over tp; without it, replicated.
+/// A model family states the style of each of its layer roles in a table
+/// (models/layer_plan.h TensorParallelTable); src/parallel (parallel/tp_plan.h) makes the
+/// placements from it and hands them to the layers' shard(), which run the style they are
+/// given (or refuse it with a kiln::Error) and choose none themselves.
+enum class TpStyle : uint8_t { Replicated, Column, Row, Vocab, Sequence };
+/// "replicated", "column", "row", "vocab", "sequence".
 const char* tp_style_name(TpStyle s);
 
 /// A layer's placement: its style, the group (not owned; outlives the layer's use) and
 /// whether the activations outside the split regions are sequence parallel (rows split).
+/// Inactive (the layer whole on every rank) when replicated or without a group of more
+/// than one rank.
 struct TpPlacement {
   TpStyle style = TpStyle::Replicated;
   TpGroup* group = nullptr;
   bool sequence_parallel = false;
   bool active() const { return group != nullptr && group->size() > 1 && style != TpStyle::Replicated; }
 };
+
+/// Whether a layer's pair of Linears, `first` then `second` (attention's qkv and proj, an
+/// MLP's fc and proj), is split as Megatron-LM splits it, Column then Row, over a group of
+/// more than one rank; false when both are Replicated or the group has one rank. Throws
+/// kiln::Error naming `layer` for any other pair of styles.
+bool column_row_split(const TpPlacement& first, const TpPlacement& second,
+                      const std::string& layer);
 
 /// The dropout spec of this rank's rows of a sequence-parallel activation of `local_numel`
 /// elements per rank (rank r's rows start at global element r * local_numel), so that the

@@ -1,6 +1,7 @@
 #include "parallel/context_parallel.h"
 
 #include "core/error.h"
+#include "models/registry.h"
 #include "nn/block.h"
 
 #include <fmt/format.h>
@@ -38,9 +39,11 @@ std::unique_ptr<nn::CpGroup::Transfer> CommCpGroup::shift(Stream s, const Tensor
 
 void ContextParallelPlan::apply(const LayerRoles& layers) const {
   if (group_.size() == 1) return;
-  KILN_CHECK(layers.arch == "gpt2" || layers.arch == "llama",
-             "context parallelism (parallel.cp = {}) is not supported for {} yet", group_.size(),
-             layers.arch);
+  KILN_CHECK(model_arch(layers.arch).context_parallel, "{} is not supported for {} (its "
+             "registry entry, ModelArch::context_parallel)", what(), layers.arch);
+  KILN_CHECK(layers.tables.cp, "{} is not supported for {}: it states no context-parallel plan "
+             "table (models/layer_plan.h)", what(), layers.arch);
+  if (!layers.tables.cp->attention) return;
   for (nn::TransformerBlock* b : layers.blocks) b->set_context_parallel(group_);
 }
 

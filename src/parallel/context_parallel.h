@@ -1,7 +1,9 @@
 // Context parallelism from outside the model: the layers' ring (nn::CpGroup) over a
-// Communicator, the plan that installs it on a model's attention layers, and the split
-// of a micro-batch's host tokens into a rank's chunks (nn/context_parallel.h has the
-// split and the ring attention itself).
+// Communicator, the plan that installs it on the attention layers the model's
+// context-parallel table names (models/layer_plan.h ContextParallelTable; the decoders'
+// in models/decoder_model.h), and the split of a micro-batch's host tokens into a rank's
+// chunks (nn/context_parallel.h has the split and the ring attention itself). Whether a
+// model takes the plan is its registry entry's ModelArch::context_parallel and its table.
 #pragma once
 
 #include "comm/communicator.h"
@@ -30,12 +32,15 @@ class CommCpGroup final : public nn::CpGroup {
   Communicator& comm_;
 };
 
-/// Installs the ring on every attention layer of a GPT-2 or Llama model.
+/// Installs the ring on the attention layers the model's context-parallel table puts on
+/// it.
 class ContextParallelPlan final : public LayerPlan {
  public:
   /// `group` is not owned and must outlive the model.
   explicit ContextParallelPlan(nn::CpGroup& group) : group_(group) {}
-  /// Throws kiln::Error for an architecture without ring attention.
+  /// Throws kiln::Error naming the arch and parallel.cp for a model whose registry entry
+  /// (ModelArch::context_parallel) refuses context parallelism or that states no
+  /// context-parallel table.
   void apply(const LayerRoles& layers) const override;
   std::string what() const override;
 

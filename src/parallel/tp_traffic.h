@@ -1,6 +1,9 @@
 // The tensor-parallel traffic of a training step by formula (Megatron-LM's count,
 // Korthikanti et al. 2022 section 4.2.2), to set against what the tp communicator
-// measured (`kiln bench` under mpirun prints both). Per micro-step, L layers, N = B*T
+// measured (`kiln bench` under mpirun prints both). The formula is that of the decoders'
+// plan table (kDecoderParallelTables, models/decoder_model.h); a family that states
+// another (tests/models/tiny_encoder.cpp: a replicated head, no vocab-parallel loss)
+// moves other traffic. Per micro-step, L layers, N = B*T
 // rows, C features, an activation being N*C elements of the model dtype:
 //
 //   without sequence parallelism   all_reduce     4L + 2 activations: per layer 2 forward

@@ -288,8 +288,10 @@ std::vector<Layout> search_layouts(const TrainConfig& config, const MemPlanOptio
   MemPlanOptions o = options;
   o.ranks = {0};  // rank 0 holds the most: later ranks' slices only lose padding
   o.upper_bound = false;
-  const bool tp_ok = model_arch(base.model.arch).tensor_parallel;
-  const bool cp_ok = tp_ok && base.model.dropout == 0.0;  // ring attention has no dropout
+  const ModelArch arch = model_arch(base.model.arch);
+  const bool tp_ok = arch.tensor_parallel;
+  // Ring attention has no dropout.
+  const bool cp_ok = arch.context_parallel && base.model.dropout == 0.0;
   const int pp = base.parallel.pp;  // as configured: the search covers cp and tp, not pp
   for (int cp = 1; cp <= (cp_ok ? W : 1); cp *= 2)
   for (int tp = 1; tp * cp <= (tp_ok ? W : 1); tp *= 2) {

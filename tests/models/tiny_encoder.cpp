@@ -26,6 +26,23 @@ nn::BlockSpec block_spec(const ModelOptions& o) {
   return b;
 }
 int64_t pad16(int64_t v) { return (v + 15) / 16 * 16; }
+
+// Its own parallel plans (models/layer_plan.h; applied by src/parallel). Tensor parallel:
+// the vocabulary-parallel embedding and Megatron-LM's split of each block, but the norms
+// and the output projection replicated, so the loss is the plain one on every rank (and
+// parallel.sequence_parallel is refused: it needs every role split). Context parallel:
+// every block's (bidirectional) attention takes the ring.
+constexpr ParallelTables kTinyEncoderTables{
+    .tp = TensorParallelTable{.embedding = nn::TpStyle::Vocab,
+                              .attention_qkv = nn::TpStyle::Column,
+                              .attention_proj = nn::TpStyle::Row,
+                              .mlp_fc = nn::TpStyle::Column,
+                              .mlp_proj = nn::TpStyle::Row,
+                              .norms = nn::TpStyle::Replicated,
+                              .final_norm = nn::TpStyle::Replicated,
+                              .lm_head = nn::TpStyle::Replicated},
+    .cp = ContextParallelTable{.attention = true},
+};
 }  // namespace
 
 TinyEncoder::TinyEncoder(const ModelOptions& o, Backend& be, const ModelStorage& storage)
@@ -39,6 +56,8 @@ TinyEncoder::TinyEncoder(const ModelOptions& o, Backend& be, const ModelStorage&
   blocks_.reserve(static_cast<size_t>(o.n_layer));
   for (int l = 0; l < o.n_layer; ++l)
     blocks_.emplace_back(fmt::format("layers.{}.", l), block_spec(o));
+  for (const LayerPlan* plan : storage.plans)
+    plan->apply(layer_roles(arch(), kTinyEncoderTables, embedding_, blocks_, norm_, &head_));
   std::vector<PartLayout> parts(blocks_.size() + 2);
   parts.front().name = "embeddings";
   embedding_.collect(parts.front().params);
@@ -167,9 +186,13 @@ void TinyEncoder::backward() {
 }
 
 void register_tiny_encoder() {
-  register_model("tiny_encoder", [](const ModelOptions& o, Backend& be, const ModelStorage& st) {
+  ModelArch a;
+  a.make = [](const ModelOptions& o, Backend& be, const ModelStorage& st) {
     return std::make_unique<TinyEncoder>(o, be, st);
-  });
+  };
+  a.tensor_parallel = true;   // kTinyEncoderTables.tp
+  a.context_parallel = true;  // kTinyEncoderTables.cp
+  register_arch("tiny_encoder", std::move(a));
 }
 
 }  // namespace kiln::testing

@@ -64,7 +64,8 @@ class TinyEncoder final : public LayeredModel {
   bool have_grad_ = false;
 };
 
-/// Registers TinyEncoder as model.arch = "tiny_encoder".
+/// Registers TinyEncoder as model.arch = "tiny_encoder", taking tensor and context
+/// parallelism (its plan tables are in tiny_encoder.cpp).
 void register_tiny_encoder();
 
 }  // namespace kiln::testing

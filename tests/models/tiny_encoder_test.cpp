@@ -1,9 +1,12 @@
 // TinyEncoder (tiny_encoder.h), a second model from the layer library, through the Model
 // interface and the registry: its backward against central differences of its forward,
-// and gradients bitwise equal under every activation-checkpointing policy.
+// gradients bitwise equal under every activation-checkpointing policy, and the parallel
+// plans taken or refused as its registry entry says.
 #include "tiny_encoder.h"
 
 #include "backend/registry.h"
+#include "parallel/context_parallel.h"
+#include "parallel/tp_plan.h"
 
 #include <gtest/gtest.h>
 
@@ -113,6 +116,57 @@ TEST(TinyEncoder, AttentionSeesTheWholeSequenceAndOnlyIt) {
   };
   EXPECT_GT(row_norm((6 * 7 + 3) % 29), 1e-6) << "token at b=0, t=6 does not reach t=0";
   for (int i = 7; i < 14; ++i) EXPECT_EQ(row_norm((i * 7 + 3) % 29), 0.0) << "sequence 1 leaks into 0";
+}
+
+// Groups of two ranks that are never asked to communicate: building a model only installs
+// the plans (the layers read size and rank).
+struct TwoRanks final : nn::TpGroup, nn::CpGroup {
+  int size() const override { return 2; }
+  int rank() const override { return 0; }
+  void all_reduce_sum(Stream, const Tensor&) override { KILN_FAIL("unused"); }
+  void all_gather_rows(Stream, const Tensor&, const Tensor&) override { KILN_FAIL("unused"); }
+  void reduce_scatter_rows(Stream, const Tensor&, const Tensor&) override { KILN_FAIL("unused"); }
+  std::unique_ptr<Transfer> shift(Stream, const Tensor&, const Tensor&, int) override {
+    KILN_FAIL("unused");
+  }
+};
+
+// Whether it takes tensor and context parallelism is its registry entry (with the plan
+// tables it states in tiny_encoder.cpp): the same model is split by its table, and
+// refused with one line naming it and the key once its entry says no.
+TEST(TinyEncoder, ParallelPlansFollowItsRegistryEntry) {
+  register_tiny_encoder();
+  auto be = make_backend("cpu");
+  TwoRanks group;
+  const TensorParallelPlan tp(group, false);
+  const ContextParallelPlan cp(group);
+  const std::vector<const LayerPlan*> plans{&tp, &cp};
+  for (const LayerPlan* plan : plans) {
+    const bool is_tp = plan == &tp;
+    SCOPED_TRACE(plan->what());
+    ModelStorage st;
+    st.plans = {plan};
+    ModelOptions o = tiny();
+    const int64_t whole = make_model(o, *be)->flat_size();
+    auto m = make_model(o, *be, st);
+    EXPECT_EQ(m->flat_size() < whole, is_tp);  // split by its table (tp), or whole (cp)
+    ModelArch entry = model_arch("tiny_encoder");
+    if (is_tp) {
+      entry.tensor_parallel = false;
+    } else {
+      entry.context_parallel = false;
+    }
+    register_arch("tiny_encoder", entry);
+    try {
+      make_model(o, *be, st);
+      ADD_FAILURE() << "accepted against its registry entry";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(is_tp ? "parallel.tp = 2" : "parallel.cp = 2"), std::string::npos) << what;
+      EXPECT_NE(what.find("not supported for tiny_encoder"), std::string::npos) << what;
+    }
+    register_tiny_encoder();
+  }
 }
 
 TEST(TinyEncoder, UnknownArchitectureNamesTheKnownOnes) {

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # TinyEncoder, a model from the layer library that only the test knows, trained by kiln's
 # Trainer on 1 process and on 2 ranks (ZeRO 3; ZeRO 2 with full activation
-# checkpointing): the per-step losses agree within 1e-5 relative and the loss falls.
+# checkpointing; tensor parallel at tp2 from its own plan table and registry entry; context
+# parallel at cp2, which its registry entry accepts): the per-step losses agree within
+# 1e-5 relative and the loss falls. Sequence parallelism, which its table cannot take (it
+# keeps the norms replicated), is a one-line error.
 # Usage: tiny_encoder_train_test.sh KILN TINY_LM_TRAIN WORK_DIR
 set -euo pipefail
 kiln="$1"
@@ -53,6 +56,17 @@ run() {  # run NAME NP [--set ...]
 run np1 1
 run np2_z3 2 --set parallel.zero_stage=3
 run np2_z2_full 2 --set parallel.zero_stage=2 --set train.activation_checkpointing=full
+# Tensor parallel needs the key/value heads (n_head / 2) to divide over tp: 4 heads here.
+h4=(--set model.n_head=4)
+run np1_h4 1 "${h4[@]}"
+run np2_tp2 2 "${h4[@]}" --set parallel.tp=2
+run np2_cp2 2 --set parallel.cp=2
+if mpirun --oversubscribe --bind-to none -np 2 "$prog" "$work/tiny.toml" --set "run.dir=$work/sp" \
+     "${h4[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true > "$work/sp.log" 2>&1; then
+  echo "FAILED: sequence parallelism was accepted"; exit 1
+fi
+grep -q "tiny_encoder's plan keeps norms replicated" "$work/sp.log" ||
+  { echo "FAILED: no one-line refusal of sequence parallelism:"; cat "$work/sp.log"; exit 1; }
 "$py" - "$work" <<'PY'
 import json, sys
 work = sys.argv[1]
@@ -61,10 +75,11 @@ def losses(n):
 ref = losses("np1")
 assert len(ref) == 15, ref
 assert ref[-1] < ref[0] - 0.5, f"the loss did not fall: {ref[0]} -> {ref[-1]}"
-for n in ("np2_z3", "np2_z2_full"):
-    got = losses(n)
-    worst = max(abs(a - b) / abs(a) for a, b in zip(ref, got))
-    assert len(got) == len(ref) and worst <= 1e-5, f"{n}: worst relative difference {worst:.2e}"
+for n, base in (("np2_z3", "np1"), ("np2_z2_full", "np1"), ("np2_tp2", "np1_h4"),
+                ("np2_cp2", "np1")):
+    want, got = losses(base), losses(n)
+    worst = max(abs(a - b) / abs(a) for a, b in zip(want, got))
+    assert len(got) == len(want) and worst <= 1e-5, f"{n}: worst relative difference {worst:.2e}"
     print(f"{n}: {len(got)} losses match 1 process, worst relative difference {worst:.2e}")
 print(f"tiny_encoder trained: loss {ref[0]:.4f} -> {ref[-1]:.4f}")
 PY

@@ -4,6 +4,7 @@
 // its shard, and compares its slice of every output and gradient (fp32, 1e-5 relative).
 // The conjugate pairs are checked against values computed from every rank's inputs.
 #include "backend/registry.h"
+#include "models/decoder_model.h"
 #include "mpi_test_main.h"
 #include "world_test_util.h"
 #include "nn/block.h"
@@ -11,6 +12,7 @@
 #include "nn/embedding.h"
 #include "nn/linear.h"
 #include "parallel/tensor_parallel.h"
+#include "parallel/tp_plan.h"
 
 #include <gtest/gtest.h>
 
@@ -386,7 +388,7 @@ void check_block(const BlockCase& c) {
   };
   auto make = [&](bool shard) {
     auto run = std::make_unique<Run>(Run{nn::TransformerBlock("h.0.", spec), {}, {}, {}});
-    if (shard) run->block.shard(g, c.sp);
+    if (shard) run->block.shard(block_placement(kDecoderParallelTables.tp.value(), g, c.sp));
     run->block.collect(run->params);
     for (size_t i = 0; i < run->params.size(); ++i) {
       nn::Param* p = run->params[i];
@@ -447,7 +449,7 @@ TEST(TpBlock, IndivisibleHeadsAreAnError) {
   spec.attention.n_head = 3, spec.attention.n_kv_head = 3, spec.attention.head_dim = 4;
   nn::TransformerBlock b("h.0.", spec);
   try {
-    b.shard(g, false);
+    b.shard(block_placement(kDecoderParallelTables.tp.value(), g, false));
     FAIL() << "3 heads split over " << g.size();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("h.0.attn.c_attn.weight: 3 query heads"), std::string::npos) << e.what();

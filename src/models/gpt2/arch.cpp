@@ -15,6 +15,7 @@ ModelArch gpt2_arch() {
   a.decodes = true;
   a.stages = true;
   a.tensor_parallel = true;
+  a.context_parallel = true;
   a.presets = {
       {"gpt2", 12, 12, 768, 1024, 50257},
       {"gpt2-medium", 24, 16, 1024, 1024, 50257},

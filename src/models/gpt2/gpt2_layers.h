@@ -5,6 +5,7 @@
 #pragma once
 
 #include "models/gpt2/config.h"
+#include "models/decoder_model.h"
 #include "models/layered_model.h"
 #include "nn/block.h"
 #include "nn/embedding.h"
@@ -54,8 +55,11 @@ struct GPT2Layers {
     return out;
   }
 
-  /// The layers by role, for a LayerPlan (the output projection is the tied wte).
-  LayerRoles roles() { return layer_roles("gpt2", embedding, blocks, ln_f, nullptr); }
+  /// The layers by role and GPT-2's plans (the decoders': models/decoder_model.h), for a
+  /// LayerPlan (the output projection is the tied wte).
+  LayerRoles roles() {
+    return layer_roles("gpt2", kDecoderParallelTables, embedding, blocks, ln_f, nullptr);
+  }
 
   nn::TokenPositionEmbedding embedding;
   std::vector<nn::TransformerBlock> blocks;

@@ -15,6 +15,7 @@ ModelArch llama_arch() {
   a.decodes = true;
   a.stages = true;
   a.tensor_parallel = true;
+  a.context_parallel = true;
   // Meta's published configs (Hugging Face meta-llama/Llama-3.x config.json): 128K
   // context, rope_theta 500000, "llama3" rope scaling (factor 32 for 3.2, 8 for 3.1).
   a.presets = {

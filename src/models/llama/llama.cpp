@@ -83,9 +83,11 @@ struct LlamaLayers {
     return out;
   }
 
-  /// The layers by role, for a LayerPlan.
+  /// The layers by role and Llama's plans (the decoders': models/decoder_model.h), for a
+  /// LayerPlan.
   LayerRoles roles() {
-    return layer_roles("llama", embedding, blocks, norm, lm_head ? &*lm_head : nullptr);
+    return layer_roles("llama", kDecoderParallelTables, embedding, blocks, norm,
+                       lm_head ? &*lm_head : nullptr);
   }
 
   nn::TokenPositionEmbedding embedding;
