@@ -26,10 +26,19 @@ int cuda_device_index() {
 }
 }  // namespace
 
-std::unique_ptr<Backend> make_device_backend(const std::string& device) {
+BackendOptions backend_options(const TrainConfig& config) {
+  BackendOptions o;
+  o.tf32 = config.backend.tf32;
+  o.gemm_tuning = config.backend.gemm_tuning;
+  o.attention = config.backend.attention == "simt" ? AttentionKernel::Simt : AttentionKernel::Auto;
+  return o;
+}
+
+std::unique_ptr<Backend> make_device_backend(const std::string& device,
+                                             const BackendOptions& options) {
   check_device_name(device);
-  if (device == "cpu") return make_backend("cpu");
-  return make_backend(fmt::format("cuda:{}", cuda_device_index()));
+  if (device == "cpu") return make_backend("cpu", options);
+  return make_backend(fmt::format("cuda:{}", cuda_device_index()), options);
 }
 
 bool device_comm_built_with_nccl() {

@@ -1,10 +1,12 @@
 // train.device: the one place where a backend is chosen for training, evaluation,
-// sampling, export and `kiln bench` (and what `kiln memplan` plans for), and where the
+// sampling, export and `kiln bench` (and what `kiln memplan` plans for), made with the
+// [backend] keys, and where the
 // trainer's world communicator is chosen to match it (MPI or local for cpu, NCCL for
 // cuda).
 #pragma once
 
 #include "backend/backend.h"
+#include "backend/options.h"
 #include "comm/communicator.h"
 #include "train/config.h"
 
@@ -13,11 +15,15 @@
 
 namespace kiln {
 
-/// The backend of `device` (train.device: "cpu" | "cuda") for this process. cuda takes
-/// GPU local_rank % device_count, local_rank from the launcher (mpirun/srun; 0 alone).
-/// Throws a one-line kiln::Error naming train.device when the device is unknown, CUDA is
-/// not compiled into this build, or no GPU is visible.
-std::unique_ptr<Backend> make_device_backend(const std::string& device);
+/// The [backend] keys as the options a backend is made with (backend/options.h).
+BackendOptions backend_options(const TrainConfig& config);
+
+/// The backend of `device` (train.device: "cpu" | "cuda") for this process, made with
+/// `options`. cuda takes GPU local_rank % device_count, local_rank from the launcher
+/// (mpirun/srun; 0 alone). Throws a one-line kiln::Error naming train.device when the
+/// device is unknown, CUDA is not compiled into this build, or no GPU is visible.
+std::unique_ptr<Backend> make_device_backend(const std::string& device,
+                                             const BackendOptions& options = {});
 
 /// The world communicator the trainer's groups are split from, for `device`: cpu gives
 /// make_world_communicator() (MPI under mpirun/srun, else local); cuda gives NCCL on the

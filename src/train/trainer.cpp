@@ -123,7 +123,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   check_same_on_all_ranks(*world_, "data set " + config_.data.dir,
                           train_data_->fingerprint().dump());
 
-  backend_ = make_device_backend(config_.train.device);
+  backend_ = make_device_backend(config_.train.device, backend_options(config_));
   KILN_CHECK(mesh_->cp() == 1 || backend_->device().is_cpu(), "{}: parallel.cp = {} on {}: "
              "context parallelism runs on the CPU backend only so far (the CUDA ring-attention "
              "kernels are not written yet)", config_.source, mesh_->cp(), backend_->device().str());
@@ -415,6 +415,7 @@ void Trainer::summarize_tp_traffic(TrainResult& r, int64_t steps) {
   s.rows = int64_t{config_.train.micro_batch} * seq_len_ / mesh_->cp();  // this rank's tokens
   s.n_embd = config_.model.n_embd;
   s.padded_vocab = model_->padded_vocab_size();
+  s.classifier_chunk_mb = config_.train.classifier_chunk_mb;
   s.tp = mesh_->tp();
   s.sequence_parallel = config_.parallel.sequence_parallel;
   s.full_recompute = config_.train.activation_checkpointing == "full";
