@@ -165,6 +165,7 @@ struct ParallelSection {
   int zero_stage = 0;  // 0..3
   double bucket_mb = 25.0;  // gradient all-reduce bucket size
   double timeout_s = 60.0;  // collective timeout
+  std::string communicator = "auto";  // "auto" | "local" | "mpi" | "nccl" (comm/registry.h)
   bool operator==(const ParallelSection&) const = default;
 };
 

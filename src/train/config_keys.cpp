@@ -193,6 +193,10 @@ const std::vector<Key>& keys() {
               "ZeRO stage: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters sharded."),
         positive(KILN_KEY(parallel, bucket_mb), "Gradient all-reduce bucket size in MiB."),
         positive(KILN_KEY(parallel, timeout_s), "Collective-communication timeout in seconds."),
+        oneof(KILN_KEY(parallel, communicator), {"auto", "local", "mpi", "nccl"},
+              "The communicator the trainer's groups are split from (comm/registry.h): auto = "
+              "nccl on cuda, else mpi when launched by mpirun/srun with several processes, "
+              "else local; local = one process; mpi = MPI (cpu); nccl = NCCL (cuda)."),
         any(KILN_KEY(profile, steps),
             "Profile updates a <= step < b given as [a, b]; [] = off."),
         oneof(KILN_KEY(profile, timing), {"sync", "events"},

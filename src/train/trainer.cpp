@@ -85,9 +85,8 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     : config_(config), options_(options), run_dir_(config.run.dir) {
   // The mesh first: every later choice (accumulation, data slice, ZeRO shards) depends
   // on the data-parallel size.
-  world_ = make_device_world_communicator(config_.train.device);
-  // parallel.timeout_s, unless KILN_COMM_TIMEOUT_S overrides it (tests, debugging).
-  if (std::getenv("KILN_COMM_TIMEOUT_S") == nullptr) world_->set_timeout(config_.parallel.timeout_s);
+  world_ = make_device_world_communicator(config_.train.device, config_.parallel.communicator);
+  world_->set_timeout(config_.parallel.timeout_s);
   // Every rank must run the same config, the layout included: checked key by key before
   // the mesh is built from it.
   check_config_on_all_ranks(*world_, config_);

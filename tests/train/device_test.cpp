@@ -1,6 +1,7 @@
 // train.device: the one mapping from the key to a backend and a world communicator,
-// their errors, the [backend] keys as the backend's options, the launcher's local rank
-// (which GPU a rank takes), AdamW's options from [optim], and the batch staged
+// their errors, the [backend] keys as the backend's options, parallel.communicator
+// through the communicator registry, the launcher's local rank (which GPU a rank takes),
+// AdamW's options from [optim], and the batch staged
 // through the backend's staging (pinned on CUDA) memory, checked on the CPU through a
 // backend that records where each host-to-device copy reads from.
 #include "backend/op_list.h"
@@ -75,6 +76,30 @@ TEST(Device, TheBackendKeysBecomeTheBackendsOptions) {
   EXPECT_TRUE(o.gemm_tuning);
   EXPECT_EQ(o.attention, AttentionKernel::Simt);
   EXPECT_EQ(make_device_backend("cpu", o)->name(), "cpu");  // the CPU has none to take
+}
+
+// `make` must throw one line containing `want`.
+template <class F>
+void expect_one_line_error(F make, const std::string& want) {
+  try {
+    make();
+    FAIL() << "accepted; wanted an error with " << want;
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(want), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  }
+}
+
+TEST(Device, TheCommunicatorKeyChoosesFromTheRegistry) {
+  EXPECT_EQ(make_device_world_communicator("cpu", "auto")->backend_name(), "local");
+  EXPECT_EQ(make_device_world_communicator("cpu", "local")->backend_name(), "local");
+  expect_one_line_error([] { make_device_world_communicator("cpu", "nccl"); },
+                        "parallel.communicator = nccl with train.device = cpu");
+  expect_one_line_error([] { make_device_world_communicator("cuda", "mpi"); },
+                        "parallel.communicator = mpi with train.device = cuda");
+  expect_one_line_error([] { make_device_world_communicator("cpu", "bogus"); },
+                        "communicator 'bogus'");
 }
 
 TEST(OptimFromConfig, AdamWTakesMultiTensorFromTheKey) {

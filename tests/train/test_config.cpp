@@ -340,13 +340,14 @@ TEST(TrainConfigToml, HashIsStableAndSensitive) {
 }
 
 // --- the keys that replaced environment variables ------------------------------------
-// (train.classifier_chunk_mb, backend.*, optim.multi_tensor). Each reaches its code
-// through an explicit API: tests/train/device_test.cpp (backend options), tests/nn (the
-// chunk), tests/optim (AdamW's two paths).
+// (train.classifier_chunk_mb, backend.*, optim.multi_tensor, parallel.communicator;
+// docs/config.md, "Environment variables"). Each reaches its code through an explicit
+// API: tests/train/device_test.cpp (backend options, communicator), tests/nn (the chunk),
+// tests/optim (AdamW's two paths).
 
 const std::vector<std::string> kSwitchesSet = {
-    "train.classifier_chunk_mb=256", "backend.tf32=true", "backend.gemm_tuning=true",
-    "backend.attention=simt", "optim.multi_tensor=false"};
+    "train.classifier_chunk_mb=256", "backend.tf32=true",        "backend.gemm_tuning=true",
+    "backend.attention=simt",        "optim.multi_tensor=false", "parallel.communicator=local"};
 
 TEST(TrainConfigSwitches, DefaultsAreTheExactPaths) {
   const TrainConfig c = load_config_string(kMinimal);
@@ -355,6 +356,7 @@ TEST(TrainConfigSwitches, DefaultsAreTheExactPaths) {
   EXPECT_FALSE(c.backend.gemm_tuning);
   EXPECT_EQ(c.backend.attention, "auto");
   EXPECT_TRUE(c.optim.multi_tensor);
+  EXPECT_EQ(c.parallel.communicator, "auto");
 }
 
 TEST(TrainConfigSwitches, BadValuesNameTheKey) {
@@ -373,6 +375,9 @@ TEST(TrainConfigSwitches, BadValuesNameTheKey) {
             "config.toml: key 'backend.attention' must be one of \"auto\", \"simt\", got \"flash\"");
   EXPECT_EQ(load_error("[optim]\nmulti_tensor = 0\n"),
             "config.toml: wrong type for key 'optim.multi_tensor': expected boolean, got integer");
+  EXPECT_EQ(load_error("[parallel]\ncommunicator = \"gloo\"\n"),
+            "config.toml: key 'parallel.communicator' must be one of \"auto\", \"local\", "
+            "\"mpi\", \"nccl\", got \"gloo\"");
   EXPECT_EQ(load_error(kMinimal, {"optim.multi_tensor=off"}),
             "--set: wrong type for key 'optim.multi_tensor': expected boolean, got 'off'");
   EXPECT_EQ(load_error(kMinimal, {"train.classifier_chunk_mb=x"}),
@@ -391,6 +396,7 @@ TEST(TrainConfigSwitches, RoundTripThroughToTomlAndChangeTheHash) {
   EXPECT_TRUE(c.backend.gemm_tuning);
   EXPECT_EQ(c.backend.attention, "simt");
   EXPECT_FALSE(c.optim.multi_tensor);
+  EXPECT_EQ(c.parallel.communicator, "local");
   const std::string text = c.to_toml();
   EXPECT_NE(text.find("\n[backend]\ntf32 = true\ngemm_tuning = true\nattention = \"simt\"\n"),
             std::string::npos) << text;
