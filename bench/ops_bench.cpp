@@ -6,8 +6,9 @@
 // V = 50257, Vp = 50304. The linear layers run at their four per-block shapes
 //   qkv 768->2304, attn_proj 768->768, fc 768->3072, fc_proj 3072->768
 // and the tied output projection ("lm_head", C->Vp, no bias) at one classifier chunk of
-// R = nn::classifier_chunk_rows(N, Vp) rows (83 for Vp = 50304), the chunk the model's
-// fused classifier + cross-entropy runs at; softmax_cross_entropy runs at [R, Vp] too.
+// R = nn::classifier_chunk_rows(N, Vp, 16 MiB) rows (83 for Vp = 50304), the chunk the
+// model's fused classifier + cross-entropy runs at by default (train.classifier_chunk_mb);
+// softmax_cross_entropy runs at [R, Vp] too.
 // AdamW runs over one tensor of num_parameters() elements (124,439,808 for gpt2).
 //
 // Counters (all rates use real, wall-clock time, so OpenMP threads and GPU work count):
@@ -355,7 +356,7 @@ int main(int argc, char** argv) {
   d.Vp = cfg.padded_vocab_size;
   d.maxT = std::max<int64_t>(d.T, cfg.block_size);
   d.N = d.B * d.T;
-  d.R = nn::classifier_chunk_rows(d.N, d.Vp);
+  d.R = nn::classifier_chunk_rows(d.N, d.Vp, nn::kDefaultClassifierChunkMb);
   d.adamw_n = flags.i64("adamw_params") > 0 ? flags.i64("adamw_params") : cfg.num_parameters();
 
   // Backends live until the end of main: the registered benchmarks refer to them.

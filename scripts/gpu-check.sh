@@ -155,8 +155,8 @@ fi
 kiln_json="" torch_json=""
 kiln_dtype=()
 if [ "${GPU_CHECK_KILN_FP32:-0}" = 1 ]; then kiln_dtype=(--fp32); fi
-# (KILN_CUDA_TF32 only matters for fp32 GEMMs: the --fp32 model, the fp32 peak.)
-if KILN_CUDA_TF32=1 phase kiln_bench 120 "$build/kiln_gpu_step" --B "$B" --T 1024 --steps "$steps" --warmup 3 --profile 2 --repeat "${kiln_dtype[@]}"; then
+# (backend.tf32 only matters for fp32 GEMMs: the --fp32 model, the fp32 peak.)
+if phase kiln_bench 120 "$build/kiln_gpu_step" --B "$B" --T 1024 --steps "$steps" --warmup 3 --profile 2 --repeat "${kiln_dtype[@]}" --set backend.tf32=true; then
   kiln_json="$(grep '^{' "$out/kiln_bench.log" | tail -n 1)"
   status_kiln=ok
 else
@@ -171,21 +171,29 @@ if [ "${GPU_CHECK_SKIP_TORCH:-0}" != 1 ]; then
   fi
 fi
 # ---- 4a. variants: each switchable change on or off, one short run each ---------------
-# GPU_CHECK_VARIANTS: "name:ENV=V ENV2=V2;name2:..." (empty env = the defaults). The two
-# tuned runs share a cache file: the second reads the first's choices, and the two must
-# give the same loss bits (item 5). Logs in build-gpu/ (the 8-file limit of $OUT), one
-# summary line each in gpu-check.log.
+# GPU_CHECK_VARIANTS: "name:WORD WORD...;name2:..." where each WORD is a config key for
+# kiln_gpu_step's --set (section.key=value) or, in capitals, an environment variable
+# (NAME=value: only KILN_CUDA_GEMM_CACHE, a process-level cache); nothing = the defaults.
+# The two tuned runs share a cache file: the second reads the first's choices, and the
+# two must give the same loss bits (item 5). Logs in build-gpu/ (the 8-file limit of
+# $OUT), one summary line each in gpu-check.log.
 gemm_cache="$build/gemm-cache.txt"
 rm -f "$gemm_cache"
-variants="${GPU_CHECK_VARIANTS:-base:;chunk256:KILN_CLASSIFIER_CHUNK_MB=256;chunk4096:KILN_CLASSIFIER_CHUNK_MB=4096;per_tensor_adamw:KILN_ADAMW_MULTI_TENSOR=0;tune:KILN_CUDA_GEMM_TUNE=1 KILN_CUDA_GEMM_CACHE=$gemm_cache;tune_again:KILN_CUDA_GEMM_TUNE=1 KILN_CUDA_GEMM_CACHE=$gemm_cache}"
+variants="${GPU_CHECK_VARIANTS:-base:;chunk256:train.classifier_chunk_mb=256;chunk4096:train.classifier_chunk_mb=4096;per_tensor_adamw:optim.multi_tensor=false;tune:backend.gemm_tuning=true KILN_CUDA_GEMM_CACHE=$gemm_cache;tune_again:backend.gemm_tuning=true KILN_CUDA_GEMM_CACHE=$gemm_cache}"
 if [ "$status_kiln" = ok ] && [ "${GPU_CHECK_VARIANT_STEPS:-15}" -gt 0 ]; then
   IFS=';' read -ra vlist <<<"$variants"
   for v in "${vlist[@]}"; do
     vname=${v%%:*} venv=${v#*:}
     vlog="$build/variant-$vname.log"
-    # shellcheck disable=SC2086  # the env list is split on spaces on purpose
-    if timeout --kill-after=5 60 env $venv "$build/kiln_gpu_step" --B "$B" --T 1024 \
-         --steps "${GPU_CHECK_VARIANT_STEPS:-15}" --warmup 3 "${kiln_dtype[@]}" >"$vlog" 2>&1; then
+    vvars=() vsets=()
+    for word in $venv; do  # split on spaces on purpose
+      case $word in
+        [A-Z]*=*) vvars+=("$word") ;;
+        *) vsets+=(--set "$word") ;;
+      esac
+    done
+    if timeout --kill-after=5 60 env "${vvars[@]}" "$build/kiln_gpu_step" --B "$B" --T 1024 \
+         --steps "${GPU_CHECK_VARIANT_STEPS:-15}" --warmup 3 "${kiln_dtype[@]}" "${vsets[@]}" >"$vlog" 2>&1; then
       say "variant $vname ($venv): $(grep '^{' "$vlog" | tail -n 1 | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); print("%.2f ms/step, %.0f tokens/s, MFU %.1f%%, loss %r" % (r["ms_per_step"], r["tokens_per_s"], 100*r["mfu"], r["loss_exact"]))')"
     else
       say "variant $vname ($venv): FAILED: $(tail -n 2 "$vlog" | tr '\n' ' ')"

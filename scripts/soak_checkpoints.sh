@@ -10,7 +10,7 @@ kiln=$(readlink -f "$1")
 kills_wanted=${2:-200}
 work=${3:-$(mktemp -d /tmp/kiln-soak.XXXXXX)}
 mkdir -p "$work"
-export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 KILN_COMM_TIMEOUT_S=30
+export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 steps=${SOAK_STEPS:-4000}
 head -c 40000 /dev/urandom | base64 > "$work/corpus.txt"
 rm -rf "$work/data" && "$kiln" prepare --input "$work/corpus.txt" --out "$work/data" --tokenizer byte >/dev/null
@@ -36,6 +36,7 @@ peak_tflops = 1.0
 every = 1
 keep = 2
 [parallel]
+timeout_s = 30
 zero_stage = 1
 EOT
 mpirun_() { mpirun --oversubscribe --bind-to none --mca odls_base_sigkill_timeout 0 -np 2 "$@"; }

@@ -358,7 +358,7 @@ void run_bench(const Args& a) {
     c.model.vocab_size = 50257;  // the GPT-2 tokenizer's
   }
 
-  auto raw = make_device_backend(c.train.device);
+  auto raw = make_device_backend(c.train.device, backend_options(c));
   // Peaks first, on the raw backend, so that the model's memory peak is its own. The
   // GEMM peak is measured again after the timed steps and the better of the two kept:
   // on a shared machine one measurement can fall in a moment of load.

@@ -7,7 +7,10 @@
 // is the median of --steps steps after --warmup.
 // The model runs in bf16 (train.dtype = bf16: bf16 parameters and activations, fp32
 // gradients; AdamW keeps fp32 master weights), like PyTorch's bf16 autocast in torch_gpt2.py;
-// --fp32 runs the fp32 model instead (KILN_CUDA_TF32=1 lets its GEMMs use TF32).
+// --fp32 runs the fp32 model instead (--set backend.tf32=true lets its GEMMs use TF32).
+// --set section.key=value (repeatable): a training config key, as `kiln train --set`
+// takes it, applied to the step's config and the backend (backend.*, optim.multi_tensor,
+// train.classifier_chunk_mb, ...; scripts/gpu-check.sh's variants).
 // --profile N: N more steps through a ProfilingBackend timing each op with CUDA events
 // (OpTiming::DeviceEvents: no synchronisation per op, read after each step), printing the
 // per-op and per-kind tables (gemm, attention, norms, elementwise, classifier, optimizer,
@@ -15,13 +18,14 @@
 // --repeat: the measured run again from the same seed; "deterministic" in the JSON says
 // whether every step's loss was bitwise the same (issue 19, item 5).
 // Usage: kiln_gpu_step [--model gpt2] [--B 16] [--T 1024] [--steps 30] [--warmup 3]
-//                      [--profile N] [--profile-sync] [--repeat] [--fp32]
+//                      [--profile N] [--profile-sync] [--repeat] [--fp32] [--set k=v]...
 // When B does not fit, it halves B until it does (the B used is printed).
 #include "backend/probe.h"
 #include "backend/registry.h"
 #include "core/rng.h"
 #include "models/gpt2/config.h"
 #include "comm/local_communicator.h"
+#include "train/device.h"
 #include "train/train_step.h"
 #include "profile/profiling_backend.h"
 #include "profile/summary.h"
@@ -46,11 +50,13 @@ struct Args {
   bool profile_sync = false;  // profile with a synchronize per op instead of CUDA events
   bool repeat = false;        // run again from the same seed: losses bitwise the same?
   bool fp32 = false;  // the fp32 model instead of bf16 with fp32 gradients and masters
+  std::vector<std::string> sets;  // --set section.key=value, in order
 };
 
 [[noreturn]] void usage_error(const std::string& what) {
   std::fprintf(stderr, "kiln_gpu_step: %s (flags: --model NAME --B N --T N --steps N "
-               "--warmup N --profile N --profile-sync --repeat --fp32)\n", what.c_str());
+               "--warmup N --profile N --profile-sync --repeat --fp32 --set KEY=VALUE)\n",
+               what.c_str());
   std::exit(2);
 }
 
@@ -72,11 +78,12 @@ Args parse(int argc, char** argv) {
       continue;
     }
     if (k != "--model" && k != "--B" && k != "--T" && k != "--steps" && k != "--warmup" &&
-        k != "--profile")
+        k != "--profile" && k != "--set")
       usage_error("unknown flag " + k);
     if (i + 1 >= argc) usage_error("flag " + k + " needs a value");
     const std::string v = argv[++i];
-    if (k == "--model") a.model = v;
+    if (k == "--set") a.sets.push_back(v);
+    else if (k == "--model") a.model = v;
     else if (k == "--B") a.B = number(k, v, 1);
     else if (k == "--T") a.T = number(k, v, 1);
     else if (k == "--steps") a.steps = number(k, v, 1);
@@ -93,16 +100,21 @@ struct Result {
 
 // prof: `be` itself when profiling: its tracer is enabled after the warm-up, each step
 // recorded as a "step" event and its ops flushed, and disabled at the end.
-Result run(Backend& be, const GPT2Config& cfg, const std::string& dtype, int B, int T,
-           int warmup, int steps, profile::ProfilingBackend* prof = nullptr) {
-  be.allocator().reset_peak();
-  // The trainer's own step (train/train_step.h) on one process: parameters and
-  // activations in `dtype`, fp32 gradients and master weights.
+ModelOptions model_options(const GPT2Config& cfg) {
   ModelOptions mo;
   mo.n_layer = cfg.n_layer, mo.n_head = cfg.n_head, mo.n_embd = cfg.n_embd;
   mo.block_size = cfg.block_size, mo.vocab_size = cfg.vocab_size;
+  return mo;
+}
+
+Result run(Backend& be, const GPT2Config& cfg, const std::string& dtype, int B, int T,
+           int warmup, int steps, const std::vector<std::string>& sets,
+           profile::ProfilingBackend* prof = nullptr) {
+  be.allocator().reset_peak();
+  // The trainer's own step (train/train_step.h) on one process: parameters and
+  // activations in `dtype`, fp32 gradients and master weights; the --set keys applied.
   LocalCommunicator single;
-  TrainStep one_step(step_config(mo, B, T, dtype), be, single);
+  TrainStep one_step(step_config(model_options(cfg), B, T, dtype, sets), be, single);
   one_step.init_weights(1337);
   std::vector<int32_t> tok(static_cast<size_t>(B) * T), tgt(tok.size());
   Philox rng(20240601, 7);
@@ -146,19 +158,20 @@ Result run(Backend& be, const GPT2Config& cfg, const std::string& dtype, int B, 
 int main(int argc, char** argv) {
   try {
     const Args a = parse(argc, argv);
-    auto be = make_backend("cuda");
     GPT2Config cfg = GPT2Config::preset(a.model);
     const std::string dtype = a.fp32 ? "fp32" : "bf16";
+    // The --set keys, checked before any GPU work; the backend is made with [backend]'s.
+    const TrainConfig keys = step_config(model_options(cfg), a.B, a.T, dtype, a.sets);
+    auto be = make_backend("cuda", backend_options(keys));
     const double peak = measure_gemm_flops(*be, DType::BF16, 8192, 1.0);
     const double peak_fp32 = measure_gemm_flops(*be, DType::F32, 4096, 0.5);
     std::fprintf(stderr, "kiln_gpu_step: GEMM peak bf16 %.1f TFLOP/s, fp32%s %.1f TFLOP/s\n",
-                 peak / 1e12, std::getenv("KILN_CUDA_TF32") ? " (TF32 allowed)" : "",
-                 peak_fp32 / 1e12);
+                 peak / 1e12, keys.backend.tf32 ? " (TF32 allowed)" : "", peak_fp32 / 1e12);
     int B = a.B;
     Result r;
     for (;;) {
       try {
-        r = run(*be, cfg, dtype, B, a.T, a.warmup, a.steps);
+        r = run(*be, cfg, dtype, B, a.T, a.warmup, a.steps, a.sets);
         break;
       } catch (const Error& e) {
         if (B == 1 || std::strstr(e.what(), "out of memory") == nullptr) throw;
@@ -172,7 +185,7 @@ int main(int argc, char** argv) {
     // Item 5: the same steps from the same seed, bitwise the same losses?
     int deterministic = -1;  // -1: not checked
     if (a.repeat) {
-      const Result again = run(*be, cfg, dtype, B, a.T, a.warmup, a.steps);
+      const Result again = run(*be, cfg, dtype, B, a.T, a.warmup, a.steps, a.sets);
       deterministic = again.losses == r.losses ? 1 : 0;
       for (size_t i = 0; deterministic == 0 && i < r.losses.size(); ++i)
         if (again.losses[i] != r.losses[i]) {
@@ -192,7 +205,7 @@ int main(int argc, char** argv) {
       profile::ProfilingBackend pb(*be, tracer,
                                    a.profile_sync ? profile::OpTiming::Synchronize
                                                   : profile::OpTiming::DeviceEvents);
-      const Result p = run(pb, cfg, dtype, B, a.T, 1, a.profile, &pb);
+      const Result p = run(pb, cfg, dtype, B, a.T, 1, a.profile, a.sets, &pb);
       std::fprintf(stderr, "kiln_gpu_step: profiled %d steps (%s): %.1f ms/step; "
                    "copy bandwidth %.0f GB/s\n%s", a.profile,
                    a.profile_sync ? "ops synchronised" : "CUDA events per op", p.ms, bw / 1e9,
@@ -200,10 +213,9 @@ int main(int argc, char** argv) {
                                            profile::Peaks{a.fp32 ? peak_fp32 : peak, bw})
                        .c_str());
     }
-    const char* tf32 = std::getenv("KILN_CUDA_TF32");
     const char* precision = !a.fp32 ? "bf16 (fp32 grads)"
-                        : (tf32 && std::strcmp(tf32, "1") == 0) ? "fp32 (tf32 GEMMs)"
-                                                                : "fp32";
+                        : keys.backend.tf32 ? "fp32 (tf32 GEMMs)"
+                                            : "fp32";
     std::printf(
         "{\"impl\": \"kiln\", \"B\": %d, \"T\": %d, \"dtype\": \"%s\", \"ms_per_step\": %.3f, "
         "\"tokens_per_s\": %.1f, \"model_tflops\": %.2f, \"peak_bf16_tflops\": %.1f, "

@@ -44,13 +44,14 @@ int gpu_device_count(const std::string& kind) {
   return 0;
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& name) {
+std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& options) {
   if (name == "cpu") return make_cpu_backend();
 #if defined(KILN_HAVE_CUDA)
-  if (name == "cuda") return make_cuda_backend(0);
-  if (name.rfind("cuda:", 0) == 0) return make_cuda_backend(std::atoi(name.c_str() + 5));
+  if (name == "cuda") return make_cuda_backend(0, options);
+  if (name.rfind("cuda:", 0) == 0) return make_cuda_backend(std::atoi(name.c_str() + 5), options);
   KILN_FAIL("unknown or unavailable backend '{}' (available: cpu, cuda)", name);
 #else
+  (void)options;
   KILN_FAIL("unknown or unavailable backend '{}' (available: cpu)", name);
 #endif
 }

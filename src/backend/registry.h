@@ -2,6 +2,7 @@
 #pragma once
 
 #include "backend/backend.h"
+#include "backend/options.h"
 
 #include <memory>
 #include <string>
@@ -21,7 +22,8 @@ int gpu_device_count(const std::string& kind);
 /// no GPU visible (...)"); empty when one can.
 std::string gpu_unavailable_reason(const std::string& kind);
 
-/// A backend by name ("cpu", "cuda", "cuda:N"); throws kiln::Error when unknown or unavailable.
-std::unique_ptr<Backend> make_backend(const std::string& name);
+/// A backend by name ("cpu", "cuda", "cuda:N"), made with `options` (the CPU backend
+/// has none to take); throws kiln::Error when unknown or unavailable.
+std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& options = {});
 
 }  // namespace kiln

@@ -65,7 +65,7 @@ double bus_bandwidth(Collective c, int n, int64_t bytes, double seconds) {
 // ---- Communicator base --------------------------------------------------------------
 
 Communicator::Communicator(std::string name)
-    : name_(std::move(name)), timeout_s_(default_comm_timeout()) {}
+    : name_(std::move(name)), timeout_s_(kDefaultCommTimeout) {}
 
 void Communicator::set_timeout(double seconds) {
   KILN_CHECK(std::isfinite(seconds) && seconds > 0,
@@ -207,9 +207,9 @@ void BasicWork::wait() {
     cv_.wait_for(lock, limit, [&] { return done_.load(std::memory_order_acquire); });
   }
   if (!is_completed()) {
-    abort_all(fmt::format("timed out after {} s waiting for {} (parallel.timeout_s or "
-                          "KILN_COMM_TIMEOUT_S sets the limit); another rank failed, exited, "
-                          "stopped or called a different collective",
+    abort_all(fmt::format("timed out after {} s waiting for {} (parallel.timeout_s sets the "
+                          "limit); another rank failed, exited, stopped or called a different "
+                          "collective",
                           timeout_s_, timeout_description()));
   }
 }
@@ -265,17 +265,7 @@ void set_abort_hook(AbortHook hook) { g_abort_hook.store(hook); }
   std::_Exit(1);
 }
 
-// ---- environment --------------------------------------------------------------------
-
-double default_comm_timeout() {
-  const char* env = std::getenv("KILN_COMM_TIMEOUT_S");
-  if (env == nullptr || *env == '\0') return 60.0;
-  char* end = nullptr;
-  double v = std::strtod(env, &end);
-  KILN_CHECK(end != env && *end == '\0' && std::isfinite(v) && v > 0,
-             "KILN_COMM_TIMEOUT_S must be a positive number of seconds, got '{}'", env);
-  return v;
-}
+// ---- the launcher's environment -------------------------------------------------------
 
 namespace {
 int env_int(const char* name) {
@@ -317,30 +307,16 @@ bool comm_built_with_mpi() {
 }
 
 std::unique_ptr<Communicator> make_world_communicator() {
-  bool use_mpi = false;
   const int launched = launcher_world_size();
-  const char* forced = std::getenv("KILN_COMM");
-  if (forced != nullptr && *forced != '\0') {
-    std::string f = forced;
-    KILN_CHECK(f == "local" || f == "mpi", "KILN_COMM must be 'local' or 'mpi', got '{}'", f);
-    use_mpi = f == "mpi";
-    KILN_CHECK(!use_mpi || comm_built_with_mpi(),
-               "KILN_COMM=mpi, but kiln was built without MPI (configure with -DKILN_MPI=ON)");
-    KILN_CHECK(use_mpi || launched == 0 || launched == 1,
-               "KILN_COMM=local, but the launcher started {} processes", launched);
-  } else {
-    use_mpi = launched != 0 && launched != 1;
-    if (use_mpi && !comm_built_with_mpi()) {
-      KILN_FAIL(
-          "launched by mpirun/srun with {} processes, but kiln was built without MPI "
-          "(configure with -DKILN_MPI=ON, or run a single process)",
-          launched < 0 ? std::string("several") : std::to_string(launched));
-    }
-  }
+  if (launched == 0 || launched == 1) return std::make_unique<LocalCommunicator>("world");
 #ifdef KILN_HAVE_MPI
-  if (use_mpi) return make_mpi_world_communicator();
+  return make_mpi_world_communicator();
+#else
+  KILN_FAIL(
+      "launched by mpirun/srun with {} processes, but kiln was built without MPI "
+      "(configure with -DKILN_MPI=ON, or run a single process)",
+      launched < 0 ? std::string("several") : std::to_string(launched));
 #endif
-  return std::make_unique<LocalCommunicator>("world");
 }
 
 // ---- consistency check ---------------------------------------------------------------

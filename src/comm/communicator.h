@@ -26,8 +26,9 @@
 // - dtypes: fp32, bf16, fp16, int32. Reductions of bf16/fp16 on the CPU convert to fp32,
 //   reduce in fp32 and round back to 16 bits once (round to nearest even): the result is
 //   the correctly rounded fp32 sum, never a chain of 16-bit roundings.
-// - Failures never hang: every wait has a timeout (default 60 s, KILN_COMM_TIMEOUT_S or
-//   set_timeout()); a wait that times out calls abort_all() naming the collective and rank.
+// - Failures never hang: every wait has a timeout (kDefaultCommTimeout, or set_timeout():
+//   the trainer sets parallel.timeout_s); a wait that times out calls abort_all() naming
+//   the collective and rank.
 #pragma once
 
 #include "backend/backend.h"
@@ -180,7 +181,7 @@ class Communicator {
   std::unique_ptr<Communicator> split(int color, int key, std::string name = {});
 
   // ---- timeouts and statistics -------------------------------------------------------
-  /// Seconds a wait may take before abort_all(). Starts at default_comm_timeout();
+  /// Seconds a wait may take before abort_all(). Starts at kDefaultCommTimeout;
   /// sub-groups inherit their parent's value.
   double timeout() const { return timeout_s_; }
   void set_timeout(double seconds);
@@ -221,10 +222,11 @@ class Communicator {
   CommStats stats_;
 };
 
-/// The communicator for every process of this job: MPI when launched by mpirun or srun
-/// (and kiln was built with KILN_MPI), otherwise a LocalCommunicator of size 1.
-/// Env: KILN_COMM=local|mpi forces the choice. The MPI world communicator is created
-/// once per process (MPI cannot be initialised twice). See docs/distributed.md.
+/// The communicator for every process of this job: MPI when mpirun or srun launched
+/// several processes (and kiln was built with KILN_MPI), otherwise a LocalCommunicator of
+/// size 1. comm/registry.h chooses others by name (parallel.communicator). The MPI world
+/// communicator is created once per process (MPI cannot be initialised twice). See
+/// docs/distributed.md.
 std::unique_ptr<Communicator> make_world_communicator();
 
 /// Whether this build has the MPI communicator.
@@ -238,9 +240,9 @@ int launcher_world_size();
 /// MPI_LOCALRANKID); 0 when not launched or unknown.
 int launcher_local_rank();
 
-/// Timeout for waits: KILN_COMM_TIMEOUT_S (seconds, > 0) when set, else 60.
-/// Throws kiln::Error when the variable is set but not a positive number.
-double default_comm_timeout();
+/// Seconds a wait may take on a new communicator (parallel.timeout_s's default); the
+/// trainer sets parallel.timeout_s, and programs without a config call set_timeout().
+inline constexpr double kDefaultCommTimeout = 60.0;
 
 /// Prints "kiln: rank R: <message>" to stderr and ends every process of the job with a
 /// non-zero status (MPI_Abort under MPI; exit(1) for a single process). R is the world

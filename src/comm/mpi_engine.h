@@ -173,7 +173,7 @@ class Engine {
   void check_stuck() {
     for (const auto& op : inflight_) {
       if (seconds_since(op->t0) > op->timeout_s + 5.0) {
-        abort_all(fmt::format("timed out after {} s: {} never completed (KILN_COMM_TIMEOUT_S sets "
+        abort_all(fmt::format("timed out after {} s: {} never completed (parallel.timeout_s sets "
                               "the limit); another rank failed, exited or called a different "
                               "collective",
                               op->timeout_s, op->work->timeout_description()));

@@ -69,7 +69,8 @@ void DecoderModel::reserve(int B, int T) {
   if (local_part(global_parts() - 1) >= 0)
     a->head_scratch = nn::make_head_scratch(be, *layers_.head_placement, int64_t{B} * T,
                                             layers_.n_embd,
-                                            layers_.head_weight->local_shape()[0], dtype());
+                                            layers_.head_weight->local_shape()[0], dtype(),
+                                            storage().classifier_chunk_mb);
   a->dresidual = be.empty(block.residual_shape(B, T), dtype(), MemCategory::Activations);
   a->scratch = block.make_scratch(be, B, T, dtype());
   shared_ = std::move(a);

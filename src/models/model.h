@@ -55,6 +55,9 @@ struct ModelStorage {
   int64_t part_alignment = 1;     // each part padded to a multiple (ZeRO: the dp size)
   bool allocate_params = true;    // one flat buffer; false: the owner binds per part (ZeRO-3)
   bool allocate_grads = true;     // likewise for gradients (ZeRO-2/3)
+  /// MiB of fp32 logits per chunk of the fused output projection and loss
+  /// (train.classifier_chunk_mb; nn::classifier_chunk_rows).
+  double classifier_chunk_mb = 16.0;
   /// Applied to the layers, in order, before the layout (tensor, context parallel).
   std::vector<const LayerPlan*> plans;
   /// The parts this model builds, by global index (a pipeline stage's chunks); empty: all.

@@ -5,19 +5,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 
 namespace kiln::nn {
 
-int64_t classifier_chunk_rows(int64_t n_rows, int64_t padded_vocab) {
-  double mb = 16.0;
-  if (const char* v = std::getenv("KILN_CLASSIFIER_CHUNK_MB")) {
-    char* end = nullptr;
-    mb = std::strtod(v, &end);
-    KILN_CHECK(end != v && *end == '\0' && mb > 0.0 && std::isfinite(mb),
-               "KILN_CLASSIFIER_CHUNK_MB = '{}': expected a positive number of MiB", v);
-  }
-  const auto chunk_bytes = static_cast<int64_t>(std::min(mb, 1e9) * 1048576.0);
+int64_t classifier_chunk_rows(int64_t n_rows, int64_t padded_vocab, double chunk_mb) {
+  KILN_CHECK(chunk_mb > 0.0 && std::isfinite(chunk_mb),
+             "train.classifier_chunk_mb = {}: expected a positive number of MiB", chunk_mb);
+  const auto chunk_bytes = static_cast<int64_t>(std::min(chunk_mb, 1e9) * 1048576.0);
   const int64_t rows = std::max<int64_t>(1, chunk_bytes / (padded_vocab * 4));
   return std::max<int64_t>(1, std::min(rows, n_rows));
 }
@@ -89,9 +83,9 @@ void vocab_parallel_cross_entropy(Backend& be, Stream s, const TpPlacement& plac
 }
 
 HeadScratch make_head_scratch(Backend& be, const TpPlacement& placement, int64_t N, int64_t C,
-                              int64_t Vl, DType dtype) {
+                              int64_t Vl, DType dtype, double chunk_mb) {
   auto act = [&](Shape s, DType d) { return be.empty(s, d, MemCategory::Activations); };
-  const int64_t R = classifier_chunk_rows(N, Vl);
+  const int64_t R = classifier_chunk_rows(N, Vl, chunk_mb);
   HeadScratch h{act({R, Vl}, dtype), act({R}, DType::F32), {}};
   if (placement.active()) {
     h.vocab.stats = act({(placement.group->size() + 1) * R, 3}, DType::F32);

@@ -9,11 +9,16 @@
 
 namespace kiln::nn {
 
-/// Rows per chunk such that one chunk of fp32 logits is at most ~16 MiB (>= 1), or the
-/// MiB given by the environment's KILN_CLASSIFIER_CHUNK_MB (larger chunks: fewer passes
-/// over the head's weight and its gradient, more activation memory; `kiln memplan` reads
-/// it too). Throws kiln::Error when that is not a positive number.
-int64_t classifier_chunk_rows(int64_t n_rows, int64_t padded_vocab);
+/// The chunk of fp32 logits in MiB when nothing else is given (train.classifier_chunk_mb's
+/// default, ModelStorage::classifier_chunk_mb's).
+inline constexpr double kDefaultClassifierChunkMb = 16.0;
+
+/// Rows per chunk (>= 1, <= n_rows) such that one chunk of fp32 logits [rows,
+/// padded_vocab] is at most `chunk_mb` MiB (train.classifier_chunk_mb, which the model
+/// receives in ModelStorage; larger chunks: fewer passes over the head's weight and its
+/// gradient, more activation memory). Throws kiln::Error naming train.classifier_chunk_mb
+/// when chunk_mb is not a positive number.
+int64_t classifier_chunk_rows(int64_t n_rows, int64_t padded_vocab, double chunk_mb);
 
 /// x [N,C] hidden states, wte [Vp,C], targets int32 [N] (ignore_index = -1 ignored),
 /// logits_chunk [R,Vp] and losses_chunk fp32 [R] scratch with R = classifier_chunk_rows.
@@ -58,9 +63,10 @@ struct HeadScratch {
   Tensor logits_chunk, losses_chunk;  // [R, Vl] in the model dtype, fp32 [R]
   VocabParallelScratch vocab;         // vocab-parallel only
 };
-/// Scratch for N = B*T rows of width C and a head of Vl (= its local rows) columns.
+/// Scratch for N = B*T rows of width C and a head of Vl (= its local rows) columns, in
+/// chunks of classifier_chunk_rows(N, Vl, chunk_mb) rows.
 HeadScratch make_head_scratch(Backend& be, const TpPlacement& placement, int64_t N, int64_t C,
-                              int64_t Vl, DType dtype);
+                              int64_t Vl, DType dtype, double chunk_mb);
 /// classifier_cross_entropy, or vocab_parallel_cross_entropy when placement is active;
 /// the loss sum and target count are added to `loss` (fp64 [2], on the device).
 void head_cross_entropy(Backend& be, Stream s, const TpPlacement& placement, const Tensor& x,

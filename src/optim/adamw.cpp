@@ -1,8 +1,6 @@
 #include "optim/adamw.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 namespace kiln {
 
@@ -40,10 +38,7 @@ AdamW::AdamW(Backend& backend, std::vector<AdamWSegment> segments, const AdamWCo
   v_ = backend_.empty(Shape{total}, DType::F32, MemCategory::OptimizerState);
   backend_.fill(backend_.default_stream(), m_, 0.f);
   backend_.fill(backend_.default_stream(), v_, 0.f);
-  const char* env = std::getenv("KILN_ADAMW_MULTI_TENSOR");
-  KILN_CHECK(!env || std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0,
-             "KILN_ADAMW_MULTI_TENSOR = '{}': expected 0 (one update per tensor) or 1", env);
-  bool multi = !(env && std::strcmp(env, "0") == 0);
+  bool multi = config_.multi_tensor;
   for (const AdamWSegment& s : segments_)
     multi &= !(config_.stochastic_rounding && s.param.dtype() == DType::BF16);
   for (size_t i = 0; multi && i < segments_.size(); ++i) {

@@ -14,8 +14,8 @@
 // ZeRO.
 // An update is one Backend::adamw_multi_step over every segment (the masters' rounding
 // to the parameters in the same pass), unless bf16 parameters take stochastic rounding
-// or KILN_ADAMW_MULTI_TENSOR=0 is set: then adamw_step and a copy per segment, bitwise
-// the same results in more launches.
+// or AdamWConfig::multi_tensor is off (optim.multi_tensor = false): then adamw_step and a
+// copy per segment, bitwise the same results in more launches.
 // Math: Loshchilov & Hutter 2019 as torch.optim.AdamW (see AdamWParams in backend.h).
 #pragma once
 
@@ -41,6 +41,9 @@ struct AdamWConfig {
   /// Exponential moving average of the weights (train.ema_decay): after every step,
   /// ema = ema_decay * ema + (1 - ema_decay) * weights (Backend::ema_update); 0 = none kept.
   float ema_decay = 0.f;
+  /// One Backend::adamw_multi_step over every segment (optim.multi_tensor); false: one
+  /// adamw_step and one copy per segment. Bitwise the same results either way.
+  bool multi_tensor = true;
 };
 
 struct AdamWSegment {

@@ -22,7 +22,7 @@ TpTraffic tp_micro_step_traffic(const TpTrafficShape& s) {
   }
   if (!s.has_head) return t;
   // The loss statistics: per chunk of R rows, every rank's [R, 3] fp32.
-  const int64_t R = nn::classifier_chunk_rows(s.rows, s.padded_vocab / s.tp);
+  const int64_t R = nn::classifier_chunk_rows(s.rows, s.padded_vocab / s.tp, s.classifier_chunk_mb);
   t.calls_of(Collective::AllGather) += (s.rows + R - 1) / R;
   t.bytes_of(Collective::AllGather) += s.tp * s.rows * 3 * 4;
   return t;

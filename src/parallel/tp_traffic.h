@@ -41,6 +41,7 @@ struct TpTrafficShape {
   // one for the head (the loss statistics too), each where the stage holds it.
   bool has_embedding = true, has_head = true;
   int64_t padded_vocab = 0;                   // Vp (the loss's chunking)
+  double classifier_chunk_mb = 16.0;          // the chunk (train.classifier_chunk_mb)
   int tp = 1;
   bool sequence_parallel = false;
   bool full_recompute = false;          // train.activation_checkpointing = "full"

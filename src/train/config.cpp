@@ -545,8 +545,8 @@ void TrainConfig::validate_for_training() const {
 }
 
 bool TrainConfig::operator==(const TrainConfig& o) const {
-  return model == o.model && data == o.data && train == o.train && optim == o.optim &&
-         schedule == o.schedule && eval == o.eval && sample == o.sample &&
+  return model == o.model && data == o.data && train == o.train && backend == o.backend &&
+         optim == o.optim && schedule == o.schedule && eval == o.eval && sample == o.sample &&
          checkpoint == o.checkpoint && run == o.run && log == o.log && parallel == o.parallel &&
          profile == o.profile;
 }

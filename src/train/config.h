@@ -80,7 +80,18 @@ struct TrainSection {
   int64_t loss_scale_growth_interval = 2000;      // fp16: clean steps before it doubles
   std::string activation_checkpointing = "none";  // "none" | "full" | "selective"
   double ema_decay = 0.0;                         // weights' moving average; 0 = none
+  double classifier_chunk_mb = 16.0;  // MiB of fp32 logits per chunk of the fused loss
   bool operator==(const TrainSection&) const = default;
+};
+
+/// [backend]: how the backend of train.device computes where several ways are valid and
+/// may round differently (BackendOptions, backend/options.h); the defaults are the exact,
+/// reproducible paths.
+struct BackendSection {
+  bool tf32 = false;               // fp32 GEMMs may use TF32 tensor cores (cuda)
+  bool gemm_tuning = false;        // GEMM algorithms chosen by timing (cuda)
+  std::string attention = "auto";  // "auto" | "simt": the attention kernels (cuda)
+  bool operator==(const BackendSection&) const = default;
 };
 
 /// [optim]: AdamW.
@@ -91,6 +102,7 @@ struct OptimSection {
   double eps = 1e-8;
   double weight_decay = 0.1;
   double grad_clip = 1.0;  // global-norm clip; 0 disables
+  bool multi_tensor = true;  // one update over every tensor (false: one per tensor, same bits)
   bool operator==(const OptimSection&) const = default;
 };
 
@@ -153,6 +165,7 @@ struct ParallelSection {
   int zero_stage = 0;  // 0..3
   double bucket_mb = 25.0;  // gradient all-reduce bucket size
   double timeout_s = 60.0;  // collective timeout
+  std::string communicator = "auto";  // "auto" | "local" | "mpi" | "nccl" (comm/registry.h)
   bool operator==(const ParallelSection&) const = default;
 };
 
@@ -170,6 +183,7 @@ struct TrainConfig {
   ModelSection model;
   DataSection data;
   TrainSection train;
+  BackendSection backend;
   OptimSection optim;
   ScheduleSection schedule;
   EvalSection eval;

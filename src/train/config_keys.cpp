@@ -123,12 +123,31 @@ const std::vector<Key>& keys() {
               "ema = ema_decay * ema + (1 - ema_decay) * weights; sharded like the master "
               "weights, saved in checkpoints (ema.<name>); 0 = none.",
               false, /*hi_open=*/true),
+        positive(KILN_KEY(train, classifier_chunk_mb),
+                 "MiB of fp32 logits per chunk of the fused output projection and loss (the "
+                 "logits never exist whole): larger chunks mean fewer passes over the head's "
+                 "weight and its gradient and more activation memory; the loss is the same up "
+                 "to rounding."),
+        any(KILN_KEY(backend, tf32),
+            "cuda: fp32 GEMMs may use TF32 tensor cores (faster, ~1e-3 relative error); false "
+            "= full fp32."),
+        any(KILN_KEY(backend, gemm_tuning),
+            "cuda: each new GEMM shape's algorithm is the fastest of cuBLASLt's first 8 "
+            "candidates, timed once, instead of the first; tuned runs may round differently "
+            "unless the choices are kept (KILN_CUDA_GEMM_CACHE)."),
+        oneof(KILN_KEY(backend, attention), {"auto", "simt"},
+              "cuda: attention kernels: auto = tensor cores where they apply (bf16, no "
+              "dropout, head size 32, 64 or 128), fp32 CUDA-core kernels otherwise; simt = "
+              "the CUDA-core kernels always."),
         positive(KILN_KEY(optim, lr), "Peak learning rate."),
         range(KILN_KEY(optim, beta1), 0, 1, "AdamW beta1.", false, true),
         range(KILN_KEY(optim, beta2), 0, 1, "AdamW beta2.", false, true),
         positive(KILN_KEY(optim, eps), "AdamW epsilon."),
         nonneg(KILN_KEY(optim, weight_decay), "Decoupled (AdamW) weight decay."),
         nonneg(KILN_KEY(optim, grad_clip), "Clip the global gradient norm to this; 0 disables."),
+        any(KILN_KEY(optim, multi_tensor),
+            "One AdamW update over every tensor (Backend::adamw_multi_step, fewer launches); "
+            "false = one update and one copy per tensor. Bitwise the same results."),
         oneof(KILN_KEY(schedule, kind), {"cosine", "constant", "wsd"},
               "Learning-rate schedule after warmup: cosine (to min_lr at train.steps), "
               "constant, or wsd (warmup-stable-decay)."),
@@ -176,6 +195,10 @@ const std::vector<Key>& keys() {
               "ZeRO stage: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters sharded."),
         positive(KILN_KEY(parallel, bucket_mb), "Gradient all-reduce bucket size in MiB."),
         positive(KILN_KEY(parallel, timeout_s), "Collective-communication timeout in seconds."),
+        oneof(KILN_KEY(parallel, communicator), {"auto", "local", "mpi", "nccl"},
+              "The communicator the trainer's groups are split from (comm/registry.h): auto = "
+              "nccl on cuda, else mpi when launched by mpirun/srun with several processes, "
+              "else local; local = one process; mpi = MPI (cpu); nccl = NCCL (cuda)."),
         any(KILN_KEY(profile, steps),
             "Profile updates a <= step < b given as [a, b]; [] = off."),
         oneof(KILN_KEY(profile, timing), {"sync", "events"},

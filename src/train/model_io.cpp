@@ -59,6 +59,7 @@ AdamWConfig adamw_config_from(const TrainConfig& config) {
   oc.stochastic_rounding = config.train.stochastic_rounding != 0;
   oc.seed = static_cast<uint64_t>(config.train.seed) ^ 0x5eed5eedull;
   oc.ema_decay = static_cast<float>(config.train.ema_decay);
+  oc.multi_tensor = config.optim.multi_tensor;
   KILN_CHECK(oc.ema_decay < 1.f, "{}: key 'train.ema_decay' ({}) is 1 in fp32, where the "
              "average is kept (at most 0.99999994)", config.source, config.train.ema_decay);
   return oc;

@@ -26,7 +26,8 @@ const char* step_phase_name(StepPhase p) {
   return "?";
 }
 
-TrainConfig step_config(const ModelOptions& m, int B, int T, const std::string& dtype) {
+TrainConfig step_config(const ModelOptions& m, int B, int T, const std::string& dtype,
+                        const std::vector<std::string>& overrides) {
   return load_config_string(fmt::format(R"([model]
 arch = "{}"
 n_layer = {}
@@ -43,7 +44,7 @@ dtype = "{}"
 [schedule]
 kind = "constant"
 )", m.arch, m.n_layer, m.n_head, m.n_embd, m.block_size, m.vocab_size, B, B, T, dtype),
-                            {}, "step_config");
+                            overrides, "step_config");
 }
 
 TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& dp_cp_comm,
@@ -67,6 +68,7 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& 
   ModelStorage storage = zero_model_storage(config_.parallel.zero_stage, comm_.size(),
                                             parse_dtype(config_.train.dtype),
                                             parse_dtype(config_.train.grad_dtype));
+  storage.classifier_chunk_mb = config_.train.classifier_chunk_mb;
   if (cp > 1) {
     KILN_CHECK(config_.model.dropout == 0.0, "{}: model.dropout = {} with parallel.cp = {}: "
                "dropout under context parallelism is not supported yet (set model.dropout = 0)",

@@ -78,8 +78,10 @@ struct StepResult {
 
 /// A training config for a step outside the trainer (benchmarks): the model `model`
 /// (vocab_size required), micro_batch = global_batch = B, seq_len T, train.dtype `dtype`,
-/// a constant learning rate, defaults elsewhere. Validated like a config file.
-TrainConfig step_config(const ModelOptions& model, int B, int T, const std::string& dtype = "fp32");
+/// a constant learning rate, defaults elsewhere, then `overrides` ("section.key=value",
+/// as --set takes them). Validated like a config file (errors name "--set" and the key).
+TrainConfig step_config(const ModelOptions& model, int B, int T, const std::string& dtype = "fp32",
+                        const std::vector<std::string>& overrides = {});
 
 class TrainStep {
  public:

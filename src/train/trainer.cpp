@@ -85,10 +85,9 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     : config_(config), options_(options), run_dir_(config.run.dir) {
   // The mesh first: every later choice (accumulation, data slice, ZeRO shards) depends
   // on the data-parallel size.
-  world_ = make_device_world_communicator(config_.train.device);
+  world_ = make_device_world_communicator(config_.train.device, config_.parallel.communicator);
   world_->set_tracer(&profile::Tracer::global());  // the groups built from it inherit it
-  // parallel.timeout_s, unless KILN_COMM_TIMEOUT_S overrides it (tests, debugging).
-  if (std::getenv("KILN_COMM_TIMEOUT_S") == nullptr) world_->set_timeout(config_.parallel.timeout_s);
+  world_->set_timeout(config_.parallel.timeout_s);
   // Every rank must run the same config, the layout included: checked key by key before
   // the mesh is built from it.
   check_config_on_all_ranks(*world_, config_);
@@ -126,7 +125,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   check_same_on_all_ranks(*world_, "data set " + config_.data.dir,
                           train_data_->fingerprint().dump());
 
-  backend_ = make_device_backend(config_.train.device);
+  backend_ = make_device_backend(config_.train.device, backend_options(config_));
   if (mesh_->cp() > 1)  // ring attention's tile ops
     require_ops(*backend_, OpFamily::RingAttention, parse_dtype(config_.train.dtype),
                 fmt::format("{}: parallel.cp = {}", config_.source, mesh_->cp()));
@@ -423,6 +422,7 @@ void Trainer::summarize_tp_traffic(TrainResult& r, int64_t steps) {
   s.rows = int64_t{config_.train.micro_batch} * seq_len_ / mesh_->cp();  // this rank's tokens
   s.n_embd = config_.model.n_embd;
   s.padded_vocab = lm->padded_vocab_size();
+  s.classifier_chunk_mb = config_.train.classifier_chunk_mb;
   s.tp = mesh_->tp();
   s.sequence_parallel = config_.parallel.sequence_parallel;
   s.full_recompute = config_.train.activation_checkpointing == "full";

@@ -6,7 +6,9 @@
 //   stop     the last rank stops itself (SIGSTOP, as a hung or frozen process): the others
 //            time out naming it as the rank that did not arrive.
 // In every case each rank must end with a non-zero status well before the ctest limit.
+// `--timeout-s S` after the mode sets the world's timeout (timeout_flag.h).
 #include "comm/communicator.h"
+#include "timeout_flag.h"
 
 #include <chrono>
 #include <csignal>
@@ -20,10 +22,11 @@ int main(int argc, char** argv) {
   using namespace kiln;
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode != "throw" && mode != "timeout" && mode != "exit" && mode != "exit0" && mode != "stop") {
-    std::fprintf(stderr, "usage: %s throw|timeout|exit|exit0|stop\n", argv[0]);
+    std::fprintf(stderr, "usage: %s throw|timeout|exit|exit0|stop [--timeout-s S]\n", argv[0]);
     return 2;
   }
   std::unique_ptr<Communicator> world = make_world_communicator();
+  world->set_timeout(testing::timeout_flag(argc, argv, kDefaultCommTimeout));
   const bool last = world->rank() == world->size() - 1;
   float x = 1.f;
   world->all_reduce(Tensor::view(&x, {1}, DType::F32));  // everyone is up

@@ -1,12 +1,15 @@
-// The single-process communicator, the bandwidth formulas, timeouts and the environment
-// the world factory reads. No MPI needed.
+// The single-process communicator, the bandwidth formulas, timeouts, the launcher's
+// environment the world factory reads and the registry of communicators. No MPI needed.
 #include "comm/communicator.h"
 #include "comm/local_communicator.h"
+#include "comm/registry.h"
 #include "core/trace_sink.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -169,29 +172,26 @@ TEST(LocalComm, ReportsToTheInstalledTracer) {
 }
 
 TEST(CommEnv, Timeout) {
-  {
-    ScopedEnv e("KILN_COMM_TIMEOUT_S", nullptr);
-    EXPECT_EQ(default_comm_timeout(), 60.0);
-    EXPECT_EQ(LocalCommunicator().timeout(), 60.0);
-  }
+  // 60 s until set: the trainer sets parallel.timeout_s, programs without a config call
+  // set_timeout (the MPI test mains take --timeout-s). No environment variable changes it.
+  EXPECT_EQ(kDefaultCommTimeout, 60.0);
+  EXPECT_EQ(LocalCommunicator().timeout(), 60.0);
   {
     ScopedEnv e("KILN_COMM_TIMEOUT_S", "2.5");
-    EXPECT_EQ(default_comm_timeout(), 2.5);
-    EXPECT_EQ(LocalCommunicator().timeout(), 2.5);
-  }
-  for (const char* bad : {"0", "-3", "abc", "5s"}) {
-    ScopedEnv e("KILN_COMM_TIMEOUT_S", bad);
-    EXPECT_THROW(default_comm_timeout(), Error) << bad;
+    EXPECT_EQ(LocalCommunicator().timeout(), 60.0);
   }
   LocalCommunicator c;
-  EXPECT_THROW(c.set_timeout(-1), Error);
+  for (const double bad : {0.0, -3.0, std::nan(""), HUGE_VAL})
+    EXPECT_THROW(c.set_timeout(bad), Error) << bad;
+  c.set_timeout(2.5);
+  EXPECT_EQ(c.timeout(), 2.5);
+  EXPECT_EQ(c.new_group({0})->timeout(), 2.5);  // sub-groups inherit it
   c.set_timeout(0.25);
   EXPECT_EQ(c.timeout(), 0.25);
 }
 
 TEST(CommEnv, LauncherDetectionAndFactory) {
-  ScopedEnv a("OMPI_COMM_WORLD_SIZE", nullptr), b("PMI_SIZE", nullptr), d("PMIX_RANK", nullptr),
-      k("KILN_COMM", nullptr);
+  ScopedEnv a("OMPI_COMM_WORLD_SIZE", nullptr), b("PMI_SIZE", nullptr), d("PMIX_RANK", nullptr);
   EXPECT_EQ(launcher_world_size(), 0);
   auto w = make_world_communicator();
   EXPECT_EQ(w->backend_name(), "local");
@@ -216,14 +216,49 @@ TEST(CommEnv, LauncherDetectionAndFactory) {
     ScopedEnv e("OMPI_COMM_WORLD_SIZE", "x");
     EXPECT_THROW(launcher_world_size(), Error);
   }
-  {
-    ScopedEnv e("KILN_COMM", "nccl");
-    EXPECT_THROW(make_world_communicator(), Error);
+}
+
+// The registry (comm/registry.h): the communicators of this build by name, as
+// parallel.communicator chooses them.
+TEST(CommRegistry, NamesTheCommunicatorsOfThisBuild) {
+  ScopedEnv a("OMPI_COMM_WORLD_SIZE", nullptr), b("PMI_SIZE", nullptr), d("PMIX_RANK", nullptr);
+  const std::vector<std::string> names = communicator_names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "local"), names.end());
+  EXPECT_EQ(communicator_registered("mpi"), comm_built_with_mpi());
+  EXPECT_FALSE(communicator_registered("auto"));
+  EXPECT_EQ(make_communicator("auto")->backend_name(), "local");  // one process
+  EXPECT_EQ(make_communicator("local")->backend_name(), "local");
+  EXPECT_EQ(make_communicator("local")->name(), "world");
+  for (const char* unknown : {"bogus", "nccl"}) {
+    if (communicator_registered(unknown)) continue;  // nccl where built
+    try {
+      make_communicator(unknown);
+      ADD_FAILURE() << unknown << " accepted";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(std::string("communicator '") + unknown + "'"), std::string::npos) << m;
+      EXPECT_NE(m.find("local"), std::string::npos) << m;  // what the build has
+      EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+    }
   }
   {
-    ScopedEnv e("KILN_COMM", "local");
-    EXPECT_EQ(make_world_communicator()->backend_name(), "local");
+    ScopedEnv e("PMI_SIZE", "3");
+    EXPECT_THROW(make_communicator("local"), Error);  // one process only
   }
+}
+
+TEST(CommRegistry, ExtensionsRegisterByName) {
+  int made = 0;
+  register_communicator("test-local", [&made](int gpu) -> std::unique_ptr<Communicator> {
+    ++made;
+    EXPECT_EQ(gpu, 3);
+    return std::make_unique<LocalCommunicator>("world");
+  });
+  EXPECT_TRUE(communicator_registered("test-local"));
+  EXPECT_EQ(make_communicator("test-local", 3)->size(), 1);
+  EXPECT_EQ(made, 1);
+  EXPECT_THROW(register_communicator("auto", [](int) { return std::unique_ptr<Communicator>(); }),
+               Error);
 }
 
 TEST(LocalCommDeath, UnmatchedRecvTimesOutAndAborts) {

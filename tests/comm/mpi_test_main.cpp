@@ -1,5 +1,7 @@
 #include "mpi_test_main.h"
 
+#include "timeout_flag.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -38,6 +40,7 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   kiln::testing::g_world = kiln::make_world_communicator();
   kiln::Communicator& w = *kiln::testing::g_world;
+  w.set_timeout(kiln::testing::timeout_flag(argc, argv, kiln::kDefaultCommTimeout));
   if (w.rank() != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());

@@ -26,7 +26,6 @@ here="$(cd "$(dirname "$0")" && pwd)"
 fix="$here/fixtures"
 rm -rf "$work" && mkdir -p "$work"
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export KILN_COMM_TIMEOUT_S=30
 py=/usr/bin/python3
 
 # A corpus from a fixed linear congruential generator (no library RNG: the same bytes
@@ -63,6 +62,8 @@ warmup_steps = 4
 [log]
 every = 1
 peak_tflops = 1.0
+[parallel]
+timeout_s = 30
 TOML
 
 run() {  # run NAME NP [--set ...]

@@ -111,7 +111,7 @@ void TinyEncoder::reserve(int B, int T) {
   saved_.reserve(be, blocks_.front().saved_specs(B, T, dt), o_.n_layer, mode_);
   head_saved_.clear();
   for (const auto& sp : norm_.saved_specs(B, T, dt)) head_saved_.push_back(be.empty(sp.shape, sp.dtype, MemCategory::Activations));
-  const int64_t R = nn::classifier_chunk_rows(int64_t{B} * T, vp_);
+  const int64_t R = nn::classifier_chunk_rows(int64_t{B} * T, vp_, storage().classifier_chunk_mb);
   logits_chunk_ = act({R, vp_});
   losses_chunk_ = be.empty(Shape{R}, DType::F32, MemCategory::Activations);
   dres_ = act({B, T, o_.n_embd});

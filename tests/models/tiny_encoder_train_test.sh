@@ -12,7 +12,6 @@ prog="$2"
 work="$3"
 rm -rf "$work" && mkdir -p "$work"
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export KILN_COMM_TIMEOUT_S=30
 py=/usr/bin/python3
 "$py" - "$work/corpus.txt" <<'PY'
 import sys
@@ -44,6 +43,7 @@ lr = 3e-3
 every = 1
 peak_tflops = 1.0
 [parallel]
+timeout_s = 30
 bucket_mb = 0.004
 TOML
 run() {  # run NAME NP [--set ...]

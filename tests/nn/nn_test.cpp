@@ -1,7 +1,7 @@
 // The layer library on the CPU backend: a transformer block's backward against central
 // differences of its forward (fp32, awkward sizes, dropout on), the three checkpointing
 // policies giving bitwise the same gradients, the recompute classes, initial values by
-// global element coordinates, the classifier's chunking (KILN_CLASSIFIER_CHUNK_MB) not
+// global element coordinates, the classifier's chunking (train.classifier_chunk_mb) not
 // changing its result, and clear errors for what the backends cannot do yet.
 #include "backend/registry.h"
 #include "nn/block.h"
@@ -219,8 +219,9 @@ TEST(AttentionSpec, ImpossibleShapesAreAClearError) {
 // The fused classifier over 1-row, 3-row and whole chunks: the same loss sums (added on
 // the device, one accumulator) and gradients up to rounding (oneDNN picks its GEMM
 // kernel by the row count, so even dx, row by row, may differ in the last bit: seen on
-// an AMD EPYC Zen 3); the chunk size from the environment (a bad value a one-line error
-// naming the variable).
+// an AMD EPYC Zen 3); the chunk's rows from its size in MiB (a bad size a one-line error
+// naming train.classifier_chunk_mb; a value of the wrong type is the config's error,
+// tests/train/test_config.cpp).
 TEST(Classifier, ChunkSizeDoesNotChangeTheResult) {
   auto be = make_backend("cpu");
   const Stream s = be->default_stream();
@@ -266,22 +267,20 @@ TEST(Classifier, ChunkSizeDoesNotChangeTheResult) {
     for (size_t i = 0; i < o.dw.size(); ++i)
       EXPECT_NEAR(o.dw[i], whole.dw[i], 1e-5) << "R=" << R << " dwte " << i;
   }
-  EXPECT_EQ(classifier_chunk_rows(100000, 50304), 83);  // 16 MiB by default
-  setenv("KILN_CLASSIFIER_CHUNK_MB", "256", 1);
-  EXPECT_EQ(classifier_chunk_rows(100000, 50304), 1334);
-  EXPECT_EQ(classifier_chunk_rows(500, 50304), 500);
-  setenv("KILN_CLASSIFIER_CHUNK_MB", "0.001", 1);
-  EXPECT_EQ(classifier_chunk_rows(100, 50304), 1);
-  for (const char* bad : {"0", "-3", "x", "16MB"}) {
-    setenv("KILN_CLASSIFIER_CHUNK_MB", bad, 1);
+  EXPECT_EQ(kDefaultClassifierChunkMb, 16.0);
+  EXPECT_EQ(classifier_chunk_rows(100000, 50304, kDefaultClassifierChunkMb), 83);
+  EXPECT_EQ(classifier_chunk_rows(100000, 50304, 256), 1334);
+  EXPECT_EQ(classifier_chunk_rows(500, 50304, 256), 500);
+  EXPECT_EQ(classifier_chunk_rows(100, 50304, 0.001), 1);
+  for (const double bad : {0.0, -3.0, std::nan(""), HUGE_VAL}) {
     try {
-      classifier_chunk_rows(10, 64);
+      classifier_chunk_rows(10, 64, bad);
       ADD_FAILURE() << bad << " accepted";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("KILN_CLASSIFIER_CHUNK_MB"), std::string::npos);
+      EXPECT_NE(std::string(e.what()).find("train.classifier_chunk_mb"), std::string::npos);
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
     }
   }
-  unsetenv("KILN_CLASSIFIER_CHUNK_MB");
 }
 
 }  // namespace

@@ -1,16 +1,16 @@
 // AdamW's two update paths give the same bits: one adamw_multi_step per update (the
-// default) and, with KILN_ADAMW_MULTI_TENSOR=0, adamw_step and a copy per segment. Over a
-// few steps of a parameter set with and without weight decay, fp32 and bf16 (with fp32
-// masters), whole parameters and ZeRO-like partial segments, with an EMA and a device
-// clipping scale; a stochastic-rounding bf16 optimizer keeps the per-segment path.
+// default) and, with AdamWConfig::multi_tensor off (optim.multi_tensor = false; a bad
+// value of that key is tests/train/test_config.cpp's), adamw_step and a copy per
+// segment. Over a few steps of a parameter set with and without weight decay, fp32 and
+// bf16 (with fp32 masters), whole parameters and ZeRO-like partial segments, with an EMA
+// and a device clipping scale; a stochastic-rounding bf16 optimizer keeps the
+// per-segment path.
 #include "backend/cpu/cpu_backend.h"
-#include "core/error.h"
 #include "optim/adamw.h"
 #include "support/forwarding_backend.h"
 
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <map>
 #include <string>
 #include <random>
@@ -36,10 +36,6 @@ struct Updates {
 };
 
 Updates train(DType dtype, bool multi, bool partial, bool stochastic = false) {
-  if (multi)
-    unsetenv("KILN_ADAMW_MULTI_TENSOR");
-  else
-    setenv("KILN_ADAMW_MULTI_TENSOR", "0", 1);
   std::unique_ptr<Backend> cpu = make_cpu_backend();
   testing::CountingBackend be(*cpu);
   const std::vector<ParamSpec> ps = specs();
@@ -61,6 +57,7 @@ Updates train(DType dtype, bool multi, bool partial, bool stochastic = false) {
   cfg.ema_decay = 0.9f;
   cfg.stochastic_rounding = stochastic;
   cfg.seed = 11;
+  cfg.multi_tensor = multi;
   AdamW opt(be, segs, cfg);
   Tensor scale = be.empty(Shape{1}, DType::F32, MemCategory::OptimizerState);
   const float half = 0.5f;
@@ -71,7 +68,6 @@ Updates train(DType dtype, bool multi, bool partial, bool stochastic = false) {
     upload_f32(be, grad, host.data());
     opt.step(1e-2f * (step + 1), step == 2 ? 0.7f : 1.f, step % 2 ? scale : Tensor());
   }
-  unsetenv("KILN_ADAMW_MULTI_TENSOR");
   Updates r;
   r.calls = be.counts;
   r.params = download_f32(be, param);
@@ -106,21 +102,6 @@ TEST(AdamWMultiTensor, BothPathsGiveTheSameBits) {
       EXPECT_EQ(count(per, "adamw_step"), 4 * live) << at;
       EXPECT_EQ(count(per, "copy"), dt == DType::BF16 ? 4 * live : 0) << at;
     }
-}
-
-TEST(AdamWMultiTensor, BadSwitchValueIsAnError) {
-  std::unique_ptr<Backend> be = make_cpu_backend();
-  Tensor p = be->empty(Shape{34}, DType::F32, MemCategory::Parameters);
-  Tensor g = be->empty(Shape{34}, DType::F32, MemCategory::Gradients);
-  setenv("KILN_ADAMW_MULTI_TENSOR", "off", 1);
-  try {
-    AdamW opt(*be, specs(), p, g, AdamWConfig{});
-    ADD_FAILURE() << "KILN_ADAMW_MULTI_TENSOR=off accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("KILN_ADAMW_MULTI_TENSOR = 'off'"), std::string::npos)
-        << e.what();
-  }
-  unsetenv("KILN_ADAMW_MULTI_TENSOR");
 }
 
 TEST(AdamWMultiTensor, StochasticRoundingKeepsThePerSegmentPath) {

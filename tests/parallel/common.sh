@@ -17,7 +17,6 @@
 #                          noise, such as attention's key bias, drifts further under AdamW)
 py=/usr/bin/python3
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export KILN_COMM_TIMEOUT_S=20
 
 make_corpus() {
   "$py" - "$1" "$2" <<'PY'

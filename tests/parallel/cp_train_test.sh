@@ -46,6 +46,7 @@ peak_tflops = 1.0
 [checkpoint]
 every = 10
 [parallel]
+timeout_s = 20
 bucket_mb = 0.004
 EOF2
 
@@ -136,6 +137,7 @@ dir = "$work/images"
 steps = 2
 micro_batch = 2
 [parallel]
+timeout_s = 20
 cp = 2
 EOF2
 fails vit "context parallelism (parallel.cp = 2) is not implemented for vit yet" \

@@ -52,6 +52,7 @@ peak_tflops = 1.0
 [checkpoint]
 every = 6
 [parallel]
+timeout_s = 20
 bucket_mb = 0.004
 EOF
 

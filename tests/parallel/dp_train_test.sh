@@ -48,6 +48,7 @@ batches = 2
 every = 1
 peak_tflops = 1.0
 [parallel]
+timeout_s = 20
 bucket_mb = 0.004
 EOF
 

@@ -50,6 +50,7 @@ peak_tflops = 1.0
 [checkpoint]
 every = 0
 [parallel]
+timeout_s = 20
 bucket_mb = 0.004
 EOF2
 

@@ -183,7 +183,7 @@ peak_tflops = 1.0
     } else {
       std::string cmd = fmt::format(
           "OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-          "KILN_COMM_TIMEOUT_S=60 mpirun --oversubscribe --bind-to none -np {} '{}' train '{}'",
+          "mpirun --oversubscribe --bind-to none -np {} '{}' train '{}' --set parallel.timeout_s=60",
           c.np, kiln_, (work_ / c.config).string());
       for (const auto& s : sets) cmd += " --set " + s;
       cmd += fmt::format(" > '{}.log' 2>&1", run_dir.string());

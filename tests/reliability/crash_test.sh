@@ -13,7 +13,6 @@ kiln="$1"
 work="$2"
 rm -rf "$work" && mkdir -p "$work"
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export KILN_COMM_TIMEOUT_S=20
 head -c 20000 /dev/urandom | base64 > "$work/corpus.txt"
 "$kiln" prepare --input "$work/corpus.txt" --out "$work/data" --tokenizer byte >/dev/null
 cat > "$work/tiny.toml" <<EOT
@@ -38,6 +37,7 @@ peak_tflops = 1.0
 every = 1
 keep = 0
 [parallel]
+timeout_s = 20
 zero_stage = 1
 EOT
 train() {  # train RUN_DIR LOG [args...]: 2 ranks

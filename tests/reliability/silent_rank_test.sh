@@ -9,7 +9,6 @@ kiln="$1"
 work="$2"
 rm -rf "$work" && mkdir -p "$work"
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-unset KILN_COMM_TIMEOUT_S  # it would override parallel.timeout_s
 timeout_s=3
 head -c 20000 /dev/urandom | base64 > "$work/corpus.txt"
 "$kiln" prepare --input "$work/corpus.txt" --out "$work/data" --tokenizer byte >/dev/null

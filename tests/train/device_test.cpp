@@ -1,5 +1,7 @@
 // train.device: the one mapping from the key to a backend and a world communicator,
-// their errors, the launcher's local rank (which GPU a rank takes), and the batch staged
+// their errors, the [backend] keys as the backend's options, parallel.communicator
+// through the communicator registry, the launcher's local rank (which GPU a rank takes),
+// AdamW's options from [optim], and the batch staged
 // through the backend's staging (pinned on CUDA) memory, checked on the CPU through a
 // backend that records where each host-to-device copy reads from.
 #include "backend/op_list.h"
@@ -8,6 +10,7 @@
 #include "comm/local_communicator.h"
 #include "train/config.h"
 #include "train/device.h"
+#include "train/model_io.h"
 #include "train/train_step.h"
 
 #include <gtest/gtest.h>
@@ -59,6 +62,50 @@ TEST(Device, TheWorldCommunicatorFollowsTheDevice) {
   EXPECT_THROW(make_device_world_communicator("gpu"), Error);
   if (gpu_device_count("cuda") > 0) GTEST_SKIP() << "a GPU is visible: nothing to refuse";
   expect_cuda_refused([] { make_device_world_communicator("cuda"); });
+}
+
+TEST(Device, TheBackendKeysBecomeTheBackendsOptions) {
+  const BackendOptions plain = backend_options(load_config_string("", {}, "t.toml"));
+  EXPECT_FALSE(plain.tf32);
+  EXPECT_FALSE(plain.gemm_tuning);
+  EXPECT_EQ(plain.attention, AttentionKernel::Auto);
+  const TrainConfig c = load_config_string(
+      "", {"backend.tf32=true", "backend.gemm_tuning=true", "backend.attention=simt"}, "t.toml");
+  const BackendOptions o = backend_options(c);
+  EXPECT_TRUE(o.tf32);
+  EXPECT_TRUE(o.gemm_tuning);
+  EXPECT_EQ(o.attention, AttentionKernel::Simt);
+  EXPECT_EQ(make_device_backend("cpu", o)->name(), "cpu");  // the CPU has none to take
+}
+
+// `make` must throw one line containing `want`.
+template <class F>
+void expect_one_line_error(F make, const std::string& want) {
+  try {
+    make();
+    FAIL() << "accepted; wanted an error with " << want;
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(want), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  }
+}
+
+TEST(Device, TheCommunicatorKeyChoosesFromTheRegistry) {
+  EXPECT_EQ(make_device_world_communicator("cpu", "auto")->backend_name(), "local");
+  EXPECT_EQ(make_device_world_communicator("cpu", "local")->backend_name(), "local");
+  expect_one_line_error([] { make_device_world_communicator("cpu", "nccl"); },
+                        "parallel.communicator = nccl with train.device = cpu");
+  expect_one_line_error([] { make_device_world_communicator("cuda", "mpi"); },
+                        "parallel.communicator = mpi with train.device = cuda");
+  expect_one_line_error([] { make_device_world_communicator("cpu", "bogus"); },
+                        "communicator 'bogus'");
+}
+
+TEST(OptimFromConfig, AdamWTakesMultiTensorFromTheKey) {
+  EXPECT_TRUE(adamw_config_from(load_config_string("", {}, "t.toml")).multi_tensor);
+  EXPECT_FALSE(
+      adamw_config_from(load_config_string("", {"optim.multi_tensor=false"}, "t.toml")).multi_tensor);
 }
 
 // A CPU backend whose staging allocator is its own and which records, for each

@@ -340,6 +340,78 @@ TEST(TrainConfigToml, HashIsStableAndSensitive) {
   EXPECT_FALSE(a == c);
 }
 
+// --- the keys that replaced environment variables ------------------------------------
+// (train.classifier_chunk_mb, backend.*, optim.multi_tensor, parallel.communicator;
+// docs/config.md, "Environment variables"). Each reaches its code through an explicit
+// API: tests/train/device_test.cpp (backend options, communicator), tests/nn (the chunk),
+// tests/optim (AdamW's two paths).
+
+const std::vector<std::string> kSwitchesSet = {
+    "train.classifier_chunk_mb=256", "backend.tf32=true",        "backend.gemm_tuning=true",
+    "backend.attention=simt",        "optim.multi_tensor=false", "parallel.communicator=local"};
+
+TEST(TrainConfigSwitches, DefaultsAreTheExactPaths) {
+  const TrainConfig c = load_config_string(kMinimal);
+  EXPECT_EQ(c.train.classifier_chunk_mb, 16.0);
+  EXPECT_FALSE(c.backend.tf32);
+  EXPECT_FALSE(c.backend.gemm_tuning);
+  EXPECT_EQ(c.backend.attention, "auto");
+  EXPECT_TRUE(c.optim.multi_tensor);
+  EXPECT_EQ(c.parallel.communicator, "auto");
+}
+
+TEST(TrainConfigSwitches, BadValuesNameTheKey) {
+  EXPECT_EQ(load_error("[train]\nclassifier_chunk_mb = 0\n"),
+            "config.toml: key 'train.classifier_chunk_mb' must be > 0, got 0.0");
+  EXPECT_EQ(load_error("[train]\nclassifier_chunk_mb = -3.0\n"),
+            "config.toml: key 'train.classifier_chunk_mb' must be > 0, got -3.0");
+  EXPECT_EQ(load_error("[train]\nclassifier_chunk_mb = \"16MB\"\n"),
+            "config.toml: wrong type for key 'train.classifier_chunk_mb': expected float, got "
+            "string");
+  EXPECT_EQ(load_error("[backend]\ntf32 = 1\n"),
+            "config.toml: wrong type for key 'backend.tf32': expected boolean, got integer");
+  EXPECT_EQ(load_error("[backend]\ngemm_tuning = \"yes\"\n"),
+            "config.toml: wrong type for key 'backend.gemm_tuning': expected boolean, got string");
+  EXPECT_EQ(load_error("[backend]\nattention = \"flash\"\n"),
+            "config.toml: key 'backend.attention' must be one of \"auto\", \"simt\", got \"flash\"");
+  EXPECT_EQ(load_error("[optim]\nmulti_tensor = 0\n"),
+            "config.toml: wrong type for key 'optim.multi_tensor': expected boolean, got integer");
+  EXPECT_EQ(load_error("[parallel]\ncommunicator = \"gloo\"\n"),
+            "config.toml: key 'parallel.communicator' must be one of \"auto\", \"local\", "
+            "\"mpi\", \"nccl\", got \"gloo\"");
+  EXPECT_EQ(load_error(kMinimal, {"optim.multi_tensor=off"}),
+            "--set: wrong type for key 'optim.multi_tensor': expected boolean, got 'off'");
+  EXPECT_EQ(load_error(kMinimal, {"train.classifier_chunk_mb=x"}),
+            "--set: wrong type for key 'train.classifier_chunk_mb': expected float, got 'x'");
+  EXPECT_EQ(load_error(kMinimal, {"backend.attention=simd"}),
+            "--set: key 'backend.attention' must be one of \"auto\", \"simt\", got \"simd\"");
+  EXPECT_EQ(load_error("[backend]\ntf33 = true\n"),
+            "config.toml: unknown key 'backend.tf33' (did you mean 'backend.tf32'?)");
+}
+
+TEST(TrainConfigSwitches, RoundTripThroughToTomlAndChangeTheHash) {
+  const TrainConfig base = load_config_string(kMinimal);
+  const TrainConfig c = load_config_string(kMinimal, kSwitchesSet);
+  EXPECT_EQ(c.train.classifier_chunk_mb, 256.0);
+  EXPECT_TRUE(c.backend.tf32);
+  EXPECT_TRUE(c.backend.gemm_tuning);
+  EXPECT_EQ(c.backend.attention, "simt");
+  EXPECT_FALSE(c.optim.multi_tensor);
+  EXPECT_EQ(c.parallel.communicator, "local");
+  const std::string text = c.to_toml();
+  EXPECT_NE(text.find("\n[backend]\ntf32 = true\ngemm_tuning = true\nattention = \"simt\"\n"),
+            std::string::npos) << text;
+  const TrainConfig back = load_config_string(text, {}, "resolved.toml");
+  EXPECT_EQ(back, c) << text;
+  EXPECT_EQ(back.to_toml(), text);
+  EXPECT_EQ(back.hash(), c.hash());
+  for (const std::string& one : kSwitchesSet) {  // each key alone is in the hash
+    const TrainConfig d = load_config_string(kMinimal, {one});
+    EXPECT_NE(d.hash(), base.hash()) << one;
+    EXPECT_FALSE(d == base) << one;
+  }
+}
+
 // --- schedule ----------------------------------------------------------------------
 
 TrainConfig schedule_config(const std::string& kind, int64_t steps, int64_t warmup,

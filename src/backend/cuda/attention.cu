@@ -47,8 +47,9 @@
 //
 // Limits: HD <= 128 (kMaxHeadDim). These fp32 CUDA-core kernels run for fp32 inputs
 // (the golden tests need fp32 without TF32), for dropout > 0, for head sizes other than
-// 32/64/128, for unaligned pointers, and when KILN_CUDA_ATTN_SIMT=1; bf16 without
-// dropout goes to the tensor-core kernels of attention_tc.cu (see attention_tc_applies).
+// 32/64/128, for unaligned pointers, and when the caller asks for them (the backend's
+// backend.attention = "simt"); bf16 without dropout goes to the tensor-core kernels of
+// attention_tc.cu (see attention_tc_applies).
 #include "backend/cuda/attention.h"
 #include "backend/cuda/attention_tc.h"
 #include "backend/cuda/common.cuh"
@@ -409,10 +410,10 @@ void backward_t(cudaStream_t s, T* dqkv, const T* dout, const T* qkv, const T* o
 }  // namespace
 
 void attention_forward(cudaStream_t s, Elem e, void* out, float* lse, const void* qkv,
-                       const AttnShape& d, const AttnDropout& drop) {
+                       const AttnShape& d, const AttnDropout& drop, bool simt) {
   if (d.B * d.T * d.NH == 0) return;
   check_shape(d);
-  if (attention_tc_applies(e, d, drop, {out, qkv})) {
+  if (!simt && attention_tc_applies(e, d, drop, {out, qkv})) {
     attention_tc_forward(s, out, lse, qkv, d);
     return;
   }
@@ -426,10 +427,10 @@ size_t attention_backward_scratch_bytes(const AttnShape& d) {
 
 void attention_backward(cudaStream_t s, Elem e, void* dqkv, const void* dout, const void* qkv,
                         const void* out, const float* lse, const AttnShape& d,
-                        const AttnDropout& drop, void* scratch) {
+                        const AttnDropout& drop, void* scratch, bool simt) {
   if (d.B * d.T * d.NH == 0) return;
   check_shape(d);
-  if (attention_tc_applies(e, d, drop, {dqkv, dout, qkv, out})) {
+  if (!simt && attention_tc_applies(e, d, drop, {dqkv, dout, qkv, out})) {
     attention_tc_backward(s, dqkv, dout, qkv, out, lse, d, static_cast<float*>(scratch));
     return;
   }

@@ -27,13 +27,15 @@ struct AttnDropout {
 /// Largest head size the kernels handle.
 inline constexpr int64_t kMaxHeadDim = 128;
 
+/// simt: the fp32 CUDA-core kernels even where the tensor-core ones apply
+/// (BackendOptions::attention); else those when attention_tc_applies.
 void attention_forward(cudaStream_t s, Elem e, void* out, float* lse, const void* qkv,
-                       const AttnShape& d, const AttnDropout& drop);
+                       const AttnShape& d, const AttnDropout& drop, bool simt);
 
 /// Device scratch bytes attention_backward needs (D_i = dO_i . O_i, fp32 [B,NH,T]).
 size_t attention_backward_scratch_bytes(const AttnShape& d);
 void attention_backward(cudaStream_t s, Elem e, void* dqkv, const void* dout, const void* qkv,
                         const void* out, const float* lse, const AttnShape& d,
-                        const AttnDropout& drop, void* scratch);
+                        const AttnDropout& drop, void* scratch, bool simt);
 
 }  // namespace kiln::cuda

@@ -38,7 +38,6 @@
 #include "backend/cuda/common.cuh"
 
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 
 namespace kiln::cuda {
@@ -496,14 +495,6 @@ void launch(K kernel, dim3 grid, size_t smem, cudaStream_t s, const char* name, 
   KILN_CUDA_LAUNCHED(name);
 }
 
-bool simt_forced() {
-  static const bool forced = [] {
-    const char* v = std::getenv("KILN_CUDA_ATTN_SIMT");
-    return v != nullptr && std::strcmp(v, "0") != 0 && v[0] != '\0';
-  }();
-  return forced;
-}
-
 }  // namespace
 
 bool attention_tc_applies(Elem e, const AttnShape& d, const AttnDropout& drop,
@@ -512,7 +503,7 @@ bool attention_tc_applies(Elem e, const AttnShape& d, const AttnDropout& drop,
   if (d.HD != 32 && d.HD != 64 && d.HD != 128) return false;
   for (const void* p : ptrs)
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
-  return !simt_forced();
+  return true;
 }
 
 void attention_tc_forward(cudaStream_t s, void* out, float* lse, const void* qkv,

@@ -11,7 +11,7 @@
 namespace kiln::cuda {
 
 /// True when the tensor-core kernels handle this call: bf16, no dropout, HD of 32, 64
-/// or 128, 16-byte aligned pointers, and KILN_CUDA_ATTN_SIMT unset (or "0").
+/// or 128, 16-byte aligned pointers.
 bool attention_tc_applies(Elem e, const AttnShape& d, const AttnDropout& drop,
                           std::initializer_list<const void*> ptrs);
 

@@ -28,7 +28,7 @@ void CudaBackend::attention_forward(Stream s, const Tensor& out, const Tensor& l
   const Elem e = elem(qkv, "attention", {&out});
   head_dim_ok(d.HD, "attention");
   cuda::attention_forward(st(s), e, out.raw(), lse.data<float>(), qkv.raw(), attn_shape(d, shape),
-                          drop(dropout));
+                          drop(dropout), simt_attention_);
 }
 
 void CudaBackend::attention_backward(Stream s, const Tensor& dqkv, const Tensor& dout,
@@ -41,7 +41,7 @@ void CudaBackend::attention_backward(Stream s, const Tensor& dqkv, const Tensor&
   const AttnShape a = attn_shape(d, shape);
   Scratch scratch(*this, st(s), cuda::attention_backward_scratch_bytes(a));
   cuda::attention_backward(st(s), e, dqkv.raw(), dout.raw(), qkv.raw(), out.raw(),
-                           lse.data<float>(), a, drop(dropout), scratch.ptr());
+                           lse.data<float>(), a, drop(dropout), scratch.ptr(), simt_attention_);
 }
 
 void CudaBackend::attention_decode(Stream s, const Tensor& out, const Tensor& k_cache,

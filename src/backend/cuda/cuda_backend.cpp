@@ -50,7 +50,8 @@ namespace {
 constexpr size_t kGemmWorkspace = 32u << 20;
 }  // namespace
 
-CudaBackend::CudaBackend(int device) : device_(device) {
+CudaBackend::CudaBackend(int device, const BackendOptions& options)
+    : device_(device), simt_attention_(options.attention == AttentionKernel::Simt) {
   KILN_CUDA_CHECK(cudaSetDevice(device));
   KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   KILN_CUDA_CHECK(cudaEventCreateWithFlags(&scratch_event_, cudaEventDisableTiming));
@@ -59,16 +60,17 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   workspace_ = empty({static_cast<int64_t>(kGemmWorkspace / 4)}, DType::I32,
                      MemCategory::Temporaries);
   gemm_->set_workspace(workspace_.raw(), kGemmWorkspace);
-  if (const char* v = std::getenv("KILN_CUDA_TF32"))
-    gemm_->set_allow_tf32(std::strcmp(v, "1") == 0);
+  gemm_->set_allow_tf32(options.tf32);
   cudaDeviceProp prop{};
   KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   device_name_ = prop.name;
-  if (const char* v = std::getenv("KILN_CUDA_GEMM_TUNE"); v && std::strcmp(v, "1") == 0) {
+  if (options.gemm_tuning) {
     gemm_->set_tuning(true);
+    // Where the tuned choices are kept is the process's cache, not a numerics choice:
+    // an environment variable (docs/config.md, "Environment variables").
     const char* path = std::getenv("KILN_CUDA_GEMM_CACHE");
     if (path && *path) gemm_->set_cache_file(path, fmt::format("{} sm_{}{}", device_name_, prop.major, prop.minor));
-    std::fprintf(stderr, "kiln: cuda: GEMM algorithms chosen by timing (KILN_CUDA_GEMM_TUNE=1); %s%s\n",
+    std::fprintf(stderr, "kiln: cuda: GEMM algorithms chosen by timing (backend.gemm_tuning); %s%s\n",
                  path && *path ? "choices kept in " : "choices not persisted (set KILN_CUDA_GEMM_CACHE "
                                                       "for bitwise identical runs)",
                  path && *path ? path : "");
@@ -414,11 +416,11 @@ void CudaBackend::run_dropout(Stream s, const Tensor& out, const Tensor& inp,
 
 }  // namespace cuda
 
-std::unique_ptr<Backend> make_cuda_backend(int device) {
+std::unique_ptr<Backend> make_cuda_backend(int device, const BackendOptions& options) {
   const int n = cuda_device_count();
   KILN_CHECK(device >= 0 && device < n, "cuda: device {} requested but {} visible ({})", device, n,
              n == 0 ? cuda_unavailable_reason() : "use CUDA_VISIBLE_DEVICES to choose");
-  return std::make_unique<cuda::CudaBackend>(device);
+  return std::make_unique<cuda::CudaBackend>(device, options);
 }
 
 }  // namespace kiln

@@ -7,13 +7,14 @@
 //   memory), every byte accounted by MemCategory; op scratch is Temporaries.
 // - dtypes: every op runs fp32 and bf16 (reductions, softmax and GEMM accumulation in
 //   fp32); fp16 only for transfers, copy and fill.
-// - GEMMs: cuBLASLt, fp32 without TF32 unless KILN_CUDA_TF32=1 is set in the
-//   environment (then fp32 GEMMs use TF32 tensor cores: faster, ~1e-3 relative error).
+// - GEMMs: cuBLASLt, fp32 without TF32 unless BackendOptions::tf32 (backend.tf32) is set
+//   (then fp32 GEMMs use TF32 tensor cores: faster, ~1e-3 relative error).
 // - Out-of-range token ids, positions or targets do not throw (that would need a host
 //   synchronisation per op): they produce NaN rows, which the loss then shows.
 #pragma once
 
 #include "backend/backend.h"
+#include "backend/options.h"
 
 #include <memory>
 #include <string>
@@ -43,7 +44,9 @@ int cuda_device_count();
 /// Why no CUDA device can be used, or "" when one can ("no GPU visible", a driver error).
 std::string cuda_unavailable_reason();
 
-/// A CUDA backend on device `device`. Throws kiln::Error when it cannot be created.
-std::unique_ptr<Backend> make_cuda_backend(int device = 0);
+/// A CUDA backend on device `device`, computing as `options` say (TF32, GEMM tuning, the
+/// attention kernels). Throws kiln::Error when it cannot be created, or naming
+/// KILN_CUDA_GEMM_CACHE when tuning and that file cannot be parsed.
+std::unique_ptr<Backend> make_cuda_backend(int device = 0, const BackendOptions& options = {});
 
 }  // namespace kiln

@@ -10,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/options.h"
 #include "backend/cuda/adamw.h"
 #include "backend/cuda/allocator.h"
 #include "backend/cuda/attention.h"
@@ -27,7 +28,7 @@ namespace kiln::cuda {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device);
+  CudaBackend(int device, const BackendOptions& options);
   ~CudaBackend() override;
 
   std::string name() const override { return "cuda"; }
@@ -209,6 +210,7 @@ class CudaBackend final : public Backend {
                   const RopeSpec& rope, Stream s, float sign, const char* op);
 
   int device_;
+  bool simt_attention_ = false;  // BackendOptions::attention == Simt
   std::string device_name_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t scratch_event_ = nullptr;

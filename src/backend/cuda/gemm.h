@@ -10,7 +10,7 @@
 // Plans: for each (shape, layout, dtype, epilogue, alignment) the descriptors are built
 // once and kept with the chosen algorithm for the process; a call only sets the bias and
 // GELU pointers and launches. The algorithm is cublasLtMatmulAlgoGetHeuristic's first
-// result, or, with set_tuning(true) (the backend's KILN_CUDA_GEMM_TUNE=1), the fastest
+// result, or, with set_tuning(true) (the backend's backend.gemm_tuning), the fastest
 // of its first kTuneCandidates results timed with CUDA events on scratch outputs the
 // first time the shape is seen (a host synchronisation, once per shape). Different
 // algorithms may round differently, so tuned choices are persisted (set_cache_file, the
@@ -67,7 +67,6 @@ class Gemm {
     workspace_bytes_ = bytes;
   }
   void set_allow_tf32(bool on) { allow_tf32_ = on; }
-  bool allow_tf32() const { return allow_tf32_; }
   /// Chooses each new shape's algorithm by timing (see the header comment).
   void set_tuning(bool on) { tune_ = on; }
   /// Reads the tuned choices of `path` for `device_name` (a missing file is an empty

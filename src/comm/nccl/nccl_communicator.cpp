@@ -201,7 +201,7 @@ class NcclCommunicator final : public Communicator {
     const double waited = comm_detail::seconds_since(t0);
     if (waited > timeout()) {
       const std::string msg = fmt::format(
-          "timed out after {} s waiting for {} on {} (KILN_COMM_TIMEOUT_S sets the limit)",
+          "timed out after {} s waiting for {} on {} (parallel.timeout_s sets the limit)",
           timeout(), what, where());
       abort_comm();
       abort_all(msg);

@@ -19,8 +19,9 @@
 // communicator instead; device tensors must be on this communicator's device.
 //
 // Failures. While a wait polls, ncclCommGetAsyncError is checked; an NCCL error, or the
-// timeout (KILN_COMM_TIMEOUT_S, default 60 s) passing, aborts the communicator with
-// ncclCommAbort and then the job with abort_all(), naming the collective and the rank.
+// timeout (Communicator::set_timeout, the trainer's parallel.timeout_s; default 60 s)
+// passing, aborts the communicator with ncclCommAbort and then the job with abort_all(),
+// naming the collective and the rank.
 //
 // Point to point: NCCL matches send/recv by order per peer, not by tag; tags are checked
 // for range only, so a pair of ranks must issue their sends and recvs in the same order.

@@ -151,7 +151,8 @@ void ViT::reserve(int B) {
   a.cls = act(Shape{B, 1, C});
   for (const nn::SavedSpec& sp : layers_->norm.saved_specs(B, 1, dt))
     a.head.push_back(be.empty(sp.shape, sp.dtype, MemCategory::Activations));
-  a.head_scratch = nn::make_head_scratch(be, nn::TpPlacement{}, B, C, config_.num_classes, dt);
+  a.head_scratch = nn::make_head_scratch(be, nn::TpPlacement{}, B, C, config_.num_classes, dt,
+                                         storage().classifier_chunk_mb);
   a.dhead = act(Shape{B, 1, C});
   a.dcls = act(Shape{B, 1, C});
   a.logits = be.empty(Shape{B, config_.num_classes}, DType::F32, MemCategory::Activations);
