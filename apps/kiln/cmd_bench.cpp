@@ -374,7 +374,7 @@ void run_bench(const Args& a) {
   Backend& be = prof ? static_cast<Backend&>(*prof) : *raw;
 
   LocalCommunicator single;
-  TrainStep one_step(c, be, single);
+  TrainStep one_step(c, be, {.dp_cp = single});
   Model& model = one_step.model();
   if (c.model.init_from.empty()) {
     one_step.init_weights(static_cast<uint64_t>(c.train.seed));

@@ -102,7 +102,7 @@ Result run(Backend& be, const GPT2Config& cfg, const std::string& dtype, int B, 
   mo.n_layer = cfg.n_layer, mo.n_head = cfg.n_head, mo.n_embd = cfg.n_embd;
   mo.block_size = cfg.block_size, mo.vocab_size = cfg.vocab_size;
   LocalCommunicator single;
-  TrainStep one_step(step_config(mo, B, T, dtype), be, single);
+  TrainStep one_step(step_config(mo, B, T, dtype), be, {.dp_cp = single});
   one_step.init_weights(1337);
   std::vector<int32_t> tok(static_cast<size_t>(B) * T), tgt(tok.size());
   Philox rng(20240601, 7);

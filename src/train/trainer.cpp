@@ -132,10 +132,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     backend_ = profile::profiled(std::move(backend_), config_.profile.timing);
   // Gradients are reduced over dp x cp (the cp ranks hold replicas, each a part of
   // every sequence); the data comes by dp rank, the same to every cp rank.
-  one_step_ = std::make_unique<TrainStep>(config_, *backend_, mesh_->dp_cp_comm(),
-                                          mesh_->tp() > 1 ? &mesh_->comm(Axis::TP) : nullptr,
-                                          mesh_->pp() > 1 ? &mesh_->comm(Axis::PP) : nullptr,
-                                          mesh_->cp() > 1 ? &mesh_->comm(Axis::CP) : nullptr);
+  one_step_ = std::make_unique<TrainStep>(config_, *backend_, StepGroups::of_mesh(*mesh_));
   model_ = &one_step_->model();
   dp_ = &one_step_->data_parallel();
   optimizer_ = &one_step_->optimizer();
