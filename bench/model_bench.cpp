@@ -41,7 +41,7 @@ void register_step(Backend& be, const GPT2Config& cfg, const std::string& model,
     mo.n_layer = cfg.n_layer, mo.n_head = cfg.n_head, mo.n_embd = cfg.n_embd;
     mo.block_size = cfg.block_size, mo.vocab_size = cfg.vocab_size;
     LocalCommunicator single;
-    TrainStep one_step(step_config(mo, B, T), be, single);
+    TrainStep one_step(step_config(mo, B, T), be, {.dp_cp = single});
     one_step.init_weights(1337);
     // Targets are the tokens shifted by one, as the data loader makes them.
     Tensor ids = random_ids(be, {B, T + 1}, cfg.vocab_size, 100);

@@ -375,7 +375,7 @@ void run_bench(const Args& a) {
 
   LocalCommunicator single;
   single.set_tracer(&profile::Tracer::global());
-  TrainStep one_step(c, be, single);
+  TrainStep one_step(c, be, {.dp_cp = single});
   one_step.set_tracer(&profile::Tracer::global());
   Model& model = one_step.model();
   if (c.model.init_from.empty()) {

@@ -114,7 +114,7 @@ Result run(Backend& be, const GPT2Config& cfg, const std::string& dtype, int B, 
   // The trainer's own step (train/train_step.h) on one process: parameters and
   // activations in `dtype`, fp32 gradients and master weights; the --set keys applied.
   LocalCommunicator single;
-  TrainStep one_step(step_config(model_options(cfg), B, T, dtype, sets), be, single);
+  TrainStep one_step(step_config(model_options(cfg), B, T, dtype, sets), be, {.dp_cp = single});
   one_step.init_weights(1337);
   std::vector<int32_t> tok(static_cast<size_t>(B) * T), tgt(tok.size());
   Philox rng(20240601, 7);

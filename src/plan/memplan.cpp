@@ -99,8 +99,10 @@ RankMemory dry_run(const TrainConfig& c, const MemPlanOptions& o, int rank,
   // The trainer's own step object: model, ZeRO wrapper and AdamW (fp32 master weights
   // for low-precision parameters) as the trainer builds them. Initial weights are copied
   // from the host: nothing to allocate, nothing to plan.
-  TrainStep step(c, *be, comm, tp_size > 1 ? &tp_comm : nullptr,
-                 pp_size > 1 ? &pp_comm : nullptr, cp_size > 1 ? &cp_comm : nullptr);
+  TrainStep step(c, *be, {.dp_cp = comm,
+                          .tp = tp_size > 1 ? &tp_comm : nullptr,
+                          .pp = pp_size > 1 ? &pp_comm : nullptr,
+                          .cp = cp_size > 1 ? &cp_comm : nullptr});
   if (plan) {
     plan->model = step.model().describe();
     plan->flops_per_token = step.model().flops_per_token(c.train.seq_len);

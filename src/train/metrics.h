@@ -1,5 +1,6 @@
-// Training metrics: one JSON object per logged step in RUN_DIR/metrics.jsonl, and one
-// readable console line per step with an ETA.
+// Training metrics: one JSON object per logged step in RUN_DIR/metrics.jsonl (its records
+// and the console's progress line: train/metrics_record.h), and durations as people read
+// them.
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -1,6 +1,9 @@
 #include "train/metrics_record.h"
 
 #include "core/allocator.h"
+#include "train/metrics.h"
+
+#include <fmt/format.h>
 
 #include <string>
 
@@ -20,7 +23,25 @@ nlohmann::json step_record(const StepMetrics& m) {
     rec["loss_scale"] = m.fp16_scaler->scale;
     rec["skipped_steps"] = m.fp16_scaler->skipped_steps;
   }
+  if (m.evaluated) {
+    rec["val_loss"] = m.val_loss;
+    if (m.val_accuracy >= 0) rec["val_accuracy"] = m.val_accuracy;
+  }
   return rec;
+}
+
+std::string progress_line(const StepMetrics& m, int64_t total_steps, double eta_s) {
+  const std::string val =
+      m.evaluated ? fmt::format(" | val {:.4f}{}", m.val_loss,
+                                m.val_accuracy >= 0 ? fmt::format(" acc {:.2f}%", 100.0 * m.val_accuracy)
+                                                    : std::string())
+                  : std::string();
+  return fmt::format("step {:>6}/{} | loss {:.4f}{} | lr {:.2e} | norm {:.3f} | {:.0f} tok/s | "
+                     "MFU {:.1f}% | {:.0f} ms | ETA {}",
+                     m.step, total_steps, m.loss, val, m.lr, m.grad_norm,
+                     static_cast<double>(m.tokens_per_step) / m.step_time_s,
+                     100.0 * m.flops_per_step / m.step_time_s / m.world_peak_flops,
+                     m.step_time_s * 1e3, format_duration(eta_s));
 }
 
 nlohmann::json skipped_step_record(int64_t step, double loss, const LossScaler& scaler) {

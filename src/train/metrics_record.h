@@ -1,5 +1,6 @@
-// The records of metrics.jsonl (one JSON object per logged update; MetricsLog writes
-// them): built from what the trainer measured, apart from the loop that measures it.
+// The records of a logged update: metrics.jsonl's JSON object (MetricsLog writes it) and
+// the console's progress line, built from what the trainer measured, apart from the loop
+// that measures it.
 #pragma once
 
 #include "train/train_step.h"
@@ -7,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace kiln {
@@ -22,11 +24,21 @@ struct StepMetrics {
   double flops_per_step = 0;     // Model::flops_per_token x tokens_per_step
   double world_peak_flops = 0;   // peak FLOP/s of all ranks together (for MFU)
   const LossScaler* fp16_scaler = nullptr;  // fp16 dynamic loss scaling; nullptr without
+  bool evaluated = false;        // an evaluation ran at this update, which measured:
+  double val_loss = 0;           //   the mean validation loss (nats per target token)
+  double val_accuracy = -1;      //   a classifier's top-1 accuracy; -1 for other models
 };
 
 /// {"step", "loss", "lr", "grad_norm", "tokens" (tokens seen so far), "step_time_s",
-/// "tokens_per_s", "mfu"} and, with fp16_scaler, {"loss_scale", "skipped_steps"}.
+/// "tokens_per_s", "mfu"}; with fp16_scaler, {"loss_scale", "skipped_steps"}; when
+/// evaluated, "val_loss" and (val_accuracy >= 0) "val_accuracy".
 nlohmann::json step_record(const StepMetrics& m);
+
+/// The console's line for a logged update, without newline: "step    100/1000 | loss
+/// 2.3456 | val 2.4567 acc 91.20% | lr 3.00e-04 | norm 1.234 | 12345 tok/s | MFU 12.3% |
+/// 456 ms | ETA 1m02s" (" | val ..." when evaluated, " acc ..." for a classifier), of
+/// `total_steps` updates with `eta_s` seconds left.
+std::string progress_line(const StepMetrics& m, int64_t total_steps, double eta_s);
 
 /// The record of an update skipped for an fp16 gradient overflow: {"step" (the update
 /// tried, 1-based), "skipped": true, "loss", "loss_scale", "skipped_steps"}.

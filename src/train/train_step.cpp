@@ -47,25 +47,52 @@ kind = "constant"
                             overrides, "step_config");
 }
 
-TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& dp_cp_comm,
-                     Communicator* tp_comm, Communicator* pp_comm, Communicator* cp_comm)
-    : config_(config), backend_(backend), comm_(dp_cp_comm), pp_comm_(pp_comm) {
-  const int tp = tp_comm ? tp_comm->size() : 1;
-  const int pp = pp_comm ? pp_comm->size() : 1;
-  const int cp = cp_comm ? cp_comm->size() : 1;
+namespace {
+int size_of(const Communicator* group) { return group ? group->size() : 1; }
+}  // namespace
+
+StepGroups StepGroups::of_mesh(const DeviceMesh& mesh) {
+  return StepGroups{.dp_cp = mesh.dp_cp_comm(),
+                    .tp = mesh.tp() > 1 ? &mesh.comm(Axis::TP) : nullptr,
+                    .pp = mesh.pp() > 1 ? &mesh.comm(Axis::PP) : nullptr,
+                    .cp = mesh.cp() > 1 ? &mesh.comm(Axis::CP) : nullptr};
+}
+
+TrainStep::TrainStep(const TrainConfig& config, Backend& backend, const StepGroups& groups)
+    : config_(config), backend_(backend), groups_(groups) {
+  check_groups();
+  accum_ = config_.grad_accum_steps(groups_.dp_cp.size() / size_of(groups_.cp));
+  ModelStorage storage = plan_parallelism();
+  const ModelOptions options = model_options_from(config_);
+  storage.held_parts = plan_stages(options, storage);
+  build_model(options, storage);
+  // A pipeline keeps every micro-batch of the step on the device (several are in flight,
+  // on several chunks); one buffer serves the trivial schedule.
+  allocate_buffers(storage.held_parts.empty() ? 1 : accum_);
+  const pp::ScheduleKind kind = pp::parse_schedule_kind(config_.parallel.pp_schedule);
+  pp::Schedule schedule = pp::make_schedule(kind, size_of(groups_.pp),
+                                            config_.parallel.virtual_stages, accum_);
+  pipeline_ = std::make_unique<pp::PipelineExecutor>(*model_, groups_.pp, std::move(schedule),
+                                                     boundaries_, config_.train.micro_batch,
+                                                     config_.train.seq_len / cp());
+}
+
+void TrainStep::check_groups() const {
+  const int tp = size_of(groups_.tp), pp = size_of(groups_.pp), cp = size_of(groups_.cp);
   KILN_CHECK(cp == config_.parallel.cp, "{}: parallel.cp = {} but the context-parallel group has "
              "{} ranks", config_.source, config_.parallel.cp, cp);
-  KILN_CHECK(comm_.size() % cp == 0, "{}: the dp x cp group has {} ranks, not a multiple of cp "
-             "= {}", config_.source, comm_.size(), cp);
-  const int dp = comm_.size() / cp;
-  const int64_t T = config_.train.seq_len, T_local = T / cp;
+  KILN_CHECK(groups_.dp_cp.size() % cp == 0, "{}: the dp x cp group has {} ranks, not a multiple of "
+             "cp = {}", config_.source, groups_.dp_cp.size(), cp);
   KILN_CHECK(tp == config_.parallel.tp, "{}: parallel.tp = {} but the tensor-parallel group has "
              "{} ranks", config_.source, config_.parallel.tp, tp);
   KILN_CHECK(pp == config_.parallel.pp, "{}: parallel.pp = {} but the pipeline group has {} ranks",
              config_.source, config_.parallel.pp, pp);
-  accum_ = config_.grad_accum_steps(dp);
+}
+
+ModelStorage TrainStep::plan_parallelism() {
+  const int tp = size_of(groups_.tp), cp = size_of(groups_.cp);
   // ZeRO shards over the whole dp x cp group, so parts align to its size.
-  ModelStorage storage = zero_model_storage(config_.parallel.zero_stage, comm_.size(),
+  ModelStorage storage = zero_model_storage(config_.parallel.zero_stage, groups_.dp_cp.size(),
                                             parse_dtype(config_.train.dtype),
                                             parse_dtype(config_.train.grad_dtype));
   storage.classifier_chunk_mb = config_.train.classifier_chunk_mb;
@@ -73,22 +100,26 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& 
     KILN_CHECK(config_.model.dropout == 0.0, "{}: model.dropout = {} with parallel.cp = {}: "
                "dropout under context parallelism is not supported yet (set model.dropout = 0)",
                config_.source, config_.model.dropout, cp);
-    cp_group_ = std::make_unique<CommCpGroup>(*cp_comm);
+    cp_group_ = std::make_unique<CommCpGroup>(*groups_.cp);
     cp_plan_ = std::make_unique<ContextParallelPlan>(*cp_group_);
     storage.plans.push_back(cp_plan_.get());
   }
   if (tp > 1) {
-    const int64_t rows = int64_t{config_.train.micro_batch} * T_local;
+    const int64_t rows = int64_t{config_.train.micro_batch} * (config_.train.seq_len / cp);
     KILN_CHECK(!config_.parallel.sequence_parallel || rows % tp == 0,
                "{}: parallel.sequence_parallel splits the micro-batch's micro_batch x seq_len{} = "
                "{} rows over parallel.tp = {}, which does not divide them", config_.source,
                cp > 1 ? " / cp" : "", rows, tp);
-    tp_group_ = std::make_unique<CommTpGroup>(*tp_comm);
+    tp_group_ = std::make_unique<CommTpGroup>(*groups_.tp);
     tp_plan_ = std::make_unique<TensorParallelPlan>(*tp_group_, config_.parallel.sequence_parallel);
     storage.plans.push_back(tp_plan_.get());
   }
-  const ModelOptions options = model_options_from(config_);
-  storage.held_parts = plan_stages(options, storage);
+  return storage;
+}
+
+void TrainStep::build_model(const ModelOptions& options, const ModelStorage& storage) {
+  const int cp = this->cp();
+  const int T = config_.train.seq_len;
   model_ = make_model(options, backend_, storage);  // a model without ring attention throws
   KILN_CHECK(cp == 1 || T % (2 * cp) == 0, "{}: train.seq_len = {} is not a multiple of 2 x "
              "parallel.cp = {} (context parallelism cuts each sequence into 2 x cp equal chunks)",
@@ -96,31 +127,36 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& 
   if (boundaries_.empty()) boundaries_ = {0, static_cast<int>(model_->parts().size())};
   model_->set_activation_checkpointing(
       nn::parse_activation_checkpointing(config_.train.activation_checkpointing));
-  dp_ = std::make_unique<DataParallel>(*model_, comm_, config_.parallel.zero_stage,
-                                       config_.parallel.bucket_mb, tp > 1 ? tp_comm : nullptr);
-  if (!storage.held_parts.empty()) {
-    // Several micro-batches in flight: a resident part's gradient and a tied parameter's
-    // (summed over its stages first) are reduced over dp once the schedule is done.
-    std::vector<int> deferred;
-    for (const ModelPart& part : model_->parts())
-      if (part.resident) deferred.push_back(part.index);
-    for (const ParamSpec& s : model_->params())  // a tied parameter, where this stage holds it
-      if (std::count(tied_names_.begin(), tied_names_.end(), s.name)) deferred.push_back(s.part);
-    dp_->defer_reduction(deferred);
-  }
+  wrap_data_parallel(storage.held_parts);
   optimizer_ = std::make_unique<AdamW>(backend_, dp_->optimizer_segments(),
                                        adamw_config_from(config_));
   scaler_.enabled = model_->dtype() == DType::F16;
   scaler_.scale = scaler_.enabled ? config_.train.loss_scale : 1.0;
   scaler_.growth_interval = config_.train.loss_scale_growth_interval;
-  shape_ = model_->batch_shape(config_.train.micro_batch, config_.train.seq_len);
-  local_shape_ = model_->batch_shape(config_.train.micro_batch, static_cast<int>(T_local));
+  shape_ = model_->batch_shape(config_.train.micro_batch, T);
+  local_shape_ = model_->batch_shape(config_.train.micro_batch, T / cp);
   KILN_CHECK(cp == 1 || local_shape_.find("positions"), "{}: parallel.cp = {}: model.arch = "
              "\"{}\" takes no \"positions\" input, which context parallelism needs (each rank "
              "holds chunks of the sequence)", config_.source, cp, model_->arch());
-  // A pipeline keeps every micro-batch of the step on the device (several are in flight,
-  // on several chunks); one buffer serves the trivial schedule.
-  batch_buffers_ = storage.held_parts.empty() ? 1 : accum_;
+}
+
+void TrainStep::wrap_data_parallel(const std::vector<int>& held_parts) {
+  dp_ = std::make_unique<DataParallel>(*model_, groups_.dp_cp, config_.parallel.zero_stage,
+                                       config_.parallel.bucket_mb,
+                                       size_of(groups_.tp) > 1 ? groups_.tp : nullptr);
+  if (held_parts.empty()) return;
+  // Several micro-batches in flight: a resident part's gradient and a tied parameter's
+  // (summed over its stages first) are reduced over dp once the schedule is done.
+  std::vector<int> deferred;
+  for (const ModelPart& part : model_->parts())
+    if (part.resident) deferred.push_back(part.index);
+  for (const ParamSpec& s : model_->params())  // a tied parameter, where this stage holds it
+    if (std::count(tied_names_.begin(), tied_names_.end(), s.name)) deferred.push_back(s.part);
+  dp_->defer_reduction(deferred);
+}
+
+void TrainStep::allocate_buffers(int buffers) {
+  batch_buffers_ = buffers;
   for (int k = 0; k < batch_buffers_; ++k) {
     DeviceBatch& b = device_batches_.emplace_back();
     for (const BatchInput& in : local_shape_.required())
@@ -132,8 +168,8 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& 
                            DType::I32, MemCategory::Activations);
   stats_ = backend_.empty(Shape{3}, DType::F64, MemCategory::Activations);
   coef_ = backend_.empty(Shape{1}, DType::F32, MemCategory::Activations);
-  if (cp > 1) {  // every micro-batch's rows hold the same positions
-    cp_positions_ = nn::cp_positions(T, cp, cp_group_->rank());
+  if (cp() > 1) {  // every micro-batch's rows hold the same positions
+    cp_positions_ = nn::cp_positions(config_.train.seq_len, cp(), cp_group_->rank());
     std::vector<int32_t> rows;
     for (int b = 0; b < config_.train.micro_batch; ++b)
       rows.insert(rows.end(), cp_positions_.begin(), cp_positions_.end());
@@ -141,15 +177,10 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& backend, Communicator& 
     backend_.copy_from_host(backend_.default_stream(), positions_, rows.data());
     backend_.synchronize(backend_.default_stream());
   }
-  const pp::ScheduleKind kind = pp::parse_schedule_kind(config_.parallel.pp_schedule);
-  pp::Schedule schedule = pp::make_schedule(kind, pp, config_.parallel.virtual_stages, accum_);
-  pipeline_ = std::make_unique<pp::PipelineExecutor>(*model_, pp_comm_, std::move(schedule),
-                                                     boundaries_, config_.train.micro_batch,
-                                                     static_cast<int>(T_local));
 }
 
 std::vector<int> TrainStep::plan_stages(const ModelOptions& options, ModelStorage storage) {
-  const int pp = pp_comm_ ? pp_comm_->size() : 1;
+  const int pp = size_of(groups_.pp);
   const int chunks = pp * config_.parallel.virtual_stages;
   KILN_CHECK(chunks > 1 || config_.parallel.pp_split.empty(), "{}: parallel.pp_split is set but "
              "parallel.pp x parallel.virtual_stages = 1: there is nothing to split",
@@ -175,7 +206,7 @@ std::vector<int> TrainStep::plan_stages(const ModelOptions& options, ModelStorag
              "would repeat per micro-batch; use zero_stage 0-2 with pipeline parallelism",
              config_.source, pp);
   std::vector<int> held;
-  const int rank = pp_comm_ ? pp_comm_->rank() : 0;
+  const int rank = groups_.pp ? groups_.pp->rank() : 0;
   for (int c = 0; c < chunks; ++c)
     if (pp::Schedule::rank_of_chunk(c, pp) == rank)
       for (int k = boundaries_[static_cast<size_t>(c)]; k < boundaries_[static_cast<size_t>(c) + 1]; ++k)
@@ -187,7 +218,7 @@ std::vector<int> TrainStep::plan_stages(const ModelOptions& options, ModelStorag
     if (s.tied_copy) tied_names_.push_back(s.name);
   const int first = 0, last = pp::Schedule::rank_of_chunk(chunks - 1, pp);
   if (!tied_names_.empty() && first != last && (rank == first || rank == last))
-    tied_comm_ = pp_comm_->new_group({first, last}, "tied");
+    tied_comm_ = groups_.pp->new_group({first, last}, "tied");
   return held;
 }
 
@@ -290,7 +321,7 @@ class OneBatch final : public pp::MicroBatches {
 LossSum TrainStep::forward_only() {
   OneBatch one(device_batch());
   LossSum l = pipeline_->forward_only(one);
-  if (!pp_comm_ || pp_comm_->size() == 1) return l;
+  if (size_of(groups_.pp) == 1) return l;
   // Only the last stage computed the loss: the sums over pp reach every rank.
   std::vector<double> v{l.sum, static_cast<double>(l.targets), static_cast<double>(l.correct)};
   pp_sum(v);
@@ -321,7 +352,7 @@ class TrainStep::StepBatches final : public pp::MicroBatches {
   }
   void before_pass(int j, bool forward) override {
     step_.dp_->begin_micro_step(j);
-    const int dp = step_.comm_.size(), rank = step_.comm_.rank();
+    const int dp = step_.groups_.dp_cp.size(), rank = step_.groups_.dp_cp.rank();
     step_.model_->set_dropout(true, static_cast<uint64_t>(step_.config_.train.seed),
                               static_cast<uint64_t>((update_ * step_.accum_ + j) * dp + rank));
     step_.announce(forward ? StepPhase::Forward : StepPhase::Backward);
@@ -343,13 +374,13 @@ void TrainStep::init_weights(uint64_t seed) {
 }
 
 void TrainStep::dp_cp_sum(std::span<int64_t> values) {
-  if (comm_.size() > 1) comm_.all_reduce_sum(values);
+  if (groups_.dp_cp.size() > 1) groups_.dp_cp.all_reduce_sum(values);
 }
 void TrainStep::pp_sum(std::span<double> values) {
-  if (pp_comm_ && pp_comm_->size() > 1) pp_comm_->all_reduce_sum(values);
+  if (size_of(groups_.pp) > 1) groups_.pp->all_reduce_sum(values);
 }
 
-StepResult TrainStep::run(const void* inputs, const int32_t* targets, int64_t update) {
+int64_t TrainStep::global_target_count(const int32_t* targets, int64_t update) {
   const auto per_micro = static_cast<size_t>(shape_.targets.numel());
   // Target count over the dp x cp group (this rank's chunks under cp), exact in 64
   // bits, from the host's targets.
@@ -357,9 +388,46 @@ StepResult TrainStep::run(const void* inputs, const int32_t* targets, int64_t up
   for (int j = 0; j < accum_; ++j) n_targets += count_targets(targets + static_cast<size_t>(j) * per_micro);
   dp_cp_sum(std::span<int64_t>(&n_targets, 1));
   KILN_CHECK(n_targets > 0, "step {}: the global batch has no target tokens", update + 1);
-  const float grad_scale = static_cast<float>(scaler_.scale) / static_cast<float>(n_targets);
+  return n_targets;
+}
+
+void TrainStep::reduce_stats_and_clip() {
   const Stream s = backend_.default_stream();
-  backend_.fill(s, stats_, 0.f);
+  // stats_ = {loss sum, local target count, gradient sum of squares}, summed over ranks
+  // on the device: every rank gets the same bits and takes the same decision.
+  const Tensor loss_sum = stats_.view_at(0, Shape{1}), sumsq = stats_.view_at(2, Shape{1});
+  if (groups_.dp_cp.size() > 1) groups_.dp_cp.all_reduce(loss_sum, ReduceOp::Sum, s);
+  dp_->grad_sum_squares(sumsq);
+  if (size_of(groups_.pp) > 1) groups_.pp->all_reduce(stats_, ReduceOp::Sum, s);  // the last stage's loss
+  // The clipping coefficient (and the loss scale's division) stays on the device too:
+  // NaN, so that the update is skipped, when the norm or the loss is not finite.
+  backend_.clip_coefficient(s, coef_, sumsq, loss_sum, config_.optim.grad_clip,
+                            static_cast<float>(scaler_.scale));
+}
+
+double TrainStep::read_stats(StepResult& r, int64_t n_targets) {
+  double host[3] = {0.0, 0.0, 0.0};
+  backend_.copy_to_host(backend_.default_stream(), host, stats_);
+  r.loss = host[0] / static_cast<double>(n_targets);
+  r.grad_norm = std::sqrt(host[2]) / scaler_.scale;
+  return host[2];
+}
+
+void TrainStep::skip_update(StepResult& r, int64_t update) {
+  // Neither the schedule nor the optimizer's step count advances.
+  KILN_CHECK(scaler_.scale > 1.0, "step {}: fp16 gradients are not finite even with loss "
+             "scale 1; the model diverged (lower optim.lr or use bf16)", update + 1);
+  scaler_.scale = std::max(scaler_.scale / 2.0, 1.0);
+  scaler_.good_steps = 0;
+  ++scaler_.skipped_steps;
+  r.grad_norm = std::numeric_limits<double>::infinity();
+  r.skipped = true;
+}
+
+StepResult TrainStep::run(const void* inputs, const int32_t* targets, int64_t update) {
+  const int64_t n_targets = global_target_count(targets, update);
+  const float grad_scale = static_cast<float>(scaler_.scale) / static_cast<float>(n_targets);
+  backend_.fill(backend_.default_stream(), stats_, 0.f);
   dp_->begin_step(accum_);
   StepBatches batches(*this, inputs, targets, update);
   pipeline_->run(batches, grad_scale);  // the loss sums land in stats_[0:2]
@@ -370,46 +438,20 @@ StepResult TrainStep::run(const void* inputs, const int32_t* targets, int64_t up
   }
   announce(StepPhase::Optimizer);
   TraceScope optimizer_scope(tracer_, "optimizer");
-  // stats_ = {loss sum, local target count, gradient sum of squares}, summed over ranks
-  // on the device: every rank gets the same bits and takes the same decision.
-  const Tensor loss_sum = stats_.view_at(0, Shape{1}), sumsq = stats_.view_at(2, Shape{1});
-  if (comm_.size() > 1) comm_.all_reduce(loss_sum, ReduceOp::Sum, s);
-  dp_->grad_sum_squares(sumsq);
-  if (pp_comm_ && pp_comm_->size() > 1) pp_comm_->all_reduce(stats_, ReduceOp::Sum, s);  // the last stage's loss
-  // The clipping coefficient (and the loss scale's division) stays on the device too:
-  // NaN, so that the update is skipped, when the norm or the loss is not finite.
-  backend_.clip_coefficient(s, coef_, sumsq, loss_sum, config_.optim.grad_clip,
-                            static_cast<float>(scaler_.scale));
+  reduce_stats_and_clip();
   StepResult r;
   r.lr = static_cast<float>(learning_rate(config_, update));
-  double host[3] = {0.0, 0.0, 0.0};  // the step's one host read (stats_)
-  auto finish = [&] {
-    r.loss = host[0] / static_cast<double>(n_targets);
-    r.grad_norm = std::sqrt(host[2]) / scaler_.scale;
-  };
   if (scaler_.enabled) {
-    backend_.copy_to_host(s, host, stats_);  // fp16: the skip decision precedes the update
-    finish();
-    if (!(std::isfinite(host[2]) && std::isfinite(r.loss))) {
-      // Overflow: skip the update on every rank alike, halve the scale; neither the
-      // schedule nor the optimizer's step count advances.
-      KILN_CHECK(scaler_.scale > 1.0, "step {}: fp16 gradients are not finite even with loss "
-                 "scale 1; the model diverged (lower optim.lr or use bf16)", update + 1);
-      scaler_.scale = std::max(scaler_.scale / 2.0, 1.0);
-      scaler_.good_steps = 0;
-      ++scaler_.skipped_steps;
-      r.grad_norm = std::numeric_limits<double>::infinity();
-      r.skipped = true;
+    const double sumsq = read_stats(r, n_targets);  // fp16: the skip decision precedes the update
+    if (!(std::isfinite(sumsq) && std::isfinite(r.loss))) {
+      skip_update(r, update);  // overflow: on every rank alike
       announce(StepPhase::Done);
       return r;
     }
   }
   optimizer_->step(r.lr, 1.f, coef_);
   dp_->after_optimizer_step();
-  if (!scaler_.enabled) {
-    backend_.copy_to_host(s, host, stats_);  // after the update is queued: the stream stays busy
-    finish();
-  }
+  if (!scaler_.enabled) read_stats(r, n_targets);  // after the update is queued: the stream stays busy
   // A non-finite loss or norm skipped the update on the device (coef_ NaN); stop here.
   KILN_CHECK(std::isfinite(r.loss), "step {}: the loss is {} (diverged); lower optim.lr or check "
              "the data", update + 1, r.loss);

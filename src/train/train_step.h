@@ -36,6 +36,7 @@
 #include "optim/adamw.h"
 #include "parallel/context_parallel.h"
 #include "parallel/data_parallel.h"
+#include "parallel/mesh.h"
 #include "parallel/pipeline.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/tp_plan.h"
@@ -83,27 +84,37 @@ struct StepResult {
 TrainConfig step_config(const ModelOptions& model, int B, int T, const std::string& dtype = "fp32",
                         const std::vector<std::string>& overrides = {});
 
+/// The communicators a step runs over; not owned. A trainer takes them from its mesh
+/// (of_mesh); programs without one (benchmarks, `kiln memplan`, tests) name them.
+struct StepGroups {
+  /// The dp x cp group, over which gradients are reduced and ZeRO shards
+  /// (DeviceMesh::dp_cp_comm: the dp group when cp is 1; one rank: a local communicator).
+  Communicator& dp_cp;
+  Communicator* tp = nullptr;  // the tensor-parallel group, of parallel.tp ranks; nullptr: 1
+  Communicator* pp = nullptr;  // the pipeline group, of parallel.pp ranks; nullptr: 1
+  Communicator* cp = nullptr;  // the context-parallel ring, of parallel.cp ranks; nullptr: 1
+
+  /// The groups of `mesh` (its communicators built): nullptr for an axis of size 1.
+  static StepGroups of_mesh(const DeviceMesh& mesh);
+};
+
 class TrainStep {
  public:
-  /// `config` resolved for training (global_batch set); `dp_cp_comm` the dp x cp group,
-  /// over which gradients are reduced and ZeRO shards (DeviceMesh::dp_cp_comm: the dp
-  /// group when cp is 1; one rank: a local communicator); `tp_comm` the tensor-parallel
-  /// group, of parallel.tp ranks (nullptr when parallel.tp is 1); `pp_comm` the pipeline
-  /// group, of parallel.pp ranks (nullptr when parallel.pp is 1); `cp_comm` the
-  /// context-parallel ring, of parallel.cp ranks (nullptr when 1). Not owned. Throws
-  /// kiln::Error on a bad config (a seq_len that 2 x cp does not divide, dropout with cp),
-  /// a model the tp plan cannot split (naming the layer) or a pipeline schedule that
+  /// `config` resolved for training (global_batch set); `groups` of the sizes it names
+  /// (parallel.tp, .pp, .cp; dp x cp ranks reduce). Throws kiln::Error on a bad config (a
+  /// group of another size, a seq_len that 2 x cp does not divide, dropout with cp), a
+  /// model the tp plan cannot split (naming the layer) or a pipeline schedule that
   /// deadlocks (pipeline_schedule.h's simulator, run here).
-  TrainStep(const TrainConfig& config, Backend& backend, Communicator& dp_cp_comm,
-            Communicator* tp_comm = nullptr, Communicator* pp_comm = nullptr,
-            Communicator* cp_comm = nullptr);
+  TrainStep(const TrainConfig& config, Backend& backend, const StepGroups& groups);
   ~TrainStep();
 
   Model& model() { return *model_; }
   const Model& model() const { return *model_; }
   DataParallel& data_parallel() { return *dp_; }
+  const DataParallel& data_parallel() const { return *dp_; }
   AdamW& optimizer() { return *optimizer_; }
   LossScaler& scaler() { return scaler_; }
+  const LossScaler& scaler() const { return scaler_; }
   int grad_accum_steps() const { return accum_; }
   pp::PipelineExecutor& pipeline() { return *pipeline_; }
   /// Throws kiln::Error, on the first and the last pipeline stage, unless their copies of
@@ -161,6 +172,36 @@ class TrainStep {
     if (observer_) observer_->on_phase(p);
   }
   class StepBatches;
+  // The constructor's parts, in order.
+  /// Throws kiln::Error unless the groups have the sizes the config names.
+  void check_groups() const;
+  /// ZeRO's storage over the reduction group, with the context- and tensor-parallel
+  /// plans (cp_plan_, tp_plan_ over their groups) when cp, tp > 1.
+  ModelStorage plan_parallelism();
+  /// This rank's model (`storage.held_parts`, from plan_stages), its data-parallel
+  /// wrapper, AdamW over its segments, the loss scaler and the batch shapes.
+  void build_model(const ModelOptions& options, const ModelStorage& storage);
+  /// Wraps the model in data parallelism (dp_); under a pipeline (`held_parts` not
+  /// empty), defers the reduction of resident parts and tied parameters.
+  void wrap_data_parallel(const std::vector<int>& held_parts);
+  /// The device micro-batches (`buffers` of them), the staging buffer, the step's device
+  /// statistics and, under cp, this rank's positions.
+  void allocate_buffers(int buffers);
+
+  // run()'s parts.
+  /// The targets of the global batch (this rank's chunks under cp), summed over the
+  /// reduction group; throws kiln::Error naming update + 1 when there are none.
+  int64_t global_target_count(const int32_t* targets, int64_t update);
+  /// stats_'s loss and gradient sum of squares summed over the ranks, and the clipping
+  /// coefficient coef_, all on the device.
+  void reduce_stats_and_clip();
+  /// The step's one host read (stats_): r.loss and r.grad_norm; returns the gradient sum
+  /// of squares (scaled).
+  double read_stats(StepResult& r, int64_t n_targets);
+  /// fp16 overflow: skips the update on every rank alike and halves the scale (r
+  /// records the skip); throws kiln::Error once the scale is 1.
+  void skip_update(StepResult& r, int64_t update);
+
   /// upload_micro_batch's copy through staging slot `slot`, without waiting.
   void stage_micro_batch(const void* inputs, const int32_t* targets, int k, int slot);
   /// local <- the whole host input `in` (whole sequences), or this rank's chunks of each
@@ -180,14 +221,13 @@ class TrainStep {
 
   TrainConfig config_;
   Backend& backend_;
-  Communicator& comm_;
+  StepGroups groups_;
   std::unique_ptr<CommTpGroup> tp_group_;   // with tp > 1; outlive the model
   std::unique_ptr<TensorParallelPlan> tp_plan_;
   std::unique_ptr<CommCpGroup> cp_group_;   // with cp > 1; outlive the model
   std::unique_ptr<ContextParallelPlan> cp_plan_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<DataParallel> dp_;
-  Communicator* pp_comm_ = nullptr;
   std::unique_ptr<pp::PipelineExecutor> pipeline_;
   std::vector<int> boundaries_;           // chunk c: parts [b[c], b[c+1])
   std::vector<std::string> tied_names_;   // tied parameters whose users sit on other stages

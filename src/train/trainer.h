@@ -29,6 +29,7 @@
 #include "train/train_data.h"
 #include "train/train_step.h"
 
+#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -39,6 +40,7 @@ namespace kiln {
 
 namespace checkpoint {
 class CheckpointReader;
+class CheckpointWriter;
 }
 
 struct TrainerOptions {
@@ -83,6 +85,9 @@ struct TrainResult {
   double pp_bubble_simulated = 0.0, pp_bubble_theory = 0.0;
 };
 
+class RunAccounting;
+struct StepMetrics;
+
 class Trainer {
  public:
   /// Validates the config, opens the data, builds model and optimizer (random init,
@@ -99,26 +104,102 @@ class Trainer {
     double accuracy = -1.0;
   };
   EvalResult evaluate();
-  const Model& model() const { return *model_; }
-  const DataParallel& data_parallel() const { return *dp_; }
+  const Model& model() const { return one_step_->model(); }
+  const DataParallel& data_parallel() const { return one_step_->data_parallel(); }
   int64_t step() const { return step_; }
 
  private:
-  /// Fetches this rank's share of the next global batch and runs the one training step.
-  double train_step(double* grad_norm);
-  LossScaler& scaler() { return one_step_->scaler(); }
-  void save_checkpoint();
-  /// When to save, stop and prune (train.steps, [checkpoint], the exit interval).
-  CheckpointPolicy checkpoint_policy() const;
+  // Set-up (trainer.cpp), in the order the constructor runs them.
+  /// The world communicator, the config checked on every rank, the mesh, and the config
+  /// resolved for its data-parallel size (global_batch) and validated for training.
+  void set_up_mesh();
+  /// The train split (and the val split when evaluating), checked against the model
+  /// keys and the same on every rank.
+  void open_data();
+  /// The device's backend, wrapped for profiling when [profile] is on.
+  void set_up_backend();
+  /// The one step: model, data parallel, optimizer and pipeline over the mesh's groups.
+  void set_up_step();
+  /// The GEMM peak for MFU (log.peak_tflops or measured) and the [profile] window.
+  void set_up_profiling();
+  /// The start-up lines: the model, the run's layout, the backend's GEMM path.
+  void print_start_up() const;
+  /// ", pipeline over N stages (...)" for the start-up line; "" for pp = 1.
+  std::string pipeline_description() const;
+
+  // Where the run starts (trainer_resume.cpp).
+  /// The checkpoint to resume from (--resume: "auto" or a directory), or none.
+  std::optional<std::filesystem::path> resume_dir() const;
+  /// Resumes from resume_dir(), or starts fresh (init_weights) where the run directory
+  /// holds no checkpoint.
+  void start();
+  /// model.init_from's weights, or random ones.
+  void init_weights();
   /// Restores model, optimizer, step and loader from checkpoint `dir`; throws kiln::Error
   /// naming the manifest when its state is malformed or does not fit this run.
   void load_checkpoint(const std::filesystem::path& dir);
   void restore_from(const checkpoint::CheckpointReader& reader);
+  struct ResumePoint;
+  /// The integers of a checkpoint's state: in range or one line naming the key
+  /// (json_util.h).
+  static ResumePoint read_resume_point(const checkpoint::CheckpointReader& reader);
+  /// Throws kiln::Error naming the checkpoint unless it was saved by the same model,
+  /// seed, data and batch shape.
+  void check_same_run(const checkpoint::CheckpointReader& reader, const ResumePoint& saved) const;
+  /// The parameters and the fp32 master weights this rank holds, from `reader`.
+  void load_parameters(const checkpoint::CheckpointReader& reader);
   /// Rank 0, after load_checkpoint(): a rollback (checkpoints newer than the resumed step
   /// exist) moves them to ckpt/abandoned/ (checkpoint::move_checkpoints_aside), copies
   /// metrics.jsonl beside them and prepares the "rollback" record for metrics.jsonl.
   void abandon_newer_checkpoints(const std::filesystem::path& resumed_from);
+
+  // Checkpoints (trainer_checkpoint.cpp).
+  void save_checkpoint();
+  /// Throws kiln::Error unless the replicas (dp, tp, the tied copies over pipeline
+  /// stages) hold the same bits. Collective.
+  void check_replicas();
+  /// Adds this rank's tensors to `writer` (each element written by one rank only); their
+  /// host copies go to `keep`, which must outlive the write.
+  void add_tensors(checkpoint::CheckpointWriter& writer, std::vector<std::vector<float>>& keep);
+  /// The manifest's state: what exact resume needs and checks.
+  nlohmann::json checkpoint_state() const;
+  /// When to save, stop and prune (train.steps, [checkpoint], the exit interval).
+  CheckpointPolicy checkpoint_policy() const;
+
+  // The loop (trainer_run.cpp).
+  /// What one step tried measured.
+  struct TriedStep {
+    double loss = 0.0, grad_norm = 0.0;
+    float lr = 0.f;
+    double seconds = 0.0;      // wall time of the step
+    double comm_wait_s = 0.0;  // waiting for data-parallel communication
+  };
+  /// One step, timed and accounted (tp traffic, communication wait) in `acct`.
+  TriedStep timed_train_step(RunAccounting& acct);
+  /// Fetches this rank's share of the next global batch and runs the one training step.
+  double train_step(double* grad_norm);
+  LossScaler& scaler() { return one_step_->scaler(); }
+  /// What every update's metrics share: tokens, FLOPs, peak, the fp16 scaler.
+  StepMetrics update_constants() const;
+  /// Whether eval.every (or the last update) asks for an evaluation now.
+  bool eval_due() const;
+  /// An applied update's metrics.jsonl record (with memory: collective) and console line,
+  /// when log.every, the first or last update (`stop_at`) or an evaluation asks for them.
+  void log_update(const StepMetrics& m, MetricsLog* metrics, double comm_wait_s, int64_t stop_at,
+                  const RunAccounting& acct);
   void maybe_sample();
+  /// After an update: agrees over the world on stopping (a signal may reach only some
+  /// ranks), saves a checkpoint when `policy` says so; true (r.preempted) to stop.
+  bool checkpoint_or_stop(const CheckpointPolicy& policy, TrainResult& r);
+  /// The run's totals into `r`, the summaries printed, the closing line.
+  void finish_run(TrainResult& r, const RunAccounting& acct,
+                  std::chrono::steady_clock::time_point run_start);
+  /// Sums `values` over the dp x cp group, exactly in 64 bits (no-op for one rank).
+  void dp_cp_sum(std::span<double> values);
+  /// Per-rank memory by category, gathered to every rank: [rank][category] bytes.
+  std::vector<std::vector<int64_t>> memory_by_rank();
+
+  // The run's summaries (trainer_summary.cpp).
   void summarize_communication(TrainResult& r, int64_t timed_steps);
   /// r.tp_formula, and r.tp_measured from the run's sum over its `steps` training steps
   /// (skipped fp16 ones included); prints both.
@@ -126,13 +207,9 @@ class Trainer {
   /// r.pp_bubble_*: from this rank's compute (busy) and schedule (span) seconds over the
   /// timed steps, gathered from every rank. Collective over the world.
   void summarize_pipeline(TrainResult& r, double busy, double span);
-  void init_weights();
-  /// ", pipeline over N stages (...)" for the start-up line; "" for pp = 1.
-  std::string pipeline_description() const;
-  /// Sums `values` over the dp x cp group, exactly in 64 bits (no-op for one rank).
-  void dp_cp_sum(std::span<double> values);
-  /// Per-rank memory by category, gathered to every rank: [rank][category] bytes.
-  std::vector<std::vector<int64_t>> memory_by_rank();
+
+  bool is_rank0() const { return world_->rank() == 0; }
+  int dp_rank() const { return mesh_->coord()[Axis::DP]; }
 
   TrainConfig config_;
   TrainerOptions options_;
@@ -140,20 +217,13 @@ class Trainer {
   std::unique_ptr<DeviceMesh> mesh_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<profile::ProfileWindow> profile_;  // [profile] steps = [a, b]
-  std::unique_ptr<TrainStep> one_step_;  // owns model, data parallel and optimizer
-  Model* model_ = nullptr;
-  DataParallel* dp_ = nullptr;
-  AdamW* optimizer_ = nullptr;
+  /// The one step: owns the model, its data parallelism, the optimizer and the loss scaler.
+  std::unique_ptr<TrainStep> one_step_;
   std::unique_ptr<TrainData> train_data_;
   std::unique_ptr<TrainData> val_data_;  // the val split, opened once (unshuffled)
   std::filesystem::path run_dir_;
-  int dp_rank_ = 0, dp_size_ = 1, tp_rank_ = 0;
-  bool is_rank0_ = true;
-  int accum_ = 1;
-  int seq_len_ = 0;
   int64_t step_ = 0;
   double peak_flops_ = 0.0;
-  bool fp16_ = false;  // dynamic loss scaling (TrainStep's LossScaler)
   bool last_skipped_ = false;
   nlohmann::json rollback_record_;  // written first to metrics.jsonl by run(); null: none
 };

@@ -83,8 +83,9 @@ void check(const Row& row) {
   DeviceMesh mesh(world, {.dp = row.dp, .tp = row.tp});
   const int dp_rank = mesh.coord()[Axis::DP];
   LocalCommunicator alone("single");
-  TrainStep ref(config_of(row, true), be, alone);
-  TrainStep got(config_of(row, false), be, mesh.comm(Axis::DP), &mesh.comm(Axis::TP));
+  TrainStep ref(config_of(row, true), be, {.dp_cp = alone});
+  TrainStep got(config_of(row, false), be,
+                {.dp_cp = mesh.comm(Axis::DP), .tp = &mesh.comm(Axis::TP)});
   ref.init_weights(5);
   got.init_weights(5);
   const int accum_ref = kGlobal / kMicro, accum = accum_ref / row.dp, n = kMicro * kT;

@@ -180,7 +180,7 @@ TEST(Device, TheBatchIsStagedThroughTheBackendsStagingMemory) {
     std::unique_ptr<Backend> plain = make_backend("cpu");
     Backend& be = pass == 0 ? static_cast<Backend&>(probe) : *plain;
     LocalCommunicator single;
-    TrainStep step(config, be, single);
+    TrainStep step(config, be, {.dp_cp = single});
     ASSERT_EQ(step.grad_accum_steps(), 2);
     step.init_weights(5);
     if (pass == 0) {

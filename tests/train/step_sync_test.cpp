@@ -50,7 +50,7 @@ Counts run_updates(const Case& c, int L) {
   std::unique_ptr<Backend> cpu = make_backend("cpu");
   testing::CountingBackend be(*cpu);
   LocalCommunicator single;
-  TrainStep step(config, be, single);
+  TrainStep step(config, be, {.dp_cp = single});
   EXPECT_EQ(step.grad_accum_steps(), c.accum);
   step.init_weights(7);
   const size_t n = static_cast<size_t>(c.accum) * B * T;

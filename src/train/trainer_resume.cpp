@@ -1,0 +1,208 @@
+// Where a run starts: resuming a checkpoint (--resume: "auto", the newest complete one of
+// the run directory, or a checkpoint directory), checked to be the same run (model, seed,
+// data, batch shape), with a rollback's newer checkpoints moved aside; or, without one,
+// fresh weights (model.init_from's, or random ones).
+#include "checkpoint/checkpoint.h"
+#include "core/json_util.h"
+#include "train/model_io.h"
+#include "train/trainer.h"
+
+#include <fmt/format.h>
+
+namespace kiln {
+
+namespace fs = std::filesystem;
+
+std::optional<fs::path> Trainer::resume_dir() const {
+  const fs::path ckpt_root = run_dir_ / "ckpt";
+  if (options_.resume.empty()) return std::nullopt;
+  if (options_.resume != "auto") return fs::path(options_.resume);
+  std::optional<fs::path> dir = checkpoint::find_latest_checkpoint(ckpt_root);
+  // Checkpoints that all fail verification are not a fresh start: training from scratch
+  // would bury them (find_latest_checkpoint has said what is wrong with each).
+  KILN_CHECK(dir || checkpoint::list_checkpoint_dirs(ckpt_root).empty(),
+             "--resume auto: {} holds checkpoints but none is complete and intact (see the "
+             "warnings above); repair or move them, or choose another run.dir", ckpt_root.string());
+  if (!dir && options_.verbose)
+    fmt::print("kiln: --resume auto: no checkpoint in {}, starting fresh\n", ckpt_root.string());
+  return dir;
+}
+
+void Trainer::start() {
+  const std::optional<fs::path> dir = resume_dir();
+  if (dir) {
+    load_checkpoint(*dir);
+    if (is_rank0()) abandon_newer_checkpoints(*dir);
+    world_->barrier();
+    return;
+  }
+  const fs::path ckpt_root = run_dir_ / "ckpt";
+  KILN_CHECK(checkpoint::list_checkpoint_dirs(ckpt_root).empty(),
+             "{} already holds checkpoints: pass --resume auto to continue, or choose another "
+             "run.dir", ckpt_root.string());
+  init_weights();
+}
+
+void Trainer::init_weights() {
+  if (config_.model.init_from.empty()) {
+    one_step_->init_weights(static_cast<uint64_t>(config_.train.seed));
+    return;
+  }
+  // Each rank reads only the ranges it holds (all of every parameter below ZeRO-3).
+  const auto source = open_model_weights(config_.model.init_from, model_options_from(config_),
+                                         one_step_->model().params());
+  std::vector<float> buf;
+  for (const AdamWSegment& seg : one_step_->data_parallel().load_segments()) {
+    buf.resize(static_cast<size_t>(seg.size()));
+    for (const auto& run : seg.spec.tp.global_runs(seg.spec.shape, seg.begin, seg.end))
+      source->read(seg.spec, run.global_begin, run.global_end,
+                   buf.data() + (run.local_begin - seg.begin));
+    upload_f32(*backend_, seg.param, buf.data());
+  }
+  one_step_->optimizer().sync_master_from_params();
+  if (options_.verbose) fmt::print("kiln: initialised from {}\n", config_.model.init_from);
+}
+
+void Trainer::load_checkpoint(const fs::path& dir) {
+  checkpoint::CheckpointReader reader(dir);
+  try {
+    restore_from(reader);
+  } catch (const nlohmann::json::exception& e) {
+    KILN_FAIL("{}: the manifest's state is malformed ({})", (dir / "manifest.json").string(),
+              e.what());
+  }
+}
+
+/// The manifest state's integers.
+struct Trainer::ResumePoint {
+  int64_t seed = 0, seq_len = 0, global_batch = 0;
+  int64_t step = 0, optimizer_step = 0;
+  int64_t loader_epoch = 0, loader_index = 0;
+};
+
+Trainer::ResumePoint Trainer::read_resume_point(const checkpoint::CheckpointReader& reader) {
+  const auto& st = reader.state();
+  const std::string where = (reader.dir() / "manifest.json").string() + ": state";
+  auto integer = [&](const nlohmann::json& obj, const char* key, int64_t lo, int64_t hi) {
+    return json_integer_field(obj, key, where, lo, hi);
+  };
+  ResumePoint p;
+  p.seed = integer(st, "seed", INT64_MIN, INT64_MAX);
+  p.seq_len = integer(st, "seq_len", 1, INT32_MAX);
+  p.global_batch = integer(st, "global_batch", 1, INT32_MAX);
+  p.step = integer(st, "step", 0, INT64_MAX);
+  p.optimizer_step = integer(st, "optimizer_step", 0, p.step);
+  KILN_CHECK(st.is_object() && st.contains("loader"), "{}: no \"loader\"", where);
+  p.loader_epoch = integer(st.at("loader"), "epoch", 0, INT64_MAX);
+  p.loader_index = integer(st.at("loader"), "index", 0, INT64_MAX);
+  return p;
+}
+
+void Trainer::restore_from(const checkpoint::CheckpointReader& reader) {
+  const fs::path& dir = reader.dir();
+  const auto& st = reader.state();
+  const ResumePoint saved = read_resume_point(reader);
+  check_same_run(reader, saved);
+  load_parameters(reader);
+  AdamW& optimizer = one_step_->optimizer();
+  if (!load_optimizer_from_checkpoint(reader, optimizer) && options_.verbose)
+    fmt::print("kiln: {} holds no moving average of the weights (no 'ema.' tensors): "
+               "train.ema_decay = {} starts it from the checkpoint's weights\n", dir.string(),
+               config_.train.ema_decay);
+  optimizer.set_step_count(saved.optimizer_step);
+  step_ = saved.step;
+  if (scaler().enabled && st.contains("loss_scale")) {
+    scaler().scale = st.at("loss_scale").get<double>();
+    scaler().good_steps = st.value("loss_scale_good_steps", int64_t{0});
+    scaler().skipped_steps = st.value("skipped_steps", int64_t{0});
+  }
+  train_data_->set_state({saved.loader_epoch, saved.loader_index});
+  if (st.at("config_hash").get<std::string>() != config_.hash() && options_.verbose)
+    fmt::print("kiln: note: the config differs from the checkpoint's (see {}/config.toml)\n",
+               dir.string());
+  if (options_.verbose) fmt::print("kiln: resuming from {} (step {})\n", dir.string(), step_);
+}
+
+void Trainer::check_same_run(const checkpoint::CheckpointReader& reader,
+                             const ResumePoint& saved) const {
+  const fs::path& dir = reader.dir();
+  const auto& st = reader.state();
+  // The same model: every hyper-parameter the model records (n_head, say, changes no
+  // tensor shape but every result).
+  const nlohmann::json now = one_step_->model().config_json();
+  for (const auto& [key, value] : now.items())
+    KILN_CHECK(st.at("model").contains(key) ? st.at("model").at(key) == value : true,
+               "{}: saved with model.{} = {}, this run has {}; resume needs the same model "
+               "(start a new run with model.init_from to change it)", dir.string(), key,
+               st.at("model").at(key).dump(), value.dump());
+  // What fixes the data order must not change mid-run: the seed (the epoch's shuffle) and
+  // the data set (the token stream); batch shape below.
+  KILN_CHECK(saved.seed == config_.train.seed,
+             "{}: train.seed is {} but the checkpoint was saved with {}: the current epoch's data "
+             "order depends on it (resume with --set train.seed={}, or start a new run)",
+             dir.string(), config_.train.seed, saved.seed, saved.seed);
+  if (st.contains("data"))  // absent in checkpoints written before it was recorded
+    KILN_CHECK(st.at("data") == train_data_->fingerprint(),
+               "{}: data.dir {} holds other data than the checkpoint's ({} vs {}): resuming would "
+               "read other samples (use the same data, or start a new run)", dir.string(),
+               config_.data.dir, train_data_->fingerprint().dump(), st.at("data").dump());
+  KILN_CHECK(saved.seq_len == config_.train.seq_len && saved.global_batch == config_.train.global_batch,
+             "{}: saved with global_batch {} and seq_len {}, this run has {} and {}; exact resume "
+             "needs the same batch shape", dir.string(), saved.global_batch, saved.seq_len,
+             config_.train.global_batch, config_.train.seq_len);
+}
+
+void Trainer::load_parameters(const checkpoint::CheckpointReader& reader) {
+  const fs::path& dir = reader.dir();
+  // Whatever layout wrote it: each rank reads the ranges it holds. Low-precision
+  // parameters come from "lowp.<name>" when it was saved in this dtype (bitwise resume),
+  // else rounded from the fp32 values; fp32 masters from the fp32 values.
+  std::vector<float> buf;
+  for (const AdamWSegment& seg : one_step_->data_parallel().load_segments()) {
+    KILN_CHECK(reader.has(seg.spec.name), "{}: no tensor '{}'", dir.string(), seg.spec.name);
+    KILN_CHECK(reader.global_shape(seg.spec.name) == seg.spec.shape,
+               "{}: tensor '{}' has shape {}, the model expects {}", dir.string(), seg.spec.name,
+               reader.global_shape(seg.spec.name).str(), seg.spec.shape.str());
+    const std::string lowp = "lowp." + seg.spec.name;
+    if (seg.param.dtype() != DType::F32 && reader.has(lowp) && reader.dtype(lowp) == seg.param.dtype()) {
+      std::vector<uint8_t> bytes(seg.param.nbytes());
+      read_param_range(reader, lowp, seg.spec, seg.begin, seg.end, bytes.data(), seg.param.dtype());
+      backend_->copy_from_host(backend_->default_stream(), seg.param, bytes.data());
+    } else {
+      buf.resize(static_cast<size_t>(seg.size()));
+      read_param_range(reader, seg.spec.name, seg.spec, seg.begin, seg.end, buf.data(), DType::F32);
+      upload_f32(*backend_, seg.param, buf.data());
+    }
+  }
+  const AdamW& optimizer = one_step_->optimizer();
+  for (size_t i = 0; i < optimizer.segments().size(); ++i) {
+    const Tensor master = optimizer.master(i);
+    if (!master) continue;
+    const AdamWSegment& seg = optimizer.segments()[i];
+    buf.resize(static_cast<size_t>(seg.size()));
+    read_param_range(reader, seg.spec.name, seg.spec, seg.begin, seg.end, buf.data(), DType::F32);
+    backend_->copy_from_host(backend_->default_stream(), master, buf.data());
+  }
+}
+
+void Trainer::abandon_newer_checkpoints(const fs::path& resumed_from) {
+  const fs::path root = run_dir_ / "ckpt";
+  const auto moved = checkpoint::move_checkpoints_aside(root, step_);
+  if (moved.empty()) return;
+  // The abandoned run's metrics go with its checkpoints (the run's own metrics.jsonl
+  // drops the steps after step_ when it reopens).
+  const fs::path dest = moved.front().second.parent_path();
+  std::error_code ec;
+  if (fs::exists(run_dir_ / "metrics.jsonl", ec))
+    fs::copy_file(run_dir_ / "metrics.jsonl", dest / "metrics.jsonl", ec);
+  nlohmann::json steps = nlohmann::json::array();
+  for (const auto& [from, to] : moved)
+    steps.push_back(checkpoint::parse_checkpoint_dir_name(from.filename().string()).value_or(-1));
+  rollback_record_ = {{"step", step_}, {"event", "rollback"}, {"resumed_from", resumed_from.string()},
+                      {"abandoned_steps", steps}, {"moved_to", dest.string()}};
+  fmt::print(stderr, "kiln: rollback: resuming at step {} from {}; the {} newer checkpoint(s) (steps "
+             "{}) moved to {}\n", step_, resumed_from.string(), moved.size(), steps.dump(),
+             dest.string());
+}
+
+}  // namespace kiln
