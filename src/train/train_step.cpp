@@ -138,6 +138,14 @@ void TrainStep::build_model(const ModelOptions& options, const ModelStorage& sto
   KILN_CHECK(cp == 1 || local_shape_.find("positions"), "{}: parallel.cp = {}: model.arch = "
              "\"{}\" takes no \"positions\" input, which context parallelism needs (each rank "
              "holds chunks of the sequence)", config_.source, cp, model_->arch());
+  // What the data supplies, once: the required inputs, then the targets.
+  staged_ = shape_.required();
+  staged_.push_back(BatchInput{.name = "targets", .shape = shape_.targets, .dtype = DType::I32,
+                               .per_token = shape_.targets.ndim() == 2});
+  for (const BatchInput& in : staged_)
+    KILN_CHECK(cp == 1 || in.per_token, "{}: parallel.cp = {}: the batch input '{}' {} is not "
+               "laid out per token, so context parallelism cannot split it", config_.source, cp,
+               in.name, in.shape.str());
 }
 
 void TrainStep::wrap_data_parallel(const std::vector<int>& held_parts) {
@@ -243,9 +251,8 @@ void TrainStep::check_tied_copies() {
 
 Batch TrainStep::device_batch(int k) const {
   const DeviceBatch& d = device_batches_[static_cast<size_t>(k)];
-  const std::vector<BatchInput> required = local_shape_.required();
   Batch b;
-  for (size_t i = 0; i < required.size(); ++i) b.set(required[i].name, d.inputs[i]);
+  for (size_t i = 0; i < d.inputs.size(); ++i) b.set(staged_[i].name, d.inputs[i]);
   if (positions_) b.set("positions", positions_);
   b.targets = d.targets;
   return b;
@@ -279,15 +286,13 @@ void TrainStep::stage_micro_batch(const void* inputs, const int32_t* targets, in
   const DeviceBatch& d = device_batches_[static_cast<size_t>(k)];
   std::byte* host = static_cast<std::byte*>(staging_.raw()) + static_cast<int64_t>(slot) * staged_bytes();
   const auto* in = static_cast<const std::byte*>(inputs);
-  const std::vector<BatchInput> required = shape_.required();
-  for (size_t i = 0; i < required.size(); ++i) {
-    stage_rows(host, in, required[i]);
+  for (size_t i = 0; i < d.inputs.size(); ++i) {
+    stage_rows(host, in, staged_[i]);
     backend_.copy_from_host(s, d.inputs[i], host);
     host += d.inputs[i].nbytes();
-    in += required[i].nbytes();
+    in += staged_[i].nbytes();
   }
-  stage_rows(host, reinterpret_cast<const std::byte*>(targets),
-             BatchInput{.name = "targets", .shape = shape_.targets, .per_token = shape_.targets.ndim() == 2});
+  stage_rows(host, reinterpret_cast<const std::byte*>(targets), staged_.back());
   backend_.copy_from_host(s, d.targets, host);
 }
 
@@ -296,10 +301,8 @@ void TrainStep::stage_rows(std::byte* local, const std::byte* whole, const Batch
     std::memcpy(local, whole, static_cast<size_t>(in.nbytes()));
     return;
   }
-  // Under cp, this rank's chunks of each sequence: the columns cp_positions_ of [B, T, ...].
-  KILN_CHECK(in.per_token, "{}: parallel.cp = {}: the batch input '{}' {} is not laid out per "
-             "token, so context parallelism cannot split it", config_.source, cp(), in.name,
-             in.shape.str());
+  // Under cp, this rank's chunks of each sequence (every staged input is per token: checked
+  // at construction): the columns cp_positions_ of [B, T, ...].
   const int64_t B = in.shape[0], T = in.shape[1];
   const int64_t token_bytes = in.nbytes() / (B * T);
   cp_split_rows(local, whole, B, T, token_bytes, cp_positions_);

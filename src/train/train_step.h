@@ -205,7 +205,7 @@ class TrainStep {
   /// upload_micro_batch's copy through staging slot `slot`, without waiting.
   void stage_micro_batch(const void* inputs, const int32_t* targets, int k, int slot);
   /// local <- the whole host input `in` (whole sequences), or this rank's chunks of each
-  /// sequence under cp (throws kiln::Error naming an input that is not per token).
+  /// sequence under cp.
   void stage_rows(std::byte* local, const std::byte* whole, const BatchInput& in) const;
   /// Bytes of one staging slot (a local micro-batch's inputs and targets, 4-byte aligned).
   int64_t staged_bytes() const;
@@ -240,6 +240,7 @@ class TrainStep {
   int accum_ = 1;
   BatchShape shape_;        // the caller's micro-batch (whole sequences)
   BatchShape local_shape_;  // the model's: [B, T/cp] under cp, else shape_
+  std::vector<BatchInput> staged_;  // shape_'s required inputs then the targets, as staged
   /// This rank's targets of a host micro-batch (batch_shape().targets) not ignored.
   int64_t count_targets(const int32_t* targets) const;
   struct DeviceBatch {
