@@ -1,7 +1,7 @@
 // The TOML training config and its --set overrides: the input up to the first NUL byte is
 // the TOML text, each line after it one "section.key=value" override.
 #include "core/error.h"
-#include "train/config.h"
+#include "config/config.h"
 
 #include <string_view>
 #include <vector>

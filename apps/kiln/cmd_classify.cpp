@@ -7,7 +7,7 @@
 #include "data/image_dataset.h"
 #include "models/registry.h"
 #include "train/device.h"
-#include "train/model_io.h"
+#include "model_io/model_io.h"
 #include "train/train_data.h"
 
 #include <fmt/format.h>

@@ -1,6 +1,6 @@
 #include "apps/kiln/commands.h"
 #include "core/error.h"
-#include "train/model_io.h"
+#include "model_io/model_io.h"
 
 #include <fmt/format.h>
 

@@ -13,7 +13,7 @@
 #include "backend/registry.h"
 #include "core/error.h"
 #include "plan/memplan.h"
-#include "train/config.h"
+#include "config/config.h"
 #include "train/device.h"
 
 #include <fmt/format.h>

@@ -8,8 +8,8 @@
 #include "models/registry.h"
 #include "report/report.h"
 #include "train/device.h"
-#include "train/image_sampler.h"
-#include "train/model_io.h"
+#include "sampling/image_sampler.h"
+#include "model_io/model_io.h"
 
 #include <fmt/format.h>
 

@@ -3,8 +3,8 @@
 #include "core/error.h"
 #include "models/registry.h"
 #include "train/device.h"
-#include "train/model_io.h"
-#include "train/sampler.h"
+#include "model_io/model_io.h"
+#include "sampling/sampler.h"
 
 #include <fmt/format.h>
 

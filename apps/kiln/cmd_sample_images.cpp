@@ -6,8 +6,8 @@
 #include "data/image_dataset.h"
 #include "models/registry.h"
 #include "train/device.h"
-#include "train/image_sampler.h"
-#include "train/model_io.h"
+#include "sampling/image_sampler.h"
+#include "model_io/model_io.h"
 
 #include <fmt/format.h>
 

@@ -1,5 +1,5 @@
 #include "apps/kiln/commands.h"
-#include "train/config.h"
+#include "config/config.h"
 #include "train/trainer.h"
 
 namespace kiln::app {

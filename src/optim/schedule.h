@@ -1,7 +1,7 @@
 // Learning-rate schedules over optimizer updates: linear warmup, then cosine (Loshchilov &
 // Hutter 2017, "SGDR", without restarts), constant, or warmup-stable-decay (WSD: Hu et al.
 // 2024, "MiniCPM"). docs/config.md gives the formulas; the config keys map onto
-// LrSchedule in train/config.cpp (lr_schedule_of).
+// LrSchedule in config/config.cpp (lr_schedule_of).
 #pragma once
 
 #include <cstdint>

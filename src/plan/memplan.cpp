@@ -9,7 +9,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline_schedule.h"
 #include "plan/scratch_models.h"
-#include "train/model_io.h"
+#include "model_io/model_io.h"
 #include "train/train_data.h"
 #include "train/train_step.h"
 

@@ -16,7 +16,7 @@
 #include "comm/communicator.h"
 #include "comm/simulated_communicator.h"
 #include "core/allocator.h"
-#include "train/config.h"
+#include "config/config.h"
 
 #include <array>
 #include <cstdint>

@@ -3,7 +3,7 @@
 // --exit-interval`). Decisions only: the trainer writes (trainer_checkpoint.cpp).
 #pragma once
 
-#include "train/config.h"
+#include "config/config.h"
 
 #include <cstdint>
 #include <filesystem>

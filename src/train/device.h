@@ -7,7 +7,7 @@
 #include "backend/backend.h"
 #include "backend/options.h"
 #include "comm/communicator.h"
-#include "train/config.h"
+#include "config/config.h"
 
 #include <memory>
 #include <string>

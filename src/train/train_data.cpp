@@ -5,7 +5,7 @@
 #include "data/loader.h"
 #include "data/tokenizer.h"
 #include "models/registry.h"
-#include "train/model_io.h"
+#include "model_io/model_io.h"
 
 #include <fmt/format.h>
 

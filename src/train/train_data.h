@@ -12,7 +12,7 @@
 
 #include "data/visit_order.h"
 #include "models/model.h"
-#include "train/config.h"
+#include "config/config.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,8 +1,9 @@
 #include "train/train_step.h"
 
+#include "config/components.h"
 #include "core/error.h"
 #include "models/registry.h"
-#include "train/model_io.h"
+#include "model_io/model_io.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -41,7 +41,7 @@
 #include "parallel/tensor_parallel.h"
 #include "parallel/tp_plan.h"
 #include "models/registry.h"
-#include "train/config.h"
+#include "config/config.h"
 
 #include <cstdint>
 #include <memory>

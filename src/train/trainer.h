@@ -24,7 +24,7 @@
 #include "parallel/tp_traffic.h"
 #include "profile/summary.h"
 #include "train/checkpoint_policy.h"
-#include "train/config.h"
+#include "config/config.h"
 #include "train/metrics.h"
 #include "train/train_data.h"
 #include "train/train_step.h"

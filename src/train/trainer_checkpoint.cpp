@@ -5,7 +5,7 @@
 // resolved config and the tokenizer for `kiln sample`. Reading them back:
 // trainer_resume.cpp.
 #include "checkpoint/checkpoint.h"
-#include "train/model_io.h"
+#include "model_io/model_io.h"
 #include "train/trainer.h"
 #include "profile/tracer.h"
 

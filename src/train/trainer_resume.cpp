@@ -3,8 +3,9 @@
 // data, batch shape), with a rollback's newer checkpoints moved aside; or, without one,
 // fresh weights (model.init_from's, or random ones).
 #include "checkpoint/checkpoint.h"
+#include "config/components.h"
 #include "core/json_util.h"
-#include "train/model_io.h"
+#include "model_io/model_io.h"
 #include "train/trainer.h"
 
 #include <fmt/format.h>

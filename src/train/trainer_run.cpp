@@ -9,7 +9,7 @@
 #include "profile/tracer.h"
 #include "train/metrics_record.h"
 #include "train/run_accounting.h"
-#include "train/sampler.h"
+#include "sampling/sampler.h"
 
 #include <fmt/format.h>
 

@@ -17,7 +17,7 @@ report() { echo "layer violation: $1"; bad=1; }
 # safetensors and durable-file primitives, and only those.
 formats='^'"$src"'/models/(gpt2/formats|hf_formats)\.cpp:[0-9]+:#include "checkpoint/(safetensors|safetensors_folder|file_util)\.h"'
 while IFS= read -r line; do report "$line"; done < <(
-  grep -rnE '#include\s+"(backend/(cpu|cuda)/|comm/|parallel/|train/|data/|checkpoint/)' \
+  grep -rnE '#include\s+"(backend/(cpu|cuda)/|comm/|parallel/|train/|config/|model_io/|sampling/|data/|checkpoint/)' \
     "$src/models" "$src/nn" 2>/dev/null | grep -vE "$formats")
 while IFS= read -r line; do report "$line"; done < <(
   grep -rnE '#include\s+[<"](mpi\.h|nccl\.h)' "$src" 2>/dev/null | grep -v "^$src/comm/")

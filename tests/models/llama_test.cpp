@@ -3,13 +3,14 @@
 // forward, gradients bitwise equal under every checkpointing policy and with explicit
 // positions 0..T-1, and one-line config errors. Numerical correctness against PyTorch
 // is tests/golden/llama_golden_test.cpp.
+#include "config/components.h"
 #include "support/error_of.h"
 #include "backend/registry.h"
 #include "models/llama/config.h"
 #include "models/llama/llama.h"
 #include "models/registry.h"
-#include "train/config.h"
-#include "train/model_io.h"
+#include "config/config.h"
+#include "model_io/model_io.h"
 
 #include <gtest/gtest.h>
 

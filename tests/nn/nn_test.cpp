@@ -221,7 +221,7 @@ TEST(AttentionSpec, ImpossibleShapesAreAClearError) {
 // kernel by the row count, so even dx, row by row, may differ in the last bit: seen on
 // an AMD EPYC Zen 3); the chunk's rows from its size in MiB (a bad size a one-line error
 // naming train.classifier_chunk_mb; a value of the wrong type is the config's error,
-// tests/train/test_config.cpp).
+// tests/config/config_test.cpp).
 TEST(Classifier, ChunkSizeDoesNotChangeTheResult) {
   auto be = make_backend("cpu");
   const Stream s = be->default_stream();

@@ -1,6 +1,6 @@
 // AdamW's two update paths give the same bits: one adamw_multi_step per update (the
 // default) and, with AdamWConfig::multi_tensor off (optim.multi_tensor = false; a bad
-// value of that key is tests/train/test_config.cpp's), adamw_step and a copy per
+// value of that key is tests/config/config_test.cpp's), adamw_step and a copy per
 // segment. Over a few steps of a parameter set with and without weight decay, fp32 and
 // bf16 (with fp32 masters), whole parameters and ZeRO-like partial segments, with an EMA
 // and a device clipping scale; a stochastic-rounding bf16 optimizer keeps the

@@ -8,7 +8,7 @@
 // Env: KILN_BIN (the kiln executable), KILN_PLAN_WORK (a scratch directory).
 #include "data/idx.h"
 #include "plan/memplan.h"
-#include "train/config.h"
+#include "config/config.h"
 #include "train/trainer.h"
 
 #include <gtest/gtest.h>

@@ -8,9 +8,10 @@
 #include "backend/registry.h"
 #include "comm/communicator.h"
 #include "comm/local_communicator.h"
-#include "train/config.h"
+#include "config/components.h"
+#include "config/config.h"
 #include "train/device.h"
-#include "train/model_io.h"
+#include "model_io/model_io.h"
 #include "train/train_step.h"
 
 #include <gtest/gtest.h>

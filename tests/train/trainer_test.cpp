@@ -3,10 +3,11 @@
 // failures.
 #include "backend/registry.h"
 #include "checkpoint/checkpoint.h"
+#include "config/components.h"
 #include "models/gpt2/formats.h"
 #include "data/prepare.h"
-#include "train/config.h"
-#include "train/model_io.h"
+#include "config/config.h"
+#include "model_io/model_io.h"
 #include "train/trainer.h"
 
 #include <fmt/format.h>

@@ -5,7 +5,7 @@
 // ffn_hidden_size, num_key_value_heads = n_kv_head, rms_norm_eps = norm_eps, rope_theta
 // and rope_scaling {"rope_type": "llama3", factor, low_freq_factor, high_freq_factor,
 // original_max_position_embeddings} = rope, tie_word_embeddings = tie_embeddings.
-// The presets (llama3.2-1b, ..) live with the other presets in train/config.cpp.
+// The presets (llama3.2-1b, ..) are in its registry entry (arch.cpp).
 #pragma once
 
 #include "backend/backend.h"

@@ -1,4 +1,4 @@
-#include "train/sampler.h"
+#include "sampling/sampler.h"
 
 #include "core/rng.h"
 

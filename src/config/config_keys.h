@@ -1,11 +1,11 @@
-// The table of config keys (internal to src/train/config*.cpp): each entry knows its
+// The table of config keys (internal to src/config/config*.cpp): each entry knows its
 // name, where its value lives in TrainConfig, its allowed range or choices and its
 // description. The reader, the --set parser, to_toml() and config_keys() all walk it, so
 // adding a key is one line in config_keys.cpp plus one field in config.h (and a row in
 // docs/config.md).
 #pragma once
 
-#include "train/config.h"
+#include "config/config.h"
 
 #include <limits>
 #include <map>

@@ -1,6 +1,6 @@
 // model.init_from = a Hugging Face folder: its config.json gives the model's shape, as a
 // preset does, and explicit keys must agree with it (config_keys.h).
-#include "train/config_keys.h"
+#include "config/config_keys.h"
 
 #include "core/error.h"
 #include "models/hf_formats.h"

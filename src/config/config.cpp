@@ -1,8 +1,8 @@
 // The training configuration: TOML reading, --set overrides, preset (and Hugging Face
 // folder: config_hf.cpp) resolution, validation, to_toml()/hash() and the schedule's keys,
 // all driven by the key table (config_keys.h / config_keys.cpp).
-#include "train/config.h"
-#include "train/config_keys.h"
+#include "config/config.h"
+#include "config/config_keys.h"
 
 #include "models/registry.h"
 

@@ -1,4 +1,4 @@
-#include "train/config_keys.h"
+#include "config/config_keys.h"
 
 #include "models/registry.h"
 

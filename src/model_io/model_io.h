@@ -7,7 +7,6 @@
 #include "data/tokenizer.h"
 #include "models/registry.h"
 #include "optim/adamw.h"
-#include "train/config.h"
 
 #include <filesystem>
 #include <memory>
@@ -15,8 +14,6 @@
 
 namespace kiln {
 
-/// The [model] section of a training config, for make_model (models/registry.h).
-ModelOptions model_options_from(const TrainConfig& config);
 /// The architecture of a checkpoint's state: "arch", or "gpt2" for checkpoints written
 /// before it was recorded.
 std::string checkpoint_arch(const nlohmann::json& state);
@@ -24,9 +21,6 @@ std::string checkpoint_arch(const nlohmann::json& state);
 /// Throws kiln::Error when the architecture is unknown or its config invalid.
 ModelOptions checkpoint_model_options(const checkpoint::CheckpointReader& reader);
 
-/// The optimizer settings of a training config ([optim], train.stochastic_rounding and
-/// train.ema_decay).
-AdamWConfig adamw_config_from(const TrainConfig& config);
 
 
 /// Elements [begin, end) of the rank's tensor of `spec` (its tp slice, row-major; host

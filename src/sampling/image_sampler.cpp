@@ -1,4 +1,4 @@
-#include "train/image_sampler.h"
+#include "sampling/image_sampler.h"
 
 #include "checkpoint/file_util.h"
 #include "core/error.h"

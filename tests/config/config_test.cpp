@@ -1,7 +1,7 @@
 // Tests for the training configuration: errors, presets, overrides, round trip,
 // schedules, gradient accumulation and the shipped example configs.
 #include "support/error_of.h"
-#include "train/config.h"
+#include "config/config.h"
 #include "models/registry.h"
 
 #include <fmt/format.h>
