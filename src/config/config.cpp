@@ -344,10 +344,25 @@ void apply_override(const std::string& override_text, TrainConfig& config, Origi
   origins[name] = source;
 }
 
+// A preset fills the keys of its own architecture only: model.arch set explicitly to
+// another one is a one-line error naming both keys' sources and the arch's own presets.
+void check_preset_arch(const TrainConfig& c, const ModelPreset& p, const Origins& origins) {
+  const auto arch_origin = origins.find("model.arch");
+  if (arch_origin == origins.end() || c.model.arch == p.arch) return;
+  std::vector<std::string_view> own;
+  for (const ModelPreset& q : model_presets())
+    if (q.arch == c.model.arch) own.push_back(q.name);
+  KILN_FAIL("{}: key 'model.preset' ('{}') is a {} preset, but model.arch is '{}' ({}); {} "
+            "presets: {}", origins.at("model.preset"), p.name, p.arch, c.model.arch,
+            arch_origin->second, c.model.arch,
+            own.empty() ? std::string("none") : fmt::format("{}", fmt::join(own, ", ")));
+}
+
 // Fills the preset's values (for keys not given explicitly) and the derived defaults.
 void resolve(TrainConfig& c, const Origins& origins) {
   fill_model_from_hf_folder(c, origins);
   if (const std::optional<ModelPreset> p = find_model_preset(c.model.preset)) {
+    check_preset_arch(c, *p, origins);
     auto fill = [&](const char* name, int& field, int value) {
       if (!origins.contains(name)) field = value;
     };

@@ -277,6 +277,18 @@ TEST(TrainConfigPreset, FillsShapeAndExplicitKeysOverride) {
   EXPECT_EQ(c.model.n_embd, 1600);
 }
 
+TEST(TrainConfigPreset, AnotherArchitecturesPresetNamesBothKeys) {
+  EXPECT_EQ(load_error("[model]\narch = \"vit\"\n", {"model.preset=gpt2"}),
+            "--set: key 'model.preset' ('gpt2') is a gpt2 preset, but model.arch is 'vit' "
+            "(config.toml); vit presets: none");
+  EXPECT_EQ(load_error("[model]\narch = \"gpt2\"\npreset = \"llama3.2-1b\"\n"),
+            "config.toml: key 'model.preset' ('llama3.2-1b') is a llama preset, but model.arch is "
+            "'gpt2' (config.toml); gpt2 presets: gpt2, gpt2-medium, gpt2-large, gpt2-xl");
+  // A preset of the arch set explicitly is fine.
+  EXPECT_EQ(load_config_string("[model]\narch = \"llama\"\npreset = \"llama3.2-1b\"\n")
+                .model.n_kv_head, 8);
+}
+
 TEST(TrainConfigPreset, TableIsComplete) {
   auto presets = model_presets();
   ASSERT_EQ(presets.size(), 8u);
