@@ -82,6 +82,7 @@ void Trainer::set_up_mesh() {
   // Every rank must run the same config, the layout included: checked key by key before
   // the mesh is built from it.
   check_config_on_all_ranks(*world_, config_);
+  check_layout_supported(config_);  // before the data set opens
   mesh_ = std::make_unique<DeviceMesh>(*world_, MeshSizes{.dp = config_.parallel.dp,
                                                            .cp = config_.parallel.cp,
                                                            .tp = config_.parallel.tp,

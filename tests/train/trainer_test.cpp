@@ -4,10 +4,11 @@
 #include "backend/registry.h"
 #include "checkpoint/checkpoint.h"
 #include "config/components.h"
-#include "models/gpt2/formats.h"
-#include "data/prepare.h"
 #include "config/config.h"
+#include "data/prepare.h"
 #include "model_io/model_io.h"
+#include "models/gpt2/formats.h"
+#include "support/error_of.h"
 #include "train/trainer.h"
 
 #include <fmt/format.h>
@@ -447,6 +448,28 @@ TEST(Trainer, BadInputIsAClearError) {
     FAIL() << "expected a NaN error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("step 1"), std::string::npos) << e.what();
+  }
+}
+
+// A layout the architecture's registry entry does not support is refused from the config,
+// before the data set (here missing) is opened.
+TEST(Trainer, UnsupportedLayoutIsRefusedBeforeTheDataOpens) {
+  TempDir tmp;
+  struct Case {
+    int ParallelSection::*axis;
+    const char* says;
+  };
+  for (const Case& k : {Case{&ParallelSection::pp, "parallel.pp = 2: model.arch = \"vit\" does not "
+                                                   "run as pipeline stages (gpt2, llama do)"},
+                        Case{&ParallelSection::tp, "parallel.tp = 2: model.arch = \"vit\" takes no "
+                                                   "tensor-parallel plan (gpt2, llama do)"},
+                        Case{&ParallelSection::cp, "parallel.cp = 2: model.arch = \"vit\" takes no "
+                                                   "context-parallel plan (gpt2, llama do)"}}) {
+    TrainConfig c = tiny_config(tmp.path / "missing", tmp.path / "run", 2);
+    c.model.arch = "vit";
+    c.parallel.*k.axis = 2;
+    const std::string e = kiln::testing::error_of([&] { Trainer t(c, quiet()); });
+    EXPECT_NE(e.find(k.says), std::string::npos) << e;
   }
 }
 
