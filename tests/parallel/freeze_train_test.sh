@@ -11,6 +11,8 @@
 #      of the single process, the trained tensors within 1e-5;
 #   3. the tied wte frozen (embedding and output head) with block 1's MLP: pp2, where the
 #      first and the last stage each hold wte (full: dp2 ZeRO 3, tp2, dp2 x pp2 ZeRO 1);
+#      Llama (full): embedding, an attention, the final norm and the untied head frozen at
+#      tp2 + sp and ZeRO 3;
 #   4. resuming with another set of frozen parameters, and a pattern matching nothing, are
 #      one-line errors naming train.freeze.
 # Usage: freeze_train_test.sh KILN_BINARY WORK_DIR quick|full
@@ -54,9 +56,10 @@ EOF2
 
 train() { run_train "$work/tiny.toml" "$@"; }  # train RUN_NAME NP [--set ...]
 ckpt() { echo "$work/$1/ckpt/step_0000000$2"; }
-check() {  # check REF RUN LABEL: losses, then the trained tensors at the last step
+check() {  # check REF RUN LABEL [PREFIX]: losses, then the tensors PREFIX* (default
+           # transformer.) at the last step
   echo -n "$3: "; compare "$work/$1/metrics.jsonl" "$work/$2/metrics.jsonl"
-  echo -n "  "; compare_tensors "$(ckpt "$1" 8)" "$(ckpt "$2" 8)" transformer.
+  echo -n "  "; compare_tensors "$(ckpt "$1" 8)" "$(ckpt "$2" 8)" "${4:-transformer.}"
 }
 frozen_a=(--set "train.freeze=wpe,h.0.*,h.2.attn.*,ln_f.bias")
 frozen_b=(--set "train.freeze=wte,h.1.mlp.*")
@@ -118,6 +121,20 @@ if [ "$mode" = full ]; then
   check ref_b tp2_b "tied wte frozen tp=2"
   train dp2_pp2_b 4 "${frozen_b[@]}" --set parallel.pp=2 --set parallel.zero_stage=1
   check ref_b dp2_pp2_b "tied wte frozen dp=2 x pp=2 zero 1"
+fi
+
+# 3b. Llama (RMSNorm gains, no biases, untied head): the embedding, block 1's attention,
+# the final norm and the head frozen.
+if [ "$mode" = full ]; then
+  llama=(--set model.arch=llama --set model.n_kv_head=2 --set model.ffn_hidden_size=48
+         --set "train.freeze=embed_tokens,layers.1.self_attn.*,model.norm,lm_head")
+  train ref_l 1 "${llama[@]}"
+  echo -n "llama frozen, steps 4 and 8: "
+  compare_tensors "$(ckpt ref_l 4)" "$(ckpt ref_l 8)" lm_head. 0
+  train tp2_l 2 "${llama[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true
+  check ref_l tp2_l "llama frozen tp=2 sequence parallel" model.
+  train dp2_z3_l 2 "${llama[@]}" --set parallel.zero_stage=3
+  check ref_l dp2_z3_l "llama frozen dp=2 zero 3" model.
 fi
 
 # 4. Errors.
