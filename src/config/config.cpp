@@ -33,6 +33,7 @@ std::string_view type_name(const Ref& r) {
     case 2: return "float";
     case 3: return "string";
     case 5: return "boolean";
+    case 6: return "array of strings";
     default: return "array of integers";
   }
 }
@@ -44,6 +45,7 @@ std::string_view doc_type_name(const Ref& r) {
     case 2: return "float";
     case 3: return "string";
     case 5: return "bool";
+    case 6: return "string array";
     default: return "int array";
   }
 }
@@ -155,6 +157,11 @@ std::string format_value(const Ref& r) {
           return quote(*p);
         else if constexpr (std::is_same_v<T, std::vector<int64_t>>)
           return fmt::format("[{}]", fmt::join(*p, ", "));
+        else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+          std::vector<std::string> quoted;
+          for (const std::string& v : *p) quoted.push_back(quote(v));
+          return fmt::format("[{}]", fmt::join(quoted, ", "));
+        }
         else
           return fmt::format("{}", *p);
       },
@@ -205,6 +212,16 @@ void assign(const Key& key, const toml::node& node, TrainConfig& config, std::st
       if (!node.is_boolean()) wrong_type(source, key, r, toml_type_name(node));
       *std::get<bool*>(r) = node.as_boolean()->get();
       break;
+    case 6: {
+      if (!node.is_array()) wrong_type(source, key, r, toml_type_name(node));
+      std::vector<std::string> values;
+      for (const auto& el : *node.as_array()) {
+        if (!el.is_string()) wrong_type(source, key, r, "array containing " + toml_type_name(el));
+        values.push_back(el.as_string()->get());
+      }
+      *std::get<std::vector<std::string>*>(r) = std::move(values);
+      break;
+    }
     default: {
       if (!node.is_array()) wrong_type(source, key, r, toml_type_name(node));
       std::vector<int64_t> values;
@@ -337,6 +354,19 @@ void apply_override(const std::string& override_text, TrainConfig& config, Origi
       break;
     case 5:
       from_toml(value);  // true / false
+      break;
+    case 6:
+      if (!value.empty() && value.front() == '[') {
+        from_toml(value);
+      } else {  // a,b,c: unquoted strings; nothing: []
+        toml::array values;
+        for (size_t at = 0; !value.empty() && at <= value.size();) {
+          const size_t comma = std::min(value.find(',', at), value.size());
+          values.push_back(trim(value.substr(at, comma - at)));
+          at = comma + 1;
+        }
+        assign(*key, values, config, source);
+      }
       break;
     default:
       from_toml(value.empty() || value.front() != '[' ? "[" + value + "]" : value);

@@ -81,6 +81,7 @@ struct TrainSection {
   std::string activation_checkpointing = "none";  // "none" | "full" | "selective"
   double ema_decay = 0.0;                         // weights' moving average; 0 = none
   double classifier_chunk_mb = 16.0;  // MiB of fp32 logits per chunk of the fused loss
+  std::vector<std::string> freeze;    // glob patterns of the parameters to freeze
   bool operator==(const TrainSection&) const = default;
 };
 

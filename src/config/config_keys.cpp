@@ -128,6 +128,11 @@ const std::vector<Key>& keys() {
                  "logits never exist whole): larger chunks mean fewer passes over the head's "
                  "weight and its gradient and more activation memory; the loss is the same up "
                  "to rounding."),
+        any(KILN_KEY(train, freeze),
+            "Glob patterns of parameters to freeze (no gradient, optimizer state or "
+            "reduction; saved as before), over the checkpoint's parameter names: a pattern "
+            "matches a whole name, or the part after a dot, or a module (\"wte\", "
+            "\"h.0.*\", \"*.ln_1.*\"); each must match a parameter. [] = none."),
         any(KILN_KEY(backend, tf32),
             "cuda: fp32 GEMMs may use TF32 tensor cores (faster, ~1e-3 relative error); false "
             "= full fp32."),

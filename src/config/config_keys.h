@@ -19,7 +19,8 @@ namespace kiln::config_detail {
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // Where a key's value lives in a TrainConfig.
-using Ref = std::variant<int*, int64_t*, double*, std::string*, std::vector<int64_t>*, bool*>;
+using Ref = std::variant<int*, int64_t*, double*, std::string*, std::vector<int64_t>*, bool*,
+                         std::vector<std::string>*>;
 
 struct Key {
   std::string name;               // "section.key" or "section.table.key"

@@ -72,7 +72,9 @@ void load_model_weights(const checkpoint::CheckpointReader& reader, Model& model
   Backend& be = model.backend();
   std::vector<float> buf;
   for (const ParamSpec& p : model.params()) {
-    const std::string name = use_ema ? "ema." + p.name : p.name;
+    // A parameter frozen in training has no moving average: its weights are their own.
+    const bool ema = use_ema && reader.has("ema." + p.name);
+    const std::string name = ema ? "ema." + p.name : p.name;
     KILN_CHECK(reader.has(name), "{}: no tensor '{}'", reader.dir().string(), name);
     KILN_CHECK(reader.global_shape(name) == p.shape,
                "{}: tensor '{}' has shape {}, the model expects {}", reader.dir().string(), name,

@@ -53,7 +53,8 @@ void load_model_from_checkpoint(const checkpoint::CheckpointReader& reader, Mode
 bool checkpoint_has_ema(const checkpoint::CheckpointReader& reader);
 /// Reads a checkpoint's model weights into every parameter of `model` (for sampling,
 /// classifying, exporting): the trained parameters "<name>" (fp32, the master weights
-/// under mixed precision), or with `use_ema` their moving average "ema.<name>" instead.
+/// under mixed precision), or with `use_ema` their moving average "ema.<name>" instead
+/// (a parameter frozen in training has none: its "<name>").
 /// Throws kiln::Error naming the checkpoint directory when use_ema and the checkpoint has
 /// no EMA (trained with train.ema_decay = 0), or when a tensor is missing or its global
 /// shape differs from the model's.

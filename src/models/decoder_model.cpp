@@ -190,7 +190,7 @@ LossSum DecoderModel::forward_stage(const StagePass& p, float grad_scale) {
   nn::head_cross_entropy(be, s, *layers_.head_placement, x, layers_.head_weight->v(),
                          p.batch.targets, layers_.vocab_size, grad_scale,
                          with_grad ? a.dhead : Tensor(),
-                         with_grad ? layers_.head_weight->g() : Tensor(), shared_->head_scratch,
+                         with_grad ? layers_.head_weight->trainable_grad() : Tensor(), shared_->head_scratch,
                          loss_.target(be, p.batch));
   hooks().after_forward(head);
   return loss_.result(be, p.batch);

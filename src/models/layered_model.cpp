@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "nn/block.h"
 
+#include <algorithm>
 #include <map>
 
 namespace kiln {
@@ -21,6 +22,44 @@ LayerRoles layer_roles(std::string arch, const ParallelTables& tables,
   return r;
 }
 
+namespace {
+
+// Every parameter's owner (the first part listing it) and init stream (its number).
+using Owners = std::map<const nn::Param*, std::pair<int, uint64_t>>;
+
+// Appends part k's parameters whose trainable flag is `trainable` to `out` from `offset`
+// (advanced past them); returns whether it laid out a tied copy.
+bool place_params(const PartLayout& part, int k, const Owners& owner,
+                  const std::vector<bool>& is_held, bool trainable, const ModelPart& mp,
+                  int64_t& offset, FlatLayout& out) {
+  bool copies = false;
+  for (nn::Param* prm : part.params) {
+    const auto [o, stream] = owner.at(prm);
+    const bool copy = o != k;
+    if (copy && is_held[static_cast<size_t>(o)]) continue;  // laid out in its owner
+    if (prm->trainable != trainable) continue;
+    ParamSpec p;
+    p.name = prm->name;
+    p.shape = prm->shape;
+    p.tp = prm->tp;
+    p.tp_partial_grad = prm->tp_partial_grad;
+    p.offset = offset;
+    p.weight_decay = prm->weight_decay;
+    p.part = mp.index;
+    p.init_stream = stream;
+    p.tied_copy = copy;
+    p.trainable = trainable;
+    p.frozen_before = mp.frozen_before;
+    copies = copies || copy;
+    offset += p.local_shape().numel();
+    out.params.push_back(std::move(p));
+    out.layer_params.push_back(prm);
+  }
+  return copies;
+}
+
+}  // namespace
+
 FlatLayout lay_out(const std::vector<PartLayout>& parts, int64_t alignment,
                    const std::vector<int>& held) {
   KILN_CHECK(alignment >= 1, "part alignment must be >= 1, got {}", alignment);
@@ -30,8 +69,7 @@ FlatLayout lay_out(const std::vector<PartLayout>& parts, int64_t alignment,
     KILN_CHECK(k >= 0 && k < n_parts, "held part {} outside the model's {} parts", k, n_parts);
     is_held[static_cast<size_t>(k)] = true;
   }
-  // Every parameter's owner (the first part listing it) and init stream (its number).
-  std::map<const nn::Param*, std::pair<int, uint64_t>> owner;
+  Owners owner;
   for (int k = 0; k < n_parts; ++k)
     for (const nn::Param* prm : parts[static_cast<size_t>(k)].params)
       owner.try_emplace(prm, k, owner.size());
@@ -42,7 +80,7 @@ FlatLayout lay_out(const std::vector<PartLayout>& parts, int64_t alignment,
         lends[static_cast<size_t>(o)] = true;
   auto align = [&](int64_t x) { return (x + alignment - 1) / alignment * alignment; };
   FlatLayout out;
-  int64_t offset = 0;
+  int64_t offset = 0, frozen = 0;
   for (int k = 0; k < n_parts; ++k) {
     if (!is_held[static_cast<size_t>(k)]) continue;
     const PartLayout& part = parts[static_cast<size_t>(k)];
@@ -52,28 +90,22 @@ FlatLayout lay_out(const std::vector<PartLayout>& parts, int64_t alignment,
     mp.name = part.name;
     mp.cost = part.cost;
     mp.resident = part.resident || lends[static_cast<size_t>(k)];
+    mp.frozen_before = frozen;
     mp.begin = offset = align(offset);  // a part starts aligned
-    for (nn::Param* prm : part.params) {
-      const auto [o, stream] = owner.at(prm);
-      const bool copy = o != k;
-      if (copy && is_held[static_cast<size_t>(o)]) continue;  // laid out in its owner
-      ParamSpec p;
-      p.name = prm->name;
-      p.shape = prm->shape;
-      p.tp = prm->tp;
-      p.tp_partial_grad = prm->tp_partial_grad;
-      p.offset = offset;
-      p.weight_decay = prm->weight_decay;
-      p.part = mp.index;
-      p.init_stream = stream;
-      p.tied_copy = copy;
-      mp.resident = mp.resident || copy;
-      offset += p.local_shape().numel();
-      out.params.push_back(std::move(p));
-      out.layer_params.push_back(prm);
+    // The trainable parameters, then (aligned) the frozen ones: every part's gradient is
+    // its trainable region, a prefix of the part (all of it when nothing is frozen).
+    bool copies = place_params(part, k, owner, is_held, true, mp, offset, out);
+    const int64_t frozen_begin = mp.begin + align(offset - mp.begin);
+    int64_t frozen_end = frozen_begin;
+    copies = place_params(part, k, owner, is_held, false, mp, frozen_end, out) || copies;
+    if (frozen_end > frozen_begin) {
+      offset = frozen_end;
+      mp.frozen_size = align(frozen_end - frozen_begin);
     }
+    mp.resident = mp.resident || copies;
     mp.end = offset;
     mp.padded_end = mp.begin + align(mp.end - mp.begin);
+    frozen += mp.frozen_size;
     out.parts.push_back(mp);
   }
   return out;
@@ -94,7 +126,17 @@ void LayeredModel::build(const std::vector<PartLayout>& parts,
   for (OpFamily op : ops)
     KILN_CHECK(backend_.supports(op, storage_.dtype), "backend {} has no {} {}", backend_.name(),
                dtype_name(storage_.dtype), family_name(op));
+  if (!storage_.freeze.empty()) {
+    std::vector<nn::Param*> all;  // the whole model's, held or not, each once
+    for (const PartLayout& part : parts)
+      for (nn::Param* prm : part.params)
+        if (std::find(all.begin(), all.end(), prm) == all.end()) all.push_back(prm);
+    nn::freeze_matching(all, storage_.freeze, "train.freeze");
+  }
   FlatLayout layout = lay_out(parts, storage_.part_alignment, storage_.held_parts);
+  KILN_CHECK(std::any_of(layout.params.begin(), layout.params.end(),
+                         [](const ParamSpec& p) { return p.trainable; }) || layout.params.empty(),
+             "{}: every parameter is frozen (train.freeze): there is nothing to train", arch());
   params_ = std::move(layout.params);
   layer_params_ = std::move(layout.layer_params);
   parts_ = std::move(layout.parts);
@@ -111,9 +153,11 @@ void LayeredModel::build(const std::vector<PartLayout>& parts,
       bind_params(u.index, param_buffer_.view_at(u.begin, Shape{u.padded_size()}));
   }
   if (storage_.allocate_grads) {
-    grad_buffer_ = backend_.empty(Shape{flat_size()}, storage_.grad_dtype, MemCategory::Gradients);
+    grad_buffer_ = backend_.empty(Shape{grad_flat_size()}, storage_.grad_dtype,
+                                  MemCategory::Gradients);
     for (const ModelPart& u : parts_)
-      bind_grads(u.index, grad_buffer_.view_at(u.begin, Shape{u.padded_size()}));
+      if (u.grad_size() > 0)
+        bind_grads(u.index, grad_buffer_.view_at(u.grad_begin(), Shape{u.grad_size()}));
     zero_grad();
   }
 }
@@ -135,10 +179,10 @@ void LayeredModel::bind_params(int part, const Tensor& storage) {
 
 void LayeredModel::bind_grads(int part, const Tensor& storage) {
   const ModelPart& u = part_of(part);
-  if (storage) check_shape(storage, Shape{u.padded_size()}, "bind_grads storage");
+  if (storage) check_shape(storage, Shape{u.grad_size()}, "bind_grads storage");
   part_grads_[static_cast<size_t>(part)] = storage;
   for (size_t i = 0; i < params_.size(); ++i)
-    if (params_[i].part == part)
+    if (params_[i].part == part && params_[i].trainable)  // the trainable region: a prefix
       layer_params_[i]->grad =
           storage ? storage.view_at(params_[i].offset - u.begin, params_[i].local_shape()) : Tensor();
 }
@@ -150,6 +194,7 @@ Tensor LayeredModel::param(const ParamSpec& p) const {
 }
 
 Tensor LayeredModel::grad(const ParamSpec& p) const {
+  KILN_CHECK(p.trainable, "{}: {} is frozen (train.freeze): it has no gradient", arch(), p.name);
   const Tensor& t = part_grads_[static_cast<size_t>(p.part)];
   KILN_CHECK(t, "{}: gradient of {} is not bound (part {})", arch(), p.name, p.part);
   return t.view_at(p.offset - part_of(p.part).begin, p.local_shape());

@@ -25,7 +25,9 @@ struct PartLayout {
 
 /// The flat layout of the parts `held` (global indices, increasing; empty: every part) of
 /// a model declared as `parts`: parameters in order, each part starting at a multiple of
-/// `alignment` and padded to one. A tied parameter is laid out once, in its owner part;
+/// `alignment` and padded to one; a part's frozen parameters (nn::Param::trainable) come
+/// after its trainable ones, in a region of their own, also padded to the alignment
+/// (ModelPart::frozen_size; the gradient layout leaves it out). A tied parameter is laid out once, in its owner part;
 /// when the owner is not held but a user is, the user holds a copy (ParamSpec::tied_copy).
 /// A part is resident when it says so, owns a parameter a later held part uses, or holds
 /// a copy. Init streams number the whole model's parameters, whatever is held.
@@ -69,9 +71,12 @@ class LayeredModel : public Model {
 
  protected:
   LayeredModel(Backend& backend, const ModelStorage& storage);
-  /// Called once by the derived constructor after its layers exist: lays them out and
+  /// Called once by the derived constructor after its layers exist: freezes the
+  /// parameters ModelStorage::freeze names (the derived model may have frozen others
+  /// itself, clearing nn::Param::trainable before this call), lays them out and
   /// allocates (and binds) the flat buffers the storage asks for. Throws on a dtype the
-  /// backend cannot run `ops` in, or gradients in a dtype other than fp32 or dtype.
+  /// backend cannot run `ops` in, gradients in a dtype other than fp32 or dtype, a freeze
+  /// pattern matching no parameter, or every parameter frozen.
   void build(const std::vector<PartLayout>& parts, const std::vector<OpFamily>& ops);
   ModelHooks& hooks() const { return *hooks_; }
   /// The local index (ModelPart::index) of global part `global`; -1 when not held.

@@ -14,6 +14,24 @@ const ParamSpec& Model::spec(std::string_view name) const {
   KILN_FAIL("{} has no parameter named '{}'", arch(), name);
 }
 
+int64_t Model::grad_flat_size() const {
+  return parts().empty() ? 0 : parts().back().grad_begin() + parts().back().grad_size();
+}
+
+int64_t Model::trainable_elements() const {
+  int64_t n = 0;
+  for (const ParamSpec& p : params())
+    if (p.trainable && !p.tied_copy) n += p.shape.numel();
+  return n;
+}
+
+int64_t Model::frozen_elements() const {
+  int64_t n = 0;
+  for (const ParamSpec& p : params())
+    if (!p.trainable && !p.tied_copy) n += p.shape.numel();
+  return n;
+}
+
 void Model::init_weights(uint64_t seed) {
   for (size_t i = 0; i < params().size(); ++i) {
     const ParamSpec& p = params()[i];

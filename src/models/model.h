@@ -36,16 +36,27 @@
 
 namespace kiln {
 /// One part: [begin, end) of the flat layout holds its parameters, [end, padded_end) is
-/// zero padding up to the part alignment (see ModelStorage).
+/// zero padding up to the part alignment (see ModelStorage). With frozen parameters
+/// (ParamSpec::trainable) the part is two regions, each padded to the alignment: its
+/// trainable parameters first, [begin, padded_end - frozen_size), then its frozen ones,
+/// [padded_end - frozen_size, padded_end). Gradients exist for the trainable region
+/// only: the flat gradient layout is the parameter layout without the frozen regions
+/// (the part's gradient starts at grad_begin(), grad_size() long).
 struct ModelPart {
   int index = 0;        // 0 .. parts().size() - 1, in forward order
   int global_index = 0; // in the whole model (differs from index on a pipeline stage)
   std::string name;     // e.g. "embeddings", "h.3", "head"
   int64_t begin = 0, end = 0, padded_end = 0;
+  int64_t frozen_size = 0;    // elements of its frozen region (padding included); 0: none
+  int64_t frozen_before = 0;  // elements of the frozen regions of the parts before it
   double cost = 1.0;    // relative compute per token (balancing pipeline stages)
   bool resident = false;  // parameters used and gradient written from its forward to its
                           // backward (tied parameters, a loss gradient made in forward)
   int64_t padded_size() const { return padded_end - begin; }
+  /// Its gradient: grad_size() elements (the trainable region, padded) from grad_begin()
+  /// in the gradient layout.
+  int64_t grad_size() const { return padded_size() - frozen_size; }
+  int64_t grad_begin() const { return begin - frozen_before; }
 };
 
 /// How a model holds its parameters and gradients.
@@ -63,6 +74,9 @@ struct ModelStorage {
   /// The parts this model builds, by global index (a pipeline stage's chunks); empty: all.
   /// Parameter names, initial values and layer numbers stay those of the whole model.
   std::vector<int> held_parts;
+  /// Glob patterns of the parameters to freeze (train.freeze; nn::freeze_matching), over
+  /// the whole model's parameter names, held or not; each must match one.
+  std::vector<std::string> freeze;
 };
 
 /// Callbacks around each part (by ModelPart::index): forward visits 0, 1, .., P-1;
@@ -131,15 +145,23 @@ class Model {
   virtual const std::vector<ModelPart>& parts() const = 0;
   /// Elements of the flat layout (padding included).
   virtual int64_t flat_size() const = 0;
-  /// The flat parameter / gradient buffers; empty when not allocated (ModelStorage).
+  /// Elements of the flat gradient layout: flat_size() less the frozen regions.
+  int64_t grad_flat_size() const;
+  /// Elements of the parameters (each tied one once, padding and tp slicing aside: global
+  /// shapes) that train and that are frozen, of the parts this model holds.
+  int64_t trainable_elements() const;
+  int64_t frozen_elements() const;
+  /// The flat parameter [flat_size()] / gradient [grad_flat_size()] buffers; empty when
+  /// not allocated (ModelStorage).
   virtual const Tensor& param_buffer() const = 0;
   virtual const Tensor& grad_buffer() const = 0;
-  /// Points a part's parameters (or gradients) at `storage` [padded_size] until the
-  /// next bind; an empty Tensor unbinds. Using an unbound part throws.
+  /// Points a part's parameters at `storage` [padded_size()] (or its gradients at
+  /// `storage` [grad_size()]) until the next bind; an empty Tensor unbinds. Using an
+  /// unbound part throws. A frozen parameter's gradient is never bound.
   virtual void bind_params(int part, const Tensor& storage) = 0;
   virtual void bind_grads(int part, const Tensor& storage) = 0;
   /// A parameter (or its gradient) as a view of its part's storage. Throws kiln::Error
-  /// naming an unknown or unbound parameter.
+  /// naming an unknown or unbound parameter, or the gradient of a frozen one.
   virtual Tensor param(const ParamSpec& p) const = 0;
   virtual Tensor grad(const ParamSpec& p) const = 0;
   Tensor param(std::string_view name) const { return param(spec(name)); }

@@ -63,14 +63,24 @@ void TokenPositionEmbedding::forward(Backend& be, Stream s, const Tensor& out,
 void TokenPositionEmbedding::backward(Backend& be, Stream s, const Tensor& dout,
                                       const Tensor& tokens, const Tensor& positions,
                                       const Tensor& work) const {
-  const Tensor dwpe = learned_positions() ? wpe.g() : Tensor();
-  if (!placement_.active()) return be.embedding_backward(s, wte.g(), dwpe, dout, tokens, positions);
+  const Tensor dwpe = learned_positions() ? wpe.trainable_grad() : Tensor();
+  if (!wte.trainable && !dwpe) return;  // frozen: no scatter (the same on every tp rank)
+  const Tensor dwte = wte.trainable ? wte.g() : frozen_table_grad(be, s, dwpe);
+  if (!placement_.active()) return be.embedding_backward(s, dwte, dwpe, dout, tokens, positions);
   const Tensor local = local_tokens(be, s, tokens);
   if (!placement_.sequence_parallel) {  // reduce_from_tp's backward: identity
-    return be.embedding_backward(s, wte.g(), dwpe, dout, local, positions);
+    return be.embedding_backward(s, dwte, dwpe, dout, local, positions);
   }
   tp_backward(TpComm::ReduceScatterToSp, *placement_.group, be, s, work, dout);  // all_gather
-  be.embedding_backward(s, wte.g(), dwpe, work, local, positions);
+  be.embedding_backward(s, dwte, dwpe, work, local, positions);
+}
+
+Tensor TokenPositionEmbedding::frozen_table_grad(Backend& be, Stream s, const Tensor& dwpe) const {
+  // The backend scatters both tables in one op: a frozen wte beside a trainable wpe
+  // takes a zeroed scratch of wte's size, written and never read.
+  Tensor scratch = be.empty(wte.local_shape(), dwpe.dtype(), MemCategory::Temporaries);
+  be.fill(s, scratch, 0.f);
+  return scratch;
 }
 
 void TokenPositionEmbedding::collect(std::vector<Param*>& out) {

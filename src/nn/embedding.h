@@ -52,6 +52,8 @@ class TokenPositionEmbedding {
  private:
   /// tokens as this vocab-parallel rank sees them (shard_ids), in a new int32 [B,T].
   Tensor local_tokens(Backend& be, Stream s, const Tensor& tokens) const;
+  /// A frozen wte's stand-in gradient beside a trainable wpe's (dwpe): zeroed scratch.
+  Tensor frozen_table_grad(Backend& be, Stream s, const Tensor& dwpe) const;
   TpPlacement placement_;
 };
 

@@ -60,15 +60,18 @@ void Linear::forward(Backend& be, Stream s, const Tensor& out, const Tensor& inp
 
 void Linear::backward(Backend& be, Stream s, const Tensor& dinp, const Tensor& dout,
                       const Tensor& inp, const Tensor& work) const {
-  const Tensor db = has_bias_ ? bias.g() : Tensor();
+  // A frozen weight or bias has no gradient: linear_backward skips the empty outputs.
+  const Tensor dw = weight.trainable_grad();
+  const Tensor db = has_bias_ ? bias.trainable_grad() : Tensor();
+  if (!dinp && !dw && !db) return;  // nothing wanted (the same on every tp rank)
   if (!placement_.active()) {
-    return be.linear_backward(s, dinp, weight.g(), db, dout, inp, weight.v());
+    return be.linear_backward(s, dinp, dw, db, dout, inp, weight.v());
   }
   TpGroup& g = *placement_.group;
   const bool sp = placement_.sequence_parallel;
   if (placement_.style == TpStyle::Column) {
     if (!sp) {
-      be.linear_backward(s, dinp, weight.g(), db, dout, inp, weight.v());
+      be.linear_backward(s, dinp, dw, db, dout, inp, weight.v());
       if (dinp) tp_backward(TpComm::CopyToTp, g, be, s, dinp, dinp);  // all_reduce
       return;
     }
@@ -76,17 +79,17 @@ void Linear::backward(Backend& be, Stream s, const Tensor& dinp, const Tensor& d
     const Tensor full = rows_of(work, in_);
     const Tensor dout2 = rows_of(dout, local_out());
     tp_forward(TpComm::GatherFromSp, g, be, s, full, rows_of(inp, in_));
-    be.linear_backward(s, Tensor(), weight.g(), db, dout2, full, weight.v());
+    if (dw || db) be.linear_backward(s, Tensor(), dw, db, dout2, full, weight.v());
     if (!dinp) return;
     // The partial input gradient overwrites the gathered input (no longer read: with
     // dweight empty, linear_backward uses inp for its shape only).
     be.linear_backward(s, full, Tensor(), Tensor(), dout2, full, weight.v());
     return tp_backward(TpComm::GatherFromSp, g, be, s, rows_of(dinp, in_), full);  // reduce_scatter
   }
-  if (!sp) return be.linear_backward(s, dinp, weight.g(), db, dout, inp, weight.v());
+  if (!sp) return be.linear_backward(s, dinp, dw, db, dout, inp, weight.v());
   const Tensor full = rows_of(work, out_);
   tp_backward(TpComm::ReduceScatterToSp, g, be, s, full, rows_of(dout, out_));  // all_gather
-  be.linear_backward(s, dinp ? rows_of(dinp, local_in()) : Tensor(), weight.g(), db, full,
+  be.linear_backward(s, dinp ? rows_of(dinp, local_in()) : Tensor(), dw, db, full,
                      rows_of(inp, local_in()), weight.v());
 }
 

@@ -38,10 +38,21 @@ void Norm::forward_into(Backend& be, Stream s, const Tensor& out, const Tensor& 
 void Norm::backward(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& dinp,
                     const Tensor& dout, const Tensor& inp) const {
   if (spec_.kind == NormKind::LayerNorm)
-    be.layernorm_backward(s, dinp, opt_grad(weight), opt_grad(bias), dout, inp,
+    be.layernorm_backward(s, dinp, opt_grad(be, s, weight), opt_grad(be, s, bias), dout, inp,
                           opt_value(weight), saved[1], saved[2]);
   else
-    be.rmsnorm_backward(s, dinp, opt_grad(weight), dout, inp, opt_value(weight), saved[1]);
+    be.rmsnorm_backward(s, dinp, opt_grad(be, s, weight), dout, inp, opt_value(weight), saved[1]);
+}
+
+Tensor Norm::opt_grad(Backend& be, Stream s, const Param& p) const {
+  if (!p.shape.ndim()) return Tensor();
+  if (p.trainable) return p.g();
+  // The fused kernels write both gradients in one dtype: the trainable one's, if any.
+  const Param* other = &p == &weight ? &bias : &weight;
+  const DType dtype = other->shape.ndim() && other->trainable ? other->g().dtype() : DType::F32;
+  Tensor scratch = be.empty(p.local_shape(), dtype, MemCategory::Temporaries);
+  be.fill(s, scratch, 0.f);
+  return scratch;
 }
 
 void Norm::shard(const TpPlacement& placement) {

@@ -58,7 +58,9 @@ class Norm {
 
  private:
   Tensor opt_value(const Param& p) const { return p.shape.ndim() ? p.v() : Tensor(); }
-  Tensor opt_grad(const Param& p) const { return p.shape.ndim() ? p.g() : Tensor(); }
+  /// The gradient of a gain or shift: empty when absent; when frozen, a zeroed [C]
+  /// scratch that the backend's fused kernel writes and nothing reads.
+  Tensor opt_grad(Backend& be, Stream s, const Param& p) const;
   int64_t C_;
   NormSpec spec_;
 };

@@ -2,6 +2,8 @@
 
 #include "core/rng.h"
 
+#include <fnmatch.h>
+
 #include <algorithm>
 
 namespace kiln::nn {
@@ -25,6 +27,32 @@ std::vector<float> init_values(const Param& p, uint64_t seed, uint64_t stream, i
     for (int64_t i = z; i < end; ++i) host[static_cast<size_t>(i - begin)] = 0.f;
   }
   return host;
+}
+
+bool freeze_pattern_matches(const std::string& pattern, const std::string& name) {
+  const std::string module = pattern + ".*";
+  for (size_t start = 0; start != std::string::npos;) {
+    const char* tail = name.c_str() + start;
+    if (fnmatch(pattern.c_str(), tail, 0) == 0 || fnmatch(module.c_str(), tail, 0) == 0)
+      return true;
+    start = name.find('.', start);
+    if (start != std::string::npos) ++start;
+  }
+  return false;
+}
+
+void freeze_matching(const std::vector<Param*>& params, const std::vector<std::string>& patterns,
+                     const std::string& key) {
+  for (const std::string& pattern : patterns) {
+    bool matched = false;
+    for (Param* p : params) {
+      if (!freeze_pattern_matches(pattern, p->name)) continue;
+      p->trainable = false;
+      matched = true;
+    }
+    KILN_CHECK(matched, "{}: the pattern \"{}\" matches no parameter of the model", key,
+               pattern);
+  }
 }
 
 }  // namespace kiln::nn

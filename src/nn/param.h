@@ -6,6 +6,13 @@
 // buffer, or a ZeRO-3 gather); a layer reads them through value() and grad(), which
 // throw when the part is not bound. Initial values are drawn on the host from Philox by
 // global element coordinates (init_values), so every layout initialises identically.
+//
+// Freezing: a Param with `trainable` false has no gradient (grad stays unbound: the
+// model lays out no gradient storage for it), no optimizer state and no part in any
+// reduction; a layer's backward skips its weight gradient (trainable_grad() is empty)
+// but still propagates the input gradient. Model code freezes a parameter by clearing
+// the flag before the model's layout is built (LayeredModel::build); the config's
+// train.freeze patterns do the same through freeze_matching().
 #pragma once
 
 #include "core/error.h"
@@ -40,7 +47,9 @@ struct Param {
   bool weight_decay = false;  // matrices decay; biases and norm gains do not
   TpSlice tp;                 // the elements this tp rank holds (whole when replicated)
   bool tp_partial_grad = false;  // grad is this rank's partial sum: reduce over tp once
-  Tensor value, grad;         // bound views of local_shape() (empty while not bound)
+  bool trainable = true;      // false: frozen (no gradient, optimizer state or reduction)
+  Tensor value, grad;         // bound views of local_shape() (empty while not bound; grad
+                              // always empty when frozen)
 
   Param() = default;
   Param(std::string n, Shape s, Init i, bool decay)
@@ -53,10 +62,25 @@ struct Param {
     return value;
   }
   const Tensor& g() const {
+    KILN_CHECK(trainable, "{} is frozen: it has no gradient", name);
     KILN_CHECK(grad, "gradient of {} is not bound", name);
     return grad;
   }
+  /// The bound gradient (as g()), or an empty Tensor when frozen: what a layer's backward
+  /// passes as a weight gradient, so that the backend skips it.
+  Tensor trainable_grad() const { return trainable ? g() : Tensor(); }
 };
+
+/// Freezes (trainable = false) every parameter of `params` whose name matches one of the
+/// glob `patterns` (fnmatch, `*` also matching dots). A pattern matches a name when it,
+/// or the pattern followed by ".*", matches the whole name or a part of it that starts
+/// after a dot: "wte" and "h.0.*" match "transformer.wte.weight" and
+/// "transformer.h.0.attn.c_attn.weight". Throws kiln::Error naming `key` and the pattern
+/// when a pattern matches no parameter.
+void freeze_matching(const std::vector<Param*>& params, const std::vector<std::string>& patterns,
+                     const std::string& key);
+/// Whether `pattern` matches parameter `name` (the rule of freeze_matching).
+bool freeze_pattern_matches(const std::string& pattern, const std::string& name);
 
 /// Elements [begin, end) (row-major, of the global tensor) of `p`'s initial values, for
 /// Philox `seed` and stream `stream` (the model gives each parameter its own stream):

@@ -22,8 +22,15 @@ struct ParamSpec {
   bool tied_copy = false;     // a copy of a tied parameter whose owner part lives on another
                               // pipeline stage (GPT-2's wte beside the head): kept bitwise
                               // equal to the owner, saved and counted in norms by the owner
+  bool trainable = true;      // false: frozen (nn::Param::trainable): no gradient storage,
+                              // optimizer state, reduction or norm term; saved as before
+  int64_t frozen_before = 0;  // elements of frozen regions (ModelPart::frozen_size) before
+                              // it in the flat layout: its gradient's offset is
+                              // offset - frozen_before in the gradient layout
   /// The shape this rank stores: `shape`, or its tp slice.
   Shape local_shape() const { return tp.local_shape(shape); }
+  /// Where its gradient starts in the flat gradient layout (trainable parameters only).
+  int64_t grad_offset() const { return offset - frozen_before; }
 };
 
 }  // namespace kiln

@@ -8,9 +8,10 @@ std::vector<AdamWSegment> whole_segments(const std::vector<ParamSpec>& params,
                                          const Tensor& param_buffer, const Tensor& grad_buffer) {
   std::vector<AdamWSegment> out;
   for (const ParamSpec& p : params) {
+    if (!p.trainable) continue;  // frozen: no gradient, no optimizer state
     const int64_t n = p.local_shape().numel();
     out.push_back({p, 0, n, param_buffer.view_at(p.offset, Shape{n}),
-                   grad_buffer.view_at(p.offset, Shape{n})});
+                   grad_buffer.view_at(p.grad_offset(), Shape{n})});
   }
   return out;
 }

@@ -55,14 +55,16 @@ struct AdamWSegment {
   int64_t size() const { return end - begin; }
 };
 
-/// Segments covering every parameter whole, in flat buffers laid out by `params`.
+/// Segments covering every trainable parameter whole, in flat buffers laid out by
+/// `params` (the gradient at ParamSpec::grad_offset()); frozen parameters have none.
 std::vector<AdamWSegment> whole_segments(const std::vector<ParamSpec>& params,
                                          const Tensor& param_buffer, const Tensor& grad_buffer);
 
 class AdamW {
  public:
   AdamW(Backend& backend, std::vector<AdamWSegment> segments, const AdamWConfig& config);
-  /// Every parameter of flat buffers laid out by `params` (single process, ZeRO-0).
+  /// Every trainable parameter of flat buffers laid out by `params` (single process,
+  /// ZeRO-0).
   AdamW(Backend& backend, const std::vector<ParamSpec>& params, const Tensor& param_buffer,
         const Tensor& grad_buffer, const AdamWConfig& config);
 

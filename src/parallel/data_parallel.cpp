@@ -35,23 +35,27 @@ DataParallel::DataParallel(Model& model, Communicator& comm, int zero_stage, dou
                  static_cast<bool>(model.grad_buffer()) == want.allocate_grads,
              "DataParallel: the model was not built with zero_model_storage({}, {})", zero_stage,
              world_);
-  int64_t shard = 0;
+  int64_t shard = 0, grad_shard = 0;
   for (const ModelPart& mp : model.parts()) {
     Part part;
     part.index = mp.index;
     part.resident = mp.resident;
     part.begin = mp.begin;
-    part.end = mp.end;
     part.padded = mp.padded_size();
-    KILN_CHECK(stage_ == 0 || part.padded % world_ == 0, "part {} ({}) is not aligned to {} ranks",
-               mp.index, mp.name, world_);
-    part.S = stage_ == 0 ? part.padded : part.padded / world_;
+    part.grad_begin = mp.grad_begin();
+    part.T = mp.grad_size();
+    KILN_CHECK(stage_ == 0 || (part.T % world_ == 0 && mp.frozen_size % world_ == 0),
+               "part {} ({}) is not aligned to {} ranks", mp.index, mp.name, world_);
+    part.S = stage_ == 0 ? part.T : part.T / world_;
+    part.Sf = stage_ == 0 ? mp.frozen_size : mp.frozen_size / world_;
     part.shard_offset = shard;
-    shard += part.S;
+    part.grad_shard_offset = grad_shard;
+    shard += part.S + part.Sf;
+    grad_shard += part.S;
     parts_.push_back(part);
   }
   if (stage_ >= 2) {
-    grad_shard_ = backend_.empty(Shape{shard}, model.grad_dtype(), MemCategory::Gradients);
+    grad_shard_ = backend_.empty(Shape{grad_shard}, model.grad_dtype(), MemCategory::Gradients);
     backend_.fill(backend_.default_stream(), grad_shard_, 0.f);
   }
   if (stage_ == 3) {
@@ -62,9 +66,9 @@ DataParallel::DataParallel(Model& model, Communicator& comm, int zero_stage, dou
     std::vector<int> current;
     int64_t size = 0;
     for (int p = static_cast<int>(parts_.size()) - 1; p >= 0; --p) {
-      current.push_back(p);
-      size += part_at(p).padded;
-      if (size >= bucket_elems_ || p == 0) {
+      if (part_at(p).T > 0) current.push_back(p);  // a frozen part has nothing to reduce
+      size += part_at(p).T;
+      if ((size >= bucket_elems_ || p == 0) && !current.empty()) {
         buckets_.push_back(current);
         current.clear();
         size = 0;
@@ -82,31 +86,54 @@ DataParallel::~DataParallel() {
   model_.set_hooks(nullptr);
 }
 
+void DataParallel::add_slice(const ParamSpec& p, std::vector<AdamWSegment>& out) const {
+  const Part& part = parts_[static_cast<size_t>(p.part)];
+  const int64_t s0 = p.trainable ? part.slice_begin(rank_) : part.frozen_slice_begin(rank_);
+  const int64_t s1 = s0 + (p.trainable ? part.S : part.Sf);
+  const int64_t a = std::max(s0, p.offset), b = std::min(s1, p.offset + p.local_shape().numel());
+  if (a >= b) return;
+  AdamWSegment seg;
+  seg.spec = p;
+  seg.begin = a - p.offset;
+  seg.end = b - p.offset;
+  const Shape n{b - a};
+  const int64_t in_shard = part.shard_offset + (p.trainable ? 0 : part.S) + (a - s0);
+  seg.param = stage_ == 3 ? param_shard_.view_at(in_shard, n) : model_.param_buffer().view_at(a, n);
+  if (p.trainable)
+    seg.grad = stage_ >= 2 ? grad_shard_.view_at(part.grad_shard_offset + (a - s0), n)
+                           : model_.grad_buffer().view_at(a - p.frozen_before, n);
+  out.push_back(seg);
+}
+
 std::vector<AdamWSegment> DataParallel::optimizer_segments() const {
   if (stage_ == 0) return whole_segments(model_.params(), model_.param_buffer(), model_.grad_buffer());
   std::vector<AdamWSegment> out;
+  for (const ParamSpec& p : model_.params())
+    if (p.trainable) add_slice(p, out);
+  return out;
+}
+
+std::vector<AdamWSegment> DataParallel::frozen_segments() const {
+  std::vector<AdamWSegment> out;
   for (const ParamSpec& p : model_.params()) {
-    const Part& part = parts_[static_cast<size_t>(p.part)];
-    const int64_t s0 = part.slice_begin(rank_), s1 = s0 + part.S;
-    const int64_t a = std::max(s0, p.offset), b = std::min(s1, p.offset + p.local_shape().numel());
-    if (a >= b) continue;
-    AdamWSegment seg;
-    seg.spec = p;
-    seg.begin = a - p.offset;
-    seg.end = b - p.offset;
-    const Shape n{b - a};
-    const int64_t in_shard = part.shard_offset + (a - s0);
-    seg.param = stage_ == 3 ? param_shard_.view_at(in_shard, n) : model_.param_buffer().view_at(a, n);
-    seg.grad = stage_ >= 2 ? grad_shard_.view_at(in_shard, n) : model_.grad_buffer().view_at(a, n);
-    out.push_back(seg);
+    if (p.trainable) continue;
+    if (stage_ == 3) {
+      add_slice(p, out);
+      continue;
+    }
+    const int64_t n = p.local_shape().numel();
+    out.push_back({p, 0, n, model_.param_buffer().view_at(p.offset, Shape{n}), Tensor()});
   }
   return out;
 }
 
 std::vector<AdamWSegment> DataParallel::load_segments() const {
-  if (stage_ == 3) return optimizer_segments();
   std::vector<AdamWSegment> out;
   for (const ParamSpec& p : model_.params()) {
+    if (stage_ == 3) {
+      add_slice(p, out);
+      continue;
+    }
     const int64_t n = p.local_shape().numel();
     out.push_back({p, 0, n, model_.param_buffer().view_at(p.offset, Shape{n}), Tensor()});
   }
@@ -119,7 +146,7 @@ void DataParallel::init_weights(uint64_t seed) {
     return;
   }
   // Only this rank's elements, by their global coordinates (a tp slice's in runs).
-  const auto segs = optimizer_segments();
+  const auto segs = load_segments();
   size_t k = 0;
   for (size_t i = 0; i < model_.params().size(); ++i) {
     const ParamSpec& p = model_.params()[i];
@@ -155,7 +182,8 @@ void DataParallel::defer_reduction(const std::vector<int>& parts) {
 }
 
 void DataParallel::bind_whole_grads(Part& part) {
-  part.grads = backend_.empty(Shape{part.padded}, model_.grad_dtype(), MemCategory::Gradients);
+  if (part.T == 0) return;  // every parameter frozen: no gradient
+  part.grads = backend_.empty(Shape{part.T}, model_.grad_dtype(), MemCategory::Gradients);
   backend_.fill(backend_.default_stream(), part.grads, 0.f);
   model_.bind_grads(part.index, part.grads);
 }
@@ -167,23 +195,29 @@ void DataParallel::gather(int index, bool wait) {
   Part& part = part_at(index);
   if (!part.params) {
     part.params = backend_.empty(Shape{part.padded}, model_.dtype(), MemCategory::Parameters);
-    part.gather_work = comm_.all_gather_async(
-        part.params, param_shard_.view_at(part.shard_offset, Shape{part.S}),
-        backend_.default_stream());
+    const Stream s = backend_.default_stream();
+    if (part.S > 0)  // the trainable region, then the frozen one
+      part.gather_works.push_back(comm_.all_gather_async(
+          part.params.view_at(0, Shape{part.T}),
+          param_shard_.view_at(part.shard_offset, Shape{part.S}), s));
+    if (part.Sf > 0)
+      part.gather_works.push_back(comm_.all_gather_async(
+          part.params.view_at(part.T, Shape{part.padded - part.T}),
+          param_shard_.view_at(part.shard_offset + part.S, Shape{part.Sf}), s));
   }
-  if (wait && part.gather_work) {
+  if (wait && !part.gather_works.empty()) {
     const auto t0 = Clock::now();
-    part.gather_work->wait();
+    for (auto& w : part.gather_works) w->wait();
     wait_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
-    part.gather_work.reset();
+    part.gather_works.clear();
     model_.bind_params(index, part.params);
   }
 }
 
 void DataParallel::release(int index) {
   Part& part = part_at(index);
-  if (part.gather_work) part.gather_work->wait();
-  part.gather_work.reset();
+  for (auto& w : part.gather_works) w->wait();
+  part.gather_works.clear();
   model_.bind_params(index, Tensor());
   part.params = Tensor();
 }
@@ -254,6 +288,7 @@ void DataParallel::after_backward(int index) {
 
 void DataParallel::reduce_part_grads(int index) {
   Part& part = part_at(index);
+  if (part.T == 0) return;  // every parameter frozen: no gradient
   if (stage_ >= 2) {
     // Reduce-scatter in place; this rank's slice is then added to its gradient shard.
     const Tensor whole = part.grads;
@@ -262,7 +297,7 @@ void DataParallel::reduce_part_grads(int index) {
     p.work = comm_.reduce_scatter_async(mine, whole, backend_.default_stream());
     p.keep = whole;
     p.src = mine;
-    p.dst = grad_shard_.view_at(part.shard_offset, Shape{part.S});
+    p.dst = grad_shard_.view_at(part.grad_shard_offset, Shape{part.S});
     pending_.push_back(std::move(p));
     model_.bind_grads(index, Tensor());
     part.grads = Tensor();
@@ -271,7 +306,7 @@ void DataParallel::reduce_part_grads(int index) {
   if (!last_micro_ || world_ == 1) return;  // stages 0-1: only the last micro-step talks
   const Tensor grads = model_.grad_buffer();
   if (stage_ == 1) {
-    const Tensor whole = grads.view_at(part.begin, Shape{part.padded});
+    const Tensor whole = grads.view_at(part.grad_begin, Shape{part.T});
     Pending p;
     p.work = comm_.reduce_scatter_async(
         whole.view_at(static_cast<int64_t>(rank_) * part.S, Shape{part.S}), whole,
@@ -288,8 +323,8 @@ void DataParallel::reduce_part_grads(int index) {
     const Part& last = part_at(bucket.front());
     Pending p;
     p.work = comm_.all_reduce_async(
-        grads.view_at(first.begin, Shape{last.begin + last.padded - first.begin}), ReduceOp::Sum,
-        backend_.default_stream());
+        grads.view_at(first.grad_begin, Shape{last.grad_begin + last.T - first.grad_begin}),
+        ReduceOp::Sum, backend_.default_stream());
     pending_.push_back(std::move(p));
     return;
   }
@@ -338,8 +373,9 @@ void DataParallel::grad_sum_squares(const Tensor& acc) {
     backend_.sum_squares(s, acc, model_.grad_buffer());  // the whole buffer in one call
   } else if (stage_ == 1) {
     for (const auto& part : parts_)
-      backend_.sum_squares(s, acc,
-                           model_.grad_buffer().view_at(part.slice_begin(rank_), Shape{part.S}));
+      if (part.S > 0)
+        backend_.sum_squares(s, acc, model_.grad_buffer().view_at(
+                                         part.grad_begin + rank_ * part.S, Shape{part.S}));
   } else {
     backend_.sum_squares(s, acc, grad_shard_);
   }
@@ -354,7 +390,8 @@ void DataParallel::after_optimizer_step() {
   const Stream s = backend_.default_stream();
   std::vector<std::shared_ptr<Work>> works;
   for (const auto& part : parts_) {
-    const Tensor whole = model_.param_buffer().view_at(part.begin, Shape{part.padded});
+    if (part.S == 0) continue;  // frozen parameters do not change
+    const Tensor whole = model_.param_buffer().view_at(part.begin, Shape{part.T});
     works.push_back(comm_.all_gather_async(
         whole, whole.view_at(static_cast<int64_t>(rank_) * part.S, Shape{part.S}), s));
   }

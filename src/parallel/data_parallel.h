@@ -21,6 +21,13 @@
 //            wte is also the head's output projection) stays gathered from its forward
 //            to its backward, and its gradient exists from the start of forward.
 //
+// Frozen parameters (ParamSpec::trainable false) sit in each part's frozen region, after
+// its trainable one (models/model.h, ModelPart): each region splits into W slices of its
+// own (S trainable elements per rank, Sf frozen), so a part's gradient (the trainable
+// region only) is reduced, sharded and summed into norms without any frozen element, the
+// optimizer sees trainable slices only, and the frozen slices are only ever gathered
+// (stage 3), never all-gathered after an update (stages 1-2: they do not change).
+//
 // Composed with tensor parallelism (parallel/tp_plan.h), the model holds one tp rank's
 // slices, laid out alike on every tp rank, and ZeRO shards that layout over the dp x cp
 // group of the tp slice (Megatron-LM's distributed optimizer over its data-parallel group
@@ -64,10 +71,15 @@ class DataParallel final : public ModelHooks {
   int rank() const { return rank_; }
   int world() const { return world_; }
 
-  /// Optimizer segments for this rank (every parameter for stage 0, its slices else).
+  /// Optimizer segments for this rank (every trainable parameter for stage 0, its slices
+  /// else); frozen parameters have none.
   std::vector<AdamWSegment> optimizer_segments() const;
+  /// Parameter segments (no gradient) of the frozen parameters this rank holds: whole
+  /// for stages 0-2, its slices for stage 3. A checkpoint saves them beside the optimizer's.
+  std::vector<AdamWSegment> frozen_segments() const;
   /// Parameter segments this rank loads (every parameter for stages 0-2, whose
-  /// replicas are complete; its slices for stage 3).
+  /// replicas are complete; its slices for stage 3, frozen ones included), in the
+  /// order of Model::params().
   std::vector<AdamWSegment> load_segments() const;
 
   /// The model's initial values (Model::init_values), computed on the host for the
@@ -122,15 +134,20 @@ class DataParallel final : public ModelHooks {
   struct Part {
     int index = 0;
     bool resident = false;
-    int64_t begin = 0, end = 0, padded = 0;  // flat coordinates; padded = padded size
-    int64_t S = 0;                           // slice length (padded / world)
-    int64_t shard_offset = 0;                // of this rank's slice in the shard buffers
-    Tensor params;                           // stage 3: gathered storage while resident
-    std::shared_ptr<Work> gather_work;
+    int64_t begin = 0, padded = 0;  // flat coordinates; padded = padded size
+    int64_t grad_begin = 0, T = 0;  // its gradient (trainable region) in the gradient
+                                    // layout: [grad_begin, grad_begin + T)
+    int64_t S = 0;                  // trainable slice length (T / world; T for stage 0)
+    int64_t Sf = 0;                 // frozen slice length ((padded - T) / world)
+    int64_t shard_offset = 0;       // of this rank's slices in param_shard_ (S, then Sf)
+    int64_t grad_shard_offset = 0;  // of this rank's slice in grad_shard_
+    Tensor params;                  // stage 3: gathered storage while resident
+    std::vector<std::shared_ptr<Work>> gather_works;
     Tensor grads;  // stages 2-3: the whole part's gradient while it exists
     bool done = false;
     bool deferred = false;  // reduced in finish_gradients (defer_reduction)
     int64_t slice_begin(int rank) const { return begin + rank * S; }  // flat
+    int64_t frozen_slice_begin(int rank) const { return begin + T + rank * Sf; }  // flat
   };
   struct Pending {
     std::shared_ptr<Work> work;
@@ -138,6 +155,9 @@ class DataParallel final : public ModelHooks {
     Tensor src, dst;  // when dst is set: dst += src once the work completes
   };
   Part& part_at(int index) { return parts_[static_cast<size_t>(index)]; }
+  /// Appends this rank's slice of `p` (stages 1-3; its frozen slice, without gradient,
+  /// when `p` is frozen) to `out`, unless empty.
+  void add_slice(const ParamSpec& p, std::vector<AdamWSegment>& out) const;
   void gather(int index, bool wait);
   void release(int index);
   void reduce_part_grads(int index);
@@ -153,7 +173,7 @@ class DataParallel final : public ModelHooks {
   int64_t bucket_elems_;
   std::vector<Part> parts_;
   Tensor grad_shard_;   // stages 2-3: this rank's gradient slices, [sum of S]
-  Tensor param_shard_;  // stage 3: this rank's parameter slices
+  Tensor param_shard_;  // stage 3: this rank's parameter slices, [sum of S + Sf]
   std::deque<Pending> pending_;
   std::vector<std::vector<int>> buckets_;  // stage 0: parts per bucket, backward order
   int micro_step_ = 0, micro_steps_ = 1;

@@ -81,6 +81,7 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& backend, const StepGrou
   accum_ = config_.grad_accum_steps(groups_.dp_cp.size() / size_of(groups_.cp));
   ModelStorage storage = plan_parallelism();
   const ModelOptions options = model_options_from(config_);
+  count_params(options, storage);
   storage.held_parts = plan_stages(options, storage);
   build_model(options, storage);
   // A pipeline keeps every micro-batch of the step on the device (several are in flight,
@@ -113,6 +114,7 @@ ModelStorage TrainStep::plan_parallelism() {
                                             parse_dtype(config_.train.dtype),
                                             parse_dtype(config_.train.grad_dtype));
   storage.classifier_chunk_mb = config_.train.classifier_chunk_mb;
+  storage.freeze = config_.train.freeze;
   if (cp > 1) {
     KILN_CHECK(config_.model.dropout == 0.0, "{}: model.dropout = {} with parallel.cp = {}: "
                "dropout under context parallelism is not supported yet (set model.dropout = 0)",
@@ -239,12 +241,23 @@ std::vector<int> TrainStep::plan_stages(const ModelOptions& options, ModelStorag
   // Tied parameters: what the last part holds as copies when it is alone.
   storage.held_parts = {n_parts - 1};
   const auto last_alone = make_model(options, backend_, storage);
-  for (const ParamSpec& s : last_alone->params())
-    if (s.tied_copy) tied_names_.push_back(s.name);
+  for (const ParamSpec& s : last_alone->params())  // a frozen one never changes: no sum
+    if (s.tied_copy && s.trainable) tied_names_.push_back(s.name);
   const int first = 0, last = pp::Schedule::rank_of_chunk(chunks - 1, pp);
   if (!tied_names_.empty() && first != last && (rank == first || rank == last))
     tied_comm_ = groups_.pp->new_group({first, last}, "tied");
   return held;
+}
+
+void TrainStep::count_params(const ModelOptions& options, ModelStorage storage) {
+  storage.allocate_params = storage.allocate_grads = false;  // names and shapes only
+  storage.plans.clear();
+  storage.held_parts.clear();
+  const auto whole = make_model(options, backend_, storage);
+  tally_.trainable = whole->trainable_elements();
+  tally_.frozen = whole->frozen_elements();
+  for (const ParamSpec& p : whole->params())
+    if (!p.trainable) tally_.frozen_names.push_back(p.name);
 }
 
 void TrainStep::reduce_tied_grads() {

@@ -123,6 +123,14 @@ class TrainStep {
   const LossScaler& scaler() const { return scaler_; }
   int grad_accum_steps() const { return accum_; }
   pp::PipelineExecutor& pipeline() { return *pipeline_; }
+  /// The whole model's parameters (every stage's; global shapes, a tied one once, padding
+  /// rows included): elements that train and that are frozen (train.freeze, or frozen by
+  /// the model itself), and the frozen ones' names in layout order.
+  struct ParamTally {
+    int64_t trainable = 0, frozen = 0;
+    std::vector<std::string> frozen_names;
+  };
+  const ParamTally& param_tally() const { return tally_; }
   /// Throws kiln::Error, on the first and the last pipeline stage, unless their copies of
   /// the tied parameters (GPT-2's wte) are bitwise equal (parameters and master weights).
   /// Collective over those two stages; no-op elsewhere and without a split tie.
@@ -224,6 +232,8 @@ class TrainStep {
   std::vector<int> plan_stages(const ModelOptions& options, ModelStorage storage);
   /// Sums the gradients of the tied parameters over their stages (tied_comm_).
   void reduce_tied_grads();
+  /// tally_, from the whole model built without storage.
+  void count_params(const ModelOptions& options, ModelStorage storage);
 
   TrainConfig config_;
   Backend& backend_;
@@ -238,6 +248,7 @@ class TrainStep {
   std::vector<int> boundaries_;           // chunk c: parts [b[c], b[c+1])
   std::vector<std::string> tied_names_;   // tied parameters whose users sit on other stages
   std::unique_ptr<Communicator> tied_comm_;  // the first and last pipeline stage
+  ParamTally tally_;
   int batch_buffers_ = 1;
   std::unique_ptr<AdamW> optimizer_;
   LossScaler scaler_;

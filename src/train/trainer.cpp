@@ -151,6 +151,13 @@ void Trainer::set_up_profiling() {
 void Trainer::print_start_up() const {
   const int seq_len = config_.train.seq_len;
   fmt::print("kiln: {}\n", one_step_->model().describe());
+  const TrainStep::ParamTally& tally = one_step_->param_tally();  // as Hugging Face PEFT says it
+  const int64_t all = tally.trainable + tally.frozen;
+  fmt::print("kiln: trainable params: {} || all params: {} || trainable%: {:.4f}{}\n",
+             tally.trainable, all, all > 0 ? 100.0 * static_cast<double>(tally.trainable) / all : 0.0,
+             tally.frozen > 0 ? fmt::format(" ({} tensors frozen by train.freeze or the model)",
+                                            tally.frozen_names.size())
+                              : std::string());
   fmt::print("kiln: {} updates of {} sequences x {} tokens ({} micro-steps of {} on each of {} "
              "data-parallel ranks, ZeRO stage {}{}{}), backend {}, peak {:.1f} GFLOP/s per rank ({})\n",
              config_.train.steps, config_.train.global_batch, seq_len,

@@ -84,6 +84,16 @@ void Trainer::add_tensors(checkpoint::CheckpointWriter& writer,
     }
     add_optimizer_segment(writer, optimizer, i, keep);
   }
+  // Frozen parameters: their values (in the model dtype, which fp32 holds exactly) and
+  // no optimizer state; whole on every dp replica below ZeRO-3, so dp rank 0 writes them.
+  const bool dp_writes_frozen = config_.parallel.zero_stage == 3 || mesh_->dp_cp_comm().rank() == 0;
+  for (const AdamWSegment& seg : one_step_->data_parallel().frozen_segments()) {
+    if (!dp_writes_frozen || !(seg.spec.tp.sharded() || tp_rank == 0) || seg.spec.tied_copy)
+      continue;
+    keep.push_back(download_f32(*backend_, seg.param));
+    add_param_range(writer, seg.spec.name, seg.spec, DType::F32, seg.begin, seg.end,
+                    keep.back().data());
+  }
 }
 
 nlohmann::json Trainer::checkpoint_state() const {
@@ -101,6 +111,7 @@ nlohmann::json Trainer::checkpoint_state() const {
       {"config_hash", config_.hash()},
       {"arch", model.arch()},
       {"model", model.config_json()},
+      {"frozen", one_step_->param_tally().frozen_names},
       {"layout", {{"world_size", world_->size()}, {"dp", mesh_->dp()}, {"cp", mesh_->cp()}, {"tp", mesh_->tp()},
                   {"pp", mesh_->pp()}, {"virtual_stages", config_.parallel.virtual_stages},
                   {"sequence_parallel", config_.parallel.sequence_parallel},

@@ -8,7 +8,10 @@
 #include "model_io/model_io.h"
 #include "train/trainer.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace kiln {
 
@@ -147,6 +150,22 @@ void Trainer::check_same_run(const checkpoint::CheckpointReader& reader,
                "{}: data.dir {} holds other data than the checkpoint's ({} vs {}): resuming would "
                "read other samples (use the same data, or start a new run)", dir.string(),
                config_.data.dir, train_data_->fingerprint().dump(), st.at("data").dump());
+  // The same frozen parameters: which ones have optimizer state depends on it (checkpoints
+  // from before freezing existed froze none).
+  const auto saved_frozen = st.value("frozen", std::vector<std::string>{});
+  const std::vector<std::string>& frozen = one_step_->param_tally().frozen_names;
+  auto missing = [](const std::vector<std::string>& a, const std::vector<std::string>& b) {
+    std::vector<std::string> out;  // in a, not in b
+    for (const std::string& n : a)
+      if (std::find(b.begin(), b.end(), n) == b.end()) out.push_back(n);
+    return out;
+  };
+  KILN_CHECK(saved_frozen == frozen,
+             "{}: train.freeze differs from the checkpoint's: frozen now but trained there [{}], "
+             "trained now but frozen there [{}]; resume needs the same frozen parameters (start "
+             "a new run with model.init_from to change them)", dir.string(),
+             fmt::join(missing(frozen, saved_frozen), ", "),
+             fmt::join(missing(saved_frozen, frozen), ", "));
   KILN_CHECK(saved.seq_len == config_.train.seq_len && saved.global_batch == config_.train.global_batch,
              "{}: saved with global_batch {} and seq_len {}, this run has {} and {}; exact resume "
              "needs the same batch shape", dir.string(), saved.global_batch, saved.seq_len,

@@ -365,12 +365,14 @@ void DiT::backward() {
   hooks().before_backward(0);
   // c = t_fc2(silu(t_fc1(freq))) + y_table[y];  cond_silu = silu(c)
   be.silu_backward(s, a.dcond, a.dcond_silu, a.cond);
-  be.embedding_backward(s, L.y_table.g(), Tensor(), a.dcond.reshape(Shape{B, 1, C}), a.labels,
-                        Tensor());
+  if (L.y_table.trainable)
+    be.embedding_backward(s, L.y_table.g(), Tensor(), a.dcond.reshape(Shape{B, 1, C}), a.labels,
+                          Tensor());
   L.t_fc2.backward(be, s, a.dt_act, a.dcond, a.t_act);
   be.silu_backward(s, a.dt_act, a.dt_act, a.t_hidden);
   L.t_fc1.backward(be, s, Tensor(), a.dt_act, a.temb_in);
-  be.embedding_backward(s, L.pos_embed.g(), Tensor(), a.dresidual, a.pos_ids, Tensor());
+  if (L.pos_embed.trainable)
+    be.embedding_backward(s, L.pos_embed.g(), Tensor(), a.dresidual, a.pos_ids, Tensor());
   L.x_embedder.backward(be, s, Tensor(), a.dresidual, a.patches);  // no image gradient
   hooks().after_backward(0);
 }

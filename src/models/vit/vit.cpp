@@ -207,7 +207,7 @@ LossSum ViT::forward(const Batch& batch, float grad_scale) {
   const nn::Param& head = layers_->head;
   nn::head_cross_entropy(be, s, nn::TpPlacement{}, x, head.v(), labels, config_.num_classes,
                          grad_scale, with_grad ? a.dhead.reshape(x.shape()) : Tensor(),
-                         with_grad ? head.g() : Tensor(), a.head_scratch,
+                         with_grad ? head.trainable_grad() : Tensor(), a.head_scratch,
                          loss_.target(be, batch));
   LossSum out = loss_.result(be, batch);
   if (!with_grad) {
@@ -259,7 +259,8 @@ void ViT::backward() {
     hooks().after_backward(l + 1);
   }
   hooks().before_backward(0);
-  be.embedding_backward(s, layers_->pos_embed.g(), Tensor(), a.dresidual, a.pos_ids, Tensor());
+  if (layers_->pos_embed.trainable)
+    be.embedding_backward(s, layers_->pos_embed.g(), Tensor(), a.dresidual, a.pos_ids, Tensor());
   layers_->patch_embed.backward(be, s, Tensor(), a.dresidual, a.patches);  // no image gradient
   hooks().after_backward(0);
 }
