@@ -104,9 +104,11 @@ constexpr OpFamily op_family(Op op) {
 /// and kept values are scaled by 1/(1-p). The same spec replays the same mask.
 /// A tensor split over ranks (tensor / sequence parallel) passes its global coordinates,
 /// so that every layout draws the single process's mask: `offset`, the global index of its
-/// first element (rows of the flattened activations); for attention probabilities, whose
-/// element ((b NH + h) T + i) T + j is numbered by head, `head_offset` and `total_heads`
-/// (0: the op's own NH) place the op's NH heads among the global ones.
+/// first element (rows of the flattened activations; a model also counts the samples
+/// before the micro-batch in it, docs/distributed.md); for attention probabilities, whose
+/// element ((b NH + h) T + i) T + j is numbered by head and drawn at offset + that index,
+/// `head_offset` and `total_heads` (0: the op's own NH) place the op's NH heads among the
+/// global ones.
 struct DropoutSpec {
   float p = 0.f;
   uint64_t seed = 0;

@@ -332,7 +332,8 @@ LossSum TrainStep::forward_only() {
 }
 
 // The step's micro-batches for the executor: uploaded at their first use, dropout keyed
-// by the global micro-batch index, the data-parallel micro-step announced.
+// by the global index of the micro-batch's first sample, the data-parallel micro-step
+// announced.
 class TrainStep::StepBatches final : public pp::MicroBatches {
  public:
   StepBatches(TrainStep& step, const void* inputs, const int32_t* targets, int64_t update)
@@ -355,9 +356,12 @@ class TrainStep::StepBatches final : public pp::MicroBatches {
   }
   void before_pass(int j, bool forward) override {
     step_.dp_->begin_micro_step(j);
-    const int dp = step_.groups_.dp_cp.size(), rank = step_.groups_.dp_cp.rank();
+    // The cp ranks of a dp rank hold the same samples (dp x cp ranks are dp-major).
+    const int cp = step_.cp(), dp = step_.groups_.dp_cp.size() / cp;
+    const int rank = step_.groups_.dp_cp.rank() / cp;
+    const int64_t micro = (update_ * step_.accum_ + j) * dp + rank;
     step_.model_->set_dropout(true, static_cast<uint64_t>(step_.config_.train.seed),
-                              static_cast<uint64_t>((update_ * step_.accum_ + j) * dp + rank));
+                              static_cast<uint64_t>(micro * step_.config_.train.micro_batch));
     step_.announce(forward ? StepPhase::Forward : StepPhase::Backward);
   }
 

@@ -397,6 +397,7 @@ AttnDropout CudaBackend::drop(const DropoutSpec& d) {
     a.scale = 1.f / (1.f - d.p);
     a.seed = d.seed;
     a.stream = d.stream;
+    a.offset = d.offset;
     a.head_offset = d.head_offset;
     a.total_heads = d.total_heads;
   }
