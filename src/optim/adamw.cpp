@@ -95,6 +95,13 @@ void AdamW::sync_master_from_params() {
   reset_ema();
 }
 
+void AdamW::set_weights(size_t i, const float* host) {
+  const AdamWSegment& seg = segments_.at(i);
+  const Tensor mw = master(i);
+  upload_f32(backend_, mw ? mw : seg.param, host);
+  if (mw) backend_.copy(backend_.default_stream(), seg.param, mw);
+}
+
 Tensor AdamW::ema(size_t i) const {
   if (!ema_) return Tensor();
   return ema_.view_at(state_offset_[i], Shape{segments_[i].size()});

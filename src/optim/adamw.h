@@ -90,6 +90,11 @@ class AdamW {
   /// Master weights <- the (low-precision) parameters, after they were initialised or
   /// loaded without masters (no-op for fp32 parameters); then reset_ema().
   void sync_master_from_params();
+  /// Segment i's weights <- host fp32 [segments()[i].size()] at full precision: its
+  /// master (or its fp32 parameter) takes them as they are, a low-precision parameter
+  /// their rounding to nearest from the master, so that a fine-tune from fp32 weights
+  /// keeps their low bits. Call reset_ema() after the last segment.
+  void set_weights(size_t i, const float* host);
   /// Segment i's fp32 master weights, or an empty Tensor when its parameter is fp32.
   Tensor master(size_t i) const;
   /// The moving average <- the weights (the masters, or the fp32 parameters), as at the

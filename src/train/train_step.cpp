@@ -380,6 +380,24 @@ void TrainStep::init_weights(uint64_t seed) {
   optimizer_->sync_master_from_params();
 }
 
+void TrainStep::load_weights(const WeightSource& source) {
+  // Each optimizer segment lies inside the load segment of its parameter (the whole
+  // parameter below ZeRO-3, the same slice at ZeRO-3).
+  const std::vector<AdamWSegment>& opt = optimizer_->segments();
+  std::vector<float> buf;
+  for (const AdamWSegment& seg : dp_->load_segments()) {
+    buf.resize(static_cast<size_t>(seg.size()));
+    for (const auto& run : seg.spec.tp.global_runs(seg.spec.shape, seg.begin, seg.end))
+      source.read(seg.spec, run.global_begin, run.global_end,
+                  buf.data() + (run.local_begin - seg.begin));
+    upload_f32(backend_, seg.param, buf.data());  // rounded where no master is kept here
+    for (size_t i = 0; i < opt.size(); ++i)
+      if (opt[i].spec.name == seg.spec.name && opt[i].begin >= seg.begin && opt[i].end <= seg.end)
+        optimizer_->set_weights(i, buf.data() + (opt[i].begin - seg.begin));
+  }
+  optimizer_->reset_ema();
+}
+
 void TrainStep::dp_cp_sum(std::span<int64_t> values) {
   if (groups_.dp_cp.size() > 1) groups_.dp_cp.all_reduce_sum(values);
 }
