@@ -430,7 +430,10 @@ void validate(const TrainConfig& c, const Origins& origins) {
     KILN_CHECK(c.train.seq_len <= c.model.block_size,
                "{}: key 'train.seq_len' ({}) must not exceed model.block_size ({})",
                src("train.seq_len"), c.train.seq_len, c.model.block_size);
-  if (c.parallel.cp > 1) {  // where seq_len came from: its own key, else model.block_size's
+  // Where seq_len came from: its own key, else model.block_size's. Only for a family that
+  // takes context parallelism (TrainStep names the others).
+  const std::vector<std::string> cp_archs = model_archs_with(&ModelArch::context_parallel);
+  if (c.parallel.cp > 1 && std::ranges::find(cp_archs, c.model.arch) != cp_archs.end()) {
     const bool own = origins.contains("train.seq_len");
     KILN_CHECK(c.train.seq_len % (2 * c.parallel.cp) == 0,
                "{}: train.seq_len = {}{} is not a multiple of 2 x parallel.cp = {} (context "
