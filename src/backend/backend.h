@@ -104,9 +104,11 @@ constexpr OpFamily op_family(Op op) {
 /// and kept values are scaled by 1/(1-p). The same spec replays the same mask.
 /// A tensor split over ranks (tensor / sequence parallel) passes its global coordinates,
 /// so that every layout draws the single process's mask: `offset`, the global index of its
-/// first element (rows of the flattened activations); for attention probabilities, whose
-/// element ((b NH + h) T + i) T + j is numbered by head, `head_offset` and `total_heads`
-/// (0: the op's own NH) place the op's NH heads among the global ones.
+/// first element (rows of the flattened activations; a model also counts the samples
+/// before the micro-batch in it, docs/distributed.md); for attention probabilities, whose
+/// element ((b NH + h) T + i) T + j is numbered by head and drawn at offset + that index,
+/// `head_offset` and `total_heads` (0: the op's own NH) place the op's NH heads among the
+/// global ones.
 struct DropoutSpec {
   float p = 0.f;
   uint64_t seed = 0;
@@ -119,6 +121,20 @@ struct DropoutSpec {
   uint64_t global_bh(uint64_t bh, int NH) const {
     if (total_heads == 0) return bh;
     return (bh / NH) * total_heads + head_offset + bh % NH;
+  }
+};
+
+/// Where the elements of an op sit among those of a larger, global tensor, for random
+/// draws keyed by the global index (Backend::copy_stochastic_round): element i of the op
+/// is element begin + (i / row_len) * stride + i % row_len of the global tensor (row-major),
+/// or begin + i when row_len is 0 (one contiguous run). A tensor-parallel shard of a
+/// row-parallel weight [out, in], for instance, is out rows of in/tp elements `in` apart.
+struct GlobalIndices {
+  int64_t begin = 0;
+  int64_t row_len = 0;  // elements per row; 0: one contiguous run
+  int64_t stride = 0;   // global distance between the starts of consecutive rows
+  int64_t at(int64_t i) const {
+    return row_len == 0 ? begin + i : begin + (i / row_len) * stride + i % row_len;
   }
 };
 
@@ -260,12 +276,15 @@ class Backend {
   /// bf16 parameters).
   virtual void copy(Stream s, const Tensor& dst, const Tensor& src) = 0;
   /// dst bf16 <- src fp32 with stochastic rounding: element i rounds up with probability
-  /// equal to the discarded fraction, using the low 16 bits of Philox word i of stream
-  /// `stream` under `seed` (added to the fp32 bits before truncation; NaN and Inf are
-  /// rounded to nearest instead). Unbiased in expectation (Gupta et al. 2015, "Deep
-  /// Learning with Limited Numerical Precision"); replayable from (seed, stream).
+  /// equal to the discarded fraction, using the low 16 bits of Philox word g = at.at(i)
+  /// (word g % 4 of block g / 4) of stream `stream` under `seed` (added to the fp32 bits
+  /// before truncation; NaN and Inf are rounded to nearest instead). Unbiased in
+  /// expectation (Gupta et al. 2015, "Deep Learning with Limited Numerical Precision");
+  /// replayable from (seed, stream, at). `at` places dst among the elements of a global
+  /// tensor, so that an element draws the same bits in whichever shard it lives.
   virtual void copy_stochastic_round(Stream s, const Tensor& dst, const Tensor& src,
-                                     uint64_t seed, uint64_t stream) = 0;
+                                     uint64_t seed, uint64_t stream,
+                                     const GlobalIndices& at) = 0;
   /// Every element of t set to `value` (converted to t's dtype).
   virtual void fill(Stream s, const Tensor& t, float value) = 0;
   /// acc fp64 [1] += the sum of squares of all elements of x (any float dtype), summed in

@@ -475,6 +475,17 @@ void validate(const TrainConfig& c, const Origins& origins) {
     KILN_CHECK(c.train.seq_len <= c.model.block_size,
                "{}: key 'train.seq_len' ({}) must not exceed model.block_size ({})",
                src("train.seq_len"), c.train.seq_len, c.model.block_size);
+  // Where seq_len came from: its own key, else model.block_size's. Only for a family that
+  // takes context parallelism (TrainStep names the others).
+  const std::vector<std::string> cp_archs = model_archs_with(&ModelArch::context_parallel);
+  if (c.parallel.cp > 1 && std::ranges::find(cp_archs, c.model.arch) != cp_archs.end()) {
+    const bool own = origins.contains("train.seq_len");
+    KILN_CHECK(c.train.seq_len % (2 * c.parallel.cp) == 0,
+               "{}: train.seq_len = {}{} is not a multiple of 2 x parallel.cp = {} (context "
+               "parallelism cuts each sequence into 2 x cp equal chunks)",
+               src(own ? "train.seq_len" : "model.block_size"), c.train.seq_len,
+               own ? "" : " (model.block_size's)", 2 * c.parallel.cp);
+  }
   if (c.train.global_batch > 0)
     KILN_CHECK(c.train.global_batch % c.train.micro_batch == 0,
                "{}: key 'train.global_batch' ({}) must be a multiple of train.micro_batch ({})",

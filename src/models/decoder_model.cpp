@@ -37,7 +37,7 @@ DecoderModel::DecoderModel(Backend& backend, const ModelStorage& storage)
 
 DecoderModel::~DecoderModel() = default;
 
-DropoutSpec DecoderModel::dropout_spec(int, uint64_t) const { return {}; }
+DropoutSpec DecoderModel::dropout_spec(int, uint64_t, int64_t) const { return {}; }
 
 int DecoderModel::n_layer() const { return static_cast<int>(layers_.blocks->size()); }
 
@@ -113,9 +113,9 @@ nn::BlockPass DecoderModel::block_pass(const Slot& a, int l) const {
                        backend().default_stream(),
                        a.saved.block(l - a.b0),
                        shared_->scratch,
-                       dropout_spec(l, nn::kAttnProbsSite),
-                       dropout_spec(l, nn::kAttnResidSite),
-                       dropout_spec(l, nn::kMlpResidSite),
+                       dropout_spec(l, nn::kAttnProbsSite, shared_->T),
+                       dropout_spec(l, nn::kAttnResidSite, shared_->T),
+                       dropout_spec(l, nn::kMlpResidSite, shared_->T),
                        a.saved.rerun_block(),
                        a.saved.recompute_cheap(),
                        a.positions};
@@ -126,7 +126,7 @@ void DecoderModel::embed(Slot& a, const Tensor& tokens) {
   const Stream s = be.default_stream();
   hooks().before_forward(local_part(0));
   layers_.embedding->forward(be, s, a.stream[0], tokens, a.positions, 0, stream_work());
-  const DropoutSpec d = nn::rows_dropout(dropout_spec(-1, nn::kEmbeddingSite),
+  const DropoutSpec d = nn::rows_dropout(dropout_spec(-1, nn::kEmbeddingSite, shared_->T),
                                          layers_.embedding->placement(), a.stream[0].numel());
   if (d.p > 0.f) be.dropout_forward(s, a.stream[0], a.stream[0], d);
   hooks().after_forward(local_part(0));
@@ -229,7 +229,7 @@ void DecoderModel::backward_stage(const StagePass& p) {
     return;
   }
   hooks().before_backward(local_part(0));
-  const DropoutSpec d = nn::rows_dropout(dropout_spec(-1, nn::kEmbeddingSite),
+  const DropoutSpec d = nn::rows_dropout(dropout_spec(-1, nn::kEmbeddingSite, shared_->T),
                                          layers_.embedding->placement(), dres.numel());
   if (d.p > 0.f) be.dropout_backward(s, dres, dres, d);
   layers_.embedding->backward(be, s, dres, a.tokens, a.positions, stream_work());

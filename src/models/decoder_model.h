@@ -97,8 +97,9 @@ class DecoderModel : public LayeredModel, public LanguageModel {
   /// Called by the derived constructor, before build().
   void set_layers(const DecoderLayers& layers) { layers_ = layers; }
   /// The mask of dropout site `site` (nn::DropoutSite) of block `block` (-1: the
-  /// embeddings) for the current micro-batch; p = 0 (the default) for none.
-  virtual DropoutSpec dropout_spec(int block, uint64_t site) const;
+  /// embeddings) for the current micro-batch of sequences of T tokens; p = 0 (the
+  /// default) for none.
+  virtual DropoutSpec dropout_spec(int block, uint64_t site, int64_t T) const;
   int n_layer() const;
 
  private:

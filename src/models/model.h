@@ -189,11 +189,13 @@ class Model {
   /// Accumulates (+=) parameter gradients of the last forward(grad_scale > 0).
   virtual void backward() = 0;
   virtual void set_activation_checkpointing(nn::ActivationCheckpointing mode) = 0;
-  /// Dropout on or off (training vs eval); (seed, call_index) key the masks, call_index
-  /// being the global micro-batch index ((update * grad_accum_steps + micro-step) * dp +
-  /// rank), and each element's index within the micro-batch picks its draw, so every
-  /// data-parallel layout with the same micro_batch drops identically.
-  virtual void set_dropout(bool on, uint64_t seed, uint64_t call_index) = 0;
+  /// Dropout on or off (training vs eval); (seed, first_sample) key the masks and any
+  /// other per-sample draw, first_sample being the global index of the micro-batch's
+  /// first sample in the run's stream of samples (((update * grad_accum_steps +
+  /// micro-step) * dp + dp rank) * micro_batch, the loader's order): each draw is keyed
+  /// by its sample's global index and its position within the sample, so every layout
+  /// (dp, micro_batch, accumulation, tp, sp, pp) draws the same for the same token.
+  virtual void set_dropout(bool on, uint64_t seed, uint64_t first_sample) = 0;
   /// Hooks called around parts; nullptr for none. Not owned.
   virtual void set_hooks(ModelHooks* hooks) = 0;
   /// Training FLOPs per token at sequence length T (for MFU).

@@ -4,6 +4,11 @@
 
 namespace kiln {
 
+namespace {
+// Stochastic rounding's Philox streams: update t of parameter k is stream t * 2^20 + k.
+constexpr uint64_t kParamStreams = uint64_t{1} << 20;
+}  // namespace
+
 std::vector<AdamWSegment> whole_segments(const std::vector<ParamSpec>& params,
                                          const Tensor& param_buffer, const Tensor& grad_buffer) {
   std::vector<AdamWSegment> out;
@@ -12,6 +17,26 @@ std::vector<AdamWSegment> whole_segments(const std::vector<ParamSpec>& params,
     const int64_t n = p.local_shape().numel();
     out.push_back({p, 0, n, param_buffer.view_at(p.offset, Shape{n}),
                    grad_buffer.view_at(p.grad_offset(), Shape{n})});
+  }
+  return out;
+}
+
+std::vector<RoundingBlock> rounding_blocks(const AdamWSegment& s) {
+  std::vector<RoundingBlock> out;
+  for (const auto& run : s.spec.tp.global_runs(s.spec.shape, s.begin, s.end)) {
+    const int64_t len = run.global_end - run.global_begin;
+    if (!out.empty()) {  // another row of the last block?
+      RoundingBlock& b = out.back();
+      const int64_t row_len = b.at.row_len == 0 ? b.n : b.at.row_len, rows = b.n / row_len;
+      const int64_t stride = rows == 1 ? run.global_begin - b.at.begin : b.at.stride;
+      if (len == row_len && run.global_begin == b.at.begin + rows * stride) {
+        b.at.row_len = row_len;
+        b.at.stride = stride;
+        b.n += len;
+        continue;
+      }
+    }
+    out.push_back({run.local_begin - s.begin, len, GlobalIndices{run.global_begin, 0, 0}});
   }
   return out;
 }
@@ -40,8 +65,14 @@ AdamW::AdamW(Backend& backend, std::vector<AdamWSegment> segments, const AdamWCo
   backend_.fill(backend_.default_stream(), m_, 0.f);
   backend_.fill(backend_.default_stream(), v_, 0.f);
   bool multi = config_.multi_tensor;
-  for (const AdamWSegment& s : segments_)
-    multi &= !(config_.stochastic_rounding && s.param.dtype() == DType::BF16);
+  for (const AdamWSegment& s : segments_) {
+    const bool stochastic = config_.stochastic_rounding && s.param.dtype() == DType::BF16;
+    KILN_CHECK(!stochastic || s.spec.init_stream < kParamStreams,
+               "AdamW: parameter {} is number {} of the model; stochastic rounding keys at "
+               "most {}", s.spec.name, s.spec.init_stream, kParamStreams);
+    rounding_.push_back(stochastic ? rounding_blocks(s) : std::vector<RoundingBlock>{});
+    multi &= !stochastic;
+  }
   for (size_t i = 0; multi && i < segments_.size(); ++i) {
     const AdamWSegment& s = segments_[i];
     if (s.size() == 0) continue;
@@ -63,6 +94,13 @@ void AdamW::sync_master_from_params() {
   for (size_t i = 0; i < segments_.size(); ++i)
     if (Tensor mw = master(i)) backend_.copy(backend_.default_stream(), mw, segments_[i].param);
   reset_ema();
+}
+
+void AdamW::set_weights(size_t i, const float* host) {
+  const AdamWSegment& seg = segments_.at(i);
+  const Tensor mw = master(i);
+  upload_f32(backend_, mw ? mw : seg.param, host);
+  if (mw) backend_.copy(backend_.default_stream(), seg.param, mw);
 }
 
 Tensor AdamW::ema(size_t i) const {
@@ -99,11 +137,12 @@ void AdamW::step(float lr, float grad_scale, const Tensor& scale) {
     if (Tensor mw = master(i)) {
       backend_.adamw_step(s, mw, seg.grad, m(i), v(i), scale, hp);
       // Round the updated master to the parameter dtype.
-      if (config_.stochastic_rounding && seg.param.dtype() == DType::BF16)
-        backend_.copy_stochastic_round(s, seg.param, mw, config_.seed,
-                                       (static_cast<uint64_t>(step_) << 16) + i);
-      else
-        backend_.copy(s, seg.param, mw);
+      if (rounding_[i].empty()) backend_.copy(s, seg.param, mw);
+      const uint64_t stream = static_cast<uint64_t>(step_) * kParamStreams + seg.spec.init_stream;
+      for (const RoundingBlock& b : rounding_[i])
+        backend_.copy_stochastic_round(s, seg.param.view_at(b.offset, Shape{b.n}),
+                                       mw.view_at(b.offset, Shape{b.n}), config_.seed, stream,
+                                       b.at);
     } else {
       backend_.adamw_step(s, seg.param, seg.grad, m(i), v(i), scale, hp);
     }

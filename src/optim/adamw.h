@@ -33,9 +33,12 @@ struct AdamWConfig {
   float eps = 1e-8f;
   float weight_decay = 0.1f;  // applied to parameters with ParamSpec::weight_decay
   /// bf16 parameters written back from the fp32 masters with stochastic rounding
-  /// (Backend::copy_stochastic_round) instead of round-to-nearest; the random bits of
-  /// update t and segment i come from Philox(seed, stream t * 2^16 + i), so a resumed
-  /// run replays them.
+  /// (Backend::copy_stochastic_round) instead of round-to-nearest. The random bits of
+  /// update t for element g (row-major in the full, unsharded tensor) of the parameter
+  /// numbered k in the whole model (ParamSpec::init_stream) are Philox(seed, stream
+  /// t * 2^20 + k) word g: the same wherever the element lives (a tp shard, a ZeRO
+  /// piece, a pipeline stage's tied copy), independent across elements and parameters,
+  /// and replayed by a resumed run.
   bool stochastic_rounding = false;
   uint64_t seed = 0;
   /// Exponential moving average of the weights (train.ema_decay): after every step,
@@ -54,6 +57,18 @@ struct AdamWSegment {
   Tensor param, grad;      // [end - begin] views of its values and gradient
   int64_t size() const { return end - begin; }
 };
+
+/// One copy_stochastic_round of a segment: its elements [offset, offset + n) (from the
+/// segment's first) and where they sit in the full tensor.
+struct RoundingBlock {
+  int64_t offset = 0, n = 0;
+  GlobalIndices at;
+};
+
+/// The segment's elements as blocks of equal global runs at a constant distance, in
+/// order: one block per piece of a tp slice (q, k, v; gate, up) and at most two more
+/// where a ZeRO boundary cuts a row. A row-parallel shard is one block of many rows.
+std::vector<RoundingBlock> rounding_blocks(const AdamWSegment& s);
 
 /// Segments covering every trainable parameter whole, in flat buffers laid out by
 /// `params` (the gradient at ParamSpec::grad_offset()); frozen parameters have none.
@@ -77,6 +92,11 @@ class AdamW {
   /// Master weights <- the (low-precision) parameters, after they were initialised or
   /// loaded without masters (no-op for fp32 parameters); then reset_ema().
   void sync_master_from_params();
+  /// Segment i's weights <- host fp32 [segments()[i].size()] at full precision: its
+  /// master (or its fp32 parameter) takes them as they are, a low-precision parameter
+  /// their rounding to nearest from the master, so that a fine-tune from fp32 weights
+  /// keeps their low bits. Call reset_ema() after the last segment.
+  void set_weights(size_t i, const float* host);
   /// Segment i's fp32 master weights, or an empty Tensor when its parameter is fp32.
   Tensor master(size_t i) const;
   /// The moving average <- the weights (the masters, or the fp32 parameters), as at the
@@ -106,6 +126,7 @@ class AdamW {
   Tensor ema_;     // fp32 moving average of every segment's weights (same offsets as m_)
   std::vector<AdamWTensor> multi_;  // every non-empty segment, for adamw_multi_step; empty
                                     // when each segment is updated by itself
+  std::vector<std::vector<RoundingBlock>> rounding_;  // per segment, when rounded stochastically
   int64_t step_ = 0;
 };
 

@@ -398,9 +398,10 @@ void ProfilingBackend::copy_from_host(Stream s, const Tensor& dst, const void* s
                 cost::copy(dst.nbytes()));
 }
 void ProfilingBackend::copy_stochastic_round(Stream s, const Tensor& dst, const Tensor& src,
-                                             uint64_t seed, uint64_t stream) {
+                                             uint64_t seed, uint64_t stream,
+                                             const GlobalIndices& at) {
   KILN_PROFILED("copy_stochastic_round", "memory",
-                inner_.copy_stochastic_round(s, dst, src, seed, stream),
+                inner_.copy_stochastic_round(s, dst, src, seed, stream, at),
                 cost::copy(src.nbytes()));
 }
 

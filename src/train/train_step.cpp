@@ -362,7 +362,8 @@ LossSum TrainStep::forward_only() {
 }
 
 // The step's micro-batches for the executor: uploaded at their first use, dropout keyed
-// by the global micro-batch index, the data-parallel micro-step announced.
+// by the global index of the micro-batch's first sample, the data-parallel micro-step
+// announced.
 class TrainStep::StepBatches final : public pp::MicroBatches {
  public:
   StepBatches(TrainStep& step, const void* inputs, const int32_t* targets, int64_t update)
@@ -385,9 +386,12 @@ class TrainStep::StepBatches final : public pp::MicroBatches {
   }
   void before_pass(int j, bool forward) override {
     step_.dp_->begin_micro_step(j);
-    const int dp = step_.groups_.dp_cp.size(), rank = step_.groups_.dp_cp.rank();
+    // The cp ranks of a dp rank hold the same samples (dp x cp ranks are dp-major).
+    const int cp = step_.cp(), dp = step_.groups_.dp_cp.size() / cp;
+    const int rank = step_.groups_.dp_cp.rank() / cp;
+    const int64_t micro = (update_ * step_.accum_ + j) * dp + rank;
     step_.model_->set_dropout(true, static_cast<uint64_t>(step_.config_.train.seed),
-                              static_cast<uint64_t>((update_ * step_.accum_ + j) * dp + rank));
+                              static_cast<uint64_t>(micro * step_.config_.train.micro_batch));
     step_.announce(forward ? StepPhase::Forward : StepPhase::Backward);
   }
 
@@ -404,6 +408,24 @@ TrainStep::~TrainStep() = default;
 void TrainStep::init_weights(uint64_t seed) {
   dp_->init_weights(seed);
   optimizer_->sync_master_from_params();
+}
+
+void TrainStep::load_weights(const WeightSource& source) {
+  // Each optimizer segment lies inside the load segment of its parameter (the whole
+  // parameter below ZeRO-3, the same slice at ZeRO-3).
+  const std::vector<AdamWSegment>& opt = optimizer_->segments();
+  std::vector<float> buf;
+  for (const AdamWSegment& seg : dp_->load_segments()) {
+    buf.resize(static_cast<size_t>(seg.size()));
+    for (const auto& run : seg.spec.tp.global_runs(seg.spec.shape, seg.begin, seg.end))
+      source.read(seg.spec, run.global_begin, run.global_end,
+                  buf.data() + (run.local_begin - seg.begin));
+    upload_f32(backend_, seg.param, buf.data());  // rounded where no master is kept here
+    for (size_t i = 0; i < opt.size(); ++i)
+      if (opt[i].spec.name == seg.spec.name && opt[i].begin >= seg.begin && opt[i].end <= seg.end)
+        optimizer_->set_weights(i, buf.data() + (opt[i].begin - seg.begin));
+  }
+  optimizer_->reset_ema();
 }
 
 void TrainStep::dp_cp_sum(std::span<int64_t> values) {

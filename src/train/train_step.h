@@ -49,6 +49,8 @@
 
 namespace kiln {
 
+class WeightSource;  // train/model_io.h
+
 /// fp16 dynamic loss scaling (Micikevicius et al. 2018, section 3.2): the loss, and so
 /// every gradient, is multiplied by `scale`; the optimizer divides it out. An overflow
 /// halves it (not below 1) and skips the update; growth_interval clean updates double it.
@@ -164,6 +166,12 @@ class TrainStep {
 
   /// Random initial weights from the model (this rank's elements), then fp32 masters.
   void init_weights(uint64_t seed);
+  /// The one "load weights" path (model.init_from; a later LoRA base or a model's parts
+  /// read from elsewhere): every element this rank holds read from `source` in fp32, the
+  /// fp32 master weights set at full precision and the low-precision parameters rounded
+  /// to nearest from them (AdamW::set_weights), the moving average of the weights reset.
+  /// Throws what WeightSource::read throws.
+  void load_weights(const WeightSource& source);
   /// Observer of the phases; nullptr for none. Not owned.
   void set_observer(StepObserver* o) { observer_ = o; }
   /// Where the phases are reported for a trace (spans "forward" and "backward" from the

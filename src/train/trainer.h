@@ -106,6 +106,7 @@ class Trainer {
   EvalResult evaluate();
   const Model& model() const { return one_step_->model(); }
   const DataParallel& data_parallel() const { return one_step_->data_parallel(); }
+  const AdamW& optimizer() const { return one_step_->optimizer(); }
   int64_t step() const { return step_; }
 
  private:

@@ -52,18 +52,11 @@ void Trainer::init_weights() {
     one_step_->init_weights(static_cast<uint64_t>(config_.train.seed));
     return;
   }
-  // Each rank reads only the ranges it holds (all of every parameter below ZeRO-3).
+  // Each rank reads only the ranges it holds (all of every parameter below ZeRO-3); the
+  // master weights take the source at full precision.
   const auto source = open_model_weights(config_.model.init_from, model_options_from(config_),
                                          one_step_->model().params());
-  std::vector<float> buf;
-  for (const AdamWSegment& seg : one_step_->data_parallel().load_segments()) {
-    buf.resize(static_cast<size_t>(seg.size()));
-    for (const auto& run : seg.spec.tp.global_runs(seg.spec.shape, seg.begin, seg.end))
-      source->read(seg.spec, run.global_begin, run.global_end,
-                   buf.data() + (run.local_begin - seg.begin));
-    upload_f32(*backend_, seg.param, buf.data());
-  }
-  one_step_->optimizer().sync_master_from_params();
+  one_step_->load_weights(*source);
   if (options_.verbose) fmt::print("kiln: initialised from {}\n", config_.model.init_from);
 }
 

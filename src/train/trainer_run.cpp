@@ -187,9 +187,10 @@ Trainer::EvalResult Trainer::evaluate() {
                     targets_per_sample, -1);
     one_step_->upload_micro_batch(inputs.data(), targets.data());
     // Dropout off; the evaluation draws of models that draw per sample (a flow model's
-    // noise) keyed by the call as in training, so each val sample draws alike every time.
+    // noise) keyed by the global sample index as in training, so each val sample draws
+    // alike every time.
     one_step_->model().set_dropout(false, static_cast<uint64_t>(config_.train.seed),
-                        static_cast<uint64_t>(i * dp_size + dp_rank));
+                                   static_cast<uint64_t>(i * per_call + int64_t{dp_rank} * B));
     const LossSum l = one_step_->forward_only();
     one_step_->data_parallel().end_forward_only();
     sums[0] += l.sum;

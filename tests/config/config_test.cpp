@@ -237,6 +237,16 @@ TEST(TrainConfigSet, Errors) {
   EXPECT_EQ(load_error(kMinimal, {"profile.steps=[1,x]"}),
             "--set: wrong type for key 'profile.steps': expected array of integers, got '[1,x]'");
   // Value errors are attributed to --set when the bad value came from there.
+  const std::string cp2 = std::string(kMinimal) + "[parallel]\ncp = 2\n";
+  const char* cp_tail = " is not a multiple of 2 x parallel.cp = 4 (context parallelism "
+                        "cuts each sequence into 2 x cp equal chunks)";
+  EXPECT_EQ(load_error(cp2, {"train.seq_len=30"}),
+            std::string("--set: train.seq_len = 30") + cp_tail);
+  std::string in_file = cp2;
+  in_file.replace(in_file.find("steps = 100"), 11, "steps = 100\nseq_len = 30");
+  EXPECT_EQ(load_error(in_file), std::string("config.toml: train.seq_len = 30") + cp_tail);
+  EXPECT_EQ(load_error(cp2, {"model.block_size=30"}),
+            std::string("--set: train.seq_len = 30 (model.block_size's)") + cp_tail);
   EXPECT_EQ(load_error(kMinimal, {"parallel.zero_stage=5"}),
             "--set: key 'parallel.zero_stage' must be between 0 and 3, got 5");
   EXPECT_EQ(load_error(kMinimal, {"model.preset=gpt3"}),

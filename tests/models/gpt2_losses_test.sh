@@ -4,7 +4,7 @@
 # checkpointing; fp32 with dropout), recorded before the model was rebuilt on the layer
 # library (src/nn), and an old checkpoint (written by that code) that must still load and
 # resume with the losses recorded after it. Also: dropout on 2 ranks equals dropout on
-# 1 process within the same bound (masks by global micro-batch index).
+# 1 process within the same bound (masks by global sample index).
 #
 # The check is 1e-6 relative (fp16: 5e-5, its activations round to 11 bits, so a GEMM
 # kernel's other summation order shows: 1.2e-5 on an Intel Xeon with AVX512-BF16
@@ -79,8 +79,8 @@ run fp16 1 --set train.dtype=fp16
 run zero3_np2 2 --set parallel.zero_stage=3
 run ckpt_full 1 --set train.activation_checkpointing=full
 run dropout 1 --set model.dropout=0.1
-# Dropout masks are keyed by the global micro-batch index (update, micro-step, rank) and
-# the element within the micro-batch, so 2 ranks drop exactly what 1 process drops.
+# Dropout masks are keyed by the global sample index and the position within the sample,
+# so 2 ranks drop exactly what 1 process drops.
 [ "$record" = "" ] && run dropout_np2 2 --set model.dropout=0.1
 
 # The old checkpoint: a 1-layer model stopped after 3 of 6 updates.

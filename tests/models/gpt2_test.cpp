@@ -123,6 +123,46 @@ TEST(GPT2, DropoutMasksReplayAndChangeWithTheCall) {
   EXPECT_NE(a, d);
 }
 
+// Dropout keyed by the global sample index and the position within the sample: a
+// micro-batch of 4 samples from global sample 8 drops what two micro-batches of 2 (from
+// samples 8 and 10) drop, so the losses and gradients agree (to summation order).
+TEST(GPT2, DropoutMasksFollowTheSampleNotTheMicroBatch) {
+  auto be = make_backend("cpu");
+  GPT2 m(tiny(0.3f), *be);
+  m.init_weights(3);
+  const int B = 4, T = 7;
+  std::vector<int32_t> tok(B * T), tgt(B * T);
+  for (int i = 0; i < B * T; ++i) tok[i] = (i * 5 + 3) % 37, tgt[i] = (i * 11 + 1) % 37;
+  auto half = [&](const std::vector<int32_t>& v, int h) {
+    return std::vector<int32_t>(v.begin() + h * 2 * T, v.begin() + (h + 1) * 2 * T);
+  };
+  m.set_dropout(true, 99, 8);
+  m.zero_grad();
+  const double whole = m.forward(Batch::of_tokens(tokens_tensor(*be, tok, B, T),
+                                                  tokens_tensor(*be, tgt, B, T)), 1.f).sum;
+  m.backward();
+  const std::vector<float> g_whole = to_host(*be, m.grad_buffer());
+  double parts = 0;
+  m.zero_grad();
+  for (int h = 0; h < 2; ++h) {
+    m.set_dropout(true, 99, 8 + 2 * h);
+    parts += m.forward(Batch::of_tokens(tokens_tensor(*be, half(tok, h), 2, T),
+                                        tokens_tensor(*be, half(tgt, h), 2, T)), 1.f).sum;
+    m.backward();
+  }
+  const std::vector<float> g_parts = to_host(*be, m.grad_buffer());
+  EXPECT_NEAR(parts, whole, 1e-5 * std::abs(whole));
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < g_whole.size(); ++i)
+    diff += std::pow(g_whole[i] - g_parts[i], 2), norm += std::pow(g_whole[i], 2);
+  EXPECT_LT(std::sqrt(diff / norm), 1e-5);
+  // Another first sample draws other masks.
+  m.set_dropout(true, 99, 9);
+  const double shifted = m.forward(Batch::of_tokens(tokens_tensor(*be, tok, B, T),
+                                                    tokens_tensor(*be, tgt, B, T)), 0.f).sum;
+  EXPECT_GT(std::abs(shifted - whole), 1e-3 * std::abs(whole));
+}
+
 // The whole model's backward against central differences of its forward, with dropout
 // on (the masks are replayed, so the function is deterministic).
 TEST(GPT2, BackwardMatchesFiniteDifferences) {

@@ -1,6 +1,11 @@
 # Shared by the `kiln train` tests of this folder (source it after setting $work):
 #   make_corpus SEED OUT   a small corpus with structure (byte-level tokens later)
 #   make_images SEED OUT   tiny IDX files (12x12 gray, 4 classes with a class pattern)
+#   setup_tiny_gpt2 SEED   a corpus (make_corpus SEED), its byte-level data set in $work/data
+#                          and $work/tiny.toml: a tiny GPT-2 (2 layers, 4 heads, C = 32,
+#                          T = 16, dropout 0.1), 20 updates of global batch 4 in
+#                          micro-batches of 1, eval every 10 (2 batches), no checkpoints;
+#                          runs change it with --set
 #   run_train TOML NAME NP [args...]
 #                          kiln train TOML (under mpirun for NP > 1) into $work/NAME,
 #                          its output in $work/NAME.log, shown when it fails (then exit 1)
@@ -26,6 +31,41 @@ words = ["in the beginning ", "and the earth ", "was without form ", "and void; 
          "and darkness ", "was upon the face ", "of the deep. "]
 open(sys.argv[2], "w").write("".join(random.choice(words) for _ in range(800)))
 PY
+}
+
+setup_tiny_gpt2() {
+  make_corpus "$1" "$work/corpus.txt"
+  "$kiln" prepare --input "$work/corpus.txt" --out "$work/data" --tokenizer byte --val-fraction 0.1 >/dev/null
+  cat > "$work/tiny.toml" <<EOF2
+[model]
+n_layer = 2
+n_head = 4
+n_embd = 32
+block_size = 16
+dropout = 0.1
+[data]
+dir = "$work/data"
+[train]
+steps = 20
+micro_batch = 1
+global_batch = 4
+seq_len = 16
+[optim]
+lr = 3e-3
+[schedule]
+warmup_steps = 3
+[eval]
+every = 10
+batches = 2
+[log]
+every = 1
+peak_tflops = 1.0
+[checkpoint]
+every = 0
+[parallel]
+timeout_s = 20
+bucket_mb = 0.004
+EOF2
 }
 
 run_train() {

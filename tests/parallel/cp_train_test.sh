@@ -109,7 +109,7 @@ for to in cp1 dp2_cp2; do
 done
 
 # Bad layouts: one line naming the cause, every rank non-zero, no hang.
-fails seq_len "train.seq_len = 30 is not a multiple of 2 x parallel.cp = 4" \
+fails seq_len "error: --set: train.seq_len = 30 is not a multiple of 2 x parallel.cp = 4" \
   timeout 60 mpirun --oversubscribe --bind-to none -np 2 "$kiln" train "$work/tiny.toml" \
   --set "run.dir=$work/seq" "${cp2[@]}" --set train.seq_len=30
 fails dropout "dropout under context parallelism is not supported yet" \

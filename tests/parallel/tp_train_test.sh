@@ -20,39 +20,7 @@ work="$2"
 rm -rf "$work" && mkdir -p "$work"
 . "$(dirname "$0")/common.sh"
 
-make_corpus 5 "$work/corpus.txt"
-"$kiln" prepare --input "$work/corpus.txt" --out "$work/data" --tokenizer byte --val-fraction 0.1 >/dev/null
-
-cat > "$work/tiny.toml" <<EOF2
-[model]
-n_layer = 2
-n_head = 4
-n_embd = 32
-block_size = 16
-dropout = 0.1
-[data]
-dir = "$work/data"
-[train]
-steps = 20
-micro_batch = 1
-global_batch = 4
-seq_len = 16
-[optim]
-lr = 3e-3
-[schedule]
-warmup_steps = 3
-[eval]
-every = 10
-batches = 2
-[log]
-every = 1
-peak_tflops = 1.0
-[checkpoint]
-every = 0
-[parallel]
-timeout_s = 20
-bucket_mb = 0.004
-EOF2
+setup_tiny_gpt2 5
 
 train() { run_train "$work/tiny.toml" "$@"; }  # train RUN_NAME NP [--set ...]
 sp=(--set parallel.sequence_parallel=true)

@@ -48,9 +48,9 @@ class ForwardingBackend : public Backend {
     in_.copy(s, d, t);
   }
   void copy_stochastic_round(Stream s, const Tensor& d, const Tensor& t, uint64_t seed,
-                             uint64_t stream) override {
+                             uint64_t stream, const GlobalIndices& at) override {
     on_call("copy_stochastic_round");
-    in_.copy_stochastic_round(s, d, t, seed, stream);
+    in_.copy_stochastic_round(s, d, t, seed, stream, at);
   }
   void fill(Stream s, const Tensor& t, float v) override {
     on_call("fill");

@@ -151,8 +151,8 @@ class StagingProbe final : public Backend {
   void copy_to_host(Stream s, void* dst, const Tensor& src) override { cpu->copy_to_host(s, dst, src); }
   void copy(Stream s, const Tensor& dst, const Tensor& src) override { cpu->copy(s, dst, src); }
   void copy_stochastic_round(Stream s, const Tensor& dst, const Tensor& src, uint64_t seed,
-                             uint64_t stream) override {
-    cpu->copy_stochastic_round(s, dst, src, seed, stream);
+                             uint64_t stream, const GlobalIndices& at) override {
+    cpu->copy_stochastic_round(s, dst, src, seed, stream, at);
   }
   void fill(Stream s, const Tensor& t, float value) override { cpu->fill(s, t, value); }
 #define KILN_PROBE_FORWARD(Call, method, family, category, params, args) \

@@ -302,6 +302,47 @@ TEST(Trainer, ExportImportRoundTrips) {
   }
 }
 
+// A bf16 (and fp16) fine-tune from fp32 weights starts from them, not from their rounding:
+// model.init_from (a kiln checkpoint, its llm.c export, its Hugging Face folder) fills the
+// fp32 master weights with the source's values bitwise, and the low-precision parameters
+// are those masters rounded to nearest (fp16 from the checkpoint too).
+TEST(Trainer, LowPrecisionFineTuneKeepsTheSourceInTheMasters) {
+  TempDir tmp;
+  const fs::path data = make_dataset(tmp.path);
+  { Trainer(tiny_config(data, tmp.path / "run", 3), quiet()).run(); }
+  const fs::path ckpt = tmp.path / "run" / "ckpt" / "step_00000003";
+  checkpoint::CheckpointReader reader(ckpt);
+  const fs::path bin = tmp.path / "model.bin", hf = tmp.path / "hf";
+  export_checkpoint(ckpt, export_as("llmc"), bin);
+  export_checkpoint(ckpt, export_as("hf"), hf);
+  const std::vector<std::pair<std::string, fs::path>> cases = {
+      {"bf16", ckpt}, {"bf16", bin}, {"bf16", hf}, {"fp16", ckpt}};
+  for (const auto& [dtype, from] : cases) {
+    SCOPED_TRACE(dtype + " from " + from.filename().string());
+    TrainConfig c = tiny_config(data, tmp.path / ("ft-" + dtype + from.filename().string()), 1);
+    c.model.init_from = from.string();
+    c.model.vocab_size = 257;
+    c.train.dtype = dtype;
+    Trainer trainer(c, quiet());
+    const AdamW& opt = trainer.optimizer();
+    Backend& be = opt.backend();
+    int64_t low_bits = 0;  // elements whose source value is not a low-precision one
+    for (size_t i = 0; i < opt.segments().size(); ++i) {
+      const AdamWSegment& seg = opt.segments()[i];
+      const std::vector<float> src = reader.read_f32(seg.spec.name);
+      const std::vector<float> want(src.begin() + seg.begin, src.begin() + seg.end);
+      ASSERT_TRUE(opt.master(i)) << seg.spec.name;
+      EXPECT_EQ(download_f32(be, opt.master(i)), want) << seg.spec.name;
+      Tensor t = be.empty(Shape{seg.size()}, parse_dtype(dtype), MemCategory::Temporaries);
+      upload_f32(be, t, want.data());  // rounded to nearest
+      const std::vector<float> rounded = download_f32(be, t);
+      EXPECT_EQ(download_f32(be, seg.param), rounded) << seg.spec.name;
+      for (size_t j = 0; j < want.size(); ++j) low_bits += rounded[j] != want[j];
+    }
+    EXPECT_GT(low_bits, 1000) << "the source is (nearly) low precision: the test shows nothing";
+  }
+}
+
 // A Llama (untied GQA, or tied, in fp32 or bf16) through a Hugging Face folder: the folder
 // alone gives the shape (no [model] keys but init_from), the weights come back bitwise
 // (bf16 checkpoints export bf16 by default, their bf16 parameters exactly), and an

@@ -37,7 +37,7 @@ struct HeadScratch {
 };
 
 inline float keep_scale(const DropoutSpec& d, uint64_t index) {
-  return uniform_at(d.seed, d.stream, index) >= d.p ? 1.f / (1.f - d.p) : 0.f;
+  return uniform_at(d.seed, d.stream, d.offset + index) >= d.p ? 1.f / (1.f - d.p) : 0.f;
 }
 
 // n rows of HD columns from `rows` (row stride W, first column `col`), times scale.

@@ -66,11 +66,11 @@ class CpuBackend final : public Backend {
     });
   }
   void copy_stochastic_round(Stream, const Tensor& dst, const Tensor& src, uint64_t seed,
-                             uint64_t stream) override {
+                             uint64_t stream, const GlobalIndices& at) override {
     KILN_CHECK(dst.numel() == src.numel() && dst.dtype() == DType::BF16 &&
                    src.dtype() == DType::F32,
                "copy_stochastic_round: {} <- {} (bf16 <- fp32 of one size)", dst.str(), src.str());
-    cpu::stochastic_round_bf16(p<cpu::bf16>(dst), p<float>(src), src.numel(), seed, stream);
+    cpu::stochastic_round_bf16(p<cpu::bf16>(dst), p<float>(src), src.numel(), seed, stream, at);
   }
   void fill(Stream, const Tensor& t, float value) override {
     if (t.dtype() == DType::I32) {

@@ -124,23 +124,28 @@ void fill(T* out, float value, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = v;
 }
 
-void stochastic_round_bf16(bf16* dst, const float* src, int64_t n, uint64_t seed, uint64_t stream) {
-  const int64_t blocks = (n + 3) / 4;
+void stochastic_round_bf16(bf16* dst, const float* src, int64_t n, uint64_t seed, uint64_t stream,
+                           const GlobalIndices& at) {
+  // Chunks of consecutive elements; within one, the Philox block of the last global
+  // index is reused while the next falls in it (4 per block along a contiguous run).
+  constexpr int64_t kChunk = 4096;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const PhiloxCounter r = philox_block(seed, stream, static_cast<uint64_t>(blk));
-    for (int64_t j = 0; j < 4; ++j) {
-      const int64_t i = blk * 4 + j;
-      if (i >= n) break;
+  for (int64_t c = 0; c < chunks; ++c) {
+    PhiloxCounter r{};
+    uint64_t block = UINT64_MAX;
+    for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) {
       const uint32_t u = __builtin_bit_cast(uint32_t, src[i]);
       if ((u & 0x7f800000u) == 0x7f800000u) {  // Inf or NaN: round to nearest
         dst[i] = store<bf16>(src[i]);
         continue;
       }
+      const auto g = static_cast<uint64_t>(at.at(i));
+      if (g / 4 != block) r = philox_block(seed, stream, block = g / 4);
       // Adding 16 random bits below the kept mantissa carries into it with probability
       // equal to the discarded fraction. A carry into the exponent is the correct
       // next value (and may reach Inf only from the largest finite values).
-      dst[i].bits = static_cast<uint16_t>((u + (r[static_cast<size_t>(j)] & 0xffffu)) >> 16);
+      dst[i].bits = static_cast<uint16_t>((u + (r[static_cast<size_t>(g % 4)] & 0xffffu)) >> 16);
     }
   }
 }

@@ -114,7 +114,8 @@ void fill(T* out, float value, int64_t n);
 template <class T>
 double sum_squares(const T* x, int64_t n);
 /// dst = src rounded stochastically (see Backend::copy_stochastic_round).
-void stochastic_round_bf16(bf16* dst, const float* src, int64_t n, uint64_t seed, uint64_t stream);
+void stochastic_round_bf16(bf16* dst, const float* src, int64_t n, uint64_t seed, uint64_t stream,
+                           const GlobalIndices& at);
 /// dst = src converted (round to nearest even).
 template <class D, class S>
 void convert(D* dst, const S* src, int64_t n);

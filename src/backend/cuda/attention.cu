@@ -74,14 +74,20 @@ struct Geo {
   float scale;
 };
 
-// Keep factor of probability (i, j) of local head row bh (of NH heads): 0 or 1/(1-p),
-// drawn at the global head row (DropoutSpec::global_bh).
-__device__ __forceinline__ float keep_factor(const AttnDropout& dr, int64_t bh, int NH, int T, int i,
-                                             int j) {
+// The dropout index of probability (i, 0) of local head row bh (of NH heads): at the
+// global head row (DropoutSpec::global_bh), after the spec's offset.
+__device__ __forceinline__ uint64_t drop_row_index(const AttnDropout& dr, int64_t bh, int NH,
+                                                   int T, int i) {
   const uint64_t gbh = dr.total_heads == 0
                            ? static_cast<uint64_t>(bh)
                            : static_cast<uint64_t>(bh / NH) * dr.total_heads + dr.head_offset + bh % NH;
-  const uint64_t idx = (gbh * T + i) * static_cast<uint64_t>(T) + j;
+  return dr.offset + (gbh * T + i) * static_cast<uint64_t>(T);
+}
+
+// Keep factor of probability (i, j) of local head row bh (of NH heads): 0 or 1/(1-p).
+__device__ __forceinline__ float keep_factor(const AttnDropout& dr, int64_t bh, int NH, int T, int i,
+                                             int j) {
+  const uint64_t idx = drop_row_index(dr, bh, NH, T, i) + j;
   return uniform_at(dr.seed, dr.stream, idx) >= dr.p ? dr.scale : 0.f;
 }
 
@@ -111,7 +117,7 @@ __global__ void __launch_bounds__(Tiles<D>::kFwdQ)
   float m = -INFINITY, l = 0.f;
   const int q_last = min(g.T, q0 + BQ) - 1;
   const int k_last = g.causal ? q_last : g.T - 1;  // the last key any row of the tile sees
-  const uint64_t drop_row = (static_cast<uint64_t>(bh) * g.T + (valid ? i : 0)) * g.T;
+  const uint64_t drop_row = drop_row_index(dr, bh, g.NH, g.T, valid ? i : 0);
 
   for (int k0 = 0; k0 <= k_last; k0 += BK) {
     __syncthreads();

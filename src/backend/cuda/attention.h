@@ -21,6 +21,7 @@ struct AttnDropout {
   float p = 0.f;      // 0: off
   float scale = 1.f;  // 1/(1-p)
   uint64_t seed = 0, stream = 0;
+  uint64_t offset = 0;                   // DropoutSpec::offset, added to every index
   int head_offset = 0, total_heads = 0;  // DropoutSpec's global heads (0: the op's own)
 };
 

@@ -145,14 +145,14 @@ void CudaBackend::copy(Stream s, const Tensor& dst, const Tensor& src) {
                 src.numel());
 }
 void CudaBackend::copy_stochastic_round(Stream s, const Tensor& dst, const Tensor& src,
-                                        uint64_t seed, uint64_t stream) {
+                                        uint64_t seed, uint64_t stream, const GlobalIndices& at) {
   KILN_CHECK(dst.numel() == src.numel() && dst.dtype() == DType::BF16 &&
                  src.dtype() == DType::F32,
              "copy_stochastic_round: {} <- {} (bf16 <- fp32 of one size)", dst.str(), src.str());
   on_device(dst, "copy_stochastic_round");
   on_device(src, "copy_stochastic_round");
   cuda::stochastic_round_bf16(st(s), dst.raw(), static_cast<const float*>(src.raw()),
-                              src.numel(), seed, stream);
+                              src.numel(), seed, stream, at.begin, at.row_len, at.stride);
 }
 void CudaBackend::fill(Stream s, const Tensor& t, float value) {
   if (!t.numel()) return;
@@ -397,6 +397,7 @@ AttnDropout CudaBackend::drop(const DropoutSpec& d) {
     a.scale = 1.f / (1.f - d.p);
     a.seed = d.seed;
     a.stream = d.stream;
+    a.offset = d.offset;
     a.head_offset = d.head_offset;
     a.total_heads = d.total_heads;
   }

@@ -47,7 +47,7 @@ class CudaBackend final : public Backend {
   void copy_to_host(Stream s, void* dst, const Tensor& src) override;
   void copy(Stream s, const Tensor& dst, const Tensor& src) override;
   void copy_stochastic_round(Stream s, const Tensor& dst, const Tensor& src, uint64_t seed,
-                             uint64_t stream) override;
+                             uint64_t stream, const GlobalIndices& at) override;
   void fill(Stream s, const Tensor& t, float value) override;
 
   // ---- ops (cuda_ops.cpp) -----------------------------------------------------------------

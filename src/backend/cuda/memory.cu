@@ -81,21 +81,28 @@ __global__ void sum_partials(const double* partial, int count, double* result) {
 }
 
 // One thread per group of 4 elements: one Philox block gives their 4 random words.
+// One thread per 4 consecutive elements; the Philox block of the last global index is
+// reused while the next falls in it (one block per 4 elements along a contiguous run).
 __global__ void stochastic_round_kernel(uint16_t* dst, const float* src, int64_t n,
-                                        uint64_t seed, uint64_t stream) {
-  const int64_t blocks = (n + 3) / 4;
-  for (int64_t b = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; b < blocks;
-       b += int64_t{gridDim.x} * blockDim.x) {
-    const Philox4 r = philox_block(seed, stream, static_cast<uint64_t>(b));
+                                        uint64_t seed, uint64_t stream, int64_t begin,
+                                        int64_t row_len, int64_t stride) {
+  const int64_t groups = (n + 3) / 4;
+  for (int64_t q = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; q < groups;
+       q += int64_t{gridDim.x} * blockDim.x) {
+    Philox4 r{};
+    uint64_t block = ~uint64_t{0};
     for (int j = 0; j < 4; ++j) {
-      const int64_t i = b * 4 + j;
+      const int64_t i = q * 4 + j;
       if (i >= n) break;
       const uint32_t u = __float_as_uint(src[i]);
       if ((u & 0x7f800000u) == 0x7f800000u) {  // Inf or NaN: round to nearest
         dst[i] = __bfloat16_as_ushort(__float2bfloat16_rn(src[i]));
-      } else {
-        dst[i] = static_cast<uint16_t>((u + (r[j] & 0xffffu)) >> 16);
+        continue;
       }
+      const auto g = static_cast<uint64_t>(
+          row_len == 0 ? begin + i : begin + (i / row_len) * stride + i % row_len);
+      if (g / 4 != block) r = philox_block(seed, stream, block = g / 4);
+      dst[i] = static_cast<uint16_t>((u + (r[static_cast<int>(g % 4)] & 0xffffu)) >> 16);
     }
   }
 }
@@ -103,11 +110,12 @@ __global__ void stochastic_round_kernel(uint16_t* dst, const float* src, int64_t
 }  // namespace
 
 void stochastic_round_bf16(cudaStream_t s, void* dst, const float* src, int64_t n, uint64_t seed,
-                           uint64_t stream) {
+                           uint64_t stream, int64_t begin, int64_t row_len, int64_t stride) {
   if (n == 0) return;
-  const int64_t blocks = (n + 3) / 4;
-  const int grid = static_cast<int>(std::min<int64_t>((blocks + 255) / 256, 4096));
-  stochastic_round_kernel<<<grid, 256, 0, s>>>(static_cast<uint16_t*>(dst), src, n, seed, stream);
+  const int64_t groups = (n + 3) / 4;
+  const int grid = static_cast<int>(std::min<int64_t>((groups + 255) / 256, 4096));
+  stochastic_round_kernel<<<grid, 256, 0, s>>>(static_cast<uint16_t*>(dst), src, n, seed, stream,
+                                               begin, row_len, stride);
   KILN_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -18,10 +18,12 @@ enum class FloatKind { F32, BF16, F16 };
 void convert(cudaStream_t s, void* dst, FloatKind dst_kind, const void* src, FloatKind src_kind,
              int64_t n);
 
-/// dst (bf16) = src (fp32) rounded stochastically with Philox(seed, stream) word i, as
-/// the CPU backend does (Backend::copy_stochastic_round): bitwise the same result.
+/// dst (bf16) = src (fp32) rounded stochastically with Philox(seed, stream) word g of
+/// element i, g = begin + (i / row_len) * stride + i % row_len (begin + i when row_len is
+/// 0: GlobalIndices), as the CPU backend does (Backend::copy_stochastic_round): bitwise
+/// the same result.
 void stochastic_round_bf16(cudaStream_t s, void* dst, const float* src, int64_t n, uint64_t seed,
-                           uint64_t stream);
+                           uint64_t stream, int64_t begin, int64_t row_len, int64_t stride);
 
 /// Bytes of device scratch sum_squares needs for n elements.
 size_t sum_squares_scratch_bytes(int64_t n);

@@ -38,8 +38,8 @@ class MetaBackend final : public Backend {
   void copy(Stream, const Tensor& dst, const Tensor& src) override {
     KILN_CHECK(dst.numel() == src.numel(), "copy: {} and {} differ in size", dst.str(), src.str());
   }
-  void copy_stochastic_round(Stream, const Tensor& dst, const Tensor& src, uint64_t,
-                             uint64_t) override {
+  void copy_stochastic_round(Stream, const Tensor& dst, const Tensor& src, uint64_t, uint64_t,
+                             const GlobalIndices&) override {
     KILN_CHECK(dst.numel() == src.numel(), "copy_stochastic_round: {} and {} differ in size",
                dst.str(), src.str());
   }

@@ -146,10 +146,10 @@ Shape DiT::image_shape() const {
   return Shape{config_.image_size, config_.image_size, config_.num_channels};
 }
 
-void DiT::set_dropout(bool on, uint64_t seed, uint64_t call_index) {
+void DiT::set_dropout(bool on, uint64_t seed, uint64_t first_sample) {
   training_draws_ = on;
   seed_ = seed;
-  call_index_ = call_index;
+  first_sample_ = first_sample;
 }
 
 void DiT::timestep_frequencies(float t, int F, float* out) {
@@ -281,7 +281,7 @@ LossSum DiT::forward(const Batch& batch, float grad_scale) {
   State& a = *state_;
   Backend& be = backend();
   const Stream s = be.default_stream();
-  // The draws of global sample g = call_index * B + b: time, noise, label dropout.
+  // The draws of global sample g = first_sample + b: time, noise, label dropout.
   const uint64_t streams = training_draws_ ? 0 : kEvalStreams;
   const int64_t pixels = x0.numel() / B;
   a.host_t.resize(static_cast<size_t>(B));
@@ -291,7 +291,7 @@ LossSum DiT::forward(const Batch& batch, float grad_scale) {
   be.synchronize(s);
   std::vector<int32_t> conditioning = a.host_labels;
   for (int b = 0; b < B; ++b) {
-    const uint64_t g = call_index_ * static_cast<uint64_t>(B) + static_cast<uint64_t>(b);
+    const uint64_t g = first_sample_ + static_cast<uint64_t>(b);
     float z = 0.f;
     fill_normal(&z, 1, seed_, kTimeStream + streams, 0.f, 1.f, g);
     a.host_t[b] = 1.f / (1.f + std::exp(-z));

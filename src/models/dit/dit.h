@@ -14,7 +14,8 @@
 //   pred      = final_layer.linear(modulate(norm(x_L), shift, scale)) [B,N,D]
 //   loss      = mean over pixels of (pred - patchify(v))^2, per image; the mean over images
 // Times, noise and label dropout of sample b of a micro-batch are drawn at global sample
-// index call_index * B + b (set_dropout), so every data-parallel layout draws alike.
+// index first_sample + b (set_dropout), so every layout (dp, micro_batch, accumulation)
+// draws alike.
 // Evaluation (set_dropout off) draws from streams of its own: the same noise for a
 // validation sample at every evaluation, no label dropout.
 //
@@ -52,7 +53,7 @@ class DiT final : public LayeredModel, public FlowModel {
   /// labels int32 [B] (T must be block_size, the patch count).
   BatchShape batch_shape(int B, int T) const override;
   /// The flow-matching loss of the batch's images (x0) under its targets (labels; -1: not
-  /// counted) at the times and noise of the current call index (set_dropout).
+  /// counted) at the times and noise of its global samples (set_dropout).
   LossSum forward(const Batch& batch, float grad_scale) override;
   void backward() override;
   /// forward() at given draws (the golden test's): x0 fp32 [B,H,W,C] on the device; host
@@ -63,9 +64,9 @@ class DiT final : public LayeredModel, public FlowModel {
                     std::span<const int32_t> conditioning, std::span<const float> noise,
                     std::span<const float> t, float grad_scale, const Tensor& loss = {});
   void set_activation_checkpointing(nn::ActivationCheckpointing mode) override { mode_ = mode; }
-  /// on: training draws (label dropout); off: evaluation draws. (seed, call_index) key
-  /// every draw.
-  void set_dropout(bool on, uint64_t seed, uint64_t call_index) override;
+  /// on: training draws (label dropout); off: evaluation draws. (seed, global sample
+  /// index first_sample + b) key every draw of sample b.
+  void set_dropout(bool on, uint64_t seed, uint64_t first_sample) override;
   double flops_per_token(int T) const override { return config_.flops_per_token(T); }
   int64_t num_parameters() const override { return config_.num_parameters(); }
 
@@ -95,7 +96,7 @@ class DiT final : public LayeredModel, public FlowModel {
   LossAccumulator loss_;
   nn::ActivationCheckpointing mode_ = nn::ActivationCheckpointing::None;
   bool training_draws_ = false;
-  uint64_t seed_ = 0, call_index_ = 0;
+  uint64_t seed_ = 0, first_sample_ = 0;
 };
 
 }  // namespace kiln

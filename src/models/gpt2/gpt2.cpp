@@ -10,6 +10,10 @@
 namespace kiln {
 
 namespace {
+// Philox streams of the dropout masks, one per (block, site): far from the parameters'
+// streams 0..P-1 (the same seed initialises them).
+constexpr uint64_t kDropoutStreams = uint64_t{0xD20} << 32;
+
 // The parts of GPT-2 as the layers hold them: the embeddings (tied: wte is also the
 // output projection), each block, the head.
 // Costs: the matmul parameters a token meets in the part (the 6N rule's N): none in the
@@ -59,19 +63,21 @@ GPT2::~GPT2() = default;
 
 nlohmann::json GPT2::config_json() const { return gpt2_config_json(config_); }
 
-void GPT2::set_dropout(bool on, uint64_t seed, uint64_t call_index) {
+void GPT2::set_dropout(bool on, uint64_t seed, uint64_t first_sample) {
   dropout_on_ = on && config_.dropout > 0.f;
   dropout_seed_ = seed;
-  dropout_call_ = call_index;
+  dropout_first_sample_ = first_sample;
 }
 
-DropoutSpec GPT2::dropout_spec(int block, uint64_t site) const {
+DropoutSpec GPT2::dropout_spec(int block, uint64_t site, int64_t T) const {
   DropoutSpec d;
   if (!dropout_on_) return d;
   d.p = config_.dropout;
   d.seed = dropout_seed_;
-  d.stream = ((dropout_call_ * static_cast<uint64_t>(config_.n_layer + 1) +
-               static_cast<uint64_t>(block + 1)) << 2) | site;
+  d.stream = kDropoutStreams + ((static_cast<uint64_t>(block + 1) << 2) | site);
+  const int64_t per_sample =
+      site == nn::kAttnProbsSite ? int64_t{config_.n_head} * T * T : T * config_.n_embd;
+  d.offset = dropout_first_sample_ * static_cast<uint64_t>(per_sample);
   return d;
 }
 

@@ -45,7 +45,7 @@ class GPT2 final : public DecoderModel {
   nlohmann::json config_json() const override;
   // forward (DecoderModel): positions must be empty (0..T-1: learned positions); the
   // loss gradient is made in the tied output projection (wte).
-  void set_dropout(bool on, uint64_t seed, uint64_t call_index) override;
+  void set_dropout(bool on, uint64_t seed, uint64_t first_sample) override;
   double flops_per_token(int T) const override { return config_.flops_per_token(T); }
   int64_t num_parameters() const override { return config_.num_parameters(); }
   int vocab_size() const override { return config_.vocab_size; }
@@ -62,9 +62,12 @@ class GPT2 final : public DecoderModel {
   int decoded_length() const override;
 
  protected:
-  /// The mask of dropout site `site` of block `block` (-1: the embeddings), keyed by the
-  /// micro-batch's call index (set_dropout).
-  DropoutSpec dropout_spec(int block, uint64_t site) const override;
+  /// The mask of dropout site `site` of block `block` (-1: the embeddings): one Philox
+  /// stream per (block, site) for the whole run, element e of global sample s (the
+  /// micro-batch's first is set_dropout's first_sample) at index s * n + e, n the
+  /// elements of one sample there (T C; n_head T T for attention probabilities), e its
+  /// position within the sample (t C + c; (h T + i) T + j).
+  DropoutSpec dropout_spec(int block, uint64_t site, int64_t T) const override;
 
  private:
   struct DecodeState;
@@ -74,7 +77,7 @@ class GPT2 final : public DecoderModel {
   std::unique_ptr<DecodeState> decode_;
   bool dropout_on_ = false;
   uint64_t dropout_seed_ = 0;
-  uint64_t dropout_call_ = 0;
+  uint64_t dropout_first_sample_ = 0;
 };
 
 }  // namespace kiln
