@@ -3,7 +3,7 @@
 # in the checkout: afterwards `bin/kiln --help`, or `export PATH="$PWD/bin:$PATH"` and
 # `kiln --help`. Installs missing Debian packages. Idempotent; works from any directory.
 # The build goes to $KILN_BUILD_DIR (default build-app/). A first build takes about 10-15
-# minutes on 2 cores without a compiler cache, under a minute with a warm one.
+# minutes on 2 cores without a compiler cache, a few with a warm one.
 #   scripts/build.sh                    build, then link bin/kiln
 #   scripts/build.sh --prefix DIR       also install it as DIR/bin/kiln (cmake --install)
 set -euo pipefail

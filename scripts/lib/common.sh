@@ -57,7 +57,7 @@ kiln_build() {
   # clone (CI's fresh one, a user's second) hits the same cache.
   export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$KILN_ROOT}"
   local log="$KILN_BUILD/build.log" first=""
-  [ -f "$KILN_BUILD/build.ninja" ] || first=" (a first build on 2 cores: up to 15 minutes without a compiler cache, about a minute with a warm one)"
+  [ -f "$KILN_BUILD/build.ninja" ] || first=" (a first build on 2 cores: up to 15 minutes without a compiler cache, a few with a warm one)"
   echo "kiln: building in $KILN_BUILD$first; log: $log"
   if ! cmake -S "$KILN_ROOT" -B "$KILN_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" >"$log" 2>&1; then
     kiln_build_failed "$log"
