@@ -78,19 +78,24 @@ kiln_build_failed() {
 
 # Reads ninja's output, appends it to the log "$1" and shows its [done/total] status: on
 # one rewritten line when stderr is a terminal, else a line at every tenth of the build.
+# (A shell loop, not awk: Debian's mawk reads a pipe in blocks, which stalls the display.)
 kiln_show_progress() {
-  local tty=0
+  local log=$1 tty=0 shown=0 next=0 line n t pct
   [ -t 2 ] && tty=1
-  awk -v logf="$1" -v tty="$tty" '
-    { print >> logf; fflush(logf) }
-    match($0, /^\[[0-9]+\/[0-9]+\]/) {
-      split(substr($0, 2, RLENGTH - 2), a, "/")
-      pct = int(100 * a[1] / a[2])
-      if (tty) { printf "\rkiln: building [%d/%d] %d%%", a[1], a[2], pct > "/dev/stderr"; shown = 1 }
-      else if (pct >= next_pct) { printf "kiln: building [%d/%d] %d%%\n", a[1], a[2], pct > "/dev/stderr"; next_pct = pct - pct % 10 + 10 }
-      fflush("/dev/stderr")
-    }
-    END { if (shown) printf "\n" > "/dev/stderr" }'
+  while IFS= read -r line; do
+    printf '%s\n' "$line" >> "$log"
+    [[ $line =~ ^\[([0-9]+)/([0-9]+)\] ]] || continue
+    n=${BASH_REMATCH[1]} t=${BASH_REMATCH[2]}
+    pct=$(( 100 * n / t ))
+    if [ "$tty" = 1 ]; then
+      printf '\rkiln: building [%d/%d] %d%%' "$n" "$t" "$pct" >&2
+      shown=1
+    elif [ "$pct" -ge "$next" ]; then
+      printf 'kiln: building [%d/%d] %d%%\n' "$n" "$t" "$pct" >&2
+      next=$(( pct - pct % 10 + 10 ))
+    fi
+  done
+  [ "$shown" = 0 ] || printf '\n' >&2
 }
 
 # Links bin/kiln in the checkout to the program just built in $KILN_BUILD, so that every
