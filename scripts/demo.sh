@@ -41,9 +41,13 @@ if $images; then
 else
   kiln_apt_install "${KILN_BUILD_PACKAGES[@]}" "${KILN_DEMO_PACKAGES[@]}"
 fi
-KILN_BUILD="${KILN_DEMO_BUILD_DIR:-$KILN_ROOT/build-demo}"
+# The program alone, in the same build folder as scripts/build.sh (bin/kiln links to it).
+KILN_BUILD="${KILN_DEMO_BUILD_DIR:-$KILN_ROOT/build-app}"
 kiln_build -DKILN_BUILD_TESTS=OFF -DKILN_BUILD_BENCH=OFF -DKILN_CUDA=OFF
+kiln_link_bin
 kiln="$KILN_BUILD/apps/kiln/kiln"
+# Said last, whichever demo ran: where the program is for the README's "Using it" lines.
+trap '[ $? -ne 0 ] || echo "demo: the kiln program is $KILN_ROOT/bin/kiln (export PATH=\"$KILN_ROOT/bin:\$PATH\" to type kiln)"' EXIT
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
 echo "demo: built kiln in $(( $(date +%s) - start )) s"
 
@@ -117,8 +121,9 @@ unigram=$("$kiln" unigram --data "$data" | awk '{print $4}')
 last=$(grep '"val_loss"' "$run/metrics.jsonl" | tail -1)
 val=$(echo "$last" | sed -E 's/.*"val_loss":([0-9.eE+-]+).*/\1/')
 tps=$(awk -F'"tokens_per_s":' 'NF>1{split($2,a,/[,}]/); s+=a[1]; n++} END{if(n) printf "%.0f", s/n}' "$run/metrics.jsonl")
-echo "val loss:          $val nats/token"
-echo "unigram val loss:  $unigram nats/token  (target: val loss at least 1.5 nats below)"
+printf 'val loss:          %.3f nats/token\n' "$val"
+printf 'unigram val loss:  %.3f nats/token' "$unigram"
+echo "  (target: val loss at least 1.5 nats below)"
 awk -v v="$val" -v u="$unigram" 'BEGIN{printf "improvement:       %.3f nats/token %s\n", u-v, (u-v>=1.5)?"(met)":"(NOT met)"}'
 echo "mean tokens/s:     $tps"
 echo "training time:     $train_s s on $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) (target: under 600 s on a quiet 2-core machine)"

@@ -12,6 +12,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 kiln_apt_install "${KILN_BUILD_PACKAGES[@]}" "${KILN_TEST_PACKAGES[@]}" "${KILN_FUZZ_PACKAGES[@]}"
 kiln_ensure_node
 kiln_build
+kiln_link_bin
 cd "$KILN_BUILD"
 # One test at a time: each uses both cores (OMP_NUM_THREADS=2, or 2 MPI ranks).
 ctest --output-on-failure --no-tests=error "$@"

@@ -82,10 +82,11 @@ void register_prepare(CLI::App& app) {
     std::string splits;
     for (const auto& [name, info] : r.meta.splits) {
       total += info.tokens;
-      splits += fmt::format(" {}={} tokens ({} shards)", name, info.tokens, info.shards.size());
+      splits += fmt::format(" {}={} tokens ({} shard{})", name, info.tokens, info.shards.size(),
+                            info.shards.size() == 1 ? "" : "s");
     }
-    fmt::print("kiln prepare: {} documents, {:.1f} MB -> {} tokens (vocab {}, {}){} in {:.1f} s -> {}\n",
-               r.meta.documents, r.input_bytes / 1e6, total, r.meta.vocab_size,
+    fmt::print("kiln prepare: {} document{}, {:.1f} MB -> {} tokens (vocab {}, {}){} in {:.1f} s -> {}\n",
+               r.meta.documents, r.meta.documents == 1 ? "" : "s", r.input_bytes / 1e6, total, r.meta.vocab_size,
                r.meta.tokenizer_kind, splits, r.seconds, opt->out_dir.string());
   });
 }

@@ -1,15 +1,19 @@
 // kiln report RUN_DIR [--out FILE]: one self-contained report.html (inline SVG charts of
-// loss, learning rate, gradient norm, throughput, MFU and memory per rank, the resolved
-// config, profiler summaries, an image generator's samples). See src/report/report.h and
+// loss with the data's unigram baseline, learning rate, gradient norm, throughput, MFU and
+// memory per rank, the run's wall time, tokens, sessions and events, the in-training
+// samples, the checkpoints, the resolved config, profiler summaries, an image
+// generator's samples). See src/report/report.h and
 // docs/profiling.md.
 #include "apps/kiln/commands.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/file_util.h"
+#include "config/config.h"
+#include "data/unigram.h"
+#include "model_io/model_io.h"
 #include "models/registry.h"
 #include "report/report.h"
-#include "train/device.h"
 #include "sampling/image_sampler.h"
-#include "model_io/model_io.h"
+#include "train/device.h"
 
 #include <fmt/format.h>
 
@@ -52,6 +56,21 @@ void sample_latest(report::RunData& run) {
   }
 }
 
+// A language model's run: the unigram baseline of its data (kiln unigram) as a line on
+// the loss chart. A data set that cannot be read is a warning in the report.
+void add_unigram_baseline(report::RunData& run) {
+  if (run.config_toml.empty()) return;
+  try {
+    const TrainConfig config = load_config_string(run.config_toml, {}, (run.dir / "config.toml").string());
+    if (config.data.dir.empty() || model_arch(config.model.arch).takes_images) return;
+    const data::UnigramLoss u = data::unigram_val_loss(config.data.dir);
+    run.baseline_loss = u.nats_per_token;
+    run.baseline_name = fmt::format("unigram baseline (val, {:.3f})", u.nats_per_token);
+  } catch (const std::exception& e) {
+    run.warnings.push_back(fmt::format("unigram baseline: {}", e.what()));
+  }
+}
+
 }  // namespace
 
 void register_report(CLI::App& app) {
@@ -67,6 +86,8 @@ void register_report(CLI::App& app) {
   cmd->callback([a] {
     report::RunData run = report::load_run(a->run_dir);
     sample_latest(run);
+    add_unigram_baseline(run);
+    for (const std::string& w : run.warnings) fmt::print(stderr, "kiln report: warning: {}\n", w);
     const std::filesystem::path path =
         a->out.empty() ? std::filesystem::path(a->run_dir) / "report.html" : std::filesystem::path(a->out);
     checkpoint::detail::atomic_write_file(path, report::render_report(run));

@@ -21,6 +21,8 @@ void register_train(CLI::App& app) {
                   "Checkpoint and stop after this many updates in total (as if preempted)");
   cmd->callback([a] {
     const TrainConfig config = load_config_file(a->config, a->sets);
+    // Before the ranks connect, so that under mpirun a missing key is said once (rank 0).
+    config.validate_for_training();
     // Installed once the inputs are open: before that a SIGTERM or Ctrl-C ends kiln at once
     // (the default action) instead of waiting for a training loop that has not begun, e.g.
     // while a read blocks on a FIFO given as a data file.

@@ -49,17 +49,59 @@ kiln_ensure_node() {
 }
 
 # Configures and builds kiln in $KILN_BUILD. Extra arguments go to cmake. The output
-# goes to $KILN_BUILD/build.log; on failure its end is printed.
+# goes to $KILN_BUILD/build.log and ninja's progress ([done/total] and a percentage) to
+# one line of the terminal; on failure the log's end is printed.
 kiln_build() {
   mkdir -p "$KILN_BUILD"
   # ccache hashes paths below the checkout relative to the build folder, so that another
   # clone (CI's fresh one, a user's second) hits the same cache.
   export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$KILN_ROOT}"
-  echo "kiln: building in $KILN_BUILD (log: $KILN_BUILD/build.log)"
-  if ! { cmake -S "$KILN_ROOT" -B "$KILN_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" &&
-         cmake --build "$KILN_BUILD" -j "$(nproc)"; } >"$KILN_BUILD/build.log" 2>&1; then
-    tail -n 40 "$KILN_BUILD/build.log" >&2
-    echo "kiln: the build failed (full log: $KILN_BUILD/build.log)" >&2
+  local log="$KILN_BUILD/build.log" first=""
+  [ -f "$KILN_BUILD/build.ninja" ] || first=" (a first build on 2 cores: up to 15 minutes without a compiler cache, a few with a warm one)"
+  echo "kiln: building in $KILN_BUILD$first; log: $log"
+  if ! cmake -S "$KILN_ROOT" -B "$KILN_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" >"$log" 2>&1; then
+    kiln_build_failed "$log"
     return 1
   fi
+  local rc=0
+  { cmake --build "$KILN_BUILD" -j "$(nproc)" 2>&1 | kiln_show_progress "$log"; rc=${PIPESTATUS[0]}; } || true
+  if [ "$rc" -ne 0 ]; then
+    kiln_build_failed "$log"
+    return 1
+  fi
+}
+
+kiln_build_failed() {
+  tail -n 40 "$1" >&2
+  echo "kiln: the build failed (full log: $1)" >&2
+}
+
+# Reads ninja's output, appends it to the log "$1" and shows its [done/total] status: on
+# one rewritten line when stderr is a terminal, else a line at every tenth of the build.
+# (A shell loop, not awk: Debian's mawk reads a pipe in blocks, which stalls the display.)
+kiln_show_progress() {
+  local log=$1 tty=0 shown=0 next=0 line n t pct
+  [ -t 2 ] && tty=1
+  while IFS= read -r line; do
+    printf '%s\n' "$line" >> "$log"
+    [[ $line =~ ^\[([0-9]+)/([0-9]+)\] ]] || continue
+    n=${BASH_REMATCH[1]} t=${BASH_REMATCH[2]}
+    pct=$(( 100 * n / t ))
+    if [ "$tty" = 1 ]; then
+      printf '\rkiln: building [%d/%d] %d%%' "$n" "$t" "$pct" >&2
+      shown=1
+    elif [ "$pct" -ge "$next" ]; then
+      printf 'kiln: building [%d/%d] %d%%\n' "$n" "$t" "$pct" >&2
+      next=$(( pct - pct % 10 + 10 ))
+    fi
+  done
+  [ "$shown" = 0 ] || printf '\n' >&2
+}
+
+# Links bin/kiln in the checkout to the program just built in $KILN_BUILD, so that every
+# script leaves the same documented path behind (the README uses bin/kiln).
+kiln_link_bin() {
+  mkdir -p "$KILN_ROOT/bin"
+  ln -sfn "$KILN_BUILD/apps/kiln/kiln" "$KILN_ROOT/bin/kiln"
+  echo "kiln: the program is $KILN_ROOT/bin/kiln (-> $KILN_BUILD/apps/kiln/kiln); add it to PATH with: export PATH=\"$KILN_ROOT/bin:\$PATH\""
 }

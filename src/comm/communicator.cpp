@@ -253,9 +253,15 @@ void set_abort_hook(AbortHook hook) { g_abort_hook.store(hook); }
 [[noreturn]] void abort_all(std::string_view message) {
   using namespace comm_detail;
   std::fflush(stdout);
-  std::fprintf(stderr, "kiln: rank %d: %.*s\n", world_rank(), static_cast<int>(message.size()),
-               message.data());
+  // Before the world communicator exists every rank has read the same inputs (the
+  // arguments, the config) and failed alike: rank 0 says it once, the others end quietly,
+  // and the launcher prints one short notice of a non-zero exit.
+  const bool before_world = g_world_rank.load() < 0;
+  if (!before_world || world_rank() == 0)
+    std::fprintf(stderr, "kiln: rank %d: %.*s\n", world_rank(), static_cast<int>(message.size()),
+                 message.data());
   std::fflush(stderr);
+  if (before_world) std::_Exit(1);
   if (g_aborting.exchange(true)) {
     // Another thread is already ending the job; give it time, then leave regardless.
     std::this_thread::sleep_for(std::chrono::seconds(10));

@@ -246,7 +246,9 @@ inline constexpr double kDefaultCommTimeout = 60.0;
 
 /// Prints "kiln: rank R: <message>" to stderr and ends every process of the job with a
 /// non-zero status (MPI_Abort under MPI; exit(1) for a single process). R is the world
-/// rank. Safe to call from any thread.
+/// rank. Before the world communicator exists (the ranks have read only the same
+/// arguments and config), only the launcher's rank 0 prints, and each rank exits 1.
+/// Safe to call from any thread.
 [[noreturn]] void abort_all(std::string_view message);
 
 /// All ranks of `comm` compare `hash` (any string, e.g. a hex digest of the config);

@@ -73,13 +73,16 @@ std::string_view leaf(std::string_view name) {
 }
 
 // The closest valid name, or "" when nothing is close. A key whose last component is
-// a valid key of another section ("train.lr" -> "optim.lr") counts as close too.
+// a valid key of another section ("train.lr" -> "optim.lr") counts as close too, and so
+// does a name that one of them begins ("optimizer" -> "optim").
 std::string suggest(std::string_view given, const std::vector<std::string>& candidates) {
   std::string best;
   size_t best_score = std::numeric_limits<size_t>::max(), best_full = best_score;
   for (const auto& c : candidates) {
     size_t full = edit_distance(given, c);
     size_t score = std::min(full, edit_distance(leaf(given), leaf(c)) + 2);
+    if (c.size() >= 3 && given.size() >= 3 && (given.starts_with(c) || c.starts_with(given)))
+      score = std::min<size_t>(score, 1);
     if (score < best_score || (score == best_score && full < best_full)) {
       best = c;
       best_score = score;
@@ -493,10 +496,6 @@ void validate(const TrainConfig& c, const Origins& origins) {
   KILN_CHECK(c.schedule.min_lr <= c.optim.lr,
              "{}: key 'schedule.min_lr' ({}) must not exceed optim.lr ({})", src("schedule.min_lr"),
              c.schedule.min_lr, c.optim.lr);
-  if (c.train.steps > 0)
-    KILN_CHECK(c.schedule.warmup_steps <= c.train.steps,
-               "{}: key 'schedule.warmup_steps' ({}) must not exceed train.steps ({})",
-               src("schedule.warmup_steps"), c.schedule.warmup_steps, c.train.steps);
   const auto& ps = c.profile.steps;
   KILN_CHECK(ps.empty() || (ps.size() == 2 && ps[0] >= 0 && ps[0] < ps[1]),
              "{}: key 'profile.steps' must be [] or [a, b] with 0 <= a < b, got [{}]",
@@ -612,7 +611,10 @@ LrSchedule lr_schedule_of(const TrainConfig& c) {
   s.kind = parse_lr_schedule_kind(c.schedule.kind);
   s.lr = c.optim.lr;
   s.min_lr = c.schedule.min_lr;
-  s.warmup_steps = c.schedule.warmup_steps;
+  // A short run of a longer config (--set train.steps=50) warms up over the whole run
+  // (kiln train warns: Trainer::print_start_up).
+  s.warmup_steps = c.train.steps > 0 ? std::min(c.schedule.warmup_steps, c.train.steps)
+                                     : c.schedule.warmup_steps;
   s.total_steps = c.train.steps;
   s.decay_fraction = c.schedule.decay_fraction;
   return s;

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <ctime>
+#include <map>
 #include <fstream>
 #include <limits>
 #include <regex>
@@ -195,6 +197,24 @@ std::string svg_line_chart(const std::vector<Series>& input, const ChartOptions&
   return svg;
 }
 
+namespace {
+std::vector<RunData::Checkpoint> list_checkpoints(const fs::path& root) {
+  std::vector<RunData::Checkpoint> out;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return out;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_directory() || name.rfind("step_", 0) != 0) continue;
+    RunData::Checkpoint c{name, 0, fs::exists(entry.path() / "manifest.json", ec)};
+    for (const auto& f : fs::recursive_directory_iterator(entry.path(), ec))
+      if (f.is_regular_file(ec)) c.bytes += static_cast<int64_t>(f.file_size(ec));
+    out.push_back(std::move(c));
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  return out;
+}
+}  // namespace
+
 RunData load_run(const fs::path& run_dir) {
   KILN_CHECK(fs::is_directory(run_dir), "report: {} is not a directory", run_dir.string());
   RunData run;
@@ -223,6 +243,7 @@ RunData load_run(const fs::path& run_dir) {
     std::ifstream in(f);
     std::string line;
     int lineno = 0;
+    std::vector<int> unread;  // line numbers
     while (std::getline(in, line)) {
       ++lineno;
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -232,12 +253,19 @@ RunData load_run(const fs::path& run_dir) {
         const int rank = j.contains("rank") && j["rank"].is_number_integer() ? j["rank"].get<int>()
                                                                              : file_rank;
         run.records[rank].push_back(std::move(j));
-      } catch (const std::exception& e) {
-        run.warnings.push_back(fmt::format("{}:{}: skipped a malformed line", fname, lineno));
+      } catch (const std::exception&) {
+        unread.push_back(lineno);
       }
     }
+    if (!unread.empty())
+      run.warnings.push_back(fmt::format(
+          "{}: {}: {} (not JSON objects: a torn last line after a crash, or two runs writing "
+          "into one run directory)", fname,
+          unread.size() == 1 ? "skipped a malformed line" : "skipped malformed lines",
+          fmt::join(unread, ", ")));
   }
   if (fs::exists(run_dir / "config.toml")) run.config_toml = read_text(run_dir / "config.toml");
+  run.checkpoints = list_checkpoints(run_dir / "ckpt");
   for (const auto& p : summaries) run.summaries.emplace_back(p.filename().string(), read_text(p));
   for (const auto& p : traces) run.traces.push_back(p.filename().string());
   if (fs::is_directory(run_dir / "samples")) {
@@ -323,6 +351,111 @@ std::string fmt_or_dash(double v, const char* f) {
   return std::isfinite(v) ? fmt::format(fmt::runtime(f), v) : "-";
 }
 
+std::string utc_time(double unix_s) {
+  const auto t = static_cast<std::time_t>(unix_s);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S UTC", &tm);
+  return buf;
+}
+
+// One process's share of the run (its start, or a resume): from the records'
+// "session_start", "session_first_step" and "time".
+struct Session {
+  double start = 0.0, last = 0.0;  // unix seconds: began training, last record
+  int64_t first_step = 0;          // the update it began at
+};
+
+std::vector<Session> sessions_of(const RunData& run) {
+  std::map<double, Session> by_start;
+  for (const auto& [rank, recs] : run.records)
+    for (const auto& r : recs) {
+      if (!r.contains("session_start") || !r["session_start"].is_number() || !r.contains("time") ||
+          !r["time"].is_number())
+        continue;
+      const double start = r["session_start"].get<double>();
+      const int64_t first = r.contains("session_first_step") && r["session_first_step"].is_number_integer()
+                                ? r["session_first_step"].get<int64_t>()
+                                : 0;
+      Session& s = by_start.try_emplace(start, Session{start, start, first}).first->second;
+      s.last = std::max(s.last, r["time"].get<double>());
+    }
+  std::vector<Session> out;
+  for (const auto& [start, s] : by_start) out.push_back(s);
+  return out;
+}
+
+// The run at a glance: wall time, tokens, sessions, checkpoints.
+std::string run_section(const RunData& run, const std::vector<Session>& sessions) {
+  double elapsed = 0.0, tokens = NAN;
+  for (const Session& s : sessions) elapsed += s.last - s.start;
+  for (const auto& [rank, recs] : run.records)
+    for (const auto& r : recs)
+      if (r.contains("tokens") && r["tokens"].is_number())
+        tokens = std::isfinite(tokens) ? std::max(tokens, r["tokens"].get<double>()) : r["tokens"].get<double>();
+  std::string wall = "-";
+  if (!sessions.empty())
+    wall = elapsed < 120.0 ? fmt::format("{:.1f} s", elapsed)
+                           : fmt::format("{:.1f} min ({:.0f} s)", elapsed / 60.0, elapsed);
+  std::string h = "<h2>Run</h2>\n<table>\n";
+  h += fmt::format("<tr><td>elapsed wall time (training, over its sessions)</td><td>{}</td></tr>\n", wall);
+  h += fmt::format("<tr><td>tokens seen</td><td>{}</td></tr>\n", fmt_or_dash(tokens, "{:.0f}"));
+  h += fmt::format("<tr><td>sessions (the start, then each resume)</td><td>{}</td></tr>\n",
+                   sessions.empty() ? std::string("-") : std::to_string(sessions.size()));
+  h += fmt::format("<tr><td>checkpoints</td><td>{}</td></tr>\n</table>\n", run.checkpoints.size());
+  return h;
+}
+
+// Starts, resumes and rollbacks, by step: what explains a dip in throughput.
+std::string events_section(const RunData& run, const std::vector<Session>& sessions) {
+  std::vector<std::pair<int64_t, std::string>> events;
+  for (const Session& s : sessions)
+    events.emplace_back(s.first_step, fmt::format("{} at update {} ({})",
+                                                  s.first_step == 0 ? "start" : "resume",
+                                                  s.first_step, utc_time(s.start)));
+  for (const auto& [rank, recs] : run.records)
+    for (const auto& r : recs)
+      if (r.value("event", std::string()) == "rollback" && r.contains("step") && r["step"].is_number_integer())
+        events.emplace_back(r["step"].get<int64_t>(),
+                            fmt::format("rollback to update {}: resumed from {}, abandoned {}",
+                                        r["step"].get<int64_t>(), r.value("resumed_from", std::string("?")),
+                                        r.contains("abandoned_steps") ? r["abandoned_steps"].dump() : "?"));
+  std::stable_sort(events.begin(), events.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::string h = "<h2>Events</h2>\n";
+  if (events.empty()) return h + "<div>no session records (metrics written before kiln recorded them)</div>\n";
+  h += "<table>\n<tr><th>update</th><th>event</th></tr>\n";
+  for (const auto& [step, what] : events)
+    h += fmt::format("<tr><td>{}</td><td>{}</td></tr>\n", step, html_escape(what));
+  return h + "</table>\n";
+}
+
+// The samples the trainer drew during training (sample.every).
+std::string text_samples_section(const RunData& run) {
+  std::string rows;
+  for (const auto& [rank, recs] : run.records)
+    for (const auto& r : recs)
+      if (r.value("event", std::string()) == "sample" && r.contains("text") && r["text"].is_string())
+        rows += fmt::format("<tr><td>{}</td><td><pre>{}</pre></td></tr>\n",
+                            r.contains("step") ? r["step"].dump() : "?",
+                            html_escape(r["text"].get<std::string>()));
+  if (rows.empty()) return {};
+  return "<h2>Samples during training</h2>\n<table>\n<tr><th>update</th><th>sample</th></tr>\n" +
+         rows + "</table>\n";
+}
+
+std::string checkpoints_section(const RunData& run) {
+  std::string h = "<h2>Checkpoints</h2>\n";
+  if (run.checkpoints.empty()) return h + "<div>none in ckpt/</div>\n";
+  h += "<table>\n<tr><th>checkpoint</th><th>MiB</th><th>complete</th></tr>\n";
+  for (const auto& c : run.checkpoints)
+    h += fmt::format("<tr><td>ckpt/{}</td><td>{:.1f}</td><td>{}</td></tr>\n", html_escape(c.name),
+                     static_cast<double>(c.bytes) / (1024.0 * 1024.0),
+                     c.complete ? "yes" : "<span class=\"warn\">no (no manifest.json: not resumable)</span>");
+  return h + "</table>\n";
+}
+
 }  // namespace
 
 std::string render_report(const RunData& run) {
@@ -366,10 +499,17 @@ std::string render_report(const RunData& run) {
         "<td>{}</td><td>{}</td><td>{}</td></tr>\n",
         rank, recs.size(), fmt_or_dash(step.min, "{:.0f}"), fmt_or_dash(step.max, "{:.0f}"),
         fmt_or_dash(loss.last, "{:.4f}"), fmt_or_dash(val.min, "{:.4f}"),
-        fmt_or_dash(tps.mean, "{:.0f}"), fmt_or_dash(mfu.mean * 100, "{:.2f}%"),
+        fmt_or_dash(tps.mean, "{:.0f}"),
+        fmt_or_dash(mfu.mean * 100, "{:.2f}%") +
+            (mfu.max > 1.0 ? " <span class=\"warn\">(above 100% at times: the run's GEMM peak "
+                             "was stale; set log.peak_tflops)</span>"
+                           : ""),
         fmt_or_dash(st.mean * 1e3, "{:.1f}"), fmt_or_dash(mem.max / (1024.0 * 1024.0), "{:.1f}"));
   }
   h += "</table>\n";
+  const std::vector<Session> sessions = sessions_of(run);
+  h += run_section(run, sessions);
+  h += events_section(run, sessions);
 
   // Charts.
   h += "<h2>Training curves</h2>\n<div class=\"grid\">\n";
@@ -382,6 +522,14 @@ std::string render_report(const RunData& run) {
   {
     std::vector<Series> loss = per_rank(run, "loss", "train loss");
     for (auto& s : per_rank(run, "val_loss", "val loss", 1.0, true, true)) loss.push_back(std::move(s));
+    if (std::isfinite(run.baseline_loss) && !loss.empty()) {
+      Series base{run.baseline_name, {}, /*dashed=*/true};
+      double lo = loss[0].points[0].x, hi = lo;
+      for (const auto& s : loss)
+        for (const auto& p : s.points) lo = std::min(lo, p.x), hi = std::max(hi, p.x);
+      base.points = {{lo, run.baseline_loss}, {hi, run.baseline_loss}};
+      loss.push_back(std::move(base));
+    }
     card(loss, "Loss", "nats per token");
   }
   if (auto acc = per_rank(run, "val_accuracy", "val accuracy", 100.0, true, true); !acc.empty())
@@ -473,6 +621,9 @@ std::string render_report(const RunData& run) {
                      "style=\"image-rendering:pixelated;width:min(100%,{2}px)\"><div class=\"sub\">"
                      "{0}</div></div>\n", html_escape(run.sample_name), base64(run.sample_png), 640);
   }
+
+  h += text_samples_section(run);
+  h += checkpoints_section(run);
 
   h += "<h2>Configuration</h2>\n";
   if (run.config_toml.empty())

@@ -9,7 +9,12 @@
 //                       data-parallel run), and optionally "rank".
 //   metrics*.jsonl      further files (e.g. metrics_rank1.jsonl): records without a
 //                       "rank" key take the number after "rank" in the file name, else 0.
+//                       The trainer's records also carry "time", "session_start" and
+//                       "session_first_step" (the run's elapsed wall time and its
+//                       sessions: start and each resume), and events: {"event":
+//                       "rollback"} and {"event": "sample", "text"} (in-training samples).
 //   config.toml         the resolved config, shown verbatim.
+//   ckpt/step_*/        the checkpoints, listed with their size and completeness.
 //   *.summary.txt       profiler summaries (profile/summary.h), shown verbatim; trace
 //                       files (*.json with "trace" in the name) are listed.
 //   samples/*.png       image samples: the newest by name is shown, inline (a data: URI);
@@ -23,6 +28,8 @@
 // data-series attribute names it (e.g. "train loss (rank 0)").
 #pragma once
 
+#include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -69,11 +76,19 @@ struct RunData {
   std::vector<std::string> traces;                             // trace file names
   std::string sample_name, sample_png;  // the newest samples/*.png: its name and bytes
   std::vector<std::string> warnings;                           // e.g. unparsable lines
+  struct Checkpoint {
+    std::string name;      // e.g. "step_00000400"
+    int64_t bytes = 0;     // its files together
+    bool complete = false; // has its manifest.json (written last)
+  };
+  std::vector<Checkpoint> checkpoints;  // RUN_DIR/ckpt/step_*, by name
+  double baseline_loss = NAN;           // a flat line on the loss chart (NAN: none), e.g.
+  std::string baseline_name;            //   "unigram baseline (val)" from `kiln report`
 };
 
 /// Reads RUN_DIR. Throws kiln::Error when the directory does not exist or has no
-/// metrics*.jsonl file. Malformed lines are skipped with a warning (a crash can leave a
-/// torn last line).
+/// metrics*.jsonl file. Malformed lines are skipped with one warning per file naming
+/// their line numbers (a crash can leave a torn last line; `kiln report` prints it).
 RunData load_run(const std::filesystem::path& run_dir);
 
 /// The HTML page.

@@ -36,7 +36,9 @@ MetricsLog::MetricsLog(const std::filesystem::path& run_dir, int64_t resume_step
 }
 
 void MetricsLog::write(const nlohmann::json& record) {
-  out_ << record.dump() << '\n';
+  // Invalid UTF-8 (a sample decoded from a byte-level tokenizer may split a character)
+  // becomes U+FFFD rather than an exception.
+  out_ << record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
   out_.flush();
 }
 

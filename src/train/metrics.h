@@ -19,7 +19,8 @@ class MetricsLog {
   /// dropped first, so the file reads as one continuous run. Throws kiln::Error when
   /// the file cannot be written.
   MetricsLog(const std::filesystem::path& run_dir, int64_t resume_step);
-  /// Appends one record (flushed at once, so a crash loses nothing already logged).
+  /// Appends one record (flushed at once, so a crash loses nothing already logged);
+  /// invalid UTF-8 in its strings is written as U+FFFD.
   void write(const nlohmann::json& record);
 
  private:

@@ -5,9 +5,14 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <string>
 
 namespace kiln {
+
+double unix_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 nlohmann::json step_record(const StepMetrics& m) {
   nlohmann::json rec;
@@ -16,6 +21,9 @@ nlohmann::json step_record(const StepMetrics& m) {
   rec["lr"] = m.lr;
   rec["grad_norm"] = m.grad_norm;
   rec["tokens"] = m.step * m.tokens_per_step;
+  rec["time"] = unix_seconds();
+  rec["session_start"] = m.session_start;
+  rec["session_first_step"] = m.session_first_step;
   rec["step_time_s"] = m.step_time_s;
   rec["tokens_per_s"] = static_cast<double>(m.tokens_per_step) / m.step_time_s;
   rec["mfu"] = m.flops_per_step / m.step_time_s / m.world_peak_flops;
@@ -36,11 +44,12 @@ std::string progress_line(const StepMetrics& m, int64_t total_steps, double eta_
                                 m.val_accuracy >= 0 ? fmt::format(" acc {:.2f}%", 100.0 * m.val_accuracy)
                                                     : std::string())
                   : std::string();
-  return fmt::format("step {:>6}/{} | loss {:.4f}{} | lr {:.2e} | norm {:.3f} | {:.0f} tok/s | "
-                     "MFU {:.1f}% | {:.0f} ms | ETA {}",
+  const double mfu = m.flops_per_step / m.step_time_s / m.world_peak_flops;
+  return fmt::format("step {:>6}/{} | loss {:.4f}{} | lr {:.2e} | norm {:.3f} | {:.0f} {} | "
+                     "MFU {:.1f}%{} | {:.0f} ms | ETA {}",
                      m.step, total_steps, m.loss, val, m.lr, m.grad_norm,
-                     static_cast<double>(m.tokens_per_step) / m.step_time_s,
-                     100.0 * m.flops_per_step / m.step_time_s / m.world_peak_flops,
+                     static_cast<double>(m.tokens_per_step) / m.step_time_s, m.throughput_unit,
+                     100.0 * mfu, mfu > 1.0 ? " (above 100%: the GEMM peak is stale, set log.peak_tflops)" : "",
                      m.step_time_s * 1e3, format_duration(eta_s));
 }
 

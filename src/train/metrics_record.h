@@ -20,6 +20,9 @@ struct StepMetrics {
   float lr = 0;                  // learning rate of the update
   double grad_norm = 0;          // global L2 gradient norm (before clipping)
   int64_t tokens_per_step = 0;   // global batch x sequence length
+  const char* throughput_unit = "tok/s";  // the console's: "pos/s" (positions) for image models
+  double session_start = 0;      // unix seconds at which this process began training
+  int64_t session_first_step = 0;  // the update it began at (0, or the one resumed)
   double step_time_s = 0;        // wall seconds of the update
   double flops_per_step = 0;     // Model::flops_per_token x tokens_per_step
   double world_peak_flops = 0;   // peak FLOP/s of all ranks together (for MFU)
@@ -30,13 +33,19 @@ struct StepMetrics {
 };
 
 /// {"step", "loss", "lr", "grad_norm", "tokens" (tokens seen so far), "step_time_s",
-/// "tokens_per_s", "mfu"}; with fp16_scaler, {"loss_scale", "skipped_steps"}; when
+/// "tokens_per_s", "mfu", "time" (unix seconds now), "session_start" (unix seconds this
+/// process began training: a run resumed n times has n + 1 sessions), "session_first_step"
+/// (the update it began at)}; with fp16_scaler, {"loss_scale", "skipped_steps"}; when
 /// evaluated, "val_loss" and (val_accuracy >= 0) "val_accuracy".
 nlohmann::json step_record(const StepMetrics& m);
 
+/// Seconds since the Unix epoch, now (the records' "time").
+double unix_seconds();
+
 /// The console's line for a logged update, without newline: "step    100/1000 | loss
 /// 2.3456 | val 2.4567 acc 91.20% | lr 3.00e-04 | norm 1.234 | 12345 tok/s | MFU 12.3% |
-/// 456 ms | ETA 1m02s" (" | val ..." when evaluated, " acc ..." for a classifier), of
+/// 456 ms | ETA 1m02s" (" | val ..." when evaluated, " acc ..." for a classifier; the
+/// throughput in `throughput_unit`; an MFU above 100% says the peak is stale), of
 /// `total_steps` updates with `eta_s` seconds left.
 std::string progress_line(const StepMetrics& m, int64_t total_steps, double eta_s);
 

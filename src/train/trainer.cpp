@@ -9,11 +9,14 @@
 #include "profile/profiling_backend.h"
 #include "profile/tracer.h"
 #include "train/device.h"
+#include "train/gemm_peak.h"
+#include "train/run_dir_lock.h"
 
 #include <fmt/format.h>
 
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <utility>
 
@@ -21,13 +24,12 @@ namespace kiln {
 
 namespace fs = std::filesystem;
 
-void check_config_on_all_ranks(Communicator& world, const TrainConfig& config) {
-  if (world.size() == 1) return;
-  // One line of to_toml() per key ("name = value" under "[section]"): a 32-bit hash each,
-  // gathered from every rank, so that a mismatch names the first key that differs.
-  std::vector<std::string> names, lines;
+namespace {
+// The keys of a to_toml() text in order: "section.key" and its "key = value" line.
+void config_key_lines(const std::string& text, std::vector<std::string>& names,
+                      std::vector<std::string>& lines) {
   std::string section;
-  std::istringstream toml(config.to_toml());
+  std::istringstream toml(text);
   for (std::string line; std::getline(toml, line);) {
     if (line.empty() || line[0] == '#') continue;
     if (line[0] == '[') {
@@ -37,6 +39,32 @@ void check_config_on_all_ranks(Communicator& world, const TrainConfig& config) {
     names.push_back(section + "." + line.substr(0, line.find(" = ")));
     lines.push_back(line);
   }
+}
+}  // namespace
+
+std::vector<std::string> config_keys_that_differ(const std::string& toml_a,
+                                                 const std::string& toml_b) {
+  std::vector<std::string> names_a, lines_a, names_b, lines_b;
+  config_key_lines(toml_a, names_a, lines_a);
+  config_key_lines(toml_b, names_b, lines_b);
+  std::map<std::string, std::string> b;
+  for (size_t i = 0; i < names_b.size(); ++i) b[names_b[i]] = lines_b[i];
+  std::vector<std::string> differ;
+  for (size_t i = 0; i < names_a.size(); ++i) {
+    const auto it = b.find(names_a[i]);
+    if (it == b.end() || it->second != lines_a[i]) differ.push_back(names_a[i]);
+    if (it != b.end()) b.erase(it);
+  }
+  for (const auto& [name, line] : b) differ.push_back(name);  // only in b
+  return differ;
+}
+
+void check_config_on_all_ranks(Communicator& world, const TrainConfig& config) {
+  if (world.size() == 1) return;
+  // One line of to_toml() per key ("name = value" under "[section]"): a 32-bit hash each,
+  // gathered from every rank, so that a mismatch names the first key that differs.
+  std::vector<std::string> names, lines;
+  config_key_lines(config.to_toml(), names, lines);
   check_same_on_all_ranks(world, "config (its number of keys)", std::to_string(lines.size()));
   const auto n = static_cast<int64_t>(lines.size());
   std::vector<int32_t> mine(lines.size()), all(lines.size() * static_cast<size_t>(world.size()));
@@ -63,10 +91,12 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   open_data();
   set_up_backend();
   set_up_step();
+  // One run per run directory: held until the trainer is destroyed. Taken before start()
+  // reads or writes anything there (a rollback moves checkpoints; the metrics get appended).
+  if (is_rank0()) run_lock_ = std::make_unique<RunDirLock>(run_dir_);
   // Where to start: a checkpoint to resume, else init_from or a random init.
   start();
   if (is_rank0()) {
-    fs::create_directories(run_dir_);
     std::ofstream(run_dir_ / "config.toml") << config_.to_toml();
   }
   set_up_profiling();
@@ -136,8 +166,10 @@ void Trainer::set_up_step() {
 }
 
 void Trainer::set_up_profiling() {
-  peak_flops_ = config_.log.peak_tflops > 0 ? config_.log.peak_tflops * 1e12
-                                            : measure_gemm_flops(*backend_, mfu_peak_dtype(config_));
+  const GemmPeak peak = stable_gemm_peak(*backend_, mfu_peak_dtype(config_), config_.log.peak_tflops,
+                                         peak_cache_file());
+  peak_flops_ = peak.flops;
+  peak_source_ = peak.source;
   if (config_.profile.enabled()) {
     profile::Tracer::global().set_rank(world_->rank());
     profile_ = std::make_unique<profile::ProfileWindow>(
@@ -150,6 +182,10 @@ void Trainer::set_up_profiling() {
 
 void Trainer::print_start_up() const {
   const int seq_len = config_.train.seq_len;
+  if (config_.schedule.warmup_steps > config_.train.steps)
+    fmt::print("kiln: warning: {}: schedule.warmup_steps ({}) exceeds train.steps ({}): the "
+               "warmup is clamped to {} updates\n", config_.source, config_.schedule.warmup_steps,
+               config_.train.steps, config_.train.steps);
   fmt::print("kiln: {}\n", one_step_->model().describe());
   const TrainStep::ParamTally& tally = one_step_->param_tally();  // as Hugging Face PEFT says it
   const int64_t all = tally.trainable + tally.frozen;
@@ -171,8 +207,9 @@ void Trainer::print_start_up() const {
                               : std::string()),
              pipeline_description(),
              backend_->name(), peak_flops_ / 1e9,
-             config_.log.peak_tflops > 0 ? std::string("log.peak_tflops") : fmt::format("measured {} GEMM", dtype_name(mfu_peak_dtype(config_))));
+             peak_source_);
   fmt::print("kiln: {}\n", backend_->gemm_path(parse_dtype(config_.train.dtype)));
+  if (const std::string note = mpirun_signal_note(); !note.empty()) fmt::print("kiln: note: {}\n", note);
 }
 
 std::string Trainer::pipeline_description() const {

@@ -86,6 +86,7 @@ struct TrainResult {
 };
 
 class RunAccounting;
+class RunDirLock;
 struct StepMetrics;
 
 class Trainer {
@@ -188,7 +189,8 @@ class Trainer {
   /// when log.every, the first or last update (`stop_at`) or an evaluation asks for them.
   void log_update(const StepMetrics& m, MetricsLog* metrics, double comm_wait_s, int64_t stop_at,
                   const RunAccounting& acct);
-  void maybe_sample();
+  /// At sample.every: rank 0's sample (prompt and continuation), printed; else nullopt.
+  std::optional<std::string> maybe_sample();
   /// After an update: agrees over the world on stopping (a signal may reach only some
   /// ranks), saves a checkpoint when `policy` says so; true (r.preempted) to stop.
   bool checkpoint_or_stop(const CheckpointPolicy& policy, TrainResult& r);
@@ -223,19 +225,33 @@ class Trainer {
   std::unique_ptr<TrainData> train_data_;
   std::unique_ptr<TrainData> val_data_;  // the val split, opened once (unshuffled)
   std::filesystem::path run_dir_;
+  std::unique_ptr<RunDirLock> run_lock_;  // rank 0's, from before the run dir is touched
   int64_t step_ = 0;
   double peak_flops_ = 0.0;
+  std::string peak_source_;  // where peak_flops_ comes from (GemmPeak::source)
   bool last_skipped_ = false;
   nlohmann::json rollback_record_;  // written first to metrics.jsonl by run(); null: none
 };
+
+/// The "section.key" names whose lines differ between two to_toml() texts (or that only
+/// one has), in the first text's order, then those only the second has.
+std::vector<std::string> config_keys_that_differ(const std::string& toml_a,
+                                                 const std::string& toml_b);
 
 /// Throws kiln::Error, on every rank of `world`, naming the first key (and this rank's
 /// value) whose value differs between ranks. Collective.
 void check_config_on_all_ranks(Communicator& world, const TrainConfig& config);
 
-/// Installs SIGTERM / SIGUSR1 handlers that ask the running trainer to checkpoint and
-/// stop after the current update.
+/// Installs SIGTERM / SIGUSR1 / SIGINT handlers that ask the running trainer to
+/// checkpoint and stop after the current update.
 void install_preemption_handlers();
 bool preemption_requested();
+
+/// Under Open MPI's mpirun (OMPI_COMM_WORLD_SIZE set) with odls_base_sigkill_timeout not
+/// raised to 10 s or more in the environment (OMPI_MCA_odls_base_sigkill_timeout, which
+/// `mpirun --mca` sets too): a one-line note that Ctrl-C or SIGTERM to mpirun kills the
+/// ranks before they can save, and what to do (docs/distributed.md, "Stopping a run").
+/// Otherwise "".
+std::string mpirun_signal_note();
 
 }  // namespace kiln

@@ -13,9 +13,28 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+
 namespace kiln {
 
 namespace fs = std::filesystem;
+
+namespace {
+// Names the keys in which `config` differs from the one saved in checkpoint `dir`.
+void print_config_changes(const fs::path& dir, const TrainConfig& config) {
+  std::ifstream in(dir / "config.toml");
+  const std::string saved((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::vector<std::string> keys = config_keys_that_differ(saved, config.to_toml());
+  const size_t shown = std::min<size_t>(keys.size(), 8);
+  fmt::print("kiln: note: the config differs from the checkpoint's{}{}{} (see {}/config.toml)\n",
+             keys.empty() ? "" : " in ",
+             fmt::join(keys.begin(), keys.begin() + static_cast<ptrdiff_t>(shown), ", "),
+             keys.size() > shown ? fmt::format(" and {} more", keys.size() - shown) : "",
+             dir.string());
+}
+}  // namespace
 
 std::optional<fs::path> Trainer::resume_dir() const {
   const fs::path ckpt_root = run_dir_ / "ckpt";
@@ -115,8 +134,7 @@ void Trainer::restore_from(const checkpoint::CheckpointReader& reader) {
   }
   train_data_->set_state({saved.loader_epoch, saved.loader_index});
   if (st.at("config_hash").get<std::string>() != config_.hash() && options_.verbose)
-    fmt::print("kiln: note: the config differs from the checkpoint's (see {}/config.toml)\n",
-               dir.string());
+    print_config_changes(dir, config_);
   if (options_.verbose) fmt::print("kiln: resuming from {} (step {})\n", dir.string(), step_);
 }
 

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <utility>
 
@@ -40,13 +41,28 @@ void install_preemption_handlers() {
 }
 bool preemption_requested() { return g_preempt.load(); }
 
+std::string mpirun_signal_note() {
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) return {};
+  // Open MPI 4.1 answers Ctrl-C or SIGTERM with SIGCONT to the ranks at once, SIGTERM
+  // after this many seconds and SIGKILL as many seconds later (default 1).
+  const char* env = std::getenv("OMPI_MCA_odls_base_sigkill_timeout");
+  const int seconds = env != nullptr ? std::atoi(env) : 1;
+  if (seconds >= 10) return {};
+  return fmt::format("under mpirun, Ctrl-C or SIGTERM leaves the ranks {} s to save before Open "
+                     "MPI kills them (odls_base_sigkill_timeout): export "
+                     "OMPI_MCA_odls_base_sigkill_timeout=60, or stop with kill -USR1 <mpirun's "
+                     "pid> (docs/distributed.md, \"Stopping a run\")", seconds);
+}
+
 TrainResult Trainer::run() {
   TrainResult r;
   r.first_step = step_;
   std::optional<MetricsLog> metrics;
   if (is_rank0()) metrics.emplace(run_dir_, step_);
   if (metrics && !rollback_record_.is_null()) metrics->write(std::exchange(rollback_record_, nullptr));
-  const StepMetrics constants = update_constants();
+  StepMetrics constants = update_constants();
+  constants.session_start = unix_seconds();
+  constants.session_first_step = r.first_step;
   const CheckpointPolicy policy = checkpoint_policy();
   const int64_t stop_at = policy.stop_at();
   const auto run_start = Clock::now();
@@ -73,7 +89,8 @@ TrainResult Trainer::run() {
       m.evaluated = true;
     }
     log_update(m, metrics ? &*metrics : nullptr, t.comm_wait_s, stop_at, acct);
-    maybe_sample();
+    if (std::optional<std::string> text = maybe_sample(); text && metrics)
+      metrics->write({{"step", step_}, {"event", "sample"}, {"text", *text}});
     if (checkpoint_or_stop(policy, r)) break;
   }
   finish_run(r, acct, run_start);
@@ -132,6 +149,8 @@ StepMetrics Trainer::update_constants() const {
   m.flops_per_step = one_step_->model().flops_per_token(config_.train.seq_len) *
                      static_cast<double>(m.tokens_per_step);
   m.world_peak_flops = peak_flops_ * world_->size();
+  // An image model's sequence positions are its patches (ViT, DiT), not tokens.
+  if (!one_step_->model().language_model()) m.throughput_unit = "pos/s";
   m.fp16_scaler = one_step_->scaler().enabled ? &one_step_->scaler() : nullptr;
   return m;
 }
@@ -204,9 +223,9 @@ Trainer::EvalResult Trainer::evaluate() {
   return r;
 }
 
-void Trainer::maybe_sample() {
+std::optional<std::string> Trainer::maybe_sample() {
   const auto& sc = config_.sample;
-  if (sc.every <= 0 || step_ % sc.every != 0) return;
+  if (sc.every <= 0 || step_ % sc.every != 0) return std::nullopt;
   const auto tok = data::load_tokenizer(config_.data.dir);
   std::vector<int32_t> prompt = sc.prompt.empty() ? std::vector<int32_t>{tok->eot_id()}
                                                   : tok->encode(sc.prompt);
@@ -218,14 +237,17 @@ void Trainer::maybe_sample() {
   Model& model = one_step_->model();
   DataParallel& dp = one_step_->data_parallel();
   dp.gather_full_params();  // collective under ZeRO-3: every rank takes part
+  std::optional<std::string> text;
   if (is_rank0()) {
     ModelHooks none;
     model.set_hooks(&none);
     const auto ids = sample_tokens(model, prompt, o);
     model.set_hooks(&dp);
-    fmt::print("kiln: sample at step {}: {}{}\n", step_, sc.prompt, tok->decode(ids));
+    text = sc.prompt + tok->decode(ids);
+    fmt::print("kiln: sample at step {}: {}\n", step_, *text);
   }
   dp.release_full_params();
+  return text;
 }
 
 bool Trainer::checkpoint_or_stop(const CheckpointPolicy& policy, TrainResult& r) {
@@ -241,8 +263,9 @@ bool Trainer::checkpoint_or_stop(const CheckpointPolicy& policy, TrainResult& r)
   if (!preempt) return false;
   r.preempted = true;
   if (options_.verbose)
-    fmt::print("kiln: stopping at step {} ({}); continue with --resume auto\n", step_,
-               signalled ? "signal" : "exit interval");
+    fmt::print("kiln: stopping at step {} ({}); continue with --resume auto{}\n", step_,
+               signalled ? "signal" : "exit interval",
+               signalled ? "" : " and a larger --exit-interval, or none");
   return true;
 }
 
@@ -253,8 +276,14 @@ void Trainer::finish_run(TrainResult& r, const RunAccounting& acct,
   if (mesh_->dp_cp_comm().size() > 1) summarize_communication(r, acct.timed_steps());
   if (mesh_->tp() > 1) summarize_tp_traffic(r, acct.tried_steps());
   if (mesh_->pp() > 1) summarize_pipeline(r, acct.pipeline_busy_s(), acct.pipeline_span_s());
-  if (options_.verbose && step_ == r.first_step)
-    fmt::print("kiln: already at update {} of {}: nothing to do\n", step_, config_.train.steps);
+  if (options_.verbose && step_ == r.first_step && step_ < config_.train.steps)
+    fmt::print("kiln: already at update {} of {}, where --exit-interval {} stops: resume with a "
+               "larger --exit-interval, or none, to continue\n", step_, config_.train.steps,
+               options_.exit_interval);
+  else if (options_.verbose && step_ == r.first_step)
+    fmt::print("kiln: already at update {} of {}: nothing to do (to train on, resume with a "
+               "larger train.steps: --resume auto --set train.steps=N)\n", step_,
+               config_.train.steps);
   else if (options_.verbose)
     fmt::print("kiln: done: {} updates in {}, last loss {:.4f}{}\n", step_ - r.first_step,
                format_duration(seconds_since(run_start)), r.last_loss,

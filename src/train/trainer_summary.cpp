@@ -34,15 +34,22 @@ void Trainer::summarize_communication(TrainResult& r, int64_t timed_steps) {
   r.comm_hidden_fraction =
       r.comm_busy_s > 0 ? std::clamp(1.0 - r.comm_exposed_s / r.comm_busy_s, 0.0, 1.0) : 0.0;
   r.comm_table = table;
-  if (options_.verbose)
-    fmt::print("kiln: data-parallel communication over {} ranks{} (ZeRO stage {}):\n{}"
-               "kiln: communication {:.1f} ms/step, exposed {:.1f} ms/step: {:.0f}% hidden under "
-               "computation\n",
-               dp_cp.size(), mesh_->cp() > 1 ? " (dp x cp)" : "", config_.parallel.zero_stage,
-               table,
-               1e3 * r.comm_busy_s / std::max<int64_t>(timed_steps, 1),
-               1e3 * r.comm_exposed_s / std::max<int64_t>(timed_steps, 1),
-               100.0 * r.comm_hidden_fraction);
+  if (!options_.verbose) return;
+  // Exposed is the time the step waited for its collectives; that includes waiting for a
+  // slower rank to arrive, so it can exceed the communication itself.
+  const bool waited_for_ranks = r.comm_exposed_s > r.comm_busy_s;
+  fmt::print("kiln: data-parallel communication over {} ranks{} (ZeRO stage {}):\n{}"
+             "kiln: communication {:.1f} ms/step, exposed {:.1f} ms/step: {:.0f}% hidden under "
+             "computation{}\n",
+             dp_cp.size(), mesh_->cp() > 1 ? " (dp x cp)" : "", config_.parallel.zero_stage,
+             table,
+             1e3 * r.comm_busy_s / std::max<int64_t>(timed_steps, 1),
+             1e3 * r.comm_exposed_s / std::max<int64_t>(timed_steps, 1),
+             100.0 * r.comm_hidden_fraction,
+             waited_for_ranks ? " (the exposed time, the step's wait for its collectives, exceeds "
+                                "the communication: the ranks waited for each other, e.g. on "
+                                "shared cores)"
+                              : "");
 }
 
 void Trainer::summarize_tp_traffic(TrainResult& r, int64_t steps) {

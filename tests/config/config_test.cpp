@@ -76,6 +76,18 @@ TEST(TrainConfig, DefaultsFollowNanoGptPractice) {
   EXPECT_NO_THROW(c.validate_for_training());
 }
 
+TEST(TrainConfig, WarmupLongerThanTheRunIsClamped) {
+  // A short run of a longer config: --set train.steps=10 under warmup_steps = 11 loads (the
+  // key keeps its value) and the schedule warms up over the 10 updates.
+  TrainConfig c = load_config_string(std::string(kMinimal) + "[schedule]\nwarmup_steps = 11\n",
+                                     {"train.steps=10"});
+  EXPECT_EQ(c.schedule.warmup_steps, 11);
+  EXPECT_EQ(lr_schedule_of(c).warmup_steps, 10);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 9), c.optim.lr);  // warmup's end: (9 + 1) / 10
+  c = load_config_string(std::string(kMinimal) + "[schedule]\nwarmup_steps = 4\n", {"train.steps=10"});
+  EXPECT_EQ(lr_schedule_of(c).warmup_steps, 4);
+}
+
 TEST(TrainConfig, IntegersAreAcceptedForFloats) {
   TrainConfig c = load_config_string(std::string(kMinimal) + "[optim]\nlr = 1\ngrad_clip = 0\n");
   EXPECT_DOUBLE_EQ(c.optim.lr, 1.0);
@@ -101,6 +113,8 @@ TEST(TrainConfigErrors, UnknownKeySuggestsTheClosest) {
 TEST(TrainConfigErrors, UnknownSectionSuggestsTheClosest) {
   EXPECT_EQ(load_error("[optimm]\nlr = 1e-3\n"),
             "config.toml: unknown section 'optimm' (did you mean 'optim'?)");
+  EXPECT_EQ(load_error("[optimizer]\nlr = 1e-3\n"),
+            "config.toml: unknown section 'optimizer' (did you mean 'optim'?)");
   EXPECT_EQ(load_error("[zzzzzzzzzz]\n"), "config.toml: unknown section 'zzzzzzzzzz'");
   EXPECT_EQ(load_error("model = 3\n"),
             "config.toml: 'model' must be a section ([model]), got integer");
@@ -156,8 +170,6 @@ TEST(TrainConfigErrors, BadValueNamesTheKey) {
             "config.toml: key 'train.global_batch' (16) must be a multiple of train.micro_batch (3)");
   EXPECT_EQ(load_error("[schedule]\nmin_lr = 1.0\n"),
             "config.toml: key 'schedule.min_lr' (1) must not exceed optim.lr (0.0006)");
-  EXPECT_EQ(load_error("[train]\nsteps = 10\n[schedule]\nwarmup_steps = 11\n"),
-            "config.toml: key 'schedule.warmup_steps' (11) must not exceed train.steps (10)");
   EXPECT_EQ(load_error("[profile]\ntiming = \"gpu\"\n"),
             "config.toml: key 'profile.timing' must be one of \"sync\", \"events\", got \"gpu\"");
   EXPECT_EQ(load_error("[profile]\nsteps = [5, 3]\n"),

@@ -11,18 +11,8 @@
 set -euo pipefail
 kiln="$1"
 work="$2"
-rm -rf "$work" && mkdir -p "$work"
-export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-head -c 20000 /dev/urandom | base64 > "$work/corpus.txt"
-"$kiln" prepare --input "$work/corpus.txt" --out "$work/data" --tokenizer byte >/dev/null
-cat > "$work/tiny.toml" <<EOT
-[model]
-n_layer = 1
-n_head = 2
-n_embd = 16
-block_size = 8
-[data]
-dir = "$work/data"
+source "$(dirname "${BASH_SOURCE[0]}")/tiny_run.sh"
+cat >> "$work/tiny.toml" <<EOT
 [train]
 steps = 6
 micro_batch = 1

@@ -7,28 +7,10 @@
 set -euo pipefail
 kiln="$1"
 work="$2"
-rm -rf "$work" && mkdir -p "$work"
-export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+source "$(dirname "${BASH_SOURCE[0]}")/tiny_run.sh"
 timeout_s=3
-head -c 20000 /dev/urandom | base64 > "$work/corpus.txt"
-"$kiln" prepare --input "$work/corpus.txt" --out "$work/data" --tokenizer byte >/dev/null
-cat > "$work/tiny.toml" <<EOT
-[model]
-n_layer = 1
-n_head = 2
-n_embd = 16
-block_size = 8
-[data]
-dir = "$work/data"
-[train]
-steps = 1000000
-micro_batch = 1
-seq_len = 8
-[eval]
-every = 0
-[log]
-every = 1
-peak_tflops = 1.0
+append_endless_run 1
+cat >> "$work/tiny.toml" <<EOT
 [parallel]
 zero_stage = 1
 timeout_s = $timeout_s

@@ -52,8 +52,10 @@ std::string polyline_points(const std::string& html, const std::string& name) {
   return html.substr(b, html.find('"', b) - b);
 }
 
-// A synthetic run: 2 ranks, 60 steps, val loss every 20, memory by category, a torn
-// last line (as a crash leaves it), and a config with characters HTML must escape.
+// A synthetic run: 2 ranks, 60 steps, val loss every 20, memory by category, two sessions
+// (updates 1-30 for 100 s from t = 1e9, then resumed at 30 for 50 s from t = 1e9 + 1000),
+// a rollback to 30, a sample at update 40, two checkpoints (the second incomplete), a
+// torn last line (as a crash leaves it), and a config with characters HTML must escape.
 fs::path make_run() {
   const fs::path dir = temp_dir("run");
   std::ofstream m(dir / "metrics.jsonl");
@@ -77,11 +79,24 @@ fs::path make_run() {
       r["mem_comm_buffers_bytes"] = 0;
       r["mem_temporaries_bytes"] = 2 << 20;
       if (step % 20 == 0) r["val_loss"] = 10.8 * std::exp(-step / 30.0) + 2.2;
+      const bool resumed = step > 30;
+      r["session_start"] = resumed ? 1e9 + 1000 : 1e9;
+      r["session_first_step"] = resumed ? 30 : 0;
+      r["time"] = resumed ? 1e9 + 1000 + 50.0 * (step - 30) / 30 : 1e9 + 100.0 * step / 30;
       m << r.dump() << "\n";
+      if (rank == 0 && step == 30)
+        m << R"({"step": 30, "event": "rollback", "resumed_from": "ckpt/step_00000030", "abandoned_steps": [40]})"
+          << "\n";
+      if (rank == 0 && step == 40)
+        m << R"({"step": 40, "event": "sample", "text": "And God said <let there be light>"})" << "\n";
     }
   m << "{\"step\": 61, \"loss\": 2.0, \"lr";  // torn
   m.close();
   std::ofstream(dir / "config.toml") << "# a < b & c\n[model]\nn_layer = 6\n[train]\nsteps = 60\n";
+  fs::create_directories(dir / "ckpt/step_00000030");
+  std::ofstream(dir / "ckpt/step_00000030/manifest.json") << "{}";
+  std::ofstream(dir / "ckpt/step_00000030/rank_00000.safetensors") << std::string(2 << 20, 'x');
+  fs::create_directories(dir / "ckpt/step_00000060");  // no manifest: incomplete
   return dir;
 }
 
@@ -116,7 +131,7 @@ TEST(Report, HtmlHasEveryChartAndTheConfig) {
   const fs::path dir = make_run();
   const RunData run = load_run(dir);
   ASSERT_EQ(run.records.size(), 2u);
-  EXPECT_EQ(run.records.at(0).size(), 60u);
+  EXPECT_EQ(run.records.at(0).size(), 62u);  // 60 updates, a rollback and a sample
   EXPECT_EQ(run.records.at(1).size(), 60u);
   ASSERT_EQ(run.warnings.size(), 1u);  // the torn line
   const fs::path out = write_report(dir);
@@ -144,6 +159,34 @@ TEST(Report, HtmlHasEveryChartAndTheConfig) {
   EXPECT_NE(html.find("# a &lt; b &amp; c"), std::string::npos);  // the config, escaped
   EXPECT_NE(html.find("n_layer = 6"), std::string::npos);
   EXPECT_NE(html.find("skipped a malformed line"), std::string::npos);
+  // The run: wall time over both sessions (100 s + 50 s), tokens, events, samples, checkpoints.
+  EXPECT_NE(html.find("<td>2.5 min (150 s)</td>"), std::string::npos);
+  EXPECT_NE(html.find("<td>tokens seen</td><td>122880</td>"), std::string::npos);
+  EXPECT_NE(html.find("start at update 0 (2001-09-09 01:46:40 UTC)"), std::string::npos);
+  EXPECT_NE(html.find("resume at update 30 (2001-09-09 02:03:20 UTC)"), std::string::npos);
+  EXPECT_NE(html.find("rollback to update 30: resumed from ckpt/step_00000030, abandoned [40]"),
+            std::string::npos);
+  EXPECT_NE(html.find("<td>40</td><td><pre>And God said &lt;let there be light&gt;</pre>"),
+            std::string::npos);
+  EXPECT_NE(html.find("<td>ckpt/step_00000030</td><td>2.0</td><td>yes</td>"), std::string::npos);
+  EXPECT_NE(html.find("<td>ckpt/step_00000060</td><td>0.0</td><td><span class=\"warn\">no"),
+            std::string::npos);
+  EXPECT_TRUE(polyline_points(html, "unigram baseline (val, 6.2)").empty());  // none given
+  fs::remove_all(dir);
+}
+
+TEST(Report, BaselineIsAFlatLineOverTheLossChart) {
+  const fs::path dir = make_run();
+  RunData run = load_run(dir);
+  run.baseline_loss = 6.2;
+  run.baseline_name = "unigram baseline (val, 6.2)";
+  const std::string html = render_report(run);
+  const std::string points = polyline_points(html, "unigram baseline (val, 6.2)");
+  ASSERT_FALSE(points.empty());
+  EXPECT_EQ(count(points, ","), 2);  // two points, at the same height
+  const size_t space = points.find(' ');
+  const std::string first = points.substr(0, space), second = points.substr(space + 1);
+  EXPECT_EQ(first.substr(first.find(',') + 1), second.substr(second.find(',') + 1));
   fs::remove_all(dir);
 }
 
