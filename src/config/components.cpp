@@ -13,20 +13,7 @@ ModelOptions model_options_from(const TrainConfig& config) {
   o.block_size = config.model.block_size;
   o.vocab_size = config.model.vocab_size;
   o.dropout = static_cast<float>(config.model.dropout);
-  o.n_kv_head = config.model.n_kv_head;
-  o.ffn_hidden_size = config.model.ffn_hidden_size;
-  o.norm_eps = static_cast<float>(config.model.norm_eps);
-  o.rope.theta = config.model.rope_theta;
-  o.rope.scale_factor = config.model.rope_scaling.factor;
-  o.rope.low_freq_factor = config.model.rope_scaling.low_freq_factor;
-  o.rope.high_freq_factor = config.model.rope_scaling.high_freq_factor;
-  o.rope.original_max_positions = config.model.rope_scaling.original_max_position;
-  o.tie_embeddings = config.model.tie_embeddings;
-  o.image_size = config.model.image_size;
-  o.num_channels = config.model.num_channels;
-  o.patch_size = config.model.patch_size;
-  o.num_classes = config.model.num_classes;
-  o.class_dropout = static_cast<float>(config.model.class_dropout);
+  o.family = config.model.family;
   return o;
 }
 

@@ -22,6 +22,47 @@
 #include "core/error.h"
 
 namespace kiln {
+
+namespace config_detail {
+
+std::string toml_type_name(const toml::node& node) {
+  switch (node.type()) {
+    case toml::node_type::table: return "table";
+    case toml::node_type::array: return "array";
+    case toml::node_type::string: return "string";
+    case toml::node_type::integer: return "integer";
+    case toml::node_type::floating_point: return "float";
+    case toml::node_type::boolean: return "boolean";
+    case toml::node_type::date: return "date";
+    case toml::node_type::time: return "time";
+    case toml::node_type::date_time: return "date-time";
+    default: return "nothing";
+  }
+}
+
+std::string format_float(double v) {
+  std::string s = fmt::format("{}", v);
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // keep it a TOML float
+  return s;
+}
+
+std::optional<toml::table> parse_value(const std::string& value) {
+  try {
+    return toml::parse("v = " + value);
+  } catch (const toml::parse_error&) {
+    return std::nullopt;
+  }
+}
+
+std::string describe_range(double lo, double hi, bool lo_open, bool hi_open, bool integer) {
+  auto num = [&](double v) { return integer ? fmt::format("{}", static_cast<int64_t>(v)) : fmt::format("{}", v); };
+  if (hi == kInf) return fmt::format("{} {}", lo_open ? ">" : ">=", num(lo));
+  if (integer && !lo_open && !hi_open) return fmt::format("between {} and {}", num(lo), num(hi));
+  return fmt::format("in {}{}, {}{}", lo_open ? "(" : "[", num(lo), num(hi), hi_open ? ")" : "]");
+}
+
+}  // namespace config_detail
+
 namespace {
 
 using namespace config_detail;
@@ -101,33 +142,14 @@ std::string with_suggestion(std::string msg, std::string_view given,
 }
 
 [[noreturn]] void unknown_key(std::string_view source, std::string_view name) {
-  std::vector<std::string> all;
+  std::vector<std::string> all = family_key_names();
   for (const auto& k : keys()) all.push_back(k.name);
   throw Error(with_suggestion(fmt::format("{}: unknown key '{}'", source, name), name, all));
 }
 
 // Values ---------------------------------------------------------------------------
 
-std::string toml_type_name(const toml::node& node) {
-  switch (node.type()) {
-    case toml::node_type::table: return "table";
-    case toml::node_type::array: return "array";
-    case toml::node_type::string: return "string";
-    case toml::node_type::integer: return "integer";
-    case toml::node_type::floating_point: return "float";
-    case toml::node_type::boolean: return "boolean";
-    case toml::node_type::date: return "date";
-    case toml::node_type::time: return "time";
-    case toml::node_type::date_time: return "date-time";
-    default: return "nothing";
-  }
-}
 
-std::string format_float(double v) {
-  std::string s = fmt::format("{}", v);
-  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // keep it a TOML float
-  return s;
-}
 
 std::string quote(std::string_view s) {
   std::string out = "\"";
@@ -239,25 +261,24 @@ void assign(const Key& key, const toml::node& node, TrainConfig& config, std::st
 
 // Loading --------------------------------------------------------------------------
 
-// Which source set each key explicitly ("config.toml" or "--set").
-using Origins = std::map<std::string, std::string, std::less<>>;
-
 std::string one_line(std::string s) {
   std::replace(s.begin(), s.end(), '\n', ' ');
   return s;
 }
 
 // The keys of `table` named `prefix`.<key>; a sub-table (e.g. [model.rope_scaling] or
-// rope_scaling.factor = ..) names prefix.<table>.<key>.
+// rope_scaling.factor = ..) names prefix.<table>.<key>. A family's [model] key goes to
+// `given`, checked once model.arch is known (model_keys.cpp).
 void apply_keys(const toml::table& table, const std::string& prefix, TrainConfig& config,
-                Origins& origins, const std::string& source) {
+                Origins& origins, GivenModelKeys& given, const std::string& source) {
   for (auto&& [kk, vv] : table) {
     std::string name = prefix + "." + std::string(kk.str());
     const Key* key = find_key(name);
     if (!key && vv.is_table()) {
-      apply_keys(*vv.as_table(), name, config, origins, source);
+      apply_keys(*vv.as_table(), name, config, origins, given, source);
       continue;
     }
+    if (!key && give_model_key(given, name, vv, source)) continue;
     if (!key) unknown_key(source, name);
     assign(*key, vv, config, source);
     origins[name] = source;
@@ -265,7 +286,7 @@ void apply_keys(const toml::table& table, const std::string& prefix, TrainConfig
 }
 
 void apply_table(const toml::table& root, TrainConfig& config, Origins& origins,
-                 const std::string& source) {
+                 GivenModelKeys& given, const std::string& source) {
   std::vector<std::string> sections = section_names();
   for (auto&& [k, v] : root) {
     std::string sec(k.str());
@@ -278,7 +299,7 @@ void apply_table(const toml::table& root, TrainConfig& config, Origins& origins,
     if (!known_section)
       throw Error(with_suggestion(fmt::format("{}: unknown section '{}'", source, sec), sec,
                                   sections));
-    apply_keys(*v.as_table(), sec, config, origins, source);
+    apply_keys(*v.as_table(), sec, config, origins, given, source);
   }
 }
 
@@ -298,16 +319,9 @@ std::string trim(std::string_view s) {
   return std::string(s.substr(b, e - b + 1));
 }
 
-// Parses `value` as TOML ("v = <value>"); nullopt when it is not valid TOML.
-std::optional<toml::table> parse_value(const std::string& value) {
-  try {
-    return toml::parse("v = " + value);
-  } catch (const toml::parse_error&) {
-    return std::nullopt;
-  }
-}
 
-void apply_override(const std::string& override_text, TrainConfig& config, Origins& origins) {
+void apply_override(const std::string& override_text, TrainConfig& config, Origins& origins,
+                    GivenModelKeys& given) {
   const std::string source = "--set";
   auto eq = override_text.find('=');
   KILN_CHECK(eq != std::string::npos && !trim(override_text.substr(0, eq)).empty(),
@@ -315,6 +329,7 @@ void apply_override(const std::string& override_text, TrainConfig& config, Origi
   std::string name = trim(override_text.substr(0, eq));
   std::string value = trim(override_text.substr(eq + 1));
   const Key* key = find_key(name);
+  if (!key && give_model_override(given, name, value)) return;
   if (!key) unknown_key(source, name);
   Ref r = key->ref(config);
 
@@ -391,10 +406,12 @@ void check_preset_arch(const TrainConfig& c, const ModelPreset& p, const Origins
             own.empty() ? std::string("none") : fmt::format("{}", fmt::join(own, ", ")));
 }
 
-// Fills the preset's values (for keys not given explicitly) and the derived defaults.
-void resolve(TrainConfig& c, const Origins& origins) {
-  fill_model_from_hf_folder(c, origins);
-  if (const std::optional<ModelPreset> p = find_model_preset(c.model.preset)) {
+// Fills the preset's values (for keys not given explicitly), the family keys of the
+// resolved model.arch (model_keys.cpp) and the derived defaults.
+void resolve(TrainConfig& c, Origins& origins, const GivenModelKeys& given) {
+  const std::optional<ModelOptions> hf = fill_model_from_hf_folder(c, origins);
+  const std::optional<ModelPreset> p = find_model_preset(c.model.preset);
+  if (p) {
     check_preset_arch(c, *p, origins);
     auto fill = [&](const char* name, int& field, int value) {
       if (!origins.contains(name)) field = value;
@@ -404,30 +421,14 @@ void resolve(TrainConfig& c, const Origins& origins) {
     fill("model.n_embd", c.model.n_embd, p->n_embd);
     fill("model.block_size", c.model.block_size, p->block_size);
     fill("model.vocab_size", c.model.vocab_size, p->vocab_size);
-    // The rest only where the preset sets them (0 / false: the key's default stays).
-    auto set = [&](const char* name, auto& field, auto value) {
-      if (value && !origins.contains(name)) field = value;
-    };
     if (!origins.contains("model.arch")) c.model.arch = std::string(p->arch);
-    set("model.n_kv_head", c.model.n_kv_head, p->n_kv_head);
-    set("model.ffn_hidden_size", c.model.ffn_hidden_size, p->ffn_hidden_size);
-    set("model.norm_eps", c.model.norm_eps, p->norm_eps);
-    set("model.rope_theta", c.model.rope_theta, p->rope_theta);
-    auto& rs = c.model.rope_scaling;
-    set("model.rope_scaling.factor", rs.factor, p->rope_factor);
-    set("model.rope_scaling.low_freq_factor", rs.low_freq_factor, p->rope_low_freq_factor);
-    set("model.rope_scaling.high_freq_factor", rs.high_freq_factor, p->rope_high_freq_factor);
-    set("model.rope_scaling.original_max_position", rs.original_max_position, p->rope_original_max_position);
-    set("model.tie_embeddings", c.model.tie_embeddings, p->tie_embeddings);
   }
+  resolve_model_keys(c, origins, given, hf ? &*hf : nullptr, p ? &*p : nullptr);
   if (c.train.seq_len == 0) c.train.seq_len = c.model.block_size;
 }
 
-std::string describe_range(const Key& k, bool integer) {
-  auto num = [&](double v) { return integer ? fmt::format("{}", static_cast<int64_t>(v)) : fmt::format("{}", v); };
-  if (k.hi == kInf) return fmt::format("{} {}", k.lo_open ? ">" : ">=", num(k.lo));
-  if (integer && !k.lo_open && !k.hi_open) return fmt::format("between {} and {}", num(k.lo), num(k.hi));
-  return fmt::format("in {}{}, {}{}", k.lo_open ? "(" : "[", num(k.lo), num(k.hi), k.hi_open ? ")" : "]");
+std::string describe_key_range(const Key& k, bool integer) {
+  return describe_range(k.lo, k.hi, k.lo_open, k.hi_open, integer);
 }
 
 void validate(const TrainConfig& c, const Origins& origins) {
@@ -457,7 +458,7 @@ void validate(const TrainConfig& c, const Origins& origins) {
           r);
       bool ok = (k.lo_open ? v > k.lo : v >= k.lo) && (k.hi_open ? v < k.hi : v <= k.hi);
       KILN_CHECK(ok, "{}: key '{}' must be {}, got {}", src(k.name), k.name,
-                 describe_range(k, is_int(r)), format_value(r));
+                 describe_key_range(k, is_int(r)), format_value(r));
     }
   }
   // Keys that relate to each other.
@@ -465,15 +466,7 @@ void validate(const TrainConfig& c, const Origins& origins) {
     KILN_CHECK(c.model.n_embd % c.model.n_head == 0,
                "{}: key 'model.n_embd' ({}) must be divisible by model.n_head ({})",
                src("model.n_embd"), c.model.n_embd, c.model.n_head);
-  if (c.model.n_kv_head > 0 && c.model.n_head > 0)
-    KILN_CHECK(c.model.n_head % c.model.n_kv_head == 0,
-               "{}: key 'model.n_kv_head' ({}) must divide model.n_head ({})",
-               src("model.n_kv_head"), c.model.n_kv_head, c.model.n_head);
-  if (c.model.rope_scaling.factor > 0)
-    KILN_CHECK(c.model.rope_scaling.high_freq_factor > c.model.rope_scaling.low_freq_factor,
-               "{}: key 'model.rope_scaling.high_freq_factor' ({}) must exceed "
-               "model.rope_scaling.low_freq_factor ({})", src("model.rope_scaling.high_freq_factor"),
-               c.model.rope_scaling.high_freq_factor, c.model.rope_scaling.low_freq_factor);
+  validate_model_keys(c, origins);
   if (c.model.block_size > 0)
     KILN_CHECK(c.train.seq_len <= c.model.block_size,
                "{}: key 'train.seq_len' ({}) must not exceed model.block_size ({})",
@@ -507,9 +500,10 @@ TrainConfig load(std::string_view text, const std::vector<std::string>& override
   TrainConfig config;
   config.source = name;
   Origins origins;
-  apply_table(parse_toml(text, name), config, origins, name);
-  for (const auto& o : overrides) apply_override(o, config, origins);
-  resolve(config, origins);
+  GivenModelKeys given;
+  apply_table(parse_toml(text, name), config, origins, given, name);
+  for (const auto& o : overrides) apply_override(o, config, origins, given);
+  resolve(config, origins, given);
   validate(config, origins);
   return config;
 }
@@ -520,16 +514,28 @@ TrainConfig load(std::string_view text, const std::vector<std::string>& override
 
 std::span<const ConfigKeyInfo> config_keys() {
   struct Store {
-    std::vector<std::string> defaults;
+    std::vector<ModelKeyDoc> family;  // the families' [model] keys
+    std::vector<std::string> types, defaults;
     std::vector<ConfigKeyInfo> infos;
   };
   static const Store store = [] {
     Store s;
     const TrainConfig defaults;
+    s.family = model_key_docs();
+    const std::vector<ModelKeyDoc>& family = s.family;
+    for (const ModelKeyDoc& d : family) {
+      s.types.emplace_back(d.key.type == ModelKeyType::Integer ? "int"
+                           : d.key.type == ModelKeyType::Float ? "float" : "bool");
+      s.defaults.push_back(format_model_value(d.key, d.key.default_value));
+    }
     for (const Key& k : keys()) s.defaults.push_back(format_value(field(k, defaults)));
+    const size_t n = family.size();
     for (size_t i = 0; i < keys().size(); ++i) {
       const Key& k = keys()[i];
-      s.infos.push_back({k.name, doc_type_name(field(k, defaults)), s.defaults[i], k.description});
+      if (k.section() != "model" && s.infos.size() == i)  // after the common [model] keys
+        for (size_t j = 0; j < n; ++j)
+          s.infos.push_back({family[j].name, s.types[j], s.defaults[j], family[j].description});
+      s.infos.push_back({k.name, doc_type_name(field(k, defaults)), s.defaults[n + i], k.description});
     }
     return s;
   }();
@@ -566,6 +572,7 @@ std::string TrainConfig::to_toml() const {
   std::string_view section;
   for (const Key& k : keys()) {
     if (k.section() != section) {
+      if (section == "model") out += model_keys_toml(*this);  // the family's keys
       section = k.section();
       out += fmt::format("\n[{}]\n", section);
     }

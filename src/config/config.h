@@ -14,22 +14,13 @@
 #include "optim/schedule.h"
 
 #include <cstdint>
+#include <map>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace kiln {
-
-/// [model.rope_scaling]: Llama 3.1's rescaling of the rotary frequencies (RopeSpec,
-/// backend/backend.h); factor 0 = none.
-struct RopeScalingSection {
-  double factor = 0.0;
-  double low_freq_factor = 1.0;
-  double high_freq_factor = 4.0;
-  double original_max_position = 8192.0;
-  bool operator==(const RopeScalingSection&) const = default;
-};
 
 /// [model]: the network's shape and where its initial weights come from.
 struct ModelSection {
@@ -41,21 +32,11 @@ struct ModelSection {
   int block_size = 0;     // maximum sequence length
   int vocab_size = 0;     // 0 = take it from the data set's meta.json
   double dropout = 0.0;
-  // Rotary / grouped-query / SwiGLU architectures (llama); GPT-2 rejects non-defaults.
-  int n_kv_head = 0;          // key/value heads; 0 = n_head
-  int ffn_hidden_size = 0;    // MLP hidden width; 0 = the architecture's default
-  double norm_eps = 1e-5;     // RMSNorm epsilon
-  double rope_theta = 10000.0;
-  RopeScalingSection rope_scaling;
-  bool tie_embeddings = false;  // output head shares the token embedding
-  // Vision transformers (vit): square images of image_size pixels and num_channels
-  // channels cut into patch_size patches; num_classes labels. 0 = take it from the data.
-  int image_size = 0;
-  int num_channels = 0;
-  int patch_size = 0;
-  int num_classes = 0;
-  double class_dropout = 0.1;  // dit: label dropout for classifier-free guidance
   std::string init_from;  // "" = random init; a kiln checkpoint dir, a Hugging Face folder, an llm.c .bin or a .safetensors
+  /// The keys of model.arch's family (ModelArch::keys, e.g. n_kv_head, rope_scaling.factor,
+  /// image_size) by name within [model], every one the arch declares (its default where
+  /// nothing set it); bools 0 / 1.
+  std::map<std::string, double, std::less<>> family;
   bool operator==(const ModelSection&) const = default;
 };
 
@@ -241,12 +222,14 @@ double learning_rate(const TrainConfig& config, int64_t step);
 /// Description of one configuration key, for help text and documentation.
 struct ConfigKeyInfo {
   std::string_view name;           // "section.key"
-  std::string_view type;           // "int", "float", "string" or "int array"
+  std::string_view type;           // "int", "float", "bool", "string" or "int array"
   std::string_view default_value;  // as written in TOML
   std::string_view description;
 };
 
-/// Every valid key, in the order to_toml() writes them.
+/// Every valid key, in the order to_toml() writes them; the [model] keys of the registered
+/// families (ModelArch::keys) once each, after the common [model] keys, each description
+/// saying which architectures read it.
 std::span<const ConfigKeyInfo> config_keys();
 
 }  // namespace kiln

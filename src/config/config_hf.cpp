@@ -10,14 +10,19 @@
 
 namespace kiln::config_detail {
 
-void fill_model_from_hf_folder(TrainConfig& c,
-                               const std::map<std::string, std::string, std::less<>>& origins) {
+namespace {
+
+std::string origin(const TrainConfig& c, const Origins& origins, std::string_view key) {
+  auto it = origins.find(key);
+  return it == origins.end() ? c.source : it->second;
+}
+
+}  // namespace
+
+std::optional<ModelOptions> fill_model_from_hf_folder(TrainConfig& c, const Origins& origins) {
   ModelSection& m = c.model;
-  if (m.init_from.empty()) return;
-  auto origin = [&](const char* key) {
-    auto it = origins.find(key);
-    return it == origins.end() ? c.source : it->second;
-  };
+  if (m.init_from.empty()) return std::nullopt;
+  auto origin = [&](const char* key) { return config_detail::origin(c, origins, key); };
   // A wrong path is named here, before a missing model key would be blamed instead.
   const std::filesystem::path from(m.init_from);
   std::error_code ec;
@@ -27,7 +32,7 @@ void fill_model_from_hf_folder(TrainConfig& c,
                  std::filesystem::exists(from / "manifest.json", ec),
              "{}: key 'model.init_from': {} is neither a Hugging Face folder (config.json) nor a "
              "kiln checkpoint (manifest.json)", origin("model.init_from"), m.init_from);
-  if (!is_hf_folder(m.init_from)) return;
+  if (!is_hf_folder(m.init_from)) return std::nullopt;
   const std::string file = (from / "config.json").string();
   KILN_CHECK(m.preset.empty(), "{}: key 'model.preset' ('{}') and model.init_from = {}, a "
              "Hugging Face folder whose config.json gives the shape: remove model.preset",
@@ -47,18 +52,24 @@ void fill_model_from_hf_folder(TrainConfig& c,
   take("model.n_embd", m.n_embd, o.n_embd);
   take("model.block_size", m.block_size, o.block_size);
   take("model.vocab_size", m.vocab_size, o.vocab_size);
-  take("model.n_kv_head", m.n_kv_head, o.n_kv_head);
-  take("model.ffn_hidden_size", m.ffn_hidden_size, o.ffn_hidden_size);
-  take("model.norm_eps", m.norm_eps, hf_float_value(o.norm_eps));
-  take("model.rope_theta", m.rope_theta, o.rope.theta);
-  take("model.rope_scaling.factor", m.rope_scaling.factor, o.rope.scale_factor);
-  if (o.rope.scale_factor > 0) {
-    take("model.rope_scaling.low_freq_factor", m.rope_scaling.low_freq_factor, o.rope.low_freq_factor);
-    take("model.rope_scaling.high_freq_factor", m.rope_scaling.high_freq_factor, o.rope.high_freq_factor);
-    take("model.rope_scaling.original_max_position", m.rope_scaling.original_max_position,
-         o.rope.original_max_positions);
+  return o;
+}
+
+void take_hf_model_keys(TrainConfig& c, const Origins& origins, const ModelOptions& hf,
+                        const ModelKeys& keys) {
+  const std::string file = (std::filesystem::path(c.model.init_from) / "config.json").string();
+  for (const auto& [name, value] : hf.family) {  // the keys the folder's config.json gives
+    const ModelKey* k = find_model_key(keys, name);
+    if (!k) continue;
+    const std::string key = "model." + name;
+    if (!origins.contains(key)) {
+      c.model.family[name] = value;
+      continue;
+    }
+    KILN_CHECK(c.model.family.at(name) == value, "{}: key '{}' is {}, but model.init_from's {} "
+               "gives {}", origin(c, origins, key), key, format_model_value(*k, c.model.family.at(name)),
+               file, format_model_value(*k, value));
   }
-  take("model.tie_embeddings", m.tie_embeddings, o.tie_embeddings);
 }
 
 }  // namespace kiln::config_detail

@@ -1,16 +1,43 @@
 // The [model] options a model is built from (the config file's [model] section, a
-// checkpoint's state "model", a Hugging Face config.json), and the presets that fill them.
+// checkpoint's state "model", a Hugging Face config.json), the keys a family declares
+// beyond the common ones, and the presets that fill them.
 #pragma once
 
-#include "backend/backend.h"
-
+#include <functional>
+#include <limits>
+#include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace kiln {
 
-/// The [model] keys every architecture reads (docs/config.md); each factory checks the
-/// ones it needs and ignores none silently.
+/// The type of a family's [model] key (ModelKey).
+enum class ModelKeyType { Integer, Float, Bool };
+
+/// One [model] key a family declares beyond the common ones (ModelArch::keys, stated in
+/// its own folder): its name within [model] ("n_kv_head", "rope_scaling.factor"), its
+/// type, default, allowed range (numbers: lo..hi, open or closed ends) and description
+/// (docs/config.md). The config checks a given value against it; ModelOptions::value
+/// falls back to its default.
+struct ModelKey {
+  std::string name = {};
+  ModelKeyType type = ModelKeyType::Integer;
+  double default_value = 0.0;
+  double lo = -std::numeric_limits<double>::infinity();
+  double hi = std::numeric_limits<double>::infinity();
+  bool lo_open = false, hi_open = false;
+  std::string description = {};
+};
+using ModelKeys = std::vector<ModelKey>;
+
+/// The declaration of `name` in `keys`, or nullptr.
+const ModelKey* find_model_key(const ModelKeys& keys, std::string_view name);
+
+/// The [model] options of a model: the keys every architecture reads as fields, and the
+/// values of its family's keys (ModelArch::keys) by name. Each factory checks the ones it
+/// needs and ignores none silently (make_model refuses a family key the arch does not
+/// declare).
 struct ModelOptions {
   std::string arch = "gpt2";
   int n_layer = 0;
@@ -19,33 +46,35 @@ struct ModelOptions {
   int block_size = 0;  // maximum sequence length
   int vocab_size = 0;  // real vocabulary; the model pads it as it likes
   float dropout = 0.f;
-  // Rotary / grouped-query / SwiGLU architectures (llama); GPT-2 rejects n_kv_head, ffn_hidden_size
-  // and rope scaling other than its own.
-  int n_kv_head = 0;        // key/value heads; 0 = n_head
-  int ffn_hidden_size = 0;  // MLP hidden width; 0 = the architecture's default
-  float norm_eps = 1e-5f;   // RMSNorm epsilon (GPT-2: its LayerNorm eps is fixed, 1e-5)
-  RopeSpec rope;            // theta, Llama 3.1 rescaling (scale_factor 0: none)
-  bool tie_embeddings = false;  // output head = token embedding (GPT-2 ignores it: always tied)
-  // Vision transformers (vit): square images, patches, classes.
-  int image_size = 0;
-  int num_channels = 0;
-  int patch_size = 0;
-  int num_classes = 0;
-  float class_dropout = 0.1f;  // dit: probability a training label becomes the null class
+  /// The family's keys by name within [model] ("n_kv_head", "rope_scaling.factor"); bools
+  /// are 0 / 1. A key absent here has its declared default (value()).
+  std::map<std::string, double, std::less<>> family;
+
+  /// The value of the family key `name` that `keys` declares: the one in `family`, else its
+  /// default. Throws kiln::Error when `keys` does not declare `name`.
+  double value(const ModelKeys& keys, std::string_view name) const;
+  /// value() of an Integer key, as an int.
+  int integer(const ModelKeys& keys, std::string_view name) const;
+  /// value() of a Bool key (non-zero: true).
+  bool flag(const ModelKeys& keys, std::string_view name) const;
 };
 
-/// One model preset's shape (model.preset): the [model] keys it sets. Fields after
-/// vocab_size are 0 / false where the preset does not set them (the key's default stays).
-/// Each family lists its own (ModelArch::presets, e.g. models/llama/arch.cpp).
+/// Where the [model] key `name` ("model.n_kv_head") came from (a file, "--set"), for
+/// errors (ModelArch::check_options).
+using KeySource = std::function<std::string(std::string_view name)>;
+
+/// Throws kiln::Error naming the first key of options.family that `keys` does not declare:
+/// "model.n_kv_head: not a key of model.arch 'gpt2'".
+void check_family_keys(const ModelOptions& options, const ModelKeys& keys);
+
+/// One model preset's shape (model.preset): the [model] keys it sets. The common keys
+/// first; then `keys`, the family keys it sets by name (bools 0 / 1; the others keep their
+/// defaults). Each family lists its own (ModelArch::presets, e.g. models/llama/arch.cpp).
 struct ModelPreset {
   std::string_view name;
   int n_layer = 0, n_head = 0, n_embd = 0, block_size = 0, vocab_size = 0;
   std::string_view arch = "gpt2";
-  int n_kv_head = 0, ffn_hidden_size = 0;
-  double norm_eps = 0, rope_theta = 0;
-  double rope_factor = 0, rope_low_freq_factor = 0, rope_high_freq_factor = 0,
-         rope_original_max_position = 0;
-  bool tie_embeddings = false;
+  std::map<std::string, double, std::less<>> keys = {};
 };
 
 }  // namespace kiln

@@ -44,7 +44,9 @@ ModelArch entry_of(const std::string& arch) {
 
 std::unique_ptr<Model> make_model(const ModelOptions& options, Backend& backend,
                                   const ModelStorage& storage) {
-  return entry_of(options.arch).make(options, backend, storage);
+  const ModelArch a = entry_of(options.arch);
+  check_family_keys(options, a.keys);
+  return a.make(options, backend, storage);
 }
 
 void register_model(const std::string& arch, ModelFactory factory) {
@@ -72,6 +74,14 @@ std::vector<std::string> model_archs_with(bool ModelArch::*flag) {
   std::vector<std::string> out;
   for (const auto& [k, v] : registry().archs)
     if (v.*flag) out.push_back(k);
+  return out;
+}
+
+std::vector<std::string> model_archs_with_key(std::string_view name) {
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  std::vector<std::string> out;
+  for (const auto& [k, v] : registry().archs)
+    if (find_model_key(v.keys, name)) out.push_back(k);
   return out;
 }
 

@@ -56,6 +56,15 @@ struct ModelArch {
   /// apply the tables the model states (models/layer_plan.h LayerRoles).
   bool tensor_parallel = false;
   bool context_parallel = false;
+  /// The family's own [model] keys beyond the common ones (ModelOptions: arch .. dropout,
+  /// and the config's preset and init_from), stated in its folder (e.g.
+  /// models/llama/config.cpp llama_keys()). The config reads, checks and writes them from
+  /// here; its models read them with ModelOptions::value. make_model refuses any other.
+  ModelKeys keys;
+  /// Checks between its keys that hold for a config still being resolved (0 = unset, e.g.
+  /// n_head before the data set gives vocab_size), run when a config loads; `source(key)`
+  /// ("model.n_kv_head") names where that key came from, for the error. Optional.
+  std::function<void(const ModelOptions& options, const KeySource& source)> check_options;
   /// The model presets of the family (model.preset), each a shape of its [model] keys.
   std::vector<ModelPreset> presets;
   /// The options of a model from its Model::config_json() (a checkpoint's state "model").
@@ -84,7 +93,8 @@ struct ModelArch {
 };
 
 /// Builds the model `options.arch` names. Throws kiln::Error listing the known
-/// architectures when it is unknown, or the factory's error for a bad shape.
+/// architectures when it is unknown, naming a key of options.family the arch does not
+/// declare, or the factory's error for a bad shape.
 std::unique_ptr<Model> make_model(const ModelOptions& options, Backend& backend,
                                   const ModelStorage& storage = {});
 /// Adds (or replaces) an architecture with only a factory.
@@ -108,6 +118,9 @@ ModelArch model_arch(const std::string& arch);
 std::vector<std::string> model_archs();
 /// The registered architectures whose entry has `flag` set (e.g. &ModelArch::stages), sorted.
 std::vector<std::string> model_archs_with(bool ModelArch::*flag);
+/// The registered architectures that declare the [model] key `name` (ModelArch::keys),
+/// sorted.
+std::vector<std::string> model_archs_with_key(std::string_view name);
 /// Every registered preset, by architecture then in the family's order.
 std::vector<ModelPreset> model_presets();
 /// The preset called `name`, if any family lists one.

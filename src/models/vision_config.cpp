@@ -25,26 +25,47 @@ void VisionShape::validate_shape(const std::string& arch, int min_classes) const
   KILN_CHECK(norm_eps > 0.f, "model.norm_eps must be positive (got {})", norm_eps);
 }
 
-void copy_vision_options(const ModelOptions& o, VisionShape& c) {
+const ModelKeys& vision_keys() {
+  using enum ModelKeyType;
+  static const ModelKeys keys{
+      {.name = "ffn_hidden_size", .type = Integer, .lo = 0,
+       .description = "MLP hidden width; 0 = the architecture's default (vit, dit: 4 n_embd)."},
+      {.name = "norm_eps", .type = Float, .default_value = 1e-5, .lo = 0, .lo_open = true,
+       .description = "LayerNorm epsilon (vit, dit)."},
+      {.name = "image_size", .type = Integer, .lo = 0,
+       .description = "Image height = width in pixels (vit, dit); 0 = take it from the image "
+                      "data set."},
+      {.name = "num_channels", .type = Integer, .lo = 0,
+       .description = "Image channels (vit, dit: 1 gray, 3 RGB); 0 = take it from the image "
+                      "data set."},
+      {.name = "patch_size", .type = Integer, .lo = 0,
+       .description = "Patch side in pixels (vit, dit); must divide image_size; block_size = "
+                      "(image_size / patch_size)^2 + 1 for vit (the patches and the class "
+                      "token), (image_size / patch_size)^2 for dit."},
+      {.name = "num_classes", .type = Integer, .lo = 0,
+       .description = "Classes of an image classifier (vit) or class-conditional generator "
+                      "(dit); 0 = take it from the image data set."},
+  };
+  return keys;
+}
+
+void copy_vision_options(const ModelOptions& o, const ModelKeys& keys, VisionShape& c) {
   c.n_layer = o.n_layer;
   c.n_head = o.n_head;
   c.n_embd = o.n_embd;
-  c.ffn_hidden_size = o.ffn_hidden_size > 0 ? o.ffn_hidden_size : 4 * o.n_embd;
-  c.image_size = o.image_size;
-  c.num_channels = o.num_channels;
-  c.patch_size = o.patch_size;
-  c.num_classes = o.num_classes;
-  c.norm_eps = o.norm_eps;
+  const int ffn = o.integer(keys, "ffn_hidden_size");
+  c.ffn_hidden_size = ffn > 0 ? ffn : 4 * o.n_embd;
+  c.image_size = o.integer(keys, "image_size");
+  c.num_channels = o.integer(keys, "num_channels");
+  c.patch_size = o.integer(keys, "patch_size");
+  c.num_classes = o.integer(keys, "num_classes");
+  c.norm_eps = static_cast<float>(o.value(keys, "norm_eps"));
 }
 
-void check_vision_options(const ModelOptions& o, const std::string& arch) {
-  KILN_CHECK(o.n_kv_head == 0 || o.n_kv_head == o.n_head,
-             "model.n_kv_head ({}): {} uses multi-head attention (set 0)", o.n_kv_head, arch);
-  KILN_CHECK(!o.tie_embeddings, "model.tie_embeddings: {} has no token embedding to tie", arch);
-  KILN_CHECK(o.rope.scale_factor == 0.0 && o.rope.theta == RopeSpec{}.theta,
-             "model.rope_theta / model.rope_scaling: {} has learned positions, no rotary (leave "
-             "them unset)", arch);
-  KILN_CHECK(o.vocab_size == 0 || o.vocab_size == o.num_classes,
+void check_vision_options(const ModelOptions& o, const ModelKeys& keys, const std::string& arch) {
+  check_family_keys(o, keys);
+  const int num_classes = o.integer(keys, "num_classes");
+  KILN_CHECK(o.vocab_size == 0 || o.vocab_size == num_classes,
              "model.vocab_size ({}): {} reads images, not tokens (leave it 0)", o.vocab_size, arch);
 }
 
@@ -55,13 +76,10 @@ void read_vision_json(const nlohmann::json& j, ModelOptions& o) {
   o.n_layer = integer("n_layer");
   o.n_head = integer("n_head");
   o.n_embd = integer("n_embd");
-  o.ffn_hidden_size = integer("ffn_hidden_size");
-  o.image_size = integer("image_size");
-  o.num_channels = integer("num_channels");
-  o.patch_size = integer("patch_size");
-  o.num_classes = integer("num_classes");
   o.block_size = integer("block_size");
-  o.norm_eps = j.at("norm_eps");
+  for (const char* key : {"ffn_hidden_size", "image_size", "num_channels", "patch_size", "num_classes"})
+    o.family[key] = integer(key);
+  o.family["norm_eps"] = j.at("norm_eps").get<float>();
 }
 
 }  // namespace kiln

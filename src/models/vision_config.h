@@ -2,14 +2,14 @@
 // square images cut into patches, their checks and their form in a checkpoint's state.
 #pragma once
 
+#include "models/model_options.h"
+
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <string>
 
 namespace kiln {
-
-struct ModelOptions;
 
 /// The shape a vision transformer on square images cut into patches has, whatever it
 /// predicts (ViTConfig, DiTConfig derive from it and set their own defaults).
@@ -33,9 +33,13 @@ struct VisionShape {
   void validate_shape(const std::string& arch, int min_classes) const;
 };
 
-/// Refuses the language-model keys an image model has no use for (grouped-query
-/// attention, tied embeddings, rotary settings, a vocabulary), naming the key and `arch`.
-void check_vision_options(const ModelOptions& o, const std::string& arch);
+/// The [model] keys of an image model (ModelArch::keys of vit and dit): ffn_hidden_size,
+/// norm_eps, image_size, num_channels, patch_size, num_classes.
+const ModelKeys& vision_keys();
+
+/// Refuses what an image model has no use for: a family key `keys` (the arch's) does not
+/// declare, and a vocabulary; names the key and `arch`.
+void check_vision_options(const ModelOptions& o, const ModelKeys& keys, const std::string& arch);
 
 /// The shape keys of state.model (n_layer, n_head, n_embd, ffn_hidden_size, image_size,
 /// num_channels, patch_size, num_classes, block_size, norm_eps) into `o`. Throws
@@ -52,8 +56,9 @@ nlohmann::json vision_json(const Config& c) {
           {"block_size", c.tokens()},   {"norm_eps", c.norm_eps}};
 }
 
-/// Copies the shape keys of `o` into `c` (ffn_hidden_size 0 -> 4 n_embd).
-void copy_vision_options(const ModelOptions& o, VisionShape& c);
+/// Copies the shape keys of `o` into `c` (ffn_hidden_size 0 -> 4 n_embd); `keys` are the
+/// arch's (vision_keys() and its own).
+void copy_vision_options(const ModelOptions& o, const ModelKeys& keys, VisionShape& c);
 
 }  // namespace kiln
 

@@ -285,7 +285,10 @@ std::vector<Layout> search_layouts(const TrainConfig& config, const MemPlanOptio
   base.parallel.dp = 0;  // derived per tp
   const int W = options.world_size;
   const int heads = base.model.n_head;
-  const int kv_heads = base.model.n_kv_head > 0 ? base.model.n_kv_head : heads;
+  // Grouped-query attention's key/value heads (a family key, e.g. llama's; 0 = n_head).
+  const auto kv = base.model.family.find("n_kv_head");
+  const int kv_heads = kv != base.model.family.end() && kv->second > 0 ? static_cast<int>(kv->second)
+                                                                       : heads;
   std::vector<Layout> out;
   MemPlanOptions o = options;
   o.ranks = {0};  // rank 0 holds the most: later ranks' slices only lose padding

@@ -77,14 +77,17 @@ class ImageData final : public TrainData {
     KILN_CHECK(m.shape.height == m.shape.width, "{}: data.dir {} holds {}x{} images; the "
                "vision models take square images", c.source, dir_.string(), m.shape.height,
                m.shape.width);
-    auto fill = [&](const char* key, int& value, int data_value) {
-      if (value == 0) value = data_value;
-      KILN_CHECK(value == data_value, "{}: {} is {} but the images in {} have {}", c.source,
-                 key, value, dir_.string(), data_value);
+    // The keys the arch declares (ModelArch::keys, all in c.model.family), 0 = unset.
+    auto fill = [&](const char* key, int data_value) {
+      const auto it = c.model.family.find(std::string_view(key).substr(6));
+      if (it == c.model.family.end()) return;
+      if (it->second == 0) it->second = data_value;
+      KILN_CHECK(it->second == data_value, "{}: {} is {} but the images in {} have {}", c.source,
+                 key, static_cast<int>(it->second), dir_.string(), data_value);
     };
-    fill("model.image_size", c.model.image_size, m.shape.height);
-    fill("model.num_channels", c.model.num_channels, m.shape.channels);
-    fill("model.num_classes", c.model.num_classes, m.classes);
+    fill("model.image_size", m.shape.height);
+    fill("model.num_channels", m.shape.channels);
+    fill("model.num_classes", m.classes);
   }
   void check_arch(const TrainConfig& c) const override {
     KILN_CHECK(model_arch(c.model.arch).takes_images,

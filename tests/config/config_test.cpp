@@ -308,7 +308,7 @@ TEST(TrainConfigPreset, AnotherArchitecturesPresetNamesBothKeys) {
             "'gpt2' (config.toml); gpt2 presets: gpt2, gpt2-medium, gpt2-large, gpt2-xl");
   // A preset of the arch set explicitly is fine.
   EXPECT_EQ(load_config_string("[model]\narch = \"llama\"\npreset = \"llama3.2-1b\"\n")
-                .model.n_kv_head, 8);
+                .model.family.at("n_kv_head"), 8);
 }
 
 TEST(TrainConfigPreset, TableIsComplete) {
@@ -321,7 +321,7 @@ TEST(TrainConfigPreset, TableIsComplete) {
     EXPECT_EQ(p.block_size, llama ? 131072 : 1024) << p.name;
     EXPECT_EQ(p.vocab_size, llama ? 128256 : 50257) << p.name;
     if (llama) {
-      EXPECT_EQ(p.n_head % p.n_kv_head, 0) << p.name;
+      EXPECT_EQ(p.n_head % static_cast<int>(p.keys.at("n_kv_head")), 0) << p.name;
     }
   }
 }
@@ -347,20 +347,82 @@ TEST(TrainConfigToml, RoundTripGivesAnIdenticalConfig) {
 }
 
 TEST(TrainConfigToml, WritesEveryKey) {
+  // Every key of model.arch: the common ones and its family's (ModelArch::keys), not the
+  // keys only other families declare.
+  for (const std::string arch : {"gpt2", "llama", "vit", "dit"}) {
+    SCOPED_TRACE(arch);
+    const std::string text = load_config_string(kMinimal, {"model.arch=" + arch}).to_toml();
+    for (const auto& k : config_keys()) {
+      auto dot = k.name.find('.');
+      std::string section = fmt::format("[{}]\n", k.name.substr(0, dot));
+      std::string line = fmt::format("\n{} = ", k.name.substr(dot + 1));
+      auto at = text.find(section);
+      ASSERT_NE(at, std::string::npos) << k.name;
+      const std::string_view in_model = k.name.substr(dot + 1);
+      const bool other_family = k.name.starts_with("model.") &&
+                                !model_archs_with_key(in_model).empty() &&
+                                !find_model_key(model_arch(arch).keys, in_model);
+      EXPECT_EQ(text.find(line, at) != std::string::npos, !other_family) << k.name;
+    }
+  }
   TrainConfig c = load_config_string(kMinimal);
   std::string text = c.to_toml();
-  for (const auto& k : config_keys()) {
-    auto dot = k.name.find('.');
-    std::string section = fmt::format("[{}]\n", k.name.substr(0, dot));
-    std::string line = fmt::format("\n{} = ", k.name.substr(dot + 1));
-    auto at = text.find(section);
-    ASSERT_NE(at, std::string::npos) << k.name;
-    EXPECT_NE(text.find(line, at), std::string::npos) << k.name;
-  }
   EXPECT_NE(text.find("lr = 0.0006\n"), std::string::npos) << text;
   EXPECT_NE(text.find("grad_clip = 1.0\n"), std::string::npos) << text;  // stays a float
   EXPECT_NE(text.find("steps = []\n"), std::string::npos) << text;
   EXPECT_NE(text.find("seq_len = 32\n"), std::string::npos) << text;  // resolved
+}
+
+// Run directories of earlier versions hold a config.toml listing every [model] key of every
+// family at its default (fixtures/*_run_config_v1.toml: written by kiln train before the
+// keys moved to the families); `kiln train RUN/config.toml` must still load them.
+TEST(TrainConfigToml, EarlierVersionsRunConfigsStillLoad) {
+  const std::string dir = source_dir() + "/tests/config/fixtures/";
+  const TrainConfig gpt2 = load_config_file(dir + "gpt2_run_config_v1.toml");
+  EXPECT_EQ(gpt2.model.arch, "gpt2");
+  EXPECT_TRUE(gpt2.model.family.empty());
+  EXPECT_EQ(gpt2.to_toml().find("n_kv_head"), std::string::npos);
+  const TrainConfig llama = load_config_file(dir + "llama_run_config_v1.toml");
+  const std::map<std::string, double, std::less<>> want{
+      {"n_kv_head", 2}, {"ffn_hidden_size", 24}, {"norm_eps", 1e-5}, {"rope_theta", 500000},
+      {"rope_scaling.factor", 8}, {"rope_scaling.low_freq_factor", 1},
+      {"rope_scaling.high_freq_factor", 4}, {"rope_scaling.original_max_position", 64},
+      {"tie_embeddings", 1}};
+  EXPECT_EQ(llama.model.family, want);
+  const TrainConfig vit = load_config_file(dir + "vit_run_config_v1.toml");
+  EXPECT_EQ(vit.model.family.at("image_size"), 8);
+  EXPECT_EQ(vit.model.family.at("num_classes"), 3);
+  EXPECT_EQ(vit.model.family.at("patch_size"), 4);
+  EXPECT_FALSE(vit.model.family.contains("class_dropout"));  // dit's, at its default
+  for (const TrainConfig* c : {&gpt2, &llama, &vit})
+    EXPECT_EQ(load_config_string(c->to_toml()), *c) << c->model.arch;
+}
+
+// A key of another family than model.arch's is one line naming the archs that have it,
+// unless it holds their default (above); a key no family has is an unknown key.
+TEST(TrainConfigModelKeys, AnotherFamilysKeyNamesTheArchsThatHaveIt) {
+  EXPECT_EQ(load_error("[model]\nn_kv_head = 2\n"),
+            "config.toml: key 'model.n_kv_head' is not a key of model.arch 'gpt2' (llama has it)");
+  EXPECT_EQ(load_error("", {"model.ffn_hidden_size=64"}),
+            "--set: key 'model.ffn_hidden_size' is not a key of model.arch 'gpt2' (dit, llama, "
+            "vit have it)");
+  EXPECT_EQ(load_error("[model]\narch = \"vit\"\n[model.rope_scaling]\nfactor = 8.0\n"),
+            "config.toml: key 'model.rope_scaling.factor' is not a key of model.arch 'vit' (llama "
+            "has it)");
+  EXPECT_EQ(load_error("[model]\nclass_dropout = 0.2\n", {"model.arch=vit"}),
+            "config.toml: key 'model.class_dropout' is not a key of model.arch 'vit' (dit has it)");
+  // The arch is known from the preset too.
+  EXPECT_EQ(load_config_string("[model]\npreset = \"llama3.2-1b\"\nn_kv_head = 4\n")
+                .model.family.at("n_kv_head"), 4);
+  EXPECT_EQ(load_error("[model]\nn_kv_hed = 2\n"),
+            "config.toml: unknown key 'model.n_kv_hed' (did you mean 'model.n_kv_head'?)");
+  // Type and range as any key.
+  EXPECT_EQ(load_error("[model]\narch = \"llama\"\nn_kv_head = 2.5\n"),
+            "config.toml: wrong type for key 'model.n_kv_head': expected integer, got float");
+  EXPECT_EQ(load_error("", {"model.arch=dit", "model.class_dropout=1"}),
+            "--set: key 'model.class_dropout' must be in [0, 1), got 1.0");
+  EXPECT_EQ(load_error("", {"model.arch=llama", "model.tie_embeddings=yes"}),
+            "--set: wrong type for key 'model.tie_embeddings': expected boolean, got 'yes'");
 }
 
 TEST(TrainConfigToml, HashIsStableAndSensitive) {

@@ -181,15 +181,12 @@ inline ModelOptions golden_options(const std::string& arch, const safetensors::R
   o.vocab_size = meta_int(r, "vocab_size");
   o.block_size = meta_int(r, "block_size");
   if (arch == "llama") {
-    o.n_kv_head = meta_int(r, "n_kv_head");
-    o.ffn_hidden_size = meta_int(r, "ffn_hidden_size");
-    o.norm_eps = static_cast<float>(meta_double(r, "norm_eps"));
-    o.rope.theta = meta_double(r, "rope_theta");
-    o.rope.scale_factor = meta_double(r, "rope_scaling.factor");
-    o.rope.low_freq_factor = meta_double(r, "rope_scaling.low_freq_factor");
-    o.rope.high_freq_factor = meta_double(r, "rope_scaling.high_freq_factor");
-    o.rope.original_max_positions = meta_double(r, "rope_scaling.original_max_position");
-    o.tie_embeddings = r.metadata("tie_embeddings") == "True";
+    for (const char* key : {"n_kv_head", "ffn_hidden_size"}) o.family[key] = meta_int(r, key);
+    o.family["norm_eps"] = static_cast<float>(meta_double(r, "norm_eps"));
+    for (const char* key : {"rope_theta", "rope_scaling.factor", "rope_scaling.low_freq_factor",
+                            "rope_scaling.high_freq_factor", "rope_scaling.original_max_position"})
+      o.family[key] = meta_double(r, key);
+    o.family["tie_embeddings"] = r.metadata("tie_embeddings") == "True" ? 1 : 0;
   }
   return o;
 }

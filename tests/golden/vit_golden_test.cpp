@@ -27,13 +27,10 @@ ViTConfig config_of(const st::Reader& r) {
   o.n_layer = meta_int(r, "n_layer");
   o.n_head = meta_int(r, "n_head");
   o.n_embd = meta_int(r, "n_embd");
-  o.ffn_hidden_size = meta_int(r, "ffn_hidden_size");
-  o.image_size = meta_int(r, "image_size");
-  o.num_channels = meta_int(r, "num_channels");
-  o.patch_size = meta_int(r, "patch_size");
-  o.num_classes = meta_int(r, "num_classes");
-  o.norm_eps = static_cast<float>(meta_double(r, "norm_eps"));
-  const int grid = o.image_size / o.patch_size;
+  for (const char* key : {"ffn_hidden_size", "image_size", "num_channels", "patch_size", "num_classes"})
+    o.family[key] = meta_int(r, key);
+  o.family["norm_eps"] = static_cast<float>(meta_double(r, "norm_eps"));
+  const int grid = meta_int(r, "image_size") / meta_int(r, "patch_size");
   o.block_size = grid * grid + 1;
   return vit_config_of(o);
 }

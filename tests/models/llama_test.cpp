@@ -25,15 +25,16 @@ ModelOptions tiny(bool tie = false) {
   o.arch = "llama";
   o.n_layer = 2;
   o.n_head = 4;
-  o.n_kv_head = 2;
   o.n_embd = 16;
-  o.ffn_hidden_size = 24;
   o.block_size = 12;
   o.vocab_size = 29;
-  o.rope.theta = 500000.0;
-  o.rope.scale_factor = 8.0;
-  o.rope.original_max_positions = 16.0;  // small: the rescaling changes some frequencies
-  o.tie_embeddings = tie;
+  o.family = {{"n_kv_head", 2},
+              {"ffn_hidden_size", 24},
+              {"rope_theta", 500000.0},
+              {"rope_scaling.factor", 8.0},
+              // small: the rescaling changes some frequencies
+              {"rope_scaling.original_max_position", 16.0},
+              {"tie_embeddings", tie ? 1 : 0}};
   return o;
 }
 
@@ -212,19 +213,22 @@ tie_embeddings = true
 factor = 8.0
 original_max_position = 64
 )");
-  EXPECT_TRUE(c.model.tie_embeddings);
-  EXPECT_EQ(c.model.rope_scaling.factor, 8.0);
-  EXPECT_EQ(c.model.rope_scaling.original_max_position, 64.0);
+  EXPECT_EQ(c.model.family.at("tie_embeddings"), 1.0);
+  EXPECT_EQ(c.model.family.at("rope_scaling.factor"), 8.0);
+  EXPECT_EQ(c.model.family.at("rope_scaling.original_max_position"), 64.0);
   EXPECT_EQ(load_config_string(c.to_toml()), c);
   EXPECT_NE(c.to_toml().find("rope_scaling.factor = 8.0"), std::string::npos);
-  const TrainConfig s = load_config_string("", {"model.tie_embeddings=true", "model.rope_scaling.low_freq_factor=2"});
-  EXPECT_TRUE(s.model.tie_embeddings);
-  EXPECT_EQ(s.model.rope_scaling.low_freq_factor, 2.0);
-  EXPECT_NE(error_of([] { load_config_string("", {"model.n_head=4", "model.n_kv_head=3"}); })
-                .find("'model.n_kv_head'"), std::string::npos);
-  EXPECT_NE(error_of([] { load_config_string("", {"model.tie_embeddings=1"}); })
+  const TrainConfig s = load_config_string(
+      "", {"model.arch=llama", "model.tie_embeddings=true", "model.rope_scaling.low_freq_factor=2"});
+  EXPECT_EQ(s.model.family.at("tie_embeddings"), 1.0);
+  EXPECT_EQ(s.model.family.at("rope_scaling.low_freq_factor"), 2.0);
+  EXPECT_EQ(error_of([] {
+              load_config_string("", {"model.arch=llama", "model.n_head=4", "model.n_kv_head=3"});
+            }),
+            "--set: key 'model.n_kv_head' (3) must divide model.n_head (4)");
+  EXPECT_NE(error_of([] { load_config_string("", {"model.arch=llama", "model.tie_embeddings=1"}); })
                 .find("model.tie_embeddings"), std::string::npos);
-  EXPECT_NE(error_of([] { load_config_string("", {"model.rope_scaling.factor=8",
+  EXPECT_NE(error_of([] { load_config_string("", {"model.arch=llama", "model.rope_scaling.factor=8",
                                                   "model.rope_scaling.high_freq_factor=0.5"}); })
                 .find("'model.rope_scaling.high_freq_factor'"), std::string::npos);
 }
@@ -236,13 +240,15 @@ TEST(Llama, FactoryErrorsNameTheKey) {
     edit(o);
     return error_of([&] { make_model(o, *be); });
   };
-  EXPECT_NE(err([](ModelOptions& o) { o.n_kv_head = 3; }).find("model.n_kv_head"), std::string::npos);
+  EXPECT_NE(err([](ModelOptions& o) { o.family["n_kv_head"] = 3; }).find("model.n_kv_head"), std::string::npos);
   EXPECT_NE(err([](ModelOptions& o) { o.dropout = 0.1f; }).find("model.dropout"), std::string::npos);
-  EXPECT_NE(err([](ModelOptions& o) { o.n_embd = 12; o.n_head = 4; o.n_kv_head = 2; })
+  EXPECT_NE(err([](ModelOptions& o) { o.n_embd = 12; o.n_head = 4; o.family["n_kv_head"] = 2; })
                 .find("even"), std::string::npos);  // head size 3
   ModelOptions g = tiny();
   g.arch = "gpt2";
-  EXPECT_NE(error_of([&] { make_model(g, *be); }).find("model.n_kv_head"), std::string::npos);
+  g.family = {{"n_kv_head", 2}};  // a llama key: gpt2 declares none (ModelArch::keys)
+  EXPECT_EQ(error_of([&] { make_model(g, *be); }),
+            "model.n_kv_head (2): not a key of model.arch 'gpt2'");
 }
 
 TEST(Llama, CheckpointingPoliciesAndExplicitPositionsGiveBitwiseEqualGradients) {

@@ -23,10 +23,7 @@ ModelOptions tiny(const std::string& arch) {
   o.vocab_size = 37;
   o.block_size = 8;
   if (arch == "vit" || arch == "dit") {
-    o.image_size = 8;
-    o.num_channels = 1;
-    o.patch_size = 4;
-    o.num_classes = 3;
+    o.family = {{"image_size", 8}, {"num_channels", 1}, {"patch_size", 4}, {"num_classes", 3}};
     o.vocab_size = 0;
     o.block_size = arch == "vit" ? 5 : 4;  // 4 patches (+ the class token)
   }

@@ -7,6 +7,17 @@
 namespace kiln::testing {
 
 namespace {
+
+// Its own [model] key (ModelArch::keys): the config reads, checks and writes it from the
+// registry entry alone.
+const ModelKeys& tiny_encoder_keys() {
+  static const ModelKeys keys{
+      {.name = "ffn_mult", .type = ModelKeyType::Integer, .default_value = 2, .lo = 1,
+       .description = "tiny_encoder: SwiGLU width as a multiple of n_embd."},
+  };
+  return keys;
+}
+
 constexpr nn::NormSpec kRms{nn::NormKind::RMSNorm, 1e-6f, true, false};
 
 nn::BlockSpec block_spec(const ModelOptions& o) {
@@ -20,7 +31,7 @@ nn::BlockSpec block_spec(const ModelOptions& o) {
   b.attention.rotary = true;
   b.attention.rope.theta = 10000.0;
   b.mlp = nn::MlpKind::SwiGLU;
-  b.mlp_hidden = 2 * o.n_embd;
+  b.mlp_hidden = o.integer(tiny_encoder_keys(), "ffn_mult") * o.n_embd;
   b.bias = false;
   b.names = {"norm_1", "attn.qkv", "attn.out", "norm_2", "mlp.fc", "mlp.out"};
   return b;
@@ -192,6 +203,7 @@ void register_tiny_encoder() {
   };
   a.tensor_parallel = true;   // kTinyEncoderTables.tp
   a.context_parallel = true;  // kTinyEncoderTables.cp
+  a.keys = tiny_encoder_keys();
   register_arch("tiny_encoder", std::move(a));
 }
 

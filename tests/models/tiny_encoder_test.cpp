@@ -5,6 +5,8 @@
 #include "tiny_encoder.h"
 
 #include "backend/registry.h"
+#include "config/components.h"
+#include "config/config.h"
 #include "parallel/context_parallel.h"
 #include "parallel/tp_plan.h"
 
@@ -167,6 +169,39 @@ TEST(TinyEncoder, ParallelPlansFollowItsRegistryEntry) {
     }
     register_tiny_encoder();
   }
+}
+
+// Its own [model] key, ffn_mult, declared in its registry entry (tiny_encoder.cpp) and
+// nowhere else: a config sets it, to_toml() writes it back, the model is as wide as it
+// says, and another arch refuses it naming the arch that has it.
+TEST(TinyEncoder, ItsOwnConfigKeyComesFromItsRegistryEntry) {
+  register_tiny_encoder();
+  auto be = make_backend("cpu");
+  const std::string toml = "[model]\narch = \"tiny_encoder\"\nn_layer = 1\nn_head = 4\n"
+                           "n_embd = 16\nblock_size = 9\nvocab_size = 29\n";
+  const TrainConfig plain = load_config_string(toml, {}, "config.toml");
+  EXPECT_EQ(plain.model.family.at("ffn_mult"), 2.0);  // its declared default
+  const TrainConfig c = load_config_string(toml + "ffn_mult = 3\n", {}, "config.toml");
+  EXPECT_EQ(c.model.family.at("ffn_mult"), 3.0);
+  EXPECT_NE(c.to_toml().find("\nffn_mult = 3\n"), std::string::npos) << c.to_toml();
+  EXPECT_EQ(load_config_string(c.to_toml()), c);
+  const int64_t wide = make_model(model_options_from(c), *be)->flat_size();
+  const int64_t narrow = make_model(model_options_from(plain), *be)->flat_size();
+  EXPECT_EQ(wide - narrow, 3 * 16 * 16);  // one more n_embd of gate, up and down
+  auto error = [](const std::string& text, const std::vector<std::string>& set) {
+    try {
+      load_config_string(text, set, "config.toml");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error(toml, {"model.ffn_mult=0"}), "--set: key 'model.ffn_mult' must be >= 1, got 0");
+  EXPECT_EQ(error("[model]\nffn_mult = 3\n", {}),
+            "config.toml: key 'model.ffn_mult' is not a key of model.arch 'gpt2' (tiny_encoder "
+            "has it)");
+  EXPECT_EQ(error("", {"model.ffn_mul=3"}),
+            "--set: unknown key 'model.ffn_mul' (did you mean 'model.ffn_mult'?)");
 }
 
 TEST(TinyEncoder, UnknownArchitectureNamesTheKnownOnes) {

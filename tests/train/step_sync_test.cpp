@@ -42,7 +42,7 @@ Counts run_updates(const Case& c, int L) {
   ModelOptions mo;
   mo.arch = c.arch;
   mo.n_layer = L, mo.n_head = 2, mo.n_embd = 16, mo.block_size = 8, mo.vocab_size = 37;
-  if (c.arch == "llama") mo.n_kv_head = 1;
+  if (c.arch == "llama") mo.family["n_kv_head"] = 1;
   const int B = 2, T = 8;
   TrainConfig config = step_config(mo, B, T, c.dtype);
   config.train.global_batch = c.accum * B;

@@ -356,10 +356,9 @@ TEST(Trainer, HuggingFaceFolderRoundTripsAndGivesTheShape) {
     TrainConfig c = tiny_config(data, tmp.path / ("llama-" + dtype), 2);
     c.model.arch = "llama";
     c.model.n_head = 4;
-    c.model.n_kv_head = tied ? 4 : 2;
+    c.model.family = {{"n_kv_head", tied ? 4 : 2}, {"tie_embeddings", tied ? 1 : 0},
+                      {"ffn_hidden_size", 48}};
     c.model.dropout = 0.0;
-    c.model.tie_embeddings = tied;
-    c.model.ffn_hidden_size = 48;
     c.train.dtype = dtype;
     { Trainer(c, quiet()).run(); }
     const fs::path ckpt = tmp.path / ("llama-" + dtype) / "ckpt" / "step_00000002";
@@ -376,11 +375,11 @@ TEST(Trainer, HuggingFaceFolderRoundTripsAndGivesTheShape) {
     const TrainConfig from = load_config_string(toml);
     EXPECT_EQ(from.model.arch, "llama");
     EXPECT_EQ(from.model.n_layer, 2);
-    EXPECT_EQ(from.model.n_kv_head, c.model.n_kv_head);
-    EXPECT_EQ(from.model.ffn_hidden_size, 48);
+    EXPECT_EQ(from.model.family.at("n_kv_head"), c.model.family.at("n_kv_head"));
+    EXPECT_EQ(from.model.family.at("ffn_hidden_size"), 48);
     EXPECT_EQ(from.model.vocab_size, 257);
     EXPECT_EQ(from.model.block_size, 16);
-    EXPECT_EQ(from.model.tie_embeddings, tied);
+    EXPECT_EQ(from.model.family.at("tie_embeddings"), tied ? 1 : 0);
     Trainer trainer(from, quiet());
     checkpoint::CheckpointReader reader(ckpt);
     const Model& m = trainer.model();

@@ -13,6 +13,7 @@ ModelArch dit_arch() {
   };
   a.takes_images = true;
   a.generates_images = true;
+  a.keys = dit_keys();
   a.options_from_json = dit_options_from_json;
   return a;
 }

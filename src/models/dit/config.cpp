@@ -9,6 +9,18 @@
 
 namespace kiln {
 
+const ModelKeys& dit_keys() {
+  static const ModelKeys keys = [] {
+    ModelKeys k = vision_keys();
+    k.push_back({.name = "class_dropout", .type = ModelKeyType::Float, .default_value = 0.1,
+                 .lo = 0, .hi = 1, .hi_open = true,
+                 .description = "dit: probability that a training label is replaced by the null "
+                                "class (classifier-free guidance)."});
+    return k;
+  }();
+  return keys;
+}
+
 void DiTConfig::validate() const {
   validate_shape("dit", /*min_classes=*/1);
   KILN_CHECK(frequency_dim > 0 && frequency_dim % 2 == 0,
@@ -45,10 +57,10 @@ std::string DiTConfig::str() const {
 DiTConfig dit_config_of(const ModelOptions& o) {
   KILN_CHECK(o.dropout == 0.f, "model.dropout ({}): dit has no dropout (its label dropout is "
              "model.class_dropout)", o.dropout);
-  check_vision_options(o, "dit");
+  check_vision_options(o, dit_keys(), "dit");
   DiTConfig c;
-  copy_vision_options(o, c);
-  c.class_dropout = o.class_dropout;
+  copy_vision_options(o, dit_keys(), c);
+  c.class_dropout = static_cast<float>(o.value(dit_keys(), "class_dropout"));
   c.validate();
   KILN_CHECK(o.block_size == c.tokens(),
              "model.block_size ({}) must be {} for dit: {} patches of {}x{} in a {}x{} image",
@@ -71,7 +83,7 @@ ModelOptions dit_options_from_json(const nlohmann::json& j) {
   KILN_CHECK(json_integer_field(j, "frequency_dim", "state.model", 0, INT32_MAX) ==
                  DiTConfig{}.frequency_dim,
              "state.model.frequency_dim must be {}", DiTConfig{}.frequency_dim);
-  o.class_dropout = j.at("class_dropout");
+  o.family["class_dropout"] = j.at("class_dropout").get<float>();
   dit_config_of(o);  // validates
   return o;
 }

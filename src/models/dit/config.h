@@ -41,6 +41,8 @@ struct DiTConfig : VisionShape {
   std::string str() const;
 };
 
+/// DiT's [model] keys (ModelArch::keys): vision_keys() and class_dropout.
+const ModelKeys& dit_keys();
 /// The DiT of the [model] keys (ffn_hidden_size 0 -> 4 n_embd, norm_eps taken as given),
 /// validated. Throws kiln::Error naming the key for an impossible shape, block_size other
 /// than the patch count, a vocabulary, dropout or rotary settings.

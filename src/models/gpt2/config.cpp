@@ -107,19 +107,7 @@ ModelOptions gpt2_options_from_json(const nlohmann::json& j) {
 }
 
 GPT2Config gpt2_config_of(const ModelOptions& o) {
-  // The keys of rotary / grouped-query models: GPT-2 has none of them.
-  KILN_CHECK(o.n_kv_head == 0 || o.n_kv_head == o.n_head,
-             "model.n_kv_head ({}): gpt2 has no grouped-query attention (set 0)", o.n_kv_head);
-  KILN_CHECK(o.ffn_hidden_size == 0 || o.ffn_hidden_size == 4 * o.n_embd,
-             "model.ffn_hidden_size ({}): gpt2's MLP is 4 * n_embd wide (set 0)", o.ffn_hidden_size);
-  KILN_CHECK(o.rope.scale_factor == 0.0,
-             "model.rope_scaling.factor ({}): gpt2 has learned positions, no rotary", o.rope.scale_factor);
-  KILN_CHECK(o.rope.theta == RopeSpec{}.theta,
-             "model.rope_theta ({}): gpt2 has learned positions, no rotary (leave it unset)",
-             o.rope.theta);
-  KILN_CHECK(o.norm_eps == 1e-5f,
-             "model.norm_eps ({}): gpt2's LayerNorm epsilon is fixed at 1e-5 (leave it unset)",
-             o.norm_eps);
+  check_family_keys(o, {});  // GPT-2 declares no keys of its own (ModelArch::keys)
   GPT2Config c;
   c.n_layer = o.n_layer;
   c.n_head = o.n_head;

@@ -7,6 +7,25 @@
 
 namespace kiln {
 
+namespace {
+
+// The family keys of Meta's published Llama 3 configs: rope_theta 500000, "llama3" rope
+// scaling (low/high frequency factors 1 and 4 around 8192 positions).
+std::map<std::string, double, std::less<>> llama3_keys(int n_kv_head, int ffn_hidden_size,
+                                                       double rope_factor, bool tied) {
+  return {{"n_kv_head", n_kv_head},
+          {"ffn_hidden_size", ffn_hidden_size},
+          {"norm_eps", 1e-5},
+          {"rope_theta", 500000},
+          {"rope_scaling.factor", rope_factor},
+          {"rope_scaling.low_freq_factor", 1},
+          {"rope_scaling.high_freq_factor", 4},
+          {"rope_scaling.original_max_position", 8192},
+          {"tie_embeddings", tied ? 1 : 0}};
+}
+
+}  // namespace
+
 ModelArch llama_arch() {
   ModelArch a;
   a.make = [](const ModelOptions& o, Backend& backend, const ModelStorage& storage) {
@@ -16,25 +35,19 @@ ModelArch llama_arch() {
   a.stages = true;
   a.tensor_parallel = true;
   a.context_parallel = true;
+  a.keys = llama_keys();
+  a.check_options = llama_check_options;
   // Meta's published configs (Hugging Face meta-llama/Llama-3.x config.json): 128K
   // context, rope_theta 500000, "llama3" rope scaling (factor 32 for 3.2, 8 for 3.1).
   a.presets = {
       {.name = "llama3.2-1b", .n_layer = 16, .n_head = 32, .n_embd = 2048, .block_size = 131072,
-       .vocab_size = 128256, .arch = "llama", .n_kv_head = 8, .ffn_hidden_size = 8192,
-       .norm_eps = 1e-5, .rope_theta = 500000, .rope_factor = 32, .rope_low_freq_factor = 1,
-       .rope_high_freq_factor = 4, .rope_original_max_position = 8192, .tie_embeddings = true},
+       .vocab_size = 128256, .arch = "llama", .keys = llama3_keys(8, 8192, 32, true)},
       {.name = "llama3.2-3b", .n_layer = 28, .n_head = 24, .n_embd = 3072, .block_size = 131072,
-       .vocab_size = 128256, .arch = "llama", .n_kv_head = 8, .ffn_hidden_size = 8192,
-       .norm_eps = 1e-5, .rope_theta = 500000, .rope_factor = 32, .rope_low_freq_factor = 1,
-       .rope_high_freq_factor = 4, .rope_original_max_position = 8192, .tie_embeddings = true},
+       .vocab_size = 128256, .arch = "llama", .keys = llama3_keys(8, 8192, 32, true)},
       {.name = "llama3.1-8b", .n_layer = 32, .n_head = 32, .n_embd = 4096, .block_size = 131072,
-       .vocab_size = 128256, .arch = "llama", .n_kv_head = 8, .ffn_hidden_size = 14336,
-       .norm_eps = 1e-5, .rope_theta = 500000, .rope_factor = 8, .rope_low_freq_factor = 1,
-       .rope_high_freq_factor = 4, .rope_original_max_position = 8192},
+       .vocab_size = 128256, .arch = "llama", .keys = llama3_keys(8, 14336, 8, false)},
       {.name = "llama3.1-70b", .n_layer = 80, .n_head = 64, .n_embd = 8192, .block_size = 131072,
-       .vocab_size = 128256, .arch = "llama", .n_kv_head = 8, .ffn_hidden_size = 28672,
-       .norm_eps = 1e-5, .rope_theta = 500000, .rope_factor = 8, .rope_low_freq_factor = 1,
-       .rope_high_freq_factor = 4, .rope_original_max_position = 8192},
+       .vocab_size = 128256, .arch = "llama", .keys = llama3_keys(8, 28672, 8, false)},
   };
   a.options_from_json = llama_options_from_json;
   a.options_from_hf = llama_options_from_hf;

@@ -8,6 +8,66 @@
 
 namespace kiln {
 
+const ModelKeys& llama_keys() {
+  using enum ModelKeyType;
+  static const ModelKeys keys{
+      {.name = "n_kv_head", .type = Integer, .lo = 0,
+       .description = "Key/value heads of grouped-query attention (llama); must divide n_head; "
+                      "0 = n_head."},
+      {.name = "ffn_hidden_size", .type = Integer, .lo = 0,
+       .description = "MLP hidden width (llama: SwiGLU gate/up width); 0 = the architecture's "
+                      "default (2/3 of 4 n_embd rounded up to a multiple of 256)."},
+      {.name = "norm_eps", .type = Float, .default_value = 1e-5, .lo = 0, .lo_open = true,
+       .description = "RMSNorm epsilon (llama)."},
+      {.name = "rope_theta", .type = Float, .default_value = 10000.0, .lo = 0, .lo_open = true,
+       .description = "Rotary base theta (llama; Llama 3: 500000)."},
+      {.name = "rope_scaling.factor", .type = Float, .lo = 0,
+       .description = "Llama 3.1 \"llama3\" rope scaling: long wavelengths divided by this; 0 = "
+                      "no scaling."},
+      {.name = "rope_scaling.low_freq_factor", .type = Float, .default_value = 1.0, .lo = 0,
+       .lo_open = true,
+       .description = "llama3 rope scaling: wavelengths above original_max_position / "
+                      "low_freq_factor are scaled."},
+      {.name = "rope_scaling.high_freq_factor", .type = Float, .default_value = 4.0, .lo = 0,
+       .lo_open = true,
+       .description = "llama3 rope scaling: wavelengths below original_max_position / "
+                      "high_freq_factor are kept."},
+      {.name = "rope_scaling.original_max_position", .type = Float, .default_value = 8192.0,
+       .lo = 0, .lo_open = true,
+       .description = "llama3 rope scaling: the pre-training context length (HF "
+                      "original_max_position_embeddings)."},
+      {.name = "tie_embeddings", .type = Bool,
+       .description = "The output head is the token embedding (llama; Llama 3.2 1B/3B tie). "
+                      "GPT-2 always ties."},
+  };
+  return keys;
+}
+
+RopeSpec llama_rope_of(const ModelOptions& o) {
+  const ModelKeys& k = llama_keys();
+  RopeSpec rope;
+  rope.theta = o.value(k, "rope_theta");
+  rope.scale_factor = o.value(k, "rope_scaling.factor");
+  rope.low_freq_factor = o.value(k, "rope_scaling.low_freq_factor");
+  rope.high_freq_factor = o.value(k, "rope_scaling.high_freq_factor");
+  rope.original_max_positions = o.value(k, "rope_scaling.original_max_position");
+  return rope;
+}
+
+void llama_check_options(const ModelOptions& o, const KeySource& source) {
+  const int n_kv_head = o.integer(llama_keys(), "n_kv_head");
+  if (n_kv_head > 0 && o.n_head > 0)
+    KILN_CHECK(o.n_head % n_kv_head == 0, "{}: key 'model.n_kv_head' ({}) must divide "
+               "model.n_head ({})", source("model.n_kv_head"), n_kv_head, o.n_head);
+  const RopeSpec rope = llama_rope_of(o);
+  if (rope.scale_factor > 0)
+    KILN_CHECK(rope.high_freq_factor > rope.low_freq_factor,
+               "{}: key 'model.rope_scaling.high_freq_factor' ({}) must exceed "
+               "model.rope_scaling.low_freq_factor ({})",
+               source("model.rope_scaling.high_freq_factor"), rope.high_freq_factor,
+               rope.low_freq_factor);
+}
+
 int LlamaConfig::default_ffn_hidden_size(int n_embd) {
   const int h = 2 * (4 * n_embd) / 3;
   return (h + 255) / 256 * 256;
@@ -69,19 +129,21 @@ std::string LlamaConfig::str() const {
 
 LlamaConfig llama_config_of(const ModelOptions& o) {
   KILN_CHECK(o.dropout == 0.f, "model.dropout ({}): llama has no dropout (set 0)", o.dropout);
+  check_family_keys(o, llama_keys());
+  const ModelKeys& k = llama_keys();
   LlamaConfig c;
   c.n_layer = o.n_layer;
   c.n_head = o.n_head;
-  c.n_kv_head = o.n_kv_head > 0 ? o.n_kv_head : o.n_head;
+  const int n_kv_head = o.integer(k, "n_kv_head"), ffn = o.integer(k, "ffn_hidden_size");
+  c.n_kv_head = n_kv_head > 0 ? n_kv_head : o.n_head;
   c.n_embd = o.n_embd;
-  c.ffn_hidden_size =
-      o.ffn_hidden_size > 0 ? o.ffn_hidden_size : LlamaConfig::default_ffn_hidden_size(o.n_embd);
+  c.ffn_hidden_size = ffn > 0 ? ffn : LlamaConfig::default_ffn_hidden_size(o.n_embd);
   c.vocab_size = o.vocab_size;
   c.padded_vocab_size = (o.vocab_size + 127) / 128 * 128;
   c.block_size = o.block_size;
-  c.norm_eps = o.norm_eps;
-  c.rope = o.rope;
-  c.tie_embeddings = o.tie_embeddings;
+  c.norm_eps = static_cast<float>(o.value(k, "norm_eps"));
+  c.rope = llama_rope_of(o);
+  c.tie_embeddings = o.flag(k, "tie_embeddings");
   c.validate();
   return c;
 }
@@ -113,19 +175,17 @@ ModelOptions llama_options_from_json(const nlohmann::json& j) {
   };
   o.n_layer = integer("n_layer");
   o.n_head = integer("n_head");
-  o.n_kv_head = integer("n_kv_head");
   o.n_embd = integer("n_embd");
-  o.ffn_hidden_size = integer("ffn_hidden_size");
   o.vocab_size = integer("vocab_size");
   o.block_size = integer("block_size");
-  o.norm_eps = j.at("norm_eps");
-  o.rope.theta = j.at("rope_theta");
+  o.family["n_kv_head"] = integer("n_kv_head");
+  o.family["ffn_hidden_size"] = integer("ffn_hidden_size");
+  o.family["norm_eps"] = j.at("norm_eps").get<float>();
+  o.family["rope_theta"] = j.at("rope_theta").get<double>();
   const auto& rs = j.at("rope_scaling");
-  o.rope.scale_factor = rs.at("factor");
-  o.rope.low_freq_factor = rs.at("low_freq_factor");
-  o.rope.high_freq_factor = rs.at("high_freq_factor");
-  o.rope.original_max_positions = rs.at("original_max_position");
-  o.tie_embeddings = j.at("tie_embeddings");
+  for (const char* key : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position"})
+    o.family[std::string("rope_scaling.") + key] = rs.at(key).get<double>();
+  o.family["tie_embeddings"] = j.at("tie_embeddings").get<bool>() ? 1.0 : 0.0;
   llama_config_of(o);  // validates
   return o;
 }

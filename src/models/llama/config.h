@@ -9,6 +9,7 @@
 #pragma once
 
 #include "backend/backend.h"
+#include "models/model_options.h"
 
 #include <nlohmann/json.hpp>
 
@@ -16,8 +17,6 @@
 #include <string>
 
 namespace kiln {
-
-struct ModelOptions;
 
 struct LlamaConfig {
   int n_layer = 2;
@@ -48,6 +47,16 @@ struct LlamaConfig {
   double flops_per_token(int T) const;
   std::string str() const;
 };
+
+/// Llama's own [model] keys (ModelArch::keys): n_kv_head, ffn_hidden_size, norm_eps,
+/// rope_theta, rope_scaling.{factor, low_freq_factor, high_freq_factor,
+/// original_max_position} and tie_embeddings.
+const ModelKeys& llama_keys();
+/// ModelArch::check_options: n_kv_head divides n_head, high_freq_factor exceeds
+/// low_freq_factor when rope scaling is on; each error names the key's source.
+void llama_check_options(const ModelOptions& options, const KeySource& source);
+/// The rotary settings of `options` (rope_theta, rope_scaling.*).
+RopeSpec llama_rope_of(const ModelOptions& options);
 
 /// The Llama of the [model] keys (vocabulary padded to a multiple of 128, ffn_hidden_size
 /// 0 -> default_ffn_hidden_size, n_kv_head 0 -> n_head), validated. Throws kiln::Error

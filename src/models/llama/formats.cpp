@@ -13,13 +13,15 @@ ModelOptions llama_options_from_hf(const nlohmann::json& cfg, const std::string&
   o.n_embd = hf_int(cfg, "hidden_size", file);
   o.n_layer = hf_int(cfg, "num_hidden_layers", file);
   o.n_head = hf_int(cfg, "num_attention_heads", file);
-  o.n_kv_head = hf_int(cfg, "num_key_value_heads", file, o.n_head);
-  o.ffn_hidden_size = hf_int(cfg, "intermediate_size", file);
   o.vocab_size = hf_int(cfg, "vocab_size", file);
   o.block_size = hf_int(cfg, "max_position_embeddings", file);
-  o.norm_eps = static_cast<float>(hf_double(cfg, "rms_norm_eps", file, 1e-6));
-  o.rope.theta = hf_double(cfg, "rope_theta", file, 10000.0);
-  o.tie_embeddings = hf_bool(cfg, "tie_word_embeddings", file, false);
+  auto& f = o.family;
+  f["n_kv_head"] = hf_int(cfg, "num_key_value_heads", file, o.n_head);
+  f["ffn_hidden_size"] = hf_int(cfg, "intermediate_size", file);
+  // As the fp32 model holds it, written as its shortest decimal (config.toml's value).
+  f["norm_eps"] = hf_float_value(static_cast<float>(hf_double(cfg, "rms_norm_eps", file, 1e-6)));
+  f["rope_theta"] = hf_double(cfg, "rope_theta", file, 10000.0);
+  f["tie_embeddings"] = hf_bool(cfg, "tie_word_embeddings", file, false) ? 1.0 : 0.0;
   const std::string act = hf_string(cfg, "hidden_act", file, "silu");
   KILN_CHECK(act == "silu", "{}: hidden_act = '{}': kiln's Llama computes silu", file, act);
   for (const char* key : {"attention_bias", "mlp_bias"})
@@ -37,10 +39,11 @@ ModelOptions llama_options_from_hf(const nlohmann::json& cfg, const std::string&
     const std::string type = hf_string(rs, "rope_type", where, hf_string(rs, "type", where, ""));
     KILN_CHECK(type == "llama3", "{}: rope_scaling.rope_type = '{}': expected llama3 (or null)",
                file, type);
-    o.rope.scale_factor = hf_double(rs, "factor", where);
-    o.rope.low_freq_factor = hf_double(rs, "low_freq_factor", where);
-    o.rope.high_freq_factor = hf_double(rs, "high_freq_factor", where);
-    o.rope.original_max_positions = hf_double(rs, "original_max_position_embeddings", where);
+    f["rope_scaling.factor"] = hf_double(rs, "factor", where);
+    f["rope_scaling.low_freq_factor"] = hf_double(rs, "low_freq_factor", where);
+    f["rope_scaling.high_freq_factor"] = hf_double(rs, "high_freq_factor", where);
+    f["rope_scaling.original_max_position"] =
+        hf_double(rs, "original_max_position_embeddings", where);
   }
   try {
     llama_config_of(o);

@@ -13,6 +13,7 @@ ModelArch vit_arch() {
   };
   a.takes_images = true;
   a.classifies_images = true;
+  a.keys = vision_keys();
   a.options_from_json = vit_options_from_json;
   return a;
 }

@@ -33,9 +33,9 @@ std::string ViTConfig::str() const {
 
 ViTConfig vit_config_of(const ModelOptions& o) {
   KILN_CHECK(o.dropout == 0.f, "model.dropout ({}): vit has no dropout yet (set 0)", o.dropout);
-  check_vision_options(o, "vit");
+  check_vision_options(o, vision_keys(), "vit");
   ViTConfig c;
-  copy_vision_options(o, c);
+  copy_vision_options(o, vision_keys(), c);
   c.validate();
   KILN_CHECK(o.block_size == c.tokens(),
              "model.block_size ({}) must be {} for vit: {} patches of {}x{} in a {}x{} image, "

@@ -1,0 +1,34 @@
+#include "models/model_options.h"
+
+#include "core/error.h"
+
+namespace kiln {
+
+const ModelKey* find_model_key(const ModelKeys& keys, std::string_view name) {
+  for (const ModelKey& k : keys)
+    if (k.name == name) return &k;
+  return nullptr;
+}
+
+double ModelOptions::value(const ModelKeys& keys, std::string_view name) const {
+  const ModelKey* key = find_model_key(keys, name);
+  KILN_CHECK(key, "model.{}: not a key of model.arch '{}'", name, arch);
+  const auto it = family.find(name);
+  return it == family.end() ? key->default_value : it->second;
+}
+
+int ModelOptions::integer(const ModelKeys& keys, std::string_view name) const {
+  return static_cast<int>(value(keys, name));
+}
+
+bool ModelOptions::flag(const ModelKeys& keys, std::string_view name) const {
+  return value(keys, name) != 0.0;
+}
+
+void check_family_keys(const ModelOptions& options, const ModelKeys& keys) {
+  for (const auto& [name, v] : options.family)
+    KILN_CHECK(find_model_key(keys, name), "model.{} ({}): not a key of model.arch '{}'", name, v,
+               options.arch);
+}
+
+}  // namespace kiln
