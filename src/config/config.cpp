@@ -320,6 +320,78 @@ std::string trim(std::string_view s) {
 }
 
 
+// "a, b,c" as the TOML array of its unquoted, trimmed strings; "" is [].
+toml::array comma_list(const std::string& value) {
+  toml::array values;
+  for (size_t at = 0; !value.empty() && at <= value.size();) {
+    const size_t comma = std::min(value.find(',', at), value.size());
+    values.push_back(trim(value.substr(at, comma - at)));
+    at = comma + 1;
+  }
+  return values;
+}
+
+// The --set value text of `key` (named `name`) into config: as the key's type reads it
+// (numbers, a bare or quoted string, true / false, a list as [..] or a,b,c), else a
+// one-line type error naming the key.
+void assign_override_value(const Key& key, const std::string& name, const std::string& value,
+                           TrainConfig& config) {
+  const std::string source = "--set";
+  Ref r = key.ref(config);
+  auto cannot_parse = [&]() {
+    KILN_FAIL("--set: wrong type for key '{}': expected {}, got '{}'", name, type_name(r), value);
+  };
+  auto from_toml = [&](const std::string& text) {
+    auto t = parse_value(text);
+    if (!t) cannot_parse();
+    assign(key, *t->get("v"), config, source);
+  };
+
+  const char* b = value.data();
+  const char* e = value.data() + value.size();
+  switch (r.index()) {
+    case 0:
+    case 1: {
+      int64_t v;
+      auto [p, ec] = std::from_chars(b, e, v);
+      if (!value.empty() && ec == std::errc() && p == e)
+        assign(key, toml::value<int64_t>(v), config, source);
+      else
+        from_toml(value);  // 0x10, 1_000, or a float/string: a precise type error
+      break;
+    }
+    case 2: {
+      double v;
+      auto [p, ec] = std::from_chars(b, e, v);
+      if (!value.empty() && ec == std::errc() && p == e && std::isfinite(v))
+        assign(key, toml::value<double>(v), config, source);
+      else
+        from_toml(value);
+      break;
+    }
+    case 3:
+      if (!value.empty() && (value.front() == '"' || value.front() == '\''))
+        from_toml(value);  // a quoted TOML string
+      else
+        assign(key, toml::value<std::string>(value), config, source);
+      break;
+    case 5:
+      from_toml(value);  // true / false
+      break;
+    case 6:
+      if (!value.empty() && value.front() == '[') {
+        from_toml(value);
+      } else if (!value.empty() && (value.front() == '"' || value.front() == '\'')) {
+        from_toml("[" + value + "]");  // quoted TOML strings: "a", 'b'
+      } else {
+        assign(key, comma_list(value), config, source);
+      }
+      break;
+    default:
+      from_toml(value.empty() || value.front() != '[' ? "[" + value + "]" : value);
+  }
+}
+
 void apply_override(const std::string& override_text, TrainConfig& config, Origins& origins,
                     GivenModelKeys& given) {
   const std::string source = "--set";
@@ -331,64 +403,7 @@ void apply_override(const std::string& override_text, TrainConfig& config, Origi
   const Key* key = find_key(name);
   if (!key && give_model_override(given, name, value)) return;
   if (!key) unknown_key(source, name);
-  Ref r = key->ref(config);
-
-  auto cannot_parse = [&]() {
-    KILN_FAIL("--set: wrong type for key '{}': expected {}, got '{}'", name, type_name(r), value);
-  };
-  auto from_toml = [&](const std::string& text) {
-    auto t = parse_value(text);
-    if (!t) cannot_parse();
-    assign(*key, *t->get("v"), config, source);
-  };
-
-  const char* b = value.data();
-  const char* e = value.data() + value.size();
-  switch (r.index()) {
-    case 0:
-    case 1: {
-      int64_t v;
-      auto [p, ec] = std::from_chars(b, e, v);
-      if (!value.empty() && ec == std::errc() && p == e)
-        assign(*key, toml::value<int64_t>(v), config, source);
-      else
-        from_toml(value);  // 0x10, 1_000, or a float/string: a precise type error
-      break;
-    }
-    case 2: {
-      double v;
-      auto [p, ec] = std::from_chars(b, e, v);
-      if (!value.empty() && ec == std::errc() && p == e && std::isfinite(v))
-        assign(*key, toml::value<double>(v), config, source);
-      else
-        from_toml(value);
-      break;
-    }
-    case 3:
-      if (!value.empty() && (value.front() == '"' || value.front() == '\''))
-        from_toml(value);  // a quoted TOML string
-      else
-        assign(*key, toml::value<std::string>(value), config, source);
-      break;
-    case 5:
-      from_toml(value);  // true / false
-      break;
-    case 6:
-      if (!value.empty() && value.front() == '[') {
-        from_toml(value);
-      } else {  // a,b,c: unquoted strings; nothing: []
-        toml::array values;
-        for (size_t at = 0; !value.empty() && at <= value.size();) {
-          const size_t comma = std::min(value.find(',', at), value.size());
-          values.push_back(trim(value.substr(at, comma - at)));
-          at = comma + 1;
-        }
-        assign(*key, values, config, source);
-      }
-      break;
-    default:
-      from_toml(value.empty() || value.front() != '[' ? "[" + value + "]" : value);
-  }
+  assign_override_value(*key, name, value, config);
   origins[name] = source;
 }
 

@@ -132,11 +132,12 @@ void LayeredModel::build(const std::vector<PartLayout>& parts,
       for (nn::Param* prm : part.params)
         if (std::find(all.begin(), all.end(), prm) == all.end()) all.push_back(prm);
     nn::freeze_matching(all, storage_.freeze, "train.freeze");
+    // Over the whole model: a pipeline stage whose own parameters are all frozen still
+    // passes gradients back to the trainable ones of earlier stages.
+    KILN_CHECK(std::any_of(all.begin(), all.end(), [](const nn::Param* p) { return p->trainable; }),
+               "{}: every parameter is frozen (train.freeze): there is nothing to train", arch());
   }
   FlatLayout layout = lay_out(parts, storage_.part_alignment, storage_.held_parts);
-  KILN_CHECK(std::any_of(layout.params.begin(), layout.params.end(),
-                         [](const ParamSpec& p) { return p.trainable; }) || layout.params.empty(),
-             "{}: every parameter is frozen (train.freeze): there is nothing to train", arch());
   params_ = std::move(layout.params);
   layer_params_ = std::move(layout.layer_params);
   parts_ = std::move(layout.parts);

@@ -31,8 +31,10 @@ DataParallel::DataParallel(Model& model, Communicator& comm, int zero_stage, dou
       rank_(comm.rank()), world_(comm.size()),
       bucket_elems_(std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1024 * 1024 / 4))) {
   const ModelStorage want = zero_model_storage(zero_stage, world_, model.dtype(), model.grad_dtype());
-  KILN_CHECK(static_cast<bool>(model.param_buffer()) == want.allocate_params &&
-                 static_cast<bool>(model.grad_buffer()) == want.allocate_grads,
+  // A rank whose parameters are all frozen (a pipeline stage) has no gradient buffer.
+  const bool grads_as_wanted = static_cast<bool>(model.grad_buffer()) == want.allocate_grads ||
+                               model.grad_flat_size() == 0;
+  KILN_CHECK(static_cast<bool>(model.param_buffer()) == want.allocate_params && grads_as_wanted,
              "DataParallel: the model was not built with zero_model_storage({}, {})", zero_stage,
              world_);
   int64_t shard = 0, grad_shard = 0;

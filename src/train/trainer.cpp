@@ -106,13 +106,14 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
 Trainer::~Trainer() = default;
 
 void Trainer::set_up_mesh() {
+  // Before the ranks connect (said once under mpirun) and before the data set opens.
+  check_layout_supported(config_);
   world_ = make_device_world_communicator(config_.train.device, config_.parallel.communicator);
   world_->set_tracer(&profile::Tracer::global());  // the groups built from it inherit it
   world_->set_timeout(config_.parallel.timeout_s);
   // Every rank must run the same config, the layout included: checked key by key before
   // the mesh is built from it.
   check_config_on_all_ranks(*world_, config_);
-  check_layout_supported(config_);  // before the data set opens
   mesh_ = std::make_unique<DeviceMesh>(*world_, MeshSizes{.dp = config_.parallel.dp,
                                                            .cp = config_.parallel.cp,
                                                            .tp = config_.parallel.tp,

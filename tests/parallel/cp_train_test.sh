@@ -140,7 +140,7 @@ micro_batch = 2
 timeout_s = 20
 cp = 2
 EOF2
-fails vit "context parallelism (parallel.cp = 2) is not implemented for vit yet" \
+fails vit 'parallel.cp = 2: model.arch = "vit" takes no context-parallel plan (gpt2, llama do)' \
   timeout 60 mpirun --oversubscribe --bind-to none -np 2 "$kiln" train "$work/vit.toml" \
   --set "run.dir=$work/vit"
 echo "context-parallel tests passed"

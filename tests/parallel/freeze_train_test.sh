@@ -108,6 +108,13 @@ if [ "$mode" = full ]; then
   check ref_a dp2_pp2_z2 "frozen dp=2 x pp=2 zero 2"
 fi
 
+# A pipeline stage with nothing to train (all but ln_f frozen): the first stage holds only
+# frozen parameters and still passes the gradients on; the run trains like one process.
+frozen_c=(--set "train.freeze=wte,wpe,h.*")
+train ref_c 1 "${frozen_c[@]}"
+train pp2_c 2 "${frozen_c[@]}" --set parallel.pp=2
+check ref_c pp2_c "all but ln_f frozen pp=2 (a stage with nothing to train)"
+
 # 3. The tied wte frozen.
 train ref_b 1 "${frozen_b[@]}"
 echo -n "tied wte frozen, steps 4 and 8: "

@@ -8,7 +8,8 @@
 #      process with the same next losses (the image loader's position carries over);
 #   3. bf16 ends within 2% of fp32; the classifier learns (val accuracy above chance);
 #   4. bad inputs are one-line errors: a truncated IDX file (prepare), a corrupt image
-#      shard, a token data set for a vit and images for a gpt2, a wrong block_size.
+#      shard, a token data set for a vit and images for a gpt2 (a vit config turned gpt2:
+#      its vision keys), a wrong block_size.
 # Usage: vit_train_test.sh KILN_BINARY WORK_DIR
 set -euo pipefail
 kiln="$1"
@@ -122,7 +123,22 @@ fails corrupt_shard "$(basename "$shard")" "$kiln" train "$work/vit.toml" --set 
 printf 'in the beginning was the word ' > "$work/words.txt"
 "$kiln" prepare --input "$work/words.txt" --out "$work/tokens" --tokenizer byte > /dev/null
 fails vit_on_tokens "holds tokens" "$kiln" train "$work/vit.toml" --set "run.dir=$work/tok_run" --set "data.dir=$work/tokens" --set eval.every=0
-fails gpt2_on_images "holds images" "$kiln" train "$work/vit.toml" --set "run.dir=$work/g_run" --set model.arch=gpt2
+# A vit config turned gpt2 keeps the vision keys, which gpt2 does not read; a gpt2 config on
+# the image data set is refused by the data check.
+fails vit_keys_on_gpt2 "key 'model.patch_size' is not a key of model.arch 'gpt2' (dit, vit have it)" \
+  "$kiln" train "$work/vit.toml" --set "run.dir=$work/g_run" --set model.arch=gpt2
+cat > "$work/gpt2.toml" <<EOF
+[model]
+n_layer = 1
+n_head = 2
+n_embd = 16
+block_size = 16
+[data]
+dir = "$work/data"
+[train]
+steps = 1
+EOF
+fails gpt2_on_images "holds images" "$kiln" train "$work/gpt2.toml" --set "run.dir=$work/g_run"
 fails sample_vit "an image model" "$kiln" sample --checkpoint "$(ls -d "$work"/ref/ckpt/step_* | tail -1)"
 fails export_vit "has no file formats" "$kiln" export --checkpoint "$(ls -d "$work"/ref/ckpt/step_* | tail -1)" --format safetensors --out "$work/exported/a/vit.safetensors"
 [ ! -e "$work/exported" ] || { echo "FAILED: a failed export left $work/exported behind"; exit 1; }
