@@ -41,6 +41,25 @@ bool freeze_pattern_matches(const std::string& pattern, const std::string& name)
   return false;
 }
 
+namespace {
+
+// The first `most` distinct modules of `params` (a name without its last component, e.g.
+// "transformer.h.0.attn.c_attn"), in order, for an error that shows what names look like.
+std::string first_modules(const std::vector<Param*>& params, size_t most) {
+  std::vector<std::string> modules;
+  for (const Param* p : params) {
+    const std::string module = p->name.substr(0, p->name.rfind('.'));
+    if (std::find(modules.begin(), modules.end(), module) == modules.end())
+      modules.push_back(module);
+    if (modules.size() == most) break;
+  }
+  std::string out;
+  for (const std::string& m : modules) out += (out.empty() ? "" : ", ") + m;
+  return out;
+}
+
+}  // namespace
+
 void freeze_matching(const std::vector<Param*>& params, const std::vector<std::string>& patterns,
                      const std::string& key) {
   for (const std::string& pattern : patterns) {
@@ -50,8 +69,8 @@ void freeze_matching(const std::vector<Param*>& params, const std::vector<std::s
       p->trainable = false;
       matched = true;
     }
-    KILN_CHECK(matched, "{}: the pattern \"{}\" matches no parameter of the model", key,
-               pattern);
+    KILN_CHECK(matched, "{}: the pattern \"{}\" matches no parameter of the model (its "
+               "modules begin {}, ...)", key, pattern, first_modules(params, 6));
   }
 }
 

@@ -8,7 +8,8 @@
 //     clipping off, so that the trainable parameters' gradients must be those of the
 //     whole model (input gradients still propagate through the frozen layers);
 //   - the tied wte frozen: the embedding and the output head both leave it alone;
-//   - the pattern rule, and a pattern that matches nothing is one error naming the key.
+//   - the pattern rule, and a pattern that matches nothing is one error naming the key and
+//     showing the first module names.
 // The layouts (dp, ZeRO 1-3, tp, pp) against this single process:
 // tests/parallel/freeze_train_test.sh.
 #include "backend/registry.h"
@@ -165,6 +166,9 @@ TEST(Freeze, PatternMatchingNothingIsAnError) {
     const std::string what = e.what();
     EXPECT_NE(what.find("train.freeze"), std::string::npos) << what;
     EXPECT_NE(what.find("\"h.9.*\""), std::string::npos) << what;
+    // What the names look like: the model's first modules, in order.
+    EXPECT_NE(what.find("its modules begin transformer.wte, transformer.wpe, transformer.h.0.ln_1"),
+              std::string::npos) << what;
     EXPECT_EQ(what.find('\n'), std::string::npos) << what;
   }
 }
