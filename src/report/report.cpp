@@ -456,6 +456,17 @@ std::string checkpoints_section(const RunData& run) {
   return h + "</table>\n";
 }
 
+// The unigram baseline as a dashed level line over the steps the loss series span
+// (`loss` not empty).
+Series baseline_series(const RunData& run, const std::vector<Series>& loss) {
+  Series base{run.baseline_name, {}, /*dashed=*/true};
+  double lo = loss[0].points[0].x, hi = lo;
+  for (const auto& s : loss)
+    for (const auto& p : s.points) lo = std::min(lo, p.x), hi = std::max(hi, p.x);
+  base.points = {{lo, run.baseline_loss}, {hi, run.baseline_loss}};
+  return base;
+}
+
 }  // namespace
 
 std::string render_report(const RunData& run) {
@@ -522,14 +533,7 @@ std::string render_report(const RunData& run) {
   {
     std::vector<Series> loss = per_rank(run, "loss", "train loss");
     for (auto& s : per_rank(run, "val_loss", "val loss", 1.0, true, true)) loss.push_back(std::move(s));
-    if (std::isfinite(run.baseline_loss) && !loss.empty()) {
-      Series base{run.baseline_name, {}, /*dashed=*/true};
-      double lo = loss[0].points[0].x, hi = lo;
-      for (const auto& s : loss)
-        for (const auto& p : s.points) lo = std::min(lo, p.x), hi = std::max(hi, p.x);
-      base.points = {{lo, run.baseline_loss}, {hi, run.baseline_loss}};
-      loss.push_back(std::move(base));
-    }
+    if (std::isfinite(run.baseline_loss) && !loss.empty()) loss.push_back(baseline_series(run, loss));
     card(loss, "Loss", "nats per token");
   }
   if (auto acc = per_rank(run, "val_accuracy", "val accuracy", 100.0, true, true); !acc.empty())
