@@ -117,15 +117,8 @@ std::vector<AdamWSegment> DataParallel::optimizer_segments() const {
 
 std::vector<AdamWSegment> DataParallel::frozen_segments() const {
   std::vector<AdamWSegment> out;
-  for (const ParamSpec& p : model_.params()) {
-    if (p.trainable) continue;
-    if (stage_ == 3) {
-      add_slice(p, out);
-      continue;
-    }
-    const int64_t n = p.local_shape().numel();
-    out.push_back({p, 0, n, model_.param_buffer().view_at(p.offset, Shape{n}), Tensor()});
-  }
+  for (AdamWSegment& seg : load_segments())
+    if (!seg.spec.trainable) out.push_back(std::move(seg));
   return out;
 }
 
