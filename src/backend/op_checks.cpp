@@ -443,40 +443,43 @@ void check_tensor(const Tensor& t, const Shape& shape, DType dtype, const char* 
              t.str(), dtype_name(dtype), shape.str());
 }
 
-// The router's tensors of N rows of E scores and k choices.
-void router_rows(const Tensor& expert_idx, int64_t N, int64_t E, const MoeRouterSpec& spec,
-                 const char* op) {
-  KILN_CHECK(spec.k >= 1 && spec.k <= E, "{}: k = {} must be in [1, E = {}]", op, spec.k, E);
-  check_tensor(expert_idx, Shape{N, spec.k}, DType::I32, op, "expert_idx");
+// A router's tensors: `rows` fp32 [N, E] (named first, its sizes are the others'), `like`
+// (and `optional`, when given) fp32 [N, E], expert_idx int32 [N, k], `per_choice` fp32
+// [N, k], 1 <= k <= E.
+struct RouterArgs {
+  const Tensor &rows, &like, &optional, &per_choice;
+  const char *rows_name, *like_name, *optional_name, *per_choice_name;
+};
+MoeRouterDims router(const RouterArgs& a, const Tensor& expert_idx, const MoeRouterSpec& spec,
+                     const char* op) {
+  KILN_CHECK(a.rows.ndim() == 2 && a.rows.dtype() == DType::F32, "{}: {} {} must be fp32 [N, E]",
+             op, a.rows_name, a.rows.str());
+  const MoeRouterDims d{a.rows.size(0), a.rows.size(1), spec.k};
+  KILN_CHECK(d.k >= 1 && d.k <= d.E, "{}: k = {} must be in [1, E = {}]", op, d.k, d.E);
+  check_tensor(expert_idx, Shape{d.N, d.k}, DType::I32, op, "expert_idx");
+  check_tensor(a.like, Shape{d.N, d.E}, DType::F32, op, a.like_name);
+  if (a.optional) check_tensor(a.optional, Shape{d.N, d.E}, DType::F32, op, a.optional_name);
+  check_tensor(a.per_choice, Shape{d.N, d.k}, DType::F32, op, a.per_choice_name);
+  return d;
 }
 }  // namespace
 
 MoeRouterDims moe_router(const Tensor& scores, const Tensor& expert_idx,
                          const Tensor& expert_weight, const Tensor& logits, const Tensor& bias,
                          const MoeRouterSpec& spec) {
-  const char* op = "moe_router_forward";
-  KILN_CHECK(logits.ndim() == 2 && logits.dtype() == DType::F32,
-             "{}: logits {} must be fp32 [N, E]", op, logits.str());
-  const MoeRouterDims d{logits.size(0), logits.size(1), spec.k};
-  router_rows(expert_idx, d.N, d.E, spec, op);
-  check_tensor(scores, Shape{d.N, d.E}, DType::F32, op, "scores");
-  check_tensor(expert_weight, Shape{d.N, d.k}, DType::F32, op, "expert_weight");
-  if (bias) check_tensor(bias, Shape{d.E}, DType::F32, op, "bias");
+  const MoeRouterDims d =
+      router({logits, scores, Tensor(), expert_weight, "logits", "scores", "", "expert_weight"},
+             expert_idx, spec, "moe_router_forward");
+  if (bias) check_tensor(bias, Shape{d.E}, DType::F32, "moe_router_forward", "bias");
   return d;
 }
 
 MoeRouterDims moe_router_backward(const Tensor& dlogits, const Tensor& dexpert_weight,
                                   const Tensor& dscores, const Tensor& scores,
                                   const Tensor& expert_idx, const MoeRouterSpec& spec) {
-  const char* op = "moe_router_backward";
-  KILN_CHECK(scores.ndim() == 2 && scores.dtype() == DType::F32,
-             "{}: scores {} must be fp32 [N, E]", op, scores.str());
-  const MoeRouterDims d{scores.size(0), scores.size(1), spec.k};
-  router_rows(expert_idx, d.N, d.E, spec, op);
-  check_tensor(dlogits, Shape{d.N, d.E}, DType::F32, op, "dlogits");
-  check_tensor(dexpert_weight, Shape{d.N, d.k}, DType::F32, op, "dexpert_weight");
-  if (dscores) check_tensor(dscores, Shape{d.N, d.E}, DType::F32, op, "dscores");
-  return d;
+  return router({scores, dlogits, dscores, dexpert_weight, "scores", "dlogits", "dscores",
+                 "dexpert_weight"},
+                expert_idx, spec, "moe_router_backward");
 }
 
 MoeRouterDims moe_permute_plan(const Tensor& offsets, const Tensor& rows,

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 namespace kiln {
 
@@ -495,8 +496,7 @@ class CpuBackend final : public Backend {
   }
   void moe_permute(Stream, const Tensor& out, const Tensor& inp, const Tensor& rows) override {
     const auto d = checks::moe_permute(inp, out, rows, "moe_permute");
-    cpu::check_moe_rows(rows.data<int32_t>(), d.N, d.k, "moe_permute");
-    cpu::dispatch_float(inp.dtype(), "moe_permute", [&](auto x) {
+    moe_rows("moe_permute", d, rows, inp.dtype(), [&](auto x) {
       using T = decltype(x);
       cpu::moe_scatter_rows(p<T>(out), p<T>(inp), nullptr, rows.data<int32_t>(), d.N, d.k, d.C);
     });
@@ -504,8 +504,7 @@ class CpuBackend final : public Backend {
   void moe_permute_backward(Stream, const Tensor& dinp, const Tensor& dout,
                             const Tensor& rows) override {
     const auto d = checks::moe_permute(dinp, dout, rows, "moe_permute_backward");
-    cpu::check_moe_rows(rows.data<int32_t>(), d.N, d.k, "moe_permute_backward");
-    cpu::dispatch_float(dout.dtype(), "moe_permute_backward", [&](auto x) {
+    moe_rows("moe_permute_backward", d, rows, dout.dtype(), [&](auto x) {
       using T = decltype(x);
       cpu::moe_gather_rows(p<T>(dinp), p<T>(dout), nullptr, rows.data<int32_t>(), d.N, d.k, d.C);
     });
@@ -513,8 +512,7 @@ class CpuBackend final : public Backend {
   void moe_unpermute(Stream, const Tensor& out, const Tensor& expert_out,
                      const Tensor& expert_weight, const Tensor& rows) override {
     const auto d = checks::moe_unpermute(out, expert_out, expert_weight, rows);
-    cpu::check_moe_rows(rows.data<int32_t>(), d.N, d.k, "moe_unpermute");
-    cpu::dispatch_float(out.dtype(), "moe_unpermute", [&](auto x) {
+    moe_rows("moe_unpermute", d, rows, out.dtype(), [&](auto x) {
       using T = decltype(x);
       cpu::moe_gather_rows(p<T>(out), p<T>(expert_out), expert_weight.data<float>(),
                            rows.data<int32_t>(), d.N, d.k, d.C);
@@ -525,8 +523,7 @@ class CpuBackend final : public Backend {
                               const Tensor& expert_weight, const Tensor& rows) override {
     const auto d = checks::moe_unpermute_backward(dexpert_out, dexpert_weight, dout, expert_out,
                                                   expert_weight, rows);
-    cpu::check_moe_rows(rows.data<int32_t>(), d.N, d.k, "moe_unpermute_backward");
-    cpu::dispatch_float(dout.dtype(), "moe_unpermute_backward", [&](auto x) {
+    moe_rows("moe_unpermute_backward", d, rows, dout.dtype(), [&](auto x) {
       using T = decltype(x);
       const int32_t* r = rows.data<int32_t>();
       if (dexpert_out)
@@ -563,6 +560,14 @@ class CpuBackend final : public Backend {
   bool runs(Op op, DType dtype) const override { return cpu_supports(op, dtype); }
 
  private:
+  // The permutation ops' common part: rows checked to be a permutation, then f(T{}) for
+  // the activations' dtype T.
+  template <class F>
+  static void moe_rows(const char* op, const checks::MoePermuteDims& d, const Tensor& rows,
+                       DType dtype, F&& f) {
+    cpu::check_moe_rows(rows.data<int32_t>(), d.N, d.k, op);
+    cpu::dispatch_float(dtype, op, std::forward<F>(f));
+  }
   static cpu::AttnDims dims(const checks::AttentionDims& d, const AttentionShape& shape) {
     return {d.B, d.T, d.NH, d.NKV, d.HD, shape.causal};
   }
