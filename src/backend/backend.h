@@ -467,7 +467,9 @@ class Backend {
   // one grouped GEMM with ragged row counts (an expert may have no rows), and the expert
   // outputs are combined back per token, weighted by the router. Shapes: N tokens, C
   // channels, E experts, k choices per token, M = N*k permuted rows. Slot (n, j) is token
-  // n's j-th choice; rows int32 [N,k] holds its row in expert order (moe_permute_plan).
+  // n's j-th choice; rows int32 [N,k] holds its row in expert order (moe_permute_plan):
+  // a permutation of [0, M), which the ops taking it check where they can read it on the
+  // host (the CPU), throwing kiln::Error otherwise.
 
   /// The router: scores fp32 [N,E] = softmax over the experts of logits fp32 [N,E], or
   /// the sigmoid of each logit (spec.scoring). Token n takes the spec.k experts with the
