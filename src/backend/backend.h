@@ -44,7 +44,9 @@ struct Stream {
 /// A group of ops that a feature needs together, each op's `family` in backend/op_list.h:
 /// a layer's forward and backward (Linear: linear_forward, linear_backward), ring
 /// attention's tile ops (RingAttention), the vocab-parallel loss (VocabParallel), the
-/// step's statistics (StepStats: accumulate_loss, sum_squares, clip_coefficient), ...
+/// step's statistics (StepStats: accumulate_loss, sum_squares, clip_coefficient), a
+/// dropless mixture-of-experts layer's router, token permutation and grouped linear (MoE),
+/// ...
 enum class OpFamily : uint8_t {
   Embedding,
   LayerNorm,
@@ -68,6 +70,7 @@ enum class OpFamily : uint8_t {
   StepStats,
   AdamW,
   Ema,
+  MoE,
 };
 /// "linear", "ring_attention", ...
 const char* family_name(OpFamily family);
@@ -194,6 +197,19 @@ struct RopeSpec {
 /// transformers does (fp32 powers of theta, then the Llama 3 rescaling in double).
 /// Throws kiln::Error when HD is odd or not positive.
 std::vector<float> rope_inv_freq(const RopeSpec& rope, int64_t head_dim);
+
+/// How a mixture-of-experts router turns its fp32 logits [N,E] into expert scores, and
+/// how many experts each token takes (see Backend::moe_router_forward).
+enum class MoeScoring : uint8_t {
+  Softmax,  // scores = softmax over the E experts (Mixtral, Qwen3-MoE, Switch)
+  Sigmoid,  // scores = sigmoid of each logit (DeepSeek-V3)
+};
+struct MoeRouterSpec {
+  MoeScoring scoring = MoeScoring::Softmax;
+  int k = 1;                 // experts per token, 1 <= k <= E
+  bool renormalize = false;  // the k chosen scores divided by their sum (Mixtral; Qwen3's
+                             // norm_topk_prob; DeepSeek-V3's norm_topk_prob)
+};
 
 struct AdamWParams {
   float lr = 1e-3f;
@@ -460,6 +476,85 @@ class Backend {
   /// dinp = dout * keep / (1 - p), the mask replayed from `spec`. dinp may alias dout.
   virtual void dropout_backward(Stream s, const Tensor& dinp, const Tensor& dout,
                                 const DropoutSpec& spec) = 0;
+
+  // ---- a dropless mixture-of-experts layer (MoE) -------------------------------------
+  // The feed-forward of a mixture of experts (Shazeer et al. 2017; Switch, Fedus et al.
+  // 2021; Mixtral, Jiang et al. 2024; DeepSeek-V3, 2024) run dropless, as Megatron-core
+  // and torchtitan do: each of N tokens is routed to k of E experts; the N*k (token,
+  // choice) slots are permuted into expert order (rows of expert 0, then expert 1, ...;
+  // within an expert, in token order), each expert's rows go through its own weights as
+  // one grouped GEMM with ragged row counts (an expert may have no rows), and the expert
+  // outputs are combined back per token, weighted by the router. Shapes: N tokens, C
+  // channels, E experts, k choices per token, M = N*k permuted rows. Slot (n, j) is token
+  // n's j-th choice; rows int32 [N,k] holds its row in expert order (moe_permute_plan):
+  // a permutation of [0, M), which the ops taking it check where they can read it on the
+  // host (the CPU), throwing kiln::Error otherwise.
+
+  /// The router: scores fp32 [N,E] = softmax over the experts of logits fp32 [N,E], or
+  /// the sigmoid of each logit (spec.scoring). Token n takes the spec.k experts with the
+  /// largest fp32 sums scores[n,e] + bias[e] (bias fp32 [E], DeepSeek-V3's aux-loss-free
+  /// balancing bias, Wang et al. 2024; empty for none: it changes the choice only), in
+  /// decreasing order, equal sums broken by the lower expert index: expert_idx int32
+  /// [N,k] (distinct experts, in [0, E)). expert_weight fp32 [N,k] = the chosen scores,
+  /// divided by their sum (+ 1e-20) when spec.renormalize. All of scores, expert_idx and
+  /// expert_weight are overwritten. Throws unless 1 <= spec.k <= E.
+  virtual void moe_router_forward(Stream s, const Tensor& scores, const Tensor& expert_idx,
+                                  const Tensor& expert_weight, const Tensor& logits,
+                                  const Tensor& bias, const MoeRouterSpec& spec) = 0;
+  /// dlogits fp32 [N,E] (overwritten) = the gradient through the renormalisation and the
+  /// softmax or sigmoid of dexpert_weight fp32 [N,k] plus dscores fp32 [N,E] (a gradient
+  /// on every score, e.g. an auxiliary load-balancing loss's; empty for none), from
+  /// forward's scores and expert_idx. With w_j = s_j / S, S = sum_j s_{i_j} + 1e-20:
+  /// ds_{i_j} += (g_j - sum_l g_l w_l) / S (g = dexpert_weight; ds_{i_j} += g_j without
+  /// renormalisation); then dlogits = s (ds - sum_e ds_e s_e) (softmax) or ds s (1 - s)
+  /// (sigmoid). The bias gets no gradient.
+  virtual void moe_router_backward(Stream s, const Tensor& dlogits, const Tensor& dexpert_weight,
+                                   const Tensor& dscores, const Tensor& scores,
+                                   const Tensor& expert_idx, const MoeRouterSpec& spec) = 0;
+  /// The token permutation's plan from expert_idx int32 [N,k] (ids in [0, E)): offsets
+  /// int32 [E+1], offsets[e] = the number of slots routed to experts below e (offsets[0] =
+  /// 0, offsets[E] = M; expert e's count is offsets[e+1] - offsets[e]), and rows int32
+  /// [N,k]: slot (n, j)'s row in expert order, offsets[e] + the number of slots (n', j')
+  /// with expert e that come before it in (token, choice) order (stable: an expert's rows
+  /// keep their tokens' order). Computed on the device; the grouped GEMM reads offsets.
+  /// Throws on an expert id out of range where the backend can check it (the CPU).
+  virtual void moe_permute_plan(Stream s, const Tensor& offsets, const Tensor& rows,
+                                const Tensor& expert_idx) = 0;
+  /// Tokens into expert order: out [M,C] with out[rows[n,j]] = inp[n] for every slot
+  /// (inp [N,C]; one float dtype). Every row of out is written (rows is a permutation).
+  virtual void moe_permute(Stream s, const Tensor& out, const Tensor& inp,
+                           const Tensor& rows) = 0;
+  /// Its gradient: dinp [N,C] (overwritten) = sum_j dout[rows[n,j]], dout [M,C].
+  virtual void moe_permute_backward(Stream s, const Tensor& dinp, const Tensor& dout,
+                                    const Tensor& rows) = 0;
+  /// The experts' outputs combined back per token: out [N,C] (overwritten) = sum_j
+  /// expert_weight[n,j] * expert_out[rows[n,j]], expert_out [M,C] (out's dtype),
+  /// expert_weight fp32 [N,k]; summed in fp32.
+  virtual void moe_unpermute(Stream s, const Tensor& out, const Tensor& expert_out,
+                             const Tensor& expert_weight, const Tensor& rows) = 0;
+  /// Its gradients, both overwritten: dexpert_out [M,C], dexpert_out[rows[n,j]] =
+  /// expert_weight[n,j] * dout[n]; dexpert_weight fp32 [N,k] = dout[n] . expert_out[rows
+  /// [n,j]] (an fp32 dot product). Either may be empty to skip it.
+  virtual void moe_unpermute_backward(Stream s, const Tensor& dexpert_out,
+                                      const Tensor& dexpert_weight, const Tensor& dout,
+                                      const Tensor& expert_out, const Tensor& expert_weight,
+                                      const Tensor& rows) = 0;
+  /// A grouped linear (a grouped GEMM with ragged row counts, the experts' projections):
+  /// rows [offsets[e], offsets[e+1]) of out [M,O] = the same rows of inp [M,I] @
+  /// weight[e]^T, weight [E,O,I] (each expert's a torch Linear's [out, in]); offsets int32
+  /// [E+1] on the device as moe_permute_plan leaves them (0 = offsets[0] <= ... <=
+  /// offsets[E] = M; an expert may have no rows). No bias. One float dtype; fp32
+  /// accumulation. A backend that needs the counts on the host reads offsets there (the
+  /// CPU: they are there; a GPU: one E+1 copy per call, or a device-side grouped GEMM);
+  /// offsets that do not rise from 0 to M throw where they are read on the host.
+  virtual void grouped_linear_forward(Stream s, const Tensor& out, const Tensor& inp,
+                                      const Tensor& weight, const Tensor& offsets) = 0;
+  /// dinp [M,I] (overwritten) = per expert dout rows @ weight[e]; dweight [E,O,I] +=
+  /// per expert dout rows^T @ inp rows (an expert without rows: unchanged), fp32 or
+  /// weight's dtype (as linear_backward). Each of dinp and dweight may be empty.
+  virtual void grouped_linear_backward(Stream s, const Tensor& dinp, const Tensor& dweight,
+                                       const Tensor& dout, const Tensor& inp,
+                                       const Tensor& weight, const Tensor& offsets) = 0;
 
   /// Softmax cross-entropy over the first `vocab_size` columns of logits [N,Vp]
   /// (columns >= vocab_size are padding and never enter the softmax):

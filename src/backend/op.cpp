@@ -32,6 +32,7 @@ const char* family_name(OpFamily family) {
     case OpFamily::StepStats: return "step_stats";
     case OpFamily::AdamW: return "adamw";
     case OpFamily::Ema: return "ema";
+    case OpFamily::MoE: return "moe";
   }
   return "?";
 }

@@ -433,4 +433,118 @@ void adamw_multi(std::span<const AdamWTensor> tensors, const Tensor& scale) {
   }
 }
 
+namespace {
+bool float_dtype(DType d) { return d == DType::F32 || d == DType::BF16 || d == DType::F16; }
+
+// t is exactly `dtype` [shape...], else "<op> <name>: expected ..., got ...".
+void check_tensor(const Tensor& t, const Shape& shape, DType dtype, const char* op,
+                  const char* name) {
+  KILN_CHECK(t.shape() == shape && t.dtype() == dtype, "{}: {} {} must be {}{}", op, name,
+             t.str(), dtype_name(dtype), shape.str());
+}
+
+// A router's tensors: `rows` fp32 [N, E] (named first, its sizes are the others'), `like`
+// (and `optional`, when given) fp32 [N, E], expert_idx int32 [N, k], `per_choice` fp32
+// [N, k], 1 <= k <= E.
+struct RouterArgs {
+  const Tensor &rows, &like, &optional, &per_choice;
+  const char *rows_name, *like_name, *optional_name, *per_choice_name;
+};
+MoeRouterDims router(const RouterArgs& a, const Tensor& expert_idx, const MoeRouterSpec& spec,
+                     const char* op) {
+  KILN_CHECK(a.rows.ndim() == 2 && a.rows.dtype() == DType::F32, "{}: {} {} must be fp32 [N, E]",
+             op, a.rows_name, a.rows.str());
+  const MoeRouterDims d{a.rows.size(0), a.rows.size(1), spec.k};
+  KILN_CHECK(d.k >= 1 && d.k <= d.E, "{}: k = {} must be in [1, E = {}]", op, d.k, d.E);
+  check_tensor(expert_idx, Shape{d.N, d.k}, DType::I32, op, "expert_idx");
+  check_tensor(a.like, Shape{d.N, d.E}, DType::F32, op, a.like_name);
+  if (a.optional) check_tensor(a.optional, Shape{d.N, d.E}, DType::F32, op, a.optional_name);
+  check_tensor(a.per_choice, Shape{d.N, d.k}, DType::F32, op, a.per_choice_name);
+  return d;
+}
+}  // namespace
+
+MoeRouterDims moe_router(const Tensor& scores, const Tensor& expert_idx,
+                         const Tensor& expert_weight, const Tensor& logits, const Tensor& bias,
+                         const MoeRouterSpec& spec) {
+  const MoeRouterDims d =
+      router({logits, scores, Tensor(), expert_weight, "logits", "scores", "", "expert_weight"},
+             expert_idx, spec, "moe_router_forward");
+  if (bias) check_tensor(bias, Shape{d.E}, DType::F32, "moe_router_forward", "bias");
+  return d;
+}
+
+MoeRouterDims moe_router_backward(const Tensor& dlogits, const Tensor& dexpert_weight,
+                                  const Tensor& dscores, const Tensor& scores,
+                                  const Tensor& expert_idx, const MoeRouterSpec& spec) {
+  return router({scores, dlogits, dscores, dexpert_weight, "scores", "dlogits", "dscores",
+                 "dexpert_weight"},
+                expert_idx, spec, "moe_router_backward");
+}
+
+MoeRouterDims moe_permute_plan(const Tensor& offsets, const Tensor& rows,
+                               const Tensor& expert_idx) {
+  const char* op = "moe_permute_plan";
+  KILN_CHECK(expert_idx.ndim() == 2 && expert_idx.dtype() == DType::I32,
+             "{}: expert_idx {} must be int32 [N, k]", op, expert_idx.str());
+  KILN_CHECK(offsets.ndim() == 1 && offsets.size(0) >= 2 && offsets.dtype() == DType::I32,
+             "{}: offsets {} must be int32 [E + 1] with E >= 1", op, offsets.str());
+  check_tensor(rows, expert_idx.shape(), DType::I32, op, "rows");
+  return {expert_idx.size(0), offsets.size(0) - 1, expert_idx.size(1)};
+}
+
+MoePermuteDims moe_permute(const Tensor& tokens, const Tensor& expert_rows, const Tensor& rows,
+                           const char* op) {
+  KILN_CHECK(rows.ndim() == 2 && rows.dtype() == DType::I32, "{}: rows {} must be int32 [N, k]",
+             op, rows.str());
+  KILN_CHECK(tokens.ndim() == 2 && tokens.size(0) == rows.size(0) && float_dtype(tokens.dtype()),
+             "{}: the tokens {} must be float [N = {}, C]", op, tokens.str(), rows.size(0));
+  const MoePermuteDims d{rows.size(0), rows.size(1), tokens.size(1)};
+  check_tensor(expert_rows, Shape{d.N * d.k, d.C}, tokens.dtype(), op, "the expert rows");
+  return d;
+}
+
+MoePermuteDims moe_unpermute(const Tensor& out, const Tensor& expert_out,
+                             const Tensor& expert_weight, const Tensor& rows) {
+  const MoePermuteDims d = moe_permute(out, expert_out, rows, "moe_unpermute");
+  check_tensor(expert_weight, Shape{d.N, d.k}, DType::F32, "moe_unpermute", "expert_weight");
+  return d;
+}
+
+MoePermuteDims moe_unpermute_backward(const Tensor& dexpert_out, const Tensor& dexpert_weight,
+                                      const Tensor& dout, const Tensor& expert_out,
+                                      const Tensor& expert_weight, const Tensor& rows) {
+  const char* op = "moe_unpermute_backward";
+  const MoePermuteDims d = moe_permute(dout, expert_out, rows, op);
+  check_tensor(expert_weight, Shape{d.N, d.k}, DType::F32, op, "expert_weight");
+  if (dexpert_out)
+    check_tensor(dexpert_out, expert_out.shape(), expert_out.dtype(), op, "dexpert_out");
+  if (dexpert_weight) check_tensor(dexpert_weight, Shape{d.N, d.k}, DType::F32, op, "dexpert_weight");
+  return d;
+}
+
+GroupedLinearDims grouped_linear(const Tensor& out, const Tensor& inp, const Tensor& weight,
+                                 const Tensor& offsets) {
+  const char* op = "grouped_linear";
+  KILN_CHECK(weight.ndim() == 3 && float_dtype(weight.dtype()),
+             "{}: weight {} must be float [E, O, I]", op, weight.str());
+  const int64_t E = weight.size(0), O = weight.size(1), I = weight.size(2);
+  KILN_CHECK(inp.ndim() == 2 && inp.size(1) == I, "{}: inp {} must be [M, I = {}] (weight {})",
+             op, inp.str(), I, weight.str());
+  const GroupedLinearDims d{inp.size(0), I, O, E};
+  check_tensor(inp, Shape{d.M, I}, weight.dtype(), op, "inp");
+  check_tensor(out, Shape{d.M, O}, weight.dtype(), op, "out");
+  check_tensor(offsets, Shape{E + 1}, DType::I32, op, "offsets");
+  return d;
+}
+
+GroupedLinearDims grouped_linear_backward(const Tensor& dinp, const Tensor& dweight,
+                                          const Tensor& dout, const Tensor& inp,
+                                          const Tensor& weight, const Tensor& offsets) {
+  const GroupedLinearDims d = grouped_linear(dout, inp, weight, offsets);
+  if (dinp) same_size(dinp, inp, "grouped_linear_backward dinp");
+  if (dweight) grad_of(dweight, weight, "grouped_linear_backward dweight");
+  return d;
+}
+
 }  // namespace kiln::checks

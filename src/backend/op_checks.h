@@ -140,4 +140,43 @@ void adamw_multi(std::span<const AdamWTensor> tensors, const Tensor& scale);
 /// ema_update: ema fp32, param a float dtype with ema's element count, 0 <= decay <= 1.
 void ema_update(const Tensor& ema, const Tensor& param, float decay);
 
+/// The MoE router: logits fp32 [N,E], 1 <= spec.k <= E, scores fp32 [N,E], expert_idx
+/// int32 [N,k], expert_weight fp32 [N,k], bias empty or fp32 [E].
+struct MoeRouterDims { int64_t N, E, k; };
+MoeRouterDims moe_router(const Tensor& scores, const Tensor& expert_idx,
+                         const Tensor& expert_weight, const Tensor& logits, const Tensor& bias,
+                         const MoeRouterSpec& spec);
+/// Its backward: scores as forward's, dlogits like scores, dexpert_weight fp32 [N,k],
+/// dscores empty or like scores, expert_idx int32 [N,k].
+MoeRouterDims moe_router_backward(const Tensor& dlogits, const Tensor& dexpert_weight,
+                                  const Tensor& dscores, const Tensor& scores,
+                                  const Tensor& expert_idx, const MoeRouterSpec& spec);
+/// moe_permute_plan: expert_idx int32 [N,k], rows int32 [N,k], offsets int32 [E+1], E >= 1.
+/// Returns {N, E, k}.
+MoeRouterDims moe_permute_plan(const Tensor& offsets, const Tensor& rows,
+                               const Tensor& expert_idx);
+/// The permutation ops: rows int32 [N,k], tokens [N,C] and expert_rows [N*k, C] of one float
+/// dtype; `op` names the caller in the messages.
+struct MoePermuteDims { int64_t N, k, C; };
+MoePermuteDims moe_permute(const Tensor& tokens, const Tensor& expert_rows, const Tensor& rows,
+                           const char* op);
+/// moe_unpermute: out as tokens, expert_out as expert_rows, expert_weight fp32 [N,k].
+MoePermuteDims moe_unpermute(const Tensor& out, const Tensor& expert_out,
+                             const Tensor& expert_weight, const Tensor& rows);
+/// moe_unpermute_backward: dout, expert_out, expert_weight as moe_unpermute's; dexpert_out
+/// empty or like expert_out; dexpert_weight empty or fp32 [N,k].
+MoePermuteDims moe_unpermute_backward(const Tensor& dexpert_out, const Tensor& dexpert_weight,
+                                      const Tensor& dout, const Tensor& expert_out,
+                                      const Tensor& expert_weight, const Tensor& rows);
+/// grouped_linear: weight [E,O,I], inp [M,I], out [M,O], all of one float dtype, offsets
+/// int32 [E+1] (its values are not read here: they may be on a device).
+struct GroupedLinearDims { int64_t M, I, O, E; };
+GroupedLinearDims grouped_linear(const Tensor& out, const Tensor& inp, const Tensor& weight,
+                                 const Tensor& offsets);
+/// grouped_linear_backward: dout as out; dinp empty or like inp; dweight empty or a
+/// gradient of weight (fp32 or its dtype).
+GroupedLinearDims grouped_linear_backward(const Tensor& dinp, const Tensor& dweight,
+                                          const Tensor& dout, const Tensor& inp,
+                                          const Tensor& weight, const Tensor& offsets);
+
 }  // namespace kiln::checks

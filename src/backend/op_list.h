@@ -153,5 +153,37 @@
     (std::span<const AdamWTensor> tensors, const Tensor& scale, const AdamWParams& hp),            \
     (tensors, scale, hp))                                                                          \
   X(Ema, ema_update, Ema, "optimizer",                                                             \
-    (const Tensor& ema, const Tensor& param, float decay), (ema, param, decay))
+    (const Tensor& ema, const Tensor& param, float decay), (ema, param, decay))                    \
+  X(MoeRouterForward, moe_router_forward, MoE, "forward",                                          \
+    (const Tensor& scores, const Tensor& expert_idx, const Tensor& expert_weight,                  \
+     const Tensor& logits, const Tensor& bias, const MoeRouterSpec& spec),                         \
+    (scores, expert_idx, expert_weight, logits, bias, spec))                                       \
+  X(MoeRouterBackward, moe_router_backward, MoE, "backward",                                       \
+    (const Tensor& dlogits, const Tensor& dexpert_weight, const Tensor& dscores,                   \
+     const Tensor& scores, const Tensor& expert_idx, const MoeRouterSpec& spec),                   \
+    (dlogits, dexpert_weight, dscores, scores, expert_idx, spec))                                  \
+  X(MoePermutePlan, moe_permute_plan, MoE, "forward",                                              \
+    (const Tensor& offsets, const Tensor& rows, const Tensor& expert_idx),                         \
+    (offsets, rows, expert_idx))                                                                   \
+  X(MoePermute, moe_permute, MoE, "forward",                                                       \
+    (const Tensor& out, const Tensor& inp, const Tensor& rows),                                    \
+    (out, inp, rows))                                                                              \
+  X(MoePermuteBackward, moe_permute_backward, MoE, "backward",                                     \
+    (const Tensor& dinp, const Tensor& dout, const Tensor& rows),                                  \
+    (dinp, dout, rows))                                                                            \
+  X(MoeUnpermute, moe_unpermute, MoE, "forward",                                                   \
+    (const Tensor& out, const Tensor& expert_out, const Tensor& expert_weight,                     \
+     const Tensor& rows),                                                                          \
+    (out, expert_out, expert_weight, rows))                                                        \
+  X(MoeUnpermuteBackward, moe_unpermute_backward, MoE, "backward",                                 \
+    (const Tensor& dexpert_out, const Tensor& dexpert_weight, const Tensor& dout,                  \
+     const Tensor& expert_out, const Tensor& expert_weight, const Tensor& rows),                   \
+    (dexpert_out, dexpert_weight, dout, expert_out, expert_weight, rows))                          \
+  X(GroupedLinearForward, grouped_linear_forward, MoE, "forward",                                  \
+    (const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& offsets),           \
+    (out, inp, weight, offsets))                                                                   \
+  X(GroupedLinearBackward, grouped_linear_backward, MoE, "backward",                               \
+    (const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,             \
+     const Tensor& weight, const Tensor& offsets),                                                 \
+    (dinp, dweight, dout, inp, weight, offsets))
 // clang-format on

@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -37,14 +38,19 @@ int64_t onednn_matmul_scratchpad_bytes(const GemmProblem& g, int threads) {
 
 std::vector<GemmProblem> cpu_linear_gemms(const MetaCallInfo& c) {
   std::vector<GemmProblem> out;
-  const int64_t N = c.N, IC = c.IC, OC = c.OC;
-  if (c.call == Op::LinearForward) {
+  const bool grouped = c.call == Op::GroupedLinearForward || c.call == Op::GroupedLinearBackward;
+  // A grouped linear runs each expert's rows in power-of-two pieces
+  // (src/backend/cpu/grouped_linear.cpp): its largest GEMM has the largest power of two
+  // <= M rows (all rows to one expert).
+  const int64_t N = grouped && c.N > 0 ? std::bit_floor(static_cast<uint64_t>(c.N)) : c.N;
+  const int64_t IC = c.IC, OC = c.OC;
+  if (c.call == Op::LinearForward || c.call == Op::GroupedLinearForward) {
     GemmProblem g;
     g.m = N, g.n = OC, g.k = IC, g.lda = IC, g.ldb = IC, g.trans_b = true, g.ldc = OC;
     g.bias = c.has_bias;
     g.dtype = g.c_dtype = c.dtype;
     out.push_back(g);
-  } else if (c.call == Op::LinearBackward) {
+  } else if (c.call == Op::LinearBackward || c.call == Op::GroupedLinearBackward) {
     if (c.has_dinp) {
       GemmProblem g;
       g.m = N, g.n = IC, g.k = OC, g.lda = OC, g.ldb = IC, g.ldc = IC;

@@ -41,7 +41,8 @@ struct GemmProblem {
 int64_t onednn_matmul_scratchpad_bytes(const GemmProblem& g, int threads = 0);
 
 /// The GEMM problems the CPU backend runs for one linear call (forward, or backward
-/// with the requested outputs), as cpu/linear.cpp forms them.
+/// with the requested outputs), as cpu/linear.cpp forms them; for a grouped linear, those
+/// of its largest piece (cpu/grouped_linear.cpp).
 std::vector<GemmProblem> cpu_linear_gemms(const MetaCallInfo& c);
 
 /// The CPU backend's scratch (oneDNN scratchpad); `threads` as above.

@@ -318,6 +318,72 @@ OpCost ema_update(const Tensor& ema, const Tensor& param, float) {
   return {3.0 * n, 8.0 * n + n * es(param), fmt::format("n={}", ema.numel())};
 }
 
+OpCost moe_router_forward(const Tensor&, const Tensor& expert_idx, const Tensor&,
+                          const Tensor& logits, const Tensor&, const MoeRouterSpec& spec) {
+  // Scores (~5 FLOPs per logit), the top-k passes (k compares per logit); logits read,
+  // scores written, the k ids and weights written.
+  const int64_t E = last(logits), N = rows(logits);
+  return {(5.0 + spec.k) * d(N * E), 8.0 * d(N * E) + 8.0 * d(expert_idx.numel()),
+          fmt::format("N={} E={} k={}", N, E, spec.k)};
+}
+
+OpCost moe_router_backward(const Tensor&, const Tensor& dexpert_weight, const Tensor& dscores,
+                           const Tensor& scores, const Tensor&, const MoeRouterSpec& spec) {
+  const int64_t E = last(scores), N = rows(scores);
+  return {6.0 * d(N * E), (dscores ? 12.0 : 8.0) * d(N * E) + 8.0 * d(dexpert_weight.numel()),
+          fmt::format("N={} E={} k={}", N, E, spec.k)};
+}
+
+OpCost moe_permute_plan(const Tensor& offsets, const Tensor&, const Tensor& expert_idx) {
+  return {0.0, 12.0 * d(expert_idx.numel()) + 4.0 * d(offsets.numel()),
+          fmt::format("slots={} E={}", expert_idx.numel(), offsets.numel() - 1)};
+}
+
+namespace {
+// A permutation between N token rows and M = N*k expert rows of C channels: `flops` per
+// expert-row element, the rows read and written, the int32 rows and fp32 weights read.
+OpCost permutation(const Tensor& tokens, const Tensor& expert_rows, const Tensor& idx,
+                   double flops, double expert_passes, bool weights) {
+  const double M = d(rows(expert_rows)), C = d(last(expert_rows)), N = d(rows(tokens));
+  return {flops * M * C, (expert_passes * M * C + N * C) * es(tokens) + (weights ? 8.0 : 4.0) * M,
+          fmt::format("N={} k={} C={}", rows(tokens), idx.size(-1), last(expert_rows))};
+}
+}  // namespace
+OpCost moe_permute(const Tensor& out, const Tensor& inp, const Tensor& rows_) {
+  return permutation(inp, out, rows_, 0.0, 1.0, false);
+}
+OpCost moe_permute_backward(const Tensor& dinp, const Tensor& dout, const Tensor& rows_) {
+  return permutation(dinp, dout, rows_, 1.0, 1.0, false);
+}
+OpCost moe_unpermute(const Tensor& out, const Tensor& expert_out, const Tensor&,
+                     const Tensor& rows_) {
+  return permutation(out, expert_out, rows_, 2.0, 1.0, true);
+}
+OpCost moe_unpermute_backward(const Tensor& dexpert_out, const Tensor& dexpert_weight,
+                              const Tensor& dout, const Tensor& expert_out, const Tensor&,
+                              const Tensor& rows_) {
+  const double outs = (dexpert_out ? 1.0 : 0.0) + (dexpert_weight ? 1.0 : 0.0);
+  return permutation(dout, expert_out, rows_, 2.0 * outs, outs, true);
+}
+
+OpCost grouped_linear_forward(const Tensor&, const Tensor& inp, const Tensor& weight,
+                              const Tensor&) {
+  const int64_t M = rows(inp), I = last(inp), E = weight.size(0), O = weight.size(1);
+  return {2.0 * d(M) * d(I) * d(O), (d(M * I) + d(E * O * I) + d(M * O)) * es(inp),
+          fmt::format("M={} I={} O={} E={}", M, I, O, E)};
+}
+
+OpCost grouped_linear_backward(const Tensor& dinp, const Tensor& dweight, const Tensor&,
+                               const Tensor& inp, const Tensor& weight, const Tensor&) {
+  const int64_t M = rows(inp), I = last(inp), E = weight.size(0), O = weight.size(1);
+  const bool di = static_cast<bool>(dinp), dw = static_cast<bool>(dweight);
+  const double mm = 2.0 * d(M) * d(I) * d(O);
+  const double bytes = (d(M * O) + (di ? d(E * O * I) + d(M * I) : 0.0) +
+                        (dw ? d(M * I) + 2.0 * d(E * O * I) : 0.0)) * es(inp);
+  return {(di ? mm : 0.0) + (dw ? mm : 0.0), bytes,
+          fmt::format("M={} I={} O={} E={}{}", M, I, O, E, di ? "" : " (no dinp)")};
+}
+
 OpCost copy(size_t nbytes) {
   return {0.0, 2.0 * static_cast<double>(nbytes), fmt::format("bytes={}", nbytes)};
 }

@@ -5,8 +5,8 @@
 // it stands for, and runs every op that backend supports (its ops only check arguments:
 // a plan may go where the kernels do not yet, e.g. `kiln memplan`'s context-parallel
 // layouts on CUDA). The CUDA backend's answers, which a machine without a GPU cannot
-// run, are checked as a table: ring attention's tile ops answer false (the GPU issue
-// writes their kernels and flips the answers).
+// run, are checked as a table: ring attention's tile ops and the mixture-of-experts ops
+// answer false (the GPU issues write their kernels and flip the answers).
 //
 // The ops come from op_list.h: a new op without its tiny call below fails to compile.
 #include "backend/backend.h"
@@ -50,6 +50,15 @@ struct Tiny {
   Tensor f32(const Shape& shape, float value = 0.1f) { return make(shape, DType::F32, value); }
   Tensor f64(const Shape& shape) { return make(shape, DType::F64, 0.f); }
   Tensor ids(const Shape& shape) { return make(shape, DType::I32, 0.f); }
+  Tensor ids(const Shape& shape, const std::vector<int32_t>& values) {
+    Tensor t = be.empty(shape, DType::I32, MemCategory::Activations);
+    be.copy_from_host(s, t, values.data());
+    return t;
+  }
+  // MoE: the N tokens' k = 2 slots in expert order (a permutation of [0, 2N)), and the
+  // offsets of 2N rows over two experts (3 rows and 1).
+  Tensor moe_rows() { return ids({N, 2}, {0, 1, 2, 3}); }
+  Tensor moe_offsets() { return ids({3}, {0, 3, 4}); }
 };
 
 // One call of each op on Tiny's arguments, named after the Backend method.
@@ -206,6 +215,43 @@ void adamw_multi_step(S& t) {
   t.be.adamw_multi_step(t.s, tensors, Tensor(), AdamWParams{});
 }
 void ema_update(S& t) { t.be.ema_update(t.s, t.f32({S::C}), t.act({S::C}), 0.9f); }
+// A router of V = 4 experts, k = 2; its tensors have fixed dtypes (fp32 logits, int32 ids).
+MoeRouterSpec moe_spec() { return MoeRouterSpec{MoeScoring::Softmax, 2, true}; }
+void moe_router_forward(S& t) {
+  t.be.moe_router_forward(t.s, t.f32({S::N, S::V}), t.ids({S::N, 2}), t.f32({S::N, 2}),
+                          t.f32({S::N, S::V}), t.f32({S::V}), moe_spec());
+}
+void moe_router_backward(S& t) {
+  t.be.moe_router_backward(t.s, t.f32({S::N, S::V}), t.f32({S::N, 2}), t.f32({S::N, S::V}),
+                           t.f32({S::N, S::V}), t.moe_rows(), moe_spec());
+}
+void moe_permute_plan(S& t) {
+  t.be.moe_permute_plan(t.s, t.ids({S::V + 1}), t.ids({S::N, 2}), t.ids({S::N, 2}));
+}
+void moe_permute(S& t) {
+  t.be.moe_permute(t.s, t.act({2 * S::N, S::C}), t.act({S::N, S::C}), t.moe_rows());
+}
+void moe_permute_backward(S& t) {
+  t.be.moe_permute_backward(t.s, t.act({S::N, S::C}), t.act({2 * S::N, S::C}), t.moe_rows());
+}
+void moe_unpermute(S& t) {
+  t.be.moe_unpermute(t.s, t.act({S::N, S::C}), t.act({2 * S::N, S::C}), t.f32({S::N, 2}),
+                     t.moe_rows());
+}
+void moe_unpermute_backward(S& t) {
+  t.be.moe_unpermute_backward(t.s, t.act({2 * S::N, S::C}), t.f32({S::N, 2}),
+                              t.act({S::N, S::C}), t.act({2 * S::N, S::C}), t.f32({S::N, 2}),
+                              t.moe_rows());
+}
+void grouped_linear_forward(S& t) {
+  t.be.grouped_linear_forward(t.s, t.act({2 * S::N, S::V}), t.act({2 * S::N, S::C}),
+                              t.act({2, S::V, S::C}), t.moe_offsets());
+}
+void grouped_linear_backward(S& t) {
+  t.be.grouped_linear_backward(t.s, t.act({2 * S::N, S::C}), t.act({2, S::V, S::C}),
+                               t.act({2 * S::N, S::V}), t.act({2 * S::N, S::C}),
+                               t.act({2, S::V, S::C}), t.moe_offsets());
+}
 
 }  // namespace tiny
 
@@ -304,9 +350,14 @@ TEST(OpSupport, RequireOpsNamesTheOpTheBackendAndTheKey) {
   EXPECT_NO_THROW(require_ops(*meta, OpFamily::Attention, DType::BF16, "attention"));
 }
 
-// The CUDA backend's table, without a GPU: ring attention's tile ops throw there
-// (cuda_attention_ops.cpp), so they answer false; the kernels run fp32 and bf16.
+// The CUDA backend's table, without a GPU: ring attention's tile ops and the MoE ops throw
+// there (cuda_attention_ops.cpp, cuda_moe_ops.cpp), so they answer false; the kernels run
+// fp32 and bf16.
 static_assert(!cuda_supports(Op::AttentionTileForward, DType::F32));
+static_assert(!cuda_supports(Op::GroupedLinearForward, DType::BF16));
+static_assert(!cuda_supports(Op::MoeRouterForward, DType::F32));
+static_assert(cpu_supports(Op::GroupedLinearBackward, DType::BF16));
+static_assert(cpu_supports(Op::MoeRouterForward, DType::F16));  // fixed dtypes: every float
 static_assert(!cuda_supports(Op::AttentionTileBackward, DType::BF16));
 static_assert(!cuda_supports(Op::CopyColumns, DType::F32));
 static_assert(cuda_supports(Op::AttentionForward, DType::BF16));
@@ -316,9 +367,10 @@ static_assert(!cpu_supports(Op::AdamW, DType::BF16));  // fp32 parameters only
 
 TEST(OpSupport, CudaTable) {
   for (Op op : kAllOps) {
-    const bool ring = op_family(op) == OpFamily::RingAttention;
+    const bool unwritten =
+        op_family(op) == OpFamily::RingAttention || op_family(op) == OpFamily::MoE;
     for (DType dt : {DType::F32, DType::BF16})
-      EXPECT_EQ(cuda_supports(op, dt), !ring) << op_name(op) << " in " << dtype_name(dt);
+      EXPECT_EQ(cuda_supports(op, dt), !unwritten) << op_name(op) << " in " << dtype_name(dt);
     for (DType dt : kOthers) EXPECT_FALSE(cuda_supports(op, dt)) << op_name(op);
   }
 }

@@ -317,4 +317,87 @@ void adamw_step(Vec& param, const Vec& grad, Vec& m, Vec& v, const AdamW& hp) {
   }
 }
 
+Vec moe_scores(const Vec& logits, int N, int E, bool sigmoid) {
+  Vec s(logits.size());
+  for (int n = 0; n < N; ++n) {
+    const double* l = logits.data() + static_cast<size_t>(n) * E;
+    double* o = s.data() + static_cast<size_t>(n) * E;
+    if (sigmoid) {
+      for (int e = 0; e < E; ++e) o[e] = 1.0 / (1.0 + std::exp(-l[e]));
+      continue;
+    }
+    double mx = l[0], sum = 0;
+    for (int e = 1; e < E; ++e) mx = std::max(mx, l[e]);
+    for (int e = 0; e < E; ++e) sum += std::exp(l[e] - mx);
+    for (int e = 0; e < E; ++e) o[e] = std::exp(l[e] - mx) / sum;
+  }
+  return s;
+}
+
+std::vector<int32_t> moe_top_k(const Vec& key, int N, int E, int k) {
+  std::vector<int32_t> idx;
+  for (int n = 0; n < N; ++n) {
+    std::vector<int32_t> order(static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e) order[e] = e;
+    const double* r = key.data() + static_cast<size_t>(n) * E;
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return r[a] > r[b]; });
+    idx.insert(idx.end(), order.begin(), order.begin() + k);
+  }
+  return idx;
+}
+
+Vec moe_weights(const Vec& scores, const std::vector<int32_t>& idx, int N, int E, int k,
+                bool renormalize) {
+  Vec w(static_cast<size_t>(N) * k);
+  for (int n = 0; n < N; ++n) {
+    double sum = 0;
+    for (int j = 0; j < k; ++j) sum += w[n * k + j] = scores[static_cast<size_t>(n) * E + idx[n * k + j]];
+    if (renormalize)
+      for (int j = 0; j < k; ++j) w[n * k + j] /= sum + 1e-20;
+  }
+  return w;
+}
+
+Vec moe_router_backward(const Vec& dweight, const Vec& dscores, const Vec& scores,
+                        const std::vector<int32_t>& idx, int N, int E, int k, bool sigmoid,
+                        bool renormalize) {
+  Vec dl(static_cast<size_t>(N) * E);
+  for (int n = 0; n < N; ++n) {
+    const double* s = scores.data() + static_cast<size_t>(n) * E;
+    Vec ds(static_cast<size_t>(E), 0.0);
+    if (!dscores.empty())
+      for (int e = 0; e < E; ++e) ds[e] = dscores[static_cast<size_t>(n) * E + e];
+    double S = 1e-20;
+    for (int j = 0; j < k; ++j) S += s[idx[n * k + j]];
+    // d w_j / d s_{i_l} = [j == l] / S - s_{i_j} / S^2 (renormalised), else [j == l].
+    for (int l = 0; l < k; ++l)
+      for (int j = 0; j < k; ++j) {
+        const double jac = renormalize ? (j == l ? 1.0 / S : 0.0) - s[idx[n * k + j]] / (S * S)
+                                       : (j == l ? 1.0 : 0.0);
+        ds[idx[n * k + l]] += dweight[n * k + j] * jac;
+      }
+    // d s_e / d l_f = s_e ([e == f] - s_f) (softmax), or s_e (1 - s_e) [e == f] (sigmoid).
+    for (int f = 0; f < E; ++f) {
+      double g = 0;
+      for (int e = 0; e < E; ++e)
+        g += ds[e] * (sigmoid ? (e == f ? s[e] * (1 - s[e]) : 0.0) : s[e] * ((e == f) - s[f]));
+      dl[static_cast<size_t>(n) * E + f] = g;
+    }
+  }
+  return dl;
+}
+
+void moe_plan(std::vector<int32_t>& offsets, std::vector<int32_t>& rows,
+              const std::vector<int32_t>& idx, int N, int k, int E) {
+  const int M = N * k;
+  offsets.assign(static_cast<size_t>(E) + 1, 0);
+  for (int e = 0; e <= E; ++e)
+    for (int i = 0; i < M; ++i) offsets[e] += idx[i] < e;
+  rows.assign(static_cast<size_t>(M), 0);
+  for (int i = 0; i < M; ++i) {
+    rows[i] = offsets[idx[i]];
+    for (int i2 = 0; i2 < i; ++i2) rows[i] += idx[i2] == idx[i];
+  }
+}
+
 }  // namespace kiln::ref

@@ -75,6 +75,24 @@ double gelu_grad(double x);
 Vec cross_entropy(const Vec& logits, const std::vector<int32_t>& targets, int N, int V, int Vp,
                   int ignore_index, double grad_scale, Vec* dlogits);
 
+// ---- mixture of experts -------------------------------------------------------------------
+// scores [N,E]: softmax of each row of logits, or the sigmoid of each logit.
+Vec moe_scores(const Vec& logits, int N, int E, bool sigmoid);
+// expert_idx [N,k]: per row the k largest of key [N,E], decreasing, ties to the lower index.
+std::vector<int32_t> moe_top_k(const Vec& key, int N, int E, int k);
+// expert_weight [N,k] = scores at expert_idx, divided by (their sum + 1e-20) when renormalize.
+Vec moe_weights(const Vec& scores, const std::vector<int32_t>& idx, int N, int E, int k,
+                bool renormalize);
+// dlogits [N,E] of L = sum dweight * expert_weight + sum dscores * scores (dscores may be
+// empty), the choice held fixed: the Jacobians written out element by element.
+Vec moe_router_backward(const Vec& dweight, const Vec& dscores, const Vec& scores,
+                        const std::vector<int32_t>& idx, int N, int E, int k, bool sigmoid,
+                        bool renormalize);
+// The permutation plan by its definition: offsets [E+1] (slots of experts below e), rows
+// [N*k] (offsets[e] + the earlier slots of the same expert).
+void moe_plan(std::vector<int32_t>& offsets, std::vector<int32_t>& rows,
+              const std::vector<int32_t>& idx, int N, int k, int E);
+
 // ---- adamw ------------------------------------------------------------------------------
 struct AdamW {
   double lr, beta1, beta2, eps, weight_decay, grad_scale;

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 namespace kiln {
 
@@ -470,10 +471,103 @@ class CpuBackend final : public Backend {
     });
   }
 
+  void moe_router_forward(Stream, const Tensor& scores, const Tensor& expert_idx,
+                          const Tensor& expert_weight, const Tensor& logits, const Tensor& bias,
+                          const MoeRouterSpec& spec) override {
+    const auto d = checks::moe_router(scores, expert_idx, expert_weight, logits, bias, spec);
+    cpu::moe_router_forward(scores.data<float>(), expert_idx.data<int32_t>(),
+                            expert_weight.data<float>(), logits.data<float>(), p<float>(bias),
+                            d.N, d.E, spec);
+  }
+  void moe_router_backward(Stream, const Tensor& dlogits, const Tensor& dexpert_weight,
+                           const Tensor& dscores, const Tensor& scores, const Tensor& expert_idx,
+                           const MoeRouterSpec& spec) override {
+    const auto d =
+        checks::moe_router_backward(dlogits, dexpert_weight, dscores, scores, expert_idx, spec);
+    cpu::moe_router_backward(dlogits.data<float>(), dexpert_weight.data<float>(),
+                             p<float>(dscores), scores.data<float>(), expert_idx.data<int32_t>(),
+                             d.N, d.E, spec);
+  }
+  void moe_permute_plan(Stream, const Tensor& offsets, const Tensor& rows,
+                        const Tensor& expert_idx) override {
+    const auto d = checks::moe_permute_plan(offsets, rows, expert_idx);
+    cpu::moe_permute_plan(offsets.data<int32_t>(), rows.data<int32_t>(),
+                          expert_idx.data<int32_t>(), d.N, d.k, d.E);
+  }
+  void moe_permute(Stream, const Tensor& out, const Tensor& inp, const Tensor& rows) override {
+    const auto d = checks::moe_permute(inp, out, rows, "moe_permute");
+    moe_rows("moe_permute", d, rows, inp.dtype(), [&](auto x) {
+      using T = decltype(x);
+      cpu::moe_scatter_rows(p<T>(out), p<T>(inp), nullptr, rows.data<int32_t>(), d.N, d.k, d.C);
+    });
+  }
+  void moe_permute_backward(Stream, const Tensor& dinp, const Tensor& dout,
+                            const Tensor& rows) override {
+    const auto d = checks::moe_permute(dinp, dout, rows, "moe_permute_backward");
+    moe_rows("moe_permute_backward", d, rows, dout.dtype(), [&](auto x) {
+      using T = decltype(x);
+      cpu::moe_gather_rows(p<T>(dinp), p<T>(dout), nullptr, rows.data<int32_t>(), d.N, d.k, d.C);
+    });
+  }
+  void moe_unpermute(Stream, const Tensor& out, const Tensor& expert_out,
+                     const Tensor& expert_weight, const Tensor& rows) override {
+    const auto d = checks::moe_unpermute(out, expert_out, expert_weight, rows);
+    moe_rows("moe_unpermute", d, rows, out.dtype(), [&](auto x) {
+      using T = decltype(x);
+      cpu::moe_gather_rows(p<T>(out), p<T>(expert_out), expert_weight.data<float>(),
+                           rows.data<int32_t>(), d.N, d.k, d.C);
+    });
+  }
+  void moe_unpermute_backward(Stream, const Tensor& dexpert_out, const Tensor& dexpert_weight,
+                              const Tensor& dout, const Tensor& expert_out,
+                              const Tensor& expert_weight, const Tensor& rows) override {
+    const auto d = checks::moe_unpermute_backward(dexpert_out, dexpert_weight, dout, expert_out,
+                                                  expert_weight, rows);
+    moe_rows("moe_unpermute_backward", d, rows, dout.dtype(), [&](auto x) {
+      using T = decltype(x);
+      const int32_t* r = rows.data<int32_t>();
+      if (dexpert_out)
+        cpu::moe_scatter_rows(p<T>(dexpert_out), p<T>(dout), expert_weight.data<float>(), r, d.N,
+                              d.k, d.C);
+      if (dexpert_weight)
+        cpu::moe_row_dots(dexpert_weight.data<float>(), p<T>(dout), p<T>(expert_out), r, d.N,
+                          d.k, d.C);
+    });
+  }
+  void grouped_linear_forward(Stream, const Tensor& out, const Tensor& inp, const Tensor& weight,
+                              const Tensor& offsets) override {
+    const auto d = checks::grouped_linear(out, inp, weight, offsets);
+    cpu::dispatch_float(inp.dtype(), "grouped_linear_forward", [&](auto x) {
+      using T = decltype(x);
+      cpu::grouped_linear_forward(gemm_, p<T>(out), p<T>(inp), p<T>(weight),
+                                  offsets.data<int32_t>(), d.M, d.I, d.O, d.E);
+    });
+  }
+  void grouped_linear_backward(Stream, const Tensor& dinp, const Tensor& dweight,
+                               const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                               const Tensor& offsets) override {
+    const auto d = checks::grouped_linear_backward(dinp, dweight, dout, inp, weight, offsets);
+    const DType gdt = dweight ? dweight.dtype() : DType::F32;
+    dispatch_tg(inp.dtype(), gdt, "grouped_linear_backward", [&](auto t, auto g) {
+      using T = decltype(t);
+      using G = decltype(g);
+      cpu::grouped_linear_backward(gemm_, p<T>(dinp), p<G>(dweight), p<T>(dout), p<T>(inp),
+                                   p<T>(weight), offsets.data<int32_t>(), d.M, d.I, d.O, d.E);
+    });
+  }
+
  protected:
   bool runs(Op op, DType dtype) const override { return cpu_supports(op, dtype); }
 
  private:
+  // The permutation ops' common part: rows checked to be a permutation, then f(T{}) for
+  // the activations' dtype T.
+  template <class F>
+  static void moe_rows(const char* op, const checks::MoePermuteDims& d, const Tensor& rows,
+                       DType dtype, F&& f) {
+    cpu::check_moe_rows(rows.data<int32_t>(), d.N, d.k, op);
+    cpu::dispatch_float(dtype, op, std::forward<F>(f));
+  }
   static cpu::AttnDims dims(const checks::AttentionDims& d, const AttentionShape& shape) {
     return {d.B, d.T, d.NH, d.NKV, d.HD, shape.causal};
   }

@@ -11,8 +11,10 @@ namespace kiln {
 
 /// The CPU backend's `supports` answers (also the Meta backend's when it stands for the
 /// CPU): every op runs with fp32, bf16 and fp16 (bf16/fp16 GEMMs natively or through
-/// fp32, see Backend::gemm_path), but adamw_step, which updates fp32 parameters only
-/// (low-precision ones are updated through their fp32 master weights: adamw_multi_step).
+/// fp32, see Backend::gemm_path; ops whose tensors have fixed dtypes, such as the MoE
+/// router's fp32 logits and the permutation plan's int32 ids, for every float dtype), but
+/// adamw_step, which updates fp32 parameters only (low-precision ones are updated through
+/// their fp32 master weights: adamw_multi_step).
 constexpr bool cpu_supports(Op op, DType dtype) {
   if (op == Op::AdamW) return dtype == DType::F32;
   return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16;

@@ -175,6 +175,43 @@ template <class T, class G>
 void linear_backward(Gemm& gemm, T* dinp, G* dweight, G* dbias, const T* dout, const T* inp,
                      const T* weight, int64_t N, int64_t IC, int64_t OC);
 
+/// Backend::moe_router_forward on N rows of E fp32 logits; bias may be nullptr.
+void moe_router_forward(float* scores, int32_t* expert_idx, float* expert_weight,
+                        const float* logits, const float* bias, int64_t N, int64_t E,
+                        const MoeRouterSpec& spec);
+/// Backend::moe_router_backward; dscores may be nullptr.
+void moe_router_backward(float* dlogits, const float* dexpert_weight, const float* dscores,
+                         const float* scores, const int32_t* expert_idx, int64_t N, int64_t E,
+                         const MoeRouterSpec& spec);
+/// Backend::moe_permute_plan over N*k slots; throws on an expert id outside [0, E).
+void moe_permute_plan(int32_t* offsets, int32_t* rows, const int32_t* expert_idx, int64_t N,
+                      int64_t k, int64_t E);
+/// Throws unless rows [N,k] is a permutation of [0, N*k) (`op` names the caller).
+void check_moe_rows(const int32_t* rows, int64_t N, int64_t k, const char* op);
+/// dst[rows[n,j]] = w[n,j] * src[n] for the slots of N tokens of C channels (w nullptr:
+/// 1): moe_permute, and moe_unpermute_backward's dexpert_out.
+template <class T>
+void moe_scatter_rows(T* dst, const T* src, const float* w, const int32_t* rows, int64_t N,
+                      int64_t k, int64_t C);
+/// dst[n] = sum_j w[n,j] * src[rows[n,j]] in fp32 (w nullptr: 1): moe_unpermute, and
+/// moe_permute_backward.
+template <class T>
+void moe_gather_rows(T* dst, const T* src, const float* w, const int32_t* rows, int64_t N,
+                     int64_t k, int64_t C);
+/// dw[n,j] = dout[n] . src[rows[n,j]] (fp32): moe_unpermute_backward's dexpert_weight.
+template <class T>
+void moe_row_dots(float* dw, const T* dout, const T* src, const int32_t* rows, int64_t N,
+                  int64_t k, int64_t C);
+/// Backend::grouped_linear_forward: offsets [E+1] host values, checked (0, rising, M).
+template <class T>
+void grouped_linear_forward(Gemm& gemm, T* out, const T* inp, const T* weight,
+                            const int32_t* offsets, int64_t M, int64_t I, int64_t O, int64_t E);
+/// Backend::grouped_linear_backward: dinp (T) and dweight (G) may be nullptr.
+template <class T, class G>
+void grouped_linear_backward(Gemm& gemm, T* dinp, G* dweight, const T* dout, const T* inp,
+                             const T* weight, const int32_t* offsets, int64_t M, int64_t I,
+                             int64_t O, int64_t E);
+
 }  // namespace kiln::cpu
 
 // Explicit instantiations, used by each kernel file.

@@ -1,8 +1,9 @@
 // The CudaBackend class (see cuda_backend.h for its conventions), declared here so that
 // its methods can live in several files: cuda_backend.cpp (construction, memory, loss,
 // optimizer, shared helpers), cuda_ops.cpp (embedding, norms, linear, element-wise ops),
-// cuda_dit_ops.cpp (adaLN modulation, rectified-flow inputs, the MSE loss) and
-// cuda_attention_ops.cpp (attention, KV-cache decode, rotary embedding). Each op
+// cuda_dit_ops.cpp (adaLN modulation, rectified-flow inputs, the MSE loss),
+// cuda_attention_ops.cpp (attention, KV-cache decode, rotary embedding) and
+// cuda_moe_ops.cpp (the mixture-of-experts ops, not written yet: they throw). Each op
 // validates its arguments with op_checks (the same messages as every backend), picks
 // the element type and launches the kernels of its .cu file on the caller's stream.
 // Private to this folder.
@@ -115,6 +116,29 @@ class CudaBackend final : public Backend {
                     const AttentionShape& shape, const RopeSpec& rope) override;
   void rope_backward(Stream s, const Tensor& dqkv, const Tensor& positions,
                      const AttentionShape& shape, const RopeSpec& rope) override;
+
+  // ---- mixture of experts (cuda_moe_ops.cpp): not on CUDA yet, each throws kiln::Error ---
+  void moe_router_forward(Stream s, const Tensor& scores, const Tensor& expert_idx,
+                          const Tensor& expert_weight, const Tensor& logits, const Tensor& bias,
+                          const MoeRouterSpec& spec) override;
+  void moe_router_backward(Stream s, const Tensor& dlogits, const Tensor& dexpert_weight,
+                           const Tensor& dscores, const Tensor& scores, const Tensor& expert_idx,
+                           const MoeRouterSpec& spec) override;
+  void moe_permute_plan(Stream s, const Tensor& offsets, const Tensor& rows,
+                        const Tensor& expert_idx) override;
+  void moe_permute(Stream s, const Tensor& out, const Tensor& inp, const Tensor& rows) override;
+  void moe_permute_backward(Stream s, const Tensor& dinp, const Tensor& dout,
+                            const Tensor& rows) override;
+  void moe_unpermute(Stream s, const Tensor& out, const Tensor& expert_out,
+                     const Tensor& expert_weight, const Tensor& rows) override;
+  void moe_unpermute_backward(Stream s, const Tensor& dexpert_out, const Tensor& dexpert_weight,
+                              const Tensor& dout, const Tensor& expert_out,
+                              const Tensor& expert_weight, const Tensor& rows) override;
+  void grouped_linear_forward(Stream s, const Tensor& out, const Tensor& inp, const Tensor& weight,
+                              const Tensor& offsets) override;
+  void grouped_linear_backward(Stream s, const Tensor& dinp, const Tensor& dweight,
+                               const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                               const Tensor& offsets) override;
 
   // ---- loss and optimizer (cuda_backend.cpp) ----------------------------------------------
   void softmax_cross_entropy(Stream s, const Tensor& losses, const Tensor& dlogits,

@@ -41,13 +41,15 @@ struct MetaCallInfo {
   Op call = Op::EmbeddingForward;
   DType dtype = DType::F32;  // of the activations / the tensor
   int64_t numel = 0;         // sum_squares, adamw: elements
-  int64_t N = 0;             // rows: B*T (layernorm, linear, cross-entropy)
+  int64_t N = 0;             // rows: B*T (layernorm, linear, cross-entropy); tokens (the
+                             // MoE router, with C its experts; the permutation, with C its
+                             // channels); the permuted rows M (grouped linear)
   int64_t B = 0, T = 0, C = 0, NH = 0, Vp = 0;  // attention: C = NH * HD
   int64_t NKV = 0, HD = 0;  // attention: key/value heads, head size
   int64_t H = 0;            // swiglu: hidden width
-  int64_t IC = 0, OC = 0;  // linear
+  int64_t IC = 0, OC = 0;  // linear, grouped linear
   bool has_bias = false;   // linear forward: a bias; linear backward: dbias requested
-  bool has_dinp = false;   // linear backward
+  bool has_dinp = false;   // linear and grouped linear backward
   bool has_dweight = false;
   DType grad_dtype = DType::F32;  // linear backward: of dweight (and dbias)
 };

@@ -305,4 +305,77 @@ MetaCallInfo ema_update(const Tensor& ema, const Tensor& param, float decay) {
   return elements(Op::Ema, ema);
 }
 
+MetaCallInfo moe_router_forward(const Tensor& scores, const Tensor& expert_idx,
+                                const Tensor& expert_weight, const Tensor& logits,
+                                const Tensor& bias, const MoeRouterSpec& spec) {
+  const auto d = checks::moe_router(scores, expert_idx, expert_weight, logits, bias, spec);
+  MetaCallInfo c = info(Op::MoeRouterForward, DType::F32);
+  c.N = d.N, c.C = d.E;
+  return c;
+}
+MetaCallInfo moe_router_backward(const Tensor& dlogits, const Tensor& dexpert_weight,
+                                 const Tensor& dscores, const Tensor& scores,
+                                 const Tensor& expert_idx, const MoeRouterSpec& spec) {
+  const auto d =
+      checks::moe_router_backward(dlogits, dexpert_weight, dscores, scores, expert_idx, spec);
+  MetaCallInfo c = info(Op::MoeRouterBackward, DType::F32);
+  c.N = d.N, c.C = d.E;
+  return c;
+}
+MetaCallInfo moe_permute_plan(const Tensor& offsets, const Tensor& rows,
+                              const Tensor& expert_idx) {
+  const auto d = checks::moe_permute_plan(offsets, rows, expert_idx);
+  MetaCallInfo c = info(Op::MoePermutePlan, DType::I32);
+  c.N = d.N, c.numel = d.N * d.k;
+  return c;
+}
+namespace {
+MetaCallInfo permutation(Op call, const checks::MoePermuteDims& d, DType dt) {
+  MetaCallInfo c = info(call, dt);
+  c.N = d.N, c.C = d.C, c.numel = d.N * d.k * d.C;
+  return c;
+}
+}  // namespace
+MetaCallInfo moe_permute(const Tensor& out, const Tensor& inp, const Tensor& rows) {
+  return permutation(Op::MoePermute, checks::moe_permute(inp, out, rows, "moe_permute"),
+                     inp.dtype());
+}
+MetaCallInfo moe_permute_backward(const Tensor& dinp, const Tensor& dout, const Tensor& rows) {
+  return permutation(Op::MoePermuteBackward,
+                     checks::moe_permute(dinp, dout, rows, "moe_permute_backward"), dout.dtype());
+}
+MetaCallInfo moe_unpermute(const Tensor& out, const Tensor& expert_out,
+                           const Tensor& expert_weight, const Tensor& rows) {
+  return permutation(Op::MoeUnpermute, checks::moe_unpermute(out, expert_out, expert_weight, rows),
+                     out.dtype());
+}
+MetaCallInfo moe_unpermute_backward(const Tensor& dexpert_out, const Tensor& dexpert_weight,
+                                    const Tensor& dout, const Tensor& expert_out,
+                                    const Tensor& expert_weight, const Tensor& rows) {
+  return permutation(Op::MoeUnpermuteBackward,
+                     checks::moe_unpermute_backward(dexpert_out, dexpert_weight, dout, expert_out,
+                                                    expert_weight, rows),
+                     dout.dtype());
+}
+// A grouped linear's sizes as one linear's of all M rows (N = M); the scratch model knows
+// how the backend splits them (src/plan/scratch_models.cpp).
+MetaCallInfo grouped_linear_forward(const Tensor& out, const Tensor& inp, const Tensor& weight,
+                                    const Tensor& offsets) {
+  const auto d = checks::grouped_linear(out, inp, weight, offsets);
+  MetaCallInfo c = info(Op::GroupedLinearForward, inp.dtype());
+  c.N = d.M, c.IC = d.I, c.OC = d.O;
+  return c;
+}
+MetaCallInfo grouped_linear_backward(const Tensor& dinp, const Tensor& dweight,
+                                     const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                                     const Tensor& offsets) {
+  const auto d = checks::grouped_linear_backward(dinp, dweight, dout, inp, weight, offsets);
+  MetaCallInfo c = info(Op::GroupedLinearBackward, inp.dtype());
+  c.N = d.M, c.IC = d.I, c.OC = d.O;
+  c.has_dinp = static_cast<bool>(dinp);
+  c.has_dweight = static_cast<bool>(dweight);
+  if (dweight) c.grad_dtype = dweight.dtype();
+  return c;
+}
+
 }  // namespace kiln::meta_calls

@@ -1,0 +1,76 @@
+// The grouped linear of a dropless mixture of experts: each expert's rows of the permuted
+// tokens through its own [O, I] weight, a oneDNN GEMM per expert (Debian's oneDNN 2.6 has
+// no grouped matmul) through linear.cpp's kernels, which parallelise inside the GEMM.
+//
+// oneDNN primitives are created and cached per problem shape (gemm.h), and an expert's
+// row count changes from step to step: each expert's rows run as pieces whose sizes are
+// powers of two (largest first), so that one projection creates at most log2(M) + 1
+// primitives over a whole run instead of one per row count seen. The pieces of dweight
+// accumulate (+=) in piece order; rows are independent otherwise.
+#include "backend/cpu/kernels.h"
+
+#include "core/error.h"
+
+namespace kiln::cpu {
+
+namespace {
+
+// Throws unless offsets [E+1] rise from 0 to M.
+void check_offsets(const int32_t* offsets, int64_t M, int64_t E, const char* op) {
+  KILN_CHECK(offsets[0] == 0 && offsets[E] == M,
+             "{}: offsets must run from 0 to M = {}, got {} .. {}", op, M, offsets[0],
+             offsets[E]);
+  for (int64_t e = 0; e < E; ++e)
+    KILN_CHECK(offsets[e] <= offsets[e + 1], "{}: offsets[{}] = {} > offsets[{}] = {}", op, e,
+               offsets[e], e + 1, offsets[e + 1]);
+}
+
+// f(expert, first row, rows) for the power-of-two pieces of every expert's rows.
+template <class F>
+void for_each_piece(const int32_t* offsets, int64_t E, F&& f) {
+  for (int64_t e = 0; e < E; ++e) {
+    int64_t r = offsets[e];
+    const int64_t m = offsets[e + 1] - r;
+    for (int b = 62; b >= 0; --b) {
+      const int64_t piece = int64_t{1} << b;
+      if ((m & piece) == 0) continue;
+      f(e, r, piece);
+      r += piece;
+    }
+  }
+}
+
+}  // namespace
+
+template <class T>
+void grouped_linear_forward(Gemm& gemm, T* out, const T* inp, const T* weight,
+                            const int32_t* offsets, int64_t M, int64_t I, int64_t O, int64_t E) {
+  check_offsets(offsets, M, E, "grouped_linear_forward");
+  for_each_piece(offsets, E, [&](int64_t e, int64_t r, int64_t m) {
+    linear_forward(gemm, out + r * O, inp + r * I, weight + e * O * I, (const T*)nullptr, m, I,
+                   O);
+  });
+}
+
+template <class T, class G>
+void grouped_linear_backward(Gemm& gemm, T* dinp, G* dweight, const T* dout, const T* inp,
+                             const T* weight, const int32_t* offsets, int64_t M, int64_t I,
+                             int64_t O, int64_t E) {
+  check_offsets(offsets, M, E, "grouped_linear_backward");
+  for_each_piece(offsets, E, [&](int64_t e, int64_t r, int64_t m) {
+    linear_backward(gemm, dinp ? dinp + r * I : nullptr, dweight ? dweight + e * O * I : nullptr,
+                    (G*)nullptr, dout + r * O, inp + r * I, weight + e * O * I, m, I, O);
+  });
+}
+
+#define INST_T(T)                                                                            \
+  template void grouped_linear_forward<T>(Gemm&, T*, const T*, const T*, const int32_t*,     \
+                                          int64_t, int64_t, int64_t, int64_t);
+#define INST_TG(T, G)                                                                        \
+  template void grouped_linear_backward<T, G>(Gemm&, T*, G*, const T*, const T*, const T*,   \
+                                              const int32_t*, int64_t, int64_t, int64_t,     \
+                                              int64_t);
+KILN_CPU_FOR_EACH_T(INST_T)
+KILN_CPU_FOR_EACH_TG(INST_TG)
+
+}  // namespace kiln::cpu

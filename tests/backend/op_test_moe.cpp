@@ -1,0 +1,398 @@
+// The mixture-of-experts ops (router, permutation plan, permute / unpermute, grouped
+// linear) against double references on fresh random inputs, at sizes that are multiples
+// of nothing (N = 37 tokens, C = 19 channels, E = 5 experts; k = 1, 2 and E), with an
+// expert that receives no token and every token sent to one expert; both scorings,
+// renormalisation and the balancing bias on and off, equal scores choosing the lower
+// expert index; gradients against the references' analytic ones, which central
+// differences check in turn. Last, an expert MLP composed of the ops (gate/up fused as
+// [E, 2F, C], SwiGLU on the permuted rows, down) against the per-token double reference.
+// Backends without the MoE family (CUDA, for now) skip.
+//
+// Bounds: fp32 results within 1e-5 of the double reference by norm (the router's scores
+// and weights 1e-6); bf16 / fp16 permutations and grouped linears of rounded inputs within
+// 4e-3 / 1e-3 (one rounding of the output, as op_test_linear_lowp.cpp).
+#include "op_harness.h"
+
+#include "core/dtype.h"
+#include "support/error_of.h"
+
+#include <algorithm>
+#include <numeric>
+#include <sstream>
+
+namespace kiln::test {
+namespace {
+
+// x rounded to dtype and back (round to nearest even, as the backend's copy).
+std::vector<float> rounded(const std::vector<float>& x, DType dt) {
+  if (dt == DType::F32) return x;
+  std::vector<float> r(x.size());
+  for (size_t i = 0; i < x.size(); ++i)
+    r[i] = dt == DType::BF16 ? bf16_to_f32(f32_to_bf16(x[i])) : f16_to_f32(f32_to_f16(x[i]));
+  return r;
+}
+
+// Expert ids [N,k]: k distinct experts per token drawn at random from `allowed`.
+std::vector<int32_t> random_choice(std::mt19937_64& rng, int N, int k, std::vector<int32_t> allowed) {
+  std::vector<int32_t> idx;
+  for (int n = 0; n < N; ++n) {
+    std::shuffle(allowed.begin(), allowed.end(), rng);
+    idx.insert(idx.end(), allowed.begin(), allowed.begin() + k);
+  }
+  return idx;
+}
+
+// The routings the permutation and grouped-linear tests run: N tokens, k choices, E
+// experts, the expert ids, and what the case is.
+struct Routing {
+  int N, k, E;
+  std::vector<int32_t> idx;
+  std::string what;
+};
+std::vector<Routing> routings(std::mt19937_64& rng) {
+  std::vector<Routing> v;
+  v.push_back({37, 2, 5, random_choice(rng, 37, 2, {0, 1, 2, 4}), "N=37 k=2 E=5, expert 3 empty"});
+  v.push_back({37, 1, 5, std::vector<int32_t>(37, 2), "N=37 k=1 E=5, all to expert 2"});
+  v.push_back({37, 5, 5, random_choice(rng, 37, 5, {0, 1, 2, 3, 4}), "N=37 k=E=5"});
+  v.push_back({11, 3, 7, random_choice(rng, 11, 3, {0, 1, 2, 3, 4, 5, 6}), "N=11 k=3 E=7"});
+  v.push_back({1, 1, 1, {0}, "N=1 k=1 E=1"});
+  return v;
+}
+
+struct RouterCfg {
+  int N, E, k;
+};
+
+class MoeTest : public OpTest {
+ protected:
+  // A tensor of `dt` holding `host` (converted by the backend's copy), and back to fp32.
+  Tensor up(const std::vector<float>& host, const Shape& shape, DType dt,
+            MemCategory cat = MemCategory::Activations) {
+    Tensor f = upload(host, shape, cat);
+    if (dt == DType::F32) return f;
+    Tensor t = be().empty(shape, dt, cat);
+    be().copy(st(), t, f);
+    return t;
+  }
+  std::vector<float> down(const Tensor& t) {
+    if (t.dtype() == DType::F32) return download(t);
+    Tensor f = be().empty(t.shape(), DType::F32, MemCategory::Temporaries);
+    be().copy(st(), f, t);
+    return download(f);
+  }
+  // The plan of r on the backend: offsets [E+1] and rows [N,k].
+  std::pair<Tensor, Tensor> plan(const Routing& r) {
+    Tensor offsets = upload_i32(std::vector<int32_t>(r.E + 1, -7), {r.E + 1});
+    Tensor rows = upload_i32(std::vector<int32_t>(r.idx.size(), -7), {r.N, r.k});
+    be().moe_permute_plan(st(), offsets, rows, upload_i32(r.idx, {r.N, r.k}));
+    return {offsets, rows};
+  }
+  bool runs(DType dt) { return be().supports(OpFamily::MoE, dt); }
+
+  void router_case(const RouterCfg& c, bool sigmoid, bool renormalize, bool with_bias, int step);
+  void permutation_case(const Routing& r, int C, DType dt);
+  void grouped_case(const Routing& r, int I, int O, DType dt, DType gt);
+};
+
+// Router forward and backward for one case (rows 0 and 1 of the logits hold ties).
+void MoeTest::router_case(const RouterCfg& c, bool sigmoid, bool renormalize, bool with_bias,
+                          int step) {
+  std::ostringstream os;
+  os << "N=" << c.N << " E=" << c.E << " k=" << c.k << (sigmoid ? " sigmoid" : " softmax")
+     << (renormalize ? " renormalized" : "") << (with_bias ? " bias" : "");
+  const std::string what = os.str();
+  const MoeRouterSpec spec{sigmoid ? MoeScoring::Sigmoid : MoeScoring::Softmax, c.k, renormalize};
+  std::vector<float> logits = randn(int64_t{c.N} * c.E, 1.5f);
+  // Ties: row 0 all equal (the lowest k indices win), row 1 equal in pairs.
+  std::fill(logits.begin(), logits.begin() + c.E, 0.3f);
+  if (c.N > 1)
+    for (int e = 0; e < c.E; ++e) logits[c.E + e] = static_cast<float>((c.E - e) / 2);
+  const std::vector<float> bias = with_bias ? randn(c.E, 0.5f) : std::vector<float>{};
+  Tensor tl = upload(logits, {c.N, c.E});
+  Tensor tb = with_bias ? upload(bias, {c.E}) : Tensor();
+  Tensor scores = poisoned({c.N, c.E}), weight = poisoned({c.N, c.k});
+  Tensor idx = upload_i32(std::vector<int32_t>(static_cast<size_t>(c.N) * c.k, -1), {c.N, c.k});
+  be().moe_router_forward(st(), scores, idx, weight, tl, tb, spec);
+
+  const Vec want_s = ref::moe_scores(to_double(logits), c.N, c.E, sigmoid);
+  const std::vector<float> got_s = download(scores);
+  EXPECT_TRUE(near_by_norm("moe_router_forward scores " + what, got_s, want_s, 1e-6)) << what;
+  // The choice, from the op's own fp32 scores plus the bias as fp32 sums (the documented
+  // comparison): exact.
+  Vec key(got_s.size());
+  for (size_t i = 0; i < key.size(); ++i)
+    key[i] = with_bias ? static_cast<float>(got_s[i] + bias[i % c.E]) : got_s[i];
+  const std::vector<int32_t> want_idx = ref::moe_top_k(key, c.N, c.E, c.k);
+  const std::vector<int32_t> got_idx = download_i32(idx);
+  EXPECT_EQ(got_idx, want_idx) << "moe_router_forward expert_idx " << what;
+  if (!with_bias) {
+    for (int j = 0; j < c.k; ++j) EXPECT_EQ(got_idx[j], j) << "equal logits pick the lower index";
+  }
+  const Vec want_w = ref::moe_weights(want_s, want_idx, c.N, c.E, c.k, renormalize);
+  EXPECT_TRUE(near_by_norm("moe_router_forward expert_weight " + what, download(weight), want_w,
+                           1e-6)) << what;
+
+  // Backward, with the extra score gradient on every other case.
+  const bool with_dscores = step % 2 == 0;
+  const std::vector<float> dw = randn(int64_t{c.N} * c.k);
+  const std::vector<float> dsc = with_dscores ? randn(int64_t{c.N} * c.E) : std::vector<float>{};
+  Tensor dlogits = poisoned({c.N, c.E});
+  be().moe_router_backward(st(), dlogits, upload(dw, {c.N, c.k}),
+                         with_dscores ? upload(dsc, {c.N, c.E}) : Tensor(), scores, idx, spec);
+  const Vec want_dl = ref::moe_router_backward(to_double(dw), to_double(dsc), want_s, want_idx,
+                                               c.N, c.E, c.k, sigmoid, renormalize);
+  const std::vector<float> got_dl = download(dlogits);
+  // Where the exact gradient vanishes (k = 1 renormalised: every weight is 1), errors are
+  // measured against the unit scale of the weights' gradient.
+  EXPECT_TRUE(near_by_norm("moe_router_backward dlogits " + what, got_dl, want_dl, 1e-5, 1.0))
+      << what;
+  // The reference's gradient against central differences of the weights and scores of the
+  // logits, the choice held fixed.
+  const Forward f = [&](const Inputs& x) {
+    const Vec sc = ref::moe_scores(x[0], c.N, c.E, sigmoid);
+    Vec out = ref::moe_weights(sc, want_idx, c.N, c.E, c.k, renormalize);
+    if (with_dscores) out.insert(out.end(), sc.begin(), sc.end());
+    return out;
+  };
+  Vec wts = to_double(dw);
+  if (with_dscores) wts.insert(wts.end(), dsc.begin(), dsc.end());
+  EXPECT_TRUE(check_fd("moe_router_backward dlogits " + what, f, {to_double(logits)}, wts, 0,
+                       want_dl, to_double(got_dl), rng(), 8, 1e-4, 0.1));
+}
+
+TEST_P(MoeTest, RouterScoresChoosesAndWeighs) {
+  if (!runs(DType::F32)) GTEST_SKIP() << "no MoE ops on " << be().name();
+  int step = 0;
+  for (const RouterCfg& c : {RouterCfg{37, 5, 2}, RouterCfg{37, 5, 1}, RouterCfg{37, 5, 5},
+                             RouterCfg{13, 8, 3}, RouterCfg{1, 1, 1}})
+    for (bool sigmoid : {false, true})
+      for (bool renormalize : {false, true})
+        for (bool bias : {false, true})
+          router_case(c, sigmoid, renormalize, bias, step++);
+}
+
+// A large bias on one expert takes every token there (k = 1), and weighs by the score
+// alone; a bad k is refused naming the op.
+TEST_P(MoeTest, RouterBiasChoosesOnly) {
+  if (!runs(DType::F32)) GTEST_SKIP() << "no MoE ops on " << be().name();
+  const int N = 37, E = 5;
+  const std::vector<float> logits = randn(N * E);
+  std::vector<float> bias(E, 0.f);
+  bias[3] = 10.f;
+  Tensor scores = poisoned({N, E}), weight = poisoned({N, 1});
+  Tensor idx = upload_i32(std::vector<int32_t>(N, -1), {N, 1});
+  be().moe_router_forward(st(), scores, idx, weight, upload(logits, {N, E}), upload(bias, {E}),
+                          MoeRouterSpec{MoeScoring::Softmax, 1, false});
+  const std::vector<float> s = download(scores), w = download(weight);
+  const std::vector<int32_t> got = download_i32(idx);
+  for (int n = 0; n < N; ++n) {
+    EXPECT_EQ(got[n], 3) << "token " << n;
+    EXPECT_EQ(w[n], s[n * E + 3]) << "token " << n;
+  }
+  const std::string error = testing::error_of([&] {
+    be().moe_router_forward(st(), scores, upload_i32(std::vector<int32_t>(N * 6, 0), {N, 6}),
+                            poisoned({N, 6}), upload(logits, {N, E}), Tensor(),
+                            MoeRouterSpec{MoeScoring::Softmax, 6, false});
+  });
+  EXPECT_NE(error.find("moe_router_forward: k = 6 must be in [1, E = 5]"), std::string::npos)
+      << "k = 6 > E = 5: " << error;
+}
+
+TEST_P(MoeTest, PlanIsAStableCountingSort) {
+  if (!runs(DType::F32)) GTEST_SKIP() << "no MoE ops on " << be().name();
+  for (const Routing& r : routings(rng())) {
+    auto [offsets, rows] = plan(r);
+    std::vector<int32_t> want_off, want_rows;
+    ref::moe_plan(want_off, want_rows, r.idx, r.N, r.k, r.E);
+    EXPECT_EQ(download_i32(offsets), want_off) << r.what;
+    EXPECT_EQ(download_i32(rows), want_rows) << r.what;
+  }
+  std::vector<int32_t> bad(10, 1);
+  bad[7] = 5;
+  const std::string error = testing::error_of([&] { plan(Routing{5, 2, 5, bad, "bad"}); });
+  EXPECT_NE(error.find("moe_permute_plan: expert_idx[3, 1] = 5 is outside"), std::string::npos)
+      << "expert id 5 of 5 experts: " << error;
+}
+
+// permute, unpermute and their gradients in `dt` for one routing of C channels.
+void MoeTest::permutation_case(const Routing& r, int C, DType dt) {
+  const std::string what = r.what + " C=" + std::to_string(C) + " " + std::string(dtype_name(dt));
+  const double tol = dt == DType::BF16 ? 4e-3 : dt == DType::F16 ? 1e-3 : 1e-6;
+  const int N = r.N, k = r.k, M = N * k;
+  auto [offsets, rows] = plan(r);
+  const std::vector<int32_t> rw = download_i32(rows);
+  const std::vector<float> x = rounded(randn(int64_t{N} * C), dt);
+  Tensor out = up(std::vector<float>(static_cast<size_t>(M) * C, 9.f), {M, C}, dt);
+  be().moe_permute(st(), out, up(x, {N, C}, dt), rows);
+  std::vector<float> want(static_cast<size_t>(M) * C);
+  for (int i = 0; i < M; ++i)
+    std::copy_n(x.begin() + (i / k) * C, C, want.begin() + static_cast<size_t>(rw[i]) * C);
+  EXPECT_TRUE(bitwise_equal("moe_permute " + what, down(out), want)) << what;
+
+  // permute_backward: dinp[n] = sum_j dout[rows[n,j]].
+  const std::vector<float> dy = rounded(randn(int64_t{M} * C), dt);
+  Tensor dinp = up(std::vector<float>(static_cast<size_t>(N) * C, 9.f), {N, C}, dt);
+  be().moe_permute_backward(st(), dinp, up(dy, {M, C}, dt), rows);
+  Vec want_dx(static_cast<size_t>(N) * C, 0.0);
+  for (int i = 0; i < M; ++i)
+    for (int c = 0; c < C; ++c) want_dx[(i / k) * C + c] += dy[static_cast<size_t>(rw[i]) * C + c];
+  EXPECT_TRUE(near_by_norm("moe_permute_backward " + what, down(dinp), want_dx, tol)) << what;
+
+  // unpermute: out[n] = sum_j w[n,j] eo[rows[n,j]], and its gradients.
+  const std::vector<float> eo = rounded(randn(int64_t{M} * C), dt), w = randu(M, 0.f, 1.f);
+  const std::vector<float> dout = rounded(randn(int64_t{N} * C), dt);
+  Tensor teo = up(eo, {M, C}, dt), tw = upload(w, {N, k});
+  Tensor comb = up(std::vector<float>(static_cast<size_t>(N) * C, 9.f), {N, C}, dt);
+  be().moe_unpermute(st(), comb, teo, tw, rows);
+  const Forward f = [&](const Inputs& in) {
+    Vec o(static_cast<size_t>(N) * C, 0.0);
+    for (int i = 0; i < M; ++i)
+      for (int c = 0; c < C; ++c) o[(i / k) * C + c] += in[1][i] * in[0][static_cast<size_t>(rw[i]) * C + c];
+    return o;
+  };
+  const Inputs in{to_double(eo), to_double(w)};
+  EXPECT_TRUE(near_by_norm("moe_unpermute " + what, down(comb), f(in), tol)) << what;
+  Tensor deo = up(std::vector<float>(static_cast<size_t>(M) * C, 9.f), {M, C}, dt);
+  Tensor dw = poisoned({N, k});
+  be().moe_unpermute_backward(st(), deo, dw, up(dout, {N, C}, dt), teo, tw, rows);
+  Vec want_deo(static_cast<size_t>(M) * C), want_dw(static_cast<size_t>(M), 0.0);
+  for (int i = 0; i < M; ++i)
+    for (int c = 0; c < C; ++c) {
+      const size_t row = static_cast<size_t>(rw[i]) * C + c;
+      want_deo[row] = double(w[i]) * dout[(i / k) * C + c];
+      want_dw[i] += double(dout[(i / k) * C + c]) * eo[row];
+    }
+  const std::vector<float> got_deo = down(deo), got_dw = download(dw);
+  EXPECT_TRUE(near_by_norm("moe_unpermute_backward dexpert_out " + what, got_deo, want_deo, tol));
+  EXPECT_TRUE(near_by_norm("moe_unpermute_backward dexpert_weight " + what, got_dw, want_dw,
+                           dt == DType::F32 ? 1e-5 : tol));
+  if (dt != DType::F32) return;
+  const Vec wts = to_double(dout);
+  EXPECT_TRUE(check_fd("moe_unpermute dexpert_out " + what, f, in, wts, 0, want_deo,
+                       to_double(got_deo), rng()));
+  EXPECT_TRUE(check_fd("moe_unpermute dexpert_weight " + what, f, in, wts, 1, want_dw,
+                       to_double(got_dw), rng()));
+}
+
+TEST_P(MoeTest, PermuteAndUnpermute) {
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    if (!runs(dt)) continue;
+    for (const Routing& r : routings(rng())) permutation_case(r, 19, dt);
+  }
+}
+
+// grouped_linear forward and backward in `dt` (gradients in `gt`) for one routing.
+void MoeTest::grouped_case(const Routing& r, int I, int O, DType dt, DType gt) {
+  std::ostringstream os;
+  os << r.what << " I=" << I << " O=" << O << " " << dtype_name(dt) << " grads " << dtype_name(gt);
+  const std::string what = os.str();
+  const double tol = dt == DType::BF16 ? 4e-3 : dt == DType::F16 ? 1e-3 : 1e-5;
+  const int M = r.N * r.k, E = r.E;
+  auto [offsets, rows] = plan(r);
+  const std::vector<int32_t> off = download_i32(offsets);
+  const std::vector<float> x = rounded(randn(int64_t{M} * I), dt),
+                           w = rounded(randn(int64_t{E} * O * I, 0.3f), dt);
+  Tensor tx = up(x, {M, I}, dt), tw = up(w, {E, O, I}, dt, MemCategory::Parameters);
+  Tensor out = up(std::vector<float>(static_cast<size_t>(M) * O, 9.f), {M, O}, dt);
+  be().grouped_linear_forward(st(), out, tx, tw, offsets);
+  // The reference: expert e's rows through its weight, one linear each.
+  Vec want(static_cast<size_t>(M) * O), gx(static_cast<size_t>(M) * I), gw(w.size(), 0.0);
+  const std::vector<float> dy = rounded(randn(int64_t{M} * O), dt);
+  const Vec xd = to_double(x), wd = to_double(w), dyd = to_double(dy);
+  for (int e = 0; e < E; ++e) {
+    const int m = off[e + 1] - off[e];
+    if (m == 0) continue;
+    auto rows_of = [&](const Vec& v, int width) {
+      return Vec(v.begin() + static_cast<size_t>(off[e]) * width,
+                 v.begin() + static_cast<size_t>(off[e + 1]) * width);
+    };
+    const Vec we(wd.begin() + static_cast<size_t>(e) * O * I, wd.begin() + static_cast<size_t>(e + 1) * O * I);
+    const Vec o = ref::linear_forward(rows_of(xd, I), we, {}, m, I, O);
+    std::copy(o.begin(), o.end(), want.begin() + static_cast<size_t>(off[e]) * O);
+    Vec dxe, dwe, dbe;
+    ref::linear_backward(dxe, dwe, dbe, rows_of(dyd, O), rows_of(xd, I), we, m, I, O);
+    std::copy(dxe.begin(), dxe.end(), gx.begin() + static_cast<size_t>(off[e]) * I);
+    std::copy(dwe.begin(), dwe.end(), gw.begin() + static_cast<size_t>(e) * O * I);
+  }
+  EXPECT_TRUE(near_by_norm("grouped_linear_forward " + what, down(out), want, tol)) << what;
+
+  // Backward: dinp overwritten, dweight accumulated into a pre-filled buffer.
+  const std::vector<float> dw0 = rounded(randn(int64_t{E} * O * I, 0.1f), dt);
+  Tensor dinp = up(std::vector<float>(static_cast<size_t>(M) * I, 9.f), {M, I}, dt);
+  Tensor dw = up(dw0, {E, O, I}, gt, MemCategory::Gradients);
+  be().grouped_linear_backward(st(), dinp, dw, up(dy, {M, O}, dt), tx, tw, offsets);
+  Vec want_w(gw.size());
+  for (size_t i = 0; i < gw.size(); ++i) want_w[i] = dw0[i] + gw[i];
+  const std::vector<float> got_w = down(dw);
+  EXPECT_TRUE(near_by_norm("grouped_linear_backward dinp " + what, down(dinp), gx, tol)) << what;
+  EXPECT_TRUE(near_by_norm("grouped_linear_backward dweight (+=) " + what, got_w, want_w,
+                           gt == DType::F32 ? 1e-5 : tol)) << what;
+  // An expert without rows keeps its gradient bit for bit.
+  for (int e = 0; e < E; ++e)
+    if (off[e] == off[e + 1]) {
+      const size_t a = static_cast<size_t>(e) * O * I, b = a + static_cast<size_t>(O) * I;
+      EXPECT_TRUE(bitwise_equal("grouped_linear_backward empty expert " + what,
+                                std::vector<float>(got_w.begin() + a, got_w.begin() + b),
+                                std::vector<float>(dw0.begin() + a, dw0.begin() + b)));
+    }
+}
+
+TEST_P(MoeTest, GroupedLinear) {
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    if (!runs(dt)) continue;
+    const std::vector<DType> grads =
+        dt == DType::F32 ? std::vector<DType>{dt} : std::vector<DType>{DType::F32, dt};
+    for (DType gt : grads)
+      for (const Routing& r : routings(rng())) grouped_case(r, 19, 23, dt, gt);
+  }
+  if (!runs(DType::F32)) return;
+  // Offsets that do not rise from 0 to M are refused.
+  const std::string error = testing::error_of([&] {
+    be().grouped_linear_forward(st(), poisoned({4, 3}), poisoned({4, 2}), poisoned({2, 3, 2}),
+                                upload_i32({0, 3, 2}, {3}));
+  });
+  EXPECT_NE(error.find("grouped_linear_forward: offsets must run from 0 to M = 4"),
+            std::string::npos) << "offsets 0, 3, 2 for M = 4: " << error;
+}
+
+// An expert MLP as a MoE layer runs it: tokens permuted, gate and up in one grouped linear
+// of weight [E, 2F, C] (gate rows first, as swiglu_forward reads its [M, 2F] input),
+// SwiGLU on the permuted rows, down [E, C, F], weighted back; against the per-token double
+// sum_j w_j W2_e (silu(W1_e x) * W3_e x).
+TEST_P(MoeTest, ExpertMlpOfTheOps) {
+  if (!runs(DType::F32)) GTEST_SKIP() << "no MoE ops on " << be().name();
+  const int N = 37, C = 19, E = 5, k = 2, F = 7, M = N * k;
+  const Routing r{N, k, E, random_choice(rng(), N, k, {0, 1, 3, 4}), "mlp"};
+  auto [offsets, rows] = plan(r);
+  const std::vector<float> x = randn(N * C), w13 = randn(E * 2 * F * C, 0.3f),
+                           w2 = randn(E * C * F, 0.3f), wt = randu(M, 0.f, 1.f);
+  Tensor xp = poisoned({M, C}), h = poisoned({M, 2 * F}), a = poisoned({M, F});
+  Tensor y = poisoned({M, C}), out = poisoned({N, C});
+  be().moe_permute(st(), xp, upload(x, {N, C}), rows);
+  be().grouped_linear_forward(st(), h, xp, upload(w13, {E, 2 * F, C}), offsets);
+  be().swiglu_forward(st(), a, h);
+  be().grouped_linear_forward(st(), y, a, upload(w2, {E, C, F}), offsets);
+  be().moe_unpermute(st(), out, y, upload(wt, {N, k}), rows);
+  Vec want(static_cast<size_t>(N) * C, 0.0);
+  for (int i = 0; i < M; ++i) {
+    const int n = i / k, e = r.idx[i];
+    for (int c = 0; c < C; ++c) {
+      double sum = 0;
+      for (int f = 0; f < F; ++f) {
+        double g = 0, u = 0;
+        for (int cc = 0; cc < C; ++cc) {
+          g += double(w13[(static_cast<size_t>(e) * 2 * F + f) * C + cc]) * x[n * C + cc];
+          u += double(w13[(static_cast<size_t>(e) * 2 * F + F + f) * C + cc]) * x[n * C + cc];
+        }
+        sum += double(w2[(static_cast<size_t>(e) * C + c) * F + f]) * ref::silu(g) * u;
+      }
+      want[n * C + c] += wt[i] * sum;
+    }
+  }
+  EXPECT_TRUE(near_by_norm("expert MLP of the MoE ops", download(out), want, 1e-5));
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, MoeTest, ::testing::ValuesIn(backend_names()), param_name);
+
+}  // namespace
+}  // namespace kiln::test
