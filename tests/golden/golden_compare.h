@@ -102,16 +102,9 @@ inline uint64_t fnv1a64(const std::string& bytes) {
 }
 
 /// The file was written by `generator` (its FNV-1a 64 hash in the metadata) for model
-/// `kind`, and holds exactly `model`'s parameters and gradients (fp32, the model's global
-/// shapes; decay exactly on 2-D) and the reference tensors, with consistent shapes; the
-/// targets' count is as recorded and rows V.. of `padded_rows` parameters [Vp, C] are zero.
-/// The file was written by `generator` (its FNV-1a 64 hash in the metadata) for model
-/// `kind` in float64, and holds exactly `model`'s parameters and gradients (fp32, the
-/// model's global shapes) besides `inputs`.
-inline void check_generator_and_params(const safetensors::Reader& r, const std::string& file,
-                                       const std::string& generator, const std::string& kind,
-                                       const Model& model, std::set<std::string> inputs) {
-  namespace st = safetensors;
+/// `kind` in float64.
+inline void check_generator(const safetensors::Reader& r, const std::string& file,
+                            const std::string& generator, const std::string& kind) {
   std::ifstream f(generator, std::ios::binary);
   ASSERT_TRUE(f) << "cannot read " << generator;
   const std::string script{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
@@ -121,6 +114,15 @@ inline void check_generator_and_params(const safetensors::Reader& r, const std::
   EXPECT_EQ(r.metadata("kiln.golden"), kind);
   EXPECT_EQ(r.metadata("reference_dtype"), "float64");
   EXPECT_EQ(meta_int(r, "ignore_index"), -1);
+}
+
+/// check_generator, and the file holds exactly `model`'s parameters and gradients (fp32,
+/// the model's global shapes) besides `inputs`.
+inline void check_generator_and_params(const safetensors::Reader& r, const std::string& file,
+                                       const std::string& generator, const std::string& kind,
+                                       const Model& model, std::set<std::string> inputs) {
+  namespace st = safetensors;
+  check_generator(r, file, generator, kind);
   for (const ParamSpec& p : model.params()) {
     inputs.insert(p.name);
     inputs.insert("grad." + p.name);
@@ -135,20 +137,25 @@ inline void check_generator_and_params(const safetensors::Reader& r, const std::
 }
 
 /// check_generator_and_params for a language model's file (tokens, targets, logits [B,T,V],
-/// loss, AdamW losses), with consistent shapes; decay exactly on 2-D parameters; the
-/// targets' count is as recorded and rows V.. of `padded_rows` parameters [Vp, C] are zero.
+/// loss, AdamW losses, and the generator's `more_outputs`), with consistent shapes; decay
+/// exactly on the parameters of 2 or more dimensions (matrices, stacked expert matrices);
+/// the targets' count is as recorded and rows V.. of `padded_rows` parameters [Vp, C] are
+/// zero.
 inline void check_file_matches(const safetensors::Reader& r, const std::string& file,
                                const std::string& generator, const std::string& kind,
-                               Model& model, const std::vector<std::string>& padded_rows) {
+                               Model& model, const std::vector<std::string>& padded_rows,
+                               const std::set<std::string>& more_outputs = {}) {
   namespace st = safetensors;
-  check_generator_and_params(r, file, generator, kind, model,
-                             {"input_tokens", "target_tokens", "logits", "loss", "adamw_losses"});
+  std::set<std::string> outputs{"input_tokens", "target_tokens", "logits", "loss", "adamw_losses"};
+  outputs.insert(more_outputs.begin(), more_outputs.end());
+  check_generator_and_params(r, file, generator, kind, model, outputs);
   const int B = meta_int(r, "batch_size"), T = meta_int(r, "seq_len");
   const LanguageModel& lm = as_language_model(model, file);
   const int V = lm.vocab_size();
   EXPECT_LE(T, lm.max_positions());
-  // The generators decay exactly the 2-D parameters (embeddings, linear weights).
-  for (const ParamSpec& p : model.params()) EXPECT_EQ(p.weight_decay, p.shape.ndim() == 2) << p.name;
+  // The generators decay exactly the parameters of 2 or more dimensions (embeddings,
+  // linear weights, stacked experts).
+  for (const ParamSpec& p : model.params()) EXPECT_EQ(p.weight_decay, p.shape.ndim() >= 2) << p.name;
   EXPECT_EQ(r.info("input_tokens").kiln_shape(), (Shape{B, T}));
   EXPECT_EQ(r.info("input_tokens").dtype, st::StDType::I32);
   EXPECT_EQ(r.info("target_tokens").kiln_shape(), (Shape{B, T}));
