@@ -1,0 +1,190 @@
+// The mixture-of-experts Llama against a float64 PyTorch reference
+// (tests/golden/moe_softmax_golden.safetensors and moe_sigmoid_golden.safetensors, made by
+// tests/golden/make_moe_golden.py: a 2-block Qwen3-MoE-like decoder with QK-norm, head_dim
+// != n_embd / n_head, 5 experts, top-2, a shared expert; softmax scoring with transformers'
+// aux loss, and sigmoid scoring with the per-layer aux loss; z-loss in both; see
+// tests/golden/README.md).
+//
+// As the Llama golden test, with its bounds (golden_compare.h): for every backend with the
+// MoE ops, the file's parameters are copied into the model built from the file's [model]
+// keys (given as TOML, the user's form); logits, the LM loss, every gradient (of LM + aux +
+// z) and the LM losses of 10 AdamW steps on the total loss are compared with the
+// reference; then the aux loss, the z-loss and the tokens per expert.
+//
+// Until kiln's llama takes the MoE and QK-norm keys (issue 38), the model is refused with
+// "unknown key": the tests check the files against their generator and skip the rest,
+// naming the key.
+#include "golden_compare.h"
+
+#include "backend/registry.h"
+#include "config/components.h"
+#include "config/config.h"
+#include "core/error.h"
+#include "models/decoder_model.h"
+
+#include <memory>
+#include <numeric>
+#include <optional>
+
+using namespace kiln;
+using namespace kiln::golden;
+namespace st = kiln::safetensors;
+
+namespace {
+
+const std::vector<std::string> kCases{"softmax", "sigmoid"};
+
+std::string golden_file(const std::string& c) {
+  return golden_path("moe_" + c + "_golden.safetensors");
+}
+std::string generator_file() { return golden_path("make_moe_golden.py"); }
+
+// The file's outputs beyond a language model's (check_file_matches).
+const std::set<std::string> kMoeOutputs{"aux_loss", "z_loss", "total_loss", "tokens_per_expert",
+                                        "adamw_aux_losses", "adamw_z_losses"};
+
+// The [model] section of the file's configuration as TOML: the metadata values are Python
+// literals (ints, floats, True/False, bare strings).
+std::string model_toml(const st::Reader& r) {
+  std::string s = "[model]\narch = \"llama\"\n";
+  for (const char* key : {"n_layer", "n_head", "n_kv_head", "n_embd", "head_dim", "ffn_hidden_size",
+                          "vocab_size", "block_size", "norm_eps", "rope_theta", "moe.num_experts",
+                          "moe.top_k", "moe.ffn_hidden_size", "moe.shared_experts",
+                          "moe.aux_loss_coef", "moe.z_loss_coef"})
+    s += fmt::format("{} = {}\n", key, r.metadata(key));
+  for (const char* key : {"qk_norm", "tie_embeddings", "moe.norm_topk_prob"})
+    s += fmt::format("{} = {}\n", key, r.metadata(key) == "True" ? "true" : "false");
+  for (const char* key : {"moe.scoring", "moe.aux_loss_type"})
+    s += fmt::format("{} = \"{}\"\n", key, r.metadata(key));
+  return s;
+}
+
+// The model of the file's keys on `be`; nullptr with the loader's message in `missing`
+// when kiln does not know one of them yet. Any other error is the test's failure.
+std::unique_ptr<Model> moe_model(const st::Reader& r, Backend& be, std::string& missing) {
+  try {
+    const TrainConfig config = load_config_string(model_toml(r), {}, "moe golden [model]");
+    return make_model(model_options_from(config), be);
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    if (what.find("unknown key") == std::string::npos &&
+        what.find("not a key of model.arch") == std::string::npos)
+      throw;
+    missing = what;
+    return nullptr;
+  }
+}
+
+// What a MoE model reports beyond the LM loss, of its last forward.
+struct MoeReport {
+  double aux = 0, z = 0;                  // the aux and z losses, coefficients applied
+  std::vector<int64_t> tokens_per_expert;  // [n_layer * E]: (token, choice) slots per expert
+};
+
+// ==== LEAD: wire this to the model's MoE report ==========================================
+// The design sheet: "the LM loss is reported as today, aux and z apart", and tokens per
+// expert per MoE layer are a metric (issue 38 item 3); how a Model exposes them is the
+// moe-layer branch's choice, not known when this test was written. Return them here; until
+// then match_moe_report fails with a message pointing here (the logits, the LM loss, the
+// gradients of the total loss and the AdamW LM losses are compared before).
+std::optional<MoeReport> moe_report_of(Model& model) {
+  (void)model;
+  return std::nullopt;
+}
+// ==========================================================================================
+
+// With the file's parameters in `model`: one forward without gradient of the file's batch,
+// then the aux and z losses and the tokens per expert against the reference.
+void match_moe_report(const st::Reader& r, Backend& be, Model& model) {
+  const int B = meta_int(r, "batch_size"), T = meta_int(r, "seq_len");
+  copy_reference_params(r, be, model);
+  const Tensor tokens = device_i32(be, r.read_i32("input_tokens"), Shape{B, T});
+  const Tensor targets = device_i32(be, r.read_i32("target_tokens"), Shape{B, T});
+  model.forward(Batch::of_tokens(tokens, targets), 0.f);
+  be.synchronize(be.default_stream());
+  const std::optional<MoeReport> rep = moe_report_of(model);
+  if (!rep) {
+    ADD_FAILURE() << "the MoE model's aux/z losses and tokens per expert are not wired into "
+                     "tests/golden/moe_golden_test.cpp moe_report_of() yet";
+    return;
+  }
+  for (const auto& [name, got] :
+       {std::pair{"aux_loss", rep->aux}, std::pair{"z_loss", rep->z}}) {
+    const double ref = r.read_f32(name)[0], rel = std::fabs(got - ref) / ref;
+    fmt::print("[{}] {:<40} {:.7f} vs {:.7f}, rel {:.3e}{}\n", be.name(), name, got, ref, rel,
+               rel <= kLossTol ? "" : "  <-- FAIL");
+    EXPECT_LE(rel, kLossTol) << name;
+  }
+  const auto ref_tpe = r.read_i32("tokens_per_expert");
+  EXPECT_EQ(rep->tokens_per_expert, std::vector<int64_t>(ref_tpe.begin(), ref_tpe.end()));
+}
+
+// What the file must hold to test what it claims: the configuration, and routing that
+// leaves an expert without tokens.
+void check_moe_file(const st::Reader& r, const std::string& c) {
+  EXPECT_EQ(r.metadata("moe.scoring"), c);
+  EXPECT_NE(meta_int(r, "head_dim") * meta_int(r, "n_head"), meta_int(r, "n_embd"));
+  EXPECT_EQ(r.metadata("qk_norm"), "True");
+  EXPECT_GT(meta_int(r, "moe.shared_experts"), 0);
+  EXPECT_GT(meta_double(r, "moe.aux_loss_coef"), 0.0);
+  EXPECT_GT(meta_double(r, "moe.z_loss_coef"), 0.0);
+  // Every token is routed top_k times per layer; the dead expert gets none in layer 0.
+  const int L = meta_int(r, "n_layer"), E = meta_int(r, "moe.num_experts");
+  const int slots = meta_int(r, "batch_size") * meta_int(r, "seq_len") * meta_int(r, "moe.top_k");
+  EXPECT_EQ(r.info("tokens_per_expert").kiln_shape(), (Shape{L, E}));
+  const auto tpe = r.read_i32("tokens_per_expert");
+  for (int l = 0; l < L; ++l)
+    EXPECT_EQ(std::accumulate(tpe.begin() + l * E, tpe.begin() + (l + 1) * E, 0), slots) << l;
+  EXPECT_EQ(tpe[meta_int(r, "dead_expert")], 0);
+  const double total =
+      r.read_f32("loss")[0] + r.read_f32("aux_loss")[0] + r.read_f32("z_loss")[0];
+  EXPECT_NEAR(r.read_f32("total_loss")[0], total, 1e-6 * total);
+}
+
+}  // namespace
+
+TEST(MoeGolden, FilesMatchGeneratorAndModel) {
+  std::string missing;
+  for (const std::string& c : kCases) {
+    SCOPED_TRACE(golden_file(c));
+    const st::Reader r(golden_file(c));
+    check_moe_file(r, c);
+    auto backend = make_backend("cpu");
+    std::unique_ptr<Model> model = moe_model(r, *backend, missing);
+    if (model)
+      check_file_matches(r, golden_file(c), generator_file(), "moe", *model,
+                         {"model.embed_tokens.weight", "lm_head.weight"}, kMoeOutputs);
+    else
+      check_generator(r, golden_file(c), generator_file(), "moe");
+  }
+  if (!missing.empty())
+    GTEST_SKIP() << "the model's part: kiln's llama refuses the MoE keys: " << missing;
+}
+
+TEST(MoeGolden, MatchesReferenceOnEveryBackend) {
+  for (const auto& s : skipped_backends()) fmt::print("skipped backend: {}\n", s);
+  auto backends = available_backends();
+  ASSERT_FALSE(backends.empty());
+  for (const std::string& c : kCases) {
+    SCOPED_TRACE(golden_file(c));
+    const st::Reader r(golden_file(c));
+    for (auto& bep : backends) {
+      Backend& be = *bep;
+      SCOPED_TRACE("backend " + be.name());
+      if (!be.supports(OpFamily::MoE, DType::F32)) {
+        fmt::print("[{}] skipped: no MoE ops on this backend\n", be.name());
+        continue;
+      }
+      std::string missing;
+      std::unique_ptr<Model> model = moe_model(r, be, missing);
+      if (!model) GTEST_SKIP() << "kiln's llama refuses the MoE keys: " << missing;
+      fmt::print("[{}] MoE golden ({}): {}, B={} T={}\n", be.name(), c, model->describe(),
+                 meta_int(r, "batch_size"), meta_int(r, "seq_len"));
+      auto& decoder = dynamic_cast<DecoderModel&>(*model);
+      match_reference(r, be, *model, [&](const Tensor& tokens, const Tensor& logits) {
+        decoder.forward_logits(tokens, logits);
+      });
+      match_moe_report(r, be, *model);
+    }
+  }
+}
