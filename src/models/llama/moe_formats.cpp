@@ -57,6 +57,7 @@ LlamaMoeKeys llama_moe_keys_of(const ModelOptions& o) {
   k.norm_topk_prob = number(o, "moe.norm_topk_prob", 1) != 0;
   k.first_k_dense = static_cast<int>(number(o, "moe.first_k_dense", 0));
   k.sparse_step = static_cast<int>(number(o, "moe.sparse_step", 1));
+  KILN_CHECK(k.sparse_step >= 1, "model.moe.sparse_step = {} must be positive", k.sparse_step);
   k.aux_loss_coef = number(o, "moe.aux_loss_coef", 0);
   k.aux_loss_type = choice_of(o, "moe.aux_loss_type", kAuxTypes);
   k.aux_loss_scope = choice_of(o, "moe.aux_loss_scope", kAuxScopes);
