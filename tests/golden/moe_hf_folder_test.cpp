@@ -330,7 +330,8 @@ TEST(MoeHfFolders, ModelRoundTripsBitwise) {
     for (const HfParam& p : layout.params) want[p.name] = p.shape;
     auto backend = make_backend("cpu");
     std::map<std::string, Shape> got;
-    for (const ParamSpec& p : make_model(o, *backend)->params()) got[p.name] = p.shape;
+    const auto model = make_model(o, *backend);
+    for (const ParamSpec& p : model->params()) got[p.name] = p.shape;
     EXPECT_EQ(got, want);
     const HfFolderReader r(folder_of(name), o);
     const st::Reader kiln(golden::golden_path("moe_hf/" + name + "_kiln.safetensors"));
