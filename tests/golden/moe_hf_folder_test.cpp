@@ -265,8 +265,10 @@ TEST(MoeHfFolders, UnsupportedConfigsAreOneLineErrors) {
   EXPECT_ERROR(kind(qwen, [](auto& k) { k.shared_experts = 1; })(), "model.moe.shared_experts = 1");
   EXPECT_ERROR(kind(mixtral, [](auto& k) { k.scoring = "sigmoid"; })(), "model.moe.scoring = 'sigmoid'");
   EXPECT_ERROR(kind(qwen, [](auto& k) { k.bias_update_rate = 0.001; })(), "model.moe.bias_update_rate");
-  EXPECT_ERROR(kind(mixtral, [](auto& k) { k.norm_topk_prob = false; })(), "model.moe.norm_topk_prob = false");
-  EXPECT_ERROR(kind(mixtral, [](auto& k) { k.sparse_step = 2; })(), "model.moe.sparse_step: block 0 is dense");
+  EXPECT_ERROR(kind(mixtral, [](auto& k) { k.norm_topk_prob = false; })(),
+               "model.moe.norm_topk_prob = false");
+  EXPECT_ERROR(kind(mixtral, [](auto& k) { k.sparse_step = 2; })(),
+               "model.moe.sparse_step: block 0 is dense");
   EXPECT_ERROR(kind(mixtral, [](auto& k) { k.first_k_dense = 1; })(), "model.moe.first_k_dense: block 0");
   EXPECT_ERROR(kind(mixtral, [](auto& k) { k.dense_layers = {4}; })(), "model.moe.dense_layers: block 4");
   EXPECT_ERROR(kind(LlamaMoeKeys{}, [](auto& k) { k.qk_norm = true; })(), "model.qk_norm = true");
@@ -319,7 +321,8 @@ std::vector<std::string> read_fields(const std::string& type) {
 TEST(MoeHfFolders, ModelRoundTripsBitwise) {
   const auto missing = missing_keys();
   if (!missing.empty())
-    GTEST_SKIP() << "pending: llama does not declare the [model] keys " << fmt::format("{}", fmt::join(missing, ", "))
+    GTEST_SKIP() << "pending: llama does not declare the [model] keys "
+                 << fmt::format("{}", fmt::join(missing, ", "))
                  << " yet (issue 38, helpers moe-layer and qknorm)";
   for (const std::string name : {"mixtral", "qwen3_moe"}) {
     SCOPED_TRACE(name);

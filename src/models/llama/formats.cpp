@@ -91,27 +91,28 @@ nlohmann::json llama_hf_config(const ModelOptions& options) {
                     {"low_freq_factor", c.rope.low_freq_factor},
                     {"high_freq_factor", c.rope.high_freq_factor},
                     {"original_max_position_embeddings", c.rope.original_max_positions}};
-  nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}},
-          {"model_type", "llama"},
-          {"vocab_size", c.vocab_size},
-          {"hidden_size", c.n_embd},
-          {"intermediate_size", c.ffn_hidden_size},
-          {"num_hidden_layers", c.n_layer},
-          {"num_attention_heads", c.n_head},
-          {"num_key_value_heads", c.n_kv_head},
-          {"head_dim", c.head_dim()},
-          {"max_position_embeddings", c.block_size},
-          {"rms_norm_eps", hf_float_value(c.norm_eps)},
-          {"rope_theta", c.rope.theta},
-          {"rope_scaling", rope_scaling},
-          {"tie_word_embeddings", c.tie_embeddings},
-          {"hidden_act", "silu"},
-          {"attention_bias", false},
-          {"attention_dropout", 0.0},
-          {"mlp_bias", false},
-          {"initializer_range", 0.02},
-          {"pretraining_tp", 1},
-          {"use_cache", true}};
+  nlohmann::json j = {
+      {"architectures", {"LlamaForCausalLM"}},
+      {"model_type", "llama"},
+      {"vocab_size", c.vocab_size},
+      {"hidden_size", c.n_embd},
+      {"intermediate_size", c.ffn_hidden_size},
+      {"num_hidden_layers", c.n_layer},
+      {"num_attention_heads", c.n_head},
+      {"num_key_value_heads", c.n_kv_head},
+      {"head_dim", c.head_dim()},
+      {"max_position_embeddings", c.block_size},
+      {"rms_norm_eps", hf_float_value(c.norm_eps)},
+      {"rope_theta", c.rope.theta},
+      {"rope_scaling", rope_scaling},
+      {"tie_word_embeddings", c.tie_embeddings},
+      {"hidden_act", "silu"},
+      {"attention_bias", false},
+      {"attention_dropout", 0.0},
+      {"mlp_bias", false},
+      {"initializer_range", 0.02},
+      {"pretraining_tp", 1},
+      {"use_cache", true}};
   return moe_hf_config(std::move(j), kind, moe, c.ffn_hidden_size);
 }
 
@@ -122,7 +123,8 @@ HfLayout llama_hf_layout(const ModelOptions& options) {
 HfLayout llama_hf_layout_of(const LlamaConfig& c, const LlamaMoeKeys& moe) {
   const LlamaHfKind kind = llama_hf_kind(moe, c.n_layer);
   const int64_t C = c.n_embd, V = c.vocab_size, Vp = c.padded_vocab_size, F = c.ffn_hidden_size;
-  const int64_t HD = moe.head_dim > 0 ? moe.head_dim : c.head_dim(), NH = c.n_head, NKV = c.n_kv_head;
+  const int64_t HD = moe.head_dim > 0 ? moe.head_dim : c.head_dim();
+  const int64_t NH = c.n_head, NKV = c.n_kv_head;
   const int64_t Fe = moe.ffn_hidden_size > 0 ? moe.ffn_hidden_size : F;
   HfLayout layout;
   auto one = [&](std::string name, Shape shape, int64_t rows) {
