@@ -11,7 +11,9 @@
 #include <iterator>
 #include <limits>
 #include <map>
+#include <memory>
 #include <set>
+#include <utility>
 
 namespace kiln {
 
@@ -290,6 +292,9 @@ void write_hf_folder(const ModelOptions& options,
              options.arch);
   const HfLayout layout = a.hf_layout(options);
   const st::StDType sdt = st::to_st_dtype(dtype);
+  // The tensors are produced one at a time in order, a parameter's pieces together: each
+  // parameter is read once for all its pieces (an MoE layer's 2E expert tensors).
+  auto last = std::make_shared<std::pair<std::string, std::vector<float>>>();
   std::vector<st::FolderTensor> tensors;
   for (const HfParam& p : layout.params) {
     int64_t row0 = 0;
@@ -298,8 +303,9 @@ void write_hf_folder(const ModelOptions& options,
       t.name = piece.name;
       t.dtype = sdt;
       t.shape = hf_piece_shape(p, piece);
-      t.produce = [&read, p, piece, row0, dtype](void* dst) {
-        hf_piece_bytes(p, piece, row0, read(p.name), dtype, dst);
+      t.produce = [&read, last, p, piece, row0, dtype](void* dst) {
+        if (last->first != p.name || last->second.empty()) *last = {p.name, read(p.name)};
+        hf_piece_bytes(p, piece, row0, last->second, dtype, dst);
       };
       tensors.push_back(std::move(t));
       row0 += piece.rows;
