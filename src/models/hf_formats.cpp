@@ -8,24 +8,34 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <iterator>
 #include <limits>
 #include <map>
+#include <memory>
 #include <set>
+#include <utility>
 
 namespace kiln {
 
 namespace fs = std::filesystem;
 namespace st = safetensors;
 
+int64_t hf_cols(const HfParam& p) {
+  return p.shape.ndim() == 1 ? 1 : p.shape[p.shape.ndim() - 1];
+}
+
 std::vector<int64_t> hf_piece_shape(const HfParam& p, const HfPiece& piece) {
+  KILN_CHECK(!piece.transposed || p.shape.ndim() == 2,
+             "tensor '{}': only a 2-D parameter is stored transposed, not '{}' {}", piece.name,
+             p.name, p.shape.str());
   if (p.shape.ndim() == 1) return {piece.rows};
-  if (piece.transposed) return {p.shape[1], piece.rows};
-  return {piece.rows, p.shape[1]};
+  if (piece.transposed) return {hf_cols(p), piece.rows};
+  return {piece.rows, hf_cols(p)};
 }
 
 void hf_piece_bytes(const HfParam& p, const HfPiece& piece, int64_t row0,
                     const std::vector<float>& values, DType dtype, void* dst) {
-  const int64_t cols = p.shape.ndim() == 1 ? 1 : p.shape[1], n = piece.rows * cols;
+  const int64_t cols = hf_cols(p), n = piece.rows * cols;
   KILN_CHECK(static_cast<int64_t>(values.size()) == p.shape.numel() &&
                  (row0 + piece.rows) * cols <= p.shape.numel(),
              "export: tensor '{}' has {} values, {} needs {} (rows {}..{})", p.name, values.size(),
@@ -117,23 +127,37 @@ bool is_hf_folder(const fs::path& path) {
 
 namespace {
 
-// The architectures that read Hugging Face folders, sorted.
-std::vector<std::string> hf_archs() {
-  std::vector<std::string> out;
-  for (const auto& a : model_archs())
-    if (model_arch(a).options_from_hf) out.push_back(a);
+// The config.json model_types of the architectures that read Hugging Face folders, each
+// with its architecture (ModelArch::hf_model_types, else the architecture's own name).
+std::map<std::string, std::string> hf_model_types() {
+  std::map<std::string, std::string> out;
+  for (const auto& a : model_archs()) {
+    const ModelArch entry = model_arch(a);
+    if (!entry.options_from_hf) continue;
+    if (entry.hf_model_types.empty()) out[a] = a;
+    for (const std::string& type : entry.hf_model_types) out[type] = a;
+  }
   return out;
+}
+
+// The architecture that reads config.json's model_type `type`; throws naming `what`:
+// "model_type = 'mistral': expected gpt2, llama, mixtral or qwen3_moe".
+std::string hf_arch_of(const std::string& type, const std::string& what) {
+  const auto types = hf_model_types();
+  auto it = types.find(type);
+  if (it != types.end()) return it->second;
+  std::string known;
+  for (auto t = types.begin(); t != types.end(); ++t)
+    known += (t == types.begin() ? "" : std::next(t) == types.end() ? " or " : ", ") + t->first;
+  KILN_FAIL("{}: model_type = '{}': expected {}", what, type, known);
 }
 
 // The entry of `arch` with folder support; throws naming `what`.
 ModelArch hf_arch(const std::string& arch, const std::string& what) {
-  const std::vector<std::string> known = hf_archs();
-  KILN_CHECK(std::find(known.begin(), known.end(), arch) != known.end(),
-             "{}: model_type = '{}': expected {}", what, arch, fmt::join(known, " or "));
-  return model_arch(arch);
+  const ModelArch a = model_arch(arch);
+  KILN_CHECK(a.options_from_hf, "{}: model.arch '{}' has no Hugging Face folder format", what, arch);
+  return a;
 }
-
-int64_t cols_of(const HfParam& p) { return p.shape.ndim() == 1 ? 1 : p.shape[1]; }
 
 // "num_hidden_layers = 3 (the folder) vs 2" for every config.json field in which the two
 // models differ, both written out by the architecture (its defaults filled in). The
@@ -156,15 +180,14 @@ ModelOptions hf_folder_options(const fs::path& dir) {
   const std::string file = (dir / "config.json").string();
   KILN_CHECK(cfg.contains("model_type") && cfg["model_type"].is_string(),
              "{}: no \"model_type\" string", file);
-  const std::string type = cfg["model_type"].get<std::string>();
-  const ModelArch a = hf_arch(type, file);
+  const std::string arch = hf_arch_of(cfg["model_type"].get<std::string>(), file);
   ModelOptions o;
   try {
-    o = a.options_from_hf(cfg, file);
+    o = hf_arch(arch, file).options_from_hf(cfg, file);
   } catch (const nlohmann::json::exception& e) {
     KILN_FAIL("{}: {}", file, e.what());
   }
-  o.arch = type;
+  o.arch = arch;
   return o;
 }
 
@@ -177,8 +200,9 @@ struct HfFolderReader::Impl {
 HfFolderReader::HfFolderReader(const fs::path& dir, const ModelOptions& expect) {
   const std::string file = (dir / "config.json").string();
   const ModelOptions got = hf_folder_options(dir);
-  KILN_CHECK(got.arch == expect.arch, "{}: model_type = '{}', the config asks for model.arch '{}'",
-             file, got.arch, expect.arch);
+  KILN_CHECK(got.arch == expect.arch, "{}: holds a model of arch '{}' (model_type = {}), the "
+             "config asks for model.arch '{}'", file, got.arch,
+             read_hf_config(dir)["model_type"].dump(), expect.arch);
   const ModelArch arch = hf_arch(expect.arch, file);
   const auto diff = differences(arch, got, expect);
   KILN_CHECK(diff.empty(), "{}: holds another model than the config asks for: {}", file,
@@ -234,7 +258,7 @@ void HfFolderReader::read(const std::string& name, int64_t begin, int64_t end, f
   const HfParam& p = pit->second;
   KILN_CHECK(0 <= begin && begin <= end && end <= p.shape.numel(),
              "{}: range [{}, {}) outside '{}' {}", impl_->folder.path(), begin, end, name, p.shape.str());
-  const int64_t cols = cols_of(p);
+  const int64_t cols = hf_cols(p);
   std::fill(dst, dst + (end - begin), 0.f);  // rows past the pieces: padding
   int64_t row0 = 0;
   for (const HfPiece& piece : p.pieces) {
@@ -268,6 +292,9 @@ void write_hf_folder(const ModelOptions& options,
              options.arch);
   const HfLayout layout = a.hf_layout(options);
   const st::StDType sdt = st::to_st_dtype(dtype);
+  // The tensors are produced one at a time in order, a parameter's pieces together: each
+  // parameter is read once for all its pieces (an MoE layer's 2E expert tensors).
+  auto last = std::make_shared<std::pair<std::string, std::vector<float>>>();
   std::vector<st::FolderTensor> tensors;
   for (const HfParam& p : layout.params) {
     int64_t row0 = 0;
@@ -276,8 +303,9 @@ void write_hf_folder(const ModelOptions& options,
       t.name = piece.name;
       t.dtype = sdt;
       t.shape = hf_piece_shape(p, piece);
-      t.produce = [&read, p, piece, row0, dtype](void* dst) {
-        hf_piece_bytes(p, piece, row0, read(p.name), dtype, dst);
+      t.produce = [&read, last, p, piece, row0, dtype](void* dst) {
+        if (last->first != p.name || last->second.empty()) *last = {p.name, read(p.name)};
+        hf_piece_bytes(p, piece, row0, last->second, dtype, dst);
       };
       tensors.push_back(std::move(t));
       row0 += piece.rows;

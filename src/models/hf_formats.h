@@ -37,10 +37,13 @@ struct HfPiece {
 };
 
 /// Where a kiln parameter lives: rows [0, sum of the pieces' rows) from the pieces in
-/// order, the rows past them zero (not stored).
+/// order, the rows past them zero (not stored). A parameter of more than two dimensions is
+/// a matrix of rows of its last dimension (an MoE layer's experts [E, 2F, C]: E 2F rows of
+/// C), so that each piece is a 2-D tensor of the folder (expert e's [F, C] gate_proj is
+/// rows [2F e, 2F e + F)).
 struct HfParam {
   std::string name;  // kiln's global parameter name (ParamSpec::name)
-  Shape shape;       // kiln's global shape (1-D or 2-D)
+  Shape shape;       // kiln's global shape
   std::vector<HfPiece> pieces;
 };
 
@@ -55,8 +58,11 @@ struct HfLayout {
   std::function<bool(const std::string& name)> ignored;
 };
 
+/// Columns of a row of `p`: its last dimension (1 for a 1-D parameter).
+int64_t hf_cols(const HfParam& p);
 /// The shape in the folder of `piece` of `p`: [rows] (1-D), [rows, cols], or [cols, rows]
-/// when transposed.
+/// when transposed. Throws kiln::Error naming the tensor for a transposed piece of a
+/// parameter that is not 2-D.
 std::vector<int64_t> hf_piece_shape(const HfParam& p, const HfPiece& piece);
 /// The bytes of `piece` of `p` (its kiln rows [row0, row0 + piece.rows)) in `dtype` (F32,
 /// BF16, F16; rounded to nearest even) into dst, from the parameter's fp32 `values` (its
@@ -87,10 +93,11 @@ nlohmann::json read_hf_config(const std::filesystem::path& dir);
 /// True when `path` is a directory holding config.json (a Hugging Face model folder, not a
 /// kiln checkpoint).
 bool is_hf_folder(const std::filesystem::path& path);
-/// The model options of a folder's config.json, by its "model_type" (the architecture of
-/// that name; ModelArch::options_from_hf). Throws kiln::Error naming the file and key:
-/// "DIR/config.json: model_type = 'mistral': expected gpt2 or llama", or the
-/// architecture's error for an unsupported option.
+/// The model options of a folder's config.json, by its "model_type" (the architecture that
+/// lists it, ModelArch::hf_model_types: llama reads llama, mixtral and qwen3_moe;
+/// ModelArch::options_from_hf). Throws kiln::Error naming the file and key:
+/// "DIR/config.json: model_type = 'mistral': expected gpt2, llama, mixtral or qwen3_moe",
+/// or the architecture's error for an unsupported option.
 ModelOptions hf_folder_options(const std::filesystem::path& dir);
 
 /// Element ranges of kiln parameters from a Hugging Face folder (in kiln's names, layouts

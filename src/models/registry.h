@@ -82,10 +82,13 @@ struct ModelArch {
                      const std::string& format, const std::filesystem::path& out)>
       export_weights;
   /// Hugging Face folders (models/hf_formats.h). The options of a config.json whose
-  /// model_type is this architecture (`file` names it in errors); throws kiln::Error naming
-  /// the file and key for an unsupported option.
+  /// model_type is one of this architecture's (hf_model_types; `file` names it in errors);
+  /// throws kiln::Error naming the file and key for an unsupported option.
   std::function<ModelOptions(const nlohmann::json& hf_config, const std::string& file)>
       options_from_hf;
+  /// The config.json model_types that options_from_hf reads (llama: "llama", "mixtral",
+  /// "qwen3_moe"); empty: the architecture's own name.
+  std::vector<std::string> hf_model_types;
   /// The config.json of a model of `options` (transformers' fields for the model type).
   std::function<nlohmann::json(const ModelOptions& options)> hf_config;
   /// Where the parameters of a model of `options` live in a folder.

@@ -191,6 +191,20 @@ TEST(HfFolder, RoundTripsBitwise) {
   }
 }
 
+// An export reads each parameter once, however many folder tensors it is stacked from
+// (Llama's q/k/v, gate/up; an MoE layer's 2E expert tensors).
+TEST(HfFolder, ExportReadsEachParameterOnce) {
+  const ModelOptions o = llama_options(false, 2);
+  const HostWeights w = random_weights(o);
+  std::map<std::string, int> reads;
+  TempDir tmp;
+  write_hf_folder(o, [&](const std::string& n) { ++reads[n]; return w.at(n); }, DType::F32, 2048,
+                  tmp.path / "out");
+  EXPECT_EQ(reads.size(), w.size());
+  for (const auto& [name, n] : reads) EXPECT_EQ(n, 1) << name;
+  expect_reads_back(o, w, tmp.path / "out");
+}
+
 // The names and shapes transformers' models hold (their state_dict, nn.Linear weights
 // [out, in], GPT-2's Conv1D [in, out], the real vocabulary), listed here by hand.
 TEST(HfFolder, NamesAndShapesAreTransformers) {
@@ -320,7 +334,8 @@ TEST(HfFolder, CorruptOrUnsupportedFoldersAreOneLineErrors) {
   expect_error(d, "config.json: not valid JSON");
   d = fresh();
   edit_config(d, [](Json& j) { j["model_type"] = "mistral"; });
-  expect_error(d, (d / "config.json").string() + ": model_type = 'mistral': expected gpt2 or llama");
+  expect_error(d, (d / "config.json").string() +
+                      ": model_type = 'mistral': expected gpt2, llama, mixtral or qwen3_moe");
   d = fresh();
   edit_config(d, [](Json& j) { j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}}; });
   expect_error(d, "rope_scaling.rope_type = 'linear': expected llama3");

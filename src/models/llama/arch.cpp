@@ -1,5 +1,6 @@
 // Llama 3's registry entry (models/registry.h): its factory, what it supports, its presets
-// (Meta's published 3.1 and 3.2 sizes) and its Hugging Face folders.
+// (Meta's published 3.1 and 3.2 sizes) and its Hugging Face folders (Llama, Mixtral and
+// Qwen3-MoE).
 #include "models/llama/arch.h"
 
 #include "models/llama/formats.h"
@@ -51,6 +52,7 @@ ModelArch llama_arch() {
   };
   a.options_from_json = llama_options_from_json;
   a.options_from_hf = llama_options_from_hf;
+  a.hf_model_types = {"llama", "mixtral", "qwen3_moe"};
   a.hf_config = llama_hf_config;
   a.hf_layout = llama_hf_layout;
   return a;

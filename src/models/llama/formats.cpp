@@ -2,12 +2,26 @@
 
 #include "core/error.h"
 #include "models/llama/config.h"
+#include "models/llama/moe_formats.h"
 
 #include <fmt/format.h>
 
 namespace kiln {
 
-ModelOptions llama_options_from_hf(const nlohmann::json& cfg, const std::string& file) {
+namespace {
+
+// transformers' defaults of the fields a config.json may omit, by model_type.
+struct HfDefaults {
+  double rms_norm_eps, rope_theta;
+};
+HfDefaults hf_defaults(const std::string& model_type) {
+  if (model_type == "mixtral") return {1e-5, 1e6};  // MixtralConfig
+  return {1e-6, 10000.0};                             // LlamaConfig, Qwen3MoeConfig
+}
+
+// The fields every Llama-family config.json shares: all but head_dim and the MoE ones.
+ModelOptions llama_shape_from_hf(const nlohmann::json& cfg, const std::string& file,
+                                 const HfDefaults& defaults) {
   ModelOptions o;
   o.arch = "llama";
   o.n_embd = hf_int(cfg, "hidden_size", file);
@@ -19,8 +33,9 @@ ModelOptions llama_options_from_hf(const nlohmann::json& cfg, const std::string&
   f["n_kv_head"] = hf_int(cfg, "num_key_value_heads", file, o.n_head);
   f["ffn_hidden_size"] = hf_int(cfg, "intermediate_size", file);
   // As the fp32 model holds it, written as its shortest decimal (config.toml's value).
-  f["norm_eps"] = hf_float_value(static_cast<float>(hf_double(cfg, "rms_norm_eps", file, 1e-6)));
-  f["rope_theta"] = hf_double(cfg, "rope_theta", file, 10000.0);
+  f["norm_eps"] = hf_float_value(
+      static_cast<float>(hf_double(cfg, "rms_norm_eps", file, defaults.rms_norm_eps)));
+  f["rope_theta"] = hf_double(cfg, "rope_theta", file, defaults.rope_theta);
   f["tie_embeddings"] = hf_bool(cfg, "tie_word_embeddings", file, false) ? 1.0 : 0.0;
   const std::string act = hf_string(cfg, "hidden_act", file, "silu");
   KILN_CHECK(act == "silu", "{}: hidden_act = '{}': kiln's Llama computes silu", file, act);
@@ -28,10 +43,6 @@ ModelOptions llama_options_from_hf(const nlohmann::json& cfg, const std::string&
     KILN_CHECK(!hf_bool(cfg, key, file, false), "{}: {} = true: kiln's Llama has no biases", file, key);
   KILN_CHECK(o.n_head > 0 && o.n_embd % o.n_head == 0,
              "{}: hidden_size {} is not a multiple of num_attention_heads {}", file, o.n_embd, o.n_head);
-  const int head_dim = hf_int(cfg, "head_dim", file, o.n_embd / o.n_head);
-  KILN_CHECK(head_dim == o.n_embd / o.n_head,
-             "{}: head_dim = {}: kiln's Llama has head_dim = hidden_size / num_attention_heads = {}",
-             file, head_dim, o.n_embd / o.n_head);
   if (cfg.contains("rope_scaling") && !cfg["rope_scaling"].is_null()) {
     const nlohmann::json& rs = cfg["rope_scaling"];
     KILN_CHECK(rs.is_object(), "{}: rope_scaling must be an object or null", file);
@@ -45,6 +56,22 @@ ModelOptions llama_options_from_hf(const nlohmann::json& cfg, const std::string&
     f["rope_scaling.original_max_position"] =
         hf_double(rs, "original_max_position_embeddings", where);
   }
+  return o;
+}
+
+}  // namespace
+
+ModelOptions llama_options_from_hf(const nlohmann::json& cfg, const std::string& file) {
+  const std::string type = hf_string(cfg, "model_type", file, "llama");
+  ModelOptions o = llama_shape_from_hf(cfg, file, hf_defaults(type));
+  if (type == "llama") {
+    const int head_dim = hf_int(cfg, "head_dim", file, o.n_embd / o.n_head);
+    KILN_CHECK(head_dim == o.n_embd / o.n_head,
+               "{}: head_dim = {}: kiln's Llama has head_dim = hidden_size / num_attention_heads = {}",
+               file, head_dim, o.n_embd / o.n_head);
+  } else {
+    set_llama_moe_keys(o, llama_moe_keys_from_hf(cfg, file, type, o.n_layer));
+  }
   try {
     llama_config_of(o);
   } catch (const Error& e) {
@@ -55,6 +82,8 @@ ModelOptions llama_options_from_hf(const nlohmann::json& cfg, const std::string&
 
 nlohmann::json llama_hf_config(const ModelOptions& options) {
   const LlamaConfig c = llama_config_of(options);
+  const LlamaMoeKeys moe = llama_moe_keys_of(options);
+  const LlamaHfKind kind = llama_hf_kind(moe, c.n_layer);
   nlohmann::json rope_scaling = nullptr;
   if (c.rope.scale_factor > 0.0)
     rope_scaling = {{"rope_type", "llama3"},
@@ -62,33 +91,41 @@ nlohmann::json llama_hf_config(const ModelOptions& options) {
                     {"low_freq_factor", c.rope.low_freq_factor},
                     {"high_freq_factor", c.rope.high_freq_factor},
                     {"original_max_position_embeddings", c.rope.original_max_positions}};
-  return {{"architectures", {"LlamaForCausalLM"}},
-          {"model_type", "llama"},
-          {"vocab_size", c.vocab_size},
-          {"hidden_size", c.n_embd},
-          {"intermediate_size", c.ffn_hidden_size},
-          {"num_hidden_layers", c.n_layer},
-          {"num_attention_heads", c.n_head},
-          {"num_key_value_heads", c.n_kv_head},
-          {"head_dim", c.head_dim()},
-          {"max_position_embeddings", c.block_size},
-          {"rms_norm_eps", hf_float_value(c.norm_eps)},
-          {"rope_theta", c.rope.theta},
-          {"rope_scaling", rope_scaling},
-          {"tie_word_embeddings", c.tie_embeddings},
-          {"hidden_act", "silu"},
-          {"attention_bias", false},
-          {"attention_dropout", 0.0},
-          {"mlp_bias", false},
-          {"initializer_range", 0.02},
-          {"pretraining_tp", 1},
-          {"use_cache", true}};
+  nlohmann::json j = {
+      {"architectures", {"LlamaForCausalLM"}},
+      {"model_type", "llama"},
+      {"vocab_size", c.vocab_size},
+      {"hidden_size", c.n_embd},
+      {"intermediate_size", c.ffn_hidden_size},
+      {"num_hidden_layers", c.n_layer},
+      {"num_attention_heads", c.n_head},
+      {"num_key_value_heads", c.n_kv_head},
+      {"head_dim", c.head_dim()},
+      {"max_position_embeddings", c.block_size},
+      {"rms_norm_eps", hf_float_value(c.norm_eps)},
+      {"rope_theta", c.rope.theta},
+      {"rope_scaling", rope_scaling},
+      {"tie_word_embeddings", c.tie_embeddings},
+      {"hidden_act", "silu"},
+      {"attention_bias", false},
+      {"attention_dropout", 0.0},
+      {"mlp_bias", false},
+      {"initializer_range", 0.02},
+      {"pretraining_tp", 1},
+      {"use_cache", true}};
+  return moe_hf_config(std::move(j), kind, moe, c.ffn_hidden_size);
 }
 
 HfLayout llama_hf_layout(const ModelOptions& options) {
-  const LlamaConfig c = llama_config_of(options);
+  return llama_hf_layout_of(llama_config_of(options), llama_moe_keys_of(options));
+}
+
+HfLayout llama_hf_layout_of(const LlamaConfig& c, const LlamaMoeKeys& moe) {
+  const LlamaHfKind kind = llama_hf_kind(moe, c.n_layer);
   const int64_t C = c.n_embd, V = c.vocab_size, Vp = c.padded_vocab_size, F = c.ffn_hidden_size;
-  const int64_t HD = c.head_dim(), NH = c.n_head, NKV = c.n_kv_head;
+  const int64_t HD = moe.head_dim > 0 ? moe.head_dim : c.head_dim();
+  const int64_t NH = c.n_head, NKV = c.n_kv_head;
+  const int64_t Fe = moe.ffn_hidden_size > 0 ? moe.ffn_hidden_size : F;
   HfLayout layout;
   auto one = [&](std::string name, Shape shape, int64_t rows) {
     layout.params.push_back({name, shape, {{name, rows, false}}});
@@ -101,8 +138,16 @@ HfLayout llama_hf_layout(const ModelOptions& options) {
                              {{p + "self_attn.q_proj.weight", NH * HD, false},
                               {p + "self_attn.k_proj.weight", NKV * HD, false},
                               {p + "self_attn.v_proj.weight", NKV * HD, false}}});
+    if (moe.qk_norm) {
+      one(p + "self_attn.q_norm.weight", Shape{HD}, HD);
+      one(p + "self_attn.k_norm.weight", Shape{HD}, HD);
+    }
     one(p + "self_attn.o_proj.weight", Shape{C, NH * HD}, C);
     one(p + "post_attention_layernorm.weight", Shape{C}, C);
+    if (moe.moe_block(l)) {
+      add_moe_hf_params(layout, p, kind, moe.num_experts, Fe, C);
+      continue;
+    }
     layout.params.push_back({p + "mlp.gate_up_proj.weight", Shape{2 * F, C},
                              {{p + "mlp.gate_proj.weight", F, false},
                               {p + "mlp.up_proj.weight", F, false}}});

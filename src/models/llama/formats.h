@@ -9,6 +9,8 @@
 // rows in memory.
 #pragma once
 
+#include "models/llama/config.h"
+#include "models/llama/moe_formats.h"
 #include "models/registry.h"
 
 #include <nlohmann/json.hpp>
@@ -24,12 +26,21 @@ namespace kiln {
 /// tie_word_embeddings (false). Throws kiln::Error naming the file and key for anything
 /// kiln's Llama does not compute: hidden_act other than silu, attention_bias or mlp_bias
 /// true, head_dim other than hidden_size / num_attention_heads, another rope_type.
+/// model_type "mixtral" and "qwen3_moe" read the same fields (their configs' defaults:
+/// Mixtral's rms_norm_eps 1e-5 and rope_theta 1e6) and the MoE ones
+/// (llama_moe_keys_from_hf), head_dim included.
 ModelOptions llama_options_from_hf(const nlohmann::json& cfg, const std::string& file);
 /// The config.json of a Llama of `options` (architectures LlamaForCausalLM, every field
-/// transformers' LlamaConfig defines for it; docs/formats.md lists them).
+/// transformers' LlamaConfig defines for it; docs/formats.md lists them), or of a MoE
+/// model as Mixtral or Qwen3-MoE (llama_hf_kind, moe_hf_config).
 nlohmann::json llama_hf_config(const ModelOptions& options);
 /// Where a Llama's parameters live in a folder (names above, optional "model." prefix, a
-/// tied lm_head.weight and rotary_emb.inv_freq buffers ignored).
+/// tied lm_head.weight and rotary_emb.inv_freq buffers ignored; a MoE model's in
+/// moe_formats.h's names).
 HfLayout llama_hf_layout(const ModelOptions& options);
+/// The same for the model of `config` with the MoE and QK-norm keys `moe` (apart until
+/// LlamaConfig holds them). Throws kiln::Error naming the key that neither Mixtral nor
+/// Qwen3-MoE holds (llama_hf_kind).
+HfLayout llama_hf_layout_of(const LlamaConfig& config, const LlamaMoeKeys& moe);
 
 }  // namespace kiln
