@@ -26,12 +26,11 @@ ModelOptions llama_options_from_hf(const nlohmann::json& cfg, const std::string&
   KILN_CHECK(act == "silu", "{}: hidden_act = '{}': kiln's Llama computes silu", file, act);
   for (const char* key : {"attention_bias", "mlp_bias"})
     KILN_CHECK(!hf_bool(cfg, key, file, false), "{}: {} = true: kiln's Llama has no biases", file, key);
-  KILN_CHECK(o.n_head > 0 && o.n_embd % o.n_head == 0,
-             "{}: hidden_size {} is not a multiple of num_attention_heads {}", file, o.n_embd, o.n_head);
-  const int head_dim = hf_int(cfg, "head_dim", file, o.n_embd / o.n_head);
-  KILN_CHECK(head_dim == o.n_embd / o.n_head,
-             "{}: head_dim = {}: kiln's Llama has head_dim = hidden_size / num_attention_heads = {}",
-             file, head_dim, o.n_embd / o.n_head);
+  KILN_CHECK(o.n_head > 0, "{}: num_attention_heads = {} must be positive", file, o.n_head);
+  // model.head_dim, when it is not hidden_size / num_attention_heads (its default).
+  const int head_dim = hf_int(cfg, "head_dim", file, 0);
+  if (head_dim != 0 && (o.n_embd % o.n_head != 0 || head_dim != o.n_embd / o.n_head))
+    f["head_dim"] = head_dim;
   if (cfg.contains("rope_scaling") && !cfg["rope_scaling"].is_null()) {
     const nlohmann::json& rs = cfg["rope_scaling"];
     KILN_CHECK(rs.is_object(), "{}: rope_scaling must be an object or null", file);
@@ -55,6 +54,7 @@ ModelOptions llama_options_from_hf(const nlohmann::json& cfg, const std::string&
 
 nlohmann::json llama_hf_config(const ModelOptions& options) {
   const LlamaConfig c = llama_config_of(options);
+  KILN_CHECK(!c.qk_norm, "model.qk_norm = true: a Hugging Face Llama folder has no QK-norm");
   nlohmann::json rope_scaling = nullptr;
   if (c.rope.scale_factor > 0.0)
     rope_scaling = {{"rope_type", "llama3"},
