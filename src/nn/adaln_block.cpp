@@ -27,11 +27,12 @@ AdaLNBlock::AdaLNBlock(const std::string& prefix, const AdaLNBlockSpec& spec)
   KILN_CHECK(spec.attention.q_width() == spec.n_embd,
              "adaLN block {}: attention width {} x {} must equal n_embd {}", prefix,
              spec.attention.n_head, spec.attention.head_dim, spec.n_embd);
+  KILN_CHECK(!spec.attention.qk_norm, "adaLN block {}: no QK-norm (its scratch has none)", prefix);
   adaln_.weight.init = Init::zeros();  // adaLN-Zero: every gate starts closed
   kNorm1 = kMod + 1;
   kMod1 = kNorm1 + norm_1_.num_saved();
   kAttn = kMod1 + 1;
-  kAttnOut = kAttn + SelfAttention::kNumSaved;
+  kAttnOut = kAttn + attn_.num_saved();
   kResidual = kAttnOut + 1;
   kNorm2 = kResidual + 1;
   kMod2 = kNorm2 + norm_2_.num_saved();
@@ -73,7 +74,7 @@ void AdaLNBlock::forward(const AdaLNPass& p, const Tensor& x, const Tensor& out)
   Backend& be = p.be;
   const auto& sv = p.saved;
   const auto n1 = sv.subspan(kNorm1, norm_1_.num_saved());
-  const auto at = sv.subspan(kAttn, SelfAttention::kNumSaved);
+  const auto at = sv.subspan(kAttn, attn_.num_saved());
   const auto n2 = sv.subspan(kNorm2, norm_2_.num_saved());
   const auto ml = sv.subspan(kMlp, Mlp::kNumSaved);
   const Tensor& mod = sv[kMod];
@@ -97,7 +98,7 @@ void AdaLNBlock::backward(const AdaLNPass& p, const Tensor& dres, const Tensor& 
   Backend& be = p.be;
   const auto& sv = p.saved;
   const auto n1 = sv.subspan(kNorm1, norm_1_.num_saved());
-  const auto at = sv.subspan(kAttn, SelfAttention::kNumSaved);
+  const auto at = sv.subspan(kAttn, attn_.num_saved());
   const auto n2 = sv.subspan(kNorm2, norm_2_.num_saved());
   const auto ml = sv.subspan(kMlp, Mlp::kNumSaved);
   const Tensor& mod = sv[kMod];

@@ -9,19 +9,17 @@ TransformerBlock::TransformerBlock(const std::string& prefix, const BlockSpec& s
       norm_1_(prefix + spec.names.norm_1, spec.n_embd, spec.norm),
       norm_2_(prefix + spec.names.norm_2, spec.n_embd, spec.norm),
       attn_(prefix + spec.names.attn_qkv, prefix + spec.names.attn_out, spec.n_embd,
-            spec.attention, spec.bias, spec.init_std, spec.residual_init_std),
+            spec.attention, spec.bias, spec.init_std, spec.residual_init_std,
+            prefix + spec.names.attn_q_norm, prefix + spec.names.attn_k_norm),
       mlp_(spec.mlp, prefix + spec.names.mlp_fc, prefix + spec.names.mlp_proj, spec.n_embd,
            spec.mlp_hidden, spec.bias, spec.init_std, spec.residual_init_std) {
   kAttn = kNorm1 + norm_1_.num_saved();
-  kResidual = kAttn + SelfAttention::kNumSaved;
+  kResidual = kAttn + attn_.num_saved();
   kNorm2 = kResidual + 1;
   kMlp = kNorm2 + norm_2_.num_saved();
   kNumSaved = kMlp + Mlp::kNumSaved;
   KILN_CHECK(spec.n_embd > 0 && spec.mlp_hidden > 0, "block: n_embd {} and mlp_hidden {} must be > 0",
              spec.n_embd, spec.mlp_hidden);
-  KILN_CHECK(spec.attention.q_width() == spec.n_embd,
-             "block: attention width {} x {} must equal n_embd {}", spec.attention.n_head,
-             spec.attention.head_dim, spec.n_embd);
 }
 
 DropoutSpec TransformerBlock::rows(const DropoutSpec& d, const Tensor& x) const {
@@ -73,7 +71,7 @@ BlockScratch TransformerBlock::make_scratch(Backend& be, int64_t B, int64_t T, D
   const int64_t C = spec_.n_embd;
   const int64_t big = std::max(mlp_.fc_width(), attn_.local_spec().qkv_width());
   auto act = [&](Shape s) { return be.empty(s, dtype, MemCategory::Activations); };
-  return {act({B, T, C}), act({B, T, C}), act({B, T, attn_.local_spec().q_width()}),
+  return {act({B, T, C}), act({B, T, C}), act({B, T, attn_.dattn_width()}),
           act({B, T, big}), spec_.mlp == MlpKind::SwiGLU ? act({B, T, mlp_.hidden()}) : Tensor(),
           sequence_parallel() ? act({B * T, C}) : Tensor()};
 }
@@ -81,7 +79,7 @@ BlockScratch TransformerBlock::make_scratch(Backend& be, int64_t B, int64_t T, D
 void TransformerBlock::forward(const BlockPass& p, const Tensor& x, const Tensor& out) const {
   Backend& be = p.be;
   const auto n1 = part(p.saved, kNorm1, norm_1_.num_saved());
-  const auto at = part(p.saved, kAttn, SelfAttention::kNumSaved);
+  const auto at = part(p.saved, kAttn, attn_.num_saved());
   const auto n2 = part(p.saved, kNorm2, norm_2_.num_saved());
   const auto ml = part(p.saved, kMlp, Mlp::kNumSaved);
   const Tensor& residual = p.saved[kResidual];
@@ -101,7 +99,7 @@ void TransformerBlock::backward(const BlockPass& p, const Tensor& dres, const Te
                                 const Tensor& out) const {
   Backend& be = p.be;
   const auto n1 = part(p.saved, kNorm1, norm_1_.num_saved());
-  const auto at = part(p.saved, kAttn, SelfAttention::kNumSaved);
+  const auto at = part(p.saved, kAttn, attn_.num_saved());
   const auto n2 = part(p.saved, kNorm2, norm_2_.num_saved());
   const auto ml = part(p.saved, kMlp, Mlp::kNumSaved);
   const Tensor& residual = p.saved[kResidual];
@@ -146,6 +144,7 @@ TransformerBlock::DecodeScratch TransformerBlock::make_decode_scratch(Backend& b
   w.norm = tmp({B, Tq, C});
   w.y = tmp({B, Tq, C});
   w.qkv = tmp({B, Tq, spec_.attention.qkv_width()});
+  w.attn = tmp({B, Tq, spec_.attention.q_width()});
   w.hidden = tmp({B, Tq, mlp_.fc_width()});
   w.act = tmp({B, Tq, H});
   w.mean = be.empty(Shape{B * Tq}, DType::F32, MemCategory::Temporaries);
@@ -158,7 +157,7 @@ void TransformerBlock::decode(Backend& be, Stream s, const Tensor& x, const Deco
                               const Tensor& positions) const {
   KILN_CHECK(!tp_, "{}: decoding a tensor-parallel block is not supported yet", norm_1_.name());
   norm_1_.forward_into(be, s, w.norm, w.mean, w.rstd, x);
-  attn_.decode(be, s, w.norm, w.norm, w.qkv, w.y, k_cache, v_cache, past, positions);
+  attn_.decode(be, s, w.norm, w.norm, w.qkv, w.attn, k_cache, v_cache, past, positions);
   be.add(s, w.x2, x, w.norm);
   norm_2_.forward_into(be, s, w.norm, w.mean, w.rstd, w.x2);
   mlp_.decode(be, s, w.y, w.norm, w.hidden, w.act);

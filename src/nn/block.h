@@ -31,16 +31,18 @@
 
 namespace kiln::nn {
 
-/// Parameter names inside a block (defaults: Hugging Face GPT-2's).
+/// Parameter names inside a block (defaults: Hugging Face GPT-2's); the QK-norm gains'
+/// only with AttentionSpec::qk_norm.
 struct BlockNames {
   std::string norm_1 = "ln_1", attn_qkv = "attn.c_attn", attn_out = "attn.c_proj";
   std::string norm_2 = "ln_2", mlp_fc = "mlp.c_fc", mlp_proj = "mlp.c_proj";
+  std::string attn_q_norm = "attn.q_norm", attn_k_norm = "attn.k_norm";
 };
 
 struct BlockSpec {
   int64_t n_embd = 0;               // C, the residual stream's width
   NormSpec norm;                    // both norms (kind, eps, gain, shift)
-  AttentionSpec attention;
+  AttentionSpec attention;          // NH * HD need not be C
   MlpKind mlp = MlpKind::GeluTanh;
   int64_t mlp_hidden = 0;           // H
   bool bias = true;                 // biases on every Linear
@@ -61,7 +63,8 @@ struct BlockPlacement {
 /// Dropout sites of a block: each a distinct Philox stream (see the model's streams).
 enum DropoutSite : uint64_t { kEmbeddingSite = 0, kAttnProbsSite = 1, kAttnResidSite = 2, kMlpResidSite = 3 };
 
-/// Backward scratch shared by all blocks: tmp, dtmp [B,T,C]; dattn [B,T,NH*HD]; dbig
+/// Backward scratch shared by all blocks: tmp, dtmp [B,T,C]; dattn [B,T,NH*HD] (twice as
+/// wide with QK-norm: SelfAttention::dattn_width); dbig
 /// [B,T,max(MLP fc width, qkv width)]; dact [B,T,H] (SwiGLU only, else empty); work
 /// [B*T, C] under sequence parallelism (else empty). Widths are the rank's when sharded.
 struct BlockScratch {
@@ -113,7 +116,7 @@ class TransformerBlock {
 
   /// Inference scratch for decode(): Tq new positions of B sequences.
   struct DecodeScratch {
-    Tensor x2, norm, y, qkv, hidden, act, mean, rstd;
+    Tensor x2, norm, y, qkv, attn, hidden, act, mean, rstd;
   };
   DecodeScratch make_decode_scratch(Backend& be, int64_t B, int64_t Tq, DType dtype) const;
   /// x [B,Tq,C] <- block(x) over the KV caches [B,Tmax,NKV*HD] at positions

@@ -38,10 +38,18 @@ void Norm::forward_into(Backend& be, Stream s, const Tensor& out, const Tensor& 
 void Norm::backward(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& dinp,
                     const Tensor& dout, const Tensor& inp) const {
   if (spec_.kind == NormKind::LayerNorm)
-    be.layernorm_backward(s, dinp, opt_grad(be, s, weight), opt_grad(be, s, bias), dout, inp,
-                          opt_value(weight), saved[1], saved[2]);
+    backward_from(be, s, dinp, dout, inp, saved[1], saved[2]);
   else
-    be.rmsnorm_backward(s, dinp, opt_grad(be, s, weight), dout, inp, opt_value(weight), saved[1]);
+    backward_from(be, s, dinp, dout, inp, Tensor(), saved[1]);
+}
+
+void Norm::backward_from(Backend& be, Stream s, const Tensor& dinp, const Tensor& dout,
+                         const Tensor& inp, const Tensor& mean, const Tensor& rstd) const {
+  if (spec_.kind == NormKind::LayerNorm)
+    be.layernorm_backward(s, dinp, opt_grad(be, s, weight), opt_grad(be, s, bias), dout, inp,
+                          opt_value(weight), mean, rstd);
+  else
+    be.rmsnorm_backward(s, dinp, opt_grad(be, s, weight), dout, inp, opt_value(weight), rstd);
 }
 
 Tensor Norm::opt_grad(Backend& be, Stream s, const Param& p) const {

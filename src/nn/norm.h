@@ -44,6 +44,9 @@ class Norm {
   /// gradients +=.
   void backward(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& dinp,
                 const Tensor& dout, const Tensor& inp) const;
+  /// As backward, from explicit statistics (forward_into's; mean unused by RMSNorm).
+  void backward_from(Backend& be, Stream s, const Tensor& dinp, const Tensor& dout,
+                     const Tensor& inp, const Tensor& mean, const Tensor& rstd) const;
   void collect(std::vector<Param*>& out);
   /// Installs the plan's placement: Replicated, or Sequence (TpStyle), under which with
   /// sequence parallelism (placement.sequence_parallel, tp > 1) a rank normalises only its

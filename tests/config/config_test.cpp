@@ -387,7 +387,7 @@ TEST(TrainConfigToml, EarlierVersionsRunConfigsStillLoad) {
       {"n_kv_head", 2}, {"ffn_hidden_size", 24}, {"norm_eps", 1e-5}, {"rope_theta", 500000},
       {"rope_scaling.factor", 8}, {"rope_scaling.low_freq_factor", 1},
       {"rope_scaling.high_freq_factor", 4}, {"rope_scaling.original_max_position", 64},
-      {"tie_embeddings", 1}};
+      {"tie_embeddings", 1}, {"head_dim", 0}, {"qk_norm", 0}};  // later keys: defaults
   EXPECT_EQ(llama.model.family, want);
   const TrainConfig vit = load_config_file(dir + "vit_run_config_v1.toml");
   EXPECT_EQ(vit.model.family.at("image_size"), 8);

@@ -51,6 +51,13 @@ ModelOptions llama_options(bool tied, int n_kv_head) {
   return o;
 }
 
+// Heads of 6 over n_embd 16 / 4 heads (config.json's head_dim: model.head_dim).
+ModelOptions llama_wide_heads() {
+  ModelOptions o = llama_options(false, 2);
+  o.family["head_dim"] = 6;
+  return o;
+}
+
 std::vector<ParamSpec> params_of(const ModelOptions& o) {
   auto backend = make_backend("cpu");
   return make_model(o, *backend)->params();
@@ -140,7 +147,8 @@ void rewrite_single(const fs::path& dir,
 }
 
 TEST(HfFolder, LayoutsMatchTheModels) {
-  for (const ModelOptions& o : {gpt2_options(), llama_options(false, 2), llama_options(true, 4)}) {
+  for (const ModelOptions& o : {gpt2_options(), llama_options(false, 2), llama_options(true, 4),
+                                llama_wide_heads()}) {
     const auto params = params_of(o);
     const HfLayout layout = model_arch(o.arch).hf_layout(o);
     ASSERT_EQ(layout.params.size(), params.size()) << o.arch;
@@ -152,7 +160,8 @@ TEST(HfFolder, LayoutsMatchTheModels) {
 }
 
 TEST(HfFolder, RoundTripsBitwise) {
-  for (const ModelOptions& o : {gpt2_options(), llama_options(false, 2), llama_options(true, 4)}) {
+  for (const ModelOptions& o : {gpt2_options(), llama_options(false, 2), llama_options(true, 4),
+                                llama_wide_heads()}) {
     SCOPED_TRACE(o.arch + (o.family.contains("tie_embeddings") && o.family.at("tie_embeddings") ? " tied" : ""));
     TempDir tmp;
     const HostWeights w = random_weights(o);
@@ -237,6 +246,16 @@ TEST(HfFolder, NamesAndShapesAreTransformers) {
   EXPECT_EQ(lc["tie_word_embeddings"], false);
   EXPECT_TRUE(lc["rope_scaling"].is_null());
   EXPECT_TRUE(fs::exists(tmp.path / "llama" / "generation_config.json"));
+  EXPECT_FALSE(hf_folder_options(tmp.path / "llama").family.contains("head_dim"));  // the default
+  ModelOptions wide = llama_wide_heads();
+  wide.n_layer = 1;
+  write(wide, random_weights(wide), tmp.path / "wide");
+  EXPECT_EQ(read_json(tmp.path / "wide" / "config.json")["head_dim"], 6);
+  const Spec ws = folder_specs(tmp.path / "wide");
+  EXPECT_EQ(ws.at(p + "self_attn.q_proj.weight"), (std::vector<int64_t>{24, 16}));
+  EXPECT_EQ(ws.at(p + "self_attn.k_proj.weight"), (std::vector<int64_t>{12, 16}));
+  EXPECT_EQ(ws.at(p + "self_attn.o_proj.weight"), (std::vector<int64_t>{16, 24}));
+  EXPECT_EQ(hf_folder_options(tmp.path / "wide").family.at("head_dim"), 6);
 
   ModelOptions g = gpt2_options();
   g.n_layer = 1;
@@ -348,6 +367,12 @@ TEST(HfFolder, CorruptOrUnsupportedFoldersAreOneLineErrors) {
   d = fresh();
   edit_config(d, [](Json& j) { j["hidden_act"] = "gelu"; });
   expect_error(d, "hidden_act = 'gelu'");
+  d = fresh();
+  edit_config(d, [](Json& j) { j["head_dim"] = 5; });
+  expect_error(d, (d / "config.json").string() + ": model.head_dim (5) must be even");
+  d = fresh();
+  edit_config(d, [](Json& j) { j["head_dim"] = 8; });
+  expect_error(d, "holds another model than the config asks for: head_dim = 8 (the folder) vs 4");
   d = fresh();
   edit_config(d, [](Json& j) { j["num_hidden_layers"] = 3; });
   expect_error(d, "holds another model than the config asks for: num_hidden_layers = 3 (the folder) vs 2");

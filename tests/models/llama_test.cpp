@@ -38,6 +38,14 @@ ModelOptions tiny(bool tie = false) {
   return o;
 }
 
+// tiny() with Qwen3's attention: heads of 6 (NH * HD = 24 over C = 16) and QK-norm.
+ModelOptions tiny_qk_norm(bool tie = false) {
+  ModelOptions o = tiny(tie);
+  o.family["head_dim"] = 6;
+  o.family["qk_norm"] = 1;
+  return o;
+}
+
 using kiln::testing::error_of;
 
 struct Rig {
@@ -45,8 +53,8 @@ struct Rig {
   std::unique_ptr<Model> m;
   Tensor x, y;
   static constexpr int B = 2, T = 7;
-  explicit Rig(nn::ActivationCheckpointing mode, bool tie = false) {
-    m = make_model(tiny(tie), *be);
+  explicit Rig(nn::ActivationCheckpointing mode, bool tie = false, bool qk_norm = false) {
+    m = make_model(qk_norm ? tiny_qk_norm(tie) : tiny(tie), *be);
     m->set_activation_checkpointing(mode);
     m->init_weights(5);
     std::vector<float> w = download_f32(*be, m->param_buffer());
@@ -106,6 +114,43 @@ TEST(Llama, ParameterNamesAndShapesAsHuggingFace) {
   EXPECT_TRUE(tied->parts().front().resident);  // the embedding is also the head
   EXPECT_FALSE(tied->parts().back().resident);
   EXPECT_EQ(m->num_parameters() - tied->num_parameters(), 29 * 16);
+}
+
+// head_dim and qk_norm: the projections around 6-wide heads, the gains after qkv_proj,
+// Hugging Face's Qwen3 names; the parameter count of the config is the model's.
+TEST(Llama, HeadDimAndQkNormShapeTheAttention) {
+  auto be = make_backend("cpu");
+  const auto m = make_model(tiny_qk_norm(), *be);
+  const std::string l0 = "model.layers.0.";
+  const std::vector<std::pair<std::string, Shape>> expect = {
+      {l0 + "input_layernorm.weight", {16}},
+      {l0 + "self_attn.qkv_proj.weight", {(4 + 2 * 2) * 6, 16}},
+      {l0 + "self_attn.q_norm.weight", {6}},
+      {l0 + "self_attn.k_norm.weight", {6}},
+      {l0 + "self_attn.o_proj.weight", {16, 4 * 6}},
+  };
+  for (size_t i = 0; i < expect.size(); ++i) {
+    EXPECT_EQ(m->params()[i + 1].name, expect[i].first);
+    EXPECT_EQ(m->params()[i + 1].shape, expect[i].second) << expect[i].first;
+  }
+  EXPECT_FALSE(m->params()[3].weight_decay);
+  ASSERT_EQ(m->params().size(), 1 + 2 * 8 + 2u);
+  int64_t n = 0;
+  for (const ParamSpec& p : m->params()) n += p.shape.numel();
+  const LlamaConfig c = llama_config_of(tiny_qk_norm());
+  EXPECT_EQ(c.head_dim(), 6);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.num_parameters(), n - (128 - 29) * 16 * 2);  // without the padded rows
+  EXPECT_EQ(m->num_parameters(), c.num_parameters());
+  EXPECT_NE(c.str().find("head_dim=6 qk_norm"), std::string::npos) << c.str();
+  // 6 N + 12 L T NH HD: the attention term of 6-wide heads, not C / NH = 4.
+  const double N = c.num_parameters() - 29.0 * 16 - 2 * (2 * 16 + 2 * 6) - 16;  // matmuls
+  EXPECT_DOUBLE_EQ(c.flops_per_token(10), 6.0 * N + 12.0 * 2 * 10 * 4 * 6);
+  // The checkpoint's "model" object gives the same options back.
+  const ModelOptions back = llama_options_from_json(llama_config_json(c));
+  EXPECT_EQ(back.family.at("head_dim"), 6);
+  EXPECT_EQ(back.family.at("qk_norm"), 1);
+  EXPECT_EQ(llama_config_json(llama_config_of(back)), llama_config_json(c));
 }
 
 // Two pipeline stages of a tied Llama (parts {0, 1}: embeddings and layer 0; {2, 3}:
@@ -231,6 +276,18 @@ original_max_position = 64
   EXPECT_NE(error_of([] { load_config_string("", {"model.arch=llama", "model.rope_scaling.factor=8",
                                                   "model.rope_scaling.high_freq_factor=0.5"}); })
                 .find("'model.rope_scaling.high_freq_factor'"), std::string::npos);
+  // Qwen3's attention keys.
+  const TrainConfig q = load_config_string("[model]\narch = \"llama\"\nhead_dim = 128\nqk_norm = true\n");
+  EXPECT_EQ(q.model.family.at("head_dim"), 128);
+  EXPECT_EQ(q.model.family.at("qk_norm"), 1);
+  EXPECT_EQ(load_config_string(q.to_toml()), q);
+  EXPECT_EQ(error_of([] { load_config_string("", {"model.arch=llama", "model.head_dim=5"}); }),
+            "--set: key 'model.head_dim' (5) must be even: rotary embeddings turn channel pairs");
+  for (const char* bad : {"model.head_dim=-2", "model.head_dim=2.5", "model.qk_norm=2"}) {
+    const std::string e = error_of([&] { load_config_string("", {"model.arch=llama", bad}); });
+    EXPECT_NE(e.find(std::string(bad).substr(0, std::string(bad).find('='))), std::string::npos) << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  }
 }
 
 TEST(Llama, FactoryErrorsNameTheKey) {
@@ -244,6 +301,11 @@ TEST(Llama, FactoryErrorsNameTheKey) {
   EXPECT_NE(err([](ModelOptions& o) { o.dropout = 0.1f; }).find("model.dropout"), std::string::npos);
   EXPECT_NE(err([](ModelOptions& o) { o.n_embd = 12; o.n_head = 4; o.family["n_kv_head"] = 2; })
                 .find("even"), std::string::npos);  // head size 3
+  EXPECT_NE(err([](ModelOptions& o) { o.family["head_dim"] = 7; }).find("model.head_dim (7) must be even"),
+            std::string::npos);
+  EXPECT_NE(err([](ModelOptions& o) { o.family["head_dim"] = -4; }).find("model.head_dim"),
+            std::string::npos);
+
   ModelOptions g = tiny();
   g.arch = "gpt2";
   g.family = {{"n_kv_head", 2}};  // a llama key: gpt2 declares none (ModelArch::keys)
@@ -252,22 +314,23 @@ TEST(Llama, FactoryErrorsNameTheKey) {
 }
 
 TEST(Llama, CheckpointingPoliciesAndExplicitPositionsGiveBitwiseEqualGradients) {
-  for (bool tie : {false, true}) {
-    Rig r(nn::ActivationCheckpointing::None, tie);
+  for (const auto& [tie, qk] : {std::pair{false, false}, {true, false}, {false, true}}) {
+    Rig r(nn::ActivationCheckpointing::None, tie, qk);
     const auto ref = r.grads();
     std::vector<int32_t> p(Rig::B * Rig::T);
     for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<int32_t>(i % Rig::T);
     EXPECT_EQ(r.grads(r.i32(p, Shape{Rig::B, Rig::T})), ref) << "positions 0..T-1";
-    EXPECT_EQ(Rig(nn::ActivationCheckpointing::Selective, tie).grads(), ref);
-    EXPECT_EQ(Rig(nn::ActivationCheckpointing::Full, tie).grads(), ref);
+    EXPECT_EQ(Rig(nn::ActivationCheckpointing::Selective, tie, qk).grads(), ref);
+    EXPECT_EQ(Rig(nn::ActivationCheckpointing::Full, tie, qk).grads(), ref);
   }
 }
 
 // Prefill 3 positions, then one at a time: each step's logits are the full forward's at
-// that position (rotary angles of the cached positions, grouped-query caches).
+// that position (rotary angles of the cached positions, grouped-query caches; the cached
+// keys normalised with QK-norm).
 TEST(Llama, DecodeMatchesTheFullForward) {
-  for (bool tie : {false, true}) {
-    Rig r(nn::ActivationCheckpointing::None, tie);
+  for (const auto& [tie, qk] : {std::pair{false, false}, {true, false}, {false, true}}) {
+    Rig r(nn::ActivationCheckpointing::None, tie, qk);
     Backend& be = *r.be;
     auto* llama = dynamic_cast<Llama*>(r.m.get());
     ASSERT_NE(llama, nullptr);
@@ -298,7 +361,8 @@ TEST(Llama, DecodeMatchesTheFullForward) {
           err = std::max(err, std::abs(got[b * Vp + v] - want));
           den = std::max(den, std::abs(want));
         }
-      EXPECT_LT(err, 1e-5 * std::max(1.0, den)) << "after " << t0 << " positions, tie " << tie;
+      EXPECT_LT(err, 1e-5 * std::max(1.0, den))
+          << "after " << t0 << " positions, tie " << tie << ", qk_norm " << qk;
     }
     llama->end_decode();
   }

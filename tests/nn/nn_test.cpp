@@ -1,6 +1,8 @@
 // The layer library on the CPU backend: a transformer block's backward against central
-// differences of its forward (fp32, awkward sizes, dropout on), the three checkpointing
-// policies giving bitwise the same gradients, the recompute classes, initial values by
+// differences of its forward (fp32, awkward sizes, dropout on; also Qwen3's attention:
+// QK-norm, heads wider than C / NH), the three checkpointing policies giving bitwise the
+// same gradients, QK-norm's forward against a double reference, the recompute classes,
+// initial values by
 // global element coordinates, the classifier's chunking (train.classifier_chunk_mb) not
 // changing its result, and clear errors for what the backends cannot do yet.
 #include "backend/registry.h"
@@ -49,10 +51,27 @@ BlockSpec awkward_spec() {
   return s;
 }
 
+// Qwen3's block at awkward sizes: RMSNorm, SwiGLU, no biases, rotary grouped-query
+// attention (4 query heads over 2 key/value heads) of head size 6, so NH * HD = 24 is not
+// C = 15, with QK-norm.
+BlockSpec qk_norm_spec() {
+  BlockSpec s = awkward_spec();
+  s.norm = NormSpec{NormKind::RMSNorm, 1e-5f, true, false};
+  s.attention.n_head = 4;
+  s.attention.n_kv_head = 2;
+  s.attention.head_dim = 6;
+  s.attention.rotary = true;
+  s.attention.qk_norm = true;
+  s.attention.qk_norm_eps = 1e-5f;
+  s.mlp = MlpKind::SwiGLU;
+  s.bias = false;
+  return s;
+}
+
 // One block, forward and backward, of L = sum(out * R) for a fixed random R.
 struct BlockRig {
   std::unique_ptr<Backend> be = make_backend("cpu");
-  TransformerBlock block{"h.0.", awkward_spec()};
+  TransformerBlock block;
   std::vector<Param*> params;
   Bound bound;
   SavedActivations saved;
@@ -61,7 +80,9 @@ struct BlockRig {
   Tensor x, out, dres, r;
   DropoutSpec probs, resid_a, resid_m;
 
-  BlockRig(ActivationCheckpointing mode, float p, uint64_t seed) {
+  BlockRig(ActivationCheckpointing mode, float p, uint64_t seed,
+           const BlockSpec& spec = awkward_spec())
+      : block("h.0.", spec) {
     block.collect(params);
     bound = bind_params(*be, params);
     std::mt19937 rng(seed);
@@ -72,7 +93,7 @@ struct BlockRig {
       for (size_t j = 0; j < v.size(); ++j) w[bound.offsets[i] + j] = v[j] + 0.1f * nd(rng);
     }
     upload_f32(*be, bound.values, w.data());
-    const int64_t C = awkward_spec().n_embd;
+    const int64_t C = spec.n_embd;
     saved.reserve(*be, block.saved_specs(B, T, DType::F32), 1, mode);
     scratch = block.make_scratch(*be, B, T, DType::F32);
     auto act = [&] { return be->empty(Shape{B, T, C}, DType::F32, MemCategory::Activations); };
@@ -109,45 +130,52 @@ struct BlockRig {
   }
 };
 
-TEST(TransformerBlock, BackwardMatchesFiniteDifferences) {
-  for (float p : {0.f, 0.2f}) {
-    BlockRig rig(ActivationCheckpointing::None, p, 17);
-    const auto dx = rig.grad();
-    const auto dw = host(*rig.be, rig.bound.grads);
-    auto fd = [&](const Tensor& buf, size_t i) {
-      auto v = host(*rig.be, buf);
-      const float h = 1e-2f, v0 = v[i];
-      v[i] = v0 + h;
-      upload_f32(*rig.be, buf, v.data());
-      const double lp = rig.loss();
-      v[i] = v0 - h;
-      upload_f32(*rig.be, buf, v.data());
-      const double lm = rig.loss();
-      v[i] = v0;
-      upload_f32(*rig.be, buf, v.data());
-      return (lp - lm) / (2 * h);
-    };
-    auto check = [&](double want, double got, const std::string& what) {
-      const double err = std::abs(want - got) / std::max(5e-2, std::abs(want) + std::abs(got));  // fp32 noise floor
-      EXPECT_LT(err, 2e-2) << what << ": finite difference " << want << ", backward " << got
-                           << ", dropout " << p;
-    };
-    for (size_t i = 0; i < dx.size(); i += 13) check(fd(rig.x, i), dx[i], "dx[" + std::to_string(i) + "]");
-    for (size_t k = 0; k < rig.params.size(); ++k) {
-      const int64_t n = rig.params[k]->shape.numel();
-      for (int64_t j : {int64_t{0}, n / 2, n - 1}) {
-        const size_t i = static_cast<size_t>(rig.bound.offsets[k] + j);
-        check(fd(rig.bound.values, i), dw[i], rig.params[k]->name + "[" + std::to_string(j) + "]");
-      }
+void check_finite_differences(const BlockSpec& spec, float p) {
+  BlockRig rig(ActivationCheckpointing::None, p, 17, spec);
+  const auto dx = rig.grad();
+  const auto dw = host(*rig.be, rig.bound.grads);
+  auto fd = [&](const Tensor& buf, size_t i) {
+    auto v = host(*rig.be, buf);
+    const float h = 1e-2f, v0 = v[i];
+    v[i] = v0 + h;
+    upload_f32(*rig.be, buf, v.data());
+    const double lp = rig.loss();
+    v[i] = v0 - h;
+    upload_f32(*rig.be, buf, v.data());
+    const double lm = rig.loss();
+    v[i] = v0;
+    upload_f32(*rig.be, buf, v.data());
+    return (lp - lm) / (2 * h);
+  };
+  auto check = [&](double want, double got, const std::string& what) {
+    const double err = std::abs(want - got) / std::max(5e-2, std::abs(want) + std::abs(got));  // fp32 noise floor
+    EXPECT_LT(err, 2e-2) << what << ": finite difference " << want << ", backward " << got
+                         << ", dropout " << p;
+  };
+  for (size_t i = 0; i < dx.size(); i += 13) check(fd(rig.x, i), dx[i], "dx[" + std::to_string(i) + "]");
+  for (size_t k = 0; k < rig.params.size(); ++k) {
+    const int64_t n = rig.params[k]->shape.numel();
+    for (int64_t j : {int64_t{0}, n / 2, n - 1}) {
+      const size_t i = static_cast<size_t>(rig.bound.offsets[k] + j);
+      check(fd(rig.bound.values, i), dw[i], rig.params[k]->name + "[" + std::to_string(j) + "]");
     }
   }
 }
 
-TEST(TransformerBlock, CheckpointingPoliciesGiveBitwiseEqualGradients) {
+TEST(TransformerBlock, BackwardMatchesFiniteDifferences) {
+  for (float p : {0.f, 0.2f}) check_finite_differences(awkward_spec(), p);
+}
+
+// QK-norm's gains and the projections around heads wider than C / NH, through rotary.
+TEST(TransformerBlock, QkNormAndWideHeadsMatchFiniteDifferences) {
+  check_finite_differences(qk_norm_spec(), 0.1f);
+}
+
+void check_checkpointing_bitwise(const BlockSpec& spec) {
   std::vector<float> ref_dx, ref_dw;
   for (auto mode : {ActivationCheckpointing::None, ActivationCheckpointing::Selective,
                     ActivationCheckpointing::Full}) {
-    BlockRig rig(mode, 0.1f, 23);
+    BlockRig rig(mode, 0.1f, 23, spec);
     const auto dx = rig.grad();
     const auto dw = host(*rig.be, rig.bound.grads);
     if (mode == ActivationCheckpointing::None) {
@@ -160,6 +188,114 @@ TEST(TransformerBlock, CheckpointingPoliciesGiveBitwiseEqualGradients) {
     EXPECT_EQ(rig.saved.rerun_block(), mode == ActivationCheckpointing::Full);
     EXPECT_TRUE(rig.saved.recompute_cheap());
   }
+}
+
+TEST(TransformerBlock, CheckpointingPoliciesGiveBitwiseEqualGradients) {
+  check_checkpointing_bitwise(awkward_spec());
+  check_checkpointing_bitwise(qk_norm_spec());
+}
+
+// A double reference of Qwen3's attention as transformers computes it, for B sequences
+// of T positions (0..T-1) of C channels, NH query heads over NKV key/value heads of HD.
+struct RefAttention {
+  int64_t B, T, C, NH, NKV, HD;
+  int64_t width() const { return (NH + 2 * NKV) * HD; }
+
+  // q, k, v rows [B*T, width] = x @ wqkv^T, then each q head and k head RMS-normalised
+  // over its HD channels with its kind's gain (eps), THEN rotated (rotate-half).
+  std::vector<double> qkv(const std::vector<float>& x, const float* wqkv, const float* gain[2],
+                          double eps, const std::vector<float>& inv_freq) const {
+    const int64_t W = width();
+    std::vector<double> out(static_cast<size_t>(B * T * W));
+    for (int64_t n = 0; n < B * T; ++n) {
+      double* row = &out[static_cast<size_t>(n * W)];
+      for (int64_t j = 0; j < W; ++j)
+        for (int64_t c = 0; c < C; ++c) row[j] += double{wqkv[j * C + c]} * x[static_cast<size_t>(n * C + c)];
+      for (int64_t h = 0; h < NH + NKV; ++h) {
+        double* v = row + h * HD;
+        double ms = 0;
+        for (int64_t i = 0; i < HD; ++i) ms += v[i] * v[i] / static_cast<double>(HD);
+        for (int64_t i = 0; i < HD; ++i) v[i] *= gain[h < NH ? 0 : 1][i] / std::sqrt(ms + eps);
+        for (int64_t i = 0; i < HD / 2; ++i) {
+          const double a = static_cast<double>(n % T) * inv_freq[static_cast<size_t>(i)];
+          const double x1 = v[i], x2 = v[i + HD / 2];
+          v[i] = x1 * std::cos(a) - x2 * std::sin(a);
+          v[i + HD / 2] = x2 * std::cos(a) + x1 * std::sin(a);
+        }
+      }
+    }
+    return out;
+  }
+
+  // Causal grouped-query softmax attention of those rows: [B*T, NH*HD].
+  std::vector<double> attend(const std::vector<double>& qkv) const {
+    const int64_t W = width();
+    auto at = [&](int64_t b, int64_t t, int64_t head) { return &qkv[static_cast<size_t>((b * T + t) * W + head * HD)]; };
+    std::vector<double> out(static_cast<size_t>(B * T * NH * HD));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < NH; ++h)
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t kh = NH + h / (NH / NKV), vh = kh + NKV;
+          std::vector<double> p(static_cast<size_t>(t + 1));
+          double sum = 0;
+          for (int64_t j = 0; j <= t; ++j) {
+            double d = 0;
+            for (int64_t i = 0; i < HD; ++i) d += at(b, t, h)[i] * at(b, j, kh)[i];
+            sum += (p[static_cast<size_t>(j)] = std::exp(d / std::sqrt(double(HD))));
+          }
+          for (int64_t j = 0; j <= t; ++j)
+            for (int64_t i = 0; i < HD; ++i)
+              out[static_cast<size_t>((b * T + t) * NH * HD + h * HD + i)] += p[static_cast<size_t>(j)] / sum * at(b, j, vh)[i];
+        }
+    return out;
+  }
+};
+
+// QK-norm's forward against RefAttention: heads of 6 over C = 7 (NH * HD = 24), grouped
+// query, gains that are not ones; then the output projection.
+TEST(SelfAttention, QkNormForwardMatchesADoubleReference) {
+  auto be = make_backend("cpu");
+  const RefAttention ref{2, 5, 7, 4, 2, 6};
+  AttentionSpec spec;
+  spec.n_head = 4, spec.n_kv_head = 2, spec.head_dim = 6, spec.rotary = true;
+  spec.rope.theta = 100.0;  // fast turns over 5 positions
+  spec.qk_norm = true, spec.qk_norm_eps = 1e-3f;
+  SelfAttention attn("a.qkv", "a.o", ref.C, spec, /*bias=*/false, 0.5f, 0.5f, "a.q_norm", "a.k_norm");
+  std::vector<Param*> params;
+  attn.collect(params);
+  ASSERT_EQ(params.size(), 4u);
+  EXPECT_EQ(params[1]->name, "a.q_norm.weight");
+  EXPECT_EQ(params[2]->shape, Shape{6});
+  EXPECT_FALSE(params[1]->weight_decay);
+  const Bound bound = bind_params(*be, params);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.f, 0.7f);
+  std::vector<float> w(static_cast<size_t>(bound.values.numel())), x(static_cast<size_t>(ref.B * ref.T * ref.C));
+  for (auto& v : w) v = nd(rng);
+  for (auto& v : x) v = nd(rng);
+  upload_f32(*be, bound.values, w.data());
+  const Shape act{ref.B, ref.T, ref.C};
+  Tensor inp = be->empty(act, DType::F32, MemCategory::Activations);
+  Tensor out = be->empty(act, DType::F32, MemCategory::Activations);
+  upload_f32(*be, inp, x.data());
+  std::vector<Tensor> saved;
+  for (const SavedSpec& sp : attn.saved_specs(ref.B, ref.T, DType::F32))
+    saved.push_back(be->empty(sp.shape, sp.dtype, MemCategory::Activations));
+  ASSERT_EQ(saved.size(), attn.num_saved());
+  attn.forward(*be, be->default_stream(), saved, out, inp, Tensor(), DropoutSpec{});
+  const auto got = host(*be, out);
+
+  const float* gain[2] = {w.data() + bound.offsets[1], w.data() + bound.offsets[2]};
+  const auto att = ref.attend(ref.qkv(x, w.data() + bound.offsets[0], gain, spec.qk_norm_eps, rope_inv_freq(spec.rope, 6)));
+  const float* wo = w.data() + bound.offsets[3];
+  const int64_t Q = ref.NH * ref.HD;
+  for (int64_t n = 0; n < ref.B * ref.T; ++n)
+    for (int64_t c = 0; c < ref.C; ++c) {
+      double want = 0;
+      for (int64_t j = 0; j < Q; ++j) want += double{wo[c * Q + j]} * att[static_cast<size_t>(n * Q + j)];
+      EXPECT_NEAR(got[static_cast<size_t>(n * ref.C + c)], want, 1e-4 * std::max(1.0, std::abs(want)))
+          << "row " << n << " channel " << c;
+    }
 }
 
 TEST(SavedActivations, PolicyKeepsByRecomputeClass) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Context parallelism (ring attention), end to end through `kiln train` under mpirun (the
 # ring against full attention: tests/parallel/ring_attention_test.cpp):
-#   1. 20 updates of a tiny GPT-2 (learned positions) and a tiny Llama (rotary, GQA) at
+#   1. 20 updates of a tiny GPT-2 (learned positions) and a tiny Llama (rotary, GQA; also
+#      with head_dim and qk_norm at cp2 x tp2) at
 #      cp2, cp4, dp2 x cp2 (ZeRO 1 and 3; parts that 4 does not divide), cp2 x tp2
 #      (sequence parallel), cp2 x pp2,
 #      cp2 with full activation checkpointing: every loss and validation loss within 1e-5
@@ -88,6 +89,12 @@ check llama_ref llama_cp2_tp2 "llama cp=2 x tp=2"
 train llama_cp2_pp2 4 "${llama[@]}" "${cp2[@]}" --set parallel.pp=2 \
   --set parallel.pp_schedule=interleaved --set parallel.virtual_stages=2
 check llama_ref llama_cp2_pp2 "llama cp=2 x pp=2 interleaved"
+# Qwen3's attention: heads of 12 over n_embd 32 / 4 heads, QK-norm (its gains' gradients
+# partial over tp, its rows split over cp).
+qwen=(--set model.head_dim=12 --set model.qk_norm=true)
+train qwen_ref 1 "${llama[@]}" "${qwen[@]}"
+train qwen_cp2_tp2 4 "${llama[@]}" "${qwen[@]}" "${cp2[@]}" --set parallel.tp=2
+check qwen_ref qwen_cp2_tp2 "llama head_dim=12 qk_norm cp=2 x tp=2"
 train bf16_ref 1 --set train.dtype=bf16
 train bf16_cp2 2 "${cp2[@]}" --set train.dtype=bf16
 echo -n "gpt2 bf16 cp=2 against bf16 one process, after 20 updates: "

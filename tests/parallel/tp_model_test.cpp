@@ -2,7 +2,7 @@
 // the job (mpirun with 2 and 4 ranks; alone, a world of one where the plan does nothing):
 // the same initial values by global element, the same loss sum, and every parameter
 // gradient by global element (fp32, 1e-5), the partial ones (norms under sequence
-// parallelism) after their one reduction over tp.
+// parallelism, QK-norm's gains) after their one reduction over tp.
 #include "backend/registry.h"
 #include "models/gpt2/gpt2.h"
 #include "models/llama/llama.h"
@@ -41,18 +41,20 @@ Tensor upload_i32(const std::vector<int32_t>& v, const Shape& s) {
 }
 
 // Llama with grouped-query attention (8 query heads over 4 key/value heads: n_kv_head =
-// tp on 4 ranks), tied or untied head.
-LlamaConfig tiny_llama(bool tied) {
+// tp on 4 ranks), tied or untied head; or with Qwen3's attention: heads of 6 (NH HD = 48
+// over C = 32) and QK-norm, whose gains' gradients are partial sums over tp.
+LlamaConfig tiny_llama(bool tied, bool qk_norm = false) {
   LlamaConfig c;
   c.n_layer = 2, c.n_head = 8, c.n_kv_head = 4, c.n_embd = 32, c.ffn_hidden_size = 24;
   c.vocab_size = 61, c.padded_vocab_size = 64, c.block_size = 16, c.tie_embeddings = tied;
+  if (qk_norm) c.explicit_head_dim = 6, c.qk_norm = true;
   return c;
 }
 
 struct Case {
   bool sp;
   nn::ActivationCheckpointing ckpt;
-  int arch = 0;  // 0 GPT-2, 1 Llama untied, 2 Llama tied
+  int arch = 0;  // 0 GPT-2, 1 Llama untied, 2 Llama tied, 3 Llama with QK-norm and head_dim
   float dropout = 0.f;  // GPT-2's, at every site
 };
 
@@ -62,7 +64,7 @@ std::unique_ptr<Model> build(const Case& k, Backend& be, const ModelStorage& st)
     c.dropout = k.dropout;
     return std::make_unique<GPT2>(c, be, st);
   }
-  return std::make_unique<Llama>(tiny_llama(k.arch == 2), be, st);
+  return std::make_unique<Llama>(tiny_llama(k.arch == 2, k.arch == 3), be, st);
 }
 
 void check(const Case& k) {
@@ -131,6 +133,10 @@ TEST(TpModel, Gpt2SequenceParallelDropoutFull) { check({true, nn::ActivationChec
 TEST(TpModel, LlamaGqa) { check({false, nn::ActivationCheckpointing::None, 1}); }
 TEST(TpModel, LlamaGqaSequenceParallel) { check({true, nn::ActivationCheckpointing::None, 1}); }
 TEST(TpModel, LlamaTiedSequenceParallelFull) { check({true, nn::ActivationCheckpointing::Full, 2}); }
+TEST(TpModel, LlamaQkNormHeadDim) { check({false, nn::ActivationCheckpointing::None, 3}); }
+TEST(TpModel, LlamaQkNormHeadDimSequenceParallelSelective) {
+  check({true, nn::ActivationCheckpointing::Selective, 3});
+}
 
 // The tensor-parallel traffic of one forward and backward against the formula
 // (parallel/tp_traffic.h: Megatron-LM's per-layer counts, the vocab-parallel embedding

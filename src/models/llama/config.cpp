@@ -14,6 +14,12 @@ const ModelKeys& llama_keys() {
       {.name = "n_kv_head", .type = Integer, .lo = 0,
        .description = "Key/value heads of grouped-query attention (llama); must divide n_head; "
                       "0 = n_head."},
+      {.name = "head_dim", .type = Integer, .lo = 0,
+       .description = "Attention head size (llama); need not be n_embd / n_head (Qwen3: 128 "
+                      "with n_embd 2048, 32 heads); even (rotary); 0 = n_embd / n_head."},
+      {.name = "qk_norm", .type = Bool,
+       .description = "Per-head RMSNorm of q and k (gains [head_dim], eps norm_eps) after the "
+                      "projection, before rotary (llama; Qwen3's q_norm / k_norm)."},
       {.name = "ffn_hidden_size", .type = Integer, .lo = 0,
        .description = "MLP hidden width (llama: SwiGLU gate/up width); 0 = the architecture's "
                       "default (2/3 of 4 n_embd rounded up to a multiple of 256)."},
@@ -59,6 +65,9 @@ void llama_check_options(const ModelOptions& o, const KeySource& source) {
   if (n_kv_head > 0 && o.n_head > 0)
     KILN_CHECK(o.n_head % n_kv_head == 0, "{}: key 'model.n_kv_head' ({}) must divide "
                "model.n_head ({})", source("model.n_kv_head"), n_kv_head, o.n_head);
+  const int head_dim = o.integer(llama_keys(), "head_dim");
+  KILN_CHECK(head_dim % 2 == 0, "{}: key 'model.head_dim' ({}) must be even: rotary "
+             "embeddings turn channel pairs", source("model.head_dim"), head_dim);
   const RopeSpec rope = llama_rope_of(o);
   if (rope.scale_factor > 0)
     KILN_CHECK(rope.high_freq_factor > rope.low_freq_factor,
@@ -75,17 +84,23 @@ int LlamaConfig::default_ffn_hidden_size(int n_embd) {
 
 void LlamaConfig::validate() const {
   KILN_CHECK(n_layer > 0, "model.n_layer must be positive for llama (got {})", n_layer);
+  KILN_CHECK(explicit_head_dim >= 0, "model.head_dim must be >= 0 (got {}; 0 = n_embd / "
+             "n_head)", explicit_head_dim);
   KILN_CHECK(n_head > 0 && n_embd > 0 && n_embd % n_head == 0,
              "model.n_embd ({}) must be a positive multiple of model.n_head ({})", n_embd, n_head);
+  KILN_CHECK(explicit_head_dim % 2 == 0, "model.head_dim ({}) must be even for rotary "
+             "embeddings", explicit_head_dim);
   KILN_CHECK(head_dim() % 2 == 0, "model.n_embd / model.n_head ({}) must be even for rotary "
-             "embeddings", head_dim());
+             "embeddings (or set model.head_dim)", head_dim());
   KILN_CHECK(n_kv_head > 0 && n_head % n_kv_head == 0,
              "model.n_kv_head ({}) must divide model.n_head ({})", n_kv_head, n_head);
   KILN_CHECK(ffn_hidden_size > 0, "model.ffn_hidden_size must be positive (got {})", ffn_hidden_size);
-  // Widths are ints: the fused q/k/v (at most 3 n_embd) and gate/up (2 F) must fit one.
-  KILN_CHECK(n_embd <= INT32_MAX / 3 && ffn_hidden_size <= INT32_MAX / 2,
-             "model.n_embd ({}) or model.ffn_hidden_size ({}) is too large: 3 * n_embd and 2 * "
-             "ffn_hidden_size must be below 2^31", n_embd, ffn_hidden_size);
+  // Widths are ints: the fused q/k/v ((NH + 2 NKV) HD) and gate/up (2 F) must fit one.
+  const int64_t qkv_width = (int64_t{n_head} + 2 * n_kv_head) * head_dim();
+  KILN_CHECK(qkv_width <= INT32_MAX && ffn_hidden_size <= INT32_MAX / 2,
+             "model.head_dim ({}) or model.ffn_hidden_size ({}) is too large: (n_head + 2 "
+             "n_kv_head) * head_dim and 2 * ffn_hidden_size must be below 2^31", head_dim(),
+             ffn_hidden_size);
   KILN_CHECK(vocab_size > 0 && padded_vocab_size >= vocab_size,
              "model.vocab_size ({}) must be positive and at most the padded {}", vocab_size,
              padded_vocab_size);
@@ -108,7 +123,8 @@ void LlamaConfig::validate() const {
 int64_t LlamaConfig::num_parameters() const {
   const int64_t C = n_embd, L = n_layer, V = vocab_size, F = ffn_hidden_size;
   const int64_t HD = head_dim(), NH = n_head, NKV = n_kv_head;
-  const int64_t block = C * (NH + 2 * NKV) * HD + NH * HD * C + 3 * C * F + 2 * C;
+  const int64_t block =
+      C * (NH + 2 * NKV) * HD + NH * HD * C + 3 * C * F + 2 * C + (qk_norm ? 2 * HD : 0);
   return V * C * (tie_embeddings ? 1 : 2) + L * block + C;
 }
 
@@ -120,9 +136,11 @@ double LlamaConfig::flops_per_token(int T) const {
 }
 
 std::string LlamaConfig::str() const {
-  return fmt::format("Llama n_layer={} n_head={} n_kv_head={} n_embd={} ffn={} vocab={} (padded "
-                     "{}) block={} rope_theta={} rope_scaling={} {} params={:.2f}M",
-                     n_layer, n_head, n_kv_head, n_embd, ffn_hidden_size, vocab_size,
+  return fmt::format("Llama n_layer={} n_head={} n_kv_head={} n_embd={} head_dim={}{} ffn={} "
+                     "vocab={} (padded {}) block={} rope_theta={} rope_scaling={} {} "
+                     "params={:.2f}M",
+                     n_layer, n_head, n_kv_head, n_embd, head_dim(), qk_norm ? " qk_norm" : "",
+                     ffn_hidden_size, vocab_size,
                      padded_vocab_size, block_size, rope.theta, rope.scale_factor,
                      tie_embeddings ? "tied" : "untied", num_parameters() / 1e6);
 }
@@ -137,6 +155,8 @@ LlamaConfig llama_config_of(const ModelOptions& o) {
   const int n_kv_head = o.integer(k, "n_kv_head"), ffn = o.integer(k, "ffn_hidden_size");
   c.n_kv_head = n_kv_head > 0 ? n_kv_head : o.n_head;
   c.n_embd = o.n_embd;
+  c.explicit_head_dim = o.integer(k, "head_dim");
+  c.qk_norm = o.flag(k, "qk_norm");
   c.ffn_hidden_size = ffn > 0 ? ffn : LlamaConfig::default_ffn_hidden_size(o.n_embd);
   c.vocab_size = o.vocab_size;
   c.padded_vocab_size = (o.vocab_size + 127) / 128 * 128;
@@ -153,6 +173,8 @@ nlohmann::json llama_config_json(const LlamaConfig& c) {
           {"n_head", c.n_head},
           {"n_kv_head", c.n_kv_head},
           {"n_embd", c.n_embd},
+          {"head_dim", c.explicit_head_dim},
+          {"qk_norm", c.qk_norm},
           {"ffn_hidden_size", c.ffn_hidden_size},
           {"vocab_size", c.vocab_size},
           {"padded_vocab_size", c.padded_vocab_size},
@@ -180,6 +202,9 @@ ModelOptions llama_options_from_json(const nlohmann::json& j) {
   o.block_size = integer("block_size");
   o.family["n_kv_head"] = integer("n_kv_head");
   o.family["ffn_hidden_size"] = integer("ffn_hidden_size");
+  // Checkpoints from before the keys: the Llama 3 attention (0 = n_embd / n_head, no norm).
+  if (j.contains("head_dim")) o.family["head_dim"] = integer("head_dim");
+  if (j.contains("qk_norm")) o.family["qk_norm"] = j.at("qk_norm").get<bool>() ? 1.0 : 0.0;
   o.family["norm_eps"] = j.at("norm_eps").get<float>();
   o.family["rope_theta"] = j.at("rope_theta").get<double>();
   const auto& rs = j.at("rope_scaling");

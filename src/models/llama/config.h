@@ -5,6 +5,8 @@
 // ffn_hidden_size, num_key_value_heads = n_kv_head, rms_norm_eps = norm_eps, rope_theta
 // and rope_scaling {"rope_type": "llama3", factor, low_freq_factor, high_freq_factor,
 // original_max_position_embeddings} = rope, tie_word_embeddings = tie_embeddings.
+// Qwen3's additions (Qwen3Config): head_dim, which need not be hidden_size /
+// num_attention_heads, and qk_norm (its attention's q_norm / k_norm, always on in Qwen3).
 // The presets (llama3.2-1b, ..) are in its registry entry (arch.cpp).
 #pragma once
 
@@ -22,7 +24,9 @@ struct LlamaConfig {
   int n_layer = 2;
   int n_head = 4;
   int n_kv_head = 2;         // grouped-query attention: n_head / n_kv_head queries per k/v head
-  int n_embd = 64;           // C; head size HD = C / n_head
+  int n_embd = 64;           // C
+  int explicit_head_dim = 0;  // [model] head_dim: the head size HD when > 0; 0: C / n_head
+  bool qk_norm = false;      // per-head RMSNorm of q and k before rotary (Qwen3), eps norm_eps
   int ffn_hidden_size = 0;   // F, the SwiGLU width (gate and up are [F, C] each)
   int vocab_size = 256;      // real vocabulary V
   int padded_vocab_size = 256;  // Vp >= V: rows of the embedding and the head
@@ -31,14 +35,16 @@ struct LlamaConfig {
   RopeSpec rope{500000.0};   // theta and the Llama 3.1 rescaling (scale_factor 0: none)
   bool tie_embeddings = false;
 
-  int head_dim() const { return n_embd / n_head; }
+  /// The head size HD: explicit_head_dim, or n_embd / n_head when that is 0.
+  int head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : n_embd / n_head; }
   /// The default SwiGLU width of a model of width C, as Meta's reference code: 2/3 of 4C
   /// rounded up to a multiple of 256.
   static int default_ffn_hidden_size(int n_embd);
   /// Throws kiln::Error naming the [model] key of an impossible shape.
   void validate() const;
   /// Trainable parameters, the tied head counted once, padded rows excluded (Hugging
-  /// Face's count: 1,235,814,400 for llama3.2-1b, 8,030,261,248 for llama3.1-8b).
+  /// Face's count: 1,235,814,400 for llama3.2-1b, 8,030,261,248 for llama3.1-8b; with
+  /// qk_norm 2 HD gains more per block).
   int64_t num_parameters() const;
   /// Training FLOPs per token at length T: 6 N + 12 L T NH HD, N the matmul weights a
   /// token meets (per block q/k/v (NH + 2 NKV) HD x C, o C x NH HD, gate, up and down
@@ -48,12 +54,13 @@ struct LlamaConfig {
   std::string str() const;
 };
 
-/// Llama's own [model] keys (ModelArch::keys): n_kv_head, ffn_hidden_size, norm_eps,
-/// rope_theta, rope_scaling.{factor, low_freq_factor, high_freq_factor,
-/// original_max_position} and tie_embeddings.
+/// Llama's own [model] keys (ModelArch::keys): n_kv_head, head_dim, qk_norm,
+/// ffn_hidden_size, norm_eps, rope_theta, rope_scaling.{factor, low_freq_factor,
+/// high_freq_factor, original_max_position} and tie_embeddings.
 const ModelKeys& llama_keys();
-/// ModelArch::check_options: n_kv_head divides n_head, high_freq_factor exceeds
-/// low_freq_factor when rope scaling is on; each error names the key's source.
+/// ModelArch::check_options: n_kv_head divides n_head, head_dim is even (rotary),
+/// high_freq_factor exceeds low_freq_factor when rope scaling is on; each error names the
+/// key's source.
 void llama_check_options(const ModelOptions& options, const KeySource& source);
 /// The rotary settings of `options` (rope_theta, rope_scaling.*).
 RopeSpec llama_rope_of(const ModelOptions& options);

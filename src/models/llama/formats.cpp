@@ -19,7 +19,7 @@ HfDefaults hf_defaults(const std::string& model_type) {
   return {1e-6, 10000.0};                             // LlamaConfig, Qwen3MoeConfig
 }
 
-// The fields every Llama-family config.json shares: all but head_dim and the MoE ones.
+// The fields every Llama-family config.json shares (head_dim among them): all but the MoE ones.
 ModelOptions llama_shape_from_hf(const nlohmann::json& cfg, const std::string& file,
                                  const HfDefaults& defaults) {
   ModelOptions o;
@@ -41,8 +41,11 @@ ModelOptions llama_shape_from_hf(const nlohmann::json& cfg, const std::string& f
   KILN_CHECK(act == "silu", "{}: hidden_act = '{}': kiln's Llama computes silu", file, act);
   for (const char* key : {"attention_bias", "mlp_bias"})
     KILN_CHECK(!hf_bool(cfg, key, file, false), "{}: {} = true: kiln's Llama has no biases", file, key);
-  KILN_CHECK(o.n_head > 0 && o.n_embd % o.n_head == 0,
-             "{}: hidden_size {} is not a multiple of num_attention_heads {}", file, o.n_embd, o.n_head);
+  KILN_CHECK(o.n_head > 0, "{}: num_attention_heads = {} must be positive", file, o.n_head);
+  // model.head_dim, when it is not hidden_size / num_attention_heads (its default).
+  const int head_dim = hf_int(cfg, "head_dim", file, 0);
+  if (head_dim != 0 && (o.n_embd % o.n_head != 0 || head_dim != o.n_embd / o.n_head))
+    f["head_dim"] = head_dim;
   if (cfg.contains("rope_scaling") && !cfg["rope_scaling"].is_null()) {
     const nlohmann::json& rs = cfg["rope_scaling"];
     KILN_CHECK(rs.is_object(), "{}: rope_scaling must be an object or null", file);
@@ -64,14 +67,7 @@ ModelOptions llama_shape_from_hf(const nlohmann::json& cfg, const std::string& f
 ModelOptions llama_options_from_hf(const nlohmann::json& cfg, const std::string& file) {
   const std::string type = hf_string(cfg, "model_type", file, "llama");
   ModelOptions o = llama_shape_from_hf(cfg, file, hf_defaults(type));
-  if (type == "llama") {
-    const int head_dim = hf_int(cfg, "head_dim", file, o.n_embd / o.n_head);
-    KILN_CHECK(head_dim == o.n_embd / o.n_head,
-               "{}: head_dim = {}: kiln's Llama has head_dim = hidden_size / num_attention_heads = {}",
-               file, head_dim, o.n_embd / o.n_head);
-  } else {
-    set_llama_moe_keys(o, llama_moe_keys_from_hf(cfg, file, type, o.n_layer));
-  }
+  if (type != "llama") set_llama_moe_keys(o, llama_moe_keys_from_hf(cfg, file, type, o.n_layer));
   try {
     llama_config_of(o);
   } catch (const Error& e) {

@@ -23,16 +23,17 @@ namespace kiln {
 /// hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default: the
 /// heads), intermediate_size, vocab_size, max_position_embeddings, rms_norm_eps (default
 /// 1e-6 as LlamaConfig), rope_theta (10000), rope_scaling (null or rope_type "llama3"),
-/// tie_word_embeddings (false). Throws kiln::Error naming the file and key for anything
+/// tie_word_embeddings (false), head_dim (default hidden_size / num_attention_heads; any
+/// other value is model.head_dim). Throws kiln::Error naming the file and key for anything
 /// kiln's Llama does not compute: hidden_act other than silu, attention_bias or mlp_bias
-/// true, head_dim other than hidden_size / num_attention_heads, another rope_type.
-/// model_type "mixtral" and "qwen3_moe" read the same fields (their configs' defaults:
-/// Mixtral's rms_norm_eps 1e-5 and rope_theta 1e6) and the MoE ones
-/// (llama_moe_keys_from_hf), head_dim included.
+/// true, another rope_type, an odd head_dim. model_type "mixtral" and "qwen3_moe" read the
+/// same fields (their configs' defaults: Mixtral's rms_norm_eps 1e-5 and rope_theta 1e6) and
+/// the MoE ones (llama_moe_keys_from_hf).
 ModelOptions llama_options_from_hf(const nlohmann::json& cfg, const std::string& file);
 /// The config.json of a Llama of `options` (architectures LlamaForCausalLM, every field
 /// transformers' LlamaConfig defines for it; docs/formats.md lists them), or of a MoE
-/// model as Mixtral or Qwen3-MoE (llama_hf_kind, moe_hf_config).
+/// model as Mixtral or Qwen3-MoE (llama_hf_kind, moe_hf_config). Throws kiln::Error
+/// naming the key for a model neither layout holds (model.qk_norm on a dense model).
 nlohmann::json llama_hf_config(const ModelOptions& options);
 /// Where a Llama's parameters live in a folder (names above, optional "model." prefix, a
 /// tied lm_head.weight and rotary_emb.inv_freq buffers ignored; a MoE model's in

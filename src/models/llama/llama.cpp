@@ -30,13 +30,16 @@ nn::BlockSpec llama_block_spec(const LlamaConfig& c) {
   b.attention.causal = true;
   b.attention.rotary = true;
   b.attention.rope = c.rope;
+  b.attention.qk_norm = c.qk_norm;
+  b.attention.qk_norm_eps = c.norm_eps;
   b.mlp = nn::MlpKind::SwiGLU;
   b.mlp_hidden = c.ffn_hidden_size;
   b.bias = false;
   b.init_std = 0.02f;
   b.residual_init_std = 0.02f / std::sqrt(2.f * static_cast<float>(c.n_layer));
   b.names = {"input_layernorm", "self_attn.qkv_proj", "self_attn.o_proj",
-             "post_attention_layernorm", "mlp.gate_up_proj", "mlp.down_proj"};
+             "post_attention_layernorm", "mlp.gate_up_proj", "mlp.down_proj",
+             "self_attn.q_norm", "self_attn.k_norm"};
   return b;
 }
 

@@ -6,12 +6,16 @@
 // (nn/classifier.h): its own lm_head [Vp, C], or the token embedding when
 // tie_embeddings (Llama 3.2 1B/3B). Rotary in Hugging Face's rotate-half layout with
 // rope_theta and the "llama3" frequency rescaling (backend.h RopeSpec, rope_inv_freq).
+// Qwen3's attention with the keys head_dim (HD, which need not be C / NH) and qk_norm
+// (per-head RMSNorm of q and k before rotary: nn/attention.h).
 //
 // Parameters, named as Hugging Face's LlamaForCausalLM where the layout is the same:
 //   model.embed_tokens.weight                      [Vp, C] (rows >= V zero)
 //   model.layers.{l}.input_layernorm.weight        [C]
 //   model.layers.{l}.self_attn.qkv_proj.weight     [(NH + 2 NKV) HD, C]: HF's q_proj,
 //       k_proj and v_proj stacked (rows [0, NH HD), then NKV HD each), one fused matmul
+//   model.layers.{l}.self_attn.q_norm.weight       [HD] (qk_norm only)
+//   model.layers.{l}.self_attn.k_norm.weight       [HD] (qk_norm only)
 //   model.layers.{l}.self_attn.o_proj.weight       [C, NH HD]
 //   model.layers.{l}.post_attention_layernorm.weight [C]
 //   model.layers.{l}.mlp.gate_up_proj.weight       [2F, C]: HF's gate_proj (rows [0, F))
