@@ -6,19 +6,13 @@
 // every token sent to one expert (k = 1). The loss sum(out * R) + aux + z: its value and
 // every gradient (inputs and all parameters) against central differences of the double
 // reference. Then a MoE block's three checkpointing policies giving bitwise the same
-// gradients, a bf16 layer's logits in fp32, and the Llama wiring: a MoE model's keys,
-// names, counts, one-line errors, forward and backward with mixed dense and MoE blocks.
+// gradients; a bf16 layer's router logits in fp32. The Llama wiring (keys, names, counts, errors) is in llama_test.cpp.
 #include "backend/registry.h"
-#include "config/config.h"
+#include "core/dtype.h"
 #include "core/error.h"
-#include "models/llama/config.h"
-#include "models/llama/llama.h"
 #include "models/moe_balance.h"
-#include "models/registry.h"
 #include "nn/block.h"
 #include "nn/moe.h"
-#include "support/error_of.h"
-#include "train/train_step.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -26,7 +20,6 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <optional>
 #include <random>
 #include <vector>
 
@@ -390,186 +383,68 @@ TEST(MoeLayer, CheckpointingPoliciesGiveBitwiseEqualGradients) {
   EXPECT_EQ(block_grads(nn::ActivationCheckpointing::Full), ref);
 }
 
-// ---- the Llama wiring ---------------------------------------------------------------------
+// ---- bf16: the router's logits in fp32 -------------------------------------------------
 
-ModelOptions tiny_moe() {
-  ModelOptions o;
-  o.arch = "llama";
-  o.n_layer = 3;
-  o.n_head = 2;
-  o.n_embd = 16;
-  o.block_size = 12;
-  o.vocab_size = 29;
-  o.family = {{"n_kv_head", 1},           {"ffn_hidden_size", 24},
-              {"moe.num_experts", 4},     {"moe.top_k", 2},
-              {"moe.ffn_hidden_size", 8}, {"moe.shared_experts", 2},
-              {"moe.first_k_dense", 1},   {"moe.aux_loss_coef", 0.1},
-              {"moe.z_loss_coef", 0.01}};
-  return o;
-}
-
-TEST(LlamaMoe, NamesShapesAndCounts) {
-  auto be = make_backend("cpu");
-  const auto m = make_model(tiny_moe(), *be);
-  auto shape_of = [&](const std::string& name) { return m->spec(name).shape; };
-  EXPECT_EQ(shape_of("model.layers.0.mlp.gate_up_proj.weight"), (Shape{48, 16}));  // dense
-  for (int l : {1, 2}) {
-    const std::string p = fmt::format("model.layers.{}.mlp.", l);
-    EXPECT_EQ(shape_of(p + "router.weight"), (Shape{4, 16}));
-    EXPECT_EQ(shape_of(p + "experts.gate_up_proj.weight"), (Shape{4, 16, 16}));
-    EXPECT_EQ(shape_of(p + "experts.down_proj.weight"), (Shape{4, 16, 8}));
-    EXPECT_EQ(shape_of(p + "shared_experts.gate_up_proj.weight"), (Shape{32, 16}));
-    EXPECT_EQ(shape_of(p + "shared_experts.down_proj.weight"), (Shape{16, 16}));
-  }
-  // All parameters counted (the padded vocabulary rows of the embedding and lm_head not).
-  int64_t all = 0;
-  for (const ParamSpec& p : m->params()) all += p.shape.numel();
-  EXPECT_EQ(m->num_parameters(), all - 2 * (128 - 29) * 16);
-  // FLOPs: active weights only. Attention per block 16 (2 + 2) 8 + 16 16 = 768; the dense
-  // block 3 16 24 = 1152; a MoE block the router 4 16 = 64, two experts 3 2 8 16 = 768
-  // and the shared 3 16 16 = 768; the head 29 16 = 464.
-  const double N = 3 * 768 + 1152 + 2 * (64 + 768 + 768) + 464;
-  EXPECT_DOUBLE_EQ(m->flops_per_token(10), 6 * N + 12.0 * 3 * 10 * 2 * 8);
-}
-
-struct LlamaRig {
-  std::unique_ptr<Backend> be = make_backend("cpu");
-  std::unique_ptr<Model> m;
-  Tensor x, y;
-  static constexpr int B = 2, T = 7;
-  explicit LlamaRig(nn::ActivationCheckpointing mode) {
-    m = make_model(tiny_moe(), *be);
-    m->set_activation_checkpointing(mode);
-    m->init_weights(5);
-    std::vector<float> w = download_f32(*be, m->param_buffer());
-    std::mt19937 rng(9);
-    std::normal_distribution<float> nd(0.f, 0.3f);
-    for (float& v : w) v += nd(rng);
-    upload_f32(*be, m->param_buffer(), w.data());
-    std::vector<int32_t> tok(B * T), tgt(B * T);
-    for (int i = 0; i < B * T; ++i) tok[i] = (i * 7 + 3) % 29, tgt[i] = (i * 5 + 1) % 29;
-    tgt[4] = -1;
-    x = i32(tok, Shape{B, T});
-    y = i32(tgt, Shape{B, T});
-  }
-  Tensor i32(const std::vector<int32_t>& h, Shape s) {
-    Tensor t = be->empty(s, DType::I32, MemCategory::Activations);
-    be->copy_from_host(be->default_stream(), t, h.data());
-    return t;
-  }
-  std::vector<float> grads() {
-    m->zero_grad();
-    m->forward(Batch::of_tokens(x, y), 1.f);
-    m->backward();
-    return download_f32(*be, m->grad_buffer());
-  }
+// A layer in `dt` (gradients in `gdt`) on the bf16-rounded values of one draw: its saved
+// logits (fp32 in any dtype), output and router gradient.
+struct LowpRun {
+  std::vector<float> logits, out, drouter;
+  DType logits_dtype;
 };
-
-TEST(LlamaMoe, TrainsWithBalancingFiguresAndBitwiseCheckpointing) {
-  LlamaRig r(nn::ActivationCheckpointing::None);
-  const auto ref = r.grads();
-  const std::optional<MoeStats> st = r.m->take_moe_stats();
-  ASSERT_TRUE(st);
-  EXPECT_EQ(st->micro_batches, 1);
-  ASSERT_EQ(st->tokens_per_expert.size(), 2u);
-  for (const auto& layer : st->tokens_per_expert)
-    EXPECT_EQ(std::accumulate(layer.begin(), layer.end(), 0.0), LlamaRig::B * LlamaRig::T * 2);
-  EXPECT_GT(st->aux_loss, 0.0);
-  EXPECT_GT(st->z_loss, 0.0);
-  EXPECT_EQ(r.m->take_moe_stats()->micro_batches, 0) << "taken: reset";
-  EXPECT_EQ(LlamaRig(nn::ActivationCheckpointing::Selective).grads(), ref);
-  EXPECT_EQ(LlamaRig(nn::ActivationCheckpointing::Full).grads(), ref);
-  // A dense model has no figures.
-  ModelOptions dense = tiny_moe();
-  dense.family = {{"n_kv_head", 1}, {"ffn_hidden_size", 24}};
-  EXPECT_FALSE(make_model(dense, *r.be)->take_moe_stats());
-}
-
-// The KV-cache decode path (MoeMlp::decode) gives the full forward's logits.
-TEST(LlamaMoe, DecodeMatchesTheFullForward) {
-  LlamaRig r(nn::ActivationCheckpointing::None);
-  LanguageModel* lm = r.m->language_model();
-  const int Vp = lm->padded_vocab_size();
-  Tensor full = r.be->empty(Shape{LlamaRig::B, LlamaRig::T, Vp}, DType::F32, MemCategory::Temporaries);
-  static_cast<DecoderModel*>(r.m.get())->forward_logits(r.x, full);
-  const std::vector<float> want = download_f32(*r.be, full);
-  std::vector<int32_t> tok(LlamaRig::B * LlamaRig::T);
-  r.be->copy_to_host(r.be->default_stream(), tok.data(), r.x);
-  lm->begin_decode(LlamaRig::B, LlamaRig::T);
-  Tensor logits = r.be->empty(Shape{LlamaRig::B, Vp}, DType::F32, MemCategory::Temporaries);
-  for (int t = 0; t < LlamaRig::T; ++t) {
-    std::vector<int32_t> col(LlamaRig::B);
-    for (int b = 0; b < LlamaRig::B; ++b) col[b] = tok[b * LlamaRig::T + t];
-    lm->decode(r.i32(col, Shape{LlamaRig::B, 1}), logits);
-    const std::vector<float> got = download_f32(*r.be, logits);
-    for (int b = 0; b < LlamaRig::B; ++b)
-      for (int v = 0; v < 29; ++v)
-        EXPECT_NEAR(got[b * Vp + v], want[(b * LlamaRig::T + t) * Vp + v], 1e-4) << t;
-  }
-  lm->end_decode();
-}
-
-TEST(LlamaMoe, ConfigKeysRoundTripAndErrorsNameTheKey) {
-  const TrainConfig c = load_config_string(R"([model]
-arch = "llama"
-n_head = 4
-n_layer = 2
-[model.moe]
-num_experts = 4
-top_k = 1
-scoring = "sigmoid"
-aux_loss_coef = 0.01
-)");
-  EXPECT_EQ(c.model.family.at("moe.scoring"), 1.0);
-  EXPECT_NE(c.to_toml().find("moe.scoring = \"sigmoid\""), std::string::npos) << c.to_toml();
-  EXPECT_EQ(load_config_string(c.to_toml()), c);
-  const TrainConfig s = load_config_string("", {"model.arch=llama", "model.moe.num_experts=4",
-                                                "model.moe.aux_loss_type=hf"});
-  EXPECT_EQ(s.model.family.at("moe.aux_loss_type"), 1.0);
-  using testing::error_of;
-  EXPECT_EQ(error_of([] { load_config_string("", {"model.arch=llama", "model.moe.scoring=soft"}); }),
-            "--set: key 'model.moe.scoring' must be one of \"softmax\", \"sigmoid\", got \"soft\"");
-  EXPECT_EQ(error_of([] {
-              load_config_string("", {"model.arch=llama", "model.n_layer=2", "model.moe.num_experts=2",
-                                      "model.moe.top_k=3"});
-            }),
-            "--set: model.moe.top_k (3) must be in [1, model.moe.num_experts = 2]");
-  EXPECT_EQ(error_of([] {
-              load_config_string("", {"model.arch=llama", "model.n_layer=2", "model.moe.top_k=1"});
-            }),
-            "--set: model.moe.top_k is set but model.moe.num_experts is 0 (a dense model): set "
-            "moe.num_experts or drop moe.top_k");
-  // The model's own check (a checkpoint's or a Hugging Face config's options).
+LowpRun lowp_run(DType dt, DType gdt) {
   auto be = make_backend("cpu");
-  auto err = [&](auto edit) {
-    ModelOptions o = tiny_moe();
-    edit(o);
-    return error_of([&] { make_model(o, *be); });
+  nn::MoeMlp layer("m", kC, spec_of(Case{}), 0.5f, 0.5f);
+  std::vector<nn::Param*> params;
+  layer.collect(params);
+  std::mt19937 g(11);
+  std::normal_distribution<float> nd(0.f, 0.5f);
+  const Stream s = be->default_stream();
+  auto tensor = [&](Shape shape, DType t, bool random) {  // bf16-representable values
+    std::vector<float> v(static_cast<size_t>(shape.numel()));
+    for (float& f : v) f = random ? bf16_to_f32(f32_to_bf16(nd(g))) : 0.f;
+    Tensor f32 = be->empty(shape, DType::F32, MemCategory::Activations);
+    upload_f32(*be, f32, v.data());
+    Tensor out = be->empty(shape, t, MemCategory::Activations);
+    be->copy(s, out, f32);
+    return out;
   };
-  EXPECT_EQ(err([](ModelOptions& o) { o.family["moe.scoring"] = 1; o.family["moe.aux_loss_type"] = 1; }),
-            "model.moe.aux_loss_type = \"hf\" needs model.moe.scoring = \"softmax\" "
-            "(transformers' loss is over softmax probabilities)");
-  EXPECT_EQ(err([](ModelOptions& o) { o.family["moe.first_k_dense"] = 3; }),
-            "model.moe.first_k_dense (3) and model.moe.sparse_step (1) leave no MoE block among "
-            "the model.n_layer = 3 blocks");
-  // tp, pp and cp refused before any rank connects.
-  const TrainConfig tp = load_config_string(
-      "", {"model.arch=llama", "model.moe.num_experts=4", "parallel.tp=2"});
-  EXPECT_NE(error_of([&] { check_layout_supported(tp); })
-                .find("parallel.tp = 2: a llama with mixture-of-experts blocks"),
-            std::string::npos);
+  for (nn::Param* p : params) {
+    p->value = tensor(p->shape, dt, true);
+    p->grad = tensor(p->shape, gdt, false);
+  }
+  std::vector<Tensor> saved;
+  for (const auto& sp : layer.saved_specs(kB, kT, dt))
+    saved.push_back(be->empty(sp.shape, sp.dtype, MemCategory::Activations));
+  const nn::MoeScratch w = layer.make_scratch(*be, kB, kT, dt);
+  const Tensor x = tensor(Shape{kB, kT, kC}, dt, true), dout = tensor(Shape{kB, kT, kC}, dt, true);
+  const Tensor out = tensor(Shape{kB, kT, kC}, dt, false), dx = tensor(Shape{kB, kT, kC}, dt, false);
+  const nn::MoeBalancePass none;
+  layer.forward(*be, s, saved, out, x, w, none, false);
+  layer.backward(*be, s, saved, dx, dout, x, w, none);
+  auto f32 = [&](const Tensor& t) {
+    Tensor f = be->empty(t.shape(), DType::F32, MemCategory::Activations);
+    be->copy(s, f, t);
+    return download_f32(*be, f);
+  };
+  return {f32(saved[0]), f32(out), f32(layer.router.grad), saved[0].dtype()};
 }
 
-TEST(LlamaMoe, ConfigJsonRoundTrips) {
-  const LlamaConfig c = llama_config_of(tiny_moe());
-  EXPECT_EQ(c.moe.ffn_hidden_size, 8);
-  EXPECT_TRUE(c.is_moe_block(1) && c.is_moe_block(2) && !c.is_moe_block(0));
-  const ModelOptions o = llama_options_from_json(llama_config_json(c));
-  EXPECT_EQ(llama_config_of(o).moe, c.moe);
-  ModelOptions dense = tiny_moe();
-  dense.family = {{"n_kv_head", 1}};
-  EXPECT_FALSE(llama_config_json(llama_config_of(dense)).contains("moe"))
-      << "a dense model's state is unchanged";
+double rel_err(const std::vector<float>& got, const std::vector<float>& want) {
+  double e = 0, n = 0;
+  for (size_t i = 0; i < got.size(); ++i) e += std::pow(got[i] - want[i], 2), n += want[i] * want[i];
+  return std::sqrt(e / n);
+}
+
+TEST(MoeLayer, Bf16RouterComputesFp32Logits) {
+  const LowpRun ref = lowp_run(DType::F32, DType::F32);
+  for (DType gdt : {DType::F32, DType::BF16}) {
+    const LowpRun r = lowp_run(DType::BF16, gdt);
+    EXPECT_EQ(r.logits_dtype, DType::F32);
+    // The same bf16 inputs multiplied in fp32: the fp32 layer's logits up to summation order.
+    EXPECT_LT(rel_err(r.logits, ref.logits), 1e-6);
+    EXPECT_LT(rel_err(r.out, ref.out), 2e-2);  // the experts run in bf16
+    EXPECT_LT(rel_err(r.drouter, ref.drouter), 5e-2) << "gradients in " << dtype_name(gdt);
+  }
 }
 
 }  // namespace
