@@ -429,6 +429,13 @@ TEST(LlamaMoe, ConfigJsonRoundTrips) {
   const LlamaConfig c = llama_config_of(tiny_moe());
   EXPECT_EQ(c.moe.ffn_hidden_size, 8);
   EXPECT_TRUE(c.is_moe_block(1) && c.is_moe_block(2) && !c.is_moe_block(0));
+  ModelOptions step = tiny_moe();  // Qwen3's decoder_sparse_step: blocks 1 and 3 of 4
+  step.n_layer = 4;
+  step.family["moe.first_k_dense"] = 0;
+  step.family["moe.sparse_step"] = 2;
+  const LlamaConfig sc = llama_config_of(step);
+  EXPECT_TRUE(!sc.is_moe_block(0) && sc.is_moe_block(1) && !sc.is_moe_block(2) &&
+              sc.is_moe_block(3));
   const ModelOptions o = llama_options_from_json(llama_config_json(c));
   EXPECT_EQ(llama_config_of(o).moe, c.moe);
   ModelOptions dense = tiny_moe();
