@@ -511,6 +511,28 @@ class Backend {
   virtual void moe_router_backward(Stream s, const Tensor& dlogits, const Tensor& dexpert_weight,
                                    const Tensor& dscores, const Tensor& scores,
                                    const Tensor& expert_idx, const MoeRouterSpec& spec) = 0;
+  /// The router's load-balancing statistics, ACCUMULATED (+=) over calls, from logits
+  /// fp32 [N,E] and expert_idx int32 [N,k] (Switch, Fedus et al. 2021, eq. 4; GShard; the
+  /// router z-loss of ST-MoE, Zoph et al. 2022, eq. 5):
+  ///   load fp32 [E] += the number of slots (n, j) with expert_idx[n,j] = e;
+  ///   prob fp32 [E] += prob_scale * sum_n p[n,e], p[n] = softmax(logits[n]) (Softmax) or
+  ///                    sigmoid(logits[n]) / sum_e sigmoid(logits[n,e]) (Sigmoid: the
+  ///                    scores normalised per token, as Megatron-core);
+  ///   z fp32 [1]    += z_scale * sum_n logsumexp_e(logits[n,e])^2.
+  /// Each of load, prob and z may be empty to skip it. Sums in double, added once.
+  virtual void moe_balance_stats(Stream s, const Tensor& load, const Tensor& prob,
+                                 const Tensor& z, const Tensor& logits, const Tensor& expert_idx,
+                                 MoeScoring scoring, float prob_scale, float z_scale) = 0;
+  /// The gradients of the balancing losses, ADDED (+=) to dlogits fp32 [N,E]: of aux =
+  /// sum_n sum_e g_e p[n,e] with g_e = aux_scale * load[e] (load fp32 [E]; empty: no aux
+  /// term), p as moe_balance_stats's, and of z = z_scale * sum_n lse_n^2 (lse_n =
+  /// logsumexp_e logits[n,e]). With a = g - sum_f g_f p[n,f]:
+  ///   Softmax:  dlogits[n,e] += p[n,e] a_e;
+  ///   Sigmoid:  dlogits[n,e] += s_e (1 - s_e) a_e / S  (s = sigmoid(logits[n]), S = sum s);
+  ///   z:        dlogits[n,e] += 2 z_scale lse_n softmax(logits[n])_e.
+  virtual void moe_balance_backward(Stream s, const Tensor& dlogits, const Tensor& logits,
+                                    const Tensor& load, MoeScoring scoring, float aux_scale,
+                                    float z_scale) = 0;
   /// The token permutation's plan from expert_idx int32 [N,k] (ids in [0, E)): offsets
   /// int32 [E+1], offsets[e] = the number of slots routed to experts below e (offsets[0] =
   /// 0, offsets[E] = M; expert e's count is offsets[e+1] - offsets[e]), and rows int32

@@ -482,6 +482,37 @@ MoeRouterDims moe_router_backward(const Tensor& dlogits, const Tensor& dexpert_w
                 expert_idx, spec, "moe_router_backward");
 }
 
+namespace {
+MoeRouterDims balance_logits(const Tensor& logits, const Tensor& load, const char* op) {
+  KILN_CHECK(logits.ndim() == 2 && logits.dtype() == DType::F32 && logits.size(1) >= 1,
+             "{}: logits {} must be fp32 [N, E]", op, logits.str());
+  const MoeRouterDims d{logits.size(0), logits.size(1), 0};
+  if (load) check_tensor(load, Shape{d.E}, DType::F32, op, "load");
+  return d;
+}
+}  // namespace
+
+MoeRouterDims moe_balance_stats(const Tensor& load, const Tensor& prob, const Tensor& z,
+                                const Tensor& logits, const Tensor& expert_idx) {
+  const char* op = "moe_balance_stats";
+  MoeRouterDims d = balance_logits(logits, load, op);
+  KILN_CHECK(expert_idx.ndim() == 2 && expert_idx.size(0) == d.N && expert_idx.size(1) <= d.E,
+             "{}: expert_idx {} must be [N = {}, k <= E = {}]", op, expert_idx.str(), d.N, d.E);
+  check_tensor(expert_idx, expert_idx.shape(), DType::I32, op, "expert_idx");
+  d.k = expert_idx.size(1);
+  if (prob) check_tensor(prob, Shape{d.E}, DType::F32, op, "prob");
+  if (z) check_tensor(z, Shape{1}, DType::F32, op, "z");
+  return d;
+}
+
+MoeRouterDims moe_balance_backward(const Tensor& dlogits, const Tensor& logits,
+                                   const Tensor& load) {
+  const char* op = "moe_balance_backward";
+  const MoeRouterDims d = balance_logits(logits, load, op);
+  check_tensor(dlogits, logits.shape(), DType::F32, op, "dlogits");
+  return d;
+}
+
 MoeRouterDims moe_permute_plan(const Tensor& offsets, const Tensor& rows,
                                const Tensor& expert_idx) {
   const char* op = "moe_permute_plan";

@@ -151,6 +151,13 @@ MoeRouterDims moe_router(const Tensor& scores, const Tensor& expert_idx,
 MoeRouterDims moe_router_backward(const Tensor& dlogits, const Tensor& dexpert_weight,
                                   const Tensor& dscores, const Tensor& scores,
                                   const Tensor& expert_idx, const MoeRouterSpec& spec);
+/// moe_balance_stats: logits fp32 [N,E], expert_idx int32 [N,k] (k <= E), load and prob
+/// empty or fp32 [E], z empty or fp32 [1]. Returns {N, E, k}.
+MoeRouterDims moe_balance_stats(const Tensor& load, const Tensor& prob, const Tensor& z,
+                                const Tensor& logits, const Tensor& expert_idx);
+/// moe_balance_backward: dlogits and logits fp32 [N,E], load empty or fp32 [E]. k = 0.
+MoeRouterDims moe_balance_backward(const Tensor& dlogits, const Tensor& logits,
+                                   const Tensor& load);
 /// moe_permute_plan: expert_idx int32 [N,k], rows int32 [N,k], offsets int32 [E+1], E >= 1.
 /// Returns {N, E, k}.
 MoeRouterDims moe_permute_plan(const Tensor& offsets, const Tensor& rows,

@@ -162,6 +162,14 @@
     (const Tensor& dlogits, const Tensor& dexpert_weight, const Tensor& dscores,                   \
      const Tensor& scores, const Tensor& expert_idx, const MoeRouterSpec& spec),                   \
     (dlogits, dexpert_weight, dscores, scores, expert_idx, spec))                                  \
+  X(MoeBalanceStats, moe_balance_stats, MoE, "forward",                                           \
+    (const Tensor& load, const Tensor& prob, const Tensor& z, const Tensor& logits,                \
+     const Tensor& expert_idx, MoeScoring scoring, float prob_scale, float z_scale),               \
+    (load, prob, z, logits, expert_idx, scoring, prob_scale, z_scale))                             \
+  X(MoeBalanceBackward, moe_balance_backward, MoE, "backward",                                     \
+    (const Tensor& dlogits, const Tensor& logits, const Tensor& load, MoeScoring scoring,          \
+     float aux_scale, float z_scale),                                                              \
+    (dlogits, logits, load, scoring, aux_scale, z_scale))                                          \
   X(MoePermutePlan, moe_permute_plan, MoE, "forward",                                              \
     (const Tensor& offsets, const Tensor& rows, const Tensor& expert_idx),                         \
     (offsets, rows, expert_idx))                                                                   \

@@ -539,8 +539,10 @@ std::span<const ConfigKeyInfo> config_keys() {
     s.family = model_key_docs();
     const std::vector<ModelKeyDoc>& family = s.family;
     for (const ModelKeyDoc& d : family) {
-      s.types.emplace_back(d.key.type == ModelKeyType::Integer ? "int"
-                           : d.key.type == ModelKeyType::Float ? "float" : "bool");
+      s.types.emplace_back(d.key.type == ModelKeyType::Integer  ? "int"
+                           : d.key.type == ModelKeyType::Float  ? "float"
+                           : d.key.type == ModelKeyType::Choice ? "string"
+                                                                : "bool");
       s.defaults.push_back(format_model_value(d.key, d.key.default_value));
     }
     for (const Key& k : keys()) s.defaults.push_back(format_value(field(k, defaults)));

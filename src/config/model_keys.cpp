@@ -21,6 +21,7 @@ std::string_view type_name(ModelKeyType t) {
   switch (t) {
     case ModelKeyType::Integer: return "integer";
     case ModelKeyType::Float: return "float";
+    case ModelKeyType::Choice: return "string";
     default: return "boolean";
   }
 }
@@ -67,6 +68,14 @@ double value_of(const ModelKey& k, const toml::node& node, std::string_view sour
         wrong_type(source, name, k.type, toml_type_name(node));
       KILN_CHECK(std::isfinite(v), "{}: key '{}' must be finite, got {}", source, name, v);
       return v;
+    }
+    case ModelKeyType::Choice: {
+      if (!node.is_string()) wrong_type(source, name, k.type, toml_type_name(node));
+      const std::string& v = node.as_string()->get();
+      const auto it = std::find(k.choices.begin(), k.choices.end(), v);
+      KILN_CHECK(it != k.choices.end(), "{}: key '{}' must be one of \"{}\", got \"{}\"", source,
+                 name, fmt::join(k.choices, "\", \""), v);
+      return static_cast<double>(it - k.choices.begin());
     }
     default:
       if (!node.is_boolean()) wrong_type(source, name, k.type, toml_type_name(node));
@@ -130,6 +139,8 @@ bool give_model_override(GivenModelKeys& given, const std::string& name, const s
   if (!t && decls.front().second.type == ModelKeyType::Float &&
       std::from_chars(text.data(), e, v).ptr == e && !text.empty())
     t = toml::table{{"v", v}};  // ".5", "5."
+  if (!t && decls.front().second.type == ModelKeyType::Choice)
+    t = toml::table{{"v", text}};  // a bare string: --set model.moe.scoring=sigmoid
   if (!t)
     KILN_FAIL("--set: wrong type for key '{}': expected {}, got '{}'", name,
               type_name(decls.front().second.type), text);
@@ -173,6 +184,10 @@ std::string format_model_value(const ModelKey& k, double v) {
   switch (k.type) {
     case ModelKeyType::Integer: return fmt::format("{}", static_cast<int64_t>(v));
     case ModelKeyType::Float: return format_float(v);
+    case ModelKeyType::Choice:
+      if (v >= 0 && v < static_cast<double>(k.choices.size()))
+        return fmt::format("\"{}\"", k.choices[static_cast<size_t>(v)]);
+      return fmt::format("{}", v);
     default: return v != 0 ? "true" : "false";
   }
 }

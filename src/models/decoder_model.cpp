@@ -30,6 +30,8 @@ struct DecoderModel::Slot {
   Tensor tokens, positions;        // the forward's micro-batch inputs (views; positions may
                                    // be empty: 0..T-1)
   bool have_grad = false;
+  bool balanced = false;           // a training forward of MoE blocks: their balancing
+                                   // losses are on (MoeBalance)
 };
 
 DecoderModel::DecoderModel(Backend& backend, const ModelStorage& storage)
@@ -40,6 +42,27 @@ DecoderModel::~DecoderModel() = default;
 DropoutSpec DecoderModel::dropout_spec(int, uint64_t, int64_t) const { return {}; }
 
 int DecoderModel::n_layer() const { return static_cast<int>(layers_.blocks->size()); }
+
+void DecoderModel::set_layers(const DecoderLayers& layers) {
+  layers_ = layers;
+  std::vector<const nn::MoeMlp*> moe;
+  moe_index_.clear();
+  for (const nn::TransformerBlock& b : *layers.blocks) {
+    moe_index_.push_back(b.moe() ? static_cast<int>(moe.size()) : -1);
+    if (b.moe()) moe.push_back(b.moe());
+  }
+  balance_.reset();
+  if (!moe.empty()) balance_ = std::make_unique<MoeBalance>(backend(), layers.balance, moe);
+}
+
+void DecoderModel::set_aux_loss_scale(float scale) {
+  if (balance_) balance_->set_grad_scale(scale);
+}
+
+std::optional<MoeStats> DecoderModel::take_moe_stats() {
+  if (!balance_) return std::nullopt;
+  return balance_->take();
+}
 
 void DecoderModel::set_activation_checkpointing(nn::ActivationCheckpointing mode) { mode_ = mode; }
 
@@ -72,7 +95,7 @@ void DecoderModel::reserve(int B, int T) {
                                             layers_.head_weight->local_shape()[0], dtype(),
                                             storage().classifier_chunk_mb);
   a->dresidual = be.empty(block.residual_shape(B, T), dtype(), MemCategory::Activations);
-  a->scratch = block.make_scratch(be, B, T, dtype());
+  a->scratch = nn::TransformerBlock::make_scratch(be, *layers_.blocks, B, T, dtype());
   shared_ = std::move(a);
 }
 
@@ -90,7 +113,10 @@ DecoderModel::Slot& DecoderModel::slot(int first, int end, int index) {
   const auto& block = layers_.blocks->front();
   for (int l = a->b0; l <= a->b1; ++l)
     a->stream.push_back(be.empty(block.residual_shape(B, T), dt, MemCategory::Activations));
-  if (a->b1 > a->b0) a->saved.reserve(be, block.saved_specs(B, T, dt), a->b1 - a->b0, mode_);
+  std::vector<std::vector<nn::SavedSpec>> specs;
+  for (int l = a->b0; l < a->b1; ++l)
+    specs.push_back((*layers_.blocks)[static_cast<size_t>(l)].saved_specs(B, T, dt));
+  a->saved.reserve(be, specs, mode_);
   if (a->head) {
     const auto [rb, rt] = block.residual_bt(B, T);
     for (const nn::SavedSpec& s : layers_.norm->saved_specs(rb, rt, dt))
@@ -109,6 +135,7 @@ Tensor DecoderModel::stream_work() const {
 }
 
 nn::BlockPass DecoderModel::block_pass(const Slot& a, int l) const {
+  const int m = moe_index_[static_cast<size_t>(l)];
   return nn::BlockPass{backend(),
                        backend().default_stream(),
                        a.saved.block(l - a.b0),
@@ -118,7 +145,8 @@ nn::BlockPass DecoderModel::block_pass(const Slot& a, int l) const {
                        dropout_spec(l, nn::kMlpResidSite, shared_->T),
                        a.saved.rerun_block(),
                        a.saved.recompute_cheap(),
-                       a.positions};
+                       a.positions,
+                       a.balanced && m >= 0 ? balance_->pass(m) : nn::MoeBalancePass{}};
 }
 
 void DecoderModel::embed(Slot& a, const Tensor& tokens) {
@@ -160,6 +188,13 @@ LossSum DecoderModel::forward_stage(const StagePass& p, float grad_scale) {
   Slot& a = slot(p.first, p.end, p.slot);
   a.tokens = tokens;
   a.positions = positions;
+  const bool with_grad = grad_scale > 0.f;
+  a.balanced = balance_ && with_grad;
+  if (a.balanced) {
+    KILN_CHECK(p.first == 0 && p.end == global_parts(), "{}: a model with mixture-of-experts "
+               "blocks does not run as pipeline stages yet", arch());
+    balance_->begin_forward(int64_t{B} * T);
+  }
   Backend& be = backend();
   const Stream s = be.default_stream();
   if (a.embeds) {
@@ -174,7 +209,7 @@ LossSum DecoderModel::forward_stage(const StagePass& p, float grad_scale) {
                                                       a.stream[l - a.b0 + 1]);
     hooks().after_forward(local_part(l + 1));
   }
-  const bool with_grad = grad_scale > 0.f;
+  if (a.balanced) balance_->end_forward();
   a.have_grad = with_grad;
   if (!a.head) {
     check_shape(p.output, a.stream.back().shape(), "stage output");
@@ -249,6 +284,7 @@ void DecoderModel::forward_logits(const Tensor& tokens, const Tensor& logits) {
   Slot& a = slot(0, global_parts(), 0);
   a.tokens = tokens;
   a.positions = Tensor();
+  a.balanced = false;
   Backend& be = backend();
   const Stream s = be.default_stream();
   embed(a, tokens);

@@ -15,6 +15,7 @@
 #pragma once
 
 #include "models/layered_model.h"
+#include "models/moe_balance.h"
 #include "nn/saved.h"
 
 #include <map>
@@ -66,6 +67,7 @@ struct DecoderLayers {
   const nn::TpPlacement* head_placement = nullptr;
   int vocab_size = 0;
   int64_t n_embd = 0;
+  MoeBalanceSpec balance;  // the MoE blocks' balancing losses (models/moe_balance.h)
 };
 
 class DecoderModel : public LayeredModel, public LanguageModel {
@@ -82,6 +84,9 @@ class DecoderModel : public LayeredModel, public LanguageModel {
   void backward() override;
   void set_activation_checkpointing(nn::ActivationCheckpointing mode) override;
   LanguageModel* language_model() override { return this; }
+  /// Mixture-of-experts blocks: the balancing losses' gradient factor, and their figures.
+  void set_aux_loss_scale(float scale) override;
+  std::optional<MoeStats> take_moe_stats() override;
 
   std::optional<Shape> stage_activation_shape(int B, int T) const override;
   LossSum forward_stage(const StagePass& pass, float grad_scale) override;
@@ -95,7 +100,7 @@ class DecoderModel : public LayeredModel, public LanguageModel {
  protected:
   DecoderModel(Backend& backend, const ModelStorage& storage);
   /// Called by the derived constructor, before build().
-  void set_layers(const DecoderLayers& layers) { layers_ = layers; }
+  void set_layers(const DecoderLayers& layers);
   /// The mask of dropout site `site` (nn::DropoutSite) of block `block` (-1: the
   /// embeddings) for the current micro-batch of sequences of T tokens; p = 0 (the
   /// default) for none.
@@ -121,6 +126,10 @@ class DecoderModel : public LayeredModel, public LanguageModel {
   std::unique_ptr<Shared> shared_;
   LossAccumulator loss_;
   std::map<std::pair<int, int>, std::unique_ptr<Slot>> slots_;  // by (first part, slot)
+  // Mixture-of-experts blocks (none: balance_ empty): block l's index among them (-1:
+  // dense) and their balancing losses.
+  std::vector<int> moe_index_;
+  std::unique_ptr<MoeBalance> balance_;
 };
 
 }  // namespace kiln

@@ -103,6 +103,17 @@ struct StagePass {
   Tensor dinput, doutput;  // backward: dL/d(input) out (first > 0), dL/d(output) in (end < parts)
 };
 
+/// A mixture-of-experts model's balancing figures since they were last taken
+/// (Model::take_moe_stats): the auxiliary load-balancing loss and the router z-loss as
+/// optimised (coefficients applied), each the mean over the micro-batches this rank ran,
+/// and the (token, choice) slots each expert received, per MoE layer (in block order),
+/// summed over those micro-batches.
+struct MoeStats {
+  double aux_loss = 0.0, z_loss = 0.0;
+  int64_t micro_batches = 0;
+  std::vector<std::vector<double>> tokens_per_expert;  // [MoE layer][expert]
+};
+
 /// The SUM of per-target losses (nats) over non-ignored targets, and their number; for a
 /// classifier's forward without gradient also how many targets were its top class
 /// (-1: not computed). Zero when the batch brought its accumulator (Batch::loss).
@@ -188,6 +199,14 @@ class Model {
   virtual LossSum forward(const Batch& batch, float grad_scale) = 0;
   /// Accumulates (+=) parameter gradients of the last forward(grad_scale > 0).
   virtual void backward() = 0;
+  /// The factor on the gradients of the model's own auxiliary losses (a mixture of
+  /// experts' balancing losses) in each micro-batch's backward: the loss scale / (the
+  /// micro-batches of the step over all data-parallel ranks), so that they enter as their
+  /// mean. 1 until set; models without such losses ignore it.
+  virtual void set_aux_loss_scale(float scale) { (void)scale; }
+  /// The balancing figures since the last call (one host read), then reset; nullopt for a
+  /// model without mixture-of-experts layers.
+  virtual std::optional<MoeStats> take_moe_stats() { return std::nullopt; }
   virtual void set_activation_checkpointing(nn::ActivationCheckpointing mode) = 0;
   /// Dropout on or off (training vs eval); (seed, first_sample) key the masks and any
   /// other per-sample draw, first_sample being the global index of the micro-batch's

@@ -25,6 +25,15 @@ bool ModelOptions::flag(const ModelKeys& keys, std::string_view name) const {
   return value(keys, name) != 0.0;
 }
 
+const std::string& ModelOptions::choice(const ModelKeys& keys, std::string_view name) const {
+  const double v = value(keys, name);
+  const ModelKey* key = find_model_key(keys, name);
+  KILN_CHECK(key->type == ModelKeyType::Choice && v >= 0 &&
+                 v < static_cast<double>(key->choices.size()) && v == static_cast<int>(v),
+             "model.{}: {} is not one of its choices", name, v);
+  return key->choices[static_cast<size_t>(v)];
+}
+
 void check_family_keys(const ModelOptions& options, const ModelKeys& keys) {
   for (const auto& [name, v] : options.family)
     KILN_CHECK(find_model_key(keys, name), "model.{} ({}): not a key of model.arch '{}'", name, v,

@@ -12,8 +12,9 @@
 
 namespace kiln {
 
-/// The type of a family's [model] key (ModelKey).
-enum class ModelKeyType { Integer, Float, Bool };
+/// The type of a family's [model] key (ModelKey). A Choice is a string among the key's
+/// `choices`, held as its index (a double like the others) and written as the string.
+enum class ModelKeyType { Integer, Float, Bool, Choice };
 
 /// One [model] key a family declares beyond the common ones (ModelArch::keys, stated in
 /// its own folder): its name within [model] ("n_kv_head", "rope_scaling.factor"), its
@@ -28,6 +29,7 @@ struct ModelKey {
   double hi = std::numeric_limits<double>::infinity();
   bool lo_open = false, hi_open = false;
   std::string description = {};
+  std::vector<std::string> choices = {};  // a Choice's strings (default_value: an index)
 };
 using ModelKeys = std::vector<ModelKey>;
 
@@ -57,6 +59,8 @@ struct ModelOptions {
   int integer(const ModelKeys& keys, std::string_view name) const;
   /// value() of a Bool key (non-zero: true).
   bool flag(const ModelKeys& keys, std::string_view name) const;
+  /// value() of a Choice key, as its string.
+  const std::string& choice(const ModelKeys& keys, std::string_view name) const;
 };
 
 /// Where the [model] key `name` ("model.n_kv_head") came from (a file, "--set"), for

@@ -2,6 +2,8 @@
 // Llama: RMSNorm, rotary grouped-query attention, SwiGLU, no biases):
 //   r   = x + dropout(attn(norm_1(x)))
 //   out = r + dropout(mlp(norm_2(r)))
+// where mlp is a dense Mlp, or a mixture of experts (MoeMlp, nn/moe.h) when the spec's
+// `moe` has experts; the dense path is the same code either way.
 // The block knows nothing of its position in a model, ranks or devices: the model gives
 // it, per call, its saved tensors (SavedActivations::block), shared scratch and the
 // dropout masks of its three sites.
@@ -22,9 +24,12 @@
 #include "backend/backend.h"
 #include "nn/attention.h"
 #include "nn/mlp.h"
+#include "nn/moe.h"
 #include "nn/norm.h"
 #include "nn/saved.h"
 
+#include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,6 +42,7 @@ struct BlockNames {
   std::string norm_1 = "ln_1", attn_qkv = "attn.c_attn", attn_out = "attn.c_proj";
   std::string norm_2 = "ln_2", mlp_fc = "mlp.c_fc", mlp_proj = "mlp.c_proj";
   std::string attn_q_norm = "attn.q_norm", attn_k_norm = "attn.k_norm";
+  std::string moe = "mlp";  // a MoE layer's prefix (nn/moe.h names its parameters)
 };
 
 struct BlockSpec {
@@ -49,6 +55,8 @@ struct BlockSpec {
   float init_std = 0.02f;           // weights N(0, init_std^2)
   float residual_init_std = 0.02f;  // the two projections into the residual stream
   BlockNames names;
+  MoeSpec moe;                      // experts > 0: a MoeMlp in place of the Mlp (SwiGLU
+                                    // experts of width moe.expert_hidden; mlp_hidden unused)
 };
 
 /// Where the tensor-parallel plan puts a block's layers: both norms (Sequence or
@@ -67,8 +75,10 @@ enum DropoutSite : uint64_t { kEmbeddingSite = 0, kAttnProbsSite = 1, kAttnResid
 /// wide with QK-norm: SelfAttention::dattn_width); dbig
 /// [B,T,max(MLP fc width, qkv width)]; dact [B,T,H] (SwiGLU only, else empty); work
 /// [B*T, C] under sequence parallelism (else empty). Widths are the rank's when sharded.
+/// moe: a MoE block's (nn/moe.h; empty for a dense one).
 struct BlockScratch {
   Tensor tmp, dtmp, dattn, dbig, dact, work;
+  MoeScratch moe = {};
 };
 
 /// Per-call inputs of a block besides x: saved tensors, scratch, dropout of each site.
@@ -81,6 +91,7 @@ struct BlockPass {
   bool rerun = false;           // backward re-runs forward first (full checkpointing)
   bool recompute_cheap = false;  // backward recomputes Cheap tensors first (selective)
   Tensor positions;             // int32 [B,T] for rotary attention; empty: 0..T-1
+  MoeBalancePass balance = {};  // a MoE block's balancing-loss buffers and scales
 };
 
 class TransformerBlock {
@@ -107,6 +118,11 @@ class TransformerBlock {
   std::vector<SavedSpec> saved_specs(int64_t B, int64_t T, DType dtype) const;
   /// Scratch this block needs, in the model dtype.
   BlockScratch make_scratch(Backend& be, int64_t B, int64_t T, DType dtype) const;
+  /// Scratch that serves every one of `blocks` (dense and MoE blocks mixed): the first
+  /// dense block's (all dense blocks of a model have one shape) with the first MoE
+  /// block's MoE part.
+  static BlockScratch make_scratch(Backend& be, std::span<const TransformerBlock> blocks,
+                                   int64_t B, int64_t T, DType dtype);
   /// out [B,T,C] from x [B,T,C] ([BT/tp, C] each under sequence parallelism), filling the
   /// saved tensors. out must not alias x.
   void forward(const BlockPass& p, const Tensor& x, const Tensor& out) const;
@@ -127,8 +143,15 @@ class TransformerBlock {
 
   void collect(std::vector<Param*>& out);
   const BlockSpec& spec() const { return spec_; }
+  /// The block's mixture of experts; nullptr for a dense block.
+  const MoeMlp* moe() const { return moe_ ? &*moe_ : nullptr; }
 
  private:
+  /// forward(); `recomputing` when backward re-runs it (no balancing statistics added).
+  void run(const BlockPass& p, const Tensor& x, const Tensor& out, bool recomputing) const;
+  /// The feed-forward half's backward: dtmp (overwritten) from d_out.
+  void mlp_backward(const BlockPass& p, const Tensor& dtmp, const Tensor& d_out,
+                    const Tensor& inp) const;
   /// A residual-stream dropout spec at this rank's global rows (sequence parallel).
   DropoutSpec rows(const DropoutSpec& d, const Tensor& x) const;
   std::span<const Tensor> part(std::span<const Tensor> saved, size_t first, size_t n) const {
@@ -139,7 +162,8 @@ class TransformerBlock {
   bool sp_ = false;        // the residual stream split in rows (sequence parallel)
   Norm norm_1_, norm_2_;
   SelfAttention attn_;
-  Mlp mlp_;
+  std::optional<Mlp> mlp_;     // a dense block
+  std::optional<MoeMlp> moe_;  // a mixture-of-experts block
   // Offsets of each layer's saved tensors in BlockPass::saved (set by the constructor).
   size_t kNorm1 = 0, kAttn = 0, kResidual = 0, kNorm2 = 0, kMlp = 0, kNumSaved = 0;
 };

@@ -2,6 +2,9 @@
 
 #include "core/error.h"
 
+#include <map>
+#include <tuple>
+
 namespace kiln::nn {
 
 ActivationCheckpointing parse_activation_checkpointing(std::string_view s) {
@@ -22,24 +25,30 @@ bool keeps(ActivationCheckpointing mode, Recompute r) {
 
 void SavedActivations::reserve(Backend& be, const std::vector<SavedSpec>& specs, int n_blocks,
                                ActivationCheckpointing mode) {
+  reserve(be, std::vector<std::vector<SavedSpec>>(static_cast<size_t>(n_blocks), specs), mode);
+}
+
+void SavedActivations::reserve(Backend& be, const std::vector<std::vector<SavedSpec>>& specs,
+                               ActivationCheckpointing mode) {
   blocks_.clear();  // free first so that the peak is not doubled
   mode_ = mode;
   rerun_block_ = recompute_cheap_ = false;
-  blocks_.resize(static_cast<size_t>(n_blocks));
-  std::vector<Tensor> shared(specs.size());
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const SavedSpec& sp = specs[i];
-    if (keeps(mode, sp.recompute)) continue;
-    rerun_block_ |= sp.recompute == Recompute::WithBlock;
-    recompute_cheap_ |= sp.recompute == Recompute::Cheap;
-    if (n_blocks > 0) shared[i] = be.empty(sp.shape, sp.dtype, MemCategory::Activations);
-  }
-  for (auto& b : blocks_) {
-    b.resize(specs.size());
-    for (size_t i = 0; i < specs.size(); ++i)
-      b[i] = keeps(mode, specs[i].recompute)
-                 ? be.empty(specs[i].shape, specs[i].dtype, MemCategory::Activations)
-                 : shared[i];
+  // One shared tensor per (position, shape, dtype) of what the mode drops.
+  std::map<std::tuple<size_t, std::string, DType>, Tensor> shared;
+  blocks_.resize(specs.size());
+  for (size_t l = 0; l < specs.size(); ++l) {
+    for (size_t i = 0; i < specs[l].size(); ++i) {
+      const SavedSpec& sp = specs[l][i];
+      if (keeps(mode, sp.recompute)) {
+        blocks_[l].push_back(be.empty(sp.shape, sp.dtype, MemCategory::Activations));
+        continue;
+      }
+      rerun_block_ |= sp.recompute == Recompute::WithBlock;
+      recompute_cheap_ |= sp.recompute == Recompute::Cheap;
+      Tensor& t = shared[{i, sp.shape.str(), sp.dtype}];
+      if (!t) t = be.empty(sp.shape, sp.dtype, MemCategory::Activations);
+      blocks_[l].push_back(t);
+    }
   }
 }
 

@@ -45,12 +45,17 @@ struct SavedSpec {
   Recompute recompute = Recompute::WithBlock;
 };
 
-/// Storage for the saved tensors of `n_blocks` blocks of identical specs.
+/// Storage for the saved tensors of a model's blocks.
 class SavedActivations {
  public:
   /// Allocates (category Activations) what `mode` keeps per block, plus one shared set
   /// for what it drops. Frees the previous storage first.
   void reserve(Backend& be, const std::vector<SavedSpec>& specs, int n_blocks,
+               ActivationCheckpointing mode);
+  /// The same for blocks of different specs (dense and mixture-of-experts blocks):
+  /// specs[l] are block l's. What `mode` drops is shared between the blocks whose spec at
+  /// the same position has the same shape and dtype.
+  void reserve(Backend& be, const std::vector<std::vector<SavedSpec>>& specs,
                ActivationCheckpointing mode);
   /// Block l's tensors in spec order: its own where kept, the shared ones otherwise.
   std::span<const Tensor> block(int l) const;

@@ -334,6 +334,21 @@ OpCost moe_router_backward(const Tensor&, const Tensor& dexpert_weight, const Te
           fmt::format("N={} E={} k={}", N, E, spec.k)};
 }
 
+OpCost moe_balance_stats(const Tensor& load, const Tensor&, const Tensor&, const Tensor& logits,
+                         const Tensor& expert_idx, MoeScoring, float, float) {
+  // A softmax (or sigmoid) and a log-sum-exp per row (~8 FLOPs per logit); logits and ids
+  // read, the [E] sums written.
+  const int64_t E = last(logits), N = rows(logits);
+  return {8.0 * d(N * E), 4.0 * d(N * E) + 4.0 * d(expert_idx.numel()) + 8.0 * d(load.numel()),
+          fmt::format("N={} E={}", N, E)};
+}
+
+OpCost moe_balance_backward(const Tensor&, const Tensor& logits, const Tensor&, MoeScoring, float,
+                            float) {
+  const int64_t E = last(logits), N = rows(logits);
+  return {12.0 * d(N * E), 12.0 * d(N * E), fmt::format("N={} E={}", N, E)};
+}
+
 OpCost moe_permute_plan(const Tensor& offsets, const Tensor&, const Tensor& expert_idx) {
   return {0.0, 12.0 * d(expert_idx.numel()) + 4.0 * d(offsets.numel()),
           fmt::format("slots={} E={}", expert_idx.numel(), offsets.numel() - 1)};

@@ -66,6 +66,12 @@ void check_layout_supported(const TrainConfig& config) {
         "takes no tensor-parallel plan");
   check(arch.context_parallel, "cp", p.cp, &ModelArch::context_parallel,
         "takes no context-parallel plan");
+  const std::string why =
+      arch.single_layout_reason ? arch.single_layout_reason(model_options_from(config)) : "";
+  using KeyValue = std::pair<const char*, int>;
+  for (const auto& [key, value] : {KeyValue{"pp", p.pp}, KeyValue{"tp", p.tp}, KeyValue{"cp", p.cp}})
+    KILN_CHECK(why.empty() || value == 1, "{}: parallel.{} = {}: {} runs with parallel.tp, pp "
+               "and cp = 1 only, for now", config.source, key, value, why);
 }
 
 StepGroups StepGroups::of_mesh(const DeviceMesh& mesh) {
@@ -483,6 +489,10 @@ StepResult TrainStep::run(const void* inputs, const int32_t* targets, int64_t up
   const int64_t n_targets = global_target_count(targets, update);
   const float grad_scale = static_cast<float>(scaler_.scale) / static_cast<float>(n_targets);
   backend_.fill(backend_.default_stream(), stats_, 0.f);
+  // A model's own auxiliary losses (MoE balancing) enter as their mean over the step's
+  // micro-batches on every dp rank.
+  const int dp = groups_.dp_cp.size() / cp();
+  model_->set_aux_loss_scale(static_cast<float>(scaler_.scale / (accum_ * dp)));
   dp_->begin_step(accum_);
   StepBatches batches(*this, inputs, targets, update);
   pipeline_->run(batches, grad_scale);  // the loss sums land in stats_[0:2]

@@ -225,6 +225,14 @@ void moe_router_backward(S& t) {
   t.be.moe_router_backward(t.s, t.f32({S::N, S::V}), t.f32({S::N, 2}), t.f32({S::N, S::V}),
                            t.f32({S::N, S::V}), t.moe_rows(), moe_spec());
 }
+void moe_balance_stats(S& t) {
+  t.be.moe_balance_stats(t.s, t.f32({S::V}), t.f32({S::V}), t.f32({1}), t.f32({S::N, S::V}),
+                         t.moe_rows(), MoeScoring::Softmax, 0.5f, 0.25f);
+}
+void moe_balance_backward(S& t) {
+  t.be.moe_balance_backward(t.s, t.f32({S::N, S::V}), t.f32({S::N, S::V}), t.f32({S::V}),
+                            MoeScoring::Sigmoid, 0.5f, 0.25f);
+}
 void moe_permute_plan(S& t) {
   t.be.moe_permute_plan(t.s, t.ids({S::V + 1}), t.ids({S::N, 2}), t.ids({S::N, 2}));
 }

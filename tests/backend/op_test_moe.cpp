@@ -17,6 +17,7 @@
 #include "support/error_of.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <sstream>
 
@@ -390,6 +391,93 @@ TEST_P(MoeTest, ExpertMlpOfTheOps) {
     }
   }
   EXPECT_TRUE(near_by_norm("expert MLP of the MoE ops", download(out), want, 1e-5));
+}
+
+// The balancing statistics and their gradients (moe_balance_stats / _backward) against a
+// double reference, at N = 37 E = 5 k = 2 (expert 3 empty), N = 37 E = 5 k = 1 (all to
+// one expert) and N = 1 E = 1, both scorings; each output starts non-zero (the ops add).
+// The reference's gradient is checked by central differences of its forward in turn.
+struct BalanceRef {
+  Vec p;           // [N,E] the balancing probabilities
+  Vec lse;         // [N]
+};
+BalanceRef balance_ref(const Vec& l, int N, int E, bool sigmoid) {
+  BalanceRef r{Vec(l.size()), Vec(static_cast<size_t>(N))};
+  for (int n = 0; n < N; ++n) {
+    double mx = l[n * E], sum = 0, S = 0;
+    for (int e = 1; e < E; ++e) mx = std::max(mx, l[n * E + e]);
+    for (int e = 0; e < E; ++e) sum += std::exp(l[n * E + e] - mx);
+    r.lse[n] = mx + std::log(sum);
+    for (int e = 0; e < E; ++e) S += 1 / (1 + std::exp(-l[n * E + e]));
+    for (int e = 0; e < E; ++e)
+      r.p[n * E + e] = sigmoid ? 1 / (1 + std::exp(-l[n * E + e])) / S
+                               : std::exp(l[n * E + e] - r.lse[n]);
+  }
+  return r;
+}
+
+TEST_P(MoeTest, BalanceStatisticsAndGradients) {
+  if (!runs(DType::F32)) GTEST_SKIP() << "no MoE ops on " << be().name();
+  std::mt19937_64 g(test_seed());
+  const std::vector<Routing> cases = {routings(g)[0], routings(g)[1], routings(g)[4]};
+  for (const Routing& r : cases)
+    for (bool sigmoid : {false, true}) {
+      const std::string what = r.what + (sigmoid ? " sigmoid" : " softmax");
+      const MoeScoring sc = sigmoid ? MoeScoring::Sigmoid : MoeScoring::Softmax;
+      const int N = r.N, E = r.E;
+      const float ps = 0.37f, zs = 0.21f, as = 0.13f;
+      const std::vector<float> logits = randn(int64_t{N} * E, 2.f);
+      std::vector<float> load0(static_cast<size_t>(E)), prob0 = randn(E), z0 = randn(1);
+      std::iota(load0.begin(), load0.end(), 1.f);  // counts stay exact in fp32
+      Tensor load = upload(load0, {E}), prob = upload(prob0, {E}), z = upload(z0, {1});
+      const Tensor tl = upload(logits, {N, E});
+      be().moe_balance_stats(st(), load, prob, z, tl, upload_i32(r.idx, {N, r.k}), sc, ps, zs);
+      const BalanceRef ref = balance_ref(to_double(logits), N, E, sigmoid);
+      Vec want_load(E), want_prob(E), want_z{z0[0]};
+      for (int e = 0; e < E; ++e) want_load[e] = load0[e], want_prob[e] = prob0[e];
+      for (int32_t e : r.idx) want_load[e] += 1;
+      for (int n = 0; n < N; ++n) {
+        for (int e = 0; e < E; ++e) want_prob[e] += ps * ref.p[n * E + e];
+        want_z[0] += zs * ref.lse[n] * ref.lse[n];
+      }
+      EXPECT_TRUE(near_by_norm("moe_balance_stats load " + what, download(load), want_load, 0));
+      EXPECT_TRUE(near_by_norm("moe_balance_stats prob " + what, download(prob), want_prob, 1e-6));
+      EXPECT_TRUE(near_by_norm("moe_balance_stats z " + what, download(z), want_z, 1e-6));
+
+      // Backward on positive loads (as counts are), added to a random dlogits.
+      std::vector<float> ld = randn(E);
+      for (float& v : ld) v = std::abs(v) * 10.f;
+      const std::vector<float> dl0 = randn(int64_t{N} * E);
+      Tensor dl = upload(dl0, {N, E});
+      be().moe_balance_backward(st(), dl, tl, upload(ld, {E}), sc, as, zs);
+      const Forward f = [&](const Inputs& x) {
+        const BalanceRef b = balance_ref(x[0], N, E, sigmoid);
+        double aux = 0, zz = 0;
+        for (int n = 0; n < N; ++n) {
+          for (int e = 0; e < E; ++e) aux += double(as) * ld[e] * b.p[n * E + e];
+          zz += double(zs) * b.lse[n] * b.lse[n];
+        }
+        return Vec{aux, zz};
+      };
+      // The analytic reference gradient.
+      Vec want_dl(static_cast<size_t>(N) * E);
+      for (int n = 0; n < N; ++n) {
+        double gp = 0, S = 0;
+        for (int e = 0; e < E; ++e) gp += double(as) * ld[e] * ref.p[n * E + e];
+        for (int e = 0; e < E; ++e) S += 1 / (1 + std::exp(-double(logits[n * E + e])));
+        for (int e = 0; e < E; ++e) {
+          const double a = double(as) * ld[e] - gp, l = logits[n * E + e];
+          const double s = 1 / (1 + std::exp(-l));
+          want_dl[n * E + e] = (sigmoid ? s * (1 - s) * a / S : ref.p[n * E + e] * a) +
+                               2 * zs * ref.lse[n] * std::exp(l - ref.lse[n]);
+        }
+      }
+      const Vec got_dl = minus(download(dl), dl0);
+      EXPECT_TRUE(near_by_norm("moe_balance_backward dlogits " + what, to_float(got_dl), want_dl,
+                               1e-5, 1e-3));
+      EXPECT_TRUE(check_fd("moe_balance_backward dlogits " + what, f, {to_double(logits)}, {1, 1},
+                           0, want_dl, got_dl, rng(), 8, 1e-4, 1e-3));
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, MoeTest, ::testing::ValuesIn(backend_names()), param_name);

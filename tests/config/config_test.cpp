@@ -387,7 +387,14 @@ TEST(TrainConfigToml, EarlierVersionsRunConfigsStillLoad) {
       {"n_kv_head", 2}, {"ffn_hidden_size", 24}, {"norm_eps", 1e-5}, {"rope_theta", 500000},
       {"rope_scaling.factor", 8}, {"rope_scaling.low_freq_factor", 1},
       {"rope_scaling.high_freq_factor", 4}, {"rope_scaling.original_max_position", 64},
-      {"tie_embeddings", 1}, {"head_dim", 0}, {"qk_norm", 0}};  // later keys: defaults
+      {"tie_embeddings", 1},
+      {"head_dim", 0}, {"qk_norm", 0},
+      // keys added since, at their defaults (a dense model)
+      {"moe.num_experts", 0}, {"moe.top_k", 2}, {"moe.ffn_hidden_size", 0},
+      {"moe.shared_experts", 0}, {"moe.scoring", 0}, {"moe.norm_topk_prob", 1},
+      {"moe.first_k_dense", 0}, {"moe.sparse_step", 1}, {"moe.aux_loss_coef", 0},
+      {"moe.aux_loss_type", 0}, {"moe.aux_loss_scope", 0}, {"moe.z_loss_coef", 0},
+      {"moe.bias_update_rate", 0}};
   EXPECT_EQ(llama.model.family, want);
   const TrainConfig vit = load_config_file(dir + "vit_run_config_v1.toml");
   EXPECT_EQ(vit.model.family.at("image_size"), 8);

@@ -2,7 +2,10 @@
 // untied), the published presets' parameter counts, KV-cache decoding against the full
 // forward, gradients bitwise equal under every checkpointing policy and with explicit
 // positions 0..T-1, and one-line config errors. Numerical correctness against PyTorch
-// is tests/golden/llama_golden_test.cpp.
+// is tests/golden/llama_golden_test.cpp. With mixture-of-experts blocks (the moe.* keys):
+// names and shapes, all parameters counted and active ones in the FLOPs, the balancing
+// figures, checkpointing bitwise, decoding, one-line errors naming the key, tp refused,
+// the checkpoint JSON round trip.
 #include "config/components.h"
 #include "support/error_of.h"
 #include "backend/registry.h"
@@ -11,10 +14,13 @@
 #include "models/registry.h"
 #include "config/config.h"
 #include "model_io/model_io.h"
+#include "train/train_step.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <numeric>
+#include <optional>
 #include <random>
 
 namespace kiln {
@@ -46,6 +52,24 @@ ModelOptions tiny_qk_norm(bool tie = false) {
   return o;
 }
 
+// Three blocks: block 0 dense, blocks 1 and 2 of 4 experts (k = 2, width 8) and shared
+// experts of width 16, both balancing losses on.
+ModelOptions tiny_moe() {
+  ModelOptions o;
+  o.arch = "llama";
+  o.n_layer = 3;
+  o.n_head = 2;
+  o.n_embd = 16;
+  o.block_size = 12;
+  o.vocab_size = 29;
+  o.family = {{"n_kv_head", 1},           {"ffn_hidden_size", 24},
+              {"moe.num_experts", 4},     {"moe.top_k", 2},
+              {"moe.ffn_hidden_size", 8}, {"moe.shared_experts", 2},
+              {"moe.first_k_dense", 1},   {"moe.aux_loss_coef", 0.1},
+              {"moe.z_loss_coef", 0.01}};
+  return o;
+}
+
 using kiln::testing::error_of;
 
 struct Rig {
@@ -53,15 +77,17 @@ struct Rig {
   std::unique_ptr<Model> m;
   Tensor x, y;
   static constexpr int B = 2, T = 7;
-  explicit Rig(nn::ActivationCheckpointing mode, bool tie = false, bool qk_norm = false) {
-    m = make_model(qk_norm ? tiny_qk_norm(tie) : tiny(tie), *be);
+  explicit Rig(nn::ActivationCheckpointing mode, bool tie = false, bool qk_norm = false)
+      : Rig(mode, qk_norm ? tiny_qk_norm(tie) : tiny(tie)) {}
+  Rig(nn::ActivationCheckpointing mode, const ModelOptions& options) {
+    m = make_model(options, *be);
     m->set_activation_checkpointing(mode);
     m->init_weights(5);
     std::vector<float> w = download_f32(*be, m->param_buffer());
     std::mt19937 rng(9);
     std::normal_distribution<float> nd(0.f, 0.3f);
     for (const ParamSpec& p : m->params())  // larger weights: attention far from uniform
-      if (p.shape.ndim() == 2)
+      if (p.shape.ndim() >= 2)  // a MoE block's experts [E, ., .] too
         for (int64_t i = 0; i < p.shape.numel(); ++i) w[static_cast<size_t>(p.offset + i)] += nd(rng);
     upload_f32(*be, m->param_buffer(), w.data());
     std::vector<int32_t> tok(B * T), tgt(B * T);
@@ -329,8 +355,10 @@ TEST(Llama, CheckpointingPoliciesAndExplicitPositionsGiveBitwiseEqualGradients) 
 // that position (rotary angles of the cached positions, grouped-query caches; the cached
 // keys normalised with QK-norm).
 TEST(Llama, DecodeMatchesTheFullForward) {
-  for (const auto& [tie, qk] : {std::pair{false, false}, {true, false}, {false, true}}) {
-    Rig r(nn::ActivationCheckpointing::None, tie, qk);
+  // untied, tied, with QK-norm, with MoE blocks (MoeMlp::decode)
+  for (int variant : {0, 1, 2, 3}) {
+    const bool tie = variant == 1;
+    Rig r(nn::ActivationCheckpointing::None, variant == 3 ? tiny_moe() : variant == 2 ? tiny_qk_norm() : tiny(tie));
     Backend& be = *r.be;
     auto* llama = dynamic_cast<Llama*>(r.m.get());
     ASSERT_NE(llama, nullptr);
@@ -361,11 +389,124 @@ TEST(Llama, DecodeMatchesTheFullForward) {
           err = std::max(err, std::abs(got[b * Vp + v] - want));
           den = std::max(den, std::abs(want));
         }
-      EXPECT_LT(err, 1e-5 * std::max(1.0, den))
-          << "after " << t0 << " positions, tie " << tie << ", qk_norm " << qk;
+      EXPECT_LT(err, 1e-5 * std::max(1.0, den)) << "after " << t0 << " positions, variant " << variant;
     }
     llama->end_decode();
   }
+}
+
+
+TEST(LlamaMoe, NamesShapesAndCounts) {
+  auto be = make_backend("cpu");
+  const auto m = make_model(tiny_moe(), *be);
+  auto shape_of = [&](const std::string& name) { return m->spec(name).shape; };
+  EXPECT_EQ(shape_of("model.layers.0.mlp.gate_up_proj.weight"), (Shape{48, 16}));  // dense
+  for (int l : {1, 2}) {
+    const std::string p = fmt::format("model.layers.{}.mlp.", l);
+    EXPECT_EQ(shape_of(p + "router.weight"), (Shape{4, 16}));
+    EXPECT_EQ(shape_of(p + "experts.gate_up_proj.weight"), (Shape{4, 16, 16}));
+    EXPECT_EQ(shape_of(p + "experts.down_proj.weight"), (Shape{4, 16, 8}));
+    EXPECT_EQ(shape_of(p + "shared_experts.gate_up_proj.weight"), (Shape{32, 16}));
+    EXPECT_EQ(shape_of(p + "shared_experts.down_proj.weight"), (Shape{16, 16}));
+  }
+  // All parameters counted (the padded vocabulary rows of the embedding and lm_head not).
+  int64_t all = 0;
+  for (const ParamSpec& p : m->params()) all += p.shape.numel();
+  EXPECT_EQ(m->num_parameters(), all - 2 * (128 - 29) * 16);
+  // FLOPs: active weights only. Attention per block 16 (2 + 2) 8 + 16 16 = 768; the dense
+  // block 3 16 24 = 1152; a MoE block the router 4 16 = 64, two experts 3 2 8 16 = 768
+  // and the shared 3 16 16 = 768; the head 29 16 = 464.
+  const double N = 3 * 768 + 1152 + 2 * (64 + 768 + 768) + 464;
+  EXPECT_DOUBLE_EQ(m->flops_per_token(10), 6 * N + 12.0 * 3 * 10 * 2 * 8);
+}
+
+TEST(LlamaMoe, TrainsWithBalancingFiguresAndBitwiseCheckpointing) {
+  Rig r(nn::ActivationCheckpointing::None, tiny_moe());
+  const auto ref = r.grads();
+  const std::optional<MoeStats> st = r.m->take_moe_stats();
+  ASSERT_TRUE(st);
+  EXPECT_EQ(st->micro_batches, 1);
+  ASSERT_EQ(st->tokens_per_expert.size(), 2u);
+  for (const auto& layer : st->tokens_per_expert)
+    EXPECT_EQ(std::accumulate(layer.begin(), layer.end(), 0.0), Rig::B * Rig::T * 2);
+  EXPECT_GT(st->aux_loss, 0.0);
+  EXPECT_GT(st->z_loss, 0.0);
+  EXPECT_EQ(r.m->take_moe_stats()->micro_batches, 0) << "taken: reset";
+  EXPECT_EQ(Rig(nn::ActivationCheckpointing::Selective, tiny_moe()).grads(), ref);
+  EXPECT_EQ(Rig(nn::ActivationCheckpointing::Full, tiny_moe()).grads(), ref);
+  // A dense model has no figures.
+  ModelOptions dense = tiny_moe();
+  dense.family = {{"n_kv_head", 1}, {"ffn_hidden_size", 24}};
+  EXPECT_FALSE(make_model(dense, *r.be)->take_moe_stats());
+}
+
+TEST(LlamaMoe, ConfigKeysRoundTripAndErrorsNameTheKey) {
+  const TrainConfig c = load_config_string(R"([model]
+arch = "llama"
+n_head = 4
+n_layer = 2
+[model.moe]
+num_experts = 4
+top_k = 1
+scoring = "sigmoid"
+aux_loss_coef = 0.01
+)");
+  EXPECT_EQ(c.model.family.at("moe.scoring"), 1.0);
+  EXPECT_NE(c.to_toml().find("moe.scoring = \"sigmoid\""), std::string::npos) << c.to_toml();
+  EXPECT_EQ(load_config_string(c.to_toml()), c);
+  const TrainConfig s = load_config_string("", {"model.arch=llama", "model.moe.num_experts=4",
+                                                "model.moe.aux_loss_type=hf"});
+  EXPECT_EQ(s.model.family.at("moe.aux_loss_type"), 1.0);
+  EXPECT_EQ(error_of([] { load_config_string("", {"model.arch=llama", "model.moe.scoring=soft"}); }),
+            "--set: key 'model.moe.scoring' must be one of \"softmax\", \"sigmoid\", got \"soft\"");
+  EXPECT_EQ(error_of([] {
+              load_config_string("", {"model.arch=llama", "model.n_layer=2", "model.moe.num_experts=2",
+                                      "model.moe.top_k=3"});
+            }),
+            "--set: model.moe.top_k (3) must be in [1, model.moe.num_experts = 2]");
+  EXPECT_EQ(error_of([] {
+              load_config_string("", {"model.arch=llama", "model.n_layer=2", "model.moe.top_k=1"});
+            }),
+            "--set: model.moe.top_k is set but model.moe.num_experts is 0 (a dense model): set "
+            "moe.num_experts or drop moe.top_k");
+  // The model's own check (a checkpoint's or a Hugging Face config's options).
+  auto be = make_backend("cpu");
+  auto err = [&](auto edit) {
+    ModelOptions o = tiny_moe();
+    edit(o);
+    return error_of([&] { make_model(o, *be); });
+  };
+  EXPECT_EQ(err([](ModelOptions& o) { o.family["moe.scoring"] = 1; o.family["moe.aux_loss_type"] = 1; }),
+            "model.moe.aux_loss_type = \"hf\" needs model.moe.scoring = \"softmax\" "
+            "(transformers' loss is over softmax probabilities)");
+  EXPECT_EQ(err([](ModelOptions& o) { o.family["moe.first_k_dense"] = 3; }),
+            "model.moe.first_k_dense (3) and model.moe.sparse_step (1) leave no MoE block among "
+            "the model.n_layer = 3 blocks");
+  // tp, pp and cp refused before any rank connects.
+  const TrainConfig tp = load_config_string(
+      "", {"model.arch=llama", "model.moe.num_experts=4", "parallel.tp=2"});
+  EXPECT_NE(error_of([&] { check_layout_supported(tp); })
+                .find("parallel.tp = 2: a llama with mixture-of-experts blocks"),
+            std::string::npos);
+}
+
+TEST(LlamaMoe, ConfigJsonRoundTrips) {
+  const LlamaConfig c = llama_config_of(tiny_moe());
+  EXPECT_EQ(c.moe.ffn_hidden_size, 8);
+  EXPECT_TRUE(c.is_moe_block(1) && c.is_moe_block(2) && !c.is_moe_block(0));
+  ModelOptions step = tiny_moe();  // Qwen3's decoder_sparse_step: blocks 1 and 3 of 4
+  step.n_layer = 4;
+  step.family["moe.first_k_dense"] = 0;
+  step.family["moe.sparse_step"] = 2;
+  const LlamaConfig sc = llama_config_of(step);
+  EXPECT_TRUE(!sc.is_moe_block(0) && sc.is_moe_block(1) && !sc.is_moe_block(2) &&
+              sc.is_moe_block(3));
+  const ModelOptions o = llama_options_from_json(llama_config_json(c));
+  EXPECT_EQ(llama_config_of(o).moe, c.moe);
+  ModelOptions dense = tiny_moe();
+  dense.family = {{"n_kv_head", 1}};
+  EXPECT_FALSE(llama_config_json(llama_config_of(dense)).contains("moe"))
+      << "a dense model's state is unchanged";
 }
 
 }  // namespace

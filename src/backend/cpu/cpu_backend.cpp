@@ -488,6 +488,21 @@ class CpuBackend final : public Backend {
                              p<float>(dscores), scores.data<float>(), expert_idx.data<int32_t>(),
                              d.N, d.E, spec);
   }
+  void moe_balance_stats(Stream, const Tensor& load, const Tensor& prob, const Tensor& z,
+                         const Tensor& logits, const Tensor& expert_idx, MoeScoring scoring,
+                         float prob_scale, float z_scale) override {
+    const auto d = checks::moe_balance_stats(load, prob, z, logits, expert_idx);
+    cpu::moe_balance_stats(p<float>(load), p<float>(prob), p<float>(z), logits.data<float>(),
+                           expert_idx.data<int32_t>(), d.N, d.E, d.k, scoring, prob_scale,
+                           z_scale);
+  }
+  void moe_balance_backward(Stream, const Tensor& dlogits, const Tensor& logits,
+                            const Tensor& load, MoeScoring scoring, float aux_scale,
+                            float z_scale) override {
+    const auto d = checks::moe_balance_backward(dlogits, logits, load);
+    cpu::moe_balance_backward(dlogits.data<float>(), logits.data<float>(), p<float>(load), d.N,
+                              d.E, scoring, aux_scale, z_scale);
+  }
   void moe_permute_plan(Stream, const Tensor& offsets, const Tensor& rows,
                         const Tensor& expert_idx) override {
     const auto d = checks::moe_permute_plan(offsets, rows, expert_idx);

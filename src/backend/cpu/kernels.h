@@ -183,6 +183,13 @@ void moe_router_forward(float* scores, int32_t* expert_idx, float* expert_weight
 void moe_router_backward(float* dlogits, const float* dexpert_weight, const float* dscores,
                          const float* scores, const int32_t* expert_idx, int64_t N, int64_t E,
                          const MoeRouterSpec& spec);
+/// Backend::moe_balance_stats; load, prob and z may each be nullptr.
+void moe_balance_stats(float* load, float* prob, float* z, const float* logits,
+                       const int32_t* expert_idx, int64_t N, int64_t E, int64_t k,
+                       MoeScoring scoring, float prob_scale, float z_scale);
+/// Backend::moe_balance_backward; load may be nullptr (no aux term).
+void moe_balance_backward(float* dlogits, const float* logits, const float* load, int64_t N,
+                          int64_t E, MoeScoring scoring, float aux_scale, float z_scale);
 /// Backend::moe_permute_plan over N*k slots; throws on an expert id outside [0, E).
 void moe_permute_plan(int32_t* offsets, int32_t* rows, const int32_t* expert_idx, int64_t N,
                       int64_t k, int64_t E);

@@ -2,9 +2,13 @@
 // softmax or sigmoid scores of its fp32 logits, the top k experts by score + bias (ties to
 // the lower index), and their weights, renormalised or not; backward through the
 // renormalisation and the scoring. OpenMP over tokens; each row is computed alone, so
-// results do not depend on the thread count.
+// results do not depend on the thread count. The balancing statistics and their gradients
+// (Backend::moe_balance_stats / _backward) are here too: they read the same logits.
 #include "backend/cpu/kernels.h"
 
+#include "core/error.h"
+
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -102,6 +106,82 @@ void moe_router_backward(float* dlogits, const float* dexpert_weight, const floa
       float dot = 0.f;
       for (int64_t e = 0; e < E; ++e) dot += ds[e] * s[e];
       for (int64_t e = 0; e < E; ++e) dl[e] = s[e] * (ds[e] - dot);
+    }
+  }
+}
+
+namespace {
+
+// Row n's balancing probabilities p[E] (softmax, or the sigmoids normalised to sum 1) and
+// its log-sum-exp, in double; sig[E] gets the sigmoids for the Sigmoid backward.
+double balance_row(double* p, double* sig, const float* l, int64_t E, MoeScoring scoring) {
+  double mx = l[0];
+  for (int64_t e = 1; e < E; ++e) mx = std::max(mx, static_cast<double>(l[e]));
+  double sum = 0.0;
+  for (int64_t e = 0; e < E; ++e) sum += std::exp(l[e] - mx);
+  const double lse = mx + std::log(sum);
+  if (scoring == MoeScoring::Softmax) {
+    for (int64_t e = 0; e < E; ++e) p[e] = std::exp(l[e] - lse);
+    return lse;
+  }
+  double S = 0.0;
+  for (int64_t e = 0; e < E; ++e) S += sig[e] = 1.0 / (1.0 + std::exp(-static_cast<double>(l[e])));
+  for (int64_t e = 0; e < E; ++e) p[e] = sig[e] / S;
+  return lse;
+}
+
+}  // namespace
+
+void moe_balance_stats(float* load, float* prob, float* z, const float* logits,
+                       const int32_t* expert_idx, int64_t N, int64_t E, int64_t k,
+                       MoeScoring scoring, float prob_scale, float z_scale) {
+  // Rows in order, one thread: the sums are bitwise reproducible (N x E is small).
+  std::vector<double> p(static_cast<size_t>(E)), sig(static_cast<size_t>(E)), psum(p.size(), 0.0);
+  std::vector<int64_t> count(p.size(), 0);
+  double zsum = 0.0;
+  for (int64_t n = 0; n < N; ++n) {
+    const double lse = balance_row(p.data(), sig.data(), logits + n * E, E, scoring);
+    for (int64_t e = 0; e < E; ++e) psum[e] += p[e];
+    zsum += lse * lse;
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = expert_idx[n * k + j];
+      KILN_CHECK(e >= 0 && e < E, "moe_balance_stats: expert id {} at ({}, {}) is outside [0, {})",
+                 e, n, j, E);
+      ++count[e];
+    }
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    if (load) load[e] += static_cast<float>(count[e]);
+    if (prob) prob[e] += static_cast<float>(prob_scale * psum[e]);
+  }
+  if (z) z[0] += static_cast<float>(z_scale * zsum);
+}
+
+void moe_balance_backward(float* dlogits, const float* logits, const float* load, int64_t N,
+                          int64_t E, MoeScoring scoring, float aux_scale, float z_scale) {
+#pragma omp parallel
+  {
+    std::vector<double> p(static_cast<size_t>(E)), sig(static_cast<size_t>(E));
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      const float* l = logits + n * E;
+      float* dl = dlogits + n * E;
+      const double lse = balance_row(p.data(), sig.data(), l, E, scoring);
+      if (load) {
+        double gp = 0.0;  // sum_f g_f p_f
+        for (int64_t e = 0; e < E; ++e) gp += static_cast<double>(aux_scale) * load[e] * p[e];
+        double S = 0.0;
+        for (int64_t e = 0; e < E; ++e) S += sig[e];
+        for (int64_t e = 0; e < E; ++e) {
+          const double a = static_cast<double>(aux_scale) * load[e] - gp;
+          dl[e] += static_cast<float>(scoring == MoeScoring::Softmax
+                                          ? p[e] * a
+                                          : sig[e] * (1.0 - sig[e]) * a / S);
+        }
+      }
+      if (z_scale == 0.f) continue;
+      for (int64_t e = 0; e < E; ++e)
+        dl[e] += static_cast<float>(2.0 * z_scale * lse * std::exp(l[e] - lse));
     }
   }
 }

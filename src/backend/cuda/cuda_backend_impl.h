@@ -124,6 +124,12 @@ class CudaBackend final : public Backend {
   void moe_router_backward(Stream s, const Tensor& dlogits, const Tensor& dexpert_weight,
                            const Tensor& dscores, const Tensor& scores, const Tensor& expert_idx,
                            const MoeRouterSpec& spec) override;
+  void moe_balance_stats(Stream s, const Tensor& load, const Tensor& prob, const Tensor& z,
+                         const Tensor& logits, const Tensor& expert_idx, MoeScoring scoring,
+                         float prob_scale, float z_scale) override;
+  void moe_balance_backward(Stream s, const Tensor& dlogits, const Tensor& logits,
+                            const Tensor& load, MoeScoring scoring, float aux_scale,
+                            float z_scale) override;
   void moe_permute_plan(Stream s, const Tensor& offsets, const Tensor& rows,
                         const Tensor& expert_idx) override;
   void moe_permute(Stream s, const Tensor& out, const Tensor& inp, const Tensor& rows) override;

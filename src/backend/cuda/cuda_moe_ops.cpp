@@ -25,6 +25,14 @@ void CudaBackend::moe_router_backward(Stream, const Tensor&, const Tensor&, cons
                                       const Tensor&, const Tensor&, const MoeRouterSpec&) {
   no_moe_ops("moe_router_backward");
 }
+void CudaBackend::moe_balance_stats(Stream, const Tensor&, const Tensor&, const Tensor&,
+                                    const Tensor&, const Tensor&, MoeScoring, float, float) {
+  no_moe_ops("moe_balance_stats");
+}
+void CudaBackend::moe_balance_backward(Stream, const Tensor&, const Tensor&, const Tensor&,
+                                       MoeScoring, float, float) {
+  no_moe_ops("moe_balance_backward");
+}
 void CudaBackend::moe_permute_plan(Stream, const Tensor&, const Tensor&, const Tensor&) {
   no_moe_ops("moe_permute_plan");
 }

@@ -322,6 +322,21 @@ MetaCallInfo moe_router_backward(const Tensor& dlogits, const Tensor& dexpert_we
   c.N = d.N, c.C = d.E;
   return c;
 }
+MetaCallInfo moe_balance_stats(const Tensor& load, const Tensor& prob, const Tensor& z,
+                               const Tensor& logits, const Tensor& expert_idx, MoeScoring, float,
+                               float) {
+  const auto d = checks::moe_balance_stats(load, prob, z, logits, expert_idx);
+  MetaCallInfo c = info(Op::MoeBalanceStats, DType::F32);
+  c.N = d.N, c.C = d.E;
+  return c;
+}
+MetaCallInfo moe_balance_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& load,
+                                  MoeScoring, float, float) {
+  const auto d = checks::moe_balance_backward(dlogits, logits, load);
+  MetaCallInfo c = info(Op::MoeBalanceBackward, DType::F32);
+  c.N = d.N, c.C = d.E;
+  return c;
+}
 MetaCallInfo moe_permute_plan(const Tensor& offsets, const Tensor& rows,
                               const Tensor& expert_idx) {
   const auto d = checks::moe_permute_plan(offsets, rows, expert_idx);

@@ -36,6 +36,11 @@ ModelArch llama_arch() {
   a.stages = true;
   a.tensor_parallel = true;
   a.context_parallel = true;
+  a.single_layout_reason = [](const ModelOptions& o) -> std::string {
+    return o.integer(llama_keys(), "moe.num_experts") > 0
+               ? "a llama with mixture-of-experts blocks (model.moe.num_experts > 0)"
+               : "";
+  };
   a.keys = llama_keys();
   a.check_options = llama_check_options;
   // Meta's published configs (Hugging Face meta-llama/Llama-3.x config.json): 128K

@@ -6,6 +6,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <utility>
+
 namespace kiln {
 
 const ModelKeys& llama_keys() {
@@ -45,9 +48,136 @@ const ModelKeys& llama_keys() {
       {.name = "tie_embeddings", .type = Bool,
        .description = "The output head is the token embedding (llama; Llama 3.2 1B/3B tie). "
                       "GPT-2 always ties."},
+      {.name = "moe.num_experts", .type = Integer, .lo = 0,
+       .description = "Routed experts E of the mixture-of-experts blocks (llama); 0 = a dense "
+                      "model."},
+      {.name = "moe.top_k", .type = Integer, .default_value = 2, .lo = 1,
+       .description = "Experts each token takes (1 <= top_k <= moe.num_experts)."},
+      {.name = "moe.ffn_hidden_size", .type = Integer, .lo = 0,
+       .description = "Each expert's SwiGLU width; 0 = ffn_hidden_size."},
+      {.name = "moe.shared_experts", .type = Integer, .lo = 0,
+       .description = "Always-on shared experts: one SwiGLU of width shared_experts x "
+                      "moe.ffn_hidden_size added to the routed experts' output (DeepSeek)."},
+      {.name = "moe.scoring", .type = Choice,
+       .description = "Router scores: \"softmax\" over the experts or \"sigmoid\" of each "
+                      "logit (DeepSeek-V3).",
+       .choices = {"softmax", "sigmoid"}},
+      {.name = "moe.norm_topk_prob", .type = Bool, .default_value = 1,
+       .description = "Renormalise the top_k chosen scores to sum 1 (Mixtral always; Qwen3's "
+                      "norm_topk_prob)."},
+      {.name = "moe.first_k_dense", .type = Integer, .lo = 0,
+       .description = "Blocks 0..first_k_dense-1 stay dense (DeepSeek's first_k_dense_replace)."},
+      {.name = "moe.sparse_step", .type = Integer, .default_value = 1, .lo = 1,
+       .description = "Block l is a MoE block when (l + 1) % sparse_step == 0 (Qwen3's "
+                      "decoder_sparse_step)."},
+      {.name = "moe.aux_loss_coef", .type = Float, .lo = 0,
+       .description = "Load-balancing loss coefficient (HF router_aux_loss_coef); 0 = none."},
+      {.name = "moe.aux_loss_type", .type = Choice,
+       .description = "\"per_layer\": the Switch/GShard loss per MoE layer, summed "
+                      "(Megatron-core); \"hf\": transformers' load_balancing_loss_func over "
+                      "all layers' routers (Mixtral, Qwen3-MoE; softmax scoring).",
+       .choices = {"per_layer", "hf"}},
+      {.name = "moe.aux_loss_scope", .type = Choice,
+       .description = "Tokens the balancing loss counts: each rank's \"micro_batch\" "
+                      "(\"global\", summed over the data-parallel ranks, is not supported yet).",
+       .choices = {"micro_batch", "global"}},
+      {.name = "moe.z_loss_coef", .type = Float, .lo = 0,
+       .description = "Router z-loss coefficient (ST-MoE); 0 = none."},
+      {.name = "moe.bias_update_rate", .type = Float, .lo = 0,
+       .description = "DeepSeek-V3's auxiliary-loss-free balancing bias update rate (not "
+                      "supported yet: 0)."},
   };
   return keys;
 }
+
+namespace {
+
+// The moe.* keys of `o` (ffn_hidden_size unresolved: 0 stays 0).
+LlamaMoeConfig moe_of(const ModelOptions& o) {
+  const ModelKeys& k = llama_keys();
+  LlamaMoeConfig m;
+  m.num_experts = o.integer(k, "moe.num_experts");
+  m.top_k = o.integer(k, "moe.top_k");
+  m.ffn_hidden_size = o.integer(k, "moe.ffn_hidden_size");
+  m.shared_experts = o.integer(k, "moe.shared_experts");
+  m.scoring = o.choice(k, "moe.scoring");
+  m.norm_topk_prob = o.flag(k, "moe.norm_topk_prob");
+  m.first_k_dense = o.integer(k, "moe.first_k_dense");
+  m.sparse_step = o.integer(k, "moe.sparse_step");
+  m.aux_loss_coef = o.value(k, "moe.aux_loss_coef");
+  m.aux_loss_type = o.choice(k, "moe.aux_loss_type");
+  m.aux_loss_scope = o.choice(k, "moe.aux_loss_scope");
+  m.z_loss_coef = o.value(k, "moe.z_loss_coef");
+  m.bias_update_rate = o.value(k, "moe.bias_update_rate");
+  return m;
+}
+
+// The first moe.* key of `m` that differs from a dense model's default, or "".
+std::string set_moe_key(const LlamaMoeConfig& m) {
+  const LlamaMoeConfig d;
+  const std::pair<bool, const char*> keys[] = {
+      {m.top_k != d.top_k, "top_k"},
+      {m.ffn_hidden_size != d.ffn_hidden_size, "ffn_hidden_size"},
+      {m.shared_experts != d.shared_experts, "shared_experts"},
+      {m.scoring != d.scoring, "scoring"},
+      {m.norm_topk_prob != d.norm_topk_prob, "norm_topk_prob"},
+      {m.first_k_dense != d.first_k_dense, "first_k_dense"},
+      {m.sparse_step != d.sparse_step, "sparse_step"},
+      {m.aux_loss_coef != d.aux_loss_coef, "aux_loss_coef"},
+      {m.aux_loss_type != d.aux_loss_type, "aux_loss_type"},
+      {m.aux_loss_scope != d.aux_loss_scope, "aux_loss_scope"},
+      {m.z_loss_coef != d.z_loss_coef, "z_loss_coef"},
+      {m.bias_update_rate != d.bias_update_rate, "bias_update_rate"}};
+  for (const auto& [set, key] : keys)
+    if (set) return key;
+  return "";
+}
+
+// The moe.* keys' checks (LlamaConfig::validate), each error naming the key.
+void validate_moe(const LlamaConfig& c) {
+  const LlamaMoeConfig& m = c.moe;
+  KILN_CHECK(m.num_experts >= 0, "model.moe.num_experts must be >= 0 (got {})", m.num_experts);
+  if (!m.enabled()) {
+    const std::string key = set_moe_key(m);
+    KILN_CHECK(key.empty(), "model.moe.{} is set but model.moe.num_experts is 0 (a dense model): "
+               "set moe.num_experts or drop moe.{}", key, key);
+    return;
+  }
+  KILN_CHECK(m.top_k >= 1 && m.top_k <= m.num_experts,
+             "model.moe.top_k ({}) must be in [1, model.moe.num_experts = {}]", m.top_k,
+             m.num_experts);
+  KILN_CHECK(m.ffn_hidden_size > 0 && m.shared_experts >= 0 &&
+                 m.ffn_hidden_size <= INT32_MAX / 2 / std::max(1, m.shared_experts),
+             "model.moe.ffn_hidden_size ({}) must be positive, and 2 x it x "
+             "model.moe.shared_experts ({}) below 2^31", m.ffn_hidden_size, m.shared_experts);
+  KILN_CHECK(m.scoring == "softmax" || m.scoring == "sigmoid",
+             "model.moe.scoring must be \"softmax\" or \"sigmoid\" (got \"{}\")", m.scoring);
+  KILN_CHECK(m.first_k_dense >= 0 && m.sparse_step >= 1,
+             "model.moe.first_k_dense ({}) must be >= 0 and model.moe.sparse_step ({}) >= 1",
+             m.first_k_dense, m.sparse_step);
+  bool any = false;
+  for (int l = 0; l < c.n_layer; ++l) any = any || c.is_moe_block(l);
+  KILN_CHECK(any, "model.moe.first_k_dense ({}) and model.moe.sparse_step ({}) leave no MoE "
+             "block among the model.n_layer = {} blocks", m.first_k_dense, m.sparse_step,
+             c.n_layer);
+  KILN_CHECK(m.aux_loss_coef >= 0 && m.z_loss_coef >= 0,
+             "model.moe.aux_loss_coef ({}) and model.moe.z_loss_coef ({}) must be >= 0",
+             m.aux_loss_coef, m.z_loss_coef);
+  KILN_CHECK(m.aux_loss_type == "per_layer" || m.aux_loss_type == "hf",
+             "model.moe.aux_loss_type must be \"per_layer\" or \"hf\" (got \"{}\")",
+             m.aux_loss_type);
+  KILN_CHECK(m.aux_loss_type != "hf" || m.scoring == "softmax",
+             "model.moe.aux_loss_type = \"hf\" needs model.moe.scoring = \"softmax\" "
+             "(transformers' loss is over softmax probabilities)");
+  KILN_CHECK(m.aux_loss_scope == "micro_batch",
+             "model.moe.aux_loss_scope = \"{}\" is not supported yet (only \"micro_batch\")",
+             m.aux_loss_scope);
+  KILN_CHECK(m.bias_update_rate == 0.0,
+             "model.moe.bias_update_rate ({}): the auxiliary-loss-free balancing bias is not "
+             "supported yet (set 0)", m.bias_update_rate);
+}
+
+}  // namespace
 
 RopeSpec llama_rope_of(const ModelOptions& o) {
   const ModelKeys& k = llama_keys();
@@ -61,6 +191,21 @@ RopeSpec llama_rope_of(const ModelOptions& o) {
 }
 
 void llama_check_options(const ModelOptions& o, const KeySource& source) {
+  if (o.n_layer > 0) {
+    // The moe.* keys' checks, before the shape is complete (an expert width of 0 is
+    // resolved from ffn_hidden_size later).
+    LlamaConfig c;
+    c.n_layer = o.n_layer;
+    c.moe = moe_of(o);
+    if (c.moe.enabled() && c.moe.ffn_hidden_size == 0) c.moe.ffn_hidden_size = 1;
+    try {
+      validate_moe(c);
+    } catch (const Error& e) {
+      // Each message starts with the key it is about: name where that key came from.
+      const std::string msg = e.what();
+      KILN_FAIL("{}: {}", source(msg.substr(0, msg.find_first_of(" ="))), msg);
+    }
+  }
   const int n_kv_head = o.integer(llama_keys(), "n_kv_head");
   if (n_kv_head > 0 && o.n_head > 0)
     KILN_CHECK(o.n_head % n_kv_head == 0, "{}: key 'model.n_kv_head' ({}) must divide "
@@ -75,6 +220,11 @@ void llama_check_options(const ModelOptions& o, const KeySource& source) {
                "model.rope_scaling.low_freq_factor ({})",
                source("model.rope_scaling.high_freq_factor"), rope.high_freq_factor,
                rope.low_freq_factor);
+}
+
+
+bool LlamaConfig::is_moe_block(int l) const {
+  return moe.enabled() && l >= moe.first_k_dense && (l + 1) % moe.sparse_step == 0;
 }
 
 int LlamaConfig::default_ffn_hidden_size(int n_embd) {
@@ -118,20 +268,33 @@ void LlamaConfig::validate() const {
                "model.rope_scaling.original_max_position must be positive (got {})",
                rope.original_max_positions);
   }
+  validate_moe(*this);
 }
 
 int64_t LlamaConfig::num_parameters() const {
-  const int64_t C = n_embd, L = n_layer, V = vocab_size, F = ffn_hidden_size;
+  const int64_t C = n_embd, V = vocab_size, F = ffn_hidden_size;
   const int64_t HD = head_dim(), NH = n_head, NKV = n_kv_head;
-  const int64_t block =
-      C * (NH + 2 * NKV) * HD + NH * HD * C + 3 * C * F + 2 * C + (qk_norm ? 2 * HD : 0);
-  return V * C * (tie_embeddings ? 1 : 2) + L * block + C;
+  const int64_t E = moe.num_experts, Fe = moe.ffn_hidden_size, Fs = moe.shared_experts * Fe;
+  int64_t blocks = 0;
+  for (int l = 0; l < n_layer; ++l)
+    blocks += C * (NH + 2 * NKV) * HD + NH * HD * C + 2 * C +
+              (qk_norm ? 2 * HD : 0) +
+              (is_moe_block(l) ? E * C + 3 * E * Fe * C + 3 * Fs * C : 3 * C * F);
+  return V * C * (tie_embeddings ? 1 : 2) + blocks + C;
+}
+
+double LlamaConfig::block_matmul_weights(int l) const {
+  const double C = n_embd, F = ffn_hidden_size, HD = head_dim(), NH = n_head, NKV = n_kv_head;
+  const double E = moe.num_experts, k = moe.top_k, Fe = moe.ffn_hidden_size;
+  const double Fs = moe.shared_experts * Fe;
+  const double attention = C * (NH + 2 * NKV) * HD + NH * HD * C;
+  return attention + (is_moe_block(l) ? E * C + 3.0 * k * Fe * C + 3.0 * Fs * C : 3.0 * C * F);
 }
 
 double LlamaConfig::flops_per_token(int T) const {
-  const double C = n_embd, L = n_layer, V = vocab_size, F = ffn_hidden_size;
-  const double HD = head_dim(), NH = n_head, NKV = n_kv_head;
-  const double matmul = L * (C * (NH + 2 * NKV) * HD + NH * HD * C + 3 * C * F) + V * C;
+  const double L = n_layer, V = vocab_size, C = n_embd, HD = head_dim(), NH = n_head;
+  double matmul = V * C;
+  for (int l = 0; l < n_layer; ++l) matmul += block_matmul_weights(l);
   return 6.0 * matmul + 12.0 * L * static_cast<double>(T) * NH * HD;
 }
 
@@ -142,7 +305,11 @@ std::string LlamaConfig::str() const {
                      n_layer, n_head, n_kv_head, n_embd, head_dim(), qk_norm ? " qk_norm" : "",
                      ffn_hidden_size, vocab_size,
                      padded_vocab_size, block_size, rope.theta, rope.scale_factor,
-                     tie_embeddings ? "tied" : "untied", num_parameters() / 1e6);
+                     tie_embeddings ? "tied" : "untied", num_parameters() / 1e6) +
+         (moe.enabled() ? fmt::format(" moe: experts={} top_k={} expert_ffn={} shared={} {}",
+                                      moe.num_experts, moe.top_k, moe.ffn_hidden_size,
+                                      moe.shared_experts, moe.scoring)
+                        : std::string());
 }
 
 LlamaConfig llama_config_of(const ModelOptions& o) {
@@ -164,30 +331,72 @@ LlamaConfig llama_config_of(const ModelOptions& o) {
   c.norm_eps = static_cast<float>(o.value(k, "norm_eps"));
   c.rope = llama_rope_of(o);
   c.tie_embeddings = o.flag(k, "tie_embeddings");
+  c.moe = moe_of(o);
+  if (c.moe.enabled() && c.moe.ffn_hidden_size == 0) c.moe.ffn_hidden_size = c.ffn_hidden_size;
   c.validate();
   return c;
 }
 
 nlohmann::json llama_config_json(const LlamaConfig& c) {
-  return {{"n_layer", c.n_layer},
-          {"n_head", c.n_head},
-          {"n_kv_head", c.n_kv_head},
-          {"n_embd", c.n_embd},
-          {"head_dim", c.explicit_head_dim},
-          {"qk_norm", c.qk_norm},
-          {"ffn_hidden_size", c.ffn_hidden_size},
-          {"vocab_size", c.vocab_size},
-          {"padded_vocab_size", c.padded_vocab_size},
-          {"block_size", c.block_size},
-          {"norm_eps", c.norm_eps},
-          {"rope_theta", c.rope.theta},
-          {"rope_scaling",
-           {{"factor", c.rope.scale_factor},
-            {"low_freq_factor", c.rope.low_freq_factor},
-            {"high_freq_factor", c.rope.high_freq_factor},
-            {"original_max_position", c.rope.original_max_positions}}},
-          {"tie_embeddings", c.tie_embeddings}};
+  nlohmann::json j = {{"n_layer", c.n_layer},
+                       {"n_head", c.n_head},
+                       {"n_kv_head", c.n_kv_head},
+                       {"n_embd", c.n_embd},
+                       {"head_dim", c.explicit_head_dim},
+                       {"qk_norm", c.qk_norm},
+                       {"ffn_hidden_size", c.ffn_hidden_size},
+                       {"vocab_size", c.vocab_size},
+                       {"padded_vocab_size", c.padded_vocab_size},
+                       {"block_size", c.block_size},
+                       {"norm_eps", c.norm_eps},
+                       {"rope_theta", c.rope.theta},
+                       {"rope_scaling",
+                        {{"factor", c.rope.scale_factor},
+                         {"low_freq_factor", c.rope.low_freq_factor},
+                         {"high_freq_factor", c.rope.high_freq_factor},
+                         {"original_max_position", c.rope.original_max_positions}}},
+                       {"tie_embeddings", c.tie_embeddings}};
+  if (!c.moe.enabled()) return j;  // a dense model's state as before MoE existed
+  const LlamaMoeConfig& m = c.moe;
+  j["moe"] = {{"num_experts", m.num_experts},
+              {"top_k", m.top_k},
+              {"ffn_hidden_size", m.ffn_hidden_size},
+              {"shared_experts", m.shared_experts},
+              {"scoring", m.scoring},
+              {"norm_topk_prob", m.norm_topk_prob},
+              {"first_k_dense", m.first_k_dense},
+              {"sparse_step", m.sparse_step},
+              {"aux_loss_coef", m.aux_loss_coef},
+              {"aux_loss_type", m.aux_loss_type},
+              {"aux_loss_scope", m.aux_loss_scope},
+              {"z_loss_coef", m.z_loss_coef},
+              {"bias_update_rate", m.bias_update_rate}};
+  return j;
 }
+
+namespace {
+// The moe.* keys of a checkpoint's state "model" "moe" object into o.family (choices as
+// their index, bools 0 / 1).
+void moe_options_from_json(ModelOptions& o, const nlohmann::json& m) {
+  const ModelKeys& keys = llama_keys();
+  for (const ModelKey& k : keys) {
+    if (!k.name.starts_with("moe.")) continue;
+    const nlohmann::json& v = m.at(k.name.substr(4));
+    double x = 0.0;
+    if (k.type == ModelKeyType::Choice) {
+      const auto it = std::find(k.choices.begin(), k.choices.end(), v.get<std::string>());
+      KILN_CHECK(it != k.choices.end(), "state.model.{}: \"{}\" is not one of its choices",
+                 k.name, v.get<std::string>());
+      x = static_cast<double>(it - k.choices.begin());
+    } else if (k.type == ModelKeyType::Bool) {
+      x = v.get<bool>() ? 1.0 : 0.0;
+    } else {
+      x = v.get<double>();
+    }
+    o.family[k.name] = x;
+  }
+}
+}  // namespace
 
 ModelOptions llama_options_from_json(const nlohmann::json& j) {
   ModelOptions o;
@@ -211,6 +420,7 @@ ModelOptions llama_options_from_json(const nlohmann::json& j) {
   for (const char* key : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position"})
     o.family[std::string("rope_scaling.") + key] = rs.at(key).get<double>();
   o.family["tie_embeddings"] = j.at("tie_embeddings").get<bool>() ? 1.0 : 0.0;
+  if (j.contains("moe")) moe_options_from_json(o, j.at("moe"));
   llama_config_of(o);  // validates
   return o;
 }

@@ -8,6 +8,8 @@
 // Qwen3's additions (Qwen3Config): head_dim, which need not be hidden_size /
 // num_attention_heads, and qk_norm (its attention's q_norm / k_norm, always on in Qwen3).
 // The presets (llama3.2-1b, ..) are in its registry entry (arch.cpp).
+// Mixture of experts (issue 38; the [model] moe.* keys, LlamaMoeConfig): blocks chosen by
+// is_moe_block() hold a MoeMlp (nn/moe.h) in place of the dense SwiGLU MLP.
 #pragma once
 
 #include "backend/backend.h"
@@ -19,6 +21,27 @@
 #include <string>
 
 namespace kiln {
+
+/// The [model] moe.* keys of a Llama (num_experts 0: a dense model). Block l is a MoE
+/// block iff num_experts > 0, l >= first_k_dense and (l + 1) % sparse_step == 0.
+struct LlamaMoeConfig {
+  int num_experts = 0;      // E, routed experts
+  int top_k = 2;            // k, experts per token (1 <= k <= E)
+  int ffn_hidden_size = 0;  // F_e, each expert's SwiGLU width (resolved: 0 -> the dense F)
+  int shared_experts = 0;   // one shared SwiGLU of width shared_experts * F_e (DeepSeek)
+  std::string scoring = "softmax";  // "softmax" | "sigmoid"
+  bool norm_topk_prob = true;       // renormalise the k chosen scores to sum 1
+  int first_k_dense = 0;            // blocks 0..first_k_dense-1 dense (DeepSeek)
+  int sparse_step = 1;              // Qwen3's decoder_sparse_step
+  double aux_loss_coef = 0.0;       // load-balancing loss coefficient
+  std::string aux_loss_type = "per_layer";     // "per_layer" | "hf"
+  std::string aux_loss_scope = "micro_batch";  // "micro_batch" ("global": not yet)
+  double z_loss_coef = 0.0;                    // router z-loss coefficient (ST-MoE)
+  double bias_update_rate = 0.0;               // aux-loss-free balancing (not yet: 0)
+
+  bool enabled() const { return num_experts > 0; }
+  bool operator==(const LlamaMoeConfig&) const = default;
+};
 
 struct LlamaConfig {
   int n_layer = 2;
@@ -34,22 +57,30 @@ struct LlamaConfig {
   float norm_eps = 1e-5f;
   RopeSpec rope{500000.0};   // theta and the Llama 3.1 rescaling (scale_factor 0: none)
   bool tie_embeddings = false;
+  LlamaMoeConfig moe;
 
   /// The head size HD: explicit_head_dim, or n_embd / n_head when that is 0.
   int head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : n_embd / n_head; }
   /// The default SwiGLU width of a model of width C, as Meta's reference code: 2/3 of 4C
   /// rounded up to a multiple of 256.
   static int default_ffn_hidden_size(int n_embd);
+  /// Whether block l holds a mixture of experts (see LlamaMoeConfig).
+  bool is_moe_block(int l) const;
   /// Throws kiln::Error naming the [model] key of an impossible shape.
   void validate() const;
   /// Trainable parameters, the tied head counted once, padded rows excluded (Hugging
   /// Face's count: 1,235,814,400 for llama3.2-1b, 8,030,261,248 for llama3.1-8b; with
-  /// qk_norm 2 HD gains more per block).
+  /// qk_norm 2 HD gains more per block). A MoE block counts all of its parameters: the
+  /// router E C, the experts 3 E F_e C, the shared experts 3 Fs C.
   int64_t num_parameters() const;
+  /// The matmul weights a token meets in block l (the 6N rule's N): q/k/v (NH + 2 NKV)
+  /// HD x C, o C x NH HD, and a dense block's gate, up and down 3 F C, or a MoE block's
+  /// ACTIVE ones: the router E C, k experts 3 k F_e C and the shared experts 3 Fs C.
+  double block_matmul_weights(int l) const;
   /// Training FLOPs per token at length T: 6 N + 12 L T NH HD, N the matmul weights a
-  /// token meets (per block q/k/v (NH + 2 NKV) HD x C, o C x NH HD, gate, up and down
-  /// 3 F C; the head V x C; not the embedding look-up), the attention term as GPT-2's
-  /// (QK^T and AV, 2 x 2 T NH HD forward, x3 with backward, no causal halving).
+  /// token meets (sum of block_matmul_weights; the head V x C; not the embedding
+  /// look-up), the attention term as GPT-2's (QK^T and AV, 2 x 2 T NH HD forward, x3
+  /// with backward, no causal halving). MoE blocks count their active parameters only.
   double flops_per_token(int T) const;
   std::string str() const;
 };

@@ -20,7 +20,8 @@ nn::NormSpec rms_spec(const LlamaConfig& c) {
   return nn::NormSpec{nn::NormKind::RMSNorm, c.norm_eps, /*weight=*/true, /*bias=*/false};
 }
 
-nn::BlockSpec llama_block_spec(const LlamaConfig& c) {
+// Block l's spec: a MoE block (c.is_moe_block(l)) holds a MoeMlp named "mlp".
+nn::BlockSpec llama_block_spec(const LlamaConfig& c, int l) {
   nn::BlockSpec b;
   b.n_embd = c.n_embd;
   b.norm = rms_spec(c);
@@ -39,7 +40,23 @@ nn::BlockSpec llama_block_spec(const LlamaConfig& c) {
   b.residual_init_std = 0.02f / std::sqrt(2.f * static_cast<float>(c.n_layer));
   b.names = {"input_layernorm", "self_attn.qkv_proj", "self_attn.o_proj",
              "post_attention_layernorm", "mlp.gate_up_proj", "mlp.down_proj",
-             "self_attn.q_norm", "self_attn.k_norm"};
+             "self_attn.q_norm", "self_attn.k_norm", "mlp"};
+  if (!c.is_moe_block(l)) return b;
+  b.moe.num_experts = c.moe.num_experts;
+  b.moe.top_k = c.moe.top_k;
+  b.moe.expert_hidden = c.moe.ffn_hidden_size;
+  b.moe.shared_hidden = int64_t{c.moe.shared_experts} * c.moe.ffn_hidden_size;
+  b.moe.scoring = c.moe.scoring == "sigmoid" ? MoeScoring::Sigmoid : MoeScoring::Softmax;
+  b.moe.norm_topk_prob = c.moe.norm_topk_prob;
+  return b;
+}
+
+MoeBalanceSpec llama_balance_spec(const LlamaConfig& c) {
+  MoeBalanceSpec b;
+  b.aux_coef = static_cast<float>(c.moe.aux_loss_coef);
+  b.aux_type = c.moe.aux_loss_type == "hf" ? MoeBalanceSpec::AuxType::Hf
+                                           : MoeBalanceSpec::AuxType::PerLayer;
+  b.z_coef = static_cast<float>(c.moe.z_loss_coef);
   return b;
 }
 
@@ -51,10 +68,9 @@ struct LlamaLayers {
       : embedding("model.embed_tokens.weight", "", c.vocab_size, c.padded_vocab_size,
                   /*max_positions=*/0, c.n_embd, 0.02f),
         norm("model.norm", c.n_embd, rms_spec(c)) {
-    const nn::BlockSpec spec = llama_block_spec(c);
     blocks.reserve(static_cast<size_t>(c.n_layer));
     for (int l = 0; l < c.n_layer; ++l)
-      blocks.emplace_back(fmt::format("model.layers.{}.", l), spec);
+      blocks.emplace_back(fmt::format("model.layers.{}.", l), llama_block_spec(c, l));
     if (!c.tie_embeddings) {
       lm_head.emplace("lm_head", c.n_embd, c.padded_vocab_size, /*bias=*/false, 0.02f);
       lm_head->weight.init.zero_rows_from = c.vocab_size;
@@ -62,18 +78,18 @@ struct LlamaLayers {
   }
 
   /// The parts: embeddings, each block, the head (final norm, lm_head when untied).
-  /// Costs: the matmul weights a token meets in the part (the 6N rule's N).
+  /// Costs: the matmul weights a token meets in the part (the 6N rule's N; a MoE block's
+  /// active ones, LlamaConfig::block_matmul_weights).
   std::vector<PartLayout> parts(const LlamaConfig& c) {
     std::vector<PartLayout> out(blocks.size() + 2);
     out.front().name = "embeddings";
     out.front().cost = 0.0;
     embedding.collect(out.front().params);
-    const double C = c.n_embd, HD = c.head_dim();
+    const double C = c.n_embd;
     for (size_t l = 0; l < blocks.size(); ++l) {
       PartLayout& p = out[l + 1];
       p.name = fmt::format("layers.{}", l);
-      p.cost = C * (c.n_head + 2 * c.n_kv_head) * HD + c.n_head * HD * C +
-               3.0 * C * c.ffn_hidden_size;
+      p.cost = c.block_matmul_weights(static_cast<int>(l));
       blocks[l].collect(p.params);
     }
     PartLayout& head = out.back();
@@ -113,10 +129,13 @@ Llama::Llama(const LlamaConfig& config, Backend& backend, const ModelStorage& st
   state_ = std::make_unique<State>();
   nn::Param& head = layers_->lm_head ? layers_->lm_head->weight : layers_->embedding.wte;
   set_layers(DecoderLayers{&layers_->embedding, &layers_->blocks, &layers_->norm, &head,
-                           &head_placement(), config_.vocab_size, config_.n_embd});
-  build(layers_->parts(config_),
-        {OpFamily::Embedding, OpFamily::RMSNorm, OpFamily::Linear, OpFamily::Attention,
-         OpFamily::Rope, OpFamily::SwiGLU, OpFamily::Add, OpFamily::SoftmaxCrossEntropy});
+                           &head_placement(), config_.vocab_size, config_.n_embd,
+                           llama_balance_spec(config_)});
+  std::vector<OpFamily> ops = {OpFamily::Embedding, OpFamily::RMSNorm,   OpFamily::Linear,
+                               OpFamily::Attention, OpFamily::Rope,      OpFamily::SwiGLU,
+                               OpFamily::Add,       OpFamily::SoftmaxCrossEntropy};
+  if (config_.moe.enabled()) ops.push_back(OpFamily::MoE);
+  build(layers_->parts(config_), ops);
 }
 
 Llama::~Llama() = default;

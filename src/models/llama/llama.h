@@ -21,6 +21,12 @@
 //   model.layers.{l}.mlp.gate_up_proj.weight       [2F, C]: HF's gate_proj (rows [0, F))
 //       then up_proj (rows [F, 2F))
 //   model.layers.{l}.mlp.down_proj.weight          [C, F]
+//   a MoE block (LlamaConfig::is_moe_block; nn/moe.h) has in place of the two mlp ones:
+//   model.layers.{l}.mlp.router.weight             [E, C]
+//   model.layers.{l}.mlp.experts.gate_up_proj.weight [E, 2F_e, C] (gate rows first)
+//   model.layers.{l}.mlp.experts.down_proj.weight  [E, C, F_e]
+//   model.layers.{l}.mlp.shared_experts.gate_up_proj.weight [2Fs, C], ..down_proj.weight
+//       [C, Fs] (moe.shared_experts > 0, Fs = shared_experts F_e)
 //   model.norm.weight                              [C]
 //   lm_head.weight                                 [Vp, C] (untied only; rows >= V zero)
 // Initialisation: every matrix N(0, 0.02^2) (HF's initializer_range), the two residual

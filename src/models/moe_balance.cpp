@@ -1,0 +1,102 @@
+#include "models/moe_balance.h"
+
+#include "core/error.h"
+
+namespace kiln {
+
+MoeBalance::MoeBalance(Backend& be, const MoeBalanceSpec& spec,
+                       std::vector<const nn::MoeMlp*> layers)
+    : be_(be), spec_(spec), L_(static_cast<int>(layers.size())) {
+  KILN_CHECK(L_ > 0, "MoE balancing: no MoE layers");
+  E_ = layers.front()->spec().num_experts;
+  k_ = layers.front()->spec().top_k;
+  for (const nn::MoeMlp* m : layers)
+    KILN_CHECK(m->spec().num_experts == E_ && m->spec().top_k == k_,
+               "MoE balancing: every MoE layer needs the same E and k ({}: E = {}, k = {})",
+               m->router.name, m->spec().num_experts, m->spec().top_k);
+  KILN_CHECK(spec.aux_type == MoeBalanceSpec::AuxType::PerLayer ||
+                 layers.front()->spec().scoring == MoeScoring::Softmax,
+             "MoE balancing: the hf auxiliary loss needs softmax scoring");
+  auto f32 = [&](Shape s) { return be.empty(s, DType::F32, MemCategory::Activations); };
+  load_ = f32({L_ + 1, E_});
+  prob_ = f32({L_, E_});
+  sums_ = f32({2});
+  load_sum_ = f32({L_, E_});
+  dot_ = f32({1, 1});
+  const Stream s = be.default_stream();
+  be.fill(s, sums_, 0.f);
+  be.fill(s, load_sum_, 0.f);
+}
+
+void MoeBalance::begin_forward(int64_t N) {
+  N_ = N;
+  const Stream s = be_.default_stream();
+  be_.fill(s, load_, 0.f);
+  be_.fill(s, prob_, 0.f);
+}
+
+nn::MoeBalancePass MoeBalance::pass(int m) const {
+  KILN_CHECK(m >= 0 && m < L_ && N_ > 0, "MoE balancing: no layer {} or no forward begun", m);
+  const double E = static_cast<double>(E_), N = static_cast<double>(N_);
+  const double k = static_cast<double>(k_), L = static_cast<double>(L_);
+  const bool hf = spec_.aux_type == MoeBalanceSpec::AuxType::Hf;
+  nn::MoeBalancePass p;
+  p.load = load_.view_at(int64_t{m} * E_, Shape{E_});
+  if (spec_.aux_coef != 0.f) {
+    // dL/dp[n,e] = coef * per_count * c_e: the prob sums are scaled by it, so that the
+    // micro-batch's aux is the dot product of the counts and the scaled sums.
+    const double per_count = spec_.aux_coef * E / (hf ? L * N * L * N : N * N * k);
+    p.prob = prob_.view_at(hf ? 0 : int64_t{m} * E_, Shape{E_});
+    p.prob_scale = static_cast<float>(per_count);
+    p.grad_load = hf ? load_.view_at(int64_t{L_} * E_, Shape{E_}) : p.load;
+    p.aux_grad_scale = static_cast<float>(grad_scale_ * per_count);
+  }
+  if (spec_.z_coef != 0.f) {
+    p.z = sums_.view_at(1, Shape{1});
+    p.z_scale = static_cast<float>(spec_.z_coef / N);
+    p.z_grad_scale = static_cast<float>(grad_scale_ * spec_.z_coef / N);
+  }
+  return p;
+}
+
+void MoeBalance::end_forward() {
+  const Stream s = be_.default_stream();
+  const Tensor total = load_.view_at(int64_t{L_} * E_, Shape{E_});
+  for (int m = 0; m < L_; ++m) be_.add(s, total, total, load_.view_at(int64_t{m} * E_, Shape{E_}));
+  const Tensor layers = load_.view_at(0, Shape{L_, E_});
+  be_.add(s, load_sum_, load_sum_, layers);
+  ++micro_batches_;
+  if (spec_.aux_coef == 0.f) return;
+  // aux = sum over the layers' (counts . scaled sums), or the totals' for hf: one dot
+  // product as a [1, K] x [1, K]^T linear.
+  if (spec_.aux_type == MoeBalanceSpec::AuxType::Hf)
+    be_.linear_forward(s, dot_, total.reshape(Shape{1, E_}), prob_.view_at(0, Shape{1, E_}),
+                       Tensor());
+  else
+    be_.linear_forward(s, dot_, layers.reshape(Shape{1, L_ * E_}), prob_.reshape(Shape{1, L_ * E_}),
+                       Tensor());
+  const Tensor aux = sums_.view_at(0, Shape{1});
+  be_.add(s, aux, aux, dot_.reshape(Shape{1}));
+}
+
+MoeStats MoeBalance::take() {
+  const Stream s = be_.default_stream();
+  float sums[2];
+  std::vector<float> load(static_cast<size_t>(L_ * E_));
+  be_.copy_to_host(s, sums, sums_);
+  be_.copy_to_host(s, load.data(), load_sum_);
+  MoeStats out;
+  out.micro_batches = micro_batches_;
+  const double mb = micro_batches_ > 0 ? static_cast<double>(micro_batches_) : 1.0;
+  out.aux_loss = sums[0] / mb;
+  out.z_loss = sums[1] / mb;
+  for (int m = 0; m < L_; ++m)
+    out.tokens_per_expert.emplace_back(load.begin() + int64_t{m} * E_,
+                                       load.begin() + int64_t{m + 1} * E_);
+  be_.fill(s, sums_, 0.f);
+  be_.fill(s, load_sum_, 0.f);
+  micro_batches_ = 0;
+  return out;
+}
+
+}  // namespace kiln

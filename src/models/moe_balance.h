@@ -1,0 +1,69 @@
+// The balancing losses of a decoder's mixture-of-experts blocks (issue 38's design
+// sheet), over the statistics each MoeMlp adds in forward (nn/moe.h). For a micro-batch of
+// N tokens, MoE layers l = 1..L of E experts taking k each, c_e the slots routed to expert
+// e, p the balancing probabilities (softmax scores; with sigmoid scoring the sigmoids
+// normalised per token, as Megatron-core):
+//   per_layer (Switch, Fedus et al. 2021, eq. 4; GShard; Megatron-core):
+//     aux = coef * sum_l E / (N k) * sum_e c_e^l * (1/N) sum_n p^l[n,e];
+//   hf (transformers' load_balancing_loss_func, Mixtral and Qwen3-MoE): the layers'
+//     routers concatenated to L N rows, C_e = sum_l c_e^l, S_e = sum_{l,n} p^l[n,e]:
+//     aux = coef * E * sum_e (C_e / (L N)) (S_e / (L N))  (softmax scoring only);
+//   z (ST-MoE, Zoph et al. 2022, eq. 5): z = z_coef * sum_l (1/N) sum_n lse^l_n^2.
+// The counts are constants (no gradient flows through the choice), so backward adds
+// dL/dp[n,e] = scale * coef * E / (N^2 k) * c_e^l (per_layer) or scale * coef * E /
+// (L N)^2 * C_e (hf) and the z-loss's gradient to each router's logits. Every token counts,
+// ignored targets too (as Hugging Face without an attention mask). `scale` is
+// Model::set_aux_loss_scale's: the losses enter the optimised sum as their mean over the
+// step's micro-batches and data-parallel ranks. Each rank balances over its own
+// micro-batch (aux_loss_scope "micro_batch").
+//
+// The values stay on the device: each micro-batch adds its aux and z to fp32 sums and its
+// per-expert counts to per-layer sums, which take() reads back once.
+#pragma once
+
+#include "backend/backend.h"
+#include "models/model.h"
+#include "nn/moe.h"
+
+#include <vector>
+
+namespace kiln {
+
+/// The balancing settings of a model's MoE blocks (the [model] moe.* keys).
+struct MoeBalanceSpec {
+  enum class AuxType { PerLayer, Hf };
+  float aux_coef = 0.f;  // moe.aux_loss_coef
+  AuxType aux_type = AuxType::PerLayer;
+  float z_coef = 0.f;    // moe.z_loss_coef
+};
+
+class MoeBalance {
+ public:
+  /// `layers`: the MoE layers of the model in block order (all of one E and k).
+  MoeBalance(Backend& be, const MoeBalanceSpec& spec, std::vector<const nn::MoeMlp*> layers);
+
+  void set_grad_scale(float scale) { grad_scale_ = scale; }
+  /// A training forward of N tokens begins: the micro-batch's statistics are zeroed.
+  void begin_forward(int64_t N);
+  /// The buffers and scales of MoE layer `m` (0-based among the MoE layers) for its
+  /// forward and backward in the current micro-batch.
+  nn::MoeBalancePass pass(int m) const;
+  /// After every MoE layer's forward: the micro-batch's aux loss and counts added to the
+  /// step's sums (the hf form's totals over the layers made first).
+  void end_forward();
+  /// The figures since the last take(), then reset (one host read).
+  MoeStats take();
+
+ private:
+  Backend& be_;
+  MoeBalanceSpec spec_;
+  int L_ = 0;
+  int64_t E_ = 0, k_ = 0, N_ = 0;
+  float grad_scale_ = 1.f;
+  int64_t micro_batches_ = 0;
+  // The micro-batch's: load [L + 1, E] (row L: the sum over the layers), prob [L, E]
+  // (hf: row 0 for every layer); the step's: sums [2] (aux, z), load_sum [L, E]; dot [1, 1].
+  Tensor load_, prob_, sums_, load_sum_, dot_;
+};
+
+}  // namespace kiln

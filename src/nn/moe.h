@@ -1,0 +1,144 @@
+// A dropless mixture-of-experts feed-forward (MoE) in place of a block's MLP: a router,
+// E routed SwiGLU experts of which each token takes k, and optional always-on shared
+// experts (Shazeer et al. 2017; Switch, Fedus et al. 2021; Mixtral, Jiang et al. 2024;
+// DeepSeek-V3, 2024; Qwen3-MoE), run as Megatron-core and torchtitan do on the ops of
+// OpFamily::MoE (backend.h; docs/architecture.md, "The mixture-of-experts ops").
+//
+// For x [N, C] (N = B*T tokens, C channels) in the model dtype:
+//   logits fp32 [N,E] = x @ router^T, computed in fp32 whatever the model dtype (x and
+//     the router weight converted to fp32 first);
+//   scores = softmax(logits) or sigmoid(logits); token n takes the k experts of largest
+//     score (ties to the lower index); w [N,k] = the chosen scores, / their sum when
+//     norm_topk_prob (moe_router_forward);
+//   routed y_n = sum_j w[n,j] down_e(silu(gate_e x_n) * up_e x_n), e = choice j's expert:
+//     the N*k slots permuted into expert order (moe_permute_plan, moe_permute), the gate
+//     and up projections of every expert one grouped linear with weight [E, 2F, C] (rows
+//     [0,F) gate, [F,2F) up), SwiGLU, the down projections [E, C, F], the rows weighted
+//     back per token (moe_unpermute);
+//   out = routed + shared(x), shared a plain SwiGLU Mlp of width Fs (no gate on it).
+// Parameters (prefix e.g. "model.layers.3.mlp"):
+//   <prefix>.router.weight                    [E, C]      N(0, init_std^2), decays
+//   <prefix>.experts.gate_up_proj.weight      [E, 2F, C]  N(0, init_std^2), decays
+//   <prefix>.experts.down_proj.weight         [E, C, F]   N(0, proj_init_std^2), decays
+//   <prefix>.shared_experts.gate_up_proj.weight [2Fs, C], <prefix>.shared_experts
+//   .down_proj.weight [C, Fs] (when Fs > 0; as Mlp's).
+//
+// Balancing losses (issue 38's design sheet): forward adds the layer's statistics to the
+// buffers a MoeBalancePass names (moe_balance_stats: the per-expert slot counts c_e, the
+// scaled sums of the balancing probabilities p, the scaled sum of logsumexp(logits)^2),
+// and backward adds the gradients of the auxiliary loss sum_{n,e} g_e p[n,e] (g_e =
+// aux_grad_scale * grad_load[e]) and of the z-loss to the router's logits
+// (moe_balance_backward). The model chooses the scales, the loss form (per layer or
+// Hugging Face's over all layers) and where the counts are summed (DecoderModel).
+//
+// Saved for backward (saved_specs(), in this order): logits, scores fp32 [N,E];
+// expert_idx int32, expert_weight fp32, rows int32 [N,k]; offsets int32 [E+1]; the
+// permuted tokens [M,C] (Cheap: one gather from the block's saved input), the experts'
+// gate/up output [M,2F], their SwiGLU [M,F] (Cheap), their output [M,C] (M = N*k); then
+// the shared Mlp's. The routing is a function of the input only, so a recompute re-routes
+// identically (bitwise the same choice, counts and gradients).
+// No tensor parallelism yet: the layer is whole on every rank (the registry refuses tp,
+// pp and cp for MoE models).
+#pragma once
+
+#include "backend/backend.h"
+#include "nn/mlp.h"
+#include "nn/param.h"
+#include "nn/saved.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kiln::nn {
+
+/// The shape of a MoE layer; num_experts 0 means a dense MLP (BlockSpec::moe).
+struct MoeSpec {
+  int64_t num_experts = 0;    // E
+  int top_k = 2;              // k, 1 <= k <= E
+  int64_t expert_hidden = 0;  // F, each expert's SwiGLU width
+  int64_t shared_hidden = 0;  // Fs, the shared experts' SwiGLU width; 0 = none
+  MoeScoring scoring = MoeScoring::Softmax;
+  bool norm_topk_prob = true;  // renormalise the k chosen scores to sum 1
+  bool enabled() const { return num_experts > 0; }
+  MoeRouterSpec router() const { return {scoring, top_k, norm_topk_prob}; }
+};
+
+/// One call's balancing-loss buffers and scales (see the top of this file). Forward adds
+/// (when not recomputing) the slot counts to `load` fp32 [E], prob_scale * sum_n p[n,e] to
+/// `prob` fp32 [E] and z_scale * sum_n lse_n^2 to `z` fp32 [1] (each may be empty);
+/// backward adds to the router's logits the gradient of aux_grad_scale * sum_{n,e}
+/// grad_load[e] p[n,e] (grad_load fp32 [E], empty for none) and of z_grad_scale * sum_n
+/// lse_n^2 (0 for none).
+struct MoeBalancePass {
+  Tensor load, prob, z;
+  float prob_scale = 0.f, z_scale = 0.f;
+  Tensor grad_load;
+  float aux_grad_scale = 0.f, z_grad_scale = 0.f;
+};
+
+/// Scratch of a MoE layer for [B, T] (N = B*T, M = N*k), shared by every MoE block: the
+/// router's fp32 copies x32 [N,C], w32 and dw32 [E,C] and wtmp [E,C] (model dtype) in a
+/// low-precision model (else empty); dlogits fp32 [N,E]; dweight fp32 [N,k]; two expert
+/// buffers a, b [M, max(C, 2F)] and tokens [N,C] in the model dtype; the shared experts'
+/// dfc [N,2Fs] and dact [N,Fs] (empty without them).
+struct MoeScratch {
+  Tensor x32, w32, dw32, wtmp, dlogits, dweight, a, b, tokens, shared_dfc, shared_dact;
+};
+
+class MoeMlp {
+ public:
+  /// `prefix` names the parameters (e.g. "model.layers.3.mlp"). Throws kiln::Error for a
+  /// spec without experts, k outside [1, E] or F <= 0.
+  MoeMlp(const std::string& prefix, int64_t C, const MoeSpec& spec, float init_std,
+         float proj_init_std);
+
+  /// What forward saves, in the order `saved` holds it (see the top of this file).
+  std::vector<SavedSpec> saved_specs(int64_t B, int64_t T, DType dtype) const;
+  size_t num_saved() const {
+    return size_t{kNumRouted} + (shared_ ? size_t{Mlp::kNumSaved} : size_t{0});
+  }
+  MoeScratch make_scratch(Backend& be, int64_t B, int64_t T, DType dtype) const;
+  /// out [B,T,C] (overwritten) from inp [B,T,C], filling `saved`. `recomputing`: a re-run
+  /// for backward (full checkpointing), which adds no statistics.
+  void forward(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& out,
+               const Tensor& inp, const MoeScratch& w, const MoeBalancePass& balance,
+               bool recomputing) const;
+  /// Refills the Cheap saved tensors (permuted tokens, activations) from the others and
+  /// forward's inp.
+  void recompute(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& inp) const;
+  /// dinp [B,T,C] (overwritten) from dout [B,T,C]; parameter gradients accumulate (+=),
+  /// frozen ones skipped.
+  void backward(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& dinp,
+                const Tensor& dout, const Tensor& inp, const MoeScratch& w,
+                const MoeBalancePass& balance) const;
+  /// Inference: out [B,Tq,C] from inp [B,Tq,C], its saved tensors and scratch allocated
+  /// for the call (category Temporaries), no statistics.
+  void decode(Backend& be, Stream s, const Tensor& out, const Tensor& inp) const;
+  void collect(std::vector<Param*>& out);
+
+  const MoeSpec& spec() const { return spec_; }
+  Param router, gate_up, down;
+
+ private:
+  enum : size_t {
+    kLogits, kScores, kExpertIdx, kExpertWeight, kRows, kOffsets, kPermuted, kHidden, kAct,
+    kExpertOut, kNumRouted
+  };
+  /// logits (fp32, in fp32 whatever the dtype), the choice, weights and the permutation plan.
+  void route(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& x,
+             const MoeScratch& w) const;
+  /// The router linear's backward: dx [N,C] (overwritten) and the weight's gradient.
+  void router_backward(Backend& be, Stream s, const Tensor& dx, const Tensor& dlogits,
+                       const Tensor& x, const MoeScratch& w) const;
+  /// The shared experts' part of saved.
+  std::span<const Tensor> shared_saved(std::span<const Tensor> saved) const {
+    return saved.subspan(kNumRouted, Mlp::kNumSaved);
+  }
+
+  MoeSpec spec_;
+  int64_t C_;
+  std::optional<Mlp> shared_;
+};
+
+}  // namespace kiln::nn
