@@ -10,10 +10,7 @@
 // keys (given as TOML, the user's form); logits, the LM loss, every gradient (of LM + aux +
 // z) and the LM losses of 10 AdamW steps on the total loss are compared with the
 // reference; then the aux loss, the z-loss and the tokens per expert.
-//
-// Until kiln's llama takes the MoE and QK-norm keys (issue 38), the model is refused with
-// "unknown key": the tests check the files against their generator and skip the rest,
-// naming the key.
+
 #include "golden_compare.h"
 
 #include "backend/registry.h"
@@ -61,18 +58,9 @@ std::string model_toml(const st::Reader& r) {
 
 // The model of the file's keys on `be`; nullptr with the loader's message in `missing`
 // when kiln does not know one of them yet. Any other error is the test's failure.
-std::unique_ptr<Model> moe_model(const st::Reader& r, Backend& be, std::string& missing) {
-  try {
-    const TrainConfig config = load_config_string(model_toml(r), {}, "moe golden [model]");
-    return make_model(model_options_from(config), be);
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    if (what.find("unknown key") == std::string::npos &&
-        what.find("not a key of model.arch") == std::string::npos)
-      throw;
-    missing = what;
-    return nullptr;
-  }
+std::unique_ptr<Model> moe_model(const st::Reader& r, Backend& be) {
+  const TrainConfig config = load_config_string(model_toml(r), {}, "moe golden [model]");
+  return make_model(model_options_from(config), be);
 }
 
 // What a MoE model reports beyond the LM loss, of the training forwards since the last
@@ -82,19 +70,16 @@ struct MoeReport {
   std::vector<int64_t> tokens_per_expert;  // [n_layer * E]: (token, choice) slots per expert
 };
 
-// ==== LEAD: wire this to the model's MoE report ==========================================
-// The design sheet: "the LM loss is reported as today, aux and z apart", and tokens per
-// expert per MoE layer are a metric (issue 38 item 3); how a Model exposes them is the
-// moe-layer branch's choice, not merged when this test was written (its draft:
-// Model::take_moe_stats(), std::optional<MoeStats>{aux_loss, z_loss, micro_batches,
-// tokens_per_expert [layer][expert]}, the figures since the last call). Return them here;
-// until then match_moe_report fails with a message pointing here (the logits, the LM
-// loss, the gradients of the total loss and the AdamW LM losses are compared before).
+// The figures the model reports (Model::take_moe_stats: the aux and z losses of the
+// micro-batches since the last call, their mean, and the slots each expert received).
 std::optional<MoeReport> moe_report_of(Model& model) {
-  (void)model;
-  return std::nullopt;
+  const std::optional<MoeStats> s = model.take_moe_stats();
+  if (!s) return std::nullopt;
+  MoeReport r{s->aux_loss, s->z_loss, {}};
+  for (const std::vector<double>& layer : s->tokens_per_expert)
+    for (double c : layer) r.tokens_per_expert.push_back(static_cast<int64_t>(c));
+  return r;
 }
-// ==========================================================================================
 
 // With the file's parameters in `model`: one training forward and backward of the file's
 // batch (its report emptied first), then the aux and z losses and the tokens per expert
@@ -111,8 +96,7 @@ void match_moe_report(const st::Reader& r, Backend& be, Model& model) {
   be.synchronize(be.default_stream());
   const std::optional<MoeReport> rep = moe_report_of(model);
   if (!rep) {
-    ADD_FAILURE() << "the MoE model's aux/z losses and tokens per expert are not wired into "
-                     "tests/golden/moe_golden_test.cpp moe_report_of() yet";
+    ADD_FAILURE() << "the MoE model reports no balancing figures (Model::take_moe_stats)";
     return;
   }
   for (const auto& [name, got] :
@@ -151,21 +135,15 @@ void check_moe_file(const st::Reader& r, const std::string& c) {
 }  // namespace
 
 TEST(MoeGolden, FilesMatchGeneratorAndModel) {
-  std::string missing;
   for (const std::string& c : kCases) {
     SCOPED_TRACE(golden_file(c));
     const st::Reader r(golden_file(c));
     check_moe_file(r, c);
     auto backend = make_backend("cpu");
-    std::unique_ptr<Model> model = moe_model(r, *backend, missing);
-    if (model)
-      check_file_matches(r, golden_file(c), generator_file(), "moe", *model,
-                         {"model.embed_tokens.weight", "lm_head.weight"}, kMoeOutputs);
-    else
-      check_generator(r, golden_file(c), generator_file(), "moe");
+    std::unique_ptr<Model> model = moe_model(r, *backend);
+    check_file_matches(r, golden_file(c), generator_file(), "moe", *model,
+                       {"model.embed_tokens.weight", "lm_head.weight"}, kMoeOutputs);
   }
-  if (!missing.empty())
-    GTEST_SKIP() << "the model's part: kiln's llama refuses the MoE keys: " << missing;
 }
 
 TEST(MoeGolden, MatchesReferenceOnEveryBackend) {
@@ -182,9 +160,7 @@ TEST(MoeGolden, MatchesReferenceOnEveryBackend) {
         fmt::print("[{}] skipped: no MoE ops on this backend\n", be.name());
         continue;
       }
-      std::string missing;
-      std::unique_ptr<Model> model = moe_model(r, be, missing);
-      if (!model) GTEST_SKIP() << "kiln's llama refuses the MoE keys: " << missing;
+      std::unique_ptr<Model> model = moe_model(r, be);
       fmt::print("[{}] MoE golden ({}): {}, B={} T={}\n", be.name(), c, model->describe(),
                  meta_int(r, "batch_size"), meta_int(r, "seq_len"));
       auto& decoder = dynamic_cast<DecoderModel&>(*model);
