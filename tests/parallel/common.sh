@@ -23,7 +23,7 @@
 py=/usr/bin/python3
 # OMP_WAIT_POLICY=passive is kiln's own default (apps/kiln/main.cpp): set here, each kiln
 # process starts once instead of setting it and starting itself again (every start loads
-# the CUDA libraries: about 0.45 s of CPU, ~40% of a 2-rank run of these tests).
+# the CUDA libraries: 0.35-0.45 s of CPU, more when the cores are shared).
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 make_corpus() {
