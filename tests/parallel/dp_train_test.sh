@@ -1,22 +1,26 @@
 #!/usr/bin/env bash
 # Data parallel and ZeRO, end to end through `kiln train` under mpirun:
-#   1. for world sizes 1, 2 and 4 and every ZeRO stage, 20 updates of a tiny GPT with
-#      gradient accumulation give the single process's per-step losses within 1e-5
-#      relative (the checkpoint at the end also checks that the data-parallel replicas
-#      of stages 0-2 are bitwise identical);
+#   1. on 2 ranks at every ZeRO stage, on 1 and 4 at ZeRO 3 (with --long, the ctest label
+#      long: 1 and 4 ranks at every stage), 20 updates of a tiny GPT with gradient
+#      accumulation give the single process's per-step losses within 1e-5 relative (the
+#      checkpoint at the end also checks that the data-parallel replicas of stages 0-2
+#      are bitwise identical); so does ZeRO 3 with full (--long: and selective)
+#      activation checkpointing;
 #   2. a checkpoint saved by 4 ranks at stage 3 resumes on 2 ranks at stage 1 and on 1
 #      process with the same losses (and the data position carries over);
-#   3. a tiny Llama (untied and tied) gives the same equalities on 2 and 4 ranks,
+#   3. a tiny Llama (untied and tied) gives the same equalities on 2 (--long: and 4) ranks,
 #      resumes across layouts and samples from its checkpoint; exported as a Hugging Face
 #      folder, it starts 2 ranks at ZeRO-3 (each reading its slices) as it starts 1;
-#   4. with train.ema_decay, 2 ranks at ZeRO 1-3 save the single process's moving average
-#      of the weights ("ema." tensors), and it reshards from 2 ranks to 1;
+#   4. with train.ema_decay, 2 ranks at ZeRO 1 and 3 (--long: and 2) save the single
+#      process's moving average of the weights ("ema." tensors), and it reshards from 2
+#      ranks to 1;
 #   5. failures never hang: a config that differs between ranks and a rank that cannot
 #      read its data both end every rank non-zero with the reason in the log.
-# Usage: dp_train_test.sh KILN_BINARY WORK_DIR
+# Usage: dp_train_test.sh KILN_BINARY WORK_DIR [--long]
 set -euo pipefail
 kiln="$1"
 work="$2"
+long="${3:-}"
 rm -rf "$work" && mkdir -p "$work"
 . "$(dirname "$0")/common.sh"
 
@@ -59,17 +63,19 @@ train() {  # train RUN_NAME NP STAGE [extra args...]
 }
 
 train ref 1 0
-for np in 1 2 4; do
-  for stage in 0 1 2 3; do
-    [ "$np" = 1 ] && [ "$stage" = 0 ] && continue
-    train "np${np}_z${stage}" "$np" "$stage"
-    echo -n "np=$np zero_stage=$stage: "
-    compare "$work/ref/metrics.jsonl" "$work/np${np}_z${stage}/metrics.jsonl"
-  done
+runs=("1 3" "2 0" "2 1" "2 2" "2 3" "4 3")
+[ "$long" = --long ] && runs+=("1 1" "1 2" "4 0" "4 1" "4 2")
+for run in "${runs[@]}"; do
+  set -- $run
+  train "np$1_z$2" "$1" "$2"
+  echo -n "np=$1 zero_stage=$2: "
+  compare "$work/ref/metrics.jsonl" "$work/np$1_z$2/metrics.jsonl"
 done
 
 # Activation checkpointing with ZeRO-3 (blocks gathered again for the recompute).
-for mode in selective full; do
+modes=(full)
+[ "$long" = --long ] && modes+=(selective)
+for mode in "${modes[@]}"; do
   train "np2_z3_$mode" 2 3 --set "train.activation_checkpointing=$mode"
   echo -n "np=2 zero_stage=3 activation_checkpointing=$mode: "
   compare "$work/ref/metrics.jsonl" "$work/np2_z3_$mode/metrics.jsonl"
@@ -91,7 +97,9 @@ compare "$work/ref/metrics.jsonl" "$work/reshard1/metrics.jsonl" 11
 # from its shard), and a ZeRO-3 checkpoint of 2 ranks resumes on 1 process with them.
 ema=(--set train.ema_decay=0.9 --set train.steps=6 --set schedule.warmup_steps=2 --set eval.every=0)
 train ema_ref 1 0 "${ema[@]}"
-for stage in 1 2 3; do
+stages=(1 3)
+[ "$long" = --long ] && stages+=(2)
+for stage in "${stages[@]}"; do
   train "ema_np2_z$stage" 2 "$stage" "${ema[@]}"
   echo -n "ema np=2 zero_stage=$stage: "
   compare_tensors "$work/ema_ref/ckpt/step_00000006" "$work/ema_np2_z$stage/ckpt/step_00000006" ema.
@@ -129,14 +137,16 @@ PY
 
 # The same equalities for a tiny Llama (models/llama: RMSNorm, rotary GQA with one k/v
 # head and llama3 rope scaling, SwiGLU), untied and tied, few steps: 2 ranks ZeRO-0 and 3,
-# 4 ranks ZeRO-1, tied 2 ranks ZeRO-2 with full checkpointing, a ZeRO-3 checkpoint of 2
-# ranks resumed on 1 process, and `kiln sample` from its checkpoint.
+# 4 ranks ZeRO-1 (--long), tied 2 ranks ZeRO-2 with full checkpointing, a ZeRO-3
+# checkpoint of 2 ranks resumed on 1 process, and `kiln sample` from its checkpoint.
 llama=(--set model.arch=llama --set model.n_kv_head=1 --set model.ffn_hidden_size=48
        --set model.rope_theta=500000 --set model.rope_scaling.factor=8
        --set model.rope_scaling.original_max_position=8
        --set train.steps=8 --set schedule.warmup_steps=2 --set eval.every=4)
 train llama_ref 1 0 "${llama[@]}"
-for run in "2 0" "2 3" "4 1"; do
+runs=("2 0" "2 3")
+[ "$long" = --long ] && runs+=("4 1")
+for run in "${runs[@]}"; do
   set -- $run
   train "llama_np$1_z$2" "$1" "$2" "${llama[@]}"
   echo -n "llama np=$1 zero_stage=$2: "
@@ -190,4 +200,4 @@ expect_failure config_mismatch "config differs between ranks: train.seed is" \
 expect_failure missing_data "rank 1: error: .*nowhere" \
   mpirun --oversubscribe -np 1 "$kiln" train "$work/tiny.toml" --set "run.dir=$work/md" : \
                          -np 1 "$kiln" train "$work/tiny.toml" --set "run.dir=$work/md" --set "data.dir=$work/nowhere"
-echo "data-parallel tests passed"
+echo "data-parallel tests passed${long:+ ($long)}"

@@ -2,22 +2,24 @@
 # Pipeline parallelism, end to end through `kiln train` under mpirun (the schedules and
 # their simulator: tests/parallel/pipeline_schedule_test.cpp):
 #   1. 20 updates of a tiny GPT-2 (tied wte, dropout) over 8 micro-batches at pp2 with
-#      gpipe, 1f1b and interleaved (2 virtual stages), at pp4, at dp2 x pp2 with ZeRO 1
-#      and 2, at tp2 x pp2 with sequence parallelism, with full activation checkpointing;
-#      a tiny Llama at pp2 1f1b and interleaved, pp4, dp2 x pp2, tp2 x pp2 (and tied at
-#      pp2); dp2 x tp2 x pp2 on 8 ranks (3 updates): every loss and validation loss
-#      within 1e-5 relative of the single process; bf16 and fp16 (overflow skips agreed by
-#      every stage) against their single process; kiln bench's tp traffic per stage =
-#      the formula;
+#      1f1b, at pp4, at dp2 x pp2 interleaved (2 virtual stages) with ZeRO 2, at tp2 x pp2
+#      with sequence parallelism, interleaved with full activation checkpointing; a tiny
+#      Llama at pp2 1f1b; dp2 x tp2 x pp2 on 8 ranks (3 updates): every loss and
+#      validation loss within 1e-5 relative of the single process; bf16 and fp16 (overflow
+#      skips agreed by every stage) against their single process; kiln bench's tp traffic
+#      per stage = the formula; with --long (ctest label long) also gpipe and interleaved
+#      alone at pp2, dp2 x pp2 with ZeRO 1, and the Llama interleaved, at pp4, dp2 x pp2,
+#      tp2 x pp2 and tied at pp2;
 #   2. the tied wte's two copies (first and last stage) are bitwise equal at every save
 #      (the trainer checks it), also after a resume; a checkpoint saved at pp2 resumes at
 #      pp1 and at dp2 with the uninterrupted run's next losses;
 #   3. a failing stage ends every rank with its message; bad layouts are one-line errors
 #      at start-up on every rank.
-# Usage: pp_train_test.sh KILN_BINARY WORK_DIR
+# Usage: pp_train_test.sh KILN_BINARY WORK_DIR [--long]
 set -euo pipefail
 kiln="$1"
 work="$2"
+long="${3:-}"
 rm -rf "$work" && mkdir -p "$work"
 . "$(dirname "$0")/common.sh"
 
@@ -68,14 +70,16 @@ train ref 1
 train pp2_1f1b 2 "${pp2[@]}"
 check ref pp2_1f1b "gpt2 pp=2 1f1b"
 grep -m1 "pipeline over" "$work/pp2_1f1b.log" | sed 's/.*pipeline over/  start-up: pipeline over/'
-train pp2_gpipe 2 "${pp2[@]}" --set parallel.pp_schedule=gpipe
-check ref pp2_gpipe "gpt2 pp=2 gpipe"
-train pp2_inter 2 "${pp2[@]}" "${inter[@]}"
-check ref pp2_inter "gpt2 pp=2 interleaved v=2"
+if [ "$long" = --long ]; then
+  train pp2_gpipe 2 "${pp2[@]}" --set parallel.pp_schedule=gpipe
+  check ref pp2_gpipe "gpt2 pp=2 gpipe"
+  train pp2_inter 2 "${pp2[@]}" "${inter[@]}"
+  check ref pp2_inter "gpt2 pp=2 interleaved v=2"
+  train dp2_pp2_z1 4 "${pp2[@]}" --set parallel.zero_stage=1
+  check ref dp2_pp2_z1 "gpt2 dp=2 x pp=2 zero 1"
+fi
 train pp4 4 --set parallel.pp=4
 check ref pp4 "gpt2 pp=4 1f1b"
-train dp2_pp2_z1 4 "${pp2[@]}" --set parallel.zero_stage=1
-check ref dp2_pp2_z1 "gpt2 dp=2 x pp=2 zero 1"
 train dp2_pp2_z2 4 "${pp2[@]}" "${inter[@]}" --set parallel.zero_stage=2
 check ref dp2_pp2_z2 "gpt2 dp=2 x pp=2 interleaved zero 2"
 train tp2_pp2 4 "${pp2[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true
@@ -83,17 +87,19 @@ check ref tp2_pp2 "gpt2 tp=2 (sequence parallel) x pp=2"
 train llama_ref 1 "${llama[@]}"
 train llama_pp2 2 "${llama[@]}" "${pp2[@]}"
 check llama_ref llama_pp2 "llama pp=2 1f1b"
-train llama_pp2_inter 2 "${llama[@]}" "${pp2[@]}" "${inter[@]}"
-check llama_ref llama_pp2_inter "llama pp=2 interleaved v=2"
-train llama_pp4 4 "${llama[@]}" --set parallel.pp=4
-check llama_ref llama_pp4 "llama pp=4 1f1b"
-train llama_dp2_pp2 4 "${llama[@]}" "${pp2[@]}" --set parallel.zero_stage=1
-check llama_ref llama_dp2_pp2 "llama dp=2 x pp=2 zero 1"
-train llama_tp2_pp2 4 "${llama[@]}" "${pp2[@]}" "${inter[@]}" --set parallel.tp=2
-check llama_ref llama_tp2_pp2 "llama tp=2 x pp=2 interleaved"
-train llama_tied_ref 1 "${llama[@]}" --set model.tie_embeddings=true
-train llama_tied_pp2 2 "${llama[@]}" --set model.tie_embeddings=true "${pp2[@]}"
-check llama_tied_ref llama_tied_pp2 "llama (tied) pp=2 1f1b"
+if [ "$long" = --long ]; then
+  train llama_pp2_inter 2 "${llama[@]}" "${pp2[@]}" "${inter[@]}"
+  check llama_ref llama_pp2_inter "llama pp=2 interleaved v=2"
+  train llama_pp4 4 "${llama[@]}" --set parallel.pp=4
+  check llama_ref llama_pp4 "llama pp=4 1f1b"
+  train llama_dp2_pp2 4 "${llama[@]}" "${pp2[@]}" --set parallel.zero_stage=1
+  check llama_ref llama_dp2_pp2 "llama dp=2 x pp=2 zero 1"
+  train llama_tp2_pp2 4 "${llama[@]}" "${pp2[@]}" "${inter[@]}" --set parallel.tp=2
+  check llama_ref llama_tp2_pp2 "llama tp=2 x pp=2 interleaved"
+  train llama_tied_ref 1 "${llama[@]}" --set model.tie_embeddings=true
+  train llama_tied_pp2 2 "${llama[@]}" --set model.tie_embeddings=true "${pp2[@]}"
+  check llama_tied_ref llama_tied_pp2 "llama (tied) pp=2 1f1b"
+fi
 
 # Activation checkpointing, bf16, fp16 with overflow skips (agreed by every stage).
 train pp2_full 2 "${pp2[@]}" "${inter[@]}" --set train.activation_checkpointing=full
@@ -170,4 +176,4 @@ fails failing_stage "Input/output error" env KILN_FAULT=eio:1:1 \
   --set "run.dir=$work/failing" "${pp2[@]}"
 fails pp_split_one "parallel.pp_split is set but parallel.pp x parallel.virtual_stages = 1" \
   "$kiln" train "$work/tiny.toml" --set "run.dir=$work/split1" --set "parallel.pp_split=[2]"
-echo "pipeline-parallel tests passed"
+echo "pipeline-parallel tests passed${long:+ ($long)}"
