@@ -5,7 +5,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
+#include <numeric>
 #include <string>
 
 namespace kiln {
@@ -13,6 +15,52 @@ namespace kiln {
 double unix_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
+
+std::vector<ExpertLoad> expert_loads(const MoeStats& moe) {
+  std::vector<ExpertLoad> out;
+  for (const std::vector<double>& layer : moe.tokens_per_expert) {
+    if (layer.empty()) continue;
+    const auto [lo, hi] = std::minmax_element(layer.begin(), layer.end());
+    const double sum = std::accumulate(layer.begin(), layer.end(), 0.0);
+    out.push_back({*lo, sum / static_cast<double>(layer.size()), *hi});
+  }
+  return out;
+}
+
+ExpertLoad overall_expert_load(const std::vector<ExpertLoad>& layers) {
+  if (layers.empty()) return {};
+  ExpertLoad all{layers.front().min, 0.0, layers.front().max};
+  for (const ExpertLoad& l : layers) {
+    all.min = std::min(all.min, l.min);
+    all.max = std::max(all.max, l.max);
+    all.mean += l.mean / static_cast<double>(layers.size());
+  }
+  return all;
+}
+
+namespace {
+
+void add_moe_record(nlohmann::json& rec, const MoeStats& moe) {
+  rec["moe_aux_loss"] = moe.aux_loss;
+  rec["moe_z_loss"] = moe.z_loss;
+  const std::vector<ExpertLoad> layers = expert_loads(moe);
+  const ExpertLoad all = overall_expert_load(layers);
+  rec["moe_tokens_per_expert"] = {{"min", all.min}, {"mean", all.mean}, {"max", all.max}};
+  nlohmann::json by_layer = nlohmann::json::array();
+  for (const ExpertLoad& l : layers) by_layer.push_back({l.min, l.mean, l.max});
+  rec["moe_tokens_per_expert_by_layer"] = by_layer;
+}
+
+// " | aux .. z .. | load .." for a mixture of experts (progress_line), else empty.
+std::string moe_progress(const MoeStats* moe) {
+  if (!moe) return {};
+  double load = 0.0;  // the worst layer's max / mean
+  for (const ExpertLoad& l : expert_loads(*moe))
+    if (l.mean > 0) load = std::max(load, l.max / l.mean);
+  return fmt::format(" | aux {:.4f} z {:.4f} | load {:.2f}", moe->aux_loss, moe->z_loss, load);
+}
+
+}  // namespace
 
 nlohmann::json step_record(const StepMetrics& m) {
   nlohmann::json rec;
@@ -35,6 +83,7 @@ nlohmann::json step_record(const StepMetrics& m) {
     rec["val_loss"] = m.val_loss;
     if (m.val_accuracy >= 0) rec["val_accuracy"] = m.val_accuracy;
   }
+  if (m.moe) add_moe_record(rec, *m.moe);
   return rec;
 }
 
@@ -45,9 +94,9 @@ std::string progress_line(const StepMetrics& m, int64_t total_steps, double eta_
                                                     : std::string())
                   : std::string();
   const double mfu = m.flops_per_step / m.step_time_s / m.world_peak_flops;
-  return fmt::format("step {:>6}/{} | loss {:.4f}{} | lr {:.2e} | norm {:.3f} | {:.0f} {} | "
+  return fmt::format("step {:>6}/{} | loss {:.4f}{} | lr {:.2e} | norm {:.3f}{} | {:.0f} {} | "
                      "MFU {:.1f}%{} | {:.0f} ms | ETA {}",
-                     m.step, total_steps, m.loss, val, m.lr, m.grad_norm,
+                     m.step, total_steps, m.loss, val, m.lr, m.grad_norm, moe_progress(m.moe),
                      static_cast<double>(m.tokens_per_step) / m.step_time_s, m.throughput_unit,
                      100.0 * mfu, mfu > 1.0 ? " (above 100%: the GEMM peak is stale, set log.peak_tflops)" : "",
                      m.step_time_s * 1e3, format_duration(eta_s));

@@ -30,13 +30,28 @@ struct StepMetrics {
   bool evaluated = false;        // an evaluation ran at this update, which measured:
   double val_loss = 0;           //   the mean validation loss (nats per target token)
   double val_accuracy = -1;      //   a classifier's top-1 accuracy; -1 for other models
+  const MoeStats* moe = nullptr;  // a mixture of experts' balancing figures of the update
+                                  // (TrainStep's, over the global batch); nullptr without
 };
+
+/// Tokens per expert of the MoE layers, summarised: the fewest, the mean and the most
+/// (token, choice) slots an expert received in the update's global batch.
+struct ExpertLoad {
+  double min = 0, mean = 0, max = 0;
+};
+/// Each MoE layer's load (in block order), and over all of them (min of the minima, the
+/// mean, max of the maxima).
+std::vector<ExpertLoad> expert_loads(const MoeStats& moe);
+ExpertLoad overall_expert_load(const std::vector<ExpertLoad>& layers);
 
 /// {"step", "loss", "lr", "grad_norm", "tokens" (tokens seen so far), "step_time_s",
 /// "tokens_per_s", "mfu", "time" (unix seconds now), "session_start" (unix seconds this
 /// process began training: a run resumed n times has n + 1 sessions), "session_first_step"
 /// (the update it began at)}; with fp16_scaler, {"loss_scale", "skipped_steps"}; when
-/// evaluated, "val_loss" and (val_accuracy >= 0) "val_accuracy".
+/// evaluated, "val_loss" and (val_accuracy >= 0) "val_accuracy"; with moe, "moe_aux_loss"
+/// and "moe_z_loss" (as optimised, coefficients applied; apart from "loss", the LM loss),
+/// "moe_tokens_per_expert" {"min", "mean", "max"} over every MoE layer and expert and
+/// "moe_tokens_per_expert_by_layer" [[min, mean, max] per MoE layer].
 nlohmann::json step_record(const StepMetrics& m);
 
 /// Seconds since the Unix epoch, now (the records' "time").
@@ -44,7 +59,9 @@ double unix_seconds();
 
 /// The console's line for a logged update, without newline: "step    100/1000 | loss
 /// 2.3456 | val 2.4567 acc 91.20% | lr 3.00e-04 | norm 1.234 | 12345 tok/s | MFU 12.3% |
-/// 456 ms | ETA 1m02s" (" | val ..." when evaluated, " acc ..." for a classifier; the
+/// 456 ms | ETA 1m02s" (" | val ..." when evaluated, " acc ..." for a classifier; " | aux
+/// 0.0102 z 0.0031 | load 1.42" after the norm for a mixture of experts: load = the most
+/// slots an expert received over the mean, the worst MoE layer's; the
 /// throughput in `throughput_unit`; an MFU above 100% says the peak is stale), of
 /// `total_steps` updates with `eta_s` seconds left.
 std::string progress_line(const StepMetrics& m, int64_t total_steps, double eta_s);

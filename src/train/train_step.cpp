@@ -474,6 +474,30 @@ double TrainStep::read_stats(StepResult& r, int64_t n_targets) {
   return host[2];
 }
 
+std::optional<MoeStats> TrainStep::global_moe_stats() {
+  std::optional<MoeStats> m = model_->take_moe_stats();
+  if (!m || groups_.dp_cp.size() == 1) return m;
+  // Each rank's aux and z are the means over its micro-batches: their mean over the ranks
+  // is the step's. The counts add up.
+  std::vector<double> host{m->aux_loss, m->z_loss};
+  for (const std::vector<double>& layer : m->tokens_per_expert)
+    host.insert(host.end(), layer.begin(), layer.end());
+  const Stream s = backend_.default_stream();
+  Tensor sums = backend_.empty(Shape{static_cast<int64_t>(host.size())}, DType::F64,
+                               MemCategory::Temporaries);
+  backend_.copy_from_host(s, sums, host.data());
+  groups_.dp_cp.all_reduce(sums, ReduceOp::Sum, s);
+  backend_.copy_to_host(s, host.data(), sums);
+  const double ranks = groups_.dp_cp.size();
+  m->aux_loss = host[0] / ranks;
+  m->z_loss = host[1] / ranks;
+  m->micro_batches *= groups_.dp_cp.size();
+  size_t i = 2;
+  for (std::vector<double>& layer : m->tokens_per_expert)
+    for (double& c : layer) c = host[i++];
+  return m;
+}
+
 void TrainStep::skip_update(StepResult& r, int64_t update) {
   // Neither the schedule nor the optimizer's step count advances.
   KILN_CHECK(scaler_.scale > 1.0, "step {}: fp16 gradients are not finite even with loss "
@@ -510,6 +534,7 @@ StepResult TrainStep::run(const void* inputs, const int32_t* targets, int64_t up
     const double sumsq = read_stats(r, n_targets);  // fp16: the skip decision precedes the update
     if (!(std::isfinite(sumsq) && std::isfinite(r.loss))) {
       skip_update(r, update);  // overflow: on every rank alike
+      r.moe = global_moe_stats();  // the skipped step's figures, not the next one's
       announce(StepPhase::Done);
       return r;
     }
@@ -517,6 +542,7 @@ StepResult TrainStep::run(const void* inputs, const int32_t* targets, int64_t up
   optimizer_->step(r.lr, 1.f, coef_);
   dp_->after_optimizer_step();
   if (!scaler_.enabled) read_stats(r, n_targets);  // after the update is queued: the stream stays busy
+  r.moe = global_moe_stats();
   // A non-finite loss or norm skipped the update on the device (coef_ NaN); stop here.
   KILN_CHECK(std::isfinite(r.loss), "step {}: the loss is {} (diverged); lower optim.lr or check "
              "the data", update + 1, r.loss);

@@ -45,6 +45,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 
 namespace kiln {
@@ -77,6 +78,10 @@ struct StepResult {
   double grad_norm = 0.0;  // global norm before clipping; +inf when skipped
   bool skipped = false;    // fp16 overflow: no update was applied
   float lr = 0.f;          // the learning rate of the update
+  /// A mixture-of-experts model's balancing figures over the whole global batch: the aux
+  /// and z losses as optimised (the mean over micro-batches and data-parallel ranks), the
+  /// slots each expert received summed over them; nullopt for other models.
+  std::optional<MoeStats> moe;
 };
 
 /// A training config for a step outside the trainer (benchmarks): the model `model`
@@ -220,6 +225,9 @@ class TrainStep {
   /// The step's one host read (stats_): r.loss and r.grad_norm; returns the gradient sum
   /// of squares (scaled).
   double read_stats(StepResult& r, int64_t n_targets);
+  /// The model's balancing figures of this step, over every data-parallel rank
+  /// (collective over dp x cp when the model has MoE blocks; one host read).
+  std::optional<MoeStats> global_moe_stats();
   /// fp16 overflow: skips the update on every rank alike and halves the scale (r
   /// records the skip); throws kiln::Error once the scale is 1.
   void skip_update(StepResult& r, int64_t update);

@@ -175,11 +175,12 @@ class Trainer {
     float lr = 0.f;
     double seconds = 0.0;      // wall time of the step
     double comm_wait_s = 0.0;  // waiting for data-parallel communication
+    std::optional<MoeStats> moe;  // a mixture of experts' balancing figures
   };
   /// One step, timed and accounted (tp traffic, communication wait) in `acct`.
   TriedStep timed_train_step(RunAccounting& acct);
   /// Fetches this rank's share of the next global batch and runs the one training step.
-  double train_step(double* grad_norm);
+  StepResult train_step();
   LossScaler& scaler() { return one_step_->scaler(); }
   /// What every update's metrics share: tokens, FLOPs, peak, the fp16 scaler.
   StepMetrics update_constants() const;

@@ -82,6 +82,7 @@ TrainResult Trainer::run() {
     m.lr = t.lr;
     m.grad_norm = t.grad_norm;
     m.step_time_s = t.seconds;
+    m.moe = t.moe ? &*t.moe : nullptr;
     if (eval_due()) {
       const EvalResult e = evaluate();
       r.last_val_loss = m.val_loss = e.loss;
@@ -103,7 +104,10 @@ Trainer::TriedStep Trainer::timed_train_step(RunAccounting& acct) {
   t.lr = static_cast<float>(learning_rate(config_, step_));
   if (profile_) profile_->begin_step(step_);
   const CommStats tp_before = mesh_->comm(Axis::TP).stats();
-  t.loss = train_step(&t.grad_norm);
+  StepResult r = train_step();
+  t.loss = r.loss;
+  t.grad_norm = r.grad_norm;
+  t.moe = std::move(r.moe);
   acct.add_tp_traffic(tp_before, mesh_->comm(Axis::TP).stats());
   if (profile_) profile_->end_step();
   t.seconds = seconds_since(t0);
@@ -112,7 +116,7 @@ Trainer::TriedStep Trainer::timed_train_step(RunAccounting& acct) {
   return t;
 }
 
-double Trainer::train_step(double* grad_norm) {
+StepResult Trainer::train_step() {
   const int B = config_.train.micro_batch, accum = one_step_->grad_accum_steps();
   // This rank's share of the whole global batch first: the step normalises the loss by
   // the targets of the global batch, known before the first backward.
@@ -129,17 +133,16 @@ double Trainer::train_step(double* grad_norm) {
                               mesh_->dp());
     }
   }
-  const StepResult r = one_step_->run(inputs.data(), targets.data(), step_);
-  *grad_norm = r.grad_norm;
+  StepResult r = one_step_->run(inputs.data(), targets.data(), step_);
   last_skipped_ = r.skipped;
   if (r.skipped) {
     if (options_.verbose)
       fmt::print("kiln: step {}: gradient overflow in fp16, update skipped, loss scale -> {}\n",
                  step_ + 1, scaler().scale);
-    return r.loss;
+    return r;
   }
   ++step_;
-  return r.loss;
+  return r;
 }
 
 StepMetrics Trainer::update_constants() const {
