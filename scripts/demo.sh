@@ -4,8 +4,10 @@
 # 2 CPU cores -> the loss summary against a unigram baseline, and a sample.
 # Installs missing Debian packages; idempotent (data is prepared once, the run starts
 # fresh each time); works from any directory.
-#   --arch gpt2|llama|vit|dit  which demo model (default gpt2: configs/demo.toml; llama:
-#                       configs/demo-llama.toml, the same budget with a Llama 3 block;
+#   --arch gpt2|llama|moe|vit|dit  which demo model (default gpt2: configs/demo.toml;
+#                       llama: configs/demo-llama.toml, the same budget with a Llama 3 block;
+#                       moe: configs/demo-moe.toml, the Llama demo with Mixtral-style
+#                       mixture-of-experts blocks (8 experts, 2 per token);
 #                       vit: a ViT classifier on Debian's Fashion-MNIST,
 #                       configs/vit-fashion-mnist.toml, then its per-class test accuracy;
 #                       dit: a class-conditional DiT on Fashion-MNIST,
@@ -19,19 +21,20 @@ start=$(date +%s)
 arch=gpt2
 while [ $# -gt 0 ]; do
   case "$1" in
-    --arch) [ $# -ge 2 ] || { echo "demo.sh: --arch needs a value: gpt2, llama, vit or dit" >&2; exit 2; }
+    --arch) [ $# -ge 2 ] || { echo "demo.sh: --arch needs a value: gpt2, llama, moe, vit or dit" >&2; exit 2; }
             arch="$2"; shift ;;
     --arch=*) arch="${1#--arch=}" ;;
-    *) echo "demo.sh: unknown argument '$1' (use --arch gpt2|llama|vit|dit)" >&2; exit 2 ;;
+    *) echo "demo.sh: unknown argument '$1' (use --arch gpt2|llama|moe|vit|dit)" >&2; exit 2 ;;
   esac
   shift
 done
 case "$arch" in
   gpt2) config="$KILN_ROOT/configs/demo.toml" run="$KILN_ROOT/runs/demo" ;;
   llama) config="$KILN_ROOT/configs/demo-llama.toml" run="$KILN_ROOT/runs/demo-llama" ;;
+  moe) config="$KILN_ROOT/configs/demo-moe.toml" run="$KILN_ROOT/runs/demo-moe" ;;
   vit) config="$KILN_ROOT/configs/vit-fashion-mnist.toml" run="$KILN_ROOT/runs/vit-fashion-mnist" ;;
   dit) config="$KILN_ROOT/configs/dit-fashion-mnist.toml" run="$KILN_ROOT/runs/dit-fashion-mnist" ;;
-  *) echo "demo.sh: --arch must be gpt2, llama, vit or dit, not '$arch'" >&2; exit 2 ;;
+  *) echo "demo.sh: --arch must be gpt2, llama, moe, vit or dit, not '$arch'" >&2; exit 2 ;;
 esac
 
 images=false

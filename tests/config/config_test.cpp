@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -608,6 +609,28 @@ TEST(ExampleConfigs, Load) {
   EXPECT_EQ(gpt2.train.micro_batch, 4);
   EXPECT_EQ(gpt2.train.seq_len, 64);
   EXPECT_EQ(gpt2.data.dir, "data/kjv");
+}
+
+// Every shipped config loads (some are for planning, without data); the mixture-of-experts
+// ones validate for training and hold their shape.
+TEST(ExampleConfigs, EveryFileLoads) {
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(source_dir() + "/configs")) {
+    if (entry.path().extension() != ".toml") continue;
+    SCOPED_TRACE(entry.path().string());
+    EXPECT_NO_THROW(load_config_file(entry.path().string()));
+    ++n;
+  }
+  EXPECT_GE(n, 8);
+  TrainConfig mixtral = load_config_file(source_dir() + "/configs/demo-moe.toml");
+  EXPECT_NO_THROW(mixtral.validate_for_training());
+  EXPECT_EQ(mixtral.model.family.at("moe.num_experts"), 8);
+  EXPECT_EQ(mixtral.model.family.at("moe.top_k"), 2);
+  TrainConfig qwen = load_config_file(source_dir() + "/configs/qwen3-moe-tiny.toml");
+  EXPECT_NO_THROW(qwen.validate_for_training());
+  EXPECT_EQ(qwen.model.family.at("moe.num_experts"), 16);
+  EXPECT_EQ(qwen.model.family.at("qk_norm"), 1);
+  EXPECT_EQ(qwen.model.family.at("head_dim"), 32);
 }
 
 TEST(ExampleConfigs, DocsListEveryKey) {
