@@ -8,6 +8,8 @@
 #include "backend/registry.h"
 #include "checkpoint/file_util.h"
 #include "checkpoint/safetensors_folder.h"
+#include "config/components.h"
+#include "config/config.h"
 #include "core/error.h"
 #include "golden_compare.h"
 #include "models/hf_formats.h"
@@ -279,18 +281,6 @@ TEST(MoeHfFolders, UnsupportedConfigsAreOneLineErrors) {
             Json::array({3, 0, 1}));
 }
 
-// ---- pending until llama declares the MoE keys (issue 38: helpers moe-layer, qknorm) ----
-
-// The [model] keys the round trip needs that llama does not declare yet.
-std::vector<std::string> missing_keys() {
-  std::vector<std::string> out;
-  for (const char* key : {"head_dim", "qk_norm", "moe.num_experts", "moe.top_k",
-                          "moe.ffn_hidden_size", "moe.norm_topk_prob", "moe.sparse_step",
-                          "moe.dense_layers", "moe.aux_loss_coef", "moe.aux_loss_type"})
-    if (!find_model_key(llama_keys(), key)) out.push_back(key);
-  return out;
-}
-
 struct TempDir {
   fs::path path = fs::temp_directory_path() /
                   fmt::format("kiln-moe-hf-test-{}-{}", ::getpid(), std::random_device{}());
@@ -319,11 +309,6 @@ std::vector<std::string> read_fields(const std::string& type) {
 // (names and shapes) against the layout, every tensor read, the folder exported again in
 // its dtype: the same tensors bitwise, the same values of the fields kiln reads.
 TEST(MoeHfFolders, ModelRoundTripsBitwise) {
-  const auto missing = missing_keys();
-  if (!missing.empty())
-    GTEST_SKIP() << "pending: llama does not declare the [model] keys "
-                 << fmt::format("{}", fmt::join(missing, ", "))
-                 << " yet (issue 38, helpers moe-layer and qknorm)";
   for (const std::string name : {"mixtral", "qwen3_moe"}) {
     SCOPED_TRACE(name);
     const ModelOptions o = hf_folder_options(folder_of(name));
@@ -362,6 +347,40 @@ TEST(MoeHfFolders, ModelRoundTripsBitwise) {
         EXPECT_EQ(out.value(key, Json()), in[key]) << key;
       }
     EXPECT_EQ(hf_folder_options(tmp.path / "out").family, o.family);
+    EXPECT_EQ(hf_folder_options(tmp.path / "out").family_lists, o.family_lists);
+  }
+  // Qwen3-MoE's mlp_only_layers [3] is moe.dense_layers: of 6 blocks 1 and 5 are MoE.
+  const ModelOptions q = hf_folder_options(folder_of("qwen3_moe"));
+  EXPECT_EQ(q.family_lists.at("moe.dense_layers"), std::vector<int>{3});
+  const LlamaConfig qc = llama_config_of(q);
+  for (int l = 0; l < qc.n_layer; ++l) EXPECT_EQ(qc.is_moe_block(l), l == 1 || l == 5) << l;
+}
+
+// model.init_from = a MoE folder, [model] holding nothing else: the config takes the
+// folder's shape (common keys, family keys and lists), and the model built from it has the
+// folder's parameters.
+TEST(MoeHfFolders, InitFromGivesTheFoldersShape) {
+  for (const std::string name : {"mixtral", "qwen3_moe"}) {
+    SCOPED_TRACE(name);
+    const std::string dir = folder_of(name).string();
+    const TrainConfig c = load_config_string(fmt::format("[model]\ninit_from = \"{}\"\n", dir));
+    const ModelOptions want = hf_folder_options(dir), got = model_options_from(c);
+    EXPECT_EQ(got.arch, "llama");
+    EXPECT_EQ(got.n_layer, want.n_layer);
+    EXPECT_EQ(got.n_head, want.n_head);
+    EXPECT_EQ(got.n_embd, want.n_embd);
+    EXPECT_EQ(got.vocab_size, want.vocab_size);
+    EXPECT_EQ(got.block_size, want.block_size);
+    for (const auto& [key, v] : want.family) EXPECT_EQ(got.family.at(key), v) << key;
+    for (const auto& [key, v] : want.family_lists) EXPECT_EQ(got.family_lists.at(key), v) << key;
+    EXPECT_EQ(llama_config_of(got).str(), llama_config_of(want).str());
+    EXPECT_EQ(llama_config_of(got).moe, llama_config_of(want).moe);
+    auto backend = make_backend("cpu");
+    std::map<std::string, Shape> params, layout;
+    const auto model = make_model(got, *backend);
+    for (const ParamSpec& p : model->params()) params[p.name] = p.shape;
+    for (const HfParam& p : model_arch("llama").hf_layout(want).params) layout[p.name] = p.shape;
+    EXPECT_EQ(params, layout);
   }
 }
 

@@ -63,7 +63,8 @@ LlamaMoeKeys llama_moe_keys_of(const ModelOptions& o) {
   k.aux_loss_scope = choice_of(o, "moe.aux_loss_scope", kAuxScopes);
   k.z_loss_coef = number(o, "moe.z_loss_coef", 0);
   k.bias_update_rate = number(o, "moe.bias_update_rate", 0);
-  // moe.dense_layers (an int list) has no form in ModelOptions::family yet: absent.
+  if (const auto it = o.family_lists.find("moe.dense_layers"); it != o.family_lists.end())
+    k.dense_layers = it->second;
   return k;
 }
 
@@ -87,8 +88,7 @@ void set_llama_moe_keys(ModelOptions& o, const LlamaMoeKeys& k) {
   set("moe.aux_loss_scope", index_of(k.aux_loss_scope, "moe.aux_loss_scope", kAuxScopes), 0);
   set("moe.z_loss_coef", k.z_loss_coef, d.z_loss_coef);
   set("moe.bias_update_rate", k.bias_update_rate, d.bias_update_rate);
-  KILN_CHECK(k.dense_layers.empty(), "model.moe.dense_layers = [{}]: a [model] int list has no "
-             "form in ModelOptions yet (issue 38's moe keys)", fmt::join(k.dense_layers, ", "));
+  if (!k.dense_layers.empty()) o.family_lists["moe.dense_layers"] = k.dense_layers;
 }
 
 namespace {
