@@ -353,6 +353,26 @@ LlamaConfig llama_config_of(const ModelOptions& o) {
   return c;
 }
 
+namespace {
+// The moe.* keys as a checkpoint's state "model" "moe" object (choices as strings).
+nlohmann::json moe_json(const LlamaMoeConfig& m) {
+  return {{"num_experts", m.num_experts},
+          {"top_k", m.top_k},
+          {"ffn_hidden_size", m.ffn_hidden_size},
+          {"shared_experts", m.shared_experts},
+          {"scoring", m.scoring},
+          {"norm_topk_prob", m.norm_topk_prob},
+          {"first_k_dense", m.first_k_dense},
+          {"sparse_step", m.sparse_step},
+          {"dense_layers", m.dense_layers},
+          {"aux_loss_coef", m.aux_loss_coef},
+          {"aux_loss_type", m.aux_loss_type},
+          {"aux_loss_scope", m.aux_loss_scope},
+          {"z_loss_coef", m.z_loss_coef},
+          {"bias_update_rate", m.bias_update_rate}};
+}
+}  // namespace
+
 nlohmann::json llama_config_json(const LlamaConfig& c) {
   nlohmann::json j = {{"n_layer", c.n_layer},
                        {"n_head", c.n_head},
@@ -373,21 +393,7 @@ nlohmann::json llama_config_json(const LlamaConfig& c) {
                          {"original_max_position", c.rope.original_max_positions}}},
                        {"tie_embeddings", c.tie_embeddings}};
   if (!c.moe.enabled()) return j;  // a dense model's state as before MoE existed
-  const LlamaMoeConfig& m = c.moe;
-  j["moe"] = {{"num_experts", m.num_experts},
-              {"top_k", m.top_k},
-              {"ffn_hidden_size", m.ffn_hidden_size},
-              {"shared_experts", m.shared_experts},
-              {"scoring", m.scoring},
-              {"norm_topk_prob", m.norm_topk_prob},
-              {"first_k_dense", m.first_k_dense},
-              {"sparse_step", m.sparse_step},
-              {"dense_layers", m.dense_layers},
-              {"aux_loss_coef", m.aux_loss_coef},
-              {"aux_loss_type", m.aux_loss_type},
-              {"aux_loss_scope", m.aux_loss_scope},
-              {"z_loss_coef", m.z_loss_coef},
-              {"bias_update_rate", m.bias_update_rate}};
+  j["moe"] = moe_json(c.moe);
   return j;
 }
 
@@ -420,6 +426,16 @@ void moe_options_from_json(ModelOptions& o, const nlohmann::json& m) {
   }
 }
 }  // namespace
+
+void llama_set_moe_options(ModelOptions& o, const LlamaMoeConfig& moe) {
+  ModelOptions given, dense;
+  moe_options_from_json(given, moe_json(moe));
+  moe_options_from_json(dense, moe_json(LlamaMoeConfig{}));
+  for (const auto& [key, v] : given.family)
+    if (v != dense.family.at(key)) o.family[key] = v;
+  for (const auto& [key, list] : given.family_lists)
+    if (!list.empty()) o.family_lists[key] = list;
+}
 
 ModelOptions llama_options_from_json(const nlohmann::json& j) {
   ModelOptions o;

@@ -104,6 +104,9 @@ RopeSpec llama_rope_of(const ModelOptions& options);
 /// 0 -> default_ffn_hidden_size, n_kv_head 0 -> n_head), validated. Throws kiln::Error
 /// naming the key for an impossible shape or dropout > 0 (Llama has none).
 LlamaConfig llama_config_of(const ModelOptions& options);
+/// Writes the moe.* keys of `moe` that differ from a dense model's defaults into
+/// options.family (choices as their index, bools 0 / 1) and options.family_lists.
+void llama_set_moe_options(ModelOptions& options, const LlamaMoeConfig& moe);
 /// Hyper-parameters as stored in a checkpoint's state ("model" object), and back.
 nlohmann::json llama_config_json(const LlamaConfig& c);
 ModelOptions llama_options_from_json(const nlohmann::json& j);

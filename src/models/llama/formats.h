@@ -39,9 +39,8 @@ nlohmann::json llama_hf_config(const ModelOptions& options);
 /// tied lm_head.weight and rotary_emb.inv_freq buffers ignored; a MoE model's in
 /// moe_formats.h's names).
 HfLayout llama_hf_layout(const ModelOptions& options);
-/// The same for the model of `config` with the MoE and QK-norm keys `moe` (apart until
-/// LlamaConfig holds them). Throws kiln::Error naming the key that neither Mixtral nor
+/// The same for the model of `config` (its MoE blocks and QK-norm included). Throws kiln::Error naming the key that neither Mixtral nor
 /// Qwen3-MoE holds (llama_hf_kind).
-HfLayout llama_hf_layout_of(const LlamaConfig& config, const LlamaMoeKeys& moe);
+HfLayout llama_hf_layout_of(const LlamaConfig& config);
 
 }  // namespace kiln
