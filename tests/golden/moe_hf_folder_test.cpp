@@ -379,6 +379,12 @@ TEST(MoeHfFolders, InitFromGivesTheFoldersShape) {
     for (const HfParam& p : model_arch("llama").hf_layout(want).params) layout[p.name] = p.shape;
     EXPECT_EQ(params, layout);
   }
+  // An explicit list that differs from the folder's: one line naming both.
+  const std::string dir = folder_of("qwen3_moe").string();
+  EXPECT_ERROR(load_config_string(fmt::format("[model]\ninit_from = \"{}\"\n", dir),
+                                  {"model.moe.dense_layers=2"}),
+               "--set: key 'model.moe.dense_layers' is [2], but model.init_from's " + dir +
+                   "/config.json gives [3]");
 }
 
 }  // namespace
