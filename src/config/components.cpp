@@ -14,6 +14,7 @@ ModelOptions model_options_from(const TrainConfig& config) {
   o.vocab_size = config.model.vocab_size;
   o.dropout = static_cast<float>(config.model.dropout);
   o.family = config.model.family;
+  o.family_lists = config.model.family_lists;
   return o;
 }
 

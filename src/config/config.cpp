@@ -542,6 +542,7 @@ std::span<const ConfigKeyInfo> config_keys() {
       s.types.emplace_back(d.key.type == ModelKeyType::Integer  ? "int"
                            : d.key.type == ModelKeyType::Float  ? "float"
                            : d.key.type == ModelKeyType::Choice ? "string"
+                           : d.key.type == ModelKeyType::IntegerList ? "int array"
                                                                 : "bool");
       s.defaults.push_back(format_model_value(d.key, d.key.default_value));
     }

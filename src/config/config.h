@@ -37,6 +37,9 @@ struct ModelSection {
   /// image_size) by name within [model], every one the arch declares (its default where
   /// nothing set it); bools 0 / 1.
   std::map<std::string, double, std::less<>> family;
+  /// The family's integer-list keys (ModelKeyType::IntegerList, e.g. moe.dense_layers), every
+  /// one the arch declares ([] where nothing set it).
+  std::map<std::string, std::vector<int>, std::less<>> family_lists;
   bool operator==(const ModelSection&) const = default;
 };
 

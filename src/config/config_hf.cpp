@@ -55,21 +55,35 @@ std::optional<ModelOptions> fill_model_from_hf_folder(TrainConfig& c, const Orig
   return o;
 }
 
-void take_hf_model_keys(TrainConfig& c, const Origins& origins, const ModelOptions& hf,
-                        const ModelKeys& keys) {
+namespace {
+
+// The keys of `from` (a folder's config.json values) into `into` (config.model.family or
+// family_lists), each that `keys` declares; one set explicitly must equal the folder's.
+// `format(key, value)` writes a value as TOML for the error.
+template <class Map, class Format>
+void take_keys(const TrainConfig& c, const Origins& origins, const Map& from, Map& into,
+               const ModelKeys& keys, Format format) {
   const std::string file = (std::filesystem::path(c.model.init_from) / "config.json").string();
-  for (const auto& [name, value] : hf.family) {  // the keys the folder's config.json gives
+  for (const auto& [name, value] : from) {
     const ModelKey* k = find_model_key(keys, name);
     if (!k) continue;
     const std::string key = "model." + name;
     if (!origins.contains(key)) {
-      c.model.family[name] = value;
+      into[name] = value;
       continue;
     }
-    KILN_CHECK(c.model.family.at(name) == value, "{}: key '{}' is {}, but model.init_from's {} "
-               "gives {}", origin(c, origins, key), key, format_model_value(*k, c.model.family.at(name)),
-               file, format_model_value(*k, value));
+    KILN_CHECK(into.at(name) == value, "{}: key '{}' is {}, but model.init_from's {} gives {}",
+               origin(c, origins, key), key, format(*k, into.at(name)), file, format(*k, value));
   }
+}
+
+}  // namespace
+
+void take_hf_model_keys(TrainConfig& c, const Origins& origins, const ModelOptions& hf,
+                        const ModelKeys& keys) {
+  take_keys(c, origins, hf.family, c.model.family, keys, format_model_value);
+  take_keys(c, origins, hf.family_lists, c.model.family_lists, keys,
+            [](const ModelKey&, const std::vector<int>& v) { return format_model_list(v); });
 }
 
 }  // namespace kiln::config_detail

@@ -97,7 +97,8 @@ bool give_model_key(GivenModelKeys& given, const std::string& name, const toml::
 /// As give_model_key for --set name=text (text as TOML, of the declared type). Throws
 /// kiln::Error when the text is no value of that type.
 bool give_model_override(GivenModelKeys& given, const std::string& name, const std::string& text);
-/// Once model.arch is known: config.model.family = every key the arch declares, from
+/// Once model.arch is known: config.model.family (and family_lists, its IntegerList keys)
+/// = every key the arch declares, from
 /// `given` (type-checked; origins recorded), else the Hugging Face folder `hf`, else the
 /// preset, else its default. A given key only other archs declare is a kiln::Error unless
 /// it holds one of their defaults (an earlier version's to_toml() wrote them all).
@@ -106,8 +107,10 @@ void resolve_model_keys(TrainConfig& config, Origins& origins, const GivenModelK
 /// The ranges of the arch's keys and its cross-key checks (ModelArch::check_options),
 /// each error naming the key's source.
 void validate_model_keys(const TrainConfig& config, const Origins& origins);
-/// A family key's value as TOML.
+/// A family key's value as TOML (an IntegerList's: its default, "[]").
 std::string format_model_value(const ModelKey& key, double value);
+/// An IntegerList key's value as TOML ("[0, 3]").
+std::string format_model_list(const std::vector<int>& list);
 /// The arch's keys as to_toml() lines ("rope_scaling.factor = 8.0"), in declaration order.
 std::string model_keys_toml(const TrainConfig& config);
 

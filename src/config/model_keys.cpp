@@ -22,6 +22,7 @@ std::string_view type_name(ModelKeyType t) {
     case ModelKeyType::Integer: return "integer";
     case ModelKeyType::Float: return "float";
     case ModelKeyType::Choice: return "string";
+    case ModelKeyType::IntegerList: return "array of integers";
     default: return "boolean";
   }
 }
@@ -77,9 +78,38 @@ double value_of(const ModelKey& k, const toml::node& node, std::string_view sour
                  name, fmt::join(k.choices, "\", \""), v);
       return static_cast<double>(it - k.choices.begin());
     }
+    case ModelKeyType::IntegerList:
+      KILN_FAIL("{}: key '{}' is a list (not a number)", source, name);  // list_of reads it
     default:
       if (!node.is_boolean()) wrong_type(source, name, k.type, toml_type_name(node));
       return node.as_boolean()->get() ? 1.0 : 0.0;
+  }
+}
+
+// The value of `node` for an IntegerList key: an array of integers, each an int. Throws
+// kiln::Error naming `source` and `name` otherwise.
+std::vector<int> list_of(const ModelKey& k, const toml::node& node, std::string_view source,
+                         std::string_view name) {
+  if (!node.is_array()) wrong_type(source, name, k.type, toml_type_name(node));
+  std::vector<int> out;
+  for (const toml::node& el : *node.as_array()) {
+    if (!el.is_integer()) wrong_type(source, name, k.type, "array containing " + toml_type_name(el));
+    const int64_t v = el.as_integer()->get();
+    KILN_CHECK(v >= INT32_MIN && v <= INT32_MAX, "{}: key '{}' is out of range, got {}", source,
+               name, v);
+    out.push_back(static_cast<int>(v));
+  }
+  return out;
+}
+
+// Whether `node` holds the default of the key `k` (a list's: []). False for another type.
+bool holds_default(const ModelKey& k, const toml::node& node, std::string_view source,
+                   std::string_view name) {
+  try {
+    if (k.type == ModelKeyType::IntegerList) return list_of(k, node, source, name).empty();
+    return value_of(k, node, source, name) == k.default_value;
+  } catch (const Error&) {
+    return false;  // another type: not that arch's default
   }
 }
 
@@ -91,11 +121,7 @@ void check_foreign_key(const std::string& name, const GivenModelKey& g, const st
   std::vector<std::string> archs;
   for (const auto& [a, decl] : declarations(name)) {
     archs.push_back(a);
-    try {
-      if (value_of(decl, g.node(), g.source, key) == decl.default_value) return;
-    } catch (const Error&) {
-      // another type: not that arch's default
-    }
+    if (holds_default(decl, g.node(), g.source, key)) return;
   }
   KILN_FAIL("{}: key '{}' is not a key of model.arch '{}' ({} {} it)", g.source, key, arch,
             fmt::join(archs, ", "), archs.size() == 1 ? "has" : "have");
@@ -103,10 +129,20 @@ void check_foreign_key(const std::string& name, const GivenModelKey& g, const st
 
 // The range check of the key's declaration (ModelKey::lo, hi), naming `source`.
 void check_range(const ModelKey& k, double v, const std::string& source) {
+  if (k.type == ModelKeyType::IntegerList) return;  // check_list_range
   const bool ok = (k.lo_open ? v > k.lo : v >= k.lo) && (k.hi_open ? v < k.hi : v <= k.hi);
   KILN_CHECK(ok, "{}: key 'model.{}' must be {}, got {}", source, k.name,
              describe_range(k.lo, k.hi, k.lo_open, k.hi_open, k.type == ModelKeyType::Integer),
              format_model_value(k, v));
+}
+
+// check_range for each element of an IntegerList key's value.
+void check_list_range(const ModelKey& k, const std::vector<int>& list, const std::string& source) {
+  for (const int v : list) {
+    const bool ok = (k.lo_open ? v > k.lo : v >= k.lo) && (k.hi_open ? v < k.hi : v <= k.hi);
+    KILN_CHECK(ok, "{}: key 'model.{}' holds {}: each element must be {}", source, k.name, v,
+               describe_range(k.lo, k.hi, k.lo_open, k.hi_open, true));
+  }
 }
 
 }  // namespace
@@ -141,6 +177,8 @@ bool give_model_override(GivenModelKeys& given, const std::string& name, const s
     t = toml::table{{"v", v}};  // ".5", "5."
   if (!t && decls.front().second.type == ModelKeyType::Choice)
     t = toml::table{{"v", text}};  // a bare string: --set model.moe.scoring=sigmoid
+  if (decls.front().second.type == ModelKeyType::IntegerList && !text.starts_with('['))
+    t = parse_value("[" + text + "]");  // 0,3 as [0,3]; "" as [] (as other lists' --set)
   if (!t)
     KILN_FAIL("--set: wrong type for key '{}': expected {}, got '{}'", name,
               type_name(decls.front().second.type), text);
@@ -151,21 +189,31 @@ void resolve_model_keys(TrainConfig& c, Origins& origins, const GivenModelKeys& 
                         const ModelOptions* hf, const ModelPreset* preset) {
   const ModelKeys keys = keys_of(c.model.arch);
   auto& family = c.model.family;
+  auto& lists = c.model.family_lists;
   family.clear();
+  lists.clear();
   for (const auto& [name, g] : given) {
     const ModelKey* k = find_model_key(keys, name);
     if (!k) {
       check_foreign_key(name, g, c.model.arch);
       continue;
     }
-    family[name] = value_of(*k, g.node(), g.source, "model." + name);
+    if (k->type == ModelKeyType::IntegerList)
+      lists[name] = list_of(*k, g.node(), g.source, "model." + name);
+    else
+      family[name] = value_of(*k, g.node(), g.source, "model." + name);
     origins["model." + name] = g.source;
   }
   if (hf) take_hf_model_keys(c, origins, *hf, keys);
   if (preset)
     for (const auto& [name, v] : preset->keys)
       if (!origins.contains("model." + name)) family[name] = v;
-  for (const ModelKey& k : keys) family.try_emplace(k.name, k.default_value);
+  for (const ModelKey& k : keys) {
+    if (k.type == ModelKeyType::IntegerList)
+      lists.try_emplace(k.name);
+    else
+      family.try_emplace(k.name, k.default_value);
+  }
 }
 
 void validate_model_keys(const TrainConfig& c, const Origins& origins) {
@@ -176,7 +224,12 @@ void validate_model_keys(const TrainConfig& c, const Origins& origins) {
   const std::vector<std::string> known = model_archs();
   if (std::find(known.begin(), known.end(), c.model.arch) == known.end()) return;
   const ModelArch arch = model_arch(c.model.arch);
-  for (const ModelKey& k : arch.keys) check_range(k, c.model.family.at(k.name), src("model." + k.name));
+  for (const ModelKey& k : arch.keys) {
+    if (k.type == ModelKeyType::IntegerList)
+      check_list_range(k, c.model.family_lists.at(k.name), src("model." + k.name));
+    else
+      check_range(k, c.model.family.at(k.name), src("model." + k.name));
+  }
   if (arch.check_options) arch.check_options(model_options_from(c), src);
 }
 
@@ -188,15 +241,25 @@ std::string format_model_value(const ModelKey& k, double v) {
       if (v >= 0 && v < static_cast<double>(k.choices.size()))
         return fmt::format("\"{}\"", k.choices[static_cast<size_t>(v)]);
       return fmt::format("{}", v);
+    case ModelKeyType::IntegerList: return "[]";  // its only scalar form: the default
     default: return v != 0 ? "true" : "false";
   }
 }
 
+std::string format_model_list(const std::vector<int>& list) {
+  return fmt::format("[{}]", fmt::join(list, ", "));
+}
+
 std::string model_keys_toml(const TrainConfig& c) {
   std::string out;
-  for (const ModelKey& k : keys_of(c.model.arch))
-    if (const auto it = c.model.family.find(k.name); it != c.model.family.end())
+  for (const ModelKey& k : keys_of(c.model.arch)) {
+    if (k.type == ModelKeyType::IntegerList) {
+      if (const auto it = c.model.family_lists.find(k.name); it != c.model.family_lists.end())
+        out += fmt::format("{} = {}\n", k.name, format_model_list(it->second));
+    } else if (const auto it = c.model.family.find(k.name); it != c.model.family.end()) {
       out += fmt::format("{} = {}\n", k.name, format_model_value(k, it->second));
+    }
+  }
   return out;
 }
 

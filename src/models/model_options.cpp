@@ -2,6 +2,8 @@
 
 #include "core/error.h"
 
+#include <fmt/ranges.h>
+
 namespace kiln {
 
 const ModelKey* find_model_key(const ModelKeys& keys, std::string_view name) {
@@ -10,9 +12,13 @@ const ModelKey* find_model_key(const ModelKeys& keys, std::string_view name) {
   return nullptr;
 }
 
+namespace {
+bool is_list(const ModelKey* key) { return key && key->type == ModelKeyType::IntegerList; }
+}  // namespace
+
 double ModelOptions::value(const ModelKeys& keys, std::string_view name) const {
   const ModelKey* key = find_model_key(keys, name);
-  KILN_CHECK(key, "model.{}: not a key of model.arch '{}'", name, arch);
+  KILN_CHECK(key && !is_list(key), "model.{}: not a number key of model.arch '{}'", name, arch);
   const auto it = family.find(name);
   return it == family.end() ? key->default_value : it->second;
 }
@@ -34,10 +40,25 @@ const std::string& ModelOptions::choice(const ModelKeys& keys, std::string_view 
   return key->choices[static_cast<size_t>(v)];
 }
 
+const std::vector<int>& ModelOptions::integer_list(const ModelKeys& keys,
+                                                   std::string_view name) const {
+  static const std::vector<int> empty;
+  KILN_CHECK(is_list(find_model_key(keys, name)),
+             "model.{}: not an integer-list key of model.arch '{}'", name, arch);
+  const auto it = family_lists.find(name);
+  return it == family_lists.end() ? empty : it->second;
+}
+
 void check_family_keys(const ModelOptions& options, const ModelKeys& keys) {
-  for (const auto& [name, v] : options.family)
-    KILN_CHECK(find_model_key(keys, name), "model.{} ({}): not a key of model.arch '{}'", name, v,
+  for (const auto& [name, v] : options.family) {
+    const ModelKey* key = find_model_key(keys, name);
+    KILN_CHECK(key && !is_list(key), "model.{} ({}): not a key of model.arch '{}'", name, v,
                options.arch);
+  }
+  for (const auto& [name, v] : options.family_lists)
+    KILN_CHECK(is_list(find_model_key(keys, name)),
+               "model.{} ([{}]): not an integer-list key of model.arch '{}'", name,
+               fmt::join(v, ", "), options.arch);
 }
 
 }  // namespace kiln

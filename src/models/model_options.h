@@ -13,8 +13,11 @@
 namespace kiln {
 
 /// The type of a family's [model] key (ModelKey). A Choice is a string among the key's
-/// `choices`, held as its index (a double like the others) and written as the string.
-enum class ModelKeyType { Integer, Float, Bool, Choice };
+/// `choices`, held as its index (a double like the others) and written as the string. An
+/// IntegerList is a list of ints (TOML array, JSON array), held in
+/// ModelOptions::family_lists; its default is the empty list and its range (lo..hi)
+/// applies to each element.
+enum class ModelKeyType { Integer, Float, Bool, Choice, IntegerList };
 
 /// One [model] key a family declares beyond the common ones (ModelArch::keys, stated in
 /// its own folder): its name within [model] ("n_kv_head", "rope_scaling.factor"), its
@@ -51,6 +54,9 @@ struct ModelOptions {
   /// The family's keys by name within [model] ("n_kv_head", "rope_scaling.factor"); bools
   /// are 0 / 1. A key absent here has its declared default (value()).
   std::map<std::string, double, std::less<>> family;
+  /// The family's IntegerList keys by name (ModelKeyType::IntegerList: "moe.dense_layers");
+  /// a key absent here is the empty list.
+  std::map<std::string, std::vector<int>, std::less<>> family_lists;
 
   /// The value of the family key `name` that `keys` declares: the one in `family`, else its
   /// default. Throws kiln::Error when `keys` does not declare `name`.
@@ -61,13 +67,17 @@ struct ModelOptions {
   bool flag(const ModelKeys& keys, std::string_view name) const;
   /// value() of a Choice key, as its string.
   const std::string& choice(const ModelKeys& keys, std::string_view name) const;
+  /// The IntegerList key `name` that `keys` declares: the one in family_lists, else [].
+  /// Throws kiln::Error when `keys` does not declare `name` as an IntegerList.
+  const std::vector<int>& integer_list(const ModelKeys& keys, std::string_view name) const;
 };
 
 /// Where the [model] key `name` ("model.n_kv_head") came from (a file, "--set"), for
 /// errors (ModelArch::check_options).
 using KeySource = std::function<std::string(std::string_view name)>;
 
-/// Throws kiln::Error naming the first key of options.family that `keys` does not declare:
+/// Throws kiln::Error naming the first key of options.family (or family_lists) that `keys`
+/// does not declare (as a list, for family_lists):
 /// "model.n_kv_head: not a key of model.arch 'gpt2'".
 void check_family_keys(const ModelOptions& options, const ModelKeys& keys);
 

@@ -1,7 +1,9 @@
 // Tests for the training configuration: errors, presets, overrides, round trip,
 // schedules, gradient accumulation and the shipped example configs.
 #include "support/error_of.h"
+#include "config/components.h"
 #include "config/config.h"
+#include "models/llama/config.h"
 #include "models/registry.h"
 
 #include <fmt/format.h>
@@ -397,6 +399,8 @@ TEST(TrainConfigToml, EarlierVersionsRunConfigsStillLoad) {
       {"moe.aux_loss_type", 0}, {"moe.aux_loss_scope", 0}, {"moe.z_loss_coef", 0},
       {"moe.bias_update_rate", 0}};
   EXPECT_EQ(llama.model.family, want);
+  EXPECT_EQ(llama.model.family_lists,
+            (std::map<std::string, std::vector<int>, std::less<>>{{"moe.dense_layers", {}}}));
   const TrainConfig vit = load_config_file(dir + "vit_run_config_v1.toml");
   EXPECT_EQ(vit.model.family.at("image_size"), 8);
   EXPECT_EQ(vit.model.family.at("num_classes"), 3);
@@ -404,6 +408,57 @@ TEST(TrainConfigToml, EarlierVersionsRunConfigsStillLoad) {
   EXPECT_FALSE(vit.model.family.contains("class_dropout"));  // dit's, at its default
   for (const TrainConfig* c : {&gpt2, &llama, &vit})
     EXPECT_EQ(load_config_string(c->to_toml()), *c) << c->model.arch;
+}
+
+// moe.dense_layers, an integer-list [model] key: a TOML array, --set as [..] or a,b (as
+// the other list keys), written back by to_toml(), each index checked against n_layer.
+TEST(TrainConfigModelKeys, DenseLayersIsAnIntegerList) {
+  const std::string base = "[model]\narch = \"llama\"\nn_layer = 4\nn_head = 2\nn_embd = 16\n"
+                           "vocab_size = 64\nblock_size = 8\n[model.moe]\nnum_experts = 4\n";
+  const TrainConfig c = load_config_string(base + "dense_layers = [0, 3]\n");
+  EXPECT_EQ(c.model.family_lists.at("moe.dense_layers"), (std::vector<int>{0, 3}));
+  EXPECT_FALSE(c.model.family.contains("moe.dense_layers"));
+  const std::string text = c.to_toml();
+  EXPECT_NE(text.find("moe.dense_layers = [0, 3]\n"), std::string::npos) << text;
+  EXPECT_EQ(load_config_string(text), c);
+  for (const char* set : {"model.moe.dense_layers=[3,0]", "model.moe.dense_layers=3,0"})
+    EXPECT_EQ(load_config_string(base, {set}).model.family_lists.at("moe.dense_layers"),
+              (std::vector<int>{3, 0})) << set;
+  EXPECT_TRUE(load_config_string(base, {"model.moe.dense_layers="})
+                  .model.family_lists.at("moe.dense_layers").empty());
+  EXPECT_TRUE(load_config_string(base).model.family_lists.at("moe.dense_layers").empty());
+  const LlamaConfig lc = llama_config_of(model_options_from(c));
+  EXPECT_FALSE(lc.is_moe_block(0));
+  EXPECT_TRUE(lc.is_moe_block(1));
+  EXPECT_TRUE(lc.is_moe_block(2));
+  EXPECT_FALSE(lc.is_moe_block(3));
+  // One line naming the key, for a wrong type, an index out of [0, n_layer) or twice.
+  EXPECT_EQ(load_error(base + "dense_layers = 3\n"),
+            "config.toml: wrong type for key 'model.moe.dense_layers': expected array of "
+            "integers, got integer");
+  EXPECT_EQ(load_error(base, {"model.moe.dense_layers=[1.5]"}),
+            "--set: wrong type for key 'model.moe.dense_layers': expected array of integers, got "
+            "array containing float");
+  EXPECT_EQ(load_error(base + "dense_layers = [-1]\n"),
+            "config.toml: key 'model.moe.dense_layers' holds -1: each element must be >= 0");
+  EXPECT_EQ(load_error(base + "dense_layers = [4]\n"),
+            "config.toml: model.moe.dense_layers holds 4: not a block index in [0, model.n_layer "
+            "= 4)");
+  EXPECT_EQ(load_error(base, {"model.moe.dense_layers=1,1"}),
+            "--set: model.moe.dense_layers holds 1 twice");
+  EXPECT_EQ(load_error(base + "dense_layers = [0, 1, 2, 3]\n"),
+            "config.toml: model.moe.first_k_dense (0), model.moe.sparse_step (1) and "
+            "model.moe.dense_layers ([0, 1, 2, 3]) leave no MoE block among the model.n_layer = "
+            "4 blocks");
+  // A dense model: set but unused.
+  EXPECT_EQ(load_error(base + "dense_layers = [1]\n", {"model.moe.num_experts=0"}),
+            "config.toml: model.moe.dense_layers is set but model.moe.num_experts is 0 (a dense "
+            "model): set moe.num_experts or drop moe.dense_layers");
+  // Another family's list key at its default ([]) is accepted (earlier to_toml()s).
+  EXPECT_NO_THROW(load_config_string("[model]\nmoe.dense_layers = []\n"));
+  EXPECT_EQ(load_error("[model]\nmoe.dense_layers = [1]\n"),
+            "config.toml: key 'model.moe.dense_layers' is not a key of model.arch 'gpt2' (llama "
+            "has it)");
 }
 
 // A key of another family than model.arch's is one line naming the archs that have it,

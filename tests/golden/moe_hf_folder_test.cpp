@@ -8,6 +8,8 @@
 #include "backend/registry.h"
 #include "checkpoint/file_util.h"
 #include "checkpoint/safetensors_folder.h"
+#include "config/components.h"
+#include "config/config.h"
 #include "core/error.h"
 #include "golden_compare.h"
 #include "models/hf_formats.h"
@@ -38,27 +40,20 @@ Json config_of(const std::string& name) {
 }
 fs::path folder_of(const std::string& name) { return golden::golden_path("moe_hf/" + name); }
 
-// The folder's model as LlamaConfig, written out by hand from its config.json (until
-// llama_config_of takes the MoE keys).
-LlamaConfig llama_of(const Json& c) {
-  LlamaConfig l;
-  l.n_layer = c["num_hidden_layers"], l.n_head = c["num_attention_heads"];
-  l.n_kv_head = c["num_key_value_heads"], l.n_embd = c["hidden_size"];
-  l.ffn_hidden_size = c["intermediate_size"], l.vocab_size = c["vocab_size"];
-  l.padded_vocab_size = 128, l.block_size = c["max_position_embeddings"];
-  l.norm_eps = c["rms_norm_eps"].get<float>(), l.rope.theta = c["rope_theta"];
-  l.tie_embeddings = c["tie_word_embeddings"];
-  return l;
+// The folder's model (its config.json read as a model.init_from does).
+LlamaConfig config_of_folder(const std::string& name) {
+  return llama_config_of(hf_folder_options(folder_of(name)));
 }
 
-LlamaMoeKeys keys_of(const std::string& name) {
-  const Json c = config_of(name);
-  return llama_moe_keys_from_hf(c, name + "/config.json", c["model_type"], c["num_hidden_layers"]);
+// The MoE shape of config.json `cfg` of `name`'s type, for a model of its blocks.
+LlamaConfig moe_of(const Json& cfg, const std::string& name) {
+  LlamaConfig c;
+  c.n_layer = cfg["num_hidden_layers"];
+  read_moe_hf_config(c, cfg, name + "/config.json", cfg["model_type"]);
+  return c;
 }
 
-HfLayout layout_of(const std::string& name) {
-  return llama_hf_layout_of(llama_of(config_of(name)), keys_of(name));
-}
+HfLayout layout_of(const std::string& name) { return llama_hf_layout_of(config_of_folder(name)); }
 
 // `stmt` throws a one-line kiln::Error holding `part`.
 #define EXPECT_ERROR(stmt, part)                                                       \
@@ -69,22 +64,26 @@ HfLayout layout_of(const std::string& name) {
   } while (0)
 
 TEST(MoeHfFolders, ConfigJsonGivesTheKeys) {
-  LlamaMoeKeys mixtral;
+  LlamaMoeConfig mixtral;
   mixtral.num_experts = 4, mixtral.top_k = 2, mixtral.ffn_hidden_size = 6;
   mixtral.aux_loss_coef = 0.02, mixtral.aux_loss_type = "hf";
-  EXPECT_EQ(keys_of("mixtral"), mixtral);
-  EXPECT_EQ(llama_hf_kind(mixtral, 2), LlamaHfKind::Mixtral);
+  const LlamaConfig m = config_of_folder("mixtral");
+  EXPECT_EQ(m.moe, mixtral);
+  EXPECT_FALSE(m.qk_norm);
+  EXPECT_EQ(llama_hf_kind(m), LlamaHfKind::Mixtral);
 
-  LlamaMoeKeys qwen;
-  qwen.head_dim = 6, qwen.qk_norm = true;
+  LlamaMoeConfig qwen;
   qwen.num_experts = 3, qwen.top_k = 2, qwen.ffn_hidden_size = 5, qwen.norm_topk_prob = true;
   qwen.sparse_step = 2, qwen.dense_layers = {3};
   qwen.aux_loss_coef = 0.001, qwen.aux_loss_type = "hf";
-  EXPECT_EQ(keys_of("qwen3_moe"), qwen);
-  EXPECT_EQ(llama_hf_kind(qwen, 6), LlamaHfKind::Qwen3Moe);
+  const LlamaConfig q = config_of_folder("qwen3_moe");
+  EXPECT_EQ(q.moe, qwen);
+  EXPECT_TRUE(q.qk_norm);
+  EXPECT_EQ(q.head_dim(), 6);
+  EXPECT_EQ(llama_hf_kind(q), LlamaHfKind::Qwen3Moe);
   std::vector<int> moe_blocks;
-  for (int l = 0; l < 6; ++l)
-    if (qwen.moe_block(l)) moe_blocks.push_back(l);
+  for (int l = 0; l < q.n_layer; ++l)
+    if (q.is_moe_block(l)) moe_blocks.push_back(l);
   EXPECT_EQ(moe_blocks, (std::vector<int>{1, 5}));
 
   // transformers' defaults for what a config.json leaves out: Qwen3MoeConfig's
@@ -94,12 +93,12 @@ TEST(MoeHfFolders, ConfigJsonGivesTheKeys) {
   for (const char* key : {"norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
                           "router_aux_loss_coef", "head_dim"})
     c.erase(key);
-  const LlamaMoeKeys d = llama_moe_keys_from_hf(c, "config.json", "qwen3_moe", 6);
+  const LlamaMoeConfig d = moe_of(c, "qwen3_moe").moe;
   EXPECT_FALSE(d.norm_topk_prob);
   EXPECT_EQ(d.sparse_step, 1);
   EXPECT_TRUE(d.dense_layers.empty());
   EXPECT_EQ(d.aux_loss_coef, 0.001);
-  EXPECT_EQ(d.head_dim, 0);
+  EXPECT_EQ(llama_config_of(llama_options_from_hf(c, "config.json")).explicit_head_dim, 0);
 }
 
 // Every kiln parameter of the layout read from the folder equals the generator's stacking
@@ -142,14 +141,14 @@ TEST(MoeHfFolders, ExpertsStackAsTheDesignSays) {
   for (const std::string name : {"mixtral", "qwen3_moe"}) {
     SCOPED_TRACE(name);
     const Json c = config_of(name);
-    const LlamaMoeKeys k = keys_of(name);
+    const LlamaConfig k = config_of_folder(name);
     const HfFolderReader r(folder_of(name), layout_of(name));
     const st::FolderReader f(folder_of(name));
     const bool mixtral = name == "mixtral";
-    const int64_t E = k.num_experts, F = k.ffn_hidden_size, C = c["hidden_size"];
+    const int64_t E = k.moe.num_experts, F = k.moe.ffn_hidden_size, C = c["hidden_size"];
     int moe_blocks = 0;
     for (int l = 0; l < c["num_hidden_layers"].get<int>(); ++l) {
-      if (!k.moe_block(l)) continue;
+      if (!k.is_moe_block(l)) continue;
       ++moe_blocks;
       const std::string p = fmt::format("model.layers.{}.", l);
       const std::string hf = p + (mixtral ? "block_sparse_moe." : "mlp.");
@@ -214,9 +213,8 @@ TEST(MoeHfFolders, ExportConfigHoldsTheFoldersMoeFields) {
   for (const std::string name : {"mixtral", "qwen3_moe"}) {
     SCOPED_TRACE(name);
     const Json in = config_of(name);
-    const LlamaMoeKeys k = keys_of(name);
-    const int L = in["num_hidden_layers"];
-    const Json out = moe_hf_config(Json::object(), llama_hf_kind(k, L), k, in["intermediate_size"]);
+    const LlamaConfig k = config_of_folder(name);
+    const Json out = moe_hf_config(Json::object(), llama_hf_kind(k), k);
     std::vector<std::string> fields = {"architectures", "model_type", "intermediate_size",
                                        "num_experts_per_tok", "router_aux_loss_coef", "sliding_window"};
     if (name == "mixtral") {
@@ -235,9 +233,7 @@ TEST(MoeHfFolders, UnsupportedConfigsAreOneLineErrors) {
   auto read = [](const std::string& name, const std::function<void(Json&)>& edit) {
     Json c = config_of(name);
     edit(c);
-    return [c, name] {
-      llama_moe_keys_from_hf(c, name + "/config.json", name, c["num_hidden_layers"]);
-    };
+    return [c, name] { moe_of(c, name); };
   };
   EXPECT_ERROR(read("mixtral", [](Json& c) { c["sliding_window"] = 4096; })(),
                "mixtral/config.json: sliding_window = 4096");
@@ -257,10 +253,11 @@ TEST(MoeHfFolders, UnsupportedConfigsAreOneLineErrors) {
                "moe_intermediate_size = 0 must be positive");
 
   // What neither layout holds, by the [model] key.
-  const LlamaMoeKeys mixtral = keys_of("mixtral"), qwen = keys_of("qwen3_moe");
-  auto kind = [](LlamaMoeKeys k, const std::function<void(LlamaMoeKeys&)>& edit) {
-    edit(k);
-    return [k] { llama_hf_kind(k, 6); };
+  const LlamaConfig mixtral = config_of_folder("mixtral"), qwen = config_of_folder("qwen3_moe");
+  auto kind = [](LlamaConfig k, const std::function<void(LlamaMoeConfig&)>& edit) {
+    k.n_layer = 6;
+    edit(k.moe);
+    return [k] { llama_hf_kind(k); };
   };
   EXPECT_ERROR(kind(qwen, [](auto& k) { k.shared_experts = 1; })(), "model.moe.shared_experts = 1");
   EXPECT_ERROR(kind(mixtral, [](auto& k) { k.scoring = "sigmoid"; })(), "model.moe.scoring = 'sigmoid'");
@@ -271,24 +268,14 @@ TEST(MoeHfFolders, UnsupportedConfigsAreOneLineErrors) {
                "model.moe.sparse_step: block 0 is dense");
   EXPECT_ERROR(kind(mixtral, [](auto& k) { k.first_k_dense = 1; })(), "model.moe.first_k_dense: block 0");
   EXPECT_ERROR(kind(mixtral, [](auto& k) { k.dense_layers = {4}; })(), "model.moe.dense_layers: block 4");
-  EXPECT_ERROR(kind(LlamaMoeKeys{}, [](auto& k) { k.qk_norm = true; })(), "model.qk_norm = true");
+  LlamaConfig dense;
+  dense.qk_norm = true;
+  EXPECT_ERROR(llama_hf_kind(dense), "model.qk_norm = true");
   // Qwen3-MoE holds DeepSeek's first dense blocks as mlp_only_layers.
-  LlamaMoeKeys first = qwen;
-  first.first_k_dense = 2;
-  EXPECT_EQ(moe_hf_config(Json::object(), LlamaHfKind::Qwen3Moe, first, 12)["mlp_only_layers"],
+  LlamaConfig first = qwen;
+  first.moe.first_k_dense = 2;
+  EXPECT_EQ(moe_hf_config(Json::object(), LlamaHfKind::Qwen3Moe, first)["mlp_only_layers"],
             Json::array({3, 0, 1}));
-}
-
-// ---- pending until llama declares the MoE keys (issue 38: helpers moe-layer, qknorm) ----
-
-// The [model] keys the round trip needs that llama does not declare yet.
-std::vector<std::string> missing_keys() {
-  std::vector<std::string> out;
-  for (const char* key : {"head_dim", "qk_norm", "moe.num_experts", "moe.top_k",
-                          "moe.ffn_hidden_size", "moe.norm_topk_prob", "moe.sparse_step",
-                          "moe.dense_layers", "moe.aux_loss_coef", "moe.aux_loss_type"})
-    if (!find_model_key(llama_keys(), key)) out.push_back(key);
-  return out;
 }
 
 struct TempDir {
@@ -319,11 +306,6 @@ std::vector<std::string> read_fields(const std::string& type) {
 // (names and shapes) against the layout, every tensor read, the folder exported again in
 // its dtype: the same tensors bitwise, the same values of the fields kiln reads.
 TEST(MoeHfFolders, ModelRoundTripsBitwise) {
-  const auto missing = missing_keys();
-  if (!missing.empty())
-    GTEST_SKIP() << "pending: llama does not declare the [model] keys "
-                 << fmt::format("{}", fmt::join(missing, ", "))
-                 << " yet (issue 38, helpers moe-layer and qknorm)";
   for (const std::string name : {"mixtral", "qwen3_moe"}) {
     SCOPED_TRACE(name);
     const ModelOptions o = hf_folder_options(folder_of(name));
@@ -362,7 +344,47 @@ TEST(MoeHfFolders, ModelRoundTripsBitwise) {
         EXPECT_EQ(out.value(key, Json()), in[key]) << key;
       }
     EXPECT_EQ(hf_folder_options(tmp.path / "out").family, o.family);
+    EXPECT_EQ(hf_folder_options(tmp.path / "out").family_lists, o.family_lists);
   }
+  // Qwen3-MoE's mlp_only_layers [3] is moe.dense_layers: of 6 blocks 1 and 5 are MoE.
+  const ModelOptions q = hf_folder_options(folder_of("qwen3_moe"));
+  EXPECT_EQ(q.family_lists.at("moe.dense_layers"), std::vector<int>{3});
+  const LlamaConfig qc = llama_config_of(q);
+  for (int l = 0; l < qc.n_layer; ++l) EXPECT_EQ(qc.is_moe_block(l), l == 1 || l == 5) << l;
+}
+
+// model.init_from = a MoE folder, [model] holding nothing else: the config takes the
+// folder's shape (common keys, family keys and lists), and the model built from it has the
+// folder's parameters.
+TEST(MoeHfFolders, InitFromGivesTheFoldersShape) {
+  for (const std::string name : {"mixtral", "qwen3_moe"}) {
+    SCOPED_TRACE(name);
+    const std::string dir = folder_of(name).string();
+    const TrainConfig c = load_config_string(fmt::format("[model]\ninit_from = \"{}\"\n", dir));
+    const ModelOptions want = hf_folder_options(dir), got = model_options_from(c);
+    EXPECT_EQ(got.arch, "llama");
+    EXPECT_EQ(got.n_layer, want.n_layer);
+    EXPECT_EQ(got.n_head, want.n_head);
+    EXPECT_EQ(got.n_embd, want.n_embd);
+    EXPECT_EQ(got.vocab_size, want.vocab_size);
+    EXPECT_EQ(got.block_size, want.block_size);
+    for (const auto& [key, v] : want.family) EXPECT_EQ(got.family.at(key), v) << key;
+    for (const auto& [key, v] : want.family_lists) EXPECT_EQ(got.family_lists.at(key), v) << key;
+    EXPECT_EQ(llama_config_of(got).str(), llama_config_of(want).str());
+    EXPECT_EQ(llama_config_of(got).moe, llama_config_of(want).moe);
+    auto backend = make_backend("cpu");
+    std::map<std::string, Shape> params, layout;
+    const auto model = make_model(got, *backend);
+    for (const ParamSpec& p : model->params()) params[p.name] = p.shape;
+    for (const HfParam& p : model_arch("llama").hf_layout(want).params) layout[p.name] = p.shape;
+    EXPECT_EQ(params, layout);
+  }
+  // An explicit list that differs from the folder's: one line naming both.
+  const std::string dir = folder_of("qwen3_moe").string();
+  EXPECT_ERROR(load_config_string(fmt::format("[model]\ninit_from = \"{}\"\n", dir),
+                                  {"model.moe.dense_layers=2"}),
+               "--set: key 'model.moe.dense_layers' is [2], but model.init_from's " + dir +
+                   "/config.json gives [3]");
 }
 
 }  // namespace

@@ -480,8 +480,10 @@ aux_loss_coef = 0.01
             "model.moe.aux_loss_type = \"hf\" needs model.moe.scoring = \"softmax\" "
             "(transformers' loss is over softmax probabilities)");
   EXPECT_EQ(err([](ModelOptions& o) { o.family["moe.first_k_dense"] = 3; }),
-            "model.moe.first_k_dense (3) and model.moe.sparse_step (1) leave no MoE block among "
-            "the model.n_layer = 3 blocks");
+            "model.moe.first_k_dense (3), model.moe.sparse_step (1) and model.moe.dense_layers "
+            "([]) leave no MoE block among the model.n_layer = 3 blocks");
+  EXPECT_EQ(err([](ModelOptions& o) { o.family_lists["moe.dense_layers"] = {1, 3}; }),
+            "model.moe.dense_layers holds 3: not a block index in [0, model.n_layer = 3)");
   // tp, pp and cp refused before any rank connects.
   const TrainConfig tp = load_config_string(
       "", {"model.arch=llama", "model.moe.num_experts=4", "parallel.tp=2"});
@@ -503,6 +505,17 @@ TEST(LlamaMoe, ConfigJsonRoundTrips) {
               sc.is_moe_block(3));
   const ModelOptions o = llama_options_from_json(llama_config_json(c));
   EXPECT_EQ(llama_config_of(o).moe, c.moe);
+  step.family_lists["moe.dense_layers"] = {3, 0};  // Qwen3's mlp_only_layers: block 3 dense
+  const LlamaConfig dc = llama_config_of(step);
+  EXPECT_TRUE(dc.is_moe_block(1) && !dc.is_moe_block(3));
+  EXPECT_EQ(llama_config_json(dc)["moe"]["dense_layers"], nlohmann::json({3, 0}));
+  const LlamaConfig back = llama_config_of(llama_options_from_json(llama_config_json(dc)));
+  EXPECT_EQ(back.moe.dense_layers, (std::vector<int>{3, 0}));
+  EXPECT_EQ(back.moe, dc.moe);
+  // A MoE state written before the key: no "dense_layers", none dense.
+  nlohmann::json before = llama_config_json(sc);
+  before["moe"].erase("dense_layers");
+  EXPECT_EQ(llama_config_of(llama_options_from_json(before)).moe, sc.moe);
   ModelOptions dense = tiny_moe();
   dense.family = {{"n_kv_head", 1}};
   EXPECT_FALSE(llama_config_json(llama_config_of(dense)).contains("moe"))

@@ -5,6 +5,7 @@
 #include "core/json_util.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <utility>
@@ -70,6 +71,9 @@ const ModelKeys& llama_keys() {
       {.name = "moe.sparse_step", .type = Integer, .default_value = 1, .lo = 1,
        .description = "Block l is a MoE block when (l + 1) % sparse_step == 0 (Qwen3's "
                       "decoder_sparse_step)."},
+      {.name = "moe.dense_layers", .type = IntegerList, .lo = 0,
+       .description = "Blocks that stay dense, each in [0, n_layer) (Qwen3's mlp_only_layers); "
+                      "e.g. [0, 3]."},
       {.name = "moe.aux_loss_coef", .type = Float, .lo = 0,
        .description = "Load-balancing loss coefficient (HF router_aux_loss_coef); 0 = none."},
       {.name = "moe.aux_loss_type", .type = Choice,
@@ -104,6 +108,7 @@ LlamaMoeConfig moe_of(const ModelOptions& o) {
   m.norm_topk_prob = o.flag(k, "moe.norm_topk_prob");
   m.first_k_dense = o.integer(k, "moe.first_k_dense");
   m.sparse_step = o.integer(k, "moe.sparse_step");
+  m.dense_layers = o.integer_list(k, "moe.dense_layers");
   m.aux_loss_coef = o.value(k, "moe.aux_loss_coef");
   m.aux_loss_type = o.choice(k, "moe.aux_loss_type");
   m.aux_loss_scope = o.choice(k, "moe.aux_loss_scope");
@@ -123,6 +128,7 @@ std::string set_moe_key(const LlamaMoeConfig& m) {
       {m.norm_topk_prob != d.norm_topk_prob, "norm_topk_prob"},
       {m.first_k_dense != d.first_k_dense, "first_k_dense"},
       {m.sparse_step != d.sparse_step, "sparse_step"},
+      {m.dense_layers != d.dense_layers, "dense_layers"},
       {m.aux_loss_coef != d.aux_loss_coef, "aux_loss_coef"},
       {m.aux_loss_type != d.aux_loss_type, "aux_loss_type"},
       {m.aux_loss_scope != d.aux_loss_scope, "aux_loss_scope"},
@@ -155,10 +161,19 @@ void validate_moe(const LlamaConfig& c) {
   KILN_CHECK(m.first_k_dense >= 0 && m.sparse_step >= 1,
              "model.moe.first_k_dense ({}) must be >= 0 and model.moe.sparse_step ({}) >= 1",
              m.first_k_dense, m.sparse_step);
+  for (size_t i = 0; i < m.dense_layers.size(); ++i) {
+    const int l = m.dense_layers[i];
+    KILN_CHECK(l >= 0 && l < c.n_layer, "model.moe.dense_layers holds {}: not a block index in "
+               "[0, model.n_layer = {})", l, c.n_layer);
+    KILN_CHECK(std::find(m.dense_layers.begin(), m.dense_layers.begin() + i, l) ==
+                   m.dense_layers.begin() + i,
+               "model.moe.dense_layers holds {} twice", l);
+  }
   bool any = false;
   for (int l = 0; l < c.n_layer; ++l) any = any || c.is_moe_block(l);
-  KILN_CHECK(any, "model.moe.first_k_dense ({}) and model.moe.sparse_step ({}) leave no MoE "
-             "block among the model.n_layer = {} blocks", m.first_k_dense, m.sparse_step,
+  KILN_CHECK(any, "model.moe.first_k_dense ({}), model.moe.sparse_step ({}) and "
+             "model.moe.dense_layers ([{}]) leave no MoE block among the model.n_layer = {} "
+             "blocks", m.first_k_dense, m.sparse_step, fmt::join(m.dense_layers, ", "),
              c.n_layer);
   KILN_CHECK(m.aux_loss_coef >= 0 && m.z_loss_coef >= 0,
              "model.moe.aux_loss_coef ({}) and model.moe.z_loss_coef ({}) must be >= 0",
@@ -224,7 +239,8 @@ void llama_check_options(const ModelOptions& o, const KeySource& source) {
 
 
 bool LlamaConfig::is_moe_block(int l) const {
-  return moe.enabled() && l >= moe.first_k_dense && (l + 1) % moe.sparse_step == 0;
+  return moe.enabled() && l >= moe.first_k_dense && (l + 1) % moe.sparse_step == 0 &&
+         std::find(moe.dense_layers.begin(), moe.dense_layers.end(), l) == moe.dense_layers.end();
 }
 
 int LlamaConfig::default_ffn_hidden_size(int n_embd) {
@@ -337,6 +353,26 @@ LlamaConfig llama_config_of(const ModelOptions& o) {
   return c;
 }
 
+namespace {
+// The moe.* keys as a checkpoint's state "model" "moe" object (choices as strings).
+nlohmann::json moe_json(const LlamaMoeConfig& m) {
+  return {{"num_experts", m.num_experts},
+          {"top_k", m.top_k},
+          {"ffn_hidden_size", m.ffn_hidden_size},
+          {"shared_experts", m.shared_experts},
+          {"scoring", m.scoring},
+          {"norm_topk_prob", m.norm_topk_prob},
+          {"first_k_dense", m.first_k_dense},
+          {"sparse_step", m.sparse_step},
+          {"dense_layers", m.dense_layers},
+          {"aux_loss_coef", m.aux_loss_coef},
+          {"aux_loss_type", m.aux_loss_type},
+          {"aux_loss_scope", m.aux_loss_scope},
+          {"z_loss_coef", m.z_loss_coef},
+          {"bias_update_rate", m.bias_update_rate}};
+}
+}  // namespace
+
 nlohmann::json llama_config_json(const LlamaConfig& c) {
   nlohmann::json j = {{"n_layer", c.n_layer},
                        {"n_head", c.n_head},
@@ -357,30 +393,23 @@ nlohmann::json llama_config_json(const LlamaConfig& c) {
                          {"original_max_position", c.rope.original_max_positions}}},
                        {"tie_embeddings", c.tie_embeddings}};
   if (!c.moe.enabled()) return j;  // a dense model's state as before MoE existed
-  const LlamaMoeConfig& m = c.moe;
-  j["moe"] = {{"num_experts", m.num_experts},
-              {"top_k", m.top_k},
-              {"ffn_hidden_size", m.ffn_hidden_size},
-              {"shared_experts", m.shared_experts},
-              {"scoring", m.scoring},
-              {"norm_topk_prob", m.norm_topk_prob},
-              {"first_k_dense", m.first_k_dense},
-              {"sparse_step", m.sparse_step},
-              {"aux_loss_coef", m.aux_loss_coef},
-              {"aux_loss_type", m.aux_loss_type},
-              {"aux_loss_scope", m.aux_loss_scope},
-              {"z_loss_coef", m.z_loss_coef},
-              {"bias_update_rate", m.bias_update_rate}};
+  j["moe"] = moe_json(c.moe);
   return j;
 }
 
 namespace {
 // The moe.* keys of a checkpoint's state "model" "moe" object into o.family (choices as
-// their index, bools 0 / 1).
+// their index, bools 0 / 1) and o.family_lists (dense_layers; absent: [], as in states
+// written before the key).
 void moe_options_from_json(ModelOptions& o, const nlohmann::json& m) {
   const ModelKeys& keys = llama_keys();
   for (const ModelKey& k : keys) {
     if (!k.name.starts_with("moe.")) continue;
+    if (k.type == ModelKeyType::IntegerList) {
+      if (m.contains(k.name.substr(4)))
+        o.family_lists[k.name] = m.at(k.name.substr(4)).get<std::vector<int>>();
+      continue;
+    }
     const nlohmann::json& v = m.at(k.name.substr(4));
     double x = 0.0;
     if (k.type == ModelKeyType::Choice) {
@@ -397,6 +426,16 @@ void moe_options_from_json(ModelOptions& o, const nlohmann::json& m) {
   }
 }
 }  // namespace
+
+void llama_set_moe_options(ModelOptions& o, const LlamaMoeConfig& moe) {
+  ModelOptions given, dense;
+  moe_options_from_json(given, moe_json(moe));
+  moe_options_from_json(dense, moe_json(LlamaMoeConfig{}));
+  for (const auto& [key, v] : given.family)
+    if (v != dense.family.at(key)) o.family[key] = v;
+  for (const auto& [key, list] : given.family_lists)
+    if (!list.empty()) o.family_lists[key] = list;
+}
 
 ModelOptions llama_options_from_json(const nlohmann::json& j) {
   ModelOptions o;

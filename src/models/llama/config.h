@@ -19,11 +19,13 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace kiln {
 
 /// The [model] moe.* keys of a Llama (num_experts 0: a dense model). Block l is a MoE
-/// block iff num_experts > 0, l >= first_k_dense and (l + 1) % sparse_step == 0.
+/// block iff num_experts > 0, l >= first_k_dense, (l + 1) % sparse_step == 0 and l is not
+/// in dense_layers.
 struct LlamaMoeConfig {
   int num_experts = 0;      // E, routed experts
   int top_k = 2;            // k, experts per token (1 <= k <= E)
@@ -33,6 +35,8 @@ struct LlamaMoeConfig {
   bool norm_topk_prob = true;       // renormalise the k chosen scores to sum 1
   int first_k_dense = 0;            // blocks 0..first_k_dense-1 dense (DeepSeek)
   int sparse_step = 1;              // Qwen3's decoder_sparse_step
+  std::vector<int> dense_layers;    // blocks that stay dense, in [0, n_layer), each once
+                                    // (Qwen3's mlp_only_layers; order as given)
   double aux_loss_coef = 0.0;       // load-balancing loss coefficient
   std::string aux_loss_type = "per_layer";     // "per_layer" | "hf"
   std::string aux_loss_scope = "micro_batch";  // "micro_batch" ("global": not yet)
@@ -100,6 +104,9 @@ RopeSpec llama_rope_of(const ModelOptions& options);
 /// 0 -> default_ffn_hidden_size, n_kv_head 0 -> n_head), validated. Throws kiln::Error
 /// naming the key for an impossible shape or dropout > 0 (Llama has none).
 LlamaConfig llama_config_of(const ModelOptions& options);
+/// Writes the moe.* keys of `moe` that differ from a dense model's defaults into
+/// options.family (choices as their index, bools 0 / 1) and options.family_lists.
+void llama_set_moe_options(ModelOptions& options, const LlamaMoeConfig& moe);
 /// Hyper-parameters as stored in a checkpoint's state ("model" object), and back.
 nlohmann::json llama_config_json(const LlamaConfig& c);
 ModelOptions llama_options_from_json(const nlohmann::json& j);

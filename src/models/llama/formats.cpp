@@ -67,7 +67,13 @@ ModelOptions llama_shape_from_hf(const nlohmann::json& cfg, const std::string& f
 ModelOptions llama_options_from_hf(const nlohmann::json& cfg, const std::string& file) {
   const std::string type = hf_string(cfg, "model_type", file, "llama");
   ModelOptions o = llama_shape_from_hf(cfg, file, hf_defaults(type));
-  if (type != "llama") set_llama_moe_keys(o, llama_moe_keys_from_hf(cfg, file, type, o.n_layer));
+  if (type != "llama") {
+    LlamaConfig moe;
+    moe.n_layer = o.n_layer;
+    read_moe_hf_config(moe, cfg, file, type);
+    if (moe.qk_norm) o.family["qk_norm"] = 1.0;
+    llama_set_moe_options(o, moe.moe);
+  }
   try {
     llama_config_of(o);
   } catch (const Error& e) {
@@ -78,8 +84,7 @@ ModelOptions llama_options_from_hf(const nlohmann::json& cfg, const std::string&
 
 nlohmann::json llama_hf_config(const ModelOptions& options) {
   const LlamaConfig c = llama_config_of(options);
-  const LlamaMoeKeys moe = llama_moe_keys_of(options);
-  const LlamaHfKind kind = llama_hf_kind(moe, c.n_layer);
+  const LlamaHfKind kind = llama_hf_kind(c);
   nlohmann::json rope_scaling = nullptr;
   if (c.rope.scale_factor > 0.0)
     rope_scaling = {{"rope_type", "llama3"},
@@ -109,19 +114,18 @@ nlohmann::json llama_hf_config(const ModelOptions& options) {
       {"initializer_range", 0.02},
       {"pretraining_tp", 1},
       {"use_cache", true}};
-  return moe_hf_config(std::move(j), kind, moe, c.ffn_hidden_size);
+  return moe_hf_config(std::move(j), kind, c);
 }
 
 HfLayout llama_hf_layout(const ModelOptions& options) {
-  return llama_hf_layout_of(llama_config_of(options), llama_moe_keys_of(options));
+  return llama_hf_layout_of(llama_config_of(options));
 }
 
-HfLayout llama_hf_layout_of(const LlamaConfig& c, const LlamaMoeKeys& moe) {
-  const LlamaHfKind kind = llama_hf_kind(moe, c.n_layer);
+HfLayout llama_hf_layout_of(const LlamaConfig& c) {
+  const LlamaHfKind kind = llama_hf_kind(c);
   const int64_t C = c.n_embd, V = c.vocab_size, Vp = c.padded_vocab_size, F = c.ffn_hidden_size;
-  const int64_t HD = moe.head_dim > 0 ? moe.head_dim : c.head_dim();
-  const int64_t NH = c.n_head, NKV = c.n_kv_head;
-  const int64_t Fe = moe.ffn_hidden_size > 0 ? moe.ffn_hidden_size : F;
+  const int64_t HD = c.head_dim(), NH = c.n_head, NKV = c.n_kv_head;
+  const int64_t Fe = c.moe.ffn_hidden_size;
   HfLayout layout;
   auto one = [&](std::string name, Shape shape, int64_t rows) {
     layout.params.push_back({name, shape, {{name, rows, false}}});
@@ -134,14 +138,14 @@ HfLayout llama_hf_layout_of(const LlamaConfig& c, const LlamaMoeKeys& moe) {
                              {{p + "self_attn.q_proj.weight", NH * HD, false},
                               {p + "self_attn.k_proj.weight", NKV * HD, false},
                               {p + "self_attn.v_proj.weight", NKV * HD, false}}});
-    if (moe.qk_norm) {
+    if (c.qk_norm) {
       one(p + "self_attn.q_norm.weight", Shape{HD}, HD);
       one(p + "self_attn.k_norm.weight", Shape{HD}, HD);
     }
     one(p + "self_attn.o_proj.weight", Shape{C, NH * HD}, C);
     one(p + "post_attention_layernorm.weight", Shape{C}, C);
-    if (moe.moe_block(l)) {
-      add_moe_hf_params(layout, p, kind, moe.num_experts, Fe, C);
+    if (c.is_moe_block(l)) {
+      add_moe_hf_params(layout, p, kind, c.moe.num_experts, Fe, C);
       continue;
     }
     layout.params.push_back({p + "mlp.gate_up_proj.weight", Shape{2 * F, C},

@@ -28,7 +28,7 @@ namespace kiln {
 /// kiln's Llama does not compute: hidden_act other than silu, attention_bias or mlp_bias
 /// true, another rope_type, an odd head_dim. model_type "mixtral" and "qwen3_moe" read the
 /// same fields (their configs' defaults: Mixtral's rms_norm_eps 1e-5 and rope_theta 1e6) and
-/// the MoE ones (llama_moe_keys_from_hf).
+/// the MoE ones (read_moe_hf_config).
 ModelOptions llama_options_from_hf(const nlohmann::json& cfg, const std::string& file);
 /// The config.json of a Llama of `options` (architectures LlamaForCausalLM, every field
 /// transformers' LlamaConfig defines for it; docs/formats.md lists them), or of a MoE
@@ -39,9 +39,8 @@ nlohmann::json llama_hf_config(const ModelOptions& options);
 /// tied lm_head.weight and rotary_emb.inv_freq buffers ignored; a MoE model's in
 /// moe_formats.h's names).
 HfLayout llama_hf_layout(const ModelOptions& options);
-/// The same for the model of `config` with the MoE and QK-norm keys `moe` (apart until
-/// LlamaConfig holds them). Throws kiln::Error naming the key that neither Mixtral nor
+/// The same for the model of `config` (its MoE blocks and QK-norm included). Throws kiln::Error naming the key that neither Mixtral nor
 /// Qwen3-MoE holds (llama_hf_kind).
-HfLayout llama_hf_layout_of(const LlamaConfig& config, const LlamaMoeKeys& moe);
+HfLayout llama_hf_layout_of(const LlamaConfig& config);
 
 }  // namespace kiln

@@ -5,97 +5,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <array>
 
 namespace kiln {
-
-bool LlamaMoeKeys::moe_block(int l) const {
-  return num_experts > 0 && l >= first_k_dense && (l + 1) % sparse_step == 0 &&
-         std::find(dense_layers.begin(), dense_layers.end(), l) == dense_layers.end();
-}
-
-namespace {
-
-// The [model] keys with fixed choices hold the choice's index (/work/moe-design.md: the
-// family map holds doubles); their TOML, JSON and checkpoint form is the string.
-constexpr std::array<const char*, 2> kScorings{"softmax", "sigmoid"};
-constexpr std::array<const char*, 2> kAuxTypes{"per_layer", "hf"};
-constexpr std::array<const char*, 2> kAuxScopes{"micro_batch", "global"};
-
-template <size_t N>
-std::string choice_of(const ModelOptions& o, const char* key, const std::array<const char*, N>& choices) {
-  auto it = o.family.find(key);
-  const double v = it == o.family.end() ? 0.0 : it->second;
-  KILN_CHECK(v >= 0 && v < static_cast<double>(N) && v == static_cast<int>(v),
-             "model.{} = {}: not the index of one of its choices", key, v);
-  return choices[static_cast<size_t>(v)];
-}
-
-template <size_t N>
-double index_of(const std::string& choice, const char* key, const std::array<const char*, N>& choices) {
-  for (size_t i = 0; i < N; ++i)
-    if (choice == choices[i]) return static_cast<double>(i);
-  KILN_FAIL("model.{} = '{}': expected one of {}", key, choice, fmt::join(choices, ", "));
-}
-
-double number(const ModelOptions& o, const char* key, double fallback) {
-  auto it = o.family.find(key);
-  return it == o.family.end() ? fallback : it->second;
-}
-
-}  // namespace
-
-LlamaMoeKeys llama_moe_keys_of(const ModelOptions& o) {
-  LlamaMoeKeys k;
-  k.head_dim = static_cast<int>(number(o, "head_dim", 0));
-  k.qk_norm = number(o, "qk_norm", 0) != 0;
-  k.num_experts = static_cast<int>(number(o, "moe.num_experts", 0));
-  k.top_k = static_cast<int>(number(o, "moe.top_k", 2));
-  k.ffn_hidden_size = static_cast<int>(number(o, "moe.ffn_hidden_size", 0));
-  k.shared_experts = static_cast<int>(number(o, "moe.shared_experts", 0));
-  k.scoring = choice_of(o, "moe.scoring", kScorings);
-  k.norm_topk_prob = number(o, "moe.norm_topk_prob", 1) != 0;
-  k.first_k_dense = static_cast<int>(number(o, "moe.first_k_dense", 0));
-  k.sparse_step = static_cast<int>(number(o, "moe.sparse_step", 1));
-  KILN_CHECK(k.sparse_step >= 1, "model.moe.sparse_step = {} must be positive", k.sparse_step);
-  k.aux_loss_coef = number(o, "moe.aux_loss_coef", 0);
-  k.aux_loss_type = choice_of(o, "moe.aux_loss_type", kAuxTypes);
-  k.aux_loss_scope = choice_of(o, "moe.aux_loss_scope", kAuxScopes);
-  k.z_loss_coef = number(o, "moe.z_loss_coef", 0);
-  k.bias_update_rate = number(o, "moe.bias_update_rate", 0);
-  // moe.dense_layers (an int list) has no form in ModelOptions::family yet: absent.
-  return k;
-}
-
-void set_llama_moe_keys(ModelOptions& o, const LlamaMoeKeys& k) {
-  const LlamaMoeKeys d;
-  auto set = [&](const char* key, double value, double fallback) {
-    if (value != fallback) o.family[key] = value;
-  };
-  set("head_dim", k.head_dim, d.head_dim);
-  set("qk_norm", k.qk_norm, d.qk_norm);
-  set("moe.num_experts", k.num_experts, d.num_experts);
-  set("moe.top_k", k.top_k, d.top_k);
-  set("moe.ffn_hidden_size", k.ffn_hidden_size, d.ffn_hidden_size);
-  set("moe.shared_experts", k.shared_experts, d.shared_experts);
-  set("moe.scoring", index_of(k.scoring, "moe.scoring", kScorings), 0);
-  set("moe.norm_topk_prob", k.norm_topk_prob, d.norm_topk_prob);
-  set("moe.first_k_dense", k.first_k_dense, d.first_k_dense);
-  set("moe.sparse_step", k.sparse_step, d.sparse_step);
-  set("moe.aux_loss_coef", k.aux_loss_coef, d.aux_loss_coef);
-  set("moe.aux_loss_type", index_of(k.aux_loss_type, "moe.aux_loss_type", kAuxTypes), 0);
-  set("moe.aux_loss_scope", index_of(k.aux_loss_scope, "moe.aux_loss_scope", kAuxScopes), 0);
-  set("moe.z_loss_coef", k.z_loss_coef, d.z_loss_coef);
-  set("moe.bias_update_rate", k.bias_update_rate, d.bias_update_rate);
-  KILN_CHECK(k.dense_layers.empty(), "model.moe.dense_layers = [{}]: a [model] int list has no "
-             "form in ModelOptions yet (issue 38's moe keys)", fmt::join(k.dense_layers, ", "));
-}
 
 namespace {
 
 // The experts' shape and routing every MoE config.json gives: the expert count under
 // `experts_key`, num_experts_per_tok, the width under `width_key`, router_aux_loss_coef.
-void read_experts(LlamaMoeKeys& k, const nlohmann::json& cfg, const std::string& file,
+void read_experts(LlamaMoeConfig& k, const nlohmann::json& cfg, const std::string& file,
                   const char* experts_key, const char* width_key) {
   k.num_experts = hf_int(cfg, experts_key, file);
   k.top_k = hf_int(cfg, "num_experts_per_tok", file);
@@ -111,8 +28,8 @@ void read_experts(LlamaMoeKeys& k, const nlohmann::json& cfg, const std::string&
   k.aux_loss_type = "hf";  // transformers' load_balancing_loss_func
 }
 
-LlamaMoeKeys mixtral_keys(const nlohmann::json& cfg, const std::string& file) {
-  LlamaMoeKeys k;
+LlamaMoeConfig mixtral_moe(const nlohmann::json& cfg, const std::string& file) {
+  LlamaMoeConfig k;
   read_experts(k, cfg, file, "num_local_experts", "intermediate_size");
   const auto window = cfg.find("sliding_window");
   KILN_CHECK(window == cfg.end() || window->is_null(),
@@ -124,10 +41,9 @@ LlamaMoeKeys mixtral_keys(const nlohmann::json& cfg, const std::string& file) {
   return k;
 }
 
-LlamaMoeKeys qwen3_moe_keys(const nlohmann::json& cfg, const std::string& file, int n_layer) {
-  LlamaMoeKeys k;
+LlamaMoeConfig qwen3_moe(const nlohmann::json& cfg, const std::string& file, int n_layer) {
+  LlamaMoeConfig k;
   read_experts(k, cfg, file, "num_experts", "moe_intermediate_size");
-  k.qk_norm = true;
   k.norm_topk_prob = hf_bool(cfg, "norm_topk_prob", file, false);
   k.sparse_step = hf_int(cfg, "decoder_sparse_step", file, 1);
   KILN_CHECK(k.sparse_step >= 1, "{}: decoder_sparse_step = {} must be positive", file, k.sparse_step);
@@ -149,26 +65,23 @@ LlamaMoeKeys qwen3_moe_keys(const nlohmann::json& cfg, const std::string& file, 
 
 }  // namespace
 
-LlamaMoeKeys llama_moe_keys_from_hf(const nlohmann::json& cfg, const std::string& file,
-                                    const std::string& type, int n_layer) {
-  LlamaMoeKeys k;
-  if (type == "mixtral")
-    k = mixtral_keys(cfg, file);
-  else if (type == "qwen3_moe")
-    k = qwen3_moe_keys(cfg, file, n_layer);
-  else
-    KILN_FAIL("{}: model_type = '{}': not a mixture-of-experts layout (mixtral, qwen3_moe)", file, type);
-  const int hidden = hf_int(cfg, "hidden_size", file), heads = hf_int(cfg, "num_attention_heads", file);
-  KILN_CHECK(heads > 0, "{}: num_attention_heads = {} must be positive", file, heads);
-  k.head_dim = hf_int(cfg, "head_dim", file, hidden / heads);
-  if (k.head_dim == hidden / heads && hidden % heads == 0) k.head_dim = 0;  // the default
-  return k;
+void read_moe_hf_config(LlamaConfig& c, const nlohmann::json& cfg, const std::string& file,
+                        const std::string& type) {
+  if (type == "mixtral") {
+    c.moe = mixtral_moe(cfg, file);
+  } else if (type == "qwen3_moe") {
+    c.moe = qwen3_moe(cfg, file, c.n_layer);
+    c.qk_norm = true;
+  } else {
+    KILN_FAIL("{}: model_type = '{}': not a mixture-of-experts layout (mixtral, qwen3_moe)", file,
+              type);
+  }
 }
 
 namespace {
 
 // The [model] key that makes block l dense.
-const char* dense_reason(const LlamaMoeKeys& k, int l) {
+const char* dense_reason(const LlamaMoeConfig& k, int l) {
   if (l < k.first_k_dense) return "moe.first_k_dense";
   if ((l + 1) % k.sparse_step != 0) return "moe.sparse_step";
   return "moe.dense_layers";
@@ -176,9 +89,10 @@ const char* dense_reason(const LlamaMoeKeys& k, int l) {
 
 }  // namespace
 
-LlamaHfKind llama_hf_kind(const LlamaMoeKeys& k, int n_layer) {
+LlamaHfKind llama_hf_kind(const LlamaConfig& c) {
+  const LlamaMoeConfig& k = c.moe;
   if (k.num_experts == 0) {
-    KILN_CHECK(!k.qk_norm, "model.qk_norm = true: a dense Llama's config.json has no "
+    KILN_CHECK(!c.qk_norm, "model.qk_norm = true: a dense Llama's config.json has no "
                "q_norm / k_norm (only Qwen3-MoE, a MoE model, has them in kiln's folders)");
     return LlamaHfKind::Llama;
   }
@@ -189,11 +103,11 @@ LlamaHfKind llama_hf_kind(const LlamaMoeKeys& k, int n_layer) {
              k.scoring, layouts);
   KILN_CHECK(k.bias_update_rate == 0.0, "model.moe.bias_update_rate = {}: {} hold the "
              "balancing bias", k.bias_update_rate, layouts);
-  if (k.qk_norm) return LlamaHfKind::Qwen3Moe;
+  if (c.qk_norm) return LlamaHfKind::Qwen3Moe;
   KILN_CHECK(k.norm_topk_prob, "model.moe.norm_topk_prob = false: Mixtral always renormalises "
              "the chosen experts' weights (and a model without QK-norm is written as Mixtral)");
-  for (int l = 0; l < n_layer; ++l)
-    KILN_CHECK(k.moe_block(l), "model.{}: block {} is dense, but every Mixtral block is MoE (and "
+  for (int l = 0; l < c.n_layer; ++l)
+    KILN_CHECK(c.is_moe_block(l), "model.{}: block {} is dense, but every Mixtral block is MoE (and "
                "a model without QK-norm is written as Mixtral)", dense_reason(k, l), l);
   return LlamaHfKind::Mixtral;
 }
@@ -202,7 +116,7 @@ namespace {
 
 // Qwen3-MoE's mlp_only_layers: moe.dense_layers as given, then the blocks below
 // moe.first_k_dense it lacks.
-nlohmann::json mlp_only_layers(const LlamaMoeKeys& k) {
+nlohmann::json mlp_only_layers(const LlamaMoeConfig& k) {
   std::vector<int> out = k.dense_layers;
   for (int l = 0; l < k.first_k_dense; ++l)
     if (std::find(out.begin(), out.end(), l) == out.end()) out.push_back(l);
@@ -211,12 +125,12 @@ nlohmann::json mlp_only_layers(const LlamaMoeKeys& k) {
 
 }  // namespace
 
-nlohmann::json moe_hf_config(nlohmann::json c, LlamaHfKind kind, const LlamaMoeKeys& k,
-                             int ffn_hidden_size) {
+nlohmann::json moe_hf_config(nlohmann::json c, LlamaHfKind kind, const LlamaConfig& config) {
   if (kind == LlamaHfKind::Llama) return c;
-  const int F = k.ffn_hidden_size > 0 ? k.ffn_hidden_size : ffn_hidden_size;
+  const LlamaMoeConfig& k = config.moe;
+  const int F = k.ffn_hidden_size, ffn_hidden_size = config.ffn_hidden_size;
   for (const char* key : {"mlp_bias", "pretraining_tp"}) c.erase(key);
-  if (k.head_dim > 0) c["head_dim"] = k.head_dim;
+  c["head_dim"] = config.head_dim();
   c["num_experts_per_tok"] = k.top_k;
   c["router_aux_loss_coef"] = k.aux_loss_coef;
   c["output_router_logits"] = false;
