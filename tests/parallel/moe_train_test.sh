@@ -10,7 +10,7 @@
 #   2. a ZeRO-3 checkpoint of 2 ranks resumes on 1 process with the same losses;
 #   3. bf16 trains (finite losses; the metrics carry the routing figures);
 #   2b. aux_loss_scope "global": 1 process bitwise the micro_batch scope; 2 ranks at ZeRO
-#      1 and ZeRO 3 (full checkpointing) within 1e-5;
+#      1 and ZeRO 3 (full checkpointing) within 1e-5 (with --long also the "hf" form);
 #   4. bad MoE keys and a layout part 1 does not support are one-line errors naming the
 #      key.
 # Usage: moe_train_test.sh KILN_BINARY WORK_DIR [--long]
@@ -178,3 +178,11 @@ for variant in "hf:--set model.moe.aux_loss_type=hf" \
   train "${name}_np2_z3" 2 --set parallel.zero_stage=3 "${args[@]}"
   check "${name}_ref" "${name}_np2_z3" "$name np=2 zero_stage=3"
 done
+
+# The global scope of the "hf" form (its totals summed over the ranks): ZeRO 1 == ZeRO 3.
+train global_hf_np2_z1 2 --set parallel.zero_stage=1 --set model.moe.aux_loss_scope=global \
+  --set model.moe.aux_loss_type=hf
+train global_hf_np2_z3 2 --set parallel.zero_stage=3 --set model.moe.aux_loss_scope=global \
+  --set model.moe.aux_loss_type=hf
+echo -n "global scope hf, np=2 zero_stage=1 == zero_stage=3: "
+same_moe global_hf_np2_z1 global_hf_np2_z3 1e-5
