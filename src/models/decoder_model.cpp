@@ -59,6 +59,10 @@ void DecoderModel::set_aux_loss_scale(float scale) {
   if (balance_) balance_->set_grad_scale(scale);
 }
 
+void DecoderModel::set_moe_balance_group(MoeBalanceGroup* group) {
+  if (balance_) balance_->set_group(group);
+}
+
 std::optional<MoeStats> DecoderModel::take_moe_stats() {
   if (!balance_) return std::nullopt;
   return balance_->take();

@@ -86,6 +86,7 @@ class DecoderModel : public LayeredModel, public LanguageModel {
   LanguageModel* language_model() override { return this; }
   /// Mixture-of-experts blocks: the balancing losses' gradient factor, and their figures.
   void set_aux_loss_scale(float scale) override;
+  void set_moe_balance_group(MoeBalanceGroup* group) override;
   std::optional<MoeStats> take_moe_stats() override;
 
   std::optional<Shape> stage_activation_shape(int B, int T) const override;

@@ -114,6 +114,20 @@ struct MoeStats {
   std::vector<std::vector<double>> tokens_per_expert;  // [MoE layer][expert]
 };
 
+/// The data-parallel ranks over which a mixture of experts balances its load
+/// (moe.aux_loss_scope "global", Megatron-core's global_aux_loss): a sum over the ranks,
+/// each calling it in the same order. src/parallel implements it over a Communicator
+/// (CommMoeBalanceGroup) and the trainer installs it (Model::set_moe_balance_group), so
+/// that the models include no communication header.
+class MoeBalanceGroup {
+ public:
+  virtual ~MoeBalanceGroup() = default;
+  virtual int size() const = 0;
+  /// t (fp32, on the device) <- its sum over the group's ranks, after the work queued on
+  /// `s`. Collective.
+  virtual void all_reduce_sum(Stream s, const Tensor& t) = 0;
+};
+
 /// The SUM of per-target losses (nats) over non-ignored targets, and their number; for a
 /// classifier's forward without gradient also how many targets were its top class
 /// (-1: not computed). Zero when the batch brought its accumulator (Batch::loss).
@@ -204,6 +218,10 @@ class Model {
   /// micro-batches of the step over all data-parallel ranks), so that they enter as their
   /// mean. 1 until set; models without such losses ignore it.
   virtual void set_aux_loss_scale(float scale) { (void)scale; }
+  /// The group the balancing statistics are summed over with moe.aux_loss_scope "global"
+  /// (not owned; it outlives the model); none (nullptr, the default) is a group of one.
+  /// Models without such losses ignore it.
+  virtual void set_moe_balance_group(MoeBalanceGroup* group) { (void)group; }
   /// The balancing figures since the last call (one host read), then reset; nullopt for a
   /// model without mixture-of-experts layers.
   virtual std::optional<MoeStats> take_moe_stats() { return std::nullopt; }

@@ -37,7 +37,9 @@ void MoeBalance::begin_forward(int64_t N) {
 
 nn::MoeBalancePass MoeBalance::pass(int m) const {
   KILN_CHECK(m >= 0 && m < L_ && N_ > 0, "MoE balancing: no layer {} or no forward begun", m);
-  const double E = static_cast<double>(E_), N = static_cast<double>(N_);
+  // The "global" scope's group size G: the aux's N is G N and a rank's term counts G times.
+  const double G = spec_.global && group_ ? static_cast<double>(group_->size()) : 1.0;
+  const double E = static_cast<double>(E_), N = G * static_cast<double>(N_);
   const double k = static_cast<double>(k_), L = static_cast<double>(L_);
   const bool hf = spec_.aux_type == MoeBalanceSpec::AuxType::Hf;
   nn::MoeBalancePass p;
@@ -45,7 +47,7 @@ nn::MoeBalancePass MoeBalance::pass(int m) const {
   if (spec_.aux_coef != 0.f) {
     // dL/dp[n,e] = coef * per_count * c_e: the prob sums are scaled by it, so that the
     // micro-batch's aux is the dot product of the counts and the scaled sums.
-    const double per_count = spec_.aux_coef * E / (hf ? L * N * L * N : N * N * k);
+    const double per_count = G * spec_.aux_coef * E / (hf ? L * N * L * N : N * N * k);
     p.prob = prob_.view_at(hf ? 0 : int64_t{m} * E_, Shape{E_});
     p.prob_scale = static_cast<float>(per_count);
     p.grad_load = hf ? load_.view_at(int64_t{L_} * E_, Shape{E_}) : p.load;
@@ -53,8 +55,9 @@ nn::MoeBalancePass MoeBalance::pass(int m) const {
   }
   if (spec_.z_coef != 0.f) {
     p.z = sums_.view_at(1, Shape{1});
-    p.z_scale = static_cast<float>(spec_.z_coef / N);
-    p.z_grad_scale = static_cast<float>(grad_scale_ * spec_.z_coef / N);
+    const double n = static_cast<double>(N_);
+    p.z_scale = static_cast<float>(spec_.z_coef / n);
+    p.z_grad_scale = static_cast<float>(grad_scale_ * spec_.z_coef / n);
   }
   return p;
 }
@@ -67,6 +70,9 @@ void MoeBalance::end_forward() {
   be_.add(s, load_sum_, load_sum_, layers);
   ++micro_batches_;
   if (spec_.aux_coef == 0.f) return;
+  // Global scope: the counts and totals of every rank's micro-batch, for the value below
+  // and for backward (after the step's own counts went to load_sum_).
+  if (spec_.global && group_ && group_->size() > 1) group_->all_reduce_sum(s, load_);
   // aux = sum over the layers' (counts . scaled sums), or the totals' for hf: one dot
   // product as a [1, K] x [1, K]^T linear.
   if (spec_.aux_type == MoeBalanceSpec::AuxType::Hf)

@@ -17,6 +17,17 @@
 // step's micro-batches and data-parallel ranks. Each rank balances over its own
 // micro-batch (aux_loss_scope "micro_batch").
 //
+// aux_loss_scope "global" (Megatron-core's global_aux_loss) balances over the G ranks'
+// micro-batches of the same micro-step together: after the forward, the counts (and the
+// hf totals) are summed over the MoeBalanceGroup, N becomes the global G N, and each rank
+// weighs its own probabilities by them. Rank r's term T_r = coef E / ((G N)^2 k) sum_e
+// C_e P^r_e (P^r_e its tokens' sum of p) sums over the ranks to the micro_batch formula
+// over the concatenated tokens; a rank reports and differentiates G T_r, so that the mean
+// over the ranks (the reported figure) is that global aux and, with the gradients summed
+// over the ranks at scale 1 / (grad_accum G), the global aux enters once per micro-step
+// with 1 / grad_accum. The step's tokens per expert stay the rank's own (the trainer sums
+// them). The z-loss stays per micro-batch. With G = 1 both scopes are the same, bit for bit.
+//
 // The values stay on the device: each micro-batch adds its aux and z to fp32 sums and its
 // per-expert counts to per-layer sums, which take() reads back once.
 #pragma once
@@ -35,6 +46,7 @@ struct MoeBalanceSpec {
   float aux_coef = 0.f;  // moe.aux_loss_coef
   AuxType aux_type = AuxType::PerLayer;
   float z_coef = 0.f;    // moe.z_loss_coef
+  bool global = false;   // moe.aux_loss_scope "global": counts summed over the group
 };
 
 class MoeBalance {
@@ -43,6 +55,8 @@ class MoeBalance {
   MoeBalance(Backend& be, const MoeBalanceSpec& spec, std::vector<const nn::MoeMlp*> layers);
 
   void set_grad_scale(float scale) { grad_scale_ = scale; }
+  /// The data-parallel group of the "global" scope (not owned; nullptr: a group of one).
+  void set_group(MoeBalanceGroup* group) { group_ = group; }
   /// A training forward of N tokens begins: the micro-batch's statistics are zeroed.
   void begin_forward(int64_t N);
   /// The buffers and scales of MoE layer `m` (0-based among the MoE layers) for its
@@ -60,6 +74,7 @@ class MoeBalance {
   int L_ = 0;
   int64_t E_ = 0, k_ = 0, N_ = 0;
   float grad_scale_ = 1.f;
+  MoeBalanceGroup* group_ = nullptr;
   int64_t micro_batches_ = 0;
   // The micro-batch's: load [L + 1, E] (row L: the sum over the layers), prob [L, E]
   // (hf: row 0 for every layer); the step's: sums [2] (aux, z), load_sum [L, E]; dot [1, 1].

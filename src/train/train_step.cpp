@@ -146,6 +146,10 @@ void TrainStep::build_model(const ModelOptions& options, const ModelStorage& sto
   const int cp = this->cp();
   const int T = config_.train.seq_len;
   model_ = make_model(options, backend_, storage);  // a model without ring attention throws
+  if (groups_.dp_cp.size() > 1) {  // moe.aux_loss_scope "global" balances over dp x cp
+    moe_balance_group_ = std::make_unique<CommMoeBalanceGroup>(groups_.dp_cp);
+    model_->set_moe_balance_group(moe_balance_group_.get());
+  }
   KILN_CHECK(cp == 1 || T % (2 * cp) == 0, "{}: train.seq_len = {} is not a multiple of 2 x "
              "parallel.cp = {} (context parallelism cuts each sequence into 2 x cp equal chunks)",
              config_.source, T, 2 * cp);

@@ -37,6 +37,7 @@
 #include "parallel/context_parallel.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
+#include "parallel/moe_balance_group.h"
 #include "parallel/pipeline.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/tp_plan.h"
@@ -258,6 +259,7 @@ class TrainStep {
   std::unique_ptr<TensorParallelPlan> tp_plan_;
   std::unique_ptr<CommCpGroup> cp_group_;   // with cp > 1; outlive the model
   std::unique_ptr<ContextParallelPlan> cp_plan_;
+  std::unique_ptr<CommMoeBalanceGroup> moe_balance_group_;  // with dp x cp > 1; outlives the model
   std::unique_ptr<Model> model_;
   std::unique_ptr<DataParallel> dp_;
   std::unique_ptr<pp::PipelineExecutor> pipeline_;

@@ -9,6 +9,8 @@
 #      loss and sigmoid scoring: within 1e-5 relative of the single process;
 #   2. a ZeRO-3 checkpoint of 2 ranks resumes on 1 process with the same losses;
 #   3. bf16 trains (finite losses; the metrics carry the routing figures);
+#   2b. aux_loss_scope "global": 1 process bitwise the micro_batch scope; 2 ranks at ZeRO
+#      1 and ZeRO 3 (full checkpointing) within 1e-5 (with --long also the "hf" form);
 #   4. bad MoE keys and a layout part 1 does not support are one-line errors naming the
 #      key.
 # Usage: moe_train_test.sh KILN_BINARY WORK_DIR [--long]
@@ -92,6 +94,45 @@ check ref np2_z1 "np=2 zero_stage=1"
 train np2_z3_full 2 --set parallel.zero_stage=3 --set train.activation_checkpointing=full
 check ref np2_z3_full "np=2 zero_stage=3 activation_checkpointing=full"
 
+# aux_loss_scope "global" (the counts summed over the dp ranks' micro-batches of a
+# micro-step): one process is the micro_batch scope bit for bit; 2 ranks give the same run
+# at ZeRO 1 and ZeRO 3 with full checkpointing (the layout does not change the balance),
+# and their aux losses are not the micro_batch scope's (the sum did happen). The value's
+# formula is tests/models/moe_balance_test.cpp's.
+same_moe() {  # same_moe RUN_A RUN_B BOUND: loss and balancing figures of every step
+  "$py" - "$work/$1/metrics.jsonl" "$work/$2/metrics.jsonl" "$3" <<'PY'
+import json, sys
+def load(p):
+    return {r["step"]: r for r in map(json.loads, open(p)) if "loss" in r}
+a, b, bound = load(sys.argv[1]), load(sys.argv[2]), float(sys.argv[3])
+assert sorted(a) == sorted(b) and a, (sorted(a), sorted(b))
+worst = 0.0
+for s in a:
+    for key in ("loss", "moe_aux_loss", "moe_z_loss"):
+        x, y = a[s][key], b[s][key]
+        rel = abs(x - y) / abs(x)
+        worst = max(worst, rel)
+        assert rel <= bound, f"step {s} {key}: {y} vs {x} (relative {rel:.2e} > {bound})"
+    if bound == 0:
+        assert a[s]["moe_tokens_per_expert"] == b[s]["moe_tokens_per_expert"], s
+print(f"{len(a)} steps match, worst relative difference {worst:.2e}")
+PY
+}
+train global1 1 --set parallel.zero_stage=0 --set model.moe.aux_loss_scope=global
+echo -n "global scope, 1 process == micro_batch scope (bitwise): "
+same_moe ref global1 0
+train global_np2_z1 2 --set parallel.zero_stage=1 --set model.moe.aux_loss_scope=global
+train global_np2_z3 2 --set parallel.zero_stage=3 --set train.activation_checkpointing=full \
+  --set model.moe.aux_loss_scope=global
+echo -n "global scope, np=2 zero_stage=1 == zero_stage=3 full: "
+same_moe global_np2_z1 global_np2_z3 1e-5
+"$py" - "$work/np2_z1/metrics.jsonl" "$work/global_np2_z1/metrics.jsonl" <<'PY'
+import json, sys
+aux = [[r["moe_aux_loss"] for r in map(json.loads, open(p)) if "loss" in r] for p in sys.argv[1:]]
+assert aux[0][0] != aux[1][0], f"np=2: the global scope's first aux {aux[1][0]} is the micro_batch scope's"
+print(f"np=2 first-step aux: micro_batch {aux[0][0]:.6g}, global {aux[1][0]:.6g}")
+PY
+
 # Resharding: 2 ranks at ZeRO 3 stop after 5 updates, 1 process continues.
 train reshard 2 --set parallel.zero_stage=3 --set checkpoint.every=5 --exit-interval 5
 train reshard 1 --set parallel.zero_stage=0 --set checkpoint.every=5 --resume auto
@@ -137,3 +178,11 @@ for variant in "hf:--set model.moe.aux_loss_type=hf" \
   train "${name}_np2_z3" 2 --set parallel.zero_stage=3 "${args[@]}"
   check "${name}_ref" "${name}_np2_z3" "$name np=2 zero_stage=3"
 done
+
+# The global scope of the "hf" form (its totals summed over the ranks): ZeRO 1 == ZeRO 3.
+train global_hf_np2_z1 2 --set parallel.zero_stage=1 --set model.moe.aux_loss_scope=global \
+  --set model.moe.aux_loss_type=hf
+train global_hf_np2_z3 2 --set parallel.zero_stage=3 --set model.moe.aux_loss_scope=global \
+  --set model.moe.aux_loss_type=hf
+echo -n "global scope hf, np=2 zero_stage=1 == zero_stage=3: "
+same_moe global_hf_np2_z1 global_hf_np2_z3 1e-5

@@ -184,8 +184,8 @@ void validate_moe(const LlamaConfig& c) {
   KILN_CHECK(m.aux_loss_type != "hf" || m.scoring == "softmax",
              "model.moe.aux_loss_type = \"hf\" needs model.moe.scoring = \"softmax\" "
              "(transformers' loss is over softmax probabilities)");
-  KILN_CHECK(m.aux_loss_scope == "micro_batch",
-             "model.moe.aux_loss_scope = \"{}\" is not supported yet (only \"micro_batch\")",
+  KILN_CHECK(m.aux_loss_scope == "micro_batch" || m.aux_loss_scope == "global",
+             "model.moe.aux_loss_scope must be \"micro_batch\" or \"global\" (got \"{}\")",
              m.aux_loss_scope);
   KILN_CHECK(m.bias_update_rate == 0.0,
              "model.moe.bias_update_rate ({}): the auxiliary-loss-free balancing bias is not "

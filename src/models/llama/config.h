@@ -39,7 +39,7 @@ struct LlamaMoeConfig {
                                     // (Qwen3's mlp_only_layers; order as given)
   double aux_loss_coef = 0.0;       // load-balancing loss coefficient
   std::string aux_loss_type = "per_layer";     // "per_layer" | "hf"
-  std::string aux_loss_scope = "micro_batch";  // "micro_batch" ("global": not yet)
+  std::string aux_loss_scope = "micro_batch";  // "micro_batch" | "global" (models/moe_balance.h)
   double z_loss_coef = 0.0;                    // router z-loss coefficient (ST-MoE)
   double bias_update_rate = 0.0;               // aux-loss-free balancing (not yet: 0)
 

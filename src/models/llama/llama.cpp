@@ -57,6 +57,7 @@ MoeBalanceSpec llama_balance_spec(const LlamaConfig& c) {
   b.aux_type = c.moe.aux_loss_type == "hf" ? MoeBalanceSpec::AuxType::Hf
                                            : MoeBalanceSpec::AuxType::PerLayer;
   b.z_coef = static_cast<float>(c.moe.z_loss_coef);
+  b.global = c.moe.aux_loss_scope == "global";
   return b;
 }
 
