@@ -11,12 +11,15 @@ namespace kiln {
 namespace {
 
 // transformers' defaults of the fields a config.json may omit, by model_type.
+// dense_width: whether intermediate_size is the dense MLP's width (model.ffn_hidden_size);
+// Mixtral's is its experts' (every block is sparse: the dense width is not in the folder).
 struct HfDefaults {
   double rms_norm_eps, rope_theta;
+  bool dense_width;
 };
 HfDefaults hf_defaults(const std::string& model_type) {
-  if (model_type == "mixtral") return {1e-5, 1e6};  // MixtralConfig
-  return {1e-6, 10000.0};                             // LlamaConfig, Qwen3MoeConfig
+  if (model_type == "mixtral") return {1e-5, 1e6, false};  // MixtralConfig
+  return {1e-6, 10000.0, true};                              // LlamaConfig, Qwen3MoeConfig
 }
 
 // The fields every Llama-family config.json shares (head_dim among them): all but the MoE ones.
@@ -31,7 +34,7 @@ ModelOptions llama_shape_from_hf(const nlohmann::json& cfg, const std::string& f
   o.block_size = hf_int(cfg, "max_position_embeddings", file);
   auto& f = o.family;
   f["n_kv_head"] = hf_int(cfg, "num_key_value_heads", file, o.n_head);
-  f["ffn_hidden_size"] = hf_int(cfg, "intermediate_size", file);
+  if (defaults.dense_width) f["ffn_hidden_size"] = hf_int(cfg, "intermediate_size", file);
   // As the fp32 model holds it, written as its shortest decimal (config.toml's value).
   f["norm_eps"] = hf_float_value(
       static_cast<float>(hf_double(cfg, "rms_norm_eps", file, defaults.rms_norm_eps)));
