@@ -120,7 +120,9 @@ struct Layout {
 
 /// Every layout over cp and tp at the configured parallel.pp (the powers of two that
 /// divide the world size over pp, tp also the query and key/value heads, 2 cp also
-/// train.seq_len; cp > 1 only for models with ring attention and without dropout; with
+/// train.seq_len; cp and tp > 1 only for models that run on such layouts (not a llama with
+/// mixture-of-experts blocks: ModelArch::single_layout_reason); cp > 1 only for models
+/// with ring attention and without dropout; with
 /// sequence parallelism on and off when tp > 1), zero stages 0-3 (0-2 with pp),
 /// checkpointing none/selective/full and micro_batch halvings of config's (keeping the
 /// global batch), with its predicted peak (rank 0) and step time; `fits` when peak <=

@@ -12,7 +12,7 @@
 #   2b. aux_loss_scope "global": 1 process bitwise the micro_batch scope; 2 ranks at ZeRO
 #      1 and ZeRO 3 (full checkpointing) within 1e-5 (with --long also the "hf" form);
 #   4. bad MoE keys and a layout part 1 does not support are one-line errors naming the
-#      key.
+#      key; `kiln memplan`'s layout search lists data-parallel layouts only.
 # Usage: moe_train_test.sh KILN_BINARY WORK_DIR [--long]
 set -euo pipefail
 kiln="$1"
@@ -151,6 +151,12 @@ for r in recs:
     assert 0 <= t["min"] <= t["mean"] <= t["max"], t
 print(f"bf16: 4 steps, last loss {recs[-1]['loss']:.4f}, tokens per expert {recs[-1]['moe_tokens_per_expert']}")
 PY
+
+# kiln memplan's layout search keeps to the layouts a MoE model runs on (dp and ZeRO).
+"$kiln" memplan "$work/tiny.toml" --world-size 2 --device-memory 1 > "$work/memplan.log" 2>&1 ||
+  { echo "FAILED: memplan"; cat "$work/memplan.log"; exit 1; }
+grep -q "layouts that fit" "$work/memplan.log" || { echo "FAILED: memplan table"; cat "$work/memplan.log"; exit 1; }
+echo "memplan: $(grep -c '^ *1 *1 ' "$work/memplan.log") layouts at cp = tp = 1"
 
 fails top_k "model.moe.top_k" "$kiln" train "$work/tiny.toml" --set "run.dir=$work/bad" --set model.moe.top_k=5
 fails tp2 "parallel.tp" mpirun --oversubscribe -np 2 "$kiln" train "$work/tiny.toml" \
