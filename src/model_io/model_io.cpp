@@ -59,6 +59,34 @@ void add_optimizer_segment(checkpoint::CheckpointWriter& writer, const AdamW& op
   }
 }
 
+void add_model_buffers(checkpoint::CheckpointWriter& writer, const Model& model,
+                       std::vector<std::vector<float>>& keep) {
+  for (const ModelBuffer& b : model.buffers()) {
+    keep.push_back(download_f32(model.backend(), b.value));
+    writer.add_flat_range(b.name, b.value.shape(), DType::F32, 0, b.value.numel(),
+                          keep.back().data());
+  }
+}
+
+std::vector<std::string> load_model_buffers(const checkpoint::CheckpointReader& reader,
+                                            Model& model) {
+  std::vector<std::string> missing;
+  std::vector<float> buf;
+  for (const ModelBuffer& b : model.buffers()) {
+    if (!reader.has(b.name)) {
+      missing.push_back(b.name);
+      continue;
+    }
+    KILN_CHECK(reader.global_shape(b.name) == b.value.shape(),
+               "{}: tensor '{}' has shape {}, the model expects {}", reader.dir().string(),
+               b.name, reader.global_shape(b.name).str(), b.value.shape().str());
+    buf.resize(static_cast<size_t>(b.value.numel()));
+    reader.read(b.name, buf.data(), DType::F32);
+    upload_f32(model.backend(), b.value, buf.data());
+  }
+  return missing;
+}
+
 bool checkpoint_has_ema(const checkpoint::CheckpointReader& reader) {
   for (const std::string& name : reader.names())
     if (name.starts_with("ema.")) return true;
@@ -83,6 +111,7 @@ void load_model_weights(const checkpoint::CheckpointReader& reader, Model& model
     reader.read(name, buf.data(), DType::F32);
     upload_f32(be, model.param(p), buf.data());
   }
+  load_model_buffers(reader, model);
 }
 
 void load_model_from_checkpoint(const checkpoint::CheckpointReader& reader, Model& model,

@@ -48,6 +48,15 @@ bool load_optimizer_from_checkpoint(const checkpoint::CheckpointReader& reader, 
 /// a tensor is missing or its global shape differs from the model's.
 void load_model_from_checkpoint(const checkpoint::CheckpointReader& reader, Model& model,
                                 AdamW* optimizer);
+/// The model's buffers (Model::buffers: fp32, whole) as global tensors of their names;
+/// their host copies are appended to `keep`. One rank of their replicas calls it.
+void add_model_buffers(checkpoint::CheckpointWriter& writer, const Model& model,
+                       std::vector<std::vector<float>>& keep);
+/// Reads the model's buffers back from their tensors. A buffer the checkpoint does not
+/// hold (saved without it, e.g. with moe.bias_update_rate = 0) keeps its value; returns
+/// their names. Throws kiln::Error naming the checkpoint when a tensor's shape differs.
+std::vector<std::string> load_model_buffers(const checkpoint::CheckpointReader& reader,
+                                            Model& model);
 /// Whether a checkpoint holds a moving average of the weights ("ema.<name>" tensors,
 /// saved by a run with train.ema_decay > 0).
 bool checkpoint_has_ema(const checkpoint::CheckpointReader& reader);
@@ -57,7 +66,7 @@ bool checkpoint_has_ema(const checkpoint::CheckpointReader& reader);
 /// (a parameter frozen in training has none: its "<name>").
 /// Throws kiln::Error naming the checkpoint directory when use_ema and the checkpoint has
 /// no EMA (trained with train.ema_decay = 0), or when a tensor is missing or its global
-/// shape differs from the model's.
+/// shape differs from the model's. The model's buffers too (load_model_buffers).
 void load_model_weights(const checkpoint::CheckpointReader& reader, Model& model, bool use_ema);
 
 /// A model's initial parameters (model.init_from), read piecewise: each rank reads the

@@ -45,9 +45,9 @@ int DecoderModel::n_layer() const { return static_cast<int>(layers_.blocks->size
 
 void DecoderModel::set_layers(const DecoderLayers& layers) {
   layers_ = layers;
-  std::vector<const nn::MoeMlp*> moe;
+  std::vector<nn::MoeMlp*> moe;
   moe_index_.clear();
-  for (const nn::TransformerBlock& b : *layers.blocks) {
+  for (nn::TransformerBlock& b : *layers.blocks) {
     moe_index_.push_back(b.moe() ? static_cast<int>(moe.size()) : -1);
     if (b.moe()) moe.push_back(b.moe());
   }
@@ -66,6 +66,14 @@ void DecoderModel::set_moe_balance_group(MoeBalanceGroup* group) {
 std::optional<MoeStats> DecoderModel::take_moe_stats() {
   if (!balance_) return std::nullopt;
   return balance_->take();
+}
+
+void DecoderModel::update_moe_bias(MoeStats& step) {
+  if (balance_) balance_->update_bias(step);
+}
+
+std::vector<ModelBuffer> DecoderModel::buffers() const {
+  return balance_ ? balance_->buffers() : std::vector<ModelBuffer>{};
 }
 
 void DecoderModel::set_activation_checkpointing(nn::ActivationCheckpointing mode) { mode_ = mode; }

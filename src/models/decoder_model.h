@@ -88,6 +88,9 @@ class DecoderModel : public LayeredModel, public LanguageModel {
   void set_aux_loss_scale(float scale) override;
   void set_moe_balance_group(MoeBalanceGroup* group) override;
   std::optional<MoeStats> take_moe_stats() override;
+  /// The MoE blocks' auxiliary-loss-free selection biases (models/moe_balance.h).
+  void update_moe_bias(MoeStats& step) override;
+  std::vector<ModelBuffer> buffers() const override;
 
   std::optional<Shape> stage_activation_shape(int B, int T) const override;
   LossSum forward_stage(const StagePass& pass, float grad_scale) override;

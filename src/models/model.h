@@ -112,6 +112,18 @@ struct MoeStats {
   double aux_loss = 0.0, z_loss = 0.0;
   int64_t micro_batches = 0;
   std::vector<std::vector<double>> tokens_per_expert;  // [MoE layer][expert]
+  /// The auxiliary-loss-free selection bias after the step's update (Model::
+  /// update_moe_bias), [MoE layer][expert]; empty without moe.bias_update_rate.
+  std::vector<std::vector<float>> expert_bias;
+};
+
+/// A model's state that is not a parameter: no gradient, no optimizer state, fp32, whole
+/// on every rank (never sharded: ZeRO and tensor parallelism leave it alone), saved in
+/// checkpoints under its global name and read back by a resume, an init_from and `kiln
+/// sample` (model_io.h). E.g. a mixture of experts' selection bias.
+struct ModelBuffer {
+  std::string name;  // e.g. "model.layers.3.mlp.router.expert_bias"
+  Tensor value;      // fp32, on the model's device
 };
 
 /// The data-parallel ranks over which a mixture of experts balances its load
@@ -225,6 +237,13 @@ class Model {
   /// The balancing figures since the last call (one host read), then reset; nullopt for a
   /// model without mixture-of-experts layers.
   virtual std::optional<MoeStats> take_moe_stats() { return std::nullopt; }
+  /// After an applied update (not a skipped one): DeepSeek-V3's auxiliary-loss-free
+  /// balancing (moe.bias_update_rate) moves each MoE layer's selection bias by the step's
+  /// tokens per expert (`step`, summed over the data-parallel ranks: the same on every
+  /// rank) and records the moved bias in step.expert_bias. Others do nothing.
+  virtual void update_moe_bias(MoeStats& step) { (void)step; }
+  /// The model's buffers (ModelBuffer), of the parts it holds; none by default.
+  virtual std::vector<ModelBuffer> buffers() const { return {}; }
   virtual void set_activation_checkpointing(nn::ActivationCheckpointing mode) = 0;
   /// Dropout on or off (training vs eval); (seed, first_sample) key the masks and any
   /// other per-sample draw, first_sample being the global index of the micro-batch's

@@ -5,7 +5,7 @@
 namespace kiln {
 
 MoeBalance::MoeBalance(Backend& be, const MoeBalanceSpec& spec,
-                       std::vector<const nn::MoeMlp*> layers)
+                       std::vector<nn::MoeMlp*> layers)
     : be_(be), spec_(spec), L_(static_cast<int>(layers.size())) {
   KILN_CHECK(L_ > 0, "MoE balancing: no MoE layers");
   E_ = layers.front()->spec().num_experts;
@@ -26,6 +26,13 @@ MoeBalance::MoeBalance(Backend& be, const MoeBalanceSpec& spec,
   const Stream s = be.default_stream();
   be.fill(s, sums_, 0.f);
   be.fill(s, load_sum_, 0.f);
+  if (spec.bias_update_rate <= 0.f) return;
+  bias_ = be.empty(Shape{L_, E_}, DType::F32, MemCategory::Parameters);
+  be.fill(s, bias_, 0.f);
+  for (int m = 0; m < L_; ++m) {
+    layers[static_cast<size_t>(m)]->expert_bias = bias_.view_at(int64_t{m} * E_, Shape{E_});
+    bias_names_.push_back(layers[static_cast<size_t>(m)]->expert_bias_name());
+  }
 }
 
 void MoeBalance::begin_forward(int64_t N) {
@@ -102,6 +109,38 @@ MoeStats MoeBalance::take() {
   be_.fill(s, sums_, 0.f);
   be_.fill(s, load_sum_, 0.f);
   micro_batches_ = 0;
+  return out;
+}
+
+void MoeBalance::update_bias(MoeStats& step) {
+  if (!bias_) return;
+  KILN_CHECK(step.tokens_per_expert.size() == static_cast<size_t>(L_),
+             "MoE bias update: counts of {} layers for {} MoE layers",
+             step.tokens_per_expert.size(), L_);
+  const Stream s = be_.default_stream();
+  std::vector<float> bias(static_cast<size_t>(L_ * E_));
+  be_.copy_to_host(s, bias.data(), bias_);
+  const float u = spec_.bias_update_rate;
+  step.expert_bias.clear();
+  for (int m = 0; m < L_; ++m) {
+    const std::vector<double>& c = step.tokens_per_expert[static_cast<size_t>(m)];
+    double mean = 0.0;
+    for (double x : c) mean += x;
+    mean /= static_cast<double>(E_);
+    float* b = bias.data() + int64_t{m} * E_;
+    for (int64_t e = 0; e < E_; ++e) {
+      const double load = c[static_cast<size_t>(e)];
+      b[e] += load < mean ? u : load > mean ? -u : 0.f;
+    }
+    step.expert_bias.emplace_back(b, b + E_);
+  }
+  be_.copy_from_host(s, bias_, bias.data());
+}
+
+std::vector<ModelBuffer> MoeBalance::buffers() const {
+  std::vector<ModelBuffer> out;
+  for (int m = 0; m < static_cast<int>(bias_names_.size()); ++m)
+    out.push_back({bias_names_[static_cast<size_t>(m)], bias_.view_at(int64_t{m} * E_, Shape{E_})});
   return out;
 }
 

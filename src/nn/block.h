@@ -145,6 +145,7 @@ class TransformerBlock {
   const BlockSpec& spec() const { return spec_; }
   /// The block's mixture of experts; nullptr for a dense block.
   const MoeMlp* moe() const { return moe_ ? &*moe_ : nullptr; }
+  MoeMlp* moe() { return moe_ ? &*moe_ : nullptr; }
 
  private:
   /// forward(); `recomputing` when backward re-runs it (no balancing statistics added).

@@ -13,7 +13,7 @@ MoeMlp::MoeMlp(const std::string& prefix, int64_t C, const MoeSpec& spec, float 
               Shape{spec.num_experts, 2 * spec.expert_hidden, C}, Init::normal(init_std), true),
       down(prefix + ".experts.down_proj.weight", Shape{spec.num_experts, C, spec.expert_hidden},
            Init::normal(proj_init_std), true),
-      spec_(spec), C_(C) {
+      prefix_(prefix), spec_(spec), C_(C) {
   KILN_CHECK(spec.num_experts > 0 && spec.top_k >= 1 && spec.top_k <= spec.num_experts &&
                  spec.expert_hidden > 0 && C > 0,
              "{}: a MoE layer needs E > 0 experts, 1 <= k <= E and F > 0 (E = {}, k = {}, F = {})",
@@ -77,7 +77,7 @@ void MoeMlp::route(Backend& be, Stream s, std::span<const Tensor> saved, const T
     be.linear_forward(s, saved[kLogits], w.x32, w.w32, Tensor());
   }
   be.moe_router_forward(s, saved[kScores], saved[kExpertIdx], saved[kExpertWeight],
-                        saved[kLogits], Tensor(), spec_.router());
+                        saved[kLogits], expert_bias, spec_.router());
   be.moe_permute_plan(s, saved[kOffsets], saved[kRows], saved[kExpertIdx]);
 }
 

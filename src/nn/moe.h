@@ -37,6 +37,9 @@
 // gate/up output [M,2F], their SwiGLU [M,F] (Cheap), their output [M,C] (M = N*k); then
 // the shared Mlp's. The routing is a function of the input only, so a recompute re-routes
 // identically (bitwise the same choice, counts and gradients).
+// Auxiliary-loss-free balancing (DeepSeek-V3, Wang et al. 2024): with `expert_bias` bound
+// (fp32 [E], the model's state, not a parameter: models/moe_balance.h moves it after each
+// update), the choice takes the k largest scores + bias; the weights stay the scores.
 // No tensor parallelism yet: the layer is whole on every rank (the registry refuses tp,
 // pp and cp for MoE models).
 #pragma once
@@ -118,7 +121,12 @@ class MoeMlp {
   void collect(std::vector<Param*>& out);
 
   const MoeSpec& spec() const { return spec_; }
+  /// The name of the selection bias in checkpoints: "<prefix>.router.expert_bias".
+  std::string expert_bias_name() const { return prefix_ + ".router.expert_bias"; }
   Param router, gate_up, down;
+  /// DeepSeek-V3's selection bias, fp32 [E], a view the model binds (and updates between
+  /// steps); empty: none. It changes the choice only, never the weights or a gradient.
+  Tensor expert_bias;
 
  private:
   enum : size_t {
@@ -136,6 +144,7 @@ class MoeMlp {
     return saved.subspan(kNumRouted, Mlp::kNumSaved);
   }
 
+  std::string prefix_;
   MoeSpec spec_;
   int64_t C_;
   std::optional<Mlp> shared_;

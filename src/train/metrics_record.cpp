@@ -40,6 +40,18 @@ ExpertLoad overall_expert_load(const std::vector<ExpertLoad>& layers) {
 
 namespace {
 
+// The selection bias's range over every MoE layer and expert; {0, 0} without one.
+std::pair<float, float> expert_bias_range(const MoeStats& moe) {
+  std::pair<float, float> r{0.f, 0.f};
+  bool first = true;
+  for (const std::vector<float>& layer : moe.expert_bias)
+    for (float b : layer) {
+      r = first ? std::pair{b, b} : std::pair{std::min(r.first, b), std::max(r.second, b)};
+      first = false;
+    }
+  return r;
+}
+
 void add_moe_record(nlohmann::json& rec, const MoeStats& moe) {
   rec["moe_aux_loss"] = moe.aux_loss;
   rec["moe_z_loss"] = moe.z_loss;
@@ -49,15 +61,25 @@ void add_moe_record(nlohmann::json& rec, const MoeStats& moe) {
   nlohmann::json by_layer = nlohmann::json::array();
   for (const ExpertLoad& l : layers) by_layer.push_back({l.min, l.mean, l.max});
   rec["moe_tokens_per_expert_by_layer"] = by_layer;
+  if (moe.expert_bias.empty()) return;
+  const auto [lo, hi] = expert_bias_range(moe);
+  rec["moe_expert_bias"] = {{"min", lo}, {"max", hi}};
 }
 
-// " | aux .. z .. | load .." for a mixture of experts (progress_line), else empty.
+// " | aux .. z .. | load .." (and " bias [lo, hi]" with a selection bias) for a mixture of
+// experts (progress_line), else empty.
 std::string moe_progress(const MoeStats* moe) {
   if (!moe) return {};
   double load = 0.0;  // the worst layer's max / mean
   for (const ExpertLoad& l : expert_loads(*moe))
     if (l.mean > 0) load = std::max(load, l.max / l.mean);
-  return fmt::format(" | aux {:.4f} z {:.4f} | load {:.2f}", moe->aux_loss, moe->z_loss, load);
+  std::string bias;
+  if (!moe->expert_bias.empty()) {
+    const auto [lo, hi] = expert_bias_range(*moe);
+    bias = fmt::format(" bias [{:+.4f}, {:+.4f}]", lo, hi);
+  }
+  return fmt::format(" | aux {:.4f} z {:.4f} | load {:.2f}{}", moe->aux_loss, moe->z_loss, load,
+                     bias);
 }
 
 }  // namespace

@@ -51,7 +51,8 @@ ExpertLoad overall_expert_load(const std::vector<ExpertLoad>& layers);
 /// evaluated, "val_loss" and (val_accuracy >= 0) "val_accuracy"; with moe, "moe_aux_loss"
 /// and "moe_z_loss" (as optimised, coefficients applied; apart from "loss", the LM loss),
 /// "moe_tokens_per_expert" {"min", "mean", "max"} over every MoE layer and expert and
-/// "moe_tokens_per_expert_by_layer" [[min, mean, max] per MoE layer].
+/// "moe_tokens_per_expert_by_layer" [[min, mean, max] per MoE layer] and, with an
+/// auxiliary-loss-free selection bias, "moe_expert_bias" {"min", "max"} after the update.
 nlohmann::json step_record(const StepMetrics& m);
 
 /// Seconds since the Unix epoch, now (the records' "time").

@@ -487,11 +487,12 @@ std::optional<MoeStats> TrainStep::global_moe_stats() {
   for (const std::vector<double>& layer : m->tokens_per_expert)
     host.insert(host.end(), layer.begin(), layer.end());
   const Stream s = backend_.default_stream();
-  Tensor sums = backend_.empty(Shape{static_cast<int64_t>(host.size())}, DType::F64,
-                               MemCategory::Temporaries);
-  backend_.copy_from_host(s, sums, host.data());
-  groups_.dp_cp.all_reduce(sums, ReduceOp::Sum, s);
-  backend_.copy_to_host(s, host.data(), sums);
+  const int64_t n = static_cast<int64_t>(host.size());
+  if (!moe_sums_ || moe_sums_.numel() != n)
+    moe_sums_ = backend_.empty(Shape{n}, DType::F64, MemCategory::CommBuffers);
+  backend_.copy_from_host(s, moe_sums_, host.data());
+  groups_.dp_cp.all_reduce(moe_sums_, ReduceOp::Sum, s);
+  backend_.copy_to_host(s, host.data(), moe_sums_);
   const double ranks = groups_.dp_cp.size();
   m->aux_loss = host[0] / ranks;
   m->z_loss = host[1] / ranks;
@@ -551,6 +552,7 @@ StepResult TrainStep::run(const void* inputs, const int32_t* targets, int64_t up
   KILN_CHECK(std::isfinite(r.loss), "step {}: the loss is {} (diverged); lower optim.lr or check "
              "the data", update + 1, r.loss);
   KILN_CHECK(std::isfinite(r.grad_norm), "step {}: the gradient norm is {}", update + 1, r.grad_norm);
+  if (r.moe) model_->update_moe_bias(*r.moe);  // DeepSeek-V3's bias follows the applied update
   if (scaler_.enabled && ++scaler_.good_steps >= scaler_.growth_interval) {
     scaler_.scale *= 2.0;
     scaler_.good_steps = 0;

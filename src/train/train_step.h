@@ -288,6 +288,7 @@ class TrainStep {
   Tensor staging_;           // per slot: inputs then targets, backend's staging memory
   Tensor stats_;  // fp64 [3] on the device: loss sum, target count, gradient sum of squares
   Tensor coef_;   // fp32 [1] on the device: the optimizer's gradient multiplier (clipping)
+  Tensor moe_sums_;  // fp64 on the device: global_moe_stats's figures, summed over dp x cp
 };
 
 }  // namespace kiln

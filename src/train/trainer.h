@@ -148,8 +148,11 @@ class Trainer {
   /// Throws kiln::Error naming the checkpoint unless it was saved by the same model,
   /// seed, data and batch shape.
   void check_same_run(const checkpoint::CheckpointReader& reader, const ResumePoint& saved) const;
-  /// The parameters and the fp32 master weights this rank holds, from `reader`.
+  /// The parameters and the fp32 master weights this rank holds, from `reader`; the
+  /// model's buffers.
   void load_parameters(const checkpoint::CheckpointReader& reader);
+  /// The model's buffers (Model::buffers) from `reader`; a note names those it lacks.
+  void load_buffers(const checkpoint::CheckpointReader& reader);
   /// Rank 0, after load_checkpoint(): a rollback (checkpoints newer than the resumed step
   /// exist) moves them to ckpt/abandoned/ (checkpoint::move_checkpoints_aside), copies
   /// metrics.jsonl beside them and prepares the "rollback" record for metrics.jsonl.

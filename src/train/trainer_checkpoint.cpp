@@ -61,7 +61,8 @@ void Trainer::add_tensors(checkpoint::CheckpointWriter& writer,
   // Parameters as fp32 global tensors (the master weights under mixed precision, so a
   // resume, a reshard or an export loses nothing); the low-precision copies too, under
   // "lowp.<name>", so that a resume is bitwise exact; the optimizer's state
-  // (add_optimizer_segment: its moments and, with train.ema_decay, "ema.<name>").
+  // (add_optimizer_segment: its moments and, with train.ema_decay, "ema.<name>"); the
+  // model's buffers (Model::buffers).
   // Each element is written once: a replica (ZeRO stage 0 over dp, a replicated tensor
   // over tp) by its first holder only.
   const bool dp_writes = config_.parallel.zero_stage > 0 || mesh_->dp_cp_comm().rank() == 0;
@@ -94,6 +95,9 @@ void Trainer::add_tensors(checkpoint::CheckpointWriter& writer,
     add_param_range(writer, seg.spec.name, seg.spec, DType::F32, seg.begin, seg.end,
                     keep.back().data());
   }
+  // Buffers (a MoE selection bias): whole and the same on every dp and tp replica.
+  if (mesh_->dp_cp_comm().rank() == 0 && tp_rank == 0)
+    add_model_buffers(writer, one_step_->model(), keep);
 }
 
 nlohmann::json Trainer::checkpoint_state() const {

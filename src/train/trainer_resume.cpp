@@ -76,6 +76,9 @@ void Trainer::init_weights() {
   const auto source = open_model_weights(config_.model.init_from, model_options_from(config_),
                                          one_step_->model().params());
   one_step_->load_weights(*source);
+  if (!one_step_->model().buffers().empty() &&
+      fs::exists(fs::path(config_.model.init_from) / "manifest.json"))  // a kiln checkpoint's
+    load_buffers(checkpoint::CheckpointReader(config_.model.init_from));
   if (options_.verbose) fmt::print("kiln: initialised from {}\n", config_.model.init_from);
 }
 
@@ -214,6 +217,14 @@ void Trainer::load_parameters(const checkpoint::CheckpointReader& reader) {
     read_param_range(reader, seg.spec.name, seg.spec, seg.begin, seg.end, buf.data(), DType::F32);
     backend_->copy_from_host(backend_->default_stream(), master, buf.data());
   }
+  load_buffers(reader);
+}
+
+void Trainer::load_buffers(const checkpoint::CheckpointReader& reader) {
+  const std::vector<std::string> missing = load_model_buffers(reader, one_step_->model());
+  if (!missing.empty() && options_.verbose)
+    fmt::print("kiln: note: {} holds no {}: {} from zero\n", reader.dir().string(),
+               fmt::join(missing, ", "), missing.size() == 1 ? "it starts" : "they start");
 }
 
 void Trainer::abandon_newer_checkpoints(const fs::path& resumed_from) {

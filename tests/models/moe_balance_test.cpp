@@ -98,7 +98,7 @@ class GlobalScope : public ::testing::Test {
              int rows) {
     nn::MoeSpec ms{.num_experts = kE, .top_k = kK, .expert_hidden = 4, .scoring = c.scoring};
     std::vector<std::unique_ptr<nn::MoeMlp>> owned;
-    std::vector<const nn::MoeMlp*> layers;
+    std::vector<nn::MoeMlp*> layers;
     for (int m = 0; m < kL; ++m) {
       owned.push_back(std::make_unique<nn::MoeMlp>("l" + std::to_string(m), kC, ms, 0.02f, 0.02f));
       layers.push_back(owned.back().get());

@@ -34,6 +34,7 @@ struct RefLayer {
   int C, E, k, F, Fs;
   bool sigmoid, renorm;
   Vec router, gu, down, sgu, sdown;  // [E,C], [E,2F,C], [E,C,F], [2Fs,C], [C,Fs]
+  Vec bias;  // [E] the selection bias (DeepSeek-V3's), or empty
 };
 struct RefOut {
   Vec out;                  // [N,C]
@@ -72,10 +73,12 @@ RefOut ref_forward(const RefLayer& L, const Vec& x, int N) {
     for (int e = 0; e < E; ++e) s[e] = L.sigmoid ? 1 / (1 + std::exp(-l[e])) : std::exp(l[e] - r.lse[n]);
     for (int e = 0; e < E; ++e) ss += s[e];
     for (int e = 0; e < E; ++e) r.p[n * E + e] = L.sigmoid ? s[e] / ss : s[e];
-    // Top k, ties to the lower index.
+    // Top k of the scores (+ the bias), ties to the lower index.
+    Vec key = s;
+    for (size_t e = 0; e < L.bias.size(); ++e) key[e] += L.bias[e];
     std::vector<int> idx(E);
     std::iota(idx.begin(), idx.end(), 0);
-    std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return s[a] > s[b]; });
+    std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return key[a] > key[b]; });
     double sum = 0;
     for (int j = 0; j < k; ++j) sum += s[idx[j]];
     for (int j = 0; j < k; ++j) {
@@ -125,10 +128,11 @@ struct Case {
   int route = 0;  // 0: random; 1: expert 3 gets no token; 2: every token to expert 2
   double aux = 0.5, z = 0.05;
   bool task = true;  // false: R = 0, the balancing losses alone
+  bool bias = false;  // a random selection bias on each layer (auxiliary-loss-free)
   std::string what() const {
-    return fmt::format("{} renorm={} shared={} aux={} k={} route={} task={}",
+    return fmt::format("{} renorm={} shared={} aux={} k={} route={} task={} bias={}",
                        sigmoid ? "sigmoid" : "softmax", renorm, shared, hf ? "hf" : "per_layer", k,
-                       route, task);
+                       route, task, bias);
   }
 };
 
@@ -179,7 +183,8 @@ struct Rig {
     MoeBalanceSpec bs{static_cast<float>(c.aux), c.hf ? MoeBalanceSpec::AuxType::Hf
                                                        : MoeBalanceSpec::AuxType::PerLayer,
                       static_cast<float>(c.z)};
-    balance = std::make_unique<MoeBalance>(*be, bs, std::vector<const nn::MoeMlp*>{&l1, &l2});
+    bs.bias_update_rate = c.bias ? 1e-3f : 0.f;
+    balance = std::make_unique<MoeBalance>(*be, bs, std::vector<nn::MoeMlp*>{&l1, &l2});
     auto act = [&] { return be->empty(Shape{kB, kT, kC}, DType::F32, MemCategory::Activations); };
     x = act(), h = act(), out = act(), dout = act(), dh = act(), dx = act();
   }
@@ -204,6 +209,11 @@ struct Rig {
     RefLayer r{kC, kE, cs.k, kF, cs.shared ? kFs : 0, cs.sigmoid, cs.renorm,
                get(first), get(first + 1), get(first + 2), {}, {}};
     if (cs.shared) r.sgu = get(first + 3), r.sdown = get(first + 4);
+    const Tensor& bias = (first == 0 ? l1 : l2).expert_bias;
+    if (bias) {
+      const std::vector<float> b = download_f32(*be, bias);
+      r.bias.assign(b.begin(), b.end());
+    }
     return r;
   }
   size_t per_layer() const { return cs.shared ? 5 : 3; }
@@ -222,6 +232,12 @@ void fill_inputs(Rig& rig, std::vector<float>& xv, std::vector<float>& pv, std::
     float* router = pv.data() + rig.offsets[first];
     if (rig.cs.route == 1) router[3 * kC] = -30.f;
     if (rig.cs.route == 2) router[2 * kC] = 30.f;
+  }
+  // A bias as large as the scores' spread, so that it changes choices.
+  for (const ModelBuffer& b : rig.balance->buffers()) {
+    std::vector<float> bias(static_cast<size_t>(kE));
+    for (float& v : bias) v = 0.3f * nd(g);
+    upload_f32(*rig.be, b.value, bias.data());
   }
 }
 
@@ -326,6 +342,38 @@ TEST(MoeLayer, ForwardAndEveryGradientMatchTheDoubleReference) {
   Case none;  // no balancing losses: the layer alone
   none.aux = 0, none.z = 0;
   check_case(none, seed++);
+  for (bool sigmoid : {false, true}) {  // a selection bias: the choice moves, the weights not
+    Case biased;
+    biased.bias = true, biased.sigmoid = sigmoid, biased.aux = sigmoid ? 0.0 : 0.5;
+    check_case(biased, seed++);
+  }
+}
+
+// The auxiliary-loss-free update: b_e += u sign(mean load - load_e), per layer, the moved
+// bias reported; a choice that flips with the bias (DeepSeek-V3).
+TEST(MoeLayer, ExpertBiasMovesTowardsTheMeanLoad) {
+  Case c;
+  c.bias = true;
+  Rig rig(c);
+  const std::vector<ModelBuffer> buffers = rig.balance->buffers();
+  ASSERT_EQ(buffers.size(), 2u);
+  EXPECT_EQ(buffers[0].name, "a.mlp.router.expert_bias");
+  EXPECT_EQ(buffers[1].value.shape(), Shape({kE}));
+  MoeStats step;
+  step.tokens_per_expert = {{6, 6, 6, 6, 6}, {0, 12, 6, 9, 3}};  // means 6 and 6
+  rig.balance->update_bias(step);
+  rig.balance->update_bias(step);
+  const std::vector<std::vector<float>> want = {{0, 0, 0, 0, 0}, {2e-3f, -2e-3f, 0, -2e-3f, 2e-3f}};
+  EXPECT_EQ(step.expert_bias, want);
+  EXPECT_EQ(download_f32(*rig.be, buffers[1].value), want[1]) << "the layer's bias moved";
+  step.tokens_per_expert.pop_back();
+  try {
+    rig.balance->update_bias(step);
+    ADD_FAILURE() << "counts of one layer for two: no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("counts of 1 layers for 2 MoE layers"), std::string::npos)
+        << e.what();
+  }
 }
 
 // ---- a MoE block under the three checkpointing policies ---------------------------------

@@ -11,6 +11,9 @@
 #   3. bf16 trains (finite losses; the metrics carry the routing figures);
 #   2b. aux_loss_scope "global": 1 process bitwise the micro_batch scope; 2 ranks at ZeRO
 #      1 and ZeRO 3 (full checkpointing) within 1e-5 (with --long also the "hf" form);
+#   2c. the auxiliary-loss-free bias (moe.bias_update_rate): it moves both ways; 2 ranks at
+#      ZeRO 1 reproduce the single process (loss, tokens per expert and bias range); a
+#      2-rank ZeRO-3 checkpoint resumes on 1 process with the same bias and losses;
 #   4. bad MoE keys and a layout part 1 does not support are one-line errors naming the
 #      key; `kiln memplan`'s layout search lists data-parallel layouts only.
 # Usage: moe_train_test.sh KILN_BINARY WORK_DIR [--long]
@@ -138,6 +141,45 @@ train reshard 2 --set parallel.zero_stage=3 --set checkpoint.every=5 --exit-inte
 train reshard 1 --set parallel.zero_stage=0 --set checkpoint.every=5 --resume auto
 echo -n "2 ranks zero 3 -> 1 process: "
 compare "$work/ref/metrics.jsonl" "$work/reshard/metrics.jsonl" 6
+
+# The auxiliary-loss-free bias (DeepSeek-V3), sigmoid scoring, no aux loss: a rate large
+# enough to change choices within the run. Every step's bias range and loads must agree.
+bias_args=(--set model.moe.bias_update_rate=0.01 --set model.moe.aux_loss_coef=0
+           --set model.moe.scoring=sigmoid)
+same_bias() {  # same_bias RUN_A RUN_B FIRST_STEP: losses within 1e-5, routing figures equal
+  "$py" - "$work/$1/metrics.jsonl" "$work/$2/metrics.jsonl" "$3" <<'PY'
+import json, sys
+def load(p):
+    return {r["step"]: r for r in map(json.loads, open(p)) if "loss" in r}
+a, b, first = load(sys.argv[1]), load(sys.argv[2]), int(sys.argv[3])
+steps = [s for s in sorted(b) if s >= first]
+assert steps and all(s in a for s in steps), (sorted(a), sorted(b))
+worst = 0.0
+for s in steps:
+    rel = abs(a[s]["loss"] - b[s]["loss"]) / abs(a[s]["loss"])
+    worst = max(worst, rel)
+    assert rel <= 1e-5, f"step {s} loss: {b[s]['loss']} vs {a[s]['loss']}"
+    for key in ("moe_tokens_per_expert", "moe_expert_bias"):
+        assert a[s][key] == b[s][key], f"step {s} {key}: {b[s][key]} vs {a[s][key]}"
+print(f"steps {steps[0]}..{steps[-1]} match, worst loss difference {worst:.2e}")
+PY
+}
+train bias_ref 1 --set parallel.zero_stage=0 "${bias_args[@]}"
+"$py" - "$work/bias_ref/metrics.jsonl" <<'PY'
+import json, sys
+recs = [r for r in map(json.loads, open(sys.argv[1])) if "loss" in r]
+b = [r["moe_expert_bias"] for r in recs]
+assert abs(b[0]["max"] - 0.01) < 1e-6 and abs(b[0]["min"] + 0.01) < 1e-6, b[0]
+assert b[-1]["max"] > 0.01 and b[-1]["min"] < -0.01, f"the bias did not keep moving: {b[-1]}"
+print(f"bias: after step 1 {b[0]}, after step {recs[-1]['step']} {b[-1]}")
+PY
+train bias_np2_z1 2 --set parallel.zero_stage=1 "${bias_args[@]}"
+echo -n "bias, np=2 zero_stage=1: "
+same_bias bias_ref bias_np2_z1 1
+train bias_resume 2 --set parallel.zero_stage=3 --set checkpoint.every=5 --exit-interval 5 "${bias_args[@]}"
+train bias_resume 1 --set parallel.zero_stage=0 --set checkpoint.every=5 --resume auto "${bias_args[@]}"
+echo -n "bias, 2 ranks zero 3 -> 1 process: "
+same_bias bias_ref bias_resume 6
 
 # bf16: trains, with the routing figures in every step record.
 train bf16 1 --set train.dtype=bf16 --set train.steps=4

@@ -8,6 +8,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 namespace kiln {
@@ -82,14 +83,16 @@ const ModelKeys& llama_keys() {
                       "all layers' routers (Mixtral, Qwen3-MoE; softmax scoring).",
        .choices = {"per_layer", "hf"}},
       {.name = "moe.aux_loss_scope", .type = Choice,
-       .description = "Tokens the balancing loss counts: each rank's \"micro_batch\" "
-                      "(\"global\", summed over the data-parallel ranks, is not supported yet).",
+       .description = "Tokens the balancing loss counts: each rank's \"micro_batch\", or "
+                      "\"global\": the micro-step's over the data-parallel ranks (Megatron-core's "
+                      "global_aux_loss).",
        .choices = {"micro_batch", "global"}},
       {.name = "moe.z_loss_coef", .type = Float, .lo = 0,
        .description = "Router z-loss coefficient (ST-MoE); 0 = none."},
       {.name = "moe.bias_update_rate", .type = Float, .lo = 0,
-       .description = "DeepSeek-V3's auxiliary-loss-free balancing bias update rate (not "
-                      "supported yet: 0)."},
+       .description = "DeepSeek-V3's auxiliary-loss-free balancing: > 0 keeps a per-expert "
+                      "bias added to the scores for the choice only, moved by this rate towards "
+                      "the mean load after each update (e.g. 1e-3); 0 = none."},
   };
   return keys;
 }
@@ -187,9 +190,8 @@ void validate_moe(const LlamaConfig& c) {
   KILN_CHECK(m.aux_loss_scope == "micro_batch" || m.aux_loss_scope == "global",
              "model.moe.aux_loss_scope must be \"micro_batch\" or \"global\" (got \"{}\")",
              m.aux_loss_scope);
-  KILN_CHECK(m.bias_update_rate == 0.0,
-             "model.moe.bias_update_rate ({}): the auxiliary-loss-free balancing bias is not "
-             "supported yet (set 0)", m.bias_update_rate);
+  KILN_CHECK(m.bias_update_rate >= 0.0 && std::isfinite(m.bias_update_rate),
+             "model.moe.bias_update_rate ({}) must be >= 0", m.bias_update_rate);
 }
 
 }  // namespace
