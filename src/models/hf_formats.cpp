@@ -141,7 +141,7 @@ std::map<std::string, std::string> hf_model_types() {
 }
 
 // The architecture that reads config.json's model_type `type`; throws naming `what`:
-// "model_type = 'mistral': expected gpt2, llama, mixtral or qwen3_moe".
+// "model_type = 'mistral': expected gpt2, llama, mixtral, qwen3 or qwen3_moe".
 std::string hf_arch_of(const std::string& type, const std::string& what) {
   const auto types = hf_model_types();
   auto it = types.find(type);

@@ -94,10 +94,10 @@ nlohmann::json read_hf_config(const std::filesystem::path& dir);
 /// kiln checkpoint).
 bool is_hf_folder(const std::filesystem::path& path);
 /// The model options of a folder's config.json, by its "model_type" (the architecture that
-/// lists it, ModelArch::hf_model_types: llama reads llama, mixtral and qwen3_moe;
+/// lists it, ModelArch::hf_model_types: llama reads llama, mixtral, qwen3 and qwen3_moe;
 /// ModelArch::options_from_hf). Throws kiln::Error naming the file and key:
-/// "DIR/config.json: model_type = 'mistral': expected gpt2, llama, mixtral or qwen3_moe",
-/// or the architecture's error for an unsupported option.
+/// "DIR/config.json: model_type = 'mistral': expected gpt2, llama, mixtral, qwen3 or
+/// qwen3_moe", or the architecture's error for an unsupported option.
 ModelOptions hf_folder_options(const std::filesystem::path& dir);
 
 /// Element ranges of kiln parameters from a Hugging Face folder (in kiln's names, layouts

@@ -91,7 +91,7 @@ struct ModelArch {
   std::function<ModelOptions(const nlohmann::json& hf_config, const std::string& file)>
       options_from_hf;
   /// The config.json model_types that options_from_hf reads (llama: "llama", "mixtral",
-  /// "qwen3_moe"); empty: the architecture's own name.
+  /// "qwen3", "qwen3_moe"); empty: the architecture's own name.
   std::vector<std::string> hf_model_types;
   /// The config.json of a model of `options` (transformers' fields for the model type).
   std::function<nlohmann::json(const ModelOptions& options)> hf_config;

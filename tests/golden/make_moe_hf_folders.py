@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Writes tests/golden/moe_hf/: tiny Hugging Face folders of the two mixture-of-experts
-layouts kiln reads, and the kiln tensors each must become.
+layouts kiln reads and of dense Qwen3 (their attention), and the kiln tensors each must
+become.
 
 Written by hand from transformers' formats (no transformers, no torch):
 - moe_hf/mixtral/: MixtralForCausalLM (model_type "mixtral"), config.json with the fields
@@ -13,6 +14,9 @@ Written by hand from transformers' formats (no transformers, no torch):
   decoder_sparse_step 2 and mlp_only_layers [3], so that of 6 blocks 1 and 5 are MoE
   (mlp.gate.weight, mlp.experts.{e}.gate_proj / up_proj / down_proj) and 0, 2, 3, 4 dense
   (mlp.gate_proj / up_proj / down_proj, of intermediate_size); tied embeddings.
+- moe_hf/qwen3/: Qwen3ForCausalLM ("qwen3", dense) in BF16, one file; config.json as
+  transformers >= 4.53 writes Qwen3Config (layer_types, max_window_layers, no sliding
+  window); head_dim 6 != hidden_size / heads; q_norm / k_norm [HD]; untied lm_head.
 - moe_hf/<name>_kiln.safetensors: the same values under kiln's names and layouts
   (src/models/llama/moe_formats.h), F32, built here independently of kiln: q/k/v stacked
   by rows into self_attn.qkv_proj, gate/up into mlp.gate_up_proj; per MoE block the router
@@ -71,6 +75,22 @@ QWEN3_MOE = {
     "use_sliding_window": False, "vocab_size": 20,
 }
 
+QWEN3 = {
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 17, "eos_token_id": 18, "head_dim": 6, "hidden_act": "silu",
+    "hidden_size": 8, "initializer_range": 0.02, "intermediate_size": 12,
+    "layer_types": ["full_attention", "full_attention"], "max_position_embeddings": 64,
+    "max_window_layers": 2, "model_type": "qwen3", "num_attention_heads": 2,
+    "num_hidden_layers": 2, "num_key_value_heads": 1, "rms_norm_eps": 1e-06,
+    "rope_scaling": None, "rope_theta": 1000000.0, "sliding_window": None,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.53.0",
+    "use_cache": True, "use_sliding_window": False, "vocab_size": 20,
+}
+
+
+def qk_norm(cfg):
+    return cfg["model_type"] in ("qwen3", "qwen3_moe")
+
 
 def dims(cfg):
     C, nh, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -78,8 +98,8 @@ def dims(cfg):
 
 
 def is_moe(cfg, l):
-    if cfg["model_type"] == "mixtral":
-        return True
+    if cfg["model_type"] in ("mixtral", "qwen3"):
+        return cfg["model_type"] == "mixtral"
     return l not in cfg["mlp_only_layers"] and (l + 1) % cfg["decoder_sparse_step"] == 0
 
 
@@ -102,7 +122,7 @@ def hf_specs(cfg):
                 (p + "self_attn.k_proj.weight", [nkv * hd, C]),
                 (p + "self_attn.v_proj.weight", [nkv * hd, C]),
                 (p + "self_attn.o_proj.weight", [C, nh * hd])]
-        if cfg["model_type"] == "qwen3_moe":
+        if qk_norm(cfg):
             out += [(p + "self_attn.q_norm.weight", [hd]), (p + "self_attn.k_norm.weight", [hd])]
         if is_moe(cfg, l):
             E, Fe, mod, (gate, up, down) = experts(cfg)
@@ -174,7 +194,7 @@ def kiln_tensors(cfg, hf):
         out.append((p + "input_layernorm.weight", [C], hf[p + "input_layernorm.weight"]))
         out.append((a + "qkv_proj.weight", [(nh + 2 * nkv) * hd, C],
                     hf[a + "q_proj.weight"] + hf[a + "k_proj.weight"] + hf[a + "v_proj.weight"]))
-        if cfg["model_type"] == "qwen3_moe":
+        if qk_norm(cfg):
             out += [(a + "q_norm.weight", [hd], hf[a + "q_norm.weight"]),
                     (a + "k_norm.weight", [hd], hf[a + "k_norm.weight"])]
         out.append((a + "o_proj.weight", [C, nh * hd], hf[a + "o_proj.weight"]))
@@ -226,7 +246,8 @@ def write_folder(folder, cfg, hf, specs, dtype, shards):
 def generate(out):
     rng = random.Random(SEED)
     for name, cfg, dtype, shards in (("mixtral", MIXTRAL, "F32", 1),
-                                     ("qwen3_moe", QWEN3_MOE, "BF16", 2)):
+                                     ("qwen3_moe", QWEN3_MOE, "BF16", 2),
+                                     ("qwen3", QWEN3, "BF16", 1)):
         specs = hf_specs(cfg)
         hf = draw(specs, dtype == "BF16", rng)
         write_folder(os.path.join(out, name), cfg, hf, specs, dtype, shards)

@@ -1,10 +1,11 @@
 // Hugging Face folders of the two mixture-of-experts layouts (src/models/llama/moe_formats.h)
-// against the hand-written folders of tests/golden/moe_hf (make_moe_hf_folders.py): a
-// Mixtral in F32 and a Qwen3-MoE in BF16, sharded, with dense blocks, QK-norm and a
-// head_dim that is not hidden_size / heads. Their config.json mapped to the [model] keys,
-// every tensor read to its kiln name and offset (against the generator's own stacking and
-// against the folder's tensors by hand), the export's bytes equal to the folder's, the
-// errors; and, once llama declares the MoE keys, the model's round trip HF -> kiln -> HF.
+// and of dense Qwen3 (src/models/llama/formats.h) against the hand-written folders of
+// tests/golden/moe_hf (make_moe_hf_folders.py): a Mixtral in F32, a Qwen3-MoE in BF16,
+// sharded, with dense blocks, and a dense Qwen3 in BF16, both with QK-norm and a head_dim
+// that is not hidden_size / heads. Their config.json mapped to the [model] keys, every
+// tensor read to its kiln name and offset (against the generator's own stacking and against
+// the folder's tensors by hand), the export's bytes and config.json equal to the folder's,
+// the errors; and the model's round trip HF -> kiln -> HF.
 #include "backend/registry.h"
 #include "checkpoint/file_util.h"
 #include "checkpoint/safetensors_folder.h"
@@ -105,7 +106,7 @@ TEST(MoeHfFolders, ConfigJsonGivesTheKeys) {
 // (moe_hf/<name>_kiln.safetensors), whole and in random ranges (a rank's ZeRO-3 slice
 // crossing experts and pieces).
 TEST(MoeHfFolders, EveryTensorLandsAtItsKilnNameAndOffset) {
-  for (const std::string name : {"mixtral", "qwen3_moe"}) {
+  for (const std::string name : {"mixtral", "qwen3_moe", "qwen3"}) {
     SCOPED_TRACE(name);
     const HfLayout layout = layout_of(name);
     const HfFolderReader r(folder_of(name), layout);
@@ -182,7 +183,7 @@ TEST(MoeHfFolders, ExpertsStackAsTheDesignSays) {
 // Export: each folder tensor's bytes made from kiln's values (hf_piece_bytes, in the
 // folder's dtype) are the folder's bytes.
 TEST(MoeHfFolders, ExportWritesTheFoldersBytes) {
-  for (const std::string name : {"mixtral", "qwen3_moe"}) {
+  for (const std::string name : {"mixtral", "qwen3_moe", "qwen3"}) {
     SCOPED_TRACE(name);
     const HfLayout layout = layout_of(name);
     const st::FolderReader f(folder_of(name));
@@ -233,7 +234,7 @@ TEST(MoeHfFolders, UnsupportedConfigsAreOneLineErrors) {
   auto read = [](const std::string& name, const std::function<void(Json&)>& edit) {
     Json c = config_of(name);
     edit(c);
-    return [c, name] { moe_of(c, name); };
+    return [c, name] { llama_options_from_hf(c, name + "/config.json"); };
   };
   EXPECT_ERROR(read("mixtral", [](Json& c) { c["sliding_window"] = 4096; })(),
                "mixtral/config.json: sliding_window = 4096");
@@ -268,14 +269,99 @@ TEST(MoeHfFolders, UnsupportedConfigsAreOneLineErrors) {
                "model.moe.sparse_step: block 0 is dense");
   EXPECT_ERROR(kind(mixtral, [](auto& k) { k.first_k_dense = 1; })(), "model.moe.first_k_dense: block 0");
   EXPECT_ERROR(kind(mixtral, [](auto& k) { k.dense_layers = {4}; })(), "model.moe.dense_layers: block 4");
+  // A dense model is a Llama, or with QK-norm a Qwen3 (DenseQwen3 below).
   LlamaConfig dense;
+  EXPECT_EQ(llama_hf_kind(dense), LlamaHfKind::Llama);
   dense.qk_norm = true;
-  EXPECT_ERROR(llama_hf_kind(dense), "model.qk_norm = true");
+  EXPECT_EQ(llama_hf_kind(dense), LlamaHfKind::Qwen3);
   // Qwen3-MoE holds DeepSeek's first dense blocks as mlp_only_layers.
   LlamaConfig first = qwen;
   first.moe.first_k_dense = 2;
   EXPECT_EQ(moe_hf_config(Json::object(), LlamaHfKind::Qwen3Moe, first)["mlp_only_layers"],
             Json::array({3, 0, 1}));
+}
+
+// Dense Qwen3 (Qwen3ForCausalLM): Llama's shape keys with qk_norm and head_dim, no MoE key;
+// Qwen3Config's defaults for what a config.json leaves out (head_dim 128, rms_norm_eps
+// 1e-6, rope_theta 10000, untied; no layer_types before transformers 4.53).
+TEST(DenseQwen3HfFolder, ConfigJsonGivesTheKeys) {
+  const ModelOptions o = hf_folder_options(folder_of("qwen3"));
+  EXPECT_EQ(o.arch, "llama");
+  EXPECT_EQ(o.n_layer, 2);
+  EXPECT_EQ(o.n_head, 2);
+  EXPECT_EQ(o.n_embd, 8);
+  EXPECT_EQ(o.vocab_size, 20);
+  EXPECT_EQ(o.block_size, 64);
+  const std::map<std::string, double, std::less<>> family = {
+      {"n_kv_head", 1}, {"ffn_hidden_size", 12}, {"norm_eps", 1e-6}, {"rope_theta", 1e6},
+      {"tie_embeddings", 0}, {"head_dim", 6}, {"qk_norm", 1}};
+  EXPECT_EQ(o.family, family);
+  EXPECT_TRUE(o.family_lists.empty());
+  const LlamaConfig c = llama_config_of(o);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.head_dim(), 6);
+  EXPECT_EQ(c.moe.num_experts, 0);
+  EXPECT_EQ(llama_hf_kind(c), LlamaHfKind::Qwen3);
+
+  Json d = config_of("qwen3");
+  for (const char* key : {"head_dim", "rms_norm_eps", "rope_theta", "tie_word_embeddings",
+                          "layer_types", "use_sliding_window", "sliding_window",
+                          "max_window_layers", "attention_bias"})
+    d.erase(key);
+  const LlamaConfig k = llama_config_of(llama_options_from_hf(d, "qwen3/config.json"));
+  EXPECT_EQ(k.explicit_head_dim, 128);
+  EXPECT_EQ(k.norm_eps, 1e-6f);
+  EXPECT_EQ(k.rope.theta, 10000.0);
+  EXPECT_FALSE(k.tie_embeddings);
+  EXPECT_TRUE(k.qk_norm);
+  // A window that use_sliding_window false switches off (transformers then sets it null).
+  d = config_of("qwen3");
+  d["sliding_window"] = 4096, d["max_window_layers"] = 1;
+  EXPECT_EQ(llama_options_from_hf(d, "qwen3/config.json").family, family);
+}
+
+// Export: a dense llama with qk_norm writes Qwen3Config's config.json, the folder's field for
+// field (less what write_hf_folder adds: torch_dtype, the token ids; and the version); one
+// without qk_norm a Llama's, as before.
+TEST(DenseQwen3HfFolder, ExportConfigIsTheFolders) {
+  Json want = config_of("qwen3");
+  for (const char* key : {"transformers_version", "torch_dtype", "bos_token_id", "eos_token_id"})
+    want.erase(key);
+  ModelOptions o = hf_folder_options(folder_of("qwen3"));
+  EXPECT_EQ(model_arch("llama").hf_config(o), want);
+  o.family.erase("qk_norm");
+  const Json llama = model_arch("llama").hf_config(o);
+  EXPECT_EQ(llama["architectures"], Json::array({"LlamaForCausalLM"}));
+  EXPECT_EQ(llama["model_type"], "llama");
+  EXPECT_EQ(llama["mlp_bias"], false);
+  for (const char* key : {"layer_types", "use_sliding_window", "max_window_layers"})
+    EXPECT_FALSE(llama.contains(key)) << key;
+}
+
+TEST(DenseQwen3HfFolder, UnsupportedConfigsAreOneLineErrors) {
+  auto read = [](const std::function<void(Json&)>& edit) {
+    Json c = config_of("qwen3");
+    edit(c);
+    return [c] { llama_options_from_hf(c, "qwen3/config.json"); };
+  };
+  EXPECT_ERROR(read([](Json& c) { c["use_sliding_window"] = true; })(),
+               "qwen3/config.json: use_sliding_window = true");
+  EXPECT_ERROR(read([](Json& c) { c["attention_bias"] = true; })(),
+               "qwen3/config.json: attention_bias = true");
+  EXPECT_ERROR(read([](Json& c) { c["layer_types"][1] = "sliding_attention"; })(),
+               "qwen3/config.json: layer_types[1] = \"sliding_attention\"");
+  EXPECT_ERROR(read([](Json& c) { c["layer_types"] = {"full_attention"}; })(),
+               "\"layer_types\" must be a list of num_hidden_layers = 2 entries");
+  EXPECT_ERROR(read([](Json& c) { c["model_type"] = "qwen2"; })(),
+               "qwen3/config.json: model_type = 'qwen2': kiln's llama reads llama, mixtral, qwen3, "
+               "qwen3_moe");
+  // Qwen3-MoE's attention is read by the same code.
+  Json moe = config_of("qwen3_moe");
+  moe["layer_types"] = Json::array();
+  for (int l = 0; l < 6; ++l)
+    moe["layer_types"].push_back(l < 5 ? "full_attention" : "sliding_attention");
+  EXPECT_ERROR(llama_options_from_hf(moe, "qwen3_moe/config.json"),
+               "qwen3_moe/config.json: layer_types[5] = \"sliding_attention\"");
 }
 
 struct TempDir {
@@ -294,6 +380,9 @@ std::vector<std::string> read_fields(const std::string& type) {
                                   "num_experts_per_tok", "router_aux_loss_coef", "sliding_window"};
   const std::vector<std::string> more =
       type == "mixtral" ? std::vector<std::string>{"num_local_experts"}
+      : type == "qwen3" ? std::vector<std::string>{"architectures", "head_dim",
+                                                   "use_sliding_window", "layer_types",
+                                                   "attention_bias", "rope_scaling"}
                         : std::vector<std::string>{"num_experts", "moe_intermediate_size",
                                                    "decoder_sparse_step", "mlp_only_layers",
                                                    "norm_topk_prob", "head_dim", "use_sliding_window",
@@ -306,7 +395,7 @@ std::vector<std::string> read_fields(const std::string& type) {
 // (names and shapes) against the layout, every tensor read, the folder exported again in
 // its dtype: the same tensors bitwise, the same values of the fields kiln reads.
 TEST(MoeHfFolders, ModelRoundTripsBitwise) {
-  for (const std::string name : {"mixtral", "qwen3_moe"}) {
+  for (const std::string name : {"mixtral", "qwen3_moe", "qwen3"}) {
     SCOPED_TRACE(name);
     const ModelOptions o = hf_folder_options(folder_of(name));
     ASSERT_EQ(o.arch, "llama");
@@ -357,7 +446,7 @@ TEST(MoeHfFolders, ModelRoundTripsBitwise) {
 // folder's shape (common keys, family keys and lists), and the model built from it has the
 // folder's parameters.
 TEST(MoeHfFolders, InitFromGivesTheFoldersShape) {
-  for (const std::string name : {"mixtral", "qwen3_moe"}) {
+  for (const std::string name : {"mixtral", "qwen3_moe", "qwen3"}) {
     SCOPED_TRACE(name);
     const std::string dir = folder_of(name).string();
     const TrainConfig c = load_config_string(fmt::format("[model]\ninit_from = \"{}\"\n", dir));

@@ -354,7 +354,8 @@ TEST(HfFolder, CorruptOrUnsupportedFoldersAreOneLineErrors) {
   d = fresh();
   edit_config(d, [](Json& j) { j["model_type"] = "mistral"; });
   expect_error(d, (d / "config.json").string() +
-                      ": model_type = 'mistral': expected gpt2, llama, mixtral or qwen3_moe");
+                      ": model_type = 'mistral': expected gpt2, llama, mixtral, qwen3 or "
+                      "qwen3_moe");
   d = fresh();
   edit_config(d, [](Json& j) { j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}}; });
   expect_error(d, "rope_scaling.rope_type = 'linear': expected llama3");

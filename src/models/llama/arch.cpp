@@ -57,7 +57,7 @@ ModelArch llama_arch() {
   };
   a.options_from_json = llama_options_from_json;
   a.options_from_hf = llama_options_from_hf;
-  a.hf_model_types = {"llama", "mixtral", "qwen3_moe"};
+  a.hf_model_types = llama_hf_model_types();
   a.hf_config = llama_hf_config;
   a.hf_layout = llama_hf_layout;
   return a;

@@ -5,26 +5,43 @@
 #include "models/llama/moe_formats.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <string>
+#include <vector>
 
 namespace kiln {
 
 namespace {
 
-// transformers' defaults of the fields a config.json may omit, by model_type.
-// dense_width: whether intermediate_size is the dense MLP's width (model.ffn_hidden_size);
-// Mixtral's is its experts' (every block is sparse: the dense width is not in the folder).
-struct HfDefaults {
+// What a config.json of each model_type kiln's llama reads holds: transformers' defaults of
+// the fields it may omit (head_dim 0: hidden_size / num_attention_heads), whether
+// intermediate_size is the dense MLP's width (model.ffn_hidden_size; Mixtral's is its
+// experts': every block is sparse), whether its attention is Qwen3's (QK-norm, the
+// sliding-window fields) and whether it is a mixture of experts (moe_formats.h).
+struct HfType {
+  const char* model_type;
   double rms_norm_eps, rope_theta;
-  bool dense_width;
+  int head_dim;
+  bool dense_width, qwen3, moe;
 };
-HfDefaults hf_defaults(const std::string& model_type) {
-  if (model_type == "mixtral") return {1e-5, 1e6, false};  // MixtralConfig
-  return {1e-6, 10000.0, true};                              // LlamaConfig, Qwen3MoeConfig
+constexpr HfType kHfTypes[] = {
+    {"llama", 1e-6, 10000.0, 0, true, false, false},     // LlamaConfig
+    {"mixtral", 1e-5, 1e6, 0, false, false, true},       // MixtralConfig
+    {"qwen3", 1e-6, 10000.0, 128, true, true, false},    // Qwen3Config
+    {"qwen3_moe", 1e-6, 10000.0, 0, true, true, true},   // Qwen3MoeConfig
+};
+
+const HfType& hf_type(const std::string& model_type, const std::string& file) {
+  for (const HfType& t : kHfTypes)
+    if (model_type == t.model_type) return t;
+  KILN_FAIL("{}: model_type = '{}': kiln's llama reads {}", file, model_type,
+            fmt::join(llama_hf_model_types(), ", "));
 }
 
 // The fields every Llama-family config.json shares (head_dim among them): all but the MoE ones.
 ModelOptions llama_shape_from_hf(const nlohmann::json& cfg, const std::string& file,
-                                 const HfDefaults& defaults) {
+                                 const HfType& defaults) {
   ModelOptions o;
   o.arch = "llama";
   o.n_embd = hf_int(cfg, "hidden_size", file);
@@ -46,7 +63,7 @@ ModelOptions llama_shape_from_hf(const nlohmann::json& cfg, const std::string& f
     KILN_CHECK(!hf_bool(cfg, key, file, false), "{}: {} = true: kiln's Llama has no biases", file, key);
   KILN_CHECK(o.n_head > 0, "{}: num_attention_heads = {} must be positive", file, o.n_head);
   // model.head_dim, when it is not hidden_size / num_attention_heads (its default).
-  const int head_dim = hf_int(cfg, "head_dim", file, 0);
+  const int head_dim = hf_int(cfg, "head_dim", file, defaults.head_dim);
   if (head_dim != 0 && (o.n_embd % o.n_head != 0 || head_dim != o.n_embd / o.n_head))
     f["head_dim"] = head_dim;
   if (cfg.contains("rope_scaling") && !cfg["rope_scaling"].is_null()) {
@@ -65,16 +82,57 @@ ModelOptions llama_shape_from_hf(const nlohmann::json& cfg, const std::string& f
   return o;
 }
 
+// Qwen3's attention (Qwen3Config, Qwen3MoeConfig): QK-norm, always; a sliding window only
+// where none is used (use_sliding_window false, every layer_types entry "full_attention";
+// sliding_window and max_window_layers then mean nothing).
+void read_qwen3_attention(ModelOptions& o, const nlohmann::json& cfg, const std::string& file) {
+  KILN_CHECK(!hf_bool(cfg, "use_sliding_window", file, false),
+             "{}: use_sliding_window = true: kiln's attention is causal over the whole sequence",
+             file);
+  const auto types = cfg.find("layer_types");
+  if (types != cfg.end() && !types->is_null()) {
+    KILN_CHECK(types->is_array() && static_cast<int>(types->size()) == o.n_layer,
+               "{}: \"layer_types\" must be a list of num_hidden_layers = {} entries, got {}", file,
+               o.n_layer, types->dump());
+    for (size_t l = 0; l < types->size(); ++l)
+      KILN_CHECK((*types)[l] == "full_attention", "{}: layer_types[{}] = {}: kiln's attention is "
+                 "causal over the whole sequence in every layer (\"full_attention\")", file, l,
+                 (*types)[l].dump());
+  }
+  o.family["qk_norm"] = 1.0;
+}
+
+// `llama` (llama_hf_config's fields) made Qwen3Config's config.json: no mlp_bias nor
+// pretraining_tp, no sliding window (layer_types as transformers >= 4.53 writes it).
+nlohmann::json qwen3_hf_config(nlohmann::json c, const LlamaConfig& config) {
+  for (const char* key : {"mlp_bias", "pretraining_tp"}) c.erase(key);
+  c["architectures"] = {"Qwen3ForCausalLM"};
+  c["model_type"] = "qwen3";
+  c["use_sliding_window"] = false;
+  c["sliding_window"] = nullptr;
+  c["max_window_layers"] = config.n_layer;
+  c["layer_types"] =
+      std::vector<std::string>(static_cast<size_t>(config.n_layer), "full_attention");
+  return c;
+}
+
 }  // namespace
+
+std::vector<std::string> llama_hf_model_types() {
+  std::vector<std::string> out;
+  for (const HfType& t : kHfTypes) out.emplace_back(t.model_type);
+  return out;
+}
 
 ModelOptions llama_options_from_hf(const nlohmann::json& cfg, const std::string& file) {
   const std::string type = hf_string(cfg, "model_type", file, "llama");
-  ModelOptions o = llama_shape_from_hf(cfg, file, hf_defaults(type));
-  if (type != "llama") {
+  const HfType& t = hf_type(type, file);
+  ModelOptions o = llama_shape_from_hf(cfg, file, t);
+  if (t.qwen3) read_qwen3_attention(o, cfg, file);
+  if (t.moe) {
     LlamaConfig moe;
     moe.n_layer = o.n_layer;
     read_moe_hf_config(moe, cfg, file, type);
-    if (moe.qk_norm) o.family["qk_norm"] = 1.0;
     llama_set_moe_options(o, moe.moe);
   }
   try {
@@ -117,6 +175,8 @@ nlohmann::json llama_hf_config(const ModelOptions& options) {
       {"initializer_range", 0.02},
       {"pretraining_tp", 1},
       {"use_cache", true}};
+  if (kind == LlamaHfKind::Llama) return j;
+  if (kind == LlamaHfKind::Qwen3) return qwen3_hf_config(std::move(j), c);
   return moe_hf_config(std::move(j), kind, c);
 }
 

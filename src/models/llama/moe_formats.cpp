@@ -57,9 +57,6 @@ LlamaMoeConfig qwen3_moe(const nlohmann::json& cfg, const std::string& file, int
       k.dense_layers.push_back(l.get<int>());
     }
   }
-  KILN_CHECK(!hf_bool(cfg, "use_sliding_window", file, false),
-             "{}: use_sliding_window = true: kiln's attention is causal over the whole sequence",
-             file);
   return k;
 }
 
@@ -71,7 +68,6 @@ void read_moe_hf_config(LlamaConfig& c, const nlohmann::json& cfg, const std::st
     c.moe = mixtral_moe(cfg, file);
   } else if (type == "qwen3_moe") {
     c.moe = qwen3_moe(cfg, file, c.n_layer);
-    c.qk_norm = true;
   } else {
     KILN_FAIL("{}: model_type = '{}': not a mixture-of-experts layout (mixtral, qwen3_moe)", file,
               type);
@@ -91,11 +87,7 @@ const char* dense_reason(const LlamaMoeConfig& k, int l) {
 
 LlamaHfKind llama_hf_kind(const LlamaConfig& c) {
   const LlamaMoeConfig& k = c.moe;
-  if (k.num_experts == 0) {
-    KILN_CHECK(!c.qk_norm, "model.qk_norm = true: a dense Llama's config.json has no "
-               "q_norm / k_norm (only Qwen3-MoE, a MoE model, has them in kiln's folders)");
-    return LlamaHfKind::Llama;
-  }
+  if (k.num_experts == 0) return c.qk_norm ? LlamaHfKind::Qwen3 : LlamaHfKind::Llama;
   const char* layouts = "neither Mixtral nor Qwen3-MoE folders";
   KILN_CHECK(k.shared_experts == 0, "model.moe.shared_experts = {}: {} hold shared experts",
              k.shared_experts, layouts);
@@ -126,7 +118,8 @@ nlohmann::json mlp_only_layers(const LlamaMoeConfig& k) {
 }  // namespace
 
 nlohmann::json moe_hf_config(nlohmann::json c, LlamaHfKind kind, const LlamaConfig& config) {
-  if (kind == LlamaHfKind::Llama) return c;
+  KILN_CHECK(kind == LlamaHfKind::Mixtral || kind == LlamaHfKind::Qwen3Moe,
+             "moe_hf_config: a dense model's config.json has no experts");
   const LlamaMoeConfig& k = config.moe;
   const int F = k.ffn_hidden_size, ffn_hidden_size = config.ffn_hidden_size;
   for (const char* key : {"mlp_bias", "pretraining_tp"}) c.erase(key);
@@ -158,7 +151,8 @@ nlohmann::json moe_hf_config(nlohmann::json c, LlamaHfKind kind, const LlamaConf
 
 void add_moe_hf_params(HfLayout& layout, const std::string& p, LlamaHfKind kind, int64_t E,
                        int64_t F, int64_t C) {
-  KILN_CHECK(kind != LlamaHfKind::Llama, "add_moe_hf_params: a dense Llama has no experts");
+  KILN_CHECK(kind == LlamaHfKind::Mixtral || kind == LlamaHfKind::Qwen3Moe,
+             "add_moe_hf_params: a dense model has no experts");
   const bool mixtral = kind == LlamaHfKind::Mixtral;
   const std::string hf = p + (mixtral ? "block_sparse_moe." : "mlp.");
   layout.params.push_back({p + "mlp.router.weight", Shape{E, C}, {{hf + "gate.weight", E, false}}});

@@ -2,7 +2,8 @@
 // transformers' Mixtral (MixtralForCausalLM, model_type "mixtral") and Qwen3-MoE
 // (Qwen3MoeForCausalLM, "qwen3_moe"), read into and written from the llama [model] keys of
 // issue 38 (head_dim, qk_norm, moe.*; /work/moe-design.md, docs/config.md). The dense
-// fields both share with Llama (hidden_size, heads, rope, norms) are models/llama/formats.h's.
+// fields both share with Llama (hidden_size, heads, rope, norms), and Qwen3-MoE's attention
+// fields, the same as dense Qwen3's, are models/llama/formats.h's.
 //
 // Names: a MoE block's router mlp.router.weight [E, C] is Mixtral's
 // block_sparse_moe.gate.weight or Qwen3-MoE's mlp.gate.weight; its experts, stacked, are
@@ -22,30 +23,33 @@
 
 namespace kiln {
 
-/// The Hugging Face layout of a Llama-family model: dense Llama, Mixtral or Qwen3-MoE.
-enum class LlamaHfKind { Llama, Mixtral, Qwen3Moe };
+/// The Hugging Face layout of a Llama-family model: dense Llama or Qwen3 (formats.h),
+/// Mixtral or Qwen3-MoE.
+enum class LlamaHfKind { Llama, Qwen3, Mixtral, Qwen3Moe };
 
 /// The MoE shape a config.json of model_type `type` ("mixtral" or "qwen3_moe") gives, into
-/// config.moe and config.qk_norm (config.n_layer: the model's blocks; head_dim is a
-/// shared Llama field, formats.h; `file` names the folder's config.json in errors).
+/// config.moe (config.n_layer: the model's blocks; head_dim is a shared Llama field and
+/// Qwen3-MoE's attention, QK-norm and no sliding window, Qwen3's: formats.h; `file` names
+/// the folder's config.json in errors).
 /// Mixtral: num_local_experts, num_experts_per_tok, intermediate_size (the experts' width;
 /// every block MoE), router_aux_loss_coef (0.001 when absent, as MixtralConfig) with
 /// aux_loss_type "hf", renormalised softmax; a non-null sliding_window or
 /// router_jitter_noise != 0 is an error. Qwen3-MoE: num_experts, num_experts_per_tok,
 /// moe_intermediate_size, decoder_sparse_step (1), mlp_only_layers ([]; moe.dense_layers
-/// as listed), norm_topk_prob (false), router_aux_loss_coef (0.001), QK-norm;
-/// use_sliding_window true is an error. Throws kiln::Error naming the file and key.
+/// as listed), norm_topk_prob (false), router_aux_loss_coef (0.001). Throws kiln::Error
+/// naming the file and key.
 void read_moe_hf_config(LlamaConfig& config, const nlohmann::json& cfg, const std::string& file,
                         const std::string& type);
 
-/// The layout `config` is written in: dense without QK-norm Llama, MoE with QK-norm
-/// Qwen3-MoE, MoE without Mixtral. Throws kiln::Error naming the [model] key that neither
-/// can hold: QK-norm on a dense model, shared experts, sigmoid scoring, the balancing
-/// bias; for Mixtral renormalisation off or a dense block.
+/// The layout `config` is written in: dense without QK-norm Llama, dense with QK-norm
+/// Qwen3, MoE with QK-norm Qwen3-MoE, MoE without Mixtral. Throws kiln::Error naming the
+/// [model] key that neither MoE layout can hold: shared experts, sigmoid scoring, the
+/// balancing bias; for Mixtral renormalisation off or a dense block.
 LlamaHfKind llama_hf_kind(const LlamaConfig& config);
 
-/// `llama` (llama_hf_config's fields of the same model) made the config.json of `kind`:
-/// MixtralConfig's or Qwen3MoeConfig's fields (docs/formats.md). config.moe.ffn_hidden_size
+/// `llama` (llama_hf_config's fields of the same model) made the config.json of `kind`
+/// (Mixtral or Qwen3Moe, else a kiln::Error): MixtralConfig's or Qwen3MoeConfig's fields
+/// (docs/formats.md). config.moe.ffn_hidden_size
 /// is the experts' width, config.ffn_hidden_size the dense blocks'.
 nlohmann::json moe_hf_config(nlohmann::json llama, LlamaHfKind kind, const LlamaConfig& config);
 
