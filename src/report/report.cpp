@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "report/charts.h"
+#include "report/moe_section.h"
 
 #include <fmt/format.h>
 
@@ -525,6 +526,7 @@ std::string render_report(const RunData& run) {
   if (auto w = per_rank(run, "comm_wait_s", "communication wait", 1e3); !w.empty())
     card(w, "Time waiting for collectives", "ms per step");
   h += "</div>\n";
+  h += moe_section(run);
 
   // Memory by category (MiB), one chart per rank. Sources: the trainer's
   // "mem_by_rank" array (every rank's bytes by category, logged by rank 0 in a
