@@ -39,7 +39,7 @@ double nice_step(double range, int target) {
 }
 
 std::string tick_label(double v, double step) {
-  if (v == 0.0) return "0";
+  if (std::fabs(v) < step * 1e-6) return "0";  // a sum of steps that crossed zero: ~1e-18
   const double a = std::fabs(v);
   if (a >= 1e5 || a < 1e-3) return fmt::format("{:.2g}", v);
   const int decimals = std::max(0, static_cast<int>(-std::floor(std::log10(step) + 1e-9)));

@@ -265,6 +265,9 @@ TEST(Report, MixtureOfExpertsSection) {
   const double y_first = std::stod(ratio.substr(ratio.find(',') + 1));
   const double y_last = std::stod(ratio.substr(ratio.rfind(',') + 1));
   EXPECT_LT(y_first, y_last);  // SVG y grows downwards
+  // The bias range crosses zero: its tick there reads 0, not a rounding residue like 3.5e-18.
+  EXPECT_NE(html.find("text-anchor=\"end\" fill=\"#444\">0</text>"), std::string::npos);
+  EXPECT_EQ(html.find("e-1"), std::string::npos);
   // The last update: the values line and each layer's load (spread 30 at step 20).
   EXPECT_NE(html.find("At update 20: aux loss 0.02005, z-loss 0.001025, selection bias from "
                       "-0.02 to 0.01."), std::string::npos);
