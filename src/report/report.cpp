@@ -1,6 +1,8 @@
 #include "report/report.h"
 
 #include "core/error.h"
+#include "report/charts.h"
+#include "report/moe_section.h"
 
 #include <fmt/format.h>
 
@@ -37,7 +39,7 @@ double nice_step(double range, int target) {
 }
 
 std::string tick_label(double v, double step) {
-  if (v == 0.0) return "0";
+  if (std::fabs(v) < step * 1e-6) return "0";  // a sum of steps that crossed zero: ~1e-18
   const double a = std::fabs(v);
   if (a >= 1e5 || a < 1e-3) return fmt::format("{:.2g}", v);
   const int decimals = std::max(0, static_cast<int>(-std::floor(std::log10(step) + 1e-9)));
@@ -301,25 +303,6 @@ std::string base64(const std::string& bytes) {
   return out;
 }
 
-// The series of `key` (times `scale`) per rank, named "<label> (rank r)".
-std::vector<Series> per_rank(const RunData& run, const std::string& key, const std::string& label,
-                             double scale = 1.0, bool dashed = false, bool markers = false) {
-  std::vector<Series> out;
-  for (const auto& [rank, recs] : run.records) {
-    Series s;
-    s.name = fmt::format("{} (rank {})", label, rank);
-    s.dashed = dashed;
-    s.markers = markers;
-    for (const auto& r : recs) {
-      if (!r.contains("step") || !r["step"].is_number() || !r.contains(key) || !r[key].is_number())
-        continue;
-      s.points.push_back({r["step"].get<double>(), r[key].get<double>() * scale});
-    }
-    if (!s.points.empty()) out.push_back(std::move(s));
-  }
-  return out;
-}
-
 struct Stat {
   double first = NAN, last = NAN, min = NAN, max = NAN, mean = NAN;
   int64_t n = 0;
@@ -525,10 +508,7 @@ std::string render_report(const RunData& run) {
   // Charts.
   h += "<h2>Training curves</h2>\n<div class=\"grid\">\n";
   auto card = [&](const std::vector<Series>& s, const std::string& t, const std::string& y) {
-    ChartOptions o;
-    o.title = t;
-    o.y_label = y;
-    h += "<div class=\"card\">\n" + svg_line_chart(s, o) + "</div>\n";
+    h += chart_card(s, t, y);
   };
   {
     std::vector<Series> loss = per_rank(run, "loss", "train loss");
@@ -546,6 +526,7 @@ std::string render_report(const RunData& run) {
   if (auto w = per_rank(run, "comm_wait_s", "communication wait", 1e3); !w.empty())
     card(w, "Time waiting for collectives", "ms per step");
   h += "</div>\n";
+  h += moe_section(run);
 
   // Memory by category (MiB), one chart per rank. Sources: the trainer's
   // "mem_by_rank" array (every rank's bytes by category, logged by rank 0 in a

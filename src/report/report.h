@@ -6,7 +6,9 @@
 //                       step_time_s, peak_mem_bytes, mem_<category>_bytes, val_loss (on
 //                       evaluation steps), comm_wait_s, mem_by_rank (an array with
 //                       every rank's bytes by category, logged by rank 0 of a
-//                       data-parallel run), and optionally "rank".
+//                       data-parallel run), optionally "rank", and for a mixture of
+//                       experts moe_aux_loss, moe_z_loss, moe_tokens_per_expert{,_by_layer}
+//                       and moe_expert_bias (report/moe_section.h).
 //   metrics*.jsonl      further files (e.g. metrics_rank1.jsonl): records without a
 //                       "rank" key take the number after "rank" in the file name, else 0.
 //                       The trainer's records also carry "time", "session_start" and
@@ -23,7 +25,8 @@
 // Output: report.html with no external resource (no script, font or stylesheet): inline
 // CSS and one inline SVG line chart per quantity, a series per rank (train and val
 // loss, learning rate, gradient norm, tokens/s, MFU, step time, time waiting for
-// collectives, memory by category per rank),
+// collectives, memory by category per rank; for a mixture of experts the balancing losses,
+// the load imbalance, the selection bias range and a per-layer load table),
 // a summary table and the config. Every series is an SVG <polyline> whose
 // data-series attribute names it (e.g. "train loss (rank 0)").
 #pragma once

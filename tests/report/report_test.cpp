@@ -1,6 +1,7 @@
 // kiln report: the SVG chart generator, reading a run directory (ranks, torn lines),
-// the HTML (self-contained, expected polylines, escaped config) and, when Debian's
-// chromium is installed, a headless screenshot of the page that must not be blank.
+// the HTML (self-contained, expected polylines, escaped config, a mixture-of-experts
+// section for a MoE run only) and, when Debian's chromium is installed, a headless
+// screenshot of the page that must not be blank.
 #include "report/report.h"
 
 #include "core/error.h"
@@ -172,6 +173,7 @@ TEST(Report, HtmlHasEveryChartAndTheConfig) {
   EXPECT_NE(html.find("<td>ckpt/step_00000060</td><td>0.0</td><td><span class=\"warn\">no"),
             std::string::npos);
   EXPECT_TRUE(polyline_points(html, "unigram baseline (val, 6.2)").empty());  // none given
+  EXPECT_EQ(html.find("Mixture of experts"), std::string::npos);  // a dense run
   fs::remove_all(dir);
 }
 
@@ -224,6 +226,68 @@ TEST(Report, MemoryByRankFromTheTrainersArray) {
   EXPECT_TRUE(polyline_points(html, "peak_parameters (rank 0)").empty());
   EXPECT_FALSE(polyline_points(html, "communication wait (rank 0)").empty());
   fs::remove_all(dir);
+}
+
+// A mixture-of-experts run as the trainer writes it (add_moe_record): 20 updates, 3 MoE
+// layers of 8 experts, top-2 of 4096 tokens (mean 1024 slots per expert); with `bias`,
+// DeepSeek-V3's selection bias range.
+fs::path make_moe_run(const std::string& name, bool bias) {
+  const fs::path dir = temp_dir(name);
+  std::ofstream m(dir / "metrics.jsonl");
+  for (int step = 1; step <= 20; ++step) {
+    nlohmann::json r;
+    r["step"] = step;
+    r["loss"] = 6.0 - 0.1 * step;
+    r["moe_aux_loss"] = 0.02 + 0.001 / step;
+    r["moe_z_loss"] = 0.001 + 0.0005 / step;
+    const double spread = 600.0 / step;  // layer l: 1024 -/+ (l + 1) * spread
+    nlohmann::json by_layer = nlohmann::json::array();
+    for (int l = 0; l < 3; ++l)  // [min, mean, max], as the trainer writes it
+      by_layer.push_back({1024 - (l + 1) * spread, 1024.0, 1024 + (l + 1) * spread});
+    r["moe_tokens_per_expert_by_layer"] = by_layer;
+    r["moe_tokens_per_expert"] = {
+        {"min", 1024 - 3 * spread}, {"mean", 1024.0}, {"max", 1024 + 3 * spread}};
+    if (bias) r["moe_expert_bias"] = {{"min", -0.001 * step}, {"max", 0.0005 * step}};
+    m << r.dump() << "\n";
+  }
+  return dir;
+}
+
+TEST(Report, MixtureOfExpertsSection) {
+  const fs::path dir = make_moe_run("moe", true);
+  const std::string html = render_report(load_run(dir));
+  EXPECT_NE(html.find("<h2>Mixture of experts</h2>"), std::string::npos);
+  for (const char* s : {"aux loss", "z-loss", "max / mean", "min / mean", "bias max", "bias min"})
+    EXPECT_EQ(count(polyline_points(html, fmt::format("{} (rank 0)", s)), ","), 20) << s;
+  EXPECT_EQ(count(polyline_points(html, "train loss (rank 0)"), ","), 20);  // the LM loss, apart
+  // The load imbalance at step 1 (1024 + 1800) / 1024 = 2.758 lies above step 20's 1.088.
+  const std::string ratio = polyline_points(html, "max / mean (rank 0)");
+  const double y_first = std::stod(ratio.substr(ratio.find(',') + 1));
+  const double y_last = std::stod(ratio.substr(ratio.rfind(',') + 1));
+  EXPECT_LT(y_first, y_last);  // SVG y grows downwards
+  // The bias range crosses zero: its tick there reads 0, not a rounding residue like 3.5e-18.
+  EXPECT_NE(html.find("text-anchor=\"end\" fill=\"#444\">0</text>"), std::string::npos);
+  EXPECT_EQ(html.find("e-1"), std::string::npos);
+  // The last update: the values line and each layer's load (spread 30 at step 20).
+  EXPECT_NE(html.find("At update 20: aux loss 0.02005, z-loss 0.001025, selection bias from "
+                      "-0.02 to 0.01."), std::string::npos);
+  EXPECT_NE(html.find("<tr><td>0</td><td>994</td><td>1024</td><td>1054</td><td>1.029</td>"
+                      "<td>0.971</td></tr>"), std::string::npos);
+  EXPECT_NE(html.find("<tr><td>2</td><td>934</td><td>1024</td><td>1114</td><td>1.088</td>"
+                      "<td>0.912</td></tr>"), std::string::npos);
+  EXPECT_NE(html.find("<tr><td>all</td><td>934</td><td>1024</td><td>1114</td><td>1.088</td>"
+                      "<td>0.912</td></tr>"), std::string::npos);
+  fs::remove_all(dir);
+
+  // Without the auxiliary-loss-free bias: no bias chart, no bias in the line.
+  const fs::path plain = make_moe_run("moe_plain", false);
+  const std::string no_bias = render_report(load_run(plain));
+  EXPECT_NE(no_bias.find("<h2>Mixture of experts</h2>"), std::string::npos);
+  EXPECT_TRUE(polyline_points(no_bias, "bias max (rank 0)").empty());
+  EXPECT_EQ(no_bias.find("selection bias"), std::string::npos);
+  EXPECT_NE(no_bias.find("At update 20: aux loss 0.02005, z-loss 0.001025.</div>"),
+            std::string::npos);
+  fs::remove_all(plain);
 }
 
 TEST(Report, RankFromFileNameAndErrors) {
