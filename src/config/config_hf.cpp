@@ -58,7 +58,8 @@ std::optional<ModelOptions> fill_model_from_hf_folder(TrainConfig& c, const Orig
 namespace {
 
 // The keys of `from` (a folder's config.json values) into `into` (config.model.family or
-// family_lists), each that `keys` declares; one set explicitly must equal the folder's.
+// family_lists), each that `keys` declares; one set explicitly must equal the folder's,
+// but for a training-only key (ModelKey::training_only), where the config's value wins.
 // `format(key, value)` writes a value as TOML for the error.
 template <class Map, class Format>
 void take_keys(const TrainConfig& c, const Origins& origins, const Map& from, Map& into,
@@ -72,6 +73,7 @@ void take_keys(const TrainConfig& c, const Origins& origins, const Map& from, Ma
       into[name] = value;
       continue;
     }
+    if (k->training_only) continue;
     KILN_CHECK(into.at(name) == value, "{}: key '{}' is {}, but model.init_from's {} gives {}",
                origin(c, origins, key), key, format(*k, into.at(name)), file, format(*k, value));
   }

@@ -53,7 +53,7 @@ void load_model_from_checkpoint(const checkpoint::CheckpointReader& reader, Mode
 void add_model_buffers(checkpoint::CheckpointWriter& writer, const Model& model,
                        std::vector<std::vector<float>>& keep);
 /// Reads the model's buffers back from their tensors. A buffer the checkpoint does not
-/// hold (saved without it, e.g. with moe.bias_update_rate = 0) keeps its value; returns
+/// hold (saved without it, e.g. without moe.expert_bias) keeps its value; returns
 /// their names. Throws kiln::Error naming the checkpoint when a tensor's shape differs.
 std::vector<std::string> load_model_buffers(const checkpoint::CheckpointReader& reader,
                                             Model& model);

@@ -161,9 +161,16 @@ ModelArch hf_arch(const std::string& arch, const std::string& what) {
 
 // "num_hidden_layers = 3 (the folder) vs 2" for every config.json field in which the two
 // models differ, both written out by the architecture (its defaults filled in). The
-// dropout is not compared: kiln's model.dropout applies, not Hugging Face's.
+// dropout and the training-only keys (ModelKey::training_only, e.g. router_aux_loss_coef)
+// are not compared: kiln's apply, not Hugging Face's.
 std::vector<std::string> differences(const ModelArch& arch, ModelOptions got, const ModelOptions& want) {
   got.dropout = want.dropout;
+  for (const ModelKey& k : arch.keys) {
+    if (!k.training_only) continue;
+    got.family.erase(k.name);
+    if (const auto it = want.family.find(k.name); it != want.family.end())
+      got.family[k.name] = it->second;
+  }
   const nlohmann::json a = arch.hf_config(got), b = arch.hf_config(want);
   std::vector<std::string> out;
   for (const auto& [key, value] : a.items())

@@ -113,7 +113,7 @@ struct MoeStats {
   int64_t micro_batches = 0;
   std::vector<std::vector<double>> tokens_per_expert;  // [MoE layer][expert]
   /// The auxiliary-loss-free selection bias after the step's update (Model::
-  /// update_moe_bias), [MoE layer][expert]; empty without moe.bias_update_rate.
+  /// update_moe_bias), [MoE layer][expert]; empty without moe.expert_bias.
   std::vector<std::vector<float>> expert_bias;
 };
 
@@ -238,7 +238,7 @@ class Model {
   /// model without mixture-of-experts layers.
   virtual std::optional<MoeStats> take_moe_stats() { return std::nullopt; }
   /// After an applied update (not a skipped one): DeepSeek-V3's auxiliary-loss-free
-  /// balancing (moe.bias_update_rate) moves each MoE layer's selection bias by the step's
+  /// balancing (moe.expert_bias) moves each MoE layer's selection bias by the step's
   /// tokens per expert (`step`, summed over the data-parallel ranks: the same on every
   /// rank) and records the moved bias in step.expert_bias. Others do nothing.
   virtual void update_moe_bias(MoeStats& step) { (void)step; }

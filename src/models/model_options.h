@@ -33,6 +33,11 @@ struct ModelKey {
   bool lo_open = false, hi_open = false;
   std::string description = {};
   std::vector<std::string> choices = {};  // a Choice's strings (default_value: an index)
+  /// A training hyper-parameter (e.g. a balancing loss's coefficient): it changes the loss
+  /// or an update rule, never a tensor nor what the model computes from given weights. A
+  /// resume may change it (Trainer::check_same_run), and a value set in the config wins
+  /// over a model.init_from folder's.
+  bool training_only = false;
 };
 using ModelKeys = std::vector<ModelKey>;
 

@@ -26,7 +26,7 @@ MoeBalance::MoeBalance(Backend& be, const MoeBalanceSpec& spec,
   const Stream s = be.default_stream();
   be.fill(s, sums_, 0.f);
   be.fill(s, load_sum_, 0.f);
-  if (spec.bias_update_rate <= 0.f) return;
+  if (!spec.expert_bias) return;
   bias_ = be.empty(Shape{L_, E_}, DType::F32, MemCategory::Parameters);
   be.fill(s, bias_, 0.f);
   for (int m = 0; m < L_; ++m) {

@@ -29,8 +29,9 @@
 // them). The z-loss stays per micro-batch. With G = 1 both scopes are the same, bit for bit.
 //
 // Auxiliary-loss-free balancing (DeepSeek-V3, Wang et al. 2024, "Auxiliary-Loss-Free Load
-// Balancing Strategy"; Megatron-core's expert bias), with moe.bias_update_rate u > 0: each
-// MoE layer chooses by scores + b (nn/moe.h), and after each applied update
+// Balancing Strategy"; Megatron-core's expert bias), with moe.expert_bias: each MoE layer
+// chooses by scores + b (nn/moe.h), and after each applied update, at moe.bias_update_rate u
+// (0: b frozen),
 //   b_e <- b_e + u * sign(mean_e' c_e' - c_e),
 // c the layer's tokens per expert over the step's global batch (summed over the
 // micro-batches and data-parallel ranks), in fp32 on the host: the same bits on every
@@ -55,13 +56,14 @@ struct MoeBalanceSpec {
   AuxType aux_type = AuxType::PerLayer;
   float z_coef = 0.f;    // moe.z_loss_coef
   bool global = false;   // moe.aux_loss_scope "global": counts summed over the group
-  float bias_update_rate = 0.f;  // moe.bias_update_rate: > 0 keeps a selection bias
+  bool expert_bias = false;      // moe.expert_bias: a selection bias per layer
+  float bias_update_rate = 0.f;  // moe.bias_update_rate: its step per update
 };
 
 class MoeBalance {
  public:
-  /// `layers`: the MoE layers of the model in block order (all of one E and k). With a
-  /// bias_update_rate, binds each layer's expert_bias to its row of a zeroed fp32 [L, E].
+  /// `layers`: the MoE layers of the model in block order (all of one E and k). With an
+  /// expert_bias, binds each layer's expert_bias to its row of a zeroed fp32 [L, E].
   MoeBalance(Backend& be, const MoeBalanceSpec& spec, std::vector<nn::MoeMlp*> layers);
 
   void set_grad_scale(float scale) { grad_scale_ = scale; }
@@ -78,9 +80,9 @@ class MoeBalance {
   /// The figures since the last take(), then reset (one host read).
   MoeStats take();
   /// The bias update above from step.tokens_per_expert (the step's global counts); the
-  /// moved bias into step.expert_bias. Nothing without a bias_update_rate.
+  /// moved bias into step.expert_bias. Nothing without an expert_bias.
   void update_bias(MoeStats& step);
-  /// The layers' selection biases (none without a bias_update_rate).
+  /// The layers' selection biases (none without an expert_bias).
   std::vector<ModelBuffer> buffers() const;
 
  private:
@@ -94,7 +96,7 @@ class MoeBalance {
   // The micro-batch's: load [L + 1, E] (row L: the sum over the layers), prob [L, E]
   // (hf: row 0 for every layer); the step's: sums [2] (aux, z), load_sum [L, E]; dot [1, 1].
   Tensor load_, prob_, sums_, load_sum_, dot_;
-  Tensor bias_;  // fp32 [L, E], with a bias_update_rate
+  Tensor bias_;  // fp32 [L, E], with an expert_bias
   std::vector<std::string> bias_names_;  // [L]
 };
 

@@ -8,20 +8,31 @@
 #include "model_io/model_io.h"
 #include "train/trainer.h"
 
-#include <algorithm>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
 #include <fstream>
 #include <iterator>
+#include <map>
 
 namespace kiln {
 
 namespace fs = std::filesystem;
 
 namespace {
+// The leaves of a model's state object by dotted path ("n_head", "moe.top_k").
+void flatten(const nlohmann::json& j, const std::string& prefix,
+             std::map<std::string, nlohmann::json>& out) {
+  for (const auto& [key, value] : j.items()) {
+    const std::string path = prefix.empty() ? key : prefix + "." + key;
+    if (value.is_object())
+      flatten(value, path, out);
+    else
+      out[path] = value;
+  }
+}
+
 // Names the keys in which `config` differs from the one saved in checkpoint `dir`.
 void print_config_changes(const fs::path& dir, const TrainConfig& config) {
   std::ifstream in(dir / "config.toml");
@@ -146,13 +157,22 @@ void Trainer::check_same_run(const checkpoint::CheckpointReader& reader,
   const fs::path& dir = reader.dir();
   const auto& st = reader.state();
   // The same model: every hyper-parameter the model records (n_head, say, changes no
-  // tensor shape but every result).
-  const nlohmann::json now = one_step_->model().config_json();
-  for (const auto& [key, value] : now.items())
-    KILN_CHECK(st.at("model").contains(key) ? st.at("model").at(key) == value : true,
+  // tensor shape but every result), but the training-only ones (ModelKey::training_only:
+  // a balancing loss's coefficient, say), which a resume may change. A key the checkpoint
+  // does not record (written before it existed) is taken to agree.
+  const Model& model = one_step_->model();
+  const ModelKeys keys = model_arch(model.arch()).keys;
+  std::map<std::string, nlohmann::json> now, then;
+  flatten(model.config_json(), "", now);
+  flatten(st.at("model"), "", then);
+  for (const auto& [key, value] : now) {
+    const ModelKey* k = find_model_key(keys, key);
+    const auto it = then.find(key);
+    KILN_CHECK((k && k->training_only) || it == then.end() || it->second == value,
                "{}: saved with model.{} = {}, this run has {}; resume needs the same model "
                "(start a new run with model.init_from to change it)", dir.string(), key,
-               st.at("model").at(key).dump(), value.dump());
+               it->second.dump(), value.dump());
+  }
   // What fixes the data order must not change mid-run: the seed (the epoch's shuffle) and
   // the data set (the token stream); batch shape below.
   KILN_CHECK(saved.seed == config_.train.seed,

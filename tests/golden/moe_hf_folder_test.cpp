@@ -262,7 +262,7 @@ TEST(MoeHfFolders, UnsupportedConfigsAreOneLineErrors) {
   };
   EXPECT_ERROR(kind(qwen, [](auto& k) { k.shared_experts = 1; })(), "model.moe.shared_experts = 1");
   EXPECT_ERROR(kind(mixtral, [](auto& k) { k.scoring = "sigmoid"; })(), "model.moe.scoring = 'sigmoid'");
-  EXPECT_ERROR(kind(qwen, [](auto& k) { k.bias_update_rate = 0.001; })(), "model.moe.bias_update_rate");
+  EXPECT_ERROR(kind(qwen, [](auto& k) { k.expert_bias = true; })(), "model.moe.expert_bias = true");
   EXPECT_ERROR(kind(mixtral, [](auto& k) { k.norm_topk_prob = false; })(),
                "model.moe.norm_topk_prob = false");
   EXPECT_ERROR(kind(mixtral, [](auto& k) { k.sparse_step = 2; })(),
@@ -474,6 +474,28 @@ TEST(MoeHfFolders, InitFromGivesTheFoldersShape) {
                                   {"model.moe.dense_layers=2"}),
                "--set: key 'model.moe.dense_layers' is [2], but model.init_from's " + dir +
                    "/config.json gives [3]");
+}
+
+// The balancing keys are training hyper-parameters (ModelKey::training_only): a config's
+// own values win over the folder's router_aux_loss_coef (and the folder's aux loss form),
+// and its weights still load.
+TEST(MoeHfFolders, InitFromKeepsTheConfigsBalancingKeys) {
+  const std::string dir = folder_of("mixtral").string();  // router_aux_loss_coef 0.02, "hf"
+  const TrainConfig c = load_config_string(
+      fmt::format("[model]\ninit_from = \"{}\"\n", dir),
+      {"model.moe.aux_loss_coef=0.01", "model.moe.aux_loss_type=per_layer",
+       "model.moe.z_loss_coef=0.001"});
+  const LlamaConfig got = llama_config_of(model_options_from(c));
+  EXPECT_EQ(got.moe.aux_loss_coef, 0.01);
+  EXPECT_EQ(got.moe.aux_loss_type, "per_layer");
+  EXPECT_EQ(got.moe.z_loss_coef, 0.001);
+  const HfFolderReader reader(dir, model_options_from(c));  // the folder holds this model
+  std::vector<float> row(4);
+  reader.read("model.embed_tokens.weight", 0, 4, row.data());
+  // A shape key still has to agree.
+  EXPECT_ERROR(load_config_string(fmt::format("[model]\ninit_from = \"{}\"\n", dir),
+                                  {"model.moe.top_k=1"}),
+               "key 'model.moe.top_k' is 1, but model.init_from's");
 }
 
 }  // namespace

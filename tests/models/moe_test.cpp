@@ -183,7 +183,8 @@ struct Rig {
     MoeBalanceSpec bs{static_cast<float>(c.aux), c.hf ? MoeBalanceSpec::AuxType::Hf
                                                        : MoeBalanceSpec::AuxType::PerLayer,
                       static_cast<float>(c.z)};
-    bs.bias_update_rate = c.bias ? 1e-3f : 0.f;
+    bs.expert_bias = c.bias;
+    bs.bias_update_rate = 1e-3f;
     balance = std::make_unique<MoeBalance>(*be, bs, std::vector<nn::MoeMlp*>{&l1, &l2});
     auto act = [&] { return be->empty(Shape{kB, kT, kC}, DType::F32, MemCategory::Activations); };
     x = act(), h = act(), out = act(), dout = act(), dh = act(), dx = act();

@@ -11,10 +11,12 @@
 #   3. bf16 trains (finite losses; the metrics carry the routing figures);
 #   2b. aux_loss_scope "global": 1 process bitwise the micro_batch scope; 2 ranks at ZeRO
 #      1 and ZeRO 3 (full checkpointing) within 1e-5 (with --long also the "hf" form);
-#   2c. the auxiliary-loss-free bias (moe.bias_update_rate): it moves both ways; 2 ranks at
+#   2c. the auxiliary-loss-free bias (moe.expert_bias): it moves both ways; 2 ranks at
 #      ZeRO 1 reproduce the single process (loss, tokens per expert and bias range); a
 #      1-process resume is bitwise the uninterrupted run; a 2-rank ZeRO-3 checkpoint
-#      resumes on 1 process with the same bias and losses;
+#      resumes on 1 process with the same bias and losses; a resume may change the
+#      balancing keys (a note names them) but not moe.top_k; an init_from of a checkpoint
+#      without a bias starts it at zero (a note);
 #   4. bad MoE keys and a layout part 1 does not support are one-line errors naming the
 #      key; `kiln memplan`'s layout search lists data-parallel layouts only.
 # Usage: moe_train_test.sh KILN_BINARY WORK_DIR [--long]
@@ -145,7 +147,8 @@ compare "$work/ref/metrics.jsonl" "$work/reshard/metrics.jsonl" 6
 
 # The auxiliary-loss-free bias (DeepSeek-V3), sigmoid scoring, no aux loss: a rate large
 # enough to change choices within the run. Every step's bias range and loads must agree.
-bias_args=(--set model.moe.bias_update_rate=0.01 --set model.moe.aux_loss_coef=0
+bias_args=(--set model.moe.expert_bias=true --set model.moe.bias_update_rate=0.01
+           --set model.moe.aux_loss_coef=0
            --set model.moe.scoring=sigmoid)
 same_bias() {  # same_bias RUN_A RUN_B FIRST_STEP: losses within 1e-5, routing figures equal
   "$py" - "$work/$1/metrics.jsonl" "$work/$2/metrics.jsonl" "$3" <<'PY'
@@ -182,6 +185,21 @@ train bias_exact 1 --set parallel.zero_stage=0 --set checkpoint.every=5 --resume
 echo -n "bias, 1 process resumed at step 5 (bitwise): "
 same_moe bias_ref bias_exact 0
 same_bias bias_ref bias_exact 1 >/dev/null
+# A resume may change the training-only balancing keys, not the model; an init_from of a
+# checkpoint without a bias starts it at zero.
+ckpt5="$work/bias_exact/ckpt/step_00000005"
+train keys_changed 1 --set parallel.zero_stage=0 --resume "$ckpt5" "${bias_args[@]}" \
+  --set model.moe.bias_update_rate=0.02 --set model.moe.aux_loss_coef=0.01
+grep -q "differs from the checkpoint's in .*model.moe.aux_loss_coef" "$work/keys_changed.log" ||
+  { echo "FAILED: no note of the changed balancing keys"; cat "$work/keys_changed.log"; exit 1; }
+echo "resume with changed balancing keys: $(grep -m1 -o "differs from the checkpoint's in [^(]*" "$work/keys_changed.log")"
+fails resume_top_k "saved with model.moe.top_k = 2, this run has 3" "$kiln" train "$work/tiny.toml" \
+  --set "run.dir=$work/bad_resume" --resume "$ckpt5" "${bias_args[@]}" --set model.moe.top_k=3
+train init_no_bias 1 --set "model.init_from=$work/reshard/ckpt/step_00000005" --set train.steps=1 \
+  "${bias_args[@]}"
+grep -q "holds no model.layers.1.mlp.router.expert_bias, model.layers.2.mlp.router.expert_bias: they start from zero" \
+  "$work/init_no_bias.log" || { echo "FAILED: no note of the missing bias"; cat "$work/init_no_bias.log"; exit 1; }
+echo "init_from without a bias: $(grep -m1 -o 'holds no .*' "$work/init_no_bias.log")"
 train bias_resume 2 --set parallel.zero_stage=3 --set checkpoint.every=5 --exit-interval 5 "${bias_args[@]}"
 train bias_resume 1 --set parallel.zero_stage=0 --set checkpoint.every=5 --resume auto "${bias_args[@]}"
 echo -n "bias, 2 ranks zero 3 -> 1 process: "

@@ -76,23 +76,31 @@ const ModelKeys& llama_keys() {
        .description = "Blocks that stay dense, each in [0, n_layer) (Qwen3's mlp_only_layers); "
                       "e.g. [0, 3]."},
       {.name = "moe.aux_loss_coef", .type = Float, .lo = 0,
-       .description = "Load-balancing loss coefficient (HF router_aux_loss_coef); 0 = none."},
+       .description = "Load-balancing loss coefficient (HF router_aux_loss_coef); 0 = none.",
+       .training_only = true},
       {.name = "moe.aux_loss_type", .type = Choice,
        .description = "\"per_layer\": the Switch/GShard loss per MoE layer, summed "
                       "(Megatron-core); \"hf\": transformers' load_balancing_loss_func over "
                       "all layers' routers (Mixtral, Qwen3-MoE; softmax scoring).",
-       .choices = {"per_layer", "hf"}},
+       .choices = {"per_layer", "hf"},
+       .training_only = true},
       {.name = "moe.aux_loss_scope", .type = Choice,
        .description = "Tokens the balancing loss counts: each rank's \"micro_batch\", or "
                       "\"global\": the micro-step's over the data-parallel ranks (Megatron-core's "
                       "global_aux_loss).",
-       .choices = {"micro_batch", "global"}},
+       .choices = {"micro_batch", "global"},
+       .training_only = true},
       {.name = "moe.z_loss_coef", .type = Float, .lo = 0,
-       .description = "Router z-loss coefficient (ST-MoE); 0 = none."},
-      {.name = "moe.bias_update_rate", .type = Float, .lo = 0,
-       .description = "DeepSeek-V3's auxiliary-loss-free balancing: > 0 keeps a per-expert "
-                      "bias added to the scores for the choice only, moved by this rate towards "
-                      "the mean load after each update (e.g. 1e-3); 0 = none."},
+       .description = "Router z-loss coefficient (ST-MoE); 0 = none.",
+       .training_only = true},
+      {.name = "moe.expert_bias", .type = Bool,
+       .description = "DeepSeek-V3's auxiliary-loss-free balancing (Megatron-core's "
+                      "moe_router_enable_expert_bias): a per-expert bias added to the scores "
+                      "for the choice only, moved towards the mean load after each update."},
+      {.name = "moe.bias_update_rate", .type = Float, .default_value = 1e-3, .lo = 0,
+       .description = "The expert bias's step after each update (moe.expert_bias); 0 = "
+                      "frozen (DeepSeek-V3's last tokens).",
+       .training_only = true},
   };
   return keys;
 }
@@ -116,6 +124,7 @@ LlamaMoeConfig moe_of(const ModelOptions& o) {
   m.aux_loss_type = o.choice(k, "moe.aux_loss_type");
   m.aux_loss_scope = o.choice(k, "moe.aux_loss_scope");
   m.z_loss_coef = o.value(k, "moe.z_loss_coef");
+  m.expert_bias = o.flag(k, "moe.expert_bias");
   m.bias_update_rate = o.value(k, "moe.bias_update_rate");
   return m;
 }
@@ -136,6 +145,7 @@ std::string set_moe_key(const LlamaMoeConfig& m) {
       {m.aux_loss_type != d.aux_loss_type, "aux_loss_type"},
       {m.aux_loss_scope != d.aux_loss_scope, "aux_loss_scope"},
       {m.z_loss_coef != d.z_loss_coef, "z_loss_coef"},
+      {m.expert_bias != d.expert_bias, "expert_bias"},
       {m.bias_update_rate != d.bias_update_rate, "bias_update_rate"}};
   for (const auto& [set, key] : keys)
     if (set) return key;
@@ -371,6 +381,7 @@ nlohmann::json moe_json(const LlamaMoeConfig& m) {
           {"aux_loss_type", m.aux_loss_type},
           {"aux_loss_scope", m.aux_loss_scope},
           {"z_loss_coef", m.z_loss_coef},
+          {"expert_bias", m.expert_bias},
           {"bias_update_rate", m.bias_update_rate}};
 }
 }  // namespace
@@ -401,15 +412,15 @@ nlohmann::json llama_config_json(const LlamaConfig& c) {
 
 namespace {
 // The moe.* keys of a checkpoint's state "model" "moe" object into o.family (choices as
-// their index, bools 0 / 1) and o.family_lists (dense_layers; absent: [], as in states
-// written before the key).
+// their index, bools 0 / 1) and o.family_lists (dense_layers); a key absent (a state
+// written before it existed) keeps its default.
 void moe_options_from_json(ModelOptions& o, const nlohmann::json& m) {
   const ModelKeys& keys = llama_keys();
   for (const ModelKey& k : keys) {
     if (!k.name.starts_with("moe.")) continue;
+    if (!m.contains(k.name.substr(4))) continue;
     if (k.type == ModelKeyType::IntegerList) {
-      if (m.contains(k.name.substr(4)))
-        o.family_lists[k.name] = m.at(k.name.substr(4)).get<std::vector<int>>();
+      o.family_lists[k.name] = m.at(k.name.substr(4)).get<std::vector<int>>();
       continue;
     }
     const nlohmann::json& v = m.at(k.name.substr(4));
@@ -430,13 +441,7 @@ void moe_options_from_json(ModelOptions& o, const nlohmann::json& m) {
 }  // namespace
 
 void llama_set_moe_options(ModelOptions& o, const LlamaMoeConfig& moe) {
-  ModelOptions given, dense;
-  moe_options_from_json(given, moe_json(moe));
-  moe_options_from_json(dense, moe_json(LlamaMoeConfig{}));
-  for (const auto& [key, v] : given.family)
-    if (v != dense.family.at(key)) o.family[key] = v;
-  for (const auto& [key, list] : given.family_lists)
-    if (!list.empty()) o.family_lists[key] = list;
+  if (moe.enabled()) moe_options_from_json(o, moe_json(moe));
 }
 
 ModelOptions llama_options_from_json(const nlohmann::json& j) {

@@ -41,7 +41,8 @@ struct LlamaMoeConfig {
   std::string aux_loss_type = "per_layer";     // "per_layer" | "hf"
   std::string aux_loss_scope = "micro_batch";  // "micro_batch" | "global" (models/moe_balance.h)
   double z_loss_coef = 0.0;                    // router z-loss coefficient (ST-MoE)
-  double bias_update_rate = 0.0;               // aux-loss-free balancing (not yet: 0)
+  bool expert_bias = false;          // DeepSeek-V3's auxiliary-loss-free selection bias
+  double bias_update_rate = 1e-3;    // its step after each update; 0: frozen
 
   bool enabled() const { return num_experts > 0; }
   bool operator==(const LlamaMoeConfig&) const = default;
@@ -104,8 +105,9 @@ RopeSpec llama_rope_of(const ModelOptions& options);
 /// 0 -> default_ffn_hidden_size, n_kv_head 0 -> n_head), validated. Throws kiln::Error
 /// naming the key for an impossible shape or dropout > 0 (Llama has none).
 LlamaConfig llama_config_of(const ModelOptions& options);
-/// Writes the moe.* keys of `moe` that differ from a dense model's defaults into
-/// options.family (choices as their index, bools 0 / 1) and options.family_lists.
+/// Writes every moe.* key of a MoE `moe` (num_experts > 0; a dense one writes none) into
+/// options.family (choices as their index, bools 0 / 1) and options.family_lists, so that
+/// a config's explicit value is checked against each (model.init_from of a folder).
 void llama_set_moe_options(ModelOptions& options, const LlamaMoeConfig& moe);
 /// Hyper-parameters as stored in a checkpoint's state ("model" object), and back.
 nlohmann::json llama_config_json(const LlamaConfig& c);

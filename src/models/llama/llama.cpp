@@ -58,6 +58,7 @@ MoeBalanceSpec llama_balance_spec(const LlamaConfig& c) {
                                            : MoeBalanceSpec::AuxType::PerLayer;
   b.z_coef = static_cast<float>(c.moe.z_loss_coef);
   b.global = c.moe.aux_loss_scope == "global";
+  b.expert_bias = c.moe.expert_bias;
   b.bias_update_rate = static_cast<float>(c.moe.bias_update_rate);
   return b;
 }
