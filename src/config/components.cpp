@@ -1,6 +1,12 @@
 #include "config/components.h"
 
 #include "core/error.h"
+#include "models/registry.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <utility>
 
 namespace kiln {
 
@@ -16,6 +22,31 @@ ModelOptions model_options_from(const TrainConfig& config) {
   o.family = config.model.family;
   o.family_lists = config.model.family_lists;
   return o;
+}
+
+void check_layout_supported(const TrainConfig& config,
+                            const std::function<std::string(std::string_view key)>& where) {
+  const ModelArch arch = model_arch(config.model.arch);
+  const ParallelSection& p = config.parallel;
+  auto origin = [&](std::string_view key) { return where ? where(key) : config.source; };
+  auto check = [&](bool ok, std::string_view key, int value, bool ModelArch::*flag,
+                   std::string_view what) {
+    KILN_CHECK(ok || value == 1, "{}: parallel.{} = {}: model.arch = \"{}\" {} ({} do)",
+               origin(fmt::format("parallel.{}", key)), key, value, config.model.arch, what,
+               fmt::join(model_archs_with(flag), ", "));
+  };
+  check(arch.stages, "pp", p.pp, &ModelArch::stages, "does not run as pipeline stages");
+  check(arch.tensor_parallel, "tp", p.tp, &ModelArch::tensor_parallel,
+        "takes no tensor-parallel plan");
+  check(arch.context_parallel, "cp", p.cp, &ModelArch::context_parallel,
+        "takes no context-parallel plan");
+  const std::string why =
+      arch.single_layout_reason ? arch.single_layout_reason(model_options_from(config)) : "";
+  using KeyValue = std::pair<const char*, int>;
+  for (const auto& [key, value] : {KeyValue{"pp", p.pp}, KeyValue{"tp", p.tp}, KeyValue{"cp", p.cp}})
+    KILN_CHECK(why.empty() || value == 1, "{}: parallel.{} = {}: {} runs with parallel.tp, pp "
+               "and cp = 1 only, for now", origin(fmt::format("parallel.{}", key)), key, value,
+               why);
 }
 
 AdamWConfig adamw_config_from(const TrainConfig& config) {

@@ -2,6 +2,7 @@
 // folder: config_hf.cpp) resolution, validation, to_toml()/hash() and the schedule's keys,
 // all driven by the key table (config_keys.h / config_keys.cpp).
 #include "config/config.h"
+#include "config/components.h"
 #include "config/config_keys.h"
 
 #include "models/registry.h"
@@ -482,6 +483,7 @@ void validate(const TrainConfig& c, const Origins& origins) {
                "{}: key 'model.n_embd' ({}) must be divisible by model.n_head ({})",
                src("model.n_embd"), c.model.n_embd, c.model.n_head);
   validate_model_keys(c, origins);
+  check_layout_supported(c, src);
   if (c.model.block_size > 0)
     KILN_CHECK(c.train.seq_len <= c.model.block_size,
                "{}: key 'train.seq_len' ({}) must not exceed model.block_size ({})",

@@ -51,7 +51,11 @@ std::optional<ModelOptions> fill_model_from_hf_folder(TrainConfig& c, const Orig
   take("model.n_head", m.n_head, o.n_head);
   take("model.n_embd", m.n_embd, o.n_embd);
   take("model.block_size", m.block_size, o.block_size);
-  take("model.vocab_size", m.vocab_size, o.vocab_size);
+  // model.vocab_size = 0 means "from the data" (docs/config.md): as if unset.
+  if (m.vocab_size == 0)
+    m.vocab_size = o.vocab_size;
+  else
+    take("model.vocab_size", m.vocab_size, o.vocab_size);
   return o;
 }
 

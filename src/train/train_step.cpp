@@ -52,28 +52,6 @@ namespace {
 int size_of(const Communicator* group) { return group ? group->size() : 1; }
 }  // namespace
 
-void check_layout_supported(const TrainConfig& config) {
-  const ModelArch arch = model_arch(config.model.arch);
-  const ParallelSection& p = config.parallel;
-  auto check = [&](bool ok, std::string_view key, int value, bool ModelArch::*flag,
-                   std::string_view what) {
-    KILN_CHECK(ok || value == 1, "{}: parallel.{} = {}: model.arch = \"{}\" {} ({} do)",
-               config.source, key, value, config.model.arch, what,
-               fmt::join(model_archs_with(flag), ", "));
-  };
-  check(arch.stages, "pp", p.pp, &ModelArch::stages, "does not run as pipeline stages");
-  check(arch.tensor_parallel, "tp", p.tp, &ModelArch::tensor_parallel,
-        "takes no tensor-parallel plan");
-  check(arch.context_parallel, "cp", p.cp, &ModelArch::context_parallel,
-        "takes no context-parallel plan");
-  const std::string why =
-      arch.single_layout_reason ? arch.single_layout_reason(model_options_from(config)) : "";
-  using KeyValue = std::pair<const char*, int>;
-  for (const auto& [key, value] : {KeyValue{"pp", p.pp}, KeyValue{"tp", p.tp}, KeyValue{"cp", p.cp}})
-    KILN_CHECK(why.empty() || value == 1, "{}: parallel.{} = {}: {} runs with parallel.tp, pp "
-               "and cp = 1 only, for now", config.source, key, value, why);
-}
-
 StepGroups StepGroups::of_mesh(const DeviceMesh& mesh) {
   return StepGroups{.dp_cp = mesh.dp_cp_comm(),
                     .tp = mesh.tp() > 1 ? &mesh.comm(Axis::TP) : nullptr,

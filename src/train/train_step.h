@@ -92,12 +92,6 @@ struct StepResult {
 TrainConfig step_config(const ModelOptions& model, int B, int T, const std::string& dtype = "fp32",
                         const std::vector<std::string>& overrides = {});
 
-/// The layout's axes the model's registry entry supports (ModelArch::stages for
-/// parallel.pp > 1, tensor_parallel for parallel.tp > 1, context_parallel for parallel.cp >
-/// 1), checked from the config alone, before any data or weights are read. Throws
-/// kiln::Error naming the config, the key and the architectures that support it.
-void check_layout_supported(const TrainConfig& config);
-
 /// The communicators a step runs over; not owned. A trainer takes them from its mesh
 /// (of_mesh); programs without one (benchmarks, `kiln memplan`, tests) name them.
 struct StepGroups {

@@ -5,6 +5,7 @@
 #include "train/trainer.h"
 
 #include "backend/probe.h"
+#include "config/components.h"
 #include "core/error.h"
 #include "profile/profiling_backend.h"
 #include "profile/tracer.h"

@@ -262,7 +262,9 @@ TEST(MoeHfFolders, UnsupportedConfigsAreOneLineErrors) {
   };
   EXPECT_ERROR(kind(qwen, [](auto& k) { k.shared_experts = 1; })(), "model.moe.shared_experts = 1");
   EXPECT_ERROR(kind(mixtral, [](auto& k) { k.scoring = "sigmoid"; })(), "model.moe.scoring = 'sigmoid'");
-  EXPECT_ERROR(kind(qwen, [](auto& k) { k.expert_bias = true; })(), "model.moe.expert_bias = true");
+  EXPECT_ERROR(kind(qwen, [](auto& k) { k.expert_bias = true; })(),
+               "model.moe.expert_bias = true: neither Mixtral nor Qwen3-MoE folders hold an "
+               "expert selection bias");
   EXPECT_ERROR(kind(mixtral, [](auto& k) { k.norm_topk_prob = false; })(),
                "model.moe.norm_topk_prob = false");
   EXPECT_ERROR(kind(mixtral, [](auto& k) { k.sparse_step = 2; })(),
@@ -496,6 +498,11 @@ TEST(MoeHfFolders, InitFromKeepsTheConfigsBalancingKeys) {
   EXPECT_ERROR(load_config_string(fmt::format("[model]\ninit_from = \"{}\"\n", dir),
                                   {"model.moe.top_k=1"}),
                "key 'model.moe.top_k' is 1, but model.init_from's");
+  // vocab_size = 0 ("from the data", as configs/demo-moe.toml has it) is no disagreement.
+  const TrainConfig zero = load_config_string(
+      fmt::format("[model]\ninit_from = \"{}\"\nvocab_size = 0\n", dir));
+  EXPECT_EQ(zero.model.vocab_size, llama_config_of(model_options_from(c)).vocab_size);
+  EXPECT_GT(zero.model.vocab_size, 0);
 }
 
 }  // namespace
