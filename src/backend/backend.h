@@ -45,7 +45,7 @@ struct Stream {
 /// a layer's forward and backward (Linear: linear_forward, linear_backward), ring
 /// attention's tile ops (RingAttention), the vocab-parallel loss (VocabParallel), the
 /// step's statistics (StepStats: accumulate_loss, sum_squares, clip_coefficient), a
-/// dropless mixture-of-experts layer's router, token permutation and grouped linear (MoE),
+/// mixture-of-experts layer's router, token permutation and grouped linear (MoE),
 /// ...
 enum class OpFamily : uint8_t {
   Embedding,
@@ -477,18 +477,23 @@ class Backend {
   virtual void dropout_backward(Stream s, const Tensor& dinp, const Tensor& dout,
                                 const DropoutSpec& spec) = 0;
 
-  // ---- a dropless mixture-of-experts layer (MoE) -------------------------------------
+  // ---- a mixture-of-experts layer (MoE) -----------------------------------------------
   // The feed-forward of a mixture of experts (Shazeer et al. 2017; Switch, Fedus et al.
   // 2021; Mixtral, Jiang et al. 2024; DeepSeek-V3, 2024) run dropless, as Megatron-core
-  // and torchtitan do: each of N tokens is routed to k of E experts; the N*k (token,
-  // choice) slots are permuted into expert order (rows of expert 0, then expert 1, ...;
-  // within an expert, in token order), each expert's rows go through its own weights as
-  // one grouped GEMM with ragged row counts (an expert may have no rows), and the expert
-  // outputs are combined back per token, weighted by the router. Shapes: N tokens, C
-  // channels, E experts, k choices per token, M = N*k permuted rows. Slot (n, j) is token
-  // n's j-th choice; rows int32 [N,k] holds its row in expert order (moe_permute_plan):
-  // a permutation of [0, M), which the ops taking it check where they can read it on the
-  // host (the CPU), throwing kiln::Error otherwise.
+  // and torchtitan do, or with a capacity per expert (token dropping, Switch; GShard):
+  // each of N tokens is routed to k of E experts; the N*k (token, choice) slots are
+  // permuted into expert order (rows of expert 0, then expert 1, ...; within an expert,
+  // in token order), each expert's rows go through its own weights as one grouped GEMM
+  // with ragged row counts (an expert may have no rows), and the expert outputs are
+  // combined back per token, weighted by the router. Shapes: N tokens, C channels, E
+  // experts, k choices per token, M = N*k slots. Slot (n, j) is token n's j-th choice;
+  // rows int32 [N,k] holds its row in expert order (moe_permute_plan), or -1 for a slot
+  // dropped past its expert's capacity: the kept slots' rows are a permutation of [0,
+  // M_kept), M_kept = offsets[E] <= M (M_kept = M dropless), which the ops taking rows
+  // check where they can read them on the host (the CPU), throwing kiln::Error
+  // otherwise. The expert-row tensors stay [M, ...]; rows [M_kept, M) are neither
+  // written nor read by these ops (a caller's elementwise op over the whole buffer sees
+  // whatever they held).
 
   /// The router: scores fp32 [N,E] = softmax over the experts of logits fp32 [N,E], or
   /// the sigmoid of each logit (spec.scoring). Token n takes the spec.k experts with the
@@ -533,30 +538,38 @@ class Backend {
   virtual void moe_balance_backward(Stream s, const Tensor& dlogits, const Tensor& logits,
                                     const Tensor& load, MoeScoring scoring, float aux_scale,
                                     float z_scale) = 0;
-  /// The token permutation's plan from expert_idx int32 [N,k] (ids in [0, E)): offsets
-  /// int32 [E+1], offsets[e] = the number of slots routed to experts below e (offsets[0] =
-  /// 0, offsets[E] = M; expert e's count is offsets[e+1] - offsets[e]), and rows int32
-  /// [N,k]: slot (n, j)'s row in expert order, offsets[e] + the number of slots (n', j')
-  /// with expert e that come before it in (token, choice) order (stable: an expert's rows
-  /// keep their tokens' order). Computed on the device; the grouped GEMM reads offsets.
-  /// Throws on an expert id out of range where the backend can check it (the CPU).
+  /// The token permutation's plan from expert_idx int32 [N,k] (ids in [0, E)), keeping at
+  /// most `capacity` slots per expert (capacity 0: all, dropless). In (token, choice)
+  /// order (token n ascending, then choice j), each expert keeps its first `capacity`
+  /// slots and drops the rest (Megatron-core's "position" drop policy; every choice of a
+  /// token is a different expert, so this is token order within each expert). offsets
+  /// int32 [E+1], offsets[e] = the kept slots of experts below e (offsets[0] = 0,
+  /// offsets[E] = M_kept; expert e keeps offsets[e+1] - offsets[e] = min(its slots,
+  /// capacity)), and rows int32 [N,k]: a kept slot (n, j)'s row in expert order,
+  /// offsets[e] + the number of kept slots (n', j') of expert e before it in (token,
+  /// choice) order (stable: an expert's rows keep their tokens' order); -1 for a dropped
+  /// slot. Computed on the device; the grouped GEMM reads offsets. Throws on an expert id
+  /// out of range where the backend can check it (the CPU), and on capacity < 0.
   virtual void moe_permute_plan(Stream s, const Tensor& offsets, const Tensor& rows,
-                                const Tensor& expert_idx) = 0;
-  /// Tokens into expert order: out [M,C] with out[rows[n,j]] = inp[n] for every slot
-  /// (inp [N,C]; one float dtype). Every row of out is written (rows is a permutation).
+                                const Tensor& expert_idx, int64_t capacity) = 0;
+  /// Tokens into expert order: out [M,C] with out[rows[n,j]] = inp[n] for every kept slot
+  /// (inp [N,C]; one float dtype). Rows [0, M_kept) of out are written, the rest left.
   virtual void moe_permute(Stream s, const Tensor& out, const Tensor& inp,
                            const Tensor& rows) = 0;
-  /// Its gradient: dinp [N,C] (overwritten) = sum_j dout[rows[n,j]], dout [M,C].
+  /// Its gradient: dinp [N,C] (overwritten) = sum over the kept slots j of dout[rows[n,
+  /// j]], dout [M,C] (0 for a token whose slots were all dropped).
   virtual void moe_permute_backward(Stream s, const Tensor& dinp, const Tensor& dout,
                                     const Tensor& rows) = 0;
-  /// The experts' outputs combined back per token: out [N,C] (overwritten) = sum_j
-  /// expert_weight[n,j] * expert_out[rows[n,j]], expert_out [M,C] (out's dtype),
-  /// expert_weight fp32 [N,k]; summed in fp32.
+  /// The experts' outputs combined back per token: out [N,C] (overwritten) = sum over the
+  /// kept slots j of expert_weight[n,j] * expert_out[rows[n,j]], expert_out [M,C] (out's
+  /// dtype), expert_weight fp32 [N,k]; summed in fp32. A dropped slot adds nothing (the
+  /// other weights are not renormalised).
   virtual void moe_unpermute(Stream s, const Tensor& out, const Tensor& expert_out,
                              const Tensor& expert_weight, const Tensor& rows) = 0;
   /// Its gradients, both overwritten: dexpert_out [M,C], dexpert_out[rows[n,j]] =
-  /// expert_weight[n,j] * dout[n]; dexpert_weight fp32 [N,k] = dout[n] . expert_out[rows
-  /// [n,j]] (an fp32 dot product). Either may be empty to skip it.
+  /// expert_weight[n,j] * dout[n] for the kept slots (rows [M_kept, M) left);
+  /// dexpert_weight fp32 [N,k] = dout[n] . expert_out[rows[n,j]] (an fp32 dot product),
+  /// 0 for a dropped slot. Either may be empty to skip it.
   virtual void moe_unpermute_backward(Stream s, const Tensor& dexpert_out,
                                       const Tensor& dexpert_weight, const Tensor& dout,
                                       const Tensor& expert_out, const Tensor& expert_weight,
@@ -565,15 +578,17 @@ class Backend {
   /// rows [offsets[e], offsets[e+1]) of out [M,O] = the same rows of inp [M,I] @
   /// weight[e]^T, weight [E,O,I] (each expert's a torch Linear's [out, in]); offsets int32
   /// [E+1] on the device as moe_permute_plan leaves them (0 = offsets[0] <= ... <=
-  /// offsets[E] = M; an expert may have no rows). No bias. One float dtype; fp32
-  /// accumulation. A backend that needs the counts on the host reads offsets there (the
-  /// CPU: they are there; a GPU: one E+1 copy per call, or a device-side grouped GEMM);
-  /// offsets that do not rise from 0 to M throw where they are read on the host.
+  /// offsets[E] = M_kept <= M; an expert may have no rows). Rows [M_kept, M) of out are
+  /// neither read nor written. No bias. One float dtype; fp32 accumulation. A backend
+  /// that needs the counts on the host reads offsets there (the CPU: they are there; a
+  /// GPU: one E+1 copy per call, or a device-side grouped GEMM); offsets that do not rise
+  /// from 0 to at most M throw where they are read on the host.
   virtual void grouped_linear_forward(Stream s, const Tensor& out, const Tensor& inp,
                                       const Tensor& weight, const Tensor& offsets) = 0;
-  /// dinp [M,I] (overwritten) = per expert dout rows @ weight[e]; dweight [E,O,I] +=
-  /// per expert dout rows^T @ inp rows (an expert without rows: unchanged), fp32 or
-  /// weight's dtype (as linear_backward). Each of dinp and dweight may be empty.
+  /// dinp [M,I] (rows [0, M_kept) overwritten) = per expert dout rows @ weight[e];
+  /// dweight [E,O,I] += per expert dout rows^T @ inp rows (an expert without rows:
+  /// unchanged), fp32 or weight's dtype (as linear_backward). Each of dinp and dweight
+  /// may be empty.
   virtual void grouped_linear_backward(Stream s, const Tensor& dinp, const Tensor& dweight,
                                        const Tensor& dout, const Tensor& inp,
                                        const Tensor& weight, const Tensor& offsets) = 0;

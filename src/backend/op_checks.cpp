@@ -514,8 +514,9 @@ MoeRouterDims moe_balance_backward(const Tensor& dlogits, const Tensor& logits,
 }
 
 MoeRouterDims moe_permute_plan(const Tensor& offsets, const Tensor& rows,
-                               const Tensor& expert_idx) {
+                               const Tensor& expert_idx, int64_t capacity) {
   const char* op = "moe_permute_plan";
+  KILN_CHECK(capacity >= 0, "{}: capacity {} must be >= 0 (0: dropless)", op, capacity);
   KILN_CHECK(expert_idx.ndim() == 2 && expert_idx.dtype() == DType::I32,
              "{}: expert_idx {} must be int32 [N, k]", op, expert_idx.str());
   KILN_CHECK(offsets.ndim() == 1 && offsets.size(0) >= 2 && offsets.dtype() == DType::I32,

@@ -158,10 +158,10 @@ MoeRouterDims moe_balance_stats(const Tensor& load, const Tensor& prob, const Te
 /// moe_balance_backward: dlogits and logits fp32 [N,E], load empty or fp32 [E]. k = 0.
 MoeRouterDims moe_balance_backward(const Tensor& dlogits, const Tensor& logits,
                                    const Tensor& load);
-/// moe_permute_plan: expert_idx int32 [N,k], rows int32 [N,k], offsets int32 [E+1], E >= 1.
-/// Returns {N, E, k}.
+/// moe_permute_plan: expert_idx int32 [N,k], rows int32 [N,k], offsets int32 [E+1], E >= 1,
+/// capacity >= 0. Returns {N, E, k}.
 MoeRouterDims moe_permute_plan(const Tensor& offsets, const Tensor& rows,
-                               const Tensor& expert_idx);
+                               const Tensor& expert_idx, int64_t capacity);
 /// The permutation ops: rows int32 [N,k], tokens [N,C] and expert_rows [N*k, C] of one float
 /// dtype; `op` names the caller in the messages.
 struct MoePermuteDims { int64_t N, k, C; };

@@ -171,8 +171,8 @@
      float aux_scale, float z_scale),                                                              \
     (dlogits, logits, load, scoring, aux_scale, z_scale))                                          \
   X(MoePermutePlan, moe_permute_plan, MoE, "forward",                                              \
-    (const Tensor& offsets, const Tensor& rows, const Tensor& expert_idx),                         \
-    (offsets, rows, expert_idx))                                                                   \
+    (const Tensor& offsets, const Tensor& rows, const Tensor& expert_idx, int64_t capacity),       \
+    (offsets, rows, expert_idx, capacity))                                                         \
   X(MoePermute, moe_permute, MoE, "forward",                                                       \
     (const Tensor& out, const Tensor& inp, const Tensor& rows),                                    \
     (out, inp, rows))                                                                              \

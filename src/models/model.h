@@ -107,11 +107,15 @@ struct StagePass {
 /// (Model::take_moe_stats): the auxiliary load-balancing loss and the router z-loss as
 /// optimised (coefficients applied), each the mean over the micro-batches this rank ran,
 /// and the (token, choice) slots each expert received, per MoE layer (in block order),
-/// summed over those micro-batches.
+/// summed over those micro-batches (the router's choice, before any dropping).
 struct MoeStats {
   double aux_loss = 0.0, z_loss = 0.0;
   int64_t micro_batches = 0;
   std::vector<std::vector<double>> tokens_per_expert;  // [MoE layer][expert]
+  /// With token dropping (moe.capacity_factor > 0), the slots dropped past an expert's
+  /// capacity, summed over the MoE layers and micro-batches (the slots of all are the sum
+  /// of tokens_per_expert); nullopt when dropless.
+  std::optional<double> dropped_slots;
   /// The auxiliary-loss-free selection bias after the step's update (Model::
   /// update_moe_bias), [MoE layer][expert]; empty without moe.expert_bias.
   std::vector<std::vector<float>> expert_bias;

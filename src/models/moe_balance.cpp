@@ -2,6 +2,8 @@
 
 #include "core/error.h"
 
+#include <algorithm>
+
 namespace kiln {
 
 MoeBalance::MoeBalance(Backend& be, const MoeBalanceSpec& spec,
@@ -10,10 +12,13 @@ MoeBalance::MoeBalance(Backend& be, const MoeBalanceSpec& spec,
   KILN_CHECK(L_ > 0, "MoE balancing: no MoE layers");
   E_ = layers.front()->spec().num_experts;
   k_ = layers.front()->spec().top_k;
+  capacity_factor_ = layers.front()->spec().capacity_factor;
   for (const nn::MoeMlp* m : layers)
-    KILN_CHECK(m->spec().num_experts == E_ && m->spec().top_k == k_,
-               "MoE balancing: every MoE layer needs the same E and k ({}: E = {}, k = {})",
-               m->router.name, m->spec().num_experts, m->spec().top_k);
+    KILN_CHECK(m->spec().num_experts == E_ && m->spec().top_k == k_ &&
+                   m->spec().capacity_factor == capacity_factor_,
+               "MoE balancing: every MoE layer needs the same E, k and capacity factor ({}: E = "
+               "{}, k = {}, capacity factor {})", m->router.name, m->spec().num_experts,
+               m->spec().top_k, m->spec().capacity_factor);
   KILN_CHECK(spec.aux_type == MoeBalanceSpec::AuxType::PerLayer ||
                  layers.front()->spec().scoring == MoeScoring::Softmax,
              "MoE balancing: the hf auxiliary loss needs softmax scoring");
@@ -76,6 +81,7 @@ void MoeBalance::end_forward() {
   const Tensor layers = load_.view_at(0, Shape{L_, E_});
   be_.add(s, load_sum_, load_sum_, layers);
   ++micro_batches_;
+  if (capacity_factor_ > 0.0) dropped_ += dropped_slots();  // the rank's own counts
   if (spec_.aux_coef == 0.f) return;
   // Global scope: the counts and totals of every rank's micro-batch, for the value below
   // and for backward (after the step's own counts went to load_sum_).
@@ -92,6 +98,15 @@ void MoeBalance::end_forward() {
   be_.add(s, aux, aux, dot_.reshape(Shape{1}));
 }
 
+double MoeBalance::dropped_slots() const {
+  std::vector<float> load(static_cast<size_t>(L_ * E_));
+  be_.copy_to_host(be_.default_stream(), load.data(), load_.view_at(0, Shape{L_, E_}));
+  const double capacity = static_cast<double>(nn::moe_capacity(capacity_factor_, N_, k_, E_));
+  double dropped = 0.0;
+  for (float c : load) dropped += std::max(0.0, static_cast<double>(c) - capacity);
+  return dropped;
+}
+
 MoeStats MoeBalance::take() {
   const Stream s = be_.default_stream();
   float sums[2];
@@ -106,6 +121,8 @@ MoeStats MoeBalance::take() {
   for (int m = 0; m < L_; ++m)
     out.tokens_per_expert.emplace_back(load.begin() + int64_t{m} * E_,
                                        load.begin() + int64_t{m + 1} * E_);
+  if (capacity_factor_ > 0.0) out.dropped_slots = dropped_;
+  dropped_ = 0.0;
   be_.fill(s, sums_, 0.f);
   be_.fill(s, load_sum_, 0.f);
   micro_batches_ = 0;

@@ -39,6 +39,12 @@
 //
 // The values stay on the device: each micro-batch adds its aux and z to fp32 sums and its
 // per-expert counts to per-layer sums, which take() reads back once.
+//
+// Token dropping (the layers' capacity_factor > 0, nn/moe.h): the counts above are the
+// router's choice before dropping (as Megatron-core's aux loss). The slots dropped in a
+// micro-batch are sum over the layers and experts of max(0, c_e - capacity), read from
+// its counts on the host once per training micro-batch (one [L, E] copy), summed for
+// MoeStats::dropped_slots.
 #pragma once
 
 #include "backend/backend.h"
@@ -75,7 +81,8 @@ class MoeBalance {
   /// forward and backward in the current micro-batch.
   nn::MoeBalancePass pass(int m) const;
   /// After every MoE layer's forward: the micro-batch's aux loss and counts added to the
-  /// step's sums (the hf form's totals over the layers made first).
+  /// step's sums (the hf form's totals over the layers made first), and with dropping its
+  /// dropped slots.
   void end_forward();
   /// The figures since the last take(), then reset (one host read).
   MoeStats take();
@@ -86,10 +93,15 @@ class MoeBalance {
   std::vector<ModelBuffer> buffers() const;
 
  private:
+  /// The micro-batch's slots dropped past the capacity, from its counts (host read).
+  double dropped_slots() const;
+
   Backend& be_;
   MoeBalanceSpec spec_;
   int L_ = 0;
   int64_t E_ = 0, k_ = 0, N_ = 0;
+  double capacity_factor_ = 0.0;  // the layers' (nn::MoeSpec); 0: dropless
+  double dropped_ = 0.0;          // since the last take()
   float grad_scale_ = 1.f;
   MoeBalanceGroup* group_ = nullptr;
   int64_t micro_batches_ = 0;

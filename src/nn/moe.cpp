@@ -3,8 +3,15 @@
 #include "core/error.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace kiln::nn {
+
+int64_t moe_capacity(double capacity_factor, int64_t N, int64_t k, int64_t E) {
+  if (capacity_factor <= 0.0) return 0;
+  const double per_expert = static_cast<double>(N * k) / static_cast<double>(E);
+  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(per_expert * capacity_factor)));
+}
 
 MoeMlp::MoeMlp(const std::string& prefix, int64_t C, const MoeSpec& spec, float init_std,
                float proj_init_std)
@@ -18,6 +25,9 @@ MoeMlp::MoeMlp(const std::string& prefix, int64_t C, const MoeSpec& spec, float 
                  spec.expert_hidden > 0 && C > 0,
              "{}: a MoE layer needs E > 0 experts, 1 <= k <= E and F > 0 (E = {}, k = {}, F = {})",
              prefix, spec.num_experts, spec.top_k, spec.expert_hidden);
+  KILN_CHECK(spec.capacity_factor >= 0.0 && std::isfinite(spec.capacity_factor),
+             "{}: the MoE capacity factor ({}) must be >= 0 (0: dropless)", prefix,
+             spec.capacity_factor);
   if (spec.shared_hidden > 0)
     shared_.emplace(MlpKind::SwiGLU, prefix + ".shared_experts.gate_up_proj",
                     prefix + ".shared_experts.down_proj", C, spec.shared_hidden, /*bias=*/false,
@@ -68,7 +78,7 @@ MoeScratch MoeMlp::make_scratch(Backend& be, int64_t B, int64_t T, DType dtype) 
 }
 
 void MoeMlp::route(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& x,
-                   const MoeScratch& w) const {
+                   const MoeScratch& w, int64_t capacity) const {
   if (x.dtype() == DType::F32) {
     be.linear_forward(s, saved[kLogits], x, router.v(), Tensor());
   } else {
@@ -78,19 +88,30 @@ void MoeMlp::route(Backend& be, Stream s, std::span<const Tensor> saved, const T
   }
   be.moe_router_forward(s, saved[kScores], saved[kExpertIdx], saved[kExpertWeight],
                         saved[kLogits], expert_bias, spec_.router());
-  be.moe_permute_plan(s, saved[kOffsets], saved[kRows], saved[kExpertIdx]);
+  be.moe_permute_plan(s, saved[kOffsets], saved[kRows], saved[kExpertIdx], capacity);
 }
 
 void MoeMlp::forward(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& out,
                      const Tensor& inp, const MoeScratch& w, const MoeBalancePass& balance,
                      bool recomputing) const {
   const int64_t N = inp.numel() / C_;
+  run(be, s, saved, out, inp, w, balance, recomputing,
+      moe_capacity(spec_.capacity_factor, N, spec_.top_k, spec_.num_experts));
+}
+
+void MoeMlp::run(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& out,
+                 const Tensor& inp, const MoeScratch& w, const MoeBalancePass& balance,
+                 bool recomputing, int64_t capacity) const {
+  const int64_t N = inp.numel() / C_;
   const Tensor x = inp.reshape(Shape{N, C_}), y = out.reshape(Shape{N, C_});
-  route(be, s, saved, x, w);
+  route(be, s, saved, x, w, capacity);
   if (!recomputing && (balance.load || balance.prob || balance.z))
     be.moe_balance_stats(s, balance.load, balance.prob, balance.z, saved[kLogits],
                          saved[kExpertIdx], spec_.scoring, balance.prob_scale, balance.z_scale);
   be.moe_permute(s, saved[kPermuted], x, saved[kRows]);
+  // With dropping, the grouped linears write rows [0, M_kept) only: the gate/up output's
+  // rest is zeroed so that the SwiGLU over all M rows (and its gradient) stays finite there.
+  if (capacity > 0) be.fill(s, saved[kHidden], 0.f);
   be.grouped_linear_forward(s, saved[kHidden], saved[kPermuted], gate_up.v(), saved[kOffsets]);
   be.swiglu_forward(s, saved[kAct], saved[kHidden]);
   be.grouped_linear_forward(s, saved[kExpertOut], saved[kAct], down.v(), saved[kOffsets]);
@@ -142,6 +163,9 @@ void MoeMlp::backward(Backend& be, Stream s, std::span<const Tensor> saved, cons
   const Tensor dh = w.a.view_at(0, Shape{M, 2 * F}), dxp = w.b.view_at(0, Shape{M, C_});
   be.moe_unpermute_backward(s, dexp, w.dweight, dy, saved[kExpertOut], saved[kExpertWeight],
                             saved[kRows]);
+  // Dropping (rows [M_kept, M) unwritten below): the SwiGLU gradient over all M rows reads
+  // zeros there, as forward's zeroed gate/up output.
+  if (spec_.capacity_factor > 0.0) be.fill(s, dact, 0.f);
   be.grouped_linear_backward(s, dact, down.trainable_grad(), dexp, saved[kAct], down.v(),
                              saved[kOffsets]);
   be.swiglu_backward(s, dh, dact, saved[kHidden]);
@@ -167,8 +191,8 @@ void MoeMlp::decode(Backend& be, Stream s, const Tensor& out, const Tensor& inp)
   std::vector<Tensor> saved;
   for (const SavedSpec& sp : saved_specs(B, Tq, inp.dtype()))
     saved.push_back(be.empty(sp.shape, sp.dtype, MemCategory::Temporaries));
-  forward(be, s, saved, out, inp, make_scratch(be, B, Tq, inp.dtype()), MoeBalancePass{},
-          /*recomputing=*/true);
+  run(be, s, saved, out, inp, make_scratch(be, B, Tq, inp.dtype()), MoeBalancePass{},
+      /*recomputing=*/true, /*capacity=*/0);
 }
 
 void MoeMlp::collect(std::vector<Param*>& out) {

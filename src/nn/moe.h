@@ -1,4 +1,4 @@
-// A dropless mixture-of-experts feed-forward (MoE) in place of a block's MLP: a router,
+// A mixture-of-experts feed-forward (MoE) in place of a block's MLP: a router,
 // E routed SwiGLU experts of which each token takes k, and optional always-on shared
 // experts (Shazeer et al. 2017; Switch, Fedus et al. 2021; Mixtral, Jiang et al. 2024;
 // DeepSeek-V3, 2024; Qwen3-MoE), run as Megatron-core and torchtitan do on the ops of
@@ -16,6 +16,21 @@
 //     [0,F) gate, [F,2F) up), SwiGLU, the down projections [E, C, F], the rows weighted
 //     back per token (moe_unpermute);
 //   out = routed + shared(x), shared a plain SwiGLU Mlp of width Fs (no gate on it).
+// Token dropping (MoeSpec::capacity_factor f > 0; Switch, Fedus et al. 2021, eq. 3; GShard;
+// Megatron-core's moe_expert_capacity_factor): in forward (training and evaluation, not
+// decode, which stays dropless) each expert takes at most capacity = max(1, ceil((N k / E)
+// f)) slots of the call's N tokens (moe_capacity). Who is dropped: within each expert the
+// slots in (token, choice) order, token n of the flattened [B*T] rows ascending, keep the
+// first `capacity` (Megatron-core's "position" drop policy; moe_permute_plan). The order
+// is a property of the call's rows alone, so a layout that keeps the micro-batch whole on
+// every rank (dp, pp; tp and sequence parallel gather it) drops the same slots. A dropped
+// slot adds nothing to its token (its residual, and the shared experts, pass through);
+// the token's other weights are not renormalised (they are computed before dropping, as
+// Megatron-core and Switch); no gradient reaches a dropped slot's expert or its weight.
+// The balancing statistics (counts c_e, p, z) stay those of the router's choice before
+// dropping, as Megatron-core's aux loss (its routing map before capacity) and z-loss;
+// DeepSeek-V3's bias update reads the same pre-drop counts (Megatron-core counts the kept
+// ones there).
 // Parameters (prefix e.g. "model.layers.3.mlp"):
 //   <prefix>.router.weight                    [E, C]      N(0, init_std^2), decays
 //   <prefix>.experts.gate_up_proj.weight      [E, 2F, C]  N(0, init_std^2), decays
@@ -34,7 +49,8 @@
 // Saved for backward (saved_specs(), in this order): logits, scores fp32 [N,E];
 // expert_idx int32, expert_weight fp32, rows int32 [N,k]; offsets int32 [E+1]; the
 // permuted tokens [M,C] (Cheap: one gather from the block's saved input), the experts'
-// gate/up output [M,2F], their SwiGLU [M,F] (Cheap), their output [M,C] (M = N*k); then
+// gate/up output [M,2F], their SwiGLU [M,F] (Cheap), their output [M,C] (M = N*k; with
+// dropping only rows [0, M_kept) hold kept slots, the gate/up output's rest zeroed); then
 // the shared Mlp's. The routing is a function of the input only, so a recompute re-routes
 // identically (bitwise the same choice, counts and gradients).
 // Auxiliary-loss-free balancing (DeepSeek-V3, Wang et al. 2024): with `expert_bias` bound
@@ -63,9 +79,15 @@ struct MoeSpec {
   int64_t shared_hidden = 0;  // Fs, the shared experts' SwiGLU width; 0 = none
   MoeScoring scoring = MoeScoring::Softmax;
   bool norm_topk_prob = true;  // renormalise the k chosen scores to sum 1
+  double capacity_factor = 0.0;  // > 0: token dropping past each expert's capacity; 0: dropless
   bool enabled() const { return num_experts > 0; }
   MoeRouterSpec router() const { return {scoring, top_k, norm_topk_prob}; }
 };
+
+/// The slots each expert keeps of a call over N tokens with k of E experts each and capacity
+/// factor f: max(1, ceil((N k / E) f)) in double (Switch eq. 3; Megatron-core's
+/// get_capacity); 0 (dropless) when f = 0.
+int64_t moe_capacity(double capacity_factor, int64_t N, int64_t k, int64_t E);
 
 /// One call's balancing-loss buffers and scales (see the top of this file). Forward adds
 /// (when not recomputing) the slot counts to `load` fp32 [E], prob_scale * sum_n p[n,e] to
@@ -102,8 +124,9 @@ class MoeMlp {
     return size_t{kNumRouted} + (shared_ ? size_t{Mlp::kNumSaved} : size_t{0});
   }
   MoeScratch make_scratch(Backend& be, int64_t B, int64_t T, DType dtype) const;
-  /// out [B,T,C] (overwritten) from inp [B,T,C], filling `saved`. `recomputing`: a re-run
-  /// for backward (full checkpointing), which adds no statistics.
+  /// out [B,T,C] (overwritten) from inp [B,T,C], filling `saved`, each expert keeping at most
+  /// moe_capacity(spec().capacity_factor, B*T, k, E) slots. `recomputing`: a re-run for
+  /// backward (full checkpointing), which adds no statistics.
   void forward(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& out,
                const Tensor& inp, const MoeScratch& w, const MoeBalancePass& balance,
                bool recomputing) const;
@@ -116,7 +139,8 @@ class MoeMlp {
                 const Tensor& dout, const Tensor& inp, const MoeScratch& w,
                 const MoeBalancePass& balance) const;
   /// Inference: out [B,Tq,C] from inp [B,Tq,C], its saved tensors and scratch allocated
-  /// for the call (category Temporaries), no statistics.
+  /// for the call (category Temporaries), no statistics; dropless whatever the capacity
+  /// factor (a decode step's few tokens would make the capacity a matter of batching).
   void decode(Backend& be, Stream s, const Tensor& out, const Tensor& inp) const;
   void collect(std::vector<Param*>& out);
 
@@ -133,9 +157,14 @@ class MoeMlp {
     kLogits, kScores, kExpertIdx, kExpertWeight, kRows, kOffsets, kPermuted, kHidden, kAct,
     kExpertOut, kNumRouted
   };
-  /// logits (fp32, in fp32 whatever the dtype), the choice, weights and the permutation plan.
+  /// logits (fp32, in fp32 whatever the dtype), the choice, weights and the permutation plan
+  /// (capacity 0: dropless).
   void route(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& x,
-             const MoeScratch& w) const;
+             const MoeScratch& w, int64_t capacity) const;
+  /// forward at a given capacity (0: dropless).
+  void run(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& out,
+           const Tensor& inp, const MoeScratch& w, const MoeBalancePass& balance,
+           bool recomputing, int64_t capacity) const;
   /// The router linear's backward: dx [N,C] (overwritten) and the weight's gradient.
   void router_backward(Backend& be, Stream s, const Tensor& dx, const Tensor& dlogits,
                        const Tensor& x, const MoeScratch& w) const;

@@ -349,7 +349,7 @@ OpCost moe_balance_backward(const Tensor&, const Tensor& logits, const Tensor&, 
   return {12.0 * d(N * E), 12.0 * d(N * E), fmt::format("N={} E={}", N, E)};
 }
 
-OpCost moe_permute_plan(const Tensor& offsets, const Tensor&, const Tensor& expert_idx) {
+OpCost moe_permute_plan(const Tensor& offsets, const Tensor&, const Tensor& expert_idx, int64_t) {
   return {0.0, 12.0 * d(expert_idx.numel()) + 4.0 * d(offsets.numel()),
           fmt::format("slots={} E={}", expert_idx.numel(), offsets.numel() - 1)};
 }

@@ -86,6 +86,9 @@ std::string last_values_line(const json& r) {
   if (r.contains("moe_expert_bias"))
     line += fmt::format(", selection bias from {:.4g} to {:.4g}",
                         field(r, "moe_expert_bias", "min"), field(r, "moe_expert_bias", "max"));
+  if (r.contains("moe_dropped_fraction"))
+    line += fmt::format(", {:.4g}% of the slots dropped",
+                        100.0 * number_or_nan(r["moe_dropped_fraction"]));
   return "<div>" + line + ".</div>\n";
 }
 
@@ -122,6 +125,10 @@ std::string moe_section(const RunData& run) {
   for (auto& s : per_rank(run, bias_bound("min"), "bias min", true)) bias.push_back(std::move(s));
   if (!bias.empty())
     h += chart_card(bias, "Expert selection bias range (auxiliary-loss-free)", "bias");
+  const std::vector<Series> dropped = per_rank(run, "moe_dropped_fraction", "dropped fraction");
+  if (!dropped.empty())
+    h += chart_card(dropped, "Slots dropped past the expert capacity (all MoE layers)",
+                    "fraction of slots");
   h += "</div>\n";
   if (const json* r = last_by_layer_record(run)) {
     h += "<h3>Expert load by MoE layer at the last logged update</h3>\n";

@@ -16,6 +16,14 @@ double unix_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+std::optional<double> dropped_fraction(const MoeStats& moe) {
+  if (!moe.dropped_slots) return std::nullopt;
+  double slots = 0.0;
+  for (const std::vector<double>& layer : moe.tokens_per_expert)
+    slots = std::accumulate(layer.begin(), layer.end(), slots);
+  return slots > 0.0 ? *moe.dropped_slots / slots : 0.0;
+}
+
 std::vector<ExpertLoad> expert_loads(const MoeStats& moe) {
   std::vector<ExpertLoad> out;
   for (const std::vector<double>& layer : moe.tokens_per_expert) {
@@ -61,6 +69,7 @@ void add_moe_record(nlohmann::json& rec, const MoeStats& moe) {
   nlohmann::json by_layer = nlohmann::json::array();
   for (const ExpertLoad& l : layers) by_layer.push_back({l.min, l.mean, l.max});
   rec["moe_tokens_per_expert_by_layer"] = by_layer;
+  if (const std::optional<double> f = dropped_fraction(moe)) rec["moe_dropped_fraction"] = *f;
   if (moe.expert_bias.empty()) return;
   const auto [lo, hi] = expert_bias_range(moe);
   rec["moe_expert_bias"] = {{"min", lo}, {"max", hi}};
@@ -73,13 +82,15 @@ std::string moe_progress(const MoeStats* moe) {
   double load = 0.0;  // the worst layer's max / mean
   for (const ExpertLoad& l : expert_loads(*moe))
     if (l.mean > 0) load = std::max(load, l.max / l.mean);
-  std::string bias;
+  std::string bias, dropped;
   if (!moe->expert_bias.empty()) {
     const auto [lo, hi] = expert_bias_range(*moe);
     bias = fmt::format(" bias [{:+.4f}, {:+.4f}]", lo, hi);
   }
-  return fmt::format(" | aux {:.4f} z {:.4f} | load {:.2f}{}", moe->aux_loss, moe->z_loss, load,
-                     bias);
+  if (const std::optional<double> f = dropped_fraction(*moe))
+    dropped = fmt::format(" dropped {:.2f}%", 100.0 * *f);
+  return fmt::format(" | aux {:.4f} z {:.4f} | load {:.2f}{}{}", moe->aux_loss, moe->z_loss, load,
+                     bias, dropped);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,10 @@ struct ExpertLoad {
 /// mean, max of the maxima).
 std::vector<ExpertLoad> expert_loads(const MoeStats& moe);
 ExpertLoad overall_expert_load(const std::vector<ExpertLoad>& layers);
+/// With token dropping (moe.capacity_factor > 0), the slots dropped past an expert's
+/// capacity over all of the update's slots (every MoE layer, micro-batch and rank), in
+/// [0, 1]; nullopt when dropless.
+std::optional<double> dropped_fraction(const MoeStats& moe);
 
 /// {"step", "loss", "lr", "grad_norm", "tokens" (tokens seen so far), "step_time_s",
 /// "tokens_per_s", "mfu", "time" (unix seconds now), "session_start" (unix seconds this
@@ -52,7 +57,8 @@ ExpertLoad overall_expert_load(const std::vector<ExpertLoad>& layers);
 /// and "moe_z_loss" (as optimised, coefficients applied; apart from "loss", the LM loss),
 /// "moe_tokens_per_expert" {"min", "mean", "max"} over every MoE layer and expert and
 /// "moe_tokens_per_expert_by_layer" [[min, mean, max] per MoE layer] and, with an
-/// auxiliary-loss-free selection bias, "moe_expert_bias" {"min", "max"} after the update.
+/// auxiliary-loss-free selection bias, "moe_expert_bias" {"min", "max"} after the update
+/// and, with token dropping, "moe_dropped_fraction" (dropped_fraction).
 nlohmann::json step_record(const StepMetrics& m);
 
 /// Seconds since the Unix epoch, now (the records' "time").
@@ -62,7 +68,8 @@ double unix_seconds();
 /// 2.3456 | val 2.4567 acc 91.20% | lr 3.00e-04 | norm 1.234 | 12345 tok/s | MFU 12.3% |
 /// 456 ms | ETA 1m02s" (" | val ..." when evaluated, " acc ..." for a classifier; " | aux
 /// 0.0102 z 0.0031 | load 1.42" after the norm for a mixture of experts: load = the most
-/// slots an expert received over the mean, the worst MoE layer's; the
+/// slots an expert received over the mean, the worst MoE layer's; " dropped 3.25%" after it
+/// with token dropping; the
 /// throughput in `throughput_unit`; an MFU above 100% says the peak is stale), of
 /// `total_steps` updates with `eta_s` seconds left.
 std::string progress_line(const StepMetrics& m, int64_t total_steps, double eta_s);

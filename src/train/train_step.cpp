@@ -461,7 +461,7 @@ std::optional<MoeStats> TrainStep::global_moe_stats() {
   if (!m || groups_.dp_cp.size() == 1) return m;
   // Each rank's aux and z are the means over its micro-batches: their mean over the ranks
   // is the step's. The counts add up.
-  std::vector<double> host{m->aux_loss, m->z_loss};
+  std::vector<double> host{m->aux_loss, m->z_loss, m->dropped_slots.value_or(0.0)};
   for (const std::vector<double>& layer : m->tokens_per_expert)
     host.insert(host.end(), layer.begin(), layer.end());
   const Stream s = backend_.default_stream();
@@ -475,7 +475,8 @@ std::optional<MoeStats> TrainStep::global_moe_stats() {
   m->aux_loss = host[0] / ranks;
   m->z_loss = host[1] / ranks;
   m->micro_batches *= groups_.dp_cp.size();
-  size_t i = 2;
+  if (m->dropped_slots) m->dropped_slots = host[2];
+  size_t i = 3;
   for (std::vector<double>& layer : m->tokens_per_expert)
     for (double& c : layer) c = host[i++];
   return m;

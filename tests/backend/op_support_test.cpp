@@ -234,7 +234,7 @@ void moe_balance_backward(S& t) {
                             MoeScoring::Sigmoid, 0.5f, 0.25f);
 }
 void moe_permute_plan(S& t) {
-  t.be.moe_permute_plan(t.s, t.ids({S::V + 1}), t.ids({S::N, 2}), t.ids({S::N, 2}));
+  t.be.moe_permute_plan(t.s, t.ids({S::V + 1}), t.ids({S::N, 2}), t.ids({S::N, 2}), 0);
 }
 void moe_permute(S& t) {
   t.be.moe_permute(t.s, t.act({2 * S::N, S::C}), t.act({S::N, S::C}), t.moe_rows());

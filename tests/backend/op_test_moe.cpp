@@ -4,8 +4,13 @@
 // expert that receives no token and every token sent to one expert; both scorings,
 // renormalisation and the balancing bias on and off, equal scores choosing the lower
 // expert index; gradients against the references' analytic ones, which central
-// differences check in turn. Last, an expert MLP composed of the ops (gate/up fused as
-// [E, 2F, C], SwiGLU on the permuted rows, down) against the per-token double reference.
+// differences check in turn. Token dropping: the plan, permutations and grouped linear at
+// capacities that leave some experts over and some under (capacity 10 of 19 / 37 / 6
+// slots), capacity 1, and a capacity above every count; dropped slots (row -1) add and
+// receive nothing, and the rows past the kept ones stay untouched. Last, an expert MLP
+// composed of the ops (gate/up fused as [E, 2F, C], SwiGLU on the permuted rows, down)
+// against the per-token double reference, dropless and with dropping (the unwritten rows
+// NaN: they must not reach the output).
 // Backends without the MoE family (CUDA, for now) skip.
 //
 // Bounds: fp32 results within 1e-5 of the double reference by norm (the router's scores
@@ -43,12 +48,24 @@ std::vector<int32_t> random_choice(std::mt19937_64& rng, int N, int k, std::vect
   return idx;
 }
 
+// Expert ids [37,2] of E = 5 skewed on purpose: even tokens take (1, 0), odd ones (1, 2 +
+// n % 3): expert 0 gets 19 slots, expert 1 all 37, experts 2-4 6 each.
+std::vector<int32_t> skewed_choice() {
+  std::vector<int32_t> idx;
+  for (int n = 0; n < 37; ++n) {
+    idx.push_back(1);
+    idx.push_back(n % 2 == 0 ? 0 : 2 + n % 3);
+  }
+  return idx;
+}
+
 // The routings the permutation and grouped-linear tests run: N tokens, k choices, E
-// experts, the expert ids, and what the case is.
+// experts, the expert ids, what the case is, and the capacity per expert (0: dropless).
 struct Routing {
   int N, k, E;
   std::vector<int32_t> idx;
   std::string what;
+  int capacity = 0;
 };
 std::vector<Routing> routings(std::mt19937_64& rng) {
   std::vector<Routing> v;
@@ -57,6 +74,13 @@ std::vector<Routing> routings(std::mt19937_64& rng) {
   v.push_back({37, 5, 5, random_choice(rng, 37, 5, {0, 1, 2, 3, 4}), "N=37 k=E=5"});
   v.push_back({11, 3, 7, random_choice(rng, 11, 3, {0, 1, 2, 3, 4, 5, 6}), "N=11 k=3 E=7"});
   v.push_back({1, 1, 1, {0}, "N=1 k=1 E=1"});
+  v.push_back({37, 2, 5, skewed_choice(), "N=37 k=2 E=5 skewed, capacity 10", 10});
+  v.push_back({11, 3, 7, random_choice(rng, 11, 3, {0, 1, 2, 3, 4, 5, 6}),
+               "N=11 k=3 E=7, capacity 1", 1});
+  v.push_back({37, 1, 5, std::vector<int32_t>(37, 2), "N=37 k=1 E=5 all to expert 2, capacity 5",
+               5});
+  v.push_back({37, 2, 5, random_choice(rng, 37, 2, {0, 1, 2, 4}),
+               "N=37 k=2 E=5, capacity 38 (above every count)", 38});
   return v;
 }
 
@@ -85,7 +109,7 @@ class MoeTest : public OpTest {
   std::pair<Tensor, Tensor> plan(const Routing& r) {
     Tensor offsets = upload_i32(std::vector<int32_t>(r.E + 1, -7), {r.E + 1});
     Tensor rows = upload_i32(std::vector<int32_t>(r.idx.size(), -7), {r.N, r.k});
-    be().moe_permute_plan(st(), offsets, rows, upload_i32(r.idx, {r.N, r.k}));
+    be().moe_permute_plan(st(), offsets, rows, upload_i32(r.idx, {r.N, r.k}), r.capacity);
     return {offsets, rows};
   }
   bool runs(DType dt) { return be().supports(OpFamily::MoE, dt); }
@@ -93,6 +117,7 @@ class MoeTest : public OpTest {
   void router_case(const RouterCfg& c, bool sigmoid, bool renormalize, bool with_bias, int step);
   void permutation_case(const Routing& r, int C, DType dt);
   void grouped_case(const Routing& r, int I, int O, DType dt, DType gt);
+  void expert_mlp_case(int capacity);
 };
 
 // Router forward and backward for one case (rows 0 and 1 of the logits hold ties).
@@ -204,15 +229,29 @@ TEST_P(MoeTest, PlanIsAStableCountingSort) {
   for (const Routing& r : routings(rng())) {
     auto [offsets, rows] = plan(r);
     std::vector<int32_t> want_off, want_rows;
-    ref::moe_plan(want_off, want_rows, r.idx, r.N, r.k, r.E);
+    ref::moe_plan(want_off, want_rows, r.idx, r.N, r.k, r.E, r.capacity);
     EXPECT_EQ(download_i32(offsets), want_off) << r.what;
     EXPECT_EQ(download_i32(rows), want_rows) << r.what;
   }
+  // The skewed case by hand: capacity 10 keeps 10 of expert 0's 19 and of expert 1's 37,
+  // all 6 of experts 2-4; the first in token order: expert 1 keeps tokens 0..9.
+  Routing skewed{37, 2, 5, skewed_choice(), "skewed", 10};
+  auto [offsets, rows] = plan(skewed);
+  EXPECT_EQ(download_i32(offsets), (std::vector<int32_t>{0, 10, 20, 26, 32, 38}));
+  const std::vector<int32_t> got = download_i32(rows);
+  for (int n = 0; n < 37; ++n) EXPECT_EQ(got[n * 2], n < 10 ? 10 + n : -1) << "token " << n;
+  EXPECT_EQ(got[2 * 18 + 1], 9) << "token 18, expert 0's 10th slot: kept";
+  EXPECT_EQ(got[2 * 20 + 1], -1) << "token 20, expert 0's 11th slot: dropped";
   std::vector<int32_t> bad(10, 1);
   bad[7] = 5;
   const std::string error = testing::error_of([&] { plan(Routing{5, 2, 5, bad, "bad"}); });
   EXPECT_NE(error.find("moe_permute_plan: expert_idx[3, 1] = 5 is outside"), std::string::npos)
       << "expert id 5 of 5 experts: " << error;
+  const std::string negative = testing::error_of([&] {
+    plan(Routing{5, 2, 5, std::vector<int32_t>(10, 1), "negative capacity", -1});
+  });
+  EXPECT_NE(negative.find("moe_permute_plan: capacity -1 must be >= 0"), std::string::npos)
+      << negative;
 }
 
 // permute, unpermute and their gradients in `dt` for one routing of C channels.
@@ -223,20 +262,23 @@ void MoeTest::permutation_case(const Routing& r, int C, DType dt) {
   auto [offsets, rows] = plan(r);
   const std::vector<int32_t> rw = download_i32(rows);
   const std::vector<float> x = rounded(randn(int64_t{N} * C), dt);
+  // Rows [M_kept, M) of the expert-row outputs keep the 9 they were filled with.
   Tensor out = up(std::vector<float>(static_cast<size_t>(M) * C, 9.f), {M, C}, dt);
   be().moe_permute(st(), out, up(x, {N, C}, dt), rows);
-  std::vector<float> want(static_cast<size_t>(M) * C);
+  std::vector<float> want(static_cast<size_t>(M) * C, 9.f);
   for (int i = 0; i < M; ++i)
-    std::copy_n(x.begin() + (i / k) * C, C, want.begin() + static_cast<size_t>(rw[i]) * C);
+    if (rw[i] >= 0)
+      std::copy_n(x.begin() + (i / k) * C, C, want.begin() + static_cast<size_t>(rw[i]) * C);
   EXPECT_TRUE(bitwise_equal("moe_permute " + what, down(out), want)) << what;
 
-  // permute_backward: dinp[n] = sum_j dout[rows[n,j]].
+  // permute_backward: dinp[n] = sum over the kept j of dout[rows[n,j]].
   const std::vector<float> dy = rounded(randn(int64_t{M} * C), dt);
   Tensor dinp = up(std::vector<float>(static_cast<size_t>(N) * C, 9.f), {N, C}, dt);
   be().moe_permute_backward(st(), dinp, up(dy, {M, C}, dt), rows);
   Vec want_dx(static_cast<size_t>(N) * C, 0.0);
   for (int i = 0; i < M; ++i)
-    for (int c = 0; c < C; ++c) want_dx[(i / k) * C + c] += dy[static_cast<size_t>(rw[i]) * C + c];
+    for (int c = 0; c < C && rw[i] >= 0; ++c)
+      want_dx[(i / k) * C + c] += dy[static_cast<size_t>(rw[i]) * C + c];
   EXPECT_TRUE(near_by_norm("moe_permute_backward " + what, down(dinp), want_dx, tol)) << what;
 
   // unpermute: out[n] = sum_j w[n,j] eo[rows[n,j]], and its gradients.
@@ -248,7 +290,8 @@ void MoeTest::permutation_case(const Routing& r, int C, DType dt) {
   const Forward f = [&](const Inputs& in) {
     Vec o(static_cast<size_t>(N) * C, 0.0);
     for (int i = 0; i < M; ++i)
-      for (int c = 0; c < C; ++c) o[(i / k) * C + c] += in[1][i] * in[0][static_cast<size_t>(rw[i]) * C + c];
+      for (int c = 0; c < C && rw[i] >= 0; ++c)
+        o[(i / k) * C + c] += in[1][i] * in[0][static_cast<size_t>(rw[i]) * C + c];
     return o;
   };
   const Inputs in{to_double(eo), to_double(w)};
@@ -258,12 +301,18 @@ void MoeTest::permutation_case(const Routing& r, int C, DType dt) {
   be().moe_unpermute_backward(st(), deo, dw, up(dout, {N, C}, dt), teo, tw, rows);
   Vec want_deo(static_cast<size_t>(M) * C), want_dw(static_cast<size_t>(M), 0.0);
   for (int i = 0; i < M; ++i)
-    for (int c = 0; c < C; ++c) {
+    for (int c = 0; c < C && rw[i] >= 0; ++c) {
       const size_t row = static_cast<size_t>(rw[i]) * C + c;
       want_deo[row] = double(w[i]) * dout[(i / k) * C + c];
       want_dw[i] += double(dout[(i / k) * C + c]) * eo[row];
     }
-  const std::vector<float> got_deo = down(deo), got_dw = download(dw);
+  std::vector<float> got_deo = down(deo);
+  const std::vector<float> got_dw = download(dw);
+  // Rows [M_kept, M) of dexpert_out are left as they were (9); below, 0 as the reference's.
+  const auto tail = got_deo.begin() + static_cast<ptrdiff_t>(M - std::count(rw.begin(), rw.end(), -1)) * C;
+  EXPECT_TRUE(std::all_of(tail, got_deo.end(), [](float v) { return v == 9.f; }))
+      << "moe_unpermute_backward wrote past the kept rows: " << what;
+  std::fill(tail, got_deo.end(), 0.f);
   EXPECT_TRUE(near_by_norm("moe_unpermute_backward dexpert_out " + what, got_deo, want_deo, tol));
   EXPECT_TRUE(near_by_norm("moe_unpermute_backward dexpert_weight " + what, got_dw, want_dw,
                            dt == DType::F32 ? 1e-5 : tol));
@@ -296,8 +345,11 @@ void MoeTest::grouped_case(const Routing& r, int I, int O, DType dt, DType gt) {
   Tensor tx = up(x, {M, I}, dt), tw = up(w, {E, O, I}, dt, MemCategory::Parameters);
   Tensor out = up(std::vector<float>(static_cast<size_t>(M) * O, 9.f), {M, O}, dt);
   be().grouped_linear_forward(st(), out, tx, tw, offsets);
-  // The reference: expert e's rows through its weight, one linear each.
+  // The reference: expert e's rows through its weight, one linear each; rows [M_kept, M)
+  // of out and dinp keep the 9 they were filled with.
   Vec want(static_cast<size_t>(M) * O), gx(static_cast<size_t>(M) * I), gw(w.size(), 0.0);
+  std::fill(want.begin() + static_cast<size_t>(off[E]) * O, want.end(), 9.0);
+  std::fill(gx.begin() + static_cast<size_t>(off[E]) * I, gx.end(), 9.0);
   const std::vector<float> dy = rounded(randn(int64_t{M} * O), dt);
   const Vec xd = to_double(x), wd = to_double(w), dyd = to_double(dy);
   for (int e = 0; e < E; ++e) {
@@ -347,13 +399,19 @@ TEST_P(MoeTest, GroupedLinear) {
       for (const Routing& r : routings(rng())) grouped_case(r, 19, 23, dt, gt);
   }
   if (!runs(DType::F32)) return;
-  // Offsets that do not rise from 0 to M are refused.
+  // Offsets that do not rise from 0 to at most M are refused.
   const std::string error = testing::error_of([&] {
+    be().grouped_linear_forward(st(), poisoned({4, 3}), poisoned({4, 2}), poisoned({2, 3, 2}),
+                                upload_i32({0, 3, 5}, {3}));
+  });
+  EXPECT_NE(error.find("grouped_linear_forward: offsets must run from 0 to at most M = 4"),
+            std::string::npos) << "offsets 0, 3, 5 for M = 4: " << error;
+  const std::string falling = testing::error_of([&] {
     be().grouped_linear_forward(st(), poisoned({4, 3}), poisoned({4, 2}), poisoned({2, 3, 2}),
                                 upload_i32({0, 3, 2}, {3}));
   });
-  EXPECT_NE(error.find("grouped_linear_forward: offsets must run from 0 to M = 4"),
-            std::string::npos) << "offsets 0, 3, 2 for M = 4: " << error;
+  EXPECT_NE(falling.find("grouped_linear_forward: offsets[1] = 3 > offsets[2] = 2"),
+            std::string::npos) << "offsets 0, 3, 2: " << falling;
 }
 
 // An expert MLP as a MoE layer runs it: tokens permuted, gate and up in one grouped linear
@@ -362,8 +420,15 @@ TEST_P(MoeTest, GroupedLinear) {
 // sum_j w_j W2_e (silu(W1_e x) * W3_e x).
 TEST_P(MoeTest, ExpertMlpOfTheOps) {
   if (!runs(DType::F32)) GTEST_SKIP() << "no MoE ops on " << be().name();
+  for (int capacity : {0, 12}) expert_mlp_case(capacity);
+}
+
+// With capacity > 0 a slot past its expert's first `capacity` (in token order) adds
+// nothing; the rows the grouped linears leave unwritten stay NaN (poisoned) through the
+// SwiGLU and must not reach the output.
+void MoeTest::expert_mlp_case(int capacity) {
   const int N = 37, C = 19, E = 5, k = 2, F = 7, M = N * k;
-  const Routing r{N, k, E, random_choice(rng(), N, k, {0, 1, 3, 4}), "mlp"};
+  const Routing r{N, k, E, random_choice(rng(), N, k, {0, 1, 3, 4}), "mlp", capacity};
   auto [offsets, rows] = plan(r);
   const std::vector<float> x = randn(N * C), w13 = randn(E * 2 * F * C, 0.3f),
                            w2 = randn(E * C * F, 0.3f), wt = randu(M, 0.f, 1.f);
@@ -375,8 +440,10 @@ TEST_P(MoeTest, ExpertMlpOfTheOps) {
   be().grouped_linear_forward(st(), y, a, upload(w2, {E, C, F}), offsets);
   be().moe_unpermute(st(), out, y, upload(wt, {N, k}), rows);
   Vec want(static_cast<size_t>(N) * C, 0.0);
+  std::vector<int> taken(E, 0);
   for (int i = 0; i < M; ++i) {
     const int n = i / k, e = r.idx[i];
+    if (capacity > 0 && taken[e]++ >= capacity) continue;  // dropped
     for (int c = 0; c < C; ++c) {
       double sum = 0;
       for (int f = 0; f < F; ++f) {
@@ -390,7 +457,10 @@ TEST_P(MoeTest, ExpertMlpOfTheOps) {
       want[n * C + c] += wt[i] * sum;
     }
   }
-  EXPECT_TRUE(near_by_norm("expert MLP of the MoE ops", download(out), want, 1e-5));
+  EXPECT_TRUE(near_by_norm("expert MLP of the MoE ops, capacity " + std::to_string(capacity),
+                           download(out), want, 1e-5));
+  if (capacity > 0)
+    EXPECT_LT(download_i32(offsets)[E], M) << "capacity " << capacity << " dropped no slot";
 }
 
 // The balancing statistics and their gradients (moe_balance_stats / _backward) against a

@@ -388,15 +388,20 @@ Vec moe_router_backward(const Vec& dweight, const Vec& dscores, const Vec& score
 }
 
 void moe_plan(std::vector<int32_t>& offsets, std::vector<int32_t>& rows,
-              const std::vector<int32_t>& idx, int N, int k, int E) {
-  const int M = N * k;
+              const std::vector<int32_t>& idx, int N, int k, int E, int capacity) {
+  const int M = N * k, cap = capacity > 0 ? capacity : M;
   offsets.assign(static_cast<size_t>(E) + 1, 0);
   for (int e = 0; e <= E; ++e)
-    for (int i = 0; i < M; ++i) offsets[e] += idx[i] < e;
+    for (int f = 0; f < e; ++f) {
+      int count = 0;
+      for (int i = 0; i < M; ++i) count += idx[i] == f;
+      offsets[e] += std::min(count, cap);
+    }
   rows.assign(static_cast<size_t>(M), 0);
   for (int i = 0; i < M; ++i) {
-    rows[i] = offsets[idx[i]];
-    for (int i2 = 0; i2 < i; ++i2) rows[i] += idx[i2] == idx[i];
+    int rank = 0;
+    for (int i2 = 0; i2 < i; ++i2) rank += idx[i2] == idx[i];
+    rows[i] = rank < cap ? offsets[idx[i]] + rank : -1;
   }
 }
 

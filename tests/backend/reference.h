@@ -88,10 +88,11 @@ Vec moe_weights(const Vec& scores, const std::vector<int32_t>& idx, int N, int E
 Vec moe_router_backward(const Vec& dweight, const Vec& dscores, const Vec& scores,
                         const std::vector<int32_t>& idx, int N, int E, int k, bool sigmoid,
                         bool renormalize);
-// The permutation plan by its definition: offsets [E+1] (slots of experts below e), rows
-// [N*k] (offsets[e] + the earlier slots of the same expert).
+// The permutation plan by its definition, keeping `capacity` slots per expert (0: all):
+// slot i's rank = the earlier slots of the same expert; kept iff rank < capacity; offsets
+// [E+1] (kept slots of experts below e), rows [N*k] (offsets[e] + rank, or -1 if dropped).
 void moe_plan(std::vector<int32_t>& offsets, std::vector<int32_t>& rows,
-              const std::vector<int32_t>& idx, int N, int k, int E);
+              const std::vector<int32_t>& idx, int N, int k, int E, int capacity = 0);
 
 // ---- adamw ------------------------------------------------------------------------------
 struct AdamW {

@@ -397,7 +397,7 @@ TEST(TrainConfigToml, EarlierVersionsRunConfigsStillLoad) {
       {"moe.shared_experts", 0}, {"moe.scoring", 0}, {"moe.norm_topk_prob", 1},
       {"moe.first_k_dense", 0}, {"moe.sparse_step", 1}, {"moe.aux_loss_coef", 0},
       {"moe.aux_loss_type", 0}, {"moe.aux_loss_scope", 0}, {"moe.z_loss_coef", 0},
-      {"moe.expert_bias", 0}, {"moe.bias_update_rate", 1e-3}};
+      {"moe.expert_bias", 0}, {"moe.bias_update_rate", 1e-3}, {"moe.capacity_factor", 0}};
   EXPECT_EQ(llama.model.family, want);
   EXPECT_EQ(llama.model.family_lists,
             (std::map<std::string, std::vector<int>, std::less<>>{{"moe.dense_layers", {}}}));

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""Generates tests/golden/moe_{softmax,sigmoid}_golden.safetensors, the reference values of
-kiln's mixture-of-experts Llama (issue 38).
+"""Generates tests/golden/moe_{softmax,sigmoid,capacity}_golden.safetensors, the reference
+values of kiln's mixture-of-experts Llama (issue 38; token dropping, issue 39).
 
 A 2-block Qwen3-MoE-like decoder written here in plain PyTorch (float64), as transformers'
 Qwen3MoeForCausalLM computes it, without transformers: token embedding; per block RMSNorm
@@ -21,6 +21,11 @@ N = B T input rows:
   down_s(silu(gate_s x_n) * up_s x_n) of width shared_experts * F, ungated.
   (Every expert is evaluated on every token here and weighted by w, 0 off the choices:
   the same sums as kiln's dropless permutation.)
+  Token dropping (moe.capacity_factor f > 0; Switch, Megatron-core's get_capacity and
+  "position" drop policy): capacity = max(1, ceil((N k / E) f)); going through the
+  (token, choice) slots in token order, each expert keeps its first `capacity` and a
+  later slot's weight is 0 (the other weights are not renormalised); c_e below counts the
+  choice before dropping (as Megatron-core's aux loss).
 Losses, c_e the (token, choice) slots routed to expert e in a layer, L the MoE layers:
   aux "hf" (transformers' load_balancing_loss_func, no attention mask; softmax only):
     the L layers' router logits concatenated [L N, E], p = softmax, top-k of p, C_e = the
@@ -35,9 +40,12 @@ The script refuses (check_sharpness) weights under which the router-logit gap ab
 under MARGIN in any forward (the AdamW steps' too), or where the aux or z loss moves a
 router's gradient by under 1e-2 of its norm (100 times the test's gradient bound).
 
-Two cases, one file each, the same weights, tokens and targets:
+Three cases, one file each, the same weights, tokens and targets:
   softmax: scoring softmax, norm_topk_prob false, aux_loss_type "hf", z-loss on;
-  sigmoid: scoring sigmoid, norm_topk_prob true, aux_loss_type "per_layer", z-loss on.
+  sigmoid: scoring sigmoid, norm_topk_prob true, aux_loss_type "per_layer", z-loss on;
+  capacity: scoring softmax, norm_topk_prob true, aux_loss_type "per_layer", z-loss on,
+    capacity_factor 0.8 (capacity 8 of the 44 slots' 8.8 per expert: slots dropped).
+The file's metadata "case" names its case.
 The embedding rows share a common direction u and layer 0's router row of expert
 DEAD_EXPERT points against it, so that this expert receives no token in layer 0 (an
 expert with zero rows; its gate_up/down gradients there are exactly 0).
@@ -89,11 +97,14 @@ CONFIG = {  # kiln's [model] keys (llama family)
     "moe.shared_experts": 1,
     "moe.aux_loss_coef": 0.02,
     "moe.z_loss_coef": 0.005,
+    "moe.capacity_factor": 0.0,
 }
 CASES = {
     "softmax": {"moe.scoring": "softmax", "moe.norm_topk_prob": False, "moe.aux_loss_type": "hf"},
     "sigmoid": {"moe.scoring": "sigmoid", "moe.norm_topk_prob": True,
                 "moe.aux_loss_type": "per_layer"},
+    "capacity": {"moe.scoring": "softmax", "moe.norm_topk_prob": True,
+                 "moe.aux_loss_type": "per_layer", "moe.capacity_factor": 0.8},
 }
 B, T = 2, 11
 IGNORE_INDEX = -1
@@ -165,6 +176,7 @@ def metadata(case, torch_version=None):
         "seq_len": str(T),
         "ignore_index": str(IGNORE_INDEX),
         "n_targets": str(B * T - N_IGNORED),
+        "case": case,
         "seed": str(SEED),
         "dead_expert": str(DEAD_EXPERT),
         "adamw.steps": str(ADAMW_STEPS),
@@ -213,15 +225,36 @@ def top_k(scores, k):
     return torch.sort(scores.detach(), dim=-1, descending=True, stable=True).indices[:, :k]
 
 
+def capacity_mask(chosen, E, factor):
+    """[N, k] 1 for the kept slots of chosen [N, k]: each expert's first
+    max(1, ceil((N k / E) factor)) slots in token order; all ones when factor is 0."""
+    import math
+    import torch
+    keep = torch.ones(chosen.shape, dtype=torch.bool)
+    if factor <= 0:
+        return keep
+    N, k = chosen.shape
+    capacity = max(1, math.ceil((N * k / E) * factor))
+    taken = [0] * E
+    for n in range(N):
+        for j in range(k):
+            e = int(chosen[n, j])
+            keep[n, j] = taken[e] < capacity
+            taken[e] += 1
+    return keep
+
+
 def route(logits, cfg):
     """Routing of router logits [N, E]: the dense weights w [N, E] (the chosen experts'
-    weights, 0 elsewhere; differentiable) and the chosen experts [N, k]."""
+    weights, 0 elsewhere and at dropped slots; differentiable) and the chosen experts
+    [N, k] (before dropping)."""
     import torch
     scores = logits.softmax(-1) if cfg["moe.scoring"] == "softmax" else logits.sigmoid()
     chosen = top_k(scores, cfg["moe.top_k"])
     w = scores.gather(1, chosen)
     if cfg["moe.norm_topk_prob"]:
         w = w / w.sum(-1, keepdim=True)
+    w = w * capacity_mask(chosen, scores.shape[1], cfg["moe.capacity_factor"]).to(w.dtype)
     return torch.zeros_like(scores).scatter(1, chosen, w), chosen
 
 
@@ -473,14 +506,14 @@ def generate(case, out):
 
 def check(path):
     """Exit status 0 when the stored header is what this script writes for the case the
-    file's metadata names (moe.scoring); needs no torch."""
+    file's metadata names ("case"); needs no torch."""
     try:
-        case = g.read_header(path)["__metadata__"]["moe.scoring"]
+        case = g.read_header(path)["__metadata__"]["case"]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        print(f"{path}: no safetensors header with a moe.scoring metadata: {e!r}", file=sys.stderr)
+        print(f"{path}: no safetensors header with a case metadata: {e!r}", file=sys.stderr)
         return 1
     if case not in CASES:
-        print(f"{path}: moe.scoring {case!r} is none of {sorted(CASES)}", file=sys.stderr)
+        print(f"{path}: case {case!r} is none of {sorted(CASES)}", file=sys.stderr)
         return 1
     g.CONFIG, g.tensor_specs = case_config(case), tensor_specs
     g.metadata = lambda torch_version=None: metadata(case, torch_version)

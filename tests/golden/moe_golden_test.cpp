@@ -1,8 +1,9 @@
 // The mixture-of-experts Llama against a float64 PyTorch reference
-// (tests/golden/moe_softmax_golden.safetensors and moe_sigmoid_golden.safetensors, made by
+// (tests/golden/moe_{softmax,sigmoid,capacity}_golden.safetensors, made by
 // tests/golden/make_moe_golden.py: a 2-block Qwen3-MoE-like decoder with QK-norm, head_dim
 // != n_embd / n_head, 5 experts, top-2, a shared expert; softmax scoring with transformers'
-// aux loss, and sigmoid scoring with the per-layer aux loss; z-loss in both; see
+// aux loss, sigmoid scoring with the per-layer aux loss, and softmax with the per-layer aux
+// loss and token dropping (moe.capacity_factor 0.8); z-loss in all; see
 // tests/golden/README.md).
 //
 // As the Llama golden test, with its bounds (golden_compare.h): for every backend with the
@@ -19,6 +20,8 @@
 #include "core/error.h"
 #include "models/decoder_model.h"
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -29,7 +32,7 @@ namespace st = kiln::safetensors;
 
 namespace {
 
-const std::vector<std::string> kCases{"softmax", "sigmoid"};
+const std::vector<std::string> kCases{"softmax", "sigmoid", "capacity"};
 
 std::string golden_file(const std::string& c) {
   return golden_path("moe_" + c + "_golden.safetensors");
@@ -47,7 +50,7 @@ std::string model_toml(const st::Reader& r) {
   for (const char* key : {"n_layer", "n_head", "n_kv_head", "n_embd", "head_dim", "ffn_hidden_size",
                           "vocab_size", "block_size", "norm_eps", "rope_theta", "moe.num_experts",
                           "moe.top_k", "moe.ffn_hidden_size", "moe.shared_experts",
-                          "moe.aux_loss_coef", "moe.z_loss_coef"})
+                          "moe.aux_loss_coef", "moe.z_loss_coef", "moe.capacity_factor"})
     s += fmt::format("{} = {}\n", key, r.metadata(key));
   for (const char* key : {"qk_norm", "tie_embeddings", "moe.norm_topk_prob"})
     s += fmt::format("{} = {}\n", key, r.metadata(key) == "True" ? "true" : "false");
@@ -110,10 +113,11 @@ void match_moe_report(const st::Reader& r, Backend& be, Model& model) {
   EXPECT_EQ(rep->tokens_per_expert, std::vector<int64_t>(ref_tpe.begin(), ref_tpe.end()));
 }
 
-// What the file must hold to test what it claims: the configuration, and routing that
-// leaves an expert without tokens.
+// What the file must hold to test what it claims: the configuration, routing that leaves
+// an expert without tokens and, with a capacity, experts chosen past it (dropped slots).
 void check_moe_file(const st::Reader& r, const std::string& c) {
-  EXPECT_EQ(r.metadata("moe.scoring"), c);
+  EXPECT_EQ(r.metadata("case"), c);
+  EXPECT_EQ(r.metadata("moe.scoring"), c == "sigmoid" ? "sigmoid" : "softmax");
   EXPECT_NE(meta_int(r, "head_dim") * meta_int(r, "n_head"), meta_int(r, "n_embd"));
   EXPECT_EQ(r.metadata("qk_norm"), "True");
   EXPECT_GT(meta_int(r, "moe.shared_experts"), 0);
@@ -127,6 +131,14 @@ void check_moe_file(const st::Reader& r, const std::string& c) {
   for (int l = 0; l < L; ++l)
     EXPECT_EQ(std::accumulate(tpe.begin() + l * E, tpe.begin() + (l + 1) * E, 0), slots) << l;
   EXPECT_EQ(tpe[meta_int(r, "dead_expert")], 0);
+  const double factor = meta_double(r, "moe.capacity_factor");
+  EXPECT_EQ(factor > 0, c == "capacity");
+  if (factor > 0) {  // capacity = ceil(slots / E x factor): some expert of each layer over it
+    const int capacity = static_cast<int>(std::ceil(double(slots) / E * factor));
+    for (int l = 0; l < L; ++l)
+      EXPECT_GT(*std::max_element(tpe.begin() + l * E, tpe.begin() + (l + 1) * E), capacity)
+          << "layer " << l << " drops no slot at capacity " << capacity;
+  }
   const double total =
       r.read_f32("loss")[0] + r.read_f32("aux_loss")[0] + r.read_f32("z_loss")[0];
   EXPECT_NEAR(r.read_f32("total_loss")[0], total, 1e-6 * total);

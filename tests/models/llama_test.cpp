@@ -484,6 +484,20 @@ aux_loss_coef = 0.01
             "([]) leave no MoE block among the model.n_layer = 3 blocks");
   EXPECT_EQ(err([](ModelOptions& o) { o.family_lists["moe.dense_layers"] = {1, 3}; }),
             "model.moe.dense_layers holds 3: not a block index in [0, model.n_layer = 3)");
+  EXPECT_EQ(err([](ModelOptions& o) { o.family["moe.capacity_factor"] = -0.5; }),
+            "model.moe.capacity_factor (-0.5) must be >= 0 (0: dropless)");
+  // Token dropping: the key in the config and the model's description (the layers' use of
+  // it: moe_test.cpp, tests/parallel/moe_train_test.sh).
+  {
+    ModelOptions o = tiny_moe();
+    o.family["moe.capacity_factor"] = 1.25;
+    EXPECT_EQ(llama_config_of(o).moe.capacity_factor, 1.25);
+    EXPECT_NE(llama_config_of(o).str().find(" capacity_factor=1.25"), std::string::npos);
+  }
+  EXPECT_NE(error_of([] {
+              load_config_string("", {"model.arch=llama", "model.moe.num_experts=4",
+                                      "model.moe.capacity_factor=-1"});
+            }).find("model.moe.capacity_factor"), std::string::npos);
   // tp, pp and cp refused when the config loads, naming where the key was set.
   EXPECT_NE(error_of([] {
               load_config_string("[parallel]\npp = 2\n",

@@ -5,8 +5,12 @@
 // off, both auxiliary-loss forms and the z-loss; an expert that receives no token and
 // every token sent to one expert (k = 1). The loss sum(out * R) + aux + z: its value and
 // every gradient (inputs and all parameters) against central differences of the double
-// reference. Then a MoE block's three checkpointing policies giving bitwise the same
-// gradients; a bf16 layer's router logits in fp32. The Llama wiring (keys, names, counts, errors) is in llama_test.cpp.
+// reference. Token dropping (capacity factor > 0): the reference drops each expert's slots
+// past the first `capacity` in token order; the output, the dropped count, every gradient
+// as above, a token dropped by all its experts getting its shared experts' output alone,
+// and decode staying dropless. Then a MoE block's three checkpointing policies giving
+// bitwise the same gradients (dropless and dropping); a bf16 layer's router logits in
+// fp32. The Llama wiring (keys, names, counts, errors) is in llama_test.cpp.
 #include "backend/registry.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -35,11 +39,14 @@ struct RefLayer {
   bool sigmoid, renorm;
   Vec router, gu, down, sgu, sdown;  // [E,C], [E,2F,C], [E,C,F], [2Fs,C], [C,Fs]
   Vec bias;  // [E] the selection bias (DeepSeek-V3's), or empty
+  int capacity = 0;  // slots each expert keeps, the first in token order; 0: dropless
 };
 struct RefOut {
   Vec out;                  // [N,C]
   Vec p, lse;               // [N,E] balancing probabilities, [N]
-  std::vector<double> c;    // [E] slots per expert
+  std::vector<double> c;    // [E] slots per expert (the choice, before dropping)
+  double dropped = 0;       // slots dropped past the capacity
+  std::vector<bool> all_dropped;  // [N] tokens that lost every expert
 };
 
 double silu(double v) { return v / (1 + std::exp(-v)); }
@@ -58,7 +65,9 @@ void swiglu_add(double* y, double scale, const double* x, const double* w13, con
 RefOut ref_forward(const RefLayer& L, const Vec& x, int N) {
   const int C = L.C, E = L.E, k = L.k;
   RefOut r{Vec(static_cast<size_t>(N) * C, 0.0), Vec(static_cast<size_t>(N) * E),
-           Vec(static_cast<size_t>(N)), std::vector<double>(E, 0.0)};
+           Vec(static_cast<size_t>(N)), std::vector<double>(E, 0.0), 0.0,
+           std::vector<bool>(static_cast<size_t>(N), false)};
+  std::vector<int> taken(E, 0);  // slots each expert kept so far, in token order
   for (int n = 0; n < N; ++n) {
     const double* xn = &x[n * C];
     Vec l(E), s(E);
@@ -81,13 +90,20 @@ RefOut ref_forward(const RefLayer& L, const Vec& x, int N) {
     std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return key[a] > key[b]; });
     double sum = 0;
     for (int j = 0; j < k; ++j) sum += s[idx[j]];
+    int kept = 0;
     for (int j = 0; j < k; ++j) {
       const int e = idx[j];
       r.c[e] += 1;
-      const double w = L.renorm ? s[e] / (sum + 1e-20) : s[e];
+      if (L.capacity > 0 && taken[e]++ >= L.capacity) {  // dropped: adds nothing
+        r.dropped += 1;
+        continue;
+      }
+      ++kept;
+      const double w = L.renorm ? s[e] / (sum + 1e-20) : s[e];  // not renormalised
       swiglu_add(&r.out[n * C], w, xn, &L.gu[static_cast<size_t>(e) * 2 * L.F * C],
                  &L.down[static_cast<size_t>(e) * C * L.F], C, L.F);
     }
+    r.all_dropped[static_cast<size_t>(n)] = kept == 0;
     if (L.Fs > 0) swiglu_add(&r.out[n * C], 1.0, xn, L.sgu.data(), L.sdown.data(), C, L.Fs);
   }
   return r;
@@ -129,10 +145,11 @@ struct Case {
   double aux = 0.5, z = 0.05;
   bool task = true;  // false: R = 0, the balancing losses alone
   bool bias = false;  // a random selection bias on each layer (auxiliary-loss-free)
+  double capacity_factor = 0;  // token dropping; 0: dropless
   std::string what() const {
-    return fmt::format("{} renorm={} shared={} aux={} k={} route={} task={} bias={}",
-                       sigmoid ? "sigmoid" : "softmax", renorm, shared, hf ? "hf" : "per_layer", k,
-                       route, task, bias);
+    return fmt::format("{} renorm={} shared={} aux={} k={} route={} task={} bias={} "
+                       "capacity_factor={}", sigmoid ? "sigmoid" : "softmax", renorm, shared,
+                       hf ? "hf" : "per_layer", k, route, task, bias, capacity_factor);
   }
 };
 
@@ -146,6 +163,7 @@ nn::MoeSpec spec_of(const Case& c) {
   s.shared_hidden = c.shared ? kFs : 0;
   s.scoring = c.sigmoid ? MoeScoring::Sigmoid : MoeScoring::Softmax;
   s.norm_topk_prob = c.renorm;
+  s.capacity_factor = c.capacity_factor;
   return s;
 }
 
@@ -209,6 +227,7 @@ struct Rig {
     };
     RefLayer r{kC, kE, cs.k, kF, cs.shared ? kFs : 0, cs.sigmoid, cs.renorm,
                get(first), get(first + 1), get(first + 2), {}, {}};
+    r.capacity = static_cast<int>(nn::moe_capacity(cs.capacity_factor, kN, cs.k, kE));
     if (cs.shared) r.sgu = get(first + 3), r.sdown = get(first + 4);
     const Tensor& bias = (first == 0 ? l1 : l2).expert_bias;
     if (bias) {
@@ -240,6 +259,40 @@ void fill_inputs(Rig& rig, std::vector<float>& xv, std::vector<float>& pv, std::
     for (float& v : bias) v = 0.3f * nd(g);
     upload_f32(*rig.be, b.value, bias.data());
   }
+}
+
+// Token dropping's own figures: the dropped count (the reference's, > 0 and below all
+// slots), a token that lost every expert of layer 1 getting its shared experts' output
+// alone (x's residual is the block's, outside the layer), and decode dropless.
+void check_dropping(Rig& rig, const Case& c, const std::vector<float>& xv,
+                    const std::vector<float>& pv, const RefOut& o1, const RefOut& o2,
+                    const MoeStats& stats) {
+  ASSERT_TRUE(stats.dropped_slots) << c.what();
+  EXPECT_EQ(*stats.dropped_slots, o1.dropped + o2.dropped) << c.what();
+  EXPECT_GT(*stats.dropped_slots, 0.0) << c.what() << ": nothing dropped";
+  EXPECT_LT(*stats.dropped_slots, 2.0 * kN * c.k) << c.what() << ": everything dropped";
+  const std::vector<float> h = download_f32(*rig.be, rig.h);
+  const RefLayer a = rig.ref_layer(pv, 0);
+  int lost = 0;
+  for (int n = 0; n < kN; ++n) {
+    if (!o1.all_dropped[static_cast<size_t>(n)]) continue;
+    ++lost;
+    Vec want(kC, 0.0), x(xv.begin() + n * kC, xv.begin() + (n + 1) * kC);
+    if (a.Fs > 0) swiglu_add(want.data(), 1.0, x.data(), a.sgu.data(), a.sdown.data(), kC, a.Fs);
+    for (int ch = 0; ch < kC; ++ch)
+      EXPECT_NEAR(h[n * kC + ch], want[ch], 1e-5 * (1 + std::abs(want[ch])))
+          << c.what() << ": token " << n << " lost every expert";
+  }
+  if (c.route == 2) EXPECT_GT(lost, 0) << c.what() << ": no token lost every expert";
+  // Decode: dropless whatever the capacity.
+  rig.l1.decode(*rig.be, rig.be->default_stream(), rig.dh, rig.x);
+  RefLayer dropless = a;
+  dropless.capacity = 0;
+  const RefOut d = ref_forward(dropless, Vec(xv.begin(), xv.end()), kN);
+  const std::vector<float> got = download_f32(*rig.be, rig.dh);
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < got.size(); ++i) err += std::pow(got[i] - d.out[i], 2), norm += d.out[i] * d.out[i];
+  EXPECT_LT(std::sqrt(err / norm), 1e-5) << c.what() << ": decode is dropless";
 }
 
 void check_case(const Case& c, uint64_t seed) {
@@ -281,6 +334,8 @@ void check_case(const Case& c, uint64_t seed) {
   if (c.route == 2) {
     EXPECT_EQ(o1.c[2], double(kN)) << "every token to expert 2";
   }
+  if (c.capacity_factor > 0) check_dropping(rig, c, xv, pv, o1, o2, stats);
+  else EXPECT_FALSE(stats.dropped_slots) << "dropless: no dropped count";
 
   // Gradients: central differences of the double reference, every coordinate.
   auto total = [](const RefLoss& l) { return l.task + l.aux + l.z; };
@@ -343,6 +398,15 @@ TEST(MoeLayer, ForwardAndEveryGradientMatchTheDoubleReference) {
   Case none;  // no balancing losses: the layer alone
   none.aux = 0, none.z = 0;
   check_case(none, seed++);
+  Case dropping;  // capacity ceil(15 * 2 / 5 * 0.5) = 3 of 6 slots per expert on average
+  dropping.capacity_factor = 0.5;
+  check_case(dropping, seed++);
+  dropping.sigmoid = true, dropping.renorm = false, dropping.shared = false;
+  dropping.capacity_factor = 0.75;  // capacity 5
+  check_case(dropping, seed++);
+  Case lost = all_to_one;  // k = 1, all to expert 2, capacity 3: tokens 3.. lose it
+  lost.sigmoid = false, lost.renorm = true, lost.capacity_factor = 1.0;
+  check_case(lost, seed++);
   for (bool sigmoid : {false, true}) {  // a selection bias: the choice moves, the weights not
     Case biased;
     biased.bias = true, biased.sigmoid = sigmoid, biased.aux = sigmoid ? 0.0 : 0.5;
@@ -379,13 +443,16 @@ TEST(MoeLayer, ExpertBiasMovesTowardsTheMeanLoad) {
 
 // ---- a MoE block under the three checkpointing policies ---------------------------------
 
-std::pair<std::vector<float>, std::vector<float>> block_grads(nn::ActivationCheckpointing mode) {
+std::pair<std::vector<float>, std::vector<float>> block_grads(nn::ActivationCheckpointing mode,
+                                                               double capacity_factor = 0) {
   auto be = make_backend("cpu");
   nn::BlockSpec spec;
   spec.n_embd = kC + 1;
   spec.attention.n_head = 2;
   spec.attention.head_dim = 4;
-  spec.moe = spec_of(Case{});
+  Case c;
+  c.capacity_factor = capacity_factor;
+  spec.moe = spec_of(c);
   spec.init_std = spec.residual_init_std = 0.4f;
   nn::TransformerBlock block("h.0.", spec);
   std::vector<nn::Param*> params;
@@ -422,14 +489,31 @@ std::pair<std::vector<float>, std::vector<float>> block_grads(nn::ActivationChec
   balance.end_forward();
   be->copy(be->default_stream(), dres, out);  // L = sum(out^2) / 2
   block.backward(pass, dres, x, out);
-  EXPECT_EQ(balance.take().micro_batches, 1) << "a re-run adds no statistics";
+  const MoeStats stats = balance.take();
+  EXPECT_EQ(stats.micro_batches, 1) << "a re-run adds no statistics";
+  if (capacity_factor > 0) EXPECT_GT(stats.dropped_slots.value_or(0.0), 0.0) << "nothing dropped";
   return {download_f32(*be, dres), download_f32(*be, grads)};
 }
 
 TEST(MoeLayer, CheckpointingPoliciesGiveBitwiseEqualGradients) {
-  const auto ref = block_grads(nn::ActivationCheckpointing::None);
-  EXPECT_EQ(block_grads(nn::ActivationCheckpointing::Selective), ref);
-  EXPECT_EQ(block_grads(nn::ActivationCheckpointing::Full), ref);
+  for (double capacity_factor : {0.0, 0.5}) {
+    const auto ref = block_grads(nn::ActivationCheckpointing::None, capacity_factor);
+    EXPECT_EQ(block_grads(nn::ActivationCheckpointing::Selective, capacity_factor), ref)
+        << "capacity factor " << capacity_factor;
+    EXPECT_EQ(block_grads(nn::ActivationCheckpointing::Full, capacity_factor), ref)
+        << "capacity factor " << capacity_factor;
+  }
+}
+
+// Switch's eq. 3 as Megatron-core's get_capacity: ceil(N k / E * f), at least 1; 0 dropless.
+TEST(MoeLayer, CapacityPerExpert) {
+  EXPECT_EQ(nn::moe_capacity(0.0, 15, 2, 5), 0);
+  EXPECT_EQ(nn::moe_capacity(1.0, 15, 2, 5), 6);
+  EXPECT_EQ(nn::moe_capacity(0.5, 15, 2, 5), 3);
+  EXPECT_EQ(nn::moe_capacity(0.75, 15, 2, 5), 5);  // 4.5 up
+  EXPECT_EQ(nn::moe_capacity(0.01, 15, 2, 5), 1);  // at least one
+  EXPECT_EQ(nn::moe_capacity(1.25, 4096, 2, 8), 1280);
+  EXPECT_EQ(nn::moe_capacity(2.0, 7, 1, 3), 5);  // 14 / 3 = 4.67 up
 }
 
 // ---- bf16: the router's logits in fp32 -------------------------------------------------

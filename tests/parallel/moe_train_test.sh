@@ -19,6 +19,10 @@
 #      resumes on 1 process with the same bias and losses; a resume may change the
 #      balancing keys (a note names them) but not moe.top_k; an init_from of a checkpoint
 #      without a bias starts it at zero (a note);
+#   2d. token dropping (moe.capacity_factor 0.75: 6 of a micro-batch's 32 slots per
+#      expert, so some are always dropped): 2 ranks at ZeRO 1 (dp keeps each micro-batch
+#      whole) within 1e-5 of the single process, the same dropped fraction, in (0, 1),
+#      every step; the console shows it; a resume may change the factor (a note);
 #   4. bad MoE keys and a layout part 1 does not support are one-line errors naming the
 #      key; `kiln memplan`'s layout search lists data-parallel layouts only.
 # Usage: moe_train_test.sh KILN_BINARY WORK_DIR [--long]
@@ -204,9 +208,12 @@ same_bias bias_ref bias_exact 1 >/dev/null
 # checkpoint without a bias starts it at zero.
 ckpt5="$work/bias_exact/ckpt/step_00000005"
 train keys_changed 1 --set parallel.zero_stage=0 --resume "$ckpt5" "${bias_args[@]}" \
-  --set model.moe.bias_update_rate=0.02 --set model.moe.aux_loss_coef=0.01
+  --set model.moe.bias_update_rate=0.02 --set model.moe.aux_loss_coef=0.01 \
+  --set model.moe.capacity_factor=1.5
 grep -q "differs from the checkpoint's in .*model.moe.aux_loss_coef" "$work/keys_changed.log" ||
   { echo "FAILED: no note of the changed balancing keys"; cat "$work/keys_changed.log"; exit 1; }
+grep -q "differs from the checkpoint's in .*model.moe.capacity_factor" "$work/keys_changed.log" ||
+  { echo "FAILED: no note of the changed capacity factor"; cat "$work/keys_changed.log"; exit 1; }
 echo "resume with changed balancing keys: $(grep -m1 -o "differs from the checkpoint's in [^(]*" "$work/keys_changed.log")"
 fails resume_top_k "saved with model.moe.top_k = 2, this run has 3" "$kiln" train "$work/tiny.toml" \
   --set "run.dir=$work/bad_resume" --resume "$ckpt5" "${bias_args[@]}" --set model.moe.top_k=3
@@ -219,6 +226,28 @@ train bias_resume 2 --set parallel.zero_stage=3 --set checkpoint.every=5 --exit-
 train bias_resume 1 --set parallel.zero_stage=0 --set checkpoint.every=5 --resume auto "${bias_args[@]}"
 echo -n "bias, 2 ranks zero 3 -> 1 process: "
 same_bias bias_ref bias_resume 6
+
+# Token dropping: data parallelism keeps each micro-batch whole, so the same slots drop.
+train drop_ref 1 --set parallel.zero_stage=0 --set model.moe.capacity_factor=0.75
+train drop_np2_z1 2 --set parallel.zero_stage=1 --set model.moe.capacity_factor=0.75
+check drop_ref drop_np2_z1 "capacity_factor=0.75 np=2 zero_stage=1"
+"$py" - "$work/drop_ref/metrics.jsonl" "$work/drop_np2_z1/metrics.jsonl" "$work/ref/metrics.jsonl" <<'PY'
+import json, sys
+def load(p):
+    return {r["step"]: r for r in map(json.loads, open(p)) if "loss" in r}
+a, b, dropless = (load(p) for p in sys.argv[1:])
+assert sorted(a) == sorted(b) and a, (sorted(a), sorted(b))
+for s in a:
+    f = a[s]["moe_dropped_fraction"]
+    assert 0 < f < 1, f"step {s}: dropped fraction {f}"
+    assert abs(b[s]["moe_dropped_fraction"] - f) <= 1e-12, f"step {s}: {b[s]['moe_dropped_fraction']} vs {f}"
+assert all("moe_dropped_fraction" not in r for r in dropless.values()), "dropless runs log no fraction"
+assert a[min(a)]["loss"] != dropless[min(a)]["loss"], "the capacity changed nothing"
+fs = [a[s]["moe_dropped_fraction"] for s in sorted(a)]
+print(f"dropped fraction, 1 process == np=2: steps {min(a)}..{max(a)}, {min(fs):.4f} .. {max(fs):.4f}")
+PY
+grep -q "dropped [0-9.]*%" "$work/drop_ref.log" ||
+  { echo "FAILED: the console shows no dropped fraction"; cat "$work/drop_ref.log"; exit 1; }
 
 # bf16: trains, with the routing figures in every step record.
 train bf16 1 --set train.dtype=bf16 --set train.steps=4

@@ -230,7 +230,7 @@ TEST(Report, MemoryByRankFromTheTrainersArray) {
 
 // A mixture-of-experts run as the trainer writes it (add_moe_record): 20 updates, 3 MoE
 // layers of 8 experts, top-2 of 4096 tokens (mean 1024 slots per expert); with `bias`,
-// DeepSeek-V3's selection bias range.
+// DeepSeek-V3's selection bias range and a dropped fraction (token dropping).
 fs::path make_moe_run(const std::string& name, bool bias) {
   const fs::path dir = temp_dir(name);
   std::ofstream m(dir / "metrics.jsonl");
@@ -248,6 +248,7 @@ fs::path make_moe_run(const std::string& name, bool bias) {
     r["moe_tokens_per_expert"] = {
         {"min", 1024 - 3 * spread}, {"mean", 1024.0}, {"max", 1024 + 3 * spread}};
     if (bias) r["moe_expert_bias"] = {{"min", -0.001 * step}, {"max", 0.0005 * step}};
+    if (bias) r["moe_dropped_fraction"] = 0.5 / step;
     m << r.dump() << "\n";
   }
   return dir;
@@ -257,7 +258,8 @@ TEST(Report, MixtureOfExpertsSection) {
   const fs::path dir = make_moe_run("moe", true);
   const std::string html = render_report(load_run(dir));
   EXPECT_NE(html.find("<h2>Mixture of experts</h2>"), std::string::npos);
-  for (const char* s : {"aux loss", "z-loss", "max / mean", "min / mean", "bias max", "bias min"})
+  for (const char* s : {"aux loss", "z-loss", "max / mean", "min / mean", "bias max", "bias min",
+                        "dropped fraction"})
     EXPECT_EQ(count(polyline_points(html, fmt::format("{} (rank 0)", s)), ","), 20) << s;
   EXPECT_EQ(count(polyline_points(html, "train loss (rank 0)"), ","), 20);  // the LM loss, apart
   // The load imbalance at step 1 (1024 + 1800) / 1024 = 2.758 lies above step 20's 1.088.
@@ -270,7 +272,7 @@ TEST(Report, MixtureOfExpertsSection) {
   EXPECT_EQ(html.find("e-1"), std::string::npos);
   // The last update: the values line and each layer's load (spread 30 at step 20).
   EXPECT_NE(html.find("At update 20: aux loss 0.02005, z-loss 0.001025, selection bias from "
-                      "-0.02 to 0.01."), std::string::npos);
+                      "-0.02 to 0.01, 2.5% of the slots dropped."), std::string::npos);
   EXPECT_NE(html.find("<tr><td>0</td><td>994</td><td>1024</td><td>1054</td><td>1.029</td>"
                       "<td>0.971</td></tr>"), std::string::npos);
   EXPECT_NE(html.find("<tr><td>2</td><td>934</td><td>1024</td><td>1114</td><td>1.088</td>"
@@ -284,6 +286,7 @@ TEST(Report, MixtureOfExpertsSection) {
   const std::string no_bias = render_report(load_run(plain));
   EXPECT_NE(no_bias.find("<h2>Mixture of experts</h2>"), std::string::npos);
   EXPECT_TRUE(polyline_points(no_bias, "bias max (rank 0)").empty());
+  EXPECT_TRUE(polyline_points(no_bias, "dropped fraction (rank 0)").empty());
   EXPECT_EQ(no_bias.find("selection bias"), std::string::npos);
   EXPECT_NE(no_bias.find("At update 20: aux loss 0.02005, z-loss 0.001025.</div>"),
             std::string::npos);

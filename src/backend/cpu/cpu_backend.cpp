@@ -504,10 +504,10 @@ class CpuBackend final : public Backend {
                               d.E, scoring, aux_scale, z_scale);
   }
   void moe_permute_plan(Stream, const Tensor& offsets, const Tensor& rows,
-                        const Tensor& expert_idx) override {
-    const auto d = checks::moe_permute_plan(offsets, rows, expert_idx);
+                        const Tensor& expert_idx, int64_t capacity) override {
+    const auto d = checks::moe_permute_plan(offsets, rows, expert_idx, capacity);
     cpu::moe_permute_plan(offsets.data<int32_t>(), rows.data<int32_t>(),
-                          expert_idx.data<int32_t>(), d.N, d.k, d.E);
+                          expert_idx.data<int32_t>(), d.N, d.k, d.E, capacity);
   }
   void moe_permute(Stream, const Tensor& out, const Tensor& inp, const Tensor& rows) override {
     const auto d = checks::moe_permute(inp, out, rows, "moe_permute");

@@ -1,4 +1,4 @@
-// The grouped linear of a dropless mixture of experts: each expert's rows of the permuted
+// The grouped linear of a mixture of experts: each expert's rows of the permuted
 // tokens through its own [O, I] weight, a oneDNN GEMM per expert (Debian's oneDNN 2.6 has
 // no grouped matmul) through linear.cpp's kernels, which parallelise inside the GEMM.
 //
@@ -15,10 +15,11 @@ namespace kiln::cpu {
 
 namespace {
 
-// Throws unless offsets [E+1] rise from 0 to M.
+// Throws unless offsets [E+1] rise from 0 to at most M (M_kept < M: slots dropped past
+// an expert's capacity; rows [M_kept, M) are left alone).
 void check_offsets(const int32_t* offsets, int64_t M, int64_t E, const char* op) {
-  KILN_CHECK(offsets[0] == 0 && offsets[E] == M,
-             "{}: offsets must run from 0 to M = {}, got {} .. {}", op, M, offsets[0],
+  KILN_CHECK(offsets[0] == 0 && offsets[E] <= M,
+             "{}: offsets must run from 0 to at most M = {}, got {} .. {}", op, M, offsets[0],
              offsets[E]);
   for (int64_t e = 0; e < E; ++e)
     KILN_CHECK(offsets[e] <= offsets[e + 1], "{}: offsets[{}] = {} > offsets[{}] = {}", op, e,

@@ -190,22 +190,25 @@ void moe_balance_stats(float* load, float* prob, float* z, const float* logits,
 /// Backend::moe_balance_backward; load may be nullptr (no aux term).
 void moe_balance_backward(float* dlogits, const float* logits, const float* load, int64_t N,
                           int64_t E, MoeScoring scoring, float aux_scale, float z_scale);
-/// Backend::moe_permute_plan over N*k slots; throws on an expert id outside [0, E).
+/// Backend::moe_permute_plan over N*k slots, at most `capacity` kept per expert (0: all);
+/// throws on an expert id outside [0, E).
 void moe_permute_plan(int32_t* offsets, int32_t* rows, const int32_t* expert_idx, int64_t N,
-                      int64_t k, int64_t E);
-/// Throws unless rows [N,k] is a permutation of [0, N*k) (`op` names the caller).
+                      int64_t k, int64_t E, int64_t capacity);
+/// Throws unless the rows [N,k] other than -1 (dropped slots) are a permutation of [0,
+/// M_kept), M_kept their number (`op` names the caller).
 void check_moe_rows(const int32_t* rows, int64_t N, int64_t k, const char* op);
-/// dst[rows[n,j]] = w[n,j] * src[n] for the slots of N tokens of C channels (w nullptr:
-/// 1): moe_permute, and moe_unpermute_backward's dexpert_out.
+/// dst[rows[n,j]] = w[n,j] * src[n] for the kept slots (rows[n,j] >= 0) of N tokens of C
+/// channels (w nullptr: 1): moe_permute, and moe_unpermute_backward's dexpert_out.
 template <class T>
 void moe_scatter_rows(T* dst, const T* src, const float* w, const int32_t* rows, int64_t N,
                       int64_t k, int64_t C);
-/// dst[n] = sum_j w[n,j] * src[rows[n,j]] in fp32 (w nullptr: 1): moe_unpermute, and
-/// moe_permute_backward.
+/// dst[n] = sum over the kept slots j of w[n,j] * src[rows[n,j]] in fp32 (w nullptr: 1):
+/// moe_unpermute, and moe_permute_backward.
 template <class T>
 void moe_gather_rows(T* dst, const T* src, const float* w, const int32_t* rows, int64_t N,
                      int64_t k, int64_t C);
-/// dw[n,j] = dout[n] . src[rows[n,j]] (fp32): moe_unpermute_backward's dexpert_weight.
+/// dw[n,j] = dout[n] . src[rows[n,j]] (fp32), 0 for a dropped slot: moe_unpermute_backward's
+/// dexpert_weight.
 template <class T>
 void moe_row_dots(float* dw, const T* dout, const T* src, const int32_t* rows, int64_t N,
                   int64_t k, int64_t C);

@@ -131,7 +131,7 @@ class CudaBackend final : public Backend {
                             const Tensor& load, MoeScoring scoring, float aux_scale,
                             float z_scale) override;
   void moe_permute_plan(Stream s, const Tensor& offsets, const Tensor& rows,
-                        const Tensor& expert_idx) override;
+                        const Tensor& expert_idx, int64_t capacity) override;
   void moe_permute(Stream s, const Tensor& out, const Tensor& inp, const Tensor& rows) override;
   void moe_permute_backward(Stream s, const Tensor& dinp, const Tensor& dout,
                             const Tensor& rows) override;

@@ -33,7 +33,7 @@ void CudaBackend::moe_balance_backward(Stream, const Tensor&, const Tensor&, con
                                        MoeScoring, float, float) {
   no_moe_ops("moe_balance_backward");
 }
-void CudaBackend::moe_permute_plan(Stream, const Tensor&, const Tensor&, const Tensor&) {
+void CudaBackend::moe_permute_plan(Stream, const Tensor&, const Tensor&, const Tensor&, int64_t) {
   no_moe_ops("moe_permute_plan");
 }
 void CudaBackend::moe_permute(Stream, const Tensor&, const Tensor&, const Tensor&) {

@@ -338,8 +338,8 @@ MetaCallInfo moe_balance_backward(const Tensor& dlogits, const Tensor& logits, c
   return c;
 }
 MetaCallInfo moe_permute_plan(const Tensor& offsets, const Tensor& rows,
-                              const Tensor& expert_idx) {
-  const auto d = checks::moe_permute_plan(offsets, rows, expert_idx);
+                              const Tensor& expert_idx, int64_t capacity) {
+  const auto d = checks::moe_permute_plan(offsets, rows, expert_idx, capacity);
   MetaCallInfo c = info(Op::MoePermutePlan, DType::I32);
   c.N = d.N, c.numel = d.N * d.k;
   return c;

@@ -101,6 +101,13 @@ const ModelKeys& llama_keys() {
        .description = "The expert bias's step after each update (moe.expert_bias); 0 = "
                       "frozen (DeepSeek-V3's last tokens).",
        .training_only = true},
+      {.name = "moe.capacity_factor", .type = Float, .lo = 0,
+       .description = "Token dropping (Switch/GShard; Megatron-core's "
+                      "moe_expert_capacity_factor): each expert keeps at most max(1, ceil(N "
+                      "top_k / num_experts x capacity_factor)) of a micro-batch's N tokens, "
+                      "the first in token order; in training and evaluation, not in kiln "
+                      "sample; 0 = dropless.",
+       .training_only = true},
   };
   return keys;
 }
@@ -126,6 +133,7 @@ LlamaMoeConfig moe_of(const ModelOptions& o) {
   m.z_loss_coef = o.value(k, "moe.z_loss_coef");
   m.expert_bias = o.flag(k, "moe.expert_bias");
   m.bias_update_rate = o.value(k, "moe.bias_update_rate");
+  m.capacity_factor = o.value(k, "moe.capacity_factor");
   return m;
 }
 
@@ -146,7 +154,8 @@ std::string set_moe_key(const LlamaMoeConfig& m) {
       {m.aux_loss_scope != d.aux_loss_scope, "aux_loss_scope"},
       {m.z_loss_coef != d.z_loss_coef, "z_loss_coef"},
       {m.expert_bias != d.expert_bias, "expert_bias"},
-      {m.bias_update_rate != d.bias_update_rate, "bias_update_rate"}};
+      {m.bias_update_rate != d.bias_update_rate, "bias_update_rate"},
+      {m.capacity_factor != d.capacity_factor, "capacity_factor"}};
   for (const auto& [set, key] : keys)
     if (set) return key;
   return "";
@@ -202,6 +211,8 @@ void validate_moe(const LlamaConfig& c) {
              m.aux_loss_scope);
   KILN_CHECK(m.bias_update_rate >= 0.0 && std::isfinite(m.bias_update_rate),
              "model.moe.bias_update_rate ({}) must be >= 0", m.bias_update_rate);
+  KILN_CHECK(m.capacity_factor >= 0.0 && std::isfinite(m.capacity_factor),
+             "model.moe.capacity_factor ({}) must be >= 0 (0: dropless)", m.capacity_factor);
 }
 
 }  // namespace
@@ -337,7 +348,9 @@ std::string LlamaConfig::str() const {
          (moe.enabled() ? fmt::format(" moe: experts={} top_k={} expert_ffn={} shared={} {}",
                                       moe.num_experts, moe.top_k, moe.ffn_hidden_size,
                                       moe.shared_experts, moe.scoring)
-                        : std::string());
+                        : std::string()) +
+         (moe.capacity_factor > 0 ? fmt::format(" capacity_factor={}", moe.capacity_factor)
+                                  : std::string());
 }
 
 LlamaConfig llama_config_of(const ModelOptions& o) {
@@ -382,7 +395,8 @@ nlohmann::json moe_json(const LlamaMoeConfig& m) {
           {"aux_loss_scope", m.aux_loss_scope},
           {"z_loss_coef", m.z_loss_coef},
           {"expert_bias", m.expert_bias},
-          {"bias_update_rate", m.bias_update_rate}};
+          {"bias_update_rate", m.bias_update_rate},
+          {"capacity_factor", m.capacity_factor}};
 }
 }  // namespace
 

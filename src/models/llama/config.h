@@ -43,6 +43,7 @@ struct LlamaMoeConfig {
   double z_loss_coef = 0.0;                    // router z-loss coefficient (ST-MoE)
   bool expert_bias = false;          // DeepSeek-V3's auxiliary-loss-free selection bias
   double bias_update_rate = 1e-3;    // its step after each update; 0: frozen
+  double capacity_factor = 0.0;      // > 0: token dropping past each expert's capacity
 
   bool enabled() const { return num_experts > 0; }
   bool operator==(const LlamaMoeConfig&) const = default;
