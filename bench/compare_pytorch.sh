@@ -152,6 +152,24 @@ echo "== torch: OpenBLAS core $blas_core"
 echo "== load average at start: $(cut -d' ' -f1-3 /proc/loadavg); kiln: $kiln; logs: $out"
 echo "== both: OMP_NUM_THREADS=$OMP_NUM_THREADS OMP_WAIT_POLICY=$OMP_WAIT_POLICY; torch's environment: ${torch_env[*]}"
 
+# A Llama's [model] section: llama_model n_layer n_head n_kv_head n_embd ffn_hidden_size
+# block_size vocab_size tie_embeddings [rope_theta (default 500000)].
+llama_model() {
+  cat <<EOF
+[model]
+arch = "llama"
+n_layer = $1
+n_head = $2
+n_kv_head = $3
+n_embd = $4
+ffn_hidden_size = $5
+block_size = $6
+vocab_size = $7
+tie_embeddings = $8
+rope_theta = ${9:-500000.0}
+EOF
+}
+
 write_config() {  # name -> $out/name.toml: its model, then the training keys all share
   local mb t lr
   case "$1" in
@@ -169,87 +187,18 @@ block_size = 256
 vocab_size = 8192
 EOF
     ;;
-    llama-100m) mb=4 t=64 lr=6e-4; cat > "$out/$1.toml" <<EOF
-[model]
-arch = "llama"
-n_layer = 12
-n_head = 12
-n_kv_head = 4
-n_embd = 768
-ffn_hidden_size = 2048
-block_size = 1024
-vocab_size = 32000
-rope_theta = 500000.0
-tie_embeddings = true
-EOF
-    ;;
-    llama-small) mb=8 t=256 lr=1e-3; cat > "$out/$1.toml" <<EOF
-[model]
-arch = "llama"
-n_layer = 6
-n_head = 6
-n_kv_head = 2
-n_embd = 384
-ffn_hidden_size = 1024
-block_size = 256
-vocab_size = 8192
-rope_theta = 500000.0
-tie_embeddings = false
-EOF
-    ;;
-    llama-tiny) mb=2 t=32 lr=1e-3; cat > "$out/$1.toml" <<EOF
-[model]
-arch = "llama"
-n_layer = 2
-n_head = 4
-n_kv_head = 2
-n_embd = 64
-ffn_hidden_size = 96
-block_size = 64
-vocab_size = 300
-rope_theta = 10000.0
-rope_scaling.factor = 8.0
-rope_scaling.original_max_position = 16
-tie_embeddings = false
-EOF
-    ;;
-    llama-moe) mb=8 t=128 lr=1e-3; cat > "$out/$1.toml" <<EOF
-[model]
-arch = "llama"
-n_layer = 6
-n_head = 6
-n_kv_head = 2
-n_embd = 384
-block_size = 128
-vocab_size = 2048
-rope_theta = 500000.0
-tie_embeddings = true
-[model.moe]
-num_experts = 8
-top_k = 2
-ffn_hidden_size = 1792
-EOF
-    ;;
-    llama-moe-tiny) mb=2 t=32 lr=1e-3; cat > "$out/$1.toml" <<EOF
-[model]
-arch = "llama"
-n_layer = 3
-n_head = 4
-n_kv_head = 2
-n_embd = 64
-ffn_hidden_size = 96
-block_size = 64
-vocab_size = 300
-rope_theta = 10000.0
-tie_embeddings = false
-[model.moe]
-num_experts = 4
-top_k = 2
-ffn_hidden_size = 48
-shared_experts = 1
-first_k_dense = 1
-EOF
-    ;;
+    llama-100m) mb=4 t=64 lr=6e-4; llama_model 12 12 4 768 2048 1024 32000 true > "$out/$1.toml" ;;
+    llama-small) mb=8 t=256 lr=1e-3; llama_model 6 6 2 384 1024 256 8192 false > "$out/$1.toml" ;;
+    llama-tiny) mb=2 t=32 lr=1e-3
+      { llama_model 2 4 2 64 96 64 300 false 10000.0
+        printf 'rope_scaling.factor = 8.0\nrope_scaling.original_max_position = 16\n'; } > "$out/$1.toml" ;;
+    llama-moe) mb=8 t=128 lr=1e-3
+      { llama_model 6 6 2 384 1024 128 2048 true
+        printf '[model.moe]\nnum_experts = 8\ntop_k = 2\nffn_hidden_size = 1792\n'; } > "$out/$1.toml" ;;
+    llama-moe-tiny) mb=2 t=32 lr=1e-3
+      { llama_model 3 4 2 64 96 64 300 false 10000.0
+        printf '[model.moe]\nnum_experts = 4\ntop_k = 2\nffn_hidden_size = 48\n'
+        printf 'shared_experts = 1\nfirst_k_dense = 1\n'; } > "$out/$1.toml" ;;
     *) echo "compare_pytorch.sh: unknown config $1 (gpt2-124m, small, llama-100m, llama-small, llama-tiny, llama-moe, llama-moe-tiny)" >&2
        exit 2 ;;
   esac

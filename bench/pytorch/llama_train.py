@@ -21,9 +21,11 @@ makes MoE (l >= first_k_dense, (l + 1) % sparse_step == 0, l not in dense_layers
 SwiGLU is replaced by the usual dropless PyTorch implementation (Mixtral's in Hugging
 Face transformers): router linear, softmax (or sigmoid) over the E experts, topk, the
 k weights renormalised (norm_topk_prob); then per expert the slots routed to it
-(nonzero), index_select of their tokens, its SwiGLU as two matmuls with its slices of
-the [E, 2F, C] and [E, C, F] weights, and index_add_ of the weighted outputs back into
-the tokens' rows; plus the shared experts (a plain SwiGLU) when moe.shared_experts > 0.
+(nonzero), index_select of their tokens, its SwiGLU as two matmuls with its own weights
+(one module per expert, as Mixtral's in transformers: kiln's [E, 2F, C] and [E, C, F]
+tensors load as E pairs of [2F, C] and [C, F]), and index_add_ of the weighted outputs
+back into the tokens' rows; plus the shared experts (a plain SwiGLU) when
+moe.shared_experts > 0.
 The balancing losses and the selection bias are not modelled: a file with
 moe.aux_loss_coef, moe.z_loss_coef or moe.expert_bias set is refused.
 
@@ -70,10 +72,17 @@ def rotate(x, cos, sin):
     return x * cos + torch.cat((-x[..., h:], x[..., :h]), dim=-1) * sin
 
 
-def swiglu(x, gate_up_weight, down_weight):
-    """down(silu(gate) * up) with gate_up_weight [2F, C] (rows [0, F) gate) and down [C, F]."""
-    gate, up = F.linear(x, gate_up_weight).chunk(2, dim=-1)
-    return F.linear(F.silu(gate) * up, down_weight)
+class SwiGLU(nn.Module):
+    """down(silu(gate) * up), gate_up_proj [2F, C] (rows [0, F) gate), down_proj [C, F]."""
+
+    def __init__(self, C, F_):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(C, 2 * F_, bias=False)
+        self.down_proj = nn.Linear(F_, C, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class MoeMlp(nn.Module):
@@ -85,11 +94,9 @@ class MoeMlp(nn.Module):
         self.sigmoid, self.norm_topk = moe["scoring"] == "sigmoid", moe["norm_topk_prob"]
         Fe = moe["ffn_hidden_size"] or F_
         self.router = nn.Linear(C, self.E, bias=False)
-        self.gate_up = nn.Parameter(torch.empty(self.E, 2 * Fe, C))
-        self.down = nn.Parameter(torch.empty(self.E, C, Fe))
+        self.experts = nn.ModuleList([SwiGLU(C, Fe) for _ in range(self.E)])
         Fs = moe["shared_experts"] * Fe
-        self.shared = nn.ParameterList([nn.Parameter(torch.empty(2 * Fs, C)),
-                                        nn.Parameter(torch.empty(C, Fs))]) if Fs else None
+        self.shared = SwiGLU(C, Fs) if Fs else None
 
     def forward(self, x):
         shape = x.shape
@@ -106,19 +113,20 @@ class MoeMlp(nn.Module):
             if slots.numel() == 0:
                 continue
             tokens = slots // self.k
-            y = swiglu(x.index_select(0, tokens), self.gate_up[e], self.down[e])
+            y = self.experts[e](x.index_select(0, tokens))
             out.index_add_(0, tokens, y * w[slots, None])
         if self.shared is not None:
-            out = out + swiglu(x, self.shared[0], self.shared[1])
+            out = out + self.shared(x)
         return out.view(shape)
 
     def load_kiln(self, w, prefix):
         self.router.weight.copy_(w[prefix + "router.weight"])
-        self.gate_up.copy_(w[prefix + "experts.gate_up_proj.weight"])
-        self.down.copy_(w[prefix + "experts.down_proj.weight"])
+        for e, expert in enumerate(self.experts):
+            expert.gate_up_proj.weight.copy_(w[prefix + "experts.gate_up_proj.weight"][e])
+            expert.down_proj.weight.copy_(w[prefix + "experts.down_proj.weight"][e])
         if self.shared is not None:
-            self.shared[0].copy_(w[prefix + "shared_experts.gate_up_proj.weight"])
-            self.shared[1].copy_(w[prefix + "shared_experts.down_proj.weight"])
+            for name in ("gate_up_proj", "down_proj"):
+                getattr(self.shared, name).weight.copy_(w[f"{prefix}shared_experts.{name}.weight"])
 
 
 class Block(nn.Module):
@@ -152,7 +160,8 @@ class Block(nn.Module):
         h = self.post_attention_layernorm(x)
         if self.moe is not None:
             return x + self.moe(h)
-        return x + swiglu(h, self.gate_up_proj.weight, self.down_proj.weight)
+        gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
+        return x + self.down_proj(F.silu(gate) * up)
 
 
 def moe_blocks(cfg):
