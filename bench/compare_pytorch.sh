@@ -4,10 +4,11 @@
 # (kiln, torch, kiln, torch) so that a change in machine load hits both alike.
 #
 #   bench/compare_pytorch.sh [--quick] [--kiln PATH] [--out DIR] [--threads N]
-#                            [--arch gpt2|llama|all] [--configs "NAME ..."]
+#                            [--arch gpt2|llama|moe|all] [--configs "NAME ..."] [--runs N]
 #
 # Default: the GPT-2 configs (gpt2-124m small); --arch llama runs llama-100m and
-# llama-small, --arch all both pairs; --configs names the configs to run, in order.
+# llama-small, --arch moe llama-moe, --arch all the four dense ones; --configs names the
+# configs to run, in order. --runs N: N runs of each side (default 2), alternated.
 #
 # How the work is made identical: the first kiln run (`kiln bench --dump-init`) writes
 # its initial weights (kiln's names and [out, in] layouts), the token batches of every
@@ -20,8 +21,10 @@
 # stay close after (fp32 rounding differs).
 #
 # Reported per config: each run's tokens/s (mean over its timed steps) and phases, the
-# ratio kiln/torch of the means over both runs, and the ratio of the fastest single
-# steps (the least disturbed by other work on a shared machine).
+# ratio kiln/torch of the means over all runs and of the medians of the runs, and the
+# ratio of the fastest single steps (the least disturbed by other work on a shared
+# machine). The step-0 losses must agree within 1e-4 (the same computation from the same
+# weights and batch), else the script stops: a speed ratio of different work means nothing.
 #
 # Configs:
 #   gpt2-124m  GPT-2 small (12 layers, 768 wide, vocab 50257), B=4, T=64
@@ -33,6 +36,14 @@
 #              SwiGLU width 1024, vocab 8192, untied head, block 256, B=8, T=256
 #   llama-tiny a check of the Llama peer in seconds (2 layers, 64 wide, 4 heads over 2,
 #              llama3 rope scaling, untied; B=2, T=32): not a speed comparison
+#   llama-moe  a Llama mixture of experts (Mixtral-shaped: 8 routed experts, top 2,
+#              softmax, renormalised): 6 layers, 384 wide, 6 query heads over 2 k/v
+#              heads, each expert a SwiGLU of width 1792, vocab 2048, tied: 102.3M
+#              parameters, 27.9M of matmul weights active per token; B=8, T=128. The peer's MoE is the
+#              usual one (router, topk, index_select per expert, per-expert matmuls,
+#              index_add_: bench/pytorch/llama_train.py)
+#   llama-moe-tiny a check of the MoE peer in seconds (3 layers, 64 wide, 4 experts,
+#              top 2, a shared expert, the first block dense; B=2, T=32)
 #
 # Settings (each side's best on the CPU at hand; the CPU, kiln's oneDNN ISA and GEMM
 # path and OpenBLAS's core are printed with every result):
@@ -63,6 +74,7 @@ kiln="${KILN:-}"
 out=""
 quick=0
 threads=2
+runs=2
 configs="gpt2-124m small"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -71,12 +83,14 @@ while [ $# -gt 0 ]; do
     --out) out="$2"; shift ;;
     --threads) threads="$2"; shift ;;
     --configs) configs="$2"; shift ;;
+    --runs) runs="$2"; shift ;;
     --arch)
       case "$2" in
         gpt2) configs="gpt2-124m small" ;;
         llama) configs="llama-100m llama-small" ;;
+        moe) configs="llama-moe" ;;
         all) configs="gpt2-124m small llama-100m llama-small" ;;
-        *) echo "compare_pytorch.sh: --arch gpt2, llama or all, not $2" >&2; exit 2 ;;
+        *) echo "compare_pytorch.sh: --arch gpt2, llama, moe or all, not $2" >&2; exit 2 ;;
       esac
       shift ;;
     -h|--help) sed -n '2,/^# Not part of ctest/p' "$0"; exit 0 ;;
@@ -138,6 +152,24 @@ echo "== torch: OpenBLAS core $blas_core"
 echo "== load average at start: $(cut -d' ' -f1-3 /proc/loadavg); kiln: $kiln; logs: $out"
 echo "== both: OMP_NUM_THREADS=$OMP_NUM_THREADS OMP_WAIT_POLICY=$OMP_WAIT_POLICY; torch's environment: ${torch_env[*]}"
 
+# A Llama's [model] section: llama_model n_layer n_head n_kv_head n_embd ffn_hidden_size
+# block_size vocab_size tie_embeddings [rope_theta (default 500000)].
+llama_model() {
+  cat <<EOF
+[model]
+arch = "llama"
+n_layer = $1
+n_head = $2
+n_kv_head = $3
+n_embd = $4
+ffn_hidden_size = $5
+block_size = $6
+vocab_size = $7
+tie_embeddings = $8
+rope_theta = ${9:-500000.0}
+EOF
+}
+
 write_config() {  # name -> $out/name.toml: its model, then the training keys all share
   local mb t lr
   case "$1" in
@@ -155,51 +187,19 @@ block_size = 256
 vocab_size = 8192
 EOF
     ;;
-    llama-100m) mb=4 t=64 lr=6e-4; cat > "$out/$1.toml" <<EOF
-[model]
-arch = "llama"
-n_layer = 12
-n_head = 12
-n_kv_head = 4
-n_embd = 768
-ffn_hidden_size = 2048
-block_size = 1024
-vocab_size = 32000
-rope_theta = 500000.0
-tie_embeddings = true
-EOF
-    ;;
-    llama-small) mb=8 t=256 lr=1e-3; cat > "$out/$1.toml" <<EOF
-[model]
-arch = "llama"
-n_layer = 6
-n_head = 6
-n_kv_head = 2
-n_embd = 384
-ffn_hidden_size = 1024
-block_size = 256
-vocab_size = 8192
-rope_theta = 500000.0
-tie_embeddings = false
-EOF
-    ;;
-    llama-tiny) mb=2 t=32 lr=1e-3; cat > "$out/$1.toml" <<EOF
-[model]
-arch = "llama"
-n_layer = 2
-n_head = 4
-n_kv_head = 2
-n_embd = 64
-ffn_hidden_size = 96
-block_size = 64
-vocab_size = 300
-rope_theta = 10000.0
-rope_scaling.factor = 8.0
-rope_scaling.original_max_position = 16
-tie_embeddings = false
-EOF
-    ;;
-    *) echo "compare_pytorch.sh: unknown config $1 (gpt2-124m, small, llama-100m, llama-small, llama-tiny)" >&2
+    llama-100m) mb=4 t=64 lr=6e-4; llama_model 12 12 4 768 2048 1024 32000 true > "$out/$1.toml" ;;
+    llama-small) mb=8 t=256 lr=1e-3; llama_model 6 6 2 384 1024 256 8192 false > "$out/$1.toml" ;;
+    llama-tiny) mb=2 t=32 lr=1e-3
+      { llama_model 2 4 2 64 96 64 300 false 10000.0
+        printf 'rope_scaling.factor = 8.0\nrope_scaling.original_max_position = 16\n'; } > "$out/$1.toml" ;;
+    llama-moe) mb=8 t=128 lr=1e-3
+      { llama_model 6 6 2 384 1024 128 2048 true
+        printf '[model.moe]\nnum_experts = 8\ntop_k = 2\nffn_hidden_size = 1792\n'; } > "$out/$1.toml" ;;
+    llama-moe-tiny) mb=2 t=32 lr=1e-3
+      { llama_model 3 4 2 64 96 64 300 false 10000.0
+        printf '[model.moe]\nnum_experts = 4\ntop_k = 2\nffn_hidden_size = 48\n'
+        printf 'shared_experts = 1\nfirst_k_dense = 1\n'; } > "$out/$1.toml" ;;
+    *) echo "compare_pytorch.sh: unknown config $1 (gpt2-124m, small, llama-100m, llama-small, llama-tiny, llama-moe, llama-moe-tiny)" >&2
        exit 2 ;;
   esac
   cat >> "$out/$1.toml" <<EOF
@@ -232,7 +232,7 @@ EOF
 summary=()
 for name in $configs; do
   case "$name" in
-    gpt2-124m|llama-100m) w=$warm_big; s=$steps_big ;;
+    gpt2-124m|llama-100m|llama-moe) w=$warm_big; s=$steps_big ;;
     *) w=$warm_small; s=$steps_small ;;
   esac
   case "$name" in  # the PyTorch peer of the config's arch
@@ -242,8 +242,8 @@ for name in $configs; do
   write_config "$name"
   init="$out/$name.init.safetensors"
   echo
-  echo "== $name: $w warm-up + $s timed steps per run, runs: kiln, torch, kiln, torch"
-  for run in 1 2; do
+  echo "== $name: $w warm-up + $s timed steps per run, $runs runs each, alternated: kiln, torch, kiln, ..."
+  for run in $(seq 1 "$runs"); do
     extra=()
     [ $run -eq 1 ] && extra=(--dump-init "$init")
     "$kiln" bench "$out/$name.toml" --warmup "$w" --steps "$s" "${extra[@]}" > "$out/$name.kiln$run.log" 2>&1 ||
@@ -253,17 +253,19 @@ for name in $configs; do
       { echo "torch run failed:"; tail -20 "$out/$name.torch$run.log"; exit 1; }
     echo "   torch run $run: $(describe "$out/$name.torch$run.log")"
   done
-  line="$("$py" - "$out" "$name" <<'EOF'
-import json, sys
-out, name = sys.argv[1], sys.argv[2]
+  line="$("$py" - "$out" "$name" "$runs" <<'EOF'
+import json, statistics, sys
+out, name, runs = sys.argv[1], sys.argv[2], int(sys.argv[3])
 def load(k):
     for l in reversed(open(f"{out}/{name}.{k}.log").read().splitlines()):
         if l.startswith("{"):
             return json.loads(l)
-k = [load("kiln1"), load("kiln2")]
-t = [load("torch1"), load("torch2")]
-kt = sum(j["tokens_per_s"] for j in k) / 2
-tt = sum(j["tokens_per_s"] for j in t) / 2
+k = [load(f"kiln{r}") for r in range(1, runs + 1)]
+t = [load(f"torch{r}") for r in range(1, runs + 1)]
+kt = sum(j["tokens_per_s"] for j in k) / runs
+tt = sum(j["tokens_per_s"] for j in t) / runs
+km = statistics.median(j["tokens_per_s"] for j in k)
+tm = statistics.median(j["tokens_per_s"] for j in t)
 n = min(4, len(k[0]["losses"]))
 kl = " ".join(f"{x:.6f}" for x in k[0]["losses"][:n])
 tl = " ".join(f"{x:.6f}" for x in t[0]["losses"][:n])
@@ -274,13 +276,19 @@ print(f"                 torch {tl}   (max |diff| over {len(k[0]['losses'])} ste
 kb = max(j["tokens_per_step"] / j["step_ms_min"] * 1e3 for j in k)
 tb = max(j["tokens_per_step"] / j["step_ms_min"] * 1e3 for j in t)
 print(f"   mean tokens/s kiln {kt:.0f}, torch {tt:.0f}: kiln/torch = {kt / tt:.2f}")
+print(f"   median of the {runs} runs' tokens/s kiln {km:.0f}, torch {tm:.0f}: kiln/torch = {km / tm:.2f}")
 print(f"   fastest step  kiln {kb:.0f}, torch {tb:.0f} tokens/s: kiln/torch = {kb / tb:.2f}")
+d0 = abs(k[0]["losses"][0] - t[0]["losses"][0])
+if d0 > 1e-4:
+    print(f"FAILED {name}: the step-0 losses differ by {d0:.2e} (> 1e-4): not the same computation")
 print(f"SUMMARY {name}: mean kiln {kt:.0f} tok/s, torch {tt:.0f} tok/s, ratio {kt / tt:.2f}; "
-      f"fastest step ratio {kb / tb:.2f}; kiln MFU {100 * sum(j['mfu'] for j in k) / 2:.1f}% of "
+      f"median ratio {km / tm:.2f}; fastest step ratio {kb / tb:.2f}; step-0 loss |diff| {d0:.1e}; "
+      f"kiln MFU {100 * sum(j['mfu'] for j in k) / runs:.1f}% of "
       f"{max(j['peak_flops'] for j in k) / 1e9:.0f} GFLOP/s")
 EOF
 )"
   echo "$line" | grep -v '^SUMMARY'
+  if echo "$line" | grep '^FAILED' > /dev/null; then exit 1; fi
   summary+=("$(echo "$line" | grep '^SUMMARY' | sed 's/^SUMMARY //')")
 done
 echo

@@ -25,6 +25,11 @@
 //              (measure_gemm_flops, backend/probe.h: n = 1024, best of 1 s of runs,
 //              before and after the timed steps, the higher of the two)
 //   memory   the allocator's peak bytes, in total and by category
+//   MoE      (a mixture-of-experts model) per step the balancing losses and the expert
+//            load: the most slots an expert received over the mean, in the worst MoE
+//            layer (1 = balanced; the step's time depends on it on the CPU, whose grouped
+//            linear runs each expert's rows in power-of-two pieces); MFU counts the
+//            active parameters (Model::flops_per_token)
 // The last line of output is one JSON object with these numbers (tokens_per_s, mfu,
 // peak_flops, step_ms, ..., and the loss of every step).
 #include "apps/kiln/commands.h"
@@ -41,6 +46,7 @@
 #include "profile/tracer.h"
 #include "config/config.h"
 #include "train/device.h"
+#include "train/metrics_record.h"
 #include "model_io/model_io.h"
 #include "train/train_data.h"
 #include "train/train_step.h"
@@ -207,6 +213,14 @@ class BatchSource {
   Philox rng_;
   std::unique_ptr<TrainData> data_;
 };
+
+// The most slots an expert received over the mean, in the worst MoE layer (1 = balanced).
+double worst_expert_load(const MoeStats& moe) {
+  double load = 0.0;
+  for (const ExpertLoad& l : expert_loads(moe))
+    if (l.mean > 0) load = std::max(load, l.max / l.mean);
+  return load;
+}
 
 // Initial weights, batches and per-step learning rates as one safetensors file, in
 // kiln's names and layouts (linear weights [out, in], embeddings and heads with Vp
@@ -437,7 +451,7 @@ void run_bench(const Args& a) {
   std::vector<std::byte> inputs;
   std::vector<int32_t> targets_host;
   double t_data = 0, t_fwd = 0, t_bwd = 0, t_opt = 0, t_step = 0, t_min = 1e30;
-  std::vector<double> losses;
+  std::vector<double> losses, moe_aux, moe_load;
   for (int step = 0; step < total; ++step) {
     window.begin_step(step);
     const auto t0 = Clock::now();
@@ -456,14 +470,21 @@ void run_bench(const Args& a) {
     const double loss = r.loss;
     KILN_CHECK(std::isfinite(loss), "bench: step {}: the loss is {}", step, loss);
     losses.push_back(loss);
+    std::string moe;
+    if (r.moe) {
+      moe_aux.push_back(r.moe->aux_loss + r.moe->z_loss);
+      moe_load.push_back(worst_expert_load(*r.moe));
+      moe = fmt::format(" | aux {:.4f} z {:.4f} load {:.2f}", r.moe->aux_loss, r.moe->z_loss,
+                        moe_load.back());
+    }
     const double dt = seconds(t0, t4);  // data, forward, backward and optimizer
     if (step >= a.warmup) {
       t_data += d_data, t_fwd += d_fwd, t_bwd += d_bwd, t_opt += d_opt, t_step += dt;
       t_min = std::min(t_min, dt);
     }
-    fmt::print("step {:>3}{} | loss {:.6f} | {:.1f} ms (data {:.1f}, fwd {:.1f}, bwd {:.1f}, "
+    fmt::print("step {:>3}{} | loss {:.6f}{} | {:.1f} ms (data {:.1f}, fwd {:.1f}, bwd {:.1f}, "
                "opt {:.1f}) | {:.0f} tok/s\n",
-               step, step < a.warmup ? " (warm-up)" : "", loss, dt * 1e3, d_data * 1e3,
+               step, step < a.warmup ? " (warm-up)" : "", loss, moe, dt * 1e3, d_data * 1e3,
                d_fwd * 1e3, d_bwd * 1e3, d_opt * 1e3, static_cast<double>(tokens_per_step) / dt);
     std::fflush(stdout);
   }
@@ -486,11 +507,18 @@ void run_bench(const Args& a) {
   fmt::print("{:<34} {:>14.1f}  {:>5.1f}%\n", "  forward ms", ms(t_fwd), 100 * t_fwd / t_step);
   fmt::print("{:<34} {:>14.1f}  {:>5.1f}%\n", "  backward ms", ms(t_bwd), 100 * t_bwd / t_step);
   fmt::print("{:<34} {:>14.1f}  {:>5.1f}%\n", "  optimizer ms", ms(t_opt), 100 * t_opt / t_step);
-  fmt::print("{:<34} {:>14.3e}\n", "model FLOPs per token", fpt);
+  fmt::print("{:<34} {:>14.3e}\n",
+             moe_load.empty() ? "model FLOPs per token" : "model FLOPs per token (active)", fpt);
   fmt::print("{:<34} {:>14.1f}\n", "achieved GFLOP/s", fpt * tok_s / 1e9);
   fmt::print("{:<34} {:>14.1f}  (before {:.1f}, after {:.1f})\n", "peak GFLOP/s (fp32 GEMM)",
              peak_flops / 1e9, peak_before / 1e9, peak_after / 1e9);
   fmt::print("{:<34} {:>13.1f}%\n", "MFU", 100 * mfu);
+  if (!moe_load.empty()) {
+    double load = 0.0;
+    for (size_t i = static_cast<size_t>(a.warmup); i < moe_load.size(); ++i) load += moe_load[i] / n;
+    fmt::print("{:<34} {:>14.2f}  (most slots of an expert / mean, worst layer; 1 = balanced)\n",
+               "MoE expert load", load);
+  }
   fmt::print("{:<34} {:>14.1f}\n", "peak memory MiB", mib(mem.total_peak));
   for (int k = 0; k < kNumMemCategories; ++k) {
     const auto cat = static_cast<MemCategory>(k);
@@ -531,6 +559,10 @@ void run_bench(const Args& a) {
   j["data"] = data_desc;
   j["profiled"] = tracing;
   j["losses"] = losses;
+  if (!moe_load.empty()) {
+    j["moe_aux_plus_z_losses"] = moe_aux;  // as optimised, per step
+    j["moe_expert_load"] = moe_load;       // per step, worst layer's max / mean
+  }
   fmt::print("{}\n", j.dump());
 }
 

@@ -4,6 +4,7 @@
 //   kiln memplan CONFIG.toml [--world-size N] [--device-memory GiB] [--json] [--set k=v]...
 //                [--backend cpu|cuda|none] [--threads N] [--peak-tflops F]
 //                [--link-gbps F] [--latency-us F] [--mem-bandwidth-gbps F] [--reserve-gib F]
+//                [--moe-routing worst|balanced]
 //
 // No data set is needed: model.vocab_size comes from the config or its preset, else from
 // data.dir's meta.json. The prediction is a dry run of one training step on a meta
@@ -41,10 +42,30 @@ struct Args {
   double mem_gbps = 0;
   double reserve_gib = -1;
   int polls = -1;
+  std::string moe_routing = "worst";
 };
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 double gib(int64_t b) { return static_cast<double>(b) / kGiB; }
+
+// A mixture-of-experts model: the routing planned and what depends on it.
+void print_moe(const plan::MemPlan& p) {
+  const bool worst = p.moe_routing == plan::MoeRouting::Worst;
+  fmt::print("  mixture of experts: {} experts, top {}; routing planned: {}\n", p.moe_experts,
+             p.moe_top_k,
+             worst ? "worst (any spread: one expert may receive all N tokens of a micro-batch)"
+                   : "balanced (each expert N x k / E of the N x k slots)");
+  fmt::print("    the experts' activations are allocated for all N x k slots whatever the routing "
+             "(the bound is the allocation); only the CPU GEMM scratch of the experts' grouped "
+             "linears depends on it\n");
+  if (p.moe_other)
+    fmt::print("    {} routing: peak {:.3f} GiB ({} bytes; temporaries {} bytes, here {})\n",
+               worst ? "balanced" : "worst", gib(p.moe_other->peak_total), p.moe_other->peak_total,
+               p.moe_other->peak_of(MemCategory::Temporaries),
+               p.rank0().peak_of(MemCategory::Temporaries));
+  fmt::print("    step time: the same for both (dropless: every slot is computed); FLOPs of the "
+             "active parameters, {:.4g} per token\n", p.flops_per_token);
+}
 
 nlohmann::json rank_json(const plan::RankMemory& r) {
   nlohmann::json j;
@@ -64,6 +85,7 @@ void run(const Args& a) {
   o.backend = a.backend.empty() ? cfg.train.device : a.backend;
   o.cpu_threads = a.threads;
   o.completion_polls = a.polls;
+  o.moe_routing = plan::parse_moe_routing(a.moe_routing, "memplan: --moe-routing");
   const plan::MemPlan p = plan::plan_memory(cfg, o);
   const plan::RankMemory& r0 = p.rank0();
   const plan::RankMemory& rmax = p.max_rank();
@@ -114,6 +136,11 @@ void run(const Args& a) {
     j["max_peak_bytes"] = rmax.peak_total;
     j["max_peak_rank"] = rmax.rank;
     j["upper_peak_bytes"] = p.upper.peak_total;  // ZeRO-2/3 when no reduction overlaps
+    j["flops_per_token"] = p.flops_per_token;
+    if (p.moe_experts > 0) {
+      j["moe_routing"] = plan::moe_routing_name(p.moe_routing);
+      if (p.moe_other) j["moe_other_routing"] = rank_json(*p.moe_other);
+    }
     nlohmann::json per = nlohmann::json::array();
     for (const auto& r : p.ranks) per.push_back(rank_json(r));
     j["ranks"] = per;
@@ -156,6 +183,7 @@ void run(const Args& a) {
              c.train.activation_checkpointing);
   fmt::print("  scratch model: {}\n", p.scratch_model);
   if (p.world_size > 1) fmt::print("  communication model: {}\n", p.comm_model);
+  if (p.moe_experts > 0) print_moe(p);
   fmt::print("\n");
   fmt::print("{:<18} {:>12} {:>18}\n", "per rank (rank 0)", "peak GiB", "peak bytes");
   for (int k = 0; k < kNumMemCategories; ++k) {
@@ -238,6 +266,10 @@ void register_memplan(CLI::App& app) {
   cmd->add_option("--reserve-gib", a->reserve_gib,
                   "GiB of the device not for kiln (default: cuda 1 (context, NCCL), cpu 0)")
       ->check(CLI::Range(0.0, 1e9));
+  cmd->add_option("--moe-routing", a->moe_routing,
+                  "Mixture of experts: plan the GEMM scratch for the worst spread of tokens over "
+                  "the experts or the balanced one (default worst)")
+      ->check(CLI::IsMember({"worst", "balanced"}));
   cmd->add_option("--completion-polls", a->polls,
                   "Simulated collectives complete after this many polls (default: cpu never (only waits), "
                   "cuda 1)");

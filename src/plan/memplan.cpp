@@ -155,8 +155,14 @@ RankMemory dry_run(const TrainConfig& c, const MemPlanOptions& o, int rank,
   return r;
 }
 
-std::shared_ptr<MetaScratchModel> make_scratch(const MemPlanOptions& o) {
-  if (o.backend == "cpu") return cpu_scratch_model(o.cpu_threads);
+// A family key of the config's [model] (e.g. llama's moe.num_experts), 0 when the arch has none.
+double family_key(const TrainConfig& c, const char* key) {
+  const auto it = c.model.family.find(key);
+  return it == c.model.family.end() ? 0.0 : it->second;
+}
+
+std::shared_ptr<MetaScratchModel> make_scratch(const MemPlanOptions& o, MoeRoutingModel moe) {
+  if (o.backend == "cpu") return cpu_scratch_model(o.cpu_threads, moe);
   if (o.backend == "cuda") return cuda_scratch_model();
   KILN_CHECK(o.backend == "none", "memplan: backend must be cpu, cuda or none, got '{}'", o.backend);
   return nullptr;
@@ -182,7 +188,10 @@ MemPlan plan_memory(const TrainConfig& config, const MemPlanOptions& o) {
       ranks = {0, 1, W / 2, W - 2, W - 1};
     }
   }
-  auto scratch = make_scratch(o);
+  p.moe_experts = static_cast<int64_t>(family_key(p.config, "moe.num_experts"));
+  p.moe_top_k = p.moe_experts > 0 ? static_cast<int>(family_key(p.config, "moe.top_k")) : 0;
+  p.moe_routing = o.moe_routing;
+  auto scratch = make_scratch(o, {o.moe_routing, p.moe_top_k});
   MemPlanOptions eff = o;
   if (eff.completion_polls < 0)
     eff.completion_polls = o.backend == "cpu" ? std::numeric_limits<int>::max() : 1;
@@ -205,6 +214,11 @@ MemPlan plan_memory(const TrainConfig& config, const MemPlanOptions& o) {
     never.completion_polls = std::numeric_limits<int>::max();
     p.upper = dry_run(p.config, never, p.ranks.front().rank, scratch);
   }
+  if (p.moe_experts > 0 && o.compare_routing) {
+    const MoeRouting other =
+        o.moe_routing == MoeRouting::Worst ? MoeRouting::Balanced : MoeRouting::Worst;
+    p.moe_other = dry_run(p.config, eff, p.ranks.front().rank, make_scratch(o, {other, p.moe_top_k}));
+  }
   return p;
 }
 
@@ -218,9 +232,11 @@ StepTime estimate_step_time(const MemPlan& p, const CostModel& cost) {
   const double split = static_cast<double>(p.tp) * p.cp;
   const double per_token = p.flops_per_token / split;                                  // 6N + attn
   const double C = p.config.model.n_embd, L = p.config.model.n_layer;
-  // Forward FLOPs of the blocks per token (what full recomputation repeats): the
-  // matmuls 2 * 12 C^2 and attention's QK^T and AV 2 * 2 T C, per block.
-  const double block_forward = L * (2.0 * 12.0 * C * C + 4.0 * T * C) / split;
+  const double V = p.config.model.vocab_size;
+  // Forward FLOPs of the blocks per token (what full recomputation repeats): a third of
+  // the training FLOPs (Model::flops_per_token: 6 N + attention, N the matmul weights a
+  // token meets, a mixture of experts' active ones only) less the head's forward 2 V C.
+  const double block_forward = std::max(0.0, p.flops_per_token / 3.0 - 2.0 * V * C) / split;
   const std::string& mode = p.config.train.activation_checkpointing;
   const double dsize = p.config.train.dtype == "fp32" ? 4.0 : 2.0;
   StepTime t;
@@ -294,6 +310,7 @@ std::vector<Layout> search_layouts(const TrainConfig& config, const MemPlanOptio
   MemPlanOptions o = options;
   o.ranks = {0};  // rank 0 holds the most: later ranks' slices only lose padding
   o.upper_bound = false;
+  o.compare_routing = false;
   const ModelArch arch = model_arch(base.model.arch);
   // A model that runs on one layout only (e.g. a llama with mixture-of-experts blocks)
   // searches data parallel and ZeRO alone.

@@ -17,9 +17,11 @@
 #include "comm/simulated_communicator.h"
 #include "core/allocator.h"
 #include "config/config.h"
+#include "plan/scratch_models.h"
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +43,11 @@ struct MemPlanOptions {
   int completion_polls = -1;
   /// Also run rank 0 with collectives that complete only when waited for (MemPlan::upper).
   bool upper_bound = true;
+  /// A mixture-of-experts model: how its tokens spread over the experts, for the scratch
+  /// that depends on it (plan/scratch_models.h, MoeRouting; the activations do not).
+  MoeRouting moe_routing = MoeRouting::Worst;
+  /// A mixture-of-experts model: also run rank 0 under the other routing (MemPlan::moe_other).
+  bool compare_routing = true;
   /// Ranks to simulate; empty = every rank when world_size <= 16, else 0, 1, the middle
   /// rank and the last two (ranks differ only in the zero padding of the last slices).
   std::vector<int> ranks;
@@ -62,6 +69,12 @@ struct MemPlan {
   double flops_per_token = 0;    // Model::flops_per_token(train.seq_len): training FLOPs
   int world_size = 1, dp = 1, cp = 1, tp = 1, pp = 1, accum = 1;
   std::string scratch_model;        // MetaScratchModel::name()
+  /// Mixture of experts (model.moe.num_experts > 0): E, k and the routing planned;
+  /// moe_other is rank 0 under the other routing (when options.compare_routing).
+  int64_t moe_experts = 0;
+  int moe_top_k = 0;
+  MoeRouting moe_routing = MoeRouting::Worst;
+  std::optional<RankMemory> moe_other;
   std::string comm_model;           // "keeps pace" or "falls behind" (completion_polls)
   std::vector<RankMemory> ranks;    // the simulated ranks, rank 0 first
   /// Rank 0 when no collective completes before it is waited for: the most that

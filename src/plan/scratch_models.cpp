@@ -22,27 +22,17 @@ struct ThreadScope {
   ~ThreadScope() { omp_set_num_threads(saved); }
   int saved;
 };
-}  // namespace
 
-int64_t onednn_matmul_scratchpad_bytes(const GemmProblem& g, int threads) {
-  ThreadScope ts(threads);
-  cpu::GemmArgs a;
-  a.m = g.m, a.n = g.n, a.k = g.k;
-  a.lda = g.lda, a.trans_a = g.trans_a, a.ldb = g.ldb, a.trans_b = g.trans_b, a.ldc = g.ldc;
-  a.accumulate = g.accumulate;
-  a.bias = g.bias ? &a : nullptr;  // any non-null pointer: only its presence matters
-  a.a_type = a.b_type = a.bias_type = g.dtype;
-  a.c_type = g.c_dtype;
-  return static_cast<int64_t>(cpu::Gemm::scratchpad_bytes(a));
+// The set bits of m, largest first: the pieces cpu/grouped_linear.cpp runs m rows in.
+void add_bits(std::vector<int64_t>& out, int64_t m) {
+  for (int b = 62; b >= 0; --b)
+    if (m & (int64_t{1} << b)) out.push_back(int64_t{1} << b);
 }
 
-std::vector<GemmProblem> cpu_linear_gemms(const MetaCallInfo& c) {
+// The GEMMs of one linear call over `N` rows (cpu/linear.cpp: forward [N,IC]x[OC,IC]^T
+// + bias; backward dinp = dout @ W, dW += dout^T @ inp).
+std::vector<GemmProblem> linear_gemms(const MetaCallInfo& c, int64_t N) {
   std::vector<GemmProblem> out;
-  const bool grouped = c.call == Op::GroupedLinearForward || c.call == Op::GroupedLinearBackward;
-  // A grouped linear runs each expert's rows in power-of-two pieces
-  // (src/backend/cpu/grouped_linear.cpp): its largest GEMM has the largest power of two
-  // <= M rows (all rows to one expert).
-  const int64_t N = grouped && c.N > 0 ? std::bit_floor(static_cast<uint64_t>(c.N)) : c.N;
   const int64_t IC = c.IC, OC = c.OC;
   if (c.call == Op::LinearForward || c.call == Op::GroupedLinearForward) {
     GemmProblem g;
@@ -69,17 +59,69 @@ std::vector<GemmProblem> cpu_linear_gemms(const MetaCallInfo& c) {
   return out;
 }
 
+}  // namespace
+
+MoeRouting parse_moe_routing(const std::string& name, const std::string& what) {
+  if (name == "worst") return MoeRouting::Worst;
+  KILN_CHECK(name == "balanced", "{}: the MoE routing is worst or balanced, got '{}'", what, name);
+  return MoeRouting::Balanced;
+}
+
+const char* moe_routing_name(MoeRouting r) {
+  return r == MoeRouting::Worst ? "worst" : "balanced";
+}
+
+std::vector<int64_t> grouped_linear_pieces(int64_t M, int64_t E, const MoeRoutingModel& r) {
+  std::vector<int64_t> out;
+  if (M <= 0 || E <= 0) return out;
+  if (r.routing == MoeRouting::Worst) {
+    // An expert's count is anything from 0 to N = M / k: every power of two up to N.
+    const int64_t most = std::max<int64_t>(1, M / std::max(1, r.top_k));
+    for (int64_t p = std::bit_floor(static_cast<uint64_t>(most)); p >= 1; p /= 2) out.push_back(p);
+    return out;
+  }
+  add_bits(out, (M + E - 1) / E);  // the experts that take one row more
+  if (M % E != 0) add_bits(out, M / E);
+  std::sort(out.begin(), out.end(), std::greater<>());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+int64_t onednn_matmul_scratchpad_bytes(const GemmProblem& g, int threads) {
+  ThreadScope ts(threads);
+  cpu::GemmArgs a;
+  a.m = g.m, a.n = g.n, a.k = g.k;
+  a.lda = g.lda, a.trans_a = g.trans_a, a.ldb = g.ldb, a.trans_b = g.trans_b, a.ldc = g.ldc;
+  a.accumulate = g.accumulate;
+  a.bias = g.bias ? &a : nullptr;  // any non-null pointer: only its presence matters
+  a.a_type = a.b_type = a.bias_type = g.dtype;
+  a.c_type = g.c_dtype;
+  return static_cast<int64_t>(cpu::Gemm::scratchpad_bytes(a));
+}
+
+std::vector<GemmProblem> cpu_linear_gemms(const MetaCallInfo& c, const MoeRoutingModel& moe) {
+  const bool grouped = c.call == Op::GroupedLinearForward || c.call == Op::GroupedLinearBackward;
+  if (!grouped) return linear_gemms(c, c.N);
+  // A grouped linear runs each expert's rows in power-of-two pieces
+  // (src/backend/cpu/grouped_linear.cpp): the GEMMs of every piece the routing allows.
+  std::vector<GemmProblem> out;
+  for (const int64_t rows : grouped_linear_pieces(c.N, c.E, moe))
+    for (const GemmProblem& g : linear_gemms(c, rows)) out.push_back(g);
+  return out;
+}
+
 namespace {
 
 class CpuScratch final : public MetaScratchModel {
  public:
-  explicit CpuScratch(int threads) : threads_(threads > 0 ? threads : omp_get_max_threads()) {}
+  CpuScratch(int threads, MoeRoutingModel moe)
+      : threads_(threads > 0 ? threads : omp_get_max_threads()), moe_(moe) {}
   std::string name() const override {
     return fmt::format("cpu (oneDNN scratchpad and widened operands, {} thread{})", threads_, threads_ == 1 ? "" : "s");
   }
   int64_t growing_bytes(const MetaCallInfo& c) override {
     int64_t most = 0;
-    for (const GemmProblem& g : cpu_linear_gemms(c)) {
+    for (const GemmProblem& g : cpu_linear_gemms(c, moe_)) {
       const auto key = std::make_tuple(g.m, g.n, g.k, g.trans_a, g.trans_b, g.bias, g.accumulate,
                                        static_cast<int>(g.dtype), static_cast<int>(g.c_dtype));
       std::lock_guard lock(mu_);
@@ -92,6 +134,7 @@ class CpuScratch final : public MetaScratchModel {
 
  private:
   int threads_;
+  MoeRoutingModel moe_;
   std::mutex mu_;
   std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, bool, bool, int, int>, int64_t> cache_;
 };
@@ -123,8 +166,8 @@ class CudaScratch final : public MetaScratchModel {
 
 }  // namespace
 
-std::shared_ptr<MetaScratchModel> cpu_scratch_model(int threads) {
-  return std::make_shared<CpuScratch>(threads);
+std::shared_ptr<MetaScratchModel> cpu_scratch_model(int threads, MoeRoutingModel moe) {
+  return std::make_shared<CpuScratch>(threads, moe);
 }
 std::shared_ptr<MetaScratchModel> cuda_scratch_model() { return std::make_shared<CudaScratch>(); }
 

@@ -1,6 +1,7 @@
 // The memory planner against real runs: for a matrix of small configs (ZeRO stages 0-3,
 // 1/2/4 ranks, every checkpointing mode, tensor and pipeline parallel, bf16; a GPT-2 on
-// tokens, a ViT and a DiT on images) the predicted per-rank peak (plan/memplan.h)
+// tokens, a Llama with mixture-of-experts blocks, a ViT and a DiT on images) the
+// predicted per-rank peak (plan/memplan.h)
 // must be within 10% of the peak the trainer measured (metrics.jsonl: peak_mem_bytes,
 // mem_by_rank[*].peak). One rank: the real trainer in this process on the CPU backend.
 // 2 and 4 ranks: `mpirun kiln train` with OMP_NUM_THREADS=1. Prints the table.
@@ -53,9 +54,9 @@ struct Case {
   int cp = 1;                        // dp = np / (cp x tp x pp)
 };
 
-// Per rank: measured total peak, and the gradients' peak.
+// Per rank: measured total peak, the gradients' and the temporaries' peaks.
 struct Measured {
-  std::vector<int64_t> peak, grads;
+  std::vector<int64_t> peak, grads, temps;
 };
 
 Measured read_metrics(const fs::path& run_dir, int np) {
@@ -68,6 +69,7 @@ Measured read_metrics(const fs::path& run_dir, int np) {
   if (np == 1) {
     m.peak.push_back(j.at("peak_mem_bytes").get<int64_t>());
     m.grads.push_back(j.at("mem_peak_gradients_bytes").get<int64_t>());
+    m.temps.push_back(j.at("mem_peak_temporaries_bytes").get<int64_t>());
   } else {
     for (const auto& r : j.at("mem_by_rank")) {
       m.peak.push_back(r.at("peak").get<int64_t>());
@@ -143,12 +145,9 @@ ema_decay = 0.99
 every = 1
 peak_tflops = 1.0
 )", (work_ / "images").string());
-    std::ofstream(work_ / "tiny.toml") << fmt::format(R"([model]
-n_layer = 4
-n_head = 4
-n_embd = 64
-block_size = 64
-[data]
+    // The token models' training keys: the GPT and a Llama with mixture-of-experts blocks
+    // (the first dense, a shared expert, both balancing losses).
+    const std::string tokens = fmt::format(R"([data]
 dir = "{}"
 [train]
 steps = 1
@@ -157,6 +156,29 @@ seq_len = 64
 every = 1
 peak_tflops = 1.0
 )", (work_ / "data").string());
+    std::ofstream(work_ / "moe.toml") << R"([model]
+arch = "llama"
+n_layer = 3
+n_head = 4
+n_kv_head = 2
+n_embd = 64
+ffn_hidden_size = 96
+block_size = 64
+[model.moe]
+num_experts = 4
+top_k = 2
+ffn_hidden_size = 128
+shared_experts = 1
+first_k_dense = 1
+aux_loss_coef = 0.01
+z_loss_coef = 0.001
+)" << tokens;
+    std::ofstream(work_ / "tiny.toml") << R"([model]
+n_layer = 4
+n_head = 4
+n_embd = 64
+block_size = 64
+)" << tokens;
   }
 
   static std::vector<std::string> overrides(const Case& c, const fs::path& run_dir) {
@@ -174,9 +196,12 @@ peak_tflops = 1.0
             fmt::format("parallel.cp={}", c.cp)};
   }
 
-  static Measured run_real(const Case& c, const fs::path& run_dir) {
+  // `extra`: more --set overrides after the case's.
+  static Measured run_real(const Case& c, const fs::path& run_dir,
+                           const std::vector<std::string>& extra = {}) {
     fs::remove_all(run_dir);
-    const auto sets = overrides(c, run_dir);
+    auto sets = overrides(c, run_dir);
+    sets.insert(sets.end(), extra.begin(), extra.end());
     if (c.np == 1) {
       TrainerOptions opt;
       opt.verbose = false;
@@ -281,6 +306,9 @@ std::vector<Case> representative_rows() {
       {2, 1, "selective", 1, 8, false, "fp32", 1, false, "tiny.toml", 2, "interleaved", 2},
       {2, 0, "full", 2, 8, false, "bf16", 1, false, "tiny.toml", 2, "gpipe"},
       {4, 2, "none", 1, 8, false, "fp32", 1, false, "tiny.toml", 2},
+      // Mixture of experts (the worst-case routing planned; data parallel only for now).
+      {1, 0, "selective", 4, 8, false, "fp32", 1, false, "moe.toml"},
+      {2, 3, "none", 2, 8, false, "fp32", 1, false, "moe.toml"},
       // Context parallel (each rank T/cp tokens; the ring's buffers are temporaries).
       {2, 0, "none", 2, 4, false, "fp32", 1, false, "tiny.toml", 1, "1f1b", 1, 2},
       {4, 2, "selective", 2, 8, false, "fp32", 1, false, "tiny.toml", 1, "1f1b", 1, 2},
@@ -303,6 +331,8 @@ std::vector<Case> long_rows() {
       {4, 3, "full", 2, 4, false, "bf16", 1, false, "tiny.toml", 1, "1f1b", 1, 4},
       {4, 1, "none", 2, 4, false, "fp32", 2, true, "tiny.toml", 1, "1f1b", 1, 2},
       {4, 0, "selective", 1, 4, false, "fp32", 1, false, "tiny.toml", 2, "1f1b", 1, 2},
+      {1, 3, "full", 2, 4, false, "bf16", 1, false, "moe.toml"},
+      {2, 1, "full", 4, 8, false, "fp32", 1, false, "moe.toml"},
   };
 }
 
@@ -329,6 +359,58 @@ TEST_F(MemPlanTest, PredictedPeakWithinTenPercentOfMeasuredLongRows) {
 
 TEST_F(MemPlanTest, PredictedPeakWithinTenPercentOfMeasuredLongBf16Rows) {
   expect_predictions_within_ten_percent(bf16_rows(long_rows()), "long_bf16_run");
+}
+
+TEST_F(MemPlanTest, MoeWorstRoutingBoundsTheMeasuredScratch) {
+  // The experts' activations are allocated for all N k slots whatever the routing; the
+  // CPU GEMM scratch of their grouped linears depends on it (power-of-two pieces of each
+  // expert's rows). The worst-case plan must bound the scratch a real step measured, the
+  // balanced plan needs no more, and both peaks stay within 10% of the measured one.
+  // 8 experts of width 256 and no shared expert, whose GEMMs (all N rows) would hide the
+  // experts' pieces: here (2 threads, AMD Zen 5) the worst case plans 1082624 bytes of
+  // temporaries, the balanced one 812288.
+  const Case c{1, 0, "none", 8, 8, false, "fp32", 1, false, "moe.toml"};
+  const fs::path run_dir = work_ / "moe_routing";
+  const std::vector<std::string> extra = {"model.moe.num_experts=8", "model.moe.ffn_hidden_size=256",
+                                          "model.moe.shared_experts=0"};
+  const Measured m = run_real(c, run_dir, extra);
+  std::vector<std::string> sets = overrides(c, run_dir);
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  const TrainConfig cfg = load_config_file((work_ / c.config).string(), sets);
+  plan::MemPlanOptions o;
+  o.backend = "cpu";
+  const plan::MemPlan worst = plan::plan_memory(cfg, o);
+  o.moe_routing = plan::MoeRouting::Balanced;
+  const plan::MemPlan balanced = plan::plan_memory(cfg, o);
+  const auto temps = [](const plan::MemPlan& p) { return p.rank0().peak_of(MemCategory::Temporaries); };
+  fmt::print("MoE E=8 k=2, N=512 tokens: temporaries worst {} balanced {} measured {}; peak worst "
+             "{} balanced {} measured {}\n", temps(worst), temps(balanced), m.temps[0],
+             worst.rank0().peak_total, balanced.rank0().peak_total, m.peak[0]);
+  EXPECT_EQ(worst.moe_experts, 8);
+  EXPECT_EQ(worst.moe_top_k, 2);
+  EXPECT_EQ(worst.rank0().peak_of(MemCategory::Activations),
+            balanced.rank0().peak_of(MemCategory::Activations));
+  EXPECT_GE(temps(worst), m.temps[0]);
+  EXPECT_LE(temps(balanced), temps(worst));
+  ASSERT_TRUE(worst.moe_other.has_value());
+  EXPECT_EQ(worst.moe_other->peak_total, balanced.rank0().peak_total);
+  for (const plan::MemPlan* p : {&worst, &balanced})
+    EXPECT_LE(std::abs(static_cast<double>(p->rank0().peak_total - m.peak[0])) /
+                  static_cast<double>(m.peak[0]), 0.10);
+}
+
+TEST(MoeRoutingPieces, WorstIsEveryPieceUpToNBalancedThoseOfMOverE) {
+  using plan::MoeRouting;
+  // M = N k = 256 x 2 slots over 8 experts: an expert may receive up to N = 256 rows.
+  EXPECT_EQ(plan::grouped_linear_pieces(512, 8, {MoeRouting::Worst, 2}),
+            (std::vector<int64_t>{256, 128, 64, 32, 16, 8, 4, 2, 1}));
+  EXPECT_EQ(plan::grouped_linear_pieces(512, 8, {MoeRouting::Balanced, 2}), (std::vector<int64_t>{64}));
+  // 100 slots over 8 experts: 12 or 13 rows each, pieces 8 + 4 and 8 + 4 + 1.
+  EXPECT_EQ(plan::grouped_linear_pieces(100, 8, {MoeRouting::Balanced, 2}),
+            (std::vector<int64_t>{8, 4, 1}));
+  EXPECT_EQ(plan::grouped_linear_pieces(100, 8, {MoeRouting::Worst, 2}),
+            (std::vector<int64_t>{32, 16, 8, 4, 2, 1}));
+  EXPECT_THROW(plan::parse_moe_routing("even", "test"), Error);
 }
 
 TEST_F(MemPlanTest, ContextParallelActivationsFallAsOneOverCp) {

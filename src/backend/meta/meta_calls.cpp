@@ -378,7 +378,7 @@ MetaCallInfo grouped_linear_forward(const Tensor& out, const Tensor& inp, const 
                                     const Tensor& offsets) {
   const auto d = checks::grouped_linear(out, inp, weight, offsets);
   MetaCallInfo c = info(Op::GroupedLinearForward, inp.dtype());
-  c.N = d.M, c.IC = d.I, c.OC = d.O;
+  c.N = d.M, c.IC = d.I, c.OC = d.O, c.E = d.E;
   return c;
 }
 MetaCallInfo grouped_linear_backward(const Tensor& dinp, const Tensor& dweight,
@@ -386,7 +386,7 @@ MetaCallInfo grouped_linear_backward(const Tensor& dinp, const Tensor& dweight,
                                      const Tensor& offsets) {
   const auto d = checks::grouped_linear_backward(dinp, dweight, dout, inp, weight, offsets);
   MetaCallInfo c = info(Op::GroupedLinearBackward, inp.dtype());
-  c.N = d.M, c.IC = d.I, c.OC = d.O;
+  c.N = d.M, c.IC = d.I, c.OC = d.O, c.E = d.E;
   c.has_dinp = static_cast<bool>(dinp);
   c.has_dweight = static_cast<bool>(dweight);
   if (dweight) c.grad_dtype = dweight.dtype();
