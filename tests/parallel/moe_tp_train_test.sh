@@ -7,7 +7,7 @@
 #      relative of the single process;
 #   2. that tp2 checkpoint resumes on 1 process with the same losses (the experts' slices
 #      saved as the global [E, 2F, C] / [E, C, F]; the replicated router checked bitwise
-#      equal over tp by the save);
+#      equal over tp by the save), and `kiln sample` decodes it on 1 process;
 #   3. an expert width that does not divide over tp is a one-line error naming it;
 #   with --long (ctest label long) also tp2 (10 updates), dp2 x tp2 with sequence
 #   parallelism at ZeRO 1 and ZeRO 3 with full checkpointing (4 ranks), tp2 + sp with the
@@ -101,6 +101,9 @@ train reshard 2 --set parallel.tp=2 --set train.activation_checkpointing=full \
 check ref reshard "tp=2 activation_checkpointing=full, 5 steps"
 train reshard 1 --set checkpoint.every=5 --resume auto
 check ref reshard "tp=2 -> 1 process" 6
+"$kiln" sample --checkpoint "$work/reshard/ckpt/step_00000005" --max-new-tokens 8 --seed 1 \
+  > "$work/sample.log" 2>&1 || { echo "FAILED: sample"; cat "$work/sample.log"; exit 1; }
+echo "kiln sample reads the tp=2 checkpoint on 1 process"
 
 fails indivisible "model.layers.1.mlp.experts.gate_up_proj.weight: each expert's 15 hidden units do not divide over tp = 2" \
   mpirun --oversubscribe -np 2 "$kiln" train "$work/tiny.toml" --set "run.dir=$work/bad" \
