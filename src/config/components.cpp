@@ -43,8 +43,8 @@ void check_layout_supported(const TrainConfig& config,
   const std::string why =
       arch.single_layout_reason ? arch.single_layout_reason(model_options_from(config)) : "";
   using KeyValue = std::pair<const char*, int>;
-  for (const auto& [key, value] : {KeyValue{"pp", p.pp}, KeyValue{"tp", p.tp}, KeyValue{"cp", p.cp}})
-    KILN_CHECK(why.empty() || value == 1, "{}: parallel.{} = {}: {} runs with parallel.tp, pp "
+  for (const auto& [key, value] : {KeyValue{"pp", p.pp}, KeyValue{"cp", p.cp}})
+    KILN_CHECK(why.empty() || value == 1, "{}: parallel.{} = {}: {} runs with parallel.pp "
                "and cp = 1 only, for now", origin(fmt::format("parallel.{}", key)), key, value,
                why);
 }

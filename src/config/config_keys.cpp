@@ -159,8 +159,9 @@ const std::vector<Key>& keys() {
                  "(and ZeRO shards) over dp x cp."),
         positive(KILN_KEY(parallel, tp),
                  "Tensor-parallel ranks (innermost axis of the mesh). The query and key/value "
-                 "heads, the padded vocabulary and the MLP width must divide by it (a start-up "
-                 "error names the tensor otherwise)."),
+                 "heads, the padded vocabulary and the MLP width (a mixture of experts': each "
+                 "expert's and the shared experts' width) must divide by it (a start-up error "
+                 "names the tensor otherwise)."),
         any(KILN_KEY(parallel, sequence_parallel),
             "Sequence parallelism with tp > 1: the rows of the norm, dropout and residual "
             "activations split over the tp ranks."),

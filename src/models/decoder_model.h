@@ -38,7 +38,9 @@ class Param;
 ///                              vocab-parallel over them)
 ///   attention.qkv   column     heads split, each of q, k and v separately
 ///   attention.proj  row
-///   mlp.fc          column     hidden units split (SwiGLU: gate and up separately)
+///   mlp.fc          column     hidden units split (SwiGLU: gate and up separately; a
+///                              MoE block's every expert and its shared experts alike,
+///                              its router whole: nn/moe.h)
 ///   mlp.proj        row
 ///   norms           sequence   the rank's rows under sequence parallelism
 ///   final_norm      sequence

@@ -56,9 +56,9 @@ struct ModelArch {
   /// apply the tables the model states (models/layer_plan.h LayerRoles).
   bool tensor_parallel = false;
   bool context_parallel = false;
-  /// Why a model of `options` runs only with parallel.tp = pp = cp = 1 though the flags
-  /// above say the family takes them (e.g. a Llama with mixture-of-experts blocks, for
-  /// now), or "" when they hold for it. Optional.
+  /// Why a model of `options` runs only with parallel.pp = cp = 1 though the flags above
+  /// say the family takes them (e.g. a Llama with mixture-of-experts blocks, for now), or
+  /// "" when they hold for it. Optional.
   std::function<std::string(const ModelOptions& options)> single_layout_reason;
   /// The family's own [model] keys beyond the common ones (ModelOptions: arch .. dropout,
   /// and the config's preset and init_from), stated in its folder (e.g.

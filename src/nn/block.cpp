@@ -31,10 +31,9 @@ DropoutSpec TransformerBlock::rows(const DropoutSpec& d, const Tensor& x) const 
 }
 
 void TransformerBlock::shard(const BlockPlacement& placement) {
-  KILN_CHECK(!moe_ || !placement.mlp.fc.active(),
-             "{}: a mixture-of-experts block takes no tensor-parallel plan yet", norm_1_.name());
   attn_.shard(placement.attention);
   if (mlp_) mlp_->shard(placement.mlp);
+  if (moe_) moe_->shard(placement.mlp);
   norm_1_.shard(placement.norms);
   norm_2_.shard(placement.norms);
   for (const TpPlacement* p : {&placement.norms, &placement.attention.qkv,
@@ -43,8 +42,9 @@ void TransformerBlock::shard(const BlockPlacement& placement) {
     tp_ = p->group;
     sp_ = sp_ || p->sequence_parallel;
   }
+  const bool mlp_split = mlp_ ? mlp_->proj.placement().active() : moe_->sequence_parallel();
   KILN_CHECK(!sp_ || (placement.norms.style == TpStyle::Sequence &&
-                      attn_.proj.placement().active() && mlp_ && mlp_->proj.placement().active()),
+                      attn_.proj.placement().active() && mlp_split),
              "{}: sequence parallelism needs the norms sequence-parallel and the attention and "
              "MLP split (column then row)", norm_1_.name());
 }
@@ -140,7 +140,7 @@ void TransformerBlock::backward(const BlockPass& p, const Tensor& dres, const Te
   } else if (p.recompute_cheap) {
     const auto ml = part(p.saved, kMlp, kNumSaved - kMlp);
     if (moe_)
-      moe_->recompute(be, p.s, ml, n2[Norm::kOut]);
+      moe_->recompute(be, p.s, ml, n2[Norm::kOut], w.moe);
     else
       mlp_->recompute(be, p.s, ml);
   }

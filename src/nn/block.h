@@ -13,7 +13,9 @@
 // parallel/tp_plan.h) on its norms, attention and MLP, and chooses none itself. Under the
 // decoders' plan (Megatron-LM) attention heads and MLP hidden units split over the tp
 // group, each half a column-parallel Linear then a row-parallel one, so the block makes
-// two reductions forward and two backward. Without sequence parallelism the residual
+// two reductions forward and two backward (a MoE block's experts split as the MLP's
+// hidden units, its router whole on every rank: nn/moe.h; its shared experts reduce
+// apart, one reduction more each way). Without sequence parallelism the residual
 // stream x, out [B,T,C] is whole on every rank; with it (Korthikanti et al. 2022; the
 // norms' style Sequence) a rank holds rows [r BT/tp, (r+1) BT/tp) of the flattened
 // stream, x and out are [BT/tp, C], the norms run on those rows (their parameter

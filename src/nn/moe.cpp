@@ -34,9 +34,25 @@ MoeMlp::MoeMlp(const std::string& prefix, int64_t C, const MoeSpec& spec, float 
                     init_std, proj_init_std);
 }
 
+void MoeMlp::shard(const MlpPlacement& placement) {
+  if (!column_row_split(placement.fc, placement.proj, gate_up.name)) return;
+  // Each expert as a dense SwiGLU Mlp: its gate and up rows split separately (a rank
+  // holds [gate_r; up_r] of every expert), its down projection's columns.
+  const TpGroup& g = *placement.fc.group;
+  const int64_t F = spec_.expert_hidden;
+  KILN_CHECK(F % g.size() == 0, "{}: each expert's {} hidden units do not divide over tp = {}",
+             gate_up.name, F, g.size());
+  gate_up.tp = TpSlice{1, {F, F}, g.size(), g.rank()};
+  down.tp = TpSlice{2, {}, g.size(), g.rank()};
+  gate_up.tp.check(gate_up.shape, gate_up.name);
+  down.tp.check(down.shape, down.name);
+  if (shared_) shared_->shard(placement);
+  placement_ = placement.fc;
+}
+
 std::vector<SavedSpec> MoeMlp::saved_specs(int64_t B, int64_t T, DType dtype) const {
   const int64_t N = B * T, E = spec_.num_experts, k = spec_.top_k, M = N * k;
-  const int64_t F = spec_.expert_hidden;
+  const int64_t F = local_hidden();
   const std::string& n = router.name;
   std::vector<SavedSpec> out = {
       {n + ":logits", Shape{N, E}, DType::F32, Recompute::WithBlock},
@@ -56,7 +72,7 @@ std::vector<SavedSpec> MoeMlp::saved_specs(int64_t B, int64_t T, DType dtype) co
 
 MoeScratch MoeMlp::make_scratch(Backend& be, int64_t B, int64_t T, DType dtype) const {
   const int64_t N = B * T, E = spec_.num_experts, k = spec_.top_k;
-  const int64_t wide = std::max(C_, 2 * spec_.expert_hidden);
+  const int64_t wide = std::max(C_, 2 * local_hidden());
   auto act = [&](Shape s, DType dt) { return be.empty(s, dt, MemCategory::Activations); };
   MoeScratch w;
   if (dtype != DType::F32) {
@@ -74,7 +90,21 @@ MoeScratch MoeMlp::make_scratch(Backend& be, int64_t B, int64_t T, DType dtype) 
     w.shared_dfc = act({B, T, shared_->fc_width()}, dtype);
     w.shared_dact = act({B, T, shared_->hidden()}, dtype);
   }
+  if (sequence_parallel()) w.gathered = act({N, C_}, dtype);
   return w;
+}
+
+Tensor MoeMlp::whole_input(Backend& be, Stream s, const Tensor& inp, const MoeScratch& w) const {
+  if (!sequence_parallel()) return rows_of(inp);
+  tp_forward(TpComm::GatherFromSp, *placement_.group, be, s, w.gathered, rows_of(inp));
+  return w.gathered;
+}
+
+void MoeMlp::reduce_output(Backend& be, Stream s, const Tensor& out, const Tensor& y) const {
+  if (sequence_parallel())
+    tp_forward(TpComm::ReduceScatterToSp, *placement_.group, be, s, rows_of(out), y);
+  else if (split())
+    tp_forward(TpComm::ReduceFromTp, *placement_.group, be, s, y, y);
 }
 
 void MoeMlp::route(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& x,
@@ -94,16 +124,19 @@ void MoeMlp::route(Backend& be, Stream s, std::span<const Tensor> saved, const T
 void MoeMlp::forward(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& out,
                      const Tensor& inp, const MoeScratch& w, const MoeBalancePass& balance,
                      bool recomputing) const {
-  const int64_t N = inp.numel() / C_;
-  run(be, s, saved, out, inp, w, balance, recomputing,
-      moe_capacity(spec_.capacity_factor, N, spec_.top_k, spec_.num_experts));
+  run(be, s, saved, out, inp, w, balance, recomputing, /*dropless=*/false);
 }
 
 void MoeMlp::run(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& out,
                  const Tensor& inp, const MoeScratch& w, const MoeBalancePass& balance,
-                 bool recomputing, int64_t capacity) const {
-  const int64_t N = inp.numel() / C_;
-  const Tensor x = inp.reshape(Shape{N, C_}), y = out.reshape(Shape{N, C_});
+                 bool recomputing, bool dropless) const {
+  const Tensor x = whole_input(be, s, inp, w);
+  // The routed output: partial sums over tp when split, reduced below.
+  const Tensor y = sequence_parallel() ? w.tokens : out.reshape(x.shape());
+  // The capacity of the whole micro-batch (gathered under sequence parallelism).
+  const int64_t capacity =
+      dropless ? 0
+               : moe_capacity(spec_.capacity_factor, x.size(0), spec_.top_k, spec_.num_experts);
   route(be, s, saved, x, w, capacity);
   if (!recomputing && (balance.load || balance.prob || balance.z))
     be.moe_balance_stats(s, balance.load, balance.prob, balance.z, saved[kLogits],
@@ -116,15 +149,17 @@ void MoeMlp::run(Backend& be, Stream s, std::span<const Tensor> saved, const Ten
   be.swiglu_forward(s, saved[kAct], saved[kHidden]);
   be.grouped_linear_forward(s, saved[kExpertOut], saved[kAct], down.v(), saved[kOffsets]);
   be.moe_unpermute(s, y, saved[kExpertOut], saved[kExpertWeight], saved[kRows]);
+  reduce_output(be, s, out, y);
   if (!shared_) return;
-  const Tensor sh = w.tokens.reshape(inp.shape());
-  shared_->forward(be, s, shared_saved(saved), sh, inp);
+  // w.tokens and w.gathered are free again: the shared output and its Linears' scratch.
+  const Tensor sh = w.tokens.view_at(0, inp.shape());
+  shared_->forward(be, s, shared_saved(saved), sh, inp, w.gathered);
   be.add(s, out, out, sh);
 }
 
-void MoeMlp::recompute(Backend& be, Stream s, std::span<const Tensor> saved,
-                       const Tensor& inp) const {
-  be.moe_permute(s, saved[kPermuted], inp.reshape(Shape{inp.numel() / C_, C_}), saved[kRows]);
+void MoeMlp::recompute(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& inp,
+                       const MoeScratch& w) const {
+  be.moe_permute(s, saved[kPermuted], whole_input(be, s, inp, w), saved[kRows]);
   be.swiglu_forward(s, saved[kAct], saved[kHidden]);
   if (shared_) shared_->recompute(be, s, shared_saved(saved));
 }
@@ -155,14 +190,19 @@ void MoeMlp::router_backward(Backend& be, Stream s, const Tensor& dx, const Tens
 void MoeMlp::backward(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& dinp,
                       const Tensor& dout, const Tensor& inp, const MoeScratch& w,
                       const MoeBalancePass& balance) const {
-  const int64_t N = inp.numel() / C_, M = N * spec_.top_k, F = spec_.expert_hidden;
-  const Tensor x = inp.reshape(Shape{N, C_}), dx = dinp.reshape(Shape{N, C_});
-  const Tensor dy = dout.reshape(Shape{N, C_});
+  const Tensor x = whole_input(be, s, inp, w);  // re-gathered under sequence parallelism
+  const int64_t N = x.size(0), M = N * spec_.top_k, F = local_hidden();
+  const bool sp = sequence_parallel();
+  // dy [N, C]: dout, or every rank's rows of it (the reduce-scatter's backward).
+  const Tensor dy = sp ? w.tokens : dout.reshape(x.shape());
+  if (sp) tp_backward(TpComm::ReduceScatterToSp, *placement_.group, be, s, dy, rows_of(dout));
   // The experts, in reverse: unpermute, down, SwiGLU, gate/up, permute.
   const Tensor dexp = w.a.view_at(0, Shape{M, C_}), dact = w.b.view_at(0, Shape{M, F});
   const Tensor dh = w.a.view_at(0, Shape{M, 2 * F}), dxp = w.b.view_at(0, Shape{M, C_});
   be.moe_unpermute_backward(s, dexp, w.dweight, dy, saved[kExpertOut], saved[kExpertWeight],
                             saved[kRows]);
+  // dout dotted with partial expert outputs: the weights' gradient is whole once summed.
+  if (split()) placement_.group->all_reduce_sum(s, w.dweight);
   // Dropping (rows [M_kept, M) unwritten below): the SwiGLU gradient over all M rows reads
   // zeros there, as forward's zeroed gate/up output.
   if (spec_.capacity_factor > 0.0) be.fill(s, dact, 0.f);
@@ -171,6 +211,7 @@ void MoeMlp::backward(Backend& be, Stream s, std::span<const Tensor> saved, cons
   be.swiglu_backward(s, dh, dact, saved[kHidden]);
   be.grouped_linear_backward(s, dxp, gate_up.trainable_grad(), dh, saved[kPermuted],
                              gate_up.v(), saved[kOffsets]);
+  const Tensor dx = sp ? w.tokens : dinp.reshape(x.shape());  // partial sums over tp when split
   be.moe_permute_backward(s, dx, dxp, saved[kRows]);
   // The router: through the weights, the balancing losses, then its linear.
   be.moe_router_backward(s, w.dlogits, w.dweight, Tensor(), saved[kScores], saved[kExpertIdx],
@@ -178,12 +219,23 @@ void MoeMlp::backward(Backend& be, Stream s, std::span<const Tensor> saved, cons
   if (balance.grad_load || balance.z_grad_scale != 0.f)
     be.moe_balance_backward(s, w.dlogits, saved[kLogits], balance.grad_load, spec_.scoring,
                             balance.aux_grad_scale, balance.z_grad_scale);
-  router_backward(be, s, w.tokens, w.dlogits, x, w);
-  be.add(s, dx, dx, w.tokens);
+  const Tensor drouter = w.a.view_at(0, x.shape());
+  router_backward(be, s, drouter, w.dlogits, x, w);
+  // The router's input gradient is whole on every rank: tp rank 0 adds it to the partials.
+  if (!split() || placement_.group->rank() == 0) be.add(s, dx, dx, drouter);
+  reduce_input_grad(be, s, dinp, dx);
   if (!shared_) return;
-  const Tensor dsh = w.tokens.reshape(inp.shape());
-  shared_->backward(be, s, shared_saved(saved), dsh, dout, inp, w.shared_dfc, w.shared_dact);
+  const Tensor dsh = w.tokens.view_at(0, inp.shape());  // free again, as w.gathered
+  shared_->backward(be, s, shared_saved(saved), dsh, dout, inp, w.shared_dfc, w.shared_dact,
+                    w.gathered);
   be.add(s, dinp, dinp, dsh);
+}
+
+void MoeMlp::reduce_input_grad(Backend& be, Stream s, const Tensor& dinp, const Tensor& dx) const {
+  if (sequence_parallel())
+    tp_backward(TpComm::GatherFromSp, *placement_.group, be, s, rows_of(dinp), dx);
+  else if (split())
+    tp_backward(TpComm::CopyToTp, *placement_.group, be, s, dx, dx);
 }
 
 void MoeMlp::decode(Backend& be, Stream s, const Tensor& out, const Tensor& inp) const {
@@ -192,7 +244,7 @@ void MoeMlp::decode(Backend& be, Stream s, const Tensor& out, const Tensor& inp)
   for (const SavedSpec& sp : saved_specs(B, Tq, inp.dtype()))
     saved.push_back(be.empty(sp.shape, sp.dtype, MemCategory::Temporaries));
   run(be, s, saved, out, inp, make_scratch(be, B, Tq, inp.dtype()), MoeBalancePass{},
-      /*recomputing=*/true, /*capacity=*/0);
+      /*recomputing=*/true, /*dropless=*/true);
 }
 
 void MoeMlp::collect(std::vector<Param*>& out) {

@@ -56,8 +56,23 @@
 // Auxiliary-loss-free balancing (DeepSeek-V3, Wang et al. 2024): with `expert_bias` bound
 // (fp32 [E], the model's state, not a parameter: models/moe_balance.h moves it after each
 // update), the choice takes the k largest scores + bias; the weights stay the scores.
-// No tensor parallelism yet: the layer is whole on every rank (the registry refuses tp,
-// pp and cp for MoE models).
+// Tensor parallel (shard(); Megatron-LM's split of each expert as of a dense Mlp): the
+// block's MLP placements, fc Column and proj Row, split every expert's hidden units over
+// the tp group: rank r holds gate_up [E, 2F/tp, C] (its F/tp rows of the gate piece and
+// of the up piece, split separately as the dense SwiGLU's) and down [E, C, F/tp]; the
+// shared experts' Mlp takes the same placements (nn/mlp.h). The router weight [E, C] is
+// replicated. The router reads the whole input [N, C] on every rank (under sequence
+// parallelism the rank's rows all-gathered, as a column-parallel Linear gathers them), so
+// its fp32 logits, choice, weights, permutation plan and balancing statistics are the
+// same bits on every tp rank, never counted tp times. The experts' outputs are partial
+// sums over tp: the routed output is all-reduced (reduce-scattered to the rank's rows
+// under sequence parallelism) as a row-parallel Linear's, and the shared experts' Mlp
+// reduces its own. Backward: the weights' gradient [N,k] (dout dotted with the partial
+// expert outputs) is all-reduced over tp before the router's backward, so the router's
+// logits' and weight's gradients are the single process's on every rank (a replicated
+// parameter: no tp reduction); the router's input gradient, whole on every rank, is
+// added on tp rank 0 only to the experts' partial one, which the layer then reduces (all
+// reduce, or reduce-scatter to the rank's rows) as a column-parallel Linear's.
 #pragma once
 
 #include "backend/backend.h"
@@ -106,9 +121,10 @@ struct MoeBalancePass {
 /// router's fp32 copies x32 [N,C], w32 and dw32 [E,C] and wtmp [E,C] (model dtype) in a
 /// low-precision model (else empty); dlogits fp32 [N,E]; dweight fp32 [N,k]; two expert
 /// buffers a, b [M, max(C, 2F)] and tokens [N,C] in the model dtype; the shared experts'
-/// dfc [N,2Fs] and dact [N,Fs] (empty without them).
+/// dfc [N,2Fs] and dact [N,Fs] (empty without them); under sequence parallelism gathered
+/// [N,C], the input's rows of every tp rank (else empty). F and Fs are the rank's (/tp).
 struct MoeScratch {
-  Tensor x32, w32, dw32, wtmp, dlogits, dweight, a, b, tokens, shared_dfc, shared_dact;
+  Tensor x32, w32, dw32, wtmp, dlogits, dweight, a, b, tokens, shared_dfc, shared_dact, gathered;
 };
 
 class MoeMlp {
@@ -118,23 +134,35 @@ class MoeMlp {
   MoeMlp(const std::string& prefix, int64_t C, const MoeSpec& spec, float init_std,
          float proj_init_std);
 
-  /// What forward saves, in the order `saved` holds it (see the top of this file).
+  /// Installs the plan's placements (see the top of this file): fc Column and proj Row
+  /// split every expert's hidden units and the shared experts' over their group; both
+  /// Replicated leave the layer whole. Call before the model lays out its parameters.
+  /// Throws kiln::Error naming the parameter for another pair of styles, or unless F (and
+  /// Fs) divide by the group's size.
+  void shard(const MlpPlacement& placement);
+  /// Whether the layer's input and output are the rank's rows (sequence parallel, tp > 1).
+  bool sequence_parallel() const { return placement_.active() && placement_.sequence_parallel; }
+  /// What forward saves, in the order `saved` holds it (see the top of this file); N =
+  /// B*T rows whatever the layout, widths the rank's.
   std::vector<SavedSpec> saved_specs(int64_t B, int64_t T, DType dtype) const;
   size_t num_saved() const {
     return size_t{kNumRouted} + (shared_ ? size_t{Mlp::kNumSaved} : size_t{0});
   }
   MoeScratch make_scratch(Backend& be, int64_t B, int64_t T, DType dtype) const;
-  /// out [B,T,C] (overwritten) from inp [B,T,C], filling `saved`, each expert keeping at most
-  /// moe_capacity(spec().capacity_factor, B*T, k, E) slots. `recomputing`: a re-run for
-  /// backward (full checkpointing), which adds no statistics.
+  /// out [B,T,C] (overwritten) from inp [B,T,C] (each the rank's rows [BT/tp, C] under
+  /// sequence parallelism), filling `saved`, each expert keeping at most
+  /// moe_capacity(spec().capacity_factor, B*T, k, E) slots of the whole micro-batch's B*T
+  /// tokens. `recomputing`: a re-run for backward (full checkpointing), which adds no
+  /// statistics.
   void forward(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& out,
                const Tensor& inp, const MoeScratch& w, const MoeBalancePass& balance,
                bool recomputing) const;
   /// Refills the Cheap saved tensors (permuted tokens, activations) from the others and
-  /// forward's inp.
-  void recompute(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& inp) const;
-  /// dinp [B,T,C] (overwritten) from dout [B,T,C]; parameter gradients accumulate (+=),
-  /// frozen ones skipped.
+  /// forward's inp (gathered into w.gathered under sequence parallelism).
+  void recompute(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& inp,
+                 const MoeScratch& w) const;
+  /// dinp [B,T,C] (overwritten) from dout [B,T,C] (the rank's rows as forward's);
+  /// parameter gradients accumulate (+=), frozen ones skipped.
   void backward(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& dinp,
                 const Tensor& dout, const Tensor& inp, const MoeScratch& w,
                 const MoeBalancePass& balance) const;
@@ -157,14 +185,28 @@ class MoeMlp {
     kLogits, kScores, kExpertIdx, kExpertWeight, kRows, kOffsets, kPermuted, kHidden, kAct,
     kExpertOut, kNumRouted
   };
+  /// The layer's whole input x [N, C]: inp's rows, all-gathered into w.gathered under
+  /// sequence parallelism.
+  Tensor whole_input(Backend& be, Stream s, const Tensor& inp, const MoeScratch& w) const;
+  /// The routed output y [N, C], partial sums over tp when split, into out: all-reduced
+  /// in place (y is out), or reduce-scattered to the rank's rows under sequence
+  /// parallelism; nothing when whole.
+  void reduce_output(Backend& be, Stream s, const Tensor& out, const Tensor& y) const;
+  /// The experts' and router's input gradient dx [N, C] (partial sums over tp when split)
+  /// into dinp: all-reduced in place (dx is dinp), or reduce-scattered to the rank's rows.
+  void reduce_input_grad(Backend& be, Stream s, const Tensor& dinp, const Tensor& dx) const;
+  /// t as rows of C channels.
+  Tensor rows_of(const Tensor& t) const { return t.reshape(Shape{t.numel() / C_, C_}); }
+  /// Whether the experts are split over tp (their outputs partial sums).
+  bool split() const { return placement_.active(); }
   /// logits (fp32, in fp32 whatever the dtype), the choice, weights and the permutation plan
   /// (capacity 0: dropless).
   void route(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& x,
              const MoeScratch& w, int64_t capacity) const;
-  /// forward at a given capacity (0: dropless).
+  /// forward, with the capacity of spec().capacity_factor or `dropless`.
   void run(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& out,
            const Tensor& inp, const MoeScratch& w, const MoeBalancePass& balance,
-           bool recomputing, int64_t capacity) const;
+           bool recomputing, bool dropless) const;
   /// The router linear's backward: dx [N,C] (overwritten) and the weight's gradient.
   void router_backward(Backend& be, Stream s, const Tensor& dx, const Tensor& dlogits,
                        const Tensor& x, const MoeScratch& w) const;
@@ -173,9 +215,13 @@ class MoeMlp {
     return saved.subspan(kNumRouted, Mlp::kNumSaved);
   }
 
+  /// Each expert's hidden units on this rank: F, or F/tp when split.
+  int64_t local_hidden() const { return down.local_shape()[2]; }
+
   std::string prefix_;
   MoeSpec spec_;
   int64_t C_;
+  TpPlacement placement_;  // the experts' gate_up (Column) placement: the group, SP
   std::optional<Mlp> shared_;
 };
 

@@ -312,11 +312,11 @@ std::vector<Layout> search_layouts(const TrainConfig& config, const MemPlanOptio
   o.upper_bound = false;
   o.compare_routing = false;
   const ModelArch arch = model_arch(base.model.arch);
-  // A model that runs on one layout only (e.g. a llama with mixture-of-experts blocks)
-  // searches data parallel and ZeRO alone.
+  // A model that runs at pp = cp = 1 only (e.g. a llama with mixture-of-experts blocks)
+  // searches data and tensor parallel and ZeRO alone.
   const bool single = arch.single_layout_reason &&
                       !arch.single_layout_reason(model_options_from(base)).empty();
-  const bool tp_ok = arch.tensor_parallel && !single;
+  const bool tp_ok = arch.tensor_parallel;
   // Ring attention has no dropout.
   const bool cp_ok = arch.context_parallel && base.model.dropout == 0.0 && !single;
   const int pp = base.parallel.pp;  // as configured: the search covers cp and tp, not pp

@@ -18,6 +18,7 @@
 
 #include <cmath>
 #include <random>
+#include <tuple>
 #include <vector>
 
 namespace kiln {
@@ -349,11 +350,23 @@ TEST(TpCrossEntropy, VocabSequenceParallel) { check_cross_entropy(true); }
 
 // A whole transformer block, unsharded and split over tp (with and without sequence
 // parallelism, with and without re-running forward in backward), GPT-2's and Llama's
-// shapes. Every parameter gradient is compared by global element, partial ones (the
-// norms' under SP) after their one reduction over tp.
+// shapes, Llama's also with a mixture of experts (4 experts, top-2, shared experts; the
+// balancing statistics and their gradients on; selective recomputation). Every parameter
+// gradient is compared by global element, partial ones (the norms' under SP) after their
+// one reduction over tp; the balancing statistics are the single process's (not tp times).
 struct BlockCase {
   bool llama, sp, rerun;
   float resid_dropout, probs_dropout = 0.f;
+  bool moe = false, recompute_cheap = false;
+};
+
+// A MoE block's balancing buffers (nn::MoeBalancePass): statistics zeroed, the aux and z
+// gradients on.
+struct Balance {
+  Tensor load, prob, z, grad_load;
+  nn::MoeBalancePass pass() const {
+    return {load, prob, z, 0.25f, 0.125f, grad_load, 0.1f, 0.01f};
+  }
 };
 
 void check_block(const BlockCase& c) {
@@ -368,14 +381,16 @@ void check_block(const BlockCase& c) {
     spec.attention.n_head = 8, spec.attention.n_kv_head = 4, spec.attention.head_dim = 4;
     spec.attention.rotary = true;
     spec.mlp = nn::MlpKind::SwiGLU, spec.mlp_hidden = 24, spec.bias = false;
+    if (c.moe) spec.moe = nn::MoeSpec{.num_experts = 4, .top_k = 2, .expert_hidden = 8, .shared_hidden = 8};
   } else {
     spec.n_embd = 16;
     spec.attention.n_head = 4, spec.attention.n_kv_head = 4, spec.attention.head_dim = 4;
     spec.mlp_hidden = 32;
   }
   const int64_t C = spec.n_embd;
-  SCOPED_TRACE(fmt::format("{} sp={} rerun={} dropout={}/{} tp={}", c.llama ? "llama" : "gpt2", c.sp,
-                           c.rerun, c.resid_dropout, c.probs_dropout, n));
+  SCOPED_TRACE(fmt::format("{}{} sp={} rerun={} cheap={} dropout={}/{} tp={}",
+                           c.llama ? "llama" : "gpt2", c.moe ? " moe" : "", c.sp, c.rerun,
+                           c.recompute_cheap, c.resid_dropout, c.probs_dropout, n));
   const auto x = randn(N * C, 31), dy = randn(N * C, 32);
   // Masks by global element: the split heads and rows must draw the single process's.
   const DropoutSpec drop_p{c.probs_dropout, 5, 1}, drop_a{c.resid_dropout, 5, 2},
@@ -385,9 +400,14 @@ void check_block(const BlockCase& c) {
     std::vector<nn::Param*> params;
     std::vector<Tensor> saved;
     nn::BlockScratch scratch;
+    Balance balance;
   };
+  const int64_t E = spec.moe.num_experts;
   auto make = [&](bool shard) {
-    auto run = std::make_unique<Run>(Run{nn::TransformerBlock("h.0.", spec), {}, {}, {}});
+    auto run = std::make_unique<Run>(Run{nn::TransformerBlock("h.0.", spec), {}, {}, {}, {}});
+    if (c.moe)
+      run->balance = {f.zeros(Shape{E}), f.zeros(Shape{E}), f.zeros(Shape{1}),
+                      f.upload(randn(static_cast<size_t>(E), 33), Shape{E})};
     if (shard) run->block.shard(block_placement(kDecoderParallelTables.tp.value(), g, c.sp));
     run->block.collect(run->params);
     for (size_t i = 0; i < run->params.size(); ++i) {
@@ -396,13 +416,15 @@ void check_block(const BlockCase& c) {
       p->value = f.upload(pick(global, p->tp.global_indices(p->shape)), p->local_shape());
       p->grad = f.zeros(p->local_shape());
     }
-    for (const auto& sp : run->block.saved_specs(B, T, DType::F32)) run->saved.push_back(f.zeros(sp.shape));
+    for (const auto& sp : run->block.saved_specs(B, T, DType::F32))  // a MoE's: int32 too
+      run->saved.push_back(f.be->empty(sp.shape, sp.dtype, MemCategory::Activations));
     run->scratch = run->block.make_scratch(*f.be, B, T, DType::F32);
     return run;
   };
   auto pass = [&](Run& run) {
     return nn::BlockPass{*f.be, f.s, run.saved, run.scratch, drop_p, drop_a, drop_m,
-                         c.rerun, false, Tensor()};
+                         c.rerun, c.recompute_cheap, Tensor(),
+                         c.moe ? run.balance.pass() : nn::MoeBalancePass{}};
   };
   auto full = make(false);
   Tensor xf = f.upload(x, Shape{B, T, C}), yf = f.zeros(Shape{B, T, C});
@@ -416,6 +438,11 @@ void check_block(const BlockCase& c) {
   Tensor xl = f.upload(my_rows(x, N, C, split, n, r), local), yl = f.zeros(local);
   part->block.forward(pass(*part), xl, yl);
   expect_close(f.down(yl), my_rows(f.down(yf), N, C, split, n, r), "block forward");
+  if (c.moe) {  // every rank routes the whole micro-batch: the single process's statistics
+    expect_close(f.down(part->balance.load), f.down(full->balance.load), "expert load");
+    expect_close(f.down(part->balance.prob), f.down(full->balance.prob), "balancing probabilities");
+    expect_close(f.down(part->balance.z), f.down(full->balance.z), "z statistic");
+  }
   Tensor dl = f.upload(my_rows(dy, N, C, split, n, r), local);
   part->block.backward(pass(*part), dl, xl, yl);
   expect_close(f.down(dl), my_rows(f.down(dres), N, C, split, n, r), "block dx");
@@ -440,6 +467,13 @@ TEST(TpBlock, LlamaGqaSequenceParallelAllDropout) { check_block({true, true, fal
 TEST(TpBlock, LlamaGqa) { check_block({true, false, false, 0.f}); }
 TEST(TpBlock, LlamaGqaSequenceParallel) { check_block({true, true, false, 0.f}); }
 TEST(TpBlock, LlamaGqaSequenceParallelRerun) { check_block({true, true, true, 0.f}); }
+TEST(TpBlock, LlamaMoe) { check_block({true, false, false, 0.f, 0.f, true}); }
+TEST(TpBlock, LlamaMoeSequenceParallel) { check_block({true, true, false, 0.f, 0.f, true}); }
+TEST(TpBlock, LlamaMoeSequenceParallelRerun) { check_block({true, true, true, 0.f, 0.f, true}); }
+TEST(TpBlock, LlamaMoeSequenceParallelSelective) {
+  check_block({true, true, false, 0.2f, 0.f, true, true});
+}
+TEST(TpBlock, LlamaMoeSelective) { check_block({true, false, false, 0.f, 0.f, true, true}); }
 
 TEST(TpBlock, IndivisibleHeadsAreAnError) {
   CommTpGroup g(testing::world());
@@ -453,6 +487,26 @@ TEST(TpBlock, IndivisibleHeadsAreAnError) {
     FAIL() << "3 heads split over " << g.size();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("h.0.attn.c_attn.weight: 3 query heads"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TpBlock, IndivisibleExpertsAreAnError) {
+  CommTpGroup g(testing::world());
+  if (g.size() == 1) GTEST_SKIP() << "nothing is split on one rank";
+  nn::BlockSpec spec;
+  spec.n_embd = 16, spec.mlp = nn::MlpKind::SwiGLU, spec.bias = false;
+  spec.attention.n_head = 4, spec.attention.n_kv_head = 4, spec.attention.head_dim = 4;
+  for (const auto& [F, Fs, what] :
+       {std::tuple{3 * g.size() + 1, 0, "h.0.mlp.experts.gate_up_proj.weight: each expert's"},
+        std::tuple{4 * g.size(), 3, "h.0.mlp.shared_experts.gate_up_proj.weight: dimension 0"}}) {
+    spec.moe = nn::MoeSpec{.num_experts = 2, .top_k = 1, .expert_hidden = F, .shared_hidden = Fs};
+    nn::TransformerBlock b("h.0.", spec);
+    try {
+      b.shard(block_placement(kDecoderParallelTables.tp.value(), g, false));
+      FAIL() << "F = " << F << ", Fs = " << Fs << " split over " << g.size();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
   }
 }
 

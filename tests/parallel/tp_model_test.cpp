@@ -1,4 +1,5 @@
-// GPT-2 split by the tensor-parallel plan against the single process, on every rank of
+// GPT-2 and Llama (also with a mixture of experts: its balancing losses and expert loads
+// too) split by the tensor-parallel plan against the single process, on every rank of
 // the job (mpirun with 2 and 4 ranks; alone, a world of one where the plan does nothing):
 // the same initial values by global element, the same loss sum, and every parameter
 // gradient by global element (fp32, 1e-5), the partial ones (norms under sequence
@@ -43,18 +44,25 @@ Tensor upload_i32(const std::vector<int32_t>& v, const Shape& s) {
 // Llama with grouped-query attention (8 query heads over 4 key/value heads: n_kv_head =
 // tp on 4 ranks), tied or untied head; or with Qwen3's attention: heads of 6 (NH HD = 48
 // over C = 32) and QK-norm, whose gains' gradients are partial sums over tp.
-LlamaConfig tiny_llama(bool tied, bool qk_norm = false) {
+// Or with a mixture of experts in block 1 (4 experts of width 8, top-2, a shared expert,
+// the auxiliary and z losses on).
+LlamaConfig tiny_llama(bool tied, bool qk_norm = false, bool moe = false) {
   LlamaConfig c;
   c.n_layer = 2, c.n_head = 8, c.n_kv_head = 4, c.n_embd = 32, c.ffn_hidden_size = 24;
   c.vocab_size = 61, c.padded_vocab_size = 64, c.block_size = 16, c.tie_embeddings = tied;
   if (qk_norm) c.explicit_head_dim = 6, c.qk_norm = true;
+  if (moe) {
+    c.moe.num_experts = 4, c.moe.top_k = 2, c.moe.ffn_hidden_size = 8, c.moe.shared_experts = 1;
+    c.moe.first_k_dense = 1, c.moe.aux_loss_coef = 0.01, c.moe.z_loss_coef = 0.001;
+  }
   return c;
 }
 
 struct Case {
   bool sp;
   nn::ActivationCheckpointing ckpt;
-  int arch = 0;  // 0 GPT-2, 1 Llama untied, 2 Llama tied, 3 Llama with QK-norm and head_dim
+  int arch = 0;  // 0 GPT-2, 1 Llama untied, 2 Llama tied, 3 Llama with QK-norm and head_dim,
+                 // 4 Llama with a mixture of experts
   float dropout = 0.f;  // GPT-2's, at every site
 };
 
@@ -64,7 +72,7 @@ std::unique_ptr<Model> build(const Case& k, Backend& be, const ModelStorage& st)
     c.dropout = k.dropout;
     return std::make_unique<GPT2>(c, be, st);
   }
-  return std::make_unique<Llama>(tiny_llama(k.arch == 2, k.arch == 3), be, st);
+  return std::make_unique<Llama>(tiny_llama(k.arch == 2, k.arch == 3, k.arch == 4), be, st);
 }
 
 void check(const Case& k) {
@@ -90,6 +98,7 @@ void check(const Case& k) {
     m->init_weights(11);
     m->set_activation_checkpointing(k.ckpt);
     m->set_dropout(k.dropout > 0.f, 9, 3);
+    m->set_aux_loss_scale(1.f / 15.f);
   }
   EXPECT_LT(part.flat_size(), g.size() > 1 ? full.flat_size() : full.flat_size() + 1);
   const LossSum want = full.forward(batch, 1.f / 15.f);
@@ -98,6 +107,12 @@ void check(const Case& k) {
   part.backward();
   EXPECT_EQ(got.targets, want.targets);
   EXPECT_NEAR(got.sum, want.sum, 1e-5 * std::fabs(want.sum));
+  if (k.arch == 4) {  // the balancing losses and loads: the single process's, not tp times
+    const MoeStats ws = full.take_moe_stats().value(), gs = part.take_moe_stats().value();
+    EXPECT_NEAR(gs.aux_loss, ws.aux_loss, 1e-5 * ws.aux_loss);
+    EXPECT_NEAR(gs.z_loss, ws.z_loss, 1e-5 * ws.z_loss);
+    EXPECT_EQ(gs.tokens_per_expert, ws.tokens_per_expert);
+  }
   // The update's view: partial sums reduced once, the norm counting every element once.
   reduce_partial_grads(part, testing::world());
   const double want_sq = read_sum_squares(be, full.grad_buffer());
@@ -133,6 +148,11 @@ TEST(TpModel, Gpt2SequenceParallelDropoutFull) { check({true, nn::ActivationChec
 TEST(TpModel, LlamaGqa) { check({false, nn::ActivationCheckpointing::None, 1}); }
 TEST(TpModel, LlamaGqaSequenceParallel) { check({true, nn::ActivationCheckpointing::None, 1}); }
 TEST(TpModel, LlamaTiedSequenceParallelFull) { check({true, nn::ActivationCheckpointing::Full, 2}); }
+TEST(TpModel, LlamaMoe) { check({false, nn::ActivationCheckpointing::None, 4}); }
+TEST(TpModel, LlamaMoeSequenceParallelFull) { check({true, nn::ActivationCheckpointing::Full, 4}); }
+TEST(TpModel, LlamaMoeSequenceParallelSelective) {
+  check({true, nn::ActivationCheckpointing::Selective, 4});
+}
 TEST(TpModel, LlamaQkNormHeadDim) { check({false, nn::ActivationCheckpointing::None, 3}); }
 TEST(TpModel, LlamaQkNormHeadDimSequenceParallelSelective) {
   check({true, nn::ActivationCheckpointing::Selective, 3});
