@@ -295,13 +295,15 @@ std::vector<Layout> search_layouts(const TrainConfig& config, const MemPlanOptio
   o.ranks = {0};  // rank 0 holds the most: later ranks' slices only lose padding
   o.upper_bound = false;
   const ModelArch arch = model_arch(base.model.arch);
-  // A model that runs on one layout only (e.g. a llama with mixture-of-experts blocks)
-  // searches data parallel and ZeRO alone.
-  const bool single = arch.single_layout_reason &&
-                      !arch.single_layout_reason(model_options_from(base)).empty();
-  const bool tp_ok = arch.tensor_parallel && !single;
+  // An axis the model does not run on (ModelArch::single_layout_reason, e.g. tp for a
+  // llama with mixture-of-experts blocks) stays at 1.
+  auto refused = [&](std::string_view axis) {
+    return arch.single_layout_reason &&
+           !arch.single_layout_reason(model_options_from(base), axis).empty();
+  };
+  const bool tp_ok = arch.tensor_parallel && !refused("tp");
   // Ring attention has no dropout.
-  const bool cp_ok = arch.context_parallel && base.model.dropout == 0.0 && !single;
+  const bool cp_ok = arch.context_parallel && base.model.dropout == 0.0 && !refused("cp");
   const int pp = base.parallel.pp;  // as configured: the search covers cp and tp, not pp
   for (int cp = 1; cp <= (cp_ok ? W : 1); cp *= 2)
   for (int tp = 1; tp * cp <= (tp_ok ? W : 1); tp *= 2) {
