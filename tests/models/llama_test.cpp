@@ -484,13 +484,23 @@ aux_loss_coef = 0.01
             "([]) leave no MoE block among the model.n_layer = 3 blocks");
   EXPECT_EQ(err([](ModelOptions& o) { o.family_lists["moe.dense_layers"] = {1, 3}; }),
             "model.moe.dense_layers holds 3: not a block index in [0, model.n_layer = 3)");
-  // tp, pp and cp refused when the config loads, naming where the key was set.
+  // tp, and pp with the hf aux loss (it couples every layer), refused when the config
+  // loads, naming where the key was set; pp and cp otherwise taken.
   EXPECT_NE(error_of([] {
               load_config_string("[parallel]\npp = 2\n",
-                                 {"model.arch=llama", "model.moe.num_experts=4"},
+                                 {"model.arch=llama", "model.moe.num_experts=4",
+                                  "model.moe.aux_loss_type=hf", "model.moe.aux_loss_coef=0.01"},
                                  "moe.toml");
-            }).find("moe.toml: parallel.pp = 2: a llama with mixture-of-experts blocks"),
+            }).find("moe.toml: parallel.pp = 2: a llama whose auxiliary loss couples every "
+                    "mixture-of-experts layer (model.moe.aux_loss_type = \"hf\", "
+                    "model.moe.aux_loss_coef > 0) runs with parallel.pp = 1 only"),
             std::string::npos);
+  for (const char* layout : {"parallel.pp=2", "parallel.cp=2"})
+    EXPECT_NO_THROW(load_config_string("", {"model.arch=llama", "model.moe.num_experts=4",
+                                            "model.moe.aux_loss_coef=0.01", layout}));
+  EXPECT_NO_THROW(load_config_string("", {"model.arch=llama", "model.moe.num_experts=4",
+                                          "model.moe.aux_loss_type=hf", "parallel.pp=2"}))
+      << "the hf form without an aux loss couples nothing";
   EXPECT_NE(error_of([] {
               load_config_string("", {"model.arch=llama", "model.moe.num_experts=4",
                                       "parallel.tp=2"});

@@ -18,7 +18,7 @@
 #      balancing keys (a note names them) but not moe.top_k; an init_from of a checkpoint
 #      without a bias starts it at zero (a note);
 #   4. bad MoE keys and a layout part 1 does not support are one-line errors naming the
-#      key; `kiln memplan`'s layout search lists data-parallel layouts only.
+#      key; `kiln memplan`'s layout search lists the layouts a MoE model runs on.
 # Usage: moe_train_test.sh KILN_BINARY WORK_DIR [--long]
 set -euo pipefail
 kiln="$1"
@@ -218,11 +218,11 @@ for r in recs:
 print(f"bf16: 4 steps, last loss {recs[-1]['loss']:.4f}, tokens per expert {recs[-1]['moe_tokens_per_expert']}")
 PY
 
-# kiln memplan's layout search keeps to the layouts a MoE model runs on (dp and ZeRO).
+# kiln memplan's layout search keeps to the layouts a MoE model runs on (dp, ZeRO, cp).
 "$kiln" memplan "$work/tiny.toml" --world-size 2 --device-memory 1 > "$work/memplan.log" 2>&1 ||
   { echo "FAILED: memplan"; cat "$work/memplan.log"; exit 1; }
 grep -q "layouts that fit" "$work/memplan.log" || { echo "FAILED: memplan table"; cat "$work/memplan.log"; exit 1; }
-echo "memplan: $(grep -c '^ *1 *1 ' "$work/memplan.log") layouts at cp = tp = 1"
+echo "memplan: $(grep -c '^ *1 *1 ' "$work/memplan.log") layouts at cp = tp = 1, $(grep -c '^ *2 *1 ' "$work/memplan.log") at cp = 2"
 
 fails top_k "model.moe.top_k" "$kiln" train "$work/tiny.toml" --set "run.dir=$work/bad" --set model.moe.top_k=5
 fails tp2 "parallel.tp" mpirun --oversubscribe -np 2 "$kiln" train "$work/tiny.toml" \
