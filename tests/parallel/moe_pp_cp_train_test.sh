@@ -10,9 +10,9 @@
 #   2. the pp = 2 run's step-5 checkpoint resumes on 1 process with the same losses;
 #   with --long (ctest label long) also:
 #   3. pp = 2 at the balanced split with ZeRO 2, the interleaved schedule (2 virtual
-#      stages), dp 2 x pp 2 and cp 2 x pp 2 (4 ranks); cp = 2 with the "hf" aux loss and
-#      with aux_loss_scope "global" (over dp x cp = the micro-batch here: the single
-#      process's micro_batch figures);
+#      stages), gpipe, dp 2 x pp 2 and cp 2 x pp 2 (4 ranks); cp = 2 with the "hf" aux
+#      loss and with aux_loss_scope "global" (over dp x cp = the micro-batch here: the
+#      single process's micro_batch figures); the global scope at dp 2 x pp 2 against dp 2;
 #   4. the auxiliary-loss-free bias (moe.expert_bias) under pp = 2 and cp = 2: the same
 #      losses, tokens per expert and bias range every step, the same checkpointed biases
 #      (each stage writes its layers'), and a pp = 2 checkpoint resumed on 1 process;
@@ -115,8 +115,14 @@ check ref pp2_z2 "pp=2 balanced split, zero_stage=2"
 train pp2_interleaved 2 --set parallel.pp=2 --set parallel.virtual_stages=2 \
   --set parallel.pp_schedule=interleaved
 check ref pp2_interleaved "pp=2 interleaved, virtual_stages=2"
+train pp2_gpipe 2 "${each_stage[@]}" --set parallel.pp_schedule=gpipe
+check ref pp2_gpipe "pp=2 gpipe (every micro-batch in flight)"
 train dp2_pp2 4 "${each_stage[@]}" --set parallel.zero_stage=1
 check ref dp2_pp2 "dp=2 x pp=2, zero_stage=1"
+# The global scope over dp = 2: each stage's layers balance over its dp group.
+train global_dp2 2 --set model.moe.aux_loss_scope=global
+train global_dp2_pp2 4 "${each_stage[@]}" --set model.moe.aux_loss_scope=global
+check global_dp2 global_dp2_pp2 "aux_loss_scope global, dp=2 x pp=2 against dp=2"
 train cp2_pp2 4 "${each_stage[@]}" --set parallel.cp=2 --set train.activation_checkpointing=selective
 check ref cp2_pp2 "cp=2 x pp=2, activation_checkpointing=selective"
 train cp2_global 2 --set parallel.cp=2 --set model.moe.aux_loss_scope=global
