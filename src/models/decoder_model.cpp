@@ -57,7 +57,8 @@ void DecoderModel::set_layers(const DecoderLayers& layers) {
     moe_index_.push_back(b.moe() ? static_cast<int>(moe.size()) : -1);
     if (!b.moe()) continue;
     moe.push_back(b.moe());
-    held.push_back(parts.empty() || std::count(parts.begin(), parts.end(), static_cast<int>(l) + 1));
+    const int part = static_cast<int>(l) + 1;
+    held.push_back(parts.empty() || std::count(parts.begin(), parts.end(), part) > 0);
   }
   balance_.reset();
   if (!moe.empty()) balance_ = std::make_unique<MoeBalance>(backend(), layers.balance, moe, held);
