@@ -134,6 +134,7 @@ struct RunSection {
 struct LogSection {
   int64_t every = 1;
   double peak_tflops = 0.0;  // for MFU; 0 = measure at start-up
+  bool expert_counts = false;  // MoE: every expert's tokens per logged update in metrics
   bool operator==(const LogSection&) const = default;
 };
 

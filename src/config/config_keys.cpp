@@ -147,6 +147,10 @@ const std::vector<Key>& keys() {
         any(KILN_KEY(run, dir), "Run directory: logs, resolved config, checkpoints."),
         positive(KILN_KEY(log, every), "Print a progress line every this many updates."),
         nonneg(KILN_KEY(log, peak_tflops), "Peak TFLOP/s used for MFU; 0 = measure at start-up."),
+        any(KILN_KEY(log, expert_counts),
+            "Mixture of experts: write every MoE layer's tokens per expert of each logged "
+            "update to metrics.jsonl (\"moe_expert_counts\", [MoE layer][expert], summed over "
+            "the global batch), e.g. to compare the routing of two layouts."),
         nonneg(KILN_KEY(parallel, dp), "Data-parallel ranks; 0 = derive (world size / (cp * tp * pp))."),
         positive(KILN_KEY(parallel, cp),
                  "Context-parallel ranks (between dp and tp on the mesh): each sequence is cut "

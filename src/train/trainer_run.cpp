@@ -170,6 +170,7 @@ void Trainer::log_update(const StepMetrics& m, MetricsLog* metrics, double comm_
                         step_ == stop_at);
   if (!log_now && !m.evaluated) return;
   nlohmann::json rec = step_record(m);
+  if (config_.log.expert_counts && m.moe) rec["moe_expert_counts"] = m.moe->tokens_per_expert;
   // Memory by category: this rank's keys, and every rank's in mem_by_rank.
   add_memory_record(rec, memory_by_rank() /* collective */, world_->rank(), comm_wait_s);
   if (metrics) metrics->write(rec);

@@ -20,6 +20,16 @@
 #                          same names, ||b - a|| / ||a|| over all of them together within
 #                          bound (default 1e-5; per tensor, one whose gradient is rounding
 #                          noise, such as attention's key bias, drifts further under AdamW)
+#   compare_moe A B [bound [min_steps]]
+#                          a mixture-of-experts run B against A, both trained with
+#                          --set log.expert_counts=true: the steps before the first whose
+#                          tokens per expert differ (an expert-selection flip: a router
+#                          logit that rounding moved across a tie changes the choice, and
+#                          every loss after it) must match within bound (default 1e-5)
+#                          relative in loss, val_loss, moe_aux_loss and moe_z_loss, a
+#                          mismatch there is a failure; a flip is logged (step, layer,
+#                          expert, counts) and ends the comparison, which fails when fewer
+#                          than min_steps (default 3) steps came before it
 py=/usr/bin/python3
 # OMP_WAIT_POLICY=passive is kiln's own default (apps/kiln/main.cpp): set here, each kiln
 # process starts once instead of setting it and starting itself again (every start loads
@@ -185,4 +195,44 @@ fails() {  # fails NAME EXPECTED_TEXT command...: non-zero exit, a line naming t
   if "$@" > "$work/$name.log" 2>&1; then echo "FAILED: $name succeeded"; cat "$work/$name.log"; exit 1; fi
   grep -q -- "$want" "$work/$name.log" || { echo "FAILED: $name: no '$want' in"; cat "$work/$name.log"; exit 1; }
   echo "$name: $(grep -m1 -- "$want" "$work/$name.log")"
+}
+
+compare_moe() {
+  "$py" - "$1" "$2" "${3:-1e-5}" "${4:-3}" <<'PY'
+import json, sys
+def load(p):
+    return {r["step"]: r for r in map(json.loads, open(p)) if "loss" in r}
+a, b = load(sys.argv[1]), load(sys.argv[2])
+bound, min_steps = float(sys.argv[3]), int(sys.argv[4])
+assert sorted(a) == sorted(b) and a, f"steps differ: {sorted(a)} vs {sorted(b)}"
+def flip(s):  # the first (layer, expert, a count, b count) that differs at step s, or None
+    ca, cb = a[s].get("moe_expert_counts"), b[s].get("moe_expert_counts")
+    assert ca is not None and cb is not None, f"step {s}: no moe_expert_counts (log.expert_counts)"
+    for l, (la, lb) in enumerate(zip(ca, cb)):
+        for e, (x, y) in enumerate(zip(la, lb)):
+            if x != y:
+                return l, e, x, y
+    return None
+worst, matched = 0.0, 0
+for s in sorted(a):
+    f = flip(s)
+    if f:
+        print(f"step {s}: expert-selection flip (MoE layer {f[0]} expert {f[1]}: {f[2]:g} vs "
+              f"{f[3]:g} slots); the comparison stops here")
+        if matched < min_steps:
+            sys.exit(f"the flip came after {matched} matching step(s), fewer than {min_steps}: "
+                     "the test compares too little (change the model or the data)")
+        break
+    for key in ("loss", "val_loss", "moe_aux_loss", "moe_z_loss"):
+        if key not in a[s] and key not in b[s]:
+            continue
+        x, y = a[s][key], b[s][key]
+        rel = abs(x - y) / abs(x) if x else abs(y)
+        worst = max(worst, rel)
+        if rel > bound:
+            sys.exit(f"step {s} {key}: {y} vs {x} (relative {rel:.2e} > {bound}) with the same "
+                     "expert choices so far: a mismatch without a flip")
+    matched += 1
+print(f"{matched} step(s) match, worst relative difference {worst:.2e}")
+PY
 }

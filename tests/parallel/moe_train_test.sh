@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # A mixture-of-experts Llama (issue 38, part 1) through `kiln train`, every data-parallel
 # layout against the single process:
+#   0. compare_moe (common.sh), which compares the runs below, fails a loss mismatch without
+#      an expert-selection flip and logs a flip;
 #   1. a tiny MoE decoder (3 blocks, the first dense; 4 experts, top-2, one shared expert;
 #      aux loss and z-loss on), 10 updates of global batch 4 in micro-batches of 1: its
 #      per-step LM losses (and the aux and z losses, compared as losses) on 2 ranks at
@@ -64,6 +66,7 @@ batches = 1
 [log]
 every = 1
 peak_tflops = 1.0
+expert_counts = true
 [checkpoint]
 every = 0
 [parallel]
@@ -73,28 +76,40 @@ EOF2
 
 train() { run_train "$work/tiny.toml" "$@"; }  # train RUN_NAME NP [--set ...]
 
-# The LM loss (compare), then the balancing losses of every step as losses.
+# The LM loss and the balancing losses, up to the first expert-selection flip (common.sh).
 check() {  # check REF RUN LABEL
   echo -n "$3: "
-  compare "$work/$1/metrics.jsonl" "$work/$2/metrics.jsonl"
-  for key in moe_aux_loss moe_z_loss; do
-    echo -n "$3 $key: "
-    extract "$work/$1/metrics.jsonl" "$key" > "$work/$1.$key.jsonl"
-    extract "$work/$2/metrics.jsonl" "$key" > "$work/$2.$key.jsonl"
-    compare "$work/$1.$key.jsonl" "$work/$2.$key.jsonl"
-  done
+  compare_moe "$work/$1/metrics.jsonl" "$work/$2/metrics.jsonl"
 }
-extract() {  # extract METRICS KEY: the KEY of every step record, as its "loss"
-  "$py" - "$1" "$2" <<'PY'
+train ref 1 --set parallel.zero_stage=0
+
+# compare_moe itself: a loss that moves with the choices unchanged fails; one after a flip
+# (step 5's counts differ) is logged and passes; a flip before 3 matching steps fails.
+doctor() {  # doctor OUT FLIP_STEP LOSS_STEP: ref's metrics, a count and a loss changed
+  "$py" - "$work/ref/metrics.jsonl" "$work/$1.jsonl" "$2" "$3" <<'PY'
 import json, sys
-for r in map(json.loads, open(sys.argv[1])):
-    if "loss" in r:
-        assert sys.argv[2] in r, f"step {r['step']}: no {sys.argv[2]} in {sorted(r)}"
-        print(json.dumps({"step": r["step"], "loss": r[sys.argv[2]]}))
+src, out, flip, bump = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+with open(out, "w") as f:
+    for r in map(json.loads, open(src)):
+        if r.get("step") == flip and "loss" in r:
+            r["moe_expert_counts"][0][0] += 1
+            r["moe_expert_counts"][0][1] -= 1
+        if r.get("step") == bump and "loss" in r:
+            r["loss"] *= 1 + 1e-4
+        f.write(json.dumps(r) + "\n")
 PY
 }
+doctor no_flip 0 2
+fails compare_moe_no_flip "a mismatch without a flip" \
+  compare_moe "$work/ref/metrics.jsonl" "$work/no_flip.jsonl"
+doctor late_flip 5 6
+echo -n "compare_moe_late_flip: "
+compare_moe "$work/ref/metrics.jsonl" "$work/late_flip.jsonl" | tr '\n' ' '
+echo
+doctor early_flip 2 3
+fails compare_moe_early_flip "fewer than 3" \
+  compare_moe "$work/ref/metrics.jsonl" "$work/early_flip.jsonl"
 
-train ref 1 --set parallel.zero_stage=0
 train np2_z1 2 --set parallel.zero_stage=1
 check ref np2_z1 "np=2 zero_stage=1"
 train np2_z3_full 2 --set parallel.zero_stage=3 --set train.activation_checkpointing=full
