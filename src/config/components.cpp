@@ -40,13 +40,14 @@ void check_layout_supported(const TrainConfig& config,
         "takes no tensor-parallel plan");
   check(arch.context_parallel, "cp", p.cp, &ModelArch::context_parallel,
         "takes no context-parallel plan");
-  const std::string why =
-      arch.single_layout_reason ? arch.single_layout_reason(model_options_from(config)) : "";
+  if (!arch.single_layout_reason) return;
+  const ModelOptions options = model_options_from(config);
   using KeyValue = std::pair<const char*, int>;
-  for (const auto& [key, value] : {KeyValue{"pp", p.pp}, KeyValue{"cp", p.cp}})
-    KILN_CHECK(why.empty() || value == 1, "{}: parallel.{} = {}: {} runs with parallel.pp "
-               "and cp = 1 only, for now", origin(fmt::format("parallel.{}", key)), key, value,
-               why);
+  for (const auto& [key, value] : {KeyValue{"pp", p.pp}, KeyValue{"tp", p.tp}, KeyValue{"cp", p.cp}}) {
+    const std::string why = value == 1 ? "" : arch.single_layout_reason(options, key);
+    KILN_CHECK(why.empty(), "{}: parallel.{} = {}: {} runs with parallel.{} = 1 only, for now",
+               origin(fmt::format("parallel.{}", key)), key, value, why, key);
+  }
 }
 
 AdamWConfig adamw_config_from(const TrainConfig& config) {

@@ -17,8 +17,8 @@ ModelOptions model_options_from(const TrainConfig& config);
 
 /// The layout's axes the model's registry entry supports (ModelArch::stages for
 /// parallel.pp > 1, tensor_parallel for parallel.tp > 1, context_parallel for parallel.cp >
-/// 1; pp and cp not beyond 1 where ModelArch::single_layout_reason gives a reason), checked from the
-/// config alone, before any rank connects or data and weights are read. Throws kiln::Error
+/// 1, none beyond 1 where ModelArch::single_layout_reason gives a reason for that axis),
+/// checked from the config alone, before any rank connects or data and weights are read. Throws kiln::Error
 /// naming where the key was set (`where("parallel.tp")`: the file, or "--set"; without
 /// `where`, config.source), the key and the architectures that support it. Loading a
 /// config checks it; a trainer checks again for configs built in code.

@@ -7,6 +7,8 @@
 #include "nn/norm.h"
 #include "nn/tensor_parallel.h"
 
+#include <algorithm>
+
 namespace kiln {
 
 // Backward scratch shared by every slot, for one (B, T).
@@ -32,6 +34,7 @@ struct DecoderModel::Slot {
   bool have_grad = false;
   bool balanced = false;           // a training forward of MoE blocks: their balancing
                                    // losses are on (MoeBalance)
+  MoeMicroStats moe;               // their statistics (allocated at the first such forward)
 };
 
 DecoderModel::DecoderModel(Backend& backend, const ModelStorage& storage)
@@ -46,21 +49,35 @@ int DecoderModel::n_layer() const { return static_cast<int>(layers_.blocks->size
 void DecoderModel::set_layers(const DecoderLayers& layers) {
   layers_ = layers;
   std::vector<nn::MoeMlp*> moe;
+  std::vector<bool> held;  // by this pipeline stage (block l is part l + 1)
+  const std::vector<int>& parts = storage().held_parts;
   moe_index_.clear();
-  for (nn::TransformerBlock& b : *layers.blocks) {
+  for (size_t l = 0; l < layers.blocks->size(); ++l) {
+    nn::TransformerBlock& b = (*layers.blocks)[l];
     moe_index_.push_back(b.moe() ? static_cast<int>(moe.size()) : -1);
-    if (b.moe()) moe.push_back(b.moe());
+    if (!b.moe()) continue;
+    moe.push_back(b.moe());
+    const int part = static_cast<int>(l) + 1;
+    held.push_back(parts.empty() || std::count(parts.begin(), parts.end(), part) > 0);
   }
   balance_.reset();
-  if (!moe.empty()) balance_ = std::make_unique<MoeBalance>(backend(), layers.balance, moe);
+  if (!moe.empty()) balance_ = std::make_unique<MoeBalance>(backend(), layers.balance, moe, held);
+}
+
+std::pair<int, int> DecoderModel::moe_layers(int b0, int b1) const {
+  int first = 0;
+  for (int l = 0; l < b0; ++l) first += moe_index_[static_cast<size_t>(l)] >= 0 ? 1 : 0;
+  int end = first;
+  for (int l = b0; l < b1; ++l) end += moe_index_[static_cast<size_t>(l)] >= 0 ? 1 : 0;
+  return {first, end};
 }
 
 void DecoderModel::set_aux_loss_scale(float scale) {
   if (balance_) balance_->set_grad_scale(scale);
 }
 
-void DecoderModel::set_moe_balance_group(MoeBalanceGroup* group) {
-  if (balance_) balance_->set_group(group);
+void DecoderModel::set_moe_balance_groups(MoeBalanceGroup* micro_batch, MoeBalanceGroup* global) {
+  if (balance_) balance_->set_groups(micro_batch, global);
 }
 
 std::optional<MoeStats> DecoderModel::take_moe_stats() {
@@ -158,7 +175,7 @@ nn::BlockPass DecoderModel::block_pass(const Slot& a, int l) const {
                        a.saved.rerun_block(),
                        a.saved.recompute_cheap(),
                        a.positions,
-                       a.balanced && m >= 0 ? balance_->pass(m) : nn::MoeBalancePass{}};
+                       a.balanced && m >= 0 ? balance_->pass(a.moe, m) : nn::MoeBalancePass{}};
 }
 
 void DecoderModel::embed(Slot& a, const Tensor& tokens) {
@@ -203,9 +220,11 @@ LossSum DecoderModel::forward_stage(const StagePass& p, float grad_scale) {
   const bool with_grad = grad_scale > 0.f;
   a.balanced = balance_ && with_grad;
   if (a.balanced) {
-    KILN_CHECK(p.first == 0 && p.end == global_parts(), "{}: a model with mixture-of-experts "
-               "blocks does not run as pipeline stages yet", arch());
-    balance_->begin_forward(int64_t{B} * T);
+    // The micro-batch counts once on each rank: on its first chunk.
+    if (!a.moe.load) a.moe = balance_->micro_stats();
+    const auto [first, end] = moe_layers(a.b0, a.b1);
+    const bool count = p.first == parts().front().global_index;
+    balance_->begin_forward(a.moe, int64_t{B} * T, first, end, count);
   }
   Backend& be = backend();
   const Stream s = be.default_stream();
@@ -221,7 +240,7 @@ LossSum DecoderModel::forward_stage(const StagePass& p, float grad_scale) {
                                                       a.stream[l - a.b0 + 1]);
     hooks().after_forward(local_part(l + 1));
   }
-  if (a.balanced) balance_->end_forward();
+  if (a.balanced) balance_->end_forward(a.moe);
   a.have_grad = with_grad;
   if (!a.head) {
     check_shape(p.output, a.stream.back().shape(), "stage output");

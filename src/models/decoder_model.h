@@ -88,7 +88,7 @@ class DecoderModel : public LayeredModel, public LanguageModel {
   LanguageModel* language_model() override { return this; }
   /// Mixture-of-experts blocks: the balancing losses' gradient factor, and their figures.
   void set_aux_loss_scale(float scale) override;
-  void set_moe_balance_group(MoeBalanceGroup* group) override;
+  void set_moe_balance_groups(MoeBalanceGroup* micro_batch, MoeBalanceGroup* global) override;
   std::optional<MoeStats> take_moe_stats() override;
   /// The MoE blocks' auxiliary-loss-free selection biases (models/moe_balance.h).
   void update_moe_bias(MoeStats& step) override;
@@ -122,6 +122,8 @@ class DecoderModel : public LayeredModel, public LanguageModel {
   /// The slot of chunk [first, end), allocated on first use.
   Slot& slot(int first, int end, int index);
   nn::BlockPass block_pass(const Slot& a, int l) const;
+  /// The MoE layers (indices among them) of blocks [b0, b1): [first, end).
+  std::pair<int, int> moe_layers(int b0, int b1) const;
   /// Part 0's forward into the slot's stream[0] (embeddings, their dropout).
   void embed(Slot& a, const Tensor& tokens);
   /// The sequence-parallel scratch as [B,T,C] for the embedding (empty without SP).

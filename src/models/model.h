@@ -106,8 +106,10 @@ struct StagePass {
 /// A mixture-of-experts model's balancing figures since they were last taken
 /// (Model::take_moe_stats): the auxiliary load-balancing loss and the router z-loss as
 /// optimised (coefficients applied), each the mean over the micro-batches this rank ran,
-/// and the (token, choice) slots each expert received, per MoE layer (in block order),
-/// summed over those micro-batches (the router's choice, before any dropping).
+/// and the (token, choice) slots each expert received, per MoE layer (in block order, every
+/// MoE layer of the model), summed over those micro-batches (the router's choice, before
+/// any dropping). A pipeline stage's cover its own MoE layers: the others' rows are zero and
+/// their share of the losses is elsewhere (the trainer sums them over the stages).
 struct MoeStats {
   double aux_loss = 0.0, z_loss = 0.0;
   int64_t micro_batches = 0;
@@ -130,11 +132,12 @@ struct ModelBuffer {
   Tensor value;      // fp32, on the model's device
 };
 
-/// The data-parallel ranks over which a mixture of experts balances its load
-/// (moe.aux_loss_scope "global", Megatron-core's global_aux_loss): a sum over the ranks,
-/// each calling it in the same order. src/parallel implements it over a Communicator
-/// (CommMoeBalanceGroup) and the trainer installs it (Model::set_moe_balance_group), so
-/// that the models include no communication header.
+/// The ranks over which a mixture of experts balances its load: those sharing a
+/// micro-batch (context parallelism) or, with moe.aux_loss_scope "global" (Megatron-core's
+/// global_aux_loss), the data-parallel ranks too: a sum over the ranks, each calling it in
+/// the same order. src/parallel implements it over a Communicator (CommMoeBalanceGroup)
+/// and the trainer installs it (Model::set_moe_balance_groups), so that the models include
+/// no communication header.
 class MoeBalanceGroup {
  public:
   virtual ~MoeBalanceGroup() = default;
@@ -234,10 +237,15 @@ class Model {
   /// micro-batches of the step over all data-parallel ranks), so that they enter as their
   /// mean. 1 until set; models without such losses ignore it.
   virtual void set_aux_loss_scale(float scale) { (void)scale; }
-  /// The group the balancing statistics are summed over with moe.aux_loss_scope "global"
-  /// (not owned; it outlives the model); none (nullptr, the default) is a group of one.
-  /// Models without such losses ignore it.
-  virtual void set_moe_balance_group(MoeBalanceGroup* group) { (void)group; }
+  /// The groups the balancing statistics are summed over (not owned; they outlive the
+  /// model): `micro_batch`, the ranks that share each micro-batch (context parallelism's
+  /// cp group), for moe.aux_loss_scope "micro_batch", and `global`, the dp x cp ranks, for
+  /// "global"; none (nullptr, the default) is a group of one. Models without such losses
+  /// ignore them.
+  virtual void set_moe_balance_groups(MoeBalanceGroup* micro_batch, MoeBalanceGroup* global) {
+    (void)micro_batch;
+    (void)global;
+  }
   /// The balancing figures since the last call (one host read), then reset; nullopt for a
   /// model without mixture-of-experts layers.
   virtual std::optional<MoeStats> take_moe_stats() { return std::nullopt; }

@@ -56,10 +56,12 @@ struct ModelArch {
   /// apply the tables the model states (models/layer_plan.h LayerRoles).
   bool tensor_parallel = false;
   bool context_parallel = false;
-  /// Why a model of `options` runs only with parallel.pp = cp = 1 though the flags above
-  /// say the family takes them (e.g. a Llama with mixture-of-experts blocks, for now), or
-  /// "" when they hold for it. Optional.
-  std::function<std::string(const ModelOptions& options)> single_layout_reason;
+  /// Why a model of `options` runs only with parallel.<axis> = 1 (`axis` "tp", "pp" or
+  /// "cp") though the flags above say the family takes that axis (e.g. a Llama whose
+  /// auxiliary loss couples every mixture-of-experts layer, under pp), or "" when it
+  /// holds for it. Optional.
+  std::function<std::string(const ModelOptions& options, std::string_view axis)>
+      single_layout_reason;
   /// The family's own [model] keys beyond the common ones (ModelOptions: arch .. dropout,
   /// and the config's preset and init_from), stated in its folder (e.g.
   /// models/llama/config.cpp llama_keys()). The config reads, checks and writes them from

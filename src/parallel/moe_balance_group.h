@@ -1,7 +1,8 @@
 // A mixture of experts' balancing group (MoeBalanceGroup, models/model.h) over a
-// Communicator: in a job, the dp x cp communicator, so that moe.aux_loss_scope "global"
-// sums the balancing statistics over the data-parallel ranks. Its all-reduce is blocking
-// on the caller's stream, counted in the communicator's statistics like any other.
+// Communicator: in a job, the cp communicator (a micro-batch's tokens spread over the
+// context-parallel ranks) and the dp x cp one (moe.aux_loss_scope "global": the
+// data-parallel ranks' micro-batches together). Its all-reduce is blocking on the caller's
+// stream, counted in the communicator's statistics like any other.
 #pragma once
 
 #include "comm/communicator.h"

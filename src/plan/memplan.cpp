@@ -312,16 +312,18 @@ std::vector<Layout> search_layouts(const TrainConfig& config, const MemPlanOptio
   o.upper_bound = false;
   o.compare_routing = false;
   const ModelArch arch = model_arch(base.model.arch);
-  // A model that runs at pp = cp = 1 only (e.g. a llama with mixture-of-experts blocks)
-  // searches data and tensor parallel and ZeRO alone.
-  const bool single = arch.single_layout_reason &&
-                      !arch.single_layout_reason(model_options_from(base)).empty();
-  const bool tp_ok = arch.tensor_parallel;
+  // An axis the model does not run on (ModelArch::single_layout_reason, e.g. tp for a
+  // llama with mixture-of-experts blocks) stays at 1.
+  auto refused = [&](std::string_view axis) {
+    return arch.single_layout_reason &&
+           !arch.single_layout_reason(model_options_from(base), axis).empty();
+  };
+  const bool tp_ok = arch.tensor_parallel && !refused("tp");
   // Ring attention has no dropout.
-  const bool cp_ok = arch.context_parallel && base.model.dropout == 0.0 && !single;
+  const bool cp_ok = arch.context_parallel && base.model.dropout == 0.0 && !refused("cp");
   const int pp = base.parallel.pp;  // as configured: the search covers cp and tp, not pp
   for (int cp = 1; cp <= (cp_ok ? W : 1); cp *= 2)
-  for (int tp = 1; tp * cp <= (tp_ok ? W : 1); tp *= 2) {
+  for (int tp = 1; tp * cp <= W && (tp == 1 || tp_ok); tp *= 2) {
     if (W % (cp * tp * pp) != 0 || heads % tp != 0 || kv_heads % tp != 0) continue;
     if (base.train.seq_len % (2 * cp) != 0 && cp > 1) continue;
     const int dp = W / (cp * tp * pp);

@@ -133,9 +133,8 @@ struct Layout {
 
 /// Every layout over cp and tp at the configured parallel.pp (the powers of two that
 /// divide the world size over pp, tp also the query and key/value heads, 2 cp also
-/// train.seq_len; tp > 1 only for models that take the tensor-parallel plan, cp > 1 only
-/// for models that run on such layouts (not a llama with mixture-of-experts blocks:
-/// ModelArch::single_layout_reason); cp > 1 only for models
+/// train.seq_len; cp and tp > 1 only for models that run on such layouts
+/// (ModelArch::single_layout_reason, per axis); cp > 1 only for models
 /// with ring attention and without dropout; with
 /// sequence parallelism on and off when tp > 1), zero stages 0-3 (0-2 with pp),
 /// checkpointing none/selective/full and micro_batch halvings of config's (keeping the

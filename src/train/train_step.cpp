@@ -124,10 +124,11 @@ void TrainStep::build_model(const ModelOptions& options, const ModelStorage& sto
   const int cp = this->cp();
   const int T = config_.train.seq_len;
   model_ = make_model(options, backend_, storage);  // a model without ring attention throws
-  if (groups_.dp_cp.size() > 1) {  // moe.aux_loss_scope "global" balances over dp x cp
-    moe_balance_group_ = std::make_unique<CommMoeBalanceGroup>(groups_.dp_cp);
-    model_->set_moe_balance_group(moe_balance_group_.get());
-  }
+  // A micro-batch balances over its cp ranks, moe.aux_loss_scope "global" over dp x cp.
+  if (cp > 1) moe_micro_group_ = std::make_unique<CommMoeBalanceGroup>(*groups_.cp);
+  if (groups_.dp_cp.size() > 1)
+    moe_global_group_ = std::make_unique<CommMoeBalanceGroup>(groups_.dp_cp);
+  model_->set_moe_balance_groups(moe_micro_group_.get(), moe_global_group_.get());
   KILN_CHECK(cp == 1 || T % (2 * cp) == 0, "{}: train.seq_len = {} is not a multiple of 2 x "
              "parallel.cp = {} (context parallelism cuts each sequence into 2 x cp equal chunks)",
              config_.source, T, 2 * cp);
@@ -458,9 +459,11 @@ double TrainStep::read_stats(StepResult& r, int64_t n_targets) {
 
 std::optional<MoeStats> TrainStep::global_moe_stats() {
   std::optional<MoeStats> m = model_->take_moe_stats();
-  if (!m || groups_.dp_cp.size() == 1) return m;
-  // Each rank's aux and z are the means over its micro-batches: their mean over the ranks
-  // is the step's. The counts add up.
+  const int pp = size_of(groups_.pp);
+  if (!m || (groups_.dp_cp.size() == 1 && pp == 1)) return m;
+  // Each rank's aux and z are the means over its micro-batches: their mean over the dp x
+  // cp ranks is the step's share of the stage's MoE layers, and the shares add up over
+  // the stages. The counts add up (a stage's rows of the other stages' layers are zero).
   std::vector<double> host{m->aux_loss, m->z_loss, m->dropped_slots.value_or(0.0)};
   for (const std::vector<double>& layer : m->tokens_per_expert)
     host.insert(host.end(), layer.begin(), layer.end());
@@ -469,17 +472,29 @@ std::optional<MoeStats> TrainStep::global_moe_stats() {
   if (!moe_sums_ || moe_sums_.numel() != n)
     moe_sums_ = backend_.empty(Shape{n}, DType::F64, MemCategory::CommBuffers);
   backend_.copy_from_host(s, moe_sums_, host.data());
-  groups_.dp_cp.all_reduce(moe_sums_, ReduceOp::Sum, s);
+  if (groups_.dp_cp.size() > 1) groups_.dp_cp.all_reduce(moe_sums_, ReduceOp::Sum, s);
+  if (pp > 1) groups_.pp->all_reduce(moe_sums_, ReduceOp::Sum, s);
   backend_.copy_to_host(s, host.data(), moe_sums_);
   const double ranks = groups_.dp_cp.size();
   m->aux_loss = host[0] / ranks;
   m->z_loss = host[1] / ranks;
-  m->micro_batches *= groups_.dp_cp.size();
+  m->micro_batches *= groups_.dp_cp.size() / cp();  // a dp rank's cp ranks run the same ones
   if (m->dropped_slots) m->dropped_slots = host[2];
   size_t i = 3;
   for (std::vector<double>& layer : m->tokens_per_expert)
     for (double& c : layer) c = host[i++];
   return m;
+}
+
+void TrainStep::gather_stage_bias(MoeStats& m) {
+  if (size_of(groups_.pp) == 1 || m.expert_bias.empty()) return;
+  std::vector<double> rows;
+  for (const std::vector<float>& layer : m.expert_bias)
+    rows.insert(rows.end(), layer.begin(), layer.end());
+  pp_sum(rows);  // one stage's value and zeros: exact
+  size_t i = 0;
+  for (std::vector<float>& layer : m.expert_bias)
+    for (float& b : layer) b = static_cast<float>(rows[i++]);
 }
 
 void TrainStep::skip_update(StepResult& r, int64_t update) {
@@ -531,7 +546,10 @@ StepResult TrainStep::run(const void* inputs, const int32_t* targets, int64_t up
   KILN_CHECK(std::isfinite(r.loss), "step {}: the loss is {} (diverged); lower optim.lr or check "
              "the data", update + 1, r.loss);
   KILN_CHECK(std::isfinite(r.grad_norm), "step {}: the gradient norm is {}", update + 1, r.grad_norm);
-  if (r.moe) model_->update_moe_bias(*r.moe);  // DeepSeek-V3's bias follows the applied update
+  if (r.moe) {
+    model_->update_moe_bias(*r.moe);  // DeepSeek-V3's bias follows the applied update
+    gather_stage_bias(*r.moe);
+  }
   if (scaler_.enabled && ++scaler_.good_steps >= scaler_.growth_interval) {
     scaler_.scale *= 2.0;
     scaler_.good_steps = 0;

@@ -220,9 +220,13 @@ class TrainStep {
   /// The step's one host read (stats_): r.loss and r.grad_norm; returns the gradient sum
   /// of squares (scaled).
   double read_stats(StepResult& r, int64_t n_targets);
-  /// The model's balancing figures of this step, over every data-parallel rank
-  /// (collective over dp x cp when the model has MoE blocks; one host read).
+  /// The model's balancing figures of this step, over every data-parallel rank and
+  /// pipeline stage (collective over dp x cp and pp when the model has MoE blocks; one
+  /// host read).
   std::optional<MoeStats> global_moe_stats();
+  /// Each pipeline stage's moved selection biases (its MoE layers' rows) to every stage,
+  /// so that m.expert_bias covers every layer (collective over pp).
+  void gather_stage_bias(MoeStats& m);
   /// fp16 overflow: skips the update on every rank alike and halves the scale (r
   /// records the skip); throws kiln::Error once the scale is 1.
   void skip_update(StepResult& r, int64_t update);
@@ -253,7 +257,9 @@ class TrainStep {
   std::unique_ptr<TensorParallelPlan> tp_plan_;
   std::unique_ptr<CommCpGroup> cp_group_;   // with cp > 1; outlive the model
   std::unique_ptr<ContextParallelPlan> cp_plan_;
-  std::unique_ptr<CommMoeBalanceGroup> moe_balance_group_;  // with dp x cp > 1; outlives the model
+  // The balancing groups (Model::set_moe_balance_groups), outliving the model: the cp
+  // group (with cp > 1) and dp x cp (with dp x cp > 1).
+  std::unique_ptr<CommMoeBalanceGroup> moe_micro_group_, moe_global_group_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<DataParallel> dp_;
   std::unique_ptr<pp::PipelineExecutor> pipeline_;

@@ -498,22 +498,41 @@ aux_loss_coef = 0.01
               load_config_string("", {"model.arch=llama", "model.moe.num_experts=4",
                                       "model.moe.capacity_factor=-1"});
             }).find("model.moe.capacity_factor"), std::string::npos);
-  // pp and cp refused when the config loads, naming where the key was set; tp taken.
+  // pp with the hf aux loss (it couples every layer) and cp with token dropping refused
+  // when the config loads, naming where the key was set; tp, pp and cp otherwise taken.
   EXPECT_NE(error_of([] {
               load_config_string("[parallel]\npp = 2\n",
-                                 {"model.arch=llama", "model.moe.num_experts=4"},
+                                 {"model.arch=llama", "model.moe.num_experts=4",
+                                  "model.moe.aux_loss_type=hf", "model.moe.aux_loss_coef=0.01"},
                                  "moe.toml");
-            }).find("moe.toml: parallel.pp = 2: a llama with mixture-of-experts blocks"),
+            }).find("moe.toml: parallel.pp = 2: a llama whose auxiliary loss couples every "
+                    "mixture-of-experts layer (model.moe.aux_loss_type = \"hf\", "
+                    "model.moe.aux_loss_coef > 0) runs with parallel.pp = 1 only"),
             std::string::npos);
+  for (const char* layout : {"parallel.pp=2", "parallel.cp=2"})
+    EXPECT_NO_THROW(load_config_string("", {"model.arch=llama", "model.moe.num_experts=4",
+                                            "model.moe.aux_loss_coef=0.01", layout}));
+  EXPECT_NO_THROW(load_config_string("", {"model.arch=llama", "model.moe.num_experts=4",
+                                          "model.moe.aux_loss_type=hf", "parallel.pp=2"}))
+      << "the hf form without an aux loss couples nothing";
   EXPECT_NO_THROW(load_config_string("", {"model.arch=llama", "model.moe.num_experts=4",
                                           "parallel.tp=2", "parallel.sequence_parallel=true"}));
+  EXPECT_NO_THROW(load_config_string("", {"model.arch=llama", "model.moe.num_experts=4",
+                                          "model.moe.capacity_factor=1.25", "parallel.pp=2"}));
+  EXPECT_NE(error_of([] {
+              load_config_string("", {"model.arch=llama", "model.moe.num_experts=4",
+                                      "model.moe.capacity_factor=1.25", "parallel.cp=2"});
+            }).find("--set: parallel.cp = 2: a llama that drops tokens past an expert's "
+                    "capacity (model.moe.capacity_factor > 0) runs with parallel.cp = 1 only"),
+            std::string::npos);
   // A config built in code is refused by the trainer's check (config.source).
-  TrainConfig cp = load_config_string("", {"model.arch=llama", "model.moe.num_experts=4"});
+  TrainConfig cp = load_config_string("", {"model.arch=llama", "model.moe.num_experts=4",
+                                           "model.moe.capacity_factor=1.25"});
   cp.parallel.tp = 2;
   EXPECT_NO_THROW(check_layout_supported(cp));
   cp.parallel.cp = 2;
   EXPECT_NE(error_of([&] { check_layout_supported(cp); })
-                .find("parallel.cp = 2: a llama with mixture-of-experts blocks"),
+                .find("parallel.cp = 2: a llama that drops tokens"),
             std::string::npos);
 }
 

@@ -211,13 +211,14 @@ struct Rig {
   std::pair<std::vector<float>, std::vector<float>> run(const std::vector<float>& R) {
     const Stream s = be->default_stream();
     be->fill(s, grads, 0.f);
-    balance->begin_forward(kN);
-    l1.forward(*be, s, saved1, h, x, w, balance->pass(0), false);
-    l2.forward(*be, s, saved2, out, h, w, balance->pass(1), false);
-    balance->end_forward();
+    MoeMicroStats mb = balance->micro_stats();
+    balance->begin_forward(mb, kN, 0, 2, true);
+    l1.forward(*be, s, saved1, h, x, w, balance->pass(mb, 0), false);
+    l2.forward(*be, s, saved2, out, h, w, balance->pass(mb, 1), false);
+    balance->end_forward(mb);
     upload_f32(*be, dout, R.data());
-    l2.backward(*be, s, saved2, dh, dout, h, w, balance->pass(1));
-    l1.backward(*be, s, saved1, dx, dh, x, w, balance->pass(0));
+    l2.backward(*be, s, saved2, dh, dout, h, w, balance->pass(mb, 1));
+    l1.backward(*be, s, saved1, dx, dh, x, w, balance->pass(mb, 0));
     return {download_f32(*be, dx), download_f32(*be, grads)};
   }
   RefLayer ref_layer(const std::vector<float>& v, size_t first) const {
@@ -482,11 +483,13 @@ std::pair<std::vector<float>, std::vector<float>> block_grads(nn::ActivationChec
   auto act = [&] { return be->empty(Shape{kB, kT, spec.n_embd}, DType::F32, MemCategory::Activations); };
   Tensor x = act(), out = act(), dres = act();
   upload_f32(*be, x, xv.data());
-  balance.begin_forward(kN);
+  MoeMicroStats mb = balance.micro_stats();
+  balance.begin_forward(mb, kN, 0, 1, true);
   const nn::BlockPass pass{*be, be->default_stream(), saved.block(0), scratch, {}, {}, {},
-                           saved.rerun_block(), saved.recompute_cheap(), Tensor(), balance.pass(0)};
+                           saved.rerun_block(), saved.recompute_cheap(), Tensor(),
+                           balance.pass(mb, 0)};
   block.forward(pass, x, out);
-  balance.end_forward();
+  balance.end_forward(mb);
   be->copy(be->default_stream(), dres, out);  // L = sum(out^2) / 2
   block.backward(pass, dres, x, out);
   const MoeStats stats = balance.take();

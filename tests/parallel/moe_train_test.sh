@@ -24,7 +24,8 @@
 #      whole) within 1e-5 of the single process, the same dropped fraction, in (0, 1),
 #      every step; the console shows it; a resume may change the factor (a note);
 #   4. bad MoE keys are one-line errors naming the key; `kiln memplan`'s layout search
-#      runs (tensor parallelism: moe_tp_train_test.sh).
+#      lists the layouts a MoE model runs on (tensor parallelism: moe_tp_train_test.sh;
+#      pipeline and context parallelism: moe_pp_cp_train_test.sh).
 # Usage: moe_train_test.sh KILN_BINARY WORK_DIR [--long]
 set -euo pipefail
 kiln="$1"
@@ -262,11 +263,11 @@ for r in recs:
 print(f"bf16: 4 steps, last loss {recs[-1]['loss']:.4f}, tokens per expert {recs[-1]['moe_tokens_per_expert']}")
 PY
 
-# kiln memplan's layout search keeps to the layouts a MoE model runs on (dp, tp and ZeRO).
+# kiln memplan's layout search keeps to the layouts a MoE model runs on (dp, tp, cp, ZeRO).
 "$kiln" memplan "$work/tiny.toml" --world-size 2 --device-memory 1 > "$work/memplan.log" 2>&1 ||
   { echo "FAILED: memplan"; cat "$work/memplan.log"; exit 1; }
 grep -q "layouts that fit" "$work/memplan.log" || { echo "FAILED: memplan table"; cat "$work/memplan.log"; exit 1; }
-echo "memplan: $(grep -c '^ *1 *1 ' "$work/memplan.log") layouts at cp = tp = 1"
+echo "memplan: $(grep -c '^ *1 *1 ' "$work/memplan.log") layouts at cp = tp = 1, $(grep -c '^ *2 *1 ' "$work/memplan.log") at cp = 2"
 
 fails top_k "model.moe.top_k" "$kiln" train "$work/tiny.toml" --set "run.dir=$work/bad" --set model.moe.top_k=5
 

@@ -36,10 +36,19 @@ ModelArch llama_arch() {
   a.stages = true;
   a.tensor_parallel = true;
   a.context_parallel = true;
-  a.single_layout_reason = [](const ModelOptions& o) -> std::string {
-    return o.integer(llama_keys(), "moe.num_experts") > 0
-               ? "a llama with mixture-of-experts blocks (model.moe.num_experts > 0)"
-               : "";
+  a.single_layout_reason = [](const ModelOptions& o, std::string_view axis) -> std::string {
+    const ModelKeys& k = llama_keys();
+    if (o.integer(k, "moe.num_experts") == 0) return "";
+    // Each cp rank would apply the capacity to its share of the micro-batch's tokens.
+    if (axis == "cp" && o.value(k, "moe.capacity_factor") > 0.0)
+      return "a llama that drops tokens past an expert's capacity "
+             "(model.moe.capacity_factor > 0)";
+    // The hf form's gradient needs its totals over every MoE layer before any backward.
+    if (axis == "pp" && o.choice(k, "moe.aux_loss_type") == "hf" &&
+        o.value(k, "moe.aux_loss_coef") != 0.0)
+      return "a llama whose auxiliary loss couples every mixture-of-experts layer "
+             "(model.moe.aux_loss_type = \"hf\", model.moe.aux_loss_coef > 0)";
+    return "";
   };
   a.keys = llama_keys();
   a.check_options = llama_check_options;
