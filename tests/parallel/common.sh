@@ -26,10 +26,12 @@
 #                          tokens per expert differ (an expert-selection flip: a router
 #                          logit that rounding moved across a tie changes the choice, and
 #                          every loss after it) must match within bound (default 1e-5)
-#                          relative in loss, val_loss, moe_aux_loss and moe_z_loss, a
-#                          mismatch there is a failure; a flip is logged (step, layer,
-#                          expert, counts) and ends the comparison, which fails when fewer
-#                          than min_steps (default 3) steps came before it
+#                          relative in loss, val_loss, moe_aux_loss, moe_z_loss and
+#                          (token dropping) moe_dropped_fraction, a mismatch there is a
+#                          failure; a flip is logged (step, layer, expert, counts) and
+#                          ends the comparison, which fails when fewer than min_steps
+#                          (default 3) steps came before it
+#   assert_drops METRICS   every logged step dropped a fraction of slots in (0, 1)
 py=/usr/bin/python3
 # OMP_WAIT_POLICY=passive is kiln's own default (apps/kiln/main.cpp): set here, each kiln
 # process starts once instead of setting it and starting itself again (every start loads
@@ -223,7 +225,7 @@ for s in sorted(a):
             sys.exit(f"the flip came after {matched} matching step(s), fewer than {min_steps}: "
                      "the test compares too little (change the model or the data)")
         break
-    for key in ("loss", "val_loss", "moe_aux_loss", "moe_z_loss"):
+    for key in ("loss", "val_loss", "moe_aux_loss", "moe_z_loss", "moe_dropped_fraction"):
         if key not in a[s] and key not in b[s]:
             continue
         x, y = a[s][key], b[s][key]
@@ -234,5 +236,15 @@ for s in sorted(a):
                      "expert choices so far: a mismatch without a flip")
     matched += 1
 print(f"{matched} step(s) match, worst relative difference {worst:.2e}")
+PY
+}
+
+# Token dropping took place: every logged step of METRICS drops a fraction in (0, 1).
+assert_drops() {  # assert_drops METRICS
+  "$py" - "$1" <<'PY'
+import json, sys
+fs = [r["moe_dropped_fraction"] for r in map(json.loads, open(sys.argv[1])) if "loss" in r]
+assert fs and all(0 < f < 1 for f in fs), f"dropped fractions {fs}: not every step drops"
+print(f"  dropped fraction {min(fs):.4f} .. {max(fs):.4f}")
 PY
 }

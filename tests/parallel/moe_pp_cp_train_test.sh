@@ -9,6 +9,8 @@
 #      within 1e-5 relative of the single process up to the first expert-selection flip
 #      (compare_moe, common.sh: logged; a mismatch without one fails);
 #   2. the pp = 2 run's step-5 checkpoint resumes on 1 process with the same losses;
+#   2b. token dropping (moe.capacity_factor 0.75) under pp = 2 drops the same slots as
+#      the single process; with cp = 2 it is a one-line error naming both keys;
 #   with --long (ctest label long) also:
 #   3. pp = 2 at the balanced split with ZeRO 2, the interleaved schedule (2 virtual
 #      stages), gpipe, dp 2 x pp 2 and cp 2 x pp 2 (4 ranks); cp = 2 with the "hf" aux
@@ -122,6 +124,16 @@ train pp2_full 2 "${each_stage[@]}" --set train.activation_checkpointing=full \
 check ref pp2_full "pp=2 1f1b, a MoE block per stage, activation_checkpointing=full"
 train cp2 2 --set parallel.cp=2
 check ref cp2 "cp=2"
+
+# Token dropping: each stage's MoE layer sees its whole micro-batch, so the same slots drop
+# (compare_moe compares the dropped fraction too); under cp it is refused.
+drop=(--set model.moe.capacity_factor=0.75)
+train drop_ref 1 "${drop[@]}"
+assert_drops "$work/drop_ref/metrics.jsonl"
+train drop_pp2 2 "${each_stage[@]}" "${drop[@]}"
+check drop_ref drop_pp2 "pp=2, capacity_factor=0.75"
+fails drop_cp2 'parallel.cp = 2: a llama that drops tokens .*model.moe.capacity_factor > 0' \
+  "$kiln" train "$work/tiny.toml" --set "run.dir=$work/bad_drop" --set parallel.cp=2 "${drop[@]}"
 
 # The pipeline's checkpoint (each stage its parts) continues on one process.
 train pp2_resumed 1 --resume "$work/pp2_full/ckpt/step_00000005"

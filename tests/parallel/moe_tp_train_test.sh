@@ -5,6 +5,8 @@
 #   1. tp2 with sequence parallelism and selective checkpointing: every step's LM loss,
 #      aux loss and z-loss within 1e-5 relative of the single process, up to the first
 #      expert-selection flip (compare_moe, common.sh: logged; a mismatch without one fails);
+#   1b. token dropping (moe.capacity_factor 0.75) at tp2 with sequence parallelism drops
+#      the same slots (the dropped fraction every step) as the single process;
 #   2. tp2 with full checkpointing for 5 updates, its checkpoint resumed on 1 process for
 #      5 more: the 10 steps as the single process's (the experts' slices saved as the
 #      global [E, 2F, C] / [E, C, F]; the replicated router checked bitwise equal over tp
@@ -79,6 +81,12 @@ check() {  # check REF RUN LABEL
 train ref 1
 train tp2_sp_sel 2 --set parallel.tp=2 "${sp[@]}" --set train.activation_checkpointing=selective
 check ref tp2_sp_sel "tp=2 sequence_parallel activation_checkpointing=selective"
+# Token dropping: the router's input is gathered whole, so the capacity and the dropped
+# slots are the single process's (compare_moe compares the dropped fraction too).
+train drop_ref 1 --set model.moe.capacity_factor=0.75
+assert_drops "$work/drop_ref/metrics.jsonl"
+train drop_tp2_sp 2 --set parallel.tp=2 "${sp[@]}" --set model.moe.capacity_factor=0.75
+check drop_ref drop_tp2_sp "tp=2 sequence_parallel capacity_factor=0.75"
 
 # tp2 (full checkpointing) stops after 5 updates, 1 process continues.
 train reshard 2 --set parallel.tp=2 --set train.activation_checkpointing=full \
