@@ -36,6 +36,7 @@ const char* collective_name(Collective c) {
     case Collective::Send: return "send";
     case Collective::Recv: return "recv";
     case Collective::Barrier: return "barrier";
+    case Collective::AllToAll: return "all_to_all";
   }
   return "?";
 }
@@ -45,7 +46,8 @@ double bus_bandwidth_factor(Collective c, int n) {
   switch (c) {
     case Collective::AllReduce: return 2.0 * (n - 1) / n;
     case Collective::ReduceScatter:
-    case Collective::AllGather: return static_cast<double>(n - 1) / n;
+    case Collective::AllGather:
+    case Collective::AllToAll: return static_cast<double>(n - 1) / n;
     case Collective::Broadcast:
     case Collective::Send:
     case Collective::Recv: return 1.0;
@@ -156,6 +158,41 @@ void Communicator::check_all_gather(const Tensor& output, const Tensor& input) c
   KILN_CHECK(output.numel() == input.numel() * size(),
              "all_gather on {}: output has {} elements, expected size ({}) * input ({}) = {}",
              where(), output.numel(), size(), input.numel(), input.numel() * size());
+}
+
+std::pair<int64_t, int64_t> Communicator::check_all_to_all(
+    const Tensor& output, const Tensor& input, std::span<const int64_t> send_counts,
+    std::span<const int64_t> recv_counts) const {
+  check_buffer(output, "all_to_all output");
+  check_buffer(input, "all_to_all input");
+  KILN_CHECK(output.dtype() == input.dtype(), "all_to_all on {}: input is {} but output is {}",
+             where(), dtype_name(input.dtype()), dtype_name(output.dtype()));
+  const auto n = static_cast<size_t>(size());
+  KILN_CHECK(send_counts.size() == n && recv_counts.size() == n,
+             "all_to_all on {}: {} send and {} receive counts, expected one per rank ({})",
+             where(), send_counts.size(), recv_counts.size(), n);
+  int64_t sent = 0, received = 0;
+  for (size_t q = 0; q < n; ++q) {
+    KILN_CHECK(send_counts[q] >= 0 && recv_counts[q] >= 0,
+               "all_to_all on {}: negative count for rank {} (send {}, receive {})", where(), q,
+               send_counts[q], recv_counts[q]);
+    sent += send_counts[q];
+    received += recv_counts[q];
+  }
+  const auto self = static_cast<size_t>(rank());
+  KILN_CHECK(send_counts[self] == recv_counts[self],
+             "all_to_all on {}: this rank sends itself {} elements but receives {} from itself",
+             where(), send_counts[self], recv_counts[self]);
+  KILN_CHECK(sent <= input.numel() && received <= output.numel(),
+             "all_to_all on {}: the counts send {} and receive {} elements, but input has {} "
+             "and output {}",
+             where(), sent, received, input.numel(), output.numel());
+  const auto* a = static_cast<const char*>(input.raw());
+  const auto* b = static_cast<const char*>(output.raw());
+  const bool overlap = input.nbytes() > 0 && output.nbytes() > 0 && a < b + output.nbytes() &&
+                       b < a + input.nbytes();
+  KILN_CHECK(!overlap, "all_to_all on {}: input and output overlap", where());
+  return {sent, received};
 }
 
 void Communicator::check_peer(int peer, int tag, const char* what) const {

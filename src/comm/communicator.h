@@ -43,6 +43,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace kiln {
@@ -61,15 +62,18 @@ enum class Collective : uint8_t {
   Send,
   Recv,
   Barrier,
+  AllToAll,
 };
-inline constexpr int kNumCollectives = 7;
-/// "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv", "barrier".
+inline constexpr int kNumCollectives = 8;
+/// "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv", "barrier",
+/// "all_to_all".
 const char* collective_name(Collective c);
 
 /// Statistics of one kind of collective on one communicator.
 ///   bytes: the nccl-tests "size" of each call, summed: the buffer for all_reduce and
 ///          broadcast, the FULL buffer (size * n elements) for reduce_scatter and
-///          all_gather, the message for send/recv, 0 for barrier.
+///          all_gather, the message for send/recv, 0 for barrier, the bytes this rank
+///          sends (its own piece included) for all_to_all.
 ///   seconds: time from the operation's start (on the communication thread) to its
 ///          completion, summed. Overlapping operations are each counted in full.
 struct CollectiveStats {
@@ -86,7 +90,8 @@ struct CommStats {
 /// nccl-tests bus-bandwidth factor for a collective over n ranks
 /// (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md):
 ///   all_reduce                 2 (n - 1) / n
-///   reduce_scatter, all_gather (n - 1) / n
+///   reduce_scatter, all_gather,
+///   all_to_all                 (n - 1) / n
 ///   broadcast, send, recv      1
 ///   barrier                    0
 double bus_bandwidth_factor(Collective c, int n);
@@ -139,6 +144,20 @@ class Communicator {
   virtual std::shared_ptr<Work> send_async(const Tensor& t, int peer, int tag, Stream s = {}) = 0;
   virtual std::shared_ptr<Work> recv_async(const Tensor& t, int peer, int tag, Stream s = {}) = 0;
   virtual std::shared_ptr<Work> barrier_async() = 0;
+  /// Variable-count all-to-all (MPI_Alltoallv; NCCL: grouped sends and receives), as
+  /// expert parallelism's token dispatch: `input` holds size() pieces one after the
+  /// other, the piece for rank q send_counts[q] elements long; rank q's piece for this
+  /// rank arrives in `output` as the q-th of size() consecutive pieces, recv_counts[q]
+  /// long. Counts are elements (>= 0, 0 allowed), size() of each, host memory, copied
+  /// before the call returns; recv_counts[q] must equal rank q's send_counts[rank()]
+  /// (exchange them first, e.g. by an all_to_all of one int32 per rank), and
+  /// send_counts[rank()] == recv_counts[rank()]. input and output have one dtype and do
+  /// not overlap; elements past the pieces are neither sent nor written. Throws
+  /// kiln::Error for bad counts or buffers.
+  virtual std::shared_ptr<Work> all_to_all_async(const Tensor& output, const Tensor& input,
+                                                 std::span<const int64_t> send_counts,
+                                                 std::span<const int64_t> recv_counts,
+                                                 Stream s = {}) = 0;
   /// Sends and receives posted between group_start() and group_end() are issued together
   /// (NCCL group calls: a send and a receive between the same two ranks cannot then
   /// deadlock on one stream). The default does nothing: MPI's are non-blocking already.
@@ -159,6 +178,10 @@ class Communicator {
   void send(const Tensor& t, int peer, int tag, Stream s = {}) { send_async(t, peer, tag, s)->wait(); }
   void recv(const Tensor& t, int peer, int tag, Stream s = {}) { recv_async(t, peer, tag, s)->wait(); }
   void barrier() { barrier_async()->wait(); }
+  void all_to_all(const Tensor& output, const Tensor& input, std::span<const int64_t> send_counts,
+                  std::span<const int64_t> recv_counts, Stream s = {}) {
+    all_to_all_async(output, input, send_counts, recv_counts, s)->wait();
+  }
 
   // ---- exact scalar reductions -------------------------------------------------------
   /// In place: values <- the sum over ranks of values (host memory, the same count on
@@ -209,6 +232,10 @@ class Communicator {
   void check_buffer(const Tensor& t, const char* what) const;
   void check_reduce_scatter(const Tensor& output, const Tensor& input) const;
   void check_all_gather(const Tensor& output, const Tensor& input) const;
+  /// all_to_all's checks; returns the elements sent and received (the sums of the counts).
+  std::pair<int64_t, int64_t> check_all_to_all(const Tensor& output, const Tensor& input,
+                                               std::span<const int64_t> send_counts,
+                                               std::span<const int64_t> recv_counts) const;
   void check_peer(int peer, int tag, const char* what) const;
   void check_root(int root) const;
   /// "'world' (rank 1 of 4)".

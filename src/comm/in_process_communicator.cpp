@@ -85,4 +85,17 @@ std::shared_ptr<Work> InProcessCommunicator::barrier_async() {
   return count_and_issue({.kind = Collective::Barrier, .bytes = 0, .description = "barrier"}, {});
 }
 
+std::shared_ptr<Work> InProcessCommunicator::all_to_all_async(
+    const Tensor& output, const Tensor& input, std::span<const int64_t> send_counts,
+    std::span<const int64_t> recv_counts, Stream s) {
+  const auto [sent, received] = check_all_to_all(output, input, send_counts, recv_counts);
+  const Tensor in = input.view_at(0, Shape{sent});
+  return count_and_issue({.kind = Collective::AllToAll,
+                          .bytes = static_cast<int64_t>(in.nbytes()),
+                          .description = describe(Collective::AllToAll, in),
+                          .buffer = output.view_at(0, Shape{received}),
+                          .input = in},
+                         s);
+}
+
 }  // namespace kiln

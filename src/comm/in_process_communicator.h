@@ -28,6 +28,10 @@ class InProcessCommunicator : public Communicator {
   std::shared_ptr<Work> send_async(const Tensor& t, int peer, int tag, Stream s = {}) final;
   std::shared_ptr<Work> recv_async(const Tensor& t, int peer, int tag, Stream s = {}) final;
   std::shared_ptr<Work> barrier_async() final;
+  std::shared_ptr<Work> all_to_all_async(const Tensor& output, const Tensor& input,
+                                         std::span<const int64_t> send_counts,
+                                         std::span<const int64_t> recv_counts,
+                                         Stream s = {}) final;
   // (Default arguments repeat the base class's, so that calls on a LocalCommunicator or a
   // SimulatedCommunicator read the same as calls on a Communicator.)
 
@@ -40,8 +44,10 @@ class InProcessCommunicator : public Communicator {
     int64_t bytes = 0;        // as CommStats counts them
     std::string description;  // describe(): "send(fp32[8], tag 3)"
     Tensor buffer = {};  // the tensor of all_reduce, broadcast, send, recv;
-                         // reduce_scatter's and all_gather's output; none for barrier
-    Tensor input = {};   // reduce_scatter's and all_gather's input
+                         // reduce_scatter's and all_gather's output; all_to_all's
+                         // received pieces; none for barrier
+    Tensor input = {};   // reduce_scatter's and all_gather's input; all_to_all's sent
+                         // pieces
     int tag = 0;    // send, recv
   };
   /// Carries out `call` on stream `s`; returns its Work. May throw kiln::Error (checks of

@@ -27,7 +27,8 @@ void LocalCommunicator::copy(Stream s, const Tensor& dst, const Tensor& src) {
 std::shared_ptr<Work> LocalCommunicator::issue(const CheckedCall& call, Stream s) {
   switch (call.kind) {
     case Collective::ReduceScatter:
-    case Collective::AllGather: copy(s, call.buffer, call.input); break;
+    case Collective::AllGather:
+    case Collective::AllToAll: copy(s, call.buffer, call.input); break;
     case Collective::Send: return send_to_self(call);
     case Collective::Recv: return recv_from_self(call);
     case Collective::AllReduce:  // over one rank the buffer is the result already

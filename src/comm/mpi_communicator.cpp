@@ -178,6 +178,17 @@ Tensor scratch(DType dtype, int64_t n) {
   return Tensor::empty(host_allocator(), {std::max<int64_t>(n, 1)}, dtype, MemCategory::CommBuffers);
 }
 
+/// counts (whose sum fits an int) as ints, then each piece's displacement: the pieces lie
+/// one after the other.
+void append_counts_and_displacements(std::vector<int>& out, std::span<const int64_t> counts) {
+  for (int64_t c : counts) out.push_back(static_cast<int>(c));
+  int displacement = 0;
+  for (int64_t c : counts) {
+    out.push_back(displacement);
+    displacement += static_cast<int>(c);
+  }
+}
+
 /// A stable tag for MPI_Comm_create_group, derived from the member list.
 int group_tag(const std::vector<int>& ranks) {
   uint32_t h = 2166136261u;
@@ -397,6 +408,36 @@ class MpiCommunicator final : public Communicator {
     std::string desc = "barrier on " + where();
     auto o = make_op(Collective::Barrier, 0, desc);
     o->start = [comm, desc](MPI_Request* r) { mpi_check(MPI_Ibarrier(comm, r), "MPI_Ibarrier", desc); };
+    return submit(std::move(o));
+  }
+
+  std::shared_ptr<Work> all_to_all_async(const Tensor& output, const Tensor& input,
+                                         std::span<const int64_t> send_counts,
+                                         std::span<const int64_t> recv_counts, Stream) override {
+    const auto [sent, received] = check_all_to_all(output, input, send_counts, recv_counts);
+    check_host(output, "all_to_all");
+    check_host(input, "all_to_all");
+    std::string desc =
+        describe(Collective::AllToAll, input.view_at(0, Shape{sent})) + " on " + where();
+    KILN_CHECK(sent <= INT_MAX && received <= INT_MAX,
+               "{}: {} elements sent, {} received: beyond MPI's int count limit", desc, sent,
+               received);
+    // MPI_Alltoallv's int counts and displacements: send counts, send displacements,
+    // receive counts, receive displacements, size() each.
+    auto layout = std::make_shared<std::vector<int>>();
+    append_counts_and_displacements(*layout, send_counts);
+    append_counts_and_displacements(*layout, recv_counts);
+    const int n = size_;
+    const MPI_Comm comm = comm_;
+    const MPI_Datatype type = wire_type(input.dtype());
+    auto o = make_op(Collective::AllToAll, sent * static_cast<int64_t>(dtype_size(input.dtype())),
+                     desc);
+    o->start = [input, output, layout, n, type, comm, desc](MPI_Request* r) {
+      const int* v = layout->data();
+      mpi_check(MPI_Ialltoallv(input.raw(), v, v + n, type, output.raw(), v + 2 * n, v + 3 * n,
+                               type, comm, r),
+                "MPI_Ialltoallv", desc);
+    };
     return submit(std::move(o));
   }
 

@@ -1,5 +1,5 @@
 // Every collective of the world communicator against a local computation, on whatever
-// world this runs in: ctest runs it under mpirun with 2 and 4 ranks, and alone (a world
+// world this runs in: ctest runs it under mpirun with 2, 3 and 4 ranks, and alone (a world
 // of one, LocalCommunicator). Sizes are awkward on purpose (1, odd, not divisible by the
 // world size); values are small integers where the result must be exact in every dtype.
 #include "comm/communicator.h"
@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <numeric>
 #include <thread>
 
 namespace kiln {
@@ -176,6 +177,77 @@ TEST(Comm, AllGather) {
   }
 }
 
+/// all_to_all's test pattern: the elements rank `from` sends rank `to` (0 to 3; pattern
+/// 0 sends nothing at all), and the value of element i of that piece (below 256: exact in
+/// every dtype).
+int64_t piece_count(int from, int to, int pattern) {
+  return pattern == 0 ? 0 : (from * 3 + to * 5 + pattern) % 4;
+}
+double piece_value(int from, int to, int64_t i) { return from * 50 + to * 11 + static_cast<double>(i); }
+
+TEST(Comm, AllToAllUnevenAndEmptySplits) {
+  Communicator& c = world();
+  const int n = c.size(), me = c.rank();
+  for (DType d : kAllDtypes) {
+    for (int pattern = 0; pattern < 4; ++pattern) {
+      std::vector<int64_t> send(static_cast<size_t>(n)), recv(static_cast<size_t>(n));
+      int64_t sent = 0, received = 0;
+      for (int q = 0; q < n; ++q) {
+        sent += send[static_cast<size_t>(q)] = piece_count(me, q, pattern);
+        received += recv[static_cast<size_t>(q)] = piece_count(q, me, pattern);
+      }
+      // One spare element past the pieces on each side: never sent, never written.
+      Buffer in(d, sent + 1), out(d, received + 1);
+      int64_t at = 0;
+      for (int q = 0; q < n; ++q)
+        for (int64_t i = 0; i < send[static_cast<size_t>(q)]; ++i) in.set(at++, piece_value(me, q, i));
+      in.set(sent, 255);
+      out.set(received, 254);
+      c.all_to_all(out.tensor(), in.tensor(), send, recv);
+      at = 0;
+      for (int q = 0; q < n; ++q)
+        for (int64_t i = 0; i < recv[static_cast<size_t>(q)]; ++i)
+          ASSERT_EQ(out.get(at++), piece_value(q, me, i)) << dtype_name(d) << " pattern " << pattern << " from " << q;
+      EXPECT_EQ(out.get(received), 254) << "written past the pieces";
+    }
+  }
+}
+
+TEST(Comm, AllToAllOfCountsThenPayloadAsync) {
+  // The dispatch's two steps: each rank learns what it will receive (one int32 per rank),
+  // then two payloads are in flight at once.
+  Communicator& c = world();
+  const int n = c.size(), me = c.rank();
+  const std::vector<int64_t> ones(static_cast<size_t>(n), 1);
+  std::vector<int32_t> mine(static_cast<size_t>(n)), theirs(static_cast<size_t>(n));
+  for (int q = 0; q < n; ++q) mine[static_cast<size_t>(q)] = static_cast<int32_t>((me + 2 * q) % 5);
+  c.all_to_all(Tensor::view(theirs.data(), {n}, DType::I32), Tensor::view(mine.data(), {n}, DType::I32), ones, ones);
+  std::vector<int64_t> send(mine.begin(), mine.end()), recv(theirs.begin(), theirs.end());
+  for (int q = 0; q < n; ++q) ASSERT_EQ(recv[static_cast<size_t>(q)], (q + 2 * me) % 5);
+  const int64_t sent = std::accumulate(send.begin(), send.end(), int64_t{0});
+  const int64_t received = std::accumulate(recv.begin(), recv.end(), int64_t{0});
+  std::vector<float> a(static_cast<size_t>(sent) + 1), b(a.size());
+  std::vector<float> ra(static_cast<size_t>(received) + 1), rb(ra.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    a[i] = static_cast<float>(me * 1000 + static_cast<int>(i));
+    b[i] = -a[i];
+  }
+  auto view = [](std::vector<float>& v) { return Tensor::view(v.data(), {static_cast<int64_t>(v.size())}, DType::F32); };
+  auto wa = c.all_to_all_async(view(ra), view(a), send, recv);
+  auto wb = c.all_to_all_async(view(rb), view(b), send, recv);
+  wb->wait();
+  wa->wait();
+  int64_t at = 0;
+  for (int q = 0; q < n; ++q) {
+    int64_t offset = 0;  // where rank q's piece for me starts in its input
+    for (int p = 0; p < me; ++p) offset += (q + 2 * p) % 5;
+    for (int64_t i = 0; i < recv[static_cast<size_t>(q)]; ++i, ++at) {
+      ASSERT_EQ(ra[static_cast<size_t>(at)], static_cast<float>(q * 1000 + offset + i));
+      ASSERT_EQ(rb[static_cast<size_t>(at)], -ra[static_cast<size_t>(at)]);
+    }
+  }
+}
+
 TEST(Comm, BroadcastFromEveryRoot) {
   Communicator& c = world();
   for (DType d : kAllDtypes) {
@@ -333,6 +405,13 @@ TEST(Comm, StatisticsAndBandwidth) {
   EXPECT_EQ(s.of(Collective::AllGather).count, 1);
   EXPECT_EQ(s.of(Collective::AllGather).bytes, 4096 * 4 * c.size());
   EXPECT_EQ(s.of(Collective::Broadcast).count, 0);
+  // all_to_all counts the bytes this rank sends: 3 elements to each rank.
+  const std::vector<int64_t> three(static_cast<size_t>(c.size()), 3);
+  c.all_to_all(Tensor::view(g.data(), {3 * c.size()}, DType::F32),
+               Tensor::view(x.data(), {3 * c.size()}, DType::F32), three, three);
+  EXPECT_EQ(c.stats().of(Collective::AllToAll).count, 1);
+  EXPECT_EQ(c.stats().of(Collective::AllToAll).bytes, 3 * 4 * c.size());
+  EXPECT_DOUBLE_EQ(bus_bandwidth_factor(Collective::AllToAll, 4), 0.75);
   if (c.backend_name() == "mpi") {
     EXPECT_GT(s.of(Collective::AllReduce).seconds, 0.0);
     const auto& ar = s.of(Collective::AllReduce);
@@ -354,6 +433,25 @@ TEST(Comm, BadArgumentsThrowOnEveryRankBeforeCommunicating) {
   EXPECT_THROW(c.send(Tensor::view(in.data(), {10}, DType::F32), 0, 40000), Error);
   EXPECT_THROW(c.set_timeout(0), Error);
   EXPECT_THROW(c.new_group({c.size()}), Error);
+  // all_to_all: a count per rank, none negative, as much sent to itself as received from
+  // itself, the pieces within the buffers, the buffers apart.
+  const auto n = static_cast<size_t>(c.size());
+  const std::vector<int64_t> one(n, 1), short_counts(n + 1, 1);
+  std::vector<int64_t> negative(n, 1), uneven_self(n, 1), too_many(n, 1);
+  negative[0] = -1;
+  uneven_self[static_cast<size_t>(c.rank())] = 2;
+  too_many[0] = 11;
+  std::vector<float> big(2 * n);
+  const Tensor in_t = Tensor::view(in.data(), {10}, DType::F32);
+  const Tensor big_t = Tensor::view(big.data(), {static_cast<int64_t>(big.size())}, DType::F32);
+  if (n <= 10) {
+    EXPECT_THROW(c.all_to_all(big_t, in_t, short_counts, one), Error);
+    EXPECT_THROW(c.all_to_all(big_t, in_t, negative, one), Error);
+    EXPECT_THROW(c.all_to_all(big_t, in_t, uneven_self, one), Error);
+    EXPECT_THROW(c.all_to_all(big_t, in_t, too_many, one), Error);
+    EXPECT_THROW(c.all_to_all(big_t.view_at(0, {static_cast<int64_t>(n) + 1}), big_t.view_at(1, {static_cast<int64_t>(n)}), one, one), Error);
+    EXPECT_THROW(c.all_to_all(big_t, Tensor::view(in.data(), {10}, DType::I32), one, one), Error);
+  }
   c.barrier();  // still in step
 }
 

@@ -181,6 +181,37 @@ class NcclCommunicator final : public Communicator {
                       stream_);
     });
   }
+  std::shared_ptr<Work> all_to_all_async(const Tensor& output, const Tensor& input,
+                                         std::span<const int64_t> send_counts,
+                                         std::span<const int64_t> recv_counts,
+                                         Stream s) override {
+    const auto [sent, received] = check_all_to_all(output, input, send_counts, recv_counts);
+    if (input.device().is_cpu())
+      return boot_->all_to_all_async(output, input, send_counts, recv_counts, s);
+    const Tensor in = input.view_at(0, Shape{sent});
+    const std::string what = comm_detail::describe(Collective::AllToAll, in);
+    // One ncclSend and one ncclRecv per peer with a non-empty piece, fused by a group
+    // (inside the caller's group when one is open).
+    return launch(Collective::AllToAll, static_cast<int64_t>(in.nbytes()), what, s, [&] {
+      const bool own_group = !in_group_;
+      if (own_group) nccl_ok(ncclGroupStart(), "ncclGroupStart");
+      const size_t elem = dtype_size(input.dtype());
+      const auto* src = static_cast<const char*>(input.raw());
+      auto* dst = static_cast<char*>(output.raw());
+      ncclResult_t r = ncclSuccess;
+      for (int q = 0; q < size() && (r == ncclSuccess || r == ncclInProgress); ++q) {
+        const auto sc = static_cast<size_t>(send_counts[static_cast<size_t>(q)]);
+        const auto rc = static_cast<size_t>(recv_counts[static_cast<size_t>(q)]);
+        if (sc > 0) r = ncclSend(src, sc, nccl_type(input.dtype()), q, comm_, stream_);
+        if (rc > 0 && (r == ncclSuccess || r == ncclInProgress))
+          r = ncclRecv(dst, rc, nccl_type(input.dtype()), q, comm_, stream_);
+        src += sc * elem;
+        dst += rc * elem;
+      }
+      if (own_group) nccl_ok(ncclGroupEnd(), "ncclGroupEnd");
+      return r;
+    });
+  }
   std::shared_ptr<Work> barrier_async() override {
     // An all-reduce of one device int: completes when every rank has reached it.
     return launch(Collective::Barrier, 0, "barrier", Stream{}, [&] {

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
 #include <vector>
 
@@ -63,6 +64,16 @@ TEST(NcclCommunicator, SingleRankCollectives) {
   be->copy_to_host(s, hb.data(), b);
   EXPECT_EQ(hb[0], f32_to_bf16(1.5f));
 
+  // all_to_all: the piece for itself, 999 of the 1000 elements (the last never written).
+  be->fill(s, out, -1.f);
+  const std::vector<int64_t> counts{999};
+  comm->all_to_all(out, t, counts, counts, s);
+  be->copy_to_host(s, back.data(), out);
+  EXPECT_TRUE(std::equal(back.begin(), back.end() - 1, h.begin()));
+  EXPECT_EQ(back.back(), -1.f);
+  const std::vector<int64_t> none{0};
+  comm->all_to_all(out, t, none, none, s);  // nothing to send: still a valid call
+
   // Host buffers go through the bootstrap communicator.
   int32_t x = 7;
   comm->all_reduce(Tensor::view(&x, {1}, DType::I32));
@@ -71,6 +82,8 @@ TEST(NcclCommunicator, SingleRankCollectives) {
   const CommStats st = comm->stats();
   EXPECT_GE(st.of(Collective::AllReduce).count, 3);
   EXPECT_EQ(st.of(Collective::Barrier).count, 1);
+  EXPECT_EQ(st.of(Collective::AllToAll).count, 2);
+  EXPECT_EQ(st.of(Collective::AllToAll).bytes, 999 * 4);
 }
 
 }  // namespace
