@@ -32,7 +32,13 @@ void Arrivals::close() {
   poll();
   for (Send& s : sends_) MPI_Wait(&s.request, MPI_STATUS_IGNORE);
   sends_.clear();
-  MPI_Comm_free(&hb_);
+  // The duplicate is left to MPI_Finalize, not freed: another rank's last announcements
+  // and heartbeats may still be on their way, and Open MPI reuses a freed communicator's
+  // context id, matching such a late message into the next communicator that gets it (a
+  // crash in ob1's add_comm, seen when meshes were built and destroyed in a loop). Freeing
+  // safely would take a collective count of the messages, which would make a rank that
+  // leaves on an error wait for the others. One communicator per communicator created.
+  hb_ = MPI_COMM_NULL;
 }
 
 void Arrivals::announce(int64_t s) {

@@ -35,7 +35,9 @@ class Arrivals {
   static constexpr double kSilentS = 1.5;
   /// `comm` is duplicated (collective over it: call where its MPI calls run).
   Arrivals(MPI_Comm comm, int rank, int size, std::string name);
-  /// Frees the duplicate, after draining what arrived (call where MPI calls run).
+  /// Stops the record, after draining what arrived and completing its sends; the
+  /// duplicate stays allocated until MPI_Finalize (see close() in the .cpp). Call where
+  /// MPI calls run.
   void close();
 
   /// The next collective's number (caller's thread, in submission order).

@@ -233,7 +233,7 @@ class MpiCommunicator final : public Communicator {
     if (arrivals_) {
       engine_->remove_poller(this);
       std::shared_ptr<Arrivals> a = arrivals_;
-      run_control([a] { a->close(); }, "MPI_Comm_free (arrival record) on " + where());
+      run_control([a] { a->close(); }, "closing the arrival record on " + where());
     }
     if (owns_comm_) {
       MPI_Comm c = comm_;

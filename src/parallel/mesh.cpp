@@ -50,6 +50,11 @@ DeviceMesh::DeviceMesh(int world_size, int rank, MeshSizes sizes)
   sizes_[static_cast<size_t>(Axis::CP)] = cp;
   sizes_[static_cast<size_t>(Axis::TP)] = tp;
   sizes_[static_cast<size_t>(Axis::PP)] = pp;
+  ep_ = sizes.ep;
+  KILN_CHECK(ep_ >= 1 && (dp * cp) % ep_ == 0,
+             "parallel.ep = {} must divide dp ({}) * cp ({}) = {}: the expert-parallel group is "
+             "carved out of the ranks sharing the parameters",
+             ep_, dp, cp, dp * cp);
 }
 
 DeviceMesh::DeviceMesh(Communicator& world, MeshSizes sizes)
@@ -121,6 +126,23 @@ std::vector<int> DeviceMesh::dp_cp_ranks(int rank) const {
   return ranks;
 }
 
+std::vector<int> DeviceMesh::ep_ranks(int rank) const {
+  const std::vector<int> dp_cp = dp_cp_ranks(rank);
+  const MeshCoord c = coord(rank);
+  const int first = (c[Axis::DP] * cp() + c[Axis::CP]) / ep_ * ep_;  // q of ep rank 0
+  return {dp_cp.begin() + first, dp_cp.begin() + first + ep_};
+}
+
+std::vector<int> DeviceMesh::edp_ranks(int rank) const {
+  const std::vector<int> dp_cp = dp_cp_ranks(rank);
+  const MeshCoord c = coord(rank);
+  std::vector<int> ranks;
+  for (size_t q = static_cast<size_t>((c[Axis::DP] * cp() + c[Axis::CP]) % ep_); q < dp_cp.size();
+       q += static_cast<size_t>(ep_))
+    ranks.push_back(dp_cp[q]);
+  return ranks;
+}
+
 void DeviceMesh::build_comms(Communicator& world) {
   KILN_CHECK(world.size() == world_size_ && world.rank() == rank_,
              "mesh {} (rank {}) built from communicator '{}' of size {} at rank {}", str(), rank_,
@@ -141,6 +163,32 @@ void DeviceMesh::build_comms(Communicator& world) {
     KILN_CHECK(dp_cp_->size() == dp() * cp(), "mesh {}: the dp x cp communicator has size {}",
                str(), dp_cp_->size());
   }
+  if (ep_ > 1) build_expert_comms(world);
+}
+
+void DeviceMesh::build_expert_comms(Communicator& world) {
+  // Colors: the tp and pp coordinates and the group's first member (unique per group);
+  // keys: the rank's position in the group.
+  const MeshCoord me = coord();
+  const int q = me[Axis::DP] * cp() + me[Axis::CP];
+  const int slice = me[Axis::PP] * tp() + me[Axis::TP];
+  const int dpcp = dp() * cp();
+  ep_comm_ = world.split(slice * dpcp + q / ep_, q % ep_, "ep");
+  edp_comm_ = world.split(slice * dpcp + q % ep_, q / ep_, "edp");
+  KILN_CHECK(ep_comm_->size() == ep_ && edp_comm_->size() == dpcp / ep_,
+             "mesh {}: the ep and edp communicators have sizes {} and {}", str(),
+             ep_comm_->size(), edp_comm_->size());
+}
+
+Communicator* DeviceMesh::ep_comm() const {
+  KILN_CHECK(has_comms(), "mesh {}: ep_comm() asked before build_comms()", str());
+  return ep_comm_.get();
+}
+
+Communicator& DeviceMesh::edp_comm() const {
+  if (ep_ == 1) return dp_cp_comm();
+  KILN_CHECK(edp_comm_ != nullptr, "mesh {}: edp_comm() asked before build_comms()", str());
+  return *edp_comm_;
 }
 
 Communicator& DeviceMesh::dp_cp_comm() const {
@@ -156,7 +204,8 @@ Communicator& DeviceMesh::comm(Axis a) const {
 
 std::string DeviceMesh::str() const {
   const std::string cps = cp() > 1 ? fmt::format(" cp={}", cp()) : "";
-  return fmt::format("dp={}{} tp={} pp={} (world {})", dp(), cps, tp(), pp(), world_size_);
+  const std::string eps = ep_ > 1 ? fmt::format(" ep={}", ep_) : "";
+  return fmt::format("dp={}{} tp={} pp={}{} (world {})", dp(), cps, tp(), pp(), eps, world_size_);
 }
 
 }  // namespace kiln

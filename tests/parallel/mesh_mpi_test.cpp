@@ -1,6 +1,7 @@
 // DeviceMesh over the real world communicator: for every (dp, cp, tp, pp) whose product is
 // the world size, each axis communicator holds exactly the ranks group_ranks() names, in
-// that order (and the dp x cp one too). Runs under mpirun (4 ranks) and alone.
+// that order (and the dp x cp one too, and the ep and edp ones for every ep dividing dp x
+// cp). Runs under mpirun (4 ranks) and alone.
 #include "mpi_test_main.h"
 #include "parallel/mesh.h"
 
@@ -8,6 +9,27 @@
 
 namespace kiln {
 namespace {
+
+/// Each ep dividing dp * cp: the ep and edp communicators hold ep_ranks / edp_ranks, in order.
+void check_expert_groups(Communicator& world, MeshSizes sizes) {
+  const DeviceMesh shape(world.size(), world.rank(), sizes);
+  for (int ep = 2; ep <= shape.dp() * shape.cp(); ++ep) {
+    if (shape.dp() * shape.cp() % ep != 0) continue;
+    sizes.ep = ep;
+    DeviceMesh mesh(world, sizes);
+    SCOPED_TRACE(mesh.str());
+    ASSERT_NE(mesh.ep_comm(), nullptr);
+    for (auto [c, expect] : {std::pair{mesh.ep_comm(), mesh.ep_ranks(world.rank())},
+                             std::pair{&mesh.edp_comm(), mesh.edp_ranks(world.rank())}}) {
+      ASSERT_EQ(c->size(), static_cast<int>(expect.size())) << c->name();
+      int32_t me = world.rank();
+      std::vector<int32_t> got(expect.size());
+      c->all_gather(Tensor::view(got.data(), {static_cast<int64_t>(got.size())}, DType::I32),
+                    Tensor::view(&me, {1}, DType::I32));
+      for (size_t i = 0; i < expect.size(); ++i) EXPECT_EQ(got[i], expect[i]) << c->name();
+    }
+  }
+}
 
 TEST(DeviceMeshMpi, AxisCommunicatorsMatchGroups) {
   Communicator& world = testing::world();
@@ -28,6 +50,7 @@ TEST(DeviceMeshMpi, AxisCommunicatorsMatchGroups) {
                      Tensor::view(&me, {1}, DType::I32));
         for (size_t i = 0; i < expect.size(); ++i) EXPECT_EQ(got[i], expect[i]) << "dp_cp";
       }
+      check_expert_groups(world, {.dp = 0, .cp = cp, .tp = tp, .pp = pp});
       for (Axis a : kAllAxes) {
         Communicator& c = mesh.comm(a);
         const std::vector<int> expect = mesh.group_ranks(a);

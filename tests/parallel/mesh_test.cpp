@@ -106,6 +106,37 @@ TEST(DeviceMesh, ContextParallelSitsBetweenDpAndTp) {
   EXPECT_EQ(p.dp_cp_ranks(6), (std::vector<int>{4, 5, 6, 7}));
 }
 
+TEST(DeviceMesh, ExpertParallelIsCarvedOutOfDpCp) {
+  // world 8 = dp 4 x tp 2, ep 2 (the example at the top of mesh.h).
+  DeviceMesh m(8, 6, {.dp = 4, .tp = 2, .ep = 2});
+  EXPECT_EQ(m.ep(), 2);
+  EXPECT_EQ(m.ep_ranks(6), (std::vector<int>{4, 6}));
+  EXPECT_EQ(m.edp_ranks(6), (std::vector<int>{2, 6}));
+  EXPECT_EQ(m.ep_ranks(3), (std::vector<int>{1, 3}));
+  EXPECT_EQ(m.edp_ranks(3), (std::vector<int>{3, 7}));
+  EXPECT_EQ(m.str(), "dp=4 tp=2 pp=1 ep=2 (world 8)");
+  // dp 2 x cp 2 with ep 4: one ep group holds every dp x cp rank; edp groups of one.
+  DeviceMesh c(8, 5, {.dp = 2, .cp = 2, .tp = 2, .ep = 4});
+  EXPECT_EQ(c.ep_ranks(5), c.dp_cp_ranks(5));
+  EXPECT_EQ(c.edp_ranks(5), (std::vector<int>{5}));
+  // Every rank of a dp x cp group sits in exactly one ep group and one edp group, and an
+  // ep group meets each edp group once (together they hold each expert once per replica).
+  for (int ep : {1, 2, 4}) {
+    DeviceMesh d(8, 0, {.dp = 4, .tp = 2, .ep = ep});
+    for (int r = 0; r < 8; ++r) {
+      const std::vector<int> e = d.ep_ranks(r), x = d.edp_ranks(r);
+      EXPECT_EQ(static_cast<int>(e.size()), ep);
+      EXPECT_EQ(static_cast<int>(x.size()), 4 / ep);
+      EXPECT_EQ(std::ranges::count(e, r), 1);
+      EXPECT_EQ(std::ranges::count(x, r), 1);
+      for (int other : e) EXPECT_EQ(d.ep_ranks(other), e);
+      for (int other : x) EXPECT_EQ(d.edp_ranks(other), x);
+    }
+  }
+  // ep must divide dp * cp.
+  EXPECT_THROW(DeviceMesh(8, 0, {.dp = 4, .tp = 2, .ep = 0}), Error);
+}
+
 TEST(DeviceMesh, DerivesDpAndExplainsBadShapes) {
   EXPECT_EQ(DeviceMesh(8, 0, {.dp = 0, .tp = 2, .pp = 2}).dp(), 2);
   EXPECT_EQ(DeviceMesh(6, 0, {.dp = 0}).dp(), 6);
@@ -131,6 +162,9 @@ TEST(DeviceMesh, DerivesDpAndExplainsBadShapes) {
             "parallel: cp (3) * tp (1) * pp (1) = 3 does not divide the world size 8, so dp cannot "
             "be derived");
   EXPECT_EQ(DeviceMesh(8, 0, {.dp = 0, .cp = 2, .tp = 2}).dp(), 2);
+  EXPECT_EQ(message([] { DeviceMesh(8, 0, {.dp = 4, .tp = 2, .ep = 3}); }),
+            "parallel.ep = 3 must divide dp (4) * cp (1) = 4: the expert-parallel group is "
+            "carved out of the ranks sharing the parameters");
   DeviceMesh m(4, 0, {.dp = 2, .tp = 2});
   MeshCoord bad;
   bad[Axis::TP] = 2;
