@@ -8,6 +8,7 @@
 #include "backend/registry.h"
 #include "nn/block.h"
 #include "nn/classifier.h"
+#include "nn/expert_parallel.h"
 
 #include <gtest/gtest.h>
 
@@ -417,6 +418,59 @@ TEST(Classifier, ChunkSizeDoesNotChangeTheResult) {
       EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
     }
   }
+}
+
+// The dispatch bookkeeping of every rank of ep groups, on random counts with empty
+// experts and ranks: each rank's rows arrive where its peer expects them, and reordered
+// by to_expert_order they lie by local expert, then source rank, then slot, each expert
+// within its offsets.
+TEST(EpDispatch, EveryRowReachesItsExpertInSourceOrder) {
+  std::mt19937 gen(7);
+  // A row: (source rank, global expert, slot index within the source's expert).
+  struct Row {
+    int src;
+    int64_t expert;
+    int i;
+    bool operator==(const Row&) const = default;
+  };
+  for (int ep : {1, 2, 3, 4}) {
+    const int64_t El = 3, E = ep * El;
+    std::vector<std::vector<int32_t>> own(static_cast<size_t>(ep));  // [rank][expert]
+    for (auto& c : own)
+      for (int64_t e = 0; e < E; ++e) c.push_back(gen() % 4 == 0 ? 0 : static_cast<int32_t>(gen() % 5));
+    own[0].assign(static_cast<size_t>(E), 0);  // a rank with nothing routed
+    auto count = [&](int s, int64_t e) { return own[static_cast<size_t>(s)][static_cast<size_t>(e)]; };
+    for (int q = 0; q < ep; ++q) {
+      std::vector<int32_t> incoming;  // what the counts' all_to_all delivers
+      for (int s = 0; s < ep; ++s)
+        for (int64_t j = 0; j < El; ++j) incoming.push_back(count(s, q * El + j));
+      const EpDispatch d = make_ep_dispatch(own[static_cast<size_t>(q)], incoming, ep, q);
+      std::vector<Row> received;  // what the rows' all_to_all delivers: by source
+      for (int s = 0; s < ep; ++s) {
+        const std::vector<int32_t> any(incoming.size());
+        const EpDispatch from = make_ep_dispatch(own[static_cast<size_t>(s)], any, ep, s);
+        ASSERT_EQ(d.recv_rows[static_cast<size_t>(s)], from.send_rows[static_cast<size_t>(q)]);
+        for (int64_t j = 0; j < El; ++j)
+          for (int i = 0; i < count(s, q * El + j); ++i) received.push_back({s, q * El + j, i});
+      }
+      ASSERT_EQ(d.received(), static_cast<int64_t>(received.size()));
+      ASSERT_EQ(d.to_expert_order.size(), received.size());
+      std::vector<Row> by_expert(received.size(), Row{-1, -1, -1});
+      for (size_t r = 0; r < received.size(); ++r)
+        by_expert[static_cast<size_t>(d.to_expert_order[r])] = received[r];
+      std::vector<Row> expect;  // by local expert, then source, then slot
+      for (int64_t j = 0; j < El; ++j) {
+        EXPECT_EQ(d.offsets[static_cast<size_t>(j)], static_cast<int32_t>(expect.size()));
+        for (int s = 0; s < ep; ++s)
+          for (int i = 0; i < count(s, q * El + j); ++i) expect.push_back({s, q * El + j, i});
+      }
+      EXPECT_EQ(by_expert, expect) << "ep " << ep << " rank " << q;
+    }
+  }
+  using Counts = std::vector<int32_t>;
+  EXPECT_THROW(make_ep_dispatch(Counts(5, 1), Counts(5, 1), 2, 0), Error);  // 2 does not divide 5
+  EXPECT_THROW(make_ep_dispatch(Counts(4, 1), Counts(3, 1), 2, 0), Error);  // 3 incoming, not 4
+  EXPECT_THROW(make_ep_dispatch(Counts{1, -1}, Counts{1}, 2, 1), Error);    // negative
 }
 
 }  // namespace
