@@ -12,6 +12,10 @@
 #      train.device = cuda on the demo config in bf16 and the KJV shards carried from the
 #      build machine, its val loss next to the CPU's for the same steps, each device's
 #      checkpoint resumed on both devices); skipped when data/kjv was not carried;
+#   3c. runs the mixture-of-experts model on the GPU (scripts/gpu/moe-check.sh, about a
+#      minute: `kiln train` of configs/demo-moe.toml on cuda and on the CPU for 30
+#      updates, fp32 dropless and bf16 with token dropping, val losses side by side; the
+#      MoE ops' own cases run in step 3's op test); skipped without data/kjv;
 #   4. benchmarks one GPT-2 124M training step (T=1024, micro batch 16 or the largest
 #      that fits) in kiln (bench/gpu/kiln_gpu_step: bf16 parameters and activations,
 #      fp32 gradients and master weights; GPU_CHECK_KILN_FP32=1: the fp32 model with TF32
@@ -26,6 +30,7 @@
 # Env: GPU_CHECK_JOBS (build jobs, default nproc), GPU_CHECK_SKIP_TORCH=1,
 #      GPU_CHECK_ARCHS (default 90), GPU_CHECK_B (default 16), GPU_CHECK_STEPS (30: the median of that many steps),
 #      GPU_CHECK_TRAIN_STEPS (the trainer check's updates, default 100),
+#      GPU_CHECK_MOE_STEPS (the MoE check's updates, default 30; 0 skips it),
 #      GPU_CHECK_VARIANTS / GPU_CHECK_VARIANT_STEPS (the switchable changes measured one
 #      by one after the benchmark, 15 steps each; 0 steps skips them; see 4a below),
 #      GPU_CHECK_KILN_FP32=1 (kiln's fp32 model instead of bf16), GPU_CHECK_DRY=1 (no GPU needed: unpack, configure and build only; for checking
@@ -44,7 +49,7 @@ archs="${GPU_CHECK_ARCHS:-90}"
 B="${GPU_CHECK_B:-16}"
 steps="${GPU_CHECK_STEPS:-30}"
 status_build=skipped status_tests=skipped status_kiln=skipped status_torch=skipped
-status_trainer=skipped
+status_trainer=skipped status_moe=skipped
 
 say() { echo "[gpu-check $(($(date +%s) - t_start))s] $*" | tee -a "$log"; }
 die() { say "FAILED: $*"; exit 1; }
@@ -149,6 +154,21 @@ if [ -f "$root/data/kjv/meta.json" ]; then
   grep "^train-check:" "$out/trainer.log" >>"$log" || true
 else
   say "trainer check skipped: data/kjv was not carried (run scripts/demo.sh here first)"
+fi
+
+# ---- 3c. the mixture-of-experts model on the GPU --------------------------------------
+moe_steps="${GPU_CHECK_MOE_STEPS:-30}"
+if [ -f "$root/data/kjv/meta.json" ] && [ "$moe_steps" -gt 0 ]; then
+  if phase moe 90 bash "$root/scripts/gpu/moe-check.sh" "$build/kiln/apps/kiln/kiln" \
+       "$build/moe-check" "$moe_steps"; then
+    status_moe=ok
+  else
+    status_moe=FAILED
+  fi
+  grep "^moe-check:" "$out/moe.log" >>"$log" || true
+  # (moe.log moves to build-gpu/, the device tool returning at most 8 files: its last
+  # lines and the moe-check lines are in gpu-check.log.)
+  cat "$out/moe.log" >>"$build/moe-check.log" && rm -f "$out/moe.log"
 fi
 
 # ---- 4. benchmarks -----------------------------------------------------------------------
@@ -259,5 +279,5 @@ t = [r for r in rows if r["impl"] == "pytorch"]
 if k and t:
     print(f"kiln / PyTorch tokens/s: {k[0]['tokens_per_s'] / t[0]['tokens_per_s']:.3f}")
 PY
-say "build $status_build | tests $status_tests | bf16 $status_bf16 | trainer $status_trainer | kiln bench $status_kiln | torch bench $status_torch | memcheck $status_sanitize | total $(($(date +%s) - t_start))s"
+say "build $status_build | tests $status_tests | bf16 $status_bf16 | trainer $status_trainer | moe $status_moe | kiln bench $status_kiln | torch bench $status_torch | memcheck $status_sanitize | total $(($(date +%s) - t_start))s"
 [ "$status_tests" = ok ] && [ "$status_kiln" = ok ] || exit 1

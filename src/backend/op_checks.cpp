@@ -570,6 +570,15 @@ GroupedLinearDims grouped_linear(const Tensor& out, const Tensor& inp, const Ten
   return d;
 }
 
+void grouped_linear_offsets(const int32_t* offsets, int64_t M, int64_t E, const char* op) {
+  KILN_CHECK(offsets[0] == 0 && offsets[E] <= M,
+             "{}: offsets must run from 0 to at most M = {}, got {} .. {}", op, M, offsets[0],
+             offsets[E]);
+  for (int64_t e = 0; e < E; ++e)
+    KILN_CHECK(offsets[e] <= offsets[e + 1], "{}: offsets[{}] = {} > offsets[{}] = {}", op, e,
+               offsets[e], e + 1, offsets[e + 1]);
+}
+
 GroupedLinearDims grouped_linear_backward(const Tensor& dinp, const Tensor& dweight,
                                           const Tensor& dout, const Tensor& inp,
                                           const Tensor& weight, const Tensor& offsets) {

@@ -180,6 +180,10 @@ MoePermuteDims moe_unpermute_backward(const Tensor& dexpert_out, const Tensor& d
 struct GroupedLinearDims { int64_t M, I, O, E; };
 GroupedLinearDims grouped_linear(const Tensor& out, const Tensor& inp, const Tensor& weight,
                                  const Tensor& offsets);
+/// A grouped linear's offsets [E+1], read on the host (the CPU's tensor, or the CUDA
+/// backend's copy): throws unless they rise from 0 to at most M (M_kept < M: slots dropped
+/// past an expert's capacity). `op` names the caller in the message.
+void grouped_linear_offsets(const int32_t* offsets, int64_t M, int64_t E, const char* op);
 /// grouped_linear_backward: dout as out; dinp empty or like inp; dweight empty or a
 /// gradient of weight (fp32 or its dtype).
 GroupedLinearDims grouped_linear_backward(const Tensor& dinp, const Tensor& dweight,

@@ -159,6 +159,10 @@ class CudaScratch final : public MetaScratchModel {
         const int64_t blocks = std::clamp<int64_t>((c.numel + 2047) / 2048, 1, 1024);
         return 8 * blocks;  // the per-block partial sums
       }
+      // The router's per-row log-sum-exp and sigmoid sum (fp64) and per-expert counts.
+      case Op::MoeBalanceStats: return 16 * c.N + 4 * c.C;
+      // The plan's histogram: an int32 per expert and chunk of 256 slots.
+      case Op::MoePermutePlan: return 4 * ((c.numel + 255) / 256) * c.E;
       default: return 0;
     }
   }

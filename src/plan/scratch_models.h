@@ -18,7 +18,9 @@
 //         attention backward B NH T fp32, embedding backward a radix sort of the B T
 //         token ids (4 arrays of 4 B T bytes, each rounded to 256, plus CUB's temporary
 //         storage, estimated as 8 B T + 64 KiB: an upper bound for CUB's one-sweep radix
-//         sort of 32-bit keys), sum of squares 8 (blocks + 1) bytes.
+//         sort of 32-bit keys), sum of squares 8 (blocks + 1) bytes, the MoE balancing
+//         statistics 16 N + 4 E bytes (N tokens, E experts), the MoE permutation plan
+//         4 E ceil(N k / 256) bytes (cuda/moe_permute.cu's histogram).
 //   none  nothing beyond the tensors callers allocate.
 #pragma once
 

@@ -5,8 +5,9 @@
 // it stands for, and runs every op that backend supports (its ops only check arguments:
 // a plan may go where the kernels do not yet, e.g. `kiln memplan`'s context-parallel
 // layouts on CUDA). The CUDA backend's answers, which a machine without a GPU cannot
-// run, are checked as a table: ring attention's tile ops and the mixture-of-experts ops
-// answer false (the GPU issues write their kernels and flip the answers).
+// run, are checked as a table: ring attention's tile ops answer false (a GPU issue
+// writes their kernels and flips the answers); the mixture-of-experts ops whose tensors
+// have fixed dtypes answer for every float dtype, the others for fp32 and bf16.
 //
 // The ops come from op_list.h: a new op without its tiny call below fails to compile.
 #include "backend/backend.h"
@@ -358,12 +359,15 @@ TEST(OpSupport, RequireOpsNamesTheOpTheBackendAndTheKey) {
   EXPECT_NO_THROW(require_ops(*meta, OpFamily::Attention, DType::BF16, "attention"));
 }
 
-// The CUDA backend's table, without a GPU: ring attention's tile ops and the MoE ops throw
-// there (cuda_attention_ops.cpp, cuda_moe_ops.cpp), so they answer false; the kernels run
-// fp32 and bf16.
+// The CUDA backend's table, without a GPU: ring attention's tile ops throw there
+// (cuda_attention_ops.cpp), so they answer false; the kernels run fp32 and bf16, and the
+// ops whose tensors have fixed dtypes (the MoE router and plan among them) any float dtype.
 static_assert(!cuda_supports(Op::AttentionTileForward, DType::F32));
-static_assert(!cuda_supports(Op::GroupedLinearForward, DType::BF16));
-static_assert(!cuda_supports(Op::MoeRouterForward, DType::F32));
+static_assert(cuda_supports(Op::GroupedLinearForward, DType::BF16));
+static_assert(!cuda_supports(Op::GroupedLinearBackward, DType::F16));
+static_assert(!cuda_supports(Op::MoeUnpermute, DType::F16));
+static_assert(cuda_supports(Op::MoeRouterForward, DType::F32));
+static_assert(cuda_supports(Op::MoePermutePlan, DType::F16));  // fixed dtypes: every float
 static_assert(cpu_supports(Op::GroupedLinearBackward, DType::BF16));
 static_assert(cpu_supports(Op::MoeRouterForward, DType::F16));  // fixed dtypes: every float
 static_assert(!cuda_supports(Op::AttentionTileBackward, DType::BF16));
@@ -375,11 +379,19 @@ static_assert(!cpu_supports(Op::AdamW, DType::BF16));  // fp32 parameters only
 
 TEST(OpSupport, CudaTable) {
   for (Op op : kAllOps) {
-    const bool unwritten =
-        op_family(op) == OpFamily::RingAttention || op_family(op) == OpFamily::MoE;
+    const bool unwritten = op_family(op) == OpFamily::RingAttention;
     for (DType dt : {DType::F32, DType::BF16})
       EXPECT_EQ(cuda_supports(op, dt), !unwritten) << op_name(op) << " in " << dtype_name(dt);
     for (DType dt : kOthers) EXPECT_FALSE(cuda_supports(op, dt)) << op_name(op);
+  }
+  // The MoE family: the router, its statistics and the plan (fp32 and int32 tensors)
+  // for every float dtype; the permutations and the grouped linear not in fp16.
+  for (Op op : kAllOps) {
+    if (op_family(op) != OpFamily::MoE) continue;
+    const bool fixed = op == Op::MoeRouterForward || op == Op::MoeRouterBackward ||
+                       op == Op::MoeBalanceStats || op == Op::MoeBalanceBackward ||
+                       op == Op::MoePermutePlan;
+    EXPECT_EQ(cuda_supports(op, DType::F16), fixed) << op_name(op) << " in fp16";
   }
 }
 

@@ -399,6 +399,23 @@ TEST_F(MemPlanTest, MoeWorstRoutingBoundsTheMeasuredScratch) {
                   static_cast<double>(m.peak[0]), 0.10);
 }
 
+TEST_F(MemPlanTest, MoePlansOnCudaTheSameUnderEitherRouting) {
+  // The CUDA backend runs the MoE ops (cuda_supports), so a MoE model plans there; the
+  // routing changes nothing: cuBLASLt's workspace is fixed and the MoE ops' own scratch
+  // (the balancing statistics', the plan's histogram) depends on N, k and E alone.
+  const Case c{1, 0, "none", 2, 4, false, "fp32", 1, false, "moe.toml"};
+  const TrainConfig cfg =
+      load_config_file((work_ / c.config).string(), overrides(c, work_ / "moe_cuda"));
+  plan::MemPlanOptions o;
+  o.backend = "cuda";
+  const plan::MemPlan worst = plan::plan_memory(cfg, o);
+  o.moe_routing = plan::MoeRouting::Balanced;
+  const plan::MemPlan balanced = plan::plan_memory(cfg, o);
+  EXPECT_EQ(worst.moe_experts, 4);
+  EXPECT_EQ(worst.rank0().peak_total, balanced.rank0().peak_total);
+  EXPECT_GE(worst.rank0().peak_of(MemCategory::Temporaries), plan::kCudaGemmWorkspaceBytes);
+}
+
 TEST(MoeRoutingPieces, WorstIsEveryPieceUpToNBalancedThoseOfMOverE) {
   using plan::MoeRouting;
   // M = N k = 256 x 2 slots over 8 experts: an expert may receive up to N = 256 rows.

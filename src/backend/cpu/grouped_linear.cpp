@@ -4,50 +4,21 @@
 //
 // oneDNN primitives are created and cached per problem shape (gemm.h), and an expert's
 // row count changes from step to step: each expert's rows run as pieces whose sizes are
-// powers of two (largest first), so that one projection creates at most log2(M) + 1
-// primitives over a whole run instead of one per row count seen. The pieces of dweight
-// accumulate (+=) in piece order; rows are independent otherwise.
+// powers of two (backend/grouped_pieces.h), so that one projection creates at most
+// log2(M) + 1 primitives over a whole run instead of one per row count seen. The pieces
+// of dweight accumulate (+=) in piece order; rows are independent otherwise.
 #include "backend/cpu/kernels.h"
 
-#include "core/error.h"
+#include "backend/grouped_pieces.h"
+#include "backend/op_checks.h"
 
 namespace kiln::cpu {
-
-namespace {
-
-// Throws unless offsets [E+1] rise from 0 to at most M (M_kept < M: slots dropped past
-// an expert's capacity; rows [M_kept, M) are left alone).
-void check_offsets(const int32_t* offsets, int64_t M, int64_t E, const char* op) {
-  KILN_CHECK(offsets[0] == 0 && offsets[E] <= M,
-             "{}: offsets must run from 0 to at most M = {}, got {} .. {}", op, M, offsets[0],
-             offsets[E]);
-  for (int64_t e = 0; e < E; ++e)
-    KILN_CHECK(offsets[e] <= offsets[e + 1], "{}: offsets[{}] = {} > offsets[{}] = {}", op, e,
-               offsets[e], e + 1, offsets[e + 1]);
-}
-
-// f(expert, first row, rows) for the power-of-two pieces of every expert's rows.
-template <class F>
-void for_each_piece(const int32_t* offsets, int64_t E, F&& f) {
-  for (int64_t e = 0; e < E; ++e) {
-    int64_t r = offsets[e];
-    const int64_t m = offsets[e + 1] - r;
-    for (int b = 62; b >= 0; --b) {
-      const int64_t piece = int64_t{1} << b;
-      if ((m & piece) == 0) continue;
-      f(e, r, piece);
-      r += piece;
-    }
-  }
-}
-
-}  // namespace
 
 template <class T>
 void grouped_linear_forward(Gemm& gemm, T* out, const T* inp, const T* weight,
                             const int32_t* offsets, int64_t M, int64_t I, int64_t O, int64_t E) {
-  check_offsets(offsets, M, E, "grouped_linear_forward");
-  for_each_piece(offsets, E, [&](int64_t e, int64_t r, int64_t m) {
+  checks::grouped_linear_offsets(offsets, M, E, "grouped_linear_forward");
+  for_each_grouped_piece(offsets, E, [&](int64_t e, int64_t r, int64_t m) {
     linear_forward(gemm, out + r * O, inp + r * I, weight + e * O * I, (const T*)nullptr, m, I,
                    O);
   });
@@ -57,8 +28,8 @@ template <class T, class G>
 void grouped_linear_backward(Gemm& gemm, T* dinp, G* dweight, const T* dout, const T* inp,
                              const T* weight, const int32_t* offsets, int64_t M, int64_t I,
                              int64_t O, int64_t E) {
-  check_offsets(offsets, M, E, "grouped_linear_backward");
-  for_each_piece(offsets, E, [&](int64_t e, int64_t r, int64_t m) {
+  checks::grouped_linear_offsets(offsets, M, E, "grouped_linear_backward");
+  for_each_grouped_piece(offsets, E, [&](int64_t e, int64_t r, int64_t m) {
     linear_backward(gemm, dinp ? dinp + r * I : nullptr, dweight ? dweight + e * O * I : nullptr,
                     (G*)nullptr, dout + r * O, inp + r * I, weight + e * O * I, m, I, O);
   });

@@ -349,6 +349,11 @@ void CudaBackend::on_device(const Tensor& t, const char* op) {
              t.str());
 }
 
+void CudaBackend::on_device_all(std::initializer_list<const Tensor*> ts, const char* op) {
+  for (const Tensor* t : ts)
+    if (*t) on_device(*t, op);
+}
+
 Elem CudaBackend::elem(const Tensor& t, const char* op,
                        std::initializer_list<const Tensor*> same) {
   KILN_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::BF16,

@@ -24,17 +24,23 @@ namespace kiln {
 /// The CUDA backend's `supports` answers, known without a GPU (the Meta backend's when it
 /// stands for CUDA, the tests): fp32 and bf16 (fp16 only for transfers, copy and fill,
 /// which are not ops of the list); the ops whose tensors have fixed dtypes (int32 ids,
-/// fp32 or fp64 statistics) for every float dtype; nothing for ring attention's tile ops
-/// (parallel.cp > 1) and the mixture-of-experts ops, whose kernels are not written yet.
+/// fp32 or fp64 statistics: the mixture-of-experts router, its balancing statistics and
+/// the permutation plan among them) for every float dtype; nothing for ring attention's
+/// tile ops (parallel.cp > 1), whose kernels are not written yet.
 constexpr bool cuda_supports(Op op, DType dtype) {
   const bool fp32_or_bf16 = dtype == DType::F32 || dtype == DType::BF16;
-  if (op_family(op) == OpFamily::RingAttention || op_family(op) == OpFamily::MoE) return false;
+  if (op_family(op) == OpFamily::RingAttention) return false;
   switch (op) {
     case Op::ShardIds:
     case Op::CrossEntropyShardCombine:
     case Op::AccumulateLoss:
     case Op::ClipCoefficient:
-    case Op::RectifiedFlowInputs: return fp32_or_bf16 || dtype == DType::F16;
+    case Op::RectifiedFlowInputs:
+    case Op::MoeRouterForward:
+    case Op::MoeRouterBackward:
+    case Op::MoeBalanceStats:
+    case Op::MoeBalanceBackward:
+    case Op::MoePermutePlan: return fp32_or_bf16 || dtype == DType::F16;
     default: return fp32_or_bf16;
   }
 }

@@ -3,7 +3,7 @@
 // optimizer, shared helpers), cuda_ops.cpp (embedding, norms, linear, element-wise ops),
 // cuda_dit_ops.cpp (adaLN modulation, rectified-flow inputs, the MSE loss),
 // cuda_attention_ops.cpp (attention, KV-cache decode, rotary embedding) and
-// cuda_moe_ops.cpp (the mixture-of-experts ops, not written yet: they throw). Each op
+// cuda_moe_ops.cpp (the mixture-of-experts ops: router, permutation, grouped linear). Each op
 // validates its arguments with op_checks (the same messages as every backend), picks
 // the element type and launches the kernels of its .cu file on the caller's stream.
 // Private to this folder.
@@ -117,7 +117,7 @@ class CudaBackend final : public Backend {
   void rope_backward(Stream s, const Tensor& dqkv, const Tensor& positions,
                      const AttentionShape& shape, const RopeSpec& rope) override;
 
-  // ---- mixture of experts (cuda_moe_ops.cpp): not on CUDA yet, each throws kiln::Error ---
+  // ---- mixture of experts (cuda_moe_ops.cpp) -----------------------------------------------
   void moe_router_forward(Stream s, const Tensor& scores, const Tensor& expert_idx,
                           const Tensor& expert_weight, const Tensor& logits, const Tensor& bias,
                           const MoeRouterSpec& spec) override;
@@ -222,6 +222,12 @@ class CudaBackend final : public Backend {
   }
 
   static void on_device(const Tensor& t, const char* op);
+  // on_device for each of `ts`, the empty ones skipped.
+  static void on_device_all(std::initializer_list<const Tensor*> ts, const char* op);
+  // A grouped linear's offsets [E+1] copied to the host (synchronising stream s) and
+  // checked as every backend checks them (checks::grouped_linear_offsets).
+  std::vector<int32_t> host_offsets(Stream s, const Tensor& offsets, int64_t M, int64_t E,
+                                    const char* op);
   // The kernels' AdamW arguments (bias corrections in double, as the CPU backend).
   cuda::AdamWArgs adamw_args(const Tensor& scale, const AdamWParams& hp) const;
   // The element type of `t` (fp32 or bf16; else kiln::Error), checking that the other

@@ -105,15 +105,8 @@ void CudaBackend::linear_forward(Stream s, const Tensor& out, const Tensor& inp,
     if (bias) cuda::add_bias(st(s), e, out.raw(), bias.raw(), d.N, d.OC);
     return;
   }
-  // Row-major out[N,OC] = inp[N,IC] W[OC,IC]^T is column-major out^T = W^T' inp^T:
-  // m = OC, n = N, k = IC, A = W (transposed, lda IC), B = inp (ldb IC).
-  cuda::GemmArgs g;
-  g.trans_a = true;
-  g.m = d.OC, g.n = d.N, g.k = d.IC;
-  g.a = weight.raw(), g.lda = d.IC;
-  g.b = inp.raw(), g.ldb = d.IC;
-  g.c = out.raw(), g.ldc = d.OC;
-  g.elem = e;
+  cuda::GemmArgs g =
+      cuda::linear_forward_gemm(e, out.raw(), inp.raw(), weight.raw(), d.N, d.IC, d.OC);
   if (bias) {
     g.epilogue = cuda::Epilogue::Bias;
     g.bias = bias.raw();
@@ -143,30 +136,13 @@ void CudaBackend::linear_backward(Stream s, const Tensor& dinp, const Tensor& dw
     if (d.OC == 0) {
       fill(s, dinp, 0.f);
     } else {
-      // dinp[N,IC] = dout[N,OC] W[OC,IC]: column-major dinp^T = W^T dout^T.
-      cuda::GemmArgs g;
-      g.m = d.IC, g.n = d.N, g.k = d.OC;
-      g.a = weight.raw(), g.lda = d.IC;
-      g.b = dout.raw(), g.ldb = d.OC;
-      g.c = dinp.raw(), g.ldc = d.IC;
-      g.elem = e;
-      gemm_->run(st(s), g);
+      gemm_->run(st(s), cuda::linear_dinp_gemm(e, dinp.raw(), dout.raw(), weight.raw(), d.N,
+                                               d.IC, d.OC));
     }
   }
-  if (dweight && d.IC > 0 && d.OC > 0) {
-    // dW[OC,IC] += dout^T inp: column-major dW^T[IC,OC] += inp^T dout. With bf16
-    // activations and fp32 gradients: bf16 A/B, fp32 C, accumulated with beta = 1.
-    cuda::GemmArgs gw;
-    gw.trans_b = true;
-    gw.m = d.IC, gw.n = d.OC, gw.k = d.N;
-    gw.a = inp.raw(), gw.lda = d.IC;
-    gw.b = dout.raw(), gw.ldb = d.OC;
-    gw.c = dweight.raw(), gw.ldc = d.IC;
-    gw.beta = 1.f;
-    gw.elem = e;
-    gw.c_elem = g;
-    gemm_->run(st(s), gw);
-  }
+  if (dweight && d.IC > 0 && d.OC > 0)
+    gemm_->run(st(s), cuda::linear_dweight_gemm(e, g, dweight.raw(), dout.raw(), inp.raw(), d.N,
+                                                d.IC, d.OC));
   if (dbias) {
     Scratch scratch(*this, st(s), cuda::bias_backward_scratch_bytes(d.N, d.OC));
     cuda::bias_backward(st(s), e, g, dbias.raw(), dout.raw(), d.N, d.OC, scratch.ptr());

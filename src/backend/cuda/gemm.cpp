@@ -250,6 +250,48 @@ void Gemm::save_cache() const {
   KILN_CHECK(!ec, "{}: cannot replace the GEMM cache: {}", cache_path_.string(), ec.message());
 }
 
+GemmArgs linear_forward_gemm(Elem e, void* out, const void* inp, const void* weight, int64_t N,
+                             int64_t IC, int64_t OC) {
+  // Row-major out[N,OC] = inp[N,IC] W[OC,IC]^T is column-major out^T = W^T' inp^T:
+  // m = OC, n = N, k = IC, A = W (transposed, lda IC), B = inp (ldb IC).
+  GemmArgs g;
+  g.trans_a = true;
+  g.m = OC, g.n = N, g.k = IC;
+  g.a = weight, g.lda = IC;
+  g.b = inp, g.ldb = IC;
+  g.c = out, g.ldc = OC;
+  g.elem = e;
+  return g;
+}
+
+GemmArgs linear_dinp_gemm(Elem e, void* dinp, const void* dout, const void* weight, int64_t N,
+                          int64_t IC, int64_t OC) {
+  // dinp[N,IC] = dout[N,OC] W[OC,IC]: column-major dinp^T = W^T dout^T.
+  GemmArgs g;
+  g.m = IC, g.n = N, g.k = OC;
+  g.a = weight, g.lda = IC;
+  g.b = dout, g.ldb = OC;
+  g.c = dinp, g.ldc = IC;
+  g.elem = e;
+  return g;
+}
+
+GemmArgs linear_dweight_gemm(Elem e, Elem gd, void* dweight, const void* dout, const void* inp,
+                             int64_t N, int64_t IC, int64_t OC) {
+  // dW[OC,IC] += dout^T inp: column-major dW^T[IC,OC] += inp^T dout. With bf16
+  // activations and fp32 gradients: bf16 A/B, fp32 C, accumulated with beta = 1.
+  GemmArgs g;
+  g.trans_b = true;
+  g.m = IC, g.n = OC, g.k = N;
+  g.a = inp, g.lda = IC;
+  g.b = dout, g.ldb = OC;
+  g.c = dweight, g.ldc = IC;
+  g.beta = 1.f;
+  g.elem = e;
+  g.c_elem = gd;
+  return g;
+}
+
 bool Gemm::run(cudaStream_t s, const GemmArgs& g) {
   if (g.m == 0 || g.n == 0) return true;
   // A bias pointer below 16-byte alignment is left to the caller's fallback (GEMM, then

@@ -52,6 +52,18 @@ struct GemmArgs {
   std::optional<Elem> c_elem;     // C/D when it differs: bf16 A/B with fp32 C (dW += in fp32)
 };
 
+/// The GEMMs of a linear layer y = x W^T on row-major tensors (x [N,IC], W [OC,IC],
+/// y [N,OC], all of element type e), in cuBLAS's column-major terms, without a bias
+/// (the dense linear adds its epilogue to the forward's): forward y^T = W^T' x^T (m = OC,
+/// n = N, k = IC); dinp dx^T = W^T dy^T (m = IC, n = N, k = OC); dweight dW^T += x^T dy
+/// (m = IC, n = OC, k = N, beta = 1, dW of element type g: fp32 with bf16 activations).
+GemmArgs linear_forward_gemm(Elem e, void* out, const void* inp, const void* weight, int64_t N,
+                             int64_t IC, int64_t OC);
+GemmArgs linear_dinp_gemm(Elem e, void* dinp, const void* dout, const void* weight, int64_t N,
+                          int64_t IC, int64_t OC);
+GemmArgs linear_dweight_gemm(Elem e, Elem g, void* dweight, const void* dout, const void* inp,
+                             int64_t N, int64_t IC, int64_t OC);
+
 class Gemm {
  public:
   /// Candidates timed per shape when tuning.

@@ -48,7 +48,7 @@ struct MetaCallInfo {
   int64_t NKV = 0, HD = 0;  // attention: key/value heads, head size
   int64_t H = 0;            // swiglu: hidden width
   int64_t IC = 0, OC = 0;  // linear, grouped linear
-  int64_t E = 0;           // grouped linear: experts (the weight's groups)
+  int64_t E = 0;           // grouped linear: experts (the weight's groups); the plan's
   bool has_bias = false;   // linear forward: a bias; linear backward: dbias requested
   bool has_dinp = false;   // linear and grouped linear backward
   bool has_dweight = false;

@@ -341,7 +341,7 @@ MetaCallInfo moe_permute_plan(const Tensor& offsets, const Tensor& rows,
                               const Tensor& expert_idx, int64_t capacity) {
   const auto d = checks::moe_permute_plan(offsets, rows, expert_idx, capacity);
   MetaCallInfo c = info(Op::MoePermutePlan, DType::I32);
-  c.N = d.N, c.numel = d.N * d.k;
+  c.N = d.N, c.numel = d.N * d.k, c.E = d.E;
   return c;
 }
 namespace {
