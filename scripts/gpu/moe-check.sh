@@ -40,19 +40,16 @@ for side in dev cpu; do
   train "$dev" "$out/fp32-$side" --set train.dtype=fp32
   train "$dev" "$out/bf16-drop-$side" --set train.dtype=bf16 --set model.moe.capacity_factor=1.0
 done
-python3 - "$out" "$device" "$steps" <<'PY'
-import json, os, sys
+PYTHONPATH="$root/scripts/gpu" python3 - "$out" "$device" "$steps" <<'PY'
+import sys
+from run_metrics import last_val_loss, records
 out, device, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 
-def records(run):
-    with open(os.path.join(out, run, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
 def val(run):
-    return [r["val_loss"] for r in records(run) if "val_loss" in r][-1]
+    return last_val_loss(out, run)
 
 def routing(run):
-    last = [r for r in records(run) if "moe_tokens_per_expert" in r][-1]
+    last = [r for r in records(out, run) if "moe_tokens_per_expert" in r][-1]
     t = last["moe_tokens_per_expert"]
     drop = last.get("moe_dropped_fraction")
     return (f"tokens per expert {t['min']:.0f}..{t['max']:.0f}"

@@ -44,19 +44,16 @@ for from in gpu cpu; do
     train "$on" "$out/$from-on-$on" "$((steps + 5))" --resume auto
   done
 done
-python3 - "$out" "$device" "$steps" <<'PY'
+PYTHONPATH="$root/scripts/gpu" python3 - "$out" "$device" "$steps" <<'PY'
 import json, os, sys
+from run_metrics import last_val_loss, records
 out, device, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 
-def records(run):
-    with open(os.path.join(out, run, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
 def val(run):
-    return [r["val_loss"] for r in records(run) if "val_loss" in r][-1]
+    return last_val_loss(out, run)
 
 def loss_at(run, step):
-    return [r["loss"] for r in records(run) if r.get("step") == step and "loss" in r][0]
+    return [r["loss"] for r in records(out, run) if r.get("step") == step and "loss" in r][0]
 
 def tensors(run):
     ckpt = os.path.join(out, run, "ckpt")
