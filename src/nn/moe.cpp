@@ -10,7 +10,11 @@ namespace kiln::nn {
 int64_t moe_capacity(double capacity_factor, int64_t N, int64_t k, int64_t E) {
   if (capacity_factor <= 0.0) return 0;
   const double per_expert = static_cast<double>(N * k) / static_cast<double>(E);
-  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(per_expert * capacity_factor)));
+  const double capacity = std::ceil(per_expert * capacity_factor);
+  // An expert takes at most N slots (a token's choices are distinct experts): a capacity of
+  // N drops nothing, and capping there keeps a huge factor from overflowing int64.
+  if (capacity >= static_cast<double>(N)) return std::max<int64_t>(N, 1);
+  return std::max<int64_t>(1, static_cast<int64_t>(capacity));
 }
 
 MoeMlp::MoeMlp(const std::string& prefix, int64_t C, const MoeSpec& spec, float init_std,

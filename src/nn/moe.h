@@ -101,7 +101,8 @@ struct MoeSpec {
 
 /// The slots each expert keeps of a call over N tokens with k of E experts each and capacity
 /// factor f: max(1, ceil((N k / E) f)) in double (Switch eq. 3; Megatron-core's
-/// get_capacity); 0 (dropless) when f = 0.
+/// get_capacity), at most N (an expert's slots can be no more: nothing dropped); 0
+/// (dropless) when f = 0.
 int64_t moe_capacity(double capacity_factor, int64_t N, int64_t k, int64_t E);
 
 /// One call's balancing-loss buffers and scales (see the top of this file). Forward adds

@@ -514,6 +514,10 @@ TEST(MoeLayer, CapacityPerExpert) {
   EXPECT_EQ(nn::moe_capacity(1.0, 15, 2, 5), 6);
   EXPECT_EQ(nn::moe_capacity(0.5, 15, 2, 5), 3);
   EXPECT_EQ(nn::moe_capacity(0.75, 15, 2, 5), 5);  // 4.5 up
+  // At most N: a factor large enough to overflow int64 drops nothing (a fresh user's 1e30
+  // kept one slot per expert).
+  EXPECT_EQ(nn::moe_capacity(1e30, 15, 2, 5), 15);
+  EXPECT_EQ(nn::moe_capacity(100.0, 15, 2, 5), 15);
   EXPECT_EQ(nn::moe_capacity(0.01, 15, 2, 5), 1);  // at least one
   EXPECT_EQ(nn::moe_capacity(1.25, 4096, 2, 8), 1280);
   EXPECT_EQ(nn::moe_capacity(2.0, 7, 1, 3), 5);  // 14 / 3 = 4.67 up
