@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -187,11 +188,8 @@ std::pair<int64_t, int64_t> Communicator::check_all_to_all(
              "all_to_all on {}: the counts send {} and receive {} elements, but input has {} "
              "and output {}",
              where(), sent, received, input.numel(), output.numel());
-  const auto* a = static_cast<const char*>(input.raw());
-  const auto* b = static_cast<const char*>(output.raw());
-  const bool overlap = input.nbytes() > 0 && output.nbytes() > 0 && a < b + output.nbytes() &&
-                       b < a + input.nbytes();
-  KILN_CHECK(!overlap, "all_to_all on {}: input and output overlap", where());
+  KILN_CHECK(!comm_detail::overlaps(input, output), "all_to_all on {}: input and output overlap",
+             where());
   return {sent, received};
 }
 
@@ -260,6 +258,12 @@ std::shared_ptr<Work> completed_work(std::string description) {
   auto w = std::make_shared<BasicWork>(std::move(description), 1.0);
   w->complete();
   return w;
+}
+
+bool overlaps(const Tensor& a, const Tensor& b) {
+  auto pa = reinterpret_cast<uintptr_t>(a.raw());
+  auto pb = reinterpret_cast<uintptr_t>(b.raw());
+  return pa < pb + b.nbytes() && pb < pa + a.nbytes() && a.nbytes() > 0 && b.nbytes() > 0;
 }
 
 std::string describe(Collective c, const Tensor& t, const std::string& extra) {

@@ -45,6 +45,9 @@ std::shared_ptr<Work> completed_work(std::string description);
 /// "all_reduce(sum, fp32[1024])".
 std::string describe(Collective c, const Tensor& t, const std::string& extra = {});
 
+/// Whether the bytes of a and b overlap (neither empty).
+bool overlaps(const Tensor& a, const Tensor& b);
+
 /// The world rank abort_all() prints, and how it ends the job (MPI_Abort under MPI).
 void set_world_rank(int rank);
 int world_rank();

@@ -24,6 +24,7 @@ namespace {
 using comm_detail::BasicWork;
 using comm_detail::Clock;
 using comm_detail::describe;
+using comm_detail::overlaps;
 using comm_detail::seconds_since;
 using comm_detail::Arrivals;
 using comm_detail::Engine;
@@ -166,12 +167,6 @@ std::shared_ptr<Runtime> Runtime::acquire() {
 int checked_count(const Tensor& t, const char* what) {
   KILN_CHECK(t.numel() <= INT_MAX, "{}: {} elements exceed MPI's int count limit", what, t.numel());
   return static_cast<int>(t.numel());
-}
-
-bool overlaps(const Tensor& a, const Tensor& b) {
-  auto pa = reinterpret_cast<uintptr_t>(a.raw());
-  auto pb = reinterpret_cast<uintptr_t>(b.raw());
-  return pa < pb + b.nbytes() && pb < pa + a.nbytes() && a.nbytes() > 0 && b.nbytes() > 0;
 }
 
 Tensor scratch(DType dtype, int64_t n) {
