@@ -138,7 +138,7 @@ struct LogSection {
   bool operator==(const LogSection&) const = default;
 };
 
-/// [parallel]: data, context, tensor and pipeline parallelism, ZeRO.
+/// [parallel]: data, context, tensor, pipeline and expert parallelism, ZeRO.
 struct ParallelSection {
   int dp = 0;  // 0 = derive: world_size / (cp * tp * pp)
   int cp = 1;  // context parallel: each sequence split over cp ranks (ring attention)
@@ -148,6 +148,7 @@ struct ParallelSection {
   int virtual_stages = 1;            // model chunks per pipeline rank (interleaved: > 1)
   std::string pp_schedule = "1f1b";  // gpipe | 1f1b | interleaved
   std::vector<int64_t> pp_split;     // first part of each stage after the first; [] = balance
+  int ep = 1;  // expert parallel: each MoE layer's experts split over ep of the dp x cp ranks
   int zero_stage = 0;  // 0..3
   double bucket_mb = 25.0;  // gradient all-reduce bucket size
   double timeout_s = 60.0;  // collective timeout

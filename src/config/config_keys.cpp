@@ -173,6 +173,13 @@ const std::vector<Key>& keys() {
         any(KILN_KEY(parallel, pp_split),
             "The first model part of each pipeline stage after the first (pp x virtual_stages - 1 "
             "increasing indices); [] = balanced by the parts' cost."),
+        positive(KILN_KEY(parallel, ep),
+                 "Expert-parallel ranks, carved out of the dp x cp ranks (no extra ranks): each "
+                 "mixture-of-experts layer's experts are split over the ep ranks of a group, "
+                 "which send each token to its experts' rank and back (all_to_all). ep must "
+                 "divide dp x cp and model.moe.num_experts. Expert weights are reduced (and "
+                 "ZeRO-sharded) over the dp x cp / ep ranks holding the same experts; with tp > "
+                 "1 each expert's hidden units are split over tp as well, as the dense MLP's."),
         range(KILN_KEY(parallel, zero_stage), 0, 3,
               "ZeRO stage: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters sharded."),
         positive(KILN_KEY(parallel, bucket_mb), "Gradient all-reduce bucket size in MiB."),

@@ -27,7 +27,7 @@ void add_param_range(checkpoint::CheckpointWriter& writer, const std::string& na
                      const ParamSpec& spec, DType dtype, int64_t begin, int64_t end,
                      const void* data) {
   const auto* bytes = static_cast<const uint8_t*>(data);
-  for (const auto& run : spec.tp.global_runs(spec.shape, begin, end))
+  for (const auto& run : spec.slice.global_runs(spec.shape, begin, end))
     writer.add_flat_range(name, spec.shape, dtype, run.global_begin, run.global_end,
                           bytes + static_cast<size_t>(run.local_begin - begin) * dtype_size(dtype));
 }
@@ -35,7 +35,7 @@ void add_param_range(checkpoint::CheckpointWriter& writer, const std::string& na
 void read_param_range(const checkpoint::CheckpointReader& reader, const std::string& name,
                       const ParamSpec& spec, int64_t begin, int64_t end, void* dst, DType dtype) {
   auto* bytes = static_cast<uint8_t*>(dst);
-  for (const auto& run : spec.tp.global_runs(spec.shape, begin, end))
+  for (const auto& run : spec.slice.global_runs(spec.shape, begin, end))
     reader.read_flat_range(name, run.global_begin, run.global_end,
                            bytes + static_cast<size_t>(run.local_begin - begin) * dtype_size(dtype),
                            dtype);

@@ -25,7 +25,7 @@ ModelOptions checkpoint_model_options(const checkpoint::CheckpointReader& reader
 
 /// Elements [begin, end) of the rank's tensor of `spec` (its tp slice, row-major; host
 /// data of `dtype`, borrowed as CheckpointWriter::add_box) as the flat ranges of global
-/// tensor `name` they are: one range unless tp-sharded (TpSlice::global_runs).
+/// tensor `name` they are: one range unless tp-sharded (ParamSlice::global_runs).
 void add_param_range(checkpoint::CheckpointWriter& writer, const std::string& name,
                      const ParamSpec& spec, DType dtype, int64_t begin, int64_t end,
                      const void* data);

@@ -41,7 +41,7 @@ bool place_params(const PartLayout& part, int k, const Owners& owner,
     ParamSpec p;
     p.name = prm->name;
     p.shape = prm->shape;
-    p.tp = prm->tp;
+    p.slice = prm->slice;
     p.tp_partial_grad = prm->tp_partial_grad;
     p.offset = offset;
     p.weight_decay = prm->weight_decay;

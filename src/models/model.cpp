@@ -37,7 +37,7 @@ void Model::init_weights(uint64_t seed) {
     const ParamSpec& p = params()[i];
     // Each run of the rank's elements is drawn at its global indices (nn/tensor_parallel.h).
     std::vector<float> host;
-    for (const auto& [b, e] : p.tp.global_runs(p.shape)) {
+    for (const auto& [b, e] : p.slice.global_runs(p.shape)) {
       const auto run = init_values(i, seed, b, e);
       host.insert(host.end(), run.begin(), run.end());
     }

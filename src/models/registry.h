@@ -62,6 +62,10 @@ struct ModelArch {
   /// holds for it. Optional.
   std::function<std::string(const ModelOptions& options, std::string_view axis)>
       single_layout_reason;
+  /// The routed experts of each mixture-of-experts layer of a model of `options` (0: none,
+  /// a dense model), which expert parallelism (parallel.ep > 1) splits; nullptr: the family
+  /// has no such layers.
+  std::function<int64_t(const ModelOptions& options)> num_experts;
   /// The family's own [model] keys beyond the common ones (ModelOptions: arch .. dropout,
   /// and the config's preset and init_from), stated in its folder (e.g.
   /// models/llama/config.cpp llama_keys()). The config reads, checks and writes them from

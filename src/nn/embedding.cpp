@@ -18,8 +18,8 @@ void TokenPositionEmbedding::shard(const TpPlacement& placement) {
              tp_style_name(placement.style));
   placement_ = placement;
   if (!placement.active()) return;
-  wte.tp = TpSlice{0, {}, placement.group->size(), placement.group->rank()};
-  wte.tp.check(wte.shape, wte.name);
+  wte.slice = ParamSlice{0, {}, placement.group->size(), placement.group->rank()};
+  wte.slice.check(wte.shape, wte.name);
 }
 
 Tensor TokenPositionEmbedding::local_tokens(Backend& be, Stream s, const Tensor& tokens) const {

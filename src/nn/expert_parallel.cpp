@@ -3,6 +3,7 @@
 #include "core/error.h"
 
 #include <climits>
+#include <numeric>
 
 namespace kiln::nn {
 
@@ -50,6 +51,69 @@ EpDispatch make_ep_dispatch(std::span<const int32_t> own, std::span<const int32_
       for (int64_t i = 0; i < at(incoming, s * El + j); ++i)
         d.to_expert_order.push_back(static_cast<int32_t>(next[static_cast<size_t>(j)]++));
   return d;
+}
+
+EpExchange ep_exchange(Backend& be, Stream s, EpGroup& group, const Tensor& offsets,
+                       MemCategory category) {
+  const int ep = group.size();
+  const int64_t E = offsets.numel() - 1;
+  KILN_CHECK(E > 0 && E % ep == 0, "expert parallel: {} experts do not divide over ep = {}", E,
+             ep);
+  std::vector<int32_t> bounds(static_cast<size_t>(E + 1));
+  be.copy_to_host(s, bounds.data(), offsets);
+  std::vector<int32_t> own(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e)
+    own[static_cast<size_t>(e)] = bounds[static_cast<size_t>(e + 1)] - bounds[static_cast<size_t>(e)];
+  // Rank q's El counts go to rank q: an all-to-all of one row of El int32 per rank.
+  const int64_t El = E / ep;
+  const Tensor send = be.empty(Shape{ep, El}, DType::I32, MemCategory::Temporaries);
+  const Tensor recv = be.empty(Shape{ep, El}, DType::I32, MemCategory::Temporaries);
+  be.copy_from_host(s, send, own.data());
+  const std::vector<int64_t> one(static_cast<size_t>(ep), 1);
+  group.all_to_all_rows(s, recv, send, one, one);
+  std::vector<int32_t> incoming(static_cast<size_t>(ep * El));
+  be.copy_to_host(s, incoming.data(), recv);
+  EpExchange x;
+  x.plan = make_ep_dispatch(own, incoming, ep, group.rank());
+  const int64_t R = x.plan.received();
+  x.order = be.empty(Shape{R, 1}, DType::I32, category);
+  x.offsets = be.empty(Shape{El + 1}, DType::I32, category);
+  if (R > 0) be.copy_from_host(s, x.order, x.plan.to_expert_order.data());
+  be.copy_from_host(s, x.offsets, x.plan.offsets.data());
+  return x;
+}
+
+namespace {
+/// t's first `rows` rows.
+Tensor first_rows(const Tensor& t, int64_t rows) {
+  Shape s{rows};
+  for (int i = 1; i < t.ndim(); ++i) s.push_back(t.size(i));
+  return t.view_at(0, s);
+}
+
+int64_t total(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
+}  // namespace
+
+void ep_dispatch(Backend& be, Stream s, EpGroup& group, const EpExchange& x, const Tensor& out,
+                 const Tensor& in) {
+  const int64_t R = x.plan.received();
+  KILN_CHECK(out.size(0) == R && in.size(0) >= total(x.plan.send_rows),
+             "expert parallel: dispatch of {} rows into {}, {} received", in.str(), out.str(), R);
+  const Tensor arrived = be.empty(out.shape(), out.dtype(), MemCategory::Temporaries);
+  group.all_to_all_rows(s, arrived, in, x.plan.send_rows, x.plan.recv_rows);
+  if (R > 0) be.moe_permute(s, out, arrived, x.order);  // out[order[i]] = arrived[i]
+}
+
+void ep_combine(Backend& be, Stream s, EpGroup& group, const EpExchange& x, const Tensor& out,
+                const Tensor& in) {
+  const int64_t R = x.plan.received();
+  KILN_CHECK(in.size(0) == R && out.size(0) >= total(x.plan.send_rows),
+             "expert parallel: combine of {} rows into {}, {} sent", in.str(), out.str(),
+             total(x.plan.send_rows));
+  const Tensor by_source = be.empty(in.shape(), in.dtype(), MemCategory::Temporaries);
+  if (R > 0) be.moe_permute_backward(s, by_source, in, x.order);  // by_source[i] = in[order[i]]
+  group.all_to_all_rows(s, first_rows(out, total(x.plan.send_rows)), by_source,
+                        x.plan.recv_rows, x.plan.send_rows);
 }
 
 }  // namespace kiln::nn

@@ -19,7 +19,14 @@
 //   4. backward and the return trip run the same maps the other way.
 // Within an expert, rows keep their source's order (slots in token order, source ranks
 // ascending), so the rows of each expert are a fixed function of the routing.
+//
+// The group is an interface (EpGroup): src/parallel implements it over a Communicator
+// (the DeviceMesh's ep communicator) and the expert-parallel plan installs it on the MoE
+// layers, so the layer library includes no communication header.
 #pragma once
+
+#include "backend/backend.h"
+#include "core/tensor.h"
 
 #include <cstdint>
 #include <span>
@@ -46,5 +53,46 @@ struct EpDispatch {
 /// no count is negative.
 EpDispatch make_ep_dispatch(std::span<const int32_t> own, std::span<const int32_t> incoming,
                             int ep, int rank);
+
+/// The all-to-all of one expert-parallel group, on buffers of the layers' backend. Every
+/// rank of the group calls it in the same order.
+class EpGroup {
+ public:
+  virtual ~EpGroup() = default;
+  virtual int size() const = 0;
+  virtual int rank() const = 0;
+  /// Rows of in [>= sum send_rows, W...] and out [>= sum recv_rows, W...] (one dtype, W...
+  /// the same trailing shape): the send_rows[q] rows that follow those for ranks below q go
+  /// to rank q; what rank q sends this rank lands, recv_rows[q] rows, after what ranks
+  /// below q sent. recv_rows[q] must be rank q's send_rows[rank()]. Blocking on `s`.
+  virtual void all_to_all_rows(Stream s, const Tensor& out, const Tensor& in,
+                               std::span<const int64_t> send_rows,
+                               std::span<const int64_t> recv_rows) = 0;
+};
+
+/// One call's dispatch, from forward to backward: the host bookkeeping and, on the device,
+/// order int32 [R, 1] (to_expert_order: received row i -> its row by local expert) and
+/// offsets int32 [El + 1] (the grouped linears' local expert rows), R = plan.received().
+struct EpExchange {
+  EpDispatch plan;
+  Tensor order, offsets;
+};
+
+/// Steps 1 of the top of this file: reads `offsets` int32 [E + 1] (moe_permute_plan's, of
+/// this rank's slots in global expert order; the one host wait of a call) and exchanges
+/// the counts over the group. The device tensors are allocated with `category`.
+/// Collective. Throws kiln::Error unless the group's size divides E.
+EpExchange ep_exchange(Backend& be, Stream s, EpGroup& group, const Tensor& offsets,
+                       MemCategory category);
+/// Step 2-3: out [R, W] (by local expert, then source) <- rows [0, M_kept) of `in` [>=
+/// M_kept, W] (this rank's slots in global expert order), each row sent to the rank
+/// that holds its expert. Collective.
+void ep_dispatch(Backend& be, Stream s, EpGroup& group, const EpExchange& x, const Tensor& out,
+                 const Tensor& in);
+/// The return trip (step 4): rows [0, M_kept) of out [>= M_kept, W] (global expert order)
+/// <- the rows of in [R, W] (by local expert) that came from this rank, each row back at
+/// its source. Collective.
+void ep_combine(Backend& be, Stream s, EpGroup& group, const EpExchange& x, const Tensor& out,
+                const Tensor& in);
 
 }  // namespace kiln::nn

@@ -16,14 +16,14 @@ void Linear::shard(const TpPlacement& placement, std::vector<int64_t> pieces) {
   if (!placement.active()) return;
   const int parts = placement.group->size(), index = placement.group->rank();
   if (placement.style == TpStyle::Column) {
-    weight.tp = TpSlice{0, pieces, parts, index};
-    if (has_bias_) bias.tp = TpSlice{0, pieces, parts, index};
+    weight.slice = ParamSlice{0, pieces, parts, index};
+    if (has_bias_) bias.slice = ParamSlice{0, pieces, parts, index};
   } else {
     KILN_CHECK(pieces.empty(), "{}: a row-parallel Linear has no fused pieces", weight.name);
-    weight.tp = TpSlice{1, {}, parts, index};
+    weight.slice = ParamSlice{1, {}, parts, index};
   }
-  weight.tp.check(weight.shape, weight.name);
-  if (has_bias_) bias.tp.check(bias.shape, bias.name);
+  weight.slice.check(weight.shape, weight.name);
+  if (has_bias_) bias.slice.check(bias.shape, bias.name);
 }
 
 int64_t Linear::work_width() const {

@@ -46,17 +46,38 @@ void MoeMlp::shard(const MlpPlacement& placement) {
   const int64_t F = spec_.expert_hidden;
   KILN_CHECK(F % g.size() == 0, "{}: each expert's {} hidden units do not divide over tp = {}",
              gate_up.name, F, g.size());
-  gate_up.tp = TpSlice{1, {F, F}, g.size(), g.rank()};
-  down.tp = TpSlice{2, {}, g.size(), g.rank()};
-  gate_up.tp.check(gate_up.shape, gate_up.name);
-  down.tp.check(down.shape, down.name);
+  // The tp cut of the hidden units; an ep cut of the experts stays.
+  gate_up.slice.dim = 1;
+  gate_up.slice.pieces = {F, F};
+  down.slice.dim = 2;
+  for (Param* p : {&gate_up, &down}) {
+    p->slice.parts = g.size();
+    p->slice.index = g.rank();
+  }
+  gate_up.slice.check(gate_up.shape, gate_up.name);
+  down.slice.check(down.shape, down.name);
   if (shared_) shared_->shard(placement);
   placement_ = placement.fc;
+}
+
+void MoeMlp::set_expert_parallel(EpGroup& group) {
+  if (group.size() == 1) return;
+  KILN_CHECK(spec_.num_experts % group.size() == 0,
+             "{}: the {} experts do not divide over parallel.ep = {}", prefix_, spec_.num_experts,
+             group.size());
+  for (Param* p : {&gate_up, &down}) {
+    p->slice.ep_parts = group.size();
+    p->slice.ep_index = group.rank();
+    p->slice.check(p->shape, p->name);
+  }
+  ep_ = &group;
 }
 
 std::vector<SavedSpec> MoeMlp::saved_specs(int64_t B, int64_t T, DType dtype) const {
   const int64_t N = B * T, E = spec_.num_experts, k = spec_.top_k, M = N * k;
   const int64_t F = local_hidden();
+  // Under expert parallelism the expert side's rows vary: kept per call (ep_saved_).
+  const int64_t Mx = expert_parallel() ? 0 : M;
   const std::string& n = router.name;
   std::vector<SavedSpec> out = {
       {n + ":logits", Shape{N, E}, DType::F32, Recompute::WithBlock},
@@ -65,9 +86,9 @@ std::vector<SavedSpec> MoeMlp::saved_specs(int64_t B, int64_t T, DType dtype) co
       {n + ":expert_weight", Shape{N, k}, DType::F32, Recompute::WithBlock},
       {n + ":rows", Shape{N, k}, DType::I32, Recompute::WithBlock},
       {n + ":offsets", Shape{E + 1}, DType::I32, Recompute::WithBlock},
-      {gate_up.name + ":in", Shape{M, C_}, dtype, Recompute::Cheap},
-      {gate_up.name + ":out", Shape{M, 2 * F}, dtype, Recompute::WithBlock},
-      {down.name + ":in", Shape{M, F}, dtype, Recompute::Cheap},
+      {gate_up.name + ":in", Shape{Mx, C_}, dtype, Recompute::Cheap},
+      {gate_up.name + ":out", Shape{Mx, 2 * F}, dtype, Recompute::WithBlock},
+      {down.name + ":in", Shape{Mx, F}, dtype, Recompute::Cheap},
       {down.name + ":out", Shape{M, C_}, dtype, Recompute::WithBlock}};
   if (shared_)
     for (auto& sp : shared_->saved_specs(B, T, dtype)) out.push_back(sp);
@@ -145,13 +166,19 @@ void MoeMlp::run(Backend& be, Stream s, std::span<const Tensor> saved, const Ten
   if (!recomputing && (balance.load || balance.prob || balance.z))
     be.moe_balance_stats(s, balance.load, balance.prob, balance.z, saved[kLogits],
                          saved[kExpertIdx], spec_.scoring, balance.prob_scale, balance.z_scale);
-  be.moe_permute(s, saved[kPermuted], x, saved[kRows]);
-  // With dropping, the grouped linears write rows [0, M_kept) only: the gate/up output's
-  // rest is zeroed so that the SwiGLU over all M rows (and its gradient) stays finite there.
-  if (capacity > 0) be.fill(s, saved[kHidden], 0.f);
-  be.grouped_linear_forward(s, saved[kHidden], saved[kPermuted], gate_up.v(), saved[kOffsets]);
-  be.swiglu_forward(s, saved[kAct], saved[kHidden]);
-  be.grouped_linear_forward(s, saved[kExpertOut], saved[kAct], down.v(), saved[kOffsets]);
+  if (expert_parallel()) {
+    const Tensor permuted = w.a.view_at(0, saved[kExpertOut].shape());  // [M, C]
+    be.moe_permute(s, permuted, x, saved[kRows]);
+    ep_experts_forward(be, s, saved[kExpertOut], permuted, saved[kOffsets]);
+  } else {
+    be.moe_permute(s, saved[kPermuted], x, saved[kRows]);
+    // With dropping, the grouped linears write rows [0, M_kept) only: the gate/up output's
+    // rest is zeroed so that the SwiGLU over all M rows (and its gradient) stays finite.
+    if (capacity > 0) be.fill(s, saved[kHidden], 0.f);
+    be.grouped_linear_forward(s, saved[kHidden], saved[kPermuted], gate_up.v(), saved[kOffsets]);
+    be.swiglu_forward(s, saved[kAct], saved[kHidden]);
+    be.grouped_linear_forward(s, saved[kExpertOut], saved[kAct], down.v(), saved[kOffsets]);
+  }
   be.moe_unpermute(s, y, saved[kExpertOut], saved[kExpertWeight], saved[kRows]);
   reduce_output(be, s, out, y);
   if (!shared_) return;
@@ -161,10 +188,56 @@ void MoeMlp::run(Backend& be, Stream s, std::span<const Tensor> saved, const Ten
   be.add(s, out, out, sh);
 }
 
+void MoeMlp::ep_experts_forward(Backend& be, Stream s, const Tensor& expert_out,
+                                const Tensor& permuted, const Tensor& offsets) const {
+  const DType dt = permuted.dtype();
+  ep_saved_.erase(expert_out.raw());  // a re-run's (full checkpointing) or an evaluation's
+  EpSaved st;
+  st.exchange = ep_exchange(be, s, *ep_, offsets, MemCategory::Activations);
+  const int64_t R = st.exchange.plan.received(), F = local_hidden();
+  auto act = [&](int64_t width) { return be.empty(Shape{R, width}, dt, MemCategory::Activations); };
+  st.in = act(C_);
+  st.hidden = act(2 * F);
+  st.act = act(F);
+  ep_dispatch(be, s, *ep_, st.exchange, st.in, permuted);
+  const Tensor out = be.empty(Shape{R, C_}, dt, MemCategory::Temporaries);
+  if (R > 0) {
+    be.grouped_linear_forward(s, st.hidden, st.in, gate_up.v(), st.exchange.offsets);
+    be.swiglu_forward(s, st.act, st.hidden);
+    be.grouped_linear_forward(s, out, st.act, down.v(), st.exchange.offsets);
+  }
+  ep_combine(be, s, *ep_, st.exchange, expert_out, out);
+  ep_saved_.emplace(expert_out.raw(), std::move(st));
+}
+
+void MoeMlp::ep_experts_backward(Backend& be, Stream s, const Tensor& dxp, const Tensor& dexp,
+                                 const Tensor& expert_out) const {
+  const auto it = ep_saved_.find(expert_out.raw());
+  KILN_CHECK(it != ep_saved_.end(), "{}: backward without its forward's expert dispatch",
+             prefix_);
+  const EpSaved& st = it->second;
+  const DType dt = dexp.dtype();
+  const int64_t R = st.exchange.plan.received(), F = local_hidden();
+  auto tmp = [&](int64_t width) { return be.empty(Shape{R, width}, dt, MemCategory::Temporaries); };
+  const Tensor dout = tmp(C_), dact = tmp(F), dh = tmp(2 * F), din = tmp(C_);
+  ep_dispatch(be, s, *ep_, st.exchange, dout, dexp);
+  if (R > 0) {
+    be.grouped_linear_backward(s, dact, down.trainable_grad(), dout, st.act, down.v(),
+                               st.exchange.offsets);
+    be.swiglu_backward(s, dh, dact, st.hidden);
+    be.grouped_linear_backward(s, din, gate_up.trainable_grad(), dh, st.in, gate_up.v(),
+                               st.exchange.offsets);
+  }
+  ep_combine(be, s, *ep_, st.exchange, dxp, din);
+  ep_saved_.erase(it);
+}
+
 void MoeMlp::recompute(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& inp,
                        const MoeScratch& w) const {
-  be.moe_permute(s, saved[kPermuted], whole_input(be, s, inp, w), saved[kRows]);
-  be.swiglu_forward(s, saved[kAct], saved[kHidden]);
+  if (!expert_parallel()) {  // (expert parallel: the expert side is kept whole)
+    be.moe_permute(s, saved[kPermuted], whole_input(be, s, inp, w), saved[kRows]);
+    be.swiglu_forward(s, saved[kAct], saved[kHidden]);
+  }
   if (shared_) shared_->recompute(be, s, shared_saved(saved));
 }
 
@@ -207,14 +280,18 @@ void MoeMlp::backward(Backend& be, Stream s, std::span<const Tensor> saved, cons
                             saved[kRows]);
   // dout dotted with partial expert outputs: the weights' gradient is whole once summed.
   if (split()) placement_.group->all_reduce_sum(s, w.dweight);
-  // Dropping (rows [M_kept, M) unwritten below): the SwiGLU gradient over all M rows reads
-  // zeros there, as forward's zeroed gate/up output.
-  if (spec_.capacity_factor > 0.0) be.fill(s, dact, 0.f);
-  be.grouped_linear_backward(s, dact, down.trainable_grad(), dexp, saved[kAct], down.v(),
-                             saved[kOffsets]);
-  be.swiglu_backward(s, dh, dact, saved[kHidden]);
-  be.grouped_linear_backward(s, dxp, gate_up.trainable_grad(), dh, saved[kPermuted],
-                             gate_up.v(), saved[kOffsets]);
+  if (expert_parallel()) {
+    ep_experts_backward(be, s, dxp, dexp, saved[kExpertOut]);
+  } else {
+    // Dropping (rows [M_kept, M) unwritten below): the SwiGLU gradient over all M rows
+    // reads zeros there, as forward's zeroed gate/up output.
+    if (spec_.capacity_factor > 0.0) be.fill(s, dact, 0.f);
+    be.grouped_linear_backward(s, dact, down.trainable_grad(), dexp, saved[kAct], down.v(),
+                               saved[kOffsets]);
+    be.swiglu_backward(s, dh, dact, saved[kHidden]);
+    be.grouped_linear_backward(s, dxp, gate_up.trainable_grad(), dh, saved[kPermuted],
+                               gate_up.v(), saved[kOffsets]);
+  }
   const Tensor dx = sp ? w.tokens : dinp.reshape(x.shape());  // partial sums over tp when split
   be.moe_permute_backward(s, dx, dxp, saved[kRows]);
   // The router: through the weights, the balancing losses, then its linear.
@@ -249,6 +326,7 @@ void MoeMlp::decode(Backend& be, Stream s, const Tensor& out, const Tensor& inp)
     saved.push_back(be.empty(sp.shape, sp.dtype, MemCategory::Temporaries));
   run(be, s, saved, out, inp, make_scratch(be, B, Tq, inp.dtype()), MoeBalancePass{},
       /*recomputing=*/true, /*dropless=*/true);
+  ep_saved_.erase(saved[kExpertOut].raw());
 }
 
 void MoeMlp::collect(std::vector<Param*>& out) {

@@ -76,10 +76,12 @@
 #pragma once
 
 #include "backend/backend.h"
+#include "nn/expert_parallel.h"
 #include "nn/mlp.h"
 #include "nn/param.h"
 #include "nn/saved.h"
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -141,6 +143,13 @@ class MoeMlp {
   /// Throws kiln::Error naming the parameter for another pair of styles, or unless F (and
   /// Fs) divide by the group's size.
   void shard(const MlpPlacement& placement);
+  /// Installs expert parallelism over `group` (see the top of this file): gate_up and down
+  /// keep this rank's E / ep experts. Call before the model lays out its parameters (the
+  /// tensor-parallel placement may come before or after). Throws kiln::Error naming the
+  /// layer unless ep divides E. A group of one rank changes nothing.
+  void set_expert_parallel(EpGroup& group);
+  /// Whether the experts are split over an ep group of more than one rank.
+  bool expert_parallel() const { return ep_ != nullptr && ep_->size() > 1; }
   /// Whether the layer's input and output are the rank's rows (sequence parallel, tp > 1).
   bool sequence_parallel() const { return placement_.active() && placement_.sequence_parallel; }
   /// What forward saves, in the order `saved` holds it (see the top of this file); N =
@@ -219,10 +228,31 @@ class MoeMlp {
   /// Each expert's hidden units on this rank: F, or F/tp when split.
   int64_t local_hidden() const { return down.local_shape()[2]; }
 
+  /// The experts' side of an expert-parallel call, kept from forward to backward (see the
+  /// top of this file): the dispatch, the received tokens [R,C] by local expert, the
+  /// gate/up output [R,2F] and the SwiGLU [R,F].
+  struct EpSaved {
+    EpExchange exchange;
+    Tensor in, hidden, act;
+  };
+  /// Forward's experts under expert parallelism: the kept rows of `permuted` [M,C] to
+  /// their experts' ranks, the grouped SwiGLU there, the outputs back into expert_out
+  /// [M,C]; the expert side kept in ep_saved_ under expert_out's storage.
+  void ep_experts_forward(Backend& be, Stream s, const Tensor& expert_out,
+                          const Tensor& permuted, const Tensor& offsets) const;
+  /// Backward's: dexp [M,C] (the expert outputs' gradient, expert order) to the experts'
+  /// ranks, their backward there (weight gradients +=), the inputs' gradient back into
+  /// dxp [M,C]; frees the call's kept expert side.
+  void ep_experts_backward(Backend& be, Stream s, const Tensor& dxp, const Tensor& dexp,
+                           const Tensor& expert_out) const;
+
   std::string prefix_;
   MoeSpec spec_;
   int64_t C_;
   TpPlacement placement_;  // the experts' gate_up (Column) placement: the group, SP
+  EpGroup* ep_ = nullptr;  // expert parallelism's group (not owned); nullptr: none
+  // Each call's expert side under expert parallelism, by its expert_out storage.
+  mutable std::map<const void*, EpSaved> ep_saved_;
   std::optional<Mlp> shared_;
 };
 

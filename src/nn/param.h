@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "nn/param_slice.h"
 #include "nn/tensor_parallel.h"
 
 #include <cstdint>
@@ -45,7 +46,7 @@ struct Param {
   Shape shape;                // global shape
   Init init;
   bool weight_decay = false;  // matrices decay; biases and norm gains do not
-  TpSlice tp;                 // the elements this tp rank holds (whole when replicated)
+  ParamSlice slice;              // the elements this rank holds (tp and ep cuts; whole when replicated)
   bool tp_partial_grad = false;  // grad is this rank's partial sum: reduce over tp once
   bool trainable = true;      // false: frozen (no gradient, optimizer state or reduction)
   Tensor value, grad;         // bound views of local_shape() (empty while not bound; grad
@@ -54,8 +55,8 @@ struct Param {
   Param() = default;
   Param(std::string n, Shape s, Init i, bool decay)
       : name(std::move(n)), shape(s), init(i), weight_decay(decay) {}
-  /// The shape this rank holds: `shape`, or its tp slice.
-  Shape local_shape() const { return tp.local_shape(shape); }
+  /// The shape this rank holds: `shape`, or its slice.
+  Shape local_shape() const { return slice.local_shape(shape); }
   /// The bound value / gradient; throws kiln::Error naming the parameter when unbound.
   const Tensor& v() const {
     KILN_CHECK(value, "parameter {} is not bound", name);

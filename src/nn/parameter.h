@@ -3,7 +3,7 @@
 #pragma once
 
 #include "core/tensor.h"
-#include "nn/tensor_parallel.h"
+#include "nn/param_slice.h"
 
 #include <string>
 
@@ -12,7 +12,7 @@ namespace kiln {
 struct ParamSpec {
   std::string name;           // Hugging Face-style name, e.g. transformer.h.0.ln_1.weight
   Shape shape;                // global shape
-  nn::TpSlice tp;             // the part of it this tp rank holds (whole unless sharded)
+  nn::ParamSlice slice;          // the part of it this rank holds (tp and ep cuts; whole unless sliced)
   bool tp_partial_grad = false;  // the rank's gradient is a partial sum over tp
   int64_t offset = 0;         // in elements, within the flat buffer (of local_shape())
   bool weight_decay = false;  // matrices (2-D) decay; biases and norm gains do not
@@ -27,8 +27,8 @@ struct ParamSpec {
   int64_t frozen_before = 0;  // elements of frozen regions (ModelPart::frozen_size) before
                               // it in the flat layout: its gradient's offset is
                               // offset - frozen_before in the gradient layout
-  /// The shape this rank stores: `shape`, or its tp slice.
-  Shape local_shape() const { return tp.local_shape(shape); }
+  /// The shape this rank stores: `shape`, or its slice.
+  Shape local_shape() const { return slice.local_shape(shape); }
   /// Where its gradient starts in the flat gradient layout (trainable parameters only).
   int64_t grad_offset() const { return offset - frozen_before; }
 };

@@ -2,9 +2,6 @@
 
 #include "core/error.h"
 
-#include <algorithm>
-#include <numeric>
-
 namespace kiln::nn {
 
 const char* tp_comm_name(TpComm c) {
@@ -82,88 +79,6 @@ DropoutSpec rows_dropout(DropoutSpec d, const TpPlacement& placement, int64_t lo
   if (placement.active() && placement.sequence_parallel)
     d.offset += static_cast<uint64_t>(placement.group->rank()) * static_cast<uint64_t>(local_numel);
   return d;
-}
-
-void TpSlice::check(const Shape& global, const std::string& what) const {
-  KILN_CHECK(parts >= 1 && 0 <= index && index < parts, "{}: tp slice {} of {} is out of range",
-             what, index, parts);
-  if (parts == 1) return;
-  KILN_CHECK(0 <= dim && dim < global.ndim(), "{}: cannot split dimension {} of {}", what, dim,
-             global.str());
-  const int64_t total = global[dim];
-  const std::vector<int64_t> p = pieces.empty() ? std::vector<int64_t>{total} : pieces;
-  KILN_CHECK(std::accumulate(p.begin(), p.end(), int64_t{0}) == total,
-             "{}: pieces of dimension {} do not sum to {}", what, dim, total);
-  for (int64_t piece : p) {
-    KILN_CHECK(piece % parts == 0,
-               "{}: dimension {} of {} (a piece of {}) does not divide over tp = {}", what, dim,
-               global.str(), piece, parts);
-  }
-}
-
-Shape TpSlice::local_shape(const Shape& global) const {
-  if (parts == 1) return global;
-  Shape local;
-  for (int i = 0; i < global.ndim(); ++i) local.push_back(i == dim ? global[i] / parts : global[i]);
-  return local;
-}
-
-std::vector<std::pair<int64_t, int64_t>> TpSlice::ranges(const Shape& global) const {
-  if (parts == 1) return {{0, global.ndim() ? global[dim] : 1}};
-  std::vector<std::pair<int64_t, int64_t>> out;
-  int64_t start = 0;
-  const std::vector<int64_t> p = pieces.empty() ? std::vector<int64_t>{global[dim]} : pieces;
-  for (int64_t piece : p) {
-    const int64_t len = piece / parts;
-    out.emplace_back(start + index * len, start + (index + 1) * len);
-    start += piece;
-  }
-  return out;
-}
-
-std::vector<std::pair<int64_t, int64_t>> TpSlice::global_runs(const Shape& global) const {
-  if (parts == 1) return {{0, global.numel()}};
-  // outer: elements of the dims before `dim`; inner: of the dims after it.
-  int64_t outer = 1, inner = 1;
-  for (int i = 0; i < dim; ++i) outer *= global[i];
-  for (int i = dim + 1; i < global.ndim(); ++i) inner *= global[i];
-  std::vector<std::pair<int64_t, int64_t>> runs;
-  for (int64_t o = 0; o < outer; ++o) {
-    for (const auto& [b, e] : ranges(global)) {
-      const int64_t from = (o * global[dim] + b) * inner, to = (o * global[dim] + e) * inner;
-      if (!runs.empty() && runs.back().second == from) {
-        runs.back().second = to;
-      } else {
-        runs.emplace_back(from, to);
-      }
-    }
-  }
-  return runs;
-}
-
-std::vector<TpSlice::Run> TpSlice::global_runs(const Shape& global, int64_t local_begin,
-                                              int64_t local_end) const {
-  KILN_CHECK(0 <= local_begin && local_begin <= local_end &&
-                 local_end <= local_shape(global).numel(),
-             "local range [{}, {}) outside a tp slice of {} elements", local_begin, local_end,
-             local_shape(global).numel());
-  std::vector<Run> out;
-  int64_t at = 0;  // local index of the current run's first element
-  for (const auto& [b, e] : global_runs(global)) {
-    const int64_t lo = std::max(local_begin, at), hi = std::min(local_end, at + (e - b));
-    if (lo < hi) out.push_back({b + (lo - at), b + (hi - at), lo});
-    at += e - b;
-    if (at >= local_end) break;
-  }
-  return out;
-}
-
-std::vector<int64_t> TpSlice::global_indices(const Shape& global) const {
-  std::vector<int64_t> idx;
-  idx.reserve(static_cast<size_t>(local_shape(global).numel()));
-  for (const auto& [b, e] : global_runs(global))
-    for (int64_t i = b; i < e; ++i) idx.push_back(i);
-  return idx;
 }
 
 }  // namespace kiln::nn

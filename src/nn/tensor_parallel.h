@@ -56,40 +56,6 @@ void tp_forward(TpComm c, TpGroup& g, Backend& be, Stream s, const Tensor& out, 
 void tp_backward(TpComm c, TpGroup& g, Backend& be, Stream s, const Tensor& din,
                  const Tensor& dout);
 
-/// The elements of a global tensor that one tp rank holds. Along dimension `dim`, each of
-/// `pieces` (consecutive extents summing to the global size of `dim`: the q, k and v rows
-/// of a fused projection, SwiGLU's gate and up; empty = one piece, the whole dim) is cut
-/// into `parts` equal ranges, and the rank holds range `index` of every piece,
-/// concatenated in piece order. parts == 1 is the whole tensor (replicated).
-struct TpSlice {
-  int dim = 0;
-  std::vector<int64_t> pieces;
-  int parts = 1, index = 0;
-
-  bool sharded() const { return parts > 1; }
-  /// The global shape with `dim` divided by parts.
-  Shape local_shape(const Shape& global) const;
-  /// The [begin, end) ranges of `dim` this rank holds, in local order.
-  std::vector<std::pair<int64_t, int64_t>> ranges(const Shape& global) const;
-  /// Throws kiln::Error naming `what` unless dim is in range, the pieces sum to the
-  /// global size of dim and each divides by parts.
-  void check(const Shape& global, const std::string& what) const;
-  /// The global row-major index of every local element, in local row-major order (the
-  /// map a checkpoint, an initialiser or a test uses to place the rank's elements).
-  std::vector<int64_t> global_indices(const Shape& global) const;
-  /// The same map as maximal runs: [begin, end) ranges of global row-major indices whose
-  /// concatenation, in order, is the rank's elements (one run when replicated).
-  std::vector<std::pair<int64_t, int64_t>> global_runs(const Shape& global) const;
-  /// One run of local elements at consecutive global indices.
-  struct Run {
-    int64_t global_begin = 0, global_end = 0;  // global row-major indices
-    int64_t local_begin = 0;                   // the run's first local element
-  };
-  /// The local elements [local_begin, local_end) (a ZeRO slice of the rank's tensor) as
-  /// global runs, in local order. Throws kiln::Error for a range outside the local tensor.
-  std::vector<Run> global_runs(const Shape& global, int64_t local_begin, int64_t local_end) const;
-};
-
 /// How the plan splits a layer over tp (torchtitan's ParallelStyle; Megatron's layers):
 ///   Replicated  every rank holds and computes the whole layer.
 ///   Column      a Linear's output features split (ColumnParallelLinear): weight rows

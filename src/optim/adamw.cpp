@@ -23,7 +23,7 @@ std::vector<AdamWSegment> whole_segments(const std::vector<ParamSpec>& params,
 
 std::vector<RoundingBlock> rounding_blocks(const AdamWSegment& s) {
   std::vector<RoundingBlock> out;
-  for (const auto& run : s.spec.tp.global_runs(s.spec.shape, s.begin, s.end)) {
+  for (const auto& run : s.spec.slice.global_runs(s.spec.shape, s.begin, s.end)) {
     const int64_t len = run.global_end - run.global_begin;
     if (!out.empty()) {  // another row of the last block?
       RoundingBlock& b = out.back();

@@ -25,7 +25,7 @@ using Clock = std::chrono::steady_clock;
 }
 
 DataParallel::DataParallel(Model& model, Communicator& comm, int zero_stage, double bucket_mb,
-                           Communicator* tp)
+                           Communicator* tp, Communicator* expert)
     : model_(model), comm_(comm), tp_(tp && tp->size() > 1 ? tp : nullptr),
       backend_(model.backend()), stage_(zero_stage),
       rank_(comm.rank()), world_(comm.size()),
@@ -77,6 +77,10 @@ DataParallel::DataParallel(Model& model, Communicator& comm, int zero_stage, dou
       }
     }
   }
+  for (const ParamSpec& p : model.params())
+    KILN_CHECK(!p.slice.ep_sharded() || expert == nullptr || expert->size() == world_,
+               "DataParallel: {} is split over expert-parallel ranks, which data parallelism "
+               "does not reduce yet", p.name);
   model_.set_hooks(this);
 }
 
@@ -147,7 +151,7 @@ void DataParallel::init_weights(uint64_t seed) {
     const ParamSpec& p = model_.params()[i];
     for (; k < segs.size() && segs[k].spec.name == p.name; ++k) {
       std::vector<float> host;
-      for (const auto& run : p.tp.global_runs(p.shape, segs[k].begin, segs[k].end)) {
+      for (const auto& run : p.slice.global_runs(p.shape, segs[k].begin, segs[k].end)) {
         const auto values = model_.init_values(i, seed, run.global_begin, run.global_end);
         host.insert(host.end(), values.begin(), values.end());
       }
@@ -403,7 +407,7 @@ std::string DataParallel::replica_hash() const {
 std::string DataParallel::tp_replica_hash() const {
   uint64_t h = 1469598103934665603ull;
   for (const AdamWSegment& seg : optimizer_segments())
-    if (!seg.spec.tp.sharded() && seg.size() > 0) h = hash_bytes(backend_, seg.param, h);
+    if (!seg.spec.slice.tp_sharded() && seg.size() > 0) h = hash_bytes(backend_, seg.param, h);
   return fmt::format("{:016x}", h);
 }
 

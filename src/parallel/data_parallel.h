@@ -64,7 +64,7 @@ class DataParallel final : public ModelHooks {
   /// rank, for none); not owned. Installs itself as the model's hooks. Throws
   /// kiln::Error on a bad stage.
   DataParallel(Model& model, Communicator& comm, int zero_stage, double bucket_mb,
-               Communicator* tp = nullptr);
+               Communicator* tp = nullptr, Communicator* expert = nullptr);
   ~DataParallel() override;
 
   int zero_stage() const { return stage_; }

@@ -47,7 +47,7 @@ void tp_share_sum_squares(const std::vector<AdamWSegment>& segments, Backend& ba
                           int tp_rank, const Tensor& acc) {
   std::vector<AdamWSegment> mine;
   for (const AdamWSegment& seg : segments)
-    if (seg.spec.tp.sharded() || tp_rank == 0) mine.push_back(seg);
+    if (seg.spec.slice.tp_sharded() || tp_rank == 0) mine.push_back(seg);
   add_sum_squares(mine, backend, acc);
 }
 

@@ -56,7 +56,9 @@ StepGroups StepGroups::of_mesh(const DeviceMesh& mesh) {
   return StepGroups{.dp_cp = mesh.dp_cp_comm(),
                     .tp = mesh.tp() > 1 ? &mesh.comm(Axis::TP) : nullptr,
                     .pp = mesh.pp() > 1 ? &mesh.comm(Axis::PP) : nullptr,
-                    .cp = mesh.cp() > 1 ? &mesh.comm(Axis::CP) : nullptr};
+                    .cp = mesh.cp() > 1 ? &mesh.comm(Axis::CP) : nullptr,
+                    .ep = mesh.ep() > 1 ? mesh.ep_comm() : nullptr,
+                    .edp = mesh.ep() > 1 ? &mesh.edp_comm() : nullptr};
 }
 
 TrainStep::TrainStep(const TrainConfig& config, Backend& backend, const StepGroups& groups)
@@ -89,6 +91,10 @@ void TrainStep::check_groups() const {
              "{} ranks", config_.source, config_.parallel.tp, tp);
   KILN_CHECK(pp == config_.parallel.pp, "{}: parallel.pp = {} but the pipeline group has {} ranks",
              config_.source, config_.parallel.pp, pp);
+  const int ep = size_of(groups_.ep);
+  KILN_CHECK(ep == config_.parallel.ep && (ep == 1) == (groups_.edp == nullptr),
+             "{}: parallel.ep = {} but the expert-parallel group has {} ranks{}", config_.source,
+             config_.parallel.ep, ep, groups_.edp ? "" : " and no expert-data-parallel group");
 }
 
 ModelStorage TrainStep::plan_parallelism() {
@@ -116,6 +122,11 @@ ModelStorage TrainStep::plan_parallelism() {
     tp_group_ = std::make_unique<CommTpGroup>(*groups_.tp);
     tp_plan_ = std::make_unique<TensorParallelPlan>(*tp_group_, config_.parallel.sequence_parallel);
     storage.plans.push_back(tp_plan_.get());
+  }
+  if (size_of(groups_.ep) > 1) {  // after tp: the ep cut keeps the tp cut of the hidden units
+    ep_group_ = std::make_unique<CommEpGroup>(*groups_.ep);
+    ep_plan_ = std::make_unique<ExpertParallelPlan>(*ep_group_);
+    storage.plans.push_back(ep_plan_.get());
   }
   return storage;
 }
@@ -159,7 +170,8 @@ void TrainStep::build_model(const ModelOptions& options, const ModelStorage& sto
 void TrainStep::wrap_data_parallel(const std::vector<int>& held_parts) {
   dp_ = std::make_unique<DataParallel>(*model_, groups_.dp_cp, config_.parallel.zero_stage,
                                        config_.parallel.bucket_mb,
-                                       size_of(groups_.tp) > 1 ? groups_.tp : nullptr);
+                                       size_of(groups_.tp) > 1 ? groups_.tp : nullptr,
+                                       groups_.edp);
   if (held_parts.empty()) return;
   // Several micro-batches in flight: a resident part's gradient and a tied parameter's
   // (summed over its stages first) are reduced over dp once the schedule is done.
@@ -406,7 +418,7 @@ void TrainStep::load_weights(const WeightSource& source) {
   std::vector<float> buf;
   for (const AdamWSegment& seg : dp_->load_segments()) {
     buf.resize(static_cast<size_t>(seg.size()));
-    for (const auto& run : seg.spec.tp.global_runs(seg.spec.shape, seg.begin, seg.end))
+    for (const auto& run : seg.spec.slice.global_runs(seg.spec.shape, seg.begin, seg.end))
       source.read(seg.spec, run.global_begin, run.global_end,
                   buf.data() + (run.local_begin - seg.begin));
     upload_f32(backend_, seg.param, buf.data());  // rounded where no master is kept here

@@ -36,6 +36,7 @@
 #include "optim/adamw.h"
 #include "parallel/context_parallel.h"
 #include "parallel/data_parallel.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/mesh.h"
 #include "parallel/moe_balance_group.h"
 #include "parallel/pipeline.h"
@@ -101,6 +102,11 @@ struct StepGroups {
   Communicator* tp = nullptr;  // the tensor-parallel group, of parallel.tp ranks; nullptr: 1
   Communicator* pp = nullptr;  // the pipeline group, of parallel.pp ranks; nullptr: 1
   Communicator* cp = nullptr;  // the context-parallel ring, of parallel.cp ranks; nullptr: 1
+  /// The expert-parallel group (parallel.ep ranks of the dp x cp group) and the
+  /// expert-data-parallel group (the dp x cp / ep ranks holding the same experts, over
+  /// which expert weights are reduced and ZeRO shards them); nullptr: ep = 1.
+  Communicator* ep = nullptr;
+  Communicator* edp = nullptr;
 
   /// The groups of `mesh` (its communicators built): nullptr for an axis of size 1.
   static StepGroups of_mesh(const DeviceMesh& mesh);
@@ -257,6 +263,8 @@ class TrainStep {
   std::unique_ptr<TensorParallelPlan> tp_plan_;
   std::unique_ptr<CommCpGroup> cp_group_;   // with cp > 1; outlive the model
   std::unique_ptr<ContextParallelPlan> cp_plan_;
+  std::unique_ptr<CommEpGroup> ep_group_;   // with ep > 1; outlive the model
+  std::unique_ptr<ExpertParallelPlan> ep_plan_;
   // The balancing groups (Model::set_moe_balance_groups), outliving the model: the cp
   // group (with cp > 1) and dp x cp (with dp x cp > 1).
   std::unique_ptr<CommMoeBalanceGroup> moe_micro_group_, moe_global_group_;

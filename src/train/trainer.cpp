@@ -118,12 +118,14 @@ void Trainer::set_up_mesh() {
   mesh_ = std::make_unique<DeviceMesh>(*world_, MeshSizes{.dp = config_.parallel.dp,
                                                            .cp = config_.parallel.cp,
                                                            .tp = config_.parallel.tp,
-                                                           .pp = config_.parallel.pp});
-  KILN_CHECK((mesh_->tp() == 1 && mesh_->pp() == 1 && mesh_->cp() == 1) ||
+                                                           .pp = config_.parallel.pp,
+                                                           .ep = config_.parallel.ep});
+  KILN_CHECK((mesh_->tp() == 1 && mesh_->pp() == 1 && mesh_->cp() == 1 && mesh_->ep() == 1) ||
                  config_.sample.every == 0,
-             "{}: sample.every = {} needs parallel.tp, parallel.pp and parallel.cp = 1 (sampling "
-             "a tensor-, pipeline- or context-parallel model is not implemented; sample from a "
-             "checkpoint with `kiln sample`)", config_.source, config_.sample.every);
+             "{}: sample.every = {} needs parallel.tp, parallel.pp, parallel.cp and parallel.ep = 1 "
+             "(sampling a tensor-, pipeline-, context- or expert-parallel model is not "
+             "implemented; sample from a checkpoint with `kiln sample`)", config_.source,
+             config_.sample.every);
   if (!is_rank0()) options_.verbose = false;
   if (config_.train.global_batch == 0) config_.train.global_batch = config_.train.micro_batch * mesh_->dp();
   config_.validate_for_training();

@@ -71,7 +71,7 @@ void Trainer::add_tensors(checkpoint::CheckpointWriter& writer,
   const auto& segs = optimizer.segments();
   for (size_t i = 0; i < segs.size(); ++i) {
     const AdamWSegment& seg = segs[i];
-    if (!dp_writes || !(seg.spec.tp.sharded() || tp_rank == 0)) continue;
+    if (!dp_writes || !(seg.spec.slice.tp_sharded() || tp_rank == 0)) continue;
     if (seg.spec.tied_copy) continue;  // written by its owner's stage, the same bits
     const Tensor master = optimizer.master(i);
     keep.push_back(download_f32(*backend_, master ? master : seg.param));
@@ -89,7 +89,7 @@ void Trainer::add_tensors(checkpoint::CheckpointWriter& writer,
   // no optimizer state; whole on every dp replica below ZeRO-3, so dp rank 0 writes them.
   const bool dp_writes_frozen = config_.parallel.zero_stage == 3 || mesh_->dp_cp_comm().rank() == 0;
   for (const AdamWSegment& seg : one_step_->data_parallel().frozen_segments()) {
-    if (!dp_writes_frozen || !(seg.spec.tp.sharded() || tp_rank == 0) || seg.spec.tied_copy)
+    if (!dp_writes_frozen || !(seg.spec.slice.tp_sharded() || tp_rank == 0) || seg.spec.tied_copy)
       continue;
     keep.push_back(download_f32(*backend_, seg.param));
     add_param_range(writer, seg.spec.name, seg.spec, DType::F32, seg.begin, seg.end,

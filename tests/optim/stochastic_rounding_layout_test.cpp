@@ -67,7 +67,7 @@ std::vector<ParamSpec> specs_of(const Rank& r) {
     ParamSpec s;
     s.name = p.name;
     s.shape = p.shape;
-    s.tp = {p.tp_dim, p.pieces, r.tp, r.tp_index};
+    s.slice = {p.tp_dim, p.pieces, r.tp, r.tp_index};
     s.offset = offset;
     s.weight_decay = !p.zero && p.shape.ndim() == 2;
     s.init_stream = k;
@@ -105,7 +105,7 @@ Data make_data() {
 
 std::vector<float> local_values(const ParamSpec& s, const std::vector<float>& global) {
   std::vector<float> out;
-  for (const int64_t g : s.tp.global_indices(s.shape)) out.push_back(global[static_cast<size_t>(g)]);
+  for (const int64_t g : s.slice.global_indices(s.shape)) out.push_back(global[static_cast<size_t>(g)]);
   return out;
 }
 
@@ -151,7 +151,7 @@ Result run(const Rank& r, const Data& d, int steps) {
   }
   for (size_t i = 0; i < segs.size(); ++i) {
     const AdamWSegment& s = segs[i];
-    const std::vector<int64_t> g = s.spec.tp.global_indices(s.spec.shape);
+    const std::vector<int64_t> g = s.spec.slice.global_indices(s.spec.shape);
     const std::vector<float> m = download_f32(*be, opt.master(i));
     for (int64_t j = s.begin; j < s.end; ++j) {
       const auto at = static_cast<size_t>(g[static_cast<size_t>(j)]);

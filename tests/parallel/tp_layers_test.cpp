@@ -25,7 +25,7 @@ namespace kiln {
 namespace {
 
 using nn::TpComm;
-using nn::TpSlice;
+using nn::ParamSlice;
 using nn::TpStyle;
 
 using testing::randn;
@@ -131,10 +131,10 @@ TEST(TpComm, ForwardAndBackwardOfEachOp) {
   }
 }
 
-TEST(TpSlice, RangesAndIndices) {
+TEST(ParamSlice, RangesAndIndices) {
   // A fused [q; k; v] of rows {4, 2, 2}, 3 columns, split over 2: rank 1 holds q rows 2-3,
   // k row 5, v row 7.
-  TpSlice s{0, {4, 2, 2}, 2, 1};
+  ParamSlice s{0, {4, 2, 2}, 2, 1};
   const Shape g{8, 3};
   EXPECT_EQ(s.local_shape(g), (Shape{4, 3}));
   auto r = s.ranges(g);
@@ -145,10 +145,10 @@ TEST(TpSlice, RangesAndIndices) {
   auto idx = s.global_indices(g);
   std::vector<int64_t> want = {6, 7, 8, 9, 10, 11, 15, 16, 17, 21, 22, 23};
   EXPECT_EQ(idx, want);
-  TpSlice cols{1, {}, 3, 2};  // columns [4, 6) of [2, 6]
+  ParamSlice cols{1, {}, 3, 2};  // columns [4, 6) of [2, 6]
   EXPECT_EQ(cols.global_indices(Shape{2, 6}), (std::vector<int64_t>{4, 5, 10, 11}));
-  EXPECT_THROW((TpSlice{0, {3, 5}, 2, 0}.check(g, "w")), Error);  // 3 rows over 2
-  EXPECT_THROW((TpSlice{0, {4, 2}, 2, 0}.check(g, "w")), Error);  // pieces sum to 6
+  EXPECT_THROW((ParamSlice{0, {3, 5}, 2, 0}.check(g, "w")), Error);  // 3 rows over 2
+  EXPECT_THROW((ParamSlice{0, {4, 2}, 2, 0}.check(g, "w")), Error);  // pieces sum to 6
   EXPECT_NO_THROW(s.check(g, "w"));
   // Every local sub-range maps to the global indices of its elements, run by run.
   for (int64_t b = 0; b <= 12; ++b) {
@@ -165,6 +165,46 @@ TEST(TpSlice, RangesAndIndices) {
     }
   }
   EXPECT_THROW(s.global_runs(g, 3, 13), Error);
+}
+
+// The expert cut composed with a tp cut: every rank's elements, by brute force over the
+// global coordinates, for each pair of cuts of a stacked [E = 6, 2F = 4, C = 3] tensor.
+TEST(ParamSlice, ExpertCut) {
+  const Shape g{6, 4, 3};
+  for (int ep : {1, 2, 3, 6}) {
+    for (int tp : {1, 2}) {
+      std::vector<int> hits(static_cast<size_t>(g.numel()), 0);
+      for (int er = 0; er < ep; ++er) {
+        for (int tr = 0; tr < tp; ++tr) {
+          // SwiGLU's gate and up pieces of 2 rows each, cut over tp within each expert.
+          const ParamSlice s{1, {2, 2}, tp, tr, ep, er};
+          ASSERT_NO_THROW(s.check(g, "w"));
+          const Shape local = s.local_shape(g);
+          EXPECT_EQ(local, (Shape{6 / ep, 4 / tp, 3}));
+          std::vector<int64_t> want;
+          const int64_t half = 2 / tp;
+          for (int64_t e = 0; e < local[0]; ++e)
+            for (int64_t i = 0; i < local[1]; ++i)
+              for (int64_t c = 0; c < 3; ++c) {
+                const int64_t ge = er * local[0] + e;
+                const int64_t piece = i / half, gi = piece * 2 + tr * half + i % half;
+                want.push_back((ge * 4 + gi) * 3 + c);
+              }
+          EXPECT_EQ(s.global_indices(g), want) << "ep " << er << "/" << ep << " tp " << tr;
+          for (int64_t i : want) ++hits[static_cast<size_t>(i)];
+          // A ZeRO-like sub-range maps run by run to the same indices.
+          std::vector<int64_t> got;
+          for (const auto& run : s.global_runs(g, 1, local.numel() - 1))
+            for (int64_t i = run.global_begin; i < run.global_end; ++i) got.push_back(i);
+          EXPECT_EQ(got, std::vector<int64_t>(want.begin() + 1, want.end() - 1));
+        }
+      }
+      EXPECT_EQ(hits, std::vector<int>(hits.size(), 1)) << "ep " << ep << " tp " << tp;
+    }
+  }
+  EXPECT_THROW((ParamSlice{0, {}, 1, 0, 4, 0}.check(g, "w")), Error);  // 6 experts over 4
+  EXPECT_THROW((ParamSlice{0, {}, 2, 0, 2, 0}.check(g, "w")), Error);  // both cuts on dim 0
+  EXPECT_THROW((ParamSlice{1, {}, 1, 0, 2, 2}.check(g, "w")), Error);  // ep index out of range
 }
 
 // One Linear, unsharded and as `style`, compared slice by slice.
@@ -190,24 +230,24 @@ void check_linear(TpStyle style, bool sp, std::vector<int64_t> pieces, bool bias
   nn::Linear part("l", in, out, bias, 0.02f);
   part.shard(nn::TpPlacement{style, &g, sp}, pieces);
   const Shape wl = part.weight.local_shape();
-  part.weight.value = f.upload(pick(W, part.weight.tp.global_indices(Shape{out, in})), wl);
+  part.weight.value = f.upload(pick(W, part.weight.slice.global_indices(Shape{out, in})), wl);
   part.weight.grad = f.zeros(wl);
   if (bias) {
     const Shape bl = part.bias.local_shape();
-    part.bias.value = f.upload(pick(b, part.bias.tp.global_indices(Shape{out})), bl);
+    part.bias.value = f.upload(pick(b, part.bias.slice.global_indices(Shape{out})), bl);
     part.bias.grad = f.zeros(bl);
   }
   const bool column = style == TpStyle::Column;
   // Which rows and columns of x / y this rank sees.
-  const TpSlice rows{0, {}, sp ? n : 1, sp ? r : 0};
-  const TpSlice x_cols = column ? TpSlice{} : TpSlice{1, {}, n, r};
-  const TpSlice y_cols = column ? TpSlice{1, pieces, n, r} : TpSlice{};
-  auto sel = [&](const std::vector<float>& v, int64_t cols, const TpSlice& rs, const TpSlice& cs) {
+  const ParamSlice rows{0, {}, sp ? n : 1, sp ? r : 0};
+  const ParamSlice x_cols = column ? ParamSlice{} : ParamSlice{1, {}, n, r};
+  const ParamSlice y_cols = column ? ParamSlice{1, pieces, n, r} : ParamSlice{};
+  auto sel = [&](const std::vector<float>& v, int64_t cols, const ParamSlice& rs, const ParamSlice& cs) {
     auto by_col = pick(v, cs.global_indices(Shape{N, cols}));
     return pick(by_col, rs.global_indices(Shape{N, cs.local_shape(Shape{N, cols})[1]}));
   };
-  const TpSlice in_rows = column ? rows : TpSlice{};   // row-parallel input is never SP
-  const TpSlice out_rows = column ? TpSlice{} : rows;  // column-parallel output neither
+  const ParamSlice in_rows = column ? rows : ParamSlice{};   // row-parallel input is never SP
+  const ParamSlice out_rows = column ? ParamSlice{} : rows;  // column-parallel output neither
   const int64_t x_n = in_rows.local_shape(Shape{N, 1})[0], y_n = out_rows.local_shape(Shape{N, 1})[0];
   const int64_t x_c = x_cols.local_shape(Shape{N, in})[1], y_c = y_cols.local_shape(Shape{N, out})[1];
   Tensor xl = f.upload(sel(x, in, in_rows, x_cols), Shape{x_n, x_c});
@@ -218,10 +258,10 @@ void check_linear(TpStyle style, bool sp, std::vector<int64_t> pieces, bool bias
   expect_close(f.down(yl), sel(Y, out, out_rows, y_cols), "forward");
   part.backward(*f.be, f.s, dxl, f.upload(sel(dy, out, out_rows, y_cols), Shape{y_n, y_c}), xl, work);
   expect_close(f.down(dxl), sel(DX, in, in_rows, x_cols), "dinp");
-  expect_close(f.down(part.weight.grad), pick(DW, part.weight.tp.global_indices(Shape{out, in})),
+  expect_close(f.down(part.weight.grad), pick(DW, part.weight.slice.global_indices(Shape{out, in})),
                "dweight");
   if (bias) {
-    expect_close(f.down(part.bias.grad), pick(DB, part.bias.tp.global_indices(Shape{out})),
+    expect_close(f.down(part.bias.grad), pick(DB, part.bias.slice.global_indices(Shape{out})),
                  "dbias");
   }
 }
@@ -245,7 +285,7 @@ TEST(TpLinear, IndivisibleSplitIsAnError) {
 
 // Rows of the flattened [N, C] a rank holds with sequence parallelism (all without).
 std::vector<float> my_rows(const std::vector<float>& v, int64_t N, int64_t C, bool sp, int n, int r) {
-  return pick(v, TpSlice{0, {}, sp ? n : 1, sp ? r : 0}.global_indices(Shape{N, C}));
+  return pick(v, ParamSlice{0, {}, sp ? n : 1, sp ? r : 0}.global_indices(Shape{N, C}));
 }
 
 void check_embedding(bool sp, bool explicit_positions) {
@@ -276,7 +316,7 @@ void check_embedding(bool sp, bool explicit_positions) {
   nn::TokenPositionEmbedding part("wte", "wpe", V, Vp, maxT, C, 0.02f);
   part.shard(nn::TpPlacement{TpStyle::Vocab, &g, sp});
   const Shape wl = part.wte.local_shape();
-  part.wte.value = f.upload(pick(wte, part.wte.tp.global_indices(Shape{Vp, C})), wl);
+  part.wte.value = f.upload(pick(wte, part.wte.slice.global_indices(Shape{Vp, C})), wl);
   part.wte.grad = f.zeros(wl);
   part.wpe.value = f.upload(wpe, Shape{maxT, C}), part.wpe.grad = f.zeros(Shape{maxT, C});
   const bool split = sp && n > 1;
@@ -286,7 +326,7 @@ void check_embedding(bool sp, bool explicit_positions) {
   expect_close(f.down(yl), my_rows(f.down(y), N, C, split, n, r), "forward");
   part.backward(*f.be, f.s, f.upload(my_rows(dout, N, C, split, n, r), split ? Shape{rows, C} : Shape{B, T, C}),
                 ttok, tpos, work);
-  expect_close(f.down(part.wte.grad), pick(f.down(full.wte.grad), part.wte.tp.global_indices(Shape{Vp, C})),
+  expect_close(f.down(part.wte.grad), pick(f.down(full.wte.grad), part.wte.slice.global_indices(Shape{Vp, C})),
                "dwte");
   expect_close(f.down(part.wpe.grad), f.down(full.wpe.grad), "dwpe");
 }
@@ -326,7 +366,7 @@ void check_cross_entropy(bool sp) {
                                static_cast<int>(V), scale, dx, dwte, f.zeros(Shape{R, Vp}),
                                f.zeros(Shape{R}), want_acc);
   // Vocab-parallel.
-  const TpSlice rows_of_wte{0, {}, n, r};
+  const ParamSlice rows_of_wte{0, {}, n, r};
   const bool split = sp && n > 1;
   const int64_t rows = split ? N / n : N;
   nn::VocabParallelScratch scratch{f.zeros(Shape{(n + 1) * R, 3}), split ? f.zeros(Shape{N, C}) : Tensor(),
@@ -413,7 +453,7 @@ void check_block(const BlockCase& c) {
     for (size_t i = 0; i < run->params.size(); ++i) {
       nn::Param* p = run->params[i];
       const auto global = randn(static_cast<size_t>(p->shape.numel()), 200 + static_cast<uint32_t>(i));
-      p->value = f.upload(pick(global, p->tp.global_indices(p->shape)), p->local_shape());
+      p->value = f.upload(pick(global, p->slice.global_indices(p->shape)), p->local_shape());
       p->grad = f.zeros(p->local_shape());
     }
     for (const auto& sp : run->block.saved_specs(B, T, DType::F32))  // a MoE's: int32 too
@@ -451,7 +491,7 @@ void check_block(const BlockCase& c) {
     nn::Param* p = part->params[i];
     EXPECT_EQ(p->tp_partial_grad, split && p->name.find("ln_") != std::string::npos) << p->name;
     if (p->tp_partial_grad) g.all_reduce_sum(f.s, p->grad);
-    expect_close(f.down(p->grad), pick(f.down(full->params[i]->grad), p->tp.global_indices(p->shape)),
+    expect_close(f.down(p->grad), pick(f.down(full->params[i]->grad), p->slice.global_indices(p->shape)),
                  "d" + p->name);
   }
 }

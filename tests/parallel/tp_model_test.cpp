@@ -120,11 +120,11 @@ void check(const Case& k) {
   ASSERT_EQ(part.params().size(), full.params().size());
   for (size_t i = 0; i < part.params().size(); ++i) {
     const ParamSpec& p = part.params()[i];
-    const auto idx = p.tp.global_indices(p.shape);
+    const auto idx = p.slice.global_indices(p.shape);
     const auto wv = download_f32(be, full.param(full.params()[i])), wg = download_f32(be, full.grad(full.params()[i]));
     const auto gv = download_f32(be, part.param(p));
     const auto gg = download_f32(be, part.grad(p));
-    if (!p.tp.sharded()) {  // replicated: bitwise the same gradient on every tp rank
+    if (!p.slice.tp_sharded()) {  // replicated: bitwise the same gradient on every tp rank
       std::vector<float> rank0(gg);
       testing::world().broadcast(Tensor::view(rank0.data(), {static_cast<int64_t>(rank0.size())}, DType::F32), 0);
       EXPECT_EQ(std::memcmp(rank0.data(), gg.data(), gg.size() * sizeof(float)), 0) << p.name;

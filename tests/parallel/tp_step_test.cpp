@@ -112,7 +112,7 @@ void check(const Row& row) {
       const auto mine = download_f32(be, seg.grad);
       double scale = 1.0;
       for (float x : full) scale = std::max(scale, std::fabs(static_cast<double>(x)));
-      for (const auto& run : seg.spec.tp.global_runs(seg.spec.shape, seg.begin, seg.end)) {
+      for (const auto& run : seg.spec.slice.global_runs(seg.spec.shape, seg.begin, seg.end)) {
         for (int64_t g = run.global_begin; g < run.global_end; ++g, ++compared) {
           const size_t local = static_cast<size_t>(run.local_begin - seg.begin + (g - run.global_begin));
           ASSERT_NEAR(mine[local], full[static_cast<size_t>(g)], 1e-5 * scale)

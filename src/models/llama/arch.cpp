@@ -50,6 +50,7 @@ ModelArch llama_arch() {
              "(model.moe.aux_loss_type = \"hf\", model.moe.aux_loss_coef > 0)";
     return "";
   };
+  a.num_experts = [](const ModelOptions& o) { return o.integer(llama_keys(), "moe.num_experts"); };
   a.keys = llama_keys();
   a.check_options = llama_check_options;
   // Meta's published configs (Hugging Face meta-llama/Llama-3.x config.json): 128K

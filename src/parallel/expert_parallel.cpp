@@ -1,0 +1,51 @@
+#include "parallel/expert_parallel.h"
+
+#include "core/error.h"
+#include "nn/block.h"
+
+#include <fmt/format.h>
+
+#include <vector>
+
+namespace kiln {
+
+namespace {
+/// Elements per row of t [rows, W...]: the product of W.
+int64_t row_width(const Tensor& t) {
+  int64_t w = 1;
+  for (int i = 1; i < t.shape().ndim(); ++i) w *= t.size(i);
+  return w;
+}
+}  // namespace
+
+void CommEpGroup::all_to_all_rows(Stream s, const Tensor& out, const Tensor& in,
+                                  std::span<const int64_t> send_rows,
+                                  std::span<const int64_t> recv_rows) {
+  const int64_t w = row_width(in);
+  KILN_CHECK(out.dtype() == in.dtype() && row_width(out) == w,
+             "expert parallel: all_to_all rows of {} into {}", in.str(), out.str());
+  std::vector<int64_t> send(send_rows.begin(), send_rows.end());
+  std::vector<int64_t> recv(recv_rows.begin(), recv_rows.end());
+  for (int64_t& c : send) c *= w;
+  for (int64_t& c : recv) c *= w;
+  comm_.all_to_all_async(out, in, send, recv, s)->wait();
+}
+
+void ExpertParallelPlan::apply(const LayerRoles& layers) const {
+  if (group_.size() == 1) return;
+  bool any = false;
+  for (nn::TransformerBlock* b : layers.blocks) {
+    if (nn::MoeMlp* moe = b->moe()) {
+      moe->set_expert_parallel(group_);
+      any = true;
+    }
+  }
+  KILN_CHECK(any, "{} needs a mixture-of-experts model: {} has no MoE block (model.moe."
+             "num_experts)", what(), layers.arch);
+}
+
+std::string ExpertParallelPlan::what() const {
+  return fmt::format("expert parallelism (parallel.ep = {})", group_.size());
+}
+
+}  // namespace kiln
