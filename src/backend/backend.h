@@ -209,6 +209,8 @@ struct MoeRouterSpec {
   int k = 1;                 // experts per token, 1 <= k <= E
   bool renormalize = false;  // the k chosen scores divided by their sum (Mixtral; Qwen3's
                              // norm_topk_prob; DeepSeek-V3's norm_topk_prob)
+  bool round_robin = false;  // a test router (model.moe.routing): token n takes experts
+                             // (n k + j) mod E, j < k, whatever the scores (CPU only)
 };
 
 struct AdamWParams {
@@ -502,7 +504,9 @@ class Backend {
   /// decreasing order, equal sums broken by the lower expert index: expert_idx int32
   /// [N,k] (distinct experts, in [0, E)). expert_weight fp32 [N,k] = the chosen scores,
   /// divided by their sum (+ 1e-20) when spec.renormalize. All of scores, expert_idx and
-  /// expert_weight are overwritten. Throws unless 1 <= spec.k <= E.
+  /// expert_weight are overwritten. With spec.round_robin (a test router; the CPU only,
+  /// other backends throw) token n takes experts (n k + j) mod E instead, the weights
+  /// still the chosen scores. Throws unless 1 <= spec.k <= E.
   virtual void moe_router_forward(Stream s, const Tensor& scores, const Tensor& expert_idx,
                                   const Tensor& expert_weight, const Tensor& logits,
                                   const Tensor& bias, const MoeRouterSpec& spec) = 0;

@@ -53,6 +53,22 @@ EpDispatch make_ep_dispatch(std::span<const int32_t> own, std::span<const int32_
   return d;
 }
 
+void EpGroup::exchange_counts(Backend& be, Stream s, std::span<const int32_t> own,
+                              std::span<int32_t> incoming) {
+  // Rank q's El counts go to rank q: an all-to-all of one row of El int32 per rank.
+  const int ep = size();
+  const auto El = static_cast<int64_t>(own.size()) / ep;
+  KILN_CHECK(El * ep == static_cast<int64_t>(own.size()) && incoming.size() == own.size(),
+             "expert parallel: {} counts out and {} in over ep = {}", own.size(),
+             incoming.size(), ep);
+  const Tensor send = be.empty(Shape{ep, El}, DType::I32, MemCategory::Temporaries);
+  const Tensor recv = be.empty(Shape{ep, El}, DType::I32, MemCategory::Temporaries);
+  be.copy_from_host(s, send, own.data());
+  const std::vector<int64_t> one(static_cast<size_t>(ep), 1);
+  all_to_all_rows(s, recv, send, one, one);
+  be.copy_to_host(s, incoming.data(), recv);
+}
+
 EpExchange ep_exchange(Backend& be, Stream s, EpGroup& group, const Tensor& offsets,
                        MemCategory category) {
   const int ep = group.size();
@@ -64,20 +80,13 @@ EpExchange ep_exchange(Backend& be, Stream s, EpGroup& group, const Tensor& offs
   std::vector<int32_t> own(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e)
     own[static_cast<size_t>(e)] = bounds[static_cast<size_t>(e + 1)] - bounds[static_cast<size_t>(e)];
-  // Rank q's El counts go to rank q: an all-to-all of one row of El int32 per rank.
-  const int64_t El = E / ep;
-  const Tensor send = be.empty(Shape{ep, El}, DType::I32, MemCategory::Temporaries);
-  const Tensor recv = be.empty(Shape{ep, El}, DType::I32, MemCategory::Temporaries);
-  be.copy_from_host(s, send, own.data());
-  const std::vector<int64_t> one(static_cast<size_t>(ep), 1);
-  group.all_to_all_rows(s, recv, send, one, one);
-  std::vector<int32_t> incoming(static_cast<size_t>(ep * El));
-  be.copy_to_host(s, incoming.data(), recv);
+  std::vector<int32_t> incoming(static_cast<size_t>(E));
+  group.exchange_counts(be, s, own, incoming);
   EpExchange x;
   x.plan = make_ep_dispatch(own, incoming, ep, group.rank());
   const int64_t R = x.plan.received();
   x.order = be.empty(Shape{R, 1}, DType::I32, category);
-  x.offsets = be.empty(Shape{El + 1}, DType::I32, category);
+  x.offsets = be.empty(Shape{E / ep + 1}, DType::I32, category);
   if (R > 0) be.copy_from_host(s, x.order, x.plan.to_expert_order.data());
   be.copy_from_host(s, x.offsets, x.plan.offsets.data());
   return x;

@@ -68,6 +68,12 @@ class EpGroup {
   virtual void all_to_all_rows(Stream s, const Tensor& out, const Tensor& in,
                                std::span<const int64_t> send_rows,
                                std::span<const int64_t> recv_rows) = 0;
+  /// Step 1's count exchange, on the host: incoming [size() El] (row q: rank q's slots for
+  /// this rank's El local experts) from own [size() El] (this rank's slots per global
+  /// expert). The default runs all_to_all_rows on int32 buffers of `be`; a planner
+  /// overrides it with the counts of the routing it models (plan/).
+  virtual void exchange_counts(Backend& be, Stream s, std::span<const int32_t> own,
+                               std::span<int32_t> incoming);
 };
 
 /// One call's dispatch, from forward to backward: the host bookkeeping and, on the device,
@@ -78,7 +84,7 @@ struct EpExchange {
   Tensor order, offsets;
 };
 
-/// Steps 1 of the top of this file: reads `offsets` int32 [E + 1] (moe_permute_plan's, of
+/// Step 1 of the top of this file: reads `offsets` int32 [E + 1] (moe_permute_plan's, of
 /// this rank's slots in global expert order; the one host wait of a call) and exchanges
 /// the counts over the group. The device tensors are allocated with `category`.
 /// Collective. Throws kiln::Error unless the group's size divides E.

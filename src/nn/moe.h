@@ -96,9 +96,10 @@ struct MoeSpec {
   int64_t shared_hidden = 0;  // Fs, the shared experts' SwiGLU width; 0 = none
   MoeScoring scoring = MoeScoring::Softmax;
   bool norm_topk_prob = true;  // renormalise the k chosen scores to sum 1
+  bool round_robin = false;    // a test router: token n takes experts (n k + j) mod E
   double capacity_factor = 0.0;  // > 0: token dropping past each expert's capacity; 0: dropless
   bool enabled() const { return num_experts > 0; }
-  MoeRouterSpec router() const { return {scoring, top_k, norm_topk_prob}; }
+  MoeRouterSpec router() const { return {scoring, top_k, norm_topk_prob, round_robin}; }
 };
 
 /// The slots each expert keeps of a call over N tokens with k of E experts each and capacity

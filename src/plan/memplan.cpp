@@ -9,6 +9,7 @@
 #include "optim/adamw.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline_schedule.h"
+#include "plan/planned_ep_group.h"
 #include "plan/scratch_models.h"
 #include "model_io/model_io.h"
 #include "train/train_data.h"
@@ -46,6 +47,9 @@ TrainConfig resolve_for_planning(TrainConfig c, int world_size) {
   KILN_CHECK(c.parallel.dp == 0 || c.parallel.dp == dp,
              "{}: parallel.dp = {} but the world size {} over cp x tp x pp = {} leaves {}",
              c.source, c.parallel.dp, world_size, cp_tp_pp, dp);
+  KILN_CHECK((dp * c.parallel.cp) % c.parallel.ep == 0,
+             "{}: parallel.ep = {} does not divide dp x cp = {} (the expert-parallel groups are "
+             "carved out of the dp x cp ranks)", c.source, c.parallel.ep, dp * c.parallel.cp);
   KILN_CHECK(c.model.n_layer > 0 && c.model.n_head > 0 && c.model.n_embd > 0 && c.model.block_size > 0,
              "{}: the model shape is incomplete (set model.preset or model.n_layer, n_head, n_embd, "
              "block_size)", c.source);
@@ -70,6 +74,12 @@ TrainConfig resolve_for_planning(TrainConfig c, int world_size) {
 }
 
 namespace {
+
+// A family key of the config's [model] (e.g. llama's moe.num_experts), 0 when the arch has none.
+double family_key(const TrainConfig& c, const char* key) {
+  const auto it = c.model.family.find(key);
+  return it == c.model.family.end() ? 0.0 : it->second;
+}
 
 // One rank's step. When `plan` is given, its model description, FLOPs per token and the
 // rank's collectives are set from the step.
@@ -96,6 +106,20 @@ RankMemory dry_run(const TrainConfig& c, const MemPlanOptions& o, int rank,
   SimulatedCommunicator pp_comm(pp_size, rank / (tp_size * cp_size * dp_size), "world/pp", 0);
   // Ring attention's shifts likewise (the layers wait for each hop).
   SimulatedCommunicator cp_comm(cp_size, cp_rank, "world/cp", 0);
+  // Expert parallelism (parallel/mesh.h): the ep group is consecutive dp x cp indices q,
+  // the edp group those with the same q % ep. The dispatch's all-to-alls are blocking; the
+  // MoE layers receive the rows of the modelled routing (plan/planned_ep_group.h).
+  const int ep_size = c.parallel.ep, q = dp_rank * cp_size + cp_rank;
+  SimulatedCommunicator ep_comm(ep_size, q % ep_size, "world/ep", 0);
+  SimulatedCommunicator edp_comm(dp_cp_size / ep_size, q / ep_size, "world/edp",
+                                 dp_cp_size / ep_size == 1 ? 0 : o.completion_polls);
+  std::unique_ptr<PlannedEpGroup> ep_group;
+  if (ep_size > 1) {
+    const int64_t tokens = int64_t{c.train.micro_batch} * (c.train.seq_len / cp_size);
+    ep_group = std::make_unique<PlannedEpGroup>(
+        ep_comm, o.moe_routing, tokens, static_cast<int>(family_key(c, "moe.top_k")),
+        static_cast<int64_t>(family_key(c, "moe.num_experts")));
+  }
 
   // The trainer's own step object: model, ZeRO wrapper and AdamW (fp32 master weights
   // for low-precision parameters) as the trainer builds them. Initial weights are copied
@@ -103,7 +127,10 @@ RankMemory dry_run(const TrainConfig& c, const MemPlanOptions& o, int rank,
   TrainStep step(c, *be, {.dp_cp = comm,
                           .tp = tp_size > 1 ? &tp_comm : nullptr,
                           .pp = pp_size > 1 ? &pp_comm : nullptr,
-                          .cp = cp_size > 1 ? &cp_comm : nullptr});
+                          .cp = cp_size > 1 ? &cp_comm : nullptr,
+                          .ep = ep_size > 1 ? &ep_comm : nullptr,
+                          .edp = ep_size > 1 ? &edp_comm : nullptr,
+                          .ep_group = ep_group.get()});
   if (plan) {
     plan->model = step.model().describe();
     plan->flops_per_token = step.model().flops_per_token(c.train.seq_len);
@@ -120,23 +147,20 @@ RankMemory dry_run(const TrainConfig& c, const MemPlanOptions& o, int rank,
   // One update on zero tokens (the Meta backend computes nothing); each collective is
   // labelled with the phase it was issued in.
   struct Phases final : StepObserver {
-    SimulatedCommunicator& comm;
-    SimulatedCommunicator& tp;
-    SimulatedCommunicator& cp;
-    Phases(SimulatedCommunicator& c, SimulatedCommunicator& t, SimulatedCommunicator& r)
-        : comm(c), tp(t), cp(r) {}
+    std::vector<SimulatedCommunicator*> comms;
+    explicit Phases(std::vector<SimulatedCommunicator*> c) : comms(std::move(c)) {}
     void on_phase(StepPhase p) override {
       if (p == StepPhase::Data) return;  // copies: the current label stays
       const char* label = p == StepPhase::GradSync ? "finish" : p == StepPhase::Done ? "optimizer"
                                                                                : step_phase_name(p);
-      for (SimulatedCommunicator* x : {&comm, &tp, &cp}) x->set_phase(label);
+      for (SimulatedCommunicator* x : comms) x->set_phase(label);
     }
-  } phases(comm, tp_comm, cp_comm);
+  } phases({&comm, &tp_comm, &cp_comm, &ep_comm, &edp_comm});
   step.set_observer(&phases);
   const BatchShape& shape = step.batch_shape();  // zeros: token 0, pixel 0.0, label 0
   const int64_t per_micro = std::max(shape.required_bytes(), shape.targets.numel() * 4);
   const std::vector<int32_t> host(static_cast<size_t>(step.grad_accum_steps() * per_micro / 4 + 1), 0);
-  for (SimulatedCommunicator* x : {&comm, &tp_comm, &cp_comm}) x->set_phase("optimizer");
+  for (SimulatedCommunicator* x : phases.comms) x->set_phase("optimizer");
   step.run(host.data(), host.data(), 0);
   if (plan) {
     plan->comm_calls = comm.calls();
@@ -153,12 +177,6 @@ RankMemory dry_run(const TrainConfig& c, const MemPlanOptions& o, int rank,
   }
   r.peak_total = st.total_peak;
   return r;
-}
-
-// A family key of the config's [model] (e.g. llama's moe.num_experts), 0 when the arch has none.
-double family_key(const TrainConfig& c, const char* key) {
-  const auto it = c.model.family.find(key);
-  return it == c.model.family.end() ? 0.0 : it->second;
 }
 
 std::shared_ptr<MetaScratchModel> make_scratch(const MemPlanOptions& o, MoeRoutingModel moe) {
@@ -217,7 +235,10 @@ MemPlan plan_memory(const TrainConfig& config, const MemPlanOptions& o) {
   if (p.moe_experts > 0 && o.compare_routing) {
     const MoeRouting other =
         o.moe_routing == MoeRouting::Worst ? MoeRouting::Balanced : MoeRouting::Worst;
-    p.moe_other = dry_run(p.config, eff, p.ranks.front().rank, make_scratch(o, {other, p.moe_top_k}));
+    MemPlanOptions with_other = eff;
+    with_other.moe_routing = other;
+    p.moe_other = dry_run(p.config, with_other, p.ranks.front().rank,
+                          make_scratch(o, {other, p.moe_top_k}));
   }
   return p;
 }

@@ -124,8 +124,9 @@ ModelStorage TrainStep::plan_parallelism() {
     storage.plans.push_back(tp_plan_.get());
   }
   if (size_of(groups_.ep) > 1) {  // after tp: the ep cut keeps the tp cut of the hidden units
-    ep_group_ = std::make_unique<CommEpGroup>(*groups_.ep);
-    ep_plan_ = std::make_unique<ExpertParallelPlan>(*ep_group_);
+    if (!groups_.ep_group) ep_group_ = std::make_unique<CommEpGroup>(*groups_.ep);
+    ep_plan_ = std::make_unique<ExpertParallelPlan>(groups_.ep_group ? *groups_.ep_group
+                                                                     : *ep_group_);
     storage.plans.push_back(ep_plan_.get());
   }
   return storage;

@@ -107,6 +107,9 @@ struct StepGroups {
   /// which expert weights are reduced and ZeRO shards them); nullptr: ep = 1.
   Communicator* ep = nullptr;
   Communicator* edp = nullptr;
+  /// The MoE layers' expert-parallel group; nullptr: a CommEpGroup over `ep` (the planner
+  /// passes one that models the routing, plan/planned_ep_group.h).
+  nn::EpGroup* ep_group = nullptr;
 
   /// The groups of `mesh` (its communicators built): nullptr for an axis of size 1.
   static StepGroups of_mesh(const DeviceMesh& mesh);

@@ -394,7 +394,7 @@ TEST(TrainConfigToml, EarlierVersionsRunConfigsStillLoad) {
       {"head_dim", 0}, {"qk_norm", 0},
       // keys added since, at their defaults (a dense model)
       {"moe.num_experts", 0}, {"moe.top_k", 2}, {"moe.ffn_hidden_size", 0},
-      {"moe.shared_experts", 0}, {"moe.scoring", 0}, {"moe.norm_topk_prob", 1},
+      {"moe.shared_experts", 0}, {"moe.scoring", 0}, {"moe.routing", 0}, {"moe.norm_topk_prob", 1},
       {"moe.first_k_dense", 0}, {"moe.sparse_step", 1}, {"moe.aux_loss_coef", 0},
       {"moe.aux_loss_type", 0}, {"moe.aux_loss_scope", 0}, {"moe.z_loss_coef", 0},
       {"moe.expert_bias", 0}, {"moe.bias_update_rate", 1e-3}, {"moe.capacity_factor", 0}};

@@ -63,7 +63,11 @@ void moe_router_forward(float* scores, int32_t* expert_idx, float* expert_weight
       score_row(s, logits + n * E, E, spec.scoring);
       for (int64_t e = 0; e < E; ++e) key[e] = bias ? s[e] + bias[e] : s[e];
       int32_t* idx = expert_idx + n * k;
-      top_k(idx, key.data(), E, k, taken);
+      if (spec.round_robin) {
+        for (int j = 0; j < k; ++j) idx[j] = static_cast<int32_t>((n * k + j) % E);
+      } else {
+        top_k(idx, key.data(), E, k, taken);
+      }
       float* w = expert_weight + n * k;
       float sum = 0.f;
       for (int j = 0; j < k; ++j) sum += w[j] = s[idx[j]];

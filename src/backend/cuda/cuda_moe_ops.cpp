@@ -42,6 +42,8 @@ void CudaBackend::moe_router_forward(Stream s, const Tensor& scores, const Tenso
                                      const Tensor& bias, const MoeRouterSpec& spec) {
   cuda::NvtxRange r("moe_router_forward");
   const auto d = checks::moe_router(scores, expert_idx, expert_weight, logits, bias, spec);
+  KILN_CHECK(!spec.round_robin, "moe_router_forward: the round_robin test router "
+             "(model.moe.routing) runs on the cpu backend only");
   on_device_all({&scores, &expert_idx, &expert_weight, &logits, &bias}, "moe_router_forward");
   cuda::moe_router_forward(st(s), scores.data<float>(), expert_idx.data<int32_t>(),
                            expert_weight.data<float>(), logits.data<float>(), f32_or_null(bias),

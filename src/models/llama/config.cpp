@@ -64,6 +64,13 @@ const ModelKeys& llama_keys() {
        .description = "Router scores: \"softmax\" over the experts or \"sigmoid\" of each "
                       "logit (DeepSeek-V3).",
        .choices = {"softmax", "sigmoid"}},
+      {.name = "moe.routing", .type = Choice,
+       .description = "\"top_k\": each token takes its top_k experts by score; \"round_robin\": "
+                      "a test router (CPU) for memory and traffic checks, token n of each call "
+                      "taking experts (n top_k + j) mod num_experts, j < top_k, whatever the "
+                      "scores (the weights stay those experts' scores), so every expert and "
+                      "expert-parallel rank gets the same load.",
+       .choices = {"top_k", "round_robin"}},
       {.name = "moe.norm_topk_prob", .type = Bool, .default_value = 1,
        .description = "Renormalise the top_k chosen scores to sum 1 (Mixtral always; Qwen3's "
                       "norm_topk_prob)."},
@@ -123,6 +130,7 @@ LlamaMoeConfig moe_of(const ModelOptions& o) {
   m.ffn_hidden_size = o.integer(k, "moe.ffn_hidden_size");
   m.shared_experts = o.integer(k, "moe.shared_experts");
   m.scoring = o.choice(k, "moe.scoring");
+  m.routing = o.choice(k, "moe.routing");
   m.norm_topk_prob = o.flag(k, "moe.norm_topk_prob");
   m.first_k_dense = o.integer(k, "moe.first_k_dense");
   m.sparse_step = o.integer(k, "moe.sparse_step");
@@ -145,6 +153,7 @@ std::string set_moe_key(const LlamaMoeConfig& m) {
       {m.ffn_hidden_size != d.ffn_hidden_size, "ffn_hidden_size"},
       {m.shared_experts != d.shared_experts, "shared_experts"},
       {m.scoring != d.scoring, "scoring"},
+      {m.routing != d.routing, "routing"},
       {m.norm_topk_prob != d.norm_topk_prob, "norm_topk_prob"},
       {m.first_k_dense != d.first_k_dense, "first_k_dense"},
       {m.sparse_step != d.sparse_step, "sparse_step"},
@@ -386,6 +395,7 @@ nlohmann::json moe_json(const LlamaMoeConfig& m) {
           {"ffn_hidden_size", m.ffn_hidden_size},
           {"shared_experts", m.shared_experts},
           {"scoring", m.scoring},
+          {"routing", m.routing},
           {"norm_topk_prob", m.norm_topk_prob},
           {"first_k_dense", m.first_k_dense},
           {"sparse_step", m.sparse_step},

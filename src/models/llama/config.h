@@ -32,6 +32,7 @@ struct LlamaMoeConfig {
   int ffn_hidden_size = 0;  // F_e, each expert's SwiGLU width (resolved: 0 -> the dense F)
   int shared_experts = 0;   // one shared SwiGLU of width shared_experts * F_e (DeepSeek)
   std::string scoring = "softmax";  // "softmax" | "sigmoid"
+  std::string routing = "top_k";    // "top_k" | "round_robin" (a test router)
   bool norm_topk_prob = true;       // renormalise the k chosen scores to sum 1
   int first_k_dense = 0;            // blocks 0..first_k_dense-1 dense (DeepSeek)
   int sparse_step = 1;              // Qwen3's decoder_sparse_step

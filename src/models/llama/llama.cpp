@@ -48,6 +48,7 @@ nn::BlockSpec llama_block_spec(const LlamaConfig& c, int l) {
   b.moe.shared_hidden = int64_t{c.moe.shared_experts} * c.moe.ffn_hidden_size;
   b.moe.scoring = c.moe.scoring == "sigmoid" ? MoeScoring::Sigmoid : MoeScoring::Softmax;
   b.moe.norm_topk_prob = c.moe.norm_topk_prob;
+  b.moe.round_robin = c.moe.routing == "round_robin";
   b.moe.capacity_factor = c.moe.capacity_factor;
   return b;
 }

@@ -95,6 +95,8 @@ LlamaHfKind llama_hf_kind(const LlamaConfig& c) {
              k.scoring, layouts);
   KILN_CHECK(!k.expert_bias, "model.moe.expert_bias = true: {} hold an expert "
              "selection bias", layouts);
+  KILN_CHECK(k.routing == "top_k", "model.moe.routing = '{}': {} route by the top-k scores",
+             k.routing, layouts);
   if (c.qk_norm) return LlamaHfKind::Qwen3Moe;
   KILN_CHECK(k.norm_topk_prob, "model.moe.norm_topk_prob = false: Mixtral always renormalises "
              "the chosen experts' weights (and a model without QK-norm is written as Mixtral)");
