@@ -343,6 +343,18 @@ void run_distributed_bench(const Args& a) {
       j["tp_traffic_per_update"] = t;
       j["tp_traffic_ratio"] = formula > 0 ? static_cast<double>(measured) / static_cast<double>(formula) : 0.0;
     }
+    if (c.parallel.ep > 1) {
+      // The expert-parallel all_to_all per update, measured against the balanced formula.
+      const double steps = static_cast<double>(std::max<int64_t>(r.timed_steps, 1));
+      j["ep"] = c.parallel.ep;
+      j["ep_all_to_all_per_update"] = {
+          {"calls", r.ep_measured.count / steps}, {"bytes", r.ep_measured.bytes / steps},
+          {"ms", 1e3 * r.ep_measured.seconds / steps}, {"formula_calls", r.ep_formula.calls},
+          {"formula_bytes", r.ep_formula.bytes}};
+      j["ep_all_to_all_ratio"] =
+          r.ep_formula.bytes > 0 ? r.ep_measured.bytes / steps / static_cast<double>(r.ep_formula.bytes) : 0.0;
+      j["ep_all_to_all_exposed_ms_per_update"] = 1e3 * r.ep_measured.seconds / steps;
+    }
     fmt::print("{}\n", j.dump());
   }
 }

@@ -44,6 +44,17 @@ void ExpertParallelPlan::apply(const LayerRoles& layers) const {
              "num_experts)", what(), layers.arch);
 }
 
+EpTraffic ep_update_traffic(int64_t moe_layers, int64_t micro_batches, int64_t tokens, int top_k,
+                            int64_t experts, int64_t n_embd, int64_t act_bytes,
+                            bool full_recompute) {
+  const int64_t rows = 2 * tokens * top_k * n_embd * act_bytes;  // there and back
+  const int64_t forwards = full_recompute ? 2 : 1;
+  EpTraffic t;
+  t.calls = moe_layers * micro_batches * (3 * forwards + 2);
+  t.bytes = moe_layers * micro_batches * (forwards * (experts * 4 + rows) + rows);
+  return t;
+}
+
 std::string ExpertParallelPlan::what() const {
   return fmt::format("expert parallelism (parallel.ep = {})", group_.size());
 }

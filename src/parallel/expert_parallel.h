@@ -35,6 +35,21 @@ class CommEpGroup final : public nn::EpGroup {
   Communicator& comm_;
 };
 
+/// The all_to_all one rank of an ep group issues per update, dropless, under balanced
+/// routing (each rank receives as many slots as it sends: the round_robin test router,
+/// model.moe.routing): per MoE layer the rank holds and micro-batch of N tokens (M = N k
+/// slots), forward exchanges the counts (E int32) and sends the slots' rows to their
+/// experts and back (2 M C activation elements), backward the outputs' gradients there and
+/// the inputs' gradients back (2 M C); a full activation checkpointing recompute repeats
+/// forward's. Bytes as CommStats counts an all_to_all's: what the rank sends, its own
+/// piece included.
+struct EpTraffic {
+  int64_t calls = 0, bytes = 0;
+};
+EpTraffic ep_update_traffic(int64_t moe_layers, int64_t micro_batches, int64_t tokens, int top_k,
+                            int64_t experts, int64_t n_embd, int64_t act_bytes,
+                            bool full_recompute);
+
 class ExpertParallelPlan final : public LayerPlan {
  public:
   /// `group` is not owned and must outlive the model.

@@ -12,6 +12,14 @@ void RunAccounting::add_tp_traffic(const CommStats& before, const CommStats& aft
   }
 }
 
+void RunAccounting::add_ep_traffic(int64_t step, const CommStats& before, const CommStats& after) {
+  if (!timed(step)) return;
+  const CollectiveStats &a = after.of(Collective::AllToAll), &b = before.of(Collective::AllToAll);
+  ep_all_to_all_.count += a.count - b.count;
+  ep_all_to_all_.bytes += a.bytes - b.bytes;
+  ep_all_to_all_.seconds += a.seconds - b.seconds;
+}
+
 void RunAccounting::add_comm_wait(int64_t step, double seconds) {
   if (timed(step)) comm_exposed_ += seconds;
 }
@@ -26,6 +34,7 @@ void RunAccounting::add_update(int64_t step, double seconds,
 void RunAccounting::fill(TrainResult& r, int64_t tokens_per_step) const {
   r.comm_exposed_s = comm_exposed_;
   r.tp_measured = tp_measured_;
+  r.ep_measured = ep_all_to_all_;
   r.step_time_s = timed_steps_ > 0 ? timed_seconds_ / static_cast<double>(timed_steps_) : 0.0;
   r.timed_steps = timed_steps_;
   r.tokens_per_s = timed_steps_ > 0

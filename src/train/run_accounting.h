@@ -26,6 +26,9 @@ class RunAccounting {
   /// Every step tried (a skipped fp16 one too): the tp communicator's traffic between its
   /// statistics before and after the step.
   void add_tp_traffic(const CommStats& before, const CommStats& after);
+  /// Every step tried, `step` the updates done after it: the ep communicator's all_to_all
+  /// calls, bytes and seconds between its statistics before and after, counted when timed.
+  void add_ep_traffic(int64_t step, const CommStats& before, const CommStats& after);
   /// Every step tried, `step` the updates done after it: the seconds the training thread
   /// waited for data-parallel communication, counted when timed.
   void add_comm_wait(int64_t step, double seconds);
@@ -43,7 +46,8 @@ class RunAccounting {
   double pipeline_span_s() const { return pp_span_; }
 
   /// r.step_time_s, r.timed_steps, r.tokens_per_s (of `tokens_per_step` tokens an
-  /// update), r.comm_exposed_s and r.tp_measured (the sum over the steps tried).
+  /// update), r.comm_exposed_s, r.tp_measured (the sum over the steps tried) and
+  /// r.ep_measured (over the timed updates).
   void fill(TrainResult& r, int64_t tokens_per_step) const;
 
  private:
@@ -53,6 +57,7 @@ class RunAccounting {
   double pp_busy_ = 0.0, pp_span_ = 0.0;  // over the timed updates
   double comm_exposed_ = 0.0;             // over the timed updates
   TpTraffic tp_measured_;                 // over every step tried
+  CollectiveStats ep_all_to_all_;         // over the timed updates
 };
 
 }  // namespace kiln

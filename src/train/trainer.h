@@ -20,6 +20,7 @@
 #include "models/model.h"
 #include "optim/adamw.h"
 #include "parallel/data_parallel.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/mesh.h"
 #include "parallel/tp_traffic.h"
 #include "profile/summary.h"
@@ -83,6 +84,11 @@ struct TrainResult {
   /// every rank has its own core), and the schedule's by the simulator and by theory.
   std::vector<double> pp_bubble_measured;
   double pp_bubble_simulated = 0.0, pp_bubble_theory = 0.0;
+  /// Expert parallel only: the ep group's all_to_all over the timed updates (rank 0), and
+  /// per update by formula under balanced routing (parallel/expert_parallel.h). The MoE
+  /// layers wait for each all_to_all, so all of its time is exposed.
+  CollectiveStats ep_measured;
+  EpTraffic ep_formula;
 };
 
 class RunAccounting;
@@ -214,6 +220,8 @@ class Trainer {
   /// r.pp_bubble_*: from this rank's compute (busy) and schedule (span) seconds over the
   /// timed steps, gathered from every rank. Collective over the world.
   void summarize_pipeline(TrainResult& r, double busy, double span);
+  /// r.ep_formula, and prints the ep group's all_to_all per update against it.
+  void summarize_ep_traffic(TrainResult& r);
 
   bool is_rank0() const { return world_->rank() == 0; }
   int dp_rank() const { return mesh_->coord()[Axis::DP]; }

@@ -104,6 +104,7 @@ Trainer::TriedStep Trainer::timed_train_step(RunAccounting& acct) {
   t.lr = static_cast<float>(learning_rate(config_, step_));
   if (profile_) profile_->begin_step(step_);
   const CommStats tp_before = mesh_->comm(Axis::TP).stats();
+  const CommStats ep_before = mesh_->ep() > 1 ? mesh_->ep_comm()->stats() : CommStats{};
   StepResult r = train_step();
   t.loss = r.loss;
   t.grad_norm = r.grad_norm;
@@ -113,6 +114,7 @@ Trainer::TriedStep Trainer::timed_train_step(RunAccounting& acct) {
   t.seconds = seconds_since(t0);
   t.comm_wait_s = one_step_->data_parallel().take_wait_seconds();
   acct.add_comm_wait(step_, t.comm_wait_s);
+  if (mesh_->ep() > 1) acct.add_ep_traffic(step_, ep_before, mesh_->ep_comm()->stats());
   return t;
 }
 
@@ -280,6 +282,7 @@ void Trainer::finish_run(TrainResult& r, const RunAccounting& acct,
   if (mesh_->dp_cp_comm().size() > 1) summarize_communication(r, acct.timed_steps());
   if (mesh_->tp() > 1) summarize_tp_traffic(r, acct.tried_steps());
   if (mesh_->pp() > 1) summarize_pipeline(r, acct.pipeline_busy_s(), acct.pipeline_span_s());
+  if (mesh_->ep() > 1) summarize_ep_traffic(r);
   if (options_.verbose && step_ == r.first_step && step_ < config_.train.steps)
     fmt::print("kiln: already at update {} of {}, where --exit-interval {} stops: resume with a "
                "larger --exit-interval, or none, to continue\n", step_, config_.train.steps,

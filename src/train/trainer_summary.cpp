@@ -100,6 +100,28 @@ void Trainer::summarize_tp_traffic(TrainResult& r, int64_t steps) {
   }
 }
 
+void Trainer::summarize_ep_traffic(TrainResult& r) {
+  // This rank's MoE layers: each holds two ep-cut tensors (gate_up and down).
+  int64_t ep_tensors = 0;
+  for (const ParamSpec& p : one_step_->model().params()) ep_tensors += p.slice.ep_sharded() ? 1 : 0;
+  const auto key = [&](const char* k) { return static_cast<int64_t>(config_.model.family.at(k)); };
+  r.ep_formula = ep_update_traffic(
+      ep_tensors / 2, one_step_->grad_accum_steps(),
+      int64_t{config_.train.micro_batch} * config_.train.seq_len / mesh_->cp(),
+      static_cast<int>(key("moe.top_k")), key("moe.num_experts"), config_.model.n_embd,
+      static_cast<int64_t>(dtype_size(one_step_->model().dtype())),
+      config_.train.activation_checkpointing == "full");
+  if (!options_.verbose) return;
+  const double steps = static_cast<double>(std::max<int64_t>(r.timed_steps, 1));
+  fmt::print("kiln: expert-parallel all_to_all per update over {} ranks (rank 0; formula: "
+             "parallel/expert_parallel.h, balanced routing): {:.0f} calls (formula {}), "
+             "{:.3f} MB (formula {:.3f}), {:.1f} ms, all exposed (the MoE layers wait for "
+             "each all_to_all: 0% hidden)\n",
+             mesh_->ep(), r.ep_measured.count / steps, r.ep_formula.calls,
+             r.ep_measured.bytes / steps / 1e6, r.ep_formula.bytes / 1e6,
+             1e3 * r.ep_measured.seconds / steps);
+}
+
 void Trainer::summarize_pipeline(TrainResult& r, double busy, double span) {
   const pp::Schedule& s = one_step_->pipeline().schedule();
   r.pp_bubble_simulated = one_step_->pipeline().simulated().bubble_fraction;
