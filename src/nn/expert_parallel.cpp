@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 
+#include <algorithm>
 #include <climits>
 #include <numeric>
 
@@ -65,9 +66,67 @@ void EpGroup::exchange_counts(Backend& be, Stream s, std::span<const int32_t> ow
   const Tensor recv = be.empty(Shape{ep, El}, DType::I32, MemCategory::Temporaries);
   be.copy_from_host(s, send, own.data());
   const std::vector<int64_t> one(static_cast<size_t>(ep), 1);
-  all_to_all_rows(s, recv, send, one, one);
+  all_to_all_rows(s, recv, send, one, one)->wait();
   be.copy_to_host(s, incoming.data(), recv);
 }
+
+int64_t EpExchange::received() const {
+  int64_t r = 0;
+  for (const EpChunk& c : chunks) r += c.plan.received();
+  return r;
+}
+
+std::vector<int32_t> ep_first_chunk(std::span<const int32_t> counts, int64_t El) {
+  std::vector<int32_t> first(counts.size(), 0);
+  for (size_t run = 0; run < counts.size(); run += static_cast<size_t>(El)) {
+    int64_t n = 0;
+    for (int64_t j = 0; j < El; ++j) n += counts[run + static_cast<size_t>(j)];
+    int64_t left = (n + 1) / 2;
+    for (int64_t j = 0; j < El; ++j) {
+      const auto i = run + static_cast<size_t>(j);
+      first[i] = static_cast<int32_t>(std::min<int64_t>(counts[i], left));
+      left -= first[i];
+    }
+  }
+  return first;
+}
+
+namespace {
+int64_t total(std::span<const int64_t> v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
+
+/// Rows [begin, begin + n) of t [rows, W...].
+Tensor rows_of(const Tensor& t, int64_t begin, int64_t n) {
+  Shape s{n};
+  int64_t w = 1;
+  for (int i = 1; i < t.ndim(); ++i) {
+    s.push_back(t.size(i));
+    w *= t.size(i);
+  }
+  return t.view_at(begin * w, s);
+}
+
+/// to_chunk_order for a sender whose counts per global expert are `own` and chunk 0's
+/// `first` (ep runs of El): the rows for rank q are consecutive in expert order, the
+/// first of them (first's run) chunk 0's.
+std::vector<int32_t> chunk_order(std::span<const int32_t> own, std::span<const int32_t> first,
+                                 int ep, int64_t El) {
+  std::vector<int64_t> n(static_cast<size_t>(ep), 0), h(static_cast<size_t>(ep), 0);
+  for (int q = 0; q < ep; ++q)
+    for (int64_t j = 0; j < El; ++j) {
+      n[static_cast<size_t>(q)] += own[static_cast<size_t>(q * El + j)];
+      h[static_cast<size_t>(q)] += first[static_cast<size_t>(q * El + j)];
+    }
+  const int64_t chunk0 = std::accumulate(h.begin(), h.end(), int64_t{0});
+  std::vector<int32_t> out;
+  int64_t at0 = 0, at1 = chunk0;
+  for (int q = 0; q < ep; ++q) {
+    const auto i = static_cast<size_t>(q);
+    for (int64_t r = 0; r < n[i]; ++r)
+      out.push_back(static_cast<int32_t>(r < h[i] ? at0++ : at1++));
+  }
+  return out;
+}
+}  // namespace
 
 EpExchange ep_exchange(Backend& be, Stream s, EpGroup& group, const Tensor& offsets,
                        MemCategory category) {
@@ -75,6 +134,7 @@ EpExchange ep_exchange(Backend& be, Stream s, EpGroup& group, const Tensor& offs
   const int64_t E = offsets.numel() - 1;
   KILN_CHECK(E > 0 && E % ep == 0, "expert parallel: {} experts do not divide over ep = {}", E,
              ep);
+  const int64_t El = E / ep;
   std::vector<int32_t> bounds(static_cast<size_t>(E + 1));
   be.copy_to_host(s, bounds.data(), offsets);
   std::vector<int32_t> own(static_cast<size_t>(E));
@@ -82,47 +142,80 @@ EpExchange ep_exchange(Backend& be, Stream s, EpGroup& group, const Tensor& offs
     own[static_cast<size_t>(e)] = bounds[static_cast<size_t>(e + 1)] - bounds[static_cast<size_t>(e)];
   std::vector<int32_t> incoming(static_cast<size_t>(E));
   group.exchange_counts(be, s, own, incoming);
+  // Chunk 0 takes the first half of each rank's rows for each rank; chunk 1 the rest.
+  const std::vector<int32_t> own0 = ep_first_chunk(own, El), in0 = ep_first_chunk(incoming, El);
+  std::vector<int32_t> own1(own.size()), in1(incoming.size());
+  for (size_t i = 0; i < own.size(); ++i) {
+    own1[i] = own[i] - own0[i];
+    in1[i] = incoming[i] - in0[i];
+  }
   EpExchange x;
-  x.plan = make_ep_dispatch(own, incoming, ep, group.rank());
-  const int64_t R = x.plan.received();
-  x.order = be.empty(Shape{R, 1}, DType::I32, category);
-  x.offsets = be.empty(Shape{E / ep + 1}, DType::I32, category);
-  if (R > 0) be.copy_from_host(s, x.order, x.plan.to_expert_order.data());
-  be.copy_from_host(s, x.offsets, x.plan.offsets.data());
+  x.to_chunk_order = chunk_order(own, own0, ep, El);
+  int64_t begin = 0;
+  for (int c = 0; c < kEpChunks; ++c) {
+    EpChunk& ch = x.chunks[static_cast<size_t>(c)];
+    ch.plan = make_ep_dispatch(c == 0 ? own0 : own1, c == 0 ? in0 : in1, ep, group.rank());
+    const int64_t R = ch.plan.received();
+    ch.order = be.empty(Shape{R, 1}, DType::I32, category);
+    ch.offsets = be.empty(Shape{El + 1}, DType::I32, category);
+    if (R > 0) be.copy_from_host(s, ch.order, ch.plan.to_expert_order.data());
+    be.copy_from_host(s, ch.offsets, ch.plan.offsets.data());
+    ch.send_begin = begin;
+    ch.sent = total(ch.plan.send_rows);
+    begin += ch.sent;
+  }
   return x;
 }
 
-namespace {
-/// t's first `rows` rows.
-Tensor first_rows(const Tensor& t, int64_t rows) {
-  Shape s{rows};
-  for (int i = 1; i < t.ndim(); ++i) s.push_back(t.size(i));
-  return t.view_at(0, s);
+void ep_chunk_rows(Backend& be, Stream s, const EpExchange& x, const Tensor& rows) {
+  std::vector<int32_t> r(static_cast<size_t>(rows.numel()));
+  be.copy_to_host(s, r.data(), rows);
+  for (int32_t& v : r) {
+    if (v < 0) continue;  // dropped
+    KILN_CHECK(static_cast<size_t>(v) < x.to_chunk_order.size(),
+               "expert parallel: slot row {} outside the {} kept", v, x.to_chunk_order.size());
+    v = x.to_chunk_order[static_cast<size_t>(v)];
+  }
+  be.copy_from_host(s, rows, r.data());
 }
 
-int64_t total(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
-}  // namespace
-
-void ep_dispatch(Backend& be, Stream s, EpGroup& group, const EpExchange& x, const Tensor& out,
-                 const Tensor& in) {
-  const int64_t R = x.plan.received();
-  KILN_CHECK(out.size(0) == R && in.size(0) >= total(x.plan.send_rows),
-             "expert parallel: dispatch of {} rows into {}, {} received", in.str(), out.str(), R);
-  const Tensor arrived = be.empty(out.shape(), out.dtype(), MemCategory::Temporaries);
-  group.all_to_all_rows(s, arrived, in, x.plan.send_rows, x.plan.recv_rows);
-  if (R > 0) be.moe_permute(s, out, arrived, x.order);  // out[order[i]] = arrived[i]
+EpTransfer ep_dispatch_start(Backend& be, Stream s, EpGroup& group, const EpExchange& x, int c,
+                             const Tensor& in) {
+  const EpChunk& ch = x.chunks[static_cast<size_t>(c)];
+  KILN_CHECK(in.size(0) >= ch.send_begin + ch.sent, "expert parallel: dispatch of chunk {} "
+             "(rows [{}, {})) from {}", c, ch.send_begin, ch.send_begin + ch.sent, in.str());
+  Shape by_source{ch.plan.received()};
+  for (int i = 1; i < in.ndim(); ++i) by_source.push_back(in.size(i));
+  EpTransfer t;
+  t.buffer = be.empty(by_source, in.dtype(), MemCategory::Temporaries);
+  t.transfer = group.all_to_all_rows(s, t.buffer, rows_of(in, ch.send_begin, ch.sent),
+                                     ch.plan.send_rows, ch.plan.recv_rows);
+  return t;
 }
 
-void ep_combine(Backend& be, Stream s, EpGroup& group, const EpExchange& x, const Tensor& out,
-                const Tensor& in) {
-  const int64_t R = x.plan.received();
-  KILN_CHECK(in.size(0) == R && out.size(0) >= total(x.plan.send_rows),
-             "expert parallel: combine of {} rows into {}, {} sent", in.str(), out.str(),
-             total(x.plan.send_rows));
-  const Tensor by_source = be.empty(in.shape(), in.dtype(), MemCategory::Temporaries);
-  if (R > 0) be.moe_permute_backward(s, by_source, in, x.order);  // by_source[i] = in[order[i]]
-  group.all_to_all_rows(s, first_rows(out, total(x.plan.send_rows)), by_source,
-                        x.plan.recv_rows, x.plan.send_rows);
+void ep_dispatch_finish(Backend& be, Stream s, const EpExchange& x, int c, EpTransfer& t,
+                        const Tensor& out) {
+  const EpChunk& ch = x.chunks[static_cast<size_t>(c)];
+  KILN_CHECK(out.size(0) == ch.plan.received(), "expert parallel: chunk {} received {} rows, "
+             "not {}'s", c, ch.plan.received(), out.str());
+  t.transfer->wait();
+  if (out.size(0) > 0) be.moe_permute(s, out, t.buffer, ch.order);  // out[order[i]] = arrived[i]
+  t.buffer = Tensor();
+}
+
+EpTransfer ep_combine_start(Backend& be, Stream s, EpGroup& group, const EpExchange& x, int c,
+                            const Tensor& out, const Tensor& in) {
+  const EpChunk& ch = x.chunks[static_cast<size_t>(c)];
+  const int64_t R = ch.plan.received();
+  KILN_CHECK(in.size(0) == R && out.size(0) >= ch.send_begin + ch.sent,
+             "expert parallel: combine of chunk {} ({} rows) from {} into {}", c, R, in.str(),
+             out.str());
+  EpTransfer t;
+  t.buffer = be.empty(in.shape(), in.dtype(), MemCategory::Temporaries);
+  if (R > 0) be.moe_permute_backward(s, t.buffer, in, ch.order);  // by source: in[order[i]]
+  t.transfer = group.all_to_all_rows(s, rows_of(out, ch.send_begin, ch.sent), t.buffer,
+                                     ch.plan.recv_rows, ch.plan.send_rows);
+  return t;
 }
 
 }  // namespace kiln::nn

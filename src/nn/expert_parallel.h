@@ -17,6 +17,8 @@
 //      received row to its row there (Megatron-core's sort_chunks_by_idxs), and offsets
 //      [El + 1] bound each local expert's rows;
 //   4. backward and the return trip run the same maps the other way.
+// Steps 2-4 run in two chunks (kEpChunks below), so that the all_to_all of one overlaps
+// the experts of the other.
 // Within an expert, rows keep their source's order (slots in token order, source ranks
 // ascending), so the rows of each expert are a fixed function of the routing.
 //
@@ -28,7 +30,9 @@
 #include "backend/backend.h"
 #include "core/tensor.h"
 
+#include <array>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -58,16 +62,24 @@ EpDispatch make_ep_dispatch(std::span<const int32_t> own, std::span<const int32_
 /// rank of the group calls it in the same order.
 class EpGroup {
  public:
+  /// An all_to_all in flight; wait() returns once it is done. Its buffers stay untouched
+  /// (in) and unread (out) until then.
+  class Transfer {
+   public:
+    virtual ~Transfer() = default;
+    virtual void wait() = 0;
+  };
   virtual ~EpGroup() = default;
   virtual int size() const = 0;
   virtual int rank() const = 0;
-  /// Rows of in [>= sum send_rows, W...] and out [>= sum recv_rows, W...] (one dtype, W...
-  /// the same trailing shape): the send_rows[q] rows that follow those for ranks below q go
-  /// to rank q; what rank q sends this rank lands, recv_rows[q] rows, after what ranks
-  /// below q sent. recv_rows[q] must be rank q's send_rows[rank()]. Blocking on `s`.
-  virtual void all_to_all_rows(Stream s, const Tensor& out, const Tensor& in,
-                               std::span<const int64_t> send_rows,
-                               std::span<const int64_t> recv_rows) = 0;
+  /// Starts an all_to_all of rows: of in [>= sum send_rows, W...] the send_rows[q] rows that
+  /// follow those for ranks below q go to rank q; what rank q sends this rank lands in out
+  /// [>= sum recv_rows, W...] (one dtype, the same trailing shape W...), recv_rows[q]
+  /// rows, after what ranks below q sent. recv_rows[q] must be rank q's send_rows[rank()].
+  /// Ordered after the work queued on `s`.
+  virtual std::unique_ptr<Transfer> all_to_all_rows(Stream s, const Tensor& out, const Tensor& in,
+                                                    std::span<const int64_t> send_rows,
+                                                    std::span<const int64_t> recv_rows) = 0;
   /// Step 1's count exchange, on the host: incoming [size() El] (row q: rank q's slots for
   /// this rank's El local experts) from own [size() El] (this rank's slots per global
   /// expert). The default runs all_to_all_rows on int32 buffers of `be`; a planner
@@ -76,29 +88,64 @@ class EpGroup {
                                std::span<int32_t> incoming);
 };
 
-/// One call's dispatch, from forward to backward: the host bookkeeping and, on the device,
-/// order int32 [R, 1] (to_expert_order: received row i -> its row by local expert) and
-/// offsets int32 [El + 1] (the grouped linears' local expert rows), R = plan.received().
-struct EpExchange {
+/// The overlap (Megatron-core's and DeepSeek's two micro-batch halves, here within one
+/// call): what a rank sends each rank is split in two chunks, the first ceil(n / 2) of
+/// its n rows (in expert order) in chunk 0 and the rest in chunk 1, so that chunk 1's
+/// dispatch travels while the experts compute chunk 0 and chunk 0's return while they
+/// compute chunk 1 (backward likewise). The sender's slots are laid out in chunk order
+/// (chunk 0's rows for ranks 0, 1, .., then chunk 1's), so each chunk is one all_to_all.
+inline constexpr int kEpChunks = 2;
+
+/// One chunk of a call: its bookkeeping (from the chunk's counts) and, on the device,
+/// order int32 [R_c, 1] (to_expert_order: received row i -> its row by local expert) and
+/// offsets int32 [El + 1] (the grouped linears' local expert rows); its rows in the
+/// sender's chunk-ordered buffer are [send_begin, send_begin + sent).
+struct EpChunk {
   EpDispatch plan;
   Tensor order, offsets;
+  int64_t send_begin = 0, sent = 0;
 };
 
+/// One call's dispatch, from forward to backward: the chunks, and to_chunk_order
+/// [M_kept] (a kept slot's row in expert order -> its row in chunk order, on the host).
+struct EpExchange {
+  std::array<EpChunk, kEpChunks> chunks;
+  std::vector<int32_t> to_chunk_order;
+  int64_t received() const;  // R: the rows of both chunks
+};
+
+/// Chunk 0's counts: of every run of El counts in `counts` (what one rank sends, or
+/// receives from, another, by local expert), the first ceil(n / 2) of the run's n rows.
+std::vector<int32_t> ep_first_chunk(std::span<const int32_t> counts, int64_t El);
+
 /// Step 1 of the top of this file: reads `offsets` int32 [E + 1] (moe_permute_plan's, of
-/// this rank's slots in global expert order; the one host wait of a call) and exchanges
-/// the counts over the group. The device tensors are allocated with `category`.
-/// Collective. Throws kiln::Error unless the group's size divides E.
+/// this rank's slots in global expert order; a host wait) and exchanges the counts over
+/// the group. The device tensors are allocated with `category`. Collective. Throws
+/// kiln::Error unless the group's size divides E.
 EpExchange ep_exchange(Backend& be, Stream s, EpGroup& group, const Tensor& offsets,
                        MemCategory category);
-/// Step 2-3: out [R, W] (by local expert, then source) <- rows [0, M_kept) of `in` [>=
-/// M_kept, W] (this rank's slots in global expert order), each row sent to the rank
-/// that holds its expert. Collective.
-void ep_dispatch(Backend& be, Stream s, EpGroup& group, const EpExchange& x, const Tensor& out,
-                 const Tensor& in);
-/// The return trip (step 4): rows [0, M_kept) of out [>= M_kept, W] (global expert order)
-/// <- the rows of in [R, W] (by local expert) that came from this rank, each row back at
-/// its source. Collective.
-void ep_combine(Backend& be, Stream s, EpGroup& group, const EpExchange& x, const Tensor& out,
-                const Tensor& in);
+/// rows int32 [N, k] (moe_permute_plan's: a kept slot's row in expert order, -1 dropped)
+/// <- the kept slots' rows in chunk order (a host round trip), so that moe_permute lays
+/// the slots out for the chunks' all_to_alls and moe_unpermute reads them back there.
+void ep_chunk_rows(Backend& be, Stream s, const EpExchange& x, const Tensor& rows);
+
+/// A chunk's all_to_all in flight and the buffer it fills or sends.
+struct EpTransfer {
+  std::unique_ptr<EpGroup::Transfer> transfer;
+  Tensor buffer;
+};
+/// Starts step 2 for chunk c: its rows of `in` [>= M_kept, W] (chunk order) to the ranks
+/// that hold their experts. Collective.
+EpTransfer ep_dispatch_start(Backend& be, Stream s, EpGroup& group, const EpExchange& x, int c,
+                             const Tensor& in);
+/// Waits for it and sorts what arrived (by source) into out [R_c, W] by local expert
+/// (step 3).
+void ep_dispatch_finish(Backend& be, Stream s, const EpExchange& x, int c, EpTransfer& t,
+                        const Tensor& out);
+/// Starts the return trip (step 4) of chunk c: the rows of in [R_c, W] (by local expert)
+/// back to their sources, into chunk c's rows of out [>= M_kept, W] (chunk order). Wait on
+/// the transfer before reading out. Collective.
+EpTransfer ep_combine_start(Backend& be, Stream s, EpGroup& group, const EpExchange& x, int c,
+                            const Tensor& out, const Tensor& in);
 
 }  // namespace kiln::nn

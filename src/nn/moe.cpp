@@ -168,8 +168,7 @@ void MoeMlp::run(Backend& be, Stream s, std::span<const Tensor> saved, const Ten
                          saved[kExpertIdx], spec_.scoring, balance.prob_scale, balance.z_scale);
   if (expert_parallel()) {
     const Tensor permuted = w.a.view_at(0, saved[kExpertOut].shape());  // [M, C]
-    be.moe_permute(s, permuted, x, saved[kRows]);
-    ep_experts_forward(be, s, saved[kExpertOut], permuted, saved[kOffsets]);
+    ep_experts_forward(be, s, saved[kExpertOut], permuted, x, saved);
   } else {
     be.moe_permute(s, saved[kPermuted], x, saved[kRows]);
     // With dropping, the grouped linears write rows [0, M_kept) only: the gate/up output's
@@ -189,24 +188,36 @@ void MoeMlp::run(Backend& be, Stream s, std::span<const Tensor> saved, const Ten
 }
 
 void MoeMlp::ep_experts_forward(Backend& be, Stream s, const Tensor& expert_out,
-                                const Tensor& permuted, const Tensor& offsets) const {
+                                const Tensor& permuted, const Tensor& x,
+                                std::span<const Tensor> saved) const {
   const DType dt = permuted.dtype();
   ep_saved_.erase(expert_out.raw());  // a re-run's (full checkpointing) or an evaluation's
   EpSaved st;
-  st.exchange = ep_exchange(be, s, *ep_, offsets, MemCategory::Activations);
-  const int64_t R = st.exchange.plan.received(), F = local_hidden();
-  auto act = [&](int64_t width) { return be.empty(Shape{R, width}, dt, MemCategory::Activations); };
-  st.in = act(C_);
-  st.hidden = act(2 * F);
-  st.act = act(F);
-  ep_dispatch(be, s, *ep_, st.exchange, st.in, permuted);
-  const Tensor out = be.empty(Shape{R, C_}, dt, MemCategory::Temporaries);
-  if (R > 0) {
-    be.grouped_linear_forward(s, st.hidden, st.in, gate_up.v(), st.exchange.offsets);
-    be.swiglu_forward(s, st.act, st.hidden);
-    be.grouped_linear_forward(s, out, st.act, down.v(), st.exchange.offsets);
+  st.exchange = ep_exchange(be, s, *ep_, saved[kOffsets], MemCategory::Activations);
+  ep_chunk_rows(be, s, st.exchange, saved[kRows]);  // the slots laid out by chunk
+  be.moe_permute(s, permuted, x, saved[kRows]);
+  const int64_t F = local_hidden();
+  std::array<EpTransfer, kEpChunks> there, back;
+  for (int c = 0; c < kEpChunks; ++c) there[c] = ep_dispatch_start(be, s, *ep_, st.exchange, c, permuted);
+  // Chunk c's experts run while chunk c+1 arrives and chunk c-1 returns.
+  for (int c = 0; c < kEpChunks; ++c) {
+    const int64_t R = st.exchange.chunks[static_cast<size_t>(c)].plan.received();
+    auto act = [&](int64_t width) { return be.empty(Shape{R, width}, dt, MemCategory::Activations); };
+    EpSaved::Chunk& k = st.chunks[static_cast<size_t>(c)];
+    k.in = act(C_);
+    k.hidden = act(2 * F);
+    k.act = act(F);
+    ep_dispatch_finish(be, s, st.exchange, c, there[c], k.in);
+    const Tensor out = be.empty(Shape{R, C_}, dt, MemCategory::Temporaries);
+    const Tensor& offsets = st.exchange.chunks[static_cast<size_t>(c)].offsets;
+    if (R > 0) {
+      be.grouped_linear_forward(s, k.hidden, k.in, gate_up.v(), offsets);
+      be.swiglu_forward(s, k.act, k.hidden);
+      be.grouped_linear_forward(s, out, k.act, down.v(), offsets);
+    }
+    back[c] = ep_combine_start(be, s, *ep_, st.exchange, c, expert_out, out);
   }
-  ep_combine(be, s, *ep_, st.exchange, expert_out, out);
+  for (EpTransfer& t : back) t.transfer->wait();
   ep_saved_.emplace(expert_out.raw(), std::move(st));
 }
 
@@ -217,18 +228,24 @@ void MoeMlp::ep_experts_backward(Backend& be, Stream s, const Tensor& dxp, const
              prefix_);
   const EpSaved& st = it->second;
   const DType dt = dexp.dtype();
-  const int64_t R = st.exchange.plan.received(), F = local_hidden();
-  auto tmp = [&](int64_t width) { return be.empty(Shape{R, width}, dt, MemCategory::Temporaries); };
-  const Tensor dout = tmp(C_), dact = tmp(F), dh = tmp(2 * F), din = tmp(C_);
-  ep_dispatch(be, s, *ep_, st.exchange, dout, dexp);
-  if (R > 0) {
-    be.grouped_linear_backward(s, dact, down.trainable_grad(), dout, st.act, down.v(),
-                               st.exchange.offsets);
-    be.swiglu_backward(s, dh, dact, st.hidden);
-    be.grouped_linear_backward(s, din, gate_up.trainable_grad(), dh, st.in, gate_up.v(),
-                               st.exchange.offsets);
+  const int64_t F = local_hidden();
+  std::array<EpTransfer, kEpChunks> there, back;
+  for (int c = 0; c < kEpChunks; ++c) there[c] = ep_dispatch_start(be, s, *ep_, st.exchange, c, dexp);
+  for (int c = 0; c < kEpChunks; ++c) {
+    const int64_t R = st.exchange.chunks[static_cast<size_t>(c)].plan.received();
+    auto tmp = [&](int64_t width) { return be.empty(Shape{R, width}, dt, MemCategory::Temporaries); };
+    const Tensor dout = tmp(C_), dact = tmp(F), dh = tmp(2 * F), din = tmp(C_);
+    ep_dispatch_finish(be, s, st.exchange, c, there[c], dout);
+    const EpSaved::Chunk& k = st.chunks[static_cast<size_t>(c)];
+    const Tensor& offsets = st.exchange.chunks[static_cast<size_t>(c)].offsets;
+    if (R > 0) {
+      be.grouped_linear_backward(s, dact, down.trainable_grad(), dout, k.act, down.v(), offsets);
+      be.swiglu_backward(s, dh, dact, k.hidden);
+      be.grouped_linear_backward(s, din, gate_up.trainable_grad(), dh, k.in, gate_up.v(), offsets);
+    }
+    back[c] = ep_combine_start(be, s, *ep_, st.exchange, c, dxp, din);
   }
-  ep_combine(be, s, *ep_, st.exchange, dxp, din);
+  for (EpTransfer& t : back) t.transfer->wait();
   ep_saved_.erase(it);
 }
 

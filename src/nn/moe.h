@@ -73,6 +73,23 @@
 // parameter: no tp reduction); the router's input gradient, whole on every rank, is
 // added on tp rank 0 only to the experts' partial one, which the layer then reduces (all
 // reduce, or reduce-scatter to the rank's rows) as a column-parallel Linear's.
+// Expert parallel (set_expert_parallel(); GShard; Megatron-core's all-to-all dispatcher;
+// nn/expert_parallel.h): over an ep group of ep ranks, rank r holds experts [r El, (r+1)
+// El) of gate_up and down (El = E / ep; ParamSlice's ep cut, composed with the tp cut of
+// their hidden units). Each rank routes its own tokens as without ep; its kept slots, in
+// chunk order (two chunks of what it sends each rank; rows [N,k] is saved in chunk
+// order), travel to their experts' ranks (ep_dispatch_start/_finish), each rank runs the
+// grouped SwiGLU on the rows it received, by local expert, one chunk while the other
+// travels, and the outputs travel back (ep_combine_start) to be weighted per token as
+// before; backward sends the outputs' gradients the same way and their input gradients
+// back. An expert's rows are its slots from source rank 0, then 1, ..., each in token
+// order (a fixed function of the routing); a row's output depends on its own input
+// alone, so it is the single process's. The received rows vary with the routing, so the
+// expert side's activations (received tokens [R,C], gate/up output [R,2F], SwiGLU
+// [R,F]) are allocated per call (category Activations) and kept from forward to backward
+// with the dispatch (saved_specs() lists the permuted tokens, gate/up output and SwiGLU
+// with 0 rows); they live with the call's expert-output tensor, so full checkpointing's
+// shared storage keeps one block's.
 #pragma once
 
 #include "backend/backend.h"
@@ -230,20 +247,26 @@ class MoeMlp {
   int64_t local_hidden() const { return down.local_shape()[2]; }
 
   /// The experts' side of an expert-parallel call, kept from forward to backward (see the
-  /// top of this file): the dispatch, the received tokens [R,C] by local expert, the
-  /// gate/up output [R,2F] and the SwiGLU [R,F].
+  /// top of this file): the dispatch and, per chunk, the received tokens [R_c,C] by local
+  /// expert, the gate/up output [R_c,2F] and the SwiGLU [R_c,F].
   struct EpSaved {
     EpExchange exchange;
-    Tensor in, hidden, act;
+    struct Chunk {
+      Tensor in, hidden, act;
+    };
+    std::array<Chunk, kEpChunks> chunks;
   };
-  /// Forward's experts under expert parallelism: the kept rows of `permuted` [M,C] to
-  /// their experts' ranks, the grouped SwiGLU there, the outputs back into expert_out
-  /// [M,C]; the expert side kept in ep_saved_ under expert_out's storage.
+  /// Forward's experts under expert parallelism: the dispatch planned from
+  /// saved[kOffsets], saved[kRows] moved to chunk order, x [N,C] permuted into `permuted`
+  /// [M,C], its kept rows sent to their experts' ranks chunk by chunk, the grouped SwiGLU
+  /// there (chunk c while c+1 travels), the outputs back into expert_out [M,C] (chunk
+  /// order); the expert side kept in ep_saved_ under expert_out's storage.
   void ep_experts_forward(Backend& be, Stream s, const Tensor& expert_out,
-                          const Tensor& permuted, const Tensor& offsets) const;
-  /// Backward's: dexp [M,C] (the expert outputs' gradient, expert order) to the experts'
-  /// ranks, their backward there (weight gradients +=), the inputs' gradient back into
-  /// dxp [M,C]; frees the call's kept expert side.
+                          const Tensor& permuted, const Tensor& x,
+                          std::span<const Tensor> saved) const;
+  /// Backward's: dexp [M,C] (the expert outputs' gradient, chunk order) to the experts'
+  /// ranks, their backward there chunk by chunk (weight gradients +=), the inputs'
+  /// gradient back into dxp [M,C]; frees the call's kept expert side.
   void ep_experts_backward(Backend& be, Stream s, const Tensor& dxp, const Tensor& dexp,
                            const Tensor& expert_out) const;
 

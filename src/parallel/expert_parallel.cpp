@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <vector>
 
 namespace kiln {
@@ -16,11 +17,29 @@ int64_t row_width(const Tensor& t) {
   for (int i = 1; i < t.shape().ndim(); ++i) w *= t.size(i);
   return w;
 }
+
+class CommTransfer final : public nn::EpGroup::Transfer {
+ public:
+  CommTransfer(std::shared_ptr<Work> work, double* wait_seconds)
+      : work_(std::move(work)), wait_seconds_(wait_seconds) {}
+  void wait() override {
+    const auto t0 = std::chrono::steady_clock::now();
+    work_->wait();
+    if (wait_seconds_)
+      *wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+ private:
+  std::shared_ptr<Work> work_;
+  double* wait_seconds_;
+};
 }  // namespace
 
-void CommEpGroup::all_to_all_rows(Stream s, const Tensor& out, const Tensor& in,
-                                  std::span<const int64_t> send_rows,
-                                  std::span<const int64_t> recv_rows) {
+std::unique_ptr<nn::EpGroup::Transfer> all_to_all_rows_on(Communicator& comm, Stream s,
+                                                          const Tensor& out, const Tensor& in,
+                                                          std::span<const int64_t> send_rows,
+                                                          std::span<const int64_t> recv_rows,
+                                                          double* wait_seconds) {
   const int64_t w = row_width(in);
   KILN_CHECK(out.dtype() == in.dtype() && row_width(out) == w,
              "expert parallel: all_to_all rows of {} into {}", in.str(), out.str());
@@ -28,7 +47,20 @@ void CommEpGroup::all_to_all_rows(Stream s, const Tensor& out, const Tensor& in,
   std::vector<int64_t> recv(recv_rows.begin(), recv_rows.end());
   for (int64_t& c : send) c *= w;
   for (int64_t& c : recv) c *= w;
-  comm_.all_to_all_async(out, in, send, recv, s)->wait();
+  return std::make_unique<CommTransfer>(comm.all_to_all_async(out, in, send, recv, s),
+                                        wait_seconds);
+}
+
+std::unique_ptr<nn::EpGroup::Transfer> CommEpGroup::all_to_all_rows(
+    Stream s, const Tensor& out, const Tensor& in, std::span<const int64_t> send_rows,
+    std::span<const int64_t> recv_rows) {
+  return all_to_all_rows_on(comm_, s, out, in, send_rows, recv_rows, &wait_seconds_);
+}
+
+double CommEpGroup::take_wait_seconds() {
+  const double w = wait_seconds_;
+  wait_seconds_ = 0.0;
+  return w;
 }
 
 void ExpertParallelPlan::apply(const LayerRoles& layers) const {
@@ -50,7 +82,8 @@ EpTraffic ep_update_traffic(int64_t moe_layers, int64_t micro_batches, int64_t t
   const int64_t rows = 2 * tokens * top_k * n_embd * act_bytes;  // there and back
   const int64_t forwards = full_recompute ? 2 : 1;
   EpTraffic t;
-  t.calls = moe_layers * micro_batches * (3 * forwards + 2);
+  // Forward: the counts, then each chunk there and back; backward: each chunk there and back.
+  t.calls = moe_layers * micro_batches * ((1 + 2 * nn::kEpChunks) * forwards + 2 * nn::kEpChunks);
   t.bytes = moe_layers * micro_batches * (forwards * (experts * 4 + rows) + rows);
   return t;
 }

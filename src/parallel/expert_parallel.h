@@ -19,29 +19,41 @@
 namespace kiln {
 
 /// nn::EpGroup over `comm` (the DeviceMesh's ep communicator): an all_to_all (variable
-/// counts) blocking on the caller's stream, counted in the communicator's statistics.
+/// counts) in flight on the communicator's thread or stream, counted in its statistics;
+/// the seconds the layers wait for them are the exposed all-to-all time.
 class CommEpGroup final : public nn::EpGroup {
  public:
   /// `comm` is not owned and must outlive the group.
   explicit CommEpGroup(Communicator& comm) : comm_(comm) {}
   int size() const override { return comm_.size(); }
   int rank() const override { return comm_.rank(); }
-  void all_to_all_rows(Stream s, const Tensor& out, const Tensor& in,
-                       std::span<const int64_t> send_rows,
-                       std::span<const int64_t> recv_rows) override;
+  std::unique_ptr<Transfer> all_to_all_rows(Stream s, const Tensor& out, const Tensor& in,
+                                            std::span<const int64_t> send_rows,
+                                            std::span<const int64_t> recv_rows) override;
   Communicator& comm() const { return comm_; }
+  /// Seconds spent in the transfers' wait() since the last call (exposed, not hidden).
+  double take_wait_seconds();
 
  private:
   Communicator& comm_;
+  double wait_seconds_ = 0.0;
 };
+
+/// comm.all_to_all_async of rows (nn::EpGroup::all_to_all_rows's contract) as a transfer;
+/// its wait() adds the seconds it blocked to *wait_seconds (when given).
+std::unique_ptr<nn::EpGroup::Transfer> all_to_all_rows_on(Communicator& comm, Stream s,
+                                                          const Tensor& out, const Tensor& in,
+                                                          std::span<const int64_t> send_rows,
+                                                          std::span<const int64_t> recv_rows,
+                                                          double* wait_seconds);
 
 /// The all_to_all one rank of an ep group issues per update, dropless, under balanced
 /// routing (each rank receives as many slots as it sends: the round_robin test router,
 /// model.moe.routing): per MoE layer the rank holds and micro-batch of N tokens (M = N k
-/// slots), forward exchanges the counts (E int32) and sends the slots' rows to their
-/// experts and back (2 M C activation elements), backward the outputs' gradients there and
-/// the inputs' gradients back (2 M C); a full activation checkpointing recompute repeats
-/// forward's. Bytes as CommStats counts an all_to_all's: what the rank sends, its own
+/// slots), forward exchanges the counts (E int32, one call) and sends the slots' rows to
+/// their experts and back (2 M C activation elements, a call each way per chunk), backward
+/// the outputs' gradients there and the inputs' gradients back (2 M C, likewise); a full
+/// activation checkpointing recompute repeats forward's. Bytes as CommStats counts an all_to_all's: what the rank sends, its own
 /// piece included.
 struct EpTraffic {
   int64_t calls = 0, bytes = 0;

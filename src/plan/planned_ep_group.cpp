@@ -13,16 +13,10 @@ PlannedEpGroup::PlannedEpGroup(Communicator& comm, MoeRouting routing, int64_t t
              "memplan: {} experts (top {}) over ep = {}", experts, k, comm.size());
 }
 
-void PlannedEpGroup::all_to_all_rows(Stream s, const Tensor& out, const Tensor& in,
-                                     std::span<const int64_t> send_rows,
-                                     std::span<const int64_t> recv_rows) {
-  int64_t w = 1;
-  for (int i = 1; i < in.ndim(); ++i) w *= in.size(i);
-  std::vector<int64_t> send(send_rows.begin(), send_rows.end());
-  std::vector<int64_t> recv(recv_rows.begin(), recv_rows.end());
-  for (int64_t& c : send) c *= w;
-  for (int64_t& c : recv) c *= w;
-  comm_.all_to_all_async(out, in, send, recv, s)->wait();
+std::unique_ptr<nn::EpGroup::Transfer> PlannedEpGroup::all_to_all_rows(
+    Stream s, const Tensor& out, const Tensor& in, std::span<const int64_t> send_rows,
+    std::span<const int64_t> recv_rows) {
+  return all_to_all_rows_on(comm_, s, out, in, send_rows, recv_rows, nullptr);
 }
 
 void PlannedEpGroup::exchange_counts(Backend&, Stream, std::span<const int32_t>,

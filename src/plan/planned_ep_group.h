@@ -13,6 +13,7 @@
 
 #include "comm/communicator.h"
 #include "nn/expert_parallel.h"
+#include "parallel/expert_parallel.h"
 #include "plan/scratch_models.h"
 
 namespace kiln::plan {
@@ -24,9 +25,9 @@ class PlannedEpGroup final : public nn::EpGroup {
   PlannedEpGroup(Communicator& comm, MoeRouting routing, int64_t tokens, int k, int64_t experts);
   int size() const override { return comm_.size(); }
   int rank() const override { return comm_.rank(); }
-  void all_to_all_rows(Stream s, const Tensor& out, const Tensor& in,
-                       std::span<const int64_t> send_rows,
-                       std::span<const int64_t> recv_rows) override;
+  std::unique_ptr<Transfer> all_to_all_rows(Stream s, const Tensor& out, const Tensor& in,
+                                            std::span<const int64_t> send_rows,
+                                            std::span<const int64_t> recv_rows) override;
   void exchange_counts(Backend& be, Stream s, std::span<const int32_t> own,
                        std::span<int32_t> incoming) override;
 

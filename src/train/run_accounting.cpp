@@ -12,8 +12,10 @@ void RunAccounting::add_tp_traffic(const CommStats& before, const CommStats& aft
   }
 }
 
-void RunAccounting::add_ep_traffic(int64_t step, const CommStats& before, const CommStats& after) {
+void RunAccounting::add_ep_traffic(int64_t step, const CommStats& before, const CommStats& after,
+                                   double exposed) {
   if (!timed(step)) return;
+  ep_exposed_ += exposed;
   const CollectiveStats &a = after.of(Collective::AllToAll), &b = before.of(Collective::AllToAll);
   ep_all_to_all_.count += a.count - b.count;
   ep_all_to_all_.bytes += a.bytes - b.bytes;
@@ -35,6 +37,7 @@ void RunAccounting::fill(TrainResult& r, int64_t tokens_per_step) const {
   r.comm_exposed_s = comm_exposed_;
   r.tp_measured = tp_measured_;
   r.ep_measured = ep_all_to_all_;
+  r.ep_exposed_s = ep_exposed_;
   r.step_time_s = timed_steps_ > 0 ? timed_seconds_ / static_cast<double>(timed_steps_) : 0.0;
   r.timed_steps = timed_steps_;
   r.tokens_per_s = timed_steps_ > 0

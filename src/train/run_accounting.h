@@ -27,8 +27,10 @@ class RunAccounting {
   /// statistics before and after the step.
   void add_tp_traffic(const CommStats& before, const CommStats& after);
   /// Every step tried, `step` the updates done after it: the ep communicator's all_to_all
-  /// calls, bytes and seconds between its statistics before and after, counted when timed.
-  void add_ep_traffic(int64_t step, const CommStats& before, const CommStats& after);
+  /// calls, bytes and seconds between its statistics before and after, and the seconds
+  /// the layers waited for them (`exposed`), counted when timed.
+  void add_ep_traffic(int64_t step, const CommStats& before, const CommStats& after,
+                      double exposed);
   /// Every step tried, `step` the updates done after it: the seconds the training thread
   /// waited for data-parallel communication, counted when timed.
   void add_comm_wait(int64_t step, double seconds);
@@ -58,6 +60,7 @@ class RunAccounting {
   double comm_exposed_ = 0.0;             // over the timed updates
   TpTraffic tp_measured_;                 // over every step tried
   CollectiveStats ep_all_to_all_;         // over the timed updates
+  double ep_exposed_ = 0.0;               // over the timed updates
 };
 
 }  // namespace kiln

@@ -128,6 +128,9 @@ class TrainStep {
   Model& model() { return *model_; }
   const Model& model() const { return *model_; }
   DataParallel& data_parallel() { return *dp_; }
+  /// Seconds the MoE layers waited for the expert-parallel all_to_alls since the last call
+  /// (exposed, not hidden); 0 without expert parallelism or with the planner's group.
+  double take_ep_wait_seconds() { return ep_group_ ? ep_group_->take_wait_seconds() : 0.0; }
   const DataParallel& data_parallel() const { return *dp_; }
   AdamW& optimizer() { return *optimizer_; }
   LossScaler& scaler() { return scaler_; }

@@ -84,10 +84,12 @@ struct TrainResult {
   /// every rank has its own core), and the schedule's by the simulator and by theory.
   std::vector<double> pp_bubble_measured;
   double pp_bubble_simulated = 0.0, pp_bubble_theory = 0.0;
-  /// Expert parallel only: the ep group's all_to_all over the timed updates (rank 0), and
-  /// per update by formula under balanced routing (parallel/expert_parallel.h). The MoE
-  /// layers wait for each all_to_all, so all of its time is exposed.
+  /// Expert parallel only: the ep group's all_to_all over the timed updates (rank 0; its
+  /// seconds on the communication thread or stream), the seconds the MoE layers waited for
+  /// them (exposed), and per update by formula under balanced routing
+  /// (parallel/expert_parallel.h).
   CollectiveStats ep_measured;
+  double ep_exposed_s = 0.0;
   EpTraffic ep_formula;
 };
 

@@ -114,7 +114,9 @@ Trainer::TriedStep Trainer::timed_train_step(RunAccounting& acct) {
   t.seconds = seconds_since(t0);
   t.comm_wait_s = one_step_->data_parallel().take_wait_seconds();
   acct.add_comm_wait(step_, t.comm_wait_s);
-  if (mesh_->ep() > 1) acct.add_ep_traffic(step_, ep_before, mesh_->ep_comm()->stats());
+  if (mesh_->ep() > 1)
+    acct.add_ep_traffic(step_, ep_before, mesh_->ep_comm()->stats(),
+                        one_step_->take_ep_wait_seconds());
   return t;
 }
 

@@ -113,13 +113,15 @@ void Trainer::summarize_ep_traffic(TrainResult& r) {
       config_.train.activation_checkpointing == "full");
   if (!options_.verbose) return;
   const double steps = static_cast<double>(std::max<int64_t>(r.timed_steps, 1));
+  const double busy = r.ep_measured.seconds;
   fmt::print("kiln: expert-parallel all_to_all per update over {} ranks (rank 0; formula: "
              "parallel/expert_parallel.h, balanced routing): {:.0f} calls (formula {}), "
-             "{:.3f} MB (formula {:.3f}), {:.1f} ms, all exposed (the MoE layers wait for "
-             "each all_to_all: 0% hidden)\n",
+             "{:.3f} MB (formula {:.3f}), {:.1f} ms, exposed {:.1f} ms: {:.0f}% hidden under "
+             "the experts\n",
              mesh_->ep(), r.ep_measured.count / steps, r.ep_formula.calls,
-             r.ep_measured.bytes / steps / 1e6, r.ep_formula.bytes / 1e6,
-             1e3 * r.ep_measured.seconds / steps);
+             r.ep_measured.bytes / steps / 1e6, r.ep_formula.bytes / 1e6, 1e3 * busy / steps,
+             1e3 * r.ep_exposed_s / steps,
+             busy > 0 ? 100.0 * std::clamp(1.0 - r.ep_exposed_s / busy, 0.0, 1.0) : 0.0);
 }
 
 void Trainer::summarize_pipeline(TrainResult& r, double busy, double span) {

@@ -473,5 +473,16 @@ TEST(EpDispatch, EveryRowReachesItsExpertInSourceOrder) {
   EXPECT_THROW(make_ep_dispatch(Counts{1, -1}, Counts{1}, 2, 1), Error);    // negative
 }
 
+// The overlap's chunk split: chunk 0 takes the first ceil(n / 2) rows of each run of El
+// counts, expert by expert, so that the sender (its counts per destination) and the
+// receiver (its counts per source) cut every piece at the same row.
+TEST(EpDispatch, FirstChunkTakesTheFirstHalfOfEachPiece) {
+  using Counts = std::vector<int32_t>;
+  // Runs of 3: {2, 0, 3} (5 rows: 3 in chunk 0), {0, 0, 0}, {1, 1, 1} (2), {4, 0, 0} (2).
+  EXPECT_EQ(ep_first_chunk(Counts{2, 0, 3, 0, 0, 0, 1, 1, 1, 4, 0, 0}, 3),
+            (Counts{2, 0, 1, 0, 0, 0, 1, 1, 0, 2, 0, 0}));
+  EXPECT_EQ(ep_first_chunk(Counts{1}, 1), (Counts{1}));  // one row: chunk 0 has it
+}
+
 }  // namespace
 }  // namespace kiln::nn

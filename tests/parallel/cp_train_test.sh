@@ -128,7 +128,7 @@ fails seq_len "error: --set: train.seq_len = 30 is not a multiple of 2 x paralle
 fails dropout "dropout under context parallelism is not supported yet" \
   timeout 60 mpirun --oversubscribe --bind-to none -np 2 "$kiln" train "$work/tiny.toml" \
   --set "run.dir=$work/dropout" "${cp2[@]}" --set model.dropout=0.1
-fails sample "needs parallel.tp, parallel.pp and parallel.cp = 1" \
+fails sample "needs parallel.tp, parallel.pp, parallel.cp and parallel.ep = 1" \
   timeout 60 mpirun --oversubscribe --bind-to none -np 2 "$kiln" train "$work/tiny.toml" \
   --set "run.dir=$work/sample" "${cp2[@]}" --set sample.every=5
 fails world "cp (2) .* = 2 must equal the world size 3" \

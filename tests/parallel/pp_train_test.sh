@@ -166,7 +166,7 @@ fails stages "6 model parts cannot fill 8 stages" \
 fails interleaved_m "grad_accum_steps = train.global_batch" \
   timeout 60 mpirun --oversubscribe --bind-to none -np 2 "$kiln" train "$work/tiny.toml" \
   --set "run.dir=$work/inter_m" "${pp2[@]}" "${inter[@]}" --set train.global_batch=7
-fails sample "needs parallel.tp, parallel.pp and parallel.cp = 1" \
+fails sample "needs parallel.tp, parallel.pp, parallel.cp and parallel.ep = 1" \
   timeout 60 mpirun --oversubscribe --bind-to none -np 2 "$kiln" train "$work/tiny.toml" \
   --set "run.dir=$work/sample" "${pp2[@]}" --set sample.every=5
 # A failing stage ends every rank non-zero with its message: the last stage's first file
