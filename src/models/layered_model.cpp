@@ -112,7 +112,7 @@ FlatLayout lay_out(const std::vector<PartLayout>& parts, int64_t alignment,
     // prefix of the part (all of it when nothing is frozen).
     bool copies = place_params(part, k, owner, is_held, Region::Dense, mp, offset, out);
     // Lays out the region starting aligned after `offset`; returns its padded size.
-    auto region = [&](Region r) {
+    auto place_region = [&](Region r) {
       const int64_t region_begin = mp.begin + align(offset - mp.begin);
       int64_t region_end = region_begin;
       copies = place_params(part, k, owner, is_held, r, mp, region_end, out) || copies;
@@ -120,8 +120,8 @@ FlatLayout lay_out(const std::vector<PartLayout>& parts, int64_t alignment,
       offset = region_end;
       return align(region_end - region_begin);
     };
-    mp.expert_size = region(Region::Expert);
-    mp.frozen_size = region(Region::Frozen);
+    mp.expert_size = place_region(Region::Expert);
+    mp.frozen_size = place_region(Region::Frozen);
     mp.resident = mp.resident || copies;
     mp.end = offset;
     mp.padded_end = mp.begin + align(mp.end - mp.begin);
