@@ -27,17 +27,26 @@ namespace {
 // Every parameter's owner (the first part listing it) and init stream (its number).
 using Owners = std::map<const nn::Param*, std::pair<int, uint64_t>>;
 
-// Appends part k's parameters whose trainable flag is `trainable` to `out` from `offset`
-// (advanced past them); returns whether it laid out a tied copy.
+// The regions of a part, in layout order (ModelPart): its trainable dense parameters, its
+// trainable expert-parallel ones (ParamSlice::ep_sharded), its frozen ones.
+enum class Region { Dense, Expert, Frozen };
+
+Region region_of(const nn::Param& prm) {
+  if (!prm.trainable) return Region::Frozen;
+  return prm.slice.ep_sharded() ? Region::Expert : Region::Dense;
+}
+
+// Appends part k's parameters of region `region` to `out` from `offset` (advanced past
+// them); returns whether it laid out a tied copy.
 bool place_params(const PartLayout& part, int k, const Owners& owner,
-                  const std::vector<bool>& is_held, bool trainable, const ModelPart& mp,
+                  const std::vector<bool>& is_held, Region region, const ModelPart& mp,
                   int64_t& offset, FlatLayout& out) {
   bool copies = false;
   for (nn::Param* prm : part.params) {
     const auto [o, stream] = owner.at(prm);
     const bool copy = o != k;
     if (copy && is_held[static_cast<size_t>(o)]) continue;  // laid out in its owner
-    if (prm->trainable != trainable) continue;
+    if (region_of(*prm) != region) continue;
     ParamSpec p;
     p.name = prm->name;
     p.shape = prm->shape;
@@ -48,7 +57,7 @@ bool place_params(const PartLayout& part, int k, const Owners& owner,
     p.part = mp.index;
     p.init_stream = stream;
     p.tied_copy = copy;
-    p.trainable = trainable;
+    p.trainable = region != Region::Frozen;
     p.frozen_before = mp.frozen_before;
     copies = copies || copy;
     offset += p.local_shape().numel();
@@ -71,8 +80,14 @@ FlatLayout lay_out(const std::vector<PartLayout>& parts, int64_t alignment,
   }
   Owners owner;
   for (int k = 0; k < n_parts; ++k)
-    for (const nn::Param* prm : parts[static_cast<size_t>(k)].params)
+    for (const nn::Param* prm : parts[static_cast<size_t>(k)].params) {
       owner.try_emplace(prm, k, owner.size());
+      // Its frozen region would be sharded over the dp x cp group, whose ranks hold
+      // other experts.
+      KILN_CHECK(prm->trainable || !prm->slice.ep_sharded(), "train.freeze of an "
+                 "expert-parallel parameter ({}, split over parallel.ep = {}) is not supported",
+                 prm->name, prm->slice.ep_parts);
+    }
   std::vector<bool> lends(parts.size(), false);  // owns a parameter a later held part uses
   for (int k = 0; k < n_parts; ++k)
     for (const nn::Param* prm : parts[static_cast<size_t>(k)].params)
@@ -92,16 +107,21 @@ FlatLayout lay_out(const std::vector<PartLayout>& parts, int64_t alignment,
     mp.resident = part.resident || lends[static_cast<size_t>(k)];
     mp.frozen_before = frozen;
     mp.begin = offset = align(offset);  // a part starts aligned
-    // The trainable parameters, then (aligned) the frozen ones: every part's gradient is
-    // its trainable region, a prefix of the part (all of it when nothing is frozen).
-    bool copies = place_params(part, k, owner, is_held, true, mp, offset, out);
-    const int64_t frozen_begin = mp.begin + align(offset - mp.begin);
-    int64_t frozen_end = frozen_begin;
-    copies = place_params(part, k, owner, is_held, false, mp, frozen_end, out) || copies;
-    if (frozen_end > frozen_begin) {
-      offset = frozen_end;
-      mp.frozen_size = align(frozen_end - frozen_begin);
-    }
+    // The trainable dense parameters, then (aligned) the trainable expert-parallel ones,
+    // then (aligned) the frozen ones: every part's gradient is its trainable regions, a
+    // prefix of the part (all of it when nothing is frozen).
+    bool copies = place_params(part, k, owner, is_held, Region::Dense, mp, offset, out);
+    // Lays out the region starting aligned after `offset`; returns its padded size.
+    auto place_region = [&](Region r) {
+      const int64_t region_begin = mp.begin + align(offset - mp.begin);
+      int64_t region_end = region_begin;
+      copies = place_params(part, k, owner, is_held, r, mp, region_end, out) || copies;
+      if (region_end == region_begin) return int64_t{0};
+      offset = region_end;
+      return align(region_end - region_begin);
+    };
+    mp.expert_size = place_region(Region::Expert);
+    mp.frozen_size = place_region(Region::Frozen);
     mp.resident = mp.resident || copies;
     mp.end = offset;
     mp.padded_end = mp.begin + align(mp.end - mp.begin);

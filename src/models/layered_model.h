@@ -25,9 +25,12 @@ struct PartLayout {
 
 /// The flat layout of the parts `held` (global indices, increasing; empty: every part) of
 /// a model declared as `parts`: parameters in order, each part starting at a multiple of
-/// `alignment` and padded to one; a part's frozen parameters (nn::Param::trainable) come
-/// after its trainable ones, in a region of their own, also padded to the alignment
-/// (ModelPart::frozen_size; the gradient layout leaves it out). A tied parameter is laid out once, in its owner part;
+/// `alignment` and padded to one; a part's trainable expert-parallel parameters
+/// (ParamSlice::ep_sharded) come after its trainable dense ones, and its frozen parameters
+/// (nn::Param::trainable) after both, each in a region of their own, also padded to the
+/// alignment (ModelPart::expert_size, frozen_size; the gradient layout leaves the frozen
+/// region out). A frozen expert-parallel parameter throws kiln::Error naming it. A tied
+/// parameter is laid out once, in its owner part;
 /// when the owner is not held but a user is, the user holds a copy (ParamSpec::tied_copy).
 /// A part is resident when it says so, owns a parameter a later held part uses, or holds
 /// a copy. Init streams number the whole model's parameters, whatever is held.

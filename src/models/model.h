@@ -36,17 +36,25 @@
 
 namespace kiln {
 /// One part: [begin, end) of the flat layout holds its parameters, [end, padded_end) is
-/// zero padding up to the part alignment (see ModelStorage). With frozen parameters
-/// (ParamSpec::trainable) the part is two regions, each padded to the alignment: its
-/// trainable parameters first, [begin, padded_end - frozen_size), then its frozen ones,
-/// [padded_end - frozen_size, padded_end). Gradients exist for the trainable region
-/// only: the flat gradient layout is the parameter layout without the frozen regions
-/// (the part's gradient starts at grad_begin(), grad_size() long).
+/// zero padding up to the part alignment (see ModelStorage). A part is up to three
+/// regions, in this order, each padded to the alignment:
+///   dense   its trainable parameters that every expert-parallel rank holds alike,
+///           [begin, begin + dense_size());
+///   expert  its trainable expert-parallel parameters (ParamSlice::ep_sharded: each ep
+///           rank holds other experts; data parallelism reduces them over the
+///           expert-data-parallel group), expert_size elements from expert_begin();
+///   frozen  its frozen parameters (ParamSpec::trainable false),
+///           [padded_end - frozen_size, padded_end).
+/// Gradients exist for the trainable regions (dense, expert) only: the flat gradient
+/// layout is the parameter layout without the frozen regions (the part's gradient starts
+/// at grad_begin(), grad_size() long, its expert region last).
 struct ModelPart {
   int index = 0;        // 0 .. parts().size() - 1, in forward order
   int global_index = 0; // in the whole model (differs from index on a pipeline stage)
   std::string name;     // e.g. "embeddings", "h.3", "head"
   int64_t begin = 0, end = 0, padded_end = 0;
+  int64_t expert_size = 0;    // elements of its trainable expert region (padding
+                              // included); 0: none
   int64_t frozen_size = 0;    // elements of its frozen region (padding included); 0: none
   int64_t frozen_before = 0;  // elements of the frozen regions of the parts before it
   double cost = 1.0;    // relative compute per token (balancing pipeline stages)
@@ -57,6 +65,10 @@ struct ModelPart {
   /// in the gradient layout.
   int64_t grad_size() const { return padded_size() - frozen_size; }
   int64_t grad_begin() const { return begin - frozen_before; }
+  /// Elements of its dense region (padding included): the gradient's first ones.
+  int64_t dense_size() const { return grad_size() - expert_size; }
+  /// Where its expert region starts in the flat layout.
+  int64_t expert_begin() const { return begin + dense_size(); }
 };
 
 /// How a model holds its parameters and gradients.

@@ -37,6 +37,12 @@ DataParallel::DataParallel(Model& model, Communicator& comm, int zero_stage, dou
   KILN_CHECK(static_cast<bool>(model.param_buffer()) == want.allocate_params && grads_as_wanted,
              "DataParallel: the model was not built with zero_model_storage({}, {})", zero_stage,
              world_);
+  for (const ParamSpec& p : model.params())
+    KILN_CHECK(!p.trainable || !p.slice.ep_sharded() ||
+               (expert && expert->size() * p.slice.ep_parts == world_),
+               "DataParallel: {} is split over {} expert-parallel ranks, but the "
+               "expert-data-parallel group has {} of the {} data-parallel ranks", p.name,
+               p.slice.ep_parts, expert ? expert->size() : 0, world_);
   int64_t shard = 0, grad_shard = 0;
   for (const ModelPart& mp : model.parts()) {
     Part part;
@@ -46,14 +52,18 @@ DataParallel::DataParallel(Model& model, Communicator& comm, int zero_stage, dou
     part.padded = mp.padded_size();
     part.grad_begin = mp.grad_begin();
     part.T = mp.grad_size();
-    KILN_CHECK(stage_ == 0 || (part.T % world_ == 0 && mp.frozen_size % world_ == 0),
-               "part {} ({}) is not aligned to {} ranks", mp.index, mp.name, world_);
-    part.S = stage_ == 0 ? part.T : part.T / world_;
-    part.Sf = stage_ == 0 ? mp.frozen_size : mp.frozen_size / world_;
-    part.shard_offset = shard;
-    part.grad_shard_offset = grad_shard;
-    shard += part.S + part.Sf;
-    grad_shard += part.S;
+    add_region(part, RegionKind::Dense, comm_, mp.begin, mp.dense_size(), mp.grad_begin(), shard,
+               grad_shard);
+    if (mp.expert_size > 0)  // `expert` exists: checked above
+      add_region(part, RegionKind::Expert, *expert, mp.expert_begin(), mp.expert_size,
+                 mp.grad_begin() + mp.dense_size(), shard, grad_shard);
+    add_region(part, RegionKind::Frozen, comm_, mp.padded_end - mp.frozen_size, mp.frozen_size,
+               0, shard, grad_shard);
+    for (const Region& r : part.regions)
+      KILN_CHECK(stage_ == 0 || r.size % r.world == 0, "part {} ({}) is not aligned to {} ranks",
+                 mp.index, mp.name, r.world);
+    part.has_expert = mp.expert_size > 0;
+    has_expert_ = has_expert_ || part.has_expert;
     parts_.push_back(part);
   }
   if (stage_ >= 2) {
@@ -68,19 +78,18 @@ DataParallel::DataParallel(Model& model, Communicator& comm, int zero_stage, dou
     std::vector<int> current;
     int64_t size = 0;
     for (int p = static_cast<int>(parts_.size()) - 1; p >= 0; --p) {
-      if (part_at(p).T > 0) current.push_back(p);  // a frozen part has nothing to reduce
-      size += part_at(p).T;
-      if ((size >= bucket_elems_ || p == 0) && !current.empty()) {
+      // A frozen part has nothing to reduce; one with an expert region is reduced alone
+      // (and ends the bucket, whose parts must be adjacent).
+      const bool alone = part_at(p).has_expert;
+      if (part_at(p).T > 0 && !alone) current.push_back(p);
+      if (!alone) size += part_at(p).T;
+      if ((size >= bucket_elems_ || p == 0 || alone) && !current.empty()) {
         buckets_.push_back(current);
         current.clear();
         size = 0;
       }
     }
   }
-  for (const ParamSpec& p : model.params())
-    KILN_CHECK(!p.slice.ep_sharded() || expert == nullptr || expert->size() == world_,
-               "DataParallel: {} is split over expert-parallel ranks, which data parallelism "
-               "does not reduce yet", p.name);
   model_.set_hooks(this);
 }
 
@@ -92,10 +101,40 @@ DataParallel::~DataParallel() {
   model_.set_hooks(nullptr);
 }
 
+void DataParallel::add_region(Part& part, RegionKind kind, Communicator& group, int64_t begin,
+                              int64_t size, int64_t grad_begin, int64_t& shard,
+                              int64_t& grad_shard) {
+  if (size == 0) return;
+  Region r;
+  r.kind = kind;
+  r.comm = &group;
+  r.rank = group.rank();
+  r.world = group.size();
+  r.begin = begin;
+  r.size = size;
+  r.grad_begin = grad_begin;
+  r.S = stage_ == 0 ? size : size / r.world;
+  r.shard_offset = shard;
+  shard += r.S;
+  if (r.trainable()) {
+    r.grad_shard_offset = grad_shard;
+    grad_shard += r.S;
+  }
+  part.regions.push_back(r);
+}
+
+const DataParallel::Region& DataParallel::region_of(const ParamSpec& p) const {
+  const RegionKind kind = !p.trainable            ? RegionKind::Frozen
+                          : p.slice.ep_sharded() ? RegionKind::Expert
+                                                 : RegionKind::Dense;
+  for (const Region& r : parts_[static_cast<size_t>(p.part)].regions)
+    if (r.kind == kind) return r;
+  KILN_FAIL("DataParallel: {} lies in no region of part {}", p.name, p.part);
+}
+
 void DataParallel::add_slice(const ParamSpec& p, std::vector<AdamWSegment>& out) const {
-  const Part& part = parts_[static_cast<size_t>(p.part)];
-  const int64_t s0 = p.trainable ? part.slice_begin(rank_) : part.frozen_slice_begin(rank_);
-  const int64_t s1 = s0 + (p.trainable ? part.S : part.Sf);
+  const Region& r = region_of(p);
+  const int64_t s0 = r.slice_begin(), s1 = s0 + r.S;
   const int64_t a = std::max(s0, p.offset), b = std::min(s1, p.offset + p.local_shape().numel());
   if (a >= b) return;
   AdamWSegment seg;
@@ -103,10 +142,10 @@ void DataParallel::add_slice(const ParamSpec& p, std::vector<AdamWSegment>& out)
   seg.begin = a - p.offset;
   seg.end = b - p.offset;
   const Shape n{b - a};
-  const int64_t in_shard = part.shard_offset + (p.trainable ? 0 : part.S) + (a - s0);
-  seg.param = stage_ == 3 ? param_shard_.view_at(in_shard, n) : model_.param_buffer().view_at(a, n);
+  seg.param = stage_ == 3 ? param_shard_.view_at(r.shard_offset + (a - s0), n)
+                          : model_.param_buffer().view_at(a, n);
   if (p.trainable)
-    seg.grad = stage_ >= 2 ? grad_shard_.view_at(part.grad_shard_offset + (a - s0), n)
+    seg.grad = stage_ >= 2 ? grad_shard_.view_at(r.grad_shard_offset + (a - s0), n)
                            : model_.grad_buffer().view_at(a - p.frozen_before, n);
   out.push_back(seg);
 }
@@ -195,14 +234,10 @@ void DataParallel::gather(int index, bool wait) {
   if (!part.params) {
     part.params = backend_.empty(Shape{part.padded}, model_.dtype(), MemCategory::Parameters);
     const Stream s = backend_.default_stream();
-    if (part.S > 0)  // the trainable region, then the frozen one
-      part.gather_works.push_back(comm_.all_gather_async(
-          part.params.view_at(0, Shape{part.T}),
-          param_shard_.view_at(part.shard_offset, Shape{part.S}), s));
-    if (part.Sf > 0)
-      part.gather_works.push_back(comm_.all_gather_async(
-          part.params.view_at(part.T, Shape{part.padded - part.T}),
-          param_shard_.view_at(part.shard_offset + part.S, Shape{part.Sf}), s));
+    for (const Region& r : part.regions)
+      part.gather_works.push_back(r.comm->all_gather_async(
+          part.params.view_at(r.begin - part.begin, Shape{r.size}),
+          param_shard_.view_at(r.shard_offset, Shape{r.S}), s));
   }
   if (wait && !part.gather_works.empty()) {
     const auto t0 = Clock::now();
@@ -288,31 +323,41 @@ void DataParallel::after_backward(int index) {
 void DataParallel::reduce_part_grads(int index) {
   Part& part = part_at(index);
   if (part.T == 0) return;  // every parameter frozen: no gradient
+  const Stream s = backend_.default_stream();
   if (stage_ >= 2) {
-    // Reduce-scatter in place; this rank's slice is then added to its gradient shard.
-    const Tensor whole = part.grads;
-    const Tensor mine = whole.view_at(static_cast<int64_t>(rank_) * part.S, Shape{part.S});
-    Pending p;
-    p.work = comm_.reduce_scatter_async(mine, whole, backend_.default_stream());
-    p.keep = whole;
-    p.src = mine;
-    p.dst = grad_shard_.view_at(part.grad_shard_offset, Shape{part.S});
-    pending_.push_back(std::move(p));
+    // Reduce-scatter each trainable region in place; this rank's slice is then added to
+    // its gradient shard.
+    for (const Region& r : part.regions) {
+      if (!r.trainable()) continue;
+      const Tensor whole = part.grads.view_at(r.grad_begin - part.grad_begin, Shape{r.size});
+      const Tensor mine = whole.view_at(static_cast<int64_t>(r.rank) * r.S, Shape{r.S});
+      Pending p;
+      p.work = r.comm->reduce_scatter_async(mine, whole, s);
+      p.keep = part.grads;
+      p.src = mine;
+      p.dst = grad_shard_.view_at(r.grad_shard_offset, Shape{r.S});
+      pending_.push_back(std::move(p));
+    }
     model_.bind_grads(index, Tensor());
     part.grads = Tensor();
     return;
   }
-  if (!last_micro_ || world_ == 1) return;  // stages 0-1: only the last micro-step talks
+  if (!last_micro_) return;  // stages 0-1: only the last micro-step talks
   const Tensor grads = model_.grad_buffer();
-  if (stage_ == 1) {
-    const Tensor whole = grads.view_at(part.grad_begin, Shape{part.T});
-    Pending p;
-    p.work = comm_.reduce_scatter_async(
-        whole.view_at(static_cast<int64_t>(rank_) * part.S, Shape{part.S}), whole,
-        backend_.default_stream());
-    pending_.push_back(std::move(p));
+  if (stage_ == 1 || part.has_expert) {  // stage 0: all-reduce each region of such a part
+    for (const Region& r : part.regions) {
+      if (!r.trainable() || r.world == 1) continue;
+      const Tensor whole = grads.view_at(r.grad_begin, Shape{r.size});
+      Pending p;
+      p.work = stage_ == 1 ? r.comm->reduce_scatter_async(
+                                 whole.view_at(static_cast<int64_t>(r.rank) * r.S, Shape{r.S}),
+                                 whole, s)
+                           : r.comm->all_reduce_async(whole, ReduceOp::Sum, s);
+      pending_.push_back(std::move(p));
+    }
     return;
   }
+  if (world_ == 1) return;
   part.done = true;  // stage 0: all-reduce a bucket once all of its parts are done
   for (const auto& bucket : buckets_) {
     if (std::find(bucket.begin(), bucket.end(), index) == bucket.end()) continue;
@@ -323,7 +368,7 @@ void DataParallel::reduce_part_grads(int index) {
     Pending p;
     p.work = comm_.all_reduce_async(
         grads.view_at(first.grad_begin, Shape{last.grad_begin + last.T - first.grad_begin}),
-        ReduceOp::Sum, backend_.default_stream());
+        ReduceOp::Sum, s);
     pending_.push_back(std::move(p));
     return;
   }
@@ -363,45 +408,77 @@ void DataParallel::grad_sum_squares(const Tensor& acc) {
   const bool copies = std::any_of(segs.begin(), segs.end(),
                                   [](const AdamWSegment& seg) { return seg.spec.tied_copy; });
   std::erase_if(segs, [](const AdamWSegment& seg) { return seg.spec.tied_copy; });
+  // Below stage 1 every dp rank holds the whole reduced gradient, but expert-parallel
+  // ranks hold other experts: with an expert region each replica counts on rank 0 of its
+  // group (dp x cp, or edp for the experts) and the sum runs over dp x cp too. From stage
+  // 1 the slices of the dp x cp ranks cover every element once.
+  const bool replicas_once = stage_ == 0 && has_expert_;
+  if (replicas_once)
+    std::erase_if(segs, [&](const AdamWSegment& seg) { return region_of(seg.spec).rank != 0; });
   if (tp_) {
     // Each tp rank's share (replicated tensors on tp rank 0 only).
     tp_share_sum_squares(segs, backend_, tp_->rank(), acc);
-  } else if (copies) {
+  } else if (copies || replicas_once) {
     add_sum_squares(segs, backend_, acc);
   } else if (stage_ == 0) {
     backend_.sum_squares(s, acc, model_.grad_buffer());  // the whole buffer in one call
   } else if (stage_ == 1) {
     for (const auto& part : parts_)
-      if (part.S > 0)
-        backend_.sum_squares(s, acc, model_.grad_buffer().view_at(
-                                         part.grad_begin + rank_ * part.S, Shape{part.S}));
+      for (const Region& r : part.regions)
+        if (r.trainable())
+          backend_.sum_squares(s, acc, model_.grad_buffer().view_at(
+                                           r.grad_begin + r.rank * r.S, Shape{r.S}));
   } else {
     backend_.sum_squares(s, acc, grad_shard_);
   }
-  // Below stage 1 every dp rank holds the whole reduced gradient: the sum runs over tp
-  // alone. Summed in double on the device (rank order on MPI): every rank the same bits.
-  if (stage_ > 0 && world_ > 1) comm_.all_reduce(acc, ReduceOp::Sum, s);
+  // Summed in double on the device (rank order on MPI): every rank the same bits.
+  if ((stage_ > 0 || replicas_once) && world_ > 1) comm_.all_reduce(acc, ReduceOp::Sum, s);
   if (tp_) tp_->all_reduce(acc, ReduceOp::Sum, s);
 }
 
 void DataParallel::after_optimizer_step() {
-  if (stage_ == 0 || stage_ == 3 || world_ == 1) return;
+  if (stage_ == 0 || stage_ == 3) return;
   const Stream s = backend_.default_stream();
   std::vector<std::shared_ptr<Work>> works;
   for (const auto& part : parts_) {
-    if (part.S == 0) continue;  // frozen parameters do not change
-    const Tensor whole = model_.param_buffer().view_at(part.begin, Shape{part.T});
-    works.push_back(comm_.all_gather_async(
-        whole, whole.view_at(static_cast<int64_t>(rank_) * part.S, Shape{part.S}), s));
+    for (const Region& r : part.regions) {
+      if (!r.trainable() || r.world == 1) continue;  // frozen parameters do not change
+      const Tensor whole = model_.param_buffer().view_at(r.begin, Shape{r.size});
+      works.push_back(r.comm->all_gather_async(
+          whole, whole.view_at(static_cast<int64_t>(r.rank) * r.S, Shape{r.S}), s));
+    }
   }
   const auto t0 = Clock::now();
   for (auto& w : works) w->wait();
   wait_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+std::string DataParallel::hash_regions(bool expert) const {
+  // The flat ranges [from, to) outside the expert regions (the whole buffer when there is
+  // none), or the expert regions, hashed in flat order.
+  const Tensor& buffer = model_.param_buffer();
+  uint64_t h = 1469598103934665603ull;  // hash_bytes's start
+  int64_t from = 0;
+  auto add = [&](int64_t to) {
+    if (to > from) h = hash_bytes(backend_, buffer.view_at(from, Shape{to - from}), h);
+  };
+  for (const Part& part : parts_)
+    for (const Region& r : part.regions) {
+      if (r.kind != RegionKind::Expert) continue;
+      if (expert) from = r.begin;
+      add(expert ? r.begin + r.size : r.begin);
+      from = r.begin + r.size;
+    }
+  if (!expert) add(buffer.numel());
+  return fmt::format("{:016x}", h);
+}
+
 std::string DataParallel::replica_hash() const {
-  if (stage_ == 3) return "";
-  return fmt::format("{:016x}", hash_bytes(backend_, model_.param_buffer()));
+  return stage_ == 3 ? "" : hash_regions(false);
+}
+
+std::string DataParallel::expert_replica_hash() const {
+  return stage_ == 3 || !has_expert_ ? "" : hash_regions(true);
 }
 
 std::string DataParallel::tp_replica_hash() const {

@@ -28,6 +28,17 @@
 // optimizer sees trainable slices only, and the frozen slices are only ever gathered
 // (stage 3), never all-gathered after an update (stages 1-2: they do not change).
 //
+// Expert parallelism (parallel/expert_parallel.h; Megatron-core's rule): each ep rank holds
+// other experts, so a part's trainable expert-parallel parameters (ParamSlice::ep_sharded)
+// sit in a region of their own between its dense and frozen ones (ModelPart::expert_size),
+// which is reduced, sharded and gathered over the expert-data-parallel group (We = W / ep
+// ranks that hold the same experts; DeviceMesh::edp_comm) instead of the dp x cp group:
+// each rank owns slice (edp rank) of it, Se = expert_size / We elements. A part is thus a
+// list of regions (dense, expert, frozen; the empty ones left out), each with its group,
+// rank, world and slice length, and every operation above runs per region. Stage 0
+// all-reduces a part with an expert region on its own (its regions over their groups),
+// not in a bucket.
+//
 // Composed with tensor parallelism (parallel/tp_plan.h), the model holds one tp rank's
 // slices, laid out alike on every tp rank, and ZeRO shards that layout over the dp x cp
 // group of the tp slice (Megatron-LM's distributed optimizer over its data-parallel group
@@ -61,8 +72,11 @@ class DataParallel final : public ModelHooks {
   /// `comm`: the dp x cp group (DeviceMesh::dp_cp_comm). `model` must have been built with
   /// zero_model_storage(zero_stage, comm.size(), ...).
   /// `tp`: the tensor-parallel group of a model split by the tp plan (nullptr, or one
-  /// rank, for none); not owned. Installs itself as the model's hooks. Throws
-  /// kiln::Error on a bad stage.
+  /// rank, for none); not owned.
+  /// `expert`: the expert-data-parallel group (DeviceMesh::edp_comm) of a model split by
+  /// the ep plan (nullptr without one); not owned. Installs itself as the model's hooks.
+  /// Throws kiln::Error on a bad stage, or when the model has expert-parallel parameters
+  /// and `expert` is missing or not comm.size() / ep ranks.
   DataParallel(Model& model, Communicator& comm, int zero_stage, double bucket_mb,
                Communicator* tp = nullptr, Communicator* expert = nullptr);
   ~DataParallel() override;
@@ -102,8 +116,9 @@ class DataParallel final : public ModelHooks {
   /// parts, then the tp-partial gradients over tp (tp_grads.h). Gradients are then final.
   void finish_gradients(const std::function<void()>& before_deferred = {});
   /// acc fp64 [1] (on the device) <- the sum of squares of the whole model's gradient,
-  /// each element counted once over all ranks of dp x tp (the clipping norm's square),
-  /// the same on every rank; nothing is read back. Collective.
+  /// each element counted once over all ranks of dp x cp x tp (the clipping norm's
+  /// square; expert-parallel ranks hold other experts), the same on every rank; nothing
+  /// is read back. Collective.
   void grad_sum_squares(const Tensor& acc);
   /// After the optimizer step: all-gather updated slices (stages 1-2).
   void after_optimizer_step();
@@ -115,8 +130,12 @@ class DataParallel final : public ModelHooks {
   void end_forward_only();
 
   /// Stages 0-2 keep a full replica of the parameters on every rank: a hash of its
-  /// bytes, to check that the replicas are bitwise identical. "" for stage 3.
+  /// bytes but the expert regions', to check that the replicas are bitwise identical over
+  /// the dp x cp group. "" for stage 3.
   std::string replica_hash() const;
+  /// Likewise for the expert regions, replicated over the expert-data-parallel group
+  /// (the same on its ranks); "" for stage 3 or a model without expert-parallel parameters.
+  std::string expert_replica_hash() const;
   /// A hash of the parameters this rank updates that tensor parallelism replicates (not
   /// tp-sharded): the same on every rank of a tp group while its replicas agree bitwise.
   std::string tp_replica_hash() const;
@@ -131,23 +150,34 @@ class DataParallel final : public ModelHooks {
   void after_backward(int index) override;
 
  private:
+  enum class RegionKind { Dense, Expert, Frozen };
+  /// One region of a part (models/model.h, ModelPart): reduced, sharded and gathered over
+  /// its group, of which this rank owns slice `rank`.
+  struct Region {
+    RegionKind kind = RegionKind::Dense;
+    Communicator* comm = nullptr;  // dense, frozen: the dp x cp group; expert: edp
+    int rank = 0, world = 1;       // this rank's and the size of `comm`
+    int64_t begin = 0, size = 0;   // flat coordinates; size padded to the alignment
+    int64_t grad_begin = 0;        // trainable: its start in the gradient layout
+    int64_t S = 0;                 // slice length (size / world; size for stage 0)
+    int64_t shard_offset = 0;      // of this rank's slice in param_shard_
+    int64_t grad_shard_offset = 0; // trainable: of this rank's slice in grad_shard_
+    bool trainable() const { return kind != RegionKind::Frozen; }
+    int64_t slice_begin() const { return begin + rank * S; }  // flat; stages 1-3
+  };
   struct Part {
     int index = 0;
     bool resident = false;
     int64_t begin = 0, padded = 0;  // flat coordinates; padded = padded size
-    int64_t grad_begin = 0, T = 0;  // its gradient (trainable region) in the gradient
+    int64_t grad_begin = 0, T = 0;  // its gradient (trainable regions) in the gradient
                                     // layout: [grad_begin, grad_begin + T)
-    int64_t S = 0;                  // trainable slice length (T / world; T for stage 0)
-    int64_t Sf = 0;                 // frozen slice length ((padded - T) / world)
-    int64_t shard_offset = 0;       // of this rank's slices in param_shard_ (S, then Sf)
-    int64_t grad_shard_offset = 0;  // of this rank's slice in grad_shard_
+    std::vector<Region> regions;    // the non-empty ones, in layout order
+    bool has_expert = false;        // an expert region among them
     Tensor params;                  // stage 3: gathered storage while resident
     std::vector<std::shared_ptr<Work>> gather_works;
     Tensor grads;  // stages 2-3: the whole part's gradient while it exists
     bool done = false;
     bool deferred = false;  // reduced in finish_gradients (defer_reduction)
-    int64_t slice_begin(int rank) const { return begin + rank * S; }  // flat
-    int64_t frozen_slice_begin(int rank) const { return begin + T + rank * Sf; }  // flat
   };
   struct Pending {
     std::shared_ptr<Work> work;
@@ -155,6 +185,15 @@ class DataParallel final : public ModelHooks {
     Tensor src, dst;  // when dst is set: dst += src once the work completes
   };
   Part& part_at(int index) { return parts_[static_cast<size_t>(index)]; }
+  /// Appends to `part` the region of `kind` at flat [begin, begin + size) (gradient layout
+  /// from grad_begin when trainable) over `group`, unless empty; `shard` and `grad_shard`
+  /// are the lengths of param_shard_ and grad_shard_ so far, advanced past its slice.
+  void add_region(Part& part, RegionKind kind, Communicator& group, int64_t begin,
+                  int64_t size, int64_t grad_begin, int64_t& shard, int64_t& grad_shard);
+  /// The region of `p`'s part that holds it.
+  const Region& region_of(const ParamSpec& p) const;
+  /// The hash of the flat parameter ranges inside (`expert`) or outside the expert regions.
+  std::string hash_regions(bool expert) const;
   /// Appends this rank's slice of `p` (stages 1-3; its frozen slice, without gradient,
   /// when `p` is frozen) to `out`, unless empty.
   void add_slice(const ParamSpec& p, std::vector<AdamWSegment>& out) const;
@@ -172,10 +211,12 @@ class DataParallel final : public ModelHooks {
   int stage_, rank_, world_;
   int64_t bucket_elems_;
   std::vector<Part> parts_;
-  Tensor grad_shard_;   // stages 2-3: this rank's gradient slices, [sum of S]
-  Tensor param_shard_;  // stage 3: this rank's parameter slices, [sum of S + Sf]
+  Tensor grad_shard_;   // stages 2-3: this rank's gradient slices, [sum of trainable S]
+  Tensor param_shard_;  // stage 3: this rank's parameter slices, [sum of S]
   std::deque<Pending> pending_;
   std::vector<std::vector<int>> buckets_;  // stage 0: parts per bucket, backward order
+                                          // (a part with an expert region in none)
+  bool has_expert_ = false;  // a part with an expert region
   int micro_step_ = 0, micro_steps_ = 1;
   bool last_micro_ = true;
   double wait_seconds_ = 0.0;

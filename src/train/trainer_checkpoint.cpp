@@ -50,6 +50,11 @@ void Trainer::check_replicas() {
   if (replicas.size() > 1 && config_.parallel.zero_stage < 3)  // replicas must not have drifted
     check_same_on_all_ranks(replicas, "parameters (data-parallel replicas)",
                             dp.replica_hash());
+  // The experts: replicated over the expert-data-parallel group only.
+  Communicator& experts = mesh_->edp_comm();
+  if (mesh_->ep() > 1 && experts.size() > 1 && config_.parallel.zero_stage < 3)
+    check_same_on_all_ranks(experts, "expert parameters (expert-data-parallel replicas)",
+                            dp.expert_replica_hash());
   if (mesh_->tp() > 1)
     check_same_on_all_ranks(mesh_->comm(Axis::TP), "replicated parameters (tensor-parallel "
                             "replicas)", dp.tp_replica_hash());
@@ -63,15 +68,19 @@ void Trainer::add_tensors(checkpoint::CheckpointWriter& writer,
   // "lowp.<name>", so that a resume is bitwise exact; the optimizer's state
   // (add_optimizer_segment: its moments and, with train.ema_decay, "ema.<name>"); the
   // model's buffers (Model::buffers).
-  // Each element is written once: a replica (ZeRO stage 0 over dp, a replicated tensor
-  // over tp) by its first holder only.
+  // Each element is written once: a replica (ZeRO stage 0 over dp x cp, or for an
+  // expert-parallel tensor over its expert-data-parallel group; a replicated tensor over
+  // tp) by its first holder only.
   const bool dp_writes = config_.parallel.zero_stage > 0 || mesh_->dp_cp_comm().rank() == 0;
+  const bool edp_writes = config_.parallel.zero_stage > 0 || mesh_->edp_comm().rank() == 0;
   const int tp_rank = mesh_->coord()[Axis::TP];
   const AdamW& optimizer = one_step_->optimizer();
   const auto& segs = optimizer.segments();
   for (size_t i = 0; i < segs.size(); ++i) {
     const AdamWSegment& seg = segs[i];
-    if (!dp_writes || !(seg.spec.slice.tp_sharded() || tp_rank == 0)) continue;
+    if (!(seg.spec.slice.ep_sharded() ? edp_writes : dp_writes) ||
+        !(seg.spec.slice.tp_sharded() || tp_rank == 0))
+      continue;
     if (seg.spec.tied_copy) continue;  // written by its owner's stage, the same bits
     const Tensor master = optimizer.master(i);
     keep.push_back(download_f32(*backend_, master ? master : seg.param));
