@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Expert parallelism (issue 40) through `kiln train`: the tiny MoE Llama of moe_tiny.sh (3
+# blocks, the first dense; 4 experts, top-2; aux loss and z-loss on; fp32) with its
+# experts split over parallel.ep ranks of the dp x cp group, against the single process.
+# Every comparison is compare_moe's (common.sh): each step's LM loss, aux loss, z-loss
+# (and dropped fraction) within 1e-5 relative of the single process, up to the first
+# expert-selection flip (logged; a mismatch without one fails).
+#   1. ep2 on 2 ranks at ZeRO 1 (a Mixtral-like model: no shared expert) and at ZeRO 3
+#      with full activation checkpointing and the shared expert;
+#   2. a Qwen3-MoE-like model (QK-norm, no renormalisation of the top-k weights) at ep2;
+#   3. an ep2 checkpoint after 5 updates resumed on 1 process for 5 more;
+#   4. token dropping (moe.capacity_factor 0.75) at ep2: the same dropped fraction;
+#   5. bad layouts are one-line errors: ep not dividing the experts, a dense model;
+#   with --long (ctest label long), on 4 ranks: ep4, ep2 x dp2 at ZeRO 1 and ZeRO 3 (the
+#   expert weights reduced and sharded over the expert-data-parallel pairs), ep2 x tp2
+#   with sequence parallelism, ep2 x pp2, the Qwen3-like model at ep4, and an ep4
+#   checkpoint resumed at ep2 and on 1 process.
+# Usage: moe_ep_train_test.sh KILN_BINARY WORK_DIR [--long]
+set -euo pipefail
+kiln="$1"
+work="$2"
+long="${3:-}"
+rm -rf "$work" && mkdir -p "$work"
+. "$(dirname "$0")/common.sh"
+
+. "$(dirname "$0")/moe_tiny.sh"  # $work/tiny.toml, $work/data, train
+
+check() {  # check REF RUN LABEL
+  echo -n "$3: "
+  compare_moe "$work/$1/metrics.jsonl" "$work/$2/metrics.jsonl"
+}
+mixtral=(--set model.moe.shared_experts=0)
+qwen3=(--set model.moe.shared_experts=0 --set model.qk_norm=true --set model.moe.norm_topk_prob=false)
+
+train ref 1
+train mixtral_ref 1 "${mixtral[@]}"
+train qwen3_ref 1 "${qwen3[@]}"
+
+train ep2_z1 2 --set parallel.ep=2 --set parallel.zero_stage=1 "${mixtral[@]}"
+check mixtral_ref ep2_z1 "mixtral-like ep=2 zero_stage=1"
+train ep2_z3_full 2 --set parallel.ep=2 --set parallel.zero_stage=3 \
+  --set train.activation_checkpointing=full
+check ref ep2_z3_full "ep=2 zero_stage=3 activation_checkpointing=full"
+train qwen3_ep2 2 --set parallel.ep=2 "${qwen3[@]}"
+check qwen3_ref qwen3_ep2 "qwen3-like ep=2"
+
+# ep2 stops after 5 updates; 1 process continues from its checkpoint (the experts saved
+# as the global [E, 2F, C] / [E, C, F], each ep rank its own).
+train reshard 2 --set parallel.ep=2 --set checkpoint.every=5 --exit-interval 5
+"$py" -c 'import json, sys; l = json.load(open(sys.argv[1]))["state"]["layout"]; assert l["ep"] == 2, l' \
+  "$work/reshard/ckpt/step_00000005/manifest.json"
+train reshard 1 --set checkpoint.every=5 --resume auto
+check ref reshard "ep=2, 5 steps -> 1 process, 5 steps"
+
+train drop_ref 1 --set model.moe.capacity_factor=0.75
+assert_drops "$work/drop_ref/metrics.jsonl"
+train drop_ep2 2 --set parallel.ep=2 --set model.moe.capacity_factor=0.75
+check drop_ref drop_ep2 "ep=2 capacity_factor=0.75"
+
+fails indivisible "parallel.ep = 2 does not divide model.moe.num_experts = 3" \
+  "$kiln" train "$work/tiny.toml" --set "run.dir=$work/bad" --set parallel.ep=2 \
+  --set model.moe.num_experts=3
+fails dense "has no mixture-of-experts layers" \
+  "$kiln" train "$work/tiny.toml" --set "run.dir=$work/bad" --set parallel.ep=2 \
+  --set model.moe.num_experts=0 --set model.moe.top_k=2 --set model.moe.ffn_hidden_size=0 \
+  --set model.moe.shared_experts=0 --set model.moe.first_k_dense=0 \
+  --set model.moe.aux_loss_coef=0 --set model.moe.z_loss_coef=0
+
+if [ "$long" = --long ]; then
+  train ep4 4 --set parallel.ep=4
+  check ref ep4 "ep=4"
+  train ep2_dp2_z1 4 --set parallel.ep=2 --set parallel.zero_stage=1
+  check ref ep2_dp2_z1 "dp=4 ep=2 zero_stage=1"
+  train ep2_dp2_z3 4 --set parallel.ep=2 --set parallel.zero_stage=3 \
+    --set train.activation_checkpointing=selective
+  check ref ep2_dp2_z3 "dp=4 ep=2 zero_stage=3 activation_checkpointing=selective"
+  train ep2_tp2_sp 4 --set parallel.ep=2 --set parallel.tp=2 \
+    --set parallel.sequence_parallel=true
+  check ref ep2_tp2_sp "dp=2 ep=2 tp=2 sequence_parallel"
+  train ep2_pp2 4 --set parallel.ep=2 --set parallel.pp=2
+  check ref ep2_pp2 "dp=2 ep=2 pp=2"
+  train qwen3_ep4 4 --set parallel.ep=4 "${qwen3[@]}"
+  check qwen3_ref qwen3_ep4 "qwen3-like ep=4"
+  # An ep4 checkpoint after 4 updates, resumed at ep2 (2 ranks) and on 1 process.
+  train ep4_save 4 --set parallel.ep=4 --set checkpoint.every=4 --exit-interval 4
+  cp -r "$work/ep4_save" "$work/ep4_to_1"
+  train ep4_save 2 --set parallel.ep=2 --set checkpoint.every=4 --resume auto
+  check ref ep4_save "ep=4, 4 steps -> ep=2, 6 steps"
+  train ep4_to_1 1 --set checkpoint.every=4 --resume auto
+  check ref ep4_to_1 "ep=4, 4 steps -> 1 process, 6 steps"
+fi
+echo "moe_ep_train_test: all passed"
