@@ -55,13 +55,26 @@ void print_moe(const plan::MemPlan& p) {
              p.moe_top_k,
              worst ? "worst (any spread: one expert may receive all N tokens of a micro-batch)"
                    : "balanced (each expert N x k / E of the N x k slots)");
-  fmt::print("    the experts' activations are allocated for all N x k slots whatever the routing "
-             "(the bound is the allocation); only the CPU GEMM scratch of the experts' grouped "
-             "linears depends on it\n");
+  const int ep = p.config.parallel.ep;
+  if (ep > 1) {
+    fmt::print("    expert parallel over {} ranks: the rows each rank receives follow the routing "
+               "(plan/planned_ep_group.h): {}; their activations, kept to backward, and the "
+               "grouped linears' CPU GEMM scratch depend on it\n", ep,
+               worst ? "worst, every rank of the group sends this rank min(k, E / ep) slots of "
+                       "each token (ep x N x min(k, E / ep) rows per MoE layer and micro-batch)"
+                     : "balanced, N x k rows per MoE layer and micro-batch");
+  } else {
+    fmt::print("    the experts' activations are allocated for all N x k slots whatever the "
+               "routing (the bound is the allocation); only the CPU GEMM scratch of the "
+               "experts' grouped linears depends on it\n");
+  }
   if (p.moe_other)
-    fmt::print("    {} routing: peak {:.3f} GiB ({} bytes; temporaries {} bytes, here {})\n",
+    fmt::print("    {} routing: peak {:.3f} GiB ({} bytes; activations {}, temporaries {} bytes; "
+               "here {} and {})\n",
                worst ? "balanced" : "worst", gib(p.moe_other->peak_total), p.moe_other->peak_total,
+               p.moe_other->peak_of(MemCategory::Activations),
                p.moe_other->peak_of(MemCategory::Temporaries),
+               p.rank0().peak_of(MemCategory::Activations),
                p.rank0().peak_of(MemCategory::Temporaries));
   fmt::print("    step time: the same for both (dropless: every slot is computed); FLOPs of the "
              "active parameters, {:.4g} per token\n", p.flops_per_token);
@@ -166,7 +179,7 @@ void run(const Args& a) {
   }
 
   fmt::print("kiln memplan: {}\n", p.model);
-  fmt::print("  world {} (data-parallel {}{}{}{}), ZeRO stage {}, micro_batch {} x {} micro-step(s) "
+  fmt::print("  world {} (data-parallel {}{}{}{}{}), ZeRO stage {}, micro_batch {} x {} micro-step(s) "
              "(global batch {}), seq_len {}, {}, activation checkpointing {}\n",
              p.world_size, p.dp,
              p.cp > 1 ? fmt::format(" x context-parallel {} ({} tokens per rank)", p.cp,
@@ -178,6 +191,9 @@ void run(const Args& a) {
              p.pp > 1 ? fmt::format(" x pipeline {} ({}, {} virtual stage(s))", p.pp,
                                     c.parallel.pp_schedule, c.parallel.virtual_stages)
                       : std::string(),
+             c.parallel.ep > 1 ? fmt::format("; expert-parallel {} of the dp x cp ranks",
+                                             c.parallel.ep)
+                               : std::string(),
              c.parallel.zero_stage, c.train.micro_batch, p.accum,
              c.train.global_batch, c.train.seq_len, c.train.dtype,
              c.train.activation_checkpointing);

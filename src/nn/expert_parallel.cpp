@@ -168,6 +168,9 @@ EpExchange ep_exchange(Backend& be, Stream s, EpGroup& group, const Tensor& offs
 }
 
 void ep_chunk_rows(Backend& be, Stream s, const EpExchange& x, const Tensor& rows) {
+  // Nothing kept: every row is -1 already (so too under the planner, whose meta backend
+  // leaves the counts zero and holds no rows to read).
+  if (x.to_chunk_order.empty()) return;
   std::vector<int32_t> r(static_cast<size_t>(rows.numel()));
   be.copy_to_host(s, r.data(), rows);
   for (int32_t& v : r) {

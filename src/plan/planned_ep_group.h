@@ -1,9 +1,10 @@
 // The planner's expert-parallel group: what the MoE layers' dispatch would receive under
 // the routing the plan models, on the meta backend (whose ops compute nothing, so the
-// router's real counts do not exist). Its all-to-alls go to a SimulatedCommunicator,
-// which records them; its count exchange (nn::EpGroup::exchange_counts) answers with the
-// counts of the modelled routing, which size the received-token buffers ([R, C], [R, 2F],
-// [R, F] per MoE layer and micro-batch, kept to backward; nn/moe.h):
+// router's real counts do not exist). Its all-to-alls move nothing and complete at once
+// (the buffers the layers allocate around them are what the plan counts); its count
+// exchange (nn::EpGroup::exchange_counts) answers with the counts of the modelled routing,
+// which size the received-token buffers ([R, C], [R, 2F], [R, F] per MoE layer and
+// micro-batch, kept to backward; nn/moe.h):
 //   balanced  every source rank sends each of this rank's El experts N k / E of its slots
 //             (the round_robin test router's load): R = N k, as without ep;
 //   worst     every source rank sends this rank min(k, El) slots of each of its N tokens
@@ -13,14 +14,14 @@
 
 #include "comm/communicator.h"
 #include "nn/expert_parallel.h"
-#include "parallel/expert_parallel.h"
 #include "plan/scratch_models.h"
 
 namespace kiln::plan {
 
 class PlannedEpGroup final : public nn::EpGroup {
  public:
-  /// `comm` (not owned) is the ep group's simulated communicator; `tokens` the N tokens
+  /// `comm` (not owned) is the ep group's simulated communicator (its size and rank);
+  /// `tokens` the N tokens
   /// each MoE layer routes per call on a rank, k of E experts each.
   PlannedEpGroup(Communicator& comm, MoeRouting routing, int64_t tokens, int k, int64_t experts);
   int size() const override { return comm_.size(); }

@@ -399,6 +399,53 @@ TEST_F(MemPlanTest, MoeWorstRoutingBoundsTheMeasuredScratch) {
                   static_cast<double>(m.peak[0]), 0.10);
 }
 
+TEST_F(MemPlanTest, ExpertParallelPlansTheRoundRobinRunWithinTenPercent) {
+  // Expert parallelism: the rows each rank receives (and the activations it keeps for them)
+  // follow the routing. Under the round_robin test router every rank receives the slots
+  // it sends, which the balanced plan models: within 10% of the measured peak on every
+  // rank, for ep2 on 2 ranks (ZeRO 0), ep2 with ZeRO 3 and full checkpointing, and dp4 x
+  // ep2 (ZeRO 1, selective); the worst-case plan (every rank's tokens to this rank's
+  // experts) bounds each measured peak.
+  struct EpRow {
+    Case c;
+    int ep;
+  };
+  const EpRow rows[] = {{{2, 0, "none", 4, 8, false, "fp32", 1, false, "moe.toml"}, 2},
+                        {{2, 3, "full", 4, 8, false, "fp32", 1, false, "moe.toml"}, 2},
+                        {{4, 1, "selective", 2, 8, false, "fp32", 1, false, "moe.toml"}, 2}};
+  int i = 0;
+  for (const EpRow& row : rows) {
+    const fs::path run_dir = work_ / fmt::format("moe_ep{}", i++);
+    const std::vector<std::string> extra = {fmt::format("parallel.ep={}", row.ep),
+                                            "model.moe.routing=round_robin"};
+    const Measured m = run_real(row.c, run_dir, extra);
+    ASSERT_EQ(static_cast<int>(m.peak.size()), row.c.np);
+    std::vector<std::string> sets = overrides(row.c, run_dir);
+    sets.insert(sets.end(), extra.begin(), extra.end());
+    const TrainConfig cfg = load_config_file((work_ / row.c.config).string(), sets);
+    plan::MemPlanOptions o;
+    o.world_size = row.c.np;
+    o.backend = "cpu";
+    o.cpu_threads = 1;  // the mpirun ranks run one OpenMP thread
+    o.moe_routing = plan::MoeRouting::Balanced;
+    const plan::MemPlan balanced = plan::plan_memory(cfg, o);
+    o.moe_routing = plan::MoeRouting::Worst;
+    o.compare_routing = false;
+    const plan::MemPlan worst = plan::plan_memory(cfg, o);
+    for (int r = 0; r < row.c.np; ++r) {
+      const auto k = static_cast<size_t>(r);
+      const int64_t pred = balanced.ranks[k].peak_total, meas = m.peak[k];
+      const double err = static_cast<double>(pred - meas) / static_cast<double>(meas);
+      fmt::print("ep{} np={} zero={} ckpt={} rank {}: balanced plan {} worst {} measured {} "
+                 "({:+.2f}%)\n", row.ep, row.c.np, row.c.stage, row.c.ckpt, r, pred,
+                 worst.ranks[k].peak_total, meas, 100 * err);
+      EXPECT_LE(std::abs(err), 0.10) << "ep" << row.ep << " np=" << row.c.np << " rank " << r;
+      EXPECT_GE(worst.ranks[k].peak_total, meas) << "ep" << row.ep << " np=" << row.c.np
+                                                  << " rank " << r;
+    }
+  }
+}
+
 TEST_F(MemPlanTest, MoePlansOnCudaTheSameUnderEitherRouting) {
   // The CUDA backend runs the MoE ops (cuda_supports), so a MoE model plans there; the
   // routing changes nothing: cuBLASLt's workspace is fixed and the MoE ops' own scratch
