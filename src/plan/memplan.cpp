@@ -342,12 +342,14 @@ std::vector<Layout> search_layouts(const TrainConfig& config, const MemPlanOptio
   const bool tp_ok = arch.tensor_parallel && !refused("tp");
   // Ring attention has no dropout.
   const bool cp_ok = arch.context_parallel && base.model.dropout == 0.0 && !refused("cp");
-  const int pp = base.parallel.pp;  // as configured: the search covers cp and tp, not pp
+  // As configured: the search covers cp and tp, not pp or ep.
+  const int pp = base.parallel.pp;
   for (int cp = 1; cp <= (cp_ok ? W : 1); cp *= 2)
   for (int tp = 1; tp * cp <= W && (tp == 1 || tp_ok); tp *= 2) {
     if (W % (cp * tp * pp) != 0 || heads % tp != 0 || kv_heads % tp != 0) continue;
     if (base.train.seq_len % (2 * cp) != 0 && cp > 1) continue;
     const int dp = W / (cp * tp * pp);
+    if ((dp * cp) % base.parallel.ep != 0) continue;  // ep (as configured) divides dp x cp
     for (const bool sp : {false, true}) {
       if (sp && tp == 1) continue;
       for (int mb = base.train.micro_batch; mb >= 1; mb /= 2) {
