@@ -13,8 +13,11 @@
 #   5. bad layouts are one-line errors: ep not dividing the experts, a dense model;
 #   with --long (ctest label long), on 4 ranks: ep4, ep2 x dp2 at ZeRO 1 and ZeRO 3 (the
 #   expert weights reduced and sharded over the expert-data-parallel pairs), ep2 x tp2
-#   with sequence parallelism, ep2 x pp2, the Qwen3-like model at ep4, and an ep4
-#   checkpoint resumed at ep2 and on 1 process.
+#   with sequence parallelism, ep2 x pp2, ep2 over dp2 x cp2, the Qwen3-like model at ep4,
+#   and an ep4 checkpoint resumed at ep2 and on 1 process; on 2 ranks, sigmoid scoring
+#   with the auxiliary-loss-free bias at ep2 against the single process, the global
+#   aux-loss scope at ep2 against dp2 (the scope sums over the dp ranks), and bf16 at ep2
+#   (the last loss within 2% of fp32's).
 # Usage: moe_ep_train_test.sh KILN_BINARY WORK_DIR [--long]
 set -euo pipefail
 kiln="$1"
@@ -79,6 +82,21 @@ if [ "$long" = --long ]; then
   check ref ep2_tp2_sp "dp=2 ep=2 tp=2 sequence_parallel"
   train ep2_pp2 4 --set parallel.ep=2 --set parallel.pp=2
   check ref ep2_pp2 "dp=2 ep=2 pp=2"
+  train ep2_cp2 4 --set parallel.ep=2 --set parallel.cp=2
+  check ref ep2_cp2 "dp=2 cp=2 ep=2"
+  # The bias against the single process; the global aux-loss scope (the counts of a
+  # micro-step's micro-batches over the dp ranks: a property of dp) against dp2 without ep.
+  bias=(--set model.moe.scoring=sigmoid --set model.moe.expert_bias=true
+        --set model.moe.bias_update_rate=0.01)
+  train bias_ref 1 "${bias[@]}"
+  train bias_ep2 2 --set parallel.ep=2 "${bias[@]}"
+  check bias_ref bias_ep2 "sigmoid scoring + expert bias ep=2"
+  train global_dp2 2 --set model.moe.aux_loss_scope=global
+  train global_ep2 2 --set parallel.ep=2 --set model.moe.aux_loss_scope=global
+  check global_dp2 global_ep2 "aux_loss_scope=global dp=2 ep=2 against dp=2"
+  train bf16_ep2 2 --set parallel.ep=2 --set train.dtype=bf16
+  echo -n "bf16 ep=2 after 10 updates, against fp32: "
+  compare "$work/ref/metrics.jsonl" "$work/bf16_ep2/metrics.jsonl" 10 0.02
   train qwen3_ep4 4 --set parallel.ep=4 "${qwen3[@]}"
   check qwen3_ref qwen3_ep4 "qwen3-like ep=4"
   # An ep4 checkpoint after 4 updates, resumed at ep2 (2 ranks) and on 1 process.
