@@ -11,6 +11,9 @@
 #   3. an ep2 checkpoint after 5 updates resumed on 1 process for 5 more;
 #   4. token dropping (moe.capacity_factor 0.75) at ep2: the same dropped fraction;
 #   5. bad layouts are one-line errors: ep not dividing the experts, a dense model;
+#   6. a rank that stops (SIGSTOP) during an ep2 run: the other exits non-zero within
+#      parallel.timeout_s (3 s) + 3 s, naming the collective and the stopped rank (with
+#      --long, repeated until the collective it named is a MoE layer's all_to_all);
 #   with --long (ctest label long), on 4 ranks: ep4, ep2 x dp2 at ZeRO 1 and ZeRO 3 (the
 #   expert weights reduced and sharded over the expert-data-parallel pairs), ep2 x tp2
 #   with sequence parallelism, ep2 x pp2, ep2 over dp2 x cp2, the Qwen3-like model at ep4,
@@ -69,7 +72,40 @@ fails dense "has no mixture-of-experts layers" \
   --set model.moe.shared_experts=0 --set model.moe.first_k_dense=0 \
   --set model.moe.aux_loss_coef=0 --set model.moe.z_loss_coef=0
 
+# A stopped rank: the job ends within the timeout, naming it (docs/reliability.md).
+stop_rank() {  # stop_rank NAME: an ep2 run whose rank 1 stops; sets $line and $elapsed
+  local run="$work/$1" launcher victim="" p r t0 t1 rc=0
+  mpirun --oversubscribe --bind-to none -np 2 "$kiln" train "$work/tiny.toml" --set "run.dir=$run" \
+    --set parallel.ep=2 --set train.steps=100000 --set eval.every=0 --set parallel.timeout_s=3 \
+    > "$run.log" 2>&1 &
+  launcher=$!
+  for _ in $(seq 200); do [ -s "$run/metrics.jsonl" ] && break; sleep 0.1; done
+  [ -s "$run/metrics.jsonl" ] || { echo "FAILED: $1 did not start"; cat "$run.log"; kill "$launcher"; exit 1; }
+  for p in $(pgrep -P "$launcher"); do
+    r=$(tr '\0' '\n' < "/proc/$p/environ" | sed -n 's/^OMPI_COMM_WORLD_RANK=//p')
+    [ "$r" = 1 ] && victim=$p
+  done
+  [ -n "$victim" ] || { echo "FAILED: $1: no rank 1"; kill "$launcher"; exit 1; }
+  t0=$(date +%s.%N)
+  kill -STOP "$victim"
+  wait "$launcher" || rc=$?
+  t1=$(date +%s.%N)
+  kill -KILL "$victim" 2>/dev/null || true
+  elapsed=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')
+  [ "$rc" != 0 ] || { echo "FAILED: $1 exited 0"; cat "$run.log"; exit 1; }
+  line=$(grep -m1 -E "timed out after 3 s waiting for .*rank 1" "$run.log") ||
+    { echo "FAILED: $1: no timeout naming rank 1"; cat "$run.log"; exit 1; }
+  awk -v e="$elapsed" 'BEGIN { exit !(e <= 6) }' || { echo "FAILED: $1 took $elapsed s"; exit 1; }
+  echo "$1: rank 1 stopped at ep=2, the job exited $rc after $elapsed s: $line"
+}
+stop_rank stopped
 if [ "$long" = --long ]; then
+  # Until rank 1 stops while rank 0 waits in a MoE layer's all_to_all (at most 6 tries).
+  for try in 1 2 3 4 5 6; do
+    stop_rank "stopped_a2a_$try"
+    case "$line" in *"all_to_all("*) break ;; esac
+    [ "$try" != 6 ] || { echo "FAILED: no stop inside an all_to_all in 6 tries"; exit 1; }
+  done
   train ep4 4 --set parallel.ep=4
   check ref ep4 "ep=4"
   train ep2_dp2_z1 4 --set parallel.ep=2 --set parallel.zero_stage=1
