@@ -29,12 +29,8 @@ long="${3:-}"
 rm -rf "$work" && mkdir -p "$work"
 . "$(dirname "$0")/common.sh"
 
-. "$(dirname "$0")/moe_tiny.sh"  # $work/tiny.toml, $work/data, train
+. "$(dirname "$0")/moe_tiny.sh"  # $work/tiny.toml, $work/data, train, check
 
-check() {  # check REF RUN LABEL
-  echo -n "$3: "
-  compare_moe "$work/$1/metrics.jsonl" "$work/$2/metrics.jsonl"
-}
 mixtral=(--set model.moe.shared_experts=0)
 qwen3=(--set model.moe.shared_experts=0 --set model.qk_norm=true --set model.moe.norm_topk_prob=false)
 

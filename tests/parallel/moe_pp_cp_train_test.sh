@@ -29,7 +29,7 @@ long="${3:-}"
 rm -rf "$work" && mkdir -p "$work"
 . "$(dirname "$0")/common.sh"
 
-. "$(dirname "$0")/moe_tiny.sh"  # $work/tiny.toml, $work/data, train
+. "$(dirname "$0")/moe_tiny.sh"  # $work/tiny.toml, $work/data, train, check
 each_stage=(--set parallel.pp=2 --set "parallel.pp_split=[3]")  # a MoE block per stage
 
 # The LM loss and the balancing losses up to the first expert-selection flip (compare_moe,

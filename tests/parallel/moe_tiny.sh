@@ -2,7 +2,8 @@
 # $work/data and $work/tiny.toml, the tiny MoE Llama they share (3 blocks, the first dense;
 # 4 experts, top-2, one shared expert; aux loss and z-loss on; fp32), 10 updates of global
 # batch 4 in micro-batches of 1, every step logged with its tokens per expert
-# (log.expert_counts, for compare_moe); and train RUN_NAME NP [--set ...] (run_train).
+# (log.expert_counts, for compare_moe); train RUN_NAME NP [--set ...] (run_train); and
+# check REF RUN LABEL: compare_moe of two runs' metrics, after the label.
 make_corpus 5 "$work/corpus.txt"
 "$kiln" prepare --input "$work/corpus.txt" --out "$work/data" --tokenizer byte --val-fraction 0.1 >/dev/null
 
@@ -49,3 +50,8 @@ bucket_mb = 0.004
 EOF2
 
 train() { run_train "$work/tiny.toml" "$@"; }  # train RUN_NAME NP [--set ...]
+# The LM loss and the balancing losses, up to the first expert-selection flip (common.sh).
+check() {  # check REF RUN LABEL
+  echo -n "$3: "
+  compare_moe "$work/$1/metrics.jsonl" "$work/$2/metrics.jsonl"
+}

@@ -24,14 +24,8 @@ long="${3:-}"
 rm -rf "$work" && mkdir -p "$work"
 . "$(dirname "$0")/common.sh"
 
-. "$(dirname "$0")/moe_tiny.sh"  # $work/tiny.toml, $work/data, train
+. "$(dirname "$0")/moe_tiny.sh"  # $work/tiny.toml, $work/data, train, check
 sp=(--set parallel.sequence_parallel=true)
-
-# The LM loss and the balancing losses, up to the first expert-selection flip (common.sh).
-check() {  # check REF RUN LABEL
-  echo -n "$3: "
-  compare_moe "$work/$1/metrics.jsonl" "$work/$2/metrics.jsonl"
-}
 
 train ref 1
 train tp2_sp_sel 2 --set parallel.tp=2 "${sp[@]}" --set train.activation_checkpointing=selective
