@@ -43,8 +43,8 @@ void check_layout_supported(const TrainConfig& config,
   if (p.ep > 1) {
     const int64_t experts = arch.num_experts ? arch.num_experts(model_options_from(config)) : 0;
     KILN_CHECK(experts > 0, "{}: parallel.ep = {}: model.arch = \"{}\" has no mixture-of-experts "
-               "layers (model.moe.num_experts = 0) to split over the ep ranks",
-               origin("parallel.ep"), p.ep, config.model.arch);
+               "layers{} to split over the ep ranks", origin("parallel.ep"), p.ep,
+               config.model.arch, arch.num_experts ? " (model.moe.num_experts = 0)" : "");
     KILN_CHECK(experts % p.ep == 0, "{}: parallel.ep = {} does not divide model.moe.num_experts = "
                "{} (each ep rank holds num_experts / ep experts of every MoE layer)",
                origin("parallel.ep"), p.ep, experts);

@@ -11,6 +11,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <fstream>
@@ -117,7 +118,11 @@ std::string_view leaf(std::string_view name) {
 // The closest valid name, or "" when nothing is close. A key whose last component is
 // a valid key of another section ("train.lr" -> "optim.lr") counts as close too, and so
 // does a name that one of them begins ("optimizer" -> "optim").
-std::string suggest(std::string_view given, const std::vector<std::string>& candidates) {
+std::string suggest(std::string_view given_as_typed, const std::vector<std::string>& candidates) {
+  // Keys are lower case: "parallel.EP" is "parallel.ep" mistyped.
+  std::string lower(given_as_typed);
+  for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  const std::string_view given = lower;
   std::string best;
   size_t best_score = std::numeric_limits<size_t>::max(), best_full = best_score;
   for (const auto& c : candidates) {

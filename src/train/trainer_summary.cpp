@@ -112,6 +112,11 @@ void Trainer::summarize_ep_traffic(TrainResult& r) {
       static_cast<int64_t>(dtype_size(one_step_->model().dtype())),
       config_.train.activation_checkpointing == "full");
   if (!options_.verbose) return;
+  if (ep_tensors == 0) {  // a pipeline stage of dense blocks only
+    fmt::print("kiln: expert-parallel all_to_all: rank 0's pipeline stage holds no MoE layer "
+               "(its ep group moves nothing; the stages with MoE layers do)\n");
+    return;
+  }
   const double steps = static_cast<double>(std::max<int64_t>(r.timed_steps, 1));
   const double busy = r.ep_measured.seconds;
   fmt::print("kiln: expert-parallel all_to_all per update over {} ranks (rank 0; formula: "

@@ -108,6 +108,9 @@ TEST(TrainConfigErrors, UnknownKeySuggestsTheClosest) {
   EXPECT_EQ(load_error("[train]\nlr = 3e-4\n"),
             "config.toml: unknown key 'train.lr' (did you mean 'optim.lr'?)");
   EXPECT_EQ(load_error("lr = 3e-4\n"), "config.toml: unknown key 'lr' (did you mean 'optim.lr'?)");
+  // Case is not a distance: "EP" is "ep" mistyped, not "dp".
+  EXPECT_EQ(load_error("[parallel]\nEP = 2\n"),
+            "config.toml: unknown key 'parallel.EP' (did you mean 'parallel.ep'?)");
   // Nothing close: no suggestion.
   EXPECT_EQ(load_error("[optim]\nfrobnicate_everything = 1\n"),
             "config.toml: unknown key 'optim.frobnicate_everything'");
