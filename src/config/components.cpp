@@ -49,6 +49,10 @@ void check_layout_supported(const TrainConfig& config,
                "{} (each ep rank holds num_experts / ep experts of every MoE layer)",
                origin("parallel.ep"), p.ep, experts);
   }
+  if (p.tp > 1 && arch.tp_split_reason) {
+    const std::string why = arch.tp_split_reason(model_options_from(config), p.tp);
+    KILN_CHECK(why.empty(), "{}: parallel.tp = {}: {}", origin("parallel.tp"), p.tp, why);
+  }
   if (!arch.single_layout_reason) return;
   const ModelOptions options = model_options_from(config);
   using KeyValue = std::pair<const char*, int>;

@@ -160,8 +160,9 @@ const std::vector<Key>& keys() {
         positive(KILN_KEY(parallel, tp),
                  "Tensor-parallel ranks (innermost axis of the mesh). The query and key/value "
                  "heads, the padded vocabulary and the MLP width (a mixture of experts': each "
-                 "expert's and the shared experts' width) must divide by it (a start-up error "
-                 "names the tensor otherwise)."),
+                 "expert's and the shared experts' width) must divide by it (the experts' width "
+                 "is checked when the config loads, naming its key; a start-up error names the "
+                 "tensor otherwise)."),
         any(KILN_KEY(parallel, sequence_parallel),
             "Sequence parallelism with tp > 1: the rows of the norm, dropout and residual "
             "activations split over the tp ranks."),

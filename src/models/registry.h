@@ -62,6 +62,10 @@ struct ModelArch {
   /// holds for it. Optional.
   std::function<std::string(const ModelOptions& options, std::string_view axis)>
       single_layout_reason;
+  /// Why a model of `options` cannot split over `tp` tensor-parallel ranks (a width tp does
+  /// not divide, naming its key), or "". Checked when the config loads; the layers check
+  /// the rest when the model is built (naming the tensor). Optional.
+  std::function<std::string(const ModelOptions& options, int tp)> tp_split_reason;
   /// The routed experts of each mixture-of-experts layer of a model of `options` (0: none,
   /// a dense model), which expert parallelism (parallel.ep > 1) splits; nullptr: the family
   /// has no such layers.

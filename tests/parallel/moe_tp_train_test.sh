@@ -48,7 +48,7 @@ check ref reshard "tp=2 activation_checkpointing=full, 5 steps -> 1 process, 5 s
   > "$work/sample.log" 2>&1 || { echo "FAILED: sample"; cat "$work/sample.log"; exit 1; }
 echo "kiln sample reads the tp=2 checkpoint on 1 process"
 
-fails indivisible "model.layers.1.mlp.experts.gate_up_proj.weight: each expert's 15 hidden units do not divide over tp = 2" \
+fails indivisible "parallel.tp = 2: model.moe.ffn_hidden_size = 15 does not divide over the 2 ranks" \
   mpirun --oversubscribe -np 2 "$kiln" train "$work/tiny.toml" --set "run.dir=$work/bad" \
   --set parallel.tp=2 --set model.moe.ffn_hidden_size=15
 

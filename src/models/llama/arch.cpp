@@ -6,6 +6,8 @@
 #include "models/llama/formats.h"
 #include "models/llama/llama.h"
 
+#include <fmt/format.h>
+
 namespace kiln {
 
 namespace {
@@ -49,6 +51,17 @@ ModelArch llama_arch() {
       return "a llama whose auxiliary loss couples every mixture-of-experts layer "
              "(model.moe.aux_loss_type = \"hf\", model.moe.aux_loss_coef > 0)";
     return "";
+  };
+  a.tp_split_reason = [](const ModelOptions& o, int tp) -> std::string {
+    const ModelKeys& k = llama_keys();
+    if (o.integer(k, "moe.num_experts") == 0) return "";
+    // The expert width as the model resolves it: 0 takes the dense width (0: its default).
+    int F = o.integer(k, "moe.ffn_hidden_size");
+    if (F == 0) F = o.integer(k, "ffn_hidden_size");
+    if (F == 0) F = LlamaConfig::default_ffn_hidden_size(o.n_embd);
+    if (F % tp == 0) return "";
+    return fmt::format("model.moe.ffn_hidden_size = {} does not divide over the {} ranks (each "
+                       "expert's hidden units are split as the dense MLP's)", F, tp);
   };
   a.num_experts = [](const ModelOptions& o) { return o.integer(llama_keys(), "moe.num_experts"); };
   a.keys = llama_keys();
