@@ -11,14 +11,15 @@
 //      go to rank q (an all_to_all of El int32 per rank), so that rank r learns
 //      c_s[r El + j] for every source s and local expert j;
 //   2. the slots' rows go to their expert's rank (an all_to_all of rows): rank q's rows
-//      are consecutive in expert order already, so send_rows[q] = sum_j c_r[q El + j];
-//      what arrives is laid out by source, then local expert;
+//      are consecutive in expert order, so send_rows[q] = sum_j c_r[q El + j]; what
+//      arrives is laid out by source, then local expert;
 //   3. the grouped GEMMs want it by local expert, then source: to_expert_order maps each
 //      received row to its row there (Megatron-core's sort_chunks_by_idxs), and offsets
 //      [El + 1] bound each local expert's rows;
 //   4. backward and the return trip run the same maps the other way.
 // Steps 2-4 run in two chunks (kEpChunks below), so that the all_to_all of one overlaps
-// the experts of the other.
+// the experts of the other: each chunk is such a call over its share of the counts, and
+// the sender lays its slots out by chunk (ep_chunk_rows), each chunk in expert order.
 // Within an expert, rows keep their source's order (slots in token order, source ranks
 // ascending), so the rows of each expert are a fixed function of the routing.
 //
