@@ -119,7 +119,9 @@ void export_model_weights(const std::string& arch, const nlohmann::json& config,
                           const TensorSource& read, const std::string& format,
                           const std::filesystem::path& out) {
   const ModelArch a = entry_of(arch);
-  KILN_CHECK(a.export_weights, "export: model.arch '{}' has no file formats to export to", arch);
+  KILN_CHECK(a.export_weights, "export: --format {}: model.arch '{}' has no file formats of its "
+             "own to export to{}", format, arch,
+             a.hf_layout ? " (it exports as a Hugging Face folder: --format hf)" : "");
   a.export_weights(config, read, format, out);
 }
 

@@ -47,6 +47,8 @@ check ref reshard "tp=2 activation_checkpointing=full, 5 steps -> 1 process, 5 s
 "$kiln" sample --checkpoint "$work/reshard/ckpt/step_00000005" --max-new-tokens 8 --seed 1 \
   > "$work/sample.log" 2>&1 || { echo "FAILED: sample"; cat "$work/sample.log"; exit 1; }
 echo "kiln sample reads the tp=2 checkpoint on 1 process"
+fails export_safetensors "model.arch 'llama' has no file formats of its own to export to (it exports as a Hugging Face folder: --format hf)" \
+  "$kiln" export --checkpoint "$work/reshard/ckpt/step_00000005" --format safetensors --out "$work/x.safetensors"
 
 fails indivisible "parallel.tp = 2: model.moe.ffn_hidden_size = 15 does not divide over the 2 ranks" \
   mpirun --oversubscribe -np 2 "$kiln" train "$work/tiny.toml" --set "run.dir=$work/bad" \
