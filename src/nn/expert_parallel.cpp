@@ -94,17 +94,6 @@ std::vector<int32_t> ep_first_chunk(std::span<const int32_t> counts, int64_t El)
 namespace {
 int64_t total(std::span<const int64_t> v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
 
-/// Rows [begin, begin + n) of t [rows, W...].
-Tensor rows_of(const Tensor& t, int64_t begin, int64_t n) {
-  Shape s{n};
-  int64_t w = 1;
-  for (int i = 1; i < t.ndim(); ++i) {
-    s.push_back(t.size(i));
-    w *= t.size(i);
-  }
-  return t.view_at(begin * w, s);
-}
-
 /// to_chunk_order for a sender whose counts per global expert are `own` and chunk 0's
 /// `first` (ep runs of El): the rows for rank q are consecutive in expert order, the
 /// first of them (first's run) chunk 0's.
@@ -191,7 +180,7 @@ EpTransfer ep_dispatch_start(Backend& be, Stream s, EpGroup& group, const EpExch
   for (int i = 1; i < in.ndim(); ++i) by_source.push_back(in.size(i));
   EpTransfer t;
   t.buffer = be.empty(by_source, in.dtype(), MemCategory::Temporaries);
-  t.transfer = group.all_to_all_rows(s, t.buffer, rows_of(in, ch.send_begin, ch.sent),
+  t.transfer = group.all_to_all_rows(s, t.buffer, in.slice_rows(ch.send_begin, ch.send_begin + ch.sent),
                                      ch.plan.send_rows, ch.plan.recv_rows);
   return t;
 }
@@ -216,7 +205,7 @@ EpTransfer ep_combine_start(Backend& be, Stream s, EpGroup& group, const EpExcha
   EpTransfer t;
   t.buffer = be.empty(in.shape(), in.dtype(), MemCategory::Temporaries);
   if (R > 0) be.moe_permute_backward(s, t.buffer, in, ch.order);  // by source: in[order[i]]
-  t.transfer = group.all_to_all_rows(s, rows_of(out, ch.send_begin, ch.sent), t.buffer,
+  t.transfer = group.all_to_all_rows(s, out.slice_rows(ch.send_begin, ch.send_begin + ch.sent), t.buffer,
                                      ch.plan.recv_rows, ch.plan.send_rows);
   return t;
 }

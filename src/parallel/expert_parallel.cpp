@@ -20,26 +20,24 @@ int64_t row_width(const Tensor& t) {
 
 class CommTransfer final : public nn::EpGroup::Transfer {
  public:
-  CommTransfer(std::shared_ptr<Work> work, double* wait_seconds)
+  /// wait() adds the seconds it blocked to `wait_seconds`.
+  CommTransfer(std::shared_ptr<Work> work, double& wait_seconds)
       : work_(std::move(work)), wait_seconds_(wait_seconds) {}
   void wait() override {
     const auto t0 = std::chrono::steady_clock::now();
     work_->wait();
-    if (wait_seconds_)
-      *wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
  private:
   std::shared_ptr<Work> work_;
-  double* wait_seconds_;
+  double& wait_seconds_;
 };
 }  // namespace
 
-std::unique_ptr<nn::EpGroup::Transfer> all_to_all_rows_on(Communicator& comm, Stream s,
-                                                          const Tensor& out, const Tensor& in,
-                                                          std::span<const int64_t> send_rows,
-                                                          std::span<const int64_t> recv_rows,
-                                                          double* wait_seconds) {
+std::unique_ptr<nn::EpGroup::Transfer> CommEpGroup::all_to_all_rows(
+    Stream s, const Tensor& out, const Tensor& in, std::span<const int64_t> send_rows,
+    std::span<const int64_t> recv_rows) {
   const int64_t w = row_width(in);
   KILN_CHECK(out.dtype() == in.dtype() && row_width(out) == w,
              "expert parallel: all_to_all rows of {} into {}", in.str(), out.str());
@@ -47,14 +45,8 @@ std::unique_ptr<nn::EpGroup::Transfer> all_to_all_rows_on(Communicator& comm, St
   std::vector<int64_t> recv(recv_rows.begin(), recv_rows.end());
   for (int64_t& c : send) c *= w;
   for (int64_t& c : recv) c *= w;
-  return std::make_unique<CommTransfer>(comm.all_to_all_async(out, in, send, recv, s),
-                                        wait_seconds);
-}
-
-std::unique_ptr<nn::EpGroup::Transfer> CommEpGroup::all_to_all_rows(
-    Stream s, const Tensor& out, const Tensor& in, std::span<const int64_t> send_rows,
-    std::span<const int64_t> recv_rows) {
-  return all_to_all_rows_on(comm_, s, out, in, send_rows, recv_rows, &wait_seconds_);
+  return std::make_unique<CommTransfer>(comm_.all_to_all_async(out, in, send, recv, s),
+                                        wait_seconds_);
 }
 
 double CommEpGroup::take_wait_seconds() {

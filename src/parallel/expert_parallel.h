@@ -39,13 +39,6 @@ class CommEpGroup final : public nn::EpGroup {
   double wait_seconds_ = 0.0;
 };
 
-/// comm.all_to_all_async of rows (nn::EpGroup::all_to_all_rows's contract) as a transfer;
-/// its wait() adds the seconds it blocked to *wait_seconds (when given).
-std::unique_ptr<nn::EpGroup::Transfer> all_to_all_rows_on(Communicator& comm, Stream s,
-                                                          const Tensor& out, const Tensor& in,
-                                                          std::span<const int64_t> send_rows,
-                                                          std::span<const int64_t> recv_rows,
-                                                          double* wait_seconds);
 
 /// The all_to_all one rank of an ep group issues per update, dropless, under balanced
 /// routing (each rank receives as many slots as it sends: the round_robin test router,

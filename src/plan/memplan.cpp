@@ -8,6 +8,7 @@
 #include "models/registry.h"
 #include "optim/adamw.h"
 #include "parallel/data_parallel.h"
+#include "parallel/mesh.h"
 #include "parallel/pipeline_schedule.h"
 #include "plan/planned_ep_group.h"
 #include "plan/scratch_models.h"
@@ -106,13 +107,19 @@ RankMemory dry_run(const TrainConfig& c, const MemPlanOptions& o, int rank,
   SimulatedCommunicator pp_comm(pp_size, rank / (tp_size * cp_size * dp_size), "world/pp", 0);
   // Ring attention's shifts likewise (the layers wait for each hop).
   SimulatedCommunicator cp_comm(cp_size, cp_rank, "world/cp", 0);
-  // Expert parallelism (parallel/mesh.h): the ep group is consecutive dp x cp indices q,
-  // the edp group those with the same q % ep. The dispatch's all-to-alls are blocking; the
-  // MoE layers receive the rows of the modelled routing (plan/planned_ep_group.h).
-  const int ep_size = c.parallel.ep, q = dp_rank * cp_size + cp_rank;
-  SimulatedCommunicator ep_comm(ep_size, q % ep_size, "world/ep", 0);
-  SimulatedCommunicator edp_comm(dp_cp_size / ep_size, q / ep_size, "world/edp",
-                                 dp_cp_size / ep_size == 1 ? 0 : o.completion_polls);
+  // Expert parallelism: the ep and edp groups as the mesh lays them out. The dispatch's
+  // all-to-alls are blocking; the MoE layers receive the rows of the modelled routing
+  // (plan/planned_ep_group.h).
+  const DeviceMesh mesh(o.world_size, rank, MeshSizes{.dp = dp_size, .cp = cp_size, .tp = tp_size,
+                                                      .pp = pp_size, .ep = c.parallel.ep});
+  const auto index_in = [rank](const std::vector<int>& group) {
+    return static_cast<int>(std::find(group.begin(), group.end(), rank) - group.begin());
+  };
+  const std::vector<int> ep_ranks = mesh.ep_ranks(rank), edp_ranks = mesh.edp_ranks(rank);
+  const int ep_size = mesh.ep(), edp_size = static_cast<int>(edp_ranks.size());
+  SimulatedCommunicator ep_comm(ep_size, index_in(ep_ranks), "world/ep", 0);
+  SimulatedCommunicator edp_comm(edp_size, index_in(edp_ranks), "world/edp",
+                                 edp_size == 1 ? 0 : o.completion_polls);
   std::unique_ptr<PlannedEpGroup> ep_group;
   if (ep_size > 1) {
     const int64_t tokens = int64_t{c.train.micro_batch} * (c.train.seq_len / cp_size);
