@@ -16,7 +16,8 @@ if [ "${1:-}" = --long ]; then
 fi
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 
-kiln_apt_install "${KILN_BUILD_PACKAGES[@]}" "${KILN_TEST_PACKAGES[@]}" "${KILN_FUZZ_PACKAGES[@]}"
+kiln_apt_install "${KILN_BUILD_PACKAGES[@]}" "${KILN_TEST_PACKAGES[@]}" "${KILN_FUZZ_PACKAGES[@]}" \
+  "${KILN_SLURM_PACKAGES[@]}"
 kiln_ensure_node
 kiln_build
 kiln_link_bin

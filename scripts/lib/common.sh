@@ -21,6 +21,8 @@ KILN_TEST_PACKAGES=(chromium python3)
 # sanitizer runtimes (libclang-rt-14-dev, which Debian only recommends beside clang-14)
 # and its OpenMP (libomp-14-dev: the fuzz build compiles the OpenMP kernels with clang).
 KILN_FUZZ_PACKAGES=(clang-14 libclang-rt-14-dev libomp-14-dev)
+# Only for the Slurm launch tests (scripts/slurm/local-cluster.sh): a one-node cluster.
+KILN_SLURM_PACKAGES=(slurmctld slurmd slurm-client munge)
 # Only for the demo: the King James Bible (the `bible` program and its text).
 KILN_DEMO_PACKAGES=(bible-kjv)
 # Only for the vision demo (demo.sh --arch vit): Fashion-MNIST's IDX files.

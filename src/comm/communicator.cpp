@@ -330,8 +330,27 @@ int launcher_world_size() {
   if (int n = env_int("OMPI_COMM_WORLD_SIZE")) return n;  // Open MPI's mpirun
   if (int n = env_int("PMI_SIZE")) return n;              // MPICH/Hydra, srun --mpi=pmi2
   if (std::getenv("PMIX_RANK") != nullptr) return -1;     // srun --mpi=pmix, prte
-  return 0;
+  return srun_tasks_without_pmi();
 }
+
+int srun_tasks_without_pmi() {
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK"))
+    return 0;
+  // srun sets SLURM_STEP_NUM_TASKS for the tasks of a step; a batch script (SLURM_NTASKS
+  // of the whole allocation) runs one process and has none.
+  const int n = env_int("SLURM_STEP_NUM_TASKS");
+  return n > 1 ? n : 0;
+}
+
+void check_srun_has_pmi() {
+  const int n = srun_tasks_without_pmi();
+  KILN_CHECK(n == 0,
+             "srun started {} tasks without a process-management interface (Slurm's MpiDefault "
+             "is none), so each would train alone: launch with srun --mpi=pmix (or set "
+             "MpiDefault=pmix in slurm.conf; docs/distributed.md, \"Slurm\")",
+             n);
+}
+
 
 int launcher_local_rank() {
   for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"}) {
@@ -354,6 +373,7 @@ bool comm_built_with_mpi() {
 }
 
 std::unique_ptr<Communicator> make_world_communicator() {
+  check_srun_has_pmi();
   const int launched = launcher_world_size();
   if (launched == 0 || launched == 1) return std::make_unique<LocalCommunicator>("world");
 #ifdef KILN_HAVE_MPI

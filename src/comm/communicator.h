@@ -263,6 +263,14 @@ bool comm_built_with_mpi();
 /// (OMPI_COMM_WORLD_SIZE, PMI_SIZE; PMIX_RANK alone means a PMIx launch of unknown
 /// size, reported as -1). 0 when not launched by mpirun/srun.
 int launcher_world_size();
+/// The number of tasks srun started for this step when it gave them no process-management
+/// interface (no --mpi and Slurm's MpiDefault=none: SLURM_STEP_NUM_TASKS > 1 and none of
+/// the variables above), else 0. launcher_world_size() reports that number, so that an
+/// error before MPI is said once (abort_all); the world communicator refuses such a launch.
+int srun_tasks_without_pmi();
+/// Throws kiln::Error when srun_tasks_without_pmi() > 0, naming srun --mpi=pmix: each task
+/// would otherwise start MPI alone and train its own copy of the run.
+void check_srun_has_pmi();
 /// This process's rank among those of its node (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID,
 /// MPI_LOCALRANKID); 0 when not launched or unknown.
 int launcher_local_rank();

@@ -5,6 +5,7 @@
 #include "train/trainer.h"
 
 #include "backend/probe.h"
+#include "comm/launch.h"
 #include "config/components.h"
 #include "core/error.h"
 #include "profile/profiling_backend.h"
@@ -115,6 +116,7 @@ void Trainer::set_up_mesh() {
   // Every rank must run the same config, the layout included: checked key by key before
   // the mesh is built from it.
   check_config_on_all_ranks(*world_, config_);
+  launch_ = launch_summary(*world_);
   mesh_ = std::make_unique<DeviceMesh>(*world_, MeshSizes{.dp = config_.parallel.dp,
                                                            .cp = config_.parallel.cp,
                                                            .tp = config_.parallel.tp,
@@ -190,6 +192,7 @@ void Trainer::print_start_up() const {
     fmt::print("kiln: warning: {}: schedule.warmup_steps ({}) exceeds train.steps ({}): the "
                "warmup is clamped to {} updates\n", config_.source, config_.schedule.warmup_steps,
                config_.train.steps, config_.train.steps);
+  if (!launch_.empty()) fmt::print("kiln: {}\n", launch_);
   fmt::print("kiln: {}\n", one_step_->model().describe());
   const TrainStep::ParamTally& tally = one_step_->param_tally();  // as Hugging Face PEFT says it
   const int64_t all = tally.trainable + tally.frozen;

@@ -242,6 +242,7 @@ class Trainer {
   std::unique_ptr<RunDirLock> run_lock_;  // rank 0's, from before the run dir is touched
   int64_t step_ = 0;
   double peak_flops_ = 0.0;
+  std::string launch_;  // who launched the ranks and where they run (launch_summary)
   std::string peak_source_;  // where peak_flops_ comes from (GemmPeak::source)
   bool last_skipped_ = false;
   nlohmann::json rollback_record_;  // written first to metrics.jsonl by run(); null: none

@@ -19,8 +19,10 @@ src="${1:?source dir}"; build="${2:?build dir}"
 source "$src/scripts/lib/common.sh"
 # Programs run by scripts/ and tests/ (besides the compiler and the kiln binaries).
 # (python3 by its full path: the tests run Debian's, not whatever python3 PATH finds first.)
-PROGRAMS=(cmake ninja ccache pkg-config git rsync c++ /usr/bin/python3 mpirun chromium node npm bible)
-declared=("${KILN_BUILD_PACKAGES[@]}" "${KILN_TEST_PACKAGES[@]}" "${KILN_DEMO_PACKAGES[@]}" nodejs npm)
+PROGRAMS=(cmake ninja ccache pkg-config git rsync c++ /usr/bin/python3 mpirun chromium node npm bible
+          munged mungekey slurmctld slurmd srun sbatch scontrol squeue sinfo)
+declared=("${KILN_BUILD_PACKAGES[@]}" "${KILN_TEST_PACKAGES[@]}" "${KILN_DEMO_PACKAGES[@]}"
+          "${KILN_SLURM_PACKAGES[@]}" nodejs npm)
 
 # Off Debian there is nothing to check: exit 77, which ctest reports as skipped
 # (SKIP_RETURN_CODE), not passed.

@@ -1,12 +1,14 @@
 // The single-process communicator, the bandwidth formulas, timeouts, the launcher's
 // environment the world factory reads and the registry of communicators. No MPI needed.
 #include "comm/communicator.h"
+#include "comm/launch.h"
 #include "comm/local_communicator.h"
 #include "comm/registry.h"
 #include "core/trace_sink.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -216,6 +218,49 @@ TEST(CommEnv, LauncherDetectionAndFactory) {
     ScopedEnv e("OMPI_COMM_WORLD_SIZE", "x");
     EXPECT_THROW(launcher_world_size(), Error);
   }
+}
+
+// srun without a PMI (Slurm's MpiDefault=none, no --mpi) starts tasks that each see only
+// themselves: refused before MPI starts, naming --mpi=pmix (docs/distributed.md, "Slurm").
+TEST(CommEnv, SrunWithoutPmiIsRefused) {
+  ScopedEnv a("OMPI_COMM_WORLD_SIZE", nullptr), b("PMI_SIZE", nullptr), d("PMIX_RANK", nullptr);
+  {
+    ScopedEnv e("SLURM_STEP_NUM_TASKS", "2");
+    EXPECT_EQ(srun_tasks_without_pmi(), 2);
+    EXPECT_EQ(launcher_world_size(), 2);  // so that main's error path says it once
+    try {
+      make_world_communicator();
+      ADD_FAILURE() << "srun without a PMI accepted";
+    } catch (const Error& err) {
+      EXPECT_NE(std::string(err.what()).find("srun --mpi=pmix"), std::string::npos) << err.what();
+    }
+    ScopedEnv f("PMIX_RANK", "0");  // srun --mpi=pmix: MPI knows the world
+    EXPECT_EQ(srun_tasks_without_pmi(), 0);
+    EXPECT_EQ(launcher_world_size(), -1);
+  }
+  ScopedEnv e("SLURM_STEP_NUM_TASKS", "1");  // srun -n 1: one process, nothing to refuse
+  EXPECT_EQ(srun_tasks_without_pmi(), 0);
+  EXPECT_EQ(make_world_communicator()->backend_name(), "local");
+}
+
+// The start-up line (comm/launch.h): who launched the ranks and where each runs.
+TEST(CommLaunch, SummaryNamesTheLauncherTheJobAndTheHost) {
+  ScopedEnv a("OMPI_COMM_WORLD_SIZE", nullptr), b("PMI_SIZE", nullptr), d("PMIX_RANK", nullptr);
+  ScopedEnv e("SLURM_JOB_ID", nullptr), f("SLURM_STEP_ID", nullptr), g("SLURM_STEP_NUM_TASKS", nullptr);
+  ScopedEnv h("OMPI_COMM_WORLD_LOCAL_RANK", nullptr), i("SLURM_LOCALID", nullptr);
+  LocalCommunicator world("world");
+  EXPECT_EQ(launch_summary(world), "");  // by hand, outside Slurm: nothing to say
+  char host[64] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  {
+    ScopedEnv j("SLURM_JOB_ID", "12");  // one process of a batch script
+    EXPECT_EQ(launch_summary(world), fmt::format("1 rank started in Slurm job 12; {}: rank 0, local rank 0", host));
+    ScopedEnv k("SLURM_STEP_ID", "3"), l("PMIX_RANK", "0"), m("SLURM_LOCALID", "5");
+    EXPECT_EQ(launch_summary(world),
+              fmt::format("1 rank launched by srun --mpi=pmix in Slurm job 12 step 3; {}: rank 0, local rank 5", host));
+  }
+  ScopedEnv n("OMPI_COMM_WORLD_SIZE", "1");
+  EXPECT_EQ(launch_summary(world), fmt::format("1 rank launched by mpirun (Open MPI); {}: rank 0, local rank 0", host));
 }
 
 // The registry (comm/registry.h): the communicators of this build by name, as
