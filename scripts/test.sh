@@ -24,6 +24,8 @@ kiln_link_bin
 cd "$KILN_BUILD"
 # One test at a time: each uses both cores (OMP_NUM_THREADS=2, or 2 MPI ranks).
 ctest --output-on-failure --no-tests=error "${select[@]}" "$@"
+# ctest shows no output of a skipped test: print the reason each one gave ("SKIPPED: ...").
+grep -h "^SKIPPED: " Testing/Temporary/LastTest.log 2>/dev/null | sed 's/^/kiln: test /' || true
 if [ $# -eq 0 ] && [ "${KILN_SKIP_FUZZ:-0}" != 1 ]; then
   bash "$KILN_ROOT/scripts/fuzz.sh" 5
 fi

@@ -26,14 +26,42 @@ cannot() { echo "local-cluster: Slurm cannot start here: $*" >&2; exit 2; }
 
 [ $# -eq 2 ] || die "usage: $0 start|stop|env DIR"
 cmd="$1"
-mkdir -p "$2"
+if [ "$cmd" = start ]; then mkdir -p "$2" || cannot "cannot create $2"; fi
+if [ ! -d "$2" ]; then
+  [ "$cmd" = stop ] && exit 0  # nothing was started there
+  die "$2: no such directory (start a cluster there first)"
+fi
 dir="$(cd "$2" && pwd)"
 conf="$dir/slurm.conf"
 
-pid_of() { [ -s "$dir/$1.pid" ] && kill -0 "$(cat "$dir/$1.pid")" 2>/dev/null && cat "$dir/$1.pid"; }
+# The pid of daemon $1 started in DIR, if that process still runs and is that daemon (not
+# a zombie, not a reused pid).
+pid_of() {
+  local pid stat
+  pid="$(cat "$dir/$1.pid" 2>/dev/null)" || return 1
+  stat="$(cat "/proc/$pid/stat" 2>/dev/null)" || return 1
+  [[ "$stat" == "$pid ($1) "[!Z]* ]] && echo "$pid"
+}
+
+# Every job of this cluster: cancelled (SIGTERM: kiln saves), and killed with everything
+# it started if it is still there after 10 s.
+end_jobs() {
+  pid_of slurmctld >/dev/null || return 0
+  local jobs
+  jobs="$(SLURM_CONF="$conf" timeout 5 squeue -h -o %i 2>/dev/null)" || return 0
+  [ -n "$jobs" ] || return 0
+  SLURM_CONF="$conf" timeout 5 scancel $jobs 2>/dev/null || true
+  for _ in $(seq 50); do
+    [ -z "$(SLURM_CONF="$conf" timeout 5 squeue -h -o %i 2>/dev/null)" ] && return 0
+    sleep 0.2
+  done
+  SLURM_CONF="$conf" timeout 5 scancel --full --signal=KILL $jobs 2>/dev/null || true
+  sleep 1
+}
 
 stop_cluster() {
   local name pid
+  end_jobs
   for name in slurmd slurmctld munged; do
     pid="$(pid_of "$name")" || continue
     kill "$pid" 2>/dev/null || true
@@ -96,12 +124,19 @@ SchedulerParameters=sched_interval=1
 NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
 PartitionName=kiln Nodes=$host Default=YES MaxTime=INFINITE State=UP
 EOF
+  # slurmd 22.05 loads a cgroup plugin even when no other plugin uses it; autodetect fails
+  # where no cgroup file system is mounted (a chroot), the v1 plugin only when used.
+  cat >"$dir/cgroup.conf" <<EOF
+CgroupPlugin=cgroup/v1
+CgroupAutomount=no
+EOF
 }
 
+# Whether the node became idle within 30 s.
 wait_idle() {
-  local state=""
-  for _ in $(seq 150); do
-    state="$(SLURM_CONF="$conf" sinfo -h -N -o %T 2>/dev/null | head -1)" || true
+  local state="" deadline=$((SECONDS + 30))
+  while [ "$SECONDS" -lt "$deadline" ]; do
+    state="$(SLURM_CONF="$conf" timeout 3 sinfo -h -N -o %T 2>/dev/null | head -1)" || true
     case "$state" in
       idle | mixed | allocated) return 0 ;;
       down* | drain*) SLURM_CONF="$conf" scontrol update NodeName="$(hostname -s)" State=RESUME \

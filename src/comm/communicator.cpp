@@ -351,7 +351,6 @@ void check_srun_has_pmi() {
              n);
 }
 
-
 int launcher_local_rank() {
   for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"}) {
     const char* env = std::getenv(name);

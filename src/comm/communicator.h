@@ -261,7 +261,8 @@ bool comm_built_with_mpi();
 
 /// The number of processes the launcher started, read from the environment
 /// (OMPI_COMM_WORLD_SIZE, PMI_SIZE; PMIX_RANK alone means a PMIx launch of unknown
-/// size, reported as -1). 0 when not launched by mpirun/srun.
+/// size, reported as -1; srun without a PMI: SLURM_STEP_NUM_TASKS, see below). 0 when
+/// not launched by mpirun/srun.
 int launcher_world_size();
 /// The number of tasks srun started for this step when it gave them no process-management
 /// interface (no --mpi and Slurm's MpiDefault=none: SLURM_STEP_NUM_TASKS > 1 and none of

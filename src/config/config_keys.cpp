@@ -76,7 +76,7 @@ const std::vector<Key>& keys() {
         nonneg(KILN_KEY(train, seed), "Random seed (init, data order, dropout, sampling)."),
         oneof(KILN_KEY(train, device), {"cpu", "cuda"},
               "Where training, evaluation, sampling and kiln bench run: cpu, or cuda (GPU "
-              "local_rank % device_count; one process for now). kiln memplan plans for it."),
+              "local_rank % device_count; several ranks talk over NCCL). kiln memplan plans for it."),
         oneof(KILN_KEY(train, dtype), {"fp32", "bf16", "fp16"}, "Compute dtype: fp32, bf16 or fp16."),
         oneof(KILN_KEY(train, grad_dtype), {"fp32", "bf16", "fp16"},
               "Parameter-gradient dtype: fp32, or the low precision of train.dtype."),
