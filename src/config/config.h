@@ -135,6 +135,8 @@ struct LogSection {
   int64_t every = 1;
   double peak_tflops = 0.0;  // for MFU; 0 = measure at start-up
   bool expert_counts = false;  // MoE: every expert's tokens per logged update in metrics
+  double straggler_factor = 1.5;  // warn when a rank's compute time is this x the median; 0 = never
+  int straggler_windows = 3;      // ... for this many logged updates in a row
   bool operator==(const LogSection&) const = default;
 };
 

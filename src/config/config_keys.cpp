@@ -151,6 +151,14 @@ const std::vector<Key>& keys() {
             "Mixture of experts: write every MoE layer's tokens per expert of each logged "
             "update to metrics.jsonl (\"moe_expert_counts\", [MoE layer][expert], summed over "
             "the global batch), e.g. to compare the routing of two layouts."),
+        nonneg(KILN_KEY(log, straggler_factor),
+               "Several ranks: warn, naming the rank, when one rank's compute time per update "
+               "(its update time less its exposed data-parallel communication wait, averaged "
+               "between logged updates) is at least this many times the median of the ranks' "
+               "for log.straggler_windows logged updates in a row; 0 = never."),
+        positive(KILN_KEY(log, straggler_windows),
+                 "Logged updates in a row a rank must be slow for before the straggler warning "
+                 "(log.straggler_factor)."),
         nonneg(KILN_KEY(parallel, dp), "Data-parallel ranks; 0 = derive (world size / (cp * tp * pp))."),
         positive(KILN_KEY(parallel, cp),
                  "Context-parallel ranks (between dp and tp on the mesh): each sequence is cut "

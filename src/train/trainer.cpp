@@ -117,6 +117,8 @@ void Trainer::set_up_mesh() {
   // the mesh is built from it.
   check_config_on_all_ranks(*world_, config_);
   launch_ = launch_summary(*world_);
+  straggler_watch_.emplace(config_.log.straggler_factor, config_.log.straggler_windows);
+  injected_delay_s_ = injected_update_delay_s(world_->rank());
   mesh_ = std::make_unique<DeviceMesh>(*world_, MeshSizes{.dp = config_.parallel.dp,
                                                            .cp = config_.parallel.cp,
                                                            .tp = config_.parallel.tp,

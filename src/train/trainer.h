@@ -27,6 +27,7 @@
 #include "train/checkpoint_policy.h"
 #include "config/config.h"
 #include "train/metrics.h"
+#include "train/stragglers.h"
 #include "train/train_data.h"
 #include "train/train_step.h"
 
@@ -201,6 +202,9 @@ class Trainer {
   /// when log.every, the first or last update (`stop_at`) or an evaluation asks for them.
   void log_update(const StepMetrics& m, MetricsLog* metrics, double comm_wait_s, int64_t stop_at,
                   const RunAccounting& acct);
+  /// Every rank's update and compute time since the last logged update, gathered (collective):
+  /// the slowest rank's against the median in `rec`, and the straggler warning when due.
+  void note_stragglers(nlohmann::json& rec);
   /// At sample.every: rank 0's sample (prompt and continuation), printed; else nullopt.
   std::optional<std::string> maybe_sample();
   /// After an update: agrees over the world on stopping (a signal may reach only some
@@ -243,6 +247,9 @@ class Trainer {
   int64_t step_ = 0;
   double peak_flops_ = 0.0;
   std::string launch_;  // who launched the ranks and where they run (launch_summary)
+  RankWindow straggler_window_;  // this rank's update and wait times since the last log
+  std::optional<StragglerWatch> straggler_watch_;  // log.straggler_factor / _windows
+  double injected_delay_s_ = 0;  // KILN_SLOW_RANK's sleep per update on this rank (tests)
   std::string peak_source_;  // where peak_flops_ comes from (GemmPeak::source)
   bool last_skipped_ = false;
   nlohmann::json rollback_record_;  // written first to metrics.jsonl by run(); null: none

@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
+#include <thread>
 #include <utility>
 
 namespace kiln {
@@ -74,6 +75,7 @@ TrainResult Trainer::run() {
       continue;
     }
     acct.add_update(step_, t.seconds, one_step_->pipeline().take_timing());
+    straggler_window_.add(t.seconds, t.comm_wait_s);
     r.last_step = step_;
     r.last_loss = t.loss;
     StepMetrics m = constants;
@@ -106,6 +108,8 @@ Trainer::TriedStep Trainer::timed_train_step(RunAccounting& acct) {
   const CommStats tp_before = mesh_->comm(Axis::TP).stats();
   const CommStats ep_before = mesh_->ep() > 1 ? mesh_->ep_comm()->stats() : CommStats{};
   StepResult r = train_step();
+  if (injected_delay_s_ > 0)  // KILN_SLOW_RANK: a straggler, for tests
+    std::this_thread::sleep_for(std::chrono::duration<double>(injected_delay_s_));
   t.loss = r.loss;
   t.grad_norm = r.grad_norm;
   t.moe = std::move(r.moe);
@@ -177,12 +181,24 @@ void Trainer::log_update(const StepMetrics& m, MetricsLog* metrics, double comm_
   if (config_.log.expert_counts && m.moe) rec["moe_expert_counts"] = m.moe->tokens_per_expert;
   // Memory by category: this rank's keys, and every rank's in mem_by_rank.
   add_memory_record(rec, memory_by_rank() /* collective */, world_->rank(), comm_wait_s);
+  if (world_->size() > 1) note_stragglers(rec);  // collective
   if (metrics) metrics->write(rec);
   if (!options_.verbose) return;
   const double per_step = acct.mean_update_seconds(m.step_time_s);
   fmt::print("{}\n", progress_line(m, config_.train.steps,
                                    per_step * static_cast<double>(config_.train.steps - step_)));
   std::fflush(stdout);
+}
+
+void Trainer::note_stragglers(nlohmann::json& rec) {
+  const StragglerSummary s = summarize_ranks(gather_rank_times(*world_, straggler_window_.take()));
+  rec["slowest_rank"] = s.slowest_rank;
+  rec["slowest_step_s"] = s.slowest_step_s;
+  rec["median_step_s"] = s.median_step_s;
+  rec["slowest_compute_s"] = s.slowest_compute_s;
+  rec["median_compute_s"] = s.median_compute_s;
+  const std::optional<std::string> warning = straggler_watch_->observe(s);
+  if (warning && options_.verbose) fmt::print("kiln: warning: {}\n", *warning);
 }
 
 Trainer::EvalResult Trainer::evaluate() {
