@@ -55,8 +55,6 @@ wait_job_runs() {
   local jid=$1 out=$2 runs=$3 limit=$4 state="" ended=0
   for _ in $(seq $((limit * 5))); do
     state="$(squeue -h -j "$jid" -o %T 2>/dev/null || true)"
-    # Slurm 22.05 makes a requeued batch job eligible two minutes later: start it now.
-    if [ "$state" = PENDING ]; then scontrol update JobId="$jid" StartTime=now >/dev/null 2>&1 || true; fi
     ended=$(grep -c "^kiln: train exited with status" "$out" 2>/dev/null || true)
     [ "${ended:-0}" -ge "$runs" ] && [ -z "$state" ] && return 0
     sleep 0.2
