@@ -121,6 +121,8 @@ struct SampleSection {
 struct CheckpointSection {
   int64_t every = 0;  // 0 = no periodic checkpoints
   int keep = 2;       // newest checkpoints kept; 0 = keep all
+  bool async = false;  // write the files on a thread while training goes on
+  std::string on_error = "stop";  // an asynchronous save's write error: stop | warn
   bool operator==(const CheckpointSection&) const = default;
 };
 

@@ -144,6 +144,15 @@ const std::vector<Key>& keys() {
         nonneg(KILN_KEY(sample, top_k), "Sample from the k most likely tokens; 0 = all."),
         nonneg(KILN_KEY(checkpoint, every), "Save a checkpoint every this many updates; 0 = no periodic checkpoints."),
         nonneg(KILN_KEY(checkpoint, keep), "Newest checkpoints kept on disk; 0 = keep all."),
+        any(KILN_KEY(checkpoint, async),
+            "Save in the background: at the save step each rank copies its state to host "
+            "memory and trains on while a thread writes it; rank 0 commits once every rank's "
+            "files are on disk (at most one save in flight; a stop or the end of training "
+            "waits for it)."),
+        oneof(KILN_KEY(checkpoint, on_error), {"stop", "warn"},
+              "An asynchronous save that fails to write (a full disk): stop = end the run "
+              "with the error; warn = a warning, training goes on, the previous checkpoint "
+              "stays the newest."),
         any(KILN_KEY(run, dir), "Run directory: logs, resolved config, checkpoints."),
         positive(KILN_KEY(log, every), "Print a progress line every this many updates."),
         nonneg(KILN_KEY(log, peak_tflops), "Peak TFLOP/s used for MFU; 0 = measure at start-up."),

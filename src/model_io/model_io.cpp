@@ -41,31 +41,40 @@ void read_param_range(const checkpoint::CheckpointReader& reader, const std::str
                            dtype);
 }
 
+std::vector<float>& HostCopies::next(size_t floats) {
+  if (used_ == buffers_.size()) buffers_.emplace_back();
+  std::vector<float>& b = buffers_[used_++];
+  b.resize(floats);  // the same size as at the last save: no allocation
+  return b;
+}
+
+const float* HostCopies::copy(Backend& be, const Tensor& t) {
+  std::vector<float>& b = next(static_cast<size_t>(t.numel()));
+  download_f32(be, b.data(), t);
+  return b.data();
+}
+
+void* HostCopies::raw(size_t bytes) { return next((bytes + 3) / 4).data(); }
+
 void add_optimizer_segment(checkpoint::CheckpointWriter& writer, const AdamW& optimizer, size_t i,
-                           std::vector<std::vector<float>>& keep) {
+                           HostCopies& copies) {
   Backend& be = optimizer.backend();
   const AdamWSegment& seg = optimizer.segments()[i];
   if (seg.size() == 0) return;
-  keep.push_back(download_f32(be, optimizer.m(i)));
   add_param_range(writer, "optimizer.exp_avg." + seg.spec.name, seg.spec, DType::F32, seg.begin,
-                  seg.end, keep.back().data());
-  keep.push_back(download_f32(be, optimizer.v(i)));
+                  seg.end, copies.copy(be, optimizer.m(i)));
   add_param_range(writer, "optimizer.exp_avg_sq." + seg.spec.name, seg.spec, DType::F32,
-                  seg.begin, seg.end, keep.back().data());
-  if (const Tensor ema = optimizer.ema(i)) {
-    keep.push_back(download_f32(be, ema));
+                  seg.begin, seg.end, copies.copy(be, optimizer.v(i)));
+  if (const Tensor ema = optimizer.ema(i))
     add_param_range(writer, "ema." + seg.spec.name, seg.spec, DType::F32, seg.begin, seg.end,
-                    keep.back().data());
-  }
+                    copies.copy(be, ema));
 }
 
 void add_model_buffers(checkpoint::CheckpointWriter& writer, const Model& model,
-                       std::vector<std::vector<float>>& keep) {
-  for (const ModelBuffer& b : model.buffers()) {
-    keep.push_back(download_f32(model.backend(), b.value));
+                       HostCopies& copies) {
+  for (const ModelBuffer& b : model.buffers())
     writer.add_flat_range(b.name, b.value.shape(), DType::F32, 0, b.value.numel(),
-                          keep.back().data());
-  }
+                          copies.copy(model.backend(), b.value));
 }
 
 std::vector<std::string> load_model_buffers(const checkpoint::CheckpointReader& reader,

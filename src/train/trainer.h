@@ -26,6 +26,8 @@
 #include "profile/summary.h"
 #include "train/checkpoint_policy.h"
 #include "config/config.h"
+#include "model_io/model_io.h"
+#include "train/background_save.h"
 #include "train/metrics.h"
 #include "train/stragglers.h"
 #include "train/train_data.h"
@@ -168,13 +170,31 @@ class Trainer {
   void abandon_newer_checkpoints(const std::filesystem::path& resumed_from);
 
   // Checkpoints (trainer_checkpoint.cpp).
+  /// Saves a checkpoint of this update: at once (collective), or with checkpoint.async
+  /// on a writer thread, committed later by finish_background_save().
   void save_checkpoint();
+  /// Every rank's part of a checkpoint of this update: the writer with every tensor added
+  /// (their host copies in host_copies_), and (rank 0) the state and extra files to
+  /// commit. Collective.
+  SaveContents capture_checkpoint();
+  /// Rank 0, once every rank has written its files: the manifest, the rename, the pruning.
+  void commit_checkpoint(SaveContents& contents);
+  /// The agreement's verdict on the save in flight, all of whose writers have finished:
+  /// `failed_rank` < 0 commits it; else checkpoint.on_error (stop: throws kiln::Error
+  /// naming the rank and, on that rank, the file; warn: a warning, training goes on).
+  void finish_background_save(int failed_rank);
+  /// Waits for the save in flight, if any, and finishes it (collective); returns the
+  /// seconds this rank waited.
+  double drain_background_save();
+  /// Rank 0's records of finished background saves ("event": "checkpoint"), for
+  /// metrics.jsonl.
+  std::vector<nlohmann::json> take_save_records() { return std::exchange(save_records_, {}); }
   /// Throws kiln::Error unless the replicas (dp, tp, the tied copies over pipeline
   /// stages) hold the same bits. Collective.
   void check_replicas();
   /// Adds this rank's tensors to `writer` (each element written by one rank only); their
   /// host copies go to `keep`, which must outlive the write.
-  void add_tensors(checkpoint::CheckpointWriter& writer, std::vector<std::vector<float>>& keep);
+  void add_tensors(checkpoint::CheckpointWriter& writer, HostCopies& copies);
   /// The manifest's state: what exact resume needs and checks.
   nlohmann::json checkpoint_state() const;
   /// When to save, stop and prune (train.steps, [checkpoint], the exit interval).
@@ -253,6 +273,11 @@ class Trainer {
   std::string peak_source_;  // where peak_flops_ comes from (GemmPeak::source)
   bool last_skipped_ = false;
   nlohmann::json rollback_record_;  // written first to metrics.jsonl by run(); null: none
+  HostCopies host_copies_;  // what the save being written borrows (kept for the next, async)
+  std::unique_ptr<BackgroundSave> pending_save_;  // checkpoint.async: the save in flight
+  double pending_stall_s_ = 0;   // the stall of the save in flight (its capture)
+  double pending_wait_s_ = 0;    // the time its start waited for the previous save
+  std::vector<nlohmann::json> save_records_;  // rank 0: finished saves, not yet in metrics
 };
 
 /// The "section.key" names whose lines differ between two to_toml() texts (or that only

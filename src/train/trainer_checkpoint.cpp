@@ -11,37 +11,112 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
+
 namespace kiln {
 
 namespace fs = std::filesystem;
 
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+}  // namespace
+
 void Trainer::save_checkpoint() {
   auto scope = profile::trace_scope("checkpoint");
+  if (config_.checkpoint.async) {
+    const auto t0 = Clock::now();
+    // At most one save in flight: a save still writing is waited for first.
+    pending_wait_s_ = drain_background_save();
+    SaveContents contents = capture_checkpoint();
+    pending_save_ = std::make_unique<BackgroundSave>(std::move(contents));
+    pending_stall_s_ = seconds_since(t0);
+    return;
+  }
+  SaveContents contents = capture_checkpoint();
+  contents.writer->write_rank_files();
+  world_->barrier();
+  if (is_rank0()) {
+    commit_checkpoint(contents);
+    if (options_.verbose) fmt::print("kiln: saved checkpoint {}\n", contents.writer->dir().string());
+  }
+  world_->barrier();
+  host_copies_.release();  // kept between saves only for background ones
+}
+
+SaveContents Trainer::capture_checkpoint() {
   const fs::path root = run_dir_ / "ckpt";
-  const fs::path dir = root / checkpoint::checkpoint_dir_name(step_);
   // A checkpoint of this step may exist already (after a rollback, or a damaged one):
   // commit() replaces it atomically.
   check_replicas();
   // Every rank writes the slices it holds (named global tensors, any layout can read
   // them back); rank 0 commits the manifest once all rank files are on disk.
-  checkpoint::CheckpointWriter writer(dir, world_->rank(), world_->size());
+  SaveContents c;
+  c.step = step_;
+  c.writer = std::make_unique<checkpoint::CheckpointWriter>(
+      root / checkpoint::checkpoint_dir_name(step_), world_->rank(), world_->size());
   if (is_rank0()) {
     fs::create_directories(root);
-    writer.discard_stale_tmp_dir();  // what an interrupted save of this step left
+    c.writer->discard_stale_tmp_dir();  // what an interrupted save of this step left
   }
   world_->barrier();
-  std::vector<std::vector<float>> keep;
-  add_tensors(writer, keep);
-  writer.write_rank_files();
-  world_->barrier();
+  host_copies_.reset();  // the previous save, if any, has finished with them
+  add_tensors(*c.writer, host_copies_);
   if (is_rank0()) {
-    auto extra = train_data_->checkpoint_files();
-    extra["config.toml"] = config_.to_toml();
-    writer.commit(checkpoint_state(), extra);
-    checkpoint_policy().prune(root);
-    if (options_.verbose) fmt::print("kiln: saved checkpoint {}\n", dir.string());
+    c.state = checkpoint_state();
+    c.extra = train_data_->checkpoint_files();
+    c.extra["config.toml"] = config_.to_toml();
   }
-  world_->barrier();
+  return c;
+}
+
+void Trainer::commit_checkpoint(SaveContents& contents) {
+  contents.writer->commit(contents.state, contents.extra);
+  checkpoint_policy().prune(run_dir_ / "ckpt");
+}
+
+double Trainer::drain_background_save() {
+  if (!pending_save_) return 0.0;
+  const double waited = pending_save_->wait();
+  // Which rank failed, if any: the highest, as rank + 1 (0: none).
+  std::vector<float> failed{pending_save_->error().empty() ? 0.f
+                                                           : static_cast<float>(world_->rank() + 1)};
+  if (world_->size() > 1)
+    world_->all_reduce(Tensor::view(failed.data(), Shape{1}, DType::F32), ReduceOp::Max);
+  finish_background_save(static_cast<int>(failed[0]) - 1);
+  return waited;
+}
+
+void Trainer::finish_background_save(int failed_rank) {
+  const std::unique_ptr<BackgroundSave> save = std::move(pending_save_);
+  SaveContents& c = save->contents();
+  if (failed_rank < 0) {
+    if (is_rank0()) {
+      commit_checkpoint(c);
+      if (options_.verbose)
+        fmt::print("kiln: saved checkpoint {} (in the background: training stalled {:.2f} s, the "
+                   "write took {:.2f} s)\n", c.writer->dir().string(), pending_stall_s_,
+                   save->write_seconds());
+      save_records_.push_back({{"step", c.step}, {"event", "checkpoint"}, {"async", true},
+                               {"stall_s", pending_stall_s_}, {"write_s", save->write_seconds()},
+                               {"wait_s", pending_wait_s_}});
+    }
+    return;
+  }
+  const std::string what =
+      failed_rank == world_->rank()
+          ? save->error()
+          : fmt::format("rank {} could not write its part (its own message names the file)",
+                        failed_rank);
+  KILN_CHECK(config_.checkpoint.on_error == "warn",
+             "checkpoint of step {} (written in the background) failed: {}", c.step, what);
+  if (options_.verbose)
+    fmt::print("kiln: warning: checkpoint of step {} (written in the background) failed: {}; "
+               "training goes on (checkpoint.on_error = warn), the previous checkpoint stays "
+               "the newest\n", c.step, what);
+  if (is_rank0()) c.writer->discard_stale_tmp_dir();
 }
 
 void Trainer::check_replicas() {
@@ -61,8 +136,7 @@ void Trainer::check_replicas() {
   one_step_->check_tied_copies();  // GPT-2's wte on the first and last pipeline stage
 }
 
-void Trainer::add_tensors(checkpoint::CheckpointWriter& writer,
-                          std::vector<std::vector<float>>& keep) {
+void Trainer::add_tensors(checkpoint::CheckpointWriter& writer, HostCopies& copies) {
   // Parameters as fp32 global tensors (the master weights under mixed precision, so a
   // resume, a reshard or an export loses nothing); the low-precision copies too, under
   // "lowp.<name>", so that a resume is bitwise exact; the optimizer's state
@@ -83,16 +157,15 @@ void Trainer::add_tensors(checkpoint::CheckpointWriter& writer,
       continue;
     if (seg.spec.tied_copy) continue;  // written by its owner's stage, the same bits
     const Tensor master = optimizer.master(i);
-    keep.push_back(download_f32(*backend_, master ? master : seg.param));
     add_param_range(writer, seg.spec.name, seg.spec, DType::F32, seg.begin, seg.end,
-                    keep.back().data());
+                    copies.copy(*backend_, master ? master : seg.param));
     if (master) {
-      keep.emplace_back(static_cast<size_t>((seg.param.nbytes() + 3) / 4));
-      backend_->copy_to_host(backend_->default_stream(), keep.back().data(), seg.param);
+      void* lowp = copies.raw(static_cast<size_t>(seg.param.nbytes()));
+      backend_->copy_to_host(backend_->default_stream(), lowp, seg.param);
       add_param_range(writer, "lowp." + seg.spec.name, seg.spec, seg.param.dtype(), seg.begin,
-                      seg.end, keep.back().data());
+                      seg.end, lowp);
     }
-    add_optimizer_segment(writer, optimizer, i, keep);
+    add_optimizer_segment(writer, optimizer, i, copies);
   }
   // Frozen parameters: their values (in the model dtype, which fp32 holds exactly) and
   // no optimizer state; whole on every dp replica below ZeRO-3, so dp rank 0 writes them.
@@ -100,13 +173,12 @@ void Trainer::add_tensors(checkpoint::CheckpointWriter& writer,
   for (const AdamWSegment& seg : one_step_->data_parallel().frozen_segments()) {
     if (!dp_writes_frozen || !(seg.spec.slice.tp_sharded() || tp_rank == 0) || seg.spec.tied_copy)
       continue;
-    keep.push_back(download_f32(*backend_, seg.param));
     add_param_range(writer, seg.spec.name, seg.spec, DType::F32, seg.begin, seg.end,
-                    keep.back().data());
+                    copies.copy(*backend_, seg.param));
   }
   // Buffers (a MoE selection bias): whole and the same on every dp and tp replica.
   if (mesh_->dp_cp_comm().rank() == 0 && tp_rank == 0)
-    add_model_buffers(writer, one_step_->model(), keep);
+    add_model_buffers(writer, one_step_->model(), copies);
 }
 
 nlohmann::json Trainer::checkpoint_state() const {

@@ -94,8 +94,14 @@ TrainResult Trainer::run() {
     log_update(m, metrics ? &*metrics : nullptr, t.comm_wait_s, stop_at, acct);
     if (std::optional<std::string> text = maybe_sample(); text && metrics)
       metrics->write({{"step", step_}, {"event", "sample"}, {"text", *text}});
-    if (checkpoint_or_stop(policy, r)) break;
+    const bool stop = checkpoint_or_stop(policy, r);
+    if (metrics)
+      for (const nlohmann::json& rec : take_save_records()) metrics->write(rec);
+    if (stop) break;
   }
+  drain_background_save();  // the last save, if still writing
+  if (metrics)
+    for (const nlohmann::json& rec : take_save_records()) metrics->write(rec);
   finish_run(r, acct, run_start);
   return r;
 }
@@ -275,16 +281,24 @@ std::optional<std::string> Trainer::maybe_sample() {
 }
 
 bool Trainer::checkpoint_or_stop(const CheckpointPolicy& policy, TrainResult& r) {
-  // A signal may reach only some ranks: agree on stopping (any rank asked).
-  std::vector<float> asked{preemption_requested() ? 1.f : 0.f};
+  // A signal may reach only some ranks: agree on stopping (any rank asked). The same
+  // reduction tells whether a background save is still writing anywhere, and which rank
+  // (the highest, as rank + 1) failed to write its part.
+  const BackgroundSave* save = pending_save_.get();
+  std::vector<float> agree{preemption_requested() ? 1.f : 0.f,
+                           save && !save->finished() ? 1.f : 0.f,
+                           save && save->finished() && !save->error().empty()
+                               ? static_cast<float>(world_->rank() + 1) : 0.f};
   if (world_->size() > 1) {
-    Tensor t = Tensor::view(asked.data(), Shape{1}, DType::F32);
+    Tensor t = Tensor::view(agree.data(), Shape{3}, DType::F32);
     world_->all_reduce(t, ReduceOp::Max);
   }
-  const bool signalled = asked[0] > 0.f;
+  if (save && agree[1] == 0.f) finish_background_save(static_cast<int>(agree[2]) - 1);
+  const bool signalled = agree[0] > 0.f;
   const bool preempt = policy.preempt(step_, signalled);
   if (policy.save_now(step_, preempt)) save_checkpoint();
   if (!preempt) return false;
+  drain_background_save();  // the save of this step, if written in the background
   r.preempted = true;
   if (options_.verbose)
     fmt::print("kiln: stopping at step {} ({}); continue with --resume auto{}\n", step_,

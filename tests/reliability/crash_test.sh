@@ -19,30 +19,8 @@ long="${3:-}"
 source "$(dirname "${BASH_SOURCE[0]}")/tiny_run.sh"
 # kiln's own default, set here so that each kiln process starts once (tests/parallel/common.sh).
 export OMP_WAIT_POLICY=passive
-cat >> "$work/tiny.toml" <<EOT
-[train]
-steps = 6
-micro_batch = 1
-global_batch = 2
-seq_len = 8
-[eval]
-every = 0
-[log]
-every = 1
-peak_tflops = 1.0
-[checkpoint]
-every = 1
-keep = 0
-[parallel]
-timeout_s = 20
-zero_stage = 1
-EOT
-train() {  # train RUN_DIR LOG [args...]: 2 ranks
-  local dir=$1 log=$2
-  shift 2
-  # sigkill_timeout 0: once a rank is killed, mpirun ends the others at once (not after 1 s).
-  mpirun --oversubscribe --bind-to none --mca odls_base_sigkill_timeout 0 -np 2 "$kiln" train "$work/tiny.toml" --set "run.dir=$dir" "$@" > "$log" 2>&1
-}
+append_saving_run 6 1
+train() { train_two_ranks "$@"; }
 train "$work/ref" "$work/ref.log" || { cat "$work/ref.log"; exit 1; }
 train "$work/base" "$work/base.log" --exit-interval 3 || { cat "$work/base.log"; exit 1; }
 same_as_ref() {  # same_as_ref RUN_DIR STEP: the step's data files are the uninterrupted run's
