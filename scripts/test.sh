@@ -24,8 +24,9 @@ kiln_link_bin
 cd "$KILN_BUILD"
 # One test at a time: each uses both cores (OMP_NUM_THREADS=2, or 2 MPI ranks).
 ctest --output-on-failure --no-tests=error "${select[@]}" "$@"
-# ctest shows no output of a skipped test: print the reason each one gave ("SKIPPED: ...").
-grep -h "^SKIPPED: " Testing/Temporary/LastTest.log 2>/dev/null | sed 's/^/kiln: test /' || true
+# ctest shows no output of a skipped test: print the reason each one gave (a line
+# "SKIPPED...", or one ending in ": skipped").
+grep -hE "^SKIPPED|: skipped$" Testing/Temporary/LastTest.log 2>/dev/null | sed 's/^/kiln: skipped test: /' || true
 if [ $# -eq 0 ] && [ "${KILN_SKIP_FUZZ:-0}" != 1 ]; then
   bash "$KILN_ROOT/scripts/fuzz.sh" 5
 fi
