@@ -182,10 +182,11 @@ class Trainer {
   /// The agreement's verdict on the save in flight, all of whose writers have finished:
   /// `failed_rank` < 0 commits it; else checkpoint.on_error (stop: throws kiln::Error
   /// naming the rank and, on that rank, the file; warn: a warning, training goes on).
-  void finish_background_save(int failed_rank);
-  /// Waits for the save in flight, if any, and finishes it (collective); returns the
-  /// seconds this rank waited.
-  double drain_background_save();
+  /// `last`: the save a stop or the end of training waits for, whose failure always throws.
+  void finish_background_save(int failed_rank, bool last = false);
+  /// Waits for the save in flight, if any, and finishes it (collective; `last` as above);
+  /// returns the seconds this rank waited.
+  double drain_background_save(bool last);
   /// Rank 0's records of finished background saves ("event": "checkpoint"), for
   /// metrics.jsonl.
   std::vector<nlohmann::json> take_save_records() { return std::exchange(save_records_, {}); }

@@ -29,7 +29,7 @@ void Trainer::save_checkpoint() {
   if (config_.checkpoint.async) {
     const auto t0 = Clock::now();
     // At most one save in flight: a save still writing is waited for first.
-    pending_wait_s_ = drain_background_save();
+    pending_wait_s_ = drain_background_save(/*last=*/false);
     SaveContents contents = capture_checkpoint();
     pending_save_ = std::make_unique<BackgroundSave>(std::move(contents));
     pending_stall_s_ = seconds_since(t0);
@@ -77,7 +77,7 @@ void Trainer::commit_checkpoint(SaveContents& contents) {
   checkpoint_policy().prune(run_dir_ / "ckpt");
 }
 
-double Trainer::drain_background_save() {
+double Trainer::drain_background_save(bool last) {
   if (!pending_save_) return 0.0;
   const double waited = pending_save_->wait();
   // Which rank failed, if any: the highest, as rank + 1 (0: none).
@@ -85,11 +85,11 @@ double Trainer::drain_background_save() {
                                                            : static_cast<float>(world_->rank() + 1)};
   if (world_->size() > 1)
     world_->all_reduce(Tensor::view(failed.data(), Shape{1}, DType::F32), ReduceOp::Max);
-  finish_background_save(static_cast<int>(failed[0]) - 1);
+  finish_background_save(static_cast<int>(failed[0]) - 1, last);
   return waited;
 }
 
-void Trainer::finish_background_save(int failed_rank) {
+void Trainer::finish_background_save(int failed_rank, bool last) {
   const std::unique_ptr<BackgroundSave> save = std::move(pending_save_);
   SaveContents& c = save->contents();
   if (failed_rank < 0) {
@@ -110,8 +110,12 @@ void Trainer::finish_background_save(int failed_rank) {
           ? save->error()
           : fmt::format("rank {} could not write its part (its own message names the file)",
                         failed_rank);
-  KILN_CHECK(config_.checkpoint.on_error == "warn",
+  // The save a stop or the end of training waits for is the run's last: never only a warning.
+  KILN_CHECK(config_.checkpoint.on_error == "warn" && !last,
              "checkpoint of step {} (written in the background) failed: {}", c.step, what);
+  if (failed_rank == world_->rank() && !is_rank0())  // the line naming the file
+    fmt::print(stderr, "kiln: rank {}: warning: checkpoint of step {} (written in the "
+               "background) failed: {}\n", failed_rank, c.step, what);
   if (options_.verbose)
     fmt::print("kiln: warning: checkpoint of step {} (written in the background) failed: {}; "
                "training goes on (checkpoint.on_error = warn), the previous checkpoint stays "

@@ -99,7 +99,7 @@ TrainResult Trainer::run() {
       for (const nlohmann::json& rec : take_save_records()) metrics->write(rec);
     if (stop) break;
   }
-  drain_background_save();  // the last save, if still writing
+  drain_background_save(/*last=*/true);  // the last save, if still writing
   if (metrics)
     for (const nlohmann::json& rec : take_save_records()) metrics->write(rec);
   finish_run(r, acct, run_start);
@@ -298,7 +298,7 @@ bool Trainer::checkpoint_or_stop(const CheckpointPolicy& policy, TrainResult& r)
   const bool preempt = policy.preempt(step_, signalled);
   if (policy.save_now(step_, preempt)) save_checkpoint();
   if (!preempt) return false;
-  drain_background_save();  // the save of this step, if written in the background
+  drain_background_save(/*last=*/true);  // the save of this step, if written in the background
   r.preempted = true;
   if (options_.verbose)
     fmt::print("kiln: stopping at step {} ({}); continue with --resume auto{}\n", step_,

@@ -8,7 +8,8 @@
 #      step-8 save: no step-8 checkpoint, `--resume auto` takes step 4 and ends bitwise;
 #   4. a full disk (ENOSPC) in that write: with checkpoint.on_error = stop one line naming
 #      the file and a non-zero exit, step 4 the newest checkpoint; with warn a warning,
-#      training goes on, no step-8 checkpoint and the step-12 one as the uninterrupted run's.
+#      training goes on, no step-8 checkpoint and the step-12 one as the uninterrupted run's;
+#      the run's last save failing is an error even with warn.
 # Usage: async_save_test.sh KILN_BINARY WORK_DIR
 set -euo pipefail
 kiln="$1"
@@ -66,8 +67,17 @@ echo "4a. ENOSPC, on_error = stop: $(grep -o "rank 1: error: .*" "$work/full.log
 rm -rf "$work/warn"
 KILN_FAULT="enospc:$write8:1" train "$work/warn" "$work/warn.log" --set checkpoint.on_error=warn ||
   fail "on_error = warn stopped the run" "$work/warn.log"
-grep -q "warning: checkpoint of step 8 (written in the background) failed" "$work/warn.log" || fail "no warning" "$work/warn.log"
+grep -q "warning: checkpoint of step 8 (written in the background) failed" "$work/warn.log" &&
+  grep -q "rank 1: warning: .*rank_00001.safetensors.*No space left on device" "$work/warn.log" ||
+  fail "no warning, or none naming the file" "$work/warn.log"
+# The run's last save (step 12) failing is an error even with warn.
+rm -rf "$work/warn_last"
+last=$(grep "(rank 1): write .*step_00000012.*rank_00001.safetensors" "$work/async.log" | sed 's/kiln: file op \([0-9]*\).*/\1/' | head -1)
+KILN_FAULT="enospc:$last:1" train "$work/warn_last" "$work/warn_last.log" --set checkpoint.on_error=warn &&
+  fail "a failed last save exited 0 with on_error = warn" "$work/warn_last.log"
+grep -q "error: checkpoint of step 12 (written in the background) failed" "$work/warn_last.log" ||
+  fail "no error for the failed last save" "$work/warn_last.log"
 [ "$(steps_saved "$work/warn")" = "4 12 " ] && same_checkpoint "$work/warn" 12 &&
   [ "$(losses "$work/warn")" = "$(losses "$work/sync")" ] || fail "on_error = warn: checkpoints $(steps_saved "$work/warn")" "$work/warn.log"
-echo "4b. ENOSPC, on_error = warn: a warning; checkpoints 4 and 12, the losses and checkpoint 12 the uninterrupted run's"
+echo "4b. ENOSPC, on_error = warn: warnings (rank 1's naming the file); checkpoints 4 and 12, the losses and checkpoint 12 the uninterrupted run's; the last save failing still stops"
 echo "async save tests passed"
