@@ -31,6 +31,8 @@ struct SaveContents {
   int64_t step = 0;
   nlohmann::json state;                       // rank 0: the trainer's state at the step
   std::map<std::string, std::string> extra;   // rank 0: config.toml, the data's files
+  double stall_s = 0;  // seconds training stopped for the save (capture, and wait_s)
+  double wait_s = 0;   // of which waiting for the previous save to finish
 };
 
 class BackgroundSave {

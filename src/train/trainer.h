@@ -276,8 +276,6 @@ class Trainer {
   nlohmann::json rollback_record_;  // written first to metrics.jsonl by run(); null: none
   HostCopies host_copies_;  // what the save being written borrows (kept for the next, async)
   std::unique_ptr<BackgroundSave> pending_save_;  // checkpoint.async: the save in flight
-  double pending_stall_s_ = 0;   // the stall of the save in flight (its capture)
-  double pending_wait_s_ = 0;    // the time its start waited for the previous save
   std::vector<nlohmann::json> save_records_;  // rank 0: finished saves, not yet in metrics
 };
 

@@ -29,10 +29,11 @@ void Trainer::save_checkpoint() {
   if (config_.checkpoint.async) {
     const auto t0 = Clock::now();
     // At most one save in flight: a save still writing is waited for first.
-    pending_wait_s_ = drain_background_save(/*last=*/false);
+    const double waited = drain_background_save(/*last=*/false);
     SaveContents contents = capture_checkpoint();
+    contents.wait_s = waited;
+    contents.stall_s = seconds_since(t0);
     pending_save_ = std::make_unique<BackgroundSave>(std::move(contents));
-    pending_stall_s_ = seconds_since(t0);
     return;
   }
   SaveContents contents = capture_checkpoint();
@@ -97,11 +98,11 @@ void Trainer::finish_background_save(int failed_rank, bool last) {
       commit_checkpoint(c);
       if (options_.verbose)
         fmt::print("kiln: saved checkpoint {} (in the background: training stalled {:.2f} s, the "
-                   "write took {:.2f} s)\n", c.writer->dir().string(), pending_stall_s_,
+                   "write took {:.2f} s)\n", c.writer->dir().string(), c.stall_s,
                    save->write_seconds());
       save_records_.push_back({{"step", c.step}, {"event", "checkpoint"}, {"async", true},
-                               {"stall_s", pending_stall_s_}, {"write_s", save->write_seconds()},
-                               {"wait_s", pending_wait_s_}});
+                               {"stall_s", c.stall_s}, {"write_s", save->write_seconds()},
+                               {"wait_s", c.wait_s}});
     }
     return;
   }

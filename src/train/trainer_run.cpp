@@ -68,6 +68,10 @@ TrainResult Trainer::run() {
   const int64_t stop_at = policy.stop_at();
   const auto run_start = Clock::now();
   RunAccounting acct(r.first_step, options_.untimed_steps);
+  auto write_save_records = [&] {  // background saves committed since the last call
+    for (const nlohmann::json& rec : take_save_records())
+      if (metrics) metrics->write(rec);
+  };
   while (step_ < stop_at) {
     const TriedStep t = timed_train_step(acct);
     if (last_skipped_) {  // fp16 overflow: the update was not applied, try the next batch
@@ -95,13 +99,11 @@ TrainResult Trainer::run() {
     if (std::optional<std::string> text = maybe_sample(); text && metrics)
       metrics->write({{"step", step_}, {"event", "sample"}, {"text", *text}});
     const bool stop = checkpoint_or_stop(policy, r);
-    if (metrics)
-      for (const nlohmann::json& rec : take_save_records()) metrics->write(rec);
+    write_save_records();
     if (stop) break;
   }
   drain_background_save(/*last=*/true);  // the last save, if still writing
-  if (metrics)
-    for (const nlohmann::json& rec : take_save_records()) metrics->write(rec);
+  write_save_records();
   finish_run(r, acct, run_start);
   return r;
 }
