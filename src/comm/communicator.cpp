@@ -3,6 +3,7 @@
 #include "comm/communicator.h"
 
 #include "comm/detail.h"
+#include "comm/ledger.h"
 #include "comm/local_communicator.h"
 #ifdef KILN_HAVE_MPI
 #include "comm/mpi_communicator.h"
@@ -14,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -69,6 +71,31 @@ double bus_bandwidth(Collective c, int n, int64_t bytes, double seconds) {
 
 Communicator::Communicator(std::string name)
     : name_(std::move(name)), timeout_s_(kDefaultCommTimeout) {}
+
+Communicator::~Communicator() {
+  if (ledger_) unregister_ledger(ledger_.get());
+}
+
+void Communicator::start_ledger(std::vector<int> world_ranks) {
+  ledger_ = std::make_shared<Ledger>(name_, rank(), std::move(world_ranks));
+  register_ledger(ledger_);
+}
+
+std::vector<int> Communicator::world_ranks() const {
+  if (ledger_) return ledger_->world_ranks();
+  std::vector<int> r(static_cast<size_t>(size()));
+  for (int i = 0; i < size(); ++i) r[static_cast<size_t>(i)] = i;
+  return r;
+}
+
+LedgerEntry Communicator::note_call(Collective op, DType dtype, int64_t count, int peer) {
+  if (!ledger_) return LedgerEntry{};
+  return ledger_->add(op, dtype, count, peer);
+}
+
+void Communicator::note_done(const LedgerEntry& entry) {
+  if (ledger_ && entry.seq > 0) ledger_->done(entry.op, entry.seq, entry.peer);
+}
 
 void Communicator::set_timeout(double seconds) {
   KILN_CHECK(std::isfinite(seconds) && seconds > 0,
@@ -224,6 +251,7 @@ void BasicWork::wait() {
   if (is_completed()) return;
   const auto t0 = Clock::now();
   const auto limit = std::chrono::duration<double>(timeout_s_);
+  std::optional<Clock::time_point> signal_seen;  // when this wait first saw a stop signal
   if (progress_) {
     // No communication thread: this thread drives MPI's progress.
     int idle = 0;
@@ -231,6 +259,7 @@ void BasicWork::wait() {
       progress_();
       if (is_completed()) break;
       if (Clock::now() - t0 > limit) break;
+      if ((idle & 1023) == 0) notice_stop_signal(signal_seen);
       if (++idle < 64) {
         std::this_thread::yield();
       } else {
@@ -238,15 +267,36 @@ void BasicWork::wait() {
       }
     }
   } else {
+    // Wakes every 100 ms to notice a stop signal.
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, limit, [&] { return done_.load(std::memory_order_acquire); });
+    while (!done_.load(std::memory_order_acquire) && Clock::now() - t0 < limit) {
+      cv_.wait_for(lock, std::chrono::milliseconds(100));
+      notice_stop_signal(signal_seen);
+    }
   }
   if (!is_completed()) {
+    const std::string what = timeout_description();
+    report_hang(what, kLedgerGatherS);
     abort_all(fmt::format("timed out after {} s waiting for {} (parallel.timeout_s sets the "
                           "limit); another rank failed, exited, stopped or called a different "
                           "collective",
-                          timeout_s_, timeout_description()));
+                          timeout_s_, what));
   }
+}
+
+void BasicWork::notice_stop_signal(std::optional<Clock::time_point>& seen) {
+  if (!stop_signal_noted()) return;
+  if (!seen) seen = Clock::now();
+  if (seconds_since(*seen) < kSignalWaitS) return;
+  static std::atomic<bool> said{false};
+  if (said.exchange(true)) return;
+  // Under a launcher that kills the job (a rank died, or the user stopped it), the ranks
+  // may not live until the timeout: say now where this one waits.
+  const std::string path = write_ledger_file("stop signal while waiting for " + description_);
+  std::fprintf(stderr, "kiln: rank %d: a stop signal arrived while this rank waits for %s%s%s\n",
+               world_rank(), timeout_description().c_str(), path.empty() ? "" : "; ledger: ",
+               path.c_str());
+  std::fflush(stderr);
 }
 
 std::string BasicWork::timeout_description() const {
@@ -303,6 +353,7 @@ void set_abort_hook(AbortHook hook) { g_abort_hook.store(hook); }
                  message.data());
   std::fflush(stderr);
   if (before_world) std::_Exit(1);
+  write_ledger_file(message);  // a failing rank's ledger, for the diagnosis (ledger.h)
   if (g_aborting.exchange(true)) {
     // Another thread is already ending the job; give it time, then leave regardless.
     std::this_thread::sleep_for(std::chrono::seconds(10));

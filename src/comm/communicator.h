@@ -48,6 +48,9 @@
 
 namespace kiln {
 
+class Ledger;
+struct LedgerEntry;
+
 enum class ReduceOp : uint8_t {
   Sum,
   Max,  // for agreeing on flags (found_inf, stop requested) across ranks
@@ -115,7 +118,7 @@ class Work {
 
 class Communicator {
  public:
-  virtual ~Communicator() = default;
+  virtual ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
@@ -220,8 +223,22 @@ class Communicator {
   }
   TraceSink* tracer() const { return tracer_.load(std::memory_order_relaxed); }
 
+  // ---- the collective ledger (comm/ledger.h) ----------------------------------------
+  /// This communicator's ledger; null for the in-process communicators (nothing to
+  /// diagnose across processes).
+  const Ledger* ledger() const { return ledger_.get(); }
+  /// The world rank of each member ([size()]): from the ledger, else 0..size()-1.
+  std::vector<int> world_ranks() const;
+
  protected:
   explicit Communicator(std::string name);
+  /// Starts the ledger (implementations that talk to other processes, once, at creation).
+  void start_ledger(std::vector<int> world_ranks);
+  /// Records a call being submitted in the ledger (the entry with its number); without a
+  /// ledger an entry numbered 0.
+  LedgerEntry note_call(Collective op, DType dtype, int64_t count, int peer);
+  /// Marks a recorded call done (any thread).
+  void note_done(const LedgerEntry& entry);
   virtual std::unique_ptr<Communicator> make_group(const std::vector<int>& ranks,
                                                    const std::string& name) = 0;
   virtual std::unique_ptr<Communicator> make_split(int color, int key,
@@ -245,6 +262,7 @@ class Communicator {
   std::string name_;
   double timeout_s_;
   std::atomic<TraceSink*> tracer_{nullptr};
+  std::shared_ptr<Ledger> ledger_;
   mutable std::mutex stats_mu_;
   CommStats stats_;
 };

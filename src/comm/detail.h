@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 
 namespace kiln::comm_detail {
@@ -30,6 +31,10 @@ class BasicWork final : public Work {
   std::string timeout_description() const;
 
  private:
+  /// After a stop signal (ledger.h's note_stop_signal), once this wait has stayed blocked
+  /// kSignalWaitS seconds: writes the ledger file and says where this rank waits (once
+  /// per process). `seen`: when this wait first saw the signal.
+  void notice_stop_signal(std::optional<std::chrono::steady_clock::time_point>& seen);
   std::string description_;
   double timeout_s_;
   std::function<void()> progress_;
@@ -55,6 +60,8 @@ using AbortHook = void (*)(int exit_code);
 void set_abort_hook(AbortHook hook);
 
 using Clock = std::chrono::steady_clock;
+/// Seconds a rank that timed out waits for the other ranks' ledger files (ledger.h).
+inline constexpr double kLedgerGatherS = 1.0;
 inline double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }

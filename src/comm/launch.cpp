@@ -1,5 +1,6 @@
 #include "comm/launch.h"
 
+#include "comm/ledger.h"
 #include "core/error.h"
 
 #include <fmt/format.h>
@@ -65,6 +66,7 @@ std::string launch_summary(Communicator& world) {
   ::gethostname(host, sizeof(host) - 1);
   std::memcpy(mine.data(), host, sizeof(host));
   mine[kHostWords] = launcher_local_rank();
+  const CommSite site("launch.all_gather hosts");
   world.all_gather(Tensor::view(all.data(), Shape{static_cast<int64_t>(all.size())}, DType::I32),
                    Tensor::view(mine.data(), Shape{words}, DType::I32));
   std::vector<std::string> order;

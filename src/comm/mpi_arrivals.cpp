@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 
 namespace kiln::comm_detail {
 
@@ -15,10 +17,23 @@ int64_t now_ns() {
 }
 }  // namespace
 
-Arrivals::Arrivals(MPI_Comm comm, int rank, int size, std::string name)
-    : rank_(rank), size_(size), name_(std::move(name)),
-      seen_(new std::atomic<int64_t>[static_cast<size_t>(size)]),
-      heard_(new std::atomic<int64_t>[static_cast<size_t>(size)]) {
+Announcement announcement_of(const LedgerEntry& e) {
+  Announcement a;
+  a.seq = e.seq;
+  a.count = e.count;
+  a.op = static_cast<int32_t>(e.op);
+  a.dtype = static_cast<int32_t>(e.dtype);
+  a.root = e.op == Collective::Broadcast ? e.peer : -1;
+  std::memcpy(a.site, e.site, sizeof(a.site));
+  return a;
+}
+
+Arrivals::Arrivals(MPI_Comm comm, int rank, std::vector<int> world_ranks, std::string name)
+    : rank_(rank), size_(static_cast<int>(world_ranks.size())), world_ranks_(std::move(world_ranks)),
+      name_(std::move(name)),
+      seen_(new std::atomic<int64_t>[world_ranks_.size()]),
+      heard_(new std::atomic<int64_t>[world_ranks_.size()]),
+      recent_(world_ranks_.size() * kRecent) {
   for (int r = 0; r < size_; ++r) {
     seen_[static_cast<size_t>(r)].store(0);
     heard_[static_cast<size_t>(r)].store(now_ns());
@@ -41,19 +56,62 @@ void Arrivals::close() {
   hb_ = MPI_COMM_NULL;
 }
 
-void Arrivals::announce(int64_t s) {
-  seen_[static_cast<size_t>(rank_)].store(s);
-  send_all(s);
+void Arrivals::announce(const Announcement& a) {
+  seen_[static_cast<size_t>(rank_)].store(a.seq);
+  latest_ = a;
+  {
+    std::lock_guard<std::mutex> lock(recent_mu_);
+    keep_and_compare(rank_, a);
+  }
+  send_all(a);
   poll();
 }
 
-void Arrivals::send_all(int64_t value) {
+void Arrivals::send_all(const Announcement& a) {
   last_sent_ns_ = now_ns();
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
-    Send send{MPI_REQUEST_NULL, std::make_unique<int64_t>(value)};
-    if (MPI_Isend(send.value.get(), 1, MPI_INT64_T, p, kTag, hb_, &send.request) == MPI_SUCCESS)
+    Send send{MPI_REQUEST_NULL, std::make_unique<Announcement>(a)};
+    if (MPI_Isend(send.value.get(), sizeof(Announcement), MPI_BYTE, p, kTag, hb_, &send.request) ==
+        MPI_SUCCESS)
       sends_.push_back(std::move(send));
+  }
+}
+
+std::string Arrivals::what(const Announcement& a) const {
+  const auto op = static_cast<Collective>(a.op);
+  const std::string call = op == Collective::AllToAll
+                               ? std::string(collective_name(op))
+                               : describe_call(op, static_cast<DType>(a.dtype), a.count, a.root);
+  return call + " at " + describe_site(std::string_view(a.site, strnlen(a.site, sizeof(a.site))));
+}
+
+void Arrivals::keep_and_compare(int r, const Announcement& a) {
+  recent_[static_cast<size_t>(r) * kRecent + static_cast<size_t>(a.seq % kRecent)] = a;
+  for (int q = 0; q < size_; ++q) {
+    if (q == r) continue;
+    const Announcement& b = recent_[static_cast<size_t>(q) * kRecent + static_cast<size_t>(a.seq % kRecent)];
+    if (b.seq != a.seq) continue;
+    const bool a2a = a.op == static_cast<int32_t>(Collective::AllToAll);
+    const bool same_shape = a.op == b.op && a.dtype == b.dtype && a.root == b.root &&
+                            (a2a || a.count == b.count);
+    const bool same_site = std::strncmp(a.site, b.site, sizeof(a.site)) == 0;
+    if (same_shape && same_site) continue;
+    const int lo = std::min(r, q), hi = std::max(r, q);
+    const Announcement& at_lo = lo == r ? a : b;
+    const Announcement& at_hi = lo == r ? b : a;
+    const std::string text = fmt::format("collective #{} of '{}': rank {} calls {}; rank {} calls {}",
+                                         a.seq, name_, world_ranks_[static_cast<size_t>(lo)],
+                                         what(at_lo), world_ranks_[static_cast<size_t>(hi)],
+                                         what(at_hi));
+    if (first_disagreement_.empty()) first_disagreement_ = text;
+    if (!same_shape) {
+      abort_all(text == first_disagreement_
+                    ? "the ranks' calls differ at " + text
+                    : fmt::format("the ranks' calls differ at {}; they first differed at {} (a "
+                                  "call made by some ranks only, or in another order)",
+                                  text, first_disagreement_));
+    }
   }
 }
 
@@ -62,17 +120,21 @@ void Arrivals::poll() {
     int flag = 0;
     MPI_Status st;
     if (MPI_Iprobe(MPI_ANY_SOURCE, kTag, hb_, &flag, &st) != MPI_SUCCESS || !flag) break;
-    int64_t v = 0;
-    MPI_Recv(&v, 1, MPI_INT64_T, st.MPI_SOURCE, kTag, hb_, MPI_STATUS_IGNORE);
+    Announcement a;
+    MPI_Recv(&a, sizeof(a), MPI_BYTE, st.MPI_SOURCE, kTag, hb_, MPI_STATUS_IGNORE);
     auto& seen = seen_[static_cast<size_t>(st.MPI_SOURCE)];
-    if (v > seen.load()) seen.store(v);
+    if (a.seq > seen.load()) {
+      seen.store(a.seq);
+      std::lock_guard<std::mutex> lock(recent_mu_);
+      keep_and_compare(st.MPI_SOURCE, a);
+    }
     heard_[static_cast<size_t>(st.MPI_SOURCE)].store(now_ns());
   }
   // Heartbeat: poll() runs while operations are in flight, so a waiting rank repeats its
   // latest number; a stopped one falls silent.
   if (sends_.size() < static_cast<size_t>(4 * size_) &&
       now_ns() - last_sent_ns_ > static_cast<int64_t>(kHeartbeatS * 1e9))
-    send_all(seen_[static_cast<size_t>(rank_)].load());
+    send_all(latest_);
   while (!sends_.empty()) {
     int done = 0;
     MPI_Test(&sends_.front().request, &done, MPI_STATUS_IGNORE);
@@ -82,13 +144,24 @@ void Arrivals::poll() {
 }
 
 std::string Arrivals::missing(int64_t s) const {
+  std::string disagreement;
+  {
+    std::lock_guard<std::mutex> lock(recent_mu_);
+    if (!first_disagreement_.empty()) disagreement = "; the ranks' calls first differed at " + first_disagreement_;
+  }
+  return missing_ranks(s) + disagreement;
+}
+
+std::string Arrivals::missing_ranks(int64_t s) const {
   std::vector<int> ranks;
-  std::vector<int64_t> last;
+  std::vector<std::string> last;
   for (int r = 0; r < size_; ++r) {
     const int64_t v = seen_[static_cast<size_t>(r)].load();
     if (v < s) {
-      ranks.push_back(r);
-      last.push_back(v);
+      ranks.push_back(world_ranks_[static_cast<size_t>(r)]);
+      std::lock_guard<std::mutex> lock(recent_mu_);
+      const Announcement& a = recent_[static_cast<size_t>(r) * kRecent + static_cast<size_t>(v % kRecent)];
+      last.push_back(v == 0 ? std::string("none") : a.seq == v ? fmt::format("#{}, {}", v, what(a)) : fmt::format("#{}", v));
     }
   }
   if (ranks.empty()) {
@@ -96,7 +169,8 @@ std::string Arrivals::missing(int64_t s) const {
     std::vector<std::string> silent;
     for (int r = 0; r < size_; ++r) {
       const double quiet = static_cast<double>(now - heard_[static_cast<size_t>(r)].load()) / 1e9;
-      if (r != rank_ && quiet > kSilentS) silent.push_back(fmt::format("rank {} ({:.1f} s)", r, quiet));
+      if (r != rank_ && quiet > kSilentS)
+        silent.push_back(fmt::format("rank {} ({:.1f} s)", world_ranks_[static_cast<size_t>(r)], quiet));
     }
     if (!silent.empty())
       return fmt::format("every rank arrived at it (collective #{} of '{}'), but {} {} been silent "
@@ -105,10 +179,10 @@ std::string Arrivals::missing(int64_t s) const {
     return fmt::format("every rank arrived at it (collective #{} of '{}') and answers: one is stuck "
                        "inside it, or the ranks called different collectives", s, name_);
   }
-  return fmt::format("{} {} did not arrive (collective #{} of '{}'; {} last {} #{})",
+  return fmt::format("{} {} did not arrive (collective #{} of '{}'; {} last {} {})",
                      ranks.size() == 1 ? "rank" : "ranks", fmt::join(ranks, ", "), s, name_,
                      ranks.size() == 1 ? "its" : "their", ranks.size() == 1 ? "was" : "were",
-                     fmt::join(last, ", #"));
+                     fmt::join(last, "; "));
 }
 
 }  // namespace kiln::comm_detail

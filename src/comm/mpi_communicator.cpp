@@ -4,6 +4,8 @@
 #include "comm/mpi_communicator.h"
 
 #include "comm/detail.h"
+#include "comm/fault.h"
+#include "comm/ledger.h"
 #include "comm/mpi_arrivals.h"
 #include "comm/mpi_engine.h"
 
@@ -202,14 +204,20 @@ class MpiCommunicator final : public Communicator {
         owns_comm_(owns_comm),
         rank_(rank),
         size_(size) {
-    // The arrival record (mpi_arrivals.h), so that a timeout names the ranks that never
-    // came; not for the transient bootstrap wrapper of MPI_COMM_WORLD.
-    if (owns_comm_ && size_ > 1 && size_ <= Arrivals::kMaxRanks) {
-      std::shared_ptr<Arrivals> a;
-      run_control([&] { a = std::make_shared<Arrivals>(comm_, rank_, size_, this->name()); },
-                  "MPI_Comm_dup (arrival record) on " + where());
-      arrivals_ = a;
-      engine_->add_poller(this, [a] { a->poll(); });
+    // The ledger (ledger.h) and the arrival record (mpi_arrivals.h), so that a timeout
+    // names the ranks that never came and where they are; not for the transient bootstrap
+    // wrapper of MPI_COMM_WORLD.
+    if (owns_comm_ && size_ > 1) {
+      std::vector<int> world(static_cast<size_t>(size_));
+      run_control([&] { world_ranks_of(comm_, world); }, "MPI_Group_translate_ranks on " + where());
+      start_ledger(world);
+      if (size_ <= Arrivals::kMaxRanks) {
+        std::shared_ptr<Arrivals> a;
+        run_control([&] { a = std::make_shared<Arrivals>(comm_, rank_, world, this->name()); },
+                    "MPI_Comm_dup (arrival record) on " + where());
+        arrivals_ = a;
+        engine_->add_poller(this, [a] { a->poll(); });
+      }
     }
   }
 
@@ -240,14 +248,18 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
   std::string backend_name() const override { return "mpi"; }
 
-  std::shared_ptr<Work> all_reduce_async(const Tensor& t, ReduceOp op, Stream) override {
+  std::shared_ptr<Work> all_reduce_async(const Tensor& given, ReduceOp op, Stream) override {
+    // KILN_COMM_FAULT=count (fault.h): one element fewer.
+    const Tensor t = comm_fault_now(CommFault::Count) && given.numel() > 0
+                         ? given.view_at(0, Shape{given.numel() - 1})
+                         : given;
     check_buffer(t, "all_reduce");
     check_host(t, "all_reduce");
     const int n = checked_count(t, "all_reduce");
     const MPI_Op mop = op == ReduceOp::Sum ? MPI_SUM : MPI_MAX;
     const MPI_Comm comm = comm_;
     std::string desc = describe(Collective::AllReduce, t, reduce_op_name(op)) + " on " + where();
-    auto o = make_op(Collective::AllReduce, static_cast<int64_t>(t.nbytes()), desc);
+    auto o = make_op(Collective::AllReduce, static_cast<int64_t>(t.nbytes()), desc, t.dtype(), n);
     if (is_16bit_float(t.dtype())) {
       // Reduce in fp32: convert, reduce, round back once.
       Tensor f = scratch(DType::F32, n);
@@ -295,7 +307,8 @@ class MpiCommunicator final : public Communicator {
     const int64_t total = input.numel();
     const MPI_Comm comm = comm_;
     std::string desc = describe(Collective::ReduceScatter, input, "sum") + " on " + where();
-    auto o = make_op(Collective::ReduceScatter, static_cast<int64_t>(input.nbytes()), desc);
+    auto o = make_op(Collective::ReduceScatter, static_cast<int64_t>(input.nbytes()), desc,
+                     input.dtype(), total);
     if (is_16bit_float(input.dtype())) {
       Tensor fin = scratch(DType::F32, total);
       Tensor fout = scratch(DType::F32, n);
@@ -333,7 +346,8 @@ class MpiCommunicator final : public Communicator {
     const MPI_Comm comm = comm_;
     const MPI_Datatype type = wire_type(input.dtype());
     std::string desc = describe(Collective::AllGather, output) + " on " + where();
-    auto o = make_op(Collective::AllGather, static_cast<int64_t>(output.nbytes()), desc);
+    auto o = make_op(Collective::AllGather, static_cast<int64_t>(output.nbytes()), desc,
+                     output.dtype(), output.numel());
     const bool in_place = input.raw() == static_cast<char*>(output.raw()) + input.nbytes() * rank_ &&
                           input.nbytes() > 0;
     Tensor staged = !in_place && overlaps(output, input) ? scratch(input.dtype(), n) : Tensor();
@@ -356,7 +370,7 @@ class MpiCommunicator final : public Communicator {
     const MPI_Comm comm = comm_;
     std::string desc =
         describe(Collective::Broadcast, t, fmt::format("root {}", root)) + " on " + where();
-    auto o = make_op(Collective::Broadcast, static_cast<int64_t>(t.nbytes()), desc);
+    auto o = make_op(Collective::Broadcast, static_cast<int64_t>(t.nbytes()), desc, t.dtype(), n, root);
     o->start = [t, n, root, comm, desc](MPI_Request* r) {
       mpi_check(MPI_Ibcast(t.raw(), n, wire_type(t.dtype()), root, comm, r), "MPI_Ibcast", desc);
     };
@@ -371,7 +385,7 @@ class MpiCommunicator final : public Communicator {
     const MPI_Comm comm = comm_;
     std::string desc =
         describe(Collective::Send, t, fmt::format("to {}, tag {}", peer, tag)) + " on " + where();
-    auto o = make_op(Collective::Send, static_cast<int64_t>(t.nbytes()), desc);
+    auto o = make_op(Collective::Send, static_cast<int64_t>(t.nbytes()), desc, t.dtype(), n, peer);
     o->start = [t, n, peer, tag, comm, desc](MPI_Request* r) {
       mpi_check(MPI_Isend(t.raw(), n, wire_type(t.dtype()), peer, tag, comm, r), "MPI_Isend", desc);
     };
@@ -386,7 +400,7 @@ class MpiCommunicator final : public Communicator {
     const MPI_Comm comm = comm_;
     std::string desc =
         describe(Collective::Recv, t, fmt::format("from {}, tag {}", peer, tag)) + " on " + where();
-    auto o = make_op(Collective::Recv, static_cast<int64_t>(t.nbytes()), desc);
+    auto o = make_op(Collective::Recv, static_cast<int64_t>(t.nbytes()), desc, t.dtype(), n, peer);
     o->start = [t, n, peer, tag, comm, desc](MPI_Request* r) {
       mpi_check(MPI_Irecv(t.raw(), n, wire_type(t.dtype()), peer, tag, comm, r), "MPI_Irecv", desc);
     };
@@ -426,7 +440,7 @@ class MpiCommunicator final : public Communicator {
     const MPI_Comm comm = comm_;
     const MPI_Datatype type = wire_type(input.dtype());
     auto o = make_op(Collective::AllToAll, sent * static_cast<int64_t>(dtype_size(input.dtype())),
-                     desc);
+                     desc, input.dtype(), sent);
     o->start = [input, output, layout, n, type, comm, desc](MPI_Request* r) {
       const int* v = layout->data();
       mpi_check(MPI_Ialltoallv(input.raw(), v, v + n, type, output.raw(), v + 2 * n, v + 3 * n,
@@ -488,8 +502,14 @@ class MpiCommunicator final : public Communicator {
                what, where(), t.str());
   }
 
-  std::unique_ptr<Op> make_op(Collective kind, int64_t bytes, const std::string& desc) {
+  /// An operation on `buffer` (its dtype and `count` elements go to the ledger; `peer`: the
+  /// other rank of send/recv, broadcast's root, else -1).
+  std::unique_ptr<Op> make_op(Collective kind, int64_t bytes, const std::string& desc,
+                              DType dtype = DType::F32, int64_t count = 0, int peer = -1) {
     auto o = std::make_unique<Op>();
+    o->dtype = dtype;
+    o->count = count;
+    o->peer = peer;
     o->kind = kind;
     o->bytes = bytes;
     o->timeout_s = timeout();
@@ -505,21 +525,52 @@ class MpiCommunicator final : public Communicator {
   }
 
   std::shared_ptr<Work> submit(std::unique_ptr<Op> o) {
-    const bool collective = o->kind != Collective::Send && o->kind != Collective::Recv;
-    if (arrivals_ && collective && !o->control) {
-      // Number the collective; announce the arrival where (and when) it starts.
-      const int64_t seq = arrivals_->next();
-      std::shared_ptr<Arrivals> a = arrivals_;
-      o->start = [a, seq, inner = std::move(o->start)](MPI_Request* r) {
-        a->announce(seq);
-        inner(r);
-      };
-      o->work->set_timeout_detail([a, seq] { return a->missing(seq); });
+    if (!o->control) {
+      if (apply_comm_faults(timeout())) return comm_detail::completed_work(o->work->description());
+      record_in_ledger(*o);
     }
     std::shared_ptr<Work> w = o->work;
     outstanding_.fetch_add(1);
     engine_->submit(std::move(o));
     return w;
+  }
+
+  /// Records `o` in the ledger, names its call site in its timeout message, and, for a
+  /// collective with an arrival record, announces it where (and when) it starts.
+  void record_in_ledger(Op& o) {
+    const LedgerEntry entry = note_call(o.kind, o.dtype, o.count, o.peer);
+    const bool collective = o.kind != Collective::Send && o.kind != Collective::Recv;
+    std::string site = entry.site[0] != '\0' ? "at " + describe_site(entry.site) : std::string();
+    if (!collective)
+      site += fmt::format("{}peer: world rank {}", site.empty() ? "" : "; ",
+                          world_ranks()[static_cast<size_t>(o.peer)]);
+    std::shared_ptr<Arrivals> a = collective ? arrivals_ : nullptr;
+    if (a) {
+      o.start = [a, ann = comm_detail::announcement_of(entry), inner = std::move(o.start)](MPI_Request* r) {
+        a->announce(ann);
+        inner(r);
+      };
+    }
+    o.work->set_timeout_detail([a, site, seq = entry.seq] {
+      if (!a) return site;
+      return site.empty() ? a->missing(seq) : site + "; " + a->missing(seq);
+    });
+    o.done = [this, entry, inner = std::move(o.done)] {
+      note_done(entry);
+      inner();
+    };
+  }
+
+  /// The world rank of each rank of `c` (local MPI calls).
+  static void world_ranks_of(MPI_Comm c, std::vector<int>& world) {
+    MPI_Group group, world_group;
+    MPI_Comm_group(c, &group);
+    MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+    std::vector<int> mine(world.size());
+    for (size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<int>(i);
+    MPI_Group_translate_ranks(group, static_cast<int>(mine.size()), mine.data(), world_group, world.data());
+    MPI_Group_free(&group);
+    MPI_Group_free(&world_group);
   }
 
   /// Runs `fn` (blocking MPI calls such as MPI_Comm_split) where this communicator's MPI

@@ -37,6 +37,9 @@ inline void mpi_check(int rc, const char* call, const std::string& context) {
 struct Op {
   Collective kind = Collective::Barrier;
   int64_t bytes = 0;
+  DType dtype = DType::F32;  // the ledger's record (ledger.h)
+  int64_t count = 0;
+  int peer = -1;
   bool control = false;  // not a collective: no statistics
   std::function<void(MPI_Request*)> start;
   std::function<void(const MPI_Status&)> finish;

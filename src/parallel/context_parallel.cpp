@@ -1,5 +1,6 @@
 #include "parallel/context_parallel.h"
 
+#include "comm/ledger.h"
 #include "core/error.h"
 #include "models/registry.h"
 #include "nn/block.h"
@@ -30,6 +31,7 @@ std::unique_ptr<nn::CpGroup::Transfer> CommCpGroup::shift(Stream s, const Tensor
   KILN_CHECK(send.shape() == recv.shape() && send.dtype() == recv.dtype(),
              "ring shift: send {} and receive {} buffers differ", send.str(), recv.str());
   const int n = comm_.size(), r = comm_.rank();
+  const CommSite site("cp.ring shift tag {}", tag);
   comm_.group_start();
   auto sw = comm_.send_async(send, (r + 1) % n, tag, s);
   auto rw = comm_.recv_async(recv, (r + n - 1) % n, tag, s);

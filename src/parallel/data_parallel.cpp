@@ -1,5 +1,6 @@
 #include "parallel/data_parallel.h"
 
+#include "comm/ledger.h"
 #include "core/error.h"
 #include "parallel/tp_grads.h"
 
@@ -234,6 +235,7 @@ void DataParallel::gather(int index, bool wait) {
   if (!part.params) {
     part.params = backend_.empty(Shape{part.padded}, model_.dtype(), MemCategory::Parameters);
     const Stream s = backend_.default_stream();
+    const CommSite site("dp.all_gather params part {}", index);
     for (const Region& r : part.regions)
       part.gather_works.push_back(r.comm->all_gather_async(
           part.params.view_at(r.begin - part.begin, Shape{r.size}),
@@ -324,6 +326,7 @@ void DataParallel::reduce_part_grads(int index) {
   Part& part = part_at(index);
   if (part.T == 0) return;  // every parameter frozen: no gradient
   const Stream s = backend_.default_stream();
+  const CommSite site("dp.{} grads part {}", stage_ >= 1 ? "reduce_scatter" : "all_reduce", index);
   if (stage_ >= 2) {
     // Reduce-scatter each trainable region in place; this rank's slice is then added to
     // its gradient shard.
@@ -359,10 +362,12 @@ void DataParallel::reduce_part_grads(int index) {
   }
   if (world_ == 1) return;
   part.done = true;  // stage 0: all-reduce a bucket once all of its parts are done
-  for (const auto& bucket : buckets_) {
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const auto& bucket = buckets_[b];
     if (std::find(bucket.begin(), bucket.end(), index) == bucket.end()) continue;
     for (int q : bucket)
       if (!part_at(q).done) return;
+    const CommSite bucket_site("dp.all_reduce grads bucket {}", b);
     const Part& first = part_at(bucket.back());  // lowest flat offset
     const Part& last = part_at(bucket.front());
     Pending p;
@@ -432,13 +437,20 @@ void DataParallel::grad_sum_squares(const Tensor& acc) {
     backend_.sum_squares(s, acc, grad_shard_);
   }
   // Summed in double on the device (rank order on MPI): every rank the same bits.
-  if ((stage_ > 0 || replicas_once) && world_ > 1) comm_.all_reduce(acc, ReduceOp::Sum, s);
-  if (tp_) tp_->all_reduce(acc, ReduceOp::Sum, s);
+  if ((stage_ > 0 || replicas_once) && world_ > 1) {
+    const CommSite site("dp.all_reduce grad norm");
+    comm_.all_reduce(acc, ReduceOp::Sum, s);
+  }
+  if (tp_) {
+    const CommSite site("tp.all_reduce grad norm");
+    tp_->all_reduce(acc, ReduceOp::Sum, s);
+  }
 }
 
 void DataParallel::after_optimizer_step() {
   if (stage_ == 0 || stage_ == 3) return;
   const Stream s = backend_.default_stream();
+  const CommSite site("dp.all_gather params after the update");
   std::vector<std::shared_ptr<Work>> works;
   for (const auto& part : parts_) {
     for (const Region& r : part.regions) {

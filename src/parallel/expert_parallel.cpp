@@ -1,5 +1,6 @@
 #include "parallel/expert_parallel.h"
 
+#include "comm/ledger.h"
 #include "core/error.h"
 #include "nn/block.h"
 
@@ -45,6 +46,7 @@ std::unique_ptr<nn::EpGroup::Transfer> CommEpGroup::all_to_all_rows(
   std::vector<int64_t> recv(recv_rows.begin(), recv_rows.end());
   for (int64_t& c : send) c *= w;
   for (int64_t& c : recv) c *= w;
+  const CommSite site("ep.all_to_all tokens");
   return std::make_unique<CommTransfer>(comm_.all_to_all_async(out, in, send, recv, s),
                                         wait_seconds_);
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "comm/communicator.h"
+#include "comm/ledger.h"
 #include "models/model.h"
 
 namespace kiln {
@@ -15,7 +16,10 @@ class CommMoeBalanceGroup final : public MoeBalanceGroup {
   /// `comm` is not owned and must outlive the group.
   explicit CommMoeBalanceGroup(Communicator& comm) : comm_(comm) {}
   int size() const override { return comm_.size(); }
-  void all_reduce_sum(Stream s, const Tensor& t) override { comm_.all_reduce(t, ReduceOp::Sum, s); }
+  void all_reduce_sum(Stream s, const Tensor& t) override {
+    const CommSite site("moe.all_reduce balance statistics");
+    comm_.all_reduce(t, ReduceOp::Sum, s);
+  }
 
  private:
   Communicator& comm_;

@@ -1,6 +1,9 @@
 #include "parallel/pipeline.h"
 
+#include "comm/ledger.h"
 #include "core/error.h"
+
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
@@ -56,6 +59,15 @@ int PipelineExecutor::tag(Kind kind, int chunk, int mb) const {
   return kind * 16384 + (chunk * schedule_.micro_batches + mb) % 16384;
 }
 
+const char* PipelineExecutor::kind_name(Kind kind) {
+  return kind == kActivation ? "activation" : "gradient";
+}
+
+std::string PipelineExecutor::route(int from, int to, int chunk, int mb) const {
+  if (schedule_.virtual_stages == 1) return fmt::format("stage {} -> {} micro-batch {}", from, to, mb);
+  return fmt::format("stage {} -> {} chunk {} micro-batch {}", from, to, chunk, mb);
+}
+
 Tensor PipelineExecutor::message_buffer() const {
   return model_.backend().empty(*model_.stage_activation_shape(B_, T_), model_.dtype(),
                                 MemCategory::Activations);
@@ -67,6 +79,7 @@ void PipelineExecutor::post_recv(const Action& a) {
   if (inbox_.count(key)) return;  // posted ahead
   Inbox in;
   in.data = message_buffer();
+  const CommSite site("pp.recv {} {}", kind_name(kind), route(a.peer, rank_, a.chunk, a.micro_batch));
   in.work = comm_->recv_async(in.data, a.peer, tag(kind, a.chunk, a.micro_batch),
                               model_.backend().default_stream());
   inbox_.emplace(key, std::move(in));
@@ -91,6 +104,7 @@ void PipelineExecutor::send(Kind kind, int chunk, int mb, int peer) {
   outbox_.erase(it);
   // Buffers of the sends already matched go now (the rest at the end of the step).
   std::erase_if(sends_, [](const auto& s) { return s.first->is_completed(); });
+  const CommSite site("pp.send {} {}", kind_name(kind), route(rank_, peer, chunk, mb));
   auto work = comm_->send_async(data, peer, tag(kind, chunk, mb), model_.backend().default_stream());
   sends_.emplace_back(std::move(work), std::move(data));
 }

@@ -87,6 +87,9 @@ class PipelineExecutor {
     Tensor data;
   };
   int tag(Kind kind, int chunk, int mb) const;
+  /// The ledger's call sites (comm/ledger.h): "activation", "stage 1 -> 2 micro-batch 3".
+  static const char* kind_name(Kind kind);
+  std::string route(int from, int to, int chunk, int mb) const;
   Tensor message_buffer() const;
   void post_recv(const Action& a);
   /// The sends and receives from list index i up to the next pass, as one group; i ends

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "comm/communicator.h"
+#include "comm/ledger.h"
 #include "nn/tensor_parallel.h"
 
 namespace kiln {
@@ -14,11 +15,16 @@ class CommTpGroup final : public nn::TpGroup {
   explicit CommTpGroup(Communicator& comm) : comm_(comm) {}
   int size() const override { return comm_.size(); }
   int rank() const override { return comm_.rank(); }
-  void all_reduce_sum(Stream s, const Tensor& t) override { comm_.all_reduce(t, ReduceOp::Sum, s); }
+  void all_reduce_sum(Stream s, const Tensor& t) override {
+    const CommSite site("tp.all_reduce activations");
+    comm_.all_reduce(t, ReduceOp::Sum, s);
+  }
   void all_gather_rows(Stream s, const Tensor& out, const Tensor& in) override {
+    const CommSite site("tp.all_gather rows (sequence parallel)");
     comm_.all_gather(out, in, s);
   }
   void reduce_scatter_rows(Stream s, const Tensor& out, const Tensor& in) override {
+    const CommSite site("tp.reduce_scatter rows (sequence parallel)");
     comm_.reduce_scatter(out, in, s);
   }
   Communicator& comm() const { return comm_; }

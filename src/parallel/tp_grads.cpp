@@ -1,11 +1,14 @@
 #include "parallel/tp_grads.h"
 
+#include "comm/ledger.h"
+
 namespace kiln {
 
 void reduce_partial_grads(const std::vector<AdamWSegment>& segments, Backend& backend,
                           Communicator& tp) {
   if (tp.size() == 1) return;
   const Stream s = backend.default_stream();
+  const CommSite site("tp.all_reduce partial grads");
   for (const AdamWSegment& seg : segments)
     if (seg.spec.tp_partial_grad && seg.size() > 0) tp.all_reduce(seg.grad, ReduceOp::Sum, s);
 }
@@ -57,6 +60,7 @@ double tp_grad_sum_squares(Model& model, Communicator& tp) {
   be.fill(be.default_stream(), acc, 0.f);
   tp_share_sum_squares(whole_segments(model.params(), model.param_buffer(), model.grad_buffer()),
                        be, tp.rank(), acc);
+  const CommSite site("tp.all_reduce grad norm");
   tp.all_reduce(acc, ReduceOp::Sum, be.default_stream());
   double v = 0.0;
   be.copy_to_host(be.default_stream(), &v, acc);

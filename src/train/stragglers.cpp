@@ -1,5 +1,6 @@
 #include "train/stragglers.h"
 
+#include "comm/ledger.h"
 #include "core/error.h"
 
 #include <fmt/format.h>
@@ -59,6 +60,7 @@ RankTimes RankWindow::take() {
 std::vector<RankTimes> gather_rank_times(Communicator& world, const RankTimes& mine) {
   std::vector<double> all(2 * static_cast<size_t>(world.size()));
   double own[2] = {mine.step_s, mine.compute_s};
+  const CommSite site("train.all_gather step times");
   world.all_gather(Tensor::view(all.data(), Shape{static_cast<int64_t>(all.size())}, DType::F64),
                    Tensor::view(own, Shape{2}, DType::F64));
   std::vector<RankTimes> out(static_cast<size_t>(world.size()));

@@ -1,5 +1,6 @@
 #include "train/train_step.h"
 
+#include "comm/ledger.h"
 #include "config/components.h"
 #include "core/error.h"
 #include "models/registry.h"
@@ -264,6 +265,7 @@ void TrainStep::count_params(const ModelOptions& options, ModelStorage storage) 
 
 void TrainStep::reduce_tied_grads() {
   if (!tied_comm_) return;
+  const CommSite site("pp.all_reduce tied grads");
   for (const std::string& name : tied_names_)
     tied_comm_->all_reduce(model_->grad(name), ReduceOp::Sum, backend_.default_stream());
 }
@@ -453,9 +455,15 @@ void TrainStep::reduce_stats_and_clip() {
   // stats_ = {loss sum, local target count, gradient sum of squares}, summed over ranks
   // on the device: every rank gets the same bits and takes the same decision.
   const Tensor loss_sum = stats_.view_at(0, Shape{1}), sumsq = stats_.view_at(2, Shape{1});
-  if (groups_.dp_cp.size() > 1) groups_.dp_cp.all_reduce(loss_sum, ReduceOp::Sum, s);
+  if (groups_.dp_cp.size() > 1) {
+    const CommSite site("train.all_reduce loss");
+    groups_.dp_cp.all_reduce(loss_sum, ReduceOp::Sum, s);
+  }
   dp_->grad_sum_squares(sumsq);
-  if (size_of(groups_.pp) > 1) groups_.pp->all_reduce(stats_, ReduceOp::Sum, s);  // the last stage's loss
+  if (size_of(groups_.pp) > 1) {
+    const CommSite site("train.all_reduce step statistics over pp");
+    groups_.pp->all_reduce(stats_, ReduceOp::Sum, s);  // the last stage's loss
+  }
   // The clipping coefficient (and the loss scale's division) stays on the device too:
   // NaN, so that the update is skipped, when the norm or the loss is not finite.
   backend_.clip_coefficient(s, coef_, sumsq, loss_sum, config_.optim.grad_clip,
@@ -485,6 +493,7 @@ std::optional<MoeStats> TrainStep::global_moe_stats() {
   if (!moe_sums_ || moe_sums_.numel() != n)
     moe_sums_ = backend_.empty(Shape{n}, DType::F64, MemCategory::CommBuffers);
   backend_.copy_from_host(s, moe_sums_, host.data());
+  const CommSite site("train.all_reduce moe statistics");
   if (groups_.dp_cp.size() > 1) groups_.dp_cp.all_reduce(moe_sums_, ReduceOp::Sum, s);
   if (pp > 1) groups_.pp->all_reduce(moe_sums_, ReduceOp::Sum, s);
   backend_.copy_to_host(s, host.data(), moe_sums_);

@@ -4,8 +4,11 @@
 // the end-of-run summaries, trainer_summary.cpp.
 #include "train/trainer.h"
 
+#include "comm/ledger.h"
+
 #include "backend/probe.h"
 #include "comm/launch.h"
+#include "comm/ledger.h"
 #include "config/components.h"
 #include "core/error.h"
 #include "profile/profiling_backend.h"
@@ -67,6 +70,7 @@ void check_config_on_all_ranks(Communicator& world, const TrainConfig& config) {
   // gathered from every rank, so that a mismatch names the first key that differs.
   std::vector<std::string> names, lines;
   config_key_lines(config.to_toml(), names, lines);
+  const CommSite site("train.config check");
   check_same_on_all_ranks(world, "config (its number of keys)", std::to_string(lines.size()));
   const auto n = static_cast<int64_t>(lines.size());
   std::vector<int32_t> mine(lines.size()), all(lines.size() * static_cast<size_t>(world.size()));
@@ -113,6 +117,8 @@ void Trainer::set_up_mesh() {
   world_ = make_device_world_communicator(config_.train.device, config_.parallel.communicator);
   world_->set_tracer(&profile::Tracer::global());  // the groups built from it inherit it
   world_->set_timeout(config_.parallel.timeout_s);
+  // Where each rank writes its collective ledger when the job hangs or fails (comm/ledger.h).
+  if (world_->size() > 1) set_ledger_dir((run_dir_ / "ledger").string());
   // Every rank must run the same config, the layout included: checked key by key before
   // the mesh is built from it.
   check_config_on_all_ranks(*world_, config_);

@@ -5,6 +5,7 @@
 // resolved config and the tokenizer for `kiln sample`. Reading them back:
 // trainer_resume.cpp.
 #include "checkpoint/checkpoint.h"
+#include "comm/ledger.h"
 #include "model_io/model_io.h"
 #include "train/trainer.h"
 #include "profile/tracer.h"
@@ -38,6 +39,7 @@ void Trainer::save_checkpoint() {
   }
   SaveContents contents = capture_checkpoint();
   contents.writer->write_rank_files();
+  const CommSite site("ckpt.barrier save");
   world_->barrier();
   if (is_rank0()) {
     commit_checkpoint(contents);
@@ -62,6 +64,7 @@ SaveContents Trainer::capture_checkpoint() {
     fs::create_directories(root);
     c.writer->discard_stale_tmp_dir();  // what an interrupted save of this step left
   }
+  const CommSite site("ckpt.barrier capture");
   world_->barrier();
   host_copies_.reset();  // the previous save, if any, has finished with them
   add_tensors(*c.writer, host_copies_);
@@ -84,8 +87,10 @@ double Trainer::drain_background_save(bool last) {
   // Which rank failed, if any: the highest, as rank + 1 (0: none).
   std::vector<float> failed{pending_save_->error().empty() ? 0.f
                                                            : static_cast<float>(world_->rank() + 1)};
-  if (world_->size() > 1)
+  if (world_->size() > 1) {
+    const CommSite site("ckpt.all_reduce background save result");
     world_->all_reduce(Tensor::view(failed.data(), Shape{1}, DType::F32), ReduceOp::Max);
+  }
   finish_background_save(static_cast<int>(failed[0]) - 1, last);
   return waited;
 }

@@ -3,6 +3,7 @@
 // data, batch shape), with a rollback's newer checkpoints moved aside; or, without one,
 // fresh weights (model.init_from's, or random ones).
 #include "checkpoint/checkpoint.h"
+#include "comm/ledger.h"
 #include "config/components.h"
 #include "core/json_util.h"
 #include "model_io/model_io.h"
@@ -67,6 +68,7 @@ void Trainer::start() {
   if (dir) {
     load_checkpoint(*dir);
     if (is_rank0()) abandon_newer_checkpoints(*dir);
+    const CommSite site("ckpt.barrier resume");
     world_->barrier();
     return;
   }

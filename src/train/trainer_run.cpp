@@ -4,6 +4,7 @@
 // summaries (trainer_summary.cpp).
 #include "train/trainer.h"
 
+#include "comm/ledger.h"
 #include "core/error.h"
 #include "data/tokenizer.h"
 #include "profile/tracer.h"
@@ -27,7 +28,10 @@ namespace kiln {
 
 namespace {
 std::atomic<bool> g_preempt{false};
-extern "C" void on_preempt_signal(int) { g_preempt.store(true); }
+extern "C" void on_preempt_signal(int) {
+  g_preempt.store(true);
+  note_stop_signal();  // a wait blocked long after it says where (comm/ledger.h)
+}
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) {
@@ -293,6 +297,7 @@ bool Trainer::checkpoint_or_stop(const CheckpointPolicy& policy, TrainResult& r)
                                ? static_cast<float>(world_->rank() + 1) : 0.f};
   if (world_->size() > 1) {
     Tensor t = Tensor::view(agree.data(), Shape{3}, DType::F32);
+    const CommSite site("train.all_reduce stop agreement");
     world_->all_reduce(t, ReduceOp::Max);
   }
   if (save && agree[1] == 0.f) finish_background_save(static_cast<int>(agree[2]) - 1);
@@ -351,6 +356,7 @@ std::vector<std::vector<int64_t>> Trainer::memory_by_rank() {
   const auto n = static_cast<int64_t>(mine.size());
   std::vector<int32_t> all = mine;
   if (world_->size() > 1) {
+    const CommSite site("train.all_gather memory peaks");
     all.resize(static_cast<size_t>(n * world_->size()));
     world_->all_gather(Tensor::view(all.data(), Shape{static_cast<int64_t>(all.size())}, DType::I32),
                        Tensor::view(mine.data(), Shape{n}, DType::I32));

@@ -2,6 +2,7 @@
 #include "comm/nccl/nccl_communicator.h"
 
 #include "comm/detail.h"
+#include "comm/ledger.h"
 #include "core/error.h"
 
 #include <cuda_runtime.h>
@@ -59,10 +60,10 @@ class NcclCommunicator;
 // A collective in flight: start/end events on the communication stream.
 class NcclWork final : public Work {
  public:
-  NcclWork(NcclCommunicator* comm, Collective c, int64_t bytes, std::string description,
-           cudaEvent_t start, cudaEvent_t end)
-      : comm_(comm), c_(c), bytes_(bytes), description_(std::move(description)), start_(start),
-        end_(end) {}
+  NcclWork(NcclCommunicator* comm, const LedgerEntry& entry, int64_t bytes,
+           std::string description, cudaEvent_t start, cudaEvent_t end)
+      : comm_(comm), entry_(entry), bytes_(bytes), description_(std::move(description)),
+        start_(start), end_(end) {}
   ~NcclWork() override {
     cudaEventDestroy(start_);
     cudaEventDestroy(end_);
@@ -74,7 +75,7 @@ class NcclWork final : public Work {
  private:
   void finish() const;
   NcclCommunicator* comm_;
-  Collective c_;
+  LedgerEntry entry_;  // its record in the communicator's ledger
   int64_t bytes_;
   std::string description_;
   cudaEvent_t start_, end_;
@@ -99,6 +100,7 @@ class NcclCommunicator final : public Communicator {
     int32_t one = 1;
     cuda_ok(cudaMalloc(&barrier_buf_, sizeof(int32_t)), "cudaMalloc");
     cuda_ok(cudaMemcpy(barrier_buf_, &one, sizeof(one), cudaMemcpyHostToDevice), "cudaMemcpy");
+    if (size() > 1) start_ledger(boot_->world_ranks());
   }
 
   ~NcclCommunicator() override {
@@ -124,7 +126,7 @@ class NcclCommunicator final : public Communicator {
     check_buffer(t, "all_reduce");
     if (t.device().is_cpu()) return boot_->all_reduce_async(t, op, s);
     const std::string what = comm_detail::describe(Collective::AllReduce, t, reduce_op_name(op));
-    return launch(Collective::AllReduce, static_cast<int64_t>(t.nbytes()), what, s, [&] {
+    return launch({Collective::AllReduce, t.dtype(), t.numel(), -1}, static_cast<int64_t>(t.nbytes()), what, s, [&] {
       return ncclAllReduce(t.raw(), t.raw(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()),
                            op == ReduceOp::Sum ? ncclSum : ncclMax, comm_, stream_);
     });
@@ -134,7 +136,8 @@ class NcclCommunicator final : public Communicator {
     check_reduce_scatter(output, input);
     if (input.device().is_cpu()) return boot_->reduce_scatter_async(output, input, s);
     const std::string what = comm_detail::describe(Collective::ReduceScatter, input);
-    return launch(Collective::ReduceScatter, static_cast<int64_t>(input.nbytes()), what, s, [&] {
+    return launch({Collective::ReduceScatter, input.dtype(), input.numel(), -1},
+                  static_cast<int64_t>(input.nbytes()), what, s, [&] {
       return ncclReduceScatter(input.raw(), output.raw(), static_cast<size_t>(output.numel()),
                                nccl_type(input.dtype()), ncclSum, comm_, stream_);
     });
@@ -144,7 +147,8 @@ class NcclCommunicator final : public Communicator {
     check_all_gather(output, input);
     if (input.device().is_cpu()) return boot_->all_gather_async(output, input, s);
     const std::string what = comm_detail::describe(Collective::AllGather, output);
-    return launch(Collective::AllGather, static_cast<int64_t>(output.nbytes()), what, s, [&] {
+    return launch({Collective::AllGather, output.dtype(), output.numel(), -1},
+                  static_cast<int64_t>(output.nbytes()), what, s, [&] {
       return ncclAllGather(input.raw(), output.raw(), static_cast<size_t>(input.numel()),
                            nccl_type(input.dtype()), comm_, stream_);
     });
@@ -155,7 +159,7 @@ class NcclCommunicator final : public Communicator {
     if (t.device().is_cpu()) return boot_->broadcast_async(t, root, s);
     const std::string what =
         comm_detail::describe(Collective::Broadcast, t, "root " + std::to_string(root));
-    return launch(Collective::Broadcast, static_cast<int64_t>(t.nbytes()), what, s, [&] {
+    return launch({Collective::Broadcast, t.dtype(), t.numel(), root}, static_cast<int64_t>(t.nbytes()), what, s, [&] {
       return ncclBroadcast(t.raw(), t.raw(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()),
                            root, comm_, stream_);
     });
@@ -165,7 +169,7 @@ class NcclCommunicator final : public Communicator {
     check_peer(peer, tag, "send");
     if (t.device().is_cpu()) return boot_->send_async(t, peer, tag, s);
     const std::string what = comm_detail::describe(Collective::Send, t, "to " + std::to_string(peer));
-    return launch(Collective::Send, static_cast<int64_t>(t.nbytes()), what, s, [&] {
+    return launch({Collective::Send, t.dtype(), t.numel(), peer}, static_cast<int64_t>(t.nbytes()), what, s, [&] {
       return ncclSend(t.raw(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()), peer, comm_,
                       stream_);
     });
@@ -176,7 +180,7 @@ class NcclCommunicator final : public Communicator {
     if (t.device().is_cpu()) return boot_->recv_async(t, peer, tag, s);
     const std::string what =
         comm_detail::describe(Collective::Recv, t, "from " + std::to_string(peer));
-    return launch(Collective::Recv, static_cast<int64_t>(t.nbytes()), what, s, [&] {
+    return launch({Collective::Recv, t.dtype(), t.numel(), peer}, static_cast<int64_t>(t.nbytes()), what, s, [&] {
       return ncclRecv(t.raw(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()), peer, comm_,
                       stream_);
     });
@@ -192,7 +196,7 @@ class NcclCommunicator final : public Communicator {
     const std::string what = comm_detail::describe(Collective::AllToAll, in);
     // One ncclSend and one ncclRecv per peer with a non-empty piece, fused by a group
     // (inside the caller's group when one is open).
-    return launch(Collective::AllToAll, static_cast<int64_t>(in.nbytes()), what, s, [&] {
+    return launch({Collective::AllToAll, in.dtype(), sent, -1}, static_cast<int64_t>(in.nbytes()), what, s, [&] {
       const bool own_group = !in_group_;
       if (own_group) nccl_ok(ncclGroupStart(), "ncclGroupStart");
       const size_t elem = dtype_size(input.dtype());
@@ -214,7 +218,7 @@ class NcclCommunicator final : public Communicator {
   }
   std::shared_ptr<Work> barrier_async() override {
     // An all-reduce of one device int: completes when every rank has reached it.
-    return launch(Collective::Barrier, 0, "barrier", Stream{}, [&] {
+    return launch({Collective::Barrier, DType::I32, 0, -1}, 0, "barrier", Stream{}, [&] {
       return ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclInt32, ncclMax, comm_, stream_);
     });
   }
@@ -232,13 +236,16 @@ class NcclCommunicator final : public Communicator {
     const double waited = comm_detail::seconds_since(t0);
     if (waited > timeout()) {
       const std::string msg = fmt::format(
-          "timed out after {} s waiting for {} on {} (parallel.timeout_s sets the limit)",
-          timeout(), what, where());
+          "timed out after {} s waiting for {} (parallel.timeout_s sets the limit)", timeout(), what);
+      report_hang(what, comm_detail::kLedgerGatherS);
       abort_comm();
       abort_all(msg);
     }
   }
-  void record_done(Collective c, int64_t bytes, double seconds) { record(c, bytes, seconds); }
+  void record_done(const LedgerEntry& entry, int64_t bytes, double seconds) {
+    note_done(entry);
+    record(entry.op, bytes, seconds);
+  }
 
  protected:
   std::unique_ptr<Communicator> make_group(const std::vector<int>& ranks,
@@ -252,9 +259,18 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  /// What the ledger records of a call (comm/ledger.h).
+  struct Call {
+    Collective op;
+    DType dtype;
+    int64_t count;
+    int peer;  // send/recv: the other rank; broadcast: the root; else -1
+  };
+
   template <class F>
-  std::shared_ptr<Work> launch(Collective c, int64_t bytes, const std::string& what, Stream s,
-                               F&& call) {
+  std::shared_ptr<Work> launch(const Call& call_info, int64_t bytes, const std::string& what,
+                               Stream s, F&& call) {
+    const Collective c = call_info.op;
     NvtxScope range(collective_name(c));
     cudaEvent_t start = nullptr, end = nullptr;
     cuda_ok(cudaEventCreate(&start), "cudaEventCreate");
@@ -273,7 +289,10 @@ class NcclCommunicator final : public Communicator {
     // In a group the operation is enqueued at ncclGroupEnd: its end event is recorded there.
     if (in_group_) group_ends_.push_back(end);
     else cuda_ok(cudaEventRecord(end, stream_), "cudaEventRecord");
-    return std::make_shared<NcclWork>(this, c, bytes, what + " on " + where(), start, end);
+    const LedgerEntry entry = note_call(c, call_info.dtype, call_info.count, call_info.peer);
+    std::string description = what + " on " + where();
+    if (entry.site[0] != '\0') description += " at " + describe_site(entry.site);
+    return std::make_shared<NcclWork>(this, entry, bytes, std::move(description), start, end);
   }
 
  public:
@@ -336,7 +355,7 @@ void NcclWork::finish() const {
   recorded_ = true;
   float ms = 0.f;
   if (cudaEventElapsedTime(&ms, start_, end_) != cudaSuccess) (void)cudaGetLastError();
-  comm_->record_done(c_, bytes_, ms / 1e3);
+  comm_->record_done(entry_, bytes_, ms / 1e3);
 }
 
 }  // namespace
