@@ -259,7 +259,7 @@ void BasicWork::wait() {
       progress_();
       if (is_completed()) break;
       if (Clock::now() - t0 > limit) break;
-      if ((idle & 1023) == 0) notice_stop_signal(signal_seen);
+      if ((idle & 1023) == 0) notice_stop_signal(signal_seen, *this);
       if (++idle < 64) {
         std::this_thread::yield();
       } else {
@@ -271,7 +271,7 @@ void BasicWork::wait() {
     std::unique_lock<std::mutex> lock(mu_);
     while (!done_.load(std::memory_order_acquire) && Clock::now() - t0 < limit) {
       cv_.wait_for(lock, std::chrono::milliseconds(100));
-      notice_stop_signal(signal_seen);
+      notice_stop_signal(signal_seen, *this);
     }
   }
   if (!is_completed()) {
@@ -284,7 +284,7 @@ void BasicWork::wait() {
   }
 }
 
-void BasicWork::notice_stop_signal(std::optional<Clock::time_point>& seen) {
+void notice_stop_signal(std::optional<Clock::time_point>& seen, const Work& work) {
   if (!stop_signal_noted()) return;
   if (!seen) seen = Clock::now();
   if (seconds_since(*seen) < kSignalWaitS) return;
@@ -292,10 +292,10 @@ void BasicWork::notice_stop_signal(std::optional<Clock::time_point>& seen) {
   if (said.exchange(true)) return;
   // Under a launcher that kills the job (a rank died, or the user stopped it), the ranks
   // may not live until the timeout: say now where this one waits.
-  const std::string path = write_ledger_file("stop signal while waiting for " + description_);
+  const std::string what = work.timeout_description();
+  const std::string path = write_ledger_file("stop signal while waiting for " + what);
   std::fprintf(stderr, "kiln: rank %d: a stop signal arrived while this rank waits for %s%s%s\n",
-               world_rank(), timeout_description().c_str(), path.empty() ? "" : "; ledger: ",
-               path.c_str());
+               world_rank(), what.c_str(), path.empty() ? "" : "; ledger: ", path.c_str());
   std::fflush(stderr);
 }
 

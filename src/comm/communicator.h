@@ -114,6 +114,9 @@ class Work {
   virtual bool is_completed() const = 0;
   /// "all_reduce(sum, fp32[1024]) on 'world' (rank 1 of 4)"
   virtual std::string description() const = 0;
+  /// What a timeout reports: the description, with the call site and the ranks missing
+  /// where the implementation knows them.
+  virtual std::string timeout_description() const { return description(); }
 };
 
 class Communicator {

@@ -28,13 +28,9 @@ class BasicWork final : public Work {
   /// (...)" from the communicator's arrival record. Set before the Work is handed out.
   void set_timeout_detail(std::function<std::string()> detail) { detail_ = std::move(detail); }
   /// "<description>[: <detail>]": what a timeout reports.
-  std::string timeout_description() const;
+  std::string timeout_description() const override;
 
  private:
-  /// After a stop signal (ledger.h's note_stop_signal), once this wait has stayed blocked
-  /// kSignalWaitS seconds: writes the ledger file and says where this rank waits (once
-  /// per process). `seen`: when this wait first saw the signal.
-  void notice_stop_signal(std::optional<std::chrono::steady_clock::time_point>& seen);
   std::string description_;
   double timeout_s_;
   std::function<void()> progress_;
@@ -60,6 +56,12 @@ using AbortHook = void (*)(int exit_code);
 void set_abort_hook(AbortHook hook);
 
 using Clock = std::chrono::steady_clock;
+
+/// Called while a wait for `work` is blocked: after a stop signal (ledger.h's
+/// note_stop_signal), once the wait has stayed blocked kSignalWaitS seconds, writes the
+/// ledger file and says where this rank waits (once per process). `seen`: when this wait
+/// first saw the signal.
+void notice_stop_signal(std::optional<Clock::time_point>& seen, const Work& work);
 /// Seconds a rank that timed out waits for the other ranks' ledger files (ledger.h).
 inline constexpr double kLedgerGatherS = 1.0;
 inline double seconds_since(Clock::time_point t0) {

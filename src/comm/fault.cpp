@@ -57,10 +57,10 @@ Plan parse(const std::string& spec) {
 }
 
 struct State {
+  std::once_flag loaded;
+  Plan plan;  // set once, then read only
   std::mutex mu;
-  bool loaded = false;
-  Plan plan;
-  int64_t matches = 0;
+  int64_t matches = 0;  // guarded by mu
 };
 
 State& state() {
@@ -72,15 +72,14 @@ State& state() {
 
 bool comm_fault_now(CommFault kind) {
   State& s = state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  if (!s.loaded) {
+  std::call_once(s.loaded, [&] {
     const char* env = std::getenv("KILN_COMM_FAULT");
     s.plan = parse(env ? env : "");
-    s.loaded = true;
-  }
+  });
   const Plan& p = s.plan;
   if (!p.active || p.kind != kind || p.rank != comm_detail::world_rank()) return false;
   if (std::string_view(CommSite::current()).substr(0, p.site.size()) != p.site) return false;
+  std::lock_guard<std::mutex> lock(s.mu);
   return ++s.matches == p.n;
 }
 

@@ -41,7 +41,7 @@ for np in 2 4; do
   # The stopped rank must be among those named. On 4 ranks the others may have moved on
   # to the next collective of another group while one still waits inside the last (the
   # stopped rank held its data), so a line may name a waiting rank beside the stopped one.
-  line=$(grep -m1 -E "timed out after $timeout_s s waiting for .*(: ranks? ([0-9]+, )*$want(, [0-9]+)* did not arrive \(collective #|been silent since: (rank [0-9]+ \([0-9.]+ s\), )*rank $want \()" "$run.log") ||
+  line=$(grep -m1 -E "timed out after $timeout_s s waiting for .*((: |; )ranks? ([0-9]+, )*$want(, [0-9]+)* did not arrive \(collective #|been silent since: (rank [0-9]+ \([0-9.]+ s\), )*rank $want \()" "$run.log") ||
     { echo "FAILED: np=$np: no timeout naming rank $want"; cat "$run.log"; exit 1; }
   # Within the timeout (plus the time the others take to reach the next collective, the
   # second a timed-out rank waits for the others' ledgers, and mpirun's end of the job).

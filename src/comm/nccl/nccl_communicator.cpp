@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 namespace kiln {
@@ -336,7 +337,8 @@ bool NcclWork::is_completed() const {
 
 void NcclWork::wait() {
   const auto t0 = Clock::now();
-  for (;;) {
+  std::optional<Clock::time_point> signal_seen;
+  for (int polls = 0;; ++polls) {
     const cudaError_t q = cudaEventQuery(end_);
     if (q == cudaSuccess) break;
     if (q != cudaErrorNotReady) {
@@ -345,6 +347,7 @@ void NcclWork::wait() {
                             cudaGetErrorString(q)));
     }
     comm_->poll_failure(description_, t0);
+    if ((polls & 1023) == 0) comm_detail::notice_stop_signal(signal_seen, *this);
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
   finish();
