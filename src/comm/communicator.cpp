@@ -3,6 +3,7 @@
 #include "comm/communicator.h"
 
 #include "comm/detail.h"
+#include "comm/fault.h"
 #include "comm/ledger.h"
 #include "comm/local_communicator.h"
 #ifdef KILN_HAVE_MPI
@@ -425,9 +426,14 @@ bool comm_built_with_mpi() {
 std::unique_ptr<Communicator> make_world_communicator() {
   check_srun_has_pmi();
   const int launched = launcher_world_size();
-  if (launched == 0 || launched == 1) return std::make_unique<LocalCommunicator>("world");
+  if (launched == 0 || launched == 1) {
+    check_comm_fault(1);
+    return std::make_unique<LocalCommunicator>("world");
+  }
 #ifdef KILN_HAVE_MPI
-  return make_mpi_world_communicator();
+  auto world = make_mpi_world_communicator();
+  check_comm_fault(world->size());
+  return world;
 #else
   KILN_FAIL(
       "launched by mpirun/srun with {} processes, but kiln was built without MPI "

@@ -99,17 +99,6 @@ double seconds_between(int64_t from_ns, int64_t to_ns) {
   return static_cast<double>(to_ns - from_ns) / 1e9;
 }
 
-/// "all_reduce fp32[4] #12 of 'dp' at 'train.loss'", "recv fp32[8] from rank 2 #3 of 'pp'
-/// at ..." (peers and roots as world ranks).
-std::string call_text(const LedgerEntry& e, const RankLedger::Group& g) {
-  std::string call = describe_call(e.op, e.dtype, e.count, -1);
-  if (e.peer >= 0 && static_cast<size_t>(e.peer) < g.world_ranks.size()) {
-    const char* dir = e.op == Collective::Send ? "to" : "from";
-    call += fmt::format(" {} rank {}", dir, g.world_ranks[static_cast<size_t>(e.peer)]);
-  }
-  return fmt::format("{} #{} of '{}' at {}", call, e.seq, g.name, describe_site(e.site));
-}
-
 /// What must agree between the members of a collective.
 std::string signature(const LedgerEntry& e) {
   const std::string count =
@@ -121,10 +110,15 @@ std::string rank_list(const std::vector<int>& ranks) {
   return fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", fmt::join(ranks, ", "));
 }
 
+/// A communicator: its name and members (several communicators share a name, e.g. the
+/// 'dp' groups of the pipeline stages).
+using GroupId = std::pair<std::string, std::vector<int>>;
+GroupId id_of(const RankLedger::Group& g) { return {g.name, g.world_ranks}; }
+
 class Diagnosis {
  public:
-  Diagnosis(const std::vector<RankLedger>& ledgers, int world_size)
-      : ledgers_(ledgers), world_size_(world_size) {
+  Diagnosis(const std::vector<RankLedger>& ledgers, int world_size, bool own_view)
+      : ledgers_(ledgers), world_size_(world_size), own_view_(own_view) {
     for (const RankLedger& l : ledgers_) by_rank_[l.rank] = &l;
   }
 
@@ -134,32 +128,51 @@ class Diagnosis {
       if (!by_rank_.count(r)) absent.push_back(r);
     std::vector<int> present;
     for (const auto& [r, l] : by_rank_) present.push_back(r);
-    lines_.push_back(fmt::format("ledgers written by {}{}", rank_list(present),
-                                 absent.empty() ? std::string()
-                                                : "; none by " + rank_list(absent)));
+    if (!own_view_) {
+      lines_.push_back(fmt::format("ledgers written by {}{}", rank_list(present),
+                                   absent.empty() ? std::string()
+                                                  : "; none by " + rank_list(absent)));
+    }
     first_disagreement();
     waits();
     return lines_;
   }
 
  private:
-  const RankLedger::Group* group_of(int rank, const std::string& name) const {
+  const RankLedger::Group* group_of(int rank, const GroupId& id) const {
     auto it = by_rank_.find(rank);
     if (it == by_rank_.end()) return nullptr;
     for (const auto& g : it->second->groups)
-      if (g.name == name) return &g;
+      if (id_of(g) == id) return &g;
     return nullptr;
+  }
+
+  /// "'dp'" for a communicator of every rank, else "'dp' (ranks 2, 3)".
+  std::string group_text(const GroupId& id) const {
+    if (static_cast<int>(id.second.size()) == world_size_) return fmt::format("'{}'", id.first);
+    return fmt::format("'{}' ({})", id.first, rank_list(id.second));
+  }
+
+  /// "all_reduce fp32[4] #12 of 'dp' at 'train.loss'", "recv fp32[8] from rank 2 #3 of
+  /// 'pp' (ranks 1, 2) at ..." (peers and roots as world ranks).
+  std::string call_text(const LedgerEntry& e, const RankLedger::Group& g) const {
+    std::string call = describe_call(e.op, e.dtype, e.count, -1);
+    if (e.peer >= 0 && static_cast<size_t>(e.peer) < g.world_ranks.size()) {
+      const char* dir = e.op == Collective::Send ? "to" : "from";
+      call += fmt::format(" {} rank {}", dir, g.world_ranks[static_cast<size_t>(e.peer)]);
+    }
+    return fmt::format("{} #{} of {} at {}", call, e.seq, group_text(id_of(g)), describe_site(e.site));
   }
 
   // The first collective number of a group at which the members' calls differ.
   void first_disagreement() {
-    std::set<std::string> names;
+    std::set<GroupId> ids;
     for (const RankLedger& l : ledgers_)
-      for (const auto& g : l.groups) names.insert(g.name);
-    for (const std::string& name : names) {
+      for (const auto& g : l.groups) ids.insert(id_of(g));
+    for (const GroupId& id : ids) {
       std::map<int64_t, std::map<std::string, std::vector<int>>> at;  // seq -> signature -> ranks
       for (const RankLedger& l : ledgers_)
-        if (const auto* g = group_of(l.rank, name))
+        if (const auto* g = group_of(l.rank, id))
           for (const LedgerEntry& e : g->entries)
             if (!is_p2p(e.op)) at[e.seq][signature(e)].push_back(l.rank);
       for (const auto& [seq, calls] : at) {
@@ -171,8 +184,8 @@ class Diagnosis {
         std::string odd;
         for (const auto& [sig, ranks] : calls)
           if (ranks.size() < most && calls.size() == 2) odd = rank_list(ranks) + " differs: ";
-        lines_.push_back(fmt::format("{}collective #{} of '{}' differs between ranks: {}", odd, seq,
-                                     name, fmt::join(parts, "; ")));
+        lines_.push_back(fmt::format("{}collective #{} of {} differs between ranks: {}", odd, seq,
+                                     group_text(id), fmt::join(parts, "; ")));
         break;
       }
     }
@@ -181,7 +194,8 @@ class Diagnosis {
   /// Where a rank is: its oldest call in flight, else its last call.
   std::string where_is(int rank) const {
     auto it = by_rank_.find(rank);
-    if (it == by_rank_.end()) return "it wrote no ledger (not blocked in communication: computing, stopped or exited)";
+    if (it == by_rank_.end() && own_view_) return "not known (only this rank's ledger was read)";
+    if (it == by_rank_.end()) return "it wrote no ledger (busy outside communication, e.g. computing or writing files; stopped; or exited)";
     const RankLedger& l = *it->second;
     const LedgerEntry* waiting = nullptr;
     const LedgerEntry* last = nullptr;
@@ -212,7 +226,7 @@ class Diagnosis {
   /// e.seq or later; for a receive (send), it has sent to (received from) the caller that
   /// many times. nullopt: `member` wrote no ledger.
   std::optional<bool> reached(int member, const RankLedger::Group& group, const LedgerEntry& e) const {
-    const auto* g = group_of(member, group.name);
+    const auto* g = group_of(member, id_of(group));
     if (!g) return std::nullopt;
     int64_t highest = 0;
     for (const LedgerEntry& m : g->entries) {
@@ -276,14 +290,16 @@ class Diagnosis {
 
   const std::vector<RankLedger>& ledgers_;
   int world_size_;
+  bool own_view_;
   std::map<int, const RankLedger*> by_rank_;
   std::vector<std::string> lines_;
 };
 
 }  // namespace
 
-std::vector<std::string> diagnose(const std::vector<RankLedger>& ledgers, int world_size) {
-  return Diagnosis(ledgers, world_size).run();
+std::vector<std::string> diagnose(const std::vector<RankLedger>& ledgers, int world_size,
+                                  bool own_view) {
+  return Diagnosis(ledgers, world_size, own_view).run();
 }
 
 }  // namespace kiln

@@ -34,7 +34,9 @@ std::string ledger_file_text(const RankLedger& ledger);
 RankLedger parse_ledger_file(const std::string& text, const std::string& path);
 
 /// The diagnosis as a few lines (no "kiln:" prefix), from the ledgers of the ranks that
-/// wrote one; `world_size` says which ranks wrote none.
-std::vector<std::string> diagnose(const std::vector<RankLedger>& ledgers, int world_size);
+/// wrote one; `world_size` says which ranks wrote none. `own_view`: `ledgers` is this
+/// rank's alone (its file could not be written, so the others' were not read).
+std::vector<std::string> diagnose(const std::vector<RankLedger>& ledgers, int world_size,
+                                  bool own_view = false);
 
 }  // namespace kiln

@@ -45,6 +45,7 @@ Plan parse(const std::string& spec) {
   else if (parts[0] == "exit") p.kind = CommFault::Exit;
   else KILN_FAIL("{}", bad());
   p.site = parts[1];
+  KILN_CHECK(!p.site.empty(), "{}", bad());
   char* end = nullptr;
   p.rank = static_cast<int>(std::strtol(parts[2].c_str(), &end, 10));
   KILN_CHECK(!parts[2].empty() && *end == '\0' && p.rank >= 0, "{}", bad());
@@ -65,17 +66,26 @@ struct State {
 
 State& state() {
   static State s;
+  std::call_once(s.loaded, [&] {
+    const char* env = std::getenv("KILN_COMM_FAULT");
+    s.plan = parse(env ? env : "");
+  });
   return s;
 }
 
 }  // namespace
 
+void check_comm_fault(int world_size) {
+  const Plan& p = state().plan;
+  if (!p.active) return;
+  KILN_CHECK(world_size > 1, "KILN_COMM_FAULT is set, but this run has one process: its faults "
+             "apply to the MPI communicators of several ranks");
+  KILN_CHECK(p.rank < world_size, "KILN_COMM_FAULT names rank {}, but the world has {} ranks",
+             p.rank, world_size);
+}
+
 bool comm_fault_now(CommFault kind) {
   State& s = state();
-  std::call_once(s.loaded, [&] {
-    const char* env = std::getenv("KILN_COMM_FAULT");
-    s.plan = parse(env ? env : "");
-  });
   const Plan& p = s.plan;
   if (!p.active || p.kind != kind || p.rank != comm_detail::world_rank()) return false;
   if (std::string_view(CommSite::current()).substr(0, p.site.size()) != p.site) return false;

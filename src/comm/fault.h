@@ -9,7 +9,9 @@
 //   count  all_reduce is called with one element fewer
 //   sleep  the rank sleeps twice the communicator's timeout before making the call
 //   exit   the rank ends at once (exit status 3, no clean-up) instead of making the call
-// MPI communicators only. A malformed value is an error naming KILN_COMM_FAULT.
+// MPI communicators only (host tensors); SITE is not empty and holds no ':'. A malformed
+// value, a rank outside the world or a one-process run is an error naming KILN_COMM_FAULT;
+// a SITE that no call matches does nothing.
 #pragma once
 
 namespace kiln {
@@ -20,6 +22,11 @@ enum class CommFault { Skip, Count, Sleep, Exit };
 /// KILN_COMM_FAULT names for `kind`; true once at most. Throws kiln::Error for a malformed
 /// KILN_COMM_FAULT.
 bool comm_fault_now(CommFault kind);
+
+/// Checks KILN_COMM_FAULT, when set, against the world: an error when it is malformed,
+/// names a rank outside [0, world_size), or the world is one process (faults need MPI
+/// ranks). Called once the world communicator exists.
+void check_comm_fault(int world_size);
 
 /// Applies the Sleep and Exit faults to the call being made now (`timeout_s`: the
 /// communicator's); returns whether the Skip fault applies to it.

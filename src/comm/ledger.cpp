@@ -3,7 +3,6 @@
 #include "comm/detail.h"
 #include "comm/diagnosis.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -113,6 +112,8 @@ int64_t g_dir_set_ns = 0;                      // guarded by g_mu
 std::string g_written;                         // guarded by g_mu: the file written, if any
 std::atomic<bool> g_signal{false};
 
+constexpr int kMaxStaleRanks = 1 << 20;
+
 std::string rank_file(const std::string& dir, int rank) {
   return fmt::format("{}/rank-{}.jsonl", dir, rank);
 }
@@ -184,17 +185,19 @@ void unregister_ledger(const Ledger* ledger) {
 }
 
 void set_ledger_dir(const std::string& dir) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  // What an earlier run left: this rank's file; on rank 0 the diagnosis and the files of
+  // ranks beyond this world. (Readers also skip files older than this call.)
   std::error_code ec;
   if (!dir.empty()) {
-    std::filesystem::create_directories(dir, ec);
-    KILN_CHECK(!ec, "cannot create the ledger folder {}: {}", dir, ec.message());
-    std::filesystem::remove(rank_file(dir, comm_detail::world_rank()), ec);
-    if (comm_detail::world_rank() == 0) {
+    const int rank = comm_detail::world_rank();
+    std::filesystem::remove(rank_file(dir, rank), ec);
+    if (rank == 0) {
       std::filesystem::remove(dir + "/diagnosis.txt", ec);
-      std::filesystem::remove(dir + "/diagnosis.lock", ec);
+      for (int r = world_size_of_ledgers(); r < kMaxStaleRanks; ++r)
+        if (!std::filesystem::remove(rank_file(dir, r), ec)) break;
     }
   }
-  std::lock_guard<std::mutex> lock(g_mu);
   g_dir = dir;
   g_dir_set_ns = ledger_now_ns();
   g_written.clear();
@@ -209,6 +212,8 @@ std::string write_ledger_file(std::string_view reason) {
   try {
     std::lock_guard<std::mutex> lock(g_mu);
     if (g_dir.empty() || !g_written.empty()) return g_written;
+    std::error_code ec;
+    std::filesystem::create_directories(g_dir, ec);  // made only when needed
     const std::string path = rank_file(g_dir, comm_detail::world_rank());
     if (write_atomically(path, ledger_file_text(snapshot(reason)))) g_written = path;
     return g_written;
@@ -229,7 +234,18 @@ void report_hang(std::string_view what, double gather_s) {
       world = world_size_of_ledgers();
       since = g_dir_set_ns;
     }
-    if (mine.empty() || world == 0) return;
+    if (dir.empty() || world == 0) return;
+    if (mine.empty()) {  // say at least what this rank knows
+      std::string text;
+      {
+        std::lock_guard<std::mutex> lock(g_mu);
+        for (const std::string& line : diagnose({snapshot(what)}, world, /*own_view=*/true)) text += "  " + line + "\n";
+      }
+      std::fprintf(stderr, "kiln: rank %d: could not write its collective ledger into %s; its own view:\n%s",
+                   comm_detail::world_rank(), dir.c_str(), text.c_str());
+      std::fflush(stderr);
+      return;
+    }
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<RankLedger> ledgers;
     for (;;) {
@@ -239,14 +255,15 @@ void report_hang(std::string_view what, double gather_s) {
       if (static_cast<int>(ledgers.size()) == world || waited >= gather_s) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
-    // The first rank here prints; the others leave it the lock file.
-    const std::string lock_path = dir + "/diagnosis.lock";
-    const int fd = ::open(lock_path.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0644);
-    if (fd < 0) return;
-    ::close(fd);
+    // The first rank here prints: diagnosis.txt appears whole (link of a complete file),
+    // and only once (link fails when it exists).
     std::string text;
     for (const std::string& line : diagnose(ledgers, world)) text += "  " + line + "\n";
-    write_atomically(dir + "/diagnosis.txt", text);
+    const std::string mine_tmp = fmt::format("{}/diagnosis.rank-{}.tmp", dir, comm_detail::world_rank());
+    if (!write_atomically(mine_tmp, text)) return;
+    const bool first = ::link(mine_tmp.c_str(), (dir + "/diagnosis.txt").c_str()) == 0;
+    ::unlink(mine_tmp.c_str());
+    if (!first) return;
     std::fprintf(stderr, "kiln: rank %d: diagnosis from the collective ledgers in %s:\n%s",
                  comm_detail::world_rank(), dir.c_str(), text.c_str());
     std::fflush(stderr);

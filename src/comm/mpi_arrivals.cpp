@@ -174,7 +174,7 @@ std::string Arrivals::missing_ranks(int64_t s) const {
     }
     if (!silent.empty())
       return fmt::format("every rank arrived at it (collective #{} of '{}'), but {} {} been silent "
-                         "since: {} (stopped or hung)", s, name_, silent.size() == 1 ? "one" : "some",
+                         "since: {} (stopped, hung or dead)", s, name_, silent.size() == 1 ? "one" : "some",
                          silent.size() == 1 ? "has" : "have", fmt::join(silent, ", "));
     return fmt::format("every rank arrived at it (collective #{} of '{}') and answers: one is stuck "
                        "inside it, or the ranks called different collectives", s, name_);

@@ -361,6 +361,7 @@ LossSum TrainStep::forward_only() {
   if (size_of(groups_.pp) == 1) return l;
   // Only the last stage computed the loss: the sums over pp reach every rank.
   std::vector<double> v{l.sum, static_cast<double>(l.targets), static_cast<double>(l.correct)};
+  const CommSite site("eval.sum loss over pp");
   pp_sum(v);
   return {v[0], static_cast<int64_t>(v[1]), l.correct < 0 ? -1 : static_cast<int64_t>(v[2])};
 }
@@ -445,6 +446,7 @@ int64_t TrainStep::global_target_count(const int32_t* targets, int64_t update) {
   // bits, from the host's targets.
   int64_t n_targets = 0;
   for (int j = 0; j < accum_; ++j) n_targets += count_targets(targets + static_cast<size_t>(j) * per_micro);
+  const CommSite site("train.sum target count");
   dp_cp_sum(std::span<int64_t>(&n_targets, 1));
   KILN_CHECK(n_targets > 0, "step {}: the global batch has no target tokens", update + 1);
   return n_targets;
@@ -513,6 +515,7 @@ void TrainStep::gather_stage_bias(MoeStats& m) {
   std::vector<double> rows;
   for (const std::vector<float>& layer : m.expert_bias)
     rows.insert(rows.end(), layer.begin(), layer.end());
+  const CommSite site("moe.sum expert bias over pp");
   pp_sum(rows);  // one stage's value and zeros: exact
   size_t i = 0;
   for (std::vector<float>& layer : m.expert_bias)

@@ -252,6 +252,7 @@ Trainer::EvalResult Trainer::evaluate() {
     sums[1] += static_cast<double>(l.targets);
     if (l.correct >= 0) sums[2] += static_cast<double>(l.correct), counted = true;
   }
+  const CommSite site("eval.sum loss over dp x cp");
   dp_cp_sum(std::span<double>(sums, 3));
   EvalResult r;
   r.loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0;

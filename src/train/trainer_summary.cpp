@@ -3,6 +3,8 @@
 // the pipeline's bubble per stage.
 #include "train/trainer.h"
 
+#include "comm/ledger.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -137,6 +139,7 @@ void Trainer::summarize_pipeline(TrainResult& r, double busy, double span) {
   std::vector<double> v(static_cast<size_t>(2 * W), 0.0);  // [busy, span] per rank
   v[static_cast<size_t>(2 * world_->rank())] = busy;
   v[static_cast<size_t>(2 * world_->rank() + 1)] = span;
+  const CommSite site("summary.sum pipeline busy times");
   world_->all_reduce_sum(v);
   double longest = 0.0;
   for (int k = 0; k < W; ++k) longest = std::max(longest, v[static_cast<size_t>(2 * k + 1)]);

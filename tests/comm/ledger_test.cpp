@@ -150,9 +150,9 @@ TEST(Diagnosis, SaysWhereEachMissingRankIsInstead) {
                           .entries = {entry(7, Collective::AllReduce, 4, "dp.x", true)}});
   const std::string d = joined(diagnose(ls, 4));
   EXPECT_THAT(d, HasSubstr("ledgers written by ranks 0, 1, 3; none by rank 2"));
-  EXPECT_THAT(d, HasSubstr("rank 0 waits in all_reduce fp32[4] #7 of 'dp' at 'dp.x'; missing: rank 1"));
-  EXPECT_THAT(d, HasSubstr("rank 1: it waits in recv fp32[8] from rank 2 #2 of 'pp' at 'pp.recv b'"));
-  EXPECT_THAT(d, HasSubstr("rank 1 waits in recv fp32[8] from rank 2 #2 of 'pp' at 'pp.recv b'; missing: rank 2"));
+  EXPECT_THAT(d, HasSubstr("rank 0 waits in all_reduce fp32[4] #7 of 'dp' (ranks 0, 1, 3) at 'dp.x'; missing: rank 1"));
+  EXPECT_THAT(d, HasSubstr("rank 1: it waits in recv fp32[8] from rank 2 #2 of 'pp' (ranks 2, 1) at 'pp.recv b'"));
+  EXPECT_THAT(d, HasSubstr("rank 1 waits in recv fp32[8] from rank 2 #2 of 'pp' (ranks 2, 1) at 'pp.recv b'; missing: rank 2"));
   EXPECT_THAT(d, HasSubstr("rank 2: it wrote no ledger"));
   EXPECT_THAT(d, Not(HasSubstr("missing: rank 3")));
 }
@@ -166,6 +166,35 @@ TEST(Diagnosis, EveryMemberArrived) {
   }
   const std::string d = joined(diagnose(ls, 2));
   EXPECT_THAT(d, HasSubstr("ranks 0, 1 wait in barrier #5 of 'world' at 'ckpt.barrier save': every member reached it"));
+}
+
+// Two pipeline stages' 'dp' groups, {0, 1} and {2, 3}: their collectives share numbers and
+// a name but not their shapes, and neither misses the other's members.
+TEST(Diagnosis, KeepsCommunicatorsOfOneNameApart) {
+  std::vector<RankLedger> ls(4);
+  for (int r = 0; r < 4; ++r) {
+    ls[r].rank = r;
+    const std::vector<int> members = r < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3};
+    ls[r].groups.push_back({.name = "dp", .rank = r % 2, .world_ranks = members,
+                            .entries = {entry(2, Collective::AllReduce, r < 2 ? 9552 : 6176, "g", r != 1)}});
+  }
+  const std::string d = joined(diagnose(ls, 4));
+  EXPECT_THAT(d, Not(HasSubstr("differs")));
+  EXPECT_THAT(d, HasSubstr("rank 1 waits in all_reduce fp32[9552] #2 of 'dp' (ranks 0, 1) at 'g': every member reached it"));
+  EXPECT_THAT(d, Not(HasSubstr("missing")));
+}
+
+// A rank whose file could not be written diagnoses from its own ledger: it says what it
+// waits in, and that it does not know where the missing rank is.
+TEST(Diagnosis, OwnViewClaimsNothingOfTheOthers) {
+  RankLedger mine;
+  mine.groups.push_back({.name = "dp", .rank = 0, .world_ranks = {0, 1},
+                         .entries = {entry(3, Collective::AllReduce, 4, "train.loss", false)}});
+  const std::string d = joined(diagnose({mine}, 2, /*own_view=*/true));
+  EXPECT_THAT(d, Not(HasSubstr("ledgers written")));
+  EXPECT_THAT(d, Not(HasSubstr("wrote no ledger")));
+  EXPECT_THAT(d, HasSubstr("rank 0 waits in all_reduce fp32[4] #3 of 'dp' at 'train.loss'; missing: rank 1"));
+  EXPECT_THAT(d, HasSubstr("rank 1: not known (only this rank's ledger was read)"));
 }
 
 }  // namespace
