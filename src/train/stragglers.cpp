@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -68,7 +69,7 @@ std::vector<RankTimes> gather_rank_times(Communicator& world, const RankTimes& m
   return out;
 }
 
-double injected_update_delay_s(int world_rank) {
+double injected_update_delay_s(int world_rank, int world_size) {
   const char* env = std::getenv("KILN_SLOW_RANK");
   if (env == nullptr || *env == '\0') return 0;
   int rank = -1;
@@ -76,6 +77,9 @@ double injected_update_delay_s(int world_rank) {
   char tail = 0;
   KILN_CHECK(std::sscanf(env, "%d:%lf%c", &rank, &ms, &tail) == 2 && rank >= 0 && ms >= 0,
              "KILN_SLOW_RANK must be RANK:MS (e.g. 1:20), got '{}'", env);
+  KILN_CHECK(std::isfinite(ms), "KILN_SLOW_RANK='{}': MS must be a finite number", env);
+  KILN_CHECK(rank < world_size, "KILN_SLOW_RANK names rank {}, but the world has {} ranks", rank,
+             world_size);
   return rank == world_rank ? ms / 1e3 : 0.0;
 }
 

@@ -57,9 +57,10 @@ std::vector<RankTimes> gather_rank_times(Communicator& world, const RankTimes& m
 
 /// Fault injection for tests: KILN_SLOW_RANK=RANK:MS makes every update of world rank RANK
 /// sleep MS milliseconds inside its timed part (a straggler). The seconds to sleep on
-/// `world_rank` (0 without the variable, or on another rank). Throws kiln::Error naming the
-/// variable for a malformed value.
-double injected_update_delay_s(int world_rank);
+/// `world_rank` of `world_size` (0 without the variable, or on another rank). Throws
+/// kiln::Error naming the variable for a malformed value, a rank outside the world or a
+/// delay that is not finite.
+double injected_update_delay_s(int world_rank, int world_size);
 
 /// Decides when to warn: `factor` (log.straggler_factor; 0 = never) and `windows`
 /// (log.straggler_windows, >= 1).

@@ -124,7 +124,7 @@ void Trainer::set_up_mesh() {
   check_config_on_all_ranks(*world_, config_);
   launch_ = launch_summary(*world_);
   straggler_watch_.emplace(config_.log.straggler_factor, config_.log.straggler_windows);
-  injected_delay_s_ = injected_update_delay_s(world_->rank());
+  injected_delay_s_ = injected_update_delay_s(world_->rank(), world_->size());
   mesh_ = std::make_unique<DeviceMesh>(*world_, MeshSizes{.dp = config_.parallel.dp,
                                                            .cp = config_.parallel.cp,
                                                            .tp = config_.parallel.tp,
@@ -209,10 +209,11 @@ void Trainer::print_start_up() const {
              tally.frozen > 0 ? fmt::format(" ({} tensors frozen by train.freeze or the model)",
                                             tally.frozen_names.size())
                               : std::string());
-  fmt::print("kiln: {} updates of {} sequences x {} tokens ({} micro-steps of {} on each of {} "
-             "data-parallel ranks, ZeRO stage {}{}{}), backend {}, peak {:.1f} GFLOP/s per rank ({})\n",
+  fmt::print("kiln: {} updates of {} sequences x {} tokens ({} micro-step{} of {} on each of {} "
+             "data-parallel rank{}, ZeRO stage {}{}{}), backend {}, peak {:.1f} GFLOP/s per rank ({})\n",
              config_.train.steps, config_.train.global_batch, seq_len,
-             one_step_->grad_accum_steps(), config_.train.micro_batch, mesh_->dp(),
+             one_step_->grad_accum_steps(), one_step_->grad_accum_steps() == 1 ? "" : "s",
+             config_.train.micro_batch, mesh_->dp(), mesh_->dp() == 1 ? "" : "s",
              config_.parallel.zero_stage,
              (mesh_->cp() > 1 ? fmt::format(", context parallel over {} ranks ({} tokens each)",
                                             mesh_->cp(), seq_len / mesh_->cp())

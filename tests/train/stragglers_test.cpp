@@ -73,13 +73,13 @@ TEST(Stragglers, WarnsOnceWhenTheSameRankStaysSlow) {
 
 TEST(Stragglers, SlowRankHook) {
   unsetenv("KILN_SLOW_RANK");
-  EXPECT_EQ(injected_update_delay_s(1), 0.0);
+  EXPECT_EQ(injected_update_delay_s(1, 2), 0.0);
   setenv("KILN_SLOW_RANK", "1:25", 1);
-  EXPECT_DOUBLE_EQ(injected_update_delay_s(1), 0.025);
-  EXPECT_EQ(injected_update_delay_s(0), 0.0);
-  for (const char* bad : {"1", "x:2", "1:-3", "1:2ms", "-1:5"}) {
+  EXPECT_DOUBLE_EQ(injected_update_delay_s(1, 2), 0.025);
+  EXPECT_EQ(injected_update_delay_s(0, 2), 0.0);
+  for (const char* bad : {"1", "x:2", "1:-3", "1:2ms", "-1:5", "2:5", "1:inf", "1:nan"}) {
     setenv("KILN_SLOW_RANK", bad, 1);
-    EXPECT_THROW(injected_update_delay_s(0), Error) << bad;
+    EXPECT_THROW(injected_update_delay_s(0, 2), Error) << bad;
   }
   unsetenv("KILN_SLOW_RANK");
 }
