@@ -540,10 +540,6 @@ class MpiCommunicator final : public Communicator {
   void record_in_ledger(Op& o) {
     const LedgerEntry entry = note_call(o.kind, o.dtype, o.count, o.peer);
     const bool collective = o.kind != Collective::Send && o.kind != Collective::Recv;
-    std::string site = entry.site[0] != '\0' ? "at " + describe_site(entry.site) : std::string();
-    if (!collective)
-      site += fmt::format("{}peer: world rank {}", site.empty() ? "" : "; ",
-                          world_ranks()[static_cast<size_t>(o.peer)]);
     std::shared_ptr<Arrivals> a = collective ? arrivals_ : nullptr;
     if (a) {
       o.start = [a, ann = comm_detail::announcement_of(entry), inner = std::move(o.start)](MPI_Request* r) {
@@ -551,9 +547,13 @@ class MpiCommunicator final : public Communicator {
         inner(r);
       };
     }
-    o.work->set_timeout_detail([a, site, seq = entry.seq] {
-      if (!a) return site;
-      return site.empty() ? a->missing(seq) : site + "; " + a->missing(seq);
+    // Built only when a timeout asks (formatting it per call would cost every call).
+    o.work->set_timeout_detail([this, a, entry, collective] {
+      std::string detail = entry.site[0] != '\0' ? "at " + describe_site(entry.site) : std::string();
+      auto add = [&](const std::string& part) { detail += (detail.empty() ? "" : "; ") + part; };
+      if (!collective) add(fmt::format("peer: world rank {}", world_ranks()[static_cast<size_t>(entry.peer)]));
+      if (a) add(a->missing(entry.seq));
+      return detail;
     });
     o.done = [this, entry, inner = std::move(o.done)] {
       note_done(entry);
