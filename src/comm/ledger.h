@@ -20,8 +20,8 @@
 //
 // On a timeout, a failing rank (abort_all) or a stop signal while blocked, each rank
 // writes its ledger's tail to <ledger dir>/rank-<R>.jsonl (set_ledger_dir; the trainer
-// uses <run dir>/ledger), and the rank that times out reads the others' files and prints a
-// diagnosis (comm/diagnosis.h).
+// uses <run dir>/ledger), and the first rank that times out reads the others' files and
+// prints a diagnosis (comm/diagnosis.h).
 #pragma once
 
 #include "comm/communicator.h"
@@ -116,8 +116,9 @@ void register_ledger(const std::shared_ptr<Ledger>& ledger);
 void unregister_ledger(const Ledger* ledger);
 
 /// Where rank files go: "<dir>/rank-<R>.jsonl"; "" (the default) keeps the ledger in memory
-/// only. Removes this rank's file from an earlier run (and, on world rank 0, the earlier
-/// diagnosis). Creates the folder.
+/// only. Removes what an earlier run left: this rank's file, and on world rank 0 the
+/// diagnosis and the files of ranks beyond this world. Never throws; the folder is made
+/// when a file is first written. Call once the world communicator exists.
 void set_ledger_dir(const std::string& dir);
 std::string ledger_dir();
 
@@ -130,12 +131,14 @@ std::string write_ledger_file(std::string_view reason);
 /// After this rank failed on `what` (a timed-out wait's description): writes its ledger
 /// file, waits up to `gather_s` seconds for the other ranks' files, and, when it is the
 /// first rank to get there, prints the diagnosis (diagnosis.h) to stderr and writes it to
-/// <dir>/diagnosis.txt. Without a ledger dir, prints this rank's own view only. Never
-/// throws.
+/// <dir>/diagnosis.txt. When its own file cannot be written, prints this rank's own view
+/// instead; without a ledger dir, nothing (the timeout message says what this rank knows).
+/// Never throws.
 void report_hang(std::string_view what, double gather_s);
 
 /// Async-signal-safe: a stop signal (SIGTERM, SIGUSR1, SIGINT) arrived. A wait that stays
-/// blocked kSignalWaitS seconds after it writes the ledger file and prints where it waits.
+/// blocked kSignalWaitS seconds after it writes the ledger file and prints where it waits
+/// (comm_detail::notice_stop_signal).
 void note_stop_signal();
 bool stop_signal_noted();
 inline constexpr double kSignalWaitS = 0.5;
