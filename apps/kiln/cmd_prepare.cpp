@@ -5,27 +5,68 @@
 
 #include <fmt/format.h>
 
+#include <glob.h>
+
 #include <algorithm>
+#include <filesystem>
 #include <vector>
 
 namespace kiln::app {
 
+namespace {
+
+// `pattern` itself when it names a file or has no wildcard (a missing file is reported by
+// prepare), else the files it matches, sorted (glob(3)); none is an error.
+std::vector<std::filesystem::path> expand_glob(const std::string& pattern) {
+  if (pattern.find_first_of("*?[") == std::string::npos || std::filesystem::exists(pattern)) return {pattern};
+  glob_t g{};
+  const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
+  std::vector<std::filesystem::path> out;
+  for (size_t i = 0; rc == 0 && i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
+  globfree(&g);
+  KILN_CHECK(!out.empty(), "prepare: --input '{}' matches no file", pattern);
+  return out;
+}
+
+// One line on stderr per report: documents/s, tokens/s, MB/s and the ETA from the bytes.
+void print_progress(const data::PrepareProgress& p) {
+  const double s = std::max(p.seconds, 1e-9);
+  const double frac = p.bytes_total > 0 ? static_cast<double>(p.bytes_done) / static_cast<double>(p.bytes_total) : 1.0;
+  const double eta = frac > 0 ? p.seconds * (1.0 - frac) / frac : 0.0;
+  fmt::print(stderr, "kiln prepare: {:.0f}% {} documents {} tokens | {:.0f} documents/s {:.3g} tokens/s "
+             "{:.2f} MB/s | ETA {:.0f} s\n", 100.0 * frac, p.documents, p.tokens, p.documents / s,
+             p.tokens / s, p.bytes_done / s / 1e6, eta);
+}
+
+// The bad lines skipped: a count and the first examples, on stderr.
+void report_bad_lines(const data::PrepareSummary& r) {
+  if (r.empty_texts > 0) fmt::print(stderr, "kiln prepare: skipped {} records with empty text\n", r.empty_texts);
+  if (r.bad_lines == 0) return;
+  fmt::print(stderr, "kiln prepare: skipped {} bad line{} (--strict makes one an error); the first:\n",
+             r.bad_lines, r.bad_lines == 1 ? "" : "s");
+  for (const auto& e : r.bad_line_examples) fmt::print(stderr, "  {}\n", e);
+}
+
+}  // namespace
+
 void register_prepare(CLI::App& app) {
   auto* cmd = app.add_subcommand(
-      "prepare", "Tokenize UTF-8 text into llm.c-format token shards, or (--format idx | imagefolder) turn "
-                 "labelled images into image shards");
+      "prepare", "Tokenize UTF-8 text or JSONL into llm.c-format token shards, or (--format idx | "
+                 "imagefolder) turn labelled images into image shards");
   auto opt = std::make_shared<data::PrepareOptions>();
   std::vector<std::string> inputs, tok_files;
   auto in = std::make_shared<std::vector<std::string>>();
   auto tf = std::make_shared<std::vector<std::string>>();
   auto format = std::make_shared<std::string>("text");
   auto shard_images = std::make_shared<int64_t>(100000);
-  cmd->add_option("--input", *in, "Input text files (one file = one document); --format idx | imagefolder: the "
+  cmd->add_option("--input", *in, "Input files, plain, gzip or zstd, or quoted globs ('data/*.jsonl.zst'): "
+                                  "text (one file = one document) or JSONL; --format idx | imagefolder: the "
                                   "directory of IDX files or the image folder")->required();
-  cmd->add_option("--format", *format, "text (default) | idx (MNIST-format images and labels: "
+  cmd->add_option("--format", *format, "text (default) | jsonl (one JSON object per line, --text-key its "
+                                       "document) | idx (MNIST-format images and labels: "
                                        "train-* and t10k-* [.gz]) | imagefolder ([train/, val/] "
                                        "<class>/*.png)")
-      ->check(CLI::IsMember({"text", "idx", "imagefolder"}));
+      ->check(CLI::IsMember({"text", "jsonl", "idx", "imagefolder"}));
   cmd->add_option("--shard-images", *shard_images, "--format idx | imagefolder: images per shard (default 100000)");
   auto class_names = std::make_shared<std::string>();
   cmd->add_option("--class-names", *class_names, "--format idx: the classes' names in label order, "
@@ -34,7 +75,7 @@ void register_prepare(CLI::App& app) {
       ->required();
   auto tokenizer = cmd->add_option("--tokenizer", opt->tokenizer,
                                    "sentencepiece | gpt2 | hf | byte (text; required)");
-  // Options of text only: refused with --format idx | imagefolder rather than ignored.
+  // Options of text and jsonl only: refused with --format idx | imagefolder rather than ignored.
   auto text_only = std::make_shared<std::vector<CLI::Option*>>();
   text_only->push_back(cmd->add_option("--vocab-size", opt->vocab_size, "Vocabulary size (sentencepiece)"));
   text_only->push_back(cmd->add_option("--val-fraction", opt->val_fraction,
@@ -50,9 +91,16 @@ void register_prepare(CLI::App& app) {
       ->check(CLI::IsMember({"kiln", "llmc", "llmc-u32"})));
   text_only->push_back(cmd->add_option("--shard-tokens", opt->shard_tokens, "Tokens per shard"));
   text_only->push_back(cmd->add_option("--separator", opt->separator,
-                                       "Split documents inside a file at this string"));
+                                       "Split documents inside a file at this string (text)"));
+  text_only->push_back(cmd->add_option("--text-key", opt->text_key,
+                                       "jsonl: the key of each record's text (default text)"));
+  text_only->push_back(cmd->add_flag("--strict", opt->strict,
+                                     "jsonl: a bad line is an error (default: skipped, counted and reported)"));
+  text_only->push_back(cmd->add_option("--threads", opt->threads,
+                                       "Tokenizing threads (default: OMP_NUM_THREADS, else every core); the "
+                                       "output does not depend on it"));
   cmd->callback([opt, in, tf, format, shard_images, tokenizer, class_names, text_only] {
-    if (*format != "text") {
+    if (*format == "idx" || *format == "imagefolder") {
       KILN_CHECK(in->size() == 1, "prepare --format {}: --input takes one directory, got {}",
                  *format, in->size());
       for (const CLI::Option* o : *text_only)
@@ -73,11 +121,15 @@ void register_prepare(CLI::App& app) {
       return;
     }
     KILN_CHECK(tokenizer->count() > 0, "prepare: --tokenizer is required (sentencepiece | gpt2 | "
-               "hf | byte) for text");
+               "hf | byte) for text and jsonl");
     KILN_CHECK(class_names->empty(), "prepare: --class-names is for --format idx");
-    for (const auto& s : *in) opt->inputs.emplace_back(s);
+    opt->input_format = *format;
+    for (const auto& s : *in)
+      for (auto& path : expand_glob(s)) opt->inputs.push_back(std::move(path));
     for (const auto& s : *tf) opt->tokenizer_files.emplace_back(s);
+    opt->on_progress = print_progress;
     const auto r = data::prepare_dataset(*opt);
+    report_bad_lines(r);
     int64_t total = 0;
     std::string splits;
     for (const auto& [name, info] : r.meta.splits) {

@@ -11,7 +11,7 @@ KILN_BUILD="${KILN_BUILD_DIR:-$KILN_ROOT/build}"
 KILN_BUILD_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git rsync
   libdnnl-dev ocl-icd-opencl-dev libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libfmt-dev
-  libsentencepiece-dev libicu-dev zlib1g-dev libpng-dev libopenmpi-dev openmpi-bin
+  libsentencepiece-dev libicu-dev zlib1g-dev libzstd-dev libpng-dev libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev libbenchmark-dev
 )
 # Only for the tests: headless Chromium renders `kiln report`'s page for a screenshot;

@@ -35,6 +35,11 @@ void write_dataset_meta(const fs::path& dir, const DatasetMeta& meta) {
   }
   j["tokens"] = std::move(tokens);
   j["shards"] = std::move(shards);
+  nlohmann::ordered_json docs = nlohmann::ordered_json::object();
+  for (const auto& [name, split] : meta.splits)
+    if (!split.doc_index.file.empty())
+      docs[name] = {{"file", split.doc_index.file}, {"documents", split.doc_index.documents}};
+  if (!docs.empty()) j["doc_index"] = std::move(docs);
   write_file_atomic(dir / "meta.json", j.dump(2) + "\n");
 }
 
@@ -42,6 +47,15 @@ namespace {
 // Per count, and per split's running sum (checked before each addition, so it stays below
 // 2^49: no overflow whatever the number of shards).
 constexpr int64_t kMaxTokens = int64_t{1} << 48;
+
+// A file listed for split `split` must be a plain file name in the dataset directory: no
+// path, no NUL (a name with one would be read as its prefix).
+void check_plain_name(const std::string& file, const fs::path& meta, const std::string& split) {
+  KILN_CHECK(!file.empty() && file.find('\0') == std::string::npos && file.find('/') == std::string::npos &&
+                 file != "." && file != "..",
+             "{}: split '{}' lists the file {}: not a plain file name", meta.string(), split,
+             nlohmann::json(file).dump());
+}
 }  // namespace
 
 DatasetMeta read_dataset_meta(const fs::path& dir) {
@@ -77,12 +91,7 @@ DatasetMeta read_dataset_meta(const fs::path& dir) {
       int64_t sum = 0;
       for (const auto& e : list) {
         const std::string file = e.at("file").get<std::string>();
-        // A plain file name in the dataset directory: no path, no NUL (a name with one
-        // would be read as its prefix).
-        KILN_CHECK(!file.empty() && file.find('\0') == std::string::npos &&
-                       file.find('/') == std::string::npos && file != "." && file != "..",
-                   "{}: split '{}' lists the shard file {}: not a plain file name", path.string(),
-                   name, nlohmann::json(file).dump());
+        check_plain_name(file, path, name);
         s.shards.push_back({file,
                             json_integer(e.at("tokens"), path.string(), "shards[].tokens", 0, kMaxTokens)});
         KILN_CHECK(sum <= kMaxTokens, "{}: split '{}' lists more than 2^48 tokens", path.string(), name);
@@ -90,6 +99,12 @@ DatasetMeta read_dataset_meta(const fs::path& dir) {
       }
       KILN_CHECK(sum == s.tokens, "{}: split '{}' lists shards of {} tokens but records {}",
                  path.string(), name, sum, s.tokens);
+      if (j.contains("doc_index") && j.at("doc_index").contains(name)) {
+        const auto& d = j.at("doc_index").at(name);
+        s.doc_index.file = d.at("file").get<std::string>();
+        check_plain_name(s.doc_index.file, path, name);
+        s.doc_index.documents = json_integer(d.at("documents"), path.string(), "doc_index.documents", 1, kMaxTokens);
+      }
       m.splits[name] = std::move(s);
     }
   } catch (const nlohmann::json::exception& e) {

@@ -17,9 +17,16 @@ struct ShardInfo {
   int64_t tokens = 0;  // tokens in the shard
 };
 
+/// A split's document index (doc_index.h); absent (file empty) in datasets prepared
+/// before kiln wrote one.
+struct DocIndexInfo {
+  std::string file;        // file name relative to the dataset directory
+  int64_t documents = 0;   // starts it lists
+};
 struct SplitInfo {
   int64_t tokens = 0;  // sum of the shards' tokens
   std::vector<ShardInfo> shards;
+  DocIndexInfo doc_index;
 };
 
 struct DatasetMeta {

@@ -1,7 +1,10 @@
 #include "data/prepare.h"
 
 #include "core/error.h"
+#include "data/doc_index.h"
+#include "data/input_file.h"
 #include "data/shard.h"
+#include "data/tokenize_inputs.h"
 #include "data/tokenizer.h"
 #include "data/utf8.h"
 
@@ -26,17 +29,14 @@ bool is_cut_space(char c, bool spaces_only) {
 }
 bool is_cut_solid(char c) { return c >= 0x21 && c <= 0x7E; }
 
-// Streams `path` once, checking it is valid UTF-8. Returns its size in bytes.
+// Streams `path` once, checking it is valid UTF-8. Returns its (decompressed) size in bytes.
 int64_t validate_utf8_file(const fs::path& path) {
-  std::ifstream f(path, std::ios::binary);
-  KILN_CHECK(f.good(), "{}: cannot open for reading", path.string());
+  InputFile f(path);
   std::vector<char> chunk(1 << 20);
   std::string carry;  // an incomplete character at the end of the previous chunk
-  int64_t offset = 0;  // file offset of carry[0]
+  int64_t offset = 0;  // offset of carry[0] in the (decompressed) text
   while (true) {
-    f.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
-    KILN_CHECK(!f.bad(), "{}: read error", path.string());
-    const auto got = static_cast<size_t>(f.gcount());
+    const size_t got = f.read(chunk.data(), chunk.size());
     if (got == 0) break;
     carry.append(chunk.data(), got);
     const Utf8Check c = utf8_check(carry);
@@ -85,6 +85,13 @@ std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& o) {
   so.vocab_size = o.vocab_size;
   so.separator = o.separator;
   so.max_sentences = o.sp_max_sentences;
+  if (o.input_format == "jsonl") {
+    return train_sentencepiece_on_texts(
+        [&](const std::function<void(std::string_view)>& add) {
+          for_each_jsonl_text(o.inputs, o.text_key, add);
+        },
+        so);
+  }
   return train_sentencepiece(o.inputs, so);
 }
 
@@ -109,8 +116,7 @@ struct Cleanup {
 void stream_documents(const fs::path& path, const std::string& separator,
                       const std::function<void(std::string_view, bool)>& on_piece, size_t chunk_bytes,
                       bool cut_before_spaces_only) {
-  std::ifstream f(path, std::ios::binary);
-  KILN_CHECK(f.good(), "{}: cannot open for reading", path.string());
+  InputFile f(path);
   chunk_bytes = std::max<size_t>(chunk_bytes, 16);
   const size_t max_pending = 16 * chunk_bytes;
   const size_t hold = separator.empty() ? 0 : separator.size() - 1;
@@ -123,9 +129,7 @@ void stream_documents(const fs::path& path, const std::string& separator,
     in_doc = true;
   };
   while (true) {
-    f.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
-    KILN_CHECK(!f.bad(), "{}: read error", path.string());
-    const auto got = static_cast<size_t>(f.gcount());
+    const size_t got = f.read(chunk.data(), chunk.size());
     const bool eof = got == 0;
     buf.append(chunk.data(), got);
     size_t start = 0;
@@ -163,10 +167,12 @@ void stream_documents(const fs::path& path, const std::string& separator,
   }
 }
 
-PrepareSummary prepare_dataset(const PrepareOptions& o) {
-  const auto t0 = std::chrono::steady_clock::now();
-  // 1. options and inputs.
+namespace {
+
+void check_options(const PrepareOptions& o) {
   KILN_CHECK(!o.inputs.empty(), "prepare: no input files");
+  KILN_CHECK(o.input_format == "text" || o.input_format == "jsonl",
+             "prepare: unknown input format '{}' (expected text or jsonl)", o.input_format);
   KILN_CHECK(o.tokenizer == "byte" || o.tokenizer == "gpt2" || o.tokenizer == "sentencepiece" || o.tokenizer == "hf",
              "prepare: unknown tokenizer '{}' (expected byte, sentencepiece, gpt2 or hf)", o.tokenizer);
   KILN_CHECK(!o.out_dir.empty(), "prepare: no output directory");
@@ -175,6 +181,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& o) {
   KILN_CHECK(std::isfinite(o.val_fraction) && o.val_fraction >= 0.0 && o.val_fraction < 1.0,
              "prepare: val_fraction {} outside [0, 1)", o.val_fraction);
   KILN_CHECK(o.vocab_size >= 0, "prepare: negative vocab_size {}", o.vocab_size);
+  KILN_CHECK(o.threads >= 0, "prepare: negative thread count {}", o.threads);
   if (o.tokenizer == "byte") {
     KILN_CHECK(o.vocab_size == 0 || o.vocab_size >= 257,
                "prepare: vocab_size {} too small for the byte tokenizer (needs 257: 256 bytes + eot)",
@@ -186,17 +193,29 @@ PrepareSummary prepare_dataset(const PrepareOptions& o) {
                o.vocab_size);
   }
   KILN_CHECK(utf8_valid(o.separator), "prepare: the separator is not valid UTF-8");
+  if (o.input_format == "jsonl") {
+    KILN_CHECK(o.separator.empty(), "prepare: a separator is for text input (a JSONL record is one document)");
+    KILN_CHECK(!o.text_key.empty(), "prepare: an empty text key");
+  }
   choose_shard_format(o.shard_format, 0);  // a bad name fails before any work
-  PrepareSummary summary;
+}
+
+// Checks every input; returns the text inputs' decompressed bytes (0 for jsonl, whose
+// lines are checked one by one as they are read).
+int64_t check_inputs(const PrepareOptions& o) {
+  int64_t bytes = 0;
   for (const auto& in : o.inputs) {
     KILN_CHECK(fs::exists(in), "{}: no such input file", in.string());
     KILN_CHECK(fs::is_regular_file(in), "{}: not a regular file", in.string());
     KILN_CHECK(fs::file_size(in) > 0, "{}: empty input file", in.string());
-    summary.input_bytes += validate_utf8_file(in);
+    if (o.input_format == "text") bytes += validate_utf8_file(in);
   }
-  // Output directory and staging area.
+  return bytes;
+}
+
+// Creates out_dir (if needed) and a staging directory inside it, registered in `cleanup`.
+fs::path make_staging(const PrepareOptions& o, Cleanup& cleanup) {
   std::error_code ec;
-  Cleanup cleanup;
   if (!fs::exists(o.out_dir, ec)) cleanup.created_out = o.out_dir;
   fs::create_directories(o.out_dir, ec);
   KILN_CHECK(!ec && fs::is_directory(o.out_dir), "{}: cannot create output directory ({})",
@@ -217,83 +236,77 @@ PrepareSummary prepare_dataset(const PrepareOptions& o) {
   KILN_CHECK(fs::create_directory(staging, ec) && !ec, "{}: output directory is not writable ({})",
              o.out_dir.string(), ec.message());
   cleanup.staging = staging;
-  {
-    const fs::path probe = staging / "probe";
-    std::ofstream pf(probe);
-    KILN_CHECK(pf.good(), "{}: output directory is not writable", o.out_dir.string());
-    pf.close();
-    fs::remove(probe, ec);
+  const fs::path probe = staging / "probe";
+  std::ofstream pf(probe);
+  KILN_CHECK(pf.good(), "{}: output directory is not writable", o.out_dir.string());
+  pf.close();
+  fs::remove(probe, ec);
+  return staging;
+}
+
+// The token stream in staging chunks of `shard_tokens` ("stage_NNNNNN.bin") and the start
+// of every document in a staging document index ("stream_docs.idx").
+class StagingSink final : public TokenSink {
+ public:
+  StagingSink(fs::path staging, ShardFormat format, int64_t shard_tokens, int32_t eot)
+      : staging_(std::move(staging)), format_(format), S_(shard_tokens), eot_(eot),
+        docs_(staging_ / "stream_docs.idx") {}
+
+  void begin_document() override {
+    docs_.add(total_);
+    tokens(std::span<const int32_t>(&eot_, 1));
   }
 
-  // 2. tokenizer.
-  const std::unique_ptr<Tokenizer> tok = make_tokenizer(o);
-  KILN_CHECK(o.vocab_size == 0 || o.tokenizer == "sentencepiece" || o.vocab_size >= tok->vocab_size(),
-             "prepare: vocab_size {} too small for the {} tokenizer ({} ids)", o.vocab_size, tok->kind(),
-             tok->vocab_size());
-  const ShardFormat format = choose_shard_format(o.shard_format, tok->vocab_size());
-  const int32_t eot = tok->eot_id();
-
-  // 3. tokenize into staging chunks of shard_tokens.
-  const int64_t S = o.shard_tokens;
-  std::vector<int64_t> chunk_tokens;
-  std::unique_ptr<ShardWriter> writer;
-  int64_t total = 0;
-  auto push = [&](std::span<const int32_t> ids) {
+  void tokens(std::span<const int32_t> ids) override {
     while (!ids.empty()) {
-      if (!writer) {
-        writer = std::make_unique<ShardWriter>(staging / shard_name("stage", static_cast<int64_t>(chunk_tokens.size())), format);
-      }
-      const size_t take = static_cast<size_t>(std::min<int64_t>(S - writer->count(), static_cast<int64_t>(ids.size())));
-      writer->write(ids.first(take));
+      if (!writer_) writer_ = std::make_unique<ShardWriter>(chunk_path(chunk_tokens_.size()), format_);
+      const auto take = static_cast<size_t>(std::min<int64_t>(S_ - writer_->count(), static_cast<int64_t>(ids.size())));
+      writer_->write(ids.first(take));
       ids = ids.subspan(take);
-      total += static_cast<int64_t>(take);
-      if (writer->count() == S) {
-        writer->finish();
-        chunk_tokens.push_back(S);
-        writer.reset();
-      }
+      total_ += static_cast<int64_t>(take);
+      if (writer_->count() == S_) close_chunk();
     }
-  };
-  int64_t documents = 0;
-  for (const auto& in : o.inputs) {
-    stream_documents(in, o.separator, [&](std::string_view piece, bool new_doc) {
-      if (new_doc) {
-        ++documents;
-        push(std::span<const int32_t>(&eot, 1));
-      }
-      const std::vector<int32_t> ids = tok->encode(piece);
-      push(ids);
-    }, 1 << 20, /*cut_before_spaces_only=*/tok->kind() == "hf");
   }
-  if (writer) {
-    chunk_tokens.push_back(writer->count());
-    writer->finish();
-    writer.reset();
+
+  /// Ends the stream: the last chunk and the staging document index.
+  void finish() {
+    if (writer_) close_chunk();
+    docs_.finish(std::max<int64_t>(total_, 1));
   }
-  KILN_CHECK(documents > 0, "{}: the inputs hold no documents (only separators?)", o.inputs.front().string());
 
-  // 4. split by tokens.
-  const int64_t n_val =
-      o.val_fraction > 0 ? std::max<int64_t>(1, static_cast<int64_t>(std::ceil(o.val_fraction * total))) : 0;
-  KILN_CHECK(total - n_val >= 1, "{}: only {} tokens, too few for a val_fraction of {}",
-             o.inputs.front().string(), total, o.val_fraction);
-  const int64_t split_at = total - n_val;
+  fs::path chunk_path(size_t k) const { return staging_ / shard_name("stage", static_cast<int64_t>(k)); }
+  const std::vector<int64_t>& chunk_tokens() const { return chunk_tokens_; }
+  int64_t total() const { return total_; }
+  fs::path doc_index_path() const { return staging_ / "stream_docs.idx"; }
 
-  // 5. final shards (in staging).
-  DatasetMeta meta;
-  meta.tokenizer_kind = tok->kind();
-  meta.tokenizer_hash = tok->hash();
-  meta.vocab_size = tok->vocab_size();
-  meta.eot_id = eot;
-  meta.format = format;
-  meta.documents = documents;
-  SplitInfo& train = meta.splits["train"];
+ private:
+  void close_chunk() {
+    chunk_tokens_.push_back(writer_->count());
+    writer_->finish();
+    writer_.reset();
+  }
+
+  fs::path staging_;
+  ShardFormat format_;
+  int64_t S_;
+  int32_t eot_;
+  DocIndexWriter docs_;
+  std::unique_ptr<ShardWriter> writer_;
+  std::vector<int64_t> chunk_tokens_;
+  int64_t total_ = 0;
+};
+
+// Step 4 and 5: cuts the staged stream at `split_at` into the final train and val shards
+// and document indexes (in staging), recording them in `meta`.
+void write_splits(const StagingSink& stream, const fs::path& staging, int64_t split_at, ShardFormat format,
+                  int64_t S, DatasetMeta& meta) {
+  const int64_t total = stream.total();
   std::vector<int32_t> buf;
   // Copies stream tokens [begin, end) from the staging chunks into `w`.
   auto copy_range = [&](int64_t begin, int64_t end, ShardWriter& w) {
     while (begin < end) {
       const int64_t k = begin / S;
-      ShardReader r(staging / shard_name("stage", k));
+      ShardReader r(stream.chunk_path(static_cast<size_t>(k)));
       const int64_t stop = std::min(end, (k + 1) * S);
       for (int64_t p = begin; p < stop;) {
         const int64_t n = std::min<int64_t>(stop - p, 1 << 20);
@@ -305,11 +318,13 @@ PrepareSummary prepare_dataset(const PrepareOptions& o) {
       begin = stop;
     }
   };
+  const auto& chunk_tokens = stream.chunk_tokens();
+  SplitInfo& train = meta.splits["train"];
   for (int64_t k = 0; k * S < split_at; ++k) {
-    const int64_t begin = k * S, end = std::min(split_at, begin + chunk_tokens[k]);
+    const int64_t begin = k * S, end = std::min(split_at, begin + chunk_tokens[static_cast<size_t>(k)]);
     const fs::path dst = staging / shard_name("train", k);
-    if (end - begin == chunk_tokens[k]) {
-      fs::rename(staging / shard_name("stage", k), dst);
+    if (end - begin == chunk_tokens[static_cast<size_t>(k)]) {
+      fs::rename(stream.chunk_path(static_cast<size_t>(k)), dst);
     } else {
       ShardWriter w(dst, format);
       copy_range(begin, end, w);
@@ -318,7 +333,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& o) {
     train.shards.push_back({dst.filename().string(), end - begin});
     train.tokens += end - begin;
   }
-  if (n_val > 0) {
+  if (split_at < total) {
     SplitInfo& val = meta.splits["val"];
     for (int64_t v = 0, begin = split_at; begin < total; ++v, begin += S) {
       const int64_t end = std::min(total, begin + S);
@@ -330,18 +345,86 @@ PrepareSummary prepare_dataset(const PrepareOptions& o) {
       val.tokens += end - begin;
     }
   }
-  for (size_t k = 0; k < chunk_tokens.size(); ++k) fs::remove(staging / shard_name("stage", static_cast<int64_t>(k)), ec);
+  std::error_code ec;
+  for (size_t k = 0; k < chunk_tokens.size(); ++k) fs::remove(stream.chunk_path(k), ec);
+  // The document index, cut at the same place (val starts a document at 0 whatever).
+  DocIndexWriter train_docs(staging / "train_docs.idx");
+  std::unique_ptr<DocIndexWriter> val_docs;
+  if (split_at < total) val_docs = std::make_unique<DocIndexWriter>(staging / "val_docs.idx");
+  scan_doc_index(stream.doc_index_path(), -1, -1, [&](int64_t start) {
+    if (start < split_at) {
+      train_docs.add(start);
+    } else {
+      if (val_docs->count() == 0 && start > split_at) val_docs->add(0);
+      val_docs->add(start - split_at);
+    }
+  });
+  if (val_docs && val_docs->count() == 0) val_docs->add(0);
+  train.doc_index = {"train_docs.idx", train_docs.count()};
+  train_docs.finish(train.tokens);
+  if (val_docs) {
+    SplitInfo& val = meta.splits["val"];
+    val.doc_index = {"val_docs.idx", val_docs->count()};
+    val_docs->finish(val.tokens);
+  }
+  fs::remove(stream.doc_index_path(), ec);
+}
+
+}  // namespace
+
+PrepareSummary prepare_dataset(const PrepareOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  // 1. options and inputs, output directory and staging area.
+  check_options(o);
+  PrepareSummary summary;
+  summary.input_bytes = check_inputs(o);
+  Cleanup cleanup;
+  const fs::path staging = make_staging(o, cleanup);
+
+  // 2. tokenizer.
+  const std::unique_ptr<Tokenizer> tok = make_tokenizer(o);
+  KILN_CHECK(o.vocab_size == 0 || o.tokenizer == "sentencepiece" || o.vocab_size >= tok->vocab_size(),
+             "prepare: vocab_size {} too small for the {} tokenizer ({} ids)", o.vocab_size, tok->kind(),
+             tok->vocab_size());
+  const ShardFormat format = choose_shard_format(o.shard_format, tok->vocab_size());
+
+  // 3. tokenize into staging chunks of shard_tokens.
+  StagingSink stream(staging, format, o.shard_tokens, tok->eot_id());
+  const int64_t documents = tokenize_inputs(o, *tok, stream, summary);
+  stream.finish();
+  KILN_CHECK(documents > 0, "{}: the inputs hold no documents ({})", o.inputs.front().string(),
+             o.input_format == "jsonl" ? "no good record with text" : "only separators?");
+
+  // 4. split by tokens.
+  const int64_t total = stream.total();
+  const int64_t n_val =
+      o.val_fraction > 0 ? std::max<int64_t>(1, static_cast<int64_t>(std::ceil(o.val_fraction * total))) : 0;
+  KILN_CHECK(total - n_val >= 1, "{}: only {} tokens, too few for a val_fraction of {}",
+             o.inputs.front().string(), total, o.val_fraction);
+
+  // 5. final shards and document indexes (in staging).
+  DatasetMeta meta;
+  meta.tokenizer_kind = tok->kind();
+  meta.tokenizer_hash = tok->hash();
+  meta.vocab_size = tok->vocab_size();
+  meta.eot_id = tok->eot_id();
+  meta.format = format;
+  meta.documents = documents;
+  write_splits(stream, staging, total - n_val, format, o.shard_tokens, meta);
   tok->save(staging / "tokenizer");
 
-  // Commit: move shards and tokenizer files into out_dir, then meta.json.
+  // Commit: move shards, indexes and tokenizer files into out_dir, then meta.json.
+  std::error_code ec;
   auto move_in = [&](const fs::path& src) {
     const fs::path dst = o.out_dir / src.filename();
     fs::rename(src, dst, ec);
     KILN_CHECK(!ec, "cannot move {} to {}: {}", src.string(), dst.string(), ec.message());
     cleanup.moved.push_back(dst);
   };
-  for (const auto& [name, split] : meta.splits)
+  for (const auto& [name, split] : meta.splits) {
     for (const auto& s : split.shards) move_in(staging / s.file);
+    move_in(staging / split.doc_index.file);
+  }
   for (const auto& e : fs::directory_iterator(staging / "tokenizer")) move_in(e.path());
   write_dataset_meta(o.out_dir, meta);
   cleanup.moved.clear();

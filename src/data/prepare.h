@@ -33,9 +33,34 @@
 
 namespace kiln::data {
 
+/// How far step 3 (tokenize) has come; handed to PrepareOptions::on_progress.
+struct PrepareProgress {
+  int64_t documents = 0;    // documents tokenized
+  int64_t tokens = 0;       // tokens written (separators included)
+  int64_t bytes_done = 0;   // input bytes consumed (text: decompressed; jsonl: as on disk)
+  int64_t bytes_total = 0;  // the same for all inputs
+  double seconds = 0.0;     // since tokenizing began
+};
+
 struct PrepareOptions {
-  /// UTF-8 text files. One file = one document unless `separator` is set.
+  /// Input files, plain or compressed (gzip, zstd: recognised by their first bytes).
+  /// "text": UTF-8, one file = one document unless `separator` is set. "jsonl": one JSON
+  /// object per line, its `text_key` string a document.
   std::vector<std::filesystem::path> inputs;
+  /// "text" or "jsonl".
+  std::string input_format = "text";
+  /// jsonl: the key of the document text in each record.
+  std::string text_key = "text";
+  /// jsonl: a bad line (invalid UTF-8 or JSON, no text_key, a text_key that is not a
+  /// string) is an error naming file:line, instead of being skipped and counted.
+  bool strict = false;
+  /// Tokenizing threads; 0: OpenMP's default (OMP_NUM_THREADS, else every core). The
+  /// output does not depend on it.
+  int threads = 0;
+  /// Called from the calling thread about every `progress_interval_s` while tokenizing,
+  /// and once at the end of it. May be empty.
+  std::function<void(const PrepareProgress&)> on_progress;
+  double progress_interval_s = 2.0;
   /// Output directory (created if missing; must not already hold meta.json or shards).
   std::filesystem::path out_dir;
   /// "byte", "sentencepiece", "gpt2" or "hf".
@@ -64,8 +89,14 @@ struct PrepareOptions {
 
 struct PrepareSummary {
   DatasetMeta meta;         // what meta.json says
-  int64_t input_bytes = 0;  // bytes read from the inputs
+  int64_t input_bytes = 0;  // bytes read from the inputs (decompressed)
   double seconds = 0.0;     // wall time
+  /// jsonl: lines skipped as bad, the first kMaxBadLineExamples of them as
+  /// "file:line: reason", and records whose text is empty (skipped, not documents).
+  int64_t bad_lines = 0;
+  std::vector<std::string> bad_line_examples;
+  int64_t empty_texts = 0;
+  static constexpr size_t kMaxBadLineExamples = 10;
 };
 
 /// Runs the pipeline above. Throws kiln::Error (one line naming the file at fault) on bad

@@ -17,6 +17,7 @@
 // "<|endoftext|>"), so decode(encode(x)) == x for every valid UTF-8 x.
 #include "core/error.h"
 #include "core/rng.h"
+#include "data/input_file.h"
 #include "data/tokenizer.h"
 #include "data/tokenizer_internal.h"
 #include "data/utf8.h"
@@ -206,16 +207,13 @@ class VectorIterator final : public sentencepiece::SentenceIterator {
 };
 
 void sample_file(const fs::path& path, const std::string& separator, LineSampler& sampler) {
-  std::ifstream f(path, std::ios::binary);
-  KILN_CHECK(f.good(), "cannot read {}", path.string());
+  InputFile f(path);
   std::string buf;
   std::vector<char> chunk(1 << 20);
-  int64_t consumed = 0;  // file offset of buf[0]
+  int64_t consumed = 0;  // offset of buf[0] in the (decompressed) text
   bool eof = false;
   while (!eof) {
-    f.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
-    const auto got = f.gcount();
-    KILN_CHECK(!f.bad(), "error reading {}", path.string());
+    const size_t got = f.read(chunk.data(), chunk.size());
     eof = got == 0;
     buf.append(chunk.data(), static_cast<size_t>(got));
     // Keep only complete lines (or, for an over-long line, its whole UTF-8 characters).
@@ -249,18 +247,8 @@ void sample_file(const fs::path& path, const std::string& separator, LineSampler
   }
 }
 
-}  // namespace
-
-std::unique_ptr<Tokenizer> train_sentencepiece(const std::vector<fs::path>& inputs,
-                                               const SentencePieceTrainOptions& options) {
-  KILN_CHECK(!inputs.empty(), "sentencepiece training: no input files");
-  KILN_CHECK(options.vocab_size >= 260,
-             "sentencepiece vocab_size {} too small: needs 256 byte pieces + unk + eot + at least 2 more",
-             options.vocab_size);
-  LineSampler sampler(std::max<int64_t>(1, options.max_sentences), options.seed);
-  for (const auto& p : inputs) sample_file(p, options.separator, sampler);
-  KILN_CHECK(!sampler.lines().empty(), "sentencepiece training: inputs {} hold no text",
-             inputs.front().string());
+/// Trains a BPE model on the sampled lines.
+std::unique_ptr<Tokenizer> train_on_sample(LineSampler& sampler, const SentencePieceTrainOptions& options) {
   // sentencepiece gives every "required" character (those making up character_coverage
   // of the text) its own piece and fails when they outnumber the vocabulary; coverage
   // cannot go below 0.98. With byte fallback rare characters can go to bytes anyway, so
@@ -314,9 +302,42 @@ std::unique_ptr<Tokenizer> train_sentencepiece(const std::vector<fs::path>& inpu
   VectorIterator it(sampler.lines());
   std::string model;
   const auto st = sentencepiece::SentencePieceTrainer::Train(args, &it, &model);
-  KILN_CHECK(st.ok(), "sentencepiece training on {} failed: {}", inputs.front().string(),
-             st.ToString());
+  KILN_CHECK(st.ok(), "sentencepiece training failed: {}", st.ToString());
   return std::make_unique<SentencePieceTokenizer>(std::move(model), "trained sentencepiece model");
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> train_sentencepiece(const std::vector<fs::path>& inputs,
+                                               const SentencePieceTrainOptions& options) {
+  KILN_CHECK(!inputs.empty(), "sentencepiece training: no input files");
+  KILN_CHECK(options.vocab_size >= 260,
+             "sentencepiece vocab_size {} too small: needs 256 byte pieces + unk + eot + at least 2 more",
+             options.vocab_size);
+  LineSampler sampler(std::max<int64_t>(1, options.max_sentences), options.seed);
+  for (const auto& p : inputs) sample_file(p, options.separator, sampler);
+  KILN_CHECK(!sampler.lines().empty(), "sentencepiece training: inputs {} hold no text",
+             inputs.front().string());
+  return train_on_sample(sampler, options);
+}
+
+std::unique_ptr<Tokenizer> train_sentencepiece_on_texts(const TextVisitor& for_each_text,
+                                                        const SentencePieceTrainOptions& options) {
+  KILN_CHECK(options.vocab_size >= 260,
+             "sentencepiece vocab_size {} too small: needs 256 byte pieces + unk + eot + at least 2 more",
+             options.vocab_size);
+  LineSampler sampler(std::max<int64_t>(1, options.max_sentences), options.seed);
+  for_each_text([&](std::string_view text) {
+    require_utf8(text, "sentencepiece training text");
+    size_t nl;
+    while ((nl = text.find('\n')) != std::string_view::npos) {
+      sampler.add_line(text.substr(0, nl));
+      text.remove_prefix(nl + 1);
+    }
+    sampler.add_line(text);
+  });
+  KILN_CHECK(!sampler.lines().empty(), "sentencepiece training: the texts are empty");
+  return train_on_sample(sampler, options);
 }
 
 std::unique_ptr<Tokenizer> load_sentencepiece_model(const fs::path& model_file) {

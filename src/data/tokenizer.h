@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -84,6 +85,14 @@ struct SentencePieceTrainOptions {
 std::unique_ptr<Tokenizer> train_sentencepiece(const std::vector<std::filesystem::path>& inputs,
                                                const SentencePieceTrainOptions& options);
 
+/// Calls its argument once per text (valid UTF-8): how a caller hands texts it reads itself
+/// (JSONL records) to train_sentencepiece_on_texts.
+using TextVisitor = std::function<void(const std::function<void(std::string_view)>& add)>;
+/// Trains as train_sentencepiece, on the texts `for_each_text` passes (each split into
+/// lines at '\n'; options.separator is not used). Throws kiln::Error when a text is not
+/// valid UTF-8, all are empty, or the trainer fails.
+std::unique_ptr<Tokenizer> train_sentencepiece_on_texts(const TextVisitor& for_each_text,
+                                                        const SentencePieceTrainOptions& options);
 /// Loads a sentencepiece model file (`*.model`, a serialized ModelProto). Its eot id is
 /// the piece "<|endoftext|>" when present, else its eos id; throws kiln::Error if neither
 /// exists or the model lacks byte-fallback pieces.
