@@ -616,7 +616,10 @@ std::string TrainConfig::hash() const {
 }
 
 void TrainConfig::validate_for_training() const {
-  KILN_CHECK(!data.dir.empty(), "{}: key 'data.dir' is required for training", source);
+  KILN_CHECK(!data.dir.empty() || !data.blend.empty(), "{}: key 'data.dir' (or data.blend) is required for training",
+             source);
+  KILN_CHECK(data.dir.empty() || data.blend.empty(),
+             "{}: data.dir and data.blend are both set; a run reads one data set or one blend", source);
   auto need = [&](const char* name, int64_t v) {
     KILN_CHECK(v > 0, "{}: key '{}' is required for training (set it or model.preset)", source,
                name);

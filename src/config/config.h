@@ -45,7 +45,10 @@ struct ModelSection {
 
 /// [data]: the tokenized data set.
 struct DataSection {
-  std::string dir;  // required for training
+  std::string dir;  // one data set; this or blend is required for training
+  /// Weighted data sets, Megatron's --data-path style: ["0.3", "dir/a", "0.7", "dir/b"]
+  /// (data/blend.h). Exclusive with dir.
+  std::vector<std::string> blend;
   bool operator==(const DataSection&) const = default;
 };
 

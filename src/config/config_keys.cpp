@@ -66,7 +66,12 @@ const std::vector<Key>& keys() {
             "Initial weights: \"\" = random init; a kiln checkpoint dir, a Hugging Face model "
             "folder (config.json + safetensors; its config.json fills the model keys not set "
             "explicitly), an llm.c .bin or a .safetensors file."),
-        any(KILN_KEY(data, dir), "Directory of the tokenized data set (required for training)."),
+        any(KILN_KEY(data, dir), "Directory of the tokenized data set (this or data.blend is required for training)."),
+        any(KILN_KEY(data, blend),
+            "A weighted blend of prepared token data sets instead of data.dir, as Megatron's --data-path: "
+            "weight and directory pairs, [\"0.3\", \"data/web\", \"0.7\", \"data/code\"] (weights "
+            "normalized; one tokenizer). Samples are drawn by weight, exactly and deterministically; "
+            "each data set runs through its own shuffled epochs."),
         nonneg(KILN_KEY(train, steps), "Optimizer updates to run (required, > 0, for training)."),
         positive(KILN_KEY(train, micro_batch), "Sequences per rank per micro-step."),
         nonneg(KILN_KEY(train, global_batch),

@@ -63,8 +63,8 @@ TrainConfig resolve_for_planning(TrainConfig c, int world_size) {
       data->fill_model_keys(c);
     }
   } else if (c.model.vocab_size == 0) {
-    const fs::path dir = c.data.dir;
-    KILN_CHECK(!c.data.dir.empty() && fs::exists(dir / "meta.json"),
+    const fs::path dir = tokenizer_data_dir(c);
+    KILN_CHECK(!dir.empty() && fs::exists(dir / "meta.json"),
                "{}: model.vocab_size is needed to plan without a data set (set it, use a "
                "model.preset, or point data.dir at a prepared data set)", c.source);
     c.model.vocab_size = data::read_dataset_meta(dir).vocab_size;

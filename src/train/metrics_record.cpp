@@ -117,6 +117,8 @@ nlohmann::json step_record(const StepMetrics& m) {
     if (m.val_accuracy >= 0) rec["val_accuracy"] = m.val_accuracy;
   }
   if (m.moe) add_moe_record(rec, *m.moe);
+  if (!m.tokens_by_data.empty()) rec["tokens_by_data"] = m.tokens_by_data;
+  if (m.evaluated && !m.val_loss_by_data.empty()) rec["val_loss_by_data"] = m.val_loss_by_data;
   return rec;
 }
 

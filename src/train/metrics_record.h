@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -33,6 +34,8 @@ struct StepMetrics {
   double val_accuracy = -1;      //   a classifier's top-1 accuracy; -1 for other models
   const MoeStats* moe = nullptr;  // a mixture of experts' balancing figures of the update
                                   // (TrainStep's, over the global batch); nullptr without
+  std::map<std::string, int64_t> tokens_by_data;  // a blend's tokens seen per data set (dir)
+  std::map<std::string, double> val_loss_by_data;  // when evaluated: a blend's per data set
 };
 
 /// Tokens per expert of the MoE layers, summarised: the fewest, the mean and the most
@@ -58,7 +61,9 @@ std::optional<double> dropped_fraction(const MoeStats& moe);
 /// "moe_tokens_per_expert" {"min", "mean", "max"} over every MoE layer and expert and
 /// "moe_tokens_per_expert_by_layer" [[min, mean, max] per MoE layer] and, with an
 /// auxiliary-loss-free selection bias, "moe_expert_bias" {"min", "max"} after the update
-/// and, with token dropping, "moe_dropped_fraction" (dropped_fraction).
+/// and, with token dropping, "moe_dropped_fraction" (dropped_fraction); with a blend
+/// (data.blend), "tokens_by_data" {dir: tokens seen} and, when evaluated,
+/// "val_loss_by_data" {dir: val loss}.
 nlohmann::json step_record(const StepMetrics& m);
 
 /// Seconds since the Unix epoch, now (the records' "time").

@@ -131,4 +131,25 @@ std::unique_ptr<TrainData> open_train_data(const std::filesystem::path& dir,
   return std::make_unique<TokenData>(dir, split, seq_len, seed, shuffle);
 }
 
+std::unique_ptr<TrainData> open_train_data(const TrainConfig& c, const std::string& split, bool shuffle) {
+  const auto seed = static_cast<uint64_t>(c.train.seed);
+  if (!c.data.blend.empty())
+    return open_blend_data(data::parse_blend(c.data.blend, c.source + ": data.blend"), split, c.train.seq_len,
+                           seed, shuffle);
+  return open_train_data(c.data.dir, split, c.train.seq_len, seed, shuffle);
+}
+
+std::filesystem::path tokenizer_data_dir(const TrainConfig& c) {
+  if (!c.data.blend.empty()) return data::parse_blend(c.data.blend, c.source + ": data.blend").front().dir;
+  return c.data.dir;
+}
+
+std::string describe_data(const TrainConfig& c) {
+  if (c.data.blend.empty()) return "data.dir " + c.data.dir;
+  std::string dirs;
+  for (const auto& p : data::parse_blend(c.data.blend, c.source + ": data.blend"))
+    dirs += (dirs.empty() ? "" : ", ") + p.dir;
+  return "data.blend [" + dirs + "]";
+}
+
 }  // namespace kiln

@@ -2,7 +2,8 @@
 // as the model takes them (Model::batch_shape), a resumable position, the [model] keys the
 // data fixes, and what identifies it in a checkpoint.
 //
-// Two kinds, told apart by the data set's meta.json (docs/formats.md):
+// Three kinds: a weighted blend of token data sets (data.blend, data/blend.h), or one data
+// set, told apart by its meta.json (docs/formats.md):
 //   token data sets (data/loader.h): inputs int32 [B,T] tokens, targets [B,T] (the next
 //     tokens); they fix model.vocab_size and carry their tokenizer into checkpoints;
 //   image data sets (data/image_dataset.h): inputs fp32 [B,H,W,C] pixels scaled to [-1, 1]
@@ -10,6 +11,7 @@
 //     images), model.num_channels and model.num_classes.
 #pragma once
 
+#include "data/blend.h"
 #include "data/visit_order.h"
 #include "models/model.h"
 #include "config/config.h"
@@ -21,6 +23,8 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace kiln {
 
@@ -31,6 +35,15 @@ class TrainData {
   virtual bool has_split(const std::string& name) const = 0;
   /// Split `name` of the same data set, unshuffled (evaluation).
   virtual std::unique_ptr<TrainData> open_split(const std::string& name) const = 0;
+  /// A blend: split `name` of each of its data sets, unshuffled, named by directory (the
+  /// per-data-set validation losses). Empty for one data set.
+  virtual std::vector<std::pair<std::string, std::unique_ptr<TrainData>>> open_split_by_dataset(
+      const std::string& /*name*/) const {
+    return {};
+  }
+  /// A blend: the tokens each data set gave so far (all ranks together; samples drawn x
+  /// seq_len), by directory. Empty for one data set.
+  virtual std::map<std::string, int64_t> tokens_by_dataset() const { return {}; }
   /// Sets the [model] keys the data fixes when they are 0; throws kiln::Error naming the
   /// key (and `config.source`) when one is set and does not fit the data.
   virtual void fill_model_keys(TrainConfig& config) const = 0;
@@ -56,5 +69,16 @@ class TrainData {
 std::unique_ptr<TrainData> open_train_data(const std::filesystem::path& dir,
                                            const std::string& split, int seq_len, uint64_t seed,
                                            bool shuffle);
+/// A blend of the token data sets `parts` (data/blend.h): part d shuffled under seed + d.
+/// Throws kiln::Error naming the directory when one is missing, holds images or was
+/// prepared with another tokenizer than the first.
+std::unique_ptr<TrainData> open_blend_data(const std::vector<data::BlendPart>& parts, const std::string& split,
+                                           int seq_len, uint64_t seed, bool shuffle);
+/// The [data] section's data: data.blend when set, else data.dir.
+std::unique_ptr<TrainData> open_train_data(const TrainConfig& config, const std::string& split, bool shuffle);
+/// The directory of the data's tokenizer: data.dir, or a blend's first data set.
+std::filesystem::path tokenizer_data_dir(const TrainConfig& config);
+/// How errors name the data: "data.dir X" or "data.blend [X, Y]".
+std::string describe_data(const TrainConfig& config);
 
 }  // namespace kiln

@@ -139,23 +139,24 @@ void Trainer::set_up_mesh() {
   if (!is_rank0()) options_.verbose = false;
   if (config_.train.global_batch == 0) config_.train.global_batch = config_.train.micro_batch * mesh_->dp();
   config_.validate_for_training();
-  KILN_CHECK(!config_.data.dir.empty(), "{}: data.dir is required for training", config_.source);
 }
 
 void Trainer::open_data() {
-  train_data_ = open_train_data(config_.data.dir, "train", config_.train.seq_len,
-                                static_cast<uint64_t>(config_.train.seed), /*shuffle=*/true);
+  train_data_ = open_train_data(config_, "train", /*shuffle=*/true);
   KILN_CHECK(config_.eval.every == 0 || train_data_->has_split("val"),
              "{}: eval.every = {} but {} has no val split (prepare text with --val-fraction, "
              "images with t10k-* IDX files or a val/ folder; or set eval.every = 0)",
-             config_.source, config_.eval.every, config_.data.dir);
+             config_.source, config_.eval.every, describe_data(config_));
   // The val split is opened (and verified: sizes, checksums) once, now, not at the first
   // evaluation, so that a damaged one stops the run before any training.
-  if (config_.eval.every > 0) val_data_ = train_data_->open_split("val");
+  if (config_.eval.every > 0) {
+    val_data_ = train_data_->open_split("val");
+    val_by_data_ = train_data_->open_split_by_dataset("val");
+  }
   train_data_->check_arch(config_);
   train_data_->fill_model_keys(config_);
   // ... and the same data: compare fingerprints at start-up.
-  check_same_on_all_ranks(*world_, "data set " + config_.data.dir,
+  check_same_on_all_ranks(*world_, describe_data(config_),
                           train_data_->fingerprint().dump());
 }
 

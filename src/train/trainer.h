@@ -114,7 +114,9 @@ class Trainer {
   struct EvalResult {
     double loss = 0.0;
     double accuracy = -1.0;
+    std::map<std::string, double> loss_by_data;  // a blend's: each data set's val loss
   };
+  /// The val split's loss (and a blend's per data set).
   EvalResult evaluate();
   const Model& model() const { return one_step_->model(); }
   const DataParallel& data_parallel() const { return one_step_->data_parallel(); }
@@ -263,6 +265,9 @@ class Trainer {
   std::unique_ptr<TrainStep> one_step_;
   std::unique_ptr<TrainData> train_data_;
   std::unique_ptr<TrainData> val_data_;  // the val split, opened once (unshuffled)
+  std::vector<std::pair<std::string, std::unique_ptr<TrainData>>> val_by_data_;  // a blend's parts'
+  /// The loss (and accuracy) of `val`, from the start of it.
+  EvalResult evaluate_split(TrainData& val);
   std::filesystem::path run_dir_;
   std::unique_ptr<RunDirLock> run_lock_;  // rank 0's, from before the run dir is touched
   int64_t step_ = 0;

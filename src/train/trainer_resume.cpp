@@ -183,9 +183,9 @@ void Trainer::check_same_run(const checkpoint::CheckpointReader& reader,
              dir.string(), config_.train.seed, saved.seed, saved.seed);
   if (st.contains("data"))  // absent in checkpoints written before it was recorded
     KILN_CHECK(st.at("data") == train_data_->fingerprint(),
-               "{}: data.dir {} holds other data than the checkpoint's ({} vs {}): resuming would "
+               "{}: {} holds other data than the checkpoint's ({} vs {}): resuming would "
                "read other samples (use the same data, or start a new run)", dir.string(),
-               config_.data.dir, train_data_->fingerprint().dump(), st.at("data").dump());
+               describe_data(config_), train_data_->fingerprint().dump(), st.at("data").dump());
   // The same frozen parameters: which ones have optimizer state depends on it (checkpoints
   // from before freezing existed froze none).
   const auto saved_frozen = st.value("frozen", std::vector<std::string>{});

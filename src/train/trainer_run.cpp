@@ -93,10 +93,12 @@ TrainResult Trainer::run() {
     m.grad_norm = t.grad_norm;
     m.step_time_s = t.seconds;
     m.moe = t.moe ? &*t.moe : nullptr;
+    m.tokens_by_data = train_data_->tokens_by_dataset();
     if (eval_due()) {
       const EvalResult e = evaluate();
       r.last_val_loss = m.val_loss = e.loss;
       r.last_val_accuracy = m.val_accuracy = e.accuracy;
+      m.val_loss_by_data = e.loss_by_data;
       m.evaluated = true;
     }
     log_update(m, metrics ? &*metrics : nullptr, t.comm_wait_s, stop_at, acct);
@@ -215,8 +217,17 @@ void Trainer::note_stragglers(nlohmann::json& rec) {
 
 Trainer::EvalResult Trainer::evaluate() {
   auto scope = profile::trace_scope("eval");
-  if (!val_data_) val_data_ = train_data_->open_split("val");
-  TrainData* val = val_data_.get();
+  if (!val_data_) {
+    val_data_ = train_data_->open_split("val");
+    val_by_data_ = train_data_->open_split_by_dataset("val");
+  }
+  EvalResult r = evaluate_split(*val_data_);
+  for (auto& [name, part] : val_by_data_) r.loss_by_data[name] = evaluate_split(*part).loss;
+  return r;
+}
+
+Trainer::EvalResult Trainer::evaluate_split(TrainData& val_split) {
+  TrainData* val = &val_split;
   val->set_state({});  // from the start of the split, every evaluation
   const int B = config_.train.micro_batch;
   const BatchShape& shape = one_step_->batch_shape();
@@ -263,7 +274,7 @@ Trainer::EvalResult Trainer::evaluate() {
 std::optional<std::string> Trainer::maybe_sample() {
   const auto& sc = config_.sample;
   if (sc.every <= 0 || step_ % sc.every != 0) return std::nullopt;
-  const auto tok = data::load_tokenizer(config_.data.dir);
+  const auto tok = data::load_tokenizer(tokenizer_data_dir(config_));
   std::vector<int32_t> prompt = sc.prompt.empty() ? std::vector<int32_t>{tok->eot_id()}
                                                   : tok->encode(sc.prompt);
   SampleOptions o;

@@ -203,7 +203,7 @@ TEST(TrainConfigErrors, ValidateForTraining) {
     return error_of([&] { load_config_string(text, {}, "c.toml").validate_for_training(); });
   };
   EXPECT_EQ(train_error("[model]\npreset = \"gpt2\"\n[train]\nsteps = 1\n"),
-            "c.toml: key 'data.dir' is required for training");
+            "c.toml: key 'data.dir' (or data.blend) is required for training");
   EXPECT_EQ(train_error("[data]\ndir = \"d\"\n[train]\nsteps = 1\n"),
             "c.toml: key 'model.n_layer' is required for training (set it or model.preset)");
   EXPECT_EQ(train_error("[data]\ndir = \"d\"\n[model]\npreset = \"gpt2\"\n"),

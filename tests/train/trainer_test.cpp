@@ -10,6 +10,7 @@
 #include "models/gpt2/formats.h"
 #include "support/error_of.h"
 #include "train/trainer.h"
+#include "trainer_fixture.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -24,90 +25,12 @@ namespace kiln {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("kiln-trainer-test-" + std::to_string(std::random_device{}()));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
-
-// A small corpus with structure a model can learn (repeated phrases), prepared with
-// the byte tokenizer.
-fs::path make_dataset(const fs::path& root) {
-  const fs::path txt = root / "corpus.txt";
-  std::ofstream out(txt);
-  std::mt19937 rng(5);
-  const char* words[] = {"in the beginning ", "and the earth ", "was without form ", "and void; ",
-                         "and darkness ", "was upon the face ", "of the deep. "};
-  for (int i = 0; i < 600; ++i) out << words[rng() % 7];
-  out.close();
-  data::PrepareOptions o;
-  o.inputs = {txt};
-  o.out_dir = root / "data";
-  o.tokenizer = "byte";
-  o.val_fraction = 0.1;
-  data::prepare_dataset(o);
-  return o.out_dir;
-}
-
-TrainConfig tiny_config(const fs::path& data, const fs::path& run, int64_t steps) {
-  TrainConfig c = load_config_string(R"(
-[model]
-n_layer = 2
-n_head = 2
-n_embd = 32
-block_size = 16
-dropout = 0.1
-[train]
-micro_batch = 2
-global_batch = 4
-seq_len = 16
-[optim]
-lr = 3e-3
-[schedule]
-kind = "cosine"
-warmup_steps = 5
-[eval]
-every = 10
-batches = 2
-[log]
-every = 1
-peak_tflops = 1.0
-)");
-  c.data.dir = data.string();
-  c.run.dir = run.string();
-  c.train.steps = steps;
-  return c;
-}
-
-std::vector<nlohmann::json> read_metrics(const fs::path& run) {
-  std::vector<nlohmann::json> v;
-  std::ifstream in(run / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) v.push_back(nlohmann::json::parse(line));
-  return v;
-}
-
-TrainerOptions quiet(std::string resume = "", int64_t exit_interval = 0) {
-  TrainerOptions o;
-  o.resume = std::move(resume);
-  o.exit_interval = exit_interval;
-  o.verbose = false;
-  return o;
-}
-
-// Runs config("a") to the end, and config("b") stopped after `stop` updates, then resumed
-// to the end.
-void run_straight_and_resumed(const std::function<TrainConfig(const std::string&)>& config,
-                              int64_t stop) {
-  { Trainer(config("a"), quiet()).run(); }
-  { Trainer(config("b"), quiet("", stop)).run(); }
-  Trainer t(config("b"), quiet("auto"));
-  EXPECT_EQ(t.step(), stop);
-  t.run();
-}
+using testing::make_dataset;
+using testing::quiet;
+using testing::read_metrics;
+using testing::run_straight_and_resumed;
+using testing::TempDir;
+using testing::tiny_config;
 
 ExportOptions export_as(std::string format) {
   ExportOptions o;
