@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "report/charts.h"
+#include "report/blend_section.h"
 #include "report/moe_section.h"
 
 #include <fmt/format.h>
@@ -527,6 +528,7 @@ std::string render_report(const RunData& run) {
     card(w, "Time waiting for collectives", "ms per step");
   h += "</div>\n";
   h += moe_section(run);
+  h += blend_section(run);
 
   // Memory by category (MiB), one chart per rank. Sources: the trainer's
   // "mem_by_rank" array (every rank's bytes by category, logged by rank 0 in a

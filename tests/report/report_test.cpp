@@ -293,6 +293,33 @@ TEST(Report, MixtureOfExpertsSection) {
   fs::remove_all(plain);
 }
 
+// A run on data.blend as the trainer writes it: 12 updates of 64 tokens, 1 in 4 samples
+// from "data/a&b" (a name HTML must escape), the rest from "data/c"; val losses at 6 and 12.
+TEST(Report, DataBlendSection) {
+  const fs::path dir = temp_dir("blend");
+  {
+    std::ofstream m(dir / "metrics.jsonl");
+    for (int step = 1; step <= 12; ++step) {
+      nlohmann::json r = {{"step", step}, {"loss", 5.0 - 0.1 * step}};
+      r["tokens_by_data"] = {{"data/a&b", 16 * step}, {"data/c", 48 * step}};
+      if (step % 6 == 0) r["val_loss_by_data"] = {{"data/a&b", 4.0 - 0.1 * step}, {"data/c", 3.0}};
+      m << r.dump() << "\n";
+    }
+  }
+  const std::string html = render_report(load_run(dir));
+  EXPECT_NE(html.find("<h2>Data blend</h2>"), std::string::npos);
+  EXPECT_EQ(count(polyline_points(html, "data/a&amp;b"), ","), 12);  // the share chart's
+  EXPECT_EQ(count(html, "<polyline class=\"series\" data-series=\"data/a&amp;b\""), 2);  // and val loss
+  EXPECT_NE(html.find("<tr><td>data/a&amp;b</td><td>192</td><td>25.00%</td><td>2.8000</td></tr>"),
+            std::string::npos);
+  EXPECT_NE(html.find("<tr><td>data/c</td><td>576</td><td>75.00%</td><td>3.0000</td></tr>"), std::string::npos);
+  fs::remove_all(dir);
+  // A run on one data set: no section.
+  const fs::path plain = make_moe_run("no_blend", false);
+  EXPECT_EQ(render_report(load_run(plain)).find("Data blend"), std::string::npos);
+  fs::remove_all(plain);
+}
+
 TEST(Report, RankFromFileNameAndErrors) {
   const fs::path dir = temp_dir("ranks");
   std::ofstream(dir / "metrics.jsonl") << "{\"step\": 1, \"loss\": 3.0}\n";
