@@ -38,9 +38,13 @@ void print_progress(const data::PrepareProgress& p) {
              p.tokens / s, p.bytes_done / s / 1e6, eta);
 }
 
-// The bad lines skipped: a count and the first examples, on stderr.
-void report_bad_lines(const data::PrepareSummary& r) {
+// The records skipped or cut: empty texts, overlong conversations, and bad lines (a count
+// and the first examples), on stderr.
+void report_bad_lines(const data::PrepareSummary& r, const std::string& overlong) {
   if (r.empty_texts > 0) fmt::print(stderr, "kiln prepare: skipped {} records with empty text\n", r.empty_texts);
+  if (r.overlong > 0)
+    fmt::print(stderr, "kiln prepare: {} conversations over --max-tokens: {}\n", r.overlong,
+               overlong == "drop" ? "dropped" : "kept (the training windows cut them)");
   if (r.bad_lines == 0) return;
   fmt::print(stderr, "kiln prepare: skipped {} bad line{} (--strict makes one an error); the first:\n",
              r.bad_lines, r.bad_lines == 1 ? "" : "s");
@@ -63,10 +67,12 @@ void register_prepare(CLI::App& app) {
                                   "text (one file = one document) or JSONL; --format idx | imagefolder: the "
                                   "directory of IDX files or the image folder")->required();
   cmd->add_option("--format", *format, "text (default) | jsonl (one JSON object per line, --text-key its "
-                                       "document) | idx (MNIST-format images and labels: "
+                                       "document) | chat (JSONL conversations {\"messages\": [{\"role\", "
+                                       "\"content\"}]}, --chat-template; the loss on the assistant's turns) | "
+                                       "idx (MNIST-format images and labels: "
                                        "train-* and t10k-* [.gz]) | imagefolder ([train/, val/] "
                                        "<class>/*.png)")
-      ->check(CLI::IsMember({"text", "jsonl", "idx", "imagefolder"}));
+      ->check(CLI::IsMember({"text", "jsonl", "chat", "idx", "imagefolder"}));
   cmd->add_option("--shard-images", *shard_images, "--format idx | imagefolder: images per shard (default 100000)");
   auto class_names = std::make_shared<std::string>();
   cmd->add_option("--class-names", *class_names, "--format idx: the classes' names in label order, "
@@ -94,6 +100,15 @@ void register_prepare(CLI::App& app) {
                                        "Split documents inside a file at this string (text)"));
   text_only->push_back(cmd->add_option("--text-key", opt->text_key,
                                        "jsonl: the key of each record's text (default text)"));
+  text_only->push_back(cmd->add_option("--chat-template", opt->chat_template,
+                                       "chat: llama3 (default; Llama 3 Instruct's) | chatml")
+                           ->check(CLI::IsMember({"llama3", "chatml"})));
+  text_only->push_back(cmd->add_option("--max-tokens", opt->chat_max_tokens,
+                                       "chat: a conversation of more tokens (with its separator) is overlong "
+                                       "(default 0: no limit)"));
+  text_only->push_back(cmd->add_option("--overlong", opt->chat_overlong,
+                                       "chat: split (default: kept; the training windows cut it) | drop")
+                           ->check(CLI::IsMember({"split", "drop"})));
   text_only->push_back(cmd->add_flag("--strict", opt->strict,
                                      "jsonl: a bad line is an error (default: skipped, counted and reported)"));
   text_only->push_back(cmd->add_option("--threads", opt->threads,
@@ -129,7 +144,7 @@ void register_prepare(CLI::App& app) {
     for (const auto& s : *tf) opt->tokenizer_files.emplace_back(s);
     opt->on_progress = print_progress;
     const auto r = data::prepare_dataset(*opt);
-    report_bad_lines(r);
+    report_bad_lines(r, opt->chat_overlong);
     int64_t total = 0;
     std::string splits;
     for (const auto& [name, info] : r.meta.splits) {

@@ -17,8 +17,9 @@ KILN_BUILD_PACKAGES=(
 # Only for the tests: headless Chromium renders `kiln report`'s page for a screenshot;
 # python3 reads JSON in the shell tests and checks the golden file's header; Debian's
 # PyTorch (python3-torch, under /usr/bin/python3) checks exported Hugging Face folders
-# against the golden logits (golden_hf_reference, which skips without it).
-KILN_TEST_PACKAGES=(chromium python3 python3-torch)
+# against the golden logits (golden_hf_reference, which skips without it); Jinja
+# (python3-jinja2) renders the published chat templates for chat_sft_test.
+KILN_TEST_PACKAGES=(chromium python3 python3-torch python3-jinja2)
 # Only for the fuzzers (scripts/fuzz.sh, run by test.sh): clang 14, its libFuzzer and
 # sanitizer runtimes (libclang-rt-14-dev, which Debian only recommends beside clang-14)
 # and its OpenMP (libomp-14-dev: the fuzz build compiles the OpenMP kernels with clang).

@@ -1,6 +1,7 @@
 #include "data/loader.h"
 
 #include "core/error.h"
+#include "data/position_index.h"
 
 #include <fmt/format.h>
 
@@ -31,6 +32,9 @@ DataLoader::DataLoader(const fs::path& dir, std::string split, int seq_len, uint
     shards_.push_back(std::move(r));
   }
   starts_.push_back(total_);
+  if (const IndexFileInfo& loss = it->second.loss_index; !loss.file.empty())
+    loss_bounds_ = read_position_index(dir / loss.file, PositionIndexKind::LossSpans, total_, loss.count);
+  has_loss_spans_ = !it->second.loss_index.file.empty();
   samples_ = total_ > 0 ? (total_ - 1) / T_ : 0;
   KILN_CHECK(samples_ >= 1, "{}: split '{}' has {} tokens, too few for one sample of seq_len {} (needs {})",
              dir.string(), split_, total_, T_, static_cast<int64_t>(T_) + 1);
@@ -54,14 +58,28 @@ void DataLoader::read_sample(int64_t sample, int32_t* out) const {
   }
 }
 
-void DataLoader::next_batch(int32_t* inputs, int32_t* targets, int micro_batch, int dp_rank, int dp_size) {
+void DataLoader::read_pair(int64_t sample, int32_t* inputs, int32_t* targets) const {
   const int64_t T = T_;
   std::vector<int32_t> row(static_cast<size_t>(T + 1));
+  read_sample(sample, row.data());
+  std::copy(row.begin(), row.begin() + T, inputs);
+  std::copy(row.begin() + 1, row.end(), targets);
+  if (!has_loss_spans_) return;
+  // Target t is stream position p = sample * T + 1 + t: in the loss when an odd number of
+  // span bounds are <= p (inside [begin, end)).
+  const int64_t p0 = sample * T + 1;
+  auto bound = std::upper_bound(loss_bounds_.begin(), loss_bounds_.end(), p0);
+  for (int64_t t = 0; t < T; ++t) {
+    while (bound != loss_bounds_.end() && *bound <= p0 + t) ++bound;
+    if ((bound - loss_bounds_.begin()) % 2 == 0) targets[t] = -1;
+  }
+}
+
+void DataLoader::next_batch(int32_t* inputs, int32_t* targets, int micro_batch, int dp_rank, int dp_size) {
   const std::vector<int64_t> mine = order_.next_batch(micro_batch, dp_rank, dp_size);
   for (size_t b = 0; b < mine.size(); ++b) {
-    read_sample(mine[b], row.data());
-    std::copy(row.begin(), row.begin() + T, inputs + static_cast<int64_t>(b) * T);
-    std::copy(row.begin() + 1, row.end(), targets + static_cast<int64_t>(b) * T);
+    const int64_t at = static_cast<int64_t>(b) * T_;
+    read_pair(mine[b], inputs + at, targets + at);
   }
 }
 

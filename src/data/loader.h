@@ -3,6 +3,7 @@
 // The split's shards, in meta.json order, are one token stream of N tokens. Sample i is
 // tokens [i*T, i*T + T + 1): inputs = the first T, targets = the last T (shifted by one),
 // as in llm.c. samples_per_epoch = (N - 1) / T; a tail shorter than a sample is unused.
+// A split with loss spans (chat data) ignores the targets outside them (-1).
 //
 // Order and data parallelism: data/visit_order.h (a per-epoch Philox permutation when
 // shuffling; rank r of dp takes its micro_batch of each global batch's positions; the
@@ -38,6 +39,10 @@ class DataLoader {
 
   /// Tokens of sample `sample` (0 <= sample < samples_per_epoch()), T + 1 of them, into out.
   void read_sample(int64_t sample, int32_t* out) const;
+  /// Sample `sample` as the model takes it: inputs[T] its first T tokens, targets[T] the
+  /// last T; with loss spans (chat data, position_index.h) every target outside them is
+  /// -1 (ignored by the loss).
+  void read_pair(int64_t sample, int32_t* inputs, int32_t* targets) const;
   /// The sample visited at position `index` of epoch `epoch`.
   int64_t sample_at(int64_t epoch, int64_t index) { return order_.sample_at(epoch, index); }
 
@@ -58,6 +63,8 @@ class DataLoader {
   int T_;
   std::vector<ShardReader> shards_;
   std::vector<int64_t> starts_;  // stream offset of each shard, plus the total at the end
+  bool has_loss_spans_ = false;
+  std::vector<int64_t> loss_bounds_;  // the split's loss spans: begin0 end0 begin1 end1 ...
   int64_t total_ = 0;
   int64_t samples_ = 0;
   VisitOrder order_;

@@ -38,8 +38,13 @@ void write_dataset_meta(const fs::path& dir, const DatasetMeta& meta) {
   nlohmann::ordered_json docs = nlohmann::ordered_json::object();
   for (const auto& [name, split] : meta.splits)
     if (!split.doc_index.file.empty())
-      docs[name] = {{"file", split.doc_index.file}, {"documents", split.doc_index.documents}};
+      docs[name] = {{"file", split.doc_index.file}, {"documents", split.doc_index.count}};
   if (!docs.empty()) j["doc_index"] = std::move(docs);
+  nlohmann::ordered_json loss = nlohmann::ordered_json::object();
+  for (const auto& [name, split] : meta.splits)
+    if (!split.loss_index.file.empty())
+      loss[name] = {{"file", split.loss_index.file}, {"positions", split.loss_index.count}};
+  if (!loss.empty()) j["loss_index"] = std::move(loss);
   write_file_atomic(dir / "meta.json", j.dump(2) + "\n");
 }
 
@@ -103,7 +108,13 @@ DatasetMeta read_dataset_meta(const fs::path& dir) {
         const auto& d = j.at("doc_index").at(name);
         s.doc_index.file = d.at("file").get<std::string>();
         check_plain_name(s.doc_index.file, path, name);
-        s.doc_index.documents = json_integer(d.at("documents"), path.string(), "doc_index.documents", 1, kMaxTokens);
+        s.doc_index.count = json_integer(d.at("documents"), path.string(), "doc_index.documents", 1, kMaxTokens);
+      }
+      if (j.contains("loss_index") && j.at("loss_index").contains(name)) {
+        const auto& d = j.at("loss_index").at(name);
+        s.loss_index.file = d.at("file").get<std::string>();
+        check_plain_name(s.loss_index.file, path, name);
+        s.loss_index.count = json_integer(d.at("positions"), path.string(), "loss_index.positions", 0, kMaxTokens);
       }
       m.splits[name] = std::move(s);
     }

@@ -17,16 +17,17 @@ struct ShardInfo {
   int64_t tokens = 0;  // tokens in the shard
 };
 
-/// A split's document index (doc_index.h); absent (file empty) in datasets prepared
-/// before kiln wrote one.
-struct DocIndexInfo {
-  std::string file;        // file name relative to the dataset directory
-  int64_t documents = 0;   // starts it lists
+/// A split's position index (position_index.h): absent (file empty) when the split has
+/// none.
+struct IndexFileInfo {
+  std::string file;   // file name relative to the dataset directory
+  int64_t count = 0;  // positions it lists (document starts: the documents)
 };
 struct SplitInfo {
   int64_t tokens = 0;  // sum of the shards' tokens
   std::vector<ShardInfo> shards;
-  DocIndexInfo doc_index;
+  IndexFileInfo doc_index;   // document starts; absent in data sets prepared before kiln wrote one
+  IndexFileInfo loss_index;  // loss spans (chat data); absent: every target is in the loss
 };
 
 struct DatasetMeta {

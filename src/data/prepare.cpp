@@ -1,7 +1,8 @@
 #include "data/prepare.h"
 
 #include "core/error.h"
-#include "data/doc_index.h"
+#include "data/position_index.h"
+#include "data/chat.h"
 #include "data/input_file.h"
 #include "data/shard.h"
 #include "data/tokenize_inputs.h"
@@ -171,8 +172,8 @@ namespace {
 
 void check_options(const PrepareOptions& o) {
   KILN_CHECK(!o.inputs.empty(), "prepare: no input files");
-  KILN_CHECK(o.input_format == "text" || o.input_format == "jsonl",
-             "prepare: unknown input format '{}' (expected text or jsonl)", o.input_format);
+  KILN_CHECK(o.input_format == "text" || o.input_format == "jsonl" || o.input_format == "chat",
+             "prepare: unknown input format '{}' (expected text, jsonl or chat)", o.input_format);
   KILN_CHECK(o.tokenizer == "byte" || o.tokenizer == "gpt2" || o.tokenizer == "sentencepiece" || o.tokenizer == "hf",
              "prepare: unknown tokenizer '{}' (expected byte, sentencepiece, gpt2 or hf)", o.tokenizer);
   KILN_CHECK(!o.out_dir.empty(), "prepare: no output directory");
@@ -193,9 +194,17 @@ void check_options(const PrepareOptions& o) {
                o.vocab_size);
   }
   KILN_CHECK(utf8_valid(o.separator), "prepare: the separator is not valid UTF-8");
-  if (o.input_format == "jsonl") {
+  if (o.input_format != "text") {
     KILN_CHECK(o.separator.empty(), "prepare: a separator is for text input (a JSONL record is one document)");
     KILN_CHECK(!o.text_key.empty(), "prepare: an empty text key");
+  }
+  if (o.input_format == "chat") {
+    parse_chat_template(o.chat_template);
+    KILN_CHECK(o.tokenizer == "hf", "prepare: chat data needs the hf tokenizer (a tokenizer.json with the "
+               "template's special tokens), not '{}'", o.tokenizer);
+    KILN_CHECK(o.chat_overlong == "split" || o.chat_overlong == "drop",
+               "prepare: chat_overlong '{}' (expected split or drop)", o.chat_overlong);
+    KILN_CHECK(o.chat_max_tokens >= 0, "prepare: negative chat_max_tokens {}", o.chat_max_tokens);
   }
   choose_shard_format(o.shard_format, 0);  // a bad name fails before any work
 }
@@ -244,20 +253,33 @@ fs::path make_staging(const PrepareOptions& o, Cleanup& cleanup) {
   return staging;
 }
 
-// The token stream in staging chunks of `shard_tokens` ("stage_NNNNNN.bin") and the start
-// of every document in a staging document index ("stream_docs.idx").
+// The token stream in staging chunks of `shard_tokens` ("stage_NNNNNN.bin"), the start
+// of every document in a staging document index ("stream_docs.idx") and, for chat data,
+// the loss spans in a staging loss-span index ("stream_loss.idx").
 class StagingSink final : public TokenSink {
  public:
-  StagingSink(fs::path staging, ShardFormat format, int64_t shard_tokens, int32_t eot)
+  StagingSink(fs::path staging, ShardFormat format, int64_t shard_tokens, int32_t eot, bool loss_spans)
       : staging_(std::move(staging)), format_(format), S_(shard_tokens), eot_(eot),
-        docs_(staging_ / "stream_docs.idx") {}
+        docs_(staging_ / "stream_docs.idx", PositionIndexKind::DocumentStarts) {
+    if (loss_spans) loss_ = std::make_unique<PositionIndexWriter>(loss_index_path(), PositionIndexKind::LossSpans);
+  }
 
   void begin_document() override {
     docs_.add(total_);
-    tokens(std::span<const int32_t>(&eot_, 1));
+    const uint8_t out_of_loss = 0;
+    tokens(std::span<const int32_t>(&eot_, 1), loss_ ? std::span<const uint8_t>(&out_of_loss, 1)
+                                                     : std::span<const uint8_t>());
   }
 
-  void tokens(std::span<const int32_t> ids) override {
+  void tokens(std::span<const int32_t> ids, std::span<const uint8_t> in_loss) override {
+    if (loss_) {
+      KILN_CHECK(in_loss.size() == ids.size(), "prepare: {} ids with {} loss flags", ids.size(), in_loss.size());
+      for (size_t i = 0; i < ids.size(); ++i)
+        if ((in_loss[i] != 0) != span_open_) {
+          loss_->add(total_ + static_cast<int64_t>(i));  // a span begins or ends here
+          span_open_ = !span_open_;
+        }
+    }
     while (!ids.empty()) {
       if (!writer_) writer_ = std::make_unique<ShardWriter>(chunk_path(chunk_tokens_.size()), format_);
       const auto take = static_cast<size_t>(std::min<int64_t>(S_ - writer_->count(), static_cast<int64_t>(ids.size())));
@@ -268,16 +290,22 @@ class StagingSink final : public TokenSink {
     }
   }
 
-  /// Ends the stream: the last chunk and the staging document index.
+  /// Ends the stream: the last chunk and the staging indexes.
   void finish() {
     if (writer_) close_chunk();
     docs_.finish(std::max<int64_t>(total_, 1));
+    if (loss_) {
+      if (span_open_) loss_->add(total_);
+      loss_->finish(total_);
+    }
   }
 
   fs::path chunk_path(size_t k) const { return staging_ / shard_name("stage", static_cast<int64_t>(k)); }
   const std::vector<int64_t>& chunk_tokens() const { return chunk_tokens_; }
   int64_t total() const { return total_; }
   fs::path doc_index_path() const { return staging_ / "stream_docs.idx"; }
+  fs::path loss_index_path() const { return staging_ / "stream_loss.idx"; }
+  bool has_loss_spans() const { return loss_ != nullptr; }
 
  private:
   void close_chunk() {
@@ -290,11 +318,72 @@ class StagingSink final : public TokenSink {
   ShardFormat format_;
   int64_t S_;
   int32_t eot_;
-  DocIndexWriter docs_;
+  PositionIndexWriter docs_;
+  std::unique_ptr<PositionIndexWriter> loss_;
+  bool span_open_ = false;
   std::unique_ptr<ShardWriter> writer_;
   std::vector<int64_t> chunk_tokens_;
   int64_t total_ = 0;
 };
+
+// The staged document index cut at `split_at` into train_docs.idx and val_docs.idx (val
+// starts a document at 0 whatever), recorded in `meta`.
+void cut_doc_index(const StagingSink& stream, const fs::path& staging, int64_t split_at, DatasetMeta& meta) {
+  constexpr auto kDocs = PositionIndexKind::DocumentStarts;
+  const bool has_val = split_at < stream.total();
+  PositionIndexWriter train_docs(staging / "train_docs.idx", kDocs);
+  std::unique_ptr<PositionIndexWriter> val_docs;
+  if (has_val) val_docs = std::make_unique<PositionIndexWriter>(staging / "val_docs.idx", kDocs);
+  scan_position_index(stream.doc_index_path(), kDocs, -1, -1, [&](int64_t start) {
+    if (start < split_at) {
+      train_docs.add(start);
+    } else {
+      if (val_docs->count() == 0 && start > split_at) val_docs->add(0);
+      val_docs->add(start - split_at);
+    }
+  });
+  if (val_docs && val_docs->count() == 0) val_docs->add(0);
+  SplitInfo& train = meta.splits["train"];
+  train.doc_index = {"train_docs.idx", train_docs.count()};
+  train_docs.finish(train.tokens);
+  if (val_docs) {
+    SplitInfo& val = meta.splits["val"];
+    val.doc_index = {"val_docs.idx", val_docs->count()};
+    val_docs->finish(val.tokens);
+  }
+  std::error_code ec;
+  fs::remove(stream.doc_index_path(), ec);
+}
+
+// The staged loss spans cut at `split_at` into train_loss.idx and val_loss.idx (a span
+// across the cut becomes two), recorded in `meta`.
+void cut_loss_index(const StagingSink& stream, const fs::path& staging, int64_t split_at, DatasetMeta& meta) {
+  constexpr auto kSpans = PositionIndexKind::LossSpans;
+  const bool has_val = split_at < stream.total();
+  PositionIndexWriter train(staging / "train_loss.idx", kSpans);
+  std::unique_ptr<PositionIndexWriter> val;
+  if (has_val) val = std::make_unique<PositionIndexWriter>(staging / "val_loss.idx", kSpans);
+  int64_t begin = -1;  // of the span being read
+  scan_position_index(stream.loss_index_path(), kSpans, -1, -1, [&](int64_t bound) {
+    if (begin < 0) {
+      begin = bound;
+      return;
+    }
+    if (begin < split_at) train.add(begin), train.add(std::min(bound, split_at));
+    if (bound > split_at) val->add(std::max(begin, split_at) - split_at), val->add(bound - split_at);
+    begin = -1;
+  });
+  SplitInfo& t = meta.splits["train"];
+  t.loss_index = {"train_loss.idx", train.count()};
+  train.finish(t.tokens);
+  if (val) {
+    SplitInfo& v = meta.splits["val"];
+    v.loss_index = {"val_loss.idx", val->count()};
+    val->finish(v.tokens);
+  }
+  std::error_code ec;
+  fs::remove(stream.loss_index_path(), ec);
+}
 
 // Step 4 and 5: cuts the staged stream at `split_at` into the final train and val shards
 // and document indexes (in staging), recording them in `meta`.
@@ -347,27 +436,8 @@ void write_splits(const StagingSink& stream, const fs::path& staging, int64_t sp
   }
   std::error_code ec;
   for (size_t k = 0; k < chunk_tokens.size(); ++k) fs::remove(stream.chunk_path(k), ec);
-  // The document index, cut at the same place (val starts a document at 0 whatever).
-  DocIndexWriter train_docs(staging / "train_docs.idx");
-  std::unique_ptr<DocIndexWriter> val_docs;
-  if (split_at < total) val_docs = std::make_unique<DocIndexWriter>(staging / "val_docs.idx");
-  scan_doc_index(stream.doc_index_path(), -1, -1, [&](int64_t start) {
-    if (start < split_at) {
-      train_docs.add(start);
-    } else {
-      if (val_docs->count() == 0 && start > split_at) val_docs->add(0);
-      val_docs->add(start - split_at);
-    }
-  });
-  if (val_docs && val_docs->count() == 0) val_docs->add(0);
-  train.doc_index = {"train_docs.idx", train_docs.count()};
-  train_docs.finish(train.tokens);
-  if (val_docs) {
-    SplitInfo& val = meta.splits["val"];
-    val.doc_index = {"val_docs.idx", val_docs->count()};
-    val_docs->finish(val.tokens);
-  }
-  fs::remove(stream.doc_index_path(), ec);
+  cut_doc_index(stream, staging, split_at, meta);
+  if (stream.has_loss_spans()) cut_loss_index(stream, staging, split_at, meta);
 }
 
 }  // namespace
@@ -389,7 +459,8 @@ PrepareSummary prepare_dataset(const PrepareOptions& o) {
   const ShardFormat format = choose_shard_format(o.shard_format, tok->vocab_size());
 
   // 3. tokenize into staging chunks of shard_tokens.
-  StagingSink stream(staging, format, o.shard_tokens, tok->eot_id());
+  if (o.input_format == "chat") check_chat_tokens(*tok, parse_chat_template(o.chat_template));
+  StagingSink stream(staging, format, o.shard_tokens, tok->eot_id(), o.input_format == "chat");
   const int64_t documents = tokenize_inputs(o, *tok, stream, summary);
   stream.finish();
   KILN_CHECK(documents > 0, "{}: the inputs hold no documents ({})", o.inputs.front().string(),
@@ -424,6 +495,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& o) {
   for (const auto& [name, split] : meta.splits) {
     for (const auto& s : split.shards) move_in(staging / s.file);
     move_in(staging / split.doc_index.file);
+    if (!split.loss_index.file.empty()) move_in(staging / split.loss_index.file);
   }
   for (const auto& e : fs::directory_iterator(staging / "tokenizer")) move_in(e.path());
   write_dataset_meta(o.out_dir, meta);

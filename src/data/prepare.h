@@ -47,12 +47,21 @@ struct PrepareOptions {
   /// "text": UTF-8, one file = one document unless `separator` is set. "jsonl": one JSON
   /// object per line, its `text_key` string a document.
   std::vector<std::filesystem::path> inputs;
-  /// "text" or "jsonl".
+  /// "text", "jsonl" or "chat" (JSONL conversations, chat.h: rendered by
+  /// `chat_template`, the loss on the assistant's turns; needs the hf tokenizer).
   std::string input_format = "text";
+  /// chat: "llama3" or "chatml".
+  std::string chat_template = "llama3";
+  /// chat: a conversation of more tokens than this (its separator included) is overlong;
+  /// 0: no limit. Overlong ones are counted, and kept (`chat_overlong` "split": the
+  /// loader's windows cut them like any long document) or skipped ("drop").
+  int64_t chat_max_tokens = 0;
+  std::string chat_overlong = "split";
   /// jsonl: the key of the document text in each record.
   std::string text_key = "text";
-  /// jsonl: a bad line (invalid UTF-8 or JSON, no text_key, a text_key that is not a
-  /// string) is an error naming file:line, instead of being skipped and counted.
+  /// jsonl, chat: a bad line (invalid UTF-8 or JSON, no text_key, a text_key that is not a
+  /// string; chat: parse_chat_record's reasons) is an error naming file:line, instead of
+  /// being skipped and counted.
   bool strict = false;
   /// Tokenizing threads; 0: OpenMP's default (OMP_NUM_THREADS, else every core). The
   /// output does not depend on it.
@@ -96,6 +105,8 @@ struct PrepareSummary {
   int64_t bad_lines = 0;
   std::vector<std::string> bad_line_examples;
   int64_t empty_texts = 0;
+  /// chat: conversations over chat_max_tokens (dropped or kept, as chat_overlong says).
+  int64_t overlong = 0;
   static constexpr size_t kMaxBadLineExamples = 10;
 };
 

@@ -1,6 +1,7 @@
 #include "data/tokenize_inputs.h"
 
 #include "core/error.h"
+#include "data/chat.h"
 #include "data/input_file.h"
 #include "data/jsonl.h"
 
@@ -30,8 +31,11 @@ struct Item {
 class Batcher {
  public:
   Batcher(const PrepareOptions& o, const Tokenizer& tok, TokenSink& sink, PrepareSummary& summary)
-      : o_(o), tok_(tok), sink_(sink), summary_(summary), jsonl_(o.input_format == "jsonl"),
-        threads_(o.threads > 0 ? o.threads : omp_get_max_threads()), t0_(std::chrono::steady_clock::now()) {}
+      : o_(o), tok_(tok), sink_(sink), summary_(summary), jsonl_(o.input_format != "text"),
+        chat_(o.input_format == "chat"), threads_(o.threads > 0 ? o.threads : omp_get_max_threads()),
+        t0_(std::chrono::steady_clock::now()) {
+    if (chat_) chat_template_ = parse_chat_template(o.chat_template);
+  }
 
   /// `bytes_done` says how far the reading has come, for the progress report.
   void add(Item item, const std::function<int64_t()>& bytes_done) {
@@ -69,15 +73,27 @@ class Batcher {
     o_.on_progress(progress_);
   }
 
-  // Parses (jsonl) and encodes every item; a failure is kept as the item's error.
+  // Parses (jsonl, chat) and encodes every item; a failure is kept as the item's error.
   void tokenize_batch() {
     ids_.assign(items_.size(), {});
+    in_loss_.assign(items_.size(), {});
     errors_.assign(items_.size(), {});
     const auto n = static_cast<int64_t>(items_.size());
 #pragma omp parallel for schedule(dynamic, 8) num_threads(threads_)
     for (int64_t i = 0; i < n; ++i) {
       Item& item = items_[static_cast<size_t>(i)];
       try {
+        if (chat_) {
+          const ChatRecord rec = parse_chat_record(item.text);
+          if (!rec.error.empty()) {
+            errors_[static_cast<size_t>(i)] = rec.error;
+            continue;
+          }
+          ChatTokens t = tokenize_chat(tok_, render_chat(rec.messages, chat_template_));
+          ids_[static_cast<size_t>(i)] = std::move(t.ids);
+          in_loss_[static_cast<size_t>(i)] = std::move(t.in_loss);
+          continue;
+        }
         if (jsonl_) {
           JsonlText t = jsonl_text(item.text, o_.text_key);
           if (!t.error.empty()) {
@@ -106,15 +122,19 @@ class Batcher {
         ++summary_.bad_lines;
         continue;
       }
-      if (jsonl_ && item.text.empty()) {
+      if (jsonl_ && !chat_ && item.text.empty()) {
         ++summary_.empty_texts;
         continue;
+      }
+      if (chat_ && o_.chat_max_tokens > 0 && static_cast<int64_t>(ids_[i].size()) + 1 > o_.chat_max_tokens) {
+        ++summary_.overlong;
+        if (o_.chat_overlong == "drop") continue;
       }
       if (item.starts_document) {
         ++progress_.documents;
         sink_.begin_document();
       }
-      sink_.tokens(ids_[i]);
+      sink_.tokens(ids_[i], in_loss_[i]);
       progress_.tokens += static_cast<int64_t>(ids_[i].size()) + (item.starts_document ? 1 : 0);
     }
   }
@@ -123,12 +143,15 @@ class Batcher {
   const Tokenizer& tok_;
   TokenSink& sink_;
   PrepareSummary& summary_;
-  const bool jsonl_;
+  const bool jsonl_;  // jsonl or chat: items are raw lines
+  const bool chat_;
+  ChatTemplate chat_template_ = ChatTemplate::Llama3;
   const int threads_;
   const std::chrono::steady_clock::time_point t0_;
   std::vector<Item> items_;
   size_t bytes_ = 0;
   std::vector<std::vector<int32_t>> ids_;
+  std::vector<std::vector<uint8_t>> in_loss_;
   std::vector<std::string> errors_;
   PrepareProgress progress_;
   double last_report_ = 0.0;
@@ -175,7 +198,7 @@ void read_jsonl_inputs(const PrepareOptions& o, Batcher& batcher, PrepareSummary
 
 int64_t tokenize_inputs(const PrepareOptions& o, const Tokenizer& tok, TokenSink& sink, PrepareSummary& summary) {
   Batcher batcher(o, tok, sink, summary);
-  if (o.input_format == "jsonl") {
+  if (o.input_format != "text") {
     read_jsonl_inputs(o, batcher, summary);
   } else {
     read_text_inputs(o, tok, batcher, summary);

@@ -21,11 +21,13 @@ class TokenSink {
  public:
   virtual ~TokenSink() = default;
   virtual void begin_document() = 0;
-  virtual void tokens(std::span<const int32_t> ids) = 0;
+  /// `in_loss`: for chat input, whether each id is in the loss (1) or not (0); empty for
+  /// text and jsonl (every target trains).
+  virtual void tokens(std::span<const int32_t> ids, std::span<const uint8_t> in_loss) = 0;
 };
 
 /// Reads `o.inputs` as `o.input_format` and sends the tokens of every document to `sink`.
-/// Fills `summary`'s input_bytes, bad_lines, bad_line_examples and empty_texts; returns
+/// Fills `summary`'s input_bytes, bad_lines, bad_line_examples, empty_texts and overlong; returns
 /// the number of documents. Throws kiln::Error naming the file (and line) on read errors,
 /// and on a bad line with `o.strict`.
 int64_t tokenize_inputs(const PrepareOptions& o, const Tokenizer& tok, TokenSink& sink,

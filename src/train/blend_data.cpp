@@ -68,17 +68,14 @@ class BlendData final : public TrainData {
   void next_batch(void* inputs, int32_t* targets, int B, int rank, int size) override {
     KILN_CHECK(B > 0 && size > 0 && rank >= 0 && rank < size, "data.blend: bad batch arguments");
     const int T = seq_len_;
-    std::vector<int32_t> row(static_cast<size_t>(T) + 1);
     auto* in = static_cast<int32_t*>(inputs);
     for (int64_t p = 0; p < int64_t{B} * size; ++p) {
       const auto [d, k] = schedule_.next();
       if (p / B != rank) continue;
       data::DataLoader& l = *loaders_[static_cast<size_t>(d)];
       const int64_t S = l.samples_per_epoch();
-      l.read_sample(l.sample_at(k / S, k % S), row.data());
       const int64_t b = p % B;
-      std::copy(row.begin(), row.begin() + T, in + b * T);
-      std::copy(row.begin() + 1, row.end(), targets + b * T);
+      l.read_pair(l.sample_at(k / S, k % S), in + b * T, targets + b * T);
     }
   }
   /// One blend "epoch" is every part's samples once: the position's unit, not a promise

@@ -15,7 +15,7 @@ rm -rf "$work" && mkdir -p "$work/tok"
 export OMP_NUM_THREADS=2
 py=/usr/bin/python3
 "$py" - "$work" "$text" <<'PY'
-import collections, json, re, sys
+import sys
 work, text_file = sys.argv[1], sys.argv[2]
 words = ["In the beginning ", "God created ", "the heaven ", "and the earth.\n", "And the earth ",
          "was without form, ", "and void; ", "and darkness was upon ", "the face of the deep.\n\n"]
@@ -25,59 +25,12 @@ for _ in range(1500):
     out.append(words[(x >> 16) % len(words)])
 corpus = "".join(out)
 open(f"{work}/corpus.txt", "w").write(corpus)
-# encoder.py's bytes_to_unicode, restated.
-bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-cs, n = bs[:], 0
-for b in range(256):
-    if b not in bs:
-        bs.append(b); cs.append(256 + n); n += 1
-b2u = {b: chr(c) for b, c in zip(bs, cs)}
-FIRST = 70000  # every byte token and merge above 65535
-vocab = {f"<filler_{i}>": i for i in range(FIRST)}
-for b in range(256):
-    vocab[b2u[b]] = FIRST + b
-# A few hundred merges learned on the corpus and the committed text (plain BPE counting).
-train = corpus + open(text_file, encoding="utf-8").read()
-freq = collections.Counter("".join(b2u[b] for b in w.encode()) for w in re.findall(r" ?\w+| ?[^\w\s]+|\s+", train))
-seqs = {w: list(w) for w in freq}
-merges = []
-for _ in range(400):
-    pairs = collections.Counter()
-    for w, f in freq.items():
-        s = seqs[w]
-        for a, b in zip(s, s[1:]):
-            pairs[a, b] += f
-    if not pairs:
-        break
-    (a, b), _ = pairs.most_common(1)[0]
-    merges.append([a, b])
-    vocab.setdefault(a + b, len(vocab))
-    for w in seqs:
-        s, i, t = seqs[w], 0, []
-        while i < len(s):
-            if i + 1 < len(s) and s[i] == a and s[i + 1] == b:
-                t.append(a + b); i += 2
-            else:
-                t.append(s[i]); i += 1
-        seqs[w] = t
-while len(vocab) < 128000:
-    vocab[f"<filler_{len(vocab)}>"] = len(vocab)
-specials = ["<|begin_of_text|>", "<|end_of_text|>"] + [f"<|reserved_special_token_{i}|>" for i in range(254)]
-added = [{"id": 128000 + i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
-          "normalized": False, "special": True} for i, c in enumerate(specials)]
-pattern = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
-       "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-           {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
-           {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
-       "post_processor": None,
-       "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-       "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                 "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
-                 "vocab": vocab, "merges": merges}}
-json.dump(tok, open(f"{work}/tok/tokenizer.json", "w"), ensure_ascii=False)
 PY
+# Every byte token and merge above 65535; 128,000 ids, then <|begin_of_text|> (128000),
+# <|end_of_text|> and 254 reserved specials.
+specials="<|begin_of_text|>,<|end_of_text|>$(for i in $(seq 0 253); do printf ',<|reserved_special_token_%d|>' "$i"; done)"
+"$py" "$(dirname "$0")/make_hf_tokenizer.py" "$work/tok" "$work/corpus.txt" "$text" --first-id 70000 \
+  --vocab-size 128256 --specials "$specials"
 "$kiln" prepare --input "$work/corpus.txt" "$text" --out "$work/data" --tokenizer hf \
   --tokenizer-files "$work/tok" --shard-format llmc --val-fraction 0.1 --shard-tokens 4000
 "$py" - "$work/data" <<'PY'

@@ -1,7 +1,7 @@
 // JSONL input for `kiln prepare`: compressed input files, lines, records, the document
 // index, multi-threaded tokenization and bad lines.
 #include "core/error.h"
-#include "data/doc_index.h"
+#include "data/position_index.h"
 #include "data/input_file.h"
 #include "data/jsonl.h"
 #include "data/meta.h"
@@ -23,6 +23,7 @@ using kiln::data::testing::read_text;
 using kiln::data::testing::TempDir;
 using kiln::data::testing::write_text;
 namespace fs = std::filesystem;
+constexpr auto kDocs = PositionIndexKind::DocumentStarts;
 
 namespace {
 
@@ -174,25 +175,25 @@ TEST(Jsonl, TextOrTheReasonTheLineIsBad) {
 TEST(DocIndex, RoundTripAndCorruption) {
   TempDir dir;
   {
-    DocIndexWriter w(dir / "d.idx");
+    PositionIndexWriter w(dir / "d.idx", kDocs);
     for (int64_t s : {0, 5, 6, 100'000}) w.add(s);
     EXPECT_NE(error_of([&] { w.add(6); }).find("after 100000"), std::string::npos);
     w.finish(1'000'000);
   }
-  EXPECT_EQ(read_doc_index(dir / "d.idx", 1'000'000, 4), (std::vector<int64_t>{0, 5, 6, 100'000}));
-  EXPECT_NE(error_of([&] { read_doc_index(dir / "d.idx", 1'000'001, 4); }).find("meta.json says 1000001"),
+  EXPECT_EQ(read_position_index(dir / "d.idx", kDocs, 1'000'000, 4), (std::vector<int64_t>{0, 5, 6, 100'000}));
+  EXPECT_NE(error_of([&] { read_position_index(dir / "d.idx", kDocs, 1'000'001, 4); }).find("meta.json says 1000001"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { read_doc_index(dir / "d.idx", -1, 3); }).find("4 documents, meta.json says 3"),
+  EXPECT_NE(error_of([&] { read_position_index(dir / "d.idx", kDocs, -1, 3); }).find("4 positions, meta.json says 3"),
             std::string::npos);
   std::string bytes = read_text(dir / "d.idx");
-  bytes[kDocIndexHeaderBytes + 24] ^= 1;  // the last start: still in order, so the crc32 finds it
+  bytes[kPositionIndexHeaderBytes + 24] ^= 1;  // the last start: still in order, so the crc32 finds it
   write_text(dir / "flip.idx", bytes);
-  EXPECT_NE(error_of([&] { read_doc_index(dir / "flip.idx", -1, -1); }).find("flip.idx: crc32 mismatch"),
+  EXPECT_NE(error_of([&] { read_position_index(dir / "flip.idx", kDocs, -1, -1); }).find("flip.idx: crc32 mismatch"),
             std::string::npos);
   write_text(dir / "cut.idx", read_text(dir / "d.idx").substr(0, 40));
-  EXPECT_NE(error_of([&] { read_doc_index(dir / "cut.idx", -1, -1); }).find("truncated"), std::string::npos);
+  EXPECT_NE(error_of([&] { read_position_index(dir / "cut.idx", kDocs, -1, -1); }).find("truncated"), std::string::npos);
   write_text(dir / "foreign.idx", std::string(64, 'x'));
-  EXPECT_NE(error_of([&] { read_doc_index(dir / "foreign.idx", -1, -1); }).find("bad magic"), std::string::npos);
+  EXPECT_NE(error_of([&] { read_position_index(dir / "foreign.idx", kDocs, -1, -1); }).find("bad magic"), std::string::npos);
   EXPECT_FALSE(fs::exists(dir / "d.idx.tmp"));
 }
 
@@ -277,8 +278,8 @@ TEST(PrepareJsonl, TokensDocumentIndexAndBadLinesAnyThreadCount) {
   if (val_starts.empty() || val_starts.front() != 0) val_starts.insert(val_starts.begin(), 0);
   const auto& tr = m.splits.at("train").doc_index;
   const auto& va = m.splits.at("val").doc_index;
-  EXPECT_EQ(read_doc_index(dir / "one" / tr.file, m.splits.at("train").tokens, tr.documents), train_starts);
-  EXPECT_EQ(read_doc_index(dir / "one" / va.file, m.splits.at("val").tokens, va.documents), val_starts);
+  EXPECT_EQ(read_position_index(dir / "one" / tr.file, kDocs, m.splits.at("train").tokens, tr.count), train_starts);
+  EXPECT_EQ(read_position_index(dir / "one" / va.file, kDocs, m.splits.at("val").tokens, va.count), val_starts);
 
   // Two threads: the same files, byte for byte.
   for (const auto& e : fs::directory_iterator(dir / "one")) {
@@ -353,7 +354,7 @@ TEST(PrepareText, CompressedInputAndDocumentIndex) {
   const PrepareSummary r = prepare_dataset(o);
   EXPECT_EQ(r.meta.documents, 3);
   const auto& s = r.meta.splits.at("train");
-  EXPECT_EQ(read_doc_index(dir / "out" / s.doc_index.file, s.tokens, 3),
+  EXPECT_EQ(read_position_index(dir / "out" / s.doc_index.file, kDocs, s.tokens, 3),
             (std::vector<int64_t>{0, 15, 26}));  // 1 + 14 bytes, 1 + 10 bytes
   EXPECT_EQ(r.input_bytes, 37);
 }
