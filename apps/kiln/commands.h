@@ -17,5 +17,6 @@ void register_memplan(CLI::App& app);  // kiln memplan CONFIG.toml --world-size 
 void register_pp_schedule(CLI::App& app);  // kiln pp-schedule --pp P --micro-batches M
 void register_classify(CLI::App& app);  // kiln classify --checkpoint DIR --data DIR
 void register_sample_images(CLI::App& app);  // kiln sample-images --checkpoint DIR --out FILE.png
+void register_eval(CLI::App& app);     // kiln eval --model DIR [--data DIR] [--mc FILE]
 
 }  // namespace kiln::app

@@ -8,7 +8,7 @@
 #   2. supervised fine-tuning: a tiny Llama exported as a Hugging Face folder is the
 #      model.init_from of a run on chat data of a fixed form ("The answer is Y." for 12
 #      questions); its assistant-token training loss falls below 0.1 and greedy samples
-#      answer the questions as taught.
+#      answer the questions as taught; `kiln eval` scores its val split as the trainer did.
 # Usage: chat_sft_test.sh KILN WORK_DIR
 set -euo pipefail
 kiln="$1"
@@ -186,4 +186,14 @@ What is $q?<|eot_id|><|start_header_id|>assistant<|end_header_id|>
     *) echo "FAIL: the answer for $q is not '$want': $out"; exit 1 ;;
   esac
 done
+# kiln eval scores the chat val split as the trainer did: the assistants' tokens only.
+"$kiln" eval --model "$work/run/ckpt/step_00000300" --data "$work/sft" --seq-len 64 --json "$work/eval.json" > /dev/null
+"$py" - "$work" <<'PY'
+import json, sys
+work = sys.argv[1]
+ev = json.load(open(f"{work}/eval.json"))["perplexity"][0]
+val = [r["val_loss"] for r in map(json.loads, open(f"{work}/run/metrics.jsonl")) if "val_loss" in r][-1]
+assert abs(ev["loss"] - val) <= 1e-6 * val, (ev, val)
+print(f"kiln eval: val loss {ev['loss']:.6f} over {ev['targets']} assistant tokens = the trainer's {val:.6f}")
+PY
 echo "chat_sft_test: ok"
