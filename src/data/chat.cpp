@@ -1,6 +1,7 @@
 #include "data/chat.h"
 
 #include "core/error.h"
+#include "data/jsonl.h"
 #include "data/utf8.h"
 
 #include <fmt/format.h>
@@ -20,17 +21,12 @@ const char* chat_template_name(ChatTemplate t) { return t == ChatTemplate::Llama
 
 ChatRecord parse_chat_record(std::string_view line) {
   ChatRecord r;
-  if (!utf8_valid(line)) {
-    r.error = fmt::format("invalid UTF-8 at byte {} of the line", utf8_check(line).valid_len);
+  JsonLine parsed = parse_json_line(line);
+  if (!parsed.error.empty()) {
+    r.error = std::move(parsed.error);
     return r;
   }
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::exception& e) {
-    r.error = fmt::format("invalid JSON ({})", e.what());
-    return r;
-  }
+  nlohmann::json& j = parsed.value;
   if (!j.is_object() || !j.contains("messages") || !j["messages"].is_array() || j["messages"].empty()) {
     r.error = "no \"messages\" list";
     return r;

@@ -35,8 +35,8 @@ struct ChatMessage {
   std::string content;
 };
 
-/// The messages of a JSONL line, or (error not empty) why the line is bad: invalid UTF-8
-/// or JSON, no "messages" list, a message that is not {"role", "content"} strings, a role
+/// The messages of a JSONL line, or (error not empty) why the line is bad:
+/// parse_json_line's reasons, no "messages" list, a message that is not {"role", "content"} strings, a role
 /// other than system/user/assistant, or no assistant message (nothing to learn). Never
 /// throws.
 struct ChatRecord {

@@ -3,24 +3,32 @@
 #include "data/utf8.h"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 namespace kiln::data {
 
-JsonlText jsonl_text(std::string_view line, const std::string& key) {
-  JsonlText r;
+JsonLine parse_json_line(std::string_view line) {
+  JsonLine r;
   const Utf8Check utf8 = utf8_check(line);
   if (utf8.error || utf8.valid_len != line.size()) {
     r.error = fmt::format("invalid UTF-8 at byte {} of the line", utf8.valid_len);
     return r;
   }
-  nlohmann::json j;
   try {
-    j = nlohmann::json::parse(line);
+    r.value = nlohmann::json::parse(line);
   } catch (const nlohmann::json::exception& e) {
     r.error = fmt::format("invalid JSON ({})", e.what());
+  }
+  return r;
+}
+
+JsonlText jsonl_text(std::string_view line, const std::string& key) {
+  JsonlText r;
+  JsonLine parsed = parse_json_line(line);
+  if (!parsed.error.empty()) {
+    r.error = std::move(parsed.error);
     return r;
   }
+  const nlohmann::json& j = parsed.value;
   if (!j.is_object()) {
     r.error = fmt::format("not a JSON object (a {})", j.type_name());
     return r;

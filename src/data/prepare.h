@@ -1,26 +1,32 @@
-// `kiln prepare`: text files -> tokenizer + llm.c-style token shards + meta.json.
+// `kiln prepare`: text, JSONL or chat files -> tokenizer + llm.c-style token shards +
+// position indexes + meta.json.
 //
-// Pipeline (see docs/formats.md for the output layout):
-//   1. validate: every input exists, is a non-empty regular file and is valid UTF-8 (the
-//      error names the file and byte offset); the options make sense; out_dir can be
-//      created and written and does not already hold a dataset.
+// Pipeline (see docs/formats.md for the output layout, docs/data.md for the user's view):
+//   1. validate: every input exists and is a non-empty regular file (plain, gzip or zstd,
+//      input_file.h); text inputs are valid UTF-8 (the error names the file and byte
+//      offset; JSONL lines are checked one by one as they are read); the options make
+//      sense; out_dir can be created and written and does not already hold a dataset.
 //   2. tokenizer: "byte"; "gpt2" from tokenizer_files; "hf" from Hugging Face's
 //      tokenizer.json (tokenizer_files: the file or its directory); "sentencepiece" trained
-//      on the inputs (or loaded from tokenizer_files).
-//   3. tokenize, streaming: files are read in 1 MiB chunks and cut only where a
-//      non-whitespace ASCII character is followed by whitespace (a boundary of every
-//      GPT-2 pre-token and sentencepiece piece) or at a document separator, so no
-//      character or pre-token is split (a single run of > 16 MiB without such a point is
-//      cut at a character boundary). For hf only before a space (' '): Llama 3's regex
-//      keeps punctuation and the newlines after it together (".\n"), but no pre-token of
-//      GPT-2's or Llama 3's regex holds a non-space followed by a space. Each document is preceded by the end-of-text id
-//      (llm.c's convention), so eot separates consecutive documents.
+//      on the inputs (JSONL: on the records' texts) or loaded from tokenizer_files.
+//   3. tokenize (tokenize_inputs.h), streaming, on several threads with the output of one:
+//      text files are read in 1 MiB chunks and cut only where a non-whitespace ASCII
+//      character is followed by whitespace (a boundary of every GPT-2 pre-token and
+//      sentencepiece piece) or at a document separator, so no character or pre-token is
+//      split (a single run of > 16 MiB without such a point is cut at a character
+//      boundary). For hf only before a space (' '): Llama 3's regex keeps punctuation and
+//      the newlines after it together (".\n"), but no pre-token of GPT-2's or Llama 3's
+//      regex holds a non-space followed by a space. A JSONL record's text, or a chat
+//      record rendered by its template (chat.h), is one document. Each document is
+//      preceded by the end-of-text id (llm.c's convention), so eot separates consecutive
+//      documents. The stream goes to staging chunks (prepare_staging.h) with the
+//      document starts and, for chat, the loss spans.
 //   4. split by tokens: val = the last ceil(val_fraction * total) tokens of the stream
 //      (at least one token, hence one val shard, when val_fraction > 0); train = the rest.
-//   5. shards of shard_tokens tokens each (the last one shorter) are staged in a hidden
-//      directory inside out_dir and moved into place only when everything succeeded;
-//      meta.json is written last. On any error the staging directory is removed, so no
-//      partial shard is left behind.
+//   5. shards of shard_tokens tokens each (the last one shorter) and the position indexes
+//      of each split are staged in a hidden directory inside out_dir and moved into place
+//      only when everything succeeded; meta.json is written last. On any error the staging
+//      directory is removed, so no partial shard is left behind.
 #pragma once
 
 #include "data/meta.h"

@@ -73,7 +73,7 @@ class Batcher {
     o_.on_progress(progress_);
   }
 
-  // Parses (jsonl, chat) and encodes every item; a failure is kept as the item's error.
+  // Parses and encodes every item on the OpenMP threads; a failure is the item's error.
   void tokenize_batch() {
     ids_.assign(items_.size(), {});
     in_loss_.assign(items_.size(), {});
@@ -81,32 +81,38 @@ class Batcher {
     const auto n = static_cast<int64_t>(items_.size());
 #pragma omp parallel for schedule(dynamic, 8) num_threads(threads_)
     for (int64_t i = 0; i < n; ++i) {
-      Item& item = items_[static_cast<size_t>(i)];
       try {
-        if (chat_) {
-          const ChatRecord rec = parse_chat_record(item.text);
-          if (!rec.error.empty()) {
-            errors_[static_cast<size_t>(i)] = rec.error;
-            continue;
-          }
-          ChatTokens t = tokenize_chat(tok_, render_chat(rec.messages, chat_template_));
-          ids_[static_cast<size_t>(i)] = std::move(t.ids);
-          in_loss_[static_cast<size_t>(i)] = std::move(t.in_loss);
-          continue;
-        }
-        if (jsonl_) {
-          JsonlText t = jsonl_text(item.text, o_.text_key);
-          if (!t.error.empty()) {
-            errors_[static_cast<size_t>(i)] = std::move(t.error);
-            continue;
-          }
-          item.text = std::move(t.text);
-        }
-        ids_[static_cast<size_t>(i)] = tok_.encode(item.text);
+        tokenize_item(static_cast<size_t>(i));
       } catch (const std::exception& e) {
         errors_[static_cast<size_t>(i)] = e.what();
       }
     }
+  }
+
+  // Item i into ids_[i] (chat: and in_loss_[i]), or its error into errors_[i]: a chat
+  // record is parsed, rendered and tokenized; a jsonl line's text is taken out first.
+  void tokenize_item(size_t i) {
+    Item& item = items_[i];
+    if (chat_) {
+      const ChatRecord rec = parse_chat_record(item.text);
+      if (!rec.error.empty()) {
+        errors_[i] = rec.error;
+        return;
+      }
+      ChatTokens t = tokenize_chat(tok_, render_chat(rec.messages, chat_template_));
+      ids_[i] = std::move(t.ids);
+      in_loss_[i] = std::move(t.in_loss);
+      return;
+    }
+    if (jsonl_) {
+      JsonlText t = jsonl_text(item.text, o_.text_key);
+      if (!t.error.empty()) {
+        errors_[i] = std::move(t.error);
+        return;
+      }
+      item.text = std::move(t.text);
+    }
+    ids_[i] = tok_.encode(item.text);
   }
 
   void hand_on() {

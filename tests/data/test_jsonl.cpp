@@ -225,14 +225,20 @@ std::vector<fs::path> write_corpus(const TempDir& dir, std::vector<std::string>&
   return {dir / "a.jsonl.gz", dir / "b.jsonl.zst"};
 }
 
-TEST(PrepareJsonl, TokensDocumentIndexAndBadLinesAnyThreadCount) {
-  TempDir dir;
-  std::vector<std::string> texts;
-  int64_t bad = 0, empty = 0;
+// Options to prepare that corpus with the byte tokenizer.
+PrepareOptions corpus_options(const TempDir& dir, std::vector<std::string>& texts, int64_t& bad, int64_t& empty) {
   PrepareOptions o;
   o.inputs = write_corpus(dir, texts, bad, empty);
   o.input_format = "jsonl";
   o.tokenizer = "byte";
+  return o;
+}
+
+TEST(PrepareJsonl, TokensDocumentIndexAndBadLinesAnyThreadCount) {
+  TempDir dir;
+  std::vector<std::string> texts;
+  int64_t bad = 0, empty = 0;
+  PrepareOptions o = corpus_options(dir, texts, bad, empty);
   o.val_fraction = 0.1;
   o.shard_tokens = 65'537;
   o.threads = 1;
@@ -294,10 +300,7 @@ TEST(PrepareJsonl, StrictKeyAndOptionErrorsAreOneLine) {
   TempDir dir;
   std::vector<std::string> texts;
   int64_t bad = 0, empty = 0;
-  PrepareOptions o;
-  o.inputs = write_corpus(dir, texts, bad, empty);
-  o.input_format = "jsonl";
-  o.tokenizer = "byte";
+  PrepareOptions o = corpus_options(dir, texts, bad, empty);
   o.out_dir = dir / "out";
   o.strict = true;
   const std::string strict = error_of([&] { prepare_dataset(o); });
