@@ -25,7 +25,8 @@ void register_eval(CLI::App& app) {
       ->required();
   cmd->add_option("--data", a->data, "Prepared token data sets to score (perplexity; repeatable)");
   cmd->add_option("--split", a->split, "Their split (default val)");
-  cmd->add_option("--seq-len", a->seq_len, "Tokens per scored sequence (default: the model's context)");
+  cmd->add_option("--seq-len", a->seq_len, "Tokens per scored sequence (default: the model's context)")
+      ->check(CLI::Range(1, 1 << 30));
   cmd->add_option("--micro-batch", a->micro_batch, "Sequences per forward (default 4)")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--max-samples", a->max_samples, "Score at most this many sequences per data set (0: all)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
@@ -42,7 +43,7 @@ void register_eval(CLI::App& app) {
                           {"multiple_choice", nlohmann::json::array()}};
     for (const auto& d : a->data) {
       const PerplexityResult r = evaluate_perplexity(*s.model, d, a->split, a->seq_len > 0 ? a->seq_len : context,
-                                                     a->micro_batch, a->max_samples);
+                                                     a->micro_batch, a->max_samples, s.tokenizer.get());
       fmt::print("{} ({}): loss {:.4f}, perplexity {:.3f} over {} tokens in {} sequences of {}\n", r.data, r.split,
                  r.loss, r.perplexity, r.targets, r.samples, r.seq_len);
       out["perplexity"].push_back(to_json(r));

@@ -98,23 +98,30 @@ void register_prepare(CLI::App& app) {
   text_only->push_back(cmd->add_option("--shard-tokens", opt->shard_tokens, "Tokens per shard"));
   text_only->push_back(cmd->add_option("--separator", opt->separator,
                                        "Split documents inside a file at this string (text)"));
-  text_only->push_back(cmd->add_option("--text-key", opt->text_key,
-                                       "jsonl: the key of each record's text (default text)"));
-  text_only->push_back(cmd->add_option("--chat-template", opt->chat_template,
+  // Options of JSONL input (jsonl and chat), and of chat only: refused elsewhere.
+  auto jsonl_only = std::make_shared<std::vector<CLI::Option*>>();
+  auto chat_only = std::make_shared<std::vector<CLI::Option*>>();
+  jsonl_only->push_back(cmd->add_option("--text-key", opt->text_key,
+                                        "jsonl: the key of each record's text (default text)"));
+  chat_only->push_back(cmd->add_option("--chat-template", opt->chat_template,
                                        "chat: llama3 (default; Llama 3 Instruct's) | chatml")
                            ->check(CLI::IsMember({"llama3", "chatml"})));
-  text_only->push_back(cmd->add_option("--max-tokens", opt->chat_max_tokens,
+  chat_only->push_back(cmd->add_option("--max-tokens", opt->chat_max_tokens,
                                        "chat: a conversation of more tokens (with its separator) is overlong "
-                                       "(default 0: no limit)"));
-  text_only->push_back(cmd->add_option("--overlong", opt->chat_overlong,
+                                       "(default 0: no limit)")
+                           ->check(CLI::Range(int64_t{0}, int64_t{1} << 40)));
+  chat_only->push_back(cmd->add_option("--overlong", opt->chat_overlong,
                                        "chat: split (default: kept; the training windows cut it) | drop")
                            ->check(CLI::IsMember({"split", "drop"})));
-  text_only->push_back(cmd->add_flag("--strict", opt->strict,
-                                     "jsonl: a bad line is an error (default: skipped, counted and reported)"));
+  jsonl_only->push_back(cmd->add_flag("--strict", opt->strict,
+                                      "jsonl, chat: a bad line is an error (default: skipped, counted and "
+                                      "reported)"));
+  for (auto* o : *jsonl_only) text_only->push_back(o);
+  for (auto* o : *chat_only) text_only->push_back(o);
   text_only->push_back(cmd->add_option("--threads", opt->threads,
                                        "Tokenizing threads (default: OMP_NUM_THREADS, else every core); the "
                                        "output does not depend on it"));
-  cmd->callback([opt, in, tf, format, shard_images, tokenizer, class_names, text_only] {
+  cmd->callback([opt, in, tf, format, shard_images, tokenizer, class_names, text_only, jsonl_only, chat_only] {
     if (*format == "idx" || *format == "imagefolder") {
       KILN_CHECK(in->size() == 1, "prepare --format {}: --input takes one directory, got {}",
                  *format, in->size());
@@ -138,6 +145,12 @@ void register_prepare(CLI::App& app) {
     KILN_CHECK(tokenizer->count() > 0, "prepare: --tokenizer is required (sentencepiece | gpt2 | "
                "hf | byte) for text and jsonl");
     KILN_CHECK(class_names->empty(), "prepare: --class-names is for --format idx");
+    for (const CLI::Option* o : *chat_only)
+      KILN_CHECK(o->count() == 0 || *format == "chat", "prepare --format {}: {} is for --format chat", *format,
+                 o->get_name());
+    for (const CLI::Option* o : *jsonl_only)
+      KILN_CHECK(o->count() == 0 || *format != "text", "prepare --format text: {} is for --format jsonl or chat",
+                 o->get_name());
     opt->input_format = *format;
     for (const auto& s : *in)
       for (auto& path : expand_glob(s)) opt->inputs.push_back(std::move(path));

@@ -3,6 +3,7 @@
 #include "core/error.h"
 
 #include <cmath>
+#include <filesystem>
 #include <cstdlib>
 #include <set>
 
@@ -23,7 +24,11 @@ std::vector<BlendPart> parse_blend(const std::vector<std::string>& list, const s
                i + 1, w);
     const std::string& dir = list[i + 1];
     KILN_CHECK(!dir.empty(), "{}: entry {} is an empty directory", what, i + 2);
-    KILN_CHECK(seen.insert(dir).second, "{}: {} is listed twice", what, dir);
+    std::error_code ec;  // "a", "a/" and "./a" are one directory
+    std::string canonical =
+        std::filesystem::weakly_canonical(std::filesystem::absolute(dir, ec), ec).lexically_normal().string();
+    while (canonical.size() > 1 && canonical.back() == '/') canonical.pop_back();
+    KILN_CHECK(seen.insert(ec ? dir : canonical).second, "{}: {} is listed twice", what, dir);
     parts.push_back({dir, weight});
   }
   return parts;

@@ -4,7 +4,6 @@
 
 #include <zlib.h>
 #include <zstd.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -85,7 +84,7 @@ InputFile::InputFile(const fs::path& path) : impl_(std::make_unique<Impl>()) {
   std::rewind(m.file);
   if (got >= 2 && magic[0] == 0x1f && magic[1] == 0x8b) {
     m.compression = Compression::Gzip;
-    m.gz = gzdopen(dup(fileno(m.file)), "rb");
+    m.gz = gzopen(path.c_str(), "rb");
     KILN_CHECK(m.gz != nullptr, "{}: cannot open the gzip stream", path.string());
     gzbuffer(m.gz, 1 << 17);
   } else if (got == 4 && magic[0] == 0x28 && magic[1] == 0xb5 && magic[2] == 0x2f && magic[3] == 0xfd) {

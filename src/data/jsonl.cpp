@@ -6,6 +6,15 @@
 
 namespace kiln::data {
 
+namespace {
+// "an array", "a number", "null": a JSON value's type as a noun.
+std::string type_noun(const nlohmann::json& j) {
+  const std::string t = j.type_name();
+  if (j.is_null()) return t;
+  return (t.find_first_of("aeiou") == 0 ? "an " : "a ") + t;
+}
+}  // namespace
+
 JsonLine parse_json_line(std::string_view line) {
   JsonLine r;
   const Utf8Check utf8 = utf8_check(line);
@@ -30,7 +39,7 @@ JsonlText jsonl_text(std::string_view line, const std::string& key) {
   }
   const nlohmann::json& j = parsed.value;
   if (!j.is_object()) {
-    r.error = fmt::format("not a JSON object (a {})", j.type_name());
+    r.error = fmt::format("not a JSON object but {}", type_noun(j));
     return r;
   }
   const auto it = j.find(key);
@@ -39,7 +48,7 @@ JsonlText jsonl_text(std::string_view line, const std::string& key) {
     return r;
   }
   if (!it->is_string()) {
-    r.error = fmt::format("'{}' is a {}, not a string", key, it->type_name());
+    r.error = fmt::format("'{}' is {}, not a string", key, type_noun(*it));
     return r;
   }
   r.text = it->get<std::string>();

@@ -215,7 +215,7 @@ int64_t check_inputs(const PrepareOptions& o) {
   for (const auto& in : o.inputs) {
     KILN_CHECK(fs::exists(in), "{}: no such input file", in.string());
     KILN_CHECK(fs::is_regular_file(in), "{}: not a regular file", in.string());
-    KILN_CHECK(fs::file_size(in) > 0, "{}: empty input file", in.string());
+    KILN_CHECK(fs::file_size(in) > 0 || o.input_format != "text", "{}: empty input file", in.string());
     if (o.input_format == "text") bytes += validate_utf8_file(in);
   }
   return bytes;
@@ -230,7 +230,7 @@ fs::path make_staging(const PrepareOptions& o, Cleanup& cleanup) {
              o.out_dir.string(), ec ? ec.message() : "not a directory");
   KILN_CHECK(!fs::exists(o.out_dir / "meta.json") && !fs::exists(o.out_dir / shard_name("train", 0)) &&
                  !fs::exists(o.out_dir / shard_name("val", 0)),
-             "{}: already holds a prepared dataset (remove it first)", o.out_dir.string());
+             "{}: already holds a prepared dataset or its shards (remove them first)", o.out_dir.string());
   // Staging areas of interrupted runs (their process gone) are removed; a live one's kept.
   for (fs::directory_iterator it(o.out_dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
@@ -275,8 +275,12 @@ PrepareSummary prepare_dataset(const PrepareOptions& o) {
   StagingSink stream(staging, format, o.shard_tokens, tok->eot_id(), o.input_format == "chat");
   const int64_t documents = tokenize_inputs(o, *tok, stream, summary);
   stream.finish();
-  KILN_CHECK(documents > 0, "{}: the inputs hold no documents ({})", o.inputs.front().string(),
-             o.input_format == "jsonl" ? "no good record with text" : "only separators?");
+  KILN_CHECK(documents > 0 || summary.bad_lines == 0, "{}{}: no good record: {} bad line{}, the first: {}",
+             o.inputs.front().string(), o.inputs.size() > 1 ? " and the other inputs" : "", summary.bad_lines,
+             summary.bad_lines == 1 ? "" : "s", summary.bad_line_examples.front());
+  KILN_CHECK(documents > 0, "{}{}: the inputs hold no documents ({})", o.inputs.front().string(),
+             o.inputs.size() > 1 ? " and the other inputs" : "",
+             o.input_format == "text" ? "only separators?" : "no record with text");
 
   // 4. split by tokens.
   const int64_t total = stream.total();
@@ -296,7 +300,10 @@ PrepareSummary prepare_dataset(const PrepareOptions& o) {
   write_splits(stream, staging, total - n_val, format, o.shard_tokens, meta);
   tok->save(staging / "tokenizer");
 
-  // Commit: move shards, indexes and tokenizer files into out_dir, then meta.json.
+  // Commit: move shards, indexes and tokenizer files into out_dir, then meta.json. Another
+  // prepare into the same directory may have finished meanwhile: then this one stops.
+  KILN_CHECK(!fs::exists(o.out_dir / "meta.json"), "{}: another kiln prepare wrote a dataset there while this one "
+             "ran; this one's output is discarded", o.out_dir.string());
   std::error_code ec;
   auto move_in = [&](const fs::path& src) {
     const fs::path dst = o.out_dir / src.filename();

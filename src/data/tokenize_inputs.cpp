@@ -190,6 +190,7 @@ void read_jsonl_inputs(const PrepareOptions& o, Batcher& batcher, PrepareSummary
     current = &reader;
     while (reader.next(line)) {
       summary.input_bytes += static_cast<int64_t>(line.size()) + 1;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // a blank line: nothing
       batcher.add({std::move(line), true, static_cast<int32_t>(f), reader.line_number()}, bytes_done);
       line.clear();
     }
@@ -218,6 +219,7 @@ void for_each_jsonl_text(const std::vector<fs::path>& inputs, const std::string&
   for (const auto& path : inputs) {
     LineReader reader(path);
     while (reader.next(line)) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       const JsonlText t = jsonl_text(line, key);
       if (t.error.empty()) on_text(t.text);
     }

@@ -53,7 +53,7 @@ LossSum forward_loss(Model& model, const std::vector<int32_t>& tokens, const std
 }  // namespace
 
 PerplexityResult evaluate_perplexity(Model& model, const fs::path& data, const std::string& split, int seq_len,
-                                     int micro_batch, int64_t max_samples) {
+                                     int micro_batch, int64_t max_samples, const data::Tokenizer* tokenizer) {
   const LanguageModel& lm = as_language_model(model, "eval");
   KILN_CHECK(seq_len >= 1 && seq_len <= lm.max_positions(), "eval: seq_len {} outside [1, {}] (the model's context)",
              seq_len, lm.max_positions());
@@ -61,6 +61,10 @@ PerplexityResult evaluate_perplexity(Model& model, const fs::path& data, const s
   data::DataLoader loader(data, split, seq_len, 0, /*shuffle=*/false);
   KILN_CHECK(loader.meta().vocab_size <= lm.vocab_size(), "{}: a vocabulary of {} ids, the model's has {}",
              data.string(), loader.meta().vocab_size, lm.vocab_size());
+  KILN_CHECK(tokenizer == nullptr || tokenizer->hash() == loader.meta().tokenizer_hash,
+             "{}: prepared with another tokenizer ({} {}) than the model's ({} {})", data.string(),
+             loader.meta().tokenizer_kind, loader.meta().tokenizer_hash, tokenizer ? tokenizer->kind() : "",
+             tokenizer ? tokenizer->hash() : "");
   PerplexityResult r{data.string(), split, seq_len};
   r.samples = max_samples > 0 ? std::min(max_samples, loader.samples_per_epoch()) : loader.samples_per_epoch();
   const int T = seq_len;
@@ -126,6 +130,9 @@ MultipleChoiceResult evaluate_multiple_choice(Model& model, const data::Tokenize
       const std::string choice = j["choices"][c].get<std::string>();
       const std::vector<int32_t> ids = tok.encode(choice);
       KILN_CHECK(!ids.empty(), "{}: choices[{}] is empty", where, c);
+      const int max_len = as_language_model(model, "eval").max_positions();
+      KILN_CHECK(ids.size() <= static_cast<size_t>(max_len), "{}: choices[{}] has {} tokens, the model's context is {}",
+                 where, c, ids.size(), max_len);
       const double ll = continuation_loglik(model, context, ids);
       size_t chars = 0;
       for (size_t i = 0; i < choice.size(); ++chars) data::utf8_next(choice, i);

@@ -51,9 +51,11 @@ struct PerplexityResult {
 /// Mean loss of `model` over split `split` of the token data set `data`, in samples of
 /// `seq_len` tokens taken in order (the loader's, loss spans applied), micro_batch at a
 /// time; the first `max_samples` (0: all). Throws kiln::Error naming the data set when it
-/// is missing, has no such split, or its vocabulary exceeds the model's.
+/// is missing, has no such split, its vocabulary exceeds the model's, or it was prepared
+/// with another tokenizer than `tokenizer` (when given: the model's).
 PerplexityResult evaluate_perplexity(Model& model, const std::filesystem::path& data, const std::string& split,
-                                     int seq_len, int micro_batch, int64_t max_samples);
+                                     int seq_len, int micro_batch, int64_t max_samples,
+                                     const data::Tokenizer* tokenizer = nullptr);
 
 /// log p(continuation | context) of `model`: the sum of its tokens' log-probabilities,
 /// one forward of context + continuation (the oldest tokens dropped past the model's

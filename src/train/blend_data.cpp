@@ -90,13 +90,16 @@ class BlendData final : public TrainData {
                s.epoch, s.index, total_);
     schedule_.seek(s.epoch * total_ + s.index);
   }
+  // What the samples depend on: each part's data (as data.dir's fingerprint: a moved
+  // directory is the same data) and normalized weight, in order.
   nlohmann::json fingerprint() const override {
+    double sum = 0;
+    for (const auto& p : parts_) sum += p.weight;
     nlohmann::json parts = nlohmann::json::array();
     for (size_t d = 0; d < parts_.size(); ++d) {
       const data::DatasetMeta& m = loaders_[d]->meta();
-      parts.push_back({{"dir", parts_[d].dir}, {"weight", parts_[d].weight},
-                       {"tokenizer_hash", m.tokenizer_hash}, {"vocab_size", m.vocab_size},
-                       {"train_tokens", loaders_[d]->total_tokens()}});
+      parts.push_back({{"weight", parts_[d].weight / sum}, {"tokenizer_hash", m.tokenizer_hash},
+                       {"vocab_size", m.vocab_size}, {"train_tokens", loaders_[d]->total_tokens()}});
     }
     return {{"blend", std::move(parts)}};
   }

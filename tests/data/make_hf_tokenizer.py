@@ -10,7 +10,7 @@ Ids: <filler_i> tokens below --first-id (default 0), then the 256 byte tokens, t
 fillers up to --vocab-size (default: none), then the specials (default Llama 3's
 <|begin_of_text|>, <|end_of_text|>). Standard library only.
 """
-import argparse, collections, json, re
+import argparse, collections, json, os, re
 
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                   r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -95,4 +95,5 @@ if __name__ == "__main__":
     a = ap.parse_args()
     texts = [open(t, encoding="utf-8").read() for t in a.texts]
     tok = make(texts, a.first_id, a.vocab_size, a.merges, a.specials.split(","))
+    os.makedirs(a.out_dir, exist_ok=True)
     json.dump(tok, open(f"{a.out_dir}/tokenizer.json", "w"), ensure_ascii=False)

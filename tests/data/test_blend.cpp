@@ -60,5 +60,6 @@ TEST(ParseBlend, PairsOfWeightAndDirectory) {
   for (const char* bad : {"0", "-1", "nan", "inf", "0.3x", "", "data/a"})
     EXPECT_NE(error_of({bad, "a"}).find("entry 1 should be a positive weight"), std::string::npos) << bad;
   EXPECT_NE(error_of({"1", "a", "2", "a"}).find("a is listed twice"), std::string::npos);
+  EXPECT_NE(error_of({"1", "data/a/", "2", "./data/a"}).find("./data/a is listed twice"), std::string::npos);
   EXPECT_NE(error_of({"1", ""}).find("entry 2 is an empty directory"), std::string::npos);
 }

@@ -165,10 +165,12 @@ TEST(Jsonl, TextOrTheReasonTheLineIsBad) {
   EXPECT_EQ(jsonl_text(R"({"text": ""})", "text").error, "");
   EXPECT_NE(jsonl_text("{\"text\": \"a\xff\"}", "text").error.find("invalid UTF-8 at byte 11"), std::string::npos);
   EXPECT_NE(jsonl_text(R"({"text": "a")", "text").error.find("invalid JSON"), std::string::npos);
-  EXPECT_NE(jsonl_text("", "text").error.find("invalid JSON"), std::string::npos);
+  EXPECT_NE(jsonl_text("", "text").error.find("invalid JSON"), std::string::npos);  // prepare skips blank lines
   EXPECT_NE(jsonl_text(R"("text")", "text").error.find("not a JSON object"), std::string::npos);
   EXPECT_EQ(jsonl_text(R"({"txt": "a"})", "text").error, "no key 'text'");
-  EXPECT_EQ(jsonl_text(R"({"text": ["a"]})", "text").error, "'text' is a array, not a string");
+  EXPECT_EQ(jsonl_text(R"({"text": ["a"]})", "text").error, "'text' is an array, not a string");
+  EXPECT_EQ(jsonl_text(R"({"text": null})", "text").error, "'text' is null, not a string");
+  EXPECT_EQ(jsonl_text("[1]", "text").error, "not a JSON object but an array");
   EXPECT_NE(jsonl_text(R"({"text": "\ud800"})", "text").error.find("invalid JSON"), std::string::npos);
 }
 
@@ -308,8 +310,9 @@ TEST(PrepareJsonl, StrictKeyAndOptionErrorsAreOneLine) {
   EXPECT_FALSE(fs::exists(o.out_dir / "meta.json"));
   o.strict = false;
   o.text_key = "body";
-  EXPECT_NE(error_of([&] { prepare_dataset(o); }).find("the inputs hold no documents (no good record"),
-            std::string::npos);
+  const std::string none = error_of([&] { prepare_dataset(o); });
+  EXPECT_NE(none.find("a.jsonl.gz and the other inputs: no good record: 3000 bad lines, the first: "
+                      "" + (dir / "a.jsonl.gz").string() + ":1: no key 'body'"), std::string::npos) << none;
   o.text_key = "text";
   o.separator = "\n\n";
   EXPECT_NE(error_of([&] { prepare_dataset(o); }).find("a separator is for text input"), std::string::npos);

@@ -86,6 +86,14 @@ TEST(Eval, PerplexityIsTheTrainersValLossAndTheHfFolderScoresAlike) {
   ScoringModel h = load_scoring_model(hf, *be);
   EXPECT_NEAR(evaluate_perplexity(*h.model, trained().data, "val", 64, 5, 0).loss, r.loss, 1e-6);
   EXPECT_EQ(evaluate_perplexity(*h.model, trained().data, "val", 32, 2, 3).samples, 3);
+  // Data of another tokenizer than the model's: refused, naming the data set.
+  data::SentencePieceTrainOptions so;
+  so.vocab_size = 260;
+  const auto other = data::train_sentencepiece_on_texts(
+      [](const std::function<void(std::string_view)>& add) { add("What is red? The answer is apple."); }, so);
+  const std::string e = error_of([&] { evaluate_perplexity(*s.model, trained().data, "val", 64, 3, 0, other.get()); });
+  EXPECT_NE(e.find("qa: prepared with another tokenizer (byte "), std::string::npos) << e;
+  EXPECT_NO_THROW(evaluate_perplexity(*s.model, trained().data, "val", 64, 3, 1, s.tokenizer.get()));
 }
 
 // The loss-based log-likelihood against the decode path: token by token through the KV

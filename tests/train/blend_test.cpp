@@ -143,6 +143,9 @@ TEST(Blend, RanksSplitTheGlobalBatchAndStateResumes) {
     EXPECT_EQ(in0, in) << "step " << step;
     in0.resize(B * T);
   }
+  // Weights that normalize alike are the same blend (a resume accepts them).
+  EXPECT_EQ(open_blend_data({{a.string(), 4.0}, {b.string(), 6.0}}, "train", T, 9, true)->fingerprint(),
+            one->fingerprint());
   auto resumed = open_blend_data(parts, "train", T, 9, true);
   resumed->set_state(one->state());
   std::vector<int32_t> in2(2 * B * T), tg2(2 * B * T);
