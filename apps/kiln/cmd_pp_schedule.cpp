@@ -38,7 +38,10 @@ void register_pp_schedule(CLI::App& app) {
                  r.peak_in_flight[static_cast<size_t>(i)], s.ranks[static_cast<size_t>(i)].size());
       if (!a->actions) continue;
       std::string line = "   ";
-      for (const pp::Action& act : s.ranks[static_cast<size_t>(i)]) line += " " + act.str();
+      for (const pp::Action& act : s.ranks[static_cast<size_t>(i)]) {
+        line += ' ';  // not line += " " + act.str(): GCC 12's false -Wrestrict (its bug 105329)
+        line += act.str();
+      }
       fmt::print("{}\n", line);
     }
   });
