@@ -55,8 +55,8 @@ void report_bad_lines(const data::PrepareSummary& r, const std::string& overlong
 
 void register_prepare(CLI::App& app) {
   auto* cmd = app.add_subcommand(
-      "prepare", "Tokenize UTF-8 text or JSONL into llm.c-format token shards, or (--format idx | "
-                 "imagefolder) turn labelled images into image shards");
+      "prepare", "Tokenize UTF-8 text, JSONL or chat conversations into llm.c-format token shards, or "
+                 "(--format idx | imagefolder) turn labelled images into image shards");
   auto opt = std::make_shared<data::PrepareOptions>();
   std::vector<std::string> inputs, tok_files;
   auto in = std::make_shared<std::vector<std::string>>();
@@ -64,7 +64,7 @@ void register_prepare(CLI::App& app) {
   auto format = std::make_shared<std::string>("text");
   auto shard_images = std::make_shared<int64_t>(100000);
   cmd->add_option("--input", *in, "Input files, plain, gzip or zstd, or quoted globs ('data/*.jsonl.zst'): "
-                                  "text (one file = one document) or JSONL; --format idx | imagefolder: the "
+                                  "text (one file = one document), JSONL or chat JSONL; --format idx | imagefolder: the "
                                   "directory of IDX files or the image folder")->required();
   cmd->add_option("--format", *format, "text (default) | jsonl (one JSON object per line, --text-key its "
                                        "document) | chat (JSONL conversations {\"messages\": [{\"role\", "
@@ -80,12 +80,13 @@ void register_prepare(CLI::App& app) {
   cmd->add_option("--out", opt->out_dir, "Output directory for shards, meta.json and tokenizer")
       ->required();
   auto tokenizer = cmd->add_option("--tokenizer", opt->tokenizer,
-                                   "sentencepiece | gpt2 | hf | byte (text; required)");
+                                   "sentencepiece | gpt2 | hf | byte (required for text, jsonl and chat; chat "
+                                   "needs hf)");
   // Options of text and jsonl only: refused with --format idx | imagefolder rather than ignored.
   auto text_only = std::make_shared<std::vector<CLI::Option*>>();
   text_only->push_back(cmd->add_option("--vocab-size", opt->vocab_size, "Vocabulary size (sentencepiece)"));
   text_only->push_back(cmd->add_option("--val-fraction", opt->val_fraction,
-                                       "Fraction held out for validation (text; images: the "
+                                       "Fraction held out for validation (text, jsonl, chat; images: the "
                                        "t10k-* files or the val/ folder are the val split)"));
   text_only->push_back(tokenizer);
   text_only->push_back(cmd->add_option("--tokenizer-files", *tf,
@@ -98,11 +99,12 @@ void register_prepare(CLI::App& app) {
   text_only->push_back(cmd->add_option("--shard-tokens", opt->shard_tokens, "Tokens per shard"));
   text_only->push_back(cmd->add_option("--separator", opt->separator,
                                        "Split documents inside a file at this string (text)"));
-  // Options of JSONL input (jsonl and chat), and of chat only: refused elsewhere.
+  // Options of JSONL input (jsonl and chat), of jsonl only (--text-key) and of chat only:
+  // refused with another format.
   auto jsonl_only = std::make_shared<std::vector<CLI::Option*>>();
   auto chat_only = std::make_shared<std::vector<CLI::Option*>>();
-  jsonl_only->push_back(cmd->add_option("--text-key", opt->text_key,
-                                        "jsonl: the key of each record's text (default text)"));
+  auto text_key = cmd->add_option("--text-key", opt->text_key, "jsonl: the key of each record's text (default text)");
+  text_only->push_back(text_key);
   chat_only->push_back(cmd->add_option("--chat-template", opt->chat_template,
                                        "chat: llama3 (default; Llama 3 Instruct's) | chatml")
                            ->check(CLI::IsMember({"llama3", "chatml"})));
@@ -121,7 +123,8 @@ void register_prepare(CLI::App& app) {
   text_only->push_back(cmd->add_option("--threads", opt->threads,
                                        "Tokenizing threads (default: OMP_NUM_THREADS, else every core); the "
                                        "output does not depend on it"));
-  cmd->callback([opt, in, tf, format, shard_images, tokenizer, class_names, text_only, jsonl_only, chat_only] {
+  cmd->callback([opt, in, tf, format, shard_images, tokenizer, class_names, text_only, jsonl_only, chat_only,
+                 text_key] {
     if (*format == "idx" || *format == "imagefolder") {
       KILN_CHECK(in->size() == 1, "prepare --format {}: --input takes one directory, got {}",
                  *format, in->size());
@@ -151,6 +154,8 @@ void register_prepare(CLI::App& app) {
     for (const CLI::Option* o : *jsonl_only)
       KILN_CHECK(o->count() == 0 || *format != "text", "prepare --format text: {} is for --format jsonl or chat",
                  o->get_name());
+    KILN_CHECK(text_key->count() == 0 || *format == "jsonl", "prepare --format {}: --text-key is for --format jsonl{}",
+               *format, *format == "chat" ? " (a chat record's text is its \"messages\")" : "");
     opt->input_format = *format;
     for (const auto& s : *in)
       for (auto& path : expand_glob(s)) opt->inputs.push_back(std::move(path));
