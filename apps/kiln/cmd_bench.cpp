@@ -9,8 +9,8 @@
 // micro-step forward (loss and its gradient scaled by 1 / targets of the global batch)
 // and backward, then the global gradient norm, clipping and AdamW with the config's
 // learning-rate schedule. Batches
-// come from data.dir (the train split, shuffled with train.seed) or, when data.dir is
-// empty or absent, from synthetic tokens: uniform ids in [0, vocab_size) drawn from
+// come from data.dir or data.blend (the train split, shuffled with train.seed) or, when
+// neither names a data set, from synthetic tokens: uniform ids in [0, vocab_size) drawn from
 // Philox(train.seed, stream 0x62656e6368 "bench"), each sample T + 1 tokens with the
 // targets the inputs shifted by one.
 //
@@ -141,9 +141,8 @@ class BatchSource {
  public:
   BatchSource(const TrainConfig& c, int accum) : c_(c), accum_(accum),
       rng_(static_cast<uint64_t>(c.train.seed), kSyntheticStream) {
-    if (!c.data.dir.empty() && fs::exists(fs::path(c.data.dir) / "meta.json"))
-      data_ = open_train_data(c.data.dir, "train", c.train.seq_len,
-                              static_cast<uint64_t>(c.train.seed), /*shuffle=*/true);
+    if (!c.data.blend.empty() || (!c.data.dir.empty() && fs::exists(fs::path(c.data.dir) / "meta.json")))
+      data_ = open_train_data(c, "train", /*shuffle=*/true);
   }
   const TrainData* data() const { return data_.get(); }
   /// in: each micro-batch's required inputs (BatchShape's host layout), tg: its targets.
@@ -383,7 +382,7 @@ void run_bench(const Args& a) {
   if (source.data()) {
     source.data()->check_arch(c);
     source.data()->fill_model_keys(c);
-    data_desc = c.data.dir;
+    data_desc = c.data.blend.empty() ? c.data.dir : describe_data(c);
   } else if (c.model.vocab_size == 0 && !images) {
     c.model.vocab_size = 50257;  // the GPT-2 tokenizer's
   }
