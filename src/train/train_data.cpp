@@ -144,6 +144,14 @@ std::filesystem::path tokenizer_data_dir(const TrainConfig& c) {
   return c.data.dir;
 }
 
+std::string without_val_split(const TrainConfig& c) {
+  if (c.data.blend.empty()) return describe_data(c);
+  std::string dirs;
+  for (const auto& p : data::parse_blend(c.data.blend, c.source + ": data.blend"))
+    if (data::read_dataset_meta(p.dir).splits.count("val") == 0) dirs += (dirs.empty() ? "" : ", ") + p.dir;
+  return "data.blend's " + dirs;
+}
+
 std::string describe_data(const TrainConfig& c) {
   if (c.data.blend.empty()) return "data.dir " + c.data.dir;
   std::string dirs;

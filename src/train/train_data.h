@@ -80,5 +80,8 @@ std::unique_ptr<TrainData> open_train_data(const TrainConfig& config, const std:
 std::filesystem::path tokenizer_data_dir(const TrainConfig& config);
 /// How errors name the data: "data.dir X" or "data.blend [X, Y]".
 std::string describe_data(const TrainConfig& config);
+/// How the missing-val-split error names the data: describe_data, or for a blend the
+/// data sets of it that have no val split ("data.blend's X, Y").
+std::string without_val_split(const TrainConfig& config);
 
 }  // namespace kiln

@@ -146,7 +146,7 @@ void Trainer::open_data() {
   KILN_CHECK(config_.eval.every == 0 || train_data_->has_split("val"),
              "{}: eval.every = {} but {} has no val split (prepare text with --val-fraction, "
              "images with t10k-* IDX files or a val/ folder; or set eval.every = 0)",
-             config_.source, config_.eval.every, describe_data(config_));
+             config_.source, config_.eval.every, without_val_split(config_));
   // The val split is opened (and verified: sizes, checksums) once, now, not at the first
   // evaluation, so that a damaged one stops the run before any training.
   if (config_.eval.every > 0) {

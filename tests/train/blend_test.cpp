@@ -162,6 +162,10 @@ TEST(Blend, BadBlendsAreOneLineErrors) {
   both.data.blend = {"1", a.string()};
   EXPECT_NE(error_of([&] { Trainer(both, quiet()); }).find("data.dir and data.blend are both set"),
             std::string::npos);
+  // A data set without a val split under eval.every: the error names that one.
+  const fs::path noval = random_dataset(tmp.path, "noval", 4, 2000);
+  const std::string v = error_of([&] { Trainer(blend_config(a, noval, tmp.path / "r4", 2), quiet()); });
+  EXPECT_NE(v.find("but data.blend's " + noval.string() + " has no val split"), std::string::npos) << v;
   TrainConfig missing = blend_config(a, tmp.path / "nope", tmp.path / "r2", 2);
   const std::string m = error_of([&] { Trainer(missing, quiet()); });
   EXPECT_NE(m.find("nope"), std::string::npos) << m;
