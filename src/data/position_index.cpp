@@ -16,7 +16,9 @@ namespace fs = std::filesystem;
 namespace {
 constexpr uint32_t kVersion = 1;
 
-const char* magic_of(PositionIndexKind kind) { return kind == PositionIndexKind::DocumentStarts ? "KILNDOCS" : "KILNLOSS"; }
+const char* magic_of(PositionIndexKind kind) {
+  return kind == PositionIndexKind::DocumentStarts ? "KILNDOCS" : "KILNLOSS";
+}
 const char* what_of(PositionIndexKind kind) {
   return kind == PositionIndexKind::DocumentStarts ? "document index" : "loss-span index";
 }

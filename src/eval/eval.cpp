@@ -72,7 +72,10 @@ PerplexityResult evaluate_perplexity(Model& model, const fs::path& data, const s
   for (int64_t first = 0; first < r.samples; first += micro_batch) {
     const int B = static_cast<int>(std::min<int64_t>(micro_batch, r.samples - first));
     std::vector<int32_t> tokens(static_cast<size_t>(B) * T), targets(tokens.size());
-    for (int b = 0; b < B; ++b) loader.read_pair(first + b, &tokens[static_cast<size_t>(b) * T], &targets[static_cast<size_t>(b) * T]);
+    for (int b = 0; b < B; ++b) {
+      const auto at = static_cast<size_t>(b) * static_cast<size_t>(T);
+      loader.read_pair(first + b, &tokens[at], &targets[at]);
+    }
     const LossSum l = forward_loss(model, tokens, targets, B, T);
     sum += l.sum;
     r.targets += l.targets;
@@ -96,7 +99,8 @@ double continuation_loglik(Model& model, std::span<const int32_t> context, std::
   const auto T = static_cast<int>(seq.size() - 1 - drop);
   std::vector<int32_t> tokens(seq.begin() + static_cast<long>(drop), seq.end() - 1);
   std::vector<int32_t> targets(static_cast<size_t>(T), -1);
-  for (size_t i = 0; i < continuation.size(); ++i) targets[static_cast<size_t>(T) - continuation.size() + i] = continuation[i];
+  const size_t first = static_cast<size_t>(T) - continuation.size();  // the target of the first choice token
+  for (size_t i = 0; i < continuation.size(); ++i) targets[first + i] = continuation[i];
   return -forward_loss(model, tokens, targets, 1, T).sum;
 }
 
@@ -116,7 +120,8 @@ MultipleChoiceResult evaluate_multiple_choice(Model& model, const data::Tokenize
       KILN_FAIL("{}: invalid JSON ({})", where, e.what());
     }
     KILN_CHECK(j.is_object() && j.contains("context") && j["context"].is_string() && j.contains("choices") &&
-                   j["choices"].is_array() && !j["choices"].empty() && j.contains("label") && j["label"].is_number_integer(),
+                   j["choices"].is_array() && !j["choices"].empty() && j.contains("label") &&
+                   j["label"].is_number_integer(),
                "{}: expected {{\"context\": string, \"choices\": [string, ...], \"label\": integer}}", where);
     const int64_t label = j["label"].get<int64_t>();
     KILN_CHECK(label >= 0 && label < static_cast<int64_t>(j["choices"].size()), "{}: label {} outside the {} choices",
@@ -136,8 +141,9 @@ MultipleChoiceResult evaluate_multiple_choice(Model& model, const data::Tokenize
       const double ll = continuation_loglik(model, context, ids);
       size_t chars = 0;
       for (size_t i = 0; i < choice.size(); ++chars) data::utf8_next(choice, i);
+      const double per_char = ll / static_cast<double>(chars);
       if (ll > best) best = ll, pick = static_cast<int64_t>(c);
-      if (ll / static_cast<double>(chars) > best_norm) best_norm = ll / static_cast<double>(chars), pick_norm = static_cast<int64_t>(c);
+      if (per_char > best_norm) best_norm = per_char, pick_norm = static_cast<int64_t>(c);
     }
     right += pick == label;
     right_norm += pick_norm == label;

@@ -47,7 +47,8 @@ std::vector<Series> per_dataset(const std::vector<json>& recs, const std::set<st
     s.markers = markers;
     for (const auto& r : recs) {
       const double v = metric(r, name);
-      if (r.contains("step") && r["step"].is_number() && std::isfinite(v)) s.points.push_back({r["step"].get<double>(), v});
+      if (r.contains("step") && r["step"].is_number() && std::isfinite(v))
+        s.points.push_back({r["step"].get<double>(), v});
     }
     if (!s.points.empty()) out.push_back(std::move(s));
   }
@@ -75,7 +76,10 @@ std::string blend_section(const RunData& run) {
   for (const auto& name : names) {
     double tokens = NAN, pct = NAN, val = NAN;
     for (const auto& r : *recs) {
-      if (std::isfinite(field(r, "tokens_by_data", name))) tokens = field(r, "tokens_by_data", name), pct = share(r, name);
+      if (std::isfinite(field(r, "tokens_by_data", name))) {
+        tokens = field(r, "tokens_by_data", name);
+        pct = share(r, name);
+      }
       if (std::isfinite(val_loss(r, name))) val = val_loss(r, name);
     }
     h += fmt::format("<tr><td>{}</td><td>{:.0f}</td><td>{:.2f}%</td><td>{}</td></tr>\n", html_escape(name), tokens,
