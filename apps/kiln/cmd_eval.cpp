@@ -1,4 +1,5 @@
 #include "apps/kiln/commands.h"
+#include "checkpoint/file_util.h"
 #include "core/error.h"
 #include "eval/eval.h"
 #include "models/capabilities.h"
@@ -7,7 +8,6 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <fstream>
 
 namespace kiln::app {
 
@@ -56,15 +56,7 @@ void register_eval(CLI::App& app) {
                  r.examples);
       out["multiple_choice"].push_back(to_json(r));
     }
-    if (!a->json.empty()) {
-      const std::string tmp = a->json + ".tmp";
-      {
-        std::ofstream f(tmp);
-        f << out.dump(2) << "\n";
-        KILN_CHECK(f.good(), "{}: cannot write", a->json);
-      }
-      std::filesystem::rename(tmp, a->json);
-    }
+    if (!a->json.empty()) checkpoint::detail::atomic_write_file(a->json, out.dump(2) + "\n");
   });
 }
 

@@ -84,6 +84,8 @@ InputFile::InputFile(const fs::path& path) : impl_(std::make_unique<Impl>()) {
   std::rewind(m.file);
   if (got >= 2 && magic[0] == 0x1f && magic[1] == 0x8b) {
     m.compression = Compression::Gzip;
+    std::fclose(m.file);  // zlib opens the file itself
+    m.file = nullptr;
     m.gz = gzopen(path.c_str(), "rb");
     KILN_CHECK(m.gz != nullptr, "{}: cannot open the gzip stream", path.string());
     gzbuffer(m.gz, 1 << 17);

@@ -58,12 +58,12 @@ void DataLoader::read_sample(int64_t sample, int32_t* out) const {
   }
 }
 
-void DataLoader::read_pair(int64_t sample, int32_t* inputs, int32_t* targets) const {
+void DataLoader::read_pair(int64_t sample, int32_t* inputs, int32_t* targets) {
   const int64_t T = T_;
-  std::vector<int32_t> row(static_cast<size_t>(T + 1));
-  read_sample(sample, row.data());
-  std::copy(row.begin(), row.begin() + T, inputs);
-  std::copy(row.begin() + 1, row.end(), targets);
+  row_.resize(static_cast<size_t>(T + 1));
+  read_sample(sample, row_.data());
+  std::copy(row_.begin(), row_.begin() + T, inputs);
+  std::copy(row_.begin() + 1, row_.end(), targets);
   if (!has_loss_spans_) return;
   // Target t is stream position p = sample * T + 1 + t: in the loss when an odd number of
   // span bounds are <= p (inside [begin, end)).

@@ -42,7 +42,7 @@ class DataLoader {
   /// Sample `sample` as the model takes it: inputs[T] its first T tokens, targets[T] the
   /// last T; with loss spans (chat data, position_index.h) every target outside them is
   /// -1 (ignored by the loss).
-  void read_pair(int64_t sample, int32_t* inputs, int32_t* targets) const;
+  void read_pair(int64_t sample, int32_t* inputs, int32_t* targets);
   /// The sample visited at position `index` of epoch `epoch`.
   int64_t sample_at(int64_t epoch, int64_t index) { return order_.sample_at(epoch, index); }
 
@@ -65,6 +65,7 @@ class DataLoader {
   std::vector<int64_t> starts_;  // stream offset of each shard, plus the total at the end
   bool has_loss_spans_ = false;
   std::vector<int64_t> loss_bounds_;  // the split's loss spans: begin0 end0 begin1 end1 ...
+  std::vector<int32_t> row_;          // read_pair's T + 1 tokens
   int64_t total_ = 0;
   int64_t samples_ = 0;
   VisitOrder order_;

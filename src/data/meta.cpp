@@ -13,6 +13,16 @@ namespace fs = std::filesystem;
 namespace {
 constexpr const char* kFormat = "kiln-token-shards";
 constexpr int kFormatVersion = 1;
+
+// j[key] = {split: {"file", count_key}} for the splits that have the index `member`.
+void add_index_entries(nlohmann::ordered_json& j, const DatasetMeta& meta, const char* key, const char* count_key,
+                       IndexFileInfo SplitInfo::*member) {
+  nlohmann::ordered_json entries = nlohmann::ordered_json::object();
+  for (const auto& [name, split] : meta.splits)
+    if (!(split.*member).file.empty())
+      entries[name] = {{"file", (split.*member).file}, {count_key, (split.*member).count}};
+  if (!entries.empty()) j[key] = std::move(entries);
+}
 }  // namespace
 
 void write_dataset_meta(const fs::path& dir, const DatasetMeta& meta) {
@@ -35,16 +45,8 @@ void write_dataset_meta(const fs::path& dir, const DatasetMeta& meta) {
   }
   j["tokens"] = std::move(tokens);
   j["shards"] = std::move(shards);
-  nlohmann::ordered_json docs = nlohmann::ordered_json::object();
-  for (const auto& [name, split] : meta.splits)
-    if (!split.doc_index.file.empty())
-      docs[name] = {{"file", split.doc_index.file}, {"documents", split.doc_index.count}};
-  if (!docs.empty()) j["doc_index"] = std::move(docs);
-  nlohmann::ordered_json loss = nlohmann::ordered_json::object();
-  for (const auto& [name, split] : meta.splits)
-    if (!split.loss_index.file.empty())
-      loss[name] = {{"file", split.loss_index.file}, {"positions", split.loss_index.count}};
-  if (!loss.empty()) j["loss_index"] = std::move(loss);
+  add_index_entries(j, meta, "doc_index", "documents", &SplitInfo::doc_index);
+  add_index_entries(j, meta, "loss_index", "positions", &SplitInfo::loss_index);
   write_file_atomic(dir / "meta.json", j.dump(2) + "\n");
 }
 
@@ -60,6 +62,19 @@ void check_plain_name(const std::string& file, const fs::path& meta, const std::
                  file != "." && file != "..",
              "{}: split '{}' lists the file {}: not a plain file name", meta.string(), split,
              nlohmann::json(file).dump());
+}
+
+// j[key][split] ({"file", count_key} with a count of at least `min_count`), or none.
+IndexFileInfo read_index_entry(const nlohmann::json& j, const fs::path& meta, const std::string& split,
+                               const char* key, const char* count_key, int64_t min_count) {
+  IndexFileInfo info;
+  if (!j.contains(key) || !j.at(key).contains(split)) return info;
+  const auto& d = j.at(key).at(split);
+  info.file = d.at("file").get<std::string>();
+  check_plain_name(info.file, meta, split);
+  info.count = json_integer(d.at(count_key), meta.string(), fmt::format("{}.{}", key, count_key), min_count,
+                            kMaxTokens);
+  return info;
 }
 }  // namespace
 
@@ -104,18 +119,8 @@ DatasetMeta read_dataset_meta(const fs::path& dir) {
       }
       KILN_CHECK(sum == s.tokens, "{}: split '{}' lists shards of {} tokens but records {}",
                  path.string(), name, sum, s.tokens);
-      if (j.contains("doc_index") && j.at("doc_index").contains(name)) {
-        const auto& d = j.at("doc_index").at(name);
-        s.doc_index.file = d.at("file").get<std::string>();
-        check_plain_name(s.doc_index.file, path, name);
-        s.doc_index.count = json_integer(d.at("documents"), path.string(), "doc_index.documents", 1, kMaxTokens);
-      }
-      if (j.contains("loss_index") && j.at("loss_index").contains(name)) {
-        const auto& d = j.at("loss_index").at(name);
-        s.loss_index.file = d.at("file").get<std::string>();
-        check_plain_name(s.loss_index.file, path, name);
-        s.loss_index.count = json_integer(d.at("positions"), path.string(), "loss_index.positions", 0, kMaxTokens);
-      }
+      s.doc_index = read_index_entry(j, path, name, "doc_index", "documents", 1);
+      s.loss_index = read_index_entry(j, path, name, "loss_index", "positions", 0);
       m.splits[name] = std::move(s);
     }
   } catch (const nlohmann::json::exception& e) {

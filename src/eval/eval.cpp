@@ -107,6 +107,7 @@ double continuation_loglik(Model& model, std::span<const int32_t> context, std::
 MultipleChoiceResult evaluate_multiple_choice(Model& model, const data::Tokenizer& tok, const fs::path& path) {
   std::ifstream in(path);
   KILN_CHECK(in.good(), "{}: cannot open for reading", path.string());
+  const int max_len = as_language_model(model, "eval").max_positions();
   MultipleChoiceResult r{path.string()};
   int64_t right = 0, right_norm = 0, line_no = 0;
   for (std::string line; std::getline(in, line);) {
@@ -135,7 +136,6 @@ MultipleChoiceResult evaluate_multiple_choice(Model& model, const data::Tokenize
       const std::string choice = j["choices"][c].get<std::string>();
       const std::vector<int32_t> ids = tok.encode(choice);
       KILN_CHECK(!ids.empty(), "{}: choices[{}] is empty", where, c);
-      const int max_len = as_language_model(model, "eval").max_positions();
       KILN_CHECK(ids.size() <= static_cast<size_t>(max_len), "{}: choices[{}] has {} tokens, the model's context is {}",
                  where, c, ids.size(), max_len);
       const double ll = continuation_loglik(model, context, ids);

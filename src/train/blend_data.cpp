@@ -52,11 +52,7 @@ class BlendData final : public TrainData {
     return out;
   }
   void fill_model_keys(TrainConfig& c) const override {
-    const int vocab = loaders_.front()->meta().vocab_size;
-    if (c.model.vocab_size == 0) c.model.vocab_size = vocab;
-    KILN_CHECK(c.model.vocab_size >= vocab,
-               "{}: model.vocab_size {} is smaller than the blend's vocabulary ({} in {})", c.source,
-               c.model.vocab_size, vocab, parts_[0].dir);
+    fill_vocab_key(c, loaders_.front()->meta().vocab_size, parts_[0].dir);
   }
   void check_arch(const TrainConfig& c) const override {
     KILN_CHECK(!model_arch(c.model.arch).takes_images,

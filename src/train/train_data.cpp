@@ -28,11 +28,7 @@ class TokenData final : public TrainData {
     return std::make_unique<TokenData>(dir_, name, seq_len_, 0, /*shuffle=*/false);
   }
   void fill_model_keys(TrainConfig& c) const override {
-    const int vocab = loader_.meta().vocab_size;
-    if (c.model.vocab_size == 0) c.model.vocab_size = vocab;
-    KILN_CHECK(c.model.vocab_size >= vocab,
-               "{}: model.vocab_size {} is smaller than the data set's vocabulary ({} in {})",
-               c.source, c.model.vocab_size, vocab, dir_.string());
+    fill_vocab_key(c, loader_.meta().vocab_size, dir_.string());
   }
   void check_arch(const TrainConfig& c) const override {
     KILN_CHECK(!model_arch(c.model.arch).takes_images,
@@ -129,6 +125,12 @@ std::unique_ptr<TrainData> open_train_data(const std::filesystem::path& dir,
                                            bool shuffle) {
   if (data::is_image_dataset(dir)) return std::make_unique<ImageData>(dir, split, seed, shuffle);
   return std::make_unique<TokenData>(dir, split, seq_len, seed, shuffle);
+}
+
+void fill_vocab_key(TrainConfig& c, int vocab, const std::string& where) {
+  if (c.model.vocab_size == 0) c.model.vocab_size = vocab;
+  KILN_CHECK(c.model.vocab_size >= vocab, "{}: model.vocab_size {} is smaller than the data set's vocabulary ({} in {})",
+             c.source, c.model.vocab_size, vocab, where);
 }
 
 std::unique_ptr<TrainData> open_train_data(const TrainConfig& c, const std::string& split, bool shuffle) {

@@ -74,6 +74,9 @@ std::unique_ptr<TrainData> open_train_data(const std::filesystem::path& dir,
 /// prepared with another tokenizer than the first.
 std::unique_ptr<TrainData> open_blend_data(const std::vector<data::BlendPart>& parts, const std::string& split,
                                            int seq_len, uint64_t seed, bool shuffle);
+/// Sets config.model.vocab_size to `vocab` (the data's vocabulary, in `where`) when 0;
+/// throws kiln::Error naming the key when it is set smaller.
+void fill_vocab_key(TrainConfig& config, int vocab, const std::string& where);
 /// The [data] section's data: data.blend when set, else data.dir.
 std::unique_ptr<TrainData> open_train_data(const TrainConfig& config, const std::string& split, bool shuffle);
 /// The directory of the data's tokenizer: data.dir, or a blend's first data set.

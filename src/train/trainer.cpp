@@ -141,6 +141,11 @@ void Trainer::set_up_mesh() {
   config_.validate_for_training();
 }
 
+void Trainer::open_val() {
+  val_data_ = train_data_->open_split("val");
+  val_by_data_ = train_data_->open_split_by_dataset("val");
+}
+
 void Trainer::open_data() {
   train_data_ = open_train_data(config_, "train", /*shuffle=*/true);
   KILN_CHECK(config_.eval.every == 0 || train_data_->has_split("val"),
@@ -149,10 +154,7 @@ void Trainer::open_data() {
              config_.source, config_.eval.every, without_val_split(config_));
   // The val split is opened (and verified: sizes, checksums) once, now, not at the first
   // evaluation, so that a damaged one stops the run before any training.
-  if (config_.eval.every > 0) {
-    val_data_ = train_data_->open_split("val");
-    val_by_data_ = train_data_->open_split_by_dataset("val");
-  }
+  if (config_.eval.every > 0) open_val();
   train_data_->check_arch(config_);
   train_data_->fill_model_keys(config_);
   // ... and the same data: compare fingerprints at start-up.

@@ -266,6 +266,8 @@ class Trainer {
   std::unique_ptr<TrainData> train_data_;
   std::unique_ptr<TrainData> val_data_;  // the val split, opened once (unshuffled)
   std::vector<std::pair<std::string, std::unique_ptr<TrainData>>> val_by_data_;  // a blend's parts'
+  /// Opens the val split (and a blend's per data set) into val_data_ and val_by_data_.
+  void open_val();
   /// The loss (and accuracy) of `val`, from the start of it.
   EvalResult evaluate_split(TrainData& val);
   std::filesystem::path run_dir_;

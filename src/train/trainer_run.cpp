@@ -217,10 +217,7 @@ void Trainer::note_stragglers(nlohmann::json& rec) {
 
 Trainer::EvalResult Trainer::evaluate() {
   auto scope = profile::trace_scope("eval");
-  if (!val_data_) {
-    val_data_ = train_data_->open_split("val");
-    val_by_data_ = train_data_->open_split_by_dataset("val");
-  }
+  if (!val_data_) open_val();
   EvalResult r = evaluate_split(*val_data_);
   for (auto& [name, part] : val_by_data_) r.loss_by_data[name] = evaluate_split(*part).loss;
   return r;
