@@ -53,6 +53,7 @@ enum class OpFamily : uint8_t {
   RMSNorm,
   Linear,
   Attention,
+  VarlenAttention,
   RingAttention,
   Decode,
   Rope,
@@ -176,9 +177,13 @@ struct AttentionShape {
 /// [q_begin, q_begin + q_len) of a qkv buffer against the key/value rows [k_begin,
 /// k_begin + k_len) of a kv buffer. causal: a diagonal tile (q_len == k_len, rows aligned:
 /// the tile's query i sees its keys 0..i); otherwise every key of the tile.
+/// With documents (a tile op's cu_seqlens) the tile's rows are also runs of the whole
+/// sequences of seq_len tokens: its queries at positions q_pos.. and its keys at k_pos..
+/// of each sequence, and a query sees only the keys of its own document.
 struct AttentionTile {
   int64_t q_begin = 0, q_len = 0, k_begin = 0, k_len = 0;
   bool causal = false;
+  int64_t q_pos = 0, k_pos = 0, seq_len = 0;
 };
 
 /// Rotary position embedding (Su et al. 2021, "RoFormer"), in the "rotate half" layout
@@ -373,6 +378,25 @@ class Backend {
                                   const Tensor& qkv, const Tensor& out, const Tensor& lse,
                                   const AttentionShape& shape, const DropoutSpec& dropout) = 0;
 
+  /// attention_forward over documents packed into the sequences (the varlen attention of
+  /// FlashAttention-2, Dao 2023): cu_seqlens int32 [D+1] on the device, the cumulative
+  /// document lengths over the B*T rows of qkv laid end to end, 0 = cu[0] <= cu[1] <= ...
+  /// <= cu[D] = B*T (repeated entries are empty documents: a fixed-size cu_seqlens may be
+  /// padded with B*T). Query t of document d sees only the keys of d (causal: those not
+  /// after t); a document is also cut where a sequence ends. Dropout's element index is
+  /// attention_forward's, so a document mask equals masking the whole-sequence op.
+  /// Entries outside [0, B*T] or decreasing: undefined (the CPU backend throws).
+  virtual void attention_varlen_forward(Stream s, const Tensor& out, const Tensor& lse,
+                                        const Tensor& qkv, const Tensor& cu_seqlens,
+                                        const AttentionShape& shape,
+                                        const DropoutSpec& dropout) = 0;
+  /// attention_backward over the same documents.
+  virtual void attention_varlen_backward(Stream s, const Tensor& dqkv, const Tensor& dout,
+                                         const Tensor& qkv, const Tensor& out,
+                                         const Tensor& lse, const Tensor& cu_seqlens,
+                                         const AttentionShape& shape,
+                                         const DropoutSpec& dropout) = 0;
+
   /// One tile of a blockwise attention merged into a running result (ring attention: Liu
   /// et al. 2023; the merge is FlashAttention's online softmax, Dao et al. 2022): queries
   /// from qkv [B,T,qkv_width] (its q columns), keys and values from kv [B,Tk,2*NKV*HD]
@@ -381,10 +405,14 @@ class Backend {
   /// (start at 0 and -inf); the tile's query rows become
   ///   out <- (e^lse out + e^l' o') / (e^lse + e^l'),  lse <- log(e^lse + e^l'),
   /// o' and l' the tile's own softmax output and log-sum-exp. No dropout; the tile, not
-  /// shape.causal, says which keys a query sees. Throws on a tile outside the buffers.
+  /// shape.causal, says which keys a query sees, and cu_seqlens int32 [D+1] (empty: none)
+  /// the documents of the whole sequences (attention_varlen_forward's, over B * tile.seq_len
+  /// tokens; the tile's q_pos and k_pos place its rows among them). A query row that sees
+  /// no key of the tile is left as it was. Throws on a tile outside the buffers.
   virtual void attention_tile_forward(Stream s, const Tensor& out_acc, const Tensor& lse,
                                       const Tensor& qkv, const Tensor& kv,
-                                      const AttentionShape& shape, const AttentionTile& tile) = 0;
+                                      const Tensor& cu_seqlens, const AttentionShape& shape,
+                                      const AttentionTile& tile) = 0;
   /// The tile's gradients, accumulated: rows of dq fp32 [B,T,NH*HD] += dL/dq, rows of dkv
   /// fp32 [B,Tk,2*NKV*HD] += dL/dk, dL/dv, from dout and out [B,T,NH*HD] (qkv's dtype) and
   /// lse fp32 [B,NH,T]: the FINAL output and log-sum-exp over every key (FlashAttention-2's
@@ -392,7 +420,8 @@ class Backend {
   virtual void attention_tile_backward(Stream s, const Tensor& dq, const Tensor& dkv,
                                        const Tensor& dout, const Tensor& qkv, const Tensor& kv,
                                        const Tensor& out, const Tensor& lse,
-                                       const AttentionShape& shape, const AttentionTile& tile) = 0;
+                                       const Tensor& cu_seqlens, const AttentionShape& shape,
+                                       const AttentionTile& tile) = 0;
   /// dst[n, dst_col + j] <- src[n, src_col + j] for j < ncols and every row n, dst [N, Wd]
   /// and src [N, Ws] seen as rows of their last dimension (the same N), converted as
   /// copy() does when the dtypes differ. Throws when a column range leaves its tensor.

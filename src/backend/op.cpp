@@ -15,6 +15,7 @@ const char* family_name(OpFamily family) {
     case OpFamily::RMSNorm: return "rmsnorm";
     case OpFamily::Linear: return "linear";
     case OpFamily::Attention: return "attention";
+    case OpFamily::VarlenAttention: return "varlen_attention";
     case OpFamily::RingAttention: return "ring_attention";
     case OpFamily::Decode: return "decode";
     case OpFamily::Rope: return "rope";

@@ -134,8 +134,22 @@ AttentionDims attention_backward(const Tensor& dqkv, const Tensor& dout, const T
   return d;
 }
 
+void documents(const Tensor& cu_seqlens, const char* op) {
+  KILN_CHECK(cu_seqlens.ndim() == 1 && cu_seqlens.numel() >= 2 &&
+                 cu_seqlens.dtype() == DType::I32,
+             "{}: cu_seqlens must be int32 [D + 1] with D >= 1 documents, got {}", op,
+             cu_seqlens.str());
+}
+
+AttentionDims attention_varlen(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                               const Tensor& cu_seqlens, const AttentionShape& a) {
+  documents(cu_seqlens, "attention_varlen");
+  return attention(out, lse, qkv, a);
+}
+
 TileDims attention_tile(const Tensor& out_acc, const Tensor& lse, const Tensor& qkv_,
-                        const Tensor& kv, const AttentionShape& a, const AttentionTile& t) {
+                        const Tensor& kv, const Tensor& cu_seqlens, const AttentionShape& a,
+                        const AttentionTile& t) {
   const AttentionDims d = qkv(qkv_, a, "attention_tile");
   check_shape(out_acc, Shape{d.B, d.T, d.NH * d.HD}, "attention_tile out_acc");
   check_dtype(out_acc, DType::F32, "attention_tile out_acc");
@@ -150,14 +164,21 @@ TileDims attention_tile(const Tensor& out_acc, const Tensor& lse, const Tensor& 
                  t.k_len >= 0 && t.k_begin + t.k_len <= Tk && (!t.causal || t.q_len == t.k_len),
              "attention_tile: tile q [{}, +{}) k [{}, +{}){} outside q rows {} and kv rows {}",
              t.q_begin, t.q_len, t.k_begin, t.k_len, t.causal ? " causal" : "", d.T, Tk);
+  if (cu_seqlens) {
+    documents(cu_seqlens, "attention_tile");
+    KILN_CHECK(t.q_pos >= 0 && t.k_pos >= 0 && t.q_pos + t.q_len <= t.seq_len &&
+                   t.k_pos + t.k_len <= t.seq_len,
+               "attention_tile: tile positions q {}+{} k {}+{} outside sequences of {}", t.q_pos,
+               t.q_len, t.k_pos, t.k_len, t.seq_len);
+  }
   return {d, Tk};
 }
 
 TileDims attention_tile_backward(const Tensor& dq, const Tensor& dkv, const Tensor& dout,
                                  const Tensor& qkv_, const Tensor& kv, const Tensor& out,
-                                 const Tensor& lse, const AttentionShape& a,
-                                 const AttentionTile& t) {
-  const TileDims d = attention_tile(dq, lse, qkv_, kv, a, t);
+                                 const Tensor& lse, const Tensor& cu_seqlens,
+                                 const AttentionShape& a, const AttentionTile& t) {
+  const TileDims d = attention_tile(dq, lse, qkv_, kv, cu_seqlens, a, t);
   check_shape(dkv, kv.shape(), "attention_tile_backward dkv");
   check_dtype(dkv, DType::F32, "attention_tile_backward dkv");
   for (const Tensor* x : {&dout, &out}) {

@@ -53,16 +53,25 @@ AttentionDims attention_backward(const Tensor& dqkv, const Tensor& dout, const T
                                  const Tensor& out, const Tensor& lse,
                                  const AttentionShape& shape);
 
+/// cu_seqlens int32 [D+1], D >= 1 (the documents of attention_varlen_forward; the values
+/// are on the device and not read here).
+void documents(const Tensor& cu_seqlens, const char* op);
+/// attention's arguments and the documents.
+AttentionDims attention_varlen(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                               const Tensor& cu_seqlens, const AttentionShape& shape);
+
 /// An attention tile's buffers (see Backend::attention_tile_forward): dims of qkv, Tk the
-/// rows of kv [B,Tk,2*NKV*HD]; the tile inside both.
+/// rows of kv [B,Tk,2*NKV*HD]; the tile inside both; with documents (cu_seqlens not
+/// empty) its positions inside the sequences of tile.seq_len.
 struct TileDims { AttentionDims a; int64_t Tk; };
 TileDims attention_tile(const Tensor& out_acc, const Tensor& lse, const Tensor& qkv,
-                        const Tensor& kv, const AttentionShape& shape, const AttentionTile& tile);
+                        const Tensor& kv, const Tensor& cu_seqlens, const AttentionShape& shape,
+                        const AttentionTile& tile);
 /// The backward's: dq like out_acc, dkv like kv but fp32, dout and out [B,T,NH*HD] in qkv's dtype.
 TileDims attention_tile_backward(const Tensor& dq, const Tensor& dkv, const Tensor& dout,
                                  const Tensor& qkv, const Tensor& kv, const Tensor& out,
-                                 const Tensor& lse, const AttentionShape& shape,
-                                 const AttentionTile& tile);
+                                 const Tensor& lse, const Tensor& cu_seqlens,
+                                 const AttentionShape& shape, const AttentionTile& tile);
 /// copy_columns: rows N and the widths; throws when a range leaves its tensor.
 struct ColumnDims { int64_t N, Wd, Ws; };
 ColumnDims copy_columns(const Tensor& dst, const Tensor& src, int64_t dst_col, int64_t src_col,

@@ -58,15 +58,24 @@
     (const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,                 \
      const Tensor& lse, const AttentionShape& shape, const DropoutSpec& dropout),                  \
     (dqkv, dout, qkv, out, lse, shape, dropout))                                                   \
+  X(AttentionVarlenForward, attention_varlen_forward, VarlenAttention, "forward",                  \
+    (const Tensor& out, const Tensor& lse, const Tensor& qkv, const Tensor& cu_seqlens,            \
+     const AttentionShape& shape, const DropoutSpec& dropout),                                     \
+    (out, lse, qkv, cu_seqlens, shape, dropout))                                                   \
+  X(AttentionVarlenBackward, attention_varlen_backward, VarlenAttention, "backward",               \
+    (const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,                 \
+     const Tensor& lse, const Tensor& cu_seqlens, const AttentionShape& shape,                     \
+     const DropoutSpec& dropout),                                                                  \
+    (dqkv, dout, qkv, out, lse, cu_seqlens, shape, dropout))                                       \
   X(AttentionTileForward, attention_tile_forward, RingAttention, "forward",                        \
     (const Tensor& out_acc, const Tensor& lse, const Tensor& qkv, const Tensor& kv,                \
-     const AttentionShape& shape, const AttentionTile& tile),                                      \
-    (out_acc, lse, qkv, kv, shape, tile))                                                          \
+     const Tensor& cu_seqlens, const AttentionShape& shape, const AttentionTile& tile),            \
+    (out_acc, lse, qkv, kv, cu_seqlens, shape, tile))                                              \
   X(AttentionTileBackward, attention_tile_backward, RingAttention, "backward",                     \
     (const Tensor& dq, const Tensor& dkv, const Tensor& dout, const Tensor& qkv,                   \
-     const Tensor& kv, const Tensor& out, const Tensor& lse, const AttentionShape& shape,          \
-     const AttentionTile& tile),                                                                   \
-    (dq, dkv, dout, qkv, kv, out, lse, shape, tile))                                               \
+     const Tensor& kv, const Tensor& out, const Tensor& lse, const Tensor& cu_seqlens,             \
+     const AttentionShape& shape, const AttentionTile& tile),                                      \
+    (dq, dkv, dout, qkv, kv, out, lse, cu_seqlens, shape, tile))                                   \
   X(CopyColumns, copy_columns, RingAttention, "copy",                                              \
     (const Tensor& dst, const Tensor& src, int64_t dst_col, int64_t src_col, int64_t ncols),       \
     (dst, src, dst_col, src_col, ncols))                                                           \

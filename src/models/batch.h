@@ -9,6 +9,12 @@
 //   "positions"  int32 [B,T]        each token's position (rotary angle or learned-position
 //                                   row); optional: absent = 0..T-1. The step fills it under
 //                                   context parallelism (a rank's chunks of each sequence).
+//   "cu_seqlens" int32 [B*T+1]      documents packed into the sequences (data.packing =
+//                                   "document"): the cumulative document lengths over the
+//                                   B*T tokens laid end to end, padded with B*T
+//                                   (Backend::attention_varlen_forward); optional: absent =
+//                                   one document per sequence. Under context parallelism
+//                                   every rank takes the whole micro-batch's.
 //   "images"     fp32 [B,H,W,C]     pixels scaled to [-1, 1]            (image models)
 // Targets are int32: [B,T] next tokens or [B] class labels; -1 is ignored.
 #pragma once
@@ -38,6 +44,9 @@ struct BatchInput {
   bool per_token = false;
   /// The data need not supply it (the step may: "positions" under context parallelism).
   bool optional = false;
+  /// Not per token: under context parallelism every rank takes the whole micro-batch's
+  /// (cu_seqlens, whose shape is then that of the whole sequences).
+  bool whole_under_cp = false;
 
   /// Bytes of the whole [B, ...] input.
   int64_t nbytes() const { return shape.numel() * static_cast<int64_t>(dtype_size(dtype)); }

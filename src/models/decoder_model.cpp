@@ -31,6 +31,7 @@ struct DecoderModel::Slot {
   Tensor dhead;                    // dL/d(norm out): scratch.dtmp for the whole model, else own
   Tensor tokens, positions;        // the forward's micro-batch inputs (views; positions may
                                    // be empty: 0..T-1)
+  Tensor cu_seqlens;               // documents packed into the sequences, or empty
   bool have_grad = false;
   bool balanced = false;           // a training forward of MoE blocks: their balancing
                                    // losses are on (MoeBalance)
@@ -101,6 +102,9 @@ BatchShape DecoderModel::batch_shape(int B, int T) const {
                       .range = vocab_size(), .per_token = true});
   s.inputs.push_back({.name = "positions", .shape = Shape{B, T}, .dtype = DType::I32,
                       .range = max_positions(), .per_token = true, .optional = true});
+  s.inputs.push_back({.name = "cu_seqlens", .shape = Shape{int64_t{B} * T + 1},
+                      .dtype = DType::I32, .range = int64_t{B} * T + 1, .optional = true,
+                      .whole_under_cp = true});
   s.targets = Shape{B, T};
   s.target_range = vocab_size();
   return s;
@@ -175,6 +179,7 @@ nn::BlockPass DecoderModel::block_pass(const Slot& a, int l) const {
                        a.saved.rerun_block(),
                        a.saved.recompute_cheap(),
                        a.positions,
+                       a.cu_seqlens,
                        a.balanced && m >= 0 ? balance_->pass(a.moe, m) : nn::MoeBalancePass{}};
 }
 
@@ -217,6 +222,7 @@ LossSum DecoderModel::forward_stage(const StagePass& p, float grad_scale) {
   Slot& a = slot(p.first, p.end, p.slot);
   a.tokens = tokens;
   a.positions = positions;
+  a.cu_seqlens = p.batch.input("cu_seqlens");
   const bool with_grad = grad_scale > 0.f;
   a.balanced = balance_ && with_grad;
   if (a.balanced) {
@@ -315,6 +321,7 @@ void DecoderModel::forward_logits(const Tensor& tokens, const Tensor& logits) {
   Slot& a = slot(0, global_parts(), 0);
   a.tokens = tokens;
   a.positions = Tensor();
+  a.cu_seqlens = Tensor();
   a.balanced = false;
   Backend& be = backend();
   const Stream s = be.default_stream();

@@ -83,7 +83,7 @@ void AdaLNBlock::forward(const AdaLNPass& p, const Tensor& x, const Tensor& out)
   adaln_.forward(be, p.s, mod.reshape(Shape{B, 6 * C}), p.cond_silu);
   norm_1_.forward(be, p.s, n1, x);
   be.modulate(p.s, sv[kMod1], n1[Norm::kOut], mod, kScaleMsa, kShiftMsa, 1.f);
-  attn_.forward(be, p.s, at, sv[kAttnOut], sv[kMod1], Tensor(), DropoutSpec{});
+  attn_.forward(be, p.s, at, sv[kAttnOut], sv[kMod1], Tensor(), Tensor(), DropoutSpec{});
   be.modulate(p.s, tmp, sv[kAttnOut], mod, kGateMsa, -1, 0.f);
   be.add(p.s, sv[kResidual], x, tmp);
   norm_2_.forward(be, p.s, n2, sv[kResidual]);
@@ -122,7 +122,7 @@ void AdaLNBlock::backward(const AdaLNPass& p, const Tensor& dres, const Tensor& 
   be.modulate_backward(p.s, d1, w.dmod, dres, sv[kAttnOut], mod, kGateMsa, -1, 0.f);
   attn_.backward(be, p.s, at, d2, d1, sv[kMod1], w.dattn,
                  w.dbig.view_at(0, Shape{B, T, attn_.local_spec().qkv_width()}), Tensor(),
-                 DropoutSpec{});
+                 Tensor(), DropoutSpec{});
   be.modulate_backward(p.s, d2, w.dmod, d2, n1[Norm::kOut], mod, kScaleMsa, kShiftMsa, 1.f);
   norm_1_.backward(be, p.s, n1, dres, d2, x);
   // mod = adaLN_modulation(silu(c))

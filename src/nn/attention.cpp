@@ -114,7 +114,8 @@ void SelfAttention::norm_qk_backward(Backend& be, Stream s, const Tensor& dqkv,
 
 void SelfAttention::forward(Backend& be, Stream s, std::span<const Tensor> saved,
                             const Tensor& out, const Tensor& inp, const Tensor& positions,
-                            const DropoutSpec& dropout, const Tensor& work) const {
+                            const Tensor& cu_seqlens, const DropoutSpec& dropout,
+                            const Tensor& work) const {
   qkv.forward(be, s, saved[kQkv], inp, work);
   // saved[kAttn] is free until attention writes it: QK-norm's output goes there first.
   if (spec_.qk_norm) norm_qk(be, s, saved[kQkv], saved.subspan(kQIn, 4), saved[kAttn], local_);
@@ -122,7 +123,11 @@ void SelfAttention::forward(Backend& be, Stream s, std::span<const Tensor> saved
   if (cp_) {
     KILN_CHECK(!dropout.enabled(), "{}: attention dropout with context parallelism is not "
                "supported (set model.dropout = 0 or parallel.cp = 1)", qkv.weight.name);
-    ring_attention_forward(be, s, *cp_, saved[kAttn], saved[kLse], saved[kQkv], local_);
+    ring_attention_forward(be, s, *cp_, saved[kAttn], saved[kLse], saved[kQkv], cu_seqlens,
+                           local_);
+  } else if (cu_seqlens) {
+    be.attention_varlen_forward(s, saved[kAttn], saved[kLse], saved[kQkv], cu_seqlens, local_,
+                                at_heads(dropout));
   } else {
     be.attention_forward(s, saved[kAttn], saved[kLse], saved[kQkv], local_, at_heads(dropout));
   }
@@ -132,12 +137,16 @@ void SelfAttention::forward(Backend& be, Stream s, std::span<const Tensor> saved
 void SelfAttention::backward(Backend& be, Stream s, std::span<const Tensor> saved,
                              const Tensor& dinp, const Tensor& dout, const Tensor& inp,
                              const Tensor& dattn, const Tensor& dqkv, const Tensor& positions,
-                             const DropoutSpec& dropout, const Tensor& work) const {
+                             const Tensor& cu_seqlens, const DropoutSpec& dropout,
+                             const Tensor& work) const {
   const Tensor dat = dattn.view_at(0, saved[kAttn].shape());
   proj.backward(be, s, dat, dout, saved[kAttn], work);
   if (cp_) {
     ring_attention_backward(be, s, *cp_, dqkv, dat, saved[kQkv], saved[kAttn], saved[kLse],
-                            local_);
+                            cu_seqlens, local_);
+  } else if (cu_seqlens) {
+    be.attention_varlen_backward(s, dqkv, dat, saved[kQkv], saved[kAttn], saved[kLse], cu_seqlens,
+                                 local_, at_heads(dropout));
   } else {
     be.attention_backward(s, dqkv, dat, saved[kQkv], saved[kAttn], saved[kLse], local_,
                           at_heads(dropout));

@@ -88,18 +88,20 @@ class SelfAttention {
   /// QK-norm (the norms' output and input gradients side by side).
   int64_t dattn_width() const { return local_.q_width() * (spec_.qk_norm ? 2 : 1); }
   /// out [B,T,C] = proj(attention(rope(qkv(inp)))), inp [B,T,C]; positions int32 [B,T]
-  /// or empty (0..T-1) for the rotary angles; dropout on the probabilities.
-  /// Sharded: inp and out are the rank's rows under sequence parallelism, `work` [B*T, C]
-  /// scratch (Linear).
+  /// or empty (0..T-1) for the rotary angles; cu_seqlens int32 [D+1] the documents packed
+  /// into the sequences (Backend::attention_varlen_forward; under context parallelism those
+  /// of the whole sequences) or empty: a query sees only its document's keys; dropout on
+  /// the probabilities. Sharded: inp and out are the rank's rows under sequence
+  /// parallelism, `work` [B*T, C] scratch (Linear).
   void forward(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& out,
-               const Tensor& inp, const Tensor& positions, const DropoutSpec& dropout,
-               const Tensor& work = Tensor()) const;
+               const Tensor& inp, const Tensor& positions, const Tensor& cu_seqlens,
+               const DropoutSpec& dropout, const Tensor& work = Tensor()) const;
   /// dinp [B,T,C] (overwritten) from dout [B,T,C]; parameter gradients accumulate.
   /// Scratch: dattn [B,T,dattn_width()], dqkv [B,T,qkv_width] (the rank's heads when
   /// sharded).
   void backward(Backend& be, Stream s, std::span<const Tensor> saved, const Tensor& dinp,
                 const Tensor& dout, const Tensor& inp, const Tensor& dattn, const Tensor& dqkv,
-                const Tensor& positions, const DropoutSpec& dropout,
+                const Tensor& positions, const Tensor& cu_seqlens, const DropoutSpec& dropout,
                 const Tensor& work = Tensor()) const;
   /// Inference over a KV cache (see Backend::attention_decode): inp [B,Tq,C] at
   /// positions past.. (`positions` int32 [B,Tq] holds them when rotary; may be empty

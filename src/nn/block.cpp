@@ -113,7 +113,8 @@ void TransformerBlock::run(const BlockPass& p, const Tensor& x, const Tensor& ou
   const Tensor tmp = p.scratch.tmp.view_at(0, x.shape());
   const Tensor& work = p.scratch.work;
   norm_1_.forward(be, p.s, n1, x);
-  attn_.forward(be, p.s, at, tmp, n1[Norm::kOut], p.positions, p.attn_probs, work);
+  attn_.forward(be, p.s, at, tmp, n1[Norm::kOut], p.positions, p.cu_seqlens, p.attn_probs,
+                work);
   if (p.attn_resid.enabled()) be.dropout_forward(p.s, tmp, tmp, rows(p.attn_resid, x));
   be.add(p.s, residual, x, tmp);
   norm_2_.forward(be, p.s, n2, residual);
@@ -162,7 +163,7 @@ void TransformerBlock::backward(const BlockPass& p, const Tensor& dres, const Te
   }
   const Tensor dqkv = w.dbig.view_at(0, Shape{B, T, attn_.local_spec().qkv_width()});
   attn_.backward(be, p.s, at, dtmp, d_out, n1[Norm::kOut], w.dattn, dqkv, p.positions,
-                 p.attn_probs, w.work);
+                 p.cu_seqlens, p.attn_probs, w.work);
   norm_1_.backward(be, p.s, n1, dres, dtmp, x);
 }
 

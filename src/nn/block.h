@@ -93,6 +93,8 @@ struct BlockPass {
   bool rerun = false;           // backward re-runs forward first (full checkpointing)
   bool recompute_cheap = false;  // backward recomputes Cheap tensors first (selective)
   Tensor positions;             // int32 [B,T] for rotary attention; empty: 0..T-1
+  Tensor cu_seqlens;            // int32 [D+1]: documents packed into the sequences; empty:
+                                // one per sequence (SelfAttention::forward)
   MoeBalancePass balance = {};  // a MoE block's balancing-loss buffers and scales
 };
 

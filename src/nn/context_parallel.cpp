@@ -19,12 +19,22 @@ std::vector<int32_t> cp_positions(int64_t T, int cp, int rank) {
   return pos;
 }
 
-std::vector<AttentionTile> ring_tiles(int rank, int source, int64_t T_local, bool causal) {
-  const int64_t Tc = T_local / 2;
-  if (!causal) return {{0, T_local, 0, T_local, false}};
-  if (source == rank) return {{0, T_local, 0, T_local, true}};
-  if (source < rank) return {{0, T_local, 0, Tc, false}};
-  return {{Tc, T_local - Tc, 0, T_local, false}};
+std::vector<AttentionTile> ring_tiles(int rank, int source, int cp, int64_t T_local,
+                                      bool causal) {
+  const int64_t Tc = T_local / 2, S = T_local * cp;
+  // Chunk c (0: a rank's first, 1: its second) of rank x: local rows c Tc.., at position
+  // (c == 0 ? x : 2cp-1-x) Tc of the sequence.
+  auto tile = [&](int qc, int kc, bool diagonal) {
+    const int64_t q_chunk = qc == 0 ? rank : 2 * cp - 1 - rank;
+    const int64_t k_chunk = kc == 0 ? source : 2 * cp - 1 - source;
+    return AttentionTile{.q_begin = qc * Tc, .q_len = Tc, .k_begin = kc * Tc, .k_len = Tc,
+                         .causal = diagonal, .q_pos = q_chunk * Tc, .k_pos = k_chunk * Tc,
+                         .seq_len = S};
+  };
+  if (!causal) return {tile(0, 0, false), tile(0, 1, false), tile(1, 0, false), tile(1, 1, false)};
+  if (source == rank) return {tile(0, 0, true), tile(1, 0, false), tile(1, 1, true)};
+  if (source < rank) return {tile(0, 0, false), tile(1, 0, false)};
+  return {tile(1, 0, false), tile(1, 1, false)};
 }
 
 namespace {
@@ -43,7 +53,8 @@ Shape kv_shape(const Tensor& qkv, const AttentionShape& a) {
 }  // namespace
 
 void ring_attention_forward(Backend& be, Stream s, CpGroup& group, const Tensor& out,
-                            const Tensor& lse, const Tensor& qkv, const AttentionShape& shape) {
+                            const Tensor& lse, const Tensor& qkv, const Tensor& cu_seqlens,
+                            const AttentionShape& shape) {
   const int cp = group.size(), r = group.rank();
   const int64_t T = qkv.size(1);
   KILN_CHECK(T % 2 == 0, "ring attention: {} local rows are not two equal chunks", T);
@@ -58,8 +69,8 @@ void ring_attention_forward(Backend& be, Stream s, CpGroup& group, const Tensor&
     // The next hop's keys travel while this hop's tile is computed.
     std::unique_ptr<CpGroup::Transfer> t = i + 1 < cp ? group.shift(s, cur, next, kKeys) : nullptr;
     const int source = ((r - i) % cp + cp) % cp;
-    for (const AttentionTile& tile : ring_tiles(r, source, T, shape.causal))
-      be.attention_tile_forward(s, acc, lse, qkv, cur, shape, tile);
+    for (const AttentionTile& tile : ring_tiles(r, source, cp, T, shape.causal))
+      be.attention_tile_forward(s, acc, lse, qkv, cur, cu_seqlens, shape, tile);
     if (t) {
       t->wait();
       std::swap(cur, next);
@@ -70,7 +81,8 @@ void ring_attention_forward(Backend& be, Stream s, CpGroup& group, const Tensor&
 
 void ring_attention_backward(Backend& be, Stream s, CpGroup& group, const Tensor& dqkv,
                              const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                             const Tensor& lse, const AttentionShape& shape) {
+                             const Tensor& lse, const Tensor& cu_seqlens,
+                             const AttentionShape& shape) {
   const int cp = group.size(), r = group.rank();
   const int64_t T = qkv.size(1);
   const Shape kvs = kv_shape(qkv, shape);
@@ -89,8 +101,8 @@ void ring_attention_backward(Backend& be, Stream s, CpGroup& group, const Tensor
     const int source = ((r - i) % cp + cp) % cp;
     const Tensor& dkv = part[i % 2];
     be.fill(s, dkv, 0.f);
-    for (const AttentionTile& tile : ring_tiles(r, source, T, shape.causal))
-      be.attention_tile_backward(s, dq, dkv, dout, qkv, cur, out, lse, shape, tile);
+    for (const AttentionTile& tile : ring_tiles(r, source, cp, T, shape.causal))
+      be.attention_tile_backward(s, dq, dkv, dout, qkv, cur, out, lse, cu_seqlens, shape, tile);
     if (grads) {  // the sums of the ranks before this one over `source`'s keys
       grads->wait();
       be.add(s, dkv, dkv, arrived);

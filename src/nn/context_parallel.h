@@ -10,12 +10,17 @@
 // input, for rotary and learned position embeddings). Attention passes each rank's keys
 // and values around the ring: at hop i rank r holds those of rank j = r - i (mod cp) and
 // merges the attention of its queries over them into a running output by log-sum-exp
-// (Backend::attention_tile_forward). Causal tiles by chunk (a: query chunk, b: key chunk;
-// a > b whole, a == b the diagonal, a < b skipped) leave one tile per hop:
-//     j == r  all local queries over all local keys, causal (the local order is the global)
-//     j <  r  all local queries over j's first chunk (Tc keys), whole
-//     j >  r  the second local chunk's queries over all of j's keys, whole
-// Bidirectional attention: every hop is all queries over all keys. The next hop's keys and
+// (Backend::attention_tile_forward). The tiles are pairs of chunks (a: query chunk, b: key
+// chunk; a > b whole, a == b the diagonal, a < b skipped), so that each side of a tile is
+// one run of the sequence's positions:
+//     j == r  first over first (causal), second over first, second over second (causal)
+//     j <  r  both local chunks over j's first chunk, whole
+//     j >  r  the second local chunk over both of j's chunks, whole
+// Bidirectional attention: every hop is all four pairs. Documents packed into the
+// sequences (cu_seqlens, Backend::attention_varlen_forward) mask inside each tile by
+// position, so the same split and the same tiles serve packed data: a document may span
+// chunks and ranks, and a query row with no key of its document in a tile is left as it
+// was (its own key, on the diagonal, is always somewhere). The next hop's keys and
 // values are sent while the current tile is computed. Backward runs the same ring with
 // the final lse: the key/value gradients travel with their keys and values and reach
 // their owner after cp hops (FlashAttention-2's backward per tile).
@@ -58,19 +63,25 @@ class CpGroup {
 /// in local order (T_local = T / cp of them). Throws kiln::Error unless 2 cp divides T.
 std::vector<int32_t> cp_positions(int64_t T, int cp, int rank);
 
-/// The tiles of the queries of rank `rank` over the keys of rank `source`, T_local rows
-/// each (the table above); empty when the causal mask hides them all.
-std::vector<AttentionTile> ring_tiles(int rank, int source, int64_t T_local, bool causal);
+/// The tiles of the queries of rank `rank` over the keys of rank `source` in a group of
+/// cp, T_local rows each (the table above), with their positions in the sequence of
+/// T_local * cp; none when the causal mask hides them all.
+std::vector<AttentionTile> ring_tiles(int rank, int source, int cp, int64_t T_local,
+                                      bool causal);
 
 /// Attention of this rank's queries over the keys of the whole group: out [B,T,NH*HD] in
-/// qkv's dtype and lse fp32 [B,NH,T] as Backend::attention_forward would give for the
-/// whole sequence, at this rank's rows; qkv [B,T,qkv_width] the rank's T = T_local rows
-/// (rotated). No dropout. Collective over the group.
+/// qkv's dtype and lse fp32 [B,NH,T] as Backend::attention_forward (with documents:
+/// attention_varlen_forward) would give for the whole sequence, at this rank's rows; qkv
+/// [B,T,qkv_width] the rank's T = T_local rows (rotated); cu_seqlens int32 [D+1] the
+/// documents of the WHOLE sequences (B * T_local * cp tokens), the same on every rank, or
+/// empty. No dropout. Collective over the group.
 void ring_attention_forward(Backend& be, Stream s, CpGroup& group, const Tensor& out,
-                            const Tensor& lse, const Tensor& qkv, const AttentionShape& shape);
+                            const Tensor& lse, const Tensor& qkv, const Tensor& cu_seqlens,
+                            const AttentionShape& shape);
 /// dqkv [B,T,qkv_width] (overwritten) from dout, with forward's out and lse. Collective.
 void ring_attention_backward(Backend& be, Stream s, CpGroup& group, const Tensor& dqkv,
                              const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                             const Tensor& lse, const AttentionShape& shape);
+                             const Tensor& lse, const Tensor& cu_seqlens,
+                             const AttentionShape& shape);
 
 }  // namespace kiln::nn

@@ -106,6 +106,16 @@ OpCost attention_backward(const Tensor&, const Tensor&, const Tensor& qkv, const
                           const Tensor&, const AttentionShape& shape, const DropoutSpec&) {
   return attention(qkv, shape, 5.0, 2.0, 2.0);
 }
+// Documents: the whole sequences' cost, an upper bound (the device data is not read).
+OpCost attention_varlen_forward(const Tensor&, const Tensor&, const Tensor& qkv, const Tensor&,
+                                const AttentionShape& shape, const DropoutSpec&) {
+  return attention(qkv, shape, 2.0, 1.0, 1.0);
+}
+OpCost attention_varlen_backward(const Tensor&, const Tensor&, const Tensor& qkv, const Tensor&,
+                                 const Tensor&, const Tensor&, const AttentionShape& shape,
+                                 const DropoutSpec&) {
+  return attention(qkv, shape, 5.0, 2.0, 2.0);
+}
 
 namespace {
 // A tile: matmuls * 2 HD FLOPs per (query, key) pair of the tile, NH heads, B sequences;
@@ -124,11 +134,12 @@ OpCost attention_tile(const Tensor& qkv, const AttentionShape& a, const Attentio
 }  // namespace
 
 OpCost attention_tile_forward(const Tensor&, const Tensor&, const Tensor& qkv, const Tensor&,
-                              const AttentionShape& shape, const AttentionTile& tile) {
+                              const Tensor&, const AttentionShape& shape,
+                              const AttentionTile& tile) {
   return attention_tile(qkv, shape, tile, 2.0, 1.0);
 }
 OpCost attention_tile_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor& qkv,
-                               const Tensor&, const Tensor&, const Tensor&,
+                               const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                const AttentionShape& shape, const AttentionTile& tile) {
   return attention_tile(qkv, shape, tile, 5.0, 3.0);
 }

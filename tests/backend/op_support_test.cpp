@@ -5,8 +5,8 @@
 // it stands for, and runs every op that backend supports (its ops only check arguments:
 // a plan may go where the kernels do not yet, e.g. `kiln memplan`'s context-parallel
 // layouts on CUDA). The CUDA backend's answers, which a machine without a GPU cannot
-// run, are checked as a table: ring attention's tile ops answer false (a GPU issue
-// writes their kernels and flips the answers); the mixture-of-experts ops whose tensors
+// run, are checked as a table: ring attention's tile ops and the varlen attention answer
+// false (a GPU issue writes their kernels and flips the answers); the mixture-of-experts ops whose tensors
 // have fixed dtypes answer for every float dtype, the others for fp32 and bf16.
 //
 // The ops come from op_list.h: a new op without its tiny call below fails to compile.
@@ -60,6 +60,8 @@ struct Tiny {
   // offsets of 2N rows over two experts (3 rows and 1).
   Tensor moe_rows() { return ids({N, 2}, {0, 1, 2, 3}); }
   Tensor moe_offsets() { return ids({3}, {0, 3, 4}); }
+  // cu_seqlens of two one-token documents.
+  Tensor documents() { return ids({3}, {0, 1, 2}); }
 };
 
 // One call of each op on Tiny's arguments, named after the Backend method.
@@ -108,17 +110,28 @@ void attention_backward(S& t) {
                           t.act({S::B, S::T, 3 * S::C}), t.act({S::B, S::T, S::C}),
                           t.f32({S::B, S::NH, S::T}), t.shape, DropoutSpec{});
 }
+void attention_varlen_forward(S& t) {
+  t.be.attention_varlen_forward(t.s, t.act({S::B, S::T, S::C}), t.f32({S::B, S::NH, S::T}),
+                                t.act({S::B, S::T, 3 * S::C}), t.documents(), t.shape,
+                                DropoutSpec{});
+}
+void attention_varlen_backward(S& t) {
+  t.be.attention_varlen_backward(t.s, t.act({S::B, S::T, 3 * S::C}), t.act({S::B, S::T, S::C}),
+                                 t.act({S::B, S::T, 3 * S::C}), t.act({S::B, S::T, S::C}),
+                                 t.f32({S::B, S::NH, S::T}), t.documents(), t.shape,
+                                 DropoutSpec{});
+}
 AttentionTile diagonal_tile() { return AttentionTile{0, S::T, 0, S::T, true}; }
 void attention_tile_forward(S& t) {
   t.be.attention_tile_forward(t.s, t.f32({S::B, S::T, S::C}), t.f32({S::B, S::NH, S::T}),
                               t.act({S::B, S::T, 3 * S::C}), t.act({S::B, S::T, 2 * S::C}),
-                              t.shape, diagonal_tile());
+                              Tensor(), t.shape, diagonal_tile());
 }
 void attention_tile_backward(S& t) {
   t.be.attention_tile_backward(t.s, t.f32({S::B, S::T, S::C}), t.f32({S::B, S::T, 2 * S::C}),
                                t.act({S::B, S::T, S::C}), t.act({S::B, S::T, 3 * S::C}),
                                t.act({S::B, S::T, 2 * S::C}), t.act({S::B, S::T, S::C}),
-                               t.f32({S::B, S::NH, S::T}), t.shape, diagonal_tile());
+                               t.f32({S::B, S::NH, S::T}), Tensor(), t.shape, diagonal_tile());
 }
 void copy_columns(S& t) {
   t.be.copy_columns(t.s, t.act({S::N, 2 * S::C}), t.act({S::N, 3 * S::C}), 0, S::C, 2 * S::C);
@@ -363,6 +376,7 @@ TEST(OpSupport, RequireOpsNamesTheOpTheBackendAndTheKey) {
 // (cuda_attention_ops.cpp), so they answer false; the kernels run fp32 and bf16, and the
 // ops whose tensors have fixed dtypes (the MoE router and plan among them) any float dtype.
 static_assert(!cuda_supports(Op::AttentionTileForward, DType::F32));
+static_assert(!cuda_supports(Op::AttentionVarlenForward, DType::BF16));
 static_assert(cuda_supports(Op::GroupedLinearForward, DType::BF16));
 static_assert(!cuda_supports(Op::GroupedLinearBackward, DType::F16));
 static_assert(!cuda_supports(Op::MoeUnpermute, DType::F16));
@@ -379,7 +393,8 @@ static_assert(!cpu_supports(Op::AdamW, DType::BF16));  // fp32 parameters only
 
 TEST(OpSupport, CudaTable) {
   for (Op op : kAllOps) {
-    const bool unwritten = op_family(op) == OpFamily::RingAttention;
+    const bool unwritten = op_family(op) == OpFamily::RingAttention ||
+                           op_family(op) == OpFamily::VarlenAttention;
     for (DType dt : {DType::F32, DType::BF16})
       EXPECT_EQ(cuda_supports(op, dt), !unwritten) << op_name(op) << " in " << dtype_name(dt);
     for (DType dt : kOthers) EXPECT_FALSE(cuda_supports(op, dt)) << op_name(op);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <limits>
 
 namespace kiln::ref {
@@ -209,6 +210,54 @@ Vec attention_backward(const Vec& dout, const Vec& qkv, const Attn& a,
           }
         }
       }
+  return dqkv;
+}
+
+namespace {
+// The runs [begin, end) of rows (over B*T) that cu's documents and the sequences' ends cut.
+std::vector<std::pair<int64_t, int64_t>> document_runs(const Attn& a, const std::vector<int32_t>& cu) {
+  std::vector<int64_t> cuts(cu.begin(), cu.end());
+  for (int b = 0; b <= a.B; ++b) cuts.push_back(int64_t{b} * a.T);
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) runs.emplace_back(cuts[i], cuts[i + 1]);
+  return runs;
+}
+}  // namespace
+
+void attention_documents_forward(Vec& out, Vec& lse, const Vec& qkv, const Attn& a,
+                                 const std::vector<int32_t>& cu) {
+  const size_t W = static_cast<size_t>(a.NH + 2 * a.NKV) * a.HD, C = static_cast<size_t>(a.NH) * a.HD;
+  out.assign(static_cast<size_t>(a.B) * a.T * C, 0.0);
+  lse.assign(static_cast<size_t>(a.B) * a.NH * a.T, 0.0);
+  for (const auto& [begin, end] : document_runs(a, cu)) {
+    const int n = static_cast<int>(end - begin);
+    const Vec piece(qkv.begin() + static_cast<std::ptrdiff_t>(begin * W),
+                    qkv.begin() + static_cast<std::ptrdiff_t>(end * W));
+    Vec o, l;
+    attention_forward(o, l, piece, Attn{1, n, a.NH, a.NKV, a.HD, a.causal}, {}, 0.0);
+    std::copy(o.begin(), o.end(), out.begin() + static_cast<std::ptrdiff_t>(begin * C));
+    const int64_t b = begin / a.T, t0 = begin % a.T;
+    for (int h = 0; h < a.NH; ++h)
+      for (int t = 0; t < n; ++t)
+        lse[static_cast<size_t>((b * a.NH + h) * a.T + t0 + t)] = l[static_cast<size_t>(h * n + t)];
+  }
+}
+
+Vec attention_documents_backward(const Vec& dout, const Vec& qkv, const Attn& a,
+                                 const std::vector<int32_t>& cu) {
+  const size_t W = static_cast<size_t>(a.NH + 2 * a.NKV) * a.HD, C = static_cast<size_t>(a.NH) * a.HD;
+  Vec dqkv(qkv.size(), 0.0);
+  for (const auto& [begin, end] : document_runs(a, cu)) {
+    const int n = static_cast<int>(end - begin);
+    const Vec piece(qkv.begin() + static_cast<std::ptrdiff_t>(begin * W),
+                    qkv.begin() + static_cast<std::ptrdiff_t>(end * W));
+    const Vec dpiece(dout.begin() + static_cast<std::ptrdiff_t>(begin * C),
+                     dout.begin() + static_cast<std::ptrdiff_t>(end * C));
+    const Vec d = attention_backward(dpiece, piece, Attn{1, n, a.NH, a.NKV, a.HD, a.causal}, {}, 0.0);
+    std::copy(d.begin(), d.end(), dqkv.begin() + static_cast<std::ptrdiff_t>(begin * W));
+  }
   return dqkv;
 }
 

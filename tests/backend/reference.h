@@ -51,6 +51,14 @@ void attention_forward(Vec& out, Vec& lse, const Vec& qkv, const Attn& a,
 Vec attention_backward(const Vec& dout, const Vec& qkv, const Attn& a,
                        const std::vector<uint8_t>& keep, double p);
 
+// Documents packed into the sequences (Backend::attention_varlen_forward): cu [D+1] over
+// the B*T rows, each document (cut at the sequences' ends) run as a sequence of its own
+// through the functions above. No dropout.
+void attention_documents_forward(Vec& out, Vec& lse, const Vec& qkv, const Attn& a,
+                                 const std::vector<int32_t>& cu);
+Vec attention_documents_backward(const Vec& dout, const Vec& qkv, const Attn& a,
+                                 const std::vector<int32_t>& cu);
+
 // ---- rotary (in place on q and k heads; sign -1 is the transpose) ----------------------
 void rope(Vec& qkv, const std::vector<int32_t>& positions, const std::vector<float>& inv_freq,
           const Attn& a, double sign);

@@ -486,7 +486,7 @@ std::pair<std::vector<float>, std::vector<float>> block_grads(nn::ActivationChec
   MoeMicroStats mb = balance.micro_stats();
   balance.begin_forward(mb, kN, 0, 1, true);
   const nn::BlockPass pass{*be, be->default_stream(), saved.block(0), scratch, {}, {}, {},
-                           saved.rerun_block(), saved.recompute_cheap(), Tensor(),
+                           saved.rerun_block(), saved.recompute_cheap(), Tensor(), Tensor(),
                            balance.pass(mb, 0)};
   block.forward(pass, x, out);
   balance.end_forward(mb);

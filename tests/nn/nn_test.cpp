@@ -283,7 +283,7 @@ TEST(SelfAttention, QkNormForwardMatchesADoubleReference) {
   for (const SavedSpec& sp : attn.saved_specs(ref.B, ref.T, DType::F32))
     saved.push_back(be->empty(sp.shape, sp.dtype, MemCategory::Activations));
   ASSERT_EQ(saved.size(), attn.num_saved());
-  attn.forward(*be, be->default_stream(), saved, out, inp, Tensor(), DropoutSpec{});
+  attn.forward(*be, be->default_stream(), saved, out, inp, Tensor(), Tensor(), DropoutSpec{});
   const auto got = host(*be, out);
 
   const float* gain[2] = {w.data() + bound.offsets[1], w.data() + bound.offsets[2]};

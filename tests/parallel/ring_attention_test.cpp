@@ -3,14 +3,18 @@
 // the backend's attention on the whole (seeded, identical) qkv, then the ring on its
 // chunks, and compares its rows of the output, the lse and every gradient (fp32: 1e-5
 // relative to the largest element; bf16 loosely). Causal and bidirectional, multi-head and
-// grouped-query, several chunk sizes.
+// grouped-query, several chunk sizes; with random documents packed into the sequences
+// (cu_seqlens: documents spanning chunks and ranks, one-token ones) against the whole
+// sequence's varlen attention.
 #include "backend/registry.h"
 #include "mpi_test_main.h"
 #include "world_test_util.h"
 #include "parallel/context_parallel.h"
 
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <sstream>
@@ -63,7 +67,18 @@ struct Case {
   int B, Tc, NH, NKV, HD;
   bool causal;
   DType dtype = DType::F32;
+  bool documents = false;
 };
+
+// cu_seqlens of random documents over N tokens (the same on every rank: seeded).
+std::vector<int32_t> random_documents(int64_t N, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<int32_t> cu{0, static_cast<int32_t>(N)};
+  const int cuts = static_cast<int>(gen() % static_cast<uint32_t>(N));
+  for (int i = 0; i < cuts; ++i) cu.push_back(static_cast<int32_t>(gen() % static_cast<uint32_t>(N)));
+  std::sort(cu.begin(), cu.end());
+  return cu;
+}
 
 TEST(RingAttention, MatchesFullAttention) {
   Communicator& world = testing::world();
@@ -80,7 +95,11 @@ TEST(RingAttention, MatchesFullAttention) {
   uint32_t seed = 1234;
   for (const Case& c : {Case{1, 1, 1, 1, 4, true}, Case{2, 3, 4, 2, 8, true},
                         Case{1, 5, 3, 3, 6, true}, Case{2, 4, 2, 1, 16, false},
-                        Case{1, 7, 4, 4, 5, false}, Case{2, 6, 4, 2, 8, true, DType::BF16}}) {
+                        Case{1, 7, 4, 4, 5, false}, Case{2, 6, 4, 2, 8, true, DType::BF16},
+                        Case{2, 3, 4, 2, 8, true, DType::F32, true},
+                        Case{1, 5, 2, 1, 4, false, DType::F32, true},
+                        Case{3, 4, 2, 2, 6, true, DType::F32, true},
+                        Case{2, 6, 4, 2, 8, true, DType::BF16, true}}) {
     const int64_t T = int64_t{2} * cp * c.Tc, C = int64_t{c.NH} * c.HD;
     const AttentionShape shape{c.NH, c.NKV, c.HD, c.causal};
     const int64_t W = shape.qkv_width();
@@ -88,7 +107,15 @@ TEST(RingAttention, MatchesFullAttention) {
     os << "cp=" << cp << " B=" << c.B << " T=" << T << " NH=" << c.NH << " NKV=" << c.NKV
        << " HD=" << c.HD << (c.causal ? " causal" : " bidirectional") << " "
        << dtype_name(c.dtype);
+    const std::vector<int32_t> cu = c.documents ? random_documents(c.B * T, seed++)
+                                                : std::vector<int32_t>{};
+    if (c.documents) os << " cu_seqlens " << fmt::format("{}", fmt::join(cu, " "));
     SCOPED_TRACE(os.str());
+    Tensor tcu;
+    if (c.documents) {
+      tcu = be.empty({static_cast<int64_t>(cu.size())}, DType::I32, MemCategory::Activations);
+      be.copy_from_host(s, tcu, cu.data());
+    }
     const double tol = c.dtype == DType::F32 ? 1e-5 : 3e-2;
     const std::vector<float> qkv = randn(static_cast<size_t>(c.B * T * W), seed++);
     const std::vector<float> dout = randn(static_cast<size_t>(c.B * T * C), seed++);
@@ -97,9 +124,14 @@ TEST(RingAttention, MatchesFullAttention) {
     Tensor fout = be.empty({c.B, T, C}, c.dtype, MemCategory::Activations);
     Tensor flse = be.empty({c.B, c.NH, T}, DType::F32, MemCategory::Activations);
     Tensor fdq = be.empty({c.B, T, W}, c.dtype, MemCategory::Activations);
-    be.attention_forward(s, fout, flse, fq, shape, DropoutSpec{});
-    be.attention_backward(s, fdq, upload(dout, {c.B, T, C}, c.dtype), fq, fout, flse, shape,
-                          DropoutSpec{});
+    const Tensor fdout = upload(dout, {c.B, T, C}, c.dtype);
+    if (c.documents) {
+      be.attention_varlen_forward(s, fout, flse, fq, tcu, shape, DropoutSpec{});
+      be.attention_varlen_backward(s, fdq, fdout, fq, fout, flse, tcu, shape, DropoutSpec{});
+    } else {
+      be.attention_forward(s, fout, flse, fq, shape, DropoutSpec{});
+      be.attention_backward(s, fdq, fdout, fq, fout, flse, shape, DropoutSpec{});
+    }
     // This rank's chunks, through the ring.
     const std::vector<int32_t> pos = nn::cp_positions(T, cp, world.rank());
     const int64_t Tl = T / cp;
@@ -107,12 +139,12 @@ TEST(RingAttention, MatchesFullAttention) {
     Tensor out = be.empty({c.B, Tl, C}, c.dtype, MemCategory::Activations);
     Tensor lse = be.empty({c.B, c.NH, Tl}, DType::F32, MemCategory::Activations);
     Tensor dq = be.empty({c.B, Tl, W}, c.dtype, MemCategory::Activations);
-    nn::ring_attention_forward(be, s, ring, out, lse, lq, shape);
+    nn::ring_attention_forward(be, s, ring, out, lse, lq, tcu, shape);
     EXPECT_TRUE(close(down(out), rows_at(down(fout), c.B, T, C, pos), tol)) << "out";
     EXPECT_TRUE(close(down(lse), lse_at(down(flse), c.B, c.NH, T, pos), tol)) << "lse";
     nn::ring_attention_backward(be, s, ring, dq,
                                 upload(rows_at(dout, c.B, T, C, pos), {c.B, Tl, C}, c.dtype), lq,
-                                out, lse, shape);
+                                out, lse, tcu, shape);
     EXPECT_TRUE(close(down(dq), rows_at(down(fdq), c.B, T, W, pos), tol)) << "dqkv";
   }
 }

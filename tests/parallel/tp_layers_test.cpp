@@ -463,7 +463,7 @@ void check_block(const BlockCase& c) {
   };
   auto pass = [&](Run& run) {
     return nn::BlockPass{*f.be, f.s, run.saved, run.scratch, drop_p, drop_a, drop_m,
-                         c.rerun, c.recompute_cheap, Tensor(),
+                         c.rerun, c.recompute_cheap, Tensor(), Tensor(),
                          c.moe ? run.balance.pass() : nn::MoeBalancePass{}};
   };
   auto full = make(false);

@@ -7,7 +7,10 @@
 // heads sharing a key/value head (grouped-query attention) accumulate its dk, dv in one
 // thread, in head order. Each thread gathers a head's q, k, v into contiguous [T, HD]
 // scratch rows and works on one block of query rows at a time (causal: the lower
-// triangle only), so memory is O(T * T) per thread, not per layer.
+// triangle only), so memory is O(T * T) per thread, not per layer. Which keys a query sees
+// is a window of key rows per query (attention_windows.h): the causal triangle, every key,
+// or only its document's (packed documents, Backend::attention_varlen_forward); a block of
+// query rows scores only the union of its rows' windows.
 //
 // Dropout on the probabilities uses a Philox mask keyed by the element index
 // ((b * NH + h) * T + i) * T + j, replayed in backward. With dropout the output is
@@ -156,9 +159,42 @@ inline void accumulate_grads(float* dq, float* dk, float* dv, const float* p, co
   }
 }
 
+// ---- one block of query rows over its keys ---------------------------------------------
+// A block's rows r < rows have windows [lo[r], hi[r]) (absolute key rows, KeyWindows); the
+// block computes the scores over their union [klo, khi) only, so keys no row sees (past the
+// causal diagonal, outside every row's document) cost nothing.
+
+struct BlockKeys {
+  int64_t klo = 0, n = 0;  // keys [klo, klo + n)
+};
+
+inline BlockKeys block_keys(const int32_t* lo, const int32_t* hi, int64_t rows) {
+  int64_t klo = lo[0], khi = hi[0];
+  for (int64_t r = 0; r < rows; ++r)
+    if (lo[r] < hi[r]) {
+      klo = std::min<int64_t>(klo, lo[r]);
+      khi = std::max<int64_t>(khi, hi[r]);
+    }
+  return khi > klo ? BlockKeys{klo, khi - klo} : BlockKeys{klo, 0};
+}
+
+// Row r of scores s (keys klo.. of the block) to exp(s - max) inside its window and 0
+// outside; returns the sum (0 for an empty window), the max in `mx`.
+inline float softmax_numerator(float* sr, int64_t n, int64_t lo, int64_t hi, float& mx) {
+  if (hi <= lo) {
+    std::fill(sr, sr + n, 0.f);
+    mx = -std::numeric_limits<float>::infinity();
+    return 0.f;
+  }
+  const float sum = exp_row(sr + lo, hi - lo, mx);
+  std::fill(sr, sr + lo, 0.f);
+  std::fill(sr + hi, sr + n, 0.f);
+  return sum;
+}
+
 template <class T_>
 void attention_forward(T_* out, float* lse, const T_* qkv, const AttnDims& a,
-                       const DropoutSpec& dropout) {
+                       const KeyWindows& w, const DropoutSpec& dropout) {
   const int64_t B = a.B, T = a.T, NH = a.NH, HD = a.HD, C = NH * HD;
   const float scale = 1.f / std::sqrt(static_cast<float>(HD));
 #pragma omp parallel
@@ -173,22 +209,24 @@ void attention_forward(T_* out, float* lse, const T_* qkv, const AttnDims& a,
       gather_head(hs, qkv, b, h, a, scale);
       for (int64_t i0 = 0; i0 < T; i0 += kRows) {
         const int64_t rows = std::min(kRows, T - i0);
-        const int64_t n = a.causal ? i0 + rows : T;  // keys any row of the block sees
-        block_times_transposed(s.data(), T, hs.q.data() + i0 * HD, rows, hs.kt.data(), n, T, HD);
+        const int32_t* lo = w.lo.data() + b * T + i0;
+        const int32_t* hi = w.hi.data() + b * T + i0;
+        const BlockKeys k = block_keys(lo, hi, rows);
+        block_times_transposed(s.data(), T, hs.q.data() + i0 * HD, rows, hs.kt.data() + k.klo,
+                               k.n, T, HD);
         for (int64_t r = 0; r < rows; ++r) {
-          const int64_t i = i0 + r, ni = a.causal ? i + 1 : T;
+          const int64_t i = i0 + r;
           float* sr = s.data() + r * T;
           float mx = 0.f;
-          const float sum = exp_row(sr, ni, mx);
-          for (int64_t j = ni; j < n; ++j) sr[j] = 0.f;  // causal mask
-          inv[r] = 1.f / sum;
+          const float sum = softmax_numerator(sr, k.n, lo[r] - k.klo, hi[r] - k.klo, mx);
+          inv[r] = sum > 0.f ? 1.f / sum : 0.f;
           if (dropout.enabled()) {
             const uint64_t row_index = (dropout.global_bh(static_cast<uint64_t>(bh), static_cast<int>(NH)) * T + i) * T;
-            for (int64_t j = 0; j < ni; ++j) sr[j] *= keep_scale(dropout, row_index + j);
+            for (int64_t j = lo[r]; j < hi[r]; ++j) sr[j - k.klo] *= keep_scale(dropout, row_index + j);
           }
           lse[bh * T + i] = mx + std::log(sum);
         }
-        probs_times_values(acc.data(), s.data(), T, hs.v.data(), rows, n, HD);
+        probs_times_values(acc.data(), s.data(), T, hs.v.data() + k.klo * HD, rows, k.n, HD);
         for (int64_t r = 0; r < rows; ++r) {
           T_* o = out + (b * T + i0 + r) * C + h * HD;
           for (int64_t d = 0; d < HD; ++d) o[d] = store<T_>(acc[static_cast<size_t>(r * HD + d)] * inv[r]);
@@ -200,7 +238,7 @@ void attention_forward(T_* out, float* lse, const T_* qkv, const AttnDims& a,
 
 template <class T_>
 void attention_backward(T_* dqkv, const T_* dout, const T_* qkv, const T_* out, const float* lse,
-                        const AttnDims& a, const DropoutSpec& dropout) {
+                        const AttnDims& a, const KeyWindows& w, const DropoutSpec& dropout) {
   const int64_t B = a.B, T = a.T, NH = a.NH, NKV = a.NKV, HD = a.HD, C = NH * HD, W = a.W();
   const int64_t group = NH / NKV;
   const float scale = 1.f / std::sqrt(static_cast<float>(HD));
@@ -224,7 +262,9 @@ void attention_backward(T_* dqkv, const T_* dout, const T_* qkv, const T_* out, 
         std::fill(dq.begin(), dq.end(), 0.f);
         for (int64_t i0 = 0; i0 < T; i0 += kRows) {
           const int64_t rows = std::min(kRows, T - i0);
-          const int64_t n = a.causal ? i0 + rows : T;
+          const int32_t* lo = w.lo.data() + b * T + i0;
+          const int32_t* hi = w.hi.data() + b * T + i0;
+          const BlockKeys k = block_keys(lo, hi, rows);
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t i = i0 + r;
             float* dor = dob.data() + r * HD;
@@ -232,33 +272,35 @@ void attention_backward(T_* dqkv, const T_* dout, const T_* qkv, const T_* out, 
             Di[r] = dot_t(out + (b * T + i) * C + h * HD, dor, HD);
           }
           const float* qb = hs.q.data() + i0 * HD;  // scaled
-          block_times_transposed(p.data(), T, qb, rows, hs.kt.data(), n, T, HD);    // scores
-          block_times_transposed(dp.data(), T, dob.data(), rows, hs.vt.data(), n, T, HD);  // dO.V
-          // Per row: P = exp(S - lse) (0 past the diagonal); then p <- P~ (dropped, scaled)
-          // and dp <- dS = P (m dP~ - D), ready for the three accumulations below.
+          block_times_transposed(p.data(), T, qb, rows, hs.kt.data() + k.klo, k.n, T, HD);  // scores
+          block_times_transposed(dp.data(), T, dob.data(), rows, hs.vt.data() + k.klo, k.n, T, HD);  // dO.V
+          // Per row: P = exp(S - lse) inside the window (0 outside); then p <- P~ (dropped,
+          // scaled) and dp <- dS = P (m dP~ - D), ready for the three accumulations below.
           for (int64_t r = 0; r < rows; ++r) {
-            const int64_t i = i0 + r, ni = a.causal ? i + 1 : T;
+            const int64_t i = i0 + r, j0 = lo[r] - k.klo, j1 = std::max(hi[r] - k.klo, j0);
             float* pr = p.data() + r * T;
             float* dpr = dp.data() + r * T;
             const float l = lse[bh * T + i];
+            for (int64_t j = 0; j < j0; ++j) pr[j] = 0.f, dpr[j] = 0.f;
+            for (int64_t j = j1; j < k.n; ++j) pr[j] = 0.f, dpr[j] = 0.f;
   #pragma omp simd
-            for (int64_t j = 0; j < ni; ++j) pr[j] = exp_approx(pr[j] - l);
-            for (int64_t j = ni; j < n; ++j) pr[j] = 0.f, dpr[j] = 0.f;
+            for (int64_t j = j0; j < j1; ++j) pr[j] = exp_approx(pr[j] - l);
             if (dropout.enabled()) {
               const uint64_t row_index = (dropout.global_bh(static_cast<uint64_t>(bh), static_cast<int>(NH)) * T + i) * T;
-              for (int64_t j = 0; j < ni; ++j) {
-                const float m = keep_scale(dropout, row_index + j);
+              for (int64_t j = j0; j < j1; ++j) {
+                const float m = keep_scale(dropout, row_index + k.klo + j);
                 const float pij = pr[j];
                 dpr[j] = pij * (m * dpr[j] - Di[r]);
                 pr[j] = pij * m;
               }
             } else {
   #pragma omp simd
-              for (int64_t j = 0; j < ni; ++j) dpr[j] = pr[j] * (dpr[j] - Di[r]);
+              for (int64_t j = j0; j < j1; ++j) dpr[j] = pr[j] * (dpr[j] - Di[r]);
             }
           }
-          accumulate_grads(dq.data() + i0 * HD, dk.data(), dv.data(), p.data(), dp.data(), T,
-                           qb, dob.data(), hs.k.data(), rows, n, HD);
+          accumulate_grads(dq.data() + i0 * HD, dk.data() + k.klo * HD, dv.data() + k.klo * HD,
+                           p.data(), dp.data(), T, qb, dob.data(), hs.k.data() + k.klo * HD, rows,
+                           k.n, HD);
         }
         for (int64_t t = 0; t < T; ++t) {
           T_* row = dqkv + (b * T + t) * W + h * HD;
@@ -279,11 +321,13 @@ void attention_backward(T_* dqkv, const T_* dout, const T_* qkv, const T_* out, 
 // ---- tiles of a blockwise (ring) attention --------------------------------------------
 // The same loops on a q range of qkv against a k range of a separate kv buffer; forward
 // merges the tile into fp32 running results by log-sum-exp, backward accumulates fp32
-// gradients with the final lse (see Backend::attention_tile_forward).
+// gradients with the final lse (see Backend::attention_tile_forward). The windows are the
+// tile's: w rows [B * q_len], keys counted from the tile's first.
 
 template <class T_>
 void attention_tile_forward(float* out, float* lse, const T_* qkv, const T_* kv,
-                            const AttnDims& a, int64_t Tk, const AttentionTile& t) {
+                            const AttnDims& a, int64_t Tk, const AttentionTile& t,
+                            const KeyWindows& w) {
   const int64_t B = a.B, T = a.T, NH = a.NH, NKV = a.NKV, HD = a.HD, C = NH * HD, W = a.W();
   const int64_t KW = 2 * NKV * HD, nq = t.q_len, nk = t.k_len;
   const float scale = 1.f / std::sqrt(static_cast<float>(HD));
@@ -300,21 +344,24 @@ void attention_tile_forward(float* out, float* lse, const T_* qkv, const T_* kv,
       gather_kv(hs, kv + (b * Tk + t.k_begin) * KW, nk, KW, kvh * HD, (NKV + kvh) * HD, HD);
       for (int64_t i0 = 0; i0 < nq; i0 += kRows) {
         const int64_t rows = std::min(kRows, nq - i0);
-        const int64_t n = t.causal ? i0 + rows : nk;
-        block_times_transposed(s.data(), nk, hs.q.data() + i0 * HD, rows, hs.kt.data(), n, nk, HD);
+        const int32_t* lo = w.lo.data() + b * nq + i0;
+        const int32_t* hi = w.hi.data() + b * nq + i0;
+        const BlockKeys k = block_keys(lo, hi, rows);
+        if (k.n == 0) continue;  // no row of the block sees a key of the tile
+        block_times_transposed(s.data(), nk, hs.q.data() + i0 * HD, rows, hs.kt.data() + k.klo,
+                               k.n, nk, HD);
         float tile_lse[kRows];
         for (int64_t r = 0; r < rows; ++r) {
-          const int64_t ni = t.causal ? i0 + r + 1 : nk;
           float* sr = s.data() + r * nk;
           float mx = 0.f;
-          const float sum = exp_row(sr, ni, mx);
-          for (int64_t j = ni; j < n; ++j) sr[j] = 0.f;
+          const float sum = softmax_numerator(sr, k.n, lo[r] - k.klo, hi[r] - k.klo, mx);
           tile_lse[r] = mx + std::log(sum);
-          const float inv = 1.f / sum;
-          for (int64_t j = 0; j < ni; ++j) sr[j] *= inv;
+          const float inv = sum > 0.f ? 1.f / sum : 0.f;
+          for (int64_t j = 0; j < k.n; ++j) sr[j] *= inv;
         }
-        probs_times_values(acc.data(), s.data(), nk, hs.v.data(), rows, n, HD);
+        probs_times_values(acc.data(), s.data(), nk, hs.v.data() + k.klo * HD, rows, k.n, HD);
         for (int64_t r = 0; r < rows; ++r) {
+          if (hi[r] <= lo[r]) continue;  // sees no key here: left as it was
           const int64_t i = t.q_begin + i0 + r;
           float& l = lse[bh * T + i];
           const float lt = tile_lse[r];
@@ -335,7 +382,7 @@ void attention_tile_forward(float* out, float* lse, const T_* qkv, const T_* kv,
 template <class T_>
 void attention_tile_backward(float* dq_acc, float* dkv, const T_* dout, const T_* qkv,
                              const T_* kv, const T_* out, const float* lse, const AttnDims& a,
-                             int64_t Tk, const AttentionTile& t) {
+                             int64_t Tk, const AttentionTile& t, const KeyWindows& w) {
   const int64_t B = a.B, T = a.T, NH = a.NH, NKV = a.NKV, HD = a.HD, C = NH * HD, W = a.W();
   const int64_t KW = 2 * NKV * HD, nq = t.q_len, nk = t.k_len, group = NH / NKV;
   const float scale = 1.f / std::sqrt(static_cast<float>(HD));
@@ -361,7 +408,10 @@ void attention_tile_backward(float* dq_acc, float* dkv, const T_* dout, const T_
         std::fill(dq.begin(), dq.end(), 0.f);
         for (int64_t i0 = 0; i0 < nq; i0 += kRows) {
           const int64_t rows = std::min(kRows, nq - i0);
-          const int64_t n = t.causal ? i0 + rows : nk;
+          const int32_t* lo = w.lo.data() + b * nq + i0;
+          const int32_t* hi = w.hi.data() + b * nq + i0;
+          const BlockKeys k = block_keys(lo, hi, rows);
+          if (k.n == 0) continue;
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t row = (b * T + t.q_begin + i0 + r) * C + h * HD;
             float* dor = dob.data() + r * HD;
@@ -369,22 +419,24 @@ void attention_tile_backward(float* dq_acc, float* dkv, const T_* dout, const T_
             Di[r] = dot_t(out + row, dor, HD);
           }
           const float* qb = hs.q.data() + i0 * HD;  // scaled
-          block_times_transposed(p.data(), nk, qb, rows, hs.kt.data(), n, nk, HD);
-          block_times_transposed(dp.data(), nk, dob.data(), rows, hs.vt.data(), n, nk, HD);
+          block_times_transposed(p.data(), nk, qb, rows, hs.kt.data() + k.klo, k.n, nk, HD);
+          block_times_transposed(dp.data(), nk, dob.data(), rows, hs.vt.data() + k.klo, k.n, nk, HD);
           for (int64_t r = 0; r < rows; ++r) {
-            const int64_t ni = t.causal ? i0 + r + 1 : nk;
+            const int64_t j0 = lo[r] - k.klo, j1 = std::max(hi[r] - k.klo, j0);
             float* pr = p.data() + r * nk;
             float* dpr = dp.data() + r * nk;
             const float l = lse[bh * T + t.q_begin + i0 + r];
+            for (int64_t j = 0; j < j0; ++j) pr[j] = 0.f, dpr[j] = 0.f;
+            for (int64_t j = j1; j < k.n; ++j) pr[j] = 0.f, dpr[j] = 0.f;
 #pragma omp simd
-            for (int64_t j = 0; j < ni; ++j) {
+            for (int64_t j = j0; j < j1; ++j) {
               pr[j] = exp_approx(pr[j] - l);
               dpr[j] = pr[j] * (dpr[j] - Di[r]);
             }
-            for (int64_t j = ni; j < n; ++j) pr[j] = 0.f, dpr[j] = 0.f;
           }
-          accumulate_grads(dq.data() + i0 * HD, dk.data(), dv.data(), p.data(), dp.data(), nk,
-                           qb, dob.data(), hs.k.data(), rows, n, HD);
+          accumulate_grads(dq.data() + i0 * HD, dk.data() + k.klo * HD, dv.data() + k.klo * HD,
+                           p.data(), dp.data(), nk, qb, dob.data(), hs.k.data() + k.klo * HD, rows,
+                           k.n, HD);
         }
         for (int64_t i = 0; i < nq; ++i) {
           float* row = dq_acc + (b * T + t.q_begin + i) * C + h * HD;
@@ -447,16 +499,16 @@ void attention_decode(T* out, T* k_cache, T* v_cache, const T* qkv, const AttnDi
 }
 
 #define INST_T(T)                                                                          \
-  template void attention_forward<T>(T*, float*, const T*, const AttnDims&,                 \
+  template void attention_forward<T>(T*, float*, const T*, const AttnDims&, const KeyWindows&, \
                                      const DropoutSpec&);                                    \
   template void attention_backward<T>(T*, const T*, const T*, const T*, const float*,        \
-                                      const AttnDims&, const DropoutSpec&);                  \
+                                      const AttnDims&, const KeyWindows&, const DropoutSpec&); \
   template void attention_decode<T>(T*, T*, T*, const T*, const AttnDims&, int64_t, int64_t); \
   template void attention_tile_forward<T>(float*, float*, const T*, const T*, const AttnDims&, \
-                                          int64_t, const AttentionTile&);                     \
+                                          int64_t, const AttentionTile&, const KeyWindows&);  \
   template void attention_tile_backward<T>(float*, float*, const T*, const T*, const T*,       \
                                            const T*, const float*, const AttnDims&, int64_t,   \
-                                           const AttentionTile&);
+                                           const AttentionTile&, const KeyWindows&);
 KILN_CPU_FOR_EACH_T(INST_T)
 
 }  // namespace kiln::cpu

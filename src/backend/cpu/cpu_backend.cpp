@@ -183,42 +183,55 @@ class CpuBackend final : public Backend {
   void attention_forward(Stream, const Tensor& out, const Tensor& lse, const Tensor& qkv,
                          const AttentionShape& shape, const DropoutSpec& dropout) override {
     const auto a = dims(checks::attention(out, lse, qkv, shape), shape);
-    cpu::dispatch_float(qkv.dtype(), "attention", [&](auto x) {
-      using T = decltype(x);
-      cpu::attention_forward(p<T>(out), p<float>(lse), p<T>(qkv), a, dropout);
-    });
+    attention(out, lse, qkv, a, cpu::key_windows(a.B, a.T, a.T, a.causal, nullptr), dropout);
   }
   void attention_backward(Stream, const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                           const Tensor& out, const Tensor& lse, const AttentionShape& shape,
                           const DropoutSpec& dropout) override {
     const auto a = dims(checks::attention_backward(dqkv, dout, qkv, out, lse, shape), shape);
-    cpu::dispatch_float(qkv.dtype(), "attention_backward", [&](auto x) {
-      using T = decltype(x);
-      cpu::attention_backward(p<T>(dqkv), p<T>(dout), p<T>(qkv), p<T>(out), p<float>(lse), a,
-                              dropout);
-    });
+    attention_grad(dqkv, dout, qkv, out, lse, a,
+                   cpu::key_windows(a.B, a.T, a.T, a.causal, nullptr), dropout);
+  }
+  void attention_varlen_forward(Stream, const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                const Tensor& cu_seqlens, const AttentionShape& shape,
+                                const DropoutSpec& dropout) override {
+    const auto a = dims(checks::attention_varlen(out, lse, qkv, cu_seqlens, shape), shape);
+    const auto docs = documents(cu_seqlens, a.B * a.T, a.T, 0, 0, "attention_varlen_forward");
+    attention(out, lse, qkv, a, cpu::key_windows(a.B, a.T, a.T, a.causal, &docs), dropout);
+  }
+  void attention_varlen_backward(Stream, const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                 const Tensor& out, const Tensor& lse, const Tensor& cu_seqlens,
+                                 const AttentionShape& shape, const DropoutSpec& dropout) override {
+    checks::documents(cu_seqlens, "attention_varlen_backward");
+    const auto a = dims(checks::attention_backward(dqkv, dout, qkv, out, lse, shape), shape);
+    const auto docs = documents(cu_seqlens, a.B * a.T, a.T, 0, 0, "attention_varlen_backward");
+    attention_grad(dqkv, dout, qkv, out, lse, a,
+                   cpu::key_windows(a.B, a.T, a.T, a.causal, &docs), dropout);
   }
   void attention_tile_forward(Stream, const Tensor& out_acc, const Tensor& lse, const Tensor& qkv,
-                              const Tensor& kv, const AttentionShape& shape,
-                              const AttentionTile& tile) override {
-    const auto d = checks::attention_tile(out_acc, lse, qkv, kv, shape, tile);
+                              const Tensor& kv, const Tensor& cu_seqlens,
+                              const AttentionShape& shape, const AttentionTile& tile) override {
+    const auto d = checks::attention_tile(out_acc, lse, qkv, kv, cu_seqlens, shape, tile);
     const auto a = dims(d.a, shape);
+    const cpu::KeyWindows w = tile_windows(a.B, tile, cu_seqlens, "attention_tile_forward");
     cpu::dispatch_float(qkv.dtype(), "attention_tile", [&](auto x) {
       using T = decltype(x);
       cpu::attention_tile_forward(p<float>(out_acc), p<float>(lse), p<T>(qkv), p<T>(kv), a, d.Tk,
-                                  tile);
+                                  tile, w);
     });
   }
   void attention_tile_backward(Stream, const Tensor& dq, const Tensor& dkv, const Tensor& dout,
                                const Tensor& qkv, const Tensor& kv, const Tensor& out,
-                               const Tensor& lse, const AttentionShape& shape,
-                               const AttentionTile& tile) override {
-    const auto d = checks::attention_tile_backward(dq, dkv, dout, qkv, kv, out, lse, shape, tile);
+                               const Tensor& lse, const Tensor& cu_seqlens,
+                               const AttentionShape& shape, const AttentionTile& tile) override {
+    const auto d = checks::attention_tile_backward(dq, dkv, dout, qkv, kv, out, lse, cu_seqlens,
+                                                   shape, tile);
     const auto a = dims(d.a, shape);
+    const cpu::KeyWindows w = tile_windows(a.B, tile, cu_seqlens, "attention_tile_backward");
     cpu::dispatch_float(qkv.dtype(), "attention_tile_backward", [&](auto x) {
       using T = decltype(x);
       cpu::attention_tile_backward(p<float>(dq), p<float>(dkv), p<T>(dout), p<T>(qkv), p<T>(kv),
-                                   p<T>(out), p<float>(lse), a, d.Tk, tile);
+                                   p<T>(out), p<float>(lse), a, d.Tk, tile, w);
     });
   }
   void copy_columns(Stream, const Tensor& dst, const Tensor& src, int64_t dst_col, int64_t src_col,
@@ -582,6 +595,38 @@ class CpuBackend final : public Backend {
                        DType dtype, F&& f) {
     cpu::check_moe_rows(rows.data<int32_t>(), d.N, d.k, op);
     cpu::dispatch_float(dtype, op, std::forward<F>(f));
+  }
+  // Attention over the keys of each query's window (attention_windows.h).
+  static void attention(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                        const cpu::AttnDims& a, const cpu::KeyWindows& w,
+                        const DropoutSpec& dropout) {
+    cpu::dispatch_float(qkv.dtype(), "attention", [&](auto x) {
+      using T = decltype(x);
+      cpu::attention_forward(p<T>(out), p<float>(lse), p<T>(qkv), a, w, dropout);
+    });
+  }
+  static void attention_grad(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                             const Tensor& out, const Tensor& lse, const cpu::AttnDims& a,
+                             const cpu::KeyWindows& w, const DropoutSpec& dropout) {
+    cpu::dispatch_float(qkv.dtype(), "attention_backward", [&](auto x) {
+      using T = decltype(x);
+      cpu::attention_backward(p<T>(dqkv), p<T>(dout), p<T>(qkv), p<T>(out), p<float>(lse), a, w,
+                              dropout);
+    });
+  }
+  // cu_seqlens over `total` tokens in sequences of S, checked; rows at q_pos and k_pos.
+  static cpu::DocumentRows documents(const Tensor& cu_seqlens, int64_t total, int64_t S,
+                                     int64_t q_pos, int64_t k_pos, const char* op) {
+    const cpu::DocumentRows docs{p<int32_t>(cu_seqlens), cu_seqlens.numel(), S, q_pos, k_pos};
+    cpu::check_cu_seqlens(docs.cu, docs.count, total, op);
+    return docs;
+  }
+  // A tile's windows: its causal diagonal, and with cu_seqlens its queries' documents.
+  static cpu::KeyWindows tile_windows(int64_t B, const AttentionTile& t, const Tensor& cu_seqlens,
+                                      const char* op) {
+    if (!cu_seqlens) return cpu::key_windows(B, t.q_len, t.k_len, t.causal, nullptr);
+    const auto docs = documents(cu_seqlens, B * t.seq_len, t.seq_len, t.q_pos, t.k_pos, op);
+    return cpu::key_windows(B, t.q_len, t.k_len, t.causal, &docs);
   }
   static cpu::AttnDims dims(const checks::AttentionDims& d, const AttentionShape& shape) {
     return {d.B, d.T, d.NH, d.NKV, d.HD, shape.causal};

@@ -9,6 +9,7 @@
 #pragma once
 
 #include "backend/backend.h"
+#include "backend/cpu/attention_windows.h"
 #include "backend/cpu/element.h"
 
 #include <cstdint>
@@ -56,22 +57,25 @@ struct AttnDims {
   bool causal;
   int64_t W() const { return (NH + 2 * NKV) * HD; }
 };
+/// Attention of each query over the keys of its window (w: B*T rows; a.causal is read
+/// only through the windows).
 template <class T>
-void attention_forward(T* out, float* lse, const T* qkv, const AttnDims& a,
+void attention_forward(T* out, float* lse, const T* qkv, const AttnDims& a, const KeyWindows& w,
                        const DropoutSpec& dropout);
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
-                        const AttnDims& a, const DropoutSpec& dropout);
+                        const AttnDims& a, const KeyWindows& w, const DropoutSpec& dropout);
 /// A tile of a blockwise attention (Backend::attention_tile_forward): a.T = qkv's rows,
-/// Tk = kv's rows [B,Tk,2*NKV*HD]; out and lse fp32, merged into.
+/// Tk = kv's rows [B,Tk,2*NKV*HD]; out and lse fp32, merged into; w the tile's windows
+/// (B * tile.q_len rows over its k_len keys).
 template <class T>
 void attention_tile_forward(float* out, float* lse, const T* qkv, const T* kv, const AttnDims& a,
-                            int64_t Tk, const AttentionTile& tile);
+                            int64_t Tk, const AttentionTile& tile, const KeyWindows& w);
 /// Its gradients, accumulated into fp32 dq [B,T,NH*HD] and dkv [B,Tk,2*NKV*HD].
 template <class T>
 void attention_tile_backward(float* dq, float* dkv, const T* dout, const T* qkv, const T* kv,
                              const T* out, const float* lse, const AttnDims& a, int64_t Tk,
-                             const AttentionTile& tile);
+                             const AttentionTile& tile, const KeyWindows& w);
 /// a.T = Tq new positions.
 template <class T>
 void attention_decode(T* out, T* k_cache, T* v_cache, const T* qkv, const AttnDims& a,

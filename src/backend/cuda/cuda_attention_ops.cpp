@@ -61,14 +61,27 @@ namespace {
 }
 }  // namespace
 
+void CudaBackend::attention_varlen_forward(Stream, const Tensor&, const Tensor&, const Tensor&,
+                                           const Tensor&, const AttentionShape&,
+                                           const DropoutSpec&) {
+  throw Error("attention_varlen_forward: document masks (data.packing) are not implemented on "
+              "the CUDA backend yet; run them on the CPU backend");
+}
+void CudaBackend::attention_varlen_backward(Stream, const Tensor&, const Tensor&, const Tensor&,
+                                            const Tensor&, const Tensor&, const Tensor&,
+                                            const AttentionShape&, const DropoutSpec&) {
+  throw Error("attention_varlen_backward: document masks (data.packing) are not implemented on "
+              "the CUDA backend yet; run them on the CPU backend");
+}
+
 void CudaBackend::attention_tile_forward(Stream, const Tensor&, const Tensor&, const Tensor&,
-                                         const Tensor&, const AttentionShape&,
+                                         const Tensor&, const Tensor&, const AttentionShape&,
                                          const AttentionTile&) {
   no_ring_ops("attention_tile_forward");
 }
 void CudaBackend::attention_tile_backward(Stream, const Tensor&, const Tensor&, const Tensor&,
                                           const Tensor&, const Tensor&, const Tensor&,
-                                          const Tensor&, const AttentionShape&,
+                                          const Tensor&, const Tensor&, const AttentionShape&,
                                           const AttentionTile&) {
   no_ring_ops("attention_tile_backward");
 }

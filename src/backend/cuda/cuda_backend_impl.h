@@ -100,14 +100,21 @@ class CudaBackend final : public Backend {
   void attention_backward(Stream s, const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                           const Tensor& out, const Tensor& lse, const AttentionShape& shape,
                           const DropoutSpec& dropout) override;
+  void attention_varlen_forward(Stream s, const Tensor& out, const Tensor& lse,
+                                const Tensor& qkv, const Tensor& cu_seqlens,
+                                const AttentionShape& shape, const DropoutSpec& dropout) override;
+  void attention_varlen_backward(Stream s, const Tensor& dqkv, const Tensor& dout,
+                                 const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                                 const Tensor& cu_seqlens, const AttentionShape& shape,
+                                 const DropoutSpec& dropout) override;
   // Context parallelism's ops are not on CUDA yet: they throw kiln::Error saying so.
   void attention_tile_forward(Stream s, const Tensor& out_acc, const Tensor& lse,
-                              const Tensor& qkv, const Tensor& kv, const AttentionShape& shape,
-                              const AttentionTile& tile) override;
+                              const Tensor& qkv, const Tensor& kv, const Tensor& cu_seqlens,
+                              const AttentionShape& shape, const AttentionTile& tile) override;
   void attention_tile_backward(Stream s, const Tensor& dq, const Tensor& dkv, const Tensor& dout,
                                const Tensor& qkv, const Tensor& kv, const Tensor& out,
-                               const Tensor& lse, const AttentionShape& shape,
-                               const AttentionTile& tile) override;
+                               const Tensor& lse, const Tensor& cu_seqlens,
+                               const AttentionShape& shape, const AttentionTile& tile) override;
   void copy_columns(Stream s, const Tensor& dst, const Tensor& src, int64_t dst_col,
                     int64_t src_col, int64_t ncols) override;
   void attention_decode(Stream s, const Tensor& out, const Tensor& k_cache, const Tensor& v_cache,

@@ -100,6 +100,20 @@ MetaCallInfo attention_backward(const Tensor& dqkv, const Tensor& dout, const Te
   return attention(Op::AttentionBackward,
                    checks::attention_backward(dqkv, dout, qkv, out, lse, shape), qkv.dtype());
 }
+MetaCallInfo attention_varlen_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                      const Tensor& cu_seqlens, const AttentionShape& shape,
+                                      const DropoutSpec&) {
+  return attention(Op::AttentionVarlenForward,
+                   checks::attention_varlen(out, lse, qkv, cu_seqlens, shape), qkv.dtype());
+}
+MetaCallInfo attention_varlen_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                       const Tensor& out, const Tensor& lse,
+                                       const Tensor& cu_seqlens, const AttentionShape& shape,
+                                       const DropoutSpec&) {
+  checks::documents(cu_seqlens, "attention_varlen_backward");
+  return attention(Op::AttentionVarlenBackward,
+                   checks::attention_backward(dqkv, dout, qkv, out, lse, shape), qkv.dtype());
+}
 MetaCallInfo attention_decode(const Tensor& out, const Tensor& k_cache, const Tensor& v_cache,
                               const Tensor& qkv, int64_t past, const AttentionShape& shape) {
   const auto d = checks::attention_decode(out, k_cache, v_cache, qkv, past, shape);
@@ -108,17 +122,19 @@ MetaCallInfo attention_decode(const Tensor& out, const Tensor& k_cache, const Te
   return c;
 }
 MetaCallInfo attention_tile_forward(const Tensor& out_acc, const Tensor& lse, const Tensor& qkv,
-                                    const Tensor& kv, const AttentionShape& shape,
-                                    const AttentionTile& tile) {
+                                    const Tensor& kv, const Tensor& cu_seqlens,
+                                    const AttentionShape& shape, const AttentionTile& tile) {
   return attention(Op::AttentionTileForward,
-                   checks::attention_tile(out_acc, lse, qkv, kv, shape, tile).a, qkv.dtype());
+                   checks::attention_tile(out_acc, lse, qkv, kv, cu_seqlens, shape, tile).a,
+                   qkv.dtype());
 }
 MetaCallInfo attention_tile_backward(const Tensor& dq, const Tensor& dkv, const Tensor& dout,
                                      const Tensor& qkv, const Tensor& kv, const Tensor& out,
-                                     const Tensor& lse, const AttentionShape& shape,
-                                     const AttentionTile& tile) {
+                                     const Tensor& lse, const Tensor& cu_seqlens,
+                                     const AttentionShape& shape, const AttentionTile& tile) {
   return attention(Op::AttentionTileBackward,
-                   checks::attention_tile_backward(dq, dkv, dout, qkv, kv, out, lse, shape, tile).a,
+                   checks::attention_tile_backward(dq, dkv, dout, qkv, kv, out, lse, cu_seqlens,
+                                                   shape, tile).a,
                    qkv.dtype());
 }
 MetaCallInfo copy_columns(const Tensor& dst, const Tensor& src, int64_t dst_col, int64_t src_col,
