@@ -49,6 +49,8 @@ struct DataSection {
   /// Weighted data sets, Megatron's --data-path style: ["0.3", "dir/a", "0.7", "dir/b"]
   /// (data/blend.h). Exclusive with dir.
   std::vector<std::string> blend;
+  /// "none" or "document": documents packed with masks (data/packing.h).
+  std::string packing = "none";
   bool operator==(const DataSection&) const = default;
 };
 

@@ -72,6 +72,11 @@ const std::vector<Key>& keys() {
             "weight and directory pairs, [\"0.3\", \"data/web\", \"0.7\", \"data/code\"] (weights "
             "normalized; one tokenizer). Samples are drawn by weight, exactly and deterministically; "
             "each data set runs through its own shuffled epochs."),
+        oneof(KILN_KEY(data, packing), {"none", "document"},
+              "How documents share a sample: none = the token stream cut into samples, attention "
+              "across document boundaries (GPT-2, llm.c); document = the same samples with each "
+              "document attending only to itself and its positions restarting at 0 (needs the "
+              "data set's document index, written by kiln prepare)."),
         nonneg(KILN_KEY(train, steps), "Optimizer updates to run (required, > 0, for training)."),
         positive(KILN_KEY(train, micro_batch), "Sequences per rank per micro-step."),
         nonneg(KILN_KEY(train, global_batch),

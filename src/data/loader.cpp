@@ -11,8 +11,9 @@ namespace kiln::data {
 
 namespace fs = std::filesystem;
 
-DataLoader::DataLoader(const fs::path& dir, std::string split, int seq_len, uint64_t seed, bool shuffle)
-    : split_(std::move(split)), T_(seq_len) {
+DataLoader::DataLoader(const fs::path& dir, std::string split, int seq_len, uint64_t seed, bool shuffle,
+                       bool documents)
+    : split_(std::move(split)), T_(seq_len), documents_(documents) {
   KILN_CHECK(seq_len >= 1, "data loader: seq_len {} < 1", seq_len);
   meta_ = read_dataset_meta(dir);
   const auto it = meta_.splits.find(split_);
@@ -35,6 +36,13 @@ DataLoader::DataLoader(const fs::path& dir, std::string split, int seq_len, uint
   if (const IndexFileInfo& loss = it->second.loss_index; !loss.file.empty())
     loss_bounds_ = read_position_index(dir / loss.file, PositionIndexKind::LossSpans, total_, loss.count);
   has_loss_spans_ = !it->second.loss_index.file.empty();
+  if (documents) {
+    const IndexFileInfo& docs = it->second.doc_index;
+    KILN_CHECK(!docs.file.empty(), "{}: split '{}' has no document index, which data.packing = "
+               "\"document\" needs (prepare the data set again with kiln prepare)",
+               (dir / "meta.json").string(), split_);
+    doc_starts_ = read_position_index(dir / docs.file, PositionIndexKind::DocumentStarts, total_, docs.count);
+  }
   samples_ = total_ > 0 ? (total_ - 1) / T_ : 0;
   KILN_CHECK(samples_ >= 1, "{}: split '{}' has {} tokens, too few for one sample of seq_len {} (needs {})",
              dir.string(), split_, total_, T_, static_cast<int64_t>(T_) + 1);
@@ -58,12 +66,22 @@ void DataLoader::read_sample(int64_t sample, int32_t* out) const {
   }
 }
 
-void DataLoader::read_pair(int64_t sample, int32_t* inputs, int32_t* targets) {
+void DataLoader::read_pair(int64_t sample, int32_t* inputs, int32_t* targets,
+                           std::vector<int32_t>* starts) {
   const int64_t T = T_;
   row_.resize(static_cast<size_t>(T + 1));
   read_sample(sample, row_.data());
   std::copy(row_.begin(), row_.begin() + T, inputs);
   std::copy(row_.begin() + 1, row_.end(), targets);
+  if (starts) {
+    KILN_CHECK(documents_, "data loader: document starts of a loader opened without documents");
+    // 0, then each document start inside the sample's inputs [sample T, sample T + T).
+    const int64_t p0 = sample * T;
+    starts->assign(1, 0);
+    for (auto it = std::upper_bound(doc_starts_.begin(), doc_starts_.end(), p0);
+         it != doc_starts_.end() && *it < p0 + T; ++it)
+      starts->push_back(static_cast<int32_t>(*it - p0));
+  }
   if (!has_loss_spans_) return;
   // Target t is stream position p = sample * T + 1 + t: in the loss when an odd number of
   // span bounds are <= p (inside [begin, end)).
@@ -75,11 +93,13 @@ void DataLoader::read_pair(int64_t sample, int32_t* inputs, int32_t* targets) {
   }
 }
 
-void DataLoader::next_batch(int32_t* inputs, int32_t* targets, int micro_batch, int dp_rank, int dp_size) {
+void DataLoader::next_batch(int32_t* inputs, int32_t* targets, int micro_batch, int dp_rank, int dp_size,
+                            std::vector<std::vector<int32_t>>* starts) {
   const std::vector<int64_t> mine = order_.next_batch(micro_batch, dp_rank, dp_size);
+  if (starts) starts->resize(mine.size());
   for (size_t b = 0; b < mine.size(); ++b) {
     const int64_t at = static_cast<int64_t>(b) * T_;
-    read_pair(mine[b], inputs + at, targets + at);
+    read_pair(mine[b], inputs + at, targets + at, starts ? &(*starts)[b] : nullptr);
   }
 }
 

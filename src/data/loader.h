@@ -28,21 +28,28 @@ class DataLoader {
   /// shard is missing, corrupt, holds a different token count than meta.json says, or a
   /// different token dtype (a shard of another vocabulary); the split has fewer than
   /// seq_len + 1 tokens (not even one sample); seq_len < 1.
+  /// With `documents` it also reads the split's document index (data/packing.h), and
+  /// throws kiln::Error naming meta.json when the split has none.
   DataLoader(const std::filesystem::path& dir, std::string split, int seq_len, uint64_t seed,
-             bool shuffle);
+             bool shuffle, bool documents = false);
 
   /// Fills inputs[micro_batch * T] and targets[micro_batch * T] (row-major [B, T], int32)
   /// with this rank's micro_batch samples of the next global batch, then advances by
   /// micro_batch * dp_size samples (crossing into the next epoch when needed). Throws
   /// kiln::Error on bad arguments or a token id >= vocab_size (file and position named).
-  void next_batch(int32_t* inputs, int32_t* targets, int micro_batch, int dp_rank = 0, int dp_size = 1);
+  /// With `starts` (a loader opened with documents), each sample's document starts too
+  /// (read_pair).
+  void next_batch(int32_t* inputs, int32_t* targets, int micro_batch, int dp_rank = 0, int dp_size = 1,
+                  std::vector<std::vector<int32_t>>* starts = nullptr);
 
   /// Tokens of sample `sample` (0 <= sample < samples_per_epoch()), T + 1 of them, into out.
   void read_sample(int64_t sample, int32_t* out) const;
   /// Sample `sample` as the model takes it: inputs[T] its first T tokens, targets[T] the
   /// last T; with loss spans (chat data, position_index.h) every target outside them is
-  /// -1 (ignored by the loss).
-  void read_pair(int64_t sample, int32_t* inputs, int32_t* targets);
+  /// -1 (ignored by the loss). With `starts` (a loader opened with documents): where
+  /// documents start in the sample, ascending in [0, T), 0 first (data/packing.h).
+  void read_pair(int64_t sample, int32_t* inputs, int32_t* targets,
+                 std::vector<int32_t>* starts = nullptr);
   /// The sample visited at position `index` of epoch `epoch`.
   int64_t sample_at(int64_t epoch, int64_t index) { return order_.sample_at(epoch, index); }
 
@@ -65,6 +72,8 @@ class DataLoader {
   std::vector<int64_t> starts_;  // stream offset of each shard, plus the total at the end
   bool has_loss_spans_ = false;
   std::vector<int64_t> loss_bounds_;  // the split's loss spans: begin0 end0 begin1 end1 ...
+  std::vector<int64_t> doc_starts_;   // the split's document starts (opened with documents)
+  bool documents_ = false;
   std::vector<int32_t> row_;          // read_pair's T + 1 tokens
   int64_t total_ = 0;
   int64_t samples_ = 0;

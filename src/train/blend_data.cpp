@@ -3,6 +3,7 @@
 #include "data/blend.h"
 #include "data/image_dataset.h"
 #include "data/loader.h"
+#include "data/packing.h"
 #include "data/tokenizer.h"
 #include "models/registry.h"
 #include "model_io/model_io.h"
@@ -21,12 +22,14 @@ class BlendData final : public TrainData {
  public:
   /// Part d's samples are shuffled under seed + d (so a blend of one data set visits it as
   /// data.dir does).
-  BlendData(std::vector<data::BlendPart> parts, std::string split, int seq_len, uint64_t seed, bool shuffle)
-      : parts_(std::move(parts)), seq_len_(seq_len), schedule_(weights(parts_)) {
+  BlendData(std::vector<data::BlendPart> parts, std::string split, int seq_len, uint64_t seed, bool shuffle,
+            data::Packing packing)
+      : parts_(std::move(parts)), seq_len_(seq_len), packing_(packing), schedule_(weights(parts_)) {
     for (size_t d = 0; d < parts_.size(); ++d) {
       const std::string& dir = parts_[d].dir;
       KILN_CHECK(!data::is_image_dataset(dir), "data.blend: {} holds images; a blend takes token data sets", dir);
-      loaders_.push_back(std::make_unique<data::DataLoader>(dir, split, seq_len, seed + d, shuffle));
+      loaders_.push_back(std::make_unique<data::DataLoader>(dir, split, seq_len, seed + d, shuffle,
+                                                            packing == data::Packing::Document));
       const data::DatasetMeta& m = loaders_.back()->meta();
       const data::DatasetMeta& first = loaders_.front()->meta();
       KILN_CHECK(m.tokenizer_hash == first.tokenizer_hash && m.vocab_size == first.vocab_size,
@@ -43,12 +46,13 @@ class BlendData final : public TrainData {
     return true;
   }
   std::unique_ptr<TrainData> open_split(const std::string& name) const override {
-    return std::make_unique<BlendData>(parts_, name, seq_len_, 0, /*shuffle=*/false);
+    return std::make_unique<BlendData>(parts_, name, seq_len_, 0, /*shuffle=*/false, packing_);
   }
   std::vector<std::pair<std::string, std::unique_ptr<TrainData>>> open_split_by_dataset(
       const std::string& name) const override {
     std::vector<std::pair<std::string, std::unique_ptr<TrainData>>> out;
-    for (const auto& p : parts_) out.emplace_back(p.dir, open_train_data(p.dir, name, seq_len_, 0, false));
+    for (const auto& p : parts_)
+      out.emplace_back(p.dir, open_train_data(p.dir, name, seq_len_, 0, false, packing_));
     return out;
   }
   void fill_model_keys(TrainConfig& c) const override {
@@ -65,14 +69,18 @@ class BlendData final : public TrainData {
     KILN_CHECK(B > 0 && size > 0 && rank >= 0 && rank < size, "data.blend: bad batch arguments");
     const int T = seq_len_;
     auto* in = static_cast<int32_t*>(inputs);
+    const bool documents = packing_ == data::Packing::Document;
+    starts_.resize(static_cast<size_t>(B));
     for (int64_t p = 0; p < int64_t{B} * size; ++p) {
       const auto [d, k] = schedule_.next();
       if (p / B != rank) continue;
       data::DataLoader& l = *loaders_[static_cast<size_t>(d)];
       const int64_t S = l.samples_per_epoch();
       const int64_t b = p % B;
-      l.read_pair(l.sample_at(k / S, k % S), in + b * T, targets + b * T);
+      l.read_pair(l.sample_at(k / S, k % S), in + b * T, targets + b * T,
+                  documents ? &starts_[static_cast<size_t>(b)] : nullptr);
     }
+    if (documents) data::pack_documents(starts_, T, in + int64_t{B} * T, in + int64_t{2} * B * T);
   }
   /// One blend "epoch" is every part's samples once: the position's unit, not a promise
   /// that each part is then complete (parts run through their own epochs by weight).
@@ -117,7 +125,9 @@ class BlendData final : public TrainData {
 
   std::vector<data::BlendPart> parts_;
   int seq_len_;
+  data::Packing packing_;
   data::BlendSchedule schedule_;
+  std::vector<std::vector<int32_t>> starts_;  // next_batch's samples' document starts
   std::vector<std::unique_ptr<data::DataLoader>> loaders_;
   int64_t total_ = 0;
 };
@@ -125,8 +135,9 @@ class BlendData final : public TrainData {
 }  // namespace
 
 std::unique_ptr<TrainData> open_blend_data(const std::vector<data::BlendPart>& parts, const std::string& split,
-                                           int seq_len, uint64_t seed, bool shuffle) {
-  return std::make_unique<BlendData>(parts, split, seq_len, seed, shuffle);
+                                           int seq_len, uint64_t seed, bool shuffle,
+                                           data::Packing packing) {
+  return std::make_unique<BlendData>(parts, split, seq_len, seed, shuffle, packing);
 }
 
 }  // namespace kiln

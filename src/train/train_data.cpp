@@ -18,14 +18,17 @@ namespace {
 class TokenData final : public TrainData {
  public:
   TokenData(const std::filesystem::path& dir, const std::string& split, int seq_len,
-            uint64_t seed, bool shuffle)
-      : dir_(dir), seq_len_(seq_len), loader_(dir, split, seq_len, seed, shuffle) {}
+            uint64_t seed, bool shuffle, data::Packing packing)
+      : dir_(dir),
+        seq_len_(seq_len),
+        packing_(packing),
+        loader_(dir, split, seq_len, seed, shuffle, packing == data::Packing::Document) {}
 
   bool has_split(const std::string& name) const override {
     return loader_.meta().splits.count(name) > 0;
   }
   std::unique_ptr<TrainData> open_split(const std::string& name) const override {
-    return std::make_unique<TokenData>(dir_, name, seq_len_, 0, /*shuffle=*/false);
+    return std::make_unique<TokenData>(dir_, name, seq_len_, 0, /*shuffle=*/false, packing_);
   }
   void fill_model_keys(TrainConfig& c) const override {
     fill_vocab_key(c, loader_.meta().vocab_size, dir_.string());
@@ -37,7 +40,14 @@ class TokenData final : public TrainData {
                dir_.string());
   }
   void next_batch(void* inputs, int32_t* targets, int B, int rank, int size) override {
-    loader_.next_batch(static_cast<int32_t*>(inputs), targets, B, rank, size);
+    auto* in = static_cast<int32_t*>(inputs);
+    if (packing_ == data::Packing::None) {
+      loader_.next_batch(in, targets, B, rank, size);
+      return;
+    }
+    loader_.next_batch(in, targets, B, rank, size, &starts_);
+    const int64_t BT = int64_t{B} * seq_len_;
+    data::pack_documents(starts_, seq_len_, in + BT, in + 2 * BT);
   }
   int64_t samples_per_epoch() const override { return loader_.samples_per_epoch(); }
   data::LoaderState state() const override { return loader_.state(); }
@@ -54,7 +64,9 @@ class TokenData final : public TrainData {
  private:
   std::filesystem::path dir_;
   int seq_len_;
+  data::Packing packing_;
   data::DataLoader loader_;
+  std::vector<std::vector<int32_t>> starts_;  // next_batch's samples' document starts
 };
 
 class ImageData final : public TrainData {
@@ -122,9 +134,13 @@ class ImageData final : public TrainData {
 
 std::unique_ptr<TrainData> open_train_data(const std::filesystem::path& dir,
                                            const std::string& split, int seq_len, uint64_t seed,
-                                           bool shuffle) {
-  if (data::is_image_dataset(dir)) return std::make_unique<ImageData>(dir, split, seed, shuffle);
-  return std::make_unique<TokenData>(dir, split, seq_len, seed, shuffle);
+                                           bool shuffle, data::Packing packing) {
+  if (data::is_image_dataset(dir)) {
+    KILN_CHECK(packing == data::Packing::None, "data.packing = \"document\" packs the documents "
+               "of token data sets, but {} holds images", dir.string());
+    return std::make_unique<ImageData>(dir, split, seed, shuffle);
+  }
+  return std::make_unique<TokenData>(dir, split, seq_len, seed, shuffle, packing);
 }
 
 void fill_vocab_key(TrainConfig& c, int vocab, const std::string& where) {
@@ -135,10 +151,11 @@ void fill_vocab_key(TrainConfig& c, int vocab, const std::string& where) {
 
 std::unique_ptr<TrainData> open_train_data(const TrainConfig& c, const std::string& split, bool shuffle) {
   const auto seed = static_cast<uint64_t>(c.train.seed);
+  const data::Packing packing = data::parse_packing(c.data.packing, c.source);
   if (!c.data.blend.empty())
     return open_blend_data(data::parse_blend(c.data.blend, c.source + ": data.blend"), split, c.train.seq_len,
-                           seed, shuffle);
-  return open_train_data(c.data.dir, split, c.train.seq_len, seed, shuffle);
+                           seed, shuffle, packing);
+  return open_train_data(c.data.dir, split, c.train.seq_len, seed, shuffle, packing);
 }
 
 std::filesystem::path tokenizer_data_dir(const TrainConfig& c) {

@@ -5,13 +5,16 @@
 // Three kinds: a weighted blend of token data sets (data.blend, data/blend.h), or one data
 // set, told apart by its meta.json (docs/formats.md):
 //   token data sets (data/loader.h): inputs int32 [B,T] tokens, targets [B,T] (the next
-//     tokens); they fix model.vocab_size and carry their tokenizer into checkpoints;
+//     tokens); they fix model.vocab_size and carry their tokenizer into checkpoints; with
+//     document packing (data/packing.h) the inputs go on with positions [B,T] and
+//     cu_seqlens [B*T+1];
 //   image data sets (data/image_dataset.h): inputs fp32 [B,H,W,C] pixels scaled to [-1, 1]
 //     (p / 127.5 - 1), targets int32 [B] labels; they fix model.image_size (square
 //     images), model.num_channels and model.num_classes.
 #pragma once
 
 #include "data/blend.h"
+#include "data/packing.h"
 #include "data/visit_order.h"
 #include "models/model.h"
 #include "config/config.h"
@@ -64,20 +67,24 @@ class TrainData {
 };
 
 /// Split `split` of the data set in `dir` (token or image, by its meta.json), in samples
-/// of seq_len tokens (token data), shuffled per epoch under `seed` when `shuffle`.
-/// Throws kiln::Error naming the file when the data set is missing or malformed.
+/// of seq_len tokens (token data), shuffled per epoch under `seed` when `shuffle`, packed
+/// as `packing` says (token data). Throws kiln::Error naming the file when the data set is
+/// missing or malformed, or has no document index for packing.
 std::unique_ptr<TrainData> open_train_data(const std::filesystem::path& dir,
                                            const std::string& split, int seq_len, uint64_t seed,
-                                           bool shuffle);
+                                           bool shuffle,
+                                           data::Packing packing = data::Packing::None);
 /// A blend of the token data sets `parts` (data/blend.h): part d shuffled under seed + d.
 /// Throws kiln::Error naming the directory when one is missing, holds images or was
 /// prepared with another tokenizer than the first.
 std::unique_ptr<TrainData> open_blend_data(const std::vector<data::BlendPart>& parts, const std::string& split,
-                                           int seq_len, uint64_t seed, bool shuffle);
+                                           int seq_len, uint64_t seed, bool shuffle,
+                                           data::Packing packing = data::Packing::None);
 /// Sets config.model.vocab_size to `vocab` (the data's vocabulary, in `where`) when 0;
 /// throws kiln::Error naming the key when it is set smaller.
 void fill_vocab_key(TrainConfig& config, int vocab, const std::string& where);
-/// The [data] section's data: data.blend when set, else data.dir.
+/// The [data] section's data: data.blend when set, else data.dir, packed as data.packing
+/// says.
 std::unique_ptr<TrainData> open_train_data(const TrainConfig& config, const std::string& split, bool shuffle);
 /// The directory of the data's tokenizer: data.dir, or a blend's first data set.
 std::filesystem::path tokenizer_data_dir(const TrainConfig& config);

@@ -159,14 +159,37 @@ void TrainStep::build_model(const ModelOptions& options, const ModelStorage& sto
   KILN_CHECK(cp == 1 || local_shape_.find("positions"), "{}: parallel.cp = {}: model.arch = "
              "\"{}\" takes no \"positions\" input, which context parallelism needs (each rank "
              "holds chunks of the sequence)", config_.source, cp, model_->arch());
+  if (config_.data.packing == "document") {
+    take_packed_inputs(shape_);
+    take_packed_inputs(local_shape_);
+  }
   // What the data supplies, once: the required inputs, then the targets.
   staged_ = shape_.required();
   staged_.push_back(BatchInput{.name = "targets", .shape = shape_.targets, .dtype = DType::I32,
                                .per_token = shape_.targets.ndim() == 2});
   for (const BatchInput& in : staged_)
-    KILN_CHECK(cp == 1 || in.per_token, "{}: parallel.cp = {}: the batch input '{}' {} is not "
-               "laid out per token, so context parallelism cannot split it", config_.source, cp,
-               in.name, in.shape.str());
+    KILN_CHECK(cp == 1 || in.per_token || in.whole_under_cp, "{}: parallel.cp = {}: the batch "
+               "input '{}' {} is not laid out per token, so context parallelism cannot split it",
+               config_.source, cp, in.name, in.shape.str());
+}
+
+// Document packing: the data supplies positions and cu_seqlens after the tokens
+// (data/packing.h), so the model must declare them, in that order.
+void TrainStep::take_packed_inputs(BatchShape& shape) const {
+  static const char* const kPacked[] = {"tokens", "positions", "cu_seqlens"};
+  for (size_t i = 0; i < std::size(kPacked); ++i) {
+    KILN_CHECK(shape.find(kPacked[i]), "{}: data.packing = \"document\": model.arch = \"{}\" "
+               "takes no \"{}\" input (packed documents need token positions and document "
+               "boundaries); use data.packing = \"none\"", config_.source, model_->arch(),
+               kPacked[i]);
+    KILN_CHECK(i < shape.inputs.size() && shape.inputs[i].name == kPacked[i], "{}: data.packing "
+               "= \"document\": model.arch = \"{}\" declares its inputs in another order than "
+               "tokens, positions, cu_seqlens", config_.source, model_->arch());
+    shape.inputs[i].optional = false;
+  }
+  KILN_CHECK(shape.required().size() == std::size(kPacked), "{}: data.packing = \"document\": "
+             "model.arch = \"{}\" takes inputs beyond tokens, positions and cu_seqlens",
+             config_.source, model_->arch());
 }
 
 void TrainStep::wrap_data_parallel(const std::vector<int>& held_parts) {
@@ -189,8 +212,11 @@ void TrainStep::allocate_buffers(int buffers) {
   batch_buffers_ = buffers;
   for (int k = 0; k < batch_buffers_; ++k) {
     DeviceBatch& b = device_batches_.emplace_back();
-    for (const BatchInput& in : local_shape_.required())
-      b.inputs.push_back(backend_.empty(in.shape, in.dtype, MemCategory::Activations));
+    for (const BatchInput& in : local_shape_.required()) {
+      // cu_seqlens (whole_under_cp): the whole sequences' on every cp rank.
+      const Shape sh = in.whole_under_cp ? shape_.find(in.name)->shape : in.shape;
+      b.inputs.push_back(backend_.empty(sh, in.dtype, MemCategory::Activations));
+    }
     b.targets = backend_.empty(local_shape_.targets, DType::I32, MemCategory::Activations);
   }
   // Room for every micro-batch of a step, so that none waits for the one before.
@@ -198,8 +224,9 @@ void TrainStep::allocate_buffers(int buffers) {
                            DType::I32, MemCategory::Activations);
   stats_ = backend_.empty(Shape{3}, DType::F64, MemCategory::Activations);
   coef_ = backend_.empty(Shape{1}, DType::F32, MemCategory::Activations);
-  if (cp() > 1) {  // every micro-batch's rows hold the same positions
+  if (cp() > 1) {  // the rank's chunks; and where the data gives no positions, theirs
     cp_positions_ = nn::cp_positions(config_.train.seq_len, cp(), cp_group_->rank());
+    if (!local_shape_.find("positions")->optional) return;
     std::vector<int32_t> rows;
     for (int b = 0; b < config_.train.micro_batch; ++b)
       rows.insert(rows.end(), cp_positions_.begin(), cp_positions_.end());
@@ -293,7 +320,9 @@ Batch TrainStep::device_batch(int k) const {
 }
 
 int64_t TrainStep::staged_bytes() const {
-  const int64_t bytes = local_shape_.required_bytes() + local_shape_.targets.numel() * 4;
+  int64_t bytes = local_shape_.targets.numel() * 4;
+  for (const BatchInput& in : local_shape_.required())  // cu_seqlens: the whole sequences'
+    bytes += in.whole_under_cp ? shape_.find(in.name)->nbytes() : in.nbytes();
   return (bytes + 3) / 4 * 4;  // each slot 4-byte aligned
 }
 
@@ -331,7 +360,7 @@ void TrainStep::stage_micro_batch(const void* inputs, const int32_t* targets, in
 }
 
 void TrainStep::stage_rows(std::byte* local, const std::byte* whole, const BatchInput& in) const {
-  if (cp() == 1) {
+  if (cp() == 1 || in.whole_under_cp) {
     std::memcpy(local, whole, static_cast<size_t>(in.nbytes()));
     return;
   }

@@ -250,6 +250,9 @@ class TrainStep {
   void stage_rows(std::byte* local, const std::byte* whole, const BatchInput& in) const;
   /// Bytes of one staging slot (a local micro-batch's inputs and targets, 4-byte aligned).
   int64_t staged_bytes() const;
+  /// data.packing = "document": marks shape's tokens, positions and cu_seqlens required;
+  /// throws kiln::Error naming the key when the model lacks one.
+  void take_packed_inputs(BatchShape& shape) const;
   /// Sums `values` over the dp x cp (pipeline) group, exactly in 64 bits.
   void dp_cp_sum(std::span<int64_t> values);
   void pp_sum(std::span<double> values);

@@ -167,6 +167,9 @@ void Trainer::set_up_backend() {
   if (mesh_->cp() > 1)  // ring attention's tile ops
     require_ops(*backend_, OpFamily::RingAttention, parse_dtype(config_.train.dtype),
                 fmt::format("{}: parallel.cp = {}", config_.source, mesh_->cp()));
+  else if (config_.data.packing == "document")  // document masks
+    require_ops(*backend_, OpFamily::VarlenAttention, parse_dtype(config_.train.dtype),
+                fmt::format("{}: data.packing = \"document\"", config_.source));
   // Profiling wraps the backend (one trace event per op); off, nothing is wrapped.
   if (config_.profile.enabled())
     backend_ = profile::profiled(std::move(backend_), config_.profile.timing);

@@ -1,6 +1,7 @@
 #include "core/error.h"
 #include "data/loader.h"
 #include "data/meta.h"
+#include "data/packing.h"
 #include "data/prepare.h"
 #include "data/shard.h"
 #include "test_util.h"
@@ -258,6 +259,70 @@ TEST(DataLoader, ReadsEachShardLayoutThatPrepareWrites) {
     FAIL() << "no error";
   } catch (const kiln::Error& e) {
     EXPECT_NE(std::string(e.what()).find("shard version 7 but meta.json says shard_version 2"), std::string::npos)
+        << e.what();
+  }
+}
+
+// Document packing (data/packing.h): kiln prepare's document index read back as each
+// sample's document starts (where the separator falls, and 0), then positions and
+// cu_seqlens; a data set without an index refused for packing with meta.json named.
+TEST(DataLoader, DocumentStartsAndPacking) {
+  TempDir dir;
+  // Documents of 1, 4, 1 and 9 bytes, each after its separator: 19 tokens, separators at
+  // 0, 2, 7 and 9.
+  kiln::data::testing::write_text(dir / "a.txt", "x");
+  kiln::data::testing::write_text(dir / "b.txt", "abcd");
+  kiln::data::testing::write_text(dir / "c.txt", "y");
+  kiln::data::testing::write_text(dir / "d.txt", "123456789");
+  PrepareOptions o;
+  o.inputs = {dir / "a.txt", dir / "b.txt", dir / "c.txt", dir / "d.txt"};
+  o.out_dir = dir / "out";
+  o.tokenizer = "byte";
+  o.val_fraction = 0;
+  prepare_dataset(o);
+  const int T = 5;
+  DataLoader plain(dir / "out", "train", T, 0, false);
+  DataLoader l(dir / "out", "train", T, 0, false, /*documents=*/true);
+  ASSERT_EQ(l.samples_per_epoch(), 3);
+  std::vector<int32_t> row(T + 1);
+  std::vector<int32_t> eot;  // stream positions of the separator
+  for (int64_t s = 0; s < l.samples_per_epoch(); ++s) {
+    l.read_sample(s, row.data());
+    for (int t = 0; t < T; ++t)
+      if (row[static_cast<size_t>(t)] == l.meta().eot_id) eot.push_back(static_cast<int32_t>(s * T + t));
+  }
+  ASSERT_EQ(eot, (std::vector<int32_t>{0, 2, 7, 9}));  // the stream's documents, as prepared
+  std::vector<int32_t> in(T), tg(T), starts;
+  std::vector<std::vector<int32_t>> all;
+  for (int64_t s = 0; s < 3; ++s) {
+    l.read_pair(s, in.data(), tg.data(), &starts);
+    all.push_back(starts);
+  }
+  EXPECT_EQ(all[0], (std::vector<int32_t>{0, 2}));     // tokens 0..4: separators at 0 and 2
+  EXPECT_EQ(all[1], (std::vector<int32_t>{0, 2, 4}));  // 5..9: inside b, then 7 and 9
+  EXPECT_EQ(all[2], (std::vector<int32_t>{0}));        // 10..14: inside the last document
+  EXPECT_THROW(plain.read_pair(0, in.data(), tg.data(), &starts), kiln::Error);
+
+  std::vector<int32_t> positions(3 * T), cu(3 * T + 1);
+  pack_documents(all, T, positions.data(), cu.data());
+  EXPECT_EQ(positions, (std::vector<int32_t>{0, 1, 0, 1, 2, 0, 1, 0, 1, 0, 0, 1, 2, 3, 4}));
+  std::vector<int32_t> want_cu{0, 2, 5, 7, 9, 10};
+  want_cu.resize(3 * T + 1, 3 * T);
+  EXPECT_EQ(cu, want_cu);
+  EXPECT_THROW(pack_documents(std::vector<std::vector<int32_t>>{{1}}, T, positions.data(), cu.data()),
+               kiln::Error);
+
+  // No document index (a data set from before it, or written by hand): refused, named.
+  auto j = nlohmann::json::parse(kiln::data::testing::read_text(dir / "out" / "meta.json"));
+  j.erase("doc_index");
+  kiln::data::testing::write_text(dir / "out" / "meta.json", j.dump());
+  try {
+    DataLoader bad(dir / "out", "train", T, 0, false, true);
+    FAIL() << "no error";
+  } catch (const kiln::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("meta.json: split 'train' has no document index, which "
+                                         "data.packing = \"document\" needs"),
+              std::string::npos)
         << e.what();
   }
 }
