@@ -328,4 +328,46 @@ inline void match_reference(const safetensors::Reader& r, Backend& be, Model& mo
   });
 }
 
+/// The names of the packed-documents case (make_gpt2_golden.py's PACKED_DOCS) in a file:
+/// packed.positions, packed.cu_seqlens, packed.loss and packed.grad.<param>.
+inline std::set<std::string> packed_outputs(const Model& model) {
+  std::set<std::string> out{"packed.positions", "packed.cu_seqlens", "packed.loss"};
+  for (const ParamSpec& p : model.params()) out.insert("packed.grad." + p.name);
+  return out;
+}
+
+/// The packed-documents case: the file's parameters and batch, with the file's positions
+/// (restarting at each document) and cu_seqlens as the batch's inputs, against the
+/// reference's loss and gradients with attention masked to each document.
+inline void match_packed(const safetensors::Reader& r, Backend& be, Model& model) {
+  const std::string bn = be.name();
+  const int B = meta_int(r, "batch_size"), T = meta_int(r, "seq_len");
+  const auto targets_h = r.read_i32("target_tokens");
+  int64_t n_valid = 0;
+  for (int32_t t : targets_h) n_valid += t != -1;
+  copy_reference_params(r, be, model);
+  Batch batch = Batch::of_tokens(device_i32(be, r.read_i32("input_tokens"), Shape{B, T}),
+                                 device_i32(be, targets_h, Shape{B, T}),
+                                 device_i32(be, r.read_i32("packed.positions"), Shape{B, T}));
+  batch.set("cu_seqlens", device_i32(be, r.read_i32("packed.cu_seqlens"), Shape{int64_t{B} * T + 1}));
+  model.zero_grad();
+  const LossSum ls = model.forward(batch, 1.f / static_cast<float>(n_valid));
+  model.backward();
+  be.synchronize(be.default_stream());
+  const double loss = ls.sum / static_cast<double>(ls.targets), ref = r.read_f32("packed.loss")[0];
+  const double loss_rel = std::fabs(loss - ref) / ref;
+  fmt::print("[{}] {:<40} {:.7f} vs {:.7f}, rel {:.3e}{}\n", bn, "packed.loss", loss, ref, loss_rel,
+             loss_rel <= kLossTol ? "" : "  <-- FAIL");
+  EXPECT_LE(loss_rel, kLossTol) << "packed loss " << loss << " vs " << ref;
+  double worst = 0;
+  for (const ParamSpec& p : model.params()) {
+    const Cmp cg = compare(to_host(be, model.grad(p)), r.read_f32("packed.grad." + p.name));
+    print_cmp(bn, "packed.grad." + p.name, cg, kGradTol);
+    EXPECT_LE(cg.rel, kGradTol) << "packed.grad." << p.name;
+    worst = std::max(worst, cg.rel);
+  }
+  fmt::print("[{}] SUMMARY packed documents: loss rel {:.3e}, worst grad rel {:.3e}\n", bn,
+             loss_rel, worst);
+}
+
 }  // namespace kiln::golden

@@ -3,7 +3,9 @@
 //
 // For every backend of this build: the parameters of the file are copied into the
 // model, then logits, the mean loss, every parameter gradient and the losses of 10 AdamW
-// steps on the same batch are compared with the reference (golden_compare.h). Per tensor
+// steps on the same batch are compared with the reference (golden_compare.h); then the
+// same batch as packed documents (positions and cu_seqlens from the file): loss and
+// gradients. Per tensor
 // the test prints the relative norm error ||a - b|| / ||b|| and the worst element; a
 // summary line gives the worst over tensors.
 #include "golden_compare.h"
@@ -44,7 +46,8 @@ TEST(GPT2Golden, FileMatchesGeneratorAndModel) {
   EXPECT_EQ(cfg.dropout, 0.f);
   auto backend = make_backend("cpu");
   GPT2 model(cfg, *backend);
-  check_file_matches(r, golden_file(), generator_file(), "gpt2", model, {"transformer.wte.weight"});
+  check_file_matches(r, golden_file(), generator_file(), "gpt2", model, {"transformer.wte.weight"},
+                     packed_outputs(model));
 }
 
 TEST(GPT2Golden, MatchesReferenceOnEveryBackend) {
@@ -62,5 +65,6 @@ TEST(GPT2Golden, MatchesReferenceOnEveryBackend) {
     match_reference(r, be, model, [&](const Tensor& tokens, const Tensor& logits) {
       model.forward_logits(tokens, logits);
     });
+    if (be.supports(OpFamily::VarlenAttention, DType::F32)) match_packed(r, be, model);
   }
 }

@@ -6,7 +6,8 @@
 // As the GPT-2 golden test, with its bounds (golden_compare.h): for every backend the
 // file's parameters (q/k/v and gate/up fused by the generator into kiln's qkv_proj and
 // gate_up_proj) are copied into the model; logits, the mean loss, every gradient and
-// the losses of 10 AdamW steps are compared with the reference.
+// the losses of 10 AdamW steps are compared with the reference; then the packed-documents
+// case (loss and gradients).
 #include "golden_compare.h"
 
 #include "backend/registry.h"
@@ -38,7 +39,7 @@ TEST(LlamaGolden, FileMatchesGeneratorAndModel) {
   auto backend = make_backend("cpu");
   Llama model(cfg, *backend);
   check_file_matches(r, golden_file(), generator_file(), "llama", model,
-                     {"model.embed_tokens.weight", "lm_head.weight"});
+                     {"model.embed_tokens.weight", "lm_head.weight"}, packed_outputs(model));
   // The rescaling changes some of the frequencies this model uses.
   RopeSpec plain = cfg.rope;
   plain.scale_factor = 0.0;
@@ -63,5 +64,6 @@ TEST(LlamaGolden, MatchesReferenceOnEveryBackend) {
     match_reference(r, be, model, [&](const Tensor& tokens, const Tensor& logits) {
       model.forward_logits(tokens, logits);
     });
+    if (be.supports(OpFamily::VarlenAttention, DType::F32)) match_packed(r, be, model);
   }
 }

@@ -78,6 +78,13 @@ def param_specs(cfg):
     return specs
 
 
+def packed_specs(params, B, T):
+    """The packed-documents case's tensors (the same batch of B x T, cut into documents)."""
+    specs = [("packed.positions", "I32", [B, T]), ("packed.cu_seqlens", "I32", [B * T + 1]),
+             ("packed.loss", "F32", [1])]
+    return specs + [("packed.grad." + n, "F32", s) for n, s in params]
+
+
 def tensor_specs(cfg):
     """(name, safetensors dtype, shape) of every tensor of the file, in file order."""
     params = param_specs(cfg)
@@ -86,7 +93,61 @@ def tensor_specs(cfg):
               ("logits", "F32", [B, T, cfg["vocab_size"]]), ("loss", "F32", [1])]
     specs += [("grad." + n, "F32", s) for n, s in params]
     specs += [("adamw_losses", "F32", [ADAMW_STEPS])]
-    return specs
+    return specs + packed_specs(params, B, T)
+
+
+# ---- packed documents (data.packing = "document") ----------------------------------------
+# The same batch with each sequence cut into documents of these lengths (one-token
+# documents among them): attention only inside a document (causal), positions restarting
+# at 0 in each, the same targets. Stored: packed.positions [B,T], packed.cu_seqlens
+# [B*T+1] (FlashAttention's varlen layout, padded with B*T), packed.loss and
+# packed.grad.<param>.
+PACKED_DOCS = [[5, 1, 10, 16], [32], [1, 1, 30], [20, 12]]
+
+
+def packed_layout(documents, T):
+    """positions [B,T] and document ids [B,T] (int64 tensors), cu_seqlens (a list) of the
+    documents' lengths per sequence."""
+    import torch
+    B = len(documents)
+    positions, docs, cu = [], [], [0]
+    for lengths in documents:
+        assert sum(lengths) == T
+        positions.append([t for n in lengths for t in range(n)])
+        docs.append([d for d, n in enumerate(lengths) for _ in range(n)])
+        for n in lengths:
+            cu.append(cu[-1] + n)
+    cu += [B * T] * (B * T + 1 - len(cu))
+    return torch.tensor(positions), torch.tensor(docs), cu
+
+
+def attention_mask(Tt, docs=None):
+    """[T,T] causal, or [B,1,T,T] causal within each document of docs [B,T]."""
+    import torch
+    causal = torch.tril(torch.ones(Tt, Tt, dtype=torch.bool))
+    if docs is None:
+        return causal
+    return causal & (docs[:, None, :, None] == docs[:, None, None, :])
+
+
+def packed_reference(P32, idx, targets, cfg, loss_fn, documents, to_kiln=lambda g: g):
+    """The packed case in float64: positions, cu_seqlens, loss and gradients (kiln names)."""
+    import torch
+    positions, docs, cu = packed_layout(documents, idx.shape[1])
+    P = {n: t.detach().to(torch.float64).clone().requires_grad_(True) for n, t in P32.items()}
+    _, loss = loss_fn(P, idx, targets, cfg, (positions, docs))
+    loss.backward()
+    grads = to_kiln({n: p.grad.detach().clone() for n, p in P.items()})
+    return positions, cu, loss.detach(), grads
+
+
+def packed_blobs(blobs, names, positions, cu, loss, grads):
+    import torch
+    blobs["packed.positions"] = positions.to(torch.int32).contiguous().numpy().tobytes()
+    blobs["packed.cu_seqlens"] = torch.tensor(cu, dtype=torch.int32).numpy().tobytes()
+    blobs["packed.loss"] = loss.reshape(1).to(torch.float32).numpy().tobytes()
+    for n in names:
+        blobs["packed.grad." + n] = grads[n].to(torch.float32).contiguous().numpy().tobytes()
 
 
 def fnv1a64(data):
@@ -117,6 +178,7 @@ def metadata(torch_version=None):
         "adamw.steps": str(ADAMW_STEPS),
         "adamw.decay": "2-D parameters (embeddings and linear weights)",
         "adamw.grad_clip": "none",
+        "packed.documents": repr(PACKED_DOCS),
     }
     for k, v in CONFIG.items():
         m[k] = repr(v)
@@ -206,15 +268,16 @@ def gelu_tanh(x):
     return 0.5 * x * (1.0 + (math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)).tanh())
 
 
-def forward_logits(P, idx, cfg):
-    import torch
+def forward_logits(P, idx, cfg, packed=None):
+    """packed: (positions [B,T], document ids [B,T]) of packed documents, or None."""
     import torch.nn.functional as F
     Bb, Tt = idx.shape
     C, nh = cfg["n_embd"], cfg["n_head"]
     hd = C // nh
     eps = cfg["layernorm_eps"]
-    x = P["transformer.wte.weight"][idx] + P["transformer.wpe.weight"][:Tt]
-    causal = torch.tril(torch.ones(Tt, Tt, dtype=torch.bool))
+    wpe = P["transformer.wpe.weight"]
+    x = P["transformer.wte.weight"][idx] + (wpe[:Tt] if packed is None else wpe[packed[0]])
+    causal = attention_mask(Tt, None if packed is None else packed[1])
     for l in range(cfg["n_layer"]):
         h = f"transformer.h.{l}."
         a = F.layer_norm(x, (C,), P[h + "ln_1.weight"], P[h + "ln_1.bias"], eps)
@@ -234,10 +297,10 @@ def forward_logits(P, idx, cfg):
     return F.linear(x, P["transformer.wte.weight"])  # tied lm_head: [B, T, Vp]
 
 
-def mean_loss(P, idx, targets, cfg):
+def mean_loss(P, idx, targets, cfg, packed=None):
     import torch.nn.functional as F
     V = cfg["vocab_size"]
-    logits = forward_logits(P, idx, cfg)[..., :V]
+    logits = forward_logits(P, idx, cfg, packed)[..., :V]
     loss = F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1), reduction="mean",
                            ignore_index=IGNORE_INDEX)
     return logits, loss
@@ -332,6 +395,8 @@ def generate(out):
     print("  adamw loss rel errors " +
           " ".join(f"{abs(a - b) / b:.1e}" for a, b in zip(losses32, losses)))
     print(f"loss {loss.item():.6f}; adamw losses " + " ".join(f"{x:.5f}" for x in losses))
+    packed = packed_reference(P32, idx, targets, cfg, mean_loss, PACKED_DOCS)
+    print(f"packed documents {PACKED_DOCS}: loss {packed[2].item():.6f}")
 
     def f32(t):
         return t.detach().to(torch.float32).contiguous().numpy().tobytes()
@@ -348,6 +413,7 @@ def generate(out):
     blobs["logits"] = f32(logits)
     blobs["loss"] = f32(loss.reshape(1))
     blobs["adamw_losses"] = f32(torch.tensor(losses, dtype=torch.float64))
+    packed_blobs(blobs, [n for n, _ in param_specs(cfg)], *packed)
     specs = tensor_specs(cfg)
     write_safetensors(out, specs, [blobs[n] for n, _, _ in specs],
                       metadata(torch_version=str(torch.__version__)))

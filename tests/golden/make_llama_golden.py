@@ -57,6 +57,8 @@ B, T = 2, 11
 IGNORE_INDEX = -1
 N_IGNORED = 3
 SEED = 20250301
+# Packed documents (make_gpt2_golden.py's packed case): each sequence's document lengths.
+PACKED_DOCS = [[4, 1, 6], [2, 9]]
 ADAMW = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1}
 ADAMW_STEPS = 10
 
@@ -127,7 +129,7 @@ def tensor_specs(cfg):
               ("logits", "F32", [B, T, cfg["vocab_size"]]), ("loss", "F32", [1])]
     specs += [("grad." + n, "F32", s) for n, s in params]
     specs += [("adamw_losses", "F32", [ADAMW_STEPS])]
-    return specs
+    return specs + g.packed_specs(params, B, T)
 
 
 def metadata(torch_version=None):
@@ -146,6 +148,7 @@ def metadata(torch_version=None):
         "adamw.steps": str(ADAMW_STEPS),
         "adamw.decay": "2-D parameters (embedding, projections, lm_head)",
         "adamw.grad_clip": "none",
+        "packed.documents": repr(PACKED_DOCS),
     }
     for k, v in CONFIG.items():
         m[k] = repr(v)
@@ -184,17 +187,19 @@ def rotate_half(x):
     return __import__("torch").cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
-def forward_logits(P, idx, cfg):
+def forward_logits(P, idx, cfg, packed=None):
+    """packed: (positions [B,T], document ids [B,T]) of packed documents, or None."""
     import torch
     import torch.nn.functional as F
     Bb, Tt = idx.shape
     C, nh, nkv, hd, _ = dims(cfg)
     eps = cfg["norm_eps"]
-    freqs = torch.arange(Tt, dtype=P["model.norm.weight"].dtype)[:, None] * \
-        rope_inv_freq(cfg, P["model.norm.weight"].dtype)[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)  # [T, HD]
+    dtype = P["model.norm.weight"].dtype
+    pos = torch.arange(Tt, dtype=dtype) if packed is None else packed[0].to(dtype)[:, None]
+    freqs = pos[..., :, None] * rope_inv_freq(cfg, dtype)  # [T, HD/2] or [B, 1, T, HD/2]
+    emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos(), emb.sin()
-    causal = torch.tril(torch.ones(Tt, Tt, dtype=torch.bool))
+    causal = g.attention_mask(Tt, None if packed is None else packed[1])
     x = P["model.embed_tokens.weight"][idx]
     for l in range(cfg["n_layer"]):
         p = f"model.layers.{l}."
@@ -217,10 +222,10 @@ def forward_logits(P, idx, cfg):
     return F.linear(x, P["lm_head.weight"])  # [B, T, Vp]
 
 
-def mean_loss(P, idx, targets, cfg):
+def mean_loss(P, idx, targets, cfg, packed=None):
     import torch.nn.functional as F
     V = cfg["vocab_size"]
-    logits = forward_logits(P, idx, cfg)[..., :V]
+    logits = forward_logits(P, idx, cfg, packed)[..., :V]
     loss = F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1), reduction="mean",
                            ignore_index=IGNORE_INDEX)
     return logits, loss
@@ -296,6 +301,9 @@ def generate(out):
           f"{abs(loss32.item() - loss.item()) / loss.item():.2e}, worst grad rel "
           f"{max(g.rel(g32[n].double(), grads[n]) for n in grads if grads[n].norm() > 0):.2e}")
     print(f"loss {loss.item():.6f}; adamw losses " + " ".join(f"{x:.5f}" for x in losses))
+    packed = g.packed_reference(P32, idx, targets, cfg, mean_loss, PACKED_DOCS,
+                                lambda gr: fuse(gr, cfg))
+    print(f"packed documents {PACKED_DOCS}: loss {packed[2].item():.6f}")
 
     def f32(t):
         return t.detach().to(torch.float32).contiguous().numpy().tobytes()
@@ -310,6 +318,7 @@ def generate(out):
     blobs["logits"] = f32(logits)
     blobs["loss"] = f32(loss.reshape(1))
     blobs["adamw_losses"] = f32(torch.tensor(losses, dtype=torch.float64))
+    g.packed_blobs(blobs, [n for n, _ in param_specs(cfg)], *packed)
     specs = tensor_specs(cfg)
     g.write_safetensors(out, specs, [blobs[n] for n, _, _ in specs],
                         metadata(torch_version=str(torch.__version__)))
