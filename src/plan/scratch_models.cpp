@@ -151,6 +151,9 @@ class CudaScratch final : public MetaScratchModel {
       case Op::RMSNormBackward: return 4 * chunks(c.N) * c.C;
       case Op::LinearBackward: return c.has_bias ? 4 * chunks(c.N) * c.OC : 0;
       case Op::AttentionBackward: return 4 * c.B * c.NH * c.T;
+      // cuda/attention.cu: each row's document window (two int32), after D_i in backward.
+      case Op::AttentionVarlenForward: return 8 * c.B * c.T;
+      case Op::AttentionVarlenBackward: return up256(4 * c.B * c.NH * c.T) + 8 * c.B * c.T;
       case Op::EmbeddingBackward: {
         const int64_t n = c.B * c.T;
         return 4 * up256(4 * n) + up256(8 * n + (64 << 10));

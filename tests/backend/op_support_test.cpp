@@ -5,8 +5,8 @@
 // it stands for, and runs every op that backend supports (its ops only check arguments:
 // a plan may go where the kernels do not yet, e.g. `kiln memplan`'s context-parallel
 // layouts on CUDA). The CUDA backend's answers, which a machine without a GPU cannot
-// run, are checked as a table: ring attention's tile ops and the varlen attention answer
-// false (a GPU issue writes their kernels and flips the answers); the mixture-of-experts ops whose tensors
+// run, are checked as a table: ring attention's tile ops answer false (a GPU issue writes
+// their kernels and flips the answers); the mixture-of-experts ops whose tensors
 // have fixed dtypes answer for every float dtype, the others for fp32 and bf16.
 //
 // The ops come from op_list.h: a new op without its tiny call below fails to compile.
@@ -373,10 +373,12 @@ TEST(OpSupport, RequireOpsNamesTheOpTheBackendAndTheKey) {
 }
 
 // The CUDA backend's table, without a GPU: ring attention's tile ops throw there
-// (cuda_attention_ops.cpp), so they answer false; the kernels run fp32 and bf16, and the
-// ops whose tensors have fixed dtypes (the MoE router and plan among them) any float dtype.
+// (cuda_attention_ops.cpp), so they answer false; the kernels (the varlen attention's
+// among them) run fp32 and bf16, and the ops whose tensors have fixed dtypes (the MoE
+// router and plan among them) any float dtype.
 static_assert(!cuda_supports(Op::AttentionTileForward, DType::F32));
-static_assert(!cuda_supports(Op::AttentionVarlenForward, DType::BF16));
+static_assert(cuda_supports(Op::AttentionVarlenForward, DType::BF16));
+static_assert(!cuda_supports(Op::AttentionVarlenBackward, DType::F16));
 static_assert(cuda_supports(Op::GroupedLinearForward, DType::BF16));
 static_assert(!cuda_supports(Op::GroupedLinearBackward, DType::F16));
 static_assert(!cuda_supports(Op::MoeUnpermute, DType::F16));
@@ -393,8 +395,7 @@ static_assert(!cpu_supports(Op::AdamW, DType::BF16));  // fp32 parameters only
 
 TEST(OpSupport, CudaTable) {
   for (Op op : kAllOps) {
-    const bool unwritten = op_family(op) == OpFamily::RingAttention ||
-                           op_family(op) == OpFamily::VarlenAttention;
+    const bool unwritten = op_family(op) == OpFamily::RingAttention;
     for (DType dt : {DType::F32, DType::BF16})
       EXPECT_EQ(cuda_supports(op, dt), !unwritten) << op_name(op) << " in " << dtype_name(dt);
     for (DType dt : kOthers) EXPECT_FALSE(cuda_supports(op, dt)) << op_name(op);

@@ -2,8 +2,10 @@
 // random cu_seqlens at awkward sizes (one-token documents, documents longer than a CPU
 // row block or a CUDA tile, a document cut by a sequence's end, empty documents padding
 // cu_seqlens), forward and backward against the double reference run on each document
-// alone; and the dropout mask of one document per sequence, which must be the
-// whole-sequence op's. The tile ops with documents are in op_test_attention_tiles.cpp.
+// alone (fp32, and bf16 where the backend runs it: on CUDA the tensor-core kernels); and
+// the dropout mask of one document per sequence, which must be the whole-sequence op's.
+// The tile ops with documents are in op_test_attention_tiles.cpp.
+#include "core/dtype.h"
 #include "op_harness.h"
 
 #include <algorithm>
@@ -22,6 +24,23 @@ class AttentionVarlenTest : public OpTest {
     std::sort(cu.begin(), cu.end());
     for (int i = 0; i <= pad; ++i) cu.push_back(static_cast<int32_t>(total));
     return cu;
+  }
+  // x rounded to bf16 (in place: the reference then sees the backend's inputs) on the device.
+  Tensor upload_bf16(std::vector<float>& x, const Shape& shape) {
+    for (float& v : x) v = bf16_to_f32(f32_to_bf16(v));
+    Tensor t = be().empty(shape, DType::BF16, MemCategory::Activations);
+    be().copy(st(), t, upload(x, shape));
+    return t;
+  }
+  Tensor poisoned_bf16(const Shape& shape) {
+    Tensor t = be().empty(shape, DType::BF16, MemCategory::Activations);
+    be().copy(st(), t, poisoned(shape));
+    return t;
+  }
+  std::vector<float> download_bf16(const Tensor& t) {
+    Tensor f = be().empty(t.shape(), DType::F32, MemCategory::Activations);
+    be().copy(st(), f, t);
+    return download(f);
   }
 };
 
@@ -72,6 +91,59 @@ TEST_P(AttentionVarlenTest, MatchesEachDocumentAlone) {
                                    shape, DropoutSpec{});
     const Vec rd = ref::attention_documents_backward(to_double(dout), to_double(qkv), ra, cu);
     EXPECT_TRUE(near_by_norm("attention_varlen_backward dqkv", download(dqkv), rd, 1e-5)) << what;
+  }
+}
+
+// bf16 in and out (lse fp32), against the double reference on the bf16-rounded inputs.
+// On CUDA, head sizes 32/64/128 run the tensor-core kernels (document windows across
+// their 64-row tiles, a tile cut by a document inside it), other sizes the CUDA-core ones
+// at D = 16, 64 and 128. Bounds: out and dqkv are rounded to bf16 (2^-9 relative each)
+// and the tensor-core kernels also round P and dS to bf16 as mma operands, a few 1e-3 by
+// norm in all; lse is fp32 over exact products of bf16 operands.
+TEST_P(AttentionVarlenTest, Bf16MatchesEachDocumentAlone) {
+  if (!be().supports(OpFamily::VarlenAttention, DType::BF16))
+    GTEST_SKIP() << be().name() << " has no bf16 varlen attention";
+  const std::vector<VarlenCfg> cfgs{
+      {2, 150, 4, 2, 64, true, {}},
+      {1, 200, 2, 2, 128, false, {0, 1, 70, 130, 131, 200, 200}},
+      {2, 96, 2, 1, 32, true, {0, 96, 192}},  // one document per sequence
+      {2, 70, 2, 2, 64, true, {0, 5, 64, 65, 140}},  // a document across both sequences
+      {1, 90, 2, 1, 16, true, {}},
+      {1, 130, 2, 1, 100, true, {}},  // CUDA-core kernels at D = 128 (their smaller tiles)
+      {2, 50, 2, 2, 48, false, {}},
+  };
+  for (const VarlenCfg& c : cfgs) {
+    const int64_t N = int64_t{c.B} * c.T;
+    const std::vector<int32_t> cu =
+        c.cu.empty() ? random_documents(N, randint(1, 8), randint(0, 2)) : c.cu;
+    std::ostringstream os;
+    os << "bf16 B=" << c.B << " T=" << c.T << " NH=" << c.NH << " NKV=" << c.NKV
+       << " HD=" << c.HD << (c.causal ? " causal" : " bidirectional") << " cu_seqlens=";
+    for (const int32_t x : cu) os << x << ' ';
+    const std::string what = os.str();
+    const int C = c.NH * c.HD, W = (c.NH + 2 * c.NKV) * c.HD;
+    const AttentionShape shape{c.NH, c.NKV, c.HD, c.causal};
+    const ref::Attn ra{c.B, c.T, c.NH, c.NKV, c.HD, c.causal};
+
+    std::vector<float> qkv = randn(N * W, 1.3f);
+    const Tensor tq = upload_bf16(qkv, {c.B, c.T, W});
+    const Tensor tcu = upload_i32(cu, {static_cast<int64_t>(cu.size())});
+    Tensor out = poisoned_bf16({c.B, c.T, C}), lse = poisoned({c.B, c.NH, c.T});
+    be().attention_varlen_forward(st(), out, lse, tq, tcu, shape, DropoutSpec{});
+    Vec rout, rlse;
+    ref::attention_documents_forward(rout, rlse, to_double(qkv), ra, cu);
+    EXPECT_TRUE(near_by_norm("bf16 attention_varlen_forward out", download_bf16(out), rout, 1e-2))
+        << what;
+    EXPECT_TRUE(near_by_norm("bf16 attention_varlen_forward lse", download(lse), rlse, 1e-4))
+        << what;
+
+    std::vector<float> dout = randn(N * C);
+    const Tensor tdout = upload_bf16(dout, {c.B, c.T, C});
+    Tensor dqkv = poisoned_bf16({c.B, c.T, W});
+    be().attention_varlen_backward(st(), dqkv, tdout, tq, out, lse, tcu, shape, DropoutSpec{});
+    const Vec rd = ref::attention_documents_backward(to_double(dout), to_double(qkv), ra, cu);
+    EXPECT_TRUE(near_by_norm("bf16 attention_varlen_backward dqkv", download_bf16(dqkv), rd, 2e-2))
+        << what;
   }
 }
 

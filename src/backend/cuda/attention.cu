@@ -45,6 +45,20 @@
 // stream), kept iff its uniform >= p and then scaled by 1/(1-p): the CPU backend's mask.
 // The normaliser l uses the undropped probabilities, as the CPU does.
 //
+// Documents (AttnShape::cu_seqlens, Backend::attention_varlen_forward): attn_doc_windows
+// first writes each row's document window into scratch, win[b T + i] = [lo, hi): the
+// positions in sequence b of the document holding token b T + i, cut at the sequence's
+// ends. Query i sees key j iff lo_i <= j < hi_i (and j <= i causal); as a document is a
+// run of rows, key j is seen by query i iff lo_j <= i < hi_j (and i >= j causal), so the
+// dk/dv pass reads its keys' windows the same way. Windows only grow with the row, so a
+// tile of rows r0..r1 touches keys [lo_r0, hi_r1) at most: every kernel loops over those
+// tiles only (the speed-up of packing: about sum of L_d^2 instead of T^2 per sequence)
+// and masks the rest. The kernels are templates on kDocs: without documents the code is
+// the whole-sequence one. The dropout index is unchanged (i, j positions in the
+// sequence), so one document per sequence gives the whole-sequence op bit for bit.
+// A row whose window is empty (none for valid cu_seqlens: a query sees itself) gets
+// out = 0 and lse = -inf, as the CPU backend.
+//
 // Limits: HD <= 128 (kMaxHeadDim). These fp32 CUDA-core kernels run for fp32 inputs
 // (the golden tests need fp32 without TF32), for dropout > 0, for head sizes other than
 // 32/64/128, for unaligned pointers, and when the caller asks for them (the backend's
@@ -74,6 +88,26 @@ struct Geo {
   float scale;
 };
 
+// The document window of each of the B*T rows: win[r] = [lo, hi), the positions in r's
+// sequence of the document holding r (cu[k] <= r < cu[k+1], k the last such entry: empty
+// documents are skipped), cut at the sequence's ends. cu_seqlens outside the contract
+// give some window inside the sequence (never a read outside cu or a key outside it).
+__global__ void attn_doc_windows(int2* win, const int32_t* cu, int count, int T, int rows) {
+  const int64_t r64 = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r64 >= rows) return;
+  const int r = static_cast<int>(r64);
+  int a = 0, e = count;  // upper bound: the first entry > r
+  while (a < e) {
+    const int mid = (a + e) / 2;
+    if (cu[mid] <= r) a = mid + 1;
+    else e = mid;
+  }
+  const int first = a > 0 ? cu[a - 1] : 0, last = a < count ? cu[a] : rows;
+  const int row0 = r - r % T;
+  const int lo = min(max(first - row0, 0), T);
+  win[r] = make_int2(lo, max(min(last - row0, T), lo));
+}
+
 // The dropout index of probability (i, 0) of local head row bh (of NH heads): at the
 // global head row (DropoutSpec::global_bh), after the spec's offset.
 __device__ __forceinline__ uint64_t drop_row_index(const AttnDropout& dr, int64_t bh, int NH,
@@ -91,9 +125,9 @@ __device__ __forceinline__ float keep_factor(const AttnDropout& dr, int64_t bh, 
   return uniform_at(dr.seed, dr.stream, idx) >= dr.p ? dr.scale : 0.f;
 }
 
-template <class T, int D>
+template <class T, int D, bool kDocs>
 __global__ void __launch_bounds__(Tiles<D>::kFwdQ)
-    attn_fwd(T* out, float* lse, const T* qkv, Geo g, AttnDropout dr) {
+    attn_fwd(T* out, float* lse, const T* qkv, Geo g, AttnDropout dr, const int2* win) {
   constexpr int BQ = Tiles<D>::kFwdQ, BK = Tiles<D>::kFwdK;
   __shared__ float Ks[BK][D];
   __shared__ float Vs[BK][D];
@@ -116,10 +150,18 @@ __global__ void __launch_bounds__(Tiles<D>::kFwdQ)
   }
   float m = -INFINITY, l = 0.f;
   const int q_last = min(g.T, q0 + BQ) - 1;
-  const int k_last = g.causal ? q_last : g.T - 1;  // the last key any row of the tile sees
+  int2 w = make_int2(0, g.T), tile = make_int2(0, g.T);  // documents: the row's, the tile's keys
+  if constexpr (kDocs) {
+    const int2* wb = win + static_cast<int64_t>(b) * g.T;
+    if (valid) w = wb[i];
+    tile = make_int2(wb[q0].x / BK * BK, wb[q_last].y);
+  }
+  const int k_first = kDocs ? tile.x : 0;  // the first key tile any row sees
+  const int k_last = kDocs ? min(g.causal ? q_last : g.T - 1, tile.y - 1)
+                           : (g.causal ? q_last : g.T - 1);  // the last key any row sees
   const uint64_t drop_row = drop_row_index(dr, bh, g.NH, g.T, valid ? i : 0);
 
-  for (int k0 = 0; k0 <= k_last; k0 += BK) {
+  for (int k0 = k_first; k0 <= k_last; k0 += BK) {
     __syncthreads();
     for (int idx = threadIdx.x; idx < BK * D; idx += BQ) {
       const int j = idx / D, d = idx % D, kj = k0 + j;
@@ -143,6 +185,8 @@ __global__ void __launch_bounds__(Tiles<D>::kFwdQ)
 #pragma unroll
         for (int d = 0; d < D; ++d) s += q[d] * Ks[j][d];
         sc[u] = (j < jn && (!g.causal || k0 + j <= i)) ? s : -INFINITY;
+        if constexpr (kDocs)
+          if (k0 + j < w.x || k0 + j >= w.y) sc[u] = -INFINITY;
         mx = fmaxf(mx, sc[u]);
       }
       if (mx > m) {
@@ -183,7 +227,7 @@ __global__ void __launch_bounds__(Tiles<D>::kFwdQ)
     }
   }
   if (!valid) return;
-  const float inv = 1.f / l;
+  const float inv = (!kDocs || l > 0.f) ? 1.f / l : 0.f;  // l = 0: no key (lse -inf)
   T* o = out + (static_cast<int64_t>(b) * g.T + i) * g.CQ + static_cast<int64_t>(h) * g.HD;
 #pragma unroll
   for (int d = 0; d < D; ++d)
@@ -206,10 +250,10 @@ __global__ void attn_bwd_rowdot(float* Dvec, const T* dout, const T* out, int64_
   if (lane == 0) Dvec[r] = s;
 }
 
-template <class T, int D>
+template <class T, int D, bool kDocs>
 __global__ void __launch_bounds__(Tiles<D>::kKvK)
     attn_bwd_dkdv(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* Dvec, Geo g,
-                  AttnDropout dr) {
+                  AttnDropout dr, const int2* win) {
   constexpr int BK = Tiles<D>::kKvK, BQ = Tiles<D>::kKvQ;
   __shared__ float Kown[BK][D + 1];
   __shared__ float Vown[BK][D + 1];
@@ -236,13 +280,21 @@ __global__ void __launch_bounds__(Tiles<D>::kKvK)
   float dk[D], dv[D];
 #pragma unroll
   for (int d = 0; d < D; ++d) dk[d] = dv[d] = 0.f;
+  int2 w = make_int2(0, g.T), tile = make_int2(0, g.T);  // documents: the queries that see
+  if constexpr (kDocs) {                                   // key j, and any key of the tile
+    const int2* wb = win + static_cast<int64_t>(b) * g.T;
+    if (validk) w = wb[j];
+    tile = make_int2(wb[k0].x / BQ * BQ, wb[min(g.T, k0 + BK) - 1].y);
+  }
 
   // The query heads of this kv head's group, in order (one head when NKV = NH).
   for (int h = kvh * g.group; h < (kvh + 1) * g.group; ++h) {
     const int64_t bh = static_cast<int64_t>(b) * g.NH + h;
     const T* base = rows + static_cast<int64_t>(h) * g.HD;
     const T* dbase = dout + static_cast<int64_t>(b) * g.T * g.CQ + static_cast<int64_t>(h) * g.HD;
-    for (int q0 = g.causal ? (k0 / BQ) * BQ : 0; q0 < g.T; q0 += BQ) {
+    for (int q0 = kDocs ? max(g.causal ? (k0 / BQ) * BQ : 0, tile.x)
+                        : (g.causal ? (k0 / BQ) * BQ : 0);
+         q0 < (kDocs ? tile.y : g.T); q0 += BQ) {
       __syncthreads();
       for (int idx = tid; idx < BQ * D; idx += BK) {
         const int r = idx / D, d = idx % D, qi = q0 + r;
@@ -259,7 +311,8 @@ __global__ void __launch_bounds__(Tiles<D>::kKvK)
 #pragma unroll 1
       for (int u = 0; u < BQ; ++u) {
         const int i = q0 + u;
-        const bool ok = validk && (!g.causal || i >= j) && i < g.T;
+        bool ok = validk && (!g.causal || i >= j) && i < g.T;
+        if constexpr (kDocs) ok = ok && i >= w.x && i < w.y;
         float s = 0.f, dp = 0.f;
 #pragma unroll
         for (int d = 0; d < D; ++d) {
@@ -289,10 +342,10 @@ __global__ void __launch_bounds__(Tiles<D>::kKvK)
     }
 }
 
-template <class T, int D>
+template <class T, int D, bool kDocs>
 __global__ void __launch_bounds__(Tiles<D>::kDqQ)
     attn_bwd_dq(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* Dvec, Geo g,
-                AttnDropout dr) {
+                AttnDropout dr, const int2* win) {
   constexpr int BQ = Tiles<D>::kDqQ, BK = Tiles<D>::kDqK;
   __shared__ float dOown[BQ][D + 1];
   __shared__ float Ks[BK][D];
@@ -323,9 +376,17 @@ __global__ void __launch_bounds__(Tiles<D>::kDqQ)
   const float L = valid ? lse[bh * g.T + i] : 0.f;
   const float Di = valid ? Dvec[bh * g.T + i] : 0.f;
   const int q_last = min(g.T, q0 + BQ) - 1;
-  const int k_last = g.causal ? q_last : g.T - 1;  // the last key any row of the tile sees
+  int2 w = make_int2(0, g.T), tile = make_int2(0, g.T);  // documents: the row's, the tile's keys
+  if constexpr (kDocs) {
+    const int2* wb = win + static_cast<int64_t>(b) * g.T;
+    if (valid) w = wb[i];
+    tile = make_int2(wb[q0].x / BK * BK, wb[q_last].y);
+  }
+  const int k_first = kDocs ? tile.x : 0;  // the first key tile any row sees
+  const int k_last = kDocs ? min(g.causal ? q_last : g.T - 1, tile.y - 1)
+                           : (g.causal ? q_last : g.T - 1);  // the last key any row sees
 
-  for (int k0 = 0; k0 <= k_last; k0 += BK) {
+  for (int k0 = k_first; k0 <= k_last; k0 += BK) {
     __syncthreads();
     for (int idx = tid; idx < BK * D; idx += BQ) {
       const int r = idx / D, d = idx % D, kj = k0 + r;
@@ -338,7 +399,8 @@ __global__ void __launch_bounds__(Tiles<D>::kDqQ)
     for (int u = 0; u < BK; ++u) {
       const int jj = k0 + u;
       if (jj > k_last) break;  // uniform over the block
-      const bool ok = valid && (!g.causal || jj <= i);
+      bool ok = valid && (!g.causal || jj <= i);
+      if constexpr (kDocs) ok = ok && jj >= w.x && jj < w.y;
       float s = 0.f, dp = 0.f;
 #pragma unroll
       for (int d = 0; d < D; ++d) {
@@ -371,8 +433,27 @@ void check_shape(const AttnShape& d) {
   if (d.B * d.NH > 65535) fail("cuda: attention supports B * n_head <= 65535");
   if (d.W() * d.T > (int64_t{1} << 31))
     fail("cuda: attention: T * (NH + 2 NKV) * HD must fit in 31 bits");
+  if (d.cu_seqlens && (d.B * d.T >= (int64_t{1} << 31) || d.cu_count >= (int64_t{1} << 31)))
+    fail("cuda: attention: documents need B * T and cu_seqlens's entries below 2^31");
 }
 
+// Bytes of the key windows (int2 [B*T]) with documents, else 0.
+size_t windows_bytes(const AttnShape& d) {
+  return d.cu_seqlens ? sizeof(int2) * static_cast<size_t>(d.B * d.T) : 0;
+}
+
+// With documents: each row's window written into `at` (windows_bytes(d) of scratch) and
+// returned; without: nullptr.
+const int2* doc_windows(cudaStream_t s, const AttnShape& d, void* at) {
+  if (!d.cu_seqlens) return nullptr;
+  auto* win = static_cast<int2*>(at);
+  const int64_t rows = d.B * d.T;
+  attn_doc_windows<<<static_cast<unsigned>((rows + 255) / 256), 256, 0, s>>>(
+      win, d.cu_seqlens, static_cast<int>(d.cu_count), static_cast<int>(d.T),
+      static_cast<int>(rows));
+  KILN_CUDA_LAUNCHED("attention (document windows)");
+  return win;
+}
 
 template <class Fn>
 void dispatch_d(int64_t hd, Fn&& fn) {
@@ -382,53 +463,77 @@ void dispatch_d(int64_t hd, Fn&& fn) {
   else fn.template operator()<128>();
 }
 
+// fn.template operator()<kDocs>() with kDocs = (win != nullptr).
+template <class Fn>
+void dispatch_docs(const int2* win, Fn&& fn) {
+  if (win) fn.template operator()<true>();
+  else fn.template operator()<false>();
+}
+
 template <class T>
 void forward_t(cudaStream_t s, T* out, float* lse, const T* qkv, const AttnShape& d,
-               const AttnDropout& dr) {
+               const AttnDropout& dr, const int2* win) {
   const Geo g = geo_of(d);
   dispatch_d(d.HD, [&]<int D>() {
     const dim3 grid(static_cast<unsigned>((d.T + Tiles<D>::kFwdQ - 1) / Tiles<D>::kFwdQ),
                     static_cast<unsigned>(d.B * d.NH));
-    attn_fwd<T, D><<<grid, Tiles<D>::kFwdQ, 0, s>>>(out, lse, qkv, g, dr);
+    dispatch_docs(win, [&]<bool kDocs>() {
+      attn_fwd<T, D, kDocs><<<grid, Tiles<D>::kFwdQ, 0, s>>>(out, lse, qkv, g, dr, win);
+    });
   });
   KILN_CUDA_LAUNCHED("attention_forward");
 }
 
 template <class T>
 void backward_t(cudaStream_t s, T* dqkv, const T* dout, const T* qkv, const T* out,
-                const float* lse, const AttnShape& d, const AttnDropout& dr, float* Dvec) {
+                const float* lse, const AttnShape& d, const AttnDropout& dr, float* Dvec,
+                const int2* win) {
   const Geo g = geo_of(d);
   const int64_t rows = d.B * d.NH * d.T;
   attn_bwd_rowdot<<<static_cast<unsigned>((rows + 3) / 4), 128, 0, s>>>(Dvec, dout, out, rows, g);
   KILN_CUDA_LAUNCHED("attention_backward (D)");
   dispatch_d(d.HD, [&]<int D>() {
-    const dim3 gkv(static_cast<unsigned>((d.T + Tiles<D>::kKvK - 1) / Tiles<D>::kKvK),
-                   static_cast<unsigned>(d.B * d.NKV));
-    attn_bwd_dkdv<T, D><<<gkv, Tiles<D>::kKvK, 0, s>>>(dqkv, dout, qkv, lse, Dvec, g, dr);
-    KILN_CUDA_LAUNCHED("attention_backward (dk, dv)");
-    const dim3 gq(static_cast<unsigned>((d.T + Tiles<D>::kDqQ - 1) / Tiles<D>::kDqQ),
-                  static_cast<unsigned>(d.B * d.NH));
-    attn_bwd_dq<T, D><<<gq, Tiles<D>::kDqQ, 0, s>>>(dqkv, dout, qkv, lse, Dvec, g, dr);
-    KILN_CUDA_LAUNCHED("attention_backward (dq)");
+    dispatch_docs(win, [&]<bool kDocs>() {
+      const dim3 gkv(static_cast<unsigned>((d.T + Tiles<D>::kKvK - 1) / Tiles<D>::kKvK),
+                     static_cast<unsigned>(d.B * d.NKV));
+      attn_bwd_dkdv<T, D, kDocs><<<gkv, Tiles<D>::kKvK, 0, s>>>(dqkv, dout, qkv, lse, Dvec, g,
+                                                                 dr, win);
+      KILN_CUDA_LAUNCHED("attention_backward (dk, dv)");
+      const dim3 gq(static_cast<unsigned>((d.T + Tiles<D>::kDqQ - 1) / Tiles<D>::kDqQ),
+                    static_cast<unsigned>(d.B * d.NH));
+      attn_bwd_dq<T, D, kDocs><<<gq, Tiles<D>::kDqQ, 0, s>>>(dqkv, dout, qkv, lse, Dvec, g, dr,
+                                                             win);
+      KILN_CUDA_LAUNCHED("attention_backward (dq)");
+    });
   });
+}
+
+// D_i's bytes in attention_backward's scratch, rounded up so that the windows behind it
+// start on a 256-byte boundary.
+size_t dvec_bytes(const AttnShape& d) {
+  return (sizeof(float) * static_cast<size_t>(d.B * d.NH * d.T) + 255) / 256 * 256;
 }
 
 }  // namespace
 
+size_t attention_forward_scratch_bytes(const AttnShape& d) { return windows_bytes(d); }
+
 void attention_forward(cudaStream_t s, Elem e, void* out, float* lse, const void* qkv,
-                       const AttnShape& d, const AttnDropout& drop, bool simt) {
+                       const AttnShape& d, const AttnDropout& drop, void* scratch, bool simt) {
   if (d.B * d.T * d.NH == 0) return;
   check_shape(d);
+  const int2* win = doc_windows(s, d, scratch);
   if (!simt && attention_tc_applies(e, d, drop, {out, qkv})) {
-    attention_tc_forward(s, out, lse, qkv, d);
+    attention_tc_forward(s, out, lse, qkv, d, win);
     return;
   }
   KILN_DISPATCH_ELEM(e, forward_t<scalar_t>(s, static_cast<scalar_t*>(out), lse,
-                                            static_cast<const scalar_t*>(qkv), d, drop));
+                                            static_cast<const scalar_t*>(qkv), d, drop, win));
 }
 
 size_t attention_backward_scratch_bytes(const AttnShape& d) {
-  return sizeof(float) * static_cast<size_t>(d.B * d.NH * d.T);
+  return d.cu_seqlens ? dvec_bytes(d) + windows_bytes(d)
+                      : sizeof(float) * static_cast<size_t>(d.B * d.NH * d.T);
 }
 
 void attention_backward(cudaStream_t s, Elem e, void* dqkv, const void* dout, const void* qkv,
@@ -436,15 +541,17 @@ void attention_backward(cudaStream_t s, Elem e, void* dqkv, const void* dout, co
                         const AttnDropout& drop, void* scratch, bool simt) {
   if (d.B * d.T * d.NH == 0) return;
   check_shape(d);
+  auto* Dvec = static_cast<float*>(scratch);
+  const int2* win = doc_windows(s, d, static_cast<char*>(scratch) + dvec_bytes(d));
   if (!simt && attention_tc_applies(e, d, drop, {dqkv, dout, qkv, out})) {
-    attention_tc_backward(s, dqkv, dout, qkv, out, lse, d, static_cast<float*>(scratch));
+    attention_tc_backward(s, dqkv, dout, qkv, out, lse, d, Dvec, win);
     return;
   }
   KILN_DISPATCH_ELEM(e, backward_t<scalar_t>(s, static_cast<scalar_t*>(dqkv),
                                              static_cast<const scalar_t*>(dout),
                                              static_cast<const scalar_t*>(qkv),
                                              static_cast<const scalar_t*>(out), lse, d, drop,
-                                             static_cast<float*>(scratch)));
+                                             Dvec, win));
 }
 
 }  // namespace kiln::cuda

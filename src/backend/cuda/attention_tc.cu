@@ -33,6 +33,10 @@
 //       S and dP, dQ += dS K.
 //   A separate dQ pass (as attention.cu) instead of FlashAttention-2's float atomics:
 //   deterministic, at the cost of recomputing QK^T and dO V^T (7 instead of 5 products).
+// Documents (kDocs; see attention.cu): each row's window [lo, hi) from win; a block loops
+//   only over the tiles of its rows' windows (forward and dQ: key tiles from lo of its
+//   first query to hi of its last; dK/dV: query tiles from lo of its first key to hi of
+//   its last) and masks element by element only on the tiles that some window cuts.
 // FLOPs per (b,h): forward 2 T^2 HD (causal half of two products), backward 3.5 T^2 HD.
 #include "backend/cuda/attention_tc.h"
 #include "backend/cuda/common.cuh"
@@ -55,6 +59,23 @@ struct TcGeo {
   float scale;    // 1/sqrt(HD)
   float scale2;   // scale * log2(e)
 };
+
+// Rows or keys row_a and row_a + 8 of a thread's fragments (rows >= T: an empty window)
+// and, for the tile of rows first..last, the range [all.x, all.y) inside every row's
+// window (windows grow with the row: lo of the last row, hi of the first).
+struct TileWindows {
+  int2 own[2];
+  int2 all;
+};
+__device__ __forceinline__ TileWindows tile_windows(const int2* wb, int row_a, int first,
+                                                    int last, int T) {
+  TileWindows t;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) t.own[r] = row_a + 8 * r < T ? wb[row_a + 8 * r] : make_int2(0, 0);
+  t.all = make_int2(wb[last].x, wb[first].y);
+  return t;
+}
+__device__ __forceinline__ bool outside(int2 w, int x) { return x < w.x || x >= w.y; }
 
 __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                          uint32_t b1) {
@@ -133,9 +154,9 @@ struct TcTiles {
   }
 };
 
-template <int D>
+template <int D, bool kDocs>
 __global__ void __launch_bounds__(kThreads)
-    attn_fwd_tc(bf16* out, float* lse, const bf16* qkv, TcGeo g) {
+    attn_fwd_tc(bf16* out, float* lse, const bf16* qkv, TcGeo g, const int2* win) {
   constexpr int BQ = TcTiles<D>::kFwdQ, BK = TcTiles<D>::kFwdK, SD = D + 8, SK = BK + 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* Qs = reinterpret_cast<bf16*>(smem_raw);
@@ -163,8 +184,17 @@ __global__ void __launch_bounds__(kThreads)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const int row_a = q0 + warp * 16 + gr;  // rows row_a (c0, c1) and row_a + 8 (c2, c3)
 
-  const int k_end = g.causal ? q0 : g.T - 1;  // the last key tile starts at or before it
-  for (int k0 = 0; k0 <= k_end; k0 += BK) {
+  int k_begin = 0;
+  int k_end = g.causal ? q0 : g.T - 1;  // the last key tile starts at or before it
+  TileWindows w{};
+  if constexpr (kDocs) {
+    const int q_last = min(g.T, q0 + BQ) - 1;
+    const int2* wb = win + static_cast<int64_t>(b) * g.T;
+    w = tile_windows(wb, row_a, q0, q_last, g.T);
+    k_begin = wb[q0].x / BK * BK;
+    k_end = min(g.causal ? q_last : g.T - 1, wb[q_last].y - 1);
+  }
+  for (int k0 = k_begin; k0 <= k_end; k0 += BK) {
     __syncthreads();  // the previous tile is consumed
     stage<BK, D>(Ks, nullptr, kbase, row3, k0, g.T);
     stage<BK, D>(nullptr, Vt, vbase, row3, k0, g.T);
@@ -179,7 +209,8 @@ __global__ void __launch_bounds__(kThreads)
         const bf16* kr = Ks + (nt * 8 + gr) * SD + ks * 16 + 2 * tq;
         mma16816(s[nt], qa[ks], ld32(kr), ld32(kr + 8));
       }
-    const bool need_mask = (g.causal && k0 + BK > q0) || k0 + BK > g.T;
+    const bool need_mask = (g.causal && k0 + BK > q0) || k0 + BK > g.T ||
+                           (kDocs && (k0 < w.all.x || k0 + BK > w.all.y));
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < BK / 8; ++nt)
@@ -188,7 +219,8 @@ __global__ void __launch_bounds__(kThreads)
         float x = s[nt][e] * g.scale2;
         if (need_mask) {
           const int col = k0 + nt * 8 + 2 * tq + (e & 1), row = row_a + (e >> 1) * 8;
-          if ((g.causal && col > row) || col >= g.T) x = -INFINITY;
+          if ((g.causal && col > row) || col >= g.T || (kDocs && outside(w.own[e >> 1], col)))
+            x = -INFINITY;
         }
         s[nt][e] = x;
         mx[e >> 1] = fmaxf(mx[e >> 1], x);
@@ -234,7 +266,7 @@ __global__ void __launch_bounds__(kThreads)
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     const int row = row_a + r * 8;
     if (row >= g.T) continue;
-    const float inv = 1.f / l[r];
+    const float inv = (!kDocs || l[r] > 0.f) ? 1.f / l[r] : 0.f;  // l = 0: no key (lse -inf)
     bf16* orow = out + (static_cast<int64_t>(b) * g.T + row) * g.CQ + static_cast<int64_t>(h) * D;
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt)
@@ -263,10 +295,10 @@ __global__ void attn_rowdot_tc(float* Dvec, const bf16* dout, const bf16* out, i
   if (lane == 0) Dvec[r] = s;
 }
 
-template <int D>
+template <int D, bool kDocs>
 __global__ void __launch_bounds__(kThreads)
     attn_bwd_dkdv_tc(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
-                     const float* Dvec, TcGeo g) {
+                     const float* Dvec, TcGeo g, const int2* win) {
   constexpr int BK = TcTiles<D>::kKvK, BQ = TcTiles<D>::kKvQ, SD = D + 8, SQ = BQ + 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* Ks = reinterpret_cast<bf16*>(smem_raw);
@@ -294,13 +326,23 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
   const int key_a = k0 + warp * 16 + gr;  // keys key_a (c0, c1) and key_a + 8 (c2, c3)
+  int doc_begin = 0, doc_end = 0;  // documents: the query tiles that see a key
+  TileWindows w{};                  // and the queries that see each key
+  if constexpr (kDocs) {
+    const int k_last = min(g.T, k0 + BK) - 1;
+    const int2* wb = win + static_cast<int64_t>(b) * g.T;
+    w = tile_windows(wb, key_a, k0, k_last, g.T);
+    doc_begin = max(g.causal ? k0 : 0, wb[k0].x / BQ * BQ);
+    doc_end = wb[k_last].y;
+  }
 
   // The query heads of this kv head's group, in order (one head when NKV = NH).
   for (int h = kvh * g.group; h < (kvh + 1) * g.group; ++h) {
     const int64_t bh = static_cast<int64_t>(b) * g.NH + h;
     const bf16* base = rows + static_cast<int64_t>(h) * D;
     const bf16* dbase = dout + static_cast<int64_t>(b) * g.T * g.CQ + static_cast<int64_t>(h) * D;
-    for (int q0 = g.causal ? k0 : 0; q0 < g.T; q0 += BQ) {
+    for (int q0 = kDocs ? doc_begin : (g.causal ? k0 : 0); q0 < (kDocs ? doc_end : g.T);
+         q0 += BQ) {
       __syncthreads();
       stage<BQ, D>(Qs, QsT, base, row3, q0, g.T);
       stage<BQ, D>(dOs, dOsT, dbase, g.CQ, q0, g.T);
@@ -328,7 +370,8 @@ __global__ void __launch_bounds__(kThreads)
           mma16816(dp[nt], va, ld32(dr), ld32(dr + 8));
         }
       }
-      const bool need_mask = (g.causal && q0 < k0 + BK) || q0 + BQ > g.T;
+      const bool need_mask = (g.causal && q0 < k0 + BK) || q0 + BQ > g.T ||
+                             (kDocs && (q0 < w.all.x || q0 + BQ > w.all.y));
 #pragma unroll
       for (int nt = 0; nt < BQ / 8; ++nt)
 #pragma unroll
@@ -337,7 +380,7 @@ __global__ void __launch_bounds__(kThreads)
           float p = exp2f(s[nt][e] * g.scale2 - Ls[ci]);
           if (need_mask) {
             const int i = q0 + ci, j = key_a + (e >> 1) * 8;
-            if ((g.causal && i < j) || i >= g.T) p = 0.f;
+            if ((g.causal && i < j) || i >= g.T || (kDocs && outside(w.own[e >> 1], i))) p = 0.f;
           }
           s[nt][e] = p;
           dp[nt][e] = p * (dp[nt][e] - Ds[ci]);
@@ -373,10 +416,10 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int D>
+template <int D, bool kDocs>
 __global__ void __launch_bounds__(kThreads)
     attn_bwd_dq_tc(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
-                   const float* Dvec, TcGeo g) {
+                   const float* Dvec, TcGeo g, const int2* win) {
   constexpr int BQ = TcTiles<D>::kDqQ, BK = TcTiles<D>::kDqK, SD = D + 8, SK = BK + 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* Qs = reinterpret_cast<bf16*>(smem_raw);
@@ -416,9 +459,17 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int dt = 0; dt < D / 8; ++dt) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.f;
   const int q_last = min(g.T, q0 + BQ) - 1;
-  const int k_last = g.causal ? q_last : g.T - 1;  // the last key any row of the tile sees
+  int k_first = 0;                           // the first key tile any row sees
+  int k_last = g.causal ? q_last : g.T - 1;  // the last key any row of the tile sees
+  TileWindows w{};
+  if constexpr (kDocs) {
+    const int2* wb = win + static_cast<int64_t>(b) * g.T;
+    w = tile_windows(wb, row_a, q0, q_last, g.T);
+    k_first = wb[q0].x / BK * BK;
+    k_last = min(k_last, wb[q_last].y - 1);
+  }
 
-  for (int k0 = 0; k0 <= k_last; k0 += BK) {
+  for (int k0 = k_first; k0 <= k_last; k0 += BK) {
     __syncthreads();
     stage<BK, D>(Ks, KsT, kbase, row3, k0, g.T);
     stage<BK, D>(Vs, nullptr, vbase, row3, k0, g.T);
@@ -437,7 +488,8 @@ __global__ void __launch_bounds__(kThreads)
         const bf16* vr = Vs + (nt * 8 + gr) * SD + ks * 16 + 2 * tq;
         mma16816(dp[nt], oa[ks], ld32(vr), ld32(vr + 8));
       }
-    const bool need_mask = (g.causal && k0 + BK > q0) || k0 + BK > g.T;
+    const bool need_mask = (g.causal && k0 + BK > q0) || k0 + BK > g.T ||
+                           (kDocs && (k0 < w.all.x || k0 + BK > w.all.y));
 #pragma unroll
     for (int nt = 0; nt < BK / 8; ++nt)
 #pragma unroll
@@ -445,7 +497,7 @@ __global__ void __launch_bounds__(kThreads)
         float p = exp2f(s[nt][e] * g.scale2 - L[e >> 1]);
         if (need_mask) {
           const int j = k0 + nt * 8 + 2 * tq + (e & 1), i = row_a + (e >> 1) * 8;
-          if ((g.causal && j > i) || j >= g.T) p = 0.f;
+          if ((g.causal && j > i) || j >= g.T || (kDocs && outside(w.own[e >> 1], j))) p = 0.f;
         }
         dp[nt][e] = p * (dp[nt][e] - Dr[e >> 1]);
       }
@@ -486,6 +538,13 @@ void dispatch_hd(int64_t hd, Fn&& fn) {
   else fn.template operator()<128>();
 }
 
+// fn.template operator()<kDocs>() with kDocs = (win != nullptr).
+template <class Fn>
+void dispatch_docs(const int2* win, Fn&& fn) {
+  if (win) fn.template operator()<true>();
+  else fn.template operator()<false>();
+}
+
 template <class K>
 void launch(K kernel, dim3 grid, size_t smem, cudaStream_t s, const char* name, auto... args) {
   if (smem > 48 * 1024)
@@ -507,19 +566,22 @@ bool attention_tc_applies(Elem e, const AttnShape& d, const AttnDropout& drop,
 }
 
 void attention_tc_forward(cudaStream_t s, void* out, float* lse, const void* qkv,
-                          const AttnShape& d) {
+                          const AttnShape& d, const int2* win) {
   const TcGeo g = tc_geo(d);
   dispatch_hd(d.HD, [&]<int D>() {
     const dim3 grid(static_cast<unsigned>((d.T + TcTiles<D>::kFwdQ - 1) / TcTiles<D>::kFwdQ),
                     static_cast<unsigned>(d.B * d.NH));
-    launch(attn_fwd_tc<D>, grid, TcTiles<D>::fwd_smem(), s, "attention_forward (tensor cores)",
-           static_cast<bf16*>(out), lse, static_cast<const bf16*>(qkv), g);
+    dispatch_docs(win, [&]<bool kDocs>() {
+      launch(attn_fwd_tc<D, kDocs>, grid, TcTiles<D>::fwd_smem(), s,
+             "attention_forward (tensor cores)", static_cast<bf16*>(out), lse,
+             static_cast<const bf16*>(qkv), g, win);
+    });
   });
 }
 
 void attention_tc_backward(cudaStream_t s, void* dqkv, const void* dout, const void* qkv,
                            const void* out, const float* lse, const AttnShape& d,
-                           float* Dvec) {
+                           float* Dvec, const int2* win) {
   const TcGeo g = tc_geo(d);
   const int64_t rows = d.B * d.NH * d.T;
   attn_rowdot_tc<<<static_cast<unsigned>((rows + 3) / 4), 128, 0, s>>>(
@@ -530,15 +592,18 @@ void attention_tc_backward(cudaStream_t s, void* dqkv, const void* dout, const v
   const auto* dO = static_cast<const bf16*>(dout);
   const auto* x = static_cast<const bf16*>(qkv);
   dispatch_hd(d.HD, [&]<int D>() {
-    const dim3 gkv(static_cast<unsigned>((d.T + TcTiles<D>::kKvK - 1) / TcTiles<D>::kKvK),
-                   static_cast<unsigned>(d.B * d.NKV));
-    launch(attn_bwd_dkdv_tc<D>, gkv, TcTiles<D>::kv_smem(), s,
-           "attention_backward (dk, dv; tensor cores)", dq, dO, x, lse,
-           static_cast<const float*>(Dvec), g);
-    const dim3 gq(static_cast<unsigned>((d.T + TcTiles<D>::kDqQ - 1) / TcTiles<D>::kDqQ),
-                  static_cast<unsigned>(d.B * d.NH));
-    launch(attn_bwd_dq_tc<D>, gq, TcTiles<D>::dq_smem(), s, "attention_backward (dq; tensor cores)",
-           dq, dO, x, lse, static_cast<const float*>(Dvec), g);
+    dispatch_docs(win, [&]<bool kDocs>() {
+      const dim3 gkv(static_cast<unsigned>((d.T + TcTiles<D>::kKvK - 1) / TcTiles<D>::kKvK),
+                     static_cast<unsigned>(d.B * d.NKV));
+      launch(attn_bwd_dkdv_tc<D, kDocs>, gkv, TcTiles<D>::kv_smem(), s,
+             "attention_backward (dk, dv; tensor cores)", dq, dO, x, lse,
+             static_cast<const float*>(Dvec), g, win);
+      const dim3 gq(static_cast<unsigned>((d.T + TcTiles<D>::kDqQ - 1) / TcTiles<D>::kDqQ),
+                    static_cast<unsigned>(d.B * d.NH));
+      launch(attn_bwd_dq_tc<D, kDocs>, gq, TcTiles<D>::dq_smem(), s,
+             "attention_backward (dq; tensor cores)", dq, dO, x, lse,
+             static_cast<const float*>(Dvec), g, win);
+    });
   });
 }
 

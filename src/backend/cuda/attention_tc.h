@@ -15,11 +15,14 @@ namespace kiln::cuda {
 bool attention_tc_applies(Elem e, const AttnShape& d, const AttnDropout& drop,
                           std::initializer_list<const void*> ptrs);
 
+/// win: with documents (d.cu_seqlens), each row's document window int2 [B*T] on the
+/// device ([lo, hi): positions in its sequence; attention.cu's attn_doc_windows), else
+/// nullptr.
 void attention_tc_forward(cudaStream_t s, void* out, float* lse, const void* qkv,
-                          const AttnShape& d);
-/// Dvec: fp32 [B,NH,T] scratch (attention_backward_scratch_bytes).
+                          const AttnShape& d, const int2* win);
+/// Dvec: fp32 [B,NH,T] scratch (attention_backward_scratch_bytes); win as above.
 void attention_tc_backward(cudaStream_t s, void* dqkv, const void* dout, const void* qkv,
                            const void* out, const float* lse, const AttnShape& d,
-                           float* Dvec);
+                           float* Dvec, const int2* win);
 
 }  // namespace kiln::cuda

@@ -1,7 +1,8 @@
-// CudaBackend's attention ops: attention forward/backward (attention.cu, which hands
-// bf16 without dropout to attention_tc.cu), the KV-cache decode step
-// (attention_decode.cu) and rotary position embedding (rope.cu). Arguments are
-// validated by op_checks against the AttentionShape (grouped-query, causal or not).
+// CudaBackend's attention ops: attention forward/backward, over whole sequences or over
+// documents packed into them (varlen: the same kernels with a key window per row;
+// attention.cu, which hands bf16 without dropout to attention_tc.cu), the KV-cache
+// decode step (attention_decode.cu) and rotary position embedding (rope.cu). Arguments
+// are validated by op_checks against the AttentionShape (grouped-query, causal or not).
 #include "backend/cuda/attention.h"
 #include "backend/cuda/attention_decode.h"
 #include "backend/cuda/cuda_backend_impl.h"
@@ -15,8 +16,15 @@
 namespace kiln::cuda {
 
 namespace {
-AttnShape attn_shape(const checks::AttentionDims& d, const AttentionShape& shape) {
-  return AttnShape{d.B, d.T, d.NH, d.NKV, d.HD, shape.causal};
+// cu_seqlens: the documents (empty: none).
+AttnShape attn_shape(const checks::AttentionDims& d, const AttentionShape& shape,
+                     const Tensor& cu_seqlens = Tensor()) {
+  AttnShape a{d.B, d.T, d.NH, d.NKV, d.HD, shape.causal};
+  if (cu_seqlens) {
+    a.cu_seqlens = cu_seqlens.data<int32_t>();
+    a.cu_count = cu_seqlens.numel();
+  }
+  return a;
 }
 }  // namespace
 
@@ -28,7 +36,7 @@ void CudaBackend::attention_forward(Stream s, const Tensor& out, const Tensor& l
   const Elem e = elem(qkv, "attention", {&out});
   head_dim_ok(d.HD, "attention");
   cuda::attention_forward(st(s), e, out.raw(), lse.data<float>(), qkv.raw(), attn_shape(d, shape),
-                          drop(dropout), simt_attention_);
+                          drop(dropout), nullptr, simt_attention_);
 }
 
 void CudaBackend::attention_backward(Stream s, const Tensor& dqkv, const Tensor& dout,
@@ -61,17 +69,39 @@ namespace {
 }
 }  // namespace
 
-void CudaBackend::attention_varlen_forward(Stream, const Tensor&, const Tensor&, const Tensor&,
-                                           const Tensor&, const AttentionShape&,
-                                           const DropoutSpec&) {
-  throw Error("attention_varlen_forward: document masks (data.packing) are not implemented on "
-              "the CUDA backend yet; run them on the CPU backend");
+// cu_seqlens stays on the device: the kernels turn it into one key window per row in
+// scratch (attention.cu), so a bad cu_seqlens is not diagnosed (the interface leaves it
+// undefined; the CPU backend throws).
+void CudaBackend::attention_varlen_forward(Stream s, const Tensor& out, const Tensor& lse,
+                                           const Tensor& qkv, const Tensor& cu_seqlens,
+                                           const AttentionShape& shape,
+                                           const DropoutSpec& dropout) {
+  cuda::NvtxRange r("attention_varlen_forward");
+  const auto d = checks::attention_varlen(out, lse, qkv, cu_seqlens, shape);
+  const Elem e = elem(qkv, "attention_varlen_forward", {&out});
+  on_device(cu_seqlens, "attention_varlen_forward");
+  head_dim_ok(d.HD, "attention_varlen_forward");
+  const AttnShape a = attn_shape(d, shape, cu_seqlens);
+  Scratch scratch(*this, st(s), cuda::attention_forward_scratch_bytes(a));
+  cuda::attention_forward(st(s), e, out.raw(), lse.data<float>(), qkv.raw(), a, drop(dropout),
+                          scratch.ptr(), simt_attention_);
 }
-void CudaBackend::attention_varlen_backward(Stream, const Tensor&, const Tensor&, const Tensor&,
-                                            const Tensor&, const Tensor&, const Tensor&,
-                                            const AttentionShape&, const DropoutSpec&) {
-  throw Error("attention_varlen_backward: document masks (data.packing) are not implemented on "
-              "the CUDA backend yet; run them on the CPU backend");
+
+void CudaBackend::attention_varlen_backward(Stream s, const Tensor& dqkv, const Tensor& dout,
+                                            const Tensor& qkv, const Tensor& out,
+                                            const Tensor& lse, const Tensor& cu_seqlens,
+                                            const AttentionShape& shape,
+                                            const DropoutSpec& dropout) {
+  cuda::NvtxRange r("attention_varlen_backward");
+  checks::documents(cu_seqlens, "attention_varlen_backward");
+  const auto d = checks::attention_backward(dqkv, dout, qkv, out, lse, shape);
+  const Elem e = elem(qkv, "attention_varlen_backward", {&out, &dout, &dqkv});
+  on_device(cu_seqlens, "attention_varlen_backward");
+  head_dim_ok(d.HD, "attention_varlen_backward");
+  const AttnShape a = attn_shape(d, shape, cu_seqlens);
+  Scratch scratch(*this, st(s), cuda::attention_backward_scratch_bytes(a));
+  cuda::attention_backward(st(s), e, dqkv.raw(), dout.raw(), qkv.raw(), out.raw(),
+                           lse.data<float>(), a, drop(dropout), scratch.ptr(), simt_attention_);
 }
 
 void CudaBackend::attention_tile_forward(Stream, const Tensor&, const Tensor&, const Tensor&,

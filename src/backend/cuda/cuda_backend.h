@@ -25,13 +25,12 @@ namespace kiln {
 /// stands for CUDA, the tests): fp32 and bf16 (fp16 only for transfers, copy and fill,
 /// which are not ops of the list); the ops whose tensors have fixed dtypes (int32 ids,
 /// fp32 or fp64 statistics: the mixture-of-experts router, its balancing statistics and
-/// the permutation plan among them) for every float dtype; nothing for ring attention's
-/// tile ops (parallel.cp > 1) and the varlen attention (data.packing), whose kernels are
-/// not written yet.
+/// the permutation plan among them) for every float dtype; the varlen attention
+/// (data.packing) in fp32 and bf16 like the whole-sequence one; nothing for ring
+/// attention's tile ops (parallel.cp > 1), whose kernels are not written yet.
 constexpr bool cuda_supports(Op op, DType dtype) {
   const bool fp32_or_bf16 = dtype == DType::F32 || dtype == DType::BF16;
   if (op_family(op) == OpFamily::RingAttention) return false;
-  if (op_family(op) == OpFamily::VarlenAttention) return false;
   switch (op) {
     case Op::ShardIds:
     case Op::CrossEntropyShardCombine:
