@@ -4,7 +4,8 @@
 #   1. a JSONL corpus of documents of mixed lengths prepared by kiln prepare; a tiny Llama
 #      trained 20 updates packed on one process and at cp2 (a document spans chunks and
 #      ranks): every loss and validation loss within 1e-5 relative; the packed run's
-#      losses differ from the unpacked run's (the masks act);
+#      losses differ from the unpacked run's (the masks act); a packed blend of two data
+#      sets trains;
 #   2. bad packing configs are one-line errors at start-up: an unknown value, a data set
 #      without a document index, an image data set.
 # Usage: packing_train_test.sh KILN_BINARY WORK_DIR [--long]
@@ -67,6 +68,13 @@ a, b = ([r["loss"] for r in map(json.loads, open(p)) if "loss" in r] for p in sy
 assert a[0] != b[0], "packed and unpacked runs have the same first loss: the masks do nothing"
 print(f"packed vs unpacked first loss: {a[0]:.6f} vs {b[0]:.6f}")
 PY
+
+# A blend packs each sample by its own data set's documents.
+"$kiln" prepare --input "$work/docs.jsonl" --format jsonl --out "$work/data2" --tokenizer byte \
+  --val-fraction 0.2 >/dev/null
+run_train "$work/tiny.toml" blend 1 --set data.dir= --set "data.blend=[\"0.5\", \"$work/data\", \"0.5\", \"$work/data2\"]" \
+  --set train.steps=5
+grep -q '"val_loss_by_data"' "$work/blend/metrics.jsonl" && echo "packed blend: ok"
 
 cp -r "$work/data" "$work/old"
 "$py" - "$work/old/meta.json" <<'PY'
