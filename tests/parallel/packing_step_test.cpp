@@ -13,6 +13,7 @@
 #include "data/packing.h"
 #include "mpi_test_main.h"
 #include "parallel/mesh.h"
+#include "step_grads.h"
 #include "train/train_step.h"
 
 #include <gtest/gtest.h>
@@ -200,20 +201,7 @@ void check(const std::string& arch, const Layout& l) {
   const StepResult want = ref.run(pieces.tokens.data(), pieces.targets.data(), 0);
   const StepResult have = got.run(all_in.data(), all_tg.data(), 0);
   ASSERT_NEAR(have.loss, want.loss, l.tol() * want.loss);
-  int64_t compared = 0;
-  for (const AdamWSegment& seg : got.data_parallel().optimizer_segments()) {
-    const auto full = download_f32(be, ref.model().grad(seg.spec.name));
-    const auto mine = download_f32(be, seg.grad);
-    double scale = 0.0;
-    for (float x : full) scale = std::max(scale, std::fabs(static_cast<double>(x)));
-    for (const auto& run : seg.spec.slice.global_runs(seg.spec.shape, seg.begin, seg.end))
-      for (int64_t e = run.global_begin; e < run.global_end; ++e, ++compared) {
-        const size_t local = static_cast<size_t>(run.local_begin - seg.begin + (e - run.global_begin));
-        ASSERT_NEAR(mine[local], full[static_cast<size_t>(e)], l.tol() * scale)
-            << seg.spec.name << " element " << e;
-      }
-  }
-  EXPECT_GT(compared, 0);
+  EXPECT_TRUE(testing::grads_match(be, got, ref, l.tol(), 0.0));
 }
 
 TEST(PackingStep, Gpt2OneProcess) { check("gpt2", {"1 process"}); }

@@ -9,6 +9,7 @@
 #include "comm/local_communicator.h"
 #include "mpi_test_main.h"
 #include "parallel/mesh.h"
+#include "step_grads.h"
 #include "train/train_step.h"
 
 #include <gtest/gtest.h>
@@ -106,21 +107,7 @@ void check(const Row& row) {
         << "update " << u + 1;
     if (u > 0) continue;
     // The first update's gradients (still in place after the update), by global element.
-    int64_t compared = 0;
-    for (const AdamWSegment& seg : got.data_parallel().optimizer_segments()) {
-      const auto full = download_f32(be, ref.model().grad(seg.spec.name));
-      const auto mine = download_f32(be, seg.grad);
-      double scale = 1.0;
-      for (float x : full) scale = std::max(scale, std::fabs(static_cast<double>(x)));
-      for (const auto& run : seg.spec.slice.global_runs(seg.spec.shape, seg.begin, seg.end)) {
-        for (int64_t g = run.global_begin; g < run.global_end; ++g, ++compared) {
-          const size_t local = static_cast<size_t>(run.local_begin - seg.begin + (g - run.global_begin));
-          ASSERT_NEAR(mine[local], full[static_cast<size_t>(g)], 1e-5 * scale)
-              << seg.spec.name << " element " << g;
-        }
-      }
-    }
-    EXPECT_GT(compared, 0);
+    EXPECT_TRUE(testing::grads_match(be, got, ref, 1e-5, 1.0));
   }
   // Replicated parameters: bitwise the same over the tp group (hash halves as exact floats).
   const uint64_t h = std::stoull(got.data_parallel().tp_replica_hash(), nullptr, 16);

@@ -125,6 +125,27 @@ __device__ __forceinline__ float keep_factor(const AttnDropout& dr, int64_t bh, 
   return uniform_at(dr.seed, dr.stream, idx) >= dr.p ? dr.scale : 0.f;
 }
 
+// The keys a block of query rows q0..q_last of sequence b reads (forward and the dQ pass):
+// from k_first (a multiple of BK) to k_last, the causal triangle's and, with documents,
+// the union of the rows' windows (windows only grow with the row); w, query row i's own
+// window (i < 0: a padding row of the block).
+template <bool kDocs>
+struct QueryBlockKeys {
+  int2 w;
+  int k_first, k_last;
+  __device__ QueryBlockKeys(const int2* win, const Geo& g, int b, int q0, int q_last, int i, int BK) {
+    w = make_int2(0, g.T);
+    k_first = 0;
+    k_last = g.causal ? q_last : g.T - 1;
+    if constexpr (kDocs) {
+      const int2* wb = win + static_cast<int64_t>(b) * g.T;
+      if (i >= 0) w = wb[i];
+      k_first = wb[q0].x / BK * BK;
+      k_last = min(k_last, wb[q_last].y - 1);
+    }
+  }
+};
+
 template <class T, int D, bool kDocs>
 __global__ void __launch_bounds__(Tiles<D>::kFwdQ)
     attn_fwd(T* out, float* lse, const T* qkv, Geo g, AttnDropout dr, const int2* win) {
@@ -149,16 +170,9 @@ __global__ void __launch_bounds__(Tiles<D>::kFwdQ)
     acc[d] = 0.f;
   }
   float m = -INFINITY, l = 0.f;
-  const int q_last = min(g.T, q0 + BQ) - 1;
-  int2 w = make_int2(0, g.T), tile = make_int2(0, g.T);  // documents: the row's, the tile's keys
-  if constexpr (kDocs) {
-    const int2* wb = win + static_cast<int64_t>(b) * g.T;
-    if (valid) w = wb[i];
-    tile = make_int2(wb[q0].x / BK * BK, wb[q_last].y);
-  }
-  const int k_first = kDocs ? tile.x : 0;  // the first key tile any row sees
-  const int k_last = kDocs ? min(g.causal ? q_last : g.T - 1, tile.y - 1)
-                           : (g.causal ? q_last : g.T - 1);  // the last key any row sees
+  const QueryBlockKeys<kDocs> keys(win, g, b, q0, min(g.T, q0 + BQ) - 1, valid ? i : -1, BK);
+  const int2 w = keys.w;
+  const int k_first = keys.k_first, k_last = keys.k_last;
   const uint64_t drop_row = drop_row_index(dr, bh, g.NH, g.T, valid ? i : 0);
 
   for (int k0 = k_first; k0 <= k_last; k0 += BK) {
@@ -375,16 +389,9 @@ __global__ void __launch_bounds__(Tiles<D>::kDqQ)
   }
   const float L = valid ? lse[bh * g.T + i] : 0.f;
   const float Di = valid ? Dvec[bh * g.T + i] : 0.f;
-  const int q_last = min(g.T, q0 + BQ) - 1;
-  int2 w = make_int2(0, g.T), tile = make_int2(0, g.T);  // documents: the row's, the tile's keys
-  if constexpr (kDocs) {
-    const int2* wb = win + static_cast<int64_t>(b) * g.T;
-    if (valid) w = wb[i];
-    tile = make_int2(wb[q0].x / BK * BK, wb[q_last].y);
-  }
-  const int k_first = kDocs ? tile.x : 0;  // the first key tile any row sees
-  const int k_last = kDocs ? min(g.causal ? q_last : g.T - 1, tile.y - 1)
-                           : (g.causal ? q_last : g.T - 1);  // the last key any row sees
+  const QueryBlockKeys<kDocs> keys(win, g, b, q0, min(g.T, q0 + BQ) - 1, valid ? i : -1, BK);
+  const int2 w = keys.w;
+  const int k_first = keys.k_first, k_last = keys.k_last;
 
   for (int k0 = k_first; k0 <= k_last; k0 += BK) {
     __syncthreads();
