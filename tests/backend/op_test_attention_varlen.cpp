@@ -14,6 +14,17 @@
 namespace kiln::test {
 namespace {
 
+struct VarlenCfg {
+  int B, T, NH, NKV, HD;
+  bool causal;
+  std::vector<int32_t> cu;  // empty: random
+};
+
+// Bounds by norm of one dtype's run: out, lse, dqkv.
+struct Bounds {
+  double out, lse, dqkv;
+};
+
 class AttentionVarlenTest : public OpTest {
  protected:
   // 0, `cuts` random points of (0, B*T) (repeats: empty documents), B*T, then `pad` more
@@ -42,13 +53,55 @@ class AttentionVarlenTest : public OpTest {
     be().copy(st(), f, t);
     return download(f);
   }
+  // The tensors of dtype dt (fp32 or bf16; bf16 rounds x in place first).
+  Tensor upload_as(DType dt, std::vector<float>& x, const Shape& shape) {
+    return dt == DType::BF16 ? upload_bf16(x, shape) : upload(x, shape);
+  }
+  Tensor poisoned_as(DType dt, const Shape& shape) {
+    return dt == DType::BF16 ? poisoned_bf16(shape) : poisoned(shape);
+  }
+  std::vector<float> download_as(const Tensor& t) {
+    return t.dtype() == DType::BF16 ? download_bf16(t) : download(t);
+  }
+
+  // Case c in dtype dt (cu_seqlens random with up to max_cuts documents when c has none)
+  // forward and backward against the double reference run on each document alone.
+  void check_documents(const VarlenCfg& c, DType dt, int max_cuts, const Bounds& tol) {
+    const int64_t N = int64_t{c.B} * c.T;
+    const std::vector<int32_t> cu =
+        c.cu.empty() ? random_documents(N, randint(1, max_cuts), randint(0, 3)) : c.cu;
+    std::ostringstream os;
+    os << dtype_name(dt) << " B=" << c.B << " T=" << c.T << " NH=" << c.NH << " NKV=" << c.NKV
+       << " HD=" << c.HD << (c.causal ? " causal" : " bidirectional") << " cu_seqlens=";
+    for (const int32_t x : cu) os << x << ' ';
+    const std::string what = os.str(), tag = std::string(dtype_name(dt)) + " ";
+    const int C = c.NH * c.HD, W = (c.NH + 2 * c.NKV) * c.HD;
+    const AttentionShape shape{c.NH, c.NKV, c.HD, c.causal};
+    const ref::Attn ra{c.B, c.T, c.NH, c.NKV, c.HD, c.causal};
+
+    std::vector<float> qkv = randn(N * W, 1.3f);
+    const Tensor tq = upload_as(dt, qkv, {c.B, c.T, W});
+    const Tensor tcu = upload_i32(cu, {static_cast<int64_t>(cu.size())});
+    Tensor out = poisoned_as(dt, {c.B, c.T, C}), lse = poisoned({c.B, c.NH, c.T});
+    be().attention_varlen_forward(st(), out, lse, tq, tcu, shape, DropoutSpec{});
+    Vec rout, rlse;
+    ref::attention_documents_forward(rout, rlse, to_double(qkv), ra, cu);
+    EXPECT_TRUE(near_by_norm(tag + "attention_varlen_forward out", download_as(out), rout, tol.out))
+        << what;
+    EXPECT_TRUE(near_by_norm(tag + "attention_varlen_forward lse", download(lse), rlse, tol.lse))
+        << what;
+
+    std::vector<float> dout = randn(N * C);
+    const Tensor tdout = upload_as(dt, dout, {c.B, c.T, C});
+    Tensor dqkv = poisoned_as(dt, {c.B, c.T, W});
+    be().attention_varlen_backward(st(), dqkv, tdout, tq, out, lse, tcu, shape, DropoutSpec{});
+    const Vec rd = ref::attention_documents_backward(to_double(dout), to_double(qkv), ra, cu);
+    EXPECT_TRUE(near_by_norm(tag + "attention_varlen_backward dqkv", download_as(dqkv), rd,
+                             tol.dqkv))
+        << what;
+  }
 };
 
-struct VarlenCfg {
-  int B, T, NH, NKV, HD;
-  bool causal;
-  std::vector<int32_t> cu;  // empty: random
-};
 
 TEST_P(AttentionVarlenTest, MatchesEachDocumentAlone) {
   if (!be().supports(OpFamily::VarlenAttention, DType::F32))
@@ -62,36 +115,8 @@ TEST_P(AttentionVarlenTest, MatchesEachDocumentAlone) {
       {1, 70, 3, 1, 16, false, {0, 1, 2, 69, 70}},
       {2, 33, 2, 2, 4, true, {0, 33, 66}},  // one document per sequence
   };
-  for (const VarlenCfg& c : cfgs) {
-    const int64_t N = int64_t{c.B} * c.T;
-    const std::vector<int32_t> cu =
-        c.cu.empty() ? random_documents(N, randint(1, static_cast<int>(N) / 2), randint(0, 3)) : c.cu;
-    std::ostringstream os;
-    os << "B=" << c.B << " T=" << c.T << " NH=" << c.NH << " NKV=" << c.NKV << " HD=" << c.HD
-       << (c.causal ? " causal" : " bidirectional") << " cu_seqlens=";
-    for (const int32_t x : cu) os << x << ' ';
-    const std::string what = os.str();
-    const int C = c.NH * c.HD, W = (c.NH + 2 * c.NKV) * c.HD;
-    const AttentionShape shape{c.NH, c.NKV, c.HD, c.causal};
-    const ref::Attn ra{c.B, c.T, c.NH, c.NKV, c.HD, c.causal};
-
-    const std::vector<float> qkv = randn(N * W, 1.3f);
-    const Tensor tq = upload(qkv, {c.B, c.T, W});
-    const Tensor tcu = upload_i32(cu, {static_cast<int64_t>(cu.size())});
-    Tensor out = poisoned({c.B, c.T, C}), lse = poisoned({c.B, c.NH, c.T});
-    be().attention_varlen_forward(st(), out, lse, tq, tcu, shape, DropoutSpec{});
-    Vec rout, rlse;
-    ref::attention_documents_forward(rout, rlse, to_double(qkv), ra, cu);
-    EXPECT_TRUE(near_by_norm("attention_varlen_forward out", download(out), rout, 1e-5)) << what;
-    EXPECT_TRUE(near_by_norm("attention_varlen_forward lse", download(lse), rlse, 1e-5)) << what;
-
-    const std::vector<float> dout = randn(N * C);
-    Tensor dqkv = poisoned({c.B, c.T, W});
-    be().attention_varlen_backward(st(), dqkv, upload(dout, {c.B, c.T, C}), tq, out, lse, tcu,
-                                   shape, DropoutSpec{});
-    const Vec rd = ref::attention_documents_backward(to_double(dout), to_double(qkv), ra, cu);
-    EXPECT_TRUE(near_by_norm("attention_varlen_backward dqkv", download(dqkv), rd, 1e-5)) << what;
-  }
+  for (const VarlenCfg& c : cfgs)
+    check_documents(c, DType::F32, std::max(1, c.B * c.T / 2), {1e-5, 1e-5, 1e-5});
 }
 
 // bf16 in and out (lse fp32), against the double reference on the bf16-rounded inputs.
@@ -112,39 +137,7 @@ TEST_P(AttentionVarlenTest, Bf16MatchesEachDocumentAlone) {
       {1, 130, 2, 1, 100, true, {}},  // CUDA-core kernels at D = 128 (their smaller tiles)
       {2, 50, 2, 2, 48, false, {}},
   };
-  for (const VarlenCfg& c : cfgs) {
-    const int64_t N = int64_t{c.B} * c.T;
-    const std::vector<int32_t> cu =
-        c.cu.empty() ? random_documents(N, randint(1, 8), randint(0, 2)) : c.cu;
-    std::ostringstream os;
-    os << "bf16 B=" << c.B << " T=" << c.T << " NH=" << c.NH << " NKV=" << c.NKV
-       << " HD=" << c.HD << (c.causal ? " causal" : " bidirectional") << " cu_seqlens=";
-    for (const int32_t x : cu) os << x << ' ';
-    const std::string what = os.str();
-    const int C = c.NH * c.HD, W = (c.NH + 2 * c.NKV) * c.HD;
-    const AttentionShape shape{c.NH, c.NKV, c.HD, c.causal};
-    const ref::Attn ra{c.B, c.T, c.NH, c.NKV, c.HD, c.causal};
-
-    std::vector<float> qkv = randn(N * W, 1.3f);
-    const Tensor tq = upload_bf16(qkv, {c.B, c.T, W});
-    const Tensor tcu = upload_i32(cu, {static_cast<int64_t>(cu.size())});
-    Tensor out = poisoned_bf16({c.B, c.T, C}), lse = poisoned({c.B, c.NH, c.T});
-    be().attention_varlen_forward(st(), out, lse, tq, tcu, shape, DropoutSpec{});
-    Vec rout, rlse;
-    ref::attention_documents_forward(rout, rlse, to_double(qkv), ra, cu);
-    EXPECT_TRUE(near_by_norm("bf16 attention_varlen_forward out", download_bf16(out), rout, 1e-2))
-        << what;
-    EXPECT_TRUE(near_by_norm("bf16 attention_varlen_forward lse", download(lse), rlse, 1e-4))
-        << what;
-
-    std::vector<float> dout = randn(N * C);
-    const Tensor tdout = upload_bf16(dout, {c.B, c.T, C});
-    Tensor dqkv = poisoned_bf16({c.B, c.T, W});
-    be().attention_varlen_backward(st(), dqkv, tdout, tq, out, lse, tcu, shape, DropoutSpec{});
-    const Vec rd = ref::attention_documents_backward(to_double(dout), to_double(qkv), ra, cu);
-    EXPECT_TRUE(near_by_norm("bf16 attention_varlen_backward dqkv", download_bf16(dqkv), rd, 2e-2))
-        << what;
-  }
+  for (const VarlenCfg& c : cfgs) check_documents(c, DType::BF16, 8, {1e-2, 1e-4, 2e-2});
 }
 
 // One document per sequence is the whole-sequence attention, dropout mask included.
