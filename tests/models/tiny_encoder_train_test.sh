@@ -4,7 +4,8 @@
 # checkpointing; tensor parallel at tp2 from its own plan table and registry entry; context
 # parallel at cp2, which its registry entry accepts): the per-step losses agree within
 # 1e-5 relative and the loss falls. Sequence parallelism, which its table cannot take (it
-# keeps the norms replicated), is a one-line error.
+# keeps the norms replicated), and document packing, for which it declares no inputs, are
+# one-line errors.
 # Usage: tiny_encoder_train_test.sh KILN TINY_LM_TRAIN WORK_DIR
 set -euo pipefail
 kiln="$1"
@@ -67,6 +68,13 @@ if mpirun --oversubscribe --bind-to none -np 2 "$prog" "$work/tiny.toml" --set "
 fi
 grep -q "tiny_encoder's plan keeps norms replicated" "$work/sp.log" ||
   { echo "FAILED: no one-line refusal of sequence parallelism:"; cat "$work/sp.log"; exit 1; }
+# A model that declares no document boundaries (cu_seqlens) cannot pack documents.
+if "$prog" "$work/tiny.toml" --set "run.dir=$work/packed" --set data.packing=document \
+     > "$work/packed.log" 2>&1; then
+  echo "FAILED: data.packing = document was accepted"; exit 1
+fi
+grep -q 'data.packing = "document": model.arch = "tiny_encoder" takes no "cu_seqlens" input' \
+  "$work/packed.log" || { echo "FAILED: no one-line refusal of packing:"; cat "$work/packed.log"; exit 1; }
 "$py" - "$work" <<'PY'
 import json, sys
 work = sys.argv[1]
