@@ -171,6 +171,7 @@ void check(const std::string& arch, const Layout& l) {
   // Per-token losses: at round k dp rank r holds micro-batch k dp + r (as the loader deals
   // them); every target but one ignored.
   std::vector<int32_t> in, tg;
+  double worst = 0.0;  // the largest relative difference of a token's loss
   for (int piece = 0; piece < pieces.count(); ++piece) {
     const auto [g, begin] = pieces.at[static_cast<size_t>(piece)];
     for (int t = 0; t < kT; ++t) {
@@ -188,8 +189,12 @@ void check(const std::string& arch, const Layout& l) {
       const double have = max_over_world(world, got.forward_only().sum);
       ASSERT_NEAR(have, want, l.tol() * std::max(1.0, std::fabs(want)))
           << "sequence " << g << " position " << begin + t;
+      worst = std::max(worst, std::fabs(have - want) / std::max(1.0, std::fabs(want)));
     }
   }
+  if (world.rank() == 0)
+    fmt::print("{} {}: {} pieces, per-token losses within {:.2e} relative\n", arch, l.name,
+               pieces.count(), worst);
 
   // One update each: the packed global batch, and every piece as its own micro-batch.
   std::vector<int32_t> all_in, all_tg;
