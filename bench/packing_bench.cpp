@@ -7,7 +7,10 @@
 //   unmasked   the same rows with attention across documents (data.packing = "none").
 // Counters (rates over wall-clock time): useful_tokens/s, the targets in the loss per
 // second (every token of a packed row; a padded row's document only), and tokens/s (all
-// B*T). The last lines print packed / padded and packed / unmasked useful tokens/s.
+// B*T). A padded step costs the same whatever its documents (dense shapes), so its useful
+// tokens are counted at the corpus's useful fraction (the mean of min(L, T) / T over every
+// document), not at that of the few documents the timed steps happen to hold. The last
+// line prints packed / padded and packed / unmasked useful tokens/s.
 #include "bench_util.h"
 
 #include "backend/registry.h"
@@ -31,6 +34,7 @@ namespace {
 struct Corpus {
   std::vector<int32_t> stream;
   std::vector<int64_t> starts;
+  double padded_fraction = 0;  // mean of min(L, T) / T over the documents
 };
 
 Corpus make_corpus(int64_t tokens, int T, int vocab, uint32_t seed) {
@@ -43,7 +47,9 @@ Corpus make_corpus(int64_t tokens, int T, int vocab, uint32_t seed) {
     const auto n = static_cast<int64_t>(std::exp(u(gen)));
     c.stream.push_back(0);
     for (int64_t i = 1; i < n; ++i) c.stream.push_back(id(gen));
+    c.padded_fraction += static_cast<double>(std::min<int64_t>(n, T)) / T;
   }
+  c.padded_fraction /= static_cast<double>(c.starts.size());
   return c;
 }
 
@@ -53,13 +59,12 @@ const char* mode_name(Mode m) {
 }
 
 // Step s's micro-batch of B rows: its inputs (tokens, and when packed positions and
-// cu_seqlens), targets, and the targets in the loss.
+// cu_seqlens), targets, and the targets in the loss (padded: at the corpus's fraction).
 int64_t make_batch(const Corpus& c, Mode mode, int64_t s, int B, int T,
                    std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
   const int64_t BT = int64_t{B} * T;
   inputs.assign(static_cast<size_t>(mode == Mode::Packed ? 3 * BT + 1 : BT), 0);
   targets.assign(static_cast<size_t>(BT), -1);
-  int64_t useful = 0;
   if (mode == Mode::Padded) {
     const auto docs = static_cast<int64_t>(c.starts.size()) - 1;
     for (int b = 0; b < B; ++b) {
@@ -69,9 +74,8 @@ int64_t make_batch(const Corpus& c, Mode mode, int64_t s, int B, int T,
         inputs[static_cast<size_t>(b * T + t)] = c.stream[static_cast<size_t>(begin + t)];
         targets[static_cast<size_t>(b * T + t)] = c.stream[static_cast<size_t>(begin + t + 1)];
       }
-      useful += n;
     }
-    return useful;
+    return std::llround(c.padded_fraction * static_cast<double>(BT));
   }
   std::vector<std::vector<int32_t>> starts(static_cast<size_t>(B));
   const auto rows = static_cast<int64_t>(c.stream.size() - 1) / T;

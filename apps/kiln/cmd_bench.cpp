@@ -154,14 +154,16 @@ class BatchSource {
     in.resize(static_cast<size_t>(accum_ * in_bytes));
     tg.resize(static_cast<size_t>(accum_ * n_tg));
     if (data_) {
+      check_input_bytes(*data_, shape, c_.train.micro_batch, "bench");
       for (int k = 0; k < accum_; ++k)
         data_->next_batch(in.data() + static_cast<size_t>(k * in_bytes), tg.data() + k * n_tg,
                           c_.train.micro_batch, 0, 1);
       return;
     }
     const BatchInput* tokens = shape.find("tokens");
-    if (tokens && shape.required().size() == 1 && tokens->shape == shape.targets)
-      next_sequences(tokens->range, in, tg);
+    const bool packed = c_.data.packing == "document";
+    if (tokens && shape.required().size() == (packed ? 3u : 1u) && tokens->shape == shape.targets)
+      next_sequences(tokens->range, packed, in, tg);
     else
       next_random(shape, in, tg);
   }
@@ -170,17 +172,27 @@ class BatchSource {
   int32_t draw(int64_t range) {
     return static_cast<int32_t>(rng_.next_u32() % static_cast<uint32_t>(range));
   }
-  // Token sequences: tg is in shifted by one.
-  void next_sequences(int64_t vocab, std::vector<std::byte>& in, std::vector<int32_t>& tg) {
-    const int T = c_.train.seq_len;
-    std::vector<int32_t> tokens(in.size() / 4);
+  // Token sequences: tg is in shifted by one. Packed (data.packing = "document"): each
+  // sequence one document, its positions and cu_seqlens after the tokens (data/packing.h).
+  void next_sequences(int64_t vocab, bool packed, std::vector<std::byte>& in,
+                      std::vector<int32_t>& tg) {
+    const int B = c_.train.micro_batch, T = c_.train.seq_len;
+    const size_t per_micro = in.size() / 4 / static_cast<size_t>(accum_);
+    std::vector<int32_t> words(in.size() / 4);
     std::vector<int32_t> sample(static_cast<size_t>(T) + 1);
-    for (size_t r = 0; r < tokens.size() / static_cast<size_t>(T); ++r) {
-      for (auto& t : sample) t = draw(vocab);
-      std::copy(sample.begin(), sample.begin() + T, tokens.begin() + static_cast<ptrdiff_t>(r * T));
-      std::copy(sample.begin() + 1, sample.end(), tg.begin() + static_cast<ptrdiff_t>(r * T));
+    const std::vector<std::vector<int32_t>> one_each(static_cast<size_t>(B), std::vector<int32_t>{0});
+    for (int k = 0; k < accum_; ++k) {
+      int32_t* tokens = words.data() + k * per_micro;
+      for (int b = 0; b < B; ++b) {
+        for (auto& t : sample) t = draw(vocab);
+        const size_t r = static_cast<size_t>(k * B + b);
+        std::copy(sample.begin(), sample.begin() + T, tokens + b * T);
+        std::copy(sample.begin() + 1, sample.end(), tg.begin() + static_cast<ptrdiff_t>(r * T));
+      }
+      const int64_t BT = int64_t{B} * T;
+      if (packed) data::pack_documents(one_each, T, tokens + BT, tokens + 2 * BT);
     }
-    std::memcpy(in.data(), tokens.data(), in.size());
+    std::memcpy(in.data(), words.data(), in.size());
   }
   // Every input at random (pixels in [-1, 1], ids in range), then the targets.
   void next_random(const BatchShape& shape, std::vector<std::byte>& in, std::vector<int32_t>& tg) {
@@ -227,6 +239,8 @@ double worst_expert_load(const MoeStats& moe) {
 // per arch). Any model: the metadata names its arch and holds its config_json().
 void dump_init(const fs::path& path, const Model& model, const TrainConfig& c, int accum,
                int warmup, int steps) {
+  KILN_CHECK(c.data.packing == "none", "{}: bench --dump-init (the PyTorch comparison) runs the peer "
+             "without document masks; use data.packing = \"none\"", c.source);
   Backend& be = model.backend();
   safetensors::Writer w(path.string());
   for (const ParamSpec& p : model.params()) {
@@ -574,6 +588,7 @@ void run_bench(const Args& a) {
   j["model"] = model.describe();
   j["num_parameters"] = model.num_parameters();
   j["data"] = data_desc;
+  j["packing"] = c.data.packing;
   j["profiled"] = tracing;
   j["losses"] = losses;
   if (!moe_load.empty()) {

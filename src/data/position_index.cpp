@@ -121,8 +121,8 @@ void scan_position_index(const fs::path& path, PositionIndexKind kind, int64_t t
     KILN_CHECK(in.gcount() == bytes, "{}: read error", path.string());
     got_crc = crc_of(got_crc, chunk.data(), chunk.size());
     for (const uint64_t s : chunk) {
-      KILN_CHECK(i == 0 ? s == 0 || spans : s > last, "{}: position {} (entry {}) is out of order", path.string(),
-                 s, i);
+      KILN_CHECK(i > 0 || s == 0 || spans, "{}: the first document start is {}, not 0", path.string(), s);
+      KILN_CHECK(i == 0 || s > last, "{}: position {} (entry {}) is out of order", path.string(), s, i);
       KILN_CHECK(spans ? s <= total : s < total, "{}: position {} (entry {}) is past the split's {} tokens",
                  path.string(), s, i, total);
       on_position(static_cast<int64_t>(s));

@@ -82,6 +82,7 @@ class BlendData final : public TrainData {
     }
     if (documents) data::pack_documents(starts_, T, in + int64_t{B} * T, in + int64_t{2} * B * T);
   }
+  int64_t input_bytes(int B) const override { return token_input_bytes(B, seq_len_, packing_); }
   /// One blend "epoch" is every part's samples once: the position's unit, not a promise
   /// that each part is then complete (parts run through their own epochs by weight).
   int64_t samples_per_epoch() const override { return total_; }

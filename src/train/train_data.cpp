@@ -49,6 +49,9 @@ class TokenData final : public TrainData {
     const int64_t BT = int64_t{B} * seq_len_;
     data::pack_documents(starts_, seq_len_, in + BT, in + 2 * BT);
   }
+  int64_t input_bytes(int B) const override {
+    return token_input_bytes(B, seq_len_, packing_);
+  }
   int64_t samples_per_epoch() const override { return loader_.samples_per_epoch(); }
   data::LoaderState state() const override { return loader_.state(); }
   void set_state(const data::LoaderState& s) override { loader_.set_state(s); }
@@ -110,6 +113,7 @@ class ImageData final : public TrainData {
     auto* out = static_cast<float*>(inputs);
     for (size_t i = 0; i < pixels_.size(); ++i) out[i] = static_cast<float>(pixels_[i]) / 127.5f - 1.f;
   }
+  int64_t input_bytes(int B) const override { return int64_t{B} * loader_.meta().shape.pixels() * 4; }
   int64_t samples_per_epoch() const override { return loader_.samples_per_epoch(); }
   data::LoaderState state() const override { return loader_.state(); }
   void set_state(const data::LoaderState& s) override { loader_.set_state(s); }
@@ -135,12 +139,19 @@ class ImageData final : public TrainData {
 std::unique_ptr<TrainData> open_train_data(const std::filesystem::path& dir,
                                            const std::string& split, int seq_len, uint64_t seed,
                                            bool shuffle, data::Packing packing) {
-  if (data::is_image_dataset(dir)) {
-    KILN_CHECK(packing == data::Packing::None, "data.packing = \"document\" packs the documents "
-               "of token data sets, but {} holds images", dir.string());
-    return std::make_unique<ImageData>(dir, split, seed, shuffle);
-  }
+  if (data::is_image_dataset(dir)) return std::make_unique<ImageData>(dir, split, seed, shuffle);
   return std::make_unique<TokenData>(dir, split, seq_len, seed, shuffle, packing);
+}
+
+int64_t token_input_bytes(int B, int seq_len, data::Packing packing) {
+  const int64_t tokens = int64_t{B} * seq_len * 4;
+  return packing == data::Packing::Document ? tokens + data::packed_input_bytes(B, seq_len) : tokens;
+}
+
+void check_input_bytes(const TrainData& data, const BatchShape& shape, int B, const std::string& who) {
+  KILN_CHECK(data.input_bytes(B) == shape.required_bytes(), "{}: the data writes {} bytes of inputs "
+             "per micro-batch but the model's batch takes {} (data.packing and the model's inputs "
+             "disagree)", who, data.input_bytes(B), shape.required_bytes());
 }
 
 void fill_vocab_key(TrainConfig& c, int vocab, const std::string& where) {
@@ -152,9 +163,12 @@ void fill_vocab_key(TrainConfig& c, int vocab, const std::string& where) {
 std::unique_ptr<TrainData> open_train_data(const TrainConfig& c, const std::string& split, bool shuffle) {
   const auto seed = static_cast<uint64_t>(c.train.seed);
   const data::Packing packing = data::parse_packing(c.data.packing, c.source);
-  if (!c.data.blend.empty())
+  if (!c.data.blend.empty())  // (a blend refuses image data sets itself)
     return open_blend_data(data::parse_blend(c.data.blend, c.source + ": data.blend"), split, c.train.seq_len,
                            seed, shuffle, packing);
+  KILN_CHECK(packing == data::Packing::None || !data::is_image_dataset(c.data.dir),
+             "{}: data.packing = \"document\" packs the documents of token data sets, but data.dir {} "
+             "holds images", c.source, c.data.dir);
   return open_train_data(c.data.dir, split, c.train.seq_len, seed, shuffle, packing);
 }
 

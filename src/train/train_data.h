@@ -57,6 +57,9 @@ class TrainData {
   /// (BatchShape layouts), then advances by micro_batch * dp_size samples.
   virtual void next_batch(void* inputs, int32_t* targets, int micro_batch, int dp_rank,
                           int dp_size) = 0;
+  /// Bytes next_batch writes to `inputs` for micro_batch samples (the packed inputs
+  /// included), which a caller's BatchShape must match (check_input_bytes).
+  virtual int64_t input_bytes(int micro_batch) const = 0;
   virtual int64_t samples_per_epoch() const = 0;
   virtual data::LoaderState state() const = 0;
   virtual void set_state(const data::LoaderState& s) = 0;
@@ -80,9 +83,16 @@ std::unique_ptr<TrainData> open_train_data(const std::filesystem::path& dir,
 std::unique_ptr<TrainData> open_blend_data(const std::vector<data::BlendPart>& parts, const std::string& split,
                                            int seq_len, uint64_t seed, bool shuffle,
                                            data::Packing packing = data::Packing::None);
+/// Bytes of a token data set's inputs for B samples of seq_len: the tokens, and with
+/// document packing their positions and cu_seqlens (data/packing.h).
+int64_t token_input_bytes(int B, int seq_len, data::Packing packing);
 /// Sets config.model.vocab_size to `vocab` (the data's vocabulary, in `where`) when 0;
 /// throws kiln::Error naming the key when it is set smaller.
 void fill_vocab_key(TrainConfig& config, int vocab, const std::string& where);
+/// Throws kiln::Error (naming `who`) unless `data` writes `shape`'s required inputs: a
+/// caller sizes its buffers from the shape, the data writes what data.packing says.
+void check_input_bytes(const TrainData& data, const BatchShape& shape, int micro_batch,
+                       const std::string& who);
 /// The [data] section's data: data.blend when set, else data.dir, packed as data.packing
 /// says.
 std::unique_ptr<TrainData> open_train_data(const TrainConfig& config, const std::string& split, bool shuffle);

@@ -180,6 +180,7 @@ void Trainer::set_up_step() {
   // every sequence); the data comes by dp rank, the same to every cp rank.
   one_step_ = std::make_unique<TrainStep>(config_, *backend_, StepGroups::of_mesh(*mesh_));
   one_step_->set_tracer(&profile::Tracer::global());
+  check_input_bytes(*train_data_, one_step_->batch_shape(), config_.train.micro_batch, config_.source);
   KILN_CHECK(one_step_->model().language_model() || config_.sample.every == 0,
              "{}: sample.every = {}: sampling is for language models (set sample.every = 0)",
              config_.source, config_.sample.every);
@@ -215,9 +216,10 @@ void Trainer::print_start_up() const {
              tally.frozen > 0 ? fmt::format(" ({} tensors frozen by train.freeze or the model)",
                                             tally.frozen_names.size())
                               : std::string());
-  fmt::print("kiln: {} updates of {} sequences x {} tokens ({} micro-step{} of {} on each of {} "
+  fmt::print("kiln: {} updates of {} sequences x {} tokens{} ({} micro-step{} of {} on each of {} "
              "data-parallel rank{}, ZeRO stage {}{}{}), backend {}, peak {:.1f} GFLOP/s per rank ({})\n",
              config_.train.steps, config_.train.global_batch, seq_len,
+             config_.data.packing == "document" ? " of packed documents" : "",
              one_step_->grad_accum_steps(), one_step_->grad_accum_steps() == 1 ? "" : "s",
              config_.train.micro_batch, mesh_->dp(), mesh_->dp() == 1 ? "" : "s",
              config_.parallel.zero_stage,

@@ -169,13 +169,13 @@ struct BlockKeys {
 };
 
 inline BlockKeys block_keys(const int32_t* lo, const int32_t* hi, int64_t rows) {
-  int64_t klo = lo[0], khi = hi[0];
+  int64_t klo = std::numeric_limits<int64_t>::max(), khi = 0;
   for (int64_t r = 0; r < rows; ++r)
-    if (lo[r] < hi[r]) {
+    if (lo[r] < hi[r]) {  // an empty window widens nothing
       klo = std::min<int64_t>(klo, lo[r]);
       khi = std::max<int64_t>(khi, hi[r]);
     }
-  return khi > klo ? BlockKeys{klo, khi - klo} : BlockKeys{klo, 0};
+  return khi > klo ? BlockKeys{klo, khi - klo} : BlockKeys{0, 0};
 }
 
 // Row r of scores s (keys klo.. of the block) to exp(s - max) inside its window and 0
