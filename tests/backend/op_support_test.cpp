@@ -5,9 +5,9 @@
 // it stands for, and runs every op that backend supports (its ops only check arguments:
 // a plan may go where the kernels do not yet, e.g. `kiln memplan`'s context-parallel
 // layouts on CUDA). The CUDA backend's answers, which a machine without a GPU cannot
-// run, are checked as a table: ring attention's tile ops answer false (a GPU issue writes
-// their kernels and flips the answers); the mixture-of-experts ops whose tensors
-// have fixed dtypes answer for every float dtype, the others for fp32 and bf16.
+// run, are checked as a table: fp32 and bf16 for every op (ring attention's tile ops
+// among them); fp16 too for the ops whose tensors have fixed dtypes (the
+// mixture-of-experts router and plan among them) and for copy_columns, a copy.
 //
 // The ops come from op_list.h: a new op without its tiny call below fails to compile.
 #include "backend/backend.h"
@@ -347,12 +347,16 @@ TEST(OpSupport, TrueExactlyWhereTheOpRuns) {
   }
 }
 
+// On CUDA in fp16, ring attention's copy_columns runs but its tiles do not: the family
+// does not, and the first op that does not is named.
 TEST(OpSupport, AFamilyIsSupportedWhenEachOfItsOpsIs) {
   const std::unique_ptr<Backend> meta = meta_for(Device::cuda(0));
-  EXPECT_FALSE(meta->supports(OpFamily::RingAttention, DType::F32));
-  ASSERT_TRUE(meta->unsupported_op(OpFamily::RingAttention, DType::F32).has_value());
-  EXPECT_EQ(*meta->unsupported_op(OpFamily::RingAttention, DType::F32),
+  EXPECT_TRUE(meta->supports(Op::CopyColumns, DType::F16));
+  EXPECT_FALSE(meta->supports(OpFamily::RingAttention, DType::F16));
+  ASSERT_TRUE(meta->unsupported_op(OpFamily::RingAttention, DType::F16).has_value());
+  EXPECT_EQ(*meta->unsupported_op(OpFamily::RingAttention, DType::F16),
             Op::AttentionTileForward);
+  EXPECT_TRUE(meta->supports(OpFamily::RingAttention, DType::BF16));
   EXPECT_TRUE(meta->supports(OpFamily::Linear, DType::BF16));
   EXPECT_FALSE(meta->unsupported_op(OpFamily::Linear, DType::BF16).has_value());
   EXPECT_FALSE(meta->supports(OpFamily::Linear, DType::F16));
@@ -363,20 +367,20 @@ TEST(OpSupport, AFamilyIsSupportedWhenEachOfItsOpsIs) {
 TEST(OpSupport, RequireOpsNamesTheOpTheBackendAndTheKey) {
   const std::unique_ptr<Backend> meta = meta_for(Device::cuda(0));
   try {
-    require_ops(*meta, OpFamily::RingAttention, DType::BF16, "run.toml: parallel.cp = 2");
-    FAIL() << "require_ops accepted ring attention on a backend standing for cuda";
+    require_ops(*meta, OpFamily::RingAttention, DType::F16, "run.toml: parallel.cp = 2");
+    FAIL() << "require_ops accepted fp16 ring attention on a backend standing for cuda";
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "run.toml: parallel.cp = 2 needs attention_tile_forward, which the "
-                           "meta backend does not run with bf16");
+                           "meta backend does not run with fp16");
   }
+  EXPECT_NO_THROW(require_ops(*meta, OpFamily::RingAttention, DType::BF16, "parallel.cp"));
   EXPECT_NO_THROW(require_ops(*meta, OpFamily::Attention, DType::BF16, "attention"));
 }
 
-// The CUDA backend's table, without a GPU: ring attention's tile ops throw there
-// (cuda_attention_ops.cpp), so they answer false; the kernels (the varlen attention's
-// among them) run fp32 and bf16, and the ops whose tensors have fixed dtypes (the MoE
-// router and plan among them) any float dtype.
-static_assert(!cuda_supports(Op::AttentionTileForward, DType::F32));
+// The CUDA backend's table, without a GPU: the kernels (the varlen attention's and ring
+// attention's tiles among them) run fp32 and bf16, and the ops whose tensors have fixed
+// dtypes (the MoE router and plan among them) and copy_columns any float dtype.
+static_assert(cuda_supports(Op::AttentionTileForward, DType::F32));
 static_assert(cuda_supports(Op::AttentionVarlenForward, DType::BF16));
 static_assert(!cuda_supports(Op::AttentionVarlenBackward, DType::F16));
 static_assert(cuda_supports(Op::GroupedLinearForward, DType::BF16));
@@ -386,8 +390,10 @@ static_assert(cuda_supports(Op::MoeRouterForward, DType::F32));
 static_assert(cuda_supports(Op::MoePermutePlan, DType::F16));  // fixed dtypes: every float
 static_assert(cpu_supports(Op::GroupedLinearBackward, DType::BF16));
 static_assert(cpu_supports(Op::MoeRouterForward, DType::F16));  // fixed dtypes: every float
-static_assert(!cuda_supports(Op::AttentionTileBackward, DType::BF16));
-static_assert(!cuda_supports(Op::CopyColumns, DType::F32));
+static_assert(cuda_supports(Op::AttentionTileBackward, DType::BF16));
+static_assert(!cuda_supports(Op::AttentionTileBackward, DType::F16));
+static_assert(cuda_supports(Op::CopyColumns, DType::F32));
+static_assert(cuda_supports(Op::CopyColumns, DType::F16));  // a copy: every float
 static_assert(cuda_supports(Op::AttentionForward, DType::BF16));
 static_assert(!cuda_supports(Op::LinearForward, DType::F16));
 static_assert(cpu_supports(Op::AttentionTileForward, DType::F16));
@@ -395,11 +401,13 @@ static_assert(!cpu_supports(Op::AdamW, DType::BF16));  // fp32 parameters only
 
 TEST(OpSupport, CudaTable) {
   for (Op op : kAllOps) {
-    const bool unwritten = op_family(op) == OpFamily::RingAttention;
     for (DType dt : {DType::F32, DType::BF16})
-      EXPECT_EQ(cuda_supports(op, dt), !unwritten) << op_name(op) << " in " << dtype_name(dt);
+      EXPECT_TRUE(cuda_supports(op, dt)) << op_name(op) << " in " << dtype_name(dt);
     for (DType dt : kOthers) EXPECT_FALSE(cuda_supports(op, dt)) << op_name(op);
   }
+  EXPECT_TRUE(cuda_supports(Op::CopyColumns, DType::F16));
+  EXPECT_FALSE(cuda_supports(Op::AttentionTileForward, DType::F16));
+  EXPECT_FALSE(cuda_supports(Op::AttentionTileBackward, DType::F16));
   // The MoE family: the router, its statistics and the plan (fp32 and int32 tensors)
   // for every float dtype; the permutations and the grouped linear not in fp16.
   for (Op op : kAllOps) {

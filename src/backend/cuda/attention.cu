@@ -462,14 +462,6 @@ const int2* doc_windows(cudaStream_t s, const AttnShape& d, void* at) {
   return win;
 }
 
-template <class Fn>
-void dispatch_d(int64_t hd, Fn&& fn) {
-  if (hd <= 16) fn.template operator()<16>();
-  else if (hd <= 32) fn.template operator()<32>();
-  else if (hd <= 64) fn.template operator()<64>();
-  else fn.template operator()<128>();
-}
-
 // fn.template operator()<kDocs>() with kDocs = (win != nullptr).
 template <class Fn>
 void dispatch_docs(const int2* win, Fn&& fn) {
@@ -481,7 +473,7 @@ template <class T>
 void forward_t(cudaStream_t s, T* out, float* lse, const T* qkv, const AttnShape& d,
                const AttnDropout& dr, const int2* win) {
   const Geo g = geo_of(d);
-  dispatch_d(d.HD, [&]<int D>() {
+  dispatch_head_dim(d.HD, [&]<int D>() {
     const dim3 grid(static_cast<unsigned>((d.T + Tiles<D>::kFwdQ - 1) / Tiles<D>::kFwdQ),
                     static_cast<unsigned>(d.B * d.NH));
     dispatch_docs(win, [&]<bool kDocs>() {
@@ -499,7 +491,7 @@ void backward_t(cudaStream_t s, T* dqkv, const T* dout, const T* qkv, const T* o
   const int64_t rows = d.B * d.NH * d.T;
   attn_bwd_rowdot<<<static_cast<unsigned>((rows + 3) / 4), 128, 0, s>>>(Dvec, dout, out, rows, g);
   KILN_CUDA_LAUNCHED("attention_backward (D)");
-  dispatch_d(d.HD, [&]<int D>() {
+  dispatch_head_dim(d.HD, [&]<int D>() {
     dispatch_docs(win, [&]<bool kDocs>() {
       const dim3 gkv(static_cast<unsigned>((d.T + Tiles<D>::kKvK - 1) / Tiles<D>::kKvK),
                      static_cast<unsigned>(d.B * d.NKV));

@@ -93,6 +93,16 @@ __device__ __forceinline__ float uniform_at(uint64_t seed, uint64_t stream, uint
   return u32_to_uniform(philox_block(seed, stream, index >> 2)[static_cast<int>(index & 3)]);
 }
 
+/// fn.template operator()<D>() for the smallest D of 16, 32, 64, 128 that holds head size
+/// hd (<= 128): the attention kernels' register and shared tiles, zero-padded past hd.
+template <class Fn>
+void dispatch_head_dim(int64_t hd, Fn&& fn) {
+  if (hd <= 16) fn.template operator()<16>();
+  else if (hd <= 32) fn.template operator()<32>();
+  else if (hd <= 64) fn.template operator()<64>();
+  else fn.template operator()<128>();
+}
+
 }  // namespace kiln::cuda
 
 /// Calls F.template operator()<float or bf16>() for an Elem.

@@ -1,10 +1,12 @@
 // CudaBackend's attention ops: attention forward/backward, over whole sequences or over
 // documents packed into them (varlen: the same kernels with a key window per row;
-// attention.cu, which hands bf16 without dropout to attention_tc.cu), the KV-cache
-// decode step (attention_decode.cu) and rotary position embedding (rope.cu). Arguments
+// attention.cu, which hands bf16 without dropout to attention_tc.cu), the tiles of ring
+// attention and its column copy (attention_tiles.cu, memory.cu), the KV-cache decode step
+// (attention_decode.cu) and rotary position embedding (rope.cu). Arguments
 // are validated by op_checks against the AttentionShape (grouped-query, causal or not).
 #include "backend/cuda/attention.h"
 #include "backend/cuda/attention_decode.h"
+#include "backend/cuda/attention_tiles.h"
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/nvtx.h"
 #include "backend/cuda/rope.h"
@@ -62,13 +64,6 @@ void CudaBackend::attention_decode(Stream s, const Tensor& out, const Tensor& k_
                          d.Tmax, d.NH, d.NKV, d.HD, past);
 }
 
-namespace {
-[[noreturn]] void no_ring_ops(const char* op) {
-  throw Error(fmt::format("{}: context parallelism (parallel.cp > 1) is not implemented on the "
-                          "CUDA backend yet; run it on the CPU backend", op));
-}
-}  // namespace
-
 // cu_seqlens stays on the device: the kernels turn it into one key window per row in
 // scratch (attention.cu), so a bad cu_seqlens is not diagnosed (the interface leaves it
 // undefined; the CPU backend throws).
@@ -104,19 +99,63 @@ void CudaBackend::attention_varlen_backward(Stream s, const Tensor& dqkv, const 
                            lse.data<float>(), a, drop(dropout), scratch.ptr(), simt_attention_);
 }
 
-void CudaBackend::attention_tile_forward(Stream, const Tensor&, const Tensor&, const Tensor&,
-                                         const Tensor&, const Tensor&, const AttentionShape&,
-                                         const AttentionTile&) {
-  no_ring_ops("attention_tile_forward");
+namespace {
+// The tile op's TileShape (cu_seqlens: the documents, empty: none).
+TileShape tile_shape(const checks::TileDims& d, const AttentionTile& t, const Tensor& cu_seqlens) {
+  TileShape ts{d.a.B,     d.a.T,     d.Tk,      d.a.NH,    d.a.NKV,  d.a.HD,
+               t.q_begin, t.q_len,   t.k_begin, t.k_len,   t.causal};
+  if (cu_seqlens) {
+    ts.cu_seqlens = cu_seqlens.data<int32_t>();
+    ts.cu_count = cu_seqlens.numel();
+    ts.seq_len = t.seq_len;
+    ts.q_pos = t.q_pos;
+    ts.k_pos = t.k_pos;
+  }
+  return ts;
 }
-void CudaBackend::attention_tile_backward(Stream, const Tensor&, const Tensor&, const Tensor&,
-                                          const Tensor&, const Tensor&, const Tensor&,
-                                          const Tensor&, const Tensor&, const AttentionShape&,
-                                          const AttentionTile&) {
-  no_ring_ops("attention_tile_backward");
+}  // namespace
+
+// Ring attention's tiles (attention_tiles.cu). As for the varlen ops, cu_seqlens is read
+// on the device only (each query's document window by a binary search), so a bad one is
+// not diagnosed. No scratch: D_i = dO_i . O_i is recomputed where it is used.
+void CudaBackend::attention_tile_forward(Stream s, const Tensor& out_acc, const Tensor& lse,
+                                         const Tensor& qkv, const Tensor& kv,
+                                         const Tensor& cu_seqlens, const AttentionShape& shape,
+                                         const AttentionTile& tile) {
+  cuda::NvtxRange r("attention_tile_forward");
+  const auto d = checks::attention_tile(out_acc, lse, qkv, kv, cu_seqlens, shape, tile);
+  const Elem e = elem(qkv, "attention_tile_forward", {&kv});
+  on_device_all({&out_acc, &lse, &kv, &cu_seqlens}, "attention_tile_forward");
+  head_dim_ok(d.a.HD, "attention_tile_forward");
+  cuda::attention_tile_forward(st(s), e, out_acc.data<float>(), lse.data<float>(), qkv.raw(),
+                               kv.raw(), tile_shape(d, tile, cu_seqlens));
 }
-void CudaBackend::copy_columns(Stream, const Tensor&, const Tensor&, int64_t, int64_t, int64_t) {
-  no_ring_ops("copy_columns");
+
+void CudaBackend::attention_tile_backward(Stream s, const Tensor& dq, const Tensor& dkv,
+                                          const Tensor& dout, const Tensor& qkv, const Tensor& kv,
+                                          const Tensor& out, const Tensor& lse,
+                                          const Tensor& cu_seqlens, const AttentionShape& shape,
+                                          const AttentionTile& tile) {
+  cuda::NvtxRange r("attention_tile_backward");
+  const auto d = checks::attention_tile_backward(dq, dkv, dout, qkv, kv, out, lse, cu_seqlens,
+                                                 shape, tile);
+  const Elem e = elem(qkv, "attention_tile_backward", {&kv, &dout, &out});
+  on_device_all({&dq, &dkv, &dout, &kv, &out, &lse, &cu_seqlens}, "attention_tile_backward");
+  head_dim_ok(d.a.HD, "attention_tile_backward");
+  cuda::attention_tile_backward(st(s), e, dq.data<float>(), dkv.data<float>(), dout.raw(),
+                                qkv.raw(), kv.raw(), out.raw(), lse.data<float>(),
+                                tile_shape(d, tile, cu_seqlens));
+}
+
+// Any pair of float dtypes (fp16 too, as copy()): memory.cu's convert_columns.
+void CudaBackend::copy_columns(Stream s, const Tensor& dst, const Tensor& src, int64_t dst_col,
+                               int64_t src_col, int64_t ncols) {
+  cuda::NvtxRange r("copy_columns");
+  const auto d = checks::copy_columns(dst, src, dst_col, src_col, ncols);
+  on_device(dst, "copy_columns");
+  on_device(src, "copy_columns");
+  cuda::convert_columns(st(s), dst.raw(), float_kind(dst, "copy_columns"), d.Wd, dst_col,
+                        src.raw(), float_kind(src, "copy_columns"), d.Ws, src_col, d.N, ncols);
 }
 
 void CudaBackend::rope_forward(Stream s, const Tensor& qkv, const Tensor& positions,

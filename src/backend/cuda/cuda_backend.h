@@ -23,15 +23,15 @@ namespace kiln {
 
 /// The CUDA backend's `supports` answers, known without a GPU (the Meta backend's when it
 /// stands for CUDA, the tests): fp32 and bf16 (fp16 only for transfers, copy and fill,
-/// which are not ops of the list); the ops whose tensors have fixed dtypes (int32 ids,
-/// fp32 or fp64 statistics: the mixture-of-experts router, its balancing statistics and
-/// the permutation plan among them) for every float dtype; the varlen attention
-/// (data.packing) in fp32 and bf16 like the whole-sequence one; nothing for ring
-/// attention's tile ops (parallel.cp > 1), whose kernels are not written yet.
+/// which are not ops of the list, and copy_columns, a copy); the ops whose tensors have
+/// fixed dtypes (int32 ids, fp32 or fp64 statistics: the mixture-of-experts router, its
+/// balancing statistics and the permutation plan among them) for every float dtype; the
+/// varlen attention (data.packing) and ring attention's tile ops (parallel.cp > 1) in
+/// fp32 and bf16 like the whole-sequence attention.
 constexpr bool cuda_supports(Op op, DType dtype) {
   const bool fp32_or_bf16 = dtype == DType::F32 || dtype == DType::BF16;
-  if (op_family(op) == OpFamily::RingAttention) return false;
   switch (op) {
+    case Op::CopyColumns:
     case Op::ShardIds:
     case Op::CrossEntropyShardCombine:
     case Op::AccumulateLoss:

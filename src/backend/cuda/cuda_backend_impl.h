@@ -2,7 +2,8 @@
 // its methods can live in several files: cuda_backend.cpp (construction, memory, loss,
 // optimizer, shared helpers), cuda_ops.cpp (embedding, norms, linear, element-wise ops),
 // cuda_dit_ops.cpp (adaLN modulation, rectified-flow inputs, the MSE loss),
-// cuda_attention_ops.cpp (attention, KV-cache decode, rotary embedding) and
+// cuda_attention_ops.cpp (attention, ring attention's tiles, KV-cache decode, rotary
+// embedding) and
 // cuda_moe_ops.cpp (the mixture-of-experts ops: router, permutation, grouped linear). Each op
 // validates its arguments with op_checks (the same messages as every backend), picks
 // the element type and launches the kernels of its .cu file on the caller's stream.
@@ -107,7 +108,7 @@ class CudaBackend final : public Backend {
                                  const Tensor& qkv, const Tensor& out, const Tensor& lse,
                                  const Tensor& cu_seqlens, const AttentionShape& shape,
                                  const DropoutSpec& dropout) override;
-  // Context parallelism's ops are not on CUDA yet: they throw kiln::Error saying so.
+  // Context parallelism's (ring attention's) ops.
   void attention_tile_forward(Stream s, const Tensor& out_acc, const Tensor& lse,
                               const Tensor& qkv, const Tensor& kv, const Tensor& cu_seqlens,
                               const AttentionShape& shape, const AttentionTile& tile) override;

@@ -2,6 +2,8 @@
 // convert: one grid-stride load + store per element through fp32 (bytes: n * (src size +
 // dst size)); __float2bfloat16_rn / __float2half_rn round to nearest even and keep
 // NaN (as a quiet NaN) and Inf, like core/dtype.h's host conversions.
+// convert_columns (copy_columns): the same per element of a column range of each row,
+// the source and destination rows strided by their widths; same kinds copy the bits.
 // sum_squares: pass 1, grid of up to 1024 blocks x 256 threads, each thread accumulates
 // x^2 in double over a grid-stride range, block_sum -> partial[block]; pass 2, one block
 // sums the partials in order and adds the total to the accumulator. Bytes: n * size read. FLOPs: 2n (double). Deterministic.
@@ -11,6 +13,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 namespace kiln::cuda {
 
@@ -49,6 +52,40 @@ void convert_from(cudaStream_t s, D* dst, const void* src, FloatKind k, int64_t 
     case FloatKind::F32: convert_kernel<<<g, 256, 0, s>>>(dst, static_cast<const float*>(src), n); break;
     case FloatKind::BF16: convert_kernel<<<g, 256, 0, s>>>(dst, static_cast<const bf16*>(src), n); break;
     case FloatKind::F16: convert_kernel<<<g, 256, 0, s>>>(dst, static_cast<const __half*>(src), n); break;
+  }
+}
+
+// A column range of rows: one grid-stride load + store per element.
+template <class D, class S>
+__global__ void convert_columns_kernel(D* dst, int64_t dst_width, const S* src,
+                                       int64_t src_width, int64_t rows, int64_t ncols) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < rows * ncols;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t n = i / ncols, j = i % ncols;
+    if constexpr (std::is_same_v<D, S>)
+      dst[n * dst_width + j] = src[n * src_width + j];
+    else
+      dst[n * dst_width + j] = store_f<D>(load_f(src[n * src_width + j]));
+  }
+}
+
+template <class D>
+void convert_columns_from(cudaStream_t s, D* dst, int64_t dst_width, const void* src,
+                          FloatKind k, int64_t src_width, int64_t rows, int64_t ncols) {
+  const unsigned g = grid_for(rows * ncols, 256);
+  switch (k) {
+    case FloatKind::F32:
+      convert_columns_kernel<<<g, 256, 0, s>>>(dst, dst_width, static_cast<const float*>(src),
+                                               src_width, rows, ncols);
+      break;
+    case FloatKind::BF16:
+      convert_columns_kernel<<<g, 256, 0, s>>>(dst, dst_width, static_cast<const bf16*>(src),
+                                               src_width, rows, ncols);
+      break;
+    case FloatKind::F16:
+      convert_columns_kernel<<<g, 256, 0, s>>>(dst, dst_width, static_cast<const __half*>(src),
+                                               src_width, rows, ncols);
+      break;
   }
 }
 
@@ -146,6 +183,29 @@ void convert(cudaStream_t s, void* dst, FloatKind dst_kind, const void* src, Flo
     case FloatKind::F16: convert_from(s, static_cast<__half*>(dst), src, src_kind, n); break;
   }
   KILN_CUDA_LAUNCHED("copy (convert)");
+}
+
+void convert_columns(cudaStream_t s, void* dst, FloatKind dst_kind, int64_t dst_width,
+                     int64_t dst_col, const void* src, FloatKind src_kind, int64_t src_width,
+                     int64_t src_col, int64_t rows, int64_t ncols) {
+  if (rows <= 0 || ncols <= 0) return;
+  auto size = [](FloatKind k) { return k == FloatKind::F32 ? 4 : 2; };
+  const void* in = static_cast<const char*>(src) + src_col * size(src_kind);
+  switch (dst_kind) {
+    case FloatKind::F32:
+      convert_columns_from(s, static_cast<float*>(dst) + dst_col, dst_width, in, src_kind,
+                           src_width, rows, ncols);
+      break;
+    case FloatKind::BF16:
+      convert_columns_from(s, static_cast<bf16*>(dst) + dst_col, dst_width, in, src_kind,
+                           src_width, rows, ncols);
+      break;
+    case FloatKind::F16:
+      convert_columns_from(s, static_cast<__half*>(dst) + dst_col, dst_width, in, src_kind,
+                           src_width, rows, ncols);
+      break;
+  }
+  KILN_CUDA_LAUNCHED("copy_columns");
 }
 
 size_t sum_squares_scratch_bytes(int64_t n) { return sizeof(double) * sum_blocks(n); }

@@ -1,5 +1,6 @@
 // Memory kernels: fill with a bit pattern (every dtype), conversion between float
-// dtypes (copy), and the sum of squares in double (gradient norms).
+// dtypes (copy, and copy_columns on a column range of each row), and the sum of squares
+// in double (gradient norms).
 #pragma once
 
 #include "backend/cuda/common.h"
@@ -17,6 +18,13 @@ enum class FloatKind { F32, BF16, F16 };
 /// fp32: round to nearest, ties to even; NaN stays NaN, Inf stays Inf (core/dtype.h).
 void convert(cudaStream_t s, void* dst, FloatKind dst_kind, const void* src, FloatKind src_kind,
              int64_t n);
+
+/// dst[n * dst_width + dst_col + j] = src[n * src_width + src_col + j] for n < rows and
+/// j < ncols (Backend::copy_columns), converted as convert() when the kinds differ, copied
+/// bit for bit when they are the same.
+void convert_columns(cudaStream_t s, void* dst, FloatKind dst_kind, int64_t dst_width,
+                     int64_t dst_col, const void* src, FloatKind src_kind, int64_t src_width,
+                     int64_t src_col, int64_t rows, int64_t ncols);
 
 /// dst (bf16) = src (fp32) rounded stochastically with Philox(seed, stream) word g of
 /// element i, g = begin + (i / row_len) * stride + i % row_len (begin + i when row_len is
