@@ -147,6 +147,13 @@ AttentionDims attention_varlen(const Tensor& out, const Tensor& lse, const Tenso
   return attention(out, lse, qkv, a);
 }
 
+AttentionDims attention_varlen_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                        const Tensor& out, const Tensor& lse,
+                                        const Tensor& cu_seqlens, const AttentionShape& a) {
+  documents(cu_seqlens, "attention_varlen_backward");
+  return attention_backward(dqkv, dout, qkv, out, lse, a);
+}
+
 TileDims attention_tile(const Tensor& out_acc, const Tensor& lse, const Tensor& qkv_,
                         const Tensor& kv, const Tensor& cu_seqlens, const AttentionShape& a,
                         const AttentionTile& t) {

@@ -59,6 +59,10 @@ void documents(const Tensor& cu_seqlens, const char* op);
 /// attention's arguments and the documents.
 AttentionDims attention_varlen(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                                const Tensor& cu_seqlens, const AttentionShape& shape);
+/// attention_backward's arguments and the documents.
+AttentionDims attention_varlen_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                        const Tensor& out, const Tensor& lse,
+                                        const Tensor& cu_seqlens, const AttentionShape& shape);
 
 /// An attention tile's buffers (see Backend::attention_tile_forward): dims of qkv, Tk the
 /// rows of kv [B,Tk,2*NKV*HD]; the tile inside both; with documents (cu_seqlens not

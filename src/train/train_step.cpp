@@ -163,6 +163,9 @@ void TrainStep::build_model(const ModelOptions& options, const ModelStorage& sto
     take_packed_inputs(shape_);
     take_packed_inputs(local_shape_);
   }
+  // An input every cp rank takes whole (cu_seqlens) has the whole sequences' shape here too.
+  for (BatchInput& in : local_shape_.inputs)
+    if (in.whole_under_cp) in.shape = shape_.find(in.name)->shape;
   // What the data supplies, once: the required inputs, then the targets.
   staged_ = shape_.required();
   staged_.push_back(BatchInput{.name = "targets", .shape = shape_.targets, .dtype = DType::I32,
@@ -212,11 +215,8 @@ void TrainStep::allocate_buffers(int buffers) {
   batch_buffers_ = buffers;
   for (int k = 0; k < batch_buffers_; ++k) {
     DeviceBatch& b = device_batches_.emplace_back();
-    for (const BatchInput& in : local_shape_.required()) {
-      // cu_seqlens (whole_under_cp): the whole sequences' on every cp rank.
-      const Shape sh = in.whole_under_cp ? shape_.find(in.name)->shape : in.shape;
-      b.inputs.push_back(backend_.empty(sh, in.dtype, MemCategory::Activations));
-    }
+    for (const BatchInput& in : local_shape_.required())
+      b.inputs.push_back(backend_.empty(in.shape, in.dtype, MemCategory::Activations));
     b.targets = backend_.empty(local_shape_.targets, DType::I32, MemCategory::Activations);
   }
   // Room for every micro-batch of a step, so that none waits for the one before.
@@ -320,9 +320,7 @@ Batch TrainStep::device_batch(int k) const {
 }
 
 int64_t TrainStep::staged_bytes() const {
-  int64_t bytes = local_shape_.targets.numel() * 4;
-  for (const BatchInput& in : local_shape_.required())  // cu_seqlens: the whole sequences'
-    bytes += in.whole_under_cp ? shape_.find(in.name)->nbytes() : in.nbytes();
+  const int64_t bytes = local_shape_.required_bytes() + local_shape_.targets.numel() * 4;
   return (bytes + 3) / 4 * 4;  // each slot 4-byte aligned
 }
 

@@ -202,8 +202,8 @@ class CpuBackend final : public Backend {
   void attention_varlen_backward(Stream, const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                                  const Tensor& out, const Tensor& lse, const Tensor& cu_seqlens,
                                  const AttentionShape& shape, const DropoutSpec& dropout) override {
-    checks::documents(cu_seqlens, "attention_varlen_backward");
-    const auto a = dims(checks::attention_backward(dqkv, dout, qkv, out, lse, shape), shape);
+    const auto a = dims(
+        checks::attention_varlen_backward(dqkv, dout, qkv, out, lse, cu_seqlens, shape), shape);
     const auto docs = documents(cu_seqlens, a.B * a.T, a.T, 0, 0, "attention_varlen_backward");
     attention_grad(dqkv, dout, qkv, out, lse, a,
                    cpu::key_windows(a.B, a.T, a.T, a.causal, &docs), dropout);

@@ -88,8 +88,7 @@ void CudaBackend::attention_varlen_backward(Stream s, const Tensor& dqkv, const 
                                             const AttentionShape& shape,
                                             const DropoutSpec& dropout) {
   cuda::NvtxRange r("attention_varlen_backward");
-  checks::documents(cu_seqlens, "attention_varlen_backward");
-  const auto d = checks::attention_backward(dqkv, dout, qkv, out, lse, shape);
+  const auto d = checks::attention_varlen_backward(dqkv, dout, qkv, out, lse, cu_seqlens, shape);
   const Elem e = elem(qkv, "attention_varlen_backward", {&out, &dout, &dqkv});
   on_device(cu_seqlens, "attention_varlen_backward");
   head_dim_ok(d.HD, "attention_varlen_backward");

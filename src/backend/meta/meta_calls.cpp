@@ -110,9 +110,9 @@ MetaCallInfo attention_varlen_backward(const Tensor& dqkv, const Tensor& dout, c
                                        const Tensor& out, const Tensor& lse,
                                        const Tensor& cu_seqlens, const AttentionShape& shape,
                                        const DropoutSpec&) {
-  checks::documents(cu_seqlens, "attention_varlen_backward");
   return attention(Op::AttentionVarlenBackward,
-                   checks::attention_backward(dqkv, dout, qkv, out, lse, shape), qkv.dtype());
+                   checks::attention_varlen_backward(dqkv, dout, qkv, out, lse, cu_seqlens, shape),
+                   qkv.dtype());
 }
 MetaCallInfo attention_decode(const Tensor& out, const Tensor& k_cache, const Tensor& v_cache,
                               const Tensor& qkv, int64_t past, const AttentionShape& shape) {
