@@ -15,10 +15,14 @@
 // (OpTiming::DeviceEvents: no synchronisation per op, read after each step), printing the
 // per-op and per-kind tables (gemm, attention, norms, elementwise, classifier, optimizer,
 // memory, idle) in ms per step; --profile-sync times them with a synchronize per op.
+// The JSON line then holds "profile_kinds": {kind: ms per step, ..., "idle": ms}.
 // --repeat: the measured run again from the same seed; "deterministic" in the JSON says
 // whether every step's loss was bitwise the same (issue 19, item 5).
+// --peak-tflops X: MFU against X (bf16 TFLOP/s measured elsewhere: gpu-check.sh's one
+// common peak for every run) instead of measuring the GEMM peak here.
 // Usage: kiln_gpu_step [--model gpt2] [--B 16] [--T 1024] [--steps 30] [--warmup 3]
 //                      [--profile N] [--profile-sync] [--repeat] [--fp32] [--set k=v]...
+//                      [--peak-tflops X]
 // When B does not fit, it halves B until it does (the B used is printed).
 #include "backend/probe.h"
 #include "backend/registry.h"
@@ -50,12 +54,14 @@ struct Args {
   bool profile_sync = false;  // profile with a synchronize per op instead of CUDA events
   bool repeat = false;        // run again from the same seed: losses bitwise the same?
   bool fp32 = false;  // the fp32 model instead of bf16 with fp32 gradients and masters
+  int peak_tflops = 0;  // > 0: the bf16 GEMM peak to use, not measured here
   std::vector<std::string> sets;  // --set section.key=value, in order
 };
 
 [[noreturn]] void usage_error(const std::string& what) {
   std::fprintf(stderr, "kiln_gpu_step: %s (flags: --model NAME --B N --T N --steps N "
-               "--warmup N --profile N --profile-sync --repeat --fp32 --set KEY=VALUE)\n",
+               "--warmup N --profile N --profile-sync --repeat --fp32 --set KEY=VALUE "
+               "--peak-tflops N)\n",
                what.c_str());
   std::exit(2);
 }
@@ -78,7 +84,7 @@ Args parse(int argc, char** argv) {
       continue;
     }
     if (k != "--model" && k != "--B" && k != "--T" && k != "--steps" && k != "--warmup" &&
-        k != "--profile" && k != "--set")
+        k != "--profile" && k != "--set" && k != "--peak-tflops")
       usage_error("unknown flag " + k);
     if (i + 1 >= argc) usage_error("flag " + k + " needs a value");
     const std::string v = argv[++i];
@@ -88,6 +94,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--T") a.T = number(k, v, 1);
     else if (k == "--steps") a.steps = number(k, v, 1);
     else if (k == "--warmup") a.warmup = number(k, v, 0);
+    else if (k == "--peak-tflops") a.peak_tflops = number(k, v, 1);
     else a.profile = number(k, v, 0);
   }
   return a;
@@ -153,6 +160,20 @@ Result run(Backend& be, const GPT2Config& cfg, const std::string& dtype, int B, 
   return r;
 }
 
+// The per-kind table as a JSON member: `, "profile_kinds": {"gemm": 12.3, ..., "idle": 1.2}`
+// in ms per profiled step (as the table's ms/step column).
+std::string profile_kinds_json(const profile::Summary& s) {
+  const double per = s.steps > 0 ? static_cast<double>(s.steps) : 1.0;
+  std::string out = ", \"profile_kinds\": {";
+  char buf[96];
+  for (const auto& k : s.kinds) {
+    std::snprintf(buf, sizeof buf, "\"%s\": %.3f, ", k.name.c_str(), k.total_ns / 1e6 / per);
+    out += buf;
+  }
+  std::snprintf(buf, sizeof buf, "\"idle\": %.3f}", s.idle_ns / 1e6 / per);
+  return out + buf;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -163,10 +184,15 @@ int main(int argc, char** argv) {
     // The --set keys, checked before any GPU work; the backend is made with [backend]'s.
     const TrainConfig keys = step_config(model_options(cfg), a.B, a.T, dtype, a.sets);
     auto be = make_backend("cuda", backend_options(keys));
-    const double peak = measure_gemm_flops(*be, DType::BF16, 8192, 1.0);
-    const double peak_fp32 = measure_gemm_flops(*be, DType::F32, 4096, 0.5);
-    std::fprintf(stderr, "kiln_gpu_step: GEMM peak bf16 %.1f TFLOP/s, fp32%s %.1f TFLOP/s\n",
-                 peak / 1e12, keys.backend.tf32 ? " (TF32 allowed)" : "", peak_fp32 / 1e12);
+    const double peak = a.peak_tflops > 0 ? a.peak_tflops * 1e12
+                                          : measure_gemm_flops(*be, DType::BF16, 8192, 1.0);
+    // (The fp32 peak only rates the fp32 model's profile.)
+    const double peak_fp32 = a.peak_tflops > 0 && !(a.fp32 && a.profile > 0)
+                                 ? 0.0
+                                 : measure_gemm_flops(*be, DType::F32, 4096, 0.5);
+    std::fprintf(stderr, "kiln_gpu_step: GEMM peak bf16 %.1f TFLOP/s (%s), fp32%s %.1f TFLOP/s\n",
+                 peak / 1e12, a.peak_tflops > 0 ? "given" : "measured",
+                 keys.backend.tf32 ? " (TF32 allowed)" : "", peak_fp32 / 1e12);
     int B = a.B;
     Result r;
     for (;;) {
@@ -197,6 +223,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "kiln_gpu_step: deterministic: %zu steps' losses bitwise the same in a "
                      "second run\n", r.losses.size());
     }
+    std::string kinds_json;  // ", \"profile_kinds\": {...}" when profiled
     if (a.profile > 0) {
       // Per-op device times from CUDA events around each op (or, --profile-sync, every op
       // synchronised: then the sum exceeds the unprofiled step).
@@ -206,12 +233,13 @@ int main(int argc, char** argv) {
                                    a.profile_sync ? profile::OpTiming::Synchronize
                                                   : profile::OpTiming::DeviceEvents);
       const Result p = run(pb, cfg, dtype, B, a.T, 1, a.profile, a.sets, &pb);
+      const profile::Summary summary = profile::summarize(tracer.events());
       std::fprintf(stderr, "kiln_gpu_step: profiled %d steps (%s): %.1f ms/step; "
                    "copy bandwidth %.0f GB/s\n%s", a.profile,
                    a.profile_sync ? "ops synchronised" : "CUDA events per op", p.ms, bw / 1e9,
-                   profile::format_summary(profile::summarize(tracer.events()),
-                                           profile::Peaks{a.fp32 ? peak_fp32 : peak, bw})
+                   profile::format_summary(summary, profile::Peaks{a.fp32 ? peak_fp32 : peak, bw})
                        .c_str());
+      kinds_json = profile_kinds_json(summary);
     }
     const char* precision = !a.fp32 ? "bf16 (fp32 grads)"
                         : keys.backend.tf32 ? "fp32 (tf32 GEMMs)"
@@ -219,10 +247,11 @@ int main(int argc, char** argv) {
     std::printf(
         "{\"impl\": \"kiln\", \"B\": %d, \"T\": %d, \"dtype\": \"%s\", \"ms_per_step\": %.3f, "
         "\"tokens_per_s\": %.1f, \"model_tflops\": %.2f, \"peak_bf16_tflops\": %.1f, "
-        "\"mfu\": %.4f, \"loss\": %.4f, \"loss_exact\": %.17g, \"peak_gib\": %.2f, \"deterministic\": %s}\n",
+        "\"mfu\": %.4f, \"loss\": %.4f, \"loss_exact\": %.17g, \"peak_gib\": %.2f, "
+        "\"deterministic\": %s%s}\n",
         B, a.T, precision, r.ms, tps,
         model_flops / 1e12, peak / 1e12, model_flops / peak, r.loss, r.loss, r.peak_gib,
-        deterministic < 0 ? "null" : deterministic ? "true" : "false");
+        deterministic < 0 ? "null" : deterministic ? "true" : "false", kinds_json.c_str());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kiln_gpu_step: error: %s\n", e.what());

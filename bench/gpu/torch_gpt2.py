@@ -12,10 +12,14 @@ kind by kernel name (kind_of: gemm, attention, norms, elementwise, classifier, o
 memory) in ms per step, and idle = the event-timed step minus the kernels' sum: the side
 of kiln_gpu_step --profile's kind table. torch.compile fuses the loss into Triton
 kernels ("elementwise" here) and the tied output projection is a GEMM like the others,
-so "classifier" holds only what kept a loss-like name.
+so "classifier" holds only what kept a loss-like name. The kinds also go to stdout as a
+second JSON line, {"impl": "pytorch", "profile_kinds": {kind: ms per step, "idle": ms}}.
+
+--peak-tflops X: MFU against X (the bf16 GEMM peak scripts/gpu-check.sh measured once, in
+kiln_gpu_step, for every run) instead of measuring torch.matmul's peak here.
 
 Usage: torch_gpt2.py [--B 16] [--T 1024] [--steps 30] [--warmup 3] [--no-compile]
-                     [--profile N]
+                     [--profile N] [--peak-tflops X]
 """
 import argparse
 import json
@@ -132,6 +136,9 @@ def profile_kinds(step, steps, step_ms):
         print(f"{kind:24} {ms:>10.2f} {100 * ms / step_ms:>6.1f}%", file=sys.stderr)
     idle = max(0.0, step_ms - total)
     print(f"{'idle':24} {idle:>10.2f} {100 * idle / step_ms:>6.1f}%", file=sys.stderr, flush=True)
+    kinds["idle"] = idle
+    print(json.dumps({"impl": "pytorch",
+                      "profile_kinds": {k: round(v, 3) for k, v in kinds.items()}}), flush=True)
 
 
 def main():
@@ -142,14 +149,15 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--profile", type=int, default=0)
+    ap.add_argument("--peak-tflops", type=float, default=0.0)
     args = ap.parse_args()
 
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     torch.manual_seed(1337)
-    peak = gemm_peak_bf16()
-    print(f"torch_gpt2: torch {torch.__version__}, bf16 GEMM peak {peak / 1e12:.1f} TFLOP/s",
-          file=sys.stderr, flush=True)
+    peak = args.peak_tflops * 1e12 if args.peak_tflops > 0 else gemm_peak_bf16()
+    print(f"torch_gpt2: torch {torch.__version__}, bf16 GEMM peak {peak / 1e12:.1f} TFLOP/s "
+          f"({'given' if args.peak_tflops > 0 else 'measured'})", file=sys.stderr, flush=True)
 
     model = GPT2(block=max(1024, args.T)).cuda()
     n_params = sum(p.numel() for p in model.parameters())

@@ -2,7 +2,7 @@
 # Downloads (here, on a Debian bookworm machine with apt) the .deb files that building
 # kiln needs beyond what the GPU machine has (CUDA toolkit, cmake, ninja, gcc, python3
 # with PyTorch): oneDNN, fmt, toml++, nlohmann-json, CLI11, sentencepiece, ICU, zlib,
-# GoogleTest and their runtime libraries. They land in .deps/debs (ignored by git);
+# zstd, libpng, GoogleTest and their runtime libraries. They land in .deps/debs (ignored by git);
 # scripts/gpu-check.sh unpacks them with `dpkg -x` into .deps/prefix on the GPU machine,
 # never into /.
 #
@@ -22,6 +22,8 @@ packages=(
   libsentencepiece-dev libsentencepiece0
   libicu-dev libicu72
   zlib1g-dev zlib1g
+  libzstd-dev libzstd1
+  libpng-dev libpng16-16
   libgtest-dev
 )
 
