@@ -3,6 +3,7 @@
 //   kiln bench CONFIG.toml [--set k=v]... [--steps N] [--warmup N] [--trace PATH]
 //              [--dump-init PATH]
 //   kiln bench --peak
+//   kiln bench --calibrate FILE [--device cpu|cuda]   (the planner's rates, plan/calibration.h)
 //   mpirun -np N kiln bench CONFIG.toml ...   (data parallel: see run_distributed_bench)
 //
 // The step is the trainer's own (TrainStep, train/train_step.h): zero_grad, then per
@@ -34,6 +35,7 @@
 // peak_flops, step_ms, ..., and the loss of every step).
 #include "apps/kiln/commands.h"
 #include "backend/probe.h"
+#include "plan/calibration.h"
 #include "backend/registry.h"
 #include "checkpoint/safetensors.h"
 #include "config/components.h"
@@ -89,12 +91,28 @@ struct Args {
   std::string dump_init;
   bool peak = false;
   bool isa = false;
+  std::string calibrate;  // write the machine's calibration here
+  std::string device = "cpu";
 };
 
 // One line: how GEMMs of each dtype run on this machine (instruction set, native or not).
 std::string gemm_paths(const Backend& be) {
   return fmt::format("{}; {}; {}", be.gemm_path(DType::F32), be.gemm_path(DType::BF16),
                      be.gemm_path(DType::F16));
+}
+
+// --calibrate FILE: the rates kiln plan's time model reads (plan/calibration.h).
+void run_calibrate(const std::string& file, const std::string& device) {
+  auto be = make_device_backend(device);
+  const plan::Calibration c = plan::measure_calibration(*be, {DType::F32, DType::BF16});
+  plan::save_calibration(c, file);
+  fmt::print("kiln bench --calibrate: {} ({}, {} threads)\n", c.machine, be->name(), c.threads);
+  for (const auto& [dtype, pts] : c.gemm) {
+    std::string row;
+    for (const auto& [n, f] : pts) row += fmt::format(" {}:{:.1f}", n, f / 1e9);
+    fmt::print("  GEMM {} GFLOP/s by n:{}\n", dtype, row);
+  }
+  fmt::print("  copy bandwidth {:.1f} GB/s\nwritten to {}\n", c.mem_bandwidth / 1e9, file);
 }
 
 void run_peak() {
@@ -615,6 +633,11 @@ void register_bench(CLI::App& app) {
                   "Write the initial weights, the batches and learning rates as safetensors "
                   "(for bench/compare_pytorch.sh)");
   cmd->add_flag("--peak", a->peak, "Measure fp32 (and bf16) GEMM FLOP/s and copy bandwidth");
+  cmd->add_option("--calibrate", a->calibrate,
+                  "Measure GEMM FLOP/s by size (fp32, bf16) and memory bandwidth for kiln plan "
+                  "--calibration, and write them to this file");
+  cmd->add_option("--device", a->device, "The backend --calibrate measures (default cpu)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_flag("--isa", a->isa, "Print how GEMMs of each dtype run here (oneDNN ISA, path)");
   cmd->callback([a] {
     if (a->isa) {
@@ -623,6 +646,10 @@ void register_bench(CLI::App& app) {
     }
     if (a->peak) {
       run_peak();
+      return;
+    }
+    if (!a->calibrate.empty()) {
+      run_calibrate(a->calibrate, a->device);
       return;
     }
     KILN_CHECK(!a->config.empty(), "bench: a config file is required (or --peak or --isa)");

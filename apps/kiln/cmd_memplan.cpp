@@ -108,22 +108,25 @@ void run(const Args& a) {
   // The cost model's machine (defaults per backend; see docs/memplan.md).
   plan::CostModel cost;
   std::string peak_from = "--peak-tflops";
+  double peak = 0;
   if (a.peak_tflops > 0) {
-    cost.peak_flops = a.peak_tflops * 1e12;
+    peak = a.peak_tflops * 1e12;
   } else if (cuda) {
-    cost.peak_flops = (c.train.dtype == "fp32" ? 67.0 : 989.0) * 1e12;  // H100 SXM dense
+    peak = (c.train.dtype == "fp32" ? 67.0 : 989.0) * 1e12;  // H100 SXM dense
     peak_from = c.train.dtype == "fp32" ? "H100 fp32 (67 TFLOP/s)" : "H100 bf16 (989 TFLOP/s)";
   } else if (a.device_gib > 0) {
     auto be = make_device_backend("cpu");
     const int saved = omp_get_max_threads();
     if (a.threads > 0) omp_set_num_threads(a.threads);
-    cost.peak_flops = measure_gemm_flops(*be, DType::F32);
+    peak = measure_gemm_flops(*be, DType::F32);
     omp_set_num_threads(saved);
     peak_from = "measured fp32 GEMM";
   }
-  cost.link_bandwidth = (a.link_gbps > 0 ? a.link_gbps : cuda ? 400.0 : 10.0) * 1e9;
-  cost.link_latency = (a.latency_us >= 0 ? a.latency_us : cuda ? 10.0 : 5.0) * 1e-6;
-  cost.mem_bandwidth = (a.mem_gbps > 0 ? a.mem_gbps : cuda ? 3350.0 : 50.0) * 1e9;
+  cost.peak_flops = {peak, peak_from};
+  cost.intra.bandwidth = {(a.link_gbps > 0 ? a.link_gbps : cuda ? 400.0 : 10.0) * 1e9, "memplan"};
+  cost.intra.latency = {(a.latency_us >= 0 ? a.latency_us : cuda ? 10.0 : 5.0) * 1e-6, "memplan"};
+  cost.inter = cost.intra;  // (memplan prices every collective on one link)
+  cost.mem_bandwidth = {(a.mem_gbps > 0 ? a.mem_gbps : cuda ? 3350.0 : 50.0) * 1e9, "memplan"};
   const double reserve = a.reserve_gib >= 0 ? a.reserve_gib : cuda ? 1.0 : 0.0;
   const auto usable = static_cast<int64_t>((a.device_gib - reserve) * kGiB);
   std::vector<plan::Layout> layouts;
@@ -160,7 +163,7 @@ void run(const Args& a) {
     if (a.device_gib > 0) {
       j["device_memory_bytes"] = static_cast<int64_t>(a.device_gib * kGiB);
       j["usable_bytes"] = usable;
-      j["peak_flops"] = cost.peak_flops;
+      j["peak_flops"] = cost.peak_flops.value;
       nlohmann::json ls = nlohmann::json::array();
       for (const auto& l : layouts) {
         if (!l.fits) continue;
@@ -228,8 +231,8 @@ void run(const Args& a) {
 
   fmt::print("\nlayouts that fit {:.1f} GiB per rank ({:.1f} GiB usable), fastest first; peak "
              "{:.1f} TFLOP/s ({}), link {:.0f} GB/s busbw, {:.0f} us per collective:\n",
-             a.device_gib, a.device_gib - reserve, cost.peak_flops / 1e12, peak_from,
-             cost.link_bandwidth / 1e9, cost.link_latency * 1e6);
+             a.device_gib, a.device_gib - reserve, cost.peak_flops.value / 1e12, peak_from,
+             cost.intra.bandwidth.value / 1e9, cost.intra.latency.value * 1e6);
   fmt::print("{:>3} {:>3} {:>3} {:>4} {:>10} {:>6} {:>6} {:>10} {:>11} {:>9} {:>11} {:>9} {:>12}\n",
              "cp", "tp", "sp", "zero", "ckpt", "micro", "accum", "peak GiB", "compute ms", "comm ms",
              "exposed ms", "step ms", "tokens/s");

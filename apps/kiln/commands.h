@@ -14,6 +14,7 @@ void register_unigram(CLI::App& app);  // kiln unigram --data DIR
 void register_bench(CLI::App& app);    // kiln bench CONFIG.toml | kiln bench --peak
 void register_report(CLI::App& app);   // kiln report RUN_DIR
 void register_memplan(CLI::App& app);  // kiln memplan CONFIG.toml --world-size N
+void register_plan(CLI::App& app);     // kiln plan CONFIG.toml --world-size N --device-memory GiB
 void register_pp_schedule(CLI::App& app);  // kiln pp-schedule --pp P --micro-batches M
 void register_classify(CLI::App& app);  // kiln classify --checkpoint DIR --data DIR
 void register_sample_images(CLI::App& app);  // kiln sample-images --checkpoint DIR --out FILE.png

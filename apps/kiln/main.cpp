@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   kiln::app::register_bench(app);
   kiln::app::register_report(app);
   kiln::app::register_memplan(app);
+  kiln::app::register_plan(app);
   kiln::app::register_pp_schedule(app);
   kiln::app::register_classify(app);
   kiln::app::register_sample_images(app);

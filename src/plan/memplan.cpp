@@ -250,84 +250,64 @@ MemPlan plan_memory(const TrainConfig& config, const MemPlanOptions& o) {
   return p;
 }
 
-// ---- the cost model ------------------------------------------------------------------
+// ---- layouts that fit -------------------------------------------------------------------
 
-StepTime estimate_step_time(const MemPlan& p, const CostModel& cost) {
-  const double T = p.config.train.seq_len;
-  // Per dp rank; its tp ranks split every matmul and attention head and its cp ranks the
-  // tokens (the causal work balanced by the chunk split), so each computes 1/(tp cp).
-  const double tokens = static_cast<double>(p.config.train.micro_batch) * p.accum * T;
-  const double split = static_cast<double>(p.tp) * p.cp;
-  const double per_token = p.flops_per_token / split;                                  // 6N + attn
-  const double C = p.config.model.n_embd, L = p.config.model.n_layer;
-  const double V = p.config.model.vocab_size;
-  // Forward FLOPs of the blocks per token (what full recomputation repeats): a third of
-  // the training FLOPs (Model::flops_per_token: 6 N + attention, N the matmul weights a
-  // token meets, a mixture of experts' active ones only) less the head's forward 2 V C.
-  const double block_forward = std::max(0.0, p.flops_per_token / 3.0 - 2.0 * V * C) / split;
-  const std::string& mode = p.config.train.activation_checkpointing;
-  const double dsize = p.config.train.dtype == "fp32" ? 4.0 : 2.0;
-  StepTime t;
-  // A pipeline stage computes 1/pp of the model, idle for the schedule's bubble.
-  const double stage = p.pp * (1.0 - pp::theoretical_bubble(
-                                         pp::parse_schedule_kind(p.config.parallel.pp_schedule),
-                                         p.pp, p.config.parallel.virtual_stages, p.accum));
-  const double fwd = tokens * per_token / 3.0 / cost.peak_flops / stage;
-  double bwd = tokens * per_token * 2.0 / 3.0 / cost.peak_flops / stage;
-  if (mode == "full") t.recompute = tokens * block_forward / cost.peak_flops / stage;
-  // Selective: GELU from its input again, memory-bound (read 4C, write 4C per token per
-  // block); its FLOPs are negligible.
-  if (mode == "selective" && cost.mem_bandwidth > 0)
-    t.recompute = tokens * L * 2.0 * 4.0 * C * dsize / split / cost.mem_bandwidth / stage;
-  bwd += t.recompute;
-  t.compute = fwd + bwd;
-
-  // Communication, alpha-beta per collective with the ring factors of nccl-tests
-  // (bus_bandwidth_factor: 2(N-1)/N all-reduce, (N-1)/N reduce-scatter/all-gather).
-  const int N = p.dp * p.cp;  // the dp x cp group
-  double comm_fwd = 0, comm_bwd = 0, comm_rest = 0;
-  auto price = [&](Collective c, int64_t bytes, int ranks) {
-    if (ranks <= 1) return 0.0;
-    return cost.link_latency + static_cast<double>(bytes) * bus_bandwidth_factor(c, ranks) /
-                                   cost.link_bandwidth;
-  };
-  // Tensor-parallel collectives sit on the critical path (each layer waits for its
-  // reduction): all exposed.
-  double comm_tp = 0;
-  for (const auto& call : p.tp_calls) comm_tp += price(call.kind, call.bytes, p.tp);
-  for (const auto& call : p.comm_calls) {
-    const double x = price(call.kind, call.bytes, N);
-    if (call.phase == "forward") comm_fwd += x;
-    else if (call.phase == "backward") comm_bwd += x;
-    else comm_rest += x;
+std::vector<std::string> Layout::sets() const {
+  std::vector<std::string> s = {
+      fmt::format("parallel.dp={}", dp),
+      fmt::format("parallel.cp={}", cp),
+      fmt::format("parallel.tp={}", tp),
+      fmt::format("parallel.sequence_parallel={}", sequence_parallel ? "true" : "false"),
+      fmt::format("parallel.pp={}", pp)};
+  if (pp > 1) {
+    s.push_back(fmt::format("parallel.pp_schedule={}", pp_schedule));
+    s.push_back(fmt::format("parallel.virtual_stages={}", virtual_stages));
   }
-  // Ring attention: each hop's send runs under that hop's attention tile (the rest of
-  // the layer waits for none of it), so it is exposed only past the step's attention
-  // time: the attention share of the FLOPs (4 T C per token per block, of 6N + attention).
-  double comm_cp = 0;
-  for (const auto& call : p.cp_calls)
-    if (call.kind == Collective::Send) comm_cp += price(call.kind, call.bytes, 2);
-  const double attention_share =
-      p.flops_per_token > 0 ? std::min(1.0, 3.0 * L * 4.0 * T * C / p.flops_per_token) : 0.0;
-  // The step's own small all-reduces (target count, loss) are in comm_calls; the
-  // trainer adds one per update, the stop flag.
-  comm_rest += price(Collective::AllReduce, 4, p.world_size);
-  t.comm_total = comm_fwd + comm_bwd + comm_rest + comm_tp + comm_cp;
-  // kiln overlaps forward gathers (ZeRO-3) with forward and gradient reductions (and the
-  // backward gathers of ZeRO-3) with backward, on one communication thread: what does
-  // not fit under the phase's compute is exposed. The optimizer-phase collectives (norm,
-  // ZeRO-1/2 parameter all-gather) are exposed.
-  t.comm_exposed = std::max(0.0, comm_fwd - fwd) + std::max(0.0, comm_bwd - bwd) + comm_rest +
-                   comm_tp + std::max(0.0, comm_cp - attention_share * (fwd + bwd));
-  t.step = t.compute + t.comm_exposed;
-  t.tokens_per_s = t.step > 0 ? tokens * p.dp / t.step : 0.0;
-  return t;
+  s.push_back(fmt::format("parallel.zero_stage={}", zero_stage));
+  s.push_back(fmt::format("train.micro_batch={}", micro_batch));
+  s.push_back(fmt::format("train.activation_checkpointing={}", checkpointing));
+  return s;
 }
 
+namespace {
+
+// The pipeline settings to try: (pp, virtual stages, schedule).
+struct PipelineChoice {
+  int pp = 1, virtual_stages = 1;
+  std::string schedule;
+};
+
+std::vector<PipelineChoice> pipeline_choices(const TrainConfig& base, int world, bool vary,
+                                             bool stages_ok) {
+  const auto& par = base.parallel;
+  if (!vary) return {{par.pp, par.virtual_stages, par.pp_schedule}};
+  std::vector<PipelineChoice> out = {{1, 1, "1f1b"}};
+  const int layers = base.model.n_layer;
+  for (int pp = 2; stages_ok && pp <= world && pp <= layers; pp *= 2) {
+    if (world % pp != 0 || layers % pp != 0) continue;
+    out.push_back({pp, 1, par.pp_schedule == "interleaved" ? std::string("1f1b") : par.pp_schedule});
+    if (layers % (2 * pp) == 0) out.push_back({pp, 2, "interleaved"});
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<Layout> search_layouts(const TrainConfig& config, const MemPlanOptions& options,
-                                   const CostModel& cost, int64_t usable_bytes) {
-  TrainConfig base = resolve_for_planning(config, options.world_size);  // the global batch
-  base.parallel.dp = 0;  // derived per tp
+                                   const CostModel& cost, int64_t usable_bytes,
+                                   const SearchSpace& space) {
+  // Varying pp too, the configured layout is only a starting point: resolved as one rank
+  // (the global batch kept, micro_batch x world when unset); each layout's own dry run
+  // checks it against the world.
+  TrainConfig start = config;
+  if (space.vary_pp) {
+    if (start.train.global_batch == 0) start.train.global_batch = start.train.micro_batch * options.world_size;
+    start.parallel.dp = 0;
+    start.parallel.cp = start.parallel.tp = start.parallel.pp = start.parallel.virtual_stages = 1;
+    start.parallel.sequence_parallel = false;
+  }
+  TrainConfig base = resolve_for_planning(start, space.vary_pp ? 1 : options.world_size);
+  base.parallel.dp = 0;  // derived per layout
   const int W = options.world_size;
   const int heads = base.model.n_head;
   // Grouped-query attention's key/value heads (a family key, e.g. llama's; 0 = n_head).
@@ -336,7 +316,6 @@ std::vector<Layout> search_layouts(const TrainConfig& config, const MemPlanOptio
                                                                        : heads;
   std::vector<Layout> out;
   MemPlanOptions o = options;
-  o.ranks = {0};  // rank 0 holds the most: later ranks' slices only lose padding
   o.upper_bound = false;
   o.compare_routing = false;
   const ModelArch arch = model_arch(base.model.arch);
@@ -349,40 +328,57 @@ std::vector<Layout> search_layouts(const TrainConfig& config, const MemPlanOptio
   const bool tp_ok = arch.tensor_parallel && !refused("tp");
   // Ring attention has no dropout.
   const bool cp_ok = arch.context_parallel && base.model.dropout == 0.0 && !refused("cp");
-  // As configured: the search covers cp and tp, not pp or ep.
-  const int pp = base.parallel.pp;
+  const bool pp_ok = arch.stages && !refused("pp");
+  for (const PipelineChoice& pc : pipeline_choices(base, W, space.vary_pp, pp_ok))
   for (int cp = 1; cp <= (cp_ok ? W : 1); cp *= 2)
-  for (int tp = 1; tp * cp <= W && (tp == 1 || tp_ok); tp *= 2) {
-    if (W % (cp * tp * pp) != 0 || heads % tp != 0 || kv_heads % tp != 0) continue;
+  for (int tp = 1; tp * cp * pc.pp <= W && (tp == 1 || tp_ok); tp *= 2) {
+    if (W % (cp * tp * pc.pp) != 0 || heads % tp != 0 || kv_heads % tp != 0) continue;
     if (base.train.seq_len % (2 * cp) != 0 && cp > 1) continue;
-    const int dp = W / (cp * tp * pp);
+    const int dp = W / (cp * tp * pc.pp);
     if ((dp * cp) % base.parallel.ep != 0) continue;  // ep (as configured) divides dp x cp
+    // The first rank of every stage (pp outermost in the mesh): only the stages differ
+    // by more than the zero padding of the last slices.
+    o.ranks.clear();
+    for (int stage = 0; stage < (space.vary_pp ? pc.pp : 1); ++stage) o.ranks.push_back(stage * (W / pc.pp));
     for (const bool sp : {false, true}) {
       if (sp && tp == 1) continue;
       for (int mb = base.train.micro_batch; mb >= 1; mb /= 2) {
         if (base.train.global_batch % (mb * dp) != 0) continue;  // a smaller one may divide
         if (sp && (int64_t{mb} * base.train.seq_len / cp) % tp != 0) break;
-        for (int stage = 0; stage <= (pp > 1 ? 2 : 3); ++stage) {
+        for (int stage = 0; stage <= (pc.pp > 1 ? 2 : 3); ++stage) {
           for (const char* ck : {"none", "selective", "full"}) {
             TrainConfig c = base;
             c.parallel.cp = cp;
             c.parallel.tp = tp;
+            c.parallel.pp = pc.pp;
+            c.parallel.virtual_stages = pc.virtual_stages;
+            c.parallel.pp_schedule = pc.schedule;
             c.parallel.sequence_parallel = sp;
             c.train.micro_batch = mb;
             c.parallel.zero_stage = stage;
             c.train.activation_checkpointing = ck;
-            const MemPlan p = plan_memory(c, o);
             Layout l;
+            try {
+              const MemPlan p = plan_memory(c, o);
+              l.memory = p.max_rank();
+              l.accum = p.accum;
+              l.flops_per_token = p.flops_per_token;
+              l.time = estimate_step_time(p, cost);
+            } catch (const Error&) {
+              continue;  // a combination the trainer refuses (e.g. micro-batches per schedule)
+            }
+            l.dp = dp;
             l.cp = cp;
             l.tp = tp;
             l.sequence_parallel = sp;
+            l.pp = pc.pp;
+            l.virtual_stages = pc.virtual_stages;
+            l.pp_schedule = pc.schedule;
             l.zero_stage = stage;
             l.checkpointing = ck;
             l.micro_batch = mb;
-            l.accum = p.accum;
-            l.peak_bytes = p.rank0().peak_total;
+            l.peak_bytes = l.memory.peak_total;
             l.fits = l.peak_bytes <= usable_bytes;
-            l.time = estimate_step_time(p, cost);
             out.push_back(l);
           }
         }

@@ -18,6 +18,7 @@
 #include "core/allocator.h"
 #include "config/config.h"
 #include "plan/scratch_models.h"
+#include "plan/time_model.h"
 
 #include <array>
 #include <cstdint>
@@ -101,46 +102,47 @@ MemPlan plan_memory(const TrainConfig& config, const MemPlanOptions& options);
 
 // ---- layouts that fit, fastest first ---------------------------------------------------
 
-struct CostModel {
-  double peak_flops = 0;       // per rank, FLOP/s
-  double mem_bandwidth = 0;    // bytes/s, for the memory-bound recompute (GELU)
-  double link_bandwidth = 0;   // bus bandwidth, bytes/s (nccl-tests busbw)
-  double link_latency = 0;     // alpha: seconds per collective
-};
-
-/// Step time of a planned layout (seconds), by the model of docs/memplan.md.
-struct StepTime {
-  double compute = 0;        // forward + backward + recompute, FLOPs / peak
-  double recompute = 0;      // the part of `compute` that recomputes (and GELU's memory time)
-  double comm_total = 0;     // every collective of the step, alpha-beta
-  double comm_exposed = 0;   // what the step waits for (not hidden under compute)
-  double step = 0;           // compute + comm_exposed
-  double tokens_per_s = 0;   // global tokens per second
-};
-StepTime estimate_step_time(const MemPlan& plan, const CostModel& cost);
-
 struct Layout {
+  int dp = 1;
   int cp = 1;
   int tp = 1;
   bool sequence_parallel = false;
+  int pp = 1;
+  int virtual_stages = 1;
+  std::string pp_schedule;  // parallel.pp_schedule (pp > 1)
   int zero_stage = 0;
   std::string checkpointing;
   int micro_batch = 1, accum = 1;
-  int64_t peak_bytes = 0;  // rank 0
+  double flops_per_token = 0;  // Model::flops_per_token(seq_len): 6 N + attention
+  int64_t peak_bytes = 0;  // the highest simulated rank's (`memory`)
+  RankMemory memory;       // that rank's per-category peaks
   bool fits = false;
   StepTime time;
+  /// The config keys that select this layout, as `kiln train --set` takes them.
+  std::vector<std::string> sets() const;
 };
 
-/// Every layout over cp and tp at the configured parallel.pp (the powers of two that
-/// divide the world size over pp, tp also the query and key/value heads, 2 cp also
-/// train.seq_len; cp and tp > 1 only for models that run on such layouts
-/// (ModelArch::single_layout_reason, per axis); cp > 1 only for models
-/// with ring attention and without dropout; with
-/// sequence parallelism on and off when tp > 1), zero stages 0-3 (0-2 with pp),
+/// What search_layouts varies beyond cp, tp, sequence parallelism, ZeRO, checkpointing
+/// and the micro-batch.
+struct SearchSpace {
+  /// Also pp (powers of two dividing the world, up to the layers; the first rank of every
+  /// stage simulated) and, for pp > 1, virtual stages 1 (parallel.pp_schedule, 1f1b when
+  /// it is interleaved) and 2 (interleaved) where the layers split evenly.
+  /// false: the configured pp, schedule and virtual stages, rank 0 simulated.
+  bool vary_pp = false;
+};
+
+/// Every layout over cp and tp (the powers of two that divide the world size over pp, tp
+/// also the query and key/value heads, 2 cp also train.seq_len; cp and tp > 1 only for
+/// models that run on such layouts (ModelArch::single_layout_reason, per axis); cp > 1
+/// only for models with ring attention and without dropout; with sequence parallelism on
+/// and off when tp > 1), pp as `space` says, zero stages 0-3 (0-2 with pp),
 /// checkpointing none/selective/full and micro_batch halvings of config's (keeping the
-/// global batch), with its predicted peak (rank 0) and step time; `fits` when peak <=
-/// usable_bytes. Sorted: fitting first, fastest first.
+/// global batch), with its predicted peak and step time; `fits` when peak <=
+/// usable_bytes. A combination the trainer refuses (its config check throws) is left
+/// out. Sorted: fitting first, fastest first.
 std::vector<Layout> search_layouts(const TrainConfig& config, const MemPlanOptions& options,
-                                   const CostModel& cost, int64_t usable_bytes);
+                                   const CostModel& cost, int64_t usable_bytes,
+                                   const SearchSpace& space = {});
 
 }  // namespace kiln::plan

@@ -18,7 +18,6 @@ namespace kiln {
 
 namespace fs = std::filesystem;
 
-namespace {
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
   for (std::string line; std::getline(in, line);)
@@ -29,6 +28,7 @@ std::string cpu_model() {
   return "unknown CPU";
 }
 
+namespace {
 // The threads a GEMM runs on: OMP_NUM_THREADS, else every hardware thread.
 std::string threads() {
   const char* env = std::getenv("OMP_NUM_THREADS");

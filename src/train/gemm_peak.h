@@ -23,6 +23,9 @@ struct GemmPeak {
 GemmPeak stable_gemm_peak(Backend& backend, DType dtype, double peak_tflops,
                           const std::filesystem::path& cache);
 
+/// The CPU's model name from /proc/cpuinfo ("unknown CPU" when it has none).
+std::string cpu_model();
+
 /// $XDG_CACHE_HOME/kiln/gemm_peaks.json, else $HOME/.cache/kiln/gemm_peaks.json; "" when
 /// neither variable is set (no cache).
 std::filesystem::path peak_cache_file();
