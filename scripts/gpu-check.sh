@@ -6,7 +6,7 @@
 # no apt, no MPI and no network.
 #
 #   scripts/gpu-check.sh [--quick] [--moe] [--sanitize] [--fp32] [--no-torch]
-#                        [--cap SECONDS] [--prebuilt BUILD_DIR]
+#                        [--require-gpu] [--cap SECONDS] [--prebuilt BUILD_DIR]
 #
 # Phases, with the seconds each is given on the H200 (docs/cuda.md, "Running the GPU
 # check", says where the figures come from):
@@ -15,7 +15,8 @@
 #              with `dpkg -x` into .deps/prefix (never /)                             5
 #   configure  kiln itself (KILN_CUDA=ON, KILN_BUILD_BENCH=OFF) in build-gpu/          10
 #   build      kiln, the op harness, kiln_gpu_step, kiln_gpu_bf16, the NCCL test       85
-#   -- without a GPU the run ends here, with one line "gpu-check: skipped: ..." (exit 0)
+#   -- without a GPU the run ends here, with one line "gpu-check: skipped: ..." (exit 0;
+#      --require-gpu: exit 1)
 #   ops        the op harness: backend_op_test (every op's cases on cpu and cuda, fp32
 #              and bf16), backend_op_support_test, nccl_communicator_test, and
 #              kiln_gpu_bf16 (the bf16 paths against fp32)                             15
@@ -32,19 +33,22 @@
 #   sanitize   --sanitize: compute-sanitizer over the op harness (scripts/gpu/sanitize.sh) 120
 # A phase after the build starts only if its figure fits in what is left of the cap
 # (300 s, --quick 150, plus 70 for --moe and 120 for --sanitize; --cap sets it), and runs
-# under a timeout of what is left, so the whole run never outlasts the cap; a phase that
-# does not fit is reported as skipped.
+# under a timeout of what is left, so the run outlasts the cap by at most the 10 s grace
+# of a killed phase and the summary; a phase that does not fit is reported as skipped.
 # MFU of every run is against one measured peak: the bf16 GEMM rate that the bench
 # phase's kiln_gpu_step measures (8192^3 through the backend's linear_forward), given to
 # the variants and to PyTorch with --peak-tflops.
 #
 # --fp32: kiln's fp32 model (TF32 GEMMs) instead of bf16. --prebuilt DIR: an existing
-# kiln build with CUDA (no deps, configure or build phases; what tests/gpu does here).
+# kiln build with CUDA (no deps, configure or build phases; what tests/gpu does here; a
+# rerun on the GPU machine may pass build-gpu). --require-gpu: no visible GPU is a
+# failure (exit 1), not a skip: what the device tool's runs pass.
 # Env: GPU_CHECK_JOBS (build jobs, default nproc), GPU_CHECK_ARCHS (default 90),
 #      GPU_CHECK_VARIANTS (scripts/gpu/variants.sh's list).
-# On the device tool: run(command="bash scripts/gpu-check.sh", carry=[".deps/debs",
-# "data/kjv"], timeout_s=420) (--quick: timeout_s=240). data/kjv: the demo's prepared
-# shards (scripts/demo.sh here; about 3 MB), for the trainer phases.
+# On the device tool: run(command="bash scripts/gpu-check.sh --require-gpu",
+# carry=[".deps/debs", "data/kjv"], timeout_s=380) (--quick: timeout_s=230; with
+# --moe/--sanitize: the cap + 80). data/kjv: the demo's prepared shards (scripts/demo.sh
+# here; about 3 MB), for the trainer phases.
 # Output in $OUT (or build-gpu/gpu-check/): gpu-check.log (each phase's end and the
 # tables), gpu-check.json (the summary: scripts/gpu/summary.py) and the phase logs
 # build.log, ops.log (+ sanitize), trainer.log (+ moe), bench.log (+ variants) and
@@ -56,8 +60,11 @@ set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
-usage() { echo "usage: scripts/gpu-check.sh [--quick] [--moe] [--sanitize] [--fp32] [--no-torch] [--cap SECONDS] [--prebuilt BUILD_DIR]" >&2; exit 2; }
-mode=full moe=0 sanitize=0 fp32=0 torch=1 cap="" prebuilt=""
+usage_error() {  # one line: what is wrong, then the usage
+  echo "gpu-check: $1 (usage: scripts/gpu-check.sh [--quick] [--moe] [--sanitize] [--fp32] [--no-torch] [--require-gpu] [--cap SECONDS] [--prebuilt BUILD_DIR])" >&2
+  exit 2
+}
+mode=full moe=0 sanitize=0 fp32=0 torch=1 require_gpu=0 cap="" prebuilt=""
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) mode=quick ;;
@@ -65,13 +72,14 @@ while [ $# -gt 0 ]; do
     --sanitize) sanitize=1 ;;
     --fp32) fp32=1 ;;
     --no-torch) torch=0 ;;
-    --cap) [ $# -ge 2 ] || usage; cap=$2; shift ;;
+    --require-gpu) require_gpu=1 ;;
+    --cap) [ $# -ge 2 ] || usage_error "--cap needs a value"; cap=$2; shift ;;
     --prebuilt)
-      [ $# -ge 2 ] || usage
+      [ $# -ge 2 ] || usage_error "--prebuilt needs a value"
       prebuilt=$(cd "$2" 2>/dev/null && pwd) || { echo "gpu-check: --prebuilt '$2': no such folder" >&2; exit 2; }
       shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) echo "gpu-check: unknown argument '$1'" >&2; usage ;;
+    *) usage_error "unknown argument '$1'" ;;
   esac
   shift
 done
@@ -80,6 +88,10 @@ if [ -z "$cap" ]; then
   cap=$((cap + 70 * moe + 120 * sanitize))
 fi
 [[ "$cap" =~ ^[0-9]+$ ]] || { echo "gpu-check: --cap '$cap': expected whole seconds" >&2; exit 2; }
+for f in apps/kiln/kiln tests/backend/backend_op_test bench/gpu/kiln_gpu_step bench/gpu/kiln_gpu_bf16; do
+  [ -z "$prebuilt" ] || [ -x "$prebuilt/$f" ] ||
+    { echo "gpu-check: --prebuilt $prebuilt has no $f (a kiln build with the CUDA backend)" >&2; exit 2; }
+done
 
 build="${prebuilt:-$root/build-gpu}"
 out="${OUT:-$build/gpu-check}"
@@ -131,16 +143,24 @@ finish() {
 
 # ---- the machine -------------------------------------------------------------------------
 device="none"
-if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
-  device="$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -n 1)"
+# (The listing first, then grep: `nvidia-smi -L | grep -q` under pipefail fails when grep
+# exits at its first match and nvidia-smi gets SIGPIPE.)
+gpus="$(nvidia-smi -L 2>/dev/null || true)"
+if grep -q '^GPU ' <<<"$gpus"; then
+  device="$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true)"
+  device="${device%%$'\n'*}"
+  [ -n "$device" ] || device="$(grep -m 1 '^GPU ' <<<"$gpus")"
 fi
 say "device: $device; mode $mode, cap ${cap}s"
 command -v python3 >/dev/null || fail_machine "python3 not found"
 if [ -n "$prebuilt" ]; then
-  for f in apps/kiln/kiln tests/backend/backend_op_test bench/gpu/kiln_gpu_step bench/gpu/kiln_gpu_bf16; do
-    [ -x "$build/$f" ] || fail_machine "--prebuilt $build has no $f (a kiln build with the CUDA backend)"
-  done
   records+=("deps:prebuilt:0" "configure:prebuilt:0" "build:prebuilt:0")
+  # A rerun on the GPU machine: the libraries unpacked by the first run, on the loader's path.
+  if [ -f "$root/.deps/prefix/.unpacked" ]; then
+    nvcc_bin="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
+    source "$root/scripts/gpu/build.sh"
+    use_prefix
+  fi
 else
   nvcc_bin="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
   [ -x "$nvcc_bin" ] || fail_machine "nvcc not found (PATH or /usr/local/cuda/bin)"
@@ -158,6 +178,11 @@ else
 fi
 kiln="$build/apps/kiln/kiln"
 step="$build/bench/gpu/kiln_gpu_step"
+if [ "$device" = none ] && [ "$require_gpu" = 1 ]; then
+  say "FAILED: no GPU visible (nvidia-smi -L lists none) and --require-gpu was given"
+  finish FAILED >/dev/null
+  exit 1
+fi
 if [ "$device" = none ]; then
   finish skipped >/dev/null
   echo "gpu-check: skipped: no GPU visible (nvidia-smi -L lists none); ran up to the first device step in $(($(date +%s) - t_start))s, summary in $out/gpu-check.json" | tee -a "$log"
@@ -221,8 +246,13 @@ if [ "$mode" = full ]; then
 fi
 
 # ---- behind flags ------------------------------------------------------------------------------
-if [ "$moe" = 1 ] && [ -f "$root/data/kjv/meta.json" ]; then
-  phase moe 70 trainer.log bash "$root/scripts/gpu/moe-check.sh" "$kiln" "$build/moe-check" 30 || true
+if [ "$moe" = 1 ]; then
+  if [ -f "$root/data/kjv/meta.json" ]; then
+    phase moe 70 trainer.log bash "$root/scripts/gpu/moe-check.sh" "$kiln" "$build/moe-check" 30 || true
+  else
+    say "phase moe skipped: data/kjv was not carried (scripts/demo.sh prepares it)"
+    records+=("moe:skipped:0")
+  fi
 fi
 if [ "$sanitize" = 1 ]; then
   phase sanitize 120 ops.log bash "$root/scripts/gpu/sanitize.sh" "$build" || true

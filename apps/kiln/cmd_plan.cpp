@@ -104,6 +104,9 @@ plan::CostModel cost_model(const Args& a, const TrainConfig& cfg, bool cuda) {
   if (!a.calibration.empty()) {
     cost.calibration = plan::load_calibration(a.calibration);
     const plan::Calibration& cal = *cost.calibration;
+    KILN_CHECK(cal.backend == (cuda ? "cuda" : "cpu"), "{}: a calibration of the {} backend, but the "
+               "plan is for {} (--backend, else train.device)", a.calibration, cal.backend,
+               cuda ? "cuda" : "cpu");
     cost.calibration_file = a.calibration;
     const std::string from = fmt::format("measured: kiln bench --calibrate ({}: {}, {} threads, {})",
                                          a.calibration, cal.machine, cal.threads, cal.date);
@@ -204,11 +207,16 @@ void run(const Args& a) {
   KILN_CHECK(a.device_gib > reserve, "plan: --device-memory {} GiB leaves nothing after the {} GiB "
              "reserve (--reserve-gib)", a.device_gib, reserve);
   const auto usable = static_cast<int64_t>((a.device_gib - reserve) * kGiB);
-  const std::vector<plan::Layout> ls = plan::search_layouts(cfg, o, cost, usable, {.vary_pp = true});
+  std::string refusal;
+  const std::vector<plan::Layout> ls =
+      plan::search_layouts(cfg, o, cost, usable, {.vary_pp = true}, &refusal);
   KILN_CHECK(!ls.empty(), "plan: no layout of {} ranks can run {}: each needs dp x cp x tp x pp = "
              "{} with the global batch ({}) a multiple of micro_batch x dp, tp dividing the heads "
-             "({}) and pp the layers ({})", a.world_size, a.config, a.world_size,
-             cfg.train.global_batch, cfg.model.n_head, cfg.model.n_layer);
+             "({}) and pp the layers ({}){}", a.world_size, a.config, a.world_size,
+             cfg.train.global_batch > 0 ? std::to_string(cfg.train.global_batch)
+                                        : fmt::format("micro_batch x world = {}", cfg.train.micro_batch * a.world_size),
+             cfg.model.n_head, cfg.model.n_layer,
+             refusal.empty() ? std::string() : "; the first layout refused: " + refusal);
   const int fitting = static_cast<int>(std::count_if(ls.begin(), ls.end(), [](const auto& l) { return l.fits; }));
   if (fitting == 0) {
     const auto closest = std::min_element(ls.begin(), ls.end(), [](const auto& x, const auto& y) {

@@ -26,6 +26,7 @@
 // When B does not fit, it halves B until it does (the B used is printed).
 #include "backend/probe.h"
 #include "backend/registry.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "models/gpt2/config.h"
 #include "comm/local_communicator.h"
@@ -37,6 +38,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -206,6 +208,9 @@ int main(int argc, char** argv) {
         B /= 2;
       }
     }
+    // (A NaN or infinite loss has no JSON spelling, and the step that made it is wrong.)
+    KILN_CHECK(std::isfinite(r.loss), "the loss after {} steps is {} (not finite)",
+               a.warmup + a.steps, r.loss);
     const double tps = static_cast<double>(B) * a.T / (r.ms / 1e3);
     const double model_flops = tps * cfg.flops_per_token(a.T);
     // Item 5: the same steps from the same seed, bitwise the same losses?

@@ -1,6 +1,7 @@
 # Sourced by scripts/gpu-check.sh (needs root, build, out, nvcc_bin): the deps, configure
 # and build phases on the GPU machine, which has the CUDA toolkit, cmake, ninja and gcc
-# but none of kiln's Debian libraries and no apt.
+# but none of kiln's Debian libraries and no apt. (Each phase runs as `bash -c`, without
+# the caller's `set -e`: every step checks its own status.)
 
 prefix="$root/.deps/prefix"
 export root build out prefix nvcc_bin
@@ -11,7 +12,7 @@ unpack_debs() {
   [ -f "$prefix/.unpacked" ] && { echo "deps: $prefix already unpacked"; return 0; }
   rm -rf "$prefix" && mkdir -p "$prefix"
   local f
-  for f in "$root"/.deps/debs/*.deb; do dpkg -x "$f" "$prefix"; done
+  for f in "$root"/.deps/debs/*.deb; do dpkg -x "$f" "$prefix" || return 1; done
   find "$prefix" -name '*.pc' -exec sed -i "s|^prefix=/usr|prefix=$prefix/usr|" {} +
   touch "$prefix/.unpacked"
   echo "deps: $(ls "$root"/.deps/debs/*.deb | wc -l) .debs unpacked into $prefix"

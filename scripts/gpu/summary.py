@@ -4,8 +4,8 @@
 Reads OUT/ops.log, trainer.log, bench.log and torch.log (whichever exist), writes
 OUT/gpu-check.json (atomically) and prints the tables:
   phases      name, status (ok, FAILED, TIMEOUT, skipped, prebuilt), seconds
-  ops         per test program: passed, failed (names), skipped; the worst relative error
-              per cuda op; kiln_gpu_bf16's count; compute-sanitizer's exit statuses
+  ops         per test program: passed, failed (names), skipped, finished (gtest's end
+              line seen); the worst relative error per cuda op output; kiln_gpu_bf16's count; compute-sanitizer's exit statuses
   trainer     the train-check: and moe-check: lines
   bench       kiln and PyTorch (GPT-2 124M, T=1024): ms/step, tokens/s, model TFLOP/s and
               MFU against one common peak (the bf16 GEMM rate kiln_gpu_step measured in
@@ -52,7 +52,7 @@ def json_lines(lines):
 
 GTEST_COUNT = re.compile(r"^\[ +(PASSED|SKIPPED) +\] (\d+) test")
 GTEST_FAILED = re.compile(r"^\[  FAILED  \] ([A-Za-z_][\w/.]*)")
-OP_ERROR = re.compile(r"^\s+cuda: (\S+)\s+rel ([0-9.eE+-]+)")
+OP_ERROR = re.compile(r"^\s+cuda: (.+?)\s+rel ([0-9.eE+-]+)")
 BF16_COUNT = re.compile(r"^bf16 check: (\d+) passed, (\d+) failed")
 SANITIZE = re.compile(r"^sanitize (\w+) exit status (\d+)")
 
@@ -67,8 +67,10 @@ def parse_ops(path):
             continue
         if name in ("", "ops") or name.startswith("sanitize"):
             continue
-        prog = {"passed": 0, "failed": [], "skipped": 0}
+        prog = {"passed": 0, "failed": [], "skipped": 0, "finished": False}
         for line in lines:
+            if re.match(r"^\[==========\] \d+ tests? from .* ran", line):
+                prog["finished"] = True  # (a crash or a timeout never prints it)
             m = GTEST_COUNT.match(line)
             if m:
                 prog["passed" if m.group(1) == "PASSED" else "skipped"] = int(m.group(2))
@@ -135,7 +137,8 @@ def print_tables(s):
     ops = s["ops"]
     for name, p in ops["programs"].items():
         failed = f", FAILED: {' '.join(p['failed'])}" if p["failed"] else ""
-        print(f"ops: {name}: {p['passed']} passed, {p['skipped']} skipped{failed}")
+        unfinished = "" if p["finished"] else " (did not finish: crashed or timed out)"
+        print(f"ops: {name}: {p['passed']} passed, {p['skipped']} skipped{failed}{unfinished}")
     if ops["bf16_check"]:
         print(f"ops: kiln_gpu_bf16: {ops['bf16_check']['passed']} passed, "
               f"{ops['bf16_check']['failed']} failed")

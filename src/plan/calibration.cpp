@@ -73,8 +73,9 @@ Calibration measure_calibration(Backend& backend, const std::vector<DType>& dtyp
   for (const DType dt : dtypes) {
     if (!backend.supports(Op::LinearForward, dt)) continue;
     auto& points = c.gemm[std::string(dtype_name(dt))];
-    for (const int64_t n : kCalibrationSizes)
-      points.emplace_back(n, measure_gemm_flops(backend, dt, n, seconds));
+    std::vector<int64_t> sizes = kCalibrationSizes;
+    if (c.backend == "cuda") sizes.insert(sizes.end(), {4096, 8192});
+    for (const int64_t n : sizes) points.emplace_back(n, measure_gemm_flops(backend, dt, n, seconds));
   }
   c.mem_bandwidth = measure_copy_bandwidth(backend, 64ll << 20, seconds);
   return c;

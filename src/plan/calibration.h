@@ -25,7 +25,7 @@ namespace kiln::plan {
 
 struct Calibration {
   std::string backend;  // "cpu" or "cuda"
-  std::string machine;  // the CPU or GPU's name, as the system reports it
+  std::string machine;  // the CPU's model name (/proc/cpuinfo); the backend's name on cuda
   int threads = 0;      // OpenMP threads per rank when measured (cpu)
   std::string date;     // UTC, ISO 8601
   /// dtype name ("fp32", "bf16") -> (n, FLOP/s) of n^3 GEMMs, n increasing.
@@ -33,7 +33,8 @@ struct Calibration {
   double mem_bandwidth = 0;  // bytes/s
 };
 
-/// The GEMM sizes `kiln bench --calibrate` measures.
+/// The GEMM sizes `kiln bench --calibrate` measures (on cuda also 4096 and 8192, where a
+/// Hopper GPU's bf16 GEMMs come near their peak).
 inline const std::vector<int64_t> kCalibrationSizes = {64, 128, 256, 512, 1024, 2048};
 
 /// Measures `dtypes` (those the backend supports) at kCalibrationSizes, and the copy

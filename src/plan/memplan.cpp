@@ -265,6 +265,7 @@ std::vector<std::string> Layout::sets() const {
   }
   s.push_back(fmt::format("parallel.zero_stage={}", zero_stage));
   s.push_back(fmt::format("train.micro_batch={}", micro_batch));
+  s.push_back(fmt::format("train.global_batch={}", global_batch));
   s.push_back(fmt::format("train.activation_checkpointing={}", checkpointing));
   return s;
 }
@@ -295,7 +296,7 @@ std::vector<PipelineChoice> pipeline_choices(const TrainConfig& base, int world,
 
 std::vector<Layout> search_layouts(const TrainConfig& config, const MemPlanOptions& options,
                                    const CostModel& cost, int64_t usable_bytes,
-                                   const SearchSpace& space) {
+                                   const SearchSpace& space, std::string* refusal) {
   // Varying pp too, the configured layout is only a starting point: resolved as one rank
   // (the global batch kept, micro_batch x world when unset); each layout's own dry run
   // checks it against the world.
@@ -306,7 +307,9 @@ std::vector<Layout> search_layouts(const TrainConfig& config, const MemPlanOptio
     start.parallel.cp = start.parallel.tp = start.parallel.pp = start.parallel.virtual_stages = 1;
     start.parallel.sequence_parallel = false;
   }
-  TrainConfig base = resolve_for_planning(start, space.vary_pp ? 1 : options.world_size);
+  // (As parallel.ep ranks when experts are split: ep must divide the dp x cp ranks.)
+  TrainConfig base =
+      resolve_for_planning(start, space.vary_pp ? std::max(1, start.parallel.ep) : options.world_size);
   base.parallel.dp = 0;  // derived per layout
   const int W = options.world_size;
   const int heads = base.model.n_head;
@@ -364,8 +367,10 @@ std::vector<Layout> search_layouts(const TrainConfig& config, const MemPlanOptio
               l.accum = p.accum;
               l.flops_per_token = p.flops_per_token;
               l.time = estimate_step_time(p, cost);
-            } catch (const Error&) {
-              continue;  // a combination the trainer refuses (e.g. micro-batches per schedule)
+            } catch (const Error& e) {
+              // A combination the trainer refuses (e.g. micro-batches per schedule).
+              if (refusal != nullptr && refusal->empty()) *refusal = e.what();
+              continue;
             }
             l.dp = dp;
             l.cp = cp;
@@ -377,6 +382,7 @@ std::vector<Layout> search_layouts(const TrainConfig& config, const MemPlanOptio
             l.zero_stage = stage;
             l.checkpointing = ck;
             l.micro_batch = mb;
+            l.global_batch = base.train.global_batch;
             l.peak_bytes = l.memory.peak_total;
             l.fits = l.peak_bytes <= usable_bytes;
             out.push_back(l);

@@ -113,6 +113,7 @@ struct Layout {
   int zero_stage = 0;
   std::string checkpointing;
   int micro_batch = 1, accum = 1;
+  int64_t global_batch = 0;    // train.global_batch, as planned
   double flops_per_token = 0;  // Model::flops_per_token(seq_len): 6 N + attention
   int64_t peak_bytes = 0;  // the highest simulated rank's (`memory`)
   RankMemory memory;       // that rank's per-category peaks
@@ -140,9 +141,10 @@ struct SearchSpace {
 /// checkpointing none/selective/full and micro_batch halvings of config's (keeping the
 /// global batch), with its predicted peak and step time; `fits` when peak <=
 /// usable_bytes. A combination the trainer refuses (its config check throws) is left
-/// out. Sorted: fitting first, fastest first.
+/// out, the first such error kept in `refusal` when given. Sorted: fitting first,
+/// fastest first.
 std::vector<Layout> search_layouts(const TrainConfig& config, const MemPlanOptions& options,
                                    const CostModel& cost, int64_t usable_bytes,
-                                   const SearchSpace& space = {});
+                                   const SearchSpace& space = {}, std::string* refusal = nullptr);
 
 }  // namespace kiln::plan

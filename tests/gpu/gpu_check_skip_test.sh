@@ -2,8 +2,9 @@
 # scripts/gpu-check.sh on a machine without a GPU (this one, CI's): with --prebuilt (this
 # build's kiln, op harness and GPU programs, so no second build) it runs up to the first
 # device step and stops with one line, "gpu-check: skipped: no GPU visible ...", exit 0,
-# and writes gpu-check.json with result "skipped" and the phases it passed; bad arguments
-# and a build without the GPU programs are one-line errors with exit 2.
+# and writes gpu-check.json with result "skipped" and the phases it passed; with
+# --require-gpu (the device tool's runs) the same is a failure, exit 1; bad arguments and
+# a build without the GPU programs are one-line errors with exit 2.
 # Exits 77 (ctest: skipped) where a GPU is visible: there the script would run the GPU phases.
 # Usage: gpu_check_skip_test.sh BUILD_DIR WORK_DIR
 set -euo pipefail
@@ -41,10 +42,17 @@ expect_error() {  # expect_error PATTERN ARGS...
   shift
   OUT="$work/err" bash "$root/scripts/gpu-check.sh" "$@" >"$work/err.out" 2>&1 || rc=$?
   [ "$rc" = 2 ] || fail "'$*': exit $rc, expected 2: $(cat "$work/err.out")"
+  [ "$(wc -l <"$work/err.out")" = 1 ] || fail "'$*': not one line: $(cat "$work/err.out")"
   grep -q "$pattern" "$work/err.out" || fail "'$*': no '$pattern' in: $(cat "$work/err.out")"
 }
 expect_error "unknown argument '--fast'" --fast
 expect_error "expected whole seconds" --cap soon --prebuilt "$build"
 mkdir -p "$work/empty-build"
 expect_error "has no apps/kiln/kiln" --prebuilt "$work/empty-build"
-echo "gpu_check_skip_test: ok (skip line, summary, 3 one-line errors)"
+rc=0
+OUT="$work/req" bash "$root/scripts/gpu-check.sh" --quick --require-gpu --prebuilt "$build" >"$work/req.out" 2>&1 || rc=$?
+[ "$rc" = 1 ] || fail "--require-gpu without a GPU: exit $rc, expected 1: $(cat "$work/req.out")"
+grep -q 'FAILED: no GPU visible' "$work/req.out" || fail "--require-gpu: $(cat "$work/req.out")"
+python3 -c 'import json, sys; assert json.load(open(sys.argv[1]))["result"] == "FAILED"' "$work/req/gpu-check.json" ||
+  fail "--require-gpu: gpu-check.json's result is not FAILED"
+echo "gpu_check_skip_test: ok (skip line, summary, --require-gpu, 3 one-line errors)"

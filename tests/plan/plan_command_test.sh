@@ -14,8 +14,9 @@
 #     up-projection's shape; the bubble fraction is (p-1)/(m+p-1) for 1F1B and
 #     (p-1)/(v m+p-1) interleaved; a dp group that spans nodes is priced on the slower
 #     link; `fits` is peak <= usable; the first layout fits and is the fastest that does;
-#   - the winner's --set lines are written, and the config loader and the step's dry run
-#     take them (kiln memplan);
+#   - the winner's --set lines (the global batch among them) are written, and the config
+#     loader and the step's dry run take them (kiln memplan); a mixture of experts with
+#     parallel.ep = 2 is planned;
 #   - one-line errors: nothing fits (the closest named), no layout for the world size,
 #     a calibration file changed after writing (checksum), a missing one, a CPU plan with
 #     neither calibration nor --peak-tflops;
@@ -114,6 +115,13 @@ grep -q "the winner, predicted" "$work/plan.txt" || fail "no winner line"
 # shellcheck disable=SC2046  # the --set lines, word-split on purpose
 "$kiln" memplan "$root/configs/demo.toml" --world-size 4 --backend none --set model.vocab_size=4096 \
   $(cat "$work/winner.sets") >"$work/check.txt" 2>&1 || fail "the winner's keys were refused: $(cat "$work/check.txt")"
+
+# Expert parallelism as configured: ep = 2 carved from dp x cp (the start config resolved
+# as ep ranks, not one).
+"$kiln" plan "$root/configs/demo-moe.toml" --world-size 4 --device-memory 1 --backend none \
+  --set model.vocab_size=4096 --set parallel.ep=2 --peak-tflops 1 --top 1 >"$work/moe.txt" 2>&1 ||
+  fail "kiln plan with parallel.ep = 2: $(tail -n 1 "$work/moe.txt")"
+grep -q '^--set train.global_batch=' "$work/moe.txt" || fail "the winner does not name its global batch"
 
 expect_error() {  # expect_error PATTERN ARGS...
   local pattern=$1 rc=0
