@@ -102,9 +102,14 @@ std::string gemm_paths(const Backend& be) {
 }
 
 // --calibrate FILE: the rates kiln plan's time model reads (plan/calibration.h).
+// Under mpirun/srun also the all-reduce between the launched ranks (one node: the plan's
+// intra-node link); every rank measures, rank 0 writes.
 void run_calibrate(const std::string& file, const std::string& device) {
   auto be = make_device_backend(device);
-  const plan::Calibration c = plan::measure_calibration(*be, {DType::F32, DType::BF16});
+  auto world = make_device_world_communicator(device);
+  plan::Calibration c = plan::measure_calibration(*be, {DType::F32, DType::BF16});
+  if (world->size() > 1) c.link = plan::measure_link(*world, *be);
+  if (world->rank() != 0) return;
   plan::save_calibration(c, file);
   fmt::print("kiln bench --calibrate: {} ({}, {} threads)\n", c.machine, be->name(), c.threads);
   for (const auto& [dtype, pts] : c.gemm) {
@@ -112,7 +117,14 @@ void run_calibrate(const std::string& file, const std::string& device) {
     for (const auto& [n, f] : pts) row += fmt::format(" {}:{:.1f}", n, f / 1e9);
     fmt::print("  GEMM {} GFLOP/s by n:{}\n", dtype, row);
   }
-  fmt::print("  copy bandwidth {:.1f} GB/s\nwritten to {}\n", c.mem_bandwidth / 1e9, file);
+  fmt::print("  copy bandwidth {:.1f} GB/s\n", c.mem_bandwidth / 1e9);
+  if (c.link.ranks > 1) {
+    std::string row;
+    for (const auto& [bytes, bw] : c.link.busbw) row += fmt::format(" {} KiB:{:.3g}", bytes >> 10, bw / 1e9);
+    fmt::print("  all-reduce over {} ranks: latency {:.1f} us; busbw GB/s by message:{}\n",
+               c.link.ranks, c.link.latency * 1e6, row);
+  }
+  fmt::print("written to {}\n", file);
 }
 
 void run_peak() {

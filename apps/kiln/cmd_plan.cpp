@@ -95,11 +95,10 @@ void read_cluster(const std::string& file, plan::CostModel& cost) {
 
 plan::CostModel cost_model(const Args& a, const TrainConfig& cfg, bool cuda) {
   plan::CostModel cost;
+  if (!cuda)
+    cost.overlap = {0, "cpu: the communication thread and MPI's copies take the rank's own cores"};
   cost.intra = default_link(cuda, false);
   cost.inter = default_link(cuda, true);
-  cost.ranks_per_node = a.gpus_per_node;
-  if (!a.cluster.empty()) read_cluster(a.cluster, cost);
-  if (a.gpus_per_node > 0) cost.ranks_per_node = a.gpus_per_node;  // the flag wins
   const std::string& dtype = cfg.train.dtype;
   if (!a.calibration.empty()) {
     cost.calibration = plan::load_calibration(a.calibration);
@@ -117,6 +116,12 @@ plan::CostModel cost_model(const Args& a, const TrainConfig& cfg, bool cuda) {
     for (const auto& [n, f] : it->second) best = std::max(best, f);
     cost.peak_flops = {best, "the calibration's best " + dtype + " GEMM rate, " + from};
     cost.mem_bandwidth = {cal.mem_bandwidth, from};
+    if (cal.link.ranks > 1) {  // the launched ranks' all-reduce: one node's link
+      const std::string src = fmt::format("measured: all-reduce over {} ranks, {}", cal.link.ranks, from);
+      cost.intra = {{plan::interpolate(cal.link.busbw, 64 << 20), src + "; by message size"},
+                    {cal.link.latency, src},
+                    cal.link.busbw};
+    }
   } else if (cuda) {
     cost.peak_flops = {(dtype == "fp32" ? 67.0 : 989.0) * 1e12,
                        dtype == "fp32" ? "default: H100 SXM fp32 (67 TFLOP/s, NVIDIA's datasheet)"
@@ -127,6 +132,9 @@ plan::CostModel cost_model(const Args& a, const TrainConfig& cfg, bool cuda) {
                "(kiln bench --calibrate FILE) or --peak-tflops");
     cost.mem_bandwidth = {50e9, "default: a CPU socket's DRAM, ~50 GB/s"};
   }
+  // The cluster file over the defaults and the calibration's link; --gpus-per-node over it.
+  if (!a.cluster.empty()) read_cluster(a.cluster, cost);
+  if (a.gpus_per_node > 0) cost.ranks_per_node = a.gpus_per_node;
   if (a.peak_tflops > 0) {
     cost.peak_flops = {a.peak_tflops * 1e12, "--peak-tflops"};
     cost.calibration.reset();  // one flat rate, as given
@@ -139,19 +147,34 @@ void print_inputs(const plan::CostModel& cost) {
   fmt::print("  GEMM rate           {}\n",
              cost.calibration ? "by shape class, interpolated in the calibration (below)"
                               : fmt::format("{:.1f} TFLOP/s for every GEMM", cost.peak_flops.value / 1e12));
-  if (cost.calibration)
+  if (cost.calibration) {
     for (const auto& [dtype, pts] : cost.calibration->gemm) {
       std::string row;
       for (const auto& [n, f] : pts) row += fmt::format(" {}^3 {:.0f}", n, f / 1e9);
       fmt::print("    {} GFLOP/s:{}\n", dtype, row);
     }
+    fmt::print("  attention rate      {}\n", cost.calibration->attention.empty()
+                                                 ? "as GEMMs (the calibration has none)"
+                                                 : "by sequence length, interpolated in the calibration:");
+    for (const auto& [dtype, pts] : cost.calibration->attention) {
+      std::string row;
+      for (const auto& [T, f] : pts) row += fmt::format(" T={} {:.1f}", T, f / 1e9);
+      fmt::print("    {} GFLOP/s (forward + backward):{}\n", dtype, row);
+    }
+  }
   fmt::print("  peak (MFU)          {:.2f} TFLOP/s  [{}]\n", cost.peak_flops.value / 1e12, cost.peak_flops.source);
   fmt::print("  memory bandwidth    {:.0f} GB/s  [{}]\n", cost.mem_bandwidth.value / 1e9, cost.mem_bandwidth.source);
   for (const auto& [name, l] : {std::pair{"intra-node link", cost.intra}, std::pair{"inter-node link", cost.inter}})
-    fmt::print("  {:<19} {:.0f} GB/s busbw [{}], {:.0f} us [{}]\n", name, l.bandwidth.value / 1e9,
-               l.bandwidth.source, l.latency.value * 1e6, l.latency.source);
+  {
+    std::string sizes;
+    for (const auto& [bytes, bw] : l.busbw_by_bytes) sizes += fmt::format(" {} KiB:{:.3g}", bytes >> 10, bw / 1e9);
+    fmt::print("  {:<19} {:.3g} GB/s busbw{} [{}], {:.3g} us [{}]\n", name, l.bandwidth.value / 1e9,
+               sizes.empty() ? "" : " (by message:" + sizes + ")", l.bandwidth.source,
+               l.latency.value * 1e6, l.latency.source);
+  }
   fmt::print("  ranks per node      {}\n", cost.ranks_per_node > 0 ? std::to_string(cost.ranks_per_node)
                                                                     : std::string("all on one node"));
+  fmt::print("  overlap             {}  [{}]\n", cost.overlap.value != 0 ? "yes" : "no", cost.overlap.source);
 }
 
 nlohmann::json layout_json(const plan::Layout& l) {
@@ -165,7 +188,7 @@ nlohmann::json layout_json(const plan::Layout& l) {
           {"micro_batch", l.micro_batch}, {"grad_accum_steps", l.accum}, {"fits", l.fits},
           {"flops_per_token", l.flops_per_token},
           {"peak_bytes", l.peak_bytes}, {"peak_rank", l.memory.rank}, {"memory", mem},
-          {"gemm_rate", t.gemm_rate}, {"compute_s", t.compute}, {"recompute_s", t.recompute},
+          {"gemm_rate", t.gemm_rate}, {"attention_rate", t.attention_rate}, {"compute_s", t.compute}, {"recompute_s", t.recompute},
           {"bubble_s", t.bubble}, {"bubble_fraction", t.bubble_fraction}, {"tp_s", t.tp},
           {"cp_s", t.cp}, {"pp_s", t.pp}, {"dp_s", t.dp}, {"comm_total_s", t.comm_total},
           {"step_s", t.step}, {"tokens_per_s", t.tokens_per_s}, {"mfu", t.mfu}, {"sets", l.sets()}};

@@ -38,6 +38,26 @@ double measure_gemm_flops(Backend& be, DType dtype, int64_t n, double seconds) {
   return best_rate(flop, seconds, be, [&] { be.linear_forward(be.default_stream(), c, a, w, Tensor()); });
 }
 
+double measure_attention_flops(Backend& be, DType dtype, int64_t B, int64_t T, int n_head,
+                               int64_t head_dim, double seconds) {
+  KILN_CHECK(be.supports(OpFamily::Attention, dtype), "{} backend: no {} attention to measure",
+             be.name(), dtype_name(dtype));
+  const AttentionShape shape = AttentionShape::mha(n_head, n_head * head_dim);
+  const Stream s = be.default_stream();
+  Tensor qkv = be.empty(Shape{B, T, shape.qkv_width()}, dtype, MemCategory::Temporaries);
+  Tensor out = be.empty(Shape{B, T, shape.q_width()}, dtype, MemCategory::Temporaries);
+  Tensor dout = be.empty(Shape{B, T, shape.q_width()}, dtype, MemCategory::Temporaries);
+  Tensor dqkv = be.empty(Shape{B, T, shape.qkv_width()}, dtype, MemCategory::Temporaries);
+  Tensor lse = be.empty(Shape{B, n_head, T}, DType::F32, MemCategory::Temporaries);
+  be.fill(s, qkv, 0.01f);
+  be.fill(s, dout, 0.01f);
+  const double flop = 12.0 * static_cast<double>(B) * T * T * n_head * head_dim;
+  return best_rate(flop, seconds, be, [&] {
+    be.attention_forward(s, out, lse, qkv, shape, DropoutSpec{});
+    be.attention_backward(s, dqkv, dout, qkv, out, lse, shape, DropoutSpec{});
+  });
+}
+
 double measure_copy_bandwidth(Backend& be, int64_t bytes, double seconds) {
   const int64_t n = bytes / 4;
   Tensor a = be.empty(Shape{n}, DType::F32, MemCategory::Temporaries);

@@ -46,7 +46,19 @@ nlohmann::json body(const Calibration& c) {
     g[dtype] = arr;
   }
   j["gemm"] = g;
+  nlohmann::json att = nlohmann::json::object();
+  for (const auto& [dtype, points] : c.attention) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const auto& [t, flops] : points) arr.push_back({t, flops});
+    att[dtype] = arr;
+  }
+  j["attention"] = att;
   j["mem_bandwidth"] = c.mem_bandwidth;
+  if (c.link.ranks > 1) {
+    nlohmann::json bw = nlohmann::json::array();
+    for (const auto& [bytes, rate] : c.link.busbw) bw.push_back({bytes, rate});
+    j["link"] = {{"ranks", c.link.ranks}, {"latency", c.link.latency}, {"busbw", bw}};
+  }
   return j;
 }
 
@@ -61,7 +73,37 @@ double positive_number(const nlohmann::json& j, const std::string& key, const st
   return j.get<double>();
 }
 
+// {dtype: [[size, FLOP/s], ...]} with sizes increasing, into `out`.
+void read_rates(const nlohmann::json& j, const std::string& name, const std::string& where,
+                std::map<std::string, std::vector<std::pair<int64_t, double>>>& out) {
+  KILN_CHECK(j.is_object(), "{}: \"{}\" must be an object of rates by dtype", where, name);
+  for (const auto& [dtype, arr] : j.items()) {
+    const std::string key = name + "." + dtype;
+    KILN_CHECK(arr.is_array() && !arr.empty(), "{}: \"{}\" must be a list of [size, FLOP/s]", where, key);
+    auto& points = out[dtype];
+    for (const auto& p : arr) {
+      KILN_CHECK(p.is_array() && p.size() == 2 && p[0].is_number_integer() && p[0].get<int64_t>() > 0,
+                 "{}: \"{}\" entry {} must be [size, FLOP/s]", where, key, p.dump());
+      const int64_t n = p[0].get<int64_t>();
+      KILN_CHECK(points.empty() || n > points.back().first, "{}: \"{}\" sizes must increase", where,
+                 key);
+      points.emplace_back(n, positive_number(p[1], key, where));
+    }
+  }
+}
+
 }  // namespace
+
+double interpolate(const std::vector<std::pair<int64_t, double>>& pts, double x) {
+  if (x <= static_cast<double>(pts.front().first)) return pts.front().second;
+  if (x >= static_cast<double>(pts.back().first)) return pts.back().second;
+  size_t i = 1;
+  while (static_cast<double>(pts[i].first) < x) ++i;
+  const double x0 = std::log(static_cast<double>(pts[i - 1].first));
+  const double x1 = std::log(static_cast<double>(pts[i].first));
+  const double w = (std::log(x) - x0) / (x1 - x0);
+  return std::exp((1.0 - w) * std::log(pts[i - 1].second) + w * std::log(pts[i].second));
+}
 
 Calibration measure_calibration(Backend& backend, const std::vector<DType>& dtypes,
                                 double seconds) {
@@ -76,9 +118,45 @@ Calibration measure_calibration(Backend& backend, const std::vector<DType>& dtyp
     std::vector<int64_t> sizes = kCalibrationSizes;
     if (c.backend == "cuda") sizes.insert(sizes.end(), {4096, 8192});
     for (const int64_t n : sizes) points.emplace_back(n, measure_gemm_flops(backend, dt, n, seconds));
+    if (!backend.supports(Op::AttentionForward, dt) || !backend.supports(Op::AttentionBackward, dt))
+      continue;
+    auto& att = c.attention[std::string(dtype_name(dt))];
+    for (const int64_t T : kCalibrationSeqLens)
+      att.emplace_back(T, measure_attention_flops(backend, dt, std::max<int64_t>(1, 2048 / T), T, 4,
+                                                  64, seconds));
   }
   c.mem_bandwidth = measure_copy_bandwidth(backend, 64ll << 20, seconds);
   return c;
+}
+
+Calibration::Link measure_link(Communicator& world, Backend& backend) {
+  using clock = std::chrono::steady_clock;
+  const int n = world.size();
+  auto best_seconds = [&](const Tensor& t, int reps) {
+    world.barrier();
+    double best = 1e30;
+    for (int i = 0; i < reps; ++i) {
+      const auto t0 = clock::now();
+      world.all_reduce(t);
+      best = std::min(best, std::chrono::duration<double>(clock::now() - t0).count());
+    }
+    return best;
+  };
+  auto buffer = [&](int64_t elements) {
+    Tensor t = backend.empty(Shape{elements}, DType::F32, MemCategory::CommBuffers);
+    backend.fill(backend.default_stream(), t, 1.f);
+    backend.synchronize(backend.default_stream());
+    return t;
+  };
+  Calibration::Link l;
+  l.ranks = n;
+  l.latency = best_seconds(buffer(1), 50);
+  for (const int64_t bytes : {int64_t{64} << 10, int64_t{1} << 20, int64_t{16} << 20, int64_t{64} << 20}) {
+    const double seconds = best_seconds(buffer(bytes / 4), bytes >= (16 << 20) ? 4 : 10);
+    l.busbw.emplace_back(bytes, static_cast<double>(bytes) * bus_bandwidth_factor(Collective::AllReduce, n) /
+                                    std::max(1e-9, seconds - l.latency));
+  }
+  return l;
 }
 
 void save_calibration(const Calibration& c, const std::filesystem::path& path) {
@@ -114,18 +192,18 @@ Calibration load_calibration(const std::filesystem::path& path) {
   c.threads = j["threads"].get<int>();
   c.date = j["date"].get<std::string>();
   c.mem_bandwidth = positive_number(j["mem_bandwidth"], "mem_bandwidth", where);
-  for (const auto& [dtype, arr] : j["gemm"].items()) {
-    const std::string key = "gemm." + dtype;
-    KILN_CHECK(arr.is_array() && !arr.empty(), "{}: \"{}\" must be a list of [n, FLOP/s]", where, key);
-    auto& points = c.gemm[dtype];
-    for (const auto& p : arr) {
-      KILN_CHECK(p.is_array() && p.size() == 2 && p[0].is_number_integer() && p[0].get<int64_t>() > 0,
-                 "{}: \"{}\" entry {} must be [n, FLOP/s]", where, key, p.dump());
-      const int64_t n = p[0].get<int64_t>();
-      KILN_CHECK(points.empty() || n > points.back().first, "{}: \"{}\" sizes must increase", where,
-                 key);
-      points.emplace_back(n, positive_number(p[1], key, where));
-    }
+  read_rates(j["gemm"], "gemm", where, c.gemm);
+  if (j.contains("attention")) read_rates(j["attention"], "attention", where, c.attention);
+  if (j.contains("link")) {
+    const auto& l = j["link"];
+    KILN_CHECK(l.is_object() && l.contains("ranks") && l["ranks"].is_number_integer() &&
+                   l["ranks"].get<int>() > 1 && l.contains("busbw") && l.contains("latency"),
+               "{}: \"link\" must be {{\"ranks\" > 1, \"latency\", \"busbw\"}}", where);
+    c.link.ranks = l["ranks"].get<int>();
+    c.link.latency = positive_number(l["latency"], "link.latency", where);
+    std::map<std::string, std::vector<std::pair<int64_t, double>>> bw;
+    read_rates(nlohmann::json{{"all_reduce", l["busbw"]}}, "link.busbw", where, bw);
+    c.link.busbw = bw["all_reduce"];
   }
   return c;
 }
@@ -134,16 +212,12 @@ double gemm_rate(const Calibration& c, const std::string& dtype, double m, doubl
   const auto it = c.gemm.find(dtype);
   KILN_CHECK(it != c.gemm.end(), "calibration of {} ({}) has no {} GEMM rates; measure them with "
              "kiln bench --calibrate on a backend that runs {}", c.machine, c.date, dtype, dtype);
-  const auto& pts = it->second;
-  const double size = std::cbrt(std::max(1.0, m) * std::max(1.0, n) * std::max(1.0, k));
-  if (size <= static_cast<double>(pts.front().first)) return pts.front().second;
-  if (size >= static_cast<double>(pts.back().first)) return pts.back().second;
-  size_t i = 1;
-  while (static_cast<double>(pts[i].first) < size) ++i;
-  const double x0 = std::log(static_cast<double>(pts[i - 1].first));
-  const double x1 = std::log(static_cast<double>(pts[i].first));
-  const double w = (std::log(size) - x0) / (x1 - x0);
-  return std::exp((1.0 - w) * std::log(pts[i - 1].second) + w * std::log(pts[i].second));
+  return interpolate(it->second, std::cbrt(std::max(1.0, m) * std::max(1.0, n) * std::max(1.0, k)));
+}
+
+double attention_rate(const Calibration& c, const std::string& dtype, double T) {
+  const auto it = c.attention.find(dtype);
+  return it == c.attention.end() || it->second.empty() ? 0.0 : interpolate(it->second, T);
 }
 
 }  // namespace kiln::plan

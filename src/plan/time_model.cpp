@@ -8,6 +8,10 @@
 
 namespace kiln::plan {
 
+double Link::busbw(double bytes) const {
+  return busbw_by_bytes.empty() ? bandwidth.value : interpolate(busbw_by_bytes, bytes);
+}
+
 bool group_within_node(int stride, int size, int ranks_per_node) {
   return ranks_per_node <= 0 || size <= 1 || static_cast<int64_t>(stride) * size <= ranks_per_node;
 }
@@ -44,9 +48,23 @@ StepTime estimate_step_time(const MemPlan& p, const CostModel& cost) {
   t.gemm_rate = cost.peak_flops.value;
   if (cost.calibration)
     t.gemm_rate = gemm_rate(*cost.calibration, c.train.dtype, mb * T / p.cp, 4.0 * C / p.tp, C);
-  const double fwd = tokens * per_token / 3.0 / t.gemm_rate;
-  double bwd = tokens * per_token * 2.0 / 3.0 / t.gemm_rate;
-  if (mode == "full") t.recompute = tokens * block_forward / t.gemm_rate;
+  // Attention's FLOPs (12 T C per token per block, of 6 N + attention) at the calibration's
+  // attention rate for seq_len when it has one, the rest at the GEMM rate; the time a
+  // FLOP takes, averaged over a token's forward and backward:
+  const double attn = std::min(1.0, 3.0 * L * 4.0 * T * C / std::max(1.0, p.flops_per_token));
+  // (Under cp each rank's attention runs as tiles of T / cp queries against T / cp keys.)
+  t.attention_rate =
+      cost.calibration ? attention_rate(*cost.calibration, c.train.dtype, T / p.cp) : 0.0;
+  if (t.attention_rate <= 0) t.attention_rate = t.gemm_rate;
+  const double per_flop = (1.0 - attn) / t.gemm_rate + attn / t.attention_rate;
+  const double fwd = tokens * per_token / 3.0 * per_flop;
+  double bwd = tokens * per_token * 2.0 / 3.0 * per_flop;
+  // Full recomputation repeats the blocks' forward: their attention (4 T C of 12) and the
+  // rest at their rates.
+  const double block_attn = 4.0 * L * T * C / split;
+  if (mode == "full")
+    t.recompute = tokens * (std::max(0.0, block_forward - block_attn) / t.gemm_rate +
+                            std::min(block_attn, block_forward) / t.attention_rate);
   // Selective: GELU from its input again, memory-bound (read 4C, write 4C per token per
   // block); its FLOPs are negligible.
   if (mode == "selective" && cost.mem_bandwidth.value > 0)
@@ -64,9 +82,10 @@ StepTime estimate_step_time(const MemPlan& p, const CostModel& cost) {
   };
   auto price = [](const Link& l, Collective kind, int64_t bytes, int ranks) {
     if (ranks <= 1) return 0.0;
-    return l.latency.value +
-           static_cast<double>(bytes) * bus_bandwidth_factor(kind, ranks) / l.bandwidth.value;
+    const double b = static_cast<double>(bytes);
+    return l.latency.value + b * bus_bandwidth_factor(kind, ranks) / l.busbw(b);
   };
+  const bool overlap = cost.overlap.value != 0;
   // Tensor parallel: each layer waits for its reduction, all exposed.
   const Link& tp_link = link(1, p.tp);
   for (const auto& call : p.tp_calls) t.tp += price(tp_link, call.kind, call.bytes, p.tp);
@@ -78,7 +97,7 @@ StepTime estimate_step_time(const MemPlan& p, const CostModel& cost) {
     if (call.kind == Collective::Send) cp_total += price(cp_link, call.kind, call.bytes, 2);
   const double attention_share =
       p.flops_per_token > 0 ? std::min(1.0, 3.0 * L * 4.0 * T * C / p.flops_per_token) : 0.0;
-  t.cp = std::max(0.0, cp_total - attention_share * (fwd + bwd));
+  t.cp = overlap ? std::max(0.0, cp_total - attention_share * (fwd + bwd)) : cp_total;
   // Pipeline: per micro-batch and chunk one activation send forward and one gradient
   // send backward, [micro_batch, T / cp, C] each, waited for by the next op.
   double pp_total = 0;
@@ -103,7 +122,8 @@ StepTime estimate_step_time(const MemPlan& p, const CostModel& cost) {
   }
   const Link& world_link = link(1, p.world_size);
   dp_rest += price(world_link, Collective::AllReduce, 4, p.world_size);
-  t.dp = std::max(0.0, dp_fwd - fwd) + std::max(0.0, dp_bwd - bwd) + dp_rest;
+  t.dp = overlap ? std::max(0.0, dp_fwd - fwd) + std::max(0.0, dp_bwd - bwd) + dp_rest
+                 : dp_fwd + dp_bwd + dp_rest;
 
   double tp_total = t.tp;
   t.comm_total = dp_fwd + dp_bwd + dp_rest + tp_total + cp_total + pp_total;

@@ -5,10 +5,11 @@
 // exposes.
 //
 //   compute  = the layout's training FLOPs per rank (Model::flops_per_token, 6 N +
-//              attention, over tp x cp x pp, plus recomputation) / the GEMM rate of the
-//              layout's shape class (Calibration's gemm_rate at the MLP up-projection of
-//              one micro-batch: M = micro_batch x seq_len / cp, N = 4 C / tp, K = C), or
-//              the flat peak without a calibration;
+//              attention, over tp x cp x pp, plus recomputation): attention's (12 T C per
+//              token per block) at the calibration's attention rate for seq_len, the rest
+//              at the GEMM rate of the layout's shape class (Calibration's gemm_rate at the
+//              MLP up-projection of one micro-batch: M = micro_batch x seq_len / cp, N =
+//              4 C / tp, K = C); without a calibration, all at the flat peak;
 //   bubble   = compute x f / (1 - f), f the idle fraction of the pipeline schedule
 //              simulator (parallel/pipeline_schedule.h) for pp, virtual stages and
 //              grad_accum_steps micro-batches, forward 1 and backward 2 per chunk;
@@ -25,8 +26,11 @@
 
 #include "plan/calibration.h"
 
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace kiln::plan {
 
@@ -43,6 +47,10 @@ struct Input {
 struct Link {
   Input bandwidth;
   Input latency;
+  /// Measured bus bandwidth by message bytes (a calibration's link); when given, a
+  /// collective of B bytes runs at its interpolation at B instead of `bandwidth`.
+  std::vector<std::pair<int64_t, double>> busbw_by_bytes;
+  double busbw(double bytes) const;
 };
 
 struct CostModel {
@@ -51,6 +59,10 @@ struct CostModel {
   Link intra;           // within a node (NVLink; CPU ranks: shared memory)
   Link inter;           // between nodes (InfiniBand)
   int ranks_per_node = 0;  // 0: every rank on one node
+  /// Whether communication runs beside compute (GPUs: NCCL on its own SMs and copy
+  /// engines). false on CPU ranks, whose communication thread and MPI copies take the
+  /// same cores as the compute: every collective is then exposed.
+  Input overlap{1, "default: communication overlaps compute"};
   /// Measured GEMM rates by size; none: peak_flops for every GEMM.
   std::optional<Calibration> calibration;
   std::string calibration_file;  // where it was read from, for the inputs' sources
@@ -58,7 +70,8 @@ struct CostModel {
 
 /// Step time of a planned layout (seconds), split as above.
 struct StepTime {
-  double gemm_rate = 0;      // FLOP/s the compute is priced at (the shape class's rate)
+  double gemm_rate = 0;      // FLOP/s the GEMMs are priced at (the shape class's rate)
+  double attention_rate = 0; // FLOP/s attention is priced at (the calibration's at seq_len, else gemm_rate)
   double compute = 0;        // forward + backward + recompute
   double recompute = 0;      // the part of `compute` that recomputes (and GELU's memory time)
   double bubble = 0;         // pipeline idle time

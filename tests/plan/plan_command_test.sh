@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # kiln plan (docs/plan.md) without timing anything: the demo config on 4 ranks of 0.09 GiB,
-# 2 ranks per node, priced with the committed calibration of an AMD EPYC Zen 5 (2 threads;
-# fixtures/calibration-epyc-zen5-2t.json), its scratch not counted (--backend none, so
-# the dry run's bytes are the same on every CPU):
+# 2 ranks per node, priced with the committed calibration of an AMD EPYC Zen 5 (2 ranks of
+# 1 thread under mpirun: GEMM and attention rates, the all-reduce between them by message
+# size; fixtures/calibration-epyc-zen5-2x1t.json), its scratch not counted (--backend
+# none, so the dry run's bytes are the same on every CPU):
 #   - every layout considered (dp x cp x tp x pp with virtual stages, ZeRO, checkpointing,
 #     micro-batch), its peak bytes and its step time split, in order, equal the committed
 #     table fixtures/plan-demo-w4.tsv (bytes exactly, seconds within 1e-9 relative of
@@ -10,10 +11,12 @@
 #     UPDATE_PLAN_TABLE=1 rewrites the table (say why in the commit);
 #   - the time model, checked independently of the table: step = compute + bubble + the
 #     exposed tp/cp/pp/dp; compute (no checkpointing) = tokens x flops_per_token / (tp cp
-#     pp) / the GEMM rate interpolated here from the calibration file at the MLP
+#     pp), attention's share (12 L T C of it) at the attention rate interpolated here from
+#     the calibration file at T / cp and the rest at the GEMM rate at the MLP
 #     up-projection's shape; the bubble fraction is (p-1)/(m+p-1) for 1F1B and
 #     (p-1)/(v m+p-1) interleaved; a dp group that spans nodes is priced on the slower
-#     link; `fits` is peak <= usable; the first layout fits and is the fastest that does;
+#     link (fixtures/cluster-slow-inter.json's); `fits` is peak <= usable; the first
+#     layout fits and is the fastest that does;
 #   - the winner's --set lines (the global batch among them) are written, and the config
 #     loader and the step's dry run take them (kiln memplan); a mixture of experts with
 #     parallel.ep = 2 is planned;
@@ -28,10 +31,10 @@ work="$2"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 rm -rf "$work" && mkdir -p "$work"
-cal="$here/fixtures/calibration-epyc-zen5-2t.json"
+cal="$here/fixtures/calibration-epyc-zen5-2x1t.json"
 fail() { echo "plan_command_test: FAILED: $*"; exit 1; }
 plan=("$kiln" plan "$root/configs/demo.toml" --world-size 4 --device-memory 0.09 --backend none
-      --set model.vocab_size=4096 --calibration "$cal")
+      --set model.vocab_size=4096 --calibration "$cal" --cluster "$here/fixtures/cluster-slow-inter.json")
 
 "${plan[@]}" --gpus-per-node 2 --json >"$work/plan.json"
 "${plan[@]}" --json >"$work/one-node.json"
@@ -54,8 +57,9 @@ def row(l):
 if os.environ.get("UPDATE_PLAN_TABLE") == "1":
     with open(table, "w") as f:
         f.write("# kiln plan configs/demo.toml --world-size 4 --device-memory 0.09 --backend none "
-                "--set model.vocab_size=4096 --calibration calibration-epyc-zen5-2t.json "
-                "--gpus-per-node 2: layout|peak_bytes|step|compute|bubble|tp|cp|pp|dp (s)\n")
+                "--set model.vocab_size=4096 --calibration calibration-epyc-zen5-2x1t.json "
+                "--cluster cluster-slow-inter.json --gpus-per-node 2: "
+                "layout|peak_bytes|step|compute|bubble|tp|cp|pp|dp (s)\n")
         f.writelines(row(l) + "\n" for l in ls)
 want = [r.rstrip("\n").split("|") for r in open(table) if not r.startswith("#")]
 assert len(want) == len(ls), f"{len(ls)} layouts, the table has {len(want)}"
@@ -67,15 +71,17 @@ for w, l in zip(want, ls):
         g, e = float(g), float(e)
         assert abs(g - e) <= 1e-9 * max(abs(e), 1e-12), f"{w[0]}: {name} {g} s, table {e} s"
 
-def rate(dtype, m, n, k):
-    pts = cal["gemm"][dtype]
-    x = math.log(max(1, m) * max(1, n) * max(1, k)) / 3
+def interpolate(pts, size):
+    x = math.log(size)
     if x <= math.log(pts[0][0]): return pts[0][1]
     if x >= math.log(pts[-1][0]): return pts[-1][1]
     for (n0, f0), (n1, f1) in zip(pts, pts[1:]):
         if math.log(n0) <= x <= math.log(n1):
             w = (x - math.log(n0)) / (math.log(n1) - math.log(n0))
             return math.exp((1 - w) * math.log(f0) + w * math.log(f1))
+
+def rate(dtype, m, n, k):
+    return interpolate(cal["gemm"][dtype], (max(1, m) * max(1, n) * max(1, k)) ** (1 / 3))
 
 usable = plan["usable_bytes"]
 kinds = set()
@@ -87,9 +93,14 @@ for l in ls:
     tokens = l["micro_batch"] * l["grad_accum_steps"] * T
     r = rate("fp32", l["micro_batch"] * T / l["cp"], 4 * C / l["tp"], C)
     assert abs(l["gemm_rate"] / r - 1) < 1e-9, (l["gemm_rate"], r)
+    ra = interpolate(cal["attention"]["fp32"], T / l["cp"])
+    assert abs(l["attention_rate"] / ra - 1) < 1e-9, (l["attention_rate"], ra)
     if l["activation_checkpointing"] == "none":
-        want_compute = tokens * l["flops_per_token"] / split / r
+        a = 12 * 4 * T * C / l["flops_per_token"]  # attention's share: 12 L T C, L = 4
+        want_compute = tokens * l["flops_per_token"] / split * ((1 - a) / r + a / ra)
         assert abs(l["compute_s"] / want_compute - 1) < 1e-9, (l, want_compute)
+    if l["tp"] == 1 and l["pp"] == 1 and l["dp"] * l["cp"] > 1:
+        assert l["dp_s"] > 0  # CPU ranks: nothing hides under compute
     p, m, v = l["pp"], l["grad_accum_steps"], l["virtual_stages"]
     f = 0.0 if p == 1 else (p - 1) / ((v * m if l["pp_schedule"] == "interleaved" else m) + p - 1)
     assert abs(l["bubble_fraction"] - f) < 1e-12, (l, f)
@@ -134,7 +145,7 @@ expect_error() {  # expect_error PATTERN ARGS...
 expect_error "no layout fits .* the closest needs" "${plan[@]/0.09/0.01}"
 expect_error "no layout of 3 ranks" "$kiln" plan "$root/configs/demo.toml" --world-size 3 \
   --device-memory 1 --backend none --set model.vocab_size=4096 --calibration "$cal"
-sed 's/"threads": 2/"threads": 3/' "$cal" >"$work/changed.json"
+sed 's/"threads": [0-9]*/"threads": 7/' "$cal" >"$work/changed.json"
 expect_error "checksum mismatch" "${plan[@]/$cal/$work/changed.json}"
 expect_error "missing.json" "${plan[@]/$cal/$work/missing.json}"
 expect_error "no default GEMM rate" "$kiln" plan "$root/configs/demo.toml" --world-size 2 \
