@@ -5,7 +5,7 @@
 # with one NVIDIA GPU, the CUDA toolkit, cmake, ninja, gcc and python3 with PyTorch, but
 # no apt, no MPI and no network.
 #
-#   scripts/gpu-check.sh [--quick] [--moe] [--sanitize] [--fp32] [--no-torch]
+#   scripts/gpu-check.sh [--quick] [--moe] [--sanitize] [--plan] [--fp32] [--no-torch]
 #                        [--require-gpu] [--cap SECONDS] [--prebuilt BUILD_DIR]
 #
 # Phases, with the seconds each is given on the H200 (docs/cuda.md, "Running the GPU
@@ -31,8 +31,11 @@
 #              scripts/gpu/variants.sh)                                                40
 #   moe        --moe: scripts/gpu/moe-check.sh (the mixture-of-experts trainer)        70
 #   sanitize   --sanitize: compute-sanitizer over the op harness (scripts/gpu/sanitize.sh) 120
+#   plan       --plan: kiln plan's single-GPU choices for GPT-2 XL (micro batch 2/4/8 x
+#              checkpointing none/full) against measured steps, after calibrating the GPU
+#              (scripts/gpu/plan-check.sh; docs/plan.md)                                90
 # A phase after the build starts only if its figure fits in what is left of the cap
-# (300 s, --quick 150, plus 70 for --moe and 120 for --sanitize; --cap sets it), and runs
+# (300 s, --quick 150, plus 70 for --moe, 120 for --sanitize, 90 for --plan; --cap sets it), and runs
 # under a timeout of what is left, so the run outlasts the cap by at most the 10 s grace
 # of a killed phase and the summary; a phase that does not fit is reported as skipped.
 # MFU of every run is against one measured peak: the bf16 GEMM rate that the bench
@@ -61,15 +64,16 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 usage_error() {  # one line: what is wrong, then the usage
-  echo "gpu-check: $1 (usage: scripts/gpu-check.sh [--quick] [--moe] [--sanitize] [--fp32] [--no-torch] [--require-gpu] [--cap SECONDS] [--prebuilt BUILD_DIR])" >&2
+  echo "gpu-check: $1 (usage: scripts/gpu-check.sh [--quick] [--moe] [--sanitize] [--plan] [--fp32] [--no-torch] [--require-gpu] [--cap SECONDS] [--prebuilt BUILD_DIR])" >&2
   exit 2
 }
-mode=full moe=0 sanitize=0 fp32=0 torch=1 require_gpu=0 cap="" prebuilt=""
+mode=full moe=0 sanitize=0 plan=0 fp32=0 torch=1 require_gpu=0 cap="" prebuilt=""
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) mode=quick ;;
     --moe) moe=1 ;;
     --sanitize) sanitize=1 ;;
+    --plan) plan=1 ;;
     --fp32) fp32=1 ;;
     --no-torch) torch=0 ;;
     --require-gpu) require_gpu=1 ;;
@@ -85,7 +89,7 @@ while [ $# -gt 0 ]; do
 done
 if [ -z "$cap" ]; then
   cap=$([ "$mode" = quick ] && echo 150 || echo 300)
-  cap=$((cap + 70 * moe + 120 * sanitize))
+  cap=$((cap + 70 * moe + 120 * sanitize + 90 * plan))
 fi
 [[ "$cap" =~ ^[0-9]+$ ]] || { echo "gpu-check: --cap '$cap': expected whole seconds" >&2; exit 2; }
 for f in apps/kiln/kiln tests/backend/backend_op_test bench/gpu/kiln_gpu_step bench/gpu/kiln_gpu_bf16; do
@@ -253,6 +257,10 @@ if [ "$moe" = 1 ]; then
     say "phase moe skipped: data/kjv was not carried (scripts/demo.sh prepares it)"
     records+=("moe:skipped:0")
   fi
+fi
+if [ "$plan" = 1 ]; then
+  phase plan 90 bench.log bash "$root/scripts/gpu/plan-check.sh" "$kiln" "$step" "$build/plan-check" \
+    "${peak_flags[@]}" || true
 fi
 if [ "$sanitize" = 1 ]; then
   phase sanitize 120 ops.log bash "$root/scripts/gpu/sanitize.sh" "$build" || true

@@ -6,7 +6,7 @@ OUT/gpu-check.json (atomically) and prints the tables:
   phases      name, status (ok, FAILED, TIMEOUT, skipped, prebuilt), seconds
   ops         per test program: passed, failed (names), skipped, finished (gtest's end
               line seen); the worst relative error per cuda op output; kiln_gpu_bf16's count; compute-sanitizer's exit statuses
-  trainer     the train-check: and moe-check: lines
+  trainer     the train-check: and moe-check: lines; plan-check: lines (--plan)
   bench       kiln and PyTorch (GPT-2 124M, T=1024): ms/step, tokens/s, model TFLOP/s and
               MFU against one common peak (the bf16 GEMM rate kiln_gpu_step measured in
               the bench phase: MFU = model TFLOP/s / that peak), the kiln/PyTorch ratio
@@ -148,7 +148,7 @@ def print_tables(s):
               f"{worst[1]:.2e} ({worst[0]})")
     for t in ops["sanitize"]:
         print(f"ops: compute-sanitizer {t['tool']}: exit status {t['exit_status']}")
-    for line in s["trainer"] + s["moe"]:
+    for line in s["trainer"] + s["moe"] + s["plan"]:
         print(line)
     b = s["bench"]
     if b["rows"]:
@@ -196,12 +196,14 @@ def main():
         phases.append({"name": name, "status": status, "seconds": int(seconds)})
     trainer, moe = parse_trainer(os.path.join(a.out, "trainer.log"))
     bench, variants = parse_bench(os.path.join(a.out, "bench.log"), os.path.join(a.out, "torch.log"))
+    plan = [l for _, ls in sections(os.path.join(a.out, "bench.log")) for l in ls
+            if l.startswith("plan-check:")]
     s = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": a.device, "mode": a.mode, "cap_s": a.cap, "seconds": a.seconds,
         "result": a.result, "phases": phases,
         "ops": parse_ops(os.path.join(a.out, "ops.log")),
-        "trainer": trainer, "moe": moe, "bench": bench, "variants": variants,
+        "trainer": trainer, "moe": moe, "bench": bench, "variants": variants, "plan": plan,
     }
     path = os.path.join(a.out, "gpu-check.json")
     with open(path + ".tmp", "w") as f:

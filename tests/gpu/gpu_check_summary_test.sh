@@ -46,6 +46,7 @@ v = {x["name"]: x for x in s["variants"]}
 assert list(v) == ["base", "chunk256", "tune"], list(v)
 assert v["chunk256"]["vs_base"] == 1.25 and v["chunk256"]["set"] == "train.classifier_chunk_mb=256"
 assert v["tune"].get("failed") is True and "tokens_per_s" not in v["tune"]
+assert len(s["plan"]) == 2 and s["plan"][1].startswith("plan-check: Spearman 0.943"), s["plan"]
 for needle in ("kiln / PyTorch tokens/s: 0.336", "FAILED: Backends/OpTest.AttentionTile/cuda",
                "worst relative error 9.00e-03 (attention_tile_forward)", "tune               FAILED",
                "compute-sanitizer racecheck: exit status 3", "kiln_gpu_bf16: 96 passed",
