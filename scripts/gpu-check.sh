@@ -109,6 +109,13 @@ deadline=$((t_start + cap))
 records=()  # "name:status:seconds" for the summary (status ok, FAILED, TIMEOUT, skipped, prebuilt)
 
 say() { echo "[gpu-check $(($(date +%s) - t_start))s] $*" | tee -a "$log"; }
+phase_pid=""
+stop() {  # a signal: the running phase stops with the script
+  [ -z "$phase_pid" ] || kill -TERM "$phase_pid" 2>/dev/null || true
+  say "stopped by a signal"
+  exit 143
+}
+trap stop TERM INT HUP
 fail_machine() { say "FAILED: $*"; exit 2; }
 
 # phase NAME SECONDS LOG CMD...: runs CMD if SECONDS (its figure above) fit in what is
@@ -128,7 +135,13 @@ phase() {
   echo "=== $name: $*" >>"$logf"
   local t0 rc=0 status=ok
   t0=$(date +%s)
-  timeout --kill-after=10 "$left" bash -c '"$@"' _ "$@" >>"$logf" 2>&1 || rc=$?
+  # In the background and waited for, so that a signal to this script (Ctrl-C, the
+  # device tool's time limit) reaches the trap below, which stops the phase too: timeout
+  # passes the signal on to the phase's whole process group.
+  timeout --kill-after=10 "$left" bash -c '"$@"' _ "$@" >>"$logf" 2>&1 &
+  phase_pid=$!
+  wait "$phase_pid" || rc=$?
+  phase_pid=""
   [ "$rc" = 0 ] || status=FAILED
   { [ "$rc" = 124 ] || [ "$rc" = 137 ]; } && status=TIMEOUT
   tail -n 12 "$logf" | sed "s/^/  [$name] /" >>"$log"

@@ -92,6 +92,11 @@ nlohmann::json rank_json(const plan::RankMemory& r) {
 }
 
 void run(const Args& a) {
+  // (CLI11's ranges let NaN through: every comparison with it is false.)
+  KILN_CHECK(std::isfinite(a.device_gib) && std::isfinite(a.peak_tflops) && std::isfinite(a.reserve_gib) &&
+                 std::isfinite(a.link_gbps) && std::isfinite(a.latency_us) && std::isfinite(a.mem_gbps),
+             "memplan: --device-memory, --peak-tflops, --reserve-gib, --link-gbps, --latency-us and "
+             "--mem-bandwidth-gbps must be finite numbers");
   const TrainConfig cfg = load_config_file(a.config, a.sets);
   plan::MemPlanOptions o;
   o.world_size = a.world_size;

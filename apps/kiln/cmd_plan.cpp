@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 
 namespace kiln::app {
@@ -219,10 +220,20 @@ void print_layouts(const std::vector<plan::Layout>& ls, int top) {
 }
 
 void run(const Args& a) {
+  // (CLI11's ranges let NaN through: every comparison with it is false.)
+  for (const auto& [flag, v] : {std::pair{"--device-memory", a.device_gib}, std::pair{"--reserve-gib", a.reserve_gib},
+                                std::pair{"--peak-tflops", a.peak_tflops}})
+    KILN_CHECK(std::isfinite(v), "plan: {} must be a finite number, got {}", flag, v);
+  KILN_CHECK(a.gpus_per_node == 0 || a.world_size % a.gpus_per_node == 0,
+             "plan: --gpus-per-node {} does not divide --world-size {} (whole nodes only)",
+             a.gpus_per_node, a.world_size);
   const TrainConfig cfg = load_config_file(a.config, a.sets);
   const std::string backend = a.backend.empty() ? cfg.train.device : a.backend;
   const bool cuda = backend == "cuda";
   const plan::CostModel cost = cost_model(a, cfg, cuda);
+  KILN_CHECK(cost.ranks_per_node == 0 || a.world_size % cost.ranks_per_node == 0,
+             "plan: {} ranks per node (--cluster {}) do not divide --world-size {} (whole nodes only)",
+             cost.ranks_per_node, a.cluster, a.world_size);
   plan::MemPlanOptions o;
   o.world_size = a.world_size;
   o.backend = backend;
@@ -241,17 +252,7 @@ void run(const Args& a) {
              cfg.model.n_head, cfg.model.n_layer,
              refusal.empty() ? std::string() : "; the first layout refused: " + refusal);
   const int fitting = static_cast<int>(std::count_if(ls.begin(), ls.end(), [](const auto& l) { return l.fits; }));
-  if (fitting == 0) {
-    const auto closest = std::min_element(ls.begin(), ls.end(), [](const auto& x, const auto& y) {
-      return x.peak_bytes < y.peak_bytes;
-    });
-    std::string sets;
-    for (const auto& s : closest->sets()) sets += " --set " + s;
-    throw Error(fmt::format("plan: no layout fits {:.2f} GiB per rank; the closest needs {:.3f} GiB "
-                            "({:.3f} GiB over):{}", a.device_gib - reserve, gib(closest->peak_bytes),
-                            gib(closest->peak_bytes - usable), sets));
-  }
-  if (a.json) {
+  if (a.json) {  // every layout considered, also when none fits
     nlohmann::json j;
     j["world_size"] = a.world_size;
     j["usable_bytes"] = usable;
@@ -262,7 +263,18 @@ void run(const Args& a) {
     for (const auto& l : ls) arr.push_back(layout_json(l));
     j["layouts"] = arr;
     fmt::print("{}\n", j.dump());
-  } else {
+  }
+  if (fitting == 0) {
+    const auto closest = std::min_element(ls.begin(), ls.end(), [](const auto& x, const auto& y) {
+      return x.peak_bytes < y.peak_bytes;
+    });
+    std::string sets;
+    for (const auto& s : closest->sets()) sets += " --set " + s;
+    throw Error(fmt::format("plan: no layout fits {:.2f} GiB per rank; the closest needs {:.3f} GiB "
+                            "({:.3f} GiB over):{}", a.device_gib - reserve, gib(closest->peak_bytes),
+                            gib(closest->peak_bytes - usable), sets));
+  }
+  if (!a.json) {
     fmt::print("kiln plan: {} on {} ranks of {:.1f} GiB ({:.1f} usable), global batch {} x {} "
                "tokens, {}\n", a.config, a.world_size, a.device_gib, a.device_gib - reserve,
                cfg.train.global_batch, cfg.train.seq_len, cfg.train.dtype);
@@ -273,14 +285,19 @@ void run(const Args& a) {
     print_layouts(ls, a.top);
   }
   const plan::Layout& best = ls.front();
+  // The keys given to kiln plan first (what was planned), then the layout's (which win).
   std::string lines;
+  for (const auto& s : a.sets) lines += "--set " + s + "\n";
   for (const auto& s : best.sets()) lines += "--set " + s + "\n";
   if (!a.json)
     fmt::print("\nthe winner, predicted {:.2f} ms per step, {:.0f} tokens/s:\n{}", best.time.step * 1e3,
                best.time.tokens_per_s, lines);
   if (!a.write.empty()) {
     checkpoint::detail::atomic_write_file(a.write, lines);
-    if (!a.json) fmt::print("written to {} (kiln train {} $(cat {}))\n", a.write, a.config, a.write);
+    if (!a.json)
+      fmt::print("written to {} ({}kiln train {} $(cat {}))\n", a.write,
+                 a.world_size > 1 ? fmt::format("mpirun -np {} ", a.world_size) : std::string(),
+                 a.config, a.write);
   }
 }
 

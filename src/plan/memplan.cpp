@@ -294,6 +294,12 @@ std::vector<PipelineChoice> pipeline_choices(const TrainConfig& base, int world,
 
 }  // namespace
 
+std::array<int, 5> simplicity(const Layout& l) {
+  const int recompute = l.checkpointing == "none" ? 0 : l.checkpointing == "selective" ? 1 : 2;
+  return {recompute, l.zero_stage, l.cp * l.tp * l.pp * l.virtual_stages,
+          l.sequence_parallel ? 1 : 0, -l.micro_batch};
+}
+
 std::vector<Layout> search_layouts(const TrainConfig& config, const MemPlanOptions& options,
                                    const CostModel& cost, int64_t usable_bytes,
                                    const SearchSpace& space, std::string* refusal) {
@@ -402,6 +408,17 @@ std::vector<Layout> search_layouts(const TrainConfig& config, const MemPlanOptio
     if (a.micro_batch != b.micro_batch) return a.micro_batch > b.micro_batch;
     return a.peak_bytes < b.peak_bytes;
   });
+  // Within kTieFraction of the fastest that fits, the simplest first (less the model does
+  // not see: docs/plan.md, "Ties").
+  const auto fastest = std::find_if(out.begin(), out.end(), [](const Layout& l) { return l.fits; });
+  if (fastest != out.end()) {
+    const double limit = fastest->time.step * (1.0 + kTieFraction);
+    const auto end = std::find_if(fastest, out.end(),
+                                  [&](const Layout& l) { return !l.fits || l.time.step > limit; });
+    std::stable_sort(fastest, end, [](const Layout& a, const Layout& b) {
+      return simplicity(a) < simplicity(b);
+    });
+  }
   return out;
 }
 

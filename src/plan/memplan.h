@@ -123,6 +123,15 @@ struct Layout {
   std::vector<std::string> sets() const;
 };
 
+/// Layouts whose predicted step times lie within this fraction of the fastest that fits
+/// count as tied: the time model's error is larger (docs/plan.md, "Validation"). Among
+/// them search_layouts puts the simplest first (`simplicity`).
+inline constexpr double kTieFraction = 0.02;
+/// Lexicographic, smaller first: recomputation (none, selective, full), ZeRO stage, model
+/// parallel ranks cp x tp x pp x virtual stages, sequence parallelism, then the larger
+/// micro batch.
+std::array<int, 5> simplicity(const Layout& l);
+
 /// What search_layouts varies beyond cp, tp, sequence parallelism, ZeRO, checkpointing
 /// and the micro-batch.
 struct SearchSpace {
@@ -142,7 +151,8 @@ struct SearchSpace {
 /// global batch), with its predicted peak and step time; `fits` when peak <=
 /// usable_bytes. A combination the trainer refuses (its config check throws) is left
 /// out, the first such error kept in `refusal` when given. Sorted: fitting first,
-/// fastest first.
+/// fastest first, except that the layouts within kTieFraction of the fastest that fits
+/// come simplest first.
 std::vector<Layout> search_layouts(const TrainConfig& config, const MemPlanOptions& options,
                                    const CostModel& cost, int64_t usable_bytes,
                                    const SearchSpace& space = {}, std::string* refusal = nullptr);

@@ -16,11 +16,13 @@
 #     up-projection's shape; the bubble fraction is (p-1)/(m+p-1) for 1F1B and
 #     (p-1)/(v m+p-1) interleaved; a dp group that spans nodes is priced on the slower
 #     link (fixtures/cluster-slow-inter.json's); `fits` is peak <= usable; the first
-#     layout fits and is the fastest that does;
+#     layout fits; those within 2% of the fastest that fits come simplest first, the rest
+#     fastest first;
 #   - the winner's --set lines (the global batch among them) are written, and the config
 #     loader and the step's dry run take them (kiln memplan); a mixture of experts with
 #     parallel.ep = 2 is planned;
-#   - one-line errors: nothing fits (the closest named), no layout for the world size,
+#   - one-line errors: nothing fits (the closest named), no layout for the world size, a
+#     NaN flag, ranks per node that do not divide the world,
 #     a calibration file changed after writing (checksum), a missing one, a CPU plan with
 #     neither calibration nor --peak-tflops;
 #   - kiln bench --calibrate writes a file kiln plan reads.
@@ -107,7 +109,16 @@ for l in ls:
     kinds.add((p, v))
 assert kinds == {(1, 1), (2, 1), (2, 2), (4, 1)}, kinds
 fit = [l for l in ls if l["fits"]]
-assert fit and ls[0]["fits"] and ls[0]["step_s"] <= min(l["step_s"] for l in fit) + 1e-12
+# The first fits; within 2% of the fastest that fits (a tie), the simplest come first.
+t0 = min(l["step_s"] for l in fit)
+tied = [l for l in fit if l["step_s"] <= t0 * 1.02]
+assert ls[:len(tied)] == tied, "the tied layouts do not come first"
+def simplicity(l):
+    return ({"none": 0, "selective": 1, "full": 2}[l["activation_checkpointing"]], l["zero_stage"],
+            l["cp"] * l["tp"] * l["pp"] * l["virtual_stages"], int(l["sequence_parallel"]), -l["micro_batch"])
+assert [simplicity(l) for l in tied] == sorted(simplicity(l) for l in tied)
+rest = ls[len(tied):len(fit)]
+assert all(a["step_s"] <= b["step_s"] + 1e-12 for a, b in zip(rest, rest[1:])), "not fastest first"
 assert 0 < len(fit) < len(ls), (len(fit), len(ls))  # 0.09 GiB leaves some out
 # Links: with 2 ranks per node, a dp group of 4 (tp 1) spans nodes: its collectives cost more
 # than on one node; a tp group of 2 stays within a node: the same.
@@ -120,6 +131,10 @@ assert tp2 and all(l["tp_s"] == one[key(l)]["tp_s"] and l["tp_s"] > 0 for l in t
 print(f"plan_command_test: {len(ls)} layouts as the table, {len(fit)} fit; time model checks pass")
 PY
 grep -q "the winner, predicted" "$work/plan.txt" || fail "no winner line"
+# The file holds the keys given to kiln plan, then the layout's.
+[ "$(head -n 1 "$work/winner.sets")" = "--set model.vocab_size=4096" ] ||
+  fail "winner.sets does not start with kiln plan's own --set: $(head -n 2 "$work/winner.sets")"
+grep -q "mpirun -np 4 kiln train" "$work/plan.txt" || fail "no mpirun hint for 4 ranks"
 [ "$(grep -c '^--set ' "$work/winner.sets")" -ge 8 ] || fail "winner.sets: $(cat "$work/winner.sets")"
 # The config loader and the dry run of the trainer's step take the winner's keys (what
 # kiln train would load): kiln memplan with them on 4 ranks.
@@ -148,6 +163,8 @@ expect_error "no layout of 3 ranks" "$kiln" plan "$root/configs/demo.toml" --wor
 sed 's/"threads": [0-9]*/"threads": 7/' "$cal" >"$work/changed.json"
 expect_error "checksum mismatch" "${plan[@]/$cal/$work/changed.json}"
 expect_error "missing.json" "${plan[@]/$cal/$work/missing.json}"
+expect_error "finite number" "${plan[@]/0.09/nan}"
+expect_error "does not divide --world-size 4" "${plan[@]}" --gpus-per-node 3
 expect_error "no default GEMM rate" "$kiln" plan "$root/configs/demo.toml" --world-size 2 \
   --device-memory 1 --backend cpu --set model.vocab_size=4096
 
