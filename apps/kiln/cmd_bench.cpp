@@ -117,6 +117,11 @@ void run_calibrate(const std::string& file, const std::string& device) {
     for (const auto& [n, f] : pts) row += fmt::format(" {}:{:.1f}", n, f / 1e9);
     fmt::print("  GEMM {} GFLOP/s by n:{}\n", dtype, row);
   }
+  for (const auto& [dtype, pts] : c.attention) {
+    std::string row;
+    for (const auto& [T, f] : pts) row += fmt::format(" T={}:{:.1f}", T, f / 1e9);
+    fmt::print("  attention {} GFLOP/s (forward + backward) by T:{}\n", dtype, row);
+  }
   fmt::print("  copy bandwidth {:.1f} GB/s\n", c.mem_bandwidth / 1e9);
   if (c.link.ranks > 1) {
     std::string row;

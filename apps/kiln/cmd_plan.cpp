@@ -173,8 +173,9 @@ void print_inputs(const plan::CostModel& cost) {
                sizes.empty() ? "" : " (by message:" + sizes + ")", l.bandwidth.source,
                l.latency.value * 1e6, l.latency.source);
   }
-  fmt::print("  ranks per node      {}\n", cost.ranks_per_node > 0 ? std::to_string(cost.ranks_per_node)
-                                                                    : std::string("all on one node"));
+  fmt::print("  ranks per node      {}\n", cost.ranks_per_node > 0
+                                              ? fmt::format("{}  [--gpus-per-node, else --cluster]", cost.ranks_per_node)
+                                              : std::string("all on one node  [default]"));
   fmt::print("  overlap             {}  [{}]\n", cost.overlap.value != 0 ? "yes" : "no", cost.overlap.source);
 }
 
