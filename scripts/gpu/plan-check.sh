@@ -28,8 +28,9 @@ for B in 2 4 8; do
       echo "plan-check: B=$B ckpt=$ck: kiln_gpu_step failed: $(tail -n 1 "$out/step-B$B-$ck.log")"
   done
 done
-python3 - "$out" <<'PY'
-import json, os, statistics, sys
+PYTHONPATH="$root/bench/plan" python3 - "$out" <<'PY'
+import json, os, sys
+from validation_table import spearman  # bench/plan/validate.sh's, ties averaged
 out = sys.argv[1]
 rows = []
 for B in (2, 4, 8):
@@ -49,21 +50,11 @@ for B in (2, 4, 8):
         print(f"plan-check: B={B} ckpt={ck}: predicted {rows[-1][2]:.1f} ms, measured {rows[-1][3]:.1f} ms "
               f"(ratio {rows[-1][2] / rows[-1][3]:.2f}); predicted {rows[-1][4]:.2f} GiB, measured {rows[-1][5]:.2f} GiB")
 
-def ranks(xs):
-    order = sorted(range(len(xs)), key=lambda i: xs[i])
-    r = [0.0] * len(xs)
-    for k, i in enumerate(order):
-        r[i] = k + 1.0
-    return r
-
 if len(rows) >= 3:
     # tokens per second of each choice: B x T / step
     pt = [r[0] * 1024 / r[2] for r in rows]
     mt = [r[0] * 1024 / r[3] for r in rows]
-    a, b = ranks(pt), ranks(mt)
-    ma, mb = statistics.mean(a), statistics.mean(b)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(a, b))
-    rho = cov / (sum((x - ma) ** 2 for x in a) * sum((y - mb) ** 2 for y in b)) ** 0.5
+    rho = spearman(pt, mt)
     first = max(range(len(rows)), key=lambda i: pt[i])
     best = max(mt)
     print(f"plan-check: Spearman {rho:.3f} over {len(rows)} choices (tokens/s); first choice "

@@ -51,7 +51,8 @@ StepTime estimate_step_time(const MemPlan& p, const CostModel& cost) {
   // Attention's FLOPs (12 T C per token per block, of 6 N + attention) at the calibration's
   // attention rate for seq_len when it has one, the rest at the GEMM rate; the time a
   // FLOP takes, averaged over a token's forward and backward:
-  const double attn = std::min(1.0, 3.0 * L * 4.0 * T * C / std::max(1.0, p.flops_per_token));
+  const double attn =
+      p.flops_per_token > 0 ? std::min(1.0, 3.0 * L * 4.0 * T * C / p.flops_per_token) : 0.0;
   // (Under cp each rank's attention runs as tiles of T / cp queries against T / cp keys.)
   t.attention_rate =
       cost.calibration ? attention_rate(*cost.calibration, c.train.dtype, T / p.cp) : 0.0;
@@ -95,9 +96,7 @@ StepTime estimate_step_time(const MemPlan& p, const CostModel& cost) {
   double cp_total = 0;
   for (const auto& call : p.cp_calls)
     if (call.kind == Collective::Send) cp_total += price(cp_link, call.kind, call.bytes, 2);
-  const double attention_share =
-      p.flops_per_token > 0 ? std::min(1.0, 3.0 * L * 4.0 * T * C / p.flops_per_token) : 0.0;
-  t.cp = overlap ? std::max(0.0, cp_total - attention_share * (fwd + bwd)) : cp_total;
+  t.cp = overlap ? std::max(0.0, cp_total - attn * (fwd + bwd)) : cp_total;
   // Pipeline: per micro-batch and chunk one activation send forward and one gradient
   // send backward, [micro_batch, T / cp, C] each, waited for by the next op.
   double pp_total = 0;
@@ -125,8 +124,7 @@ StepTime estimate_step_time(const MemPlan& p, const CostModel& cost) {
   t.dp = overlap ? std::max(0.0, dp_fwd - fwd) + std::max(0.0, dp_bwd - bwd) + dp_rest
                  : dp_fwd + dp_bwd + dp_rest;
 
-  double tp_total = t.tp;
-  t.comm_total = dp_fwd + dp_bwd + dp_rest + tp_total + cp_total + pp_total;
+  t.comm_total = dp_fwd + dp_bwd + dp_rest + t.tp + cp_total + pp_total;
   t.comm_exposed = t.tp + t.cp + t.pp + t.dp;
   t.step = t.compute + t.bubble + t.comm_exposed;
   t.tokens_per_s = t.step > 0 ? tokens * p.dp / t.step : 0.0;
