@@ -72,6 +72,7 @@ enum class OpFamily : uint8_t {
   AdamW,
   Ema,
   MoE,
+  Fp8,
 };
 /// "linear", "ring_attention", ...
 const char* family_name(OpFamily family);
@@ -362,6 +363,30 @@ class Backend {
   virtual void linear_backward(Stream s, const Tensor& dinp, const Tensor& dweight,
                                const Tensor& dbias, const Tensor& dout, const Tensor& inp,
                                const Tensor& weight) = 0;
+
+  // ---- fp8 (train.fp8, docs/fp8.md) ----------------------------------------------------
+  /// amax fp32 [1] = max(amax, max |x|) over every element of x (fp32, bf16 or fp16, any
+  /// shape): the largest magnitude a tensorwise fp8 scale is taken from, on the device
+  /// (no host read). A NaN in x makes amax NaN.
+  virtual void fp8_amax(Stream s, const Tensor& amax, const Tensor& x) = 0;
+  /// linear_forward on fp8 operands: inp and weight (fp32 or bf16) are quantized to E4M3
+  /// at the tensorwise scales S_x = fp8_scale(amax[0], E4M3), S_w = fp8_scale(amax[1],
+  /// E4M3) (core/dtype.h: powers of two), q(x) = e4m3(x S) / S with saturation, and out =
+  /// q(inp) @ q(weight)^T + bias (bias unquantized). The products of the quantized values
+  /// are exact in fp32 and accumulate in fp32, as an fp8 tensor-core GEMM with fp32
+  /// accumulation and these scales computes them; backends differ only in summation
+  /// order. amax fp32 [3] on the device (inp, weight, dout: Linear's, reduced over the
+  /// ranks that hold parts of the tensors); a non-finite amax makes the output NaN.
+  virtual void fp8_linear_forward(Stream s, const Tensor& out, const Tensor& inp,
+                                  const Tensor& weight, const Tensor& bias,
+                                  const Tensor& amax) = 0;
+  /// linear_backward on fp8 operands: dout quantized to E5M2 at S_g = fp8_scale(amax[2],
+  /// E5M2), inp and weight as in fp8_linear_forward; dinp = q(dout) @ q(weight), dweight
+  /// += q(dout)^T @ q(inp); dbias += the row sums of the unquantized dout (as Transformer
+  /// Engine's bias gradient). Outputs skipped when empty, as linear_backward's.
+  virtual void fp8_linear_backward(Stream s, const Tensor& dinp, const Tensor& dweight,
+                                   const Tensor& dbias, const Tensor& dout, const Tensor& inp,
+                                   const Tensor& weight, const Tensor& amax) = 0;
 
   /// Self-attention (Vaswani et al. 2017) on packed qkv [B,T,qkv_width] (see
   /// AttentionShape): out [B,T,NH*HD], out[b,t,h] = sum_j softmax_j(q_t.k_j / sqrt(HD))

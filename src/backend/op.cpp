@@ -34,6 +34,7 @@ const char* family_name(OpFamily family) {
     case OpFamily::AdamW: return "adamw";
     case OpFamily::Ema: return "ema";
     case OpFamily::MoE: return "moe";
+    case OpFamily::Fp8: return "fp8";
   }
   return "?";
 }

@@ -106,6 +106,35 @@ LinearDims linear(const Tensor& out, const Tensor& inp, const Tensor& weight, co
   return d;
 }
 
+void fp8_amax(const Tensor& amax, const Tensor& x) {
+  check_dtype(amax, DType::F32, "fp8_amax amax");
+  KILN_CHECK(amax.numel() == 1, "fp8_amax: amax {} must be [1]", amax.str());
+  KILN_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::BF16 || x.dtype() == DType::F16,
+             "fp8_amax: x {} must be fp32, bf16 or fp16", x.str());
+}
+
+namespace {
+void fp8_operands(const Tensor& inp, const Tensor& amax, const char* op) {
+  KILN_CHECK(inp.dtype() == DType::F32 || inp.dtype() == DType::BF16,
+             "{}: inp {} must be fp32 or bf16 (fp8 values are exact in both)", op, inp.str());
+  check_dtype(amax, DType::F32, op);
+  KILN_CHECK(amax.numel() == 3, "{}: amax {} must be [3] (inp, weight, dout)", op, amax.str());
+}
+}  // namespace
+
+LinearDims fp8_linear(const Tensor& out, const Tensor& inp, const Tensor& weight,
+                      const Tensor& bias, const Tensor& amax) {
+  fp8_operands(inp, amax, "fp8_linear_forward");
+  return linear(out, inp, weight, bias);
+}
+
+LinearDims fp8_linear_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                               const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                               const Tensor& amax) {
+  fp8_operands(inp, amax, "fp8_linear_backward");
+  return linear_backward(dinp, dweight, dbias, dout, inp, weight);
+}
+
 AttentionDims qkv(const Tensor& qkv, const AttentionShape& a, const char* op) {
   KILN_CHECK(a.n_head > 0 && a.head_dim > 0 && a.kv_heads() > 0 && a.n_head % a.kv_heads() == 0,
              "{}: {} query heads, {} key/value heads of size {}: need NH > 0, HD > 0 and NH a "

@@ -39,6 +39,15 @@ struct LinearDims { int64_t N, IC, OC; };
 /// out and inp are flattened into N.
 LinearDims linear(const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias);
 
+/// fp8_amax: amax fp32 [1]; x fp32, bf16 or fp16.
+void fp8_amax(const Tensor& amax, const Tensor& x);
+/// fp8_linear_forward: linear's arguments with inp fp32 or bf16 and amax fp32 [3].
+LinearDims fp8_linear(const Tensor& out, const Tensor& inp, const Tensor& weight,
+                      const Tensor& bias, const Tensor& amax);
+/// fp8_linear_backward: linear_backward's arguments with inp fp32 or bf16, amax fp32 [3].
+LinearDims fp8_linear_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                               const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                               const Tensor& amax);
 /// linear_backward's arguments; dinp, dweight and dbias may each be empty.
 LinearDims linear_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
                            const Tensor& dout, const Tensor& inp, const Tensor& weight);

@@ -50,6 +50,15 @@
     (const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,           \
      const Tensor& inp, const Tensor& weight),                                                     \
     (dinp, dweight, dbias, dout, inp, weight))                                                     \
+  X(Fp8Amax, fp8_amax, Fp8, "forward", (const Tensor& amax, const Tensor& x), (amax, x))           \
+  X(Fp8LinearForward, fp8_linear_forward, Fp8, "forward",                                          \
+    (const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias,               \
+     const Tensor& amax),                                                                          \
+    (out, inp, weight, bias, amax))                                                                \
+  X(Fp8LinearBackward, fp8_linear_backward, Fp8, "backward",                                       \
+    (const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,           \
+     const Tensor& inp, const Tensor& weight, const Tensor& amax),                                 \
+    (dinp, dweight, dbias, dout, inp, weight, amax))                                               \
   X(AttentionForward, attention_forward, Attention, "forward",                                     \
     (const Tensor& out, const Tensor& lse, const Tensor& qkv, const AttentionShape& shape,         \
      const DropoutSpec& dropout),                                                                  \

@@ -82,7 +82,9 @@ StDType to_st_dtype(DType t) {
     case DType::BF16: return StDType::BF16;
     case DType::F16: return StDType::F16;
     case DType::I32: return StDType::I32;
-    case DType::F64: break;  // device statistics only: never stored
+    case DType::F64:   // device statistics only: never stored
+    case DType::E4M3:  // fp8: compute operands only (train.fp8), never stored
+    case DType::E5M2: break;
   }
   KILN_FAIL("safetensors: no file dtype for kiln dtype {}", static_cast<int>(t));
 }

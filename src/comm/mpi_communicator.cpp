@@ -55,6 +55,8 @@ MPI_Datatype wire_type(DType d) {
     case DType::F16: return MPI_UINT16_T;
     case DType::I32: return MPI_INT32_T;
     case DType::F64: return MPI_DOUBLE;
+    case DType::E4M3:
+    case DType::E5M2: return MPI_UINT8_T;  // moved, never reduced
   }
   return MPI_BYTE;
 }

@@ -2,6 +2,9 @@
 
 #include "core/error.h"
 
+#include <algorithm>
+#include <cmath>
+
 namespace kiln {
 
 std::string_view dtype_name(DType t) {
@@ -11,6 +14,8 @@ std::string_view dtype_name(DType t) {
     case DType::F16: return "fp16";
     case DType::I32: return "int32";
     case DType::F64: return "fp64";
+    case DType::E4M3: return "fp8_e4m3";
+    case DType::E5M2: return "fp8_e5m2";
   }
   return "?";
 }
@@ -21,7 +26,72 @@ DType parse_dtype(std::string_view name) {
   if (name == "fp16" || name == "float16") return DType::F16;
   if (name == "int32") return DType::I32;
   if (name == "fp64" || name == "float64") return DType::F64;
-  KILN_FAIL("unknown dtype '{}' (expected fp32, bf16, fp16, int32 or fp64)", name);
+  if (name == "fp8_e4m3" || name == "float8_e4m3fn") return DType::E4M3;
+  if (name == "fp8_e5m2" || name == "float8_e5m2") return DType::E5M2;
+  KILN_FAIL("unknown dtype '{}' (expected fp32, bf16, fp16, int32, fp64, fp8_e4m3 or fp8_e5m2)",
+            name);
+}
+
+namespace {
+
+// An OFP8 format by its field widths: M mantissa bits, exponent bias, largest finite code
+// (sign cleared) and the NaN code it produces.
+struct Fp8Format {
+  int mantissa_bits, bias;
+  uint8_t max_code, nan_code;
+};
+constexpr Fp8Format kE4M3{3, 7, 0x7e, 0x7f};
+constexpr Fp8Format kE5M2{2, 15, 0x7b, 0x7e};
+
+uint8_t f32_to_fp8(float f, const Fp8Format& fmt) {
+  const uint32_t u = f32_bits(f);
+  const auto sign = static_cast<uint8_t>((u >> 24) & 0x80u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return sign | fmt.nan_code;
+  const int M = fmt.mantissa_bits;
+  const int min_normal_exp = 1 - fmt.bias;  // unbiased exponent of the smallest normal
+  if (static_cast<int>(a >> 23) - 127 < min_normal_exp) {
+    // Subnormal (or zero) in fp8: the value is m 2^(min_normal_exp - M), m in [0, 2^M];
+    // the scaling is exact, and nearbyint rounds to nearest even. m = 2^M is the
+    // smallest normal, whose code is the same integer.
+    const float m = std::nearbyint(std::ldexp(bits_f32(a), M - min_normal_exp));
+    return sign | static_cast<uint8_t>(m);
+  }
+  // Normal: round the fp32 mantissa to M bits (ties to even; a carry moves the exponent),
+  // then rebias the exponent from 127 to the format's; beyond the largest code saturate.
+  const int drop = 23 - M;
+  const uint32_t rounded = (a + (1u << (drop - 1)) - 1u + ((a >> drop) & 1u)) >> drop;
+  const uint32_t code = rounded - (static_cast<uint32_t>(127 - fmt.bias) << M);
+  return sign | static_cast<uint8_t>(std::min<uint32_t>(code, fmt.max_code));
+}
+
+float fp8_to_f32(uint8_t code, const Fp8Format& fmt, bool has_inf) {
+  const int M = fmt.mantissa_bits;
+  const int exp_field = (code & 0x7f) >> M, mant = code & ((1 << M) - 1);
+  const int exp_max = 0x7f >> M;
+  float v;
+  if (exp_field == exp_max && (has_inf || mant == (1 << M) - 1)) {
+    v = has_inf && mant == 0 ? INFINITY : NAN;
+  } else if (exp_field == 0) {
+    v = std::ldexp(static_cast<float>(mant), 1 - fmt.bias - M);
+  } else {
+    v = std::ldexp(static_cast<float>(mant + (1 << M)), exp_field - fmt.bias - M);
+  }
+  return code & 0x80 ? -v : v;
+}
+
+}  // namespace
+
+uint8_t f32_to_e4m3(float f) { return f32_to_fp8(f, kE4M3); }
+uint8_t f32_to_e5m2(float f) { return f32_to_fp8(f, kE5M2); }
+float e4m3_to_f32(uint8_t code) { return fp8_to_f32(code, kE4M3, false); }
+float e5m2_to_f32(uint8_t code) { return fp8_to_f32(code, kE5M2, true); }
+
+float fp8_scale(float amax, DType t) {
+  if (!(amax > 0.f)) return 1.f;
+  // ilogb is floor(log2) exactly; the quotient in double rounds only past fp32's bits.
+  const int e = std::ilogb(static_cast<double>(fp8_max(t)) / amax);
+  return std::ldexp(1.f, std::clamp(e, -126, 127));
 }
 
 uint16_t f32_to_f16(float f) {
@@ -69,6 +139,8 @@ float load(const void* p, DType t, size_t i) {
     case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
     case DType::I32: return static_cast<float>(static_cast<const int32_t*>(p)[i]);
     case DType::F64: return static_cast<float>(static_cast<const double*>(p)[i]);
+    case DType::E4M3: return e4m3_to_f32(static_cast<const uint8_t*>(p)[i]);
+    case DType::E5M2: return e5m2_to_f32(static_cast<const uint8_t*>(p)[i]);
   }
   return 0.f;
 }
@@ -79,6 +151,8 @@ void store(void* p, DType t, size_t i, float v) {
     case DType::F16: static_cast<uint16_t*>(p)[i] = f32_to_f16(v); break;
     case DType::I32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
     case DType::F64: static_cast<double*>(p)[i] = v; break;
+    case DType::E4M3: static_cast<uint8_t*>(p)[i] = f32_to_e4m3(v); break;
+    case DType::E5M2: static_cast<uint8_t*>(p)[i] = f32_to_e5m2(v); break;
   }
 }
 }  // namespace

@@ -34,13 +34,15 @@ void add_bits(std::vector<int64_t>& out, int64_t m) {
 std::vector<GemmProblem> linear_gemms(const MetaCallInfo& c, int64_t N) {
   std::vector<GemmProblem> out;
   const int64_t IC = c.IC, OC = c.OC;
-  if (c.call == Op::LinearForward || c.call == Op::GroupedLinearForward) {
+  if (c.call == Op::LinearForward || c.call == Op::GroupedLinearForward ||
+      c.call == Op::Fp8LinearForward) {
     GemmProblem g;
     g.m = N, g.n = OC, g.k = IC, g.lda = IC, g.ldb = IC, g.trans_b = true, g.ldc = OC;
     g.bias = c.has_bias;
     g.dtype = g.c_dtype = c.dtype;
     out.push_back(g);
-  } else if (c.call == Op::LinearBackward || c.call == Op::GroupedLinearBackward) {
+  } else if (c.call == Op::LinearBackward || c.call == Op::GroupedLinearBackward ||
+             c.call == Op::Fp8LinearBackward) {
     if (c.has_dinp) {
       GemmProblem g;
       g.m = N, g.n = IC, g.k = OC, g.lda = OC, g.ldb = IC, g.ldc = IC;
@@ -57,6 +59,17 @@ std::vector<GemmProblem> linear_gemms(const MetaCallInfo& c, int64_t N) {
     }
   }
   return out;
+}
+
+// The quantized copies of an fp8 linear's operands, held for the call (the CPU's and the
+// CUDA backend's emulation alike): inp and weight in forward; dout, and inp for dweight and
+// weight for dinp, in backward (the bias gradient reads dout unquantized).
+int64_t fp8_quantized_bytes(const MetaCallInfo& c) {
+  int64_t n = 0;
+  if (c.call == Op::Fp8LinearForward) n = c.N * c.IC + c.OC * c.IC;
+  if (c.call == Op::Fp8LinearBackward && (c.has_dinp || c.has_dweight))
+    n = c.N * c.OC + (c.has_dweight ? c.N * c.IC : 0) + (c.has_dinp ? c.OC * c.IC : 0);
+  return n * static_cast<int64_t>(dtype_size(c.dtype));
 }
 
 }  // namespace
@@ -131,6 +144,7 @@ class CpuScratch final : public MetaScratchModel {
     }
     return most;
   }
+  int64_t transient_bytes(const MetaCallInfo& c) override { return fp8_quantized_bytes(c); }
 
  private:
   int threads_;
@@ -150,6 +164,9 @@ class CudaScratch final : public MetaScratchModel {
       case Op::LayerNormBackward: return 4 * 2 * chunks(c.N) * c.C;
       case Op::RMSNormBackward: return 4 * chunks(c.N) * c.C;
       case Op::LinearBackward: return c.has_bias ? 4 * chunks(c.N) * c.OC : 0;
+      case Op::Fp8LinearForward: return fp8_quantized_bytes(c);
+      case Op::Fp8LinearBackward:
+        return fp8_quantized_bytes(c) + (c.has_bias ? 4 * chunks(c.N) * c.OC : 0);
       case Op::AttentionBackward: return 4 * c.B * c.NH * c.T;
       // cuda/attention.cu: each row's document window (two int32), after D_i in backward.
       case Op::AttentionVarlenForward: return 8 * c.B * c.T;

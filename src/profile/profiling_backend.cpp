@@ -82,6 +82,31 @@ OpCost linear_backward(const Tensor& dinp, const Tensor&, const Tensor& dbias, c
           fmt::format("N={} IC={} OC={}{}", N, IC, OC, di ? "" : " (no dinp)")};
 }
 
+// An fp8 linear's costs: the linear's (the same FLOPs, whatever their rate) plus the
+// quantization of its operands (each read and written once more).
+OpCost fp8_amax(const Tensor&, const Tensor& x) {
+  const double n = d(x.numel());
+  return {n, n * es(x), fmt::format("n={}", x.numel())};
+}
+OpCost fp8_linear_forward(const Tensor& out, const Tensor& inp, const Tensor& weight,
+                          const Tensor& bias, const Tensor&) {
+  OpCost c = linear_forward(out, inp, weight, bias);
+  const double q = d(inp.numel()) + d(weight.numel());
+  c.flops += 4.0 * q;
+  c.bytes += 2.0 * q * es(inp);
+  return c;
+}
+OpCost fp8_linear_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                           const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                           const Tensor&) {
+  OpCost c = linear_backward(dinp, dweight, dbias, dout, inp, weight);
+  const double q = d(dout.numel()) + (dweight ? d(inp.numel()) : 0.0) +
+                   (dinp ? d(weight.numel()) : 0.0);
+  c.flops += 4.0 * q;
+  c.bytes += 2.0 * q * es(inp);
+  return c;
+}
+
 namespace {
 // matmuls * (2 HD FLOPs per (query, key) pair) * NH heads * pairs * B; tensors of width
 // W (qkv) and C = NH*HD (out) read or written.

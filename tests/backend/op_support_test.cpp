@@ -101,6 +101,16 @@ void linear_backward(S& t) {
   t.be.linear_backward(t.s, t.act({S::N, S::C}), t.act({S::V, S::C}), t.act({S::V}),
                        t.act({S::N, S::V}), t.act({S::N, S::C}), t.act({S::V, S::C}));
 }
+void fp8_amax(S& t) { t.be.fp8_amax(t.s, t.f32({1}), t.act({S::N, S::C})); }
+void fp8_linear_forward(S& t) {
+  t.be.fp8_linear_forward(t.s, t.act({S::N, S::V}), t.act({S::N, S::C}), t.act({S::V, S::C}),
+                          t.act({S::V}), t.f32({3}));
+}
+void fp8_linear_backward(S& t) {
+  t.be.fp8_linear_backward(t.s, t.act({S::N, S::C}), t.act({S::V, S::C}), t.act({S::V}),
+                           t.act({S::N, S::V}), t.act({S::N, S::C}), t.act({S::V, S::C}),
+                           t.f32({3}));
+}
 void attention_forward(S& t) {
   t.be.attention_forward(t.s, t.act({S::B, S::T, S::C}), t.f32({S::B, S::NH, S::T}),
                          t.act({S::B, S::T, 3 * S::C}), t.shape, DropoutSpec{});

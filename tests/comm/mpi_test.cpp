@@ -37,6 +37,8 @@ struct Buffer {
       case DType::BF16: reinterpret_cast<uint16_t*>(words.data())[i] = f32_to_bf16(static_cast<float>(v)); break;
       case DType::F16: reinterpret_cast<uint16_t*>(words.data())[i] = f32_to_f16(static_cast<float>(v)); break;
       case DType::F64: reinterpret_cast<double*>(words.data())[i] = v; break;
+      case DType::E4M3: reinterpret_cast<uint8_t*>(words.data())[i] = f32_to_e4m3(static_cast<float>(v)); break;
+      case DType::E5M2: reinterpret_cast<uint8_t*>(words.data())[i] = f32_to_e5m2(static_cast<float>(v)); break;
     }
   }
   double get(int64_t i) const {
@@ -46,6 +48,8 @@ struct Buffer {
       case DType::BF16: return bf16_to_f32(reinterpret_cast<const uint16_t*>(words.data())[i]);
       case DType::F16: return f16_to_f32(reinterpret_cast<const uint16_t*>(words.data())[i]);
       case DType::F64: return reinterpret_cast<const double*>(words.data())[i];
+      case DType::E4M3: return e4m3_to_f32(reinterpret_cast<const uint8_t*>(words.data())[i]);
+      case DType::E5M2: return e5m2_to_f32(reinterpret_cast<const uint8_t*>(words.data())[i]);
     }
     return 0;
   }

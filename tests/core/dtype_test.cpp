@@ -112,7 +112,7 @@ TEST(DType, SizesAndNames) {
   EXPECT_EQ(parse_dtype("float32"), DType::F32);
   EXPECT_EQ(parse_dtype("bfloat16"), DType::BF16);
   EXPECT_EQ(parse_dtype("float16"), DType::F16);
-  EXPECT_THROW(parse_dtype("fp8"), Error);
+  EXPECT_THROW(parse_dtype("fp8"), Error);  // which of the two formats?
   EXPECT_THROW(parse_dtype(""), Error);
 }
 

@@ -58,6 +58,9 @@ class CpuBackend final : public Backend {
       if (dst.raw() != src.raw() && src.nbytes()) std::memcpy(dst.raw(), src.raw(), src.nbytes());
       return;
     }
+    if (is_fp8(dst.dtype()) || is_fp8(src.dtype())) {  // storage only: core's conversions
+      return convert(src.raw(), src.dtype(), dst.raw(), dst.dtype(), static_cast<size_t>(src.numel()));
+    }
     cpu::dispatch_float(dst.dtype(), "copy", [&](auto d) {
       using D = decltype(d);
       cpu::dispatch_float(src.dtype(), "copy", [&](auto s) {
@@ -178,6 +181,38 @@ class CpuBackend final : public Backend {
       cpu::linear_backward(gemm_, p<T>(dinp), p<G>(dweight), p<G>(dbias), p<T>(dout), p<T>(inp),
                            p<T>(weight), d.N, d.IC, d.OC);
     });
+  }
+
+  void fp8_amax(Stream, const Tensor& amax, const Tensor& x) override {
+    checks::fp8_amax(amax, x);
+    cpu::dispatch_float(x.dtype(), "fp8_amax", [&](auto t) {
+      using T = decltype(t);
+      float& a = *amax.data<float>();
+      const float m = cpu::amax(p<T>(x), x.numel());
+      a = std::isnan(m) || std::isnan(a) ? m + a : std::max(a, m);
+    });
+  }
+  // The fp8 linear ops quantize their operands into scratch copies (cpu/fp8.cpp), then run
+  // the linear's GEMMs on them: exact emulation of an fp8 GEMM.
+  void fp8_linear_forward(Stream s, const Tensor& out, const Tensor& inp, const Tensor& weight,
+                          const Tensor& bias, const Tensor& amax) override {
+    checks::fp8_linear(out, inp, weight, bias, amax);
+    const float* a = amax.data<float>();
+    const Tensor qinp = quantized(inp, a[0], DType::E4M3);
+    const Tensor qweight = quantized(weight, a[1], DType::E4M3);
+    linear_forward(s, out, qinp, qweight, bias);
+  }
+  void fp8_linear_backward(Stream s, const Tensor& dinp, const Tensor& dweight,
+                           const Tensor& dbias, const Tensor& dout, const Tensor& inp,
+                           const Tensor& weight, const Tensor& amax) override {
+    checks::fp8_linear_backward(dinp, dweight, dbias, dout, inp, weight, amax);
+    const float* a = amax.data<float>();
+    if (dbias) linear_backward(s, Tensor(), Tensor(), dbias, dout, inp, weight);
+    if (!dinp && !dweight) return;
+    const Tensor qdout = quantized(dout, a[2], DType::E5M2);
+    const Tensor qinp = dweight ? quantized(inp, a[0], DType::E4M3) : inp;
+    const Tensor qweight = dinp ? quantized(weight, a[1], DType::E4M3) : weight;
+    linear_backward(s, dinp, dweight, Tensor(), qdout, qinp, qweight);
   }
 
   void attention_forward(Stream, const Tensor& out, const Tensor& lse, const Tensor& qkv,
@@ -595,6 +630,15 @@ class CpuBackend final : public Backend {
                        DType dtype, F&& f) {
     cpu::check_moe_rows(rows.data<int32_t>(), d.N, d.k, op);
     cpu::dispatch_float(dtype, op, std::forward<F>(f));
+  }
+  // x quantized to `format` at amax's scale, in a scratch tensor of x's shape and dtype.
+  Tensor quantized(const Tensor& x, float amax, DType format) {
+    const Tensor q = empty(x.shape(), x.dtype(), MemCategory::Temporaries);
+    cpu::dispatch_float(x.dtype(), "fp8 quantize", [&](auto t) {
+      using T = decltype(t);
+      cpu::fp8_quantize(p<T>(q), p<T>(x), x.numel(), amax, format);
+    });
+    return q;
   }
   // Attention over the keys of each query's window (attention_windows.h).
   static void attention(const Tensor& out, const Tensor& lse, const Tensor& qkv,

@@ -14,9 +14,12 @@ namespace kiln {
 /// fp32, see Backend::gemm_path; ops whose tensors have fixed dtypes, such as the MoE
 /// router's fp32 logits and the permutation plan's int32 ids, for every float dtype), but
 /// adamw_step, which updates fp32 parameters only (low-precision ones are updated through
-/// their fp32 master weights: adamw_multi_step).
+/// their fp32 master weights: adamw_multi_step), and the fp8 linear, whose quantized
+/// operands are exact in fp32 and bf16 only.
 constexpr bool cpu_supports(Op op, DType dtype) {
   if (op == Op::AdamW) return dtype == DType::F32;
+  if (op == Op::Fp8LinearForward || op == Op::Fp8LinearBackward)
+    return dtype == DType::F32 || dtype == DType::BF16;
   return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16;
 }
 

@@ -23,7 +23,9 @@ dt to_dnnl(DType t) {
     case DType::BF16: return dt::bf16;
     case DType::F16: return dt::f16;
     case DType::I32: return dt::s32;
-    case DType::F64: return dt::undef;
+    case DType::F64:
+    case DType::E4M3:
+    case DType::E5M2: return dt::undef;
   }
   return dt::undef;
 }
@@ -127,7 +129,9 @@ void widen(float* dst, const void* src, DType t, int64_t rows, int64_t cols, int
     case DType::BF16: return widen_t(dst, static_cast<const bf16*>(src), rows, cols, ld);
     case DType::F16: return widen_t(dst, static_cast<const f16*>(src), rows, cols, ld);
     case DType::I32:
-    case DType::F64: break;
+    case DType::F64:
+    case DType::E4M3:
+    case DType::E5M2: break;
   }
   KILN_FAIL("gemm: no fp32 widening for {}", dtype_name(t));
 }
@@ -145,7 +149,9 @@ void narrow(void* dst, DType t, const float* src, int64_t rows, int64_t cols, in
     case DType::F16: return narrow_t(static_cast<f16*>(dst), src, rows, cols, ld);
     case DType::F32:
     case DType::I32:
-    case DType::F64: break;
+    case DType::F64:
+    case DType::E4M3:
+    case DType::E5M2: break;
   }
   KILN_FAIL("gemm: no narrowing to {}", dtype_name(t));
 }

@@ -169,6 +169,15 @@ void adamw(float* param, const G* grad, float* m, float* v, int64_t n, const Ada
 template <class P>
 void ema_update(float* ema, const P* param, int64_t n, float decay);
 
+/// max |x_i| over n elements (NaN if any is NaN): Backend::fp8_amax's reduction.
+template <class T>
+float amax(const T* x, int64_t n);
+/// out = fp8(in S) / S with S = fp8_scale(amax, format) (format E4M3 or E5M2; rounding to
+/// nearest even, saturating): exact in fp32 and bf16 (cpu/fp8.cpp). A non-finite amax
+/// makes every output NaN. out may alias in.
+template <class T>
+void fp8_quantize(T* out, const T* in, int64_t n, float amax, DType format);
+
 class Gemm;
 /// out[N,OC] = inp[N,IC] @ weight[OC,IC]^T + bias, all in T (fp32 accumulation).
 template <class T>

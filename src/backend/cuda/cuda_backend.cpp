@@ -139,8 +139,9 @@ void CudaBackend::copy(Stream s, const Tensor& dst, const Tensor& src) {
         cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToDevice, st(s)));
     return;
   }
-  // Different float dtypes: convert (round to nearest even, NaN/Inf kept), e.g. the
-  // optimizer's fp32 master weights into bf16 parameters.
+  // Different float dtypes: convert (round to nearest even, NaN/Inf kept; into fp8
+  // saturating, as core's convert()), e.g. the optimizer's fp32 master weights into bf16
+  // parameters.
   cuda::convert(st(s), dst.raw(), float_kind(dst, "copy"), src.raw(), float_kind(src, "copy"),
                 src.numel());
 }
@@ -175,6 +176,9 @@ void CudaBackend::fill(Stream s, const Tensor& t, float value) {
       cuda::fill_u64(st(s), t.raw(), u, t.numel());
       break;
     }
+    case DType::E4M3:
+    case DType::E5M2:  // fp8 is storage for copy only, as on the CPU (its fill refuses it)
+      KILN_FAIL("fill: unsupported dtype {}", dtype_name(t.dtype()));
   }
 }
 void CudaBackend::sum_squares(Stream s, const Tensor& acc, const Tensor& x) {
@@ -385,6 +389,8 @@ FloatKind CudaBackend::float_kind(const Tensor& t, const char* op) {
     case DType::F32: return cuda::FloatKind::F32;
     case DType::BF16: return cuda::FloatKind::BF16;
     case DType::F16: return cuda::FloatKind::F16;
+    case DType::E4M3: return cuda::FloatKind::E4M3;
+    case DType::E5M2: return cuda::FloatKind::E5M2;
     default: break;
   }
   KILN_FAIL("{}: cannot convert {} (float dtypes only)", op, t.str());

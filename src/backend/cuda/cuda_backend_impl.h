@@ -4,7 +4,8 @@
 // cuda_dit_ops.cpp (adaLN modulation, rectified-flow inputs, the MSE loss),
 // cuda_attention_ops.cpp (attention, ring attention's tiles, KV-cache decode, rotary
 // embedding) and
-// cuda_moe_ops.cpp (the mixture-of-experts ops: router, permutation, grouped linear). Each op
+// cuda_moe_ops.cpp (the mixture-of-experts ops: router, permutation, grouped linear) and
+// cuda_fp8_ops.cpp (train.fp8's amax and fp8 linear, emulated on the linear's GEMMs). Each op
 // validates its arguments with op_checks (the same messages as every backend), picks
 // the element type and launches the kernels of its .cu file on the caller's stream.
 // Private to this folder.
@@ -71,6 +72,12 @@ class CudaBackend final : public Backend {
                       const Tensor& bias) override;
   void linear_backward(Stream s, const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
                        const Tensor& dout, const Tensor& inp, const Tensor& weight) override;
+  void fp8_amax(Stream s, const Tensor& amax, const Tensor& x) override;
+  void fp8_linear_forward(Stream s, const Tensor& out, const Tensor& inp, const Tensor& weight,
+                          const Tensor& bias, const Tensor& amax) override;
+  void fp8_linear_backward(Stream s, const Tensor& dinp, const Tensor& dweight,
+                           const Tensor& dbias, const Tensor& dout, const Tensor& inp,
+                           const Tensor& weight, const Tensor& amax) override;
   void gelu_forward(Stream s, const Tensor& out, const Tensor& inp) override;
   void gelu_backward(Stream s, const Tensor& dinp, const Tensor& dout, const Tensor& inp) override;
   void silu_forward(Stream s, const Tensor& out, const Tensor& inp) override;

@@ -1,13 +1,15 @@
 // fill: one grid-stride store per element (bytes: n * size written).
 // convert: one grid-stride load + store per element through fp32 (bytes: n * (src size +
 // dst size)); __float2bfloat16_rn / __float2half_rn round to nearest even and keep
-// NaN (as a quiet NaN) and Inf, like core/dtype.h's host conversions.
+// NaN (as a quiet NaN) and Inf, like core/dtype.h's host conversions; fp8 (E4M3, E5M2)
+// through fp8.h's f32_to_fp8 / fp8_to_f32: saturating round to nearest even, core's codes.
 // convert_columns (copy_columns): the same per element of a column range of each row,
 // the source and destination rows strided by their widths; same kinds copy the bits.
 // sum_squares: pass 1, grid of up to 1024 blocks x 256 threads, each thread accumulates
 // x^2 in double over a grid-stride range, block_sum -> partial[block]; pass 2, one block
 // sums the partials in order and adds the total to the accumulator. Bytes: n * size read. FLOPs: 2n (double). Deterministic.
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/fp8.h"
 #include "backend/cuda/memory.h"
 
 #include <cuda_fp16.h>
@@ -26,9 +28,19 @@ __global__ void fill_kernel(U* p, U bits, int64_t n) {
     p[i] = bits;
 }
 
+// The fp8 storage types: one code byte each.
+struct E4M3 {
+  uint8_t bits;
+};
+struct E5M2 {
+  uint8_t bits;
+};
+
 __device__ __forceinline__ float load_f(const __half x) { return __half2float(x); }
 __device__ __forceinline__ float load_f(const bf16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float load_f(const float x) { return x; }
+__device__ __forceinline__ float load_f(const E4M3 x) { return fp8_to_f32(x.bits, true); }
+__device__ __forceinline__ float load_f(const E5M2 x) { return fp8_to_f32(x.bits, false); }
 template <class D>
 __device__ __forceinline__ D store_f(float x);
 template <>
@@ -37,6 +49,22 @@ template <>
 __device__ __forceinline__ bf16 store_f<bf16>(float x) { return __float2bfloat16_rn(x); }
 template <>
 __device__ __forceinline__ __half store_f<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ E4M3 store_f<E4M3>(float x) { return {f32_to_fp8(x, true)}; }
+template <>
+__device__ __forceinline__ E5M2 store_f<E5M2>(float x) { return {f32_to_fp8(x, false)}; }
+
+// fn(T{}) for the storage type T of kind k.
+template <class Fn>
+void dispatch_kind(FloatKind k, Fn&& fn) {
+  switch (k) {
+    case FloatKind::F32: fn(float{}); break;
+    case FloatKind::BF16: fn(bf16{}); break;
+    case FloatKind::F16: fn(__half{}); break;
+    case FloatKind::E4M3: fn(E4M3{}); break;
+    case FloatKind::E5M2: fn(E5M2{}); break;
+  }
+}
 
 template <class D, class S>
 __global__ void convert_kernel(D* dst, const S* src, int64_t n) {
@@ -48,11 +76,10 @@ __global__ void convert_kernel(D* dst, const S* src, int64_t n) {
 template <class D>
 void convert_from(cudaStream_t s, D* dst, const void* src, FloatKind k, int64_t n) {
   const unsigned g = grid_for(n, 256);
-  switch (k) {
-    case FloatKind::F32: convert_kernel<<<g, 256, 0, s>>>(dst, static_cast<const float*>(src), n); break;
-    case FloatKind::BF16: convert_kernel<<<g, 256, 0, s>>>(dst, static_cast<const bf16*>(src), n); break;
-    case FloatKind::F16: convert_kernel<<<g, 256, 0, s>>>(dst, static_cast<const __half*>(src), n); break;
-  }
+  dispatch_kind(k, [&](auto x) {
+    using S = decltype(x);
+    convert_kernel<<<g, 256, 0, s>>>(dst, static_cast<const S*>(src), n);
+  });
 }
 
 // A column range of rows: one grid-stride load + store per element.
@@ -73,20 +100,11 @@ template <class D>
 void convert_columns_from(cudaStream_t s, D* dst, int64_t dst_width, const void* src,
                           FloatKind k, int64_t src_width, int64_t rows, int64_t ncols) {
   const unsigned g = grid_for(rows * ncols, 256);
-  switch (k) {
-    case FloatKind::F32:
-      convert_columns_kernel<<<g, 256, 0, s>>>(dst, dst_width, static_cast<const float*>(src),
-                                               src_width, rows, ncols);
-      break;
-    case FloatKind::BF16:
-      convert_columns_kernel<<<g, 256, 0, s>>>(dst, dst_width, static_cast<const bf16*>(src),
-                                               src_width, rows, ncols);
-      break;
-    case FloatKind::F16:
-      convert_columns_kernel<<<g, 256, 0, s>>>(dst, dst_width, static_cast<const __half*>(src),
-                                               src_width, rows, ncols);
-      break;
-  }
+  dispatch_kind(k, [&](auto x) {
+    using S = decltype(x);
+    convert_columns_kernel<<<g, 256, 0, s>>>(dst, dst_width, static_cast<const S*>(src),
+                                             src_width, rows, ncols);
+  });
 }
 
 constexpr int kSumThreads = 256;
@@ -177,11 +195,10 @@ void fill_u16(cudaStream_t s, void* p, uint16_t bits, int64_t n) {
 void convert(cudaStream_t s, void* dst, FloatKind dst_kind, const void* src, FloatKind src_kind,
              int64_t n) {
   if (n <= 0) return;
-  switch (dst_kind) {
-    case FloatKind::F32: convert_from(s, static_cast<float*>(dst), src, src_kind, n); break;
-    case FloatKind::BF16: convert_from(s, static_cast<bf16*>(dst), src, src_kind, n); break;
-    case FloatKind::F16: convert_from(s, static_cast<__half*>(dst), src, src_kind, n); break;
-  }
+  dispatch_kind(dst_kind, [&](auto x) {
+    using D = decltype(x);
+    convert_from(s, static_cast<D*>(dst), src, src_kind, n);
+  });
   KILN_CUDA_LAUNCHED("copy (convert)");
 }
 
@@ -189,22 +206,12 @@ void convert_columns(cudaStream_t s, void* dst, FloatKind dst_kind, int64_t dst_
                      int64_t dst_col, const void* src, FloatKind src_kind, int64_t src_width,
                      int64_t src_col, int64_t rows, int64_t ncols) {
   if (rows <= 0 || ncols <= 0) return;
-  auto size = [](FloatKind k) { return k == FloatKind::F32 ? 4 : 2; };
-  const void* in = static_cast<const char*>(src) + src_col * size(src_kind);
-  switch (dst_kind) {
-    case FloatKind::F32:
-      convert_columns_from(s, static_cast<float*>(dst) + dst_col, dst_width, in, src_kind,
-                           src_width, rows, ncols);
-      break;
-    case FloatKind::BF16:
-      convert_columns_from(s, static_cast<bf16*>(dst) + dst_col, dst_width, in, src_kind,
-                           src_width, rows, ncols);
-      break;
-    case FloatKind::F16:
-      convert_columns_from(s, static_cast<__half*>(dst) + dst_col, dst_width, in, src_kind,
-                           src_width, rows, ncols);
-      break;
-  }
+  const void* in = static_cast<const char*>(src) + src_col * float_kind_size(src_kind);
+  dispatch_kind(dst_kind, [&](auto x) {
+    using D = decltype(x);
+    convert_columns_from(s, static_cast<D*>(dst) + dst_col, dst_width, in, src_kind, src_width,
+                         rows, ncols);
+  });
   KILN_CUDA_LAUNCHED("copy_columns");
 }
 

@@ -12,10 +12,18 @@ void fill_u32(cudaStream_t s, void* p, uint32_t bits, int64_t n);
 void fill_u16(cudaStream_t s, void* p, uint16_t bits, int64_t n);
 void fill_u64(cudaStream_t s, void* p, uint64_t bits, int64_t n);
 
-/// Storage formats convert() reads and writes.
-enum class FloatKind { F32, BF16, F16 };
-/// dst[i] = src[i] converted between fp32, bf16 and fp16 (different kinds), through
-/// fp32: round to nearest, ties to even; NaN stays NaN, Inf stays Inf (core/dtype.h).
+/// Storage formats convert() reads and writes: fp32, bf16, fp16 and the OCP fp8 formats
+/// E4M3 and E5M2 (core/dtype.h).
+enum class FloatKind { F32, BF16, F16, E4M3, E5M2 };
+/// Bytes per element of a kind.
+constexpr int float_kind_size(FloatKind k) {
+  return k == FloatKind::F32 ? 4 : k == FloatKind::E4M3 || k == FloatKind::E5M2 ? 1 : 2;
+}
+/// dst[i] = src[i] converted between two different kinds, through fp32 (every kind's
+/// values are exact in it): round to nearest, ties to even; NaN stays NaN, Inf stays Inf,
+/// except into fp8, which saturates (finite values beyond the largest and +-Inf become
+/// +-largest; E4M3 has no Inf) and writes core's NaN codes. As core/dtype.h's convert():
+/// bit for bit, NaN payloads into fp32/bf16/fp16 aside.
 void convert(cudaStream_t s, void* dst, FloatKind dst_kind, const void* src, FloatKind src_kind,
              int64_t n);
 

@@ -89,6 +89,26 @@ MetaCallInfo linear_backward(const Tensor& dinp, const Tensor& dweight, const Te
   return c;
 }
 
+MetaCallInfo fp8_amax(const Tensor& amax, const Tensor& x) {
+  checks::fp8_amax(amax, x);
+  return elements(Op::Fp8Amax, x);
+}
+MetaCallInfo fp8_linear_forward(const Tensor& out, const Tensor& inp, const Tensor& weight,
+                                const Tensor& bias, const Tensor& amax) {
+  checks::fp8_linear(out, inp, weight, bias, amax);
+  MetaCallInfo c = linear_forward(out, inp, weight, bias);
+  c.call = Op::Fp8LinearForward;
+  return c;
+}
+MetaCallInfo fp8_linear_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                                 const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                                 const Tensor& amax) {
+  checks::fp8_linear_backward(dinp, dweight, dbias, dout, inp, weight, amax);
+  MetaCallInfo c = linear_backward(dinp, dweight, dbias, dout, inp, weight);
+  c.call = Op::Fp8LinearBackward;
+  return c;
+}
+
 MetaCallInfo attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                                const AttentionShape& shape, const DropoutSpec&) {
   return attention(Op::AttentionForward, checks::attention(out, lse, qkv, shape),

@@ -43,6 +43,8 @@ ncclDataType_t nccl_type(DType d) {
     case DType::F16: return ncclFloat16;
     case DType::I32: return ncclInt32;
     case DType::F64: return ncclFloat64;
+    case DType::E4M3:
+    case DType::E5M2: return ncclUint8;  // moved, never reduced
   }
   return ncclFloat32;
 }

@@ -1,0 +1,191 @@
+// fp8_amax: grid-stride over x (16-byte vector loads over the aligned middle, scalar head
+// and tail), up to 1024 blocks x 256 threads; each thread keeps the largest |x| as bits
+// (magnitudes order as unsigned integers, NaN above Inf), the block reduces with
+// __reduce_max_sync (sm_80+) and a shared array, and thread 0 does one atomicMax on the
+// uint32 bits of amax[0]. Bytes: n * size read. Order-independent: the result is exact.
+// fp8_quantize: grid-stride element-wise, 16-byte vectors when in and out are 16-byte
+// aligned; each thread computes S from *amax once (fp8_scale's double ilogb), then per
+// element v = x S, code = cvt.rn.satfinite (fp8.h), q = code's value, out = q / S
+// (multiplying by 2^-e, exact). Bytes: n * 2 * size. As cpu/fp8.cpp, element for element.
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/fp8.h"
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace kiln::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr uint32_t kNaNBits = 0x7fc00000u;  // the canonical fp32 NaN every NaN |x| becomes
+
+// |x| as a raw magnitude in x's own encoding (sign cleared): for IEEE formats the order
+// of magnitudes is the order of these integers, and every NaN lies above Inf.
+__device__ __forceinline__ uint32_t magnitude(float x) { return __float_as_uint(x) & 0x7fffffffu; }
+__device__ __forceinline__ uint32_t magnitude(bf16 x) { return __bfloat16_as_ushort(x) & 0x7fffu; }
+__device__ __forceinline__ uint32_t magnitude(__half x) { return __half_as_ushort(x) & 0x7fffu; }
+
+// The largest magnitude of a type as the fp32 bits of |x|, NaN made kNaNBits.
+template <class T>
+__device__ __forceinline__ uint32_t f32_bits_of(uint32_t m) {
+  if constexpr (sizeof(T) == 4) {
+    return m > 0x7f800000u ? kNaNBits : m;
+  } else if constexpr (std::is_same_v<T, bf16>) {
+    return m > 0x7f80u ? kNaNBits : m << 16;  // bf16 is fp32's top half
+  } else {
+    return m > 0x7c00u ? kNaNBits : __float_as_uint(__half2float(__ushort_as_half(
+                                        static_cast<unsigned short>(m))));
+  }
+}
+
+// 16 bytes of T: the largest magnitude among them.
+template <class T>
+__device__ __forceinline__ uint32_t magnitude16(const uint4& v) {
+  if constexpr (sizeof(T) == 4) {
+    return max(max(v.x & 0x7fffffffu, v.y & 0x7fffffffu),
+               max(v.z & 0x7fffffffu, v.w & 0x7fffffffu));
+  } else {  // two 16-bit values per word
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    uint32_t m = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) m = max(m, max(w[k] & 0x7fffu, (w[k] >> 16) & 0x7fffu));
+    return m;
+  }
+}
+
+// *p = max(*p, bits) for the fp32 bits of a magnitude or kNaNBits, with fp8_amax's order:
+// atomicMax on uint32 is right whenever *p is +0, positive or a NaN of either sign
+// (NaN bits exceed Inf's, and a negative NaN's exceed everything, so NaN stays NaN).
+// A negative non-NaN *p (sign bit set) would wrongly win; the CPU's std::max(a, m)
+// replaces it by m (keeping -0 only against m = +0): do so with a CAS. Writers store
+// only non-negative bits or kNaNBits, so *p is negative at most until one replacement.
+__device__ __forceinline__ void amax_update(uint32_t* p, uint32_t bits) {
+  uint32_t cur = atomicMax(p, bits);
+  while ((cur & 0x80000000u) && (cur & 0x7fffffffu) <= 0x7f800000u &&
+         !(cur == 0x80000000u && bits == 0u)) {
+    const uint32_t prev = atomicCAS(p, cur, bits);
+    if (prev == cur) break;
+    cur = atomicMax(p, bits);
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) amax_kernel(const T* x, int64_t n, uint32_t* amax) {
+  constexpr int64_t V = 16 / sizeof(T);
+  // Elements before the first 16-byte boundary (x is at least T-aligned), then whole
+  // vectors, then the rest.
+  const auto addr = reinterpret_cast<uintptr_t>(x);
+  int64_t head = static_cast<int64_t>(((16 - addr % 16) % 16) / sizeof(T));
+  if (head > n) head = n;
+  const int64_t nvec = (n - head) / V;
+  const int64_t tail = head + nvec * V;
+  const int64_t tid = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  uint32_t m = 0;
+  if (tid < head) m = magnitude(x[tid]);
+  if (tid < n - tail) m = max(m, magnitude(x[tail + tid]));
+  const uint4* xv = reinterpret_cast<const uint4*>(x + head);
+  for (int64_t i = tid; i < nvec; i += stride) m = max(m, magnitude16<T>(xv[i]));
+  m = f32_bits_of<T>(m);
+
+  __shared__ uint32_t warp_most[kThreads / 32];
+  m = __reduce_max_sync(0xffffffffu, m);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) warp_most[warp] = m;
+  __syncthreads();
+  if (warp == 0) {
+    m = lane < kThreads / 32 ? warp_most[lane] : 0u;
+    m = __reduce_max_sync(0xffffffffu, m);
+    if (lane == 0) amax_update(amax, m);
+  }
+}
+
+// core/dtype.cpp's fp8_scale bit for bit: amax finite here; the quotient in double is
+// correctly rounded (IEEE division), ilogb exact, 2^e exact for e in [-126, 127].
+__host__ __device__ __forceinline__ int scale_exponent(float amax, bool e4m3) {
+  if (!(amax > 0.f)) return 0;
+  const int e = ilogb((e4m3 ? 448.0 : 57344.0) / static_cast<double>(amax));
+  return e < -126 ? -126 : e > 127 ? 127 : e;
+}
+
+template <class T>
+__device__ __forceinline__ T quantize_one(T x, float scale, float inv, bool e4m3) {
+  const float v = to_f(x) * scale;
+  return from_f<T>(fp8_to_f32(f32_to_fp8(v, e4m3), e4m3) * inv);
+}
+
+template <class T>
+__device__ __forceinline__ T nan_of() {
+  if constexpr (sizeof(T) == 4) return __uint_as_float(kNaNBits);
+  else return __ushort_as_bfloat16(static_cast<unsigned short>(kNaNBits >> 16));  // 0x7fc0 as core
+}
+
+// vec: in and out 16-byte aligned, n / V whole vectors then a scalar rest; otherwise
+// element by element.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    quantize_kernel(T* out, const T* in, int64_t n, const float* amax, bool e4m3, bool vec) {
+  constexpr int64_t V = 16 / sizeof(T);
+  const int64_t tid = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  const float a = *amax;
+  if (!isfinite(a)) {  // an Inf or NaN in the tensor (or its group): every element NaN
+    for (int64_t i = tid; i < n; i += stride) out[i] = nan_of<T>();
+    return;
+  }
+  const int e = scale_exponent(a, e4m3);
+  const float scale = ldexpf(1.f, e), inv = ldexpf(1.f, -e);  // exact; 2^-127 subnormal
+  if (!vec) {
+    for (int64_t i = tid; i < n; i += stride) out[i] = quantize_one(in[i], scale, inv, e4m3);
+    return;
+  }
+  const int64_t nvec = n / V;
+  const uint4* iv = reinterpret_cast<const uint4*>(in);
+  uint4* ov = reinterpret_cast<uint4*>(out);
+  for (int64_t i = tid; i < nvec; i += stride) {
+    uint4 w = iv[i];
+    T* t = reinterpret_cast<T*>(&w);
+#pragma unroll
+    for (int k = 0; k < V; ++k) t[k] = quantize_one(t[k], scale, inv, e4m3);
+    ov[i] = w;
+  }
+  if (tid < n - nvec * V) out[nvec * V + tid] = quantize_one(in[nvec * V + tid], scale, inv, e4m3);
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+void fp8_amax(cudaStream_t s, FloatKind k, const void* x, int64_t n, float* amax) {
+  // A thread per 16-byte vector, at most 1024 blocks; one block even for n = 0, which
+  // makes amax[0] = max(amax[0], 0) as on the CPU.
+  const int64_t per_vector = k == FloatKind::F32 ? 4 : 8;
+  const unsigned g = grid_for(n / per_vector, kThreads, 1024);
+  auto* a = reinterpret_cast<uint32_t*>(amax);
+  switch (k) {
+    case FloatKind::F32: amax_kernel<<<g, kThreads, 0, s>>>(static_cast<const float*>(x), n, a); break;
+    case FloatKind::BF16: amax_kernel<<<g, kThreads, 0, s>>>(static_cast<const bf16*>(x), n, a); break;
+    case FloatKind::F16: amax_kernel<<<g, kThreads, 0, s>>>(static_cast<const __half*>(x), n, a); break;
+    default: fail("fp8_amax: x must be fp32, bf16 or fp16");
+  }
+  KILN_CUDA_LAUNCHED("fp8_amax");
+}
+
+void fp8_quantize(cudaStream_t s, Elem e, void* out, const void* in, int64_t n,
+                  const float* amax, DType format) {
+  if (n <= 0) return;
+  if (format != DType::E4M3 && format != DType::E5M2) fail("fp8_quantize: format must be E4M3 or E5M2");
+  const bool e4m3 = format == DType::E4M3, vec = aligned16(out) && aligned16(in);
+  KILN_DISPATCH_ELEM(e, {
+    constexpr int64_t V = 16 / sizeof(scalar_t);
+    const unsigned g = grid_for(vec ? (n + V - 1) / V : n, kThreads, 4096);
+    quantize_kernel<<<g, kThreads, 0, s>>>(static_cast<scalar_t*>(out),
+                                           static_cast<const scalar_t*>(in), n, amax, e4m3, vec);
+  });
+  KILN_CUDA_LAUNCHED("fp8 quantize");
+}
+
+}  // namespace kiln::cuda
