@@ -629,6 +629,10 @@ void TrainConfig::validate_for_training() const {
   need("model.n_embd", model.n_embd);
   need("model.block_size", model.block_size);
   KILN_CHECK(train.steps > 0, "{}: key 'train.steps' must be > 0 for training", source);
+  KILN_CHECK(train.fp8 == "none" || train.dtype != "fp16", "{}: train.fp8 = \"{}\" with "
+             "train.dtype = \"fp16\": fp8 runs with bf16 or fp32 (docs/fp8.md)", source, train.fp8);
+  KILN_CHECK(train.fp8 != "none" || train.fp8_layers.empty(), "{}: train.fp8_layers is set but "
+             "train.fp8 = \"none\"", source);
   KILN_CHECK(train.grad_dtype == "fp32" || train.grad_dtype == train.dtype,
              "{}: key 'train.grad_dtype' must be fp32 or train.dtype ({}), got {}", source,
              train.dtype, train.grad_dtype);

@@ -115,6 +115,16 @@ const std::vector<Key>& keys() {
             "reduction; saved as before), over the checkpoint's parameter names: a pattern "
             "matches a whole name, or the part after a dot, or a module (\"wte\", "
             "\"h.0.*\", \"*.ln_1.*\"); each must match a parameter. [] = none."),
+        oneof(KILN_KEY(train, fp8), {"none", "tensorwise"},
+              "fp8 GEMMs in the transformer blocks' Linears (docs/fp8.md): none, or "
+              "tensorwise (activations and weights in E4M3, output gradients in E5M2, each "
+              "scaled by a power of two from its current amax); needs train.dtype bf16 or "
+              "fp32. The CPU emulates the fp8 GEMMs exactly."),
+        any(KILN_KEY(train, fp8_layers),
+            "train.fp8: glob patterns (train.freeze's rule) over the names of the blocks' "
+            "Linears (\"transformer.h.3.attn.c_attn\", \"*.mlp.*\") that run in fp8; each "
+            "must match one. [] = every block's Linears but the first and last block's. The "
+            "embedding and the output head always stay in train.dtype."),
         any(KILN_KEY(backend, tf32),
             "cuda: fp32 GEMMs may use TF32 tensor cores (faster, ~1e-3 relative error); false "
             "= full fp32."),

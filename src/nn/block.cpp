@@ -214,6 +214,12 @@ void TransformerBlock::decode(Backend& be, Stream s, const Tensor& x, const Deco
   be.add(s, x, w.x2, w.y);
 }
 
+std::vector<Linear*> TransformerBlock::linears() {
+  std::vector<Linear*> out = {&attn_.qkv, &attn_.proj};
+  if (mlp_) out.insert(out.end(), {&mlp_->fc, &mlp_->proj});
+  return out;
+}
+
 void TransformerBlock::collect(std::vector<Param*>& out) {
   norm_1_.collect(out);
   attn_.collect(out);

@@ -35,26 +35,53 @@ namespace {
 Tensor rows_of(const Tensor& t, int64_t width) { return t.reshape(Shape{t.numel() / width, width}); }
 }  // namespace
 
+void Linear::gemm_forward(Backend& be, Stream s, const Tensor& out, const Tensor& inp,
+                          const Tensor& b) const {
+  if (!fp8()) return be.linear_forward(s, out, inp, weight.v(), b);
+  const Tensor& a = fp8_.amax;
+  be.fill(s, a, 0.f);
+  be.fp8_amax(s, a.view_at(0, Shape{1}), inp);
+  be.fp8_amax(s, a.view_at(1, Shape{1}), weight.v());
+  if (fp8_.group) fp8_.group->all_reduce_max(s, a);
+  be.fp8_linear_forward(s, out, inp, weight.v(), b, a);
+}
+
+void Linear::backward_amax(Backend& be, Stream s, const Tensor& inp, const Tensor& dout) const {
+  if (!fp8()) return;
+  const Tensor& a = fp8_.amax;
+  be.fill(s, a, 0.f);
+  be.fp8_amax(s, a.view_at(0, Shape{1}), inp);
+  be.fp8_amax(s, a.view_at(1, Shape{1}), weight.v());
+  be.fp8_amax(s, a.view_at(2, Shape{1}), dout);
+  if (fp8_.group) fp8_.group->all_reduce_max(s, a);
+}
+
+void Linear::gemm_backward(Backend& be, Stream s, const Tensor& dinp, const Tensor& dw,
+                           const Tensor& db, const Tensor& dout, const Tensor& inp) const {
+  if (!fp8()) return be.linear_backward(s, dinp, dw, db, dout, inp, weight.v());
+  be.fp8_linear_backward(s, dinp, dw, db, dout, inp, weight.v(), fp8_.amax);
+}
+
 void Linear::forward(Backend& be, Stream s, const Tensor& out, const Tensor& inp,
                      const Tensor& work) const {
   const Tensor b = has_bias_ ? bias.v() : Tensor();
-  if (!placement_.active()) return be.linear_forward(s, out, inp, weight.v(), b);
+  if (!placement_.active()) return gemm_forward(be, s, out, inp, b);
   TpGroup& g = *placement_.group;
   const bool sp = placement_.sequence_parallel;
   if (placement_.style == TpStyle::Column) {
-    if (!sp) return be.linear_forward(s, out, inp, weight.v(), b);  // copy_to_tp: identity
+    if (!sp) return gemm_forward(be, s, out, inp, b);  // copy_to_tp: identity
     const Tensor full = rows_of(work, in_);
     tp_forward(TpComm::GatherFromSp, g, be, s, full, rows_of(inp, in_));
-    return be.linear_forward(s, rows_of(out, local_out()), full, weight.v(), b);
+    return gemm_forward(be, s, rows_of(out, local_out()), full, b);
   }
   // Row: partial sums, the bias on tp rank 0 only, then the reduction.
   const Tensor b0 = g.rank() == 0 ? b : Tensor();
   if (!sp) {
-    be.linear_forward(s, out, inp, weight.v(), b0);
+    gemm_forward(be, s, out, inp, b0);
     return tp_forward(TpComm::ReduceFromTp, g, be, s, out, out);
   }
   const Tensor partial = rows_of(work, out_);
-  be.linear_forward(s, partial, rows_of(inp, local_in()), weight.v(), b0);
+  gemm_forward(be, s, partial, rows_of(inp, local_in()), b0);
   tp_forward(TpComm::ReduceScatterToSp, g, be, s, rows_of(out, out_), partial);
 }
 
@@ -65,13 +92,15 @@ void Linear::backward(Backend& be, Stream s, const Tensor& dinp, const Tensor& d
   const Tensor db = has_bias_ ? bias.trainable_grad() : Tensor();
   if (!dinp && !dw && !db) return;  // nothing wanted (the same on every tp rank)
   if (!placement_.active()) {
-    return be.linear_backward(s, dinp, dw, db, dout, inp, weight.v());
+    backward_amax(be, s, inp, dout);
+    return gemm_backward(be, s, dinp, dw, db, dout, inp);
   }
   TpGroup& g = *placement_.group;
   const bool sp = placement_.sequence_parallel;
   if (placement_.style == TpStyle::Column) {
     if (!sp) {
-      be.linear_backward(s, dinp, dw, db, dout, inp, weight.v());
+      backward_amax(be, s, inp, dout);
+      gemm_backward(be, s, dinp, dw, db, dout, inp);
       if (dinp) tp_backward(TpComm::CopyToTp, g, be, s, dinp, dinp);  // all_reduce
       return;
     }
@@ -79,18 +108,23 @@ void Linear::backward(Backend& be, Stream s, const Tensor& dinp, const Tensor& d
     const Tensor full = rows_of(work, in_);
     const Tensor dout2 = rows_of(dout, local_out());
     tp_forward(TpComm::GatherFromSp, g, be, s, full, rows_of(inp, in_));
-    if (dw || db) be.linear_backward(s, Tensor(), dw, db, dout2, full, weight.v());
+    backward_amax(be, s, full, dout2);
+    if (dw || db) gemm_backward(be, s, Tensor(), dw, db, dout2, full);
     if (!dinp) return;
     // The partial input gradient overwrites the gathered input (no longer read: with
     // dweight empty, linear_backward uses inp for its shape only).
-    be.linear_backward(s, full, Tensor(), Tensor(), dout2, full, weight.v());
+    gemm_backward(be, s, full, Tensor(), Tensor(), dout2, full);
     return tp_backward(TpComm::GatherFromSp, g, be, s, rows_of(dinp, in_), full);  // reduce_scatter
   }
-  if (!sp) return be.linear_backward(s, dinp, dw, db, dout, inp, weight.v());
+  if (!sp) {
+    backward_amax(be, s, inp, dout);
+    return gemm_backward(be, s, dinp, dw, db, dout, inp);
+  }
   const Tensor full = rows_of(work, out_);
   tp_backward(TpComm::ReduceScatterToSp, g, be, s, full, rows_of(dout, out_));  // all_gather
-  be.linear_backward(s, dinp ? rows_of(dinp, local_in()) : Tensor(), dw, db, full,
-                     rows_of(inp, local_in()), weight.v());
+  const Tensor local_inp = rows_of(inp, local_in());
+  backward_amax(be, s, local_inp, full);
+  gemm_backward(be, s, dinp ? rows_of(dinp, local_in()) : Tensor(), dw, db, full, local_inp);
 }
 
 void Linear::collect(std::vector<Param*>& out) {

@@ -15,9 +15,14 @@
 // A row-parallel bias is replicated and added once: tp rank 0 adds it before the
 // reduction. Every gradient is complete on its rank (a row-parallel bias's is the column
 // sum of the whole dout, the same on every rank).
+//
+// With set_fp8() (train.fp8) the layer's GEMMs run on fp8 operands (nn/fp8.h): each call
+// first takes the amaxes of the tensors its GEMMs read, exactly as they reach the GEMM
+// (a sequence-parallel input after its all_gather), reduced over the Fp8Linear's group.
 #pragma once
 
 #include "backend/backend.h"
+#include "nn/fp8.h"
 #include "nn/param.h"
 #include "nn/tensor_parallel.h"
 
@@ -48,6 +53,9 @@ class Linear {
   void backward(Backend& be, Stream s, const Tensor& dinp, const Tensor& dout,
                 const Tensor& inp, const Tensor& work = Tensor()) const;
   void collect(std::vector<Param*>& out);
+  /// Runs the layer's GEMMs in fp8 with `fp8.amax` as their amax buffer (nn/fp8.h).
+  void set_fp8(const Fp8Linear& fp8) { fp8_ = fp8; }
+  bool fp8() const { return static_cast<bool>(fp8_.amax); }
 
   int64_t in() const { return in_; }    // global sizes
   int64_t out() const { return out_; }
@@ -60,9 +68,19 @@ class Linear {
   Param weight, bias;
 
  private:
+  /// linear_forward, or its fp8 form after taking the amaxes of inp and the weight.
+  void gemm_forward(Backend& be, Stream s, const Tensor& out, const Tensor& inp,
+                    const Tensor& b) const;
+  /// fp8: the amaxes of backward's operands (inp as dweight reads it, the weight, dout).
+  void backward_amax(Backend& be, Stream s, const Tensor& inp, const Tensor& dout) const;
+  /// linear_backward, or its fp8 form (after backward_amax).
+  void gemm_backward(Backend& be, Stream s, const Tensor& dinp, const Tensor& dw,
+                     const Tensor& db, const Tensor& dout, const Tensor& inp) const;
+
   int64_t in_, out_;
   bool has_bias_;
   TpPlacement placement_;
+  Fp8Linear fp8_;
 };
 
 }  // namespace kiln::nn

@@ -124,6 +124,14 @@ ModelStorage TrainStep::plan_parallelism() {
     tp_plan_ = std::make_unique<TensorParallelPlan>(*tp_group_, config_.parallel.sequence_parallel);
     storage.plans.push_back(tp_plan_.get());
   }
+  if (config_.train.fp8 != "none") {
+    require_ops(backend_, OpFamily::Fp8, parse_dtype(config_.train.dtype), "train.fp8");
+    amax_group_ = std::make_unique<CommAmaxGroup>(std::vector<Communicator*>{groups_.tp, groups_.cp});
+    fp8_plan_ = std::make_unique<Fp8Plan>(backend_, config_.train.fp8, config_.train.fp8_layers,
+                                          amax_group_->empty() ? nullptr : amax_group_.get(),
+                                          config_.source);
+    storage.plans.push_back(fp8_plan_.get());
+  }
   if (size_of(groups_.ep) > 1) {  // after tp: the ep cut keeps the tp cut of the hidden units
     if (!groups_.ep_group) ep_group_ = std::make_unique<CommEpGroup>(*groups_.ep);
     ep_plan_ = std::make_unique<ExpertParallelPlan>(groups_.ep_group ? *groups_.ep_group

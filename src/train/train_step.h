@@ -37,6 +37,7 @@
 #include "parallel/context_parallel.h"
 #include "parallel/data_parallel.h"
 #include "parallel/expert_parallel.h"
+#include "parallel/fp8_plan.h"
 #include "parallel/mesh.h"
 #include "parallel/moe_balance_group.h"
 #include "parallel/pipeline.h"
@@ -272,6 +273,8 @@ class TrainStep {
   std::unique_ptr<TensorParallelPlan> tp_plan_;
   std::unique_ptr<CommCpGroup> cp_group_;   // with cp > 1; outlive the model
   std::unique_ptr<ContextParallelPlan> cp_plan_;
+  std::unique_ptr<CommAmaxGroup> amax_group_;  // train.fp8: the tp and cp groups
+  std::unique_ptr<Fp8Plan> fp8_plan_;
   std::unique_ptr<CommEpGroup> ep_group_;   // with ep > 1; outlive the model
   std::unique_ptr<ExpertParallelPlan> ep_plan_;
   // The balancing groups (Model::set_moe_balance_groups), outliving the model: the cp

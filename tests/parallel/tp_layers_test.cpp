@@ -11,6 +11,7 @@
 #include "nn/classifier.h"
 #include "nn/embedding.h"
 #include "nn/linear.h"
+#include "parallel/fp8_plan.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/tp_plan.h"
 
@@ -37,13 +38,16 @@ std::vector<float> pick(const std::vector<float>& global, const std::vector<int6
   return out;
 }
 
+// |got - want| <= rel * max(1, max |want|) per element; with `own_scale`, relative to the
+// slice's own largest element instead (however small).
 void expect_close(const std::vector<float>& got, const std::vector<float>& want,
-                  const std::string& what, double rel = 1e-5) {
+                  const std::string& what, double rel = 1e-5, bool own_scale = false) {
   ASSERT_EQ(got.size(), want.size()) << what;
   double scale = 1e-30;
   for (float w : want) scale = std::max(scale, std::fabs(static_cast<double>(w)));
+  if (!own_scale) scale = std::max(1.0, scale);
   for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_NEAR(got[i], want[i], rel * std::max(1.0, scale)) << what << " element " << i;
+    ASSERT_NEAR(got[i], want[i], rel * scale) << what << " element " << i;
   }
 }
 
@@ -207,16 +211,37 @@ TEST(ParamSlice, ExpertCut) {
   EXPECT_THROW((ParamSlice{1, {}, 1, 0, 2, 2}.check(g, "w")), Error);  // ep index out of range
 }
 
-// One Linear, unsharded and as `style`, compared slice by slice.
-void check_linear(TpStyle style, bool sp, std::vector<int64_t> pieces, bool bias) {
+// fp8: the later half of each dimension of `v` [rows, cols] scaled by 2^-20, so that a
+// rank's slice can have a far smaller amax than the whole tensor: at the whole tensor's
+// scale its values fall below E4M3's smallest subnormal (they quantize to 0), at its own
+// they would keep 4 bits. A shard that did not reduce its amaxes over the group fails the
+// comparison (made relative to each slice's own size).
+std::vector<float> uneven(std::vector<float> v, int64_t rows, int64_t cols) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j)
+      v[static_cast<size_t>(i * cols + j)] *= (2 * i >= rows ? 0x1p-20f : 1.f) * (2 * j >= cols ? 0x1p-20f : 1.f);
+  return v;
+}
+
+// One Linear, unsharded and as `style`, compared slice by slice; with `fp8` both run their
+// GEMMs in fp8 (nn/fp8.h), the shard reducing its amaxes over the group.
+void check_linear(TpStyle style, bool sp, std::vector<int64_t> pieces, bool bias,
+                  bool fp8 = false) {
   Fixture f;
   CommTpGroup g(testing::world());
   const int n = g.size(), r = g.rank();
   const int64_t N = 4 * 3, in = 8, out = 16;  // N and the features divide by 1, 2, 4
-  SCOPED_TRACE(fmt::format("{} sp={} bias={} tp={}", nn::tp_style_name(style), sp, bias, n));
-  const auto W = randn(out * in, 1), b = randn(out, 2), x = randn(N * in, 3), dy = randn(N * out, 4);
+  SCOPED_TRACE(fmt::format("{} sp={} bias={} fp8={} tp={}", nn::tp_style_name(style), sp, bias,
+                           fp8, n));
+  auto W = randn(out * in, 1), b = randn(out, 2), x = randn(N * in, 3), dy = randn(N * out, 4);
+  if (fp8) W = uneven(W, out, in), x = uneven(x, N, in), dy = uneven(dy, N, out);
+  CommAmaxGroup amax_group({&testing::world()});
+  auto fp8_on = [&](nn::Linear& l, nn::AmaxGroup* group) {
+    if (fp8) l.set_fp8({f.zeros(Shape{3}), group});
+  };
   // The unsharded layer.
   nn::Linear full("l", in, out, bias, 0.02f);
+  fp8_on(full, nullptr);
   full.weight.value = f.upload(W, Shape{out, in});
   full.weight.grad = f.zeros(Shape{out, in});
   if (bias) full.bias.value = f.upload(b, Shape{out}), full.bias.grad = f.zeros(Shape{out});
@@ -229,6 +254,7 @@ void check_linear(TpStyle style, bool sp, std::vector<int64_t> pieces, bool bias
   // The shard.
   nn::Linear part("l", in, out, bias, 0.02f);
   part.shard(nn::TpPlacement{style, &g, sp}, pieces);
+  fp8_on(part, &amax_group);
   const Shape wl = part.weight.local_shape();
   part.weight.value = f.upload(pick(W, part.weight.slice.global_indices(Shape{out, in})), wl);
   part.weight.grad = f.zeros(wl);
@@ -255,14 +281,14 @@ void check_linear(TpStyle style, bool sp, std::vector<int64_t> pieces, bool bias
   Tensor work = part.work_width() ? f.zeros(Shape{N, part.work_width()}) : Tensor();
   EXPECT_EQ(part.work_width(), sp && n > 1 ? (column ? in : out) : 0);
   part.forward(*f.be, f.s, yl, xl, work);
-  expect_close(f.down(yl), sel(Y, out, out_rows, y_cols), "forward");
+  expect_close(f.down(yl), sel(Y, out, out_rows, y_cols), "forward", 1e-5, fp8);
   part.backward(*f.be, f.s, dxl, f.upload(sel(dy, out, out_rows, y_cols), Shape{y_n, y_c}), xl, work);
-  expect_close(f.down(dxl), sel(DX, in, in_rows, x_cols), "dinp");
+  expect_close(f.down(dxl), sel(DX, in, in_rows, x_cols), "dinp", 1e-5, fp8);
   expect_close(f.down(part.weight.grad), pick(DW, part.weight.slice.global_indices(Shape{out, in})),
-               "dweight");
+               "dweight", 1e-5, fp8);
   if (bias) {
     expect_close(f.down(part.bias.grad), pick(DB, part.bias.slice.global_indices(Shape{out})),
-                 "dbias");
+                 "dbias", 1e-5, fp8);
   }
 }
 
@@ -273,6 +299,10 @@ TEST(TpLinear, ColumnFusedPiecesSequenceParallel) { check_linear(TpStyle::Column
 TEST(TpLinear, Row) { check_linear(TpStyle::Row, false, {}, true); }
 TEST(TpLinear, RowSequenceParallel) { check_linear(TpStyle::Row, true, {}, true); }
 TEST(TpLinear, RowNoBias) { check_linear(TpStyle::Row, true, {}, false); }
+TEST(TpLinear, Fp8Column) { check_linear(TpStyle::Column, false, {}, true, true); }
+TEST(TpLinear, Fp8ColumnSequenceParallel) { check_linear(TpStyle::Column, true, {}, true, true); }
+TEST(TpLinear, Fp8Row) { check_linear(TpStyle::Row, false, {}, true, true); }
+TEST(TpLinear, Fp8RowSequenceParallel) { check_linear(TpStyle::Row, true, {}, false, true); }
 
 TEST(TpLinear, IndivisibleSplitIsAnError) {
   CommTpGroup g(testing::world());
