@@ -388,6 +388,14 @@ class Backend {
                                    const Tensor& dbias, const Tensor& dout, const Tensor& inp,
                                    const Tensor& weight, const Tensor& amax) = 0;
 
+  /// Delayed scaling's step (train.fp8 = "delayed", docs/fp8.md; Transformer Engine's
+  /// DelayedScaling): for n tensors with an amax history of H steps, all fp32 on the device,
+  ///   history [n,H,k][:, slot, :] = step_amax [n,k];
+  ///   amax [n,k] = max over h of history (most_recent: = step_amax);  step_amax = 0.
+  /// A NaN in step_amax stays NaN in amax for as long as the history holds it.
+  virtual void fp8_amax_history(Stream s, const Tensor& amax, const Tensor& history,
+                                const Tensor& step_amax, int64_t slot, bool most_recent) = 0;
+
   /// Self-attention (Vaswani et al. 2017) on packed qkv [B,T,qkv_width] (see
   /// AttentionShape): out [B,T,NH*HD], out[b,t,h] = sum_j softmax_j(q_t.k_j / sqrt(HD))
   /// v_j over the keys j that query t sees, with dropout on the probabilities. lse fp32

@@ -113,6 +113,17 @@ void fp8_amax(const Tensor& amax, const Tensor& x) {
              "fp8_amax: x {} must be fp32, bf16 or fp16", x.str());
 }
 
+void fp8_amax_history(const Tensor& amax, const Tensor& history, const Tensor& step_amax,
+                      int64_t slot) {
+  for (const Tensor* t : {&amax, &history, &step_amax}) check_dtype(*t, DType::F32, "fp8_amax_history");
+  KILN_CHECK(history.ndim() == 3 && amax.ndim() == 2 && amax.size(0) == history.size(0) &&
+                 amax.size(1) == history.size(2) && step_amax.shape() == amax.shape(),
+             "fp8_amax_history: history {} must be [n,H,k], amax {} and step_amax {} [n,k]",
+             history.str(), amax.str(), step_amax.str());
+  KILN_CHECK(slot >= 0 && slot < history.size(1), "fp8_amax_history: slot {} outside [0, {})",
+             slot, history.size(1));
+}
+
 namespace {
 void fp8_operands(const Tensor& inp, const Tensor& amax, const char* op) {
   KILN_CHECK(inp.dtype() == DType::F32 || inp.dtype() == DType::BF16,

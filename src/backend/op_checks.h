@@ -48,6 +48,9 @@ LinearDims fp8_linear(const Tensor& out, const Tensor& inp, const Tensor& weight
 LinearDims fp8_linear_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
                                const Tensor& dout, const Tensor& inp, const Tensor& weight,
                                const Tensor& amax);
+/// fp8_amax_history: history fp32 [n,H,k], amax and step_amax fp32 [n,k], 0 <= slot < H.
+void fp8_amax_history(const Tensor& amax, const Tensor& history, const Tensor& step_amax,
+                      int64_t slot);
 /// linear_backward's arguments; dinp, dweight and dbias may each be empty.
 LinearDims linear_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
                            const Tensor& dout, const Tensor& inp, const Tensor& weight);

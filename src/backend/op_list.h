@@ -59,6 +59,10 @@
     (const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,           \
      const Tensor& inp, const Tensor& weight, const Tensor& amax),                                 \
     (dinp, dweight, dbias, dout, inp, weight, amax))                                               \
+  X(Fp8AmaxHistory, fp8_amax_history, Fp8, "optimizer",                                           \
+    (const Tensor& amax, const Tensor& history, const Tensor& step_amax, int64_t slot,             \
+     bool most_recent),                                                                            \
+    (amax, history, step_amax, slot, most_recent))                                                 \
   X(AttentionForward, attention_forward, Attention, "forward",                                     \
     (const Tensor& out, const Tensor& lse, const Tensor& qkv, const AttentionShape& shape,         \
      const DropoutSpec& dropout),                                                                  \

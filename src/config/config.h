@@ -71,8 +71,10 @@ struct TrainSection {
   double ema_decay = 0.0;                         // weights' moving average; 0 = none
   double classifier_chunk_mb = 16.0;  // MiB of fp32 logits per chunk of the fused loss
   std::vector<std::string> freeze;    // glob patterns of the parameters to freeze
-  std::string fp8 = "none";           // "none" | "tensorwise": fp8 GEMMs (docs/fp8.md)
+  std::string fp8 = "none";           // "none" | "tensorwise" | "delayed": fp8 GEMMs (docs/fp8.md)
   std::vector<std::string> fp8_layers;  // Linears in fp8 by glob; [] = the blocks but first/last
+  int fp8_amax_history_len = 16;        // delayed: steps of amax history per tensor
+  std::string fp8_amax_compute_algo = "max";  // delayed: "max" | "most_recent" of the history
   bool operator==(const TrainSection&) const = default;
 };
 

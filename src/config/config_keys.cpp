@@ -115,11 +115,17 @@ const std::vector<Key>& keys() {
             "reduction; saved as before), over the checkpoint's parameter names: a pattern "
             "matches a whole name, or the part after a dot, or a module (\"wte\", "
             "\"h.0.*\", \"*.ln_1.*\"); each must match a parameter. [] = none."),
-        oneof(KILN_KEY(train, fp8), {"none", "tensorwise"},
-              "fp8 GEMMs in the transformer blocks' Linears (docs/fp8.md): none, or "
-              "tensorwise (activations and weights in E4M3, output gradients in E5M2, each "
-              "scaled by a power of two from its current amax); needs train.dtype bf16 or "
-              "fp32. The CPU emulates the fp8 GEMMs exactly."),
+        oneof(KILN_KEY(train, fp8), {"none", "tensorwise", "delayed"},
+              "fp8 GEMMs in the transformer blocks' Linears (docs/fp8.md): none; tensorwise "
+              "(activations and weights in E4M3, output gradients in E5M2, each scaled by a "
+              "power of two from its current amax); or delayed (the scale from an amax "
+              "history of earlier steps, as Transformer Engine's DelayedScaling); needs "
+              "train.dtype bf16 or fp32. The CPU emulates the fp8 GEMMs exactly."),
+        range(KILN_KEY(train, fp8_amax_history_len), 1, 1 << 20,
+              "train.fp8 = delayed: steps of amax history kept per tensor (in checkpoints)."),
+        oneof(KILN_KEY(train, fp8_amax_compute_algo), {"max", "most_recent"},
+              "train.fp8 = delayed: the amax a scale is taken from: the max over the history "
+              "or the most recent step's."),
         any(KILN_KEY(train, fp8_layers),
             "train.fp8: glob patterns (train.freeze's rule) over the names of the blocks' "
             "Linears (\"transformer.h.3.attn.c_attn\", \"*.mlp.*\") that run in fp8; each "

@@ -80,6 +80,24 @@ uint8_t f32_to_e5m2(float f);
 float e4m3_to_f32(uint8_t code);
 float e5m2_to_f32(uint8_t code);
 
+/// The nearest fp8 value of f as an fp32, saturating: e4m3_to_f32(f32_to_e4m3(f)) (or
+/// E5M2) for every f, NaN kept, computed without the codes: normal results by rounding
+/// the fp32 mantissa to 3 (2) bits, subnormal ones by adding and subtracting 2^(23 + e)
+/// (e the subnormal step's exponent), so that a loop over it vectorises (cpu/fp8.cpp).
+inline float fp8_round(float f, DType t) {
+  const bool e4m3 = t == DType::E4M3;
+  const float max = e4m3 ? kE4M3Max : kE5M2Max;
+  const float min_normal = e4m3 ? 0x1p-6f : 0x1p-14f;
+  const float sub_magic = e4m3 ? 0x1p14f : 0x1p7f;  // 2^23 x the subnormal step 2^-9, 2^-16
+  const uint32_t drop = e4m3 ? 20 : 21;              // fp32 mantissa bits beyond the format's
+  const float a = f < 0.f ? -f : f;
+  const uint32_t u = f32_bits(a);
+  const uint32_t normal = (u + (1u << (drop - 1)) - 1u + ((u >> drop) & 1u)) & ~((1u << drop) - 1u);
+  float r = a >= min_normal ? bits_f32(normal) : (a + sub_magic) - sub_magic;
+  r = r > max ? max : r;  // saturation; +Inf included
+  return a != a ? f : (f32_bits(f) >> 31 ? -r : r);
+}
+
 /// train.fp8's tensorwise scale (docs/fp8.md): the power of two S = 2^floor(log2(fmax /
 /// amax)) that puts the tensor's largest magnitude `amax` at most at fmax = fp8_max(t), so
 /// a value x is stored as the fp8 code of x S and means code / S. A power of two (as

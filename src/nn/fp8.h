@@ -29,10 +29,17 @@ class AmaxGroup {
   virtual void all_reduce_max(Stream s, const Tensor& t) = 0;
 };
 
-/// A Linear's fp8 settings (Linear::set_fp8), made by the fp8 plan.
+/// A Linear's fp8 settings (Linear::set_fp8), made by the fp8 plan. Tensorwise (current)
+/// scaling: each call takes its operands' amaxes into `amax` and reduces them over
+/// `group`. Delayed scaling (`step_amax` set; Transformer Engine's DelayedScaling): the
+/// GEMMs scale by `amax` as the plan derived it from the amax history of earlier steps,
+/// and each call only max-accumulates its operands' amaxes into `step_amax`, which the plan
+/// reduces over every rank and pushes into the history once per step.
 struct Fp8Linear {
-  Tensor amax;                 // fp32 [3] on the device: this call's amaxes of inp, weight, dout
-  AmaxGroup* group = nullptr;  // reduce the amaxes over these ranks; nullptr: none to reduce over
+  Tensor amax;                 // fp32 [3] on the device: the amaxes of inp, weight, dout the
+                               // GEMMs scale by
+  Tensor step_amax;            // delayed: fp32 [3], this step's amaxes so far; empty: tensorwise
+  AmaxGroup* group = nullptr;  // tensorwise: reduce each call's amaxes over these ranks
 };
 
 }  // namespace kiln::nn

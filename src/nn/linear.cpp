@@ -38,22 +38,19 @@ Tensor rows_of(const Tensor& t, int64_t width) { return t.reshape(Shape{t.numel(
 void Linear::gemm_forward(Backend& be, Stream s, const Tensor& out, const Tensor& inp,
                           const Tensor& b) const {
   if (!fp8()) return be.linear_forward(s, out, inp, weight.v(), b);
-  const Tensor& a = fp8_.amax;
-  be.fill(s, a, 0.f);
-  be.fp8_amax(s, a.view_at(0, Shape{1}), inp);
-  be.fp8_amax(s, a.view_at(1, Shape{1}), weight.v());
-  if (fp8_.group) fp8_.group->all_reduce_max(s, a);
-  be.fp8_linear_forward(s, out, inp, weight.v(), b, a);
+  take_amax(be, s, inp, Tensor());
+  be.fp8_linear_forward(s, out, inp, weight.v(), b, fp8_.amax);
 }
 
-void Linear::backward_amax(Backend& be, Stream s, const Tensor& inp, const Tensor& dout) const {
+void Linear::take_amax(Backend& be, Stream s, const Tensor& inp, const Tensor& dout) const {
   if (!fp8()) return;
-  const Tensor& a = fp8_.amax;
-  be.fill(s, a, 0.f);
+  const bool delayed = static_cast<bool>(fp8_.step_amax);
+  const Tensor& a = delayed ? fp8_.step_amax : fp8_.amax;
+  if (!delayed) be.fill(s, a, 0.f);
   be.fp8_amax(s, a.view_at(0, Shape{1}), inp);
   be.fp8_amax(s, a.view_at(1, Shape{1}), weight.v());
-  be.fp8_amax(s, a.view_at(2, Shape{1}), dout);
-  if (fp8_.group) fp8_.group->all_reduce_max(s, a);
+  if (dout) be.fp8_amax(s, a.view_at(2, Shape{1}), dout);
+  if (!delayed && fp8_.group) fp8_.group->all_reduce_max(s, a);
 }
 
 void Linear::gemm_backward(Backend& be, Stream s, const Tensor& dinp, const Tensor& dw,
@@ -92,14 +89,14 @@ void Linear::backward(Backend& be, Stream s, const Tensor& dinp, const Tensor& d
   const Tensor db = has_bias_ ? bias.trainable_grad() : Tensor();
   if (!dinp && !dw && !db) return;  // nothing wanted (the same on every tp rank)
   if (!placement_.active()) {
-    backward_amax(be, s, inp, dout);
+    take_amax(be, s, inp, dout);
     return gemm_backward(be, s, dinp, dw, db, dout, inp);
   }
   TpGroup& g = *placement_.group;
   const bool sp = placement_.sequence_parallel;
   if (placement_.style == TpStyle::Column) {
     if (!sp) {
-      backward_amax(be, s, inp, dout);
+      take_amax(be, s, inp, dout);
       gemm_backward(be, s, dinp, dw, db, dout, inp);
       if (dinp) tp_backward(TpComm::CopyToTp, g, be, s, dinp, dinp);  // all_reduce
       return;
@@ -108,7 +105,7 @@ void Linear::backward(Backend& be, Stream s, const Tensor& dinp, const Tensor& d
     const Tensor full = rows_of(work, in_);
     const Tensor dout2 = rows_of(dout, local_out());
     tp_forward(TpComm::GatherFromSp, g, be, s, full, rows_of(inp, in_));
-    backward_amax(be, s, full, dout2);
+    take_amax(be, s, full, dout2);
     if (dw || db) gemm_backward(be, s, Tensor(), dw, db, dout2, full);
     if (!dinp) return;
     // The partial input gradient overwrites the gathered input (no longer read: with
@@ -117,13 +114,13 @@ void Linear::backward(Backend& be, Stream s, const Tensor& dinp, const Tensor& d
     return tp_backward(TpComm::GatherFromSp, g, be, s, rows_of(dinp, in_), full);  // reduce_scatter
   }
   if (!sp) {
-    backward_amax(be, s, inp, dout);
+    take_amax(be, s, inp, dout);
     return gemm_backward(be, s, dinp, dw, db, dout, inp);
   }
   const Tensor full = rows_of(work, out_);
   tp_backward(TpComm::ReduceScatterToSp, g, be, s, full, rows_of(dout, out_));  // all_gather
   const Tensor local_inp = rows_of(inp, local_in());
-  backward_amax(be, s, local_inp, full);
+  take_amax(be, s, local_inp, full);
   gemm_backward(be, s, dinp ? rows_of(dinp, local_in()) : Tensor(), dw, db, full, local_inp);
 }
 

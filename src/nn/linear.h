@@ -71,8 +71,10 @@ class Linear {
   /// linear_forward, or its fp8 form after taking the amaxes of inp and the weight.
   void gemm_forward(Backend& be, Stream s, const Tensor& out, const Tensor& inp,
                     const Tensor& b) const;
-  /// fp8: the amaxes of backward's operands (inp as dweight reads it, the weight, dout).
-  void backward_amax(Backend& be, Stream s, const Tensor& inp, const Tensor& dout) const;
+  /// fp8: the amaxes of inp, the weight and (when given) dout as the GEMMs read them:
+  /// this call's, reduced over the group (tensorwise), or max-accumulated into the step's
+  /// (delayed). A no-op without fp8.
+  void take_amax(Backend& be, Stream s, const Tensor& inp, const Tensor& dout) const;
   /// linear_backward, or its fp8 form (after backward_amax).
   void gemm_backward(Backend& be, Stream s, const Tensor& dinp, const Tensor& dw,
                      const Tensor& db, const Tensor& dout, const Tensor& inp) const;

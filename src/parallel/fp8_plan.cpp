@@ -24,12 +24,14 @@ void CommAmaxGroup::all_reduce_max(Stream s, const Tensor& t) {
   }
 }
 
-Fp8Plan::Fp8Plan(Backend& backend, std::string recipe, std::vector<std::string> layers,
-                 nn::AmaxGroup* group, std::string source)
-    : backend_(backend), recipe_(std::move(recipe)), source_(std::move(source)),
-      patterns_(std::move(layers)), group_(group) {}
+Fp8Plan::Fp8Plan(Backend& backend, Fp8Options options, nn::AmaxGroup* call_group,
+                 nn::AmaxGroup* step_group)
+    : backend_(backend), options_(std::move(options)), call_group_(call_group),
+      step_group_(step_group) {}
 
-std::string Fp8Plan::what() const { return fmt::format("fp8 (train.fp8 = \"{}\")", recipe_); }
+std::string Fp8Plan::what() const {
+  return fmt::format("fp8 (train.fp8 = \"{}\")", options_.recipe);
+}
 
 namespace {
 // "<name>.weight" -> "<name>": a Linear's name.
@@ -40,29 +42,90 @@ std::string linear_name(const nn::Linear& l) {
 }  // namespace
 
 void Fp8Plan::apply(const LayerRoles& layers) const {
+  const std::string& source = options_.source;
+  const std::vector<std::string>& patterns = options_.layers;
   KILN_CHECK(!layers.blocks.empty(), "{}: {} is not supported for {}: it has no transformer "
-             "blocks", source_, what(), layers.arch);
+             "blocks", source, what(), layers.arch);
   chosen_.clear();
-  std::vector<int> matched(patterns_.size(), 0);
+  std::vector<nn::Linear*> on;
+  std::vector<int> matched(patterns.size(), 0);
   const size_t L = layers.blocks.size();
   for (size_t i = 0; i < L; ++i) {
     for (nn::Linear* l : layers.blocks[i]->linears()) {
       const std::string name = linear_name(*l);
-      bool on = patterns_.empty() && i != 0 && i + 1 != L;
-      for (size_t k = 0; k < patterns_.size(); ++k)
-        if (nn::freeze_pattern_matches(patterns_[k], name)) on = true, ++matched[k];
-      if (!on) continue;
-      l->set_fp8({backend_.empty(Shape{3}, DType::F32, MemCategory::Activations), group_});
+      bool chosen = patterns.empty() && i != 0 && i + 1 != L;
+      for (size_t k = 0; k < patterns.size(); ++k)
+        if (nn::freeze_pattern_matches(patterns[k], name)) chosen = true, ++matched[k];
+      if (!chosen) continue;
+      on.push_back(l);
       chosen_.push_back(name);
     }
   }
-  for (size_t k = 0; k < patterns_.size(); ++k)
+  for (size_t k = 0; k < patterns.size(); ++k)
     KILN_CHECK(matched[k] > 0, "{}: train.fp8_layers pattern '{}' matches no Linear of the "
-               "transformer blocks (e.g. {})", source_, patterns_[k],
+               "transformer blocks (e.g. {})", source, patterns[k],
                linear_name(*layers.blocks[0]->linears()[0]));
-  KILN_CHECK(!chosen_.empty(), "{}: {} puts no Linear in fp8: by default the first and last of "
+  KILN_CHECK(!on.empty(), "{}: {} puts no Linear in fp8: by default the first and last of "
              "the model's {} blocks stay in train.dtype; name the Linears with "
-             "train.fp8_layers", source_, what(), L);
+             "train.fp8_layers", source, what(), L);
+  // One table for all: delayed scaling's step is one op and one reduction over them.
+  const auto n = static_cast<int64_t>(on.size());
+  auto zeros = [&](const Shape& shape) {
+    Tensor t = backend_.empty(shape, DType::F32, MemCategory::Activations);
+    backend_.fill(backend_.default_stream(), t, 0.f);
+    return t;
+  };
+  amax_ = zeros(Shape{n, 3});  // delayed: amax 0 is scale 1 for the first step (as TE)
+  if (delayed()) {
+    step_amax_ = zeros(Shape{n, 3});
+    history_ = zeros(Shape{n, options_.history_len, 3});
+  }
+  for (int64_t i = 0; i < n; ++i)
+    on[static_cast<size_t>(i)]->set_fp8(
+        {amax_.view_at(3 * i, Shape{3}), delayed() ? step_amax_.view_at(3 * i, Shape{3}) : Tensor(),
+         delayed() ? nullptr : call_group_});
+}
+
+void Fp8Plan::end_step(int64_t update) {
+  if (!delayed()) return;
+  const Stream s = backend_.default_stream();
+  if (step_group_) step_group_->all_reduce_max(s, step_amax_);
+  backend_.fp8_amax_history(s, amax_, history_, step_amax_, update % options_.history_len,
+                            options_.most_recent);
+}
+
+std::vector<std::pair<std::string, std::vector<float>>> Fp8Plan::state() const {
+  std::vector<std::pair<std::string, std::vector<float>>> out;
+  if (!delayed()) return out;
+  const std::vector<float> amax = download_f32(backend_, amax_);
+  const std::vector<float> history = download_f32(backend_, history_);
+  const size_t H = static_cast<size_t>(options_.history_len);
+  for (size_t i = 0; i < chosen_.size(); ++i) {
+    out.emplace_back("fp8.amax_history." + chosen_[i],
+                     std::vector<float>(history.begin() + static_cast<std::ptrdiff_t>(i * H * 3),
+                                        history.begin() + static_cast<std::ptrdiff_t>((i + 1) * H * 3)));
+    out.emplace_back("fp8.amax." + chosen_[i],
+                     std::vector<float>(amax.begin() + static_cast<std::ptrdiff_t>(i * 3),
+                                        amax.begin() + static_cast<std::ptrdiff_t>(i * 3 + 3)));
+  }
+  return out;
+}
+
+Shape Fp8Plan::state_shape(const std::string& name) const {
+  return name.starts_with("fp8.amax_history.") ? Shape{options_.history_len, 3} : Shape{3};
+}
+
+void Fp8Plan::load_state(const std::string& name, const std::vector<float>& values) {
+  const bool history = name.starts_with("fp8.amax_history.");
+  const std::string linear = name.substr(history ? std::string("fp8.amax_history.").size()
+                                                 : std::string("fp8.amax.").size());
+  const auto it = std::find(chosen_.begin(), chosen_.end(), linear);
+  KILN_CHECK(delayed() && it != chosen_.end(), "fp8 state '{}': no such fp8 Linear here", name);
+  const int64_t i = it - chosen_.begin(), n = state_shape(name).numel();
+  KILN_CHECK(static_cast<int64_t>(values.size()) == n, "fp8 state '{}': {} values, expected {}",
+             name, values.size(), n);
+  const Tensor dst = history ? history_.view_at(i * n, Shape{n}) : amax_.view_at(i * n, Shape{n});
+  upload_f32(backend_, dst, values.data());
 }
 
 }  // namespace kiln

@@ -88,6 +88,10 @@ OpCost fp8_amax(const Tensor&, const Tensor& x) {
   const double n = d(x.numel());
   return {n, n * es(x), fmt::format("n={}", x.numel())};
 }
+OpCost fp8_amax_history(const Tensor& amax, const Tensor& history, const Tensor&, int64_t, bool) {
+  const double n = d(history.numel());
+  return {n, 4.0 * (n + 3.0 * d(amax.numel())), fmt::format("n={}", history.numel())};
+}
 OpCost fp8_linear_forward(const Tensor& out, const Tensor& inp, const Tensor& weight,
                           const Tensor& bias, const Tensor&) {
   OpCost c = linear_forward(out, inp, weight, bias);

@@ -126,10 +126,17 @@ ModelStorage TrainStep::plan_parallelism() {
   }
   if (config_.train.fp8 != "none") {
     require_ops(backend_, OpFamily::Fp8, parse_dtype(config_.train.dtype), "train.fp8");
+    // Tensorwise: each call's amaxes over the ranks that cut a micro-batch's tensors;
+    // delayed: each step's over every rank.
     amax_group_ = std::make_unique<CommAmaxGroup>(std::vector<Communicator*>{groups_.tp, groups_.cp});
-    fp8_plan_ = std::make_unique<Fp8Plan>(backend_, config_.train.fp8, config_.train.fp8_layers,
-                                          amax_group_->empty() ? nullptr : amax_group_.get(),
-                                          config_.source);
+    step_amax_group_ = std::make_unique<CommAmaxGroup>(
+        std::vector<Communicator*>{&groups_.dp_cp, groups_.tp, groups_.pp});
+    const Fp8Options options{config_.train.fp8, config_.train.fp8_layers,
+                             config_.train.fp8_amax_history_len,
+                             config_.train.fp8_amax_compute_algo == "most_recent", config_.source};
+    fp8_plan_ = std::make_unique<Fp8Plan>(
+        backend_, options, amax_group_->empty() ? nullptr : amax_group_.get(),
+        step_amax_group_->empty() ? nullptr : step_amax_group_.get());
     storage.plans.push_back(fp8_plan_.get());
   }
   if (size_of(groups_.ep) > 1) {  // after tp: the ep cut keeps the tp cut of the hidden units
@@ -584,6 +591,7 @@ StepResult TrainStep::run(const void* inputs, const int32_t* targets, int64_t up
     TraceScope scope(tracer_, "grad_sync");
     dp_->finish_gradients([this] { reduce_tied_grads(); });
   }
+  if (fp8_plan_) fp8_plan_->end_step(update);  // delayed scaling's amax history
   announce(StepPhase::Optimizer);
   TraceScope optimizer_scope(tracer_, "optimizer");
   reduce_stats_and_clip();

@@ -127,6 +127,8 @@ class TrainStep {
   ~TrainStep();
 
   Model& model() { return *model_; }
+  /// The fp8 plan (train.fp8; its delayed-scaling state for checkpoints); nullptr without.
+  Fp8Plan* fp8_plan() { return fp8_plan_.get(); }
   const Model& model() const { return *model_; }
   DataParallel& data_parallel() { return *dp_; }
   /// Seconds the MoE layers waited for the expert-parallel all_to_alls since the last call
@@ -273,7 +275,8 @@ class TrainStep {
   std::unique_ptr<TensorParallelPlan> tp_plan_;
   std::unique_ptr<CommCpGroup> cp_group_;   // with cp > 1; outlive the model
   std::unique_ptr<ContextParallelPlan> cp_plan_;
-  std::unique_ptr<CommAmaxGroup> amax_group_;  // train.fp8: the tp and cp groups
+  std::unique_ptr<CommAmaxGroup> amax_group_;       // train.fp8: the tp and cp groups
+  std::unique_ptr<CommAmaxGroup> step_amax_group_;  // train.fp8: dp x cp, tp, pp
   std::unique_ptr<Fp8Plan> fp8_plan_;
   std::unique_ptr<CommEpGroup> ep_group_;   // with ep > 1; outlive the model
   std::unique_ptr<ExpertParallelPlan> ep_plan_;

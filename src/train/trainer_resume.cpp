@@ -243,7 +243,23 @@ void Trainer::load_parameters(const checkpoint::CheckpointReader& reader) {
 }
 
 void Trainer::load_buffers(const checkpoint::CheckpointReader& reader) {
-  const std::vector<std::string> missing = load_model_buffers(reader, one_step_->model());
+  std::vector<std::string> missing = load_model_buffers(reader, one_step_->model());
+  if (Fp8Plan* fp8 = one_step_->fp8_plan()) {  // delayed scaling's amax histories
+    std::vector<float> buf;
+    for (const auto& [name, values] : fp8->state()) {
+      if (!reader.has(name)) {
+        missing.push_back(name);
+        continue;
+      }
+      KILN_CHECK(reader.global_shape(name) == fp8->state_shape(name), "{}: tensor '{}' has shape "
+                 "{}, train.fp8_amax_history_len = {} expects {}", reader.dir().string(), name,
+                 reader.global_shape(name).str(), config_.train.fp8_amax_history_len,
+                 fp8->state_shape(name).str());
+      buf.resize(values.size());
+      reader.read(name, buf.data(), DType::F32);
+      fp8->load_state(name, buf);
+    }
+  }
   if (!missing.empty() && options_.verbose)
     fmt::print("kiln: note: {} holds no {}: {} from zero\n", reader.dir().string(),
                fmt::join(missing, ", "), missing.size() == 1 ? "it starts" : "they start");

@@ -102,6 +102,9 @@ void linear_backward(S& t) {
                        t.act({S::N, S::V}), t.act({S::N, S::C}), t.act({S::V, S::C}));
 }
 void fp8_amax(S& t) { t.be.fp8_amax(t.s, t.f32({1}), t.act({S::N, S::C})); }
+void fp8_amax_history(S& t) {
+  t.be.fp8_amax_history(t.s, t.f32({2, 3}), t.f32({2, 4, 3}), t.f32({2, 3}), 1, false);
+}
 void fp8_linear_forward(S& t) {
   t.be.fp8_linear_forward(t.s, t.act({S::N, S::V}), t.act({S::N, S::C}), t.act({S::V, S::C}),
                           t.act({S::V}), t.f32({3}));

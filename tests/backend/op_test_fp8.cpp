@@ -14,6 +14,7 @@
 #include <cmath>
 #include <limits>
 #include <sstream>
+#include <tuple>
 
 namespace kiln::test {
 namespace {
@@ -196,6 +197,49 @@ TEST_P(Fp8Test, Linear) {
       Tensor bad = upload({a[0], std::numeric_limits<float>::infinity(), a[2]}, {3});
       be().fp8_linear_forward(st(), out, tx, tw, tb, bad);
       for (float v : down(out)) ASSERT_TRUE(std::isnan(v)) << "Inf amax: " << what;
+    }
+  }
+}
+
+TEST_P(Fp8Test, AmaxHistory) {
+  // n tensors x k operands over H steps, run step by step against a host model of the
+  // window; NaN kept while it is in the window.
+  for (const auto& [n, H, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 3}, {5, 4, 3}, {3, 16, 2}}) {
+    for (bool most_recent : {false, true}) {
+      std::vector<float> hist(static_cast<size_t>(n * H * k), 0.f);
+      Tensor amax = upload(std::vector<float>(static_cast<size_t>(n * k), -1.f), {n, k});
+      Tensor history = upload(hist, {n, H, k});
+      for (int64_t step = 0; step < 2 * H + 1; ++step) {
+        std::vector<float> now = randu(n * k, 0.f, 10.f);
+        if (step == 1) now[0] = std::numeric_limits<float>::quiet_NaN();
+        Tensor step_amax = upload(now, {n, k});
+        const int64_t slot = step % H;
+        be().fp8_amax_history(st(), amax, history, step_amax, slot, most_recent);
+        std::vector<float> want(static_cast<size_t>(n * k));
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = 0; j < k; ++j) {
+            hist[static_cast<size_t>((i * H + slot) * k + j)] = now[static_cast<size_t>(i * k + j)];
+            float m = 0.f;
+            bool nan = false;
+            for (int64_t t = 0; t < H; ++t) {
+              const float v = hist[static_cast<size_t>((i * H + t) * k + j)];
+              nan = nan || std::isnan(v);
+              m = std::max(m, v);
+            }
+            want[static_cast<size_t>(i * k + j)] =
+                most_recent ? now[static_cast<size_t>(i * k + j)] : nan ? NAN : m;
+          }
+        const std::vector<float> got = download(amax);
+        for (size_t e = 0; e < got.size(); ++e) {
+          if (std::isnan(want[e])) {
+            ASSERT_TRUE(std::isnan(got[e])) << "step " << step << " element " << e;
+          } else {
+            ASSERT_EQ(got[e], want[e]) << "step " << step << " element " << e << " H=" << H;
+          }
+        }
+        EXPECT_EQ(download(step_amax), std::vector<float>(static_cast<size_t>(n * k), 0.f));
+        EXPECT_TRUE(bitwise_equal("fp8_amax_history history", download(history), hist));
+      }
     }
   }
 }

@@ -147,6 +147,34 @@ TEST_P(Fp8Format, RandomInputsMatchTheNearestCode) {
   }
 }
 
+TEST_P(Fp8Format, RoundIsDecodeOfEncode) {
+  // fp8_round against the codes: every code's value and its neighbours in fp32, the
+  // midpoints, and random bit patterns of every class.
+  const Spec& f = GetParam();
+  auto same = [&](float x) {
+    const float want = decode(f, encode(f, x)), got = fp8_round(x, f.dtype);
+    if (std::isnan(want)) return std::isnan(got);
+    return f32_bits(got) == f32_bits(want);
+  };
+  for (int c = 0; c < 256; ++c) {
+    const float v = decode(f, static_cast<uint8_t>(c));
+    if (std::isnan(v)) continue;
+    for (float x : {v, std::nextafter(v, -1e30f), std::nextafter(v, 1e30f), v * 1.0625f, v * 0.96875f})
+      ASSERT_TRUE(same(x)) << "x = " << x << " (code " << c << ")";
+  }
+  std::mt19937 gen(11);
+  std::uniform_int_distribution<uint32_t> bits;
+  for (int i = 0; i < 1 << 20; ++i) {
+    const float x = bits_f32(bits(gen));
+    ASSERT_TRUE(same(x)) << "x = " << x << " (bits " << std::hex << f32_bits(x) << ")";
+    const float y = std::ldexp(x, -static_cast<int>(bits(gen) % 40));  // toward fp8's range
+    ASSERT_TRUE(same(y)) << "y = " << y;
+  }
+  for (float x : {0.f, -0.f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::quiet_NaN(), 0x1p-149f, -0x1p-126f})
+    ASSERT_TRUE(same(x)) << "x = " << x;
+}
+
 TEST_P(Fp8Format, ScaleIsThePowerOfTwoThatFits) {
   const Spec& f = GetParam();
   const float max = fp8_max(f.dtype);

@@ -11,8 +11,14 @@
 #      process's) end within 1e-2 of it, the bound of the bf16 layout tests;
 #      with --long also tp2 without sp, dp2 x tp2 at ZeRO 1, a tiny Llama at tp2, and
 #      train.fp8_layers naming every block's Linears;
-#   4. a run stopped after 10 updates resumes to the same losses (tensorwise fp8 keeps no
-#      state between steps);
+#   4. delayed scaling (train.fp8 = "delayed", a history of 4 steps): dp2 at ZeRO 1 and
+#      pp2 give the single process's losses within 1e-5, its scales bit for bit (its
+#      amax histories within 1e-4: they follow the weights, whose last bits follow the
+#      order of the gradient sums)
+#      (--long: ZeRO 3 with full recomputation too), tp2 + sp within 1e-2; a run stopped
+#      after 10 updates resumes to the same losses and histories;
+#      a tensorwise run stopped after 10 updates resumes to the same losses (tensorwise fp8
+#      keeps no state between steps);
 #   5. one-line errors: fp8 with train.dtype fp16, a train.fp8_layers pattern that matches
 #      nothing, a model whose blocks are all left out by default (2 blocks), a model
 #      without transformer-block plans (vit).
@@ -80,6 +86,77 @@ if [ "$long" = --long ]; then
   echo -n "fp8 llama tp2 (last loss): "
   compare "$work/llama_ref/metrics.jsonl" "$work/llama_tp2/metrics.jsonl" 1 1e-2
 fi
+
+# Delayed scaling: the scales come from the amax history of earlier steps, reduced over
+# every rank once per step, so layouts that keep the forward bits give the single
+# process's histories (saved in the checkpoints as fp8.amax_history.<Linear>) and scales,
+# pp2 included (each stage's Linears, merged over the pipeline).
+# The scales a checkpoint's fp8.amax.<Linear> [3] amaxes give (docs/fp8.md: the power of
+# two 2^floor(log2(fmax / amax)), E4M3 for the input and weight, E5M2 for the output
+# gradient) must be bitwise those of the reference; the amaxes themselves may differ in
+# their last bits where the layout sums gradients in another order.
+compare_scales() {  # compare_scales CKPT_A CKPT_B
+  "$py" - "$1" "$2" <<'PY'
+import json, math, os, struct, sys
+def amaxes(d):
+    m = json.load(open(os.path.join(d, "manifest.json")))
+    out = {}
+    for name, t in m["tensors"].items():
+        if not name.startswith("fp8.amax."):
+            continue
+        (s,) = t["slices"]
+        raw = open(os.path.join(d, s["file"]), "rb").read()
+        n = struct.unpack("<Q", raw[:8])[0]
+        b, e = json.loads(raw[8:8 + n])[s["key"]]["data_offsets"]
+        out[name] = struct.unpack("<3f", raw[8 + n + b:8 + n + e])
+    return out
+def scale(amax, fmax):
+    return 1.0 if amax <= 0 else 2.0 ** max(-126, min(127, math.floor(math.log2(fmax / amax))))
+a, b = amaxes(sys.argv[1]), amaxes(sys.argv[2])
+assert a and sorted(a) == sorted(b), f"fp8.amax.* tensors differ: {sorted(set(a) ^ set(b))}"
+for name in a:
+    for j, fmax in enumerate((448.0, 448.0, 57344.0)):
+        sa, sb = scale(a[name][j], fmax), scale(b[name][j], fmax)
+        assert sa == sb, f"{name}[{j}]: scale {sb} vs {sa} (amax {b[name][j]} vs {a[name][j]})"
+print(f"{len(a)} fp8 Linears x 3 scales equal")
+PY
+}
+
+# Every block in fp8, so that both pipeline stages hold fp8 Linears (rank 0 writes them all).
+delayed=(--set train.fp8=delayed --set train.fp8_amax_history_len=4 --set checkpoint.every=10
+         --set 'train.fp8_layers=["h.*"]')
+train d_ref 1 "${delayed[@]}"
+echo -n "fp8 delayed differs from tensorwise: "
+if compare "$work/ref/metrics.jsonl" "$work/d_ref/metrics.jsonl" 1 1e-6 >/dev/null 2>&1; then
+  echo "FAILED: delayed scaling gives tensorwise's losses"; exit 1
+fi
+compare "$work/plain/metrics.jsonl" "$work/d_ref/metrics.jsonl" 1 0.02
+d_exact=("d_dp2_z1 2 --set parallel.zero_stage=1" "d_pp2 2 --set parallel.pp=2")
+[ "$long" = --long ] && d_exact+=("d_dp2_z3_full 2 --set parallel.zero_stage=3 --set train.activation_checkpointing=full")
+for run in "${d_exact[@]}"; do
+  set -- $run
+  name=$1 np=$2
+  shift 2
+  train "$name" "$np" "${delayed[@]}" "$@"
+  echo -n "fp8 delayed $name: "
+  compare "$work/d_ref/metrics.jsonl" "$work/$name/metrics.jsonl"
+  for step in 00000010 00000020; do
+    echo -n "fp8 delayed $name scales at step $step: "
+    compare_scales "$work/d_ref/ckpt/step_$step" "$work/$name/ckpt/step_$step"
+  done
+  echo -n "fp8 delayed $name amax histories (within 1e-4): "
+  compare_tensors "$work/d_ref/ckpt/step_00000020" "$work/$name/ckpt/step_00000020" fp8. 1e-4
+done
+train d_tp2_sp 2 "${delayed[@]}" "${sp[@]}"
+echo -n "fp8 delayed tp2_sp (last loss): "
+compare "$work/d_ref/metrics.jsonl" "$work/d_tp2_sp/metrics.jsonl" 1 1e-2
+# The history resumes bitwise: stop after 10 updates, go on, compare at 20.
+train d_resume 1 "${delayed[@]}" --exit-interval 10
+train d_resume 1 "${delayed[@]}" --resume auto
+echo -n "fp8 delayed resume after 10 updates: "
+compare "$work/d_ref/metrics.jsonl" "$work/d_resume/metrics.jsonl" 11
+echo -n "fp8 delayed resume, amax histories (bitwise): "
+compare_tensors "$work/d_ref/ckpt/step_00000020" "$work/d_resume/ckpt/step_00000020" fp8. 0
 
 train resume 1 "${fp8[@]}" --set checkpoint.every=10 --exit-interval 10
 train resume 1 "${fp8[@]}" --set checkpoint.every=10 --resume auto

@@ -237,7 +237,7 @@ void check_linear(TpStyle style, bool sp, std::vector<int64_t> pieces, bool bias
   if (fp8) W = uneven(W, out, in), x = uneven(x, N, in), dy = uneven(dy, N, out);
   CommAmaxGroup amax_group({&testing::world()});
   auto fp8_on = [&](nn::Linear& l, nn::AmaxGroup* group) {
-    if (fp8) l.set_fp8({f.zeros(Shape{3}), group});
+    if (fp8) l.set_fp8({f.zeros(Shape{3}), Tensor(), group});
   };
   // The unsharded layer.
   nn::Linear full("l", in, out, bias, 0.02f);

@@ -192,6 +192,12 @@ class CpuBackend final : public Backend {
       a = std::isnan(m) || std::isnan(a) ? m + a : std::max(a, m);
     });
   }
+  void fp8_amax_history(Stream, const Tensor& amax, const Tensor& history,
+                        const Tensor& step_amax, int64_t slot, bool most_recent) override {
+    checks::fp8_amax_history(amax, history, step_amax, slot);
+    cpu::fp8_amax_history(amax.data<float>(), history.data<float>(), step_amax.data<float>(),
+                          history.size(0), history.size(1), history.size(2), slot, most_recent);
+  }
   // The fp8 linear ops quantize their operands into scratch copies (cpu/fp8.cpp), then run
   // the linear's GEMMs on them: exact emulation of an fp8 GEMM.
   void fp8_linear_forward(Stream s, const Tensor& out, const Tensor& inp, const Tensor& weight,

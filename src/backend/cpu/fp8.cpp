@@ -34,12 +34,27 @@ void fp8_quantize(T* out, const T* in, int64_t n, float amax, DType format) {
     return;
   }
   const float scale = fp8_scale(amax, format), inv = 1.f / scale;  // powers of two: exact
-  const bool e4m3 = format == DType::E4M3;
+  auto run = [&](DType fmt) {  // the format a constant in each loop, so that it vectorises
 #pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) out[i] = store<T>(fp8_round(load(in[i]) * scale, fmt) * inv);
+  };
+  format == DType::E4M3 ? run(DType::E4M3) : run(DType::E5M2);
+}
+
+void fp8_amax_history(float* amax, float* history, float* step_amax, int64_t n, int64_t H,
+                      int64_t k, int64_t slot, bool most_recent) {
   for (int64_t i = 0; i < n; ++i) {
-    const float v = load(in[i]) * scale;
-    const float q = e4m3 ? e4m3_to_f32(f32_to_e4m3(v)) : e5m2_to_f32(f32_to_e5m2(v));
-    out[i] = store<T>(q * inv);
+    float* h = history + i * H * k;
+    for (int64_t j = 0; j < k; ++j) {
+      h[slot * k + j] = step_amax[i * k + j];
+      float m = h[j];  // the max over the window, a NaN kept (std::max may drop it)
+      for (int64_t t = 1; t < H; ++t) {
+        const float v = h[t * k + j];
+        if (!std::isnan(m) && (std::isnan(v) || v > m)) m = v;
+      }
+      amax[i * k + j] = most_recent ? step_amax[i * k + j] : m;
+      step_amax[i * k + j] = 0.f;
+    }
   }
 }
 

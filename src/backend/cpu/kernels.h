@@ -178,6 +178,10 @@ float amax(const T* x, int64_t n);
 template <class T>
 void fp8_quantize(T* out, const T* in, int64_t n, float amax, DType format);
 
+/// Backend::fp8_amax_history on host arrays: history [n,H,k], amax and step_amax [n,k].
+void fp8_amax_history(float* amax, float* history, float* step_amax, int64_t n, int64_t H,
+                      int64_t k, int64_t slot, bool most_recent);
+
 class Gemm;
 /// out[N,OC] = inp[N,IC] @ weight[OC,IC]^T + bias, all in T (fp32 accumulation).
 template <class T>

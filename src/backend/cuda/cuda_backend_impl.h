@@ -73,6 +73,8 @@ class CudaBackend final : public Backend {
   void linear_backward(Stream s, const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
                        const Tensor& dout, const Tensor& inp, const Tensor& weight) override;
   void fp8_amax(Stream s, const Tensor& amax, const Tensor& x) override;
+  void fp8_amax_history(Stream s, const Tensor& amax, const Tensor& history,
+                        const Tensor& step_amax, int64_t slot, bool most_recent) override;
   void fp8_linear_forward(Stream s, const Tensor& out, const Tensor& inp, const Tensor& weight,
                           const Tensor& bias, const Tensor& amax) override;
   void fp8_linear_backward(Stream s, const Tensor& dinp, const Tensor& dweight,

@@ -39,6 +39,16 @@ void CudaBackend::fp8_amax(Stream s, const Tensor& amax, const Tensor& x) {
   cuda::fp8_amax(st(s), float_kind(x, "fp8_amax"), x.raw(), x.numel(), amax.data<float>());
 }
 
+void CudaBackend::fp8_amax_history(Stream s, const Tensor& amax, const Tensor& history,
+                                   const Tensor& step_amax, int64_t slot, bool most_recent) {
+  cuda::NvtxRange r("fp8_amax_history");
+  checks::fp8_amax_history(amax, history, step_amax, slot);
+  on_device_all({&amax, &history, &step_amax}, "fp8_amax_history");
+  cuda::fp8_amax_history(st(s), amax.data<float>(), history.data<float>(),
+                         step_amax.data<float>(), history.size(0), history.size(1),
+                         history.size(2), slot, most_recent);
+}
+
 void CudaBackend::fp8_linear_forward(Stream s, const Tensor& out, const Tensor& inp,
                                      const Tensor& weight, const Tensor& bias,
                                      const Tensor& amax) {

@@ -157,6 +157,23 @@ __global__ void __launch_bounds__(kThreads)
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// Delayed scaling's step: a thread per (tensor, operand) pair i < n k, over its H slots.
+__global__ void amax_history_kernel(float* amax, float* history, float* step_amax, int64_t n,
+                                    int64_t H, int64_t k, int64_t slot, bool most_recent) {
+  const int64_t p = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (p >= n * k) return;
+  const int64_t i = p / k, j = p % k;
+  float* h = history + i * H * k + j;
+  h[slot * k] = step_amax[p];
+  float m = h[0];  // the max over the window, a NaN kept (as cpu::fp8_amax_history)
+  for (int64_t t = 1; t < H; ++t) {
+    const float v = h[t * k];
+    if (!isnan(m) && (isnan(v) || v > m)) m = v;
+  }
+  amax[p] = most_recent ? step_amax[p] : m;
+  step_amax[p] = 0.f;
+}
+
 }  // namespace
 
 void fp8_amax(cudaStream_t s, FloatKind k, const void* x, int64_t n, float* amax) {
@@ -172,6 +189,14 @@ void fp8_amax(cudaStream_t s, FloatKind k, const void* x, int64_t n, float* amax
     default: fail("fp8_amax: x must be fp32, bf16 or fp16");
   }
   KILN_CUDA_LAUNCHED("fp8_amax");
+}
+
+void fp8_amax_history(cudaStream_t s, float* amax, float* history, float* step_amax, int64_t n,
+                      int64_t H, int64_t k, int64_t slot, bool most_recent) {
+  if (n * k == 0) return;
+  amax_history_kernel<<<grid_for(n * k, kThreads), kThreads, 0, s>>>(amax, history, step_amax, n,
+                                                                     H, k, slot, most_recent);
+  KILN_CUDA_LAUNCHED("fp8_amax_history");
 }
 
 void fp8_quantize(cudaStream_t s, Elem e, void* out, const void* in, int64_t n,

@@ -18,6 +18,10 @@ namespace kiln::cuda {
 /// One launch, one atomic per block; asynchronous on s.
 void fp8_amax(cudaStream_t s, FloatKind k, const void* x, int64_t n, float* amax);
 
+/// Backend::fp8_amax_history on device arrays: history [n,H,k], amax and step_amax [n,k].
+void fp8_amax_history(cudaStream_t s, float* amax, float* history, float* step_amax, int64_t n,
+                      int64_t H, int64_t k, int64_t slot, bool most_recent);
+
 /// out[i] = fp8(in[i] S) / S in in's element type e (out may not alias in), S =
 /// fp8_scale(*amax, format) (core/dtype.h, the same bits), format E4M3 or E5M2, the
 /// conversion saturating with round to nearest even; every out[i] NaN when *amax is not

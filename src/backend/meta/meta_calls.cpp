@@ -93,6 +93,11 @@ MetaCallInfo fp8_amax(const Tensor& amax, const Tensor& x) {
   checks::fp8_amax(amax, x);
   return elements(Op::Fp8Amax, x);
 }
+MetaCallInfo fp8_amax_history(const Tensor& amax, const Tensor& history,
+                              const Tensor& step_amax, int64_t slot, bool) {
+  checks::fp8_amax_history(amax, history, step_amax, slot);
+  return elements(Op::Fp8AmaxHistory, history);
+}
 MetaCallInfo fp8_linear_forward(const Tensor& out, const Tensor& inp, const Tensor& weight,
                                 const Tensor& bias, const Tensor& amax) {
   checks::fp8_linear(out, inp, weight, bias, amax);
