@@ -269,6 +269,21 @@ std::vector<float> OpTest::download(const Tensor& t) {
   return h;
 }
 
+Tensor OpTest::up(const std::vector<float>& host, const Shape& shape, DType dt, MemCategory cat) {
+  Tensor f = upload(host, shape, cat);
+  if (dt == DType::F32) return f;
+  Tensor t = be_->empty(shape, dt, cat);
+  be_->copy(stream_, t, f);
+  return t;
+}
+
+std::vector<float> OpTest::down(const Tensor& t) {
+  if (t.dtype() == DType::F32) return download(t);
+  Tensor f = be_->empty(t.shape(), DType::F32, MemCategory::Temporaries);
+  be_->copy(stream_, f, t);
+  return download(f);
+}
+
 std::vector<int32_t> OpTest::download_i32(const Tensor& t) {
   std::vector<int32_t> h(t.numel());
   be_->copy_to_host(stream_, h.data(), t);

@@ -95,6 +95,11 @@ class OpTest : public ::testing::TestWithParam<std::string> {
   void set(const Tensor& t, const std::vector<float>& host);
   void poison(const Tensor& t);
   std::vector<float> download(const Tensor& t);
+  /// A tensor of dtype `dt` holding `host` (converted by the backend's copy), and any float
+  /// tensor back as fp32 (through the backend's copy).
+  Tensor up(const std::vector<float>& host, const Shape& shape, DType dt,
+            MemCategory cat = MemCategory::Activations);
+  std::vector<float> down(const Tensor& t);
   std::vector<int32_t> download_i32(const Tensor& t);
 
   uint64_t seed_ = 0;

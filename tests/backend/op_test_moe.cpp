@@ -100,21 +100,6 @@ struct RouterCfg {
 
 class MoeTest : public OpTest {
  protected:
-  // A tensor of `dt` holding `host` (converted by the backend's copy), and back to fp32.
-  Tensor up(const std::vector<float>& host, const Shape& shape, DType dt,
-            MemCategory cat = MemCategory::Activations) {
-    Tensor f = upload(host, shape, cat);
-    if (dt == DType::F32) return f;
-    Tensor t = be().empty(shape, dt, cat);
-    be().copy(st(), t, f);
-    return t;
-  }
-  std::vector<float> down(const Tensor& t) {
-    if (t.dtype() == DType::F32) return download(t);
-    Tensor f = be().empty(t.shape(), DType::F32, MemCategory::Temporaries);
-    be().copy(st(), f, t);
-    return download(f);
-  }
   // The plan of r on the backend: offsets [E+1] and rows [N,k].
   std::pair<Tensor, Tensor> plan(const Routing& r) {
     Tensor offsets = upload_i32(std::vector<int32_t>(r.E + 1, -7), {r.E + 1});

@@ -51,35 +51,33 @@ if compare "$work/plain/metrics.jsonl" "$work/ref/metrics.jsonl" 1 1e-6 >/dev/nu
 fi
 compare "$work/plain/metrics.jsonl" "$work/ref/metrics.jsonl" 1 0.02
 
-exact=("dp2_z0 2 --set parallel.zero_stage=0" "dp2_z3 2 --set parallel.zero_stage=3"
-       "pp2 2 --set parallel.pp=2" "full 1 --set train.activation_checkpointing=full")
-for run in "${exact[@]}"; do
-  set -- $run
-  name=$1 np=$2
-  shift 2
-  train "$name" "$np" "${fp8[@]}" "$@"
-  echo -n "fp8 $name: "
-  compare "$work/ref/metrics.jsonl" "$work/$name/metrics.jsonl"
-done
+# layouts REF BOUND RECIPE "NAME NP ARGS..."...: each run trained with the args of the
+# array named RECIPE and its own, its losses compared with run REF's within BOUND.
+layouts() {
+  local ref=$1 bound=$2
+  local -n recipe=$3
+  shift 3
+  for run in "$@"; do
+    set -- $run
+    local name=$1 np=$2
+    shift 2
+    train "$name" "$np" "${recipe[@]}" "$@"
+    echo -n "fp8 $name: "
+    compare "$work/$ref/metrics.jsonl" "$work/$name/metrics.jsonl" 1 "$bound"
+  done
+}
 
+layouts ref 1e-5 fp8 "dp2_z0 2 --set parallel.zero_stage=0" "dp2_z3 2 --set parallel.zero_stage=3" \
+  "pp2 2 --set parallel.pp=2" "full 1 --set train.activation_checkpointing=full"
 sp=(--set parallel.tp=2 --set parallel.sequence_parallel=true)
 near=("tp2_sp 2 ${sp[*]}" "cp2 2 --set parallel.cp=2")
 [ "$long" = --long ] && near+=("tp2 2 --set parallel.tp=2"
-                               "dp2_tp2_z1 4 --set parallel.tp=2 --set parallel.zero_stage=1"
-                               "all 1 --set train.fp8_layers=[\"h.*\"]")
-for run in "${near[@]}"; do
-  set -- $run
-  name=$1 np=$2
-  shift 2
-  train "$name" "$np" "${fp8[@]}" "$@"
-  echo -n "fp8 $name (last loss): "
-  if [ "$name" = all ]; then  # every block in fp8: near the default run, not equal
-    compare "$work/ref/metrics.jsonl" "$work/$name/metrics.jsonl" 1 0.02
-  else
-    compare "$work/ref/metrics.jsonl" "$work/$name/metrics.jsonl" 1 1e-2
-  fi
-done
-if [ "$long" = --long ]; then
+                               "dp2_tp2_z1 4 --set parallel.tp=2 --set parallel.zero_stage=1")
+layouts ref 1e-2 fp8 "${near[@]}"
+if [ "$long" = --long ]; then  # every block in fp8: near the default run, not equal
+  train all 1 "${fp8[@]}" --set 'train.fp8_layers=["h.*"]'
+  echo -n "fp8 every block: "
+  compare "$work/ref/metrics.jsonl" "$work/all/metrics.jsonl" 1 0.02
   llama=(--set model.arch=llama --set model.n_kv_head=2 --set model.ffn_hidden_size=48)
   train llama_ref 1 "${fp8[@]}" "${llama[@]}"
   train llama_tp2 2 "${fp8[@]}" "${llama[@]}" --set parallel.tp=2
@@ -133,13 +131,9 @@ fi
 compare "$work/plain/metrics.jsonl" "$work/d_ref/metrics.jsonl" 1 0.02
 d_exact=("d_dp2_z1 2 --set parallel.zero_stage=1" "d_pp2 2 --set parallel.pp=2")
 [ "$long" = --long ] && d_exact+=("d_dp2_z3_full 2 --set parallel.zero_stage=3 --set train.activation_checkpointing=full")
+layouts d_ref 1e-5 delayed "${d_exact[@]}"
 for run in "${d_exact[@]}"; do
-  set -- $run
-  name=$1 np=$2
-  shift 2
-  train "$name" "$np" "${delayed[@]}" "$@"
-  echo -n "fp8 delayed $name: "
-  compare "$work/d_ref/metrics.jsonl" "$work/$name/metrics.jsonl"
+  name=${run%% *}
   for step in 00000010 00000020; do
     echo -n "fp8 delayed $name scales at step $step: "
     compare_scales "$work/d_ref/ckpt/step_$step" "$work/$name/ckpt/step_$step"
@@ -147,9 +141,7 @@ for run in "${d_exact[@]}"; do
   echo -n "fp8 delayed $name amax histories (within 1e-4): "
   compare_tensors "$work/d_ref/ckpt/step_00000020" "$work/$name/ckpt/step_00000020" fp8. 1e-4
 done
-train d_tp2_sp 2 "${delayed[@]}" "${sp[@]}"
-echo -n "fp8 delayed tp2_sp (last loss): "
-compare "$work/d_ref/metrics.jsonl" "$work/d_tp2_sp/metrics.jsonl" 1 1e-2
+layouts d_ref 1e-2 delayed "d_tp2_sp 2 ${sp[*]}"
 # The history resumes bitwise: stop after 10 updates, go on, compare at 20.
 train d_resume 1 "${delayed[@]}" --exit-interval 10
 train d_resume 1 "${delayed[@]}" --resume auto
