@@ -27,8 +27,8 @@
 #              --profile 2 with the per-kind table; --quick: one line of 10 steps)  25/10
 #   torch      bench/gpu/torch_gpt2.py side by side: torch.compile, bf16 autocast
 #              (full only; --no-torch skips it)                                        50
-#   variants   every switch alone, a short kiln_gpu_step run each (full only;
-#              scripts/gpu/variants.sh)                                                40
+#   variants   every switch alone, a short kiln_gpu_step run each, fp8 (tensorwise and
+#              delayed) among them (full only; scripts/gpu/variants.sh)               54
 #   moe        --moe: scripts/gpu/moe-check.sh (the mixture-of-experts trainer)        70
 #   sanitize   --sanitize: compute-sanitizer over the op harness (scripts/gpu/sanitize.sh) 120
 #   plan       --plan: kiln plan's single-GPU choices for GPT-2 XL (micro batch 2/4/8 x
@@ -254,7 +254,7 @@ if [ "$mode" = full ]; then
       --B "$B" --T 1024 --steps 30 --warmup 3 --profile 2 "${peak_flags[@]}" || true
   fi
   if [ "$bench_ok" = 1 ]; then
-    phase variants 40 bench.log bash "$root/scripts/gpu/variants.sh" "$step" "$build/gemm-cache.txt" \
+    phase variants 54 bench.log bash "$root/scripts/gpu/variants.sh" "$step" "$build/gemm-cache.txt" \
       --B "$B" --T 1024 --steps 15 --warmup 3 "${peak_flags[@]}" "${dtype_flags[@]}" || true
   else
     say "phase variants skipped: the bench phase did not pass"

@@ -12,7 +12,7 @@ set -euo pipefail
 step="$1" cache="$2"
 shift 2
 rm -f "$cache"
-variants="${GPU_CHECK_VARIANTS:-base:;chunk256:train.classifier_chunk_mb=256;chunk4096:train.classifier_chunk_mb=4096;per_tensor_adamw:optim.multi_tensor=false;tune:backend.gemm_tuning=true KILN_CUDA_GEMM_CACHE=$cache;tune_again:backend.gemm_tuning=true KILN_CUDA_GEMM_CACHE=$cache}"
+variants="${GPU_CHECK_VARIANTS:-base:;chunk256:train.classifier_chunk_mb=256;chunk4096:train.classifier_chunk_mb=4096;per_tensor_adamw:optim.multi_tensor=false;tune:backend.gemm_tuning=true KILN_CUDA_GEMM_CACHE=$cache;tune_again:backend.gemm_tuning=true KILN_CUDA_GEMM_CACHE=$cache;fp8:train.fp8=tensorwise;fp8_delayed:train.fp8=delayed}"
 rc=0
 IFS=';' read -ra list <<<"$variants"
 for v in "${list[@]}"; do

@@ -62,8 +62,9 @@ std::vector<GemmProblem> linear_gemms(const MetaCallInfo& c, int64_t N) {
 }
 
 // The quantized copies of an fp8 linear's operands, held for the call (the CPU's and the
-// CUDA backend's emulation alike): inp and weight in forward; dout, and inp for dweight and
-// weight for dinp, in backward (the bias gradient reads dout unquantized).
+// CUDA backend's emulation alike; CudaScratch also counts the CUDA fp8 GEMMs' codes): inp
+// and weight in forward; dout, and inp for dweight and weight for dinp, in backward (the
+// bias gradient reads dout unquantized).
 int64_t fp8_quantized_bytes(const MetaCallInfo& c) {
   int64_t n = 0;
   if (c.call == Op::Fp8LinearForward) n = c.N * c.IC + c.OC * c.IC;
@@ -153,6 +154,20 @@ class CpuScratch final : public MetaScratchModel {
   std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, bool, bool, int, int>, int64_t> cache_;
 };
 
+// The CUDA backend's fp8 tensor-core path (cuda_fp8_ops.cpp, sm_89+ with IC and OC
+// multiples of 16): 1-byte codes in 256-byte aligned pieces after a 256-byte piece of
+// descale factors: q(x) and q(W) in forward; q(dout) and q(W)^T for dinp, q(dout)^T and
+// q(x)^T (N padded to 16) for dweight in backward. 0 where the call is always emulated.
+int64_t cuda_fp8_gemm_bytes(const MetaCallInfo& c) {
+  if (c.N <= 0 || c.IC <= 0 || c.OC <= 0 || c.IC % 16 != 0 || c.OC % 16 != 0) return 0;
+  auto up256 = [](int64_t b) { return (b + 255) / 256 * 256; };
+  const int64_t Np = (c.N + 15) / 16 * 16;
+  if (c.call == Op::Fp8LinearForward) return 256 + up256(c.N * c.IC) + up256(c.OC * c.IC);
+  if (c.call != Op::Fp8LinearBackward || (!c.has_dinp && !c.has_dweight)) return 0;
+  return 256 + (c.has_dinp ? up256(c.N * c.OC) + up256(c.IC * c.OC) : 0) +
+         (c.has_dweight ? up256(c.OC * Np) + up256(c.IC * Np) : 0);
+}
+
 class CudaScratch final : public MetaScratchModel {
  public:
   std::string name() const override { return "cuda (32 MiB cuBLASLt workspace + op scratch)"; }
@@ -164,9 +179,12 @@ class CudaScratch final : public MetaScratchModel {
       case Op::LayerNormBackward: return 4 * 2 * chunks(c.N) * c.C;
       case Op::RMSNormBackward: return 4 * chunks(c.N) * c.C;
       case Op::LinearBackward: return c.has_bias ? 4 * chunks(c.N) * c.OC : 0;
-      case Op::Fp8LinearForward: return fp8_quantized_bytes(c);
+      // The larger of the emulation's copies and the fp8 path's codes: which one runs
+      // depends on the device (sm_89+) and on cuBLASLt offering the fp8 GEMMs.
+      case Op::Fp8LinearForward: return std::max(fp8_quantized_bytes(c), cuda_fp8_gemm_bytes(c));
       case Op::Fp8LinearBackward:
-        return fp8_quantized_bytes(c) + (c.has_bias ? 4 * chunks(c.N) * c.OC : 0);
+        return std::max(fp8_quantized_bytes(c), cuda_fp8_gemm_bytes(c)) +
+               (c.has_bias ? 4 * chunks(c.N) * c.OC : 0);
       case Op::AttentionBackward: return 4 * c.B * c.NH * c.T;
       // cuda/attention.cu: each row's document window (two int32), after D_i in backward.
       case Op::AttentionVarlenForward: return 8 * c.B * c.T;

@@ -40,24 +40,7 @@ std::vector<float> rounded_bf16(const std::vector<float>& x) {
   return r;
 }
 
-class Fp8Test : public OpTest {
- protected:
-  // A tensor of dtype dt holding `host` (converted by the backend's copy), and back.
-  Tensor up(const std::vector<float>& host, const Shape& shape, DType dt,
-            MemCategory cat = MemCategory::Activations) {
-    Tensor f = upload(host, shape, cat);
-    if (dt == DType::F32) return f;
-    Tensor t = be().empty(shape, dt, cat);
-    be().copy(st(), t, f);
-    return t;
-  }
-  std::vector<float> down(const Tensor& t) {
-    if (t.dtype() == DType::F32) return download(t);
-    Tensor f = be().empty(t.shape(), DType::F32, MemCategory::Temporaries);
-    be().copy(st(), f, t);
-    return download(f);
-  }
-};
+class Fp8Test : public OpTest {};  // its own suite name, on every backend
 
 TEST_P(Fp8Test, CopyDecodesEveryCode) {
   for (DType f : {DType::E4M3, DType::E5M2}) {
@@ -140,8 +123,13 @@ TEST_P(Fp8Test, Linear) {
   struct Cfg { int N, IC, OC; bool bias; };
   for (DType dt : {DType::F32, DType::BF16}) {
     if (!be().supports(OpFamily::Fp8, dt)) continue;
-    // bf16 outputs round once (2^-8 relative); fp32 differs by the summation order only.
-    const double tol = dt == DType::BF16 ? 4e-3 : 2e-6;
+    // bf16 outputs round once (2^-8 relative); fp32 differs by the summation order only
+    // (the emulation). CUDA's fp8 tensor cores (sm_89+, IC and OC multiples of 16:
+    // cuda_fp8_ops.cpp) keep fewer accumulator bits between their promotions to fp32
+    // (DeepSeek-V3 report, 3.3.2): bounded at 1e-3 there until a GPU run measures it.
+    const bool tensor_cores = !be().device().is_cpu();
+    const double acc_tol = tensor_cores ? 1e-3 : 2e-6;
+    const double tol = dt == DType::BF16 ? 4e-3 : acc_tol;
     for (const Cfg& c : {Cfg{1, 1, 1, true}, Cfg{3, 13, 17, false}, Cfg{37, 64, 96, true},
                          Cfg{130, 257, 191, true}}) {
       std::ostringstream os;
@@ -182,7 +170,7 @@ TEST_P(Fp8Test, Linear) {
       ref::linear_backward(gx, gw, gb, to_double(qg), to_double(qx), to_double(qw), c.N, c.IC, c.OC);
       ref::linear_backward(ux, uw, ub, to_double(dout), to_double(x), to_double(w), c.N, c.IC, c.OC);
       EXPECT_TRUE(near_by_norm("fp8_linear_backward dinp " + std::string(dtype_name(dt)), down(dinp), gx, tol)) << what;
-      EXPECT_TRUE(near_by_norm("fp8_linear_backward dweight", download(dw), gw, 2e-6)) << what;
+      EXPECT_TRUE(near_by_norm("fp8_linear_backward dweight", download(dw), gw, acc_tol)) << what;
       if (c.bias)  // from the unquantized dout
         EXPECT_TRUE(near_by_norm("fp8_linear_backward dbias", download(db), ub, 2e-6)) << what;
       // The quantization is visible: fp8 is not the plain linear (at these sizes).

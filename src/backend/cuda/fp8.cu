@@ -7,11 +7,16 @@
 // aligned; each thread computes S from *amax once (fp8_scale's double ilogb), then per
 // element v = x S, code = cvt.rn.satfinite (fp8.h), q = code's value, out = q / S
 // (multiplying by 2^-e, exact). Bytes: n * 2 * size. As cpu/fp8.cpp, element for element.
+// fp8_quantize_codes (the fp8 GEMMs' operands): 32x32 tiles, 32x8 threads, each thread 4
+// elements; the code (fp8_quantize's code, before its decode) is stored row-major
+// directly and, for the transposed copy, through a shared tile so that both the reads and
+// the transposed writes run along rows. Bytes: n * (size + 1 or 2).
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/fp8.h"
 
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -155,6 +160,53 @@ __global__ void __launch_bounds__(kThreads)
   if (tid < n - nvec * V) out[nvec * V + tid] = quantize_one(in[nvec * V + tid], scale, inv, e4m3);
 }
 
+constexpr int kTile = 32, kTileRows = 8;
+
+template <class T>
+__global__ void __launch_bounds__(kTile* kTileRows)
+    quantize_codes_kernel(uint8_t* codes, uint8_t* codes_t, const T* in, int64_t rows,
+                          int64_t cols, int64_t ld_t, const float* amax, bool e4m3) {
+  __shared__ uint8_t tile[kTile][kTile + 4];
+  const float a = *amax;
+  const bool finite = isfinite(a);
+  const float scale = ldexpf(1.f, finite ? scale_exponent(a, e4m3) : 0);  // exact, as quantize
+  const uint8_t nan_code = e4m3 ? 0x7f : 0x7e;  // core's NaN codes (positive sign)
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t c0 = int64_t{blockIdx.x} * kTile;
+  const int64_t extent = codes_t ? ld_t : rows;  // the transpose's padding rows too
+  const int64_t row_tiles = (extent + kTile - 1) / kTile;
+  for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
+    const int64_t r0 = rt * kTile;
+#pragma unroll
+    for (int j = 0; j < kTile; j += kTileRows) {
+      const int64_t r = r0 + ty + j, c = c0 + tx;
+      uint8_t code = 0;  // outside x: the transpose's zero padding
+      if (r < rows && c < cols) {
+        code = finite ? f32_to_fp8(to_f(in[r * cols + c]) * scale, e4m3) : nan_code;
+        if (codes) codes[r * cols + c] = code;
+      }
+      tile[ty + j][tx] = code;
+    }
+    if (codes_t) {  // uniform over the block
+      __syncthreads();
+#pragma unroll
+      for (int j = 0; j < kTile; j += kTileRows) {
+        const int64_t c = c0 + ty + j, r = r0 + tx;
+        if (c < cols && r < ld_t) codes_t[c * ld_t + r] = tile[tx][ty + j];
+      }
+      __syncthreads();
+    }
+  }
+}
+
+__global__ void descale_kernel(float* descale, const float* amax, int n, uint32_t e5m2_mask) {
+  const int i = threadIdx.x;
+  if (i >= n) return;
+  const float a = amax[i];
+  const bool e4m3 = !((e5m2_mask >> i) & 1u);
+  descale[i] = isfinite(a) ? ldexpf(1.f, -scale_exponent(a, e4m3)) : __uint_as_float(kNaNBits);
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Delayed scaling's step: a thread per (tensor, operand) pair i < n k, over its H slots.
@@ -211,6 +263,35 @@ void fp8_quantize(cudaStream_t s, Elem e, void* out, const void* in, int64_t n,
                                            static_cast<const scalar_t*>(in), n, amax, e4m3, vec);
   });
   KILN_CUDA_LAUNCHED("fp8 quantize");
+}
+
+void fp8_quantize_codes(cudaStream_t s, Elem e, uint8_t* codes, uint8_t* codes_t, const void* in,
+                        int64_t rows, int64_t cols, int64_t ld_t, const float* amax,
+                        DType format) {
+  if (format != DType::E4M3 && format != DType::E5M2)
+    fail("fp8_quantize_codes: format must be E4M3 or E5M2");
+  if (codes_t && ld_t < rows) fail("fp8_quantize_codes: ld_t below rows");
+  const int64_t extent = codes_t ? ld_t : rows;
+  if ((!codes && !codes_t) || extent <= 0 || cols <= 0) return;
+  const bool e4m3 = format == DType::E4M3;
+  const dim3 block(kTile, kTileRows);
+  const int64_t col_tiles = (cols + kTile - 1) / kTile;
+  if (col_tiles > 0x7fffffff) fail("fp8_quantize_codes: too many columns");
+  const dim3 grid(static_cast<unsigned>(col_tiles),
+                  static_cast<unsigned>(std::min<int64_t>((extent + kTile - 1) / kTile, 65535)));
+  KILN_DISPATCH_ELEM(e, {
+    quantize_codes_kernel<<<grid, block, 0, s>>>(codes, codes_t,
+                                                 static_cast<const scalar_t*>(in), rows, cols,
+                                                 ld_t, amax, e4m3);
+  });
+  KILN_CUDA_LAUNCHED("fp8 quantize codes");
+}
+
+void fp8_descale(cudaStream_t s, float* descale, const float* amax, int n, uint32_t e5m2_mask) {
+  if (n <= 0) return;
+  if (n > 32) fail("fp8_descale: at most 32 factors");
+  descale_kernel<<<1, 32, 0, s>>>(descale, amax, n, e5m2_mask);
+  KILN_CUDA_LAUNCHED("fp8 descale");
 }
 
 }  // namespace kiln::cuda

@@ -22,6 +22,22 @@ void fp8_amax(cudaStream_t s, FloatKind k, const void* x, int64_t n, float* amax
 void fp8_amax_history(cudaStream_t s, float* amax, float* history, float* step_amax, int64_t n,
                       int64_t H, int64_t k, int64_t slot, bool most_recent);
 
+/// The fp8 GEMMs' operands (cuda_fp8_ops.cpp): the 1-byte codes fp8(x S) of a row-major
+/// [rows, cols] x of element type e, S = fp8_scale(*amax, format) exactly as
+/// fp8_quantize's (so code / S is fp8_quantize's value), into `codes` (row-major [rows,
+/// cols], may be null) and/or `codes_t`, the transpose: row-major [cols, ld_t] with
+/// codes_t[c ld_t + r] = code(x[r, c]) and the padding columns rows <= r < ld_t zero
+/// (code 0 = +0), ld_t >= rows. A non-finite *amax makes every code a NaN (E4M3 0x7f,
+/// E5M2 0x7e). One launch of 32x32 tiles through shared memory; asynchronous on s.
+void fp8_quantize_codes(cudaStream_t s, Elem e, uint8_t* codes, uint8_t* codes_t, const void* in,
+                        int64_t rows, int64_t cols, int64_t ld_t, const float* amax,
+                        DType format);
+
+/// descale[i] = 1 / fp8_scale(amax[i], format i) for i < n (2^-e, exact), the format E5M2
+/// where bit i of e5m2_mask is set and E4M3 otherwise; NaN where amax[i] is not finite.
+/// The factors cuBLASLt's A/B_SCALE_POINTER read. One tiny launch on s.
+void fp8_descale(cudaStream_t s, float* descale, const float* amax, int n, uint32_t e5m2_mask);
+
 /// out[i] = fp8(in[i] S) / S in in's element type e (out may not alias in), S =
 /// fp8_scale(*amax, format) (core/dtype.h, the same bits), format E4M3 or E5M2, the
 /// conversion saturating with round to nearest even; every out[i] NaN when *amax is not

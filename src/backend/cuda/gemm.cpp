@@ -30,7 +30,12 @@ int alignment_of(const void* p) {
 
 size_t elem_bytes(Elem e) { return e == Elem::F32 ? 4 : 2; }
 
-// "t e m n k lda ldb ldc epilogue align beta tf32 c_elem": the key's 13 integers.
+cudaDataType_t fp8_type(Fp8Operand f) {
+  return f == Fp8Operand::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+}
+
+// "t e m n k lda ldb ldc epilogue align beta tf32 c_elem": the key's 13 integers (e: the
+// element type | fp8 A format << 2 | fp8 B format << 4).
 template <class Key>
 std::string key_text(const Key& k) {
   std::ostringstream o;
@@ -59,10 +64,17 @@ struct Gemm::Plan {
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (op) cublasLtMatmulDescDestroy(op);
   }
-  // The per-call pointers: the bias and the GELU pre-activation.
-  void set_pointers(const void* bias, void* aux, Epilogue ep) const {
-    if (ep == Epilogue::None) return;
-    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  // The per-call pointers: the bias, the GELU pre-activation, fp8's descale factors.
+  void set_pointers(const GemmArgs& g, void* aux) const {
+    if (g.fp8()) {
+      const void* sa = g.a_scale;
+      const void* sb = g.b_scale;
+      LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
+      LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
+    }
+    if (g.epilogue == Epilogue::None) return;
+    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias,
+                                      sizeof(g.bias)));
     if (aux)
       LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
                                         sizeof(aux)));
@@ -78,9 +90,12 @@ Gemm::~Gemm() {
 
 std::unique_ptr<Gemm::Plan> Gemm::make_plan(cudaStream_t s, const GemmArgs& g, const Key& key) {
   const cudaDataType_t dt = g.elem == Elem::F32 ? CUDA_R_32F : CUDA_R_16BF;
+  // fp8: A and B are 1-byte codes, `elem` is C and D's type.
+  const cudaDataType_t dt_a = g.fp8() ? fp8_type(g.fp8_a) : dt;
+  const cudaDataType_t dt_b = g.fp8() ? fp8_type(g.fp8_b) : dt;
   const Elem c_elem = g.c_elem.value_or(g.elem);
   const cudaDataType_t ct_c = c_elem == Elem::F32 ? CUDA_R_32F : CUDA_R_16BF;
-  const cublasComputeType_t ct = (g.elem == Elem::F32 && allow_tf32_)
+  const cublasComputeType_t ct = (g.elem == Elem::F32 && allow_tf32_ && !g.fp8())
                                      ? CUBLAS_COMPUTE_32F_FAST_TF32
                                      : CUBLAS_COMPUTE_32F;
   auto plan = std::make_unique<Plan>();
@@ -100,14 +115,25 @@ std::unique_ptr<Gemm::Plan> Gemm::make_plan(cudaStream_t s, const GemmArgs& g, c
     LT(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld,
                                       sizeof(ld)));
   }
-  d.set_pointers(g.bias, g.gelu_aux, g.epilogue);
+  if (g.fp8()) {
+    // Promote the tensor cores' partial sums to fp32 periodically (the default, stated).
+    const int8_t fast_accum = 0;
+    LT(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum,
+                                      sizeof(fast_accum)));
+    if (g.epilogue != Epilogue::None) {
+      const int32_t bias_type = ct_c;  // D's type, not fp8's default (bf16 for an fp32 D)
+      LT(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                        sizeof(bias_type)));
+    }
+  }
+  d.set_pointers(g, g.gelu_aux);
   // Column-major layouts of the stored matrices: A is [m,k] (or [k,m] when transposed).
   const uint64_t a_rows = static_cast<uint64_t>(g.trans_a ? g.k : g.m);
   const uint64_t a_cols = static_cast<uint64_t>(g.trans_a ? g.m : g.k);
   const uint64_t b_rows = static_cast<uint64_t>(g.trans_b ? g.n : g.k);
   const uint64_t b_cols = static_cast<uint64_t>(g.trans_b ? g.k : g.n);
-  LT(cublasLtMatrixLayoutCreate(&d.a, dt, a_rows, a_cols, g.lda));
-  LT(cublasLtMatrixLayoutCreate(&d.b, dt, b_rows, b_cols, g.ldb));
+  LT(cublasLtMatrixLayoutCreate(&d.a, dt_a, a_rows, a_cols, g.lda));
+  LT(cublasLtMatrixLayoutCreate(&d.b, dt_b, b_rows, b_cols, g.ldb));
   LT(cublasLtMatrixLayoutCreate(&d.c, ct_c, static_cast<uint64_t>(g.m), static_cast<uint64_t>(g.n),
                                 g.ldc));
 
@@ -175,7 +201,7 @@ bool Gemm::time_candidates(cudaStream_t s, const GemmArgs& g, Plan& plan,
   }
   KILN_CUDA_CHECK(cudaMemsetAsync(scratch, 0, aux_offset + aux_bytes, s));
   void* aux = g.gelu_aux ? static_cast<char*>(scratch) + aux_offset : nullptr;
-  plan.set_pointers(g.bias, aux, g.epilogue);
+  plan.set_pointers(g, aux);
   cudaEvent_t e0 = nullptr, e1 = nullptr;
   KILN_CUDA_CHECK(cudaEventCreate(&e0));
   KILN_CUDA_CHECK(cudaEventCreate(&e1));
@@ -200,7 +226,7 @@ bool Gemm::time_candidates(cudaStream_t s, const GemmArgs& g, Plan& plan,
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   KILN_CUDA_CHECK(cudaFree(scratch));  // (synchronises the device)
-  plan.set_pointers(g.bias, g.gelu_aux, g.epilogue);
+  plan.set_pointers(g, g.gelu_aux);
   if (best < 0) return false;
   plan.algo = res[best].algo;
   return true;
@@ -292,29 +318,49 @@ GemmArgs linear_dweight_gemm(Elem e, Elem gd, void* dweight, const void* dout, c
   return g;
 }
 
+Gemm::Key Gemm::key_of(const GemmArgs& g) const {
+  const Elem c_elem = g.c_elem.value_or(g.elem);
+  const int align = alignment_of(g.a) | alignment_of(g.b) << 9 | alignment_of(g.c) << 18;
+  // The element field also holds the fp8 operand formats (0 without fp8, so that the
+  // cache files of earlier runs keep their keys).
+  const Key key{static_cast<int>(g.trans_a) | static_cast<int>(g.trans_b) << 1,
+                static_cast<int>(g.elem) | static_cast<int>(g.fp8_a) << 2 |
+                    static_cast<int>(g.fp8_b) << 4,
+                g.m, g.n, g.k, g.lda, g.ldb, g.ldc,
+                static_cast<int>(g.epilogue) | (g.gelu_aux ? 4 : 0), align,
+                g.beta != 0.f ? 1 : 0, allow_tf32_ && !g.fp8() ? 1 : 0, static_cast<int>(c_elem)};
+  return key;
+}
+
+bool Gemm::available(cudaStream_t s, const GemmArgs& g) {
+  if (g.m == 0 || g.n == 0) return true;
+  if (g.epilogue != Epilogue::None && alignment_of(g.bias) < 16) return false;
+  const Key key = key_of(g);
+  std::lock_guard lock(mu_);
+  std::unique_ptr<Plan>& plan = plans_[key];
+  if (!plan) plan = make_plan(s, g, key);
+  return plan->found;
+}
+
 bool Gemm::run(cudaStream_t s, const GemmArgs& g) {
   if (g.m == 0 || g.n == 0) return true;
   // A bias pointer below 16-byte alignment is left to the caller's fallback (GEMM, then
   // a bias kernel): the epilogue's alignment needs are not part of the preference.
   if (g.epilogue != Epilogue::None && alignment_of(g.bias) < 16) return false;
   const Elem c_elem = g.c_elem.value_or(g.elem);
-  const int align = alignment_of(g.a) | alignment_of(g.b) << 9 | alignment_of(g.c) << 18;
-  const Key key{static_cast<int>(g.trans_a) | static_cast<int>(g.trans_b) << 1,
-                static_cast<int>(g.elem), g.m, g.n, g.k, g.lda, g.ldb, g.ldc,
-                static_cast<int>(g.epilogue) | (g.gelu_aux ? 4 : 0), align,
-                g.beta != 0.f ? 1 : 0, allow_tf32_ ? 1 : 0, static_cast<int>(c_elem)};
+  const Key key = key_of(g);
   // Held across the pointer update and the launch: the plan's descriptor is shared.
   std::lock_guard lock(mu_);
   std::unique_ptr<Plan>& plan = plans_[key];
   if (!plan) plan = make_plan(s, g, key);
   if (!plan->found) {
-    if (g.epilogue != Epilogue::None) return false;
+    if (g.epilogue != Epilogue::None || g.fp8()) return false;
     KILN_FAIL("cuda: cuBLASLt has no algorithm for a {} GEMM{} m={} n={} k={} (trans {}{})",
               g.elem == Elem::F32 ? "fp32" : "bf16",
               c_elem != g.elem ? (c_elem == Elem::F32 ? " (fp32 C)" : " (bf16 C)") : "", g.m,
               g.n, g.k, g.trans_a ? 'T' : 'N', g.trans_b ? 'T' : 'N');
   }
-  plan->set_pointers(g.bias, g.gelu_aux, g.epilogue);
+  plan->set_pointers(g, g.gelu_aux);
   const float alpha = 1.f, beta = g.beta;
   LT(cublasLtMatmul(handle_, plan->op, &alpha, g.a, plan->a, g.b, plan->b, &beta, g.c, plan->c,
                     g.c, plan->c, &plan->algo, workspace_, workspace_bytes_, s));

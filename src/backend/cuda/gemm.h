@@ -17,6 +17,14 @@
 // backend's KILN_CUDA_GEMM_CACHE) for this device and cuBLASLt version and reused by
 // later runs: two runs with the same cache file give bitwise identical results.
 // One 32 MiB workspace per backend.
+//
+// fp8 operands (train.fp8 on sm_89+, cuda_fp8_ops.cpp): A and B hold 1-byte E4M3/E5M2
+// codes (GemmArgs::fp8_a/fp8_b), descaled by fp32 factors read on the device
+// (CUBLASLT_MATMUL_DESC_A/B_SCALE_POINTER: D = scale_a scale_b op(A) op(B) + beta C),
+// with CUBLAS_COMPUTE_32F, scale type 32F, FAST_ACCUM off, and C/D of type `elem`
+// (bf16 or fp32). cuBLASLt runs them only in the "TN" layout on sm_89/sm_90 (trans_a and
+// not trans_b) with 16-byte aligned pointers and leading dimensions; for any fp8 GEMM it
+// has no algorithm for, run returns false and the caller falls back (to the emulation).
 #pragma once
 
 #include "backend/cuda/common.h"
@@ -35,6 +43,9 @@ namespace kiln::cuda {
 
 enum class Epilogue { None, Bias, GeluBias };
 
+/// An operand's storage when it is not `elem`: 1-byte OCP fp8 codes.
+enum class Fp8Operand { None, E4M3, E5M2 };
+
 struct GemmArgs {
   bool trans_a = false, trans_b = false;
   int64_t m = 0, n = 0, k = 0;
@@ -50,6 +61,14 @@ struct GemmArgs {
   void* gelu_aux = nullptr;       // GeluBias: pre-activation [m,n], ld = ldc
   Elem elem = Elem::F32;           // A and B (and C unless c_elem says otherwise)
   std::optional<Elem> c_elem;     // C/D when it differs: bf16 A/B with fp32 C (dW += in fp32)
+  // fp8 GEMMs: both set (then `elem`/c_elem name only C and D's type), with the device
+  // fp32 descale factors a_scale and b_scale (cuBLASLt's A/B_SCALE_POINTER; may be null =
+  // 1). With Epilogue::Bias the bias has D's type (set explicitly: cuBLASLt's default for
+  // fp8 with an fp32 D would be bf16).
+  Fp8Operand fp8_a = Fp8Operand::None, fp8_b = Fp8Operand::None;
+  const float* a_scale = nullptr;
+  const float* b_scale = nullptr;
+  bool fp8() const { return fp8_a != Fp8Operand::None; }
 };
 
 /// The GEMMs of a linear layer y = x W^T on row-major tensors (x [N,IC], W [OC,IC],
@@ -89,13 +108,19 @@ class Gemm {
 
   /// Runs the GEMM on stream s. Returns false (running nothing) when cuBLASLt has no
   /// algorithm for this epilogue, so that the caller can fall back to Epilogue::None and
-  /// a separate bias kernel; throws kiln::Error on a cuBLAS failure.
+  /// a separate bias kernel, or for an fp8 GEMM at all (the caller emulates it); throws
+  /// kiln::Error on a cuBLAS failure.
   bool run(cudaStream_t s, const GemmArgs& g);
+  /// Whether run(s, g) would launch (builds and keeps g's plan, as run does, without
+  /// launching anything but a tuning's timed candidates): lets a caller choose a path
+  /// before it prepares the operands (the fp8 GEMMs' codes).
+  bool available(cudaStream_t s, const GemmArgs& g);
 
  private:
   using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int,
                          int, int, int, int>;
   struct Plan;
+  Key key_of(const GemmArgs& g) const;
   std::unique_ptr<Plan> make_plan(cudaStream_t s, const GemmArgs& g, const Key& key);
   bool time_candidates(cudaStream_t s, const GemmArgs& g, Plan& plan,
                        const cublasLtMatmulHeuristicResult_t* res, int count);
