@@ -304,6 +304,42 @@ TEST(TpLinear, Fp8ColumnSequenceParallel) { check_linear(TpStyle::Column, true, 
 TEST(TpLinear, Fp8Row) { check_linear(TpStyle::Row, false, {}, true, true); }
 TEST(TpLinear, Fp8RowSequenceParallel) { check_linear(TpStyle::Row, true, {}, false, true); }
 
+// fp8 with the micro-batch's rows cut over the ranks, as context parallelism cuts each
+// sequence: a replicated Linear whose amaxes are reduced over the group (the cp group in
+// training: train_step.cpp) computes on each rank the unsharded layer's rows, and the
+// ranks' partial weight gradients sum to its weight gradient. The rows are uneven (the
+// later half 2^-20 smaller), so a rank that scaled its chunk by its own amax would differ.
+TEST(Fp8Linear, RowsCutOverRanksTakeTheWholeAmax) {
+  Fixture f;
+  Communicator& world = testing::world();
+  const int n = world.size(), r = world.rank();
+  const int64_t N = 4 * 3, in = 16, out = 8, rows = N / n;
+  const auto W = randn(out * in, 1);  // no bias: it would hide the small rows' outputs
+  const auto x = uneven(randn(N * in, 3), N, in), dy = uneven(randn(N * out, 4), N, out);
+  CommAmaxGroup group({&world});
+  auto layer = [&](nn::Linear& l, nn::AmaxGroup* g) {
+    l.weight.value = f.upload(W, Shape{out, in}), l.weight.grad = f.zeros(Shape{out, in});
+    l.set_fp8({f.zeros(Shape{3}), Tensor(), g});
+  };
+  auto mine = [&](const std::vector<float>& v, int64_t cols) {
+    return std::vector<float>(v.begin() + r * rows * cols, v.begin() + (r + 1) * rows * cols);
+  };
+  nn::Linear full("l", in, out, false, 0.02f), part("l", in, out, false, 0.02f);
+  layer(full, nullptr);
+  layer(part, &group);
+  Tensor y = f.zeros(Shape{N, out}), dx = f.zeros(Shape{N, in});
+  full.forward(*f.be, f.s, y, f.upload(x, Shape{N, in}));
+  full.backward(*f.be, f.s, dx, f.upload(dy, Shape{N, out}), f.upload(x, Shape{N, in}));
+  Tensor yl = f.zeros(Shape{rows, out}), dxl = f.zeros(Shape{rows, in});
+  const Tensor xl = f.upload(mine(x, in), Shape{rows, in});
+  part.forward(*f.be, f.s, yl, xl);
+  part.backward(*f.be, f.s, dxl, f.upload(mine(dy, out), Shape{rows, out}), xl);
+  expect_close(f.down(yl), mine(f.down(y), out), "forward", 1e-5, true);
+  expect_close(f.down(dxl), mine(f.down(dx), in), "dinp", 1e-5, true);
+  world.all_reduce(part.weight.grad, ReduceOp::Sum);
+  expect_close(f.down(part.weight.grad), f.down(full.weight.grad), "dweight (summed)", 1e-5, true);
+}
+
 TEST(TpLinear, IndivisibleSplitIsAnError) {
   CommTpGroup g(testing::world());
   if (g.size() == 1) GTEST_SKIP() << "nothing is split on one rank";
