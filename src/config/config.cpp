@@ -633,6 +633,12 @@ void TrainConfig::validate_for_training() const {
              "train.dtype = \"fp16\": fp8 runs with bf16 or fp32 (docs/fp8.md)", source, train.fp8);
   KILN_CHECK(train.fp8 != "none" || train.fp8_layers.empty(), "{}: train.fp8_layers is set but "
              "train.fp8 = \"none\"", source);
+  const TrainSection defaults;
+  KILN_CHECK(train.fp8 == "delayed" ||
+                 (train.fp8_amax_history_len == defaults.fp8_amax_history_len &&
+                  train.fp8_amax_compute_algo == defaults.fp8_amax_compute_algo),
+             "{}: train.fp8_amax_history_len / fp8_amax_compute_algo are set but train.fp8 = "
+             "\"{}\": they belong to delayed scaling (train.fp8 = \"delayed\")", source, train.fp8);
   KILN_CHECK(train.grad_dtype == "fp32" || train.grad_dtype == train.dtype,
              "{}: key 'train.grad_dtype' must be fp32 or train.dtype ({}), got {}", source,
              train.dtype, train.grad_dtype);

@@ -39,6 +39,8 @@ struct Fp8Linear {
   Tensor amax;                 // fp32 [3] on the device: the amaxes of inp, weight, dout the
                                // GEMMs scale by
   Tensor step_amax;            // delayed: fp32 [3], this step's amaxes so far; empty: tensorwise
+  const bool* recording = nullptr;  // delayed: record into step_amax only while *recording
+                                    // (a training step's passes, not evaluation or sampling)
   AmaxGroup* group = nullptr;  // tensorwise: reduce each call's amaxes over these ranks
 };
 

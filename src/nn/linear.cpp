@@ -45,6 +45,7 @@ void Linear::gemm_forward(Backend& be, Stream s, const Tensor& out, const Tensor
 void Linear::take_amax(Backend& be, Stream s, const Tensor& inp, const Tensor& dout) const {
   if (!fp8()) return;
   const bool delayed = static_cast<bool>(fp8_.step_amax);
+  if (delayed && !(fp8_.recording && *fp8_.recording)) return;  // evaluation: scales only
   const Tensor& a = delayed ? fp8_.step_amax : fp8_.amax;
   if (!delayed) be.fill(s, a, 0.f);
   be.fp8_amax(s, a.view_at(0, Shape{1}), inp);

@@ -63,7 +63,8 @@ void Fp8Plan::apply(const LayerRoles& layers) const {
   }
   for (size_t k = 0; k < patterns.size(); ++k)
     KILN_CHECK(matched[k] > 0, "{}: train.fp8_layers pattern '{}' matches no Linear of the "
-               "transformer blocks (e.g. {})", source, patterns[k],
+               "transformer blocks (e.g. {}; the embedding, head, norms and a MoE block's "
+               "router and experts never run in fp8)", source, patterns[k],
                linear_name(*layers.blocks[0]->linears()[0]));
   KILN_CHECK(!on.empty(), "{}: {} puts no Linear in fp8: by default the first and last of "
              "the model's {} blocks stay in train.dtype; name the Linears with "
@@ -83,10 +84,11 @@ void Fp8Plan::apply(const LayerRoles& layers) const {
   for (int64_t i = 0; i < n; ++i)
     on[static_cast<size_t>(i)]->set_fp8(
         {amax_.view_at(3 * i, Shape{3}), delayed() ? step_amax_.view_at(3 * i, Shape{3}) : Tensor(),
-         delayed() ? nullptr : call_group_});
+         &recording_, delayed() ? nullptr : call_group_});
 }
 
 void Fp8Plan::end_step(int64_t update) {
+  recording_ = false;
   if (!delayed()) return;
   const Stream s = backend_.default_stream();
   if (step_group_) step_group_->all_reduce_max(s, step_amax_);

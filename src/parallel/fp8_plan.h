@@ -67,9 +67,12 @@ class Fp8Plan final : public LayerPlan {
   const std::vector<std::string>& chosen() const { return chosen_; }
   bool delayed() const { return options_.recipe == "delayed"; }
 
+  /// Delayed scaling: the passes between begin_step() and end_step() record their amaxes
+  /// (a training step's; evaluation and sampling outside them only read the scales).
+  void begin_step() { recording_ = true; }
   /// Delayed scaling, after every micro-batch of update `update` (0-based) ran its
   /// backward: the step's amaxes reduced over every rank, written into the history, the
-  /// next step's amaxes taken from it. Nothing for tensorwise scaling.
+  /// next step's amaxes taken from it. Ends the recording. Nothing for tensorwise scaling.
   void end_step(int64_t update);
   /// Delayed scaling's state for a checkpoint: (name, host values) of each chosen Linear's
   /// history "fp8.amax_history.<Linear>" [H, 3] and next amaxes "fp8.amax.<Linear>" [3].
@@ -90,6 +93,7 @@ class Fp8Plan final : public LayerPlan {
   // [n, 3] the amaxes the GEMMs scale by (tensorwise: each call's); delayed: [n, 3] the
   // step's so far and [n, H, 3] the history.
   mutable Tensor amax_, step_amax_, history_;
+  bool recording_ = false;  // inside a training step (delayed scaling)
 };
 
 }  // namespace kiln

@@ -585,6 +585,7 @@ StepResult TrainStep::run(const void* inputs, const int32_t* targets, int64_t up
   model_->set_aux_loss_scale(static_cast<float>(scaler_.scale / (accum_ * dp)));
   dp_->begin_step(accum_);
   StepBatches batches(*this, inputs, targets, update);
+  if (fp8_plan_) fp8_plan_->begin_step();  // delayed scaling records this step's amaxes
   pipeline_->run(batches, grad_scale);  // the loss sums land in stats_[0:2]
   {
     announce(StepPhase::GradSync);

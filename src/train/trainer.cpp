@@ -216,6 +216,17 @@ void Trainer::print_start_up() const {
              tally.frozen > 0 ? fmt::format(" ({} tensors frozen by train.freeze or the model)",
                                             tally.frozen_names.size())
                               : std::string());
+  if (const Fp8Plan* fp8 = one_step_->fp8_plan()) {
+    const auto& on = fp8->chosen();  // never empty: the plan refuses a choice of none
+    fmt::print("kiln: fp8 {}{}: {} Linear{} of the blocks ({}{}{}), E4M3 inputs and weights, "
+               "E5M2 output gradients (docs/fp8.md)\n", config_.train.fp8,
+               fp8->delayed() ? fmt::format(" (amax history {}, {})",
+                                            config_.train.fp8_amax_history_len,
+                                            config_.train.fp8_amax_compute_algo)
+                              : std::string(),
+               on.size(), on.size() == 1 ? "" : "s", on.front(), on.size() > 1 ? " ... " : "",
+               on.size() > 1 ? on.back() : std::string());
+  }
   fmt::print("kiln: {} updates of {} sequences x {} tokens{} ({} micro-step{} of {} on each of {} "
              "data-parallel rank{}, ZeRO stage {}{}{}), backend {}, peak {:.1f} GFLOP/s per rank ({})\n",
              config_.train.steps, config_.train.global_batch, seq_len,

@@ -237,7 +237,7 @@ void check_linear(TpStyle style, bool sp, std::vector<int64_t> pieces, bool bias
   if (fp8) W = uneven(W, out, in), x = uneven(x, N, in), dy = uneven(dy, N, out);
   CommAmaxGroup amax_group({&testing::world()});
   auto fp8_on = [&](nn::Linear& l, nn::AmaxGroup* group) {
-    if (fp8) l.set_fp8({f.zeros(Shape{3}), Tensor(), group});
+    if (fp8) l.set_fp8({f.zeros(Shape{3}), Tensor(), nullptr, group});
   };
   // The unsharded layer.
   nn::Linear full("l", in, out, bias, 0.02f);
@@ -319,7 +319,7 @@ TEST(Fp8Linear, RowsCutOverRanksTakeTheWholeAmax) {
   CommAmaxGroup group({&world});
   auto layer = [&](nn::Linear& l, nn::AmaxGroup* g) {
     l.weight.value = f.upload(W, Shape{out, in}), l.weight.grad = f.zeros(Shape{out, in});
-    l.set_fp8({f.zeros(Shape{3}), Tensor(), g});
+    l.set_fp8({f.zeros(Shape{3}), Tensor(), nullptr, g});
   };
   auto mine = [&](const std::vector<float>& v, int64_t cols) {
     return std::vector<float>(v.begin() + r * rows * cols, v.begin() + (r + 1) * rows * cols);
