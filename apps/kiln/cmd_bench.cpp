@@ -475,10 +475,11 @@ void run_bench(const Args& a) {
   const int64_t tokens_per_step = static_cast<int64_t>(accum) * B * T;
   fmt::print("kiln bench: {} | {} | {} micro-step(s) of B={} T={} ({} tokens/step) | {} "
              "warm-up + {} timed steps | backend {}, {} threads (OMP_WAIT_POLICY={}) | fp32 GEMM "
-             "{:.1f} GFLOP/s\n",
+             "{:.1f} GFLOP/s{}\n",
              model.describe(), data_desc, accum, B, T, tokens_per_step, a.warmup, a.steps, be.name(),
              omp_get_max_threads(), std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "unset",
-             peak_flops / 1e9);
+             peak_flops / 1e9,
+             c.train.fp8 == "none" ? std::string() : fmt::format(" | train.fp8 = {}", c.train.fp8));
   const std::string gemm_path = be.gemm_path(parse_dtype(c.train.dtype));
   fmt::print("kiln bench: {}\n", gemm_path);
   std::fflush(stdout);
@@ -594,6 +595,8 @@ void run_bench(const Args& a) {
   nlohmann::json j;
   j["tokens_per_s"] = tok_s;
   j["gemm_path"] = gemm_path;
+  j["dtype"] = c.train.dtype;
+  j["fp8"] = c.train.fp8;  // "none", "tensorwise", "delayed": which numbers these are
   j["mfu"] = mfu;
   j["peak_flops"] = peak_flops;
   j["peak_flops_before"] = peak_before;
