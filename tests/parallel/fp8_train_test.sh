@@ -12,12 +12,11 @@
 #      by about 1.5e-4, so these runs fail without fp8 on their ranks);
 #      with --long also tp2 without sp, dp2 x tp2 at ZeRO 1, a tiny Llama at tp2, and
 #      train.fp8_layers naming every block's Linears;
-#   4. delayed scaling (train.fp8 = "delayed", a history of 4 steps): dp2 at ZeRO 1 and
-#      pp2 give the single process's losses within 1e-5, its scales bit for bit (its
-#      amax histories within 1e-4: they follow the weights, whose last bits follow the
-#      order of the gradient sums)
-#      (--long: ZeRO 3 with full recomputation too), tp2 + sp within 2e-5 with the same
-#      scales; evaluating more often leaves the histories bit for bit (evaluation records
+#   4. delayed scaling (train.fp8 = "delayed", a history of 4 steps, every block): dp2 at
+#      ZeRO 1 (--long: and ZeRO 3 with full recomputation) gives the single process's
+#      losses within 1e-5 and its scales bit for bit (its amax histories within 1e-4:
+#      they follow the weights, whose last bits follow the order of the gradient sums);
+#      pp2 and tp2 + sp within 1e-4, their histories within 10%; evaluating more often leaves the histories bit for bit (evaluation records
 #      no amax); a run stopped after 10 updates resumes to the same losses and histories;
 #      a tensorwise run stopped after 10 updates resumes to the same losses (tensorwise fp8
 #      keeps no state between steps);
@@ -132,9 +131,18 @@ if compare "$work/ref/metrics.jsonl" "$work/d_ref/metrics.jsonl" 1 1e-6 >/dev/nu
   echo "FAILED: delayed scaling gives tensorwise's losses"; exit 1
 fi
 compare "$work/plain/metrics.jsonl" "$work/d_ref/metrics.jsonl" 1 0.02
-d_exact=("d_dp2_z1 2 --set parallel.zero_stage=1" "d_pp2 2 --set parallel.pp=2")
+# Data parallel keeps the forward bits: losses within 1e-5 and the single process's scales
+# bit for bit. pp2 (the tied embedding's gradient summed over the stages in another
+# order) and tp2 + sp: losses within 1e-4, as every block in fp8 with delayed scaling's
+# first step at scale 1 magnifies a last-bit difference (with oneDNN capped at AVX2, pp2
+# drifted 1.65e-5 and one amax 5% by step 20, across a power of two); their histories
+# within 10%, which still catches a stage's Linears missing from rank 0's checkpoint
+# (zeros: the pipeline merge).
+d_exact=("d_dp2_z1 2 --set parallel.zero_stage=1")
 [ "$long" = --long ] && d_exact+=("d_dp2_z3_full 2 --set parallel.zero_stage=3 --set train.activation_checkpointing=full")
+d_near=("d_pp2 2 --set parallel.pp=2" "d_tp2_sp 2 ${sp[*]}")
 layouts d_ref 1e-5 delayed "${d_exact[@]}"
+layouts d_ref 1e-4 delayed "${d_near[@]}"
 for run in "${d_exact[@]}"; do
   name=${run%% *}
   for step in 00000010 00000020; do
@@ -144,9 +152,11 @@ for run in "${d_exact[@]}"; do
   echo -n "fp8 delayed $name amax histories (within 1e-4): "
   compare_tensors "$work/d_ref/ckpt/step_00000020" "$work/$name/ckpt/step_00000020" fp8. 1e-4
 done
-layouts d_ref 2e-5 delayed "d_tp2_sp 2 ${sp[*]}"
-echo -n "fp8 delayed d_tp2_sp scales at step 00000020: "
-compare_scales "$work/d_ref/ckpt/step_00000020" "$work/d_tp2_sp/ckpt/step_00000020"
+for run in "${d_near[@]}"; do
+  name=${run%% *}
+  echo -n "fp8 delayed $name amax histories (within 10%): "
+  compare_tensors "$work/d_ref/ckpt/step_00000020" "$work/$name/ckpt/step_00000020" fp8. 0.1
+done
 # Evaluation reads the scales and records nothing: evaluating every 3 updates instead of
 # every 10 leaves the histories bit for bit.
 train d_eval3 1 "${delayed[@]}" --set eval.every=3
