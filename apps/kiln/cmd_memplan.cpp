@@ -45,9 +45,6 @@ struct Args {
   std::string moe_routing = "worst";
 };
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-double gib(int64_t b) { return static_cast<double>(b) / kGiB; }
-
 // A mixture-of-experts model: the routing planned and what depends on it.
 void print_moe(const plan::MemPlan& p) {
   const bool worst = p.moe_routing == plan::MoeRouting::Worst;

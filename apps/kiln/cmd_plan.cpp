@@ -46,9 +46,6 @@ struct Args {
   std::string write;
 };
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-double gib(int64_t b) { return static_cast<double>(b) / kGiB; }
-
 // The documented defaults of each link class (docs/plan.md, "Defaults").
 plan::Link default_link(bool cuda, bool inter) {
   if (cuda && !inter)

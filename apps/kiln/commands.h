@@ -4,7 +4,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
+
 namespace kiln::app {
+
+/// Bytes in a GiB, and bytes as GiB: the unit kiln memplan and kiln plan print.
+inline constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+inline double gib(int64_t bytes) { return static_cast<double>(bytes) / kGiB; }
 
 void register_prepare(CLI::App& app);  // kiln prepare: text -> token shards
 void register_train(CLI::App& app);    // kiln train CONFIG.toml

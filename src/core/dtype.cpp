@@ -34,35 +34,28 @@ DType parse_dtype(std::string_view name) {
 
 namespace {
 
-// An OFP8 format by its field widths: M mantissa bits, exponent bias, largest finite code
-// (sign cleared) and the NaN code it produces.
+// An OFP8 format by its field widths: M mantissa bits, exponent bias, and the NaN code it
+// produces (sign cleared).
 struct Fp8Format {
   int mantissa_bits, bias;
-  uint8_t max_code, nan_code;
+  uint8_t nan_code;
 };
-constexpr Fp8Format kE4M3{3, 7, 0x7e, 0x7f};
-constexpr Fp8Format kE5M2{2, 15, 0x7b, 0x7e};
+constexpr Fp8Format kE4M3{3, 7, 0x7f};
+constexpr Fp8Format kE5M2{2, 15, 0x7e};
 
-uint8_t f32_to_fp8(float f, const Fp8Format& fmt) {
-  const uint32_t u = f32_bits(f);
+// The code of f: fp8_round gives the nearest fp8 value (the one rounding, saturating),
+// which this encodes exactly.
+uint8_t f32_to_fp8(float f, const Fp8Format& fmt, DType t) {
+  const uint32_t u = f32_bits(fp8_round(f, t));
   const auto sign = static_cast<uint8_t>((u >> 24) & 0x80u);
   const uint32_t a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return sign | fmt.nan_code;
   const int M = fmt.mantissa_bits;
   const int min_normal_exp = 1 - fmt.bias;  // unbiased exponent of the smallest normal
-  if (static_cast<int>(a >> 23) - 127 < min_normal_exp) {
-    // Subnormal (or zero) in fp8: the value is m 2^(min_normal_exp - M), m in [0, 2^M];
-    // the scaling is exact, and nearbyint rounds to nearest even. m = 2^M is the
-    // smallest normal, whose code is the same integer.
-    const float m = std::nearbyint(std::ldexp(bits_f32(a), M - min_normal_exp));
-    return sign | static_cast<uint8_t>(m);
-  }
-  // Normal: round the fp32 mantissa to M bits (ties to even; a carry moves the exponent),
-  // then rebias the exponent from 127 to the format's; beyond the largest code saturate.
-  const int drop = 23 - M;
-  const uint32_t rounded = (a + (1u << (drop - 1)) - 1u + ((a >> drop) & 1u)) >> drop;
-  const uint32_t code = rounded - (static_cast<uint32_t>(127 - fmt.bias) << M);
-  return sign | static_cast<uint8_t>(std::min<uint32_t>(code, fmt.max_code));
+  if (static_cast<int>(a >> 23) - 127 < min_normal_exp)  // subnormal or zero: m 2^(min - M)
+    return sign | static_cast<uint8_t>(std::ldexp(bits_f32(a), M - min_normal_exp));
+  // Normal: the value's low mantissa bits are zero; rebias the exponent (127 -> bias).
+  return sign | static_cast<uint8_t>((a >> (23 - M)) - (static_cast<uint32_t>(127 - fmt.bias) << M));
 }
 
 float fp8_to_f32(uint8_t code, const Fp8Format& fmt, bool has_inf) {
@@ -82,8 +75,8 @@ float fp8_to_f32(uint8_t code, const Fp8Format& fmt, bool has_inf) {
 
 }  // namespace
 
-uint8_t f32_to_e4m3(float f) { return f32_to_fp8(f, kE4M3); }
-uint8_t f32_to_e5m2(float f) { return f32_to_fp8(f, kE5M2); }
+uint8_t f32_to_e4m3(float f) { return f32_to_fp8(f, kE4M3, DType::E4M3); }
+uint8_t f32_to_e5m2(float f) { return f32_to_fp8(f, kE5M2, DType::E5M2); }
 float e4m3_to_f32(uint8_t code) { return fp8_to_f32(code, kE4M3, false); }
 float e5m2_to_f32(uint8_t code) { return fp8_to_f32(code, kE5M2, true); }
 

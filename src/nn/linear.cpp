@@ -48,8 +48,12 @@ void Linear::take_amax(Backend& be, Stream s, const Tensor& inp, const Tensor& d
   if (delayed && !(fp8_.recording && *fp8_.recording)) return;  // evaluation: scales only
   const Tensor& a = delayed ? fp8_.step_amax : fp8_.amax;
   if (!delayed) be.fill(s, a, 0.f);
-  be.fp8_amax(s, a.view_at(0, Shape{1}), inp);
-  be.fp8_amax(s, a.view_at(1, Shape{1}), weight.v());
+  // Delayed scaling keeps the step's max: backward adds only dout's (forward took inp's
+  // and the weight's, the same tensors); tensorwise takes every operand per call.
+  if (!delayed || !dout) {
+    be.fp8_amax(s, a.view_at(0, Shape{1}), inp);
+    be.fp8_amax(s, a.view_at(1, Shape{1}), weight.v());
+  }
   if (dout) be.fp8_amax(s, a.view_at(2, Shape{1}), dout);
   if (!delayed && fp8_.group) fp8_.group->all_reduce_max(s, a);
 }

@@ -75,7 +75,7 @@ class Linear {
   /// this call's, reduced over the group (tensorwise), or max-accumulated into the step's
   /// (delayed). A no-op without fp8.
   void take_amax(Backend& be, Stream s, const Tensor& inp, const Tensor& dout) const;
-  /// linear_backward, or its fp8 form (after backward_amax).
+  /// linear_backward, or its fp8 form (after take_amax).
   void gemm_backward(Backend& be, Stream s, const Tensor& dinp, const Tensor& dw,
                      const Tensor& db, const Tensor& dout, const Tensor& inp) const;
 

@@ -8,7 +8,6 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
 
 namespace kiln {
 
@@ -96,38 +95,17 @@ void Fp8Plan::end_step(int64_t update) {
                             options_.most_recent);
 }
 
-std::vector<std::pair<std::string, std::vector<float>>> Fp8Plan::state() const {
-  std::vector<std::pair<std::string, std::vector<float>>> out;
+std::vector<Fp8Plan::StateTensor> Fp8Plan::state() const {
+  std::vector<StateTensor> out;
   if (!delayed()) return out;
-  const std::vector<float> amax = download_f32(backend_, amax_);
-  const std::vector<float> history = download_f32(backend_, history_);
-  const size_t H = static_cast<size_t>(options_.history_len);
+  const int64_t H = options_.history_len;
   for (size_t i = 0; i < chosen_.size(); ++i) {
-    out.emplace_back("fp8.amax_history." + chosen_[i],
-                     std::vector<float>(history.begin() + static_cast<std::ptrdiff_t>(i * H * 3),
-                                        history.begin() + static_cast<std::ptrdiff_t>((i + 1) * H * 3)));
-    out.emplace_back("fp8.amax." + chosen_[i],
-                     std::vector<float>(amax.begin() + static_cast<std::ptrdiff_t>(i * 3),
-                                        amax.begin() + static_cast<std::ptrdiff_t>(i * 3 + 3)));
+    const auto k = static_cast<int64_t>(i);
+    out.push_back({"fp8.amax_history." + chosen_[i], Shape{H, 3},
+                   history_.view_at(k * H * 3, Shape{H, 3})});
+    out.push_back({"fp8.amax." + chosen_[i], Shape{3}, amax_.view_at(k * 3, Shape{3})});
   }
   return out;
-}
-
-Shape Fp8Plan::state_shape(const std::string& name) const {
-  return name.starts_with("fp8.amax_history.") ? Shape{options_.history_len, 3} : Shape{3};
-}
-
-void Fp8Plan::load_state(const std::string& name, const std::vector<float>& values) {
-  const bool history = name.starts_with("fp8.amax_history.");
-  const std::string linear = name.substr(history ? std::string("fp8.amax_history.").size()
-                                                 : std::string("fp8.amax.").size());
-  const auto it = std::find(chosen_.begin(), chosen_.end(), linear);
-  KILN_CHECK(delayed() && it != chosen_.end(), "fp8 state '{}': no such fp8 Linear here", name);
-  const int64_t i = it - chosen_.begin(), n = state_shape(name).numel();
-  KILN_CHECK(static_cast<int64_t>(values.size()) == n, "fp8 state '{}': {} values, expected {}",
-             name, values.size(), n);
-  const Tensor dst = history ? history_.view_at(i * n, Shape{n}) : amax_.view_at(i * n, Shape{n});
-  upload_f32(backend_, dst, values.data());
 }
 
 }  // namespace kiln

@@ -74,15 +74,15 @@ class Fp8Plan final : public LayerPlan {
   /// backward: the step's amaxes reduced over every rank, written into the history, the
   /// next step's amaxes taken from it. Ends the recording. Nothing for tensorwise scaling.
   void end_step(int64_t update);
-  /// Delayed scaling's state for a checkpoint: (name, host values) of each chosen Linear's
-  /// history "fp8.amax_history.<Linear>" [H, 3] and next amaxes "fp8.amax.<Linear>" [3].
-  /// Synchronises. Empty for tensorwise scaling.
-  std::vector<std::pair<std::string, std::vector<float>>> state() const;
-  /// The shape of a state tensor of state().
-  Shape state_shape(const std::string& name) const;
-  /// Sets the tensor `name` of state() from host values (a resume); throws kiln::Error for
-  /// a name it does not hold or a wrong size.
-  void load_state(const std::string& name, const std::vector<float>& values);
+  /// Delayed scaling's state for checkpoints: each chosen Linear's history
+  /// "fp8.amax_history.<Linear>" [H, 3] and next amaxes "fp8.amax.<Linear>" [3], as views of
+  /// the device tables (read them to save, write them to resume). Empty for tensorwise.
+  struct StateTensor {
+    std::string name;
+    Shape shape;
+    Tensor value;
+  };
+  std::vector<StateTensor> state() const;
 
  private:
   Backend& backend_;

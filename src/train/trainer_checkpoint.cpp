@@ -191,12 +191,9 @@ void Trainer::add_tensors(checkpoint::CheckpointWriter& writer, HostCopies& copi
     add_model_buffers(writer, one_step_->model(), copies);
   // Delayed fp8 scaling's amax histories: the same on every rank (Fp8Plan::end_step).
   if (const Fp8Plan* fp8 = one_step_->fp8_plan(); fp8 && world_->rank() == 0) {
-    for (const auto& [name, values] : fp8->state()) {
-      auto* host = static_cast<float*>(copies.raw(values.size() * sizeof(float)));
-      std::copy(values.begin(), values.end(), host);
-      writer.add_flat_range(name, fp8->state_shape(name), DType::F32, 0,
-                            static_cast<int64_t>(values.size()), host);
-    }
+    for (const Fp8Plan::StateTensor& t : fp8->state())
+      writer.add_flat_range(t.name, t.shape, DType::F32, 0, t.shape.numel(),
+                            copies.copy(*backend_, t.value));
   }
 }
 

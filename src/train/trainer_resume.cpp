@@ -246,18 +246,18 @@ void Trainer::load_buffers(const checkpoint::CheckpointReader& reader) {
   std::vector<std::string> missing = load_model_buffers(reader, one_step_->model());
   if (Fp8Plan* fp8 = one_step_->fp8_plan()) {  // delayed scaling's amax histories
     std::vector<float> buf;
-    for (const auto& [name, values] : fp8->state()) {
-      if (!reader.has(name)) {
-        missing.push_back(name);
+    for (const Fp8Plan::StateTensor& t : fp8->state()) {
+      if (!reader.has(t.name)) {
+        missing.push_back(t.name);
         continue;
       }
-      KILN_CHECK(reader.global_shape(name) == fp8->state_shape(name), "{}: tensor '{}' has shape "
-                 "{}, train.fp8_amax_history_len = {} expects {}", reader.dir().string(), name,
-                 reader.global_shape(name).str(), config_.train.fp8_amax_history_len,
-                 fp8->state_shape(name).str());
-      buf.resize(values.size());
-      reader.read(name, buf.data(), DType::F32);
-      fp8->load_state(name, buf);
+      KILN_CHECK(reader.global_shape(t.name) == t.shape, "{}: tensor '{}' has shape {}, "
+                 "train.fp8_amax_history_len = {} expects {}", reader.dir().string(), t.name,
+                 reader.global_shape(t.name).str(), config_.train.fp8_amax_history_len,
+                 t.shape.str());
+      buf.resize(static_cast<size_t>(t.shape.numel()));
+      reader.read(t.name, buf.data(), DType::F32);
+      upload_f32(*backend_, t.value, buf.data());
     }
   }
   if (!missing.empty() && options_.verbose)
