@@ -510,6 +510,16 @@ class Backend {
 
   /// out = a + b (the residual connection). Any shape; out may alias a or b.
   virtual void add(Stream s, const Tensor& out, const Tensor& a, const Tensor& b) = 0;
+  /// out[n, out_col + j] += alpha * src[n, j] for every row n and j < Ws: out [N, Wo] and src
+  /// [N, Ws] seen as rows of their last dimension (the same N; any leading dims flatten),
+  /// of one float dtype (fp32, bf16, fp16); each sum computed in fp32 (one fused
+  /// multiply-add, fma(alpha, src, out)) and rounded once to the dtype. The other columns
+  /// of out are left as they were; src must not overlap out.
+  /// Adds a LoRA adapter's scaled output into its columns of a fused projection (nn/lora.h).
+  /// Throws kiln::Error when the dtypes differ, the row counts differ or [out_col, out_col +
+  /// Ws) leaves out.
+  virtual void add_columns(Stream s, const Tensor& out, const Tensor& src, int64_t out_col,
+                           float alpha) = 0;
 
   /// DiT's adaptive LayerNorm modulation and gate (Peebles & Xie 2023, "Scalable Diffusion
   /// Models with Transformers", adaLN-Zero), one chunk of a per-sample conditioning

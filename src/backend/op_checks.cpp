@@ -250,6 +250,25 @@ ColumnDims copy_columns(const Tensor& dst, const Tensor& src, int64_t dst_col, i
   return d;
 }
 
+ColumnDims add_columns(const Tensor& out, const Tensor& src, int64_t out_col) {
+  KILN_CHECK(out.ndim() >= 1 && src.ndim() >= 1 && out.size(-1) > 0 && src.size(-1) > 0,
+             "add_columns: out {} and src {} need a last dimension of at least one column",
+             out.str(), src.str());
+  KILN_CHECK(out.dtype() == src.dtype(), "add_columns: out {} and src {} have different dtypes",
+             out.str(), src.str());
+  const ColumnDims d{rows(out), out.size(-1), src.size(-1)};
+  KILN_CHECK(rows(src) == d.N, "add_columns: out {} and src {} have different row counts",
+             out.str(), src.str());
+  KILN_CHECK(out_col >= 0 && out_col <= d.Wd - d.Ws,
+             "add_columns: columns [{}, {}) of out {} out of range (src {})", out_col,
+             out_col + d.Ws, out.str(), src.str());
+  const auto o = reinterpret_cast<uintptr_t>(out.raw());
+  const auto i = reinterpret_cast<uintptr_t>(src.raw());
+  KILN_CHECK(o + out.nbytes() <= i || i + src.nbytes() <= o,
+             "add_columns: src {} overlaps out {}", src.str(), out.str());
+  return d;
+}
+
 AttentionDims rope(const Tensor& qkv_, const Tensor& pos, const AttentionShape& a) {
   const AttentionDims d = qkv(qkv_, a, "rope");
   KILN_CHECK(d.HD % 2 == 0, "rope: head size {} must be even", d.HD);

@@ -92,6 +92,9 @@ TileDims attention_tile_backward(const Tensor& dq, const Tensor& dkv, const Tens
 struct ColumnDims { int64_t N, Wd, Ws; };
 ColumnDims copy_columns(const Tensor& dst, const Tensor& src, int64_t dst_col, int64_t src_col,
                         int64_t ncols);
+/// add_columns: rows N, out's width Wd and src's Ws; out and src of one dtype, not
+/// overlapping; throws when [out_col, out_col + Ws) leaves out.
+ColumnDims add_columns(const Tensor& out, const Tensor& src, int64_t out_col);
 
 struct DecodeDims { int64_t B, T, NH, NKV, HD, W, Tmax; };
 DecodeDims attention_decode(const Tensor& out, const Tensor& k_cache, const Tensor& v_cache,

@@ -117,6 +117,9 @@
   X(SwiGluBackward, swiglu_backward, SwiGLU, "backward",                                           \
     (const Tensor& dinp, const Tensor& dout, const Tensor& inp), (dinp, dout, inp))                \
   X(Add, add, Add, "forward", (const Tensor& out, const Tensor& a, const Tensor& b), (out, a, b))  \
+  X(AddColumns, add_columns, Add, "forward",                                                       \
+    (const Tensor& out, const Tensor& src, int64_t out_col, float alpha),                          \
+    (out, src, out_col, alpha))                                                                    \
   X(Modulate, modulate, Modulate, "forward",                                                       \
     (const Tensor& out, const Tensor& x, const Tensor& mod, int scale_index, int shift_index,      \
      float scale_offset),                                                                          \

@@ -228,6 +228,12 @@ OpCost add(const Tensor& out, const Tensor&, const Tensor&) {
   const double n = d(out.numel());
   return {n, 3.0 * n * es(out), fmt::format("n={}", out.numel())};
 }
+// Reads src and out's columns, writes those columns; a multiply-add per element.
+OpCost add_columns(const Tensor& out, const Tensor& src, int64_t, float) {
+  const int64_t Ws = last(src), N = src.numel() / std::max<int64_t>(Ws, 1);
+  const double n = d(N * Ws);
+  return {2.0 * n, 3.0 * n * es(out), fmt::format("N={} cols={} of {}", N, Ws, last(out))};
+}
 // x * (offset + scale) + shift per element; mod's two chunks read once per sample.
 OpCost modulate(const Tensor&, const Tensor& x, const Tensor& mod, int, int shift_index, float) {
   const double n = d(x.numel()), chunks = shift_index >= 0 ? 2.0 : 1.0;

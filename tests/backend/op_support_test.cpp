@@ -175,6 +175,9 @@ void swiglu_backward(S& t) {
                        t.act({S::N, 2 * S::C}));
 }
 void add(S& t) { t.be.add(t.s, t.act({S::N, S::C}), t.act({S::N, S::C}), t.act({S::N, S::C})); }
+void add_columns(S& t) {
+  t.be.add_columns(t.s, t.act({S::N, 3 * S::C}), t.act({S::N, S::C}), S::C, 0.5f);
+}
 void modulate(S& t) {
   t.be.modulate(t.s, t.act({S::B, S::T, S::C}), t.act({S::B, S::T, S::C}),
                 t.act({S::B, 2, S::C}), 0, 1, 1.f);
@@ -409,6 +412,9 @@ static_assert(cuda_supports(Op::CopyColumns, DType::F32));
 static_assert(cuda_supports(Op::CopyColumns, DType::F16));  // a copy: every float
 static_assert(cuda_supports(Op::AttentionForward, DType::BF16));
 static_assert(!cuda_supports(Op::LinearForward, DType::F16));
+static_assert(cuda_supports(Op::AddColumns, DType::BF16));
+static_assert(!cuda_supports(Op::AddColumns, DType::F16));  // as add: fp32 and bf16
+static_assert(cpu_supports(Op::AddColumns, DType::F16));
 static_assert(cpu_supports(Op::AttentionTileForward, DType::F16));
 static_assert(!cpu_supports(Op::AdamW, DType::BF16));  // fp32 parameters only
 

@@ -1,10 +1,13 @@
-// Memory ops (transfers, copy, fill), add, gelu and dropout (sum_squares: op_test_step_stats).
+// Memory ops (transfers, copy, fill), add, add_columns, gelu and dropout (sum_squares:
+// op_test_step_stats).
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "op_harness.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 
 namespace kiln::test {
 namespace {
@@ -168,6 +171,107 @@ TEST_P(OpTest, Add) {
     be().add(st(), ta2, ta2, ta2);
     EXPECT_TRUE(bitwise_equal("add (out = a = b)", download(ta2), twice)) << "n=" << n;
   }
+}
+
+// x in `dt` (fp32, bf16, fp16) and back: the value a tensor of dt holds.
+float round_to(DType dt, float x) {
+  if (dt == DType::BF16) return bf16_to_f32(f32_to_bf16(x));
+  if (dt == DType::F16) return f16_to_f32(f32_to_f16(x));
+  return x;
+}
+
+// Against a double reference at awkward sizes: out's columns [out_col, out_col + Ws) get
+// alpha * src added, each the exact sum rounded once: fp32 within half an ulp of the
+// double sum (and equal to std::fma, which rounds the exact sum once); bf16 and fp16 the
+// sum in fp32 (std::fma: the exact one rounded once) rounded once to the dtype. out's other
+// columns and src are left as they were. Also out with leading dims ([3, 11, Wo]: N = 33
+// rows) and a row slice of a larger tensor.
+TEST_P(OpTest, AddColumns) {
+  struct Widths { int64_t Wo, Ws; };
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    if (!be().supports(Op::AddColumns, dt)) {
+      Tensor o = be().empty({2, 5}, dt, MemCategory::Activations);
+      Tensor x = be().empty({2, 3}, dt, MemCategory::Activations);
+      EXPECT_THROW(be().add_columns(st(), o, x, 1, 1.f), Error) << dtype_name(dt);
+      continue;
+    }
+    for (int64_t N : {1, 7, 33}) {
+      for (const Widths w : {Widths{5, 2}, Widths{19, 7}, Widths{130, 64}, Widths{19, 1},
+                             Widths{5, 5}}) {
+        for (int64_t out_col : {int64_t{0}, (w.Wo - w.Ws) / 2, w.Wo - w.Ws}) {
+          for (float alpha : {1.f, -0.37f, 8.5f}) {
+            const std::string what = std::string(dtype_name(dt)) + " " +
+                                     sizes({{"N", N}, {"Wo", w.Wo}, {"Ws", w.Ws},
+                                            {"out_col", out_col}}) +
+                                     "alpha=" + std::to_string(alpha);
+            std::vector<float> base = randn(N * w.Wo), add = randn(N * w.Ws, 2.f);
+            for (float& v : base) v = round_to(dt, v);
+            for (float& v : add) v = round_to(dt, v);
+            std::vector<float> want = base;
+            Vec exact(want.size());
+            for (size_t i = 0; i < want.size(); ++i) exact[i] = base[i];
+            for (int64_t n = 0; n < N; ++n)
+              for (int64_t j = 0; j < w.Ws; ++j) {
+                const size_t o = static_cast<size_t>(n * w.Wo + out_col + j);
+                const float x = add[static_cast<size_t>(n * w.Ws + j)];
+                exact[o] = static_cast<double>(base[o]) + static_cast<double>(alpha) * x;
+                want[o] = round_to(dt, std::fma(alpha, x, base[o]));
+              }
+            const Shape out_shape = N == 33 ? Shape{3, 11, w.Wo} : Shape{N, w.Wo};
+            Tensor out = up(base, out_shape, dt), src = up(add, {N, w.Ws}, dt);
+            be().add_columns(st(), out, src, out_col, alpha);
+            const std::vector<float> got = down(out);
+            EXPECT_TRUE(bitwise_equal("add_columns", got, want)) << what;
+            EXPECT_TRUE(bitwise_equal("add_columns src unchanged", down(src), add)) << what;
+            if (dt == DType::F32) {
+              double worst = 0;  // in ulps of the fp32 result
+              for (size_t i = 0; i < got.size(); ++i) {
+                const float g = std::fabs(got[i]);
+                const double ulp = std::nextafter(g, INFINITY) - g;
+                worst = std::max(worst, std::fabs(got[i] - exact[i]) / ulp);
+              }
+              EXPECT_LE(worst, 0.5 + 1e-6) << "add_columns fp32 against double, " << what;
+            }
+          }
+        }
+      }
+    }
+    // Into a row slice of a larger tensor: rows outside it untouched.
+    const std::vector<float> big = randn(6 * 9), rows = randn(3 * 4);
+    std::vector<float> want(big.size());
+    for (size_t i = 0; i < big.size(); ++i) want[i] = round_to(dt, big[i]);
+    std::vector<float> rows_dt(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) rows_dt[i] = round_to(dt, rows[i]);
+    for (int64_t n = 0; n < 3; ++n)
+      for (int64_t j = 0; j < 4; ++j) {
+        float& o = want[static_cast<size_t>((2 + n) * 9 + 5 + j)];
+        o = round_to(dt, std::fma(-2.f, rows_dt[static_cast<size_t>(n * 4 + j)], o));
+      }
+    Tensor tbig = up(big, {6, 9}, dt);
+    be().add_columns(st(), tbig.slice_rows(2, 5), up(rows, {3, 4}, dt), 5, -2.f);
+    EXPECT_TRUE(bitwise_equal("add_columns into slice_rows(2, 5)", down(tbig), want))
+        << dtype_name(dt);
+  }
+}
+
+// add_columns refuses, with kiln::Error: dtypes that differ, row counts that differ, a
+// column range that leaves out, and src overlapping out (aliasing is not allowed: it
+// reads src while it writes out).
+TEST_P(OpTest, AddColumnsBadArgumentsThrow) {
+  Tensor out = upload(randn(4 * 6), {4, 6});
+  EXPECT_THROW(be().add_columns(st(), out, up(randn(4 * 2), {4, 2}, DType::BF16), 0, 1.f), Error);
+  EXPECT_THROW(be().add_columns(st(), out, upload(randn(3 * 2), {3, 2}), 0, 1.f), Error);
+  EXPECT_THROW(be().add_columns(st(), out, upload(randn(4 * 2), {4, 2}), 5, 1.f), Error);
+  EXPECT_THROW(be().add_columns(st(), out, upload(randn(4 * 2), {4, 2}), -1, 1.f), Error);
+  EXPECT_THROW(be().add_columns(st(), out, upload(randn(4 * 7), {4, 7}), 0, 1.f), Error);
+  EXPECT_THROW(be().add_columns(st(), out, out, 0, 1.f), Error);
+  Tensor big = upload(randn(8 * 6), {8, 6});
+  EXPECT_THROW(be().add_columns(st(), big.slice_rows(0, 4), big.slice_rows(3, 7), 0, 1.f),
+               Error);
+  // Disjoint rows of one tensor are fine; the last columns exactly fit.
+  EXPECT_NO_THROW(be().add_columns(st(), big.slice_rows(0, 4), big.slice_rows(4, 8), 0, 1.f));
+  EXPECT_NO_THROW(be().add_columns(st(), out, upload(randn(4 * 2), {4, 2}), 4, 1.f));
+  be().synchronize(st());
 }
 
 TEST_P(OpTest, Gelu) {

@@ -382,6 +382,14 @@ class CpuBackend final : public Backend {
       cpu::add(p<T>(out), p<T>(a), p<T>(b), out.numel());
     });
   }
+  void add_columns(Stream, const Tensor& out, const Tensor& src, int64_t out_col,
+                   float alpha) override {
+    const auto d = checks::add_columns(out, src, out_col);
+    cpu::dispatch_float(out.dtype(), "add_columns", [&](auto x) {
+      using T = decltype(x);
+      cpu::add_columns(p<T>(out) + out_col, d.Wd, p<T>(src), d.Ws, d.N, alpha);
+    });
+  }
   void dropout_forward(Stream, const Tensor& out, const Tensor& inp,
                        const DropoutSpec& spec) override {
     checks::same_size(out, inp, "dropout");

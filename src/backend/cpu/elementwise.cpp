@@ -1,7 +1,7 @@
 // Element-wise ops: SwiGLU (Shazeer 2020), SiLU (Elfwing et al. 2018), GELU (tanh
 // approximation, Hendrycks & Gimpel 2016, as GPT-2 and torch's gelu(approximate="tanh")),
-// residual add, dropout with a replayable Philox mask, fill, and the sum of squares (in
-// double) used for gradient norms.
+// residual add, add_columns (a LoRA adapter's output into its columns), dropout with a
+// replayable Philox mask, fill, and the sum of squares (in double) used for gradient norms.
 #include "backend/cpu/kernels.h"
 
 #include "backend/cpu/vec_math.h"
@@ -101,6 +101,17 @@ void add(T* out, const T* a, const T* b, int64_t n) {
 }
 
 template <class T>
+void add_columns(T* out, int64_t Wo, const T* src, int64_t Ws, int64_t N, float alpha) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    T* o = out + n * Wo;
+    const T* x = src + n * Ws;
+#pragma omp simd
+    for (int64_t j = 0; j < Ws; ++j) o[j] = store<T>(std::fma(alpha, load(x[j]), load(o[j])));
+  }
+}
+
+template <class T>
 void dropout(T* out, const T* inp, int64_t n, const DropoutSpec& spec) {
   const float scale = 1.f / (1.f - spec.p);
   // Philox blocks of 4 global elements covering [offset, offset + n).
@@ -185,6 +196,7 @@ double sum_squares(const T* x, int64_t n) {
   template void silu_forward<T>(T*, const T*, int64_t);                   \
   template void silu_backward<T>(T*, const T*, const T*, int64_t);        \
   template void add<T>(T*, const T*, const T*, int64_t);                  \
+  template void add_columns<T>(T*, int64_t, const T*, int64_t, int64_t, float); \
   template void swiglu_forward<T>(T*, const T*, int64_t, int64_t);        \
   template void swiglu_backward<T>(T*, const T*, const T*, int64_t, int64_t); \
   template void dropout<T>(T*, const T*, int64_t, const DropoutSpec&);    \

@@ -110,6 +110,10 @@ template <class T>
 void swiglu_backward(T* dinp, const T* dout, const T* inp, int64_t N, int64_t H);
 template <class T>
 void add(T* out, const T* a, const T* b, int64_t n);
+/// out[n * Wo + j] = fma(alpha, src[n * Ws + j], out[n * Wo + j]) in fp32, rounded once,
+/// for n < N and j < Ws (Backend::add_columns: out already offset to its first column).
+template <class T>
+void add_columns(T* out, int64_t Wo, const T* src, int64_t Ws, int64_t N, float alpha);
 /// out = inp * keep(i) / (1-p); used for both directions (the mask is replayed).
 template <class T>
 void dropout(T* out, const T* inp, int64_t n, const DropoutSpec& spec);

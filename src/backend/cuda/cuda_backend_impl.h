@@ -88,6 +88,8 @@ class CudaBackend final : public Backend {
   void swiglu_backward(Stream s, const Tensor& dinp, const Tensor& dout,
                        const Tensor& inp) override;
   void add(Stream s, const Tensor& out, const Tensor& a, const Tensor& b) override;
+  void add_columns(Stream s, const Tensor& out, const Tensor& src, int64_t out_col,
+                   float alpha) override;
   void dropout_forward(Stream s, const Tensor& out, const Tensor& inp,
                        const DropoutSpec& spec) override;
   void dropout_backward(Stream s, const Tensor& dinp, const Tensor& dout,

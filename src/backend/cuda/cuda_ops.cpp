@@ -194,6 +194,14 @@ void CudaBackend::add(Stream s, const Tensor& out, const Tensor& a, const Tensor
   checks::same_size(out, b, "add");
   cuda::add(st(s), elem(out, "add"), out.raw(), a.raw(), b.raw(), out.numel());
 }
+void CudaBackend::add_columns(Stream s, const Tensor& out, const Tensor& src, int64_t out_col,
+                              float alpha) {
+  cuda::NvtxRange r("add_columns");
+  const auto d = checks::add_columns(out, src, out_col);
+  on_device(src, "add_columns");
+  cuda::add_columns(st(s), elem(out, "add_columns", {&src}), out.raw(), d.Wd, out_col,
+                    src.raw(), d.Ws, d.N, alpha);
+}
 void CudaBackend::dropout_forward(Stream s, const Tensor& out, const Tensor& inp,
                                   const DropoutSpec& spec) {
   cuda::NvtxRange r("dropout_forward");

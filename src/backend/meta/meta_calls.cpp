@@ -214,6 +214,12 @@ MetaCallInfo add(const Tensor& out, const Tensor& a, const Tensor& b) {
   checks::same_size(out, b, "add");
   return elements(Op::Add, out);
 }
+MetaCallInfo add_columns(const Tensor& out, const Tensor& src, int64_t out_col, float) {
+  const auto d = checks::add_columns(out, src, out_col);
+  MetaCallInfo c = info(Op::AddColumns, out.dtype());
+  c.N = d.N, c.numel = d.N * d.Ws;
+  return c;
+}
 MetaCallInfo modulate(const Tensor& out, const Tensor& x, const Tensor& mod, int scale_index,
                       int shift_index, float) {
   const auto d = checks::modulate(out, x, mod, scale_index, shift_index);
