@@ -633,6 +633,15 @@ void TrainConfig::validate_for_training() const {
              "train.dtype = \"fp16\": fp8 runs with bf16 or fp32 (docs/fp8.md)", source, train.fp8);
   KILN_CHECK(train.fp8 != "none" || train.fp8_layers.empty(), "{}: train.fp8_layers is set but "
              "train.fp8 = \"none\"", source);
+  const LoraSection lora_defaults;
+  KILN_CHECK(train.lora.rank > 0 ||
+                 (train.lora.alpha == lora_defaults.alpha && !train.lora.rslora &&
+                  train.lora.dropout == lora_defaults.dropout &&
+                  train.lora.targets == lora_defaults.targets),
+             "{}: train.lora keys are set but train.lora.rank = 0 (LoRA off): set the rank",
+             source);
+  KILN_CHECK(train.lora.rank == 0 || train.freeze.empty(), "{}: train.freeze with train.lora: "
+             "LoRA freezes every parameter but the adapters itself", source);
   const TrainSection defaults;
   KILN_CHECK(train.fp8 == "delayed" ||
                  (train.fp8_amax_history_len == defaults.fp8_amax_history_len &&

@@ -54,6 +54,16 @@ struct DataSection {
   bool operator==(const DataSection&) const = default;
 };
 
+/// [train.lora]: low-rank adapters on a frozen base (docs/lora.md; parallel/lora_plan.h).
+struct LoraSection {
+  int64_t rank = 0;          // r; 0 = no LoRA (every parameter trains)
+  double alpha = 16.0;       // scale alpha / r (alpha / sqrt(r) with rslora)
+  bool rslora = false;
+  double dropout = 0.0;      // on the adapters' input
+  std::vector<std::string> targets = {"q", "v"};  // roles or glob patterns
+  bool operator==(const LoraSection&) const = default;
+};
+
 /// [train]: batch geometry, length of the run, precision.
 struct TrainSection {
   int64_t steps = 0;        // optimizer updates; required (> 0) for training
@@ -75,6 +85,7 @@ struct TrainSection {
   std::vector<std::string> fp8_layers;  // Linears in fp8 by glob; [] = the blocks but first/last
   int fp8_amax_history_len = 16;        // delayed: steps of amax history per tensor
   std::string fp8_amax_compute_algo = "max";  // delayed: "max" | "most_recent" of the history
+  LoraSection lora;
   bool operator==(const TrainSection&) const = default;
 };
 

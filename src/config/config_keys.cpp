@@ -131,6 +131,21 @@ const std::vector<Key>& keys() {
             "Linears (\"transformer.h.3.attn.c_attn\", \"*.mlp.*\") that run in fp8; each "
             "must match one. [] = every block's Linears but the first and last block's. The "
             "embedding and the output head always stay in train.dtype."),
+        nonneg(KILN_KEY(train, lora.rank),
+               "LoRA (docs/lora.md): the rank r of low-rank adapters on the Linears "
+               "train.lora.targets names, every other parameter frozen; 0 = no LoRA."),
+        positive(KILN_KEY(train, lora.alpha),
+                 "train.lora: the adapters' output is scaled by alpha / r (alpha / sqrt(r) "
+                 "with train.lora.rslora)."),
+        any(KILN_KEY(train, lora.rslora),
+            "train.lora: rank-stabilised scaling alpha / sqrt(r) (Kalajdzievski 2023)."),
+        range(KILN_KEY(train, lora.dropout), 0, 1,
+              "train.lora: dropout on the adapters' input in training passes.", false,
+              /*hi_open=*/true),
+        any(KILN_KEY(train, lora.targets),
+            "train.lora: the Linears that get adapters, by role (q, k, v, qkv, o, gate, up, "
+            "fc, down) or glob pattern over their names (\"*.layers.0.*.o_proj\", a fused "
+            "piece \"*.qkv_proj.q\"); each must match one."),
         any(KILN_KEY(backend, tf32),
             "cuda: fp32 GEMMs may use TF32 tensor cores (faster, ~1e-3 relative error); false "
             "= full fp32."),

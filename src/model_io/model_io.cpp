@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 
+#include <algorithm>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -269,6 +270,31 @@ std::unique_ptr<WeightSource> open_model_weights(const fs::path& path, const Mod
   if (is_hf_folder(path)) return std::make_unique<HfFolderSource>(path, expect);
   if (fs::is_directory(path)) return std::make_unique<CheckpointSource>(path, expect, params);
   return std::make_unique<HostSource>(import_model_weights(path, expect), params, path);
+}
+
+nlohmann::json weights_identity(const fs::path& path) {
+  KILN_CHECK(fs::exists(path), "model.init_from: {} does not exist", path.string());
+  std::vector<fs::path> files;
+  if (fs::is_directory(path)) {
+    for (const auto& e : fs::recursive_directory_iterator(path))
+      if (e.is_regular_file()) files.push_back(e.path());
+    std::sort(files.begin(), files.end());
+  } else {
+    files.push_back(path);
+  }
+  uint32_t crc = 0;
+  uint64_t bytes = 0;
+  for (const fs::path& f : files) {
+    const std::string name = fs::is_directory(path) ? fs::relative(f, path).string() : "";
+    const uint64_t size = fs::file_size(f);
+    const uint32_t file_crc = checkpoint::file_crc32(f);
+    crc = checkpoint::buffer_crc32(name.data(), name.size(), crc);
+    crc = checkpoint::buffer_crc32(&size, sizeof size, crc);
+    crc = checkpoint::buffer_crc32(&file_crc, sizeof file_crc, crc);
+    bytes += size;
+  }
+  return {{"path", path.string()}, {"files", files.size()}, {"bytes", bytes},
+          {"crc32", fmt::format("{:08x}", crc)}};
 }
 
 void load_weights_into(Model& model, const ModelOptions& expect, const fs::path& path) {

@@ -58,6 +58,7 @@ bool place_params(const PartLayout& part, int k, const Owners& owner,
     p.init_stream = stream;
     p.tied_copy = copy;
     p.trainable = region != Region::Frozen;
+    p.adapter = prm->adapter;
     p.frozen_before = mp.frozen_before;
     copies = copies || copy;
     offset += p.local_shape().numel();
@@ -79,9 +80,12 @@ FlatLayout lay_out(const std::vector<PartLayout>& parts, int64_t alignment,
     is_held[static_cast<size_t>(k)] = true;
   }
   Owners owner;
+  for (bool adapters : {false, true})  // a model's own parameters first (nn::Param::adapter)
+    for (int k = 0; k < n_parts; ++k)
+      for (const nn::Param* prm : parts[static_cast<size_t>(k)].params)
+        if (prm->adapter == adapters) owner.try_emplace(prm, k, owner.size());
   for (int k = 0; k < n_parts; ++k)
     for (const nn::Param* prm : parts[static_cast<size_t>(k)].params) {
-      owner.try_emplace(prm, k, owner.size());
       // Its frozen region would be sharded over the dp x cp group, whose ranks hold
       // other experts.
       KILN_CHECK(prm->trainable || !prm->slice.ep_sharded(), "train.freeze of an "

@@ -30,7 +30,8 @@ SelfAttention::SelfAttention(const std::string& qkv_name, const std::string& out
                              const AttentionSpec& spec, bool bias, float init_std,
                              float out_init_std, const std::string& q_norm_name,
                              const std::string& k_norm_name)
-    : qkv(qkv_name, C, spec.qkv_width(), bias, init_std),
+    : qkv(qkv_name, C, spec.qkv_width(), bias, init_std,
+          {{"q", spec.q_width()}, {"k", spec.kv_width()}, {"v", spec.kv_width()}}),
       proj(out_name, spec.q_width(), C, bias, out_init_std),
       q_norm(qk_gain(q_norm_name, spec)),
       k_norm(qk_gain(k_norm_name, spec)),
@@ -45,7 +46,7 @@ void SelfAttention::shard(const AttentionPlacement& placement) {
              "{}: {} query heads and {} key/value heads do not divide over tp = {}",
              qkv.weight.name, spec_.n_head, spec_.kv_heads(), tp);
   // q, k and v split separately, so that a rank holds its heads of each.
-  qkv.shard(placement.qkv, {spec_.q_width(), spec_.kv_width(), spec_.kv_width()});
+  qkv.shard(placement.qkv);
   proj.shard(placement.proj);
   local_.n_head = spec_.n_head / tp;
   local_.n_kv_head = spec_.kv_heads() / tp;

@@ -214,9 +214,9 @@ void TransformerBlock::decode(Backend& be, Stream s, const Tensor& x, const Deco
   be.add(s, x, w.x2, w.y);
 }
 
-std::vector<Linear*> TransformerBlock::linears() {
-  std::vector<Linear*> out = {&attn_.qkv, &attn_.proj};
-  if (mlp_) out.insert(out.end(), {&mlp_->fc, &mlp_->proj});
+std::vector<TransformerBlock::RoleLinear> TransformerBlock::linears() {
+  std::vector<RoleLinear> out = {{"attention.qkv", &attn_.qkv}, {"attention.proj", &attn_.proj}};
+  if (mlp_) out.insert(out.end(), {{"mlp.fc", &mlp_->fc}, {"mlp.proj", &mlp_->proj}});
   return out;
 }
 

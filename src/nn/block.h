@@ -147,10 +147,14 @@ class TransformerBlock {
 
   void collect(std::vector<Param*>& out);
   const BlockSpec& spec() const { return spec_; }
-  /// The block's dense Linears (attention qkv and proj, a dense MLP's fc and proj; not the
-  /// experts or the router of a MoE block), for a plan that changes how they compute
-  /// (train.fp8).
-  std::vector<Linear*> linears();
+  /// The block's dense Linears by role (not the experts or the router of a MoE block),
+  /// for a plan that changes how they compute (train.fp8, train.lora).
+  struct RoleLinear {
+    const char* role;  // "attention.qkv", "attention.proj", "mlp.fc", "mlp.proj" (the
+                       // tensor-parallel table's roles, models/layer_plan.h)
+    Linear* linear;
+  };
+  std::vector<RoleLinear> linears();
   /// The block's mixture of experts; nullptr for a dense block.
   const MoeMlp* moe() const { return moe_ ? &*moe_ : nullptr; }
   MoeMlp* moe() { return moe_ ? &*moe_ : nullptr; }

@@ -4,15 +4,15 @@ namespace kiln::nn {
 
 Mlp::Mlp(MlpKind kind, const std::string& fc_name, const std::string& proj_name, int64_t C,
          int64_t H, bool bias, float init_std, float proj_init_std)
-    : fc(fc_name, C, kind == MlpKind::SwiGLU ? 2 * H : H, bias, init_std),
+    : fc(fc_name, C, kind == MlpKind::SwiGLU ? 2 * H : H, bias, init_std,
+         kind == MlpKind::SwiGLU ? std::vector<LinearPiece>{{"gate", H}, {"up", H}}
+                                 : std::vector<LinearPiece>{}),
       proj(proj_name, H, C, bias, proj_init_std), kind_(kind) {}
 
 void Mlp::shard(const MlpPlacement& placement) {
   if (!column_row_split(placement.fc, placement.proj, fc.weight.name)) return;
-  // SwiGLU's gate and up split separately, so that a rank holds its units of each.
-  const int64_t H = proj.in();
-  fc.shard(placement.fc,
-           kind_ == MlpKind::SwiGLU ? std::vector<int64_t>{H, H} : std::vector<int64_t>{});
+  // SwiGLU's gate and up (fc's pieces) split separately: a rank holds its units of each.
+  fc.shard(placement.fc);
   proj.shard(placement.proj);
 }
 

@@ -20,6 +20,11 @@ std::vector<float> init_values(const Param& p, uint64_t seed, uint64_t stream, i
       fill_normal(host.data(), end - begin, seed, stream, 0.f, p.init.std,
                   static_cast<uint64_t>(begin));
       break;
+    case Init::Kind::Uniform:
+      for (int64_t i = begin; i < end; ++i)
+        host[static_cast<size_t>(i - begin)] =
+            p.init.std * (2.f * uniform_at(seed, stream, static_cast<uint64_t>(i)) - 1.f);
+      break;
   }
   if (p.init.zero_rows_from >= 0) {
     const int64_t row = p.shape.numel() / p.shape[0];

@@ -30,15 +30,18 @@ namespace kiln::nn {
 ///   Zeros, Ones   constant (biases, norm gains).
 ///   Normal        N(0, std^2) (GPT-2: Radford et al. 2019, std 0.02; residual
 ///                 projections 0.02 / sqrt(2 n_layer)).
+///   Uniform       U(-bound, bound), `std` holding the bound (a LoRA adapter's A: PyTorch's
+///                 kaiming_uniform_ with a = sqrt(5), bound 1 / sqrt(fan_in), as PEFT).
 /// Rows >= zero_rows_from stay zero (GPT-2's padded vocabulary rows); -1 = none.
 struct Init {
-  enum class Kind { Zeros, Ones, Normal };
+  enum class Kind { Zeros, Ones, Normal, Uniform };
   Kind kind = Kind::Zeros;
   float std = 0.f;
   int64_t zero_rows_from = -1;
   static Init zeros() { return {}; }
   static Init ones() { return {Kind::Ones, 0.f, -1}; }
   static Init normal(float std) { return {Kind::Normal, std, -1}; }
+  static Init uniform(float bound) { return {Kind::Uniform, bound, -1}; }
 };
 
 struct Param {
@@ -49,6 +52,9 @@ struct Param {
   ParamSlice slice;              // the elements this rank holds (tp and ep cuts; whole when replicated)
   bool tp_partial_grad = false;  // grad is this rank's partial sum: reduce over tp once
   bool trainable = true;      // false: frozen (no gradient, optimizer state or reduction)
+  bool adapter = false;       // a LoRA adapter's (nn/lora.h): numbered (its init stream)
+                              // after every parameter of the model's own, so that adding
+                              // adapters leaves the model's initial values as they were
   Tensor value, grad;         // bound views of local_shape() (empty while not bound; grad
                               // always empty when frozen)
 

@@ -24,6 +24,8 @@ struct ParamSpec {
                               // equal to the owner, saved and counted in norms by the owner
   bool trainable = true;      // false: frozen (nn::Param::trainable): no gradient storage,
                               // optimizer state, reduction or norm term; saved as before
+  bool adapter = false;       // a LoRA adapter's (nn::Param::adapter): a fine-tune's
+                              // checkpoints hold these, not the frozen base
   int64_t frozen_before = 0;  // elements of frozen regions (ModelPart::frozen_size) before
                               // it in the flat layout: its gradient's offset is
                               // offset - frozen_before in the gradient layout

@@ -32,14 +32,6 @@ std::string Fp8Plan::what() const {
   return fmt::format("fp8 (train.fp8 = \"{}\")", options_.recipe);
 }
 
-namespace {
-// "<name>.weight" -> "<name>": a Linear's name.
-std::string linear_name(const nn::Linear& l) {
-  const std::string& w = l.weight.name;
-  return w.substr(0, w.size() - std::string(".weight").size());
-}
-}  // namespace
-
 void Fp8Plan::apply(const LayerRoles& layers) const {
   const std::string& source = options_.source;
   const std::vector<std::string>& patterns = options_.layers;
@@ -50,8 +42,8 @@ void Fp8Plan::apply(const LayerRoles& layers) const {
   std::vector<int> matched(patterns.size(), 0);
   const size_t L = layers.blocks.size();
   for (size_t i = 0; i < L; ++i) {
-    for (nn::Linear* l : layers.blocks[i]->linears()) {
-      const std::string name = linear_name(*l);
+    for (const auto& [role, l] : layers.blocks[i]->linears()) {
+      const std::string name = l->name();
       bool chosen = patterns.empty() && i != 0 && i + 1 != L;
       for (size_t k = 0; k < patterns.size(); ++k)
         if (nn::freeze_pattern_matches(patterns[k], name)) chosen = true, ++matched[k];
@@ -64,7 +56,7 @@ void Fp8Plan::apply(const LayerRoles& layers) const {
     KILN_CHECK(matched[k] > 0, "{}: train.fp8_layers pattern '{}' matches no Linear of the "
                "transformer blocks (e.g. {}; the embedding, head, norms and a MoE block's "
                "router and experts never run in fp8)", source, patterns[k],
-               linear_name(*layers.blocks[0]->linears()[0]));
+               layers.blocks[0]->linears()[0].linear->name());
   KILN_CHECK(!on.empty(), "{}: {} puts no Linear in fp8: by default the first and last of "
              "the model's {} blocks stay in train.dtype; name the Linears with "
              "train.fp8_layers", source, what(), L);

@@ -139,6 +139,16 @@ ModelStorage TrainStep::plan_parallelism() {
         step_amax_group_->empty() ? nullptr : step_amax_group_.get());
     storage.plans.push_back(fp8_plan_.get());
   }
+  if (config_.train.lora.rank > 0) {  // after tp: an adapter takes its Linear's placement
+    const LoraSection& l = config_.train.lora;
+    KILN_CHECK(l.dropout == 0.0 || cp == 1, "{}: train.lora.dropout = {} with parallel.cp = {}: "
+               "dropout under context parallelism is not supported yet", config_.source,
+               l.dropout, cp);
+    const nn::LoraSpec spec{l.rank, static_cast<float>(l.alpha), l.rslora,
+                            static_cast<float>(l.dropout)};
+    lora_plan_ = std::make_unique<LoraPlan>(LoraOptions{spec, l.targets, config_.source});
+    storage.plans.push_back(lora_plan_.get());
+  }
   if (size_of(groups_.ep) > 1) {  // after tp: the ep cut keeps the tp cut of the hidden units
     if (!groups_.ep_group) ep_group_ = std::make_unique<CommEpGroup>(*groups_.ep);
     ep_plan_ = std::make_unique<ExpertParallelPlan>(groups_.ep_group ? *groups_.ep_group
@@ -296,7 +306,8 @@ std::vector<int> TrainStep::plan_stages(const ModelOptions& options, ModelStorag
 
 void TrainStep::count_params(const ModelOptions& options, ModelStorage storage) {
   storage.allocate_params = storage.allocate_grads = false;  // names and shapes only
-  storage.plans.clear();
+  storage.plans.clear();  // global shapes: no split; but LoRA's adapters and frozen base
+  if (lora_plan_) storage.plans.push_back(lora_plan_.get());
   storage.held_parts.clear();
   const auto whole = make_model(options, backend_, storage);
   tally_.trainable = whole->trainable_elements();
@@ -437,8 +448,12 @@ class TrainStep::StepBatches final : public pp::MicroBatches {
     const int cp = step_.cp(), dp = step_.groups_.dp_cp.size() / cp;
     const int rank = step_.groups_.dp_cp.rank() / cp;
     const int64_t micro = (update_ * step_.accum_ + j) * dp + rank;
-    step_.model_->set_dropout(true, static_cast<uint64_t>(step_.config_.train.seed),
-                              static_cast<uint64_t>(micro * step_.config_.train.micro_batch));
+    const auto seed = static_cast<uint64_t>(step_.config_.train.seed);
+    const auto first_sample = static_cast<uint64_t>(micro * step_.config_.train.micro_batch);
+    step_.model_->set_dropout(true, seed, first_sample);
+    if (step_.lora_plan_)
+      step_.lora_plan_->set_dropout(true, seed,
+                                    first_sample * static_cast<uint64_t>(step_.config_.train.seq_len));
     step_.announce(forward ? StepPhase::Forward : StepPhase::Backward);
   }
 
@@ -457,12 +472,13 @@ void TrainStep::init_weights(uint64_t seed) {
   optimizer_->sync_master_from_params();
 }
 
-void TrainStep::load_weights(const WeightSource& source) {
+void TrainStep::load_weights(const WeightSource& source, bool adapters) {
   // Each optimizer segment lies inside the load segment of its parameter (the whole
   // parameter below ZeRO-3, the same slice at ZeRO-3).
   const std::vector<AdamWSegment>& opt = optimizer_->segments();
   std::vector<float> buf;
   for (const AdamWSegment& seg : dp_->load_segments()) {
+    if (seg.spec.adapter && !adapters) continue;
     buf.resize(static_cast<size_t>(seg.size()));
     for (const auto& run : seg.spec.slice.global_runs(seg.spec.shape, seg.begin, seg.end))
       source.read(seg.spec, run.global_begin, run.global_end,
@@ -593,6 +609,7 @@ StepResult TrainStep::run(const void* inputs, const int32_t* targets, int64_t up
     dp_->finish_gradients([this] { reduce_tied_grads(); });
   }
   if (fp8_plan_) fp8_plan_->end_step(update);  // delayed scaling's amax history
+  if (lora_plan_) lora_plan_->set_dropout(false, 0, 0);  // evaluation and sampling: none
   announce(StepPhase::Optimizer);
   TraceScope optimizer_scope(tracer_, "optimizer");
   reduce_stats_and_clip();

@@ -38,6 +38,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/expert_parallel.h"
 #include "parallel/fp8_plan.h"
+#include "parallel/lora_plan.h"
 #include "parallel/mesh.h"
 #include "parallel/moe_balance_group.h"
 #include "parallel/pipeline.h"
@@ -129,6 +130,8 @@ class TrainStep {
   Model& model() { return *model_; }
   /// The fp8 plan (train.fp8; its delayed-scaling state for checkpoints); nullptr without.
   Fp8Plan* fp8_plan() { return fp8_plan_.get(); }
+  /// The LoRA plan of train.lora (nullptr without adapters).
+  const LoraPlan* lora_plan() const { return lora_plan_.get(); }
   const Model& model() const { return *model_; }
   DataParallel& data_parallel() { return *dp_; }
   /// Seconds the MoE layers waited for the expert-parallel all_to_alls since the last call
@@ -185,8 +188,9 @@ class TrainStep {
   /// read from elsewhere): every element this rank holds read from `source` in fp32, the
   /// fp32 master weights set at full precision and the low-precision parameters rounded
   /// to nearest from them (AdamW::set_weights), the moving average of the weights reset.
-  /// Throws what WeightSource::read throws.
-  void load_weights(const WeightSource& source);
+  /// Throws what WeightSource::read throws. Without `adapters` the LoRA adapters keep
+  /// their values (a fine-tune's base read from model.init_from).
+  void load_weights(const WeightSource& source, bool adapters = true);
   /// Observer of the phases; nullptr for none. Not owned.
   void set_observer(StepObserver* o) { observer_ = o; }
   /// Where the phases are reported for a trace (spans "forward" and "backward" from the
@@ -278,6 +282,7 @@ class TrainStep {
   std::unique_ptr<CommAmaxGroup> amax_group_;       // train.fp8: the tp and cp groups
   std::unique_ptr<CommAmaxGroup> step_amax_group_;  // train.fp8: dp x cp, tp, pp
   std::unique_ptr<Fp8Plan> fp8_plan_;
+  std::unique_ptr<LoraPlan> lora_plan_;
   std::unique_ptr<CommEpGroup> ep_group_;   // with ep > 1; outlive the model
   std::unique_ptr<ExpertParallelPlan> ep_plan_;
   // The balancing groups (Model::set_moe_balance_groups), outliving the model: the cp

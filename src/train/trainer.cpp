@@ -213,9 +213,20 @@ void Trainer::print_start_up() const {
   const int64_t all = tally.trainable + tally.frozen;
   fmt::print("kiln: trainable params: {} || all params: {} || trainable%: {:.4f}{}\n",
              tally.trainable, all, all > 0 ? 100.0 * static_cast<double>(tally.trainable) / all : 0.0,
-             tally.frozen > 0 ? fmt::format(" ({} tensors frozen by train.freeze or the model)",
+             tally.frozen > 0 ? fmt::format(" ({} tensors frozen by train.freeze, train.lora or the model)",
                                             tally.frozen_names.size())
                               : std::string());
+  if (const LoraPlan* lora = one_step_->lora_plan()) {
+    const LoraSection& l = config_.train.lora;
+    const auto& on = lora->adapted();  // never empty: the plan refuses a choice of none
+    fmt::print("kiln: LoRA rank {}, alpha {} (scale {:.4g}{}), {} adapter{} ({} ... {}); the "
+               "base frozen{} (docs/lora.md)\n", l.rank, l.alpha,
+               nn::LoraSpec{l.rank, static_cast<float>(l.alpha), l.rslora, 0.f}.scale(),
+               l.rslora ? ", rsLoRA" : "", on.size(), on.size() == 1 ? "" : "s", on.front(),
+               on.back(), config_.model.init_from.empty()
+                              ? std::string(" (random: no model.init_from)")
+                              : " from " + config_.model.init_from);
+  }
   if (const Fp8Plan* fp8 = one_step_->fp8_plan()) {
     const auto& on = fp8->chosen();  // never empty: the plan refuses a choice of none
     fmt::print("kiln: fp8 {}{}: {} Linear{} of the blocks ({}{}{}), E4M3 inputs and weights, "

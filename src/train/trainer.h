@@ -161,6 +161,13 @@ class Trainer {
   /// Throws kiln::Error naming the checkpoint unless it was saved by the same model,
   /// seed, data and batch shape.
   void check_same_run(const checkpoint::CheckpointReader& reader, const ResumePoint& saved) const;
+  /// train.lora as a checkpoint records it ("lora": rank, alpha, rslora, dropout, targets,
+  /// the number of adapters and the base: model.init_from's weights_identity, or the seed
+  /// of a random base); null without LoRA. Computed once (the base's files read whole).
+  const nlohmann::json& lora_state() const;
+  /// Throws kiln::Error naming the checkpoint unless it and this run agree on LoRA: both
+  /// without, or the same adapters (rank, alpha, rslora, targets) on the same base.
+  void check_same_lora(const checkpoint::CheckpointReader& reader) const;
   /// The parameters and the fp32 master weights this rank holds, from `reader`; the
   /// model's buffers.
   void load_parameters(const checkpoint::CheckpointReader& reader);
@@ -280,6 +287,7 @@ class Trainer {
   double injected_delay_s_ = 0;  // KILN_SLOW_RANK's sleep per update on this rank (tests)
   std::string peak_source_;  // where peak_flops_ comes from (GemmPeak::source)
   bool last_skipped_ = false;
+  mutable nlohmann::json lora_state_;  // lora_state(), once computed
   nlohmann::json rollback_record_;  // written first to metrics.jsonl by run(); null: none
   HostCopies host_copies_;  // what the save being written borrows (kept for the next, async)
   std::unique_ptr<BackgroundSave> pending_save_;  // checkpoint.async: the save in flight

@@ -179,7 +179,9 @@ void Trainer::add_tensors(checkpoint::CheckpointWriter& writer, HostCopies& copi
   }
   // Frozen parameters: their values (in the model dtype, which fp32 holds exactly) and
   // no optimizer state; whole on every dp replica below ZeRO-3, so dp rank 0 writes them.
-  const bool dp_writes_frozen = config_.parallel.zero_stage == 3 || mesh_->dp_cp_comm().rank() == 0;
+  // A LoRA fine-tune's frozen base is not saved: its state names it (lora_state).
+  const bool dp_writes_frozen = (config_.parallel.zero_stage == 3 || mesh_->dp_cp_comm().rank() == 0) &&
+                                !one_step_->lora_plan();
   for (const AdamWSegment& seg : one_step_->data_parallel().frozen_segments()) {
     if (!dp_writes_frozen || !(seg.spec.slice.tp_sharded() || tp_rank == 0) || seg.spec.tied_copy)
       continue;
@@ -201,7 +203,7 @@ nlohmann::json Trainer::checkpoint_state() const {
   const Model& model = one_step_->model();
   const LossScaler& scaler = one_step_->scaler();
   const data::LoaderState ls = train_data_->state();
-  return {
+  nlohmann::json state = {
       {"step", step_},
       {"optimizer_step", one_step_->optimizer().step_count()},
       {"loader", {{"epoch", ls.epoch}, {"index", ls.index}}},
@@ -222,6 +224,8 @@ nlohmann::json Trainer::checkpoint_state() const {
       {"loss_scale_good_steps", scaler.good_steps},
       {"skipped_steps", scaler.skipped_steps},
   };
+  if (!lora_state().is_null()) state["lora"] = lora_state();  // the adapters' base
+  return state;
 }
 
 CheckpointPolicy Trainer::checkpoint_policy() const {

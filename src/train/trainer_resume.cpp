@@ -80,15 +80,21 @@ void Trainer::start() {
 }
 
 void Trainer::init_weights() {
-  if (config_.model.init_from.empty()) {
+  // A LoRA fine-tune's adapters start as PEFT's (B = 0, docs/lora.md), on the base that
+  // model.init_from gives (or the seed's random one).
+  const bool lora = one_step_->lora_plan() != nullptr;
+  if (config_.model.init_from.empty() || lora) {
     one_step_->init_weights(static_cast<uint64_t>(config_.train.seed));
-    return;
+    if (config_.model.init_from.empty()) return;
   }
   // Each rank reads only the ranges it holds (all of every parameter below ZeRO-3); the
   // master weights take the source at full precision.
-  const auto source = open_model_weights(config_.model.init_from, model_options_from(config_),
-                                         one_step_->model().params());
-  one_step_->load_weights(*source);
+  std::vector<ParamSpec> base;
+  for (const ParamSpec& p : one_step_->model().params())
+    if (!p.adapter) base.push_back(p);
+  const auto source =
+      open_model_weights(config_.model.init_from, model_options_from(config_), base);
+  one_step_->load_weights(*source, /*adapters=*/!lora);
   if (!one_step_->model().buffers().empty() &&
       fs::exists(fs::path(config_.model.init_from) / "manifest.json"))  // a kiln checkpoint's
     load_buffers(checkpoint::CheckpointReader(config_.model.init_from));
@@ -135,6 +141,8 @@ void Trainer::restore_from(const checkpoint::CheckpointReader& reader) {
   const auto& st = reader.state();
   const ResumePoint saved = read_resume_point(reader);
   check_same_run(reader, saved);
+  check_same_lora(reader);
+  if (one_step_->lora_plan()) init_weights();  // the base: the checkpoint holds the adapters
   load_parameters(reader);
   AdamW& optimizer = one_step_->optimizer();
   if (!load_optimizer_from_checkpoint(reader, optimizer) && options_.verbose)
@@ -208,13 +216,60 @@ void Trainer::check_same_run(const checkpoint::CheckpointReader& reader,
              config_.train.global_batch, config_.train.seq_len);
 }
 
+const nlohmann::json& Trainer::lora_state() const {
+  if (lora_state_.is_null() && one_step_->lora_plan()) {
+    const LoraSection& l = config_.train.lora;
+    const nlohmann::json base = config_.model.init_from.empty()
+                                    ? nlohmann::json{{"seed", config_.train.seed}}
+                                    : weights_identity(config_.model.init_from);
+    lora_state_ = {{"rank", l.rank}, {"alpha", l.alpha}, {"rslora", l.rslora},
+                   {"dropout", l.dropout}, {"targets", l.targets},
+                   {"adapted", one_step_->lora_plan()->adapted().size()}, {"base", base}};
+  }
+  return lora_state_;
+}
+
+void Trainer::check_same_lora(const checkpoint::CheckpointReader& reader) const {
+  const std::string dir = reader.dir().string();
+  const auto& st = reader.state();
+  const bool saved = st.contains("lora") && !st.at("lora").is_null(), now = one_step_->lora_plan() != nullptr;
+  KILN_CHECK(!saved || now, "{}: holds LoRA adapters (train.lora.rank = {}) but this run sets "
+             "no train.lora: resume with the checkpoint's train.lora keys", dir,
+             saved ? st.at("lora").value("rank", int64_t{0}) : 0);
+  KILN_CHECK(saved || !now, "{}: holds a whole model, not LoRA adapters: start a new LoRA run "
+             "from it (model.init_from = {})", dir, dir);
+  if (!now) return;
+  const nlohmann::json& then = st.at("lora");
+  const nlohmann::json& mine = lora_state();
+  for (const char* key : {"rank", "alpha", "rslora", "targets"})
+    KILN_CHECK(then.contains(key) && then.at(key) == mine.at(key), "{}: saved with "
+               "train.lora.{} = {}, this run has {}; resume needs the same adapters", dir, key,
+               then.value(key, nlohmann::json()).dump(), mine.at(key).dump());
+  // The base: the same files (their crc32) or the same random one (the seed).
+  const nlohmann::json& b0 = then.value("base", nlohmann::json::object());
+  const nlohmann::json& b1 = mine.at("base");
+  auto describe = [](const nlohmann::json& b) {
+    return b.contains("path") ? fmt::format("{} (crc32 {})", b.value("path", ""),
+                                            b.value("crc32", ""))
+                              : fmt::format("the random base of train.seed = {}",
+                                            b.value("seed", nlohmann::json()).dump());
+  };
+  KILN_CHECK(b0.value("crc32", nlohmann::json()) == b1.value("crc32", nlohmann::json()) &&
+                 b0.value("seed", nlohmann::json()) == b1.value("seed", nlohmann::json()),
+             "{}: its adapters were trained on {}, this run's base is {}: resume on the same "
+             "base (model.init_from)", dir, describe(b0), describe(b1));
+}
+
 void Trainer::load_parameters(const checkpoint::CheckpointReader& reader) {
   const fs::path& dir = reader.dir();
   // Whatever layout wrote it: each rank reads the ranges it holds. Low-precision
   // parameters come from "lowp.<name>" when it was saved in this dtype (bitwise resume),
-  // else rounded from the fp32 values; fp32 masters from the fp32 values.
+  // else rounded from the fp32 values; fp32 masters from the fp32 values. A LoRA
+  // checkpoint holds the adapters only: the frozen base comes from init_weights().
+  const bool adapters_only = one_step_->lora_plan() != nullptr;
   std::vector<float> buf;
   for (const AdamWSegment& seg : one_step_->data_parallel().load_segments()) {
+    if (adapters_only && !seg.spec.trainable) continue;
     KILN_CHECK(reader.has(seg.spec.name), "{}: no tensor '{}'", dir.string(), seg.spec.name);
     KILN_CHECK(reader.global_shape(seg.spec.name) == seg.spec.shape,
                "{}: tensor '{}' has shape {}, the model expects {}", dir.string(), seg.spec.name,

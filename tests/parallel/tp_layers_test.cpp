@@ -224,15 +224,39 @@ std::vector<float> uneven(std::vector<float> v, int64_t rows, int64_t cols) {
 }
 
 // One Linear, unsharded and as `style`, compared slice by slice; with `fp8` both run their
-// GEMMs in fp8 (nn/fp8.h), the shard reducing its amaxes over the group.
+// GEMMs in fp8 (nn/fp8.h), the shard reducing its amaxes over the group; with `lora` both
+// carry LoRA adapters (nn/lora.h) on a frozen base: on the first and last piece of a fused
+// output (kLoraPieces), or on the whole output (kLoraWhole), their partial gradients summed
+// over the group.
+enum LoraMode { kNoLora, kLoraPieces, kLoraWhole };
 void check_linear(TpStyle style, bool sp, std::vector<int64_t> pieces, bool bias,
-                  bool fp8 = false) {
+                  bool fp8 = false, LoraMode lora = kNoLora) {
   Fixture f;
   CommTpGroup g(testing::world());
   const int n = g.size(), r = g.rank();
   const int64_t N = 4 * 3, in = 8, out = 16;  // N and the features divide by 1, 2, 4
-  SCOPED_TRACE(fmt::format("{} sp={} bias={} fp8={} tp={}", nn::tp_style_name(style), sp, bias,
-                           fp8, n));
+  SCOPED_TRACE(fmt::format("{} sp={} bias={} fp8={} lora={} tp={}", nn::tp_style_name(style), sp,
+                           bias, fp8, static_cast<int>(lora), n));
+  std::vector<nn::LinearPiece> named;
+  for (int64_t rows : pieces) named.push_back({fmt::format("p{}", named.size()), rows});
+  // Adapters (rank 3, scale 5/3) with random A and B, the base frozen.
+  auto adapt = [&](nn::Linear& l) {
+    if (lora == kNoLora) return;
+    const int last = static_cast<int>(pieces.size()) - 1;
+    for (int piece : lora == kLoraWhole || pieces.empty() ? std::vector<int>{-1} : std::vector<int>{0, last})
+      l.add_lora(piece, nn::LoraSpec{3, 5.f, false, 0.f});
+    l.weight.trainable = false;
+    if (bias) l.bias.trainable = false;
+  };
+  auto bind_adapters = [&](nn::Linear& l) {
+    unsigned seed = 20;
+    for (nn::LoraAdapter& a : l.lora())
+      for (nn::Param* p : {&a.A, &a.B}) {
+        const Shape local = p->local_shape();
+        p->value = f.upload(pick(randn(p->shape.numel(), seed++), p->slice.global_indices(p->shape)), local);
+        p->grad = f.zeros(local);
+      }
+  };
   auto W = randn(out * in, 1), b = randn(out, 2), x = randn(N * in, 3), dy = randn(N * out, 4);
   if (fp8) W = uneven(W, out, in), x = uneven(x, N, in), dy = uneven(dy, N, out);
   CommAmaxGroup amax_group({&testing::world()});
@@ -240,28 +264,33 @@ void check_linear(TpStyle style, bool sp, std::vector<int64_t> pieces, bool bias
     if (fp8) l.set_fp8({f.zeros(Shape{3}), Tensor(), nullptr, group});
   };
   // The unsharded layer.
-  nn::Linear full("l", in, out, bias, 0.02f);
+  nn::Linear full("l", in, out, bias, 0.02f, named);
   fp8_on(full, nullptr);
+  adapt(full);
+  bind_adapters(full);
   full.weight.value = f.upload(W, Shape{out, in});
   full.weight.grad = f.zeros(Shape{out, in});
   if (bias) full.bias.value = f.upload(b, Shape{out}), full.bias.grad = f.zeros(Shape{out});
   Tensor y = f.zeros(Shape{N, out}), dx = f.zeros(Shape{N, in});
   full.forward(*f.be, f.s, y, f.upload(x, Shape{N, in}));
   full.backward(*f.be, f.s, dx, f.upload(dy, Shape{N, out}), f.upload(x, Shape{N, in}));
-  const auto Y = f.down(y), DX = f.down(dx), DW = f.down(full.weight.grad);
-  const auto DB = bias ? f.down(full.bias.grad) : std::vector<float>();
+  const auto Y = f.down(y), DX = f.down(dx);
+  const auto DW = lora != kNoLora ? std::vector<float>() : f.down(full.weight.grad);
+  const auto DB = bias && lora == kNoLora ? f.down(full.bias.grad) : std::vector<float>();
 
-  // The shard.
-  nn::Linear part("l", in, out, bias, 0.02f);
-  part.shard(nn::TpPlacement{style, &g, sp}, pieces);
+  // The shard (adapters added before shard(), which slices them).
+  nn::Linear part("l", in, out, bias, 0.02f, named);
+  adapt(part);
+  part.shard(nn::TpPlacement{style, &g, sp});
   fp8_on(part, &amax_group);
+  bind_adapters(part);
   const Shape wl = part.weight.local_shape();
   part.weight.value = f.upload(pick(W, part.weight.slice.global_indices(Shape{out, in})), wl);
-  part.weight.grad = f.zeros(wl);
+  part.weight.grad = lora != kNoLora ? Tensor() : f.zeros(wl);
   if (bias) {
     const Shape bl = part.bias.local_shape();
     part.bias.value = f.upload(pick(b, part.bias.slice.global_indices(Shape{out})), bl);
-    part.bias.grad = f.zeros(bl);
+    if (lora == kNoLora) part.bias.grad = f.zeros(bl);
   }
   const bool column = style == TpStyle::Column;
   // Which rows and columns of x / y this rank sees.
@@ -284,6 +313,14 @@ void check_linear(TpStyle style, bool sp, std::vector<int64_t> pieces, bool bias
   expect_close(f.down(yl), sel(Y, out, out_rows, y_cols), "forward", 1e-5, fp8);
   part.backward(*f.be, f.s, dxl, f.upload(sel(dy, out, out_rows, y_cols), Shape{y_n, y_c}), xl, work);
   expect_close(f.down(dxl), sel(DX, in, in_rows, x_cols), "dinp", 1e-5, fp8);
+  for (size_t i = 0; i < part.lora().size(); ++i) {
+    const nn::LoraAdapter &a = part.lora()[i], &whole = full.lora()[i];
+    for (const auto& [p, q] : {std::pair{&a.A, &whole.A}, std::pair{&a.B, &whole.B}}) {
+      if (p->tp_partial_grad) testing::world().all_reduce(p->grad, ReduceOp::Sum);
+      expect_close(f.down(p->grad), pick(f.down(q->grad), p->slice.global_indices(p->shape)), p->name);
+    }
+  }
+  if (lora != kNoLora) return;  // a frozen base
   expect_close(f.down(part.weight.grad), pick(DW, part.weight.slice.global_indices(Shape{out, in})),
                "dweight", 1e-5, fp8);
   if (bias) {
@@ -303,6 +340,11 @@ TEST(TpLinear, Fp8Column) { check_linear(TpStyle::Column, false, {}, true, true)
 TEST(TpLinear, Fp8ColumnSequenceParallel) { check_linear(TpStyle::Column, true, {}, true, true); }
 TEST(TpLinear, Fp8Row) { check_linear(TpStyle::Row, false, {}, true, true); }
 TEST(TpLinear, Fp8RowSequenceParallel) { check_linear(TpStyle::Row, true, {}, false, true); }
+TEST(TpLinear, LoraColumnFusedPieces) { check_linear(TpStyle::Column, false, {8, 4, 4}, true, false, kLoraPieces); }
+TEST(TpLinear, LoraColumnSequenceParallel) { check_linear(TpStyle::Column, true, {8, 4, 4}, false, false, kLoraPieces); }
+TEST(TpLinear, LoraColumnWholeFusedOutput) { check_linear(TpStyle::Column, true, {8, 4, 4}, true, false, kLoraWhole); }
+TEST(TpLinear, LoraRow) { check_linear(TpStyle::Row, false, {}, true, false, kLoraWhole); }
+TEST(TpLinear, LoraRowSequenceParallel) { check_linear(TpStyle::Row, true, {}, false, false, kLoraWhole); }
 
 // fp8 with the micro-batch's rows cut over the ranks, as context parallelism cuts each
 // sequence: a replicated Linear whose amaxes are reduced over the group (the cp group in

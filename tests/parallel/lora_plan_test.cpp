@@ -1,0 +1,161 @@
+// The LoRA plan (parallel/lora_plan.h) on tiny models built through the registry: which
+// Linears its roles and globs adapt, the frozen base, the errors; and a tiny Llama's
+// adapter gradients against central differences of its loss (fp32), so that the adapters
+// are wired into the model's training passes, not only into a Linear.
+#include "backend/registry.h"
+#include "models/registry.h"
+#include "parallel/lora_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace kiln {
+namespace {
+
+// A tiny model of `arch` (llama: grouped-query, SwiGLU of 24 units; gpt2: GELU MLP).
+ModelOptions tiny(const std::string& arch) {
+  ModelOptions o;
+  o.arch = arch;
+  o.n_layer = 2;
+  o.n_head = 2;
+  o.n_embd = 16;
+  o.block_size = 12;
+  o.vocab_size = 29;
+  if (arch == "llama") o.family = {{"n_kv_head", 1}, {"ffn_hidden_size", 24}};
+  return o;
+}
+ModelOptions tiny_llama() { return tiny("llama"); }
+ModelOptions tiny_gpt2() { return tiny("gpt2"); }
+
+std::unique_ptr<Model> build(Backend& be, const ModelOptions& o, const LoraPlan& plan) {
+  ModelStorage storage;
+  storage.plans = {&plan};
+  return make_model(o, be, storage);
+}
+
+LoraPlan plan_of(std::vector<std::string> targets, int64_t rank = 4) {
+  return LoraPlan(LoraOptions{nn::LoraSpec{rank, 8.f, false, 0.f}, std::move(targets), "test.toml"});
+}
+
+std::vector<std::string> trainable(const Model& m) {
+  std::vector<std::string> out;
+  for (const ParamSpec& p : m.params())
+    if (p.trainable) out.push_back(p.name);
+  return out;
+}
+
+TEST(LoraPlan, RolesChoosePiecesAndWholeLinearsAndFreezeTheRest) {
+  auto be = make_backend("cpu");
+  const LoraPlan plan = plan_of({"q", "v", "down"});
+  const auto m = build(*be, tiny_llama(), plan);
+  EXPECT_EQ(plan.adapted(), (std::vector<std::string>{
+                                "model.layers.0.self_attn.qkv_proj.q", "model.layers.0.self_attn.qkv_proj.v",
+                                "model.layers.0.mlp.down_proj", "model.layers.1.self_attn.qkv_proj.q",
+                                "model.layers.1.self_attn.qkv_proj.v", "model.layers.1.mlp.down_proj"}));
+  const auto names = trainable(*m);
+  ASSERT_EQ(names.size(), 12u);
+  for (const std::string& n : names) EXPECT_TRUE(n.find(".lora_") != std::string::npos) << n;
+  for (const ParamSpec& p : m->params()) {
+    EXPECT_EQ(p.adapter, p.trainable) << p.name;
+    if (p.name == "model.layers.1.self_attn.qkv_proj.v.lora_B.weight") EXPECT_EQ(p.shape, (Shape{8, 4}));
+    if (p.name == "model.layers.1.mlp.down_proj.lora_A.weight") EXPECT_EQ(p.shape, (Shape{4, 24}));
+  }
+  // GPT-2's fused c_attn whole (PEFT's target on GPT-2) by role and by glob.
+  const LoraPlan gpt2 = plan_of({"qkv", "*.h.1.mlp.c_fc"});
+  build(*be, tiny_gpt2(), gpt2);
+  EXPECT_EQ(gpt2.adapted(), (std::vector<std::string>{"transformer.h.0.attn.c_attn",
+                                                       "transformer.h.1.attn.c_attn",
+                                                       "transformer.h.1.mlp.c_fc"}));
+}
+
+TEST(LoraPlan, AdaptersLeaveTheBaseInitialValuesAlone) {
+  // Adapters are numbered after the model's own parameters (nn::Param::adapter): the base
+  // of a LoRA model starts where the plain model does.
+  auto be = make_backend("cpu");
+  const auto plain = make_model(tiny_llama(), *be);
+  const LoraPlan plan = plan_of({"q", "o", "gate"});
+  const auto adapted = build(*be, tiny_llama(), plan);
+  for (size_t i = 0; i < plain->params().size(); ++i) {
+    const ParamSpec& p = plain->params()[i];
+    for (size_t j = 0; j < adapted->params().size(); ++j)
+      if (adapted->params()[j].name == p.name)
+        EXPECT_EQ(plain->init_values(i, 7, 0, 5), adapted->init_values(j, 7, 0, 5)) << p.name;
+  }
+}
+
+TEST(LoraPlan, ErrorsNameTheTarget) {
+  auto be = make_backend("cpu");
+  auto fails = [&](const ModelOptions& o, std::vector<std::string> targets, const char* text) {
+    const LoraPlan plan = plan_of(std::move(targets));
+    try {
+      build(*be, o, plan);
+      ADD_FAILURE() << "no error for " << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  fails(tiny_llama(), {"q_proj"}, "train.lora.targets 'q_proj' matches no Linear");
+  fails(tiny_llama(), {"qkv", "q"}, "already has a LoRA adapter");
+  fails(tiny_gpt2(), {"gate"}, "train.lora.targets 'gate' matches no Linear");
+  fails(tiny_llama(), {}, "adapts no Linear");
+}
+
+TEST(LoraPlan, LlamaAdapterGradientsMatchCentralDifferences) {
+  auto be = make_backend("cpu");
+  const LoraPlan plan = plan_of({"q", "v", "o", "gate", "up", "down"}, 3);
+  const auto m = build(*be, tiny_llama(), plan);
+  m->init_weights(5);
+  // Nonzero B (a fresh B = 0 gives A no gradient) and larger weights.
+  std::vector<float> w = download_f32(*be, m->param_buffer());
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.f, 0.3f);
+  for (const ParamSpec& p : m->params())
+    if (p.shape.ndim() >= 2)
+      for (int64_t i = 0; i < p.shape.numel(); ++i) w[static_cast<size_t>(p.offset + i)] += nd(rng);
+  upload_f32(*be, m->param_buffer(), w.data());
+  const int B = 2, T = 7;
+  std::vector<int32_t> tok(B * T), tgt(B * T);
+  for (int i = 0; i < B * T; ++i) tok[static_cast<size_t>(i)] = (i * 7 + 3) % 29, tgt[static_cast<size_t>(i)] = (i * 5 + 1) % 29;
+  auto i32 = [&](const std::vector<int32_t>& h) {
+    Tensor t = be->empty(Shape{B, T}, DType::I32, MemCategory::Activations);
+    be->copy_from_host(be->default_stream(), t, h.data());
+    return t;
+  };
+  const Tensor x = i32(tok), y = i32(tgt);
+  auto loss = [&] {
+    m->zero_grad();
+    const LossSum l = m->forward(Batch::of_tokens(x, y), 1.f);
+    m->backward();
+    return l.sum;
+  };
+  loss();
+  const std::vector<float> g = download_f32(*be, m->grad_buffer());
+  int checked = 0;
+  for (const ParamSpec& p : m->params()) {
+    if (!p.adapter) continue;
+    for (int64_t i : {int64_t{0}, p.shape.numel() / 2, p.shape.numel() - 1}) {
+      const size_t at = static_cast<size_t>(p.offset + i);
+      const float saved = w[at], eps = 1e-2f;
+      w[at] = saved + eps;
+      upload_f32(*be, m->param_buffer(), w.data());
+      const double up = loss();
+      w[at] = saved - eps;
+      upload_f32(*be, m->param_buffer(), w.data());
+      const double down = loss();
+      w[at] = saved;
+      upload_f32(*be, m->param_buffer(), w.data());
+      const double want = (up - down) / (2 * eps);
+      const double got = g[static_cast<size_t>(p.grad_offset() + i)];
+      EXPECT_NEAR(got, want, 2e-2 * std::max(1.0, std::abs(want))) << p.name << "[" << i << "]";
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 2 * 2 * 6 * 3);
+}
+
+}  // namespace
+}  // namespace kiln
