@@ -1,5 +1,7 @@
 #include "apps/kiln/commands.h"
 #include "core/error.h"
+#include "train/device.h"
+#include "model_io/lora_io.h"
 #include "model_io/model_io.h"
 
 #include <fmt/format.h>
@@ -37,16 +39,21 @@ uint64_t parse_size(const std::string& s) {
 
 void register_export(CLI::App& app) {
   auto* cmd = app.add_subcommand(
-      "export", "Write a checkpoint's weights as a Hugging Face model folder, an llm.c .bin or a "
-                "Hugging Face .safetensors");
+      "export", "Write a checkpoint's weights as a Hugging Face model folder, an llm.c .bin, a "
+                "Hugging Face .safetensors, or a LoRA checkpoint's adapters as a PEFT folder");
   struct Args {
     std::string checkpoint, format, out, dtype, shard_size = "5GB";
+    bool merge_lora = false;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--checkpoint", a->checkpoint, "A checkpoint directory")->required();
-  cmd->add_option("--format", a->format, "hf (a Hugging Face folder) | llmc | safetensors")
+  cmd->add_option("--format", a->format,
+                  "hf (a Hugging Face folder) | llmc | safetensors | peft (a LoRA checkpoint's "
+                  "adapters as a Hugging Face PEFT folder)")
       ->required()
-      ->check(CLI::IsMember({"hf", "llmc", "safetensors"}));
+      ->check(CLI::IsMember({"hf", "llmc", "safetensors", "peft"}));
+  cmd->add_flag("--merge-lora", a->merge_lora,
+                "hf: a LoRA checkpoint's model with its adapters merged (W + scale B A)");
   cmd->add_option("--out", a->out, "Output folder (hf) or file")->required();
   cmd->add_option("--dtype", a->dtype, "hf: fp32 | bf16 | fp16 (default: the checkpoint's)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
@@ -57,9 +64,19 @@ void register_export(CLI::App& app) {
     o.format = a->format;
     KILN_CHECK(a->format == "hf" || (a->dtype.empty() && a->shard_size == "5GB"),
                "--dtype and --shard-size are options of --format hf");
+    KILN_CHECK(!a->merge_lora || a->format == "hf", "--merge-lora is an option of --format hf");
     o.dtype = a->dtype;
     o.shard_bytes = parse_size(a->shard_size);
-    export_checkpoint(a->checkpoint, o, a->out);
+    if (a->format == "peft" || a->merge_lora) {  // a LoRA checkpoint: docs/lora.md
+      const checkpoint::CheckpointReader reader(a->checkpoint);
+      auto backend = make_device_backend("cpu");
+      if (a->merge_lora)
+        export_merged_hf_folder(reader, *backend, o, a->out);
+      else
+        export_peft_folder(reader, *backend, a->out);
+    } else {
+      export_checkpoint(a->checkpoint, o, a->out);
+    }
     fmt::print("kiln export: {} -> {} ({})\n", a->checkpoint, a->out, a->format);
   });
 }

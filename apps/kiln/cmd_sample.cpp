@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "models/registry.h"
 #include "train/device.h"
+#include "model_io/lora_io.h"
 #include "model_io/model_io.h"
 #include "sampling/sampler.h"
 
@@ -39,10 +40,10 @@ void register_sample(CLI::App& app) {
                "classifier)", a->checkpoint, options.arch,
                arch.takes_images ? "an image model" : "not a language model");
     auto backend = make_device_backend(a->device);
-    const auto model_ptr = make_model(options, *backend);
-    Model& model = *model_ptr;
+    // A LoRA checkpoint: its adapters on their base, unmerged (model_io/lora_io.h).
+    const CheckpointModel loaded = load_checkpoint_model(reader, *backend);
+    Model& model = *loaded.model;
     const LanguageModel& lm = as_language_model(model, a->checkpoint);
-    load_model_from_checkpoint(reader, model, nullptr);
     const auto tok = load_checkpoint_tokenizer(reader);
     std::vector<int32_t> prompt{tok->eot_id()};
     if (!a->prompt.empty()) {

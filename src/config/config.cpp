@@ -637,7 +637,7 @@ void TrainConfig::validate_for_training() const {
   KILN_CHECK(train.lora.rank > 0 ||
                  (train.lora.alpha == lora_defaults.alpha && !train.lora.rslora &&
                   train.lora.dropout == lora_defaults.dropout &&
-                  train.lora.targets == lora_defaults.targets),
+                  train.lora.targets == lora_defaults.targets && train.lora.init_from.empty()),
              "{}: train.lora keys are set but train.lora.rank = 0 (LoRA off): set the rank",
              source);
   KILN_CHECK(train.lora.rank == 0 || train.freeze.empty(), "{}: train.freeze with train.lora: "

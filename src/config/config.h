@@ -54,13 +54,14 @@ struct DataSection {
   bool operator==(const DataSection&) const = default;
 };
 
-/// [train.lora]: low-rank adapters on a frozen base (docs/lora.md; parallel/lora_plan.h).
+/// [train.lora]: low-rank adapters on a frozen base (docs/lora.md; models/lora_plan.h).
 struct LoraSection {
   int64_t rank = 0;          // r; 0 = no LoRA (every parameter trains)
   double alpha = 16.0;       // scale alpha / r (alpha / sqrt(r) with rslora)
   bool rslora = false;
   double dropout = 0.0;      // on the adapters' input
   std::vector<std::string> targets = {"q", "v"};  // roles or glob patterns
+  std::string init_from;     // a PEFT adapter folder the adapters start from; "" = fresh
   bool operator==(const LoraSection&) const = default;
 };
 

@@ -146,6 +146,10 @@ const std::vector<Key>& keys() {
             "train.lora: the Linears that get adapters, by role (q, k, v, qkv, o, gate, up, "
             "fc, down) or glob pattern over their names (\"*.layers.0.*.o_proj\", a fused "
             "piece \"*.qkv_proj.q\"); each must match one."),
+        any(KILN_KEY(train, lora.init_from),
+            "train.lora: a Hugging Face PEFT adapter folder (adapter_config.json, "
+            "adapter_model.safetensors) the adapters start from; its r, lora_alpha and "
+            "use_rslora must be train.lora's. \"\" = fresh adapters (B = 0)."),
         any(KILN_KEY(backend, tf32),
             "cuda: fp32 GEMMs may use TF32 tensor cores (faster, ~1e-3 relative error); false "
             "= full fp32."),

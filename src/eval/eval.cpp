@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "data/loader.h"
 #include "data/utf8.h"
+#include "model_io/lora_io.h"
 #include "model_io/model_io.h"
 #include "models/capabilities.h"
 #include "models/hf_formats.h"
@@ -28,8 +29,9 @@ ScoringModel load_scoring_model(const fs::path& path, Backend& backend) {
     if (fs::exists(path / "tokenizer.json")) s.tokenizer = data::load_hf_tokenizer(path / "tokenizer.json");
   } else {
     checkpoint::CheckpointReader reader(path);
-    s.model = make_model(checkpoint_model_options(reader), backend);
-    load_model_from_checkpoint(reader, *s.model, nullptr);
+    CheckpointModel m = load_checkpoint_model(reader, backend);  // a LoRA one: base + adapters
+    s.lora = std::move(m.lora);
+    s.model = std::move(m.model);
     s.tokenizer = load_checkpoint_tokenizer(reader);
   }
   as_language_model(*s.model, path.string());

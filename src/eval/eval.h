@@ -14,6 +14,7 @@
 
 #include "backend/backend.h"
 #include "data/tokenizer.h"
+#include "models/lora_plan.h"
 #include "models/model.h"
 
 #include <nlohmann/json.hpp>
@@ -29,6 +30,7 @@ namespace kiln {
 
 /// A language model (with its weights) and its tokenizer.
 struct ScoringModel {
+  std::unique_ptr<LoraPlan> lora;  // a LoRA checkpoint's adapters (outlives the model)
   std::unique_ptr<Model> model;
   std::unique_ptr<data::Tokenizer> tokenizer;  // null when the source has none
 };

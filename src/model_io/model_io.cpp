@@ -1,6 +1,7 @@
 #include "model_io/model_io.h"
 
 #include "core/error.h"
+#include "model_io/lora_io.h"
 
 #include <algorithm>
 #include <fstream>
@@ -108,8 +109,19 @@ void load_model_weights(const checkpoint::CheckpointReader& reader, Model& model
              "{}: the checkpoint holds no moving average of the weights (no 'ema.' tensors: it "
              "was trained with train.ema_decay = 0)", reader.dir().string());
   Backend& be = model.backend();
+  // A LoRA checkpoint holds the adapters: the base comes from its files (lora_io.h).
+  const bool lora = reader.state().contains("lora") && !reader.state().at("lora").is_null();
+  if (lora) {
+    KILN_CHECK(std::any_of(model.params().begin(), model.params().end(),
+                           [](const ParamSpec& p) { return p.adapter; }),
+               "{}: a LoRA checkpoint (adapters on a base) read into a model without adapters: "
+               "build it with load_checkpoint_model, or export the merged model (kiln export "
+               "--format hf --merge-lora)", reader.dir().string());
+    load_lora_base(reader, model);
+  }
   std::vector<float> buf;
   for (const ParamSpec& p : model.params()) {
+    if (lora && !p.adapter) continue;
     // A parameter frozen in training has no moving average: its weights are their own.
     const bool ema = use_ema && reader.has("ema." + p.name);
     const std::string name = ema ? "ema." + p.name : p.name;
@@ -331,19 +343,19 @@ std::map<std::string, std::string> hf_tokenizer_files(const checkpoint::Checkpoi
   return files;
 }
 
-namespace {
-// The dtype a checkpoint's parameters were trained in: that of its "lowp.<name>" copies.
 DType checkpoint_dtype(const checkpoint::CheckpointReader& reader) {
   for (const std::string& name : reader.names())
     if (name.starts_with("lowp.")) return reader.dtype(name);
   return DType::F32;
 }
-}  // namespace
 
 void export_checkpoint(const fs::path& checkpoint_dir, const ExportOptions& options,
                        const fs::path& out) {
   checkpoint::CheckpointReader reader(checkpoint_dir);
   checkpoint_model_options(reader);  // a malformed state.model is one line naming the file
+  KILN_CHECK(!checkpoint_lora_plan(reader), "{}: a LoRA checkpoint holds adapters, not a model: "
+             "export them (--format peft) or the model with them merged (--format hf "
+             "--merge-lora)", checkpoint_dir.string());
   const std::string arch = checkpoint_arch(reader.state());
   const nlohmann::json& config = reader.state().at("model");
   if (options.format != "hf") {

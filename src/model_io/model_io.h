@@ -123,6 +123,10 @@ nlohmann::json weights_identity(const std::filesystem::path& path);
 /// (a model of `expect`, its parameters allocated).
 void load_weights_into(Model& model, const ModelOptions& expect, const std::filesystem::path& path);
 
+/// The dtype a checkpoint's parameters were trained in: that of its "lowp.<name>" copies
+/// (fp32 when it has none).
+DType checkpoint_dtype(const checkpoint::CheckpointReader& reader);
+
 /// How `kiln export` writes a checkpoint.
 struct ExportOptions {
   std::string format;  // "hf" (a Hugging Face folder), or the architecture's own file formats

@@ -472,13 +472,14 @@ void TrainStep::init_weights(uint64_t seed) {
   optimizer_->sync_master_from_params();
 }
 
-void TrainStep::load_weights(const WeightSource& source, bool adapters) {
+void TrainStep::load_weights(const WeightSource& source, Load which) {
   // Each optimizer segment lies inside the load segment of its parameter (the whole
   // parameter below ZeRO-3, the same slice at ZeRO-3).
   const std::vector<AdamWSegment>& opt = optimizer_->segments();
   std::vector<float> buf;
   for (const AdamWSegment& seg : dp_->load_segments()) {
-    if (seg.spec.adapter && !adapters) continue;
+    if ((which == Load::Base && seg.spec.adapter) || (which == Load::Adapters && !seg.spec.adapter))
+      continue;
     buf.resize(static_cast<size_t>(seg.size()));
     for (const auto& run : seg.spec.slice.global_runs(seg.spec.shape, seg.begin, seg.end))
       source.read(seg.spec, run.global_begin, run.global_end,

@@ -38,7 +38,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/expert_parallel.h"
 #include "parallel/fp8_plan.h"
-#include "parallel/lora_plan.h"
+#include "models/lora_plan.h"
 #include "parallel/mesh.h"
 #include "parallel/moe_balance_group.h"
 #include "parallel/pipeline.h"
@@ -188,9 +188,11 @@ class TrainStep {
   /// read from elsewhere): every element this rank holds read from `source` in fp32, the
   /// fp32 master weights set at full precision and the low-precision parameters rounded
   /// to nearest from them (AdamW::set_weights), the moving average of the weights reset.
-  /// Throws what WeightSource::read throws. Without `adapters` the LoRA adapters keep
-  /// their values (a fine-tune's base read from model.init_from).
-  void load_weights(const WeightSource& source, bool adapters = true);
+  /// Throws what WeightSource::read throws. `which`: every parameter, or a LoRA
+  /// fine-tune's base (model.init_from) or adapters (train.lora.init_from) only, the others
+  /// keeping their values.
+  enum class Load { All, Base, Adapters };
+  void load_weights(const WeightSource& source, Load which = Load::All);
   /// Observer of the phases; nullptr for none. Not owned.
   void set_observer(StepObserver* o) { observer_ = o; }
   /// Where the phases are reported for a trace (spans "forward" and "backward" from the

@@ -6,6 +6,7 @@
 #include "comm/ledger.h"
 #include "config/components.h"
 #include "core/json_util.h"
+#include "model_io/lora_io.h"
 #include "model_io/model_io.h"
 #include "train/trainer.h"
 
@@ -92,9 +93,15 @@ void Trainer::init_weights() {
   std::vector<ParamSpec> base;
   for (const ParamSpec& p : one_step_->model().params())
     if (!p.adapter) base.push_back(p);
-  const auto source =
-      open_model_weights(config_.model.init_from, model_options_from(config_), base);
-  one_step_->load_weights(*source, /*adapters=*/!lora);
+  const ModelOptions options = model_options_from(config_);
+  const auto source = open_model_weights(config_.model.init_from, options, base);
+  one_step_->load_weights(*source, lora ? TrainStep::Load::Base : TrainStep::Load::All);
+  if (const LoraSection& l = config_.train.lora; lora && !l.init_from.empty()) {
+    const nn::LoraSpec spec{l.rank, static_cast<float>(l.alpha), l.rslora, 0.f};
+    const auto adapters = open_peft_folder(l.init_from, options, *one_step_->lora_plan(), spec);
+    one_step_->load_weights(*adapters, TrainStep::Load::Adapters);
+    if (options_.verbose) fmt::print("kiln: LoRA adapters from {}\n", l.init_from);
+  }
   if (!one_step_->model().buffers().empty() &&
       fs::exists(fs::path(config_.model.init_from) / "manifest.json"))  // a kiln checkpoint's
     load_buffers(checkpoint::CheckpointReader(config_.model.init_from));
@@ -221,8 +228,9 @@ const nlohmann::json& Trainer::lora_state() const {
     const LoraSection& l = config_.train.lora;
     const nlohmann::json base = config_.model.init_from.empty()
                                     ? nlohmann::json{{"seed", config_.train.seed}}
-                                    : weights_identity(config_.model.init_from);
+                                    : weights_identity(fs::absolute(config_.model.init_from));
     lora_state_ = {{"rank", l.rank}, {"alpha", l.alpha}, {"rslora", l.rslora},
+                   {"init_from", l.init_from},
                    {"dropout", l.dropout}, {"targets", l.targets},
                    {"adapted", one_step_->lora_plan()->adapted().size()}, {"base", base}};
   }

@@ -12,8 +12,15 @@
 #      cp2, tp2 without sp, full activation checkpointing, dropout at dp2);
 #   4. a run stopped after 10 updates resumes to the same losses, also on 2 ranks at ZeRO 3
 #      (resharding the adapters and their optimizer state);
-#   5. one-line errors: resuming on another base, a target that matches nothing, LoRA keys
-#      without a rank, train.freeze with LoRA.
+#   5. files: `kiln export --format peft` writes a PEFT folder (adapter_config.json with
+#      PEFT's keys, adapter_model.safetensors with PEFT's names, the checkpoint's adapters
+#      bit for bit); train.lora.init_from reads it back, and exporting again after an
+#      update too small to change a bit gives the same file byte for byte; `--format hf
+#      --merge-lora` gives a folder whose val loss (kiln eval) is the LoRA checkpoint's
+#      within 1e-5; `kiln sample` runs on base plus adapters;
+#   6. one-line errors: resuming on another base, a target that matches nothing, LoRA keys
+#      without a rank, train.freeze with LoRA, exporting a LoRA checkpoint as a plain
+#      folder, PEFT from a checkpoint without adapters.
 # Usage: lora_train_test.sh KILN_BINARY WORK_DIR [--long]
 set -euo pipefail
 kiln="$1"
@@ -109,6 +116,70 @@ train reshard 2 --set parallel.zero_stage=3 --exit-interval 10
 train reshard 1 --resume auto
 echo -n "LoRA 2 ranks at ZeRO 3 -> 1 process: "
 compare "$work/ref/metrics.jsonl" "$work/reshard/metrics.jsonl" 11
+
+# Files: a PEFT folder out and in, the merged model, sampling.
+ck="$work/ref/ckpt/step_00000020"
+"$kiln" export --checkpoint "$ck" --format peft --out "$work/peft" > "$work/peft.log" 2>&1 ||
+  { echo "FAILED: export peft"; cat "$work/peft.log"; exit 1; }
+"$py" - "$work/peft" "$ck" <<'PY'
+import json, os, struct, sys
+peft, ck = sys.argv[1:]
+c = json.load(open(os.path.join(peft, "adapter_config.json")))
+assert (c["peft_type"], c["r"], c["lora_alpha"], c["use_rslora"], c["task_type"]) == ("LORA", 4, 8.0, False, "CAUSAL_LM"), c
+assert c["target_modules"] == ["down_proj", "gate_proj", "q_proj", "up_proj", "v_proj"], c["target_modules"]
+def tensors(path):
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    h = json.loads(raw[8:8 + n])
+    return {k: (v["shape"], raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
+            for k, v in h.items() if k != "__metadata__"}
+got = tensors(os.path.join(peft, "adapter_model.safetensors"))
+m = json.load(open(os.path.join(ck, "manifest.json")))
+kiln = {}
+for name, t in m["tensors"].items():
+    if ".lora_" in name and not name.startswith(("optimizer.", "lowp.")):
+        (sl,) = t["slices"]
+        kiln[name] = tensors(os.path.join(ck, sl["file"]))[sl["key"]][1]
+hf = {"qkv_proj.q": "q_proj", "qkv_proj.v": "v_proj", "gate_up_proj.gate": "gate_proj",
+      "gate_up_proj.up": "up_proj", "down_proj": "down_proj"}
+assert len(got) == len(kiln) == 20, (len(got), len(kiln))
+for name, data in kiln.items():
+    for k, v in hf.items():
+        name2 = name.replace("." + k + ".", "." + v + ".")
+        if name2 != name: break
+    shape, peft_data = got["base_model.model." + name2]
+    assert peft_data == data, f"{name2}: not the checkpoint's bits"
+print(f"LoRA PEFT export: {len(got)} tensors with PEFT's names, the checkpoint's bits; "
+      f"target_modules {c['target_modules']}")
+PY
+# PEFT in: lr 1e-12 changes no bit of adapters of 1e-2, so the export matches byte for byte.
+train peft_in 1 --set "train.lora.init_from=$work/peft" --set train.steps=1 --set optim.lr=1e-12 \
+  --set schedule.warmup_steps=0 --set checkpoint.every=1
+"$kiln" export --checkpoint "$work/peft_in/ckpt/step_00000001" --format peft --out "$work/peft2" \
+  > "$work/peft2.log" 2>&1 || { echo "FAILED: export peft2"; cat "$work/peft2.log"; exit 1; }
+cmp "$work/peft/adapter_model.safetensors" "$work/peft2/adapter_model.safetensors" ||
+  { echo "FAILED: PEFT round trip"; exit 1; }
+echo "LoRA PEFT round trip (train.lora.init_from, export again): byte for byte"
+"$kiln" export --checkpoint "$ck" --format hf --merge-lora --out "$work/merged" > "$work/merged.log" 2>&1 ||
+  { echo "FAILED: export merged"; cat "$work/merged.log"; exit 1; }
+for m in "$ck" "$work/merged" "$work/base_hf"; do
+  "$kiln" eval --model "$m" --data "$work/ft_data" --json "$work/eval_$(basename "$m").json" \
+    > "$work/eval.log" 2>&1 || { echo "FAILED: eval $m"; cat "$work/eval.log"; exit 1; }
+done
+"$py" - "$work/eval_step_00000020.json" "$work/eval_merged.json" "$work/eval_base_hf.json" <<'PY'
+import json, sys
+loss = lambda p: json.load(open(p))["perplexity"][0]["loss"]
+a, b, base = map(loss, sys.argv[1:])
+assert abs(a - b) <= 1e-5 * abs(a), f"merged {b} vs base + adapters {a}"
+assert a < base - 0.1, f"base + adapters {a}, the base alone {base}"
+print(f"LoRA merged folder: val loss {b:.6f}, base + adapters {a:.6f} (the base alone {base:.4f})")
+PY
+"$kiln" sample --checkpoint "$ck" --max-new-tokens 8 --seed 1 > "$work/sample.log" 2>&1 ||
+  { echo "FAILED: sample"; cat "$work/sample.log"; exit 1; }
+echo "LoRA: kiln sample on base + adapters ran"
+fails plain_export "--format peft" "$kiln" export --checkpoint "$ck" --format hf --out "$work/plain_hf"
+fails no_adapters "holds no LoRA adapters" \
+  "$kiln" export --checkpoint "$work/base/ckpt/step_00000060" --format peft --out "$work/none"
 
 # Another base: the base run trained one update more.
 run_train "$work/tiny.toml" base2 1 "${llama[@]}" --set train.steps=61 --set optim.lr=1e-2 \

@@ -1,10 +1,10 @@
-// The LoRA plan (parallel/lora_plan.h) on tiny models built through the registry: which
+// The LoRA plan (models/lora_plan.h) on tiny models built through the registry: which
 // Linears its roles and globs adapt, the frozen base, the errors; and a tiny Llama's
 // adapter gradients against central differences of its loss (fp32), so that the adapters
 // are wired into the model's training passes, not only into a Linear.
 #include "backend/registry.h"
 #include "models/registry.h"
-#include "parallel/lora_plan.h"
+#include "models/lora_plan.h"
 
 #include <gtest/gtest.h>
 

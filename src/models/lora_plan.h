@@ -1,7 +1,9 @@
 // The LoRA plan (train.lora, docs/lora.md): puts low-rank adapters (nn/lora.h) on the
 // chosen Linears of a model's transformer blocks and freezes everything else, before the
 // model lays out its parameters: a plan applied from outside, as the parallel plans and
-// the fp8 plan are, so no model names LoRA.
+// the fp8 plan are, so no model names LoRA. It changes the model, not its layout over
+// ranks, and needs no communicator: the trainer, `kiln sample` and `kiln export` build a
+// LoRA checkpoint's model with it alike.
 //
 // Which Linears (train.lora.targets): roles, the same in every decoder family,
 //   q, k, v   the query, key and value pieces of the attention's fused input projection
@@ -40,6 +42,17 @@ struct LoraOptions {
 /// The roles of train.lora.targets, in the order above.
 const std::vector<std::string>& lora_roles();
 
+/// One adapted unit as files need it (PEFT folders, merged weights).
+struct LoraUnit {
+  std::string name;    // "model.layers.0.self_attn.qkv_proj.q": its adapter's prefix
+  std::string linear;  // "model.layers.0.self_attn.qkv_proj": the Linear (its weight: + ".weight")
+  int piece = -1;      // the Linear's piece (nn::Linear::pieces); -1: the whole Linear
+  int64_t row0 = 0;    // its first row of the Linear's weight
+  int64_t rows = 0;
+  int64_t rank = 0;
+  float scale = 1.f;   // alpha / r, or alpha / sqrt(r)
+};
+
 class LoraPlan final : public LayerPlan {
  public:
   explicit LoraPlan(LoraOptions options);
@@ -50,6 +63,8 @@ class LoraPlan final : public LayerPlan {
   void apply(const LayerRoles& layers) const override;
   /// The adapted units the last apply() chose (e.g. "model.layers.0.self_attn.qkv_proj.q").
   const std::vector<std::string>& adapted() const { return adapted_; }
+  /// The same units with their geometry, in the same order.
+  const std::vector<LoraUnit>& units() const { return units_; }
 
   /// Before each pass: the adapters' dropout on (a training pass) or off, drawn from `seed`
   /// at the pass's first global input row (its first sample x the sequence length).
@@ -58,6 +73,7 @@ class LoraPlan final : public LayerPlan {
  private:
   LoraOptions options_;
   mutable std::vector<std::string> adapted_;
+  mutable std::vector<LoraUnit> units_;
   nn::LoraDropout dropout_;
 };
 

@@ -1,4 +1,4 @@
-#include "parallel/lora_plan.h"
+#include "models/lora_plan.h"
 
 #include "core/error.h"
 #include "nn/block.h"
@@ -72,6 +72,7 @@ void LoraPlan::apply(const LayerRoles& layers) const {
   KILN_CHECK(!layers.blocks.empty(), "{}: {} is not supported for {}: it has no transformer "
              "blocks", source, what(), layers.arch);
   adapted_.clear();
+  units_.clear();
   std::vector<int> matched(targets.size(), 0);
   uint64_t stream = kLoraDropoutStreams;
   for (nn::TransformerBlock* block : layers.blocks) {
@@ -107,6 +108,7 @@ void LoraPlan::apply(const LayerRoles& layers) const {
         a.dropout = &dropout_;
         a.dropout_stream = stream++;
         adapted_.push_back(unit);
+        units_.push_back({unit, linear->name(), piece, a.row0, a.rows, a.spec.rank, a.spec.scale()});
       }
     }
   }

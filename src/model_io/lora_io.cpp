@@ -1,0 +1,295 @@
+#include "model_io/lora_io.h"
+
+#include "checkpoint/file_util.h"
+#include "checkpoint/safetensors.h"
+#include "core/error.h"
+#include "core/json_util.h"
+#include "models/hf_formats.h"
+
+#include <algorithm>
+#include <set>
+
+namespace kiln {
+
+namespace fs = std::filesystem;
+namespace st = safetensors;
+namespace files = checkpoint::detail;  // the durable file primitives
+
+namespace {
+
+const nlohmann::json* lora_state(const checkpoint::CheckpointReader& reader) {
+  const nlohmann::json& s = reader.state();
+  return s.contains("lora") && !s.at("lora").is_null() ? &s.at("lora") : nullptr;
+}
+
+// A model of `options` with `plan`'s adapters, names and shapes only (no storage).
+std::unique_ptr<Model> shapes_only(const ModelOptions& options, Backend& backend,
+                                   const LoraPlan& plan) {
+  ModelStorage storage;
+  storage.allocate_params = storage.allocate_grads = false;
+  storage.plans = {&plan};
+  return make_model(options, backend, storage);
+}
+
+std::string peft_tensor(const std::string& module, const char* which) {
+  return "base_model.model." + module + "." + which + ".weight";
+}
+
+}  // namespace
+
+std::unique_ptr<LoraPlan> checkpoint_lora_plan(const checkpoint::CheckpointReader& reader) {
+  const nlohmann::json* l = lora_state(reader);
+  if (!l) return nullptr;
+  const std::string where = (reader.dir() / "manifest.json").string() + ": state.lora";
+  try {
+    const nn::LoraSpec spec{json_integer_field(*l, "rank", where, 1, INT32_MAX),
+                            l->at("alpha").get<float>(), l->at("rslora").get<bool>(), 0.f};
+    return std::make_unique<LoraPlan>(
+        LoraOptions{spec, l->at("targets").get<std::vector<std::string>>(), reader.dir().string()});
+  } catch (const nlohmann::json::exception& e) {
+    KILN_FAIL("{}: malformed ({})", where, e.what());
+  }
+}
+
+void load_lora_base(const checkpoint::CheckpointReader& reader, Model& model) {
+  const std::string dir = reader.dir().string();
+  const nlohmann::json base = lora_state(reader)->value("base", nlohmann::json::object());
+  if (base.contains("seed")) {  // a random base: the model's own initial values
+    model.init_weights(base.at("seed").get<uint64_t>());
+    return;
+  }
+  const std::string path = base.value("path", "");
+  KILN_CHECK(!path.empty() && fs::exists(path), "{}: its LoRA base '{}' does not exist: the "
+             "adapters need the weights they were trained on", dir, path);
+  const std::string now = weights_identity(path).at("crc32");
+  KILN_CHECK(now == base.value("crc32", ""), "{}: its adapters were trained on {} (crc32 {}), "
+             "whose files have changed since (crc32 {})", dir, path, base.value("crc32", ""), now);
+  std::vector<ParamSpec> specs;
+  for (const ParamSpec& p : model.params())
+    if (!p.adapter) specs.push_back(p);
+  const auto source = open_model_weights(path, checkpoint_model_options(reader), specs);
+  std::vector<float> buf;
+  for (const ParamSpec& p : specs) {
+    buf.resize(static_cast<size_t>(p.shape.numel()));
+    source->read(p, 0, p.shape.numel(), buf.data());
+    upload_f32(model.backend(), model.param(p), buf.data());
+  }
+}
+
+CheckpointModel load_checkpoint_model(const checkpoint::CheckpointReader& reader,
+                                      Backend& backend, bool use_ema) {
+  CheckpointModel m;
+  m.lora = checkpoint_lora_plan(reader);
+  ModelStorage storage;
+  if (m.lora) storage.plans = {m.lora.get()};
+  m.model = make_model(checkpoint_model_options(reader), backend, storage);
+  load_model_weights(reader, *m.model, use_ema);
+  return m;
+}
+
+std::map<std::string, std::string> peft_modules(const ModelOptions& options,
+                                                const std::vector<LoraUnit>& units) {
+  const ModelArch& arch = model_arch(options.arch);
+  KILN_CHECK(static_cast<bool>(arch.hf_layout), "{} has no Hugging Face folders: its adapters "
+             "have no PEFT names", options.arch);
+  const HfLayout layout = arch.hf_layout(options);
+  std::map<std::string, std::string> out;
+  for (const LoraUnit& u : units) {
+    const auto p = std::find_if(layout.params.begin(), layout.params.end(),
+                                [&](const HfParam& h) { return h.name == u.linear + ".weight"; });
+    KILN_CHECK(p != layout.params.end(), "{}: no Hugging Face tensor holds {}.weight", u.name, u.linear);
+    // The Hugging Face tensor of exactly the unit's rows.
+    int64_t row = 0;
+    const HfPiece* piece = nullptr;
+    for (const HfPiece& h : p->pieces) {
+      if (row == u.row0 && h.rows == u.rows) piece = &h;
+      row += h.rows;
+    }
+    KILN_CHECK(piece, "LoRA adapter {}: its rows are {} Hugging Face tensors, not one module "
+               "(adapt the pieces instead: train.lora.targets q, k, v or gate, up)", u.name,
+               p->pieces.size());
+    KILN_CHECK(piece->name.ends_with(".weight"), "{}: {} is not a module's weight", u.name, piece->name);
+    out[u.name] = piece->name.substr(0, piece->name.size() - std::string(".weight").size());
+  }
+  return out;
+}
+
+namespace {
+
+// PEFT's target_modules: the modules' last names ("q_proj") when every module of the model
+// with such a name is adapted, else the full module names (PEFT matches a target by
+// equality or as a dotted suffix).
+nlohmann::json target_modules(const std::map<std::string, std::string>& modules,
+                              const HfLayout& layout) {
+  std::set<std::string> full, short_names;
+  for (const auto& [unit, module] : modules) {
+    full.insert(module);
+    short_names.insert(module.substr(module.rfind('.') + 1));
+  }
+  auto last = [](const std::string& m) { return m.substr(m.rfind('.') + 1); };
+  bool every = true;
+  for (const HfParam& p : layout.params)
+    for (const HfPiece& h : p.pieces) {
+      if (!h.name.ends_with(".weight")) continue;
+      const std::string m = h.name.substr(0, h.name.size() - std::string(".weight").size());
+      if (short_names.count(last(m)) && !full.count(m)) every = false;
+    }
+  const std::set<std::string>& names = every ? short_names : full;
+  return nlohmann::json(std::vector<std::string>(names.begin(), names.end()));
+}
+
+// A PEFT folder's adapters in kiln's names.
+class PeftSource final : public WeightSource {
+ public:
+  PeftSource(const fs::path& dir, const ModelOptions& expect, const LoraPlan& plan,
+             const nn::LoraSpec& spec)
+      : reader_((dir / "adapter_model.safetensors").string()) {
+    const fs::path file = dir / "adapter_config.json";
+    KILN_CHECK(fs::exists(file), "train.lora.init_from: {} does not exist (a PEFT adapter folder "
+               "holds adapter_config.json and adapter_model.safetensors)", file.string());
+    nlohmann::json c;
+    try {
+      c = nlohmann::json::parse(files::read_file(file));
+      KILN_CHECK(c.value("peft_type", "") == "LORA", "{}: \"peft_type\" is {}, not \"LORA\"",
+                 file.string(), c.value("peft_type", nlohmann::json()).dump());
+      KILN_CHECK(c.at("r").get<int64_t>() == spec.rank && c.at("lora_alpha").get<double>() == spec.alpha &&
+                     c.value("use_rslora", false) == spec.rslora,
+                 "{}: r = {}, lora_alpha = {}, use_rslora = {}; the config asks for "
+                 "train.lora.rank = {}, alpha = {}, rslora = {}", file.string(), c.at("r").dump(),
+                 c.at("lora_alpha").dump(), c.value("use_rslora", false), spec.rank, spec.alpha,
+                 spec.rslora);
+    } catch (const nlohmann::json::exception& e) {
+      KILN_FAIL("{}: malformed ({})", file.string(), e.what());
+    }
+    for (const auto& [unit, module] : peft_modules(expect, plan.units()))
+      for (const char* which : {"lora_A", "lora_B"}) {
+        const std::string name = peft_tensor(module, which);
+        KILN_CHECK(reader_.contains(name), "{}: no tensor '{}' (the adapter {} of the config's "
+                   "train.lora.targets)", reader_.path(), name, unit);
+        names_[unit + "." + which + ".weight"] = name;
+      }
+  }
+  void read(const ParamSpec& p, int64_t begin, int64_t end, float* dst) const override {
+    const std::string& name = names_.at(p.name);
+    const std::vector<int64_t>& shape = reader_.info(name).shape;
+    KILN_CHECK(Shape(shape.begin(), shape.end()) == p.shape, "{}: tensor '{}' has shape {}, the "
+               "adapter {} is {}", reader_.path(), name, Shape(shape.begin(), shape.end()).str(),
+               p.name, p.shape.str());
+    reader_.read_f32_range(name, begin, end, dst);
+  }
+
+ private:
+  st::Reader reader_;
+  std::map<std::string, std::string> names_;  // kiln adapter name -> PEFT tensor
+};
+
+}  // namespace
+
+std::unique_ptr<WeightSource> open_peft_folder(const fs::path& dir, const ModelOptions& expect,
+                                               const LoraPlan& plan, const nn::LoraSpec& spec) {
+  return std::make_unique<PeftSource>(dir, expect, plan, spec);
+}
+
+void export_peft_folder(const checkpoint::CheckpointReader& reader, Backend& backend,
+                        const fs::path& out) {
+  const std::string dir = reader.dir().string();
+  const std::unique_ptr<LoraPlan> plan = checkpoint_lora_plan(reader);
+  KILN_CHECK(plan, "{}: holds no LoRA adapters (trained without train.lora): --format peft "
+             "writes adapters", dir);
+  const ModelOptions options = checkpoint_model_options(reader);
+  const auto model = shapes_only(options, backend, *plan);
+  const std::map<std::string, std::string> modules = peft_modules(options, plan->units());
+  const nlohmann::json& l = *lora_state(reader);
+  const nlohmann::json base = l.value("base", nlohmann::json::object());
+  const nlohmann::json config = {
+      {"peft_type", "LORA"},
+      {"task_type", "CAUSAL_LM"},
+      {"base_model_name_or_path", base.value("path", "")},
+      {"r", l.at("rank")},
+      {"lora_alpha", l.at("alpha")},
+      {"use_rslora", l.at("rslora")},
+      {"lora_dropout", l.value("dropout", 0.0)},
+      {"target_modules", target_modules(modules, model_arch(options.arch).hf_layout(options))},
+      {"bias", "none"},
+      {"fan_in_fan_out", false},
+      {"init_lora_weights", true},
+      {"inference_mode", true},
+      {"modules_to_save", nullptr},
+      {"layers_to_transform", nullptr},
+      {"rank_pattern", nlohmann::json::object()},
+      {"alpha_pattern", nlohmann::json::object()},
+      {"use_dora", false}};
+  KILN_CHECK(!fs::exists(out) || fs::exists(out / "adapter_config.json") || fs::is_empty(out),
+             "{}: exists and is not a PEFT adapter folder (no adapter_config.json): not "
+             "replacing it", out.string());
+  const fs::path tmp = files::temp_name_for(out);
+  files::make_dirs(tmp);
+  try {
+    st::Writer writer((tmp / "adapter_model.safetensors").string());
+    writer.set_metadata("format", "pt");
+    for (const LoraUnit& u : plan->units())
+      for (const char* which : {"lora_A", "lora_B"}) {
+        const std::string name = u.name + "." + which + ".weight";
+        const Shape shape = reader.global_shape(name);
+        writer.add_f32(peft_tensor(modules.at(u.name), which), {shape[0], shape[1]},
+                       reader.read_f32(name));
+      }
+    writer.write();
+    files::atomic_write_file(tmp / "adapter_config.json", config.dump(2) + "\n");
+    files::fsync_dir(tmp);
+    if (fs::exists(out)) files::remove_tree(out);
+    files::rename_path(tmp, out);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+}
+
+void export_merged_hf_folder(const checkpoint::CheckpointReader& reader, Backend& backend,
+                             const ExportOptions& options, const fs::path& out) {
+  const CheckpointModel m = load_checkpoint_model(reader, backend);
+  KILN_CHECK(m.lora, "{}: holds no LoRA adapters: --merge-lora merges a LoRA checkpoint's "
+             "adapters (export this one without it)", reader.dir().string());
+  const std::map<std::string, std::vector<float>> merged = merged_lora_weights(*m.model, *m.lora);
+  auto read = [&](const std::string& name) {
+    if (const auto it = merged.find(name); it != merged.end()) return it->second;
+    for (const ParamSpec& p : m.model->params())
+      if (p.name == name) return download_f32(backend, m.model->param(p));
+    KILN_FAIL("{}: the model has no parameter {}", reader.dir().string(), name);
+  };
+  const DType dtype = options.dtype.empty() ? checkpoint_dtype(reader) : parse_dtype(options.dtype);
+  nlohmann::json fields = nlohmann::json::object();
+  const auto tokenizer = hf_tokenizer_files(reader, fields);
+  write_hf_folder(checkpoint_model_options(reader), read, dtype, options.shard_bytes, out,
+                  tokenizer, fields);
+}
+
+std::map<std::string, std::vector<float>> merged_lora_weights(const Model& model,
+                                                              const LoraPlan& plan) {
+  std::map<std::string, std::vector<float>> out;
+  auto values = [&](const std::string& name) {
+    for (const ParamSpec& p : model.params())
+      if (p.name == name) return download_f32(model.backend(), model.param(p));
+    KILN_FAIL("merge: the model has no parameter {}", name);
+  };
+  for (const LoraUnit& u : plan.units()) {
+    const std::string w = u.linear + ".weight";
+    if (!out.count(w)) out[w] = values(w);
+    std::vector<float>& W = out[w];
+    const std::vector<float> A = values(u.name + ".lora_A.weight"),
+                             B = values(u.name + ".lora_B.weight");
+    const int64_t r = u.rank, in = static_cast<int64_t>(A.size()) / r;
+    for (int64_t i = 0; i < u.rows; ++i)
+      for (int64_t c = 0; c < in; ++c) {
+        double d = 0;
+        for (int64_t k = 0; k < r; ++k)
+          d += double{B[static_cast<size_t>(i * r + k)]} * A[static_cast<size_t>(k * in + c)];
+        float& x = W[static_cast<size_t>((u.row0 + i) * in + c)];
+        x = static_cast<float>(x + u.scale * d);
+      }
+  }
+  return out;
+}
+
+}  // namespace kiln
