@@ -1,0 +1,144 @@
+// LoRA's files (model_io/lora_io.h) on a tiny Llama: a PEFT adapter folder written by hand
+// from PEFT's documented format (tests/train/peft_fixture: adapter_config.json as PEFT's
+// LoraConfig writes it, the tensors from make_peft_fixture.py) read into kiln's adapters;
+// its config checked against train.lora; the Hugging Face modules of adapted units (a
+// piece of a fused Linear, GPT-2's whole c_attn, and Llama's whole qkv_proj, which has
+// none); and the merged weights W + scale B A against a direct double computation.
+#include "backend/registry.h"
+#include "model_io/lora_io.h"
+#include "models/registry.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+
+namespace kiln {
+namespace {
+
+const std::string kFixture = std::string(KILN_SOURCE_DIR_DEFAULT) + "/tests/train/peft_fixture";
+
+ModelOptions tiny(const std::string& arch) {
+  ModelOptions o;
+  o.arch = arch;
+  o.n_layer = 2;
+  o.n_head = 2;
+  o.n_embd = 16;
+  o.block_size = 12;
+  o.vocab_size = 29;
+  if (arch == "llama") o.family = {{"n_kv_head", 1}, {"ffn_hidden_size", 24}};
+  return o;
+}
+
+LoraPlan plan_of(std::vector<std::string> targets, int64_t rank, float alpha) {
+  return LoraPlan(LoraOptions{nn::LoraSpec{rank, alpha, false, 0.f}, std::move(targets), "test"});
+}
+
+std::unique_ptr<Model> build(Backend& be, const ModelOptions& o, const LoraPlan& plan) {
+  ModelStorage storage;
+  storage.plans = {&plan};
+  return make_model(o, be, storage);
+}
+
+// make_peft_fixture.py's values.
+float fixture_value(int t, int64_t i) { return static_cast<float>(((t * 7 + i * 3) % 23 - 11) / 64.0); }
+
+TEST(LoraFiles, PeftFixtureReadsIntoTheAdapters) {
+  auto be = make_backend("cpu");
+  const LoraPlan plan = plan_of({"q", "v"}, 2, 4.f);
+  const auto model = build(*be, tiny("llama"), plan);
+  const auto source = open_peft_folder(kFixture, tiny("llama"), plan, nn::LoraSpec{2, 4.f, false, 0.f});
+  int read = 0;
+  for (const ParamSpec& p : model->params()) {
+    if (!p.adapter) continue;
+    // The fixture's order: layer, module (q_proj, v_proj), lora_A then lora_B.
+    const int layer = p.name.find("layers.1.") != std::string::npos;
+    const int module = p.name.find(".qkv_proj.v.") != std::string::npos;
+    const int which = p.name.find(".lora_B.") != std::string::npos;
+    const int t = layer * 4 + module * 2 + which;
+    std::vector<float> got(static_cast<size_t>(p.shape.numel()));
+    source->read(p, 0, p.shape.numel(), got.data());
+    for (int64_t i = 0; i < p.shape.numel(); ++i)
+      ASSERT_EQ(got[static_cast<size_t>(i)], fixture_value(t, i)) << p.name << "[" << i << "]";
+    ++read;
+  }
+  EXPECT_EQ(read, 8);
+}
+
+TEST(LoraFiles, PeftConfigMustBeTrainLoras) {
+  auto be = make_backend("cpu");
+  auto error_of = [&](std::vector<std::string> targets, nn::LoraSpec spec) {
+    const LoraPlan plan = plan_of(std::move(targets), spec.rank, spec.alpha);
+    build(*be, tiny("llama"), plan);
+    try {
+      open_peft_folder(kFixture, tiny("llama"), plan, spec);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of({"q", "v"}, nn::LoraSpec{4, 4.f, false, 0.f}).find("r = 2, lora_alpha = 4"),
+            std::string::npos);
+  EXPECT_NE(error_of({"q", "v"}, nn::LoraSpec{2, 8.f, false, 0.f}).find("adapter_config.json"),
+            std::string::npos);
+  EXPECT_NE(error_of({"q", "k"}, nn::LoraSpec{2, 4.f, false, 0.f})
+                .find("no tensor 'base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight'"),
+            std::string::npos);
+}
+
+TEST(LoraFiles, HuggingFaceModulesOfAdaptedUnits) {
+  auto be = make_backend("cpu");
+  const LoraPlan llama = plan_of({"q", "up", "down"}, 2, 4.f);
+  build(*be, tiny("llama"), llama);
+  const auto m = peft_modules(tiny("llama"), llama.units());
+  EXPECT_EQ(m.at("model.layers.1.self_attn.qkv_proj.q"), "model.layers.1.self_attn.q_proj");
+  EXPECT_EQ(m.at("model.layers.0.mlp.gate_up_proj.up"), "model.layers.0.mlp.up_proj");
+  EXPECT_EQ(m.at("model.layers.0.mlp.down_proj"), "model.layers.0.mlp.down_proj");
+  const LoraPlan gpt2 = plan_of({"qkv"}, 2, 4.f);
+  build(*be, tiny("gpt2"), gpt2);
+  EXPECT_EQ(peft_modules(tiny("gpt2"), gpt2.units()).at("transformer.h.0.attn.c_attn"),
+            "transformer.h.0.attn.c_attn");
+  const LoraPlan whole = plan_of({"qkv"}, 2, 4.f);  // Hugging Face splits Llama's qkv_proj
+  build(*be, tiny("llama"), whole);
+  EXPECT_THROW(peft_modules(tiny("llama"), whole.units()), Error);
+}
+
+TEST(LoraFiles, MergedWeightsAreWPlusScaleBA) {
+  auto be = make_backend("cpu");
+  const LoraPlan plan = plan_of({"v", "down"}, 3, 6.f);  // scale 2
+  const auto model = build(*be, tiny("llama"), plan);
+  model->init_weights(3);
+  std::vector<float> w = download_f32(*be, model->param_buffer());
+  std::mt19937 rng(4);
+  std::normal_distribution<float> nd(0.f, 0.5f);
+  for (float& x : w) x += nd(rng);  // B nonzero
+  upload_f32(*be, model->param_buffer(), w.data());
+  auto value = [&](const std::string& name) {
+    for (const ParamSpec& p : model->params())
+      if (p.name == name)
+        return std::vector<float>(w.begin() + p.offset, w.begin() + p.offset + p.shape.numel());
+    ADD_FAILURE() << name;
+    return std::vector<float>();
+  };
+  const auto merged = merged_lora_weights(*model, plan);
+  ASSERT_EQ(merged.size(), 4u);  // qkv_proj and down_proj of 2 layers
+  for (const LoraUnit& u : plan.units()) {
+    const auto W = value(u.linear + ".weight"), A = value(u.name + ".lora_A.weight"),
+               B = value(u.name + ".lora_B.weight");
+    const std::vector<float>& M = merged.at(u.linear + ".weight");
+    const int64_t in = static_cast<int64_t>(A.size()) / 3, rows = static_cast<int64_t>(W.size()) / in;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < in; ++c) {
+        double want = W[static_cast<size_t>(r * in + c)];
+        if (r >= u.row0 && r < u.row0 + u.rows)
+          for (int64_t k = 0; k < 3; ++k)
+            want += 2.0 * B[static_cast<size_t>((r - u.row0) * 3 + k)] * A[static_cast<size_t>(k * in + c)];
+        ASSERT_NEAR(M[static_cast<size_t>(r * in + c)], want, 1e-6 * std::max(1.0, std::abs(want)))
+            << u.name << " row " << r << " col " << c;
+      }
+  }
+}
+
+}  // namespace
+}  // namespace kiln
