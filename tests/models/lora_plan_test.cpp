@@ -4,6 +4,7 @@
 // are wired into the model's training passes, not only into a Linear.
 #include "backend/registry.h"
 #include "models/registry.h"
+#include "support/tiny_decoder.h"
 #include "models/lora_plan.h"
 
 #include <gtest/gtest.h>
@@ -16,20 +17,8 @@
 namespace kiln {
 namespace {
 
-// A tiny model of `arch` (llama: grouped-query, SwiGLU of 24 units; gpt2: GELU MLP).
-ModelOptions tiny(const std::string& arch) {
-  ModelOptions o;
-  o.arch = arch;
-  o.n_layer = 2;
-  o.n_head = 2;
-  o.n_embd = 16;
-  o.block_size = 12;
-  o.vocab_size = 29;
-  if (arch == "llama") o.family = {{"n_kv_head", 1}, {"ffn_hidden_size", 24}};
-  return o;
-}
-ModelOptions tiny_llama() { return tiny("llama"); }
-ModelOptions tiny_gpt2() { return tiny("gpt2"); }
+ModelOptions tiny_llama() { return testing::tiny_decoder("llama"); }
+ModelOptions tiny_gpt2() { return testing::tiny_decoder("gpt2"); }
 
 std::unique_ptr<Model> build(Backend& be, const ModelOptions& o, const LoraPlan& plan) {
   ModelStorage storage;

@@ -7,6 +7,7 @@
 #include "backend/registry.h"
 #include "model_io/lora_io.h"
 #include "models/registry.h"
+#include "support/tiny_decoder.h"
 
 #include <gtest/gtest.h>
 
@@ -19,17 +20,7 @@ namespace {
 
 const std::string kFixture = std::string(KILN_SOURCE_DIR_DEFAULT) + "/tests/train/peft_fixture";
 
-ModelOptions tiny(const std::string& arch) {
-  ModelOptions o;
-  o.arch = arch;
-  o.n_layer = 2;
-  o.n_head = 2;
-  o.n_embd = 16;
-  o.block_size = 12;
-  o.vocab_size = 29;
-  if (arch == "llama") o.family = {{"n_kv_head", 1}, {"ffn_hidden_size", 24}};
-  return o;
-}
+ModelOptions tiny(const std::string& arch) { return testing::tiny_decoder(arch); }
 
 LoraPlan plan_of(std::vector<std::string> targets, int64_t rank, float alpha) {
   return LoraPlan(LoraOptions{nn::LoraSpec{rank, alpha, false, 0.f}, std::move(targets), "test"});
