@@ -88,9 +88,9 @@ FlatLayout lay_out(const std::vector<PartLayout>& parts, int64_t alignment,
     for (const nn::Param* prm : parts[static_cast<size_t>(k)].params) {
       // Its frozen region would be sharded over the dp x cp group, whose ranks hold
       // other experts.
-      KILN_CHECK(prm->trainable || !prm->slice.ep_sharded(), "train.freeze of an "
-                 "expert-parallel parameter ({}, split over parallel.ep = {}) is not supported",
-                 prm->name, prm->slice.ep_parts);
+      KILN_CHECK(prm->trainable || !prm->slice.ep_sharded(), "freezing an expert-parallel "
+                 "parameter ({}, split over parallel.ep = {}: by train.freeze, or as part of "
+                 "train.lora's frozen base) is not supported", prm->name, prm->slice.ep_parts);
     }
   std::vector<bool> lends(parts.size(), false);  // owns a parameter a later held part uses
   for (int k = 0; k < n_parts; ++k)

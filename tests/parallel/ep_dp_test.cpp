@@ -274,7 +274,7 @@ TEST(EpDpLayout, RefusesAFrozenExpertParameter) {
     ToyModel model(zero_model_storage(1, 2), Cut{2, 0, 1, 0}, /*freeze_experts=*/true);
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("train.freeze of an expert-parallel parameter "
+    EXPECT_NE(std::string(e.what()).find("freezing an expert-parallel parameter "
                                          "(frozen.experts"),
               std::string::npos)
         << e.what();
