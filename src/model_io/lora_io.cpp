@@ -61,9 +61,11 @@ void load_lora_base(const checkpoint::CheckpointReader& reader, Model& model) {
   const std::string path = base.value("path", "");
   KILN_CHECK(!path.empty() && fs::exists(path), "{}: its LoRA base '{}' does not exist: the "
              "adapters need the weights they were trained on", dir, path);
-  const std::string now = weights_identity(path).at("crc32");
-  KILN_CHECK(now == base.value("crc32", ""), "{}: its adapters were trained on {} (crc32 {}), "
-             "whose files have changed since (crc32 {})", dir, path, base.value("crc32", ""), now);
+  const nlohmann::json now = weights_identity(path);
+  KILN_CHECK(now.at("crc32") == base.value("crc32", ""), "{}: its adapters were trained on {} "
+             "(crc32 {}), whose weights have changed since (crc32 {}: {})", dir, path,
+             base.value("crc32", ""), now.at("crc32").get<std::string>(),
+             weights_difference(base, now));
   std::vector<ParamSpec> specs;
   for (const ParamSpec& p : model.params())
     if (!p.adapter) specs.push_back(p);
@@ -105,9 +107,11 @@ std::map<std::string, std::string> peft_modules(const ModelOptions& options,
       if (row == u.row0 && h.rows == u.rows) piece = &h;
       row += h.rows;
     }
-    KILN_CHECK(piece, "LoRA adapter {}: its rows are {} Hugging Face tensors, not one module "
-               "(adapt the pieces instead: train.lora.targets q, k, v or gate, up)", u.name,
-               p->pieces.size());
+    KILN_CHECK(piece || p->pieces.size() > 1, "LoRA adapter {}: its rows are part of Hugging "
+               "Face's one module {}, which PEFT adapts whole (train.lora.targets qkv or fc)",
+               u.name, p->pieces.empty() ? u.linear : p->pieces[0].name);
+    KILN_CHECK(piece, "LoRA adapter {}: its rows are {} Hugging Face modules, which PEFT adapts "
+               "apart (train.lora.targets q, k, v or gate, up)", u.name, p->pieces.size());
     KILN_CHECK(piece->name.ends_with(".weight"), "{}: {} is not a module's weight", u.name, piece->name);
     out[u.name] = piece->name.substr(0, piece->name.size() - std::string(".weight").size());
   }
@@ -138,12 +142,39 @@ nlohmann::json target_modules(const std::map<std::string, std::string>& modules,
   return nlohmann::json(std::vector<std::string>(names.begin(), names.end()));
 }
 
+// `dir`'s adapter_model.safetensors, after checking that `dir` is a folder.
+fs::path checked(const fs::path& dir) {
+  KILN_CHECK(fs::is_directory(dir), "train.lora.init_from: {} is not a folder (a PEFT adapter "
+             "folder holds adapter_config.json and adapter_model.safetensors)", dir.string());
+  return dir / "adapter_model.safetensors";
+}
+
+// The LoraConfig features kiln does not compute, refused rather than loaded as plain LoRA:
+// DoRA, per-module ranks or alphas, trained biases, fully trained modules, a subset of
+// layers, a regex target.
+void refuse_unsupported(const nlohmann::json& c, const fs::path& file) {
+  auto empty = [&](const char* key) {
+    const nlohmann::json v = c.value(key, nlohmann::json());
+    return v.is_null() || ((v.is_object() || v.is_array()) && v.empty());
+  };
+  for (const char* key : {"alpha_pattern", "rank_pattern", "modules_to_save",
+                          "layers_to_transform", "layers_pattern", "layer_replication"})
+    KILN_CHECK(empty(key), "{}: \"{}\" = {} is not supported (kiln's adapters share one rank and "
+               "alpha and adapt the blocks' Linears only)", file.string(), key, c.at(key).dump());
+  KILN_CHECK(!c.value("use_dora", false), "{}: \"use_dora\" = true: DoRA is not supported",
+             file.string());
+  KILN_CHECK(c.value("bias", "none") == "none", "{}: \"bias\" = \"{}\": trained biases are not "
+             "supported (\"none\" only)", file.string(), c.value("bias", ""));
+  KILN_CHECK(!c.contains("target_modules") || !c.at("target_modules").is_string(), "{}: a regex "
+             "\"target_modules\" is not supported (a list of module names)", file.string());
+}
+
 // A PEFT folder's adapters in kiln's names.
 class PeftSource final : public WeightSource {
  public:
   PeftSource(const fs::path& dir, const ModelOptions& expect, const LoraPlan& plan,
              const nn::LoraSpec& spec)
-      : reader_((dir / "adapter_model.safetensors").string()) {
+      : reader_(checked(dir).string()) {
     const fs::path file = dir / "adapter_config.json";
     KILN_CHECK(fs::exists(file), "train.lora.init_from: {} does not exist (a PEFT adapter folder "
                "holds adapter_config.json and adapter_model.safetensors)", file.string());
@@ -152,12 +183,13 @@ class PeftSource final : public WeightSource {
       c = nlohmann::json::parse(files::read_file(file));
       KILN_CHECK(c.value("peft_type", "") == "LORA", "{}: \"peft_type\" is {}, not \"LORA\"",
                  file.string(), c.value("peft_type", nlohmann::json()).dump());
-      KILN_CHECK(c.at("r").get<int64_t>() == spec.rank && c.at("lora_alpha").get<double>() == spec.alpha &&
+      const double alpha = c.value("lora_alpha", 8.0);  // PEFT's default
+      KILN_CHECK(c.at("r").get<int64_t>() == spec.rank && alpha == spec.alpha &&
                      c.value("use_rslora", false) == spec.rslora,
                  "{}: r = {}, lora_alpha = {}, use_rslora = {}; the config asks for "
                  "train.lora.rank = {}, alpha = {}, rslora = {}", file.string(), c.at("r").dump(),
-                 c.at("lora_alpha").dump(), c.value("use_rslora", false), spec.rank, spec.alpha,
-                 spec.rslora);
+                 alpha, c.value("use_rslora", false), spec.rank, spec.alpha, spec.rslora);
+      refuse_unsupported(c, file);
     } catch (const nlohmann::json::exception& e) {
       KILN_FAIL("{}: malformed ({})", file.string(), e.what());
     }
@@ -168,6 +200,13 @@ class PeftSource final : public WeightSource {
                    "train.lora.targets)", reader_.path(), name, unit);
         names_[unit + "." + which + ".weight"] = name;
       }
+    // Adapters the folder holds that train.lora.targets does not choose would be dropped.
+    std::set<std::string> used;
+    for (const auto& [kiln_name, peft_name] : names_) used.insert(peft_name);
+    for (const st::TensorInfo& t : reader_.tensors())
+      KILN_CHECK(used.count(t.name), "{}: tensor '{}' is an adapter train.lora.targets does not "
+                 "choose (name its module's role or pattern in train.lora.targets)",
+                 reader_.path(), t.name);
   }
   void read(const ParamSpec& p, int64_t begin, int64_t end, float* dst) const override {
     const std::string& name = names_.at(p.name);

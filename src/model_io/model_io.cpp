@@ -3,6 +3,8 @@
 #include "core/error.h"
 #include "model_io/lora_io.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <fstream>
 #include <random>
@@ -216,6 +218,10 @@ class CheckpointSource final : public WeightSource {
   CheckpointSource(const fs::path& path, const ModelOptions& expect,
                    const std::vector<ParamSpec>& params)
       : reader_(path) {
+    KILN_CHECK(!checkpoint_lora_plan(reader_), "model.init_from: {} is a LoRA checkpoint "
+               "(adapters only): start from its merged model (kiln export --format hf "
+               "--merge-lora) or its adapters (kiln export --format peft, train.lora.init_from)",
+               path.string());
     const ModelOptions got = checkpoint_model_options(reader_);
     KILN_CHECK(got.arch == expect.arch && got.n_layer == expect.n_layer &&
                    got.n_head == expect.n_head && got.n_embd == expect.n_embd &&
@@ -284,29 +290,53 @@ std::unique_ptr<WeightSource> open_model_weights(const fs::path& path, const Mod
   return std::make_unique<HostSource>(import_model_weights(path, expect), params, path);
 }
 
+namespace {
+// The files of a model.init_from that hold its weights and shape: the file itself, or a
+// folder's *.safetensors, *.bin, config.json and manifest.json (not its README, tokenizer
+// or generation config, nor its subfolders).
+std::vector<fs::path> weight_files(const fs::path& path) {
+  if (!fs::is_directory(path)) return {path};
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(path)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_regular_file() && (name.ends_with(".safetensors") || name.ends_with(".bin") ||
+                                name == "config.json" || name == "manifest.json"))
+      files.push_back(e.path());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+}  // namespace
+
 nlohmann::json weights_identity(const fs::path& path) {
   KILN_CHECK(fs::exists(path), "model.init_from: {} does not exist", path.string());
-  std::vector<fs::path> files;
-  if (fs::is_directory(path)) {
-    for (const auto& e : fs::recursive_directory_iterator(path))
-      if (e.is_regular_file()) files.push_back(e.path());
-    std::sort(files.begin(), files.end());
-  } else {
-    files.push_back(path);
-  }
   uint32_t crc = 0;
   uint64_t bytes = 0;
-  for (const fs::path& f : files) {
-    const std::string name = fs::is_directory(path) ? fs::relative(f, path).string() : "";
+  nlohmann::json each = nlohmann::json::object();
+  for (const fs::path& f : weight_files(path)) {
+    const std::string name = f.filename().string();
     const uint64_t size = fs::file_size(f);
     const uint32_t file_crc = checkpoint::file_crc32(f);
     crc = checkpoint::buffer_crc32(name.data(), name.size(), crc);
     crc = checkpoint::buffer_crc32(&size, sizeof size, crc);
     crc = checkpoint::buffer_crc32(&file_crc, sizeof file_crc, crc);
     bytes += size;
+    each[name] = fmt::format("{:08x}", file_crc);
   }
-  return {{"path", path.string()}, {"files", files.size()}, {"bytes", bytes},
-          {"crc32", fmt::format("{:08x}", crc)}};
+  return {{"path", path.string()}, {"bytes", bytes}, {"crc32", fmt::format("{:08x}", crc)},
+          {"files", each}};
+}
+
+std::string weights_difference(const nlohmann::json& then, const nlohmann::json& now) {
+  const nlohmann::json a = then.value("files", nlohmann::json::object()),
+                       b = now.value("files", nlohmann::json::object());
+  std::vector<std::string> out;
+  for (const auto& [name, crc] : a.items())
+    if (!b.contains(name)) out.push_back(name + " missing");
+    else if (b.at(name) != crc) out.push_back(name + " changed");
+  for (const auto& [name, crc] : b.items())
+    if (!a.contains(name)) out.push_back(name + " added");
+  return out.empty() ? std::string("no file named") : fmt::format("{}", fmt::join(out, ", "));
 }
 
 void load_weights_into(Model& model, const ModelOptions& expect, const fs::path& path) {

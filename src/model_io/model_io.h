@@ -112,12 +112,16 @@ std::unique_ptr<WeightSource> open_model_weights(const std::filesystem::path& pa
                                                  const ModelOptions& expect,
                                                  const std::vector<ParamSpec>& params);
 
-/// What identifies the weights at `path` (a model.init_from: a file, or a folder and
-/// every regular file under it): {"path": as given, "files": N, "bytes": B, "crc32": the
-/// crc32 of each file's name, size and crc32, in name order, as 8 hex digits}. A LoRA
-/// checkpoint names its base so (docs/lora.md). Throws kiln::Error naming an unreadable
-/// file.
+/// What identifies the weights at `path` (a model.init_from: a file, or a folder's
+/// *.safetensors, *.bin, config.json and manifest.json; not its README, tokenizer or
+/// generation config, nor subfolders): {"path": as given, "bytes": B, "crc32": the crc32
+/// of each file's name, size and crc32, in name order, as 8 hex digits, "files": {name:
+/// its crc32}}. A LoRA checkpoint names its base so (docs/lora.md). Throws kiln::Error
+/// naming an unreadable file.
 nlohmann::json weights_identity(const std::filesystem::path& path);
+/// Which files differ between two weights_identity records: "config.json changed,
+/// model-00002-of-00002.safetensors missing", for an error message.
+std::string weights_difference(const nlohmann::json& then, const nlohmann::json& now);
 
 /// Loads open_model_weights(path, expect, model.params()) into every parameter of `model`
 /// (a model of `expect`, its parameters allocated).

@@ -81,7 +81,7 @@ void LoraPlan::apply(const LayerRoles& layers) const {
       KILN_CHECK(!(block->moe() && r && std::string(r->linear).starts_with("mlp.")),
                  "{}: train.lora.targets '{}' names the MLP of a mixture-of-experts block ({}): "
                  "its experts take no LoRA adapters yet", source, t,
-                 block->linears()[0].linear->name());
+                 block->moe() ? block->moe()->router.name : std::string());
     }
     for (const auto& [role, linear] : block->linears()) {
       const auto n_pieces = static_cast<int>(linear->pieces().size());
@@ -97,6 +97,9 @@ void LoraPlan::apply(const LayerRoles& layers) const {
           if (hit) chosen = true, ++matched[k];
         }
         if (!chosen) continue;
+        for (const nn::LoraAdapter& a : linear->lora())  // whole and a piece: one line naming both
+          KILN_CHECK(a.piece >= 0 && piece >= 0, "{}: train.lora.targets choose both {} and {}: "
+                     "a Linear takes adapters whole or on its pieces, not both", source, a.name, unit);
         const nn::TpPlacement& place = linear->placement();
         KILN_CHECK(options_.spec.dropout == 0.f || !place.active() ||
                        place.style != nn::TpStyle::Row,

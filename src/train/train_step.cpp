@@ -269,9 +269,11 @@ std::vector<int> TrainStep::plan_stages(const ModelOptions& options, ModelStorag
              config_.source);
   if (chunks == 1) return {};  // one chunk, the whole model (boundaries set once it exists)
   // The whole model's parts and costs, from a model that allocates nothing (and takes no
-  // tensor-parallel plan: the costs do not depend on it).
+  // tensor-parallel plan: the costs do not depend on it). LoRA's plan stays: which
+  // parameters train decides which tied copies are summed below.
   storage.allocate_params = storage.allocate_grads = false;
   storage.plans.clear();
+  if (lora_plan_) storage.plans.push_back(lora_plan_.get());
   const auto probe = make_model(options, backend_, storage);
   const auto n_parts = static_cast<int>(probe->parts().size());
   KILN_CHECK(model_arch(options.arch).stages, "{}: parallel.pp = {}, virtual_stages = {}: "

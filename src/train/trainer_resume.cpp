@@ -147,8 +147,8 @@ void Trainer::restore_from(const checkpoint::CheckpointReader& reader) {
   const fs::path& dir = reader.dir();
   const auto& st = reader.state();
   const ResumePoint saved = read_resume_point(reader);
+  check_same_lora(reader);  // first: a LoRA mismatch also shows as other frozen parameters
   check_same_run(reader, saved);
-  check_same_lora(reader);
   if (one_step_->lora_plan()) init_weights();  // the base: the checkpoint holds the adapters
   load_parameters(reader);
   AdamW& optimizer = one_step_->optimizer();
@@ -264,8 +264,9 @@ void Trainer::check_same_lora(const checkpoint::CheckpointReader& reader) const 
   };
   KILN_CHECK(b0.value("crc32", nlohmann::json()) == b1.value("crc32", nlohmann::json()) &&
                  b0.value("seed", nlohmann::json()) == b1.value("seed", nlohmann::json()),
-             "{}: its adapters were trained on {}, this run's base is {}: resume on the same "
-             "base (model.init_from)", dir, describe(b0), describe(b1));
+             "{}: its adapters were trained on {}, this run's base is {} ({}): resume on the "
+             "same base (model.init_from)", dir, describe(b0), describe(b1),
+             weights_difference(b0, b1));
 }
 
 void Trainer::load_parameters(const checkpoint::CheckpointReader& reader) {

@@ -88,7 +88,9 @@ TEST(LoraPlan, ErrorsNameTheTarget) {
     }
   };
   fails(tiny_llama(), {"q_proj"}, "train.lora.targets 'q_proj' matches no Linear");
-  fails(tiny_llama(), {"qkv", "q"}, "already has a LoRA adapter");
+  fails(tiny_llama(), {"qkv", "q"}, "test.toml: train.lora.targets choose both "
+                                    "model.layers.0.self_attn.qkv_proj and "
+                                    "model.layers.0.self_attn.qkv_proj.q");
   fails(tiny_gpt2(), {"gate"}, "train.lora.targets 'gate' matches no Linear");
   fails(tiny_llama(), {}, "adapts no Linear");
 }

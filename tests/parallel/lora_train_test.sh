@@ -8,7 +8,8 @@
 #      checkpoint here, where the manifest and tokenizer are much of it) and name the base
 #      (its files' crc32);
 #   3. layouts give the single process's losses within 1e-5: dp2 at ZeRO 0 and 3 (the
-#      frozen base sharded), tp2 with sequence parallelism, pp2 (--long: ZeRO 1 and 2,
+#      frozen base sharded), tp2 with sequence parallelism, pp2, and pp2 of a GPT-2 whose
+#      frozen embedding is tied to the head on both stages (--long: ZeRO 1 and 2,
 #      cp2, tp2 without sp, full activation checkpointing, dropout at dp2);
 #   4. a run stopped after 10 updates resumes to the same losses, also on 2 ranks at ZeRO 3
 #      (resharding the adapters and their optimizer state);
@@ -18,7 +19,8 @@
 #      update too small to change a bit gives the same file byte for byte; `--format hf
 #      --merge-lora` gives a folder whose val loss (kiln eval) is the LoRA checkpoint's
 #      within 1e-5; `kiln sample` runs on base plus adapters;
-#   6. one-line errors: resuming on another base, a target that matches nothing, LoRA keys
+#   6. one-line errors: resuming on another base or without train.lora, a target that
+#      matches nothing, LoRA keys
 #      without a rank, train.freeze with LoRA, exporting a LoRA checkpoint as a plain
 #      folder, PEFT from a checkpoint without adapters.
 # Usage: lora_train_test.sh KILN_BINARY WORK_DIR [--long]
@@ -108,6 +110,13 @@ if [ "$long" = --long ]; then  # dropout on the adapters' input: the same masks 
   echo ok
 fi
 
+# GPT-2 (its embedding tied to the head, on both pipeline stages) from a random base, pp2.
+gpt2=(--set train.lora.rank=4 --set 'train.lora.targets=["qkv","fc"]' --set model.dropout=0)
+run_train "$work/tiny.toml" gpt2_ref 1 "${gpt2[@]}"
+run_train "$work/tiny.toml" gpt2_pp2 2 "${gpt2[@]}" --set parallel.pp=2
+echo -n "LoRA GPT-2 (tied embedding) pp2: "
+compare "$work/gpt2_ref/metrics.jsonl" "$work/gpt2_pp2/metrics.jsonl"
+
 train resume 1 --exit-interval 10
 train resume 1 --resume auto
 echo -n "LoRA resume after 10 updates: "
@@ -190,6 +199,11 @@ cp -r "$work/resume" "$work/other_base"
 fails other_base "its adapters were trained on" \
   "$kiln" train "$work/tiny.toml" --set "run.dir=$work/other_base" "${lora[@]}" \
   --set "model.init_from=$work/base2_hf" --resume auto
+cp -r "$work/resume" "$work/no_lora"
+fails no_lora "holds LoRA adapters (train.lora.rank = 4) but this run sets no train.lora" \
+  "$kiln" train "$work/tiny.toml" --set "run.dir=$work/no_lora" "${llama[@]}" \
+  --set "data.dir=$work/ft_data" --set "model.init_from=$work/base_hf" --set eval.every=5 \
+  --set checkpoint.every=10 --set optim.lr=1e-2 --resume auto
 fails no_match "train.lora.targets 'q_proj' matches no Linear" \
   "$kiln" train "$work/tiny.toml" --set "run.dir=$work/no_match" "${lora[@]}" \
   --set 'train.lora.targets=["q_proj"]'

@@ -12,6 +12,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 
@@ -73,9 +75,41 @@ TEST(LoraFiles, PeftConfigMustBeTrainLoras) {
             std::string::npos);
   EXPECT_NE(error_of({"q", "v"}, nn::LoraSpec{2, 8.f, false, 0.f}).find("adapter_config.json"),
             std::string::npos);
+  // Adapters the folder holds but the targets do not choose are an error, not dropped.
+  EXPECT_NE(error_of({"q"}, nn::LoraSpec{2, 4.f, false, 0.f}).find("does not choose"),
+            std::string::npos);
   EXPECT_NE(error_of({"q", "k"}, nn::LoraSpec{2, 4.f, false, 0.f})
                 .find("no tensor 'base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight'"),
             std::string::npos);
+}
+
+TEST(LoraFiles, PeftFeaturesKilnDoesNotComputeAreRefused) {
+  auto be = make_backend("cpu");
+  const LoraPlan plan = plan_of({"q", "v"}, 2, 4.f);
+  build(*be, tiny("llama"), plan);
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "kiln_peft_features";
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, nlohmann::json>>{{"use_dora", true},
+                                                           {"rank_pattern", {{"q_proj", 4}}},
+                                                           {"bias", "all"},
+                                                           {"modules_to_save", {"lm_head"}},
+                                                           {"layers_to_transform", {0}},
+                                                           {"target_modules", ".*q_proj"}}) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::copy(kFixture, dir);
+    std::ifstream in(dir / "adapter_config.json");
+    nlohmann::json c = nlohmann::json::parse(in);
+    in.close();
+    c[key] = value;
+    std::ofstream(dir / "adapter_config.json") << c.dump(2);
+    try {
+      open_peft_folder(dir, tiny("llama"), plan, nn::LoraSpec{2, 4.f, false, 0.f});
+      ADD_FAILURE() << key << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(LoraFiles, HuggingFaceModulesOfAdaptedUnits) {
