@@ -219,11 +219,12 @@ void Trainer::print_start_up() const {
   if (const LoraPlan* lora = one_step_->lora_plan()) {
     const LoraSection& l = config_.train.lora;
     const auto& on = lora->adapted();  // never empty: the plan refuses a choice of none
-    fmt::print("kiln: LoRA rank {}, alpha {} (scale {:.4g}{}), {} adapter{} ({} ... {}); the "
+    fmt::print("kiln: LoRA rank {}, alpha {} (scale {:.4g}{}), {} adapter{} ({}); the "
                "base frozen{} (docs/lora.md)\n", l.rank, l.alpha,
                nn::LoraSpec{l.rank, static_cast<float>(l.alpha), l.rslora, 0.f}.scale(),
-               l.rslora ? ", rsLoRA" : "", on.size(), on.size() == 1 ? "" : "s", on.front(),
-               on.back(), config_.model.init_from.empty()
+               l.rslora ? ", rsLoRA" : "", on.size(), on.size() == 1 ? "" : "s",
+               on.size() == 1 ? on.front() : on.front() + " ... " + on.back(),
+               config_.model.init_from.empty()
                               ? std::string(" (random: no model.init_from)")
                               : " from " + config_.model.init_from);
   }
