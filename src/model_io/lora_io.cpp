@@ -18,8 +18,7 @@ namespace files = checkpoint::detail;  // the durable file primitives
 namespace {
 
 const nlohmann::json* lora_state(const checkpoint::CheckpointReader& reader) {
-  const nlohmann::json& s = reader.state();
-  return s.contains("lora") && !s.at("lora").is_null() ? &s.at("lora") : nullptr;
+  return is_lora_checkpoint(reader) ? &reader.state().at("lora") : nullptr;
 }
 
 // A model of `options` with `plan`'s adapters, names and shapes only (no storage).
@@ -36,6 +35,11 @@ std::string peft_tensor(const std::string& module, const char* which) {
 }
 
 }  // namespace
+
+bool is_lora_checkpoint(const checkpoint::CheckpointReader& reader) {
+  const nlohmann::json& s = reader.state();
+  return s.contains("lora") && !s.at("lora").is_null();
+}
 
 std::unique_ptr<LoraPlan> checkpoint_lora_plan(const checkpoint::CheckpointReader& reader) {
   const nlohmann::json* l = lora_state(reader);

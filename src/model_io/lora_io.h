@@ -24,6 +24,9 @@
 
 namespace kiln {
 
+/// Whether a checkpoint holds LoRA adapters (its state's "lora"), not a whole model.
+bool is_lora_checkpoint(const checkpoint::CheckpointReader& reader);
+
 /// The plan that rebuilds a checkpoint's adapters (its state's "lora": rank, alpha,
 /// rslora, targets; dropout off); nullptr for a checkpoint without adapters.
 std::unique_ptr<LoraPlan> checkpoint_lora_plan(const checkpoint::CheckpointReader& reader);

@@ -112,7 +112,7 @@ void load_model_weights(const checkpoint::CheckpointReader& reader, Model& model
              "was trained with train.ema_decay = 0)", reader.dir().string());
   Backend& be = model.backend();
   // A LoRA checkpoint holds the adapters: the base comes from its files (lora_io.h).
-  const bool lora = reader.state().contains("lora") && !reader.state().at("lora").is_null();
+  const bool lora = is_lora_checkpoint(reader);
   if (lora) {
     KILN_CHECK(std::any_of(model.params().begin(), model.params().end(),
                            [](const ParamSpec& p) { return p.adapter; }),
@@ -218,7 +218,7 @@ class CheckpointSource final : public WeightSource {
   CheckpointSource(const fs::path& path, const ModelOptions& expect,
                    const std::vector<ParamSpec>& params)
       : reader_(path) {
-    KILN_CHECK(!checkpoint_lora_plan(reader_), "model.init_from: {} is a LoRA checkpoint "
+    KILN_CHECK(!is_lora_checkpoint(reader_), "model.init_from: {} is a LoRA checkpoint "
                "(adapters only): start from its merged model (kiln export --format hf "
                "--merge-lora) or its adapters (kiln export --format peft, train.lora.init_from)",
                path.string());
@@ -383,7 +383,7 @@ void export_checkpoint(const fs::path& checkpoint_dir, const ExportOptions& opti
                        const fs::path& out) {
   checkpoint::CheckpointReader reader(checkpoint_dir);
   checkpoint_model_options(reader);  // a malformed state.model is one line naming the file
-  KILN_CHECK(!checkpoint_lora_plan(reader), "{}: a LoRA checkpoint holds adapters, not a model: "
+  KILN_CHECK(!is_lora_checkpoint(reader), "{}: a LoRA checkpoint holds adapters, not a model: "
              "export them (--format peft) or the model with them merged (--format hf "
              "--merge-lora)", checkpoint_dir.string());
   const std::string arch = checkpoint_arch(reader.state());

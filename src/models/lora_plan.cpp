@@ -8,7 +8,6 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <fnmatch.h>
 
 #include <algorithm>
 
@@ -35,18 +34,6 @@ const Role* find_role(const std::string& target) {
   for (const Role& r : kRoles)
     if (target == r.name) return &r;
   return nullptr;
-}
-
-// Whether glob `pattern` matches unit `name` whole, or a part of it that starts after a
-// dot ("*.o_proj", "self_attn.qkv_proj.q"). Unlike a freeze pattern it does not reach
-// inside a unit: a Linear's pattern does not also name its pieces.
-bool unit_matches(const std::string& pattern, const std::string& name) {
-  for (size_t start = 0; start != std::string::npos;) {
-    if (fnmatch(pattern.c_str(), name.c_str() + start, 0) == 0) return true;
-    start = name.find('.', start);
-    if (start != std::string::npos) ++start;
-  }
-  return false;
 }
 
 }  // namespace
@@ -93,7 +80,7 @@ void LoraPlan::apply(const LayerRoles& layers) const {
         for (size_t k = 0; k < targets.size(); ++k) {
           const Role* r = find_role(targets[k]);
           const bool hit = r ? (role == std::string(r->linear) && piece_name == r->piece)
-                             : unit_matches(targets[k], unit);
+                             : nn::dotted_tail_matches(targets[k], unit);
           if (hit) chosen = true, ++matched[k];
         }
         if (!chosen) continue;

@@ -12,7 +12,7 @@
 //   gate, up  the pieces of a SwiGLU MLP's fused input projection
 //   fc        the MLP's input projection whole (GPT-2's c_fc)
 //   down      the MLP's output projection
-// or glob patterns over the adapted units' names (nn::freeze_pattern_matches' rule: a Linear
+// or glob patterns over the adapted units' names (nn::dotted_tail_matches: a Linear
 // "model.layers.0.self_attn.o_proj", a piece "model.layers.0.self_attn.qkv_proj.q"), which
 // must each match one. A unit named both whole and by a piece is an error, as is an MLP
 // role on a mixture-of-experts block (its experts take no adapters yet).

@@ -34,16 +34,17 @@ std::vector<float> init_values(const Param& p, uint64_t seed, uint64_t stream, i
   return host;
 }
 
-bool freeze_pattern_matches(const std::string& pattern, const std::string& name) {
-  const std::string module = pattern + ".*";
+bool dotted_tail_matches(const std::string& pattern, const std::string& name) {
   for (size_t start = 0; start != std::string::npos;) {
-    const char* tail = name.c_str() + start;
-    if (fnmatch(pattern.c_str(), tail, 0) == 0 || fnmatch(module.c_str(), tail, 0) == 0)
-      return true;
+    if (fnmatch(pattern.c_str(), name.c_str() + start, 0) == 0) return true;
     start = name.find('.', start);
     if (start != std::string::npos) ++start;
   }
   return false;
+}
+
+bool freeze_pattern_matches(const std::string& pattern, const std::string& name) {
+  return dotted_tail_matches(pattern, name) || dotted_tail_matches(pattern + ".*", name);
 }
 
 namespace {

@@ -88,6 +88,10 @@ void freeze_matching(const std::vector<Param*>& params, const std::vector<std::s
                      const std::string& key);
 /// Whether `pattern` matches parameter `name` (the rule of freeze_matching).
 bool freeze_pattern_matches(const std::string& pattern, const std::string& name);
+/// Whether glob `pattern` (fnmatch, `*` also matching dots) matches the whole of `name` or
+/// a part of it that starts after a dot: freeze_pattern_matches without its module rule
+/// (train.lora.targets' patterns, which must not reach a Linear's pieces).
+bool dotted_tail_matches(const std::string& pattern, const std::string& name);
 
 /// Elements [begin, end) (row-major, of the global tensor) of `p`'s initial values, for
 /// Philox `seed` and stream `stream` (the model gives each parameter its own stream):

@@ -268,12 +268,9 @@ std::vector<int> TrainStep::plan_stages(const ModelOptions& options, ModelStorag
              "parallel.pp x parallel.virtual_stages = 1: there is nothing to split",
              config_.source);
   if (chunks == 1) return {};  // one chunk, the whole model (boundaries set once it exists)
-  // The whole model's parts and costs, from a model that allocates nothing (and takes no
-  // tensor-parallel plan: the costs do not depend on it). LoRA's plan stays: which
+  // The whole model's parts and costs (they do not depend on tensor parallelism); which
   // parameters train decides which tied copies are summed below.
-  storage.allocate_params = storage.allocate_grads = false;
-  storage.plans.clear();
-  if (lora_plan_) storage.plans.push_back(lora_plan_.get());
+  storage = probe_storage(storage);
   const auto probe = make_model(options, backend_, storage);
   const auto n_parts = static_cast<int>(probe->parts().size());
   KILN_CHECK(model_arch(options.arch).stages, "{}: parallel.pp = {}, virtual_stages = {}: "
@@ -306,10 +303,15 @@ std::vector<int> TrainStep::plan_stages(const ModelOptions& options, ModelStorag
   return held;
 }
 
-void TrainStep::count_params(const ModelOptions& options, ModelStorage storage) {
+ModelStorage TrainStep::probe_storage(ModelStorage storage) const {
   storage.allocate_params = storage.allocate_grads = false;  // names and shapes only
-  storage.plans.clear();  // global shapes: no split; but LoRA's adapters and frozen base
-  if (lora_plan_) storage.plans.push_back(lora_plan_.get());
+  storage.plans.clear();  // global shapes: no split over ranks
+  if (lora_plan_) storage.plans.push_back(lora_plan_.get());  // which parameters exist and train
+  return storage;
+}
+
+void TrainStep::count_params(const ModelOptions& options, ModelStorage storage) {
+  storage = probe_storage(storage);
   storage.held_parts.clear();
   const auto whole = make_model(options, backend_, storage);
   tally_.trainable = whole->trainable_elements();

@@ -273,6 +273,9 @@ class TrainStep {
   void reduce_tied_grads();
   /// tally_, from the whole model built without storage.
   void count_params(const ModelOptions& options, ModelStorage storage);
+  /// `storage` for a probe of the whole model: nothing allocated, no plan but LoRA's (the
+  /// plans that split over ranks change no global shape; LoRA's adds and freezes).
+  ModelStorage probe_storage(ModelStorage storage) const;
 
   TrainConfig config_;
   Backend& backend_;

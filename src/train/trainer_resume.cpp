@@ -240,7 +240,7 @@ const nlohmann::json& Trainer::lora_state() const {
 void Trainer::check_same_lora(const checkpoint::CheckpointReader& reader) const {
   const std::string dir = reader.dir().string();
   const auto& st = reader.state();
-  const bool saved = st.contains("lora") && !st.at("lora").is_null(), now = one_step_->lora_plan() != nullptr;
+  const bool saved = is_lora_checkpoint(reader), now = one_step_->lora_plan() != nullptr;
   KILN_CHECK(!saved || now, "{}: holds LoRA adapters (train.lora.rank = {}) but this run sets "
              "no train.lora: resume with the checkpoint's train.lora keys", dir,
              saved ? st.at("lora").value("rank", int64_t{0}) : 0);
