@@ -93,31 +93,38 @@ CheckpointModel load_checkpoint_model(const checkpoint::CheckpointReader& reader
   return m;
 }
 
-std::map<std::string, std::string> peft_modules(const ModelOptions& options,
-                                                const std::vector<LoraUnit>& units) {
+std::map<std::string, std::vector<std::string>> peft_modules(const ModelOptions& options,
+                                                             const std::vector<LoraUnit>& units) {
   const ModelArch& arch = model_arch(options.arch);
   KILN_CHECK(static_cast<bool>(arch.hf_layout), "{} has no Hugging Face folders: its adapters "
              "have no PEFT names", options.arch);
   const HfLayout layout = arch.hf_layout(options);
-  std::map<std::string, std::string> out;
+  std::map<std::string, std::vector<std::string>> out;
   for (const LoraUnit& u : units) {
     const auto p = std::find_if(layout.params.begin(), layout.params.end(),
                                 [&](const HfParam& h) { return h.name == u.linear + ".weight"; });
     KILN_CHECK(p != layout.params.end(), "{}: no Hugging Face tensor holds {}.weight", u.name, u.linear);
-    // The Hugging Face tensor of exactly the unit's rows.
-    int64_t row = 0;
-    const HfPiece* piece = nullptr;
-    for (const HfPiece& h : p->pieces) {
-      if (row == u.row0 && h.rows == u.rows) piece = &h;
-      row += h.rows;
+    // Experts: the rows of expert e start at e * O in the weight [E, O, in] seen as rows.
+    const int64_t per_expert = u.experts > 0 ? p->shape[1] : 0;
+    const int64_t pieces_each = u.experts > 0 ? static_cast<int64_t>(p->pieces.size()) / u.experts
+                                              : static_cast<int64_t>(p->pieces.size());
+    for (int64_t e = 0; e < std::max<int64_t>(u.experts, 1); ++e) {
+      // The Hugging Face tensor of exactly the unit's rows.
+      int64_t row = 0;
+      const HfPiece* piece = nullptr;
+      for (const HfPiece& h : p->pieces) {
+        if (row == e * per_expert + u.row0 && h.rows == u.rows) piece = &h;
+        row += h.rows;
+      }
+      KILN_CHECK(piece || pieces_each > 1, "LoRA adapter {}: its rows are part of Hugging "
+                 "Face's one module {}, which PEFT adapts whole (train.lora.targets qkv or fc)",
+                 u.name, p->pieces.empty() ? u.linear : p->pieces[0].name);
+      KILN_CHECK(piece, "LoRA adapter {}: its rows are {} Hugging Face modules, which PEFT "
+                 "adapts apart (train.lora.targets q, k, v or gate, up)", u.name, pieces_each);
+      KILN_CHECK(piece->name.ends_with(".weight"), "{}: {} is not a module's weight", u.name,
+                 piece->name);
+      out[u.name].push_back(piece->name.substr(0, piece->name.size() - std::string(".weight").size()));
     }
-    KILN_CHECK(piece || p->pieces.size() > 1, "LoRA adapter {}: its rows are part of Hugging "
-               "Face's one module {}, which PEFT adapts whole (train.lora.targets qkv or fc)",
-               u.name, p->pieces.empty() ? u.linear : p->pieces[0].name);
-    KILN_CHECK(piece, "LoRA adapter {}: its rows are {} Hugging Face modules, which PEFT adapts "
-               "apart (train.lora.targets q, k, v or gate, up)", u.name, p->pieces.size());
-    KILN_CHECK(piece->name.ends_with(".weight"), "{}: {} is not a module's weight", u.name, piece->name);
-    out[u.name] = piece->name.substr(0, piece->name.size() - std::string(".weight").size());
   }
   return out;
 }
@@ -127,13 +134,14 @@ namespace {
 // PEFT's target_modules: the modules' last names ("q_proj") when every module of the model
 // with such a name is adapted, else the full module names (PEFT matches a target by
 // equality or as a dotted suffix).
-nlohmann::json target_modules(const std::map<std::string, std::string>& modules,
+nlohmann::json target_modules(const std::map<std::string, std::vector<std::string>>& modules,
                               const HfLayout& layout) {
   std::set<std::string> full, short_names;
-  for (const auto& [unit, module] : modules) {
-    full.insert(module);
-    short_names.insert(module.substr(module.rfind('.') + 1));
-  }
+  for (const auto& [unit, names] : modules)
+    for (const std::string& module : names) {
+      full.insert(module);
+      short_names.insert(module.substr(module.rfind('.') + 1));
+    }
   auto last = [](const std::string& m) { return m.substr(m.rfind('.') + 1); };
   bool every = true;
   for (const HfParam& p : layout.params)
@@ -197,33 +205,47 @@ class PeftSource final : public WeightSource {
     } catch (const nlohmann::json::exception& e) {
       KILN_FAIL("{}: malformed ({})", file.string(), e.what());
     }
-    for (const auto& [unit, module] : peft_modules(expect, plan.units()))
-      for (const char* which : {"lora_A", "lora_B"}) {
-        const std::string name = peft_tensor(module, which);
-        KILN_CHECK(reader_.contains(name), "{}: no tensor '{}' (the adapter {} of the config's "
-                   "train.lora.targets)", reader_.path(), name, unit);
-        names_[unit + "." + which + ".weight"] = name;
-      }
+    for (const auto& [unit, modules] : peft_modules(expect, plan.units()))
+      for (const std::string& module : modules)
+        for (const char* which : {"lora_A", "lora_B"}) {
+          const std::string name = peft_tensor(module, which);
+          KILN_CHECK(reader_.contains(name), "{}: no tensor '{}' (the adapter {} of the "
+                     "config's train.lora.targets)", reader_.path(), name, unit);
+          names_[unit + "." + which + ".weight"].push_back(name);
+        }
     // Adapters the folder holds that train.lora.targets does not choose would be dropped.
     std::set<std::string> used;
-    for (const auto& [kiln_name, peft_name] : names_) used.insert(peft_name);
+    for (const auto& [kiln_name, peft_names] : names_) used.insert(peft_names.begin(), peft_names.end());
     for (const st::TensorInfo& t : reader_.tensors())
       KILN_CHECK(used.count(t.name), "{}: tensor '{}' is an adapter train.lora.targets does not "
                  "choose (name its module's role or pattern in train.lora.targets)",
                  reader_.path(), t.name);
   }
+  // An expert adapter [E, ...] reads expert e's elements from the e-th tensor.
   void read(const ParamSpec& p, int64_t begin, int64_t end, float* dst) const override {
-    const std::string& name = names_.at(p.name);
-    const std::vector<int64_t>& shape = reader_.info(name).shape;
-    KILN_CHECK(Shape(shape.begin(), shape.end()) == p.shape, "{}: tensor '{}' has shape {}, the "
-               "adapter {} is {}", reader_.path(), name, Shape(shape.begin(), shape.end()).str(),
-               p.name, p.shape.str());
-    reader_.read_f32_range(name, begin, end, dst);
+    const std::vector<std::string>& names = names_.at(p.name);
+    const auto E = static_cast<int64_t>(names.size());
+    Shape each = p.shape;
+    if (p.shape.ndim() == 3) {  // an expert adapter [E, rows, cols]: [rows, cols] each
+      each = Shape();
+      for (int d = 1; d < p.shape.ndim(); ++d) each.push_back(p.shape[d]);
+    }
+    const int64_t n = each.numel();
+    for (int64_t e = begin / n; e < E && e * n < end; ++e) {
+      const std::string& name = names[static_cast<size_t>(e)];
+      const std::vector<int64_t>& shape = reader_.info(name).shape;
+      KILN_CHECK(Shape(shape.begin(), shape.end()) == each, "{}: tensor '{}' has shape {}, the "
+                 "adapter {} is {}", reader_.path(), name, Shape(shape.begin(), shape.end()).str(),
+                 p.name, each.str());
+      const int64_t from = std::max(begin, e * n), to = std::min(end, (e + 1) * n);
+      reader_.read_f32_range(name, from - e * n, to - e * n, dst + (from - begin));
+    }
   }
 
  private:
   st::Reader reader_;
-  std::map<std::string, std::string> names_;  // kiln adapter name -> PEFT tensor
+  std::map<std::string, std::vector<std::string>> names_;  // kiln adapter name -> PEFT tensors
+                                                           // (one per expert)
 };
 
 }  // namespace
@@ -241,7 +263,8 @@ void export_peft_folder(const checkpoint::CheckpointReader& reader, Backend& bac
              "writes adapters", dir);
   const ModelOptions options = checkpoint_model_options(reader);
   const auto model = shapes_only(options, backend, *plan);
-  const std::map<std::string, std::string> modules = peft_modules(options, plan->units());
+  const std::map<std::string, std::vector<std::string>> modules =
+      peft_modules(options, plan->units());
   const nlohmann::json& l = *lora_state(reader);
   const nlohmann::json base = l.value("base", nlohmann::json::object());
   const nlohmann::json config = {
@@ -274,8 +297,15 @@ void export_peft_folder(const checkpoint::CheckpointReader& reader, Backend& bac
       for (const char* which : {"lora_A", "lora_B"}) {
         const std::string name = u.name + "." + which + ".weight";
         const Shape shape = reader.global_shape(name);
-        writer.add_f32(peft_tensor(modules.at(u.name), which), {shape[0], shape[1]},
-                       reader.read_f32(name));
+        const std::vector<float> values = reader.read_f32(name);
+        const std::vector<std::string>& names = modules.at(u.name);
+        // One [rows, cols] tensor per module: the adapter's, or each expert's.
+        const int64_t rows = shape[-2], cols = shape[-1];
+        for (size_t e = 0; e < names.size(); ++e) {
+          const auto first = values.begin() + static_cast<int64_t>(e) * rows * cols;
+          writer.add_f32(peft_tensor(names[e], which), {rows, cols},
+                         std::vector<float>(first, first + rows * cols));
+        }
       }
     writer.write();
     files::atomic_write_file(tmp / "adapter_config.json", config.dump(2) + "\n");
@@ -322,15 +352,22 @@ std::map<std::string, std::vector<float>> merged_lora_weights(const Model& model
     std::vector<float>& W = out[w];
     const std::vector<float> A = values(u.name + ".lora_A.weight"),
                              B = values(u.name + ".lora_B.weight");
-    const int64_t r = u.rank, in = static_cast<int64_t>(A.size()) / r;
-    for (int64_t i = 0; i < u.rows; ++i)
-      for (int64_t c = 0; c < in; ++c) {
-        double d = 0;
-        for (int64_t k = 0; k < r; ++k)
-          d += double{B[static_cast<size_t>(i * r + k)]} * A[static_cast<size_t>(k * in + c)];
-        float& x = W[static_cast<size_t>((u.row0 + i) * in + c)];
-        x = static_cast<float>(x + u.scale * d);
-      }
+    // Each expert e (one for a Linear): W_e [out, in], A_e [r, in], B_e [rows, r].
+    const int64_t E = std::max<int64_t>(u.experts, 1), r = u.rank;
+    const int64_t in = static_cast<int64_t>(A.size()) / (E * r);
+    const int64_t out_rows = static_cast<int64_t>(W.size()) / (E * in);
+    for (int64_t e = 0; e < E; ++e) {
+      const float* Ae = A.data() + e * r * in;
+      const float* Be = B.data() + e * u.rows * r;
+      float* We = W.data() + e * out_rows * in;
+      for (int64_t i = 0; i < u.rows; ++i)
+        for (int64_t c = 0; c < in; ++c) {
+          double d = 0;
+          for (int64_t k = 0; k < r; ++k) d += double{Be[i * r + k]} * Ae[k * in + c];
+          float& x = We[(u.row0 + i) * in + c];
+          x = static_cast<float>(x + u.scale * d);
+        }
+    }
   }
   return out;
 }

@@ -9,7 +9,9 @@
 // the Hugging Face module (model.layers.0.self_attn.q_proj). A kiln adapter on a piece of
 // a fused Linear is the adapter of that piece's Hugging Face module (the HfLayout's piece:
 // Llama's qkv_proj piece q is q_proj); a fused Linear adapted whole has a module only where
-// Hugging Face keeps it whole (GPT-2's c_attn).
+// Hugging Face keeps it whole (GPT-2's c_attn). A MoE layer's expert projection has a
+// module per expert (Mixtral's block_sparse_moe.experts.<e>.w1), holding that expert's
+// A_e [r, in] and B_e [rows, r].
 #pragma once
 
 #include "checkpoint/checkpoint.h"
@@ -46,10 +48,11 @@ struct CheckpointModel {
 CheckpointModel load_checkpoint_model(const checkpoint::CheckpointReader& reader,
                                       Backend& backend, bool use_ema = false);
 
-/// The Hugging Face PEFT module of each adapted unit (above), by unit name. Throws
-/// kiln::Error naming the unit when it has none, or for an architecture without folders.
-std::map<std::string, std::string> peft_modules(const ModelOptions& options,
-                                                const std::vector<LoraUnit>& units);
+/// The Hugging Face PEFT modules of each adapted unit (above), by unit name: one, or one
+/// per expert in expert order (LoraUnit::experts). Throws kiln::Error naming the unit when
+/// it has none, or for an architecture without folders.
+std::map<std::string, std::vector<std::string>> peft_modules(const ModelOptions& options,
+                                                             const std::vector<LoraUnit>& units);
 
 /// Writes a LoRA checkpoint's adapters as a PEFT adapter folder `out`, atomically
 /// (fp32 tensors; `backend` builds the model's shapes, allocating nothing). Throws kiln::Error for a checkpoint without adapters or a unit without
@@ -64,8 +67,8 @@ void export_merged_hf_folder(const checkpoint::CheckpointReader& reader, Backend
                              const ExportOptions& options, const std::filesystem::path& out);
 
 /// The adapted Linears' weights with their adapters merged, W[row0 + i, :] += scale *
-/// (B A)[i, :] for each unit, by weight name ("<linear>.weight"), fp32, whole; computed in
-/// double and rounded once. `model` holds every parameter whole (one process).
+/// (B A)[i, :] for each unit (each expert's W_e += scale B_e A_e likewise), by weight name
+/// ("<linear>.weight"), fp32, whole; computed in double and rounded once. `model` holds every parameter whole (one process).
 std::map<std::string, std::vector<float>> merged_lora_weights(const Model& model,
                                                               const LoraPlan& plan);
 

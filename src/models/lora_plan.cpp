@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "nn/block.h"
 #include "nn/embedding.h"
+#include "nn/expert_lora.h"
 #include "nn/linear.h"
 #include "nn/norm.h"
 
@@ -36,6 +37,80 @@ const Role* find_role(const std::string& target) {
   return nullptr;
 }
 
+// What a Linear and a MoE layer's experts (nn::ExpertLora) share as adapter hosts, for
+// LoraPlan::adapt: the unit's cuts come from the Linear itself, or from the experts' weight.
+void add_adapter(nn::Linear& host, int piece, const nn::LoraSpec& spec) {
+  host.add_lora(piece, spec);
+}
+struct Experts {
+  nn::ExpertLora& lora;
+  const nn::Param& weight;
+  std::string name() const { return lora.name(); }
+  const std::vector<nn::LinearPiece>& pieces() const { return lora.pieces(); }
+  std::vector<nn::LoraAdapter>& lora_adapters() { return lora.lora(); }
+};
+void add_adapter(Experts& host, int piece, const nn::LoraSpec& spec) {
+  host.lora.add_lora(piece, spec, host.weight);
+}
+std::vector<nn::LoraAdapter>& adapters_of(nn::Linear& host) { return host.lora(); }
+std::vector<nn::LoraAdapter>& adapters_of(Experts& host) { return host.lora_adapters(); }
+
+void check_dropout(const LoraOptions& o, const nn::Linear& linear, const std::string& unit) {
+  const nn::TpPlacement& place = linear.placement();
+  KILN_CHECK(o.spec.dropout == 0.f || !place.active() || place.style != nn::TpStyle::Row,
+             "{}: train.lora.dropout = {} on {}, a row-parallel Linear under tensor "
+             "parallelism, is not supported (its input is split in columns)", o.source,
+             o.spec.dropout, unit);
+}
+void check_dropout(const LoraOptions& o, const Experts&, const std::string& unit) {
+  KILN_CHECK(o.spec.dropout == 0.f, "{}: train.lora.dropout = {} on {}, a mixture-of-experts "
+             "layer's experts, is not supported (set it to 0, or leave the experts out of "
+             "train.lora.targets)", o.source, o.spec.dropout, unit);
+}
+
+// One apply(): the targets' matches so far and what it chose.
+struct Adapting {
+  const LoraOptions& options;
+  const nn::LoraDropout* dropout;
+  std::vector<std::string>& adapted;
+  std::vector<LoraUnit>& units;
+  std::vector<int> matched;
+  uint64_t stream = kLoraDropoutStreams;
+
+  // Adds the adapters the targets choose on `host`, a block's Linear or experts of `role`
+  // (experts: their count, 0 for a Linear).
+  template <class Host>
+  void adapt(Host& host, const std::string& role, int64_t experts) {
+    const std::vector<std::string>& targets = options.targets;
+    const auto n_pieces = static_cast<int>(host.pieces().size());
+    for (int piece = -1; piece < n_pieces; ++piece) {
+      const std::string piece_name =
+          piece < 0 ? "" : host.pieces()[static_cast<size_t>(piece)].name;
+      const std::string unit = piece < 0 ? host.name() : host.name() + "." + piece_name;
+      bool chosen = false;
+      for (size_t k = 0; k < targets.size(); ++k) {
+        const Role* r = find_role(targets[k]);
+        const bool hit = r ? (role == std::string(r->linear) && piece_name == r->piece)
+                           : nn::dotted_tail_matches(targets[k], unit);
+        if (hit) chosen = true, ++matched[k];
+      }
+      if (!chosen) continue;
+      for (const nn::LoraAdapter& a : adapters_of(host))  // whole and a piece: one line naming both
+        KILN_CHECK(a.piece >= 0 && piece >= 0, "{}: train.lora.targets choose both {} and {}: "
+                   "a Linear takes adapters whole or on its pieces, not both", options.source,
+                   a.name, unit);
+      check_dropout(options, host, unit);
+      add_adapter(host, piece, options.spec);
+      nn::LoraAdapter& a = adapters_of(host).back();
+      a.dropout = dropout;
+      a.dropout_stream = stream++;
+      adapted.push_back(unit);
+      units.push_back({unit, host.name(), piece, a.row0, a.rows, a.spec.rank, a.spec.scale(),
+                       experts});
+    }
+  }
+};
+
 }  // namespace
 
 const std::vector<std::string>& lora_roles() {
@@ -60,48 +135,18 @@ void LoraPlan::apply(const LayerRoles& layers) const {
              "blocks", source, what(), layers.arch);
   adapted_.clear();
   units_.clear();
-  std::vector<int> matched(targets.size(), 0);
-  uint64_t stream = kLoraDropoutStreams;
+  Adapting run{options_, &dropout_, adapted_, units_, std::vector<int>(targets.size(), 0)};
   for (nn::TransformerBlock* block : layers.blocks) {
-    for (const std::string& t : targets) {
-      const Role* r = find_role(t);
-      KILN_CHECK(!(block->moe() && r && std::string(r->linear).starts_with("mlp.")),
-                 "{}: train.lora.targets '{}' names the MLP of a mixture-of-experts block ({}): "
-                 "its experts take no LoRA adapters yet", source, t,
-                 block->moe() ? block->moe()->router.name : std::string());
+    for (const auto& [role, linear] : block->linears()) run.adapt(*linear, role, 0);
+    nn::MoeMlp* moe = block->moe();
+    if (!moe) continue;
+    for (const auto& [role, experts, weight] : moe->expert_projections()) {
+      Experts host{*experts, *weight};
+      run.adapt(host, role, experts->experts());
     }
-    for (const auto& [role, linear] : block->linears()) {
-      const auto n_pieces = static_cast<int>(linear->pieces().size());
-      for (int piece = -1; piece < n_pieces; ++piece) {
-        const std::string piece_name =
-            piece < 0 ? "" : linear->pieces()[static_cast<size_t>(piece)].name;
-        const std::string unit = piece < 0 ? linear->name() : linear->name() + "." + piece_name;
-        bool chosen = false;
-        for (size_t k = 0; k < targets.size(); ++k) {
-          const Role* r = find_role(targets[k]);
-          const bool hit = r ? (role == std::string(r->linear) && piece_name == r->piece)
-                             : nn::dotted_tail_matches(targets[k], unit);
-          if (hit) chosen = true, ++matched[k];
-        }
-        if (!chosen) continue;
-        for (const nn::LoraAdapter& a : linear->lora())  // whole and a piece: one line naming both
-          KILN_CHECK(a.piece >= 0 && piece >= 0, "{}: train.lora.targets choose both {} and {}: "
-                     "a Linear takes adapters whole or on its pieces, not both", source, a.name, unit);
-        const nn::TpPlacement& place = linear->placement();
-        KILN_CHECK(options_.spec.dropout == 0.f || !place.active() ||
-                       place.style != nn::TpStyle::Row,
-                   "{}: train.lora.dropout = {} on {}, a row-parallel Linear under tensor "
-                   "parallelism, is not supported (its input is split in columns)", source,
-                   options_.spec.dropout, unit);
-        linear->add_lora(piece, options_.spec);
-        nn::LoraAdapter& a = linear->lora().back();
-        a.dropout = &dropout_;
-        a.dropout_stream = stream++;
-        adapted_.push_back(unit);
-        units_.push_back({unit, linear->name(), piece, a.row0, a.rows, a.spec.rank, a.spec.scale()});
-      }
-    }
+    for (const auto& [role, linear] : moe->shared_linears()) run.adapt(*linear, role, 0);
   }
+  const std::vector<int>& matched = run.matched;
   for (size_t k = 0; k < targets.size(); ++k)
     KILN_CHECK(matched[k] > 0, "{}: train.lora.targets '{}' matches no Linear of the "
                "transformer blocks (roles: {}; or a glob over names such as {}.q)", source,

@@ -14,8 +14,10 @@
 //   down      the MLP's output projection
 // or glob patterns over the adapted units' names (nn::dotted_tail_matches: a Linear
 // "model.layers.0.self_attn.o_proj", a piece "model.layers.0.self_attn.qkv_proj.q"), which
-// must each match one. A unit named both whole and by a piece is an error, as is an MLP
-// role on a mixture-of-experts block (its experts take no adapters yet).
+// must each match one. A unit named both whole and by a piece is an error. On a
+// mixture-of-experts block the MLP roles adapt its experts' projections (nn/expert_lora.h:
+// "model.layers.0.mlp.experts.gate_up_proj.gate", every expert its own A and B) and its
+// shared experts' Linears alike; train.lora.dropout must then be 0.
 //
 // The frozen base: every parameter of the model but the adapters is frozen
 // (nn::Param::trainable false): no gradient, optimizer state or reduction, and ZeRO-3
@@ -51,6 +53,8 @@ struct LoraUnit {
   int64_t rows = 0;
   int64_t rank = 0;
   float scale = 1.f;   // alpha / r, or alpha / sqrt(r)
+  int64_t experts = 0; // a MoE layer's experts (A [E, r, in], B [E, rows, r], the rows
+                       // those of each expert's [E, out, in] weight); 0: a Linear
 };
 
 class LoraPlan final : public LayerPlan {
@@ -59,7 +63,7 @@ class LoraPlan final : public LayerPlan {
   std::string what() const override;
   /// Adds the adapters and freezes the base. Throws kiln::Error naming the config file and
   /// the target when the model has no transformer blocks, a target matches nothing, a unit
-  /// is named whole and by a piece, or an MLP role meets a mixture-of-experts block.
+  /// is named whole and by a piece, or dropout meets experts or a row-parallel Linear.
   void apply(const LayerRoles& layers) const override;
   /// The adapted units the last apply() chose (e.g. "model.layers.0.self_attn.qkv_proj.q").
   const std::vector<std::string>& adapted() const { return adapted_; }

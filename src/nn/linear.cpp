@@ -49,27 +49,31 @@ void Linear::shard(const TpPlacement& placement) {
   if (has_bias_) bias.slice.check(bias.shape, bias.name);
 }
 
-std::pair<int64_t, int64_t> Linear::piece_rows(int piece) const {
-  if (piece < 0) return {0, out_};
-  int64_t row0 = 0;
-  for (int i = 0; i < piece; ++i) row0 += pieces_[static_cast<size_t>(i)].rows;
-  return {row0, pieces_[static_cast<size_t>(piece)].rows};
+LoraAdapter new_lora_adapter(const std::string& host, const std::vector<LinearPiece>& pieces,
+                             int64_t out, int piece, const LoraSpec& spec,
+                             const std::vector<LoraAdapter>& existing) {
+  KILN_CHECK(piece >= -1 && piece < static_cast<int>(pieces.size()), "{}: no piece {} (it has {})",
+             host, piece, pieces.size());
+  LoraAdapter a;
+  a.name = piece < 0 ? host : host + "." + pieces[static_cast<size_t>(piece)].name;
+  KILN_CHECK(spec.rank > 0, "{}: a LoRA adapter needs a rank > 0, not {}", a.name, spec.rank);
+  for (const LoraAdapter& e : existing)
+    KILN_CHECK(e.piece != piece && e.piece >= 0 && piece >= 0,
+               "{}: it already has a LoRA adapter {}", a.name, e.name);
+  a.piece = piece;
+  a.rows = out;
+  if (piece >= 0) {
+    a.row0 = 0;
+    for (int i = 0; i < piece; ++i) a.row0 += pieces[static_cast<size_t>(i)].rows;
+    a.rows = pieces[static_cast<size_t>(piece)].rows;
+  }
+  a.spec = spec;
+  return a;
 }
 
 void Linear::add_lora(int piece, const LoraSpec& spec) {
-  KILN_CHECK(piece >= -1 && piece < static_cast<int>(pieces_.size()),
-             "{}: no piece {} (it has {})", name(), piece, pieces_.size());
-  const std::string unit =
-      piece < 0 ? name() : name() + "." + pieces_[static_cast<size_t>(piece)].name;
-  KILN_CHECK(spec.rank > 0, "{}: a LoRA adapter needs a rank > 0, not {}", unit, spec.rank);
-  for (const LoraAdapter& a : lora_)
-    KILN_CHECK(a.piece != piece && a.piece >= 0 && piece >= 0,
-               "{}: it already has a LoRA adapter {}", unit, a.name);
-  LoraAdapter a;
-  a.name = unit;
-  a.piece = piece;
-  std::tie(a.row0, a.rows) = piece_rows(piece);
-  a.spec = spec;
+  LoraAdapter a = new_lora_adapter(name(), pieces_, out_, piece, spec, lora_);
+  const std::string& unit = a.name;
   // PEFT's init: kaiming_uniform_(a = sqrt(5)) on A [r, in] is U(-1/sqrt(in), 1/sqrt(in)).
   a.A = Param(unit + ".lora_A.weight", Shape{spec.rank, in_},
               Init::uniform(static_cast<float>(1.0 / std::sqrt(static_cast<double>(in_)))), true);
@@ -252,11 +256,6 @@ DropoutSpec adapter_dropout(const LoraAdapter& a, int64_t in) {
 }
 
 // dst = alpha * src ([N, w] each; dst fresh).
-void scaled(Backend& be, Stream s, const Tensor& dst, const Tensor& src, float alpha) {
-  be.fill(s, dst, 0.f);
-  be.add_columns(s, dst, src, 0, alpha);
-}
-
 }  // namespace
 
 std::pair<int64_t, int64_t> Linear::lora_columns(const LoraAdapter& a) const {
@@ -305,10 +304,10 @@ void Linear::lora_backward(Backend& be, Stream s, const Tensor& dinp, const Tens
     const Tensor xd = lora_input(be, s, a, x);
     const Tensor h = temporary(be, Shape{N, r}, x.dtype()), hs = temporary(be, Shape{N, r}, x.dtype());
     be.linear_forward(s, h, xd, a.A.v(), Tensor());
-    scaled(be, s, hs, h, scale);
+    lora_scaled(be, s, hs, h, scale);
     // dB += dpiece^T (scale h); dh = dpiece B, then scaled into hs (h no longer needed).
     be.linear_backward(s, h, a.B.trainable_grad(), Tensor(), dpiece, hs, a.B.v());
-    scaled(be, s, hs, h, scale);
+    lora_scaled(be, s, hs, h, scale);
     // dA += (scale dh)^T dropout(x); the input gradient (scale dh) A through the dropout.
     const Tensor dx = dinp ? temporary(be, x.shape(), x.dtype()) : Tensor();
     be.linear_backward(s, dx, a.A.trainable_grad(), Tensor(), hs, xd, a.A.v());

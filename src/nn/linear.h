@@ -47,6 +47,15 @@ struct LinearPiece {
   int64_t rows = 0;
 };
 
+/// A new adapter's name, piece and rows on a layer named `host` whose output is `out` rows
+/// in `pieces` (empty: one piece), on piece `piece` (-1: the whole output), beside the
+/// layer's `existing` adapters; A and B are the caller's to make. Throws kiln::Error naming
+/// the adapter when the piece is out of range, already adapted (or the whole output and
+/// one of its pieces both), or when spec's rank is not positive.
+LoraAdapter new_lora_adapter(const std::string& host, const std::vector<LinearPiece>& pieces,
+                             int64_t out, int piece, const LoraSpec& spec,
+                             const std::vector<LoraAdapter>& existing);
+
 class Linear {
  public:
   /// `name` is the global prefix (e.g. transformer.h.0.attn.c_attn): parameters
@@ -125,8 +134,6 @@ class Linear {
   bool lora_trains() const;
   /// Sets the adapters' slices for the current placement.
   void slice_lora();
-  /// The output rows of piece `piece` (-1: all): global [row0, row0 + rows).
-  std::pair<int64_t, int64_t> piece_rows(int piece) const;
 
   int64_t in_, out_;
   bool has_bias_;

@@ -13,6 +13,7 @@
 // (models/lora_plan.h, train.lora); no model names LoRA.
 #pragma once
 
+#include "backend/backend.h"
 #include "nn/param.h"
 
 #include <cmath>
@@ -52,5 +53,12 @@ struct LoraAdapter {
   const LoraDropout* dropout = nullptr;  // the plan's (nullptr: never)
   uint64_t dropout_stream = 0;           // its Philox stream (distinct per adapter)
 };
+
+/// dst <- alpha * src (dst overwritten; the same shape and dtype): the scaled adapter path
+/// of a backward (Linear's and ExpertLora's).
+inline void lora_scaled(Backend& be, Stream s, const Tensor& dst, const Tensor& src, float alpha) {
+  be.fill(s, dst, 0.f);
+  be.add_columns(s, dst, src, 0, alpha);
+}
 
 }  // namespace kiln::nn

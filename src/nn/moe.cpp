@@ -24,6 +24,9 @@ MoeMlp::MoeMlp(const std::string& prefix, int64_t C, const MoeSpec& spec, float 
               Shape{spec.num_experts, 2 * spec.expert_hidden, C}, Init::normal(init_std), true),
       down(prefix + ".experts.down_proj.weight", Shape{spec.num_experts, C, spec.expert_hidden},
            Init::normal(proj_init_std), true),
+      gate_up_lora(prefix + ".experts.gate_up_proj", spec.num_experts, 2 * spec.expert_hidden, C,
+                   {{"gate", spec.expert_hidden}, {"up", spec.expert_hidden}}),
+      down_lora(prefix + ".experts.down_proj", spec.num_experts, C, spec.expert_hidden, {}),
       prefix_(prefix), spec_(spec), C_(C) {
   KILN_CHECK(spec.num_experts > 0 && spec.top_k >= 1 && spec.top_k <= spec.num_experts &&
                  spec.expert_hidden > 0 && C > 0,
@@ -56,6 +59,8 @@ void MoeMlp::shard(const MlpPlacement& placement) {
   }
   gate_up.slice.check(gate_up.shape, gate_up.name);
   down.slice.check(down.shape, down.name);
+  gate_up_lora.slice(gate_up);
+  down_lora.slice(down);
   if (shared_) shared_->shard(placement);
   placement_ = placement.fc;
 }
@@ -70,6 +75,8 @@ void MoeMlp::set_expert_parallel(EpGroup& group) {
     p->slice.ep_index = group.rank();
     p->slice.check(p->shape, p->name);
   }
+  gate_up_lora.slice(gate_up);
+  down_lora.slice(down);
   ep_ = &group;
 }
 
@@ -171,12 +178,8 @@ void MoeMlp::run(Backend& be, Stream s, std::span<const Tensor> saved, const Ten
     ep_experts_forward(be, s, saved[kExpertOut], permuted, x, saved);
   } else {
     be.moe_permute(s, saved[kPermuted], x, saved[kRows]);
-    // With dropping, the grouped linears write rows [0, M_kept) only: the gate/up output's
-    // rest is zeroed so that the SwiGLU over all M rows (and its gradient) stays finite.
-    if (capacity > 0) be.fill(s, saved[kHidden], 0.f);
-    be.grouped_linear_forward(s, saved[kHidden], saved[kPermuted], gate_up.v(), saved[kOffsets]);
-    be.swiglu_forward(s, saved[kAct], saved[kHidden]);
-    be.grouped_linear_forward(s, saved[kExpertOut], saved[kAct], down.v(), saved[kOffsets]);
+    experts_forward(be, s, saved[kExpertOut], saved[kHidden], saved[kAct], saved[kPermuted],
+                    saved[kOffsets], /*ragged=*/capacity > 0);
   }
   be.moe_unpermute(s, y, saved[kExpertOut], saved[kExpertWeight], saved[kRows]);
   reduce_output(be, s, out, y);
@@ -185,6 +188,33 @@ void MoeMlp::run(Backend& be, Stream s, std::span<const Tensor> saved, const Ten
   const Tensor sh = w.tokens.view_at(0, inp.shape());
   shared_->forward(be, s, shared_saved(saved), sh, inp, w.gathered);
   be.add(s, out, out, sh);
+}
+
+void MoeMlp::experts_forward(Backend& be, Stream s, const Tensor& out, const Tensor& hidden,
+                             const Tensor& act, const Tensor& in, const Tensor& offsets,
+                             bool ragged) const {
+  // With dropping, the grouped linears write rows [0, M_kept) only: the gate/up output's
+  // rest is zeroed so that the SwiGLU over all rows (and its gradient) stays finite.
+  if (ragged) be.fill(s, hidden, 0.f);
+  be.grouped_linear_forward(s, hidden, in, gate_up.v(), offsets);
+  gate_up_lora.forward(be, s, hidden, in, offsets, ragged);
+  be.swiglu_forward(s, act, hidden);
+  be.grouped_linear_forward(s, out, act, down.v(), offsets);
+  down_lora.forward(be, s, out, act, offsets, ragged);
+}
+
+void MoeMlp::experts_backward(Backend& be, Stream s, const Tensor& din, const Tensor& dh,
+                              const Tensor& dact, const Tensor& dout, const Tensor& in,
+                              const Tensor& hidden, const Tensor& act, const Tensor& offsets,
+                              bool ragged) const {
+  // Dropping (rows [M_kept, M) unwritten below): the SwiGLU gradient over all rows reads
+  // zeros there, as forward's zeroed gate/up output.
+  if (ragged) be.fill(s, dact, 0.f);
+  be.grouped_linear_backward(s, dact, down.trainable_grad(), dout, act, down.v(), offsets);
+  down_lora.backward(be, s, dact, dout, act, offsets, ragged);
+  be.swiglu_backward(s, dh, dact, hidden);
+  be.grouped_linear_backward(s, din, gate_up.trainable_grad(), dh, in, gate_up.v(), offsets);
+  gate_up_lora.backward(be, s, din, dh, in, offsets, ragged);
 }
 
 void MoeMlp::ep_experts_forward(Backend& be, Stream s, const Tensor& expert_out,
@@ -210,11 +240,7 @@ void MoeMlp::ep_experts_forward(Backend& be, Stream s, const Tensor& expert_out,
     ep_dispatch_finish(be, s, st.exchange, c, there[c], k.in);
     const Tensor out = be.empty(Shape{R, C_}, dt, MemCategory::Temporaries);
     const Tensor& offsets = st.exchange.chunks[static_cast<size_t>(c)].offsets;
-    if (R > 0) {
-      be.grouped_linear_forward(s, k.hidden, k.in, gate_up.v(), offsets);
-      be.swiglu_forward(s, k.act, k.hidden);
-      be.grouped_linear_forward(s, out, k.act, down.v(), offsets);
-    }
+    if (R > 0) experts_forward(be, s, out, k.hidden, k.act, k.in, offsets, /*ragged=*/false);
     back[c] = ep_combine_start(be, s, *ep_, st.exchange, c, expert_out, out);
   }
   for (EpTransfer& t : back) t.transfer->wait();
@@ -238,11 +264,9 @@ void MoeMlp::ep_experts_backward(Backend& be, Stream s, const Tensor& dxp, const
     ep_dispatch_finish(be, s, st.exchange, c, there[c], dout);
     const EpSaved::Chunk& k = st.chunks[static_cast<size_t>(c)];
     const Tensor& offsets = st.exchange.chunks[static_cast<size_t>(c)].offsets;
-    if (R > 0) {
-      be.grouped_linear_backward(s, dact, down.trainable_grad(), dout, k.act, down.v(), offsets);
-      be.swiglu_backward(s, dh, dact, k.hidden);
-      be.grouped_linear_backward(s, din, gate_up.trainable_grad(), dh, k.in, gate_up.v(), offsets);
-    }
+    if (R > 0)
+      experts_backward(be, s, din, dh, dact, dout, k.in, k.hidden, k.act, offsets,
+                       /*ragged=*/false);
     back[c] = ep_combine_start(be, s, *ep_, st.exchange, c, dxp, din);
   }
   for (EpTransfer& t : back) t.transfer->wait();
@@ -300,14 +324,8 @@ void MoeMlp::backward(Backend& be, Stream s, std::span<const Tensor> saved, cons
   if (expert_parallel()) {
     ep_experts_backward(be, s, dxp, dexp, saved[kExpertOut]);
   } else {
-    // Dropping (rows [M_kept, M) unwritten below): the SwiGLU gradient over all M rows
-    // reads zeros there, as forward's zeroed gate/up output.
-    if (spec_.capacity_factor > 0.0) be.fill(s, dact, 0.f);
-    be.grouped_linear_backward(s, dact, down.trainable_grad(), dexp, saved[kAct], down.v(),
-                               saved[kOffsets]);
-    be.swiglu_backward(s, dh, dact, saved[kHidden]);
-    be.grouped_linear_backward(s, dxp, gate_up.trainable_grad(), dh, saved[kPermuted],
-                               gate_up.v(), saved[kOffsets]);
+    experts_backward(be, s, dxp, dh, dact, dexp, saved[kPermuted], saved[kHidden], saved[kAct],
+                     saved[kOffsets], /*ragged=*/spec_.capacity_factor > 0.0);
   }
   const Tensor dx = sp ? w.tokens : dinp.reshape(x.shape());  // partial sums over tp when split
   be.moe_permute_backward(s, dx, dxp, saved[kRows]);
@@ -350,7 +368,18 @@ void MoeMlp::collect(std::vector<Param*>& out) {
   out.push_back(&router);
   out.push_back(&gate_up);
   out.push_back(&down);
+  gate_up_lora.collect(out);
+  down_lora.collect(out);
   if (shared_) shared_->collect(out);
+}
+
+std::vector<MoeMlp::RoleExperts> MoeMlp::expert_projections() {
+  return {{"mlp.fc", &gate_up_lora, &gate_up}, {"mlp.proj", &down_lora, &down}};
+}
+
+std::vector<std::pair<const char*, Linear*>> MoeMlp::shared_linears() {
+  if (!shared_) return {};
+  return {{"mlp.fc", &shared_->fc}, {"mlp.proj", &shared_->proj}};
 }
 
 }  // namespace kiln::nn

@@ -37,6 +37,10 @@
 //   <prefix>.experts.down_proj.weight         [E, C, F]   N(0, proj_init_std^2), decays
 //   <prefix>.shared_experts.gate_up_proj.weight [2Fs, C], <prefix>.shared_experts
 //   .down_proj.weight [C, Fs] (when Fs > 0; as Mlp's).
+// LoRA (train.lora; nn/expert_lora.h): gate_up_lora and down_lora hold the adapters a LoRA
+// plan puts on the experts' projections (each expert its own A and B, added into the
+// gate/up output before the SwiGLU and into the experts' output before the combine), and
+// the shared experts' Linears take adapters as any Linear (shared_linears()).
 //
 // Balancing losses (issue 38's design sheet): forward adds the layer's statistics to the
 // buffers a MoeBalancePass names (moe_balance_stats: the per-expert slot counts c_e, the
@@ -93,6 +97,7 @@
 #pragma once
 
 #include "backend/backend.h"
+#include "nn/expert_lora.h"
 #include "nn/expert_parallel.h"
 #include "nn/mlp.h"
 #include "nn/param.h"
@@ -198,12 +203,25 @@ class MoeMlp {
   /// for the call (category Temporaries), no statistics; dropless whatever the capacity
   /// factor (a decode step's few tokens would make the capacity a matter of batching).
   void decode(Backend& be, Stream s, const Tensor& out, const Tensor& inp) const;
+  /// router, gate_up, down, the experts' adapters (gate_up's, down's), the shared experts'.
   void collect(std::vector<Param*>& out);
+
+  /// The experts' projections that take LoRA adapters, by their role in a block's MLP
+  /// (nn::TransformerBlock::linears): "mlp.fc" gate_up (pieces gate, up), "mlp.proj" down.
+  struct RoleExperts {
+    const char* role;
+    ExpertLora* experts;
+    const Param* weight;  // the projection's weight, whose cuts the adapters take
+  };
+  std::vector<RoleExperts> expert_projections();
+  /// The shared experts' Linears by the same roles ("mlp.fc", "mlp.proj"); none without.
+  std::vector<std::pair<const char*, Linear*>> shared_linears();
 
   const MoeSpec& spec() const { return spec_; }
   /// The name of the selection bias in checkpoints: "<prefix>.router.expert_bias".
   std::string expert_bias_name() const { return prefix_ + ".router.expert_bias"; }
   Param router, gate_up, down;
+  ExpertLora gate_up_lora, down_lora;  // the experts' LoRA adapters (none unless a plan adds)
   /// DeepSeek-V3's selection bias, fp32 [E], a view the model binds (and updates between
   /// steps); empty: none. It changes the choice only, never the weights or a gradient.
   Tensor expert_bias;
@@ -238,6 +256,20 @@ class MoeMlp {
   /// The router linear's backward: dx [N,C] (overwritten) and the weight's gradient.
   void router_backward(Backend& be, Stream s, const Tensor& dx, const Tensor& dlogits,
                        const Tensor& x, const MoeScratch& w) const;
+  /// The grouped SwiGLU experts over rows grouped by expert (offsets int32 [local E + 1]):
+  /// hidden [R,2F] = in [R,C] @ gate_up_e^T (+ its adapters), act [R,F] = swiglu(hidden),
+  /// out [R,C] = act @ down_e^T (+ its adapters). `ragged`: rows past offsets[E] (dropped
+  /// slots) are not computed; hidden's are zeroed so that the SwiGLU over them stays finite.
+  void experts_forward(Backend& be, Stream s, const Tensor& out, const Tensor& hidden,
+                       const Tensor& act, const Tensor& in, const Tensor& offsets,
+                       bool ragged) const;
+  /// Their backward: din [R,C] (rows past offsets[E] unwritten) from dout [R,C] and
+  /// forward's in, hidden and act, with dh [R,2F] and dact [R,F] as scratch; the weights'
+  /// and adapters' gradients +=.
+  void experts_backward(Backend& be, Stream s, const Tensor& din, const Tensor& dh,
+                        const Tensor& dact, const Tensor& dout, const Tensor& in,
+                        const Tensor& hidden, const Tensor& act, const Tensor& offsets,
+                        bool ragged) const;
   /// The shared experts' part of saved.
   std::span<const Tensor> shared_saved(std::span<const Tensor> saved) const {
     return saved.subspan(kNumRouted, Mlp::kNumSaved);

@@ -148,8 +148,9 @@ class Trainer {
   /// Resumes from resume_dir(), or starts fresh (init_weights) where the run directory
   /// holds no checkpoint.
   void start();
-  /// model.init_from's weights, or random ones.
-  void init_weights();
+  /// model.init_from's weights, or random ones; with `peft_adapters`, a LoRA run's adapters
+  /// from train.lora.init_from when set (a resume reads its checkpoint's instead).
+  void init_weights(bool peft_adapters = true);
   /// Restores model, optimizer, step and loader from checkpoint `dir`; throws kiln::Error
   /// naming the manifest when its state is malformed or does not fit this run.
   void load_checkpoint(const std::filesystem::path& dir);

@@ -80,28 +80,30 @@ void Trainer::start() {
   init_weights();
 }
 
-void Trainer::init_weights() {
+void Trainer::init_weights(bool peft_adapters) {
   // A LoRA fine-tune's adapters start as PEFT's (B = 0, docs/lora.md), on the base that
   // model.init_from gives (or the seed's random one).
   const bool lora = one_step_->lora_plan() != nullptr;
-  if (config_.model.init_from.empty() || lora) {
-    one_step_->init_weights(static_cast<uint64_t>(config_.train.seed));
-    if (config_.model.init_from.empty()) return;
-  }
-  // Each rank reads only the ranges it holds (all of every parameter below ZeRO-3); the
-  // master weights take the source at full precision.
-  std::vector<ParamSpec> base;
-  for (const ParamSpec& p : one_step_->model().params())
-    if (!p.adapter) base.push_back(p);
+  const bool from_file = !config_.model.init_from.empty();
+  if (!from_file || lora) one_step_->init_weights(static_cast<uint64_t>(config_.train.seed));
   const ModelOptions options = model_options_from(config_);
-  const auto source = open_model_weights(config_.model.init_from, options, base);
-  one_step_->load_weights(*source, lora ? TrainStep::Load::Base : TrainStep::Load::All);
-  if (const LoraSection& l = config_.train.lora; lora && !l.init_from.empty()) {
+  if (from_file) {
+    // Each rank reads only the ranges it holds (all of every parameter below ZeRO-3); the
+    // master weights take the source at full precision.
+    std::vector<ParamSpec> base;
+    for (const ParamSpec& p : one_step_->model().params())
+      if (!p.adapter) base.push_back(p);
+    const auto source = open_model_weights(config_.model.init_from, options, base);
+    one_step_->load_weights(*source, lora ? TrainStep::Load::Base : TrainStep::Load::All);
+  }
+  // The adapters from a PEFT folder, on either base.
+  if (const LoraSection& l = config_.train.lora; lora && peft_adapters && !l.init_from.empty()) {
     const nn::LoraSpec spec{l.rank, static_cast<float>(l.alpha), l.rslora, 0.f};
     const auto adapters = open_peft_folder(l.init_from, options, *one_step_->lora_plan(), spec);
     one_step_->load_weights(*adapters, TrainStep::Load::Adapters);
     if (options_.verbose) fmt::print("kiln: LoRA adapters from {}\n", l.init_from);
   }
+  if (!from_file) return;
   if (!one_step_->model().buffers().empty() &&
       fs::exists(fs::path(config_.model.init_from) / "manifest.json"))  // a kiln checkpoint's
     load_buffers(checkpoint::CheckpointReader(config_.model.init_from));
@@ -149,7 +151,7 @@ void Trainer::restore_from(const checkpoint::CheckpointReader& reader) {
   const ResumePoint saved = read_resume_point(reader);
   check_same_lora(reader);  // first: a LoRA mismatch also shows as other frozen parameters
   check_same_run(reader, saved);
-  if (one_step_->lora_plan()) init_weights();  // the base: the checkpoint holds the adapters
+  if (one_step_->lora_plan()) init_weights(false);  // the base: the checkpoint holds the adapters
   load_parameters(reader);
   AdamW& optimizer = one_step_->optimizer();
   if (!load_optimizer_from_checkpoint(reader, optimizer) && options_.verbose)

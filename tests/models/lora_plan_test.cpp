@@ -95,6 +95,41 @@ TEST(LoraPlan, ErrorsNameTheTarget) {
   fails(tiny_llama(), {}, "adapts no Linear");
 }
 
+TEST(LoraPlan, MoeBlocksAdaptTheirExpertsAndSharedExperts) {
+  auto be = make_backend("cpu");
+  ModelOptions o = tiny_llama();
+  o.family["moe.num_experts"] = 3;
+  o.family["moe.top_k"] = 2;
+  o.family["moe.ffn_hidden_size"] = 8;
+  o.family["moe.shared_experts"] = 1;
+  o.family["moe.first_k_dense"] = 1;
+  const LoraPlan plan = plan_of({"gate", "down"}, 2);
+  const auto m = build(*be, o, plan);
+  const std::string l1 = "model.layers.1.mlp.";
+  EXPECT_EQ(plan.adapted(), (std::vector<std::string>{
+                                "model.layers.0.mlp.gate_up_proj.gate", "model.layers.0.mlp.down_proj",
+                                l1 + "experts.gate_up_proj.gate", l1 + "experts.down_proj",
+                                l1 + "shared_experts.gate_up_proj.gate", l1 + "shared_experts.down_proj"}));
+  for (const LoraUnit& u : plan.units()) EXPECT_EQ(u.experts, u.name.find(".experts.") != std::string::npos ? 3 : 0) << u.name;
+  for (const ParamSpec& p : m->params()) {
+    EXPECT_EQ(p.adapter, p.trainable) << p.name;
+    if (p.name == l1 + "experts.gate_up_proj.gate.lora_B.weight") EXPECT_EQ(p.shape, (Shape{3, 8, 2}));
+    if (p.name == l1 + "experts.down_proj.lora_A.weight") EXPECT_EQ(p.shape, (Shape{3, 2, 8}));
+  }
+  // A glob reaches one expert projection's piece; dropout on experts is refused.
+  const LoraPlan glob = plan_of({"*.experts.gate_up_proj.up"});
+  build(*be, o, glob);
+  EXPECT_EQ(glob.adapted(), (std::vector<std::string>{l1 + "experts.gate_up_proj.up"}));
+  const LoraPlan drop(LoraOptions{nn::LoraSpec{2, 8.f, false, 0.1f}, {"up"}, "test.toml"});
+  try {
+    build(*be, o, drop);
+    ADD_FAILURE() << "dropout on experts accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a mixture-of-experts layer's experts, is not supported"),
+              std::string::npos) << e.what();
+  }
+}
+
 TEST(LoraPlan, LlamaAdapterGradientsMatchCentralDifferences) {
   auto be = make_backend("cpu");
   const LoraPlan plan = plan_of({"q", "v", "o", "gate", "up", "down"}, 3);

@@ -14,6 +14,12 @@
 #                          A within bound (default 1e-5) relative, from first_step on;
 #                          with a bound above 1e-5 the last step's loss only
 #   fails NAME TEXT cmd... cmd must exit non-zero with TEXT in its output ($work/NAME.log)
+#   succeeds NAME cmd...   cmd must exit 0; its output in $work/NAME.log, shown when it fails
+#   peft_round_trip PEFT [args...]
+#                          a LoRA run (the caller's `train`, with args) of one update at lr
+#                          1e-12 from the adapters of PEFT folder PEFT (train.lora.init_from),
+#                          exported again (as $work/peft2): the same file byte for byte
+#   python checks import safetensors_file (this folder is on PYTHONPATH): tensors(path)
 #   compare_tensors A B PREFIX [bound]
 #                          the tensors named PREFIX* of checkpoint dir B against A's
 #                          (assembled from their slices, whatever layout wrote them): the
@@ -33,6 +39,7 @@
 #                          (default 3) steps came before it
 #   assert_drops METRICS   every logged step dropped a fraction of slots in (0, 1)
 py=/usr/bin/python3
+export PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)${PYTHONPATH:+:$PYTHONPATH}"
 # OMP_WAIT_POLICY=passive is kiln's own default (apps/kiln/main.cpp): set here, each kiln
 # process starts once instead of setting it and starting itself again (every start loads
 # the CUDA libraries: 0.35-0.45 s of CPU, more when the cores are shared).
@@ -197,6 +204,24 @@ fails() {  # fails NAME EXPECTED_TEXT command...: non-zero exit, a line naming t
   if "$@" > "$work/$name.log" 2>&1; then echo "FAILED: $name succeeded"; cat "$work/$name.log"; exit 1; fi
   grep -q -- "$want" "$work/$name.log" || { echo "FAILED: $name: no '$want' in"; cat "$work/$name.log"; exit 1; }
   echo "$name: $(grep -m1 -- "$want" "$work/$name.log")"
+}
+
+succeeds() {  # succeeds NAME command...
+  local name=$1
+  shift
+  "$@" > "$work/$name.log" 2>&1 || { echo "FAILED: $name"; cat "$work/$name.log"; exit 1; }
+}
+
+peft_round_trip() {  # peft_round_trip PEFT [train args...]
+  local peft=$1
+  shift
+  # lr 1e-12 changes no bit of adapters of about 1e-2.
+  train peft_in 1 "$@" --set "train.lora.init_from=$peft" --set train.steps=1 \
+    --set optim.lr=1e-12 --set schedule.warmup_steps=0 --set checkpoint.every=1
+  succeeds peft2 "$kiln" export --checkpoint "$work/peft_in/ckpt/step_00000001" --format peft \
+    --out "$work/peft2"
+  cmp "$peft/adapter_model.safetensors" "$work/peft2/adapter_model.safetensors" ||
+    { echo "FAILED: PEFT round trip"; exit 1; }
 }
 
 compare_moe() {

@@ -128,20 +128,14 @@ compare "$work/ref/metrics.jsonl" "$work/reshard/metrics.jsonl" 11
 
 # Files: a PEFT folder out and in, the merged model, sampling.
 ck="$work/ref/ckpt/step_00000020"
-"$kiln" export --checkpoint "$ck" --format peft --out "$work/peft" > "$work/peft.log" 2>&1 ||
-  { echo "FAILED: export peft"; cat "$work/peft.log"; exit 1; }
+succeeds peft "$kiln" export --checkpoint "$ck" --format peft --out "$work/peft"
 "$py" - "$work/peft" "$ck" <<'PY'
-import json, os, struct, sys
+import json, os, sys
+from safetensors_file import tensors
 peft, ck = sys.argv[1:]
 c = json.load(open(os.path.join(peft, "adapter_config.json")))
 assert (c["peft_type"], c["r"], c["lora_alpha"], c["use_rslora"], c["task_type"]) == ("LORA", 4, 8.0, False, "CAUSAL_LM"), c
 assert c["target_modules"] == ["down_proj", "gate_proj", "q_proj", "up_proj", "v_proj"], c["target_modules"]
-def tensors(path):
-    raw = open(path, "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    h = json.loads(raw[8:8 + n])
-    return {k: (v["shape"], raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
-            for k, v in h.items() if k != "__metadata__"}
 got = tensors(os.path.join(peft, "adapter_model.safetensors"))
 m = json.load(open(os.path.join(ck, "manifest.json")))
 kiln = {}
@@ -161,19 +155,11 @@ for name, data in kiln.items():
 print(f"LoRA PEFT export: {len(got)} tensors with PEFT's names, the checkpoint's bits; "
       f"target_modules {c['target_modules']}")
 PY
-# PEFT in: lr 1e-12 changes no bit of adapters of 1e-2, so the export matches byte for byte.
-train peft_in 1 --set "train.lora.init_from=$work/peft" --set train.steps=1 --set optim.lr=1e-12 \
-  --set schedule.warmup_steps=0 --set checkpoint.every=1
-"$kiln" export --checkpoint "$work/peft_in/ckpt/step_00000001" --format peft --out "$work/peft2" \
-  > "$work/peft2.log" 2>&1 || { echo "FAILED: export peft2"; cat "$work/peft2.log"; exit 1; }
-cmp "$work/peft/adapter_model.safetensors" "$work/peft2/adapter_model.safetensors" ||
-  { echo "FAILED: PEFT round trip"; exit 1; }
+peft_round_trip "$work/peft"
 echo "LoRA PEFT round trip (train.lora.init_from, export again): byte for byte"
-"$kiln" export --checkpoint "$ck" --format hf --merge-lora --out "$work/merged" > "$work/merged.log" 2>&1 ||
-  { echo "FAILED: export merged"; cat "$work/merged.log"; exit 1; }
+succeeds merged "$kiln" export --checkpoint "$ck" --format hf --merge-lora --out "$work/merged"
 for m in "$ck" "$work/merged" "$work/base_hf"; do
-  "$kiln" eval --model "$m" --data "$work/ft_data" --json "$work/eval_$(basename "$m").json" \
-    > "$work/eval.log" 2>&1 || { echo "FAILED: eval $m"; cat "$work/eval.log"; exit 1; }
+  succeeds eval "$kiln" eval --model "$m" --data "$work/ft_data" --json "$work/eval_$(basename "$m").json"
 done
 "$py" - "$work/eval_step_00000020.json" "$work/eval_merged.json" "$work/eval_base_hf.json" <<'PY'
 import json, sys

@@ -3,7 +3,8 @@
 // LoraConfig writes it, the tensors from make_peft_fixture.py) read into kiln's adapters;
 // its config checked against train.lora; the Hugging Face modules of adapted units (a
 // piece of a fused Linear, GPT-2's whole c_attn, and Llama's whole qkv_proj, which has
-// none); and the merged weights W + scale B A against a direct double computation.
+// none; a Mixtral's experts, a module each); and the merged weights W + scale B A against
+// a direct double computation, per expert for a Mixtral's.
 #include "backend/registry.h"
 #include "model_io/lora_io.h"
 #include "models/registry.h"
@@ -14,6 +15,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 
@@ -117,35 +119,43 @@ TEST(LoraFiles, HuggingFaceModulesOfAdaptedUnits) {
   const LoraPlan llama = plan_of({"q", "up", "down"}, 2, 4.f);
   build(*be, tiny("llama"), llama);
   const auto m = peft_modules(tiny("llama"), llama.units());
-  EXPECT_EQ(m.at("model.layers.1.self_attn.qkv_proj.q"), "model.layers.1.self_attn.q_proj");
-  EXPECT_EQ(m.at("model.layers.0.mlp.gate_up_proj.up"), "model.layers.0.mlp.up_proj");
-  EXPECT_EQ(m.at("model.layers.0.mlp.down_proj"), "model.layers.0.mlp.down_proj");
+  using Names = std::vector<std::string>;
+  EXPECT_EQ(m.at("model.layers.1.self_attn.qkv_proj.q"), Names{"model.layers.1.self_attn.q_proj"});
+  EXPECT_EQ(m.at("model.layers.0.mlp.gate_up_proj.up"), Names{"model.layers.0.mlp.up_proj"});
+  EXPECT_EQ(m.at("model.layers.0.mlp.down_proj"), Names{"model.layers.0.mlp.down_proj"});
   const LoraPlan gpt2 = plan_of({"qkv"}, 2, 4.f);
   build(*be, tiny("gpt2"), gpt2);
   EXPECT_EQ(peft_modules(tiny("gpt2"), gpt2.units()).at("transformer.h.0.attn.c_attn"),
-            "transformer.h.0.attn.c_attn");
+            Names{"transformer.h.0.attn.c_attn"});
   const LoraPlan whole = plan_of({"qkv"}, 2, 4.f);  // Hugging Face splits Llama's qkv_proj
   build(*be, tiny("llama"), whole);
   EXPECT_THROW(peft_modules(tiny("llama"), whole.units()), Error);
+}
+
+// Gives `model` its initial values plus N(0, 0.5^2) noise from `seed` (so B is nonzero) and
+// returns its parameters' values by name.
+std::function<std::vector<float>(const std::string&)> random_weights(Backend& be, Model& model,
+                                                                     uint32_t seed) {
+  model.init_weights(3);
+  std::vector<float> w = download_f32(be, model.param_buffer());
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, 0.5f);
+  for (float& x : w) x += nd(rng);
+  upload_f32(be, model.param_buffer(), w.data());
+  return [w, &model](const std::string& name) {
+    for (const ParamSpec& p : model.params())
+      if (p.name == name)
+        return std::vector<float>(w.begin() + p.offset, w.begin() + p.offset + p.shape.numel());
+    ADD_FAILURE() << name;
+    return std::vector<float>();
+  };
 }
 
 TEST(LoraFiles, MergedWeightsAreWPlusScaleBA) {
   auto be = make_backend("cpu");
   const LoraPlan plan = plan_of({"v", "down"}, 3, 6.f);  // scale 2
   const auto model = build(*be, tiny("llama"), plan);
-  model->init_weights(3);
-  std::vector<float> w = download_f32(*be, model->param_buffer());
-  std::mt19937 rng(4);
-  std::normal_distribution<float> nd(0.f, 0.5f);
-  for (float& x : w) x += nd(rng);  // B nonzero
-  upload_f32(*be, model->param_buffer(), w.data());
-  auto value = [&](const std::string& name) {
-    for (const ParamSpec& p : model->params())
-      if (p.name == name)
-        return std::vector<float>(w.begin() + p.offset, w.begin() + p.offset + p.shape.numel());
-    ADD_FAILURE() << name;
-    return std::vector<float>();
-  };
+  const auto value = random_weights(*be, *model, 4);
   const auto merged = merged_lora_weights(*model, plan);
   ASSERT_EQ(merged.size(), 4u);  // qkv_proj and down_proj of 2 layers
   for (const LoraUnit& u : plan.units()) {
@@ -162,6 +172,61 @@ TEST(LoraFiles, MergedWeightsAreWPlusScaleBA) {
         ASSERT_NEAR(M[static_cast<size_t>(r * in + c)], want, 1e-6 * std::max(1.0, std::abs(want)))
             << u.name << " row " << r << " col " << c;
       }
+  }
+}
+
+// A tiny Mixtral: the tiny Llama with 3 experts of 8 units, each token taking 2.
+ModelOptions tiny_mixtral() {
+  ModelOptions o = tiny("llama");
+  o.family["moe.num_experts"] = 3;
+  o.family["moe.top_k"] = 2;
+  o.family["moe.ffn_hidden_size"] = 8;
+  return o;
+}
+
+TEST(LoraFiles, MixtralExpertsHaveAPeftModulePerExpert) {
+  auto be = make_backend("cpu");
+  const LoraPlan plan = plan_of({"gate", "down"}, 2, 4.f);
+  build(*be, tiny_mixtral(), plan);
+  const auto m = peft_modules(tiny_mixtral(), plan.units());
+  using Names = std::vector<std::string>;
+  const std::string moe = "model.layers.1.block_sparse_moe.experts.";
+  EXPECT_EQ(m.at("model.layers.1.mlp.experts.gate_up_proj.gate"),
+            (Names{moe + "0.w1", moe + "1.w1", moe + "2.w1"}));
+  EXPECT_EQ(m.at("model.layers.1.mlp.experts.down_proj"),
+            (Names{moe + "0.w2", moe + "1.w2", moe + "2.w2"}));
+  const LoraPlan whole = plan_of({"fc"}, 2, 4.f);  // Mixtral's w1 and w3 are modules apart
+  build(*be, tiny_mixtral(), whole);
+  EXPECT_THROW(peft_modules(tiny_mixtral(), whole.units()), Error);
+}
+
+TEST(LoraFiles, MergedExpertWeightsAreWPlusScaleBAPerExpert) {
+  auto be = make_backend("cpu");
+  const LoraPlan plan = plan_of({"up", "down"}, 3, 6.f);  // scale 2
+  const auto model = build(*be, tiny_mixtral(), plan);
+  const auto value = random_weights(*be, *model, 5);
+  const auto merged = merged_lora_weights(*model, plan);
+  ASSERT_EQ(merged.size(), 4u);  // gate_up_proj and down_proj of 2 layers
+  const int64_t E = 3, r = 3;
+  for (const LoraUnit& u : plan.units()) {
+    ASSERT_EQ(u.experts, E) << u.name;
+    const auto W = value(u.linear + ".weight"), A = value(u.name + ".lora_A.weight"),
+               B = value(u.name + ".lora_B.weight");
+    const std::vector<float>& M = merged.at(u.linear + ".weight");
+    const int64_t in = static_cast<int64_t>(A.size()) / (E * r);
+    const int64_t out = static_cast<int64_t>(W.size()) / (E * in);
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t c = 0; c < in; ++c) {
+          const size_t at = static_cast<size_t>((e * out + o) * in + c);
+          double want = W[at];
+          if (o >= u.row0 && o < u.row0 + u.rows)
+            for (int64_t k = 0; k < r; ++k)
+              want += 2.0 * B[static_cast<size_t>((e * u.rows + o - u.row0) * r + k)] *
+                      A[static_cast<size_t>((e * r + k) * in + c)];
+          ASSERT_NEAR(M[at], want, 1e-6 * std::max(1.0, std::abs(want)))
+              << u.name << " expert " << e << " row " << o << " col " << c;
+        }
   }
 }
 
