@@ -28,12 +28,14 @@ namespace {
 using Owners = std::map<const nn::Param*, std::pair<int, uint64_t>>;
 
 // The regions of a part, in layout order (ModelPart): its trainable dense parameters, its
-// trainable expert-parallel ones (ParamSlice::ep_sharded), its frozen ones.
-enum class Region { Dense, Expert, Frozen };
+// trainable expert-parallel ones (ParamSlice::ep_sharded), its frozen dense ones, its
+// frozen expert-parallel ones.
+enum class Region { Dense, Expert, Frozen, FrozenExpert };
 
 Region region_of(const nn::Param& prm) {
-  if (!prm.trainable) return Region::Frozen;
-  return prm.slice.ep_sharded() ? Region::Expert : Region::Dense;
+  const bool expert = prm.slice.ep_sharded();
+  if (!prm.trainable) return expert ? Region::FrozenExpert : Region::Frozen;
+  return expert ? Region::Expert : Region::Dense;
 }
 
 // Appends part k's parameters of region `region` to `out` from `offset` (advanced past
@@ -57,7 +59,7 @@ bool place_params(const PartLayout& part, int k, const Owners& owner,
     p.part = mp.index;
     p.init_stream = stream;
     p.tied_copy = copy;
-    p.trainable = region != Region::Frozen;
+    p.trainable = region == Region::Dense || region == Region::Expert;
     p.adapter = prm->adapter;
     p.frozen_before = mp.frozen_before;
     copies = copies || copy;
@@ -84,14 +86,6 @@ FlatLayout lay_out(const std::vector<PartLayout>& parts, int64_t alignment,
     for (int k = 0; k < n_parts; ++k)
       for (const nn::Param* prm : parts[static_cast<size_t>(k)].params)
         if (prm->adapter == adapters) owner.try_emplace(prm, k, owner.size());
-  for (int k = 0; k < n_parts; ++k)
-    for (const nn::Param* prm : parts[static_cast<size_t>(k)].params) {
-      // Its frozen region would be sharded over the dp x cp group, whose ranks hold
-      // other experts.
-      KILN_CHECK(prm->trainable || !prm->slice.ep_sharded(), "freezing an expert-parallel "
-                 "parameter ({}, split over parallel.ep = {}: by train.freeze, or as part of "
-                 "train.lora's frozen base) is not supported", prm->name, prm->slice.ep_parts);
-    }
   std::vector<bool> lends(parts.size(), false);  // owns a parameter a later held part uses
   for (int k = 0; k < n_parts; ++k)
     for (const nn::Param* prm : parts[static_cast<size_t>(k)].params)
@@ -126,6 +120,8 @@ FlatLayout lay_out(const std::vector<PartLayout>& parts, int64_t alignment,
     };
     mp.expert_size = place_region(Region::Expert);
     mp.frozen_size = place_region(Region::Frozen);
+    mp.frozen_expert_size = place_region(Region::FrozenExpert);
+    mp.frozen_size += mp.frozen_expert_size;
     mp.resident = mp.resident || copies;
     mp.end = offset;
     mp.padded_end = mp.begin + align(mp.end - mp.begin);

@@ -29,7 +29,8 @@ struct PartLayout {
 /// (ParamSlice::ep_sharded) come after its trainable dense ones, and its frozen parameters
 /// (nn::Param::trainable) after both, each in a region of their own, also padded to the
 /// alignment (ModelPart::expert_size, frozen_size; the gradient layout leaves the frozen
-/// region out). A frozen expert-parallel parameter throws kiln::Error naming it. A tied
+/// region out; frozen expert-parallel parameters close the frozen region, padded apart:
+/// ModelPart::frozen_expert_size). A tied
 /// parameter is laid out once, in its owner part;
 /// when the owner is not held but a user is, the user holds a copy (ParamSpec::tied_copy).
 /// A part is resident when it says so, owns a parameter a later held part uses, or holds

@@ -44,7 +44,9 @@ namespace kiln {
 ///           rank holds other experts; data parallelism reduces them over the
 ///           expert-data-parallel group), expert_size elements from expert_begin();
 ///   frozen  its frozen parameters (ParamSpec::trainable false),
-///           [padded_end - frozen_size, padded_end).
+///           [padded_end - frozen_size, padded_end): the dense ones, then (padded apart,
+///           the last frozen_expert_size elements) the expert-parallel ones, which each ep
+///           rank holds for other experts (the expert-data-parallel group shards them).
 /// Gradients exist for the trainable regions (dense, expert) only: the flat gradient
 /// layout is the parameter layout without the frozen regions (the part's gradient starts
 /// at grad_begin(), grad_size() long, its expert region last).
@@ -56,6 +58,7 @@ struct ModelPart {
   int64_t expert_size = 0;    // elements of its trainable expert region (padding
                               // included); 0: none
   int64_t frozen_size = 0;    // elements of its frozen region (padding included); 0: none
+  int64_t frozen_expert_size = 0;  // of them, the frozen expert-parallel ones' (padded)
   int64_t frozen_before = 0;  // elements of the frozen regions of the parts before it
   double cost = 1.0;    // relative compute per token (balancing pipeline stages)
   bool resident = false;  // parameters used and gradient written from its forward to its

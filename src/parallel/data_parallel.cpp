@@ -39,7 +39,7 @@ DataParallel::DataParallel(Model& model, Communicator& comm, int zero_stage, dou
              "DataParallel: the model was not built with zero_model_storage({}, {})", zero_stage,
              world_);
   for (const ParamSpec& p : model.params())
-    KILN_CHECK(!p.trainable || !p.slice.ep_sharded() ||
+    KILN_CHECK(!p.slice.ep_sharded() ||
                (expert && expert->size() * p.slice.ep_parts == world_),
                "DataParallel: {} is split over {} expert-parallel ranks, but the "
                "expert-data-parallel group has {} of the {} data-parallel ranks", p.name,
@@ -58,8 +58,11 @@ DataParallel::DataParallel(Model& model, Communicator& comm, int zero_stage, dou
     if (mp.expert_size > 0)  // `expert` exists: checked above
       add_region(part, RegionKind::Expert, *expert, mp.expert_begin(), mp.expert_size,
                  mp.grad_begin() + mp.dense_size(), shard, grad_shard);
-    add_region(part, RegionKind::Frozen, comm_, mp.padded_end - mp.frozen_size, mp.frozen_size,
-               0, shard, grad_shard);
+    add_region(part, RegionKind::Frozen, comm_, mp.padded_end - mp.frozen_size,
+               mp.frozen_size - mp.frozen_expert_size, 0, shard, grad_shard);
+    if (mp.frozen_expert_size > 0)  // `expert` exists: checked above
+      add_region(part, RegionKind::FrozenExpert, *expert, mp.padded_end - mp.frozen_expert_size,
+                 mp.frozen_expert_size, 0, shard, grad_shard);
     for (const Region& r : part.regions)
       KILN_CHECK(stage_ == 0 || r.size % r.world == 0, "part {} ({}) is not aligned to {} ranks",
                  mp.index, mp.name, r.world);
@@ -125,9 +128,9 @@ void DataParallel::add_region(Part& part, RegionKind kind, Communicator& group, 
 }
 
 const DataParallel::Region& DataParallel::region_of(const ParamSpec& p) const {
-  const RegionKind kind = !p.trainable            ? RegionKind::Frozen
-                          : p.slice.ep_sharded() ? RegionKind::Expert
-                                                 : RegionKind::Dense;
+  const bool experts = p.slice.ep_sharded();
+  const RegionKind kind = p.trainable ? (experts ? RegionKind::Expert : RegionKind::Dense)
+                                      : (experts ? RegionKind::FrozenExpert : RegionKind::Frozen);
   for (const Region& r : parts_[static_cast<size_t>(p.part)].regions)
     if (r.kind == kind) return r;
   KILN_FAIL("DataParallel: {} lies in no region of part {}", p.name, p.part);
@@ -476,7 +479,7 @@ std::string DataParallel::hash_regions(bool expert) const {
   };
   for (const Part& part : parts_)
     for (const Region& r : part.regions) {
-      if (r.kind != RegionKind::Expert) continue;
+      if (!r.experts()) continue;
       if (expert) from = r.begin;
       add(expert ? r.begin + r.size : r.begin);
       from = r.begin + r.size;

@@ -33,9 +33,12 @@
 // sit in a region of their own between its dense and frozen ones (ModelPart::expert_size),
 // which is reduced, sharded and gathered over the expert-data-parallel group (We = W / ep
 // ranks that hold the same experts; DeviceMesh::edp_comm) instead of the dp x cp group:
-// each rank owns slice (edp rank) of it, Se = expert_size / We elements. A part is thus a
-// list of regions (dense, expert, frozen; the empty ones left out), each with its group,
-// rank, world and slice length, and every operation above runs per region. Stage 0
+// each rank owns slice (edp rank) of it, Se = expert_size / We elements. Its frozen
+// expert-parallel parameters (LoRA's frozen experts) close its frozen region in a region
+// of their own (ModelPart::frozen_expert_size), sharded (stage 3) and gathered over the
+// same group. A part is thus a list of regions (dense, expert, frozen, frozen expert; the
+// empty ones left out), each with its group, rank, world and slice length, and every
+// operation above runs per region. Stage 0
 // all-reduces a part with an expert region on its own (its regions over their groups),
 // not in a bucket.
 //
@@ -150,19 +153,20 @@ class DataParallel final : public ModelHooks {
   void after_backward(int index) override;
 
  private:
-  enum class RegionKind { Dense, Expert, Frozen };
+  enum class RegionKind { Dense, Expert, Frozen, FrozenExpert };
   /// One region of a part (models/model.h, ModelPart): reduced, sharded and gathered over
   /// its group, of which this rank owns slice `rank`.
   struct Region {
     RegionKind kind = RegionKind::Dense;
-    Communicator* comm = nullptr;  // dense, frozen: the dp x cp group; expert: edp
+    Communicator* comm = nullptr;  // dense, frozen: the dp x cp group; the experts': edp
     int rank = 0, world = 1;       // this rank's and the size of `comm`
     int64_t begin = 0, size = 0;   // flat coordinates; size padded to the alignment
     int64_t grad_begin = 0;        // trainable: its start in the gradient layout
     int64_t S = 0;                 // slice length (size / world; size for stage 0)
     int64_t shard_offset = 0;      // of this rank's slice in param_shard_
     int64_t grad_shard_offset = 0; // trainable: of this rank's slice in grad_shard_
-    bool trainable() const { return kind != RegionKind::Frozen; }
+    bool trainable() const { return kind == RegionKind::Dense || kind == RegionKind::Expert; }
+    bool experts() const { return kind == RegionKind::Expert || kind == RegionKind::FrozenExpert; }
     int64_t slice_begin() const { return begin + rank * S; }  // flat; stages 1-3
   };
   struct Part {

@@ -178,12 +178,14 @@ void Trainer::add_tensors(checkpoint::CheckpointWriter& writer, HostCopies& copi
     add_optimizer_segment(writer, optimizer, i, copies);
   }
   // Frozen parameters: their values (in the model dtype, which fp32 holds exactly) and
-  // no optimizer state; whole on every dp replica below ZeRO-3, so dp rank 0 writes them.
-  // A LoRA fine-tune's frozen base is not saved: its state names it (lora_state).
-  const bool dp_writes_frozen = (config_.parallel.zero_stage == 3 || mesh_->dp_cp_comm().rank() == 0) &&
-                                !one_step_->lora_plan();
+  // no optimizer state; whole on every dp replica below ZeRO-3 (an expert-parallel one on
+  // every edp replica), so its first holder writes it. A LoRA fine-tune's frozen base is
+  // not saved: its state names it (lora_state).
   for (const AdamWSegment& seg : one_step_->data_parallel().frozen_segments()) {
-    if (!dp_writes_frozen || !(seg.spec.slice.tp_sharded() || tp_rank == 0) || seg.spec.tied_copy)
+    Communicator& replicas = seg.spec.slice.ep_sharded() ? mesh_->edp_comm() : mesh_->dp_cp_comm();
+    const bool first_holder = config_.parallel.zero_stage == 3 || replicas.rank() == 0;
+    if (one_step_->lora_plan() || !first_holder || seg.spec.tied_copy ||
+        !(seg.spec.slice.tp_sharded() || tp_rank == 0))
       continue;
     add_param_range(writer, seg.spec.name, seg.spec, DType::F32, seg.begin, seg.end,
                     copies.copy(*backend_, seg.param));

@@ -103,9 +103,11 @@ void Trainer::summarize_tp_traffic(TrainResult& r, int64_t steps) {
 }
 
 void Trainer::summarize_ep_traffic(TrainResult& r) {
-  // This rank's MoE layers: each holds two ep-cut tensors (gate_up and down).
+  // This rank's MoE layers: each holds two ep-cut tensors (gate_up and down) besides any
+  // LoRA adapters of its experts.
   int64_t ep_tensors = 0;
-  for (const ParamSpec& p : one_step_->model().params()) ep_tensors += p.slice.ep_sharded() ? 1 : 0;
+  for (const ParamSpec& p : one_step_->model().params())
+    ep_tensors += p.slice.ep_sharded() && !p.adapter ? 1 : 0;
   const auto key = [&](const char* k) { return static_cast<int64_t>(config_.model.family.at(k)); };
   r.ep_formula = ep_update_traffic(
       ep_tensors / 2, one_step_->grad_accum_steps(),

@@ -2,8 +2,9 @@
 // dense parameters reduced and sharded over the dp x cp group, expert-parallel ones over
 // the expert-data-parallel (edp) group. A hand-built model (no forward: the test writes
 // each rank's gradients itself, small integers, so that every sum is exact) has parts
-// with a dense and an expert region, dense only, experts only, and a frozen region, with
-// a tp cut composed where the mesh has tp. For every mesh of the world size and every
+// with a dense and an expert region, dense only, experts only, and a frozen region (its
+// experts frozen too in a second pass: a frozen expert region), with a tp cut composed
+// where the mesh has tp. For every mesh of the world size and every
 // ZeRO stage, after one step's reduction:
 //   - every gradient this rank updates is the sum over dp x cp (dense) or over its edp
 //     group (experts), placed by global element;
@@ -145,11 +146,12 @@ void add_counts(const std::vector<AdamWSegment>& segs, const Model& m, bool whol
   }
 }
 
-void run(const Mesh& mesh_row, int stage) {
+void run(const Mesh& mesh_row, int stage, bool freeze_experts) {
   Communicator& world = testing::world();
   const MeshSizes& z = mesh_row.sizes;
   if (world.size() != z.dp * z.cp * z.tp) return;  // a mesh of another world size
-  SCOPED_TRACE(fmt::format("{} zero {}", mesh_row.name, stage));
+  SCOPED_TRACE(fmt::format("{} zero {}{}", mesh_row.name, stage,
+                           freeze_experts ? " frozen experts" : ""));
   DeviceMesh mesh(world, z);
   Communicator& comm = mesh.dp_cp_comm();
   Communicator* expert = z.ep > 1 ? &mesh.edp_comm() : nullptr;
@@ -158,10 +160,12 @@ void run(const Mesh& mesh_row, int stage) {
   const int edp_rank = mesh.edp_comm().rank();
   ASSERT_EQ(edp_rank, q / z.ep);
   const Cut cut{z.ep, q % z.ep, z.tp, tp_rank};
-  ToyModel model(zero_model_storage(stage, W), cut);
-  for (const ModelPart& part : model.parts()) {  // the expert region: after the dense one
-    const bool has = part.name != "dense" && z.ep > 1;
-    EXPECT_EQ(part.expert_size > 0, has) << part.name;
+  ToyModel model(zero_model_storage(stage, W), cut, freeze_experts);
+  for (const ModelPart& part : model.parts()) {
+    // The expert region after the dense one; frozen experts close the frozen region.
+    const bool frozen = freeze_experts && part.name == "frozen";
+    EXPECT_EQ(part.expert_size > 0, part.name != "dense" && z.ep > 1 && !frozen) << part.name;
+    EXPECT_EQ(part.frozen_expert_size > 0, frozen && z.ep > 1) << part.name;
     if (stage > 0) EXPECT_EQ(part.dense_size() % W, 0) << part.name;
   }
   DataParallel dp(model, comm, stage, /*bucket_mb=*/1e-5, tp, expert);
@@ -262,24 +266,21 @@ class EpDp : public ::testing::TestWithParam<int> {};
 
 TEST_P(EpDp, ReducesShardsAndGathersByRegion) {
   for (const Mesh& m : kMeshes) {
-    run(m, GetParam());
+    run(m, GetParam(), /*freeze_experts=*/false);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+// Frozen expert-parallel parameters (LoRA's frozen experts, train.freeze): sharded and
+// gathered over the edp group at stage 3, written once by their edp replicas' first.
+TEST_P(EpDp, FrozenExpertsKeepARegionOverTheirGroup) {
+  for (const Mesh& m : kMeshes) {
+    run(m, GetParam(), /*freeze_experts=*/true);
     if (::testing::Test::HasFatalFailure()) return;
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Zero, EpDp, ::testing::Values(0, 1, 2, 3));
-
-TEST(EpDpLayout, RefusesAFrozenExpertParameter) {
-  try {
-    ToyModel model(zero_model_storage(1, 2), Cut{2, 0, 1, 0}, /*freeze_experts=*/true);
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("freezing an expert-parallel parameter "
-                                         "(frozen.experts"),
-              std::string::npos)
-        << e.what();
-  }
-}
 
 }  // namespace
 }  // namespace kiln
