@@ -154,6 +154,20 @@ nlohmann::json target_modules(const std::map<std::string, std::vector<std::strin
   return nlohmann::json(std::vector<std::string>(names.begin(), names.end()));
 }
 
+// PEFT's fan_in_fan_out: whether the adapted modules store their weight [in, out] (GPT-2's
+// Conv1D), for which PEFT sets it true (the adapters' own tensors are [r, in] and [out, r]
+// either way; it decides how PEFT merges them).
+bool fan_in_fan_out(const std::map<std::string, std::vector<std::string>>& modules,
+                    const HfLayout& layout) {
+  std::set<std::string> adapted;
+  for (const auto& [unit, names] : modules)
+    for (const std::string& m : names) adapted.insert(m + ".weight");
+  for (const HfParam& p : layout.params)
+    for (const HfPiece& h : p.pieces)
+      if (h.transposed && adapted.count(h.name)) return true;
+  return false;
+}
+
 // `dir`'s adapter_model.safetensors, after checking that `dir` is a folder.
 fs::path checked(const fs::path& dir) {
   KILN_CHECK(fs::is_directory(dir), "train.lora.init_from: {} is not a folder (a PEFT adapter "
@@ -267,6 +281,7 @@ void export_peft_folder(const checkpoint::CheckpointReader& reader, Backend& bac
       peft_modules(options, plan->units());
   const nlohmann::json& l = *lora_state(reader);
   const nlohmann::json base = l.value("base", nlohmann::json::object());
+  const HfLayout layout = model_arch(options.arch).hf_layout(options);
   const nlohmann::json config = {
       {"peft_type", "LORA"},
       {"task_type", "CAUSAL_LM"},
@@ -275,9 +290,9 @@ void export_peft_folder(const checkpoint::CheckpointReader& reader, Backend& bac
       {"lora_alpha", l.at("alpha")},
       {"use_rslora", l.at("rslora")},
       {"lora_dropout", l.value("dropout", 0.0)},
-      {"target_modules", target_modules(modules, model_arch(options.arch).hf_layout(options))},
+      {"target_modules", target_modules(modules, layout)},
       {"bias", "none"},
-      {"fan_in_fan_out", false},
+      {"fan_in_fan_out", fan_in_fan_out(modules, layout)},
       {"init_lora_weights", true},
       {"inference_mode", true},
       {"modules_to_save", nullptr},

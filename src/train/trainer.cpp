@@ -11,6 +11,8 @@
 #include "comm/ledger.h"
 #include "config/components.h"
 #include "core/error.h"
+#include "model_io/lora_io.h"
+#include "models/registry.h"
 #include "profile/profiling_backend.h"
 #include "profile/tracer.h"
 #include "train/device.h"
@@ -227,6 +229,16 @@ void Trainer::print_start_up() const {
                config_.model.init_from.empty()
                               ? std::string(" (random: no model.init_from)")
                               : " from " + config_.model.init_from);
+    // Adapters PEFT has no module for (a fused Linear Hugging Face splits), said now rather
+    // than when `kiln export --format peft` refuses them.
+    if (model_arch(config_.model.arch).hf_layout) {
+      try {
+        peft_modules(model_options_from(config_), lora->units());
+      } catch (const Error& e) {
+        fmt::print("kiln: note: {} (`kiln export --format peft` will refuse these adapters; "
+                   "--format hf --merge-lora writes them merged)\n", e.what());
+      }
+    }
   }
   if (const Fp8Plan* fp8 = one_step_->fp8_plan()) {
     const auto& on = fp8->chosen();  // never empty: the plan refuses a choice of none

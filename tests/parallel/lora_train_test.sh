@@ -112,10 +112,22 @@ fi
 
 # GPT-2 (its embedding tied to the head, on both pipeline stages) from a random base, pp2.
 gpt2=(--set train.lora.rank=4 --set 'train.lora.targets=["qkv","fc"]' --set model.dropout=0)
-run_train "$work/tiny.toml" gpt2_ref 1 "${gpt2[@]}"
+run_train "$work/tiny.toml" gpt2_ref 1 "${gpt2[@]}" --set checkpoint.every=20
 run_train "$work/tiny.toml" gpt2_pp2 2 "${gpt2[@]}" --set parallel.pp=2
 echo -n "LoRA GPT-2 (tied embedding) pp2: "
 compare "$work/gpt2_ref/metrics.jsonl" "$work/gpt2_pp2/metrics.jsonl"
+# Its PEFT folder: GPT-2's Conv1D modules store [in, out], so fan_in_fan_out is true.
+succeeds gpt2_peft "$kiln" export --checkpoint "$work/gpt2_ref/ckpt/step_00000020" --format peft \
+  --out "$work/gpt2_peft"
+"$py" - "$work/gpt2_peft" <<'PY'
+import json, os, sys
+from safetensors_file import tensors
+c = json.load(open(os.path.join(sys.argv[1], "adapter_config.json")))
+assert c["fan_in_fan_out"] is True and c["target_modules"] == ["c_attn", "c_fc"], c
+got = tensors(os.path.join(sys.argv[1], "adapter_model.safetensors"))
+assert got["base_model.model.transformer.h.1.mlp.c_fc.lora_B.weight"][0] == [128, 4], got.keys()
+print("LoRA GPT-2 PEFT export: c_attn, c_fc, fan_in_fan_out true")
+PY
 
 train resume 1 --exit-interval 10
 train resume 1 --resume auto
