@@ -5,6 +5,7 @@
 #include "train/device.h"
 #include "model_io/lora_io.h"
 #include "model_io/model_io.h"
+#include "models/hf_formats.h"
 #include "sampling/sampler.h"
 
 #include <fmt/format.h>
@@ -32,6 +33,9 @@ void register_sample(CLI::App& app) {
       ->check(CLI::Range(0, 1 << 30));
   cmd->add_option("--seed", a->o.seed, "Random seed: same seed, same text");
   cmd->callback([a] {
+    KILN_CHECK(!is_hf_folder(a->checkpoint), "{}: a Hugging Face folder: kiln sample reads kiln "
+               "checkpoints (kiln eval reads both; train from it with model.init_from)",
+               a->checkpoint);
     checkpoint::CheckpointReader reader(a->checkpoint);
     const ModelOptions options = checkpoint_model_options(reader);
     const ModelArch arch = model_arch(options.arch);

@@ -191,8 +191,13 @@ void refuse_unsupported(const nlohmann::json& c, const fs::path& file) {
              file.string());
   KILN_CHECK(c.value("bias", "none") == "none", "{}: \"bias\" = \"{}\": trained biases are not "
              "supported (\"none\" only)", file.string(), c.value("bias", ""));
-  KILN_CHECK(!c.contains("target_modules") || !c.at("target_modules").is_string(), "{}: a regex "
-             "\"target_modules\" is not supported (a list of module names)", file.string());
+  if (c.contains("target_modules") && c.at("target_modules").is_string()) {
+    const std::string t = c.at("target_modules").get<std::string>();
+    KILN_CHECK(t != "all-linear", "{}: \"target_modules\" = \"all-linear\" (PEFT's keyword) is "
+               "not supported: list the modules", file.string());
+    KILN_FAIL("{}: a regex \"target_modules\" (\"{}\") is not supported (a list of module names)",
+              file.string(), t);
+  }
 }
 
 // A PEFT folder's adapters in kiln's names.
@@ -230,10 +235,9 @@ class PeftSource final : public WeightSource {
     // Adapters the folder holds that train.lora.targets does not choose would be dropped.
     std::set<std::string> used;
     for (const auto& [kiln_name, peft_names] : names_) used.insert(peft_names.begin(), peft_names.end());
+    const HfLayout layout = model_arch(expect.arch).hf_layout(expect);
     for (const st::TensorInfo& t : reader_.tensors())
-      KILN_CHECK(used.count(t.name), "{}: tensor '{}' is an adapter train.lora.targets does not "
-                 "choose (name its module's role or pattern in train.lora.targets)",
-                 reader_.path(), t.name);
+      if (!used.count(t.name)) refuse_extra(t.name, layout);
   }
   // An expert adapter [E, ...] reads expert e's elements from the e-th tensor.
   void read(const ParamSpec& p, int64_t begin, int64_t end, float* dst) const override {
@@ -257,6 +261,30 @@ class PeftSource final : public WeightSource {
   }
 
  private:
+  // Throws the reason an adapter tensor the targets do not choose cannot be read: a module
+  // the model lacks (another shape: an expert past model.moe.num_experts), one kiln puts no
+  // adapter on (the router, the embedding, the head), or one train.lora.targets leaves out.
+  void refuse_extra(const std::string& tensor, const HfLayout& layout) const {
+    std::string module = tensor.substr(0, tensor.rfind(".lora_"));
+    const std::string prefix = "base_model.model.";
+    if (module.starts_with(prefix)) module = module.substr(prefix.size());
+    const HfParam* param = nullptr;
+    for (const HfParam& p : layout.params)
+      for (const HfPiece& h : p.pieces)
+        if (h.name == module + ".weight") param = &p;
+    KILN_CHECK(param, "{}: tensor '{}' adapts {}, which this model does not have (a folder "
+               "for another model shape?)", reader_.path(), tensor, module);
+    const bool block_linear = param->name.ends_with("_proj.weight") ||
+                              param->name.ends_with(".c_attn.weight") ||
+                              param->name.ends_with(".c_fc.weight") ||
+                              param->name.ends_with(".c_proj.weight");
+    KILN_CHECK(block_linear, "{}: tensor '{}' adapts {} (kiln's {}), which takes no LoRA "
+               "adapter in kiln (the transformer blocks' attention, MLP and expert "
+               "projections do)", reader_.path(), tensor, module, param->name);
+    KILN_FAIL("{}: tensor '{}' is an adapter train.lora.targets does not choose (name its "
+              "module's role or pattern in train.lora.targets)", reader_.path(), tensor);
+  }
+
   st::Reader reader_;
   std::map<std::string, std::vector<std::string>> names_;  // kiln adapter name -> PEFT tensors
                                                            // (one per expert)

@@ -97,7 +97,9 @@ struct Adapting {
       if (!chosen) continue;
       for (const nn::LoraAdapter& a : adapters_of(host))  // whole and a piece: one line naming both
         KILN_CHECK(a.piece >= 0 && piece >= 0, "{}: train.lora.targets choose both {} and {}: "
-                   "a Linear takes adapters whole or on its pieces, not both", options.source,
+                   "a Linear takes adapters whole or on its pieces, not both (a glob that "
+                   "matches the whole, as '*.experts.*' does, matches its pieces too: name "
+                   "the pieces, '*.gate_up_proj.*', or use the roles)", options.source,
                    a.name, unit);
       check_dropout(options, host, unit);
       add_adapter(host, piece, options.spec);
@@ -147,11 +149,17 @@ void LoraPlan::apply(const LayerRoles& layers) const {
     for (const auto& [role, linear] : moe->shared_linears()) run.adapt(*linear, role, 0);
   }
   const std::vector<int>& matched = run.matched;
+  // Names a glob may match: an attention piece, and an expert piece where there are experts.
+  std::string examples = layers.blocks[0]->linears()[0].linear->name() + ".q";
+  for (nn::TransformerBlock* block : layers.blocks)
+    if (block->moe()) {
+      examples += ", " + block->moe()->gate_up_lora.name() + ".gate";
+      break;
+    }
   for (size_t k = 0; k < targets.size(); ++k)
     KILN_CHECK(matched[k] > 0, "{}: train.lora.targets '{}' matches no Linear of the "
-               "transformer blocks (roles: {}; or a glob over names such as {}.q)", source,
-               targets[k], fmt::join(lora_roles(), ", "),
-               layers.blocks[0]->linears()[0].linear->name());
+               "transformer blocks (roles: {}; or a glob over names such as {})", source,
+               targets[k], fmt::join(lora_roles(), ", "), examples);
   KILN_CHECK(!adapted_.empty(), "{}: {} adapts no Linear: train.lora.targets is empty", source,
              what());
   // The base: every parameter but the adapters, frozen.

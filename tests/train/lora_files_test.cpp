@@ -6,6 +6,7 @@
 // none; a Mixtral's experts, a module each); and the merged weights W + scale B A against
 // a direct double computation, per expert for a Mixtral's.
 #include "backend/registry.h"
+#include "checkpoint/safetensors.h"
 #include "model_io/lora_io.h"
 #include "models/registry.h"
 #include "support/tiny_decoder.h"
@@ -96,7 +97,8 @@ TEST(LoraFiles, PeftFeaturesKilnDoesNotComputeAreRefused) {
                                                            {"bias", "all"},
                                                            {"modules_to_save", {"lm_head"}},
                                                            {"layers_to_transform", {0}},
-                                                           {"target_modules", ".*q_proj"}}) {
+                                                           {"target_modules", ".*q_proj"},
+                                                           {"target_modules", "all-linear"}}) {
     std::filesystem::remove_all(dir);
     std::filesystem::copy(kFixture, dir);
     std::ifstream in(dir / "adapter_config.json");
@@ -109,6 +111,38 @@ TEST(LoraFiles, PeftFeaturesKilnDoesNotComputeAreRefused) {
       ADD_FAILURE() << key << " accepted";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// A PEFT folder holding an adapter beyond what the targets choose says why it cannot be read:
+// a module the model lacks, one kiln puts no adapter on, or one the targets leave out.
+TEST(LoraFiles, ExtraAdaptersNameWhyTheyCannotBeRead) {
+  auto be = make_backend("cpu");
+  const LoraPlan plan = plan_of({"q", "v"}, 2, 4.f);
+  build(*be, tiny("llama"), plan);
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "kiln_peft_extra";
+  for (const auto& [module, why] : std::vector<std::pair<std::string, std::string>>{
+           {"model.layers.5.self_attn.q_proj", "which this model does not have"},
+           {"lm_head", "which takes no LoRA adapter in kiln"},
+           {"model.layers.0.self_attn.k_proj", "train.lora.targets does not choose"}}) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::copy(kFixture, dir);
+    {
+      safetensors::Reader in((kFixture + "/adapter_model.safetensors"));
+      safetensors::Writer out((dir / "adapter_model.safetensors").string());
+      for (const safetensors::TensorInfo& t : in.tensors()) {
+        out.add_f32(t.name, t.shape, in.read_f32(t.name));
+      }
+      out.add_f32("base_model.model." + module + ".lora_A.weight", {2, 16}, std::vector<float>(32, 0.f));
+      out.write();
+    }
+    try {
+      open_peft_folder(dir, tiny("llama"), plan, nn::LoraSpec{2, 4.f, false, 0.f});
+      ADD_FAILURE() << module << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
     }
   }
   std::filesystem::remove_all(dir);
