@@ -15,7 +15,7 @@ void register_eval(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "eval", "Score a language model: perplexity on prepared data sets, accuracy on multiple-choice JSONL");
   struct Args {
-    std::string model, split = "val", json, device = "cpu";
+    std::string model, split = "val", json, device = "cpu", lora_base;
     std::vector<std::string> data, mc;
     int seq_len = 0, micro_batch = 4;
     int64_t max_samples = 0;
@@ -32,12 +32,14 @@ void register_eval(CLI::App& app) {
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   cmd->add_option("--mc", a->mc, "Multiple-choice JSONL files ({\"context\", \"choices\", \"label\"}; repeatable)");
   cmd->add_option("--json", a->json, "Also write the results as JSON to this file");
+  cmd->add_option("--lora-base", a->lora_base,
+                  "A LoRA checkpoint's base where it is now (default: where it was trained)");
   cmd->add_option("--device", a->device, "Where to run (as train.device): cpu or cuda")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->callback([a] {
     KILN_CHECK(!a->data.empty() || !a->mc.empty(), "eval: nothing to score (give --data and/or --mc)");
     auto backend = make_device_backend(a->device);
-    ScoringModel s = load_scoring_model(a->model, *backend);
+    ScoringModel s = load_scoring_model(a->model, *backend, a->lora_base);
     const int context = as_language_model(*s.model, "eval").max_positions();
     nlohmann::json out = {{"model", a->model}, {"perplexity", nlohmann::json::array()},
                           {"multiple_choice", nlohmann::json::array()}};

@@ -42,7 +42,7 @@ void register_export(CLI::App& app) {
       "export", "Write a checkpoint's weights as a Hugging Face model folder, an llm.c .bin, a "
                 "Hugging Face .safetensors, or a LoRA checkpoint's adapters as a PEFT folder");
   struct Args {
-    std::string checkpoint, format, out, dtype, shard_size = "5GB";
+    std::string checkpoint, format, out, dtype, shard_size = "5GB", lora_base;
     bool merge_lora = false;
   };
   auto a = std::make_shared<Args>();
@@ -57,6 +57,9 @@ void register_export(CLI::App& app) {
   cmd->add_option("--out", a->out, "Output folder (hf) or file")->required();
   cmd->add_option("--dtype", a->dtype, "hf: fp32 | bf16 | fp16 (default: the checkpoint's)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  cmd->add_option("--lora-base", a->lora_base,
+                  "--merge-lora: the LoRA checkpoint's base where it is now (default: where it "
+                  "was trained)");
   cmd->add_option("--shard-size", a->shard_size,
                   "hf: most bytes of tensor data per shard (default 5GB)");
   cmd->callback([a] {
@@ -67,6 +70,8 @@ void register_export(CLI::App& app) {
     KILN_CHECK(!a->merge_lora || a->format == "hf", "--merge-lora is an option of --format hf");
     o.dtype = a->dtype;
     o.shard_bytes = parse_size(a->shard_size);
+    KILN_CHECK(a->lora_base.empty() || a->merge_lora, "--lora-base is an option of --merge-lora");
+    o.lora_base = a->lora_base;
     if (a->format == "peft" || a->merge_lora) {  // a LoRA checkpoint: docs/lora.md
       const checkpoint::CheckpointReader reader(a->checkpoint);
       auto backend = make_device_backend("cpu");

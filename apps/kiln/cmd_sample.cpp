@@ -15,7 +15,7 @@ namespace kiln::app {
 void register_sample(CLI::App& app) {
   auto* cmd = app.add_subcommand("sample", "Generate text from a checkpoint (KV cache)");
   struct Args {
-    std::string checkpoint, prompt, device = "cpu";
+    std::string checkpoint, prompt, device = "cpu", lora_base;
     SampleOptions o;
   };
   auto a = std::make_shared<Args>();
@@ -23,6 +23,8 @@ void register_sample(CLI::App& app) {
   cmd->add_option("--checkpoint", a->checkpoint, "A checkpoint directory (ckpt/step_XXXXXXXX)")
       ->required();
   cmd->add_option("--prompt", a->prompt, "Text to continue (default: start of a document)");
+  cmd->add_option("--lora-base", a->lora_base,
+                  "A LoRA checkpoint's base where it is now (default: where it was trained)");
   cmd->add_option("--device", a->device, "Where to run (as train.device): cpu or cuda")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--max-new-tokens", a->o.max_new_tokens, "Tokens to generate")
@@ -45,7 +47,7 @@ void register_sample(CLI::App& app) {
                arch.takes_images ? "an image model" : "not a language model");
     auto backend = make_device_backend(a->device);
     // A LoRA checkpoint: its adapters on their base, unmerged (model_io/lora_io.h).
-    const CheckpointModel loaded = load_checkpoint_model(reader, *backend);
+    const CheckpointModel loaded = load_checkpoint_model(reader, *backend, false, a->lora_base);
     Model& model = *loaded.model;
     const LanguageModel& lm = as_language_model(model, a->checkpoint);
     const auto tok = load_checkpoint_tokenizer(reader);

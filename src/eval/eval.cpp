@@ -19,9 +19,12 @@ namespace kiln {
 
 namespace fs = std::filesystem;
 
-ScoringModel load_scoring_model(const fs::path& path, Backend& backend) {
+ScoringModel load_scoring_model(const fs::path& path, Backend& backend,
+                                const std::string& lora_base) {
   KILN_CHECK(fs::is_directory(path), "{}: not a checkpoint directory or a Hugging Face folder", path.string());
   ScoringModel s;
+  KILN_CHECK(lora_base.empty() || !is_hf_folder(path), "{}: a Hugging Face folder: --lora-base "
+             "applies to a LoRA checkpoint", path.string());
   if (is_hf_folder(path)) {
     const ModelOptions options = hf_folder_options(path);
     s.model = make_model(options, backend);
@@ -29,7 +32,7 @@ ScoringModel load_scoring_model(const fs::path& path, Backend& backend) {
     if (fs::exists(path / "tokenizer.json")) s.tokenizer = data::load_hf_tokenizer(path / "tokenizer.json");
   } else {
     checkpoint::CheckpointReader reader(path);
-    CheckpointModel m = load_checkpoint_model(reader, backend);  // a LoRA one: base + adapters
+    CheckpointModel m = load_checkpoint_model(reader, backend, false, lora_base);  // LoRA: base + adapters
     s.lora = std::move(m.lora);
     s.model = std::move(m.model);
     s.tokenizer = load_checkpoint_tokenizer(reader);

@@ -37,9 +37,11 @@ struct ScoringModel {
 
 /// The model at `path`: a kiln checkpoint directory (its tokenizer too) or a Hugging Face
 /// folder (config.json, safetensors; its tokenizer.json when present), on `backend`, in
-/// fp32 with dropout off. Throws kiln::Error naming the path when it is neither, holds no
-/// language model, or its weights are missing or corrupt.
-ScoringModel load_scoring_model(const std::filesystem::path& path, Backend& backend);
+/// fp32 with dropout off; `lora_base`: a LoRA checkpoint's base moved (load_lora_base).
+/// Throws kiln::Error naming the path when it is neither, holds no language model, or its
+/// weights are missing or corrupt.
+ScoringModel load_scoring_model(const std::filesystem::path& path, Backend& backend,
+                                const std::string& lora_base = "");
 
 struct PerplexityResult {
   std::string data, split;

@@ -55,21 +55,26 @@ std::unique_ptr<LoraPlan> checkpoint_lora_plan(const checkpoint::CheckpointReade
   }
 }
 
-void load_lora_base(const checkpoint::CheckpointReader& reader, Model& model) {
+void load_lora_base(const checkpoint::CheckpointReader& reader, Model& model,
+                    const std::string& moved_to) {
   const std::string dir = reader.dir().string();
   const nlohmann::json base = lora_state(reader)->value("base", nlohmann::json::object());
   if (base.contains("seed")) {  // a random base: the model's own initial values
+    KILN_CHECK(moved_to.empty(), "{}: its LoRA base is the random model of seed {} (no "
+               "model.init_from): --lora-base does not apply", dir, base.at("seed").dump());
     model.init_weights(base.at("seed").get<uint64_t>());
     return;
   }
-  const std::string path = base.value("path", "");
+  const std::string path = moved_to.empty() ? base.value("path", "") : moved_to;
   KILN_CHECK(!path.empty() && fs::exists(path), "{}: its LoRA base '{}' does not exist: the "
-             "adapters need the weights they were trained on", dir, path);
+             "adapters need the weights they were trained on{}", dir, path,
+             moved_to.empty() ? " (moved? point --lora-base at them)" : "");
   const nlohmann::json now = weights_identity(path);
   KILN_CHECK(now.at("crc32") == base.value("crc32", ""), "{}: its adapters were trained on {} "
-             "(crc32 {}), whose weights have changed since (crc32 {}: {})", dir, path,
-             base.value("crc32", ""), now.at("crc32").get<std::string>(),
-             weights_difference(base, now));
+             "(crc32 {}), {} (crc32 {}: {})", dir, base.value("path", ""), base.value("crc32", ""),
+             moved_to.empty() ? "whose weights have changed since"
+                              : "and --lora-base " + moved_to + " holds other weights",
+             now.at("crc32").get<std::string>(), weights_difference(base, now));
   std::vector<ParamSpec> specs;
   for (const ParamSpec& p : model.params())
     if (!p.adapter) specs.push_back(p);
@@ -83,13 +88,16 @@ void load_lora_base(const checkpoint::CheckpointReader& reader, Model& model) {
 }
 
 CheckpointModel load_checkpoint_model(const checkpoint::CheckpointReader& reader,
-                                      Backend& backend, bool use_ema) {
+                                      Backend& backend, bool use_ema,
+                                      const std::string& lora_base) {
   CheckpointModel m;
   m.lora = checkpoint_lora_plan(reader);
+  KILN_CHECK(m.lora || lora_base.empty(), "{}: holds no LoRA adapters: --lora-base applies to "
+             "a LoRA checkpoint", reader.dir().string());
   ModelStorage storage;
   if (m.lora) storage.plans = {m.lora.get()};
   m.model = make_model(checkpoint_model_options(reader), backend, storage);
-  load_model_weights(reader, *m.model, use_ema);
+  load_model_weights(reader, *m.model, use_ema, lora_base);
   return m;
 }
 
@@ -364,7 +372,7 @@ void export_peft_folder(const checkpoint::CheckpointReader& reader, Backend& bac
 
 void export_merged_hf_folder(const checkpoint::CheckpointReader& reader, Backend& backend,
                              const ExportOptions& options, const fs::path& out) {
-  const CheckpointModel m = load_checkpoint_model(reader, backend);
+  const CheckpointModel m = load_checkpoint_model(reader, backend, false, options.lora_base);
   KILN_CHECK(m.lora, "{}: holds no LoRA adapters: --merge-lora merges a LoRA checkpoint's "
              "adapters (export this one without it)", reader.dir().string());
   const std::map<std::string, std::vector<float>> merged = merged_lora_weights(*m.model, *m.lora);

@@ -34,10 +34,12 @@ bool is_lora_checkpoint(const checkpoint::CheckpointReader& reader);
 std::unique_ptr<LoraPlan> checkpoint_lora_plan(const checkpoint::CheckpointReader& reader);
 
 /// A LoRA checkpoint's frozen base into `model`'s parameters that are not adapters: its
-/// model.init_from again, whose files' crc32 must be the one the checkpoint records, or
-/// the random model of its seed. Throws kiln::Error naming the checkpoint and the base
-/// when the base is missing or has changed.
-void load_lora_base(const checkpoint::CheckpointReader& reader, Model& model);
+/// model.init_from again (or `moved_to`, the same weights elsewhere: the commands'
+/// --lora-base), whose files' crc32 must be the one the checkpoint records, or the random
+/// model of its seed. Throws kiln::Error naming the checkpoint and the base when the base
+/// is missing or has changed, or when `moved_to` is given for a random base.
+void load_lora_base(const checkpoint::CheckpointReader& reader, Model& model,
+                    const std::string& moved_to = "");
 
 /// A checkpoint's model, built with its adapters when it holds some (the plan outlives the
 /// model: the adapters point into it) and loaded (load_model_weights).
@@ -45,8 +47,10 @@ struct CheckpointModel {
   std::unique_ptr<LoraPlan> lora;
   std::unique_ptr<Model> model;
 };
+/// `lora_base`: load_lora_base's `moved_to`.
 CheckpointModel load_checkpoint_model(const checkpoint::CheckpointReader& reader,
-                                      Backend& backend, bool use_ema = false);
+                                      Backend& backend, bool use_ema = false,
+                                      const std::string& lora_base = "");
 
 /// The Hugging Face PEFT modules of each adapted unit (above), by unit name: one, or one
 /// per expert in expert order (LoraUnit::experts). Throws kiln::Error naming the unit when
@@ -62,7 +66,8 @@ void export_peft_folder(const checkpoint::CheckpointReader& reader, Backend& bac
 
 /// Writes a LoRA checkpoint's model with its adapters merged (merged_lora_weights) as a
 /// Hugging Face folder, as export_checkpoint writes one ("hf": `options`' dtype, default
-/// the checkpoint's, and shard size); the model is built on `backend`, one process.
+/// the checkpoint's, and shard size; its lora_base the base's new place); the model is
+/// built on `backend`, one process.
 void export_merged_hf_folder(const checkpoint::CheckpointReader& reader, Backend& backend,
                              const ExportOptions& options, const std::filesystem::path& out);
 

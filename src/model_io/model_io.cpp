@@ -106,7 +106,8 @@ bool checkpoint_has_ema(const checkpoint::CheckpointReader& reader) {
   return false;
 }
 
-void load_model_weights(const checkpoint::CheckpointReader& reader, Model& model, bool use_ema) {
+void load_model_weights(const checkpoint::CheckpointReader& reader, Model& model, bool use_ema,
+                        const std::string& lora_base) {
   KILN_CHECK(!use_ema || checkpoint_has_ema(reader),
              "{}: the checkpoint holds no moving average of the weights (no 'ema.' tensors: it "
              "was trained with train.ema_decay = 0)", reader.dir().string());
@@ -119,7 +120,7 @@ void load_model_weights(const checkpoint::CheckpointReader& reader, Model& model
                "{}: a LoRA checkpoint (adapters on a base) read into a model without adapters: "
                "build it with load_checkpoint_model, or export the merged model (kiln export "
                "--format hf --merge-lora)", reader.dir().string());
-    load_lora_base(reader, model);
+    load_lora_base(reader, model, lora_base);
   }
   std::vector<float> buf;
   for (const ParamSpec& p : model.params()) {

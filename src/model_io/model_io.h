@@ -88,7 +88,8 @@ bool checkpoint_has_ema(const checkpoint::CheckpointReader& reader);
 /// Throws kiln::Error naming the checkpoint directory when use_ema and the checkpoint has
 /// no EMA (trained with train.ema_decay = 0), or when a tensor is missing or its global
 /// shape differs from the model's. The model's buffers too (load_model_buffers).
-void load_model_weights(const checkpoint::CheckpointReader& reader, Model& model, bool use_ema);
+void load_model_weights(const checkpoint::CheckpointReader& reader, Model& model, bool use_ema,
+                        const std::string& lora_base = "");
 
 /// A model's initial parameters (model.init_from), read piecewise: each rank reads the
 /// element ranges it holds, one tensor at a time.
@@ -138,6 +139,7 @@ struct ExportOptions {
   /// them, else fp32), or "fp32" | "bf16" | "fp16".
   std::string dtype;
   uint64_t shard_bytes = 5'000'000'000;  // "hf": most tensor bytes per shard (transformers' 5GB)
+  std::string lora_base;  // --merge-lora: the LoRA base's new place ("": where it was trained)
 };
 
 /// Writes the model weights of a kiln checkpoint atomically: as a Hugging Face folder

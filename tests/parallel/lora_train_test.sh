@@ -19,7 +19,9 @@
 #      update too small to change a bit gives the same file byte for byte; `--format hf
 #      --merge-lora` gives a folder whose val loss (kiln eval) is the LoRA checkpoint's
 #      within 1e-5; `kiln sample` runs on base plus adapters;
-#   6. one-line errors: resuming on another base or without train.lora, a target that
+#   6. a moved base: sample, eval and --merge-lora find it with --lora-base (the same merge
+#      and loss; without it, or pointing at another base, one line says so);
+#   7. one-line errors: resuming on another base or without train.lora, a target that
 #      matches nothing, LoRA keys
 #      without a rank, train.freeze with LoRA, exporting a LoRA checkpoint as a plain
 #      folder, PEFT from a checkpoint without adapters.
@@ -190,11 +192,31 @@ fails plain_export "--format peft" "$kiln" export --checkpoint "$ck" --format hf
 fails no_adapters "holds no LoRA adapters" \
   "$kiln" export --checkpoint "$work/base/ckpt/step_00000060" --format peft --out "$work/none"
 
+# A moved base: the commands find it through --lora-base (its crc32 still checked).
+mv "$work/base_hf" "$work/base_moved"
+fails moved "point --lora-base at them" "$kiln" sample --checkpoint "$ck" --max-new-tokens 2
+succeeds sample_moved "$kiln" sample --checkpoint "$ck" --max-new-tokens 2 --lora-base "$work/base_moved"
+succeeds eval_moved "$kiln" eval --model "$ck" --data "$work/ft_data" --json "$work/eval_moved.json" \
+  --lora-base "$work/base_moved"
+succeeds merged_moved "$kiln" export --checkpoint "$ck" --format hf --merge-lora \
+  --out "$work/merged_moved" --lora-base "$work/base_moved"
+cmp "$work/merged/model.safetensors" "$work/merged_moved/model.safetensors" ||
+  { echo "FAILED: the merge from the moved base differs"; exit 1; }
+"$py" - "$work/eval_step_00000020.json" "$work/eval_moved.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p))["perplexity"][0]["loss"] for p in sys.argv[1:])
+assert a == b, f"eval from the moved base {b}, from where it was {a}"
+PY
+mv "$work/base_moved" "$work/base_hf"
+echo "LoRA moved base: sample, eval and --merge-lora with --lora-base (the same merge and loss)"
+
 # Another base: the base run trained one update more.
 run_train "$work/tiny.toml" base2 1 "${llama[@]}" --set train.steps=61 --set optim.lr=1e-2 \
   --set checkpoint.every=61
 "$kiln" export --checkpoint "$work/base2/ckpt/step_00000061" --format hf --out "$work/base2_hf" \
   > "$work/base2_export.log" 2>&1 || { echo "FAILED: export"; cat "$work/base2_export.log"; exit 1; }
+fails other_moved "holds other weights" "$kiln" sample --checkpoint "$ck" --max-new-tokens 2 \
+  --lora-base "$work/base2_hf"
 cp -r "$work/resume" "$work/other_base"
 fails other_base "its adapters were trained on" \
   "$kiln" train "$work/tiny.toml" --set "run.dir=$work/other_base" "${lora[@]}" \
