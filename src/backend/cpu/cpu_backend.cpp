@@ -282,11 +282,7 @@ class CpuBackend final : public Backend {
       using D = decltype(x);
       cpu::dispatch_float(src.dtype(), "copy_columns", [&](auto y) {
         using S = decltype(y);
-        D* o = p<D>(dst);
-        const S* in = p<S>(src);
-#pragma omp parallel for schedule(static)
-        for (int64_t n = 0; n < d.N; ++n)
-          cpu::convert(o + n * d.Wd + dst_col, in + n * d.Ws + src_col, ncols);
+        cpu::copy_columns(p<D>(dst) + dst_col, d.Wd, p<S>(src) + src_col, d.Ws, d.N, ncols);
       });
     });
   }

@@ -167,6 +167,19 @@ void convert(D* dst, const S* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = store<D>(load(src[i]));
 }
 
+template <class D, class S>
+void copy_columns(D* dst, int64_t Wd, const S* src, int64_t Ws, int64_t N, int64_t ncols) {
+  // One parallel region over the rows (not convert()'s per row: a region entered N times
+  // costs more than the copy at LoRA's widths).
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    D* o = dst + n * Wd;
+    const S* x = src + n * Ws;
+#pragma omp simd
+    for (int64_t j = 0; j < ncols; ++j) o[j] = store<D>(load(x[j]));
+  }
+}
+
 template <class T>
 double sum_squares(const T* x, int64_t n) {
   // Fixed chunks summed in chunk order: the result does not depend on the thread count
@@ -204,7 +217,10 @@ double sum_squares(const T* x, int64_t n) {
   template double sum_squares<T>(const T*, int64_t);                      \
   template void convert<T, float>(T*, const float*, int64_t);             \
   template void convert<T, bf16>(T*, const bf16*, int64_t);               \
-  template void convert<T, f16>(T*, const f16*, int64_t);
+  template void convert<T, f16>(T*, const f16*, int64_t);               \
+  template void copy_columns<T, float>(T*, int64_t, const float*, int64_t, int64_t, int64_t); \
+  template void copy_columns<T, bf16>(T*, int64_t, const bf16*, int64_t, int64_t, int64_t);   \
+  template void copy_columns<T, f16>(T*, int64_t, const f16*, int64_t, int64_t, int64_t);
 KILN_CPU_FOR_EACH_T(INST_T)
 
 }  // namespace kiln::cpu

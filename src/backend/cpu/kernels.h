@@ -127,6 +127,10 @@ void stochastic_round_bf16(bf16* dst, const float* src, int64_t n, uint64_t seed
 /// dst = src converted (round to nearest even).
 template <class D, class S>
 void convert(D* dst, const S* src, int64_t n);
+/// dst[n * Wd + j] = src[n * Ws + j] converted, for n < N and j < ncols (Backend::
+/// copy_columns: dst and src already offset to their first column); rows in parallel.
+template <class D, class S>
+void copy_columns(D* dst, int64_t Wd, const S* src, int64_t Ws, int64_t N, int64_t ncols);
 
 /// Vocab-parallel cross-entropy (Backend::cross_entropy_shard_stats / _backward).
 template <class T>
