@@ -37,24 +37,6 @@ const Role* find_role(const std::string& target) {
   return nullptr;
 }
 
-// What a Linear and a MoE layer's experts (nn::ExpertLora) share as adapter hosts, for
-// LoraPlan::adapt: the unit's cuts come from the Linear itself, or from the experts' weight.
-void add_adapter(nn::Linear& host, int piece, const nn::LoraSpec& spec) {
-  host.add_lora(piece, spec);
-}
-struct Experts {
-  nn::ExpertLora& lora;
-  const nn::Param& weight;
-  std::string name() const { return lora.name(); }
-  const std::vector<nn::LinearPiece>& pieces() const { return lora.pieces(); }
-  std::vector<nn::LoraAdapter>& lora_adapters() { return lora.lora(); }
-};
-void add_adapter(Experts& host, int piece, const nn::LoraSpec& spec) {
-  host.lora.add_lora(piece, spec, host.weight);
-}
-std::vector<nn::LoraAdapter>& adapters_of(nn::Linear& host) { return host.lora(); }
-std::vector<nn::LoraAdapter>& adapters_of(Experts& host) { return host.lora_adapters(); }
-
 void check_dropout(const LoraOptions& o, const nn::Linear& linear, const std::string& unit) {
   const nn::TpPlacement& place = linear.placement();
   KILN_CHECK(o.spec.dropout == 0.f || !place.active() || place.style != nn::TpStyle::Row,
@@ -62,7 +44,7 @@ void check_dropout(const LoraOptions& o, const nn::Linear& linear, const std::st
              "parallelism, is not supported (its input is split in columns)", o.source,
              o.spec.dropout, unit);
 }
-void check_dropout(const LoraOptions& o, const Experts&, const std::string& unit) {
+void check_dropout(const LoraOptions& o, const nn::ExpertLora&, const std::string& unit) {
   KILN_CHECK(o.spec.dropout == 0.f, "{}: train.lora.dropout = {} on {}, a mixture-of-experts "
              "layer's experts, is not supported (set it to 0, or leave the experts out of "
              "train.lora.targets)", o.source, o.spec.dropout, unit);
@@ -77,8 +59,9 @@ struct Adapting {
   std::vector<int> matched;
   uint64_t stream = kLoraDropoutStreams;
 
-  // Adds the adapters the targets choose on `host`, a block's Linear or experts of `role`
-  // (experts: their count, 0 for a Linear).
+  // Adds the adapters the targets choose on `host` of `role`: a block's nn::Linear, or a MoE
+  // layer's experts' projection (nn::ExpertLora; `experts` their count, 0 for a Linear),
+  // which name their units and take adapters alike.
   template <class Host>
   void adapt(Host& host, const std::string& role, int64_t experts) {
     const std::vector<std::string>& targets = options.targets;
@@ -95,15 +78,15 @@ struct Adapting {
         if (hit) chosen = true, ++matched[k];
       }
       if (!chosen) continue;
-      for (const nn::LoraAdapter& a : adapters_of(host))  // whole and a piece: one line naming both
+      for (const nn::LoraAdapter& a : host.lora())  // whole and a piece: one line naming both
         KILN_CHECK(a.piece >= 0 && piece >= 0, "{}: train.lora.targets choose both {} and {}: "
                    "a Linear takes adapters whole or on its pieces, not both (a glob that "
                    "matches the whole, as '*.experts.*' does, matches its pieces too: name "
                    "the pieces, '*.gate_up_proj.*', or use the roles)", options.source,
                    a.name, unit);
       check_dropout(options, host, unit);
-      add_adapter(host, piece, options.spec);
-      nn::LoraAdapter& a = adapters_of(host).back();
+      host.add_lora(piece, options.spec);
+      nn::LoraAdapter& a = host.lora().back();
       a.dropout = dropout;
       a.dropout_stream = stream++;
       adapted.push_back(unit);
@@ -142,10 +125,8 @@ void LoraPlan::apply(const LayerRoles& layers) const {
     for (const auto& [role, linear] : block->linears()) run.adapt(*linear, role, 0);
     nn::MoeMlp* moe = block->moe();
     if (!moe) continue;
-    for (const auto& [role, experts, weight] : moe->expert_projections()) {
-      Experts host{*experts, *weight};
-      run.adapt(host, role, experts->experts());
-    }
+    for (const auto& [role, experts] : moe->expert_projections())
+      run.adapt(*experts, role, experts->experts());
     for (const auto& [role, linear] : moe->shared_linears()) run.adapt(*linear, role, 0);
   }
   const std::vector<int>& matched = run.matched;

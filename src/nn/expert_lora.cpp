@@ -22,7 +22,7 @@ ExpertLora::ExpertLora(std::string name, int64_t E, int64_t O, int64_t I,
                        std::vector<LinearPiece> pieces)
     : name_(std::move(name)), E_(E), O_(O), I_(I), pieces_(std::move(pieces)) {}
 
-void ExpertLora::add_lora(int piece, const LoraSpec& spec, const Param& weight) {
+void ExpertLora::add_lora(int piece, const LoraSpec& spec) {
   LoraAdapter a = new_lora_adapter(name_, pieces_, O_, piece, spec, lora_);
   const std::string& unit = a.name;
   // PEFT's init of each expert's own module: A_e U(-1/sqrt(I), 1/sqrt(I)), B_e zero.
@@ -30,35 +30,38 @@ void ExpertLora::add_lora(int piece, const LoraSpec& spec, const Param& weight) 
               Init::uniform(static_cast<float>(1.0 / std::sqrt(static_cast<double>(I_)))), true);
   a.B = Param(unit + ".lora_B.weight", Shape{E_, a.rows, spec.rank}, Init::zeros(), true);
   a.A.adapter = a.B.adapter = true;
+  slice_adapter(a);
   lora_.push_back(std::move(a));
-  slice(weight);
 }
 
-void ExpertLora::slice(const Param& weight) {
-  const ParamSlice& w = weight.slice;
+void ExpertLora::slice(const ParamSlice& weight) {
+  weight_ = weight;
+  for (LoraAdapter& a : lora_) slice_adapter(a);
+}
+
+void ExpertLora::slice_adapter(LoraAdapter& a) const {
+  const ParamSlice& w = weight_;
   const bool column = w.tp_sharded() && w.dim == 1;  // the output rows cut (gate_up)
   const bool row = w.tp_sharded() && w.dim == 2;     // the input columns cut (down)
-  tp_parts_ = column ? w.parts : 1;
-  for (LoraAdapter& a : lora_) {
-    // A whole piece spanning the fused output splits each piece apart, as the weight.
-    std::vector<int64_t> pieces;
-    if (a.piece < 0)
-      for (const LinearPiece& p : pieces_) pieces.push_back(p.rows);
-    a.A.slice = row ? ParamSlice{2, {}, w.parts, w.index} : ParamSlice{};
-    a.B.slice = column ? ParamSlice{1, pieces, w.parts, w.index} : ParamSlice{};
-    for (Param* p : {&a.A, &a.B}) {
-      p->slice.ep_parts = w.ep_parts;
-      p->slice.ep_index = w.ep_index;
-      p->slice.check(p->shape, p->name);
-    }
-    a.A.tp_partial_grad = column;
-    a.B.tp_partial_grad = row;
+  // A whole piece spanning the fused output splits each piece apart, as the weight.
+  std::vector<int64_t> pieces;
+  if (a.piece < 0)
+    for (const LinearPiece& p : pieces_) pieces.push_back(p.rows);
+  a.A.slice = row ? ParamSlice{2, {}, w.parts, w.index} : ParamSlice{};
+  a.B.slice = column ? ParamSlice{1, pieces, w.parts, w.index} : ParamSlice{};
+  for (Param* p : {&a.A, &a.B}) {
+    p->slice.ep_parts = w.ep_parts;
+    p->slice.ep_index = w.ep_index;
+    p->slice.check(p->shape, p->name);
   }
+  a.A.tp_partial_grad = column;
+  a.B.tp_partial_grad = row;
 }
 
 std::pair<int64_t, int64_t> ExpertLora::columns(const LoraAdapter& a) const {
-  if (a.piece < 0) return {0, O_ / tp_parts_};
-  return {a.row0 / tp_parts_, a.rows / tp_parts_};  // each piece before it splits evenly
+  const int tp = output_parts();
+  if (a.piece < 0) return {0, O_ / tp};
+  return {a.row0 / tp, a.rows / tp};  // each piece before it splits evenly
 }
 
 void ExpertLora::forward(Backend& be, Stream s, const Tensor& out, const Tensor& inp,

@@ -35,11 +35,12 @@ class ExpertLora {
 
   /// Adds an adapter on piece `piece` (-1: the whole output), named <name>.<piece name> (or
   /// <name>), with parameters <unit>.lora_A.weight [E, r, I] and <unit>.lora_B.weight [E,
-  /// rows, r]; cut as `weight` is now. Throws kiln::Error naming the adapter as
-  /// Linear::add_lora does.
-  void add_lora(int piece, const LoraSpec& spec, const Param& weight);
-  /// Re-derives every adapter's cuts from the projection's weight (after a tp or ep cut).
-  void slice(const Param& weight);
+  /// rows, r], cut as the weight was at the last slice() (whole before any). Throws
+  /// kiln::Error naming the adapter as Linear::add_lora does.
+  void add_lora(int piece, const LoraSpec& spec);
+  /// Takes the cuts of the projection's weight (after a tp or ep cut of it) for every
+  /// adapter, those added later included.
+  void slice(const ParamSlice& weight);
 
   /// out [R, local O] += each adapter's scaled output on its columns, from inp [R, local I],
   /// the rows of each expert [offsets[e], offsets[e+1]) (offsets int32 [local E + 1]). With
@@ -64,11 +65,15 @@ class ExpertLora {
  private:
   /// Adapter `a`'s columns of this rank's output: [first, first + width).
   std::pair<int64_t, int64_t> columns(const LoraAdapter& a) const;
+  /// Sets `a`'s cuts from the weight's.
+  void slice_adapter(LoraAdapter& a) const;
+  /// The weight's tp cut of its output rows (gate_up, column-parallel): its parts, else 1.
+  int output_parts() const { return weight_.tp_sharded() && weight_.dim == 1 ? weight_.parts : 1; }
 
   std::string name_;
   int64_t E_, O_, I_;
   std::vector<LinearPiece> pieces_;
-  int tp_parts_ = 1;          // the weight's tp cut of its output rows (1: none)
+  ParamSlice weight_;  // the weight's cuts (slice())
   std::vector<LoraAdapter> lora_;
 };
 

@@ -255,7 +255,6 @@ DropoutSpec adapter_dropout(const LoraAdapter& a, int64_t in) {
   return d;
 }
 
-// dst = alpha * src ([N, w] each; dst fresh).
 }  // namespace
 
 std::pair<int64_t, int64_t> Linear::lora_columns(const LoraAdapter& a) const {

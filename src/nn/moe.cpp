@@ -59,8 +59,8 @@ void MoeMlp::shard(const MlpPlacement& placement) {
   }
   gate_up.slice.check(gate_up.shape, gate_up.name);
   down.slice.check(down.shape, down.name);
-  gate_up_lora.slice(gate_up);
-  down_lora.slice(down);
+  gate_up_lora.slice(gate_up.slice);
+  down_lora.slice(down.slice);
   if (shared_) shared_->shard(placement);
   placement_ = placement.fc;
 }
@@ -75,8 +75,8 @@ void MoeMlp::set_expert_parallel(EpGroup& group) {
     p->slice.ep_index = group.rank();
     p->slice.check(p->shape, p->name);
   }
-  gate_up_lora.slice(gate_up);
-  down_lora.slice(down);
+  gate_up_lora.slice(gate_up.slice);
+  down_lora.slice(down.slice);
   ep_ = &group;
 }
 
@@ -373,8 +373,8 @@ void MoeMlp::collect(std::vector<Param*>& out) {
   if (shared_) shared_->collect(out);
 }
 
-std::vector<MoeMlp::RoleExperts> MoeMlp::expert_projections() {
-  return {{"mlp.fc", &gate_up_lora, &gate_up}, {"mlp.proj", &down_lora, &down}};
+std::vector<std::pair<const char*, ExpertLora*>> MoeMlp::expert_projections() {
+  return {{"mlp.fc", &gate_up_lora}, {"mlp.proj", &down_lora}};
 }
 
 std::vector<std::pair<const char*, Linear*>> MoeMlp::shared_linears() {

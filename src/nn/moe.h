@@ -208,12 +208,7 @@ class MoeMlp {
 
   /// The experts' projections that take LoRA adapters, by their role in a block's MLP
   /// (nn::TransformerBlock::linears): "mlp.fc" gate_up (pieces gate, up), "mlp.proj" down.
-  struct RoleExperts {
-    const char* role;
-    ExpertLora* experts;
-    const Param* weight;  // the projection's weight, whose cuts the adapters take
-  };
-  std::vector<RoleExperts> expert_projections();
+  std::vector<std::pair<const char*, ExpertLora*>> expert_projections();
   /// The shared experts' Linears by the same roles ("mlp.fc", "mlp.proj"); none without.
   std::vector<std::pair<const char*, Linear*>> shared_linears();
 

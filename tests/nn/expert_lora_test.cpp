@@ -106,8 +106,8 @@ void check_case(const Case& c, uint32_t seed) {
   LoraSpec spec{kR, 3.f, c.rslora, 0.f};
   const float scale = spec.scale();
   Bound lora(c), merged(c);
-  for (int p : c.gate_up_pieces) lora.layer.gate_up_lora.add_lora(p, spec, lora.layer.gate_up);
-  if (c.down) lora.layer.down_lora.add_lora(-1, spec, lora.layer.down);
+  for (int p : c.gate_up_pieces) lora.layer.gate_up_lora.add_lora(p, spec);
+  if (c.down) lora.layer.down_lora.add_lora(-1, spec);
   lora.layer.gate_up.trainable = lora.layer.down.trainable = false;  // the frozen base
   lora.bind(*be);
   merged.bind(*be);
@@ -195,8 +195,8 @@ TEST(ExpertLora, MatchesTheMergedExpertsInOutputAndEveryGradient) {
 TEST(ExpertLora, ShapesInitAndErrors) {
   MoeMlp layer("m.mlp", kC, spec_of(Case{}), 0.4f, 0.4f);
   const LoraSpec spec{4, 8.f, false, 0.f};
-  layer.gate_up_lora.add_lora(0, spec, layer.gate_up);
-  layer.down_lora.add_lora(-1, spec, layer.down);
+  layer.gate_up_lora.add_lora(0, spec);
+  layer.down_lora.add_lora(-1, spec);
   const LoraAdapter& g = layer.gate_up_lora.lora()[0];
   EXPECT_EQ(g.name, "m.mlp.experts.gate_up_proj.gate");
   EXPECT_EQ(g.A.shape, (Shape{kE, 4, kC}));
@@ -206,9 +206,9 @@ TEST(ExpertLora, ShapesInitAndErrors) {
   EXPECT_EQ(g.A.init.kind, Init::Kind::Uniform);
   EXPECT_FLOAT_EQ(g.A.init.std, static_cast<float>(1.0 / std::sqrt(double{kC})));
   EXPECT_EQ(g.B.init.kind, Init::Kind::Zeros);
-  EXPECT_THROW(layer.gate_up_lora.add_lora(-1, spec, layer.gate_up), Error);  // whole and gate
-  EXPECT_THROW(layer.gate_up_lora.add_lora(0, spec, layer.gate_up), Error);   // gate twice
-  EXPECT_THROW(layer.gate_up_lora.add_lora(2, spec, layer.gate_up), Error);   // no piece 2
+  EXPECT_THROW(layer.gate_up_lora.add_lora(-1, spec), Error);  // whole and gate
+  EXPECT_THROW(layer.gate_up_lora.add_lora(0, spec), Error);   // gate twice
+  EXPECT_THROW(layer.gate_up_lora.add_lora(2, spec), Error);   // no piece 2
   std::vector<Param*> params;
   layer.collect(params);
   EXPECT_EQ(params.size(), 7u);  // router, gate_up, down, 2 adapters' A and B
