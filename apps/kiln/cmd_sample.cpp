@@ -3,7 +3,7 @@
 #include "core/error.h"
 #include "models/registry.h"
 #include "train/device.h"
-#include "model_io/lora_io.h"
+#include "eval/eval.h"
 #include "model_io/model_io.h"
 #include "models/hf_formats.h"
 #include "sampling/sampler.h"
@@ -13,14 +13,16 @@
 namespace kiln::app {
 
 void register_sample(CLI::App& app) {
-  auto* cmd = app.add_subcommand("sample", "Generate text from a checkpoint (KV cache)");
+  auto* cmd = app.add_subcommand(
+      "sample", "Generate text from a checkpoint or a Hugging Face folder (KV cache)");
   struct Args {
     std::string checkpoint, prompt, device = "cpu", lora_base;
     SampleOptions o;
   };
   auto a = std::make_shared<Args>();
   a->o.max_new_tokens = 200;
-  cmd->add_option("--checkpoint", a->checkpoint, "A checkpoint directory (ckpt/step_XXXXXXXX)")
+  cmd->add_option("--checkpoint", a->checkpoint,
+                  "A checkpoint directory (ckpt/step_XXXXXXXX) or a Hugging Face folder")
       ->required();
   cmd->add_option("--prompt", a->prompt, "Text to continue (default: start of a document)");
   cmd->add_option("--lora-base", a->lora_base,
@@ -35,22 +37,23 @@ void register_sample(CLI::App& app) {
       ->check(CLI::Range(0, 1 << 30));
   cmd->add_option("--seed", a->o.seed, "Random seed: same seed, same text");
   cmd->callback([a] {
-    KILN_CHECK(!is_hf_folder(a->checkpoint), "{}: a Hugging Face folder: kiln sample reads kiln "
-               "checkpoints (kiln eval reads both; train from it with model.init_from)",
-               a->checkpoint);
-    checkpoint::CheckpointReader reader(a->checkpoint);
-    const ModelOptions options = checkpoint_model_options(reader);
-    const ModelArch arch = model_arch(options.arch);
-    KILN_CHECK(arch.decodes, "{}: a {} checkpoint, {}: kiln sample generates text (kiln "
-               "sample-images samples an image generator, kiln classify scores an image "
-               "classifier)", a->checkpoint, options.arch,
-               arch.takes_images ? "an image model" : "not a language model");
+    if (!is_hf_folder(a->checkpoint)) {
+      const ModelOptions options = checkpoint_model_options(checkpoint::CheckpointReader(a->checkpoint));
+      const ModelArch arch = model_arch(options.arch);
+      KILN_CHECK(arch.decodes, "{}: a {} checkpoint, {}: kiln sample generates text (kiln "
+                 "sample-images samples an image generator, kiln classify scores an image "
+                 "classifier)", a->checkpoint, options.arch,
+                 arch.takes_images ? "an image model" : "not a language model");
+    }
     auto backend = make_device_backend(a->device);
-    // A LoRA checkpoint: its adapters on their base, unmerged (model_io/lora_io.h).
-    const CheckpointModel loaded = load_checkpoint_model(reader, *backend, false, a->lora_base);
+    // A checkpoint (a LoRA one: its adapters on their base, unmerged, model_io/lora_io.h)
+    // or a Hugging Face folder, as kiln eval reads them.
+    const ScoringModel loaded = load_scoring_model(a->checkpoint, *backend, a->lora_base);
     Model& model = *loaded.model;
     const LanguageModel& lm = as_language_model(model, a->checkpoint);
-    const auto tok = load_checkpoint_tokenizer(reader);
+    KILN_CHECK(loaded.tokenizer, "{}: a Hugging Face folder without tokenizer.json: kiln sample "
+               "needs its tokenizer", a->checkpoint);
+    const data::Tokenizer* tok = loaded.tokenizer.get();
     std::vector<int32_t> prompt{tok->eot_id()};
     if (!a->prompt.empty()) {
       const auto ids = tok->encode(a->prompt);

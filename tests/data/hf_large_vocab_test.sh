@@ -108,4 +108,9 @@ assert (tcfg["bos_token"], tcfg["eos_token"]) == ("<|begin_of_text|>", "<|end_of
 assert cfg["vocab_size"] == 128256, cfg["vocab_size"]
 print("exported: tokenizer.json byte for byte, bos 128000, eos 128001")
 PY
+# kiln sample reads the folder as the checkpoint: the same text.
+out_hf=$("$kiln" sample --checkpoint "$work/hf" --prompt "In the beginning" --max-new-tokens 12 \
+  --top-k 5 --seed 3)
+[ "$out_hf" = "$out" ] || { echo "FAILED: sample from the folder: '$out_hf', not '$out'"; exit 1; }
+echo "sample from the Hugging Face folder: the checkpoint's text"
 echo "hf_large_vocab_test: passed"

@@ -186,7 +186,7 @@ PY
 "$kiln" sample --checkpoint "$ck" --max-new-tokens 8 --seed 1 > "$work/sample.log" 2>&1 ||
   { echo "FAILED: sample"; cat "$work/sample.log"; exit 1; }
 echo "LoRA: kiln sample on base + adapters ran"
-fails sample_hf "a Hugging Face folder: kiln sample reads kiln checkpoints" \
+fails sample_hf "a Hugging Face folder without tokenizer.json" \
   "$kiln" sample --checkpoint "$work/merged" --max-new-tokens 2
 fails plain_export "--format peft" "$kiln" export --checkpoint "$ck" --format hf --out "$work/plain_hf"
 fails no_adapters "holds no LoRA adapters" \
