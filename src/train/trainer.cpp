@@ -47,6 +47,29 @@ void config_key_lines(const std::string& text, std::vector<std::string>& names,
     lines.push_back(line);
   }
 }
+
+// What a user of `lora`'s adapters on `model` would otherwise learn late: adapters PEFT has
+// no module for (a fused Linear Hugging Face splits), which `kiln export --format peft`
+// refuses; adapters whose rank exceeds min(in, out), whose update B A cannot use it all.
+void note_lora_adapters(const LoraPlan& lora, const Model& model, const ModelOptions& options) {
+  if (model_arch(options.arch).hf_layout) {
+    try {
+      peft_modules(options, lora.units());
+    } catch (const Error& e) {
+      fmt::print("kiln: note: {} (`kiln export --format peft` will refuse these adapters; "
+                 "--format hf --merge-lora writes them merged)\n", e.what());
+    }
+  }
+  std::vector<std::string> wide;
+  for (const LoraUnit& u : lora.units())
+    for (const ParamSpec& p : model.params())
+      if (p.name == u.name + ".lora_A.weight" && u.rank > std::min(p.shape[-1], u.rows))
+        wide.push_back(fmt::format("{} ({} in, {} out)", u.name, p.shape[-1], u.rows));
+  if (!wide.empty())
+    fmt::print("kiln: note: train.lora.rank = {} exceeds min(in, out) of {} adapter{} ({}{}): "
+               "their update B A has rank at most min(in, out)\n", lora.units()[0].rank,
+               wide.size(), wide.size() == 1 ? "" : "s", wide[0], wide.size() > 1 ? ", ..." : "");
+}
 }  // namespace
 
 std::vector<std::string> config_keys_that_differ(const std::string& toml_a,
@@ -229,16 +252,7 @@ void Trainer::print_start_up() const {
                config_.model.init_from.empty()
                               ? std::string(" (random: no model.init_from)")
                               : " from " + config_.model.init_from);
-    // Adapters PEFT has no module for (a fused Linear Hugging Face splits), said now rather
-    // than when `kiln export --format peft` refuses them.
-    if (model_arch(config_.model.arch).hf_layout) {
-      try {
-        peft_modules(model_options_from(config_), lora->units());
-      } catch (const Error& e) {
-        fmt::print("kiln: note: {} (`kiln export --format peft` will refuse these adapters; "
-                   "--format hf --merge-lora writes them merged)\n", e.what());
-      }
-    }
+    note_lora_adapters(*lora, one_step_->model(), model_options_from(config_));
   }
   if (const Fp8Plan* fp8 = one_step_->fp8_plan()) {
     const auto& on = fp8->chosen();  // never empty: the plan refuses a choice of none

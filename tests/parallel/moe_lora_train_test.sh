@@ -17,7 +17,8 @@
 #      reads back (exported again: byte for byte), and `--format hf
 #      --merge-lora` a Mixtral folder whose val loss (kiln eval) is the LoRA checkpoint's
 #      within 1e-5;
-#   5. a one-line error: dropout on the experts.
+#   5. start-up notes: adapters without a PEFT module (the experts' gate_up whole), a rank
+#      above min(in, out); a one-line error: dropout on the experts.
 # Usage: moe_lora_train_test.sh KILN_BINARY WORK_DIR [--long]
 set -euo pipefail
 kiln="$1"
@@ -133,6 +134,11 @@ train fc 1 "${mixtral[@]}" --set 'train.lora.targets=["fc"]' --set train.steps=1
 grep -q "kiln: note: LoRA adapter model.layers.0.mlp.experts.gate_up_proj: its rows are 2 Hugging Face modules" \
   "$work/fc.log" || { echo "FAILED: no PEFT note in fc.log"; grep -i lora "$work/fc.log"; exit 1; }
 echo "fc: $(grep -m1 "kiln: note: LoRA adapter" "$work/fc.log")"
+# A rank above the widths of v (16 rows) and of the experts (16): said at start-up.
+train wide 1 "${mixtral[@]}" --set train.lora.rank=20 --set train.steps=1
+grep -q "kiln: note: train.lora.rank = 20 exceeds min(in, out) of 12 adapters (model.layers.0.self_attn.qkv_proj.v (32 in, 16 out), ...)" \
+  "$work/wide.log" || { echo "FAILED: no rank note in wide.log"; grep -i "note" "$work/wide.log"; exit 1; }
+echo "wide: $(grep -m1 "exceeds min(in, out)" "$work/wide.log")"
 fails dropout "train.lora.dropout = 0.1 on model.layers.1.mlp.experts.gate_up_proj.gate" \
   "$kiln" train "$work/tiny.toml" --set "run.dir=$work/dropout" "${lora[@]}" \
   --set train.lora.dropout=0.1
