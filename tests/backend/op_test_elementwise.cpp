@@ -257,6 +257,35 @@ TEST_P(OpTest, AddColumns) {
 // add_columns refuses, with kiln::Error: dtypes that differ, row counts that differ, a
 // column range that leaves out, and src overlapping out (aliasing is not allowed: it
 // reads src while it writes out).
+// copy_columns between every pair of float dtypes, at awkward widths and column offsets:
+// each copied element the source's value rounded once to the destination's dtype (as
+// core's conversion), every other element of dst untouched.
+TEST_P(OpTest, CopyColumns) {
+  struct Widths { int64_t Wd, Ws, ncols; };
+  const DType dtypes[] = {DType::F32, DType::BF16, DType::F16};
+  for (DType dd : dtypes)
+    for (DType ds : dtypes)
+      for (int64_t N : {1, 7, 33})
+        for (const Widths w : {Widths{5, 9, 2}, Widths{19, 7, 7}, Widths{130, 96, 64},
+                               Widths{3, 40, 1}}) {
+          const int64_t dst_col = (w.Wd - w.ncols) / 2, src_col = w.Ws - w.ncols;
+          const std::string what =
+              std::string(dtype_name(ds)) + " -> " + std::string(dtype_name(dd)) + " " +
+              sizes({{"N", N}, {"Wd", w.Wd}, {"Ws", w.Ws}, {"ncols", w.ncols}});
+          std::vector<float> base = randn(N * w.Wd), src = randn(N * w.Ws, 3.f);
+          for (float& v : base) v = round_to(dd, v);
+          for (float& v : src) v = round_to(ds, v);
+          std::vector<float> want = base;
+          for (int64_t n = 0; n < N; ++n)
+            for (int64_t j = 0; j < w.ncols; ++j)
+              want[static_cast<size_t>(n * w.Wd + dst_col + j)] =
+                  round_to(dd, src[static_cast<size_t>(n * w.Ws + src_col + j)]);
+          Tensor dst = up(base, {N, w.Wd}, dd), from = up(src, {N, w.Ws}, ds);
+          be().copy_columns(st(), dst, from, dst_col, src_col, w.ncols);
+          EXPECT_TRUE(bitwise_equal("copy_columns", down(dst), want)) << what;
+        }
+}
+
 TEST_P(OpTest, AddColumnsBadArgumentsThrow) {
   Tensor out = upload(randn(4 * 6), {4, 6});
   EXPECT_THROW(be().add_columns(st(), out, up(randn(4 * 2), {4, 2}, DType::BF16), 0, 1.f), Error);
