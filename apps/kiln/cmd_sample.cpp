@@ -38,7 +38,8 @@ void register_sample(CLI::App& app) {
   cmd->add_option("--seed", a->o.seed, "Random seed: same seed, same text");
   cmd->callback([a] {
     if (!is_hf_folder(a->checkpoint)) {
-      const ModelOptions options = checkpoint_model_options(checkpoint::CheckpointReader(a->checkpoint));
+      const checkpoint::CheckpointReader reader(a->checkpoint);
+      const ModelOptions options = checkpoint_model_options(reader);
       const ModelArch arch = model_arch(options.arch);
       KILN_CHECK(arch.decodes, "{}: a {} checkpoint, {}: kiln sample generates text (kiln "
                  "sample-images samples an image generator, kiln classify scores an image "

@@ -30,6 +30,11 @@ std::unique_ptr<Model> shapes_only(const ModelOptions& options, Backend& backend
   return make_model(options, backend, storage);
 }
 
+// The module of a Hugging Face weight tensor: its name without ".weight".
+std::string module_of(const std::string& weight) {
+  return weight.substr(0, weight.size() - std::string(".weight").size());
+}
+
 std::string peft_tensor(const std::string& module, const char* which) {
   return "base_model.model." + module + "." + which + ".weight";
 }
@@ -131,7 +136,7 @@ std::map<std::string, std::vector<std::string>> peft_modules(const ModelOptions&
                  "adapts apart (train.lora.targets q, k, v or gate, up)", u.name, pieces_each);
       KILN_CHECK(piece->name.ends_with(".weight"), "{}: {} is not a module's weight", u.name,
                  piece->name);
-      out[u.name].push_back(piece->name.substr(0, piece->name.size() - std::string(".weight").size()));
+      out[u.name].push_back(module_of(piece->name));
     }
   }
   return out;
@@ -155,7 +160,7 @@ nlohmann::json target_modules(const std::map<std::string, std::vector<std::strin
   for (const HfParam& p : layout.params)
     for (const HfPiece& h : p.pieces) {
       if (!h.name.ends_with(".weight")) continue;
-      const std::string m = h.name.substr(0, h.name.size() - std::string(".weight").size());
+      const std::string m = module_of(h.name);
       if (short_names.count(last(m)) && !full.count(m)) every = false;
     }
   const std::set<std::string>& names = every ? short_names : full;
@@ -404,8 +409,7 @@ std::map<std::string, std::vector<float>> merged_lora_weights(const Model& model
     const std::vector<float> A = values(u.name + ".lora_A.weight"),
                              B = values(u.name + ".lora_B.weight");
     // Each expert e (one for a Linear): W_e [out, in], A_e [r, in], B_e [rows, r].
-    const int64_t E = std::max<int64_t>(u.experts, 1), r = u.rank;
-    const int64_t in = static_cast<int64_t>(A.size()) / (E * r);
+    const int64_t E = std::max<int64_t>(u.experts, 1), r = u.rank, in = u.in;
     const int64_t out_rows = static_cast<int64_t>(W.size()) / (E * in);
     for (int64_t e = 0; e < E; ++e) {
       const float* Ae = A.data() + e * r * in;

@@ -91,7 +91,7 @@ struct Adapting {
       a.dropout_stream = stream++;
       adapted.push_back(unit);
       units.push_back({unit, host.name(), piece, a.row0, a.rows, a.spec.rank, a.spec.scale(),
-                       experts});
+                       experts, a.A.shape[-1]});
     }
   }
 };

@@ -55,6 +55,7 @@ struct LoraUnit {
   float scale = 1.f;   // alpha / r, or alpha / sqrt(r)
   int64_t experts = 0; // a MoE layer's experts (A [E, r, in], B [E, rows, r], the rows
                        // those of each expert's [E, out, in] weight); 0: a Linear
+  int64_t in = 0;      // the adapted layer's input width (A's last dimension)
 };
 
 class LoraPlan final : public LayerPlan {

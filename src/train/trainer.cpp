@@ -48,10 +48,10 @@ void config_key_lines(const std::string& text, std::vector<std::string>& names,
   }
 }
 
-// What a user of `lora`'s adapters on `model` would otherwise learn late: adapters PEFT has
-// no module for (a fused Linear Hugging Face splits), which `kiln export --format peft`
-// refuses; adapters whose rank exceeds min(in, out), whose update B A cannot use it all.
-void note_lora_adapters(const LoraPlan& lora, const Model& model, const ModelOptions& options) {
+// What a user of `lora`'s adapters would otherwise learn late: adapters PEFT has no module
+// for (a fused Linear Hugging Face splits), which `kiln export --format peft` refuses;
+// adapters whose rank exceeds min(in, out), whose update B A cannot use it all.
+void note_lora_adapters(const LoraPlan& lora, const ModelOptions& options) {
   if (model_arch(options.arch).hf_layout) {
     try {
       peft_modules(options, lora.units());
@@ -62,9 +62,8 @@ void note_lora_adapters(const LoraPlan& lora, const Model& model, const ModelOpt
   }
   std::vector<std::string> wide;
   for (const LoraUnit& u : lora.units())
-    for (const ParamSpec& p : model.params())
-      if (p.name == u.name + ".lora_A.weight" && u.rank > std::min(p.shape[-1], u.rows))
-        wide.push_back(fmt::format("{} ({} in, {} out)", u.name, p.shape[-1], u.rows));
+    if (u.rank > std::min(u.in, u.rows))
+      wide.push_back(fmt::format("{} ({} in, {} out)", u.name, u.in, u.rows));
   if (!wide.empty())
     fmt::print("kiln: note: train.lora.rank = {} exceeds min(in, out) of {} adapter{} ({}{}): "
                "their update B A has rank at most min(in, out)\n", lora.units()[0].rank,
@@ -252,7 +251,7 @@ void Trainer::print_start_up() const {
                config_.model.init_from.empty()
                               ? std::string(" (random: no model.init_from)")
                               : " from " + config_.model.init_from);
-    note_lora_adapters(*lora, one_step_->model(), model_options_from(config_));
+    note_lora_adapters(*lora, model_options_from(config_));
   }
   if (const Fp8Plan* fp8 = one_step_->fp8_plan()) {
     const auto& on = fp8->chosen();  // never empty: the plan refuses a choice of none
