@@ -38,8 +38,8 @@ Region region_of(const nn::Param& prm) {
   return expert ? Region::Expert : Region::Dense;
 }
 
-// Appends part k's parameters of region `region` to `out` from `offset` (advanced past
-// them); returns whether it laid out a tied copy.
+// Appends part k's parameters of region `region` to `out` from `offset` in the region's
+// layout (trainable or frozen; advanced past them); returns whether it laid out a tied copy.
 bool place_params(const PartLayout& part, int k, const Owners& owner,
                   const std::vector<bool>& is_held, Region region, const ModelPart& mp,
                   int64_t& offset, FlatLayout& out) {
@@ -61,7 +61,6 @@ bool place_params(const PartLayout& part, int k, const Owners& owner,
     p.tied_copy = copy;
     p.trainable = region == Region::Dense || region == Region::Expert;
     p.adapter = prm->adapter;
-    p.frozen_before = mp.frozen_before;
     copies = copies || copy;
     offset += p.local_shape().numel();
     out.params.push_back(std::move(p));
@@ -93,7 +92,7 @@ FlatLayout lay_out(const std::vector<PartLayout>& parts, int64_t alignment,
         lends[static_cast<size_t>(o)] = true;
   auto align = [&](int64_t x) { return (x + alignment - 1) / alignment * alignment; };
   FlatLayout out;
-  int64_t offset = 0, frozen = 0;
+  int64_t offset = 0, frozen = 0;  // the ends of the trainable and frozen layouts so far
   for (int k = 0; k < n_parts; ++k) {
     if (!is_held[static_cast<size_t>(k)]) continue;
     const PartLayout& part = parts[static_cast<size_t>(k)];
@@ -103,29 +102,31 @@ FlatLayout lay_out(const std::vector<PartLayout>& parts, int64_t alignment,
     mp.name = part.name;
     mp.cost = part.cost;
     mp.resident = part.resident || lends[static_cast<size_t>(k)];
-    mp.frozen_before = frozen;
-    mp.begin = offset = align(offset);  // a part starts aligned
-    // The trainable dense parameters, then (aligned) the trainable expert-parallel ones,
-    // then (aligned) the frozen ones: every part's gradient is its trainable regions, a
-    // prefix of the part (all of it when nothing is frozen).
-    bool copies = place_params(part, k, owner, is_held, Region::Dense, mp, offset, out);
-    // Lays out the region starting aligned after `offset`; returns its padded size.
-    auto place_region = [&](Region r) {
-      const int64_t region_begin = mp.begin + align(offset - mp.begin);
+    bool copies = false;
+    // Lays out region r in its layout from `at`, aligned from `start` (the part's begin in
+    // that layout); returns its padded size.
+    auto place_region = [&](Region r, int64_t start, int64_t& at) {
+      const int64_t region_begin = start + align(at - start);
       int64_t region_end = region_begin;
       copies = place_params(part, k, owner, is_held, r, mp, region_end, out) || copies;
       if (region_end == region_begin) return int64_t{0};
-      offset = region_end;
+      at = region_end;
       return align(region_end - region_begin);
     };
-    mp.expert_size = place_region(Region::Expert);
-    mp.frozen_size = place_region(Region::Frozen);
-    mp.frozen_expert_size = place_region(Region::FrozenExpert);
-    mp.frozen_size += mp.frozen_expert_size;
-    mp.resident = mp.resident || copies;
+    // Trainable: the dense parameters, then (aligned) the expert-parallel ones.
+    mp.begin = offset = align(offset);  // a part starts aligned
+    place_region(Region::Dense, mp.begin, offset);
+    mp.expert_size = place_region(Region::Expert, mp.begin, offset);
     mp.end = offset;
     mp.padded_end = mp.begin + align(mp.end - mp.begin);
-    frozen += mp.frozen_size;
+    offset = mp.padded_end;
+    // Frozen: likewise, in the frozen layout.
+    mp.frozen_begin = frozen;  // aligned: the sizes before it are padded
+    mp.frozen_size = place_region(Region::Frozen, mp.frozen_begin, frozen);
+    mp.frozen_expert_size = place_region(Region::FrozenExpert, mp.frozen_begin, frozen);
+    mp.frozen_size += mp.frozen_expert_size;
+    frozen = mp.frozen_begin + mp.frozen_size;
+    mp.resident = mp.resident || copies;
     out.parts.push_back(mp);
   }
   return out;
@@ -165,22 +166,30 @@ void LayeredModel::build(const std::vector<PartLayout>& parts,
   local_of_global_.assign(parts.size(), -1);
   for (const ModelPart& u : parts_) local_of_global_[static_cast<size_t>(u.global_index)] = u.index;
   part_params_.resize(parts_.size());
+  part_frozen_.resize(parts_.size());
   part_grads_.resize(parts_.size());
   const Stream s = backend_.default_stream();
   if (storage_.allocate_params) {
     param_buffer_ = backend_.empty(Shape{flat_size()}, storage_.dtype, MemCategory::Parameters);
+    frozen_buffer_ =
+        backend_.empty(Shape{frozen_flat_size()}, storage_.dtype, MemCategory::Parameters);
     backend_.fill(s, param_buffer_, 0.f);
+    backend_.fill(s, frozen_buffer_, 0.f);
     for (const ModelPart& u : parts_)
-      bind_params(u.index, param_buffer_.view_at(u.begin, Shape{u.padded_size()}));
+      bind_params(u.index, param_buffer_.view_at(u.begin, Shape{u.padded_size()}),
+                  frozen_buffer_.view_at(u.frozen_begin, Shape{u.frozen_size}));
   }
   if (storage_.allocate_grads) {
-    grad_buffer_ = backend_.empty(Shape{grad_flat_size()}, storage_.grad_dtype,
-                                  MemCategory::Gradients);
+    grad_buffer_ = backend_.empty(Shape{flat_size()}, storage_.grad_dtype, MemCategory::Gradients);
     for (const ModelPart& u : parts_)
-      if (u.grad_size() > 0)
-        bind_grads(u.index, grad_buffer_.view_at(u.grad_begin(), Shape{u.grad_size()}));
+      if (u.padded_size() > 0)
+        bind_grads(u.index, grad_buffer_.view_at(u.begin, Shape{u.padded_size()}));
     zero_grad();
   }
+}
+
+int64_t LayeredModel::frozen_flat_size() const {
+  return parts_.empty() ? 0 : parts_.back().frozen_begin + parts_.back().frozen_size;
 }
 
 const ModelPart& LayeredModel::part_of(int index) const {
@@ -188,37 +197,46 @@ const ModelPart& LayeredModel::part_of(int index) const {
   return parts_[static_cast<size_t>(index)];
 }
 
-void LayeredModel::bind_params(int part, const Tensor& storage) {
+void LayeredModel::bind_params(int part, const Tensor& storage, const Tensor& frozen) {
   const ModelPart& u = part_of(part);
   if (storage) check_shape(storage, Shape{u.padded_size()}, "bind_params storage");
+  if (frozen) check_shape(frozen, Shape{u.frozen_size}, "bind_params frozen storage");
   part_params_[static_cast<size_t>(part)] = storage;
+  part_frozen_[static_cast<size_t>(part)] = frozen;
   for (size_t i = 0; i < params_.size(); ++i)
-    if (params_[i].part == part)
-      layer_params_[i]->value =
-          storage ? storage.view_at(params_[i].offset - u.begin, params_[i].local_shape()) : Tensor();
+    if (params_[i].part == part) {
+      const Tensor& t = params_[i].trainable ? storage : frozen;
+      layer_params_[i]->value = t ? t.view_at(in_part(params_[i]), params_[i].local_shape()) : Tensor();
+    }
 }
 
 void LayeredModel::bind_grads(int part, const Tensor& storage) {
   const ModelPart& u = part_of(part);
-  if (storage) check_shape(storage, Shape{u.grad_size()}, "bind_grads storage");
+  if (storage) check_shape(storage, Shape{u.padded_size()}, "bind_grads storage");
   part_grads_[static_cast<size_t>(part)] = storage;
   for (size_t i = 0; i < params_.size(); ++i)
-    if (params_[i].part == part && params_[i].trainable)  // the trainable region: a prefix
+    if (params_[i].part == part && params_[i].trainable)
       layer_params_[i]->grad =
-          storage ? storage.view_at(params_[i].offset - u.begin, params_[i].local_shape()) : Tensor();
+          storage ? storage.view_at(in_part(params_[i]), params_[i].local_shape()) : Tensor();
+}
+
+int64_t LayeredModel::in_part(const ParamSpec& p) const {
+  const ModelPart& u = part_of(p.part);
+  return p.offset - (p.trainable ? u.begin : u.frozen_begin);
 }
 
 Tensor LayeredModel::param(const ParamSpec& p) const {
-  const Tensor& t = part_params_[static_cast<size_t>(p.part)];
+  const auto& bound = p.trainable ? part_params_ : part_frozen_;
+  const Tensor& t = bound[static_cast<size_t>(p.part)];
   KILN_CHECK(t, "{}: parameter {} is not bound (part {})", arch(), p.name, p.part);
-  return t.view_at(p.offset - part_of(p.part).begin, p.local_shape());
+  return t.view_at(in_part(p), p.local_shape());
 }
 
 Tensor LayeredModel::grad(const ParamSpec& p) const {
   KILN_CHECK(p.trainable, "{}: {} is frozen (train.freeze): it has no gradient", arch(), p.name);
   const Tensor& t = part_grads_[static_cast<size_t>(p.part)];
   KILN_CHECK(t, "{}: gradient of {} is not bound (part {})", arch(), p.name, p.part);
-  return t.view_at(p.offset - part_of(p.part).begin, p.local_shape());
+  return t.view_at(in_part(p), p.local_shape());
 }
 
 std::vector<float> LayeredModel::init_values(size_t index, uint64_t seed, int64_t begin,

@@ -23,15 +23,14 @@ struct PartLayout {
   bool resident = false;  // for its own reasons (a loss gradient made in forward)
 };
 
-/// The flat layout of the parts `held` (global indices, increasing; empty: every part) of
-/// a model declared as `parts`: parameters in order, each part starting at a multiple of
-/// `alignment` and padded to one; a part's trainable expert-parallel parameters
-/// (ParamSlice::ep_sharded) come after its trainable dense ones, and its frozen parameters
-/// (nn::Param::trainable) after both, each in a region of their own, also padded to the
-/// alignment (ModelPart::expert_size, frozen_size; the gradient layout leaves the frozen
-/// region out; frozen expert-parallel parameters close the frozen region, padded apart:
-/// ModelPart::frozen_expert_size). A tied
-/// parameter is laid out once, in its owner part;
+/// The flat layouts (models/model.h, ModelPart) of the parts `held` (global indices,
+/// increasing; empty: every part) of a model declared as `parts`: the trainable
+/// parameters in the trainable layout, the frozen ones (nn::Param::trainable) in the
+/// frozen layout, each in order and each part starting at a multiple of `alignment` and
+/// padded to one in both; a part's expert-parallel parameters (ParamSlice::ep_sharded)
+/// come after its dense ones in each layout, in a region of their own, also padded to the
+/// alignment (ModelPart::expert_size, frozen_expert_size). A tied parameter is laid out
+/// once, in its owner part;
 /// when the owner is not held but a user is, the user holds a copy (ParamSpec::tied_copy).
 /// A part is resident when it says so, owns a parameter a later held part uses, or holds
 /// a copy. Init streams number the whole model's parameters, whatever is held.
@@ -58,9 +57,11 @@ class LayeredModel : public Model {
   const std::vector<ParamSpec>& params() const override { return params_; }
   const std::vector<ModelPart>& parts() const override { return parts_; }
   int64_t flat_size() const override { return parts_.empty() ? 0 : parts_.back().padded_end; }
+  int64_t frozen_flat_size() const override;
   const Tensor& param_buffer() const override { return param_buffer_; }
   const Tensor& grad_buffer() const override { return grad_buffer_; }
-  void bind_params(int part, const Tensor& storage) override;
+  const Tensor& frozen_buffer() const override { return frozen_buffer_; }
+  void bind_params(int part, const Tensor& storage, const Tensor& frozen) override;
   void bind_grads(int part, const Tensor& storage) override;
   Tensor param(const ParamSpec& p) const override;
   Tensor grad(const ParamSpec& p) const override;
@@ -96,14 +97,16 @@ class LayeredModel : public Model {
 
  private:
   const ModelPart& part_of(int index) const;
+  /// Where `p` starts in its part's storage (trainable or frozen).
+  int64_t in_part(const ParamSpec& p) const;
 
   Backend& backend_;
   ModelStorage storage_;
   std::vector<ParamSpec> params_;
   std::vector<nn::Param*> layer_params_;  // the layer's Param of params_[i]
   std::vector<ModelPart> parts_;
-  std::vector<Tensor> part_params_, part_grads_;  // bound storage per part
-  Tensor param_buffer_, grad_buffer_;
+  std::vector<Tensor> part_params_, part_frozen_, part_grads_;  // bound storage per part
+  Tensor param_buffer_, grad_buffer_, frozen_buffer_;
   std::vector<int> local_of_global_;
   int global_parts_ = 0;
   ModelHooks no_hooks_;

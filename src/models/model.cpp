@@ -14,10 +14,6 @@ const ParamSpec& Model::spec(std::string_view name) const {
   KILN_FAIL("{} has no parameter named '{}'", arch(), name);
 }
 
-int64_t Model::grad_flat_size() const {
-  return parts().empty() ? 0 : parts().back().grad_begin() + parts().back().grad_size();
-}
-
 int64_t Model::trainable_elements() const {
   int64_t n = 0;
   for (const ParamSpec& p : params())

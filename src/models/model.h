@@ -35,42 +35,40 @@
 #include <vector>
 
 namespace kiln {
-/// One part: [begin, end) of the flat layout holds its parameters, [end, padded_end) is
-/// zero padding up to the part alignment (see ModelStorage). A part is up to three
-/// regions, in this order, each padded to the alignment:
-///   dense   its trainable parameters that every expert-parallel rank holds alike,
-///           [begin, begin + dense_size());
-///   expert  its trainable expert-parallel parameters (ParamSlice::ep_sharded: each ep
-///           rank holds other experts; data parallelism reduces them over the
-///           expert-data-parallel group), expert_size elements from expert_begin();
-///   frozen  its frozen parameters (ParamSpec::trainable false),
-///           [padded_end - frozen_size, padded_end): the dense ones, then (padded apart,
-///           the last frozen_expert_size elements) the expert-parallel ones, which each ep
-///           rank holds for other experts (the expert-data-parallel group shards them).
-/// Gradients exist for the trainable regions (dense, expert) only: the flat gradient
-/// layout is the parameter layout without the frozen regions (the part's gradient starts
-/// at grad_begin(), grad_size() long, its expert region last).
+/// One part. A model stores its parameters in two flat layouts, each a buffer of its own:
+/// the trainable layout (every trainable parameter; the gradient layout is the same) and
+/// the frozen layout (ParamSpec::trainable false: no gradient). A part is a range of each,
+/// started and padded with zeros to the part alignment (see ModelStorage):
+///   trainable  [begin, end) its trainable parameters, [end, padded_end) padding; two
+///              regions, each padded to the alignment:
+///     dense    those every expert-parallel rank holds alike, dense_size() elements;
+///     expert   its expert-parallel ones (ParamSlice::ep_sharded: each ep rank holds other
+///              experts; data parallelism reduces them over the expert-data-parallel
+///              group), expert_size elements from expert_begin();
+///   frozen     [frozen_begin, frozen_begin + frozen_size) of the frozen layout: its dense
+///              frozen parameters, then (padded apart, the last frozen_expert_size elements)
+///              its expert-parallel ones, which each ep rank holds for other experts (the
+///              expert-data-parallel group shards them).
+/// A LoRA fine-tune's adapters are thus the trainable buffer and its base the frozen one
+/// (ModelStorage::trainable_dtype gives them a dtype of their own).
 struct ModelPart {
   int index = 0;        // 0 .. parts().size() - 1, in forward order
   int global_index = 0; // in the whole model (differs from index on a pipeline stage)
   std::string name;     // e.g. "embeddings", "h.3", "head"
-  int64_t begin = 0, end = 0, padded_end = 0;
+  int64_t begin = 0, end = 0, padded_end = 0;  // in the trainable layout
   int64_t expert_size = 0;    // elements of its trainable expert region (padding
                               // included); 0: none
+  int64_t frozen_begin = 0;   // in the frozen layout
   int64_t frozen_size = 0;    // elements of its frozen region (padding included); 0: none
   int64_t frozen_expert_size = 0;  // of them, the frozen expert-parallel ones' (padded)
-  int64_t frozen_before = 0;  // elements of the frozen regions of the parts before it
   double cost = 1.0;    // relative compute per token (balancing pipeline stages)
   bool resident = false;  // parameters used and gradient written from its forward to its
                           // backward (tied parameters, a loss gradient made in forward)
+  /// Elements of its trainable range, padding included: its gradient's size.
   int64_t padded_size() const { return padded_end - begin; }
-  /// Its gradient: grad_size() elements (the trainable region, padded) from grad_begin()
-  /// in the gradient layout.
-  int64_t grad_size() const { return padded_size() - frozen_size; }
-  int64_t grad_begin() const { return begin - frozen_before; }
-  /// Elements of its dense region (padding included): the gradient's first ones.
-  int64_t dense_size() const { return grad_size() - expert_size; }
-  /// Where its expert region starts in the flat layout.
+  /// Elements of its dense trainable region (padding included).
+  int64_t dense_size() const { return padded_size() - expert_size; }
+  /// Where its expert region starts in the trainable layout.
   int64_t expert_begin() const { return begin + dense_size(); }
 };
 
@@ -202,22 +200,24 @@ class Model {
   /// Every parameter in flat-layout order (ParamSpec::part says which part holds it).
   virtual const std::vector<ParamSpec>& params() const = 0;
   virtual const std::vector<ModelPart>& parts() const = 0;
-  /// Elements of the flat layout (padding included).
+  /// Elements of the trainable layout (padding included), which is also the gradient's.
   virtual int64_t flat_size() const = 0;
-  /// Elements of the flat gradient layout: flat_size() less the frozen regions.
-  int64_t grad_flat_size() const;
+  /// Elements of the frozen layout (padding included).
+  virtual int64_t frozen_flat_size() const = 0;
   /// Elements of the parameters (each tied one once, padding and tp slicing aside: global
   /// shapes) that train and that are frozen, of the parts this model holds.
   int64_t trainable_elements() const;
   int64_t frozen_elements() const;
-  /// The flat parameter [flat_size()] / gradient [grad_flat_size()] buffers; empty when
-  /// not allocated (ModelStorage).
+  /// The flat buffers: trainable parameters [flat_size()], their gradients [flat_size()],
+  /// frozen parameters [frozen_flat_size()]; empty when not allocated (ModelStorage).
   virtual const Tensor& param_buffer() const = 0;
   virtual const Tensor& grad_buffer() const = 0;
-  /// Points a part's parameters at `storage` [padded_size()] (or its gradients at
-  /// `storage` [grad_size()]) until the next bind; an empty Tensor unbinds. Using an
-  /// unbound part throws. A frozen parameter's gradient is never bound.
-  virtual void bind_params(int part, const Tensor& storage) = 0;
+  virtual const Tensor& frozen_buffer() const = 0;
+  /// Points a part's trainable parameters at `storage` [padded_size()] and its frozen ones
+  /// at `frozen` [frozen_size] (or its gradients at `storage` [padded_size()]) until the
+  /// next bind; an empty Tensor unbinds. Using an unbound part throws. A frozen
+  /// parameter's gradient is never bound.
+  virtual void bind_params(int part, const Tensor& storage, const Tensor& frozen) = 0;
   virtual void bind_grads(int part, const Tensor& storage) = 0;
   /// A parameter (or its gradient) as a view of its part's storage. Throws kiln::Error
   /// naming an unknown or unbound parameter, or the gradient of a frozen one.

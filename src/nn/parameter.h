@@ -1,4 +1,4 @@
-// ParamSpec: one named parameter inside a model's flat parameter buffer. Shared by
+// ParamSpec: one named parameter inside one of a model's flat parameter buffers. Shared by
 // models (which define the layout), the optimizer, parallel wrappers and checkpoints.
 #pragma once
 
@@ -14,7 +14,9 @@ struct ParamSpec {
   Shape shape;                // global shape
   nn::ParamSlice slice;          // the part of it this rank holds (tp and ep cuts; whole unless sliced)
   bool tp_partial_grad = false;  // the rank's gradient is a partial sum over tp
-  int64_t offset = 0;         // in elements, within the flat buffer (of local_shape())
+  int64_t offset = 0;         // in elements, within its flat layout (of local_shape()): the
+                              // trainable layout (also its gradient's) when trainable, the
+                              // frozen layout when not (models/model.h, ModelPart)
   bool weight_decay = false;  // matrices (2-D) decay; biases and norm gains do not
   int part = 0;               // the model part holding it (ModelPart::index)
   uint64_t init_stream = 0;   // the Philox stream of its initial values: its number in the
@@ -26,13 +28,8 @@ struct ParamSpec {
                               // optimizer state, reduction or norm term; saved as before
   bool adapter = false;       // a LoRA adapter's (nn::Param::adapter): a fine-tune's
                               // checkpoints hold these, not the frozen base
-  int64_t frozen_before = 0;  // elements of frozen regions (ModelPart::frozen_size) before
-                              // it in the flat layout: its gradient's offset is
-                              // offset - frozen_before in the gradient layout
   /// The shape this rank stores: `shape`, or its slice.
   Shape local_shape() const { return slice.local_shape(shape); }
-  /// Where its gradient starts in the flat gradient layout (trainable parameters only).
-  int64_t grad_offset() const { return offset - frozen_before; }
 };
 
 }  // namespace kiln

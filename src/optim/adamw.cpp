@@ -16,7 +16,7 @@ std::vector<AdamWSegment> whole_segments(const std::vector<ParamSpec>& params,
     if (!p.trainable) continue;  // frozen: no gradient, no optimizer state
     const int64_t n = p.local_shape().numel();
     out.push_back({p, 0, n, param_buffer.view_at(p.offset, Shape{n}),
-                   grad_buffer.view_at(p.grad_offset(), Shape{n})});
+                   grad_buffer.view_at(p.offset, Shape{n})});
   }
   return out;
 }

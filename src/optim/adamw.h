@@ -71,7 +71,7 @@ struct RoundingBlock {
 std::vector<RoundingBlock> rounding_blocks(const AdamWSegment& s);
 
 /// Segments covering every trainable parameter whole, in flat buffers laid out by
-/// `params` (the gradient at ParamSpec::grad_offset()); frozen parameters have none.
+/// `params` (a gradient at its parameter's offset); frozen parameters have none.
 std::vector<AdamWSegment> whole_segments(const std::vector<ParamSpec>& params,
                                          const Tensor& param_buffer, const Tensor& grad_buffer);
 

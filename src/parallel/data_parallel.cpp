@@ -32,10 +32,14 @@ DataParallel::DataParallel(Model& model, Communicator& comm, int zero_stage, dou
       rank_(comm.rank()), world_(comm.size()),
       bucket_elems_(std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1024 * 1024 / 4))) {
   const ModelStorage want = zero_model_storage(zero_stage, world_, model.dtype(), model.grad_dtype());
-  // A rank whose parameters are all frozen (a pipeline stage) has no gradient buffer.
-  const bool grads_as_wanted = static_cast<bool>(model.grad_buffer()) == want.allocate_grads ||
-                               model.grad_flat_size() == 0;
-  KILN_CHECK(static_cast<bool>(model.param_buffer()) == want.allocate_params && grads_as_wanted,
+  // A rank whose parameters are all frozen (a pipeline stage) has no trainable or gradient
+  // buffer, and one without frozen parameters no frozen buffer.
+  const bool trainable = model.flat_size() > 0, frozen = model.frozen_flat_size() > 0;
+  const bool as_wanted =
+      (static_cast<bool>(model.grad_buffer()) == want.allocate_grads || !trainable) &&
+      (static_cast<bool>(model.param_buffer()) == want.allocate_params || !trainable) &&
+      (static_cast<bool>(model.frozen_buffer()) == want.allocate_params || !frozen);
+  KILN_CHECK(as_wanted,
              "DataParallel: the model was not built with zero_model_storage({}, {})", zero_stage,
              world_);
   for (const ParamSpec& p : model.params())
@@ -44,25 +48,23 @@ DataParallel::DataParallel(Model& model, Communicator& comm, int zero_stage, dou
                "DataParallel: {} is split over {} expert-parallel ranks, but the "
                "expert-data-parallel group has {} of the {} data-parallel ranks", p.name,
                p.slice.ep_parts, expert ? expert->size() : 0, world_);
-  int64_t shard = 0, grad_shard = 0;
+  int64_t shard = 0, frozen_shard = 0;
   for (const ModelPart& mp : model.parts()) {
     Part part;
     part.index = mp.index;
     part.resident = mp.resident;
     part.begin = mp.begin;
     part.padded = mp.padded_size();
-    part.grad_begin = mp.grad_begin();
-    part.T = mp.grad_size();
-    add_region(part, RegionKind::Dense, comm_, mp.begin, mp.dense_size(), mp.grad_begin(), shard,
-               grad_shard);
+    part.frozen_begin = mp.frozen_begin;
+    part.frozen_size = mp.frozen_size;
+    const int64_t frozen_dense = mp.frozen_size - mp.frozen_expert_size;
+    add_region(part, RegionKind::Dense, comm_, mp.begin, mp.dense_size(), shard);
     if (mp.expert_size > 0)  // `expert` exists: checked above
-      add_region(part, RegionKind::Expert, *expert, mp.expert_begin(), mp.expert_size,
-                 mp.grad_begin() + mp.dense_size(), shard, grad_shard);
-    add_region(part, RegionKind::Frozen, comm_, mp.padded_end - mp.frozen_size,
-               mp.frozen_size - mp.frozen_expert_size, 0, shard, grad_shard);
+      add_region(part, RegionKind::Expert, *expert, mp.expert_begin(), mp.expert_size, shard);
+    add_region(part, RegionKind::Frozen, comm_, mp.frozen_begin, frozen_dense, frozen_shard);
     if (mp.frozen_expert_size > 0)  // `expert` exists: checked above
-      add_region(part, RegionKind::FrozenExpert, *expert, mp.padded_end - mp.frozen_expert_size,
-                 mp.frozen_expert_size, 0, shard, grad_shard);
+      add_region(part, RegionKind::FrozenExpert, *expert, mp.frozen_begin + frozen_dense,
+                 mp.frozen_expert_size, frozen_shard);
     for (const Region& r : part.regions)
       KILN_CHECK(stage_ == 0 || r.size % r.world == 0, "part {} ({}) is not aligned to {} ranks",
                  mp.index, mp.name, r.world);
@@ -70,13 +72,16 @@ DataParallel::DataParallel(Model& model, Communicator& comm, int zero_stage, dou
     has_expert_ = has_expert_ || part.has_expert;
     parts_.push_back(part);
   }
+  const Stream s = backend_.default_stream();
   if (stage_ >= 2) {
-    grad_shard_ = backend_.empty(Shape{grad_shard}, model.grad_dtype(), MemCategory::Gradients);
-    backend_.fill(backend_.default_stream(), grad_shard_, 0.f);
+    grad_shard_ = backend_.empty(Shape{shard}, model.grad_dtype(), MemCategory::Gradients);
+    backend_.fill(s, grad_shard_, 0.f);
   }
   if (stage_ == 3) {
     param_shard_ = backend_.empty(Shape{shard}, model.dtype(), MemCategory::Parameters);
-    backend_.fill(backend_.default_stream(), param_shard_, 0.f);
+    frozen_shard_ = backend_.empty(Shape{frozen_shard}, model.dtype(), MemCategory::Parameters);
+    backend_.fill(s, param_shard_, 0.f);
+    backend_.fill(s, frozen_shard_, 0.f);
   }
   if (stage_ == 0) {  // buckets of whole parts in the order backward completes them
     std::vector<int> current;
@@ -85,8 +90,8 @@ DataParallel::DataParallel(Model& model, Communicator& comm, int zero_stage, dou
       // A frozen part has nothing to reduce; one with an expert region is reduced alone
       // (and ends the bucket, whose parts must be adjacent).
       const bool alone = part_at(p).has_expert;
-      if (part_at(p).T > 0 && !alone) current.push_back(p);
-      if (!alone) size += part_at(p).T;
+      if (part_at(p).padded > 0 && !alone) current.push_back(p);
+      if (!alone) size += part_at(p).padded;
       if ((size >= bucket_elems_ || p == 0 || alone) && !current.empty()) {
         buckets_.push_back(current);
         current.clear();
@@ -106,8 +111,7 @@ DataParallel::~DataParallel() {
 }
 
 void DataParallel::add_region(Part& part, RegionKind kind, Communicator& group, int64_t begin,
-                              int64_t size, int64_t grad_begin, int64_t& shard,
-                              int64_t& grad_shard) {
+                              int64_t size, int64_t& shard) {
   if (size == 0) return;
   Region r;
   r.kind = kind;
@@ -116,15 +120,14 @@ void DataParallel::add_region(Part& part, RegionKind kind, Communicator& group, 
   r.world = group.size();
   r.begin = begin;
   r.size = size;
-  r.grad_begin = grad_begin;
   r.S = stage_ == 0 ? size : size / r.world;
   r.shard_offset = shard;
   shard += r.S;
-  if (r.trainable()) {
-    r.grad_shard_offset = grad_shard;
-    grad_shard += r.S;
-  }
   part.regions.push_back(r);
+}
+
+const Tensor& DataParallel::buffer_of(const ParamSpec& p) const {
+  return p.trainable ? model_.param_buffer() : model_.frozen_buffer();
 }
 
 const DataParallel::Region& DataParallel::region_of(const ParamSpec& p) const {
@@ -146,11 +149,12 @@ void DataParallel::add_slice(const ParamSpec& p, std::vector<AdamWSegment>& out)
   seg.begin = a - p.offset;
   seg.end = b - p.offset;
   const Shape n{b - a};
-  seg.param = stage_ == 3 ? param_shard_.view_at(r.shard_offset + (a - s0), n)
-                          : model_.param_buffer().view_at(a, n);
+  const Tensor& shard = p.trainable ? param_shard_ : frozen_shard_;
+  seg.param = stage_ == 3 ? shard.view_at(r.shard_offset + (a - s0), n)
+                          : buffer_of(p).view_at(a, n);
   if (p.trainable)
-    seg.grad = stage_ >= 2 ? grad_shard_.view_at(r.grad_shard_offset + (a - s0), n)
-                           : model_.grad_buffer().view_at(a - p.frozen_before, n);
+    seg.grad = stage_ >= 2 ? grad_shard_.view_at(r.shard_offset + (a - s0), n)
+                           : model_.grad_buffer().view_at(a, n);
   out.push_back(seg);
 }
 
@@ -177,7 +181,7 @@ std::vector<AdamWSegment> DataParallel::load_segments() const {
       continue;
     }
     const int64_t n = p.local_shape().numel();
-    out.push_back({p, 0, n, model_.param_buffer().view_at(p.offset, Shape{n}), Tensor()});
+    out.push_back({p, 0, n, buffer_of(p).view_at(p.offset, Shape{n}), Tensor()});
   }
   return out;
 }
@@ -224,8 +228,8 @@ void DataParallel::defer_reduction(const std::vector<int>& parts) {
 }
 
 void DataParallel::bind_whole_grads(Part& part) {
-  if (part.T == 0) return;  // every parameter frozen: no gradient
-  part.grads = backend_.empty(Shape{part.T}, model_.grad_dtype(), MemCategory::Gradients);
+  if (part.padded == 0) return;  // every parameter frozen: no gradient
+  part.grads = backend_.empty(Shape{part.padded}, model_.grad_dtype(), MemCategory::Gradients);
   backend_.fill(backend_.default_stream(), part.grads, 0.f);
   model_.bind_grads(part.index, part.grads);
 }
@@ -235,21 +239,26 @@ void DataParallel::bind_whole_grads(Part& part) {
 void DataParallel::gather(int index, bool wait) {
   if (index < 0 || index >= static_cast<int>(parts_.size())) return;
   Part& part = part_at(index);
-  if (!part.params) {
+  if (!part.gathered) {
+    part.gathered = true;
     part.params = backend_.empty(Shape{part.padded}, model_.dtype(), MemCategory::Parameters);
+    part.frozen = backend_.empty(Shape{part.frozen_size}, model_.dtype(), MemCategory::Parameters);
     const Stream s = backend_.default_stream();
     const CommSite site("dp.all_gather params part {}", index);
-    for (const Region& r : part.regions)
-      part.gather_works.push_back(r.comm->all_gather_async(
-          part.params.view_at(r.begin - part.begin, Shape{r.size}),
-          param_shard_.view_at(r.shard_offset, Shape{r.S}), s));
+    for (const Region& r : part.regions) {
+      const Tensor whole = r.trainable() ? part.params.view_at(r.begin - part.begin, Shape{r.size})
+                                         : part.frozen.view_at(r.begin - part.frozen_begin, Shape{r.size});
+      const Tensor& shard = r.trainable() ? param_shard_ : frozen_shard_;
+      part.gather_works.push_back(
+          r.comm->all_gather_async(whole, shard.view_at(r.shard_offset, Shape{r.S}), s));
+    }
   }
   if (wait && !part.gather_works.empty()) {
     const auto t0 = Clock::now();
     for (auto& w : part.gather_works) w->wait();
     wait_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
     part.gather_works.clear();
-    model_.bind_params(index, part.params);
+    model_.bind_params(index, part.params, part.frozen);
   }
 }
 
@@ -257,8 +266,9 @@ void DataParallel::release(int index) {
   Part& part = part_at(index);
   for (auto& w : part.gather_works) w->wait();
   part.gather_works.clear();
-  model_.bind_params(index, Tensor());
-  part.params = Tensor();
+  model_.bind_params(index, Tensor(), Tensor());
+  part.params = part.frozen = Tensor();
+  part.gathered = false;
 }
 
 void DataParallel::gather_full_params() {
@@ -278,7 +288,7 @@ void DataParallel::end_forward_only() {
   if (full_gathered_) return;
   if (stage_ == 3) {
     for (const auto& part : parts_)
-      if (part.params) release(part.index);
+      if (part.gathered) release(part.index);
   }
   if (stage_ >= 2) {
     for (auto& part : parts_) {
@@ -327,7 +337,7 @@ void DataParallel::after_backward(int index) {
 
 void DataParallel::reduce_part_grads(int index) {
   Part& part = part_at(index);
-  if (part.T == 0) return;  // every parameter frozen: no gradient
+  if (part.padded == 0) return;  // every parameter frozen: no gradient
   const Stream s = backend_.default_stream();
   const CommSite site("dp.{} grads part {}", stage_ >= 1 ? "reduce_scatter" : "all_reduce", index);
   if (stage_ >= 2) {
@@ -335,13 +345,13 @@ void DataParallel::reduce_part_grads(int index) {
     // its gradient shard.
     for (const Region& r : part.regions) {
       if (!r.trainable()) continue;
-      const Tensor whole = part.grads.view_at(r.grad_begin - part.grad_begin, Shape{r.size});
+      const Tensor whole = part.grads.view_at(r.begin - part.begin, Shape{r.size});
       const Tensor mine = whole.view_at(static_cast<int64_t>(r.rank) * r.S, Shape{r.S});
       Pending p;
       p.work = r.comm->reduce_scatter_async(mine, whole, s);
       p.keep = part.grads;
       p.src = mine;
-      p.dst = grad_shard_.view_at(r.grad_shard_offset, Shape{r.S});
+      p.dst = grad_shard_.view_at(r.shard_offset, Shape{r.S});
       pending_.push_back(std::move(p));
     }
     model_.bind_grads(index, Tensor());
@@ -353,7 +363,7 @@ void DataParallel::reduce_part_grads(int index) {
   if (stage_ == 1 || part.has_expert) {  // stage 0: all-reduce each region of such a part
     for (const Region& r : part.regions) {
       if (!r.trainable() || r.world == 1) continue;
-      const Tensor whole = grads.view_at(r.grad_begin, Shape{r.size});
+      const Tensor whole = grads.view_at(r.begin, Shape{r.size});
       Pending p;
       p.work = stage_ == 1 ? r.comm->reduce_scatter_async(
                                  whole.view_at(static_cast<int64_t>(r.rank) * r.S, Shape{r.S}),
@@ -375,7 +385,7 @@ void DataParallel::reduce_part_grads(int index) {
     const Part& last = part_at(bucket.front());
     Pending p;
     p.work = comm_.all_reduce_async(
-        grads.view_at(first.grad_begin, Shape{last.grad_begin + last.T - first.grad_begin}),
+        grads.view_at(first.begin, Shape{last.begin + last.padded - first.begin}),
         ReduceOp::Sum, s);
     pending_.push_back(std::move(p));
     return;
@@ -435,7 +445,7 @@ void DataParallel::grad_sum_squares(const Tensor& acc) {
       for (const Region& r : part.regions)
         if (r.trainable())
           backend_.sum_squares(s, acc, model_.grad_buffer().view_at(
-                                           r.grad_begin + r.rank * r.S, Shape{r.S}));
+                                           r.begin + r.rank * r.S, Shape{r.S}));
   } else {
     backend_.sum_squares(s, acc, grad_shard_);
   }
@@ -469,22 +479,25 @@ void DataParallel::after_optimizer_step() {
 }
 
 std::string DataParallel::hash_regions(bool expert) const {
-  // The flat ranges [from, to) outside the expert regions (the whole buffer when there is
-  // none), or the expert regions, hashed in flat order.
-  const Tensor& buffer = model_.param_buffer();
+  // In each buffer, the flat ranges [from, to) outside its expert regions (the whole
+  // buffer when there is none), or its expert regions, hashed in flat order.
   uint64_t h = 1469598103934665603ull;  // hash_bytes's start
-  int64_t from = 0;
-  auto add = [&](int64_t to) {
-    if (to > from) h = hash_bytes(backend_, buffer.view_at(from, Shape{to - from}), h);
-  };
-  for (const Part& part : parts_)
-    for (const Region& r : part.regions) {
-      if (!r.experts()) continue;
-      if (expert) from = r.begin;
-      add(expert ? r.begin + r.size : r.begin);
-      from = r.begin + r.size;
-    }
-  if (!expert) add(buffer.numel());
+  for (const bool trainable : {true, false}) {
+    const Tensor& buffer = trainable ? model_.param_buffer() : model_.frozen_buffer();
+    if (!buffer) continue;
+    int64_t from = 0;
+    auto add = [&](int64_t to) {
+      if (to > from) h = hash_bytes(backend_, buffer.view_at(from, Shape{to - from}), h);
+    };
+    for (const Part& part : parts_)
+      for (const Region& r : part.regions) {
+        if (!r.experts() || r.trainable() != trainable) continue;
+        if (expert) from = r.begin;
+        add(expert ? r.begin + r.size : r.begin);
+        from = r.begin + r.size;
+      }
+    if (!expert) add(buffer.numel());
+  }
   return fmt::format("{:016x}", h);
 }
 

@@ -21,12 +21,14 @@
 //            wte is also the head's output projection) stays gathered from its forward
 //            to its backward, and its gradient exists from the start of forward.
 //
-// Frozen parameters (ParamSpec::trainable false) sit in each part's frozen region, after
-// its trainable one (models/model.h, ModelPart): each region splits into W slices of its
-// own (S trainable elements per rank, Sf frozen), so a part's gradient (the trainable
-// region only) is reduced, sharded and summed into norms without any frozen element, the
-// optimizer sees trainable slices only, and the frozen slices are only ever gathered
-// (stage 3), never all-gathered after an update (stages 1-2: they do not change).
+// Frozen parameters (ParamSpec::trainable false) sit in the model's frozen buffer, a part
+// its range there (models/model.h, ModelPart), beside its range of the trainable buffer:
+// each region splits into W slices of its own (S trainable elements per rank, Sf frozen),
+// so a part's gradient (the trainable range) is reduced, sharded and summed into norms
+// without any frozen element, the optimizer sees trainable slices only, and the frozen
+// slices are only ever gathered (stage 3), never all-gathered after an update (stages
+// 1-2: they do not change). The two buffers may differ in dtype (a LoRA fine-tune's fp32
+// adapters over a bf16 base), so each has shards of its own.
 //
 // Expert parallelism (parallel/expert_parallel.h; Megatron-core's rule): each ep rank holds
 // other experts, so a part's trainable expert-parallel parameters (ParamSlice::ep_sharded)
@@ -160,11 +162,11 @@ class DataParallel final : public ModelHooks {
     RegionKind kind = RegionKind::Dense;
     Communicator* comm = nullptr;  // dense, frozen: the dp x cp group; the experts': edp
     int rank = 0, world = 1;       // this rank's and the size of `comm`
-    int64_t begin = 0, size = 0;   // flat coordinates; size padded to the alignment
-    int64_t grad_begin = 0;        // trainable: its start in the gradient layout
+    int64_t begin = 0, size = 0;   // in its flat layout (trainable, which is also the
+                                   // gradient's, or frozen); size padded to the alignment
     int64_t S = 0;                 // slice length (size / world; size for stage 0)
-    int64_t shard_offset = 0;      // of this rank's slice in param_shard_
-    int64_t grad_shard_offset = 0; // trainable: of this rank's slice in grad_shard_
+    int64_t shard_offset = 0;      // of this rank's slice in param_shard_ and grad_shard_
+                                   // (trainable) or frozen_shard_ (frozen)
     bool trainable() const { return kind == RegionKind::Dense || kind == RegionKind::Expert; }
     bool experts() const { return kind == RegionKind::Expert || kind == RegionKind::FrozenExpert; }
     int64_t slice_begin() const { return begin + rank * S; }  // flat; stages 1-3
@@ -172,12 +174,13 @@ class DataParallel final : public ModelHooks {
   struct Part {
     int index = 0;
     bool resident = false;
-    int64_t begin = 0, padded = 0;  // flat coordinates; padded = padded size
-    int64_t grad_begin = 0, T = 0;  // its gradient (trainable regions) in the gradient
-                                    // layout: [grad_begin, grad_begin + T)
+    int64_t begin = 0, padded = 0;  // its trainable range (and gradient): [begin,
+                                    // begin + padded) of the trainable layout
+    int64_t frozen_begin = 0, frozen_size = 0;  // its range of the frozen layout
     std::vector<Region> regions;    // the non-empty ones, in layout order
     bool has_expert = false;        // an expert region among them
-    Tensor params;                  // stage 3: gathered storage while resident
+    bool gathered = false;          // stage 3: params and frozen gathered (or under way)
+    Tensor params, frozen;          // stage 3: gathered storage while resident
     std::vector<std::shared_ptr<Work>> gather_works;
     Tensor grads;  // stages 2-3: the whole part's gradient while it exists
     bool done = false;
@@ -189,14 +192,17 @@ class DataParallel final : public ModelHooks {
     Tensor src, dst;  // when dst is set: dst += src once the work completes
   };
   Part& part_at(int index) { return parts_[static_cast<size_t>(index)]; }
-  /// Appends to `part` the region of `kind` at flat [begin, begin + size) (gradient layout
-  /// from grad_begin when trainable) over `group`, unless empty; `shard` and `grad_shard`
-  /// are the lengths of param_shard_ and grad_shard_ so far, advanced past its slice.
+  /// Appends to `part` the region of `kind` at [begin, begin + size) of its flat layout
+  /// over `group`, unless empty; `shard` is the length of its shard (param_shard_ when
+  /// trainable, frozen_shard_ when frozen) so far, advanced past its slice.
   void add_region(Part& part, RegionKind kind, Communicator& group, int64_t begin,
-                  int64_t size, int64_t grad_begin, int64_t& shard, int64_t& grad_shard);
+                  int64_t size, int64_t& shard);
+  /// The model's flat buffer (trainable or frozen) holding `p` (stages 0-2).
+  const Tensor& buffer_of(const ParamSpec& p) const;
   /// The region of `p`'s part that holds it.
   const Region& region_of(const ParamSpec& p) const;
-  /// The hash of the flat parameter ranges inside (`expert`) or outside the expert regions.
+  /// The hash of the flat parameter ranges (trainable, then frozen) inside (`expert`) or
+  /// outside the expert regions.
   std::string hash_regions(bool expert) const;
   /// Appends this rank's slice of `p` (stages 1-3; its frozen slice, without gradient,
   /// when `p` is frozen) to `out`, unless empty.
@@ -215,8 +221,9 @@ class DataParallel final : public ModelHooks {
   int stage_, rank_, world_;
   int64_t bucket_elems_;
   std::vector<Part> parts_;
-  Tensor grad_shard_;   // stages 2-3: this rank's gradient slices, [sum of trainable S]
-  Tensor param_shard_;  // stage 3: this rank's parameter slices, [sum of S]
+  Tensor grad_shard_;    // stages 2-3: this rank's gradient slices, [sum of trainable S]
+  Tensor param_shard_;   // stage 3: this rank's trainable parameter slices, likewise
+  Tensor frozen_shard_;  // stage 3: this rank's frozen parameter slices, [sum of frozen S]
   std::deque<Pending> pending_;
   std::vector<std::vector<int>> buckets_;  // stage 0: parts per bucket, backward order
                                           // (a part with an expert region in none)

@@ -135,14 +135,16 @@ TEST(LoraPlan, LlamaAdapterGradientsMatchCentralDifferences) {
   const LoraPlan plan = plan_of({"q", "v", "o", "gate", "up", "down"}, 3);
   const auto m = build(*be, tiny_llama(), plan);
   m->init_weights(5);
-  // Nonzero B (a fresh B = 0 gives A no gradient) and larger weights.
-  std::vector<float> w = download_f32(*be, m->param_buffer());
+  // Nonzero B (a fresh B = 0 gives A no gradient) and larger weights, the adapters' in the
+  // trainable buffer and the base's in the frozen one.
   std::mt19937 rng(9);
   std::normal_distribution<float> nd(0.f, 0.3f);
   for (const ParamSpec& p : m->params())
-    if (p.shape.ndim() >= 2)
-      for (int64_t i = 0; i < p.shape.numel(); ++i) w[static_cast<size_t>(p.offset + i)] += nd(rng);
-  upload_f32(*be, m->param_buffer(), w.data());
+    if (p.shape.ndim() >= 2) {
+      std::vector<float> w = download_f32(*be, m->param(p));
+      for (float& x : w) x += nd(rng);
+      upload_f32(*be, m->param(p), w.data());
+    }
   const int B = 2, T = 7;
   std::vector<int32_t> tok(B * T), tgt(B * T);
   for (int i = 0; i < B * T; ++i) tok[static_cast<size_t>(i)] = (i * 7 + 3) % 29, tgt[static_cast<size_t>(i)] = (i * 5 + 1) % 29;
@@ -159,23 +161,27 @@ TEST(LoraPlan, LlamaAdapterGradientsMatchCentralDifferences) {
     return l.sum;
   };
   loss();
-  const std::vector<float> g = download_f32(*be, m->grad_buffer());
+  std::vector<std::vector<float>> grads;  // the adapters', in order, before any probe
+  for (const ParamSpec& p : m->params())
+    if (p.adapter) grads.push_back(download_f32(*be, m->grad(p)));
   int checked = 0;
   for (const ParamSpec& p : m->params()) {
     if (!p.adapter) continue;
+    const std::vector<float>& g = grads[static_cast<size_t>(checked / 3)];
+    std::vector<float> w = download_f32(*be, m->param(p));
     for (int64_t i : {int64_t{0}, p.shape.numel() / 2, p.shape.numel() - 1}) {
-      const size_t at = static_cast<size_t>(p.offset + i);
+      const size_t at = static_cast<size_t>(i);
       const float saved = w[at], eps = 1e-2f;
       w[at] = saved + eps;
-      upload_f32(*be, m->param_buffer(), w.data());
+      upload_f32(*be, m->param(p), w.data());
       const double up = loss();
       w[at] = saved - eps;
-      upload_f32(*be, m->param_buffer(), w.data());
+      upload_f32(*be, m->param(p), w.data());
       const double down = loss();
       w[at] = saved;
-      upload_f32(*be, m->param_buffer(), w.data());
+      upload_f32(*be, m->param(p), w.data());
       const double want = (up - down) / (2 * eps);
-      const double got = g[static_cast<size_t>(p.grad_offset() + i)];
+      const double got = g[at];
       EXPECT_NEAR(got, want, 2e-2 * std::max(1.0, std::abs(want))) << p.name << "[" << i << "]";
       ++checked;
     }

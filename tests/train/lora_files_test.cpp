@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <random>
 #include <string>
 
@@ -171,15 +172,18 @@ TEST(LoraFiles, HuggingFaceModulesOfAdaptedUnits) {
 std::function<std::vector<float>(const std::string&)> random_weights(Backend& be, Model& model,
                                                                      uint32_t seed) {
   model.init_weights(3);
-  std::vector<float> w = download_f32(be, model.param_buffer());
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.f, 0.5f);
-  for (float& x : w) x += nd(rng);
-  upload_f32(be, model.param_buffer(), w.data());
-  return [w, &model](const std::string& name) {
-    for (const ParamSpec& p : model.params())
-      if (p.name == name)
-        return std::vector<float>(w.begin() + p.offset, w.begin() + p.offset + p.shape.numel());
+  std::map<std::string, std::vector<float>> values;
+  for (const ParamSpec& p : model.params()) {
+    std::vector<float> w = download_f32(be, model.param(p));
+    for (float& x : w) x += nd(rng);
+    upload_f32(be, model.param(p), w.data());
+    values[p.name] = std::move(w);
+  }
+  return [values](const std::string& name) {
+    const auto it = values.find(name);
+    if (it != values.end()) return it->second;
     ADD_FAILURE() << name;
     return std::vector<float>();
   };
