@@ -173,8 +173,8 @@ void LayeredModel::build(const std::vector<PartLayout>& parts,
     param_buffer_ = backend_.empty(Shape{flat_size()}, storage_.dtype, MemCategory::Parameters);
     frozen_buffer_ =
         backend_.empty(Shape{frozen_flat_size()}, storage_.dtype, MemCategory::Parameters);
-    backend_.fill(s, param_buffer_, 0.f);
-    backend_.fill(s, frozen_buffer_, 0.f);
+    for (const Tensor* t : {&param_buffer_, &frozen_buffer_})
+      if (*t) backend_.fill(s, *t, 0.f);  // either may be empty
     for (const ModelPart& u : parts_)
       bind_params(u.index, param_buffer_.view_at(u.begin, Shape{u.padded_size()}),
                   frozen_buffer_.view_at(u.frozen_begin, Shape{u.frozen_size}));

@@ -80,8 +80,8 @@ DataParallel::DataParallel(Model& model, Communicator& comm, int zero_stage, dou
   if (stage_ == 3) {
     param_shard_ = backend_.empty(Shape{shard}, model.dtype(), MemCategory::Parameters);
     frozen_shard_ = backend_.empty(Shape{frozen_shard}, model.dtype(), MemCategory::Parameters);
-    backend_.fill(s, param_shard_, 0.f);
-    backend_.fill(s, frozen_shard_, 0.f);
+    for (const Tensor* t : {&param_shard_, &frozen_shard_})
+      if (*t) backend_.fill(s, *t, 0.f);  // either may be empty
   }
   if (stage_ == 0) {  // buckets of whole parts in the order backward completes them
     std::vector<int> current;
