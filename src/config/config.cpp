@@ -511,6 +511,14 @@ void validate(const TrainConfig& c, const Origins& origins) {
   KILN_CHECK(c.schedule.min_lr <= c.optim.lr,
              "{}: key 'schedule.min_lr' ({}) must not exceed optim.lr ({})", src("schedule.min_lr"),
              c.schedule.min_lr, c.optim.lr);
+  const LoraSection& lora = c.train.lora;
+  KILN_CHECK(lora.dtype == "fp32" || lora.dtype == c.train.dtype,
+             "{}: key 'train.lora.dtype' must be fp32 or train.dtype ({}), got {}",
+             src("train.lora.dtype"), c.train.dtype, lora.dtype);
+  KILN_CHECK(c.train.grad_dtype == "fp32" || lora.rank == 0 || lora.dtype != "fp32",
+             "{}: train.grad_dtype = {} with train.lora.dtype = fp32: fp32 adapters keep fp32 "
+             "gradients (set train.grad_dtype = fp32, or train.lora.dtype = {})",
+             src("train.grad_dtype"), c.train.grad_dtype, c.train.dtype);
   const auto& ps = c.profile.steps;
   KILN_CHECK(ps.empty() || (ps.size() == 2 && ps[0] >= 0 && ps[0] < ps[1]),
              "{}: key 'profile.steps' must be [] or [a, b] with 0 <= a < b, got [{}]",
@@ -637,7 +645,8 @@ void TrainConfig::validate_for_training() const {
   KILN_CHECK(train.lora.rank > 0 ||
                  (train.lora.alpha == lora_defaults.alpha && !train.lora.rslora &&
                   train.lora.dropout == lora_defaults.dropout &&
-                  train.lora.targets == lora_defaults.targets && train.lora.init_from.empty()),
+                  train.lora.targets == lora_defaults.targets && train.lora.init_from.empty() &&
+                  train.lora.dtype == lora_defaults.dtype),
              "{}: train.lora keys are set but train.lora.rank = 0 (LoRA off): set the rank",
              source);
   KILN_CHECK(train.lora.rank == 0 || train.freeze.empty(), "{}: train.freeze with train.lora: "

@@ -62,6 +62,7 @@ struct LoraSection {
   double dropout = 0.0;      // on the adapters' input
   std::vector<std::string> targets = {"q", "v"};  // roles or glob patterns
   std::string init_from;     // a PEFT adapter folder the adapters start from; "" = fresh
+  std::string dtype = "fp32";  // the adapters' storage: fp32 or train.dtype
   bool operator==(const LoraSection&) const = default;
 };
 

@@ -150,6 +150,10 @@ const std::vector<Key>& keys() {
             "train.lora: a Hugging Face PEFT adapter folder (adapter_config.json, "
             "adapter_model.safetensors) the adapters start from; its r, lora_alpha and "
             "use_rslora must be train.lora's. \"\" = fresh adapters (B = 0)."),
+        oneof(KILN_KEY(train, lora.dtype), {"fp32", "bf16", "fp16"},
+              "train.lora: the adapters' storage, fp32 (PEFT's: their own buffer, no master "
+              "copy, the GEMMs reading them rounded to train.dtype) or train.dtype (Megatron's: "
+              "fp32 masters in the optimizer)."),
         any(KILN_KEY(backend, tf32),
             "cuda: fp32 GEMMs may use TF32 tensor cores (faster, ~1e-3 relative error); false "
             "= full fp32."),

@@ -141,9 +141,9 @@ LayeredModel::LayeredModel(Backend& backend, const ModelStorage& storage)
 
 void LayeredModel::build(const std::vector<PartLayout>& parts,
                          const std::vector<OpFamily>& ops) {
-  KILN_CHECK(storage_.grad_dtype == DType::F32 || storage_.grad_dtype == storage_.dtype,
+  KILN_CHECK(storage_.grad_dtype == DType::F32 || storage_.grad_dtype == trainable_dtype(),
              "{}: gradients in {} with parameters in {} are not supported", arch(),
-             dtype_name(storage_.grad_dtype), dtype_name(storage_.dtype));
+             dtype_name(storage_.grad_dtype), dtype_name(trainable_dtype()));
   for (OpFamily op : ops)
     KILN_CHECK(backend_.supports(op, storage_.dtype), "backend {} has no {} {}", backend_.name(),
                dtype_name(storage_.dtype), family_name(op));
@@ -158,6 +158,12 @@ void LayeredModel::build(const std::vector<PartLayout>& parts,
     KILN_CHECK(std::any_of(all.begin(), all.end(), [](const nn::Param* p) { return p->trainable; }),
                "{}: every parameter is frozen (train.freeze): there is nothing to train", arch());
   }
+  if (trainable_dtype() != storage_.dtype)  // only adapters cast their weights (nn/lora.h)
+    for (const PartLayout& part : parts)
+      for (const nn::Param* prm : part.params)
+        KILN_CHECK(!prm->trainable || prm->adapter, "{}: trainable parameters in {} with the "
+                   "model in {} must all be LoRA adapters, but {} trains", arch(),
+                   dtype_name(trainable_dtype()), dtype_name(storage_.dtype), prm->name);
   FlatLayout layout = lay_out(parts, storage_.part_alignment, storage_.held_parts);
   params_ = std::move(layout.params);
   layer_params_ = std::move(layout.layer_params);
@@ -170,7 +176,7 @@ void LayeredModel::build(const std::vector<PartLayout>& parts,
   part_grads_.resize(parts_.size());
   const Stream s = backend_.default_stream();
   if (storage_.allocate_params) {
-    param_buffer_ = backend_.empty(Shape{flat_size()}, storage_.dtype, MemCategory::Parameters);
+    param_buffer_ = backend_.empty(Shape{flat_size()}, trainable_dtype(), MemCategory::Parameters);
     frozen_buffer_ =
         backend_.empty(Shape{frozen_flat_size()}, storage_.dtype, MemCategory::Parameters);
     for (const Tensor* t : {&param_buffer_, &frozen_buffer_})

@@ -53,6 +53,9 @@ class LayeredModel : public Model {
  public:
   Backend& backend() const override { return backend_; }
   DType dtype() const override { return storage_.dtype; }
+  DType trainable_dtype() const override {
+    return storage_.trainable_dtype.value_or(storage_.dtype);
+  }
   DType grad_dtype() const override { return storage_.grad_dtype; }
   const std::vector<ParamSpec>& params() const override { return params_; }
   const std::vector<ModelPart>& parts() const override { return parts_; }
@@ -80,8 +83,9 @@ class LayeredModel : public Model {
   /// parameters ModelStorage::freeze names (the derived model may have frozen others
   /// itself, clearing nn::Param::trainable before this call), lays them out and
   /// allocates (and binds) the flat buffers the storage asks for. Throws on a dtype the
-  /// backend cannot run `ops` in, gradients in a dtype other than fp32 or dtype, a freeze
-  /// pattern matching no parameter, or every parameter frozen.
+  /// backend cannot run `ops` in, gradients in a dtype other than fp32 or the trainable
+  /// dtype, a trainable dtype other than dtype with a trainable parameter that is not an
+  /// adapter, a freeze pattern matching no parameter, or every parameter frozen.
   void build(const std::vector<PartLayout>& parts, const std::vector<OpFamily>& ops);
   ModelHooks& hooks() const { return *hooks_; }
   /// The local index (ModelPart::index) of global part `global`; -1 when not held.

@@ -75,7 +75,11 @@ struct ModelPart {
 /// How a model holds its parameters and gradients.
 struct ModelStorage {
   DType dtype = DType::F32;       // parameters and activations (mixed precision: bf16, fp16)
-  DType grad_dtype = DType::F32;  // parameter gradients (fp32, or dtype)
+  DType grad_dtype = DType::F32;  // parameter gradients (fp32, or trainable_dtype)
+  /// The trainable parameters' dtype (their flat buffer's); nullopt: dtype. It may differ
+  /// from dtype only when every trainable parameter is a LoRA adapter (nn::Param::adapter:
+  /// fp32 adapters on a bf16 base, train.lora.dtype), whose layers cast it to dtype.
+  std::optional<DType> trainable_dtype;
   int64_t part_alignment = 1;     // each part padded to a multiple (ZeRO: the dp size)
   bool allocate_params = true;    // one flat buffer; false: the owner binds per part (ZeRO-3)
   bool allocate_grads = true;     // likewise for gradients (ZeRO-2/3)
@@ -192,8 +196,11 @@ class Model {
   /// Hyper-parameters as stored in a checkpoint's state ("model").
   virtual nlohmann::json config_json() const = 0;
   virtual Backend& backend() const = 0;
-  /// Parameters and activations are in dtype(), parameter gradients in grad_dtype().
+  /// Activations and frozen parameters are in dtype(), trainable parameters in
+  /// trainable_dtype() (dtype() but for a LoRA fine-tune's adapters: ModelStorage), their
+  /// gradients in grad_dtype().
   virtual DType dtype() const = 0;
+  virtual DType trainable_dtype() const = 0;
   virtual DType grad_dtype() const = 0;
 
   // ---- parameters ---------------------------------------------------------------------

@@ -71,8 +71,8 @@ void ExpertLora::forward(Backend& be, Stream s, const Tensor& out, const Tensor&
     const auto [col, width] = columns(a);
     const Tensor h = scratch(be, s, R, a.spec.rank, inp.dtype(), ragged);
     const Tensor delta = scratch(be, s, R, width, out.dtype(), ragged);
-    be.grouped_linear_forward(s, h, inp, a.A.v(), offsets);
-    be.grouped_linear_forward(s, delta, h, a.B.v(), offsets);
+    be.grouped_linear_forward(s, h, inp, lora_weight(be, s, a.A, inp.dtype()), offsets);
+    be.grouped_linear_forward(s, delta, h, lora_weight(be, s, a.B, inp.dtype()), offsets);
     be.add_columns(s, out, delta, col, a.spec.scale());  // y += scale * B_e A_e x, as PEFT
   }
 }
@@ -92,14 +92,15 @@ void ExpertLora::backward(Backend& be, Stream s, const Tensor& dinp, const Tenso
     // Recomputed rather than saved: h = x A_e^T [R, r].
     const Tensor h = scratch(be, s, R, r, inp.dtype(), ragged);
     const Tensor hs = scratch(be, s, R, r, inp.dtype(), false);
-    be.grouped_linear_forward(s, h, inp, a.A.v(), offsets);
+    const Tensor A = lora_weight(be, s, a.A, inp.dtype()), B = lora_weight(be, s, a.B, inp.dtype());
+    be.grouped_linear_forward(s, h, inp, A, offsets);
     lora_scaled(be, s, hs, h, scale);
     // dB_e += dpiece^T (scale h); dh = dpiece B_e into h (its dropped rows stay zero).
-    be.grouped_linear_backward(s, h, a.B.trainable_grad(), dpiece, hs, a.B.v(), offsets);
+    be.grouped_linear_backward(s, h, a.B.trainable_grad(), dpiece, hs, B, offsets);
     lora_scaled(be, s, hs, h, scale);
     // dA_e += (scale dh)^T x; the input gradient (scale dh) A_e.
     const Tensor dx = dinp ? scratch(be, s, R, inp.size(1), inp.dtype(), ragged) : Tensor();
-    be.grouped_linear_backward(s, dx, a.A.trainable_grad(), hs, inp, a.A.v(), offsets);
+    be.grouped_linear_backward(s, dx, a.A.trainable_grad(), hs, inp, A, offsets);
     if (dinp) be.add(s, dinp, dinp, dx);
   }
 }

@@ -281,8 +281,8 @@ void Linear::lora_forward(Backend& be, Stream s, const Tensor& out, const Tensor
     const auto [col, width] = lora_columns(a);
     const Tensor h = temporary(be, Shape{N, a.spec.rank}, x.dtype());
     const Tensor delta = temporary(be, Shape{N, width}, y.dtype());
-    be.linear_forward(s, h, lora_input(be, s, a, x), a.A.v(), Tensor());
-    be.linear_forward(s, delta, h, a.B.v(), Tensor());
+    be.linear_forward(s, h, lora_input(be, s, a, x), lora_weight(be, s, a.A, x.dtype()), Tensor());
+    be.linear_forward(s, delta, h, lora_weight(be, s, a.B, x.dtype()), Tensor());
     be.add_columns(s, y, delta, col, a.spec.scale());  // y += scale * B A x, as PEFT
   }
 }
@@ -302,14 +302,15 @@ void Linear::lora_backward(Backend& be, Stream s, const Tensor& dinp, const Tens
     // Recomputed rather than saved: h = dropout(x) A^T [N, r] (one thin GEMM).
     const Tensor xd = lora_input(be, s, a, x);
     const Tensor h = temporary(be, Shape{N, r}, x.dtype()), hs = temporary(be, Shape{N, r}, x.dtype());
-    be.linear_forward(s, h, xd, a.A.v(), Tensor());
+    const Tensor A = lora_weight(be, s, a.A, x.dtype()), B = lora_weight(be, s, a.B, x.dtype());
+    be.linear_forward(s, h, xd, A, Tensor());
     lora_scaled(be, s, hs, h, scale);
     // dB += dpiece^T (scale h); dh = dpiece B, then scaled into hs (h no longer needed).
-    be.linear_backward(s, h, a.B.trainable_grad(), Tensor(), dpiece, hs, a.B.v());
+    be.linear_backward(s, h, a.B.trainable_grad(), Tensor(), dpiece, hs, B);
     lora_scaled(be, s, hs, h, scale);
     // dA += (scale dh)^T dropout(x); the input gradient (scale dh) A through the dropout.
     const Tensor dx = dinp ? temporary(be, x.shape(), x.dtype()) : Tensor();
-    be.linear_backward(s, dx, a.A.trainable_grad(), Tensor(), hs, xd, a.A.v());
+    be.linear_backward(s, dx, a.A.trainable_grad(), Tensor(), hs, xd, A);
     if (!dinp) continue;
     const DropoutSpec d = adapter_dropout(a, in_);
     if (d.enabled()) be.dropout_backward(s, dx, dx, d);

@@ -54,6 +54,18 @@ struct LoraAdapter {
   uint64_t dropout_stream = 0;           // its Philox stream (distinct per adapter)
 };
 
+/// An adapter's weight `w` (A or B) as the GEMMs of activations in `dtype` read it: `w`
+/// itself, or a temporary copy rounded to `dtype` when the adapters keep a dtype of their
+/// own (fp32 adapters on a bf16 model: train.lora.dtype, ModelStorage::trainable_dtype).
+/// Its gradient is still written in its own dtype, which the GEMMs allow (fp32 or the
+/// weight's).
+inline Tensor lora_weight(Backend& be, Stream s, const Param& w, DType dtype) {
+  if (w.v().dtype() == dtype) return w.v();
+  Tensor t = be.empty(w.v().shape(), dtype, MemCategory::Temporaries);
+  be.copy(s, t, w.v());
+  return t;
+}
+
 /// dst <- alpha * src (dst overwritten; the same shape and dtype): the scaled adapter path
 /// of a backward (Linear's and ExpertLora's).
 inline void lora_scaled(Backend& be, Stream s, const Tensor& dst, const Tensor& src, float alpha) {

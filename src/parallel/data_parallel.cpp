@@ -78,7 +78,7 @@ DataParallel::DataParallel(Model& model, Communicator& comm, int zero_stage, dou
     backend_.fill(s, grad_shard_, 0.f);
   }
   if (stage_ == 3) {
-    param_shard_ = backend_.empty(Shape{shard}, model.dtype(), MemCategory::Parameters);
+    param_shard_ = backend_.empty(Shape{shard}, model.trainable_dtype(), MemCategory::Parameters);
     frozen_shard_ = backend_.empty(Shape{frozen_shard}, model.dtype(), MemCategory::Parameters);
     for (const Tensor* t : {&param_shard_, &frozen_shard_})
       if (*t) backend_.fill(s, *t, 0.f);  // either may be empty
@@ -241,7 +241,8 @@ void DataParallel::gather(int index, bool wait) {
   Part& part = part_at(index);
   if (!part.gathered) {
     part.gathered = true;
-    part.params = backend_.empty(Shape{part.padded}, model_.dtype(), MemCategory::Parameters);
+    part.params =
+        backend_.empty(Shape{part.padded}, model_.trainable_dtype(), MemCategory::Parameters);
     part.frozen = backend_.empty(Shape{part.frozen_size}, model_.dtype(), MemCategory::Parameters);
     const Stream s = backend_.default_stream();
     const CommSite site("dp.all_gather params part {}", index);

@@ -148,6 +148,7 @@ ModelStorage TrainStep::plan_parallelism() {
                             static_cast<float>(l.dropout)};
     lora_plan_ = std::make_unique<LoraPlan>(LoraOptions{spec, l.targets, config_.source});
     storage.plans.push_back(lora_plan_.get());
+    storage.trainable_dtype = parse_dtype(l.dtype);  // the adapters' buffer
   }
   if (size_of(groups_.ep) > 1) {  // after tp: the ep cut keeps the tp cut of the hidden units
     if (!groups_.ep_group) ep_group_ = std::make_unique<CommEpGroup>(*groups_.ep);

@@ -10,6 +10,9 @@
 //   - the tied wte frozen: the embedding and the output head both leave it alone;
 //   - the pattern rule, and a pattern that matches nothing is one error naming the key and
 //     showing the first module names.
+//   - LoRA's adapters in a buffer of their own (train.lora.dtype): fp32 adapters on a bf16
+//     base take 4 bytes each and no master copy, and train bitwise as bf16 adapters with
+//     fp32 masters do (round to nearest: the GEMMs read the same rounded values).
 // The layouts (dp, ZeRO 1-3, tp, pp) against this single process:
 // tests/parallel/freeze_train_test.sh.
 #include "backend/registry.h"
@@ -20,6 +23,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -142,6 +146,70 @@ TEST(Freeze, TiedEmbeddingFrozenBothWays) {
   for (int u = 0; u < 3; ++u) run.update(u);
   EXPECT_EQ(run.values().at("transformer.wte.weight"), before.at("transformer.wte.weight"));
   EXPECT_NE(run.values().at("transformer.wpe.weight"), before.at("transformer.wpe.weight"));
+}
+
+// A bf16 LoRA fine-tune of the tiny GPT-2 whose adapters are stored in `lora_dtype`.
+TrainConfig lora_config(const std::string& lora_dtype, std::vector<std::string> more = {}) {
+  more.insert(more.end(), {"train.lora.rank=2", "train.lora.targets=[\"qkv\", \"fc\"]",
+                           "train.lora.dtype=" + lora_dtype, "optim.lr=0.01"});
+  return tiny_config(more, "bf16");
+}
+
+TEST(LoraStorage, Fp32AdaptersOwnBufferNoMasters) {
+  OneRank fp32(lora_config("fp32")), bf16(lora_config("bf16"));
+  const Model& m = fp32.step.model();
+  EXPECT_EQ(m.param_buffer().dtype(), DType::F32);
+  EXPECT_EQ(m.frozen_buffer().dtype(), DType::BF16);
+  EXPECT_EQ(bf16.step.model().param_buffer().dtype(), DType::BF16);
+  for (const ParamSpec& p : m.params()) EXPECT_EQ(p.trainable, p.adapter) << p.name;
+  fp32.update(0), bf16.update(0);  // the optimizer state exists from the first update
+  const int64_t adapters = fp32.step.param_tally().trainable;
+  ASSERT_GT(adapters, 0);
+  EXPECT_EQ(m.flat_size(), adapters);  // nothing else in the trainable buffer
+  // fp32 adapters: 2 bytes more each, and no 4-byte master in the optimizer state.
+  EXPECT_EQ(fp32.bytes(MemCategory::Parameters) - bf16.bytes(MemCategory::Parameters),
+            2 * adapters);
+  EXPECT_EQ(bf16.bytes(MemCategory::OptimizerState) - fp32.bytes(MemCategory::OptimizerState),
+            4 * adapters);
+  EXPECT_EQ(fp32.bytes(MemCategory::Gradients), bf16.bytes(MemCategory::Gradients));
+}
+
+TEST(LoraStorage, Fp32AdaptersTrainAsRoundedBf16Adapters) {
+  // B is zero at first: the noise makes every adapter matter from the first update.
+  OneRank fp32(lora_config("fp32")), bf16(lora_config("bf16"));
+  // The same fp32 values: fp32's adapters, bf16's masters (its adapters their rounding).
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.f, 0.2f);
+  AdamW &a32 = fp32.step.optimizer(), &a16 = bf16.step.optimizer();
+  ASSERT_EQ(a32.segments().size(), a16.segments().size());
+  for (size_t i = 0; i < a32.segments().size(); ++i) {
+    std::vector<float> w = download_f32(*fp32.be, a32.segments()[i].param);
+    for (float& x : w) x += nd(rng);
+    a32.set_weights(i, w.data());
+    a16.set_weights(i, w.data());
+  }
+  a32.reset_ema(), a16.reset_ema();
+  for (int u = 0; u < 4; ++u) EXPECT_EQ(fp32.update(u), bf16.update(u)) << "update " << u + 1;
+  const auto a = fp32.values(), b = bf16.values();
+  int differ = 0;  // the fp32 adapters keep what rounding drops
+  for (const auto& [name, v] : a) {
+    std::vector<float> rounded = v;
+    for (float& x : rounded) x = bf16_to_f32(f32_to_bf16(x));
+    EXPECT_EQ(rounded, b.at(name)) << name;
+    differ += v != b.at(name);
+  }
+  EXPECT_GT(differ, 0);
+}
+
+TEST(LoraStorage, Fp32AdaptersNeedFp32Gradients) {
+  try {
+    OneRank run(lora_config("fp32", {"train.grad_dtype=bf16"}));
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("train.grad_dtype = bf16 with train.lora.dtype = fp32"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_THROW(OneRank(lora_config("fp16")), Error);  // neither fp32 nor train.dtype
 }
 
 TEST(Freeze, Patterns) {
