@@ -8,7 +8,8 @@
 #      checkpoint here, where the manifest and tokenizer are much of it) and name the base
 #      (its files' crc32);
 #   3. layouts give the single process's losses within 1e-5: dp2 at ZeRO 0 and 3 (the
-#      frozen base sharded), tp2 with sequence parallelism, pp2, and pp2 of a GPT-2 whose
+#      frozen base sharded; also in bf16 with fp32 adapters, train.lora.dtype's default, the
+#      two buffers sharded apart), tp2 with sequence parallelism, pp2, and pp2 of a GPT-2 whose
 #      frozen embedding is tied to the head on both stages (--long: ZeRO 1 and 2,
 #      cp2, tp2 without sp, full activation checkpointing, dropout at dp2);
 #   4. a run stopped after 10 updates resumes to the same losses, also on 2 ranks at ZeRO 3
@@ -100,6 +101,12 @@ runs=("dp2_z0 2 --set parallel.zero_stage=0" "dp2_z3 2 --set parallel.zero_stage
                                "tp2 2 --set parallel.tp=2"
                                "full 1 --set train.activation_checkpointing=full")
 layouts 1e-5 "${runs[@]}"
+# bf16 with fp32 adapters (train.lora.dtype's default): the adapters' buffer fp32 beside
+# the base's bf16, each sharded and gathered in its own dtype at ZeRO 3.
+train bf16 1 --set train.dtype=bf16
+train bf16_dp2_z3 2 --set train.dtype=bf16 --set parallel.zero_stage=3
+echo -n "LoRA bf16, fp32 adapters, dp2 ZeRO 3: "
+compare "$work/bf16/metrics.jsonl" "$work/bf16_dp2_z3/metrics.jsonl" 1 1e-5
 if [ "$long" = --long ]; then  # dropout on the adapters' input: the same masks on 2 ranks
   train drop 1 --set train.lora.dropout=0.1
   train drop_dp2 2 --set train.lora.dropout=0.1

@@ -8,8 +8,9 @@
 #   2. layouts give the single process's losses within 1e-5 up to any expert-selection
 #      flip (compare_moe): dp2 at ZeRO 1, ep2 (the frozen experts and their adapters split
 #      over ranks), dp2 at ZeRO 3 with full activation checkpointing, tp2 with sequence
-#      parallelism, pp2 (--long: ZeRO 2, cp2, ep2 at ZeRO 3, tp2 without sp, and token
-#      dropping on 1 and 2 ranks);
+#      parallelism, pp2, ep2 at ZeRO 3 in bf16 with fp32 adapters (train.lora.dtype's
+#      default: the two buffers sharded apart) (--long: ZeRO 2, cp2, ep2 at ZeRO 3, tp2
+#      without sp, and token dropping on 1 and 2 ranks);
 #   3. a run stopped after 5 updates resumes to the same losses;
 #   4. a Mixtral-shaped model (every block MoE, no shared expert): `kiln export --format
 #      peft` writes a module per expert (block_sparse_moe.experts.<e>.w1, w3, w2, each
@@ -77,6 +78,12 @@ for run in "${runs[@]}"; do
   train "$name" "$np" "${lora[@]}" "$@"
   check ref "$name" "MoE LoRA $name"
 done
+# bf16 with fp32 adapters (train.lora.dtype's default): the experts' adapters fp32 and
+# their frozen experts bf16, each sharded over the expert-data-parallel group at ZeRO 3.
+train bf16 1 "${lora[@]}" --set train.dtype=bf16
+train bf16_ep2_z3 2 "${lora[@]}" --set train.dtype=bf16 --set parallel.ep=2 \
+  --set parallel.zero_stage=3
+check bf16 bf16_ep2_z3 "MoE LoRA bf16, fp32 adapters, ep2 ZeRO 3"
 if [ "$long" = --long ]; then  # token dropping: the experts' ragged rows
   train drop 1 "${lora[@]}" --set model.moe.capacity_factor=0.75
   train drop_dp2 2 "${lora[@]}" --set model.moe.capacity_factor=0.75
