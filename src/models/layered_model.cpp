@@ -212,7 +212,8 @@ void LayeredModel::bind_params(int part, const Tensor& storage, const Tensor& fr
   for (size_t i = 0; i < params_.size(); ++i)
     if (params_[i].part == part) {
       const Tensor& t = params_[i].trainable ? storage : frozen;
-      layer_params_[i]->value = t ? t.view_at(in_part(params_[i]), params_[i].local_shape()) : Tensor();
+      layer_params_[i]->value =
+          t ? t.view_at(in_part(params_[i]), params_[i].local_shape()) : Tensor();
     }
 }
 

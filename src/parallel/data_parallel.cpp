@@ -247,8 +247,9 @@ void DataParallel::gather(int index, bool wait) {
     const Stream s = backend_.default_stream();
     const CommSite site("dp.all_gather params part {}", index);
     for (const Region& r : part.regions) {
-      const Tensor whole = r.trainable() ? part.params.view_at(r.begin - part.begin, Shape{r.size})
-                                         : part.frozen.view_at(r.begin - part.frozen_begin, Shape{r.size});
+      const Tensor whole =
+          r.trainable() ? part.params.view_at(r.begin - part.begin, Shape{r.size})
+                        : part.frozen.view_at(r.begin - part.frozen_begin, Shape{r.size});
       const Tensor& shard = r.trainable() ? param_shard_ : frozen_shard_;
       part.gather_works.push_back(
           r.comm->all_gather_async(whole, shard.view_at(r.shard_offset, Shape{r.S}), s));
