@@ -459,12 +459,7 @@ void run_bench(const Args& a) {
   TrainStep one_step(c, be, {.dp_cp = single});
   one_step.set_tracer(&profile::Tracer::global());
   Model& model = one_step.model();
-  if (c.model.init_from.empty()) {
-    one_step.init_weights(static_cast<uint64_t>(c.train.seed));
-  } else {
-    load_weights_into(model, model_options_from(c), c.model.init_from);
-    one_step.optimizer().sync_master_from_params();
-  }
+  one_step.init_start_weights(static_cast<uint64_t>(c.train.seed));  // as kiln train starts
 
   const int total = a.warmup + a.steps;
   if (!a.dump_init.empty()) {

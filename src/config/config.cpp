@@ -511,6 +511,9 @@ void validate(const TrainConfig& c, const Origins& origins) {
   KILN_CHECK(c.schedule.min_lr <= c.optim.lr,
              "{}: key 'schedule.min_lr' ({}) must not exceed optim.lr ({})", src("schedule.min_lr"),
              c.schedule.min_lr, c.optim.lr);
+  KILN_CHECK(c.train.grad_dtype == "fp32" || c.train.grad_dtype == c.train.dtype,
+             "{}: key 'train.grad_dtype' must be fp32 or train.dtype ({}), got {}",
+             src("train.grad_dtype"), c.train.dtype, c.train.grad_dtype);
   const LoraSection& lora = c.train.lora;
   KILN_CHECK(lora.dtype == "fp32" || lora.dtype == c.train.dtype,
              "{}: key 'train.lora.dtype' must be fp32 or train.dtype ({}), got {}",
@@ -657,9 +660,6 @@ void TrainConfig::validate_for_training() const {
                   train.fp8_amax_compute_algo == defaults.fp8_amax_compute_algo),
              "{}: train.fp8_amax_history_len / fp8_amax_compute_algo are set but train.fp8 = "
              "\"{}\": they belong to delayed scaling (train.fp8 = \"delayed\")", source, train.fp8);
-  KILN_CHECK(train.grad_dtype == "fp32" || train.grad_dtype == train.dtype,
-             "{}: key 'train.grad_dtype' must be fp32 or train.dtype ({}), got {}", source,
-             train.dtype, train.grad_dtype);
 }
 
 bool TrainConfig::operator==(const TrainConfig& o) const {

@@ -387,7 +387,12 @@ void export_merged_hf_folder(const checkpoint::CheckpointReader& reader, Backend
       if (p.name == name) return download_f32(backend, m.model->param(p));
     KILN_FAIL("{}: the model has no parameter {}", reader.dir().string(), name);
   };
-  const DType dtype = options.dtype.empty() ? checkpoint_dtype(reader) : parse_dtype(options.dtype);
+  // The run's dtype (its adapters may be fp32 on a bf16 base: train.lora.dtype); a
+  // checkpoint saved before the state recorded it, the dtype of its parameters.
+  const std::string run_dtype = reader.state().at("lora").value("train_dtype", "");
+  const DType dtype = !options.dtype.empty() ? parse_dtype(options.dtype)
+                      : !run_dtype.empty()   ? parse_dtype(run_dtype)
+                                             : checkpoint_dtype(reader);
   nlohmann::json fields = nlohmann::json::object();
   const auto tokenizer = hf_tokenizer_files(reader, fields);
   write_hf_folder(checkpoint_model_options(reader), read, dtype, options.shard_bytes, out,

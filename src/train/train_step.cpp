@@ -477,6 +477,19 @@ void TrainStep::init_weights(uint64_t seed) {
   optimizer_->sync_master_from_params();
 }
 
+void TrainStep::init_start_weights(uint64_t seed) {
+  const bool lora = lora_plan_ != nullptr;
+  const std::string& init_from = config_.model.init_from;
+  if (init_from.empty() || lora) init_weights(seed);
+  if (init_from.empty()) return;
+  // Each rank reads only the ranges it holds (all of every parameter below ZeRO-3).
+  std::vector<ParamSpec> base;
+  for (const ParamSpec& p : model().params())
+    if (!p.adapter) base.push_back(p);
+  const auto source = open_model_weights(init_from, model_options_from(config_), base);
+  load_weights(*source, lora ? Load::Base : Load::All);
+}
+
 void TrainStep::load_weights(const WeightSource& source, Load which) {
   // Each optimizer segment lies inside the load segment of its parameter (the whole
   // parameter below ZeRO-3, the same slice at ZeRO-3).

@@ -193,6 +193,11 @@ class TrainStep {
   /// keeping their values.
   enum class Load { All, Base, Adapters };
   void load_weights(const WeightSource& source, Load which = Load::All);
+  /// The weights a run starts from (`kiln train` and `kiln bench` alike): model.init_from's
+  /// (a kiln checkpoint or a Hugging Face folder, load_weights) or the seed's random ones
+  /// (init_weights); under LoRA the adapters fresh (init_weights: B = 0) on that base.
+  /// Throws what open_model_weights and load_weights throw.
+  void init_start_weights(uint64_t seed);
   /// Observer of the phases; nullptr for none. Not owned.
   void set_observer(StepObserver* o) { observer_ = o; }
   /// Where the phases are reported for a trace (spans "forward" and "backward" from the

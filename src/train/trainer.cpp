@@ -52,9 +52,18 @@ void config_key_lines(const std::string& text, std::vector<std::string>& names,
 // for (a fused Linear Hugging Face splits), which `kiln export --format peft` refuses;
 // adapters whose rank exceeds min(in, out), whose update B A cannot use it all.
 void note_lora_adapters(const LoraPlan& lora, const ModelOptions& options) {
-  if (model_arch(options.arch).hf_layout) {
+  if (const ModelArch& arch = model_arch(options.arch); arch.hf_layout) {
+    bool folder = true;
     try {
-      peft_modules(options, lora.units());
+      arch.hf_layout(options);  // the model itself may have no Hugging Face folder
+    } catch (const Error& e) {
+      folder = false;
+      fmt::print("kiln: note: {}: `kiln export` will write neither a PEFT folder of these "
+                 "adapters nor a merged Hugging Face folder (their checkpoints are kiln's)\n",
+                 e.what());
+    }
+    try {
+      if (folder) peft_modules(options, lora.units());
     } catch (const Error& e) {
       fmt::print("kiln: note: {} (`kiln export --format peft` will refuse these adapters; "
                  "--format hf --merge-lora writes them merged)\n", e.what());
@@ -243,11 +252,13 @@ void Trainer::print_start_up() const {
   if (const LoraPlan* lora = one_step_->lora_plan()) {
     const LoraSection& l = config_.train.lora;
     const auto& on = lora->adapted();  // never empty: the plan refuses a choice of none
-    fmt::print("kiln: LoRA rank {}, alpha {} (scale {:.4g}{}), {} adapter{} ({}); the "
+    const DType stored = one_step_->model().trainable_dtype();
+    fmt::print("kiln: LoRA rank {}, alpha {} (scale {:.4g}{}), {} adapter{} ({}) in {}{}; the "
                "base frozen{} (docs/lora.md)\n", l.rank, l.alpha,
                nn::LoraSpec{l.rank, static_cast<float>(l.alpha), l.rslora, 0.f}.scale(),
                l.rslora ? ", rsLoRA" : "", on.size(), on.size() == 1 ? "" : "s",
                on.size() == 1 ? on.front() : on.front() + " ... " + on.back(),
+               dtype_name(stored), stored == DType::F32 ? "" : " with fp32 masters",
                config_.model.init_from.empty()
                               ? std::string(" (random: no model.init_from)")
                               : " from " + config_.model.init_from);

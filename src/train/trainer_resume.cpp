@@ -85,17 +85,8 @@ void Trainer::init_weights(bool peft_adapters) {
   // model.init_from gives (or the seed's random one).
   const bool lora = one_step_->lora_plan() != nullptr;
   const bool from_file = !config_.model.init_from.empty();
-  if (!from_file || lora) one_step_->init_weights(static_cast<uint64_t>(config_.train.seed));
+  one_step_->init_start_weights(static_cast<uint64_t>(config_.train.seed));
   const ModelOptions options = model_options_from(config_);
-  if (from_file) {
-    // Each rank reads only the ranges it holds (all of every parameter below ZeRO-3); the
-    // master weights take the source at full precision.
-    std::vector<ParamSpec> base;
-    for (const ParamSpec& p : one_step_->model().params())
-      if (!p.adapter) base.push_back(p);
-    const auto source = open_model_weights(config_.model.init_from, options, base);
-    one_step_->load_weights(*source, lora ? TrainStep::Load::Base : TrainStep::Load::All);
-  }
   // The adapters from a PEFT folder, on either base.
   if (const LoraSection& l = config_.train.lora; lora && peft_adapters && !l.init_from.empty()) {
     const nn::LoraSpec spec{l.rank, static_cast<float>(l.alpha), l.rslora, 0.f};
@@ -234,7 +225,8 @@ const nlohmann::json& Trainer::lora_state() const {
     lora_state_ = {{"rank", l.rank}, {"alpha", l.alpha}, {"rslora", l.rslora},
                    {"init_from", l.init_from},
                    {"dropout", l.dropout}, {"targets", l.targets},
-                   {"adapted", one_step_->lora_plan()->adapted().size()}, {"base", base}};
+                   {"adapted", one_step_->lora_plan()->adapted().size()}, {"base", base},
+                   {"train_dtype", config_.train.dtype}};  // a merge's default dtype
   }
   return lora_state_;
 }

@@ -22,7 +22,9 @@
 #      within 1e-5; `kiln sample` runs on base plus adapters;
 #   6. a moved base: sample, eval and --merge-lora find it with --lora-base (the same merge
 #      and loss; without it, or pointing at another base, one line says so);
-#   7. one-line errors: resuming on another base or without train.lora, a target that
+#   7. kiln bench runs a LoRA config on its base as kiln train starts it; the start-up line
+#      names the adapters' storage; a bf16 run's merged folder is bf16 (fp32 adapters);
+#   8. one-line errors: resuming on another base or without train.lora, a target that
 #      matches nothing, LoRA keys
 #      without a rank, train.freeze with LoRA, exporting a LoRA checkpoint as a plain
 #      folder, PEFT from a checkpoint without adapters.
@@ -107,6 +109,27 @@ train bf16 1 --set train.dtype=bf16
 train bf16_dp2_z3 2 --set train.dtype=bf16 --set parallel.zero_stage=3
 echo -n "LoRA bf16, fp32 adapters, dp2 ZeRO 3: "
 compare "$work/bf16/metrics.jsonl" "$work/bf16_dp2_z3/metrics.jsonl" 1 1e-5
+grep -q ") in fp32; the base frozen" "$work/bf16.log" ||
+  { echo "FAILED: the start-up line does not name the adapters' fp32"; grep -i lora "$work/bf16.log"; exit 1; }
+train bf16_masters 1 --set train.dtype=bf16 --set train.lora.dtype=bf16 --set train.steps=1
+grep -q ") in bf16 with fp32 masters; the base frozen" "$work/bf16_masters.log" ||
+  { echo "FAILED: the start-up line does not name bf16 adapters"; grep -i lora "$work/bf16_masters.log"; exit 1; }
+# kiln bench starts as kiln train does: the base from model.init_from, fresh adapters.
+"$kiln" bench "$work/tiny.toml" "${lora[@]}" --set train.dtype=bf16 --steps 2 --warmup 1 \
+  > "$work/bench.log" 2>&1 || { echo "FAILED: kiln bench on a LoRA config"; cat "$work/bench.log"; exit 1; }
+echo "LoRA bench: $(grep -m1 "^tokens/s" "$work/bench.log")"
+# Merged, the fp32 adapters' run is a bf16 folder (the run's dtype), as a PEFT user expects.
+"$kiln" export --checkpoint "$work/bf16/ckpt/step_00000020" --format hf --merge-lora \
+  --out "$work/bf16_merged" > "$work/bf16_merged.log" 2>&1 ||
+  { echo "FAILED: bf16 merge"; cat "$work/bf16_merged.log"; exit 1; }
+"$py" - "$work/bf16_merged/model.safetensors" <<'PY'
+import json, struct, sys
+with open(sys.argv[1], "rb") as f:
+    header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+dtypes = {v["dtype"] for k, v in header.items() if k != "__metadata__"}
+assert dtypes == {"BF16"}, f"merged folder of a bf16 run with fp32 adapters: {dtypes}"
+print("LoRA bf16 merge: a BF16 folder")
+PY
 if [ "$long" = --long ]; then  # dropout on the adapters' input: the same masks on 2 ranks
   train drop 1 --set train.lora.dropout=0.1
   train drop_dp2 2 --set train.lora.dropout=0.1
@@ -242,6 +265,6 @@ fails no_rank "train.lora keys are set but train.lora.rank = 0" \
 fails freeze "train.freeze with train.lora" \
   "$kiln" train "$work/tiny.toml" --set "run.dir=$work/freeze" "${lora[@]}" \
   --set 'train.freeze=["embed_tokens"]'
-grep -q "kiln: LoRA rank 4, alpha 8 (scale 2), 10 adapters (model.layers.0.self_attn.qkv_proj.q ... model.layers.1.mlp.down_proj)" \
+grep -q "kiln: LoRA rank 4, alpha 8 (scale 2), 10 adapters (model.layers.0.self_attn.qkv_proj.q ... model.layers.1.mlp.down_proj) in fp32;" \
   "$work/ref.log" || { echo "FAILED: no LoRA start-up line in ref.log"; grep -i lora "$work/ref.log"; exit 1; }
 echo "LoRA train test: all passed"

@@ -18,8 +18,9 @@
 #      reads back (exported again: byte for byte), and `--format hf
 #      --merge-lora` a Mixtral folder whose val loss (kiln eval) is the LoRA checkpoint's
 #      within 1e-5;
-#   5. start-up notes: adapters without a PEFT module (the experts' gate_up whole), a rank
-#      above min(in, out); a one-line error: dropout on the experts.
+#   5. start-up notes: adapters without a PEFT module (the experts' gate_up whole), a model
+#      without a Hugging Face folder (a shared expert), a rank above min(in, out); a
+#      one-line error: dropout on the experts.
 # Usage: moe_lora_train_test.sh KILN_BINARY WORK_DIR [--long]
 set -euo pipefail
 kiln="$1"
@@ -141,6 +142,11 @@ train fc 1 "${mixtral[@]}" --set 'train.lora.targets=["fc"]' --set train.steps=1
 grep -q "kiln: note: LoRA adapter model.layers.0.mlp.experts.gate_up_proj: its rows are 2 Hugging Face modules" \
   "$work/fc.log" || { echo "FAILED: no PEFT note in fc.log"; grep -i lora "$work/fc.log"; exit 1; }
 echo "fc: $(grep -m1 "kiln: note: LoRA adapter" "$work/fc.log")"
+# The shared expert (moe_tiny's) has no place in a Hugging Face MoE folder: no PEFT folder
+# and no merged one, said at start-up (the reference run's log).
+grep -q "kiln: note: model.moe.shared_experts = 1: neither Mixtral nor Qwen3-MoE folders hold shared experts: \`kiln export\` will write neither a PEFT folder" \
+  "$work/ref.log" || { echo "FAILED: no shared-expert note in ref.log"; grep -i note "$work/ref.log"; exit 1; }
+echo "ref: $(grep -m1 "shared_experts = 1" "$work/ref.log")"
 # A rank above the widths of v (16 rows) and of the experts (16): said at start-up.
 train wide 1 "${mixtral[@]}" --set train.lora.rank=20 --set train.steps=1
 grep -q "kiln: note: train.lora.rank = 20 exceeds min(in, out) of 12 adapters (model.layers.0.self_attn.qkv_proj.v (32 in, 16 out), ...)" \
