@@ -1,0 +1,121 @@
+#include "data/llava.h"
+
+#include "core/error.h"
+#include "data/jsonl.h"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <sstream>
+
+namespace kiln::data {
+
+namespace {
+
+// Occurrences of `needle` in `text`.
+int count_of(const std::string& text, std::string_view needle) {
+  int n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + needle.size()))
+    ++n;
+  return n;
+}
+
+// The record's "id" and "image", or why they are bad ("" when fine).
+std::string read_keys(const nlohmann::json& j, LlavaRecord& r) {
+  if (j.contains("id")) {
+    const auto& id = j["id"];
+    if (id.is_string()) r.id = id.get<std::string>();
+    else if (id.is_number_integer()) r.id = id.dump();
+    else return "\"id\" is neither a string nor an integer";
+  }
+  if (j.contains("image")) {
+    if (!j["image"].is_string()) return "\"image\" is not a string";
+    r.image = j["image"].get<std::string>();
+    if (r.image.empty()) return "\"image\" is empty (leave the key out for a text-only record)";
+  }
+  return "";
+}
+
+// The turns as messages, or why they are bad ("" when fine).
+std::string read_turns(const nlohmann::json& j, LlavaRecord& r) {
+  if (!j.contains("conversations") || !j["conversations"].is_array() || j["conversations"].empty())
+    return "no \"conversations\" list";
+  const auto& turns = j["conversations"];
+  int images = 0;
+  for (size_t i = 0; i < turns.size(); ++i) {
+    const auto& t = turns[i];
+    if (!t.is_object() || !t.contains("from") || !t["from"].is_string() || !t.contains("value") ||
+        !t["value"].is_string())
+      return fmt::format("conversations[{}] is not {{\"from\": string, \"value\": string}}", i);
+    const std::string from = t["from"].get<std::string>();
+    if (from != "human" && from != "gpt")
+      return fmt::format("conversations[{}]: from '{}' (expected human or gpt)", i, from);
+    const char* expected = i % 2 == 0 ? "human" : "gpt";
+    if (from != expected)
+      return fmt::format("conversations[{}] is from {}, but the turns alternate human, gpt, "
+                         "human, ... (this one should be from {})", i, from, expected);
+    std::string value = t["value"].get<std::string>();
+    const int here = count_of(value, kImageToken);
+    if (here > 0 && from == "gpt")
+      return fmt::format("conversations[{}]: {} in a gpt turn (the image goes in a human one)",
+                         i, kImageToken);
+    images += here;
+    r.messages.push_back({from == "human" ? "user" : "assistant", std::move(value)});
+  }
+  if (turns.size() < 2) return "no gpt turn (nothing in the loss)";
+  if (!r.image.empty() && images != 1)
+    return fmt::format("it has an image but {} {} (expected one, where the image's tokens go)",
+                       images, kImageToken);
+  if (r.image.empty() && images > 0)
+    return fmt::format("{} {} but no \"image\"", images, kImageToken);
+  return "";
+}
+
+}  // namespace
+
+LlavaRecord parse_llava_record(const nlohmann::json& record) {
+  LlavaRecord r;
+  if (!record.is_object()) {
+    r.error = "not a JSON object";
+    return r;
+  }
+  r.error = read_keys(record, r);
+  if (r.error.empty()) r.error = read_turns(record, r);
+  if (!r.error.empty()) r.messages.clear();
+  return r;
+}
+
+std::vector<LlavaEntry> read_llava_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  KILN_CHECK(in, "{}: cannot read this LLaVA pair file", path.string());
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::string text = buffer.str();
+  const std::string name = path.string();
+  std::vector<LlavaEntry> out;
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && text[first] == '[') {  // one JSON array (LLaVA's files)
+    const JsonLine parsed = parse_json_line(text);
+    KILN_CHECK(parsed.error.empty(), "{}: a JSON array file that is not valid JSON: {}", name,
+               parsed.error);
+    for (size_t i = 0; i < parsed.value.size(); ++i)
+      out.push_back({fmt::format("{}[{}]", name, i), parse_llava_record(parsed.value[i])});
+  } else {  // JSONL
+    std::istringstream lines(text);
+    size_t number = 0;
+    for (std::string line; std::getline(lines, line);) {
+      ++number;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      JsonLine parsed = parse_json_line(line);
+      LlavaRecord r;
+      if (parsed.error.empty()) r = parse_llava_record(parsed.value);
+      else r.error = std::move(parsed.error);
+      out.push_back({fmt::format("{}:{}", name, number), std::move(r)});
+    }
+  }
+  KILN_CHECK(!out.empty(), "{}: holds no LLaVA record (a JSON array of records, or one per "
+             "line)", name);
+  return out;
+}
+
+}  // namespace kiln::data
