@@ -85,6 +85,41 @@ LlavaRecord parse_llava_record(const nlohmann::json& record) {
   return r;
 }
 
+LlavaTokens tokenize_llava(const Tokenizer& tok, const LlavaRecord& record) {
+  LlavaTokens out;
+  auto add = [&](std::string_view text, bool loss) {
+    const std::vector<int32_t> ids = tok.encode(text);
+    out.ids.insert(out.ids.end(), ids.begin(), ids.end());
+    out.in_loss.insert(out.in_loss.end(), ids.size(), loss ? 1 : 0);
+  };
+  // A question: the text before its <image> (and the newline after it), the image, the
+  // rest.
+  auto question = [&](const std::string& q) {
+    const size_t at = q.find(kImageToken);
+    if (at == std::string::npos) return add(q, false);
+    add(q.substr(0, at), false);
+    out.image_at = static_cast<int64_t>(out.ids.size());
+    size_t rest = at + std::string_view(kImageToken).size();
+    if (rest < q.size() && q[rest] == '\n') ++rest;
+    add(q.substr(rest), false);
+  };
+  add(std::string(kLlavaSystem) + " ", false);
+  for (const ChatMessage& m : record.messages) {
+    if (m.role == "user") {
+      add("USER: ", false);
+      question(m.content);
+      add(" ASSISTANT:", false);
+    } else {
+      KILN_CHECK(m.role == "assistant", "LLaVA record {}: a message of role '{}'", record.id,
+                 m.role);
+      add(" " + m.content, true);
+      out.ids.push_back(tok.eot_id());
+      out.in_loss.push_back(1);
+    }
+  }
+  return out;
+}
+
 std::vector<LlavaEntry> read_llava_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   KILN_CHECK(in, "{}: cannot read this LLaVA pair file", path.string());

@@ -15,6 +15,7 @@
 #pragma once
 
 #include "data/chat.h"
+#include "data/tokenizer.h"
 
 #include <nlohmann/json.hpp>
 
@@ -42,6 +43,31 @@ struct LlavaRecord {
 /// or gpt, turns that do not alternate from a human one, no gpt turn, and the "<image>"
 /// count (one, in a human turn, with an image; none without). Never throws.
 LlavaRecord parse_llava_record(const nlohmann::json& record);
+
+/// LLaVA-1.5's conversation format (its "vicuna_v1" template), with any kiln tokenizer:
+///   kLlavaSystem " USER: " q1 " ASSISTANT: " a1 <eot> "USER: " q2 " ASSISTANT: " a2 <eot> ...
+/// (as LLaVA's SeparatorStyle.TWO joins the turns: " " after a question, "</s>" after an
+/// answer) where <eot> is the tokenizer's end-of-text id (LLaVA's "</s>") and each q holds its
+/// record's "<image>" (with the newline after it, as LLaVA writes it) at most once. Each
+/// piece is tokenized on its own (so a token never spans two pieces, nor the image), the
+/// text before the image apart from the text after it.
+inline constexpr const char* kLlavaSystem =
+    "A chat between a curious human and an artificial intelligence assistant. The assistant "
+    "gives helpful, detailed, and polite answers to the human's questions.";
+
+/// A record's tokens: `ids` without the image, `image_at` the number of ids before it (-1:
+/// text only; the model puts the image's tokens there), and `in_loss` per id: each answer's
+/// tokens and the <eot> closing it (the loss learns to answer and to stop), nothing else.
+struct LlavaTokens {
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> in_loss;
+  int64_t image_at = -1;
+};
+
+/// Tokenizes a good record (parse_llava_record without error) as above. A message whose
+/// role is neither user nor assistant throws kiln::Error (a record parse_llava_record
+/// refused).
+LlavaTokens tokenize_llava(const Tokenizer& tok, const LlavaRecord& record);
 
 /// A record of a file and where it is: "FILE[INDEX]" for a JSON array (0-based, as
 /// Python indexes LLaVA's lists), "FILE:LINE" for JSONL (1-based).

@@ -1,8 +1,10 @@
 // LLaVA's image-text pair records (data/llava.h): a good record becomes chat messages, each
-// broken kind of record gets its own reason, and a file is read as a JSON array (LLaVA's
-// releases) or as JSONL, each record with its place in the file.
+// broken kind of record gets its own reason, a record's tokens follow LLaVA-1.5's
+// conversation format with the image's place and the answers' loss, and a file is read as
+// a JSON array (LLaVA's releases) or as JSONL, each record with its place in the file.
 #include "core/error.h"
 #include "data/llava.h"
+#include "data/tokenizer.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>
@@ -82,6 +84,39 @@ TEST(Llava, EachBrokenRecordSaysWhy) {
   EXPECT_EQ(error_of([](json& r) { r["conversations"][1]["value"] = "It is <image>."; }),
             "conversations[1]: <image> in a gpt turn (the image goes in a human one)");
   EXPECT_EQ(error_of([](json& r) { r.erase("image"); }), "1 <image> but no \"image\"");
+}
+
+// The ids' bytes (the byte tokenizer: id b is byte b), "|" for the end-of-text id 256.
+std::string text_of(const std::vector<int32_t>& ids) {
+  std::string out;
+  for (int32_t id : ids) out += id == 256 ? '|' : static_cast<char>(id);
+  return out;
+}
+
+TEST(Llava, TokensFollowLlavaConversations) {
+  const auto tok = make_byte_tokenizer();
+  const LlavaTokens t = tokenize_llava(*tok, parse_llava_record(good_record()));
+  const std::string head = std::string(kLlavaSystem) + " USER: ";
+  // The image's place: after "USER: ", its newline dropped with it.
+  EXPECT_EQ(text_of(t.ids), head + "What are the colors of the bus? ASSISTANT: The bus is "
+                            "white and red.|USER: What is in front of it? ASSISTANT: A car.|");
+  EXPECT_EQ(t.image_at, static_cast<int64_t>(head.size()));
+  // The loss: the answers (their leading space included) and the end-of-text after each.
+  std::string loss;
+  for (size_t i = 0; i < t.ids.size(); ++i)
+    if (t.in_loss[i]) loss += text_of({t.ids[i]});
+  EXPECT_EQ(loss, " The bus is white and red.| A car.|");
+  ASSERT_EQ(t.in_loss.size(), t.ids.size());
+  // Text only: no image place; <image> mid-question keeps the text around it.
+  json r = good_record();
+  r.erase("image");
+  r["conversations"][0]["value"] = "Hi";
+  EXPECT_EQ(tokenize_llava(*tok, parse_llava_record(r)).image_at, -1);
+  r["image"] = "x.png";
+  r["conversations"][0]["value"] = "Look: <image> here";
+  const LlavaTokens mid = tokenize_llava(*tok, parse_llava_record(r));
+  EXPECT_EQ(text_of(mid.ids).substr(head.size(), 15), "Look:  here ASS");
+  EXPECT_EQ(mid.image_at, static_cast<int64_t>(head.size() + 6));
 }
 
 TEST(Llava, ReadsJsonArraysAndJsonl) {
