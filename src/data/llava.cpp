@@ -85,8 +85,8 @@ LlavaRecord parse_llava_record(const nlohmann::json& record) {
   return r;
 }
 
-LlavaTokens tokenize_llava(const Tokenizer& tok, const LlavaRecord& record) {
-  LlavaTokens out;
+CaptionTokens tokenize_llava(const Tokenizer& tok, const LlavaRecord& record) {
+  CaptionTokens out;
   auto add = [&](std::string_view text, bool loss) {
     const std::vector<int32_t> ids = tok.encode(text);
     out.ids.insert(out.ids.end(), ids.begin(), ids.end());

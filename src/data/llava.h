@@ -15,6 +15,7 @@
 #pragma once
 
 #include "data/chat.h"
+#include "data/image_shard.h"
 #include "data/tokenizer.h"
 
 #include <nlohmann/json.hpp>
@@ -55,19 +56,13 @@ inline constexpr const char* kLlavaSystem =
     "A chat between a curious human and an artificial intelligence assistant. The assistant "
     "gives helpful, detailed, and polite answers to the human's questions.";
 
-/// A record's tokens: `ids` without the image, `image_at` the number of ids before it (-1:
-/// text only; the model puts the image's tokens there), and `in_loss` per id: each answer's
-/// tokens and the <eot> closing it (the loss learns to answer and to stop), nothing else.
-struct LlavaTokens {
-  std::vector<int32_t> ids;
-  std::vector<uint8_t> in_loss;
-  int64_t image_at = -1;
-};
-
-/// Tokenizes a good record (parse_llava_record without error) as above. A message whose
-/// role is neither user nor assistant throws kiln::Error (a record parse_llava_record
-/// refused).
-LlavaTokens tokenize_llava(const Tokenizer& tok, const LlavaRecord& record);
+/// A good record's tokens (parse_llava_record without error), as above: `ids` without the
+/// image, `image_at` the number of ids before it (-1: text only; the model puts the image's
+/// tokens there), and `in_loss` per id: each answer's tokens and the <eot> closing it (the
+/// loss learns to answer and to stop), nothing else; an image shard's caption
+/// (data/image_shard.h). A message whose role is neither user nor assistant throws
+/// kiln::Error (a record parse_llava_record refused).
+CaptionTokens tokenize_llava(const Tokenizer& tok, const LlavaRecord& record);
 
 /// A record of a file and where it is: "FILE[INDEX]" for a JSON array (0-based, as
 /// Python indexes LLaVA's lists), "FILE:LINE" for JSONL (1-based).

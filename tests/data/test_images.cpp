@@ -101,6 +101,45 @@ TEST(Idx, MalformedFilesAreOneLineErrorsNamingThem) {
   EXPECT_NE(error_of([] { read_idx("/nonexistent/x-idx1-ubyte"); }).find("no such file"), std::string::npos);
 }
 
+TEST(ImageShard, CaptionedRecordsRoundTrip) {
+  // Image-text pairs (data/llava.h): each record's caption in L = 4 slots, short ones
+  // padded, a text-only record's image at -1.
+  const ImageShape shape{2, 2, 1};
+  const fs::path p = scratch("pairs_000000.imgshard");
+  const std::vector<CaptionTokens> captions = {
+      {{7, 8, 9, 300000}, {0, 1, 1, 1}, 1}, {{5}, {1}, -1}, {{}, {}, 0}};
+  uint32_t crc = 0;
+  {
+    ImageShardWriter w(p, shape, 4);
+    for (size_t i = 0; i < captions.size(); ++i)
+      w.write(-1, std::vector<uint8_t>(4, static_cast<uint8_t>(i + 1)), captions[i]);
+    EXPECT_NE(error_of([&] { w.write(-1, std::vector<uint8_t>(4)); }).find("without its caption"),
+              std::string::npos);
+    const CaptionTokens long_one{{1, 2, 3, 4, 5}, {0, 0, 0, 0, 1}, -1};
+    EXPECT_NE(error_of([&] { w.write(-1, std::vector<uint8_t>(4), long_one); })
+                  .find("a caption of 5 tokens"), std::string::npos);
+    const CaptionTokens far_image{{1}, {1}, 2};
+    EXPECT_NE(error_of([&] { w.write(-1, std::vector<uint8_t>(4), far_image); })
+                  .find("image at 2"), std::string::npos);
+    crc = w.finish();
+  }
+  EXPECT_EQ(fs::file_size(p), 1024u + 3u * (4u + 4u + 8u + 5u * 4u));
+  const ImageShardReader r(p, shape, 3, crc, 4);
+  for (size_t i = 0; i < captions.size(); ++i) {
+    const CaptionTokens c = r.caption(static_cast<int64_t>(i));
+    EXPECT_EQ(c.ids, captions[i].ids) << i;
+    EXPECT_EQ(c.in_loss, captions[i].in_loss) << i;
+    EXPECT_EQ(c.image_at, captions[i].image_at) << i;
+    EXPECT_EQ(r.pixels(static_cast<int64_t>(i))[3], i + 1);
+    EXPECT_EQ(r.label(static_cast<int64_t>(i)), -1);
+  }
+  EXPECT_NE(error_of([&] { ImageShardReader(p, shape, 3, crc, 5); })
+                .find("4 caption tokens per record, meta.json says 5"), std::string::npos);
+  EXPECT_NE(error_of([&] { ImageShardReader(p, shape, 3, crc); })
+                .find("4 caption tokens per record, meta.json says 0"), std::string::npos);
+  EXPECT_NE(error_of([&] { r.caption(3); }).find("no image 3 of 3"), std::string::npos);
+}
+
 TEST(ImageShard, WritesReadsAndVerifies) {
   const ImageShape shape{3, 2, 1};
   const fs::path p = scratch("train_000000.imgshard");

@@ -95,7 +95,7 @@ std::string text_of(const std::vector<int32_t>& ids) {
 
 TEST(Llava, TokensFollowLlavaConversations) {
   const auto tok = make_byte_tokenizer();
-  const LlavaTokens t = tokenize_llava(*tok, parse_llava_record(good_record()));
+  const CaptionTokens t = tokenize_llava(*tok, parse_llava_record(good_record()));
   const std::string head = std::string(kLlavaSystem) + " USER: ";
   // The image's place: after "USER: ", its newline dropped with it.
   EXPECT_EQ(text_of(t.ids), head + "What are the colors of the bus? ASSISTANT: The bus is "
@@ -114,7 +114,7 @@ TEST(Llava, TokensFollowLlavaConversations) {
   EXPECT_EQ(tokenize_llava(*tok, parse_llava_record(r)).image_at, -1);
   r["image"] = "x.png";
   r["conversations"][0]["value"] = "Look: <image> here";
-  const LlavaTokens mid = tokenize_llava(*tok, parse_llava_record(r));
+  const CaptionTokens mid = tokenize_llava(*tok, parse_llava_record(r));
   EXPECT_EQ(text_of(mid.ids).substr(head.size(), 15), "Look:  here ASS");
   EXPECT_EQ(mid.image_at, static_cast<int64_t>(head.size() + 6));
 }
