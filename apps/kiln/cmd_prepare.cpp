@@ -1,6 +1,7 @@
 #include "apps/kiln/commands.h"
 #include "core/error.h"
 #include "data/image_dataset.h"
+#include "data/pair_dataset.h"
 #include "data/prepare.h"
 
 #include <fmt/format.h>
@@ -51,6 +52,37 @@ void report_bad_lines(const data::PrepareSummary& r, const std::string& overlong
   for (const auto& e : r.bad_line_examples) fmt::print(stderr, "  {}\n", e);
 }
 
+// --format llava: LLaVA pair files to image shards with captions (data/pair_dataset.h).
+// `tokens` are the options that name the tokenizer; the text formats' others are refused.
+void prepare_llava(data::PrepareOptions tok, data::PreparePairsOptions pairs,
+                   const std::vector<std::string>& in, const std::vector<std::string>& tf,
+                   const CLI::Option& tokenizer, const std::vector<CLI::Option*>& text_only) {
+  KILN_CHECK(in.size() == 1, "prepare --format llava: --input takes one pair file (the train "
+             "split's; --val-input the val split's), got {}", in.size());
+  for (const CLI::Option* o : text_only)
+    KILN_CHECK(o->count() == 0 || o == &tokenizer || o->get_name() == "--tokenizer-files",
+               "prepare --format llava: {} is for text", o->get_name());
+  KILN_CHECK(tokenizer.count() > 0, "prepare --format llava: --tokenizer is required (byte | "
+             "gpt2 | hf, or sentencepiece with its .model file)");
+  for (const auto& s : tf) tok.tokenizer_files.emplace_back(s);
+  KILN_CHECK(tok.tokenizer != "sentencepiece" || !tok.tokenizer_files.empty(),
+             "prepare --format llava: sentencepiece needs its .model file (--tokenizer-files); it "
+             "is not trained on pairs");
+  const auto t = data::make_tokenizer(tok);
+  pairs.input = in[0];
+  pairs.out_dir = tok.out_dir;
+  pairs.tokenizer = t.get();
+  const data::PreparePairsSummary r = data::prepare_pairs(pairs);
+  for (const std::string& e : r.skipped_examples) fmt::print("kiln prepare: skipped {}\n", e);
+  std::string splits;
+  for (const auto& [name, shards] : r.meta.splits)
+    splits += fmt::format(" {}={} pairs ({} shards)", name, r.meta.images(name), shards.size());
+  fmt::print("kiln prepare: {}x{}x{} images, {} caption tokens ({}, vocab {}):{}; {} cut to {} "
+             "tokens, {} bad skipped -> {}\n", r.meta.shape.height, r.meta.shape.width,
+             r.meta.shape.channels, r.meta.captions.tokens, t->kind(), t->vocab_size(), splits,
+             r.truncated, r.meta.captions.tokens, r.skipped, tok.out_dir.string());
+}
+
 }  // namespace
 
 void register_prepare(CLI::App& app) {
@@ -71,8 +103,21 @@ void register_prepare(CLI::App& app) {
                                        "\"content\"}]}, --chat-template; the loss on the assistant's turns) | "
                                        "idx (MNIST-format images and labels: "
                                        "train-* and t10k-* [.gz]) | imagefolder ([train/, val/] "
-                                       "<class>/*.png)")
-      ->check(CLI::IsMember({"text", "jsonl", "chat", "idx", "imagefolder"}));
+                                       "<class>/*.png) | llava (LLaVA image-text pairs: a JSON or "
+                                       "JSONL file, PNG images; docs/data.md)")
+      ->check(CLI::IsMember({"text", "jsonl", "chat", "idx", "imagefolder", "llava"}));
+  auto pairs = std::make_shared<data::PreparePairsOptions>();
+  auto llava_only = std::make_shared<std::vector<CLI::Option*>>();
+  llava_only->push_back(cmd->add_option("--val-input", pairs->val_input,
+                                        "llava: the val split's pair file"));
+  llava_only->push_back(cmd->add_option("--images", pairs->images,
+                                        "llava: the folder image paths are relative to (default: "
+                                        "each pair file's folder)"));
+  llava_only->push_back(cmd->add_option("--caption-tokens", pairs->caption_tokens,
+                                        "llava: token slots per record (default 256); a longer "
+                                        "record is cut (counted)"));
+  llava_only->push_back(cmd->add_flag("--skip-bad", pairs->skip_bad,
+                                      "llava: skip and count bad records instead of the error"));
   cmd->add_option("--shard-images", *shard_images, "--format idx | imagefolder: images per shard (default 100000)");
   auto class_names = std::make_shared<std::string>();
   cmd->add_option("--class-names", *class_names, "--format idx: the classes' names in label order, "
@@ -124,7 +169,15 @@ void register_prepare(CLI::App& app) {
                                        "Tokenizing threads (default: OMP_NUM_THREADS, else every core); the "
                                        "output does not depend on it"));
   cmd->callback([opt, in, tf, format, shard_images, tokenizer, class_names, text_only, jsonl_only, chat_only,
-                 text_key] {
+                 text_key, pairs, llava_only] {
+    if (*format == "llava") {
+      KILN_CHECK(class_names->empty(), "prepare: --class-names is for --format idx");
+      pairs->shard_images = *shard_images;
+      return prepare_llava(*opt, *pairs, *in, *tf, *tokenizer, *text_only);
+    }
+    for (const CLI::Option* o : *llava_only)
+      KILN_CHECK(o->count() == 0, "prepare --format {}: {} is for --format llava", *format,
+                 o->get_name());
     if (*format == "idx" || *format == "imagefolder") {
       KILN_CHECK(in->size() == 1, "prepare --format {}: --input takes one directory, got {}",
                  *format, in->size());

@@ -40,6 +40,10 @@ void write_image_meta(const fs::path& dir, const ImageDatasetMeta& m) {
   j["image"] = {{"height", m.shape.height}, {"width", m.shape.width}, {"channels", m.shape.channels}};
   j["classes"] = m.classes;
   if (!m.class_names.empty()) j["class_names"] = m.class_names;
+  if (const CaptionsMeta& c = m.captions; c.tokens > 0)
+    j["captions"] = {{"tokens", c.tokens}, {"template", c.template_name},
+                     {"tokenizer", {{"kind", c.tokenizer_kind}, {"hash", c.tokenizer_hash}}},
+                     {"vocab_size", c.vocab_size}, {"eot_id", c.eot_id}};
   nlohmann::ordered_json splits = nlohmann::ordered_json::object();
   for (const auto& [name, shards] : m.splits) {
     nlohmann::ordered_json list = nlohmann::ordered_json::array();
@@ -80,7 +84,19 @@ ImageDatasetMeta read_image_meta(const fs::path& dir) {
     m.shape.height = static_cast<int>(json_integer_field(im, "height", where, 1, 1 << 16));
     m.shape.width = static_cast<int>(json_integer_field(im, "width", where, 1, 1 << 16));
     m.shape.channels = static_cast<int>(json_integer_field(im, "channels", where, 1, 4));
-    m.classes = static_cast<int>(json_integer_field(j, "classes", where, 1, 1 << 20));
+    if (j.contains("captions")) {
+      const auto& c = j.at("captions");
+      CaptionsMeta& cap = m.captions;
+      cap.tokens = static_cast<int>(json_integer_field(c, "tokens", where, 1, 1 << 20));
+      cap.template_name = c.at("template").get<std::string>();
+      cap.tokenizer_kind = c.at("tokenizer").at("kind").get<std::string>();
+      cap.tokenizer_hash = c.at("tokenizer").at("hash").get<std::string>();
+      cap.vocab_size = static_cast<int>(json_integer_field(c, "vocab_size", where, 1, 1 << 30));
+      cap.eot_id = static_cast<int>(json_integer_field(c, "eot_id", where, 0, cap.vocab_size - 1));
+    }
+    // Pairs have no classes; labelled images at least one.
+    m.classes = static_cast<int>(
+        json_integer_field(j, "classes", where, m.captions.tokens > 0 ? 0 : 1, 1 << 20));
     if (j.contains("class_names")) {
       m.class_names = j.at("class_names").get<std::vector<std::string>>();
       KILN_CHECK(static_cast<int>(m.class_names.size()) == m.classes, "{}: {} class_names for {} "
@@ -259,20 +275,39 @@ ImageLoader::ImageLoader(const fs::path& dir, const std::string& split, uint64_t
   int64_t total = 0;
   for (const auto& s : it->second) {
     starts_.push_back(total);
-    shards_.emplace_back(dir / s.file, meta_.shape, s.images, s.crc32);
+    shards_.emplace_back(dir / s.file, meta_.shape, s.images, s.crc32, meta_.captions.tokens);
     total += s.images;
   }
   starts_.push_back(total);
-  order_ = VisitOrder(total, seed, shuffle, fmt::format("{} split '{}'", dir.string(), split));
+  where_ = fmt::format("{} split '{}'", dir.string(), split);
+  order_ = VisitOrder(total, seed, shuffle, where_);
+}
+
+std::pair<size_t, int64_t> ImageLoader::locate(int64_t sample) const {
+  const auto k = static_cast<size_t>(
+      std::upper_bound(starts_.begin(), starts_.end(), sample) - starts_.begin() - 1);
+  return {k, sample - starts_[k]};
+}
+
+void ImageLoader::next_pairs(uint8_t* pixels, std::vector<CaptionTokens>& captions,
+                             int micro_batch, int dp_rank, int dp_size) {
+  KILN_CHECK(meta_.captions.tokens > 0, "{}: labelled images, not image-text pairs", where_);
+  const int64_t P = meta_.shape.pixels();
+  const std::vector<int64_t> mine = order_.next_batch(micro_batch, dp_rank, dp_size);
+  captions.resize(mine.size());
+  for (size_t b = 0; b < mine.size(); ++b) {
+    const auto [k, i] = locate(mine[b]);
+    captions[b] = shards_[k].caption(i);
+    std::copy_n(shards_[k].pixels(i).data(), P, pixels + static_cast<int64_t>(b) * P);
+  }
 }
 
 void ImageLoader::next_batch(uint8_t* pixels, int32_t* labels, int micro_batch, int dp_rank, int dp_size) {
+  KILN_CHECK(meta_.captions.tokens == 0, "{}: image-text pairs, not labelled images", where_);
   const int64_t P = meta_.shape.pixels();
   const std::vector<int64_t> mine = order_.next_batch(micro_batch, dp_rank, dp_size);
   for (size_t b = 0; b < mine.size(); ++b) {
-    const auto k = static_cast<size_t>(
-        std::upper_bound(starts_.begin(), starts_.end(), mine[b]) - starts_.begin() - 1);
-    const int64_t i = mine[b] - starts_[k];
+    const auto [k, i] = locate(mine[b]);
     const int32_t label = shards_[k].label(i);
     KILN_CHECK(label >= 0 && label < meta_.classes, "{}: image {} has label {}, outside the {} "
                "classes of meta.json", shards_[k].path().string(), i, label, meta_.classes);

@@ -8,6 +8,11 @@
 //    "image": {"height": H, "width": W, "channels": C}, "classes": K,
 //    "splits": {"train": {"images": N, "shards": [{"file": F, "images": n, "crc32": "8 hex"}]},
 //               "val": {...}}}
+// Image-text pairs (`kiln prepare --format llava`, data/pair_dataset.h) add
+//    "captions": {"tokens": L, "template": "llava_v1", "tokenizer": {"kind", "hash"},
+//                 "vocab_size": V, "eot_id": E}
+// (their shards' caption slots, data/image_shard.h; the tokenizer saved beside) and have
+// "classes": 0.
 #pragma once
 
 #include "data/image_shard.h"
@@ -27,9 +32,18 @@ struct ImageShardInfo {
   uint32_t crc32 = 0;
 };
 
+/// The captions of image-text pairs: the slots per record and how their ids were made.
+struct CaptionsMeta {
+  int tokens = 0;            // L, caption slots per record; 0: labelled images, no captions
+  std::string template_name;  // "llava_v1" (data/llava.h)
+  std::string tokenizer_kind, tokenizer_hash;
+  int vocab_size = 0, eot_id = 0;
+};
+
 struct ImageDatasetMeta {
   ImageShape shape;
-  int classes = 0;  // labels are 0 .. classes - 1
+  CaptionsMeta captions;
+  int classes = 0;  // labels are 0 .. classes - 1 (pairs: 0, their labels -1)
   std::vector<std::string> class_names;  // image folders: the class folders' names
   std::map<std::string, std::vector<ImageShardInfo>> splits;  // "train", "val"
   int64_t images(const std::string& split) const;
@@ -64,7 +78,7 @@ struct PrepareImagesOptions {
 /// nothing is left half-written.
 ImageDatasetMeta prepare_images(const PrepareImagesOptions& o);
 
-/// Labelled images of one split, in micro-batches.
+/// Labelled images, or image-text pairs, of one split, in micro-batches.
 class ImageLoader {
  public:
   /// Opens split `split` of the image dataset in `dir`, verifying every shard (size,
@@ -74,6 +88,11 @@ class ImageLoader {
   /// This rank's micro_batch images of the next global batch: pixels [micro_batch, H, W, C]
   /// uint8 and labels [micro_batch] int32; then advances by micro_batch * dp_size.
   void next_batch(uint8_t* pixels, int32_t* labels, int micro_batch, int dp_rank = 0, int dp_size = 1);
+  /// Pairs (meta().captions.tokens > 0): as next_batch, with each image's caption in
+  /// `captions` (resized to micro_batch) instead of a label. Throws kiln::Error on a
+  /// dataset without captions, or (next_batch) with them.
+  void next_pairs(uint8_t* pixels, std::vector<CaptionTokens>& captions, int micro_batch,
+                  int dp_rank = 0, int dp_size = 1);
   int64_t samples_per_epoch() const { return order_.samples(); }
   LoaderState state() const { return order_.state(); }
   void set_state(const LoaderState& s) { order_.set_state(s); }
@@ -84,6 +103,9 @@ class ImageLoader {
   std::vector<ImageShardReader> shards_;
   std::vector<int64_t> starts_;  // first image of each shard, plus the total
   VisitOrder order_;
+  std::string where_;  // "DIR split 'S'", for errors
+  /// Sample `sample`'s shard and its index there.
+  std::pair<size_t, int64_t> locate(int64_t sample) const;
 };
 
 }  // namespace kiln::data

@@ -52,6 +52,8 @@ int64_t validate_utf8_file(const fs::path& path) {
   return offset;
 }
 
+}  // namespace
+
 std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& o) {
   const auto& files = o.tokenizer_files;
   // A kiln saved-tokenizer directory (for hf: one holding hf_tokenizer.json, since
@@ -94,6 +96,8 @@ std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& o) {
   }
   return train_sentencepiece(o.inputs, so);
 }
+
+namespace {
 
 // Removes the staging directory, and the files already moved out of it, unless disarmed;
 // then the output directory too when this run created it and it is left empty.

@@ -30,10 +30,12 @@
 #pragma once
 
 #include "data/meta.h"
+#include "data/tokenizer.h"
 
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -101,6 +103,11 @@ struct PrepareOptions {
   /// sentencepiece training: at most this many lines are sampled.
   int64_t sp_max_sentences = 1'000'000;
 };
+
+/// The tokenizer `o` asks for: a saved one (a kiln tokenizer directory), byte, gpt2 or hf
+/// from its files, a sentencepiece model file, or sentencepiece trained on `o.inputs`.
+/// Throws kiln::Error naming the file or option at fault.
+std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& o);
 
 struct PrepareSummary {
   DatasetMeta meta;         // what meta.json says

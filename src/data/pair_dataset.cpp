@@ -1,0 +1,151 @@
+#include "data/pair_dataset.h"
+
+#include "core/error.h"
+#include "data/image_folder.h"
+#include "data/image_shard.h"
+#include "data/llava.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <memory>
+
+namespace kiln::data {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr size_t kMaxExamples = 5;
+
+// "FILE[i] (id X)": where a record is, for errors.
+std::string where_of(const LlavaEntry& e) {
+  return e.record.id.empty() ? e.where : fmt::format("{} (id {})", e.where, e.record.id);
+}
+
+// What one run writes: the dataset's meta, the counts, and the shape the first image set.
+struct Writing {
+  const PreparePairsOptions& o;
+  PreparePairsSummary summary;
+  bool shaped = false;
+
+  // A bad record: an error, or (skip_bad) counted.
+  void bad(const LlavaEntry& e, const std::string& why) {
+    const std::string line = fmt::format("{}: {}", where_of(e), why);
+    KILN_CHECK(o.skip_bad, "{} (--skip-bad skips such records)", line);
+    ++summary.skipped;
+    if (summary.skipped_examples.size() < kMaxExamples) summary.skipped_examples.push_back(line);
+  }
+
+  // Record e's pixels into `px`, or false (reported by bad()) when its image is wanting.
+  bool pixels(const LlavaEntry& e, const fs::path& folder, std::vector<uint8_t>& px) {
+    ImageShape& shape = summary.meta.shape;
+    if (e.record.image.empty()) {
+      px.assign(static_cast<size_t>(shape.pixels()), 0);
+      return true;
+    }
+    const fs::path path = folder / e.record.image;
+    if (!fs::is_regular_file(path)) {
+      bad(e, fmt::format("image '{}' ({}) is missing", e.record.image, path.string()));
+      return false;
+    }
+    ImageShape got;
+    try {
+      px = read_png(path, shape.channels, &got);
+    } catch (const Error& err) {
+      bad(e, err.what());
+      return false;
+    }
+    if (got == shape) return true;
+    bad(e, fmt::format("image {} is {}x{}x{}, the dataset's are {}x{}x{} (resize them first)",
+                       path.string(), got.height, got.width, got.channels, shape.height,
+                       shape.width, shape.channels));
+    return false;
+  }
+
+  // The shape of the first image among `entries` (the train split's), gray or RGB as it is.
+  void take_shape(const std::vector<LlavaEntry>& entries, const fs::path& folder) {
+    for (const LlavaEntry& e : entries) {
+      if (!e.record.error.empty() || e.record.image.empty()) continue;
+      if (!fs::is_regular_file(folder / e.record.image)) continue;  // reported in its turn
+      read_png(folder / e.record.image, 0, &summary.meta.shape);
+      shaped = true;
+      return;
+    }
+    KILN_FAIL("{}: no record has a readable image (image-text pairs need images)",
+              o.input.string());
+  }
+
+  void split(const std::string& name, const fs::path& file) {
+    const std::vector<LlavaEntry> entries = read_llava_file(file);
+    const fs::path folder = o.images.empty() ? file.parent_path() : o.images;
+    if (!shaped) take_shape(entries, folder);
+    const int L = o.caption_tokens;
+    std::vector<uint8_t> px;
+    std::unique_ptr<ImageShardWriter> w;
+    std::string shard;
+    int64_t in_shard = 0, kept = 0;
+    auto close = [&] {
+      if (!w) return;
+      summary.meta.splits[name].push_back({shard, in_shard, w->finish()});
+      w.reset();
+    };
+    for (const LlavaEntry& e : entries) {
+      if (!e.record.error.empty()) {
+        bad(e, e.record.error);
+        continue;
+      }
+      if (!pixels(e, folder, px)) continue;
+      CaptionTokens c = tokenize_llava(*o.tokenizer, e.record);
+      if (static_cast<int64_t>(c.ids.size()) > L) {
+        c.ids.resize(static_cast<size_t>(L));
+        c.in_loss.resize(static_cast<size_t>(L));
+        c.image_at = std::min<int64_t>(c.image_at, L);
+        ++summary.truncated;
+      }
+      if (!w) {
+        shard = fmt::format("{}_{:06d}.imgshard", name, summary.meta.splits[name].size());
+        w = std::make_unique<ImageShardWriter>(o.out_dir / shard, summary.meta.shape, L);
+        in_shard = 0;
+      }
+      w->write(-1, px, c);
+      ++kept;
+      if (++in_shard == o.shard_images) close();
+    }
+    close();
+    KILN_CHECK(kept > 0, "{}: no record left for the {} split", file.string(), name);
+  }
+};
+
+}  // namespace
+
+PreparePairsSummary prepare_pairs(const PreparePairsOptions& o) {
+  KILN_CHECK(o.tokenizer != nullptr, "prepare --format llava: no tokenizer");
+  KILN_CHECK(o.caption_tokens >= 1, "prepare --format llava: --caption-tokens must be >= 1");
+  KILN_CHECK(o.shard_images >= 1, "prepare: --shard-images must be >= 1");
+  for (const fs::path& f : {o.input, o.val_input})
+    KILN_CHECK(f.empty() || fs::is_regular_file(f), "{}: no such pair file", f.string());
+  std::error_code ec;
+  KILN_CHECK(!fs::exists(o.out_dir, ec) || fs::is_empty(o.out_dir, ec),
+             "{}: already exists and is not empty (image-text pairs go to a new folder)",
+             o.out_dir.string());
+  fs::create_directories(o.out_dir, ec);
+  KILN_CHECK(!ec, "{}: cannot create output directory", o.out_dir.string());
+  Writing run{o, {}, false};
+  try {
+    run.split("train", o.input);
+    if (!o.val_input.empty()) run.split("val", o.val_input);
+    ImageDatasetMeta& meta = run.summary.meta;
+    meta.classes = 0;
+    meta.captions = {o.caption_tokens, "llava_v1", o.tokenizer->kind(), o.tokenizer->hash(),
+                     o.tokenizer->vocab_size(), o.tokenizer->eot_id()};
+    o.tokenizer->save(o.out_dir);
+    write_image_meta(o.out_dir, meta);  // last: a dataset exists once its meta.json does
+  } catch (...) {
+    fs::remove_all(o.out_dir, ec);
+    throw;
+  }
+  return run.summary;
+}
+
+}  // namespace kiln::data

@@ -1,0 +1,50 @@
+// Image-text pairs prepared for a vision-language model (issue 41): `kiln prepare --format
+// llava` turns LLaVA pair files (data/llava.h) and their PNG images into image shards with
+// captions (data/image_shard.h) and a meta.json with "captions" (data/image_dataset.h),
+// which ImageLoader::next_pairs deals out.
+//
+// Per record, in file order: its image read as 8-bit gray or RGB (libpng), as the first
+// image of the train file is, and of that image's size (resizing is not done yet: a record
+// of another size is an error asking to resize); a text-only record's pixels are zero.
+// Its caption is tokenize_llava's (LLaVA-1.5's conversation format), cut to the caption
+// slots L when longer (counted: the loss then sees only the answers within L). The label
+// is -1. The tokenizer is saved beside the shards (Tokenizer::save).
+#pragma once
+
+#include "data/image_dataset.h"
+#include "data/tokenizer.h"
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace kiln::data {
+
+struct PreparePairsOptions {
+  std::filesystem::path input;      // the train split's pair file (a JSON array or JSONL)
+  std::filesystem::path val_input;  // the val split's; empty: no val split
+  std::filesystem::path images;     // the folder image paths are relative to; empty: each
+                                    // pair file's own folder
+  std::filesystem::path out_dir;    // must not exist yet, or be empty
+  int caption_tokens = 256;         // L, caption slots per record
+  int64_t shard_images = 100000;    // records per shard
+  bool skip_bad = false;            // a bad record skipped and counted, not an error
+  const Tokenizer* tokenizer = nullptr;  // not owned
+};
+
+struct PreparePairsSummary {
+  ImageDatasetMeta meta;
+  int64_t truncated = 0;  // records cut to L tokens
+  int64_t skipped = 0;    // bad records skipped (skip_bad)
+  std::vector<std::string> skipped_examples;  // the first few, "FILE[i] (id X): reason"
+};
+
+/// Writes the dataset. Throws kiln::Error naming the file and record of a bad record
+/// (data/llava.h's reasons, a missing or unreadable image, an image of another size or
+/// channel count) unless skip_bad, and on a missing pair file, an existing non-empty
+/// out_dir, L < 1, no record with an image, or a split left empty. A failed run leaves
+/// nothing: out_dir is removed.
+PreparePairsSummary prepare_pairs(const PreparePairsOptions& o);
+
+}  // namespace kiln::data

@@ -1,0 +1,163 @@
+// `kiln prepare --format llava` (data/pair_dataset.h) on small pair files with the byte
+// tokenizer: each record's pixels and caption come back from ImageLoader::next_pairs as
+// tokenize_llava made them (a text-only record's pixels zero, a long one cut to the caption
+// slots and counted), meta.json says what was made, and bad input is one error naming the
+// file and record (or, with skip_bad, a count) that leaves no output behind.
+#include "core/error.h"
+#include "data/image_dataset.h"
+#include "data/image_folder.h"
+#include "data/llava.h"
+#include "data/pair_dataset.h"
+#include "data/tokenizer.h"
+#include "test_util.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+using namespace kiln::data;
+using kiln::data::testing::TempDir;
+using kiln::data::testing::write_text;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int L = 120;  // caption slots: the system sentence alone is 156 bytes: all cut
+
+json record(const std::string& id, const std::string& image, const std::string& answer) {
+  json r = {{"id", id},
+            {"conversations",
+             {{{"from", "human"}, {"value", image.empty() ? "Hi" : "<image>\nWhat?"}},
+              {{"from", "gpt"}, {"value", answer}}}}};
+  if (!image.empty()) r["image"] = image;
+  return r;
+}
+
+// Gray 4x4 PNGs a.png (all 10), b.png (all 20); train.jsonl of three records (one text
+// only), val.json an array of one.
+struct Pairs {
+  TempDir dir;
+  std::unique_ptr<Tokenizer> tok = make_byte_tokenizer();
+  Pairs(int caption_slots = L) : slots(caption_slots) {
+    write_png(dir.path() / "a.png", {4, 4, 1}, std::vector<uint8_t>(16, 10));
+    write_png(dir.path() / "b.png", {4, 4, 1}, std::vector<uint8_t>(16, 20));
+    write_lines("train.jsonl", {record("t0", "a.png", "A."), record("t1", "", "Hello."),
+                                record("t2", "b.png", "B.")});
+    write_text(dir.path() / "val.json", json::array({record("v0", "b.png", "B!")}).dump());
+  }
+  void write_lines(const std::string& name, const std::vector<json>& records) {
+    std::string text;
+    for (const json& r : records) text += r.dump() + "\n";
+    write_text(dir.path() / name, text);
+  }
+  PreparePairsOptions options(const std::string& out = "out") const {
+    PreparePairsOptions o;
+    o.input = dir.path() / "train.jsonl";
+    o.val_input = dir.path() / "val.json";
+    o.out_dir = dir.path() / out;
+    o.caption_tokens = slots;
+    o.shard_images = 2;
+    o.tokenizer = tok.get();
+    return o;
+  }
+  int slots;
+};
+
+std::string error_of(const PreparePairsOptions& o) {
+  try {
+    prepare_pairs(o);
+  } catch (const kiln::Error& e) {
+    EXPECT_FALSE(fs::exists(o.out_dir)) << "a failed run left " << o.out_dir;
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(Pairs, RecordsComeBackAsTokenizedWithTheirPixels) {
+  for (const int slots : {L, 400}) {  // every record cut, and none
+    Pairs p(slots);
+    const PreparePairsSummary s = prepare_pairs(p.options());
+    EXPECT_EQ(s.truncated, slots == L ? 4 : 0);
+    const ImageDatasetMeta m = read_image_meta(p.dir.path() / "out");
+    EXPECT_EQ(m.shape, (ImageShape{4, 4, 1}));
+    EXPECT_EQ(m.classes, 0);
+    EXPECT_EQ(m.captions.tokens, slots);
+    EXPECT_EQ(m.captions.template_name, "llava_v1");
+    EXPECT_EQ(m.captions.tokenizer_kind, "byte");
+    EXPECT_EQ(m.captions.eot_id, 256);
+    EXPECT_EQ(m.images("train"), 3);
+    EXPECT_EQ(m.splits.at("train").size(), 2u);  // two per shard
+    EXPECT_EQ(load_tokenizer(p.dir.path() / "out")->hash(), p.tok->hash());
+    const std::vector<std::pair<std::string, std::vector<json>>> splits = {
+        {"train", {record("t0", "a.png", "A."), record("t1", "", "Hello."), record("t2", "b.png", "B.")}},
+        {"val", {record("v0", "b.png", "B!")}}};
+    for (const auto& [split, records] : splits) {
+      ImageLoader loader(p.dir.path() / "out", split, 1, /*shuffle=*/false);
+      std::vector<uint8_t> px(16 * records.size());
+      std::vector<CaptionTokens> captions;
+      loader.next_pairs(px.data(), captions, static_cast<int>(records.size()));
+      for (size_t i = 0; i < records.size(); ++i) {
+        CaptionTokens want = tokenize_llava(*p.tok, parse_llava_record(records[i]));
+        if (static_cast<int>(want.ids.size()) > slots) {  // cut: the image at the end at most
+          want.ids.resize(static_cast<size_t>(slots));
+          want.in_loss.resize(static_cast<size_t>(slots));
+          want.image_at = std::min<int64_t>(want.image_at, slots);
+        }
+        EXPECT_EQ(captions[i].ids, want.ids) << split << " " << i;
+        EXPECT_EQ(captions[i].in_loss, want.in_loss) << split << " " << i;
+        EXPECT_EQ(captions[i].image_at, want.image_at) << split << " " << i;
+        const std::string image = records[i].value("image", "");
+        const int level = image == "a.png" ? 10 : image == "b.png" ? 20 : 0;
+        EXPECT_EQ(px[16 * i + 15], level) << split << " " << i;
+      }
+      uint8_t one[16];
+      int32_t label = 0;
+      EXPECT_THROW(loader.next_batch(one, &label, 1), kiln::Error);  // pairs have no labels
+    }
+  }
+}
+
+TEST(Pairs, BadInputIsOneErrorNamingTheRecordOrSkipped) {
+  Pairs p;
+  const std::string train = (p.dir.path() / "train.jsonl").string();
+  json no_turns = record("t9", "a.png", "A.");
+  no_turns.erase("conversations");
+  p.write_lines("train.jsonl", {record("t0", "a.png", "A."), no_turns, record("t2", "b.png", "B.")});
+  EXPECT_EQ(error_of(p.options()), train + ":2 (id t9): no \"conversations\" list (--skip-bad "
+                                   "skips such records)");
+  PreparePairsOptions skip = p.options();
+  skip.skip_bad = true;
+  const PreparePairsSummary s = prepare_pairs(skip);
+  EXPECT_EQ(s.skipped, 1);
+  EXPECT_EQ(s.meta.images("train"), 2);
+  ASSERT_EQ(s.skipped_examples.size(), 1u);
+  EXPECT_EQ(s.skipped_examples[0], train + ":2 (id t9): no \"conversations\" list");
+
+  p.write_lines("train.jsonl", {record("t0", "a.png", "A."), record("t1", "gone.png", "G.")});
+  EXPECT_NE(error_of(p.options("o1")).find(train + ":2 (id t1): image 'gone.png' ("), std::string::npos);
+  write_png(p.dir.path() / "big.png", {5, 4, 1}, std::vector<uint8_t>(20, 1));
+  p.write_lines("train.jsonl", {record("t0", "a.png", "A."), record("t1", "big.png", "G.")});
+  EXPECT_NE(error_of(p.options("o2")).find("is 5x4x1, the dataset's are 4x4x1 (resize them first)"),
+            std::string::npos);
+  p.write_lines("train.jsonl", {record("t1", "", "Text only.")});
+  EXPECT_NE(error_of(p.options("o3")).find("no record has a readable image"), std::string::npos);
+
+  p.write_lines("train.jsonl", {record("t0", "a.png", "A.")});
+  fs::create_directories(p.dir.path() / "full");
+  write_text(p.dir.path() / "full" / "x", "x");
+  try {
+    prepare_pairs(p.options("full"));
+    ADD_FAILURE() << "wrote into a non-empty folder";
+  } catch (const kiln::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("already exists and is not empty"), std::string::npos);
+  }
+  PreparePairsOptions missing = p.options("o4");
+  missing.val_input = p.dir.path() / "none.json";
+  EXPECT_EQ(error_of(missing), (p.dir.path() / "none.json").string() + ": no such pair file");
+}
+
+}  // namespace
