@@ -9,6 +9,8 @@
 #include <glob.h>
 
 #include <algorithm>
+#include <charconv>
+#include <tuple>
 #include <filesystem>
 #include <vector>
 
@@ -50,6 +52,20 @@ void report_bad_lines(const data::PrepareSummary& r, const std::string& overlong
   fmt::print(stderr, "kiln prepare: skipped {} bad line{} (--strict makes one an error); the first:\n",
              r.bad_lines, r.bad_lines == 1 ? "" : "s");
   for (const auto& e : r.bad_line_examples) fmt::print(stderr, "  {}\n", e);
+}
+
+// --image-size: "N" (N x N) or "HxW", each side 1 .. 16384.
+std::pair<int, int> parse_size(const std::string& s) {
+  const size_t x = s.find('x');
+  auto side = [&](const std::string& t) {
+    int v = 0;
+    const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+    KILN_CHECK(ec == std::errc() && end == t.data() + t.size() && v >= 1 && v <= 1 << 14,
+               "prepare: --image-size '{}': expected N or HxW, sides 1 .. 16384", s);
+    return v;
+  };
+  if (x == std::string::npos) return {side(s), side(s)};
+  return {side(s.substr(0, x)), side(s.substr(x + 1))};
 }
 
 // --format llava: LLaVA pair files to image shards with captions (data/pair_dataset.h).
@@ -116,6 +132,10 @@ void register_prepare(CLI::App& app) {
   llava_only->push_back(cmd->add_option("--caption-tokens", pairs->caption_tokens,
                                         "llava: token slots per record (default 256); a longer "
                                         "record is cut (counted)"));
+  auto image_size = std::make_shared<std::string>();
+  llava_only->push_back(cmd->add_option("--image-size", *image_size,
+                                        "llava: N or HxW: every image resized to it (PIL's "
+                                        "bilinear; default: the first image's size, kept)"));
   llava_only->push_back(cmd->add_flag("--skip-bad", pairs->skip_bad,
                                       "llava: skip and count bad records instead of the error"));
   cmd->add_option("--shard-images", *shard_images, "--format idx | imagefolder: images per shard (default 100000)");
@@ -169,10 +189,11 @@ void register_prepare(CLI::App& app) {
                                        "Tokenizing threads (default: OMP_NUM_THREADS, else every core); the "
                                        "output does not depend on it"));
   cmd->callback([opt, in, tf, format, shard_images, tokenizer, class_names, text_only, jsonl_only, chat_only,
-                 text_key, pairs, llava_only] {
+                 text_key, pairs, llava_only, image_size] {
     if (*format == "llava") {
       KILN_CHECK(class_names->empty(), "prepare: --class-names is for --format idx");
       pairs->shard_images = *shard_images;
+      if (!image_size->empty()) std::tie(pairs->image_height, pairs->image_width) = parse_size(*image_size);
       return prepare_llava(*opt, *pairs, *in, *tf, *tokenizer, *text_only);
     }
     for (const CLI::Option* o : *llava_only)

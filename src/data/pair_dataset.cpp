@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "data/image_folder.h"
+#include "data/image_resize.h"
 #include "data/image_shard.h"
 #include "data/llava.h"
 
@@ -57,9 +58,13 @@ struct Writing {
       return false;
     }
     if (got == shape) return true;
-    bad(e, fmt::format("image {} is {}x{}x{}, the dataset's are {}x{}x{} (resize them first)",
-                       path.string(), got.height, got.width, got.channels, shape.height,
-                       shape.width, shape.channels));
+    if (o.image_height > 0) {  // read as the dataset's channels: only the size differs
+      px = resize_bilinear(px, got, shape.height, shape.width);
+      return true;
+    }
+    bad(e, fmt::format("image {} is {}x{}x{}, the dataset's are {}x{}x{} (--image-size resizes "
+                       "them)", path.string(), got.height, got.width, got.channels,
+                       shape.height, shape.width, shape.channels));
     return false;
   }
 
@@ -68,7 +73,9 @@ struct Writing {
     for (const LlavaEntry& e : entries) {
       if (!e.record.error.empty() || e.record.image.empty()) continue;
       if (!fs::is_regular_file(folder / e.record.image)) continue;  // reported in its turn
-      read_png(folder / e.record.image, 0, &summary.meta.shape);
+      ImageShape& shape = summary.meta.shape;
+      read_png(folder / e.record.image, 0, &shape);
+      if (o.image_height > 0) shape.height = o.image_height, shape.width = o.image_width;
       shaped = true;
       return;
     }
@@ -123,6 +130,10 @@ PreparePairsSummary prepare_pairs(const PreparePairsOptions& o) {
   KILN_CHECK(o.tokenizer != nullptr, "prepare --format llava: no tokenizer");
   KILN_CHECK(o.caption_tokens >= 1, "prepare --format llava: --caption-tokens must be >= 1");
   KILN_CHECK(o.shard_images >= 1, "prepare: --shard-images must be >= 1");
+  KILN_CHECK((o.image_height > 0) == (o.image_width > 0) && o.image_height <= 1 << 14 &&
+                 o.image_width <= 1 << 14,
+             "prepare --format llava: --image-size {}x{}: both sides 1 .. 16384, or neither",
+             o.image_height, o.image_width);
   for (const fs::path& f : {o.input, o.val_input})
     KILN_CHECK(f.empty() || fs::is_regular_file(f), "{}: no such pair file", f.string());
   std::error_code ec;

@@ -4,8 +4,9 @@
 // which ImageLoader::next_pairs deals out.
 //
 // Per record, in file order: its image read as 8-bit gray or RGB (libpng), as the first
-// image of the train file is, and of that image's size (resizing is not done yet: a record
-// of another size is an error asking to resize); a text-only record's pixels are zero.
+// image of the train file is, resized to `image_size` when it differs (PIL's bilinear,
+// data/image_resize.h), or without one of the first image's size (another size is then an
+// error asking for --image-size); a text-only record's pixels are zero.
 // Its caption is tokenize_llava's (LLaVA-1.5's conversation format), cut to the caption
 // slots L when longer (counted: the loss then sees only the answers within L). The label
 // is -1. The tokenizer is saved beside the shards (Tokenizer::save).
@@ -28,6 +29,7 @@ struct PreparePairsOptions {
                                     // pair file's own folder
   std::filesystem::path out_dir;    // must not exist yet, or be empty
   int caption_tokens = 256;         // L, caption slots per record
+  int image_height = 0, image_width = 0;  // every image resized to this; 0: the first's size
   int64_t shard_images = 100000;    // records per shard
   bool skip_bad = false;            // a bad record skipped and counted, not an error
   const Tokenizer* tokenizer = nullptr;  // not owned

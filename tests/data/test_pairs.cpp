@@ -1,11 +1,13 @@
 // `kiln prepare --format llava` (data/pair_dataset.h) on small pair files with the byte
 // tokenizer: each record's pixels and caption come back from ImageLoader::next_pairs as
 // tokenize_llava made them (a text-only record's pixels zero, a long one cut to the caption
-// slots and counted), meta.json says what was made, and bad input is one error naming the
+// slots and counted), meta.json says what was made, --image-size resizes (Pillow's
+// bilinear, checked on values computed by hand), and bad input is one error naming the
 // file and record (or, with skip_bad, a count) that leaves no output behind.
 #include "core/error.h"
 #include "data/image_dataset.h"
 #include "data/image_folder.h"
+#include "data/image_resize.h"
 #include "data/llava.h"
 #include "data/pair_dataset.h"
 #include "data/tokenizer.h"
@@ -121,6 +123,43 @@ TEST(Pairs, RecordsComeBackAsTokenizedWithTheirPixels) {
   }
 }
 
+TEST(Pairs, BilinearResizeAsPillow) {
+  // By hand (the header's kernel): 4 -> 2 averages each footprint with weights 3/4, 3/4,
+  // 1/4 (over 7/4); 2 -> 4 interpolates, the edges clamped.
+  EXPECT_EQ(resize_bilinear({0, 40, 80, 120}, {1, 4, 1}, 1, 2), (std::vector<uint8_t>{29, 91}));
+  EXPECT_EQ(resize_bilinear({0, 255}, {1, 2, 1}, 1, 4), (std::vector<uint8_t>{0, 64, 191, 255}));
+  EXPECT_EQ(resize_bilinear({0, 255}, {2, 1, 1}, 4, 1), (std::vector<uint8_t>{0, 64, 191, 255}));
+  // Channels apart: an RGB ramp resized is each channel's ramp resized.
+  const std::vector<uint8_t> rgb = {0, 100, 200, 40, 110, 210, 80, 120, 220, 120, 130, 230};
+  EXPECT_EQ(resize_bilinear(rgb, {1, 4, 3}, 1, 2),
+            (std::vector<uint8_t>{29, 107, 207, 91, 123, 223}));
+  // Constant stays constant, in both directions and odd sizes; the same size is a copy.
+  for (const auto& [h, w] : {std::pair{3, 5}, {11, 2}, {7, 7}})
+    EXPECT_EQ(resize_bilinear(std::vector<uint8_t>(35, 77), {5, 7, 1}, h, w),
+              std::vector<uint8_t>(static_cast<size_t>(h * w), 77));
+  EXPECT_EQ(resize_bilinear(rgb, {2, 2, 3}, 2, 2), rgb);
+  EXPECT_THROW(resize_bilinear(rgb, {2, 2, 1}, 2, 2), kiln::Error);
+}
+
+TEST(Pairs, ImageSizeResizesEveryImage) {
+  Pairs p;
+  write_png(p.dir.path() / "b.png", {6, 2, 1}, std::vector<uint8_t>(12, 20));  // another size
+  PreparePairsOptions o = p.options();
+  o.image_height = 3, o.image_width = 5;
+  prepare_pairs(o);
+  const ImageDatasetMeta m = read_image_meta(p.dir.path() / "out");
+  EXPECT_EQ(m.shape, (ImageShape{3, 5, 1}));
+  ImageLoader loader(p.dir.path() / "out", "train", 1, false);
+  std::vector<uint8_t> px(3 * 15);
+  std::vector<CaptionTokens> captions;
+  loader.next_pairs(px.data(), captions, 3);
+  EXPECT_EQ(std::vector<uint8_t>(px.begin(), px.begin() + 15), std::vector<uint8_t>(15, 10));
+  EXPECT_EQ(std::vector<uint8_t>(px.begin() + 30, px.end()), std::vector<uint8_t>(15, 20));
+  o.out_dir = p.dir.path() / "bad";
+  o.image_width = 0;
+  EXPECT_NE(error_of(o).find("--image-size 3x0"), std::string::npos);
+}
+
 TEST(Pairs, BadInputIsOneErrorNamingTheRecordOrSkipped) {
   Pairs p;
   const std::string train = (p.dir.path() / "train.jsonl").string();
@@ -141,7 +180,7 @@ TEST(Pairs, BadInputIsOneErrorNamingTheRecordOrSkipped) {
   EXPECT_NE(error_of(p.options("o1")).find(train + ":2 (id t1): image 'gone.png' ("), std::string::npos);
   write_png(p.dir.path() / "big.png", {5, 4, 1}, std::vector<uint8_t>(20, 1));
   p.write_lines("train.jsonl", {record("t0", "a.png", "A."), record("t1", "big.png", "G.")});
-  EXPECT_NE(error_of(p.options("o2")).find("is 5x4x1, the dataset's are 4x4x1 (resize them first)"),
+  EXPECT_NE(error_of(p.options("o2")).find("is 5x4x1, the dataset's are 4x4x1 (--image-size resizes them)"),
             std::string::npos);
   p.write_lines("train.jsonl", {record("t1", "", "Text only.")});
   EXPECT_NE(error_of(p.options("o3")).find("no record has a readable image"), std::string::npos);
