@@ -76,8 +76,10 @@ void prepare_llava(data::PrepareOptions tok, data::PreparePairsOptions pairs,
   KILN_CHECK(in.size() == 1, "prepare --format llava: --input takes one pair file (the train "
              "split's; --val-input the val split's), got {}", in.size());
   for (const CLI::Option* o : text_only)
-    KILN_CHECK(o->count() == 0 || o == &tokenizer || o->get_name() == "--tokenizer-files",
+    KILN_CHECK(o->count() == 0 || o == &tokenizer || o->get_name() == "--tokenizer-files" ||
+                   o->get_name() == "--val-fraction",
                "prepare --format llava: {} is for text", o->get_name());
+  pairs.val_fraction = tok.val_fraction;
   KILN_CHECK(tokenizer.count() > 0, "prepare --format llava: --tokenizer is required (byte | "
              "gpt2 | hf, or sentencepiece with its .model file)");
   for (const auto& s : tf) tok.tokenizer_files.emplace_back(s);
@@ -151,7 +153,8 @@ void register_prepare(CLI::App& app) {
   auto text_only = std::make_shared<std::vector<CLI::Option*>>();
   text_only->push_back(cmd->add_option("--vocab-size", opt->vocab_size, "Vocabulary size (sentencepiece)"));
   text_only->push_back(cmd->add_option("--val-fraction", opt->val_fraction,
-                                       "Fraction held out for validation (text, jsonl, chat; images: the "
+                                       "Fraction held out for validation (text, jsonl, chat; llava without "
+                                       "--val-input: each record with this probability; images: the "
                                        "t10k-* files or the val/ folder are the val split)"));
   text_only->push_back(tokenizer);
   text_only->push_back(cmd->add_option("--tokenizer-files", *tf,

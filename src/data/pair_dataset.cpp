@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 
 namespace kiln::data {
@@ -18,6 +19,16 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr size_t kMaxExamples = 5;
+
+// Whether record i of a single pair file is held out for val: splitmix64(i) / 2^64 below
+// `fraction` (a fixed, order-independent draw per record).
+bool in_val(size_t i, double fraction) {
+  uint64_t z = static_cast<uint64_t>(i) + 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * 0x1.0p-53 < fraction;
+}
 
 // "FILE[i] (id X)": where a record is, for errors.
 std::string where_of(const LlavaEntry& e) {
@@ -83,8 +94,9 @@ struct Writing {
               o.input.string());
   }
 
-  void split(const std::string& name, const fs::path& file) {
-    const std::vector<LlavaEntry> entries = read_llava_file(file);
+  // Split `name` of the records `entries` of `file` that `mine` takes (by index).
+  void split(const std::string& name, const fs::path& file, const std::vector<LlavaEntry>& entries,
+             const std::function<bool(size_t)>& mine) {
     const fs::path folder = o.images.empty() ? file.parent_path() : o.images;
     if (!shaped) take_shape(entries, folder);
     const int L = o.caption_tokens;
@@ -97,7 +109,9 @@ struct Writing {
       summary.meta.splits[name].push_back({shard, in_shard, w->finish()});
       w.reset();
     };
-    for (const LlavaEntry& e : entries) {
+    for (size_t i = 0; i < entries.size(); ++i) {
+      if (!mine(i)) continue;
+      const LlavaEntry& e = entries[i];
       if (!e.record.error.empty()) {
         bad(e, e.record.error);
         continue;
@@ -134,6 +148,10 @@ PreparePairsSummary prepare_pairs(const PreparePairsOptions& o) {
                  o.image_width <= 1 << 14,
              "prepare --format llava: --image-size {}x{}: both sides 1 .. 16384, or neither",
              o.image_height, o.image_width);
+  KILN_CHECK(o.val_fraction >= 0.0 && o.val_fraction < 1.0 &&
+                 (o.val_fraction == 0.0 || o.val_input.empty()),
+             "prepare --format llava: --val-fraction {} must be in [0, 1), and not with "
+             "--val-input", o.val_fraction);
   for (const fs::path& f : {o.input, o.val_input})
     KILN_CHECK(f.empty() || fs::is_regular_file(f), "{}: no such pair file", f.string());
   std::error_code ec;
@@ -144,8 +162,12 @@ PreparePairsSummary prepare_pairs(const PreparePairsOptions& o) {
   KILN_CHECK(!ec, "{}: cannot create output directory", o.out_dir.string());
   Writing run{o, {}, false};
   try {
-    run.split("train", o.input);
-    if (!o.val_input.empty()) run.split("val", o.val_input);
+    const std::vector<LlavaEntry> records = read_llava_file(o.input);
+    const bool held_out = o.val_input.empty() && o.val_fraction > 0.0;
+    run.split("train", o.input, records, [&](size_t i) { return !held_out || !in_val(i, o.val_fraction); });
+    if (!o.val_input.empty())
+      run.split("val", o.val_input, read_llava_file(o.val_input), [](size_t) { return true; });
+    if (held_out) run.split("val", o.input, records, [&](size_t i) { return in_val(i, o.val_fraction); });
     ImageDatasetMeta& meta = run.summary.meta;
     meta.classes = 0;
     meta.captions = {o.caption_tokens, "llava_v1", o.tokenizer->kind(), o.tokenizer->hash(),

@@ -24,7 +24,10 @@ namespace kiln::data {
 
 struct PreparePairsOptions {
   std::filesystem::path input;      // the train split's pair file (a JSON array or JSONL)
-  std::filesystem::path val_input;  // the val split's; empty: no val split
+  std::filesystem::path val_input;  // the val split's; empty: none, or val_fraction's
+  double val_fraction = 0.0;        // without val_input: each record of `input` held out
+                                    // for val with this probability (a fixed hash of its
+                                    // index: reproducible, independent of the others)
   std::filesystem::path images;     // the folder image paths are relative to; empty: each
                                     // pair file's own folder
   std::filesystem::path out_dir;    // must not exist yet, or be empty

@@ -13,6 +13,7 @@
 #include "data/tokenizer.h"
 #include "test_util.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -158,6 +159,31 @@ TEST(Pairs, ImageSizeResizesEveryImage) {
   o.out_dir = p.dir.path() / "bad";
   o.image_width = 0;
   EXPECT_NE(error_of(o).find("--image-size 3x0"), std::string::npos);
+}
+
+TEST(Pairs, ValFractionHoldsOutRecordsOfOneFile) {
+  Pairs p;
+  std::vector<json> records;
+  for (int k = 0; k < 40; ++k)
+    records.push_back(record(fmt::format("r{}", k), "a.png", fmt::format("R{}.", k)));
+  p.write_lines("train.jsonl", records);
+  auto run = [&](const std::string& out) {
+    PreparePairsOptions o = p.options(out);
+    o.val_input.clear();
+    o.val_fraction = 0.25;
+    o.shard_images = 100;
+    return prepare_pairs(o).meta;
+  };
+  const ImageDatasetMeta a = run("a"), b = run("b");
+  const int64_t val = a.images("val");
+  EXPECT_EQ(a.images("train") + val, 40);
+  EXPECT_GE(val, 3);
+  EXPECT_LE(val, 20);
+  EXPECT_EQ(a.splits.at("val")[0].crc32, b.splits.at("val")[0].crc32);  // the same records
+  EXPECT_EQ(a.splits.at("train")[0].crc32, b.splits.at("train")[0].crc32);
+  PreparePairsOptions both = p.options("c");
+  both.val_fraction = 0.1;
+  EXPECT_NE(error_of(both).find("not with --val-input"), std::string::npos);
 }
 
 TEST(Pairs, BadInputIsOneErrorNamingTheRecordOrSkipped) {
