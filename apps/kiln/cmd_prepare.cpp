@@ -82,6 +82,10 @@ void prepare_llava(data::PrepareOptions tok, data::PreparePairsOptions pairs,
   pairs.val_fraction = tok.val_fraction;
   KILN_CHECK(tokenizer.count() > 0, "prepare --format llava: --tokenizer is required (byte | "
              "gpt2 | hf, or sentencepiece with its .model file)");
+  const std::vector<std::string> kinds = {"byte", "gpt2", "hf", "sentencepiece"};
+  KILN_CHECK(std::find(kinds.begin(), kinds.end(), tok.tokenizer) != kinds.end(),
+             "prepare --format llava: unknown tokenizer '{}' (expected byte, gpt2, hf or "
+             "sentencepiece)", tok.tokenizer);
   for (const auto& s : tf) tok.tokenizer_files.emplace_back(s);
   KILN_CHECK(tok.tokenizer != "sentencepiece" || !tok.tokenizer_files.empty(),
              "prepare --format llava: sentencepiece needs its .model file (--tokenizer-files); it "
@@ -91,7 +95,11 @@ void prepare_llava(data::PrepareOptions tok, data::PreparePairsOptions pairs,
   pairs.out_dir = tok.out_dir;
   pairs.tokenizer = t.get();
   const data::PreparePairsSummary r = data::prepare_pairs(pairs);
-  for (const std::string& e : r.skipped_examples) fmt::print("kiln prepare: skipped {}\n", e);
+  for (const std::string& e : r.skipped_examples) fmt::print(stderr, "kiln prepare: skipped {}\n", e);
+  if (r.truncated > 0)
+    fmt::print(stderr, "kiln prepare: note: {} record{} cut to --caption-tokens {} ({} before "
+               "their first answer): what they say past it is not learned\n", r.truncated,
+               r.truncated == 1 ? "" : "s", r.meta.captions.tokens, r.answerless);
   std::string splits;
   for (const auto& [name, shards] : r.meta.splits)
     splits += fmt::format(" {}={} pairs ({} shards)", name, r.meta.images(name), shards.size());
@@ -105,8 +113,9 @@ void prepare_llava(data::PrepareOptions tok, data::PreparePairsOptions pairs,
 
 void register_prepare(CLI::App& app) {
   auto* cmd = app.add_subcommand(
-      "prepare", "Tokenize UTF-8 text, JSONL or chat conversations into llm.c-format token shards, or "
-                 "(--format idx | imagefolder) turn labelled images into image shards");
+      "prepare", "Tokenize UTF-8 text, JSONL or chat conversations into llm.c-format token shards, "
+                 "(--format idx | imagefolder) turn labelled images into image shards, or "
+                 "(--format llava) image-text pairs into image shards with captions");
   auto opt = std::make_shared<data::PrepareOptions>();
   std::vector<std::string> inputs, tok_files;
   auto in = std::make_shared<std::vector<std::string>>();
@@ -138,9 +147,12 @@ void register_prepare(CLI::App& app) {
   llava_only->push_back(cmd->add_option("--image-size", *image_size,
                                         "llava: N or HxW: every image resized to it (PIL's "
                                         "bilinear; default: the first image's size, kept)"));
+  llava_only->push_back(cmd->add_option("--channels", pairs->channels,
+                                        "llava: 1 (gray) or 3 (RGB) for every image (default: "
+                                        "the first readable image's)"));
   llava_only->push_back(cmd->add_flag("--skip-bad", pairs->skip_bad,
                                       "llava: skip and count bad records instead of the error"));
-  cmd->add_option("--shard-images", *shard_images, "--format idx | imagefolder: images per shard (default 100000)");
+  cmd->add_option("--shard-images", *shard_images, "--format idx | imagefolder | llava: images per shard (default 100000)");
   auto class_names = std::make_shared<std::string>();
   cmd->add_option("--class-names", *class_names, "--format idx: the classes' names in label order, "
                   "comma-separated (stored in meta.json)");

@@ -63,6 +63,7 @@ std::string read_turns(const nlohmann::json& j, LlavaRecord& r) {
     r.messages.push_back({from == "human" ? "user" : "assistant", std::move(value)});
   }
   if (turns.size() < 2) return "no gpt turn (nothing in the loss)";
+  if (turns.size() % 2 == 1) return "it ends with a human turn, which no gpt turn answers";
   if (!r.image.empty() && images != 1)
     return fmt::format("it has an image but {} {} (expected one, where the image's tokens go)",
                        images, kImageToken);
@@ -99,9 +100,7 @@ CaptionTokens tokenize_llava(const Tokenizer& tok, const LlavaRecord& record) {
     if (at == std::string::npos) return add(q, false);
     add(q.substr(0, at), false);
     out.image_at = static_cast<int64_t>(out.ids.size());
-    size_t rest = at + std::string_view(kImageToken).size();
-    if (rest < q.size() && q[rest] == '\n') ++rest;
-    add(q.substr(rest), false);
+    add(q.substr(at + std::string_view(kImageToken).size()), false);  // "\n..." as LLaVA keeps it
   };
   add(std::string(kLlavaSystem) + " ", false);
   for (const ChatMessage& m : record.messages) {
@@ -125,7 +124,8 @@ std::vector<LlavaEntry> read_llava_file(const std::filesystem::path& path) {
   KILN_CHECK(in, "{}: cannot read this LLaVA pair file", path.string());
   std::stringstream buffer;
   buffer << in.rdbuf();
-  const std::string text = buffer.str();
+  std::string text = buffer.str();
+  if (text.starts_with("\xEF\xBB\xBF")) text.erase(0, 3);  // a UTF-8 byte order mark
   const std::string name = path.string();
   std::vector<LlavaEntry> out;
   const size_t first = text.find_first_not_of(" \t\r\n");

@@ -8,8 +8,8 @@
 //
 // A file is a JSON array of such records (LLaVA's own files) or JSONL (one per line).
 // "image" is a path relative to the image folder; a record without it is text only. The
-// turns alternate "human" and "gpt", the human first, and at least one "gpt" turn gives
-// the loss something to learn; a record with an image holds exactly one "<image>" (where
+// turns alternate "human" and "gpt", the human first and a gpt one last (so at least one
+// gives the loss something to learn); a record with an image holds exactly one "<image>" (where
 // the image's tokens go), in a human turn, and one without holds none. Other keys are
 // ignored. The turns become chat messages: human -> "user", gpt -> "assistant".
 #pragma once
@@ -41,7 +41,8 @@ struct LlavaRecord {
 /// Checks and converts one record (the rules above): not an object, an "id" or "image"
 /// that is not a string (or a number, for the id), an empty "image", no "conversations"
 /// list, a turn that is not {"from": string, "value": string}, a "from" other than human
-/// or gpt, turns that do not alternate from a human one, no gpt turn, and the "<image>"
+/// or gpt, turns that do not alternate from a human one, no gpt turn or a last human one,
+/// and the "<image>"
 /// count (one, in a human turn, with an image; none without). Never throws.
 LlavaRecord parse_llava_record(const nlohmann::json& record);
 
@@ -49,9 +50,10 @@ LlavaRecord parse_llava_record(const nlohmann::json& record);
 ///   kLlavaSystem " USER: " q1 " ASSISTANT: " a1 <eot> "USER: " q2 " ASSISTANT: " a2 <eot> ...
 /// (as LLaVA's SeparatorStyle.TWO joins the turns: " " after a question, "</s>" after an
 /// answer) where <eot> is the tokenizer's end-of-text id (LLaVA's "</s>") and each q holds its
-/// record's "<image>" (with the newline after it, as LLaVA writes it) at most once. Each
-/// piece is tokenized on its own (so a token never spans two pieces, nor the image), the
-/// text before the image apart from the text after it.
+/// record's "<image>" at most once. Each piece is tokenized on its own (so a token never
+/// spans two pieces, nor the image), the text before the image apart from the text after
+/// it (which keeps the newline LLaVA's files put after "<image>", as LLaVA's
+/// tokenizer_image_token does).
 inline constexpr const char* kLlavaSystem =
     "A chat between a curious human and an artificial intelligence assistant. The assistant "
     "gives helpful, detailed, and polite answers to the human's questions.";

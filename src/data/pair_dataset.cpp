@@ -58,7 +58,8 @@ struct Writing {
     }
     const fs::path path = folder / e.record.image;
     if (!fs::is_regular_file(path)) {
-      bad(e, fmt::format("image '{}' ({}) is missing", e.record.image, path.string()));
+      bad(e, fmt::format("image '{}' ({}) is missing or not a file", e.record.image,
+                         path.string()));
       return false;
     }
     ImageShape got;
@@ -73,25 +74,33 @@ struct Writing {
       px = resize_bilinear(px, got, shape.height, shape.width);
       return true;
     }
-    bad(e, fmt::format("image {} is {}x{}x{}, the dataset's are {}x{}x{} (--image-size resizes "
-                       "them)", path.string(), got.height, got.width, got.channels,
-                       shape.height, shape.width, shape.channels));
+    bad(e, fmt::format("image {} is {}x{}, the dataset's are {}x{} (--image-size resizes "
+                       "them)", path.string(), got.height, got.width, shape.height, shape.width));
     return false;
   }
 
-  // The shape of the first image among `entries` (the train split's), gray or RGB as it is.
+  // The shape of the first readable image among `entries` (the train split's), gray or RGB
+  // as it is unless o.channels says; the records before it are reported in their turn.
   void take_shape(const std::vector<LlavaEntry>& entries, const fs::path& folder) {
+    const LlavaEntry* first = nullptr;  // the first good record with an image
     for (const LlavaEntry& e : entries) {
       if (!e.record.error.empty() || e.record.image.empty()) continue;
-      if (!fs::is_regular_file(folder / e.record.image)) continue;  // reported in its turn
+      if (!first) first = &e;
       ImageShape& shape = summary.meta.shape;
-      read_png(folder / e.record.image, 0, &shape);
+      try {
+        read_png(folder / e.record.image, o.channels, &shape);
+      } catch (const Error&) {
+        continue;  // missing or unreadable: reported in its turn
+      }
       if (o.image_height > 0) shape.height = o.image_height, shape.width = o.image_width;
       shaped = true;
       return;
     }
-    KILN_FAIL("{}: no record has a readable image (image-text pairs need images)",
-              o.input.string());
+    KILN_CHECK(first, "{}: no record has an image (image-text pairs need images)",
+               o.input.string());
+    KILN_FAIL("{}: no record's image can be read, e.g. image '{}' ({}) (are the paths "
+              "relative to --images?)", where_of(*first), first->record.image,
+              (folder / first->record.image).string());
   }
 
   // Split `name` of the records `entries` of `file` that `mine` takes (by index).
@@ -123,6 +132,7 @@ struct Writing {
         c.in_loss.resize(static_cast<size_t>(L));
         c.image_at = std::min<int64_t>(c.image_at, L);
         ++summary.truncated;
+        if (std::count(c.in_loss.begin(), c.in_loss.end(), 1) == 0) ++summary.answerless;
       }
       if (!w) {
         shard = fmt::format("{}_{:06d}.imgshard", name, summary.meta.splits[name].size());
@@ -135,6 +145,9 @@ struct Writing {
     }
     close();
     KILN_CHECK(kept > 0, "{}: no record left for the {} split", file.string(), name);
+    KILN_CHECK(summary.answerless < kept, "{}: no record keeps an answer within --caption-tokens "
+               "{} (LLaVA's system sentence alone takes {} tokens): nothing to learn", file.string(),
+               L, o.tokenizer->encode(std::string(kLlavaSystem) + " ").size());
   }
 };
 
@@ -154,9 +167,12 @@ PreparePairsSummary prepare_pairs(const PreparePairsOptions& o) {
              "--val-input", o.val_fraction);
   for (const fs::path& f : {o.input, o.val_input})
     KILN_CHECK(f.empty() || fs::is_regular_file(f), "{}: no such pair file", f.string());
+  KILN_CHECK(o.channels == 0 || o.channels == 1 || o.channels == 3,
+             "prepare --format llava: --channels {} (1 gray, 3 RGB)", o.channels);
   std::error_code ec;
-  KILN_CHECK(!fs::exists(o.out_dir, ec) || fs::is_empty(o.out_dir, ec),
-             "{}: already exists and is not empty (image-text pairs go to a new folder)",
+  const bool existed = fs::exists(o.out_dir, ec);
+  KILN_CHECK(!existed || (fs::is_directory(o.out_dir, ec) && fs::is_empty(o.out_dir, ec)),
+             "{}: already exists and is not an empty folder (image-text pairs go to a new one)",
              o.out_dir.string());
   fs::create_directories(o.out_dir, ec);
   KILN_CHECK(!ec, "{}: cannot create output directory", o.out_dir.string());
@@ -175,7 +191,10 @@ PreparePairsSummary prepare_pairs(const PreparePairsOptions& o) {
     o.tokenizer->save(o.out_dir);
     write_image_meta(o.out_dir, meta);  // last: a dataset exists once its meta.json does
   } catch (...) {
-    fs::remove_all(o.out_dir, ec);
+    // Nothing left: the folder this run made, or what it wrote into the empty one given.
+    if (!existed) fs::remove_all(o.out_dir, ec);
+    else
+      for (const auto& entry : fs::directory_iterator(o.out_dir, ec)) fs::remove_all(entry.path(), ec);
     throw;
   }
   return run.summary;

@@ -3,8 +3,9 @@
 // captions (data/image_shard.h) and a meta.json with "captions" (data/image_dataset.h),
 // which ImageLoader::next_pairs deals out.
 //
-// Per record, in file order: its image read as 8-bit gray or RGB (libpng), as the first
-// image of the train file is, resized to `image_size` when it differs (PIL's bilinear,
+// Per record, in file order: its image read as 8-bit gray or RGB (libpng: gray, RGB and
+// alpha converted), as `channels` says or else as the first readable image of the train
+// file is, resized to `image_size` when it differs (PIL's bilinear,
 // data/image_resize.h), or without one of the first image's size (another size is then an
 // error asking for --image-size); a text-only record's pixels are zero.
 // Its caption is tokenize_llava's (LLaVA-1.5's conversation format), cut to the caption
@@ -33,6 +34,7 @@ struct PreparePairsOptions {
   std::filesystem::path out_dir;    // must not exist yet, or be empty
   int caption_tokens = 256;         // L, caption slots per record
   int image_height = 0, image_width = 0;  // every image resized to this; 0: the first's size
+  int channels = 0;                 // 1 gray, 3 RGB; 0: the first readable image's
   int64_t shard_images = 100000;    // records per shard
   bool skip_bad = false;            // a bad record skipped and counted, not an error
   const Tokenizer* tokenizer = nullptr;  // not owned
@@ -41,15 +43,18 @@ struct PreparePairsOptions {
 struct PreparePairsSummary {
   ImageDatasetMeta meta;
   int64_t truncated = 0;  // records cut to L tokens
+  int64_t answerless = 0; // of them, those cut before their first answer (nothing to learn)
   int64_t skipped = 0;    // bad records skipped (skip_bad)
   std::vector<std::string> skipped_examples;  // the first few, "FILE[i] (id X): reason"
 };
 
 /// Writes the dataset. Throws kiln::Error naming the file and record of a bad record
-/// (data/llava.h's reasons, a missing or unreadable image, an image of another size or
-/// channel count) unless skip_bad, and on a missing pair file, an existing non-empty
-/// out_dir, L < 1, no record with an image, or a split left empty. A failed run leaves
-/// nothing: out_dir is removed.
+/// (data/llava.h's reasons, a missing or unreadable image, an image of another size
+/// without image_size) unless skip_bad, and on a missing pair file, an out_dir that exists
+/// and is not an empty folder, L < 1, no record with a readable image, a split left empty,
+/// or a split whose every record is cut before its first answer. A failed run leaves
+/// nothing (out_dir removed, or emptied when it was given empty); an interrupted one leaves
+/// shards without meta.json, which no loader reads.
 PreparePairsSummary prepare_pairs(const PreparePairsOptions& o);
 
 }  // namespace kiln::data

@@ -56,10 +56,6 @@ std::string with_article(const std::string& noun) {
   return (vowel ? "an " : "a ") + noun;
 }
 
-std::string plural(const std::string& noun) {
-  return noun + (noun.ends_with("s") ? "es" : "s");  // dress -> dresses
-}
-
 std::string capitalised(std::string s) {
   if (!s.empty() && s[0] >= 'a' && s[0] <= 'z') s[0] = static_cast<char>(s[0] - 'a' + 'A');
   return s;
@@ -132,7 +128,7 @@ nlohmann::json conversation(std::mt19937_64& rng, const Scene& s) {
   const int counted = asked_class(rng, s);
   int n = 0;
   for (int c : s.cls) n += c == counted ? 1 : 0;
-  round(fmt::format("How many {} are there?", plural(kFashionNames[counted])), kCounts[n]);
+  round(fmt::format("How many {} are there?", kFashionPlurals[counted]), kCounts[n]);
   const int sought = asked_class(rng, s);
   const bool there = std::find(s.cls.begin(), s.cls.end(), sought) != s.cls.end();
   round(fmt::format("Is there {}?", with_article(kFashionNames[sought])), there ? "Yes." : "No.");
@@ -165,6 +161,9 @@ void write_split(const SceneOptions& o, const std::string& split, const Items& i
 
 void write_scenes(const SceneOptions& options) {
   KILN_CHECK(options.train >= 0 && options.val >= 0, "kiln scenes: scene counts must be >= 0");
+  for (const char* mine : {"train.jsonl", "val.jsonl", "images"})
+    KILN_CHECK(!fs::exists(options.out / mine), "{}: already holds scenes ({}): remove them first",
+               options.out.string(), mine);
   const Items train = read_items(options.fashion_mnist, "train");
   const Items val = read_items(options.fashion_mnist, "t10k");
   write_split(options, "train", train, options.train);

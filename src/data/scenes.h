@@ -31,10 +31,14 @@
 
 namespace kiln::data {
 
-/// The class names of Fashion-MNIST's labels 0..9, as the scenes' text says them.
+/// The class names of Fashion-MNIST's labels 0..9 as the scenes' text says them, one and
+/// several.
 inline constexpr const char* kFashionNames[10] = {
-    "t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag",
-    "ankle boot"};
+    "t-shirt", "pair of trousers", "pullover", "dress", "coat", "sandal", "shirt", "sneaker",
+    "bag", "ankle boot"};
+inline constexpr const char* kFashionPlurals[10] = {
+    "t-shirts", "pairs of trousers", "pullovers", "dresses", "coats", "sandals", "shirts",
+    "sneakers", "bags", "ankle boots"};
 
 struct SceneOptions {
   std::filesystem::path fashion_mnist;  // a folder with the four IDX files (.gz or plain)
@@ -45,8 +49,9 @@ struct SceneOptions {
 
 /// Writes both splits (train from train-images/-labels, val from t10k-images/-labels).
 /// Throws kiln::Error naming the file when an IDX file is missing or is not 28x28 images
-/// with matching labels (labels 0..9), or when a file cannot be written. Each JSONL is
-/// written atomically (a temporary, then renamed).
+/// with matching labels (labels 0..9), when `out` already holds scenes (train.jsonl or an
+/// images/ folder: a smaller set would leave stale images), or when a file cannot be
+/// written. Each JSONL is written atomically (a temporary, then renamed).
 void write_scenes(const SceneOptions& options);
 
 }  // namespace kiln::data

@@ -77,6 +77,8 @@ TEST(Llava, EachBrokenRecordSaysWhy) {
             "(this one should be from gpt)");
   EXPECT_EQ(error_of([](json& r) { r["conversations"] = json::array({r["conversations"][0]}); }),
             "no gpt turn (nothing in the loss)");
+  EXPECT_EQ(error_of([](json& r) { r["conversations"].erase(3); }),
+            "it ends with a human turn, which no gpt turn answers");
   EXPECT_EQ(error_of([](json& r) { r["conversations"][0]["value"] = "What is this?"; }),
             "it has an image but 0 <image> (expected one, where the image's tokens go)");
   EXPECT_EQ(error_of([](json& r) { r["conversations"][2]["value"] = "<image> and <image>"; }),
@@ -97,8 +99,8 @@ TEST(Llava, TokensFollowLlavaConversations) {
   const auto tok = make_byte_tokenizer();
   const CaptionTokens t = tokenize_llava(*tok, parse_llava_record(good_record()));
   const std::string head = std::string(kLlavaSystem) + " USER: ";
-  // The image's place: after "USER: ", its newline dropped with it.
-  EXPECT_EQ(text_of(t.ids), head + "What are the colors of the bus? ASSISTANT: The bus is "
+  // The image's place: after "USER: ", the newline after it kept as LLaVA keeps it.
+  EXPECT_EQ(text_of(t.ids), head + "\nWhat are the colors of the bus? ASSISTANT: The bus is "
                             "white and red.|USER: What is in front of it? ASSISTANT: A car.|");
   EXPECT_EQ(t.image_at, static_cast<int64_t>(head.size()));
   // The loss: the answers (their leading space included) and the end-of-text after each.
@@ -131,8 +133,8 @@ TEST(Llava, ReadsJsonArraysAndJsonl) {
   EXPECT_EQ(a[1].record.error, "no \"conversations\" list");
   EXPECT_EQ(a[2].record.messages.size(), 4u);
 
-  const auto lines = dir.path() / "pairs.jsonl";
-  write_text(lines, good_record().dump() + "\n\n{not json\n" + good_record().dump() + "\n");
+  const auto lines = dir.path() / "pairs.jsonl";  // a byte order mark first, as some editors write
+  write_text(lines, "\xEF\xBB\xBF" + good_record().dump() + "\n\n{not json\n" + good_record().dump() + "\n");
   const auto l = read_llava_file(lines);
   ASSERT_EQ(l.size(), 3u);  // the blank line skipped
   EXPECT_EQ(l[0].where, lines.string() + ":1");

@@ -29,7 +29,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int L = 120;  // caption slots: the system sentence alone is 156 bytes: all cut
+constexpr int L = 182;  // caption slots: every record (184 bytes) cut within its answer
 
 json record(const std::string& id, const std::string& image, const std::string& answer) {
   json r = {{"id", id},
@@ -69,6 +69,13 @@ struct Pairs {
   }
   int slots;
 };
+
+// Options whose every record is cut before its first answer (an error), into `out`.
+PreparePairsOptions tiny_in(const Pairs& p, const std::string& out) {
+  PreparePairsOptions o = p.options(out);
+  o.caption_tokens = 16;
+  return o;
+}
 
 std::string error_of(const PreparePairsOptions& o) {
   try {
@@ -206,19 +213,45 @@ TEST(Pairs, BadInputIsOneErrorNamingTheRecordOrSkipped) {
   EXPECT_NE(error_of(p.options("o1")).find(train + ":2 (id t1): image 'gone.png' ("), std::string::npos);
   write_png(p.dir.path() / "big.png", {5, 4, 1}, std::vector<uint8_t>(20, 1));
   p.write_lines("train.jsonl", {record("t0", "a.png", "A."), record("t1", "big.png", "G.")});
-  EXPECT_NE(error_of(p.options("o2")).find("is 5x4x1, the dataset's are 4x4x1 (--image-size resizes them)"),
+  EXPECT_NE(error_of(p.options("o2")).find("is 5x4, the dataset's are 4x4 (--image-size resizes them)"),
             std::string::npos);
   p.write_lines("train.jsonl", {record("t1", "", "Text only.")});
-  EXPECT_NE(error_of(p.options("o3")).find("no record has a readable image"), std::string::npos);
-
+  EXPECT_NE(error_of(p.options("o3")).find("no record has an image"), std::string::npos);
+  // No image readable (paths relative to another folder): the first record named.
+  p.write_lines("train.jsonl", {record("t0", "sub/a.png", "A.")});
+  EXPECT_NE(error_of(p.options("o5")).find(train + ":1 (id t0): no record's image can be read, "
+                                           "e.g. image 'sub/a.png'"), std::string::npos);
+  // A corrupt first image is that record's problem: skipped with skip_bad, the next sets
+  // the shape.
+  write_text(p.dir.path() / "bad.png", "not a png");
+  p.write_lines("train.jsonl", {record("t0", "bad.png", "A."), record("t1", "b.png", "B.")});
+  EXPECT_NE(error_of(p.options("o6")).find(train + ":1 (id t0): "), std::string::npos);
+  PreparePairsOptions skip_corrupt = p.options("o7");
+  skip_corrupt.skip_bad = true;
+  EXPECT_EQ(prepare_pairs(skip_corrupt).skipped, 1);
+  // --channels 3: a gray dataset stored as RGB.
+  PreparePairsOptions rgb = p.options("o8");
+  rgb.channels = 3;
   p.write_lines("train.jsonl", {record("t0", "a.png", "A.")});
+  EXPECT_EQ(prepare_pairs(rgb).meta.shape, (ImageShape{4, 4, 3}));
+  // Every record cut before its first answer: nothing to learn.
+  PreparePairsOptions tiny = p.options("o9");
+  tiny.caption_tokens = 16;
+  EXPECT_NE(error_of(tiny).find("no record keeps an answer within --caption-tokens 16"),
+            std::string::npos);
+
+  // An empty folder given as --out: emptied again after a failure, not removed.
+  fs::create_directories(p.dir.path() / "given");
+  EXPECT_THROW(prepare_pairs(tiny_in(p, "given")), kiln::Error);
+  EXPECT_TRUE(fs::is_directory(p.dir.path() / "given"));
+  EXPECT_TRUE(fs::is_empty(p.dir.path() / "given"));
   fs::create_directories(p.dir.path() / "full");
   write_text(p.dir.path() / "full" / "x", "x");
   try {
     prepare_pairs(p.options("full"));
     ADD_FAILURE() << "wrote into a non-empty folder";
   } catch (const kiln::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("already exists and is not empty"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("already exists and is not an empty folder"), std::string::npos);
   }
   PreparePairsOptions missing = p.options("o4");
   missing.val_input = p.dir.path() / "none.json";

@@ -110,7 +110,7 @@ TEST(Scenes, CanvasAndAnswersAgree) {
       int counted = -1, sought = -1;
       for (int k = 0; k < 10; ++k) {
         const std::string noun = kFashionNames[k];
-        const std::string plural = noun + (noun.ends_with("s") ? "es" : "s");
+        const std::string plural = kFashionPlurals[k];
         if (m[2].content == "How many " + plural + " are there?") counted = k;
         if (m[4].content == std::string("Is there ") + (k == 9 ? "an " : "a ") + noun + "?") sought = k;
       }
@@ -150,6 +150,19 @@ TEST(Scenes, ReproducibleAndExtensible) {
   EXPECT_EQ(read_text(c.path() / "train.jsonl").substr(0, ta.size()), ta);  // extends
   EXPECT_NE(read_text(d.path() / "train.jsonl"), ta);
   EXPECT_EQ(read_text(a.path() / "val.jsonl"), read_text(c.path() / "val.jsonl"));
+}
+
+TEST(Scenes, EnglishOfTheClasses) {
+  // Articles and plurals as the texts use them (not derived: "pairs of trousers").
+  FakeFashionMnist fm;
+  TempDir out;
+  write_scenes({fm.dir.path(), out.path(), 200, 0, 5});
+  const std::string text = read_text(out.path() / "train.jsonl");
+  for (const char* phrase : {"A pair of trousers.", "How many pairs of trousers are there?",
+                             "Is there an ankle boot?", "How many dresses are there?"})
+    EXPECT_NE(text.find(phrase), std::string::npos) << phrase;
+  EXPECT_EQ(text.find("a trouser"), std::string::npos);
+  EXPECT_THROW(write_scenes({fm.dir.path(), out.path(), 10, 0, 5}), kiln::Error);  // stale
 }
 
 TEST(Scenes, MissingIdxIsAnError) {
