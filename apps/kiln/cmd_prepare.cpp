@@ -141,7 +141,7 @@ void register_prepare(CLI::App& app) {
                                         "llava: the folder image paths are relative to (default: "
                                         "each pair file's folder)"));
   llava_only->push_back(cmd->add_option("--caption-tokens", pairs->caption_tokens,
-                                        "llava: token slots per record (default 256); a longer "
+                                        "llava: token slots per record (default 512); a longer "
                                         "record is cut (counted)"));
   auto image_size = std::make_shared<std::string>();
   llava_only->push_back(cmd->add_option("--image-size", *image_size,

@@ -32,7 +32,7 @@ struct PreparePairsOptions {
   std::filesystem::path images;     // the folder image paths are relative to; empty: each
                                     // pair file's own folder
   std::filesystem::path out_dir;    // must not exist yet, or be empty
-  int caption_tokens = 256;         // L, caption slots per record
+  int caption_tokens = 512;         // L, caption slots per record
   int image_height = 0, image_width = 0;  // every image resized to this; 0: the first's size
   int channels = 0;                 // 1 gray, 3 RGB; 0: the first readable image's
   int64_t shard_images = 100000;    // records per shard
