@@ -69,7 +69,8 @@ std::pair<int, int> parse_size(const std::string& s) {
 }
 
 // --format llava: LLaVA pair files to image shards with captions (data/pair_dataset.h).
-// `tokens` are the options that name the tokenizer; the text formats' others are refused.
+// `tok` carries --out, --val-fraction and the tokenizer's options; the text formats' other
+// options (`text_only`) are refused.
 void prepare_llava(data::PrepareOptions tok, data::PreparePairsOptions pairs,
                    const std::vector<std::string>& in, const std::vector<std::string>& tf,
                    const CLI::Option& tokenizer, const std::vector<CLI::Option*>& text_only) {

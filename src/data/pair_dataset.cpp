@@ -30,6 +30,16 @@ bool in_val(size_t i, double fraction) {
   return static_cast<double>(z >> 11) * 0x1.0p-53 < fraction;
 }
 
+// Cuts caption `c` to L tokens when longer (its image at the end at most); returns whether
+// it did.
+bool cut_to(CaptionTokens& c, int L) {
+  if (static_cast<int64_t>(c.ids.size()) <= L) return false;
+  c.ids.resize(static_cast<size_t>(L));
+  c.in_loss.resize(static_cast<size_t>(L));
+  c.image_at = std::min<int64_t>(c.image_at, L);
+  return true;
+}
+
 // "FILE[i] (id X)": where a record is, for errors.
 std::string where_of(const LlavaEntry& e) {
   return e.record.id.empty() ? e.where : fmt::format("{} (id {})", e.where, e.record.id);
@@ -112,7 +122,7 @@ struct Writing {
     std::vector<uint8_t> px;
     std::unique_ptr<ImageShardWriter> w;
     std::string shard;
-    int64_t in_shard = 0, kept = 0;
+    int64_t in_shard = 0, kept = 0, answerless = 0;
     auto close = [&] {
       if (!w) return;
       summary.meta.splits[name].push_back({shard, in_shard, w->finish()});
@@ -127,12 +137,9 @@ struct Writing {
       }
       if (!pixels(e, folder, px)) continue;
       CaptionTokens c = tokenize_llava(*o.tokenizer, e.record);
-      if (static_cast<int64_t>(c.ids.size()) > L) {
-        c.ids.resize(static_cast<size_t>(L));
-        c.in_loss.resize(static_cast<size_t>(L));
-        c.image_at = std::min<int64_t>(c.image_at, L);
+      if (cut_to(c, L)) {
         ++summary.truncated;
-        if (std::count(c.in_loss.begin(), c.in_loss.end(), 1) == 0) ++summary.answerless;
+        if (std::count(c.in_loss.begin(), c.in_loss.end(), 1) == 0) ++answerless;
       }
       if (!w) {
         shard = fmt::format("{}_{:06d}.imgshard", name, summary.meta.splits[name].size());
@@ -145,7 +152,8 @@ struct Writing {
     }
     close();
     KILN_CHECK(kept > 0, "{}: no record left for the {} split", file.string(), name);
-    KILN_CHECK(summary.answerless < kept, "{}: no record keeps an answer within --caption-tokens "
+    summary.answerless += answerless;
+    KILN_CHECK(answerless < kept, "{}: no record keeps an answer within --caption-tokens "
                "{} (LLaVA's system sentence alone takes {} tokens): nothing to learn", file.string(),
                L, o.tokenizer->encode(std::string(kLlavaSystem) + " ").size());
   }
