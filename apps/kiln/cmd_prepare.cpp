@@ -125,7 +125,8 @@ void register_prepare(CLI::App& app) {
   auto shard_images = std::make_shared<int64_t>(100000);
   cmd->add_option("--input", *in, "Input files, plain, gzip or zstd, or quoted globs ('data/*.jsonl.zst'): "
                                   "text (one file = one document), JSONL or chat JSONL; --format idx | imagefolder: the "
-                                  "directory of IDX files or the image folder")->required();
+                                  "directory of IDX files or the image folder; --format llava: one pair "
+                                  "file (JSON or JSONL, no glob)")->required();
   cmd->add_option("--format", *format, "text (default) | jsonl (one JSON object per line, --text-key its "
                                        "document) | chat (JSONL conversations {\"messages\": [{\"role\", "
                                        "\"content\"}]}, --chat-template; the loss on the assistant's turns) | "
