@@ -89,4 +89,9 @@ void write_idx(const std::filesystem::path& path, const IdxArray& a) {
   KILN_CHECK(out.good(), "{}: write failed", path.string());
 }
 
+std::filesystem::path idx_file(const std::filesystem::path& dir, const std::string& stem) {
+  const std::filesystem::path gz = dir / (stem + ".gz");
+  return std::filesystem::exists(gz) ? gz : dir / stem;
+}
+
 }  // namespace kiln::data

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <string>
 #include <vector>
 
 namespace kiln::data {
@@ -26,6 +27,10 @@ struct IdxArray {
 /// magic, element type other than unsigned byte, 0 or more than 4 dimensions, a zero
 /// size), holds more than 4 GiB, or is truncated or has bytes after its elements.
 IdxArray read_idx(const std::filesystem::path& path);
+
+/// Where the IDX file `stem` of `dir` is looked for: `dir`/`stem`.gz when it exists, else
+/// `dir`/`stem` (which may not exist either).
+std::filesystem::path idx_file(const std::filesystem::path& dir, const std::string& stem);
 
 /// Writes `a` as a plain IDX file (tests, tools). Throws kiln::Error naming the file.
 void write_idx(const std::filesystem::path& path, const IdxArray& a);

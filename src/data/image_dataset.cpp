@@ -153,19 +153,13 @@ void write_split(const PrepareImagesOptions& o, ImageDatasetMeta& meta, const st
 }
 
 void prepare_idx(const PrepareImagesOptions& o, ImageDatasetMeta& meta, std::vector<fs::path>& written) {
-  auto find = [&](const std::string& stem) -> fs::path {
-    for (const char* ext : {".gz", ""}) {
-      const fs::path p = o.input / (stem + ext);
-      if (fs::exists(p)) return p;
-    }
-    return {};
-  };
   for (const auto& [prefix, split] : {std::pair<std::string, std::string>{"train", "train"}, {"t10k", "val"}}) {
-    const fs::path images_path = find(prefix + "-images-idx3-ubyte");
-    const fs::path labels_path = find(prefix + "-labels-idx1-ubyte");
-    if (split == "val" && images_path.empty() && labels_path.empty()) continue;  // optional
-    KILN_CHECK(!images_path.empty(), "{}: no {}-images-idx3-ubyte[.gz]", o.input.string(), prefix);
-    KILN_CHECK(!labels_path.empty(), "{}: no {}-labels-idx1-ubyte[.gz]", o.input.string(), prefix);
+    const fs::path images_path = idx_file(o.input, prefix + "-images-idx3-ubyte");
+    const fs::path labels_path = idx_file(o.input, prefix + "-labels-idx1-ubyte");
+    const bool have_images = fs::exists(images_path), have_labels = fs::exists(labels_path);
+    if (split == "val" && !have_images && !have_labels) continue;  // optional
+    KILN_CHECK(have_images, "{}: no {}-images-idx3-ubyte[.gz]", o.input.string(), prefix);
+    KILN_CHECK(have_labels, "{}: no {}-labels-idx1-ubyte[.gz]", o.input.string(), prefix);
     const IdxArray images = read_idx(images_path), labels = read_idx(labels_path);
     KILN_CHECK(images.dims.size() == 3, "{}: {} dimensions; images are [count, rows, cols]",
                images_path.string(), images.dims.size());

@@ -31,12 +31,6 @@ struct Items {
   int64_t size() const { return labels.dims[0]; }
 };
 
-// `dir`/`stem`.gz, else `dir`/`stem`.
-fs::path idx_file(const fs::path& dir, const std::string& stem) {
-  const fs::path gz = dir / (stem + ".gz");
-  return fs::exists(gz) ? gz : dir / stem;
-}
-
 Items read_items(const fs::path& dir, const std::string& prefix) {
   const fs::path images = idx_file(dir, prefix + "-images-idx3-ubyte");
   const fs::path labels = idx_file(dir, prefix + "-labels-idx1-ubyte");

@@ -130,6 +130,10 @@ const Tensor& DataParallel::buffer_of(const ParamSpec& p) const {
   return p.trainable ? model_.param_buffer() : model_.frozen_buffer();
 }
 
+const Tensor& DataParallel::shard_of(const Region& r) const {
+  return r.trainable() ? param_shard_ : frozen_shard_;
+}
+
 const DataParallel::Region& DataParallel::region_of(const ParamSpec& p) const {
   const bool experts = p.slice.ep_sharded();
   const RegionKind kind = p.trainable ? (experts ? RegionKind::Expert : RegionKind::Dense)
@@ -149,8 +153,7 @@ void DataParallel::add_slice(const ParamSpec& p, std::vector<AdamWSegment>& out)
   seg.begin = a - p.offset;
   seg.end = b - p.offset;
   const Shape n{b - a};
-  const Tensor& shard = p.trainable ? param_shard_ : frozen_shard_;
-  seg.param = stage_ == 3 ? shard.view_at(r.shard_offset + (a - s0), n)
+  seg.param = stage_ == 3 ? shard_of(r).view_at(r.shard_offset + (a - s0), n)
                           : buffer_of(p).view_at(a, n);
   if (p.trainable)
     seg.grad = stage_ >= 2 ? grad_shard_.view_at(r.shard_offset + (a - s0), n)
@@ -250,9 +253,8 @@ void DataParallel::gather(int index, bool wait) {
       const Tensor whole =
           r.trainable() ? part.params.view_at(r.begin - part.begin, Shape{r.size})
                         : part.frozen.view_at(r.begin - part.frozen_begin, Shape{r.size});
-      const Tensor& shard = r.trainable() ? param_shard_ : frozen_shard_;
       part.gather_works.push_back(
-          r.comm->all_gather_async(whole, shard.view_at(r.shard_offset, Shape{r.S}), s));
+          r.comm->all_gather_async(whole, shard_of(r).view_at(r.shard_offset, Shape{r.S}), s));
     }
   }
   if (wait && !part.gather_works.empty()) {

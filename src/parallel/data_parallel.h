@@ -199,6 +199,8 @@ class DataParallel final : public ModelHooks {
                   int64_t size, int64_t& shard);
   /// The model's flat buffer (trainable or frozen) holding `p` (stages 0-2).
   const Tensor& buffer_of(const ParamSpec& p) const;
+  /// Stage 3: the parameter shard holding `r`'s slice (param_shard_ or frozen_shard_).
+  const Tensor& shard_of(const Region& r) const;
   /// The region of `p`'s part that holds it.
   const Region& region_of(const ParamSpec& p) const;
   /// The hash of the flat parameter ranges (trainable, then frozen) inside (`expert`) or
