@@ -29,8 +29,8 @@ struct DecoderModel::Slot {
   nn::SavedActivations saved;      // the blocks' own tensors under the checkpointing mode
   std::vector<Tensor> head_saved;  // the final norm's saved out [B,T,C] and statistics
   Tensor dhead;                    // dL/d(norm out): scratch.dtmp for the whole model, else own
-  Tensor tokens, positions;        // the forward's micro-batch inputs (views; positions may
-                                   // be empty: 0..T-1)
+  Batch batch;                     // the forward's micro-batch (views)
+  Tensor positions;                // its positions, or empty: 0..T-1
   Tensor cu_seqlens;               // documents packed into the sequences, or empty
   bool have_grad = false;
   bool balanced = false;           // a training forward of MoE blocks: their balancing
@@ -183,14 +183,32 @@ nn::BlockPass DecoderModel::block_pass(const Slot& a, int l) const {
                        a.balanced && m >= 0 ? balance_->pass(a.moe, m) : nn::MoeBalancePass{}};
 }
 
-void DecoderModel::embed(Slot& a, const Tensor& tokens) {
+void DecoderModel::embed_forward(const Batch& batch, const Tensor& positions, const Tensor& out) {
+  const Tensor& tokens = batch.require("tokens", arch());
+  KILN_CHECK(tokens.ndim() == 2 && tokens.size(0) == shared_->B && tokens.size(1) == shared_->T,
+             "{}: tokens {} and targets {} must both be [B,T]", arch(), tokens.str(),
+             batch.targets.str());
   Backend& be = backend();
   const Stream s = be.default_stream();
-  hooks().before_forward(local_part(0));
-  layers_.embedding->forward(be, s, a.stream[0], tokens, a.positions, 0, stream_work());
+  layers_.embedding->forward(be, s, out, tokens, positions, 0, stream_work());
   const DropoutSpec d = nn::rows_dropout(dropout_spec(-1, nn::kEmbeddingSite, shared_->T),
-                                         layers_.embedding->placement(), a.stream[0].numel());
-  if (d.p > 0.f) be.dropout_forward(s, a.stream[0], a.stream[0], d);
+                                         layers_.embedding->placement(), out.numel());
+  if (d.p > 0.f) be.dropout_forward(s, out, out, d);
+}
+
+void DecoderModel::embed_backward(const Batch& batch, const Tensor& positions, const Tensor& dout) {
+  Backend& be = backend();
+  const Stream s = be.default_stream();
+  const DropoutSpec d = nn::rows_dropout(dropout_spec(-1, nn::kEmbeddingSite, shared_->T),
+                                         layers_.embedding->placement(), dout.numel());
+  if (d.p > 0.f) be.dropout_backward(s, dout, dout, d);
+  layers_.embedding->backward(be, s, dout, batch.require("tokens", arch()), positions,
+                              stream_work());
+}
+
+void DecoderModel::embed(Slot& a) {
+  hooks().before_forward(local_part(0));
+  embed_forward(a.batch, a.positions, a.stream[0]);
   hooks().after_forward(local_part(0));
 }
 
@@ -203,15 +221,13 @@ void DecoderModel::backward() {
 }
 
 LossSum DecoderModel::forward_stage(const StagePass& p, float grad_scale) {
-  const Tensor& tokens = p.batch.require("tokens", arch());
+  const Tensor& targets = p.batch.targets;
   const Tensor positions = p.batch.input("positions");
-  KILN_CHECK(tokens.ndim() == 2 && p.batch.targets.shape() == tokens.shape(),
-             "{}: tokens {} and targets {} must both be [B,T]", arch(), tokens.str(),
-             p.batch.targets.str());
-  KILN_CHECK(!positions || positions.shape() == tokens.shape(),
-             "{}: positions {} must be [B,T] like tokens {}", arch(), positions.str(),
-             tokens.str());
-  const int B = static_cast<int>(tokens.size(0)), T = static_cast<int>(tokens.size(1));
+  KILN_CHECK(targets.ndim() == 2, "{}: targets {} must be [B,T]", arch(), targets.str());
+  KILN_CHECK(!positions || positions.shape() == targets.shape(),
+             "{}: positions {} must be [B,T] like targets {}", arch(), positions.str(),
+             targets.str());
+  const int B = static_cast<int>(targets.size(0)), T = static_cast<int>(targets.size(1));
   KILN_CHECK(T <= max_positions(), "{}: sequence length {} exceeds block_size {}", arch(), T,
              max_positions());
   KILN_CHECK(p.first >= 0 && p.first < p.end && p.end <= global_parts(),
@@ -220,7 +236,7 @@ LossSum DecoderModel::forward_stage(const StagePass& p, float grad_scale) {
     KILN_CHECK(local_part(k) >= 0, "{}: part {} is not held by this pipeline stage", arch(), k);
   reserve(B, T);
   Slot& a = slot(p.first, p.end, p.slot);
-  a.tokens = tokens;
+  a.batch = p.batch;
   a.positions = positions;
   a.cu_seqlens = p.batch.input("cu_seqlens");
   const bool with_grad = grad_scale > 0.f;
@@ -235,7 +251,7 @@ LossSum DecoderModel::forward_stage(const StagePass& p, float grad_scale) {
   Backend& be = backend();
   const Stream s = be.default_stream();
   if (a.embeds) {
-    embed(a, tokens);
+    embed(a);
   } else {
     check_shape(p.input, a.stream[0].shape(), "stage input");
     be.copy(s, a.stream[0], p.input);
@@ -301,10 +317,8 @@ void DecoderModel::backward_stage(const StagePass& p) {
     return;
   }
   hooks().before_backward(local_part(0));
-  const DropoutSpec d = nn::rows_dropout(dropout_spec(-1, nn::kEmbeddingSite, shared_->T),
-                                         layers_.embedding->placement(), dres.numel());
-  if (d.p > 0.f) be.dropout_backward(s, dres, dres, d);
-  layers_.embedding->backward(be, s, dres, a.tokens, a.positions, stream_work());
+  embed_backward(a.batch, a.positions, dres);
+  a.batch = Batch();
   hooks().after_backward(local_part(0));
 }
 
@@ -319,13 +333,14 @@ void DecoderModel::forward_logits(const Tensor& tokens, const Tensor& logits) {
   // The forward up to the final norm, without a loss: slot 0 of the whole model.
   reserve(B, T);
   Slot& a = slot(0, global_parts(), 0);
-  a.tokens = tokens;
+  a.batch = Batch();
+  a.batch.set("tokens", tokens);
   a.positions = Tensor();
   a.cu_seqlens = Tensor();
   a.balanced = false;
   Backend& be = backend();
   const Stream s = be.default_stream();
-  embed(a, tokens);
+  embed(a);
   for (int l = 0; l < n_layer(); ++l) {
     hooks().before_forward(l + 1);
     (*layers_.blocks)[static_cast<size_t>(l)].forward(block_pass(a, l), a.stream[l], a.stream[l + 1]);

@@ -111,6 +111,15 @@ class DecoderModel : public LayeredModel, public LanguageModel {
   /// embeddings) for the current micro-batch of sequences of T tokens; p = 0 (the
   /// default) for none.
   virtual DropoutSpec dropout_spec(int block, uint64_t site, int64_t T) const;
+  /// Part 0's forward: the residual stream's input out [B,T,C] of a micro-batch whose
+  /// targets are [B,T], at `positions` int32 [B,T] (empty: 0..T-1). The decoders': the
+  /// token embedding of "tokens" [B,T] and its dropout. A model that reads more (a
+  /// vision-language model's image) overrides both; the pair sees one micro-batch at a
+  /// time (a model that overrides them runs no pipeline).
+  virtual void embed_forward(const Batch& batch, const Tensor& positions, const Tensor& out);
+  /// Part 0's backward: accumulates its parameters' gradients from dout = dL/d(out)
+  /// (which it may overwrite) of the same micro-batch's embed_forward.
+  virtual void embed_backward(const Batch& batch, const Tensor& positions, const Tensor& dout);
   int n_layer() const;
 
  private:
@@ -124,8 +133,8 @@ class DecoderModel : public LayeredModel, public LanguageModel {
   nn::BlockPass block_pass(const Slot& a, int l) const;
   /// The MoE layers (indices among them) of blocks [b0, b1): [first, end).
   std::pair<int, int> moe_layers(int b0, int b1) const;
-  /// Part 0's forward into the slot's stream[0] (embeddings, their dropout).
-  void embed(Slot& a, const Tensor& tokens);
+  /// Part 0's forward into the slot's stream[0] (embed_forward between its hooks).
+  void embed(Slot& a);
   /// The sequence-parallel scratch as [B,T,C] for the embedding (empty without SP).
   Tensor stream_work() const;
 

@@ -1,124 +1,10 @@
 #include "models/llama/llama.h"
 
-#include "nn/block.h"
-#include "nn/classifier.h"
-#include "nn/embedding.h"
-#include "nn/linear.h"
-#include "nn/norm.h"
+#include "models/llama/layers.h"
 
-#include <fmt/format.h>
-
-#include <cmath>
-#include <optional>
 #include <vector>
 
 namespace kiln {
-
-namespace {
-
-nn::NormSpec rms_spec(const LlamaConfig& c) {
-  return nn::NormSpec{nn::NormKind::RMSNorm, c.norm_eps, /*weight=*/true, /*bias=*/false};
-}
-
-// Block l's spec: a MoE block (c.is_moe_block(l)) holds a MoeMlp named "mlp".
-nn::BlockSpec llama_block_spec(const LlamaConfig& c, int l) {
-  nn::BlockSpec b;
-  b.n_embd = c.n_embd;
-  b.norm = rms_spec(c);
-  b.attention.n_head = c.n_head;
-  b.attention.n_kv_head = c.n_kv_head;
-  b.attention.head_dim = c.head_dim();
-  b.attention.causal = true;
-  b.attention.rotary = true;
-  b.attention.rope = c.rope;
-  b.attention.qk_norm = c.qk_norm;
-  b.attention.qk_norm_eps = c.norm_eps;
-  b.mlp = nn::MlpKind::SwiGLU;
-  b.mlp_hidden = c.ffn_hidden_size;
-  b.bias = false;
-  b.init_std = 0.02f;
-  b.residual_init_std = 0.02f / std::sqrt(2.f * static_cast<float>(c.n_layer));
-  b.names = {"input_layernorm", "self_attn.qkv_proj", "self_attn.o_proj",
-             "post_attention_layernorm", "mlp.gate_up_proj", "mlp.down_proj",
-             "self_attn.q_norm", "self_attn.k_norm", "mlp"};
-  if (!c.is_moe_block(l)) return b;
-  b.moe.num_experts = c.moe.num_experts;
-  b.moe.top_k = c.moe.top_k;
-  b.moe.expert_hidden = c.moe.ffn_hidden_size;
-  b.moe.shared_hidden = int64_t{c.moe.shared_experts} * c.moe.ffn_hidden_size;
-  b.moe.scoring = c.moe.scoring == "sigmoid" ? MoeScoring::Sigmoid : MoeScoring::Softmax;
-  b.moe.norm_topk_prob = c.moe.norm_topk_prob;
-  b.moe.round_robin = c.moe.routing == "round_robin";
-  b.moe.capacity_factor = c.moe.capacity_factor;
-  return b;
-}
-
-MoeBalanceSpec llama_balance_spec(const LlamaConfig& c) {
-  MoeBalanceSpec b;
-  b.aux_coef = static_cast<float>(c.moe.aux_loss_coef);
-  b.aux_type = c.moe.aux_loss_type == "hf" ? MoeBalanceSpec::AuxType::Hf
-                                           : MoeBalanceSpec::AuxType::PerLayer;
-  b.z_coef = static_cast<float>(c.moe.z_loss_coef);
-  b.global = c.moe.aux_loss_scope == "global";
-  b.expert_bias = c.moe.expert_bias;
-  b.bias_update_rate = static_cast<float>(c.moe.bias_update_rate);
-  return b;
-}
-
-}  // namespace
-
-/// The layers, named as Hugging Face's LlamaForCausalLM (llama.h lists the names).
-struct LlamaLayers {
-  explicit LlamaLayers(const LlamaConfig& c)
-      : embedding("model.embed_tokens.weight", "", c.vocab_size, c.padded_vocab_size,
-                  /*max_positions=*/0, c.n_embd, 0.02f),
-        norm("model.norm", c.n_embd, rms_spec(c)) {
-    blocks.reserve(static_cast<size_t>(c.n_layer));
-    for (int l = 0; l < c.n_layer; ++l)
-      blocks.emplace_back(fmt::format("model.layers.{}.", l), llama_block_spec(c, l));
-    if (!c.tie_embeddings) {
-      lm_head.emplace("lm_head", c.n_embd, c.padded_vocab_size, /*bias=*/false, 0.02f);
-      lm_head->weight.init.zero_rows_from = c.vocab_size;
-    }
-  }
-
-  /// The parts: embeddings, each block, the head (final norm, lm_head when untied).
-  /// Costs: the matmul weights a token meets in the part (the 6N rule's N; a MoE block's
-  /// active ones, LlamaConfig::block_matmul_weights).
-  std::vector<PartLayout> parts(const LlamaConfig& c) {
-    std::vector<PartLayout> out(blocks.size() + 2);
-    out.front().name = "embeddings";
-    out.front().cost = 0.0;
-    embedding.collect(out.front().params);
-    const double C = c.n_embd;
-    for (size_t l = 0; l < blocks.size(); ++l) {
-      PartLayout& p = out[l + 1];
-      p.name = fmt::format("layers.{}", l);
-      p.cost = c.block_matmul_weights(static_cast<int>(l));
-      blocks[l].collect(p.params);
-    }
-    PartLayout& head = out.back();
-    head.name = "head";
-    head.cost = static_cast<double>(c.padded_vocab_size) * C;
-    head.resident = !c.tie_embeddings;  // lm_head's gradient is made in forward
-    norm.collect(head.params);
-    if (lm_head) lm_head->collect(head.params);
-    else head.params.push_back(&embedding.wte);  // tied: the output projection
-    return out;
-  }
-
-  /// The layers by role and Llama's plans (the decoders': models/decoder_model.h), for a
-  /// LayerPlan.
-  LayerRoles roles() {
-    return layer_roles("llama", kDecoderParallelTables, embedding, blocks, norm,
-                       lm_head ? &*lm_head : nullptr);
-  }
-
-  nn::TokenPositionEmbedding embedding;
-  std::vector<nn::TransformerBlock> blocks;
-  nn::Norm norm;
-  std::optional<nn::Linear> lm_head;
-};
 
 /// The KV caches of decoding.
 struct Llama::State {
@@ -132,10 +18,9 @@ Llama::Llama(const LlamaConfig& config, Backend& backend, const ModelStorage& st
   layers_ = std::make_unique<LlamaLayers>(config_);
   for (const LayerPlan* plan : storage.plans) plan->apply(layers_->roles());
   state_ = std::make_unique<State>();
-  nn::Param& head = layers_->lm_head ? layers_->lm_head->weight : layers_->embedding.wte;
-  set_layers(DecoderLayers{&layers_->embedding, &layers_->blocks, &layers_->norm, &head,
-                           &head_placement(), config_.vocab_size, config_.n_embd,
-                           llama_balance_spec(config_)});
+  set_layers(DecoderLayers{&layers_->embedding, &layers_->blocks, &layers_->norm,
+                           &layers_->head_weight(), &head_placement(), config_.vocab_size,
+                           config_.n_embd, llama_balance_spec(config_)});
   std::vector<OpFamily> ops = {OpFamily::Embedding, OpFamily::RMSNorm,   OpFamily::Linear,
                                OpFamily::Attention, OpFamily::Rope,      OpFamily::SwiGLU,
                                OpFamily::Add,       OpFamily::SoftmaxCrossEntropy};
@@ -145,12 +30,8 @@ Llama::Llama(const LlamaConfig& config, Backend& backend, const ModelStorage& st
 
 Llama::~Llama() = default;
 
-const Tensor& Llama::head_weight() const {
-  return layers_->lm_head ? layers_->lm_head->weight.v() : layers_->embedding.wte.v();
-}
-const nn::TpPlacement& Llama::head_placement() const {
-  return layers_->lm_head ? layers_->lm_head->placement() : layers_->embedding.placement();
-}
+const Tensor& Llama::head_weight() const { return layers_->head_weight().v(); }
+const nn::TpPlacement& Llama::head_placement() const { return layers_->head_placement(); }
 
 // ---- KV-cache decoding (Pope et al. 2022: prefill, then one position at a time) ----------
 
