@@ -6,6 +6,7 @@
 #include "models/dit/arch.h"
 #include "models/gpt2/arch.h"
 #include "models/llama/arch.h"
+#include "models/llava/arch.h"
 #include "models/vit/arch.h"
 
 #include <mutex>
@@ -21,6 +22,7 @@ struct Registry {
       {"llama", llama_arch()},
       {"vit", vit_arch()},
       {"dit", dit_arch()},
+      {"llava", llava_arch()},
   };
 };
 Registry& registry() {

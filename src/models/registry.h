@@ -41,8 +41,10 @@ using TensorSource = std::function<std::vector<float>(const std::string& name)>;
 /// builds one of each and checks).
 struct ModelArch {
   ModelFactory make;
-  /// What the model reads (Model::batch_shape): tokens (language models) or images.
+  /// What the model reads (Model::batch_shape): tokens (language models) or images, and
+  /// with takes_text both: image-text pairs (a vision-language model).
   bool takes_images = false;
+  bool takes_text = false;
   /// Its models are language models (Model::language_model: kiln sample).
   bool decodes = false;
   /// Its models classify images (Model::image_classifier: kiln classify).

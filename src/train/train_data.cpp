@@ -34,10 +34,12 @@ class TokenData final : public TrainData {
     fill_vocab_key(c, loader_.meta().vocab_size, dir_.string());
   }
   void check_arch(const TrainConfig& c) const override {
-    KILN_CHECK(!model_arch(c.model.arch).takes_images,
-               "{}: model.arch = \"{}\" reads images but data.dir {} holds tokens (prepare "
-               "images with kiln prepare --format idx|imagefolder)", c.source, c.model.arch,
-               dir_.string());
+    const ModelArch arch = model_arch(c.model.arch);
+    KILN_CHECK(!arch.takes_images,
+               "{}: model.arch = \"{}\" reads {} but data.dir {} holds tokens (prepare them "
+               "with kiln prepare --format {})", c.source, c.model.arch,
+               arch.takes_text ? "image-text pairs" : "images", dir_.string(),
+               arch.takes_text ? "llava" : "idx|imagefolder");
   }
   void next_batch(void* inputs, int32_t* targets, int B, int rank, int size) override {
     auto* in = static_cast<int32_t*>(inputs);
@@ -72,6 +74,40 @@ class TokenData final : public TrainData {
   std::vector<std::vector<int32_t>> starts_;  // next_batch's samples' document starts
 };
 
+// Sets the [model] keys an image data set fixes (those the arch declares: ModelArch::keys,
+// all in c.model.family; 0 = unset): image_size (square images), num_channels and, with
+// `classes`, num_classes. Throws kiln::Error naming a key set to another value.
+void fill_image_keys(TrainConfig& c, const data::ImageDatasetMeta& m, const std::filesystem::path& dir,
+                     bool classes) {
+  KILN_CHECK(m.shape.height == m.shape.width, "{}: data.dir {} holds {}x{} images; the vision "
+             "models take square images", c.source, dir.string(), m.shape.height, m.shape.width);
+  auto fill = [&](const char* key, int data_value) {
+    const auto it = c.model.family.find(std::string_view(key).substr(6));
+    if (it == c.model.family.end()) return;
+    if (it->second == 0) it->second = data_value;
+    KILN_CHECK(it->second == data_value, "{}: {} is {} but the images in {} have {}", c.source,
+               key, static_cast<int>(it->second), dir.string(), data_value);
+  };
+  fill("model.image_size", m.shape.height);
+  fill("model.num_channels", m.shape.channels);
+  if (classes) fill("model.num_classes", m.classes);
+}
+
+// Pixels p in [0, 255] as the models take them: p / 127.5 - 1, in [-1, 1].
+void scale_pixels(const std::vector<uint8_t>& pixels, float* out) {
+  for (size_t i = 0; i < pixels.size(); ++i) out[i] = static_cast<float>(pixels[i]) / 127.5f - 1.f;
+}
+
+// What identifies an image data set's train split.
+nlohmann::json image_fingerprint(const data::ImageDatasetMeta& m) {
+  nlohmann::json crcs = nlohmann::json::array();
+  for (const auto& shard : m.splits.at("train")) crcs.push_back(shard.crc32);
+  return {{"images", m.images("train")},
+          {"shape", {m.shape.height, m.shape.width, m.shape.channels}},
+          {"classes", m.classes},
+          {"train_crc32", crcs}};
+}
+
 class ImageData final : public TrainData {
  public:
   ImageData(const std::filesystem::path& dir, const std::string& split, uint64_t seed, bool shuffle)
@@ -84,48 +120,28 @@ class ImageData final : public TrainData {
     return std::make_unique<ImageData>(dir_, name, 0, /*shuffle=*/false);
   }
   void fill_model_keys(TrainConfig& c) const override {
-    const data::ImageDatasetMeta& m = loader_.meta();
-    KILN_CHECK(m.shape.height == m.shape.width, "{}: data.dir {} holds {}x{} images; the "
-               "vision models take square images", c.source, dir_.string(), m.shape.height,
-               m.shape.width);
-    // The keys the arch declares (ModelArch::keys, all in c.model.family), 0 = unset.
-    auto fill = [&](const char* key, int data_value) {
-      const auto it = c.model.family.find(std::string_view(key).substr(6));
-      if (it == c.model.family.end()) return;
-      if (it->second == 0) it->second = data_value;
-      KILN_CHECK(it->second == data_value, "{}: {} is {} but the images in {} have {}", c.source,
-                 key, static_cast<int>(it->second), dir_.string(), data_value);
-    };
-    fill("model.image_size", m.shape.height);
-    fill("model.num_channels", m.shape.channels);
-    fill("model.num_classes", m.classes);
+    fill_image_keys(c, loader_.meta(), dir_, /*classes=*/true);
   }
   void check_arch(const TrainConfig& c) const override {
-    KILN_CHECK(model_arch(c.model.arch).takes_images,
-               "{}: model.arch = \"{}\" reads tokens but data.dir {} holds images (an image "
-               "model, e.g. model.arch = \"vit\", or a token data set)", c.source, c.model.arch,
-               dir_.string());
+    const ModelArch arch = model_arch(c.model.arch);
+    KILN_CHECK(arch.takes_images && !arch.takes_text,
+               "{}: model.arch = \"{}\" reads {} but data.dir {} holds labelled images (an "
+               "image model, e.g. model.arch = \"vit\", or {})", c.source, c.model.arch,
+               arch.takes_text ? "image-text pairs" : "tokens", dir_.string(),
+               arch.takes_text ? "pairs prepared with kiln prepare --format llava"
+                               : "a token data set");
   }
   void next_batch(void* inputs, int32_t* targets, int B, int rank, int size) override {
     const int64_t P = loader_.meta().shape.pixels();
     pixels_.resize(static_cast<size_t>(B * P));
     loader_.next_batch(pixels_.data(), targets, B, rank, size);
-    auto* out = static_cast<float*>(inputs);
-    for (size_t i = 0; i < pixels_.size(); ++i) out[i] = static_cast<float>(pixels_[i]) / 127.5f - 1.f;
+    scale_pixels(pixels_, static_cast<float*>(inputs));
   }
   int64_t input_bytes(int B) const override { return int64_t{B} * loader_.meta().shape.pixels() * 4; }
   int64_t samples_per_epoch() const override { return loader_.samples_per_epoch(); }
   data::LoaderState state() const override { return loader_.state(); }
   void set_state(const data::LoaderState& s) override { loader_.set_state(s); }
-  nlohmann::json fingerprint() const override {
-    const data::ImageDatasetMeta& m = loader_.meta();
-    nlohmann::json crcs = nlohmann::json::array();
-    for (const auto& shard : m.splits.at("train")) crcs.push_back(shard.crc32);
-    return {{"images", m.images("train")},
-            {"shape", {m.shape.height, m.shape.width, m.shape.channels}},
-            {"classes", m.classes},
-            {"train_crc32", crcs}};
-  }
+  nlohmann::json fingerprint() const override { return image_fingerprint(loader_.meta()); }
   std::map<std::string, std::string> checkpoint_files() const override { return {}; }
 
  private:
@@ -134,12 +150,106 @@ class ImageData final : public TrainData {
   std::vector<uint8_t> pixels_;
 };
 
+// Image-text pairs (data/pair_dataset.h) for a vision-language model whose sequence of
+// seq_len positions is the image's N tokens and the caption's L slots (N = seq_len - L).
+class PairData final : public TrainData {
+ public:
+  PairData(const std::filesystem::path& dir, const std::string& split, int seq_len,
+           uint64_t seed, bool shuffle)
+      : dir_(dir), seq_len_(seq_len), loader_(dir, split, seed, shuffle) {}
+
+  bool has_split(const std::string& name) const override {
+    return loader_.meta().splits.count(name) > 0;
+  }
+  std::unique_ptr<TrainData> open_split(const std::string& name) const override {
+    return std::make_unique<PairData>(dir_, name, seq_len_, 0, /*shuffle=*/false);
+  }
+  void fill_model_keys(TrainConfig& c) const override {
+    const data::ImageDatasetMeta& m = loader_.meta();
+    fill_image_keys(c, m, dir_, /*classes=*/false);
+    fill_vocab_key(c, m.captions.vocab_size, dir_.string());
+    // The image's tokens (a llava's patches) and the caption's slots fill the sequence.
+    const auto size = c.model.family.find("image_size");
+    const auto patch = c.model.family.find("vision.patch_size");
+    if (size == c.model.family.end() || patch == c.model.family.end() || patch->second <= 0)
+      return;
+    const int side = static_cast<int>(size->second) / static_cast<int>(patch->second);
+    const int N = side * side, L = m.captions.tokens;
+    KILN_CHECK(c.train.seq_len == N + L, "{}: train.seq_len (model.block_size when unset) is {} "
+               "but a sequence here is the image's {} tokens and the caption's {} slots (data.dir "
+               "{}): set it to {}", c.source, c.train.seq_len, N, L, dir_.string(), N + L);
+  }
+  void check_arch(const TrainConfig& c) const override {
+    const ModelArch arch = model_arch(c.model.arch);
+    KILN_CHECK(arch.takes_images && arch.takes_text,
+               "{}: model.arch = \"{}\" reads {} but data.dir {} holds image-text pairs (a "
+               "vision-language model: model.arch = \"llava\")", c.source, c.model.arch,
+               arch.takes_images ? "labelled images" : "tokens", dir_.string());
+  }
+  /// Inputs: images fp32 [B,H,W,C], tokens int32 [B,L] (padded with the end-of-text id),
+  /// image_at int32 [B]; targets int32 [B, N + L] over the model's sequence (llava.h):
+  /// the caption's id i at position pos(i) - 1, pos(i) = i + (i >= image_at >= 0 ? N : 0),
+  /// where its loss flag is set; -1 elsewhere.
+  void next_batch(void* inputs, int32_t* targets, int B, int rank, int size) override {
+    const data::ImageDatasetMeta& m = loader_.meta();
+    const int64_t P = m.shape.pixels(), L = m.captions.tokens, T = seq_len_, N = T - L;
+    KILN_CHECK(N >= 0, "{}: train.seq_len {} is shorter than the caption's {} slots",
+               dir_.string(), T, L);
+    pixels_.resize(static_cast<size_t>(B * P));
+    loader_.next_pairs(pixels_.data(), captions_, B, rank, size);
+    auto* images = static_cast<float*>(inputs);
+    scale_pixels(pixels_, images);
+    auto* tokens = reinterpret_cast<int32_t*>(images + B * P);
+    int32_t* image_at = tokens + B * L;
+    std::fill_n(tokens, B * L, static_cast<int32_t>(m.captions.eot_id));
+    std::fill_n(targets, B * T, -1);
+    for (int64_t b = 0; b < B; ++b) {
+      const data::CaptionTokens& cap = captions_[static_cast<size_t>(b)];
+      const auto n = static_cast<int64_t>(cap.ids.size());
+      std::copy_n(cap.ids.data(), n, tokens + b * L);
+      image_at[b] = static_cast<int32_t>(cap.image_at);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t pos = i + (cap.image_at >= 0 && i >= cap.image_at ? N : 0);
+        if (cap.in_loss[static_cast<size_t>(i)] && pos > 0) targets[b * T + pos - 1] = cap.ids[static_cast<size_t>(i)];
+      }
+    }
+  }
+  int64_t input_bytes(int B) const override {
+    const data::ImageDatasetMeta& m = loader_.meta();
+    return int64_t{B} * (m.shape.pixels() * 4 + int64_t{m.captions.tokens} * 4 + 4);
+  }
+  int64_t samples_per_epoch() const override { return loader_.samples_per_epoch(); }
+  data::LoaderState state() const override { return loader_.state(); }
+  void set_state(const data::LoaderState& s) override { loader_.set_state(s); }
+  nlohmann::json fingerprint() const override {
+    const data::ImageDatasetMeta& m = loader_.meta();
+    nlohmann::json j = image_fingerprint(m);
+    j["captions"] = {{"tokens", m.captions.tokens}, {"tokenizer_hash", m.captions.tokenizer_hash},
+                     {"vocab_size", m.captions.vocab_size}};
+    return j;
+  }
+  std::map<std::string, std::string> checkpoint_files() const override {
+    return tokenizer_files(*data::load_tokenizer(dir_));
+  }
+
+ private:
+  std::filesystem::path dir_;
+  int seq_len_;
+  data::ImageLoader loader_;
+  std::vector<uint8_t> pixels_;
+  std::vector<data::CaptionTokens> captions_;
+};
+
 }  // namespace
 
 std::unique_ptr<TrainData> open_train_data(const std::filesystem::path& dir,
                                            const std::string& split, int seq_len, uint64_t seed,
                                            bool shuffle, data::Packing packing) {
-  if (data::is_image_dataset(dir)) return std::make_unique<ImageData>(dir, split, seed, shuffle);
+  if (data::is_image_dataset(dir)) {
+    if (data::read_image_meta(dir).captions.tokens > 0)
+      return std::make_unique<PairData>(dir, split, seq_len, seed, shuffle);
+    return std::make_unique<ImageData>(dir, split, seed, shuffle);
+  }
   return std::make_unique<TokenData>(dir, split, seq_len, seed, shuffle, packing);
 }
 

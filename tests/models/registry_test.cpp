@@ -27,12 +27,15 @@ ModelOptions tiny(const std::string& arch) {
     o.vocab_size = 0;
     o.block_size = arch == "vit" ? 5 : 4;  // 4 patches (+ the class token)
   }
+  if (arch == "llava")  // 4 image tokens and 4 text slots
+    o.family = {{"image_size", 8}, {"num_channels", 1}, {"vision.patch_size", 4},
+                {"vision.n_embd", 8}, {"vision.n_head", 2}, {"vision.n_layer", 1}};
   return o;
 }
 
 TEST(Registry, EveryEntryStatesWhatItsModelsDo) {
   auto be = make_backend("cpu");
-  for (const std::string& arch : {"gpt2", "llama", "vit", "dit"}) {
+  for (const char* arch : {"gpt2", "llama", "vit", "dit", "llava"}) {
     const ModelArch entry = model_arch(arch);
     const ModelOptions o = tiny(arch);
     auto m = make_model(o, *be);
@@ -43,7 +46,7 @@ TEST(Registry, EveryEntryStatesWhatItsModelsDo) {
     EXPECT_EQ(entry.stages, m->stage_activation_shape(2, o.block_size).has_value()) << arch;
     const BatchShape shape = m->batch_shape(2, o.block_size);
     EXPECT_EQ(entry.takes_images, shape.find("images") != nullptr) << arch;
-    EXPECT_EQ(!entry.takes_images, shape.find("tokens") != nullptr) << arch;
+    EXPECT_EQ(!entry.takes_images || entry.takes_text, shape.find("tokens") != nullptr) << arch;
     for (const ModelPreset& p : entry.presets) EXPECT_EQ(p.arch, arch) << p.name;
   }
 }
