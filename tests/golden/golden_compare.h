@@ -219,7 +219,8 @@ struct TrainingMatch {
 
 /// With the file's parameters in `model`: `forward(grad_scale)` (one forward with
 /// gradient of the file's batch, n_valid targets) against the file's loss, every
-/// gradient after backward() against "grad.<name>", and the file's AdamW steps' losses,
+/// trainable gradient after backward() against "grad.<name>", and the file's AdamW steps'
+/// losses (of the trainable parameters),
 /// printing each error.
 inline TrainingMatch match_training(const safetensors::Reader& r, Backend& be, Model& model,
                                     int64_t n_valid,
@@ -247,6 +248,7 @@ inline TrainingMatch match_training(const safetensors::Reader& r, Backend& be, M
   TrainingMatch m;
   m.loss_rel = loss_rel;
   for (const ParamSpec& p : model.params()) {
+    if (!p.trainable) continue;  // frozen: no gradient
     const Cmp cg = compare(to_host(be, model.grad(p)), r.read_f32("grad." + p.name));
     print_cmp(bn, "grad." + p.name, cg, kGradTol);
     EXPECT_LE(cg.rel, kGradTol) << "grad." << p.name;
