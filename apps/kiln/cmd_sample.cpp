@@ -1,6 +1,8 @@
 #include "apps/kiln/commands.h"
 #include "backend/registry.h"
 #include "core/error.h"
+#include "data/llava.h"
+#include "data/pair_dataset.h"
 #include "models/registry.h"
 #include "train/device.h"
 #include "eval/eval.h"
@@ -12,11 +14,35 @@
 
 namespace kiln::app {
 
+namespace {
+
+// kiln sample --image: the model's answer to `question` about the image at `path`, in
+// LLaVA-1.5's format (data/llava.h), until the end-of-text id.
+void answer_about_image(Model& model, const data::Tokenizer& tok, const std::string& path,
+                        const std::string& question, SampleOptions o) {
+  const Shape shape = as_vision_language_model(model, "sample --image").image_shape();
+  const std::vector<uint8_t> px = data::read_image_as(
+      path, {static_cast<int>(shape[0]), static_cast<int>(shape[1]), static_cast<int>(shape[2])});
+  ImagePrompt image;
+  image.pixels.resize(px.size());
+  for (size_t i = 0; i < px.size(); ++i) image.pixels[i] = static_cast<float>(px[i]) / 127.5f - 1.f;
+  const data::CaptionTokens prompt = data::llava_prompt(tok, question, /*with_image=*/true);
+  image.image_at = static_cast<int>(prompt.image_at);
+  o.stop_token = tok.eot_id();
+  std::vector<int32_t> out = sample_tokens(model, prompt.ids, o, &image);
+  if (!out.empty() && out.back() == tok.eot_id()) out.pop_back();
+  std::string text = tok.decode(out);
+  if (text.starts_with(' ')) text.erase(0, 1);  // the answer follows "ASSISTANT:" after a space
+  fmt::print("{}\n", text);
+}
+
+}  // namespace
+
 void register_sample(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "sample", "Generate text from a checkpoint or a Hugging Face folder (KV cache)");
   struct Args {
-    std::string checkpoint, prompt, device = "cpu", lora_base;
+    std::string checkpoint, prompt, image, device = "cpu", lora_base;
     SampleOptions o;
   };
   auto a = std::make_shared<Args>();
@@ -24,7 +50,10 @@ void register_sample(CLI::App& app) {
   cmd->add_option("--checkpoint", a->checkpoint,
                   "A checkpoint directory (ckpt/step_XXXXXXXX) or a Hugging Face folder")
       ->required();
-  cmd->add_option("--prompt", a->prompt, "Text to continue (default: start of a document)");
+  cmd->add_option("--prompt", a->prompt, "Text to continue (default: start of a document); with --image, "
+                  "the question about it");
+  cmd->add_option("--image", a->image, "A PNG image to answer --prompt about (a vision-language model: "
+                  "LLaVA-1.5's conversation format, \"<image>\" placing it in the prompt)");
   cmd->add_option("--lora-base", a->lora_base,
                   "A LoRA checkpoint's base where it is now (default: where it was trained)");
   cmd->add_option("--device", a->device, "Where to run (as train.device): cpu or cuda")
@@ -55,6 +84,10 @@ void register_sample(CLI::App& app) {
     KILN_CHECK(loaded.tokenizer, "{}: a Hugging Face folder without tokenizer.json: kiln sample "
                "needs its tokenizer", a->checkpoint);
     const data::Tokenizer* tok = loaded.tokenizer.get();
+    if (!a->image.empty()) {
+      answer_about_image(model, *tok, a->image, a->prompt, a->o);
+      return;
+    }
     std::vector<int32_t> prompt{tok->eot_id()};
     if (!a->prompt.empty()) {
       const auto ids = tok->encode(a->prompt);

@@ -83,6 +83,15 @@ LlavaRecord parse_llava_record(const nlohmann::json& record) {
   r.error = read_keys(record, r);
   if (r.error.empty()) r.error = read_turns(record, r);
   if (!r.error.empty()) r.messages.clear();
+  const auto kinds = record.find("kinds");
+  if (r.error.empty() && kinds != record.end() && kinds->is_array())
+    for (const auto& k : *kinds) {
+      if (!k.is_string()) {
+        r.kinds.clear();
+        break;
+      }
+      r.kinds.push_back(k.get<std::string>());
+    }
   return r;
 }
 
@@ -117,6 +126,29 @@ CaptionTokens tokenize_llava(const Tokenizer& tok, const LlavaRecord& record) {
     }
   }
   return out;
+}
+
+std::vector<std::pair<size_t, size_t>> llava_answers(const CaptionTokens& tokens) {
+  std::vector<std::pair<size_t, size_t>> out;
+  for (size_t i = 0; i < tokens.in_loss.size(); ++i) {
+    if (!tokens.in_loss[i]) continue;
+    if (out.empty() || out.back().second != i) out.emplace_back(i, i);
+    out.back().second = i + 1;
+  }
+  return out;
+}
+
+CaptionTokens llava_prompt(const Tokenizer& tok, const std::string& question, bool with_image) {
+  const bool has = question.find(kImageToken) != std::string::npos;
+  KILN_CHECK(with_image || !has, "a question without an image holds \"{}\"", kImageToken);
+  LlavaRecord r;
+  r.messages = {{"user", with_image && !has ? std::string(kImageToken) + "\n" + question : question},
+                {"assistant", ""}};
+  CaptionTokens t = tokenize_llava(tok, r);
+  const size_t end = llava_answers(t).front().first;
+  t.ids.resize(end);
+  t.in_loss.assign(end, 0);
+  return t;
 }
 
 std::vector<LlavaEntry> read_llava_file(const std::filesystem::path& path) {

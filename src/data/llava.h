@@ -35,6 +35,9 @@ struct LlavaRecord {
   std::string id;     // its "id" as text (a number's digits); "" when absent
   std::string image;  // its "image" path, relative to the image folder; "" for text only
   std::vector<ChatMessage> messages;  // its turns in order, as chat messages
+  /// Its "kinds" when that is a list of strings (kiln scenes' question kinds, one per gpt
+  /// turn: kiln eval --llava reports by them); else empty.
+  std::vector<std::string> kinds;
   std::string error;
 };
 
@@ -65,6 +68,18 @@ inline constexpr const char* kLlavaSystem =
 /// (data/image_shard.h). A message whose role is neither user nor assistant throws
 /// kiln::Error (a record parse_llava_record refused).
 CaptionTokens tokenize_llava(const Tokenizer& tok, const LlavaRecord& record);
+
+/// The answers of a record's tokens (tokenize_llava's): [begin, end) of each run of loss
+/// ids, in order (an answer's text and the end-of-text closing it). The ids before an
+/// answer's begin are the prompt a model answers it from (LLaVA's multi-turn evaluation:
+/// the earlier turns as the record has them).
+std::vector<std::pair<size_t, size_t>> llava_answers(const CaptionTokens& tokens);
+
+/// The prompt of one question, as tokenize_llava lays out a one-round record up to its
+/// answer: ids and where the image goes (a question without "<image>" gets it first, with
+/// the newline after it, as LLaVA's files put it; with_image false: text only, and a
+/// "<image>" in it is an error).
+CaptionTokens llava_prompt(const Tokenizer& tok, const std::string& question, bool with_image);
 
 /// A record of a file and where it is: "FILE[INDEX]" for a JSON array (0-based, as
 /// Python indexes LLaVA's lists), "FILE:LINE" for JSONL (1-based).

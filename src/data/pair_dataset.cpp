@@ -208,4 +208,12 @@ PreparePairsSummary prepare_pairs(const PreparePairsOptions& o) {
   return run.summary;
 }
 
+std::vector<uint8_t> read_image_as(const fs::path& path, const ImageShape& shape) {
+  KILN_CHECK(fs::is_regular_file(path), "{}: no such image file", path.string());
+  ImageShape got;
+  std::vector<uint8_t> px = read_png(path, shape.channels, &got);
+  if (got == shape) return px;
+  return resize_bilinear(px, got, shape.height, shape.width);
+}
+
 }  // namespace kiln::data

@@ -57,4 +57,10 @@ struct PreparePairsSummary {
 /// shards without meta.json, which no loader reads.
 PreparePairsSummary prepare_pairs(const PreparePairsOptions& o);
 
+/// An image file as a model of images `shape` takes it (kiln sample --image, kiln eval
+/// --llava): read as shape.channels (libpng converts gray, RGB and alpha) and resized to
+/// its height and width with Pillow's bilinear filter when it has another size. Throws
+/// kiln::Error naming the file when it is missing or unreadable.
+std::vector<uint8_t> read_image_as(const std::filesystem::path& path, const ImageShape& shape);
+
 }  // namespace kiln::data

@@ -4,6 +4,8 @@
 //   ImageClassifier  class logits of images (kiln classify)
 //   FlowModel        the velocity of a flow over images, under a conditioning (kiln
 //                    sample-images)
+//   VisionLanguageModel  a language model whose prompt holds an image (kiln sample
+//                    --image)
 // Callers reach one with as_language_model(model, who) and the like, which throw a
 // one-line kiln::Error naming the model's arch when it lacks the capability.
 #pragma once
@@ -37,6 +39,24 @@ class LanguageModel {
   virtual void end_decode() = 0;
   /// Tokens decoded since begin_decode.
   virtual int decoded_length() const = 0;
+};
+
+/// A language model that reads an image among its text (LLaVA): its decoding starts from a
+/// prompt that holds one image.
+class VisionLanguageModel {
+ public:
+  virtual ~VisionLanguageModel() = default;
+  /// One image: [H, W, C].
+  virtual Shape image_shape() const = 0;
+  /// The positions the image takes in the sequence.
+  virtual int image_tokens() const = 0;
+  /// The prefill, after LanguageModel::begin_decode(B, ..): tokens int32 [B,Tq] with
+  /// images fp32 [B,H,W,C] (pixels in [-1, 1]) spliced in after the first image_at tokens
+  /// of each sequence (0 <= image_at <= Tq), Tq + image_tokens() positions in all; writes
+  /// the last position's logits fp32 [B, padded_vocab_size()]. LanguageModel::decode
+  /// goes on from there.
+  virtual void prefill_image(const Tensor& images, const Tensor& tokens, int image_at,
+                             const Tensor& logits) = 0;
 };
 
 /// An image classifier.
@@ -75,6 +95,7 @@ class FlowModel {
 /// The model's capability; throws kiln::Error "<who>: model.arch '<arch>' is not a
 /// language model (...)" when it lacks it. `who` names the caller (a command, a file).
 LanguageModel& as_language_model(Model& model, std::string_view who);
+VisionLanguageModel& as_vision_language_model(Model& model, std::string_view who);
 ImageClassifier& as_image_classifier(Model& model, std::string_view who);
 FlowModel& as_flow_model(Model& model, std::string_view who);
 

@@ -154,6 +154,13 @@ ImageClassifier& as_image_classifier(Model& model, std::string_view who) {
   return *m;
 }
 
+VisionLanguageModel& as_vision_language_model(Model& model, std::string_view who) {
+  VisionLanguageModel* m = model.vision_language_model();
+  KILN_CHECK(m, "{}: model.arch '{}' is not a vision-language model (it reads no image among "
+             "its text)", who, model.arch());
+  return *m;
+}
+
 FlowModel& as_flow_model(Model& model, std::string_view who) {
   FlowModel* m = model.flow_model();
   KILN_CHECK(m, "{}: model.arch '{}' is not a flow model (it does not generate images)", who,

@@ -312,6 +312,7 @@ class Model {
   virtual LanguageModel* language_model() { return nullptr; }
   virtual ImageClassifier* image_classifier() { return nullptr; }
   virtual FlowModel* flow_model() { return nullptr; }
+  virtual VisionLanguageModel* vision_language_model() { return nullptr; }
 };
 
 }  // namespace kiln

@@ -1,6 +1,7 @@
 #include "sampling/sampler.h"
 
 #include "core/rng.h"
+#include "models/batch.h"
 
 #include <algorithm>
 #include <cmath>
@@ -42,15 +43,20 @@ int32_t pick(const float* logits, int V, const SampleOptions& o, Philox& rng) {
 }  // namespace
 
 std::vector<int32_t> sample_tokens(Model& model, const std::vector<int32_t>& prompt,
-                                   const SampleOptions& o) {
+                                   const SampleOptions& o, const ImagePrompt* image) {
   KILN_CHECK(!prompt.empty(), "sample: the prompt must hold at least one token");
   LanguageModel& lm = as_language_model(model, "sample");
   const int block_size = lm.max_positions();
   Backend& be = model.backend();
   std::vector<int32_t> ctx = prompt;
+  // The image's positions, in the context with the prompt's ids.
+  const int N = image ? as_vision_language_model(model, "sample --image").image_tokens() : 0;
+  KILN_CHECK(!image || static_cast<int>(ctx.size()) + N < block_size,
+             "sample: the prompt's {} tokens and the image's {} exceed the model's context of {}",
+             ctx.size(), N, block_size);
   if (static_cast<int>(ctx.size()) > block_size)  // keep the most recent block_size tokens
     ctx.erase(ctx.begin(), ctx.end() - block_size);
-  const int total = std::min<int>(block_size, static_cast<int>(ctx.size()) + o.max_new_tokens);
+  const int total = std::min<int>(block_size, static_cast<int>(ctx.size()) + N + o.max_new_tokens);
   lm.begin_decode(1, total);
   Tensor logits = be.empty(Shape{1, lm.padded_vocab_size()}, DType::F32, MemCategory::Temporaries);
   std::vector<float> host(static_cast<size_t>(lm.padded_vocab_size()));
@@ -61,7 +67,18 @@ std::vector<int32_t> sample_tokens(Model& model, const std::vector<int32_t>& pro
     Tensor tok = be.empty(Shape{1, static_cast<int64_t>(next.size())}, DType::I32,
                           MemCategory::Temporaries);
     be.copy_from_host(be.default_stream(), tok, next.data());
-    lm.decode(tok, logits);
+    if (image && out.empty()) {
+      VisionLanguageModel& vlm = as_vision_language_model(model, "sample --image");
+      const Shape shape = vlm.image_shape();
+      KILN_CHECK(static_cast<int64_t>(image->pixels.size()) == shape.numel(),
+                 "sample: the image has {} values, the model takes [{}, {}, {}]",
+                 image->pixels.size(), shape[0], shape[1], shape[2]);
+      Tensor pixels = be.empty(batched(1, shape), DType::F32, MemCategory::Temporaries);
+      be.copy_from_host(be.default_stream(), pixels, image->pixels.data());
+      vlm.prefill_image(pixels, tok, image->image_at, logits);
+    } else {
+      lm.decode(tok, logits);
+    }
     be.copy_to_host(be.default_stream(), host.data(), logits);
     const int32_t id = pick(host.data(), lm.vocab_size(), o, rng);
     out.push_back(id);

@@ -18,11 +18,22 @@ struct SampleOptions {
   int stop_token = -1;  // stop after emitting this id (e.g. end-of-text); -1 = never
 };
 
-/// Continues `prompt` (ids, at least one; use the end-of-text id for "no prompt") and
-/// returns the new ids only. Throws kiln::Error naming the arch for a model that is not a
-/// language model (models/capabilities.h). The context is capped at block_size: generation stops
-/// when the KV cache is full. Padded vocabulary columns are never sampled.
+/// An image in the prompt of a vision-language model (models/capabilities.h
+/// VisionLanguageModel): its pixels fp32 [H,W,C] in [-1, 1], after the prompt's first
+/// `image_at` ids.
+struct ImagePrompt {
+  std::vector<float> pixels;
+  int image_at = 0;
+};
+
+/// Continues `prompt` (ids, at least one; use the end-of-text id for "no prompt"), with
+/// `image` in it when given, and returns the new ids only. Throws kiln::Error naming the
+/// arch for a model that is not a language model (or, with an image, not a
+/// vision-language model: models/capabilities.h). The context is capped at block_size:
+/// generation stops when the KV cache is full; without an image the prompt keeps its last
+/// block_size ids, with one it must fit (a kiln::Error otherwise). Padded vocabulary
+/// columns are never sampled.
 std::vector<int32_t> sample_tokens(Model& model, const std::vector<int32_t>& prompt,
-                                   const SampleOptions& options);
+                                   const SampleOptions& options, const ImagePrompt* image = nullptr);
 
 }  // namespace kiln

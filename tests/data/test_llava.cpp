@@ -121,6 +121,38 @@ TEST(Llava, TokensFollowLlavaConversations) {
   EXPECT_EQ(mid.image_at, static_cast<int64_t>(head.size() + 6));
 }
 
+TEST(Llava, AnswersAndPromptsForDecoding) {
+  const auto tok = make_byte_tokenizer();
+  const CaptionTokens t = tokenize_llava(*tok, parse_llava_record(good_record()));
+  // Each answer's span: its text (leading space) and the end-of-text; the prompt before it.
+  const auto answers = llava_answers(t);
+  ASSERT_EQ(answers.size(), 2u);
+  auto text = [&](size_t b, size_t e) {
+    return text_of(std::vector<int32_t>(t.ids.begin() + static_cast<int64_t>(b),
+                                        t.ids.begin() + static_cast<int64_t>(e)));
+  };
+  EXPECT_EQ(text(answers[0].first, answers[0].second), " The bus is white and red.|");
+  EXPECT_EQ(text(answers[1].first, answers[1].second), " A car.|");
+  EXPECT_TRUE(text(0, answers[1].first).ends_with("What is in front of it? ASSISTANT:"));
+  // A one-question prompt is the record's tokens up to its answer, the image first.
+  const CaptionTokens p = llava_prompt(*tok, "What are the colors of the bus?", true);
+  EXPECT_EQ(p.ids, std::vector<int32_t>(t.ids.begin(), t.ids.begin() + static_cast<int64_t>(answers[0].first)));
+  EXPECT_EQ(p.image_at, t.image_at);
+  EXPECT_EQ(p.in_loss, std::vector<uint8_t>(p.ids.size(), 0));
+  // "<image>" where the question puts it; none without an image.
+  EXPECT_EQ(llava_prompt(*tok, "<image>\nWhat are the colors of the bus?", true).ids, p.ids);
+  const CaptionTokens plain = llava_prompt(*tok, "Hi", false);
+  EXPECT_EQ(plain.image_at, -1);
+  EXPECT_TRUE(text_of(plain.ids).ends_with("USER: Hi ASSISTANT:"));
+  EXPECT_THROW(llava_prompt(*tok, "<image> Hi", false), kiln::Error);
+  // The kinds of kiln scenes' records ride along; anything else is dropped.
+  json r = good_record();
+  r["kinds"] = {"colour", "position"};
+  EXPECT_EQ(parse_llava_record(r).kinds, (std::vector<std::string>{"colour", "position"}));
+  r["kinds"] = {"colour", 3};
+  EXPECT_TRUE(parse_llava_record(r).kinds.empty());
+}
+
 TEST(Llava, ReadsJsonArraysAndJsonl) {
   TempDir dir;
   const auto array = dir.path() / "pairs.json";

@@ -9,8 +9,11 @@
 #   2. a checkpoint saved by 2 ranks at ZeRO 3 resumes on one process with the same next
 #      losses (the pair loader's position carries over);
 #   3. bf16 ends within 2% of fp32; the model learns (the last loss well below the first);
-#   4. bad inputs are one-line errors: labelled images for a llava, pairs for a vit, a
-#      block_size that is not the image's tokens plus the caption's slots.
+#   4. kiln sample --image answers a question about an image, kiln eval --llava every
+#      question of a pair file, the same greedy answer for the same question;
+#   5. bad inputs are one-line errors: labelled images for a llava, pairs for a vit, a
+#      block_size that is not the image's tokens plus the caption's slots, a missing image,
+#      sample --image of a vit.
 # Usage: llava_train_test.sh KILN_BINARY WORK_DIR [--long]
 set -euo pipefail
 kiln="$1"
@@ -130,6 +133,23 @@ assert loss[-1] < 0.75 * loss[0], f"llava losses {loss[0]:.3f} -> {loss[-1]:.3f}
 print(f"llava loss {loss[0]:.3f} -> {loss[-1]:.3f} in 20 updates")
 PY
 
+# Answers: kiln sample --image answers one question; kiln eval --llava every question of
+# the val file (16 records, no kinds: "turn 1"), greedily, the same answers as sample's.
+ck=$(ls -d "$work"/ref/ckpt/step_* | tail -1)
+succeeds sample_image "$kiln" sample --checkpoint "$ck" --image "$work/pairs/img/val0.png" \
+  --prompt "$("$py" -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["conversations"][0]["value"][8:])' "$work/pairs/val.jsonl")" \
+  --temperature 0 --max-new-tokens 16  # eval --llava's cap here: the answer's 8 tokens + 8
+succeeds eval_llava "$kiln" eval --model "$ck" --llava "$work/pairs/val.jsonl" --examples 1 --json "$work/answers.json"
+"$py" - "$work/answers.json" "$work/sample_image.log" <<'PY'
+import json, sys
+a = json.load(open(sys.argv[1]))["answers"][0]
+assert a["records"] == 16 and a["questions"] == 16 and list(a["by_kind"]) == ["turn 1"], a
+sampled = open(sys.argv[2]).read().splitlines()[-1]
+assert a["examples"][0]["answer"] == sampled, (a["examples"][0], sampled)
+print(f"llava answers: {a['accuracy']:.3f} exact over 16 questions; sample --image says {sampled!r} as eval does")
+PY
+fails sample_image_missing "no such image file" "$kiln" sample --checkpoint "$ck" --image "$work/none.png" --prompt "Hi"
+
 make_images 5 "$work/idx"
 "$kiln" prepare --format idx --input "$work/idx" --out "$work/images" > /dev/null
 fails llava_on_images "holds labelled images" "$kiln" train "$work/llava.toml" --set "run.dir=$work/i_run" --set "data.dir=$work/images"
@@ -147,5 +167,7 @@ dir = "$work/data"
 steps = 1
 EOF
 fails vit_on_pairs "holds image-text pairs" "$kiln" train "$work/vit.toml" --set "run.dir=$work/v_run"
+"$kiln" train "$work/vit.toml" --set "run.dir=$work/vit_run" --set "data.dir=$work/images" > "$work/vit_run.log" 2>&1
+fails sample_image_vit "an image model" "$kiln" sample --checkpoint "$(ls -d "$work"/vit_run/ckpt/step_* | tail -1)" --image "$work/pairs/img/val0.png"
 fails block_size "the image's 9 tokens and the caption's 224 slots" "$kiln" train "$work/llava.toml" --set "run.dir=$work/b_run" --set model.block_size=240
 echo "llava train test: all passed"

@@ -1,5 +1,6 @@
 #include "models/llama/layers.h"
 
+#include "core/error.h"
 #include "models/decoder_model.h"
 
 #include <fmt/format.h>
@@ -98,6 +99,56 @@ std::vector<PartLayout> LlamaLayers::parts(const LlamaConfig& c) {
 LayerRoles LlamaLayers::roles() {
   return layer_roles("llama", kDecoderParallelTables, embedding, blocks, norm,
                      lm_head ? &*lm_head : nullptr);
+}
+
+void LlamaKvCache::begin(Backend& be, const LlamaConfig& c, const LlamaLayers& layers,
+                         DType dtype, int B, int max_len) {
+  KILN_CHECK(B > 0 && max_len > 0 && max_len <= c.block_size,
+             "begin_decode: {} positions for {} sequences (block_size {})", max_len, B,
+             c.block_size);
+  KILN_CHECK(!layers.head_placement().active() && !layers.embedding.placement().active(),
+             "llama: decoding a tensor-parallel model is not supported yet");
+  end();
+  B_ = B;
+  max_len_ = max_len;
+  const int64_t kv = int64_t{c.n_kv_head} * c.head_dim();
+  for (int l = 0; l < c.n_layer; ++l) {
+    k_.push_back(be.empty(Shape{B, max_len, kv}, dtype, MemCategory::Temporaries));
+    v_.push_back(be.empty(Shape{B, max_len, kv}, dtype, MemCategory::Temporaries));
+  }
+}
+
+void LlamaKvCache::end() {
+  k_.clear();
+  v_.clear();
+  B_ = max_len_ = past_ = 0;
+}
+
+void LlamaKvCache::run(Backend& be, const LlamaLayers& layers, const Tensor& x, const Tensor& out) {
+  KILN_CHECK(B_ > 0, "decode() needs begin_decode() first");
+  KILN_CHECK(x.ndim() == 3 && x.size(0) == B_, "decode: inputs {} must be [{}, Tq, C]", x.str(), B_);
+  const int64_t B = B_, Tq = x.size(1), C = x.size(2);
+  KILN_CHECK(past_ + Tq <= max_len_, "decode: {} positions exceed the cache of {}", past_ + Tq,
+             max_len_);
+  check_shape(out, Shape{B, C}, "decode out");
+  const Stream s = be.default_stream();
+  // The rotary angles of the new positions: past .. past + Tq - 1.
+  std::vector<int32_t> pos_h(static_cast<size_t>(B * Tq));
+  for (size_t i = 0; i < pos_h.size(); ++i)
+    pos_h[i] = static_cast<int32_t>(past_ + static_cast<int64_t>(i) % Tq);
+  Tensor positions = be.empty(Shape{B, Tq}, DType::I32, MemCategory::Temporaries);
+  be.copy_from_host(s, positions, pos_h.data());
+  const auto w = layers.blocks.front().make_decode_scratch(be, B, Tq, x.dtype());
+  for (size_t l = 0; l < layers.blocks.size(); ++l)
+    layers.blocks[l].decode(be, s, x, w, k_[l], v_[l], past_, positions);
+  past_ += static_cast<int>(Tq);
+  // The final norm of each sequence's last position only.
+  Tensor last = be.empty(Shape{B, C}, x.dtype(), MemCategory::Temporaries);
+  for (int64_t b = 0; b < B; ++b)
+    be.copy(s, last.view_at(b * C, Shape{C}), x.view_at((b * Tq + Tq - 1) * C, Shape{C}));
+  layers.norm.forward_into(be, s, out, w.mean.view_at(0, Shape{B}), w.rstd.view_at(0, Shape{B}),
+                           last);
+  be.synchronize(s);  // pos_h is read by the copy
 }
 
 }  // namespace kiln

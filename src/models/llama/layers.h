@@ -46,4 +46,27 @@ struct LlamaLayers {
   std::optional<nn::Linear> lm_head;
 };
 
+/// KV-cache decoding through Llama's blocks (Pope et al. 2022 call the two phases prefill
+/// and decode), whatever embedded the inputs: caches [B, max_len, NKV HD] per layer.
+class LlamaKvCache {
+ public:
+  /// Allocates the caches (Temporaries) for B sequences of up to max_len positions.
+  /// Throws kiln::Error when max_len exceeds block_size or the layers are tensor-parallel.
+  void begin(Backend& be, const LlamaConfig& c, const LlamaLayers& layers, DType dtype, int B,
+             int max_len);
+  void end();
+  /// Sequences (0: no decoding begun) and positions cached so far.
+  int batch() const { return B_; }
+  int past() const { return past_; }
+  /// Runs the embedded inputs x [B,Tq,C] (overwritten) at positions past .. past+Tq-1
+  /// through the blocks, caching their keys and values, and writes the final norm of each
+  /// sequence's last position to out [B,C]; then past += Tq. Throws kiln::Error without
+  /// begin(), for another B, or past the cache.
+  void run(Backend& be, const LlamaLayers& layers, const Tensor& x, const Tensor& out);
+
+ private:
+  int B_ = 0, max_len_ = 0, past_ = 0;
+  std::vector<Tensor> k_, v_;
+};
+
 }  // namespace kiln

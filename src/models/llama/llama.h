@@ -45,6 +45,7 @@
 namespace kiln {
 
 struct LlamaLayers;
+class LlamaKvCache;
 
 class Llama final : public DecoderModel {
  public:
@@ -71,8 +72,7 @@ class Llama final : public DecoderModel {
   void end_decode() override;
   int decoded_length() const override;
 
-  private:
-  struct State;
+ private:
   /// The output projection's weight: lm_head, or the token embedding when tied.
   const Tensor& head_weight() const;
   /// The output projection's placement (lm_head's, or the tied embedding's).
@@ -80,7 +80,7 @@ class Llama final : public DecoderModel {
 
   LlamaConfig config_;
   std::unique_ptr<LlamaLayers> layers_;
-  std::unique_ptr<State> state_;  // decoding
+  std::unique_ptr<LlamaKvCache> cache_;  // decoding
 };
 
 }  // namespace kiln

@@ -1,5 +1,6 @@
 // LLaVA's registry entry (models/registry.h): a vision-language model that reads images
-// and text (an image-text pair data set); no presets or file formats of its own yet.
+// and text (an image-text pair data set) and decodes text; no presets or file formats of
+// its own yet.
 #include "models/llava/arch.h"
 
 #include "models/llava/llava.h"
@@ -13,6 +14,7 @@ ModelArch llava_arch() {
   };
   a.takes_images = true;
   a.takes_text = true;
+  a.decodes = true;
   a.keys = llava_keys();
   a.check_options = llava_check_options;
   a.options_from_json = llava_options_from_json;

@@ -34,7 +34,8 @@ const ModelKeys& vision_tower_keys() {
       {.name = "vision.feature_layer", .type = Integer, .default_value = -1, .hi = -1,
        .description = "The vision block whose output the projector reads, from the end "
                       "(llava): -1 the last, -2 the penultimate (LLaVA-1.5's "
-                      "vision_feature_layer); later blocks do not run."},
+                      "vision_feature_layer), -(vision.n_layer + 1) the embeddings; later "
+                      "blocks do not run."},
   };
   return keys;
 }
@@ -78,17 +79,17 @@ void llava_check_options(const ModelOptions& o, const KeySource& source) {
   llama_check_options(text_options(o), source);
   const ModelKeys& k = llava_keys();
   const int layers = o.integer(k, "vision.n_layer"), feature = o.integer(k, "vision.feature_layer");
-  KILN_CHECK(-feature <= layers, "{}: model.vision.feature_layer = {} is past the vision "
-             "tower's {} blocks (model.vision.n_layer)", source("model.vision.feature_layer"),
-             feature, layers);
+  KILN_CHECK(-feature <= layers + 1, "{}: model.vision.feature_layer = {} is past the vision "
+             "tower's {} blocks (model.vision.n_layer; -{} is its embeddings)",
+             source("model.vision.feature_layer"), feature, layers, layers + 1);
 }
 
 void LlavaConfig::validate() const {
   text.validate();
   vision.validate_shape("llava", /*min_classes=*/0);
   KILN_CHECK(feature_layer <= -1 && vision_blocks() >= 0,
-             "model.vision.feature_layer ({}) must be in [-{}, -1] (the vision tower's blocks)",
-             feature_layer, vision.n_layer);
+             "model.vision.feature_layer ({}) must be in [-{}, -1] (the vision tower's blocks, "
+             "-{} its embeddings)", feature_layer, vision.n_layer + 1, vision.n_layer + 1);
   KILN_CHECK(text.block_size > image_tokens(),
              "model.block_size ({}) must exceed the image's {} tokens ((image_size {} / "
              "vision.patch_size {})^2): a sequence is the image's tokens and the text's",

@@ -27,7 +27,8 @@ struct LlavaConfig {
   LlamaConfig text;     // the decoder
   VisionShape vision;   // the vision tower (num_classes unused: 0)
   /// The vision block whose output the projector reads, from the end: -1 the last, -2
-  /// the penultimate (LLaVA-1.5's vision_feature_layer); the blocks after it do not run.
+  /// the penultimate (LLaVA-1.5's vision_feature_layer), -(n_layer + 1) the embeddings;
+  /// the blocks after it do not run.
   int feature_layer = -1;
 
   /// N, the image's tokens in the decoder's sequence: its patches.

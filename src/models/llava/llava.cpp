@@ -74,6 +74,7 @@ Llava::Llava(const LlavaConfig& config, Backend& backend, const ModelStorage& st
              "llava yet");
   layers_ = std::make_unique<LlavaLayers>(config_);
   state_ = std::make_unique<State>();
+  cache_ = std::make_unique<LlamaKvCache>();
   LlamaLayers& t = layers_->text;
   set_layers(DecoderLayers{&t.embedding, &t.blocks, &t.norm, &t.head_weight(),
                            &t.head_placement(), config_.text.vocab_size, config_.text.n_embd,
@@ -133,11 +134,42 @@ void Llava::reserve(int B, int64_t Lt) {
   a.dfeats = act(Shape{B, N, Cv});
 }
 
+Shape Llava::image_shape() const {
+  return Shape{config_.vision.image_size, config_.vision.image_size, config_.vision.num_channels};
+}
+
+void Llava::encode_images(const Tensor& images) {
+  State& a = *state_;
+  Backend& be = backend();
+  const Stream s = be.default_stream();
+  const int run = config_.vision_blocks();
+  layers_->vision.forward(be, s, a.vision, images, run);
+  layers_->linear_1.forward(be, s, a.hidden, a.vision.stream[static_cast<size_t>(run)]);
+  be.gelu_forward(s, a.act, a.hidden);
+  layers_->linear_2.forward(be, s, a.image, a.act);
+}
+
+void Llava::splice(const Tensor& out) {
+  // Three row copies per sample: text before the image, the image, text after it.
+  const State& a = *state_;
+  Backend& be = backend();
+  const Stream s = be.default_stream();
+  const int64_t Lt = a.Lt, N = config_.image_tokens(), C = config_.text.n_embd, T = N + Lt;
+  for (int64_t b = 0; b < a.B; ++b) {
+    const int64_t at = a.image_at[static_cast<size_t>(b)];
+    auto seq = [&](int64_t row, int64_t rows) { return out.view_at((b * T + row) * C, Shape{rows, C}); };
+    auto text = [&](int64_t row, int64_t rows) { return a.text.view_at((b * Lt + row) * C, Shape{rows, C}); };
+    if (at > 0) be.copy(s, seq(0, at), text(0, at));
+    be.copy(s, seq(at, N), a.image.view_at(b * N * C, Shape{N, C}));
+    if (at < Lt) be.copy(s, seq(at + N, Lt - at), text(at, Lt - at));
+  }
+}
+
 void Llava::embed_forward(const Batch& batch, const Tensor&, const Tensor& out) {
   const Tensor& images = batch.require("images", arch());
   const Tensor& tokens = batch.require("tokens", arch());
   const Tensor& image_at = batch.require("image_at", arch());
-  const int64_t N = config_.image_tokens(), C = config_.text.n_embd;
+  const int64_t N = config_.image_tokens();
   KILN_CHECK(images.ndim() == 4 && tokens.ndim() == 2 && tokens.size(0) == images.size(0) &&
                  out.ndim() == 3 && out.size(0) == tokens.size(0) &&
                  out.size(1) == N + tokens.size(1) && image_at.shape() == Shape{tokens.size(0)} &&
@@ -146,7 +178,7 @@ void Llava::embed_forward(const Batch& batch, const Tensor&, const Tensor& out) 
              "[B, {} + Lt], got {}, {}, {} and {}", N, images.str(), tokens.str(),
              image_at.str(), batch.targets.str());
   const int B = static_cast<int>(tokens.size(0));
-  const int64_t Lt = tokens.size(1), T = N + Lt;
+  const int64_t Lt = tokens.size(1);
   reserve(B, Lt);
   State& a = *state_;
   Backend& be = backend();
@@ -159,22 +191,9 @@ void Llava::embed_forward(const Batch& batch, const Tensor&, const Tensor& out) 
     KILN_CHECK(at >= -1 && at <= Lt, "llava: image_at[{}] = {} is outside [-1, {}]", b, at, Lt);
     if (at < 0) at = static_cast<int32_t>(Lt);  // text only: the image after the text
   }
-  // The image's tokens: the tower, then the projector.
-  const int run = config_.vision_blocks();
-  layers_->vision.forward(be, s, a.vision, images, run);
-  layers_->linear_1.forward(be, s, a.hidden, a.vision.stream[static_cast<size_t>(run)]);
-  be.gelu_forward(s, a.act, a.hidden);
-  layers_->linear_2.forward(be, s, a.image, a.act);
+  encode_images(images);
   layers_->text.embedding.forward(be, s, a.text, tokens);
-  // Three row copies per sample: text before the image, the image, text after it.
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t at = a.image_at[static_cast<size_t>(b)];
-    auto seq = [&](int64_t row, int64_t rows) { return out.view_at((b * T + row) * C, Shape{rows, C}); };
-    auto text = [&](int64_t row, int64_t rows) { return a.text.view_at((b * Lt + row) * C, Shape{rows, C}); };
-    if (at > 0) be.copy(s, seq(0, at), text(0, at));
-    be.copy(s, seq(at, N), a.image.view_at(b * N * C, Shape{N, C}));
-    if (at < Lt) be.copy(s, seq(at + N, Lt - at), text(at, Lt - at));
-  }
+  splice(out);
 }
 
 void Llava::embed_backward(const Batch& batch, const Tensor&, const Tensor& dout) {
@@ -201,12 +220,55 @@ void Llava::embed_backward(const Batch& batch, const Tensor&, const Tensor& dout
   if (vision_trains_) layers_->vision.backward(be, s, a.vision, a.dfeats, run);
 }
 
-void Llava::begin_decode(int, int) {
-  KILN_FAIL("llava: decoding is not implemented yet (kiln sample --image comes next)");
+// ---- KV-cache decoding ----------------------------------------------------------------
+
+void Llava::begin_decode(int B, int max_len) {
+  cache_->begin(backend(), config_.text, layers_->text, dtype(), B, max_len);
 }
 
-void Llava::decode(const Tensor&, const Tensor&) {
-  KILN_FAIL("llava: decoding is not implemented yet (kiln sample --image comes next)");
+void Llava::end_decode() { cache_->end(); }
+
+int Llava::decoded_length() const { return cache_->past(); }
+
+void Llava::decode(const Tensor& tokens, const Tensor& logits) {
+  const int B = cache_->batch();
+  KILN_CHECK(B > 0, "decode() needs begin_decode() first");
+  KILN_CHECK(tokens.ndim() == 2 && tokens.size(0) == B, "decode: tokens {} must be [{}, Tq]",
+             tokens.str(), B);
+  check_shape(logits, Shape{B, config_.text.padded_vocab_size}, "decode logits");
+  Backend& be = backend();
+  const int64_t C = config_.text.n_embd;
+  Tensor x = be.empty(Shape{B, tokens.size(1), C}, dtype(), MemCategory::Temporaries);
+  Tensor last = be.empty(Shape{B, C}, dtype(), MemCategory::Temporaries);
+  layers_->text.embedding.forward(be, be.default_stream(), x, tokens);
+  cache_->run(be, layers_->text, x, last);
+  project_logits(logits, last, layers_->text.head_weight().v());
+}
+
+void Llava::prefill_image(const Tensor& images, const Tensor& tokens, int image_at,
+                          const Tensor& logits) {
+  const int B = cache_->batch();
+  KILN_CHECK(B > 0, "prefill_image() needs begin_decode() first");
+  KILN_CHECK(tokens.ndim() == 2 && tokens.size(0) == B && image_at >= 0 &&
+                 image_at <= tokens.size(1),
+             "llava prefill: tokens {} must be [{}, Tq] with the image after 0..Tq of them (got "
+             "{})", tokens.str(), B, image_at);
+  KILN_CHECK(images.shape() == batched(B, image_shape()) && images.dtype() == DType::F32,
+             "llava prefill: images {} must be fp32 [{}, {}, {}, {}]", images.str(), B,
+             config_.vision.image_size, config_.vision.image_size, config_.vision.num_channels);
+  check_shape(logits, Shape{B, config_.text.padded_vocab_size}, "prefill logits");
+  const int64_t Lt = tokens.size(1), N = config_.image_tokens(), C = config_.text.n_embd;
+  reserve(B, Lt);
+  State& a = *state_;
+  a.image_at.assign(static_cast<size_t>(B), image_at);
+  Backend& be = backend();
+  encode_images(images);
+  layers_->text.embedding.forward(be, be.default_stream(), a.text, tokens);
+  Tensor x = be.empty(Shape{B, N + Lt, C}, dtype(), MemCategory::Temporaries);
+  Tensor last = be.empty(Shape{B, C}, dtype(), MemCategory::Temporaries);
+  splice(x);
+  cache_->run(be, layers_->text, x, last);
+  project_logits(logits, last, layers_->text.head_weight().v());
 }
 
 }  // namespace kiln

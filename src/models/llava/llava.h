@@ -28,7 +28,9 @@
 // Parts: 0 the vision tower, the projector and the token embedding (the decoder's
 // embeddings: DecoderModel::embed_forward), 1 + l decoder block l, n_layer + 1 the head.
 // Data parallel and ZeRO 0-3, activation checkpointing (the vision blocks' too), bf16;
-// no tensor, context or pipeline parallelism yet, no dropout, no decoding yet.
+// no tensor, context or pipeline parallelism yet, no dropout. Decoding (kiln sample
+// --image): the decoder's KV cache (LlamaKvCache), after a prefill of the prompt with the
+// image spliced in (prefill_image).
 #pragma once
 
 #include "models/decoder_model.h"
@@ -39,8 +41,9 @@
 namespace kiln {
 
 struct LlavaLayers;
+class LlamaKvCache;
 
-class Llava final : public DecoderModel {
+class Llava final : public DecoderModel, public VisionLanguageModel {
  public:
   Llava(const LlavaConfig& config, Backend& backend, const ModelStorage& storage = {});
   ~Llava() override;
@@ -61,16 +64,22 @@ class Llava final : public DecoderModel {
   void set_dropout(bool, uint64_t, uint64_t) override {}  // no dropout
   double flops_per_token(int T) const override { return config_.flops_per_token(T); }
   int64_t num_parameters() const override { return config_.num_parameters(); }
-  /// Not a language model to the samplers yet (decoding with an image comes with kiln
-  /// sample --image).
-  LanguageModel* language_model() override { return nullptr; }
+  // LanguageModel (DecoderModel): KV-cache decoding of the decoder; text only, or after
+  // prefill_image.
   int vocab_size() const override { return config_.text.vocab_size; }
   int padded_vocab_size() const override { return config_.text.padded_vocab_size; }
   int max_positions() const override { return config_.text.block_size; }
   void begin_decode(int B, int max_len) override;
   void decode(const Tensor& tokens, const Tensor& logits) override;
-  void end_decode() override {}
-  int decoded_length() const override { return 0; }
+  void end_decode() override;
+  int decoded_length() const override;
+
+  // VisionLanguageModel
+  VisionLanguageModel* vision_language_model() override { return this; }
+  Shape image_shape() const override;
+  int image_tokens() const override { return config_.image_tokens(); }
+  void prefill_image(const Tensor& images, const Tensor& tokens, int image_at,
+                     const Tensor& logits) override;
 
  protected:
   /// The vision tower, the projector and the text's embedding, spliced (above).
@@ -81,10 +90,17 @@ class Llava final : public DecoderModel {
   struct State;
   /// (Re)allocates the part-0 activations for B samples of Lt text slots.
   void reserve(int B, int64_t Lt);
+  /// The image tokens [B,N,C] of images fp32 [B,H,W,Cin] into the state's `image` (B as
+  /// reserved): the vision tower, then the projector.
+  void encode_images(const Tensor& images);
+  /// out [B, N + Lt, C] of the state's text [B,Lt,C] and image [B,N,C], each sample's image
+  /// after its first image_at[b] text rows.
+  void splice(const Tensor& out);
 
   LlavaConfig config_;
   std::unique_ptr<LlavaLayers> layers_;
   std::unique_ptr<State> state_;
+  std::unique_ptr<LlamaKvCache> cache_;  // decoding
   nn::ActivationCheckpointing mode_ = nn::ActivationCheckpointing::None;
   bool vision_trains_ = false, projector_trains_ = false;  // some parameter of them trains
 };
