@@ -74,7 +74,7 @@ struct ModelArch {
   std::function<int64_t(const ModelOptions& options)> num_experts;
   /// The family's own [model] keys beyond the common ones (ModelOptions: arch .. dropout,
   /// and the config's preset and init_from), stated in its folder (e.g.
-  /// models/llama/config.cpp llama_keys()). The config reads, checks and writes them from
+  /// models/llama_config.cpp llama_keys()). The config reads, checks and writes them from
   /// here; its models read them with ModelOptions::value. make_model refuses any other.
   ModelKeys keys;
   /// Checks between its keys that hold for a config still being resolved (0 = unset, e.g.

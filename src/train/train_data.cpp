@@ -125,7 +125,7 @@ class ImageData final : public TrainData {
   void check_arch(const TrainConfig& c) const override {
     const ModelArch arch = model_arch(c.model.arch);
     KILN_CHECK(arch.takes_images && !arch.takes_text,
-               "{}: model.arch = \"{}\" reads {} but data.dir {} holds labelled images (an "
+               "{}: model.arch = \"{}\" reads {} but data.dir {} holds images with labels (an "
                "image model, e.g. model.arch = \"vit\", or {})", c.source, c.model.arch,
                arch.takes_text ? "image-text pairs" : "tokens", dir_.string(),
                arch.takes_text ? "pairs prepared with kiln prepare --format llava"

@@ -3,7 +3,7 @@
 #include "support/error_of.h"
 #include "config/components.h"
 #include "config/config.h"
-#include "models/llama/config.h"
+#include "models/llama_config.h"
 #include "models/registry.h"
 
 #include <fmt/format.h>
@@ -460,21 +460,22 @@ TEST(TrainConfigModelKeys, DenseLayersIsAnIntegerList) {
   // Another family's list key at its default ([]) is accepted (earlier to_toml()s).
   EXPECT_NO_THROW(load_config_string("[model]\nmoe.dense_layers = []\n"));
   EXPECT_EQ(load_error("[model]\nmoe.dense_layers = [1]\n"),
-            "config.toml: key 'model.moe.dense_layers' is not a key of model.arch 'gpt2' (llama "
-            "has it)");
+            "config.toml: key 'model.moe.dense_layers' is not a key of model.arch 'gpt2' (llama, "
+            "llava have it)");
 }
 
 // A key of another family than model.arch's is one line naming the archs that have it,
 // unless it holds their default (above); a key no family has is an unknown key.
 TEST(TrainConfigModelKeys, AnotherFamilysKeyNamesTheArchsThatHaveIt) {
   EXPECT_EQ(load_error("[model]\nn_kv_head = 2\n"),
-            "config.toml: key 'model.n_kv_head' is not a key of model.arch 'gpt2' (llama has it)");
+            "config.toml: key 'model.n_kv_head' is not a key of model.arch 'gpt2' (llama, llava "
+            "have it)");
   EXPECT_EQ(load_error("", {"model.ffn_hidden_size=64"}),
             "--set: key 'model.ffn_hidden_size' is not a key of model.arch 'gpt2' (dit, llama, "
-            "vit have it)");
+            "llava, vit have it)");
   EXPECT_EQ(load_error("[model]\narch = \"vit\"\n[model.rope_scaling]\nfactor = 8.0\n"),
-            "config.toml: key 'model.rope_scaling.factor' is not a key of model.arch 'vit' (llama "
-            "has it)");
+            "config.toml: key 'model.rope_scaling.factor' is not a key of model.arch 'vit' (llama, "
+            "llava have it)");
   EXPECT_EQ(load_error("[model]\nclass_dropout = 0.2\n", {"model.arch=vit"}),
             "config.toml: key 'model.class_dropout' is not a key of model.arch 'vit' (dit has it)");
   // The arch is known from the preset too.

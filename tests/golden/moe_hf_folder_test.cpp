@@ -14,7 +14,7 @@
 #include "core/error.h"
 #include "golden_compare.h"
 #include "models/hf_formats.h"
-#include "models/llama/config.h"
+#include "models/llama_config.h"
 #include "models/llama/formats.h"
 #include "models/llama/moe_formats.h"
 #include "models/registry.h"

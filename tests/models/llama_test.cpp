@@ -9,7 +9,7 @@
 #include "config/components.h"
 #include "support/error_of.h"
 #include "backend/registry.h"
-#include "models/llama/config.h"
+#include "models/llama_config.h"
 #include "models/llama/llama.h"
 #include "models/registry.h"
 #include "config/config.h"

@@ -152,7 +152,7 @@ fails sample_image_missing "no such image file" "$kiln" sample --checkpoint "$ck
 
 make_images 5 "$work/idx"
 "$kiln" prepare --format idx --input "$work/idx" --out "$work/images" > /dev/null
-fails llava_on_images "holds labelled images" "$kiln" train "$work/llava.toml" --set "run.dir=$work/i_run" --set "data.dir=$work/images"
+fails llava_on_images "holds images with labels" "$kiln" train "$work/llava.toml" --set "run.dir=$work/i_run" --set "data.dir=$work/images"
 cat > "$work/vit.toml" <<EOF
 [model]
 arch = "vit"

@@ -1,7 +1,7 @@
 #include "models/llama/formats.h"
 
 #include "core/error.h"
-#include "models/llama/config.h"
+#include "models/llama_config.h"
 #include "models/llama/moe_formats.h"
 
 #include <fmt/format.h>

@@ -12,7 +12,7 @@
 // rows in memory.
 #pragma once
 
-#include "models/llama/config.h"
+#include "models/llama_config.h"
 #include "models/llama/moe_formats.h"
 #include "models/registry.h"
 

@@ -1,6 +1,6 @@
 #include "models/llama/llama.h"
 
-#include "models/llama/layers.h"
+#include "models/llama_layers.h"
 
 #include <vector>
 

@@ -37,7 +37,7 @@
 #pragma once
 
 #include "models/decoder_model.h"
-#include "models/llama/config.h"
+#include "models/llama_config.h"
 #include "nn/tensor_parallel.h"
 
 #include <memory>

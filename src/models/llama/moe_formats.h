@@ -14,7 +14,7 @@
 #pragma once
 
 #include "models/hf_formats.h"
-#include "models/llama/config.h"
+#include "models/llama_config.h"
 
 #include <nlohmann/json.hpp>
 

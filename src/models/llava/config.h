@@ -1,7 +1,7 @@
 // LLaVA (Liu et al. 2023, "Visual Instruction Tuning"; LLaVA-1.5: Liu et al. 2024,
 // "Improved Baselines with Visual Instruction Tuning") hyper-parameters, parameter count
-// and training FLOPs: a ViT trunk (models/vit/patch_encoder.h) over the image, a 2-layer
-// MLP projector with GELU, and a Llama decoder (models/llama/config.h) reading the image's
+// and training FLOPs: a ViT trunk (models/patch_encoder.h) over the image, a 2-layer
+// MLP projector with GELU, and a Llama decoder (models/llama_config.h) reading the image's
 // N patch features as N tokens among the text's.
 //
 // [model] keys: the common ones and Llama's are the decoder's (n_layer, n_head, n_embd,
@@ -12,7 +12,7 @@
 // slots.
 #pragma once
 
-#include "models/llama/config.h"
+#include "models/llama_config.h"
 #include "models/model_options.h"
 #include "models/vision_config.h"
 

@@ -1,8 +1,8 @@
 #include "models/llava/llava.h"
 
 #include "core/error.h"
-#include "models/llama/layers.h"
-#include "models/vit/patch_encoder.h"
+#include "models/llama_layers.h"
+#include "models/patch_encoder.h"
 #include "nn/linear.h"
 
 #include <algorithm>

@@ -3,7 +3,7 @@
 // decoder's width, and a Llama decoder reads them as tokens among the text's:
 //
 //   feats [B, N, Cv]  = vision trunk(images [B,H,W,Cin]) at block feature_layer (no class
-//                       token, no final norm; models/vit/patch_encoder.h)
+//                       token, no final norm; models/patch_encoder.h)
 //   img   [B, N, C]   = linear_2(GELU(linear_1(feats)))    (GELU: the tanh approximation;
 //                       LLaVA's projector uses the exact erf, 3e-4 apart at most)
 //   x0    [B, T, C]   = [embed(text[:a]); img; embed(text[a:])]   per sample, a = image_at

@@ -1,6 +1,6 @@
 #include "models/vit/vit.h"
 
-#include "models/vit/patch_encoder.h"
+#include "models/patch_encoder.h"
 #include "nn/classifier.h"
 #include "nn/norm.h"
 

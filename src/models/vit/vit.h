@@ -1,5 +1,5 @@
 // Vision transformer (Dosovitskiy et al. 2021) classifier on the layer library (its
-// trunk: models/vit/patch_encoder.h).
+// trunk: models/patch_encoder.h).
 //
 //   patches [B, N, D]  = patchify(images [B,H,W,Cin])          D = Cin P^2 (Backend::patchify)
 //   x0 [B, T, C]       = patch_embed(patches | 0) + pos_embed  T = N + 1

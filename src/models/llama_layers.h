@@ -1,10 +1,11 @@
-// Llama's layers (models/llama/llama.h lists them and their names), shared by the Llama
-// language model and the models that embed one (models/llava/).
+// Llama's layers (models/llama/llama.h lists them and their names) and its KV-cache
+// decoding, shared by the Llama language model (models/llama/) and the models that hold
+// one as their decoder (models/llava/).
 #pragma once
 
 #include "models/layered_model.h"
 #include "models/layer_plan.h"
-#include "models/llama/config.h"
+#include "models/llama_config.h"
 #include "models/moe_balance.h"
 #include "nn/block.h"
 #include "nn/embedding.h"

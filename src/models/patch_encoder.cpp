@@ -1,4 +1,4 @@
-#include "models/vit/patch_encoder.h"
+#include "models/patch_encoder.h"
 
 #include "core/error.h"
 

@@ -1,4 +1,5 @@
-// Llama 3 hyper-parameters, parameter count and training FLOPs.
+// Llama 3 hyper-parameters, parameter count and training FLOPs: the llama family's
+// (models/llama/) and the LLaVA decoder's (models/llava/).
 //
 // Shapes as Meta's Llama 3 (Grattafiori et al. 2024, "The Llama 3 Herd of Models",
 // table 3) and Hugging Face's LlamaConfig: hidden_size = n_embd, intermediate_size =

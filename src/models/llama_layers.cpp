@@ -1,4 +1,4 @@
-#include "models/llama/layers.h"
+#include "models/llama_layers.h"
 
 #include "core/error.h"
 #include "models/decoder_model.h"

@@ -1,4 +1,4 @@
-#include "models/llama/config.h"
+#include "models/llama_config.h"
 #include "models/model_options.h"
 
 #include "core/error.h"

@@ -1,5 +1,6 @@
 // A vision transformer's trunk (Dosovitskiy et al. 2021), shared by the ViT classifier
-// (models/vit/vit.h) and the LLaVA vision tower (models/llava/llava.h):
+// (models/vit/vit.h) and the LLaVA vision tower (models/llava/llava.h) as the families
+// share files at the top of models/ (decoder_model.h, vision_config.h):
 //
 //   patches [B, T, D] = patchify(images [B,H,W,Cin])      D = Cin P^2 (Backend::patchify);
 //                                                         rows >= N (N patches) stay zero
