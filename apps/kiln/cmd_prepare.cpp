@@ -78,20 +78,28 @@ void prepare_llava(data::PrepareOptions tok, data::PreparePairsOptions pairs,
              "split's; --val-input the val split's), got {}", in.size());
   for (const CLI::Option* o : text_only)
     KILN_CHECK(o->count() == 0 || o == &tokenizer || o->get_name() == "--tokenizer-files" ||
-                   o->get_name() == "--val-fraction",
+                   o->get_name() == "--val-fraction" || o->get_name() == "--vocab-size",
                "prepare --format llava: {} is for text", o->get_name());
   pairs.val_fraction = tok.val_fraction;
   KILN_CHECK(tokenizer.count() > 0, "prepare --format llava: --tokenizer is required (byte | "
-             "gpt2 | hf, or sentencepiece with its .model file)");
+             "gpt2 | hf | sentencepiece)");
   const std::vector<std::string> kinds = {"byte", "gpt2", "hf", "sentencepiece"};
   KILN_CHECK(std::find(kinds.begin(), kinds.end(), tok.tokenizer) != kinds.end(),
              "prepare --format llava: unknown tokenizer '{}' (expected byte, gpt2, hf or "
              "sentencepiece)", tok.tokenizer);
   for (const auto& s : tf) tok.tokenizer_files.emplace_back(s);
-  KILN_CHECK(tok.tokenizer != "sentencepiece" || !tok.tokenizer_files.empty(),
-             "prepare --format llava: sentencepiece needs its .model file (--tokenizer-files); it "
-             "is not trained on pairs");
-  const auto t = data::make_tokenizer(tok);
+  // sentencepiece without a .model file: trained on the train split's conversations.
+  std::unique_ptr<data::Tokenizer> t;
+  if (tok.tokenizer == "sentencepiece" && tok.tokenizer_files.empty()) {
+    KILN_CHECK(tok.vocab_size > 0, "prepare --format llava: sentencepiece needs --vocab-size "
+               "(trained on the pairs) or its .model file (--tokenizer-files)");
+    data::SentencePieceTrainOptions so;
+    so.vocab_size = tok.vocab_size;
+    so.max_sentences = tok.sp_max_sentences;
+    t = data::train_pairs_tokenizer(in[0], so);
+  } else {
+    t = data::make_tokenizer(tok);
+  }
   pairs.input = in[0];
   pairs.out_dir = tok.out_dir;
   pairs.tokenizer = t.get();

@@ -95,36 +95,43 @@ LlavaRecord parse_llava_record(const nlohmann::json& record) {
   return r;
 }
 
-CaptionTokens tokenize_llava(const Tokenizer& tok, const LlavaRecord& record) {
-  CaptionTokens out;
-  auto add = [&](std::string_view text, bool loss) {
-    const std::vector<int32_t> ids = tok.encode(text);
-    out.ids.insert(out.ids.end(), ids.begin(), ids.end());
-    out.in_loss.insert(out.in_loss.end(), ids.size(), loss ? 1 : 0);
-  };
+void for_each_llava_piece(const LlavaRecord& record, const LlavaPieceVisitor& visit) {
   // A question: the text before its <image> (and the newline after it), the image, the
   // rest.
   auto question = [&](const std::string& q) {
     const size_t at = q.find(kImageToken);
-    if (at == std::string::npos) return add(q, false);
-    add(q.substr(0, at), false);
-    out.image_at = static_cast<int64_t>(out.ids.size());
-    add(q.substr(at + std::string_view(kImageToken).size()), false);  // "\n..." as LLaVA keeps it
+    if (at == std::string::npos) return visit(LlavaPiece::Prompt, q);
+    visit(LlavaPiece::Prompt, q.substr(0, at));
+    visit(LlavaPiece::Image, "");
+    visit(LlavaPiece::Prompt, q.substr(at + std::string_view(kImageToken).size()));  // "\n..." as LLaVA keeps it
   };
-  add(std::string(kLlavaSystem) + " ", false);
+  visit(LlavaPiece::Prompt, std::string(kLlavaSystem) + " ");
   for (const ChatMessage& m : record.messages) {
     if (m.role == "user") {
-      add("USER: ", false);
+      visit(LlavaPiece::Prompt, "USER: ");
       question(m.content);
-      add(" ASSISTANT:", false);
+      visit(LlavaPiece::Prompt, " ASSISTANT:");
     } else {
       KILN_CHECK(m.role == "assistant", "LLaVA record {}: a message of role '{}'", record.id,
                  m.role);
-      add(" " + m.content, true);
-      out.ids.push_back(tok.eot_id());
-      out.in_loss.push_back(1);
+      visit(LlavaPiece::Answer, " " + m.content);
+      visit(LlavaPiece::EndOfText, "");
     }
   }
+}
+
+CaptionTokens tokenize_llava(const Tokenizer& tok, const LlavaRecord& record) {
+  CaptionTokens out;
+  for_each_llava_piece(record, [&](LlavaPiece kind, std::string_view text) {
+    if (kind == LlavaPiece::Image) {
+      out.image_at = static_cast<int64_t>(out.ids.size());
+      return;
+    }
+    const std::vector<int32_t> ids =
+        kind == LlavaPiece::EndOfText ? std::vector<int32_t>{tok.eot_id()} : tok.encode(text);
+    out.ids.insert(out.ids.end(), ids.begin(), ids.end());
+    out.in_loss.insert(out.in_loss.end(), ids.size(), kind == LlavaPiece::Prompt ? 0 : 1);
+  });
   return out;
 }
 

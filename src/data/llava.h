@@ -21,7 +21,9 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace kiln::data {
@@ -60,6 +62,14 @@ LlavaRecord parse_llava_record(const nlohmann::json& record);
 inline constexpr const char* kLlavaSystem =
     "A chat between a curious human and an artificial intelligence assistant. The assistant "
     "gives helpful, detailed, and polite answers to the human's questions.";
+
+/// The pieces of a good record's conversation in the format above, in order: prompt text
+/// (the system sentence, role markers, questions), where the image goes, each answer's
+/// text and the end-of-text after it. tokenize_llava tokenizes each piece on its own;
+/// kiln prepare trains a SentencePiece tokenizer on their text. Throws as tokenize_llava.
+enum class LlavaPiece { Prompt, Image, Answer, EndOfText };
+using LlavaPieceVisitor = std::function<void(LlavaPiece kind, std::string_view text)>;
+void for_each_llava_piece(const LlavaRecord& record, const LlavaPieceVisitor& visit);
 
 /// A good record's tokens (parse_llava_record without error), as above: `ids` without the
 /// image, `image_at` the number of ids before it (-1: text only; the model puts the image's

@@ -216,4 +216,25 @@ std::vector<uint8_t> read_image_as(const fs::path& path, const ImageShape& shape
   return resize_bilinear(px, got, shape.height, shape.width);
 }
 
+std::unique_ptr<Tokenizer> train_pairs_tokenizer(const fs::path& path,
+                                                 const SentencePieceTrainOptions& options) {
+  const std::vector<LlavaEntry> entries = read_llava_file(path);
+  const bool any = std::any_of(entries.begin(), entries.end(),
+                               [](const LlavaEntry& e) { return e.record.error.empty(); });
+  KILN_CHECK(any, "{}: no good record to train a tokenizer on", path.string());
+  return train_sentencepiece_on_texts(
+      [&](const std::function<void(std::string_view)>& add) {
+        std::string text;
+        for (const LlavaEntry& e : entries) {
+          if (!e.record.error.empty()) continue;
+          text.clear();
+          for_each_llava_piece(e.record, [&](LlavaPiece kind, std::string_view piece) {
+            if (kind == LlavaPiece::Prompt || kind == LlavaPiece::Answer) text += piece;
+          });
+          add(text);
+        }
+      },
+      options);
+}
+
 }  // namespace kiln::data

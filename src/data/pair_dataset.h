@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,14 @@ struct PreparePairsSummary {
 /// nothing (out_dir removed, or emptied when it was given empty); an interrupted one leaves
 /// shards without meta.json, which no loader reads.
 PreparePairsSummary prepare_pairs(const PreparePairsOptions& o);
+
+/// A SentencePiece BPE tokenizer (train_sentencepiece_on_texts, `options`) trained on the
+/// conversations of the pair file `path` as the model reads them: each good record's
+/// prompt and answer pieces (for_each_llava_piece: the system sentence, role markers,
+/// questions and answers; bad records are left to prepare_pairs to report). Throws
+/// kiln::Error naming the file when it cannot be read or holds no good record.
+std::unique_ptr<Tokenizer> train_pairs_tokenizer(const std::filesystem::path& path,
+                                                 const SentencePieceTrainOptions& options);
 
 /// An image file as a model of images `shape` takes it (kiln sample --image, kiln eval
 /// --llava): read as shape.channels (libpng converts gray, RGB and alpha) and resized to

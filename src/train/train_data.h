@@ -2,7 +2,7 @@
 // as the model takes them (Model::batch_shape), a resumable position, the [model] keys the
 // data fixes, and what identifies it in a checkpoint.
 //
-// Three kinds: a weighted blend of token data sets (data.blend, data/blend.h), or one data
+// Four kinds: a weighted blend of token data sets (data.blend, data/blend.h), or one data
 // set, told apart by its meta.json (docs/formats.md):
 //   token data sets (data/loader.h): inputs int32 [B,T] tokens, targets [B,T] (the next
 //     tokens); they fix model.vocab_size and carry their tokenizer into checkpoints; with
@@ -10,7 +10,14 @@
 //     cu_seqlens [B*T+1];
 //   image data sets (data/image_dataset.h): inputs fp32 [B,H,W,C] pixels scaled to [-1, 1]
 //     (p / 127.5 - 1), targets int32 [B] labels; they fix model.image_size (square
-//     images), model.num_channels and model.num_classes.
+//     images), model.num_channels and model.num_classes;
+//   image-text pairs (data/pair_dataset.h, an image data set with captions) for a
+//     vision-language model whose sequence of seq_len positions is the image's N tokens
+//     and the caption's L slots: inputs "images" as above, "tokens" int32 [B,L] (padded
+//     with the end-of-text id) and "image_at" int32 [B], targets int32 [B, N + L] (each
+//     flagged caption id at its place in the model's sequence, -1 elsewhere:
+//     models/llava/llava.h); they fix image_size, num_channels and model.vocab_size, check
+//     seq_len = N + L, and carry their tokenizer into checkpoints.
 #pragma once
 
 #include "data/blend.h"
@@ -69,8 +76,8 @@ class TrainData {
   virtual std::map<std::string, std::string> checkpoint_files() const = 0;
 };
 
-/// Split `split` of the data set in `dir` (token or image, by its meta.json), in samples
-/// of seq_len tokens (token data), shuffled per epoch under `seed` when `shuffle`, packed
+/// Split `split` of the data set in `dir` (token, image or pair, by its meta.json), in
+/// samples of seq_len tokens (token data; pairs: the model's whole sequence), shuffled per epoch under `seed` when `shuffle`, packed
 /// as `packing` says (token data). Throws kiln::Error naming the file when the data set is
 /// missing or malformed, or has no document index for packing.
 std::unique_ptr<TrainData> open_train_data(const std::filesystem::path& dir,

@@ -131,6 +131,40 @@ TEST(Pairs, RecordsComeBackAsTokenizedWithTheirPixels) {
   }
 }
 
+// SentencePiece trained on a pair file's conversations as the model reads them: the
+// repeated system sentence and role markers become few pieces; text round-trips; a file
+// of bad records only is an error. read_image_as resizes as prepare does.
+TEST(Pairs, TokenizerTrainedOnTheConversations) {
+  Pairs p;
+  std::vector<json> records;
+  for (int i = 0; i < 200; ++i)
+    records.push_back(record(fmt::format("r{}", i), i % 2 ? "a.png" : "b.png",
+                             fmt::format("A {} with {} stripes.", i % 3 ? "coat" : "bag", i % 7)));
+  p.write_lines("many.jsonl", records);
+  SentencePieceTrainOptions so;
+  so.vocab_size = 600;
+  const auto tok = train_pairs_tokenizer(p.dir.path() / "many.jsonl", so);
+  EXPECT_EQ(tok->kind(), "sentencepiece");
+  const std::string system = std::string(kLlavaSystem) + " ";
+  EXPECT_LT(tok->encode(system).size(), system.size() / 2);
+  const CaptionTokens t = tokenize_llava(*tok, parse_llava_record(records[5]));
+  std::vector<int32_t> text;
+  for (size_t i = 0; i < t.ids.size(); ++i)
+    if (t.ids[i] != tok->eot_id()) text.push_back(t.ids[i]);
+  EXPECT_EQ(tok->decode(text), system + "USER: \nWhat? ASSISTANT: A coat with 5 stripes.");
+  p.write_lines("bad.jsonl", {json{{"id", "x"}}});
+  EXPECT_THROW(train_pairs_tokenizer(p.dir.path() / "bad.jsonl", so), kiln::Error);
+  // An image as a 2x2 model takes it: the 4x4 gray image averaged; a missing one names itself.
+  EXPECT_EQ(read_image_as(p.dir.path() / "a.png", {2, 2, 1}), std::vector<uint8_t>(4, 10));
+  EXPECT_EQ(read_image_as(p.dir.path() / "a.png", {4, 4, 3}), std::vector<uint8_t>(48, 10));
+  try {
+    read_image_as(p.dir.path() / "none.png", {2, 2, 1});
+    ADD_FAILURE() << "a missing image was read";
+  } catch (const kiln::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("none.png: no such image file"), std::string::npos);
+  }
+}
+
 TEST(Pairs, BilinearResizeAsPillow) {
   // By hand (the header's kernel): 4 -> 2 averages each footprint with weights 3/4, 3/4,
   // 1/4 (over 7/4); 2 -> 4 interpolates, the edges clamped.
