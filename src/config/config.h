@@ -33,6 +33,9 @@ struct ModelSection {
   int vocab_size = 0;     // 0 = take it from the data set's meta.json
   double dropout = 0.0;
   std::string init_from;  // "" = random init; a kiln checkpoint dir, a Hugging Face folder, an llm.c .bin or a .safetensors
+  /// "PREFIX=PATH" each: the parameters named PREFIX.* start from another model's (a kiln
+  /// checkpoint or a Hugging Face folder) of the names after the prefix (open_part_weights).
+  std::vector<std::string> init_parts;
   /// The keys of model.arch's family (ModelArch::keys, e.g. n_kv_head, rope_scaling.factor,
   /// image_size) by name within [model], every one the arch declares (its default where
   /// nothing set it); bools 0 / 1.

@@ -66,6 +66,13 @@ const std::vector<Key>& keys() {
             "Initial weights: \"\" = random init; a kiln checkpoint dir, a Hugging Face model "
             "folder (config.json + safetensors; its config.json fills the model keys not set "
             "explicitly), an llm.c .bin or a .safetensors file."),
+        any(KILN_KEY(model, init_parts),
+            "Parts of the model initialised from other models, after model.init_from (or the "
+            "random init): \"PREFIX=PATH\" each, PATH a kiln checkpoint dir or a Hugging Face "
+            "folder whose parameter N initialises this model's PREFIX.N (a llava's "
+            "[\"vision_tower=runs/vit/ckpt/step_00005000\", \"language_model=hf/llama\"]); "
+            "a source with more rows gives its first ones (a ViT's pos_embed without its "
+            "class-token row). [] = none."),
         any(KILN_KEY(data, dir), "Directory of the tokenized data set (this or data.blend is required for training)."),
         any(KILN_KEY(data, blend),
             "A weighted blend of prepared token data sets instead of data.dir, as Megatron's --data-path: "

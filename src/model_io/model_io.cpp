@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -289,6 +291,73 @@ std::unique_ptr<WeightSource> open_model_weights(const fs::path& path, const Mod
   if (is_hf_folder(path)) return std::make_unique<HfFolderSource>(path, expect);
   if (fs::is_directory(path)) return std::make_unique<CheckpointSource>(path, expect, params);
   return std::make_unique<HostSource>(import_model_weights(path, expect), params, path);
+}
+
+namespace {
+
+// A part's parameters read as another model's (open_part_weights): ours by name, theirs
+// through `source`.
+class PartSource final : public WeightSource {
+ public:
+  PartSource(std::unique_ptr<WeightSource> source, std::map<std::string, ParamSpec> theirs)
+      : source_(std::move(source)), theirs_(std::move(theirs)) {}
+  void read(const ParamSpec& p, int64_t begin, int64_t end, float* dst) const override {
+    const auto it = theirs_.find(p.name);
+    KILN_CHECK(it != theirs_.end(), "model.init_parts: {} is not in this part", p.name);
+    source_->read(it->second, begin, end, dst);  // the same elements: equal or more rows
+  }
+
+ private:
+  std::unique_ptr<WeightSource> source_;
+  std::map<std::string, ParamSpec> theirs_;
+};
+
+}  // namespace
+
+std::unique_ptr<WeightSource> open_part_weights(const fs::path& path, const std::string& prefix,
+                                                const std::vector<ParamSpec>& params) {
+  const std::string where = fmt::format("model.init_parts {}={}", prefix, path.string());
+  KILN_CHECK(fs::exists(path), "{}: {} does not exist", where, path.string());
+  const bool hf = is_hf_folder(path);
+  KILN_CHECK(hf || fs::exists(path / "manifest.json"), "{}: {} is neither a kiln checkpoint "
+             "(manifest.json) nor a Hugging Face folder (config.json)", where, path.string());
+  // Their options and the shape of each of their parameters.
+  std::optional<checkpoint::CheckpointReader> reader;
+  ModelOptions options;
+  std::map<std::string, Shape> shapes;
+  if (hf) {
+    options = hf_folder_options(path);
+    const ModelArch arch = model_arch(options.arch);
+    KILN_CHECK(arch.hf_layout, "{}: model.arch '{}' has no Hugging Face folders", where, options.arch);
+    for (const HfParam& p : arch.hf_layout(options).params) shapes[p.name] = p.shape;
+  } else {
+    reader.emplace(path);
+    options = checkpoint_model_options(*reader);
+  }
+  std::map<std::string, ParamSpec> theirs;
+  std::vector<ParamSpec> wanted;
+  for (const ParamSpec& p : params) {
+    KILN_CHECK(p.name.starts_with(prefix + "."), "{}: parameter {} is not under {}.", where,
+               p.name, prefix);
+    ParamSpec t = p;
+    t.name = p.name.substr(prefix.size() + 1);
+    const bool has = hf ? shapes.count(t.name) > 0 : reader->has(t.name);
+    KILN_CHECK(has, "{}: the {} there has no tensor '{}' (for {})", where, options.arch, t.name,
+               p.name);
+    t.shape = hf ? shapes.at(t.name) : reader->global_shape(t.name);
+    bool fits = t.shape == p.shape;
+    if (!fits && p.name.ends_with("pos_embed") && t.shape.ndim() == p.shape.ndim() &&
+        t.shape[0] >= p.shape[0]) {
+      fits = true;
+      for (int d = 1; d < p.shape.ndim(); ++d) fits = fits && t.shape[d] == p.shape[d];
+    }
+    KILN_CHECK(fits, "{}: tensor '{}' there has shape {}, {} here is {}", where, t.name,
+               t.shape.str(), p.name, p.shape.str());
+    wanted.push_back(t);
+    theirs.emplace(p.name, t);
+  }
+  reader.reset();
+  return std::make_unique<PartSource>(open_model_weights(path, options, wanted), std::move(theirs));
 }
 
 namespace {

@@ -113,6 +113,17 @@ std::unique_ptr<WeightSource> open_model_weights(const std::filesystem::path& pa
                                                  const ModelOptions& expect,
                                                  const std::vector<ParamSpec>& params);
 
+/// One part of a model started from another model (model.init_parts): this model's
+/// parameters `params`, each named `prefix` + "." + N, read as parameter N of the model at
+/// `path` (a kiln checkpoint directory, of its state's options, or a Hugging Face folder,
+/// of its config.json's), which must have the same shape; a pos_embed may have more rows
+/// there, of which the first are read (a ViT's, its class-token row last). Throws
+/// kiln::Error naming the path and tensor for a missing tensor or another shape, the
+/// prefix when a parameter lacks it, and a path that is neither kind.
+std::unique_ptr<WeightSource> open_part_weights(const std::filesystem::path& path,
+                                                const std::string& prefix,
+                                                const std::vector<ParamSpec>& params);
+
 /// What identifies the weights at `path` (a model.init_from: a file, or a folder's
 /// *.safetensors, *.bin, config.json and manifest.json; not its README, tokenizer or
 /// generation config, nor subfolders): {"path": as given, "bytes": B, "crc32": the crc32

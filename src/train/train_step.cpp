@@ -481,16 +481,37 @@ void TrainStep::init_start_weights(uint64_t seed) {
   const bool lora = lora_plan_ != nullptr;
   const std::string& init_from = config_.model.init_from;
   if (init_from.empty() || lora) init_weights(seed);
-  if (init_from.empty()) return;
-  // Each rank reads only the ranges it holds (all of every parameter below ZeRO-3).
-  std::vector<ParamSpec> base;
-  for (const ParamSpec& p : model().params())
-    if (!p.adapter) base.push_back(p);
-  const auto source = open_model_weights(init_from, model_options_from(config_), base);
-  load_weights(*source, lora ? Load::Base : Load::All);
+  if (!init_from.empty()) {
+    // Each rank reads only the ranges it holds (all of every parameter below ZeRO-3).
+    std::vector<ParamSpec> base;
+    for (const ParamSpec& p : model().params())
+      if (!p.adapter) base.push_back(p);
+    const auto source = open_model_weights(init_from, model_options_from(config_), base);
+    load_weights(*source, lora ? Load::Base : Load::All);
+  }
+  init_parts();
 }
 
-void TrainStep::load_weights(const WeightSource& source, Load which) {
+void TrainStep::init_parts() {
+  for (const std::string& entry : config_.model.init_parts) {
+    const size_t eq = entry.find('=');
+    KILN_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < entry.size(),
+               "{}: model.init_parts entry '{}' is not PREFIX=PATH", config_.source, entry);
+    const std::string prefix = entry.substr(0, eq), path = entry.substr(eq + 1);
+    std::vector<ParamSpec> part;
+    for (const ParamSpec& p : model().params())
+      if (!p.adapter && p.name.starts_with(prefix + ".")) part.push_back(p);
+    KILN_CHECK(!part.empty(), "{}: model.init_parts '{}': no parameter of this {} is named "
+               "{}.*", config_.source, entry, model().arch(), prefix);
+    const auto source = open_part_weights(path, prefix, part);
+    load_weights(*source, Load::All, [&](const ParamSpec& p) {
+      return !p.adapter && p.name.starts_with(prefix + ".");
+    });
+  }
+}
+
+void TrainStep::load_weights(const WeightSource& source, Load which,
+                             const std::function<bool(const ParamSpec&)>& only) {
   // Each optimizer segment lies inside the load segment of its parameter (the whole
   // parameter below ZeRO-3, the same slice at ZeRO-3).
   const std::vector<AdamWSegment>& opt = optimizer_->segments();
@@ -498,6 +519,7 @@ void TrainStep::load_weights(const WeightSource& source, Load which) {
   for (const AdamWSegment& seg : dp_->load_segments()) {
     if ((which == Load::Base && seg.spec.adapter) || (which == Load::Adapters && !seg.spec.adapter))
       continue;
+    if (only && !only(seg.spec)) continue;
     buf.resize(static_cast<size_t>(seg.size()));
     for (const auto& run : seg.spec.slice.global_runs(seg.spec.shape, seg.begin, seg.end))
       source.read(seg.spec, run.global_begin, run.global_end,

@@ -48,6 +48,7 @@
 #include "config/config.h"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -191,13 +192,20 @@ class TrainStep {
   /// Throws what WeightSource::read throws. `which`: every parameter, or a LoRA
   /// fine-tune's base (model.init_from) or adapters (train.lora.init_from) only, the others
   /// keeping their values.
+  /// `only`, when given, picks the parameters to load (the others keep their values).
   enum class Load { All, Base, Adapters };
-  void load_weights(const WeightSource& source, Load which = Load::All);
+  void load_weights(const WeightSource& source, Load which = Load::All,
+                    const std::function<bool(const ParamSpec&)>& only = {});
   /// The weights a run starts from (`kiln train` and `kiln bench` alike): model.init_from's
   /// (a kiln checkpoint or a Hugging Face folder, load_weights) or the seed's random ones
   /// (init_weights); under LoRA the adapters fresh (init_weights: B = 0) on that base.
-  /// Throws what open_model_weights and load_weights throw.
+  /// Then model.init_parts (init_parts). Throws what open_model_weights and load_weights
+  /// throw.
   void init_start_weights(uint64_t seed);
+  /// model.init_parts: each "PREFIX=PATH" loads the parameters PREFIX.* from another
+  /// model (open_part_weights). Throws kiln::Error naming the config and entry when it is
+  /// not PREFIX=PATH or no parameter has the prefix, and what open_part_weights throws.
+  void init_parts();
   /// Observer of the phases; nullptr for none. Not owned.
   void set_observer(StepObserver* o) { observer_ = o; }
   /// Where the phases are reported for a trace (spans "forward" and "backward" from the

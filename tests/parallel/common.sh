@@ -20,9 +20,10 @@
 #                          1e-12 from the adapters of PEFT folder PEFT (train.lora.init_from),
 #                          exported again (as $work/peft2): the same file byte for byte
 #   python checks import safetensors_file (this folder is on PYTHONPATH): tensors(path)
-#   compare_tensors A B PREFIX [bound]
-#                          the tensors named PREFIX* of checkpoint dir B against A's
-#                          (assembled from their slices, whatever layout wrote them): the
+#   compare_tensors A B PREFIX [bound [B_PREFIX]]
+#                          the tensors named PREFIX* of checkpoint dir B (B_PREFIX* there,
+#                          the same names after it; B may hold the first rows of A's)
+#                          against A's (assembled from their slices, whatever layout wrote them): the
 #                          same names, ||b - a|| / ||a|| over all of them together within
 #                          bound (default 1e-5; per tensor, one whose gradient is rounding
 #                          noise, such as attention's key bias, drifts further under AdamW)
@@ -149,7 +150,7 @@ PY
 }
 
 compare_tensors() {
-  "$py" - "$1" "$2" "$3" "${4:-1e-5}" <<'PY'
+  "$py" - "$1" "$2" "$3" "${4:-1e-5}" "${5:-$3}" <<'PY'
 import json, math, os, struct, sys
 from array import array
 def tensors(d, prefix):
@@ -184,7 +185,10 @@ def tensors(d, prefix):
         assert not any(map(math.isnan, v)), f"{d}: {name} not covered by its slices"
         out[name] = v
     return out
-a, b = tensors(sys.argv[1], sys.argv[3]), tensors(sys.argv[2], sys.argv[3])
+pa, pb = sys.argv[3], sys.argv[5]
+a = tensors(sys.argv[1], pa)
+b = {pa + n[len(pb):]: v for n, v in tensors(sys.argv[2], pb).items()}
+a = {n: v[:len(b[n])] if n in b else v for n, v in a.items()}  # B may hold A's first rows
 bound = float(sys.argv[4])
 assert a, f"{sys.argv[1]}: no tensor named {sys.argv[3]}*"
 assert sorted(a) == sorted(b), f"tensors differ: {sorted(set(a) ^ set(b))}"

@@ -168,6 +168,40 @@ steps = 1
 EOF
 fails vit_on_pairs "holds image-text pairs" "$kiln" train "$work/vit.toml" --set "run.dir=$work/v_run"
 "$kiln" train "$work/vit.toml" --set "run.dir=$work/vit_run" --set "data.dir=$work/images" > "$work/vit_run.log" 2>&1
+# model.init_parts: the vision tower from that vit (its pos_embed's first 9 of 10 rows: the
+# class token's is last) and the decoder from a llama trained on bytes, unchanged by one
+# update at lr 1e-12; bad entries are one-line errors.
+printf 'in the beginning was the word and the word was with god ' > "$work/words.txt"
+"$kiln" prepare --input "$work/words.txt" --out "$work/tokens" --tokenizer byte > /dev/null
+"$py" - "$work/llava.toml" "$work/tokens" > "$work/llama.toml" <<'PY'
+import sys
+lines = open(sys.argv[1]).read().split("\n")
+out = [l for l in lines if not l.startswith("vision.")]
+out = [l.replace('arch = "llava"', 'arch = "llama"').split("#")[0] for l in out]
+out = ['block_size = 32' if l.startswith("block_size") else l for l in out]
+out = [f'dir = "{sys.argv[2]}"' if l.startswith("dir =") else l for l in out]
+print("\n".join(out))
+PY
+run_train "$work/llama.toml" llama_base 1 --set train.steps=2 --set eval.every=0 --set train.global_batch=2
+vit_ck=$(ls -d "$work"/vit_run/ckpt/step_* | tail -1)
+llama_ck=$(ls -d "$work"/llama_base/ckpt/step_* | tail -1)
+parts=(--set model.vision.n_layer=1 --set train.steps=1 --set optim.lr=1e-12 --set eval.every=0
+       --set "model.init_parts=[\"vision_tower=$vit_ck\", \"language_model=$llama_ck\"]")
+train init_parts 1 0 "${parts[@]}"
+parts_ck=$(ls -d "$work"/init_parts/ckpt/step_* | tail -1)
+compare_tensors "$vit_ck" "$parts_ck" "blocks." 1e-9 "vision_tower.blocks."
+compare_tensors "$vit_ck" "$parts_ck" "pos_embed" 1e-9 "vision_tower.pos_embed"
+compare_tensors "$vit_ck" "$parts_ck" "patch_embed." 1e-9 "vision_tower.patch_embed."
+compare_tensors "$llama_ck" "$parts_ck" "model." 1e-9 "language_model.model."
+fails init_parts_entry "model.init_parts entry 'vision_tower' is not PREFIX=PATH" \
+  "$kiln" train "$work/llava.toml" --set "run.dir=$work/p_run" --set 'model.init_parts=["vision_tower"]'
+fails init_parts_prefix "no parameter of this llava is named vision.*" \
+  "$kiln" train "$work/llava.toml" --set "run.dir=$work/p_run" --set "model.init_parts=[\"vision=$vit_ck\"]"
+fails init_parts_shape "tensor 'patch_embed.proj.weight' there has shape" \
+  "$kiln" train "$work/llava.toml" --set "run.dir=$work/p_run" --set model.vision.n_layer=1 \
+  --set model.vision.n_embd=32 --set "model.init_parts=[\"vision_tower=$vit_ck\"]"
+fails init_parts_missing "no tensor 'blocks.1.norm1.weight'" \
+  "$kiln" train "$work/llava.toml" --set "run.dir=$work/p_run" --set "model.init_parts=[\"vision_tower=$vit_ck\"]"
 fails sample_image_vit "an image model" "$kiln" sample --checkpoint "$(ls -d "$work"/vit_run/ckpt/step_* | tail -1)" --image "$work/pairs/img/val0.png"
 fails block_size "the image's 9 tokens and the caption's 224 slots" "$kiln" train "$work/llava.toml" --set "run.dir=$work/b_run" --set model.block_size=240
 echo "llava train test: all passed"
