@@ -193,6 +193,12 @@ compare_tensors "$vit_ck" "$parts_ck" "blocks." 1e-9 "vision_tower.blocks."
 compare_tensors "$vit_ck" "$parts_ck" "pos_embed" 1e-9 "vision_tower.pos_embed"
 compare_tensors "$vit_ck" "$parts_ck" "patch_embed." 1e-9 "vision_tower.patch_embed."
 compare_tensors "$llama_ck" "$parts_ck" "model." 1e-9 "language_model.model."
+# The decoder from the same llama as a Hugging Face folder (q, k, v and gate, up apart there).
+succeeds export_llama "$kiln" export --checkpoint "$llama_ck" --format hf --out "$work/hf_llama"
+train init_parts_hf 1 0 --set model.vision.n_layer=1 --set train.steps=1 --set optim.lr=1e-12 \
+  --set eval.every=0 --set "model.init_parts=[\"language_model=$work/hf_llama\"]"
+compare_tensors "$llama_ck" "$(ls -d "$work"/init_parts_hf/ckpt/step_* | tail -1)" "model." 1e-9 \
+  "language_model.model."
 fails init_parts_entry "model.init_parts entry 'vision_tower' is not PREFIX=PATH" \
   "$kiln" train "$work/llava.toml" --set "run.dir=$work/p_run" --set 'model.init_parts=["vision_tower"]'
 fails init_parts_prefix "no parameter of this llava is named vision.*" \
