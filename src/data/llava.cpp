@@ -146,8 +146,11 @@ std::vector<std::pair<size_t, size_t>> llava_answers(const CaptionTokens& tokens
 }
 
 CaptionTokens llava_prompt(const Tokenizer& tok, const std::string& question, bool with_image) {
-  const bool has = question.find(kImageToken) != std::string::npos;
+  const size_t first = question.find(kImageToken);
+  const bool has = first != std::string::npos;
   KILN_CHECK(with_image || !has, "a question without an image holds \"{}\"", kImageToken);
+  KILN_CHECK(!has || question.find(kImageToken, first + 1) == std::string::npos,
+             "a question holds \"{}\" twice (one image goes in one place)", kImageToken);
   LlavaRecord r;
   r.messages = {{"user", with_image && !has ? std::string(kImageToken) + "\n" + question : question},
                 {"assistant", ""}};

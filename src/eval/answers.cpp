@@ -34,7 +34,12 @@ AnswersResult evaluate_answers(Model& model, const data::Tokenizer& tok,
     KILN_CHECK(e.record.error.empty(), "{}: {}", e.where, e.record.error);
     ImagePrompt prompt_image;
     if (!e.record.image.empty()) {
-      const std::vector<uint8_t> px = data::read_image_as(folder / e.record.image, shape);
+      std::vector<uint8_t> px;
+      try {
+        px = data::read_image_as(folder / e.record.image, shape);
+      } catch (const Error& err) {
+        KILN_FAIL("{} (id {}): {}", e.where, e.record.id, err.what());
+      }
       prompt_image.pixels.resize(px.size());
       for (size_t i = 0; i < px.size(); ++i)
         prompt_image.pixels[i] = static_cast<float>(px[i]) / 127.5f - 1.f;

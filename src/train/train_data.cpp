@@ -171,8 +171,9 @@ class PairData final : public TrainData {
     // The image's tokens (a llava's patches) and the caption's slots fill the sequence.
     const auto size = c.model.family.find("image_size");
     const auto patch = c.model.family.find("vision.patch_size");
-    if (size == c.model.family.end() || patch == c.model.family.end() || patch->second <= 0)
-      return;
+    if (size == c.model.family.end() || patch == c.model.family.end() || patch->second <= 0 ||
+        static_cast<int>(size->second) % static_cast<int>(patch->second) != 0)
+      return;  // (the model names a patch that does not divide the image)
     const int side = static_cast<int>(size->second) / static_cast<int>(patch->second);
     const int N = side * side, L = m.captions.tokens;
     KILN_CHECK(c.train.seq_len == N + L, "{}: train.seq_len (model.block_size when unset) is {} "

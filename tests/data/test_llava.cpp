@@ -145,6 +145,7 @@ TEST(Llava, AnswersAndPromptsForDecoding) {
   EXPECT_EQ(plain.image_at, -1);
   EXPECT_TRUE(text_of(plain.ids).ends_with("USER: Hi ASSISTANT:"));
   EXPECT_THROW(llava_prompt(*tok, "<image> Hi", false), kiln::Error);
+  EXPECT_THROW(llava_prompt(*tok, "<image><image> Hi", true), kiln::Error);
   // The kinds of kiln scenes' records ride along; anything else is dropped.
   json r = good_record();
   r["kinds"] = {"colour", "position"};

@@ -167,6 +167,15 @@ TEST(Llava, ConfigRoundTripsAndBadKeysAreOneLine) {
   EXPECT_NE(error_of([&] { make_model(o, *be); }).find("model.vision.feature_layer (-4)"),
             std::string::npos);
   o = tiny();
+  o.family["vision.n_head"] = 3;
+  EXPECT_NE(error_of([&] { make_model(o, *be); }).find("model.vision.n_embd (8) must be a positive "
+                                                       "multiple of model.vision.n_head (3)"),
+            std::string::npos);
+  o = tiny();
+  o.family["vision.patch_size"] = 3;
+  EXPECT_NE(error_of([&] { make_model(o, *be); }).find("model.vision.patch_size (3) must be"),
+            std::string::npos);
+  o = tiny();
   o.block_size = 4;
   EXPECT_NE(error_of([&] { make_model(o, *be); }).find("must exceed the image's 4 tokens"),
             std::string::npos);

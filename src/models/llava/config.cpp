@@ -86,6 +86,13 @@ void llava_check_options(const ModelOptions& o, const KeySource& source) {
 
 void LlavaConfig::validate() const {
   text.validate();
+  // The vision tower's shape under its own keys (validate_shape names the image models').
+  KILN_CHECK(vision.n_embd > 0 && vision.n_head > 0 && vision.n_embd % vision.n_head == 0,
+             "model.vision.n_embd ({}) must be a positive multiple of model.vision.n_head ({})",
+             vision.n_embd, vision.n_head);
+  KILN_CHECK(vision.patch_size > 0 && vision.image_size % vision.patch_size == 0,
+             "model.vision.patch_size ({}) must be positive and divide model.image_size ({})",
+             vision.patch_size, vision.image_size);
   vision.validate_shape("llava", /*min_classes=*/0);
   KILN_CHECK(feature_layer <= -1 && vision_blocks() >= 0,
              "model.vision.feature_layer ({}) must be in [-{}, -1] (the vision tower's blocks, "
