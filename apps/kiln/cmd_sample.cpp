@@ -25,7 +25,7 @@ void answer_about_image(Model& model, const data::Tokenizer& tok, const std::str
       path, {static_cast<int>(shape[0]), static_cast<int>(shape[1]), static_cast<int>(shape[2])});
   ImagePrompt image;
   image.pixels.resize(px.size());
-  for (size_t i = 0; i < px.size(); ++i) image.pixels[i] = static_cast<float>(px[i]) / 127.5f - 1.f;
+  data::scale_pixels(px, image.pixels.data());
   const data::CaptionTokens prompt = data::llava_prompt(tok, question, /*with_image=*/true);
   image.image_at = static_cast<int>(prompt.image_at);
   o.stop_token = tok.eot_id();

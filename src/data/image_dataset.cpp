@@ -310,4 +310,8 @@ void ImageLoader::next_batch(uint8_t* pixels, int32_t* labels, int micro_batch, 
   }
 }
 
+void scale_pixels(std::span<const uint8_t> pixels, float* out) {
+  for (size_t i = 0; i < pixels.size(); ++i) out[i] = static_cast<float>(pixels[i]) / 127.5f - 1.f;
+}
+
 }  // namespace kiln::data

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,10 @@ struct ImageDatasetMeta {
   std::map<std::string, std::vector<ImageShardInfo>> splits;  // "train", "val"
   int64_t images(const std::string& split) const;
 };
+
+/// Pixels p in [0, 255] as the image models take them: out[i] = p[i] / 127.5 - 1, in
+/// [-1, 1] (out holds pixels.size() floats).
+void scale_pixels(std::span<const uint8_t> pixels, float* out);
 
 /// Writes dir/meta.json atomically. Throws kiln::Error naming the file.
 void write_image_meta(const std::filesystem::path& dir, const ImageDatasetMeta& meta);

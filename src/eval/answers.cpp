@@ -41,8 +41,7 @@ AnswersResult evaluate_answers(Model& model, const data::Tokenizer& tok,
         KILN_FAIL("{} (id {}): {}", e.where, e.record.id, err.what());
       }
       prompt_image.pixels.resize(px.size());
-      for (size_t i = 0; i < px.size(); ++i)
-        prompt_image.pixels[i] = static_cast<float>(px[i]) / 127.5f - 1.f;
+      data::scale_pixels(px, prompt_image.pixels.data());
     }
     const data::CaptionTokens t = data::tokenize_llava(tok, e.record);
     const auto answers = data::llava_answers(t);

@@ -151,4 +151,14 @@ void LlamaKvCache::run(Backend& be, const LlamaLayers& layers, const Tensor& x, 
   be.synchronize(s);  // pos_h is read by the copy
 }
 
+void LlamaKvCache::decode(Backend& be, const LlamaLayers& layers, const Tensor& tokens,
+                          const Tensor& out) {
+  KILN_CHECK(B_ > 0, "decode() needs begin_decode() first");
+  KILN_CHECK(tokens.ndim() == 2 && tokens.size(0) == B_, "decode: tokens {} must be [{}, Tq]",
+             tokens.str(), B_);
+  Tensor x = be.empty(Shape{B_, tokens.size(1), out.size(1)}, out.dtype(), MemCategory::Temporaries);
+  layers.embedding.forward(be, be.default_stream(), x, tokens);
+  run(be, layers, x, out);
+}
+
 }  // namespace kiln

@@ -64,6 +64,9 @@ class LlamaKvCache {
   /// sequence's last position to out [B,C]; then past += Tq. Throws kiln::Error without
   /// begin(), for another B, or past the cache.
   void run(Backend& be, const LlamaLayers& layers, const Tensor& x, const Tensor& out);
+  /// run() of the embeddings of tokens int32 [B,Tq]: the final norm of each sequence's last
+  /// position into out [B,C] (for the caller's logits). Throws as run().
+  void decode(Backend& be, const LlamaLayers& layers, const Tensor& tokens, const Tensor& out);
 
  private:
   int B_ = 0, max_len_ = 0, past_ = 0;

@@ -93,11 +93,6 @@ void fill_image_keys(TrainConfig& c, const data::ImageDatasetMeta& m, const std:
   if (classes) fill("model.num_classes", m.classes);
 }
 
-// Pixels p in [0, 255] as the models take them: p / 127.5 - 1, in [-1, 1].
-void scale_pixels(const std::vector<uint8_t>& pixels, float* out) {
-  for (size_t i = 0; i < pixels.size(); ++i) out[i] = static_cast<float>(pixels[i]) / 127.5f - 1.f;
-}
-
 // What identifies an image data set's train split.
 nlohmann::json image_fingerprint(const data::ImageDatasetMeta& m) {
   nlohmann::json crcs = nlohmann::json::array();
@@ -135,7 +130,7 @@ class ImageData final : public TrainData {
     const int64_t P = loader_.meta().shape.pixels();
     pixels_.resize(static_cast<size_t>(B * P));
     loader_.next_batch(pixels_.data(), targets, B, rank, size);
-    scale_pixels(pixels_, static_cast<float*>(inputs));
+    data::scale_pixels(pixels_, static_cast<float*>(inputs));
   }
   int64_t input_bytes(int B) const override { return int64_t{B} * loader_.meta().shape.pixels() * 4; }
   int64_t samples_per_epoch() const override { return loader_.samples_per_epoch(); }
@@ -199,7 +194,7 @@ class PairData final : public TrainData {
     pixels_.resize(static_cast<size_t>(B * P));
     loader_.next_pairs(pixels_.data(), captions_, B, rank, size);
     auto* images = static_cast<float*>(inputs);
-    scale_pixels(pixels_, images);
+    data::scale_pixels(pixels_, images);
     auto* tokens = reinterpret_cast<int32_t*>(images + B * P);
     int32_t* image_at = tokens + B * L;
     std::fill_n(tokens, B * L, static_cast<int32_t>(m.captions.eot_id));

@@ -1,5 +1,6 @@
 #include "models/llama/llama.h"
 
+#include "core/error.h"
 #include "models/llama_layers.h"
 
 #include <vector>
@@ -40,15 +41,9 @@ int Llama::decoded_length() const { return cache_->past(); }
 void Llama::decode(const Tensor& tokens, const Tensor& logits) {
   const int B = cache_->batch();
   KILN_CHECK(B > 0, "decode() needs begin_decode() first");
-  KILN_CHECK(tokens.ndim() == 2 && tokens.size(0) == B, "decode: tokens {} must be [{}, Tq]",
-             tokens.str(), B);
   check_shape(logits, Shape{B, config_.padded_vocab_size}, "decode logits");
-  Backend& be = backend();
-  const int64_t C = config_.n_embd;
-  Tensor x = be.empty(Shape{B, tokens.size(1), C}, dtype(), MemCategory::Temporaries);
-  Tensor last = be.empty(Shape{B, C}, dtype(), MemCategory::Temporaries);
-  layers_->embedding.forward(be, be.default_stream(), x, tokens);
-  cache_->run(be, *layers_, x, last);
+  Tensor last = backend().empty(Shape{B, config_.n_embd}, dtype(), MemCategory::Temporaries);
+  cache_->decode(backend(), *layers_, tokens, last);
   project_logits(logits, last, head_weight());
 }
 
