@@ -91,13 +91,22 @@ std::vector<uint8_t> canvas(const Scene& s, const Items& items) {
   return px;
 }
 
-// A class to ask about: one of the scene's with probability 1/2, else any.
-int asked_class(std::mt19937_64& rng, const Scene& s) {
-  std::vector<int> present;
-  for (int c : s.cls)
-    if (c >= 0) present.push_back(c);
-  if (uniform(rng, 2) == 0) return present[static_cast<size_t>(uniform(rng, static_cast<int64_t>(present.size())))];
-  return static_cast<int>(uniform(rng, 10));
+// A class to ask about that the conversation has not named yet (`named`, updated): with
+// probability 1/2 one of the scene's items, else a class the scene lacks (the other kind
+// when one kind has none left). Distinct classes keep each answer from being read off an
+// earlier one ("Is there a bag?" "Yes." then "How many bags...").
+int asked_class(std::mt19937_64& rng, const Scene& s, std::array<bool, 10>& named) {
+  std::vector<int> present, absent;
+  for (int c = 0; c < 10; ++c) {
+    if (named[static_cast<size_t>(c)]) continue;
+    const bool there = std::find(s.cls.begin(), s.cls.end(), c) != s.cls.end();
+    (there ? present : absent).push_back(c);
+  }
+  const bool pick_present = absent.empty() || (!present.empty() && uniform(rng, 2) == 0);
+  const std::vector<int>& pool = pick_present ? present : absent;
+  const int c = pool[static_cast<size_t>(uniform(rng, static_cast<int64_t>(pool.size())))];
+  named[static_cast<size_t>(c)] = true;
+  return c;
 }
 
 std::string description(const Scene& s) {
@@ -119,13 +128,16 @@ nlohmann::json conversation(std::mt19937_64& rng, const Scene& s) {
   const int cell = static_cast<int>(uniform(rng, 4));
   round(fmt::format("<image>\nWhat is in the {}?", kCells[cell]),
         s.cls[cell] < 0 ? "Nothing." : capitalised(with_article(kFashionNames[s.cls[cell]])) + ".");
-  const int counted = asked_class(rng, s);
-  int n = 0;
-  for (int c : s.cls) n += c == counted ? 1 : 0;
-  round(fmt::format("How many {} are there?", kFashionPlurals[counted]), kCounts[n]);
-  const int sought = asked_class(rng, s);
-  const bool there = std::find(s.cls.begin(), s.cls.end(), sought) != s.cls.end();
-  round(fmt::format("Is there {}?", with_article(kFashionNames[sought])), there ? "Yes." : "No.");
+  std::array<bool, 10> named{};
+  if (s.cls[cell] >= 0) named[static_cast<size_t>(s.cls[cell])] = true;
+  for (int pair = 0; pair < 2; ++pair) {
+    const int sought = asked_class(rng, s, named);
+    const bool there = std::find(s.cls.begin(), s.cls.end(), sought) != s.cls.end();
+    round(fmt::format("Is there {}?", with_article(kFashionNames[sought])), there ? "Yes." : "No.");
+    const int counted = asked_class(rng, s, named);
+    round(fmt::format("How many {} are there?", kFashionPlurals[counted]),
+          kCounts[static_cast<size_t>(std::count(s.cls.begin(), s.cls.end(), counted))]);
+  }
   round("Describe the image.", description(s));
   return turns;
 }
@@ -145,7 +157,7 @@ void write_split(const SceneOptions& o, const std::string& split, const Items& i
     const nlohmann::json record = {
         {"id", fmt::format("{}-{:06d}", split, i)}, {"image", image},
         {"conversations", conversation(rng, s)},
-        {"kinds", {"position", "count", "presence", "describe"}}, {"cells", s.cls}};
+        {"kinds", {"position", "presence", "count", "presence", "count", "describe"}}, {"cells", s.cls}};
     jsonl += record.dump() + "\n";
   }
   write_file_atomic(o.out / (split + ".jsonl"), jsonl);

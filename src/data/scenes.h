@@ -13,15 +13,19 @@
 //           the split's images (train scenes from the train images, val scenes from the
 //           t10k ones: a val item is never seen in training);
 //   canvas  [2*28, 2*28] gray, each item's 28x28 pixels in its cell, empty cells black;
-//   turns   four rounds, each a human question and the gpt answer, in this order:
+//   turns   six rounds, each a human question and the gpt answer, in this order:
 //     position  "<image>\nWhat is in the <cell>?" for a uniform cell -> "A sandal." /
 //               "Nothing." (the <image> opens the first question, as in LLaVA's files);
-//     count     "How many <plural> are there?" for a class drawn from the scene's items
-//               with probability 1/2, else uniformly -> "None." / "One." .. "Four.";
-//     presence  "Is there <a class>?" likewise -> "Yes." / "No.";
+//     presence  "Is there <a class>?" -> "Yes." / "No.";
+//     count     "How many <plural> are there?" -> "None." / "One." .. "Four.";
+//     presence, count  again;
 //     describe  "Describe the image." -> the items in reading order, e.g. "A sandal in
 //               the top left, a bag in the top right and a coat in the bottom right.".
-// Each record also holds "kinds" (the four kinds, in turn order) and "cells" (the class
+//           Presence and count each ask about a class no earlier answer or question named
+//           (so no answer can be read off the conversation): one of the scene's items with
+//           probability 1/2, else a class the scene lacks (the other kind when one kind is
+//           used up).
+// Each record also holds "kinds" (each round's kind, in turn order) and "cells" (the class
 // index in each cell, -1 for empty), which LLaVA readers ignore and an evaluation reads.
 #pragma once
 

@@ -2,7 +2,9 @@
 // gray level (so a cell's pixels say which item, and from which split, sits there):
 //   - each record is a valid LLaVA pair; its PNG is the 2x2 canvas its "cells" say, each
 //     item from its own split (val scenes only t10k items), empty cells black;
-//   - every answer agrees with the canvas (position, count, presence, description);
+//   - every answer agrees with the canvas (position, presence, count, description), no
+//     question asks about a class named before it, and both answers of presence and count
+//     (none / some) are common;
 //   - 2, 3 and 4 items all occur; the set is reproducible byte for byte, a longer set
 //     extends a shorter one, another seed gives other scenes;
 //   - a missing IDX file is a one-line error naming it.
@@ -68,6 +70,7 @@ TEST(Scenes, CanvasAndAnswersAgree) {
   TempDir out;
   write_scenes({fm.dir.path(), out.path(), 60, 20, 7});
   std::set<int> sizes;
+  int presence_yes = 0, presence_asked = 0, count_some = 0, count_asked = 0;
   for (const std::string split : {"train", "val"}) {
     const bool val = split == "val";
     const auto recs = records(out.path() / (split + ".jsonl"));
@@ -99,41 +102,54 @@ TEST(Scenes, CanvasAndAnswersAgree) {
       sizes.insert(items);
       // The answers, from the cells.
       const auto& m = parsed.messages;
-      ASSERT_EQ(m.size(), 8u);
-      EXPECT_EQ(r["kinds"], json({"position", "count", "presence", "describe"}));
+      ASSERT_EQ(m.size(), 12u);
+      EXPECT_EQ(r["kinds"], json({"position", "presence", "count", "presence", "count", "describe"}));
+      int named = -1;  // the class the position answer names
       for (int c = 0; c < 4; ++c) {
         if (m[0].content != std::string("<image>\nWhat is in the ") + kCells[c] + "?") continue;
         const int k = cells[static_cast<size_t>(c)];
         std::string want = k < 0 ? "Nothing." : std::string(k == 9 ? "An " : "A ") + kFashionNames[k] + ".";
         EXPECT_EQ(m[1].content, want);
+        named = k;
       }
-      int counted = -1, sought = -1;
-      for (int k = 0; k < 10; ++k) {
-        const std::string noun = kFashionNames[k];
-        const std::string plural = kFashionPlurals[k];
-        if (m[2].content == "How many " + plural + " are there?") counted = k;
-        if (m[4].content == std::string("Is there ") + (k == 9 ? "an " : "a ") + noun + "?") sought = k;
-      }
-      ASSERT_GE(counted, 0) << m[2].content;
-      ASSERT_GE(sought, 0) << m[4].content;
-      const auto n = std::count(cells.begin(), cells.end(), counted);
+      std::set<int> asked;  // presence and count each ask about a class not named before
+      if (named >= 0) asked.insert(named);
       const char* words[5] = {"None.", "One.", "Two.", "Three.", "Four."};
-      EXPECT_EQ(m[3].content, words[n]);
-      const bool there = std::count(cells.begin(), cells.end(), sought) > 0;
-      EXPECT_EQ(m[5].content, there ? "Yes." : "No.");
-      EXPECT_EQ(m[6].content, "Describe the image.");
+      for (size_t turn = 2; turn < 10; turn += 2) {
+        int k_asked = -1;
+        const bool presence = turn == 2 || turn == 6;
+        for (int k = 0; k < 10; ++k) {
+          const std::string article = k == 9 ? "an " : "a ";
+          const std::string q = presence ? "Is there " + article + kFashionNames[k] + "?"
+                                         : std::string("How many ") + kFashionPlurals[k] + " are there?";
+          if (m[turn].content == q) k_asked = k;
+        }
+        ASSERT_GE(k_asked, 0) << m[turn].content;
+        EXPECT_TRUE(asked.insert(k_asked).second) << m[turn].content << " asks a class named before";
+        const auto n = std::count(cells.begin(), cells.end(), k_asked);
+        EXPECT_EQ(m[turn + 1].content, presence ? (n > 0 ? "Yes." : "No.") : words[n]);
+        (presence ? presence_yes : count_some) += n > 0 ? 1 : 0;
+        (presence ? presence_asked : count_asked) += 1;
+      }
+      EXPECT_EQ(m[10].content, "Describe the image.");
       size_t at = 0;  // each item named with its cell, in reading order
       for (int c = 0; c < 4; ++c) {
         if (cells[static_cast<size_t>(c)] < 0) continue;
         const std::string part = std::string(kFashionNames[cells[static_cast<size_t>(c)]]) + " in the " + kCells[c];
-        const size_t found = m[7].content.find(part, at);
-        ASSERT_NE(found, std::string::npos) << m[7].content << " lacks " << part;
+        const size_t found = m[11].content.find(part, at);
+        ASSERT_NE(found, std::string::npos) << m[11].content << " lacks " << part;
         at = found + part.size();
       }
-      EXPECT_EQ(m[7].content.back(), '.');
+      EXPECT_EQ(m[11].content.back(), '.');
     }
   }
   EXPECT_EQ(sizes, (std::set<int>{2, 3, 4}));
+  // Both answers of each kind occur often (a present class is asked with probability 1/2
+  // while one is left to ask).
+  EXPECT_GT(presence_yes, presence_asked / 4);
+  EXPECT_LT(presence_yes, presence_asked * 3 / 4);
+  EXPECT_GT(count_some, count_asked / 5);
+  EXPECT_LT(count_some, count_asked * 3 / 4);
 }
 
 TEST(Scenes, ReproducibleAndExtensible) {
