@@ -61,14 +61,14 @@ echo "demo: built kiln in $(( $(date +%s) - start )) s"
 mkdir -p "$KILN_ROOT/data"
 if [ "$arch" = llava ]; then
   # The scene set (seed 0: the same scenes every time) and its shards, with a
-  # SentencePiece tokenizer trained on its conversations (128 caption slots hold each).
+  # SentencePiece tokenizer trained on its conversations (160 caption slots hold each).
   scenes="$KILN_ROOT/data/scenes"
   data="$KILN_ROOT/data/scenes-prepared"
   [ -f "$scenes/val.jsonl" ] || { rm -rf "$scenes"; "$kiln" scenes --out "$scenes" --train 50000 --val 1000; }
   if [ ! -f "$data/meta.json" ]; then
     rm -rf "$data"
     "$kiln" prepare --format llava --input "$scenes/train.jsonl" --val-input "$scenes/val.jsonl" \
-      --out "$data" --tokenizer sentencepiece --vocab-size 1024 --caption-tokens 128
+      --out "$data" --tokenizer sentencepiece --vocab-size 1024 --caption-tokens 160
   fi
 elif $images; then
   data="$KILN_ROOT/data/fashion-mnist"
