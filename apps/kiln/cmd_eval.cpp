@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 
@@ -61,6 +62,12 @@ void register_eval(CLI::App& app) {
   cmd->callback([a] {
     KILN_CHECK(!a->data.empty() || !a->mc.empty() || !a->llava.empty(),
                "eval: nothing to score (give --data, --mc and/or --llava)");
+    if (!a->json.empty()) {  // checked before the scoring, which may take long
+      const std::filesystem::path parent = std::filesystem::path(a->json).parent_path();
+      KILN_CHECK(parent.empty() || std::filesystem::is_directory(parent),
+                 "eval: --json {}: the folder {} does not exist", a->json, parent.string());
+      KILN_CHECK(!std::filesystem::is_directory(a->json), "eval: --json {} is a folder", a->json);
+    }
     auto backend = make_device_backend(a->device);
     ScoringModel s = load_scoring_model(a->model, *backend, a->lora_base);
     const int context = as_language_model(*s.model, "eval").max_positions();

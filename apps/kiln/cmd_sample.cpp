@@ -52,7 +52,7 @@ void register_sample(CLI::App& app) {
       ->required();
   cmd->add_option("--prompt", a->prompt, "Text to continue (default: start of a document); with --image, "
                   "the question about it");
-  cmd->add_option("--image", a->image, "A PNG image to answer --prompt about (a vision-language model: "
+  CLI::Option* image = cmd->add_option("--image", a->image, "A PNG image to answer --prompt about (a vision-language model: "
                   "LLaVA-1.5's conversation format, \"<image>\" placing it in the prompt)");
   cmd->add_option("--lora-base", a->lora_base,
                   "A LoRA checkpoint's base where it is now (default: where it was trained)");
@@ -65,7 +65,7 @@ void register_sample(CLI::App& app) {
   cmd->add_option("--top-k", a->o.top_k, "Sample among the k most likely tokens (0 = all)")
       ->check(CLI::Range(0, 1 << 30));
   cmd->add_option("--seed", a->o.seed, "Random seed: same seed, same text");
-  cmd->callback([a] {
+  cmd->callback([a, image] {
     if (!is_hf_folder(a->checkpoint)) {
       const checkpoint::CheckpointReader reader(a->checkpoint);
       const ModelOptions options = checkpoint_model_options(reader);
@@ -84,10 +84,15 @@ void register_sample(CLI::App& app) {
     KILN_CHECK(loaded.tokenizer, "{}: a Hugging Face folder without tokenizer.json: kiln sample "
                "needs its tokenizer", a->checkpoint);
     const data::Tokenizer* tok = loaded.tokenizer.get();
-    if (!a->image.empty()) {
+    if (image->count() > 0) {
+      KILN_CHECK(!a->image.empty(), "sample: --image is an empty path");
       answer_about_image(model, *tok, a->image, a->prompt, a->o);
       return;
     }
+    if (model.vision_language_model() != nullptr)
+      fmt::print(stderr, "kiln sample: {} is a vision-language model and no --image was given: "
+                 "continuing the text alone, outside the conversation format it was trained "
+                 "on\n", a->checkpoint);
     std::vector<int32_t> prompt{tok->eot_id()};
     if (!a->prompt.empty()) {
       const auto ids = tok->encode(a->prompt);

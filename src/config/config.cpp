@@ -59,6 +59,7 @@ std::optional<toml::table> parse_value(const std::string& value) {
 std::string describe_range(double lo, double hi, bool lo_open, bool hi_open, bool integer) {
   auto num = [&](double v) { return integer ? fmt::format("{}", static_cast<int64_t>(v)) : fmt::format("{}", v); };
   if (hi == kInf) return fmt::format("{} {}", lo_open ? ">" : ">=", num(lo));
+  if (lo == -kInf) return fmt::format("{} {}", hi_open ? "<" : "<=", num(hi));
   if (integer && !lo_open && !hi_open) return fmt::format("between {} and {}", num(lo), num(hi));
   return fmt::format("in {}{}, {}{}", lo_open ? "(" : "[", num(lo), num(hi), hi_open ? ")" : "]");
 }

@@ -45,6 +45,9 @@ AnswersResult evaluate_answers(Model& model, const data::Tokenizer& tok,
     }
     const data::CaptionTokens t = data::tokenize_llava(tok, e.record);
     const auto answers = data::llava_answers(t);
+    KILN_CHECK(e.record.kinds.empty() || e.record.kinds.size() == answers.size(),
+               "{} (id {}): \"kinds\" has {} entries for its {} gpt turns", e.where,
+               e.record.id, e.record.kinds.size(), answers.size());
     std::vector<std::string> questions, references;
     for (const data::ChatMessage& m : e.record.messages)
       (m.role == "user" ? questions : references).push_back(m.content);

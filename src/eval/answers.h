@@ -6,8 +6,9 @@
 // LLaVA's multi-turn evaluation), in LLaVA-1.5's format (tokenize_llava), and decodes
 // greedily until the end-of-text id; the answer is right when its ids and the end-of-text
 // are the record's exactly. Records may name each turn's kind in a "kinds" list (one per
-// gpt turn, as `kiln scenes` writes: "position", "count", ...); the accuracy is reported
-// per kind ("turn N" for records without one) and overall.
+// gpt turn, as `kiln scenes` writes: "position", "presence", ...; a list of another length
+// is an error naming the record); the accuracy is reported per kind ("turn N" for records
+// without one) and overall.
 #pragma once
 
 #include "data/tokenizer.h"

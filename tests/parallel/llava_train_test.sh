@@ -12,8 +12,9 @@
 #   4. kiln sample --image answers a question about an image, kiln eval --llava every
 #      question of a pair file, the same greedy answer for the same question;
 #   5. bad inputs are one-line errors: labelled images for a llava, pairs for a vit, a
-#      block_size that is not the image's tokens plus the caption's slots, a missing image,
-#      sample --image of a vit.
+#      block_size that is not the image's tokens plus the caption's slots, a feature_layer
+#      out of range, a missing or empty --image, sample --image of a vit, eval --json into
+#      a missing folder, a "kinds" list of the wrong length.
 # Usage: llava_train_test.sh KILN_BINARY WORK_DIR [--long]
 set -euo pipefail
 kiln="$1"
@@ -149,6 +150,11 @@ assert a["examples"][0]["answer"] == sampled, (a["examples"][0], sampled)
 print(f"llava answers: {a['accuracy']:.3f} exact over 16 questions; sample --image says {sampled!r} as eval does")
 PY
 fails sample_image_missing "no such image file" "$kiln" sample --checkpoint "$ck" --image "$work/none.png" --prompt "Hi"
+fails sample_image_empty "--image is an empty path" "$kiln" sample --checkpoint "$ck" --image "" --prompt "Hi"
+fails eval_json_folder "the folder $work/none does not exist" "$kiln" eval --model "$ck" --llava "$work/pairs/val.jsonl" --json "$work/none/a.json"
+"$py" -c 'import json,sys; r=json.loads(open(sys.argv[1]).readline()); r["kinds"]=["a","b"]; print(json.dumps(r))' \
+  "$work/pairs/val.jsonl" > "$work/pairs/kinds.jsonl"
+fails eval_kinds_length '"kinds" has 2 entries for its 1 gpt turns' "$kiln" eval --model "$ck" --llava "$work/pairs/kinds.jsonl"
 
 make_images 5 "$work/idx"
 "$kiln" prepare --format idx --input "$work/idx" --out "$work/images" > /dev/null
@@ -209,5 +215,6 @@ fails init_parts_shape "tensor 'patch_embed.proj.weight' there has shape" \
 fails init_parts_missing "no tensor 'blocks.1.norm1.weight'" \
   "$kiln" train "$work/llava.toml" --set "run.dir=$work/p_run" --set "model.init_parts=[\"vision_tower=$vit_ck\"]"
 fails sample_image_vit "an image model" "$kiln" sample --checkpoint "$(ls -d "$work"/vit_run/ckpt/step_* | tail -1)" --image "$work/pairs/img/val0.png"
+fails feature_layer_range "model.vision.feature_layer' must be <= -1, got 3" "$kiln" train "$work/llava.toml" --set "run.dir=$work/b_run" --set model.vision.feature_layer=3
 fails block_size "the image's 9 tokens and the caption's 224 slots" "$kiln" train "$work/llava.toml" --set "run.dir=$work/b_run" --set model.block_size=240
 echo "llava train test: all passed"
