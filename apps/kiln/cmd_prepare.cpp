@@ -89,14 +89,24 @@ void prepare_llava(data::PrepareOptions tok, data::PreparePairsOptions pairs,
              "sentencepiece)", tok.tokenizer);
   for (const auto& s : tf) tok.tokenizer_files.emplace_back(s);
   // sentencepiece without a .model file: trained on the train split's conversations.
+  const bool trains = tok.tokenizer == "sentencepiece" && tok.tokenizer_files.empty();
+  for (const CLI::Option* o : text_only)
+    KILN_CHECK(o->get_name() != "--vocab-size" || o->count() == 0 || trains,
+               "prepare --format llava: --vocab-size sizes a sentencepiece tokenizer trained on "
+               "the pairs; the {} tokenizer{} has its own", tok.tokenizer,
+               tok.tokenizer_files.empty() ? "" : " of --tokenizer-files");
   std::unique_ptr<data::Tokenizer> t;
-  if (tok.tokenizer == "sentencepiece" && tok.tokenizer_files.empty()) {
+  if (trains) {
     KILN_CHECK(tok.vocab_size > 0, "prepare --format llava: sentencepiece needs --vocab-size "
                "(trained on the pairs) or its .model file (--tokenizer-files)");
     data::SentencePieceTrainOptions so;
     so.vocab_size = tok.vocab_size;
     so.max_sentences = tok.sp_max_sentences;
     t = data::train_pairs_tokenizer(in[0], so);
+    if (t->vocab_size() < tok.vocab_size)
+      fmt::print(stderr, "kiln prepare: note: the sentencepiece tokenizer has {} pieces, fewer "
+                 "than --vocab-size {}: the conversations hold no more\n", t->vocab_size(),
+                 tok.vocab_size);
   } else {
     t = data::make_tokenizer(tok);
   }

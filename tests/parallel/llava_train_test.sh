@@ -12,7 +12,8 @@
 #   4. kiln sample --image answers a question about an image, kiln eval --llava every
 #      question of a pair file, the same greedy answer for the same question;
 #   5. bad inputs are one-line errors: labelled images for a llava, pairs for a vit, a
-#      block_size that is not the image's tokens plus the caption's slots, a feature_layer
+#      block_size that is not the image's tokens plus the caption's slots, --vocab-size with
+#      a tokenizer prepare does not train, a feature_layer
 #      out of range, a missing or empty --image, sample --image of a vit, eval --json into
 #      a missing folder, a "kinds" list of the wrong length.
 # Usage: llava_train_test.sh KILN_BINARY WORK_DIR [--long]
@@ -215,6 +216,8 @@ fails init_parts_shape "tensor 'patch_embed.proj.weight' there has shape" \
 fails init_parts_missing "no tensor 'blocks.1.norm1.weight'" \
   "$kiln" train "$work/llava.toml" --set "run.dir=$work/p_run" --set "model.init_parts=[\"vision_tower=$vit_ck\"]"
 fails sample_image_vit "an image model" "$kiln" sample --checkpoint "$(ls -d "$work"/vit_run/ckpt/step_* | tail -1)" --image "$work/pairs/img/val0.png"
+fails prepare_byte_vocab "--vocab-size sizes a sentencepiece tokenizer trained on the pairs; the byte tokenizer has its own" \
+  "$kiln" prepare --format llava --input "$work/pairs/train.jsonl" --out "$work/byte_vocab" --tokenizer byte --vocab-size 300
 fails feature_layer_range "model.vision.feature_layer' must be <= -1, got 3" "$kiln" train "$work/llava.toml" --set "run.dir=$work/b_run" --set model.vision.feature_layer=3
 fails block_size "the image's 9 tokens and the caption's 224 slots" "$kiln" train "$work/llava.toml" --set "run.dir=$work/b_run" --set model.block_size=240
 echo "llava train test: all passed"
