@@ -64,8 +64,12 @@ if [ "$arch" = llava ]; then
   # SentencePiece tokenizer trained on its conversations (160 caption slots hold each).
   scenes="$KILN_ROOT/data/scenes"
   data="$KILN_ROOT/data/scenes-prepared"
-  [ -f "$scenes/val.jsonl" ] || { rm -rf "$scenes"; "$kiln" scenes --out "$scenes" --train 50000 --val 1000; }
-  if [ ! -f "$data/meta.json" ]; then
+  # Sets an older kiln wrote (four rounds, 128 caption slots) are made again.
+  if ! head -1 "$scenes/val.jsonl" 2>/dev/null | grep -q '"kinds":\["position","presence","count","presence","count","describe"\]'; then
+    rm -rf "$scenes" "$data"
+    "$kiln" scenes --out "$scenes" --train 50000 --val 1000
+  fi
+  if ! grep -q '"tokens": 160,' "$data/meta.json" 2>/dev/null; then
     rm -rf "$data"
     "$kiln" prepare --format llava --input "$scenes/train.jsonl" --val-input "$scenes/val.jsonl" \
       --out "$data" --tokenizer sentencepiece --vocab-size 1024 --caption-tokens 160

@@ -92,7 +92,8 @@ void register_eval(CLI::App& app) {
       KILN_CHECK(s.tokenizer != nullptr, "eval --llava: {} has no tokenizer", a->model);
       const AnswersResult r = evaluate_answers(*s.model, *s.tokenizer, f, a->answers);
       for (const AnswerExample& x : r.examples)
-        fmt::print("{} [{}] {} -> {}{}\n", x.id, x.kind, one_line(x.question), x.answer,
+        fmt::print("{} [{}] {} -> {}{}{}\n", x.id, x.kind, one_line(x.question), x.answer,
+                   x.cut ? " [cut at the answer cap]" : "",
                    x.right ? "" : fmt::format("  (expected: {})", x.reference));
       fmt::print("{}: exact-match accuracy {:.4f} over {} answers of {} records\n", r.file, r.all.accuracy(),
                  r.all.questions, r.records);

@@ -74,11 +74,12 @@ AnswersResult evaluate_answers(Model& model, const data::Tokenizer& tok,
         tally->right += right ? 1 : 0;
       }
       if (r.records < o.examples) {
-        if (!got.empty() && got.back() == tok.eot_id()) got.pop_back();
+        const bool cut = got.empty() || got.back() != tok.eot_id();
+        if (!cut) got.pop_back();
         std::string answer = tok.decode(got);
         if (answer.starts_with(' ')) answer.erase(0, 1);  // the space after "ASSISTANT:"
         r.examples.push_back({e.record.id, e.record.image, kind, questions.at(j),
-                              references.at(j), answer, right});
+                              references.at(j), answer, right, cut});
       }
     }
     ++r.records;
@@ -95,7 +96,7 @@ nlohmann::json to_json(const AnswersResult& r) {
   for (const AnswerExample& x : r.examples)
     examples.push_back({{"id", x.id}, {"image", x.image}, {"kind", x.kind},
                         {"question", x.question}, {"reference", x.reference},
-                        {"answer", x.answer}, {"right", x.right}});
+                        {"answer", x.answer}, {"right", x.right}, {"cut", x.cut}});
   return {{"file", r.file},        {"records", r.records},
           {"questions", r.all.questions}, {"right", r.all.right},
           {"accuracy", r.all.accuracy()}, {"by_kind", kinds},

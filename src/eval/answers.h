@@ -33,6 +33,7 @@ struct AnswerTally {
 struct AnswerExample {
   std::string id, image, kind, question, reference, answer;
   bool right = false;
+  bool cut = false;  // stopped at the answer cap (reference + 8 tokens), no end-of-text
 };
 
 struct AnswersResult {
