@@ -155,6 +155,12 @@ Vec minus(const std::vector<float>& got, const std::vector<float>& base) {
   return d;
 }
 
+double accumulated_min_norm(const std::vector<float>& base, double tol) {
+  double norm2 = 0;
+  for (float b : base) norm2 += static_cast<double>(b) * b;
+  return std::ldexp(std::sqrt(norm2), -23) / tol;
+}
+
 double weighted_loss(const Forward& f, const Inputs& x, const Vec& w) {
   const Vec y = f(x);
   double L = 0;

@@ -55,6 +55,10 @@ std::vector<double> to_double(const std::vector<float>& v);
 std::vector<float> to_float(const Vec& v);
 /// got - base, in double (gradient added to a pre-filled buffer).
 Vec minus(const std::vector<float>& got, const std::vector<float>& base);
+/// near_by_norm's min_norm for such an increment checked at `tol`: 2^-23 ||base|| / tol,
+/// so the fp32 buffer's own rounding (up to an ulp of base per element) stays within tol
+/// where the increment is far smaller than the buffer (random inputs at C = 1).
+double accumulated_min_norm(const std::vector<float>& base, double tol);
 
 /// A forward function of several inputs, for finite differences: inputs -> outputs.
 using Inputs = std::vector<Vec>;
