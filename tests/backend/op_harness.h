@@ -57,7 +57,8 @@ std::vector<float> to_float(const Vec& v);
 Vec minus(const std::vector<float>& got, const std::vector<float>& base);
 /// near_by_norm's min_norm for such an increment checked at `tol`: 2^-23 ||base|| / tol,
 /// so the fp32 buffer's own rounding (up to an ulp of base per element) stays within tol
-/// where the increment is far smaller than the buffer (random inputs at C = 1).
+/// where the increment is far smaller than the buffer (random inputs at C = 1). Also the
+/// floor of an fp32 dot product that cancels, with `base` the sums of its terms' |a b|.
 double accumulated_min_norm(const std::vector<float>& base, double tol);
 
 /// A forward function of several inputs, for finite differences: inputs -> outputs.
