@@ -90,11 +90,10 @@ void prepare_llava(data::PrepareOptions tok, data::PreparePairsOptions pairs,
   for (const auto& s : tf) tok.tokenizer_files.emplace_back(s);
   // sentencepiece without a .model file: trained on the train split's conversations.
   const bool trains = tok.tokenizer == "sentencepiece" && tok.tokenizer_files.empty();
-  for (const CLI::Option* o : text_only)
-    KILN_CHECK(o->get_name() != "--vocab-size" || o->count() == 0 || trains,
-               "prepare --format llava: --vocab-size sizes a sentencepiece tokenizer trained on "
-               "the pairs; the {} tokenizer{} has its own", tok.tokenizer,
-               tok.tokenizer_files.empty() ? "" : " of --tokenizer-files");
+  KILN_CHECK(tok.vocab_size == 0 || trains,  // (0: --vocab-size not given)
+             "prepare --format llava: --vocab-size sizes a sentencepiece tokenizer trained on "
+             "the pairs; the {} tokenizer{} has its own", tok.tokenizer,
+             tok.tokenizer_files.empty() ? "" : " of --tokenizer-files");
   std::unique_ptr<data::Tokenizer> t;
   if (trains) {
     KILN_CHECK(tok.vocab_size > 0, "prepare --format llava: sentencepiece needs --vocab-size "
