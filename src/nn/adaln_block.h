@@ -1,14 +1,12 @@
 // A transformer block conditioned by adaptive layer norm with zero-initialised gates
 // (adaLN-Zero, Peebles & Xie 2023, "Scalable Diffusion Models with Transformers", 3.2):
+// one token stream (nn/adaln_stream.h: the modulation, norms, gates and MLP) around its
+// own self-attention,
 //
 //   mod [B,6,C]  = adaLN_modulation(silu(c))        c [B,C], the conditioning vector
-//                  = shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp
 //   r   = x + gate_msa * attn(modulate(norm_1(x), shift_msa, scale_msa))
 //   out = r + gate_mlp * mlp(modulate(norm_2(r), shift_mlp, scale_mlp))
-//   modulate(h, shift, scale) = h * (1 + scale) + shift, broadcast over the T positions
-// The norms have no gain or shift of their own (the modulation is their affine part);
-// adaLN_modulation's weight and bias start at zero, so every block starts as the
-// identity. The caller computes silu(c) once for all blocks (BlockInputs).
+// The caller computes silu(c) once for all blocks (AdaLNPass).
 //
 // Like TransformerBlock it knows nothing of its position in a model, ranks or devices: the
 // model gives it its saved tensors (SavedActivations::block) and shared scratch per call.
@@ -17,10 +15,8 @@
 #pragma once
 
 #include "backend/backend.h"
+#include "nn/adaln_stream.h"
 #include "nn/attention.h"
-#include "nn/linear.h"
-#include "nn/mlp.h"
-#include "nn/norm.h"
 #include "nn/saved.h"
 
 #include <string>
@@ -32,18 +28,8 @@ struct AdaLNBlockSpec {
   int64_t n_embd = 0;  // C
   float norm_eps = 1e-6f;
   AttentionSpec attention;
-  MlpKind mlp = MlpKind::GeluTanh;
-  int64_t mlp_hidden = 0;  // H
+  int64_t mlp_hidden = 0;  // H (a GeluTanh MLP)
   float init_std = 0.02f;  // attention and MLP weights N(0, init_std^2), biases 0
-};
-
-/// The chunks of an adaLN modulation [B, M, C], in DiT's order.
-enum AdaLNChunk : int { kShiftMsa = 0, kScaleMsa, kGateMsa, kShiftMlp, kScaleMlp, kGateMlp };
-
-/// Backward scratch shared by all blocks: tmp, dtmp, dtmp2 [B,T,C]; dattn [B,T,C];
-/// dbig [B,T,max(H, 3C)]; dmod [B,6,C]; dcond [B,C].
-struct AdaLNScratch {
-  Tensor tmp, dtmp, dtmp2, dattn, dbig, dmod, dcond;
 };
 
 /// Per call: saved tensors, scratch, the shared conditioning silu(c) [B,C] and its
@@ -77,14 +63,14 @@ class AdaLNBlock {
   double matmul_weights() const;
 
  private:
+  AdaLNStreamPass stream_pass(const AdaLNPass& p) const {
+    return {p.be, p.s, p.cond_silu, p.dcond_silu};
+  }
   AdaLNBlockSpec spec_;
-  Norm norm_1_, norm_2_;
+  AdaLNStream stream_;
   SelfAttention attn_;
-  Mlp mlp_;
-  Linear adaln_;
-  // Offsets in AdaLNPass::saved (set by the constructor).
-  size_t kMod = 0, kNorm1 = 0, kMod1 = 0, kAttn = 0, kAttnOut = 0, kResidual = 0, kNorm2 = 0,
-         kMod2 = 0, kMlp = 0, kMlpOut = 0, kNumSaved = 0;
+  // AdaLNPass::saved: the stream's pre run, the attention's, the stream's post run.
+  size_t kAttn = 0, kPost = 0, kNumSaved = 0;
 };
 
 }  // namespace kiln::nn

@@ -6,6 +6,7 @@
 // global element coordinates, the classifier's chunking (train.classifier_chunk_mb) not
 // changing its result, and clear errors for what the backends cannot do yet.
 #include "backend/registry.h"
+#include "bound_params.h"
 #include "nn/block.h"
 #include "nn/classifier.h"
 #include "nn/expert_parallel.h"
@@ -19,25 +20,6 @@
 
 namespace kiln::nn {
 namespace {
-
-// Binds every parameter of `params` to views of one value and one gradient buffer.
-struct Bound {
-  Tensor values, grads;
-  std::vector<int64_t> offsets;
-};
-Bound bind_params(Backend& be, const std::vector<Param*>& params) {
-  Bound b;
-  int64_t n = 0;
-  for (Param* p : params) b.offsets.push_back(n), n += p->shape.numel();
-  b.values = be.empty(Shape{n}, DType::F32, MemCategory::Parameters);
-  b.grads = be.empty(Shape{n}, DType::F32, MemCategory::Gradients);
-  be.fill(be.default_stream(), b.grads, 0.f);
-  for (size_t i = 0; i < params.size(); ++i) {
-    params[i]->value = b.values.view_at(b.offsets[i], params[i]->shape);
-    params[i]->grad = b.grads.view_at(b.offsets[i], params[i]->shape);
-  }
-  return b;
-}
 
 std::vector<float> host(Backend& be, const Tensor& t) { return download_f32(be, t); }
 

@@ -27,7 +27,6 @@ nn::AdaLNBlockSpec dit_block_spec(const DiTConfig& c) {
   b.attention.n_kv_head = c.n_head;
   b.attention.head_dim = c.n_embd / c.n_head;
   b.attention.causal = false;
-  b.mlp = nn::MlpKind::GeluTanh;
   b.mlp_hidden = c.ffn_hidden_size;
   b.init_std = 0.02f;
   return b;
