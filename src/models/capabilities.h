@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <vector>
 
 namespace kiln {
 
@@ -70,20 +71,27 @@ class ImageClassifier {
   virtual void classify(const Tensor& images, const Tensor& logits) = 0;
 };
 
-/// What a flow model's velocity is conditioned on. Class labels today (a class-
-/// conditional model); a text-conditioned model adds its caption's fields here.
+/// What a flow model's velocity is conditioned on: class labels (a class-conditional
+/// model, FlowModel::num_classes() > 0) or captions (a text-conditioned one,
+/// FlowModel::caption_tokens() > 0); the other is empty.
 struct FlowConditioning {
   /// Host labels [B]: a class in [0, FlowModel::num_classes()), or -1 for none (the null
   /// class of classifier-free guidance).
   std::span<const int32_t> labels;
+  /// Host captions [B]: each a caption's token ids as the training data holds them (the
+  /// end-of-text id last), at most caption_tokens(); an empty one is the null caption of
+  /// classifier-free guidance.
+  std::span<const std::vector<int32_t>> captions;
 };
 
 /// A generative flow over images (a rectified flow: t = 1 pure noise, t = 0 the data).
 class FlowModel {
  public:
   virtual ~FlowModel() = default;
-  /// The classes it is conditioned on (labels in [0, num_classes())).
+  /// The classes it is conditioned on (labels in [0, num_classes())); 0: none.
   virtual int num_classes() const = 0;
+  /// The longest caption it is conditioned on, in tokens; 0: none.
+  virtual int caption_tokens() const { return 0; }
   /// One image: [H, W, C].
   virtual Shape image_shape() const = 0;
   /// The velocity fp32 [B,H,W,C] at noisy images xt fp32 [B,H,W,C] at times t[b] in

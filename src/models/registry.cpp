@@ -7,6 +7,7 @@
 #include "models/gpt2/arch.h"
 #include "models/llama/arch.h"
 #include "models/llava/arch.h"
+#include "models/mmdit/arch.h"
 #include "models/vit/arch.h"
 
 #include <mutex>
@@ -23,6 +24,7 @@ struct Registry {
       {"vit", vit_arch()},
       {"dit", dit_arch()},
       {"llava", llava_arch()},
+      {"mmdit", mmdit_arch()},
   };
 };
 Registry& registry() {

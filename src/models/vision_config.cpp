@@ -58,8 +58,15 @@ void copy_vision_options(const ModelOptions& o, const ModelKeys& keys, VisionSha
   c.image_size = o.integer(keys, "image_size");
   c.num_channels = o.integer(keys, "num_channels");
   c.patch_size = o.integer(keys, "patch_size");
-  c.num_classes = o.integer(keys, "num_classes");
+  c.num_classes = find_model_key(keys, "num_classes") ? o.integer(keys, "num_classes") : 0;
   c.norm_eps = static_cast<float>(o.value(keys, "norm_eps"));
+}
+
+void check_patch_block_size(const ModelOptions& o, const VisionShape& c, const std::string& arch) {
+  KILN_CHECK(o.block_size == c.patches(),
+             "model.block_size ({}) must be {} for {}: {} patches of {}x{} in a {}x{} image",
+             o.block_size, c.patches(), arch, c.patches(), c.patch_size, c.patch_size,
+             c.image_size, c.image_size);
 }
 
 void check_vision_options(const ModelOptions& o, const ModelKeys& keys, const std::string& arch) {

@@ -56,8 +56,11 @@ nlohmann::json vision_json(const Config& c) {
           {"block_size", c.tokens()},   {"norm_eps", c.norm_eps}};
 }
 
+/// Throws kiln::Error unless model.block_size is the patch count of `c` (the image models
+/// without a class token: dit, mmdit), naming `arch`.
+void check_patch_block_size(const ModelOptions& o, const VisionShape& c, const std::string& arch);
 /// Copies the shape keys of `o` into `c` (ffn_hidden_size 0 -> 4 n_embd); `keys` are the
-/// arch's (vision_keys() and its own).
+/// arch's (vision_keys() and its own; without num_classes, c.num_classes is 0).
 void copy_vision_options(const ModelOptions& o, const ModelKeys& keys, VisionShape& c);
 
 }  // namespace kiln

@@ -58,13 +58,15 @@ MMDiTScratch MMDiTBlock::make_scratch(Backend& be, int64_t B, int64_t Tx, int64_
   return w;
 }
 
+MMDiTBlock::Runs MMDiTBlock::runs(std::span<const Tensor> saved) const {
+  return {saved.subspan(0, kCPre), saved.subspan(kCPre, kAttn - kCPre),
+          saved.subspan(kAttn, JointAttention::kNumSaved), saved.subspan(kXPost, kCPost - kXPost),
+          saved.subspan(kCPost, kNumSaved - kCPost)};
+}
+
 void MMDiTBlock::forward(const MMDiTPass& p, const Tensor& x, const Tensor& c,
                          const Tensor& out_x, const Tensor& out_c) const {
-  const auto xpre = p.saved.subspan(0, kCPre);
-  const auto cpre = p.saved.subspan(kCPre, kAttn - kCPre);
-  const auto at = p.saved.subspan(kAttn, JointAttention::kNumSaved);
-  const auto xpost = p.saved.subspan(kXPost, kCPost - kXPost);
-  const auto cpost = p.saved.subspan(kCPost, kNumSaved - kCPost);
+  const auto [xpre, cpre, at, xpost, cpost] = runs(p.saved);
   const AdaLNStreamPass sp = stream_pass(p);
   x_.pre_forward(sp, xpre, x);
   c_.pre_forward(sp, cpre, c);
@@ -79,11 +81,7 @@ void MMDiTBlock::forward(const MMDiTPass& p, const Tensor& x, const Tensor& c,
 void MMDiTBlock::backward(const MMDiTPass& p, const Tensor& dres_x, const Tensor& dres_c,
                           const Tensor& x, const Tensor& c, const Tensor& out_x,
                           const Tensor& out_c) const {
-  const auto xpre = p.saved.subspan(0, kCPre);
-  const auto cpre = p.saved.subspan(kCPre, kAttn - kCPre);
-  const auto at = p.saved.subspan(kAttn, JointAttention::kNumSaved);
-  const auto xpost = p.saved.subspan(kXPost, kCPost - kXPost);
-  const auto cpost = p.saved.subspan(kCPost, kNumSaved - kCPost);
+  const auto [xpre, cpre, at, xpost, cpost] = runs(p.saved);
   const AdaLNStreamPass sp = stream_pass(p);
   const AdaLNScratch& w = p.scratch.common;
   // Recompute what forward did not keep (the same kernels on the same inputs, bitwise).

@@ -87,6 +87,11 @@ class MMDiTBlock {
   AdaLNStreamPass stream_pass(const MMDiTPass& p) const {
     return {p.be, p.s, p.cond_silu, p.dcond_silu};
   }
+  /// MMDiTPass::saved cut into its runs.
+  struct Runs {
+    std::span<const Tensor> xpre, cpre, attn, xpost, cpost;
+  };
+  Runs runs(std::span<const Tensor> saved) const;
   MMDiTBlockSpec spec_;
   AdaLNStream x_, c_;
   JointAttention attn_;

@@ -58,7 +58,8 @@ TrainConfig resolve_for_planning(TrainConfig c, int world_size) {
     // Image models: the image size, channels and classes from the data set when unset.
     if (!c.data.dir.empty() && fs::exists(fs::path(c.data.dir) / "meta.json")) {
       const auto data = open_train_data(c.data.dir, "train", std::max(1, c.train.seq_len), 0,
-                                        /*shuffle=*/false);
+                                        /*shuffle=*/false, data::Packing::None,
+                                        pair_layout_of(c));
       data->check_arch(c);
       data->fill_model_keys(c);
     }

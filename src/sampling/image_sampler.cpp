@@ -69,7 +69,7 @@ SampledImages sample_images(Model& model, const ImageSampleOptions& o) {
       // The conditional rows, and with guidance the same images again as the null rows.
       be.copy_from_host(s, xt.view_at(0, half), x.data());
       if (guided) be.copy_from_host(s, xt.view_at(B * P, half), x.data());
-      flow.predict_velocity(xt, t, FlowConditioning{y}, vt);
+      flow.predict_velocity(xt, t, FlowConditioning{y, {}}, vt);
       be.copy_to_host(s, v.data(), vt);
       be.synchronize(s);
       const auto g = static_cast<float>(o.cfg_scale);

@@ -17,7 +17,10 @@
 //     with the end-of-text id) and "image_at" int32 [B], targets int32 [B, N + L] (each
 //     flagged caption id at its place in the model's sequence, -1 elsewhere:
 //     models/llava/llava.h); they fix image_size, num_channels and model.vocab_size, check
-//     seq_len = N + L, and carry their tokenizer into checkpoints.
+//     seq_len = N + L, and carry their tokenizer into checkpoints; for a text-to-image
+//     model (PairLayout::captions) instead "images" and "tokens" int32 [B, caption_tokens],
+//     each record's caption (its last answer and the end-of-text after it, then -1), targets
+//     int32 [B] of 0 (models/mmdit/mmdit.h). Image data sets live in train/image_data.h.
 #pragma once
 
 #include "data/blend.h"
@@ -37,6 +40,17 @@
 #include <vector>
 
 namespace kiln {
+
+/// How image-text pairs meet the model (the family decides: a text-to-image model,
+/// ModelArch::generates_images, reads captions): the whole conversation in the model's
+/// sequence (a vision-language model), or each record's caption in caption_tokens slots.
+struct PairLayout {
+  bool captions = false;
+  int caption_tokens = 0;  // with captions: the model's caption slots
+};
+/// The layout of `config`'s model: captions (in its model.caption_tokens) for a family that
+/// generates images from text, else the sequence.
+PairLayout pair_layout_of(const TrainConfig& config);
 
 class TrainData {
  public:
@@ -83,7 +97,8 @@ class TrainData {
 std::unique_ptr<TrainData> open_train_data(const std::filesystem::path& dir,
                                            const std::string& split, int seq_len, uint64_t seed,
                                            bool shuffle,
-                                           data::Packing packing = data::Packing::None);
+                                           data::Packing packing = data::Packing::None,
+                                           const PairLayout& pairs = {});
 /// A blend of the token data sets `parts` (data/blend.h): part d shuffled under seed + d.
 /// Throws kiln::Error naming the directory when one is missing, holds images or was
 /// prepared with another tokenizer than the first.

@@ -472,7 +472,7 @@ TEST(TrainConfigModelKeys, AnotherFamilysKeyNamesTheArchsThatHaveIt) {
             "have it)");
   EXPECT_EQ(load_error("", {"model.ffn_hidden_size=64"}),
             "--set: key 'model.ffn_hidden_size' is not a key of model.arch 'gpt2' (dit, llama, "
-            "llava, vit have it)");
+            "llava, mmdit, vit have it)");
   EXPECT_EQ(load_error("[model]\narch = \"vit\"\n[model.rope_scaling]\nfactor = 8.0\n"),
             "config.toml: key 'model.rope_scaling.factor' is not a key of model.arch 'vit' (llama, "
             "llava have it)");

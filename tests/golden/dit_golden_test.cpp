@@ -13,6 +13,7 @@
 //     label, and the images are independent, so that is the reference's gradient of the
 //     mean over the counted images of the whole batch.
 // The bounds are golden_compare.h's.
+#include "flow_golden.h"
 #include "golden_compare.h"
 
 #include "backend/registry.h"
@@ -41,37 +42,6 @@ DiTConfig config_of(const st::Reader& r) {
   DiTConfig c = dit_config_of(o);
   EXPECT_EQ(c.frequency_dim, meta_int(r, "frequency_dim"));
   return c;
-}
-
-/// Backend::patchify on the host: [B,S,S,Ci] -> [B,N,Ci*P*P].
-std::vector<float> patchify_host(const std::vector<float>& images, const DiTConfig& c) {
-  const int S = c.image_size, Ci = c.num_channels, P = c.patch_size, G = S / P;
-  const int N = c.patches(), D = c.patch_dim();
-  const size_t B = images.size() / (static_cast<size_t>(S) * S * Ci);
-  std::vector<float> out(B * N * D);
-  for (size_t b = 0; b < B; ++b)
-    for (int py = 0; py < G; ++py)
-      for (int px = 0; px < G; ++px)
-        for (int ch = 0; ch < Ci; ++ch)
-          for (int dy = 0; dy < P; ++dy)
-            for (int dx = 0; dx < P; ++dx)
-              out[(b * N + py * G + px) * D + ch * P * P + dy * P + dx] =
-                  images[((b * S + py * P + dy) * S + px * P + dx) * Ci + ch];
-  return out;
-}
-
-/// The samples `keep` of a host array of samples of `per` elements each.
-template <class T>
-std::vector<T> samples(const std::vector<T>& v, size_t per, const std::vector<size_t>& keep) {
-  std::vector<T> out;
-  for (size_t b : keep) out.insert(out.end(), v.begin() + b * per, v.begin() + (b + 1) * per);
-  return out;
-}
-
-Tensor device_f32(Backend& be, const std::vector<float>& host, const Shape& shape) {
-  Tensor t = be.empty(shape, DType::F32, MemCategory::Activations);
-  be.copy_from_host(be.default_stream(), t, host.data());
-  return t;
 }
 
 }  // namespace
@@ -136,63 +106,28 @@ TEST(DiTGolden, MatchesReferenceOnEveryBackend) {
   for (const auto& s : skipped_backends()) fmt::print("skipped backend: {}\n", s);
   auto backends = available_backends();
   ASSERT_FALSE(backends.empty());
-  const int B = meta_int(r, "batch_size"), S = cfg.image_size, Ci = cfg.num_channels;
-  const size_t pixels = static_cast<size_t>(S) * S * Ci;
-  const auto x0_h = r.read_f32("images"), noise_h = r.read_f32("noise"), t_h = r.read_f32("t");
+  const size_t pixels = static_cast<size_t>(cfg.image_size) * cfg.image_size * cfg.num_channels;
+  const auto noise_h = r.read_f32("noise"), t_h = r.read_f32("t");
   const auto labels_h = r.read_i32("labels"), cond_h = r.read_i32("conditioning");
-  const auto ref_pred = r.read_f32("pred");
-  const double ref_loss = r.read_f32("loss")[0];
   std::vector<size_t> counted;
   for (size_t b = 0; b < labels_h.size(); ++b)
     if (labels_h[b] >= 0) counted.push_back(b);
-  const auto n_valid = static_cast<int64_t>(counted.size());
-  const int Bc = static_cast<int>(n_valid);
-  // xt = (1 - t) x0 + t noise, as Backend::rectified_flow_inputs (fp32).
-  std::vector<float> xt_h(x0_h.size());
-  for (size_t i = 0; i < xt_h.size(); ++i) {
-    const float t = t_h[i / pixels];
-    xt_h[i] = (1.f - t) * x0_h[i] + t * noise_h[i];
-  }
   for (auto& bep : backends) {
     Backend& be = *bep;
-    const std::string bn = be.name();
-    SCOPED_TRACE("backend " + bn);
-    fmt::print("[{}] DiT golden: {}, B={} ({} counted)\n", bn, cfg.str(), B, n_valid);
+    SCOPED_TRACE("backend " + be.name());
+    fmt::print("[{}] DiT golden: {}, B={} ({} counted)\n", be.name(), cfg.str(),
+               labels_h.size(), counted.size());
     DiT model(cfg, be);
-    copy_reference_params(r, be, model);
-    const Shape image{B, S, S, Ci};
-
-    // ---- evaluation of the whole batch: the loss over the counted images ----
-    const Tensor x0 = device_f32(be, x0_h, image);
-    const LossSum ev = model.flow_loss(x0, labels_h, cond_h, noise_h, t_h, 0.f);
-    EXPECT_EQ(ev.targets, n_valid);
-    const double eval_loss = ev.sum / static_cast<double>(n_valid);
-    const double eval_rel = std::fabs(eval_loss - ref_loss) / ref_loss;
-    fmt::print("[{}] {:<40} {:.7f} vs {:.7f}, rel {:.3e}{}\n", bn, "evaluation loss", eval_loss,
-               ref_loss, eval_rel, eval_rel <= kLossTol ? "" : "  <-- FAIL");
-    EXPECT_LE(eval_rel, kLossTol) << "evaluation loss";
-
-    // ---- pred of every image (the uncounted one too): predict_velocity on xt ----
-    const Tensor xt = device_f32(be, xt_h, image);
-    const Tensor velocity = be.empty(image, DType::F32, MemCategory::Activations);
-    model.predict_velocity(xt, t_h, FlowConditioning{cond_h}, velocity);
-    const Cmp cp = compare(patchify_host(to_host(be, velocity), cfg), ref_pred);
-    print_cmp(bn, "pred", cp, kLogitsTol);
-    EXPECT_LE(cp.rel, kLogitsTol) << "pred";
-
-    // ---- the training step on the counted images: loss and every gradient ----
-    const Tensor x0c = device_f32(be, samples(x0_h, pixels, counted), Shape{Bc, S, S, Ci});
-    const auto noise_c = samples(noise_h, pixels, counted);
-    const auto t_c = samples(t_h, 1, counted);
-    const auto labels_c = samples(labels_h, 1, counted), cond_c = samples(cond_h, 1, counted);
-    const TrainingMatch m = match_training(r, be, model, n_valid, [&](float grad_scale) {
-      return model.flow_loss(x0c, labels_c, cond_c, noise_c, t_c, grad_scale);
-    });
-    fmt::print(
-        "[{}] SUMMARY worst: pred rel {:.3e} (tol {:.0e}); loss rel {:.3e}, evaluation {:.3e} "
-        "(tol {:.0e}); grad rel {:.3e} in {} (tol {:.0e}); adamw loss rel {:.3e} at step {} "
-        "(tol {:.0e})\n",
-        bn, cp.rel, kLogitsTol, m.loss_rel, eval_rel, kLossTol, m.worst_grad, m.worst_grad_name,
-        kGradTol, m.worst_adam, m.worst_step, kAdamTol);
+    FlowCalls calls;
+    calls.flow_loss = [&](const Tensor& x0, const std::vector<size_t>& keep, float grad_scale) {
+      return model.flow_loss(x0, samples(labels_h, 1, keep), samples(cond_h, 1, keep),
+                             samples(noise_h, pixels, keep), samples(t_h, 1, keep), grad_scale);
+    };
+    calls.predict_velocity = [&](const Tensor& xt, const Tensor& velocity) {
+      FlowConditioning cond;
+      cond.labels = cond_h;
+      model.predict_velocity(xt, t_h, cond, velocity);
+    };
+    match_flow_golden(r, be, model, cfg, counted, calls);
   }
 }

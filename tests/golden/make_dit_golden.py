@@ -242,48 +242,42 @@ def init_params(cfg, gen):
     return P
 
 
-def run_reference(P32, inputs, cfg, dtype):
-    """pred, loss, gradients and the AdamW losses in `dtype`."""
+def run_reference(P32, inputs, cfg, dtype, loss_fn=None, decays_fn=None, adamw=None, steps=None):
+    """pred, loss, gradients and the AdamW losses in `dtype`. inputs: x0, noise, t and the
+    conditioning's tensors (this model's: labels, conditioning); loss_fn(P, x0, noise, t,
+    *conditioning, cfg) -> (pred, mean loss), decays_fn(name, shape), the AdamW settings
+    and steps: this model's mean_loss, decays, ADAMW and ADAMW_STEPS when None (the MMDiT
+    script passes its own)."""
     import torch
-    x0, noise, t, labels, conditioning = inputs
+    loss_fn, decays_fn = loss_fn or mean_loss, decays_fn or decays
+    adamw, steps = adamw or ADAMW, steps or ADAMW_STEPS
+    x0, noise, t, *conditioning = inputs
     x0, noise, t = x0.to(dtype), noise.to(dtype), t.to(dtype)
     P = {n: u.detach().to(dtype).clone().requires_grad_(True) for n, u in P32.items()}
-    pred, loss = mean_loss(P, x0, noise, t, labels, conditioning, cfg)
+    pred, loss = loss_fn(P, x0, noise, t, *conditioning, cfg)
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in P.items()}
     Q = {n: u.detach().to(dtype).clone().requires_grad_(True) for n, u in P32.items()}
     opt = torch.optim.AdamW(
-        [{"params": [p for n, p in Q.items() if decays(n, p.shape)],
-          "weight_decay": ADAMW["weight_decay"]},
-         {"params": [p for n, p in Q.items() if not decays(n, p.shape)], "weight_decay": 0.0}],
-        lr=ADAMW["lr"], betas=(ADAMW["beta1"], ADAMW["beta2"]), eps=ADAMW["eps"])
+        [{"params": [p for n, p in Q.items() if decays_fn(n, p.shape)],
+          "weight_decay": adamw["weight_decay"]},
+         {"params": [p for n, p in Q.items() if not decays_fn(n, p.shape)], "weight_decay": 0.0}],
+        lr=adamw["lr"], betas=(adamw["beta1"], adamw["beta2"]), eps=adamw["eps"])
     losses = []
-    for _ in range(ADAMW_STEPS):
+    for _ in range(steps):
         opt.zero_grad(set_to_none=True)
-        _, l = mean_loss(Q, x0, noise, t, labels, conditioning, cfg)
+        _, l = loss_fn(Q, x0, noise, t, *conditioning, cfg)
         losses.append(l.item())
         l.backward()
         opt.step()
     return pred.detach(), loss.detach(), grads, losses
 
 
-def generate(out):
-    import torch
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(1)
-    cfg = CONFIG
-    S, _, Cin, _, _ = dims(cfg)
-    gen = torch.Generator().manual_seed(SEED)
-    P32 = init_params(cfg, gen)
-    images = torch.rand(B, S, S, Cin, generator=gen, dtype=torch.float32) * 2 - 1
-    noise = torch.randn(B, S, S, Cin, generator=gen, dtype=torch.float32)
-    t = 0.05 + 0.9 * torch.rand(B, generator=gen, dtype=torch.float32)
-    labels = torch.tensor(LABELS, dtype=torch.int64)
-    conditioning = torch.tensor(CONDITIONING, dtype=torch.int64)
-    inputs = (images, noise, t, labels, conditioning)
-
-    pred, loss, grads, losses = run_reference(P32, inputs, cfg, torch.float64)
-    p32, loss32, g32, losses32 = run_reference(P32, inputs, cfg, torch.float32)
+def report(P32, ref, f32_run):
+    """Prints how far float32 PyTorch (f32_run) lands from the float64 reference (ref):
+    both run_reference's (pred, loss, grads, losses)."""
+    pred, loss, grads, losses = ref
+    p32, loss32, g32, losses32 = f32_run
     worst = max((g.rel(g32[n].double(), grads[n]), n) for n in grads)
     print(f"float32 torch vs float64: pred rel {g.rel(p32.double(), pred):.2e}, loss rel "
           f"{abs(loss32.item() - loss.item()) / loss.item():.2e}, worst grad rel "
@@ -294,28 +288,56 @@ def generate(out):
     print(f"smallest |grad| / |param|: {weakest[0]:.2e} ({weakest[1]})")
     print(f"loss {loss.item():.6f}; adamw losses " + " ".join(f"{x:.5f}" for x in losses))
 
-    def f32(u):
-        return u.detach().to(torch.float32).contiguous().numpy().tobytes()
 
-    def i32(u):
-        return u.to(torch.int32).contiguous().numpy().tobytes()
+def draw_batch(gen, cfg, B):
+    """B images x0 [B,S,S,Cin] in [-1, 1], noise and times t in (0.05, 0.95), from `gen`."""
+    import torch
+    S, _, Cin, _, _ = dims(cfg)
+    images = torch.rand(B, S, S, Cin, generator=gen, dtype=torch.float32) * 2 - 1
+    noise = torch.randn(B, S, S, Cin, generator=gen, dtype=torch.float32)
+    t = 0.05 + 0.9 * torch.rand(B, generator=gen, dtype=torch.float32)
+    return images, noise, t
 
-    blobs = {}
-    for name, _ in param_specs(cfg):
-        blobs[name] = f32(P32[name])
-        blobs["grad." + name] = f32(grads[name])
-    blobs["images"] = f32(images)
-    blobs["noise"] = f32(noise)
-    blobs["t"] = f32(t)
-    blobs["labels"] = i32(labels)
-    blobs["conditioning"] = i32(conditioning)
-    blobs["pred"] = f32(pred)
-    blobs["loss"] = f32(loss.reshape(1))
-    blobs["adamw_losses"] = f32(torch.tensor(losses, dtype=torch.float64))
-    specs = tensor_specs(cfg)
+
+def write_golden(out, specs, P32, ref, inputs, meta):
+    """Writes the file of `specs`: the parameters P32 and the reference's (run_reference's
+    pred, loss, grads, losses) gradients and outputs, and `inputs` by name (integer tensors
+    as I32, the others F32)."""
+    import torch
+    pred, loss, grads, losses = ref
+
+    def blob(u):
+        dtype = torch.int32 if not u.is_floating_point() else torch.float32
+        return u.detach().to(dtype).contiguous().numpy().tobytes()
+
+    blobs = {name: blob(u) for name, u in inputs.items()}
+    for name, u in P32.items():
+        blobs[name] = blob(u)
+        blobs["grad." + name] = blob(grads[name])
+    blobs["pred"] = blob(pred)
+    blobs["loss"] = blob(loss.reshape(1))
+    blobs["adamw_losses"] = blob(torch.tensor(losses, dtype=torch.float64))
     g.write_safetensors(out, specs, [blobs[n] for n, _, _ in specs],
-                        metadata(torch_version=str(torch.__version__)))
+                        meta(torch_version=str(torch.__version__)))
     print(f"wrote {out} ({os.path.getsize(out)} bytes)")
+
+
+def generate(out):
+    import torch
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    cfg = CONFIG
+    gen = torch.Generator().manual_seed(SEED)
+    P32 = init_params(cfg, gen)
+    images, noise, t = draw_batch(gen, cfg, B)
+    labels = torch.tensor(LABELS, dtype=torch.int64)
+    conditioning = torch.tensor(CONDITIONING, dtype=torch.int64)
+    inputs = (images, noise, t, labels, conditioning)
+    ref = run_reference(P32, inputs, cfg, torch.float64)
+    report(P32, ref, run_reference(P32, inputs, cfg, torch.float32))
+    write_golden(out, tensor_specs(cfg), P32, ref,
+                 {"images": images, "noise": noise, "t": t, "labels": labels,
+                  "conditioning": conditioning}, metadata)
 
 
 def check(path):

@@ -27,6 +27,11 @@ ModelOptions tiny(const std::string& arch) {
     o.vocab_size = 0;
     o.block_size = arch == "vit" ? 5 : 4;  // 4 patches (+ the class token)
   }
+  if (arch == "mmdit") {  // 4 patches and 5 caption slots
+    o.family = {{"image_size", 8}, {"num_channels", 1}, {"patch_size", 4}, {"caption_tokens", 5},
+                {"text.n_layer", 1}};
+    o.block_size = 4;
+  }
   if (arch == "llava")  // 4 image tokens and 4 text slots
     o.family = {{"image_size", 8}, {"num_channels", 1}, {"vision.patch_size", 4},
                 {"vision.n_embd", 8}, {"vision.n_head", 2}, {"vision.n_layer", 1}};
@@ -35,7 +40,7 @@ ModelOptions tiny(const std::string& arch) {
 
 TEST(Registry, EveryEntryStatesWhatItsModelsDo) {
   auto be = make_backend("cpu");
-  for (const char* arch : {"gpt2", "llama", "vit", "dit", "llava"}) {
+  for (const char* arch : {"gpt2", "llama", "vit", "dit", "llava", "mmdit"}) {
     const ModelArch entry = model_arch(arch);
     const ModelOptions o = tiny(arch);
     auto m = make_model(o, *be);

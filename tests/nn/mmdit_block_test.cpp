@@ -8,7 +8,7 @@
 //   - with documents, the padding's values change nothing of the other tokens' outputs
 //     or gradients.
 #include "backend/registry.h"
-#include "bound_params.h"
+#include "grad_check.h"
 #include "nn/mmdit_block.h"
 
 #include <gtest/gtest.h>
@@ -58,12 +58,7 @@ struct Rig {
     bound = bind_params(*be, params);
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd(0.f, 1.f);
-    std::vector<float> w(static_cast<size_t>(bound.values.numel()));
-    for (size_t i = 0; i < params.size(); ++i) {
-      auto v = init_values(*params[i], 5, i, 0, params[i]->shape.numel());
-      for (size_t j = 0; j < v.size(); ++j) w[bound.offsets[i] + j] = v[j] + 0.1f * nd(rng);
-    }
-    upload_f32(*be, bound.values, w.data());
+    perturb_initial_values(*be, bound, params, rng);
     saved.reserve(*be, {block.saved_specs(kB, kTx, kTc, DType::F32)}, mode);
     scratch = block.make_scratch(*be, kB, kTx, kTc, DType::F32);
     auto random = [&](Shape shape) {
@@ -125,24 +120,13 @@ void check_finite_differences(bool pre_only, bool documents) {
   const auto dx = host(*rig.be, rig.dres_x), dc = host(*rig.be, rig.dres_c);
   const auto dcond = host(*rig.be, rig.dcond), dw = host(*rig.be, rig.bound.grads);
   auto fd = [&](const Tensor& buf, size_t i) {
-    auto v = host(*rig.be, buf);
-    const float h = 1e-2f, v0 = v[i];
-    v[i] = v0 + h;
-    upload_f32(*rig.be, buf, v.data());
-    const double lp = rig.loss();
-    v[i] = v0 - h;
-    upload_f32(*rig.be, buf, v.data());
-    const double lm = rig.loss();
-    v[i] = v0;
-    upload_f32(*rig.be, buf, v.data());
-    return (lp - lm) / (2 * h);
+    return central_difference(*rig.be, buf, i, [&] { return rig.loss(); });
   };
   const std::string where = std::string(pre_only ? "pre-only" : "full") +
                             (documents ? ", documents" : "");
   auto check = [&](double want, double got, const std::string& what) {
-    const double err = std::abs(want - got) / std::max(5e-2, std::abs(want) + std::abs(got));  // fp32 noise floor
-    EXPECT_LT(err, 2e-2) << what << " (" << where << "): finite difference " << want
-                         << ", backward " << got;
+    EXPECT_LT(gradient_gap(want, got), 2e-2)
+        << what << " (" << where << "): finite difference " << want << ", backward " << got;
   };
   for (size_t i = 0; i < dx.size(); i += 7) check(fd(rig.x, i), dx[i], "dx[" + std::to_string(i) + "]");
   for (size_t i = 0; i < dc.size(); i += 5) check(fd(rig.c, i), dc[i], "dc[" + std::to_string(i) + "]");

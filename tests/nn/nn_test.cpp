@@ -6,7 +6,7 @@
 // global element coordinates, the classifier's chunking (train.classifier_chunk_mb) not
 // changing its result, and clear errors for what the backends cannot do yet.
 #include "backend/registry.h"
-#include "bound_params.h"
+#include "grad_check.h"
 #include "nn/block.h"
 #include "nn/classifier.h"
 #include "nn/expert_parallel.h"
@@ -70,12 +70,7 @@ struct BlockRig {
     bound = bind_params(*be, params);
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd(0.f, 1.f);
-    std::vector<float> w(static_cast<size_t>(bound.values.numel()));
-    for (size_t i = 0; i < params.size(); ++i) {
-      auto v = init_values(*params[i], 5, i, 0, params[i]->shape.numel());
-      for (size_t j = 0; j < v.size(); ++j) w[bound.offsets[i] + j] = v[j] + 0.1f * nd(rng);
-    }
-    upload_f32(*be, bound.values, w.data());
+    perturb_initial_values(*be, bound, params, rng);
     const int64_t C = spec.n_embd;
     saved.reserve(*be, block.saved_specs(B, T, DType::F32), 1, mode);
     scratch = block.make_scratch(*be, B, T, DType::F32);
@@ -118,22 +113,11 @@ void check_finite_differences(const BlockSpec& spec, float p) {
   const auto dx = rig.grad();
   const auto dw = host(*rig.be, rig.bound.grads);
   auto fd = [&](const Tensor& buf, size_t i) {
-    auto v = host(*rig.be, buf);
-    const float h = 1e-2f, v0 = v[i];
-    v[i] = v0 + h;
-    upload_f32(*rig.be, buf, v.data());
-    const double lp = rig.loss();
-    v[i] = v0 - h;
-    upload_f32(*rig.be, buf, v.data());
-    const double lm = rig.loss();
-    v[i] = v0;
-    upload_f32(*rig.be, buf, v.data());
-    return (lp - lm) / (2 * h);
+    return central_difference(*rig.be, buf, i, [&] { return rig.loss(); });
   };
   auto check = [&](double want, double got, const std::string& what) {
-    const double err = std::abs(want - got) / std::max(5e-2, std::abs(want) + std::abs(got));  // fp32 noise floor
-    EXPECT_LT(err, 2e-2) << what << ": finite difference " << want << ", backward " << got
-                         << ", dropout " << p;
+    EXPECT_LT(gradient_gap(want, got), 2e-2)
+        << what << ": finite difference " << want << ", backward " << got << ", dropout " << p;
   };
   for (size_t i = 0; i < dx.size(); i += 13) check(fd(rig.x, i), dx[i], "dx[" + std::to_string(i) + "]");
   for (size_t k = 0; k < rig.params.size(); ++k) {

@@ -62,10 +62,7 @@ DiTConfig dit_config_of(const ModelOptions& o) {
   copy_vision_options(o, dit_keys(), c);
   c.class_dropout = static_cast<float>(o.value(dit_keys(), "class_dropout"));
   c.validate();
-  KILN_CHECK(o.block_size == c.tokens(),
-             "model.block_size ({}) must be {} for dit: {} patches of {}x{} in a {}x{} image",
-             o.block_size, c.tokens(), c.patches(), c.patch_size, c.patch_size, c.image_size,
-             c.image_size);
+  check_patch_block_size(o, c, "dit");
   return c;
 }
 

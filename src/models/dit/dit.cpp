@@ -1,9 +1,7 @@
 #include "models/dit/dit.h"
 
-#include "core/rng.h"
+#include "models/flow_frame.h"
 #include "nn/adaln_block.h"
-#include "nn/linear.h"
-#include "nn/norm.h"
 
 #include <fmt/format.h>
 
@@ -13,11 +11,6 @@
 namespace kiln {
 
 namespace {
-
-// Philox streams of the per-sample draws (far from the parameters' streams 0..P-1).
-constexpr uint64_t kNoiseStream = uint64_t{0xD17} << 32, kTimeStream = kNoiseStream + 1,
-                   kLabelStream = kNoiseStream + 2;
-constexpr uint64_t kEvalStreams = 16;  // evaluation: the same streams + 16
 
 nn::AdaLNBlockSpec dit_block_spec(const DiTConfig& c) {
   nn::AdaLNBlockSpec b;
@@ -32,26 +25,14 @@ nn::AdaLNBlockSpec dit_block_spec(const DiTConfig& c) {
   return b;
 }
 
-nn::NormSpec plain_norm(const DiTConfig& c) {
-  return nn::NormSpec{nn::NormKind::LayerNorm, c.norm_eps, /*weight=*/false, /*bias=*/false};
-}
-
 }  // namespace
 
 /// The layers, named as facebookresearch/DiT's (dit.h lists the names).
 struct DiTLayers {
   explicit DiTLayers(const DiTConfig& c)
-      : x_embedder("x_embedder.proj", c.patch_dim(), c.n_embd, true, 0.02f),
-        pos_embed("pos_embed", Shape{c.tokens(), c.n_embd}, nn::Init::normal(0.02f), false),
-        t_fc1("t_embedder.mlp.0", c.frequency_dim, c.n_embd, true, 0.02f),
-        t_fc2("t_embedder.mlp.2", c.n_embd, c.n_embd, true, 0.02f),
+      : frame(c, c.frequency_dim),
         y_table("y_embedder.embedding_table.weight", Shape{c.num_classes + 1, c.n_embd},
-                nn::Init::normal(0.02f), false),
-        final_norm("final_layer.norm_final", c.n_embd, plain_norm(c)),
-        final_adaln("final_layer.adaLN_modulation.1", c.n_embd, 2 * c.n_embd, true, 0.f),
-        final_linear("final_layer.linear", c.n_embd, c.patch_dim(), true, 0.f) {
-    final_adaln.weight.init = nn::Init::zeros();
-    final_linear.weight.init = nn::Init::zeros();
+                nn::Init::normal(0.02f), false) {
     const nn::AdaLNBlockSpec spec = dit_block_spec(c);
     blocks.reserve(static_cast<size_t>(c.n_layer));
     for (int l = 0; l < c.n_layer; ++l) blocks.emplace_back(fmt::format("blocks.{}.", l), spec);
@@ -59,13 +40,10 @@ struct DiTLayers {
 
   std::vector<PartLayout> parts(const DiTConfig& c) {
     std::vector<PartLayout> out(blocks.size() + 2);
-    const double C = c.n_embd, T = c.tokens(), D = c.patch_dim();
+    const double C = c.n_embd, T = c.tokens();
     out.front().name = "embeddings";
-    out.front().cost = D * C + (c.frequency_dim * C + C * C) / T;
-    x_embedder.collect(out.front().params);
-    out.front().params.push_back(&pos_embed);
-    t_fc1.collect(out.front().params);
-    t_fc2.collect(out.front().params);
+    out.front().cost = frame.embeddings_cost();
+    frame.collect_embeddings(out.front().params);
     out.front().params.push_back(&y_table);
     for (size_t l = 0; l < blocks.size(); ++l) {
       out[l + 1].name = fmt::format("blocks.{}", l);
@@ -74,43 +52,27 @@ struct DiTLayers {
     }
     PartLayout& f = out.back();
     f.name = "final_layer";
-    f.cost = D * C + 2.0 * C * C / T;
-    final_adaln.collect(f.params);
-    final_linear.collect(f.params);
+    f.cost = frame.final_cost();
+    frame.collect_final(f.params);
     return out;
   }
 
-  nn::Linear x_embedder;
-  nn::Param pos_embed;
-  nn::Linear t_fc1, t_fc2;
+  FlowFrame frame;
   nn::Param y_table;
   std::vector<nn::AdaLNBlock> blocks;
-  nn::Norm final_norm;
-  nn::Linear final_adaln, final_linear;
 };
 
-/// Host draws, device inputs, saved activations and scratch for one micro_batch B.
+/// Host draws, device inputs, saved activations and scratch for one micro_batch B (the
+/// frame holds its own).
 struct DiT::State {
   int B = 0;
-  std::vector<float> host_noise, host_t, host_freq;  // host_freq [B,F]: temb_in's values
+  std::vector<float> host_noise, host_t;
   std::vector<int32_t> host_labels, host_conditioning;  // host_conditioning: labels' rows
-  Tensor noise, t, xt, target;  // fp32 [B,H,W,Cin], t [B]
-  Tensor patches;               // [B,N,D] model dtype: patchify(xt)
-  Tensor target_patches;        // fp32 [B,N,D]: patchify(noise - x0)
-  Tensor pos_ids;               // int32 [B,N]
-  Tensor temb_in;               // [B,F] the sinusoidal embeddings
   Tensor labels;                // int32 [B,1] after label dropout
-  Tensor t_hidden, t_act, cond, y_emb, cond_silu;  // [B,C] (y_emb [B,1,C])
+  Tensor cond, y_emb, cond_silu;  // [B,C] (y_emb [B,1,C])
   std::vector<Tensor> stream;   // [0] embeddings, [1 + l] block l's output, [B,N,C] each
   nn::SavedActivations saved;
-  std::vector<Tensor> fnorm;    // the final norm's out [B,N,C], mean, rstd [B*N]
-  Tensor fmod;                  // [B,2,C]
-  Tensor fmodulated;            // [B,N,C]
-  Tensor pred, dpred;           // [B,N,D]
-  Tensor losses;                // fp32 [B]
-  Tensor counted;               // int32 [B]: the labels, -1 where an image is not counted
-  Tensor dcond_silu, dcond, dt_act;  // [B,C]
-  Tensor dfmod;                 // [B,2,C]
+  Tensor dcond_silu, dcond;     // [B,C]
   Tensor dresidual;             // [B,N,C]
   nn::AdaLNScratch scratch;
   bool have_grad = false;
@@ -141,9 +103,7 @@ BatchShape DiT::batch_shape(int B, int T) const {
   return shape;
 }
 
-Shape DiT::image_shape() const {
-  return Shape{config_.image_size, config_.image_size, config_.num_channels};
-}
+Shape DiT::image_shape() const { return layers_->frame.image_shape(); }
 
 void DiT::set_dropout(bool on, uint64_t seed, uint64_t first_sample) {
   training_draws_ = on;
@@ -151,83 +111,39 @@ void DiT::set_dropout(bool on, uint64_t seed, uint64_t first_sample) {
   first_sample_ = first_sample;
 }
 
-void DiT::timestep_frequencies(float t, int F, float* out) {
-  const int half = F / 2;
-  for (int j = 0; j < half; ++j) {
-    const double f = std::exp(-std::log(10000.0) * j / half);
-    const double arg = 1000.0 * static_cast<double>(t) * f;
-    out[j] = static_cast<float>(std::cos(arg));
-    out[half + j] = static_cast<float>(std::sin(arg));
-  }
-}
-
 void DiT::reserve(int B) {
   State& a = *state_;
+  Backend& be = backend();
+  layers_->frame.reserve(be, B, dtype());
   if (a.B == B && a.saved.mode() == mode_ && !a.stream.empty()) return;
   a.stream.clear();  // free first so the peak is not doubled
-  a.fnorm.clear();
   a.B = B;
-  Backend& be = backend();
-  const Stream s = be.default_stream();
   const DType dt = dtype();
-  const int64_t C = config_.n_embd, N = config_.tokens(), D = config_.patch_dim();
-  const int64_t S = config_.image_size, Ci = config_.num_channels;
+  const int64_t C = config_.n_embd, N = config_.tokens();
   auto act = [&](Shape sh) { return be.empty(sh, dt, MemCategory::Activations); };
-  auto f32 = [&](Shape sh) { return be.empty(sh, DType::F32, MemCategory::Activations); };
-  a.noise = f32(Shape{B, S, S, Ci});
-  a.t = f32(Shape{B});
-  a.xt = f32(Shape{B, S, S, Ci});
-  a.target = f32(Shape{B, S, S, Ci});
-  a.patches = act(Shape{B, N, D});
-  a.target_patches = f32(Shape{B, N, D});
-  a.pos_ids = be.empty(Shape{B, N}, DType::I32, MemCategory::Activations);
-  std::vector<int32_t> ids(static_cast<size_t>(B * N));
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(static_cast<int64_t>(i) % N);
-  be.copy_from_host(s, a.pos_ids, ids.data());
-  be.synchronize(s);  // ids is a host temporary
-  a.temb_in = act(Shape{B, config_.frequency_dim});
   a.labels = be.empty(Shape{B, 1}, DType::I32, MemCategory::Activations);
-  a.t_hidden = act(Shape{B, C});
-  a.t_act = act(Shape{B, C});
   a.cond = act(Shape{B, C});
   a.y_emb = act(Shape{B, 1, C});
   a.cond_silu = act(Shape{B, C});
   for (int l = 0; l <= config_.n_layer; ++l) a.stream.push_back(act(Shape{B, N, C}));
   const auto& blocks = layers_->blocks;
   a.saved.reserve(be, blocks.front().saved_specs(B, N, dt), config_.n_layer, mode_);
-  for (const nn::SavedSpec& sp : layers_->final_norm.saved_specs(B, N, dt))
-    a.fnorm.push_back(be.empty(sp.shape, sp.dtype, MemCategory::Activations));
-  a.fmod = act(Shape{B, 2, C});
-  a.fmodulated = act(Shape{B, N, C});
-  a.pred = act(Shape{B, N, D});
-  a.dpred = act(Shape{B, N, D});
-  a.losses = f32(Shape{B});
-  a.counted = be.empty(Shape{B}, DType::I32, MemCategory::Activations);
   a.dcond_silu = act(Shape{B, C});
   a.dcond = act(Shape{B, C});
-  a.dt_act = act(Shape{B, C});
-  a.dfmod = act(Shape{B, 2, C});
   a.dresidual = act(Shape{B, N, C});
   a.scratch = blocks.front().make_scratch(be, B, N, dt);
 }
 
-void DiT::upload_conditioning(std::span<const float> t, std::span<const int32_t> labels) {
+void DiT::upload_labels(std::span<const int32_t> labels) {
   State& a = *state_;
-  Backend& be = backend();
-  const Stream s = be.default_stream();
-  const int F = config_.frequency_dim;
-  // Host buffers of the State, so the copies need not be waited for here.
-  a.host_freq.resize(static_cast<size_t>(a.B) * F);
-  for (int b = 0; b < a.B; ++b)
-    timestep_frequencies(t[b], F, a.host_freq.data() + static_cast<size_t>(b) * F);
-  upload_f32(be, a.temb_in, a.host_freq.data());
+  // A host buffer of the State, so the copy need not be waited for here.
   a.host_conditioning.assign(labels.begin(), labels.end());
   for (int32_t& v : a.host_conditioning) {
     KILN_CHECK(v >= -1 && v < config_.num_classes, "dit: label {} is outside [0, {})", v,
                config_.num_classes);
     if (v < 0) v = config_.num_classes;  // the null class
   }
-  be.copy_from_host(s, a.labels, a.host_conditioning.data());
+  backend().copy_from_host(backend().default_stream(), a.labels, a.host_conditioning.data());
 }
 
 void DiT::run_forward() {
@@ -235,17 +151,10 @@ void DiT::run_forward() {
   Backend& be = backend();
   const Stream s = be.default_stream();
   const int B = a.B;
-  const int64_t C = config_.n_embd, N = config_.tokens();
+  const int64_t C = config_.n_embd;
   DiTLayers& L = *layers_;
   hooks().before_forward(0);
-  be.patchify(s, a.patches, a.xt, config_.patch_size);
-  L.x_embedder.forward(be, s, a.stream[0], a.patches);
-  const Tensor pos = a.scratch.tmp.view_at(0, Shape{B, N, C});
-  be.embedding_forward(s, pos, a.pos_ids, Tensor(), L.pos_embed.v(), Tensor());
-  be.add(s, a.stream[0], a.stream[0], pos);
-  L.t_fc1.forward(be, s, a.t_hidden, a.temb_in);
-  be.silu_forward(s, a.t_act, a.t_hidden);
-  L.t_fc2.forward(be, s, a.cond, a.t_act);
+  L.frame.embed_forward(be, s, a.stream[0], a.cond, a.scratch.tmp);
   be.embedding_forward(s, a.y_emb, a.labels, Tensor(), L.y_table.v(), Tensor());
   be.add(s, a.cond, a.cond, a.y_emb.reshape(Shape{B, C}));
   be.silu_forward(s, a.cond_silu, a.cond);
@@ -259,10 +168,7 @@ void DiT::run_forward() {
     hooks().after_forward(l + 1);
   }
   hooks().before_forward(config_.n_layer + 1);
-  L.final_adaln.forward(be, s, a.fmod.reshape(Shape{B, 2 * C}), a.cond_silu);
-  L.final_norm.forward(be, s, a.fnorm, a.stream.back());
-  be.modulate(s, a.fmodulated, a.fnorm[nn::Norm::kOut], a.fmod, 1, 0, 1.f);
-  L.final_linear.forward(be, s, a.pred, a.fmodulated);
+  L.frame.final_forward(be, s, a.stream.back(), a.cond_silu);
 }
 
 LossSum DiT::forward(const Batch& batch, float grad_scale) {
@@ -271,17 +177,12 @@ LossSum DiT::forward(const Batch& batch, float grad_scale) {
   KILN_CHECK(labels.ndim() == 1 && labels.size(0) == x0.size(0) && labels.dtype() == DType::I32,
              "dit: needs images [B,H,W,C] and int32 labels [B], got {} and {}", x0.str(),
              labels.str());
-  const int S = config_.image_size;
-  KILN_CHECK(x0.ndim() == 4 && x0.size(1) == S && x0.size(2) == S &&
-                 x0.size(3) == config_.num_channels && x0.dtype() == DType::F32,
-             "dit: images must be fp32 [B,{},{},{}], got {}", S, S, config_.num_channels, x0.str());
-  const int B = static_cast<int>(x0.size(0));
+  const int B = layers_->frame.check_images(x0, arch());
   reserve(B);
   State& a = *state_;
   Backend& be = backend();
   const Stream s = be.default_stream();
   // The draws of global sample g = first_sample + b: time, noise, label dropout.
-  const uint64_t streams = training_draws_ ? 0 : kEvalStreams;
   const int64_t pixels = x0.numel() / B;
   a.host_t.resize(static_cast<size_t>(B));
   a.host_noise.resize(static_cast<size_t>(x0.numel()));
@@ -291,12 +192,9 @@ LossSum DiT::forward(const Batch& batch, float grad_scale) {
   std::vector<int32_t> conditioning = a.host_labels;
   for (int b = 0; b < B; ++b) {
     const uint64_t g = first_sample_ + static_cast<uint64_t>(b);
-    float z = 0.f;
-    fill_normal(&z, 1, seed_, kTimeStream + streams, 0.f, 1.f, g);
-    a.host_t[b] = 1.f / (1.f + std::exp(-z));
-    fill_normal(a.host_noise.data() + static_cast<size_t>(b) * pixels, pixels, seed_,
-                kNoiseStream + streams, 0.f, 1.f, g * static_cast<uint64_t>(pixels));
-    if (training_draws_ && uniform_at(seed_, kLabelStream, g) < config_.class_dropout)
+    a.host_t[b] = draw_flow_sample(seed_, g, !training_draws_, pixels,
+                                   a.host_noise.data() + static_cast<size_t>(b) * pixels);
+    if (training_draws_ && draw_condition_dropout(seed_, g, config_.class_dropout))
       conditioning[static_cast<size_t>(b)] = -1;
   }
   return flow_loss(x0, a.host_labels, conditioning, a.host_noise, a.host_t, grad_scale,
@@ -318,17 +216,12 @@ LossSum DiT::flow_loss(const Tensor& x0, std::span<const int32_t> labels,
   const bool with_grad = grad_scale > 0.f;
   for (int b = 0; b < B; ++b)
     KILN_CHECK(!(with_grad && labels[b] < 0), "dit: a training image has no label (sample {})", b);
-  be.copy_from_host(s, a.counted, labels.data());
-  be.copy_from_host(s, a.noise, noise.data());
-  be.copy_from_host(s, a.t, t.data());
-  be.rectified_flow_inputs(s, a.xt, a.target, x0, a.noise, a.t);
-  be.patchify(s, a.target_patches, a.target, config_.patch_size);
-  upload_conditioning(t, conditioning);
+  layers_->frame.set_flow_inputs(be, x0, noise, t, labels);
+  upload_labels(conditioning);
   run_forward();
-  be.mse_loss(s, a.losses, with_grad ? a.dpred : Tensor(), a.pred, a.target_patches, grad_scale);
   Batch sums;  // where the loss goes: `loss`, or the model's own accumulator
   sums.loss = loss;
-  be.accumulate_loss(s, loss_.target(be, sums), a.losses, a.counted);
+  layers_->frame.loss(be, s, loss_.target(be, sums), grad_scale);
   const LossSum out = loss_.result(be, sums);
   hooks().after_forward(config_.n_layer + 1);
   a.have_grad = with_grad;
@@ -346,12 +239,8 @@ void DiT::backward() {
   DiTLayers& L = *layers_;
   const int last = config_.n_layer + 1;
   hooks().before_backward(last);
-  const Tensor dm = a.scratch.dtmp.view_at(0, a.fmodulated.shape());
-  L.final_linear.backward(be, s, dm, a.dpred, a.fmodulated);
-  be.modulate_backward(s, dm, a.dfmod, dm, a.fnorm[nn::Norm::kOut], a.fmod, 1, 0, 1.f);
-  be.fill(s, a.dresidual, 0.f);
-  L.final_norm.backward(be, s, a.fnorm, a.dresidual, dm, a.stream.back());
-  L.final_adaln.backward(be, s, a.dcond_silu, a.dfmod.reshape(Shape{B, 2 * C}), a.cond_silu);
+  L.frame.final_backward(be, s, a.dresidual, a.dcond_silu, a.stream.back(), a.cond_silu,
+                         a.scratch.dtmp.view_at(0, a.dresidual.shape()));
   hooks().after_backward(last);
   for (int l = config_.n_layer - 1; l >= 0; --l) {
     const auto i = static_cast<size_t>(l);
@@ -367,34 +256,24 @@ void DiT::backward() {
   if (L.y_table.trainable)
     be.embedding_backward(s, L.y_table.g(), Tensor(), a.dcond.reshape(Shape{B, 1, C}), a.labels,
                           Tensor());
-  L.t_fc2.backward(be, s, a.dt_act, a.dcond, a.t_act);
-  be.silu_backward(s, a.dt_act, a.dt_act, a.t_hidden);
-  L.t_fc1.backward(be, s, Tensor(), a.dt_act, a.temb_in);
-  if (L.pos_embed.trainable)
-    be.embedding_backward(s, L.pos_embed.g(), Tensor(), a.dresidual, a.pos_ids, Tensor());
-  L.x_embedder.backward(be, s, Tensor(), a.dresidual, a.patches);  // no image gradient
+  L.frame.embed_backward(be, s, a.dresidual, a.dcond);
   hooks().after_backward(0);
 }
 
 void DiT::predict_velocity(const Tensor& xt, std::span<const float> t,
                            const FlowConditioning& conditioning, const Tensor& velocity) {
   const std::span<const int32_t> labels = conditioning.labels;
-  const int S = config_.image_size;
-  KILN_CHECK(xt.ndim() == 4 && xt.size(1) == S && xt.size(2) == S &&
-                 xt.size(3) == config_.num_channels && xt.dtype() == DType::F32,
-             "dit: images must be fp32 [B,{},{},{}], got {}", S, S, config_.num_channels, xt.str());
-  const int B = static_cast<int>(xt.size(0));
+  const int B = layers_->frame.check_images(xt, arch());
   KILN_CHECK(t.size() == static_cast<size_t>(B) && labels.size() == static_cast<size_t>(B),
              "dit: {} images need {} times and labels (got {} and {})", B, B, t.size(),
              labels.size());
   check_shape(velocity, xt.shape(), "dit predict_velocity velocity");
   reserve(B);
-  State& a = *state_;
   Backend& be = backend();
-  be.copy(be.default_stream(), a.xt, xt);
-  upload_conditioning(t, labels);
+  layers_->frame.set_noisy_inputs(be, xt, t);
+  upload_labels(labels);
   run_forward();
-  be.unpatchify(be.default_stream(), velocity, a.pred, config_.patch_size);
+  layers_->frame.velocity(be, be.default_stream(), velocity);
   hooks().after_forward(config_.n_layer + 1);
 }
 

@@ -1,18 +1,15 @@
 // Diffusion transformer (DiT, Peebles & Xie 2023) trained as a rectified flow (Liu et al.
-// 2023; Lipman et al. 2023's flow matching; Esser et al. 2024's logit-normal times):
+// 2023; Lipman et al. 2023's flow matching; Esser et al. 2024's logit-normal times), its
+// draws, embeddings, final layer and loss those of models/flow_frame.h:
 //
-//   t ~ sigmoid(N(0, 1)),  noise ~ N(0, I)   per sample, from Philox by global sample index
-//   xt        = (1 - t) x0 + t noise        target v = noise - x0   (Backend::rectified_flow_inputs)
-//   patches   = patchify(xt) [B,N,D]                                  D = Cin P^2
-//   x [B,N,C] = x_embedder(patches) + pos_embed
+//   x [B,N,C] = x_embedder(patchify(xt)) + pos_embed          (xt at the sample's t, noise)
 //   c [B,C]   = t_embedder(t) + y_embedder(y)   t_embedder = Linear, SiLU, Linear on the
 //               sinusoidal embedding of 1000 t (DiT's TimestepEmbedder, F = 256: cos half,
 //               then sin half, frequencies 10000^(-i/(F/2)))
 //               y = the label, or the null class K with probability class_dropout (training)
 //   x_{l+1}   = adaLN-Zero block_l(x_l, c)        (nn/adaln_block.h)
-//   shift, scale = final_layer.adaLN_modulation(silu(c)) [B,2,C]
-//   pred      = final_layer.linear(modulate(norm(x_L), shift, scale)) [B,N,D]
-//   loss      = mean over pixels of (pred - patchify(v))^2, per image; the mean over images
+//   pred      = final_layer(x_L, c) [B,N,D];  loss = mean over pixels of (pred - v)^2 per
+//               image; the mean over images
 // Times, noise and label dropout of sample b of a micro-batch are drawn at global sample
 // index first_sample + b (set_dropout), so every layout (dp, micro_batch, accumulation)
 // draws alike.
@@ -78,17 +75,13 @@ class DiT final : public LayeredModel, public FlowModel {
   void predict_velocity(const Tensor& xt, std::span<const float> t,
                         const FlowConditioning& conditioning, const Tensor& velocity) override;
 
-  /// The sinusoidal timestep embedding (DiT's TimestepEmbedder.timestep_embedding) of
-  /// 1000 t: out[j] = cos(1000 t f_j), out[F/2 + j] = sin(1000 t f_j), f_j = 10000^(-j/(F/2)).
-  static void timestep_frequencies(float t, int F, float* out);
-
  private:
   struct State;
   void reserve(int B);
-  /// Everything from the device inputs (State's xt, temb, labels) to the prediction.
+  /// Everything from the frame's inputs and State's labels to the prediction.
   void run_forward();
-  /// Uploads the host inputs of State (times' embeddings, labels).
-  void upload_conditioning(std::span<const float> t, std::span<const int32_t> labels);
+  /// Uploads the labels the model is conditioned on (-1: the null class).
+  void upload_labels(std::span<const int32_t> labels);
 
   DiTConfig config_;
   std::unique_ptr<DiTLayers> layers_;

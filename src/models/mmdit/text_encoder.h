@@ -1,0 +1,60 @@
+// The MMDiT's text encoder, trained with the model (the first of the choices; SD3
+// reads frozen CLIP and T5 encoders instead): a bidirectional GPT-2 style transformer
+// over a caption's Lc text slots,
+//
+//   h_0     = wte[tokens] + wpe[0 .. Lc-1]      tokens int32 [B,Lc]; padding -1 (a zero row)
+//   h_{l+1} = block_l(h_l)                      pre-LN, GELU MLP, bidirectional attention
+//                                               within the caption: its padding is a document
+//                                               of its own (cu_seqlens)
+//   enc     = ln_f(h_L) [B,Lc,C]
+//
+// Parameters (GPT-2's names under text_encoder.): wte.weight [V, C], wpe.weight [Lc, C],
+// h.{l}.{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj}.{weight, bias},
+// ln_f.{weight, bias}; matrices and tables N(0, 0.02^2), biases 0, norm gains 1.
+#pragma once
+
+#include "models/mmdit/config.h"
+#include "nn/block.h"
+#include "nn/embedding.h"
+#include "nn/norm.h"
+#include "nn/saved.h"
+
+#include <vector>
+
+namespace kiln {
+
+class TextEncoder {
+ public:
+  explicit TextEncoder(const MMDiTConfig& c);
+
+  void collect(std::vector<nn::Param*>& out);
+  /// Matmul weights per caption position, for part balancing.
+  double matmul_weights() const;
+
+  /// Allocates the activations of B captions in `dtype`, what `mode` keeps (again only
+  /// when one of them changes).
+  void reserve(Backend& be, int B, DType dtype, nn::ActivationCheckpointing mode);
+  /// output() [B,Lc,C] from tokens int32 [B,Lc] and cu_seqlens int32 [2B+1] (each
+  /// caption, then its padding).
+  void forward(Backend& be, Stream s, const Tensor& tokens, const Tensor& cu_seqlens);
+  const Tensor& output() const { return lnf_[nn::Norm::kOut]; }
+  /// The parameters' gradients from denc = dL/doutput() [B,Lc,C].
+  void backward(Backend& be, Stream s, const Tensor& denc, const Tensor& tokens,
+                const Tensor& cu_seqlens);
+
+ private:
+  nn::BlockPass pass(Backend& be, Stream s, int l, const Tensor& cu_seqlens) const;
+  int64_t C_, Lc_;
+  nn::TokenPositionEmbedding embed_;
+  std::vector<nn::TransformerBlock> blocks_;
+  nn::Norm ln_f_;
+  int B_ = 0;
+  DType dtype_ = DType::F32;
+  std::vector<Tensor> stream_;  // h_0 .. h_L [B,Lc,C]
+  std::vector<Tensor> lnf_;     // ln_f's out (enc), mean, rstd
+  nn::SavedActivations saved_;
+  nn::BlockScratch scratch_;
+  Tensor dres_;                 // [B,Lc,C]
+};
+
+}  // namespace kiln
