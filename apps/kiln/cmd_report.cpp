@@ -8,6 +8,9 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/file_util.h"
 #include "config/config.h"
+#include "data/image_dataset.h"
+#include "data/llava.h"
+#include "data/tokenizer.h"
 #include "data/unigram.h"
 #include "model_io/model_io.h"
 #include "models/registry.h"
@@ -23,11 +26,48 @@ namespace kiln::app {
 
 namespace {
 
-// An image generator's run: a grid of its latest checkpoint's samples (every class a row
-// of 8, 25 Euler steps, guidance scale 2, the EMA weights when saved), sampled afresh
-// (nothing is written to the run directory). A failure is a warning in the report.
-void sample_latest(report::RunData& run) {
+// The bytes of a PNG grid of `images`, `columns` per row.
+std::string grid_png(const SampledImages& images, int columns) {
   namespace fs = std::filesystem;
+  const fs::path png =
+      fs::temp_directory_path() / fmt::format("kiln-report-{}.png", static_cast<long>(::getpid()));
+  write_image_grid(png, images, columns);
+  std::string bytes = checkpoint::detail::read_file(png);
+  fs::remove(png);
+  return bytes;
+}
+
+// A text-to-image run's prompts: the captions (each record's last answer) of the first n
+// val records of its data.dir, as ids and as text.
+std::vector<std::pair<std::vector<int32_t>, std::string>> val_prompts(
+    const report::RunData& run, const data::Tokenizer& tok, int n) {
+  const TrainConfig config =
+      load_config_string(run.config_toml, {}, (run.dir / "config.toml").string());
+  data::ImageLoader loader(config.data.dir, "val", 0, /*shuffle=*/false);
+  n = static_cast<int>(std::min<int64_t>(n, loader.samples_per_epoch()));
+  std::vector<uint8_t> pixels(static_cast<size_t>(n * loader.meta().shape.pixels()));
+  std::vector<data::CaptionTokens> captions;
+  loader.next_pairs(pixels.data(), captions, n);
+  std::vector<std::pair<std::vector<int32_t>, std::string>> out;
+  for (const data::CaptionTokens& c : captions) {
+    const auto answers = data::llava_answers(c);
+    KILN_CHECK(!answers.empty(), "{}: a val record without an answer", config.data.dir);
+    const auto [begin, end] = answers.back();
+    std::vector<int32_t> ids(c.ids.begin() + static_cast<ptrdiff_t>(begin),
+                             c.ids.begin() + static_cast<ptrdiff_t>(end));
+    // The text without the end-of-text and the space an answer's piece starts with.
+    std::string text = tok.decode(std::span<const int32_t>(ids.data(), ids.size() - 1));
+    if (text.starts_with(' ')) text.erase(0, 1);
+    out.emplace_back(ids, text);
+  }
+  return out;
+}
+
+// An image generator's run: its latest checkpoint's samples (a row of 8 per class, or per
+// prompt: the first 8 val captions of its data; 25 Euler steps, guidance scale 2, the EMA
+// weights when saved), sampled afresh (nothing is written to the run directory). A
+// failure is a warning in the report.
+void sample_latest(report::RunData& run) {
   try {
     const auto latest = checkpoint::find_latest_checkpoint(run.dir / "ckpt");
     if (!latest) return;
@@ -35,22 +75,30 @@ void sample_latest(report::RunData& run) {
     if (!model_arch(checkpoint_arch(reader.state())).generates_images) return;
     auto backend = make_device_backend("cpu");
     const auto model = make_model(checkpoint_model_options(reader), *backend);
+    const FlowModel& flow = as_flow_model(*model, latest->string());
     const bool ema = checkpoint_has_ema(reader);
     load_model_weights(reader, *model, ema);
     ImageSampleOptions o;
-    for (int k = 0; k < as_flow_model(*model, latest->string()).num_classes(); ++k)
-      o.classes.push_back(k);
-    o.per_class = 8;
+    o.per_row = 8;
     o.steps = 25;
     o.cfg_scale = 2.0;
-    const fs::path png = fs::temp_directory_path() /
-                         fmt::format("kiln-report-{}.png", static_cast<long>(::getpid()));
-    write_image_grid(png, sample_images(*model, o), o.per_class);
-    run.sample_png = checkpoint::detail::read_file(png);
-    fs::remove(png);
-    run.sample_name = fmt::format("{}: {} weights, a row of 8 per class, 25 Euler steps, "
-                                  "guidance scale 2 (kiln sample-images)",
-                                  latest->filename().string(), ema ? "EMA" : "raw");
+    const std::string how = fmt::format("{}: {} weights, 25 Euler steps, guidance scale 2 (kiln "
+                                        "sample-images)", latest->filename().string(),
+                                        ema ? "EMA" : "raw");
+    if (flow.caption_tokens() == 0) {
+      for (int k = 0; k < flow.num_classes(); ++k) o.classes.push_back(k);
+      run.sample_png = grid_png(sample_images(*model, o), o.per_row);
+      run.sample_name = how + ", a row of 8 per class";
+      return;
+    }
+    const auto prompts = val_prompts(run, *load_checkpoint_tokenizer(reader), 8);
+    for (const auto& p : prompts) o.captions.push_back(p.first);
+    const SampledImages images = sample_images(*model, o);
+    for (size_t r = 0; r < prompts.size(); ++r)
+      run.sample_rows.emplace_back(
+          prompts[r].second,
+          grid_png(images.slice(static_cast<int64_t>(r) * o.per_row, o.per_row), o.per_row));
+    run.sample_name = how + ", a row of 8 per prompt (the first val captions of data.dir)";
   } catch (const std::exception& e) {
     run.warnings.push_back(fmt::format("samples of the latest checkpoint: {}", e.what()));
   }

@@ -95,6 +95,8 @@ LlavaRecord parse_llava_record(const nlohmann::json& record) {
   return r;
 }
 
+std::string answer_text(std::string_view answer) { return " " + std::string(answer); }
+
 void for_each_llava_piece(const LlavaRecord& record, const LlavaPieceVisitor& visit) {
   // A question: the text before its <image> (and the newline after it), the image, the
   // rest.
@@ -114,7 +116,7 @@ void for_each_llava_piece(const LlavaRecord& record, const LlavaPieceVisitor& vi
     } else {
       KILN_CHECK(m.role == "assistant", "LLaVA record {}: a message of role '{}'", record.id,
                  m.role);
-      visit(LlavaPiece::Answer, " " + m.content);
+      visit(LlavaPiece::Answer, answer_text(m.content));
       visit(LlavaPiece::EndOfText, "");
     }
   }
@@ -133,6 +135,13 @@ CaptionTokens tokenize_llava(const Tokenizer& tok, const LlavaRecord& record) {
     out.in_loss.insert(out.in_loss.end(), ids.size(), kind == LlavaPiece::Prompt ? 0 : 1);
   });
   return out;
+}
+
+std::vector<int32_t> llava_caption(const Tokenizer& tok, std::string_view text) {
+  if (text.empty()) return {};
+  std::vector<int32_t> ids = tok.encode(answer_text(text));
+  ids.push_back(tok.eot_id());
+  return ids;
 }
 
 std::vector<std::pair<size_t, size_t>> llava_answers(const CaptionTokens& tokens) {

@@ -85,6 +85,17 @@ CaptionTokens tokenize_llava(const Tokenizer& tok, const LlavaRecord& record);
 /// the earlier turns as the record has them).
 std::vector<std::pair<size_t, size_t>> llava_answers(const CaptionTokens& tokens);
 
+/// The text an answer's piece holds: " " + the answer (the separator after "ASSISTANT:").
+std::string answer_text(std::string_view answer);
+
+/// The caption a text-to-image model reads for `text` (kiln sample-images --prompt), laid
+/// out as a record's last answer is, which such a model trains on (train/image_data.h):
+/// the answer piece's ids and the end-of-text id. An empty text is the empty caption (no
+/// ids), the null caption of classifier-free guidance. Characters the tokenizer never saw
+/// become what it makes of them (SentencePiece: byte pieces), which the model has
+/// rarely or never read.
+std::vector<int32_t> llava_caption(const Tokenizer& tok, std::string_view text);
+
 /// The prompt of one question, as tokenize_llava lays out a one-round record up to its
 /// answer: ids and where the image goes (a question without "<image>" gets it first, with
 /// the newline after it, as LLaVA's files put it; with_image false: text only, and a

@@ -602,7 +602,16 @@ std::string render_report(const RunData& run) {
       h += fmt::format("<h3>{}</h3>\n<pre>{}</pre>\n", html_escape(name), html_escape(text));
   }
 
-  if (!run.sample_png.empty()) {
+  if (!run.sample_rows.empty()) {
+    h += fmt::format("<h2>Samples</h2>\n<div class=\"sub\">{}</div>\n<table>\n"
+                     "<tr><th>prompt</th><th>samples</th></tr>\n", html_escape(run.sample_name));
+    for (const auto& [prompt, png] : run.sample_rows)
+      h += fmt::format("<tr><td>{}</td><td><img alt=\"{}\" src=\"data:image/png;base64,{}\" "
+                       "style=\"image-rendering:pixelated;width:min(100%,{}px)\"></td></tr>\n",
+                       html_escape(prompt.empty() ? "(the empty caption)" : prompt),
+                       html_escape(prompt), base64(png), 480);
+    h += "</table>\n";
+  } else if (!run.sample_png.empty()) {
     h += "<h2>Samples</h2>\n";
     h += fmt::format("<div class=\"card\"><img alt=\"{0}\" src=\"data:image/png;base64,{1}\" "
                      "style=\"image-rendering:pixelated;width:min(100%,{2}px)\"><div class=\"sub\">"

@@ -78,6 +78,8 @@ struct RunData {
   std::vector<std::pair<std::string, std::string>> summaries;  // file name, text
   std::vector<std::string> traces;                             // trace file names
   std::string sample_name, sample_png;  // the newest samples/*.png: its name and bytes
+  /// A text-to-image run's samples instead: each row's prompt and its PNG.
+  std::vector<std::pair<std::string, std::string>> sample_rows;
   std::vector<std::string> warnings;                           // e.g. unparsable lines
   struct Checkpoint {
     std::string name;      // e.g. "step_00000400"

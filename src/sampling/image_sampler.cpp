@@ -24,24 +24,62 @@ uint8_t to_pixel(float x) {
   return static_cast<uint8_t>(v);
 }
 
+// Throws kiln::Error for rows the flow model cannot be conditioned on (see the header).
+void check_rows(const FlowModel& flow, const ImageSampleOptions& o) {
+  KILN_CHECK(o.classes.empty() || o.captions.empty(),
+             "sample-images: rows of classes and of captions at once");
+  if (flow.caption_tokens() > 0) {
+    KILN_CHECK(o.classes.empty() && !o.captions.empty(), "sample-images: the model is "
+               "conditioned on text: give prompts (--prompt, --prompts), not classes");
+    for (size_t r = 0; r < o.captions.size(); ++r)
+      KILN_CHECK(static_cast<int>(o.captions[r].size()) <= flow.caption_tokens(),
+                 "sample-images: prompt {} is {} tokens, more than the model's {} "
+                 "(model.caption_tokens)", r + 1, o.captions[r].size(), flow.caption_tokens());
+    return;
+  }
+  KILN_CHECK(o.captions.empty(), "sample-images: the model is conditioned on classes, not text "
+             "(give --classes)");
+  KILN_CHECK(!o.classes.empty(), "sample-images: no classes to sample");
+  for (int c : o.classes)
+    KILN_CHECK(c >= 0 && c < flow.num_classes(), "sample-images: class {} is outside the "
+               "model's [0, {})", c, flow.num_classes());
+}
+
+// The conditioning of B samples (labels[first..]) and, with guidance, B null rows after them.
+struct RowConditions {
+  std::vector<int32_t> labels;
+  std::vector<std::vector<int32_t>> captions;
+  FlowConditioning of(const ImageSampleOptions& o, std::span<const int32_t> rows, bool guided) {
+    const size_t n = rows.size() * (guided ? 2 : 1);
+    if (!o.captions.empty()) {
+      captions.assign(n, {});  // rows B.. (guidance): the empty caption
+      for (size_t b = 0; b < rows.size(); ++b) captions[b] = o.captions[static_cast<size_t>(rows[b])];
+      return FlowConditioning{{}, captions};
+    }
+    labels.assign(n, -1);  // rows B.. (guidance): the null class
+    std::copy(rows.begin(), rows.end(), labels.begin());
+    return FlowConditioning{labels, {}};
+  }
+};
+
 }  // namespace
 
 SampledImages sample_images(Model& model, const ImageSampleOptions& o) {
   KILN_CHECK(o.steps >= 1, "sample-images: --steps must be at least 1 (got {})", o.steps);
-  KILN_CHECK(o.per_class >= 1, "sample-images: --per-class must be at least 1 (got {})", o.per_class);
-  KILN_CHECK(!o.classes.empty(), "sample-images: no classes to sample");
+  KILN_CHECK(o.per_row >= 1, "sample-images: --per-row must be at least 1 (got {})", o.per_row);
   KILN_CHECK(std::isfinite(o.cfg_scale), "sample-images: --cfg-scale must be finite (got {})",
              o.cfg_scale);
   FlowModel& flow = as_flow_model(model, "sample-images");
-  for (int c : o.classes)
-    KILN_CHECK(c >= 0 && c < flow.num_classes(), "sample-images: class {} is outside the "
-               "model's [0, {})", c, flow.num_classes());
+  check_rows(flow, o);
   const Shape image = flow.image_shape();
   SampledImages out;
   out.shape = {static_cast<int>(image[0]), static_cast<int>(image[1]), static_cast<int>(image[2])};
   const int64_t P = out.shape.pixels();
-  const int64_t n = static_cast<int64_t>(o.classes.size()) * o.per_class;
-  for (int c : o.classes) out.labels.insert(out.labels.end(), static_cast<size_t>(o.per_class), c);
+  const auto n_rows = static_cast<int32_t>(o.captions.empty() ? o.classes.size() : o.captions.size());
+  for (int32_t r = 0; r < n_rows; ++r)
+    out.labels.insert(out.labels.end(), static_cast<size_t>(o.per_row),
+                      o.captions.empty() ? o.classes[static_cast<size_t>(r)] : r);
+  const int64_t n = out.count();
   out.pixels.resize(static_cast<size_t>(n * P));
   const bool guided = o.cfg_scale != 1.0;
   const int B_max = static_cast<int>(std::min<int64_t>(std::max(o.batch, 1), n));
@@ -51,7 +89,7 @@ SampledImages sample_images(Model& model, const ImageSampleOptions& o) {
   const Tensor x_buf = be.empty(batched(rows_max, image), DType::F32, MemCategory::Activations);
   const Tensor v_buf = be.empty(batched(rows_max, image), DType::F32, MemCategory::Activations);
   std::vector<float> x, v(static_cast<size_t>(rows_max * P)), t;
-  std::vector<int32_t> y;
+  RowConditions conditions;
   for (int64_t first = 0; first < n; first += B_max) {
     const int B = static_cast<int>(std::min<int64_t>(B_max, n - first));
     const int rows = guided ? 2 * B : B;
@@ -59,8 +97,8 @@ SampledImages sample_images(Model& model, const ImageSampleOptions& o) {
     for (int b = 0; b < B; ++b)
       fill_normal(x.data() + static_cast<size_t>(b) * P, P, o.seed, kSampleNoiseStream, 0.f, 1.f,
                   static_cast<uint64_t>(first + b) * static_cast<uint64_t>(P));
-    y.assign(static_cast<size_t>(rows), -1);  // rows B.. (guidance): the null class
-    for (int b = 0; b < B; ++b) y[b] = out.labels[static_cast<size_t>(first + b)];
+    const FlowConditioning cond = conditions.of(
+        o, std::span<const int32_t>(out.labels).subspan(static_cast<size_t>(first), B), guided);
     const Shape shape = batched(rows, image), half = batched(B, image);
     const Tensor xt = x_buf.view_at(0, shape), vt = v_buf.view_at(0, shape);
     const float dt = -1.f / static_cast<float>(o.steps);
@@ -69,7 +107,7 @@ SampledImages sample_images(Model& model, const ImageSampleOptions& o) {
       // The conditional rows, and with guidance the same images again as the null rows.
       be.copy_from_host(s, xt.view_at(0, half), x.data());
       if (guided) be.copy_from_host(s, xt.view_at(B * P, half), x.data());
-      flow.predict_velocity(xt, t, FlowConditioning{y, {}}, vt);
+      flow.predict_velocity(xt, t, cond, vt);
       be.copy_to_host(s, v.data(), vt);
       be.synchronize(s);
       const auto g = static_cast<float>(o.cfg_scale);
@@ -80,6 +118,18 @@ SampledImages sample_images(Model& model, const ImageSampleOptions& o) {
     }
     for (int64_t i = 0; i < B * P; ++i) out.pixels[static_cast<size_t>(first * P + i)] = to_pixel(x[i]);
   }
+  return out;
+}
+
+SampledImages SampledImages::slice(int64_t first, int64_t n) const {
+  KILN_CHECK(first >= 0 && n >= 0 && first + n <= count(), "images [{}, {}) of {}", first,
+             first + n, count());
+  SampledImages out;
+  out.shape = shape;
+  const auto P = static_cast<size_t>(shape.pixels());
+  out.pixels.assign(pixels.begin() + static_cast<ptrdiff_t>(first * P),
+                    pixels.begin() + static_cast<ptrdiff_t>((first + n) * P));
+  out.labels.assign(labels.begin() + first, labels.begin() + first + n);
   return out;
 }
 

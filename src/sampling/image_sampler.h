@@ -3,8 +3,10 @@
 // al. 2023), with classifier-free guidance (Ho & Salimans 2022):
 //   v = v(x, t, null) + cfg_scale * (v(x, t, y) - v(x, t, null))   (cfg_scale 1: v(x, t, y))
 //   x <- x + (t_{k+1} - t_k) v,   t_k = 1 - k / steps
-// Sample i of a request starts from Philox noise of (seed, i) alone, so a sample is the
-// same whatever the batch size or the other classes asked for.
+// y is a row's condition: a class (a class-conditional model, null the null class) or a
+// caption (a text-conditioned one, null the empty caption). Sample i of a request starts
+// from Philox noise of (seed, i) alone, so a sample is the same whatever the batch size or
+// the other rows asked for.
 #pragma once
 
 #include "data/image_shard.h"
@@ -18,8 +20,12 @@
 namespace kiln {
 
 struct ImageSampleOptions {
-  std::vector<int> classes;  // one row of the grid per class, in this order
-  int per_class = 8;
+  /// The grid's rows, in order, of one kind: classes (a class-conditional model), or
+  /// captions' token ids (a text-conditioned one: data/llava.h llava_caption; an empty one
+  /// is the null caption, the unconditional model).
+  std::vector<int> classes;
+  std::vector<std::vector<int32_t>> captions;
+  int per_row = 8;  // samples per row
   double cfg_scale = 1.0;
   int steps = 50;
   uint64_t seed = 0;
@@ -27,19 +33,24 @@ struct ImageSampleOptions {
 };
 
 /// Generated images: pixels uint8 [n, H, W, C] (x in [-1, 1] mapped to round(127.5 (x+1))),
-/// labels [n] (class-major: classes[0]'s per_class images first).
+/// labels [n] (row-major: the first row's per_row images first; a row's class, or its
+/// caption's index among the captions).
 struct SampledImages {
   data::ImageShape shape;
   std::vector<uint8_t> pixels;
   std::vector<int32_t> labels;
   int64_t count() const { return static_cast<int64_t>(labels.size()); }
+  /// Images [first, first + n) (e.g. one row of a grid).
+  SampledImages slice(int64_t first, int64_t n) const;
 };
 
 /// Runs the sampler above on `model` (its FlowModel::predict_velocity). Throws kiln::Error
-/// for a model that is not a flow model, a class outside [0, num_classes()) or steps < 1.
+/// for a model that is not a flow model, rows of the kind the model is not conditioned on
+/// (or of both kinds, or none), a class outside [0, num_classes()), a caption longer than
+/// caption_tokens() (naming its row) or steps < 1.
 SampledImages sample_images(Model& model, const ImageSampleOptions& options);
 
-/// A PNG of the images in a grid, `columns` per row (per_class: a class per row), with a
+/// A PNG of the images in a grid, `columns` per row (per_row: a class or caption per row), with a
 /// 2-pixel gap; written atomically. Throws kiln::Error naming the file.
 void write_image_grid(const std::filesystem::path& path, const SampledImages& images, int columns);
 

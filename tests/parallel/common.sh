@@ -1,6 +1,9 @@
 # Shared by the `kiln train` tests of this folder (source it after setting $work):
 #   make_corpus SEED OUT   a small corpus with structure (byte-level tokens later)
 #   make_images SEED OUT   tiny IDX files (12x12 gray, 4 classes with a class pattern)
+#   make_pairs OUT         tiny LLaVA image-text pairs: OUT/{train,val}.jsonl (96 and 16
+#                          records) and OUT/img/*.png, a 12x12 gray image of one of 4
+#                          patterns each, one question whose answer ("A cross.") names it
 #   setup_tiny_gpt2 SEED   a corpus (make_corpus SEED), its byte-level data set in $work/data
 #                          and $work/tiny.toml: a tiny GPT-2 (2 layers, 4 heads, C = 32,
 #                          T = 16, dropout 0.1), 20 updates of global batch 4 in
@@ -122,6 +125,39 @@ def write(prefix, n):
         f.write(struct.pack(">II", 0x801, n) + bytes(labels))
 write("train", 256)
 write("t10k", 64)
+PY
+}
+
+make_pairs() {
+  "$py" - "$1" <<'PY'
+import json, os, random, struct, sys, zlib
+out = sys.argv[1]
+os.makedirs(out + "/img")
+def png(path, rows):
+    raw = b"".join(b"\0" + bytes(r) for r in rows)
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    head = struct.pack(">IIBBBBB", len(rows[0]), len(rows), 8, 0, 0, 0, 0)
+    open(path, "wb").write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", head) +
+                           chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+names = ["cross", "ring", "bar", "dot"]
+def pattern(k, rng):
+    img = [[rng.randrange(40) for _ in range(12)] for _ in range(12)]
+    for y in range(12):
+        for x in range(12):
+            on = [x == 6 or y == 6, 3 <= abs(x - 6) + abs(y - 6) <= 4, 2 <= y <= 4, abs(x - 6) <= 1 and abs(y - 6) <= 1][k]
+            if on: img[y][x] = 200 + rng.randrange(55)
+    return img
+rng = random.Random(7)
+for split, n in (("train", 96), ("val", 16)):
+    with open(f"{out}/{split}.jsonl", "w") as f:
+        for i in range(n):
+            k = rng.randrange(4)
+            png(f"{out}/img/{split}{i}.png", pattern(k, rng))
+            q = rng.choice(["What is in the image?", "Name the shape."])
+            f.write(json.dumps({"id": f"{split}{i}", "image": f"img/{split}{i}.png",
+                                "conversations": [{"from": "human", "value": "<image>\n" + q},
+                                                  {"from": "gpt", "value": f"A {names[k]}."}]}) + "\n")
 PY
 }
 

@@ -24,37 +24,7 @@ long="${3:-}"
 rm -rf "$work" && mkdir -p "$work"
 . "$(dirname "$0")/common.sh"
 
-# Pairs: a 12x12 gray image of one of 4 patterns and a question whose answer names it.
-"$py" - "$work/pairs" <<'PY'
-import json, os, random, struct, sys, zlib
-out = sys.argv[1]
-os.makedirs(out + "/img")
-def png(path, rows):
-    raw = b"".join(b"\0" + bytes(r) for r in rows)
-    def chunk(kind, data):
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-    head = struct.pack(">IIBBBBB", len(rows[0]), len(rows), 8, 0, 0, 0, 0)
-    open(path, "wb").write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", head) +
-                           chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
-names = ["cross", "ring", "bar", "dot"]
-def pattern(k, rng):
-    img = [[rng.randrange(40) for _ in range(12)] for _ in range(12)]
-    for y in range(12):
-        for x in range(12):
-            on = [x == 6 or y == 6, 3 <= abs(x - 6) + abs(y - 6) <= 4, 2 <= y <= 4, abs(x - 6) <= 1 and abs(y - 6) <= 1][k]
-            if on: img[y][x] = 200 + rng.randrange(55)
-    return img
-rng = random.Random(7)
-for split, n in (("train", 96), ("val", 16)):
-    with open(f"{out}/{split}.jsonl", "w") as f:
-        for i in range(n):
-            k = rng.randrange(4)
-            png(f"{out}/img/{split}{i}.png", pattern(k, rng))
-            q = rng.choice(["What is in the image?", "Name the shape."])
-            f.write(json.dumps({"id": f"{split}{i}", "image": f"img/{split}{i}.png",
-                                "conversations": [{"from": "human", "value": "<image>\n" + q},
-                                                  {"from": "gpt", "value": f"A {names[k]}."}]}) + "\n")
-PY
+make_pairs "$work/pairs"
 "$kiln" prepare --format llava --input "$work/pairs/train.jsonl" --val-input "$work/pairs/val.jsonl" \
   --out "$work/data" --tokenizer byte --caption-tokens 224 > /dev/null
 
