@@ -25,6 +25,7 @@ void register_pp_schedule(CLI::App& app);  // kiln pp-schedule --pp P --micro-ba
 void register_classify(CLI::App& app);  // kiln classify --checkpoint DIR --data DIR
 void register_sample_images(CLI::App& app);  // kiln sample-images --checkpoint DIR --out FILE.png
 void register_eval(CLI::App& app);     // kiln eval --model DIR [--data DIR] [--mc FILE]
+void register_score_scenes(CLI::App& app);  // kiln score-scenes --model DIR --classifier DIR --scenes FILE
 void register_scenes(CLI::App& app);   // kiln scenes --out DIR: LLaVA pairs of Fashion-MNIST scenes
 
 }  // namespace kiln::app

@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
   kiln::app::register_sample_images(app);
   kiln::app::register_eval(app);
   kiln::app::register_scenes(app);
+  kiln::app::register_score_scenes(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
