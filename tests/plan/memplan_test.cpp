@@ -1,6 +1,7 @@
 // The memory planner against real runs: for a matrix of small configs (ZeRO stages 0-3,
 // 1/2/4 ranks, every checkpointing mode, tensor and pipeline parallel, bf16; a GPT-2 on
-// tokens, a Llama with mixture-of-experts blocks, a ViT and a DiT on images) the
+// tokens, a Llama with mixture-of-experts blocks, a ViT and a DiT on images, an MMDiT on
+// image-text pairs) the
 // predicted per-rank peak (plan/memplan.h)
 // must be within 10% of the peak the trainer measured (metrics.jsonl: peak_mem_bytes,
 // mem_by_rank[*].peak). One rank: the real trainer in this process on the CPU backend.
@@ -10,6 +11,7 @@
 //
 // Env: KILN_BIN (the kiln executable), KILN_PLAN_WORK (a scratch directory).
 #include "data/idx.h"
+#include "data/image_folder.h"
 #include "plan/memplan.h"
 #include "config/config.h"
 #include "train/trainer.h"
@@ -145,6 +147,46 @@ ema_decay = 0.99
 every = 1
 peak_tflops = 1.0
 )", (work_ / "images").string());
+    // The text-to-image MMDiT on image-text pairs: 12x12 gray PNGs of the same pixels,
+    // captioned by brightness, prepared with a byte tokenizer.
+    fs::create_directories(work_ / "pairs");
+    for (const auto& [split, n] : {std::pair<const char*, int>{"train", 32}, {"val", 8}}) {
+      std::ofstream jsonl(work_ / "pairs" / fmt::format("{}.jsonl", split));
+      for (int i = 0; i < n; ++i) {
+        std::vector<uint8_t> px(144);
+        for (size_t j = 0; j < px.size(); ++j) px[j] = static_cast<uint8_t>(i * 8 + j);
+        const std::string png = fmt::format("{}{}.png", split, i);
+        data::write_png(work_ / "pairs" / png, data::ImageShape{12, 12, 1}, px);
+        jsonl << nlohmann::json{{"image", png},
+                                {"conversations",
+                                 {{{"from", "human"}, {"value", "<image>\nDescribe the image."}},
+                                  {{"from", "gpt"}, {"value", i % 2 ? "Dark." : "Bright."}}}}}
+                     .dump()
+              << "\n";
+      }
+    }
+    const std::string pcmd = fmt::format(
+        "'{0}' prepare --format llava --input '{1}/train.jsonl' --val-input '{1}/val.jsonl' "
+        "--out '{2}' --tokenizer byte --caption-tokens 224 > /dev/null",
+        kiln_, (work_ / "pairs").string(), (work_ / "pair_data").string());
+    ASSERT_EQ(std::system(pcmd.c_str()), 0) << pcmd;
+    std::ofstream(work_ / "mmdit.toml") << fmt::format(R"([model]
+arch = "mmdit"
+n_layer = 3
+n_head = 4
+n_embd = 64
+block_size = 9
+patch_size = 4
+caption_tokens = 12
+[data]
+dir = "{}"
+[train]
+steps = 1
+ema_decay = 0.99
+[log]
+every = 1
+peak_tflops = 1.0
+)", (work_ / "pair_data").string());
     // The token models' training keys: the GPT and a Llama with mixture-of-experts blocks
     // (the first dense, a shared expert, both balancing losses).
     const std::string tokens = fmt::format(R"([data]
@@ -284,7 +326,7 @@ block_size = 64
 // One row of each distinct path of the planner: every activation checkpointing mode on
 // one rank, ZeRO on one rank, each ZeRO stage on 2 ranks and one on 4, bf16 on 1 and 2
 // ranks, tp with and without sequence parallelism, dp x tp, each pp schedule, dp x pp, cp,
-// dp x cp, the ViT and the DiT on 1 and 2 ranks. Plain ctest (plan_memplan_test).
+// dp x cp, the ViT, the DiT and the MMDiT on 1 and 2 ranks. Plain ctest (plan_memplan_test).
 std::vector<Case> representative_rows() {
   return {
       {1, 0, "none", 2, 4},      {1, 0, "selective", 2, 4}, {1, 0, "full", 4, 4},
@@ -301,6 +343,9 @@ std::vector<Case> representative_rows() {
       // The diffusion transformer (adaLN-Zero blocks, per-image conditioning, an EMA).
       {1, 0, "none", 8, 16, false, "fp32", 1, false, "dit.toml"},
       {2, 3, "full", 8, 32, false, "fp32", 1, false, "dit.toml"},
+      // The text-to-image MMDiT (a text encoder, two streams, pre-only last context).
+      {1, 0, "none", 8, 16, false, "fp32", 1, false, "mmdit.toml"},
+      {2, 3, "full", 8, 32, false, "fp32", 1, false, "mmdit.toml"},
       // Pipeline parallel (each stage's parts, the schedule's micro-batches in flight).
       {2, 0, "none", 1, 8, false, "fp32", 1, false, "tiny.toml", 2},
       {2, 1, "selective", 1, 8, false, "fp32", 1, false, "tiny.toml", 2, "interleaved", 2},
@@ -327,6 +372,7 @@ std::vector<Case> long_rows() {
       {2, 0, "none", 2, 4, false, "bf16", 2, true},
       {2, 1, "selective", 8, 16, false, "bf16", 1, false, "vit.toml"},
       {2, 2, "selective", 8, 16, false, "bf16", 1, false, "dit.toml"},
+      {2, 1, "selective", 8, 16, false, "bf16", 1, false, "mmdit.toml"},
       {4, 1, "selective", 2, 8, false, "fp32", 2, true, "tiny.toml", 2},
       {4, 3, "full", 2, 4, false, "bf16", 1, false, "tiny.toml", 1, "1f1b", 1, 4},
       {4, 1, "none", 2, 4, false, "fp32", 2, true, "tiny.toml", 1, "1f1b", 1, 2},
