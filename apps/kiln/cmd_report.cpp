@@ -50,9 +50,9 @@ std::vector<std::pair<std::vector<int32_t>, std::string>> val_prompts(
   loader.next_pairs(pixels.data(), captions, n);
   std::vector<std::pair<std::vector<int32_t>, std::string>> out;
   for (const data::CaptionTokens& c : captions) {
-    const auto answers = data::llava_answers(c);
-    KILN_CHECK(!answers.empty(), "{}: a val record without an answer", config.data.dir);
-    const auto [begin, end] = answers.back();
+    const auto answer = data::llava_last_answer(c, tok.eot_id());
+    KILN_CHECK(answer, "{}: a val record without a whole last answer", config.data.dir);
+    const auto [begin, end] = *answer;
     std::vector<int32_t> ids(c.ids.begin() + static_cast<ptrdiff_t>(begin),
                              c.ids.begin() + static_cast<ptrdiff_t>(end));
     // The text without the end-of-text and the space an answer's piece starts with.

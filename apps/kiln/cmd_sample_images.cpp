@@ -117,9 +117,15 @@ void register_sample_images(CLI::App& app) {
     KILN_CHECK(!fs::exists(samples) || (fs::is_directory(samples) && fs::is_empty(samples)),
                "{}: exists and is not an empty folder (--samples names the data set folder to "
                "write; remove it or choose another)", samples);
+    KILN_CHECK(!fs::is_directory(rows_json), "{}: is a folder (--rows names the JSON file to "
+               "write)", rows_json);
+    const auto rows_parent = fs::path(rows_json).parent_path();
+    KILN_CHECK(rows_parent.empty() || fs::is_directory(rows_parent),
+               "{}: no such directory for --rows", rows_parent.string());
     KILN_CHECK(fs::weakly_canonical(samples) != fs::weakly_canonical(a->out) &&
-                   fs::weakly_canonical(rows_json) != fs::weakly_canonical(a->out),
-               "--samples, --rows and --out name the same path ({})", a->out);
+                   fs::weakly_canonical(rows_json) != fs::weakly_canonical(a->out) &&
+                   fs::weakly_canonical(rows_json) != fs::weakly_canonical(samples),
+               "--samples, --rows and --out name the same path");
     checkpoint::CheckpointReader reader(a->checkpoint);
     auto backend = make_device_backend(a->device);
     const auto model = make_model(checkpoint_model_options(reader), *backend);
@@ -127,6 +133,8 @@ void register_sample_images(CLI::App& app) {
     nlohmann::json rows = nlohmann::json::array();
     if (!prompts.empty()) {
       KILN_CHECK(a->classes.empty(), "sample-images: --classes and --prompt at once");
+      KILN_CHECK(flow.caption_tokens() > 0, "sample-images: {} is conditioned on classes, not "
+                 "text (give --classes)", a->checkpoint);
       const auto tok = load_checkpoint_tokenizer(reader);
       for (const std::string& p : prompts) {
         o.captions.push_back(data::llava_caption(*tok, p));

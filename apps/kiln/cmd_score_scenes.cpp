@@ -37,11 +37,16 @@ std::unique_ptr<Model> load_checkpoint_model(const std::string& dir, Backend& be
 // The real canvases of `scenes` (their PNGs, beside `file`) read by the classifier.
 SceneTally score_real(Model& classifier, const fs::path& file, const std::vector<SceneRecord>& scenes,
                       double empty_below) {
-  data::ImageShape shape;
+  data::ImageShape shape, first;
   std::vector<uint8_t> pixels;
   std::vector<std::array<int, 4>> expected;
   for (const SceneRecord& s : scenes) {
-    const auto px = data::read_png(file.parent_path() / s.image, 1, &shape);
+    const fs::path path = file.parent_path() / s.image;
+    const auto px = data::read_png(path, 1, &shape);
+    if (expected.empty()) first = shape;
+    KILN_CHECK(shape.height == first.height && shape.width == first.width,
+               "{}: {}x{}, the first scene's image is {}x{}", path.string(), shape.height,
+               shape.width, first.height, first.width);
     pixels.insert(pixels.end(), px.begin(), px.end());
     expected.push_back(s.cells);
   }

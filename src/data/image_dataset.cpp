@@ -283,6 +283,13 @@ std::pair<size_t, int64_t> ImageLoader::locate(int64_t sample) const {
   return {k, sample - starts_[k]};
 }
 
+void ImageLoader::for_each_caption(
+    const std::function<void(const CaptionTokens&, const std::string& where)>& visit) const {
+  for (const ImageShardReader& shard : shards_)
+    for (int64_t i = 0; i < shard.images(); ++i)
+      visit(shard.caption(i), fmt::format("{} record {}", shard.path().string(), i));
+}
+
 void ImageLoader::next_pairs(uint8_t* pixels, std::vector<CaptionTokens>& captions,
                              int micro_batch, int dp_rank, int dp_size) {
   KILN_CHECK(meta_.captions.tokens > 0, "{}: labelled images, not image-text pairs", where_);

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <span>
 #include <string>
@@ -98,6 +99,9 @@ class ImageLoader {
   /// dataset without captions, or (next_batch) with them.
   void next_pairs(uint8_t* pixels, std::vector<CaptionTokens>& captions, int micro_batch,
                   int dp_rank = 0, int dp_size = 1);
+  /// Pairs: every record's caption in storage order, with where it is ("FILE record I").
+  void for_each_caption(
+      const std::function<void(const CaptionTokens&, const std::string& where)>& visit) const;
   int64_t samples_per_epoch() const { return order_.samples(); }
   LoaderState state() const { return order_.state(); }
   void set_state(const LoaderState& s) { order_.set_state(s); }

@@ -144,6 +144,15 @@ std::vector<int32_t> llava_caption(const Tokenizer& tok, std::string_view text) 
   return ids;
 }
 
+std::optional<std::pair<size_t, size_t>> llava_last_answer(const CaptionTokens& tokens,
+                                                           int32_t eot_id) {
+  const auto answers = llava_answers(tokens);
+  if (answers.empty()) return std::nullopt;
+  const auto [begin, end] = answers.back();
+  if (end != tokens.ids.size() || tokens.ids[end - 1] != eot_id) return std::nullopt;
+  return answers.back();
+}
+
 std::vector<std::pair<size_t, size_t>> llava_answers(const CaptionTokens& tokens) {
   std::vector<std::pair<size_t, size_t>> out;
   for (size_t i = 0; i < tokens.in_loss.size(); ++i) {

@@ -22,6 +22,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -95,6 +96,13 @@ std::string answer_text(std::string_view answer);
 /// become what it makes of them (SentencePiece: byte pieces), which the model has
 /// rarely or never read.
 std::vector<int32_t> llava_caption(const Tokenizer& tok, std::string_view text);
+
+/// A text-to-image model's caption in a record's tokens (tokenize_llava's): its last
+/// answer and the end-of-text closing it, [begin, end) of tokens.ids; nullopt when the
+/// record has no answer or does not end with a whole one (kiln prepare cut it at its
+/// --caption-tokens slots).
+std::optional<std::pair<size_t, size_t>> llava_last_answer(const CaptionTokens& tokens,
+                                                           int32_t eot_id);
 
 /// The prompt of one question, as tokenize_llava lays out a one-round record up to its
 /// answer: ids and where the image goes (a question without "<image>" gets it first, with

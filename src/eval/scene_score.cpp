@@ -34,7 +34,8 @@ std::vector<SceneRecord> read_scene_records(const std::filesystem::path& path, i
           turn["value"].is_string())
         r.caption = turn["value"].get<std::string>();
     KILN_CHECK(!r.caption.empty(), "{}: no gpt answer to take as the caption", where);
-    r.image = j.value("image", "");
+    KILN_CHECK(j.contains("image") && j["image"].is_string(), "{}: no \"image\" path", where);
+    r.image = j["image"].get<std::string>();
     out.push_back(std::move(r));
   }
   KILN_CHECK(!out.empty(), "{}: no scene record", path.string());

@@ -96,7 +96,9 @@ class PairData final : public TrainData {
  public:
   PairData(const std::filesystem::path& dir, const std::string& split, int seq_len,
            uint64_t seed, bool shuffle, const PairLayout& layout)
-      : dir_(dir), seq_len_(seq_len), layout_(layout), loader_(dir, split, seed, shuffle) {}
+      : dir_(dir), seq_len_(seq_len), layout_(layout), loader_(dir, split, seed, shuffle) {
+    if (layout_.captions) check_captions(split);
+  }
 
   bool has_split(const std::string& name) const override {
     return loader_.meta().splits.count(name) > 0;
@@ -185,6 +187,25 @@ class PairData final : public TrainData {
       }
     }
   }
+  /// Caption: every record of the split ends with a whole answer (kiln prepare did not cut
+  /// it), whose ids and end-of-text fit model.caption_tokens; throws kiln::Error naming
+  /// the record otherwise (before any training).
+  void check_captions(const std::string& split) const {
+    const int eot = loader_.meta().captions.eot_id;
+    size_t longest = 0;
+    std::string where_longest;
+    loader_.for_each_caption([&](const data::CaptionTokens& cap, const std::string& where) {
+      const auto answer = data::llava_last_answer(cap, eot);
+      KILN_CHECK(answer, "{}: no whole last answer to take as a text-to-image caption (kiln "
+                 "prepare cut the record at its --caption-tokens slots: prepare with more)", where);
+      if (answer->second - answer->first > longest)
+        longest = answer->second - answer->first, where_longest = where;
+    });
+    KILN_CHECK(static_cast<int64_t>(longest) <= layout_.caption_tokens,
+               "{}: the {} split's longest caption (a record's last answer and its end-of-text) "
+               "is {} tokens ({}) but model.caption_tokens is {}: raise it", dir_.string(), split,
+               longest, where_longest, layout_.caption_tokens);
+  }
   /// Caption: tokens int32 [B, caption_tokens], each record's last answer (its ids and the
   /// end-of-text after them), then -1; targets int32 [B] all 0 (every image counted).
   void caption_batch(int32_t* tokens, int32_t* targets, int B) const {
@@ -193,14 +214,8 @@ class PairData final : public TrainData {
     std::fill_n(targets, B, 0);
     for (int64_t b = 0; b < B; ++b) {
       const data::CaptionTokens& cap = captions_[static_cast<size_t>(b)];
-      const auto answers = data::llava_answers(cap);
-      KILN_CHECK(!answers.empty(), "{}: a record has no answer to take as its caption",
-                 dir_.string());
-      const auto [begin, end] = answers.back();
-      const auto n = static_cast<int64_t>(end - begin);
-      KILN_CHECK(n <= Lc, "{}: a caption (a record's last answer and its end-of-text) of {} "
-                 "tokens does not fit model.caption_tokens = {}: raise it", dir_.string(), n, Lc);
-      std::copy_n(cap.ids.data() + begin, n, tokens + b * Lc);
+      const auto [begin, end] = *data::llava_last_answer(cap, loader_.meta().captions.eot_id);
+      std::copy_n(cap.ids.data() + begin, end - begin, tokens + b * Lc);  // checked to fit
     }
   }
 

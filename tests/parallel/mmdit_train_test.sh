@@ -113,11 +113,12 @@ PY
 
 ckpt=$(ls -d "$work"/ref/ckpt/step_* | tail -1)
 printf 'A ring.\n\nA bar.\n' > "$work/prompts.txt"
-sample() {  # sample NAME [args...]: sample-images of $ckpt, 3 rows of 3
+sample() {  # sample NAME [args...]: sample-images of $ckpt, 4 rows of 3 (the last unconditional)
   local name=$1
   shift
   succeeds "$name" "$kiln" sample-images --checkpoint "$ckpt" --out "$work/$name.png" \
-    --prompt "A cross." --prompts "$work/prompts.txt" --per-row 3 --steps 4 --cfg-scale 2 "$@"
+    --prompt "A cross." --prompts "$work/prompts.txt" --prompt "" --per-row 3 --steps 4 \
+    --cfg-scale 2 "$@"
 }
 sample grid
 sample grid_b1 --batch 5
@@ -130,12 +131,13 @@ import json, struct, sys
 png = open(sys.argv[1], "rb").read()
 assert png[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
 w, h = struct.unpack(">II", png[16:24])
-assert (w, h) == (3 * 14 + 2, 3 * 14 + 2), (w, h)  # 3 rows (prompts) x 3 columns of 12x12
+assert (w, h) == (3 * 14 + 2, 4 * 14 + 2), (w, h)  # 4 rows (prompts) x 3 columns of 12x12
 rows = json.load(open(sys.argv[2]))["rows"]
-assert [r["prompt"] for r in rows] == ["A cross.", "A ring.", "A bar."], rows
-assert [r["tokens"] for r in rows] == [10, 9, 8], rows  # " A cross." and the end-of-text
+# --prompt ones first, then the file's, in order; "" the empty caption (no tokens)
+assert [r["prompt"] for r in rows] == ["A cross.", "", "A ring.", "A bar."], rows
+assert [r["tokens"] for r in rows] == [10, 0, 9, 8], rows  # " A cross." and the end-of-text
 m = json.load(open(sys.argv[3]))
-assert m["splits"]["val"]["images"] == 9 and m["classes"] == 3, m
+assert m["splits"]["val"]["images"] == 12 and m["classes"] == 4, m
 print(f"sample-images: {w}x{h} grid, a row per prompt, the prompts in grid.json")
 PY
 echo "sample-images: the EMA weights, the same whatever --batch, other than the raw ones"
@@ -146,8 +148,13 @@ grep -q "<tr><td>A [a-z]*.</td><td><img" "$work/report.html" ||
 [ ! -e "$work/ref/samples" ] || { echo "FAILED: kiln report wrote into the run directory"; exit 1; }
 echo "kiln report: a row of samples per val caption, inline"
 
-fails long_caption "of [0-9]* tokens does not fit model.caption_tokens = 8" "$kiln" train "$work/mmdit.toml" \
-  --set "run.dir=$work/c_run" --set model.caption_tokens=8
+fails long_caption "longest caption (a record's last answer and its end-of-text) is 10 tokens (.* record [0-9]*) but model.caption_tokens is 8" \
+  "$kiln" train "$work/mmdit.toml" --set "run.dir=$work/c_run" --set model.caption_tokens=8
+# 203 slots cut the answers after "What is in the image?" (prepare keeps the others whole).
+"$kiln" prepare --format llava --input "$work/pairs/train.jsonl" --val-input "$work/pairs/val.jsonl" \
+  --out "$work/cut" --tokenizer byte --caption-tokens 203 > /dev/null 2>&1
+fails cut_caption "record [0-9]*: no whole last answer to take as a text-to-image caption" \
+  "$kiln" train "$work/mmdit.toml" --set "run.dir=$work/cut_run" --set "data.dir=$work/cut"
 fails long_prompt "prompt 1 is 28 tokens, more than the model's 12" "$kiln" sample-images \
   --checkpoint "$ckpt" --out "$work/x.png" --prompt "A cross, a ring and a bar."
 fails classes "conditioned on text: give prompts" "$kiln" sample-images --checkpoint "$ckpt" \

@@ -115,7 +115,9 @@ ModelOptions mmdit_options_from_json(const nlohmann::json& j) {
       static_cast<double>(json_integer_field(j, "caption_tokens", "state.model", 1, INT32_MAX));
   o.family["text.n_layer"] =
       static_cast<double>(json_integer_field(j, "text.n_layer", "state.model", 0, INT32_MAX));
-  o.family["caption_dropout"] = j.at("caption_dropout").get<float>();
+  KILN_CHECK(j.contains("caption_dropout") && j["caption_dropout"].is_number(),
+             "state.model: \"caption_dropout\" must be a number");
+  o.family["caption_dropout"] = j["caption_dropout"].get<double>();
   mmdit_config_of(o);  // validates
   return o;
 }

@@ -49,11 +49,12 @@ double TextEncoder::matmul_weights() const {
 }
 
 void TextEncoder::reserve(Backend& be, int B, DType dtype, nn::ActivationCheckpointing mode) {
-  if (B_ == B && dtype_ == dtype && saved_.mode() == mode && !stream_.empty()) return;
+  if (B_ == B && dtype_ == dtype && mode_ == mode && !stream_.empty()) return;
   stream_.clear();  // free first so the peak is not doubled
   lnf_.clear();
   B_ = B;
   dtype_ = dtype;
+  mode_ = mode;
   auto act = [&](Shape sh) { return be.empty(sh, dtype, MemCategory::Activations); };
   for (size_t l = 0; l <= blocks_.size(); ++l) stream_.push_back(act(Shape{B, Lc_, C_}));
   for (const nn::SavedSpec& sp : ln_f_.saved_specs(B, Lc_, dtype))

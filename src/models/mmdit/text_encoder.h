@@ -50,6 +50,7 @@ class TextEncoder {
   nn::Norm ln_f_;
   int B_ = 0;
   DType dtype_ = DType::F32;
+  nn::ActivationCheckpointing mode_ = nn::ActivationCheckpointing::None;
   std::vector<Tensor> stream_;  // h_0 .. h_L [B,Lc,C]
   std::vector<Tensor> lnf_;     // ln_f's out (enc), mean, rstd
   nn::SavedActivations saved_;
