@@ -129,7 +129,7 @@ printf 'in the beginning was the word ' > "$work/words.txt"
 fails vit_on_tokens "holds tokens" "$kiln" train "$work/vit.toml" --set "run.dir=$work/tok_run" --set "data.dir=$work/tokens" --set eval.every=0
 # A vit config turned gpt2 keeps the vision keys, which gpt2 does not read; a gpt2 config on
 # the image data set is refused by the data check.
-fails vit_keys_on_gpt2 "key 'model.patch_size' is not a key of model.arch 'gpt2' (dit, vit have it)" \
+fails vit_keys_on_gpt2 "key 'model.patch_size' is not a key of model.arch 'gpt2' (dit, mmdit, vit have it)" \
   "$kiln" train "$work/vit.toml" --set "run.dir=$work/g_run" --set model.arch=gpt2
 cat > "$work/gpt2.toml" <<EOF
 [model]
