@@ -66,27 +66,31 @@ std::vector<std::array<int, 4>> read_canvases(Model& model, const data::ImageSha
   std::vector<float> cells;
   for (int64_t i = 0; i < n; ++i)
     for (int c = 0; c < 4; ++c) {
+      // The cell's pixels go to `cells` and come off again when it reads as empty.
       const uint8_t* canvas = pixels.data() + i * shape.pixels();
       const int64_t y0 = (c / 2) * S, x0 = (c % 2) * S;
       double sum = 0;
-      std::vector<float> px(static_cast<size_t>(S * S));
       for (int64_t y = 0; y < S; ++y)
         for (int64_t x = 0; x < S; ++x) {
           const uint8_t p = canvas[(y0 + y) * shape.width + x0 + x];
           sum += p;
-          px[static_cast<size_t>(y * S + x)] = static_cast<float>(p) / 127.5f - 1.f;
+          cells.push_back(static_cast<float>(p) / 127.5f - 1.f);
         }
       out[static_cast<size_t>(i)][c] = -1;
-      if (sum / static_cast<double>(S * S) < empty_below) continue;
+      if (sum / static_cast<double>(S * S) < empty_below) {
+        cells.resize(cells.size() - static_cast<size_t>(S * S));
+        continue;
+      }
       items.emplace_back(i, c);
-      cells.insert(cells.end(), px.begin(), px.end());
     }
   Backend& be = model.backend();
   const int K = classifier.num_classes();
+  const Tensor image_buf = be.empty(Shape{batch, S, S, 1}, DType::F32, MemCategory::Activations);
+  const Tensor logit_buf = be.empty(Shape{batch, K}, DType::F32, MemCategory::Activations);
   for (size_t first = 0; first < items.size(); first += static_cast<size_t>(batch)) {
     const auto B = static_cast<int64_t>(std::min<size_t>(static_cast<size_t>(batch), items.size() - first));
-    const Tensor images = be.empty(Shape{B, S, S, 1}, DType::F32, MemCategory::Activations);
-    const Tensor logits = be.empty(Shape{B, K}, DType::F32, MemCategory::Activations);
+    const Tensor images = image_buf.view_at(0, Shape{B, S, S, 1});
+    const Tensor logits = logit_buf.view_at(0, Shape{B, K});
     be.copy_from_host(be.default_stream(), images, cells.data() + first * static_cast<size_t>(S * S));
     classifier.classify(images, logits);
     const std::vector<float> l = download_f32(be, logits);

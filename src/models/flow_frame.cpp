@@ -133,15 +133,16 @@ void FlowFrame::set_flow_inputs(Backend& be, const Tensor& x0, std::span<const f
   be.copy_from_host(s, t_, t.data());
   be.rectified_flow_inputs(s, xt_, target_, x0, noise_, t_);
   be.patchify(s, target_patches_, target_, P_);
-  // A host buffer of the frame's, so the copy need not be waited for here.
-  host_freq_.resize(static_cast<size_t>(B_) * F_);
-  for (int b = 0; b < B_; ++b)
-    timestep_frequencies(t[b], F_, host_freq_.data() + static_cast<size_t>(b) * F_);
-  upload_f32(be, temb_in_, host_freq_.data());
+  upload_times(be, t);
 }
 
 void FlowFrame::set_noisy_inputs(Backend& be, const Tensor& xt, std::span<const float> t) {
   be.copy(be.default_stream(), xt_, xt);
+  upload_times(be, t);
+}
+
+void FlowFrame::upload_times(Backend& be, std::span<const float> t) {
+  // A host buffer of the frame's, so the copy need not be waited for here.
   host_freq_.resize(static_cast<size_t>(B_) * F_);
   for (int b = 0; b < B_; ++b)
     timestep_frequencies(t[b], F_, host_freq_.data() + static_cast<size_t>(b) * F_);

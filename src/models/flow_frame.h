@@ -104,6 +104,8 @@ class FlowFrame {
   nn::Linear final_adaln, final_linear;
 
  private:
+  /// The timestep embeddings' input [B,F] of times t [B].
+  void upload_times(Backend& be, std::span<const float> t);
   int64_t C_, D_, N_;
   int S_, Ci_, P_, F_;
   int B_ = 0;
