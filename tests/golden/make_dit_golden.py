@@ -242,26 +242,36 @@ def init_params(cfg, gen):
     return P
 
 
-def run_reference(P32, inputs, cfg, dtype, loss_fn=None, decays_fn=None, adamw=None, steps=None):
+def run_reference(P32, inputs, cfg, dtype, loss_fn=None, decays_fn=None, adamw=None, steps=None,
+                  frozen=lambda name: False):
     """pred, loss, gradients and the AdamW losses in `dtype`. inputs: x0, noise, t and the
     conditioning's tensors (this model's: labels, conditioning); loss_fn(P, x0, noise, t,
     *conditioning, cfg) -> (pred, mean loss), decays_fn(name, shape), the AdamW settings
     and steps: this model's mean_loss, decays, ADAMW and ADAMW_STEPS when None (the MMDiT
-    script passes its own)."""
+    script passes its own). Parameters `frozen` by name get no gradient (zeros here) and
+    no update."""
     import torch
     loss_fn, decays_fn = loss_fn or mean_loss, decays_fn or decays
     adamw, steps = adamw or ADAMW, steps or ADAMW_STEPS
     x0, noise, t, *conditioning = inputs
     x0, noise, t = x0.to(dtype), noise.to(dtype), t.to(dtype)
-    P = {n: u.detach().to(dtype).clone().requires_grad_(True) for n, u in P32.items()}
+
+    def leaves():
+        return {n: u.detach().to(dtype).clone().requires_grad_(not frozen(n))
+                for n, u in P32.items()}
+
+    P = leaves()
     pred, loss = loss_fn(P, x0, noise, t, *conditioning, cfg)
     loss.backward()
-    grads = {n: p.grad.detach().clone() for n, p in P.items()}
-    Q = {n: u.detach().to(dtype).clone().requires_grad_(True) for n, u in P32.items()}
+    grads = {n: torch.zeros_like(p) if frozen(n) else p.grad.detach().clone()
+             for n, p in P.items()}
+    Q = leaves()
+    trained = {n: p for n, p in Q.items() if not frozen(n)}
     opt = torch.optim.AdamW(
-        [{"params": [p for n, p in Q.items() if decays_fn(n, p.shape)],
+        [{"params": [p for n, p in trained.items() if decays_fn(n, p.shape)],
           "weight_decay": adamw["weight_decay"]},
-         {"params": [p for n, p in Q.items() if not decays_fn(n, p.shape)], "weight_decay": 0.0}],
+         {"params": [p for n, p in trained.items() if not decays_fn(n, p.shape)],
+          "weight_decay": 0.0}],
         lr=adamw["lr"], betas=(adamw["beta1"], adamw["beta2"]), eps=adamw["eps"])
     losses = []
     for _ in range(steps):

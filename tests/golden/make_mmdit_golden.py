@@ -25,6 +25,16 @@ would make most gradients vanish; here every parameter, biases included, is rand
 Captions of 4, 6 (all of kiln's slots), 0 (the empty caption of classifier-free guidance)
 and 2 tokens; image 1 is not counted.
 
+With --llama-text-encoder it writes mmdit_llama_golden.safetensors instead: the same model
+with model.text.encoder = "llama" (src/models/mmdit/llama_text_encoder.h), a frozen Llama
+of width Ct = 24 (not C: the embedders read Ct), 2 query heads over 1 key/value head, 2
+blocks, as kiln holds it (fused qkv_proj = [q; k; v] and gate_up_proj = [gate; up] under
+text_encoder.model.*, no lm_head):
+      h = embed_tokens[ids]; per block: h += o_proj(causal attention of rotary q, k
+      (positions 0..n-1, theta^(-2i/HD)), v of rms_norm(h)); h += down_proj(silu(gate) *
+      up of rms_norm(h)); enc = rms_norm(h) [n, Ct] (RMSNorms with gains, eps text.norm_eps)
+Its parameters are frozen: no gradient (grad.<name> zeros) and no AdamW update.
+
 Weights are drawn in float32 from a fixed seed, the model runs in float64 on a copy.
 Tensors (kiln's names and order, MMDiT::params()):
   <param>, grad.<param> (of loss), images F32 [B,S,S,Cin] (x0 in [-1, 1]), noise F32
@@ -33,7 +43,7 @@ Tensors (kiln's names and order, MMDiT::params()):
   (the loss before each AdamW step, the same draws every step).
 The safetensors writer and --check are make_gpt2_golden.py's.
 
-Usage: /usr/bin/python3 tests/golden/make_mmdit_golden.py [--check]
+Usage: /usr/bin/python3 tests/golden/make_mmdit_golden.py [--llama-text-encoder] [--check]
 """
 
 import math
@@ -46,6 +56,7 @@ import make_gpt2_golden as g  # noqa: E402  (the safetensors writer and header c
 import make_dit_golden as dit  # noqa: E402  (patchify, timestep embedding, modulate)
 
 DEFAULT_OUT = os.path.join(HERE, "mmdit_golden.safetensors")
+LLAMA_OUT = os.path.join(HERE, "mmdit_llama_golden.safetensors")
 FORMAT_VERSION = "1"
 
 CONFIG = {
@@ -65,6 +76,17 @@ CONFIG = {
 B = 4
 CAPTIONS = [[3, 7, 2, 10], [5, 1, 4, 9, 8, 6], [], [0, 10]]
 COUNTED = [0, -1, 0, 0]  # image 1 is not counted
+# The frozen Llama text encoder's keys (--llama-text-encoder), added to CONFIG.
+LLAMA_TEXT = {
+    "text.encoder": "llama",
+    "text.n_layer": 2,
+    "text.n_embd": 24,  # Ct != C
+    "text.n_head": 2,  # head size 12
+    "text.n_kv_head": 1,
+    "text.ffn_hidden_size": 40,
+    "text.norm_eps": 1e-5,
+    "text.rope_theta": 10000.0,
+}
 SEED = 20261207
 ADAMW = {"lr": 2e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1}
 ADAMW_STEPS = 10
@@ -82,27 +104,48 @@ def stream_specs(prefix, C, H, pre_only):
                     (prefix + "adaLN_modulation.1.bias", [M * C])]
 
 
+def llama_text(cfg):
+    """Whether the text encoder is the frozen Llama."""
+    return cfg.get("text.encoder") == "llama"
+
+
+def text_width(cfg):
+    return cfg["text.n_embd"] if llama_text(cfg) else cfg["n_embd"]
+
+
+def padded_vocab(cfg):
+    return (cfg["vocab_size"] + 127) // 128 * 128  # a kiln Llama's embedding rows
+
+
+def llama_text_specs(cfg):
+    """The frozen Llama's parameters in kiln's order (LlamaTextEncoder::collect)."""
+    Ct, nh, nkv, F = (cfg["text.n_embd"], cfg["text.n_head"], cfg["text.n_kv_head"],
+                      cfg["text.ffn_hidden_size"])
+    hd = Ct // nh
+    specs = [("text_encoder.model.embed_tokens.weight", [padded_vocab(cfg), Ct])]
+    for l in range(cfg["text.n_layer"]):
+        p = f"text_encoder.model.layers.{l}."
+        specs += [(p + "input_layernorm.weight", [Ct]),
+                  (p + "self_attn.qkv_proj.weight", [(nh + 2 * nkv) * hd, Ct]),
+                  (p + "self_attn.o_proj.weight", [Ct, nh * hd]),
+                  (p + "post_attention_layernorm.weight", [Ct]),
+                  (p + "mlp.gate_up_proj.weight", [2 * F, Ct]),
+                  (p + "mlp.down_proj.weight", [Ct, F])]
+    return specs + [("text_encoder.model.norm.weight", [Ct])]
+
+
 def param_specs(cfg):
     """(name, shape) of every parameter in kiln's order (MMDiT::params(): MMDiTLayers::parts)."""
     C, H, F = cfg["n_embd"], cfg["ffn_hidden_size"], cfg["frequency_dim"]
-    V, Lc = cfg["vocab_size"], cfg["caption_tokens"]
+    V, Lc, Ct = cfg["vocab_size"], cfg["caption_tokens"], text_width(cfg)
     _, _, _, N, D = dit.dims(cfg)
     specs = [("x_embedder.proj.weight", [C, D]), ("x_embedder.proj.bias", [C]),
              ("pos_embed", [N, C]),
              ("t_embedder.mlp.0.weight", [C, F]), ("t_embedder.mlp.0.bias", [C]),
-             ("t_embedder.mlp.2.weight", [C, C]), ("t_embedder.mlp.2.bias", [C]),
-             ("text_encoder.wte.weight", [V, C]), ("text_encoder.wpe.weight", [Lc, C])]
-    for l in range(cfg["text.n_layer"]):
-        h = f"text_encoder.h.{l}."
-        specs += [(h + "ln_1.weight", [C]), (h + "ln_1.bias", [C]),
-                  (h + "attn.c_attn.weight", [3 * C, C]), (h + "attn.c_attn.bias", [3 * C]),
-                  (h + "attn.c_proj.weight", [C, C]), (h + "attn.c_proj.bias", [C]),
-                  (h + "ln_2.weight", [C]), (h + "ln_2.bias", [C]),
-                  (h + "mlp.c_fc.weight", [H, C]), (h + "mlp.c_fc.bias", [H]),
-                  (h + "mlp.c_proj.weight", [C, H]), (h + "mlp.c_proj.bias", [C])]
-    specs += [("text_encoder.ln_f.weight", [C]), ("text_encoder.ln_f.bias", [C]),
-              ("context_embedder.weight", [C, C]), ("context_embedder.bias", [C]),
-              ("y_embedder.mlp.0.weight", [C, C]), ("y_embedder.mlp.0.bias", [C]),
+             ("t_embedder.mlp.2.weight", [C, C]), ("t_embedder.mlp.2.bias", [C])]
+    specs += llama_text_specs(cfg) if llama_text(cfg) else joint_text_specs(cfg)
+    specs += [("context_embedder.weight", [C, Ct]), ("context_embedder.bias", [C]),
+              ("y_embedder.mlp.0.weight", [C, Ct]), ("y_embedder.mlp.0.bias", [C]),
               ("y_embedder.mlp.2.weight", [C, C]), ("y_embedder.mlp.2.bias", [C])]
     L = cfg["n_layer"]
     for l in range(L):
@@ -113,6 +156,26 @@ def param_specs(cfg):
               ("final_layer.adaLN_modulation.1.bias", [2 * C]),
               ("final_layer.linear.weight", [D, C]), ("final_layer.linear.bias", [D])]
     return specs
+
+
+def joint_text_specs(cfg):
+    """The joint text encoder's parameters in kiln's order (JointTextEncoder::collect)."""
+    C, H, V, Lc = cfg["n_embd"], cfg["ffn_hidden_size"], cfg["vocab_size"], cfg["caption_tokens"]
+    specs = [("text_encoder.wte.weight", [V, C]), ("text_encoder.wpe.weight", [Lc, C])]
+    for l in range(cfg["text.n_layer"]):
+        h = f"text_encoder.h.{l}."
+        specs += [(h + "ln_1.weight", [C]), (h + "ln_1.bias", [C]),
+                  (h + "attn.c_attn.weight", [3 * C, C]), (h + "attn.c_attn.bias", [3 * C]),
+                  (h + "attn.c_proj.weight", [C, C]), (h + "attn.c_proj.bias", [C]),
+                  (h + "ln_2.weight", [C]), (h + "ln_2.bias", [C]),
+                  (h + "mlp.c_fc.weight", [H, C]), (h + "mlp.c_fc.bias", [H]),
+                  (h + "mlp.c_proj.weight", [C, H]), (h + "mlp.c_proj.bias", [C])]
+    return specs + [("text_encoder.ln_f.weight", [C]), ("text_encoder.ln_f.bias", [C])]
+
+
+def frozen(name):
+    """The frozen Llama text encoder's parameters (the joint one's names differ)."""
+    return name.startswith("text_encoder.model.")
 
 
 def decays(name, shape):
@@ -171,7 +234,50 @@ def attention(qkv, C, nh):
 
 
 def text_encoder(P, ids, cfg):
-    """enc [n, C] of one caption's ids (n >= 1)."""
+    """enc [n, Ct] of one caption's ids (n >= 1)."""
+    return (llama_text_encoder if llama_text(cfg) else joint_text_encoder)(P, ids, cfg)
+
+
+def rms_norm(x, w, eps):
+    return x * (x.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * w
+
+
+def llama_text_encoder(P, ids, cfg):
+    """The frozen Llama's final-norm hidden states [n, Ct] (causal, rotary 0..n-1)."""
+    import torch
+    import torch.nn.functional as F
+    Ct, nh, nkv, Fh = (cfg["text.n_embd"], cfg["text.n_head"], cfg["text.n_kv_head"],
+                       cfg["text.ffn_hidden_size"])
+    hd, eps, n = Ct // nh, cfg["text.norm_eps"], len(ids)
+    h = P["text_encoder.model.embed_tokens.weight"][torch.tensor(ids, dtype=torch.int64)]
+    dtype = h.dtype
+    inv = 1.0 / (cfg["text.rope_theta"] ** (torch.arange(0, hd, 2, dtype=dtype) / hd))
+    freqs = torch.arange(n, dtype=dtype)[:, None] * inv
+    cos, sin = torch.cat((freqs, freqs), -1).cos(), torch.cat((freqs, freqs), -1).sin()
+
+    def rotary(u):  # u [heads, n, hd]; rotate_half as Hugging Face's Llama
+        return u * cos + torch.cat((-u[..., hd // 2:], u[..., : hd // 2]), -1) * sin
+
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    for l in range(cfg["text.n_layer"]):
+        p = f"text_encoder.model.layers.{l}."
+        u = rms_norm(h, P[p + "input_layernorm.weight"], eps)
+        q, k, v = F.linear(u, P[p + "self_attn.qkv_proj.weight"]).split(
+            [nh * hd, nkv * hd, nkv * hd], dim=-1)
+        q = rotary(q.view(n, nh, hd).transpose(0, 1))
+        k = rotary(k.view(n, nkv, hd).transpose(0, 1)).repeat_interleave(nh // nkv, dim=0)
+        v = v.view(n, nkv, hd).transpose(0, 1).repeat_interleave(nh // nkv, dim=0)
+        att = ((q @ k.transpose(-2, -1)) / math.sqrt(hd)).masked_fill(~causal, float("-inf"))
+        y = (att.softmax(dim=-1) @ v).transpose(0, 1).reshape(n, nh * hd)
+        h = h + F.linear(y, P[p + "self_attn.o_proj.weight"])
+        u = rms_norm(h, P[p + "post_attention_layernorm.weight"], eps)
+        gate, up = F.linear(u, P[p + "mlp.gate_up_proj.weight"]).split(Fh, dim=-1)
+        h = h + F.linear(F.silu(gate) * up, P[p + "mlp.down_proj.weight"])
+    return rms_norm(h, P["text_encoder.model.norm.weight"], eps)
+
+
+def joint_text_encoder(P, ids, cfg):
+    """The joint encoder's enc [n, C]."""
     import torch
     import torch.nn.functional as F
     C, nh, eps = cfg["n_embd"], cfg["n_head"], cfg["norm_eps"]
@@ -243,7 +349,7 @@ def forward_pred(P, xt, t, captions, cfg):
             pooled = enc[-1]
         else:
             ctx = torch.zeros(0, C, dtype=x_all.dtype)
-            pooled = torch.zeros(C, dtype=x_all.dtype)
+            pooled = torch.zeros(text_width(cfg), dtype=x_all.dtype)
         y = F.linear(F.silu(F.linear(pooled, P["y_embedder.mlp.0.weight"],
                                      P["y_embedder.mlp.0.bias"])),
                      P["y_embedder.mlp.2.weight"], P["y_embedder.mlp.2.bias"])
@@ -279,7 +385,11 @@ def init_params(cfg, gen):
              "y_embedder.mlp.2.weight": 0.3,
              "attn.qkv.weight": 0.4, "attn.proj.weight": 0.3, "mlp.fc1.weight": 0.3,
              "mlp.fc2.weight": 0.15, "adaLN_modulation.1.weight": 0.2,
-             "final_layer.linear.weight": 0.3}
+             "final_layer.linear.weight": 0.3,
+             "embed_tokens.weight": 0.5, "layernorm.weight": 0.3, "model.norm.weight": 0.3,
+             "qkv_proj.weight": 0.4, "o_proj.weight": 0.3, "gate_up_proj.weight": 0.3,
+             "down_proj.weight": 0.2}
+    gains = ("ln_1.weight", "ln_2.weight", "ln_f.weight", "layernorm.weight", "model.norm.weight")
     P = {}
     for name, shape in param_specs(cfg):
         r = torch.randn(shape, generator=gen, dtype=torch.float32)
@@ -287,8 +397,10 @@ def init_params(cfg, gen):
             u = 0.1 * r
         else:
             u = next(v for k, v in scale.items() if name.endswith(k)) * r
-            if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
+            if name.endswith(gains):
                 u = 1 + u  # norm gains around 1
+        if name.endswith("embed_tokens.weight"):
+            u[cfg["vocab_size"]:] = 0  # a kiln Llama's padding rows
         P[name] = u.contiguous()
     return P
 
@@ -305,7 +417,8 @@ def generate(out):
     inputs = (images, noise, t, counted, CAPTIONS)
 
     def run(dtype):
-        return dit.run_reference(P32, inputs, cfg, dtype, mean_loss, decays, ADAMW, ADAMW_STEPS)
+        return dit.run_reference(P32, inputs, cfg, dtype, mean_loss, decays, ADAMW, ADAMW_STEPS,
+                                 frozen)
 
     ref = run(torch.float64)
     dit.report(P32, ref, run(torch.float32))
@@ -322,8 +435,17 @@ def check(path):
     return g.check(path)
 
 
+def use_llama_text_encoder():
+    CONFIG.update(LLAMA_TEXT)
+    CONFIG["padded_vocab_size"] = padded_vocab(CONFIG)
+
+
 def main():
-    return g.cli(__doc__, DEFAULT_OUT, generate, check)
+    llama = "--llama-text-encoder" in sys.argv
+    if llama:
+        sys.argv.remove("--llama-text-encoder")
+        use_llama_text_encoder()
+    return g.cli(__doc__, LLAMA_OUT if llama else DEFAULT_OUT, generate, check)
 
 
 if __name__ == "__main__":

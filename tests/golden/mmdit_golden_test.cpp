@@ -3,7 +3,9 @@
 // text-conditioned MMDiT: a one-block text encoder, SD3's joint blocks (the last one's
 // context pre-only), the pooled caption in the conditioning, every weight random and
 // non-zero; captions of 4, 6 (every slot), 0 (the empty caption) and 2 tokens, which
-// the reference runs without padding; see tests/golden/README.md).
+// the reference runs without padding; see tests/golden/README.md), and the same with the
+// frozen Llama text encoder (mmdit_llama_golden.safetensors, --llama-text-encoder: width
+// 24 against the model's 32, grouped-query heads, rotary, causal; no gradient or update).
 //
 // With the file's parameters, x0, noise and times on every backend (MMDiT::flow_loss):
 //   - the whole batch's evaluation loss (the uncounted image left out) and pred [B,N,D]
@@ -24,7 +26,6 @@ namespace st = kiln::safetensors;
 
 namespace {
 
-std::string golden_file() { return golden_path("mmdit_golden.safetensors"); }
 std::string generator_file() { return golden_path("make_mmdit_golden.py"); }
 
 MMDiTConfig config_of(const st::Reader& r) {
@@ -38,6 +39,13 @@ MMDiTConfig config_of(const st::Reader& r) {
                           "caption_tokens", "text.n_layer"})
     o.family[key] = meta_int(r, key);
   o.family["norm_eps"] = static_cast<float>(meta_double(r, "norm_eps"));
+  if (r.metadata().contains("text.encoder")) {  // "'llama'", Python's repr
+    EXPECT_EQ(r.metadata("text.encoder"), "'llama'");
+    o.family["text.encoder"] = 1;
+    for (const char* key : {"text.n_embd", "text.n_head", "text.n_kv_head", "text.ffn_hidden_size"})
+      o.family[key] = meta_int(r, key);
+    for (const char* key : {"text.norm_eps", "text.rope_theta"}) o.family[key] = meta_double(r, key);
+  }
   const int grid = meta_int(r, "image_size") / meta_int(r, "patch_size");
   o.block_size = grid * grid;
   MMDiTConfig c = mmdit_config_of(o);
@@ -55,9 +63,14 @@ std::vector<std::vector<int32_t>> caption_list(const std::vector<int32_t>& slots
   return out;
 }
 
+class MMDiTGolden : public ::testing::TestWithParam<const char*> {
+ protected:
+  std::string golden_file() const { return golden_path(GetParam()); }
+};
+
 }  // namespace
 
-TEST(MMDiTGolden, FileMatchesGeneratorAndModel) {
+TEST_P(MMDiTGolden, FileMatchesGeneratorAndModel) {
   const st::Reader r(golden_file());
   const MMDiTConfig cfg = config_of(r);
   EXPECT_GT(cfg.num_channels, 1);  // the patch element order is tested
@@ -79,21 +92,29 @@ TEST(MMDiTGolden, FileMatchesGeneratorAndModel) {
   const auto counted = r.read_i32("counted");
   EXPECT_EQ(std::count(counted.begin(), counted.end(), 0), meta_int(r, "n_targets"));
   EXPECT_LT(meta_int(r, "n_targets"), B);  // an uncounted image is tested
+  const bool llama = cfg.text_encoder == TextEncoderKind::Llama;
+  if (llama) EXPECT_NE(cfg.text_width(), cfg.n_embd);  // the embedders' widths are tested
   for (const ParamSpec& p : model.params()) {
     EXPECT_EQ(p.weight_decay, p.shape.ndim() == 2 && p.name != "pos_embed") << p.name;
-    // Every reference gradient is non-zero (random adaLN and final weights, not zeros).
+    // Every reference gradient is non-zero (random adaLN and final weights, not zeros),
+    // but the frozen Llama's, which are zero.
+    const bool frozen = p.name.starts_with("text_encoder.model.");
+    EXPECT_EQ(p.trainable, !frozen) << p.name;
+    EXPECT_EQ(frozen, llama && p.name.starts_with("text_encoder.")) << p.name;
     double sq = 0;
     for (float x : r.read_f32("grad." + p.name)) sq += static_cast<double>(x) * x;
-    EXPECT_GT(sq, 0.0) << "grad." << p.name;
+    if (frozen) EXPECT_EQ(sq, 0.0) << "grad." << p.name;
+    else EXPECT_GT(sq, 0.0) << "grad." << p.name;
   }
-  EXPECT_EQ(model.num_parameters(), [&] {
+  EXPECT_EQ(model.num_parameters(), [&] {  // a Llama's padding rows not counted (as HF's)
     int64_t n = 0;
     for (const ParamSpec& p : model.params()) n += p.shape.numel();
+    if (llama) n -= int64_t{cfg.text_llama.padded_vocab_size - cfg.vocab_size} * cfg.text_width();
     return n;
   }());
 }
 
-TEST(MMDiTGolden, MatchesReferenceOnEveryBackend) {
+TEST_P(MMDiTGolden, MatchesReferenceOnEveryBackend) {
   const st::Reader r(golden_file());
   const MMDiTConfig cfg = config_of(r);
   for (const auto& s : skipped_backends()) fmt::print("skipped backend: {}\n", s);
@@ -126,3 +147,10 @@ TEST(MMDiTGolden, MatchesReferenceOnEveryBackend) {
     match_flow_golden(r, be, model, cfg, counted, calls);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(TextEncoders, MMDiTGolden,
+                         ::testing::Values("mmdit_golden.safetensors",
+                                           "mmdit_llama_golden.safetensors"),
+                         [](const auto& info) {
+                           return std::string(info.index == 0 ? "Joint" : "FrozenLlama");
+                         });

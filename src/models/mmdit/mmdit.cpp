@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include <memory>
 #include <vector>
 
 namespace kiln {
@@ -32,9 +33,9 @@ nn::MMDiTBlockSpec joint_block_spec(const MMDiTConfig& c, bool last) {
 struct MMDiTLayers {
   explicit MMDiTLayers(const MMDiTConfig& c)
       : frame(c, c.frequency_dim),
-        text(c),
-        context_embedder("context_embedder", c.n_embd, c.n_embd, true, 0.02f),
-        y_fc1("y_embedder.mlp.0", c.n_embd, c.n_embd, true, 0.02f),
+        text(make_text_encoder(c)),
+        context_embedder("context_embedder", c.text_width(), c.n_embd, true, 0.02f),
+        y_fc1("y_embedder.mlp.0", c.text_width(), c.n_embd, true, 0.02f),
         y_fc2("y_embedder.mlp.2", c.n_embd, c.n_embd, true, 0.02f) {
     blocks.reserve(static_cast<size_t>(c.n_layer));
     for (int l = 0; l < c.n_layer; ++l)
@@ -43,12 +44,13 @@ struct MMDiTLayers {
 
   std::vector<PartLayout> parts(const MMDiTConfig& c) {
     std::vector<PartLayout> out(blocks.size() + 2);
-    const double C = c.n_embd, N = c.tokens(), Lc = c.caption_tokens;
+    const double C = c.n_embd, N = c.tokens(), Lc = c.caption_tokens, Ct = c.text_width();
     PartLayout& e = out.front();
     e.name = "embeddings";
-    e.cost = frame.embeddings_cost() + (text.matmul_weights() + C * C) * Lc / N + 2.0 * C * C / N;
+    e.cost = frame.embeddings_cost() + (text->cost_per_position() + Ct * C) * Lc / N +
+             (Ct * C + C * C) / N;
     frame.collect_embeddings(e.params);
-    text.collect(e.params);
+    text->collect(e.params);
     context_embedder.collect(e.params);
     y_fc1.collect(e.params);
     y_fc2.collect(e.params);
@@ -66,7 +68,7 @@ struct MMDiTLayers {
   }
 
   FlowFrame frame;
-  TextEncoder text;
+  std::unique_ptr<TextEncoder> text;
   nn::Linear context_embedder, y_fc1, y_fc2;
   std::vector<nn::MMDiTBlock> blocks;
 };
@@ -82,16 +84,17 @@ struct MMDiT::State {
   Tensor cu_text, cu_joint;    // int32 [2B+1]: per sequence its caption (with the image),
                                // then its padding
   Tensor pool_rows;            // int32 [B,1]: the row of enc [B*Lc, C] pooled, -1: none
-  Tensor pooled;               // [B,1,C]
+  Tensor pooled;               // [B,1,Ct]
   Tensor y_hidden, y_act, y_emb, cond, cond_silu;  // [B,C]
   std::vector<Tensor> stream_x;  // [0] embeddings, [1 + l] block l's image output [B,N,C]
   std::vector<Tensor> stream_c;  // [0] context_embedder(enc), [1 + l] block l's [B,Lc,C]
                                  // (none after the last, pre-only block)
   nn::SavedActivations saved;
   Tensor dcond_silu, dcond, dy_act;  // [B,C]
-  Tensor dpooled;                    // [B,1,C]
+  Tensor dpooled;                    // [B,1,Ct]
   Tensor dres_x;                     // [B,N,C]
-  Tensor dres_c, denc;               // [B,Lc,C]
+  Tensor dres_c;                     // [B,Lc,C]
+  Tensor denc;                       // [B,Lc,Ct]
   nn::MMDiTScratch scratch;
   bool have_grad = false;
 };
@@ -103,10 +106,13 @@ MMDiT::MMDiT(const MMDiTConfig& config, Backend& backend, const ModelStorage& st
              storage.plans.empty() ? "" : storage.plans.front()->what());
   layers_ = std::make_unique<MMDiTLayers>(config_);
   state_ = std::make_unique<State>();
-  build(layers_->parts(config_),
-        {OpFamily::Patchify, OpFamily::Unpatchify, OpFamily::Embedding, OpFamily::LayerNorm,
-         OpFamily::Linear, OpFamily::VarlenAttention, OpFamily::Gelu, OpFamily::Silu,
-         OpFamily::Modulate, OpFamily::Add, OpFamily::FlowMatching});
+  std::vector<OpFamily> ops = {OpFamily::Patchify, OpFamily::Unpatchify, OpFamily::Embedding,
+                               OpFamily::LayerNorm, OpFamily::Linear, OpFamily::VarlenAttention,
+                               OpFamily::Gelu,      OpFamily::Silu,   OpFamily::Modulate,
+                               OpFamily::Add,       OpFamily::FlowMatching};
+  if (config_.text_encoder == TextEncoderKind::Llama)
+    ops.insert(ops.end(), {OpFamily::RMSNorm, OpFamily::Rope, OpFamily::SwiGLU});
+  build(layers_->parts(config_), ops);
 }
 
 MMDiT::~MMDiT() = default;
@@ -137,19 +143,20 @@ void MMDiT::reserve(int B) {
   MMDiTLayers& L = *layers_;
   const DType dt = dtype();
   L.frame.reserve(be, B, dt);
-  L.text.reserve(be, B, dt, mode_);
+  L.text->reserve(be, B, dt, mode_);
   if (a.B == B && a.saved.mode() == mode_ && !a.stream_x.empty()) return;
   a.stream_x.clear();  // free first so the peak is not doubled
   a.stream_c.clear();
   a.B = B;
   const int64_t C = config_.n_embd, N = config_.tokens(), Lc = config_.caption_tokens;
+  const int64_t Ct = config_.text_width();
   auto act = [&](Shape sh) { return be.empty(sh, dt, MemCategory::Activations); };
   auto i32 = [&](Shape sh) { return be.empty(sh, DType::I32, MemCategory::Activations); };
   a.tokens = i32(Shape{B, Lc});
   a.cu_text = i32(Shape{2 * B + 1});
   a.cu_joint = i32(Shape{2 * B + 1});
   a.pool_rows = i32(Shape{B, 1});
-  a.pooled = act(Shape{B, 1, C});
+  a.pooled = act(Shape{B, 1, Ct});
   for (Tensor* t : {&a.y_hidden, &a.y_act, &a.y_emb, &a.cond, &a.cond_silu, &a.dcond_silu,
                     &a.dcond, &a.dy_act})
     *t = act(Shape{B, C});
@@ -158,10 +165,10 @@ void MMDiT::reserve(int B) {
   std::vector<std::vector<nn::SavedSpec>> specs;
   for (const nn::MMDiTBlock& b : L.blocks) specs.push_back(b.saved_specs(B, N, Lc, dt));
   a.saved.reserve(be, specs, mode_);
-  a.dpooled = act(Shape{B, 1, C});
+  a.dpooled = act(Shape{B, 1, Ct});
   a.dres_x = act(Shape{B, N, C});
   a.dres_c = act(Shape{B, Lc, C});
-  a.denc = act(Shape{B, Lc, C});
+  a.denc = act(Shape{B, Lc, Ct});
   a.scratch = L.blocks.front().make_scratch(be, B, N, Lc, dt);
 }
 
@@ -204,14 +211,15 @@ void MMDiT::run_forward() {
   Backend& be = backend();
   const Stream s = be.default_stream();
   const int B = a.B;
-  const int64_t C = config_.n_embd, Lc = config_.caption_tokens;
+  const int64_t Lc = config_.caption_tokens, Ct = config_.text_width();
   MMDiTLayers& L = *layers_;
   hooks().before_forward(0);
-  L.text.forward(be, s, a.tokens, a.cu_text);
-  const Tensor& enc = L.text.output();
+  L.text->forward(be, s, a.tokens, a.cu_text);
+  const Tensor& enc = L.text->output();
   L.context_embedder.forward(be, s, a.stream_c[0], enc);
-  be.embedding_forward(s, a.pooled, a.pool_rows, Tensor(), enc.reshape(Shape{B * Lc, C}), Tensor());
-  L.y_fc1.forward(be, s, a.y_hidden, a.pooled.reshape(Shape{B, C}));
+  be.embedding_forward(s, a.pooled, a.pool_rows, Tensor(), enc.reshape(Shape{B * Lc, Ct}),
+                       Tensor());
+  L.y_fc1.forward(be, s, a.y_hidden, a.pooled.reshape(Shape{B, Ct}));
   be.silu_forward(s, a.y_act, a.y_hidden);
   L.y_fc2.forward(be, s, a.y_emb, a.y_act);
   L.frame.embed_forward(be, s, a.stream_x[0], a.cond, a.scratch.common.tmp);
@@ -302,7 +310,7 @@ void MMDiT::backward() {
   Backend& be = backend();
   const Stream s = be.default_stream();
   const int B = a.B, n = config_.n_layer;
-  const int64_t C = config_.n_embd, Lc = config_.caption_tokens;
+  const int64_t Lc = config_.caption_tokens, Ct = config_.text_width();
   MMDiTLayers& L = *layers_;
   hooks().before_backward(n + 1);
   L.frame.final_backward(be, s, a.dres_x, a.dcond_silu, a.stream_x.back(), a.cond_silu,
@@ -324,13 +332,14 @@ void MMDiT::backward() {
   be.silu_backward(s, a.dcond, a.dcond_silu, a.cond);
   L.y_fc2.backward(be, s, a.dy_act, a.dcond, a.y_act);
   be.silu_backward(s, a.dy_act, a.dy_act, a.y_hidden);
-  L.y_fc1.backward(be, s, a.dpooled.reshape(Shape{B, C}), a.dy_act, a.pooled.reshape(Shape{B, C}));
+  L.y_fc1.backward(be, s, a.dpooled.reshape(Shape{B, Ct}), a.dy_act,
+                   a.pooled.reshape(Shape{B, Ct}));
   // enc feeds the context stream and, at the pooled rows, y.
-  const Tensor& enc = L.text.output();
+  const Tensor& enc = L.text->output();
   L.context_embedder.backward(be, s, a.denc, a.dres_c, enc);
-  be.embedding_backward(s, a.denc.reshape(Shape{B * Lc, C}), Tensor(), a.dpooled, a.pool_rows,
+  be.embedding_backward(s, a.denc.reshape(Shape{B * Lc, Ct}), Tensor(), a.dpooled, a.pool_rows,
                         Tensor());
-  L.text.backward(be, s, a.denc, a.tokens, a.cu_text);
+  L.text->backward(be, s, a.denc, a.tokens, a.cu_text);
   L.frame.embed_backward(be, s, a.dres_x, a.dcond);
   hooks().after_backward(0);
 }

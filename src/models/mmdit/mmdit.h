@@ -3,9 +3,10 @@
 // Diffusion 3) trained as a rectified flow, its draws, patch and timestep embeddings,
 // final layer and loss those of models/flow_frame.h (the DiT's):
 //
-//   enc [B,Lc,C]   = text_encoder(caption)          (models/mmdit/text_encoder.h)
-//   ctx_0          = context_embedder(enc)          SD3's linear from the text features
-//   pooled [B,C]   = enc at the caption's last token (its end-of-text); 0 for the empty caption
+//   enc [B,Lc,Ct]  = text_encoder(caption)          (models/mmdit/text_encoder.h: trained
+//                    with the model, Ct = C, or a frozen Llama's, Ct = text.n_embd)
+//   ctx_0 [B,Lc,C] = context_embedder(enc)          SD3's linear from the text features
+//   pooled [B,Ct]  = enc at the caption's last token (its end-of-text); 0 for the empty caption
 //   c [B,C]        = t_embedder(t) + y_embedder(pooled)   y_embedder = Linear, SiLU, Linear
 //                    (SD3's VectorEmbedder of the pooled text)
 //   x_0 [B,N,C]    = x_embedder(patchify(xt)) + pos_embed
@@ -22,7 +23,7 @@
 //
 // Parameters: the frame's (x_embedder.proj, pos_embed, t_embedder.mlp.{0,2},
 // final_layer.{adaLN_modulation.1, linear}), the text encoder's (text_encoder.*),
-// context_embedder.{weight [C, C], bias}, y_embedder.mlp.0.{weight [C, C], bias},
+// context_embedder.{weight [C, Ct], bias}, y_embedder.mlp.0.{weight [C, Ct], bias},
 // y_embedder.mlp.2.{weight [C, C], bias}, joint_blocks.{l}.{x_block, context_block}.*
 // (SD3's names). Initialisation: matrices N(0, 0.02^2), biases 0, adaLN-Zero's zeros.
 // Parts: 0 the embeddings (image, time, text encoder, context and pooled-text embedders),
