@@ -85,8 +85,8 @@ void register_sample_images(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--samples", a->samples,
                   "Also write the samples as an image data set here (default: OUT without "
-                  ".png, plus .samples; labels: the row's class, or its prompt's index), for "
-                  "kiln classify --data");
+                  ".png, plus .samples, replaced when it holds earlier samples; labels: the "
+                  "row's class (a DiT's, for kiln classify --data), or its prompt's index)");
   cmd->add_option("--rows", a->rows_json,
                   "The rows (classes or prompts) and settings as JSON (default: OUT without "
                   ".png, plus .json)");
@@ -114,7 +114,10 @@ void register_sample_images(CLI::App& app) {
                "{}: exists and is not a regular file (--out names the PNG to write)", a->out);
     KILN_CHECK(out_parent.empty() || fs::is_directory(out_parent),
                "{}: no such directory for --out", out_parent.string());
-    KILN_CHECK(!fs::exists(samples) || (fs::is_directory(samples) && fs::is_empty(samples)),
+    // The default folder, like the PNG and the JSON, is rewritten; a given one must be new.
+    const bool replace = a->samples.empty() && fs::is_directory(samples) &&
+                         fs::exists(fs::path(samples) / "meta.json");
+    KILN_CHECK(replace || !fs::exists(samples) || (fs::is_directory(samples) && fs::is_empty(samples)),
                "{}: exists and is not an empty folder (--samples names the data set folder to "
                "write; remove it or choose another)", samples);
     KILN_CHECK(!fs::is_directory(rows_json), "{}: is a folder (--rows names the JSON file to "
@@ -150,6 +153,7 @@ void register_sample_images(CLI::App& app) {
     const SampledImages images = sample_images(*model, o);
     write_image_grid(a->out, images, o.per_row);
     const int labels = o.captions.empty() ? flow.num_classes() : static_cast<int>(o.captions.size());
+    if (replace) fs::remove_all(samples);
     write_sample_dataset(samples, images, labels, {});
     const nlohmann::json settings{{"checkpoint", a->checkpoint}, {"weights", ema ? "ema" : "params"},
                                   {"steps", o.steps}, {"cfg_scale", o.cfg_scale},

@@ -12,6 +12,7 @@
 #include "data/tokenizer.h"
 #include "eval/scene_score.h"
 #include "model_io/model_io.h"
+#include "models/capabilities.h"
 #include "models/registry.h"
 #include "sampling/image_sampler.h"
 #include "train/device.h"
@@ -53,26 +54,43 @@ SceneTally score_real(Model& classifier, const fs::path& file, const std::vector
   return tally_scenes(read_canvases(classifier, shape, pixels, empty_below, 256), expected);
 }
 
-// Samples `per_prompt` canvases of each scene's caption and reads them: one reading per
-// sample, in scene order.
+// The captions of `scenes` (of `file`) as the model reads them. Throws kiln::Error naming
+// FILE:LINE for one longer than its caption slots.
+std::vector<std::vector<int32_t>> scene_captions(const FlowModel& model, const data::Tokenizer& tok,
+                                                 const std::string& file,
+                                                 const std::vector<SceneRecord>& scenes) {
+  std::vector<std::vector<int32_t>> out;
+  for (const SceneRecord& s : scenes) {
+    out.push_back(data::llava_caption(tok, s.caption));
+    KILN_CHECK(static_cast<int>(out.back().size()) <= model.caption_tokens(),
+               "{}:{}: the caption is {} tokens, more than the model's {} (model.caption_tokens)",
+               file, s.line, out.back().size(), model.caption_tokens());
+  }
+  return out;
+}
+
+// Samples `per_prompt` canvases of each caption and reads them: one reading per sample, in
+// caption order.
 std::vector<std::array<int, 4>> sample_and_read(Model& generator, Model& classifier,
-                                                const data::Tokenizer& tok,
-                                                const std::vector<SceneRecord>& scenes,
+                                                std::vector<std::vector<int32_t>> captions,
                                                 ImageSampleOptions o, double empty_below) {
-  for (const SceneRecord& s : scenes) o.captions.push_back(data::llava_caption(tok, s.caption));
+  o.captions = std::move(captions);
   const SampledImages images = sample_images(generator, o);
   return read_canvases(classifier, images.shape, images.pixels, empty_below, 256);
 }
 
+// The accuracies of an empty group are null (JSON) and n/a (printed), not 0.
 nlohmann::json tally_json(const SceneTally& t) {
+  auto share = [&](double x) { return t.canvases ? nlohmann::json(x) : nlohmann::json(nullptr); };
   return {{"canvases", t.canvases}, {"canvases_right", t.canvases_right},
-          {"canvas_accuracy", t.canvas_accuracy()}, {"cells", t.cells},
-          {"cells_right", t.cells_right}, {"cell_accuracy", t.cell_accuracy()}};
+          {"canvas_accuracy", share(t.canvas_accuracy())}, {"cells", t.cells},
+          {"cells_right", t.cells_right}, {"cell_accuracy", share(t.cell_accuracy())}};
 }
 
 void print_tally(const std::string& what, const SceneTally& t) {
-  fmt::print("  {:<44} canvases {:6.2f}% ({} of {})   cells {:6.2f}%\n", what,
-             100 * t.canvas_accuracy(), t.canvases_right, t.canvases, 100 * t.cell_accuracy());
+  auto share = [&](double x) { return t.canvases ? fmt::format("{:6.2f}%", 100 * x) : "   n/a "; };
+  fmt::print("  {:<44} canvases {} ({} of {})   cells {}\n", what, share(t.canvas_accuracy()),
+             t.canvases_right, t.canvases, share(t.cell_accuracy()));
 }
 
 }  // namespace
@@ -118,11 +136,20 @@ void register_score_scenes(CLI::App& app) {
   cmd->add_option("--device", a->device, "Where to run (as train.device): cpu or cuda")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->callback([a] {
+    if (!a->json.empty()) {
+      const fs::path dir = fs::path(a->json).parent_path();
+      KILN_CHECK(dir.empty() || fs::is_directory(dir), "--json {}: no folder {}", a->json,
+                 dir.string());
+    }
     auto backend = make_device_backend(a->device);
     const auto generator = load_checkpoint_model(a->model, *backend, a->weights);
+    const FlowModel& flow = as_flow_model(*generator, a->model);
+    KILN_CHECK(flow.caption_tokens() > 0, "{}: model.arch '{}' is not a text-to-image model "
+               "(mmdit)", a->model, generator->arch());
     const auto classifier = load_checkpoint_model(a->classifier, *backend, "params");
     const auto tok = load_checkpoint_tokenizer(checkpoint::CheckpointReader(a->model));
     const std::vector<SceneRecord> val = read_scene_records(a->scenes, a->max_records);
+    const auto val_captions = scene_captions(flow, *tok, a->scenes, val);
     std::set<std::array<int, 4>> seen;
     std::vector<SceneRecord> train;
     if (!a->train_scenes.empty()) {
@@ -131,6 +158,7 @@ void register_score_scenes(CLI::App& app) {
         if (a->max_records <= 0 || static_cast<int64_t>(train.size()) < a->max_records) train.push_back(s);
       }
     }
+    const auto train_captions = scene_captions(flow, *tok, a->train_scenes, train);
     nlohmann::json out{{"model", a->model}, {"classifier", a->classifier}, {"scenes", a->scenes},
                        {"train_scenes", a->train_scenes}, {"per_prompt", a->per_prompt},
                        {"steps", a->steps}, {"seed", a->seed}, {"empty_below", a->empty_below},
@@ -148,7 +176,7 @@ void register_score_scenes(CLI::App& app) {
     for (const double cfg : a->cfg_scales) {
       o.cfg_scale = cfg;
       fmt::print("guidance scale {}:\n", cfg);
-      const auto read = sample_and_read(*generator, *classifier, *tok, val, o, a->empty_below);
+      const auto read = sample_and_read(*generator, *classifier, val_captions, o, a->empty_below);
       SceneTally held_out, in_training;
       for (size_t i = 0; i < read.size(); ++i) {
         const SceneRecord& s = val[i / static_cast<size_t>(a->per_prompt)];
@@ -161,7 +189,8 @@ void register_score_scenes(CLI::App& app) {
       if (!seen.empty()) {
         print_tally("held-out captions of a seen combination", in_training);
         row["seen_combination"] = tally_json(in_training);
-        const auto train_read = sample_and_read(*generator, *classifier, *tok, train, o, a->empty_below);
+        const auto train_read =
+            sample_and_read(*generator, *classifier, train_captions, o, a->empty_below);
         std::vector<std::array<int, 4>> expected;
         for (const SceneRecord& s : train) expected.insert(expected.end(), a->per_prompt, s.cells);
         const SceneTally t = tally_scenes(train_read, expected);

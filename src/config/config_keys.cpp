@@ -48,7 +48,7 @@ const std::vector<Key>& keys() {
     for (const auto& p : model_presets()) presets.emplace_back(p.name);
     return std::vector<Key>{
         any(KILN_KEY(model, arch),
-            "Model architecture (models/registry.h): gpt2, llama, vit (an image classifier) or dit (an image generator); tests and extensions register more."),
+            "Model architecture (models/registry.h): gpt2, llama (with its mixture-of-experts variants), vit (an image classifier), dit (a class-conditioned image generator), llava (a vision-language model) or mmdit (a text-conditioned image generator); tests and extensions register more."),
         oneof(KILN_KEY(model, preset), presets,
               "Model preset filling arch, n_layer, n_head, n_embd, block_size and vocab_size "
               "(llama presets also n_kv_head, ffn_hidden_size, norm_eps, rope_theta, "

@@ -29,13 +29,25 @@ std::vector<SceneRecord> read_scene_records(const std::filesystem::path& path, i
                  "{}: cell {} is not a class in [-1, 9]", where, c);
       r.cells[c] = j["cells"][c].get<int>();
     }
-    for (const auto& turn : j["conversations"])
-      if (turn.is_object() && turn.value("from", "") == "gpt" && turn.contains("value") &&
-          turn["value"].is_string())
-        r.caption = turn["value"].get<std::string>();
-    KILN_CHECK(!r.caption.empty(), "{}: no gpt answer to take as the caption", where);
+    // The caption is the last answer (what a text-to-image model trains on), the answer
+    // to "Describe the image.".
+    const auto& turns = j["conversations"];
+    const size_t n_turns = turns.size();
+    auto text = [&](size_t i, const char* from) -> std::string {
+      const auto& t = turns[i];
+      if (!t.is_object() || t.value("from", "") != from || !t.contains("value") ||
+          !t["value"].is_string())
+        return "";
+      return t["value"].get<std::string>();
+    };
+    KILN_CHECK(n_turns >= 2 && text(n_turns - 2, "human").ends_with(kDescribeQuestion) &&
+                   !text(n_turns - 1, "gpt").empty(),
+               "{}: the last round is not \"{}\" and its answer (the caption scored)", where,
+               kDescribeQuestion);
+    r.caption = text(n_turns - 1, "gpt");
     KILN_CHECK(j.contains("image") && j["image"].is_string(), "{}: no \"image\" path", where);
     r.image = j["image"].get<std::string>();
+    r.line = n;
     out.push_back(std::move(r));
   }
   KILN_CHECK(!out.empty(), "{}: no scene record", path.string());

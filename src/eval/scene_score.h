@@ -17,6 +17,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace kiln {
@@ -26,11 +27,15 @@ namespace kiln {
 struct SceneRecord {
   std::string caption, image;
   std::array<int, 4> cells{};
+  int64_t line = 0;  // in its file, from 1
 };
+
+/// The question whose answer is a scene's caption (its last round).
+inline constexpr std::string_view kDescribeQuestion = "Describe the image.";
 
 /// The scenes of a `kiln scenes` JSONL (at most `max_records`; 0: all). Throws kiln::Error
 /// naming FILE:LINE for a line that is not a scene record (no "cells" of four classes in
-/// [-1, 9], no gpt answer).
+/// [-1, 9], a last round other than kDescribeQuestion and its answer).
 std::vector<SceneRecord> read_scene_records(const std::filesystem::path& path, int64_t max_records);
 
 struct SceneTally {

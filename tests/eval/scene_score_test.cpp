@@ -102,6 +102,8 @@ TEST(SceneScore, BadRecordsNameTheirLine) {
   EXPECT_EQ(records[0].caption, "A sandal in the top left and a bag in the bottom left.");
   EXPECT_EQ(records[0].cells, (std::array<int, 4>{5, -1, 8, -1}));
   EXPECT_EQ(records[0].image, "images/val/0.png");
+  EXPECT_EQ(records[0].line, 1);
+  EXPECT_EQ(records[1].line, 3);
   EXPECT_EQ(read_scene_records(path, 1).size(), 1u);
   write(good + "\n" + R"({"cells":[5,-1,8],"conversations":[]})" + "\n");
   EXPECT_NE(testing::error_of([&] { read_scene_records(path, 0); }).find(":2: not a kiln scenes record"),
@@ -110,7 +112,13 @@ TEST(SceneScore, BadRecordsNameTheirLine) {
   EXPECT_NE(testing::error_of([&] { read_scene_records(path, 0); }).find(":1: cell 3 is not a class"),
             std::string::npos);
   write(R"({"cells":[5,-1,8,1],"conversations":[{"from":"human","value":"x"}]})" "\n");
-  EXPECT_NE(testing::error_of([&] { read_scene_records(path, 0); }).find(":1: no gpt answer"),
+  EXPECT_NE(testing::error_of([&] { read_scene_records(path, 0); })
+                .find(":1: the last round is not \"Describe the image.\""),
+            std::string::npos);
+  // A record whose last round asks something else: its answer ("Yes.") is no caption.
+  write(R"({"image":"a.png","cells":[5,-1,8,1],"conversations":[{"from":"human","value":"<image>\nDescribe the image."},{"from":"gpt","value":"A sandal."},{"from":"human","value":"Is there a bag?"},{"from":"gpt","value":"Yes."}]})" "\n");
+  EXPECT_NE(testing::error_of([&] { read_scene_records(path, 0); })
+                .find(":1: the last round is not \"Describe the image.\""),
             std::string::npos);
   std::filesystem::remove(path);
 }

@@ -134,7 +134,10 @@ echo "kiln report: the latest checkpoint's samples inline"
 
 fails bad_class "class 4 is outside the model's \[0, 4)" "$kiln" sample-images --checkpoint "$ckpt" --out "$work/x.png" --classes 3-7
 fails bad_classes "expected class numbers" "$kiln" sample-images --checkpoint "$ckpt" --out "$work/x.png" --classes a-b
-fails samples_exist "exists and is not an empty folder" "$kiln" sample-images --checkpoint "$ckpt" --out "$work/grid.png" --classes 0
+# The default samples folder is rewritten with the PNG; a given one must be new.
+succeeds samples_again "$kiln" sample-images --checkpoint "$ckpt" --out "$work/grid.png" --classes 0
+fails samples_exist "exists and is not an empty folder" "$kiln" sample-images --checkpoint "$ckpt" \
+  --out "$work/y.png" --samples "$work/grid.samples" --classes 0
 [ ! -e "$work/grid.png.tmp" ] || { echo "FAILED: a temporary PNG was left"; exit 1; }
 fails out_is_dir "is not a regular file" "$kiln" sample-images --checkpoint "$ckpt" --out "$work/data" --classes 0
 fails cfg_nan "must be finite" "$kiln" sample-images --checkpoint "$ckpt" --out "$work/n.png" --classes 0 --cfg-scale nan

@@ -187,6 +187,26 @@ ema_decay = 0.99
 every = 1
 peak_tflops = 1.0
 )", (work_ / "pair_data").string());
+    // The same with a frozen Llama text encoder (narrower than the model: its own buffers).
+    std::ofstream(work_ / "mmdit_llama.toml") << fmt::format(R"([model]
+arch = "mmdit"
+n_layer = 3
+n_head = 4
+n_embd = 64
+block_size = 9
+patch_size = 4
+caption_tokens = 12
+text.encoder = "llama"
+text.n_embd = 32
+text.n_kv_head = 2
+[data]
+dir = "{}"
+[train]
+steps = 1
+[log]
+every = 1
+peak_tflops = 1.0
+)", (work_ / "pair_data").string());
     // The token models' training keys: the GPT and a Llama with mixture-of-experts blocks
     // (the first dense, a shared expert, both balancing losses).
     const std::string tokens = fmt::format(R"([data]
@@ -373,6 +393,8 @@ std::vector<Case> long_rows() {
       {2, 1, "selective", 8, 16, false, "bf16", 1, false, "vit.toml"},
       {2, 2, "selective", 8, 16, false, "bf16", 1, false, "dit.toml"},
       {2, 1, "selective", 8, 16, false, "bf16", 1, false, "mmdit.toml"},
+      {1, 0, "none", 8, 16, false, "fp32", 1, false, "mmdit_llama.toml"},
+      {2, 3, "full", 8, 32, false, "fp32", 1, false, "mmdit_llama.toml"},
       {4, 1, "selective", 2, 8, false, "fp32", 2, true, "tiny.toml", 2},
       {4, 3, "full", 2, 4, false, "bf16", 1, false, "tiny.toml", 1, "1f1b", 1, 4},
       {4, 1, "none", 2, 4, false, "fp32", 2, true, "tiny.toml", 1, "1f1b", 1, 2},
