@@ -54,7 +54,7 @@ void register_sample_images(CLI::App& app) {
         weights = "auto";
     std::vector<std::string> prompts;
     int per_row = 8, steps = 50, batch = 100;
-    double cfg_scale = 1.0;
+    double cfg_scale = 1.0, shift = 1.0;
     uint64_t seed = 0;
   };
   auto a = std::make_shared<Args>();
@@ -79,6 +79,11 @@ void register_sample_images(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--steps", a->steps, "Euler steps from noise to image")->check(CLI::Range(1, 100000))
       ->capture_default_str();
+  cmd->add_option("--shift", a->shift,
+                  "Time shift of the steps (SD3's): t = s u / (1 + (s - 1) u) over uniform u; "
+                  "> 1 puts more steps at high noise")
+      ->check(CLI::Range(0.01, 100.0))
+      ->capture_default_str();
   cmd->add_option("--seed", a->seed, "Seed of the initial noise")
       ->capture_default_str();
   cmd->add_option("--batch", a->batch, "Images per model call")->check(CLI::Range(1, 1 << 20))
@@ -101,6 +106,7 @@ void register_sample_images(CLI::App& app) {
     ImageSampleOptions o;
     o.per_row = a->per_row;
     o.cfg_scale = a->cfg_scale;
+    o.shift = a->shift;
     o.steps = a->steps;
     o.seed = a->seed;
     o.batch = a->batch;
@@ -156,7 +162,8 @@ void register_sample_images(CLI::App& app) {
     if (replace) fs::remove_all(samples);
     write_sample_dataset(samples, images, labels, {});
     const nlohmann::json settings{{"checkpoint", a->checkpoint}, {"weights", ema ? "ema" : "params"},
-                                  {"steps", o.steps}, {"cfg_scale", o.cfg_scale},
+                                  {"steps", o.steps}, {"shift", o.shift},
+                                  {"cfg_scale", o.cfg_scale},
                                   {"seed", o.seed}, {"per_row", o.per_row}, {"grid", a->out},
                                   {"samples", samples}, {"rows", rows}};
     checkpoint::detail::atomic_write_file(rows_json, settings.dump(2) + "\n");

@@ -105,7 +105,7 @@ void register_score_scenes(CLI::App& app) {
     int64_t max_records = 200;
     int per_prompt = 1, steps = 25, batch = 100;
     uint64_t seed = 0;
-    double empty_below = 16.0;
+    double empty_below = 16.0, shift = 1.0;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--model", a->model, "The text-to-image model's checkpoint")->required();
@@ -124,6 +124,8 @@ void register_score_scenes(CLI::App& app) {
   cmd->add_option("--cfg-scale", a->cfg_scales, "Guidance scales, each scored (repeatable)")
       ->capture_default_str()->check(CLI::Range(0.0, 100.0));
   cmd->add_option("--steps", a->steps, "Euler steps")->capture_default_str()->check(CLI::Range(1, 100000));
+  cmd->add_option("--shift", a->shift, "Time shift of the steps (as sample-images --shift)")
+      ->capture_default_str()->check(CLI::Range(0.01, 100.0));
   cmd->add_option("--seed", a->seed, "Seed of the initial noise")->capture_default_str();
   cmd->add_option("--batch", a->batch, "Images per model call")->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
@@ -161,7 +163,8 @@ void register_score_scenes(CLI::App& app) {
     const auto train_captions = scene_captions(flow, *tok, a->train_scenes, train);
     nlohmann::json out{{"model", a->model}, {"classifier", a->classifier}, {"scenes", a->scenes},
                        {"train_scenes", a->train_scenes}, {"per_prompt", a->per_prompt},
-                       {"steps", a->steps}, {"seed", a->seed}, {"empty_below", a->empty_below},
+                       {"steps", a->steps}, {"shift", a->shift}, {"seed", a->seed},
+                       {"empty_below", a->empty_below},
                        {"by_cfg_scale", nlohmann::json::array()}};
     const SceneTally real = score_real(*classifier, a->scenes, val, a->empty_below);
     fmt::print("kiln score-scenes: {} held-out scenes{}\n", val.size(),
@@ -171,6 +174,7 @@ void register_score_scenes(CLI::App& app) {
     ImageSampleOptions o;
     o.per_row = a->per_prompt;
     o.steps = a->steps;
+    o.shift = a->shift;
     o.seed = a->seed;
     o.batch = a->batch;
     for (const double cfg : a->cfg_scales) {

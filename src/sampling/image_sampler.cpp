@@ -62,6 +62,12 @@ struct RowConditions {
   }
 };
 
+// t_k of the grid: shift u / (1 + (shift - 1) u), u = 1 - k / steps.
+float shifted_time(const ImageSampleOptions& o, int k) {
+  const double u = 1.0 - static_cast<double>(k) / o.steps;
+  return static_cast<float>(o.shift * u / (1.0 + (o.shift - 1.0) * u));
+}
+
 }  // namespace
 
 SampledImages sample_images(Model& model, const ImageSampleOptions& o) {
@@ -69,6 +75,8 @@ SampledImages sample_images(Model& model, const ImageSampleOptions& o) {
   KILN_CHECK(o.per_row >= 1, "sample-images: --per-row must be at least 1 (got {})", o.per_row);
   KILN_CHECK(std::isfinite(o.cfg_scale), "sample-images: --cfg-scale must be finite (got {})",
              o.cfg_scale);
+  KILN_CHECK(std::isfinite(o.shift) && o.shift > 0, "sample-images: --shift must be positive "
+             "(got {})", o.shift);
   FlowModel& flow = as_flow_model(model, "sample-images");
   check_rows(flow, o);
   const Shape image = flow.image_shape();
@@ -101,9 +109,9 @@ SampledImages sample_images(Model& model, const ImageSampleOptions& o) {
         o, std::span<const int32_t>(out.labels).subspan(static_cast<size_t>(first), B), guided);
     const Shape shape = batched(rows, image), half = batched(B, image);
     const Tensor xt = x_buf.view_at(0, shape), vt = v_buf.view_at(0, shape);
-    const float dt = -1.f / static_cast<float>(o.steps);
     for (int k = 0; k < o.steps; ++k) {
-      t.assign(static_cast<size_t>(rows), 1.f - static_cast<float>(k) / o.steps);
+      const float tk = shifted_time(o, k), dt = shifted_time(o, k + 1) - tk;
+      t.assign(static_cast<size_t>(rows), tk);
       // The conditional rows, and with guidance the same images again as the null rows.
       be.copy_from_host(s, xt.view_at(0, half), x.data());
       if (guided) be.copy_from_host(s, xt.view_at(B * P, half), x.data());

@@ -2,7 +2,9 @@
 // probability-flow ODE from noise at t = 1 to an image at t = 0 (rectified flow: Liu et
 // al. 2023), with classifier-free guidance (Ho & Salimans 2022):
 //   v = v(x, t, null) + cfg_scale * (v(x, t, y) - v(x, t, null))   (cfg_scale 1: v(x, t, y))
-//   x <- x + (t_{k+1} - t_k) v,   t_k = 1 - k / steps
+//   x <- x + (t_{k+1} - t_k) v,   t_k = shift u_k / (1 + (shift - 1) u_k),  u_k = 1 - k / steps
+// (shift 1: uniform steps; shift > 1 spends more of them at high noise, where the layout
+// is decided: SD3's timestep shift, Esser et al. 2024 section 5.3.2, 3.0 at 1024 pixels)
 // y is a row's condition: a class (a class-conditional model, null the null class) or a
 // caption (a text-conditioned one, null the empty caption). Sample i of a request starts
 // from Philox noise of (seed, i) alone, so a sample is the same whatever the batch size or
@@ -28,6 +30,7 @@ struct ImageSampleOptions {
   int per_row = 8;  // samples per row
   double cfg_scale = 1.0;
   int steps = 50;
+  double shift = 1.0;        // the time grid's shift (> 0; 1: uniform)
   uint64_t seed = 0;
   int batch = 100;           // images per model call (twice that with guidance)
 };

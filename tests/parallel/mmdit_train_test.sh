@@ -13,7 +13,7 @@
 #   3. bf16 ends within 3% of fp32; the loss falls;
 #   4. kiln sample-images --prompt writes a PNG grid with a row per prompt, the rows in a
 #      JSON file and the samples as a data set, the same samples whatever the batch size,
-#      from the EMA; kiln report shows a row per val caption;
+#      from the EMA, other ones with --shift 3; kiln report shows a row per val caption;
 #   5. bad inputs are one-line errors: a caption longer than model.caption_tokens (in the
 #      data, and as a prompt), classes for a text-conditioned model, an empty prompts file,
 #      labelled images for an mmdit, kiln sample of an mmdit checkpoint.
@@ -126,6 +126,10 @@ cmp "$work/grid.png" "$work/grid_b1.png" || { echo "FAILED: samples depend on --
 grep -q "EMA weights" "$work/grid.log" || { echo "FAILED: not sampled from the EMA"; cat "$work/grid.log"; exit 1; }
 sample grid_raw --weights params
 ! cmp -s "$work/grid.png" "$work/grid_raw.png" || { echo "FAILED: EMA and raw samples are equal"; exit 1; }
+sample grid_shift --shift 3
+! cmp -s "$work/grid.png" "$work/grid_shift.png" || { echo "FAILED: --shift 3 changes nothing"; exit 1; }
+grep -q '"shift": 3.0' "$work/grid_shift.json" || { echo "FAILED: no shift in grid_shift.json"; exit 1; }
+fails bad_shift "shift" "$kiln" sample-images --checkpoint "$ckpt" --out "$work/x.png" --prompt "A bar." --shift 0
 "$py" - "$work/grid.png" "$work/grid.json" "$work/grid.samples/meta.json" <<'PY'
 import json, struct, sys
 png = open(sys.argv[1], "rb").read()
