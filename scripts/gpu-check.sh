@@ -5,8 +5,8 @@
 # with one NVIDIA GPU, the CUDA toolkit, cmake, ninja, gcc and python3 with PyTorch, but
 # no apt, no MPI and no network.
 #
-#   scripts/gpu-check.sh [--quick] [--moe] [--sanitize] [--plan] [--fp32] [--no-torch]
-#                        [--require-gpu] [--cap SECONDS] [--prebuilt BUILD_DIR]
+#   scripts/gpu-check.sh [--quick] [--moe] [--mmdit] [--sanitize] [--plan] [--fp32]
+#                        [--no-torch] [--require-gpu] [--cap SECONDS] [--prebuilt BUILD_DIR]
 #
 # Phases, with the seconds each is given on the H200 (docs/cuda.md, "Running the GPU
 # check", says where the figures come from):
@@ -30,12 +30,15 @@
 #   variants   every switch alone, a short kiln_gpu_step run each, fp8 (tensorwise and
 #              delayed) among them (full only; scripts/gpu/variants.sh)               54
 #   moe        --moe: scripts/gpu/moe-check.sh (the mixture-of-experts trainer)        70
+#   mmdit      --mmdit: scripts/gpu/mmdit-check.sh (the text-to-image trainer, its
+#              frozen Llama encoder, sample-images; generated data, none carried)     40
 #   sanitize   --sanitize: compute-sanitizer over the op harness (scripts/gpu/sanitize.sh) 120
 #   plan       --plan: kiln plan's single-GPU choices for GPT-2 XL (micro batch 2/4/8 x
 #              checkpointing none/full) against measured steps, after calibrating the GPU
 #              (scripts/gpu/plan-check.sh; docs/plan.md)                                90
 # A phase after the build starts only if its figure fits in what is left of the cap
-# (300 s, --quick 150, plus 70 for --moe, 120 for --sanitize, 90 for --plan; --cap sets it), and runs
+# (300 s, --quick 150, plus 70 for --moe, 40 for --mmdit, 120 for --sanitize, 90 for --plan;
+# --cap sets it), and runs
 # under a timeout of what is left, so the run outlasts the cap by at most the 10 s grace
 # of a killed phase and the summary; a phase that does not fit is reported as skipped.
 # MFU of every run is against one measured peak: the bf16 GEMM rate that the bench
@@ -50,11 +53,11 @@
 #      GPU_CHECK_VARIANTS (scripts/gpu/variants.sh's list).
 # On the device tool: run(command="bash scripts/gpu-check.sh --require-gpu",
 # carry=[".deps/debs", "data/kjv"], timeout_s=380) (--quick: timeout_s=230; with
-# --moe/--sanitize: the cap + 80). data/kjv: the demo's prepared shards (scripts/demo.sh
+# --moe/--mmdit/--sanitize: the cap + 80). data/kjv: the demo's prepared shards (scripts/demo.sh
 # here; about 3 MB), for the trainer phases.
 # Output in $OUT (or build-gpu/gpu-check/): gpu-check.log (each phase's end and the
 # tables), gpu-check.json (the summary: scripts/gpu/summary.py) and the phase logs
-# build.log, ops.log (+ sanitize), trainer.log (+ moe), bench.log (+ variants) and
+# build.log, ops.log (+ sanitize), trainer.log (+ moe, mmdit), bench.log (+ variants) and
 # torch.log: at most 7 files (the device tool returns 8).
 # Exit status: 0 when every phase ran and passed, or when no GPU is visible (skipped);
 # 1 when a phase failed, timed out or was skipped (result "incomplete": the cap, or no
@@ -64,14 +67,15 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 usage_error() {  # one line: what is wrong, then the usage
-  echo "gpu-check: $1 (usage: scripts/gpu-check.sh [--quick] [--moe] [--sanitize] [--plan] [--fp32] [--no-torch] [--require-gpu] [--cap SECONDS] [--prebuilt BUILD_DIR])" >&2
+  echo "gpu-check: $1 (usage: scripts/gpu-check.sh [--quick] [--moe] [--mmdit] [--sanitize] [--plan] [--fp32] [--no-torch] [--require-gpu] [--cap SECONDS] [--prebuilt BUILD_DIR])" >&2
   exit 2
 }
-mode=full moe=0 sanitize=0 plan=0 fp32=0 torch=1 require_gpu=0 cap="" prebuilt=""
+mode=full moe=0 mmdit=0 sanitize=0 plan=0 fp32=0 torch=1 require_gpu=0 cap="" prebuilt=""
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) mode=quick ;;
     --moe) moe=1 ;;
+    --mmdit) mmdit=1 ;;
     --sanitize) sanitize=1 ;;
     --plan) plan=1 ;;
     --fp32) fp32=1 ;;
@@ -89,7 +93,7 @@ while [ $# -gt 0 ]; do
 done
 if [ -z "$cap" ]; then
   cap=$([ "$mode" = quick ] && echo 150 || echo 300)
-  cap=$((cap + 70 * moe + 120 * sanitize + 90 * plan))
+  cap=$((cap + 70 * moe + 40 * mmdit + 120 * sanitize + 90 * plan))
 fi
 [[ "$cap" =~ ^[0-9]+$ ]] || { echo "gpu-check: --cap '$cap': expected whole seconds" >&2; exit 2; }
 for f in apps/kiln/kiln tests/backend/backend_op_test bench/gpu/kiln_gpu_step bench/gpu/kiln_gpu_bf16; do
@@ -270,6 +274,9 @@ if [ "$moe" = 1 ]; then
     say "phase moe skipped: data/kjv was not carried (scripts/demo.sh prepares it)"
     records+=("moe:skipped:0")
   fi
+fi
+if [ "$mmdit" = 1 ]; then
+  phase mmdit 40 trainer.log bash "$root/scripts/gpu/mmdit-check.sh" "$kiln" "$build/mmdit-check" 40 || true
 fi
 if [ "$plan" = 1 ]; then
   phase plan 90 bench.log bash "$root/scripts/gpu/plan-check.sh" "$kiln" "$step" "$build/plan-check" \

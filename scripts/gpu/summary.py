@@ -6,7 +6,8 @@ OUT/gpu-check.json (atomically) and prints the tables:
   phases      name, status (ok, FAILED, TIMEOUT, skipped, prebuilt), seconds
   ops         per test program: passed, failed (names), skipped, finished (gtest's end
               line seen); the worst relative error per cuda op output; kiln_gpu_bf16's count; compute-sanitizer's exit statuses
-  trainer     the train-check: and moe-check: lines; plan-check: lines (--plan)
+  trainer     the train-check:, moe-check: (--moe) and mmdit-check: (--mmdit) lines;
+              plan-check: lines (--plan)
   bench       kiln and PyTorch (GPT-2 124M, T=1024): ms/step, tokens/s, model TFLOP/s and
               MFU against one common peak (the bf16 GEMM rate kiln_gpu_step measured in
               the bench phase: MFU = model TFLOP/s / that peak), the kiln/PyTorch ratio
@@ -91,8 +92,8 @@ def parse_ops(path):
 
 def parse_trainer(path):
     lines = [l for _, ls in sections(path) for l in ls]
-    return ([l for l in lines if l.startswith("train-check:")],
-            [l for l in lines if l.startswith("moe-check:")])
+    return tuple([l for l in lines if l.startswith(p)]
+                 for p in ("train-check:", "moe-check:", "mmdit-check:"))
 
 
 def parse_bench(bench_path, torch_path):
@@ -148,7 +149,7 @@ def print_tables(s):
               f"{worst[1]:.2e} ({worst[0]})")
     for t in ops["sanitize"]:
         print(f"ops: compute-sanitizer {t['tool']}: exit status {t['exit_status']}")
-    for line in s["trainer"] + s["moe"] + s["plan"]:
+    for line in s["trainer"] + s["moe"] + s["mmdit"] + s["plan"]:
         print(line)
     b = s["bench"]
     if b["rows"]:
@@ -194,7 +195,7 @@ def main():
     for p in a.phase:
         name, status, seconds = p.split(":")
         phases.append({"name": name, "status": status, "seconds": int(seconds)})
-    trainer, moe = parse_trainer(os.path.join(a.out, "trainer.log"))
+    trainer, moe, mmdit = parse_trainer(os.path.join(a.out, "trainer.log"))
     bench, variants = parse_bench(os.path.join(a.out, "bench.log"), os.path.join(a.out, "torch.log"))
     plan = [l for _, ls in sections(os.path.join(a.out, "bench.log")) for l in ls
             if l.startswith("plan-check:")]
@@ -203,7 +204,8 @@ def main():
         "device": a.device, "mode": a.mode, "cap_s": a.cap, "seconds": a.seconds,
         "result": a.result, "phases": phases,
         "ops": parse_ops(os.path.join(a.out, "ops.log")),
-        "trainer": trainer, "moe": moe, "bench": bench, "variants": variants, "plan": plan,
+        "trainer": trainer, "moe": moe, "mmdit": mmdit, "bench": bench, "variants": variants,
+        "plan": plan,
     }
     path = os.path.join(a.out, "gpu-check.json")
     with open(path + ".tmp", "w") as f:

@@ -72,7 +72,9 @@ const std::vector<Key>& keys() {
             "folder whose parameter N initialises this model's PREFIX.N (a llava's "
             "[\"vision_tower=runs/vit/ckpt/step_00005000\", \"language_model=hf/llama\"]); "
             "a source with more rows gives its first ones (a ViT's pos_embed without its "
-            "class-token row). [] = none."),
+            "class-token row); a whole model's part (a llava's language_model, an mmdit's "
+            "Llama text_encoder) must also have the source's heads, norm epsilon and rotary "
+            "settings. [] = none."),
         any(KILN_KEY(data, dir), "Directory of the tokenized data set (this or data.blend is required for training)."),
         any(KILN_KEY(data, blend),
             "A weighted blend of prepared token data sets instead of data.dir, as Megatron's --data-path: "

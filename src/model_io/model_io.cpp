@@ -6,11 +6,13 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <optional>
 #include <random>
 #include <sstream>
+#include <tuple>
 
 namespace kiln {
 
@@ -314,8 +316,29 @@ class PartSource final : public WeightSource {
 
 }  // namespace
 
+namespace {
+
+// open_part_weights's check of the source's options `theirs` against the part's `want`.
+void check_part_options(const ModelOptions& want, const ModelOptions& theirs,
+                        const std::string& where) {
+  KILN_CHECK(theirs.arch == want.arch, "{}: a {} there, a {} here", where, theirs.arch, want.arch);
+  for (const auto& [key, mine, its] : {std::tuple{"n_layer", want.n_layer, theirs.n_layer},
+                                       std::tuple{"n_head", want.n_head, theirs.n_head},
+                                       std::tuple{"n_embd", want.n_embd, theirs.n_embd}})
+    KILN_CHECK(mine == its, "{}: its {} is {}, this model's part has {}", where, key, its, mine);
+  const ModelKeys& keys = model_arch(want.arch).keys;
+  for (const auto& [key, mine] : want.family) {
+    const double its = theirs.value(keys, key);
+    KILN_CHECK(std::fabs(its - mine) <= 1e-6 * std::max(std::fabs(its), std::fabs(mine)),
+               "{}: its {} is {}, this model's part has {}", where, key, its, mine);
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<WeightSource> open_part_weights(const fs::path& path, const std::string& prefix,
-                                                const std::vector<ParamSpec>& params) {
+                                                const std::vector<ParamSpec>& params,
+                                                const std::optional<ModelOptions>& expect) {
   const std::string where = fmt::format("model.init_parts {}={}", prefix, path.string());
   KILN_CHECK(fs::exists(path), "{}: {} does not exist", where, path.string());
   const bool hf = is_hf_folder(path);
@@ -334,6 +357,7 @@ std::unique_ptr<WeightSource> open_part_weights(const fs::path& path, const std:
     reader.emplace(path);
     options = checkpoint_model_options(*reader);
   }
+  if (expect) check_part_options(*expect, options, where);
   std::map<std::string, ParamSpec> theirs;
   std::vector<ParamSpec> wanted;
   for (const ParamSpec& p : params) {

@@ -119,10 +119,14 @@ std::unique_ptr<WeightSource> open_model_weights(const std::filesystem::path& pa
 /// of its config.json's), which must have the same shape; a pos_embed may have more rows
 /// there, of which the first are read (a ViT's, its class-token row last). Throws
 /// kiln::Error naming the path and tensor for a missing tensor or another shape, the
-/// prefix when a parameter lacks it, and a path that is neither kind.
+/// prefix when a parameter lacks it, and a path that is neither kind. With `expect` (the
+/// part's Model::part_options), the source must also be of its arch with the same
+/// n_layer, n_head and n_embd and, for each of its family keys, the same value (floats
+/// within 1e-6 relative); an error names the key and both values.
 std::unique_ptr<WeightSource> open_part_weights(const std::filesystem::path& path,
                                                 const std::string& prefix,
-                                                const std::vector<ParamSpec>& params);
+                                                const std::vector<ParamSpec>& params,
+                                                const std::optional<ModelOptions>& expect = {});
 
 /// What identifies the weights at `path` (a model.init_from: a file, or a folder's
 /// *.safetensors, *.bin, config.json and manifest.json; not its README, tokenizer or

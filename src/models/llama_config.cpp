@@ -468,6 +468,13 @@ void llama_set_moe_options(ModelOptions& o, const LlamaMoeConfig& moe) {
   if (moe.enabled()) moe_options_from_json(o, moe_json(moe));
 }
 
+ModelOptions llama_part_options(const LlamaConfig& c, bool has_head) {
+  ModelOptions o = llama_options_from_json(llama_config_json(c));
+  o.family.erase("head_dim");
+  if (!has_head) o.family.erase("tie_embeddings");
+  return o;
+}
+
 ModelOptions llama_options_from_json(const nlohmann::json& j) {
   ModelOptions o;
   o.arch = "llama";

@@ -114,6 +114,11 @@ LlamaConfig llama_config_of(const ModelOptions& options);
 void llama_set_moe_options(ModelOptions& options, const LlamaMoeConfig& moe);
 /// Hyper-parameters as stored in a checkpoint's state ("model" object), and back.
 nlohmann::json llama_config_json(const LlamaConfig& c);
+/// The options a model.init_parts source must agree with when it fills a Llama of `c`
+/// that another model holds (Model::part_options): its options without head_dim (a
+/// different head size shows in the tensors' shapes) nor, with `has_head` false (a
+/// decoder read for its hidden states), tie_embeddings.
+ModelOptions llama_part_options(const LlamaConfig& c, bool has_head);
 ModelOptions llama_options_from_json(const nlohmann::json& j);
 
 }  // namespace kiln

@@ -22,6 +22,7 @@
 #include "models/batch.h"
 #include "models/capabilities.h"
 #include "models/layer_plan.h"
+#include "models/model_options.h"
 #include "nn/parameter.h"
 #include "nn/saved.h"
 
@@ -195,6 +196,15 @@ class Model {
   virtual std::string describe() const = 0;
   /// Hyper-parameters as stored in a checkpoint's state ("model").
   virtual nlohmann::json config_json() const = 0;
+  /// The options of the model this one holds under the parameter prefix `prefix` (a
+  /// LLaVA's "language_model", an MMDiT's Llama "text_encoder"), the family keys among
+  /// them those that must agree with a model.init_parts source's (what changes the
+  /// computation from given weights without changing a tensor's shape: heads, norm
+  /// epsilon, rotary settings); nullopt when no such model is known (nothing is checked).
+  virtual std::optional<ModelOptions> part_options(std::string_view prefix) const {
+    (void)prefix;
+    return std::nullopt;
+  }
   virtual Backend& backend() const = 0;
   /// Activations and frozen parameters are in dtype(), trainable parameters in
   /// trainable_dtype() (dtype() but for a LoRA fine-tune's adapters: ModelStorage), their

@@ -503,7 +503,7 @@ void TrainStep::init_parts() {
       if (!p.adapter && p.name.starts_with(prefix + ".")) part.push_back(p);
     KILN_CHECK(!part.empty(), "{}: model.init_parts '{}': no parameter of this {} is named "
                "{}.*", config_.source, entry, model().arch(), prefix);
-    const auto source = open_part_weights(path, prefix, part);
+    const auto source = open_part_weights(path, prefix, part, model().part_options(prefix));
     load_weights(*source, Load::All, [&](const ParamSpec& p) {
       return !p.adapter && p.name.starts_with(prefix + ".");
     });

@@ -54,6 +54,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import make_gpt2_golden as g  # noqa: E402  (the safetensors writer and header check)
 import make_dit_golden as dit  # noqa: E402  (patchify, timestep embedding, modulate)
+import make_llama_golden as llama  # noqa: E402  (a Llama's parameters)
 
 DEFAULT_OUT = os.path.join(HERE, "mmdit_golden.safetensors")
 LLAMA_OUT = os.path.join(HERE, "mmdit_llama_golden.safetensors")
@@ -118,20 +119,12 @@ def padded_vocab(cfg):
 
 
 def llama_text_specs(cfg):
-    """The frozen Llama's parameters in kiln's order (LlamaTextEncoder::collect)."""
-    Ct, nh, nkv, F = (cfg["text.n_embd"], cfg["text.n_head"], cfg["text.n_kv_head"],
-                      cfg["text.ffn_hidden_size"])
-    hd = Ct // nh
-    specs = [("text_encoder.model.embed_tokens.weight", [padded_vocab(cfg), Ct])]
-    for l in range(cfg["text.n_layer"]):
-        p = f"text_encoder.model.layers.{l}."
-        specs += [(p + "input_layernorm.weight", [Ct]),
-                  (p + "self_attn.qkv_proj.weight", [(nh + 2 * nkv) * hd, Ct]),
-                  (p + "self_attn.o_proj.weight", [Ct, nh * hd]),
-                  (p + "post_attention_layernorm.weight", [Ct]),
-                  (p + "mlp.gate_up_proj.weight", [2 * F, Ct]),
-                  (p + "mlp.down_proj.weight", [Ct, F])]
-    return specs + [("text_encoder.model.norm.weight", [Ct])]
+    """The frozen Llama's parameters in kiln's order (LlamaTextEncoder::collect): a kiln
+    Llama's (make_llama_golden.py's) but lm_head, under text_encoder."""
+    shape = {k: cfg["text." + k] for k in ("n_layer", "n_embd", "n_head", "n_kv_head",
+                                           "ffn_hidden_size")}
+    shape["padded_vocab_size"] = padded_vocab(cfg)
+    return [("text_encoder." + n, s) for n, s in llama.param_specs(shape) if n != "lm_head.weight"]
 
 
 def param_specs(cfg):

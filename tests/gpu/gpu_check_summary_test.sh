@@ -34,6 +34,7 @@ assert ops["sanitize"] == [{"tool": "memcheck", "exit_status": 0},
                            {"tool": "racecheck", "exit_status": 3}], ops["sanitize"]
 assert len(s["trainer"]) == 2 and s["trainer"][0].startswith("train-check: demo config")
 assert s["moe"] == ["moe-check: fp32, dropless: val loss cuda 6.0100, cpu 6.0050, difference 0.08% (within 1%)"]
+assert s["mmdit"] == ["mmdit-check: fp32, 40 updates: val loss cuda 1.1000, cpu 1.1010, difference 0.09% (within 1%)"]
 b = s["bench"]
 assert b["common_peak_bf16_tflops"] == 888.0
 kiln, torch = b["rows"]

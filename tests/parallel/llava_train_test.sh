@@ -185,6 +185,9 @@ fails init_parts_prefix "no parameter of this llava is named vision.*" \
 fails init_parts_shape "tensor 'patch_embed.proj.weight' there has shape" \
   "$kiln" train "$work/llava.toml" --set "run.dir=$work/p_run" --set model.vision.n_layer=1 \
   --set model.vision.n_embd=32 --set "model.init_parts=[\"vision_tower=$vit_ck\"]"
+fails init_parts_rope "its rope_theta is 10000, this model's part has 500000" \
+  "$kiln" train "$work/llava.toml" --set "run.dir=$work/p_run" --set model.rope_theta=500000 \
+  --set "model.init_parts=[\"language_model=$llama_ck\"]"
 fails init_parts_missing "no tensor 'blocks.1.norm1.weight'" \
   "$kiln" train "$work/llava.toml" --set "run.dir=$work/p_run" --set "model.init_parts=[\"vision_tower=$vit_ck\"]"
 fails sample_image_vit "an image model" "$kiln" sample --checkpoint "$(ls -d "$work"/vit_run/ckpt/step_* | tail -1)" --image "$work/pairs/img/val0.png"

@@ -10,8 +10,9 @@
 #   3. the same Llama as a Hugging Face folder (kiln export) gives the same losses; a
 #      random Llama (no init_parts) other ones;
 #   4. kiln sample-images --prompt reads the frozen encoder from the MMDiT's checkpoint;
-#   5. bad inputs are one-line errors: a width other than the checkpoint's (naming the
-#      tensor), a Llama key with the joint encoder.
+#   5. bad inputs are one-line errors naming the key and both values: a width other than
+#      the checkpoint's, other heads or rotary base than the Llama's (the tensors' shapes
+#      the same); a Llama key with the joint encoder.
 # Usage: mmdit_llama_text_test.sh KILN_BINARY WORK_DIR
 set -euo pipefail
 kiln="$1"
@@ -123,8 +124,17 @@ succeeds sample "$kiln" sample-images --checkpoint "$ref_ck" --out "$work/grid.p
 [ -s "$work/grid.png" ] || { echo "FAILED: no grid"; cat "$work/sample.log"; exit 1; }
 echo "sample-images: the frozen encoder from the MMDiT's checkpoint"
 
-fails width "tensor 'model.embed_tokens.weight' there has shape" \
+fails width "its n_embd is 16, this model's part has 24" \
   "$kiln" train "$work/mmdit.toml" --set "run.dir=$work/w_run" --set model.text.n_embd=24
+# What the tensors' shapes do not show: the heads (4 over 2 of size 4 hold as many rows as 2
+# over 1 of size 8) and the rotary base.
+fails heads "its n_head is 2, this model's part has 4" "$kiln" train "$work/mmdit.toml" \
+  --set "run.dir=$work/h_run" --set model.text.n_head=4 --set model.text.n_kv_head=2
+fails rope "its rope_theta is 10000, this model's part has 500000" "$kiln" train \
+  "$work/mmdit.toml" --set "run.dir=$work/r_run" --set model.text.rope_theta=500000
+fails rope_hf "its rope_theta is 10000, this model's part has 500000" "$kiln" train \
+  "$work/mmdit.toml" --set "run.dir=$work/r_run" --set model.text.rope_theta=500000 \
+  --set "model.init_parts=[\"text_encoder=$work/hf_llama\"]"
 fails joint_key "is a Llama text encoder's key: it needs model.text.encoder = \"llama\"" \
   "$kiln" train "$work/mmdit.toml" --set "run.dir=$work/j_run" --set model.text.encoder=joint
 echo "mmdit llama text encoder test: all passed"

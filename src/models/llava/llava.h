@@ -53,6 +53,11 @@ class Llava final : public DecoderModel, public VisionLanguageModel {
   std::string arch() const override { return "llava"; }
   std::string describe() const override { return config_.str(); }
   nlohmann::json config_json() const override { return llava_config_json(config_); }
+  /// "language_model": the decoder's (llama_part_options, with its head).
+  std::optional<ModelOptions> part_options(std::string_view prefix) const override {
+    if (prefix != "language_model") return std::nullopt;
+    return llama_part_options(config_.text, /*has_head=*/true);
+  }
   /// Inputs "images" fp32 [B,H,W,Cin] (pixels in [-1, 1]), "tokens" int32 [B, T - N]
   /// (the text, padded) and "image_at" int32 [B] (the text tokens before the image; -1:
   /// none); targets int32 [B,T] over the whole sequence (-1 ignored). Throws kiln::Error

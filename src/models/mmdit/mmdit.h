@@ -50,6 +50,12 @@ class MMDiT final : public LayeredModel, public FlowModel {
   std::string arch() const override { return "mmdit"; }
   std::string describe() const override { return config_.str(); }
   nlohmann::json config_json() const override { return mmdit_config_json(config_); }
+  /// "text_encoder" of a Llama text encoder: its options (llama_part_options, no head).
+  std::optional<ModelOptions> part_options(std::string_view prefix) const override {
+    if (prefix != "text_encoder" || config_.text_encoder != TextEncoderKind::Llama)
+      return std::nullopt;
+    return llama_part_options(config_.text_llama, /*has_head=*/false);
+  }
   /// Inputs "images" fp32 [B, image_size, image_size, num_channels] in [-1, 1] and
   /// "tokens" int32 [B, caption_tokens] (each caption's ids, then -1); targets int32 [B]
   /// (0: counted, -1: not). T must be block_size, the patch count.
