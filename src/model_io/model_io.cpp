@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <random>
@@ -382,6 +383,24 @@ std::unique_ptr<WeightSource> open_part_weights(const fs::path& path, const std:
   }
   reader.reset();
   return std::make_unique<PartSource>(open_model_weights(path, options, wanted), std::move(theirs));
+}
+
+void check_part_tokenizer(const fs::path& path, const fs::path& data_dir, const std::string& where) {
+  const fs::path data_tokenizer = data_dir / "tokenizer.json";
+  if (!fs::exists(path / "manifest.json") || !fs::exists(data_tokenizer)) return;
+  const checkpoint::CheckpointReader reader(path);
+  if (!reader.has_extra_file("tokenizer/tokenizer.json")) return;
+  const auto hash_of = [](const std::string& text) {
+    const auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    return j.is_object() && j.contains("hash") && j["hash"].is_string() ? j["hash"].get<std::string>()
+                                                                        : std::string();
+  };
+  std::ifstream in(data_tokenizer);
+  const std::string data_text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  const std::string theirs = hash_of(reader.extra_file("tokenizer/tokenizer.json"));
+  const std::string ours = hash_of(data_text);
+  KILN_CHECK(theirs == ours, "{}: its tokenizer (hash {}) is not the data's ({}: hash {}); the "
+             "part reads the data's token ids", where, theirs, data_tokenizer.string(), ours);
 }
 
 namespace {

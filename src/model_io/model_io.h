@@ -128,6 +128,14 @@ std::unique_ptr<WeightSource> open_part_weights(const std::filesystem::path& pat
                                                 const std::vector<ParamSpec>& params,
                                                 const std::optional<ModelOptions>& expect = {});
 
+/// model.init_parts of a part that reads the data's token ids (a decoder, a text encoder):
+/// the kiln checkpoint at `path` must hold the tokenizer of the data set in `data_dir`
+/// (the "hash" of each one's tokenizer.json). Nothing is checked when either has none
+/// saved (a Hugging Face folder, data without a tokenizer). Throws kiln::Error naming
+/// both hashes.
+void check_part_tokenizer(const std::filesystem::path& path, const std::filesystem::path& data_dir,
+                          const std::string& where);
+
 /// What identifies the weights at `path` (a model.init_from: a file, or a folder's
 /// *.safetensors, *.bin, config.json and manifest.json; not its README, tokenizer or
 /// generation config, nor subfolders): {"path": as given, "bytes": B, "crc32": the crc32

@@ -503,7 +503,15 @@ void TrainStep::init_parts() {
       if (!p.adapter && p.name.starts_with(prefix + ".")) part.push_back(p);
     KILN_CHECK(!part.empty(), "{}: model.init_parts '{}': no parameter of this {} is named "
                "{}.*", config_.source, entry, model().arch(), prefix);
-    const auto source = open_part_weights(path, prefix, part, model().part_options(prefix));
+    const auto options = model().part_options(prefix);
+    if (options) {  // a whole model reading the data's token ids
+      const std::string data_dir = !config_.data.dir.empty() ? config_.data.dir
+                                   : config_.data.blend.size() >= 2 ? config_.data.blend[1]
+                                                                    : std::string();
+      if (!data_dir.empty())
+        check_part_tokenizer(path, data_dir, fmt::format("model.init_parts {}", entry));
+    }
+    const auto source = open_part_weights(path, prefix, part, options);
     load_weights(*source, Load::All, [&](const ParamSpec& p) {
       return !p.adapter && p.name.starts_with(prefix + ".");
     });

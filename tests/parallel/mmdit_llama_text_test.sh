@@ -12,7 +12,8 @@
 #   4. kiln sample-images --prompt reads the frozen encoder from the MMDiT's checkpoint;
 #   5. bad inputs are one-line errors naming the key and both values: a width other than
 #      the checkpoint's, other heads or rotary base than the Llama's (the tensors' shapes
-#      the same); a Llama key with the joint encoder.
+#      the same), a Llama of another tokenizer than the data's; a Llama key with the joint
+#      encoder.
 # Usage: mmdit_llama_text_test.sh KILN_BINARY WORK_DIR
 set -euo pipefail
 kiln="$1"
@@ -135,6 +136,14 @@ fails rope "its rope_theta is 10000, this model's part has 500000" "$kiln" train
 fails rope_hf "its rope_theta is 10000, this model's part has 500000" "$kiln" train \
   "$work/mmdit.toml" --set "run.dir=$work/r_run" --set model.text.rope_theta=500000 \
   --set "model.init_parts=[\"text_encoder=$work/hf_llama\"]"
+# A Llama of another tokenizer (SentencePiece over the same captions) reads other ids.
+"$kiln" prepare --input "$work/captions.txt" --out "$work/sp_tokens" --tokenizer sentencepiece \
+  --vocab-size 300 > /dev/null 2>&1
+run_train "$work/llama.toml" sp_llama 1 --set "data.dir=$work/sp_tokens" --set train.steps=1 \
+  --set checkpoint.every=1
+fails tokenizer "its tokenizer (hash [0-9a-f]*) is not the data's" "$kiln" train \
+  "$work/mmdit.toml" --set "run.dir=$work/t_run" \
+  --set "model.init_parts=[\"text_encoder=$work/sp_llama/ckpt/step_00000001\"]"
 fails joint_key "is a Llama text encoder's key: it needs model.text.encoder = \"llama\"" \
   "$kiln" train "$work/mmdit.toml" --set "run.dir=$work/j_run" --set model.text.encoder=joint
 echo "mmdit llama text encoder test: all passed"
