@@ -86,6 +86,9 @@ void Trainer::init_weights(bool peft_adapters) {
   const bool lora = one_step_->lora_plan() != nullptr;
   const bool from_file = !config_.model.init_from.empty();
   one_step_->init_start_weights(static_cast<uint64_t>(config_.train.seed));
+  if (options_.verbose)
+    for (const std::string& entry : config_.model.init_parts)
+      fmt::print("kiln: model.init_parts: {}\n", entry);  // PREFIX=PATH, checked and loaded
   const ModelOptions options = model_options_from(config_);
   // The adapters from a PEFT folder, on either base.
   if (const LoraSection& l = config_.train.lora; lora && peft_adapters && !l.init_from.empty()) {

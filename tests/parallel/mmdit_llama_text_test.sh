@@ -98,6 +98,8 @@ ref_ck=$(ls -d "$work"/ref/ckpt/step_* | tail -1)
 compare_tensors "$llama_ck" "$ref_ck" "model." 0 "text_encoder.model."
 grep -q "tensors frozen by train.freeze, train.lora or the model" "$work/ref.log" ||
   { echo "FAILED: the log does not count the frozen encoder"; cat "$work/ref.log"; exit 1; }
+grep -q "kiln: model.init_parts: text_encoder=" "$work/ref.log" ||
+  { echo "FAILED: the log does not say where the encoder came from"; cat "$work/ref.log"; exit 1; }
 echo "mmdit llama text encoder: its weights unchanged in the MMDiT's checkpoint after 8 updates"
 
 train np2_z3 2 3
