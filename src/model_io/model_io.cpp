@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
-#include <iterator>
 #include <map>
 #include <optional>
 #include <random>
@@ -390,15 +389,8 @@ void check_part_tokenizer(const fs::path& path, const fs::path& data_dir, const 
   if (!fs::exists(path / "manifest.json") || !fs::exists(data_tokenizer)) return;
   const checkpoint::CheckpointReader reader(path);
   if (!reader.has_extra_file("tokenizer/tokenizer.json")) return;
-  const auto hash_of = [](const std::string& text) {
-    const auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-    return j.is_object() && j.contains("hash") && j["hash"].is_string() ? j["hash"].get<std::string>()
-                                                                        : std::string();
-  };
-  std::ifstream in(data_tokenizer);
-  const std::string data_text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  const std::string theirs = hash_of(reader.extra_file("tokenizer/tokenizer.json"));
-  const std::string ours = hash_of(data_text);
+  const std::string theirs = load_checkpoint_tokenizer(reader)->hash();
+  const std::string ours = data::load_tokenizer(data_dir)->hash();
   KILN_CHECK(theirs == ours, "{}: its tokenizer (hash {}) is not the data's ({}: hash {}); the "
              "part reads the data's token ids", where, theirs, data_tokenizer.string(), ours);
 }
